@@ -1,0 +1,78 @@
+# dynmo build. `make` builds build/dynmo; `make check` runs every test;
+# `make demo` runs the main job; `make bench` the benchmarks.
+# Switches: SANITIZE=address,undefined  USE_CUDA=0/1 (CUDA_HOME)  ARCH=...
+
+SANITIZE ?=
+USE_CUDA ?= 0
+CUDA_HOME ?= /usr/local/cuda
+ARCH ?= -march=native
+PKGS := mpich hdf5-mpich openblas inih
+
+ifeq ($(SANITIZE),)
+BUILD ?= build
+SANFLAGS :=
+else
+BUILD ?= build/sanitize
+SANFLAGS := -fsanitize=$(SANITIZE) -fno-omit-frame-pointer
+endif
+
+HAVE_PKGS := $(shell pkg-config --exists $(PKGS) && echo yes)
+ifneq ($(HAVE_PKGS),yes)
+ifeq ($(filter deps demo check bench clean,$(MAKECMDGOALS)),)
+$(error missing pkg-config packages (need: $(PKGS)); run `scripts/setup.sh` or `make check`)
+endif
+endif
+
+CC := gcc
+CFLAGS := -std=gnu11 -O3 $(ARCH) -g -Wall -Wextra -Werror -fno-fast-math \
+          -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SANFLAGS)
+LDLIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhdf5_hl -lm -lpthread
+LDFLAGS := $(SANFLAGS)
+
+SRC := $(wildcard src/*/*.c)
+OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRC))
+LIBOBJ := $(filter-out $(BUILD)/obj/tools/main.o,$(OBJ))
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+
+.PHONY: all deps demo check bench clean info
+all: info $(BUILD)/dynmo $(TEST_BIN)
+
+info:
+	@echo "dynmo: CC=$(CC) ARCH=$(ARCH) SANITIZE=$(or $(SANITIZE),none) USE_CUDA=$(USE_CUDA)"
+	@for p in $(PKGS); do echo "  found $$p $$(pkg-config --modversion $$p)"; done
+	@if [ "$(USE_CUDA)" = 1 ]; then echo "  CUDA: $(CUDA_HOME) (kernels/)"; \
+	 else echo "  CUDA: skipped (USE_CUDA=0; the CPU build never needs it)"; fi
+
+$(BUILD)/obj/%.o: src/%.c $(wildcard include/dynmo/*.h) $(wildcard src/*/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -c $< -o $@
+
+$(BUILD)/libdynmo.a: $(LIBOBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/dynmo: $(BUILD)/obj/tools/main.o $(BUILD)/libdynmo.a
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libdynmo.a tests/testing.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Isrc -Itests -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
+
+deps:
+	@scripts/setup.sh
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	@scripts/demo.sh
+
+check: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) SANITIZE=$(SANITIZE) tests/run.sh
+
+bench: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) bench/run.sh
+
+clean:
+	rm -rf build

@@ -1,0 +1,168 @@
+/* dynmo core: errors and the single fatal path, logging, configuration,
+ * timing, aligned allocation and the thread pool that every CPU op uses.
+ *
+ * This module uses nothing else of dynmo and never calls MPI directly: the
+ * pipeline module registers an abort hook so that a fatal error on one rank
+ * takes the whole job down instead of leaving peers waiting. */
+#ifndef DYNMO_CORE_H
+#define DYNMO_CORE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define DYNMO_VERSION "0.1.0"
+
+/* Exit statuses (DESIGN.md, "Contracts"). */
+enum {
+    DM_EXIT_OK = 0,
+    DM_EXIT_INTERNAL = 1,
+    DM_EXIT_USAGE = 2,
+    DM_EXIT_REPACK = 3,
+    DM_EXIT_SIGNAL = 75,
+};
+
+/* ---- errors ---------------------------------------------------------- */
+
+/* Records this process's rank and world size for message prefixes. */
+void dm_set_rank(int rank, int world_size);
+int dm_rank(void);
+int dm_world_size(void);
+
+/* Called by the fatal path with the exit status, before exiting; pipe sets
+ * it to MPI_Abort so that no peer is left waiting. */
+void dm_set_abort_hook(void (*hook)(int status));
+/* Called by dm_user_error before exit(2) on the clean path (all ranks
+ * detected the same error): pipe sets it to MPI_Finalize. */
+void dm_set_finalize_hook(void (*hook)(void));
+
+/* A user error that every rank detects identically (bad config, bad
+ * arguments): rank 0 prints "dynmo: error: <message>", every rank exits 2
+ * without aborting the others. */
+__attribute__((noreturn, format(printf, 1, 2)))
+void dm_user_error(const char *fmt, ...);
+
+/* A user error that only this rank sees (unreadable file on one rank):
+ * prints "[rank N] dynmo: error: <message>" and takes the whole job down
+ * with status 2. */
+__attribute__((noreturn, format(printf, 1, 2)))
+void dm_user_error_local(const char *fmt, ...);
+
+/* An internal failure (a bug, or a library call that failed): prints
+ * "[rank N] file:line: message" and takes the whole job down with status 1. */
+__attribute__((noreturn, format(printf, 3, 4)))
+void dm_internal_error(const char *file, int line, const char *fmt, ...);
+
+#define DM_FATAL(...) dm_internal_error(__FILE__, __LINE__, __VA_ARGS__)
+
+/* Internal invariant; never used to validate input. */
+#define DM_ASSERT(cond)                                                      \
+    do {                                                                     \
+        if (!(cond)) dm_internal_error(__FILE__, __LINE__,                   \
+                                       "assertion failed: %s", #cond);       \
+    } while (0)
+
+/* Wraps a libc/POSIX call that returns -1 (or NULL via DM_CHECK_PTR) and
+ * sets errno. */
+#define DM_CHECK_SYS(call)                                                   \
+    do {                                                                     \
+        if ((call) == -1) dm_internal_error(__FILE__, __LINE__,              \
+                                            "%s: %s", #call, dm_errno_text());\
+    } while (0)
+const char *dm_errno_text(void);
+
+/* ---- logging --------------------------------------------------------- */
+
+/* printf to stdout on rank 0 only, flushed. */
+__attribute__((format(printf, 1, 2))) void dm_log(const char *fmt, ...);
+/* printf to stderr from any rank, prefixed "[rank N] ". */
+__attribute__((format(printf, 1, 2))) void dm_warn(const char *fmt, ...);
+
+/* ---- time and memory -------------------------------------------------- */
+
+double dm_now(void);              /* monotonic seconds */
+size_t dm_peak_rss_bytes(void);   /* peak resident set of this process */
+
+/* 64-byte aligned, zero-filled; fatal on failure. Free with dm_free. */
+void *dm_alloc(size_t bytes);
+void dm_free(void *p);
+
+/* ---- thread pool -------------------------------------------------------
+ * One persistent pool per process. BLAS always runs single-threaded inside
+ * it (so OpenBLAS threads never fight ours); every op splits its work with
+ * dm_parallel_for. Work items must be independent and each item's result
+ * must not depend on which thread computes it: that keeps results
+ * bit-identical for any thread count. */
+
+/* Starts the pool with n threads (n >= 1; the caller is thread 0) and sets
+ * BLAS to one thread. Call once, before any op. */
+void dm_threads_init(int n);
+int dm_threads_count(void);
+void dm_threads_shutdown(void);
+
+/* Calls fn(arg, begin, end) over a partition of [0, n) into at most
+ * dm_threads_count() contiguous ranges, each a multiple of grain (except the
+ * last). Returns when all ranges are done. Not reentrant. */
+typedef void (*dm_range_fn)(void *arg, long begin, long end);
+void dm_parallel_for(long n, long grain, dm_range_fn fn, void *arg);
+
+/* ---- configuration ----------------------------------------------------- */
+
+enum dm_schedule { DM_SCHEDULE_1F1B = 0, DM_SCHEDULE_GPIPE = 1 };
+
+struct dm_config {
+    /* [model] */
+    int vocab;          /* tokens in the vocabulary (256: byte level) */
+    int max_seq;        /* positions in the learned position embedding */
+    int layers;         /* transformer blocks */
+    int heads;          /* attention heads; must divide channels */
+    int channels;       /* model width C */
+    /* [train] */
+    int batch;          /* sequences per optimizer step (global) */
+    int seq;            /* tokens per sequence, <= max_seq */
+    int micro_batches;  /* gradient-accumulation micro-batches; divides batch */
+    int steps;          /* optimizer steps in the run */
+    double lr;          /* peak learning rate */
+    double min_lr_ratio;/* cosine floor as a fraction of lr */
+    int warmup;         /* linear warm-up steps */
+    double weight_decay;/* AdamW decoupled decay on matrices and embeddings */
+    double beta1, beta2, eps;
+    double grad_clip;   /* global gradient-norm clip; 0 disables */
+    uint64_t seed;      /* weights, data order, everything random */
+    int eval_every;     /* steps between validation losses; 0 disables */
+    int eval_batches;   /* batches in one validation pass */
+    int threads;        /* threads per rank; 0 = cores / ranks on the node */
+    /* [data] */
+    char train_path[1024];
+    char val_path[1024];
+    /* [run] */
+    char out_dir[1024];
+    int log_every;      /* steps between progress lines */
+};
+
+/* Fills defaults (the reference model of configs/ref.ini). */
+void config_defaults(struct dm_config *cfg);
+
+/* Reads an INI file into cfg (on top of what is there). User errors (file
+ * unreadable, syntax, unknown section or key, bad value) end with
+ * dm_user_error naming file, line and key. */
+void config_load_file(struct dm_config *cfg, const char *path);
+
+/* Applies one "section.key=value" override; same errors as config_load_file. */
+void config_apply_override(struct dm_config *cfg, const char *assignment);
+
+/* Cross-field checks (heads divide channels, seq <= max_seq,
+ * micro_batches divides batch, ...): dm_user_error on the first problem. */
+void config_validate(const struct dm_config *cfg);
+
+/* Writes every key as "section.key = value" lines (for logs and the run log). */
+void config_print(const struct dm_config *cfg, char *buf, size_t bufsize);
+
+/* ---- random numbers ----------------------------------------------------
+ * Counter-based so that any rank can draw the same numbers for the same
+ * (seed, stream, index) without having drawn anything before: a block's
+ * initial weights do not depend on which rank builds it. */
+uint64_t dm_hash64(uint64_t seed, uint64_t stream, uint64_t index);
+float dm_uniform(uint64_t seed, uint64_t stream, uint64_t index);   /* [0,1) */
+float dm_normal(uint64_t seed, uint64_t stream, uint64_t index);    /* N(0,1) */
+
+#endif

@@ -1,0 +1,356 @@
+/* dynmo model: a GPT-2 style decoder on the CPU (fp32), its ops forward and
+ * backward, AdamW, and the token dataset and loader.
+ *
+ * The transformer block is the unit of placement, migration and
+ * checkpointing: its parameters, gradients, Adam moments and dynamic state
+ * live in one contiguous slab. A struct gpt holds a contiguous range of
+ * blocks and, optionally, the embedding (first stage) and the final norm,
+ * tied head and loss (last stage); one rank with all of them is the whole
+ * model. This module never calls MPI and never looks at a layout. */
+#ifndef DYNMO_MODEL_H
+#define DYNMO_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dynmo/core.h"
+
+/* ---- shapes ------------------------------------------------------------ */
+
+struct gpt_shape {
+    int vocab, max_seq, layers, heads, channels;
+};
+struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
+
+/* ---- ops: one function per op and direction ----------------------------
+ * Outputs first, then inputs, then sizes. Backward functions ACCUMULATE
+ * (+=) into parameter gradients and into input gradients unless noted.
+ * All use dm_parallel_for; results do not depend on the thread count. */
+
+/* out = inp @ weight^T + bias. weight is (OC, C) as in torch.nn.Linear;
+ * bias may be NULL. */
+void matmul_forward(float *out,                 /* (N, OC) */
+                    const float *inp,           /* (N, C) */
+                    const float *weight,        /* (OC, C) */
+                    const float *bias,          /* (OC) or NULL */
+                    int N, int C, int OC);
+/* dinp += dout @ weight; dweight += dout^T @ inp; dbias += sum_n dout.
+ * dinp may be NULL (no input gradient wanted), dweight and dbias may be
+ * NULL (frozen weights). */
+void matmul_backward(float *dinp, float *dweight, float *dbias,
+                     const float *dout,         /* (N, OC) */
+                     const float *inp,          /* (N, C) */
+                     const float *weight,       /* (OC, C) */
+                     int N, int C, int OC);
+
+/* out = (inp - mean) * rstd * weight + bias, eps 1e-5; saves mean, rstd. */
+void layernorm_forward(float *out, float *mean, float *rstd,   /* (N,C),(N),(N) */
+                       const float *inp, const float *weight, const float *bias,
+                       int N, int C);
+void layernorm_backward(float *dinp, float *dweight, float *dbias,
+                        const float *dout, const float *inp,
+                        const float *weight, const float *mean, const float *rstd,
+                        int N, int C);
+
+/* Causal multi-head self-attention core (no projections):
+ * qkv (B,T,3C) laid out [q | k | v] per token, heads split along C.
+ * att (B,NH,T,T) keeps the softmax probabilities for backward. */
+void attention_forward(float *out,              /* (B,T,C) */
+                       float *att,              /* (B,NH,T,T) */
+                       const float *qkv,        /* (B,T,3C) */
+                       int B, int T, int C, int NH);
+/* dqkv is overwritten (not accumulated). scratch: (B,NH,T,T) floats. */
+void attention_backward(float *dqkv, float *scratch,
+                        const float *dout, const float *qkv, const float *att,
+                        int B, int T, int C, int NH);
+
+/* GELU, tanh approximation. */
+void gelu_forward(float *out, const float *inp, long N);
+void gelu_backward(float *dinp, const float *inp, const float *dout, long N); /* overwrite */
+
+/* out = a + b */
+void residual_forward(float *out, const float *a, const float *b, long N);
+
+/* out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] */
+void encoder_forward(float *out, const int *tokens,
+                     const float *wte, const float *wpe, int B, int T, int C);
+void encoder_backward(float *dwte, float *dwpe, const float *dout,
+                      const int *tokens, int B, int T, int C);
+
+/* Fused softmax + cross-entropy over logits (N, V). losses[n] = -log p;
+ * dlogits (may alias logits) = (p - onehot) * dloss_scale. */
+void crossentropy_forward(float *losses, float *probs,
+                          const float *logits, const int *targets, int N, int V);
+void crossentropy_softmax_backward(float *dlogits, const float *probs,
+                                   const int *targets, float dloss_scale,
+                                   int N, int V);
+
+/* ---- the transformer block --------------------------------------------
+ * Parameter order inside a block (also the serialisation and checkpoint
+ * order), C = channels:
+ *   ln1_w (C) ln1_b (C) qkv_w (3C,C) qkv_b (3C) attproj_w (C,C) attproj_b (C)
+ *   ln2_w (C) ln2_b (C) fc_w (4C,C) fc_b (4C) fcproj_w (C,4C) fcproj_b (C)
+ * 12C^2 + 13C floats. */
+enum {
+    BP_LN1_W, BP_LN1_B, BP_QKV_W, BP_QKV_B, BP_ATTPROJ_W, BP_ATTPROJ_B,
+    BP_LN2_W, BP_LN2_B, BP_FC_W, BP_FC_B, BP_FCPROJ_W, BP_FCPROJ_B,
+    BP_COUNT
+};
+size_t block_param_count(int C);
+/* Element offset and size of tensor k (BP_*) inside a block's parameters. */
+size_t block_tensor_offset(int C, int k);
+size_t block_tensor_size(int C, int k);
+/* Whether tensor k is a matrix (receives weight decay). */
+int block_tensor_is_matrix(int k);
+
+/* One block: a single slab holds [params | grads | adam m | adam v];
+ * dynamic state (masks, CSR, frozen flag) is appended by later issues. */
+struct block {
+    int index;          /* global layer index, 0..layers-1 */
+    int C, NH;
+    size_t nparams;
+    float *slab;        /* owns everything below */
+    size_t slab_floats;
+    float *params;      /* (nparams) */
+    float *grads;       /* (nparams) */
+    float *m, *v;       /* (nparams) each */
+    float *p[BP_COUNT]; /* views into params */
+    float *g[BP_COUNT]; /* views into grads */
+};
+
+/* Allocates block `index` and initialises its weights from (seed, index)
+ * alone: N(0, 0.02) for matrices, 0.02/sqrt(2*layers) for the two residual
+ * projections, ones/zeros for layernorms, zero biases. */
+void block_init(struct block *blk, int index, const struct gpt_shape *shape,
+                uint64_t seed);
+void block_free(struct block *blk);
+
+/* Serialisation of one block for migration and checkpoints (docs/block-slab.md):
+ * header (magic "DMBLOCK1", layer index, C, NH, nparams, flags) then params,
+ * m, v, dynamic state. Gradients are not packed (they are zero at a step
+ * boundary). block_pack_size tells the bytes; block_unpack checks the
+ * header against the expected shape and returns 0, or -1 with a message in
+ * err when it does not match. */
+size_t block_pack_size(const struct block *blk);
+void block_pack(const struct block *blk, void *buf);
+int block_unpack(struct block *blk, const void *buf, size_t bytes,
+                 const struct gpt_shape *shape, char *err, size_t errsize);
+
+/* Activations of one block for one micro-batch in flight. */
+struct block_acts {
+    int B, T;
+    float *mem;         /* owns everything below */
+    float *ln1;         /* (B,T,C) */
+    float *ln1_mean, *ln1_rstd;   /* (B,T) */
+    float *qkv;         /* (B,T,3C) */
+    float *atty;        /* (B,T,C) attention output before projection */
+    float *att;         /* (B,NH,T,T) softmax probabilities */
+    float *res1;        /* (B,T,C) residual after attention */
+    float *ln2;         /* (B,T,C) */
+    float *ln2_mean, *ln2_rstd;   /* (B,T) */
+    float *fch;         /* (B,T,4C) */
+    float *fch_gelu;    /* (B,T,4C) */
+};
+void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH);
+void block_acts_free(struct block_acts *acts);
+size_t block_acts_bytes(int B, int T, int C, int NH);
+
+/* Scratch shared by all blocks of a rank during backward; sized for the
+ * largest micro-batch. */
+struct block_scratch {
+    float *mem;
+    float *d_res1, *d_ln, *d_qkv, *d_atty, *d_fch, *d_att; /* see block.c */
+};
+void block_scratch_alloc(struct block_scratch *s, int B, int T, int C, int NH);
+void block_scratch_free(struct block_scratch *s);
+
+/* out = block(in). in and out are (B,T,C) and must not alias. */
+void block_forward(struct block *blk, struct block_acts *acts,
+                   float *out, const float *in, int B, int T);
+/* Given dout, accumulates parameter gradients into blk->grads and writes
+ * din (overwritten; may be NULL for the first block when not needed). */
+void block_backward(struct block *blk, struct block_acts *acts,
+                    struct block_scratch *scratch, float *din,
+                    const float *dout, const float *in, int B, int T);
+
+/* ---- the model on one rank ---------------------------------------------
+ * Embedding parameters: wte (V,C), wpe (max_seq,C).
+ * Head parameters: lnf_w (C), lnf_b (C); the LM head is wte (tied).
+ * Canonical flat order of all parameters (fixtures, tests, checkpoints):
+ *   wte, wpe, block 0 ... block L-1 (block order above), lnf_w, lnf_b. */
+
+struct gpt {
+    struct gpt_shape shape;
+    int first_block, num_blocks;   /* this rank's contiguous range */
+    int has_embed, has_head;
+    struct block *blocks;          /* num_blocks of them */
+    /* embedding + head parameters in one slab: [wte wpe lnf_w lnf_b] x
+     * {params, grads, m, v}. On a pipeline the first and last stage each
+     * hold a copy of wte and their gradients are summed (tied weights). */
+    float *embed_slab;
+    size_t embed_nparams;
+    float *wte, *wpe, *lnf_w, *lnf_b;
+    float *dwte, *dwpe, *dlnf_w, *dlnf_b;
+    float *embed_m, *embed_v;
+};
+
+/* Builds blocks [first_block, first_block+num_blocks) and, if asked, the
+ * embedding and head, all initialised from seed alone. */
+void gpt_build(struct gpt *model, const struct gpt_shape *shape,
+               int first_block, int num_blocks, int has_embed, int has_head,
+               uint64_t seed);
+void gpt_free(struct gpt *model);
+size_t gpt_param_count(const struct gpt_shape *shape);  /* whole model */
+
+/* Copies the whole model's parameters (or gradients) to/from the canonical
+ * flat order. Only for a model that holds everything (one rank). */
+void gpt_params_to_flat(const struct gpt *model, float *flat);
+void gpt_params_from_flat(struct gpt *model, const float *flat);
+void gpt_grads_to_flat(const struct gpt *model, float *flat);
+
+/* Activations for one micro-batch on this rank: per-block acts plus the
+ * embedding output, the final norm and the logits. */
+struct gpt_acts {
+    int B, T;
+    struct block_acts *blocks;     /* num_blocks */
+    float *residual;               /* (num_blocks+1, B, T, C): input of each block, last = output */
+    float *lnf, *lnf_mean, *lnf_rstd;  /* (B,T,C),(B,T),(B,T) */
+    float *logits;                 /* (B,T,V); becomes dlogits in backward */
+    float *probs;                  /* (B,T,V) */
+    float *losses;                 /* (B,T) */
+    int *tokens, *targets;         /* (B,T) */
+};
+void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T);
+void gpt_acts_free(struct gpt_acts *acts);
+
+/* Forward of this rank's part. If has_embed, reads tokens; else the input
+ * activation must already be in acts->residual[0]. If has_head, targets
+ * must be set and the mean loss over B*T is returned; else returns 0 and
+ * the output activation is acts->residual[num_blocks]. */
+float gpt_forward(struct gpt *model, struct gpt_acts *acts);
+
+/* Backward of this rank's part, accumulating gradients. dloss_scale scales
+ * the loss gradient (1/micro_batches for accumulation). If !has_head, the
+ * gradient wrt this rank's output is read from dout (B,T,C). If
+ * !has_embed, the gradient wrt the input is written to din (B,T,C). */
+void gpt_backward(struct gpt *model, struct gpt_acts *acts,
+                  struct block_scratch *scratch, float dloss_scale,
+                  const float *dout, float *din);
+
+void gpt_zero_grads(struct gpt *model);
+
+/* Sum of squares of all gradients this rank holds (blocks, embedding and
+ * head; the tied wte counted once when has_embed && has_head). Summed in
+ * a fixed order. */
+double gpt_grad_sumsq(const struct gpt *model);
+
+/* ---- optimizer ----------------------------------------------------------- */
+
+/* Learning rate at step (0-based): linear warm-up over `warmup` steps
+ * to lr, then cosine decay to lr * min_lr_ratio at the last step. */
+double lr_at_step(const struct dm_config *cfg, int step);
+
+/* One AdamW update (decoupled weight decay on matrices and embeddings
+ * only, bias correction with t = step+1) of every parameter this rank
+ * holds; grad_scale multiplies gradients first (clipping). */
+void gpt_adamw_update(struct gpt *model, double lr, double beta1,
+                      double beta2, double eps, double weight_decay,
+                      float grad_scale, int t);
+
+/* The element-wise AdamW kernel, exposed for tests. */
+void adamw_update(float *params, const float *grads, float *m, float *v,
+                  long n, float lr, float beta1, float beta2, float eps,
+                  float weight_decay, float grad_scale, int t);
+
+/* ---- data ---------------------------------------------------------------
+ * Token files (docs/data.md): a 64-byte little-endian header
+ *   offset  0  magic "DYNMOTOK" (8 bytes)
+ *   offset  8  uint32 version = 1
+ *   offset 12  uint32 vocab (256: byte level)
+ *   offset 16  uint32 token_bytes = 2
+ *   offset 20  uint32 reserved (0)
+ *   offset 24  uint64 count (tokens)
+ *   offset 32  uint64 checksum: FNV-1a 64 of the token bytes as stored
+ *   offset 40  24 reserved bytes (0)
+ * then count uint16 little-endian tokens; the file is exactly
+ * 64 + 2 * count bytes. */
+#define TOKEN_FILE_MAGIC "DYNMOTOK"
+#define TOKEN_FILE_VERSION 1
+#define TOKEN_FILE_HEADER_BYTES 64
+
+struct token_file {
+    char path[1024];
+    uint32_t vocab;
+    uint64_t count;
+    uint64_t checksum;        /* identifies the data (run logs, checkpoints) */
+    const uint16_t *tokens;   /* (count), read-only view into map */
+    void *map;
+    size_t map_bytes;
+};
+
+/* Opens, maps and validates a token file. Any problem (missing,
+ * unreadable, wrong magic, wrong version, vocab larger than model_vocab,
+ * size that does not match the count, a token >= vocab, checksum
+ * mismatch, fewer than min_tokens tokens) ends with dm_user_error_local
+ * naming the path and the problem: status 2 for the whole job, even when
+ * only this rank sees it. Reads every token once (the checks). Not
+ * collective. tf owns the mapping until token_file_close. */
+void token_file_open(struct token_file *tf, const char *path,
+                     uint32_t model_vocab, uint64_t min_tokens);
+void token_file_close(struct token_file *tf);
+
+/* FNV-1a 64 over the little-endian bytes of tokens (the header checksum). */
+uint64_t token_checksum(const uint16_t *tokens, uint64_t count);
+
+/* `dynmo prepare --out DIR [--val-fraction F] FILE...`: byte-level tokens
+ * (token = byte value, vocab 256); files are joined with one 0x00 byte
+ * between consecutive files; val is the last fraction F (default 0.05,
+ * 0 < F <= 0.5) of the stream, moved forward to the next line start;
+ * DIR/train.bin and DIR/val.bin are written atomically. Returns the exit
+ * status (0); bad input is dm_user_error (status 2). argv[0] = "prepare". */
+int cmd_prepare(int argc, char **argv);
+
+/* Deterministic sampler of (input, target) windows of T+1 tokens. The
+ * dataset is cut into windows at stride T (window w is tokens
+ * [w*T, w*T+T]); each epoch visits them in a permutation drawn from
+ * (seed, epoch) with dm_hash64. A global sample index s names one window:
+ * epoch s / windows, position s % windows in that epoch's permutation, so
+ * a sample is a pure function of (file, T, seed, s). The cursor is just
+ * the number of samples consumed, so saving and restoring it is one
+ * integer, and data-parallel rank r of D takes a contiguous share of
+ * every global batch by index (loader_dp_share). */
+struct loader {
+    const struct token_file *tf;
+    int T;
+    uint64_t seed;
+    long windows;        /* samples per epoch */
+    long cached_epoch;   /* epoch whose permutation is in perm; -1: none */
+    long *perm;          /* (windows) position in epoch -> window */
+    long cursor;         /* next global sample index */
+};
+
+/* Needs at least T+1 tokens (one window), else dm_user_error_local naming
+ * the file. tf must outlive the loader. Cursor starts at 0. */
+void loader_init(struct loader *ld, const struct token_file *tf, int T, uint64_t seed);
+void loader_free(struct loader *ld);
+
+/* Fills inputs and targets (count, T) with global samples
+ * [first_sample, first_sample + count): targets are inputs shifted by
+ * one token. Either array may be NULL (a pipeline stage that needs only
+ * one of them). Does not move the cursor. */
+void loader_fill(struct loader *ld, long first_sample, int count,
+                 int *inputs, int *targets);
+
+/* Rank dp_rank of dp_size takes samples [offset, offset + count) of a
+ * global batch of global_count; shares are contiguous, in rank order, and
+ * differ by at most one sample (the first global_count % dp_size ranks
+ * take one more). */
+void loader_dp_share(int global_count, int dp_rank, int dp_size,
+                     int *offset, int *count);
+
+/* Fills this rank's share of the global batch at the cursor (as
+ * loader_fill) and advances the cursor by global_count, the same on every
+ * rank. Returns the number of samples filled. */
+int loader_next(struct loader *ld, int global_count, int dp_rank, int dp_size,
+                int *inputs, int *targets);
+
+#endif

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs, from Debian's archive, whatever dynmo's build, tests, demo and
+# benchmarks need and is not yet installed. Idempotent; needs root (or sudo)
+# only when something is missing.
+set -euo pipefail
+packages=(
+  build-essential pkg-config
+  mpich libmpich-dev libhdf5-mpich-dev hdf5-tools
+  libopenblas-dev libinih-dev
+  bible-kjv-text          # the default English corpus (docs/data.md)
+  python3-torch python3-numpy python3-h5py   # reference tests and benchmark peer
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -ne 0 ] && sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "setup: done"

@@ -1,0 +1,256 @@
+/* Configuration: INI files (parsed by Debian's libinih) and "section.key=
+ * value" overrides, both through one table of keys with types and ranges.
+ * Later features add rows to the table; every message about a bad key
+ * names the key and, for an unknown one, lists the valid keys of its
+ * section. */
+#include <errno.h>
+#include <ini.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/core.h"
+
+enum key_type { KEY_INT, KEY_DOUBLE, KEY_U64, KEY_STRING };
+
+struct config_key {
+    const char *section, *name;
+    enum key_type type;
+    size_t offset;
+    double min, max;     /* inclusive range for numbers */
+    const char *help;
+};
+
+#define F(field) offsetof(struct dm_config, field)
+static const struct config_key keys[] = {
+    {"model", "vocab", KEY_INT, F(vocab), 2, 65536, "tokens in the vocabulary"},
+    {"model", "max_seq", KEY_INT, F(max_seq), 1, 1 << 16, "positions"},
+    {"model", "layers", KEY_INT, F(layers), 1, 4096, "transformer blocks"},
+    {"model", "heads", KEY_INT, F(heads), 1, 1024, "attention heads"},
+    {"model", "channels", KEY_INT, F(channels), 1, 1 << 16, "model width"},
+    {"train", "batch", KEY_INT, F(batch), 1, 1 << 20, "sequences per step"},
+    {"train", "seq", KEY_INT, F(seq), 1, 1 << 16, "tokens per sequence"},
+    {"train", "micro_batches", KEY_INT, F(micro_batches), 1, 1 << 20, "micro-batches per step"},
+    {"train", "steps", KEY_INT, F(steps), 0, 1e9, "optimizer steps"},
+    {"train", "lr", KEY_DOUBLE, F(lr), 0, 10, "peak learning rate"},
+    {"train", "min_lr_ratio", KEY_DOUBLE, F(min_lr_ratio), 0, 1, "cosine floor / lr"},
+    {"train", "warmup", KEY_INT, F(warmup), 0, 1e9, "warm-up steps"},
+    {"train", "weight_decay", KEY_DOUBLE, F(weight_decay), 0, 10, "AdamW weight decay"},
+    {"train", "beta1", KEY_DOUBLE, F(beta1), 0, 0.999999, "Adam beta1"},
+    {"train", "beta2", KEY_DOUBLE, F(beta2), 0, 0.999999999, "Adam beta2"},
+    {"train", "eps", KEY_DOUBLE, F(eps), 1e-30, 1, "Adam epsilon"},
+    {"train", "grad_clip", KEY_DOUBLE, F(grad_clip), 0, 1e9, "global norm clip (0 = off)"},
+    {"train", "seed", KEY_U64, F(seed), 0, 0, "random seed"},
+    {"train", "eval_every", KEY_INT, F(eval_every), 0, 1e9, "steps between validations (0 = off)"},
+    {"train", "eval_batches", KEY_INT, F(eval_batches), 1, 1e6, "batches per validation"},
+    {"train", "threads", KEY_INT, F(threads), 0, 64, "threads per rank (0 = auto)"},
+    {"data", "train", KEY_STRING, F(train_path), 0, 0, "training token file"},
+    {"data", "val", KEY_STRING, F(val_path), 0, 0, "validation token file"},
+    {"run", "out_dir", KEY_STRING, F(out_dir), 0, 0, "output directory"},
+    {"run", "log_every", KEY_INT, F(log_every), 1, 1e9, "steps between progress lines"},
+};
+#undef F
+#define NKEYS (sizeof keys / sizeof keys[0])
+
+void config_defaults(struct dm_config *cfg)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->vocab = 256;
+    cfg->max_seq = 256;
+    cfg->layers = 8;
+    cfg->heads = 4;
+    cfg->channels = 256;
+    cfg->batch = 8;
+    cfg->seq = 256;
+    cfg->micro_batches = 1;
+    cfg->steps = 100;
+    cfg->lr = 6e-4;
+    cfg->min_lr_ratio = 0.1;
+    cfg->warmup = 10;
+    cfg->weight_decay = 0.1;
+    cfg->beta1 = 0.9;
+    cfg->beta2 = 0.95;
+    cfg->eps = 1e-8;
+    cfg->grad_clip = 1.0;
+    cfg->seed = 1337;
+    cfg->eval_every = 0;
+    cfg->eval_batches = 4;
+    cfg->threads = 0;
+    snprintf(cfg->train_path, sizeof cfg->train_path, "data/kjv/train.bin");
+    snprintf(cfg->val_path, sizeof cfg->val_path, "data/kjv/val.bin");
+    snprintf(cfg->out_dir, sizeof cfg->out_dir, "runs/latest");
+    cfg->log_every = 1;
+}
+
+static void list_section_keys(const char *section, char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < NKEYS; i++) {
+        if (strcmp(keys[i].section, section) != 0) continue;
+        used += (size_t)snprintf(buf + used, used < size ? size - used : 0, "%s%s",
+                                 used ? ", " : "", keys[i].name);
+    }
+}
+
+static int section_exists(const char *section)
+{
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(keys[i].section, section) == 0) return 1;
+    return 0;
+}
+
+static void list_sections(char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < NKEYS; i++) {
+        if (i > 0 && strcmp(keys[i].section, keys[i - 1].section) == 0) continue;
+        used += (size_t)snprintf(buf + used, used < size ? size - used : 0, "%s%s",
+                                 used ? ", " : "", keys[i].section);
+    }
+}
+
+/* Sets one key. Returns 0, or -1 with a message naming the problem in
+ * err (the caller adds where it came from). */
+#define KEY_ERROR(...) do { snprintf(err, errsize, __VA_ARGS__); return -1; } while (0)
+static int set_key(struct dm_config *cfg, const char *section, const char *name,
+                   const char *value, char *err, size_t errsize)
+{
+    char valid[1024];
+    if (!section_exists(section)) {
+        list_sections(valid, sizeof valid);
+        KEY_ERROR("unknown section [%s] (valid sections: %s)", section, valid);
+    }
+    const struct config_key *key = NULL;
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(keys[i].section, section) == 0 && strcmp(keys[i].name, name) == 0)
+            key = &keys[i];
+    if (!key) {
+        list_section_keys(section, valid, sizeof valid);
+        KEY_ERROR("unknown key %s.%s (valid keys of [%s]: %s)", section,
+                      name, section, valid);
+    }
+    char *field = (char *)cfg + key->offset;
+    char *end = NULL;
+    errno = 0;
+    switch (key->type) {
+    case KEY_INT: {
+        long v = strtol(value, &end, 10);
+        if (end == value || *end || errno)
+            KEY_ERROR("%s.%s = '%s' is not an integer", section, name, value);
+        if (v < key->min || v > key->max)
+            KEY_ERROR("%s.%s = %ld is out of range [%.0f, %.0f] (%s)",
+                          section, name, v, key->min, key->max, key->help);
+        *(int *)field = (int)v;
+        break;
+    }
+    case KEY_U64: {
+        if (value[0] == '-')
+            KEY_ERROR("%s.%s = '%s' must be a non-negative integer",
+                          section, name, value);
+        unsigned long long v = strtoull(value, &end, 10);
+        if (end == value || *end || errno)
+            KEY_ERROR("%s.%s = '%s' is not a non-negative integer",
+                          section, name, value);
+        *(uint64_t *)field = (uint64_t)v;
+        break;
+    }
+    case KEY_DOUBLE: {
+        double v = strtod(value, &end);
+        if (end == value || *end || errno || !isfinite(v))
+            KEY_ERROR("%s.%s = '%s' is not a number", section, name, value);
+        if (v < key->min || v > key->max)
+            KEY_ERROR("%s.%s = %g is out of range [%g, %g] (%s)", section,
+                          name, v, key->min, key->max, key->help);
+        *(double *)field = v;
+        break;
+    }
+    case KEY_STRING:
+        if (strlen(value) >= 1024)
+            KEY_ERROR("%s.%s is longer than 1023 characters", section, name);
+        snprintf(field, 1024, "%s", value);
+        break;
+    }
+    return 0;
+}
+
+struct ini_context {
+    struct dm_config *cfg;
+    char err[2048];
+};
+
+/* inih reports the line of the first handler that returns 0. */
+static int on_ini_key(void *user, const char *section, const char *name,
+                      const char *value)
+{
+    struct ini_context *ctx = user;
+    if (!name) return 1;      /* a section header on its own */
+    return set_key(ctx->cfg, section, name, value, ctx->err, sizeof ctx->err) == 0;
+}
+
+void config_load_file(struct dm_config *cfg, const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) dm_user_error("cannot read config file %s: %s", path, dm_errno_text());
+    struct ini_context ctx = {.cfg = cfg};
+    int rc = ini_parse_file(f, on_ini_key, &ctx);
+    fclose(f);
+    if (rc > 0 && ctx.err[0]) dm_user_error("%s:%d: %s", path, rc, ctx.err);
+    if (rc > 0) dm_user_error("%s:%d: syntax error (expected [section] or key = value)", path, rc);
+    if (rc < 0) dm_user_error("cannot parse config file %s", path);
+}
+
+void config_apply_override(struct dm_config *cfg, const char *assignment)
+{
+    char buf[2048];
+    if (strlen(assignment) >= sizeof buf)
+        dm_user_error("override '%.40s...' is too long", assignment);
+    snprintf(buf, sizeof buf, "%s", assignment);
+    char *eq = strchr(buf, '=');
+    char *dot = strchr(buf, '.');
+    if (!eq || !dot || dot > eq || dot == buf || dot + 1 == eq)
+        dm_user_error("override '%s' must look like section.key=value", assignment);
+    *eq = 0;
+    *dot = 0;
+    char err[2048];
+    if (set_key(cfg, buf, dot + 1, eq + 1, err, sizeof err) != 0)
+        dm_user_error("override '%s': %s", assignment, err);
+}
+
+void config_validate(const struct dm_config *cfg)
+{
+    if (cfg->channels % cfg->heads != 0)
+        dm_user_error("model.heads = %d does not divide model.channels = %d", cfg->heads,
+                      cfg->channels);
+    if (cfg->seq > cfg->max_seq)
+        dm_user_error("train.seq = %d exceeds model.max_seq = %d", cfg->seq, cfg->max_seq);
+    if (cfg->batch % cfg->micro_batches != 0)
+        dm_user_error("train.micro_batches = %d does not divide train.batch = %d",
+                      cfg->micro_batches, cfg->batch);
+    if (cfg->warmup > cfg->steps && cfg->steps > 0)
+        dm_user_error("train.warmup = %d exceeds train.steps = %d", cfg->warmup, cfg->steps);
+    if (!cfg->train_path[0]) dm_user_error("data.train is empty: name a token file");
+    if (!cfg->out_dir[0]) dm_user_error("run.out_dir is empty: name an output directory");
+}
+
+void config_print(const struct dm_config *cfg, char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (size_t i = 0; i < NKEYS; i++) {
+        const char *field = (const char *)cfg + keys[i].offset;
+        char value[1100];
+        switch (keys[i].type) {
+        case KEY_INT: snprintf(value, sizeof value, "%d", *(const int *)field); break;
+        case KEY_U64: snprintf(value, sizeof value, "%" PRIu64, *(const uint64_t *)field); break;
+        case KEY_DOUBLE: snprintf(value, sizeof value, "%.17g", *(const double *)field); break;
+        case KEY_STRING: snprintf(value, sizeof value, "%s", field); break;
+        }
+        used += (size_t)snprintf(buf + used, used < size ? size - used : 0, "%s.%s = %s\n",
+                                 keys[i].section, keys[i].name, value);
+    }
+}

@@ -1,0 +1,32 @@
+/* Time, aligned allocation and resident-memory measurement. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+#include "dynmo/core.h"
+
+double dm_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+size_t dm_peak_rss_bytes(void)
+{
+    struct rusage usage;
+    if (getrusage(RUSAGE_SELF, &usage) != 0) return 0;
+    return (size_t)usage.ru_maxrss * 1024;   /* Linux reports KiB */
+}
+
+void *dm_alloc(size_t bytes)
+{
+    if (bytes == 0) bytes = 64;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, rounded);
+    if (!p) DM_FATAL("out of memory allocating %zu bytes", bytes);
+    memset(p, 0, rounded);
+    return p;
+}
+
+void dm_free(void *p) { free(p); }

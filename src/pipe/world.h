@@ -1,0 +1,16 @@
+/* The MPI world of one dynmo process: start-up, the fatal-path hooks and
+ * polled waits. Internal to src/ until the pipeline engine lands in
+ * include/dynmo/pipe.h. */
+#ifndef DYNMO_PIPE_WORLD_H
+#define DYNMO_PIPE_WORLD_H
+
+/* Initialises MPI (thread level FUNNELED), records rank and size in core,
+ * and registers MPI_Abort as the fatal hook and MPI_Finalize as the clean
+ * user-error exit. Idempotent. */
+void world_init(int *argc, char ***argv);
+/* Finalises MPI if world_init started it. */
+void world_finalize(void);
+/* Ranks of this job that run on this node (MPI_COMM_TYPE_SHARED). */
+int world_local_size(void);
+
+#endif

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Runs every test: each C test binary under $BUILD/tests and each shell test
+# tests/t_*.sh. Prints PASS/FAIL per test and ends with "N passed, N failed".
+# A shell test that exits 77 is counted as skipped (it says why).
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+export DYNMO="$PWD/$BUILD/dynmo"
+export BUILD
+if [ -n "${SANITIZE:-}" ]; then
+  export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
+  export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+fi
+logdir=$(mktemp -d /tmp/dynmo-tests.XXXXXX)
+passed=0; failed=0; skipped=0; failed_names=()
+run_one() {
+  local name=$1; shift
+  local start=$(date +%s.%N)
+  "$@" >"$logdir/$name.log" 2>&1
+  local rc=$?
+  local secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
+  if [ $rc -eq 0 ]; then
+    passed=$((passed+1)); echo "PASS $name (${secs}s)"
+  elif [ $rc -eq 77 ]; then
+    skipped=$((skipped+1)); echo "SKIP $name: $(tail -n 1 "$logdir/$name.log")"
+  else
+    failed=$((failed+1)); failed_names+=("$name"); echo "FAIL $name (exit $rc, ${secs}s)"
+    sed 's/^/    /' "$logdir/$name.log" | tail -n 30
+  fi
+}
+for t in "$BUILD"/tests/test_*; do
+  [ -x "$t" ] || continue
+  run_one "$(basename "$t")" "$t"
+done
+for t in tests/t_*.sh; do
+  [ -f "$t" ] || continue
+  run_one "$(basename "$t" .sh)" bash "$t"
+done
+echo "logs: $logdir"
+[ $failed -gt 0 ] && echo "failed: ${failed_names[*]}"
+if [ $skipped -gt 0 ]; then
+  echo "$passed passed, $failed failed, $skipped skipped"
+else
+  echo "$passed passed, $failed failed"
+fi
+[ $failed -eq 0 ]
