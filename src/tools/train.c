@@ -208,7 +208,7 @@ int cmd_train(int argc, char **argv)
 
     make_dirs(cfg.out_dir);
     char log_path[1200];
-    snprintf(log_path, sizeof log_path, "%s/runlog.h5", cfg.out_dir);
+    snprintf(log_path, sizeof log_path, "%s/" RUNLOG_FILE_NAME, cfg.out_dir);
     struct runlog *log = runlog_create(log_path, &cfg);
 
     struct trainer tr;
@@ -236,18 +236,20 @@ int cmd_train(int argc, char **argv)
             timed_steps++;
         }
         double mean_ms = timed_steps ? timed_ms / timed_steps : ms;
-        runlog_append_scalar(log, "/steps/loss", r.loss);
-        runlog_append_scalar(log, "/steps/step_ms", (float)ms);
-        runlog_append_scalar(log, "/steps/lr", (float)r.lr);
-        runlog_append_scalar(log, "/steps/grad_norm", (float)r.grad_norm);
-        runlog_append_scalar(log, "/steps/tokens_per_s", (float)(tokens_per_step / ms * 1e3));
+        runlog_append_scalar(log, RUNLOG_STEP_LOSS, r.loss);
+        runlog_append_scalar(log, RUNLOG_STEP_MS, (float)ms);
+        runlog_append_scalar(log, RUNLOG_STEP_LR, (float)r.lr);
+        runlog_append_scalar(log, RUNLOG_STEP_GRAD_NORM, (float)r.grad_norm);
+        runlog_append_scalar(log, RUNLOG_STEP_TOKENS_PER_S, (float)(tokens_per_step / ms * 1e3));
+        runlog_append_scalar(log, RUNLOG_STEP_PEAK_RSS_MB,
+                             (float)((double)dm_peak_rss_bytes() / 1048576.0));
         if (!isfinite(r.loss))
             dm_user_error("step %d: the loss is %f; lower train.lr (now %g) or check the data",
                           step + 1, r.loss, cfg.lr);
         if (have_val && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps)) {
             last_val = trainer_eval(&tr, &val_loader);
-            runlog_append_scalar(log, "/eval/step", (float)(step + 1));
-            runlog_append_scalar(log, "/eval/loss", (float)last_val);
+            runlog_append_int_scalar(log, RUNLOG_EVAL_STEP, step + 1);
+            runlog_append_scalar(log, RUNLOG_EVAL_LOSS, (float)last_val);
         }
         runlog_flush(log);
         if ((step + 1) % cfg.log_every == 0 || step + 1 == cfg.steps) {

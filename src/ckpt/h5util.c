@@ -1,0 +1,211 @@
+/* HDF5 error reporting and small attribute helpers shared by the run log,
+ * the checkpoint and the tools. It never decides what a file means; it only
+ * turns HDF5's error stack into one readable line. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "dynmo/core.h"
+#include "ckpt/h5util.h"
+
+void dm_h5_init(void)
+{
+    static int done;
+    if (done) return;
+    if (H5open() < 0) DM_FATAL("H5open failed: the HDF5 library did not start");
+    if (H5Eset_auto2(H5E_DEFAULT, NULL, NULL) < 0)
+        DM_FATAL("H5Eset_auto2 failed: cannot silence HDF5's own error printing");
+    done = 1;
+}
+
+/* What the stack walk keeps: the outermost entry (the API call the user
+ * made) and the innermost one (where HDF5 found the problem). */
+struct error_walk {
+    int entries;
+    char api_function[64];
+    char api_desc[256];
+    char inner_function[64];
+    char inner_desc[256];
+    hid_t inner_major, inner_minor;
+};
+
+static herr_t collect_entry(unsigned n, const H5E_error2_t *entry, void *data)
+{
+    struct error_walk *walk = data;
+    const char *function = entry->func_name ? entry->func_name : "?";
+    const char *desc = entry->desc ? entry->desc : "";
+    if (n == 0) {
+        snprintf(walk->api_function, sizeof walk->api_function, "%s", function);
+        snprintf(walk->api_desc, sizeof walk->api_desc, "%s", desc);
+    }
+    snprintf(walk->inner_function, sizeof walk->inner_function, "%s", function);
+    snprintf(walk->inner_desc, sizeof walk->inner_desc, "%s", desc);
+    walk->inner_major = entry->maj_num;
+    walk->inner_minor = entry->min_num;
+    walk->entries++;
+    return 0;
+}
+
+void dm_h5_error_text(char *buf, size_t size)
+{
+    struct error_walk walk;
+    memset(&walk, 0, sizeof walk);
+    /* Copying the stack clears the default one, so the next failure starts
+     * from an empty stack. */
+    hid_t stack = H5Eget_current_stack();
+    if (stack < 0) {
+        snprintf(buf, size, "HDF5 error stack unavailable");
+        return;
+    }
+    H5Ewalk2(stack, H5E_WALK_DOWNWARD, collect_entry, &walk);
+    if (walk.entries == 0) {
+        snprintf(buf, size, "no HDF5 error recorded");
+        H5Eclose_stack(stack);
+        return;
+    }
+    char major[128] = "", minor[128] = "";
+    H5Eget_msg(walk.inner_major, NULL, major, sizeof major);
+    H5Eget_msg(walk.inner_minor, NULL, minor, sizeof minor);
+    if (walk.entries == 1)
+        snprintf(buf, size, "%s: %s [%s: %s]", walk.api_function, walk.api_desc,
+                 major, minor);
+    else
+        snprintf(buf, size, "%s: %s; cause: %s: %s [%s: %s]", walk.api_function,
+                 walk.api_desc, walk.inner_function, walk.inner_desc, major, minor);
+    H5Eclose_stack(stack);
+}
+
+void dm_h5_fail(const char *file, int line, const char *call)
+{
+    char text[1024];
+    dm_h5_error_text(text, sizeof text);
+    dm_internal_error(file, line, "%s failed: %s", call, text);
+}
+
+void dm_h5_describe_failure(char *err, size_t errsize, const char *call)
+{
+    char text[1024];
+    dm_h5_error_text(text, sizeof text);
+    if (err && errsize) snprintf(err, errsize, "%s failed: %s", call, text);
+}
+
+hid_t dm_h5_open_readonly(const char *path, char *err, size_t errsize)
+{
+    dm_h5_init();
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        snprintf(err, errsize, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        snprintf(err, errsize, "%s: not a regular file", path);
+        return -1;
+    }
+    htri_t is_hdf5 = H5Fis_hdf5(path);
+    if (is_hdf5 < 0) {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        snprintf(err, errsize, "%s: cannot read: %s", path, text);
+        return -1;
+    }
+    if (is_hdf5 == 0) {
+        snprintf(err, errsize, "%s: not an HDF5 file (no HDF5 signature)", path);
+        return -1;
+    }
+    hid_t fapl = DM_H5(H5Pcreate(H5P_FILE_ACCESS));
+    /* A live writer holds HDF5's lock; readers of a run log must not need it. */
+    DM_H5(H5Pset_file_locking(fapl, 0, 1));
+    hid_t file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
+    if (file < 0) {
+        /* Read the stack before any other HDF5 call clears it. */
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        snprintf(err, errsize,
+                 "%s: cannot open this HDF5 file (damaged, truncated or locked): %s",
+                 path, text);
+    }
+    DM_H5(H5Pclose(fapl));
+    return file;
+}
+
+void dm_h5_write_string_attr(hid_t loc, const char *name, const char *value)
+{
+    hid_t type = DM_H5(H5Tcopy(H5T_C_S1));
+    DM_H5(H5Tset_size(type, H5T_VARIABLE));
+    DM_H5(H5Tset_cset(type, H5T_CSET_UTF8));
+    hid_t space = DM_H5(H5Screate(H5S_SCALAR));
+    hid_t attr = DM_H5(H5Acreate2(loc, name, type, space, H5P_DEFAULT, H5P_DEFAULT));
+    DM_H5(H5Awrite(attr, type, &value));
+    DM_H5(H5Aclose(attr));
+    DM_H5(H5Sclose(space));
+    DM_H5(H5Tclose(type));
+}
+
+void dm_h5_write_int_attr(hid_t loc, const char *name, long value)
+{
+    long long v = value;
+    hid_t space = DM_H5(H5Screate(H5S_SCALAR));
+    hid_t attr = DM_H5(H5Acreate2(loc, name, H5T_STD_I64LE, space, H5P_DEFAULT,
+                                  H5P_DEFAULT));
+    DM_H5(H5Awrite(attr, H5T_NATIVE_LLONG, &v));
+    DM_H5(H5Aclose(attr));
+    DM_H5(H5Sclose(space));
+}
+
+int dm_h5_read_attr_text(hid_t loc, const char *name, char **text,
+                         char *err, size_t errsize)
+{
+    *text = NULL;
+    int status = -1;
+    hid_t attr = -1, file_type = -1, mem_type = -1, space = -1;
+    htri_t exists = DM_H5_TRY(H5Aexists(loc, name), err, errsize, done);
+    if (!exists) return 1;
+    attr = DM_H5_TRY(H5Aopen(loc, name, H5P_DEFAULT), err, errsize, done);
+    file_type = DM_H5_TRY(H5Aget_type(attr), err, errsize, done);
+    space = DM_H5_TRY(H5Aget_space(attr), err, errsize, done);
+    H5T_class_t type_class = H5Tget_class(file_type);
+    if ((type_class != H5T_STRING && type_class != H5T_INTEGER) ||
+        H5Sget_simple_extent_npoints(space) != 1) {
+        snprintf(err, errsize, "attribute %s is not a single string or integer", name);
+        goto done;
+    }
+    if (type_class == H5T_INTEGER) {
+        long long value = 0;
+        DM_H5_TRY(H5Aread(attr, H5T_NATIVE_LLONG, &value), err, errsize, done);
+        *text = dm_alloc(32);
+        snprintf(*text, 32, "%lld", value);
+        status = 0;
+        goto done;
+    }
+    mem_type = DM_H5_TRY(H5Tcopy(H5T_C_S1), err, errsize, done);
+    /* HDF5 converts between strings of the same character set only. */
+    DM_H5_TRY(H5Tset_cset(mem_type, H5Tget_cset(file_type)), err, errsize, done);
+    htri_t variable = DM_H5_TRY(H5Tis_variable_str(file_type), err, errsize, done);
+    if (variable) {
+        DM_H5_TRY(H5Tset_size(mem_type, H5T_VARIABLE), err, errsize, done);
+        char *value = NULL;
+        DM_H5_TRY(H5Aread(attr, mem_type, &value), err, errsize, done);
+        size_t n = value ? strlen(value) : 0;
+        *text = dm_alloc(n + 1);
+        if (n) memcpy(*text, value, n);
+        H5free_memory(value);
+    } else {
+        size_t n = H5Tget_size(file_type);
+        DM_H5_TRY(H5Tset_size(mem_type, n + 1), err, errsize, done);
+        DM_H5_TRY(H5Tset_strpad(mem_type, H5T_STR_NULLTERM), err, errsize, done);
+        *text = dm_alloc(n + 1);
+        DM_H5_TRY(H5Aread(attr, mem_type, *text), err, errsize, done);
+    }
+    status = 0;
+done:
+    if (status != 0 && *text) {
+        dm_free(*text);
+        *text = NULL;
+    }
+    if (mem_type >= 0) H5Tclose(mem_type);
+    if (space >= 0) H5Sclose(space);
+    if (file_type >= 0) H5Tclose(file_type);
+    if (attr >= 0) H5Aclose(attr);
+    return status;
+}

@@ -1,0 +1,68 @@
+/* HDF5 discipline shared by the run log and the checkpoint: every HDF5 call
+ * goes through a check macro that reports rank, file:line, the call and
+ * HDF5's own error text. HDF5's automatic printing to stderr is switched off
+ * (dm_h5_init) so that the only message a user sees is ours.
+ *
+ * Internal to src/ckpt and src/tools; nothing here is part of a file format. */
+#ifndef DYNMO_CKPT_H5UTIL_H
+#define DYNMO_CKPT_H5UTIL_H
+
+#include <stddef.h>
+#include <hdf5.h>
+
+/* Turns off HDF5's automatic error printing. Idempotent; call before the
+ * first HDF5 call of any entry point. */
+void dm_h5_init(void);
+
+/* Writes a one-line description of the current HDF5 error stack into buf
+ * (the API call, its message and the innermost cause), then clears the
+ * stack. Writes "no HDF5 error recorded" when the stack is empty. */
+void dm_h5_error_text(char *buf, size_t size);
+
+/* Fatal path for a failed HDF5 call: "<call> failed: <HDF5 text>". */
+__attribute__((noreturn))
+void dm_h5_fail(const char *file, int line, const char *call);
+
+/* Evaluates an HDF5 call (herr_t, hid_t, htri_t or hssize_t); a negative
+ * result is an internal error reported with file:line, the call's text and
+ * HDF5's message. Yields the call's value. */
+#define DM_H5(call)                                                          \
+    __extension__({                                                          \
+        __typeof__(call) dm_h5_result = (call);                              \
+        if (dm_h5_result < 0) dm_h5_fail(__FILE__, __LINE__, #call);         \
+        dm_h5_result;                                                        \
+    })
+
+/* For readers that report failures instead of dying: on a negative result,
+ * writes "<call> failed: <HDF5 text>" into (err, errsize) and jumps to
+ * `label`. Yields the call's value otherwise. */
+#define DM_H5_TRY(call, err, errsize, label)                                 \
+    __extension__({                                                          \
+        __typeof__(call) dm_h5_result = (call);                              \
+        if (dm_h5_result < 0) {                                              \
+            dm_h5_describe_failure((err), (errsize), #call);                 \
+            goto label;                                                      \
+        }                                                                    \
+        dm_h5_result;                                                        \
+    })
+void dm_h5_describe_failure(char *err, size_t errsize, const char *call);
+
+/* Opens an existing file read-only for inspection without taking HDF5's
+ * file lock, so that a run log that a live job is writing can be read.
+ * Returns the file id, or -1 with a message in err naming the path and the
+ * problem: missing, not HDF5, truncated or otherwise unreadable. */
+hid_t dm_h5_open_readonly(const char *path, char *err, size_t errsize);
+
+/* Writes a scalar variable-length UTF-8 string attribute (h5py reads it as
+ * str). Fatal on HDF5 failure. */
+void dm_h5_write_string_attr(hid_t loc, const char *name, const char *value);
+void dm_h5_write_int_attr(hid_t loc, const char *name, long value);
+
+/* Reads a scalar string attribute (variable or fixed length) or integer
+ * attribute (formatted in decimal) into a NUL-terminated dm_alloc'd buffer
+ * (*text, dm_free). Returns 0, 1 when the attribute does not exist (*text
+ * NULL), or -1 with a message in err. */
+int dm_h5_read_attr_text(hid_t loc, const char *name, char **text,
+                         char *err, size_t errsize);
+
+#endif

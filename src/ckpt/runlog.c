@@ -1,0 +1,562 @@
+/* The run log: one HDF5 file per run holding per-step metrics, per-layer
+ * profiles and the layout history as extendible 1-D and 2-D datasets
+ * (docs/runlog.md). Rank 0 writes it serially through the default (sec2)
+ * driver and flushes after every step so that a killed run keeps what it
+ * finished. Appends are cheap because each dataset's handle and dataspaces
+ * stay open in a small cache for the life of the handle.
+ *
+ * It must not call MPI, and it must not decide what is logged: the trainer
+ * chooses the series; this file only stores and reads them. */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "dynmo/ckpt.h"
+#include "ckpt/h5util.h"
+
+/* Elements per chunk: small enough that the per-step flush rewrites little,
+ * large enough that a long run's chunk index stays small. */
+#define CHUNK_ELEMENTS 1024
+#define NAME_MAX_BYTES 256
+
+struct runlog_dataset {
+    char name[NAME_MAX_BYTES];
+    unsigned long name_hash;
+    hid_t dataset;
+    hid_t file_space;    /* resized to the current extent on each append */
+    hid_t memory_space;  /* (ncols) */
+    int is_int;
+    int rank;            /* 1 or 2 */
+    int ncols;           /* 1 for a series */
+    hsize_t rows;
+};
+
+struct runlog {
+    char path[1024];
+    hid_t file;
+    struct runlog_dataset *datasets;  /* (count), grown by doubling */
+    int count, capacity;
+};
+
+static unsigned long hash_name(const char *name)
+{
+    unsigned long h = 1469598103934665603UL;
+    for (; *name; name++) h = (h ^ (unsigned char)*name) * 1099511628211UL;
+    return h;
+}
+
+static void check_name(const char *name)
+{
+    size_t n = strlen(name);
+    if (name[0] != '/' || n < 2 || n >= NAME_MAX_BYTES || name[n - 1] == '/')
+        DM_FATAL("run log dataset name \"%s\" must be an absolute path like "
+                 "\"/steps/loss\" shorter than %d bytes", name, NAME_MAX_BYTES);
+}
+
+/* Whether every component of the absolute path `name` exists as a link;
+ * H5Lexists alone fails when an intermediate group is missing. */
+static int path_exists(hid_t file, const char *name)
+{
+    char prefix[NAME_MAX_BYTES];
+    size_t n = strlen(name);
+    if (n >= sizeof prefix) return 0;
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && name[i] != '/') continue;
+        memcpy(prefix, name, i);
+        prefix[i] = '\0';
+        htri_t exists = H5Lexists(file, prefix, H5P_DEFAULT);
+        if (exists <= 0) {
+            if (exists < 0) H5Eclear2(H5E_DEFAULT);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void iso_time_now(char *buf, size_t size)
+{
+    time_t now = time(NULL);
+    struct tm utc;
+    gmtime_r(&now, &utc);
+    strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", &utc);
+}
+
+static struct runlog *runlog_new(const char *path, hid_t file)
+{
+    struct runlog *log = dm_alloc(sizeof *log);
+    snprintf(log->path, sizeof log->path, "%s", path);
+    log->file = file;
+    log->capacity = 16;
+    log->datasets = dm_alloc((size_t)log->capacity * sizeof *log->datasets);
+    return log;
+}
+
+struct runlog *runlog_create(const char *path, const struct dm_config *cfg)
+{
+    dm_h5_init();
+    hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+    if (file < 0) {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        dm_user_error_local("cannot create the run log %s (check that its directory "
+                            "exists and is writable): %s", path, text);
+    }
+    size_t config_bytes = 1 << 16;
+    char *config_text = dm_alloc(config_bytes);
+    config_print(cfg, config_text, config_bytes);
+    char created[64];
+    iso_time_now(created, sizeof created);
+    dm_h5_write_string_attr(file, "kind", RUNLOG_KIND);
+    dm_h5_write_int_attr(file, "format_version", RUNLOG_FORMAT_VERSION);
+    dm_h5_write_string_attr(file, "dynmo_version", DYNMO_VERSION);
+    dm_h5_write_string_attr(file, "created", created);
+    dm_h5_write_string_attr(file, "config", config_text);
+    dm_free(config_text);
+    DM_H5(H5Fflush(file, H5F_SCOPE_LOCAL));
+    return runlog_new(path, file);
+}
+
+struct runlog *runlog_open_append(const char *path)
+{
+    char err[1024], kind[64];
+    if (dm_file_kind(path, kind, sizeof kind, err, sizeof err) != 0)
+        dm_user_error_local("cannot reopen the run log: %s", err);
+    if (strcmp(kind, RUNLOG_KIND) != 0)
+        dm_user_error_local("%s is not a dynmo run log (root attribute kind is "
+                            "\"%s\", expected \"%s\")", path, kind, RUNLOG_KIND);
+    char *version = NULL;
+    if (runlog_read_root_attr(path, "format_version", &version, err, sizeof err) != 0)
+        dm_user_error_local("%s: no readable format_version attribute", path);
+    long format = strtol(version, NULL, 10);
+    dm_free(version);
+    if (format != RUNLOG_FORMAT_VERSION)
+        dm_user_error_local("%s has run log format version %ld; this dynmo appends to "
+                            "version %d only (start a new run directory)", path, format,
+                            RUNLOG_FORMAT_VERSION);
+    hid_t file = H5Fopen(path, H5F_ACC_RDWR, H5P_DEFAULT);
+    if (file < 0) {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        dm_user_error_local("cannot reopen the run log %s for writing (is another "
+                            "run writing it?): %s", path, text);
+    }
+    return runlog_new(path, file);
+}
+
+static struct runlog_dataset *find_dataset(struct runlog *log, const char *name,
+                                           unsigned long hash)
+{
+    for (int i = 0; i < log->count; i++) {
+        struct runlog_dataset *d = &log->datasets[i];
+        if (d->name_hash == hash && strcmp(d->name, name) == 0) return d;
+    }
+    return NULL;
+}
+
+static struct runlog_dataset *add_slot(struct runlog *log)
+{
+    if (log->count == log->capacity) {
+        int capacity = 2 * log->capacity;
+        struct runlog_dataset *grown = dm_alloc((size_t)capacity * sizeof *grown);
+        memcpy(grown, log->datasets, (size_t)log->count * sizeof *grown);
+        dm_free(log->datasets);
+        log->datasets = grown;
+        log->capacity = capacity;
+    }
+    struct runlog_dataset *d = &log->datasets[log->count++];
+    memset(d, 0, sizeof *d);
+    return d;
+}
+
+static void create_dataset(struct runlog *log, struct runlog_dataset *d)
+{
+    hsize_t dims[2] = {0, (hsize_t)d->ncols};
+    hsize_t maxdims[2] = {H5S_UNLIMITED, (hsize_t)d->ncols};
+    hsize_t chunk_rows = CHUNK_ELEMENTS / (hsize_t)d->ncols;
+    hsize_t chunk[2] = {chunk_rows ? chunk_rows : 1, (hsize_t)d->ncols};
+    hid_t space = DM_H5(H5Screate_simple(d->rank, dims, maxdims));
+    hid_t dcpl = DM_H5(H5Pcreate(H5P_DATASET_CREATE));
+    DM_H5(H5Pset_chunk(dcpl, d->rank, chunk));
+    hid_t lcpl = DM_H5(H5Pcreate(H5P_LINK_CREATE));
+    DM_H5(H5Pset_create_intermediate_group(lcpl, 1));
+    hid_t file_type = d->is_int ? H5T_STD_I32LE : H5T_IEEE_F32LE;
+    d->dataset = DM_H5(H5Dcreate2(log->file, d->name, file_type, space, lcpl,
+                                  dcpl, H5P_DEFAULT));
+    DM_H5(H5Pclose(lcpl));
+    DM_H5(H5Pclose(dcpl));
+    DM_H5(H5Sclose(space));
+    d->rows = 0;
+}
+
+static void open_existing_dataset(struct runlog *log, struct runlog_dataset *d)
+{
+    d->dataset = DM_H5(H5Dopen2(log->file, d->name, H5P_DEFAULT));
+    hid_t type = DM_H5(H5Dget_type(d->dataset));
+    H5T_class_t type_class = H5Tget_class(type);
+    DM_H5(H5Tclose(type));
+    hid_t space = DM_H5(H5Dget_space(d->dataset));
+    int rank = DM_H5(H5Sget_simple_extent_ndims(space));
+    hsize_t dims[2] = {0, 1};
+    if (rank == 1 || rank == 2) DM_H5(H5Sget_simple_extent_dims(space, dims, NULL));
+    DM_H5(H5Sclose(space));
+    int is_int = type_class == H5T_INTEGER;
+    if ((type_class != H5T_INTEGER && type_class != H5T_FLOAT) || rank != d->rank ||
+        is_int != d->is_int || (rank == 2 && (int)dims[1] != d->ncols))
+        DM_FATAL("run log %s: appending %s %s of %d columns to %s, which holds "
+                 "%s data of rank %d with %d columns", log->path,
+                 d->is_int ? "int" : "float", d->rank == 1 ? "values" : "rows",
+                 d->ncols, d->name, is_int ? "int" : "float", rank,
+                 rank == 2 ? (int)dims[1] : 1);
+    d->rows = dims[0];
+}
+
+/* The cached dataset `name`, opened or created on first use, checked to be
+ * of the requested kind. */
+static struct runlog_dataset *get_dataset(struct runlog *log, const char *name,
+                                          int is_int, int rank, int ncols)
+{
+    unsigned long hash = hash_name(name);
+    struct runlog_dataset *d = find_dataset(log, name, hash);
+    if (d) {
+        if (d->is_int != is_int || d->rank != rank || d->ncols != ncols)
+            DM_FATAL("run log %s: %s holds %s data of rank %d with %d columns; "
+                     "append gave %s data of rank %d with %d columns", log->path,
+                     name, d->is_int ? "int" : "float", d->rank, d->ncols,
+                     is_int ? "int" : "float", rank, ncols);
+        return d;
+    }
+    check_name(name);
+    if (ncols < 1) DM_FATAL("run log %s: row of %d columns for %s", log->path, ncols, name);
+    d = add_slot(log);
+    snprintf(d->name, sizeof d->name, "%s", name);
+    d->name_hash = hash;
+    d->is_int = is_int;
+    d->rank = rank;
+    d->ncols = ncols;
+    if (path_exists(log->file, name))
+        open_existing_dataset(log, d);
+    else
+        create_dataset(log, d);
+    hsize_t dims[2] = {d->rows, (hsize_t)ncols};
+    d->file_space = DM_H5(H5Screate_simple(rank, dims, NULL));
+    hsize_t row_dims[1] = {(hsize_t)ncols};
+    d->memory_space = DM_H5(H5Screate_simple(1, row_dims, NULL));
+    return d;
+}
+
+static void append(struct runlog *log, const char *name, int is_int, int rank,
+                   const void *row, int ncols)
+{
+    DM_ASSERT(log != NULL && row != NULL);
+    struct runlog_dataset *d = get_dataset(log, name, is_int, rank, ncols);
+    hsize_t dims[2] = {d->rows + 1, (hsize_t)ncols};
+    DM_H5(H5Dset_extent(d->dataset, dims));
+    DM_H5(H5Sset_extent_simple(d->file_space, rank, dims, NULL));
+    hsize_t start[2] = {d->rows, 0};
+    hsize_t count[2] = {1, (hsize_t)ncols};
+    DM_H5(H5Sselect_hyperslab(d->file_space, H5S_SELECT_SET, start, NULL, count, NULL));
+    DM_H5(H5Dwrite(d->dataset, is_int ? H5T_NATIVE_INT : H5T_NATIVE_FLOAT,
+                   d->memory_space, d->file_space, H5P_DEFAULT, row));
+    d->rows++;
+}
+
+void runlog_append_scalar(struct runlog *log, const char *name, float value)
+{
+    append(log, name, 0, 1, &value, 1);
+}
+
+void runlog_append_int_scalar(struct runlog *log, const char *name, int value)
+{
+    append(log, name, 1, 1, &value, 1);
+}
+
+void runlog_append_row(struct runlog *log, const char *name,
+                       const float *row, int ncols)
+{
+    append(log, name, 0, 2, row, ncols);
+}
+
+void runlog_append_int_row(struct runlog *log, const char *name,
+                           const int *row, int ncols)
+{
+    append(log, name, 1, 2, row, ncols);
+}
+
+long runlog_rows(struct runlog *log, const char *name)
+{
+    struct runlog_dataset *d = find_dataset(log, name, hash_name(name));
+    if (d) return (long)d->rows;
+    if (!path_exists(log->file, name)) return -1;
+    hid_t dataset = DM_H5(H5Dopen2(log->file, name, H5P_DEFAULT));
+    hid_t space = DM_H5(H5Dget_space(dataset));
+    hsize_t dims[2] = {0, 0};
+    int rank = DM_H5(H5Sget_simple_extent_ndims(space));
+    if (rank < 1 || rank > 2)
+        DM_FATAL("run log %s: %s has rank %d, expected 1 or 2", log->path, name, rank);
+    DM_H5(H5Sget_simple_extent_dims(space, dims, NULL));
+    DM_H5(H5Sclose(space));
+    DM_H5(H5Dclose(dataset));
+    return (long)dims[0];
+}
+
+void runlog_truncate(struct runlog *log, const char *name, long rows)
+{
+    long current = runlog_rows(log, name);
+    if (current < 0) DM_FATAL("run log %s: cannot truncate %s: no such dataset",
+                              log->path, name);
+    if (rows < 0 || rows > current)
+        DM_FATAL("run log %s: cannot truncate %s of %ld rows to %ld rows",
+                 log->path, name, current, rows);
+    struct runlog_dataset *d = find_dataset(log, name, hash_name(name));
+    hid_t dataset = d ? d->dataset : DM_H5(H5Dopen2(log->file, name, H5P_DEFAULT));
+    hid_t space = DM_H5(H5Dget_space(dataset));
+    hsize_t dims[2] = {0, 0};
+    DM_H5(H5Sget_simple_extent_dims(space, dims, NULL));
+    DM_H5(H5Sclose(space));
+    dims[0] = (hsize_t)rows;
+    DM_H5(H5Dset_extent(dataset, dims));
+    if (d) d->rows = (hsize_t)rows;
+    else DM_H5(H5Dclose(dataset));
+}
+
+void runlog_flush(struct runlog *log)
+{
+    DM_H5(H5Fflush(log->file, H5F_SCOPE_LOCAL));
+}
+
+void runlog_close(struct runlog *log)
+{
+    if (!log) return;
+    for (int i = 0; i < log->count; i++) {
+        struct runlog_dataset *d = &log->datasets[i];
+        DM_H5(H5Sclose(d->memory_space));
+        DM_H5(H5Sclose(d->file_space));
+        DM_H5(H5Dclose(d->dataset));
+    }
+    DM_H5(H5Fflush(log->file, H5F_SCOPE_LOCAL));
+    DM_H5(H5Fclose(log->file));
+    dm_free(log->datasets);
+    dm_free(log);
+}
+
+/* ---- reading ------------------------------------------------------------ */
+
+/* Opens dataset `name` of an open file and checks its rank; returns the
+ * dataset with its dims, or -1 with err set. */
+static hid_t open_for_read(hid_t file, const char *path, const char *name,
+                           int want_rank, hsize_t dims[2], char *err, size_t errsize)
+{
+    if (name[0] != '/' || !path_exists(file, name)) {
+        snprintf(err, errsize, "%s has no dataset %s", path, name);
+        return -1;
+    }
+    hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT);
+    if (dataset < 0) {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        snprintf(err, errsize, "%s: %s is not a readable dataset: %s", path, name, text);
+        return -1;
+    }
+    hid_t space = H5Dget_space(dataset);
+    int rank = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
+    dims[0] = 0;
+    dims[1] = 1;
+    if (rank == want_rank) H5Sget_simple_extent_dims(space, dims, NULL);
+    if (space >= 0) H5Sclose(space);
+    if (rank != want_rank) {
+        snprintf(err, errsize, "%s: %s has rank %d, expected %d", path, name, rank,
+                 want_rank);
+        H5Dclose(dataset);
+        return -1;
+    }
+    return dataset;
+}
+
+static long read_whole(const char *path, const char *name, int want_rank,
+                       hid_t memory_type, void **values, int *ncols,
+                       char *err, size_t errsize)
+{
+    *values = NULL;
+    long result = -1;
+    hsize_t dims[2];
+    hid_t dataset = -1;
+    hid_t file = dm_h5_open_readonly(path, err, errsize);
+    if (file < 0) return -1;
+    dataset = open_for_read(file, path, name, want_rank, dims, err, errsize);
+    if (dataset < 0) goto done;
+    size_t count = (size_t)dims[0] * (size_t)dims[1];
+    *values = dm_alloc(count * 4);
+    if (count > 0)
+        DM_H5_TRY(H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, *values),
+                  err, errsize, done);
+    if (ncols) *ncols = (int)dims[1];
+    result = (long)dims[0];
+done:
+    if (result < 0 && *values) {
+        dm_free(*values);
+        *values = NULL;
+    }
+    if (dataset >= 0) H5Dclose(dataset);
+    H5Fclose(file);
+    return result;
+}
+
+long runlog_read_series(const char *path, const char *name, float **values,
+                        char *err, size_t errsize)
+{
+    return read_whole(path, name, 1, H5T_NATIVE_FLOAT, (void **)values, NULL,
+                      err, errsize);
+}
+
+long runlog_read_matrix(const char *path, const char *name, float **values,
+                        int *ncols, char *err, size_t errsize)
+{
+    return read_whole(path, name, 2, H5T_NATIVE_FLOAT, (void **)values, ncols,
+                      err, errsize);
+}
+
+long runlog_read_int_matrix(const char *path, const char *name, int **values,
+                            int *ncols, char *err, size_t errsize)
+{
+    return read_whole(path, name, 2, H5T_NATIVE_INT, (void **)values, ncols,
+                      err, errsize);
+}
+
+int runlog_read_row(const char *path, const char *name, long row,
+                    float *out, int ncols, char *err, size_t errsize)
+{
+    int status = -1;
+    hsize_t dims[2];
+    hid_t dataset = -1, file_space = -1, memory_space = -1;
+    hid_t file = dm_h5_open_readonly(path, err, errsize);
+    if (file < 0) return -1;
+    dataset = open_for_read(file, path, name, 2, dims, err, errsize);
+    if (dataset < 0) goto done;
+    long rows = (long)dims[0];
+    long index = row < 0 ? rows + row : row;
+    if (index < 0 || index >= rows) {
+        snprintf(err, errsize, "%s: row %ld of %s is out of range (it has %ld rows)",
+                 path, row, name, rows);
+        goto done;
+    }
+    if ((int)dims[1] != ncols) {
+        snprintf(err, errsize, "%s: %s has %d columns, the caller expected %d",
+                 path, name, (int)dims[1], ncols);
+        goto done;
+    }
+    file_space = DM_H5_TRY(H5Dget_space(dataset), err, errsize, done);
+    hsize_t start[2] = {(hsize_t)index, 0};
+    hsize_t count[2] = {1, (hsize_t)ncols};
+    DM_H5_TRY(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, count, NULL),
+              err, errsize, done);
+    hsize_t row_dims[1] = {(hsize_t)ncols};
+    memory_space = DM_H5_TRY(H5Screate_simple(1, row_dims, NULL), err, errsize, done);
+    DM_H5_TRY(H5Dread(dataset, H5T_NATIVE_FLOAT, memory_space, file_space,
+                      H5P_DEFAULT, out), err, errsize, done);
+    status = 0;
+done:
+    if (memory_space >= 0) H5Sclose(memory_space);
+    if (file_space >= 0) H5Sclose(file_space);
+    if (dataset >= 0) H5Dclose(dataset);
+    H5Fclose(file);
+    return status;
+}
+
+struct listing {
+    struct runlog_dataset_info *infos;
+    int count, capacity;
+};
+
+static herr_t list_one(hid_t group, const char *name, const H5L_info_t *info, void *data)
+{
+    struct listing *listing = data;
+    if (info->type != H5L_TYPE_HARD) return 0;
+    hid_t object = H5Oopen(group, name, H5P_DEFAULT);
+    if (object < 0) return -1;
+    if (H5Iget_type(object) != H5I_DATASET) {
+        H5Oclose(object);
+        return 0;
+    }
+    if (listing->count == listing->capacity) {
+        int capacity = listing->capacity ? 2 * listing->capacity : 16;
+        struct runlog_dataset_info *grown = dm_alloc((size_t)capacity * sizeof *grown);
+        if (listing->count)
+            memcpy(grown, listing->infos, (size_t)listing->count * sizeof *grown);
+        dm_free(listing->infos);
+        listing->infos = grown;
+        listing->capacity = capacity;
+    }
+    struct runlog_dataset_info *d = &listing->infos[listing->count++];
+    memset(d, 0, sizeof *d);
+    snprintf(d->name, sizeof d->name, "/%s", name);
+    hid_t type = H5Dget_type(object);
+    hid_t space = H5Dget_space(object);
+    if (type < 0 || space < 0) {
+        if (type >= 0) H5Tclose(type);
+        if (space >= 0) H5Sclose(space);
+        H5Oclose(object);
+        return -1;
+    }
+    d->is_int = H5Tget_class(type) == H5T_INTEGER;
+    d->element_bytes = (int)H5Tget_size(type);
+    d->rank = H5Sget_simple_extent_ndims(space);
+    hsize_t dims[H5S_MAX_RANK] = {0};
+    if (d->rank > 0) H5Sget_simple_extent_dims(space, dims, NULL);
+    d->dims[0] = d->rank >= 1 ? (long)dims[0] : 1;
+    d->dims[1] = d->rank == 2 ? (long)dims[1] : (d->rank == 1 ? 1 : 0);
+    H5Tclose(type);
+    H5Sclose(space);
+    H5Oclose(object);
+    return 0;
+}
+
+static int compare_info_names(const void *a, const void *b)
+{
+    return strcmp(((const struct runlog_dataset_info *)a)->name,
+                  ((const struct runlog_dataset_info *)b)->name);
+}
+
+int runlog_list_datasets(const char *path, struct runlog_dataset_info **infos,
+                         char *err, size_t errsize)
+{
+    *infos = NULL;
+    struct listing listing = {0};
+    hid_t file = dm_h5_open_readonly(path, err, errsize);
+    if (file < 0) return -1;
+    if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, list_one, &listing) < 0) {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        snprintf(err, errsize, "%s: cannot list datasets: %s", path, text);
+        dm_free(listing.infos);
+        H5Fclose(file);
+        return -1;
+    }
+    H5Fclose(file);
+    if (listing.count > 1)
+        qsort(listing.infos, (size_t)listing.count, sizeof *listing.infos,
+              compare_info_names);
+    *infos = listing.infos ? listing.infos : dm_alloc(sizeof **infos);
+    return listing.count;
+}
+
+int runlog_read_root_attr(const char *path, const char *attr, char **text,
+                          char *err, size_t errsize)
+{
+    *text = NULL;
+    hid_t file = dm_h5_open_readonly(path, err, errsize);
+    if (file < 0) return -1;
+    char inner[768];
+    int status = dm_h5_read_attr_text(file, attr, text, inner, sizeof inner);
+    if (status < 0) snprintf(err, errsize, "%s: %s", path, inner);
+    H5Fclose(file);
+    return status;
+}
+
+int dm_file_kind(const char *path, char *kind, size_t kindsize, char *err, size_t errsize)
+{
+    char *text = NULL;
+    int status = runlog_read_root_attr(path, "kind", &text, err, errsize);
+    if (status < 0) return -1;
+    snprintf(kind, kindsize, "%s", text ? text : "");
+    dm_free(text);
+    return 0;
+}

@@ -1,0 +1,242 @@
+/* `dynmo inspect FILE [--json]`: a summary of a run log (configuration,
+ * steps, first and last loss, mean step time, every dataset with its shape)
+ * for people, or the same as one JSON object for scripts. It reads through
+ * the run log's public readers only and never writes. Checkpoints are
+ * recognised by their root attribute kind and refused until their issue
+ * lands; anything else is a user error naming the file. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/ckpt.h"
+#include "dynmo/tools.h"
+
+struct summary {
+    const char *path;
+    char *version, *created, *config, *format_version; /* dm_alloc'd; NULL if absent */
+    long steps;
+    double first_loss, last_loss, mean_step_ms;
+    long timed_steps;                   /* steps behind mean_step_ms */
+    struct runlog_dataset_info *datasets;
+    int dataset_count;
+};
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+            "usage: dynmo inspect FILE [--json]\n"
+            "Summarises a run log (<run.out_dir>/" RUNLOG_FILE_NAME "): configuration, "
+            "steps,\nfirst and last loss, mean step time and every dataset with its "
+            "shape.\n  --json   print the same as one JSON object\n"
+            "The file may belong to a run that is still writing it.\n");
+}
+
+static char *read_attr_or_die(const char *path, const char *name)
+{
+    char err[1024];
+    char *text = NULL;
+    if (runlog_read_root_attr(path, name, &text, err, sizeof err) < 0)
+        dm_user_error("%s", err);
+    return text;
+}
+
+static void load_summary(struct summary *s, const char *path)
+{
+    char err[1024];
+    memset(s, 0, sizeof *s);
+    s->path = path;
+    s->first_loss = s->last_loss = s->mean_step_ms = NAN;
+    s->version = read_attr_or_die(path, "dynmo_version");
+    s->created = read_attr_or_die(path, "created");
+    s->config = read_attr_or_die(path, "config");
+    s->format_version = read_attr_or_die(path, "format_version");
+    s->dataset_count = runlog_list_datasets(path, &s->datasets, err, sizeof err);
+    if (s->dataset_count < 0) dm_user_error("%s", err);
+
+    for (int i = 0; i < s->dataset_count; i++)
+        if (!strncmp(s->datasets[i].name, "/steps/", 7) && s->datasets[i].dims[0] > s->steps)
+            s->steps = s->datasets[i].dims[0];
+
+    float *values = NULL;
+    long n = runlog_read_series(path, RUNLOG_STEP_LOSS, &values, err, sizeof err);
+    if (n > 0) {
+        s->first_loss = values[0];
+        s->last_loss = values[n - 1];
+    }
+    dm_free(values);
+    values = NULL;
+    n = runlog_read_series(path, RUNLOG_STEP_MS, &values, err, sizeof err);
+    if (n > 0) {
+        /* The first step pays page faults and warm-up; train reports the
+         * mean over the steps after it, and so does inspect. */
+        long first = n > 1 ? 1 : 0;
+        double sum = 0;
+        for (long i = first; i < n; i++) sum += values[i];
+        s->timed_steps = n - first;
+        s->mean_step_ms = sum / (double)s->timed_steps;
+    }
+    dm_free(values);
+}
+
+static void free_summary(struct summary *s)
+{
+    dm_free(s->version);
+    dm_free(s->created);
+    dm_free(s->config);
+    dm_free(s->format_version);
+    dm_free(s->datasets);
+}
+
+static const char *type_name(const struct runlog_dataset_info *d)
+{
+    if (d->element_bytes == 4) return d->is_int ? "int32" : "float32";
+    if (d->element_bytes == 8) return d->is_int ? "int64" : "float64";
+    return d->is_int ? "int" : "other";
+}
+
+static void print_shape(FILE *out, const struct runlog_dataset_info *d)
+{
+    if (d->rank == 2) fprintf(out, "[%ld, %ld]", d->dims[0], d->dims[1]);
+    else if (d->rank == 1) fprintf(out, "[%ld]", d->dims[0]);
+    else fprintf(out, "(rank %d)", d->rank);
+}
+
+static void print_text(const struct summary *s)
+{
+    printf("run log %s\n", s->path);
+    printf("  written by dynmo %s, created %s, format version %s\n",
+           s->version ? s->version : "?", s->created ? s->created : "?",
+           s->format_version ? s->format_version : "?");
+    printf("  steps: %ld\n", s->steps);
+    if (!isnan(s->first_loss))
+        printf("  loss: %.4f at the first step, %.4f at the last\n", s->first_loss,
+               s->last_loss);
+    if (!isnan(s->mean_step_ms))
+        printf("  mean step: %.2f ms over %ld step%s%s\n", s->mean_step_ms,
+               s->timed_steps, s->timed_steps == 1 ? "" : "s",
+               s->steps > s->timed_steps ? " (the first step is left out)" : "");
+    printf("datasets:\n");
+    for (int i = 0; i < s->dataset_count; i++) {
+        const struct runlog_dataset_info *d = &s->datasets[i];
+        printf("  %-28s %-8s ", d->name, type_name(d));
+        print_shape(stdout, d);
+        printf("\n");
+    }
+    printf("config:\n");
+    const char *line = s->config ? s->config : "";
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        int len = end ? (int)(end - line) : (int)strlen(line);
+        printf("  %.*s\n", len, line);
+        line += len + (end ? 1 : 0);
+    }
+}
+
+static void json_string(FILE *out, const char *text)
+{
+    fputc('"', out);
+    for (const unsigned char *p = (const unsigned char *)(text ? text : ""); *p; p++) {
+        switch (*p) {
+        case '"': fputs("\\\"", out); break;
+        case '\\': fputs("\\\\", out); break;
+        case '\n': fputs("\\n", out); break;
+        case '\t': fputs("\\t", out); break;
+        case '\r': fputs("\\r", out); break;
+        default:
+            if (*p < 0x20) fprintf(out, "\\u%04x", *p);
+            else fputc(*p, out);
+        }
+    }
+    fputc('"', out);
+}
+
+static void json_number(FILE *out, double value)
+{
+    if (isfinite(value)) fprintf(out, "%.9g", value);
+    else fputs("null", out);
+}
+
+static void print_json(const struct summary *s)
+{
+    FILE *out = stdout;
+    fputs("{\"file\": ", out);
+    json_string(out, s->path);
+    fputs(", \"kind\": \"" RUNLOG_KIND "\", \"dynmo_version\": ", out);
+    json_string(out, s->version);
+    fputs(", \"created\": ", out);
+    json_string(out, s->created);
+    fputs(", \"format_version\": ", out);
+    char *end = NULL;
+    long version = s->format_version ? strtol(s->format_version, &end, 10) : 0;
+    if (s->format_version && end != s->format_version && *end == '\0')
+        fprintf(out, "%ld", version);
+    else
+        json_string(out, s->format_version);
+    fprintf(out, ", \"steps\": %ld, \"loss_first\": ", s->steps);
+    json_number(out, s->first_loss);
+    fputs(", \"loss_last\": ", out);
+    json_number(out, s->last_loss);
+    fputs(", \"mean_step_ms\": ", out);
+    json_number(out, s->mean_step_ms);
+    fprintf(out, ", \"mean_step_ms_steps\": %ld", s->timed_steps);
+    fputs(",\n \"datasets\": [", out);
+    for (int i = 0; i < s->dataset_count; i++) {
+        const struct runlog_dataset_info *d = &s->datasets[i];
+        fputs(i ? ",\n   {\"name\": " : "\n   {\"name\": ", out);
+        json_string(out, d->name);
+        fprintf(out, ", \"type\": \"%s\", \"shape\": ", type_name(d));
+        if (d->rank == 2) fprintf(out, "[%ld, %ld]}", d->dims[0], d->dims[1]);
+        else if (d->rank == 1) fprintf(out, "[%ld]}", d->dims[0]);
+        else fputs("[]}", out);
+    }
+    fputs("],\n \"config\": ", out);
+    json_string(out, s->config);
+    fputs("}\n", out);
+}
+
+int cmd_inspect(int argc, char **argv)
+{
+    const char *path = NULL;
+    int json = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return DM_EXIT_OK;
+        } else if (!strcmp(argv[i], "--json")) {
+            json = 1;
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            usage(stderr);
+            dm_user_error("inspect: unknown option '%s'", argv[i]);
+        } else if (path) {
+            usage(stderr);
+            dm_user_error("inspect: one FILE only (got '%s' and '%s')", path, argv[i]);
+        } else {
+            path = argv[i];
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        dm_user_error("inspect: missing FILE (a run log such as RUN_DIR/" RUNLOG_FILE_NAME ")");
+    }
+
+    char kind[64], err[1024];
+    if (dm_file_kind(path, kind, sizeof kind, err, sizeof err) != 0)
+        dm_user_error("inspect: %s", err);
+    if (!strcmp(kind, CHECKPOINT_KIND))
+        dm_user_error("inspect: %s is a dynmo checkpoint; this build inspects run logs "
+                      "only (use h5dump -H %s for its structure)", path, path);
+    if (strcmp(kind, RUNLOG_KIND) != 0) {
+        if (kind[0])
+            dm_user_error("inspect: %s is an HDF5 file of unknown kind \"%s\" (expected "
+                          "a dynmo run log)", path, kind);
+        dm_user_error("inspect: %s is an HDF5 file but not a dynmo run log or checkpoint "
+                      "(its root group has no \"kind\" attribute)", path);
+    }
+
+    struct summary s;
+    load_summary(&s, path);
+    if (json) print_json(&s);
+    else print_text(&s);
+    free_summary(&s);
+    return DM_EXIT_OK;
+}

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Bad configuration: each gets exit status 2 and one message naming the
+# problem (the key, the valid keys or the range).
+set -u
+. "$(dirname "$0")/lib.sh"
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+printf '[model]\nlayers = 2\nchannels = 32\nheads = 2\n[train]\nbatch = 2\nseq = 16\nsteps = 1\n[run]\nout_dir = %s/out\n' "$dir" > "$dir/ok.ini"
+printf '[model]\nlayerz = 2\n' > "$dir/unknown.ini"
+printf '[modle]\nlayers = 2\n' > "$dir/section.ini"
+printf '[model]\nlayers 2\n' > "$dir/syntax.ini"
+
+expect_error "unknown key in file" "unknown key model.layerz.*valid keys of \[model\]: vocab, max_seq, layers" \
+  "$DYNMO" train --config "$dir/unknown.ini"
+expect_error "line number" "unknown.ini:2:" "$DYNMO" train --config "$dir/unknown.ini"
+expect_error "unknown section" "unknown section \[modle\]" "$DYNMO" train --config "$dir/section.ini"
+expect_error "syntax" "syntax.ini:2: syntax error" "$DYNMO" train --config "$dir/syntax.ini"
+expect_error "missing config" "cannot read config file $dir/nope.ini" "$DYNMO" train --config "$dir/nope.ini"
+expect_error "unknown override key" "unknown key train.foo.*valid keys of \[train\]" \
+  "$DYNMO" train --config "$dir/ok.ini" train.foo=1
+expect_error "out of range" "model.layers = 0 is out of range \[1, 4096\]" \
+  "$DYNMO" train --config "$dir/ok.ini" model.layers=0
+expect_error "not a number" "train.lr = 'fast' is not a number" \
+  "$DYNMO" train --config "$dir/ok.ini" train.lr=fast
+expect_error "negative seed" "train.seed = '-1' must be a non-negative integer" \
+  "$DYNMO" train --config "$dir/ok.ini" train.seed=-1
+expect_error "heads divide channels" "model.heads = 3 does not divide model.channels = 32" \
+  "$DYNMO" train --config "$dir/ok.ini" model.heads=3
+expect_error "seq > max_seq" "train.seq = 300 exceeds model.max_seq = 256" \
+  "$DYNMO" train --config "$dir/ok.ini" train.seq=300
+expect_error "micro-batches" "train.micro_batches = 3 does not divide train.batch = 2" \
+  "$DYNMO" train --config "$dir/ok.ini" train.micro_batches=3
+expect_error "bad override form" "must look like section.key=value" \
+  "$DYNMO" train --config "$dir/ok.ini" layers=3
+expect_error "unknown argument" "unknown argument '--fast'" "$DYNMO" train --config "$dir/ok.ini" --fast
+expect_error "missing data" "data/none.bin" "$DYNMO" train --config "$dir/ok.ini" data.train=data/none.bin
+expect_error "unknown command" "unknown command 'trian'" "$DYNMO" trian
+[ ! -e "$dir/out/runlog.h5" ] || fail "a failed start left a run log behind"
+finish

@@ -1,0 +1,288 @@
+/* Pipeline schedules: for S = 1..6 stages and m = 1..12 micro-batches, GPipe
+ * and 1F1B lists do every forward and backward once, in a legal order, with
+ * sends and receives that pair up in the same order on both sides; an
+ * independent execution over FIFO channels finishes without deadlock; 1F1B
+ * keeps at most S-s micro-batches' activations on stage s, GPipe m. The
+ * simulator reproduces the closed-form step time of a uniform pipeline,
+ * (m + S - 1)(f + b) (+ 2(S-1) per-message latency for GPipe), and reports
+ * a deadlock for lists that cannot finish. */
+#include <string.h>
+#include "dynmo/pipe.h"
+#include "testing.h"
+
+#define MAX_S 6
+#define MAX_M 12
+
+static const char *kind_name(enum dm_schedule kind)
+{
+    return kind == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b";
+}
+
+/* Positions of each op for each micro-batch in one stage's list, -1 if
+ * absent; counts catch duplicates. */
+struct stage_index {
+    int pos[PIPE_OP_COUNT][MAX_M];
+    int count[PIPE_OP_COUNT][MAX_M];
+};
+
+static void index_stage(struct stage_index *ix, const struct pipe_instr *list, int n)
+{
+    memset(ix->count, 0, sizeof ix->count);
+    for (int op = 0; op < PIPE_OP_COUNT; op++)
+        for (int mb = 0; mb < MAX_M; mb++) ix->pos[op][mb] = -1;
+    for (int i = 0; i < n; i++) {
+        int mb = list[i].micro_batch;
+        if (mb < 0 || mb >= MAX_M) continue;
+        ix->pos[list[i].op][mb] = i;
+        ix->count[list[i].op][mb]++;
+    }
+}
+
+static int structure_errors(const struct pipe_schedule *sched)
+{
+    int S = sched->stages, m = sched->micro_batches, errors = 0;
+    struct stage_index ix;
+    for (int s = 0; s < S; s++) {
+        const struct pipe_instr *list = sched->instr + sched->offset[s];
+        int n = sched->offset[s + 1] - sched->offset[s];
+        int first = s == 0, last = s == S - 1;
+        index_stage(&ix, list, n);
+        for (int mb = 0; mb < m; mb++) {
+            errors += ix.count[PIPE_FWD][mb] != 1;
+            errors += ix.count[PIPE_BWD][mb] != 1;
+            errors += ix.count[PIPE_RECV_ACT][mb] != !first;
+            errors += ix.count[PIPE_SEND_GRAD][mb] != !first;
+            errors += ix.count[PIPE_SEND_ACT][mb] != !last;
+            errors += ix.count[PIPE_RECV_GRAD][mb] != !last;
+            errors += ix.pos[PIPE_BWD][mb] < ix.pos[PIPE_FWD][mb];
+            if (!first) {
+                errors += ix.pos[PIPE_RECV_ACT][mb] > ix.pos[PIPE_FWD][mb];
+                errors += ix.pos[PIPE_SEND_GRAD][mb] < ix.pos[PIPE_BWD][mb];
+            }
+            if (!last) {
+                errors += ix.pos[PIPE_SEND_ACT][mb] < ix.pos[PIPE_FWD][mb];
+                errors += ix.pos[PIPE_RECV_GRAD][mb] > ix.pos[PIPE_BWD][mb];
+            }
+        }
+        /* Nothing but the per-mb instructions and the two closing ones. */
+        int expected = m * (2 + 2 * !first + 2 * !last) + 2;
+        errors += n != expected;
+        errors += n < 2 || list[n - 2].op != PIPE_REDUCE_GRADS ||
+                  list[n - 1].op != PIPE_OPTIMIZER_STEP;
+        for (int i = 0; i < n - 2; i++)
+            errors += list[i].micro_batch < 0 || list[i].micro_batch >= m ||
+                      list[i].op == PIPE_REDUCE_GRADS || list[i].op == PIPE_OPTIMIZER_STEP;
+    }
+    return errors;
+}
+
+/* The micro-batch sequence of `op` in stage s's list. */
+static int op_sequence(const struct pipe_schedule *sched, int s, enum pipe_op op, int *seq)
+{
+    int n = 0;
+    for (int i = sched->offset[s]; i < sched->offset[s + 1]; i++)
+        if (sched->instr[i].op == op) seq[n++] = sched->instr[i].micro_batch;
+    return n;
+}
+
+static int pairing_errors(const struct pipe_schedule *sched)
+{
+    int errors = 0, a[MAX_M * 2], b[MAX_M * 2];
+    for (int s = 0; s + 1 < sched->stages; s++) {
+        int na = op_sequence(sched, s, PIPE_SEND_ACT, a);
+        int nb = op_sequence(sched, s + 1, PIPE_RECV_ACT, b);
+        errors += na != nb || memcmp(a, b, (size_t)na * sizeof *a) != 0;
+        na = op_sequence(sched, s + 1, PIPE_SEND_GRAD, a);
+        nb = op_sequence(sched, s, PIPE_RECV_GRAD, b);
+        errors += na != nb || memcmp(a, b, (size_t)na * sizeof *a) != 0;
+    }
+    return errors;
+}
+
+/* An execution independent of schedule_simulate: each boundary carries two
+ * FIFO channels with unbounded buffers; a SEND enqueues, a RECV needs a
+ * message at the head and checks it is its micro-batch. Stages take turns
+ * one instruction at a time (round robin) until all finish or none can
+ * move. Returns 0, 1 on deadlock, 2 on a mismatched message. */
+static int fifo_execute(const struct pipe_schedule *sched, int *peak_alive)
+{
+    enum { CAP = MAX_M + 1 };
+    int S = sched->stages;
+    int queue[2][MAX_S][CAP], head[2][MAX_S], tail[2][MAX_S]; /* [act/grad][boundary] */
+    int pc[MAX_S], alive[MAX_S];
+    memset(head, 0, sizeof head);
+    memset(tail, 0, sizeof tail);
+    for (int s = 0; s < S; s++) {
+        pc[s] = sched->offset[s];
+        alive[s] = peak_alive[s] = 0;
+    }
+    for (;;) {
+        int moved = 0, done = 1;
+        for (int s = 0; s < S; s++) {
+            if (pc[s] == sched->offset[s + 1]) continue;
+            done = 0;
+            const struct pipe_instr *in = &sched->instr[pc[s]];
+            int channel = -1, boundary = -1, is_recv = 0;
+            switch (in->op) {
+            case PIPE_SEND_ACT: channel = 0; boundary = s; break;
+            case PIPE_RECV_ACT: channel = 0; boundary = s - 1; is_recv = 1; break;
+            case PIPE_SEND_GRAD: channel = 1; boundary = s - 1; break;
+            case PIPE_RECV_GRAD: channel = 1; boundary = s; is_recv = 1; break;
+            case PIPE_FWD:
+                if (++alive[s] > peak_alive[s]) peak_alive[s] = alive[s];
+                break;
+            case PIPE_BWD: alive[s]--; break;
+            default: break;
+            }
+            if (channel >= 0 && is_recv) {
+                if (head[channel][boundary] == tail[channel][boundary]) continue;
+                int mb = queue[channel][boundary][head[channel][boundary]++ % CAP];
+                if (mb != in->micro_batch) return 2;
+            } else if (channel >= 0) {
+                queue[channel][boundary][tail[channel][boundary]++ % CAP] = in->micro_batch;
+            }
+            pc[s]++;
+            moved = 1;
+        }
+        if (done) return 0;
+        if (!moved) return 1;
+    }
+}
+
+static void test_all_shapes(void)
+{
+    int cases = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        for (int S = 1; S <= MAX_S; S++) {
+            for (int m = 1; m <= MAX_M; m++) {
+                struct pipe_schedule sched;
+                schedule_build(&sched, (enum dm_schedule)kind, S, m);
+                const char *name = kind_name((enum dm_schedule)kind);
+                int errors = structure_errors(&sched);
+                CHECK_MSG(errors == 0, "%s S=%d m=%d: %d structure errors", name, S, m, errors);
+                errors = pairing_errors(&sched);
+                CHECK_MSG(errors == 0, "%s S=%d m=%d: sends and receives do not pair in "
+                          "order (%d boundaries)", name, S, m, errors);
+                int peak[MAX_S];
+                int result = fifo_execute(&sched, peak);
+                CHECK_MSG(result == 0, "%s S=%d m=%d: execution %s", name, S, m,
+                          result == 1 ? "deadlocks" : "receives the wrong micro-batch");
+                for (int s = 0; s < S; s++) {
+                    int want = kind == DM_SCHEDULE_GPIPE ? m : (S - s < m ? S - s : m);
+                    CHECK_MSG(peak[s] == want, "%s S=%d m=%d stage %d: %d activations "
+                              "alive at once, expected %d", name, S, m, s, peak[s], want);
+                    CHECK(schedule_peak_activations(&sched, s) == want);
+                    /* schedule_stage gives the same list as schedule_build. */
+                    struct pipe_instr list[SCHEDULE_MAX_INSTRS(MAX_M)];
+                    int n = schedule_stage(list, (enum dm_schedule)kind, s, S, m);
+                    CHECK(n == sched.offset[s + 1] - sched.offset[s] &&
+                          memcmp(list, sched.instr + sched.offset[s],
+                                 (size_t)n * sizeof *list) == 0);
+                }
+                /* The simulator agrees that these lists finish. */
+                struct schedule_timing timing = {0};
+                double ones[MAX_S] = {1, 1, 1, 1, 1, 1};
+                CHECK(schedule_simulate(&sched, ones, ones, NULL, 0.5, &timing) == 0);
+                schedule_free(&sched);
+                cases++;
+            }
+        }
+    }
+    printf("shapes: %d (schedule, S, m) cases checked\n", cases);
+}
+
+/* A uniform pipeline has the textbook step time (m + S - 1)(f + b) with
+ * both schedules; a per-message latency c adds 2(S-1)c to GPipe. */
+static void test_simulated_times(void)
+{
+    double fwd[MAX_S], bwd[MAX_S], update[MAX_S], busy[MAX_S], idle[MAX_S];
+    double largest_error = 0;
+    for (int kind = 0; kind < 2; kind++) {
+        for (int S = 1; S <= MAX_S; S++) {
+            for (int m = 1; m <= MAX_M; m++) {
+                const double f = 1.5, b = 3.25, c = 0.125;
+                for (int s = 0; s < S; s++) {
+                    fwd[s] = f;
+                    bwd[s] = b;
+                }
+                struct pipe_schedule sched;
+                schedule_build(&sched, (enum dm_schedule)kind, S, m);
+                struct schedule_timing t = {.busy_ms = busy, .idle_ms = idle};
+                CHECK(schedule_simulate(&sched, fwd, bwd, NULL, 0.0, &t) == 0);
+                double want = (m + S - 1) * (f + b);
+                CHECK_NEAR(t.step_ms, want, 1e-9);
+                CHECK_NEAR(t.bubble_fraction, (double)(S - 1) / (m + S - 1), 1e-12);
+                for (int s = 0; s < S; s++) {
+                    CHECK_NEAR(busy[s], m * (f + b), 1e-9);
+                    CHECK_NEAR(busy[s] + idle[s], t.step_ms, 1e-9);
+                }
+                if (fabs(t.step_ms - want) > largest_error) largest_error = fabs(t.step_ms - want);
+                if (kind == DM_SCHEDULE_GPIPE) {
+                    CHECK(schedule_simulate(&sched, fwd, bwd, NULL, c, &t) == 0);
+                    CHECK_NEAR(t.step_ms, want + 2 * (S - 1) * c, 1e-9);
+                }
+                schedule_free(&sched);
+            }
+        }
+    }
+    printf("uniform pipelines: largest step-time error %.3g ms\n", largest_error);
+
+    /* An imbalanced pipeline is paced by its slowest stage: 1F1B over three
+     * stages with the middle one three times slower. The middle stage is
+     * busy all the time once filled; the others idle for the difference. */
+    double f3[3] = {1, 3, 1}, b3[3] = {2, 6, 2}, u3[3] = {0.5, 0.5, 0.5};
+    struct pipe_schedule sched;
+    schedule_build(&sched, DM_SCHEDULE_1F1B, 3, 8);
+    struct schedule_timing t = {.busy_ms = busy, .idle_ms = idle};
+    CHECK(schedule_simulate(&sched, f3, b3, u3, 0.0, &t) == 0);
+    /* Stage 1 waits for stage 0's first forward (1 ms) and, at the end,
+     * stage 0 needs the last backward (2 ms) after stage 1 is done. */
+    CHECK_NEAR(busy[1], 8 * 9 + 0.5, 1e-9);
+    CHECK_NEAR(t.step_ms, 1 + 8 * 9 + 2 + 0.5, 1e-9);
+    CHECK_NEAR(idle[1], 3, 1e-9);
+    CHECK_NEAR(idle[0], t.step_ms - (8 * 3 + 0.5), 1e-9);
+    printf("imbalanced 1F1B (3 stages, 8 micro-batches): step %.2f ms, idle %.2f %.2f %.2f ms\n",
+           t.step_ms, idle[0], idle[1], idle[2]);
+    schedule_free(&sched);
+
+    /* One stage: no transfers, no bubble. */
+    schedule_build(&sched, DM_SCHEDULE_1F1B, 1, 4);
+    update[0] = 2;
+    double one_f = 1, one_b = 2;
+    CHECK(schedule_simulate(&sched, &one_f, &one_b, update, 1.0, &t) == 0);
+    CHECK_NEAR(t.step_ms, 4 * 3 + 2, 1e-12);
+    CHECK_NEAR(idle[0], 0, 1e-12);
+    schedule_free(&sched);
+}
+
+/* Lists that wait for a gradient before sending the activation it needs. */
+static void test_deadlock_is_detected(void)
+{
+    struct pipe_instr stage0[] = {
+        {PIPE_FWD, 0}, {PIPE_RECV_GRAD, 0}, {PIPE_SEND_ACT, 0}, {PIPE_BWD, 0},
+        {PIPE_REDUCE_GRADS, -1}, {PIPE_OPTIMIZER_STEP, -1},
+    };
+    struct pipe_instr stage1[] = {
+        {PIPE_RECV_ACT, 0}, {PIPE_FWD, 0}, {PIPE_BWD, 0}, {PIPE_SEND_GRAD, 0},
+        {PIPE_REDUCE_GRADS, -1}, {PIPE_OPTIMIZER_STEP, -1},
+    };
+    struct pipe_instr instr[12];
+    memcpy(instr, stage0, sizeof stage0);
+    memcpy(instr + 6, stage1, sizeof stage1);
+    int offset[3] = {0, 6, 12};
+    struct pipe_schedule sched = {DM_SCHEDULE_1F1B, 2, 1, offset, instr};
+    double fwd[2] = {1, 1}, bwd[2] = {1, 1};
+    struct schedule_timing t = {0};
+    CHECK(schedule_simulate(&sched, fwd, bwd, NULL, 0.0, &t) == -1);
+    int peak[MAX_S];
+    CHECK(fifo_execute(&sched, peak) == 1);
+    CHECK(strcmp(schedule_op_name(PIPE_RECV_GRAD), "RECV_GRAD") == 0);
+}
+
+int main(void)
+{
+    test_all_shapes();
+    test_simulated_times();
+    test_deadlock_is_detected();
+    return testing_report("test_schedule");
+}
