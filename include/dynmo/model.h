@@ -41,8 +41,14 @@ void matmul_backward(float *dinp, float *dweight, float *dbias,
                      const float *inp,          /* (N, C) */
                      const float *weight,       /* (OC, C) */
                      int N, int C, int OC);
+/* The same, except that dinp is overwritten (dinp = dout @ weight). */
+void matmul_backward_overwrite(float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp,
+                               const float *weight, int N, int C, int OC);
 
-/* out = (inp - mean) * rstd * weight + bias, eps 1e-5; saves mean, rstd. */
+/* out = (inp - mean) * rstd * weight + bias, eps 1e-5; saves mean, rstd.
+ * In backward, dinp may be NULL (only parameter gradients wanted) and
+ * dweight, dbias may be NULL (frozen). */
 void layernorm_forward(float *out, float *mean, float *rstd,   /* (N,C),(N),(N) */
                        const float *inp, const float *weight, const float *bias,
                        int N, int C);
@@ -63,11 +69,11 @@ void attention_backward(float *dqkv, float *scratch,
                         const float *dout, const float *qkv, const float *att,
                         int B, int T, int C, int NH);
 
-/* GELU, tanh approximation. */
+/* GELU, tanh approximation. dinp may alias dout. */
 void gelu_forward(float *out, const float *inp, long N);
 void gelu_backward(float *dinp, const float *inp, const float *dout, long N); /* overwrite */
 
-/* out = a + b */
+/* out = a + b; out may alias a or b. */
 void residual_forward(float *out, const float *a, const float *b, long N);
 
 /* out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] */
@@ -101,6 +107,11 @@ size_t block_tensor_offset(int C, int k);
 size_t block_tensor_size(int C, int k);
 /* Whether tensor k is a matrix (receives weight decay). */
 int block_tensor_is_matrix(int k);
+/* Random stream of tensor k of layer `index`: ((index + 1) << 8) | k.
+ * The embeddings use GPT_STREAM_WTE and GPT_STREAM_WPE (below 256, so
+ * they never collide with a block's). */
+uint64_t block_tensor_stream(int index, int k);
+enum { GPT_STREAM_WTE = 1, GPT_STREAM_WPE = 2 };
 
 /* One block: a single slab holds [params | grads | adam m | adam v];
  * dynamic state (masks, CSR, frozen flag) is appended by later issues. */
@@ -119,17 +130,24 @@ struct block {
 
 /* Allocates block `index` and initialises its weights from (seed, index)
  * alone: N(0, 0.02) for matrices, 0.02/sqrt(2*layers) for the two residual
- * projections, ones/zeros for layernorms, zero biases. */
+ * projections, ones/zeros for layernorms, zero biases. Element i of tensor
+ * k is std * dm_normal(seed, block_tensor_stream(index, k), i). Gradients
+ * and moments start at zero. Uses dm_parallel_for. */
 void block_init(struct block *blk, int index, const struct gpt_shape *shape,
                 uint64_t seed);
 void block_free(struct block *blk);
 
 /* Serialisation of one block for migration and checkpoints (docs/block-slab.md):
- * header (magic "DMBLOCK1", layer index, C, NH, nparams, flags) then params,
- * m, v, dynamic state. Gradients are not packed (they are zero at a step
- * boundary). block_pack_size tells the bytes; block_unpack checks the
- * header against the expected shape and returns 0, or -1 with a message in
- * err when it does not match. */
+ * a 64-byte header (magic "DMBLOCK1", layer index, C, NH, nparams, flags,
+ * payload size, checksum) then params, m, v, dynamic state. Gradients are
+ * not packed (they are zero at a step boundary). block_pack_size tells the
+ * bytes; block_pack writes exactly that many into buf.
+ * block_unpack checks the header and the checksum against the expected
+ * shape and returns 0, or -1 with a message in err (nothing changed) when
+ * they do not match. blk is either zeroed (struct block blk = {0}), and
+ * is then allocated as the layer the header names, or an allocated block
+ * of that same layer, whose params and moments are replaced. Gradients
+ * are zeroed. */
 size_t block_pack_size(const struct block *blk);
 void block_pack(const struct block *blk, void *buf);
 int block_unpack(struct block *blk, const void *buf, size_t bytes,
@@ -159,6 +177,7 @@ size_t block_acts_bytes(int B, int T, int C, int NH);
 struct block_scratch {
     float *mem;
     float *d_res1, *d_ln, *d_qkv, *d_atty, *d_fch, *d_att; /* see block.c */
+    float *d_resid;     /* (B,T,C): gradient between blocks in gpt_backward */
 };
 void block_scratch_alloc(struct block_scratch *s, int B, int T, int C, int NH);
 void block_scratch_free(struct block_scratch *s);
@@ -167,7 +186,8 @@ void block_scratch_free(struct block_scratch *s);
 void block_forward(struct block *blk, struct block_acts *acts,
                    float *out, const float *in, int B, int T);
 /* Given dout, accumulates parameter gradients into blk->grads and writes
- * din (overwritten; may be NULL for the first block when not needed). */
+ * din (overwritten; may be NULL for the first block when not needed).
+ * din may alias dout (not in). Uses all of scratch except d_resid. */
 void block_backward(struct block *blk, struct block_acts *acts,
                     struct block_scratch *scratch, float *din,
                     const float *dout, const float *in, int B, int T);
@@ -211,6 +231,7 @@ void gpt_grads_to_flat(const struct gpt *model, float *flat);
  * embedding output, the final norm and the logits. */
 struct gpt_acts {
     int B, T;
+    int num_blocks;                /* the model's, when allocated */
     struct block_acts *blocks;     /* num_blocks */
     float *residual;               /* (num_blocks+1, B, T, C): input of each block, last = output */
     float *lnf, *lnf_mean, *lnf_rstd;  /* (B,T,C),(B,T),(B,T) */
@@ -238,25 +259,40 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts,
 
 void gpt_zero_grads(struct gpt *model);
 
-/* Sum of squares of all gradients this rank holds (blocks, embedding and
- * head; the tied wte counted once when has_embed && has_head). Summed in
- * a fixed order. */
+/* Sum of squares of the gradients this rank holds, as the sum, in this
+ * order, of: wte and wpe (only if has_embed: after the tied-gradient
+ * exchange the first stage's dwte is the whole one, and the last stage's
+ * copy is not counted again), each block's block_grad_sumsq, lnf_w and
+ * lnf_b (if has_head). Each term is summed in double in a fixed order, so
+ * the result does not depend on the thread count; adding the per-layer
+ * terms in the same order reproduces a one-rank run bit for bit. */
 double gpt_grad_sumsq(const struct gpt *model);
+double block_grad_sumsq(const struct block *blk);
+/* The wte+wpe term and the lnf term of gpt_grad_sumsq. */
+double gpt_embed_grad_sumsq(const struct gpt *model);
+double gpt_head_grad_sumsq(const struct gpt *model);
 
 /* ---- optimizer ----------------------------------------------------------- */
 
-/* Learning rate at step (0-based): linear warm-up over `warmup` steps
- * to lr, then cosine decay to lr * min_lr_ratio at the last step. */
+/* Learning rate at step (0-based), as in tests/reference/make_fixture.py:
+ *   step <  warmup: lr * (step + 1) / warmup
+ *   step >= warmup: ratio = (step - warmup) / max(1, steps - warmup),
+ *                   min + 0.5 * (1 + cos(pi * ratio)) * (lr - min),
+ *                   min = lr * min_lr_ratio. */
 double lr_at_step(const struct dm_config *cfg, int step);
 
 /* One AdamW update (decoupled weight decay on matrices and embeddings
  * only, bias correction with t = step+1) of every parameter this rank
- * holds; grad_scale multiplies gradients first (clipping). */
+ * holds; grad_scale multiplies gradients first (clipping; torch's
+ * clip_grad_norm_ uses min(1, clip / (norm + 1e-6))). Updates wte if
+ * has_embed or has_head, wpe if has_embed, lnf if has_head. */
 void gpt_adamw_update(struct gpt *model, double lr, double beta1,
                       double beta2, double eps, double weight_decay,
                       float grad_scale, int t);
 
-/* The element-wise AdamW kernel, exposed for tests. */
+/* The element-wise AdamW kernel, exposed for tests. torch.optim.AdamW's
+ * arithmetic: p *= 1 - lr*wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
+ * p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps), g = grads*grad_scale. */
 void adamw_update(float *params, const float *grads, float *m, float *v,
                   long n, float lr, float beta1, float beta2, float eps,
                   float weight_decay, float grad_scale, int t);

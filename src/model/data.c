@@ -1,0 +1,510 @@
+/* The token dataset: `dynmo prepare` (text files -> byte-level token
+ * files), opening and validating token files, and the deterministic loader
+ * that cuts a token file into windows and serves them in a per-epoch
+ * permutation by global sample index.
+ *
+ * A sample must be a pure function of (file, T, seed, sample index): that
+ * is what lets a restart, a re-pack onto fewer ranks or a different
+ * data-parallel width see exactly the same data stream. So nothing here
+ * keeps hidden state that changes what a sample is (the cached permutation
+ * is only a cache), and nothing here calls MPI. The format and the
+ * sampling rules are in docs/data.md. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "dynmo/model.h"
+
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "token files are mapped as little-endian uint16");
+
+#define TOKEN_BYTES 2
+#define BYTE_VOCAB 256
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME 0x100000001b3ULL
+/* Keeps the data order's random draws apart from every other stream. */
+#define DATA_STREAM 0x64796e6d6f646174ULL   /* "dynmodat" */
+
+/* ---- header encoding ---------------------------------------------------- */
+
+static void put_u32(unsigned char *p, uint32_t v)
+{
+    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+    for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint32_t get_u32(const unsigned char *p)
+{
+    uint32_t v = 0;
+    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
+    return v;
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
+    return v;
+}
+
+static void header_encode(unsigned char header[TOKEN_FILE_HEADER_BYTES],
+                          uint32_t vocab, uint64_t count, uint64_t checksum)
+{
+    memset(header, 0, TOKEN_FILE_HEADER_BYTES);
+    memcpy(header, TOKEN_FILE_MAGIC, 8);
+    put_u32(header + 8, TOKEN_FILE_VERSION);
+    put_u32(header + 12, vocab);
+    put_u32(header + 16, TOKEN_BYTES);
+    put_u64(header + 24, count);
+    put_u64(header + 32, checksum);
+}
+
+uint64_t token_checksum(const uint16_t *tokens, uint64_t count)
+{
+    uint64_t h = FNV_OFFSET;
+    for (uint64_t i = 0; i < count; i++) {
+        h = (h ^ (tokens[i] & 0xffu)) * FNV_PRIME;
+        h = (h ^ (uint64_t)(tokens[i] >> 8)) * FNV_PRIME;
+    }
+    return h;
+}
+
+/* ---- token files -------------------------------------------------------- */
+
+void token_file_open(struct token_file *tf, const char *path,
+                     uint32_t model_vocab, uint64_t min_tokens)
+{
+    memset(tf, 0, sizeof *tf);
+    if (strlen(path) >= sizeof tf->path)
+        dm_user_error_local("token file path is longer than %zu bytes: %.80s...",
+                            sizeof tf->path - 1, path);
+    strcpy(tf->path, path);
+
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        dm_user_error_local("cannot open token file %s: %s (make one with "
+                            "`dynmo prepare`)", path, dm_errno_text());
+    struct stat st;
+    DM_CHECK_SYS(fstat(fd, &st));
+    if (!S_ISREG(st.st_mode))
+        dm_user_error_local("token file %s is not a regular file", path);
+    size_t size = (size_t)st.st_size;
+
+    unsigned char header[TOKEN_FILE_HEADER_BYTES];
+    ssize_t got = size >= sizeof header ? pread(fd, header, sizeof header, 0) : 0;
+    if (got < 0)
+        dm_user_error_local("cannot read token file %s: %s", path, dm_errno_text());
+    if (size < sizeof header || got != (ssize_t)sizeof header)
+        dm_user_error_local("token file %s is truncated: %zu bytes, shorter than "
+                            "the %d-byte header", path, size, TOKEN_FILE_HEADER_BYTES);
+    if (memcmp(header, TOKEN_FILE_MAGIC, 8) != 0)
+        dm_user_error_local("%s is not a dynmo token file (bad magic; make one "
+                            "with `dynmo prepare`)", path);
+    uint32_t version = get_u32(header + 8);
+    if (version != TOKEN_FILE_VERSION)
+        dm_user_error_local("token file %s has version %u; this dynmo reads "
+                            "version %d (re-run `dynmo prepare`)",
+                            path, version, TOKEN_FILE_VERSION);
+    uint32_t vocab = get_u32(header + 12);
+    uint32_t token_bytes = get_u32(header + 16);
+    uint64_t count = get_u64(header + 24);
+    uint64_t checksum = get_u64(header + 32);
+    if (token_bytes != TOKEN_BYTES)
+        dm_user_error_local("token file %s has %u-byte tokens; this dynmo reads "
+                            "%d-byte tokens", path, token_bytes, TOKEN_BYTES);
+    if (vocab == 0 || vocab > model_vocab)
+        dm_user_error_local("token file %s has vocab %u, larger than the model's "
+                            "vocab %u (set model.vocab)", path, vocab, model_vocab);
+    uint64_t payload = size - TOKEN_FILE_HEADER_BYTES;
+    if (count > UINT64_MAX / TOKEN_BYTES || payload != count * TOKEN_BYTES)
+        dm_user_error_local("token file %s is truncated or corrupt: the header "
+                            "says %llu tokens but the file holds %llu bytes of "
+                            "tokens", path, (unsigned long long)count,
+                            (unsigned long long)payload);
+    if (count < min_tokens)
+        dm_user_error_local("token file %s has %llu tokens, fewer than the %llu "
+                            "needed (one sequence plus its target)", path,
+                            (unsigned long long)count,
+                            (unsigned long long)min_tokens);
+
+    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED)
+        dm_user_error_local("cannot map token file %s: %s", path, dm_errno_text());
+    close(fd);
+    const uint16_t *tokens =
+        (const uint16_t *)((const char *)map + TOKEN_FILE_HEADER_BYTES);
+
+    /* One pass checks every token: a token >= vocab would index past the
+     * embedding, and the checksum catches a file changed after prepare. */
+    for (uint64_t i = 0; i < count; i++)
+        if (tokens[i] >= vocab)
+            dm_user_error_local("token file %s is corrupt: token %u at position "
+                                "%llu is not below its vocab %u", path,
+                                tokens[i], (unsigned long long)i, vocab);
+    uint64_t actual = token_checksum(tokens, count);
+    if (actual != checksum)
+        dm_user_error_local("token file %s is corrupt: checksum %016llx, header "
+                            "says %016llx (re-run `dynmo prepare`)", path,
+                            (unsigned long long)actual,
+                            (unsigned long long)checksum);
+
+    tf->vocab = vocab;
+    tf->count = count;
+    tf->checksum = checksum;
+    tf->tokens = tokens;
+    tf->map = map;
+    tf->map_bytes = size;
+}
+
+void token_file_close(struct token_file *tf)
+{
+    if (tf->map) DM_CHECK_SYS(munmap(tf->map, tf->map_bytes));
+    memset(tf, 0, sizeof *tf);
+}
+
+/* ---- dynmo prepare -------------------------------------------------------- */
+
+static const char prepare_usage[] =
+    "usage: dynmo prepare --out DIR [--val-fraction F] FILE...\n"
+    "\n"
+    "Turns text files into byte-level token files for training: every byte\n"
+    "is one token (vocab 256). The files are joined in the order given with\n"
+    "one 0x00 byte between consecutive files; the last fraction F of the\n"
+    "stream (moved forward to the next line start) becomes validation data.\n"
+    "Writes DIR/train.bin and DIR/val.bin atomically (docs/data.md).\n"
+    "\n"
+    "  --out DIR           output directory (created if missing)\n"
+    "  --val-fraction F    share of tokens for validation, 0 < F <= 0.5\n"
+    "                      (default 0.05)\n"
+    "  --help              this text\n";
+
+/* The whole input in memory, as bytes (= tokens). */
+struct byte_buffer {
+    unsigned char *data;
+    size_t size, capacity;
+};
+
+static void buffer_reserve(struct byte_buffer *buf, size_t extra)
+{
+    if (buf->size + extra <= buf->capacity) return;
+    size_t capacity = buf->capacity ? buf->capacity : (1 << 20);
+    while (capacity < buf->size + extra) capacity *= 2;
+    unsigned char *data = realloc(buf->data, capacity);
+    if (!data) DM_FATAL("out of memory reading %zu bytes of input", capacity);
+    buf->data = data;
+    buf->capacity = capacity;
+}
+
+static void read_whole_file(struct byte_buffer *buf, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) dm_user_error("prepare: cannot open %s: %s", path, dm_errno_text());
+    for (;;) {
+        buffer_reserve(buf, 1 << 20);
+        size_t got = fread(buf->data + buf->size, 1, buf->capacity - buf->size, f);
+        buf->size += got;
+        if (got == 0) break;
+    }
+    if (ferror(f)) dm_user_error("prepare: cannot read %s: %s", path, dm_errno_text());
+    fclose(f);
+}
+
+/* mkdir -p: returns 0, or -1 with errno set. */
+static int make_directories(const char *dir)
+{
+    char path[1024];
+    if (strlen(dir) >= sizeof path) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    strcpy(path, dir);
+    for (char *p = path + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
+        *p = '/';
+    }
+    if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
+    struct stat st;
+    if (stat(path, &st) != 0) return -1;
+    if (!S_ISDIR(st.st_mode)) {
+        errno = ENOTDIR;
+        return -1;
+    }
+    return 0;
+}
+
+static int write_all(int fd, const void *data, size_t bytes)
+{
+    const char *p = data;
+    while (bytes > 0) {
+        ssize_t put = write(fd, p, bytes);
+        if (put < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += put;
+        bytes -= (size_t)put;
+    }
+    return 0;
+}
+
+/* Writes bytes[0..n) as a token file at path (created, fsynced, closed).
+ * Returns 0, or -1 with errno set; the caller removes the file. */
+static int write_token_file(const char *path, const unsigned char *bytes, size_t n,
+                            uint64_t *checksum_out)
+{
+    enum { CHUNK = 1 << 16 };
+    static uint16_t chunk[CHUNK];
+    uint64_t checksum = FNV_OFFSET;
+    for (size_t i = 0; i < n; i++) {
+        checksum = (checksum ^ bytes[i]) * FNV_PRIME;
+        checksum = checksum * FNV_PRIME;   /* the high byte, always 0 */
+    }
+    *checksum_out = checksum;
+
+    int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0) return -1;
+    unsigned char header[TOKEN_FILE_HEADER_BYTES];
+    header_encode(header, BYTE_VOCAB, n, checksum);
+    int rc = write_all(fd, header, sizeof header);
+    for (size_t done = 0; rc == 0 && done < n; done += CHUNK) {
+        size_t m = n - done < CHUNK ? n - done : CHUNK;
+        for (size_t i = 0; i < m; i++) chunk[i] = bytes[done + i];
+        rc = write_all(fd, chunk, m * sizeof chunk[0]);
+    }
+    if (rc == 0) rc = fsync(fd);
+    int saved_errno = errno;
+    if (close(fd) != 0 && rc == 0) return -1;
+    errno = saved_errno;
+    return rc;
+}
+
+/* Parses F for --val-fraction; a problem is a user error naming it. */
+static double parse_val_fraction(const char *text)
+{
+    char *end;
+    errno = 0;
+    double f = strtod(text, &end);
+    if (end == text || *end != '\0' || errno != 0 || !(f > 0.0 && f <= 0.5))
+        dm_user_error("prepare: --val-fraction must be a number in (0, 0.5], "
+                      "got '%s'", text);
+    return f;
+}
+
+/* Value of option `name` at argv[*i], as "--name VALUE" or "--name=VALUE";
+ * NULL if argv[*i] is not this option. */
+static const char *option_value(int argc, char **argv, int *i, const char *name)
+{
+    size_t len = strlen(name);
+    const char *arg = argv[*i];
+    if (strncmp(arg, name, len) != 0) return NULL;
+    if (arg[len] == '=') return arg + len + 1;
+    if (arg[len] != '\0') return NULL;
+    if (*i + 1 >= argc)
+        dm_user_error("prepare: %s needs a value (see `dynmo prepare --help`)", name);
+    return argv[++*i];
+}
+
+int cmd_prepare(int argc, char **argv)
+{
+    const char *out_dir = NULL;
+    double val_fraction = 0.05;
+    const char **inputs = dm_alloc((size_t)argc * sizeof *inputs);
+    int num_inputs = 0, only_files = 0;
+
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i], *value;
+        if (only_files || arg[0] != '-' || arg[1] == '\0') {
+            inputs[num_inputs++] = arg;
+        } else if (strcmp(arg, "--") == 0) {
+            only_files = 1;
+        } else if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
+            fputs(prepare_usage, stdout);
+            dm_free(inputs);
+            return DM_EXIT_OK;
+        } else if ((value = option_value(argc, argv, &i, "--out"))) {
+            if (!*value) dm_user_error("prepare: --out needs a directory");
+            out_dir = value;
+        } else if ((value = option_value(argc, argv, &i, "--val-fraction"))) {
+            val_fraction = parse_val_fraction(value);
+        } else {
+            dm_user_error("prepare: unknown option '%s' (see `dynmo prepare --help`)",
+                          arg);
+        }
+    }
+    if (!out_dir)
+        dm_user_error("prepare: no output directory: give --out DIR "
+                      "(see `dynmo prepare --help`)");
+    if (num_inputs == 0)
+        dm_user_error("prepare: no input files: give one or more text files "
+                      "(see `dynmo prepare --help`)");
+
+    /* Read and check everything before creating anything. */
+    struct byte_buffer stream = {0};
+    for (int k = 0; k < num_inputs; k++) {
+        if (k > 0) {
+            buffer_reserve(&stream, 1);
+            stream.data[stream.size++] = 0x00;   /* file separator */
+        }
+        read_whole_file(&stream, inputs[k]);
+    }
+    size_t n = stream.size;
+    if (n <= (size_t)(num_inputs - 1)) {
+        if (num_inputs == 1)
+            dm_user_error("prepare: the input is empty: %s has no bytes", inputs[0]);
+        dm_user_error("prepare: the input is empty: all %d files have no bytes",
+                      num_inputs);
+    }
+    size_t val_target = (size_t)(val_fraction * (double)n);
+    if (val_target == 0)
+        dm_user_error("prepare: the input is too small to split: %zu bytes, and "
+                      "--val-fraction %g leaves no validation token", n, val_fraction);
+
+    /* Validation starts at a line start where one follows the cut. */
+    size_t cut = n - val_target;
+    if (stream.data[cut - 1] != '\n') {
+        unsigned char *newline = memchr(stream.data + cut, '\n', n - cut);
+        if (newline && (size_t)(newline - stream.data) + 1 < n)
+            cut = (size_t)(newline - stream.data) + 1;
+    }
+
+    if (make_directories(out_dir) != 0)
+        dm_user_error("prepare: cannot create output directory %s: %s",
+                      out_dir, dm_errno_text());
+
+    const char *names[2] = {"train.bin", "val.bin"};
+    const unsigned char *parts[2] = {stream.data, stream.data + cut};
+    size_t sizes[2] = {cut, n - cut};
+    char final_paths[2][1200], temp_paths[2][1200];
+    uint64_t checksums[2];
+    for (int k = 0; k < 2; k++) {
+        snprintf(final_paths[k], sizeof final_paths[k], "%s/%s", out_dir, names[k]);
+        snprintf(temp_paths[k], sizeof temp_paths[k], "%s/.%s.tmp.%ld", out_dir,
+                 names[k], (long)getpid());
+    }
+    /* Both temporaries complete before either rename: an error leaves the
+     * previous outputs (if any) untouched and no partial file behind. */
+    for (int k = 0; k < 2; k++) {
+        if (write_token_file(temp_paths[k], parts[k], sizes[k], &checksums[k]) != 0) {
+            int saved_errno = errno;
+            for (int j = 0; j <= k; j++) unlink(temp_paths[j]);
+            errno = saved_errno;
+            dm_user_error("prepare: cannot write %s: %s", final_paths[k],
+                          dm_errno_text());
+        }
+    }
+    for (int k = 0; k < 2; k++)
+        if (rename(temp_paths[k], final_paths[k]) != 0) {
+            int saved_errno = errno;
+            for (int j = k; j < 2; j++) unlink(temp_paths[j]);
+            errno = saved_errno;
+            dm_user_error("prepare: cannot rename %s to %s: %s", temp_paths[k],
+                          final_paths[k], dm_errno_text());
+        }
+    int dir_fd = open(out_dir, O_RDONLY | O_DIRECTORY);
+    if (dir_fd >= 0) {
+        fsync(dir_fd);
+        close(dir_fd);
+    }
+
+    dm_log("prepare: %d file%s, %zu bytes -> %zu byte-level tokens (vocab %d)\n",
+           num_inputs, num_inputs == 1 ? "" : "s", n - (size_t)(num_inputs - 1), n,
+           BYTE_VOCAB);
+    for (int k = 0; k < 2; k++)
+        dm_log("prepare: %-5s %10zu tokens -> %s (checksum %016llx)\n",
+               k == 0 ? "train" : "val", sizes[k], final_paths[k],
+               (unsigned long long)checksums[k]);
+    free(stream.data);
+    dm_free(inputs);
+    return DM_EXIT_OK;
+}
+
+/* ---- the loader ----------------------------------------------------------- */
+
+/* Fisher-Yates driven by the counter-based RNG: draw i depends only on
+ * (seed, epoch, i), so any rank computes the same permutation. */
+static void epoch_permutation(long *perm, long windows, uint64_t seed, long epoch)
+{
+    for (long w = 0; w < windows; w++) perm[w] = w;
+    uint64_t stream = DATA_STREAM ^ (uint64_t)epoch;
+    for (long i = windows - 1; i > 0; i--) {
+        uint64_t r = dm_hash64(seed, stream, (uint64_t)i);
+        long j = (long)(((unsigned __int128)r * (uint64_t)(i + 1)) >> 64);
+        long t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+void loader_init(struct loader *ld, const struct token_file *tf, int T, uint64_t seed)
+{
+    DM_ASSERT(T >= 1);
+    memset(ld, 0, sizeof *ld);
+    if (tf->count < (uint64_t)T + 1)
+        dm_user_error_local("token file %s has %llu tokens, too few for one "
+                            "sequence of %d tokens plus its target", tf->path,
+                            (unsigned long long)tf->count, T);
+    ld->tf = tf;
+    ld->T = T;
+    ld->seed = seed;
+    ld->windows = (long)((tf->count - 1) / (uint64_t)T);
+    ld->perm = dm_alloc((size_t)ld->windows * sizeof *ld->perm);
+    ld->cached_epoch = -1;
+    ld->cursor = 0;
+}
+
+void loader_free(struct loader *ld)
+{
+    dm_free(ld->perm);
+    memset(ld, 0, sizeof *ld);
+}
+
+void loader_fill(struct loader *ld, long first_sample, int count,
+                 int *inputs, int *targets)
+{
+    DM_ASSERT(first_sample >= 0 && count >= 0);
+    const int T = ld->T;
+    for (int k = 0; k < count; k++) {
+        long sample = first_sample + k;
+        long epoch = sample / ld->windows;
+        if (epoch != ld->cached_epoch) {
+            epoch_permutation(ld->perm, ld->windows, ld->seed, epoch);
+            ld->cached_epoch = epoch;
+        }
+        long window = ld->perm[sample % ld->windows];
+        const uint16_t *src = ld->tf->tokens + (size_t)window * (size_t)T;
+        if (inputs)
+            for (int t = 0; t < T; t++) inputs[(size_t)k * T + t] = src[t];
+        if (targets)
+            for (int t = 0; t < T; t++) targets[(size_t)k * T + t] = src[t + 1];
+    }
+}
+
+void loader_dp_share(int global_count, int dp_rank, int dp_size,
+                     int *offset, int *count)
+{
+    DM_ASSERT(dp_size >= 1 && dp_rank >= 0 && dp_rank < dp_size && global_count >= 0);
+    int base = global_count / dp_size, extra = global_count % dp_size;
+    *offset = dp_rank * base + (dp_rank < extra ? dp_rank : extra);
+    *count = base + (dp_rank < extra ? 1 : 0);
+}
+
+int loader_next(struct loader *ld, int global_count, int dp_rank, int dp_size,
+                int *inputs, int *targets)
+{
+    int offset, count;
+    loader_dp_share(global_count, dp_rank, dp_size, &offset, &count);
+    loader_fill(ld, ld->cursor + offset, count, inputs, targets);
+    ld->cursor += global_count;
+    return count;
+}
