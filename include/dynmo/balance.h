@@ -1,0 +1,320 @@
+/* dynmo balance: the paper's load balancers (DynMo sections 3.3-3.4) as pure
+ * functions over arrays: static baselines, the exact memory-capped min-max
+ * partition, the decentralised diffusion balancer, re-packing onto fewer
+ * stages, a step-time predictor and the diff of two layouts into a
+ * migration plan.
+ *
+ * Nothing here calls MPI, touches the model or does I/O: arrays in, a layout
+ * out, so that every algorithm is unit-tested in isolation and the pipeline
+ * engine can call any of them on profiled numbers. Every function is
+ * deterministic, is not collective, and allocates only scratch memory that
+ * it frees before returning. Arrays passed in stay owned by the caller.
+ *
+ * Vocabulary. A block is a transformer block, the unit of placement. A
+ * layout over S stages is an array `counts` of S block counts, every one
+ * >= 1, summing to the number of blocks: stage s owns the contiguous blocks
+ * [start_s, start_s + counts[s]) with start_0 = 0. The embedding always sits
+ * on stage 0 and the head (with the loss) on stage S - 1; both count in that
+ * stage's cost and memory.
+ *
+ * Stage cost, defined once and used everywhere (balancers, predictor, tests,
+ * `dynmo plan`): let P[0] = 0 and P[k+1] = P[k] + cost[k] in double, left
+ * to right over all blocks. The cost of stage s owning [a, b) is
+ *
+ *     c = P[b] - P[a];  if (s == 0) c = first + c;  if (s == S-1) c = c + last;
+ *
+ * evaluated in exactly that order. With non-negative costs this is monotone
+ * (a stage never gets cheaper by taking another block), and it is exact for
+ * integer-valued costs below 2^53 (parameter counts). "Exact" for the
+ * partitioners means: the returned maximum stage cost equals the minimum over
+ * all layouts of this very expression, bit for bit.
+ *
+ * Errors. Functions that can fail return BALANCE_OK (0) or a negative
+ * status, and then write a one-line message naming the offending block,
+ * stage or argument into err (errsize bytes, always NUL-terminated; err may
+ * be NULL). They never abort on bad input. */
+#ifndef DYNMO_BALANCE_H
+#define DYNMO_BALANCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dynmo/core.h"
+
+enum balance_status {
+    BALANCE_OK = 0,
+    BALANCE_BAD_INPUT = -1,   /* NaN, negative value, fewer blocks than stages, bad layout */
+    BALANCE_INFEASIBLE = -2,  /* well-formed, but no layout fits the memory capacity */
+};
+
+/* ---- inputs ------------------------------------------------------------ */
+
+/* What one balancer minimises: a cost per block (milliseconds, or
+ * parameters) and the memory each block occupies, plus the fixed extras of
+ * the first stage (embedding) and the last stage (head + loss). */
+struct balance_costs {
+    int blocks;                 /* n >= 1 */
+    const double *cost;         /* (n) finite, >= 0 */
+    const int64_t *mem_bytes;   /* (n) >= 0: the block's slab, what migrates */
+    double first_cost;          /* embedding, on stage 0 */
+    double last_cost;           /* head + loss, on stage S-1 */
+    int64_t first_mem_bytes;
+    int64_t last_mem_bytes;
+};
+
+/* One profile of the model, per micro-batch: what `dynmo plan` reads from a
+ * CSV and what the engine's profiler summarises. */
+struct balance_extra {
+    double fwd_ms, bwd_ms, params;
+    int64_t mem_bytes;
+};
+
+struct balance_profile {
+    int blocks;                 /* n >= 1 */
+    const double *fwd_ms;       /* (n) forward time of one micro-batch */
+    const double *bwd_ms;       /* (n) backward time of one micro-batch */
+    const double *params;       /* (n) parameter count (exact below 2^53) */
+    const int64_t *mem_bytes;   /* (n) */
+    struct balance_extra embed; /* on stage 0 */
+    struct balance_extra head;  /* head + loss, on stage S-1 */
+};
+
+enum balance_cost_kind {
+    BALANCE_COST_TIME = 0,      /* fwd_ms + bwd_ms per block */
+    BALANCE_COST_PARAMS = 1,    /* params per block */
+};
+
+/* Fills costs from profile: cost[i] = fwd_ms[i] + bwd_ms[i] (one rounding)
+ * or params[i], extras likewise. `cost` is a caller-owned array of
+ * profile->blocks doubles that costs->cost points into afterwards; the
+ * memory arrays are shared with the profile. Cannot fail. */
+void balance_costs_from_profile(struct balance_costs *costs,
+                                const struct balance_profile *profile,
+                                enum balance_cost_kind kind, double *cost);
+
+/* Checks that costs can be laid out on `stages` stages under mem_cap
+ * (bytes per stage, 0 = no cap): every value finite and >= 0, at least one
+ * block per stage, no block (with the embedding on stage 0, the head on the
+ * last) larger than a stage, and enough total room. Returns BALANCE_OK,
+ * BALANCE_BAD_INPUT or BALANCE_INFEASIBLE with a message naming the block
+ * or the stage count. Every balancer below starts with this check. */
+int balance_check_costs(const struct balance_costs *costs, int stages,
+                        int64_t mem_cap, char *err, size_t errsize);
+
+/* Checks a layout: `stages` >= 1 counts, each >= 1, summing to blocks. The
+ * message names the first bad stage. */
+int balance_check_layout(const int *counts, int stages, int blocks,
+                         char *err, size_t errsize);
+
+/* ---- evaluating a layout ------------------------------------------------ */
+
+/* The cost of stage `stage` of `stages` owning blocks [begin, end), by the
+ * definition at the top of this file. O(end). */
+double balance_stage_cost(const struct balance_costs *costs, int stages,
+                          int stage, int begin, int end);
+
+/* The bytes of stage `stage` owning [begin, end), extras included. */
+int64_t balance_stage_mem(const struct balance_costs *costs, int stages,
+                          int stage, int begin, int end);
+
+/* The maximum stage cost and maximum stage memory of a valid layout
+ * (either output may be NULL). O(blocks). */
+void balance_layout_max(const struct balance_costs *costs, int stages,
+                        const int *counts, double *max_cost,
+                        int64_t *max_mem_bytes);
+
+/* Whether some layout on `stages` stages has every stage cost <= bound and
+ * every stage within mem_cap (0 = no cap). Inputs must pass
+ * balance_check_costs. This is the greedy probe the exact partitioner
+ * searches with; tests and benchmarks use it to certify optimality. */
+int balance_fits(const struct balance_costs *costs, int stages,
+                 int64_t mem_cap, double bound);
+
+/* ---- balancers ---------------------------------------------------------- */
+
+/* What a balancer reports besides its layout. */
+struct balance_result {
+    double max_stage_cost;      /* of the returned layout, cost units */
+    int64_t max_stage_mem_bytes;
+    int64_t bytes_moved;        /* vs the current (or reference) layout */
+    int blocks_moved;
+    int rounds;                 /* diffusion: rounds until the last move */
+    int converged;              /* diffusion: 1 unless max_rounds stopped it */
+    int stages;                 /* repack: stages of the returned layout */
+};
+
+/* Megatron-LM's static layout: equal block counts. With n = q*S + r blocks,
+ * the first r stages get q + 1 blocks and the rest q (the remainder goes to
+ * the front, as numpy.array_split does). Ignores cost and memory. Fails only
+ * when blocks < stages or stages < 1. */
+int balance_static_uniform(int blocks, int stages, int *counts,
+                           char *err, size_t errsize);
+
+/* The exact memory-capped min-max partition (partition-time with time
+ * costs, partition-params and static-params with parameter costs).
+ *
+ * Returns in counts (stages entries) a layout that minimises the maximum
+ * stage cost exactly, subject to every stage's memory (extras included)
+ * being <= mem_cap (0 = no cap). Among all layouts achieving that minimum
+ * it returns the one that moves the fewest bytes from `current` (a layout
+ * of current_stages stages over the same blocks; a block moves when its
+ * stage index changes; bytes are its mem_bytes), then the fewest blocks,
+ * then the one whose last boundary is earliest, then the one before it, and
+ * so on. current == NULL means the static-uniform layout on `stages`.
+ *
+ * Method: the optimum is the smallest double B for which a greedy probe
+ * packs the blocks into the stages; it is found by bisecting the ordinals of
+ * doubles, snapping to costs the probe proves, O(S log n) per probe and at
+ * most 64 probes. A dynamic program over the boundary positions that can
+ * lie on an optimal layout (between the forward and backward greedy
+ * packings at B), with monotone-deque window maxima, then picks the
+ * least-movement layout, searching windows around current's boundaries
+ * first. O(64 S log n + width of the boundary ranges searched); see
+ * docs/balance.md. res may be NULL. */
+int balance_partition(const struct balance_costs *costs, int stages,
+                      int64_t mem_cap, const int *current, int current_stages,
+                      int *counts, struct balance_result *res,
+                      char *err, size_t errsize);
+
+/* The paper's decentralised diffusion balancer, from `current` (stages
+ * entries; NULL = static-uniform), which must fit mem_cap.
+ *
+ * Rounds alternate between the pairs (0,1),(2,3),... and (1,2),(3,4),...:
+ * in a round each stage talks to one neighbour only, and the heavier of a
+ * pair hands its boundary blocks one by one to the lighter while that
+ * strictly lowers the pair's maximum, the receiver stays within mem_cap and
+ * the giver keeps a block. Stops when two consecutive rounds move nothing,
+ * when max - min stage cost < gamma (gamma <= 0: never), or after max_rounds
+ * rounds (<= 0: 1,000,000). Each move lowers the sorted vector of stage
+ * costs, so it always terminates; the result is a local optimum, not
+ * necessarily the global one. res->rounds counts rounds up to the last one
+ * that moved a block. */
+int balance_diffusion(const struct balance_costs *costs, int stages,
+                      int64_t mem_cap, const int *current, double gamma,
+                      int max_rounds, int *counts, struct balance_result *res,
+                      char *err, size_t errsize);
+
+/* ---- predictor ---------------------------------------------------------- */
+
+struct balance_prediction {
+    double step_ms;             /* one optimizer step: all micro-batches */
+    double bubble_ratio;        /* idle fraction of stages x step_ms */
+    int bottleneck_stage;       /* first stage with the largest fwd + bwd */
+};
+
+/* Predicts the step time of a pipeline whose stage s takes stage_fwd_ms[s]
+ * and stage_bwd_ms[s] per micro-batch, by simulating the instruction
+ * schedule with zero communication time: each stage runs its instruction
+ * list in order, and an instruction starts when its stage is free and its
+ * input is ready (forward k of stage s after forward k of stage s-1;
+ * backward k after backward k of stage s+1, and after forward k). GPipe runs
+ * all m forwards then all m backwards; 1F1B runs min(S-s-1, m) warm-up
+ * forwards, then alternates one forward and one backward, then drains.
+ * bubble_ratio = 1 - sum_s m (f_s + b_s) / (S step_ms). For equal stages
+ * both give step = (m + S - 1)(f + b), bubble = (S - 1)/(m + S - 1).
+ * O(S m) time and memory. */
+int balance_predict_stages(const double *stage_fwd_ms,
+                           const double *stage_bwd_ms, int stages,
+                           int micro_batches, enum dm_schedule schedule,
+                           struct balance_prediction *out,
+                           char *err, size_t errsize);
+
+/* The same for a layout of profile: stage times are the stage costs (top of
+ * this file) of fwd_ms and bwd_ms separately, extras included. */
+int balance_predict(const struct balance_profile *profile, int stages,
+                    const int *counts, int micro_batches,
+                    enum dm_schedule schedule, struct balance_prediction *out,
+                    char *err, size_t errsize);
+
+/* ---- re-packing ----------------------------------------------------------- */
+
+/* The fewest stages whose predicted step time stays within (1 + epsilon) of
+ * the current layout's and whose stages all fit mem_cap, with its layout.
+ *
+ * `current` (current_stages entries) must fit mem_cap. Stage counts k that
+ * cannot qualify (m times the best bottleneck on k stages already exceeds
+ * the bound, or the memory does not fit) are skipped by bisection; from the
+ * first viable k upwards the candidates are the exact time partition on k
+ * stages (balance_partition, least movement from current), polished by a
+ * short local search on the predicted time, and the first-fit merge below
+ * with target k. The first candidate whose predicted step time is
+ * <= (1 + epsilon) * current's is returned, so the result is never worse
+ * than Algorithm 2; it is not proven minimal (the prediction is not a
+ * function of the bottleneck alone). Falls back to the current layout,
+ * which always qualifies. counts needs current_stages entries; res->stages
+ * tells how many were used. */
+int balance_repack(const struct balance_profile *profile,
+                   const int *current, int current_stages, int64_t mem_cap,
+                   int micro_batches, enum dm_schedule schedule,
+                   double epsilon, int *counts, struct balance_result *res,
+                   char *err, size_t errsize);
+
+/* The paper's Algorithm 2 (first-fit pairwise merging under a memory cap),
+ * kept contiguous: for each active stage in order, its blocks merge into the
+ * next active stage when the two fit mem_cap together (0 = no cap) and more
+ * than target_stages stages are active. Time is ignored. Writes the merged
+ * layout into counts (current_stages entries available) and its stage count
+ * into *out_stages. */
+int balance_repack_first_fit(const struct balance_costs *costs,
+                             const int *current, int current_stages,
+                             int64_t mem_cap, int target_stages, int *counts,
+                             int *out_stages, char *err, size_t errsize);
+
+/* ---- migration plan -------------------------------------------------------- */
+
+/* The head, when a stage-count change moves the last stage. */
+#define BALANCE_HEAD_BLOCK (-1)
+
+struct balance_move {
+    int block;                  /* block index, or BALANCE_HEAD_BLOCK */
+    int src_stage, dst_stage;
+    int64_t bytes;
+};
+
+/* The moves that turn layout `from` into layout `to` over the same blocks:
+ * one entry per block whose stage changes, in block order, then the head
+ * when the last stage's index changes (the embedding never moves). `moves`
+ * must hold blocks + 1 entries. Writes the count and total bytes (either
+ * may be NULL). */
+int balance_migration_plan(const int64_t *mem_bytes, int blocks,
+                           int64_t head_mem_bytes, const int *from,
+                           int from_stages, const int *to, int to_stages,
+                           struct balance_move *moves, int *move_count,
+                           int64_t *total_bytes, char *err, size_t errsize);
+
+/* ---- methods by name ------------------------------------------------------ */
+
+enum balance_method {
+    BALANCE_STATIC_UNIFORM = 0,
+    BALANCE_STATIC_PARAMS,
+    BALANCE_PARTITION_PARAMS,
+    BALANCE_PARTITION_TIME,
+    BALANCE_DIFFUSION_PARAMS,
+    BALANCE_DIFFUSION_TIME,
+    BALANCE_METHOD_COUNT,
+};
+
+/* "static-uniform", "static-params", ... ; NULL for an unknown value. */
+const char *balance_method_name(enum balance_method method);
+/* Returns the method named `name`, or -1. */
+int balance_method_parse(const char *name);
+
+struct balance_options {
+    int64_t mem_cap;            /* bytes per stage, 0 = no cap */
+    double gamma;               /* diffusion: stop when max - min < gamma */
+    int max_rounds;             /* diffusion: <= 0 = 1,000,000 */
+};
+
+/* What the engine calls every balance.every steps: the layout `method`
+ * proposes for profile on `stages` stages, moving from `current` (NULL =
+ * static-uniform). static-uniform and static-params are the baselines:
+ * they ignore the memory cap and the current layout (static-params is the
+ * exact equal-parameter partition, which a static run computes once at step
+ * 0). partition-* and diffusion-* honour mem_cap. res gets the cost in the
+ * method's own units (ms or parameters) and the movement from current. */
+int balance_propose(enum balance_method method,
+                    const struct balance_profile *profile, int stages,
+                    const int *current, const struct balance_options *options,
+                    int *counts, struct balance_result *res,
+                    char *err, size_t errsize);
+
+#endif

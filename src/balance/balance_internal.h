@@ -1,0 +1,84 @@
+/* Shared by the files of src/balance only: a balancing problem prepared
+ * once (prefix sums of cost and memory) so that any stage's cost and memory
+ * are O(1), with exactly the summation order that balance.h defines.
+ * Nothing outside src/balance includes this. */
+#ifndef DYNMO_BALANCE_INTERNAL_H
+#define DYNMO_BALANCE_INTERNAL_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include "dynmo/balance.h"
+
+struct balance_problem {
+    int blocks;                 /* n */
+    int stages;                 /* S */
+    double *prefix_cost;        /* (n+1) P[k] = P[k-1] + cost[k-1], P[0] = 0 */
+    int64_t *prefix_mem;        /* (n+1) same for mem_bytes, exact */
+    double first_cost, last_cost;
+    int64_t first_mem, last_mem;
+    int64_t mem_cap;            /* INT64_MAX when there is no cap */
+};
+
+/* Builds the prefix sums (one allocation, freed by problem_free). The costs
+ * must have passed balance_check_costs. */
+void problem_init(struct balance_problem *p, const struct balance_costs *costs,
+                  int stages, int64_t mem_cap);
+void problem_free(struct balance_problem *p);
+
+/* The definition in balance.h, evaluated in exactly its order. */
+static inline double problem_stage_cost(const struct balance_problem *p,
+                                        int stage, int begin, int end)
+{
+    double c = p->prefix_cost[end] - p->prefix_cost[begin];
+    if (stage == 0) c = p->first_cost + c;
+    if (stage == p->stages - 1) c = c + p->last_cost;
+    return c;
+}
+
+static inline int64_t problem_stage_mem(const struct balance_problem *p,
+                                        int stage, int begin, int end)
+{
+    int64_t m = p->prefix_mem[end] - p->prefix_mem[begin];
+    if (stage == 0) m += p->first_mem;
+    if (stage == p->stages - 1) m += p->last_mem;
+    return m;
+}
+
+static inline int problem_stage_fits(const struct balance_problem *p,
+                                     int stage, int begin, int end,
+                                     double bound)
+{
+    return problem_stage_cost(p, stage, begin, end) <= bound &&
+           problem_stage_mem(p, stage, begin, end) <= p->mem_cap;
+}
+
+/* Whether some layout on p->stages stages has every stage cost <= bound
+ * and fits p->mem_cap: the greedy probe (partition.c). */
+int problem_fits(const struct balance_problem *p, double bound);
+
+/* The exact min-max stage cost (phase 1 of the partition). The problem
+ * must be feasible at +inf (balance_check_costs passed). */
+double problem_optimal_bound(const struct balance_problem *p);
+
+/* Writes a formatted message into err (if not NULL) and returns status. */
+__attribute__((format(printf, 4, 5)))
+int balance_fail(int status, char *err, size_t errsize, const char *fmt, ...);
+
+/* Copies `current`, or the static-uniform layout when current is NULL, into
+ * out (stages entries); checks it. */
+int balance_current_or_uniform(const int *current, int stages, int blocks,
+                               int *out, char *err, size_t errsize);
+
+/* The exact partition on a prepared problem (balance_partition without the
+ * input checks); `reference` is a layout of reference_stages stages. */
+int partition_prepared(const struct balance_problem *p, const int *reference,
+                       int reference_stages, int *counts,
+                       struct balance_result *res);
+
+/* Fills res's max cost, max memory and movement for `counts` vs
+ * `reference`. */
+void problem_describe(const struct balance_problem *p, const int *counts,
+                      const int *reference, int reference_stages,
+                      struct balance_result *res);
+
+#endif

@@ -1,0 +1,354 @@
+/* Layouts and their costs: input checks, the one definition of a stage's
+ * cost and memory (balance.h), the static-uniform baseline and the diff of
+ * two layouts into a migration plan. Pure: no I/O, no MPI, no model; bad
+ * input is reported through an error value, never by aborting. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "balance_internal.h"
+
+int balance_fail(int status, char *err, size_t errsize, const char *fmt, ...)
+{
+    if (err && errsize > 0) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, errsize, fmt, ap);
+        va_end(ap);
+    }
+    return status;
+}
+
+void problem_init(struct balance_problem *p, const struct balance_costs *costs,
+                  int stages, int64_t mem_cap)
+{
+    int n = costs->blocks;
+    p->blocks = n;
+    p->stages = stages;
+    /* One allocation carved in two: (n+1) doubles then (n+1) int64s. */
+    char *slab = dm_alloc((size_t)(n + 1) * (sizeof(double) + sizeof(int64_t)));
+    p->prefix_cost = (double *)slab;
+    p->prefix_mem = (int64_t *)(slab + (size_t)(n + 1) * sizeof(double));
+    p->prefix_cost[0] = 0.0;
+    p->prefix_mem[0] = 0;
+    for (int i = 0; i < n; i++) {
+        p->prefix_cost[i + 1] = p->prefix_cost[i] + costs->cost[i];
+        p->prefix_mem[i + 1] = p->prefix_mem[i] + costs->mem_bytes[i];
+    }
+    p->first_cost = costs->first_cost;
+    p->last_cost = costs->last_cost;
+    p->first_mem = costs->first_mem_bytes;
+    p->last_mem = costs->last_mem_bytes;
+    p->mem_cap = mem_cap > 0 ? mem_cap : INT64_MAX;
+}
+
+void problem_free(struct balance_problem *p)
+{
+    dm_free(p->prefix_cost);
+    p->prefix_cost = NULL;
+    p->prefix_mem = NULL;
+}
+
+void balance_costs_from_profile(struct balance_costs *costs,
+                                const struct balance_profile *profile,
+                                enum balance_cost_kind kind, double *cost)
+{
+    int n = profile->blocks;
+    int time = kind == BALANCE_COST_TIME;
+    for (int i = 0; i < n; i++)
+        cost[i] = time ? profile->fwd_ms[i] + profile->bwd_ms[i]
+                       : profile->params[i];
+    costs->blocks = n;
+    costs->cost = cost;
+    costs->mem_bytes = profile->mem_bytes;
+    costs->first_cost = time ? profile->embed.fwd_ms + profile->embed.bwd_ms
+                             : profile->embed.params;
+    costs->last_cost = time ? profile->head.fwd_ms + profile->head.bwd_ms
+                            : profile->head.params;
+    costs->first_mem_bytes = profile->embed.mem_bytes;
+    costs->last_mem_bytes = profile->head.mem_bytes;
+}
+
+/* Total memory may not come near int64 overflow: stage sums add extras. */
+#define MEM_TOTAL_LIMIT ((int64_t)1 << 61)
+
+static int check_value(const char *what, int index, double cost,
+                       int64_t mem, char *err, size_t errsize)
+{
+    char name[48];
+    if (index >= 0) snprintf(name, sizeof name, "block %d", index);
+    else snprintf(name, sizeof name, "%s", what);
+    if (!isfinite(cost))
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "%s: cost %g is not a finite number", name, cost);
+    if (cost < 0)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "%s: cost %g is negative", name, cost);
+    if (mem < 0)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "%s: mem_bytes %lld is negative", name,
+                            (long long)mem);
+    if (mem > MEM_TOTAL_LIMIT)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "%s: mem_bytes %lld is beyond 2^61", name,
+                            (long long)mem);
+    return BALANCE_OK;
+}
+
+int balance_check_costs(const struct balance_costs *costs, int stages,
+                        int64_t mem_cap, char *err, size_t errsize)
+{
+    int n = costs->blocks;
+    if (stages < 1)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "stages must be at least 1 (got %d)", stages);
+    if (n < 1 || !costs->cost || !costs->mem_bytes)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "no blocks to lay out");
+    if (n < stages)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "%d blocks cannot fill %d stages: every stage "
+                            "needs at least one block", n, stages);
+    if (mem_cap < 0)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "mem_cap %lld is negative (0 means no cap)",
+                            (long long)mem_cap);
+    int rc = check_value("embedding", -1, costs->first_cost,
+                         costs->first_mem_bytes, err, errsize);
+    if (rc) return rc;
+    rc = check_value("head", -1, costs->last_cost, costs->last_mem_bytes,
+                     err, errsize);
+    if (rc) return rc;
+    int64_t total = costs->first_mem_bytes + costs->last_mem_bytes;
+    double total_cost = costs->first_cost + costs->last_cost;
+    for (int i = 0; i < n; i++) {
+        rc = check_value(NULL, i, costs->cost[i], costs->mem_bytes[i], err,
+                         errsize);
+        if (rc) return rc;
+        /* Stage costs are differences of running sums: they must stay finite. */
+        total_cost += costs->cost[i];
+        if (!isfinite(total_cost))
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "block %d: the running total of costs overflows "
+                                "a double", i);
+        total += costs->mem_bytes[i];
+        if (total > MEM_TOTAL_LIMIT)
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "block %d: total mem_bytes so far is beyond "
+                                "2^61", i);
+    }
+    if (mem_cap == 0) return BALANCE_OK;
+
+    long long cap = (long long)mem_cap;
+    if (stages == 1) {
+        if (total > mem_cap)
+            return balance_fail(BALANCE_INFEASIBLE, err, errsize,
+                                "stage 0 needs %lld bytes (every block, the "
+                                "embedding and the head), more than the "
+                                "capacity of %lld bytes", (long long)total,
+                                cap);
+        return BALANCE_OK;
+    }
+    for (int i = 0; i < n; i++)
+        if (costs->mem_bytes[i] > mem_cap)
+            return balance_fail(BALANCE_INFEASIBLE, err, errsize,
+                                "block %d needs %lld bytes, more than the "
+                                "stage capacity of %lld bytes", i,
+                                (long long)costs->mem_bytes[i], cap);
+    int64_t first = costs->first_mem_bytes + costs->mem_bytes[0];
+    if (first > mem_cap)
+        return balance_fail(BALANCE_INFEASIBLE, err, errsize,
+                            "stage 0 needs %lld bytes for the embedding and "
+                            "block 0, more than the stage capacity of %lld "
+                            "bytes", (long long)first, cap);
+    int64_t last = costs->last_mem_bytes + costs->mem_bytes[n - 1];
+    if (last > mem_cap)
+        return balance_fail(BALANCE_INFEASIBLE, err, errsize,
+                            "stage %d (the last) needs %lld bytes for block "
+                            "%d and the head, more than the stage capacity "
+                            "of %lld bytes", stages - 1, (long long)last,
+                            n - 1, cap);
+
+    /* Every piece fits somewhere; do they fit in `stages` stages? If not,
+     * name the stage count that would do (feasibility grows with stages and
+     * holds at n stages, one block each, by the checks above). */
+    struct balance_problem p;
+    problem_init(&p, costs, stages, mem_cap);
+    rc = BALANCE_OK;
+    if (!problem_fits(&p, INFINITY)) {
+        int lo = stages + 1, hi = n;
+        while (lo < hi) {
+            p.stages = lo + (hi - lo) / 2;
+            if (problem_fits(&p, INFINITY)) hi = p.stages;
+            else lo = p.stages + 1;
+        }
+        rc = balance_fail(BALANCE_INFEASIBLE, err, errsize,
+                          "the blocks need at least %d stages of %lld bytes "
+                          "each; %d given", lo, cap, stages);
+    }
+    problem_free(&p);
+    return rc;
+}
+
+int balance_check_layout(const int *counts, int stages, int blocks,
+                         char *err, size_t errsize)
+{
+    if (stages < 1 || !counts)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "a layout needs at least one stage (got %d)",
+                            stages);
+    long long sum = 0;
+    for (int s = 0; s < stages; s++) {
+        if (counts[s] < 1)
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "layout stage %d has %d blocks; every stage "
+                                "needs at least one", s, counts[s]);
+        sum += counts[s];
+    }
+    if (sum != blocks)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "layout covers %lld blocks but there are %d",
+                            sum, blocks);
+    return BALANCE_OK;
+}
+
+double balance_stage_cost(const struct balance_costs *costs, int stages,
+                          int stage, int begin, int end)
+{
+    /* The same running sum as problem_init, stopped at end. */
+    double prefix = 0.0, prefix_begin = 0.0;
+    for (int i = 0; i < end; i++) {
+        if (i == begin) prefix_begin = prefix;
+        prefix = prefix + costs->cost[i];
+    }
+    if (begin == end) prefix_begin = prefix;
+    double c = prefix - prefix_begin;
+    if (stage == 0) c = costs->first_cost + c;
+    if (stage == stages - 1) c = c + costs->last_cost;
+    return c;
+}
+
+int64_t balance_stage_mem(const struct balance_costs *costs, int stages,
+                          int stage, int begin, int end)
+{
+    int64_t m = 0;
+    for (int i = begin; i < end; i++) m += costs->mem_bytes[i];
+    if (stage == 0) m += costs->first_mem_bytes;
+    if (stage == stages - 1) m += costs->last_mem_bytes;
+    return m;
+}
+
+void balance_layout_max(const struct balance_costs *costs, int stages,
+                        const int *counts, double *max_cost,
+                        int64_t *max_mem_bytes)
+{
+    struct balance_problem p;
+    problem_init(&p, costs, stages, 0);
+    double worst = 0.0;
+    int64_t worst_mem = 0;
+    int begin = 0;
+    for (int s = 0; s < stages; s++) {
+        int end = begin + counts[s];
+        double c = problem_stage_cost(&p, s, begin, end);
+        int64_t m = problem_stage_mem(&p, s, begin, end);
+        if (s == 0 || c > worst) worst = c;
+        if (m > worst_mem) worst_mem = m;
+        begin = end;
+    }
+    problem_free(&p);
+    if (max_cost) *max_cost = worst;
+    if (max_mem_bytes) *max_mem_bytes = worst_mem;
+}
+
+void problem_describe(const struct balance_problem *p, const int *counts,
+                      const int *reference, int reference_stages,
+                      struct balance_result *res)
+{
+    if (!res) return;
+    double worst = 0.0;
+    int64_t worst_mem = 0, moved_bytes = 0;
+    int moved_blocks = 0;
+    int begin = 0;
+    int ref_stage = 0, ref_end = reference ? reference[0] : p->blocks;
+    for (int s = 0; s < p->stages; s++) {
+        int end = begin + counts[s];
+        double c = problem_stage_cost(p, s, begin, end);
+        int64_t m = problem_stage_mem(p, s, begin, end);
+        if (s == 0 || c > worst) worst = c;
+        if (m > worst_mem) worst_mem = m;
+        for (int i = begin; i < end; i++) {
+            while (reference && i >= ref_end && ref_stage < reference_stages - 1)
+                ref_end += reference[++ref_stage];
+            if (reference && ref_stage != s) {
+                moved_bytes += p->prefix_mem[i + 1] - p->prefix_mem[i];
+                moved_blocks++;
+            }
+        }
+        begin = end;
+    }
+    res->max_stage_cost = worst;
+    res->max_stage_mem_bytes = worst_mem;
+    res->bytes_moved = moved_bytes;
+    res->blocks_moved = moved_blocks;
+    res->stages = p->stages;
+}
+
+int balance_static_uniform(int blocks, int stages, int *counts,
+                           char *err, size_t errsize)
+{
+    if (stages < 1)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "stages must be at least 1 (got %d)", stages);
+    if (blocks < stages)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "%d blocks cannot fill %d stages: every stage "
+                            "needs at least one block", blocks, stages);
+    int per_stage = blocks / stages, remainder = blocks % stages;
+    for (int s = 0; s < stages; s++)
+        counts[s] = per_stage + (s < remainder ? 1 : 0);
+    return BALANCE_OK;
+}
+
+int balance_current_or_uniform(const int *current, int stages, int blocks,
+                               int *out, char *err, size_t errsize)
+{
+    if (!current) return balance_static_uniform(blocks, stages, out, err, errsize);
+    int rc = balance_check_layout(current, stages, blocks, err, errsize);
+    if (rc) return rc;
+    memcpy(out, current, (size_t)stages * sizeof *out);
+    return BALANCE_OK;
+}
+
+int balance_migration_plan(const int64_t *mem_bytes, int blocks,
+                           int64_t head_mem_bytes, const int *from,
+                           int from_stages, const int *to, int to_stages,
+                           struct balance_move *moves, int *move_count,
+                           int64_t *total_bytes, char *err, size_t errsize)
+{
+    int rc = balance_check_layout(from, from_stages, blocks, err, errsize);
+    if (rc) return rc;
+    rc = balance_check_layout(to, to_stages, blocks, err, errsize);
+    if (rc) return rc;
+    int count = 0;
+    int64_t bytes = 0;
+    int from_stage = 0, from_end = from[0];
+    int to_stage = 0, to_end = to[0];
+    for (int i = 0; i < blocks; i++) {
+        while (i >= from_end) from_end += from[++from_stage];
+        while (i >= to_end) to_end += to[++to_stage];
+        if (from_stage != to_stage) {
+            moves[count++] = (struct balance_move){
+                .block = i, .src_stage = from_stage, .dst_stage = to_stage,
+                .bytes = mem_bytes[i]};
+            bytes += mem_bytes[i];
+        }
+    }
+    if (from_stages != to_stages) {
+        moves[count++] = (struct balance_move){
+            .block = BALANCE_HEAD_BLOCK, .src_stage = from_stages - 1,
+            .dst_stage = to_stages - 1, .bytes = head_mem_bytes};
+        bytes += head_mem_bytes;
+    }
+    if (move_count) *move_count = count;
+    if (total_bytes) *total_bytes = bytes;
+    return BALANCE_OK;
+}

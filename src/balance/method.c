@@ -1,0 +1,98 @@
+/* Balancing methods by name, and the one entry point the pipeline engine
+ * calls at a balancing decision (balance_propose). Pure, like the rest of
+ * src/balance. */
+#include <string.h>
+#include "balance_internal.h"
+
+static const char *const method_names[BALANCE_METHOD_COUNT] = {
+    [BALANCE_STATIC_UNIFORM] = "static-uniform",
+    [BALANCE_STATIC_PARAMS] = "static-params",
+    [BALANCE_PARTITION_PARAMS] = "partition-params",
+    [BALANCE_PARTITION_TIME] = "partition-time",
+    [BALANCE_DIFFUSION_PARAMS] = "diffusion-params",
+    [BALANCE_DIFFUSION_TIME] = "diffusion-time",
+};
+
+const char *balance_method_name(enum balance_method method)
+{
+    if ((int)method < 0 || method >= BALANCE_METHOD_COUNT) return NULL;
+    return method_names[method];
+}
+
+int balance_method_parse(const char *name)
+{
+    for (int m = 0; m < BALANCE_METHOD_COUNT; m++)
+        if (strcmp(name, method_names[m]) == 0) return m;
+    return -1;
+}
+
+int balance_propose(enum balance_method method,
+                    const struct balance_profile *profile, int stages,
+                    const int *current, const struct balance_options *options,
+                    int *counts, struct balance_result *res,
+                    char *err, size_t errsize)
+{
+    if (!balance_method_name(method))
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "unknown balancing method %d", (int)method);
+    struct balance_options none = {0, 0.0, 0};
+    if (!options) options = &none;
+    int n = profile->blocks;
+    enum balance_cost_kind kind =
+        method == BALANCE_STATIC_UNIFORM || method == BALANCE_PARTITION_TIME ||
+        method == BALANCE_DIFFUSION_TIME ? BALANCE_COST_TIME : BALANCE_COST_PARAMS;
+    double *cost = dm_alloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    struct balance_costs costs;
+    balance_costs_from_profile(&costs, profile, kind, cost);
+    struct balance_result local;
+    if (!res) res = &local;
+    int rc;
+    switch (method) {
+    case BALANCE_STATIC_UNIFORM:
+        rc = balance_check_costs(&costs, stages, 0, err, errsize);
+        if (rc == BALANCE_OK)
+            rc = balance_static_uniform(n, stages, counts, err, errsize);
+        if (rc == BALANCE_OK) {
+            int *reference = dm_alloc((size_t)stages * sizeof(int));
+            rc = balance_current_or_uniform(current, stages, n, reference, err,
+                                            errsize);
+            if (rc == BALANCE_OK) {
+                struct balance_problem p;
+                problem_init(&p, &costs, stages, 0);
+                problem_describe(&p, counts, reference, stages, res);
+                problem_free(&p);
+                res->rounds = 0;
+                res->converged = 1;
+            }
+            dm_free(reference);
+        }
+        break;
+    case BALANCE_STATIC_PARAMS:
+        /* Static: computed once from the initial model, blind to memory and
+         * to where blocks are; movement is still reported against current. */
+        rc = balance_partition(&costs, stages, 0, NULL, 0, counts, res, err,
+                               errsize);
+        if (rc == BALANCE_OK && current) {
+            rc = balance_check_layout(current, stages, n, err, errsize);
+            if (rc == BALANCE_OK) {
+                struct balance_problem p;
+                problem_init(&p, &costs, stages, 0);
+                problem_describe(&p, counts, current, stages, res);
+                problem_free(&p);
+            }
+        }
+        break;
+    case BALANCE_PARTITION_PARAMS:
+    case BALANCE_PARTITION_TIME:
+        rc = balance_partition(&costs, stages, options->mem_cap, current,
+                               stages, counts, res, err, errsize);
+        break;
+    default:
+        rc = balance_diffusion(&costs, stages, options->mem_cap, current,
+                               options->gamma, options->max_rounds, counts,
+                               res, err, errsize);
+        break;
+    }
+    dm_free(cost);
+    return rc;
+}

@@ -1,0 +1,558 @@
+/* `dynmo plan`: reads per-block costs from a CSV and prints, for each
+ * balancing method, the layout it chooses on S stages, its bottleneck, its
+ * predicted step time and bubble ratio (docs/balance.md). `--bench` times
+ * the balancers instead (plan_bench.c). A thin shell over src/balance: the
+ * algorithms live there; this file only parses, checks and prints. Bad
+ * arguments and bad CSV end with exit status 2 and a message naming the
+ * argument, or the file and line. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/balance.h"
+#include "dynmo/tools.h"
+#include "tools/plan_bench.h"
+
+static void usage(FILE *out)
+{
+    fprintf(out,
+        "usage: dynmo plan --costs FILE.csv --stages S [options]\n"
+        "       dynmo plan --bench [--repeats R]\n"
+        "Lays out per-block costs on S pipeline stages with each balancing\n"
+        "method and prints its layout, bottleneck, predicted step time and\n"
+        "bubble ratio (docs/balance.md).\n"
+        "  --costs FILE.csv      header layer,fwd_ms,bwd_ms,params,mem_bytes; one row\n"
+        "                        per block, optional first row 'embed', last row 'head'\n"
+        "  --stages S            pipeline stages (at most the number of blocks)\n"
+        "  --method M[,M...]     static-uniform, static-params, partition-params,\n"
+        "                        partition-time, diffusion-params, diffusion-time,\n"
+        "                        repack, repack-first-fit, or all (default)\n"
+        "  --mem-cap BYTES       memory per stage (suffix KiB, MiB, GiB allowed;\n"
+        "                        0 = no cap, the default)\n"
+        "  --micro-batches m     micro-batches per step (default 4 x stages)\n"
+        "  --schedule 1f1b|gpipe schedule the predictor simulates (default 1f1b)\n"
+        "  --current n1,...,nS   the layout now (default static-uniform): the\n"
+        "                        start of diffusion and repack, the reference for\n"
+        "                        bytes_moved\n"
+        "  --gamma G             diffusion stops when max - min stage cost < G\n"
+        "  --epsilon E           repack may slow the step by a factor 1 + E (0.05)\n"
+        "  --target-stages K     repack-first-fit stops merging at K stages (1)\n"
+        "  --bench               time the balancers on random inputs (docs/PERFORMANCE.md)\n"
+        "  --from-run DIR --step N   not available yet (needs block params and\n"
+        "                        memory in the run log)\n");
+}
+
+/* ---- argument parsing ---------------------------------------------------- */
+
+static long parse_long(const char *arg, const char *text, long min, long max)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (end == text || *end || errno || v < min || v > max)
+        dm_user_error("%s: '%s' is not a whole number in [%ld, %ld]", arg, text,
+                      min, max);
+    return v;
+}
+
+static double parse_double(const char *arg, const char *text, double min)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end || errno || !isfinite(v) || v < min)
+        dm_user_error("%s: '%s' is not a number >= %g", arg, text, min);
+    return v;
+}
+
+static int64_t parse_bytes(const char *arg, const char *text)
+{
+    static const struct { const char *suffix; int64_t scale; } units[] = {
+        {"", 1}, {"KiB", 1ll << 10}, {"MiB", 1ll << 20}, {"GiB", 1ll << 30},
+        {"TiB", 1ll << 40}};
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end != text && !errno && v >= 0)
+        for (size_t u = 0; u < sizeof units / sizeof units[0]; u++)
+            if (!strcmp(end, units[u].suffix) && v <= INT64_MAX / 4 / units[u].scale)
+                return v * units[u].scale;
+    dm_user_error("%s: '%s' is not a byte count (a whole number >= 0, "
+                  "optionally with KiB, MiB, GiB or TiB)", arg, text);
+}
+
+/* "3,3,2" into a dm_alloc'd array; returns how many entries. */
+static int parse_layout(const char *arg, const char *text, int **counts)
+{
+    int capacity = 1;
+    for (const char *c = text; *c; c++) capacity += *c == ',';
+    *counts = dm_alloc((size_t)capacity * sizeof(int));
+    int count = 0;
+    const char *p = text;
+    for (;;) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 1 || v > 1000000000 || (*end && *end != ','))
+            dm_user_error("%s: '%s' is not a list of block counts >= 1 "
+                          "separated by commas", arg, text);
+        (*counts)[count++] = (int)v;
+        if (!*end) break;
+        p = end + 1;
+    }
+    return count;
+}
+
+/* ---- the costs CSV --------------------------------------------------------- */
+
+struct plan_input {
+    int blocks;
+    double *fwd_ms, *bwd_ms, *params; /* (blocks) */
+    int64_t *mem_bytes;               /* (blocks) */
+    int has_embed, has_head;
+    struct balance_profile profile;
+};
+
+enum { COL_LAYER, COL_FWD, COL_BWD, COL_PARAMS, COL_MEM, COL_COUNT };
+static const char *const column_names[COL_COUNT] = {
+    "layer", "fwd_ms", "bwd_ms", "params", "mem_bytes"};
+
+static char *trim(char *s)
+{
+    while (isspace((unsigned char)*s)) s++;
+    size_t len = strlen(s);
+    while (len > 0 && isspace((unsigned char)s[len - 1])) s[--len] = 0;
+    return s;
+}
+
+/* Splits line at commas in place; returns the field count (up to max). */
+static int split_fields(char *line, char **fields, int max)
+{
+    int count = 0;
+    for (char *p = line;;) {
+        char *comma = strchr(p, ',');
+        if (comma) *comma = 0;
+        if (count < max) fields[count] = trim(p);
+        count++;
+        if (!comma) break;
+        p = comma + 1;
+    }
+    return count;
+}
+
+static double csv_number(const char *path, int line, int column, const char *text)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(text, &end);
+    if (end == text || *end || errno == ERANGE)
+        dm_user_error("%s:%d: column %s: '%s' is not a number", path, line,
+                      column_names[column], text);
+    if (!isfinite(v))
+        dm_user_error("%s:%d: column %s: '%s' is not a finite number", path, line,
+                      column_names[column], text);
+    if (v < 0)
+        dm_user_error("%s:%d: column %s: %s is negative", path, line,
+                      column_names[column], text);
+    return v;
+}
+
+static int64_t csv_bytes(const char *path, int line, const char *text)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end || errno)
+        dm_user_error("%s:%d: column mem_bytes: '%s' is not a whole number of "
+                      "bytes", path, line, text);
+    if (v < 0)
+        dm_user_error("%s:%d: column mem_bytes: %s is negative", path, line, text);
+    return v;
+}
+
+static char *read_file(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) dm_user_error("--costs: cannot open '%s': %s", path, dm_errno_text());
+    size_t size = 0, capacity = 1 << 16;
+    char *text = malloc(capacity);
+    if (!text) DM_FATAL("out of memory reading %s", path);
+    for (;;) {
+        if (size + 1 >= capacity) {
+            capacity *= 2;
+            text = realloc(text, capacity);
+            if (!text) DM_FATAL("out of memory reading %s", path);
+        }
+        size_t got = fread(text + size, 1, capacity - size - 1, f);
+        size += got;
+        if (got == 0) break;
+    }
+    int failed = ferror(f);
+    fclose(f);
+    if (failed) dm_user_error("--costs: cannot read '%s'", path);
+    text[size] = 0;
+    if (strlen(text) != size)
+        dm_user_error("%s: contains a NUL byte; not a CSV file", path);
+    return text;
+}
+
+static void read_costs(struct plan_input *in, const char *path)
+{
+    char *text = read_file(path);
+    memset(in, 0, sizeof *in);
+    int capacity = 0, header_found = 0, header_fields = 0, head_line = 0;
+    int column_of[COL_COUNT];
+    char *fields[64];
+    char *line = text;
+    for (int line_no = 1; line; line_no++) {
+        char *newline = strchr(line, '\n');
+        if (newline) *newline = 0;
+        char *next = newline ? newline + 1 : NULL;
+        char *content = trim(line);
+        line = next;
+        if (!*content || *content == '#') continue;
+        int count = split_fields(content, fields, 64);
+        if (!header_found) {
+            header_found = 1;
+            header_fields = count;
+            if (count > 64)
+                dm_user_error("%s:%d: more than 64 columns", path, line_no);
+            for (int c = 0; c < COL_COUNT; c++) {
+                column_of[c] = -1;
+                for (int f = 0; f < count; f++) {
+                    if (strcmp(fields[f], column_names[c])) continue;
+                    if (column_of[c] >= 0)
+                        dm_user_error("%s:%d: column '%s' appears twice", path,
+                                      line_no, column_names[c]);
+                    column_of[c] = f;
+                }
+                if (column_of[c] < 0)
+                    dm_user_error("%s:%d: missing column '%s' (the header needs "
+                                  "layer,fwd_ms,bwd_ms,params,mem_bytes)", path,
+                                  line_no, column_names[c]);
+            }
+            continue;
+        }
+        if (count != header_fields)
+            dm_user_error("%s:%d: %d fields, but the header has %d", path, line_no,
+                          count, header_fields);
+        if (head_line)
+            dm_user_error("%s:%d: a row after 'head' (line %d); the head must be "
+                          "the last row", path, line_no, head_line);
+        const char *name = fields[column_of[COL_LAYER]];
+        double fwd = csv_number(path, line_no, COL_FWD, fields[column_of[COL_FWD]]);
+        double bwd = csv_number(path, line_no, COL_BWD, fields[column_of[COL_BWD]]);
+        double params = csv_number(path, line_no, COL_PARAMS, fields[column_of[COL_PARAMS]]);
+        int64_t mem = csv_bytes(path, line_no, fields[column_of[COL_MEM]]);
+        struct balance_extra extra = {fwd, bwd, params, mem};
+        if (!strcmp(name, "embed")) {
+            if (in->blocks > 0 || in->has_embed)
+                dm_user_error("%s:%d: 'embed' must be the first row", path, line_no);
+            in->has_embed = 1;
+            in->profile.embed = extra;
+            continue;
+        }
+        if (!strcmp(name, "head")) {
+            head_line = line_no;
+            in->has_head = 1;
+            in->profile.head = extra;
+            continue;
+        }
+        if (in->blocks == capacity) {
+            capacity = capacity ? 2 * capacity : 64;
+            if (capacity > 10000000)
+                dm_user_error("%s:%d: more than 10,000,000 blocks", path, line_no);
+            in->fwd_ms = realloc(in->fwd_ms, (size_t)capacity * sizeof(double));
+            in->bwd_ms = realloc(in->bwd_ms, (size_t)capacity * sizeof(double));
+            in->params = realloc(in->params, (size_t)capacity * sizeof(double));
+            in->mem_bytes = realloc(in->mem_bytes, (size_t)capacity * sizeof(int64_t));
+            if (!in->fwd_ms || !in->bwd_ms || !in->params || !in->mem_bytes)
+                DM_FATAL("out of memory reading %s", path);
+        }
+        in->fwd_ms[in->blocks] = fwd;
+        in->bwd_ms[in->blocks] = bwd;
+        in->params[in->blocks] = params;
+        in->mem_bytes[in->blocks] = mem;
+        in->blocks++;
+    }
+    free(text);
+    if (!header_found) dm_user_error("%s: empty; expected a CSV header", path);
+    if (in->blocks == 0) dm_user_error("%s: no block rows", path);
+    in->profile.blocks = in->blocks;
+    in->profile.fwd_ms = in->fwd_ms;
+    in->profile.bwd_ms = in->bwd_ms;
+    in->profile.params = in->params;
+    in->profile.mem_bytes = in->mem_bytes;
+}
+
+static void free_input(struct plan_input *in)
+{
+    free(in->fwd_ms);
+    free(in->bwd_ms);
+    free(in->params);
+    free(in->mem_bytes);
+}
+
+/* ---- running and printing the methods ------------------------------------- */
+
+enum { PLAN_REPACK = BALANCE_METHOD_COUNT, PLAN_REPACK_FIRST_FIT, PLAN_METHOD_COUNT };
+
+static const char *plan_method_name(int method)
+{
+    if (method == PLAN_REPACK) return "repack";
+    if (method == PLAN_REPACK_FIRST_FIT) return "repack-first-fit";
+    return balance_method_name(method);
+}
+
+static int plan_method_parse(const char *name)
+{
+    for (int m = 0; m < PLAN_METHOD_COUNT; m++)
+        if (!strcmp(name, plan_method_name(m))) return m;
+    return -1;
+}
+
+struct plan_args {
+    const char *costs_path;
+    int stages;
+    int selected[PLAN_METHOD_COUNT];
+    int explicit_methods;
+    int64_t mem_cap;
+    int micro_batches;
+    enum dm_schedule schedule;
+    int *current;      /* (stages) or NULL */
+    double gamma;
+    double epsilon;
+    int target_stages; /* repack-first-fit */
+};
+
+static void print_layout(const char *label, const int *counts, int stages)
+{
+    printf("%s: ", label);
+    for (int s = 0; s < stages; s++) printf("%s%d", s ? "," : "", counts[s]);
+    printf("\n");
+}
+
+/* Prints one method's block; returns 0, or the balance status on failure
+ * (after printing the error line). */
+static int run_method(const struct plan_input *in, const struct plan_args *a,
+                      int method, const int *reference)
+{
+    int S = a->stages, n = in->blocks;
+    int *counts = dm_alloc((size_t)S * sizeof(int));
+    struct balance_result res;
+    memset(&res, 0, sizeof res);
+    char err[512] = "";
+    int rc, stages = S;
+    printf("method: %s\n", plan_method_name(method));
+    if (method < BALANCE_METHOD_COUNT) {
+        struct balance_options options = {a->mem_cap, a->gamma, 0};
+        rc = balance_propose(method, &in->profile, S, a->current, &options, counts,
+                             &res, err, sizeof err);
+    } else if (method == PLAN_REPACK) {
+        rc = balance_repack(&in->profile, reference, S, a->mem_cap, a->micro_batches,
+                            a->schedule, a->epsilon, counts, &res, err, sizeof err);
+        stages = res.stages;
+    } else {
+        double *cost = dm_alloc((size_t)n * sizeof(double));
+        struct balance_costs costs;
+        balance_costs_from_profile(&costs, &in->profile, BALANCE_COST_TIME, cost);
+        rc = balance_repack_first_fit(&costs, reference, S, a->mem_cap,
+                                      a->target_stages, counts, &stages, err,
+                                      sizeof err);
+        dm_free(cost);
+    }
+    if (rc) {
+        printf("error: %s\n\n", err);
+        dm_free(counts);
+        return rc;
+    }
+    double *cost = dm_alloc((size_t)n * sizeof(double));
+    struct balance_costs time_costs, param_costs;
+    balance_costs_from_profile(&time_costs, &in->profile, BALANCE_COST_TIME, cost);
+    double max_ms, max_params;
+    int64_t max_mem;
+    balance_layout_max(&time_costs, stages, counts, &max_ms, &max_mem);
+    balance_costs_from_profile(&param_costs, &in->profile, BALANCE_COST_PARAMS, cost);
+    balance_layout_max(&param_costs, stages, counts, &max_params, NULL);
+    dm_free(cost);
+    struct balance_prediction prediction;
+    rc = balance_predict(&in->profile, stages, counts, a->micro_batches, a->schedule,
+                         &prediction, err, sizeof err);
+    DM_ASSERT(rc == BALANCE_OK);
+    struct balance_move *moves = dm_alloc((size_t)(n + 1) * sizeof *moves);
+    int move_count;
+    int64_t moved_bytes;
+    rc = balance_migration_plan(in->mem_bytes, n, in->profile.head.mem_bytes,
+                                reference, S, counts, stages, moves, &move_count,
+                                &moved_bytes, err, sizeof err);
+    DM_ASSERT(rc == BALANCE_OK);
+    int moved_blocks = move_count;
+    if (move_count > 0 && moves[move_count - 1].block == BALANCE_HEAD_BLOCK)
+        moved_blocks--;
+    dm_free(moves);
+
+    if (stages != S) printf("stages: %d\n", stages);
+    print_layout("layout", counts, stages);
+    printf("max_stage_ms: %.3f\n", max_ms);
+    printf("max_stage_params: %.0f\n", max_params);
+    printf("max_stage_mem_bytes: %lld%s\n", (long long)max_mem,
+           a->mem_cap > 0 && max_mem > a->mem_cap ? " (over --mem-cap)" : "");
+    printf("step_ms: %.3f\n", prediction.step_ms);
+    printf("bubble_ratio: %.4f\n", prediction.bubble_ratio);
+    printf("blocks_moved: %d\n", moved_blocks);
+    printf("bytes_moved: %lld\n", (long long)moved_bytes);
+    if (method == BALANCE_DIFFUSION_PARAMS || method == BALANCE_DIFFUSION_TIME)
+        printf("rounds: %d\n", res.rounds);
+    printf("\n");
+    dm_free(counts);
+    return 0;
+}
+
+static void parse_args(struct plan_args *a, int argc, char **argv, int *bench)
+{
+    memset(a, 0, sizeof *a);
+    a->schedule = DM_SCHEDULE_1F1B;
+    a->epsilon = 0.05;
+    a->target_stages = 1;
+    const char *current_text = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *arg = argv[i];
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            usage(stdout);
+            exit(DM_EXIT_OK);
+        }
+        if (!strcmp(arg, "--bench")) {
+            *bench = 1;
+            continue;
+        }
+        if (strncmp(arg, "--", 2))
+            dm_user_error("plan: unexpected argument '%s' (see dynmo plan --help)", arg);
+        if (i + 1 >= argc) dm_user_error("%s: needs a value", arg);
+        const char *value = argv[++i];
+        if (!strcmp(arg, "--costs")) {
+            a->costs_path = value;
+        } else if (!strcmp(arg, "--stages")) {
+            a->stages = (int)parse_long(arg, value, 1, 1 << 20);
+        } else if (!strcmp(arg, "--method")) {
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s", value);
+            a->explicit_methods = 1;
+            for (char *name = strtok(buf, ","); name; name = strtok(NULL, ",")) {
+                if (!strcmp(name, "all")) {
+                    for (int m = 0; m < PLAN_METHOD_COUNT; m++) a->selected[m] = 1;
+                    a->explicit_methods = 0;
+                    continue;
+                }
+                int m = plan_method_parse(name);
+                if (m < 0)
+                    dm_user_error("--method: unknown method '%s' (static-uniform, "
+                                  "static-params, partition-params, partition-time, "
+                                  "diffusion-params, diffusion-time, repack, "
+                                  "repack-first-fit, all)", name);
+                a->selected[m] = 1;
+            }
+        } else if (!strcmp(arg, "--mem-cap")) {
+            a->mem_cap = parse_bytes(arg, value);
+        } else if (!strcmp(arg, "--micro-batches")) {
+            a->micro_batches = (int)parse_long(arg, value, 1, 1 << 20);
+        } else if (!strcmp(arg, "--schedule")) {
+            if (!strcmp(value, "1f1b")) a->schedule = DM_SCHEDULE_1F1B;
+            else if (!strcmp(value, "gpipe")) a->schedule = DM_SCHEDULE_GPIPE;
+            else dm_user_error("--schedule: '%s' is not 1f1b or gpipe", value);
+        } else if (!strcmp(arg, "--current")) {
+            current_text = value;
+        } else if (!strcmp(arg, "--gamma")) {
+            a->gamma = parse_double(arg, value, 0);
+        } else if (!strcmp(arg, "--epsilon")) {
+            a->epsilon = parse_double(arg, value, 0);
+        } else if (!strcmp(arg, "--target-stages")) {
+            a->target_stages = (int)parse_long(arg, value, 1, 1 << 20);
+        } else if (!strcmp(arg, "--from-run") || !strcmp(arg, "--step")) {
+            dm_user_error("%s: reading costs from a run log is not available yet "
+                          "(the run log has no per-block params or memory); export "
+                          "a CSV and use --costs", arg);
+        } else if (!strcmp(arg, "--repeats") || !strcmp(arg, "--seed")) {
+            /* plan_bench's; parsed there */
+        } else {
+            dm_user_error("plan: unknown option '%s' (see dynmo plan --help)", arg);
+        }
+    }
+    if (*bench) return;
+    int any = 0;
+    for (int m = 0; m < PLAN_METHOD_COUNT; m++) any |= a->selected[m];
+    if (!any)
+        for (int m = 0; m < PLAN_METHOD_COUNT; m++) a->selected[m] = 1;
+    if (!a->costs_path) dm_user_error("plan: --costs FILE.csv is required");
+    if (!a->stages) dm_user_error("plan: --stages S is required");
+    if (!a->micro_batches) a->micro_batches = 4 * a->stages;
+    if (current_text) {
+        int count = parse_layout("--current", current_text, &a->current);
+        if (count != a->stages)
+            dm_user_error("--current: %d stages, but --stages is %d", count, a->stages);
+    }
+}
+
+int cmd_plan(int argc, char **argv)
+{
+    struct plan_args a;
+    int bench = 0;
+    parse_args(&a, argc, argv, &bench);
+    if (bench) return plan_bench(argc, argv);
+
+    struct plan_input in;
+    read_costs(&in, a.costs_path);
+    int n = in.blocks, S = a.stages;
+    if (n < S)
+        dm_user_error("--stages: %d stages but %s has only %d blocks; every stage "
+                      "needs at least one", S, a.costs_path, n);
+    int *reference = dm_alloc((size_t)S * sizeof(int));
+    char err[512];
+    if (a.current) {
+        long sum = 0;
+        for (int s = 0; s < S; s++) sum += a.current[s];
+        if (sum != n)
+            dm_user_error("--current: the layout covers %ld blocks but %s has %d",
+                          sum, a.costs_path, n);
+        memcpy(reference, a.current, (size_t)S * sizeof(int));
+    } else {
+        balance_static_uniform(n, S, reference, NULL, 0);
+    }
+    /* The input as a whole must fit the cap; method-specific trouble (such as
+     * a starting layout over the cap) is reported in that method's block. */
+    double *cost = dm_alloc((size_t)n * sizeof(double));
+    struct balance_costs costs;
+    balance_costs_from_profile(&costs, &in.profile, BALANCE_COST_TIME, cost);
+    if (balance_check_costs(&costs, S, a.mem_cap, err, sizeof err))
+        dm_user_error("%s: %s", a.costs_path, err);
+    dm_free(cost);
+
+    printf("costs: %s (%d blocks%s%s)\n", a.costs_path, n,
+           in.has_embed ? ", embed" : "", in.has_head ? ", head" : "");
+    printf("stages: %d  micro_batches: %d  schedule: %s  mem_cap: ", S,
+           a.micro_batches, a.schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
+    if (a.mem_cap > 0) printf("%lld\n", (long long)a.mem_cap);
+    else printf("none\n");
+    print_layout("reference", reference, S);
+    printf("\n");
+
+    int failures = 0, last_failure = 0, ran = 0;
+    for (int m = 0; m < PLAN_METHOD_COUNT; m++) {
+        if (!a.selected[m]) continue;
+        ran++;
+        int rc = run_method(&in, &a, m, reference);
+        if (rc) {
+            failures++;
+            last_failure = m;
+        }
+    }
+    fflush(stdout);
+    dm_free(reference);
+    dm_free(a.current);
+    free_input(&in);
+    if (failures && (a.explicit_methods || failures == ran))
+        dm_user_error("plan: method %s failed (see its error line above)",
+                      plan_method_name(last_failure));
+    return DM_EXIT_OK;
+}

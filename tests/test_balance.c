@@ -1,0 +1,834 @@
+/* Tests for src/balance against independent references: every exact
+ * partition is compared with brute force over all layouts on a large random
+ * family (blocks <= 12, stages <= 5, ties, integer and float costs, with and
+ * without memory caps); the least-movement tie-break likewise; diffusion is
+ * checked for convergence, memory safety at every round and local
+ * optimality; repack for capacity, its time bound and never losing to
+ * Algorithm 2; the predictor against closed forms and a separate
+ * longest-path relaxation; every bad input for an error value that names
+ * the culprit. Prints the largest differences seen. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/balance.h"
+#include "testing.h"
+
+/* ---- a small deterministic generator ------------------------------------ */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static int rng_int(int lo, int hi) /* inclusive */
+{
+    return lo + (int)(rng_next() % (uint64_t)(hi - lo + 1));
+}
+
+static double rng_unit(void) { return (rng_next() >> 11) * 0x1.0p-53; }
+
+/* ---- brute force over all layouts ----------------------------------------- */
+
+#define MAX_BLOCKS 64   /* buffers */
+#define FAMILY_BLOCKS 12 /* the exhaustive random family */
+#define MAX_STAGES 5
+
+/* Calls visit(counts) for every layout of n blocks on S stages. */
+static void each_layout(int n, int S, int *counts, int stage, int left,
+                        void (*visit)(const int *counts, void *ctx), void *ctx)
+{
+    if (stage == S - 1) {
+        counts[stage] = left;
+        visit(counts, ctx);
+        return;
+    }
+    for (int c = 1; c <= left - (S - 1 - stage); c++) {
+        counts[stage] = c;
+        each_layout(n, S, counts, stage + 1, left - c, visit, ctx);
+    }
+}
+
+/* Owner stage of each block. */
+static void owners(const int *counts, int S, int *owner)
+{
+    int i = 0;
+    for (int s = 0; s < S; s++)
+        for (int k = 0; k < counts[s]; k++) owner[i++] = s;
+}
+
+struct brute {
+    const struct balance_costs *costs;
+    int stages;
+    int64_t cap;
+    const int *reference;
+    int reference_stages;
+    /* results */
+    int feasible;
+    double best_cost;
+    int64_t best_moved_bytes;
+    int best_moved_blocks;
+    int best[MAX_STAGES];
+    int pass;  /* 0: find the optimum cost; 1: the tie-break */
+};
+
+static int layout_max(const struct balance_costs *c, int S, const int *counts,
+                      int64_t cap, double *max_cost)
+{
+    int begin = 0, fits = 1;
+    double worst = 0;
+    for (int s = 0; s < S; s++) {
+        double cost = balance_stage_cost(c, S, s, begin, begin + counts[s]);
+        if (s == 0 || cost > worst) worst = cost;
+        if (cap > 0 && balance_stage_mem(c, S, s, begin, begin + counts[s]) > cap)
+            fits = 0;
+        begin += counts[s];
+    }
+    *max_cost = worst;
+    return fits;
+}
+
+/* Colex order: compare boundaries from the last one back. */
+static int colex_less(const int *a, const int *b, int S)
+{
+    int ea = 0, eb = 0;
+    int ba[MAX_STAGES + 1], bb[MAX_STAGES + 1];
+    for (int s = 0; s < S; s++) {
+        ba[s] = ea;
+        bb[s] = eb;
+        ea += a[s];
+        eb += b[s];
+    }
+    for (int s = S - 1; s >= 1; s--)
+        if (ba[s] != bb[s]) return ba[s] < bb[s];
+    return 0;
+}
+
+static void brute_visit(const int *counts, void *ctx)
+{
+    struct brute *b = ctx;
+    double cost;
+    if (!layout_max(b->costs, b->stages, counts, b->cap, &cost)) return;
+    if (b->pass == 0) {
+        if (!b->feasible || cost < b->best_cost) b->best_cost = cost;
+        b->feasible = 1;
+        return;
+    }
+    if (cost != b->best_cost) return;
+    int n = b->costs->blocks;
+    int mine[MAX_BLOCKS], theirs[MAX_BLOCKS];
+    owners(counts, b->stages, mine);
+    owners(b->reference, b->reference_stages, theirs);
+    int64_t bytes = 0;
+    int blocks = 0;
+    for (int i = 0; i < n; i++)
+        if (mine[i] != theirs[i]) {
+            bytes += b->costs->mem_bytes[i];
+            blocks++;
+        }
+    int better = b->best_moved_blocks < 0 || bytes < b->best_moved_bytes ||
+                 (bytes == b->best_moved_bytes && blocks < b->best_moved_blocks) ||
+                 (bytes == b->best_moved_bytes && blocks == b->best_moved_blocks &&
+                  colex_less(counts, b->best, b->stages));
+    if (better) {
+        b->best_moved_bytes = bytes;
+        b->best_moved_blocks = blocks;
+        memcpy(b->best, counts, (size_t)b->stages * sizeof(int));
+    }
+}
+
+static void brute_force(struct brute *b)
+{
+    int counts[MAX_STAGES];
+    b->feasible = 0;
+    b->best_moved_blocks = -1;
+    b->pass = 0;
+    each_layout(b->costs->blocks, b->stages, counts, 0, b->costs->blocks,
+                brute_visit, b);
+    if (!b->feasible) return;
+    b->pass = 1;
+    each_layout(b->costs->blocks, b->stages, counts, 0, b->costs->blocks,
+                brute_visit, b);
+}
+
+/* ---- random instances --------------------------------------------------- */
+
+struct instance {
+    int n;
+    double cost[64];
+    int64_t mem[64];
+    struct balance_costs costs;
+};
+
+/* kind 0: small integers (many ties); 1: floats; 2: floats from a few
+ * values (ties in float); 3: some zero costs; 4: costs spread over 600
+ * decades and subnormals. Extras sometimes zero. */
+static void random_instance(struct instance *in, int n, int kind)
+{
+    in->n = n;
+    double palette[3] = {0.1 + rng_unit(), 0.3 * rng_unit(), 1.7 * rng_unit()};
+    for (int i = 0; i < n; i++) {
+        switch (kind) {
+        case 0: in->cost[i] = rng_int(0, 4); break;
+        case 1: in->cost[i] = rng_unit() * 10; break;
+        case 2: in->cost[i] = palette[rng_int(0, 2)]; break;
+        case 3: in->cost[i] = rng_int(0, 2) ? 0.0 : rng_unit(); break;
+        default: /* 600 decades and subnormals: the search must stay exact */
+            in->cost[i] = rng_int(0, 3) ? pow(10.0, rng_int(-300, 300))
+                                        : rng_int(0, 9) * 0x1p-1074;
+            break;
+        }
+        in->mem[i] = rng_int(0, 3) ? rng_int(1, 10) : 0;
+    }
+    in->costs = (struct balance_costs){
+        .blocks = n, .cost = in->cost, .mem_bytes = in->mem,
+        .first_cost = rng_int(0, 2) ? (kind == 0 ? rng_int(0, 5) : rng_unit() * 5) : 0,
+        .last_cost = rng_int(0, 2) ? (kind == 0 ? rng_int(0, 5) : rng_unit() * 5) : 0,
+        .first_mem_bytes = rng_int(0, 4), .last_mem_bytes = rng_int(0, 4)};
+}
+
+static void random_layout(int n, int S, int *counts)
+{
+    /* each of the n-1 gaps is a cut with the right probability, S-1 cuts */
+    int need = S - 1, gaps = n - 1, size = 1, s = 0;
+    for (int g = 0; g < gaps; g++) {
+        if ((int)(rng_next() % (uint64_t)(gaps - g)) < need) {
+            counts[s++] = size;
+            size = 1;
+            need--;
+        } else {
+            size++;
+        }
+    }
+    counts[s] = size;
+}
+
+static int64_t random_cap(const struct instance *in)
+{
+    if (rng_int(0, 2) == 0) return 0;
+    int64_t total = in->costs.first_mem_bytes + in->costs.last_mem_bytes;
+    for (int i = 0; i < in->n; i++) total += in->mem[i];
+    return rng_int(1, (int)total + 1);
+}
+
+/* ---- partition vs brute force ------------------------------------------- */
+
+static void test_partition_brute_force(void)
+{
+    int instances = 0, infeasible = 0, with_cap = 0, ties = 0, mismatches = 0;
+    for (int trial = 0; trial < 30000; trial++) {
+        struct instance in;
+        int n = rng_int(1, FAMILY_BLOCKS);
+        random_instance(&in, n, trial % 5);
+        int S = rng_int(1, n < MAX_STAGES ? n : MAX_STAGES);
+        int64_t cap = random_cap(&in);
+        int reference[MAX_STAGES], reference_stages = S;
+        int use_current = rng_int(0, 3) != 0;
+        if (use_current) {
+            reference_stages = rng_int(1, n < MAX_STAGES ? n : MAX_STAGES);
+            random_layout(n, reference_stages, reference);
+        } else {
+            balance_static_uniform(n, S, reference, NULL, 0);
+        }
+        struct brute b = {.costs = &in.costs, .stages = S, .cap = cap,
+                          .reference = reference,
+                          .reference_stages = reference_stages};
+        brute_force(&b);
+        int counts[MAX_STAGES];
+        struct balance_result res;
+        char err[256] = "";
+        int rc = balance_partition(&in.costs, S, cap,
+                                   use_current ? reference : NULL,
+                                   reference_stages, counts, &res, err,
+                                   sizeof err);
+        instances++;
+        with_cap += cap > 0;
+        if (!b.feasible) {
+            infeasible++;
+            CHECK_MSG(rc == BALANCE_INFEASIBLE, "trial %d: rc %d, want infeasible", trial, rc);
+            CHECK_MSG(strstr(err, "block") || strstr(err, "stage"),
+                      "trial %d: message names nothing: %s", trial, err);
+            continue;
+        }
+        CHECK_MSG(rc == BALANCE_OK, "trial %d: rc %d (%s)", trial, rc, err);
+        if (rc != BALANCE_OK) continue;
+        int same = memcmp(counts, b.best, (size_t)S * sizeof(int)) == 0;
+        if (!same || res.max_stage_cost != b.best_cost ||
+            res.bytes_moved != b.best_moved_bytes) {
+            mismatches++;
+            if (mismatches < 10) {
+                fprintf(stderr, "trial %d n=%d S=%d cap=%lld: got", trial, n, S,
+                        (long long)cap);
+                for (int s = 0; s < S; s++) fprintf(stderr, " %d", counts[s]);
+                fprintf(stderr, " (max %.17g, moved %lld) want", res.max_stage_cost,
+                        (long long)res.bytes_moved);
+                for (int s = 0; s < S; s++) fprintf(stderr, " %d", b.best[s]);
+                fprintf(stderr, " (max %.17g, moved %lld)\n", b.best_cost,
+                        (long long)b.best_moved_bytes);
+            }
+        }
+        CHECK(balance_fits(&in.costs, S, cap, b.best_cost));
+        if (b.best_cost > 0)
+            CHECK(!balance_fits(&in.costs, S, cap, nextafter(b.best_cost, -1.0)));
+        /* More than one optimal layout: the tie-break mattered. */
+        double c2;
+        int alt[MAX_STAGES];
+        balance_static_uniform(n, S, alt, NULL, 0);
+        if (layout_max(&in.costs, S, alt, cap, &c2) && c2 == b.best_cost &&
+            memcmp(alt, b.best, (size_t)S * sizeof(int)) != 0)
+            ties++;
+    }
+    CHECK_MSG(mismatches == 0, "%d of %d instances differ from brute force",
+              mismatches, instances);
+    printf("partition vs brute force: %d instances (%d capped, %d infeasible, "
+           ">= %d with tied optima), %d mismatches\n", instances, with_cap,
+           infeasible, ties, mismatches);
+}
+
+/* Medium instances (20-48 blocks, up to 4 stages) against brute force,
+ * where the least-movement pass first searches windows around the current
+ * boundaries: a bottleneck far above the mean (a heavy head or embedding)
+ * leaves wide slack, so the windows must grow or be proven sufficient. */
+static void test_partition_windows(void)
+{
+    int mismatches = 0, runs = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        struct instance in;
+        int n = rng_int(20, 48);
+        random_instance(&in, n, trial % 4);
+        if (trial % 3 == 0) in.costs.last_cost = rng_int(5, 60);
+        if (trial % 3 == 1) in.costs.first_cost = rng_int(5, 60);
+        int S = rng_int(2, 4);
+        int64_t cap = trial % 2 ? 0 : random_cap(&in);
+        int reference[MAX_STAGES];
+        random_layout(n, S, reference);
+        struct brute b = {.costs = &in.costs, .stages = S, .cap = cap,
+                          .reference = reference, .reference_stages = S};
+        brute_force(&b);
+        int counts[MAX_STAGES];
+        struct balance_result res;
+        int rc = balance_partition(&in.costs, S, cap, reference, S, counts, &res,
+                                   NULL, 0);
+        if (!b.feasible) {
+            CHECK(rc == BALANCE_INFEASIBLE);
+            continue;
+        }
+        runs++;
+        if (rc != BALANCE_OK || memcmp(counts, b.best, (size_t)S * sizeof(int)) ||
+            res.max_stage_cost != b.best_cost || res.bytes_moved != b.best_moved_bytes)
+            mismatches++;
+    }
+    CHECK_MSG(mismatches == 0, "%d of %d medium instances differ from brute force",
+              mismatches, runs);
+    printf("partition vs brute force, 20-48 blocks: %d instances, %d mismatches\n",
+           runs, mismatches);
+}
+
+/* Larger instances: the returned cost is feasible and the next smaller
+ * double is not (the probe certifies optimality without brute force). */
+static void test_partition_large(void)
+{
+    static double cost[3000];
+    static int64_t mem[3000];
+    for (int trial = 0; trial < 40; trial++) {
+        int n = rng_int(50, 3000), S = rng_int(2, 100);
+        if (S > n) S = n;
+        for (int i = 0; i < n; i++) {
+            cost[i] = trial % 2 ? rng_int(1, 100) : rng_unit() * 3;
+            mem[i] = rng_int(1, 1000);
+        }
+        struct balance_costs c = {.blocks = n, .cost = cost, .mem_bytes = mem,
+                                  .first_cost = 2, .last_cost = 5,
+                                  .first_mem_bytes = 100, .last_mem_bytes = 500};
+        int64_t cap = trial % 3 == 0 ? 0 : 600 + (int64_t)(1000.0 * n / S) * 2;
+        int counts[100], current[100];
+        random_layout(n, S, current);
+        struct balance_result res;
+        char err[256];
+        int rc = balance_partition(&c, S, cap, current, S, counts, &res, err, sizeof err);
+        if (rc != BALANCE_OK) {
+            CHECK_MSG(rc == BALANCE_INFEASIBLE, "%s", err);
+            continue;
+        }
+        CHECK(balance_check_layout(counts, S, n, NULL, 0) == BALANCE_OK);
+        double max_cost;
+        int64_t max_mem;
+        balance_layout_max(&c, S, counts, &max_cost, &max_mem);
+        CHECK(max_cost == res.max_stage_cost);
+        CHECK(cap == 0 || max_mem <= cap);
+        CHECK(balance_fits(&c, S, cap, max_cost));
+        CHECK(!balance_fits(&c, S, cap, nextafter(max_cost, -1.0)));
+        /* deterministic */
+        int again[100];
+        struct balance_result res2;
+        balance_partition(&c, S, cap, current, S, again, &res2, NULL, 0);
+        CHECK(memcmp(again, counts, (size_t)S * sizeof(int)) == 0);
+        /* an optimal current layout is kept as it is */
+        balance_partition(&c, S, cap, counts, S, again, &res2, NULL, 0);
+        CHECK(memcmp(again, counts, (size_t)S * sizeof(int)) == 0 && res2.bytes_moved == 0);
+        /* diffusion never beats the exact optimum */
+        struct balance_result dres;
+        if (balance_diffusion(&c, S, cap, counts, 0, 0, again, &dres, NULL, 0) == 0)
+            CHECK(dres.max_stage_cost >= res.max_stage_cost);
+    }
+    printf("large partitions: optimality certified by the probe on 40 instances\n");
+}
+
+/* ---- static baselines, layout helpers, migration plan ---------------------- */
+
+static void test_static_and_plan(void)
+{
+    int counts[8];
+    CHECK(balance_static_uniform(10, 4, counts, NULL, 0) == BALANCE_OK);
+    CHECK(counts[0] == 3 && counts[1] == 3 && counts[2] == 2 && counts[3] == 2);
+    CHECK(balance_static_uniform(8, 4, counts, NULL, 0) == BALANCE_OK);
+    CHECK(counts[0] == 2 && counts[3] == 2);
+    char err[256] = "";
+    CHECK(balance_static_uniform(3, 4, counts, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK(strstr(err, "3 blocks") && strstr(err, "4 stages"));
+
+    int64_t mem[6] = {10, 20, 30, 40, 50, 60};
+    int from[3] = {2, 2, 2}, to[3] = {1, 3, 2}, to2[2] = {3, 3};
+    struct balance_move moves[MAX_BLOCKS + 1];
+    int count;
+    int64_t bytes;
+    CHECK(balance_migration_plan(mem, 6, 99, from, 3, to, 3, moves, &count,
+                                 &bytes, NULL, 0) == BALANCE_OK);
+    CHECK(count == 1 && moves[0].block == 1 && moves[0].src_stage == 0 &&
+          moves[0].dst_stage == 1 && bytes == 20);
+    CHECK(balance_migration_plan(mem, 6, 99, from, 3, to2, 2, moves, &count,
+                                 &bytes, NULL, 0) == BALANCE_OK);
+    /* block 2: 1->0, block 3: 1->1 stays, head 2->1 */
+    CHECK(count == 4);
+    CHECK(moves[0].block == 2 && moves[0].src_stage == 1 && moves[0].dst_stage == 0);
+    CHECK(moves[1].block == 4 && moves[1].src_stage == 2 && moves[1].dst_stage == 1);
+    CHECK(moves[3].block == BALANCE_HEAD_BLOCK && moves[3].bytes == 99);
+    CHECK(bytes == 30 + 50 + 60 + 99);
+    int bad[3] = {2, 0, 4};
+    CHECK(balance_migration_plan(mem, 6, 0, bad, 3, to, 3, moves, &count, &bytes,
+                                 err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK(strstr(err, "stage 1"));
+
+    /* Random round trips: applying the moves to `from` gives `to`. */
+    for (int trial = 0; trial < 2000; trial++) {
+        int n = rng_int(1, FAMILY_BLOCKS), S1 = rng_int(1, n < 5 ? n : 5), S2 = rng_int(1, n < 5 ? n : 5);
+        int a[5], b[5], oa[12], ob[12];
+        int64_t m[12];
+        for (int i = 0; i < n; i++) m[i] = rng_int(0, 9);
+        random_layout(n, S1, a);
+        random_layout(n, S2, b);
+        owners(a, S1, oa);
+        owners(b, S2, ob);
+        CHECK(balance_migration_plan(m, n, 5, a, S1, b, S2, moves, &count, &bytes,
+                                     NULL, 0) == BALANCE_OK);
+        int64_t sum = 0;
+        for (int k = 0; k < count; k++) {
+            if (moves[k].block == BALANCE_HEAD_BLOCK) {
+                sum += 5;
+                continue;
+            }
+            CHECK(oa[moves[k].block] == moves[k].src_stage);
+            oa[moves[k].block] = moves[k].dst_stage;
+            sum += m[moves[k].block];
+        }
+        CHECK(memcmp(oa, ob, (size_t)n * sizeof(int)) == 0);
+        CHECK(sum == bytes);
+    }
+}
+
+/* ---- bad input --------------------------------------------------------------- */
+
+static void test_bad_input(void)
+{
+    double cost[4] = {1, 2, NAN, 1};
+    int64_t mem[4] = {1, 1, 1, 1};
+    struct balance_costs c = {.blocks = 4, .cost = cost, .mem_bytes = mem};
+    int counts[8];
+    char err[256] = "";
+    struct balance_result res;
+    CHECK(balance_partition(&c, 2, 0, NULL, 0, counts, &res, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "block 2") && strstr(err, "not a finite"), "%s", err);
+    cost[2] = -1;
+    CHECK(balance_diffusion(&c, 2, 0, NULL, 0, 0, counts, &res, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "block 2") && strstr(err, "negative"), "%s", err);
+    cost[2] = INFINITY;
+    CHECK(balance_partition(&c, 2, 0, NULL, 0, counts, &res, err, sizeof err) == BALANCE_BAD_INPUT);
+    cost[2] = 1.5e308;
+    cost[3] = 1.5e308;
+    CHECK(balance_partition(&c, 2, 0, NULL, 0, counts, &res, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "block 3") && strstr(err, "overflows"), "%s", err);
+    cost[2] = cost[3] = 1;
+    CHECK(balance_partition(&c, 5, 0, NULL, 0, counts, &res, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "4 blocks cannot fill 5 stages"), "%s", err);
+    CHECK(balance_partition(&c, 0, 0, NULL, 0, counts, &res, err, sizeof err) == BALANCE_BAD_INPUT);
+    mem[1] = 50;
+    CHECK(balance_partition(&c, 2, 10, NULL, 0, counts, &res, err, sizeof err) == BALANCE_INFEASIBLE);
+    CHECK_MSG(strstr(err, "block 1 needs 50 bytes"), "%s", err);
+    mem[1] = -3;
+    CHECK(balance_partition(&c, 2, 10, NULL, 0, counts, &res, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "block 1") && strstr(err, "negative"), "%s", err);
+    mem[1] = 1;
+    c.first_mem_bytes = 10;
+    CHECK(balance_partition(&c, 2, 10, NULL, 0, counts, &res, err, sizeof err) == BALANCE_INFEASIBLE);
+    CHECK_MSG(strstr(err, "stage 0") && strstr(err, "embedding"), "%s", err);
+    c.first_mem_bytes = 0;
+    c.last_cost = NAN;
+    CHECK(balance_partition(&c, 2, 0, NULL, 0, counts, &res, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "head"), "%s", err);
+    c.last_cost = 0;
+    /* every block fits a stage, but 4 blocks of 1 byte need 2 stages of 2 */
+    CHECK(balance_partition(&c, 1, 2, NULL, 0, counts, &res, err, sizeof err) == BALANCE_INFEASIBLE);
+    CHECK_MSG(strstr(err, "stage 0"), "%s", err);
+    int current_bad[2] = {3, 2};
+    CHECK(balance_partition(&c, 2, 0, current_bad, 2, counts, &res, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "5 blocks but there are 4"), "%s", err);
+    double cost8[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    int64_t mem8[8] = {3, 3, 3, 3, 3, 3, 3, 3};
+    struct balance_costs c8 = {.blocks = 8, .cost = cost8, .mem_bytes = mem8};
+    CHECK(balance_partition(&c8, 2, 6, NULL, 0, counts, &res, err, sizeof err) == BALANCE_INFEASIBLE);
+    CHECK_MSG(strstr(err, "at least 4 stages"), "%s", err);
+    /* diffusion refuses a start that breaks the cap */
+    int start[2] = {6, 2};
+    CHECK(balance_diffusion(&c8, 2, 12, start, 0, 0, counts, &res, err, sizeof err) == BALANCE_INFEASIBLE);
+    CHECK_MSG(strstr(err, "stage 0"), "%s", err);
+    /* predictor */
+    double f[2] = {1, -1}, b[2] = {1, 1};
+    struct balance_prediction pr;
+    CHECK(balance_predict_stages(f, b, 2, 4, DM_SCHEDULE_1F1B, &pr, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "stage 1"), "%s", err);
+    f[1] = 1;
+    CHECK(balance_predict_stages(f, b, 2, 0, DM_SCHEDULE_1F1B, &pr, err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "micro-batches"), "%s", err);
+    CHECK(balance_method_parse("partition-time") == BALANCE_PARTITION_TIME);
+    CHECK(balance_method_parse("nope") == -1);
+    CHECK(balance_method_name(BALANCE_METHOD_COUNT) == NULL);
+}
+
+/* ---- diffusion ----------------------------------------------------------------- */
+
+static int fits_layout(const struct balance_costs *c, int S, const int *counts, int64_t cap)
+{
+    double ignored;
+    return layout_max(c, S, counts, cap, &ignored);
+}
+
+static void test_diffusion(void)
+{
+    int runs = 0, total_rounds = 0, max_rounds_seen = 0;
+    double worst_ratio = 1.0;
+    for (int trial = 0; trial < 3000; trial++) {
+        struct instance in;
+        int n = rng_int(2, 40);
+        random_instance(&in, n, trial % 4);
+        int S = rng_int(1, n < 8 ? n : 8);
+        int64_t cap = random_cap(&in);
+        int start[8];
+        int found = 0;
+        for (int tries = 0; tries < 50 && !found; tries++) {
+            random_layout(n, S, start);
+            found = cap == 0 || fits_layout(&in.costs, S, start, cap);
+        }
+        if (!found) continue;
+        double gamma = trial % 5 == 0 ? rng_unit() : 0;
+        int counts[8];
+        struct balance_result res;
+        char err[256];
+        int rc = balance_diffusion(&in.costs, S, cap, start, gamma, 0, counts, &res, err, sizeof err);
+        CHECK_MSG(rc == BALANCE_OK, "%s", err);
+        if (rc) continue;
+        runs++;
+        total_rounds += res.rounds;
+        if (res.rounds > max_rounds_seen) max_rounds_seen = res.rounds;
+        CHECK(res.converged);
+        CHECK(balance_check_layout(counts, S, n, NULL, 0) == BALANCE_OK);
+        CHECK(cap == 0 || res.max_stage_mem_bytes <= cap);
+        double start_max;
+        layout_max(&in.costs, S, start, 0, &start_max);
+        CHECK(res.max_stage_cost <= start_max);
+        /* every intermediate round respects memory */
+        for (int r = 1; r <= res.rounds; r++) {
+            int mid[8];
+            struct balance_result mres;
+            balance_diffusion(&in.costs, S, cap, start, gamma, r, mid, &mres, NULL, 0);
+            CHECK(cap == 0 || mres.max_stage_mem_bytes <= cap);
+        }
+        /* converged: no pair can lower its maximum by one boundary block
+         * within memory (unless gamma stopped it) */
+        double lo = INFINITY, hi = -INFINITY;
+        int begin[9];
+        begin[0] = 0;
+        for (int s = 0; s < S; s++) begin[s + 1] = begin[s] + counts[s];
+        for (int s = 0; s < S; s++) {
+            double c = balance_stage_cost(&in.costs, S, s, begin[s], begin[s + 1]);
+            lo = fmin(lo, c);
+            hi = fmax(hi, c);
+        }
+        if (!(gamma > 0 && hi - lo < gamma)) {
+            for (int s = 0; s + 1 < S; s++) {
+                double l = balance_stage_cost(&in.costs, S, s, begin[s], begin[s + 1]);
+                double r = balance_stage_cost(&in.costs, S, s + 1, begin[s + 1], begin[s + 2]);
+                int to = l > r ? begin[s + 1] - 1 : begin[s + 1] + 1;
+                if (to <= begin[s] || to >= begin[s + 2]) continue;
+                double nl = balance_stage_cost(&in.costs, S, s, begin[s], to);
+                double nr = balance_stage_cost(&in.costs, S, s + 1, to, begin[s + 2]);
+                int64_t recv = to < begin[s + 1]
+                                   ? balance_stage_mem(&in.costs, S, s + 1, to, begin[s + 2])
+                                   : balance_stage_mem(&in.costs, S, s, begin[s], to);
+                CHECK_MSG(!(fmax(nl, nr) < fmax(l, r)) || (cap > 0 && recv > cap),
+                          "trial %d: pair %d could still improve", trial, s);
+            }
+        }
+        /* deterministic */
+        int again[8];
+        balance_diffusion(&in.costs, S, cap, start, gamma, 0, again, NULL, NULL, 0);
+        CHECK(memcmp(again, counts, (size_t)S * sizeof(int)) == 0);
+        struct balance_result opt;
+        int best[8];
+        if (balance_partition(&in.costs, S, cap, NULL, 0, best, &opt, NULL, 0) == 0 &&
+            opt.max_stage_cost > 0)
+            worst_ratio = fmax(worst_ratio, res.max_stage_cost / opt.max_stage_cost);
+    }
+    printf("diffusion: %d runs converged, %.2f rounds on average, at most %d; "
+           "worst max-stage cost %.3fx the exact optimum\n", runs,
+           runs ? (double)total_rounds / runs : 0.0, max_rounds_seen, worst_ratio);
+}
+
+/* ---- predictor ---------------------------------------------------------------- */
+
+/* An independent reference: longest-path relaxation to a fixed point over
+ * the same dependency rules, with the schedule lists written out again. */
+static double reference_step(const double *f, const double *b, int S, int m, int gpipe)
+{
+    enum { MAXS = 6, MAXM = 8 };
+    int list[MAXS][2 * MAXM];
+    for (int s = 0; s < S; s++) {
+        int k = 0;
+        if (gpipe) {
+            for (int i = 0; i < m; i++) list[s][k++] = i;
+            for (int i = 0; i < m; i++) list[s][k++] = -1 - i;
+        } else {
+            int w = S - 1 - s;
+            if (w > m) w = m;
+            int nf = 0, nb = 0;
+            while (nf < w) list[s][k++] = nf++;
+            while (nf < m) {
+                list[s][k++] = nf++;
+                list[s][k++] = -1 - nb++;
+            }
+            while (nb < m) list[s][k++] = -1 - nb++;
+        }
+    }
+    double fin_f[MAXS][MAXM] = {{0}}, fin_b[MAXS][MAXM] = {{0}};
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int s = 0; s < S; s++) {
+            double t = 0;
+            for (int k = 0; k < 2 * m; k++) {
+                int c = list[s][k];
+                double start = t, fin;
+                if (c >= 0) {
+                    if (s > 0) start = fmax(start, fin_f[s - 1][c]);
+                    fin = start + f[s];
+                    if (fin != fin_f[s][c]) changed = 1, fin_f[s][c] = fin;
+                } else {
+                    int i = -1 - c;
+                    if (s < S - 1) start = fmax(start, fin_b[s + 1][i]);
+                    fin = start + b[s];
+                    if (fin != fin_b[s][i]) changed = 1, fin_b[s][i] = fin;
+                }
+                t = fin;
+            }
+        }
+    }
+    double step = 0;
+    for (int s = 0; s < S; s++)
+        for (int i = 0; i < m; i++) step = fmax(step, fmax(fin_f[s][i], fin_b[s][i]));
+    return step;
+}
+
+static void test_predictor(void)
+{
+    struct balance_prediction pr;
+    double f[64], b[64];
+    for (int S = 1; S <= 16; S++)
+        for (int m = 1; m <= 20; m++)
+            for (int gpipe = 0; gpipe <= 1; gpipe++) {
+                for (int s = 0; s < S; s++) f[s] = 1.0, b[s] = 2.0;
+                balance_predict_stages(f, b, S, m, gpipe ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B,
+                                       &pr, NULL, 0);
+                CHECK_NEAR(pr.step_ms, (m + S - 1) * 3.0, 1e-9);
+                CHECK_NEAR(pr.bubble_ratio, (S - 1.0) / (m + S - 1.0), 1e-12);
+            }
+    double worst = 0;
+    for (int trial = 0; trial < 3000; trial++) {
+        int S = rng_int(1, 6), m = rng_int(1, 8), gpipe = rng_int(0, 1);
+        for (int s = 0; s < S; s++) {
+            f[s] = rng_int(0, 1) ? rng_int(0, 5) : rng_unit() * 4;
+            b[s] = rng_int(0, 1) ? rng_int(0, 9) : rng_unit() * 8;
+        }
+        balance_predict_stages(f, b, S, m, gpipe ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B,
+                               &pr, NULL, 0);
+        double want = reference_step(f, b, S, m, gpipe);
+        worst = fmax(worst, fabs(pr.step_ms - want));
+        CHECK_NEAR(pr.step_ms, want, 1e-9);
+        CHECK(pr.bubble_ratio >= 0 && pr.bubble_ratio < 1);
+    }
+    printf("predictor vs relaxation reference: 3000 random pipelines, largest "
+           "difference %.3g ms\n", worst);
+}
+
+/* ---- repack ------------------------------------------------------------------- */
+
+struct profile_instance {
+    double fwd[MAX_BLOCKS], bwd[MAX_BLOCKS], params[MAX_BLOCKS];
+    int64_t mem[MAX_BLOCKS];
+    struct balance_profile profile;
+};
+
+static void random_profile(struct profile_instance *pi, int n)
+{
+    for (int i = 0; i < n; i++) {
+        pi->fwd[i] = rng_int(0, 1) ? rng_int(0, 4) : rng_unit() * 3;
+        pi->bwd[i] = rng_int(0, 1) ? 2 * pi->fwd[i] : rng_unit() * 6;
+        pi->params[i] = rng_int(1, 100);
+        pi->mem[i] = rng_int(1, 10);
+    }
+    pi->profile = (struct balance_profile){
+        .blocks = n, .fwd_ms = pi->fwd, .bwd_ms = pi->bwd, .params = pi->params,
+        .mem_bytes = pi->mem,
+        .embed = {rng_unit(), rng_unit(), 50, rng_int(0, 5)},
+        .head = {rng_unit() * 2, rng_unit() * 4, 50, rng_int(0, 5)}};
+}
+
+static void test_repack(void)
+{
+    int runs = 0, fewer = 0, beat_first_fit = 0, optimal = 0;
+    for (int trial = 0; trial < 3000; trial++) {
+        struct profile_instance pi;
+        int n = rng_int(1, FAMILY_BLOCKS);
+        random_profile(&pi, n);
+        int S = rng_int(1, n < MAX_STAGES ? n : MAX_STAGES);
+        int m = rng_int(1, 8);
+        enum dm_schedule schedule = rng_int(0, 1) ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
+        double epsilon = (double[]){0, 0.05, 0.25, 1.0}[rng_int(0, 3)];
+        int current[MAX_STAGES];
+        random_layout(n, S, current);
+        double cost[MAX_BLOCKS];
+        struct balance_costs costs;
+        balance_costs_from_profile(&costs, &pi.profile, BALANCE_COST_TIME, cost);
+        int64_t cap = 0;
+        if (rng_int(0, 1)) {
+            int64_t worst;
+            balance_layout_max(&costs, S, current, NULL, &worst);
+            cap = worst + rng_int(0, 20);
+        }
+        int counts[MAX_STAGES];
+        struct balance_result res;
+        char err[256];
+        int rc = balance_repack(&pi.profile, current, S, cap, m, schedule, epsilon,
+                                counts, &res, err, sizeof err);
+        CHECK_MSG(rc == BALANCE_OK, "%s", err);
+        if (rc) continue;
+        runs++;
+        int k = res.stages;
+        CHECK(k >= 1 && k <= S);
+        CHECK(balance_check_layout(counts, k, n, NULL, 0) == BALANCE_OK);
+        int64_t max_mem;
+        balance_layout_max(&costs, k, counts, NULL, &max_mem);
+        CHECK(cap == 0 || max_mem <= cap);
+        struct balance_prediction now, then;
+        balance_predict(&pi.profile, S, current, m, schedule, &now, NULL, 0);
+        balance_predict(&pi.profile, k, counts, m, schedule, &then, NULL, 0);
+        double bound = now.step_ms * (1 + epsilon);
+        CHECK_MSG(then.step_ms <= bound, "trial %d: %.17g > bound %.17g", trial,
+                  then.step_ms, bound);
+        fewer += k < S;
+        /* never worse than Algorithm 2 at any target */
+        for (int target = 1; target <= S; target++) {
+            int merged[MAX_STAGES], merged_stages;
+            balance_repack_first_fit(&costs, current, S, cap, target, merged,
+                                     &merged_stages, NULL, 0);
+            int64_t mm;
+            balance_layout_max(&costs, merged_stages, merged, NULL, &mm);
+            CHECK(cap == 0 || mm <= cap);
+            struct balance_prediction p2;
+            balance_predict(&pi.profile, merged_stages, merged, m, schedule, &p2, NULL, 0);
+            if (p2.step_ms <= bound) {
+                CHECK_MSG(k <= merged_stages, "trial %d: repack %d stages, "
+                          "first-fit %d", trial, k, merged_stages);
+                beat_first_fit += k < merged_stages;
+            }
+        }
+        /* brute force: the fewest stages any layout needs */
+        int best_k = S;
+        for (int kk = 1; kk < S && best_k == S; kk++) {
+            int layout[MAX_STAGES];
+            /* enumerate compositions of n into kk parts */
+            int cuts[MAX_STAGES] = {0};
+            for (int i = 0; i < kk - 1; i++) cuts[i] = i + 1;
+            for (;;) {
+                int prev = 0;
+                for (int i = 0; i < kk - 1; i++) layout[i] = cuts[i] - prev, prev = cuts[i];
+                layout[kk - 1] = n - prev;
+                int64_t lm;
+                balance_layout_max(&costs, kk, layout, NULL, &lm);
+                struct balance_prediction p3;
+                if ((cap == 0 || lm <= cap) &&
+                    balance_predict(&pi.profile, kk, layout, m, schedule, &p3, NULL, 0) == 0 &&
+                    p3.step_ms <= bound) {
+                    best_k = kk;
+                    break;
+                }
+                int i = kk - 2;
+                while (i >= 0 && cuts[i] == n - (kk - 1 - i)) i--;
+                if (i < 0) break;
+                cuts[i]++;
+                for (int j = i + 1; j < kk - 1; j++) cuts[j] = cuts[j - 1] + 1;
+            }
+        }
+        CHECK(k >= best_k);
+        optimal += k == best_k;
+    }
+    printf("repack: %d runs, %d re-packed onto fewer stages, %d strictly fewer "
+           "than some Algorithm-2 result, %d at the brute-force minimum\n", runs,
+           fewer, beat_first_fit, optimal);
+}
+
+static void test_propose(void)
+{
+    struct profile_instance pi;
+    random_profile(&pi, 10);
+    struct balance_options options = {0, 0, 0};
+    for (int method = 0; method < BALANCE_METHOD_COUNT; method++) {
+        int counts[4], again[4];
+        struct balance_result res;
+        char err[256];
+        int rc = balance_propose(method, &pi.profile, 4, NULL, &options, counts, &res,
+                                 err, sizeof err);
+        CHECK_MSG(rc == BALANCE_OK, "%s: %s", balance_method_name(method), err);
+        CHECK(balance_check_layout(counts, 4, 10, NULL, 0) == BALANCE_OK);
+        balance_propose(method, &pi.profile, 4, counts, &options, again, &res, NULL, 0);
+        if (method != BALANCE_STATIC_UNIFORM && method != BALANCE_STATIC_PARAMS)
+            CHECK_MSG(memcmp(counts, again, sizeof counts) == 0 && res.bytes_moved == 0,
+                      "%s is not idempotent", balance_method_name(method));
+    }
+}
+
+int main(void)
+{
+    test_static_and_plan();
+    test_bad_input();
+    test_partition_brute_force();
+    test_partition_windows();
+    test_partition_large();
+    test_diffusion();
+    test_predictor();
+    test_repack();
+    test_propose();
+    return testing_report("test_balance");
+}
