@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# make bench: dynmo's benchmark of the reference config beside the PyTorch
+# implementation of the same model, in the same environment, one after the
+# other. PyTorch runs as installed and with OMP_WAIT_POLICY=PASSIVE.
+# Prints each figure and the ratio; the numbers go to docs/PERFORMANCE.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+DYNMO=${DYNMO:-$BUILD/dynmo}
+steps=${BENCH_STEPS:-10}
+echo "== machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-unset}"
+echo "== dynmo bench --config configs/ref.ini --steps $steps"
+dynmo_out=$("$DYNMO" bench --config configs/ref.ini --steps "$steps" 2>&1) || { echo "$dynmo_out"; echo "bench: dynmo failed"; exit 1; }
+grep '^bench:' <<<"$dynmo_out"
+dynmo_ms=$(sed -n 's/^bench: median \([0-9.]*\) ms\/step.*/\1/p' <<<"$dynmo_out")
+
+torch_ms_best=""
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  for policy in installed PASSIVE; do
+    if [ "$policy" = PASSIVE ]; then envs=(env OMP_WAIT_POLICY=PASSIVE); else envs=(env); fi
+    echo "== PyTorch ($policy): bench/torch_gpt.py --steps $steps"
+    out=$("${envs[@]}" /usr/bin/python3 bench/torch_gpt.py --steps "$steps" 2>&1) || { echo "$out"; continue; }
+    echo "$out" | sed 's/^/   /'
+    ms=$(sed -n 's/.*median \([0-9.]*\) ms.*/\1/p' <<<"$out" | head -n1)
+    if [ -n "$ms" ] && { [ -z "$torch_ms_best" ] || awk -v a="$ms" -v b="$torch_ms_best" 'BEGIN{exit !(a<b)}'; }; then
+      torch_ms_best=$ms
+    fi
+  done
+else
+  echo "== PyTorch not installed (python3-torch): skipped"
+fi
+if [ -n "$torch_ms_best" ] && [ -n "$dynmo_ms" ]; then
+  awk -v d="$dynmo_ms" -v t="$torch_ms_best" \
+    'BEGIN{printf "== dynmo %.1f ms/step vs PyTorch best %.1f ms/step: dynmo is %.2fx its throughput (target >= 1.5x)\n", d, t, t/d}'
+fi
+echo "== balancers: dynmo plan --bench"
+"$DYNMO" plan --bench 2>&1 | sed 's/^/   /'
