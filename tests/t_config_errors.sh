@@ -4,7 +4,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
-printf '[model]\nlayers = 2\nchannels = 32\nheads = 2\n[train]\nbatch = 2\nseq = 16\nsteps = 1\n[run]\nout_dir = %s/out\n' "$dir" > "$dir/ok.ini"
+printf '[model]\nlayers = 2\nchannels = 32\nheads = 2\n[train]\nbatch = 2\nseq = 16\nsteps = 1\nwarmup = 0\n[run]\nout_dir = %s/out\n' "$dir" > "$dir/ok.ini"
 printf '[model]\nlayerz = 2\n' > "$dir/unknown.ini"
 printf '[modle]\nlayers = 2\n' > "$dir/section.ini"
 printf '[model]\nlayers 2\n' > "$dir/syntax.ini"

@@ -1,15 +1,23 @@
 /* dynmo ckpt: the run log (per-step metrics, per-layer profiles and layout
- * history in one HDF5 file) and, in a later issue, sharded checkpoints.
+ * history in one HDF5 file) and the checkpoint (one HDF5 file per
+ * checkpoint, logical and per block, written by all ranks at once through
+ * parallel HDF5 and resharded on load).
  *
  * The run log is written by rank 0 alone, serially, and flushed after
  * every step so that a killed run keeps every step it finished. Its
  * datasets, types, shapes and units are documented in docs/runlog.md; the
- * RUNLOG_* names below are that schema. Nothing here calls MPI. */
+ * RUNLOG_* names below are that schema. The run log never calls MPI; the
+ * checkpoint's save, load and resume are collective over the communicator
+ * they are given, and its offline readers (ckpt_check_file,
+ * ckpt_read_info) are not. */
 #ifndef DYNMO_CKPT_H
 #define DYNMO_CKPT_H
 
 #include <stddef.h>
+#include <stdint.h>
+#include <mpi.h>
 #include "dynmo/core.h"
+#include "dynmo/model.h"
 
 /* The run log's file name inside a run's out_dir. */
 #define RUNLOG_FILE_NAME "runlog.h5"
@@ -30,7 +38,9 @@
 /* Per block and step (columns: the model's transformer blocks): */
 #define RUNLOG_LAYER_FWD_MS "/layers/fwd_ms"      /* float32 [steps, layers] */
 #define RUNLOG_LAYER_BWD_MS "/layers/bwd_ms"      /* float32 [steps, layers] */
-#define RUNLOG_LAYER_STAGE "/layout/stage_of_layer" /* int32 [steps, layers] */
+#define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: blocks per stage */
+#define RUNLOG_STEP_BUBBLE "/steps/bubble_ratio"  /* float32 [steps] */
+#define RUNLOG_STEP_IMBALANCE "/steps/imbalance"  /* float32 [steps] */
 /* Per stage and step (columns: pipeline stages of the run's first world): */
 #define RUNLOG_STAGE_BUSY_MS "/stages/busy_ms"    /* float32 [steps, stages] */
 #define RUNLOG_STAGE_IDLE_MS "/stages/idle_ms"    /* float32 [steps, stages] */
@@ -137,5 +147,161 @@ int runlog_read_root_attr(const char *path, const char *attr, char **text,
  * Returns 0, or -1 when the file is missing, not HDF5 or damaged. */
 int dm_file_kind(const char *path, char *kind, size_t kindsize,
                  char *err, size_t errsize);
+
+/* ---- checkpoints --------------------------------------------------------
+ * The format is checkpoint_schema/README.md (prose) and
+ * checkpoint_schema/v1.def (the machine-readable lines that the writer, the
+ * loader and `dynmo check-ckpt` all follow); docs/checkpoints.md shows it
+ * with h5dump and h5py and explains atomicity and resume.
+ *
+ * A checkpoint directory holds complete checkpoints ckpt-<step>.h5, at most
+ * one ckpt-<step>.h5.tmp being written, and `latest`, a one-line text file
+ * naming the newest complete checkpoint (the completion marker). A .tmp
+ * file is never loaded. */
+#define CHECKPOINT_SCHEMA_VERSION 1
+#define CHECKPOINT_LATEST_NAME "latest"
+
+/* Everything a checkpoint holds besides the model's tensors.
+ *
+ * On save the caller fills the fields marked (save); every rank passes the
+ * same values, except frozen, of which only the entries of the rank's own
+ * blocks are read. On load every field is filled and the arrays are
+ * dm_alloc'd; ckpt_meta_free releases them. */
+struct ckpt_meta {
+    long step;              /* (save) optimizer steps completed: the run
+                               resumes with step index `step` (0-based) */
+    long optimizer_steps;   /* (save) AdamW updates applied: the next one
+                               uses bias correction t = optimizer_steps + 1 */
+    long lr_schedule_step;  /* (save) the next step's learning rate is
+                               lr_at_step(cfg, lr_schedule_step) */
+    uint64_t seed;          /* (save) the run's seed. The RNG is counter-based
+                               (dm_hash64(seed, stream, index)): seed and
+                               step are its whole state */
+    uint64_t train_checksum;/* (save) token_file.checksum of the training
+                               data, 0 when not recorded */
+    char *config_text;      /* (save) config_print text, or NULL */
+    int pp, dp;             /* (save) the world: stages x replicas */
+    long *data_cursor;      /* (save) (dp) next global sample index of each
+                               data-parallel replica */
+    int *layout;            /* (save) (pp) blocks per stage, the current layout */
+    int history_count;      /* (save) entries in the layout history (may be 0) */
+    long *history_step;     /* (save) (history_count) step from which entry k held */
+    int *history_stages;    /* (save) (history_count) stages of entry k */
+    int *history_layout;    /* (save) (history_count, layers) blocks per stage
+                               of entry k, zero past history_stages[k] */
+    int *frozen;            /* (save) (layers) 1 = block frozen, or NULL: none */
+    float *sparsity;        /* (layers) fraction of exactly-zero weights in the
+                               block's matrices, computed by save; load only */
+    /* Filled by load and ckpt_read_info only: */
+    struct gpt_shape shape; /* the model the checkpoint holds */
+    int schema_version;
+    char dynmo_version[32]; /* of the writer */
+    char created[32];       /* ISO 8601 UTC */
+    int allocated;          /* 1: the arrays above belong to this struct */
+};
+
+/* Frees the arrays of a meta filled by load or ckpt_read_info and zeroes
+ * it. Harmless on a zeroed struct; an internal error on a caller-filled
+ * (save) meta. Not collective. */
+void ckpt_meta_free(struct ckpt_meta *meta);
+
+/* Writes checkpoint DIR/ckpt-<meta->step>.h5. Collective over comm, whose
+ * size must be meta->pp * meta->dp; this rank is pipeline stage `stage`
+ * and data-parallel replica `dp_rank`, and model holds exactly that
+ * stage's blocks under meta->layout (the embedding on stage 0, the head on
+ * stage pp-1). Replica 0 of each stage writes its blocks' rows (params,
+ * Adam m and v, frozen flag, sparsity), stage 0's replica 0 the
+ * embedding, the last stage's replica 0 the head, rank 0 of comm the
+ * small metadata; every other rank takes part in each collective write
+ * with an empty selection. The layout history written is meta's, with
+ * (step, layout) appended when its last entry differs from the current
+ * layout, so it is never empty. Gradients are not saved.
+ *
+ * Atomic: the file is written as ckpt-<step>.h5.tmp, flushed, closed,
+ * fsynced (rank 0), renamed, and the directory fsynced; then DIR/latest
+ * is replaced (written to latest.tmp, fsynced, renamed, directory
+ * fsynced) to name it. Only then are older complete checkpoints beyond
+ * the newest `keep` (keep <= 0: keep all) and stale .tmp files deleted, so
+ * the previous complete checkpoint survives any crash before that point.
+ * DIR is created if missing.
+ *
+ * Returns 0 on every rank, or -1 on every rank with the same message in
+ * err (naming the file or directory and the reason: cannot create the
+ * directory, cannot rename, fsync failed); the caller decides whether that
+ * is fatal (dm_user_error(err)). A failure inside HDF5's collective writes
+ * cannot be agreed on without risking a hang, so it takes the fatal path
+ * (all ranks abort, status 1). Inconsistent meta across ranks is an
+ * internal error. path_out (may be NULL) receives the complete file's path.
+ * All waits of our own are non-blocking collectives polled with MPI_Test
+ * and sched_yield; HDF5's collective calls block inside MPI-IO. */
+int ckpt_save(const char *dir, int keep, const struct gpt *model,
+              const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm,
+              char *path_out, size_t path_out_size, char *err, size_t errsize);
+
+/* Loads checkpoint `path` into a model built for ANY world: each rank reads
+ * the rows of the blocks it holds (model->first_block ..), and the
+ * embedding and head tensors (params, m, v) if it holds the embedding or
+ * the head, whatever world and layout wrote the file; gradients are
+ * zeroed. meta is filled on every rank (free with ckpt_meta_free).
+ * Collective over comm (any size); every rank opens the file on its own
+ * read-only (no MPI-IO), so a failure on one rank cannot hang the others.
+ *
+ * Validates: the file exists, is HDF5 and not truncated; kind and schema
+ * version; the completion attribute; every group, attribute and dataset of
+ * the schema with its type and shape; the model config against
+ * model->shape (the message names the differing key: "model.channels is
+ * 64 in the checkpoint but 128 in this run"); the layout and cursors; and
+ * the Fletcher32 checksum of every chunk it reads (a flipped byte is
+ * reported as a corrupt file naming the dataset). A name ending in .tmp is
+ * refused as incomplete.
+ *
+ * Returns 0 on every rank, or -1 on every rank with the same message in
+ * err, "checkpoint <path>: <problem>" (the lowest failing rank's message;
+ * ranks agree through a polled non-blocking reduction and broadcast). On
+ * failure the model's tensors may be partly overwritten and meta is left
+ * zeroed. */
+int ckpt_load_try(const char *path, struct gpt *model, struct ckpt_meta *meta,
+                  MPI_Comm comm, char *err, size_t errsize);
+
+/* ckpt_load_try, and on failure dm_user_error with its message: every rank
+ * exits with status 2, rank 0 prints. Collective. */
+void ckpt_load(const char *path, struct gpt *model, struct ckpt_meta *meta,
+               MPI_Comm comm);
+
+/* `ckpt.resume=auto`: loads the checkpoint that DIR/latest names. If
+ * latest is missing, names a missing file, or that file fails to load
+ * (corrupt, truncated, incomplete, wrong schema), it falls back to the
+ * newest other complete ckpt-<step>.h5 in DIR that loads, and rank 0 says
+ * so on stdout (what was wrong, which file it uses instead). .tmp files
+ * are never considered. Returns 1 when a checkpoint was loaded (its path
+ * in loaded_path, may be NULL), 0 when DIR holds no complete checkpoint
+ * (a fresh start; incomplete .tmp files are mentioned). When complete
+ * checkpoints exist but none loads, or one was written for a different
+ * model, dm_user_error names each file and its problem (status 2):
+ * a model mismatch is a configuration mistake, never a reason to fall
+ * back. Collective over comm. */
+int ckpt_resume_auto(const char *dir, struct gpt *model, struct ckpt_meta *meta,
+                     MPI_Comm comm, char *loaded_path, size_t loaded_path_size);
+
+/* The path of checkpoint `step` in dir: "<dir>/ckpt-<step>.h5". */
+void ckpt_path(char *buf, size_t size, const char *dir, long step);
+
+/* ---- offline readers (any process; not collective, no MPI) ------------- */
+
+/* Reads a checkpoint's metadata (everything but the tensors) into meta
+ * (free with ckpt_meta_free), validating the file's structure as load
+ * does but without a model to compare against and without reading the
+ * tensors. Returns 0, or -1 with "checkpoint <path>: <problem>" in err. */
+int ckpt_read_info(const char *path, struct ckpt_meta *meta, char *err, size_t errsize);
+
+/* Validates a file against the schema: groups, attributes and their
+ * values, datasets with type, shape, chunking and the Fletcher32 filter,
+ * the completion attribute, the consistency of layout, history, cursors
+ * and per-block state, and, if read_data, every chunk's checksum (reading
+ * the whole file once, a bounded buffer at a time). Calls report(ctx, text)
+ * once per problem found (it keeps going after a problem where it can)
+ * and returns the number of problems, 0 for a valid checkpoint. */
+int ckpt_check_file(const char *path, int read_data,
+                    void (*report)(void *ctx, const char *problem), void *ctx);
 
 #endif

@@ -137,7 +137,20 @@ struct dm_config {
     /* [run] */
     char out_dir[1024];
     int log_every;      /* steps between progress lines */
+    /* [parallel] */
+    int pp, dp;         /* pipeline stages S, data-parallel replicas D */
+    char schedule[32];  /* "1f1b" or "gpipe" */
+    /* [balance] */
+    char initial[1024]; /* "uniform", "params" or "explicit:n1,n2,..." */
+    char method[32];    /* balancer run every balance.every steps ("none": static) */
+    int every;          /* steps between balancing decisions */
+    char cost[32];      /* "time" (profiled EMA) or "params" */
+    double min_gain;    /* skip a re-layout whose predicted saving (ms over the next
+                           interval) is below min_gain x the measured migration cost */
 };
+
+/* The schedule named by cfg->schedule. */
+enum dm_schedule config_schedule(const struct dm_config *cfg);
 
 /* Fills defaults (the reference model of configs/ref.ini). */
 void config_defaults(struct dm_config *cfg);

@@ -69,11 +69,11 @@ void attention_backward(float *dqkv, float *scratch,
                         const float *dout, const float *qkv, const float *att,
                         int B, int T, int C, int NH);
 
-/* GELU, tanh approximation. dinp may alias dout. */
+/* GELU, tanh approximation. dinp may be dout (in place). */
 void gelu_forward(float *out, const float *inp, long N);
 void gelu_backward(float *dinp, const float *inp, const float *dout, long N); /* overwrite */
 
-/* out = a + b; out may alias a or b. */
+/* out = a + b; out may be a or b (in place). */
 void residual_forward(float *out, const float *a, const float *b, long N);
 
 /* out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] */
@@ -204,13 +204,23 @@ struct gpt {
     int has_embed, has_head;
     struct block *blocks;          /* num_blocks of them */
     /* embedding + head parameters in one slab: [wte wpe lnf_w lnf_b] x
-     * {params, grads, m, v}. On a pipeline the first and last stage each
-     * hold a copy of wte and their gradients are summed (tied weights). */
+     * {params, grads, m, v}, then dwte_head (V,C) if has_head. On a
+     * pipeline the first and last stage each hold a copy of wte.
+     * The tied gradient: the embedding's share accumulates in dwte, the
+     * head's share in dwte_head, over all micro-batches; then
+     * gpt_tie_wte_grads forms dwte = embedding share + head share. Keeping
+     * the two sums apart until then makes the result the same bits on one
+     * rank and on any pipeline layout. */
     float *embed_slab;
     size_t embed_nparams;
     float *wte, *wpe, *lnf_w, *lnf_b;
     float *dwte, *dwpe, *dlnf_w, *dlnf_b;
     float *embed_m, *embed_v;
+    float *dwte_head;              /* (V,C) or NULL */
+    int wte_grads_pending;         /* backward ran since the last tie */
+    /* The profile: seconds each block spent in forward and backward since
+     * the caller last zeroed them (the pipeline engine does, every step). */
+    double *block_fwd_s, *block_bwd_s;   /* (num_blocks) */
 };
 
 /* Builds blocks [first_block, first_block+num_blocks) and, if asked, the
@@ -219,6 +229,12 @@ void gpt_build(struct gpt *model, const struct gpt_shape *shape,
                int first_block, int num_blocks, int has_embed, int has_head,
                uint64_t seed);
 void gpt_free(struct gpt *model);
+
+/* Replaces the block range of a model (live migration): the model takes
+ * ownership of `blocks` (count of them, first global index `first`); the
+ * caller has already freed or moved the old blocks' slabs. The profile
+ * arrays are resized and zeroed. */
+void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int count);
 size_t gpt_param_count(const struct gpt_shape *shape);  /* whole model */
 
 /* Copies the whole model's parameters (or gradients) to/from the canonical
@@ -257,6 +273,16 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts,
                   struct block_scratch *scratch, float dloss_scale,
                   const float *dout, float *din);
 
+/* Completes the tied wte gradient after the last micro-batch's backward
+ * and before gpt_grad_sumsq / gpt_adamw_update (which fail on a pending
+ * head share). On one rank holding both ends pass other = NULL:
+ * dwte += dwte_head. On a pipeline, other is the peer's share (V*C floats):
+ * the first stage passes the last stage's dwte_head (dwte += other) and the
+ * last stage passes the first stage's dwte (dwte = other + dwte_head); all
+ * three give the same bits. No-op for a rank with neither end. */
+void gpt_tie_wte_grads(struct gpt *model, const float *other);
+
+/* Zeroes every gradient, dwte_head included. */
 void gpt_zero_grads(struct gpt *model);
 
 /* Sum of squares of the gradients this rank holds, as the sum, in this

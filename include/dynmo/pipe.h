@@ -14,7 +14,9 @@
 #ifndef DYNMO_PIPE_H
 #define DYNMO_PIPE_H
 
+#include <stddef.h>
 #include "dynmo/core.h"
+#include "dynmo/model.h"
 
 /* ---- schedules --------------------------------------------------------- */
 
@@ -97,5 +99,78 @@ struct schedule_timing {
 int schedule_simulate(const struct pipe_schedule *sched, const double *fwd_ms,
                       const double *bwd_ms, const double *update_ms, double send_ms,
                       struct schedule_timing *timing);
+
+
+/* ---- the process grid ----------------------------------------------------
+ * P = S * D ranks: rank = replica * S + stage, so one replica's pipeline is
+ * a run of consecutive ranks. Collective over MPI_COMM_WORLD. */
+
+struct pipe_grid {
+    int stages, replicas;      /* S, D */
+    int stage, replica;        /* this rank's coordinates */
+    int rank, world_size;
+};
+
+/* ---- layouts ---------------------------------------------------------------
+ * A layout gives the number of blocks of each stage (contiguous ranges in
+ * stage order, every stage at least one block). */
+
+/* Parses balance.initial ("uniform", "params" or "explicit:n1,n2,...") for
+ * S stages over L blocks into counts (S entries). User errors (explicit
+ * list of the wrong length or sum, a stage with no block, more stages
+ * than blocks) are dm_user_error naming the key. */
+void layout_from_spec(int *counts, const char *spec, int stages, int layers,
+                      const struct dm_config *cfg);
+
+/* "n1,n2,...,nS" into buf. */
+void layout_format(char *buf, size_t size, const int *counts, int stages);
+
+/* ---- the engine --------------------------------------------------------- */
+
+struct engine;
+
+/* Collective: builds the grid from parallel.pp and parallel.dp (user error
+ * when S * D differs from the world size), the initial layout, this
+ * rank's blocks, activation slots and the stage's instruction list. */
+struct engine *engine_create(const struct dm_config *cfg);
+void engine_destroy(struct engine *eng);
+
+/* The per-step results that rank 0 logs. Valid on rank 0 after
+ * engine_step; the profile arrays have one entry per block or stage. */
+struct step_stats {
+    float loss;               /* mean over the step's tokens */
+    double grad_norm, lr;
+    double step_ms;
+    double *layer_fwd_ms;     /* (layers) per micro-batch, averaged over the step */
+    double *layer_bwd_ms;     /* (layers) */
+    double *layer_mem_bytes;  /* (layers) parameter slab bytes */
+    double *stage_compute_ms; /* (stages) max over replicas */
+    double *stage_wait_ms;    /* (stages) time waiting on neighbours, max over replicas */
+    double *stage_peak_mb;    /* (stages) peak resident MiB, max over replicas */
+    double bubble_ratio;      /* sum of idle / (stages * step time) */
+    double imbalance;         /* Eq. 2 on stage compute: (max - min) / mean */
+    int *layout;              /* (stages) blocks per stage during the step */
+    int migrated_blocks;      /* by the re-layout before this step */
+    double migrated_bytes, migrate_ms;
+};
+
+/* Collective over all ranks: one optimizer step on global samples
+ * [step * batch, (step + 1) * batch) of loader. */
+const struct step_stats *engine_step(struct engine *eng, struct loader *loader, int step);
+
+/* Collective: mean validation loss over cfg->eval_batches batches (the
+ * same samples every time); valid on rank 0. */
+float engine_eval(struct engine *eng, struct loader *val);
+
+/* Collective, at a step boundary: switches to the layout `counts` as
+ * given on rank 0 (it is broadcast first; other ranks' counts are
+ * ignored and may be NULL). Each
+ * block that changes owner travels as one message (its packed slab);
+ * activation buffers are rebuilt for the new ranges. Records the
+ * migration in the next step's stats. */
+void engine_relayout(struct engine *eng, const int *counts);
+
+const struct pipe_grid *engine_grid(const struct engine *eng);
+const int *engine_layout(const struct engine *eng);
 
 #endif

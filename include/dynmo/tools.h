@@ -8,5 +8,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_prepare(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
+int cmd_check_ckpt(int argc, char **argv);
 
 #endif

@@ -47,10 +47,18 @@ static const struct config_key keys[] = {
     {"train", "eval_every", KEY_INT, F(eval_every), 0, 1e9, "steps between validations (0 = off)"},
     {"train", "eval_batches", KEY_INT, F(eval_batches), 1, 1e6, "batches per validation"},
     {"train", "threads", KEY_INT, F(threads), 0, 64, "threads per rank (0 = auto)"},
-    {"data", "train", KEY_STRING, F(train_path), 0, 0, "training token file"},
-    {"data", "val", KEY_STRING, F(val_path), 0, 0, "validation token file"},
-    {"run", "out_dir", KEY_STRING, F(out_dir), 0, 0, "output directory"},
+    {"data", "train", KEY_STRING, F(train_path), 0, 1024, "training token file"},
+    {"data", "val", KEY_STRING, F(val_path), 0, 1024, "validation token file"},
+    {"run", "out_dir", KEY_STRING, F(out_dir), 0, 1024, "output directory"},
     {"run", "log_every", KEY_INT, F(log_every), 1, 1e9, "steps between progress lines"},
+    {"parallel", "pp", KEY_INT, F(pp), 1, 4096, "pipeline stages"},
+    {"parallel", "dp", KEY_INT, F(dp), 1, 4096, "data-parallel replicas"},
+    {"parallel", "schedule", KEY_STRING, F(schedule), 0, 32, "1f1b or gpipe"},
+    {"balance", "initial", KEY_STRING, F(initial), 0, 1024, "uniform, params or explicit:n1,n2,..."},
+    {"balance", "method", KEY_STRING, F(method), 0, 32, "balancer (none: static)"},
+    {"balance", "every", KEY_INT, F(every), 1, 1e9, "steps between balancing decisions"},
+    {"balance", "cost", KEY_STRING, F(cost), 0, 32, "time or params"},
+    {"balance", "min_gain", KEY_DOUBLE, F(min_gain), 0, 1e9, "required saving / migration cost"},
 };
 #undef F
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -83,6 +91,19 @@ void config_defaults(struct dm_config *cfg)
     snprintf(cfg->val_path, sizeof cfg->val_path, "data/kjv/val.bin");
     snprintf(cfg->out_dir, sizeof cfg->out_dir, "runs/latest");
     cfg->log_every = 1;
+    cfg->pp = 1;
+    cfg->dp = 1;
+    snprintf(cfg->schedule, sizeof cfg->schedule, "1f1b");
+    snprintf(cfg->initial, sizeof cfg->initial, "uniform");
+    snprintf(cfg->method, sizeof cfg->method, "none");
+    cfg->every = 10;
+    snprintf(cfg->cost, sizeof cfg->cost, "time");
+    cfg->min_gain = 1.0;
+}
+
+enum dm_schedule config_schedule(const struct dm_config *cfg)
+{
+    return strcmp(cfg->schedule, "gpipe") == 0 ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
 }
 
 static void list_section_keys(const char *section, char *buf, size_t size)
@@ -170,9 +191,9 @@ static int set_key(struct dm_config *cfg, const char *section, const char *name,
         break;
     }
     case KEY_STRING:
-        if (strlen(value) >= 1024)
-            KEY_ERROR("%s.%s is longer than 1023 characters", section, name);
-        snprintf(field, 1024, "%s", value);
+        if (strlen(value) >= (size_t)key->max)
+            KEY_ERROR("%s.%s is longer than %d characters", section, name, (int)key->max - 1);
+        snprintf(field, (size_t)key->max, "%s", value);
         break;
     }
     return 0;
@@ -233,6 +254,16 @@ void config_validate(const struct dm_config *cfg)
                       cfg->micro_batches, cfg->batch);
     if (cfg->warmup > cfg->steps && cfg->steps > 0)
         dm_user_error("train.warmup = %d exceeds train.steps = %d", cfg->warmup, cfg->steps);
+    if (strcmp(cfg->schedule, "1f1b") != 0 && strcmp(cfg->schedule, "gpipe") != 0)
+        dm_user_error("parallel.schedule = '%s' must be 1f1b or gpipe", cfg->schedule);
+    if (strcmp(cfg->cost, "time") != 0 && strcmp(cfg->cost, "params") != 0)
+        dm_user_error("balance.cost = '%s' must be time or params", cfg->cost);
+    if (cfg->pp > cfg->layers)
+        dm_user_error("parallel.pp = %d exceeds model.layers = %d: every stage needs a block",
+                      cfg->pp, cfg->layers);
+    if (cfg->batch % (cfg->dp * cfg->micro_batches) != 0)
+        dm_user_error("parallel.dp x train.micro_batches = %d x %d does not divide "
+                      "train.batch = %d", cfg->dp, cfg->micro_batches, cfg->batch);
     if (!cfg->train_path[0]) dm_user_error("data.train is empty: name a token file");
     if (!cfg->out_dir[0]) dm_user_error("run.out_dir is empty: name an output directory");
 }

@@ -1,0 +1,365 @@
+/* The model on one rank: a contiguous range of blocks plus, optionally,
+ * the embedding (first stage) and the final norm, tied LM head and loss
+ * (last stage). Builds, runs forward and backward over them, and copies
+ * the whole model to and from the canonical flat order.
+ *
+ * Nothing here knows about the layout or calls MPI: a pipeline stage hands
+ * in the activation it received (acts->residual[0]) and the gradient of its
+ * output (dout), and sends on what comes out. */
+#include <math.h>
+#include <string.h>
+#include "dynmo/model.h"
+#include "model/internal.h"
+
+struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg)
+{
+    struct gpt_shape s = {.vocab = cfg->vocab, .max_seq = cfg->max_seq,
+                          .layers = cfg->layers, .heads = cfg->heads,
+                          .channels = cfg->channels};
+    return s;
+}
+
+static size_t embed_param_count(const struct gpt_shape *s)
+{
+    size_t C = (size_t)s->channels;
+    return (size_t)s->vocab * C + (size_t)s->max_seq * C + 2 * C;
+}
+
+size_t gpt_param_count(const struct gpt_shape *shape)
+{
+    return embed_param_count(shape) + (size_t)shape->layers * block_param_count(shape->channels);
+}
+
+void gpt_build(struct gpt *model, const struct gpt_shape *shape, int first_block,
+               int num_blocks, int has_embed, int has_head, uint64_t seed)
+{
+    DM_ASSERT(first_block >= 0 && num_blocks >= 0 &&
+              first_block + num_blocks <= shape->layers);
+    memset(model, 0, sizeof *model);
+    model->shape = *shape;
+    model->first_block = first_block;
+    model->num_blocks = num_blocks;
+    model->has_embed = has_embed;
+    model->has_head = has_head;
+    model->blocks = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(struct block));
+    for (int i = 0; i < num_blocks; i++)
+        block_init(&model->blocks[i], first_block + i, shape, seed);
+    model->block_fwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
+    model->block_bwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
+    if (!has_embed && !has_head) return;
+
+    /* [wte wpe lnf_w lnf_b] x {params, grads, m, v}, dwte_head */
+    size_t C = (size_t)shape->channels, n = embed_param_count(shape);
+    size_t VC = (size_t)shape->vocab * C;
+    model->embed_nparams = n;
+    model->embed_slab = dm_alloc((4 * n + (has_head ? VC : 0)) * sizeof(float));
+    float *params = model->embed_slab, *grads = params + n;
+    model->embed_m = grads + n;
+    model->embed_v = model->embed_m + n;
+    size_t wte = 0, wpe = (size_t)shape->vocab * C, lnf = wpe + (size_t)shape->max_seq * C;
+    model->wte = params + wte;
+    model->wpe = params + wpe;
+    model->lnf_w = params + lnf;
+    model->lnf_b = params + lnf + C;
+    model->dwte = grads + wte;
+    model->dwpe = grads + wpe;
+    model->dlnf_w = grads + lnf;
+    model->dlnf_b = grads + lnf + C;
+    if (has_head) model->dwte_head = model->embed_v + n;
+    init_normal(model->wte, (size_t)shape->vocab * C, seed, GPT_STREAM_WTE, 0.02f);
+    init_normal(model->wpe, (size_t)shape->max_seq * C, seed, GPT_STREAM_WPE, 0.02f);
+    for (size_t i = 0; i < C; i++) model->lnf_w[i] = 1.0f;
+}
+
+void gpt_free(struct gpt *model)
+{
+    for (int i = 0; i < model->num_blocks; i++) block_free(&model->blocks[i]);
+    dm_free(model->blocks);
+    dm_free(model->embed_slab);
+    dm_free(model->block_fwd_s);
+    dm_free(model->block_bwd_s);
+    memset(model, 0, sizeof *model);
+}
+
+void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int count)
+{
+    DM_ASSERT(first >= 0 && count >= 0 && first + count <= model->shape.layers);
+    dm_free(model->blocks);
+    dm_free(model->block_fwd_s);
+    dm_free(model->block_bwd_s);
+    model->blocks = blocks;
+    model->first_block = first;
+    model->num_blocks = count;
+    model->block_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
+    model->block_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
+}
+
+/* ---- canonical flat order ---------------------------------------------------- */
+
+static void require_whole_model(const struct gpt *model)
+{
+    DM_ASSERT(model->has_embed && model->has_head && model->first_block == 0 &&
+              model->num_blocks == model->shape.layers);
+}
+
+/* Copies between the flat vector and either the parameters (which = 0) or
+ * the gradients (which = 1) of the model. */
+static void flat_copy(struct gpt *model, float *flat, int which, int to_flat)
+{
+    require_whole_model(model);
+    size_t C = (size_t)model->shape.channels;
+    size_t n_embed = (size_t)(model->shape.vocab + model->shape.max_seq) * C;
+    float *embed = which ? model->dwte : model->wte;         /* wte then wpe */
+    float *lnf = which ? model->dlnf_w : model->lnf_w;       /* lnf_w then lnf_b */
+    size_t nblock = block_param_count((int)C);
+    float *pos = flat;
+    if (to_flat) memcpy(pos, embed, n_embed * sizeof(float));
+    else memcpy(embed, pos, n_embed * sizeof(float));
+    pos += n_embed;
+    for (int i = 0; i < model->num_blocks; i++) {
+        float *b = which ? model->blocks[i].grads : model->blocks[i].params;
+        if (to_flat) memcpy(pos, b, nblock * sizeof(float));
+        else memcpy(b, pos, nblock * sizeof(float));
+        pos += nblock;
+    }
+    if (to_flat) memcpy(pos, lnf, 2 * C * sizeof(float));
+    else memcpy(lnf, pos, 2 * C * sizeof(float));
+}
+
+void gpt_params_to_flat(const struct gpt *model, float *flat)
+{
+    flat_copy((struct gpt *)model, flat, 0, 1);
+}
+
+void gpt_params_from_flat(struct gpt *model, const float *flat)
+{
+    flat_copy(model, (float *)flat, 0, 0);
+}
+
+void gpt_grads_to_flat(const struct gpt *model, float *flat)
+{
+    if (model->wte_grads_pending)
+        DM_FATAL("gpt_grads_to_flat before gpt_tie_wte_grads");
+    flat_copy((struct gpt *)model, flat, 1, 1);
+}
+
+/* ---- activations ------------------------------------------------------------- */
+
+void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T)
+{
+    const struct gpt_shape *s = &model->shape;
+    size_t BT = (size_t)B * T, BTC = BT * (size_t)s->channels, BTV = BT * (size_t)s->vocab;
+    memset(acts, 0, sizeof *acts);
+    acts->B = B;
+    acts->T = T;
+    int nb = model->num_blocks;
+    acts->blocks = dm_alloc((size_t)(nb ? nb : 1) * sizeof(struct block_acts));
+    for (int i = 0; i < nb; i++)
+        block_acts_alloc(&acts->blocks[i], B, T, s->channels, s->heads);
+    acts->residual = dm_alloc((size_t)(nb + 1) * BTC * sizeof(float));
+    acts->tokens = dm_alloc(BT * sizeof(int));
+    acts->targets = dm_alloc(BT * sizeof(int));
+    if (model->has_head) {
+        acts->lnf = dm_alloc(BTC * sizeof(float));
+        acts->lnf_mean = dm_alloc(BT * sizeof(float));
+        acts->lnf_rstd = dm_alloc(BT * sizeof(float));
+        acts->logits = dm_alloc(BTV * sizeof(float));
+        acts->probs = dm_alloc(BTV * sizeof(float));
+        acts->losses = dm_alloc(BT * sizeof(float));
+    }
+    acts->num_blocks = nb;
+}
+
+void gpt_acts_free(struct gpt_acts *acts)
+{
+    for (int i = 0; i < acts->num_blocks; i++) block_acts_free(&acts->blocks[i]);
+    dm_free(acts->blocks);
+    dm_free(acts->residual);
+    dm_free(acts->tokens);
+    dm_free(acts->targets);
+    dm_free(acts->lnf);
+    dm_free(acts->lnf_mean);
+    dm_free(acts->lnf_rstd);
+    dm_free(acts->logits);
+    dm_free(acts->probs);
+    dm_free(acts->losses);
+    memset(acts, 0, sizeof *acts);
+}
+
+/* ---- forward and backward -------------------------------------------------------- */
+
+float gpt_forward(struct gpt *model, struct gpt_acts *acts)
+{
+    const struct gpt_shape *s = &model->shape;
+    int B = acts->B, T = acts->T, C = s->channels, V = s->vocab, N = B * T;
+    DM_ASSERT(acts->num_blocks == model->num_blocks && T <= s->max_seq);
+    size_t BTC = (size_t)N * C;
+    if (model->has_embed)
+        encoder_forward(acts->residual, acts->tokens, model->wte, model->wpe, B, T, C);
+    for (int i = 0; i < model->num_blocks; i++) {
+        double t0 = dm_now();
+        block_forward(&model->blocks[i], &acts->blocks[i], acts->residual + (i + 1) * BTC,
+                      acts->residual + i * BTC, B, T);
+        model->block_fwd_s[i] += dm_now() - t0;
+    }
+    if (!model->has_head) return 0.0f;
+    layernorm_forward(acts->lnf, acts->lnf_mean, acts->lnf_rstd,
+                      acts->residual + model->num_blocks * BTC, model->lnf_w, model->lnf_b,
+                      N, C);
+    matmul_forward(acts->logits, acts->lnf, model->wte, NULL, N, C, V);
+    crossentropy_forward(acts->losses, acts->probs, acts->logits, acts->targets, N, V);
+    double sum = 0.0;
+    for (int n = 0; n < N; n++) sum += acts->losses[n];
+    return (float)(sum / N);
+}
+
+void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch *scratch,
+                  float dloss_scale, const float *dout, float *din)
+{
+    const struct gpt_shape *s = &model->shape;
+    int B = acts->B, T = acts->T, C = s->channels, V = s->vocab, N = B * T;
+    size_t BTC = (size_t)N * C;
+    int nb = model->num_blocks;
+    float *d = scratch->d_resid;
+    const float *grad = dout;     /* gradient wrt the current block's output */
+    if (model->has_head) {
+        float *dlogits = acts->logits;
+        float *dlnf = scratch->d_ln;
+        crossentropy_softmax_backward(dlogits, acts->probs, acts->targets,
+                                      dloss_scale / (float)N, N, V);
+        matmul_backward_overwrite(dlnf, model->dwte_head, NULL, dlogits, acts->lnf,
+                                  model->wte, N, C, V);
+        model->wte_grads_pending = 1;
+        parallel_zero(d, (long)BTC);
+        layernorm_backward(d, model->dlnf_w, model->dlnf_b, dlnf, acts->residual + nb * BTC,
+                           model->lnf_w, acts->lnf_mean, acts->lnf_rstd, N, C);
+        grad = d;
+    }
+    DM_ASSERT(grad != NULL);
+    for (int i = nb - 1; i >= 0; i--) {
+        float *target = (i == 0 && !model->has_embed) ? din : d;
+        double t0 = dm_now();
+        block_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
+                       acts->residual + i * BTC, B, T);
+        model->block_bwd_s[i] += dm_now() - t0;
+        grad = target;
+    }
+    if (model->has_embed)
+        encoder_backward(model->dwte, model->dwpe, grad, acts->tokens, B, T, C);
+    else if (nb == 0 && din && din != grad)
+        parallel_copy(din, grad, (long)BTC);
+}
+
+struct tie_args {
+    float *dwte;
+    const float *first, *second;
+};
+
+static void tie_range(void *arg, long begin, long end)
+{
+    const struct tie_args *a = arg;
+    for (long i = begin; i < end; i++) a->dwte[i] = a->first[i] + a->second[i];
+}
+
+void gpt_tie_wte_grads(struct gpt *model, const float *other)
+{
+    if (!model->has_embed && !model->has_head) return;
+    long VC = (long)model->shape.vocab * model->shape.channels;
+    /* Always embedding share + head share, in that order. */
+    struct tie_args a = {.dwte = model->dwte};
+    if (model->has_embed && model->has_head) {
+        DM_ASSERT(other == NULL);
+        a.first = model->dwte;
+        a.second = model->dwte_head;
+    } else if (model->has_embed) {
+        DM_ASSERT(other != NULL);
+        a.first = model->dwte;
+        a.second = other;
+    } else {
+        DM_ASSERT(other != NULL);
+        a.first = other;
+        a.second = model->dwte_head;
+    }
+    dm_parallel_for(VC, 4096, tie_range, &a);
+    if (model->has_head) parallel_zero(model->dwte_head, VC);
+    model->wte_grads_pending = 0;
+}
+
+void gpt_zero_grads(struct gpt *model)
+{
+    for (int i = 0; i < model->num_blocks; i++)
+        parallel_zero(model->blocks[i].grads, (long)model->blocks[i].nparams);
+    if (model->embed_slab)
+        parallel_zero(model->dwte, (long)model->embed_nparams);
+    if (model->dwte_head)
+        parallel_zero(model->dwte_head, (long)model->shape.vocab * model->shape.channels);
+    model->wte_grads_pending = 0;
+}
+
+/* ---- gradient norm --------------------------------------------------------------
+ * Fixed chunks, each summed in double; chunk sums added in order. */
+#define SUMSQ_CHUNK 8192
+
+struct sumsq_args {
+    const float *x;
+    long n;
+    double *partial;
+};
+
+static void sumsq_range(void *arg, long begin, long end)
+{
+    const struct sumsq_args *a = arg;
+    for (long chunk = begin; chunk < end; chunk++) {
+        long i0 = chunk * SUMSQ_CHUNK;
+        long i1 = i0 + SUMSQ_CHUNK < a->n ? i0 + SUMSQ_CHUNK : a->n;
+        double lane[8] = {0};
+        long i = i0;
+        for (; i + 8 <= i1; i += 8)
+            for (int k = 0; k < 8; k++) lane[k] += (double)a->x[i + k] * a->x[i + k];
+        for (int k = 0; i < i1; i++, k++) lane[k] += (double)a->x[i] * a->x[i];
+        double s = 0.0;
+        for (int k = 0; k < 8; k++) s += lane[k];
+        a->partial[chunk] = s;
+    }
+}
+
+static double sumsq(const float *x, long n)
+{
+    long chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
+    if (chunks == 0) return 0.0;
+    double *partial = dm_alloc((size_t)chunks * sizeof(double));
+    struct sumsq_args a = {.x = x, .n = n, .partial = partial};
+    dm_parallel_for(chunks, 1, sumsq_range, &a);
+    double s = 0.0;
+    for (long c = 0; c < chunks; c++) s += partial[c];
+    dm_free(partial);
+    return s;
+}
+
+double block_grad_sumsq(const struct block *blk)
+{
+    return sumsq(blk->grads, (long)blk->nparams);
+}
+
+double gpt_embed_grad_sumsq(const struct gpt *model)
+{
+    if (!model->has_embed) return 0.0;
+    long C = model->shape.channels;
+    return sumsq(model->dwte, (long)(model->shape.vocab + model->shape.max_seq) * C);
+}
+
+double gpt_head_grad_sumsq(const struct gpt *model)
+{
+    if (!model->has_head) return 0.0;
+    return sumsq(model->dlnf_w, 2L * model->shape.channels);
+}
+
+double gpt_grad_sumsq(const struct gpt *model)
+{
+    if (model->wte_grads_pending)
+        DM_FATAL("gpt_grad_sumsq before gpt_tie_wte_grads: the head's share of the tied "
+                 "wte gradient is not in dwte yet");
+    double s = gpt_embed_grad_sumsq(model);
+    for (int i = 0; i < model->num_blocks; i++) s += block_grad_sumsq(&model->blocks[i]);
+    return s + gpt_head_grad_sumsq(model);
+}

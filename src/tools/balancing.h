@@ -1,0 +1,23 @@
+/* The balancing loop of `dynmo train`: every balance.every steps it turns
+ * the profiled per-layer costs into a layout with one of src/balance's
+ * pure functions and hands it to the engine. Internal to src/tools. */
+#ifndef DYNMO_TOOLS_BALANCING_H
+#define DYNMO_TOOLS_BALANCING_H
+
+#include "dynmo/ckpt.h"
+#include "dynmo/core.h"
+#include "dynmo/pipe.h"
+
+struct balancer;
+
+/* Validates balance.method (user error naming the valid methods). */
+struct balancer *balancer_create(const struct dm_config *cfg, int stages);
+void balancer_destroy(struct balancer *bal);
+
+/* Collective: after step `step` (0-based) has been logged. On a decision
+ * step, rank 0 decides from the step's profile, logs the decision in the
+ * run log (log is NULL on other ranks) and every rank switches layout. */
+void balancer_after_step(struct balancer *bal, struct engine *eng, struct runlog *log,
+                         const struct step_stats *stats, int step);
+
+#endif

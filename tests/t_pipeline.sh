@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Pipeline and data parallelism (issue 3): for D = 1 the loss trajectory of
+# every layout and schedule is bit-identical to the one-rank run; a layout
+# that changes every step (live migration) gives the same bits; D = 2 x S = 2
+# matches the one-rank run with the same global batch within a tight
+# tolerance; bad parallel.* settings exit 2 on every rank with one message;
+# a rank killed with SIGKILL ends the job within seconds.
+set -u
+. "$(dirname "$0")/lib.sh"
+dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+"$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
+cat > "$dir/tiny.ini" <<INI
+[model]
+layers = 6
+channels = 32
+heads = 2
+max_seq = 32
+[train]
+batch = 8
+seq = 32
+micro_batches = 4
+steps = 4
+lr = 3e-3
+warmup = 1
+[data]
+train = $dir/data/train.bin
+val = $dir/data/val.bin
+INI
+losses() { h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null; }
+run() { # run NAME RANKS [overrides...]
+  local name=$1 ranks=$2; shift 2
+  timeout 120 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/tiny.ini" \
+    run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
+  losses "$dir/$name" "$dir/$name.loss" || fail "$name: no /steps/loss"
+}
+run base 1
+for sched in 1f1b gpipe; do
+  for layout in "2 uniform" "2 params" "2 explicit:5,1" "3 uniform" "3 explicit:1,4,1" \
+                "4 uniform" "4 params" "4 explicit:1,1,3,1"; do
+    set -- $layout
+    name="s$1-${2//[:,]/_}-$sched"
+    run "$name" "$1" parallel.pp="$1" balance.initial="$2" parallel.schedule="$sched" || continue
+    if cmp -s "$dir/base.loss" "$dir/$name.loss"; then echo "ok: $name bit-identical"
+    else fail "$name: losses differ from the one-rank run"; fi
+  done
+done
+# Live migration to a random layout after every step.
+run migrate 4 parallel.pp=4 balance.method=random balance.every=1 && {
+  cmp -s "$dir/base.loss" "$dir/migrate.loss" && echo "ok: random re-layout every step bit-identical" \
+    || fail "migrating every step changed the losses"
+  grep -q "migrated [0-9]* blocks" "$dir/migrate.out" || fail "no migration shown in the step lines"
+}
+# Data parallelism: D=2 x S=2 against one rank with the same global batch
+# and the same micro-batch size (2 x 2 micro-batches = 4).
+run dp 4 parallel.pp=2 parallel.dp=2 train.micro_batches=2 && \
+  /usr/bin/python3 - "$dir/base.loss" "$dir/dp.loss" <<'PY' || fail "D=2 x S=2 differs from one rank beyond 1e-5"
+import struct, sys
+a = open(sys.argv[1], 'rb').read(); b = open(sys.argv[2], 'rb').read()
+x = struct.unpack('<%df' % (len(a) // 4), a); y = struct.unpack('<%df' % (len(b) // 4), b)
+worst = max(abs(p - q) / abs(p) for p, q in zip(x, y))
+print("dp: largest relative loss difference %.3g" % worst)
+sys.exit(0 if len(x) == len(y) and worst <= 1e-5 else 1)
+PY
+# Bad parallel settings: exit 2 on every rank, one message.
+bad() { # bad NAME REGEX RANKS overrides...
+  local name=$1 regex=$2 ranks=$3; shift 3
+  local out rc
+  out=$(timeout 60 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/tiny.ini" run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] || { fail "$name: exit $rc, want 2: $out"; return; }
+  grep -Eq -- "$regex" <<<"$out" || { fail "$name: '$out' does not match /$regex/"; return; }
+  [ "$(grep -c 'error' <<<"$out")" -eq 1 ] || { fail "$name: more than one message: $out"; return; }
+  echo "ok: $name: $out"
+}
+bad "S*D != world" "parallel.pp x parallel.dp = 2 x 1 = 2 but the job has 3 ranks" 3 parallel.pp=2
+bad "more stages than blocks" "parallel.pp = 8 exceeds model.layers = 6" 8 parallel.pp=8
+bad "explicit does not cover" "covers 5 blocks but model.layers = 6" 2 parallel.pp=2 balance.initial=explicit:2,3
+bad "explicit wrong length" "lists 3 stages but parallel.pp = 2" 2 parallel.pp=2 balance.initial=explicit:2,2,2
+bad "bad schedule" "parallel.schedule = 'zb' must be 1f1b or gpipe" 2 parallel.pp=2 parallel.schedule=zb
+# SIGKILL one rank mid-run: mpiexec must return within seconds, leaving nothing.
+mpiexec -n 4 "$DYNMO" train --config "$dir/tiny.ini" run.out_dir="$dir/kill" parallel.pp=4 \
+  train.steps=100000 > "$dir/kill.out" 2>&1 &
+mpipid=$!
+for i in $(seq 1 100); do grep -q "^step 2/" "$dir/kill.out" && break; sleep 0.1; done
+victim=$(pgrep -P "$(pgrep -P $mpipid -f hydra_pmi_proxy | head -n1)" | head -n1)
+if [ -z "$victim" ]; then victim=$(pgrep -f "run.out_dir=$dir/kill" | grep -v "^$mpipid$" | tail -n1); fi
+start=$(date +%s)
+kill -9 "$victim" 2>/dev/null || fail "no rank to kill"
+for i in $(seq 1 200); do kill -0 $mpipid 2>/dev/null || break; sleep 0.1; done
+if kill -0 $mpipid 2>/dev/null; then fail "mpiexec still running 20 s after SIGKILL"; kill -9 $mpipid; fi
+wait $mpipid 2>/dev/null
+echo "ok: mpiexec returned $(( $(date +%s) - start )) s after SIGKILL of rank pid $victim"
+sleep 0.5
+left=$(pgrep -f "run.out_dir=$dir/kill" || true)
+[ -z "$left" ] || { fail "processes left behind: $left"; kill -9 $left; }
+finish
