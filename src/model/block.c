@@ -1,0 +1,415 @@
+/* The transformer block: its slab (parameters, gradients, Adam moments),
+ * deterministic initialisation, serialisation for migration and
+ * checkpoints, activations, backward scratch, and forward/backward.
+ *
+ * A block's initial weights are a pure function of (seed, layer index):
+ * every value is dm_normal(seed, stream, element) with a stream derived
+ * from the layer and the tensor, so any rank that builds layer k gets the
+ * same bits. The pack format is documented byte by byte in
+ * docs/block-slab.md; change both together. Nothing here calls MPI. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "dynmo/model.h"
+#include "model/internal.h"
+
+/* ---- parameter layout --------------------------------------------------- */
+
+size_t block_tensor_size(int C, int k)
+{
+    size_t c = (size_t)C;
+    switch (k) {
+    case BP_LN1_W: case BP_LN1_B: case BP_ATTPROJ_B:
+    case BP_LN2_W: case BP_LN2_B: case BP_FCPROJ_B:
+        return c;
+    case BP_QKV_W: return 3 * c * c;
+    case BP_QKV_B: return 3 * c;
+    case BP_ATTPROJ_W: return c * c;
+    case BP_FC_W: return 4 * c * c;
+    case BP_FC_B: return 4 * c;
+    case BP_FCPROJ_W: return 4 * c * c;
+    default: DM_FATAL("block tensor %d out of range", k);
+    }
+}
+
+size_t block_tensor_offset(int C, int k)
+{
+    DM_ASSERT(k >= 0 && k <= BP_COUNT);
+    size_t offset = 0;
+    for (int i = 0; i < k; i++) offset += block_tensor_size(C, i);
+    return offset;
+}
+
+size_t block_param_count(int C) { return block_tensor_offset(C, BP_COUNT); }
+
+int block_tensor_is_matrix(int k)
+{
+    return k == BP_QKV_W || k == BP_ATTPROJ_W || k == BP_FC_W || k == BP_FCPROJ_W;
+}
+
+uint64_t block_tensor_stream(int index, int k)
+{
+    return ((uint64_t)(index + 1) << 8) | (uint64_t)k;
+}
+
+/* ---- slab and initialisation ---------------------------------------------- */
+
+static void block_alloc(struct block *blk, int index, int C, int NH)
+{
+    memset(blk, 0, sizeof *blk);
+    blk->index = index;
+    blk->C = C;
+    blk->NH = NH;
+    blk->nparams = block_param_count(C);
+    blk->slab_floats = 4 * blk->nparams;
+    blk->slab = dm_alloc(blk->slab_floats * sizeof(float));
+    blk->params = blk->slab;
+    blk->grads = blk->params + blk->nparams;
+    blk->m = blk->grads + blk->nparams;
+    blk->v = blk->m + blk->nparams;
+    for (int k = 0; k < BP_COUNT; k++) {
+        size_t off = block_tensor_offset(C, k);
+        blk->p[k] = blk->params + off;
+        blk->g[k] = blk->grads + off;
+    }
+}
+
+struct normal_fill_args {
+    float *out;
+    uint64_t seed, stream;
+    float std;
+};
+
+static void normal_fill_range(void *arg, long begin, long end)
+{
+    const struct normal_fill_args *a = arg;
+    for (long i = begin; i < end; i++)
+        a->out[i] = a->std * dm_normal(a->seed, a->stream, (uint64_t)i);
+}
+
+void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, float std)
+{
+    struct normal_fill_args a = {.out = out, .seed = seed, .stream = stream, .std = std};
+    dm_parallel_for((long)n, 1024, normal_fill_range, &a);
+}
+
+void block_init(struct block *blk, int index, const struct gpt_shape *shape, uint64_t seed)
+{
+    int C = shape->channels;
+    DM_ASSERT(index >= 0 && shape->heads > 0 && C % shape->heads == 0);
+    block_alloc(blk, index, C, shape->heads);
+    float residual_std = (float)(0.02 / sqrt(2.0 * shape->layers));
+    for (int k = 0; k < BP_COUNT; k++) {
+        size_t n = block_tensor_size(C, k);
+        if (k == BP_LN1_W || k == BP_LN2_W) {
+            for (size_t i = 0; i < n; i++) blk->p[k][i] = 1.0f;
+        } else if (block_tensor_is_matrix(k)) {
+            float std = (k == BP_ATTPROJ_W || k == BP_FCPROJ_W) ? residual_std : 0.02f;
+            init_normal(blk->p[k], n, seed, block_tensor_stream(index, k), std);
+        }
+        /* biases stay zero (dm_alloc zero-fills) */
+    }
+}
+
+void block_free(struct block *blk)
+{
+    dm_free(blk->slab);
+    memset(blk, 0, sizeof *blk);
+}
+
+/* ---- serialisation (docs/block-slab.md) ------------------------------------ */
+
+#define PACK_MAGIC "DMBLOCK1"
+#define PACK_HEADER_BYTES 64
+
+struct pack_header {              /* exactly 64 bytes, little-endian */
+    char magic[8];                /* "DMBLOCK1" */
+    uint32_t header_bytes;        /* 64 */
+    int32_t index;                /* global layer index */
+    int32_t channels;             /* C */
+    int32_t heads;                /* NH */
+    uint64_t nparams;             /* floats in each of params, m, v */
+    uint64_t flags;               /* 0: no flags defined yet */
+    uint64_t dynamic_bytes;       /* bytes of dynamic state after v: 0 for now */
+    uint64_t payload_bytes;       /* everything after the header */
+    uint64_t checksum;            /* of the payload, see payload_checksum */
+};
+_Static_assert(sizeof(struct pack_header) == PACK_HEADER_BYTES, "pack header is 64 bytes");
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the pack format is little-endian");
+
+/* FNV-1a over 64-bit little-endian words (a trailing partial word is
+ * zero-padded). Catches a truncated or corrupted transfer; not a defence
+ * against tampering. */
+static uint64_t payload_checksum(const unsigned char *p, size_t bytes)
+{
+    uint64_t h = 0xcbf29ce484222325ULL;
+    size_t i = 0;
+    for (; i + 8 <= bytes; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ULL;
+    }
+    if (i < bytes) {
+        uint64_t w = 0;
+        memcpy(&w, p + i, bytes - i);
+        h = (h ^ w) * 0x100000001b3ULL;
+    }
+    return h;
+}
+
+size_t block_pack_size(const struct block *blk)
+{
+    return PACK_HEADER_BYTES + 3 * blk->nparams * sizeof(float);
+}
+
+void block_pack(const struct block *blk, void *buf)
+{
+    unsigned char *out = buf;
+    size_t floats_bytes = blk->nparams * sizeof(float);
+    unsigned char *payload = out + PACK_HEADER_BYTES;
+    memcpy(payload, blk->params, floats_bytes);
+    memcpy(payload + floats_bytes, blk->m, floats_bytes);
+    memcpy(payload + 2 * floats_bytes, blk->v, floats_bytes);
+    struct pack_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, PACK_MAGIC, 8);
+    h.header_bytes = PACK_HEADER_BYTES;
+    h.index = blk->index;
+    h.channels = blk->C;
+    h.heads = blk->NH;
+    h.nparams = blk->nparams;
+    h.flags = 0;
+    h.dynamic_bytes = 0;
+    h.payload_bytes = 3 * floats_bytes;
+    h.checksum = payload_checksum(payload, h.payload_bytes);
+    memcpy(out, &h, sizeof h);
+}
+
+int block_unpack(struct block *blk, const void *buf, size_t bytes,
+                 const struct gpt_shape *shape, char *err, size_t errsize)
+{
+    const unsigned char *in = buf;
+    struct pack_header h;
+    if (bytes < PACK_HEADER_BYTES) {
+        snprintf(err, errsize, "block buffer has %zu bytes, shorter than the %d-byte header",
+                 bytes, PACK_HEADER_BYTES);
+        return -1;
+    }
+    memcpy(&h, in, sizeof h);
+    if (memcmp(h.magic, PACK_MAGIC, 8) != 0) {
+        snprintf(err, errsize, "not a packed block (magic is not \"%s\")", PACK_MAGIC);
+        return -1;
+    }
+    if (h.header_bytes != PACK_HEADER_BYTES) {
+        snprintf(err, errsize, "block header is %u bytes, expected %d (another version?)",
+                 h.header_bytes, PACK_HEADER_BYTES);
+        return -1;
+    }
+    if (h.index < 0 || h.index >= shape->layers) {
+        snprintf(err, errsize, "block layer index %d is outside the model's %d layers",
+                 h.index, shape->layers);
+        return -1;
+    }
+    if (blk->slab && h.index != blk->index) {
+        snprintf(err, errsize, "packed block is layer %d, expected layer %d",
+                 h.index, blk->index);
+        return -1;
+    }
+    if (h.channels != shape->channels || h.heads != shape->heads) {
+        snprintf(err, errsize, "packed block %d has channels %d, heads %d; the model has "
+                 "channels %d, heads %d", h.index, h.channels, h.heads,
+                 shape->channels, shape->heads);
+        return -1;
+    }
+    size_t nparams = block_param_count(shape->channels);
+    if (h.nparams != nparams) {
+        snprintf(err, errsize, "packed block %d has %llu parameters, expected %zu",
+                 h.index, (unsigned long long)h.nparams, nparams);
+        return -1;
+    }
+    if (h.flags != 0 || h.dynamic_bytes != 0) {
+        snprintf(err, errsize, "packed block %d has flags 0x%llx and %llu bytes of dynamic "
+                 "state, which this version does not know", h.index,
+                 (unsigned long long)h.flags, (unsigned long long)h.dynamic_bytes);
+        return -1;
+    }
+    size_t floats_bytes = nparams * sizeof(float);
+    if (h.payload_bytes != 3 * floats_bytes ||
+        bytes != PACK_HEADER_BYTES + 3 * floats_bytes) {
+        snprintf(err, errsize, "packed block %d is %zu bytes (payload field %llu), "
+                 "expected %zu", h.index, bytes, (unsigned long long)h.payload_bytes,
+                 PACK_HEADER_BYTES + 3 * floats_bytes);
+        return -1;
+    }
+    const unsigned char *payload = in + PACK_HEADER_BYTES;
+    if (payload_checksum(payload, 3 * floats_bytes) != h.checksum) {
+        snprintf(err, errsize, "packed block %d fails its checksum (corrupted or truncated)",
+                 h.index);
+        return -1;
+    }
+    if (!blk->slab) block_alloc(blk, h.index, h.channels, h.heads);
+    memcpy(blk->params, payload, floats_bytes);
+    memcpy(blk->m, payload + floats_bytes, floats_bytes);
+    memcpy(blk->v, payload + 2 * floats_bytes, floats_bytes);
+    memset(blk->grads, 0, floats_bytes);
+    return 0;
+}
+
+/* ---- activations and scratch -------------------------------------------------
+ * Each tensor starts on a 64-byte boundary. */
+
+static size_t round16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+struct acts_sizes {
+    size_t btc, bt, att;
+};
+
+static struct acts_sizes acts_sizes(int B, int T, int C, int NH)
+{
+    struct acts_sizes s;
+    s.btc = round16((size_t)B * T * C);
+    s.bt = round16((size_t)B * T);
+    s.att = round16((size_t)B * NH * T * T);
+    return s;
+}
+
+static size_t block_acts_floats(int B, int T, int C, int NH)
+{
+    struct acts_sizes s = acts_sizes(B, T, C, NH);
+    /* ln1 qkv(3) atty res1 ln2 fch(4) fch_gelu(4) = 15 x BTC; 4 x BT; att */
+    return 15 * s.btc + 4 * s.bt + s.att;
+}
+
+size_t block_acts_bytes(int B, int T, int C, int NH)
+{
+    return block_acts_floats(B, T, C, NH) * sizeof(float);
+}
+
+void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH)
+{
+    struct acts_sizes s = acts_sizes(B, T, C, NH);
+    acts->B = B;
+    acts->T = T;
+    acts->mem = dm_alloc(block_acts_bytes(B, T, C, NH));
+    float *p = acts->mem;
+    acts->ln1 = p;        p += s.btc;
+    acts->ln1_mean = p;   p += s.bt;
+    acts->ln1_rstd = p;   p += s.bt;
+    acts->qkv = p;        p += 3 * s.btc;
+    acts->atty = p;       p += s.btc;
+    acts->att = p;        p += s.att;
+    acts->res1 = p;       p += s.btc;
+    acts->ln2 = p;        p += s.btc;
+    acts->ln2_mean = p;   p += s.bt;
+    acts->ln2_rstd = p;   p += s.bt;
+    acts->fch = p;        p += 4 * s.btc;
+    acts->fch_gelu = p;   p += 4 * s.btc;
+    DM_ASSERT((size_t)(p - acts->mem) == block_acts_floats(B, T, C, NH));
+}
+
+void block_acts_free(struct block_acts *acts)
+{
+    dm_free(acts->mem);
+    memset(acts, 0, sizeof *acts);
+}
+
+/* The backward needs d_fch (4BTC) only until the MLP is done, and d_atty
+ * and d_qkv (BTC + 3BTC) only after that, so the latter two share d_fch's
+ * memory. d_resid carries the gradient between blocks in gpt_backward. */
+void block_scratch_alloc(struct block_scratch *s, int B, int T, int C, int NH)
+{
+    struct acts_sizes z = acts_sizes(B, T, C, NH);
+    s->mem = dm_alloc((8 * z.btc + z.att) * sizeof(float));
+    float *p = s->mem;
+    s->d_res1 = p;   p += z.btc;
+    s->d_ln = p;     p += z.btc;
+    s->d_resid = p;  p += z.btc;
+    s->d_fch = p;
+    s->d_atty = p;
+    s->d_qkv = p + z.btc;
+    p += 4 * z.btc;
+    s->d_att = p;
+}
+
+void block_scratch_free(struct block_scratch *s)
+{
+    dm_free(s->mem);
+    memset(s, 0, sizeof *s);
+}
+
+/* ---- forward and backward -------------------------------------------------------- */
+
+struct copy_args {
+    float *dst;
+    const float *src;
+};
+
+static void copy_range(void *arg, long begin, long end)
+{
+    const struct copy_args *a = arg;
+    memcpy(a->dst + begin, a->src + begin, (size_t)(end - begin) * sizeof(float));
+}
+
+void parallel_copy(float *dst, const float *src, long n)
+{
+    struct copy_args a = {.dst = dst, .src = src};
+    dm_parallel_for(n, 4096, copy_range, &a);
+}
+
+void block_forward(struct block *blk, struct block_acts *acts, float *out, const float *in,
+                   int B, int T)
+{
+    int C = blk->C, NH = blk->NH, N = B * T;
+    DM_ASSERT(B <= acts->B && T <= acts->T);
+    float *const *p = blk->p;
+    layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
+                      p[BP_LN1_W], p[BP_LN1_B], N, C);
+    matmul_forward(acts->qkv, acts->ln1, p[BP_QKV_W], p[BP_QKV_B], N, C, 3 * C);
+    attention_forward(acts->atty, acts->att, acts->qkv, B, T, C, NH);
+    matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], N, C, C);
+    residual_forward(acts->res1, acts->res1, in, (long)N * C);
+    layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
+                      p[BP_LN2_W], p[BP_LN2_B], N, C);
+    matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], N, C, 4 * C);
+    gelu_forward(acts->fch_gelu, acts->fch, (long)N * 4 * C);
+    matmul_forward(out, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], N, 4 * C, C);
+    residual_forward(out, out, acts->res1, (long)N * C);
+}
+
+void block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                    float *din, const float *dout, const float *in, int B, int T)
+{
+    int C = blk->C, NH = blk->NH, N = B * T;
+    long NC = (long)N * C;
+    float *const *p = blk->p;
+    float *const *g = blk->g;
+    /* The residual stream passes dout straight through to d_res1. dout is
+     * not read after the MLP's projection, so din may alias it. */
+    parallel_copy(s->d_res1, dout, NC);
+    matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout, acts->fch_gelu,
+                              p[BP_FCPROJ_W], N, 4 * C, C);
+    gelu_backward(s->d_fch, acts->fch, s->d_fch, 4 * NC);
+    matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
+                              p[BP_FC_W], N, C, 4 * C);
+    layernorm_backward(s->d_res1, g[BP_LN2_W], g[BP_LN2_B], s->d_ln, acts->res1,
+                       p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
+    matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
+                              acts->atty, p[BP_ATTPROJ_W], N, C, C);
+    attention_backward(s->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C, NH);
+    matmul_backward_overwrite(s->d_ln, g[BP_QKV_W], g[BP_QKV_B], s->d_qkv, acts->ln1,
+                              p[BP_QKV_W], N, C, 3 * C);
+    if (din) parallel_copy(din, s->d_res1, NC);
+    layernorm_backward(din, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in, p[BP_LN1_W],
+                       acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+static void zero_range(void *arg, long begin, long end)
+{
+    float *dst = arg;
+    memset(dst + begin, 0, (size_t)(end - begin) * sizeof(float));
+}
+
+void parallel_zero(float *dst, long n)
+{
+    dm_parallel_for(n, 4096, zero_range, dst);
+}

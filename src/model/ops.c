@@ -1,0 +1,673 @@
+/* The CPU ops of the GPT, forward and backward, in fp32.
+ *
+ * Every op splits its work with dm_parallel_for into items whose results
+ * do not depend on which thread computes them or how many threads there
+ * are: matmuls are cut into fixed row chunks that depend only on the shape
+ * (one single-threaded sgemm call per chunk), and every reduction over rows
+ * (bias, layernorm and embedding gradients) is split over columns with each
+ * column summed over all rows in row order. That keeps losses and gradients
+ * bit-identical for any thread count. No op calls MPI or allocates.
+ *
+ * gcc does not vectorize expf/tanhf without -ffast-math, and does not
+ * vectorize a float sum without reassociation, so this file has its own
+ * accurate exponential (a few ulp) and sums into explicit lanes. */
+#include <cblas.h>
+#include <math.h>
+#include <string.h>
+#include "dynmo/model.h"
+
+/* ---- vectorizable math -------------------------------------------------- */
+
+/* Independent partial sums; the lanes are added in a fixed order at the
+ * end, so the result does not depend on the vector width either. */
+#define LANES 16
+
+/* exp(x) to about 2 ulp for x in [-87.3, 88.3]; 0 below, saturates above.
+ * Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7
+ * Taylor polynomial (truncation error < 6e-9 relative) and 2^n built in
+ * the exponent bits. Branch-free, so loops over it vectorize. */
+static inline float exp_accurate(float x)
+{
+    const float log2e = 1.44269504088896341f;
+    const float ln2_hi = 0.693359375f;         /* 8 significant bits: n*ln2_hi is exact */
+    const float ln2_lo = -2.12194440e-4f;
+    const float shifter = 12582912.0f;         /* 1.5 * 2^23: adding it rounds to an integer */
+    float xc = x > 88.3f ? 88.3f : x;
+    xc = xc < -87.3f ? -87.3f : xc;
+    float t = xc * log2e + shifter;
+    float n = t - shifter;
+    float r = xc - n * ln2_hi;
+    r = r - n * ln2_lo;
+    float p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)n + 127) << 23;
+    float result = p * scale.f;
+    return x < -87.3f ? 0.0f : result;
+}
+
+/* 1 / (1 + exp(-z)): accurate to a few ulp for both signs (no
+ * cancellation), 0 and 1 at the extremes. */
+static inline float sigmoid_accurate(float z)
+{
+    return 1.0f / (1.0f + exp_accurate(-z));
+}
+
+static float sum_floats(const float *x, long n)
+{
+    float lane[LANES] = {0};
+    long i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) lane[k] += x[i + k];
+    for (int k = 0; i < n; i++, k++) lane[k] += x[i];
+    float s = 0.0f;
+    for (int k = 0; k < LANES; k++) s += lane[k];
+    return s;
+}
+
+static float dot_floats(const float *a, const float *b, long n)
+{
+    float lane[LANES] = {0};
+    long i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) lane[k] += a[i + k] * b[i + k];
+    for (int k = 0; i < n; i++, k++) lane[k] += a[i] * b[i];
+    float s = 0.0f;
+    for (int k = 0; k < LANES; k++) s += lane[k];
+    return s;
+}
+
+static float max_floats(const float *x, long n)
+{
+    float lane[LANES];
+    for (int k = 0; k < LANES; k++) lane[k] = -INFINITY;
+    long i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) lane[k] = x[i + k] > lane[k] ? x[i + k] : lane[k];
+    for (int k = 0; i < n; i++, k++) lane[k] = x[i] > lane[k] ? x[i] : lane[k];
+    float m = lane[0];
+    for (int k = 1; k < LANES; k++) m = lane[k] > m ? lane[k] : m;
+    return m;
+}
+
+/* x[i] = exp(x[i] - shift); returns the sum of the results. */
+static float exp_shifted_inplace(float *x, long n, float shift)
+{
+    float lane[LANES] = {0};
+    long i = 0;
+    for (; i + LANES <= n; i += LANES)
+        for (int k = 0; k < LANES; k++) {
+            float e = exp_accurate(x[i + k] - shift);
+            x[i + k] = e;
+            lane[k] += e;
+        }
+    for (int k = 0; i < n; i++, k++) {
+        float e = exp_accurate(x[i] - shift);
+        x[i] = e;
+        lane[k] += e;
+    }
+    float s = 0.0f;
+    for (int k = 0; k < LANES; k++) s += lane[k];
+    return s;
+}
+
+/* ---- matmul ---------------------------------------------------------------
+ * Work is cut into chunks of rows that depend only on the shape, one sgemm
+ * call per chunk, so the calls (and hence the bits of every output) are the
+ * same for any thread count. Bigger calls amortise OpenBLAS's packing
+ * (measured single-thread, K = 256: 64 rows ~100 GFLOP/s, 128 ~120,
+ * 512 ~145), so chunks are as big as possible while leaving at least
+ * MATMUL_MIN_CHUNKS of them to share. */
+#define MATMUL_MIN_CHUNKS 4
+#define MATMUL_MAX_ROWS 512
+/* The weight gradient is split over output channels: an (rows x C x N)
+ * sgemm per chunk. */
+#define MATMUL_DW_MIN_CHUNKS 2
+#define MATMUL_DW_MAX_ROWS 512
+#define BIAS_COLS 64
+
+static long chunk_rows(long n, long min_chunks, long max_rows)
+{
+    long chunks = (n + max_rows - 1) / max_rows;
+    if (chunks < min_chunks) chunks = min_chunks;
+    long rows = (n + chunks - 1) / chunks;
+    rows = (rows + 15) & ~15L;
+    return rows < 16 ? 16 : rows;
+}
+
+struct matmul_args {
+    float *out, *dinp, *dweight, *dbias;
+    const float *inp, *weight, *bias, *dout;
+    int N, C, OC;
+    long rows;           /* rows of N (or of OC for the weight gradient) per chunk */
+    float beta;          /* 0: overwrite dinp, 1: accumulate */
+};
+
+static void matmul_forward_range(void *arg, long begin, long end)
+{
+    const struct matmul_args *a = arg;
+    for (long chunk = begin; chunk < end; chunk++) {
+        long r0 = chunk * a->rows;
+        long rows = a->N - r0 < a->rows ? a->N - r0 : a->rows;
+        float *out = a->out + r0 * a->OC;
+        float beta = 0.0f;
+        if (a->bias) {
+            for (long r = 0; r < rows; r++)
+                memcpy(out + r * a->OC, a->bias, (size_t)a->OC * sizeof(float));
+            beta = 1.0f;
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, a->OC, a->C,
+                    1.0f, a->inp + r0 * a->C, a->C, a->weight, a->C,
+                    beta, out, a->OC);
+    }
+}
+
+void matmul_forward(float *out, const float *inp, const float *weight,
+                    const float *bias, int N, int C, int OC)
+{
+    struct matmul_args a = {.out = out, .inp = inp, .weight = weight, .bias = bias,
+                            .N = N, .C = C, .OC = OC};
+    a.rows = chunk_rows(N, MATMUL_MIN_CHUNKS, MATMUL_MAX_ROWS);
+    dm_parallel_for((N + a.rows - 1) / a.rows, 1, matmul_forward_range, &a);
+}
+
+/* dinp (=|+=) dout @ weight, by row chunks of N. */
+static void matmul_dinp_range(void *arg, long begin, long end)
+{
+    const struct matmul_args *a = arg;
+    for (long chunk = begin; chunk < end; chunk++) {
+        long r0 = chunk * a->rows;
+        long rows = a->N - r0 < a->rows ? a->N - r0 : a->rows;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, a->C, a->OC,
+                    1.0f, a->dout + r0 * a->OC, a->OC, a->weight, a->C,
+                    a->beta, a->dinp + r0 * a->C, a->C);
+    }
+}
+
+/* dweight += dout^T @ inp and dbias += column sums of dout, by chunks of
+ * output channels; each bias column is summed over rows in row order. */
+static void matmul_dweight_range(void *arg, long begin, long end)
+{
+    const struct matmul_args *a = arg;
+    for (long chunk = begin; chunk < end; chunk++) {
+        long o0 = chunk * a->rows;
+        long ocs = a->OC - o0 < a->rows ? a->OC - o0 : a->rows;
+        if (a->dweight)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)ocs, a->C, a->N,
+                        1.0f, a->dout + o0, a->OC, a->inp, a->C,
+                        1.0f, a->dweight + o0 * a->C, a->C);
+        if (a->dbias) {
+            for (long j0 = 0; j0 < ocs; j0 += BIAS_COLS) {
+                long cols = ocs - j0 < BIAS_COLS ? ocs - j0 : BIAS_COLS;
+                double acc[BIAS_COLS] = {0};
+                for (long n = 0; n < a->N; n++) {
+                    const float *row = a->dout + n * a->OC + o0 + j0;
+                    for (long j = 0; j < cols; j++) acc[j] += row[j];
+                }
+                for (long j = 0; j < cols; j++) a->dbias[o0 + j0 + j] += (float)acc[j];
+            }
+        }
+    }
+}
+
+static void matmul_backward_impl(float *dinp, float beta, float *dweight, float *dbias,
+                                 const float *dout, const float *inp,
+                                 const float *weight, int N, int C, int OC)
+{
+    struct matmul_args a = {.dinp = dinp, .dweight = dweight, .dbias = dbias,
+                            .dout = dout, .inp = inp, .weight = weight,
+                            .N = N, .C = C, .OC = OC, .beta = beta};
+    if (dinp) {
+        a.rows = chunk_rows(N, MATMUL_MIN_CHUNKS, MATMUL_MAX_ROWS);
+        dm_parallel_for((N + a.rows - 1) / a.rows, 1, matmul_dinp_range, &a);
+    }
+    if (dweight || dbias) {
+        a.rows = chunk_rows(OC, MATMUL_DW_MIN_CHUNKS, MATMUL_DW_MAX_ROWS);
+        dm_parallel_for((OC + a.rows - 1) / a.rows, 1, matmul_dweight_range, &a);
+    }
+}
+
+void matmul_backward(float *dinp, float *dweight, float *dbias,
+                     const float *dout, const float *inp, const float *weight,
+                     int N, int C, int OC)
+{
+    matmul_backward_impl(dinp, 1.0f, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+/* The same with dinp overwritten instead of accumulated (saves a memset
+ * inside the block's backward). */
+void matmul_backward_overwrite(float *dinp, float *dweight, float *dbias,
+                               const float *dout, const float *inp, const float *weight,
+                               int N, int C, int OC)
+{
+    matmul_backward_impl(dinp, 0.0f, dweight, dbias, dout, inp, weight, N, C, OC);
+}
+
+/* ---- layernorm ------------------------------------------------------------ */
+
+#define LN_EPS 1e-5
+/* Columns per item of the parameter-gradient pass. */
+#define LN_COLS 64
+
+struct layernorm_args {
+    float *out, *mean, *rstd, *dinp, *dweight, *dbias;
+    const float *inp, *weight, *bias, *dout;
+    const float *mean_in, *rstd_in;
+    int N, C;
+};
+
+static void layernorm_forward_range(void *arg, long begin, long end)
+{
+    const struct layernorm_args *a = arg;
+    int C = a->C;
+    for (long n = begin; n < end; n++) {
+        const float *x = a->inp + n * C;
+        float *y = a->out + n * C;
+        float m = sum_floats(x, C) / (float)C;
+        float lane[LANES] = {0};
+        int i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int k = 0; k < LANES; k++) {
+                float d = x[i + k] - m;
+                lane[k] += d * d;
+            }
+        for (int k = 0; i < C; i++, k++) {
+            float d = x[i] - m;
+            lane[k] += d * d;
+        }
+        double var = 0.0;
+        for (int k = 0; k < LANES; k++) var += lane[k];
+        var /= C;
+        float s = (float)(1.0 / sqrt(var + LN_EPS));
+        for (i = 0; i < C; i++) y[i] = (x[i] - m) * s * a->weight[i] + a->bias[i];
+        a->mean[n] = m;
+        a->rstd[n] = s;
+    }
+}
+
+void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                       const float *weight, const float *bias, int N, int C)
+{
+    struct layernorm_args a = {.out = out, .mean = mean, .rstd = rstd, .inp = inp,
+                               .weight = weight, .bias = bias, .N = N, .C = C};
+    dm_parallel_for(N, 4, layernorm_forward_range, &a);
+}
+
+static void layernorm_dinp_range(void *arg, long begin, long end)
+{
+    const struct layernorm_args *a = arg;
+    int C = a->C;
+    for (long n = begin; n < end; n++) {
+        const float *x = a->inp + n * C, *dy = a->dout + n * C;
+        float *dx = a->dinp + n * C;
+        float m = a->mean_in[n], s = a->rstd_in[n];
+        /* dnorm = dy * w; dx = s * (dnorm - mean(dnorm) - norm * mean(dnorm * norm)) */
+        float lane_d[LANES] = {0}, lane_dn[LANES] = {0};
+        int i = 0;
+        for (; i + LANES <= C; i += LANES)
+            for (int k = 0; k < LANES; k++) {
+                float dnorm = dy[i + k] * a->weight[i + k];
+                lane_d[k] += dnorm;
+                lane_dn[k] += dnorm * ((x[i + k] - m) * s);
+            }
+        for (int k = 0; i < C; i++, k++) {
+            float dnorm = dy[i] * a->weight[i];
+            lane_d[k] += dnorm;
+            lane_dn[k] += dnorm * ((x[i] - m) * s);
+        }
+        float sum_d = 0.0f, sum_dn = 0.0f;
+        for (int k = 0; k < LANES; k++) {
+            sum_d += lane_d[k];
+            sum_dn += lane_dn[k];
+        }
+        float mean_d = sum_d / (float)C, mean_dn = sum_dn / (float)C;
+        for (i = 0; i < C; i++) {
+            float norm = (x[i] - m) * s;
+            dx[i] += s * (dy[i] * a->weight[i] - mean_d - norm * mean_dn);
+        }
+    }
+}
+
+static void layernorm_dparams_range(void *arg, long begin, long end)
+{
+    const struct layernorm_args *a = arg;
+    int C = a->C;
+    for (long c0 = begin * LN_COLS; c0 < end * LN_COLS && c0 < C; c0 += LN_COLS) {
+        int cols = C - c0 < LN_COLS ? (int)(C - c0) : LN_COLS;
+        double acc_w[LN_COLS] = {0}, acc_b[LN_COLS] = {0};
+        for (long n = 0; n < a->N; n++) {
+            const float *x = a->inp + n * C + c0, *dy = a->dout + n * C + c0;
+            float m = a->mean_in[n], s = a->rstd_in[n];
+            for (int j = 0; j < cols; j++) {
+                acc_w[j] += dy[j] * ((x[j] - m) * s);
+                acc_b[j] += dy[j];
+            }
+        }
+        for (int j = 0; j < cols; j++) {
+            if (a->dweight) a->dweight[c0 + j] += (float)acc_w[j];
+            if (a->dbias) a->dbias[c0 + j] += (float)acc_b[j];
+        }
+    }
+}
+
+/* dinp may be NULL (only parameter gradients wanted); dweight and dbias
+ * may be NULL (frozen). */
+void layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, const float *mean,
+                        const float *rstd, int N, int C)
+{
+    struct layernorm_args a = {.dinp = dinp, .dweight = dweight, .dbias = dbias,
+                               .dout = dout, .inp = inp, .weight = weight,
+                               .mean_in = mean, .rstd_in = rstd, .N = N, .C = C};
+    if (dinp) dm_parallel_for(N, 4, layernorm_dinp_range, &a);
+    if (dweight || dbias)
+        dm_parallel_for((C + LN_COLS - 1) / LN_COLS, 1, layernorm_dparams_range, &a);
+}
+
+/* ---- attention --------------------------------------------------------------
+ * Per (batch, head) pair, in query-row blocks of ATT_BLOCK: block [r0, r1)
+ * only meets keys [0, r1), so the masked upper triangle beyond the block is
+ * never computed. Inside a block the masked entries are stored as exact
+ * zeros, which the backward relies on. Q, K, V are read in place from qkv
+ * with leading dimension 3C. */
+#define ATT_BLOCK 64
+
+struct attention_args {
+    float *out, *att, *dqkv, *scratch;
+    const float *qkv, *dout, *att_in;
+    int B, T, C, NH;
+};
+
+static void attention_forward_range(void *arg, long begin, long end)
+{
+    const struct attention_args *a = arg;
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, ld = 3 * C;
+    float scale = (float)(1.0 / sqrt((double)hs));
+    for (long item = begin; item < end; item++) {
+        long b = item / NH, h = item % NH;
+        const float *q = a->qkv + b * T * ld + h * hs;
+        const float *k = q + C, *v = q + 2 * C;
+        float *P = a->att + item * (long)T * T;
+        float *o = a->out + b * T * C + h * hs;
+        for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+            int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs,
+                        scale, q + (long)r0 * ld, ld, k, ld, 0.0f, P + (long)r0 * T, T);
+            for (int i = r0; i < r1; i++) {
+                float *row = P + (long)i * T;
+                float mx = max_floats(row, i + 1);
+                float sum = exp_shifted_inplace(row, i + 1, mx);
+                float inv = 1.0f / sum;
+                for (int j = 0; j <= i; j++) row[j] *= inv;
+                for (int j = i + 1; j < r1; j++) row[j] = 0.0f;
+            }
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1,
+                        1.0f, P + (long)r0 * T, T, v, ld, 0.0f, o + (long)r0 * C, C);
+        }
+    }
+}
+
+void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
+{
+    struct attention_args a = {.out = out, .att = att, .qkv = qkv,
+                               .B = B, .T = T, .C = C, .NH = NH};
+    dm_parallel_for((long)B * NH, 1, attention_forward_range, &a);
+}
+
+static void attention_backward_range(void *arg, long begin, long end)
+{
+    const struct attention_args *a = arg;
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, ld = 3 * C;
+    float scale = (float)(1.0 / sqrt((double)hs));
+    for (long item = begin; item < end; item++) {
+        long b = item / NH, h = item % NH;
+        const float *q = a->qkv + b * T * ld + h * hs;
+        const float *k = q + C, *v = q + 2 * C;
+        float *dq = a->dqkv + b * T * ld + h * hs;
+        float *dk = dq + C, *dv = dq + 2 * C;
+        const float *dO = a->dout + b * T * C + h * hs;
+        const float *P = a->att_in + item * (long)T * T;
+        float *dS = a->scratch + item * (long)T * T;
+        for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
+            int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+            /* dP = dO V^T, then dS = scale * P * (dP - sum_j P dP), in place */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, r1 - r0, r1, hs,
+                        1.0f, dO + (long)r0 * C, C, v, ld, 0.0f, dS + (long)r0 * T, T);
+            for (int i = r0; i < r1; i++) {
+                const float *p = P + (long)i * T;
+                float *d = dS + (long)i * T;
+                float s = dot_floats(p, d, i + 1);
+                for (int j = 0; j <= i; j++) d[j] = scale * (p[j] * (d[j] - s));
+                for (int j = i + 1; j < r1; j++) d[j] = 0.0f;
+            }
+            /* dQ[r0:r1] = dS[r0:r1, 0:r1] K[0:r1] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1,
+                        1.0f, dS + (long)r0 * T, T, k, ld, 0.0f, dq + (long)r0 * ld, ld);
+        }
+        /* Key block [c0, c1) is only seen by queries [c0, T). */
+        for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
+            int c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, T - c0,
+                        1.0f, P + (long)c0 * T + c0, T, dO + (long)c0 * C, C,
+                        0.0f, dv + (long)c0 * ld, ld);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, T - c0,
+                        1.0f, dS + (long)c0 * T + c0, T, q + (long)c0 * ld, ld,
+                        0.0f, dk + (long)c0 * ld, ld);
+        }
+    }
+}
+
+void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
+                        const float *att, int B, int T, int C, int NH)
+{
+    struct attention_args a = {.dqkv = dqkv, .scratch = scratch, .dout = dout,
+                               .qkv = qkv, .att_in = att,
+                               .B = B, .T = T, .C = C, .NH = NH};
+    dm_parallel_for((long)B * NH, 1, attention_backward_range, &a);
+}
+
+/* ---- elementwise -------------------------------------------------------------- */
+
+#define ELEM_GRAIN 4096
+#define GELU_K 0.7978845608028654f     /* sqrt(2/pi) */
+#define GELU_C 0.044715f
+
+struct elementwise_args {
+    float *out;
+    const float *a, *b, *c;
+};
+
+/* gelu(x) = 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3), computed
+ * as x * sigmoid(2u) (the same function: 1 + tanh(u) = 2 sigmoid(2u)),
+ * which keeps its relative accuracy in the far negative tail. */
+static void gelu_forward_range(void *arg, long begin, long end)
+{
+    const struct elementwise_args *e = arg;
+    float *restrict out = e->out;
+    const float *restrict x = e->a;
+    for (long i = begin; i < end; i++) {
+        float xi = x[i];
+        float u = GELU_K * (xi + GELU_C * xi * xi * xi);
+        out[i] = xi * sigmoid_accurate(2.0f * u);
+    }
+}
+
+void gelu_forward(float *out, const float *inp, long N)
+{
+    struct elementwise_args e = {.out = out, .a = inp};
+    dm_parallel_for(N, ELEM_GRAIN, gelu_forward_range, &e);
+}
+
+/* d/dx [x s(2u)] = s + 2 x s (1 - s) du/dx, s = sigmoid(2u) = 1 / (1 + e),
+ * e = exp(-2u), and 1 - s = e s without cancellation. */
+static inline float gelu_grad(float x)
+{
+    float u = GELU_K * (x + GELU_C * x * x * x);
+    float e_neg = exp_accurate(-2.0f * u);
+    float s = 1.0f / (1.0f + e_neg);
+    float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
+    return s + 2.0f * x * s * (e_neg * s) * du;
+}
+
+/* Two loops with restrict pointers, so that both vectorize: in place
+ * (dinp == dout, the block's case) and out of place. */
+static void gelu_backward_range(void *arg, long begin, long end)
+{
+    const struct elementwise_args *e = arg;
+    const float *restrict x = e->a;
+    if (e->out == e->b) {
+        float *restrict d = e->out;
+        for (long i = begin; i < end; i++) d[i] = gelu_grad(x[i]) * d[i];
+    } else {
+        float *restrict dinp = e->out;
+        const float *restrict dout = e->b;
+        for (long i = begin; i < end; i++) dinp[i] = gelu_grad(x[i]) * dout[i];
+    }
+}
+
+/* dinp may be dout (not otherwise overlap it). */
+void gelu_backward(float *dinp, const float *inp, const float *dout, long N)
+{
+    struct elementwise_args e = {.out = dinp, .a = inp, .b = dout};
+    dm_parallel_for(N, ELEM_GRAIN, gelu_backward_range, &e);
+}
+
+static void residual_forward_range(void *arg, long begin, long end)
+{
+    const struct elementwise_args *e = arg;
+    if (e->out == e->a || e->out == e->b) {
+        float *restrict out = e->out;
+        const float *restrict other = e->out == e->a ? e->b : e->a;
+        for (long i = begin; i < end; i++) out[i] += other[i];
+    } else {
+        float *restrict out = e->out;
+        const float *restrict a = e->a, *restrict b = e->b;
+        for (long i = begin; i < end; i++) out[i] = a[i] + b[i];
+    }
+}
+
+/* out may be a or b (not otherwise overlap them). */
+void residual_forward(float *out, const float *a, const float *b, long N)
+{
+    struct elementwise_args e = {.out = out, .a = a, .b = b};
+    dm_parallel_for(N, ELEM_GRAIN, residual_forward_range, &e);
+}
+
+/* ---- embedding ------------------------------------------------------------------ */
+
+struct encoder_args {
+    float *out, *dwte, *dwpe;
+    const float *wte, *wpe, *dout;
+    const int *tokens;
+    int B, T, C;
+};
+
+static void encoder_forward_range(void *arg, long begin, long end)
+{
+    const struct encoder_args *a = arg;
+    int C = a->C;
+    for (long n = begin; n < end; n++) {
+        const float *te = a->wte + (long)a->tokens[n] * C;
+        const float *pe = a->wpe + (n % a->T) * C;
+        float *o = a->out + n * C;
+        for (int i = 0; i < C; i++) o[i] = te[i] + pe[i];
+    }
+}
+
+void encoder_forward(float *out, const int *tokens, const float *wte, const float *wpe,
+                     int B, int T, int C)
+{
+    struct encoder_args a = {.out = out, .tokens = tokens, .wte = wte, .wpe = wpe,
+                             .B = B, .T = T, .C = C};
+    dm_parallel_for((long)B * T, 16, encoder_forward_range, &a);
+}
+
+/* Split over columns: the tokens of the batch may repeat, so each column
+ * of dwte is accumulated by one thread, over tokens in order. */
+static void encoder_backward_range(void *arg, long begin, long end)
+{
+    const struct encoder_args *a = arg;
+    int C = a->C;
+    long N = (long)a->B * a->T;
+    long c0 = begin, cols = end - begin;
+    for (long n = 0; n < N; n++) {
+        const float *d = a->dout + n * C + c0;
+        float *te = a->dwte + (long)a->tokens[n] * C + c0;
+        float *pe = a->dwpe + (n % a->T) * C + c0;
+        for (long j = 0; j < cols; j++) {
+            te[j] += d[j];
+            pe[j] += d[j];
+        }
+    }
+}
+
+void encoder_backward(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                      int B, int T, int C)
+{
+    struct encoder_args a = {.dwte = dwte, .dwpe = dwpe, .dout = dout, .tokens = tokens,
+                             .B = B, .T = T, .C = C};
+    dm_parallel_for(C, 16, encoder_backward_range, &a);
+}
+
+/* ---- softmax cross-entropy ---------------------------------------------------------- */
+
+struct crossentropy_args {
+    float *losses, *probs, *dlogits;
+    const float *logits, *probs_in;
+    const int *targets;
+    float scale;
+    int N, V;
+};
+
+static void crossentropy_forward_range(void *arg, long begin, long end)
+{
+    const struct crossentropy_args *a = arg;
+    int V = a->V;
+    for (long n = begin; n < end; n++) {
+        const float *l = a->logits + n * V;
+        float *p = a->probs + n * V;
+        float mx = max_floats(l, V);
+        memcpy(p, l, (size_t)V * sizeof(float));
+        float sum = exp_shifted_inplace(p, V, mx);
+        float inv = 1.0f / sum;
+        for (int i = 0; i < V; i++) p[i] *= inv;
+        int t = a->targets[n];
+        a->losses[n] = (float)(log((double)sum) - (double)(l[t] - mx));
+    }
+}
+
+void crossentropy_forward(float *losses, float *probs, const float *logits,
+                          const int *targets, int N, int V)
+{
+    struct crossentropy_args a = {.losses = losses, .probs = probs, .logits = logits,
+                                  .targets = targets, .N = N, .V = V};
+    dm_parallel_for(N, 4, crossentropy_forward_range, &a);
+}
+
+static void crossentropy_backward_range(void *arg, long begin, long end)
+{
+    const struct crossentropy_args *a = arg;
+    int V = a->V;
+    for (long n = begin; n < end; n++) {
+        const float *p = a->probs_in + n * V;
+        float *d = a->dlogits + n * V;
+        int t = a->targets[n];
+        float pt = p[t];
+        for (int i = 0; i < V; i++) d[i] = p[i] * a->scale;
+        d[t] = (pt - 1.0f) * a->scale;
+    }
+}
+
+void crossentropy_softmax_backward(float *dlogits, const float *probs, const int *targets,
+                                   float dloss_scale, int N, int V)
+{
+    struct crossentropy_args a = {.dlogits = dlogits, .probs_in = probs, .targets = targets,
+                                  .scale = dloss_scale, .N = N, .V = V};
+    dm_parallel_for(N, 4, crossentropy_backward_range, &a);
+}
