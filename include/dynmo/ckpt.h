@@ -44,6 +44,10 @@
 /* Per stage and step (columns: pipeline stages of the run's first world): */
 #define RUNLOG_STAGE_BUSY_MS "/stages/busy_ms"    /* float32 [steps, stages] */
 #define RUNLOG_STAGE_IDLE_MS "/stages/idle_ms"    /* float32 [steps, stages] */
+/* One row per balancing decision: step, predicted ms/step of the current
+ * layout, predicted ms/step of the proposal, measured ms of the decision
+ * step, applied (0/1), blocks moved, measured ms of the next step, bytes. */
+#define RUNLOG_BALANCE_DECISIONS "/balance/decisions" /* float32 [decisions, 8] */
 /* One row per validation pass: */
 #define RUNLOG_EVAL_STEP "/eval/step"             /* int32 [evals] */
 #define RUNLOG_EVAL_LOSS "/eval/loss"             /* float32 [evals] */

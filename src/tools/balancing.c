@@ -1,40 +1,89 @@
-/* The balancing loop of `dynmo train` (see balancing.h). Decisions are
- * taken on rank 0 from the profile it gathered and broadcast by the
- * engine, so every rank switches to the same layout at the same step
- * boundary. */
+/* The balancing loop of `dynmo train` (see balancing.h).
+ *
+ * Rank 0 keeps an exponential moving average (weight 1/2 on the newest
+ * step) of every block's profiled forward and backward time per
+ * micro-batch, and of the extra time of the first stage (embedding) and
+ * the last stage (head and loss). Every balance.every steps it asks
+ * src/balance for a layout, predicts the step time of the current and the
+ * proposed layout with the same costs, and migrates only when the
+ * predicted saving over the next interval beats balance.min_gain times
+ * the measured cost of migrating. The engine broadcasts the decision, so
+ * every rank switches at the same step boundary. Decisions are logged in
+ * the run log (/balance/...) with the step time measured after them. */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "dynmo/balance.h"
 #include "dynmo/core.h"
+#include "dynmo/model.h"
 #include "tools/balancing.h"
 
-enum method { METHOD_NONE, METHOD_RANDOM };
+enum { METHOD_NONE = -2, METHOD_RANDOM = -3 };
+#define EMA_WEIGHT 0.5
 
 struct balancer {
-    enum method method;
-    int stages, layers, every;
+    int method;                 /* enum balance_method, or METHOD_* */
+    int stages, layers, every, micro_batches;
+    enum dm_schedule schedule;
     uint64_t seed;
-    int *proposal;
+    double min_gain;
+    double *params;             /* (layers) parameters per block */
+    double *fwd_ema, *bwd_ema;  /* (layers) ms per micro-batch */
+    double first_extra_ema, last_extra_ema;
+    int64_t *mem_bytes;         /* (layers) */
+    int have_ema;
+    double migrate_ms_per_byte; /* measured by the last migration, 0 = unknown */
+    int *proposal, *current;
+    /* the last decision, logged one step later with the measured time */
+    int pending;
+    float pending_row[8];
 };
 
 struct balancer *balancer_create(const struct dm_config *cfg, int stages)
 {
     struct balancer *bal = dm_alloc(sizeof *bal);
-    if (!strcmp(cfg->method, "none")) bal->method = METHOD_NONE;
-    else if (!strcmp(cfg->method, "random")) bal->method = METHOD_RANDOM;
-    else
-        dm_user_error("balance.method = '%s' is not a method (valid: none, random)",
-                      cfg->method);
+    char name[64];
+    snprintf(name, sizeof name, "%s", cfg->method);
+    /* "partition" and "diffusion" take their cost from balance.cost. */
+    if (!strcmp(name, "partition") || !strcmp(name, "diffusion"))
+        snprintf(name, sizeof name, "%s-%s", cfg->method, cfg->cost);
+    if (!strcmp(name, "none")) bal->method = METHOD_NONE;
+    else if (!strcmp(name, "random")) bal->method = METHOD_RANDOM;
+    else bal->method = balance_method_parse(name);
+    if (bal->method == -1) {
+        char valid[512] = "none, random, partition, diffusion";
+        for (int m = 0; m < BALANCE_METHOD_COUNT; m++) {
+            strncat(valid, ", ", sizeof valid - strlen(valid) - 1);
+            strncat(valid, balance_method_name(m), sizeof valid - strlen(valid) - 1);
+        }
+        dm_user_error("balance.method = '%s' is not a method (valid: %s)", cfg->method, valid);
+    }
     bal->stages = stages;
     bal->layers = cfg->layers;
     bal->every = cfg->every;
+    bal->micro_batches = cfg->micro_batches;
+    bal->schedule = config_schedule(cfg);
     bal->seed = cfg->seed;
+    bal->min_gain = cfg->min_gain;
+    size_t L = (size_t)cfg->layers;
+    bal->params = dm_alloc(L * sizeof(double));
+    bal->fwd_ema = dm_alloc(L * sizeof(double));
+    bal->bwd_ema = dm_alloc(L * sizeof(double));
+    bal->mem_bytes = dm_alloc(L * sizeof(int64_t));
+    for (size_t l = 0; l < L; l++) bal->params[l] = (double)block_param_count(cfg->channels);
     bal->proposal = dm_alloc((size_t)stages * sizeof(int));
+    bal->current = dm_alloc((size_t)stages * sizeof(int));
     return bal;
 }
 
 void balancer_destroy(struct balancer *bal)
 {
+    dm_free(bal->params);
+    dm_free(bal->fwd_ema);
+    dm_free(bal->bwd_ema);
+    dm_free(bal->mem_bytes);
     dm_free(bal->proposal);
+    dm_free(bal->current);
     dm_free(bal);
 }
 
@@ -48,13 +97,113 @@ static void random_layout(int *counts, int stages, int layers, uint64_t seed, in
                (uint64_t)stages]++;
 }
 
+static double ema(double old, double now, int have)
+{
+    return have ? (1.0 - EMA_WEIGHT) * old + EMA_WEIGHT * now : now;
+}
+
+/* Folds one step's profile into the averages (rank 0). The first and last
+ * stage's extra time is what their compute time has beyond their blocks:
+ * the embedding, the head and loss, their share of the optimizer. */
+static void update_profile(struct balancer *bal, const struct step_stats *st)
+{
+    int S = bal->stages, L = bal->layers, m = bal->micro_batches;
+    double stage_blocks[2] = {0, 0};
+    int b = 0;
+    for (int s = 0; s < S; s++)
+        for (int k = 0; k < st->layout[s]; k++, b++) {
+            double t = st->layer_fwd_ms[b] + st->layer_bwd_ms[b];
+            if (s == 0) stage_blocks[0] += t;
+            if (s == S - 1) stage_blocks[1] += t;
+        }
+    double first = st->stage_compute_ms[0] / m - stage_blocks[0];
+    double last = st->stage_compute_ms[S - 1] / m - stage_blocks[1];
+    if (S == 1) first = last = 0.5 * first;
+    for (int l = 0; l < L; l++) {
+        bal->fwd_ema[l] = ema(bal->fwd_ema[l], st->layer_fwd_ms[l], bal->have_ema);
+        bal->bwd_ema[l] = ema(bal->bwd_ema[l], st->layer_bwd_ms[l], bal->have_ema);
+        bal->mem_bytes[l] = (int64_t)st->layer_mem_bytes[l];
+    }
+    bal->first_extra_ema = ema(bal->first_extra_ema, first > 0 ? first : 0, bal->have_ema);
+    bal->last_extra_ema = ema(bal->last_extra_ema, last > 0 ? last : 0, bal->have_ema);
+    bal->have_ema = 1;
+    if (st->migrated_blocks > 0 && st->migrated_bytes > 0)
+        bal->migrate_ms_per_byte = st->migrate_ms / st->migrated_bytes;
+}
+
+static void log_pending(struct balancer *bal, struct runlog *log, const struct step_stats *st)
+{
+    if (!bal->pending) return;
+    bal->pending_row[6] = (float)st->step_ms;   /* measured after the decision */
+    runlog_append_row(log, RUNLOG_BALANCE_DECISIONS, bal->pending_row, 8);
+    bal->pending = 0;
+}
+
+/* Rank 0: decides the layout for the next interval into bal->proposal. */
+static void decide(struct balancer *bal, struct runlog *log, const struct step_stats *st,
+                   int step)
+{
+    int S = bal->stages;
+    memcpy(bal->current, st->layout, (size_t)S * sizeof(int));
+    memcpy(bal->proposal, st->layout, (size_t)S * sizeof(int));
+    if (bal->method == METHOD_RANDOM) {
+        random_layout(bal->proposal, S, bal->layers, bal->seed, step);
+        return;
+    }
+    struct balance_profile profile = {
+        .blocks = bal->layers, .fwd_ms = bal->fwd_ema, .bwd_ms = bal->bwd_ema,
+        .params = bal->params, .mem_bytes = bal->mem_bytes,
+        .embed = {.fwd_ms = bal->first_extra_ema / 3, .bwd_ms = 2 * bal->first_extra_ema / 3},
+        .head = {.fwd_ms = bal->last_extra_ema / 3, .bwd_ms = 2 * bal->last_extra_ema / 3},
+    };
+    struct balance_options options = {.mem_cap = 0, .gamma = 0.0, .max_rounds = 0};
+    struct balance_result res;
+    char err[256];
+    if (balance_propose(bal->method, &profile, S, bal->current, &options, bal->proposal, &res,
+                        err, sizeof err) != BALANCE_OK) {
+        dm_warn("balance: step %d: %s; keeping the layout\n", step + 1, err);
+        memcpy(bal->proposal, bal->current, (size_t)S * sizeof(int));
+        return;
+    }
+    struct balance_prediction now, next;
+    if (balance_predict(&profile, S, bal->current, bal->micro_batches, bal->schedule, &now, err,
+                        sizeof err) != BALANCE_OK ||
+        balance_predict(&profile, S, bal->proposal, bal->micro_batches, bal->schedule, &next,
+                        err, sizeof err) != BALANCE_OK) {
+        dm_warn("balance: step %d: cannot predict: %s; keeping the layout\n", step + 1, err);
+        memcpy(bal->proposal, bal->current, (size_t)S * sizeof(int));
+        return;
+    }
+    double saving_ms = (now.step_ms - next.step_ms) * bal->every;
+    double migrate_ms = bal->migrate_ms_per_byte * (double)res.bytes_moved;
+    int changed = memcmp(bal->proposal, bal->current, (size_t)S * sizeof(int)) != 0;
+    int apply = changed && saving_ms > 0 && saving_ms >= bal->min_gain * migrate_ms;
+    char from[256], to[256];
+    layout_format(from, sizeof from, bal->current, S);
+    layout_format(to, sizeof to, bal->proposal, S);
+    if (changed)
+        dm_log("balance: step %d: %s proposes %s (predicted %.1f ms/step) over %s (%.1f "
+               "ms/step); saving %.0f ms over %d steps vs migration ~%.0f ms: %s\n",
+               step + 1, balance_method_name(bal->method), to, next.step_ms, from, now.step_ms,
+               saving_ms, bal->every, migrate_ms, apply ? "migrating" : "skipped");
+    float row[8] = {(float)(step + 1), (float)now.step_ms, (float)next.step_ms,
+                    (float)st->step_ms, (float)apply, (float)res.blocks_moved, NAN,
+                    (float)res.bytes_moved};
+    memcpy(bal->pending_row, row, sizeof row);
+    bal->pending = 1;
+    (void)log;
+    if (!apply) memcpy(bal->proposal, bal->current, (size_t)S * sizeof(int));
+}
+
 void balancer_after_step(struct balancer *bal, struct engine *eng, struct runlog *log,
                          const struct step_stats *stats, int step)
 {
-    (void)log;
-    (void)stats;
-    if (bal->method == METHOD_NONE || (step + 1) % bal->every != 0) return;
-    if (bal->method == METHOD_RANDOM)
-        random_layout(bal->proposal, bal->stages, bal->layers, bal->seed, step);
+    if (bal->method == METHOD_NONE) return;
+    if (dm_rank() == 0) {
+        log_pending(bal, log, stats);
+        update_profile(bal, stats);
+    }
+    if ((step + 1) % bal->every != 0) return;
+    if (dm_rank() == 0) decide(bal, log, stats, step);
     engine_relayout(eng, bal->proposal);
 }
