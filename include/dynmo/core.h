@@ -147,6 +147,16 @@ struct dm_config {
     char cost[32];      /* "time" (profiled EMA) or "params" */
     double min_gain;    /* skip a re-layout whose predicted saving (ms over the next
                            interval) is below min_gain x the measured migration cost */
+    /* [ckpt] */
+    char ckpt_dir[1024];/* "" = no checkpoints */
+    int ckpt_every;     /* steps between checkpoints; 0 = only on signal / re-pack / end */
+    char resume[1024];  /* "auto", "none" or a checkpoint path */
+    int keep;           /* complete checkpoints kept */
+    /* [repack] */
+    int repack_enable;
+    int repack_every;   /* steps between re-pack decisions */
+    double repack_epsilon; /* allowed predicted slow-down of the smaller world */
+    int repack_min_ranks;
 };
 
 /* The schedule named by cfg->schedule. */

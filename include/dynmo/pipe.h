@@ -150,6 +150,7 @@ struct step_stats {
     double bubble_ratio;      /* sum of idle / (stages * step time) */
     double imbalance;         /* Eq. 2 on stage compute: (max - min) / mean */
     int *layout;              /* (stages) blocks per stage during the step */
+    int stop_requested;       /* some rank's watched flag was set (all ranks) */
     int migrated_blocks;      /* by the re-layout before this step */
     double migrated_bytes, migrate_ms;
 };
@@ -169,6 +170,23 @@ float engine_eval(struct engine *eng, struct loader *val);
  * activation buffers are rebuilt for the new ranges. Records the
  * migration in the next step's stats. */
 void engine_relayout(struct engine *eng, const int *counts);
+
+/* The value of *flag (e.g. set by a signal handler) is folded into every
+ * step's global reduction, so all ranks learn at the same step boundary
+ * that some rank asked to stop: step_stats.stop_requested. */
+void engine_watch_flag(struct engine *eng, volatile int *flag);
+
+/* Collective: writes checkpoint <dir>/ckpt-<steps_done>.h5 of the current
+ * state (ckpt_save: atomic, keeps `keep`). User error on failure. The
+ * path goes to path_out. */
+void engine_save(struct engine *eng, const char *dir, int keep, long steps_done,
+                 char *path_out, size_t path_out_size);
+
+/* Collective: resumes per cfg->resume ("none", "auto": the newest complete
+ * checkpoint of ckpt.dir if any, or a path), resharding onto this world's
+ * layout. Returns the number of steps the checkpoint had completed (the
+ * first step to run), 0 for a fresh start. */
+long engine_resume(struct engine *eng);
 
 const struct pipe_grid *engine_grid(const struct engine *eng);
 const int *engine_layout(const struct engine *eng);

@@ -59,6 +59,14 @@ static const struct config_key keys[] = {
     {"balance", "every", KEY_INT, F(every), 1, 1e9, "steps between balancing decisions"},
     {"balance", "cost", KEY_STRING, F(cost), 0, 32, "time or params"},
     {"balance", "min_gain", KEY_DOUBLE, F(min_gain), 0, 1e9, "required saving / migration cost"},
+    {"ckpt", "dir", KEY_STRING, F(ckpt_dir), 0, 1024, "checkpoint directory (empty: none)"},
+    {"ckpt", "every", KEY_INT, F(ckpt_every), 0, 1e9, "steps between checkpoints (0: none)"},
+    {"ckpt", "resume", KEY_STRING, F(resume), 0, 1024, "auto, none or a checkpoint file"},
+    {"ckpt", "keep", KEY_INT, F(keep), 1, 1e6, "complete checkpoints kept"},
+    {"repack", "enable", KEY_INT, F(repack_enable), 0, 1, "re-pack onto fewer ranks (0/1)"},
+    {"repack", "every", KEY_INT, F(repack_every), 1, 1e9, "steps between re-pack decisions"},
+    {"repack", "epsilon", KEY_DOUBLE, F(repack_epsilon), 0, 10, "allowed predicted slow-down"},
+    {"repack", "min_ranks", KEY_INT, F(repack_min_ranks), 1, 1 << 20, "fewest ranks to re-pack to"},
 };
 #undef F
 #define NKEYS (sizeof keys / sizeof keys[0])
@@ -99,6 +107,11 @@ void config_defaults(struct dm_config *cfg)
     cfg->every = 10;
     snprintf(cfg->cost, sizeof cfg->cost, "time");
     cfg->min_gain = 1.0;
+    snprintf(cfg->resume, sizeof cfg->resume, "auto");
+    cfg->keep = 2;
+    cfg->repack_every = 50;
+    cfg->repack_epsilon = 0.05;
+    cfg->repack_min_ranks = 1;
 }
 
 enum dm_schedule config_schedule(const struct dm_config *cfg)
@@ -264,6 +277,9 @@ void config_validate(const struct dm_config *cfg)
     if (cfg->batch % (cfg->dp * cfg->micro_batches) != 0)
         dm_user_error("parallel.dp x train.micro_batches = %d x %d does not divide "
                       "train.batch = %d", cfg->dp, cfg->micro_batches, cfg->batch);
+    if ((cfg->ckpt_every > 0 || cfg->repack_enable) && !cfg->ckpt_dir[0])
+        dm_user_error("%s needs ckpt.dir: name a checkpoint directory",
+                      cfg->repack_enable ? "repack.enable = 1" : "ckpt.every > 0");
     if (!cfg->train_path[0]) dm_user_error("data.train is empty: name a token file");
     if (!cfg->out_dir[0]) dm_user_error("run.out_dir is empty: name an output directory");
 }

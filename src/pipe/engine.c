@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/balance.h"
+#include "dynmo/ckpt.h"
 #include "dynmo/core.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
@@ -58,6 +59,13 @@ struct engine {
     double *gather_send, *gather_recv;
     int gather_len;
     MPI_Request gather_req;         /* the last step's profile gather */
+    long steps_done;                /* optimizer steps completed */
+    volatile int *watched_flag;
+    int stop_requested;
+    /* layout history: (step from which it held, layout) */
+    int history_count, history_cap;
+    long *history_step;
+    int *history_layout;            /* (history_cap, S) */
     int pending_migrated;
     double pending_migrated_bytes, pending_migrate_ms;
 };
@@ -224,6 +232,33 @@ static void slots_free(struct engine *eng)
     eng->slots = NULL;
 }
 
+static void history_push(struct engine *eng, long step)
+{
+    int S = eng->grid.stages;
+    if (eng->history_count > 0 &&
+        !memcmp(eng->history_layout + (size_t)(eng->history_count - 1) * S, eng->layout,
+                (size_t)S * sizeof(int)))
+        return;
+    if (eng->history_count == eng->history_cap) {
+        int cap = eng->history_cap ? 2 * eng->history_cap : 16;
+        long *steps = dm_alloc((size_t)cap * sizeof(long));
+        int *layouts = dm_alloc((size_t)cap * S * sizeof(int));
+        if (eng->history_count) {
+            memcpy(steps, eng->history_step, (size_t)eng->history_count * sizeof(long));
+            memcpy(layouts, eng->history_layout, (size_t)eng->history_count * S * sizeof(int));
+        }
+        dm_free(eng->history_step);
+        dm_free(eng->history_layout);
+        eng->history_step = steps;
+        eng->history_layout = layouts;
+        eng->history_cap = cap;
+    }
+    eng->history_step[eng->history_count] = step;
+    memcpy(eng->history_layout + (size_t)eng->history_count * S, eng->layout,
+           (size_t)S * sizeof(int));
+    eng->history_count++;
+}
+
 struct engine *engine_create(const struct dm_config *cfg)
 {
     struct engine *eng = dm_alloc(sizeof *eng);
@@ -277,6 +312,7 @@ struct engine *engine_create(const struct dm_config *cfg)
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
+    history_push(eng, 0);
     return eng;
 }
 
@@ -299,6 +335,8 @@ void engine_destroy(struct engine *eng)
     dm_free(eng->gather_recv);
     dm_free(eng->instrs);
     dm_free(eng->layout);
+    dm_free(eng->history_step);
+    dm_free(eng->history_layout);
     dm_free(eng);
 }
 
@@ -384,8 +422,10 @@ static void reduce_replicas(struct engine *eng)
 static double global_grad_norm(struct engine *eng)
 {
     int L = eng->shape.layers;
-    double *units = dm_alloc((size_t)(L + 2) * sizeof(double));
-    double *total = dm_alloc((size_t)(L + 2) * sizeof(double));
+    /* units[L + 2] carries the watched flag of every rank. */
+    double *units = dm_alloc((size_t)(L + 3) * sizeof(double));
+    double *total = dm_alloc((size_t)(L + 3) * sizeof(double));
+    units[L + 2] = (eng->watched_flag && *eng->watched_flag) ? 1.0 : 0.0;
     if (eng->grid.replica == 0) {
         const struct gpt *m = &eng->model;
         units[0] = gpt_embed_grad_sumsq(m);
@@ -395,11 +435,12 @@ static double global_grad_norm(struct engine *eng)
     }
     if (eng->grid.world_size > 1) {
         MPI_Request req;
-        DM_MPI(MPI_Iallreduce(units, total, L + 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
+        DM_MPI(MPI_Iallreduce(units, total, L + 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
         eng->wait_s += wait_polled(&req);
     } else {
-        memcpy(total, units, (size_t)(L + 2) * sizeof(double));
+        memcpy(total, units, (size_t)(L + 3) * sizeof(double));
     }
+    eng->stop_requested = total[L + 2] > 0.0;
     double sum = 0.0;
     for (int u = 0; u < L + 2; u++) sum += total[u];
     dm_free(units);
@@ -598,6 +639,8 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
     struct step_stats *st = &eng->stats;
     st->grad_norm = grad_norm;
     st->lr = lr;
+    st->stop_requested = eng->stop_requested;
+    eng->steps_done = step + 1;
     st->migrated_blocks = eng->pending_migrated;
     st->migrated_bytes = eng->pending_migrated_bytes;
     st->migrate_ms = eng->pending_migrate_ms;
@@ -740,10 +783,100 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     dm_free(incoming);
     memcpy(eng->layout, counts, (size_t)S * sizeof(int));
     dm_free(counts);
+    history_push(eng, eng->steps_done);
     slots_alloc(eng);
 
     /* Everyone reports the same totals; the time is this rank's. */
     eng->pending_migrated = moved;
     eng->pending_migrated_bytes = bytes;
     eng->pending_migrate_ms = (dm_now() - t0) * 1e3;
+}
+
+/* ---- checkpoints ------------------------------------------------------------ */
+
+void engine_watch_flag(struct engine *eng, volatile int *flag) { eng->watched_flag = flag; }
+
+void engine_save(struct engine *eng, const char *dir, int keep, long steps_done,
+                 char *path_out, size_t path_out_size)
+{
+    const struct pipe_grid *g = &eng->grid;
+    int S = g->stages, D = g->replicas, L = eng->shape.layers;
+    char config_text[16384];
+    config_print(&eng->cfg, config_text, sizeof config_text);
+    long *cursor = dm_alloc((size_t)D * sizeof(long));
+    for (int r = 0; r < D; r++)
+        cursor[r] = steps_done * eng->cfg.batch + (long)r * eng->micro_batches * eng->micro_B;
+    int *history_stages = dm_alloc((size_t)eng->history_count * sizeof(int));
+    int *history_layout = dm_alloc((size_t)eng->history_count * L * sizeof(int));
+    for (int k = 0; k < eng->history_count; k++) {
+        history_stages[k] = S;
+        memcpy(history_layout + (size_t)k * L, eng->history_layout + (size_t)k * S,
+               (size_t)S * sizeof(int));
+    }
+    struct ckpt_meta meta = {
+        .step = steps_done,
+        .optimizer_steps = steps_done,
+        .lr_schedule_step = steps_done,
+        .seed = eng->cfg.seed,
+        .config_text = config_text,
+        .pp = S,
+        .dp = D,
+        .data_cursor = cursor,
+        .layout = eng->layout,
+        .history_count = eng->history_count,
+        .history_step = eng->history_step,
+        .history_stages = history_stages,
+        .history_layout = history_layout,
+    };
+    char err[1024];
+    if (ckpt_save(dir, keep, &eng->model, &meta, g->stage, g->replica, MPI_COMM_WORLD, path_out,
+                  path_out_size, err, sizeof err) != 0)
+        dm_user_error("%s", err);
+    dm_free(cursor);
+    dm_free(history_stages);
+    dm_free(history_layout);
+}
+
+long engine_resume(struct engine *eng)
+{
+    const struct dm_config *cfg = &eng->cfg;
+    if (!strcmp(cfg->resume, "none")) return 0;
+    struct ckpt_meta meta;
+    memset(&meta, 0, sizeof meta);
+    char path[1200];
+    if (!strcmp(cfg->resume, "auto")) {
+        if (!cfg->ckpt_dir[0]) return 0;
+        if (!ckpt_resume_auto(cfg->ckpt_dir, &eng->model, &meta, MPI_COMM_WORLD, path,
+                              sizeof path))
+            return 0;
+    } else {
+        snprintf(path, sizeof path, "%s", cfg->resume);
+        ckpt_load(path, &eng->model, &meta, MPI_COMM_WORLD);
+    }
+    if (meta.seed != cfg->seed)
+        dm_user_error("checkpoint %s was written with train.seed = %llu but this run has %llu: "
+                      "resuming would change the data order", path,
+                      (unsigned long long)meta.seed, (unsigned long long)cfg->seed);
+    if (meta.step > cfg->steps)
+        dm_user_error("checkpoint %s is at step %ld, beyond train.steps = %d", path, meta.step,
+                      cfg->steps);
+    /* The history carries over when it has this world's stage count. */
+    eng->history_count = 0;
+    for (int k = 0; k < meta.history_count; k++)
+        if (meta.history_stages[k] == eng->grid.stages) {
+            int *saved = eng->layout;
+            eng->layout = meta.history_layout + (size_t)k * eng->shape.layers;
+            history_push(eng, meta.history_step[k]);
+            eng->layout = saved;
+        }
+    history_push(eng, meta.step);
+    eng->steps_done = meta.step;
+    dm_log("resumed from %s at step %ld (written by %d x %d ranks, layout now ", path, meta.step,
+           meta.pp, meta.dp);
+    char layout[256];
+    layout_format(layout, sizeof layout, eng->layout, eng->grid.stages);
+    dm_log("%s)\n", layout);
+    long step = meta.step;
+    ckpt_meta_free(&meta);
+    return step;
 }

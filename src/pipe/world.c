@@ -1,6 +1,7 @@
 /* MPI start-up and the hooks that make core's fatal path abort the whole
  * job (STYLE.md: no rank is left waiting on a dead peer). */
 #include <mpi.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "dynmo/core.h"
@@ -51,3 +52,16 @@ void world_finalize(void)
 }
 
 int world_local_size(void) { return local_size; }
+
+void world_bcast_ints(int *buf, int n)
+{
+    if (dm_world_size() == 1) return;
+    MPI_Request req;
+    if (MPI_Ibcast(buf, n, MPI_INT, 0, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+        DM_FATAL("MPI_Ibcast failed");
+    int done = 0;
+    while (!done) {
+        if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) DM_FATAL("MPI_Test failed");
+        if (!done) sched_yield();
+    }
+}

@@ -13,4 +13,7 @@ void world_finalize(void);
 /* Ranks of this job that run on this node (MPI_COMM_TYPE_SHARED). */
 int world_local_size(void);
 
+/* Collective: broadcasts n ints from rank 0, polled (MPI_Ibcast). */
+void world_bcast_ints(int *buf, int n);
+
 #endif

@@ -139,6 +139,17 @@ static void log_pending(struct balancer *bal, struct runlog *log, const struct s
     bal->pending = 0;
 }
 
+static void fill_profile(struct balancer *bal, struct balance_profile *profile)
+{
+    struct balance_profile p = {
+        .blocks = bal->layers, .fwd_ms = bal->fwd_ema, .bwd_ms = bal->bwd_ema,
+        .params = bal->params, .mem_bytes = bal->mem_bytes,
+        .embed = {.fwd_ms = bal->first_extra_ema / 3, .bwd_ms = 2 * bal->first_extra_ema / 3},
+        .head = {.fwd_ms = bal->last_extra_ema / 3, .bwd_ms = 2 * bal->last_extra_ema / 3},
+    };
+    *profile = p;
+}
+
 /* Rank 0: decides the layout for the next interval into bal->proposal. */
 static void decide(struct balancer *bal, struct runlog *log, const struct step_stats *st,
                    int step)
@@ -150,12 +161,8 @@ static void decide(struct balancer *bal, struct runlog *log, const struct step_s
         random_layout(bal->proposal, S, bal->layers, bal->seed, step);
         return;
     }
-    struct balance_profile profile = {
-        .blocks = bal->layers, .fwd_ms = bal->fwd_ema, .bwd_ms = bal->bwd_ema,
-        .params = bal->params, .mem_bytes = bal->mem_bytes,
-        .embed = {.fwd_ms = bal->first_extra_ema / 3, .bwd_ms = 2 * bal->first_extra_ema / 3},
-        .head = {.fwd_ms = bal->last_extra_ema / 3, .bwd_ms = 2 * bal->last_extra_ema / 3},
-    };
+    struct balance_profile profile;
+    fill_profile(bal, &profile);
     struct balance_options options = {.mem_cap = 0, .gamma = 0.0, .max_rounds = 0};
     struct balance_result res;
     char err[256];
@@ -193,6 +200,24 @@ static void decide(struct balancer *bal, struct runlog *log, const struct step_s
     bal->pending = 1;
     (void)log;
     if (!apply) memcpy(bal->proposal, bal->current, (size_t)S * sizeof(int));
+}
+
+int balancer_repack_plan(struct balancer *bal, const struct step_stats *stats,
+                         double epsilon, int *counts)
+{
+    int S = bal->stages;
+    if (!bal->have_ema || bal->method == METHOD_NONE) update_profile(bal, stats);
+    struct balance_profile profile;
+    fill_profile(bal, &profile);
+    struct balance_result res;
+    char err[256];
+    memcpy(counts, stats->layout, (size_t)S * sizeof(int));
+    if (balance_repack(&profile, stats->layout, S, 0, bal->micro_batches, bal->schedule, epsilon,
+                       counts, &res, err, sizeof err) != BALANCE_OK) {
+        dm_warn("repack: %s; staying on %d stages\n", err, S);
+        return S;
+    }
+    return res.stages;
 }
 
 void balancer_after_step(struct balancer *bal, struct engine *eng, struct runlog *log,

@@ -20,4 +20,12 @@ void balancer_destroy(struct balancer *bal);
 void balancer_after_step(struct balancer *bal, struct engine *eng, struct runlog *log,
                          const struct step_stats *stats, int step);
 
+/* Rank 0: the re-pack planner (balance_repack) on the profiled costs:
+ * the fewest stages whose predicted step time stays within
+ * (1 + repack.epsilon) of the current layout's. Returns the new stage
+ * count (== current when nothing smaller qualifies) with its layout in
+ * counts (stages entries available). */
+int balancer_repack_plan(struct balancer *bal, const struct step_stats *stats,
+                         double epsilon, int *counts);
+
 #endif

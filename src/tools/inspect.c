@@ -1,9 +1,11 @@
 /* `dynmo inspect FILE [--json]`: a summary of a run log (configuration,
  * steps, first and last loss, mean step time, every dataset with its shape)
- * for people, or the same as one JSON object for scripts. It reads through
- * the run log's public readers only and never writes. Checkpoints are
- * recognised by their root attribute kind and refused until their issue
- * lands; anything else is a user error naming the file. */
+ * or of a checkpoint (model, step, optimizer and schedule position, world,
+ * layout and its history, data cursors, and per block its stage, size,
+ * sparsity and frozen flag) for people, or the same as one JSON object for
+ * scripts. The kind comes from the file's root attribute "kind". It reads
+ * through the public readers only (runlog_*, ckpt_read_info) and never
+ * writes; anything else is a user error naming the file. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,8 +29,10 @@ static void usage(FILE *out)
             "usage: dynmo inspect FILE [--json]\n"
             "Summarises a run log (<run.out_dir>/" RUNLOG_FILE_NAME "): configuration, "
             "steps,\nfirst and last loss, mean step time and every dataset with its "
-            "shape.\n  --json   print the same as one JSON object\n"
-            "The file may belong to a run that is still writing it.\n");
+            "shape;\nor a checkpoint (<ckpt.dir>/ckpt-<step>.h5): model, step, world, "
+            "layout and\nhistory, data cursors, and per block its stage, size, sparsity "
+            "and frozen flag.\n  --json   print the same as one JSON object\n"
+            "A run log may belong to a run that is still writing it.\n");
 }
 
 static char *read_attr_or_die(const char *path, const char *name)
@@ -194,6 +198,134 @@ static void print_json(const struct summary *s)
     fputs("}\n", out);
 }
 
+/* ---- checkpoints ------------------------------------------------------------ */
+
+/* The stage that owns block `layer` under a layout. */
+static int stage_of(const int *layout, int stages, int layer)
+{
+    for (int s = 0, end = 0; s < stages; s++) {
+        end += layout[s];
+        if (layer < end) return s;
+    }
+    return stages - 1;
+}
+
+static void print_counts(FILE *out, const int *counts, int n)
+{
+    fputc('[', out);
+    for (int i = 0; i < n; i++) fprintf(out, i ? ", %d" : "%d", counts[i]);
+    fputc(']', out);
+}
+
+static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
+{
+    const struct gpt_shape *s = &m->shape;
+    size_t block_params = block_param_count(s->channels);
+    double block_mb = 3.0 * (double)block_params * 4.0 / 1e6;
+    printf("checkpoint %s\n", path);
+    printf("  written by dynmo %s, created %s, schema version %d\n", m->dynmo_version,
+           m->created, m->schema_version);
+    printf("  model: %d layers, %d channels, %d heads, vocab %d, max_seq %d: %zu "
+           "parameters (%zu per block)\n", s->layers, s->channels, s->heads, s->vocab,
+           s->max_seq, gpt_param_count(s), block_params);
+    printf("  step: %ld (the run resumes at step index %ld); optimizer steps %ld; "
+           "learning-rate schedule at step %ld\n", m->step, m->step, m->optimizer_steps,
+           m->lr_schedule_step);
+    printf("  random state: seed %llu (counter-based: seed and step are the whole state)\n",
+           (unsigned long long)m->seed);
+    if (m->train_checksum)
+        printf("  training data checksum: %016llx\n", (unsigned long long)m->train_checksum);
+    printf("  world: %d stage%s x %d replica%s = %d ranks; layout ", m->pp,
+           m->pp == 1 ? "" : "s", m->dp, m->dp == 1 ? "" : "s", m->pp * m->dp);
+    print_counts(stdout, m->layout, m->pp);
+    printf(" blocks per stage\n  data cursors (next sample of each replica): ");
+    for (int d = 0; d < m->dp; d++) printf(d ? ", %ld" : "%ld", m->data_cursor[d]);
+    printf("\n  layout history:\n");
+    for (int k = 0; k < m->history_count; k++) {
+        printf("    from step %-8ld ", m->history_step[k]);
+        print_counts(stdout, m->history_layout + (size_t)k * (size_t)s->layers,
+                     m->history_stages[k]);
+        printf("\n");
+    }
+    int frozen = 0;
+    for (int i = 0; i < s->layers; i++) frozen += m->frozen[i];
+    printf("  blocks (%.2f MB each: params, Adam m and v; %d frozen):\n", block_mb, frozen);
+    printf("    %5s %5s %9s %8s %6s\n", "layer", "stage", "MB", "sparsity", "frozen");
+    for (int i = 0; i < s->layers; i++)
+        printf("    %5d %5d %9.2f %8.4f %6s\n", i, stage_of(m->layout, m->pp, i), block_mb,
+               (double)m->sparsity[i], m->frozen[i] ? "yes" : "no");
+    printf("config:\n");
+    const char *line = m->config_text ? m->config_text : "";
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        int len = end ? (int)(end - line) : (int)strlen(line);
+        printf("  %.*s\n", len, line);
+        line += len + (end ? 1 : 0);
+    }
+}
+
+static void json_ints(FILE *out, const int *values, int n)
+{
+    fputc('[', out);
+    for (int i = 0; i < n; i++) fprintf(out, i ? ", %d" : "%d", values[i]);
+    fputc(']', out);
+}
+
+static void print_checkpoint_json(const char *path, const struct ckpt_meta *m)
+{
+    FILE *out = stdout;
+    const struct gpt_shape *s = &m->shape;
+    size_t block_params = block_param_count(s->channels);
+    fputs("{\"file\": ", out);
+    json_string(out, path);
+    fputs(", \"kind\": \"" CHECKPOINT_KIND "\", \"dynmo_version\": ", out);
+    json_string(out, m->dynmo_version);
+    fputs(", \"created\": ", out);
+    json_string(out, m->created);
+    fprintf(out, ", \"schema_version\": %d,\n \"model\": {\"layers\": %d, \"channels\": %d, "
+            "\"heads\": %d, \"vocab\": %d, \"max_seq\": %d, \"parameters\": %zu, "
+            "\"block_params\": %zu},\n", m->schema_version, s->layers, s->channels,
+            s->heads, s->vocab, s->max_seq, gpt_param_count(s), block_params);
+    fprintf(out, " \"step\": %ld, \"optimizer_steps\": %ld, \"lr_schedule_step\": %ld, "
+            "\"seed\": %llu, \"train_checksum\": %llu,\n", m->step, m->optimizer_steps,
+            m->lr_schedule_step, (unsigned long long)m->seed,
+            (unsigned long long)m->train_checksum);
+    fprintf(out, " \"world\": {\"pp\": %d, \"dp\": %d, \"ranks\": %d}, \"layout\": ", m->pp,
+            m->dp, m->pp * m->dp);
+    json_ints(out, m->layout, m->pp);
+    fputs(", \"data_cursors\": [", out);
+    for (int d = 0; d < m->dp; d++) fprintf(out, d ? ", %ld" : "%ld", m->data_cursor[d]);
+    fputs("],\n \"layout_history\": [", out);
+    for (int k = 0; k < m->history_count; k++) {
+        fprintf(out, "%s{\"step\": %ld, \"layout\": ", k ? ", " : "", m->history_step[k]);
+        json_ints(out, m->history_layout + (size_t)k * (size_t)s->layers,
+                  m->history_stages[k]);
+        fputc('}', out);
+    }
+    fputs("],\n \"blocks\": [", out);
+    for (int i = 0; i < s->layers; i++) {
+        fprintf(out, "%s\n   {\"layer\": %d, \"stage\": %d, \"bytes\": %zu, \"sparsity\": ",
+                i ? "," : "", i, stage_of(m->layout, m->pp, i), 3 * block_params * 4);
+        json_number(out, m->sparsity[i]);
+        fprintf(out, ", \"frozen\": %s}", m->frozen[i] ? "true" : "false");
+    }
+    fputs("],\n \"config\": ", out);
+    json_string(out, m->config_text);
+    fputs("}\n", out);
+}
+
+static int inspect_checkpoint(const char *path, int json)
+{
+    struct ckpt_meta meta;
+    char err[1024];
+    if (ckpt_read_info(path, &meta, err, sizeof err) != 0)
+        dm_user_error("inspect: %s (run `dynmo check-ckpt %s` for every problem)", err, path);
+    if (json) print_checkpoint_json(path, &meta);
+    else print_checkpoint_text(path, &meta);
+    ckpt_meta_free(&meta);
+    return DM_EXIT_OK;
+}
+
 int cmd_inspect(int argc, char **argv)
 {
     const char *path = NULL;
@@ -216,15 +348,14 @@ int cmd_inspect(int argc, char **argv)
     }
     if (!path) {
         usage(stderr);
-        dm_user_error("inspect: missing FILE (a run log such as RUN_DIR/" RUNLOG_FILE_NAME ")");
+        dm_user_error("inspect: missing FILE (a run log such as RUN_DIR/" RUNLOG_FILE_NAME
+                      " or a checkpoint such as CKPT_DIR/ckpt-100.h5)");
     }
 
     char kind[64], err[1024];
     if (dm_file_kind(path, kind, sizeof kind, err, sizeof err) != 0)
         dm_user_error("inspect: %s", err);
-    if (!strcmp(kind, CHECKPOINT_KIND))
-        dm_user_error("inspect: %s is a dynmo checkpoint; this build inspects run logs "
-                      "only (use h5dump -H %s for its structure)", path, path);
+    if (!strcmp(kind, CHECKPOINT_KIND)) return inspect_checkpoint(path, json);
     if (strcmp(kind, RUNLOG_KIND) != 0) {
         if (kind[0])
             dm_user_error("inspect: %s is an HDF5 file of unknown kind \"%s\" (expected "

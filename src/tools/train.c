@@ -8,6 +8,8 @@
  * config and seed, so the loss is bit-identical run after run and for
  * every layout. */
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -110,7 +112,7 @@ static void print_usage_train(void)
 /* One step line and the run-log rows of a step (rank 0). */
 static void log_step(struct runlog *log, const struct dm_config *cfg, int step,
                      const struct step_stats *st, double tokens_per_step, double mean_ms,
-                     int stages)
+                     int stages, int width)
 {
     runlog_append_scalar(log, RUNLOG_STEP_LOSS, st->loss);
     runlog_append_scalar(log, RUNLOG_STEP_MS, (float)st->step_ms);
@@ -123,17 +125,21 @@ static void log_step(struct runlog *log, const struct dm_config *cfg, int step,
     runlog_append_int_scalar(log, RUNLOG_STEP_RANKS, dm_world_size());
     runlog_append_scalar(log, RUNLOG_STEP_BUBBLE, (float)st->bubble_ratio);
     runlog_append_scalar(log, RUNLOG_STEP_IMBALANCE, (float)st->imbalance);
-    float *row = dm_alloc((size_t)(cfg->layers > stages ? cfg->layers : stages) * sizeof(float));
+    /* Per-stage rows keep the first world's width (NaN / 0 past a re-pack). */
+    float *row = dm_alloc((size_t)(cfg->layers > width ? cfg->layers : width) * sizeof(float));
+    int *irow = dm_alloc((size_t)width * sizeof(int));
     for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_fwd_ms[l];
     runlog_append_row(log, RUNLOG_LAYER_FWD_MS, row, cfg->layers);
     for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_bwd_ms[l];
     runlog_append_row(log, RUNLOG_LAYER_BWD_MS, row, cfg->layers);
-    for (int s = 0; s < stages; s++) row[s] = (float)st->stage_compute_ms[s];
-    runlog_append_row(log, RUNLOG_STAGE_BUSY_MS, row, stages);
-    for (int s = 0; s < stages; s++) row[s] = (float)st->stage_wait_ms[s];
-    runlog_append_row(log, RUNLOG_STAGE_IDLE_MS, row, stages);
+    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_compute_ms[s] : NAN;
+    runlog_append_row(log, RUNLOG_STAGE_BUSY_MS, row, width);
+    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_wait_ms[s] : NAN;
+    runlog_append_row(log, RUNLOG_STAGE_IDLE_MS, row, width);
+    for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
+    runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
     dm_free(row);
-    runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, st->layout, stages);
+    dm_free(irow);
 
     if ((step + 1) % cfg->log_every != 0 && step + 1 != cfg->steps) return;
     char eta[32];
@@ -189,6 +195,86 @@ static void stage_totals_print(const struct stage_totals *t, int stages)
     }
 }
 
+/* SIGUSR1 / SIGTERM: checkpoint at the next step boundary, exit 75. The
+ * handler only sets the flag; the engine folds it into every step's global
+ * reduction so all ranks stop at the same step. */
+static volatile int stop_signal;
+static void on_stop_signal(int sig)
+{
+    (void)sig;
+    stop_signal = 1;
+}
+
+static void install_signal_handlers(void)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR1, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* Rank 0: <ckpt.dir>/next_world (docs/jobs.md), written to a temporary
+ * name, fsynced and renamed, after the checkpoint it names is complete. */
+static void write_next_world(const char *dir, int pp, int dp, const int *layout, long step,
+                             const char *ckpt_path)
+{
+    char tmp[1200], final[1200], text[2048], layout_text[512];
+    snprintf(tmp, sizeof tmp, "%s/next_world.tmp", dir);
+    snprintf(final, sizeof final, "%s/next_world", dir);
+    layout_format(layout_text, sizeof layout_text, layout, pp);
+    const char *base = strrchr(ckpt_path, '/');
+    base = base ? base + 1 : ckpt_path;
+    int n = snprintf(text, sizeof text,
+                     "# written by dynmo %s on re-pack: the next world of this job chain\n"
+                     "ranks = %d\npp = %d\ndp = %d\nlayout = %s\nstep = %ld\ncheckpoint = %s\n",
+                     DYNMO_VERSION, pp * dp, pp, dp, layout_text, step, base);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) dm_user_error_local("cannot write %s: %s", tmp, dm_errno_text());
+    if (write(fd, text, (size_t)n) != n || fsync(fd) != 0)
+        dm_user_error_local("cannot write %s: %s", tmp, dm_errno_text());
+    close(fd);
+    if (rename(tmp, final) != 0)
+        dm_user_error_local("cannot rename %s: %s", tmp, dm_errno_text());
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+        fsync(dfd);
+        close(dfd);
+    }
+}
+
+/* The run log continues across restarts: every per-step dataset is cut back
+ * to the resumed step, per-stage rows keep the first world's width. */
+static struct runlog *open_runlog(const char *path, const struct dm_config *cfg, long start,
+                                  int stages, int *width)
+{
+    *width = stages;
+    if (start == 0 || access(path, F_OK) != 0) return runlog_create(path, cfg);
+    int *rows = NULL, ncols = 0;
+    char err[512];
+    if (runlog_read_int_matrix(path, RUNLOG_LAYOUT_HISTORY, &rows, &ncols, err, sizeof err) > 0 &&
+        ncols > stages)
+        *width = ncols;
+    free(rows);
+    struct runlog *log = runlog_open_append(path);
+    static const char *per_step[] = {
+        RUNLOG_STEP_LOSS, RUNLOG_STEP_MS, RUNLOG_STEP_LR, RUNLOG_STEP_GRAD_NORM,
+        RUNLOG_STEP_TOKENS_PER_S, RUNLOG_STEP_PEAK_RSS_MB, RUNLOG_STEP_RANKS,
+        RUNLOG_STEP_BUBBLE, RUNLOG_STEP_IMBALANCE, RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS,
+        RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS, RUNLOG_LAYOUT_HISTORY,
+    };
+    for (size_t i = 0; i < sizeof per_step / sizeof *per_step; i++)
+        if (runlog_rows(log, per_step[i]) > start) runlog_truncate(log, per_step[i], start);
+    long evals = cfg->eval_every > 0 ? start / cfg->eval_every : 0;
+    if (runlog_rows(log, RUNLOG_EVAL_STEP) > evals) {
+        runlog_truncate(log, RUNLOG_EVAL_STEP, evals);
+        runlog_truncate(log, RUNLOG_EVAL_LOSS, evals);
+    }
+    return log;
+}
+
 int cmd_train(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -196,6 +282,7 @@ int cmd_train(int argc, char **argv)
             print_usage_train();
             return DM_EXIT_OK;
         }
+    install_signal_handlers();
     world_init(&argc, &argv);
     struct dm_config cfg;
     struct train_args args;
@@ -216,13 +303,16 @@ int cmd_train(int argc, char **argv)
     const struct pipe_grid *grid = engine_grid(eng);
     int stages = grid->stages;
     struct balancer *bal = balancer_create(&cfg, stages);
+    engine_watch_flag(eng, &stop_signal);
+    long start_step = engine_resume(eng);
 
     char log_path[1200];
     snprintf(log_path, sizeof log_path, "%s/" RUNLOG_FILE_NAME, cfg.out_dir);
     struct runlog *log = NULL;
+    int log_width = stages;
     if (dm_rank() == 0) {
         make_dirs(cfg.out_dir);
-        log = runlog_create(log_path, &cfg);
+        log = open_runlog(log_path, &cfg, start_step, stages, &log_width);
     }
     struct gpt_shape shape = gpt_shape_from_config(&cfg);
     char layout[256];
@@ -245,20 +335,22 @@ int cmd_train(int argc, char **argv)
         .compute_sum = dm_alloc((size_t)stages * sizeof(double)),
     };
     double run_start = dm_now();
-    for (int step = 0; step < cfg.steps; step++) {
+    int exit_status = DM_EXIT_OK;
+    int *repack_layout = dm_alloc((size_t)(stages + 1) * sizeof(int));
+    for (int step = (int)start_step; step < cfg.steps; step++) {
         const struct step_stats *st = engine_step(eng, &train_loader, step);
         int nonfinite = 0;
         if (dm_rank() == 0) {
-            if (step == 0) first_loss = st->loss;
+            if (step == start_step) first_loss = st->loss;
             last_loss = st->loss;
-            if (step > 0) {   /* the first step pays page faults and warm-up */
+            if (step > start_step) {   /* the first step pays page faults and warm-up */
                 timed_ms += st->step_ms;
                 timed_steps++;
                 stage_totals_add(&totals, st, stages);
             }
             nonfinite = !isfinite(st->loss);
             log_step(log, &cfg, step, st, tokens_per_step,
-                     timed_steps ? timed_ms / timed_steps : st->step_ms, stages);
+                     timed_steps ? timed_ms / timed_steps : st->step_ms, stages, log_width);
         }
         if (have_val && ((step + 1) % cfg.eval_every == 0 || step + 1 == cfg.steps)) {
             last_val = engine_eval(eng, &val_loader);
@@ -277,14 +369,68 @@ int cmd_train(int argc, char **argv)
                                     "or check the data", step + 1, cfg.lr);
         }
         balancer_after_step(bal, eng, log, st, step);
+
+        /* Stop on a signal: checkpoint, exit 75 (resubmit unchanged). */
+        char saved[1200];
+        if (st->stop_requested) {
+            if (cfg.ckpt_dir[0]) {
+                engine_save(eng, cfg.ckpt_dir, cfg.keep, step + 1, saved, sizeof saved);
+                dm_log("signal: checkpoint %s written at step %d; exiting with status 75\n",
+                       saved, step + 1);
+            } else {
+                dm_log("signal: stopping at step %d without a checkpoint (no ckpt.dir); "
+                       "exiting with status 75\n", step + 1);
+            }
+            exit_status = DM_EXIT_SIGNAL;
+            break;
+        }
+        /* Re-pack: fewer stages keep the predicted step time within
+         * (1 + epsilon): checkpoint, describe the next world, exit 3. */
+        if (cfg.repack_enable && (step + 1) % cfg.repack_every == 0 && step + 1 < cfg.steps) {
+            if (dm_rank() == 0) {
+                repack_layout[0] = balancer_repack_plan(bal, st, cfg.repack_epsilon,
+                                                        repack_layout + 1);
+                if (repack_layout[0] * grid->replicas < cfg.repack_min_ranks)
+                    repack_layout[0] = stages;
+            }
+            world_bcast_ints(repack_layout, stages + 1);
+            if (repack_layout[0] < stages) {
+                engine_save(eng, cfg.ckpt_dir, cfg.keep, step + 1, saved, sizeof saved);
+                if (dm_rank() == 0) {
+                    write_next_world(cfg.ckpt_dir, repack_layout[0], grid->replicas,
+                                     repack_layout + 1, step + 1, saved);
+                    char next[256];
+                    layout_format(next, sizeof next, repack_layout + 1, repack_layout[0]);
+                    dm_log("repack: step %d: %d stages keep the predicted step time within "
+                           "%.0f%%: checkpoint %s, next world %d ranks (pp %d x dp %d, layout "
+                           "%s) in %s/next_world; exiting with status 3\n",
+                           step + 1, repack_layout[0], 100 * cfg.repack_epsilon, saved,
+                           repack_layout[0] * grid->replicas, repack_layout[0], grid->replicas,
+                           next, cfg.ckpt_dir);
+                }
+                exit_status = DM_EXIT_REPACK;
+                break;
+            }
+        }
+        if (cfg.ckpt_dir[0] && cfg.ckpt_every > 0 && (step + 1) % cfg.ckpt_every == 0 &&
+            step + 1 < cfg.steps) {
+            engine_save(eng, cfg.ckpt_dir, cfg.keep, step + 1, saved, sizeof saved);
+            dm_log("checkpoint: %s\n", saved);
+        }
+        if (cfg.ckpt_dir[0] && step + 1 == cfg.steps) {
+            engine_save(eng, cfg.ckpt_dir, cfg.keep, step + 1, saved, sizeof saved);
+            dm_log("checkpoint: %s (final)\n", saved);
+        }
     }
+    dm_free(repack_layout);
     double wall = dm_now() - run_start;
     if (dm_rank() == 0) {
         runlog_close(log);
         double mean_ms = timed_steps ? timed_ms / timed_steps
                                      : wall * 1e3 / (cfg.steps ? cfg.steps : 1);
         if (stages > 1) stage_totals_print(&totals, stages);
-        dm_log("\nsummary: %d steps in %.1f s on %d ranks\n", cfg.steps, wall, dm_world_size());
+        dm_log("\nsummary: %d steps in %.1f s on %d ranks\n", (int)(cfg.steps - start_step), wall,
+               dm_world_size());
         dm_log("  loss: %.4f at the first step, %.4f at the last\n", first_loss, last_loss);
         if (have_val) dm_log("  validation loss: %.4f\n", last_val);
         dm_log("  throughput: %.0f tokens/s (%.1f ms/step, steps after the first)\n",
@@ -307,7 +453,7 @@ int cmd_train(int argc, char **argv)
     }
     dm_threads_shutdown();
     world_finalize();
-    return DM_EXIT_OK;
+    return exit_status;
 }
 
 /* ---- bench -------------------------------------------------------------- */

@@ -1,0 +1,1033 @@
+/* The checkpoint: save (all ranks at once, parallel HDF5 over MPI-IO),
+ * load with reshard (each rank reads the rows of the blocks it owns under
+ * its own layout, whatever world wrote the file) and resume=auto.
+ *
+ * The file layout is checkpoint_schema/v1.def; this file creates exactly
+ * the groups and datasets listed there (ckpt_file.c checks them the same
+ * way). Durability follows Redis: write under a temporary name, flush,
+ * fsync, rename, fsync the directory, and only then move the completion
+ * marker (DIR/latest) and delete old checkpoints.
+ *
+ * Every wait of ours is a non-blocking collective polled with MPI_Test and
+ * sched_yield (MPICH's blocking waits spin and starve peers when ranks
+ * outnumber cores). Errors that every rank can reach agreement on are
+ * returned on every rank with one message; failures inside HDF5's own
+ * collective calls take the fatal path, since a rank that skipped a
+ * collective would leave its peers waiting forever. This file must not
+ * decide training policy (when to save, what to do on failure). */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include "dynmo/ckpt.h"
+#include "ckpt/ckpt_file.h"
+#include "ckpt/h5util.h"
+
+/* Target bytes of one chunk: large enough that the chunk index stays
+ * small and each collective write moves big pieces, small enough that a
+ * checksum failure pinpoints a region and readers' buffers stay modest. */
+#define CHUNK_TARGET_BYTES ((size_t)4 << 20)
+#define MESSAGE_BYTES 1024
+
+#define CKPT_MPI(call)                                                       \
+    do {                                                                     \
+        int ckpt_mpi_rc = (call);                                            \
+        if (ckpt_mpi_rc != MPI_SUCCESS) {                                    \
+            char ckpt_mpi_text[MPI_MAX_ERROR_STRING];                        \
+            int ckpt_mpi_len = 0;                                            \
+            MPI_Error_string(ckpt_mpi_rc, ckpt_mpi_text, &ckpt_mpi_len);     \
+            dm_internal_error(__FILE__, __LINE__, "%s failed: %s", #call,    \
+                              ckpt_mpi_text);                                \
+        }                                                                    \
+    } while (0)
+
+/* Where a load failed: the file is unusable, or it holds another model
+ * (a configuration mistake that resume=auto must not paper over). */
+enum load_outcome { LOAD_OK = 0, LOAD_BAD_FILE = 1, LOAD_MODEL_MISMATCH = 2 };
+
+/* snprintf for messages: long paths are cut, never overflow. */
+__attribute__((format(printf, 3, 4)))
+static void set_error(char *err, size_t errsize, const char *fmt, ...)
+{
+    if (!err || !errsize) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errsize, fmt, ap);
+    va_end(ap);
+}
+
+/* ---- polled collectives ---------------------------------------------------- */
+
+static void wait_polled(MPI_Request *request)
+{
+    int done = 0;
+    for (;;) {
+        CKPT_MPI(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+        if (done) return;
+        sched_yield();
+    }
+}
+
+/* The message every rank agrees on: `code` and `message` of the lowest
+ * rank whose code is non-zero. Returns that code (0: no rank failed). */
+struct agreement {
+    int code;
+    char message[MESSAGE_BYTES];
+};
+
+static int agree(int code, const char *message, MPI_Comm comm, char *err, size_t errsize)
+{
+    int rank, size;
+    CKPT_MPI(MPI_Comm_rank(comm, &rank));
+    CKPT_MPI(MPI_Comm_size(comm, &size));
+    int mine = code ? rank : size, lowest = size;
+    MPI_Request request;
+    CKPT_MPI(MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm, &request));
+    wait_polled(&request);
+    if (lowest == size) return 0;
+    struct agreement a;
+    memset(&a, 0, sizeof a);
+    if (rank == lowest) {
+        a.code = code;
+        snprintf(a.message, sizeof a.message, "%s", message ? message : "");
+    }
+    CKPT_MPI(MPI_Ibcast(&a, (int)sizeof a, MPI_BYTE, lowest, comm, &request));
+    wait_polled(&request);
+    if (err && errsize) set_error(err, errsize, "%s", a.message);
+    return a.code;
+}
+
+/* FNV-1a over bytes, for the cross-rank consistency check of meta. */
+static uint64_t hash_bytes(uint64_t h, const void *data, size_t n)
+{
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
+    return h;
+}
+
+/* Every rank must pass the same meta (except frozen, which is per owner):
+ * a difference is a bug in the caller, and would make HDF5's collective
+ * metadata diverge, so it is fatal. */
+static void check_same_everywhere(const char *dir, int keep, const struct ckpt_meta *meta,
+                                  int layers, MPI_Comm comm)
+{
+    uint64_t h = 1469598103934665603ULL;
+    long scalars[] = {meta->step, meta->optimizer_steps, meta->lr_schedule_step,
+                      meta->pp, meta->dp, meta->history_count, keep, layers};
+    h = hash_bytes(h, scalars, sizeof scalars);
+    h = hash_bytes(h, &meta->seed, sizeof meta->seed);
+    h = hash_bytes(h, &meta->train_checksum, sizeof meta->train_checksum);
+    h = hash_bytes(h, dir, strlen(dir));
+    if (meta->config_text) h = hash_bytes(h, meta->config_text, strlen(meta->config_text));
+    h = hash_bytes(h, meta->data_cursor, (size_t)meta->dp * sizeof(long));
+    h = hash_bytes(h, meta->layout, (size_t)meta->pp * sizeof(int));
+    if (meta->history_count > 0) {
+        size_t n = (size_t)meta->history_count;
+        h = hash_bytes(h, meta->history_step, n * sizeof(long));
+        h = hash_bytes(h, meta->history_stages, n * sizeof(int));
+        h = hash_bytes(h, meta->history_layout, n * (size_t)layers * sizeof(int));
+    }
+    /* min(h) == max(h) iff min(h) == ~min(~h). */
+    unsigned long long mine[2] = {h, ~h}, lowest[2];
+    MPI_Request request;
+    CKPT_MPI(MPI_Iallreduce(mine, lowest, 2, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm,
+                            &request));
+    wait_polled(&request);
+    if (lowest[0] != ~lowest[1])
+        DM_FATAL("ckpt_save: ranks passed different checkpoint metadata (step, layout, "
+                 "cursors, history, config or directory): every rank must pass the same");
+}
+
+/* Every (stage, replica) pair exactly once: the grid the caller described
+ * must be the communicator's. */
+static void check_grid(int stage, int dp_rank, int pp, int dp, MPI_Comm comm)
+{
+    int size;
+    CKPT_MPI(MPI_Comm_size(comm, &size));
+    int mine = stage * dp + dp_rank;
+    int *all = dm_alloc((size_t)size * sizeof(int));
+    MPI_Request request;
+    CKPT_MPI(MPI_Iallgather(&mine, 1, MPI_INT, all, 1, MPI_INT, comm, &request));
+    wait_polled(&request);
+    int *seen = dm_alloc((size_t)size * sizeof(int));
+    for (int r = 0; r < size; r++) {
+        if (all[r] < 0 || all[r] >= pp * dp || seen[all[r]]++)
+            DM_FATAL("ckpt_save: rank %d claims (stage, replica) %d of a %d x %d grid, "
+                     "which is out of range or claimed twice", r, all[r], pp, dp);
+    }
+    dm_free(seen);
+    dm_free(all);
+}
+
+/* ---- names and files ----------------------------------------------------------- */
+
+void ckpt_path(char *buf, size_t size, const char *dir, long step)
+{
+    snprintf(buf, size, "%s/ckpt-%ld.h5", dir, step);
+}
+
+/* The step of "ckpt-<digits>.h5" (tmp = 0) or "ckpt-<digits>.h5.tmp"
+ * (tmp = 1), or -1. */
+static long parse_name(const char *name, int tmp)
+{
+    if (strncmp(name, "ckpt-", 5) != 0) return -1;
+    const char *p = name + 5, *digits = p;
+    while (*p >= '0' && *p <= '9') p++;
+    if (p == digits || p - digits > 18) return -1;
+    if (strcmp(p, tmp ? ".h5.tmp" : ".h5") != 0) return -1;
+    return strtol(digits, NULL, 10);
+}
+
+static int ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && !strcmp(s + n - m, suffix);
+}
+
+static int fsync_path(const char *path, int is_dir, char *err, size_t errsize)
+{
+    int fd = open(path, O_RDONLY | (is_dir ? O_DIRECTORY : 0));
+    if (fd < 0) {
+        set_error(err, errsize, "cannot open %s to fsync it: %s", path, strerror(errno));
+        return -1;
+    }
+    if (fsync(fd) != 0) {
+        set_error(err, errsize, "fsync of %s failed: %s", path, strerror(errno));
+        close(fd);
+        return -1;
+    }
+    close(fd);
+    return 0;
+}
+
+/* mkdir -p */
+static int make_dirs(const char *dir, char *err, size_t errsize)
+{
+    char path[4096];
+    snprintf(path, sizeof path, "%s", dir);
+    size_t n = strlen(path);
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && path[i] != '/') continue;
+        char saved = path[i];
+        path[i] = '\0';
+        if (mkdir(path, 0777) != 0 && errno != EEXIST) {
+            set_error(err, errsize, "cannot create the checkpoint directory %s: %s", path,
+                     strerror(errno));
+            return -1;
+        }
+        path[i] = saved;
+    }
+    struct stat st;
+    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
+        set_error(err, errsize, "the checkpoint directory %s is not a directory", dir);
+        return -1;
+    }
+    if (access(dir, W_OK | X_OK) != 0) {
+        set_error(err, errsize, "the checkpoint directory %s is not writable: %s", dir,
+                 strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+/* Replaces DIR/latest by a file naming `name`, atomically and durably. */
+static int write_latest(const char *dir, const char *name, char *err, size_t errsize)
+{
+    char tmp[4096], final[4096];
+    snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, CHECKPOINT_LATEST_NAME);
+    snprintf(final, sizeof final, "%s/%s", dir, CHECKPOINT_LATEST_NAME);
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        set_error(err, errsize, "cannot create %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    char line[512];
+    int n = snprintf(line, sizeof line, "%s\n", name);
+    if (write(fd, line, (size_t)n) != n || fsync(fd) != 0) {
+        set_error(err, errsize, "cannot write %s: %s", tmp, strerror(errno));
+        close(fd);
+        unlink(tmp);
+        return -1;
+    }
+    close(fd);
+    if (rename(tmp, final) != 0) {
+        set_error(err, errsize, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return fsync_path(dir, 1, err, errsize);
+}
+
+/* The steps of the complete checkpoints in dir, newest first, into a
+ * dm_alloc'd array; returns the count (-1 if dir cannot be read). */
+static int list_steps(const char *dir, int tmp, long **steps)
+{
+    *steps = NULL;
+    DIR *d = opendir(dir);
+    if (!d) return -1;
+    int count = 0, capacity = 16;
+    long *out = dm_alloc((size_t)capacity * sizeof(long));
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        long step = parse_name(e->d_name, tmp);
+        if (step < 0) continue;
+        if (count == capacity) {
+            long *grown = dm_alloc((size_t)(2 * capacity) * sizeof(long));
+            memcpy(grown, out, (size_t)count * sizeof(long));
+            dm_free(out);
+            out = grown;
+            capacity *= 2;
+        }
+        out[count++] = step;
+    }
+    closedir(d);
+    for (int i = 1; i < count; i++)          /* insertion sort, newest first */
+        for (int j = i; j > 0 && out[j] > out[j - 1]; j--) {
+            long t = out[j];
+            out[j] = out[j - 1];
+            out[j - 1] = t;
+        }
+    *steps = out;
+    return count;
+}
+
+/* After the marker names `newest`: keep it and the newest keep-1 complete
+ * checkpoints before it, delete older ones and every stale .tmp.
+ * Checkpoints after `newest` (left by a run that this one did not continue
+ * from) are left alone. Failures here lose nothing, so they are warnings. */
+static void prune(const char *dir, int keep, long newest)
+{
+    char path[4096];
+    long *steps;
+    int count = list_steps(dir, 0, &steps), kept = 1;
+    for (int i = 0; i < count; i++) {
+        if (steps[i] >= newest) continue;
+        if (keep <= 0 || kept < keep) {
+            kept++;
+            continue;
+        }
+        ckpt_path(path, sizeof path, dir, steps[i]);
+        if (unlink(path) != 0 && errno != ENOENT)
+            dm_warn("cannot delete the old checkpoint %s: %s\n", path, strerror(errno));
+    }
+    dm_free(steps);
+    count = list_steps(dir, 1, &steps);
+    for (int i = 0; i < count; i++) {
+        snprintf(path, sizeof path, "%s/ckpt-%ld.h5.tmp", dir, steps[i]);
+        if (unlink(path) != 0 && errno != ENOENT)
+            dm_warn("cannot delete the stale %s: %s\n", path, strerror(errno));
+    }
+    dm_free(steps);
+}
+
+/* ---- writing ------------------------------------------------------------------ */
+
+static void iso_time_now(char *buf, size_t size)
+{
+    time_t now = time(NULL);
+    struct tm utc;
+    gmtime_r(&now, &utc);
+    strftime(buf, size, "%Y-%m-%dT%H:%M:%SZ", &utc);
+}
+
+static void write_integer_attr(hid_t loc, const char *name, enum schema_type type,
+                               long long value)
+{
+    hid_t space = DM_H5(H5Screate(H5S_SCALAR));
+    hid_t attr = DM_H5(H5Acreate2(loc, name, schema_file_type(type), space, H5P_DEFAULT,
+                                  H5P_DEFAULT));
+    if (type == SCHEMA_TYPE_UINT64) {
+        unsigned long long u;
+        memcpy(&u, &value, sizeof u);
+        DM_H5(H5Awrite(attr, H5T_NATIVE_ULLONG, &u));
+    } else {
+        DM_H5(H5Awrite(attr, H5T_NATIVE_LLONG, &value));
+    }
+    DM_H5(H5Aclose(attr));
+    DM_H5(H5Sclose(space));
+}
+
+/* Chunk shape of a schema dataset: datasets indexed by layer get one
+ * layer per chunk row so that each chunk has a single writer; the rest
+ * are written by one rank and get whole rows per chunk. Each dimension is
+ * split into near-equal pieces so that no chunk is mostly padding. A chunk
+ * holds at most CHUNK_TARGET_BYTES. Returns the dataset's rank. */
+static int dataset_geometry(const struct schema_dataset *d, const struct ckpt_dims *dims,
+                            hsize_t extent[2], hsize_t chunk[2])
+{
+    int rank = ckpt_dataset_extent(d, dims, extent);
+    DM_ASSERT(rank > 0 && extent[0] > 0 && extent[1] > 0);
+    hsize_t target = CHUNK_TARGET_BYTES / schema_type_size(d->type);
+    hsize_t cols = rank == 2 ? extent[1] : extent[0];
+    hsize_t pieces = (cols + target - 1) / target;
+    hsize_t col_chunk = (cols + pieces - 1) / pieces;
+    if (rank == 1) {
+        chunk[0] = col_chunk;
+        chunk[1] = 1;
+        return rank;
+    }
+    hsize_t rows = target / col_chunk;
+    if (!strcmp(d->dims[0], "layers") || rows < 1) rows = 1;
+    if (rows > extent[0]) rows = extent[0];
+    chunk[0] = rows;
+    chunk[1] = col_chunk;
+    return rank;
+}
+
+static void create_dataset(hid_t file, const struct schema_dataset *d,
+                           const struct ckpt_dims *dims)
+{
+    hsize_t extent[2], chunk[2];
+    int rank = dataset_geometry(d, dims, extent, chunk);
+    hid_t space = DM_H5(H5Screate_simple(rank, extent, NULL));
+    hid_t dcpl = DM_H5(H5Pcreate(H5P_DATASET_CREATE));
+    DM_H5(H5Pset_chunk(dcpl, rank, chunk));
+    DM_H5(H5Pset_fletcher32(dcpl));
+    DM_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
+    hid_t dataset = DM_H5(H5Dcreate2(file, d->path, schema_file_type(d->type), space,
+                                     H5P_DEFAULT, dcpl, H5P_DEFAULT));
+    DM_H5(H5Dclose(dataset));
+    DM_H5(H5Pclose(dcpl));
+    DM_H5(H5Sclose(space));
+}
+
+/* The raw data are written as finished chunks (H5Dwrite_chunk): this rank
+ * copies a chunk's elements into chunk_buffer, zero-pads what lies past the
+ * dataset's edge, appends the Fletcher32 checksum exactly as HDF5's filter
+ * would, and writes the bytes where the collective creation allocated the
+ * chunk. Every chunk keeps the size it was allocated with (data + 4), so
+ * no chunk moves and no metadata changes: the writes are independent and
+ * need no collective call. Readers run HDF5's own Fletcher32 filter over
+ * them. The host and the file are little-endian, so elements are copied
+ * as they are. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+               "checkpoint chunks are written as little-endian bytes");
+_Static_assert(sizeof(long) == 8 && sizeof(int) == 4 && sizeof(float) == 4,
+               "checkpoint element types");
+
+struct chunk_writer {
+    hid_t file;
+    const struct ckpt_dims *dims;
+    unsigned char *chunk_buffer;    /* CHUNK_TARGET_BYTES + 4 */
+};
+
+/* Writes rows [row0, row0 + nrows) of dataset `name` from src (row-major,
+ * the dataset's own columns per row; a 1-D dataset has one column). The
+ * rows must be whole chunk rows, or run to the dataset's last row. */
+static void write_rows(const struct chunk_writer *w, const char *name, hsize_t row0,
+                       hsize_t nrows, const void *src)
+{
+    const struct schema_dataset *d = NULL;
+    for (int i = 0; i < ckpt_schema_dataset_count && !d; i++)
+        if (!strcmp(ckpt_schema_datasets[i].path, name)) d = &ckpt_schema_datasets[i];
+    DM_ASSERT(d != NULL);
+    hsize_t extent[2], chunk[2];
+    int rank = dataset_geometry(d, w->dims, extent, chunk);
+    size_t elem = schema_type_size(d->type);
+    hsize_t rows = extent[0], cols = rank == 2 ? extent[1] : 1;
+    hsize_t chunk_rows = chunk[0], chunk_cols = rank == 2 ? chunk[1] : 1;
+    size_t chunk_bytes = (size_t)(chunk_rows * chunk_cols) * elem;
+    DM_ASSERT(chunk_bytes <= CHUNK_TARGET_BYTES);
+    DM_ASSERT(row0 % chunk_rows == 0 && row0 + nrows <= rows);
+    DM_ASSERT((row0 + nrows) % chunk_rows == 0 || row0 + nrows == rows);
+    hid_t dataset = DM_H5(H5Dopen2(w->file, name, H5P_DEFAULT));
+    const unsigned char *bytes = src;
+    for (hsize_t r = row0; r < row0 + nrows; r += chunk_rows)
+        for (hsize_t c = 0; c < cols; c += chunk_cols) {
+            hsize_t used_rows = rows - r < chunk_rows ? rows - r : chunk_rows;
+            hsize_t used_cols = cols - c < chunk_cols ? cols - c : chunk_cols;
+            if (used_rows < chunk_rows || used_cols < chunk_cols)
+                memset(w->chunk_buffer, 0, chunk_bytes);
+            for (hsize_t i = 0; i < used_rows; i++)
+                memcpy(w->chunk_buffer + (size_t)(i * chunk_cols) * elem,
+                       bytes + (size_t)((r - row0 + i) * cols + c) * elem,
+                       (size_t)used_cols * elem);
+            uint32_t sum = ckpt_fletcher32(w->chunk_buffer, chunk_bytes);
+            unsigned char *tail = w->chunk_buffer + chunk_bytes;
+            tail[0] = (unsigned char)sum;
+            tail[1] = (unsigned char)(sum >> 8);
+            tail[2] = (unsigned char)(sum >> 16);
+            tail[3] = (unsigned char)(sum >> 24);
+            hsize_t offset[2] = {r, c};
+            DM_H5(H5Dwrite_chunk(dataset, H5P_DEFAULT, 0, offset, chunk_bytes + 4,
+                                 w->chunk_buffer));
+        }
+    DM_H5(H5Dclose(dataset));
+}
+
+/* Fraction of exactly-zero weights in a block's matrices (what pruning
+ * produces); descriptive state for inspect and the balancer. */
+static float block_sparsity(const struct block *blk)
+{
+    size_t zeros = 0, total = 0;
+    for (int k = 0; k < BP_COUNT; k++) {
+        if (!block_tensor_is_matrix(k)) continue;
+        size_t n = block_tensor_size(blk->C, k);
+        const float *p = blk->p[k];
+        for (size_t i = 0; i < n; i++) zeros += p[i] == 0.0f;
+        total += n;
+    }
+    return total ? (float)((double)zeros / (double)total) : 0.0f;
+}
+
+static int layout_sum(const int *layout, int stages)
+{
+    int sum = 0;
+    for (int s = 0; s < stages; s++) sum += layout[s];
+    return sum;
+}
+
+/* The collective HDF5 part of save: creates tmp and writes everything. */
+static void write_file(const char *tmp, const struct gpt *model, const struct ckpt_meta *meta,
+                       int stage, int dp_rank, MPI_Comm comm)
+{
+    int rank;
+    CKPT_MPI(MPI_Comm_rank(comm, &rank));
+    const struct gpt_shape *shape = &model->shape;
+    int layers = shape->layers;
+
+    /* The history written always ends with the current layout. */
+    int history = meta->history_count;
+    int append = history == 0 || meta->history_stages[history - 1] != meta->pp ||
+                 memcmp(meta->history_layout + (size_t)(history - 1) * (size_t)layers,
+                        meta->layout, (size_t)meta->pp * sizeof(int)) != 0;
+    int total_history = history + append;
+    long *history_step = dm_alloc((size_t)total_history * sizeof(long));
+    int *history_stages = dm_alloc((size_t)total_history * sizeof(int));
+    int *history_layout = dm_alloc((size_t)total_history * (size_t)layers * sizeof(int));
+    if (history) {
+        memcpy(history_step, meta->history_step, (size_t)history * sizeof(long));
+        memcpy(history_stages, meta->history_stages, (size_t)history * sizeof(int));
+        memcpy(history_layout, meta->history_layout,
+               (size_t)history * (size_t)layers * sizeof(int));
+    }
+    if (append) {
+        history_step[history] = meta->step;
+        history_stages[history] = meta->pp;
+        memcpy(history_layout + (size_t)history * (size_t)layers, meta->layout,
+               (size_t)meta->pp * sizeof(int));
+    }
+
+    struct ckpt_dims dims = {
+        .layers = layers, .block_params = (long)block_param_count(shape->channels),
+        .vocab = shape->vocab, .max_seq = shape->max_seq, .channels = shape->channels,
+        .pp = meta->pp, .dp = meta->dp, .history = total_history,
+    };
+
+    hid_t fapl = DM_H5(H5Pcreate(H5P_FILE_ACCESS));
+    /* Each rank writes whole chunks, large and disjoint, so ROMIO's two
+     * strategies for small interleaved writes only cost here: collective
+     * buffering ships every byte to an aggregator, and data sieving reads
+     * each region back before writing it (it measured as a full extra
+     * read of the file). Writes go straight to the file instead. */
+    MPI_Info info;
+    CKPT_MPI(MPI_Info_create(&info));
+    CKPT_MPI(MPI_Info_set(info, "romio_cb_write", "disable"));
+    CKPT_MPI(MPI_Info_set(info, "romio_ds_write", "disable"));
+    DM_H5(H5Pset_fapl_mpio(fapl, comm, info));
+    CKPT_MPI(MPI_Info_free(&info));
+    /* Metadata writes are collective (one rank writes each entry). Metadata
+     * reads stay independent: each rank looks up its own chunks' addresses
+     * while the others write theirs, so the reads cannot be collective. */
+    DM_H5(H5Pset_coll_metadata_write(fapl, 1));
+    DM_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
+    hid_t file = DM_H5(H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+    DM_H5(H5Pclose(fapl));
+
+    /* Attributes and groups: metadata, written by all ranks identically. */
+    char created[32];
+    iso_time_now(created, sizeof created);
+    /* created is the one value that could differ between ranks (a second
+     * boundary); rank 0's is used everywhere. */
+    MPI_Request request;
+    CKPT_MPI(MPI_Ibcast(created, (int)sizeof created, MPI_CHAR, 0, comm, &request));
+    wait_polled(&request);
+    dm_h5_write_string_attr(file, "kind", CHECKPOINT_KIND);
+    write_integer_attr(file, "schema_version", SCHEMA_TYPE_INT64, CHECKPOINT_SCHEMA_VERSION);
+    dm_h5_write_string_attr(file, "dynmo_version", DYNMO_VERSION);
+    dm_h5_write_string_attr(file, "created", created);
+    dm_h5_write_string_attr(file, "config", meta->config_text ? meta->config_text : "");
+    write_integer_attr(file, "world_pp", SCHEMA_TYPE_INT64, meta->pp);
+    write_integer_attr(file, "world_dp", SCHEMA_TYPE_INT64, meta->dp);
+    write_integer_attr(file, "world_size", SCHEMA_TYPE_INT64, (long long)meta->pp * meta->dp);
+    for (int i = 0; i < ckpt_schema_group_count; i++) {
+        hid_t group = DM_H5(H5Gcreate2(file, ckpt_schema_groups[i], H5P_DEFAULT,
+                                       H5P_DEFAULT, H5P_DEFAULT));
+        if (!strcmp(ckpt_schema_groups[i], "/model")) {
+            write_integer_attr(group, "vocab", SCHEMA_TYPE_INT64, shape->vocab);
+            write_integer_attr(group, "max_seq", SCHEMA_TYPE_INT64, shape->max_seq);
+            write_integer_attr(group, "layers", SCHEMA_TYPE_INT64, shape->layers);
+            write_integer_attr(group, "heads", SCHEMA_TYPE_INT64, shape->heads);
+            write_integer_attr(group, "channels", SCHEMA_TYPE_INT64, shape->channels);
+            write_integer_attr(group, "block_params", SCHEMA_TYPE_INT64, dims.block_params);
+        } else if (!strcmp(ckpt_schema_groups[i], "/training")) {
+            long long seed;
+            memcpy(&seed, &meta->seed, sizeof seed);
+            write_integer_attr(group, "step", SCHEMA_TYPE_INT64, meta->step);
+            write_integer_attr(group, "optimizer_steps", SCHEMA_TYPE_INT64,
+                               meta->optimizer_steps);
+            write_integer_attr(group, "lr_schedule_step", SCHEMA_TYPE_INT64,
+                               meta->lr_schedule_step);
+            write_integer_attr(group, "seed", SCHEMA_TYPE_UINT64, seed);
+            dm_h5_write_string_attr(group, "rng", "counter-based");
+        } else if (!strcmp(ckpt_schema_groups[i], "/data")) {
+            long long checksum;
+            memcpy(&checksum, &meta->train_checksum, sizeof checksum);
+            write_integer_attr(group, "train_checksum", SCHEMA_TYPE_UINT64, checksum);
+        }
+        DM_H5(H5Gclose(group));
+    }
+    /* Dataset creation is collective: every rank creates every dataset,
+     * and parallel HDF5 allocates every chunk now. */
+    for (int i = 0; i < ckpt_schema_dataset_count; i++)
+        create_dataset(file, &ckpt_schema_datasets[i], &dims);
+
+    /* Per-block state from the stages' writers, summed into rank 0 (each
+     * layer has one writer, so the sum is that writer's value exactly). */
+    int writer = dp_rank == 0;
+    int *frozen = dm_alloc((size_t)layers * sizeof(int));
+    int *frozen_all = dm_alloc((size_t)layers * sizeof(int));
+    float *sparsity = dm_alloc((size_t)layers * sizeof(float));
+    float *sparsity_all = dm_alloc((size_t)layers * sizeof(float));
+    for (int i = 0; writer && i < model->num_blocks; i++) {
+        int layer = model->first_block + i;
+        frozen[layer] = meta->frozen ? meta->frozen[layer] : 0;
+        sparsity[layer] = block_sparsity(&model->blocks[i]);
+    }
+    MPI_Request requests[2];
+    CKPT_MPI(MPI_Ireduce(frozen, frozen_all, layers, MPI_INT, MPI_SUM, 0, comm, &requests[0]));
+    CKPT_MPI(MPI_Ireduce(sparsity, sparsity_all, layers, MPI_FLOAT, MPI_SUM, 0, comm,
+                         &requests[1]));
+    wait_polled(&requests[0]);
+    wait_polled(&requests[1]);
+
+    struct chunk_writer w = {.file = file, .dims = &dims,
+                             .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4)};
+    if (rank == 0) {
+        write_rows(&w, "/data/cursor", 0, (hsize_t)meta->dp, meta->data_cursor);
+        write_rows(&w, "/layout/blocks_per_stage", 0, (hsize_t)meta->pp, meta->layout);
+        write_rows(&w, "/layout/history_step", 0, (hsize_t)total_history, history_step);
+        write_rows(&w, "/layout/history_stages", 0, (hsize_t)total_history, history_stages);
+        write_rows(&w, "/layout/history_blocks_per_stage", 0, (hsize_t)total_history,
+                   history_layout);
+        write_rows(&w, "/blocks/state/frozen", 0, (hsize_t)layers, frozen_all);
+        write_rows(&w, "/blocks/state/sparsity", 0, (hsize_t)layers, sparsity_all);
+    }
+    dm_free(frozen);
+    dm_free(frozen_all);
+    dm_free(sparsity);
+    dm_free(sparsity_all);
+
+    /* Blocks: replica 0 of each stage writes its rows. */
+    for (int i = 0; writer && i < model->num_blocks; i++) {
+        const struct block *blk = &model->blocks[i];
+        write_rows(&w, "/blocks/params", (hsize_t)blk->index, 1, blk->params);
+        write_rows(&w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
+        write_rows(&w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
+    }
+
+    /* Embedding from stage 0, head from the last stage (each replica 0).
+     * The slab holds [wte wpe lnf_w lnf_b] for params and for m and v. */
+    size_t C = (size_t)shape->channels;
+    size_t wpe = (size_t)shape->vocab * C;
+    size_t lnf = wpe + (size_t)shape->max_seq * C;
+    const float *bases[3] = {model->wte, model->embed_m, model->embed_v};
+    const char *kinds[3] = {"params", "adam_m", "adam_v"};
+    for (int k = 0; k < 3 && writer; k++) {
+        char name[64];
+        if (stage == 0) {
+            snprintf(name, sizeof name, "/embedding/%s/wte", kinds[k]);
+            write_rows(&w, name, 0, (hsize_t)shape->vocab, bases[k]);
+            snprintf(name, sizeof name, "/embedding/%s/wpe", kinds[k]);
+            write_rows(&w, name, 0, (hsize_t)shape->max_seq, bases[k] + wpe);
+        }
+        if (stage == meta->pp - 1) {
+            snprintf(name, sizeof name, "/head/%s/lnf_w", kinds[k]);
+            write_rows(&w, name, 0, (hsize_t)C, bases[k] + lnf);
+            snprintf(name, sizeof name, "/head/%s/lnf_b", kinds[k]);
+            write_rows(&w, name, 0, (hsize_t)C, bases[k] + lnf + C);
+        }
+    }
+    dm_free(w.chunk_buffer);
+
+    /* Last, the completion attribute: a file without it never finished. */
+    write_integer_attr(file, "complete", SCHEMA_TYPE_INT64, 1);
+    DM_H5(H5Fflush(file, H5F_SCOPE_GLOBAL));
+    DM_H5(H5Fclose(file));
+    dm_free(history_step);
+    dm_free(history_stages);
+    dm_free(history_layout);
+}
+
+/* Rank 0's part after the collective close: make the file durable, give
+ * it its final name, move the marker, prune. */
+static int publish(const char *dir, int keep, long step, const char *tmp,
+                   const char *final, char *err, size_t errsize)
+{
+    if (fsync_path(tmp, 0, err, errsize) != 0) return -1;
+    if (rename(tmp, final) != 0) {
+        set_error(err, errsize, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+        return -1;
+    }
+    if (fsync_path(dir, 1, err, errsize) != 0) return -1;
+    const char *name = strrchr(final, '/');
+    name = name ? name + 1 : final;
+    if (write_latest(dir, name, err, errsize) != 0) return -1;
+    prune(dir, keep, step);
+    return 0;
+}
+
+/* Every entry point starts here. */
+static void ckpt_init(void)
+{
+    dm_h5_init();
+}
+
+int ckpt_save(const char *dir, int keep, const struct gpt *model,
+              const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm,
+              char *path_out, size_t path_out_size, char *err, size_t errsize)
+{
+    ckpt_init();
+    int rank, size;
+    CKPT_MPI(MPI_Comm_rank(comm, &rank));
+    CKPT_MPI(MPI_Comm_size(comm, &size));
+    const struct gpt_shape *shape = &model->shape;
+    DM_ASSERT(meta->pp >= 1 && meta->dp >= 1 && meta->pp * meta->dp == size);
+    DM_ASSERT(stage >= 0 && stage < meta->pp && dp_rank >= 0 && dp_rank < meta->dp);
+    DM_ASSERT(meta->step >= 0 && meta->data_cursor && meta->layout);
+    DM_ASSERT(layout_sum(meta->layout, meta->pp) == shape->layers);
+    for (int s = 0; s < meta->pp; s++) DM_ASSERT(meta->layout[s] >= 1);
+    DM_ASSERT(model->first_block == layout_sum(meta->layout, stage) &&
+              model->num_blocks == meta->layout[stage]);
+    DM_ASSERT(model->has_embed == (stage == 0) && model->has_head == (stage == meta->pp - 1));
+    DM_ASSERT(meta->history_count >= 0);
+    check_grid(stage, dp_rank, meta->pp, meta->dp, comm);
+    check_same_everywhere(dir, keep, meta, shape->layers, comm);
+
+    char final[4096], tmp[4200];
+    ckpt_path(final, sizeof final, dir, meta->step);
+    snprintf(tmp, sizeof tmp, "%s.tmp", final);
+
+    char message[MESSAGE_BYTES] = "";
+    int failed = 0;
+    if (rank == 0) {
+        failed = make_dirs(dir, message, sizeof message) != 0;
+        if (!failed && unlink(tmp) != 0 && errno != ENOENT) {
+            set_error(message, sizeof message, "cannot remove the stale %s: %s", tmp,
+                     strerror(errno));
+            failed = 1;
+        }
+    }
+    if (agree(failed, message, comm, err, errsize)) return -1;
+
+    write_file(tmp, model, meta, stage, dp_rank, comm);
+
+    if (rank == 0) failed = publish(dir, keep, meta->step, tmp, final, message,
+                                    sizeof message) != 0;
+    if (agree(failed, message, comm, err, errsize)) return -1;
+    if (path_out && path_out_size) snprintf(path_out, path_out_size, "%s", final);
+    return 0;
+}
+
+/* ---- loading ------------------------------------------------------------------- */
+
+void ckpt_meta_free(struct ckpt_meta *meta)
+{
+    if (!meta->allocated) {
+        DM_ASSERT(!meta->data_cursor && !meta->layout && !meta->history_step &&
+                  !meta->sparsity);
+        memset(meta, 0, sizeof *meta);
+        return;
+    }
+    dm_free(meta->config_text);
+    dm_free(meta->data_cursor);
+    dm_free(meta->layout);
+    dm_free(meta->history_step);
+    dm_free(meta->history_stages);
+    dm_free(meta->history_layout);
+    dm_free(meta->frozen);
+    dm_free(meta->sparsity);
+    memset(meta, 0, sizeof *meta);
+}
+
+/* This rank's part of a load; no communication. */
+static enum load_outcome load_local(const char *path, struct gpt *model,
+                                    struct ckpt_meta *meta, char *err, size_t errsize)
+{
+    memset(meta, 0, sizeof *meta);
+    if (ends_with(path, ".tmp")) {
+        set_error(err, errsize, "checkpoint %s: incomplete: a .tmp file is a checkpoint "
+                 "still being written or abandoned by a killed writer, and is never "
+                 "loaded (its completion marker is missing)", path);
+        return LOAD_BAD_FILE;
+    }
+    struct ckpt_problems problems = {.path = path};
+    struct ckpt_header header;
+    enum load_outcome outcome = LOAD_BAD_FILE;
+    hid_t file = ckpt_open_checked(path, &problems, &header);
+    if (problems.count) goto done;
+    char reason[768];
+    if (ckpt_compare_shape(&header.shape, &model->shape, reason, sizeof reason) != 0) {
+        set_error(err, errsize, "checkpoint %s: %s", path, reason);
+        outcome = LOAD_MODEL_MISMATCH;
+        goto close;
+    }
+    if (ckpt_read_meta_from(file, &header, meta, &problems) != 0) goto done;
+    size_t nparams = block_param_count(model->shape.channels);
+    for (int i = 0; i < model->num_blocks; i++) {
+        struct block *blk = &model->blocks[i];
+        DM_ASSERT(blk->index == model->first_block + i && blk->nparams == nparams);
+        if (ckpt_read_floats(file, "/blocks/params", blk->index, nparams, blk->params,
+                             &problems) ||
+            ckpt_read_floats(file, "/blocks/adam_m", blk->index, nparams, blk->m,
+                             &problems) ||
+            ckpt_read_floats(file, "/blocks/adam_v", blk->index, nparams, blk->v,
+                             &problems))
+            goto done;
+        memset(blk->grads, 0, nparams * sizeof(float));
+    }
+    if (model->embed_slab) {
+        size_t C = (size_t)model->shape.channels, n = model->embed_nparams;
+        size_t wpe = (size_t)model->shape.vocab * C;
+        size_t lnf = wpe + (size_t)model->shape.max_seq * C;
+        float *bases[3] = {model->wte, model->embed_m, model->embed_v};
+        const char *kinds[3] = {"params", "adam_m", "adam_v"};
+        for (int k = 0; k < 3; k++) {
+            char name[4][64];
+            snprintf(name[0], sizeof name[0], "/embedding/%s/wte", kinds[k]);
+            snprintf(name[1], sizeof name[1], "/embedding/%s/wpe", kinds[k]);
+            snprintf(name[2], sizeof name[2], "/head/%s/lnf_w", kinds[k]);
+            snprintf(name[3], sizeof name[3], "/head/%s/lnf_b", kinds[k]);
+            if (ckpt_read_floats(file, name[0], -1, 0, bases[k], &problems) ||
+                ckpt_read_floats(file, name[1], -1, 0, bases[k] + wpe, &problems) ||
+                ckpt_read_floats(file, name[2], -1, 0, bases[k] + lnf, &problems) ||
+                ckpt_read_floats(file, name[3], -1, 0, bases[k] + lnf + C, &problems))
+                goto done;
+        }
+        memset(model->dwte, 0, n * sizeof(float));
+    }
+    outcome = LOAD_OK;
+done:
+    if (outcome != LOAD_OK && problems.count)
+        set_error(err, errsize, "%s", problems.first);
+close:
+    if (file >= 0) H5Fclose(file);
+    ckpt_header_free(&header);
+    if (outcome != LOAD_OK) ckpt_meta_free(meta);
+    return outcome;
+}
+
+static int load_agreed(const char *path, struct gpt *model, struct ckpt_meta *meta,
+                       MPI_Comm comm, char *err, size_t errsize)
+{
+    ckpt_init();
+    char message[MESSAGE_BYTES] = "";
+    enum load_outcome outcome = load_local(path, model, meta, message, sizeof message);
+    int agreed = agree((int)outcome, message, comm, err, errsize);
+    if (agreed != LOAD_OK && outcome == LOAD_OK) ckpt_meta_free(meta);
+    return agreed;
+}
+
+int ckpt_load_try(const char *path, struct gpt *model, struct ckpt_meta *meta,
+                  MPI_Comm comm, char *err, size_t errsize)
+{
+    return load_agreed(path, model, meta, comm, err, errsize) == LOAD_OK ? 0 : -1;
+}
+
+void ckpt_load(const char *path, struct gpt *model, struct ckpt_meta *meta, MPI_Comm comm)
+{
+    char err[MESSAGE_BYTES];
+    if (ckpt_load_try(path, model, meta, comm, err, sizeof err) != 0)
+        dm_user_error("%s", err);
+}
+
+/* ---- resume=auto ------------------------------------------------------------------ */
+
+/* Rank 0's view of the directory, as text every rank receives:
+ * line 1: what latest names ("" if no latest), then one complete
+ * checkpoint name per line, newest first, then "--" and the .tmp names. */
+static char *scan_directory(const char *dir, MPI_Comm comm)
+{
+    int rank;
+    CKPT_MPI(MPI_Comm_rank(comm, &rank));
+    size_t capacity = 1 << 16;
+    char *text = dm_alloc(capacity);
+    int length = 0;
+    if (rank == 0) {
+        char latest_path[4096], latest[512] = "";
+        snprintf(latest_path, sizeof latest_path, "%s/%s", dir, CHECKPOINT_LATEST_NAME);
+        FILE *f = fopen(latest_path, "r");
+        if (f) {
+            if (!fgets(latest, sizeof latest, f)) latest[0] = '\0';
+            fclose(f);
+            latest[strcspn(latest, "\r\n")] = '\0';
+            if (!latest[0]) snprintf(latest, sizeof latest, "%s", "(empty)");
+        }
+        size_t used = (size_t)snprintf(text, capacity, "%s\n", latest);
+        long *steps;
+        int count = list_steps(dir, 0, &steps);
+        for (int i = 0; i < count && used + 64 < capacity; i++)
+            used += (size_t)snprintf(text + used, capacity - used, "ckpt-%ld.h5\n", steps[i]);
+        dm_free(steps);
+        used += (size_t)snprintf(text + used, capacity - used, "--\n");
+        count = list_steps(dir, 1, &steps);
+        for (int i = 0; i < count && used + 64 < capacity; i++)
+            used += (size_t)snprintf(text + used, capacity - used, "ckpt-%ld.h5.tmp\n",
+                                     steps[i]);
+        dm_free(steps);
+        length = (int)used + 1;
+    }
+    MPI_Request request;
+    CKPT_MPI(MPI_Ibcast(&length, 1, MPI_INT, 0, comm, &request));
+    wait_polled(&request);
+    CKPT_MPI(MPI_Ibcast(text, length, MPI_CHAR, 0, comm, &request));
+    wait_polled(&request);
+    return text;
+}
+
+static void append_text(char *buf, size_t size, const char *text)
+{
+    size_t used = strlen(buf);
+    if (used + 1 < size) snprintf(buf + used, size - used, "%s%s", used ? "; " : "", text);
+}
+
+/* stdout of rank 0 of comm (dm_log speaks for rank 0 of the world). */
+__attribute__((format(printf, 2, 3)))
+static void say(MPI_Comm comm, const char *fmt, ...)
+{
+    int rank;
+    CKPT_MPI(MPI_Comm_rank(comm, &rank));
+    if (rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vprintf(fmt, ap);
+    va_end(ap);
+    fflush(stdout);
+}
+
+int ckpt_resume_auto(const char *dir, struct gpt *model, struct ckpt_meta *meta,
+                     MPI_Comm comm, char *loaded_path, size_t loaded_path_size)
+{
+    char *text = scan_directory(dir, comm);
+    char *latest = text;                 /* first line; "" when there is no latest */
+    char *rest = strchr(text, '\n');
+    *rest++ = '\0';
+    char *tmp_list = strstr(rest, "--\n");
+    *tmp_list = '\0';
+    tmp_list += 3;
+
+    char failures[4096] = "", path[4096], err[MESSAGE_BYTES], latest_problem[MESSAGE_BYTES];
+    int tried = 0;
+    long below = -1;                     /* fall back only to steps before this; -1: any */
+    if (latest[0]) {
+        /* latest names a file in DIR, never elsewhere. */
+        const char *base = strrchr(latest, '/') ? strrchr(latest, '/') + 1 : latest;
+        long step = parse_name(base, 0);
+        snprintf(path, sizeof path, "%s/%s", dir, base);
+        tried++;
+        struct stat st;
+        int missing = agree(step < 0 || stat(path, &st) != 0, "", comm, NULL, 0) != 0;
+        if (missing) {
+            set_error(latest_problem, sizeof latest_problem, "%s/%s names %s, which %s", dir,
+                     CHECKPOINT_LATEST_NAME, latest,
+                     step < 0 ? "is not a complete checkpoint's name (ckpt-<step>.h5)"
+                              : "does not exist");
+        } else {
+            int outcome = load_agreed(path, model, meta, comm, err, sizeof err);
+            if (outcome == LOAD_OK) {
+                dm_free(text);
+                if (loaded_path) snprintf(loaded_path, loaded_path_size, "%s", path);
+                return 1;
+            }
+            if (outcome == LOAD_MODEL_MISMATCH) dm_user_error("%s", err);
+            set_error(latest_problem, sizeof latest_problem, "%s (named by %s/%s)", err, dir,
+                     CHECKPOINT_LATEST_NAME);
+        }
+        /* The previous complete checkpoint is the newest one before it; a
+         * newer file belongs to a run that did not continue from it. */
+        below = step;
+        append_text(failures, sizeof failures, latest_problem);
+    }
+    char *save = NULL;
+    for (char *name = strtok_r(rest, "\n", &save); name; name = strtok_r(NULL, "\n", &save)) {
+        long step = parse_name(name, 0);
+        if (below >= 0 && step >= below) continue;
+        snprintf(path, sizeof path, "%s/%s", dir, name);
+        tried++;
+        int outcome = load_agreed(path, model, meta, comm, err, sizeof err);
+        if (outcome == LOAD_MODEL_MISMATCH) dm_user_error("%s", err);
+        if (outcome == LOAD_OK) {
+            if (latest[0])
+                say(comm, "resume: %s; resuming from the previous complete checkpoint "
+                    "%s instead\n", failures, path);
+            else if (failures[0])
+                say(comm, "resume: %s/%s is missing and newer checkpoints are unusable "
+                    "(%s); resuming from %s\n", dir, CHECKPOINT_LATEST_NAME, failures, path);
+            else
+                say(comm, "resume: %s/%s is missing; resuming from the newest complete "
+                    "checkpoint %s\n", dir, CHECKPOINT_LATEST_NAME, path);
+            dm_free(text);
+            if (loaded_path) snprintf(loaded_path, loaded_path_size, "%s", path);
+            return 1;
+        }
+        append_text(failures, sizeof failures, err);
+    }
+    if (tried > 0)
+        dm_user_error("no usable checkpoint in %s: %s", dir, failures);
+    if (tmp_list[0]) {
+        tmp_list[strcspn(tmp_list, "\n")] = '\0';
+        say(comm, "resume: no complete checkpoint in %s (ignoring the incomplete %s, "
+            "which has no completion marker); starting from step 0\n", dir, tmp_list);
+    } else {
+        say(comm, "resume: no checkpoint in %s; starting from step 0\n", dir);
+    }
+    dm_free(text);
+    memset(meta, 0, sizeof *meta);
+    if (loaded_path && loaded_path_size) loaded_path[0] = '\0';
+    return 0;
+}
+
+/* ---- offline readers ------------------------------------------------------------------ */
+
+int ckpt_read_info(const char *path, struct ckpt_meta *meta, char *err, size_t errsize)
+{
+    ckpt_init();
+    memset(meta, 0, sizeof *meta);
+    struct ckpt_problems problems = {.path = path};
+    struct ckpt_header header;
+    hid_t file = ckpt_open_checked(path, &problems, &header);
+    if (!problems.count) ckpt_read_meta_from(file, &header, meta, &problems);
+    if (file >= 0) H5Fclose(file);
+    ckpt_header_free(&header);
+    if (problems.count) {
+        ckpt_meta_free(meta);
+        set_error(err, errsize, "%s", problems.first);
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_check_file(const char *path, int read_data,
+                    void (*report)(void *ctx, const char *problem), void *ctx)
+{
+    ckpt_init();
+    struct ckpt_problems problems = {.path = path, .report = report, .ctx = ctx};
+    struct ckpt_header header;
+    hid_t file = ckpt_open_checked(path, &problems, &header);
+    if (file >= 0 && !problems.count) {
+        struct ckpt_meta meta;
+        ckpt_read_meta_from(file, &header, &meta, &problems);
+        ckpt_meta_free(&meta);
+        if (read_data) ckpt_read_all(file, &header, &problems);
+    }
+    if (file >= 0) H5Fclose(file);
+    ckpt_header_free(&header);
+    return problems.count;
+}

@@ -1,0 +1,822 @@
+/* The checkpoint file as data: the schema tables compiled in from
+ * checkpoint_schema/v1.def, the structural check of an open file against
+ * them, and the serial readers of metadata and rows that the loader, the
+ * checker and inspect share.
+ *
+ * It never writes and never calls MPI: the collective writer and loader
+ * live in checkpoint.c. Every problem goes through ckpt_problem so that the
+ * loader can stop at the first and the checker can list them all. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/ckpt.h"
+#include "ckpt/ckpt_file.h"
+#include "ckpt/h5util.h"
+
+/* ---- the schema, compiled in from checkpoint_schema/v1.def ------------- */
+
+#define SCHEMA_VERSION(n)
+#define SCHEMA_GROUP(path)
+#define SCHEMA_ATTR(object, name, type, value)
+#define SCHEMA_DATASET(path, type, dim0, dim1)
+
+#undef SCHEMA_VERSION
+#define SCHEMA_VERSION(n) n
+enum {
+    SCHEMA_FILE_VERSION =
+#include "../../checkpoint_schema/v1.def"
+};
+#undef SCHEMA_VERSION
+#define SCHEMA_VERSION(n)
+_Static_assert(SCHEMA_FILE_VERSION == CHECKPOINT_SCHEMA_VERSION,
+               "checkpoint_schema/v1.def and CHECKPOINT_SCHEMA_VERSION disagree");
+const int ckpt_schema_version = SCHEMA_FILE_VERSION;
+
+#undef SCHEMA_GROUP
+#define SCHEMA_GROUP(path) path,
+const char *const ckpt_schema_groups[] = {
+#include "../../checkpoint_schema/v1.def"
+};
+#undef SCHEMA_GROUP
+#define SCHEMA_GROUP(path)
+const int ckpt_schema_group_count =
+    (int)(sizeof ckpt_schema_groups / sizeof ckpt_schema_groups[0]);
+
+#undef SCHEMA_ATTR
+#define SCHEMA_ATTR(object, name, type, value) {object, name, SCHEMA_TYPE_##type, value},
+const struct schema_attr ckpt_schema_attrs[] = {
+#include "../../checkpoint_schema/v1.def"
+};
+#undef SCHEMA_ATTR
+#define SCHEMA_ATTR(object, name, type, value)
+const int ckpt_schema_attr_count =
+    (int)(sizeof ckpt_schema_attrs / sizeof ckpt_schema_attrs[0]);
+
+#undef SCHEMA_DATASET
+#define SCHEMA_DATASET(path, type, dim0, dim1) {path, SCHEMA_TYPE_##type, {dim0, dim1}},
+const struct schema_dataset ckpt_schema_datasets[] = {
+#include "../../checkpoint_schema/v1.def"
+};
+#undef SCHEMA_DATASET
+const int ckpt_schema_dataset_count =
+    (int)(sizeof ckpt_schema_datasets / sizeof ckpt_schema_datasets[0]);
+
+#undef SCHEMA_VERSION
+#undef SCHEMA_GROUP
+#undef SCHEMA_ATTR
+
+const char *schema_type_name(enum schema_type type)
+{
+    switch (type) {
+    case SCHEMA_TYPE_STRING: return "string";
+    case SCHEMA_TYPE_INT64: return "int64";
+    case SCHEMA_TYPE_UINT64: return "uint64";
+    case SCHEMA_TYPE_INT32: return "int32";
+    case SCHEMA_TYPE_FLOAT32: return "float32";
+    }
+    return "?";
+}
+
+hid_t schema_file_type(enum schema_type type)
+{
+    switch (type) {
+    case SCHEMA_TYPE_INT64: return H5T_STD_I64LE;
+    case SCHEMA_TYPE_UINT64: return H5T_STD_U64LE;
+    case SCHEMA_TYPE_INT32: return H5T_STD_I32LE;
+    case SCHEMA_TYPE_FLOAT32: return H5T_IEEE_F32LE;
+    case SCHEMA_TYPE_STRING: break;
+    }
+    DM_FATAL("schema type %s has no fixed HDF5 file type", schema_type_name(type));
+}
+
+size_t schema_type_size(enum schema_type type)
+{
+    switch (type) {
+    case SCHEMA_TYPE_INT32:
+    case SCHEMA_TYPE_FLOAT32: return 4;
+    case SCHEMA_TYPE_INT64:
+    case SCHEMA_TYPE_UINT64:
+    case SCHEMA_TYPE_STRING: return 8;
+    }
+    return 8;
+}
+
+long ckpt_dim(const struct ckpt_dims *dims, const char *name)
+{
+    if (!strcmp(name, "layers")) return dims->layers;
+    if (!strcmp(name, "block_params")) return dims->block_params;
+    if (!strcmp(name, "vocab")) return dims->vocab;
+    if (!strcmp(name, "max_seq")) return dims->max_seq;
+    if (!strcmp(name, "channels")) return dims->channels;
+    if (!strcmp(name, "pp")) return dims->pp;
+    if (!strcmp(name, "dp")) return dims->dp;
+    if (!strcmp(name, "history")) return dims->history;
+    return -1;
+}
+
+int ckpt_dataset_extent(const struct schema_dataset *d, const struct ckpt_dims *dims,
+                        hsize_t extent[2])
+{
+    int rank = d->dims[1][0] ? 2 : 1;
+    for (int i = 0; i < rank; i++) {
+        long value = ckpt_dim(dims, d->dims[i]);
+        if (value < 0) return -1;
+        extent[i] = (hsize_t)value;
+    }
+    if (rank == 1) extent[1] = 1;
+    return rank;
+}
+
+void ckpt_problem(struct ckpt_problems *problems, const char *fmt, ...)
+{
+    char text[1024];
+    int n = snprintf(text, sizeof text, "checkpoint %s: ", problems->path);
+    va_list ap;
+    va_start(ap, fmt);
+    if (n >= 0 && (size_t)n < sizeof text) vsnprintf(text + n, sizeof text - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (problems->count == 0) snprintf(problems->first, sizeof problems->first, "%s", text);
+    problems->count++;
+    if (problems->report) problems->report(problems->ctx, text);
+}
+
+void ckpt_header_free(struct ckpt_header *header)
+{
+    dm_free(header->config_text);
+    header->config_text = NULL;
+}
+
+/* ---- attributes ------------------------------------------------------------ */
+
+/* Whether every component of the absolute path exists (H5Lexists alone
+ * fails when an intermediate group is missing). */
+static int path_exists(hid_t file, const char *path)
+{
+    if (!strcmp(path, "/")) return 1;
+    char prefix[256];
+    size_t n = strlen(path);
+    if (n >= sizeof prefix) return 0;
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && path[i] != '/') continue;
+        memcpy(prefix, path, i);
+        prefix[i] = '\0';
+        htri_t exists = H5Lexists(file, prefix, H5P_DEFAULT);
+        if (exists <= 0) {
+            if (exists < 0) H5Eclear2(H5E_DEFAULT);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static const char *attr_where(const char *object, const char *name, char *buf, size_t size)
+{
+    if (!strcmp(object, "/")) snprintf(buf, size, "root attribute %s", name);
+    else snprintf(buf, size, "attribute %s of %s", name, object);
+    return buf;
+}
+
+/* Reads one scalar integer attribute; checks the schema type (64-bit,
+ * signed or not). Returns 0, 1 when absent, -1 on any other problem (reported). */
+static int read_integer_attr(hid_t file, const struct schema_attr *a, long long *value,
+                             struct ckpt_problems *problems)
+{
+    char where[160];
+    attr_where(a->object, a->name, where, sizeof where);
+    int status = -1;
+    hid_t attr = -1, type = -1, space = -1;
+    htri_t exists = H5Aexists_by_name(file, a->object, a->name, H5P_DEFAULT);
+    if (exists <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return 1;
+    }
+    attr = H5Aopen_by_name(file, a->object, a->name, H5P_DEFAULT, H5P_DEFAULT);
+    if (attr < 0) goto fail;
+    type = H5Aget_type(attr);
+    space = H5Aget_space(attr);
+    if (type < 0 || space < 0) goto fail;
+    int want_signed = a->type == SCHEMA_TYPE_INT64;
+    if (H5Tget_class(type) != H5T_INTEGER || H5Tget_size(type) != 8 ||
+        (H5Tget_sign(type) == H5T_SGN_2) != want_signed ||
+        H5Sget_simple_extent_npoints(space) != 1) {
+        ckpt_problem(problems, "%s is not a scalar %s", where, schema_type_name(a->type));
+        goto done;
+    }
+    if (want_signed) {
+        if (H5Aread(attr, H5T_NATIVE_LLONG, value) < 0) goto fail;
+    } else {
+        unsigned long long u = 0;
+        if (H5Aread(attr, H5T_NATIVE_ULLONG, &u) < 0) goto fail;
+        memcpy(value, &u, sizeof u);
+    }
+    status = 0;
+    goto done;
+fail: {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        ckpt_problem(problems, "cannot read %s: %s", where, text);
+    }
+done:
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    if (attr >= 0) H5Aclose(attr);
+    return status;
+}
+
+/* Reads one string attribute into a dm_alloc'd buffer. Returns 0, 1 when
+ * absent, -1 on another problem (reported). */
+static int read_string_attr(hid_t file, const struct schema_attr *a, char **text,
+                            struct ckpt_problems *problems)
+{
+    char where[160];
+    attr_where(a->object, a->name, where, sizeof where);
+    *text = NULL;
+    hid_t object = H5Oopen(file, a->object, H5P_DEFAULT);
+    if (object < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        return 1;
+    }
+    hid_t attr = -1, type = -1;
+    int status;
+    htri_t exists = H5Aexists(object, a->name);
+    if (exists <= 0) {
+        H5Eclear2(H5E_DEFAULT);
+        status = 1;
+        goto done;
+    }
+    attr = H5Aopen(object, a->name, H5P_DEFAULT);
+    type = attr >= 0 ? H5Aget_type(attr) : -1;
+    if (type < 0 || H5Tget_class(type) != H5T_STRING) {
+        H5Eclear2(H5E_DEFAULT);
+        ckpt_problem(problems, "%s is not a string", where);
+        status = -1;
+        goto done;
+    }
+    char err[768];
+    status = dm_h5_read_attr_text(object, a->name, text, err, sizeof err);
+    if (status < 0) ckpt_problem(problems, "cannot read %s: %s", where, err);
+done:
+    if (type >= 0) H5Tclose(type);
+    if (attr >= 0) H5Aclose(attr);
+    H5Oclose(object);
+    return status;
+}
+
+static const struct schema_attr *find_attr(const char *object, const char *name)
+{
+    for (int i = 0; i < ckpt_schema_attr_count; i++)
+        if (!strcmp(ckpt_schema_attrs[i].object, object) &&
+            !strcmp(ckpt_schema_attrs[i].name, name))
+            return &ckpt_schema_attrs[i];
+    DM_FATAL("checkpoint schema has no attribute %s of %s", name, object);
+}
+
+/* Stores an integer attribute's value where the header keeps it. */
+static void header_store_integer(struct ckpt_header *h, const struct schema_attr *a,
+                                 long long value)
+{
+    uint64_t u;
+    memcpy(&u, &value, sizeof u);
+    const char *o = a->object, *n = a->name;
+    if (!strcmp(o, "/")) {
+        if (!strcmp(n, "schema_version")) h->schema_version = value;
+        else if (!strcmp(n, "world_pp")) h->world_pp = value;
+        else if (!strcmp(n, "world_dp")) h->world_dp = value;
+        else if (!strcmp(n, "world_size")) h->world_size = value;
+    } else if (!strcmp(o, "/model")) {
+        if (!strcmp(n, "vocab")) h->dims.vocab = value;
+        else if (!strcmp(n, "max_seq")) h->dims.max_seq = value;
+        else if (!strcmp(n, "layers")) h->dims.layers = value;
+        else if (!strcmp(n, "heads")) h->shape.heads = (int)value;
+        else if (!strcmp(n, "channels")) h->dims.channels = value;
+        else if (!strcmp(n, "block_params")) h->dims.block_params = value;
+    } else if (!strcmp(o, "/training")) {
+        if (!strcmp(n, "step")) h->step = value;
+        else if (!strcmp(n, "optimizer_steps")) h->optimizer_steps = value;
+        else if (!strcmp(n, "lr_schedule_step")) h->lr_schedule_step = value;
+        else if (!strcmp(n, "seed")) h->seed = u;
+    } else if (!strcmp(o, "/data")) {
+        if (!strcmp(n, "train_checksum")) h->train_checksum = u;
+    }
+}
+
+static void header_store_string(struct ckpt_header *h, const struct schema_attr *a,
+                                const char *text)
+{
+    if (strcmp(a->object, "/") != 0) return;
+    if (!strcmp(a->name, "dynmo_version"))
+        snprintf(h->dynmo_version, sizeof h->dynmo_version, "%s", text);
+    else if (!strcmp(a->name, "created"))
+        snprintf(h->created, sizeof h->created, "%s", text);
+    else if (!strcmp(a->name, "config")) {
+        size_t n = strlen(text);
+        h->config_text = dm_alloc(n + 1);
+        memcpy(h->config_text, text, n);
+    }
+}
+
+/* Checks one schema attribute: present, of its type, with its required
+ * value; stores it in the header. Returns 0 when it is usable. */
+static int check_attr(hid_t file, const struct schema_attr *a, struct ckpt_header *h,
+                      struct ckpt_problems *problems)
+{
+    char where[160];
+    attr_where(a->object, a->name, where, sizeof where);
+    if (a->type == SCHEMA_TYPE_STRING) {
+        char *text = NULL;
+        int status = read_string_attr(file, a, &text, problems);
+        if (status == 1) {
+            ckpt_problem(problems, "%s is missing", where);
+            return -1;
+        }
+        if (status < 0) return -1;
+        int ok = !a->value[0] || !strcmp(text, a->value);
+        if (!ok)
+            ckpt_problem(problems, "%s is \"%s\", expected \"%s\"", where, text, a->value);
+        else
+            header_store_string(h, a, text);
+        dm_free(text);
+        return ok ? 0 : -1;
+    }
+    long long value = 0;
+    int status = read_integer_attr(file, a, &value, problems);
+    if (status == 1) {
+        if (!strcmp(a->name, "complete") && !strcmp(a->object, "/"))
+            ckpt_problem(problems, "incomplete: the root attribute complete is missing "
+                         "(the writer did not finish this file)");
+        else
+            ckpt_problem(problems, "%s is missing", where);
+        return -1;
+    }
+    if (status < 0) return -1;
+    if (a->value[0] && value != strtoll(a->value, NULL, 10)) {
+        ckpt_problem(problems, "%s is %lld, expected %s", where, value, a->value);
+        return -1;
+    }
+    header_store_integer(h, a, value);
+    return 0;
+}
+
+/* ---- structure --------------------------------------------------------------- */
+
+static int check_type(hid_t type, enum schema_type want)
+{
+    H5T_class_t type_class = H5Tget_class(type);
+    size_t size = H5Tget_size(type);
+    H5T_order_t order = H5Tget_order(type);
+    switch (want) {
+    case SCHEMA_TYPE_FLOAT32:
+        return type_class == H5T_FLOAT && size == 4 && order == H5T_ORDER_LE;
+    case SCHEMA_TYPE_INT32:
+        return type_class == H5T_INTEGER && size == 4 && order == H5T_ORDER_LE &&
+               H5Tget_sign(type) == H5T_SGN_2;
+    case SCHEMA_TYPE_INT64:
+        return type_class == H5T_INTEGER && size == 8 && order == H5T_ORDER_LE &&
+               H5Tget_sign(type) == H5T_SGN_2;
+    case SCHEMA_TYPE_UINT64:
+        return type_class == H5T_INTEGER && size == 8 && order == H5T_ORDER_LE &&
+               H5Tget_sign(type) == H5T_SGN_NONE;
+    case SCHEMA_TYPE_STRING:
+        return type_class == H5T_STRING;
+    }
+    return 0;
+}
+
+/* One dataset: present, of its type, shape, chunked with Fletcher32. */
+static void check_dataset(hid_t file, const struct schema_dataset *d,
+                          const struct ckpt_dims *dims, struct ckpt_problems *problems)
+{
+    if (!path_exists(file, d->path)) {
+        ckpt_problem(problems, "incomplete: dataset %s is missing", d->path);
+        return;
+    }
+    hid_t dataset = H5Dopen2(file, d->path, H5P_DEFAULT);
+    if (dataset < 0) {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        ckpt_problem(problems, "%s is not a readable dataset: %s", d->path, text);
+        return;
+    }
+    hid_t type = H5Dget_type(dataset), space = H5Dget_space(dataset);
+    hid_t dcpl = H5Dget_create_plist(dataset);
+    if (type < 0 || space < 0 || dcpl < 0) {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        ckpt_problem(problems, "cannot read the description of %s: %s", d->path, text);
+        goto done;
+    }
+    if (!check_type(type, d->type))
+        ckpt_problem(problems, "%s has the wrong type (expected little-endian %s)",
+                     d->path, schema_type_name(d->type));
+    hsize_t want[2];
+    int want_rank = ckpt_dataset_extent(d, dims, want);
+    int rank = H5Sget_simple_extent_ndims(space);
+    hsize_t have[H5S_MAX_RANK] = {0};
+    if (rank > 0) H5Sget_simple_extent_dims(space, have, NULL);
+    if (want_rank < 0) {
+        ckpt_problem(problems, "cannot check the shape of %s: dimension %s or %s unknown",
+                     d->path, d->dims[0], d->dims[1][0] ? d->dims[1] : d->dims[0]);
+    } else if (rank != want_rank || have[0] != want[0] ||
+               (rank == 2 && have[1] != want[1])) {
+        char shape[64];
+        if (rank == 2)
+            snprintf(shape, sizeof shape, "[%llu, %llu]", (unsigned long long)have[0],
+                     (unsigned long long)have[1]);
+        else if (rank == 1)
+            snprintf(shape, sizeof shape, "[%llu]", (unsigned long long)have[0]);
+        else
+            snprintf(shape, sizeof shape, "of rank %d", rank);
+        if (want_rank == 2)
+            ckpt_problem(problems, "%s has shape %s, expected [%s, %s] = [%llu, %llu]",
+                         d->path, shape, d->dims[0], d->dims[1],
+                         (unsigned long long)want[0], (unsigned long long)want[1]);
+        else
+            ckpt_problem(problems, "%s has shape %s, expected [%s] = [%llu]", d->path,
+                         shape, d->dims[0], (unsigned long long)want[0]);
+    }
+    if (H5Pget_layout(dcpl) != H5D_CHUNKED) {
+        ckpt_problem(problems, "%s is not chunked, so it has no Fletcher32 checksum",
+                     d->path);
+    } else {
+        unsigned flags = 0, config = 0;
+        size_t nvalues = 0;
+        char name[32];
+        if (H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &nvalues, NULL,
+                                 sizeof name, name, &config) < 0) {
+            H5Eclear2(H5E_DEFAULT);
+            ckpt_problem(problems, "%s has no Fletcher32 checksum filter", d->path);
+        }
+    }
+done:
+    if (dcpl >= 0) H5Pclose(dcpl);
+    if (space >= 0) H5Sclose(space);
+    if (type >= 0) H5Tclose(type);
+    H5Dclose(dataset);
+}
+
+/* Sanity of the model and world attributes, once they are known. */
+static void check_header_values(struct ckpt_header *h, struct ckpt_problems *problems)
+{
+    struct ckpt_dims *d = &h->dims;
+    if (d->layers < 1 || d->channels < 1 || d->vocab < 1 || d->max_seq < 1 ||
+        h->shape.heads < 1)
+        ckpt_problem(problems, "/model attributes out of range (layers %ld, channels %ld, "
+                     "heads %d, vocab %ld, max_seq %ld)", d->layers, d->channels,
+                     h->shape.heads, d->vocab, d->max_seq);
+    else if (d->channels % h->shape.heads != 0)
+        ckpt_problem(problems, "/model: heads %d do not divide channels %ld",
+                     h->shape.heads, d->channels);
+    else if (d->channels > 1 << 20 || d->layers > 1 << 20)
+        ckpt_problem(problems, "/model: channels %ld or layers %ld implausibly large",
+                     d->channels, d->layers);
+    else if ((size_t)d->block_params != block_param_count((int)d->channels))
+        ckpt_problem(problems, "/model: block_params is %ld, but a block of %ld channels "
+                     "has %zu parameters", d->block_params, d->channels,
+                     block_param_count((int)d->channels));
+    if (h->world_pp < 1 || h->world_dp < 1 || h->world_size != h->world_pp * h->world_dp)
+        ckpt_problem(problems, "world attributes inconsistent: world_pp %ld x world_dp %ld "
+                     "!= world_size %ld", h->world_pp, h->world_dp, h->world_size);
+    else if (d->layers >= 1 && h->world_pp > d->layers)
+        ckpt_problem(problems, "world_pp %ld exceeds the %ld layers", h->world_pp,
+                     d->layers);
+    if (h->step < 0 || h->optimizer_steps < 0 || h->lr_schedule_step < 0)
+        ckpt_problem(problems, "/training: step %ld, optimizer_steps %ld, lr_schedule_step "
+                     "%ld must not be negative", h->step, h->optimizer_steps,
+                     h->lr_schedule_step);
+    d->pp = h->world_pp >= 1 ? h->world_pp : -1;
+    d->dp = h->world_dp >= 1 ? h->world_dp : -1;
+    h->shape.vocab = (int)d->vocab;
+    h->shape.max_seq = (int)d->max_seq;
+    h->shape.layers = (int)d->layers;
+    h->shape.channels = (int)d->channels;
+}
+
+hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
+                        struct ckpt_header *header)
+{
+    memset(header, 0, sizeof *header);
+    struct ckpt_dims *dims = &header->dims;
+    dims->layers = dims->block_params = dims->vocab = dims->max_seq = dims->channels = -1;
+    dims->pp = dims->dp = dims->history = -1;
+    header->schema_version = -1;
+
+    char err[1024];
+    hid_t file = dm_h5_open_readonly(path, err, sizeof err);
+    if (file < 0) {
+        /* dm_h5_open_readonly names the path first; ours does already. */
+        size_t n = strlen(path);
+        const char *reason = err;
+        if (!strncmp(err, path, n) && err[n] == ':') reason = err + n + 1;
+        while (*reason == ' ') reason++;
+        ckpt_problem(problems, "%s", reason);
+        return -1;
+    }
+
+    /* kind and schema version first: a file of another kind or version is
+     * that, and listing every difference from our schema would bury it. */
+    const struct schema_attr *kind = find_attr("/", "kind");
+    char *text = NULL;
+    int status = read_string_attr(file, kind, &text, problems);
+    if (status == 1)
+        ckpt_problem(problems, "not a dynmo checkpoint (its root group has no kind "
+                     "attribute)");
+    else if (status == 0 && strcmp(text, CHECKPOINT_KIND) != 0)
+        ckpt_problem(problems, "not a dynmo checkpoint (root attribute kind is \"%s\", "
+                     "expected \"%s\")", text, CHECKPOINT_KIND);
+    dm_free(text);
+    if (status != 0 || problems->count) {
+        H5Fclose(file);
+        return -1;
+    }
+    const struct schema_attr *version = find_attr("/", "schema_version");
+    long long value = 0;
+    status = read_integer_attr(file, version, &value, problems);
+    if (status == 1)
+        ckpt_problem(problems, "the root attribute schema_version is missing");
+    else if (status == 0 && value != ckpt_schema_version)
+        ckpt_problem(problems, "schema version %lld; this dynmo reads checkpoint schema "
+                     "version %d only (use the dynmo that wrote it, or start a new run)",
+                     value, ckpt_schema_version);
+    if (status != 0 || value != ckpt_schema_version) {
+        H5Fclose(file);
+        return -1;
+    }
+
+    for (int i = 0; i < ckpt_schema_group_count; i++)
+        if (!path_exists(file, ckpt_schema_groups[i]))
+            ckpt_problem(problems, "incomplete: group %s is missing", ckpt_schema_groups[i]);
+    for (int i = 0; i < ckpt_schema_attr_count; i++) {
+        const struct schema_attr *a = &ckpt_schema_attrs[i];
+        if (!path_exists(file, a->object)) continue;   /* reported with its group */
+        check_attr(file, a, header, problems);
+    }
+    check_header_values(header, problems);
+
+    /* The history length is the one dimension a dataset defines. */
+    if (path_exists(file, "/layout/history_step")) {
+        hid_t dataset = H5Dopen2(file, "/layout/history_step", H5P_DEFAULT);
+        hid_t space = dataset >= 0 ? H5Dget_space(dataset) : -1;
+        hsize_t n[H5S_MAX_RANK] = {0};
+        if (space >= 0 && H5Sget_simple_extent_ndims(space) == 1) {
+            H5Sget_simple_extent_dims(space, n, NULL);
+            if (n[0] >= 1) dims->history = (long)n[0];
+            else ckpt_problem(problems, "the layout history is empty");
+        }
+        if (space >= 0) H5Sclose(space);
+        if (dataset >= 0) H5Dclose(dataset);
+        H5Eclear2(H5E_DEFAULT);
+    }
+    for (int i = 0; i < ckpt_schema_dataset_count; i++)
+        check_dataset(file, &ckpt_schema_datasets[i], dims, problems);
+    return file;
+}
+
+/* ---- reading ------------------------------------------------------------------ */
+
+static void report_read_failure(struct ckpt_problems *problems, const char *name,
+                                const char *what)
+{
+    char text[1024];
+    dm_h5_error_text(text, sizeof text);
+    if (strstr(text, "Fletcher32") || strstr(text, "checksum"))
+        ckpt_problem(problems, "corrupt: Fletcher32 checksum mismatch in %s%s (a flipped "
+                     "or overwritten byte): %s", name, what, text);
+    else
+        ckpt_problem(problems, "corrupt: reading %s%s failed: %s", name, what, text);
+}
+
+/* Reads the hyperslab [start, start+count) of dataset `name` (rank 1 or 2;
+ * count[1] ignored for rank 1) into out as memory_type. */
+static int read_slab(hid_t file, const char *name, hid_t memory_type, int rank,
+                     const hsize_t start[2], const hsize_t count[2], void *out,
+                     const char *what, struct ckpt_problems *problems)
+{
+    int status = -1;
+    hid_t file_space = -1, memory_space = -1;
+    hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT);
+    if (dataset < 0) goto fail;
+    file_space = H5Dget_space(dataset);
+    if (file_space < 0) goto fail;
+    if (H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, count, NULL) < 0)
+        goto fail;
+    /* Same shape as the file selection, so that HDF5 maps it to chunks
+     * directly rather than element by element. */
+    memory_space = H5Screate_simple(rank, count, NULL);
+    if (memory_space < 0) goto fail;
+    if (H5Dread(dataset, memory_type, memory_space, file_space, H5P_DEFAULT, out) < 0)
+        goto fail;
+    status = 0;
+    goto done;
+fail:
+    report_read_failure(problems, name, what);
+done:
+    if (memory_space >= 0) H5Sclose(memory_space);
+    if (file_space >= 0) H5Sclose(file_space);
+    if (dataset >= 0) H5Dclose(dataset);
+    return status;
+}
+
+static const struct schema_dataset *find_dataset(const char *name)
+{
+    for (int i = 0; i < ckpt_schema_dataset_count; i++)
+        if (!strcmp(ckpt_schema_datasets[i].path, name)) return &ckpt_schema_datasets[i];
+    DM_FATAL("checkpoint schema has no dataset %s", name);
+}
+
+/* Reads a whole small schema dataset (its extent from dims). */
+static int read_whole(hid_t file, const struct ckpt_dims *dims, const char *name,
+                      hid_t memory_type, void *out, struct ckpt_problems *problems)
+{
+    const struct schema_dataset *d = find_dataset(name);
+    hsize_t extent[2];
+    int rank = ckpt_dataset_extent(d, dims, extent);
+    DM_ASSERT(rank > 0);
+    hsize_t start[2] = {0, 0};
+    return read_slab(file, name, memory_type, rank, start, extent, out, "", problems);
+}
+
+int ckpt_read_floats(hid_t file, const char *name, long row, size_t count, float *out,
+                     struct ckpt_problems *problems)
+{
+    if (row < 0) {
+        hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT);
+        if (dataset < 0 ||
+            H5Dread(dataset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out) < 0) {
+            report_read_failure(problems, name, "");
+            if (dataset >= 0) H5Dclose(dataset);
+            return -1;
+        }
+        H5Dclose(dataset);
+        return 0;
+    }
+    hsize_t start[2] = {(hsize_t)row, 0}, extent[2] = {1, (hsize_t)count};
+    char what[48];
+    snprintf(what, sizeof what, " (layer %ld)", row);
+    return read_slab(file, name, H5T_NATIVE_FLOAT, 2, start, extent, out, what, problems);
+}
+
+int ckpt_compare_shape(const struct gpt_shape *file_shape,
+                       const struct gpt_shape *run_shape, char *err, size_t errsize)
+{
+    struct { const char *key; int file, run; } keys[] = {
+        {"layers", file_shape->layers, run_shape->layers},
+        {"channels", file_shape->channels, run_shape->channels},
+        {"heads", file_shape->heads, run_shape->heads},
+        {"vocab", file_shape->vocab, run_shape->vocab},
+        {"max_seq", file_shape->max_seq, run_shape->max_seq},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (keys[i].file != keys[i].run) {
+            snprintf(err, errsize, "written for a different model: model.%s is %d in the "
+                     "checkpoint but %d in this run (use the checkpoint's model config, "
+                     "or start a new run in another ckpt.dir)", keys[i].key,
+                     keys[i].file, keys[i].run);
+            return -1;
+        }
+    return 0;
+}
+
+/* Checks a blocks-per-stage array: `stages` counts >= 1 summing to layers. */
+static int layout_ok(const int *counts, long stages, long layers)
+{
+    long sum = 0;
+    for (long s = 0; s < stages; s++) {
+        if (counts[s] < 1) return 0;
+        sum += counts[s];
+    }
+    return sum == layers;
+}
+
+int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
+                        struct ckpt_meta *meta, struct ckpt_problems *problems)
+{
+    const struct ckpt_dims *d = &header->dims;
+    DM_ASSERT(d->pp >= 1 && d->dp >= 1 && d->layers >= 1 && d->history >= 1);
+    int before = problems->count;
+    memset(meta, 0, sizeof *meta);
+    meta->allocated = 1;
+    meta->step = header->step;
+    meta->optimizer_steps = header->optimizer_steps;
+    meta->lr_schedule_step = header->lr_schedule_step;
+    meta->seed = header->seed;
+    meta->train_checksum = header->train_checksum;
+    const char *config = header->config_text ? header->config_text : "";
+    meta->config_text = dm_alloc(strlen(config) + 1);
+    memcpy(meta->config_text, config, strlen(config));
+    meta->pp = (int)d->pp;
+    meta->dp = (int)d->dp;
+    meta->shape = header->shape;
+    meta->schema_version = (int)header->schema_version;
+    snprintf(meta->dynmo_version, sizeof meta->dynmo_version, "%s", header->dynmo_version);
+    snprintf(meta->created, sizeof meta->created, "%s", header->created);
+
+    long layers = d->layers, history = d->history;
+    meta->data_cursor = dm_alloc((size_t)d->dp * sizeof(long));
+    meta->layout = dm_alloc((size_t)d->pp * sizeof(int));
+    meta->history_count = (int)history;
+    meta->history_step = dm_alloc((size_t)history * sizeof(long));
+    meta->history_stages = dm_alloc((size_t)history * sizeof(int));
+    meta->history_layout = dm_alloc((size_t)(history * layers) * sizeof(int));
+    meta->frozen = dm_alloc((size_t)layers * sizeof(int));
+    meta->sparsity = dm_alloc((size_t)layers * sizeof(float));
+    if (read_whole(file, d, "/data/cursor", H5T_NATIVE_LONG, meta->data_cursor, problems) ||
+        read_whole(file, d, "/layout/blocks_per_stage", H5T_NATIVE_INT, meta->layout,
+                   problems) ||
+        read_whole(file, d, "/layout/history_step", H5T_NATIVE_LONG, meta->history_step,
+                   problems) ||
+        read_whole(file, d, "/layout/history_stages", H5T_NATIVE_INT,
+                   meta->history_stages, problems) ||
+        read_whole(file, d, "/layout/history_blocks_per_stage", H5T_NATIVE_INT,
+                   meta->history_layout, problems) ||
+        read_whole(file, d, "/blocks/state/frozen", H5T_NATIVE_INT, meta->frozen,
+                   problems) ||
+        read_whole(file, d, "/blocks/state/sparsity", H5T_NATIVE_FLOAT, meta->sparsity,
+                   problems))
+        return -1;
+
+    for (long r = 0; r < d->dp; r++)
+        if (meta->data_cursor[r] < 0) {
+            ckpt_problem(problems, "/data/cursor[%ld] is %ld (negative)", r,
+                         meta->data_cursor[r]);
+            break;
+        }
+    if (!layout_ok(meta->layout, d->pp, layers))
+        ckpt_problem(problems, "/layout/blocks_per_stage is not a layout of %ld blocks on "
+                     "%ld stages (each stage needs >= 1 block, and they must sum to %ld)",
+                     layers, d->pp, layers);
+    for (long k = 0; k < history; k++) {
+        int stages = meta->history_stages[k];
+        const int *row = meta->history_layout + k * layers;
+        int padded = stages >= 1 && stages <= layers;
+        for (long s = padded ? stages : layers; s < layers; s++) padded &= row[s] == 0;
+        if (!padded || !layout_ok(row, stages, layers)) {
+            ckpt_problem(problems, "layout history entry %ld (%d stages) is not a layout "
+                         "of %ld blocks padded with zeros", k, stages, layers);
+            break;
+        }
+        if (k > 0 && meta->history_step[k] < meta->history_step[k - 1]) {
+            ckpt_problem(problems, "/layout/history_step decreases at entry %ld", k);
+            break;
+        }
+    }
+    if (problems->count == before) {
+        const int *last = meta->history_layout + (history - 1) * layers;
+        if (meta->history_stages[history - 1] != d->pp ||
+            memcmp(last, meta->layout, (size_t)d->pp * sizeof(int)) != 0)
+            ckpt_problem(problems, "the layout history does not end with the current "
+                         "layout /layout/blocks_per_stage");
+    }
+    for (long i = 0; i < layers; i++) {
+        if (meta->frozen[i] != 0 && meta->frozen[i] != 1) {
+            ckpt_problem(problems, "/blocks/state/frozen[%ld] is %d (must be 0 or 1)", i,
+                         meta->frozen[i]);
+            break;
+        }
+        if (!(meta->sparsity[i] >= 0.0f && meta->sparsity[i] <= 1.0f)) {
+            ckpt_problem(problems, "/blocks/state/sparsity[%ld] is %g (must be in [0, 1])",
+                         i, (double)meta->sparsity[i]);
+            break;
+        }
+    }
+    return problems->count == before ? 0 : -1;
+}
+
+/* Bytes of the read buffer of ckpt_read_all. */
+#define READ_ALL_BUFFER_ELEMENTS ((hsize_t)1 << 22)
+
+int ckpt_read_all(hid_t file, const struct ckpt_header *header,
+                  struct ckpt_problems *problems)
+{
+    int before = problems->count;
+    void *buffer = dm_alloc(READ_ALL_BUFFER_ELEMENTS * 8);
+    for (int i = 0; i < ckpt_schema_dataset_count; i++) {
+        const struct schema_dataset *d = &ckpt_schema_datasets[i];
+        hsize_t extent[2];
+        int rank = ckpt_dataset_extent(d, &header->dims, extent);
+        if (rank < 0) continue;
+        hid_t memory_type = d->type == SCHEMA_TYPE_FLOAT32 ? H5T_NATIVE_FLOAT
+                          : d->type == SCHEMA_TYPE_INT32 ? H5T_NATIVE_INT
+                                                         : H5T_NATIVE_LLONG;
+        hsize_t rows = extent[0], cols = extent[1];
+        hsize_t rows_per = cols <= READ_ALL_BUFFER_ELEMENTS ? READ_ALL_BUFFER_ELEMENTS / cols : 1;
+        hsize_t cols_per = cols <= READ_ALL_BUFFER_ELEMENTS ? cols : READ_ALL_BUFFER_ELEMENTS;
+        if (rank == 1) {
+            rows_per = READ_ALL_BUFFER_ELEMENTS;
+            cols_per = 1;
+        }
+        int failed = 0;
+        for (hsize_t r = 0; r < rows && !failed; r += rows_per)
+            for (hsize_t c = 0; c < cols && !failed; c += cols_per) {
+                hsize_t start[2] = {r, c};
+                hsize_t count[2] = {rows - r < rows_per ? rows - r : rows_per,
+                                    cols - c < cols_per ? cols - c : cols_per};
+                char what[64];
+                snprintf(what, sizeof what, " (rows %llu..%llu)", (unsigned long long)r,
+                         (unsigned long long)(r + count[0] - 1));
+                failed = read_slab(file, d->path, memory_type, rank, start, count, buffer,
+                                   what, problems) != 0;
+            }
+    }
+    dm_free(buffer);
+    return problems->count - before;
+}

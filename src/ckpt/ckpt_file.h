@@ -1,0 +1,129 @@
+/* The checkpoint file as the schema describes it (checkpoint_schema/v1.def):
+ * the compiled-in schema tables, the structural validation of an open
+ * file, and the serial readers of its metadata and rows. Shared by the
+ * collective writer and loader (checkpoint.c) and the offline checker.
+ *
+ * Internal to src/ckpt. Nothing here calls MPI or writes a file. */
+#ifndef DYNMO_CKPT_FILE_H
+#define DYNMO_CKPT_FILE_H
+
+#include <stdarg.h>
+#include <hdf5.h>
+#include "dynmo/ckpt.h"
+
+enum schema_type {
+    SCHEMA_TYPE_STRING,
+    SCHEMA_TYPE_INT64,
+    SCHEMA_TYPE_UINT64,
+    SCHEMA_TYPE_INT32,
+    SCHEMA_TYPE_FLOAT32,
+};
+
+struct schema_attr {
+    const char *object;      /* "/" or a group path */
+    const char *name;
+    enum schema_type type;
+    const char *value;       /* required value as text, "" = any */
+};
+
+struct schema_dataset {
+    const char *path;
+    enum schema_type type;
+    const char *dims[2];     /* dimension names; dims[1] "" = one-dimensional */
+};
+
+extern const int ckpt_schema_version;
+extern const char *const ckpt_schema_groups[];
+extern const int ckpt_schema_group_count;
+extern const struct schema_attr ckpt_schema_attrs[];
+extern const int ckpt_schema_attr_count;
+extern const struct schema_dataset ckpt_schema_datasets[];
+extern const int ckpt_schema_dataset_count;
+
+const char *schema_type_name(enum schema_type type);
+/* The HDF5 file type written for a dataset or attribute of this type. */
+hid_t schema_file_type(enum schema_type type);
+/* Bytes of one element (8 for a string: a pointer). */
+size_t schema_type_size(enum schema_type type);
+
+/* Values of the named dimensions of one file. */
+struct ckpt_dims {
+    long layers, block_params, vocab, max_seq, channels, pp, dp, history;
+};
+/* The value of dimension `name`, or -1 (unknown name, or not yet known). */
+long ckpt_dim(const struct ckpt_dims *dims, const char *name);
+/* Rank (1 or 2) and extents of a schema dataset under dims; -1 if a
+ * dimension is unknown. */
+int ckpt_dataset_extent(const struct schema_dataset *d, const struct ckpt_dims *dims,
+                        hsize_t extent[2]);
+
+/* Where problems go: the first one is kept as text, each one is also
+ * handed to report (may be NULL), and the count grows. Messages are
+ * prefixed "checkpoint <path>: ". */
+struct ckpt_problems {
+    const char *path;
+    int count;
+    char first[1024];
+    void (*report)(void *ctx, const char *problem);
+    void *ctx;
+};
+__attribute__((format(printf, 2, 3)))
+void ckpt_problem(struct ckpt_problems *problems, const char *fmt, ...);
+
+/* What the structural check learned about a file. */
+struct ckpt_header {
+    struct ckpt_dims dims;
+    struct gpt_shape shape;
+    long schema_version;
+    long world_pp, world_dp, world_size;
+    long step, optimizer_steps, lr_schedule_step;
+    uint64_t seed, train_checksum;
+    char dynmo_version[32];
+    char created[32];
+    char *config_text;          /* dm_alloc'd */
+};
+void ckpt_header_free(struct ckpt_header *header);
+
+/* Opens path read-only (serial driver, no file lock) and checks it against
+ * the schema: root and group attributes (types and required values, kind
+ * and schema version first: a file of another schema version is reported
+ * as that and nothing more), groups, and every dataset's type, shape,
+ * chunking and Fletcher32 filter; model attributes for sanity (heads
+ * divide channels, block_params = 12C^2 + 13C). Reports every problem it
+ * finds; returns the open file (the caller closes it) or -1 when it could
+ * not be opened. *header is filled as far as the file allows. */
+hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
+                        struct ckpt_header *header);
+
+/* Reads the small datasets (cursors, layout, history, frozen, sparsity) of
+ * a file that passed ckpt_open_checked into meta (allocating its arrays)
+ * and copies the header's scalars; checks their values (layout sums to the
+ * layers, history well formed and ending with the layout, cursors >= 0,
+ * frozen 0/1, sparsity in [0, 1]). Returns 0, or -1 after reporting. */
+int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
+                        struct ckpt_meta *meta, struct ckpt_problems *problems);
+
+/* Reads `count` elements of row `row` of the 2-D float dataset `name`
+ * (count = its columns) or, with row < 0, the whole 1- or 2-D float
+ * dataset into out. A failed read (a Fletcher32 mismatch among them) is
+ * reported as corrupt data naming the dataset and row. Returns 0 or -1. */
+int ckpt_read_floats(hid_t file, const char *name, long row, size_t count, float *out,
+                     struct ckpt_problems *problems);
+
+/* Reads every chunk of every schema dataset (a bounded buffer at a time)
+ * so that each Fletcher32 checksum is verified. Returns the problems found. */
+int ckpt_read_all(hid_t file, const struct ckpt_header *header,
+                  struct ckpt_problems *problems);
+
+/* Checks the model a checkpoint holds against the one being loaded; on a
+ * difference writes "model.<key> is X in the checkpoint but Y in this run"
+ * (the first differing key) into err and returns -1. */
+int ckpt_compare_shape(const struct gpt_shape *file_shape,
+                       const struct gpt_shape *run_shape, char *err, size_t errsize);
+
+/* Fletcher-32 exactly as HDF5's H5Z_FILTER_FLETCHER32 filter computes it
+ * over `bytes` bytes (fletcher32.c gives the definition); the filter
+ * stores it little-endian after the chunk. */
+uint32_t ckpt_fletcher32(const void *data, size_t bytes);
+
+#endif
