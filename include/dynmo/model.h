@@ -258,6 +258,10 @@ struct gpt_acts {
 };
 void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T);
 void gpt_acts_free(struct gpt_acts *acts);
+/* After gpt_replace_blocks: resizes acts to the model's new block count,
+ * keeping the per-block activation buffers it already has (they are all
+ * the same size) instead of allocating anew. Contents are not kept. */
+void gpt_acts_resize(struct gpt_acts *acts, const struct gpt *model);
 
 /* Forward of this rank's part. If has_embed, reads tokens; else the input
  * activation must already be in acts->residual[0]. If has_head, targets

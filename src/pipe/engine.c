@@ -759,7 +759,10 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     wait_all_polled(nreq, reqs);
 
     /* Build the new block array: keep the blocks that stay, unpack arrivals. */
-    slots_free(eng);
+    for (int i = 0; i < eng->nslots; i++) {
+        wait_polled(&eng->slots[i].send_act);
+        wait_polled(&eng->slots[i].send_grad);
+    }
     struct block *blocks = dm_alloc((size_t)(new_count ? new_count : 1) * sizeof(struct block));
     for (int b = new_first; b < new_first + new_count; b++) {
         struct block *dst = &blocks[b - new_first];
@@ -768,7 +771,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
             m->blocks[b - m->first_block].slab = NULL;   /* ownership moved */
         } else {
             char err[256];
-            block_init(dst, b, &eng->shape, eng->cfg.seed);
+            memset(dst, 0, sizeof *dst);   /* block_unpack allocates the slab */
             if (block_unpack(dst, bufs[incoming[b]], sizes[b], &eng->shape, err, sizeof err))
                 DM_FATAL("migrating block %d: %s", b, err);
         }
@@ -784,7 +787,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     memcpy(eng->layout, counts, (size_t)S * sizeof(int));
     dm_free(counts);
     history_push(eng, eng->steps_done);
-    slots_alloc(eng);
+    for (int i = 0; i < eng->nslots; i++) gpt_acts_resize(&eng->slots[i].acts, &eng->model);
 
     /* Everyone reports the same totals; the time is this rank's. */
     eng->pending_migrated = moved;

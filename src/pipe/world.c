@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "dynmo/core.h"
 #include "pipe/world.h"
 
@@ -64,4 +65,41 @@ void world_bcast_ints(int *buf, int n)
         if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) DM_FATAL("MPI_Test failed");
         if (!done) sched_yield();
     }
+}
+
+static void poll_request(MPI_Request *req)
+{
+    int done = 0;
+    while (!done) {
+        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) DM_FATAL("MPI_Test failed");
+        if (!done) sched_yield();
+    }
+}
+
+double world_transfer_rate(size_t bytes, int reps)
+{
+    int rank = dm_rank();
+    if (rank > 1) return 0.0;
+    char *buf = dm_alloc(bytes);
+    memset(buf, rank + 1, bytes);
+    double rate = 0.0;
+    int ack = 0;
+    for (int r = -1; r < reps; r++) {   /* r = -1 warms up */
+        MPI_Request req;
+        double t0 = dm_now();
+        if (rank == 0) {
+            MPI_Isend(buf, (int)bytes, MPI_BYTE, 1, 77, MPI_COMM_WORLD, &req);
+            poll_request(&req);
+            MPI_Irecv(&ack, 1, MPI_INT, 1, 78, MPI_COMM_WORLD, &req);
+            poll_request(&req);
+        } else {
+            MPI_Irecv(buf, (int)bytes, MPI_BYTE, 0, 77, MPI_COMM_WORLD, &req);
+            poll_request(&req);
+            MPI_Isend(&ack, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, &req);
+            poll_request(&req);
+        }
+        if (r >= 0) rate += (dm_now() - t0);
+    }
+    dm_free(buf);
+    return (double)bytes * reps / rate;
 }

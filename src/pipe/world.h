@@ -16,4 +16,10 @@ int world_local_size(void);
 /* Collective: broadcasts n ints from rank 0, polled (MPI_Ibcast). */
 void world_bcast_ints(int *buf, int n);
 
+/* Collective over ranks 0 and 1 (others return 0): sends `bytes` from
+ * rank 0 to rank 1 `reps` times with polled non-blocking calls, returns
+ * the bytes per second rank 1 saw (broadcast to both). The reference that
+ * block migration is measured against. */
+double world_transfer_rate(size_t bytes, int reps);
+
 #endif

@@ -1,4 +1,5 @@
 /* The dynmo binary: dispatches a subcommand to its cmd_* function. */
+#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 #include "dynmo/core.h"
@@ -30,6 +31,11 @@ static void usage(FILE *out)
 
 int main(int argc, char **argv)
 {
+    /* Keep freed memory in the heap instead of returning it to the kernel:
+     * a migration frees and allocates block slabs and activation buffers of
+     * the same sizes, and fresh pages would cost a page fault each. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
     if (argc < 2) {
         usage(stderr);
         return DM_EXIT_USAGE;

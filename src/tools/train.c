@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
 #include "dynmo/model.h"
@@ -29,6 +30,7 @@
 struct train_args {
     const char *config_path;
     int warmup_steps, timed_steps;   /* bench only */
+    int migration;                   /* bench --migration */
 };
 
 static void parse_train_args(int argc, char **argv, struct dm_config *cfg,
@@ -39,6 +41,7 @@ static void parse_train_args(int argc, char **argv, struct dm_config *cfg,
     args->config_path = NULL;
     args->warmup_steps = 3;
     args->timed_steps = 10;
+    args->migration = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) dm_user_error("%s: --config needs a file", cmd);
@@ -59,6 +62,8 @@ static void parse_train_args(int argc, char **argv, struct dm_config *cfg,
                               argv[i], a[2] == 'w' ? 0 : 1);
             if (a[2] == 'w') args->warmup_steps = (int)v;
             else args->timed_steps = (int)v;
+        } else if (is_bench && !strcmp(a, "--migration")) {
+            args->migration = 1;
         } else if (strchr(a, '=') && a[0] != '-') {
             config_apply_override(cfg, a);
         } else {
@@ -475,6 +480,37 @@ static double step_flops(const struct dm_config *cfg)
     return 3.0 * per_token_fwd * cfg->batch * T;
 }
 
+/* bench --migration: on 2 stages, moves all but one block from stage 0 to
+ * stage 1 and back, `reps` times each way, and compares the bytes per
+ * second of block migration with plain MPI messages of the same size. */
+static int bench_migration(struct engine *eng, const struct dm_config *cfg, int reps)
+{
+    if (cfg->pp != 2 || dm_world_size() != 2)
+        dm_user_error("bench --migration needs 2 ranks and parallel.pp=2 (mpiexec -n 2)");
+    int L = cfg->layers;
+    int there[2] = {1, L - 1}, back[2] = {L - 1, 1};
+    double seconds = 0, bytes = 0;
+    for (int r = 0; r < reps; r++) {
+        double t0 = dm_now();
+        engine_relayout(eng, there);
+        engine_relayout(eng, back);
+        seconds += dm_now() - t0;
+    }
+    struct block probe;
+    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    block_init(&probe, 0, &shape, cfg->seed);
+    size_t block_bytes = block_pack_size(&probe);
+    block_free(&probe);
+    bytes = 2.0 * reps * (L - 2) * (double)block_bytes;
+    double raw = world_transfer_rate((size_t)(L - 2) * block_bytes, reps);
+    dm_log("bench --migration: %d blocks of %.2f MB each way, %d round trips\n", L - 2,
+           block_bytes / 1e6, reps);
+    dm_log("bench --migration: block migration %.0f MB/s (pack, send, unpack, rebuild "
+           "buffers); plain MPI send of the same bytes %.0f MB/s; ratio %.0f%%\n",
+           bytes / seconds / 1e6, raw / 1e6, 100 * (bytes / seconds) / raw);
+    return DM_EXIT_OK;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -505,11 +541,26 @@ int cmd_bench(int argc, char **argv)
     struct loader ld;
     loader_init(&ld, &tf, cfg.seq, cfg.seed);
     struct engine *eng = engine_create(&cfg);
+    if (args.migration) {
+        int code = bench_migration(eng, &cfg, args.timed_steps);
+        engine_destroy(eng);
+        loader_free(&ld);
+        dm_free(tokens);
+        dm_threads_shutdown();
+        world_finalize();
+        return code;
+    }
 
     int total = args.warmup_steps + args.timed_steps;
     double *ms = dm_alloc((size_t)total * sizeof *ms);
     float first_loss = 0, last_loss = 0;
     double bubble = 0, imbalance = 0;
+    int S = cfg.pp, L = cfg.layers;
+    double *stage_ms = dm_alloc((size_t)S * sizeof(double));
+    double *stage_fwd = dm_alloc((size_t)S * sizeof(double));
+    double *stage_bwd = dm_alloc((size_t)S * sizeof(double));
+    double *layer_fwd = dm_alloc((size_t)L * sizeof(double));
+    double *layer_bwd = dm_alloc((size_t)L * sizeof(double));
     for (int s = 0; s < total; s++) {
         /* Step 0 of the schedule every time: the same batch, so the loss
          * must fall (the correctness guard below). */
@@ -517,9 +568,14 @@ int cmd_bench(int argc, char **argv)
         ms[s] = st->step_ms;
         if (s == 0) first_loss = st->loss;
         last_loss = st->loss;
-        if (s >= args.warmup_steps) {
+        if (s >= args.warmup_steps && dm_rank() == 0) {
             bubble += st->bubble_ratio / args.timed_steps;
             imbalance += st->imbalance / args.timed_steps;
+            for (int k = 0; k < S; k++) stage_ms[k] += st->stage_compute_ms[k] / args.timed_steps;
+            for (int l = 0; l < L; l++) {
+                layer_fwd[l] += st->layer_fwd_ms[l];
+                layer_bwd[l] += st->layer_bwd_ms[l];
+            }
         }
         dm_log("bench step %d/%d: %.1f ms%s\n", s + 1, total, ms[s],
                s < args.warmup_steps ? " (warm-up)" : "");
@@ -540,13 +596,41 @@ int cmd_bench(int argc, char **argv)
                "%.1f GFLOP/s, peak RSS %.0f MiB (rank 0)\n",
                median, args.timed_steps, args.warmup_steps, tokens_n / median * 1e3,
                step_flops(&cfg) / median / 1e6, (double)dm_peak_rss_bytes() / 1048576.0);
-        if (dm_world_size() > 1)
+        if (dm_world_size() > 1) {
             dm_log("bench: bubble %.1f%%, imbalance %.3f (means over the timed steps)\n",
                    100 * bubble, imbalance);
+            /* The schedule's bound: each stage's measured compute per
+             * micro-batch (split into forward and backward in its blocks'
+             * proportion), simulated with zero communication and no waiting. */
+            const int *layout = engine_layout(eng);
+            for (int k = 0, b = 0; k < S; k++) {
+                double f = 0, w = 0;
+                for (int j = 0; j < layout[k]; j++, b++) {
+                    f += layer_fwd[b];
+                    w += layer_fwd[b] + layer_bwd[b];
+                }
+                double per_mb = stage_ms[k] / cfg.micro_batches;
+                stage_fwd[k] = w > 0 ? per_mb * f / w : per_mb / 3;
+                stage_bwd[k] = per_mb - stage_fwd[k];
+            }
+            struct balance_prediction pred;
+            char err[256];
+            if (balance_predict_stages(stage_fwd, stage_bwd, S, cfg.micro_batches,
+                                       config_schedule(&cfg), &pred, err, sizeof err) == 0)
+                dm_log("bench: %s bound from the measured stage compute: %.1f ms/step "
+                       "(bubble %.1f%%); measured median is %.1f%% above it\n",
+                       cfg.schedule, pred.step_ms, 100 * pred.bubble_ratio,
+                       100 * (median / pred.step_ms - 1));
+        }
         dm_log("bench: loss %.4f -> %.4f on a fixed batch: %s\n", first_loss, last_loss,
                ok ? "ok" : "WRONG (the loss did not fall)");
     }
     dm_free(ms);
+    dm_free(stage_ms);
+    dm_free(stage_fwd);
+    dm_free(stage_bwd);
+    dm_free(layer_fwd);
+    dm_free(layer_bwd);
     engine_destroy(eng);
     loader_free(&ld);
     dm_free(tokens);
