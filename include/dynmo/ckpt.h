@@ -213,11 +213,15 @@ void ckpt_meta_free(struct ckpt_meta *meta);
  * size must be meta->pp * meta->dp; this rank is pipeline stage `stage`
  * and data-parallel replica `dp_rank`, and model holds exactly that
  * stage's blocks under meta->layout (the embedding on stage 0, the head on
- * stage pp-1). Replica 0 of each stage writes its blocks' rows (params,
- * Adam m and v, frozen flag, sparsity), stage 0's replica 0 the
- * embedding, the last stage's replica 0 the head, rank 0 of comm the
- * small metadata; every other rank takes part in each collective write
- * with an empty selection. The layout history written is meta's, with
+ * stage pp-1). All ranks create the file and every dataset together
+ * (parallel HDF5 over MPI-IO); then, independently, replica 0 of each
+ * stage writes its blocks' rows (params, Adam m and v), stage 0's
+ * replica 0 the embedding, the last stage's replica 0 the head, and rank
+ * 0 of comm the small datasets (cursors, layout, history, and the frozen
+ * flags and sparsity gathered from the stages). Each chunk is written
+ * whole (H5Dwrite_chunk) with its Fletcher32 checksum computed as HDF5's
+ * filter does, so every HDF5 reader verifies it. The layout history
+ * written is meta's, with
  * (step, layout) appended when its last entry differs from the current
  * layout, so it is never empty. Gradients are not saved.
  *

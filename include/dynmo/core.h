@@ -152,6 +152,8 @@ struct dm_config {
     int ckpt_every;     /* steps between checkpoints; 0 = only on signal / re-pack / end */
     char resume[1024];  /* "auto", "none" or a checkpoint path */
     int keep;           /* complete checkpoints kept */
+    /* [dyn] */
+    char dyn_kind[32];  /* "none", "freeze", "early_exit", "prune" */
     /* [repack] */
     int repack_enable;
     int repack_every;   /* steps between re-pack decisions */

@@ -151,6 +151,7 @@ struct step_stats {
     double imbalance;         /* Eq. 2 on stage compute: (max - min) / mean */
     int *layout;              /* (stages) blocks per stage during the step */
     int stop_requested;       /* some rank's watched flag was set (all ranks) */
+    char dyn_text[96];        /* the dynamism scheme's state (dyn_describe) */
     int migrated_blocks;      /* by the re-layout before this step */
     double migrated_bytes, migrate_ms;
 };

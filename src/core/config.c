@@ -63,6 +63,7 @@ static const struct config_key keys[] = {
     {"ckpt", "every", KEY_INT, F(ckpt_every), 0, 1e9, "steps between checkpoints (0: none)"},
     {"ckpt", "resume", KEY_STRING, F(resume), 0, 1024, "auto, none or a checkpoint file"},
     {"ckpt", "keep", KEY_INT, F(keep), 1, 1e6, "complete checkpoints kept"},
+    {"dyn", "kind", KEY_STRING, F(dyn_kind), 0, 32, "dynamism scheme (none)"},
     {"repack", "enable", KEY_INT, F(repack_enable), 0, 1, "re-pack onto fewer ranks (0/1)"},
     {"repack", "every", KEY_INT, F(repack_every), 1, 1e9, "steps between re-pack decisions"},
     {"repack", "epsilon", KEY_DOUBLE, F(repack_epsilon), 0, 10, "allowed predicted slow-down"},
@@ -108,6 +109,7 @@ void config_defaults(struct dm_config *cfg)
     snprintf(cfg->cost, sizeof cfg->cost, "time");
     cfg->min_gain = 1.0;
     snprintf(cfg->resume, sizeof cfg->resume, "auto");
+    snprintf(cfg->dyn_kind, sizeof cfg->dyn_kind, "none");
     cfg->keep = 2;
     cfg->repack_every = 50;
     cfg->repack_epsilon = 0.05;

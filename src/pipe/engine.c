@@ -17,6 +17,7 @@
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "pipe/world.h"
@@ -51,6 +52,9 @@ struct engine {
     struct pipe_instr *instrs;
     int ninstrs;
     MPI_Comm stage_comm;            /* the D replicas of this stage */
+    MPI_Comm pipeline_comm;         /* the S stages of this replica */
+    struct dyn *dyn;
+    int current_step;
     /* profile of the current step (per-block times live in the model:
      * model.block_fwd_s / block_bwd_s) */
     double compute_s, wait_s;
@@ -297,6 +301,10 @@ struct engine *engine_create(const struct dm_config *cfg)
                                                                    : eng->micro_batches);
     slots_alloc(eng);
     DM_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage, g->replica, &eng->stage_comm));
+    DM_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->replica, g->stage, &eng->pipeline_comm));
+    struct dyn_env env = {.pipeline_comm = eng->pipeline_comm, .stage = g->stage,
+                          .stages = g->stages};
+    eng->dyn = dyn_create(cfg, &env);
 
     int L = eng->shape.layers, S = g->stages;
     struct step_stats *st = &eng->stats;
@@ -322,7 +330,9 @@ void engine_destroy(struct engine *eng)
     slots_free(eng);
     block_scratch_free(&eng->scratch);
     gpt_free(&eng->model);
+    dyn_destroy(eng->dyn);
     MPI_Comm_free(&eng->stage_comm);
+    MPI_Comm_free(&eng->pipeline_comm);
     struct step_stats *st = &eng->stats;
     dm_free(st->layer_fwd_ms);
     dm_free(st->layer_bwd_ms);
@@ -441,6 +451,7 @@ static double global_grad_norm(struct engine *eng)
         memcpy(total, units, (size_t)(L + 3) * sizeof(double));
     }
     eng->stop_requested = total[L + 2] > 0.0;
+    dyn_after_reduce(eng->dyn, &eng->model, eng->current_step, total + 1);
     double sum = 0.0;
     for (int u = 0; u < L + 2; u++) sum += total[u];
     dm_free(units);
@@ -631,7 +642,9 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
     struct gpt *m = &eng->model;
     for (int i = 0; i < m->num_blocks; i++) m->block_fwd_s[i] = m->block_bwd_s[i] = 0.0;
     eng->compute_s = eng->wait_s = 0.0;
+    eng->current_step = step;
     double t0 = dm_now();
+    dyn_before_step(eng->dyn, m, step);
     double grad_norm = 0.0, lr = 0.0;
     float loss_sum = run_schedule(eng, loader, step, &grad_norm, &lr);
     double step_s = dm_now() - t0;
@@ -640,6 +653,7 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
     st->grad_norm = grad_norm;
     st->lr = lr;
     st->stop_requested = eng->stop_requested;
+    if (eng->grid.rank == 0) dyn_describe(eng->dyn, m, st->dyn_text, sizeof st->dyn_text);
     eng->steps_done = step + 1;
     st->migrated_blocks = eng->pending_migrated;
     st->migrated_bytes = eng->pending_migrated_bytes;
@@ -727,36 +741,50 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     int new_first, new_count;
     first_block_of(counts, g->stage, &new_first, &new_count);
 
-    /* Post receives for blocks that arrive, send blocks that leave. */
-    int nreq = 0, moved = 0;
+    /* Send the blocks that leave (each its packed slab, whose size depends
+     * on its dynamic state), then receive the ones that arrive: a receive
+     * probes for its message to learn the size. */
+    int nsend = 0, moved = 0;
     double bytes = 0.0;
-    MPI_Request *reqs = dm_alloc((size_t)(2 * L + 1) * sizeof(MPI_Request));
-    void **bufs = dm_alloc((size_t)(2 * L + 1) * sizeof(void *));
+    MPI_Request *reqs = dm_alloc((size_t)(L + 1) * sizeof(MPI_Request));
+    void **sendbufs = dm_alloc((size_t)(L + 1) * sizeof(void *));
+    void **recvbufs = dm_alloc((size_t)(L + 1) * sizeof(void *));
     size_t *sizes = dm_alloc((size_t)(L + 1) * sizeof(size_t));
-    int *incoming = dm_alloc((size_t)(L + 1) * sizeof(int));
-    size_t pack_bytes = block_pack_size(&m->blocks[0]);
+    for (int b = 0; b < L; b++) {
+        int from = stage_of_block(eng->layout, S, b), to = stage_of_block(counts, S, b);
+        if (from == to || from != g->stage) continue;
+        struct block *blk = &m->blocks[b - m->first_block];
+        size_t n = block_pack_size(blk);
+        sendbufs[nsend] = dm_alloc(n);
+        block_pack(blk, sendbufs[nsend]);
+        DM_MPI(MPI_Isend(sendbufs[nsend], (int)n, MPI_BYTE, rank_of(g, to, g->replica),
+                         TAG_BLOCK + b, MPI_COMM_WORLD, &reqs[nsend]));
+        nsend++;
+    }
     for (int b = 0; b < L; b++) {
         int from = stage_of_block(eng->layout, S, b), to = stage_of_block(counts, S, b);
         if (from == to) continue;
         moved++;
-        bytes += (double)pack_bytes;
-        if (to == g->stage) {
-            bufs[nreq] = dm_alloc(pack_bytes);
-            sizes[b] = pack_bytes;
-            incoming[b] = nreq;
-            DM_MPI(MPI_Irecv(bufs[nreq], (int)pack_bytes, MPI_BYTE, rank_of(g, from, g->replica),
-                             TAG_BLOCK + b, MPI_COMM_WORLD, &reqs[nreq]));
-            nreq++;
-        } else if (from == g->stage) {
-            struct block *blk = &m->blocks[b - m->first_block];
-            bufs[nreq] = dm_alloc(pack_bytes);
-            block_pack(blk, bufs[nreq]);
-            DM_MPI(MPI_Isend(bufs[nreq], (int)pack_bytes, MPI_BYTE, rank_of(g, to, g->replica),
-                             TAG_BLOCK + b, MPI_COMM_WORLD, &reqs[nreq]));
-            nreq++;
+        if (to != g->stage) continue;
+        int src = rank_of(g, from, g->replica), found = 0, count = 0;
+        MPI_Status status;
+        while (!found) {
+            DM_MPI(MPI_Iprobe(src, TAG_BLOCK + b, MPI_COMM_WORLD, &found, &status));
+            if (!found) sched_yield();
         }
+        DM_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+        sizes[b] = (size_t)count;
+        recvbufs[b] = dm_alloc((size_t)count);
+        MPI_Request req;
+        DM_MPI(MPI_Irecv(recvbufs[b], count, MPI_BYTE, src, TAG_BLOCK + b, MPI_COMM_WORLD, &req));
+        wait_polled(&req);
     }
-    wait_all_polled(nreq, reqs);
+    wait_all_polled(nsend, reqs);
+    /* Every rank reports the same totals: the bytes of all moved blocks. */
+    for (int b = 0; b < L; b++) {
+        int from = stage_of_block(eng->layout, S, b), to = stage_of_block(counts, S, b);
+        if (from != to) bytes += (double)eng->stats.layer_mem_bytes[b];
+    }
 
     /* Build the new block array: keep the blocks that stay, unpack arrivals. */
     for (int i = 0; i < eng->nslots; i++) {
@@ -772,18 +800,20 @@ void engine_relayout(struct engine *eng, const int *root_counts)
         } else {
             char err[256];
             memset(dst, 0, sizeof *dst);   /* block_unpack allocates the slab */
-            if (block_unpack(dst, bufs[incoming[b]], sizes[b], &eng->shape, err, sizeof err))
+            if (block_unpack(dst, recvbufs[b], sizes[b], &eng->shape, err, sizeof err))
                 DM_FATAL("migrating block %d: %s", b, err);
         }
     }
     for (int i = 0; i < m->num_blocks; i++)
         if (m->blocks[i].slab) block_free(&m->blocks[i]);
     gpt_replace_blocks(m, blocks, new_first, new_count);
-    for (int i = 0; i < nreq; i++) dm_free(bufs[i]);
+    for (int i = 0; i < nsend; i++) dm_free(sendbufs[i]);
+    for (int b = 0; b < L; b++)
+        if (recvbufs[b]) dm_free(recvbufs[b]);
     dm_free(reqs);
-    dm_free(bufs);
+    dm_free(sendbufs);
+    dm_free(recvbufs);
     dm_free(sizes);
-    dm_free(incoming);
     memcpy(eng->layout, counts, (size_t)S * sizeof(int));
     dm_free(counts);
     history_push(eng, eng->steps_done);

@@ -154,6 +154,7 @@ static void log_step(struct runlog *log, const struct dm_config *cfg, int step,
            tokens_per_step / st->step_ms * 1e3, eta);
     if (stages > 1)
         dm_log(" | bubble %.1f%% | imbalance %.2f", 100.0 * st->bubble_ratio, st->imbalance);
+    if (st->dyn_text[0]) dm_log(" | %s", st->dyn_text);
     if (st->migrated_blocks > 0) {
         char layout[256];
         layout_format(layout, sizeof layout, st->layout, stages);

@@ -1,0 +1,56 @@
+/* dynmo dyn: the dynamism schemes (layer freezing, early exit, gradual
+ * global magnitude pruning; later mixture of experts, sparse attention,
+ * mixture of depths) behind one small interface of hooks that the
+ * pipeline engine calls on every rank:
+ *
+ *   dyn_before_step   at a step boundary, before any micro-batch: a scheme
+ *                     may change the model (prune weights, freeze blocks);
+ *   (inside a block)  the scheme's state lives in the blocks' slabs (frozen
+ *                     flag, masks, CSR) and in struct gpt (exit control), so
+ *                     block_forward / block_backward honour it;
+ *   dyn_after_reduce  after the step's gradient reduction, with every
+ *                     block's global gradient sum of squares (the same
+ *                     numbers on every rank): decisions made here are
+ *                     deterministic and identical everywhere.
+ *
+ * A scheme never looks at the layout or the balancer: those only see the
+ * profiled times that its changes produce. Every decision depends only on
+ * the config, the seed, the step and the model's numbers, never on timing,
+ * so static and balanced runs compute the same bits. */
+#ifndef DYNMO_DYN_H
+#define DYNMO_DYN_H
+
+#include <mpi.h>
+#include "dynmo/core.h"
+#include "dynmo/model.h"
+
+struct dyn;
+
+/* What the engine tells a scheme about where it runs. pipeline_comm holds
+ * the S stage ranks of this data-parallel replica in stage order (a
+ * scheme that needs the whole model, such as global pruning, talks over
+ * it; replicas hold identical weights and decide identically). */
+struct dyn_env {
+    MPI_Comm pipeline_comm;
+    int stage, stages;
+};
+
+/* Builds the scheme dyn.kind names ("none", "freeze", "early_exit",
+ * "prune"); user error for an unknown kind or bad dyn.* values. */
+struct dyn *dyn_create(const struct dm_config *cfg, const struct dyn_env *env);
+void dyn_destroy(struct dyn *dyn);
+const char *dyn_kind_name(const struct dyn *dyn);
+
+/* Collective over pipeline_comm: before step `step` (0-based) runs. */
+void dyn_before_step(struct dyn *dyn, struct gpt *model, int step);
+
+/* Not collective: after the gradient reduction of step `step`, with
+ * block_sumsq[l] the global sum of squared gradients of block l
+ * (layers entries, identical on every rank). */
+void dyn_after_reduce(struct dyn *dyn, struct gpt *model, int step, const double *block_sumsq);
+
+/* One line for the step's progress output ("frozen 3/32", "sparsity
+ * 52.0%", "exited 41%"), or an empty string. */
+void dyn_describe(const struct dyn *dyn, const struct gpt *model, char *buf, size_t size);
+
+#endif
