@@ -203,7 +203,7 @@ static void decide(struct balancer *bal, struct runlog *log, const struct step_s
 }
 
 int balancer_repack_plan(struct balancer *bal, const struct step_stats *stats,
-                         double epsilon, int *counts)
+                         double epsilon, int min_stages, int *counts)
 {
     int S = bal->stages;
     if (!bal->have_ema || bal->method == METHOD_NONE) update_profile(bal, stats);
@@ -217,7 +217,16 @@ int balancer_repack_plan(struct balancer *bal, const struct step_stats *stats,
         dm_warn("repack: %s; staying on %d stages\n", err, S);
         return S;
     }
-    return res.stages;
+    if (res.stages >= min_stages || min_stages >= S) return res.stages >= min_stages ? res.stages : S;
+    double *cost = dm_alloc((size_t)bal->layers * sizeof(double));
+    struct balance_costs costs;
+    balance_costs_from_profile(&costs, &profile, BALANCE_COST_TIME, cost);
+    int stages = S;
+    if (balance_partition(&costs, min_stages, 0, NULL, 0, counts, &res, err, sizeof err) ==
+        BALANCE_OK)
+        stages = min_stages;
+    dm_free(cost);
+    return stages;
 }
 
 void balancer_after_step(struct balancer *bal, struct engine *eng, struct runlog *log,

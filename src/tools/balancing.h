@@ -22,10 +22,11 @@ void balancer_after_step(struct balancer *bal, struct engine *eng, struct runlog
 
 /* Rank 0: the re-pack planner (balance_repack) on the profiled costs:
  * the fewest stages whose predicted step time stays within
- * (1 + repack.epsilon) of the current layout's. Returns the new stage
+ * (1 + repack.epsilon) of the current layout's, but no fewer than
+ * min_stages (then the exact time partition on min_stages). Returns the new stage
  * count (== current when nothing smaller qualifies) with its layout in
  * counts (stages entries available). */
 int balancer_repack_plan(struct balancer *bal, const struct step_stats *stats,
-                         double epsilon, int *counts);
+                         double epsilon, int min_stages, int *counts);
 
 #endif

@@ -50,10 +50,12 @@ static int check_one(const char *path, int read_data, struct report *report)
         char err[1024];
         if (ckpt_read_info(path, &meta, err, sizeof err) == 0) {
             struct stat st;
-            double mb = stat(path, &st) == 0 ? (double)st.st_size / 1e6 : 0;
+            double bytes = stat(path, &st) == 0 ? (double)st.st_size : 0;
+            int small = bytes < 1e6;
             printf("  ok: schema version %d, step %ld, %d layers of %d channels, written by "
-                   "a %d x %d world, %.1f MB%s\n", meta.schema_version, meta.step,
-                   meta.shape.layers, meta.shape.channels, meta.pp, meta.dp, mb,
+                   "a %d x %d world, %.1f %s%s\n", meta.schema_version, meta.step,
+                   meta.shape.layers, meta.shape.channels, meta.pp, meta.dp,
+                   small ? bytes / 1e3 : bytes / 1e6, small ? "kB" : "MB",
                    read_data ? ", every checksum verified" : " (--quick: data not read)");
             ckpt_meta_free(&meta);
         }

@@ -394,10 +394,9 @@ int cmd_train(int argc, char **argv)
          * (1 + epsilon): checkpoint, describe the next world, exit 3. */
         if (cfg.repack_enable && (step + 1) % cfg.repack_every == 0 && step + 1 < cfg.steps) {
             if (dm_rank() == 0) {
-                repack_layout[0] = balancer_repack_plan(bal, st, cfg.repack_epsilon,
+                int min_stages = (cfg.repack_min_ranks + grid->replicas - 1) / grid->replicas;
+                repack_layout[0] = balancer_repack_plan(bal, st, cfg.repack_epsilon, min_stages,
                                                         repack_layout + 1);
-                if (repack_layout[0] * grid->replicas < cfg.repack_min_ranks)
-                    repack_layout[0] = stages;
             }
             world_bcast_ints(repack_layout, stages + 1);
             if (repack_layout[0] < stages) {
