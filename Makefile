@@ -70,7 +70,8 @@ check: deps
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) SANITIZE=$(SANITIZE) tests/run.sh
 
-bench: deps
+bench:
+	@scripts/setup.sh --bench
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bench/run.sh
 

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
-# Installs, from Debian's archive, whatever dynmo's build, tests, demo and
-# benchmarks need and is not yet installed. Idempotent; needs root (or sudo)
-# only when something is missing.
+# Installs, from Debian's archive, whatever dynmo's build, tests and demo
+# need and is not yet installed; `--bench` adds the benchmark peer
+# (python3-torch, large). Idempotent; needs root (or sudo) only when
+# something is missing. The Slurm tests install slurmctld/slurmd themselves.
 set -euo pipefail
 packages=(
   build-essential pkg-config
   mpich libmpich-dev libhdf5-mpich-dev hdf5-tools
   libopenblas-dev libinih-dev
   bible-kjv-text          # the default English corpus (docs/data.md)
-  python3-torch python3-numpy python3-h5py   # reference tests and benchmark peer
+  python3 python3-numpy python3-h5py         # run-log checks in the tests
 )
+if [ "${1:-}" = "--bench" ]; then
+  packages+=(python3-torch)                  # the PyTorch peer of make bench
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
