@@ -44,7 +44,7 @@ info:
 	@if [ "$(USE_CUDA)" = 1 ]; then echo "  CUDA: $(CUDA_HOME) (kernels/)"; \
 	 else echo "  CUDA: skipped (USE_CUDA=0; the CPU build never needs it)"; fi
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard include/dynmo/*.h) $(wildcard src/*/*.h)
+$(BUILD)/obj/%.o: src/%.c $(wildcard include/dynmo/*.h) $(wildcard src/*/*.h) $(wildcard checkpoint_schema/*.def)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -c $< -o $@
 

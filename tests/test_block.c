@@ -210,7 +210,7 @@ static void test_pack(void)
     bad[8] = 32;                              /* header_bytes */
     CHECK(unpack_fails(&other, bad, bytes, &s, "version"));
     memcpy(bad, buf, bytes);
-    bad[32] = 1;                              /* flags */
+    bad[32 + 7] = 0x80;                       /* flags: bit 63, not defined */
     CHECK(unpack_fails(&other, bad, bytes, &s, "flags"));
     memcpy(bad, buf, bytes);
     bad[64 + 1000] ^= 0x10;                   /* one bit of the parameters */

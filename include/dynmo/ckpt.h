@@ -38,6 +38,7 @@
 /* Per block and step (columns: the model's transformer blocks): */
 #define RUNLOG_LAYER_FWD_MS "/layers/fwd_ms"      /* float32 [steps, layers] */
 #define RUNLOG_LAYER_BWD_MS "/layers/bwd_ms"      /* float32 [steps, layers] */
+#define RUNLOG_LAYER_SPARSITY "/layers/sparsity"  /* float32 [steps, layers], dyn.kind=prune */
 #define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: blocks per stage */
 #define RUNLOG_STEP_BUBBLE "/steps/bubble_ratio"  /* float32 [steps] */
 #define RUNLOG_STEP_IMBALANCE "/steps/imbalance"  /* float32 [steps] */
@@ -193,9 +194,12 @@ struct ckpt_meta {
     int *history_stages;    /* (save) (history_count) stages of entry k */
     int *history_layout;    /* (save) (history_count, layers) blocks per stage
                                of entry k, zero past history_stages[k] */
-    int *frozen;            /* (save) (layers) 1 = block frozen, or NULL: none */
+    int *frozen;            /* (layers) 1 = block frozen. Save: OR'ed with each
+                               block's own frozen flag; may be NULL. Load: the
+                               file's flags (each loaded block's flag is set) */
     float *sparsity;        /* (layers) fraction of exactly-zero weights in the
-                               block's matrices, computed by save; load only */
+                               block's matrices (pruned weights are zero),
+                               computed by save; load only */
     /* Filled by load and ckpt_read_info only: */
     struct gpt_shape shape; /* the model the checkpoint holds */
     int schema_version;
@@ -236,9 +240,10 @@ void ckpt_meta_free(struct ckpt_meta *meta);
  * Returns 0 on every rank, or -1 on every rank with the same message in
  * err (naming the file or directory and the reason: cannot create the
  * directory, cannot rename, fsync failed); the caller decides whether that
- * is fatal (dm_user_error(err)). A failure inside HDF5's collective writes
- * cannot be agreed on without risking a hang, so it takes the fatal path
- * (all ranks abort, status 1). Inconsistent meta across ranks is an
+ * is fatal (dm_user_error(err)). A failure inside HDF5 while the file is
+ * open (a full disk, say) cannot be agreed on without risking a hang in
+ * HDF5's collective calls, so it takes the fatal path (all ranks abort,
+ * status 1), leaving only the .tmp. Inconsistent meta across ranks is an
  * internal error. path_out (may be NULL) receives the complete file's path.
  * All waits of our own are non-blocking collectives polled with MPI_Test
  * and sched_yield; HDF5's collective calls block inside MPI-IO. */
@@ -250,7 +255,12 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
  * the rows of the blocks it holds (model->first_block ..), and the
  * embedding and head tensors (params, m, v) if it holds the embedding or
  * the head, whatever world and layout wrote the file; gradients are
- * zeroed. meta is filled on every rank (free with ckpt_meta_free).
+ * zeroed and each loaded block's frozen flag is set from the file. meta is
+ * filled on every rank (free with ckpt_meta_free). State that belongs to
+ * a scheme rather than to a block is the caller's to restore from meta:
+ * gpt.frozen_prefix from meta->frozen, and prune masks with
+ * block_prune(blk, NULL, ...) for blocks whose meta->sparsity is > 0
+ * (pruned weights are saved as exact zeros).
  * Collective over comm (any size); every rank opens the file on its own
  * read-only (no MPI-IO), so a failure on one rank cannot hang the others.
  *

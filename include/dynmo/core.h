@@ -154,6 +154,22 @@ struct dm_config {
     int keep;           /* complete checkpoints kept */
     /* [dyn] */
     char dyn_kind[32];  /* "none", "freeze", "early_exit", "prune" */
+    int freeze_window;      /* steps of gradient-norm history per comparison */
+    double freeze_threshold;/* freeze when the relative change is below this */
+    int freeze_every;       /* steps between freeze checks */
+    int freeze_max;         /* most blocks that may freeze (-1: layers - 1) */
+    int freeze_per_check;   /* most blocks that freeze at one check */
+    int exit_from;          /* first block after which tokens may exit */
+    double exit_threshold;  /* confidence a token needs to exit */
+    char exit_confidence[16]; /* "softmax" or "saturation" */
+    double exit_loss_weight;/* scale of the exit heads' losses (0: none) */
+    int exit_warmup;        /* steps before any token may exit */
+    int prune_start;        /* first pruning step t0 (0-based: before step t0 runs) */
+    int prune_every;        /* steps between pruning steps (dt) */
+    int prune_steps;        /* n: pruning happens at t0, t0 + dt, ..., t0 + n dt */
+    double sparsity_initial;/* s_i, the sparsity at t0 */
+    double sparsity_final;  /* s_f, the sparsity from t0 + n dt on */
+    double csr_sparsity;    /* a block's matrices go to CSR from this sparsity on */
     /* [repack] */
     int repack_enable;
     int repack_every;   /* steps between re-pack decisions */

@@ -46,6 +46,20 @@ void matmul_backward_overwrite(float *dinp, float *dweight, float *dbias,
                                const float *dout, const float *inp,
                                const float *weight, int N, int C, int OC);
 
+/* Fused forms for the block (one pass over the output less each):
+ * out = residual + bias + inp @ weight^T (residual (N, OC); may be out);
+ * out = inp @ weight^T + bias and gelu_out = gelu(out);
+ * dinp = (dout @ weight) * gelu'(gelu_inp) (overwritten; gelu_inp (N, C)),
+ * with dweight, dbias as in matmul_backward. */
+void matmul_forward_residual(float *out, const float *inp, const float *weight,
+                             const float *bias, const float *residual,
+                             int N, int C, int OC);
+void matmul_forward_gelu(float *out, float *gelu_out, const float *inp,
+                         const float *weight, const float *bias, int N, int C, int OC);
+void matmul_backward_gelu(float *dinp, float *dweight, float *dbias,
+                          const float *dout, const float *inp, const float *weight,
+                          const float *gelu_inp, int N, int C, int OC);
+
 /* out = (inp - mean) * rstd * weight + bias, eps 1e-5; saves mean, rstd.
  * In backward, dinp may be NULL (only parameter gradients wanted) and
  * dweight, dbias may be NULL (frozen). */
@@ -113,8 +127,58 @@ int block_tensor_is_matrix(int k);
 uint64_t block_tensor_stream(int index, int k);
 enum { GPT_STREAM_WTE = 1, GPT_STREAM_WPE = 2 };
 
+/* ---- sparse matrices (src/model/sparse.c) --------------------------------
+ * A weight (rows, cols) in compressed sparse rows: the nonzeros of row r
+ * are col_idx[row_ptr[r] .. row_ptr[r+1]) with values in the same places.
+ * The kernels split their work into fixed tiles of rows (never by thread
+ * count), so their results do not depend on the thread count. */
+struct csr_matrix {
+    int rows, cols, nnz;
+    int *row_ptr;       /* (rows + 1) */
+    int *col_idx;       /* (nnz), ascending within a row */
+    float *values;      /* (nnz) */
+};
+
+/* out = inp @ W^T + bias with W in CSR (OC rows, C columns); bias may be
+ * NULL. Same contract as matmul_forward. */
+void sparse_matmul_forward(float *out,               /* (N, OC) */
+                           const float *inp,         /* (N, C) */
+                           const struct csr_matrix *weight,
+                           const float *bias,        /* (OC) or NULL */
+                           int N, int C, int OC);
+/* dinp = dout @ W (overwritten; may be NULL); dweight, the DENSE (OC, C)
+ * gradient, += dout^T @ inp only at W's nonzeros (a sampled dense-dense
+ * product: every other entry is left untouched); dbias += sum_n dout.
+ * dweight and dbias may be NULL. */
+void sparse_matmul_backward(float *dinp, float *dweight, float *dbias,
+                            const float *dout,       /* (N, OC) */
+                            const float *inp,        /* (N, C) */
+                            const struct csr_matrix *weight,
+                            int N, int C, int OC);
+
+/* ---- pruning state of a block (dyn.kind=prune; docs/block-slab.md) -------
+ * The prunable weights of a block are its four matrices qkv_w, attproj_w,
+ * fc_w, fcproj_w (12C^2 weights, "matrix weights" below, in that order);
+ * layernorms and biases are never pruned. Slot m of the four is tensor
+ * block_matrix_tensor(m). */
+enum { BLOCK_MATRICES = 4 };
+int block_matrix_tensor(int m);
+size_t block_matrix_weights(int C);      /* 12 C^2 */
+
+/* Flags of the pack header (docs/block-slab.md). */
+#define BLOCK_FLAG_MASKED (UINT64_C(1) << 8)  /* a prune mask follows v */
+#define BLOCK_FLAG_CSR    (UINT64_C(1) << 9)  /* CSR indices follow the mask */
+
+struct block_sparse {
+    unsigned char *mask;     /* (12C^2) 1 kept, 0 pruned, matrix-weight order */
+    long kept;               /* ones in mask */
+    int use_csr;             /* matrices multiplied in CSR (csr[] valid) */
+    struct csr_matrix csr[BLOCK_MATRICES];  /* values refreshed by block_forward */
+};
+
 /* One block: a single slab holds [params | grads | adam m | adam v];
- * dynamic state (masks, CSR, frozen flag) is appended by later issues. */
+ * dynamic state lives beside it (sparse: NULL until the block is pruned)
+ * and travels in its pack. */
 struct block {
     int index;          /* global layer index, 0..layers-1 */
     int C, NH;
@@ -126,7 +190,11 @@ struct block {
     float *m, *v;       /* (nparams) each */
     float *p[BP_COUNT]; /* views into params */
     float *g[BP_COUNT]; /* views into grads */
+    struct block_sparse *sparse;   /* pruning state, or NULL */
+    int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
+                           weight gradients and no optimizer update */
 };
+#define BLOCK_FLAG_FROZEN (UINT64_C(1) << 0)   /* the block is frozen */
 
 /* Allocates block `index` and initialises its weights from (seed, index)
  * alone: N(0, 0.02) for matrices, 0.02/sqrt(2*layers) for the two residual
@@ -136,6 +204,17 @@ struct block {
 void block_init(struct block *blk, int index, const struct gpt_shape *shape,
                 uint64_t seed);
 void block_free(struct block *blk);
+
+/* Prunes the block: keep (12C^2 bytes, matrix-weight order, 1 = keep)
+ * becomes its mask; params, gradients and Adam moments of pruned weights
+ * are set to exactly zero. The matrices go to CSR when the block's
+ * sparsity is at least csr_sparsity (> 1: never), else they stay dense
+ * and block_backward masks their gradients. keep may be NULL: the mask is
+ * then rebuilt from the weights that are exactly zero (after a checkpoint
+ * load, which saves pruned weights as zeros). */
+void block_prune(struct block *blk, const unsigned char *keep, double csr_sparsity);
+/* Fraction of the matrix weights that are pruned (0 without a mask). */
+double block_matrix_sparsity(const struct block *blk);
 
 /* Serialisation of one block for migration and checkpoints (docs/block-slab.md):
  * a 64-byte header (magic "DMBLOCK1", layer index, C, NH, nparams, flags,
@@ -221,6 +300,14 @@ struct gpt {
     /* The profile: seconds each block spent in forward and backward since
      * the caller last zeroed them (the pipeline engine does, every step). */
     double *block_fwd_s, *block_bwd_s;   /* (num_blocks) */
+    /* Layer freezing: blocks [0, frozen_prefix) (global indices), and the
+     * embedding when frozen_prefix > 0, are frozen with everything before
+     * them: their backward is skipped entirely. A frozen block outside the
+     * prefix still passes the input gradient back, without weight
+     * gradients. Set by the freeze scheme (src/dyn/freeze.c). */
+    int frozen_prefix;
+    /* Early exit (src/model/exit.c), or NULL: owned by the early-exit scheme. */
+    struct gpt_exit *exit;
 };
 
 /* Builds blocks [first_block, first_block+num_blocks) and, if asked, the
@@ -255,6 +342,7 @@ struct gpt_acts {
     float *probs;                  /* (B,T,V) */
     float *losses;                 /* (B,T) */
     int *tokens, *targets;         /* (B,T) */
+    struct exit_acts *exit;        /* early-exit state (src/model/exit.c), or NULL */
 };
 void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T);
 void gpt_acts_free(struct gpt_acts *acts);
@@ -301,6 +389,54 @@ double block_grad_sumsq(const struct block *blk);
 /* The wte+wpe term and the lnf term of gpt_grad_sumsq. */
 double gpt_embed_grad_sumsq(const struct gpt *model);
 double gpt_head_grad_sumsq(const struct gpt *model);
+
+/* ---- early exit (src/model/exit.c; policy in src/dyn/early_exit.c) -------
+ * A token that exits after block l keeps its hidden state (copied forward
+ * to the output); later blocks compute only the remaining tokens, while
+ * attention still reads the exited tokens' copied states as keys and
+ * values. Exit heads (the shared LM head, read-only) after blocks from..
+ * layers-2 add lambda * w_l * L_l to the loss, w_l = (l+1) / sum_{j=from}^{
+ * layers-1} (j+1) (CALM's depth-proportional weights). */
+enum { GPT_EXIT_SOFTMAX = 0, GPT_EXIT_SATURATION = 1 };
+struct gpt_exit {
+    int from;                /* first global block with an exit head */
+    int allow;               /* tokens may exit (0: exit losses only) */
+    int confidence;          /* GPT_EXIT_SOFTMAX or GPT_EXIT_SATURATION */
+    float threshold;         /* a token exits when confidence >= threshold */
+    float loss_weight;       /* lambda */
+    const float *wte, *lnf_w, *lnf_b;   /* the LM head to use: (V,C),(C),(C) */
+    const int *forced;       /* tests: (B*T) exit layers fixed in advance (no
+                                decisions), or NULL */
+    /* Counters, accumulated by every forward until the owner zeroes them. */
+    double token_blocks, token_blocks_skipped, exit_loss_sum;
+};
+
+/* The (B*T) exit layers of a micro-batch: exit_layer[n] is the block after
+ * which token n left, or layers while active. The first stage resets them
+ * in gpt_forward; other stages receive them with the activation. */
+int *gpt_exit_layers(const struct gpt *model, struct gpt_acts *acts);
+
+/* block_forward for the `nactive` tokens in rows (ascending indices into
+ * B*T; the others are copied from in to out); work: (B*T*C) floats. */
+void block_forward_rows(struct block *blk, struct block_acts *acts, float *out,
+                        const float *in, int B, int T, const int *rows, int nactive,
+                        float *work);
+/* Its backward: weight gradients from the active tokens; din gets dout
+ * for exited tokens plus, for all, the key/value path. Same aliasing
+ * rules as block_backward. */
+void block_backward_rows(struct block *blk, struct block_acts *acts,
+                         struct block_scratch *scratch, float *din, const float *dout,
+                         const float *in, int B, int T, const int *rows, int nactive,
+                         float *work);
+
+/* Used by gpt_forward / gpt_backward when model->exit is set. */
+void exit_begin_forward(struct gpt *model, struct gpt_acts *acts);
+void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *out,
+                        const float *in);
+void exit_backward_block(struct gpt *model, struct gpt_acts *acts,
+                         struct block_scratch *scratch, int i, float *din,
+                         const float *dout, const float *in, float dloss_scale);
+void exit_acts_free(struct gpt_acts *acts);
 
 /* ---- optimizer ----------------------------------------------------------- */
 

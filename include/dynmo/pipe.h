@@ -144,6 +144,7 @@ struct step_stats {
     double *layer_fwd_ms;     /* (layers) per micro-batch, averaged over the step */
     double *layer_bwd_ms;     /* (layers) */
     double *layer_mem_bytes;  /* (layers) parameter slab bytes */
+    double *layer_sparsity;   /* (layers) pruned fraction of the block's matrices */
     double *stage_compute_ms; /* (stages) max over replicas */
     double *stage_wait_ms;    /* (stages) time waiting on neighbours, max over replicas */
     double *stage_peak_mb;    /* (stages) peak resident MiB, max over replicas */

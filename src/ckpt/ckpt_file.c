@@ -804,6 +804,9 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
             rows_per = READ_ALL_BUFFER_ELEMENTS;
             cols_per = 1;
         }
+        /* Per layer, so that a checksum failure names the block. */
+        int per_layer = rank == 2 && !strcmp(d->dims[0], "layers");
+        if (per_layer) rows_per = 1;
         int failed = 0;
         for (hsize_t r = 0; r < rows && !failed; r += rows_per)
             for (hsize_t c = 0; c < cols && !failed; c += cols_per) {
@@ -811,8 +814,11 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
                 hsize_t count[2] = {rows - r < rows_per ? rows - r : rows_per,
                                     cols - c < cols_per ? cols - c : cols_per};
                 char what[64];
-                snprintf(what, sizeof what, " (rows %llu..%llu)", (unsigned long long)r,
-                         (unsigned long long)(r + count[0] - 1));
+                if (per_layer)
+                    snprintf(what, sizeof what, " (layer %llu)", (unsigned long long)r);
+                else
+                    snprintf(what, sizeof what, " (rows %llu..%llu)", (unsigned long long)r,
+                             (unsigned long long)(r + count[0] - 1));
                 failed = read_slab(file, d->path, memory_type, rank, start, count, buffer,
                                    what, problems) != 0;
             }

@@ -63,7 +63,23 @@ static const struct config_key keys[] = {
     {"ckpt", "every", KEY_INT, F(ckpt_every), 0, 1e9, "steps between checkpoints (0: none)"},
     {"ckpt", "resume", KEY_STRING, F(resume), 0, 1024, "auto, none or a checkpoint file"},
     {"ckpt", "keep", KEY_INT, F(keep), 1, 1e6, "complete checkpoints kept"},
-    {"dyn", "kind", KEY_STRING, F(dyn_kind), 0, 32, "dynamism scheme (none)"},
+    {"dyn", "kind", KEY_STRING, F(dyn_kind), 0, 32, "dynamism scheme (none, freeze, early_exit, prune)"},
+    {"dyn", "freeze_window", KEY_INT, F(freeze_window), 1, 1e6, "steps per gradient-norm window"},
+    {"dyn", "freeze_threshold", KEY_DOUBLE, F(freeze_threshold), 0, 1e9, "relative gradient-norm change below which a block freezes"},
+    {"dyn", "freeze_every", KEY_INT, F(freeze_every), 1, 1e9, "steps between freeze checks"},
+    {"dyn", "freeze_per_check", KEY_INT, F(freeze_per_check), 1, 4096, "most blocks frozen at one check"},
+    {"dyn", "freeze_max", KEY_INT, F(freeze_max), -1, 4096, "most blocks frozen (-1: all but the last)"},
+    {"dyn", "exit_from", KEY_INT, F(exit_from), 0, 4096, "first block after which tokens may exit"},
+    {"dyn", "exit_threshold", KEY_DOUBLE, F(exit_threshold), 0, 1, "confidence needed to exit"},
+    {"dyn", "exit_confidence", KEY_STRING, F(exit_confidence), 0, 16, "softmax or saturation"},
+    {"dyn", "exit_loss_weight", KEY_DOUBLE, F(exit_loss_weight), 0, 1e3, "weight of the exit heads' losses"},
+    {"dyn", "exit_warmup", KEY_INT, F(exit_warmup), 0, 1e9, "steps before tokens may exit"},
+    {"dyn", "prune_start", KEY_INT, F(prune_start), 0, 1e9, "first pruning step (0-based)"},
+    {"dyn", "prune_every", KEY_INT, F(prune_every), 1, 1e9, "steps between pruning steps"},
+    {"dyn", "prune_steps", KEY_INT, F(prune_steps), 1, 1e6, "pruning intervals n of the schedule"},
+    {"dyn", "sparsity_initial", KEY_DOUBLE, F(sparsity_initial), 0, 1, "sparsity at prune_start"},
+    {"dyn", "sparsity_final", KEY_DOUBLE, F(sparsity_final), 0, 1, "sparsity after the last pruning step"},
+    {"dyn", "csr_sparsity", KEY_DOUBLE, F(csr_sparsity), 0, 2, "block sparsity from which its matrices use CSR (> 1: never)"},
     {"repack", "enable", KEY_INT, F(repack_enable), 0, 1, "re-pack onto fewer ranks (0/1)"},
     {"repack", "every", KEY_INT, F(repack_every), 1, 1e9, "steps between re-pack decisions"},
     {"repack", "epsilon", KEY_DOUBLE, F(repack_epsilon), 0, 10, "allowed predicted slow-down"},
@@ -110,6 +126,22 @@ void config_defaults(struct dm_config *cfg)
     cfg->min_gain = 1.0;
     snprintf(cfg->resume, sizeof cfg->resume, "auto");
     snprintf(cfg->dyn_kind, sizeof cfg->dyn_kind, "none");
+    cfg->freeze_window = 10;
+    cfg->freeze_threshold = 0.05;
+    cfg->freeze_every = 10;
+    cfg->freeze_max = -1;
+    cfg->freeze_per_check = 1;
+    cfg->exit_from = 1;
+    cfg->exit_threshold = 0.9;
+    snprintf(cfg->exit_confidence, sizeof cfg->exit_confidence, "softmax");
+    cfg->exit_loss_weight = 1.0;
+    cfg->exit_warmup = 0;
+    cfg->prune_start = 30;
+    cfg->prune_every = 10;
+    cfg->prune_steps = 4;
+    cfg->sparsity_initial = 0.0;
+    cfg->sparsity_final = 0.9;
+    cfg->csr_sparsity = 0.9;
     cfg->keep = 2;
     cfg->repack_every = 50;
     cfg->repack_epsilon = 0.05;

@@ -2,44 +2,72 @@
  * themselves here; "none" does nothing. */
 #include <stdio.h>
 #include <string.h>
+#include <sched.h>
 #include "dynmo/dyn.h"
+#include "dyn/scheme.h"
 
 struct dyn {
     char kind[32];
     struct dyn_env env;
+    const struct dyn_scheme *scheme;   /* NULL for "none" */
+    void *state;
+    struct gpt *model;                 /* the last model a hook saw */
 };
+
+static const struct dyn_scheme *const schemes[] = {
+    &dyn_scheme_freeze,
+    &dyn_scheme_early_exit,
+    &dyn_scheme_prune,
+};
+
+void dyn_wait_polled(MPI_Request *req)
+{
+    int done = 0;
+    while (*req != MPI_REQUEST_NULL) {
+        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+        if (rc != MPI_SUCCESS) DM_FATAL("MPI_Test failed in a dynamism scheme (%d)", rc);
+        if (done) break;
+        sched_yield();
+    }
+}
 
 struct dyn *dyn_create(const struct dm_config *cfg, const struct dyn_env *env)
 {
-    if (strcmp(cfg->dyn_kind, "none") != 0)
-        dm_user_error("dyn.kind = '%s' is not a scheme (valid: none)", cfg->dyn_kind);
+    const struct dyn_scheme *scheme = NULL;
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
+        if (!strcmp(cfg->dyn_kind, schemes[i]->kind)) scheme = schemes[i];
+    if (!scheme && strcmp(cfg->dyn_kind, "none") != 0)
+        dm_user_error("dyn.kind = '%s' is not a scheme (valid: none, freeze, early_exit, prune)",
+                      cfg->dyn_kind);
     struct dyn *dyn = dm_alloc(sizeof *dyn);
     snprintf(dyn->kind, sizeof dyn->kind, "%s", cfg->dyn_kind);
     dyn->env = *env;
+    dyn->scheme = scheme;
+    if (scheme) dyn->state = scheme->create(cfg, env);
     return dyn;
 }
 
-void dyn_destroy(struct dyn *dyn) { dm_free(dyn); }
+void dyn_destroy(struct dyn *dyn)
+{
+    if (dyn->scheme) dyn->scheme->destroy(dyn->state, dyn->model);
+    dm_free(dyn);
+}
 const char *dyn_kind_name(const struct dyn *dyn) { return dyn->kind; }
 
 void dyn_before_step(struct dyn *dyn, struct gpt *model, int step)
 {
-    (void)dyn;
-    (void)model;
-    (void)step;
+    dyn->model = model;
+    if (dyn->scheme) dyn->scheme->before_step(dyn->state, model, step);
 }
 
 void dyn_after_reduce(struct dyn *dyn, struct gpt *model, int step, const double *block_sumsq)
 {
-    (void)dyn;
-    (void)model;
-    (void)step;
-    (void)block_sumsq;
+    dyn->model = model;
+    if (dyn->scheme) dyn->scheme->after_reduce(dyn->state, model, step, block_sumsq);
 }
 
 void dyn_describe(const struct dyn *dyn, const struct gpt *model, char *buf, size_t size)
 {
-    (void)dyn;
-    (void)model;
     if (size) buf[0] = 0;
+    if (dyn->scheme) dyn->scheme->describe(dyn->state, model, buf, size);
 }

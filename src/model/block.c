@@ -113,6 +113,7 @@ void block_init(struct block *blk, int index, const struct gpt_shape *shape, uin
 
 void block_free(struct block *blk)
 {
+    block_sparse_free(blk);
     dm_free(blk->slab);
     memset(blk, 0, sizeof *blk);
 }
@@ -159,7 +160,7 @@ static uint64_t payload_checksum(const unsigned char *p, size_t bytes)
 
 size_t block_pack_size(const struct block *blk)
 {
-    return PACK_HEADER_BYTES + 3 * blk->nparams * sizeof(float);
+    return PACK_HEADER_BYTES + 3 * blk->nparams * sizeof(float) + block_sparse_pack_bytes(blk);
 }
 
 void block_pack(const struct block *blk, void *buf)
@@ -170,6 +171,8 @@ void block_pack(const struct block *blk, void *buf)
     memcpy(payload, blk->params, floats_bytes);
     memcpy(payload + floats_bytes, blk->m, floats_bytes);
     memcpy(payload + 2 * floats_bytes, blk->v, floats_bytes);
+    size_t dynamic_bytes = block_sparse_pack_bytes(blk);
+    block_sparse_pack(blk, payload + 3 * floats_bytes);
     struct pack_header h;
     memset(&h, 0, sizeof h);
     memcpy(h.magic, PACK_MAGIC, 8);
@@ -178,9 +181,10 @@ void block_pack(const struct block *blk, void *buf)
     h.channels = blk->C;
     h.heads = blk->NH;
     h.nparams = blk->nparams;
-    h.flags = 0;
-    h.dynamic_bytes = 0;
-    h.payload_bytes = 3 * floats_bytes;
+    h.flags = blk->frozen ? BLOCK_FLAG_FROZEN : 0;
+    h.flags |= block_sparse_flags(blk);
+    h.dynamic_bytes = dynamic_bytes;
+    h.payload_bytes = 3 * floats_bytes + dynamic_bytes;
     h.checksum = payload_checksum(payload, h.payload_bytes);
     memcpy(out, &h, sizeof h);
 }
@@ -227,22 +231,25 @@ int block_unpack(struct block *blk, const void *buf, size_t bytes,
                  h.index, (unsigned long long)h.nparams, nparams);
         return -1;
     }
-    if (h.flags != 0 || h.dynamic_bytes != 0) {
+    uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR;
+    if ((h.flags & ~known_flags) != 0 ||
+        (!(h.flags & BLOCK_FLAG_MASKED) && h.dynamic_bytes != 0)) {
         snprintf(err, errsize, "packed block %d has flags 0x%llx and %llu bytes of dynamic "
                  "state, which this version does not know", h.index,
                  (unsigned long long)h.flags, (unsigned long long)h.dynamic_bytes);
         return -1;
     }
     size_t floats_bytes = nparams * sizeof(float);
-    if (h.payload_bytes != 3 * floats_bytes ||
-        bytes != PACK_HEADER_BYTES + 3 * floats_bytes) {
+    size_t dynamic_bytes = (size_t)h.dynamic_bytes;
+    if (h.dynamic_bytes > bytes || h.payload_bytes != 3 * floats_bytes + dynamic_bytes ||
+        bytes != PACK_HEADER_BYTES + 3 * floats_bytes + dynamic_bytes) {
         snprintf(err, errsize, "packed block %d is %zu bytes (payload field %llu), "
                  "expected %zu", h.index, bytes, (unsigned long long)h.payload_bytes,
-                 PACK_HEADER_BYTES + 3 * floats_bytes);
+                 PACK_HEADER_BYTES + 3 * floats_bytes + dynamic_bytes);
         return -1;
     }
     const unsigned char *payload = in + PACK_HEADER_BYTES;
-    if (payload_checksum(payload, 3 * floats_bytes) != h.checksum) {
+    if (payload_checksum(payload, 3 * floats_bytes + dynamic_bytes) != h.checksum) {
         snprintf(err, errsize, "packed block %d fails its checksum (corrupted or truncated)",
                  h.index);
         return -1;
@@ -252,7 +259,11 @@ int block_unpack(struct block *blk, const void *buf, size_t bytes,
     memcpy(blk->m, payload + floats_bytes, floats_bytes);
     memcpy(blk->v, payload + 2 * floats_bytes, floats_bytes);
     memset(blk->grads, 0, floats_bytes);
-    return 0;
+    blk->frozen = (h.flags & BLOCK_FLAG_FROZEN) != 0;
+    /* The checksum passed, so only a writer's bug can fail here; the
+     * parameters are already in place then. */
+    return block_sparse_unpack(blk, h.flags, payload + 3 * floats_bytes, dynamic_bytes, err,
+                               errsize);
 }
 
 /* ---- activations and scratch -------------------------------------------------
@@ -356,51 +367,97 @@ void parallel_copy(float *dst, const float *src, long n)
     dm_parallel_for(n, 4096, copy_range, &a);
 }
 
+/* The four matrix products of a block: in CSR when the block is pruned
+ * past dyn.csr_sparsity, else dense (pruned weights are exact zeros there,
+ * and their gradients are masked so that they stay zero). */
+static int matrix_slot(int k)
+{
+    for (int m = 0; m < BLOCK_MATRICES; m++)
+        if (block_matrix_tensor(m) == k) return m;
+    DM_FATAL("tensor %d is not a block matrix", k);
+}
+
+/* out = inp @ W^T + b, plus residual if given; gelu_out = gelu(out) if
+ * given. Dense products fuse the residual and GELU into the matmul's
+ * row chunks (one pass over the output less). */
+static void block_matmul_forward(const struct block *blk, int k, float *out, const float *inp,
+                                 int N, int C, int OC, const float *residual, float *gelu_out)
+{
+    if (blk->sparse && blk->sparse->use_csr) {
+        sparse_matmul_forward(out, inp, &blk->sparse->csr[matrix_slot(k)], blk->p[k + 1], N, C,
+                              OC);
+        if (residual) residual_forward(out, out, residual, (long)N * OC);
+        if (gelu_out) gelu_forward(gelu_out, out, (long)N * OC);
+    } else if (residual) {
+        matmul_forward_residual(out, inp, blk->p[k], blk->p[k + 1], residual, N, C, OC);
+    } else if (gelu_out) {
+        matmul_forward_gelu(out, gelu_out, inp, blk->p[k], blk->p[k + 1], N, C, OC);
+    } else {
+        matmul_forward(out, inp, blk->p[k], blk->p[k + 1], N, C, OC);
+    }
+}
+
+/* dinp overwritten, times gelu'(gelu_inp) if given; weight and bias
+ * gradients of tensor k accumulated into g (NULL entries: none wanted). */
+static void block_matmul_backward(struct block *blk, int k, float *const *g, float *dinp,
+                                  const float *dout, const float *inp, int N, int C, int OC,
+                                  const float *gelu_inp)
+{
+    if (blk->sparse && blk->sparse->use_csr) {
+        sparse_matmul_backward(dinp, g[k], g[k + 1], dout, inp,
+                               &blk->sparse->csr[matrix_slot(k)], N, C, OC);
+        if (gelu_inp) gelu_backward(dinp, gelu_inp, dinp, (long)N * C);
+        return;
+    }
+    if (gelu_inp)
+        matmul_backward_gelu(dinp, g[k], g[k + 1], dout, inp, blk->p[k], gelu_inp, N, C, OC);
+    else
+        matmul_backward_overwrite(dinp, g[k], g[k + 1], dout, inp, blk->p[k], N, C, OC);
+    if (g[k] && blk->sparse) block_sparse_mask_grads(blk, k);
+}
+
 void block_forward(struct block *blk, struct block_acts *acts, float *out, const float *in,
                    int B, int T)
 {
     int C = blk->C, NH = blk->NH, N = B * T;
     DM_ASSERT(B <= acts->B && T <= acts->T);
     float *const *p = blk->p;
+    block_sparse_refresh(blk);   /* CSR values follow the last optimizer step */
     layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                       p[BP_LN1_W], p[BP_LN1_B], N, C);
-    matmul_forward(acts->qkv, acts->ln1, p[BP_QKV_W], p[BP_QKV_B], N, C, 3 * C);
+    block_matmul_forward(blk, BP_QKV_W, acts->qkv, acts->ln1, N, C, 3 * C, NULL, NULL);
     attention_forward(acts->atty, acts->att, acts->qkv, B, T, C, NH);
-    matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], N, C, C);
-    residual_forward(acts->res1, acts->res1, in, (long)N * C);
+    block_matmul_forward(blk, BP_ATTPROJ_W, acts->res1, acts->atty, N, C, C, in, NULL);
     layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
                       p[BP_LN2_W], p[BP_LN2_B], N, C);
-    matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], N, C, 4 * C);
-    gelu_forward(acts->fch_gelu, acts->fch, (long)N * 4 * C);
-    matmul_forward(out, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], N, 4 * C, C);
-    residual_forward(out, out, acts->res1, (long)N * C);
+    block_matmul_forward(blk, BP_FC_W, acts->fch, acts->ln2, N, C, 4 * C, NULL,
+                         acts->fch_gelu);
+    block_matmul_forward(blk, BP_FCPROJ_W, out, acts->fch_gelu, N, 4 * C, C, acts->res1,
+                         NULL);
 }
 
 void block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
                     float *din, const float *dout, const float *in, int B, int T)
 {
     int C = blk->C, NH = blk->NH, N = B * T;
-    long NC = (long)N * C;
     float *const *p = blk->p;
-    float *const *g = blk->g;
-    /* The residual stream passes dout straight through to d_res1. dout is
-     * not read after the MLP's projection, so din may alias it. */
-    parallel_copy(s->d_res1, dout, NC);
-    matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout, acts->fch_gelu,
-                              p[BP_FCPROJ_W], N, 4 * C, C);
-    gelu_backward(s->d_fch, acts->fch, s->d_fch, 4 * NC);
-    matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
-                              p[BP_FC_W], N, C, 4 * C);
-    layernorm_backward(s->d_res1, g[BP_LN2_W], g[BP_LN2_B], s->d_ln, acts->res1,
-                       p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
-    matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
-                              acts->atty, p[BP_ATTPROJ_W], N, C, C);
+    /* A frozen block computes no weight gradients (every g[k] NULL). */
+    static float *const no_grads[BP_COUNT];
+    float *const *g = blk->frozen ? no_grads : blk->g;
+    /* The residual stream passes dout straight through to d_res1 (joined in
+     * the ln2 backward). dout is not read after that, so din may alias it. */
+    block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N, 4 * C, C,
+                          acts->fch);
+    block_matmul_backward(blk, BP_FC_W, g, s->d_ln, s->d_fch, acts->ln2, N, C, 4 * C, NULL);
+    layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
+                                acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
+                                N, C);
+    block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
+                          NULL);
     attention_backward(s->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C, NH);
-    matmul_backward_overwrite(s->d_ln, g[BP_QKV_W], g[BP_QKV_B], s->d_qkv, acts->ln1,
-                              p[BP_QKV_W], N, C, 3 * C);
-    if (din) parallel_copy(din, s->d_res1, NC);
-    layernorm_backward(din, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in, p[BP_LN1_W],
-                       acts->ln1_mean, acts->ln1_rstd, N, C);
+    block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
+    layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
 static void zero_range(void *arg, long begin, long end)

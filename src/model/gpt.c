@@ -201,6 +201,7 @@ void gpt_acts_free(struct gpt_acts *acts)
     dm_free(acts->logits);
     dm_free(acts->probs);
     dm_free(acts->losses);
+    exit_acts_free(acts);
     memset(acts, 0, sizeof *acts);
 }
 
@@ -214,10 +215,15 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
     size_t BTC = (size_t)N * C;
     if (model->has_embed)
         encoder_forward(acts->residual, acts->tokens, model->wte, model->wpe, B, T, C);
+    if (model->exit) exit_begin_forward(model, acts);
     for (int i = 0; i < model->num_blocks; i++) {
         double t0 = dm_now();
-        block_forward(&model->blocks[i], &acts->blocks[i], acts->residual + (i + 1) * BTC,
-                      acts->residual + i * BTC, B, T);
+        if (model->exit)   /* early exit: active tokens only, exit heads */
+            exit_forward_block(model, acts, i, acts->residual + (i + 1) * BTC,
+                               acts->residual + i * BTC);
+        else
+            block_forward(&model->blocks[i], &acts->blocks[i], acts->residual + (i + 1) * BTC,
+                          acts->residual + i * BTC, B, T);
         model->block_fwd_s[i] += dm_now() - t0;
     }
     if (!model->has_head) return 0.0f;
@@ -255,14 +261,21 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
     }
     DM_ASSERT(grad != NULL);
     for (int i = nb - 1; i >= 0; i--) {
+        /* Frozen with everything before it: nothing needs this gradient
+         * (din is then left as it is; the previous stage ignores it). */
+        if (model->first_block + i < model->frozen_prefix) break;
         float *target = (i == 0 && !model->has_embed) ? din : d;
         double t0 = dm_now();
-        block_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
-                       acts->residual + i * BTC, B, T);
+        if (model->exit)
+            exit_backward_block(model, acts, scratch, i, target, grad,
+                                acts->residual + i * BTC, dloss_scale);
+        else
+            block_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
+                           acts->residual + i * BTC, B, T);
         model->block_bwd_s[i] += dm_now() - t0;
         grad = target;
     }
-    if (model->has_embed)
+    if (model->has_embed && model->frozen_prefix == 0)
         encoder_backward(model->dwte, model->dwpe, grad, acts->tokens, B, T, C);
     else if (nb == 0 && din && din != grad)
         parallel_copy(din, grad, (long)BTC);

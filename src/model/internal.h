@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "dynmo/model.h"
 
 /* out[i] = std * dm_normal(seed, stream, i) for i in [0, n), in parallel. */
 void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, float std);
@@ -13,5 +14,27 @@ void parallel_copy(float *dst, const float *src, long n);
 
 /* dst[0..n) = 0, in parallel. */
 void parallel_zero(float *dst, long n);
+
+/* layernorm_backward with dinp = dresidual + (input gradient) rather
+ * than +=; dresidual may be dinp (then it is layernorm_backward). */
+void layernorm_backward_residual(float *dinp, const float *dresidual, float *dweight,
+                                 float *dbias, const float *dout, const float *inp,
+                                 const float *weight, const float *mean, const float *rstd,
+                                 int N, int C);
+
+/* The pruning state of a block (sparse.c): freeing it, the CSR values
+ * refreshed from params (block_forward, after every optimizer step), the
+ * gradients of a dense pruned matrix tensor k masked, and the pack format
+ * of the state (docs/block-slab.md): its flag bits, its size in bytes,
+ * writing it, and reading it back after params are in place (returns 0,
+ * or -1 with a message in err). */
+void block_sparse_free(struct block *blk);
+void block_sparse_refresh(struct block *blk);
+void block_sparse_mask_grads(struct block *blk, int k);
+uint64_t block_sparse_flags(const struct block *blk);
+size_t block_sparse_pack_bytes(const struct block *blk);
+void block_sparse_pack(const struct block *blk, unsigned char *out);
+int block_sparse_unpack(struct block *blk, uint64_t flags, const unsigned char *in,
+                        size_t bytes, char *err, size_t errsize);
 
 #endif

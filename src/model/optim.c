@@ -24,8 +24,11 @@ struct adamw_args {
     float eps, grad_scale;
 };
 
-/* sqrtf without errno handling, so that the loop vectorizes; v >= 0. */
-__attribute__((optimize("no-math-errno")))
+/* In blocks of ADAMW_BLOCK elements, so that everything but the square
+ * root vectorizes: gcc keeps sqrtf scalar under -fmath-errno (the default
+ * of -fno-fast-math), and a call inside the loop would stop the rest. */
+#define ADAMW_BLOCK 256
+
 static void adamw_range(void *arg, long begin, long end)
 {
     const struct adamw_args *a = arg;
@@ -34,14 +37,19 @@ static void adamw_range(void *arg, long begin, long end)
     const float scale = a->grad_scale, decay = a->decay, step_size = a->step_size;
     const float b1 = a->beta1, c1 = a->one_minus_beta1, b2 = a->beta2, c2 = a->one_minus_beta2;
     const float bias2_sqrt = a->bias2_sqrt, eps = a->eps;
-    for (long i = begin; i < end; i++) {
-        float grad = g[i] * scale;
-        float mi = m[i] * b1 + grad * c1;
-        float vi = v[i] * b2 + (grad * grad) * c2;
-        m[i] = mi;
-        v[i] = vi;
-        float denom = sqrtf(vi) / bias2_sqrt + eps;
-        p[i] = p[i] * decay - step_size * (mi / denom);
+    float root[ADAMW_BLOCK];
+    for (long i0 = begin; i0 < end; i0 += ADAMW_BLOCK) {
+        long n = end - i0 < ADAMW_BLOCK ? end - i0 : ADAMW_BLOCK;
+        for (long j = 0; j < n; j++) {
+            float grad = g[i0 + j] * scale;
+            m[i0 + j] = m[i0 + j] * b1 + grad * c1;
+            v[i0 + j] = v[i0 + j] * b2 + (grad * grad) * c2;
+        }
+        for (long j = 0; j < n; j++) root[j] = sqrtf(v[i0 + j]);
+        for (long j = 0; j < n; j++) {
+            float denom = root[j] / bias2_sqrt + eps;
+            p[i0 + j] = p[i0 + j] * decay - step_size * (m[i0 + j] / denom);
+        }
     }
 }
 
@@ -69,6 +77,7 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
                  "wte gradient is not in dwte yet");
     for (int i = 0; i < model->num_blocks; i++) {
         struct block *blk = &model->blocks[i];
+        if (blk->frozen) continue;   /* layer freezing: no update at all */
         for (int k = 0; k < BP_COUNT; k++) {
             size_t off = block_tensor_offset(blk->C, k);
             double wd = block_tensor_is_matrix(k) ? weight_decay : 0.0;
@@ -85,7 +94,7 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
      * (exchanged) gradient, so the copies stay equal. */
     adamw_update(p, g, m, v, (long)wpe, (float)lr, (float)beta1, (float)beta2, (float)eps,
                  (float)weight_decay, grad_scale, t);
-    if (model->has_embed)
+    if (model->has_embed && model->frozen_prefix == 0)   /* wpe freezes with block 0 */
         adamw_update(p + wpe, g + wpe, m + wpe, v + wpe, (long)(lnf - wpe), (float)lr,
                      (float)beta1, (float)beta2, (float)eps, (float)weight_decay,
                      grad_scale, t);

@@ -29,6 +29,7 @@ enum {
     TAG_GRAD = 1 << 20,
     TAG_BLOCK = 2 << 20,
     TAG_TIED = 3 << 20,
+    TAG_EXIT = 4 << 20,   /* early exit: the micro-batch's exit layers */
 };
 
 struct slot {
@@ -36,6 +37,7 @@ struct slot {
     float *dout;          /* (b,T,C) gradient received from the next stage */
     float *din;           /* (b,T,C) gradient sent to the previous stage */
     MPI_Request send_act, send_grad;
+    MPI_Request send_exit;   /* early exit: exit layers sent with the activation */
     int busy_mb;          /* micro-batch whose activations live here, or -1 */
 };
 
@@ -217,6 +219,7 @@ static void slots_alloc(struct engine *eng)
         sl->dout = dm_alloc(btc * sizeof(float));
         sl->din = dm_alloc(btc * sizeof(float));
         sl->send_act = MPI_REQUEST_NULL;
+        sl->send_exit = MPI_REQUEST_NULL;
         sl->send_grad = MPI_REQUEST_NULL;
         sl->busy_mb = -1;
     }
@@ -227,6 +230,7 @@ static void slots_free(struct engine *eng)
     for (int i = 0; i < eng->nslots; i++) {
         struct slot *sl = &eng->slots[i];
         wait_polled(&sl->send_act);
+        wait_polled(&sl->send_exit);
         wait_polled(&sl->send_grad);
         gpt_acts_free(&sl->acts);
         dm_free(sl->dout);
@@ -311,12 +315,13 @@ struct engine *engine_create(const struct dm_config *cfg)
     st->layer_fwd_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_bwd_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_mem_bytes = dm_alloc((size_t)L * sizeof(double));
+    st->layer_sparsity = dm_alloc((size_t)L * sizeof(double));
     st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_peak_mb = dm_alloc((size_t)S * sizeof(double));
     st->layout = dm_alloc((size_t)S * sizeof(int));
-    /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem per layer */
-    eng->gather_len = 4 + 3 * L;
+    /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity per layer */
+    eng->gather_len = 4 + 4 * L;
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
@@ -337,6 +342,7 @@ void engine_destroy(struct engine *eng)
     dm_free(st->layer_fwd_ms);
     dm_free(st->layer_bwd_ms);
     dm_free(st->layer_mem_bytes);
+    dm_free(st->layer_sparsity);
     dm_free(st->stage_compute_ms);
     dm_free(st->stage_wait_ms);
     dm_free(st->stage_peak_mb);
@@ -466,7 +472,7 @@ static void run_forward(struct engine *eng, struct loader *loader, int step, int
     struct gpt *m = &eng->model;
     DM_ASSERT(sl->busy_mb == -1);
     sl->busy_mb = mb;
-    if ((m->has_embed || m->has_head) && loader)
+    if ((m->has_embed || m->has_head || m->exit) && loader)   /* exit heads need targets */
         loader_fill(loader, first_sample(eng, step, mb), eng->micro_B, sl->acts.tokens,
                     sl->acts.targets);
     double t0 = dm_now();
@@ -515,9 +521,16 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         switch (in->op) {
         case PIPE_RECV_ACT:
             eng->wait_s += wait_polled(&sl->send_act);
+            eng->wait_s += wait_polled(&sl->send_exit);
             DM_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
                              MPI_COMM_WORLD, &req));
             eng->wait_s += wait_polled(&req);
+            if (eng->model.exit) {
+                DM_MPI(MPI_Irecv(gpt_exit_layers(&eng->model, &sl->acts),
+                                 eng->micro_B * eng->T, MPI_INT, prev, TAG_EXIT + mb,
+                                 MPI_COMM_WORLD, &req));
+                eng->wait_s += wait_polled(&req);
+            }
             break;
         case PIPE_FWD:
             run_forward(eng, loader, step, mb, &loss_sum);
@@ -525,6 +538,10 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         case PIPE_SEND_ACT:
             DM_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
                              MPI_COMM_WORLD, &sl->send_act));
+            if (eng->model.exit)
+                DM_MPI(MPI_Isend(gpt_exit_layers(&eng->model, &sl->acts),
+                                 eng->micro_B * eng->T, MPI_INT, next, TAG_EXIT + mb,
+                                 MPI_COMM_WORLD, &sl->send_exit));
             break;
         case PIPE_RECV_GRAD:
             DM_MPI(MPI_Irecv(sl->dout, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
@@ -566,6 +583,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
     }
     for (int i = 0; i < eng->nslots; i++) {
         eng->wait_s += wait_polled(&eng->slots[i].send_act);
+        eng->wait_s += wait_polled(&eng->slots[i].send_exit);
         eng->wait_s += wait_polled(&eng->slots[i].send_grad);
     }
     return loss_sum;
@@ -590,6 +608,7 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
         v[4 + layer] = m->block_fwd_s[i];
         v[4 + L + layer] = m->block_bwd_s[i];
         v[4 + 2 * L + layer] = (double)block_pack_size(&m->blocks[i]);
+        v[4 + 3 * L + layer] = block_matrix_sparsity(&m->blocks[i]);
     }
     wait_polled(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
     DM_MPI(MPI_Igather(v, eng->gather_len, MPI_DOUBLE, eng->gather_recv, eng->gather_len,
@@ -606,6 +625,7 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
     st->step_ms = step_s * 1e3;
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
+        st->layer_sparsity[l] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
@@ -625,6 +645,7 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
                 st->layer_fwd_ms[l] += x[4 + l] * 1e3 / mb_count;
                 st->layer_bwd_ms[l] += x[4 + L + l] * 1e3 / mb_count;
                 st->layer_mem_bytes[l] += x[4 + 2 * L + l];
+                st->layer_sparsity[l] += x[4 + 3 * L + l];
             }
     }
     for (int s = 0; s < S; s++) {
@@ -681,6 +702,11 @@ float engine_eval(struct engine *eng, struct loader *val)
                 DM_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
                                  MPI_COMM_WORLD, &req));
                 wait_polled(&req);
+                if (m->exit) {
+                    DM_MPI(MPI_Irecv(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
+                                     MPI_INT, prev, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
+                    wait_polled(&req);
+                }
             }
             loader_fill(val, first_sample(eng, b, mb), eng->micro_B, sl->acts.tokens,
                         sl->acts.targets);
@@ -691,6 +717,11 @@ float engine_eval(struct engine *eng, struct loader *val)
                 DM_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
                                  MPI_COMM_WORLD, &req));
                 wait_polled(&req);
+                if (m->exit) {
+                    DM_MPI(MPI_Isend(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
+                                     MPI_INT, next, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
+                    wait_polled(&req);
+                }
             }
         }
     }
@@ -789,6 +820,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     /* Build the new block array: keep the blocks that stay, unpack arrivals. */
     for (int i = 0; i < eng->nslots; i++) {
         wait_polled(&eng->slots[i].send_act);
+        wait_polled(&eng->slots[i].send_exit);
         wait_polled(&eng->slots[i].send_grad);
     }
     struct block *blocks = dm_alloc((size_t)(new_count ? new_count : 1) * sizeof(struct block));
@@ -861,11 +893,16 @@ void engine_save(struct engine *eng, const char *dir, int keep, long steps_done,
         .history_stages = history_stages,
         .history_layout = history_layout,
     };
+    int *frozen = dm_alloc((size_t)L * sizeof(int));   /* own blocks' entries only */
+    for (int i = 0; i < eng->model.num_blocks; i++)
+        frozen[eng->model.first_block + i] = eng->model.blocks[i].frozen != 0;
+    meta.frozen = frozen;
     char err[1024];
     if (ckpt_save(dir, keep, &eng->model, &meta, g->stage, g->replica, MPI_COMM_WORLD, path_out,
                   path_out_size, err, sizeof err) != 0)
         dm_user_error("%s", err);
     dm_free(cursor);
+    dm_free(frozen);
     dm_free(history_stages);
     dm_free(history_layout);
 }

@@ -27,7 +27,8 @@ struct balancer {
     enum dm_schedule schedule;
     uint64_t seed;
     double min_gain;
-    double *params;             /* (layers) parameters per block */
+    double *params;             /* (layers) nonzero parameters per block */
+    size_t block_params, block_matrix_weights;  /* dense counts of one block */
     double *fwd_ema, *bwd_ema;  /* (layers) ms per micro-batch */
     double first_extra_ema, last_extra_ema;
     int64_t *mem_bytes;         /* (layers) */
@@ -70,7 +71,9 @@ struct balancer *balancer_create(const struct dm_config *cfg, int stages)
     bal->fwd_ema = dm_alloc(L * sizeof(double));
     bal->bwd_ema = dm_alloc(L * sizeof(double));
     bal->mem_bytes = dm_alloc(L * sizeof(int64_t));
-    for (size_t l = 0; l < L; l++) bal->params[l] = (double)block_param_count(cfg->channels);
+    bal->block_params = block_param_count(cfg->channels);
+    bal->block_matrix_weights = block_matrix_weights(cfg->channels);
+    for (size_t l = 0; l < L; l++) bal->params[l] = (double)bal->block_params;
     bal->proposal = dm_alloc((size_t)stages * sizeof(int));
     bal->current = dm_alloc((size_t)stages * sizeof(int));
     return bal;
@@ -123,6 +126,9 @@ static void update_profile(struct balancer *bal, const struct step_stats *st)
         bal->fwd_ema[l] = ema(bal->fwd_ema[l], st->layer_fwd_ms[l], bal->have_ema);
         bal->bwd_ema[l] = ema(bal->bwd_ema[l], st->layer_bwd_ms[l], bal->have_ema);
         bal->mem_bytes[l] = (int64_t)st->layer_mem_bytes[l];
+        /* Parameters that still compute: a pruned block's nonzeros. */
+        bal->params[l] = (double)bal->block_params -
+                         st->layer_sparsity[l] * (double)bal->block_matrix_weights;
     }
     bal->first_extra_ema = ema(bal->first_extra_ema, first > 0 ? first : 0, bal->have_ema);
     bal->last_extra_ema = ema(bal->last_extra_ema, last > 0 ? last : 0, bal->have_ema);

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Issue 6 measurements: each dynamism scheme (freeze, early_exit) three
+# ways -- static uniform, static params, balanced (partition-time every
+# K steps) -- on RANKS ranks (default "2 4"; 4 ranks share this machine's
+# 2 cores). Prints the summary throughput, mean bubble and imbalance of the
+# steps after SETTLE, per run. Usage: bench/dyn_schemes.sh [STEPS] [SETTLE] [K]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DYNMO=${DYNMO:-build/dynmo}
+STEPS=${1:-120}; SETTLE=${2:-60}; K=${3:-10}
+out=${OUT:-runs/bench-dyn}; mkdir -p "$out"
+for ranks in ${RANKS:-2 4}; do
+  for scheme in freeze early_exit; do
+    for way in uniform params balanced; do
+      args=(balance.method=none balance.initial=uniform)
+      [ $way = params ] && args=(balance.method=none balance.initial=params)
+      [ $way = balanced ] && args=(balance.method=partition-time balance.initial=uniform balance.every=$K)
+      name=$scheme-$ranks-$way
+      mpiexec -n "$ranks" "$DYNMO" train --config configs/$scheme.ini parallel.pp="$ranks" \
+        train.steps="$STEPS" run.out_dir="$out/$name" run.log_every=1 "${args[@]}" > "$out/$name.out" 2>&1
+      /usr/bin/python3 - "$out/$name/runlog.h5" "$SETTLE" "$name" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'r'); s = int(sys.argv[2])
+step_ms = f['/steps/step_ms'][s:] if '/steps/step_ms' in f else None
+keys = list(f['/steps'].keys())
+def get(k): return f['/steps/' + k][s:] if k in keys else np.array([np.nan])
+ms = get('step_ms')
+print(f"{sys.argv[3]:28s} step {np.mean(ms):7.1f} ms  bubble {np.mean(get('bubble_ratio')):.3f}"
+      f"  imbalance {np.mean(get('imbalance')):.3f}")
+PY
+    done
+  done
+done

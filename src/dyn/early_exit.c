@@ -1,0 +1,135 @@
+/* Early exit (dyn.kind=early_exit), in the spirit of CALM: after every
+ * block from dyn.exit_from on, each token still active gets a confidence
+ * (dyn.exit_confidence = softmax: top-1 minus top-2 probability of the
+ * shared LM head; saturation: cosine of the hidden state before and after
+ * the block); when it reaches dyn.exit_threshold the token leaves, its
+ * state is copied forward, and later blocks compute only the tokens that
+ * remain (src/model/exit.c does the work; this file is the policy).
+ *
+ * The LM head on a pipeline: only the last stage holds the final norm,
+ * and the middle stages hold no wte at all, so before every step the last
+ * stage broadcasts a read-only copy of [wte | lnf_w | lnf_b] (V*C + 2C
+ * floats, written by the previous optimizer step) over the pipeline
+ * communicator, with a polled non-blocking broadcast. Every stage's exit
+ * heads then use the same bits, so the decisions do not depend on the
+ * layout. The broadcast is skipped when neither the softmax criterion nor
+ * the exit losses need the head (saturation with exit_loss_weight = 0).
+ *
+ * Exits are allowed from step dyn.exit_warmup on; before that the exit
+ * heads only train. The step line shows the share of (token, block) pairs
+ * skipped in the previous step over the whole pipeline (one two-number
+ * reduction per step). Nothing here looks at the layout or at timings. */
+#include <stdio.h>
+#include <string.h>
+#include "dyn/scheme.h"
+
+struct early_exit {
+    struct gpt_exit exit;
+    int warmup, need_head, layers;
+    struct dyn_env env;
+    float *head;         /* (V*C + 2C) copy from the last stage, or NULL */
+    double skipped_share;
+};
+
+static void *early_exit_create(const struct dm_config *cfg, const struct dyn_env *env)
+{
+    struct early_exit *e = dm_alloc(sizeof *e);
+    if (cfg->exit_from >= cfg->layers - 1)
+        dm_user_error("dyn.exit_from = %d leaves no block to skip: model.layers = %d, so "
+                      "exit_from must be below %d", cfg->exit_from, cfg->layers,
+                      cfg->layers - 1);
+    if (!strcmp(cfg->exit_confidence, "softmax"))
+        e->exit.confidence = GPT_EXIT_SOFTMAX;
+    else if (!strcmp(cfg->exit_confidence, "saturation"))
+        e->exit.confidence = GPT_EXIT_SATURATION;
+    else
+        dm_user_error("dyn.exit_confidence = '%s' must be softmax or saturation",
+                      cfg->exit_confidence);
+    e->exit.from = cfg->exit_from;
+    e->exit.threshold = (float)cfg->exit_threshold;
+    e->exit.loss_weight = (float)cfg->exit_loss_weight;
+    e->warmup = cfg->exit_warmup;
+    e->layers = cfg->layers;
+    e->env = *env;
+    e->need_head = e->exit.confidence == GPT_EXIT_SOFTMAX || e->exit.loss_weight > 0.0f;
+    if (e->need_head && env->stages > 1)
+        e->head = dm_alloc(((size_t)cfg->vocab * cfg->channels + 2 * (size_t)cfg->channels) *
+                           sizeof(float));
+    return e;
+}
+
+static void early_exit_destroy(void *state, struct gpt *model)
+{
+    (void)model;
+    struct early_exit *e = state;
+    dm_free(e->head);
+    dm_free(e);
+}
+
+static void early_exit_before_step(void *state, struct gpt *model, int step)
+{
+    struct early_exit *e = state;
+    struct gpt_exit *x = &e->exit;
+    model->exit = x;
+    x->allow = step >= e->warmup;
+    const struct gpt_shape *s = &model->shape;
+    size_t VC = (size_t)s->vocab * s->channels, C = (size_t)s->channels;
+    MPI_Request req;
+    if (e->env.stages > 1) {
+        double mine[2] = {x->token_blocks, x->token_blocks_skipped}, total[2];
+        if (MPI_Iallreduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, e->env.pipeline_comm, &req) !=
+            MPI_SUCCESS)
+            DM_FATAL("MPI_Iallreduce of the early-exit counters failed");
+        dyn_wait_polled(&req);
+        e->skipped_share = total[0] > 0 ? total[1] / total[0] : 0.0;
+    } else {
+        e->skipped_share = x->token_blocks > 0 ? x->token_blocks_skipped / x->token_blocks : 0.0;
+    }
+    x->token_blocks = x->token_blocks_skipped = x->exit_loss_sum = 0.0;
+    if (!e->need_head) return;
+    if (e->env.stages == 1) {
+        x->wte = model->wte;
+        x->lnf_w = model->lnf_w;
+        x->lnf_b = model->lnf_b;
+        return;
+    }
+    int root = e->env.stages - 1;
+    if (e->env.stage == root) {
+        memcpy(e->head, model->wte, VC * sizeof(float));
+        memcpy(e->head + VC, model->lnf_w, C * sizeof(float));
+        memcpy(e->head + VC + C, model->lnf_b, C * sizeof(float));
+    }
+    if (MPI_Ibcast(e->head, (int)(VC + 2 * C), MPI_FLOAT, root, e->env.pipeline_comm, &req) !=
+        MPI_SUCCESS)
+        DM_FATAL("MPI_Ibcast of the LM head for early exit failed");
+    dyn_wait_polled(&req);
+    x->wte = e->head;
+    x->lnf_w = e->head + VC;
+    x->lnf_b = e->head + VC + C;
+}
+
+static void early_exit_after_reduce(void *state, struct gpt *model, int step,
+                                    const double *block_sumsq)
+{
+    (void)state;
+    (void)model;
+    (void)step;
+    (void)block_sumsq;
+}
+
+static void early_exit_describe(const void *state, const struct gpt *model, char *buf,
+                                size_t size)
+{
+    (void)model;
+    const struct early_exit *e = state;
+    snprintf(buf, size, "skipped %.1f%% token-blocks", 100.0 * e->skipped_share);
+}
+
+const struct dyn_scheme dyn_scheme_early_exit = {
+    .kind = "early_exit",
+    .create = early_exit_create,
+    .destroy = early_exit_destroy,
+    .before_step = early_exit_before_step,
+    .after_reduce = early_exit_after_reduce,
+    .describe = early_exit_describe,
+};

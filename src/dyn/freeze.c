@@ -1,0 +1,140 @@
+/* Layer freezing (dyn.kind=freeze), in the spirit of Egeria and
+ * PipeTransformer: blocks that have stopped learning stop training, front
+ * to back.
+ *
+ * The criterion uses only the global per-block gradient norms that the
+ * engine passes to after_reduce (the same numbers on every rank), never a
+ * time: for the first block that is not frozen yet, every freeze_every
+ * steps, compare the mean gradient norm of the last freeze_window steps
+ * (a) with that of the freeze_window steps before (b); when
+ * |a - b| / b < freeze_threshold the block freezes, and the next block is
+ * tested the same way at the same check, up to freeze_per_check blocks
+ * (default 1, as Egeria). At most freeze_max blocks freeze (default: all but
+ * the last). A decision made after the reduction of step s takes effect
+ * at once: step s's optimizer update already skips the block (its
+ * gradient of step s is dropped), the same on every rank and every layout,
+ * and a checkpoint written after step s holds the flag.
+ *
+ * The frozen flag lives in each block's slab (struct block.frozen, pack
+ * flag BLOCK_FLAG_FROZEN): it migrates with the block and is saved in
+ * checkpoints. The scheme's own state (the gradient-norm history) is not
+ * saved: after a resume the window starts again, and the frozen prefix is
+ * recovered from the blocks (one reduction over the pipeline at the first
+ * step). Freezing is prefix-only, so a frozen block always has every block
+ * before it frozen and does no backward at all (gpt_backward skips it,
+ * and skips the embedding's gradient). This file must not look at the
+ * layout or at timings. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "dyn/scheme.h"
+
+struct freeze {
+    int layers, window, every, max_frozen, per_check;
+    double threshold;
+    MPI_Comm comm;
+    int prefix;          /* blocks [0, prefix) are frozen */
+    int started;         /* prefix recovered from the slabs */
+    long recorded;       /* steps in the history since the (re)start */
+    double *history;     /* (layers, 2 * window) ring of gradient norms */
+};
+
+static void *freeze_create(const struct dm_config *cfg, const struct dyn_env *env)
+{
+    struct freeze *f = dm_alloc(sizeof *f);
+    f->layers = cfg->layers;
+    f->window = cfg->freeze_window;
+    f->every = cfg->freeze_every;
+    f->threshold = cfg->freeze_threshold;
+    f->per_check = cfg->freeze_per_check;
+    f->max_frozen = cfg->freeze_max < 0 ? cfg->layers - 1 : cfg->freeze_max;
+    if (f->max_frozen > cfg->layers)
+        dm_user_error("dyn.freeze_max = %d exceeds model.layers = %d", cfg->freeze_max,
+                      cfg->layers);
+    f->comm = env->pipeline_comm;
+    f->history = dm_alloc((size_t)cfg->layers * 2 * (size_t)f->window * sizeof(double));
+    return f;
+}
+
+static void freeze_destroy(void *state, struct gpt *model)
+{
+    (void)model;
+    struct freeze *f = state;
+    dm_free(f->history);
+    dm_free(f);
+}
+
+/* Marks this rank's blocks and the model with the current prefix. */
+static void apply_prefix(const struct freeze *f, struct gpt *model)
+{
+    model->frozen_prefix = f->prefix;
+    for (int i = 0; i < model->num_blocks; i++)
+        model->blocks[i].frozen = model->first_block + i < f->prefix;
+}
+
+static void freeze_before_step(void *state, struct gpt *model, int step)
+{
+    (void)step;
+    struct freeze *f = state;
+    if (!f->started) {
+        /* After a resume the flags are in the blocks: count them over the
+         * pipeline (freezing is prefix-only, so the count is the prefix). */
+        int mine = 0, total = 0;
+        for (int i = 0; i < model->num_blocks; i++) mine += model->blocks[i].frozen != 0;
+        MPI_Request req;
+        if (MPI_Iallreduce(&mine, &total, 1, MPI_INT, MPI_SUM, f->comm, &req) != MPI_SUCCESS)
+            DM_FATAL("MPI_Iallreduce of the frozen block count failed");
+        dyn_wait_polled(&req);
+        if (total > f->prefix) f->prefix = total;
+        f->started = 1;
+    }
+    apply_prefix(f, model);
+}
+
+static double window_mean(const struct freeze *f, int layer, long newest_back)
+{
+    /* mean of the window steps ending newest_back steps before the newest */
+    int W2 = 2 * f->window;
+    double sum = 0.0;
+    for (int k = 0; k < f->window; k++) {
+        long r = f->recorded - 1 - newest_back - k;
+        sum += f->history[(size_t)layer * W2 + (size_t)(r % W2)];
+    }
+    return sum / f->window;
+}
+
+static void freeze_after_reduce(void *state, struct gpt *model, int step,
+                                const double *block_sumsq)
+{
+    struct freeze *f = state;
+    int W2 = 2 * f->window;
+    for (int l = 0; l < f->layers; l++)
+        f->history[(size_t)l * W2 + (size_t)(f->recorded % W2)] = sqrt(block_sumsq[l]);
+    f->recorded++;
+    if ((step + 1) % f->every != 0 || f->recorded < W2) return;
+    for (int n = 0; n < f->per_check && f->prefix < f->max_frozen; n++) {
+        double recent = window_mean(f, f->prefix, 0);
+        double before = window_mean(f, f->prefix, f->window);
+        if (!(before > 0.0) || fabs(recent - before) / before >= f->threshold) break;
+        f->prefix++;
+    }
+    /* At once: this step's optimizer update already skips the new frozen
+     * blocks, and a checkpoint written after this step holds their flags. */
+    apply_prefix(f, model);
+}
+
+static void freeze_describe(const void *state, const struct gpt *model, char *buf, size_t size)
+{
+    (void)model;
+    const struct freeze *f = state;
+    snprintf(buf, size, "frozen %d/%d", f->prefix, f->layers);
+}
+
+const struct dyn_scheme dyn_scheme_freeze = {
+    .kind = "freeze",
+    .create = freeze_create,
+    .destroy = freeze_destroy,
+    .before_step = freeze_before_step,
+    .after_reduce = freeze_after_reduce,
+    .describe = freeze_describe,
+};

@@ -1,0 +1,272 @@
+/* Gradual global magnitude pruning (dyn.kind=prune): the paper's section
+ * 3.2.1 and Algorithm 1, with the schedule of Zhu & Gupta.
+ *
+ * At the pruning steps t0, t0 + dt, ..., t0 + n dt (dyn.prune_start,
+ * dyn.prune_every, dyn.prune_steps), before the step runs, the target
+ * sparsity s_t of the schedule is applied to the whole distributed model
+ * at once: of the P prunable weights (the matrices qkv_w, attproj_w, fc_w
+ * and fcproj_w of every block; embeddings, layernorms and biases are never
+ * pruned) the K = P - round(s_t P) of largest magnitude are kept, the
+ * rest become exactly zero for good. Ties are broken by the global index
+ * of the weight (lower index kept), so the kept set is one well-defined
+ * set: the same one that a single process holding the whole model picks,
+ * on any layout. Every rank of the replica's pipeline takes part
+ * (prune_global_cut); replicas hold identical weights and decide alike.
+ *
+ * What a pruned block keeps (mask, CSR) lives in its slab and pack
+ * (block_prune, docs/block-slab.md). A checkpoint saves parameters only,
+ * with pruned weights exactly zero; after a resume past t0 the masks are
+ * rebuilt from those zeros at the first step (a kept weight that is
+ * exactly 0.0f in fp32 at that moment would be taken for pruned; we have
+ * never seen one). This file must not look at the layout or at timings. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "dyn/prune.h"
+#include "dyn/scheme.h"
+
+struct prune {
+    struct dm_config cfg;
+    MPI_Comm comm;
+    int started;            /* masks rebuilt (resume) at the first step */
+    double sparsity;        /* in force now, whole model */
+};
+
+/* ---- the schedule --------------------------------------------------------- */
+
+double prune_schedule_at(const struct dm_config *cfg, int step)
+{
+    int t0 = cfg->prune_start, dt = cfg->prune_every, n = cfg->prune_steps;
+    if (step < t0 || (step - t0) % dt != 0 || (step - t0) / dt > n) return -1.0;
+    double progress = (double)(step - t0) / ((double)n * dt);
+    double rest = 1.0 - progress;
+    return cfg->sparsity_final + (cfg->sparsity_initial - cfg->sparsity_final) * rest * rest * rest;
+}
+
+double prune_sparsity_in_force(const struct dm_config *cfg, int step)
+{
+    if (step < cfg->prune_start) return 0.0;
+    int j = (step - cfg->prune_start) / cfg->prune_every;
+    if (j > cfg->prune_steps) j = cfg->prune_steps;
+    return prune_schedule_at(cfg, cfg->prune_start + j * cfg->prune_every);
+}
+
+/* ---- keys and selection ------------------------------------------------------ */
+
+uint64_t prune_key(float weight, uint32_t global_index)
+{
+    uint32_t bits;
+    memcpy(&bits, &weight, sizeof bits);
+    bits &= 0x7fffffffu;   /* |w|: for non-negative floats the bits order as the values */
+    return ((uint64_t)bits << 32) | (uint64_t)(0xffffffffu - global_index);
+}
+
+static void swap_keys(uint64_t *a, uint64_t *b)
+{
+    uint64_t t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* Reorders a[0..n) so that a[k] is the k-th smallest (0-based), with
+ * nothing larger before it and nothing smaller after it. Quickselect with
+ * a median-of-three pivot; deterministic. */
+static void select_kth(uint64_t *a, long n, long k)
+{
+    long lo = 0, hi = n - 1;
+    while (hi > lo) {
+        long mid = lo + (hi - lo) / 2;
+        if (a[mid] < a[lo]) swap_keys(&a[mid], &a[lo]);
+        if (a[hi] < a[lo]) swap_keys(&a[hi], &a[lo]);
+        if (a[hi] < a[mid]) swap_keys(&a[hi], &a[mid]);
+        uint64_t pivot = a[mid];
+        long i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot) i++;
+            while (a[j] > pivot) j--;
+            if (i <= j) swap_keys(&a[i++], &a[j--]);
+        }
+        if (k <= j) hi = j;
+        else if (k >= i) lo = i;
+        else return;
+    }
+}
+
+#define PRUNE_MPI(call)                                                         \
+    do {                                                                        \
+        int rc_ = (call);                                                       \
+        if (rc_ != MPI_SUCCESS) {                                               \
+            char text_[MPI_MAX_ERROR_STRING];                                   \
+            int len_ = 0;                                                       \
+            MPI_Error_string(rc_, text_, &len_);                                \
+            DM_FATAL("%s: %s", #call, text_);                                   \
+        }                                                                       \
+    } while (0)
+
+uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long total)
+{
+    DM_ASSERT(keep >= 0 && keep <= total && total < INT32_MAX);
+    if (keep == 0) return UINT64_MAX;
+    if (keep == total) return 0;
+    long pruned = total - keep;
+    int top = keep <= pruned;   /* send whichever side is smaller */
+    long want = top ? keep : pruned;
+    long m = want < n ? want : n;
+    const uint64_t *send = keys;
+    if (top) {
+        if (m < n) select_kth(keys, n, n - m);
+        send = keys + (n - m);
+    } else if (m < n) {
+        select_kth(keys, n, m - 1);
+    }
+    int rank, size;
+    PRUNE_MPI(MPI_Comm_rank(comm, &rank));
+    PRUNE_MPI(MPI_Comm_size(comm, &size));
+    int count = (int)m;
+    int *counts = NULL, *displs = NULL;
+    uint64_t *all = NULL;
+    if (rank == 0) {
+        counts = dm_alloc((size_t)size * sizeof(int));
+        displs = dm_alloc((size_t)size * sizeof(int));
+    }
+    MPI_Request req;
+    PRUNE_MPI(MPI_Igather(&count, 1, MPI_INT, counts, 1, MPI_INT, 0, comm, &req));
+    dyn_wait_polled(&req);
+    long gathered = 0;
+    if (rank == 0) {
+        for (int r = 0; r < size; r++) {
+            displs[r] = (int)gathered;
+            gathered += counts[r];
+        }
+        all = dm_alloc((size_t)(gathered ? gathered : 1) * sizeof(uint64_t));
+    }
+    PRUNE_MPI(MPI_Igatherv(send, count, MPI_UINT64_T, all, counts, displs, MPI_UINT64_T, 0,
+                           comm, &req));
+    dyn_wait_polled(&req);
+    uint64_t cut = 0;
+    if (rank == 0) {
+        DM_ASSERT(gathered >= want);
+        if (top) {
+            select_kth(all, gathered, gathered - keep);
+            cut = all[gathered - keep] - 1;   /* keys > cut: the keep largest */
+        } else {
+            select_kth(all, gathered, pruned - 1);
+            cut = all[pruned - 1];            /* keys <= cut: the pruned smallest */
+        }
+        dm_free(all);
+        dm_free(counts);
+        dm_free(displs);
+    }
+    PRUNE_MPI(MPI_Ibcast(&cut, 1, MPI_UINT64_T, 0, comm, &req));
+    dyn_wait_polled(&req);
+    return cut;
+}
+
+/* ---- the scheme ----------------------------------------------------------------- */
+
+static void *prune_create(const struct dm_config *cfg, const struct dyn_env *env)
+{
+    if (cfg->sparsity_initial > cfg->sparsity_final)
+        dm_user_error("dyn.sparsity_initial = %g is above dyn.sparsity_final = %g: pruning "
+                      "never restores weights (make sparsity_initial <= sparsity_final)",
+                      cfg->sparsity_initial, cfg->sparsity_final);
+    if (cfg->sparsity_final >= 1.0)
+        dm_user_error("dyn.sparsity_final = %g would prune every weight (use a value below 1)",
+                      cfg->sparsity_final);
+    double matrix_weights = (double)cfg->layers * (double)block_matrix_weights(cfg->channels);
+    if (matrix_weights >= 4294967295.0)
+        dm_user_error("dyn.kind = prune: %.0f prunable weights do not fit the 32-bit global "
+                      "index of the tie-break (use fewer layers or channels)", matrix_weights);
+    struct prune *pr = dm_alloc(sizeof *pr);
+    pr->cfg = *cfg;
+    pr->comm = env->pipeline_comm;
+    return pr;
+}
+
+static void prune_destroy(void *state, struct gpt *model)
+{
+    (void)model;
+    dm_free(state);
+}
+
+static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
+{
+    size_t per_block = block_matrix_weights(model->shape.channels);
+    long total = (long)model->shape.layers * (long)per_block;
+    long keep = total - (long)llround(sparsity * (double)total);
+    long n = (long)model->num_blocks * (long)per_block;
+    uint64_t *keys = dm_alloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    for (int b = 0; b < model->num_blocks; b++) {
+        const struct block *blk = &model->blocks[b];
+        uint64_t *k = keys + (size_t)b * per_block;
+        uint32_t base = (uint32_t)((size_t)blk->index * per_block), i = 0;
+        for (int m = 0; m < BLOCK_MATRICES; m++) {
+            int t = block_matrix_tensor(m);
+            size_t count = block_tensor_size(blk->C, t);
+            for (size_t e = 0; e < count; e++, i++) k[i] = prune_key(blk->p[t][e], base + i);
+        }
+    }
+    uint64_t cut = prune_global_cut(pr->comm, keys, n, keep, total);
+    /* keys were reordered by the selection: compute them again, weight by weight. */
+    unsigned char *mask = dm_alloc(per_block);
+    for (int b = 0; b < model->num_blocks; b++) {
+        struct block *blk = &model->blocks[b];
+        uint32_t base = (uint32_t)((size_t)blk->index * per_block), i = 0;
+        for (int m = 0; m < BLOCK_MATRICES; m++) {
+            int t = block_matrix_tensor(m);
+            size_t count = block_tensor_size(blk->C, t);
+            for (size_t e = 0; e < count; e++, i++)
+                mask[i] = prune_key(blk->p[t][e], base + i) > cut;
+        }
+        block_prune(blk, mask, pr->cfg.csr_sparsity);
+    }
+    dm_free(mask);
+    dm_free(keys);
+    pr->sparsity = sparsity;
+}
+
+static void prune_before_step(void *state, struct gpt *model, int step)
+{
+    struct prune *pr = state;
+    if (!pr->started) {
+        pr->started = 1;
+        pr->sparsity = prune_sparsity_in_force(&pr->cfg, step - 1);
+        /* A resume past the first pruning step: blocks come from the
+         * checkpoint without masks; their pruned weights are the zeros. */
+        if (pr->sparsity > 0.0)
+            for (int b = 0; b < model->num_blocks; b++)
+                if (!model->blocks[b].sparse)
+                    block_prune(&model->blocks[b], NULL, pr->cfg.csr_sparsity);
+    }
+    double target = prune_schedule_at(&pr->cfg, step);
+    if (target <= 0.0) return;   /* not a pruning step, or nothing to prune yet */
+    prune_to(pr, model, target);
+}
+
+static void prune_after_reduce(void *state, struct gpt *model, int step,
+                               const double *block_sumsq)
+{
+    (void)state;
+    (void)model;
+    (void)step;
+    (void)block_sumsq;
+}
+
+static void prune_describe(const void *state, const struct gpt *model, char *buf, size_t size)
+{
+    const struct prune *pr = state;
+    int csr = 0;
+    for (int b = 0; b < model->num_blocks; b++)
+        csr += model->blocks[b].sparse && model->blocks[b].sparse->use_csr;
+    snprintf(buf, size, "sparsity %.1f%% (here: %d/%d blocks in CSR)", 100.0 * pr->sparsity, csr,
+             model->num_blocks);
+}
+
+const struct dyn_scheme dyn_scheme_prune = {
+    .kind = "prune",
+    .create = prune_create,
+    .destroy = prune_destroy,
+    .before_step = prune_before_step,
+    .after_reduce = prune_after_reduce,
+    .describe = prune_describe,
+};

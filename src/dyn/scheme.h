@@ -1,0 +1,29 @@
+/* The interface between the dispatcher (dyn.c) and one dynamism scheme:
+ * a scheme is a state created from the config plus the three hooks of
+ * dyn.h. Schemes register in dyn.c's table; nothing else includes this. */
+#ifndef DYNMO_DYN_SCHEME_H
+#define DYNMO_DYN_SCHEME_H
+
+#include <mpi.h>
+#include "dynmo/dyn.h"
+
+struct dyn_scheme {
+    const char *kind;
+    /* Validates cfg's dyn.* keys for this scheme (user error on a bad one)
+     * and returns the scheme's state. */
+    void *(*create)(const struct dm_config *cfg, const struct dyn_env *env);
+    void (*destroy)(void *state, struct gpt *model);
+    void (*before_step)(void *state, struct gpt *model, int step);
+    void (*after_reduce)(void *state, struct gpt *model, int step, const double *block_sumsq);
+    void (*describe)(const void *state, const struct gpt *model, char *buf, size_t size);
+};
+
+extern const struct dyn_scheme dyn_scheme_freeze;
+extern const struct dyn_scheme dyn_scheme_early_exit;
+extern const struct dyn_scheme dyn_scheme_prune;
+
+/* Polls one MPI request to completion (MPI_Test + sched_yield), as the
+ * engine does: blocking waits starve ranks that share a core. */
+void dyn_wait_polled(MPI_Request *req);
+
+#endif

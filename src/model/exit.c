@@ -1,0 +1,436 @@
+/* Early exit inside the model (dyn.kind=early_exit; the policy lives in
+ * src/dyn/early_exit.c): per-token exit heads, the exit decision, and a
+ * transformer block that computes only the tokens still active.
+ *
+ * exit_layer[n] (per micro-batch, travels with the activation between
+ * stages) is the global block after which token n left, or `layers` while
+ * it is active; token n is computed by block l iff exit_layer[n] >= l.
+ * A block with Na < N active tokens (block_forward_rows):
+ *   - ln1 and qkv for all N tokens: exited tokens' copied states still serve
+ *     as keys and values of the active ones (CALM's state propagation);
+ *   - attention only for the Na active queries (against every earlier key);
+ *   - attention projection, ln2 and the MLP on the Na gathered rows;
+ *   - out = in for exited tokens (the copy forward), scattered results for
+ *     active ones.
+ * So the matmul work of a token that left falls from 12C^2 to 3C^2 per
+ * block, and to nothing once every token of the micro-batch has left.
+ *
+ * Exit heads: after block l, from exit.from to layers-2, the shared LM head
+ * (final norm + tied wte, read-only here: struct gpt_exit points at a copy)
+ * predicts every token active at l. Its loss joins the training loss with
+ * CALM's weights proportional to depth:
+ *   loss = L_final + lambda * sum_l w_l L_l,  w_l = (l+1) / sum_{j=from}^{layers-1} (j+1)
+ * where L_l is the cross-entropy summed over the tokens active at l and
+ * divided by all B*T tokens. The gradient of the exit losses flows into
+ * the blocks, not into the head's weights (the head is trained by the
+ * final loss alone). The confidence is the softmax response (top-1 minus
+ * top-2 probability of the exit head) or the saturation (cosine of the
+ * hidden state before and after the block); a token exits after block l
+ * when exit.allow is set and its confidence is at least the threshold.
+ *
+ * Every decision is a pure function of the numbers, never of timing or of
+ * where the block runs. Nothing here calls MPI. */
+#include <math.h>
+#include <string.h>
+#include "dynmo/model.h"
+#include "model/internal.h"
+
+struct exit_block_state {
+    int *rows;          /* (N) active tokens at the block's input, ascending */
+    int nactive;
+    int head;           /* this block has an exit head in this forward */
+    float *hc;          /* (N,C) gathered block outputs of active tokens */
+    float *lnf, *mean, *rstd;  /* (N,C),(N),(N) */
+    float *probs;       /* (N,V) */
+    int *targets;       /* (N) gathered targets */
+};
+
+struct exit_acts {
+    int N, C, V, num_blocks;
+    int *exit_layer;    /* (N) */
+    float *work, *work2;        /* (N,C) each */
+    float *logits;      /* (N,V) */
+    float *losses;      /* (N) */
+    struct exit_block_state *blocks;
+};
+
+static void exit_blocks_alloc(struct exit_acts *ea, int nb)
+{
+    size_t N = (size_t)ea->N, C = (size_t)ea->C, V = (size_t)ea->V;
+    ea->blocks = dm_alloc((size_t)(nb ? nb : 1) * sizeof *ea->blocks);
+    for (int i = 0; i < nb; i++) {
+        struct exit_block_state *b = &ea->blocks[i];
+        b->rows = dm_alloc(N * sizeof(int));
+        b->targets = dm_alloc(N * sizeof(int));
+        b->hc = dm_alloc(N * C * sizeof(float));
+        b->lnf = dm_alloc(N * C * sizeof(float));
+        b->mean = dm_alloc(N * sizeof(float));
+        b->rstd = dm_alloc(N * sizeof(float));
+        b->probs = dm_alloc(N * V * sizeof(float));
+    }
+    ea->num_blocks = nb;
+}
+
+static void exit_blocks_free(struct exit_acts *ea)
+{
+    for (int i = 0; i < ea->num_blocks; i++) {
+        struct exit_block_state *b = &ea->blocks[i];
+        dm_free(b->rows);
+        dm_free(b->targets);
+        dm_free(b->hc);
+        dm_free(b->lnf);
+        dm_free(b->mean);
+        dm_free(b->rstd);
+        dm_free(b->probs);
+    }
+    dm_free(ea->blocks);
+    ea->blocks = NULL;
+    ea->num_blocks = 0;
+}
+
+static struct exit_acts *exit_acts_get(const struct gpt *model, struct gpt_acts *acts)
+{
+    struct exit_acts *ea = acts->exit;
+    if (!ea) {
+        ea = dm_alloc(sizeof *ea);
+        ea->N = acts->B * acts->T;
+        ea->C = model->shape.channels;
+        ea->V = model->shape.vocab;
+        size_t N = (size_t)ea->N, C = (size_t)ea->C;
+        ea->exit_layer = dm_alloc(N * sizeof(int));
+        for (size_t n = 0; n < N; n++) ea->exit_layer[n] = model->shape.layers;
+        ea->work = dm_alloc(N * C * sizeof(float));
+        ea->work2 = dm_alloc(N * C * sizeof(float));
+        ea->logits = dm_alloc(N * (size_t)ea->V * sizeof(float));
+        ea->losses = dm_alloc(N * sizeof(float));
+        exit_blocks_alloc(ea, model->num_blocks);
+        acts->exit = ea;
+    }
+    if (ea->num_blocks != model->num_blocks) {   /* after a migration */
+        exit_blocks_free(ea);
+        exit_blocks_alloc(ea, model->num_blocks);
+    }
+    return ea;
+}
+
+int *gpt_exit_layers(const struct gpt *model, struct gpt_acts *acts)
+{
+    return exit_acts_get(model, acts)->exit_layer;
+}
+
+void exit_acts_free(struct gpt_acts *acts)
+{
+    struct exit_acts *ea = acts->exit;
+    if (!ea) return;
+    exit_blocks_free(ea);
+    dm_free(ea->exit_layer);
+    dm_free(ea->work);
+    dm_free(ea->work2);
+    dm_free(ea->logits);
+    dm_free(ea->losses);
+    dm_free(ea);
+    acts->exit = NULL;
+}
+
+/* ---- attention for a subset of query rows ---------------------------------- */
+
+struct rows_attention_args {
+    float *out;             /* forward: (Na,C) */
+    float *dqkv;            /* backward: (B,T,3C) */
+    float *att;             /* (B,NH,T,T) */
+    const float *qkv, *dout;
+    const int *rows, *batch_start;   /* rows of batch b: [batch_start[b], batch_start[b+1]) */
+    int T, C, NH;
+};
+
+static void rows_attention_forward_range(void *arg, long begin, long end)
+{
+    const struct rows_attention_args *a = arg;
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, ld = 3 * C;
+    float scale = (float)(1.0 / sqrt((double)hs));
+    for (long item = begin; item < end; item++) {
+        long b = item / NH, h = item % NH;
+        const float *base = a->qkv + b * T * ld + h * hs;
+        for (int i = a->batch_start[b]; i < a->batch_start[b + 1]; i++) {
+            int t = a->rows[i] - (int)b * T;
+            const float *q = base + (long)t * ld;
+            float *P = a->att + (item * T + t) * (long)T;
+            float mx = -INFINITY;
+            for (int j = 0; j <= t; j++) {
+                const float *k = base + (long)j * ld + C;
+                float s = 0.0f;
+                for (int d = 0; d < hs; d++) s += q[d] * k[d];
+                P[j] = s * scale;
+                if (P[j] > mx) mx = P[j];
+            }
+            float sum = 0.0f;
+            for (int j = 0; j <= t; j++) {
+                P[j] = expf(P[j] - mx);
+                sum += P[j];
+            }
+            float inv = 1.0f / sum;
+            for (int j = 0; j <= t; j++) P[j] *= inv;
+            float *o = a->out + (long)i * C + h * hs;
+            for (int d = 0; d < hs; d++) o[d] = 0.0f;
+            for (int j = 0; j <= t; j++) {
+                const float *v = base + (long)j * ld + 2 * C;
+                for (int d = 0; d < hs; d++) o[d] += P[j] * v[d];
+            }
+        }
+    }
+}
+
+static void rows_attention_backward_range(void *arg, long begin, long end)
+{
+    const struct rows_attention_args *a = arg;
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, ld = 3 * C;
+    float scale = (float)(1.0 / sqrt((double)hs));
+    for (long item = begin; item < end; item++) {
+        long b = item / NH, h = item % NH;
+        const float *base = a->qkv + b * T * ld + h * hs;
+        float *dbase = a->dqkv + b * T * ld + h * hs;
+        for (int t = 0; t < T; t++)
+            for (int part = 0; part < 3; part++)
+                memset(dbase + (long)t * ld + part * C, 0, (size_t)hs * sizeof(float));
+        for (int i = a->batch_start[b]; i < a->batch_start[b + 1]; i++) {
+            int t = a->rows[i] - (int)b * T;
+            const float *q = base + (long)t * ld;
+            float *dq = dbase + (long)t * ld;
+            const float *P = a->att + (item * T + t) * (long)T;
+            const float *dO = a->dout + (long)i * C + h * hs;
+            float dot = 0.0f;
+            /* s = sum_j P_j (dO . v_j) */
+            for (int j = 0; j <= t; j++) {
+                const float *v = base + (long)j * ld + 2 * C;
+                float dp = 0.0f;
+                for (int d = 0; d < hs; d++) dp += dO[d] * v[d];
+                dot += P[j] * dp;
+            }
+            for (int j = 0; j <= t; j++) {
+                const float *k = base + (long)j * ld + C;
+                const float *v = k + C;
+                float *dk = dbase + (long)j * ld + C, *dv = dk + C;
+                float dp = 0.0f;
+                for (int d = 0; d < hs; d++) dp += dO[d] * v[d];
+                float ds = scale * P[j] * (dp - dot);
+                for (int d = 0; d < hs; d++) {
+                    dq[d] += ds * k[d];
+                    dk[d] += ds * q[d];
+                    dv[d] += P[j] * dO[d];
+                }
+            }
+        }
+    }
+}
+
+static void batch_starts(int *start, const int *rows, int nactive, int B, int T)
+{
+    int i = 0;
+    for (int b = 0; b <= B; b++) {
+        while (i < nactive && rows[i] < b * T) i++;
+        start[b] = i;
+    }
+}
+
+/* ---- a block over the active rows --------------------------------------------- */
+
+static void gather_rows(float *dst, const float *src, const int *rows, int n, int C)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * C, src + (size_t)rows[i] * C, (size_t)C * sizeof(float));
+}
+
+void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, const float *in,
+                        int B, int T, const int *rows, int nactive, float *work)
+{
+    int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
+    float *const *p = blk->p;
+    parallel_copy(out, in, (long)N * C);      /* exited tokens: copied forward */
+    if (Na == 0) return;
+    layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
+                      p[BP_LN1_W], p[BP_LN1_B], N, C);
+    matmul_forward(acts->qkv, acts->ln1, p[BP_QKV_W], p[BP_QKV_B], N, C, 3 * C);
+    int *start = dm_alloc((size_t)(B + 1) * sizeof(int));
+    batch_starts(start, rows, Na, B, T);
+    struct rows_attention_args a = {.out = acts->atty, .att = acts->att, .qkv = acts->qkv,
+                                    .rows = rows, .batch_start = start, .T = T, .C = C,
+                                    .NH = NH};
+    dm_parallel_for((long)B * NH, 1, rows_attention_forward_range, &a);
+    dm_free(start);
+    matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], Na, C, C);
+    gather_rows(work, in, rows, Na, C);
+    residual_forward(acts->res1, acts->res1, work, (long)Na * C);
+    layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
+                      p[BP_LN2_W], p[BP_LN2_B], Na, C);
+    matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], Na, C, 4 * C);
+    gelu_forward(acts->fch_gelu, acts->fch, (long)Na * 4 * C);
+    matmul_forward(work, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], Na, 4 * C, C);
+    residual_forward(work, work, acts->res1, (long)Na * C);
+    for (int i = 0; i < Na; i++)
+        memcpy(out + (size_t)rows[i] * C, work + (size_t)i * C, (size_t)C * sizeof(float));
+}
+
+void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                         float *din, const float *dout, const float *in, int B, int T,
+                         const int *rows, int nactive, float *work)
+{
+    int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
+    static float *const no_grads[BP_COUNT];
+    float *const *p = blk->p;
+    float *const *g = blk->frozen ? no_grads : blk->g;
+    if (Na == 0) {
+        if (din && din != dout) parallel_copy(din, dout, (long)N * C);
+        return;
+    }
+    float *dout_c = work;                      /* (Na,C), then the full residual gradient */
+    gather_rows(dout_c, dout, rows, Na, C);
+    matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c, acts->fch_gelu,
+                              p[BP_FCPROJ_W], Na, 4 * C, C);
+    gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
+    matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
+                              p[BP_FC_W], Na, C, 4 * C);
+    layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
+                                acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, Na, C);
+    matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
+                              acts->atty, p[BP_ATTPROJ_W], Na, C, C);
+    int *start = dm_alloc((size_t)(B + 1) * sizeof(int));
+    batch_starts(start, rows, Na, B, T);
+    struct rows_attention_args a = {.dqkv = s->d_qkv, .att = acts->att, .qkv = acts->qkv,
+                                    .dout = s->d_atty, .rows = rows, .batch_start = start,
+                                    .T = T, .C = C, .NH = NH};
+    dm_parallel_for((long)B * NH, 1, rows_attention_backward_range, &a);
+    dm_free(start);
+    matmul_backward_overwrite(s->d_ln, g[BP_QKV_W], g[BP_QKV_B], s->d_qkv, acts->ln1,
+                              p[BP_QKV_W], N, C, 3 * C);
+    /* Residual gradient: dout for exited tokens, d_res1 for active ones. */
+    float *dres = work;
+    parallel_copy(dres, dout, (long)N * C);
+    for (int i = 0; i < Na; i++)
+        memcpy(dres + (size_t)rows[i] * C, s->d_res1 + (size_t)i * C, (size_t)C * sizeof(float));
+    layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+/* ---- the model's hooks ------------------------------------------------------------ */
+
+void exit_begin_forward(struct gpt *model, struct gpt_acts *acts)
+{
+    struct exit_acts *ea = exit_acts_get(model, acts);
+    if (model->has_embed)
+        for (int n = 0; n < ea->N; n++)
+            ea->exit_layer[n] = model->exit->forced ? model->exit->forced[n] : model->shape.layers;
+}
+
+static float exit_weight(const struct gpt *model, int layer)
+{
+    int L = model->shape.layers;
+    double total = 0.0;
+    for (int j = model->exit->from; j < L; j++) total += j + 1;
+    return (float)(model->exit->loss_weight * (layer + 1) / total);
+}
+
+static int has_exit_head(const struct gpt *model, int layer)
+{
+    const struct gpt_exit *x = model->exit;
+    int L = model->shape.layers;
+    if (layer < x->from || layer >= L - 1) return 0;
+    return x->loss_weight > 0.0f || x->confidence == GPT_EXIT_SOFTMAX;
+}
+
+void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *out,
+                        const float *in)
+{
+    struct gpt_exit *x = model->exit;
+    struct exit_acts *ea = exit_acts_get(model, acts);
+    struct exit_block_state *st = &ea->blocks[i];
+    int B = acts->B, T = acts->T, N = B * T, C = ea->C, V = ea->V;
+    int layer = model->first_block + i, L = model->shape.layers;
+    struct block *blk = &model->blocks[i];
+    st->nactive = 0;
+    for (int n = 0; n < N; n++)
+        if (ea->exit_layer[n] >= layer) st->rows[st->nactive++] = n;
+    int Na = st->nactive;
+    if (Na == N)
+        block_forward(blk, &acts->blocks[i], out, in, B, T);
+    else
+        block_forward_rows(blk, &acts->blocks[i], out, in, B, T, st->rows, Na, ea->work);
+    x->token_blocks += N;
+    x->token_blocks_skipped += N - Na;
+    st->head = Na > 0 && has_exit_head(model, layer);
+    int decide = x->allow && !x->forced && layer >= x->from && layer < L - 1;
+    if (st->head) {
+        gather_rows(st->hc, out, st->rows, Na, C);
+        for (int k = 0; k < Na; k++) st->targets[k] = acts->targets[st->rows[k]];
+        layernorm_forward(st->lnf, st->mean, st->rstd, st->hc, x->lnf_w, x->lnf_b, Na, C);
+        matmul_forward(ea->logits, st->lnf, x->wte, NULL, Na, C, V);
+        crossentropy_forward(ea->losses, st->probs, ea->logits, st->targets, Na, V);
+        double sum = 0.0;
+        for (int k = 0; k < Na; k++) sum += ea->losses[k];
+        x->exit_loss_sum += exit_weight(model, layer) * sum / N;
+    }
+    if (!decide) return;
+    for (int k = 0; k < Na; k++) {
+        int n = st->rows[k];
+        float confidence;
+        if (x->confidence == GPT_EXIT_SOFTMAX) {
+            const float *pr = st->probs + (size_t)k * V;
+            float top1 = -1.0f, top2 = -1.0f;
+            for (int v = 0; v < V; v++) {
+                if (pr[v] > top1) {
+                    top2 = top1;
+                    top1 = pr[v];
+                } else if (pr[v] > top2) {
+                    top2 = pr[v];
+                }
+            }
+            confidence = top1 - top2;
+        } else {
+            const float *a = in + (size_t)n * C, *b = out + (size_t)n * C;
+            double ab = 0.0, aa = 0.0, bb = 0.0;
+            for (int c = 0; c < C; c++) {
+                ab += (double)a[c] * b[c];
+                aa += (double)a[c] * a[c];
+                bb += (double)b[c] * b[c];
+            }
+            confidence = (aa > 0 && bb > 0) ? (float)(ab / sqrt(aa * bb)) : 0.0f;
+        }
+        if (confidence >= x->threshold) ea->exit_layer[n] = layer;
+    }
+}
+
+void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_scratch *s,
+                         int i, float *din, const float *dout, const float *in,
+                         float dloss_scale)
+{
+    const struct gpt_exit *x = model->exit;
+    struct exit_acts *ea = exit_acts_get(model, acts);
+    struct exit_block_state *st = &ea->blocks[i];
+    int B = acts->B, T = acts->T, N = B * T, C = ea->C, V = ea->V, Na = st->nactive;
+    int layer = model->first_block + i;
+    const float *grad = dout;
+    if (st->head && x->loss_weight > 0.0f) {
+        /* d(lambda w_l L_l)/d h for the active rows, added to dout. */
+        float *dlogits = ea->logits, *dlnf = ea->work, *dh = ea->work2;
+        crossentropy_softmax_backward(dlogits, st->probs, st->targets,
+                                      exit_weight(model, layer) * dloss_scale / (float)N, Na, V);
+        matmul_backward_overwrite(dlnf, NULL, NULL, dlogits, st->lnf, x->wte, Na, C, V);
+        parallel_zero(dh, (long)Na * C);
+        layernorm_backward(dh, NULL, NULL, dlnf, st->hc, x->lnf_w, st->mean, st->rstd, Na, C);
+        /* The sum goes where the block's input gradient will go (the
+         * block backward allows din to alias dout). */
+        float *sum = din ? din : (float *)dout;
+        if (sum != dout) parallel_copy(sum, dout, (long)N * C);
+        for (int k = 0; k < Na; k++) {
+            float *row = sum + (size_t)st->rows[k] * C;
+            const float *add = dh + (size_t)k * C;
+            for (int c = 0; c < C; c++) row[c] += add[c];
+        }
+        grad = sum;
+    }
+    struct block *blk = &model->blocks[i];
+    if (Na == N)
+        block_backward(blk, &acts->blocks[i], s, din, grad, in, B, T);
+    else
+        block_backward_rows(blk, &acts->blocks[i], s, din, grad, in, B, T, st->rows, Na,
+                            ea->work);
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Regenerates the checkpoint fixtures in this directory (tests/data/ckpt/):
+# small files that tests/t_checkpoint.sh feeds to `dynmo check-ckpt`, to
+# the loader and to resume=auto. Each is the tiny model below (2 layers of
+# 8 channels, vocab 16, max_seq 8: about 60 kB a file), written by a real
+# 2-rank save and then damaged in one precise way:
+#
+#   good.h5             a valid checkpoint (step 10, 2 stages x 1 replica)
+#   other-model.h5      valid, but 12 channels: loading it into the tiny
+#                       model is a model mismatch naming model.channels
+#   flipped.h5          one bit flipped inside the chunk of /blocks/params
+#                       row 1: a Fletcher32 checksum mismatch on read
+#   truncated.h5        good.h5 cut to half its size
+#   schema-v99.h5       root attribute schema_version = 99
+#   no-complete.h5      root attribute complete removed (a writer that died
+#                       before finishing)
+#   missing-dataset.h5  /blocks/adam_v deleted
+#   corrupt-step20.h5   a valid step-20 checkpoint of the same model whose
+#                       /blocks/adam_m row 0 has a flipped bit
+#
+# tests/t_checkpoint.sh assembles checkpoint directories from these (a
+# latest naming a missing file, a latest naming corrupt-step20.h5 beside a
+# good ckpt-10.h5, a lone ckpt-10.h5.tmp) so that no file is committed twice.
+#
+# Usage: tests/data/ckpt/make.sh   (from the repository root, after `make`;
+# BUILD names the build directory, default build). Needs mpiexec and
+# /usr/bin/python3 with h5py. Run it again whenever the schema changes
+# (a new schema version gets new fixtures; keep the old good.h5 as
+# schema-v1-good.h5 so that the refusal of old files stays tested).
+set -eu
+cd "$(dirname "$0")/../../.."
+BUILD=${BUILD:-build}
+bin="$BUILD/tests/test_checkpoint"
+out=tests/data/ckpt
+[ -x "$bin" ] || { echo "make.sh: build $bin first (make BUILD=$BUILD)" >&2; exit 1; }
+work=$(mktemp -d /tmp/dynmo-ckpt-fixtures.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+tiny=(--layers 2 --channels 8 --heads 2 --vocab 16 --max-seq 8)
+mpiexec -n 2 "$bin" --save "$work/a" --step 10 "${tiny[@]}" >/dev/null
+mpiexec -n 2 "$bin" --save "$work/b" --step 10 --layers 2 --channels 12 --heads 2 \
+  --vocab 16 --max-seq 8 >/dev/null
+mpiexec -n 2 "$bin" --save "$work/c" --step 20 --fill 1 "${tiny[@]}" >/dev/null
+
+rm -f "$out"/*.h5
+cp "$work/a/ckpt-10.h5" "$out/good.h5"
+cp "$work/b/ckpt-10.h5" "$out/other-model.h5"
+cp "$work/c/ckpt-20.h5" "$out/corrupt-step20.h5"
+for f in flipped truncated schema-v99 no-complete missing-dataset; do
+  cp "$out/good.h5" "$out/$f.h5"
+done
+size=$(stat -c %s "$out/good.h5")
+truncate -s $((size / 2)) "$out/truncated.h5"
+/usr/bin/python3 - "$out" <<'PY'
+import sys, h5py
+out = sys.argv[1]
+
+def flip(path, dataset, row):
+    with h5py.File(path, "r") as f:
+        info = f[dataset].id.get_chunk_info_by_coord((row, 0))
+    with open(path, "r+b") as raw:
+        at = info.byte_offset + info.size // 2
+        raw.seek(at)
+        byte = raw.read(1)[0]
+        raw.seek(at)
+        raw.write(bytes([byte ^ 0x10]))
+
+flip(f"{out}/flipped.h5", "/blocks/params", 1)
+flip(f"{out}/corrupt-step20.h5", "/blocks/adam_m", 0)
+with h5py.File(f"{out}/schema-v99.h5", "r+") as f:
+    f.attrs.modify("schema_version", 99)
+with h5py.File(f"{out}/no-complete.h5", "r+") as f:
+    del f.attrs["complete"]
+with h5py.File(f"{out}/missing-dataset.h5", "r+") as f:
+    del f["/blocks/adam_v"]
+PY
+du -sh "$out"
