@@ -25,6 +25,7 @@ run static balance.method=none "$@"
 tput() { sed -n 's/.*throughput: \([0-9.]*\) tokens\/s.*/\1/p' "runs/demo-$1.out"; }
 b=$(tput balanced); s=$(tput static)
 echo
+grep -E '^  loss: ' runs/demo-balanced.out | sed 's/^  /demo: /'
 echo "demo: throughput with live balancing: $b tokens/s; static uniform layout: $s tokens/s;" \
      "speedup $(awk -v b="$b" -v s="$s" 'BEGIN{ if (s > 0) printf "%.2fx", b/s; else print "n/a" }')"
 if command -v h5dump >/dev/null; then

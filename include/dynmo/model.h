@@ -24,7 +24,10 @@ struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
 /* ---- ops: one function per op and direction ----------------------------
  * Outputs first, then inputs, then sizes. Backward functions ACCUMULATE
  * (+=) into parameter gradients and into input gradients unless noted.
- * All use dm_parallel_for; results do not depend on the thread count. */
+ * All use dm_parallel_for; results do not depend on the thread count.
+ * Call them from one thread at a time (dm_parallel_for is not reentrant
+ * and the weight-gradient and layernorm partial sums use per-process
+ * scratch). */
 
 /* out = inp @ weight^T + bias. weight is (OC, C) as in torch.nn.Linear;
  * bias may be NULL. */
@@ -358,9 +361,12 @@ void gpt_acts_resize(struct gpt_acts *acts, const struct gpt *model);
 float gpt_forward(struct gpt *model, struct gpt_acts *acts);
 
 /* Backward of this rank's part, accumulating gradients. dloss_scale scales
- * the loss gradient (1/micro_batches for accumulation). If !has_head, the
- * gradient wrt this rank's output is read from dout (B,T,C). If
- * !has_embed, the gradient wrt the input is written to din (B,T,C). */
+ * the loss gradient (1/micro_batches for accumulation); each token's loss
+ * gradient is dloss_scale / (B*T). If !has_head, the gradient wrt this
+ * rank's output is read from dout (B,T,C). If !has_embed, the gradient wrt
+ * the input is written to din (B,T,C). With has_head the head's share of
+ * the tied wte gradient goes to dwte_head (see gpt_tie_wte_grads), and
+ * acts->logits is overwritten with dlogits. */
 void gpt_backward(struct gpt *model, struct gpt_acts *acts,
                   struct block_scratch *scratch, float dloss_scale,
                   const float *dout, float *din);

@@ -568,7 +568,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             const struct dm_config *cfg = &eng->cfg;
             float scale = 1.0f;
             if (cfg->grad_clip > 0 && *grad_norm > cfg->grad_clip)
-                scale = (float)(cfg->grad_clip / *grad_norm);
+                scale = (float)(cfg->grad_clip / (*grad_norm + 1e-6));   /* as torch clip_grad_norm_ */
             *lr = lr_at_step(cfg, step);
             gpt_adamw_update(&eng->model, *lr, cfg->beta1, cfg->beta2, cfg->eps,
                              cfg->weight_decay, scale, step + 1);
