@@ -16,12 +16,14 @@ dynmo_ms=$(sed -n 's/^bench: median \([0-9.]*\) ms\/step.*/\1/p' <<<"$dynmo_out"
 
 torch_ms_best=""
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  for policy in installed PASSIVE; do
-    if [ "$policy" = PASSIVE ]; then envs=(env OMP_WAIT_POLICY=PASSIVE); else envs=(env); fi
-    echo "== PyTorch ($policy): bench/torch_gpt.py --steps $steps"
-    out=$("${envs[@]}" /usr/bin/python3 bench/torch_gpt.py --steps "$steps" 2>&1) || { echo "$out"; continue; }
+  for setting in "installed" "installed --threads 2" "PASSIVE" "PASSIVE --threads 2"; do
+    set -- $setting
+    if [ "$1" = PASSIVE ]; then envs=(env OMP_WAIT_POLICY=PASSIVE); else envs=(env); fi
+    shift
+    echo "== PyTorch ($setting): bench/torch_gpt.py --steps $steps $*"
+    out=$("${envs[@]}" /usr/bin/python3 bench/torch_gpt.py --steps "$steps" "$@" 2>&1) || { echo "$out"; continue; }
     echo "$out" | sed 's/^/   /'
-    ms=$(sed -n 's/.*median \([0-9.]*\) ms.*/\1/p' <<<"$out" | head -n1)
+    ms=$(sed -n 's/.*ms\/step median \([0-9.]*\).*/\1/p' <<<"$out" | head -n1)
     if [ -n "$ms" ] && { [ -z "$torch_ms_best" ] || awk -v a="$ms" -v b="$torch_ms_best" 'BEGIN{exit !(a<b)}'; }; then
       torch_ms_best=$ms
     fi

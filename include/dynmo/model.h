@@ -338,7 +338,9 @@ void gpt_grads_to_flat(const struct gpt *model, float *flat);
 struct gpt_acts {
     int B, T;
     int num_blocks;                /* the model's, when allocated */
-    struct block_acts *blocks;     /* num_blocks */
+    int capacity;                  /* block_acts allocated (>= num_blocks): a stage
+                                      that shrinks keeps its spare buffers */
+    struct block_acts *blocks;     /* capacity */
     float *residual;               /* (num_blocks+1, B, T, C): input of each block, last = output */
     float *lnf, *lnf_mean, *lnf_rstd;  /* (B,T,C),(B,T),(B,T) */
     float *logits;                 /* (B,T,V); becomes dlogits in backward */
@@ -351,7 +353,10 @@ void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T
 void gpt_acts_free(struct gpt_acts *acts);
 /* After gpt_replace_blocks: resizes acts to the model's new block count,
  * keeping the per-block activation buffers it already has (they are all
- * the same size) instead of allocating anew. Contents are not kept. */
+ * the same size): a shrinking stage keeps its spares, a growing one reuses
+ * them and allocates only beyond its largest size so far, so live
+ * migration allocates (and zero-fills) almost nothing. Contents are not
+ * kept. */
 void gpt_acts_resize(struct gpt_acts *acts, const struct gpt *model);
 
 /* Forward of this rank's part. If has_embed, reads tokens; else the input

@@ -168,29 +168,31 @@ void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T
         acts->losses = dm_alloc(BT * sizeof(float));
     }
     acts->num_blocks = nb;
+    acts->capacity = nb;
 }
 
 void gpt_acts_resize(struct gpt_acts *acts, const struct gpt *model)
 {
     const struct gpt_shape *s = &model->shape;
-    int old = acts->num_blocks, nb = model->num_blocks;
-    if (old == nb) return;
-    size_t BTC = (size_t)acts->B * acts->T * (size_t)s->channels;
-    struct block_acts *blocks = dm_alloc((size_t)(nb ? nb : 1) * sizeof(struct block_acts));
-    for (int i = 0; i < nb && i < old; i++) blocks[i] = acts->blocks[i];
-    for (int i = old; i < nb; i++)
-        block_acts_alloc(&blocks[i], acts->B, acts->T, s->channels, s->heads);
-    for (int i = nb; i < old; i++) block_acts_free(&acts->blocks[i]);
-    dm_free(acts->blocks);
-    acts->blocks = blocks;
-    dm_free(acts->residual);
-    acts->residual = dm_alloc((size_t)(nb + 1) * BTC * sizeof(float));
+    int nb = model->num_blocks, cap = acts->capacity;
+    if (nb > cap) {
+        size_t BTC = (size_t)acts->B * acts->T * (size_t)s->channels;
+        struct block_acts *blocks = dm_alloc((size_t)nb * sizeof(struct block_acts));
+        for (int i = 0; i < cap; i++) blocks[i] = acts->blocks[i];
+        for (int i = cap; i < nb; i++)
+            block_acts_alloc(&blocks[i], acts->B, acts->T, s->channels, s->heads);
+        dm_free(acts->blocks);
+        acts->blocks = blocks;
+        dm_free(acts->residual);
+        acts->residual = dm_alloc((size_t)(nb + 1) * BTC * sizeof(float));
+        acts->capacity = nb;
+    }
     acts->num_blocks = nb;
 }
 
 void gpt_acts_free(struct gpt_acts *acts)
 {
-    for (int i = 0; i < acts->num_blocks; i++) block_acts_free(&acts->blocks[i]);
+    for (int i = 0; i < acts->capacity; i++) block_acts_free(&acts->blocks[i]);
     dm_free(acts->blocks);
     dm_free(acts->residual);
     dm_free(acts->tokens);

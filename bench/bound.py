@@ -1,0 +1,50 @@
+#!/usr/bin/python3
+"""The layout bound of a measured run (issues 6 and 7): from a run log's
+per-block profile averaged over steps [first, last), write the costs CSV
+that `dynmo plan` reads (embed and head rows from the first and last
+stage's compute beyond their blocks), run `dynmo plan`, and print the
+predicted step time of each static layout over that of the optimal
+partition (partition-time): the speedup a perfect balancer could get.
+
+usage: bench/bound.py RUNLOG.h5 FIRST LAST STAGES MICRO_BATCHES [DYNMO]"""
+import subprocess, sys, tempfile
+import h5py, numpy as np
+
+path, first, last, S, m = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+dynmo = sys.argv[6] if len(sys.argv) > 6 else "build/dynmo"
+f = h5py.File(path, "r")
+fwd = f["/layers/fwd_ms"][first:last].mean(axis=0)
+bwd = f["/layers/bwd_ms"][first:last].mean(axis=0)
+busy = f["/stages/busy_ms"][first:last].mean(axis=0)[:S]
+layout = f["/layout/history"][last - 1][:S]
+L = len(fwd)
+cfg = f.attrs["config"]
+cfg = cfg.decode() if isinstance(cfg, bytes) else cfg
+C = int([l for l in cfg.splitlines() if l.startswith("model.channels")][0].split("=")[1])
+params = np.full(L, 12 * C * C + 13 * C, dtype=float)
+if "/layers/sparsity" in f:
+    params = params * (1 - f["/layers/sparsity"][last - 1])
+starts = np.concatenate([[0], np.cumsum(layout)])
+def extra(stage):  # per micro-batch compute beyond the stage's blocks
+    b = slice(starts[stage], starts[stage + 1])
+    return max(0.0, busy[stage] / m - (fwd[b].sum() + bwd[b].sum()))
+e, h = extra(0), extra(S - 1)
+with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as csv:
+    csv.write("layer,fwd_ms,bwd_ms,params,mem_bytes\n")
+    csv.write(f"embed,{e/3:.6f},{2*e/3:.6f},0,0\n")
+    for l in range(L):
+        csv.write(f"{l},{fwd[l]:.6f},{bwd[l]:.6f},{params[l]:.0f},{int(16*(12*C*C+13*C))}\n")
+    csv.write(f"head,{h/3:.6f},{2*h/3:.6f},0,0\n")
+out = subprocess.run([dynmo, "plan", "--costs", csv.name, "--stages", str(S),
+                      "--micro-batches", str(m)], capture_output=True, text=True, check=True).stdout
+pred = {}
+method = None
+for line in out.splitlines():
+    if line.startswith("method: "): method = line.split()[1]
+    if line.startswith("step_ms: ") and method: pred[method] = float(line.split()[1])
+    if line.startswith("layout: ") and method: pred[method + "/layout"] = line.split()[1]
+opt = pred["partition-time"]
+print(f"costs: {csv.name} (steps {first}..{last-1} of {path})")
+for k in ("static-uniform", "static-params"):
+    print(f"bound {k}: predicted {pred[k]:.1f} ms / optimal {opt:.1f} ms "
+          f"({pred['partition-time/layout']}) = {pred[k]/opt:.3f}x")
