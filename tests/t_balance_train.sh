@@ -54,4 +54,13 @@ else:
 sys.exit(0 if ok else 1)
 PY
 done
+# dynmo plan --from-run reads the same profile back from the run log.
+out=$("$DYNMO" plan --from-run "$dir/static" --step 6 --method partition-params,partition-time 2>&1) \
+  || fail "plan --from-run failed: $out"
+grep -q "^stages: 4  micro_batches: 4" <<<"$out" || fail "plan --from-run did not take the run's world: $out"
+grep -q "^reference: 1,1,1,9" <<<"$out" || fail "plan --from-run did not take the run's layout"
+[ "$(grep -A1 '^method: partition-params' <<<"$out" | tail -n1)" = "layout: 3,3,3,3" ] \
+  || fail "plan --from-run partition-params: $(grep -A1 '^method: partition-params' <<<"$out")"
+grep -A1 '^method: partition-time' <<<"$out" | tail -n1 | grep -q "^layout: " && echo "ok: plan --from-run"
+"$DYNMO" plan --from-run "$dir/static" --step 99 >/dev/null 2>&1; [ $? -eq 2 ] || fail "plan --from-run --step 99 is not exit 2"
 finish

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/balance.h"
+#include "dynmo/ckpt.h"
+#include "dynmo/model.h"
 #include "dynmo/tools.h"
 #include "tools/plan_bench.h"
 
@@ -40,8 +42,11 @@ static void usage(FILE *out)
         "  --epsilon E           repack may slow the step by a factor 1 + E (0.05)\n"
         "  --target-stages K     repack-first-fit stops merging at K stages (1)\n"
         "  --bench               time the balancers on random inputs (docs/PERFORMANCE.md)\n"
-        "  --from-run DIR --step N   not available yet (needs block params and\n"
-        "                        memory in the run log)\n");
+        "  --from-run DIR --step N   costs from DIR/runlog.h5 at step N (1-based):\n"
+        "                        per-block fwd/bwd ms, parameters (nonzero after\n"
+        "                        pruning), embed/head from the end stages' extra\n"
+        "                        compute; the run's stages, layout and\n"
+        "                        micro-batches are the defaults\n");
 }
 
 /* ---- argument parsing ---------------------------------------------------- */
@@ -287,6 +292,98 @@ static void read_costs(struct plan_input *in, const char *path)
     in->profile.mem_bytes = in->mem_bytes;
 }
 
+/* ---- costs from a run log ---------------------------------------------------
+ * One step's profile: /layers/fwd_ms and /layers/bwd_ms (per micro-batch),
+ * parameters per block from model.channels (nonzero ones when the log has
+ * /layers/sparsity), slab bytes of a dense block, and the embedding and
+ * head as the first and last stage's compute per micro-batch beyond their
+ * blocks (/stages/busy_ms), a third forward, two thirds backward. The
+ * run's layout, stage count and micro-batches become the defaults. */
+
+static long config_value(const char *text, const char *key, long fallback)
+{
+    size_t n = strlen(key);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, key, n) && p[n] == ' ') return strtol(strchr(p, '=') + 1, NULL, 10);
+    return fallback;
+}
+
+static void read_run(struct plan_input *in, const char *dir, long step, int **layout,
+                     int *stages, int *micro_batches)
+{
+    char path[1200], err[512];
+    snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
+    char *config = NULL;
+    if (runlog_read_root_attr(path, "config", &config, err, sizeof err) != 0)
+        dm_user_error("--from-run: %s", err);
+    int C = (int)config_value(config, "model.channels", 0);
+    int L = (int)config_value(config, "model.layers", 0);
+    *micro_batches = (int)config_value(config, "train.micro_batches", 1);
+    free(config);
+    if (C <= 0 || L <= 0) dm_user_error("--from-run: %s has no model config", path);
+    float *rows = NULL;
+    int ncols = 0;
+    long nsteps = runlog_read_matrix(path, RUNLOG_LAYER_FWD_MS, &rows, &ncols, err, sizeof err);
+    if (nsteps < 0) dm_user_error("--from-run: %s", err);
+    free(rows);
+    if (step < 1 || step > nsteps)
+        dm_user_error("--step %ld: %s has steps 1..%ld", step, path, nsteps);
+    memset(in, 0, sizeof *in);
+    in->blocks = L;
+    in->fwd_ms = dm_alloc((size_t)L * sizeof(double));
+    in->bwd_ms = dm_alloc((size_t)L * sizeof(double));
+    in->params = dm_alloc((size_t)L * sizeof(double));
+    in->mem_bytes = dm_alloc((size_t)L * sizeof(int64_t));
+    float *fwd = dm_alloc((size_t)L * sizeof(float)), *bwd = dm_alloc((size_t)L * sizeof(float));
+    float *sparsity = dm_alloc((size_t)L * sizeof(float));
+    if (runlog_read_row(path, RUNLOG_LAYER_FWD_MS, step - 1, fwd, L, err, sizeof err) ||
+        runlog_read_row(path, RUNLOG_LAYER_BWD_MS, step - 1, bwd, L, err, sizeof err))
+        dm_user_error("--from-run: %s", err);
+    if (runlog_read_row(path, "/layers/sparsity", step - 1, sparsity, L, err, sizeof err))
+        memset(sparsity, 0, (size_t)L * sizeof(float));
+    double dense = (double)block_param_count(C);
+    for (int l = 0; l < L; l++) {
+        in->fwd_ms[l] = fwd[l];
+        in->bwd_ms[l] = bwd[l];
+        in->params[l] = floor(dense * (1.0 - sparsity[l]) + 0.5);
+        in->mem_bytes[l] = (int64_t)(16 * dense);
+    }
+    int *history = NULL, width = 0;
+    if (runlog_read_int_matrix(path, RUNLOG_LAYOUT_HISTORY, &history, &width, err, sizeof err) < step)
+        dm_user_error("--from-run: %s has no layout for step %ld", path, step);
+    int S = 0;
+    while (S < width && history[(step - 1) * width + S] > 0) S++;
+    *stages = S;
+    *layout = dm_alloc((size_t)S * sizeof(int));
+    memcpy(*layout, history + (step - 1) * width, (size_t)S * sizeof(int));
+    free(history);
+    float *busy = dm_alloc((size_t)width * sizeof(float));
+    if (runlog_read_row(path, RUNLOG_STAGE_BUSY_MS, step - 1, busy, width, err, sizeof err))
+        dm_user_error("--from-run: %s", err);
+    double first_blocks = 0, last_blocks = 0;
+    for (int l = 0; l < (*layout)[0]; l++) first_blocks += fwd[l] + bwd[l];
+    for (int l = L - (*layout)[S - 1]; l < L; l++) last_blocks += fwd[l] + bwd[l];
+    double e = busy[0] / *micro_batches - first_blocks;
+    double h = busy[S - 1] / *micro_batches - last_blocks;
+    if (S == 1) e = h = 0.5 * (busy[0] / *micro_batches - first_blocks);
+    e = e > 0 ? e : 0;
+    h = h > 0 ? h : 0;
+    in->profile.embed.fwd_ms = e / 3;
+    in->profile.embed.bwd_ms = 2 * e / 3;
+    in->profile.head.fwd_ms = h / 3;
+    in->profile.head.bwd_ms = 2 * h / 3;
+    in->has_embed = in->has_head = 1;
+    in->profile.blocks = L;
+    in->profile.fwd_ms = in->fwd_ms;
+    in->profile.bwd_ms = in->bwd_ms;
+    in->profile.params = in->params;
+    in->profile.mem_bytes = in->mem_bytes;
+    dm_free(fwd);
+    dm_free(bwd);
+    dm_free(sparsity);
+    dm_free(busy);
+}
+
 static void free_input(struct plan_input *in)
 {
     free(in->fwd_ms);
@@ -315,6 +412,8 @@ static int plan_method_parse(const char *name)
 
 struct plan_args {
     const char *costs_path;
+    const char *run_dir;              /* --from-run */
+    long run_step;                    /* --step, 1-based */
     int stages;
     int selected[PLAN_METHOD_COUNT];
     int explicit_methods;
@@ -469,10 +568,10 @@ static void parse_args(struct plan_args *a, int argc, char **argv, int *bench)
             a->epsilon = parse_double(arg, value, 0);
         } else if (!strcmp(arg, "--target-stages")) {
             a->target_stages = (int)parse_long(arg, value, 1, 1 << 20);
-        } else if (!strcmp(arg, "--from-run") || !strcmp(arg, "--step")) {
-            dm_user_error("%s: reading costs from a run log is not available yet "
-                          "(the run log has no per-block params or memory); export "
-                          "a CSV and use --costs", arg);
+        } else if (!strcmp(arg, "--from-run")) {
+            a->run_dir = value;
+        } else if (!strcmp(arg, "--step")) {
+            a->run_step = parse_long(arg, value, 1, 1L << 40);
         } else if (!strcmp(arg, "--repeats") || !strcmp(arg, "--seed")) {
             /* plan_bench's; parsed there */
         } else {
@@ -484,10 +583,16 @@ static void parse_args(struct plan_args *a, int argc, char **argv, int *bench)
     for (int m = 0; m < PLAN_METHOD_COUNT; m++) any |= a->selected[m];
     if (!any)
         for (int m = 0; m < PLAN_METHOD_COUNT; m++) a->selected[m] = 1;
-    if (!a->costs_path) dm_user_error("plan: --costs FILE.csv is required");
-    if (!a->stages) dm_user_error("plan: --stages S is required");
-    if (!a->micro_batches) a->micro_batches = 4 * a->stages;
+    if (a->run_dir && a->costs_path)
+        dm_user_error("plan: give --costs or --from-run, not both");
+    if (a->run_dir && !a->run_step) dm_user_error("--from-run needs --step N");
+    if (!a->costs_path && !a->run_dir)
+        dm_user_error("plan: --costs FILE.csv (or --from-run DIR --step N) is required");
+    if (!a->stages && !a->run_dir) dm_user_error("plan: --stages S is required");
+    if (!a->micro_batches && !a->run_dir) a->micro_batches = 4 * a->stages;
     if (current_text) {
+        if (a->run_dir && !a->stages)
+            dm_user_error("--current with --from-run needs --stages");
         int count = parse_layout("--current", current_text, &a->current);
         if (count != a->stages)
             dm_user_error("--current: %d stages, but --stages is %d", count, a->stages);
@@ -502,7 +607,19 @@ int cmd_plan(int argc, char **argv)
     if (bench) return plan_bench(argc, argv);
 
     struct plan_input in;
-    read_costs(&in, a.costs_path);
+    char source[1300];
+    if (a.run_dir) {
+        int *run_layout = NULL, run_stages = 0, run_mb = 0;
+        read_run(&in, a.run_dir, a.run_step, &run_layout, &run_stages, &run_mb);
+        if (!a.stages) a.stages = run_stages;
+        if (!a.micro_batches) a.micro_batches = run_mb;
+        if (!a.current && a.stages == run_stages) a.current = run_layout;
+        else dm_free(run_layout);
+        snprintf(source, sizeof source, "%s step %ld", a.run_dir, a.run_step);
+        a.costs_path = source;
+    } else {
+        read_costs(&in, a.costs_path);
+    }
     int n = in.blocks, S = a.stages;
     if (n < S)
         dm_user_error("--stages: %d stages but %s has only %d blocks; every stage "
