@@ -148,26 +148,6 @@ void ckpt_header_free(struct ckpt_header *header)
 
 /* ---- attributes ------------------------------------------------------------ */
 
-/* Whether every component of the absolute path exists (H5Lexists alone
- * fails when an intermediate group is missing). */
-static int path_exists(hid_t file, const char *path)
-{
-    if (!strcmp(path, "/")) return 1;
-    char prefix[256];
-    size_t n = strlen(path);
-    if (n >= sizeof prefix) return 0;
-    for (size_t i = 1; i <= n; i++) {
-        if (i < n && path[i] != '/') continue;
-        memcpy(prefix, path, i);
-        prefix[i] = '\0';
-        htri_t exists = H5Lexists(file, prefix, H5P_DEFAULT);
-        if (exists <= 0) {
-            if (exists < 0) H5Eclear2(H5E_DEFAULT);
-            return 0;
-        }
-    }
-    return 1;
-}
 
 static const char *attr_where(const char *object, const char *name, char *buf, size_t size)
 {
@@ -386,7 +366,7 @@ static int check_type(hid_t type, enum schema_type want)
 static void check_dataset(hid_t file, const struct schema_dataset *d,
                           const struct ckpt_dims *dims, struct ckpt_problems *problems)
 {
-    if (!path_exists(file, d->path)) {
+    if (!dm_h5_path_exists(file, d->path)) {
         ckpt_problem(problems, "incomplete: dataset %s is missing", d->path);
         return;
     }
@@ -543,17 +523,17 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
     }
 
     for (int i = 0; i < ckpt_schema_group_count; i++)
-        if (!path_exists(file, ckpt_schema_groups[i]))
+        if (!dm_h5_path_exists(file, ckpt_schema_groups[i]))
             ckpt_problem(problems, "incomplete: group %s is missing", ckpt_schema_groups[i]);
     for (int i = 0; i < ckpt_schema_attr_count; i++) {
         const struct schema_attr *a = &ckpt_schema_attrs[i];
-        if (!path_exists(file, a->object)) continue;   /* reported with its group */
+        if (!dm_h5_path_exists(file, a->object)) continue;   /* reported with its group */
         check_attr(file, a, header, problems);
     }
     check_header_values(header, problems);
 
     /* The history length is the one dimension a dataset defines. */
-    if (path_exists(file, "/layout/history_step")) {
+    if (dm_h5_path_exists(file, "/layout/history_step")) {
         hid_t dataset = H5Dopen2(file, "/layout/history_step", H5P_DEFAULT);
         hid_t space = dataset >= 0 ? H5Dget_space(dataset) : -1;
         hsize_t n[H5S_MAX_RANK] = {0};

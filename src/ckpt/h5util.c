@@ -209,3 +209,22 @@ done:
     if (attr >= 0) H5Aclose(attr);
     return status;
 }
+
+int dm_h5_path_exists(hid_t file, const char *path)
+{
+    if (!strcmp(path, "/")) return 1;
+    char prefix[1024];
+    size_t n = strlen(path);
+    if (n >= sizeof prefix) return 0;
+    for (size_t i = 1; i <= n; i++) {
+        if (i < n && path[i] != '/') continue;
+        memcpy(prefix, path, i);
+        prefix[i] = '\0';
+        htri_t exists = H5Lexists(file, prefix, H5P_DEFAULT);
+        if (exists <= 0) {
+            if (exists < 0) H5Eclear2(H5E_DEFAULT);
+            return 0;
+        }
+    }
+    return 1;
+}

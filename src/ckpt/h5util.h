@@ -65,4 +65,8 @@ void dm_h5_write_int_attr(hid_t loc, const char *name, long value);
 int dm_h5_read_attr_text(hid_t loc, const char *name, char **text,
                          char *err, size_t errsize);
 
+/* 1 when every component of the absolute path (e.g. "/steps/loss")
+ * exists in file, 0 otherwise (HDF5's error stack is cleared). */
+int dm_h5_path_exists(hid_t file, const char *path);
+
 #endif

@@ -52,25 +52,6 @@ static void check_name(const char *name)
                  "\"/steps/loss\" shorter than %d bytes", name, NAME_MAX_BYTES);
 }
 
-/* Whether every component of the absolute path `name` exists as a link;
- * H5Lexists alone fails when an intermediate group is missing. */
-static int path_exists(hid_t file, const char *name)
-{
-    char prefix[NAME_MAX_BYTES];
-    size_t n = strlen(name);
-    if (n >= sizeof prefix) return 0;
-    for (size_t i = 1; i <= n; i++) {
-        if (i < n && name[i] != '/') continue;
-        memcpy(prefix, name, i);
-        prefix[i] = '\0';
-        htri_t exists = H5Lexists(file, prefix, H5P_DEFAULT);
-        if (exists <= 0) {
-            if (exists < 0) H5Eclear2(H5E_DEFAULT);
-            return 0;
-        }
-    }
-    return 1;
-}
 
 static void iso_time_now(char *buf, size_t size)
 {
@@ -232,7 +213,7 @@ static struct runlog_dataset *get_dataset(struct runlog *log, const char *name,
     d->is_int = is_int;
     d->rank = rank;
     d->ncols = ncols;
-    if (path_exists(log->file, name))
+    if (dm_h5_path_exists(log->file, name))
         open_existing_dataset(log, d);
     else
         create_dataset(log, d);
@@ -285,7 +266,7 @@ long runlog_rows(struct runlog *log, const char *name)
 {
     struct runlog_dataset *d = find_dataset(log, name, hash_name(name));
     if (d) return (long)d->rows;
-    if (!path_exists(log->file, name)) return -1;
+    if (!dm_h5_path_exists(log->file, name)) return -1;
     hid_t dataset = DM_H5(H5Dopen2(log->file, name, H5P_DEFAULT));
     hid_t space = DM_H5(H5Dget_space(dataset));
     hsize_t dims[2] = {0, 0};
@@ -345,7 +326,7 @@ void runlog_close(struct runlog *log)
 static hid_t open_for_read(hid_t file, const char *path, const char *name,
                            int want_rank, hsize_t dims[2], char *err, size_t errsize)
 {
-    if (name[0] != '/' || !path_exists(file, name)) {
+    if (name[0] != '/' || !dm_h5_path_exists(file, name)) {
         snprintf(err, errsize, "%s has no dataset %s", path, name);
         return -1;
     }
