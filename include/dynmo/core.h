@@ -84,6 +84,9 @@ size_t dm_peak_rss_bytes(void);   /* peak resident set of this process */
 
 /* 64-byte aligned, zero-filled; fatal on failure. Free with dm_free. */
 void *dm_alloc(size_t bytes);
+/* The same without zero-filling, for memory that is written before it is
+ * read (a migrating block's slab); free with dm_free. */
+void *dm_alloc_uninit(size_t bytes);
 void dm_free(void *p);
 
 /* ---- thread pool -------------------------------------------------------

@@ -235,6 +235,21 @@ void block_pack(const struct block *blk, void *buf);
 int block_unpack(struct block *blk, const void *buf, size_t bytes,
                  const struct gpt_shape *shape, char *err, size_t errsize);
 
+/* Live migration without copies: block_pack_meta writes the header and the
+ * dynamic state (block_meta_size bytes); the parameters (nparams floats at
+ * blk->params) and the Adam moments (2 * nparams floats at blk->m, v
+ * follows m in the slab) travel straight between slabs.
+ * block_unpack_meta_begin validates the header as block_unpack does and
+ * allocates the slab (zero gradients) so the caller can receive into
+ * params and m; block_unpack_meta_end then applies the dynamic state
+ * (masks, CSR), which needs the parameters. Both return 0 or -1 with err. */
+size_t block_meta_size(const struct block *blk);
+void block_pack_meta(const struct block *blk, void *buf);
+int block_unpack_meta_begin(struct block *blk, const void *buf, size_t bytes,
+                            const struct gpt_shape *shape, char *err, size_t errsize);
+int block_unpack_meta_end(struct block *blk, const void *buf, size_t bytes, char *err,
+                          size_t errsize);
+
 /* Activations of one block for one micro-batch in flight. */
 struct block_acts {
     int B, T;

@@ -29,4 +29,13 @@ void *dm_alloc(size_t bytes)
     return p;
 }
 
+void *dm_alloc_uninit(size_t bytes)
+{
+    if (bytes == 0) bytes = 64;
+    size_t rounded = (bytes + 63) & ~(size_t)63;
+    void *p = aligned_alloc(64, rounded);
+    if (!p) DM_FATAL("out of memory allocating %zu bytes", bytes);
+    return p;
+}
+
 void dm_free(void *p) { free(p); }

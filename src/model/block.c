@@ -54,7 +54,9 @@ uint64_t block_tensor_stream(int index, int k)
 
 /* ---- slab and initialisation ---------------------------------------------- */
 
-static void block_alloc(struct block *blk, int index, int C, int NH)
+/* zero = 0 leaves params and Adam moments unset (the caller fills them at
+ * once); gradients are always zero. */
+static void block_alloc_slab(struct block *blk, int index, int C, int NH, int zero)
 {
     memset(blk, 0, sizeof *blk);
     blk->index = index;
@@ -62,7 +64,12 @@ static void block_alloc(struct block *blk, int index, int C, int NH)
     blk->NH = NH;
     blk->nparams = block_param_count(C);
     blk->slab_floats = 4 * blk->nparams;
-    blk->slab = dm_alloc(blk->slab_floats * sizeof(float));
+    if (zero) {
+        blk->slab = dm_alloc(blk->slab_floats * sizeof(float));
+    } else {
+        blk->slab = dm_alloc_uninit(blk->slab_floats * sizeof(float));
+        memset(blk->slab + blk->nparams, 0, blk->nparams * sizeof(float));
+    }
     blk->params = blk->slab;
     blk->grads = blk->params + blk->nparams;
     blk->m = blk->grads + blk->nparams;
@@ -72,6 +79,11 @@ static void block_alloc(struct block *blk, int index, int C, int NH)
         blk->p[k] = blk->params + off;
         blk->g[k] = blk->grads + off;
     }
+}
+
+static void block_alloc(struct block *blk, int index, int C, int NH)
+{
+    block_alloc_slab(blk, index, C, NH, 1);
 }
 
 struct normal_fill_args {
@@ -189,6 +201,53 @@ void block_pack(const struct block *blk, void *buf)
     memcpy(out, &h, sizeof h);
 }
 
+/* The checks of a pack header that do not depend on how the payload
+ * travels: magic, header size, layer index, shape, parameter count, flags. */
+static int check_header(const struct pack_header *h, const struct block *blk,
+                        const struct gpt_shape *shape, char *err, size_t errsize)
+{
+    if (memcmp(h->magic, PACK_MAGIC, 8) != 0) {
+        snprintf(err, errsize, "not a packed block (magic is not \"%s\")", PACK_MAGIC);
+        return -1;
+    }
+    if (h->header_bytes != PACK_HEADER_BYTES) {
+        snprintf(err, errsize, "block header is %u bytes, expected %d (another version?)",
+                 h->header_bytes, PACK_HEADER_BYTES);
+        return -1;
+    }
+    if (h->index < 0 || h->index >= shape->layers) {
+        snprintf(err, errsize, "block layer index %d is outside the model's %d layers",
+                 h->index, shape->layers);
+        return -1;
+    }
+    if (blk->slab && h->index != blk->index) {
+        snprintf(err, errsize, "packed block is layer %d, expected layer %d",
+                 h->index, blk->index);
+        return -1;
+    }
+    if (h->channels != shape->channels || h->heads != shape->heads) {
+        snprintf(err, errsize, "packed block %d has channels %d, heads %d; the model has "
+                 "channels %d, heads %d", h->index, h->channels, h->heads,
+                 shape->channels, shape->heads);
+        return -1;
+    }
+    size_t nparams = block_param_count(shape->channels);
+    if (h->nparams != nparams) {
+        snprintf(err, errsize, "packed block %d has %llu parameters, expected %zu",
+                 h->index, (unsigned long long)h->nparams, nparams);
+        return -1;
+    }
+    uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR;
+    if ((h->flags & ~known_flags) != 0 ||
+        (!(h->flags & BLOCK_FLAG_MASKED) && h->dynamic_bytes != 0)) {
+        snprintf(err, errsize, "packed block %d has flags 0x%llx and %llu bytes of dynamic "
+                 "state, which this version does not know", h->index,
+                 (unsigned long long)h->flags, (unsigned long long)h->dynamic_bytes);
+        return -1;
+    }
+    return 0;
+}
+
 int block_unpack(struct block *blk, const void *buf, size_t bytes,
                  const struct gpt_shape *shape, char *err, size_t errsize)
 {
@@ -200,45 +259,8 @@ int block_unpack(struct block *blk, const void *buf, size_t bytes,
         return -1;
     }
     memcpy(&h, in, sizeof h);
-    if (memcmp(h.magic, PACK_MAGIC, 8) != 0) {
-        snprintf(err, errsize, "not a packed block (magic is not \"%s\")", PACK_MAGIC);
-        return -1;
-    }
-    if (h.header_bytes != PACK_HEADER_BYTES) {
-        snprintf(err, errsize, "block header is %u bytes, expected %d (another version?)",
-                 h.header_bytes, PACK_HEADER_BYTES);
-        return -1;
-    }
-    if (h.index < 0 || h.index >= shape->layers) {
-        snprintf(err, errsize, "block layer index %d is outside the model's %d layers",
-                 h.index, shape->layers);
-        return -1;
-    }
-    if (blk->slab && h.index != blk->index) {
-        snprintf(err, errsize, "packed block is layer %d, expected layer %d",
-                 h.index, blk->index);
-        return -1;
-    }
-    if (h.channels != shape->channels || h.heads != shape->heads) {
-        snprintf(err, errsize, "packed block %d has channels %d, heads %d; the model has "
-                 "channels %d, heads %d", h.index, h.channels, h.heads,
-                 shape->channels, shape->heads);
-        return -1;
-    }
+    if (check_header(&h, blk, shape, err, errsize)) return -1;
     size_t nparams = block_param_count(shape->channels);
-    if (h.nparams != nparams) {
-        snprintf(err, errsize, "packed block %d has %llu parameters, expected %zu",
-                 h.index, (unsigned long long)h.nparams, nparams);
-        return -1;
-    }
-    uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR;
-    if ((h.flags & ~known_flags) != 0 ||
-        (!(h.flags & BLOCK_FLAG_MASKED) && h.dynamic_bytes != 0)) {
-        snprintf(err, errsize, "packed block %d has flags 0x%llx and %llu bytes of dynamic "
-                 "state, which this version does not know", h.index,
-                 (unsigned long long)h.flags, (unsigned long long)h.dynamic_bytes);
-        return -1;
-    }
     size_t floats_bytes = nparams * sizeof(float);
     size_t dynamic_bytes = (size_t)h.dynamic_bytes;
     if (h.dynamic_bytes > bytes || h.payload_bytes != 3 * floats_bytes + dynamic_bytes ||
@@ -264,6 +286,68 @@ int block_unpack(struct block *blk, const void *buf, size_t bytes,
      * parameters are already in place then. */
     return block_sparse_unpack(blk, h.flags, payload + 3 * floats_bytes, dynamic_bytes, err,
                                errsize);
+}
+
+/* ---- migration without copies ----------------------------------------------
+ * The header and the dynamic state travel as one small message; the
+ * parameters and the Adam moments go straight from the sender's slab into
+ * the receiver's (MPI is reliable, so no checksum over them: the header's
+ * checksum covers the dynamic state only). */
+
+size_t block_meta_size(const struct block *blk)
+{
+    return PACK_HEADER_BYTES + block_sparse_pack_bytes(blk);
+}
+
+void block_pack_meta(const struct block *blk, void *buf)
+{
+    unsigned char *out = buf;
+    size_t dynamic_bytes = block_sparse_pack_bytes(blk);
+    block_sparse_pack(blk, out + PACK_HEADER_BYTES);
+    struct pack_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, PACK_MAGIC, 8);
+    h.header_bytes = PACK_HEADER_BYTES;
+    h.index = blk->index;
+    h.channels = blk->C;
+    h.heads = blk->NH;
+    h.nparams = blk->nparams;
+    h.flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk);
+    h.dynamic_bytes = dynamic_bytes;
+    h.payload_bytes = 3 * blk->nparams * sizeof(float) + dynamic_bytes;
+    h.checksum = payload_checksum(out + PACK_HEADER_BYTES, dynamic_bytes);
+    memcpy(out, &h, sizeof h);
+}
+
+int block_unpack_meta_begin(struct block *blk, const void *buf, size_t bytes,
+                            const struct gpt_shape *shape, char *err, size_t errsize)
+{
+    struct pack_header h;
+    if (bytes < PACK_HEADER_BYTES) {
+        snprintf(err, errsize, "block header message has %zu bytes", bytes);
+        return -1;
+    }
+    memcpy(&h, buf, sizeof h);
+    memset(blk, 0, sizeof *blk);
+    if (check_header(&h, blk, shape, err, errsize)) return -1;
+    if (bytes != PACK_HEADER_BYTES + h.dynamic_bytes ||
+        payload_checksum((const unsigned char *)buf + PACK_HEADER_BYTES, h.dynamic_bytes) !=
+            h.checksum) {
+        snprintf(err, errsize, "block %d header message is damaged", h.index);
+        return -1;
+    }
+    block_alloc_slab(blk, h.index, h.channels, h.heads, 0);
+    blk->frozen = (h.flags & BLOCK_FLAG_FROZEN) != 0;
+    return 0;
+}
+
+int block_unpack_meta_end(struct block *blk, const void *buf, size_t bytes, char *err,
+                          size_t errsize)
+{
+    struct pack_header h;
+    memcpy(&h, buf, sizeof h);
+    return block_sparse_unpack(blk, h.flags, (const unsigned char *)buf + PACK_HEADER_BYTES,
+                               bytes - PACK_HEADER_BYTES, err, errsize);
 }
 
 /* ---- activations and scratch -------------------------------------------------

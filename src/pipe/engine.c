@@ -29,6 +29,8 @@ enum {
     TAG_GRAD = 1 << 20,
     TAG_BLOCK = 2 << 20,
     TAG_TIED = 3 << 20,
+    TAG_BLOCK_PARAMS = 5 << 20,
+    TAG_BLOCK_MOMENTS = 6 << 20,
     TAG_EXIT = 4 << 20,   /* early exit: the micro-batch's exit layers */
 };
 
@@ -772,26 +774,35 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     int new_first, new_count;
     first_block_of(counts, g->stage, &new_first, &new_count);
 
-    /* Send the blocks that leave (each its packed slab, whose size depends
-     * on its dynamic state), then receive the ones that arrive: a receive
-     * probes for its message to learn the size. */
+    /* A block that leaves travels as three messages: its header and
+     * dynamic state (variable size: the receiver probes for it), then its
+     * parameters and its Adam moments straight from the slab into the
+     * receiver's new slab, with no packing copy. */
     int nsend = 0, moved = 0;
     double bytes = 0.0;
-    MPI_Request *reqs = dm_alloc((size_t)(L + 1) * sizeof(MPI_Request));
-    void **sendbufs = dm_alloc((size_t)(L + 1) * sizeof(void *));
-    void **recvbufs = dm_alloc((size_t)(L + 1) * sizeof(void *));
-    size_t *sizes = dm_alloc((size_t)(L + 1) * sizeof(size_t));
+    MPI_Request *reqs = dm_alloc((size_t)(3 * L + 1) * sizeof(MPI_Request));
+    void **metas = dm_alloc((size_t)(L + 1) * sizeof(void *));
+    struct block *arrived = dm_alloc((size_t)(L + 1) * sizeof(struct block));
     for (int b = 0; b < L; b++) {
         int from = stage_of_block(eng->layout, S, b), to = stage_of_block(counts, S, b);
         if (from == to || from != g->stage) continue;
         struct block *blk = &m->blocks[b - m->first_block];
-        size_t n = block_pack_size(blk);
-        sendbufs[nsend] = dm_alloc(n);
-        block_pack(blk, sendbufs[nsend]);
-        DM_MPI(MPI_Isend(sendbufs[nsend], (int)n, MPI_BYTE, rank_of(g, to, g->replica),
-                         TAG_BLOCK + b, MPI_COMM_WORLD, &reqs[nsend]));
-        nsend++;
+        int dst = rank_of(g, to, g->replica), n = (int)blk->nparams;
+        size_t meta_bytes = block_meta_size(blk);
+        metas[b] = dm_alloc(meta_bytes);
+        block_pack_meta(blk, metas[b]);
+        DM_MPI(MPI_Isend(metas[b], (int)meta_bytes, MPI_BYTE, dst, TAG_BLOCK + b,
+                         MPI_COMM_WORLD, &reqs[nsend++]));
+        DM_MPI(MPI_Isend(blk->params, n, MPI_FLOAT, dst, TAG_BLOCK_PARAMS + b, MPI_COMM_WORLD,
+                         &reqs[nsend++]));
+        DM_MPI(MPI_Isend(blk->m, 2 * n, MPI_FLOAT, dst, TAG_BLOCK_MOMENTS + b, MPI_COMM_WORLD,
+                         &reqs[nsend++]));
     }
+    /* Arrivals: first every header (small, eager), then every slab's two
+     * bulk receives posted together so the transfers overlap. */
+    MPI_Request *bulk = dm_alloc((size_t)(2 * L + 1) * sizeof(MPI_Request));
+    int *meta_bytes = dm_alloc((size_t)(L + 1) * sizeof(int));
+    int nbulk = 0;
     for (int b = 0; b < L; b++) {
         int from = stage_of_block(eng->layout, S, b), to = stage_of_block(counts, S, b);
         if (from == to) continue;
@@ -804,12 +815,30 @@ void engine_relayout(struct engine *eng, const int *root_counts)
             if (!found) sched_yield();
         }
         DM_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
-        sizes[b] = (size_t)count;
-        recvbufs[b] = dm_alloc((size_t)count);
+        metas[b] = dm_alloc((size_t)count);
+        meta_bytes[b] = count;
         MPI_Request req;
-        DM_MPI(MPI_Irecv(recvbufs[b], count, MPI_BYTE, src, TAG_BLOCK + b, MPI_COMM_WORLD, &req));
+        DM_MPI(MPI_Irecv(metas[b], count, MPI_BYTE, src, TAG_BLOCK + b, MPI_COMM_WORLD, &req));
         wait_polled(&req);
+        char err[256];
+        struct block *blk = &arrived[b];
+        if (block_unpack_meta_begin(blk, metas[b], (size_t)count, &eng->shape, err, sizeof err))
+            DM_FATAL("migrating block %d: %s", b, err);
+        int n = (int)blk->nparams;
+        DM_MPI(MPI_Irecv(blk->params, n, MPI_FLOAT, src, TAG_BLOCK_PARAMS + b, MPI_COMM_WORLD,
+                         &bulk[nbulk++]));
+        DM_MPI(MPI_Irecv(blk->m, 2 * n, MPI_FLOAT, src, TAG_BLOCK_MOMENTS + b, MPI_COMM_WORLD,
+                         &bulk[nbulk++]));
     }
+    wait_all_polled(nbulk, bulk);
+    for (int b = 0; b < L; b++) {
+        if (!arrived[b].slab) continue;
+        char err[256];
+        if (block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
+            DM_FATAL("migrating block %d: %s", b, err);
+    }
+    dm_free(bulk);
+    dm_free(meta_bytes);
     wait_all_polled(nsend, reqs);
     /* Every rank reports the same totals: the bytes of all moved blocks. */
     for (int b = 0; b < L; b++) {
@@ -830,22 +859,17 @@ void engine_relayout(struct engine *eng, const int *root_counts)
             *dst = m->blocks[b - m->first_block];
             m->blocks[b - m->first_block].slab = NULL;   /* ownership moved */
         } else {
-            char err[256];
-            memset(dst, 0, sizeof *dst);   /* block_unpack allocates the slab */
-            if (block_unpack(dst, recvbufs[b], sizes[b], &eng->shape, err, sizeof err))
-                DM_FATAL("migrating block %d: %s", b, err);
+            *dst = arrived[b];
         }
     }
     for (int i = 0; i < m->num_blocks; i++)
         if (m->blocks[i].slab) block_free(&m->blocks[i]);
     gpt_replace_blocks(m, blocks, new_first, new_count);
-    for (int i = 0; i < nsend; i++) dm_free(sendbufs[i]);
     for (int b = 0; b < L; b++)
-        if (recvbufs[b]) dm_free(recvbufs[b]);
+        if (metas[b]) dm_free(metas[b]);
     dm_free(reqs);
-    dm_free(sendbufs);
-    dm_free(recvbufs);
-    dm_free(sizes);
+    dm_free(metas);
+    dm_free(arrived);
     memcpy(eng->layout, counts, (size_t)S * sizeof(int));
     dm_free(counts);
     history_push(eng, eng->steps_done);
