@@ -100,7 +100,7 @@ expect_error "missing file" "cannot open '$work/missing.csv'" \
   "$DYNMO" plan --costs "$work/missing.csv" --stages 1
 
 # Bad arguments: exit 2, the argument named.
-expect_error "no --costs" "--costs FILE.csv is required" "$DYNMO" plan --stages 2
+expect_error "no --costs" "--costs FILE.csv (.or --from-run DIR --step N.) is required" "$DYNMO" plan --stages 2
 expect_error "no --stages" "--stages S is required" "$DYNMO" plan --costs $costs
 expect_error "stages 0" "^dynmo: error: --stages: '0'" "$DYNMO" plan --costs $costs --stages 0
 expect_error "stages text" "^dynmo: error: --stages: 'four'" "$DYNMO" plan --costs $costs --stages four
