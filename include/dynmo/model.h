@@ -242,7 +242,11 @@ int block_unpack(struct block *blk, const void *buf, size_t bytes,
  * block_unpack_meta_begin validates the header as block_unpack does and
  * allocates the slab (zero gradients) so the caller can receive into
  * params and m; block_unpack_meta_end then applies the dynamic state
- * (masks, CSR), which needs the parameters. Both return 0 or -1 with err. */
+ * (masks, CSR), which needs the parameters. Both return 0 or -1 with err.
+ * block_prepare_receive allocates block `index`'s slab beforehand (params
+ * and moments unset, gradients zero), for a receiver that takes the whole
+ * block as one message; block_unpack_meta_begin then only validates. */
+void block_prepare_receive(struct block *blk, int index, const struct gpt_shape *shape);
 size_t block_meta_size(const struct block *blk);
 void block_pack_meta(const struct block *blk, void *buf);
 int block_unpack_meta_begin(struct block *blk, const void *buf, size_t bytes,

@@ -328,7 +328,7 @@ int block_unpack_meta_begin(struct block *blk, const void *buf, size_t bytes,
         return -1;
     }
     memcpy(&h, buf, sizeof h);
-    memset(blk, 0, sizeof *blk);
+    if (!blk->slab) memset(blk, 0, sizeof *blk);
     if (check_header(&h, blk, shape, err, errsize)) return -1;
     if (bytes != PACK_HEADER_BYTES + h.dynamic_bytes ||
         payload_checksum((const unsigned char *)buf + PACK_HEADER_BYTES, h.dynamic_bytes) !=
@@ -336,9 +336,14 @@ int block_unpack_meta_begin(struct block *blk, const void *buf, size_t bytes,
         snprintf(err, errsize, "block %d header message is damaged", h.index);
         return -1;
     }
-    block_alloc_slab(blk, h.index, h.channels, h.heads, 0);
+    if (!blk->slab) block_alloc_slab(blk, h.index, h.channels, h.heads, 0);
     blk->frozen = (h.flags & BLOCK_FLAG_FROZEN) != 0;
     return 0;
+}
+
+void block_prepare_receive(struct block *blk, int index, const struct gpt_shape *shape)
+{
+    block_alloc_slab(blk, index, shape->channels, shape->heads, 0);
 }
 
 int block_unpack_meta_end(struct block *blk, const void *buf, size_t bytes, char *err,

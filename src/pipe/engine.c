@@ -29,8 +29,6 @@ enum {
     TAG_GRAD = 1 << 20,
     TAG_BLOCK = 2 << 20,
     TAG_TIED = 3 << 20,
-    TAG_BLOCK_PARAMS = 5 << 20,
-    TAG_BLOCK_MOMENTS = 6 << 20,
     TAG_EXIT = 4 << 20,   /* early exit: the micro-batch's exit layers */
 };
 
@@ -748,6 +746,22 @@ static int stage_of_block(const int *layout, int stages, int block)
     DM_FATAL("block %d outside the layout", block);
 }
 
+/* The datatype of one migrating block's message: its header and dynamic
+ * state (meta, meta_bytes), its parameters and its Adam moments (m and v
+ * are adjacent in the slab), addressed absolutely (MPI_BOTTOM). */
+static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
+                               const struct block *blk)
+{
+    int lengths[3] = {meta_bytes, (int)(blk->nparams * sizeof(float)),
+                      (int)(2 * blk->nparams * sizeof(float))};
+    MPI_Aint where[3];
+    DM_MPI(MPI_Get_address(meta, &where[0]));
+    DM_MPI(MPI_Get_address(blk->params, &where[1]));
+    DM_MPI(MPI_Get_address(blk->m, &where[2]));
+    DM_MPI(MPI_Type_create_hindexed(3, lengths, where, MPI_BYTE, type));
+    DM_MPI(MPI_Type_commit(type));
+}
+
 void engine_relayout(struct engine *eng, const int *root_counts)
 {
     const struct pipe_grid *g = &eng->grid;
@@ -774,35 +788,32 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     int new_first, new_count;
     first_block_of(counts, g->stage, &new_first, &new_count);
 
-    /* A block that leaves travels as three messages: its header and
-     * dynamic state (variable size: the receiver probes for it), then its
-     * parameters and its Adam moments straight from the slab into the
-     * receiver's new slab, with no packing copy. */
+    /* A block that leaves travels as one message gathered from three
+     * places (an MPI hindexed datatype): its header and dynamic state, its
+     * parameters and its Adam moments, straight from the slab with no
+     * packing copy. The receiver probes for the size (the dynamic state
+     * varies), allocates the new slab and scatters the message into it. */
     int nsend = 0, moved = 0;
     double bytes = 0.0;
-    MPI_Request *reqs = dm_alloc((size_t)(3 * L + 1) * sizeof(MPI_Request));
+    MPI_Request *reqs = dm_alloc((size_t)(L + 1) * sizeof(MPI_Request));
+    MPI_Datatype *types = dm_alloc((size_t)(L + 1) * sizeof(MPI_Datatype));
+    int ntypes = 0;
     void **metas = dm_alloc((size_t)(L + 1) * sizeof(void *));
+    int *meta_bytes = dm_alloc((size_t)(L + 1) * sizeof(int));
     struct block *arrived = dm_alloc((size_t)(L + 1) * sizeof(struct block));
+    size_t slab_bytes = 3 * block_param_count(eng->shape.channels) * sizeof(float);
     for (int b = 0; b < L; b++) {
         int from = stage_of_block(eng->layout, S, b), to = stage_of_block(counts, S, b);
         if (from == to || from != g->stage) continue;
         struct block *blk = &m->blocks[b - m->first_block];
-        int dst = rank_of(g, to, g->replica), n = (int)blk->nparams;
-        size_t meta_bytes = block_meta_size(blk);
-        metas[b] = dm_alloc(meta_bytes);
+        meta_bytes[b] = (int)block_meta_size(blk);
+        metas[b] = dm_alloc((size_t)meta_bytes[b]);
         block_pack_meta(blk, metas[b]);
-        DM_MPI(MPI_Isend(metas[b], (int)meta_bytes, MPI_BYTE, dst, TAG_BLOCK + b,
-                         MPI_COMM_WORLD, &reqs[nsend++]));
-        DM_MPI(MPI_Isend(blk->params, n, MPI_FLOAT, dst, TAG_BLOCK_PARAMS + b, MPI_COMM_WORLD,
-                         &reqs[nsend++]));
-        DM_MPI(MPI_Isend(blk->m, 2 * n, MPI_FLOAT, dst, TAG_BLOCK_MOMENTS + b, MPI_COMM_WORLD,
-                         &reqs[nsend++]));
+        block_message_type(&types[ntypes], metas[b], meta_bytes[b], blk);
+        DM_MPI(MPI_Isend(MPI_BOTTOM, 1, types[ntypes], rank_of(g, to, g->replica),
+                         TAG_BLOCK + b, MPI_COMM_WORLD, &reqs[nsend++]));
+        ntypes++;
     }
-    /* Arrivals: first every header (small, eager), then every slab's two
-     * bulk receives posted together so the transfers overlap. */
-    MPI_Request *bulk = dm_alloc((size_t)(2 * L + 1) * sizeof(MPI_Request));
-    int *meta_bytes = dm_alloc((size_t)(L + 1) * sizeof(int));
-    int nbulk = 0;
     for (int b = 0; b < L; b++) {
         int from = stage_of_block(eng->layout, S, b), to = stage_of_block(counts, S, b);
         if (from == to) continue;
@@ -815,31 +826,28 @@ void engine_relayout(struct engine *eng, const int *root_counts)
             if (!found) sched_yield();
         }
         DM_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
-        metas[b] = dm_alloc((size_t)count);
-        meta_bytes[b] = count;
-        MPI_Request req;
-        DM_MPI(MPI_Irecv(metas[b], count, MPI_BYTE, src, TAG_BLOCK + b, MPI_COMM_WORLD, &req));
-        wait_polled(&req);
-        char err[256];
-        struct block *blk = &arrived[b];
-        if (block_unpack_meta_begin(blk, metas[b], (size_t)count, &eng->shape, err, sizeof err))
-            DM_FATAL("migrating block %d: %s", b, err);
-        int n = (int)blk->nparams;
-        DM_MPI(MPI_Irecv(blk->params, n, MPI_FLOAT, src, TAG_BLOCK_PARAMS + b, MPI_COMM_WORLD,
-                         &bulk[nbulk++]));
-        DM_MPI(MPI_Irecv(blk->m, 2 * n, MPI_FLOAT, src, TAG_BLOCK_MOMENTS + b, MPI_COMM_WORLD,
-                         &bulk[nbulk++]));
+        if ((size_t)count < slab_bytes + 64)
+            DM_FATAL("migrating block %d: a message of %d bytes is too short", b, count);
+        meta_bytes[b] = count - (int)slab_bytes;
+        metas[b] = dm_alloc((size_t)meta_bytes[b]);
+        block_prepare_receive(&arrived[b], b, &eng->shape);
+        block_message_type(&types[ntypes], metas[b], meta_bytes[b], &arrived[b]);
+        DM_MPI(MPI_Irecv(MPI_BOTTOM, 1, types[ntypes], src, TAG_BLOCK + b, MPI_COMM_WORLD,
+                         &reqs[nsend++]));
+        ntypes++;
     }
-    wait_all_polled(nbulk, bulk);
+    wait_all_polled(nsend, reqs);
     for (int b = 0; b < L; b++) {
         if (!arrived[b].slab) continue;
         char err[256];
-        if (block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
+        if (block_unpack_meta_begin(&arrived[b], metas[b], (size_t)meta_bytes[b], &eng->shape,
+                                    err, sizeof err) ||
+            block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
             DM_FATAL("migrating block %d: %s", b, err);
     }
-    dm_free(bulk);
+    for (int i = 0; i < ntypes; i++) MPI_Type_free(&types[i]);
+    dm_free(types);
     dm_free(meta_bytes);
-    wait_all_polled(nsend, reqs);
     /* Every rank reports the same totals: the bytes of all moved blocks. */
     for (int b = 0; b < L; b++) {
         int from = stage_of_block(eng->layout, S, b), to = stage_of_block(counts, S, b);
