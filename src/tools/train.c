@@ -292,6 +292,7 @@ int cmd_train(int argc, char **argv)
             print_usage_train();
             return DM_EXIT_OK;
         }
+    double t_start = dm_now();
     install_signal_handlers();
     world_init(&argc, &argv);
     struct dm_config cfg;
@@ -314,7 +315,9 @@ int cmd_train(int argc, char **argv)
     int stages = grid->stages;
     struct balancer *bal = balancer_create(&cfg, stages);
     engine_watch_flag(eng, &stop_signal);
+    double t_built = dm_now();
     long start_step = engine_resume(eng);
+    double t_loaded = dm_now();
 
     char log_path[1200];
     snprintf(log_path, sizeof log_path, "%s/" RUNLOG_FILE_NAME, cfg.out_dir);
@@ -347,8 +350,15 @@ int cmd_train(int argc, char **argv)
     double run_start = dm_now();
     int exit_status = DM_EXIT_OK;
     int *repack_layout = dm_alloc((size_t)(stages + 1) * sizeof(int));
+    int steps_done = (int)start_step;
     for (int step = (int)start_step; step < cfg.steps; step++) {
         const struct step_stats *st = engine_step(eng, &train_loader, step);
+        steps_done = step + 1;
+        if (step == start_step && start_step > 0)
+            dm_log("restart: start-up %.2f s (MPI, config, data, model), checkpoint read and "
+                   "reshard %.2f s, first step %.2f s: %.2f s from launch to the end of the "
+                   "first step\n", t_built - t_start, t_loaded - t_built, dm_now() - t_loaded,
+                   dm_now() - t_start);
         int nonfinite = 0;
         if (dm_rank() == 0) {
             if (step == start_step) first_loss = st->loss;
@@ -435,15 +445,22 @@ int cmd_train(int argc, char **argv)
     double wall = dm_now() - run_start;
     if (dm_rank() == 0) {
         runlog_close(log);
+        int steps_run = steps_done - (int)start_step;
         double mean_ms = timed_steps ? timed_ms / timed_steps
-                                     : wall * 1e3 / (cfg.steps ? cfg.steps : 1);
+                                     : wall * 1e3 / (steps_run ? steps_run : 1);
         if (stages > 1) stage_totals_print(&totals, stages);
-        dm_log("\nsummary: %d steps in %.1f s on %d ranks\n", (int)(cfg.steps - start_step), wall,
-               dm_world_size());
-        dm_log("  loss: %.4f at the first step, %.4f at the last\n", first_loss, last_loss);
-        if (have_val) dm_log("  validation loss: %.4f\n", last_val);
-        dm_log("  throughput: %.0f tokens/s (%.1f ms/step, steps after the first)\n",
-               tokens_per_step / mean_ms * 1e3, mean_ms);
+        dm_log("\nsummary: %d steps (%ld to %d) in %.1f s on %d ranks\n", steps_run,
+               start_step + (steps_run > 0), steps_done, wall, dm_world_size());
+        if (steps_run == 0) {
+            dm_log("  nothing to train: the run was already at step %ld of train.steps = %d\n",
+                   start_step, cfg.steps);
+        } else {
+            dm_log("  loss: %.4f at the first step, %.4f at the last\n", first_loss, last_loss);
+            if (have_val) dm_log("  validation loss: %.4f\n", last_val);
+            dm_log("  throughput: %.0f tokens/s (%.1f ms/step%s)\n",
+                   tokens_per_step / mean_ms * 1e3, mean_ms,
+                   timed_steps ? ", steps after the first" : "");
+        }
         dm_log("  peak memory: %.0f MiB resident on rank 0\n",
                (double)dm_peak_rss_bytes() / 1048576.0);
         dm_log("  run log: %s\n", log_path);
