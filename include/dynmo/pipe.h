@@ -14,6 +14,7 @@
 #ifndef DYNMO_PIPE_H
 #define DYNMO_PIPE_H
 
+#include <mpi.h>
 #include <stddef.h>
 #include "dynmo/core.h"
 #include "dynmo/model.h"
@@ -100,6 +101,14 @@ int schedule_simulate(const struct pipe_schedule *sched, const double *fwd_ms,
                       const double *bwd_ms, const double *update_ms, double send_ms,
                       struct schedule_timing *timing);
 
+
+/* ---- waiting -------------------------------------------------------------
+ * Every wait in dynmo polls: MPI_Test, then sched_yield. With more ranks
+ * than cores, MPICH's blocking waits spin and starve the rank that would
+ * let them finish. Both return the seconds waited; an MPI error takes the
+ * fatal path with MPI's own text. A null request is complete. */
+double pipe_wait(MPI_Request *req);
+double pipe_wait_all(int n, MPI_Request *reqs);
 
 /* ---- the process grid ----------------------------------------------------
  * P = S * D ranks: rank = replica * S + stage, so one replica's pipeline is

@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/pipe.h"
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
 
@@ -70,16 +71,6 @@ static void set_error(char *err, size_t errsize, const char *fmt, ...)
 
 /* ---- polled collectives ---------------------------------------------------- */
 
-static void wait_polled(MPI_Request *request)
-{
-    int done = 0;
-    for (;;) {
-        CKPT_MPI(MPI_Test(request, &done, MPI_STATUS_IGNORE));
-        if (done) return;
-        sched_yield();
-    }
-}
-
 /* The message every rank agrees on: `code` and `message` of the lowest
  * rank whose code is non-zero. Returns that code (0: no rank failed). */
 struct agreement {
@@ -95,7 +86,7 @@ static int agree(int code, const char *message, MPI_Comm comm, char *err, size_t
     int mine = code ? rank : size, lowest = size;
     MPI_Request request;
     CKPT_MPI(MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm, &request));
-    wait_polled(&request);
+    pipe_wait(&request);
     if (lowest == size) return 0;
     struct agreement a;
     memset(&a, 0, sizeof a);
@@ -104,7 +95,7 @@ static int agree(int code, const char *message, MPI_Comm comm, char *err, size_t
         snprintf(a.message, sizeof a.message, "%s", message ? message : "");
     }
     CKPT_MPI(MPI_Ibcast(&a, (int)sizeof a, MPI_BYTE, lowest, comm, &request));
-    wait_polled(&request);
+    pipe_wait(&request);
     if (err && errsize) set_error(err, errsize, "%s", a.message);
     return a.code;
 }
@@ -144,7 +135,7 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
     MPI_Request request;
     CKPT_MPI(MPI_Iallreduce(mine, lowest, 2, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm,
                             &request));
-    wait_polled(&request);
+    pipe_wait(&request);
     if (lowest[0] != ~lowest[1])
         DM_FATAL("ckpt_save: ranks passed different checkpoint metadata (step, layout, "
                  "cursors, history, config or directory): every rank must pass the same");
@@ -160,7 +151,7 @@ static void check_grid(int stage, int dp_rank, int pp, int dp, MPI_Comm comm)
     int *all = dm_alloc((size_t)size * sizeof(int));
     MPI_Request request;
     CKPT_MPI(MPI_Iallgather(&mine, 1, MPI_INT, all, 1, MPI_INT, comm, &request));
-    wait_polled(&request);
+    pipe_wait(&request);
     int *seen = dm_alloc((size_t)size * sizeof(int));
     for (int r = 0; r < size; r++) {
         if (all[r] < 0 || all[r] >= pp * dp || seen[all[r]]++)
@@ -555,7 +546,7 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
      * boundary); rank 0's is used everywhere. */
     MPI_Request request;
     CKPT_MPI(MPI_Ibcast(created, (int)sizeof created, MPI_CHAR, 0, comm, &request));
-    wait_polled(&request);
+    pipe_wait(&request);
     dm_h5_write_string_attr(file, "kind", CHECKPOINT_KIND);
     write_integer_attr(file, "schema_version", SCHEMA_TYPE_INT64, CHECKPOINT_SCHEMA_VERSION);
     dm_h5_write_string_attr(file, "dynmo_version", DYNMO_VERSION);
@@ -614,8 +605,8 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     CKPT_MPI(MPI_Ireduce(frozen, frozen_all, layers, MPI_INT, MPI_SUM, 0, comm, &requests[0]));
     CKPT_MPI(MPI_Ireduce(sparsity, sparsity_all, layers, MPI_FLOAT, MPI_SUM, 0, comm,
                          &requests[1]));
-    wait_polled(&requests[0]);
-    wait_polled(&requests[1]);
+    pipe_wait(&requests[0]);
+    pipe_wait(&requests[1]);
 
     struct chunk_writer w = {.datasets = datasets, .dims = &dims,
                              .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4)};
@@ -916,9 +907,9 @@ static char *scan_directory(const char *dir, MPI_Comm comm)
     }
     MPI_Request request;
     CKPT_MPI(MPI_Ibcast(&length, 1, MPI_INT, 0, comm, &request));
-    wait_polled(&request);
+    pipe_wait(&request);
     CKPT_MPI(MPI_Ibcast(text, length, MPI_CHAR, 0, comm, &request));
-    wait_polled(&request);
+    pipe_wait(&request);
     return text;
 }
 

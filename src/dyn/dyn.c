@@ -20,17 +20,6 @@ static const struct dyn_scheme *const schemes[] = {
     &dyn_scheme_prune,
 };
 
-void dyn_wait_polled(MPI_Request *req)
-{
-    int done = 0;
-    while (*req != MPI_REQUEST_NULL) {
-        int rc = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-        if (rc != MPI_SUCCESS) DM_FATAL("MPI_Test failed in a dynamism scheme (%d)", rc);
-        if (done) break;
-        sched_yield();
-    }
-}
-
 struct dyn *dyn_create(const struct dm_config *cfg, const struct dyn_env *env)
 {
     const struct dyn_scheme *scheme = NULL;

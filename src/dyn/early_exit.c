@@ -80,7 +80,7 @@ static void early_exit_before_step(void *state, struct gpt *model, int step)
         if (MPI_Iallreduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, e->env.pipeline_comm, &req) !=
             MPI_SUCCESS)
             DM_FATAL("MPI_Iallreduce of the early-exit counters failed");
-        dyn_wait_polled(&req);
+        pipe_wait(&req);
         e->skipped_share = total[0] > 0 ? total[1] / total[0] : 0.0;
     } else {
         e->skipped_share = x->token_blocks > 0 ? x->token_blocks_skipped / x->token_blocks : 0.0;
@@ -102,7 +102,7 @@ static void early_exit_before_step(void *state, struct gpt *model, int step)
     if (MPI_Ibcast(e->head, (int)(VC + 2 * C), MPI_FLOAT, root, e->env.pipeline_comm, &req) !=
         MPI_SUCCESS)
         DM_FATAL("MPI_Ibcast of the LM head for early exit failed");
-    dyn_wait_polled(&req);
+    pipe_wait(&req);
     x->wte = e->head;
     x->lnf_w = e->head + VC;
     x->lnf_b = e->head + VC + C;

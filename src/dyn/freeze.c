@@ -84,7 +84,7 @@ static void freeze_before_step(void *state, struct gpt *model, int step)
         MPI_Request req;
         if (MPI_Iallreduce(&mine, &total, 1, MPI_INT, MPI_SUM, f->comm, &req) != MPI_SUCCESS)
             DM_FATAL("MPI_Iallreduce of the frozen block count failed");
-        dyn_wait_polled(&req);
+        pipe_wait(&req);
         if (total > f->prefix) f->prefix = total;
         f->started = 1;
     }

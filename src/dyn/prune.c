@@ -131,7 +131,7 @@ uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long
     }
     MPI_Request req;
     PRUNE_MPI(MPI_Igather(&count, 1, MPI_INT, counts, 1, MPI_INT, 0, comm, &req));
-    dyn_wait_polled(&req);
+    pipe_wait(&req);
     long gathered = 0;
     if (rank == 0) {
         for (int r = 0; r < size; r++) {
@@ -142,7 +142,7 @@ uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long
     }
     PRUNE_MPI(MPI_Igatherv(send, count, MPI_UINT64_T, all, counts, displs, MPI_UINT64_T, 0,
                            comm, &req));
-    dyn_wait_polled(&req);
+    pipe_wait(&req);
     uint64_t cut = 0;
     if (rank == 0) {
         DM_ASSERT(gathered >= want);
@@ -158,7 +158,7 @@ uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long
         dm_free(displs);
     }
     PRUNE_MPI(MPI_Ibcast(&cut, 1, MPI_UINT64_T, 0, comm, &req));
-    dyn_wait_polled(&req);
+    pipe_wait(&req);
     return cut;
 }
 

@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 #include "dynmo/dyn.h"
+#include "dynmo/pipe.h"
 
 struct dyn_scheme {
     const char *kind;
@@ -22,8 +23,5 @@ extern const struct dyn_scheme dyn_scheme_freeze;
 extern const struct dyn_scheme dyn_scheme_early_exit;
 extern const struct dyn_scheme dyn_scheme_prune;
 
-/* Polls one MPI request to completion (MPI_Test + sched_yield), as the
- * engine does: blocking waits starve ranks that share a core. */
-void dyn_wait_polled(MPI_Request *req);
 
 #endif

@@ -87,37 +87,6 @@ struct engine {
         }                                                                         \
     } while (0)
 
-/* Polls one request to completion; returns the seconds it took. */
-static double wait_polled(MPI_Request *req)
-{
-    if (*req == MPI_REQUEST_NULL) return 0.0;
-    double t0 = dm_now();
-    int done = 0;
-    for (;;) {
-        DM_MPI(MPI_Test(req, &done, MPI_STATUS_IGNORE));
-        if (done) break;
-        sched_yield();
-    }
-    return dm_now() - t0;
-}
-
-static double wait_all_polled(int n, MPI_Request *reqs)
-{
-    double t0 = dm_now();
-    for (;;) {
-        int pending = 0;
-        for (int i = 0; i < n; i++) {
-            if (reqs[i] == MPI_REQUEST_NULL) continue;
-            int done = 0;
-            DM_MPI(MPI_Test(&reqs[i], &done, MPI_STATUS_IGNORE));
-            pending += !done;
-        }
-        if (!pending) break;
-        sched_yield();
-    }
-    return dm_now() - t0;
-}
-
 static int rank_of(const struct pipe_grid *g, int stage, int replica)
 {
     return replica * g->stages + stage;
@@ -229,9 +198,9 @@ static void slots_free(struct engine *eng)
 {
     for (int i = 0; i < eng->nslots; i++) {
         struct slot *sl = &eng->slots[i];
-        wait_polled(&sl->send_act);
-        wait_polled(&sl->send_exit);
-        wait_polled(&sl->send_grad);
+        pipe_wait(&sl->send_act);
+        pipe_wait(&sl->send_exit);
+        pipe_wait(&sl->send_grad);
         gpt_acts_free(&sl->acts);
         dm_free(sl->dout);
         dm_free(sl->din);
@@ -331,7 +300,7 @@ struct engine *engine_create(const struct dm_config *cfg)
 
 void engine_destroy(struct engine *eng)
 {
-    wait_polled(&eng->gather_req);
+    pipe_wait(&eng->gather_req);
     slots_free(eng);
     block_scratch_free(&eng->scratch);
     gpt_free(&eng->model);
@@ -393,7 +362,7 @@ static void exchange_tied_grads(struct engine *eng)
     MPI_Request reqs[2];
     DM_MPI(MPI_Irecv(theirs, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[0]));
     DM_MPI(MPI_Isend(mine, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[1]));
-    eng->wait_s += wait_all_polled(2, reqs);
+    eng->wait_s += pipe_wait_all(2, reqs);
     gpt_tie_wte_grads(m, theirs);
     dm_free(theirs);
 }
@@ -407,7 +376,7 @@ static void replica_sum(struct engine *eng, float *x, long n, float *gathered)
     MPI_Request req;
     DM_MPI(MPI_Iallgather(x, (int)n, MPI_FLOAT, gathered, (int)n, MPI_FLOAT, eng->stage_comm,
                           &req));
-    eng->wait_s += wait_polled(&req);
+    eng->wait_s += pipe_wait(&req);
     for (long i = 0; i < n; i++) {
         float s = gathered[i];
         for (int r = 1; r < D; r++) s += gathered[(long)r * n + i];
@@ -452,7 +421,7 @@ static double global_grad_norm(struct engine *eng)
     if (eng->grid.world_size > 1) {
         MPI_Request req;
         DM_MPI(MPI_Iallreduce(units, total, L + 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
-        eng->wait_s += wait_polled(&req);
+        eng->wait_s += pipe_wait(&req);
     } else {
         memcpy(total, units, (size_t)(L + 3) * sizeof(double));
     }
@@ -486,7 +455,7 @@ static void run_backward(struct engine *eng, int mb)
     struct slot *sl = slot_for(eng, mb);
     struct gpt *m = &eng->model;
     DM_ASSERT(sl->busy_mb == mb);
-    eng->wait_s += wait_polled(&sl->send_grad);   /* din is about to change */
+    eng->wait_s += pipe_wait(&sl->send_grad);   /* din is about to change */
     float scale = 1.0f / (float)(eng->micro_batches * eng->grid.replicas);
     double t0 = dm_now();
     gpt_backward(m, &sl->acts, &eng->scratch, scale, m->has_head ? NULL : sl->dout,
@@ -520,16 +489,16 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         MPI_Request req;
         switch (in->op) {
         case PIPE_RECV_ACT:
-            eng->wait_s += wait_polled(&sl->send_act);
-            eng->wait_s += wait_polled(&sl->send_exit);
+            eng->wait_s += pipe_wait(&sl->send_act);
+            eng->wait_s += pipe_wait(&sl->send_exit);
             DM_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
                              MPI_COMM_WORLD, &req));
-            eng->wait_s += wait_polled(&req);
+            eng->wait_s += pipe_wait(&req);
             if (eng->model.exit) {
                 DM_MPI(MPI_Irecv(gpt_exit_layers(&eng->model, &sl->acts),
                                  eng->micro_B * eng->T, MPI_INT, prev, TAG_EXIT + mb,
                                  MPI_COMM_WORLD, &req));
-                eng->wait_s += wait_polled(&req);
+                eng->wait_s += pipe_wait(&req);
             }
             break;
         case PIPE_FWD:
@@ -545,7 +514,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             break;
         case PIPE_RECV_GRAD:
             DM_MPI(MPI_Irecv(sl->dout, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
-            eng->wait_s += wait_polled(&req);
+            eng->wait_s += pipe_wait(&req);
             break;
         case PIPE_BWD:
             run_backward(eng, mb);
@@ -582,9 +551,9 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         if (in->op == PIPE_BWD) sl->busy_mb = -1;
     }
     for (int i = 0; i < eng->nslots; i++) {
-        eng->wait_s += wait_polled(&eng->slots[i].send_act);
-        eng->wait_s += wait_polled(&eng->slots[i].send_exit);
-        eng->wait_s += wait_polled(&eng->slots[i].send_grad);
+        eng->wait_s += pipe_wait(&eng->slots[i].send_act);
+        eng->wait_s += pipe_wait(&eng->slots[i].send_exit);
+        eng->wait_s += pipe_wait(&eng->slots[i].send_grad);
     }
     return loss_sum;
 }
@@ -610,11 +579,11 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
         v[4 + 2 * L + layer] = (double)block_pack_size(&m->blocks[i]);
         v[4 + 3 * L + layer] = block_matrix_sparsity(&m->blocks[i]);
     }
-    wait_polled(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
+    pipe_wait(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
     DM_MPI(MPI_Igather(v, eng->gather_len, MPI_DOUBLE, eng->gather_recv, eng->gather_len,
                        MPI_DOUBLE, 0, MPI_COMM_WORLD, &eng->gather_req));
     if (g->rank != 0) return;
-    wait_polled(&eng->gather_req);
+    pipe_wait(&eng->gather_req);
 
     struct step_stats *st = &eng->stats;
     double mb_count = (double)eng->micro_batches;
@@ -701,11 +670,11 @@ float engine_eval(struct engine *eng, struct loader *val)
             if (g->stage > 0) {
                 DM_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
                                  MPI_COMM_WORLD, &req));
-                wait_polled(&req);
+                pipe_wait(&req);
                 if (m->exit) {
                     DM_MPI(MPI_Irecv(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
                                      MPI_INT, prev, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
-                    wait_polled(&req);
+                    pipe_wait(&req);
                 }
             }
             loader_fill(val, first_sample(eng, b, mb), eng->micro_B, sl->acts.tokens,
@@ -716,11 +685,11 @@ float engine_eval(struct engine *eng, struct loader *val)
             if (g->stage < g->stages - 1) {
                 DM_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
                                  MPI_COMM_WORLD, &req));
-                wait_polled(&req);
+                pipe_wait(&req);
                 if (m->exit) {
                     DM_MPI(MPI_Isend(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
                                      MPI_INT, next, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
-                    wait_polled(&req);
+                    pipe_wait(&req);
                 }
             }
         }
@@ -730,7 +699,7 @@ float engine_eval(struct engine *eng, struct loader *val)
     double mine = (g->stage == g->stages - 1) ? (double)sum : 0.0, total = 0.0;
     MPI_Request req;
     DM_MPI(MPI_Ireduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD, &req));
-    wait_polled(&req);
+    pipe_wait(&req);
     return (float)(total / ((double)count * g->replicas));
 }
 
@@ -772,7 +741,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     if (g->world_size > 1) {
         MPI_Request breq;
         DM_MPI(MPI_Ibcast(counts, S, MPI_INT, 0, MPI_COMM_WORLD, &breq));
-        wait_polled(&breq);
+        pipe_wait(&breq);
     }
     int total = 0;
     for (int s = 0; s < S; s++) {
@@ -836,7 +805,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
                          &reqs[nsend++]));
         ntypes++;
     }
-    wait_all_polled(nsend, reqs);
+    pipe_wait_all(nsend, reqs);
     for (int b = 0; b < L; b++) {
         if (!arrived[b].slab) continue;
         char err[256];
@@ -856,9 +825,9 @@ void engine_relayout(struct engine *eng, const int *root_counts)
 
     /* Build the new block array: keep the blocks that stay, unpack arrivals. */
     for (int i = 0; i < eng->nslots; i++) {
-        wait_polled(&eng->slots[i].send_act);
-        wait_polled(&eng->slots[i].send_exit);
-        wait_polled(&eng->slots[i].send_grad);
+        pipe_wait(&eng->slots[i].send_act);
+        pipe_wait(&eng->slots[i].send_exit);
+        pipe_wait(&eng->slots[i].send_grad);
     }
     struct block *blocks = dm_alloc((size_t)(new_count ? new_count : 1) * sizeof(struct block));
     for (int b = new_first; b < new_first + new_count; b++) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/core.h"
+#include "dynmo/pipe.h"
 #include "pipe/world.h"
 
 static int started;
@@ -60,21 +61,9 @@ void world_bcast_ints(int *buf, int n)
     MPI_Request req;
     if (MPI_Ibcast(buf, n, MPI_INT, 0, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
         DM_FATAL("MPI_Ibcast failed");
-    int done = 0;
-    while (!done) {
-        if (MPI_Test(&req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) DM_FATAL("MPI_Test failed");
-        if (!done) sched_yield();
-    }
+    pipe_wait(&req);
 }
 
-static void poll_request(MPI_Request *req)
-{
-    int done = 0;
-    while (!done) {
-        if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) DM_FATAL("MPI_Test failed");
-        if (!done) sched_yield();
-    }
-}
 
 double world_transfer_rate(size_t bytes, int reps)
 {
@@ -89,17 +78,57 @@ double world_transfer_rate(size_t bytes, int reps)
         double t0 = dm_now();
         if (rank == 0) {
             MPI_Isend(buf, (int)bytes, MPI_BYTE, 1, 77, MPI_COMM_WORLD, &req);
-            poll_request(&req);
+            pipe_wait(&req);
             MPI_Irecv(&ack, 1, MPI_INT, 1, 78, MPI_COMM_WORLD, &req);
-            poll_request(&req);
+            pipe_wait(&req);
         } else {
             MPI_Irecv(buf, (int)bytes, MPI_BYTE, 0, 77, MPI_COMM_WORLD, &req);
-            poll_request(&req);
+            pipe_wait(&req);
             MPI_Isend(&ack, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, &req);
-            poll_request(&req);
+            pipe_wait(&req);
         }
         if (r >= 0) rate += (dm_now() - t0);
     }
     dm_free(buf);
     return (double)bytes * reps / rate;
+}
+
+static void test_or_die(MPI_Request *req, int *done)
+{
+    int rc = MPI_Test(req, done, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) {
+        char text[MPI_MAX_ERROR_STRING];
+        int len = 0;
+        MPI_Error_string(rc, text, &len);
+        DM_FATAL("MPI_Test: %s", text);
+    }
+}
+
+double pipe_wait(MPI_Request *req)
+{
+    double t0 = dm_now();
+    int done = 0;
+    while (*req != MPI_REQUEST_NULL) {
+        test_or_die(req, &done);
+        if (done) break;
+        sched_yield();
+    }
+    return dm_now() - t0;
+}
+
+double pipe_wait_all(int n, MPI_Request *reqs)
+{
+    double t0 = dm_now();
+    for (;;) {
+        int pending = 0;
+        for (int i = 0; i < n; i++) {
+            if (reqs[i] == MPI_REQUEST_NULL) continue;
+            int done = 0;
+            test_or_die(&reqs[i], &done);
+            pending += !done;
+        }
+        if (!pending) break;
+        sched_yield();
+    }
+    return dm_now() - t0;
 }
