@@ -6,9 +6,9 @@
 # resumed from it continues with the same frozen prefix and the same losses.
 set -u
 . "$(dirname "$0")/lib.sh"
-dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
-"$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
-cat > "$dir/t.ini" <<INI
+work_dir
+tiny_config "$dir/t.ini" model.layers=12 model.max_seq=16 train.seq=16 train.steps=12 \
+  parallel.pp=4 balance.initial=explicit:1,1,1,9 balance.every=2
 [model]
 layers = 12
 channels = 32

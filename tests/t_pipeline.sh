@@ -7,9 +7,8 @@
 # a rank killed with SIGKILL ends the job within seconds.
 set -u
 . "$(dirname "$0")/lib.sh"
-dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
-"$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
-cat > "$dir/tiny.ini" <<INI
+work_dir
+tiny_config "$dir/tiny.ini"
 [model]
 layers = 6
 channels = 32

@@ -9,13 +9,13 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 BUILD=${BUILD:-build}
-dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
+work_dir
 for n in 3 4; do
   timeout 120 mpiexec -n $n "$BUILD/tests/test_prune" > "$dir/tp$n.out" 2>&1 \
     && echo "ok: test_prune on $n ranks" || { fail "test_prune on $n ranks"; cat "$dir/tp$n.out"; }
 done
-"$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
-cat > "$dir/t.ini" <<INI
+tiny_config "$dir/t.ini" model.layers=12 model.channels=64 train.steps=16 dyn.kind=prune \
+  dyn.prune_start=4 dyn.prune_every=2 dyn.prune_steps=3 dyn.sparsity_final=0.9 dyn.csr_sparsity=0.85
 [model]
 layers = 12
 channels = 64

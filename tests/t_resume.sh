@@ -7,9 +7,8 @@
 # exits 3; the smaller world it names continues bit-identically.
 set -u
 . "$(dirname "$0")/lib.sh"
-dir=$(mktemp -d); trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$dir"' EXIT
-"$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
-cat > "$dir/t.ini" <<INI
+work_dir
+tiny_config "$dir/t.ini" model.channels=64 train.steps=150 train.lr=1e-3 train.warmup=5
 [model]
 layers = 6
 channels = 64
