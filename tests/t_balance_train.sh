@@ -8,26 +8,6 @@ set -u
 work_dir
 tiny_config "$dir/t.ini" model.layers=12 model.channels=64 train.steps=6 parallel.pp=4 \
   balance.initial=explicit:1,1,1,9 balance.every=2
-[model]
-layers = 12
-channels = 64
-heads = 2
-max_seq = 32
-[train]
-batch = 8
-seq = 32
-micro_batches = 4
-steps = 6
-lr = 3e-3
-warmup = 1
-[data]
-train = $dir/data/train.bin
-[parallel]
-pp = 4
-[balance]
-initial = explicit:1,1,1,9
-every = 2
-INI
 run() { local name=$1; shift
   timeout 120 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
     > "$dir/$name.out" 2>&1 || { fail "$name exited $?"; tail -n 5 "$dir/$name.out"; return 1; }

@@ -9,26 +9,6 @@ set -u
 work_dir
 tiny_config "$dir/t.ini" model.layers=12 model.max_seq=16 train.seq=16 train.steps=12 \
   parallel.pp=4 balance.initial=explicit:1,1,1,9 balance.every=2
-[model]
-layers = 12
-channels = 32
-heads = 2
-max_seq = 16
-[train]
-batch = 8
-seq = 16
-micro_batches = 4
-steps = 12
-lr = 3e-3
-warmup = 1
-[data]
-train = $dir/data/train.bin
-[parallel]
-pp = 4
-[balance]
-initial = explicit:1,1,1,9
-every = 2
-INI
 FREEZE="dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 dyn.freeze_threshold=100 dyn.freeze_per_check=1"
 EXIT_SOFT="dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=2 run.log_every=1"
 EXIT_SAT="dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.9 dyn.exit_confidence=saturation dyn.exit_loss_weight=0.5"

@@ -9,22 +9,6 @@ set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
 tiny_config "$dir/tiny.ini"
-[model]
-layers = 6
-channels = 32
-heads = 2
-max_seq = 32
-[train]
-batch = 8
-seq = 32
-micro_batches = 4
-steps = 4
-lr = 3e-3
-warmup = 1
-[data]
-train = $dir/data/train.bin
-val = $dir/data/val.bin
-INI
 losses() { h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null; }
 run() { # run NAME RANKS [overrides...]
   local name=$1 ranks=$2; shift 2

@@ -16,28 +16,6 @@ for n in 3 4; do
 done
 tiny_config "$dir/t.ini" model.layers=12 model.channels=64 train.steps=16 dyn.kind=prune \
   dyn.prune_start=4 dyn.prune_every=2 dyn.prune_steps=3 dyn.sparsity_final=0.9 dyn.csr_sparsity=0.85
-[model]
-layers = 12
-channels = 64
-heads = 2
-max_seq = 32
-[train]
-batch = 8
-seq = 32
-micro_batches = 4
-steps = 16
-lr = 3e-3
-warmup = 1
-[data]
-train = $dir/data/train.bin
-[dyn]
-kind = prune
-prune_start = 4
-prune_every = 2
-prune_steps = 3
-sparsity_final = 0.9
-csr_sparsity = 0.85
-INI
 run() { local name=$1 n=$2; shift 2
   timeout 120 mpiexec -n $n "$DYNMO" train --config "$dir/t.ini" parallel.pp=$n \
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1 \

@@ -9,21 +9,6 @@ set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
 tiny_config "$dir/t.ini" model.channels=64 train.steps=150 train.lr=1e-3 train.warmup=5
-[model]
-layers = 6
-channels = 64
-heads = 2
-max_seq = 32
-[train]
-batch = 8
-seq = 32
-micro_batches = 4
-steps = 150
-lr = 1e-3
-warmup = 5
-[data]
-train = $dir/data/train.bin
-INI
 timeout 300 mpiexec -n 1 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/full" > "$dir/full.out" 2>&1 \
   || fail "uninterrupted run failed"
 h5dump -b LE -d /steps/loss -o "$dir/full.loss" "$dir/full/runlog.h5" >/dev/null
