@@ -170,6 +170,21 @@ static uint64_t payload_checksum(const unsigned char *p, size_t bytes)
     return h;
 }
 
+/* Every header field but the checksum, which depends on what travels. */
+static void fill_header(struct pack_header *h, const struct block *blk)
+{
+    memset(h, 0, sizeof *h);
+    memcpy(h->magic, PACK_MAGIC, 8);
+    h->header_bytes = PACK_HEADER_BYTES;
+    h->index = blk->index;
+    h->channels = blk->C;
+    h->heads = blk->NH;
+    h->nparams = blk->nparams;
+    h->flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk);
+    h->dynamic_bytes = block_sparse_pack_bytes(blk);
+    h->payload_bytes = 3 * blk->nparams * sizeof(float) + h->dynamic_bytes;
+}
+
 size_t block_pack_size(const struct block *blk)
 {
     return PACK_HEADER_BYTES + 3 * blk->nparams * sizeof(float) + block_sparse_pack_bytes(blk);
@@ -183,20 +198,9 @@ void block_pack(const struct block *blk, void *buf)
     memcpy(payload, blk->params, floats_bytes);
     memcpy(payload + floats_bytes, blk->m, floats_bytes);
     memcpy(payload + 2 * floats_bytes, blk->v, floats_bytes);
-    size_t dynamic_bytes = block_sparse_pack_bytes(blk);
     block_sparse_pack(blk, payload + 3 * floats_bytes);
     struct pack_header h;
-    memset(&h, 0, sizeof h);
-    memcpy(h.magic, PACK_MAGIC, 8);
-    h.header_bytes = PACK_HEADER_BYTES;
-    h.index = blk->index;
-    h.channels = blk->C;
-    h.heads = blk->NH;
-    h.nparams = blk->nparams;
-    h.flags = blk->frozen ? BLOCK_FLAG_FROZEN : 0;
-    h.flags |= block_sparse_flags(blk);
-    h.dynamic_bytes = dynamic_bytes;
-    h.payload_bytes = 3 * floats_bytes + dynamic_bytes;
+    fill_header(&h, blk);
     h.checksum = payload_checksum(payload, h.payload_bytes);
     memcpy(out, &h, sizeof h);
 }
@@ -302,20 +306,10 @@ size_t block_meta_size(const struct block *blk)
 void block_pack_meta(const struct block *blk, void *buf)
 {
     unsigned char *out = buf;
-    size_t dynamic_bytes = block_sparse_pack_bytes(blk);
     block_sparse_pack(blk, out + PACK_HEADER_BYTES);
     struct pack_header h;
-    memset(&h, 0, sizeof h);
-    memcpy(h.magic, PACK_MAGIC, 8);
-    h.header_bytes = PACK_HEADER_BYTES;
-    h.index = blk->index;
-    h.channels = blk->C;
-    h.heads = blk->NH;
-    h.nparams = blk->nparams;
-    h.flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk);
-    h.dynamic_bytes = dynamic_bytes;
-    h.payload_bytes = 3 * blk->nparams * sizeof(float) + dynamic_bytes;
-    h.checksum = payload_checksum(out + PACK_HEADER_BYTES, dynamic_bytes);
+    fill_header(&h, blk);
+    h.checksum = payload_checksum(out + PACK_HEADER_BYTES, h.dynamic_bytes);
     memcpy(out, &h, sizeof h);
 }
 
