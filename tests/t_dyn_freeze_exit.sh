@@ -29,6 +29,17 @@ for scheme in FREEZE EXIT_SOFT EXIT_SAT; do
 done
 grep -q 'frozen [1-9]' "$dir/FREEZE-balanced.out" || fail "freeze: nothing froze"
 grep -q 'skipped [1-9]' "$dir/EXIT_SOFT-balanced.out" || fail "early exit: no token exited"
+# the run log's per-block active share: 1 before exit_from (block 1), never
+# rising with depth, and below 1 somewhere once tokens exit
+/usr/bin/python3 - "$dir/EXIT_SOFT-balanced/runlog.h5" <<'PY' || fail "/layers/active is wrong"
+import sys, h5py, numpy as np
+a = h5py.File(sys.argv[1], 'r')['/layers/active'][:]
+assert a.shape == (12, 12), a.shape
+assert np.all(a[:, :2] == 1.0), a[:, :2]
+assert np.all(np.diff(a, axis=1) <= 0), a
+assert a[-1].min() < 1.0, a[-1]
+print("ok: /layers/active after the last step:", np.round(a[-1], 2).tolist())
+PY
 # checkpoint at step 6 of a balanced freezing run, resume from it
 run ck $FREEZE balance.method=partition-time ckpt.dir="$dir/ck" ckpt.every=6 || true
 frozen=$(/usr/bin/python3 -c "import h5py,sys; print(int(h5py.File(sys.argv[1],'r')['/blocks/state/frozen'][:].sum()))" "$dir/ck/ckpt-6.h5")

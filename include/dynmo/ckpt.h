@@ -39,6 +39,8 @@
 #define RUNLOG_LAYER_FWD_MS "/layers/fwd_ms"      /* float32 [steps, layers] */
 #define RUNLOG_LAYER_BWD_MS "/layers/bwd_ms"      /* float32 [steps, layers] */
 #define RUNLOG_LAYER_SPARSITY "/layers/sparsity"  /* float32 [steps, layers], dyn.kind=prune */
+#define RUNLOG_LAYER_ACTIVE "/layers/active"      /* float32 [steps, layers], dyn.kind=early_exit:
+                                                     share of the tokens each block computed */
 #define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: blocks per stage */
 #define RUNLOG_STEP_BUBBLE "/steps/bubble_ratio"  /* float32 [steps] */
 #define RUNLOG_STEP_IMBALANCE "/steps/imbalance"  /* float32 [steps] */

@@ -439,6 +439,10 @@ struct gpt_exit {
                                 decisions), or NULL */
     /* Counters, accumulated by every forward until the owner zeroes them. */
     double token_blocks, token_blocks_skipped, exit_loss_sum;
+    /* (layers, by global block) tokens that reached block l and tokens it
+     * computed, accumulated likewise when the owner gives the arrays; or
+     * NULL. */
+    double *layer_tokens, *layer_computed;
 };
 
 /* The (B*T) exit layers of a micro-batch: exit_layer[n] is the block after

@@ -154,6 +154,8 @@ struct step_stats {
     double *layer_bwd_ms;     /* (layers) */
     double *layer_mem_bytes;  /* (layers) parameter slab bytes */
     double *layer_sparsity;   /* (layers) pruned fraction of the block's matrices */
+    double *layer_active;     /* (layers) share of the tokens a block computed (early
+                                 exit; 1 otherwise) */
     double *stage_compute_ms; /* (stages) max over replicas */
     double *stage_wait_ms;    /* (stages) time waiting on neighbours, max over replicas */
     double *stage_peak_mb;    /* (stages) peak resident MiB, max over replicas */

@@ -52,6 +52,8 @@ static void *early_exit_create(const struct dm_config *cfg, const struct dyn_env
     e->layers = cfg->layers;
     e->env = *env;
     e->need_head = e->exit.confidence == GPT_EXIT_SOFTMAX || e->exit.loss_weight > 0.0f;
+    e->exit.layer_tokens = dm_alloc((size_t)cfg->layers * sizeof(double));
+    e->exit.layer_computed = dm_alloc((size_t)cfg->layers * sizeof(double));
     if (e->need_head && env->stages > 1)
         e->head = dm_alloc(((size_t)cfg->vocab * cfg->channels + 2 * (size_t)cfg->channels) *
                            sizeof(float));
@@ -62,6 +64,8 @@ static void early_exit_destroy(void *state, struct gpt *model)
 {
     (void)model;
     struct early_exit *e = state;
+    dm_free(e->exit.layer_tokens);
+    dm_free(e->exit.layer_computed);
     dm_free(e->head);
     dm_free(e);
 }
@@ -86,6 +90,8 @@ static void early_exit_before_step(void *state, struct gpt *model, int step)
         e->skipped_share = x->token_blocks > 0 ? x->token_blocks_skipped / x->token_blocks : 0.0;
     }
     x->token_blocks = x->token_blocks_skipped = x->exit_loss_sum = 0.0;
+    memset(x->layer_tokens, 0, (size_t)e->layers * sizeof(double));
+    memset(x->layer_computed, 0, (size_t)e->layers * sizeof(double));
     if (!e->need_head) return;
     if (e->env.stages == 1) {
         x->wte = model->wte;

@@ -132,106 +132,6 @@ void exit_acts_free(struct gpt_acts *acts)
     acts->exit = NULL;
 }
 
-/* ---- attention for a subset of query rows ---------------------------------- */
-
-struct rows_attention_args {
-    float *out;             /* forward: (Na,C) */
-    float *dqkv;            /* backward: (B,T,3C) */
-    float *att;             /* (B,NH,T,T) */
-    const float *qkv, *dout;
-    const int *rows, *batch_start;   /* rows of batch b: [batch_start[b], batch_start[b+1]) */
-    int T, C, NH;
-};
-
-static void rows_attention_forward_range(void *arg, long begin, long end)
-{
-    const struct rows_attention_args *a = arg;
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, ld = 3 * C;
-    float scale = (float)(1.0 / sqrt((double)hs));
-    for (long item = begin; item < end; item++) {
-        long b = item / NH, h = item % NH;
-        const float *base = a->qkv + b * T * ld + h * hs;
-        for (int i = a->batch_start[b]; i < a->batch_start[b + 1]; i++) {
-            int t = a->rows[i] - (int)b * T;
-            const float *q = base + (long)t * ld;
-            float *P = a->att + (item * T + t) * (long)T;
-            float mx = -INFINITY;
-            for (int j = 0; j <= t; j++) {
-                const float *k = base + (long)j * ld + C;
-                float s = 0.0f;
-                for (int d = 0; d < hs; d++) s += q[d] * k[d];
-                P[j] = s * scale;
-                if (P[j] > mx) mx = P[j];
-            }
-            float sum = 0.0f;
-            for (int j = 0; j <= t; j++) {
-                P[j] = expf(P[j] - mx);
-                sum += P[j];
-            }
-            float inv = 1.0f / sum;
-            for (int j = 0; j <= t; j++) P[j] *= inv;
-            float *o = a->out + (long)i * C + h * hs;
-            for (int d = 0; d < hs; d++) o[d] = 0.0f;
-            for (int j = 0; j <= t; j++) {
-                const float *v = base + (long)j * ld + 2 * C;
-                for (int d = 0; d < hs; d++) o[d] += P[j] * v[d];
-            }
-        }
-    }
-}
-
-static void rows_attention_backward_range(void *arg, long begin, long end)
-{
-    const struct rows_attention_args *a = arg;
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, ld = 3 * C;
-    float scale = (float)(1.0 / sqrt((double)hs));
-    for (long item = begin; item < end; item++) {
-        long b = item / NH, h = item % NH;
-        const float *base = a->qkv + b * T * ld + h * hs;
-        float *dbase = a->dqkv + b * T * ld + h * hs;
-        for (int t = 0; t < T; t++)
-            for (int part = 0; part < 3; part++)
-                memset(dbase + (long)t * ld + part * C, 0, (size_t)hs * sizeof(float));
-        for (int i = a->batch_start[b]; i < a->batch_start[b + 1]; i++) {
-            int t = a->rows[i] - (int)b * T;
-            const float *q = base + (long)t * ld;
-            float *dq = dbase + (long)t * ld;
-            const float *P = a->att + (item * T + t) * (long)T;
-            const float *dO = a->dout + (long)i * C + h * hs;
-            float dot = 0.0f;
-            /* s = sum_j P_j (dO . v_j) */
-            for (int j = 0; j <= t; j++) {
-                const float *v = base + (long)j * ld + 2 * C;
-                float dp = 0.0f;
-                for (int d = 0; d < hs; d++) dp += dO[d] * v[d];
-                dot += P[j] * dp;
-            }
-            for (int j = 0; j <= t; j++) {
-                const float *k = base + (long)j * ld + C;
-                const float *v = k + C;
-                float *dk = dbase + (long)j * ld + C, *dv = dk + C;
-                float dp = 0.0f;
-                for (int d = 0; d < hs; d++) dp += dO[d] * v[d];
-                float ds = scale * P[j] * (dp - dot);
-                for (int d = 0; d < hs; d++) {
-                    dq[d] += ds * k[d];
-                    dk[d] += ds * q[d];
-                    dv[d] += P[j] * dO[d];
-                }
-            }
-        }
-    }
-}
-
-static void batch_starts(int *start, const int *rows, int nactive, int B, int T)
-{
-    int i = 0;
-    for (int b = 0; b <= B; b++) {
-        while (i < nactive && rows[i] < b * T) i++;
-        start[b] = i;
-    }
-}
-
 /* ---- a block over the active rows --------------------------------------------- */
 
 static void gather_rows(float *dst, const float *src, const int *rows, int n, int C)
@@ -240,6 +140,11 @@ static void gather_rows(float *dst, const float *src, const int *rows, int n, in
         memcpy(dst + (size_t)i * C, src + (size_t)rows[i] * C, (size_t)C * sizeof(float));
 }
 
+/* In a block with exited tokens, acts->qkv holds K|V of every token
+ * ((N,2C), rows as the tokens) followed by Q of the active ones ((Na,C),
+ * compact), and the backward's d_qkv the same layout for dK|dV and dQ. The
+ * weight W_qkv (3C,C) is Q's C rows then K's and V's, so the two parts are
+ * plain matmuls on the first C and the last 2C rows of it. */
 void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, const float *in,
                         int B, int T, const int *rows, int nactive, float *work)
 {
@@ -247,16 +152,13 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     float *const *p = blk->p;
     parallel_copy(out, in, (long)N * C);      /* exited tokens: copied forward */
     if (Na == 0) return;
+    float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
     layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                       p[BP_LN1_W], p[BP_LN1_B], N, C);
-    matmul_forward(acts->qkv, acts->ln1, p[BP_QKV_W], p[BP_QKV_B], N, C, 3 * C);
-    int *start = dm_alloc((size_t)(B + 1) * sizeof(int));
-    batch_starts(start, rows, Na, B, T);
-    struct rows_attention_args a = {.out = acts->atty, .att = acts->att, .qkv = acts->qkv,
-                                    .rows = rows, .batch_start = start, .T = T, .C = C,
-                                    .NH = NH};
-    dm_parallel_for((long)B * NH, 1, rows_attention_forward_range, &a);
-    dm_free(start);
+    matmul_forward(kv, acts->ln1, p[BP_QKV_W] + (size_t)C * C, p[BP_QKV_B] + C, N, C, 2 * C);
+    gather_rows(work, acts->ln1, rows, Na, C);
+    matmul_forward(q, work, p[BP_QKV_W], p[BP_QKV_B], Na, C, C);
+    attention_forward_rows(acts->atty, acts->att, q, kv, rows, Na, B, T, C, NH);
     matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], Na, C, C);
     gather_rows(work, in, rows, Na, C);
     residual_forward(acts->res1, acts->res1, work, (long)Na * C);
@@ -293,15 +195,24 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
                                 acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, Na, C);
     matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
                               acts->atty, p[BP_ATTPROJ_W], Na, C, C);
-    int *start = dm_alloc((size_t)(B + 1) * sizeof(int));
-    batch_starts(start, rows, Na, B, T);
-    struct rows_attention_args a = {.dqkv = s->d_qkv, .att = acts->att, .qkv = acts->qkv,
-                                    .dout = s->d_atty, .rows = rows, .batch_start = start,
-                                    .T = T, .C = C, .NH = NH};
-    dm_parallel_for((long)B * NH, 1, rows_attention_backward_range, &a);
-    dm_free(start);
-    matmul_backward_overwrite(s->d_ln, g[BP_QKV_W], g[BP_QKV_B], s->d_qkv, acts->ln1,
-                              p[BP_QKV_W], N, C, 3 * C);
+    const float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
+    float *dkv = s->d_qkv, *dq = s->d_qkv + (size_t)N * 2 * C;
+    attention_backward_rows(dq, dkv, s->d_att, s->d_atty, q, kv, acts->att, rows, Na, B, T, C,
+                            NH);
+    /* K and V from every token, Q from the active ones; the MLP's d_fch
+     * (N,4C) is free by now and holds the gathered ln1 rows and their
+     * gradient. */
+    float *gw = g[BP_QKV_W], *gb = g[BP_QKV_B];
+    matmul_backward_overwrite(s->d_ln, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL, dkv,
+                              acts->ln1, p[BP_QKV_W] + (size_t)C * C, N, C, 2 * C);
+    float *ln1_c = s->d_fch, *dln1_c = s->d_fch + (size_t)Na * C;
+    gather_rows(ln1_c, acts->ln1, rows, Na, C);
+    matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
+    for (int i = 0; i < Na; i++) {
+        float *row = s->d_ln + (size_t)rows[i] * C;
+        const float *add = dln1_c + (size_t)i * C;
+        for (int c = 0; c < C; c++) row[c] += add[c];
+    }
     /* Residual gradient: dout for exited tokens, d_res1 for active ones. */
     float *dres = work;
     parallel_copy(dres, dout, (long)N * C);
@@ -356,6 +267,10 @@ void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *
         block_forward_rows(blk, &acts->blocks[i], out, in, B, T, st->rows, Na, ea->work);
     x->token_blocks += N;
     x->token_blocks_skipped += N - Na;
+    if (x->layer_tokens) {
+        x->layer_tokens[layer] += N;
+        x->layer_computed[layer] += Na;
+    }
     st->head = Na > 0 && has_exit_head(model, layer);
     int decide = x->allow && !x->forced && layer >= x->from && layer < L - 1;
     if (st->head) {

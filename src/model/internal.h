@@ -22,6 +22,18 @@ void layernorm_backward_residual(float *dinp, const float *dresidual, float *dwe
                                  const float *weight, const float *mean, const float *rstd,
                                  int N, int C);
 
+/* Attention for a subset of query rows (early exit): rows (ascending
+ * indices into B*T) ask, every token answers. q and out are compact
+ * (nactive, C); kv is (B*T, 2C), K then V per row; att and scratch are
+ * (B,NH,T,T) with compact query rows. Query row i sees keys up to its own
+ * position rows[i] % T. The backward writes dq (nactive, C) and dkv
+ * (B*T, 2C), keys nobody saw zero. */
+void attention_forward_rows(float *out, float *att, const float *q, const float *kv,
+                            const int *rows, int nactive, int B, int T, int C, int NH);
+void attention_backward_rows(float *dq, float *dkv, float *scratch, const float *dout,
+                             const float *q, const float *kv, const float *att,
+                             const int *rows, int nactive, int B, int T, int C, int NH);
+
 /* The pruning state of a block (sparse.c): freeing it, the CSR values
  * refreshed from params (block_forward, after every optimizer step), the
  * gradients of a dense pruned matrix tensor k masked, and the pack format

@@ -551,23 +551,55 @@ void layernorm_backward_residual(float *dinp, const float *dresidual, float *dwe
 
 /* ---- attention --------------------------------------------------------------
  * Per (batch, head) pair, in query-row blocks of ATT_BLOCK: block [r0, r1)
- * only meets keys [0, r1), so the masked upper triangle beyond the block is
- * never computed. Inside a block the masked entries are stored as exact
- * zeros, which the backward relies on.
+ * only meets keys up to its last query's position, so the masked upper
+ * triangle beyond the block is never computed. Inside a block the masked
+ * entries are stored as exact zeros, which the backward relies on.
  *
- * The head's Q, K, V (and dO) are first copied out of the strided qkv into
- * contiguous per-thread buffers, K (and V in backward) transposed, so that
- * every product is a plain NN or TN sgemm on contiguous operands: for these
- * small shapes OpenBLAS's kernels are much faster that way (measured, one
- * thread, per layer of the reference model: Q K^T 2.5 ms strided NT, 1.4 ms
- * contiguous NN). Outputs are written in place with their strides. */
+ * The head's Q, K, V (and dO) are first copied out of their strided rows
+ * into contiguous per-thread buffers, K (and V in backward) transposed, so
+ * that every product is a plain NN or TN sgemm on contiguous operands: for
+ * these small shapes OpenBLAS's kernels are much faster that way (measured,
+ * one thread, per layer of the reference model: Q K^T 2.5 ms strided NT,
+ * 1.4 ms contiguous NN). Outputs are written in place with their strides.
+ *
+ * The same code serves a subset of query rows (early exit: only the tokens
+ * still active ask, every token answers as key and value): the queries of
+ * batch b are rows [start[b], start[b+1]) of a compact Q, at positions
+ * pos[i] in the sequence; query i sees keys [0, pos[i]]. With every row
+ * active (start[b] = b*T, pos[i] = i - b*T) the calls are exactly those of
+ * the full attention. att and the scratch keep compact rows, T apart. */
 #define ATT_BLOCK 32
 
+/* Columns [0, the return) of a query block whose last query sees keys
+ * [0, kb) are stored: up to the next ATT_BLOCK boundary (at most nk), so
+ * that the backward's key blocks, which read every query row at or after
+ * their first key, read zeros rather than old values. With every row
+ * active kb is already on a boundary or nk. */
+static inline int attention_cols(int kb, int nk)
+{
+    int up = (kb + ATT_BLOCK - 1) / ATT_BLOCK * ATT_BLOCK;
+    return up < nk ? up : nk;
+}
+
 struct attention_args {
-    float *out, *att, *dqkv, *scratch;
-    const float *qkv, *dout, *att_in;
+    float *out, *att, *dq, *dk, *dv, *scratch;
+    const float *q, *k, *v, *dout, *att_in;
+    int ldq, ldkv;          /* row strides of q / dq and of k, v / dk, dv */
+    const int *start, *pos; /* NULL: every row (start b*T, pos identity) */
     int B, T, C, NH;
 };
+
+static void attention_rows_of(const struct attention_args *a, long b, int *s, int *e)
+{
+    *s = a->start ? a->start[b] : (int)b * a->T;
+    *e = a->start ? a->start[b + 1] : (int)(b + 1) * a->T;
+}
+
+/* position in the sequence of compact query row i (batch starting at s) */
+static inline int attention_pos(const struct attention_args *a, int s, int i)
+{
+    return a->pos ? a->pos[s + i] : i;
+}
 
 /* dst (rows, cols) = src (rows, cols; leading dimension ld) */
 static void copy_rows(float *restrict dst, const float *restrict src, int rows, int cols, int ld)
@@ -592,34 +624,46 @@ static void copy_transposed(float *restrict dst, const float *restrict src, int 
     }
 }
 
+/* dst[r * ld + 0..cols) = 0 for rows [0, rows) */
+static void zero_rows(float *dst, int rows, int cols, int ld)
+{
+    for (int r = 0; r < rows; r++) memset(dst + (long)r * ld, 0, (size_t)cols * sizeof(float));
+}
+
 static void attention_forward_range(void *arg, long begin, long end)
 {
     const struct attention_args *a = arg;
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, ld = 3 * C;
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
     float scale = (float)(1.0 / sqrt((double)hs));
     float *work = dm_alloc((size_t)3 * T * hs * sizeof(float));
-    float *qc = work, *kt = qc + (long)T * hs, *vc = kt + (long)T * hs;   /* (T,hs) (hs,T) (T,hs) */
     for (long item = begin; item < end; item++) {
         long b = item / NH, h = item % NH;
-        const float *q = a->qkv + b * T * ld + h * hs;
-        copy_rows(qc, q, T, hs, ld);
-        copy_transposed(kt, q + C, T, hs, ld);
-        copy_rows(vc, q + 2 * C, T, hs, ld);
+        int s, e;
+        attention_rows_of(a, b, &s, &e);
+        int nq = e - s;
+        if (nq == 0) continue;
+        int nk = attention_pos(a, s, nq - 1) + 1;   /* keys anyone here sees */
+        float *qc = work, *kt = qc + (long)nq * hs, *vc = kt + (long)nk * hs;
+        copy_rows(qc, a->q + (long)s * a->ldq + h * hs, nq, hs, a->ldq);
+        copy_transposed(kt, a->k + b * T * a->ldkv + h * hs, nk, hs, a->ldkv);
+        copy_rows(vc, a->v + b * T * a->ldkv + h * hs, nk, hs, a->ldkv);
         float *P = a->att + item * (long)T * T;
-        float *o = a->out + b * T * C + h * hs;
-        for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-            int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, r1, hs,
-                        scale, qc + (long)r0 * hs, hs, kt, T, 0.0f, P + (long)r0 * T, T);
+        float *o = a->out + (long)s * C + h * hs;
+        for (int r0 = 0; r0 < nq; r0 += ATT_BLOCK) {
+            int r1 = r0 + ATT_BLOCK < nq ? r0 + ATT_BLOCK : nq;
+            int kb = attention_pos(a, s, r1 - 1) + 1;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, kb, hs,
+                        scale, qc + (long)r0 * hs, hs, kt, nk, 0.0f, P + (long)r0 * T, T);
             for (int i = r0; i < r1; i++) {
                 float *row = P + (long)i * T;
-                float mx = max_floats(row, i + 1);
-                float sum = exp_shifted_inplace(row, i + 1, mx);
+                int valid = attention_pos(a, s, i) + 1;
+                float mx = max_floats(row, valid);
+                float sum = exp_shifted_inplace(row, valid, mx);
                 float inv = 1.0f / sum;
-                for (int j = 0; j <= i; j++) row[j] *= inv;
-                for (int j = i + 1; j < r1; j++) row[j] = 0.0f;
+                for (int j = 0; j < valid; j++) row[j] *= inv;
+                for (int j = valid; j < attention_cols(kb, nk); j++) row[j] = 0.0f;
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1,
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, kb,
                         1.0f, P + (long)r0 * T, T, vc, hs, 0.0f, o + (long)r0 * C, C);
         }
     }
@@ -628,7 +672,8 @@ static void attention_forward_range(void *arg, long begin, long end)
 
 void attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH)
 {
-    struct attention_args a = {.out = out, .att = att, .qkv = qkv,
+    struct attention_args a = {.out = out, .att = att, .q = qkv, .k = qkv + C,
+                               .v = qkv + 2 * C, .ldq = 3 * C, .ldkv = 3 * C,
                                .B = B, .T = T, .C = C, .NH = NH};
     dm_parallel_for((long)B * NH, 1, attention_forward_range, &a);
 }
@@ -636,46 +681,61 @@ void attention_forward(float *out, float *att, const float *qkv, int B, int T, i
 static void attention_backward_range(void *arg, long begin, long end)
 {
     const struct attention_args *a = arg;
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, ld = 3 * C;
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
     float scale = (float)(1.0 / sqrt((double)hs));
     float *work = dm_alloc((size_t)4 * T * hs * sizeof(float));
-    float *qc = work, *kc = qc + (long)T * hs, *vt = kc + (long)T * hs, *dOc = vt + (long)T * hs;
     for (long item = begin; item < end; item++) {
         long b = item / NH, h = item % NH;
-        const float *q = a->qkv + b * T * ld + h * hs;
-        copy_rows(qc, q, T, hs, ld);
-        copy_rows(kc, q + C, T, hs, ld);
-        copy_transposed(vt, q + 2 * C, T, hs, ld);
-        copy_rows(dOc, a->dout + b * T * C + h * hs, T, hs, C);
-        float *dq = a->dqkv + b * T * ld + h * hs;
-        float *dk = dq + C, *dv = dq + 2 * C;
+        int s, e;
+        attention_rows_of(a, b, &s, &e);
+        int nq = e - s;
+        float *dk = a->dk + b * T * a->ldkv + h * hs, *dv = a->dv + b * T * a->ldkv + h * hs;
+        int nk = nq ? attention_pos(a, s, nq - 1) + 1 : 0;
+        /* keys no query of this batch sees get no gradient */
+        zero_rows(dk + (long)nk * a->ldkv, T - nk, hs, a->ldkv);
+        zero_rows(dv + (long)nk * a->ldkv, T - nk, hs, a->ldkv);
+        if (nq == 0) continue;
+        float *qc = work, *kc = qc + (long)nq * hs, *vt = kc + (long)nk * hs;
+        float *dOc = vt + (long)nk * hs;
+        copy_rows(qc, a->q + (long)s * a->ldq + h * hs, nq, hs, a->ldq);
+        copy_rows(kc, a->k + b * T * a->ldkv + h * hs, nk, hs, a->ldkv);
+        copy_transposed(vt, a->v + b * T * a->ldkv + h * hs, nk, hs, a->ldkv);
+        copy_rows(dOc, a->dout + (long)s * C + h * hs, nq, hs, C);
+        float *dq = a->dq + (long)s * a->ldq + h * hs;
         const float *P = a->att_in + item * (long)T * T;
         float *dS = a->scratch + item * (long)T * T;
-        for (int r0 = 0; r0 < T; r0 += ATT_BLOCK) {
-            int r1 = r0 + ATT_BLOCK < T ? r0 + ATT_BLOCK : T;
+        for (int r0 = 0; r0 < nq; r0 += ATT_BLOCK) {
+            int r1 = r0 + ATT_BLOCK < nq ? r0 + ATT_BLOCK : nq;
+            int kb = attention_pos(a, s, r1 - 1) + 1;
             /* dP = dO V^T, then dS = scale * P * (dP - sum_j P dP), in place */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, r1, hs,
-                        1.0f, dOc + (long)r0 * hs, hs, vt, T, 0.0f, dS + (long)r0 * T, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, kb, hs,
+                        1.0f, dOc + (long)r0 * hs, hs, vt, nk, 0.0f, dS + (long)r0 * T, T);
             for (int i = r0; i < r1; i++) {
                 const float *p = P + (long)i * T;
                 float *d = dS + (long)i * T;
-                float s = dot_floats(p, d, i + 1);
-                for (int j = 0; j <= i; j++) d[j] = scale * (p[j] * (d[j] - s));
-                for (int j = i + 1; j < r1; j++) d[j] = 0.0f;
+                int valid = attention_pos(a, s, i) + 1;
+                float sum = dot_floats(p, d, valid);
+                for (int j = 0; j < valid; j++) d[j] = scale * (p[j] * (d[j] - sum));
+                for (int j = valid; j < attention_cols(kb, nk); j++) d[j] = 0.0f;
             }
-            /* dQ[r0:r1] = dS[r0:r1, 0:r1] K[0:r1] */
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, r1,
-                        1.0f, dS + (long)r0 * T, T, kc, hs, 0.0f, dq + (long)r0 * ld, ld);
+            /* dQ[r0:r1] = dS[r0:r1, 0:kb] K[0:kb] */
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, r1 - r0, hs, kb,
+                        1.0f, dS + (long)r0 * T, T, kc, hs, 0.0f, dq + (long)r0 * a->ldq,
+                        a->ldq);
         }
-        /* Key block [c0, c1) is only seen by queries [c0, T). */
-        for (int c0 = 0; c0 < T; c0 += ATT_BLOCK) {
-            int c1 = c0 + ATT_BLOCK < T ? c0 + ATT_BLOCK : T;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, T - c0,
-                        1.0f, P + (long)c0 * T + c0, T, dOc + (long)c0 * hs, hs,
-                        0.0f, dv + (long)c0 * ld, ld);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, T - c0,
-                        1.0f, dS + (long)c0 * T + c0, T, qc + (long)c0 * hs, hs,
-                        0.0f, dk + (long)c0 * ld, ld);
+        /* Key block [c0, c1) is only seen by the queries at positions >= c0,
+         * compact rows [first, nq), whose P and dS hold zeros up to c1
+         * beyond each row's own keys (attention_cols). */
+        int first = 0;
+        for (int c0 = 0; c0 < nk; c0 += ATT_BLOCK) {
+            int c1 = c0 + ATT_BLOCK < nk ? c0 + ATT_BLOCK : nk;
+            while (attention_pos(a, s, first) < c0) first++;
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, nq - first,
+                        1.0f, P + (long)first * T + c0, T, dOc + (long)first * hs, hs,
+                        0.0f, dv + (long)c0 * a->ldkv, a->ldkv);
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, nq - first,
+                        1.0f, dS + (long)first * T + c0, T, qc + (long)first * hs, hs,
+                        0.0f, dk + (long)c0 * a->ldkv, a->ldkv);
         }
     }
     dm_free(work);
@@ -684,10 +744,49 @@ static void attention_backward_range(void *arg, long begin, long end)
 void attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                         const float *att, int B, int T, int C, int NH)
 {
-    struct attention_args a = {.dqkv = dqkv, .scratch = scratch, .dout = dout,
-                               .qkv = qkv, .att_in = att,
+    struct attention_args a = {.dq = dqkv, .dk = dqkv + C, .dv = dqkv + 2 * C,
+                               .scratch = scratch, .dout = dout, .q = qkv, .k = qkv + C,
+                               .v = qkv + 2 * C, .att_in = att, .ldq = 3 * C, .ldkv = 3 * C,
                                .B = B, .T = T, .C = C, .NH = NH};
     dm_parallel_for((long)B * NH, 1, attention_backward_range, &a);
+}
+
+/* start (B+1) and pos (nactive) of ascending token indices rows. */
+static void attention_rows_index(int *start, int *pos, const int *rows, int nactive, int B,
+                                 int T)
+{
+    int i = 0;
+    for (int b = 0; b <= B; b++) {
+        while (i < nactive && rows[i] < b * T) i++;
+        start[b] = i;
+    }
+    for (i = 0; i < nactive; i++) pos[i] = rows[i] % T;
+}
+
+void attention_forward_rows(float *out, float *att, const float *q, const float *kv,
+                            const int *rows, int nactive, int B, int T, int C, int NH)
+{
+    int *start = dm_alloc((size_t)(B + 1 + nactive) * sizeof(int)), *pos = start + B + 1;
+    attention_rows_index(start, pos, rows, nactive, B, T);
+    struct attention_args a = {.out = out, .att = att, .q = q, .k = kv, .v = kv + C,
+                               .ldq = C, .ldkv = 2 * C, .start = start, .pos = pos,
+                               .B = B, .T = T, .C = C, .NH = NH};
+    dm_parallel_for((long)B * NH, 1, attention_forward_range, &a);
+    dm_free(start);
+}
+
+void attention_backward_rows(float *dq, float *dkv, float *scratch, const float *dout,
+                             const float *q, const float *kv, const float *att,
+                             const int *rows, int nactive, int B, int T, int C, int NH)
+{
+    int *start = dm_alloc((size_t)(B + 1 + nactive) * sizeof(int)), *pos = start + B + 1;
+    attention_rows_index(start, pos, rows, nactive, B, T);
+    struct attention_args a = {.dq = dq, .dk = dkv, .dv = dkv + C, .scratch = scratch,
+                               .dout = dout, .q = q, .k = kv, .v = kv + C, .att_in = att,
+                               .ldq = C, .ldkv = 2 * C, .start = start, .pos = pos,
+                               .B = B, .T = T, .C = C, .NH = NH};
+    dm_parallel_for((long)B * NH, 1, attention_backward_range, &a);
+    dm_free(start);
 }
 
 /* ---- elementwise -------------------------------------------------------------- */

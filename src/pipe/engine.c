@@ -285,12 +285,14 @@ struct engine *engine_create(const struct dm_config *cfg)
     st->layer_bwd_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_mem_bytes = dm_alloc((size_t)L * sizeof(double));
     st->layer_sparsity = dm_alloc((size_t)L * sizeof(double));
+    st->layer_active = dm_alloc((size_t)L * sizeof(double));
     st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_peak_mb = dm_alloc((size_t)S * sizeof(double));
     st->layout = dm_alloc((size_t)S * sizeof(int));
-    /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity per layer */
-    eng->gather_len = 4 + 4 * L;
+    /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active
+     * per layer */
+    eng->gather_len = 4 + 5 * L;
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
@@ -312,6 +314,7 @@ void engine_destroy(struct engine *eng)
     dm_free(st->layer_bwd_ms);
     dm_free(st->layer_mem_bytes);
     dm_free(st->layer_sparsity);
+    dm_free(st->layer_active);
     dm_free(st->stage_compute_ms);
     dm_free(st->stage_wait_ms);
     dm_free(st->stage_peak_mb);
@@ -578,6 +581,9 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
         v[4 + L + layer] = m->block_bwd_s[i];
         v[4 + 2 * L + layer] = (double)block_pack_size(&m->blocks[i]);
         v[4 + 3 * L + layer] = block_matrix_sparsity(&m->blocks[i]);
+        const struct gpt_exit *x = m->exit;
+        v[4 + 4 * L + layer] = x && x->layer_tokens && x->layer_tokens[layer] > 0
+                                   ? x->layer_computed[layer] / x->layer_tokens[layer] : 1.0;
     }
     pipe_wait(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
     DM_MPI(MPI_Igather(v, eng->gather_len, MPI_DOUBLE, eng->gather_recv, eng->gather_len,
@@ -594,7 +600,7 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
     st->step_ms = step_s * 1e3;
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
-        st->layer_sparsity[l] = 0.0;
+        st->layer_sparsity[l] = st->layer_active[l] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
@@ -615,6 +621,7 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
                 st->layer_bwd_ms[l] += x[4 + L + l] * 1e3 / mb_count;
                 st->layer_mem_bytes[l] += x[4 + 2 * L + l];
                 st->layer_sparsity[l] += x[4 + 3 * L + l];
+                st->layer_active[l] += x[4 + 4 * L + l];
             }
     }
     for (int s = 0; s < S; s++) {

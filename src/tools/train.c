@@ -141,6 +141,10 @@ static void log_step(struct runlog *log, const struct dm_config *cfg, int step,
         for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_sparsity[l];
         runlog_append_row(log, RUNLOG_LAYER_SPARSITY, row, cfg->layers);
     }
+    if (!strcmp(cfg->dyn_kind, "early_exit")) {
+        for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_active[l];
+        runlog_append_row(log, RUNLOG_LAYER_ACTIVE, row, cfg->layers);
+    }
     for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_compute_ms[s] : NAN;
     runlog_append_row(log, RUNLOG_STAGE_BUSY_MS, row, width);
     for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_wait_ms[s] : NAN;
