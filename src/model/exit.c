@@ -6,13 +6,15 @@
  * stages) is the global block after which token n left, or `layers` while
  * it is active; token n is computed by block l iff exit_layer[n] >= l.
  * A block with Na < N active tokens (block_forward_rows):
- *   - ln1 and qkv for all N tokens: exited tokens' copied states still serve
- *     as keys and values of the active ones (CALM's state propagation);
- *   - attention only for the Na active queries (against every earlier key);
+ *   - ln1 and the K, V projections for all N tokens: exited tokens' copied
+ *     states still serve as keys and values of the active ones (CALM's
+ *     state propagation); Q for the Na active tokens only;
+ *   - attention only for the Na active queries (each against the keys up
+ *     to its own position);
  *   - attention projection, ln2 and the MLP on the Na gathered rows;
  *   - out = in for exited tokens (the copy forward), scattered results for
  *     active ones.
- * So the matmul work of a token that left falls from 12C^2 to 3C^2 per
+ * So the matmul work of a token that left falls from 12C^2 to 2C^2 per
  * block, and to nothing once every token of the micro-batch has left.
  *
  * Exit heads: after block l, from exit.from to layers-2, the shared LM head
