@@ -655,8 +655,9 @@ static uint32_t hdf5_fletcher32(const char *path, const unsigned char *data, siz
 
 static void test_fletcher32(void)
 {
-    size_t sizes[] = {1, 2, 3, 4, 5, 511, 512, 513, 719, 720, 721, 1000, 131070, 131071,
-                      12289, 1 << 20, (1 << 20) + 7};
+    /* Around the writer's 512-byte blocks and 8192-byte stripes, and chunk-sized. */
+    size_t sizes[] = {1, 2, 3, 4, 5, 511, 512, 513, 719, 720, 721, 1000, 8190, 8192, 8193,
+                      24578, 131070, 131071, 12289, 1 << 20, (1 << 20) + 7};
     char path[600];
     snprintf(path, sizeof path, "%s/fletcher.h5", getenv("CKPT_TEST_DIR"));
     int mismatches = 0, cases = 0;

@@ -8,9 +8,13 @@
  * fsync, rename, fsync the directory, and only then move the completion
  * marker (DIR/latest) and delete old checkpoints.
  *
- * The raw data are written as finished chunks whose Fletcher32 checksum
- * we compute (fletcher32.c), so that HDF5's slower filtered collective
- * write path is not needed; readers verify with HDF5's own filter.
+ * Rank 0 creates the file's skeleton (groups, attributes, datasets with
+ * every chunk allocated) alone through a serial driver that drops the fill
+ * values parallel HDF5 would write into every chunk (skeleton_driver.c);
+ * then all ranks open it through MPI-IO and write their chunks. The raw
+ * data are written as finished chunks whose Fletcher32 checksum we compute
+ * (fletcher32.c), so that HDF5's slower filtered collective write path is
+ * not needed; readers verify with HDF5's own filter.
  *
  * Every wait of ours is a non-blocking collective polled with MPI_Test and
  * sched_yield (MPICH's blocking waits spin and starve peers when ranks
@@ -19,6 +23,8 @@
  * collective calls take the fatal path, since a rank that skipped a
  * collective would leave its peers waiting forever. This file must not
  * decide training policy (when to save, what to do on failure). */
+/* sync_file_range (Linux), to start the writeback of a save early. */
+#define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -34,6 +40,7 @@
 #include "dynmo/pipe.h"
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
+#include "ckpt/skeleton_driver.h"
 
 /* Most bytes of one chunk: large enough that the chunk index stays small
  * and each write moves a big piece, small enough that the writer's chunk
@@ -377,6 +384,8 @@ static int dataset_geometry(const struct schema_dataset *d, const struct ckpt_di
     return rank;
 }
 
+/* Creates dataset d with every chunk allocated now (early allocation),
+ * so that the ranks' chunk writes later change no metadata. */
 static hid_t create_dataset(hid_t file, const struct schema_dataset *d,
                             const struct ckpt_dims *dims)
 {
@@ -386,12 +395,86 @@ static hid_t create_dataset(hid_t file, const struct schema_dataset *d,
     hid_t dcpl = DM_H5(H5Pcreate(H5P_DATASET_CREATE));
     DM_H5(H5Pset_chunk(dcpl, rank, chunk));
     DM_H5(H5Pset_fletcher32(dcpl));
+    DM_H5(H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY));
     DM_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER));
     hid_t dataset = DM_H5(H5Dcreate2(file, d->path, schema_file_type(d->type), space,
                                      H5P_DEFAULT, dcpl, H5P_DEFAULT));
     DM_H5(H5Pclose(dcpl));
     DM_H5(H5Sclose(space));
     return dataset;
+}
+
+/* The root and group attributes, which rank 0 writes into the skeleton. */
+static void write_attributes(hid_t file, const struct gpt_shape *shape,
+                             const struct ckpt_meta *meta, const struct ckpt_dims *dims)
+{
+    char created[32];
+    iso_time_now(created, sizeof created);
+    dm_h5_write_string_attr(file, "kind", CHECKPOINT_KIND);
+    write_integer_attr(file, "schema_version", SCHEMA_TYPE_INT64, CHECKPOINT_SCHEMA_VERSION);
+    dm_h5_write_string_attr(file, "dynmo_version", DYNMO_VERSION);
+    dm_h5_write_string_attr(file, "created", created);
+    dm_h5_write_string_attr(file, "config", meta->config_text ? meta->config_text : "");
+    write_integer_attr(file, "world_pp", SCHEMA_TYPE_INT64, meta->pp);
+    write_integer_attr(file, "world_dp", SCHEMA_TYPE_INT64, meta->dp);
+    write_integer_attr(file, "world_size", SCHEMA_TYPE_INT64, (long long)meta->pp * meta->dp);
+
+    hid_t group = DM_H5(H5Gopen2(file, "/model", H5P_DEFAULT));
+    write_integer_attr(group, "vocab", SCHEMA_TYPE_INT64, shape->vocab);
+    write_integer_attr(group, "max_seq", SCHEMA_TYPE_INT64, shape->max_seq);
+    write_integer_attr(group, "layers", SCHEMA_TYPE_INT64, shape->layers);
+    write_integer_attr(group, "heads", SCHEMA_TYPE_INT64, shape->heads);
+    write_integer_attr(group, "channels", SCHEMA_TYPE_INT64, shape->channels);
+    write_integer_attr(group, "block_params", SCHEMA_TYPE_INT64, dims->block_params);
+    DM_H5(H5Gclose(group));
+
+    long long seed, checksum;
+    memcpy(&seed, &meta->seed, sizeof seed);
+    memcpy(&checksum, &meta->train_checksum, sizeof checksum);
+    group = DM_H5(H5Gopen2(file, "/training", H5P_DEFAULT));
+    write_integer_attr(group, "step", SCHEMA_TYPE_INT64, meta->step);
+    write_integer_attr(group, "optimizer_steps", SCHEMA_TYPE_INT64, meta->optimizer_steps);
+    write_integer_attr(group, "lr_schedule_step", SCHEMA_TYPE_INT64, meta->lr_schedule_step);
+    write_integer_attr(group, "seed", SCHEMA_TYPE_UINT64, seed);
+    dm_h5_write_string_attr(group, "rng", "counter-based");
+    DM_H5(H5Gclose(group));
+
+    group = DM_H5(H5Gopen2(file, "/data", H5P_DEFAULT));
+    write_integer_attr(group, "train_checksum", SCHEMA_TYPE_UINT64, checksum);
+    DM_H5(H5Gclose(group));
+}
+
+/* Rank 0 creates the file's skeleton alone, with the serial skeleton
+ * driver: groups, every dataset with all its chunks allocated, and the
+ * attributes; no raw data. Parallel HDF5 would write the filtered fill
+ * value into every chunk here (see skeleton_driver.c), doubling the bytes
+ * a save writes; the skeleton driver drops those writes, so each chunk
+ * stays a hole until its writer fills it. Discarding is on only while the
+ * datasets are created, before any attribute exists, because the global
+ * heap of the string attributes is raw data to the driver too. */
+static void create_skeleton(const char *tmp, const struct gpt_shape *shape,
+                            const struct ckpt_meta *meta, const struct ckpt_dims *dims)
+{
+    hid_t fapl = ckpt_skeleton_fapl();
+    DM_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
+    hid_t file = DM_H5(H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+    DM_H5(H5Pclose(fapl));
+    for (int i = 0; i < ckpt_schema_group_count; i++)
+        DM_H5(H5Gclose(DM_H5(H5Gcreate2(file, ckpt_schema_groups[i], H5P_DEFAULT,
+                                        H5P_DEFAULT, H5P_DEFAULT))));
+    unsigned long long allocated = 0;
+    ckpt_skeleton_discard_raw(file, 1);
+    for (int i = 0; i < ckpt_schema_dataset_count; i++) {
+        hid_t dataset = create_dataset(file, &ckpt_schema_datasets[i], dims);
+        allocated += H5Dget_storage_size(dataset);
+        DM_H5(H5Dclose(dataset));
+    }
+    unsigned long long dropped = ckpt_skeleton_discard_raw(file, 0);
+    /* What was dropped must be the fill of every allocated chunk, once (or
+     * nothing, from an HDF5 that does not fill), never other raw data. */
+    DM_ASSERT(dropped == allocated || dropped == 0);
+    write_attributes(file, shape, meta, dims);
+    DM_H5(H5Fclose(file));
 }
 
 /* The raw data are written as finished chunks (H5Dwrite_chunk): this rank
@@ -412,7 +495,19 @@ struct chunk_writer {
     const hid_t *datasets;          /* (ckpt_schema_dataset_count), open on every rank */
     const struct ckpt_dims *dims;
     unsigned char *chunk_buffer;    /* CHUNK_TARGET_BYTES + 4 */
+    int writeback_fd;               /* the file, read-only, for start_writeback; or -1 */
 };
+
+/* Asks the kernel to start writing the file's dirty pages to disk now,
+ * without waiting for them, so that the disk works while the ranks are
+ * still writing and rank 0's fsync at the end has less left to wait for
+ * (measured on 4 ranks: faster in 7 of 7 paired saves, by 15% in the
+ * median; no change on 2). A hint only: a failure changes nothing, the
+ * fsync still makes the file durable. */
+static void start_writeback(const struct chunk_writer *w)
+{
+    if (w->writeback_fd >= 0) sync_file_range(w->writeback_fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+}
 
 /* Writes rows [row0, row0 + nrows) of dataset `name` from src (row-major,
  * the dataset's own columns per row; a 1-D dataset has one column). The
@@ -517,14 +612,18 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
         .pp = meta->pp, .dp = meta->dp, .history = total_history,
     };
 
+    /* The skeleton first, by rank 0; the others wait (polled). */
+    if (rank == 0) create_skeleton(tmp, shape, meta, &dims);
+    MPI_Request request;
+    CKPT_MPI(MPI_Ibarrier(comm, &request));
+    pipe_wait(&request);
+
     hid_t fapl = DM_H5(H5Pcreate(H5P_FILE_ACCESS));
-    /* Parallel HDF5 fills every chunk at dataset creation with one
-     * collective write of many chunk-sized pieces, and each rank then
-     * writes whole chunks of its own: large, disjoint pieces, for which
-     * ROMIO's two strategies for small interleaved writes only cost.
-     * Collective buffering ships every byte to an aggregator, and data
-     * sieving reads each region back before writing it (measured: a full
-     * extra read of the file). Writes go straight to the file instead. */
+    /* Each rank writes whole chunks of its own: large, disjoint pieces,
+     * for which ROMIO's two strategies for small interleaved writes only
+     * cost. Collective buffering ships every byte to an aggregator, and
+     * data sieving reads each region back before writing it (measured: a
+     * full extra read of the file). Writes go straight to the file. */
     MPI_Info info;
     CKPT_MPI(MPI_Info_create(&info));
     CKPT_MPI(MPI_Info_set(info, "romio_cb_write", "disable"));
@@ -536,58 +635,15 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
      * while the others write theirs, so the reads cannot be collective. */
     DM_H5(H5Pset_coll_metadata_write(fapl, 1));
     DM_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
-    hid_t file = DM_H5(H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
+    hid_t file = DM_H5(H5Fopen(tmp, H5F_ACC_RDWR, fapl));
     DM_H5(H5Pclose(fapl));
 
-    /* Attributes and groups: metadata, written by all ranks identically. */
-    char created[32];
-    iso_time_now(created, sizeof created);
-    /* created is the one value that could differ between ranks (a second
-     * boundary); rank 0's is used everywhere. */
-    MPI_Request request;
-    CKPT_MPI(MPI_Ibcast(created, (int)sizeof created, MPI_CHAR, 0, comm, &request));
-    pipe_wait(&request);
-    dm_h5_write_string_attr(file, "kind", CHECKPOINT_KIND);
-    write_integer_attr(file, "schema_version", SCHEMA_TYPE_INT64, CHECKPOINT_SCHEMA_VERSION);
-    dm_h5_write_string_attr(file, "dynmo_version", DYNMO_VERSION);
-    dm_h5_write_string_attr(file, "created", created);
-    dm_h5_write_string_attr(file, "config", meta->config_text ? meta->config_text : "");
-    write_integer_attr(file, "world_pp", SCHEMA_TYPE_INT64, meta->pp);
-    write_integer_attr(file, "world_dp", SCHEMA_TYPE_INT64, meta->dp);
-    write_integer_attr(file, "world_size", SCHEMA_TYPE_INT64, (long long)meta->pp * meta->dp);
-    for (int i = 0; i < ckpt_schema_group_count; i++) {
-        hid_t group = DM_H5(H5Gcreate2(file, ckpt_schema_groups[i], H5P_DEFAULT,
-                                       H5P_DEFAULT, H5P_DEFAULT));
-        if (!strcmp(ckpt_schema_groups[i], "/model")) {
-            write_integer_attr(group, "vocab", SCHEMA_TYPE_INT64, shape->vocab);
-            write_integer_attr(group, "max_seq", SCHEMA_TYPE_INT64, shape->max_seq);
-            write_integer_attr(group, "layers", SCHEMA_TYPE_INT64, shape->layers);
-            write_integer_attr(group, "heads", SCHEMA_TYPE_INT64, shape->heads);
-            write_integer_attr(group, "channels", SCHEMA_TYPE_INT64, shape->channels);
-            write_integer_attr(group, "block_params", SCHEMA_TYPE_INT64, dims.block_params);
-        } else if (!strcmp(ckpt_schema_groups[i], "/training")) {
-            long long seed;
-            memcpy(&seed, &meta->seed, sizeof seed);
-            write_integer_attr(group, "step", SCHEMA_TYPE_INT64, meta->step);
-            write_integer_attr(group, "optimizer_steps", SCHEMA_TYPE_INT64,
-                               meta->optimizer_steps);
-            write_integer_attr(group, "lr_schedule_step", SCHEMA_TYPE_INT64,
-                               meta->lr_schedule_step);
-            write_integer_attr(group, "seed", SCHEMA_TYPE_UINT64, seed);
-            dm_h5_write_string_attr(group, "rng", "counter-based");
-        } else if (!strcmp(ckpt_schema_groups[i], "/data")) {
-            long long checksum;
-            memcpy(&checksum, &meta->train_checksum, sizeof checksum);
-            write_integer_attr(group, "train_checksum", SCHEMA_TYPE_UINT64, checksum);
-        }
-        DM_H5(H5Gclose(group));
-    }
-    /* Dataset creation is collective: every rank creates every dataset,
-     * and parallel HDF5 allocates every chunk now. The datasets stay open
-     * on every rank until the collective close below. */
+    /* Every chunk is allocated already, so opening the datasets through
+     * MPI-IO allocates and fills nothing. They stay open on every rank
+     * until the collective close below. */
     hid_t *datasets = dm_alloc((size_t)ckpt_schema_dataset_count * sizeof(hid_t));
     for (int i = 0; i < ckpt_schema_dataset_count; i++)
-        datasets[i] = create_dataset(file, &ckpt_schema_datasets[i], &dims);
+        datasets[i] = DM_H5(H5Dopen2(file, ckpt_schema_datasets[i].path, H5P_DEFAULT));
 
     /* Per-block state from the stages' writers, summed into rank 0 (each
      * layer has one writer, so the sum is that writer's value exactly). */
@@ -609,7 +665,8 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     pipe_wait(&requests[1]);
 
     struct chunk_writer w = {.datasets = datasets, .dims = &dims,
-                             .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4)};
+                             .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4),
+                             .writeback_fd = writer ? open(tmp, O_RDONLY) : -1};
     if (rank == 0) {
         write_rows(&w, "/data/cursor", 0, (hsize_t)meta->dp, meta->data_cursor);
         write_rows(&w, "/layout/blocks_per_stage", 0, (hsize_t)meta->pp, meta->layout);
@@ -631,6 +688,7 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
         write_rows(&w, "/blocks/params", (hsize_t)blk->index, 1, blk->params);
         write_rows(&w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
         write_rows(&w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
+        start_writeback(&w);
     }
 
     /* Embedding from stage 0, head from the last stage (each replica 0).
@@ -655,13 +713,17 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
             write_rows(&w, name, 0, (hsize_t)C, bases[k] + lnf + C);
         }
     }
+    start_writeback(&w);
+    if (w.writeback_fd >= 0) close(w.writeback_fd);
     dm_free(w.chunk_buffer);
     for (int i = 0; i < ckpt_schema_dataset_count; i++) DM_H5(H5Dclose(datasets[i]));
     dm_free(datasets);
 
-    /* Last, the completion attribute: a file without it never finished. */
+    /* Last, the completion attribute: a file without it never finished.
+     * No H5Fflush: through MPI-IO it syncs the file on every rank, and
+     * rank 0's fsync after the close (publish) makes every rank's bytes
+     * durable at once. */
     write_integer_attr(file, "complete", SCHEMA_TYPE_INT64, 1);
-    DM_H5(H5Fflush(file, H5F_SCOPE_GLOBAL));
     DM_H5(H5Fclose(file));
     dm_free(history_step);
     dm_free(history_stages);
