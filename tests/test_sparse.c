@@ -1,7 +1,8 @@
 /* test_sparse: the CSR kernels of src/model/sparse.c against the dense
  * masked computation (matmul_forward / matmul_backward_overwrite of ops.c
  * on the same weights with the pruned ones zero, the weight gradient then
- * masked), and the pruning state of a block (block_prune, pack/unpack).
+ * masked), the pruning state of a block (block_prune, pack/unpack), and
+ * the once-a-step mask of dense pruned gradients (gpt_mask_pruned_grads).
  *
  * Tolerance: |sparse - dense| <= 1e-6 K + 1e-4 |dense| per element, K the
  * number of products summed (C for the output, OC for dinp, N for dW; the
@@ -10,9 +11,11 @@
  * over K is printed. The kernels must give the same bits on 1
  * and 2 threads.
  *
- * `test_sparse --bench [N]` prints the time of dense and CSR forward and
- * backward against sparsity at the reference block's matrix sizes (C =
- * 256: 768x256, 256x256, 1024x256, 256x1024) with N = B*T = 2048 rows. */
+ * `test_sparse --bench [N [THREADS [C]]]` prints the time of dense and CSR
+ * forward and backward against sparsity at a block's matrix sizes (3CxC,
+ * CxC, 4CxC, Cx4C; default the reference block, C = 256, N = B*T = 2048
+ * rows, 2 threads), then the block's four matrices together: CSR time over
+ * dense time at each sparsity (where CSR pays: dyn.csr_sparsity). */
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/model.h"
@@ -198,12 +201,61 @@ static void test_block_state(void)
     dm_free(keep);
 }
 
-static void bench(int N)
+/* gpt_mask_pruned_grads zeroes exactly the pruned weights' gradients of a
+ * dense pruned block (every other gradient keeps its bits) and leaves CSR
+ * and unpruned blocks alone. */
+static void test_mask_pruned_grads(void)
 {
-    const int shapes[4][2] = {{768, 256}, {256, 256}, {1024, 256}, {256, 1024}};  /* OC, C */
-    const double sparsities[] = {0.0, 0.5, 0.7, 0.8, 0.9, 0.95};
-    printf("# N %d, %d threads; ms per call (best of 3): forward, backward (dinp + dW + db)\n",
-           N, dm_threads_count());
+    struct gpt_shape shape = {.vocab = 64, .max_seq = 16, .layers = 3, .heads = 2, .channels = 16};
+    struct block blocks[3];
+    size_t nw = block_matrix_weights(16);
+    unsigned char *keep = dm_alloc(nw);
+    for (size_t i = 0; i < nw; i++) keep[i] = dm_uniform(4, 4, i) < 0.5;
+    for (int b = 0; b < 3; b++) {
+        block_init(&blocks[b], b, &shape, 5);
+        if (b < 2) block_prune(&blocks[b], keep, b == 0 ? 2.0 : 0.4);   /* dense, CSR */
+        for (size_t i = 0; i < blocks[b].nparams; i++) blocks[b].grads[i] = dm_normal(6, b, i);
+    }
+    float *before = dm_alloc(blocks[0].nparams * 4 * 3);
+    for (int b = 0; b < 3; b++)
+        memcpy(before + b * blocks[0].nparams, blocks[b].grads, blocks[b].nparams * 4);
+    struct gpt model = {.shape = shape, .num_blocks = 3, .blocks = blocks};
+    dm_threads_init(2);
+    gpt_mask_pruned_grads(&model);
+    dm_threads_init(1);
+    long wrong = 0;
+    for (int b = 0; b < 3; b++) {
+        const float *was = before + b * blocks[0].nparams;
+        unsigned char *expect_zero = dm_alloc(blocks[b].nparams);
+        memset(expect_zero, 0, blocks[b].nparams);
+        size_t i = 0;
+        if (b == 0)
+            for (int m = 0; m < BLOCK_MATRICES; m++) {
+                int k = block_matrix_tensor(m);
+                size_t off = block_tensor_offset(16, k);
+                for (size_t e = 0; e < block_tensor_size(16, k); e++, i++)
+                    expect_zero[off + e] = !keep[i];
+            }
+        for (size_t e = 0; e < blocks[b].nparams; e++) {
+            float want = expect_zero[e] ? 0.0f : was[e];
+            wrong += memcmp(&blocks[b].grads[e], &want, 4) != 0;
+        }
+        dm_free(expect_zero);
+    }
+    CHECK_MSG(wrong == 0, "%ld gradients wrong after gpt_mask_pruned_grads", wrong);
+    for (int b = 0; b < 3; b++) block_free(&blocks[b]);
+    dm_free(before);
+    dm_free(keep);
+}
+
+static void bench(int N, int C0)
+{
+    const int shapes[4][2] = {{3 * C0, C0}, {C0, C0}, {4 * C0, C0}, {C0, 4 * C0}};  /* OC, C */
+    enum { SPARSITIES = 9, REPS = 5 };
+    const double sparsities[SPARSITIES] = {0.0, 0.5, 0.6, 0.7, 0.75, 0.8, 0.85, 0.9, 0.95};
+    double block_dense = 0.0, block_csr[SPARSITIES] = {0};
+    printf("# N %d, C %d, %d threads; ms per call (best of %d): forward, backward "
+           "(dinp + dW + db)\n", N, C0, dm_threads_count(), REPS);
     printf("%-10s %8s %10s %10s %10s %10s\n", "OCxC", "sparsity", "dense_fwd", "dense_bwd",
            "csr_fwd", "csr_bwd");
     for (int s = 0; s < 4; s++) {
@@ -214,7 +266,7 @@ static void bench(int N)
         float *dw = dm_alloc((size_t)OC * C * 4), *db = dm_alloc((size_t)OC * 4);
         unsigned char *mask = dm_alloc((size_t)OC * C);
         double dense[2] = {1e9, 1e9};
-        for (int rep = 0; rep < 3; rep++) {
+        for (int rep = 0; rep < REPS; rep++) {
             double t0 = dm_now();
             matmul_forward(out, x, w, bias, N, C, OC);
             double t1 = dm_now();
@@ -223,13 +275,14 @@ static void bench(int N)
             dense[0] = fmin(dense[0], t1 - t0);
             dense[1] = fmin(dense[1], t2 - t1);
         }
-        for (size_t k = 0; k < sizeof sparsities / sizeof *sparsities; k++) {
+        block_dense += dense[0] + dense[1];
+        for (int k = 0; k < SPARSITIES; k++) {
             for (long i = 0; i < (long)OC * C; i++)
                 mask[i] = dm_uniform(9, 9, (uint64_t)i) >= sparsities[k];
             struct csr_matrix csr;
             csr_of(&csr, w, mask, OC, C);
             double sp[2] = {1e9, 1e9};
-            for (int rep = 0; rep < 3; rep++) {
+            for (int rep = 0; rep < REPS; rep++) {
                 double t0 = dm_now();
                 sparse_matmul_forward(out, x, &csr, bias, N, C, OC);
                 double t1 = dm_now();
@@ -238,26 +291,33 @@ static void bench(int N)
                 sp[0] = fmin(sp[0], t1 - t0);
                 sp[1] = fmin(sp[1], t2 - t1);
             }
+            block_csr[k] += sp[0] + sp[1];
             char name[32];
             snprintf(name, sizeof name, "%dx%d", OC, C);
-            printf("%-10s %8.2f %10.2f %10.2f %10.2f %10.2f\n", name, sparsities[k],
+            printf("%-10s %8.2f %10.3f %10.3f %10.3f %10.3f\n", name, sparsities[k],
                    dense[0] * 1e3, dense[1] * 1e3, sp[0] * 1e3, sp[1] * 1e3);
             csr_release(&csr);
         }
         dm_free(w); dm_free(x); dm_free(dout); dm_free(bias);
         dm_free(out); dm_free(dinp); dm_free(dw); dm_free(db); dm_free(mask);
     }
+    /* The four matrices of one block, forward + backward: where CSR pays. */
+    printf("# block (4 matrices) fwd+bwd: dense %.3f ms\n", block_dense * 1e3);
+    for (int k = 0; k < SPARSITIES; k++)
+        printf("# sparsity %.2f: csr %.3f ms, csr / dense %.2f\n", sparsities[k],
+               block_csr[k] * 1e3, block_csr[k] / block_dense);
 }
 
 int main(int argc, char **argv)
 {
     if (argc > 1 && !strcmp(argv[1], "--bench")) {
         dm_threads_init(argc > 3 ? atoi(argv[3]) : 2);
-        bench(argc > 2 ? atoi(argv[2]) : 2048);
+        bench(argc > 2 ? atoi(argv[2]) : 2048, argc > 4 ? atoi(argv[4]) : 256);
         return 0;
     }
     dm_threads_init(1);
     test_block_state();
+    test_mask_pruned_grads();
     const double sparsities[] = {0.0, 0.5, 0.9, 0.99, 1.0};
     for (size_t k = 0; k < sizeof sparsities / sizeof *sparsities; k++) {
         test_kernels_case(130, 48, 144, sparsities[k]);     /* N not a multiple of the tile */

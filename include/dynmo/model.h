@@ -212,9 +212,9 @@ void block_free(struct block *blk);
  * becomes its mask; params, gradients and Adam moments of pruned weights
  * are set to exactly zero. The matrices go to CSR when the block's
  * sparsity is at least csr_sparsity (> 1: never), else they stay dense
- * and block_backward masks their gradients. keep may be NULL: the mask is
- * then rebuilt from the weights that are exactly zero (after a checkpoint
- * load, which saves pruned weights as zeros). */
+ * and gpt_mask_pruned_grads masks their gradients. keep may be NULL: the
+ * mask is then rebuilt from the weights that are exactly zero (after a
+ * checkpoint load, which saves pruned weights as zeros). */
 void block_prune(struct block *blk, const unsigned char *keep, double csr_sparsity);
 /* Fraction of the matrix weights that are pruned (0 without a mask). */
 double block_matrix_sparsity(const struct block *blk);
@@ -406,6 +406,10 @@ void gpt_tie_wte_grads(struct gpt *model, const float *other);
 
 /* Zeroes every gradient, dwte_head included. */
 void gpt_zero_grads(struct gpt *model);
+/* Zeroes the gradients of the pruned weights of every dense pruned block
+ * (one pass over its matrix gradients): call once a step, after the last
+ * micro-batch's backward and before the gradient norm and the optimizer. */
+void gpt_mask_pruned_grads(struct gpt *model);
 
 /* Sum of squares of the gradients this rank holds, as the sum, in this
  * order, of: wte and wpe (only if has_embed: after the tied-gradient

@@ -452,7 +452,7 @@ void parallel_copy(float *dst, const float *src, long n)
 
 /* The four matrix products of a block: in CSR when the block is pruned
  * past dyn.csr_sparsity, else dense (pruned weights are exact zeros there,
- * and their gradients are masked so that they stay zero). */
+ * and their gradients are masked once a step, gpt_mask_pruned_grads). */
 static int matrix_slot(int k)
 {
     for (int m = 0; m < BLOCK_MATRICES; m++)
@@ -496,7 +496,6 @@ static void block_matmul_backward(struct block *blk, int k, float *const *g, flo
         matmul_backward_gelu(dinp, g[k], g[k + 1], dout, inp, blk->p[k], gelu_inp, N, C, OC);
     else
         matmul_backward_overwrite(dinp, g[k], g[k + 1], dout, inp, blk->p[k], N, C, OC);
-    if (g[k] && blk->sparse) block_sparse_mask_grads(blk, k);
 }
 
 void block_forward(struct block *blk, struct block_acts *acts, float *out, const float *in,

@@ -35,14 +35,12 @@ void attention_backward_rows(float *dq, float *dkv, float *scratch, const float 
                              const int *rows, int nactive, int B, int T, int C, int NH);
 
 /* The pruning state of a block (sparse.c): freeing it, the CSR values
- * refreshed from params (block_forward, after every optimizer step), the
- * gradients of a dense pruned matrix tensor k masked, and the pack format
- * of the state (docs/block-slab.md): its flag bits, its size in bytes,
- * writing it, and reading it back after params are in place (returns 0,
- * or -1 with a message in err). */
+ * refreshed from params (block_forward, after every optimizer step), and
+ * the pack format of the state (docs/block-slab.md): its flag bits, its
+ * size in bytes, writing it, and reading it back after params are in
+ * place (returns 0, or -1 with a message in err). */
 void block_sparse_free(struct block *blk);
 void block_sparse_refresh(struct block *blk);
-void block_sparse_mask_grads(struct block *blk, int k);
 uint64_t block_sparse_flags(const struct block *blk);
 size_t block_sparse_pack_bytes(const struct block *blk);
 void block_sparse_pack(const struct block *blk, unsigned char *out);

@@ -4,10 +4,14 @@
  *
  * The kernels work on the transposed problem so that the inner loop runs
  * over contiguous rows of activations: out^T[o, n] = sum_j v_j x^T[c_j, n].
- * Rows n are cut into fixed tiles of TILE rows and every tile's result is
- * computed by one thread in a fixed order, so results never depend on the
- * thread count. Nothing here calls MPI or knows about the pruning policy
- * (that is src/dyn/prune.c). */
+ * Rows n are cut into fixed tiles of TILE rows, transposed into L1/L2-sized
+ * buffers, and every tile's result is computed by one thread in a fixed
+ * order (the weight gradient's shares of the tiles are added in tile
+ * order), so results never depend on the thread count. The masks of dense
+ * pruned blocks are applied to their gradients once a step
+ * (gpt_mask_pruned_grads), not in every micro-batch's backward. Nothing
+ * here calls MPI or knows about the pruning policy (that is
+ * src/dyn/prune.c). */
 #include <stdio.h>
 #include <string.h>
 #include "dynmo/model.h"
@@ -21,7 +25,7 @@ typedef float vec8 __attribute__((vector_size(32)));
 enum { TILE_VECS = TILE / 8 };
 
 /* ---- scratch --------------------------------------------------------------
- * The full transposes of the backward's weight gradient live in one buffer
+ * The backward's per-tile shares of the weight gradient live in one buffer
  * that grows to the largest call; ops run on one thread of control at a
  * time (dm_parallel_for is not reentrant), so one buffer is enough. */
 static float *scratch;
@@ -37,40 +41,42 @@ static float *scratch_get(size_t floats)
     return scratch;
 }
 
-/* ---- transposes ------------------------------------------------------------ */
+/* ---- tiles ---------------------------------------------------------------- */
 
-struct transpose_args {
-    float *dst;            /* (cols, rows) */
-    const float *src;      /* (rows, cols) */
-    int rows, cols;
-};
-
-/* Sixteen columns at a time: each source cache line is read once. */
-static void transpose_range(void *arg, long begin, long end)
-{
-    const struct transpose_args *a = arg;
-    for (long c0 = begin; c0 < end; c0 += 16) {
-        long c1 = c0 + 16 < end ? c0 + 16 : end;
-        for (int r = 0; r < a->rows; r++) {
-            const float *row = a->src + (size_t)r * a->cols;
-            for (long c = c0; c < c1; c++) a->dst[(size_t)c * a->rows + r] = row[c];
-        }
-    }
-}
-
-static void parallel_transpose(float *dst, const float *src, int rows, int cols)
-{
-    struct transpose_args a = {.dst = dst, .src = src, .rows = rows, .cols = cols};
-    dm_parallel_for(cols, 16, transpose_range, &a);
-}
+/* Both transposes go by blocks of TILE_COLS columns, one cache line of a
+ * row: every line of the row-major side is touched once, and the block's
+ * TILE_COLS tile rows stay in L1 meanwhile. (Column by column, the TILE
+ * source rows sit 4 KiB apart at 1024 columns, all in one L1 set, and
+ * were fetched again for every column.) */
+enum { TILE_COLS = 16 };
 
 /* tile[c * TILE + i] = src[(n0 + i) * cols + c] for i < count, zero beyond. */
 static void load_tile_transposed(float *tile, const float *src, int n0, int count, int cols)
 {
-    for (int c = 0; c < cols; c++) {
-        float *t = tile + (size_t)c * TILE;
-        for (int i = 0; i < count; i++) t[i] = src[(size_t)(n0 + i) * cols + c];
-        for (int i = count; i < TILE; i++) t[i] = 0.0f;
+    for (int c0 = 0; c0 < cols; c0 += TILE_COLS) {
+        int c1 = c0 + TILE_COLS < cols ? c0 + TILE_COLS : cols;
+        for (int i = 0; i < count; i++) {
+            const float *row = src + (size_t)(n0 + i) * cols;
+            for (int c = c0; c < c1; c++) tile[(size_t)c * TILE + i] = row[c];
+        }
+        for (int c = c0; c < c1; c++)
+            for (int i = count; i < TILE; i++) tile[(size_t)c * TILE + i] = 0.0f;
+    }
+}
+
+/* dst[(n0 + i) * cols + c] = tile[c * TILE + i] (+ bias[c] if given), i < count. */
+static void store_tile_transposed(float *dst, const float *tile, const float *bias, int n0,
+                                  int count, int cols)
+{
+    for (int c0 = 0; c0 < cols; c0 += TILE_COLS) {
+        int c1 = c0 + TILE_COLS < cols ? c0 + TILE_COLS : cols;
+        for (int i = 0; i < count; i++) {
+            float *row = dst + (size_t)(n0 + i) * cols;
+            if (bias)
+                for (int c = c0; c < c1; c++) row[c] = tile[(size_t)c * TILE + i] + bias[c];
+            else
+                for (int c = c0; c < c1; c++) row[c] = tile[(size_t)c * TILE + i];
+        }
     }
 }
 
@@ -87,13 +93,12 @@ static void sparse_forward_range(void *arg, long begin, long end)
 {
     const struct sparse_forward_args *a = arg;
     const struct csr_matrix *w = a->w;
-    float *xt = dm_alloc((size_t)a->C * TILE * sizeof(float));   /* (C, TILE) */
-    float acc[TILE];
+    float *xt = dm_alloc((size_t)a->C * TILE * sizeof(float));    /* (C, TILE) */
+    float *ot = dm_alloc((size_t)a->OC * TILE * sizeof(float));   /* (OC, TILE) */
     for (long tile = begin; tile < end; tile++) {
         int n0 = (int)tile * TILE, count = a->N - n0 < TILE ? a->N - n0 : TILE;
         load_tile_transposed(xt, a->inp, n0, count, a->C);
         for (int o = 0; o < a->OC; o++) {
-            float b = a->bias ? a->bias[o] : 0.0f;
             vec8 sum[TILE_VECS];
             for (int q = 0; q < TILE_VECS; q++) sum[q] = (vec8){0};
             for (int j = w->row_ptr[o]; j < w->row_ptr[o + 1]; j++) {
@@ -101,11 +106,12 @@ static void sparse_forward_range(void *arg, long begin, long end)
                 const vec8 *x = (const vec8 *)(xt + (size_t)w->col_idx[j] * TILE);
                 for (int q = 0; q < TILE_VECS; q++) sum[q] += v * x[q];
             }
-            memcpy(acc, sum, sizeof acc);
-            for (int i = 0; i < count; i++) a->out[(size_t)(n0 + i) * a->OC + o] = acc[i] + b;
+            memcpy(ot + (size_t)o * TILE, sum, sizeof sum);
         }
+        store_tile_transposed(a->out, ot, a->bias, n0, count, a->OC);
     }
     dm_free(xt);
+    dm_free(ot);
 }
 
 void sparse_matmul_forward(float *out, const float *inp, const struct csr_matrix *weight,
@@ -117,81 +123,137 @@ void sparse_matmul_forward(float *out, const float *inp, const struct csr_matrix
     dm_parallel_for((N + TILE - 1) / TILE, 1, sparse_forward_range, &a);
 }
 
-/* ---- backward -------------------------------------------------------------- */
+/* ---- backward --------------------------------------------------------------
+ * One pass over the tiles of TILE rows does both products: with the tile's
+ * dout^T (OC, TILE) and inp^T (C, TILE) in cache, each nonzero (o, c_j)
+ * adds v_j dout^T[o, :] to dinp^T[c_j, :] and takes the dot product
+ * dout^T[o, :] . inp^T[c_j, :], its weight gradient's share of the tile
+ * (the sampled dense-dense product). The shares go to partial[tile, j] and
+ * are summed over the tiles in tile order afterwards, so the result does
+ * not depend on how the tiles were spread over threads. */
 
-/* dinp = dout @ W, tile by tile: dx^T[c_j, :] += v_j dout^T[o, :]. */
-static void sparse_dinp_range(void *arg, long begin, long end)
+struct sparse_backward_args {
+    float *dinp;                  /* (N, C) or NULL */
+    float *partial;               /* (tiles, nnz) or NULL: no weight gradient */
+    const float *dout, *inp;      /* (N, OC), (N, C) */
+    const struct csr_matrix *w;
+    int N, C, OC;
+};
+
+/* The eight lanes of v added in a fixed order: pairs, then quads, then
+ * the two halves. */
+static inline float sum_lanes(vec8 v)
 {
-    const struct sparse_forward_args *a = arg;   /* out = dinp, inp = dout */
+    float p[8];
+    memcpy(p, &v, sizeof p);
+    return ((p[0] + p[1]) + (p[2] + p[3])) + ((p[4] + p[5]) + (p[6] + p[7]));
+}
+
+typedef int ivec8 __attribute__((vector_size(32)));
+
+/* Lane k of the result is sum_lanes(s[k]), the same additions in the same
+ * order, eight at once with shuffles instead of eight trips through memory. */
+static inline vec8 sum_lanes8(const vec8 s[8])
+{
+    const ivec8 even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
+    const ivec8 lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const ivec8 lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    vec8 pair[4], quad[2];
+    for (int k = 0; k < 4; k++)   /* s[2k][2i] + s[2k][2i+1], s[2k+1][2i] + s[2k+1][2i+1], ... */
+        pair[k] = __builtin_shuffle(s[2 * k], s[2 * k + 1], even) +
+                  __builtin_shuffle(s[2 * k], s[2 * k + 1], odd);
+    for (int k = 0; k < 2; k++)   /* quads of s[4k..4k+3]: low halves, then high halves */
+        quad[k] = __builtin_shuffle(pair[2 * k], pair[2 * k + 1], lo2) +
+                  __builtin_shuffle(pair[2 * k], pair[2 * k + 1], hi2);
+    return __builtin_shuffle(quad[0], quad[1], lo4) + __builtin_shuffle(quad[0], quad[1], hi4);
+}
+
+/* dout^T[o, :] . x^T[c, :] over one tile, as eight lanes (two chains). */
+static inline vec8 tile_dot(const vec8 *d, const float *xt_row)
+{
+    const vec8 *x = (const vec8 *)xt_row;
+    vec8 s0 = d[0] * x[0], s1 = d[1] * x[1];
+    for (int q = 2; q < TILE_VECS; q += 2) {
+        s0 += d[q] * x[q];
+        s1 += d[q + 1] * x[q + 1];
+    }
+    return s0 + s1;
+}
+
+static void sparse_backward_range(void *arg, long begin, long end)
+{
+    const struct sparse_backward_args *a = arg;
     const struct csr_matrix *w = a->w;
-    float *dt = dm_alloc((size_t)a->OC * TILE * sizeof(float));  /* (OC, TILE) */
-    float *xt = dm_alloc((size_t)a->C * TILE * sizeof(float));   /* (C, TILE) */
+    float *dt = dm_alloc((size_t)a->OC * TILE * sizeof(float));               /* (OC, TILE) */
+    float *xt = a->partial ? dm_alloc((size_t)a->C * TILE * sizeof(float)) : NULL;  /* (C, TILE) */
+    float *dxt = a->dinp ? dm_alloc((size_t)a->C * TILE * sizeof(float)) : NULL;    /* (C, TILE) */
     for (long tile = begin; tile < end; tile++) {
         int n0 = (int)tile * TILE, count = a->N - n0 < TILE ? a->N - n0 : TILE;
-        load_tile_transposed(dt, a->inp, n0, count, a->OC);
-        memset(xt, 0, (size_t)a->C * TILE * sizeof(float));
+        load_tile_transposed(dt, a->dout, n0, count, a->OC);
+        if (xt) load_tile_transposed(xt, a->inp, n0, count, a->C);
+        if (dxt) memset(dxt, 0, (size_t)a->C * TILE * sizeof(float));
+        float *part = a->partial ? a->partial + (size_t)tile * w->nnz : NULL;
         for (int o = 0; o < a->OC; o++) {
             vec8 d[TILE_VECS];
             memcpy(d, dt + (size_t)o * TILE, sizeof d);
-            for (int j = w->row_ptr[o]; j < w->row_ptr[o + 1]; j++) {
-                float v = w->values[j];
-                vec8 *x = (vec8 *)(xt + (size_t)w->col_idx[j] * TILE);
-                for (int q = 0; q < TILE_VECS; q++) x[q] += v * d[q];
+            int j0 = w->row_ptr[o], j1 = w->row_ptr[o + 1];
+            if (part) {
+                int j = j0;
+                for (; j + 8 <= j1; j += 8) {
+                    vec8 sums[8];
+                    for (int k = 0; k < 8; k++)
+                        sums[k] = tile_dot(d, xt + (size_t)w->col_idx[j + k] * TILE);
+                    vec8 total = sum_lanes8(sums);
+                    memcpy(part + j, &total, sizeof total);
+                }
+                for (; j < j1; j++) part[j] = sum_lanes(tile_dot(d, xt + (size_t)w->col_idx[j] * TILE));
             }
+            if (dxt)
+                for (int j = j0; j < j1; j++) {
+                    float v = w->values[j];
+                    vec8 *x = (vec8 *)(dxt + (size_t)w->col_idx[j] * TILE);
+                    for (int q = 0; q < TILE_VECS; q++) x[q] += v * d[q];
+                }
         }
-        for (int i = 0; i < count; i++) {
-            float *row = a->out + (size_t)(n0 + i) * a->C;
-            for (int c = 0; c < a->C; c++) row[c] = xt[(size_t)c * TILE + i];
-        }
+        if (dxt) store_tile_transposed(a->dinp, dxt, NULL, n0, count, a->C);
     }
     dm_free(dt);
     dm_free(xt);
+    dm_free(dxt);
 }
 
-/* 32 independent partial sums in four vector registers (so that the adds
- * do not wait on each other), added in a fixed order at the end. */
-static float dot(const float *a, const float *b, int n)
-{
-    vec8 s0 = {0}, s1 = {0}, s2 = {0}, s3 = {0}, x[4], y[4];
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        memcpy(x, a + i, sizeof x);
-        memcpy(y, b + i, sizeof y);
-        s0 += x[0] * y[0];
-        s1 += x[1] * y[1];
-        s2 += x[2] * y[2];
-        s3 += x[3] * y[3];
-    }
-    vec8 s = (s0 + s1) + (s2 + s3);
-    float part[8];
-    memcpy(part, &s, sizeof part);
-    float tail = 0.0f;
-    for (; i < n; i++) tail += a[i] * b[i];
-    return (((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]))) + tail;
-}
-
-struct sampled_args {
+struct sampled_sum_args {
     float *dweight, *dbias;
-    const float *doutT, *inpT;   /* (OC, N), (C, N) */
+    const float *partial, *dout;   /* (tiles, nnz), (N, OC) */
     const struct csr_matrix *w;
-    int N, C;
+    int tiles, N, OC;
 };
 
-static void sampled_range(void *arg, long begin, long end)
+enum { SUM_ROWS = 16 };   /* output rows per work item of the sums */
+
+/* Rows [begin, end): dweight at their nonzeros += the tiles' shares added
+ * in tile order; dbias += dout summed over n in order. */
+static void sampled_sum_range(void *arg, long begin, long end)
 {
-    const struct sampled_args *a = arg;
+    const struct sampled_sum_args *a = arg;
     const struct csr_matrix *w = a->w;
-    for (long o = begin; o < end; o++) {
-        const float *d = a->doutT + (size_t)o * a->N;
+    size_t C = (size_t)w->cols;
+    for (long o0 = begin; o0 < end; o0 += SUM_ROWS) {
+        long o1 = o0 + SUM_ROWS < end ? o0 + SUM_ROWS : end;
         if (a->dweight)
-            for (int j = w->row_ptr[o]; j < w->row_ptr[o + 1]; j++) {
-                int c = w->col_idx[j];
-                a->dweight[(size_t)o * a->C + c] += dot(d, a->inpT + (size_t)c * a->N, a->N);
-            }
+            for (long o = o0; o < o1; o++)
+                for (int j = w->row_ptr[o]; j < w->row_ptr[o + 1]; j++) {
+                    float sum = 0.0f;
+                    for (int t = 0; t < a->tiles; t++) sum += a->partial[(size_t)t * w->nnz + j];
+                    a->dweight[(size_t)o * C + w->col_idx[j]] += sum;
+                }
         if (a->dbias) {
-            float sum = 0.0f;
-            for (int n = 0; n < a->N; n++) sum += d[n];
-            a->dbias[o] += sum;
+            float sum[SUM_ROWS] = {0};
+            for (int n = 0; n < a->N; n++) {
+                const float *row = a->dout + (size_t)n * a->OC;
+                for (long o = o0; o < o1; o++) sum[o - o0] += row[o];
+            }
+            for (long o = o0; o < o1; o++) a->dbias[o] += sum[o - o0];
         }
     }
 }
@@ -201,19 +263,19 @@ void sparse_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
                             int OC)
 {
     DM_ASSERT(weight->rows == OC && weight->cols == C);
-    if (dinp) {
-        struct sparse_forward_args a = {.out = dinp, .inp = dout, .w = weight,
-                                        .N = N, .C = C, .OC = OC};
-        dm_parallel_for((N + TILE - 1) / TILE, 1, sparse_dinp_range, &a);
+    int tiles = (N + TILE - 1) / TILE;
+    float *partial = NULL;
+    if (dweight && weight->nnz > 0) partial = scratch_get((size_t)tiles * weight->nnz);
+    if (dinp || partial) {
+        struct sparse_backward_args a = {.dinp = dinp, .partial = partial, .dout = dout,
+                                         .inp = inp, .w = weight, .N = N, .C = C, .OC = OC};
+        dm_parallel_for(tiles, 1, sparse_backward_range, &a);
     }
-    if (!dweight && !dbias) return;
-    float *doutT = scratch_get((size_t)N * (OC + C));
-    float *inpT = doutT + (size_t)N * OC;
-    parallel_transpose(doutT, dout, N, OC);
-    if (dweight) parallel_transpose(inpT, inp, N, C);
-    struct sampled_args s = {.dweight = dweight, .dbias = dbias, .doutT = doutT, .inpT = inpT,
-                             .w = weight, .N = N, .C = C};
-    dm_parallel_for(OC, 4, sampled_range, &s);
+    if (!partial && !dbias) return;
+    struct sampled_sum_args s = {.dweight = partial ? dweight : NULL, .dbias = dbias,
+                                 .partial = partial, .dout = dout, .w = weight, .tiles = tiles,
+                                 .N = N, .OC = OC};
+    dm_parallel_for(OC, SUM_ROWS, sampled_sum_range, &s);
 }
 
 /* ---- the pruning state of a block ------------------------------------------ */
@@ -305,26 +367,46 @@ void block_sparse_refresh(struct block *blk)
     }
 }
 
+/* The mask in matrix-weight order runs over the four matrices one after
+ * the other; a range of it is cut at the matrix boundaries. Branch-free
+ * (a select per weight, vectorized): at 50% sparsity a branch on the mask
+ * mispredicts half the time. */
 struct mask_grads_args {
-    float *g;
-    const unsigned char *mask;
+    float *g[BLOCK_MATRICES];         /* the matrices' gradients */
+    size_t end[BLOCK_MATRICES];       /* cumulative sizes in mask order */
+    const unsigned char *mask;        /* (12C^2) */
 };
 
 static void mask_grads_range(void *arg, long begin, long end)
 {
     const struct mask_grads_args *a = arg;
-    for (long i = begin; i < end; i++)
-        if (!a->mask[i]) a->g[i] = 0.0f;
+    size_t start = 0;
+    for (int m = 0; m < BLOCK_MATRICES; m++) {
+        size_t lo = (size_t)begin > start ? (size_t)begin : start;
+        size_t hi = (size_t)end < a->end[m] ? (size_t)end : a->end[m];
+        float *restrict g = a->g[m];
+        const unsigned char *restrict mask = a->mask + start;
+        for (size_t i = lo; i < hi; i++) g[i - start] = mask[i - start] ? g[i - start] : 0.0f;
+        start = a->end[m];
+    }
 }
 
-void block_sparse_mask_grads(struct block *blk, int k)
+void gpt_mask_pruned_grads(struct gpt *model)
 {
-    const struct block_sparse *sp = blk->sparse;
-    if (!sp) return;
-    for (int m = 0; m < BLOCK_MATRICES; m++) {
-        if (block_matrix_tensor(m) != k) continue;
-        struct mask_grads_args a = {.g = blk->g[k], .mask = sp->mask + mask_offset(blk->C, m)};
-        dm_parallel_for((long)block_tensor_size(blk->C, k), 4096, mask_grads_range, &a);
+    for (int b = 0; b < model->num_blocks; b++) {
+        struct block *blk = &model->blocks[b];
+        /* CSR blocks never compute a pruned weight's gradient; frozen
+         * blocks compute none. */
+        if (!blk->sparse || blk->sparse->use_csr || blk->frozen) continue;
+        struct mask_grads_args a = {.mask = blk->sparse->mask};
+        size_t total = 0;
+        for (int m = 0; m < BLOCK_MATRICES; m++) {
+            int k = block_matrix_tensor(m);
+            a.g[m] = blk->g[k];
+            total += block_tensor_size(blk->C, k);
+            a.end[m] = total;
+        }
+        dm_parallel_for((long)total, 16384, mask_grads_range, &a);
     }
 }
 

@@ -529,6 +529,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         case PIPE_REDUCE_GRADS: {
             double t0 = dm_now();
             double w0 = eng->wait_s;
+            gpt_mask_pruned_grads(&eng->model);
             exchange_tied_grads(eng);
             reduce_replicas(eng);
             *grad_norm = global_grad_norm(eng);
