@@ -10,7 +10,7 @@ DYNMO=${DYNMO:-build/dynmo}
 STEPS=${1:-120}; SETTLE=${2:-60}; K=${3:-10}
 out=${OUT:-runs/bench-dyn}; mkdir -p "$out"
 for ranks in ${RANKS:-2 4}; do
-  for scheme in freeze early_exit; do
+  for scheme in ${SCHEMES:-freeze early_exit}; do
     for way in uniform params balanced; do
       args=(balance.method=none balance.initial=uniform)
       [ $way = params ] && args=(balance.method=none balance.initial=params)
