@@ -34,5 +34,11 @@ expect_error "bad override form" "must look like section.key=value" \
 expect_error "unknown argument" "unknown argument '--fast'" "$DYNMO" train --config "$dir/ok.ini" --fast
 expect_error "missing data" "data/none.bin" "$DYNMO" train --config "$dir/ok.ini" data.train=data/none.bin
 expect_error "unknown command" "unknown command 'trian'" "$DYNMO" trian
+# on 3 ranks a missing token file is one message, not one per rank
+out=$(timeout 60 mpiexec -n 3 "$DYNMO" train --config "$dir/ok.ini" data.train=data/none.bin 2>&1)
+rc=$?
+n=$(grep -c 'cannot open token file' <<<"$out")
+[ $rc -eq 2 ] && [ "$n" -eq 1 ] && echo "ok: 3 ranks, missing data: one message, exit 2" \
+  || fail "3 ranks, missing data: exit $rc, $n messages: $out"
 [ ! -e "$dir/out/runlog.h5" ] || fail "a failed start left a run log behind"
 finish

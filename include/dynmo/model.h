@@ -536,6 +536,11 @@ struct token_file {
  * collective. tf owns the mapping until token_file_close. */
 void token_file_open(struct token_file *tf, const char *path,
                      uint32_t model_vocab, uint64_t min_tokens);
+/* The same checks without ending the job: 0, or -1 with the message in
+ * err (and tf empty). `dynmo train` uses it so that all ranks agree on one
+ * message. */
+int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_vocab,
+                        uint64_t min_tokens, char *err, size_t errsize);
 void token_file_close(struct token_file *tf);
 
 /* FNV-1a 64 over the little-endian bytes of tokens (the header checksum). */

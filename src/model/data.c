@@ -10,6 +10,7 @@
  * is only a cache), and nothing here calls MPI. The format and the
  * sampling rules are in docs/data.md. */
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,66 +81,83 @@ uint64_t token_checksum(const uint16_t *tokens, uint64_t count)
 
 /* ---- token files -------------------------------------------------------- */
 
-void token_file_open(struct token_file *tf, const char *path,
-                     uint32_t model_vocab, uint64_t min_tokens)
+/* Writes the message of a failed check into err (token_file_try_open). */
+static void token_file_say(char *err, size_t errsize, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void token_file_say(char *err, size_t errsize, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errsize, fmt, ap);
+    va_end(ap);
+}
+
+/* A failed check: its message into err, then the common way out. */
+#define TOKEN_FAIL(...)                            \
+    do {                                           \
+        token_file_say(err, errsize, __VA_ARGS__); \
+        goto fail;                                 \
+    } while (0)
+
+int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_vocab,
+                        uint64_t min_tokens, char *err, size_t errsize)
 {
     memset(tf, 0, sizeof *tf);
+    int fd = -1;
+    void *map = MAP_FAILED;
+    size_t size = 0;
     if (strlen(path) >= sizeof tf->path)
-        dm_user_error_local("token file path is longer than %zu bytes: %.80s...",
-                            sizeof tf->path - 1, path);
+        TOKEN_FAIL("token file path is longer than %zu bytes: %.80s...", sizeof tf->path - 1,
+                   path);
     strcpy(tf->path, path);
 
-    int fd = open(path, O_RDONLY);
+    fd = open(path, O_RDONLY);
     if (fd < 0)
-        dm_user_error_local("cannot open token file %s: %s (make one with "
-                            "`dynmo prepare`)", path, dm_errno_text());
+        TOKEN_FAIL("cannot open token file %s: %s (make one with `dynmo prepare`)", path,
+                   dm_errno_text());
     struct stat st;
-    DM_CHECK_SYS(fstat(fd, &st));
-    if (!S_ISREG(st.st_mode))
-        dm_user_error_local("token file %s is not a regular file", path);
-    size_t size = (size_t)st.st_size;
+    if (fstat(fd, &st) != 0)
+        TOKEN_FAIL("cannot stat token file %s: %s", path, dm_errno_text());
+    if (!S_ISREG(st.st_mode)) TOKEN_FAIL("token file %s is not a regular file", path);
+    size = (size_t)st.st_size;
 
     unsigned char header[TOKEN_FILE_HEADER_BYTES];
     ssize_t got = size >= sizeof header ? pread(fd, header, sizeof header, 0) : 0;
-    if (got < 0)
-        dm_user_error_local("cannot read token file %s: %s", path, dm_errno_text());
+    if (got < 0) TOKEN_FAIL("cannot read token file %s: %s", path, dm_errno_text());
     if (size < sizeof header || got != (ssize_t)sizeof header)
-        dm_user_error_local("token file %s is truncated: %zu bytes, shorter than "
-                            "the %d-byte header", path, size, TOKEN_FILE_HEADER_BYTES);
+        TOKEN_FAIL("token file %s is truncated: %zu bytes, shorter than the %d-byte header",
+                   path, size, TOKEN_FILE_HEADER_BYTES);
     if (memcmp(header, TOKEN_FILE_MAGIC, 8) != 0)
-        dm_user_error_local("%s is not a dynmo token file (bad magic; make one "
-                            "with `dynmo prepare`)", path);
+        TOKEN_FAIL("%s is not a dynmo token file (bad magic; make one with `dynmo prepare`)",
+                   path);
     uint32_t version = get_u32(header + 8);
     if (version != TOKEN_FILE_VERSION)
-        dm_user_error_local("token file %s has version %u; this dynmo reads "
-                            "version %d (re-run `dynmo prepare`)",
-                            path, version, TOKEN_FILE_VERSION);
+        TOKEN_FAIL("token file %s has version %u; this dynmo reads version %d (re-run "
+                   "`dynmo prepare`)", path, version, TOKEN_FILE_VERSION);
     uint32_t vocab = get_u32(header + 12);
     uint32_t token_bytes = get_u32(header + 16);
     uint64_t count = get_u64(header + 24);
     uint64_t checksum = get_u64(header + 32);
     if (token_bytes != TOKEN_BYTES)
-        dm_user_error_local("token file %s has %u-byte tokens; this dynmo reads "
-                            "%d-byte tokens", path, token_bytes, TOKEN_BYTES);
+        TOKEN_FAIL("token file %s has %u-byte tokens; this dynmo reads %d-byte tokens", path,
+                   token_bytes, TOKEN_BYTES);
     if (vocab == 0 || vocab > model_vocab)
-        dm_user_error_local("token file %s has vocab %u, larger than the model's "
-                            "vocab %u (set model.vocab)", path, vocab, model_vocab);
+        TOKEN_FAIL("token file %s has vocab %u, larger than the model's vocab %u (set "
+                   "model.vocab)", path, vocab, model_vocab);
     uint64_t payload = size - TOKEN_FILE_HEADER_BYTES;
     if (count > UINT64_MAX / TOKEN_BYTES || payload != count * TOKEN_BYTES)
-        dm_user_error_local("token file %s is truncated or corrupt: the header "
-                            "says %llu tokens but the file holds %llu bytes of "
-                            "tokens", path, (unsigned long long)count,
-                            (unsigned long long)payload);
+        TOKEN_FAIL("token file %s is truncated or corrupt: the header says %llu tokens but "
+                   "the file holds %llu bytes of tokens", path, (unsigned long long)count,
+                   (unsigned long long)payload);
     if (count < min_tokens)
-        dm_user_error_local("token file %s has %llu tokens, fewer than the %llu "
-                            "needed (one sequence plus its target)", path,
-                            (unsigned long long)count,
-                            (unsigned long long)min_tokens);
+        TOKEN_FAIL("token file %s has %llu tokens, fewer than the %llu needed (one sequence "
+                   "plus its target)", path, (unsigned long long)count,
+                   (unsigned long long)min_tokens);
 
-    void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED)
-        dm_user_error_local("cannot map token file %s: %s", path, dm_errno_text());
+    map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (map == MAP_FAILED) TOKEN_FAIL("cannot map token file %s: %s", path, dm_errno_text());
     close(fd);
+    fd = -1;
     const uint16_t *tokens =
         (const uint16_t *)((const char *)map + TOKEN_FILE_HEADER_BYTES);
 
@@ -147,15 +165,13 @@ void token_file_open(struct token_file *tf, const char *path,
      * embedding, and the checksum catches a file changed after prepare. */
     for (uint64_t i = 0; i < count; i++)
         if (tokens[i] >= vocab)
-            dm_user_error_local("token file %s is corrupt: token %u at position "
-                                "%llu is not below its vocab %u", path,
-                                tokens[i], (unsigned long long)i, vocab);
+            TOKEN_FAIL("token file %s is corrupt: token %u at position %llu is not below "
+                       "its vocab %u", path, tokens[i], (unsigned long long)i, vocab);
     uint64_t actual = token_checksum(tokens, count);
     if (actual != checksum)
-        dm_user_error_local("token file %s is corrupt: checksum %016llx, header "
-                            "says %016llx (re-run `dynmo prepare`)", path,
-                            (unsigned long long)actual,
-                            (unsigned long long)checksum);
+        TOKEN_FAIL("token file %s is corrupt: checksum %016llx, header says %016llx (re-run "
+                   "`dynmo prepare`)", path, (unsigned long long)actual,
+                   (unsigned long long)checksum);
 
     tf->vocab = vocab;
     tf->count = count;
@@ -163,6 +179,23 @@ void token_file_open(struct token_file *tf, const char *path,
     tf->tokens = tokens;
     tf->map = map;
     tf->map_bytes = size;
+    return 0;
+
+fail:
+    if (map != MAP_FAILED) munmap(map, size);
+    if (fd >= 0) close(fd);
+    memset(tf, 0, sizeof *tf);
+    return -1;
+}
+
+#undef TOKEN_FAIL
+
+void token_file_open(struct token_file *tf, const char *path,
+                     uint32_t model_vocab, uint64_t min_tokens)
+{
+    char err[1024];
+    if (token_file_try_open(tf, path, model_vocab, min_tokens, err, sizeof err) != 0)
+        dm_user_error_local("%s", err);
 }
 
 void token_file_close(struct token_file *tf)

@@ -1,6 +1,7 @@
 /* MPI start-up and the hooks that make core's fatal path abort the whole
  * job (STYLE.md: no rank is left waiting on a dead peer). */
 #include <mpi.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,6 +55,23 @@ void world_finalize(void)
 }
 
 int world_local_size(void) { return local_size; }
+
+void world_agree_user_error(int failed, const char *message)
+{
+    int mine = failed ? dm_rank() : INT_MAX, first = INT_MAX;
+    MPI_Request req;
+    if (MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+        DM_FATAL("MPI_Iallreduce of the error flags failed");
+    pipe_wait(&req);
+    if (first == INT_MAX) return;
+    char text[WORLD_MESSAGE_BYTES];
+    if (dm_rank() == first) snprintf(text, sizeof text, "%s", message);
+    if (MPI_Ibcast(text, (int)sizeof text, MPI_CHAR, first, MPI_COMM_WORLD, &req) !=
+        MPI_SUCCESS)
+        DM_FATAL("MPI_Ibcast of an error message failed");
+    pipe_wait(&req);
+    dm_user_error("%s", text);
+}
 
 void world_bcast_ints(int *buf, int n)
 {

@@ -13,6 +13,14 @@ void world_finalize(void);
 /* Ranks of this job that run on this node (MPI_COMM_TYPE_SHARED). */
 int world_local_size(void);
 
+/* Collective: when `failed` is set on any rank, the message of the lowest
+ * such rank is printed once (by rank 0) and every rank ends with status 2
+ * (dm_user_error); otherwise returns. For user errors that each rank finds
+ * on its own (its files), so that one bad path gives one message. Messages
+ * are cut at WORLD_MESSAGE_BYTES - 1 bytes. */
+#define WORLD_MESSAGE_BYTES 1024
+void world_agree_user_error(int failed, const char *message);
+
 /* Collective: broadcasts n ints from rank 0, polled (MPI_Ibcast). */
 void world_bcast_ints(int *buf, int n);
 

@@ -305,11 +305,19 @@ int cmd_train(int argc, char **argv)
     int threads = threads_for_this_rank(&cfg);
     dm_threads_init(threads);
 
+    /* Every rank opens and checks the token files; a problem on any rank
+     * is one message and status 2 on all. */
     struct token_file train_file, val_file;
-    token_file_open(&train_file, cfg.train_path, (uint32_t)cfg.vocab, (uint64_t)cfg.seq + 1);
     int have_val = cfg.eval_every > 0;
-    if (have_val)
-        token_file_open(&val_file, cfg.val_path, (uint32_t)cfg.vocab, (uint64_t)cfg.seq + 1);
+    char data_error[WORLD_MESSAGE_BYTES] = "";
+    int data_bad = token_file_try_open(&train_file, cfg.train_path, (uint32_t)cfg.vocab,
+                                       (uint64_t)cfg.seq + 1, data_error,
+                                       sizeof data_error) != 0;
+    if (!data_bad && have_val)
+        data_bad = token_file_try_open(&val_file, cfg.val_path, (uint32_t)cfg.vocab,
+                                       (uint64_t)cfg.seq + 1, data_error,
+                                       sizeof data_error) != 0;
+    world_agree_user_error(data_bad, data_error);
     struct loader train_loader, val_loader;
     loader_init(&train_loader, &train_file, cfg.seq, cfg.seed);
     if (have_val) loader_init(&val_loader, &val_file, cfg.seq, cfg.seed);
