@@ -3,9 +3,10 @@
 # trains a 4-stage pipeline (32 blocks of 128 channels) on it with early
 # exit (dyn.kind=early_exit) twice: with live balancing (partition-time
 # every 10 steps: blocks migrate as tokens exit) and under the static
-# uniform layout, and prints the two throughputs. The losses of the two
-# runs are bit-identical (balancing never changes the math); the demo
-# checks that too. About a minute on 2 cores (33 s once the corpus is
+# uniform layout, and prints the two throughputs (whole run, and the mean
+# step time after step SETTLED=40, once the exits have settled). The
+# losses of the two runs are bit-identical (balancing never changes the
+# math); the demo checks that too. About a minute on 2 cores (33 s once the corpus is
 # prepared and the build is done).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,20 @@ echo
 grep -E '^  loss: ' runs/demo-balanced.out | sed 's/^  /demo: /'
 echo "demo: throughput with live balancing: $b tokens/s; static uniform layout: $s tokens/s;" \
      "speedup $(awk -v b="$b" -v s="$s" 'BEGIN{ if (s > 0) printf "%.2fx", b/s; else print "n/a" }')"
+# The same comparison once the exits have set in (they are allowed from step
+# 20; by step 40 the share of skipped token-blocks is steady).
+SETTLED=${SETTLED:-40}
+if [ "$STEPS" -gt "$SETTLED" ] && /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
+  /usr/bin/python3 - "$SETTLED" runs/demo-balanced/runlog.h5 runs/demo-static/runlog.h5 <<'PY'
+import sys, h5py
+first = int(sys.argv[1])
+def mean_ms(path):
+    return h5py.File(path, "r")["/steps/step_ms"][first:].mean()
+bms, sms = mean_ms(sys.argv[2]), mean_ms(sys.argv[3])
+print(f"demo: after step {first} (exits settled): live balancing {bms:.1f} ms/step, "
+      f"static {sms:.1f} ms/step; speedup {sms / bms:.2f}x")
+PY
+fi
 if command -v h5dump >/dev/null; then
   h5dump -b LE -d /steps/loss -o runs/demo-balanced.loss runs/demo-balanced/runlog.h5 >/dev/null
   h5dump -b LE -d /steps/loss -o runs/demo-static.loss runs/demo-static/runlog.h5 >/dev/null
