@@ -34,6 +34,7 @@ for r in $RANKS; do
       *) extra=(balance.method=$v balance.every=5) ;;
     esac
     echo "== $r ranks, $v"
+    rm -rf "$OUT/$r-$v"   # a run log appends: an old one would mix with this run's rows
     mpiexec -n "$r" "$DYNMO" train --config configs/prune.ini parallel.pp="$r" \
       run.out_dir="$OUT/$r-$v" run.log_every=10 ckpt.resume="$DENSE" "${extra[@]}" \
       > "$OUT/$r-$v.log" 2>&1
