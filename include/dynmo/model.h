@@ -206,6 +206,9 @@ struct block {
  * and moments start at zero. Uses dm_parallel_for. */
 void block_init(struct block *blk, int index, const struct gpt_shape *shape,
                 uint64_t seed);
+/* The weights part of block_init, on a block whose slab is still all
+ * zero (gpt_init_weights). */
+void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64_t seed);
 void block_free(struct block *blk);
 
 /* Prunes the block: keep (12C^2 bytes, matrix-weight order, 1 = keep)
@@ -337,6 +340,12 @@ struct gpt {
 void gpt_build(struct gpt *model, const struct gpt_shape *shape,
                int first_block, int num_blocks, int has_embed, int has_head,
                uint64_t seed);
+/* gpt_build in two parts, for a resume: the model with every parameter,
+ * gradient and moment zero, and later, only if no checkpoint filled it,
+ * the initialisation gpt_build would have done (the same bits). */
+void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int first_block,
+                        int num_blocks, int has_embed, int has_head);
+void gpt_init_weights(struct gpt *model, uint64_t seed);
 void gpt_free(struct gpt *model);
 
 /* Replaces the block range of a model (live migration): the model takes

@@ -140,8 +140,11 @@ struct engine;
 
 /* Collective: builds the grid from parallel.pp and parallel.dp (user error
  * when S * D differs from the world size), the initial layout, this
- * rank's blocks, activation slots and the stage's instruction list. */
-struct engine *engine_create(const struct dm_config *cfg);
+ * rank's blocks, activation slots and the stage's instruction list.
+ * resuming = 1: the caller calls engine_resume next, so when cfg may load
+ * a checkpoint the weights are initialised only if none is loaded (a
+ * restart does not compute weights it then overwrites). */
+struct engine *engine_create(const struct dm_config *cfg, int resuming);
 void engine_destroy(struct engine *eng);
 
 /* The per-step results that rank 0 logs. Valid on rank 0 after
@@ -197,8 +200,9 @@ void engine_save(struct engine *eng, const char *dir, int keep, long steps_done,
 
 /* Collective: resumes per cfg->resume ("none", "auto": the newest complete
  * checkpoint of ckpt.dir if any, or a path), resharding onto this world's
- * layout. Returns the number of steps the checkpoint had completed (the
- * first step to run), 0 for a fresh start. */
+ * layout, or initialises the weights that engine_create left for it.
+ * Returns the number of steps the checkpoint had completed (the first step
+ * to run), 0 for a fresh start. */
 long engine_resume(struct engine *eng);
 
 const struct pipe_grid *engine_grid(const struct engine *eng);

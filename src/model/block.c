@@ -105,11 +105,22 @@ void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, float std
     dm_parallel_for((long)n, 1024, normal_fill_range, &a);
 }
 
-void block_init(struct block *blk, int index, const struct gpt_shape *shape, uint64_t seed)
+void block_alloc_zero(struct block *blk, int index, const struct gpt_shape *shape)
 {
     int C = shape->channels;
     DM_ASSERT(index >= 0 && shape->heads > 0 && C % shape->heads == 0);
     block_alloc(blk, index, C, shape->heads);
+}
+
+void block_init(struct block *blk, int index, const struct gpt_shape *shape, uint64_t seed)
+{
+    block_alloc_zero(blk, index, shape);
+    block_init_weights(blk, shape, seed);
+}
+
+void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64_t seed)
+{
+    int C = shape->channels, index = blk->index;
     float residual_std = (float)(0.02 / sqrt(2.0 * shape->layers));
     for (int k = 0; k < BP_COUNT; k++) {
         size_t n = block_tensor_size(C, k);
@@ -119,7 +130,7 @@ void block_init(struct block *blk, int index, const struct gpt_shape *shape, uin
             float std = (k == BP_ATTPROJ_W || k == BP_FCPROJ_W) ? residual_std : 0.02f;
             init_normal(blk->p[k], n, seed, block_tensor_stream(index, k), std);
         }
-        /* biases stay zero (dm_alloc zero-fills) */
+        /* biases stay zero (the slab is zero) */
     }
 }
 

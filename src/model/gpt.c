@@ -33,6 +33,25 @@ size_t gpt_param_count(const struct gpt_shape *shape)
 void gpt_build(struct gpt *model, const struct gpt_shape *shape, int first_block,
                int num_blocks, int has_embed, int has_head, uint64_t seed)
 {
+    gpt_build_deferred(model, shape, first_block, num_blocks, has_embed, has_head);
+    gpt_init_weights(model, seed);
+}
+
+void gpt_init_weights(struct gpt *model, uint64_t seed)
+{
+    const struct gpt_shape *shape = &model->shape;
+    for (int i = 0; i < model->num_blocks; i++)
+        block_init_weights(&model->blocks[i], shape, seed);
+    if (!model->has_embed && !model->has_head) return;
+    size_t C = (size_t)shape->channels;
+    init_normal(model->wte, (size_t)shape->vocab * C, seed, GPT_STREAM_WTE, 0.02f);
+    init_normal(model->wpe, (size_t)shape->max_seq * C, seed, GPT_STREAM_WPE, 0.02f);
+    for (size_t i = 0; i < C; i++) model->lnf_w[i] = 1.0f;
+}
+
+void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int first_block,
+                        int num_blocks, int has_embed, int has_head)
+{
     DM_ASSERT(first_block >= 0 && num_blocks >= 0 &&
               first_block + num_blocks <= shape->layers);
     memset(model, 0, sizeof *model);
@@ -43,7 +62,7 @@ void gpt_build(struct gpt *model, const struct gpt_shape *shape, int first_block
     model->has_head = has_head;
     model->blocks = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(struct block));
     for (int i = 0; i < num_blocks; i++)
-        block_init(&model->blocks[i], first_block + i, shape, seed);
+        block_alloc_zero(&model->blocks[i], first_block + i, shape);
     model->block_fwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     model->block_bwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     if (!has_embed && !has_head) return;
@@ -66,9 +85,6 @@ void gpt_build(struct gpt *model, const struct gpt_shape *shape, int first_block
     model->dlnf_w = grads + lnf;
     model->dlnf_b = grads + lnf + C;
     if (has_head) model->dwte_head = model->embed_v + n;
-    init_normal(model->wte, (size_t)shape->vocab * C, seed, GPT_STREAM_WTE, 0.02f);
-    init_normal(model->wpe, (size_t)shape->max_seq * C, seed, GPT_STREAM_WPE, 0.02f);
-    for (size_t i = 0; i < C; i++) model->lnf_w[i] = 1.0f;
 }
 
 void gpt_free(struct gpt *model)

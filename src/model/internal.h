@@ -6,6 +6,10 @@
 #include <stdint.h>
 #include "dynmo/model.h"
 
+/* Block `index` allocated with its whole slab zero (block_init without the
+ * weights). */
+void block_alloc_zero(struct block *blk, int index, const struct gpt_shape *shape);
+
 /* out[i] = std * dm_normal(seed, stream, i) for i in [0, n), in parallel. */
 void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, float std);
 

@@ -74,6 +74,7 @@ struct engine {
     int *history_layout;            /* (history_cap, S) */
     int pending_migrated;
     double pending_migrated_bytes, pending_migrate_ms;
+    int weights_pending;        /* engine_resume initialises them if it loads nothing */
 };
 
 #define DM_MPI(call)                                                              \
@@ -236,7 +237,14 @@ static void history_push(struct engine *eng, long step)
     eng->history_count++;
 }
 
-struct engine *engine_create(const struct dm_config *cfg)
+/* Whether engine_resume may load a checkpoint under cfg. */
+static int may_resume(const struct dm_config *cfg)
+{
+    if (!strcmp(cfg->resume, "none")) return 0;
+    return strcmp(cfg->resume, "auto") != 0 || cfg->ckpt_dir[0] != '\0';
+}
+
+struct engine *engine_create(const struct dm_config *cfg, int resuming)
 {
     struct engine *eng = dm_alloc(sizeof *eng);
     eng->cfg = *cfg;
@@ -261,8 +269,13 @@ struct engine *engine_create(const struct dm_config *cfg)
 
     int first, count;
     first_block_of(eng->layout, g->stage, &first, &count);
-    gpt_build(&eng->model, &eng->shape, first, count, g->stage == 0,
-              g->stage == g->stages - 1, cfg->seed);
+    eng->weights_pending = resuming && may_resume(cfg);
+    if (eng->weights_pending)
+        gpt_build_deferred(&eng->model, &eng->shape, first, count, g->stage == 0,
+                           g->stage == g->stages - 1);
+    else
+        gpt_build(&eng->model, &eng->shape, first, count, g->stage == 0,
+                  g->stage == g->stages - 1, cfg->seed);
     block_scratch_alloc(&eng->scratch, eng->micro_B, eng->T, eng->shape.channels,
                         eng->shape.heads);
     eng->instrs = dm_alloc(SCHEDULE_MAX_INSTRS(eng->micro_batches) * sizeof(struct pipe_instr));
@@ -916,7 +929,21 @@ void engine_save(struct engine *eng, const char *dir, int keep, long steps_done,
     dm_free(history_layout);
 }
 
+static long resume_from_checkpoint(struct engine *eng);
+
 long engine_resume(struct engine *eng)
+{
+    long step = resume_from_checkpoint(eng);
+    if (eng->weights_pending) {   /* nothing loaded: the fresh start's weights */
+        gpt_init_weights(&eng->model, eng->cfg.seed);
+        eng->weights_pending = 0;
+    }
+    return step;
+}
+
+/* Loads the checkpoint cfg names, if any (clearing weights_pending), and
+ * returns its step; 0 when there is none. */
+static long resume_from_checkpoint(struct engine *eng)
 {
     const struct dm_config *cfg = &eng->cfg;
     if (!strcmp(cfg->resume, "none")) return 0;
@@ -932,6 +959,7 @@ long engine_resume(struct engine *eng)
         snprintf(path, sizeof path, "%s", cfg->resume);
         ckpt_load(path, &eng->model, &meta, MPI_COMM_WORLD);
     }
+    eng->weights_pending = 0;
     if (meta.seed != cfg->seed)
         dm_user_error("checkpoint %s was written with train.seed = %llu but this run has %llu: "
                       "resuming would change the data order", path,

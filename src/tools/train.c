@@ -322,7 +322,7 @@ int cmd_train(int argc, char **argv)
     loader_init(&train_loader, &train_file, cfg.seq, cfg.seed);
     if (have_val) loader_init(&val_loader, &val_file, cfg.seq, cfg.seed);
 
-    struct engine *eng = engine_create(&cfg);
+    struct engine *eng = engine_create(&cfg, 1);
     const struct pipe_grid *grid = engine_grid(eng);
     int stages = grid->stages;
     struct balancer *bal = balancer_create(&cfg, stages);
@@ -577,7 +577,7 @@ int cmd_bench(int argc, char **argv)
     tf.tokens = tokens;
     struct loader ld;
     loader_init(&ld, &tf, cfg.seq, cfg.seed);
-    struct engine *eng = engine_create(&cfg);
+    struct engine *eng = engine_create(&cfg, 0);
     if (args.migration) {
         int code = bench_migration(eng, &cfg, args.timed_steps);
         engine_destroy(eng);
