@@ -41,6 +41,7 @@
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
 #include "ckpt/skeleton_driver.h"
+#include "pipe/world.h"
 
 /* Most bytes of one chunk: large enough that the chunk index stays small
  * and each write moves a big piece, small enough that the writer's chunk
@@ -77,35 +78,6 @@ static void set_error(char *err, size_t errsize, const char *fmt, ...)
 }
 
 /* ---- polled collectives ---------------------------------------------------- */
-
-/* The message every rank agrees on: `code` and `message` of the lowest
- * rank whose code is non-zero. Returns that code (0: no rank failed). */
-struct agreement {
-    int code;
-    char message[MESSAGE_BYTES];
-};
-
-static int agree(int code, const char *message, MPI_Comm comm, char *err, size_t errsize)
-{
-    int rank, size;
-    CKPT_MPI(MPI_Comm_rank(comm, &rank));
-    CKPT_MPI(MPI_Comm_size(comm, &size));
-    int mine = code ? rank : size, lowest = size;
-    MPI_Request request;
-    CKPT_MPI(MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm, &request));
-    pipe_wait(&request);
-    if (lowest == size) return 0;
-    struct agreement a;
-    memset(&a, 0, sizeof a);
-    if (rank == lowest) {
-        a.code = code;
-        snprintf(a.message, sizeof a.message, "%s", message ? message : "");
-    }
-    CKPT_MPI(MPI_Ibcast(&a, (int)sizeof a, MPI_BYTE, lowest, comm, &request));
-    pipe_wait(&request);
-    if (err && errsize) set_error(err, errsize, "%s", a.message);
-    return a.code;
-}
 
 /* FNV-1a over bytes, for the cross-rank consistency check of meta. */
 static uint64_t hash_bytes(uint64_t h, const void *data, size_t n)
@@ -807,13 +779,13 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
             failed = 1;
         }
     }
-    if (agree(failed, message, comm, err, errsize)) return -1;
+    if (world_agree(failed, message, comm, err, errsize)) return -1;
 
     write_file(tmp, model, meta, stage, dp_rank, comm);
 
     if (rank == 0) failed = publish(dir, keep, meta->step, tmp, final, message,
                                     sizeof message) != 0;
-    if (agree(failed, message, comm, err, errsize)) return -1;
+    if (world_agree(failed, message, comm, err, errsize)) return -1;
     if (path_out && path_out_size) snprintf(path_out, path_out_size, "%s", final);
     return 0;
 }
@@ -913,7 +885,7 @@ static int load_agreed(const char *path, struct gpt *model, struct ckpt_meta *me
     ckpt_init();
     char message[MESSAGE_BYTES] = "";
     enum load_outcome outcome = load_local(path, model, meta, message, sizeof message);
-    int agreed = agree((int)outcome, message, comm, err, errsize);
+    int agreed = world_agree((int)outcome, message, comm, err, errsize);
     if (agreed != LOAD_OK && outcome == LOAD_OK) ckpt_meta_free(meta);
     return agreed;
 }
@@ -1016,7 +988,7 @@ int ckpt_resume_auto(const char *dir, struct gpt *model, struct ckpt_meta *meta,
         snprintf(path, sizeof path, "%s/%s", dir, base);
         tried++;
         struct stat st;
-        int missing = agree(step < 0 || stat(path, &st) != 0, "", comm, NULL, 0) != 0;
+        int missing = world_agree(step < 0 || stat(path, &st) != 0, "", comm, NULL, 0) != 0;
         if (missing) {
             set_error(latest_problem, sizeof latest_problem, "%s/%s names %s, which %s", dir,
                      CHECKPOINT_LATEST_NAME, latest,

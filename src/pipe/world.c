@@ -1,7 +1,6 @@
 /* MPI start-up and the hooks that make core's fatal path abort the whole
  * job (STYLE.md: no rank is left waiting on a dead peer). */
 #include <mpi.h>
-#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,21 +55,32 @@ void world_finalize(void)
 
 int world_local_size(void) { return local_size; }
 
-void world_agree_user_error(int failed, const char *message)
+int world_agree(int code, const char *message, MPI_Comm comm, char *err, size_t errsize)
 {
-    int mine = failed ? dm_rank() : INT_MAX, first = INT_MAX;
-    MPI_Request req;
-    if (MPI_Iallreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
-        DM_FATAL("MPI_Iallreduce of the error flags failed");
-    pipe_wait(&req);
-    if (first == INT_MAX) return;
-    char text[WORLD_MESSAGE_BYTES];
-    if (dm_rank() == first) snprintf(text, sizeof text, "%s", message);
-    if (MPI_Ibcast(text, (int)sizeof text, MPI_CHAR, first, MPI_COMM_WORLD, &req) !=
+    int rank, size;
+    if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_size(comm, &size) != MPI_SUCCESS)
+        DM_FATAL("MPI_Comm_rank/size failed");
+    int mine = code ? rank : size, lowest = size;
+    MPI_Request request;
+    if (MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm, &request) != MPI_SUCCESS)
+        DM_FATAL("MPI_Iallreduce of the failure flags failed");
+    pipe_wait(&request);
+    if (lowest == size) return 0;
+    struct {
+        int code;
+        char message[WORLD_MESSAGE_BYTES];
+    } agreed;
+    memset(&agreed, 0, sizeof agreed);
+    if (rank == lowest) {
+        agreed.code = code;
+        snprintf(agreed.message, sizeof agreed.message, "%s", message ? message : "");
+    }
+    if (MPI_Ibcast(&agreed, (int)sizeof agreed, MPI_BYTE, lowest, comm, &request) !=
         MPI_SUCCESS)
-        DM_FATAL("MPI_Ibcast of an error message failed");
-    pipe_wait(&req);
-    dm_user_error("%s", text);
+        DM_FATAL("MPI_Ibcast of a failure message failed");
+    pipe_wait(&request);
+    if (err && errsize) snprintf(err, errsize, "%s", agreed.message);
+    return agreed.code;
 }
 
 void world_bcast_ints(int *buf, int n)

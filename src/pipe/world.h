@@ -4,6 +4,9 @@
 #ifndef DYNMO_PIPE_WORLD_H
 #define DYNMO_PIPE_WORLD_H
 
+#include <stddef.h>
+#include <mpi.h>
+
 /* Initialises MPI (thread level FUNNELED), records rank and size in core,
  * and registers MPI_Abort as the fatal hook and MPI_Finalize as the clean
  * user-error exit. Idempotent. */
@@ -13,13 +16,13 @@ void world_finalize(void);
 /* Ranks of this job that run on this node (MPI_COMM_TYPE_SHARED). */
 int world_local_size(void);
 
-/* Collective: when `failed` is set on any rank, the message of the lowest
- * such rank is printed once (by rank 0) and every rank ends with status 2
- * (dm_user_error); otherwise returns. For user errors that each rank finds
- * on its own (its files), so that one bad path gives one message. Messages
- * are cut at WORLD_MESSAGE_BYTES - 1 bytes. */
+/* Collective over comm: every rank learns `code` and `message` of the
+ * lowest rank whose code is non-zero (message into err, cut at errsize and
+ * at WORLD_MESSAGE_BYTES - 1 bytes). Returns that code; 0 when no rank
+ * failed. For problems each rank finds on its own (its files), so that all
+ * ranks act on one of them together and none is left waiting. Polled. */
 #define WORLD_MESSAGE_BYTES 1024
-void world_agree_user_error(int failed, const char *message);
+int world_agree(int code, const char *message, MPI_Comm comm, char *err, size_t errsize);
 
 /* Collective: broadcasts n ints from rank 0, polled (MPI_Ibcast). */
 void world_bcast_ints(int *buf, int n);

@@ -317,7 +317,9 @@ int cmd_train(int argc, char **argv)
         data_bad = token_file_try_open(&val_file, cfg.val_path, (uint32_t)cfg.vocab,
                                        (uint64_t)cfg.seq + 1, data_error,
                                        sizeof data_error) != 0;
-    world_agree_user_error(data_bad, data_error);
+    char agreed[WORLD_MESSAGE_BYTES];
+    if (world_agree(data_bad, data_error, MPI_COMM_WORLD, agreed, sizeof agreed))
+        dm_user_error("%s", agreed);
     struct loader train_loader, val_loader;
     loader_init(&train_loader, &train_file, cfg.seq, cfg.seed);
     if (have_val) loader_init(&val_loader, &val_file, cfg.seq, cfg.seed);
