@@ -6,6 +6,16 @@
 #include <stdint.h>
 #include "dynmo/model.h"
 
+/* Floats that only grow to the largest request: the partial sums of the
+ * ops (one buffer per kind; ops run on one thread of control at a time,
+ * dm_parallel_for is not reentrant). Returns b->data, valid until the next
+ * call on b. */
+struct grow_buffer {
+    float *data;
+    size_t floats;
+};
+float *grow_buffer_get(struct grow_buffer *b, size_t floats);
+
 /* Block `index` allocated with its whole slab zero (block_init without the
  * weights). */
 void block_alloc_zero(struct block *blk, int index, const struct gpt_shape *shape);

@@ -152,17 +152,16 @@ static float exp_shifted_inplace(float *x, long n, float shift)
 #define MATMUL_K_PARTS 4
 #define BIAS_COLS 64
 
-static float *dweight_scratch;
-static size_t dweight_scratch_floats;
+static struct grow_buffer dweight_partials;
 
-static float *dweight_partials(size_t floats)
+float *grow_buffer_get(struct grow_buffer *b, size_t floats)
 {
-    if (floats > dweight_scratch_floats) {
-        dm_free(dweight_scratch);
-        dweight_scratch = dm_alloc(floats * sizeof(float));
-        dweight_scratch_floats = floats;
+    if (floats > b->floats) {
+        dm_free(b->data);
+        b->data = dm_alloc(floats * sizeof(float));
+        b->floats = floats;
     }
-    return dweight_scratch;
+    return b->data;
 }
 
 static long chunk_rows(long n, long min_chunks, long max_rows)
@@ -342,7 +341,8 @@ static void matmul_backward_impl(struct matmul_args *a)
             a->k_rows = ((N + MATMUL_K_PARTS - 1) / MATMUL_K_PARTS + 15) & ~15L;
         a->k_parts = (N + a->k_rows - 1) / a->k_rows;
         if (a->k_parts > 1)
-            a->partials = dweight_partials((size_t)(a->k_parts - 1) * a->OC * a->C);
+            a->partials = grow_buffer_get(&dweight_partials,
+                                          (size_t)(a->k_parts - 1) * a->OC * a->C);
     }
     dm_parallel_for(a->dinp_chunks + a->k_parts, 1, matmul_backward_range, a);
     if (a->dbias || a->k_parts > 1)
@@ -439,8 +439,7 @@ void layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
  * partial sums live in a grow-only scratch owned by this file. */
 #define LN_ROWS 32
 
-static float *ln_partials;
-static size_t ln_partials_floats;
+static struct grow_buffer ln_partials;
 
 static void layernorm_backward_range(void *arg, long begin, long end)
 {
@@ -449,7 +448,7 @@ static void layernorm_backward_range(void *arg, long begin, long end)
     int want_params = a->dweight || a->dbias;
     for (long chunk = begin; chunk < end; chunk++) {
         long n0 = chunk * LN_ROWS, n1 = n0 + LN_ROWS < a->N ? n0 + LN_ROWS : a->N;
-        float *restrict pw = ln_partials + chunk * 2 * C, *restrict pb = pw + C;
+        float *restrict pw = ln_partials.data + chunk * 2 * C, *restrict pb = pw + C;
         if (want_params) memset(pw, 0, 2 * (size_t)C * sizeof(float));
         for (long n = n0; n < n1; n++) {
             const float *restrict x = a->inp + n * C, *restrict dy = a->dout + n * C;
@@ -501,7 +500,7 @@ static void layernorm_reduce_range(void *arg, long begin, long end)
         int cols = C - c0 < LN_COLS ? (int)(C - c0) : LN_COLS;
         double acc_w[LN_COLS] = {0}, acc_b[LN_COLS] = {0};
         for (long chunk = 0; chunk < chunks; chunk++) {
-            const float *pw = ln_partials + chunk * 2 * C + c0, *pb = pw + C;
+            const float *pw = ln_partials.data + chunk * 2 * C + c0, *pb = pw + C;
             for (int j = 0; j < cols; j++) {
                 acc_w[j] += pw[j];
                 acc_b[j] += pb[j];
@@ -537,12 +536,7 @@ void layernorm_backward_residual(float *dinp, const float *dresidual, float *dwe
     long chunks = (N + LN_ROWS - 1) / LN_ROWS;
     if (!dinp && !dweight && !dbias) return;
     if (dweight || dbias) {
-        size_t floats = (size_t)chunks * 2 * C;
-        if (floats > ln_partials_floats) {
-            dm_free(ln_partials);
-            ln_partials = dm_alloc(floats * sizeof(float));
-            ln_partials_floats = floats;
-        }
+        grow_buffer_get(&ln_partials, (size_t)chunks * 2 * C);
     }
     dm_parallel_for(chunks, 1, layernorm_backward_range, &a);
     if (dweight || dbias)

@@ -28,18 +28,7 @@ enum { TILE_VECS = TILE / 8 };
  * The backward's per-tile shares of the weight gradient live in one buffer
  * that grows to the largest call; ops run on one thread of control at a
  * time (dm_parallel_for is not reentrant), so one buffer is enough. */
-static float *scratch;
-static size_t scratch_floats;
-
-static float *scratch_get(size_t floats)
-{
-    if (floats > scratch_floats) {
-        dm_free(scratch);
-        scratch = dm_alloc(floats * sizeof(float));
-        scratch_floats = floats;
-    }
-    return scratch;
-}
+static struct grow_buffer scratch;
 
 /* ---- tiles ---------------------------------------------------------------- */
 
@@ -265,7 +254,7 @@ void sparse_matmul_backward(float *dinp, float *dweight, float *dbias, const flo
     DM_ASSERT(weight->rows == OC && weight->cols == C);
     int tiles = (N + TILE - 1) / TILE;
     float *partial = NULL;
-    if (dweight && weight->nnz > 0) partial = scratch_get((size_t)tiles * weight->nnz);
+    if (dweight && weight->nnz > 0) partial = grow_buffer_get(&scratch, (size_t)tiles * weight->nnz);
     if (dinp || partial) {
         struct sparse_backward_args a = {.dinp = dinp, .partial = partial, .dout = dout,
                                          .inp = inp, .w = weight, .N = N, .C = C, .OC = OC};
