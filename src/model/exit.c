@@ -136,10 +136,24 @@ void exit_acts_free(struct gpt_acts *acts)
 
 /* ---- a block over the active rows --------------------------------------------- */
 
+/* dst (n, C) = rows `rows` of src */
 static void gather_rows(float *dst, const float *src, const int *rows, int n, int C)
 {
     for (int i = 0; i < n; i++)
         memcpy(dst + (size_t)i * C, src + (size_t)rows[i] * C, (size_t)C * sizeof(float));
+}
+
+/* rows `rows` of dst = src (n, C), or += when add is set */
+static void scatter_rows(float *dst, const float *src, const int *rows, int n, int C, int add)
+{
+    for (int i = 0; i < n; i++) {
+        float *row = dst + (size_t)rows[i] * C;
+        const float *from = src + (size_t)i * C;
+        if (add)
+            for (int c = 0; c < C; c++) row[c] += from[c];
+        else
+            memcpy(row, from, (size_t)C * sizeof(float));
+    }
 }
 
 /* In a block with exited tokens, acts->qkv holds K|V of every token
@@ -170,8 +184,7 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     gelu_forward(acts->fch_gelu, acts->fch, (long)Na * 4 * C);
     matmul_forward(work, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], Na, 4 * C, C);
     residual_forward(work, work, acts->res1, (long)Na * C);
-    for (int i = 0; i < Na; i++)
-        memcpy(out + (size_t)rows[i] * C, work + (size_t)i * C, (size_t)C * sizeof(float));
+    scatter_rows(out, work, rows, Na, C, 0);
 }
 
 void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
@@ -210,16 +223,11 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
     float *ln1_c = s->d_fch, *dln1_c = s->d_fch + (size_t)Na * C;
     gather_rows(ln1_c, acts->ln1, rows, Na, C);
     matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
-    for (int i = 0; i < Na; i++) {
-        float *row = s->d_ln + (size_t)rows[i] * C;
-        const float *add = dln1_c + (size_t)i * C;
-        for (int c = 0; c < C; c++) row[c] += add[c];
-    }
+    scatter_rows(s->d_ln, dln1_c, rows, Na, C, 1);
     /* Residual gradient: dout for exited tokens, d_res1 for active ones. */
     float *dres = work;
     parallel_copy(dres, dout, (long)N * C);
-    for (int i = 0; i < Na; i++)
-        memcpy(dres + (size_t)rows[i] * C, s->d_res1 + (size_t)i * C, (size_t)C * sizeof(float));
+    scatter_rows(dres, s->d_res1, rows, Na, C, 0);
     layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
                                 p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
@@ -337,11 +345,7 @@ void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_
          * block backward allows din to alias dout). */
         float *sum = din ? din : (float *)dout;
         if (sum != dout) parallel_copy(sum, dout, (long)N * C);
-        for (int k = 0; k < Na; k++) {
-            float *row = sum + (size_t)st->rows[k] * C;
-            const float *add = dh + (size_t)k * C;
-            for (int c = 0; c < C; c++) row[c] += add[c];
-        }
+        scatter_rows(sum, dh, st->rows, Na, C, 1);
         grad = sum;
     }
     struct block *blk = &model->blocks[i];
