@@ -18,31 +18,8 @@ chmod 755 "$dir"
 trap 'slurm_stop; rm -rf "$dir"' EXIT
 cd "$dir" || exit 1
 "$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
-cat > run.ini <<INI
-[model]
-layers = 6
-channels = 32
-heads = 2
-max_seq = 32
-[train]
-batch = 8
-seq = 32
-micro_batches = 4
-steps = 40
-lr = 1e-3
-warmup = 2
-[data]
-train = $dir/data/train.bin
-[run]
-out_dir = $dir/out
-[ckpt]
-dir = $dir/ckpt
-[repack]
-enable = 1
-every = 10
-epsilon = 5
-min_ranks = 2
-INI
+tiny_config run.ini train.steps=40 train.lr=1e-3 train.warmup=2 run.out_dir="$dir/out" \
+  ckpt.dir="$dir/ckpt" repack.enable=1 repack.every=10 repack.epsilon=5 repack.min_ranks=2
 timeout 120 "$DYNMO" train --config run.ini run.out_dir="$dir/full" repack.enable=0 ckpt.dir= > full.out 2>&1 \
   || fail "unbroken run failed: $(tail -n 3 full.out)"
 job1=$(sbatch --parsable --ntasks=4 --output="$dir/chain.log" "$script" --dynmo "$DYNMO" \
