@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # `dynmo plan` on the committed cost fixtures: the exact partition prints the
 # layout worked out by hand in the comments below, an optimal --current is
-# kept, the memory cap is honoured, every method prints its block; bad CSV
-# exits 2 naming the file and line, bad arguments exit 2 naming the
-# argument. Run from the repository root with $DYNMO set (tests/run.sh).
+# kept, the memory cap is honoured, every method prints its block; stages
+# sharing processors (--cores, --stage-groups/--group-cores, a run log's
+# stage_groups/group_cores) change the processors line and the predicted
+# steps; bad CSV exits 2 naming the file and line, bad arguments exit 2
+# naming the argument. Run from the repository root with $DYNMO set
+# (tests/run.sh).
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -126,5 +129,138 @@ expect_error "missing value" "--stages: needs a value" "$DYNMO" plan --costs $co
 expect_error "diffusion over cap" "method diffusion-time failed" \
   "$DYNMO" plan --costs $costs --stages 4 --method diffusion-time --mem-cap 240000
 "$DYNMO" plan --help >"$work/out" 2>&1 && grep -q "usage: dynmo plan" "$work/out" &&
-  echo "ok: --help" || fail "--help"
+  grep -q -- "--stage-groups" "$work/out" && echo "ok: --help" || fail "--help"
+
+# ---- stages sharing processors ----------------------------------------------
+# equal.csv on 4 stages, m = 8: 4 x 8 x 3 = 96 ms of work. Dedicated: 33.
+"$DYNMO" plan --costs "$work/equal.csv" --stages 4 --method static-uniform --micro-batches 8 \
+  >"$work/out" 2>&1 || fail "dedicated: exit $?"
+expect_lines "dedicated processors line" "processors: one per stage" "step_ms: 33.000"
+# One core: it never idles while work is left, so the step is all the work.
+"$DYNMO" plan --costs "$work/equal.csv" --stages 4 --method static-uniform --micro-batches 8 \
+  --cores 1 >"$work/out" 2>&1 || fail "--cores 1: exit $?"
+expect_lines "--cores 1" "processors: stages share them: groups 0,0,0,0 with 1 cores" \
+  "step_ms: 96.000" "bubble_ratio: 0.7500"
+# step_ms_between NAME LOW HIGH: every step_ms line of the last output lies
+# in (LOW, HIGH].
+step_ms_between() {
+  awk -v lo="$2" -v hi="$3" '/^step_ms: /{n++; if (!($2 > lo && $2 <= hi)) bad++}
+    END{exit !(n > 0 && !bad)}' "$work/out" && echo "ok: $1" ||
+    fail "$1: step_ms not in ($2, $3]: $(grep '^step_ms' "$work/out" | tr '\n' ' ')"
+}
+# Two cores: at least half the work (48) and slower than dedicated (33).
+"$DYNMO" plan --costs "$work/equal.csv" --stages 4 --method static-uniform --micro-batches 8 \
+  --cores 2 >"$work/out" 2>&1 || fail "--cores 2: exit $?"
+expect_lines "--cores 2 line" "processors: stages share them: groups 0,0,0,0 with 2 cores"
+step_ms_between "--cores 2 step between half the work and all of it" 48 96
+# Pairs of stages on one core each: each core has 48 ms of work.
+"$DYNMO" plan --costs "$work/equal.csv" --stages 4 --method static-uniform --micro-batches 8 \
+  --stage-groups 0,0,1,1 --group-cores 1,1 >"$work/out" 2>&1 || fail "--stage-groups: exit $?"
+expect_lines "--stage-groups line" "processors: stages share them: groups 0,0,1,1 with 1,1 cores"
+step_ms_between "--stage-groups step above a core's work" 48 96
+# Enough cores for every stage: as dedicated, and it says so.
+"$DYNMO" plan --costs "$work/equal.csv" --stages 4 --method static-uniform --micro-batches 8 \
+  --cores 4 >"$work/out" 2>&1 || fail "--cores 4: exit $?"
+expect_lines "--cores 4 is dedicated" "step_ms: 33.000" \
+  "processors: stages share them: groups 0,0,0,0 with 4 cores (no group has more stages than cores: as one per stage)"
+# Stages {0,1} and {2,3} on one core each, m = 16: every method's step is
+# predicted with the sharing, so it is at least a core's share of the
+# 16 x 88 ms of work (704). partition-time searches on that prediction: it
+# beats static-uniform (976 ms shared) and cannot reach the dedicated 451 ms.
+"$DYNMO" plan --costs $costs --stages 4 --stage-groups 0,0,1,1 --group-cores 1,1 \
+  >"$work/out" 2>&1 || fail "all methods shared: exit $?"
+step_ms_between "every method predicted with the sharing" 704 100000
+uniform_ms=$(grep -A5 '^method: static-uniform' "$work/out" | sed -n 's/^step_ms: //p')
+grep -A5 '^method: partition-time' "$work/out" | sed -n 's/^step_ms: //p' >"$work/pt"
+shared_pt=$(cat "$work/pt")
+"$DYNMO" plan --costs $costs --stages 4 --method partition-time >"$work/out" 2>&1
+dedicated_pt=$(sed -n 's/^step_ms: //p' "$work/out")
+awk -v s="$shared_pt" -v u="$uniform_ms" -v d="$dedicated_pt" 'BEGIN{exit !(s < u && s > d)}' &&
+  echo "ok: shared partition-time $shared_pt: faster than uniform $uniform_ms, slower than dedicated $dedicated_pt" ||
+  fail "shared partition-time $shared_pt vs uniform $uniform_ms, dedicated $dedicated_pt"
+
+# Bad sharing values: exit 2, the option named.
+expect_error "cores 0" "--cores: '0' is not a number of processors > 0" \
+  "$DYNMO" plan --costs $costs --stages 4 --cores 0
+expect_error "cores negative" "--cores: '-2' is not a number" \
+  "$DYNMO" plan --costs $costs --stages 4 --cores -2
+expect_error "cores text" "--cores: 'two' is not a number" \
+  "$DYNMO" plan --costs $costs --stages 4 --cores two
+expect_error "cores nan" "--cores: 'nan' is not a number" \
+  "$DYNMO" plan --costs $costs --stages 4 --cores nan
+expect_error "cores with groups" "--cores: give --cores .* not both" \
+  "$DYNMO" plan --costs $costs --stages 4 --cores 2 --stage-groups 0,0,1,1 --group-cores 1,1
+expect_error "groups without cores" "--stage-groups needs --group-cores" \
+  "$DYNMO" plan --costs $costs --stages 4 --stage-groups 0,0,1,1
+expect_error "cores without groups" "--group-cores needs --stage-groups" \
+  "$DYNMO" plan --costs $costs --stages 4 --group-cores 1,1
+expect_error "group count" "--stage-groups: 3 stages, but --stages is 4" \
+  "$DYNMO" plan --costs $costs --stages 4 --stage-groups 0,0,1 --group-cores 1,1
+expect_error "group out of range" "--stage-groups: stage 2 is in group 2, but --group-cores gives 2 groups" \
+  "$DYNMO" plan --costs $costs --stages 4 --stage-groups 0,0,2,1 --group-cores 1,1
+expect_error "group text" "--stage-groups: '0,x,1,1' is not a list of group numbers >= 0" \
+  "$DYNMO" plan --costs $costs --stages 4 --stage-groups 0,x,1,1 --group-cores 1,1
+expect_error "group negative" "--stage-groups: '0,-1,1,1' is not a list" \
+  "$DYNMO" plan --costs $costs --stages 4 --stage-groups 0,-1,1,1 --group-cores 1,1
+expect_error "group cores zero" "--group-cores: '1,0' is not a list of core counts > 0" \
+  "$DYNMO" plan --costs $costs --stages 4 --stage-groups 0,0,1,1 --group-cores 1,0
+expect_error "group cores text" "--group-cores: '1,many' is not a list of core counts" \
+  "$DYNMO" plan --costs $costs --stages 4 --stage-groups 0,0,1,1 --group-cores 1,many
+expect_error "unused group" "--group-cores: 3 core counts, but --stage-groups uses groups 0..1 only" \
+  "$DYNMO" plan --costs $costs --stages 4 --stage-groups 0,0,1,1 --group-cores 1,1,1
+
+# --from-run: a run log that recorded shared processors (root attributes
+# stage_groups and group_cores), written here with h5py: 8 blocks of 3 ms
+# on 4 stages of 2, m = 8, no extras (busy = 8 x 6 ms). Dedicated:
+# (8 + 3) x 6 = 66 ms; each pair of stages is 96 ms of work for one core.
+make_run() { # DIR PYTHON-ATTRIBUTE-LINES
+  mkdir -p "$1"
+  /usr/bin/python3 - "$1/runlog.h5" "$2" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'w')
+f.attrs['config'] = "model.channels = 8\nmodel.layers = 8\ntrain.micro_batches = 8\n"
+f['/layers/fwd_ms'] = np.ones((1, 8), np.float32)
+f['/layers/bwd_ms'] = 2 * np.ones((1, 8), np.float32)
+f['/layout/history'] = np.array([[2, 2, 2, 2]], np.int32)
+f['/stages/busy_ms'] = np.array([[48, 48, 48, 48]], np.float32)
+exec(sys.argv[2])
+PY
+}
+if /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
+  make_run "$work/run" "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 1.0])"
+  "$DYNMO" plan --from-run "$work/run" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+    fail "from-run shared: exit $? $(cat "$work/out")"
+  expect_lines "--from-run takes the run's sharing" \
+    "processors: stages share them: groups 0,0,1,1 with 1,1 cores (from the run log)"
+  step_ms_between "--from-run shared step above a core's work" 96 192
+  "$DYNMO" plan --from-run "$work/run" --step 1 --method static-uniform --cores 4 >"$work/out" 2>&1 ||
+    fail "from-run --cores: exit $?"
+  expect_lines "--cores overrides the run's sharing" "step_ms: 66.000" \
+    "processors: stages share them: groups 0,0,0,0 with 4 cores (no group has more stages than cores: as one per stage)"
+  "$DYNMO" plan --from-run "$work/run" --step 1 --method static-uniform --stages 2 >"$work/out" 2>&1 ||
+    fail "from-run --stages 2: exit $?"
+  expect_lines "other stage count: dedicated, and it says why" \
+    "processors: one per stage (the run's 4 stages shared processors, but --stages is 2)"
+  make_run "$work/run3" "f.attrs['stage_groups'] = np.array([0, 0, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 1.0])"
+  expect_error "run log group count" "stage_groups has 3 entries but the run has 4 stages" \
+    "$DYNMO" plan --from-run "$work/run3" --step 1
+  make_run "$work/runhalf" "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32)"
+  expect_error "run log without group_cores" "has the attribute stage_groups but not group_cores" \
+    "$DYNMO" plan --from-run "$work/runhalf" --step 1
+  make_run "$work/runrange" "f.attrs['stage_groups'] = np.array([0, 0, 1, 2], np.int32); f.attrs['group_cores'] = np.array([1.0, 1.0])"
+  expect_error "run log group out of range" "stage 3 is in group 2, outside 0..1" \
+    "$DYNMO" plan --from-run "$work/runrange" --step 1
+  make_run "$work/runzero" "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 0.0])"
+  expect_error "run log zero cores" "group 1 has 0 cores" \
+    "$DYNMO" plan --from-run "$work/runzero" --step 1
+  make_run "$work/runfloat" "f.attrs['stage_groups'] = np.array([0.0, 0, 1, 1]); f.attrs['group_cores'] = np.array([1.0, 1.0])"
+  expect_error "run log float groups" "attribute stage_groups is not an array of integers" \
+    "$DYNMO" plan --from-run "$work/runfloat" --step 1
+  make_run "$work/plain" ""
+  "$DYNMO" plan --from-run "$work/plain" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+    fail "from-run plain: exit $?"
+  expect_lines "--from-run without sharing attributes" "processors: one per stage" "step_ms: 66.000"
+else
+  echo "skip: --from-run sharing cases need /usr/bin/python3 with h5py"
+fi
 finish

@@ -68,6 +68,18 @@ struct balance_extra {
     int64_t mem_bytes;
 };
 
+/* Stages that share processors: stage s runs in group group[s] (0 <= g < groups),
+ * and the stages of group g share cores[g] processors (> 0, may be fractional).
+ * At each instant, the stages of group g that are computing each progress at
+ * rate min(1, cores[g] / computing stages of g) (processor sharing, as a
+ * time-slicing OS gives over a step). NULL in a profile: a processor per stage. */
+struct balance_sharing {
+    int stages;
+    int groups;
+    const int *group;      /* (stages) */
+    const double *cores;   /* (groups) */
+};
+
 struct balance_profile {
     int blocks;                 /* n >= 1 */
     const double *fwd_ms;       /* (n) forward time of one micro-batch */
@@ -76,6 +88,10 @@ struct balance_profile {
     const int64_t *mem_bytes;   /* (n) */
     struct balance_extra embed; /* on stage 0 */
     struct balance_extra head;  /* head + loss, on stage S-1 */
+    /* How the stages share processors, for a layout on sharing->stages
+     * stages; NULL, or a layout on another stage count: one processor per
+     * stage. Last, so that initialisers that omit it mean "dedicated". */
+    const struct balance_sharing *sharing;
 };
 
 enum balance_cost_kind {
@@ -218,8 +234,40 @@ int balance_predict_stages(const double *stage_fwd_ms,
                            struct balance_prediction *out,
                            char *err, size_t errsize);
 
+/* Checks a sharing: stages >= 1 and groups >= 1, both arrays present, every
+ * group id in [0, groups), every core count finite and > 0. The message
+ * names the first bad stage or group. */
+int balance_check_sharing(const struct balance_sharing *sharing, char *err,
+                          size_t errsize);
+
+/* 1 when a checked sharing (or NULL) changes predictions on `stages`
+ * stages: it is for that stage count and some group holds more stages than
+ * it has cores; 0 when every stage may as well have a processor of its own. */
+int balance_sharing_oversubscribed(const struct balance_sharing *sharing,
+                                   int stages);
+
+/* The same when stages share processors. With sharing NULL, on another
+ * stage count than `stages`, or with no group holding more stages than it
+ * has cores, this is balance_predict_stages (its result, bit for bit).
+ * Otherwise an event-driven fluid simulation of the same instruction lists
+ * and dependencies: a stage is computing while its next instruction's input
+ * is ready, each computing stage of group g progresses at rate
+ * min(1, cores[g] / computing stages of g), and time jumps from one
+ * instruction's completion to the next. bubble_ratio keeps its definition,
+ * 1 - sum_s m (f_s + b_s) / (S step_ms): under sharing it also counts the
+ * time a stage waits for a processor, so it can be large. A non-NULL
+ * sharing must pass balance_check_sharing whatever its stage count
+ * (BALANCE_BAD_INPUT naming the entry). O(S m (S + groups)) when shared. */
+int balance_predict_shared(const double *stage_fwd_ms,
+                           const double *stage_bwd_ms, int stages,
+                           int micro_batches, enum dm_schedule schedule,
+                           const struct balance_sharing *sharing,
+                           struct balance_prediction *out,
+                           char *err, size_t errsize);
+
 /* The same for a layout of profile: stage times are the stage costs (top of
- * this file) of fwd_ms and bwd_ms separately, extras included. */
+ * this file) of fwd_ms and bwd_ms separately, extras included; the stages
+ * share processors as profile->sharing says (balance_predict_shared). */
 int balance_predict(const struct balance_profile *profile, int stages,
                     const int *counts, int micro_batches,
                     enum dm_schedule schedule, struct balance_prediction *out,
@@ -302,6 +350,10 @@ struct balance_options {
     int64_t mem_cap;            /* bytes per stage, 0 = no cap */
     double gamma;               /* diffusion: stop when max - min < gamma */
     int max_rounds;             /* diffusion: <= 0 = 1,000,000 */
+    /* partition-time when the profile's stages share processors: the step
+     * the prediction simulates (micro_batches <= 0: 4 x stages). */
+    int micro_batches;
+    enum dm_schedule schedule;
 };
 
 /* What the engine calls every balance.every steps: the layout `method`
@@ -310,7 +362,17 @@ struct balance_options {
  * they ignore the memory cap and the current layout (static-params is the
  * exact equal-parameter partition, which a static run computes once at step
  * 0). partition-* and diffusion-* honour mem_cap. res gets the cost in the
- * method's own units (ms or parameters) and the movement from current. */
+ * method's own units (ms or parameters) and the movement from current.
+ *
+ * partition-time when profile->sharing applies to `stages` and some group
+ * holds more stages than cores: the min-max layout is no longer the
+ * fastest (stages of one group compete for its cores), so three starts (the
+ * min-max partition, static-uniform and current, each within mem_cap) are
+ * polished by local search on the shared predicted step time (one boundary
+ * moved by one block while the prediction strictly drops, a few hundred
+ * predictions per start at most), and the fastest wins; ties go to the one
+ * that moves the fewest blocks from current, then to the earlier start. A
+ * non-NULL profile->sharing is checked first by every method. */
 int balance_propose(enum balance_method method,
                     const struct balance_profile *profile, int stages,
                     const int *current, const struct balance_options *options,

@@ -67,6 +67,15 @@ struct runlog;
  * only rank 0 calls it. */
 struct runlog *runlog_create(const char *path, const struct dm_config *cfg);
 
+/* Records how the stages shared processors (world_stage_sharing) as the
+ * root attributes stage_groups (int32, one per stage) and group_cores
+ * (float64, one per group), which `dynmo plan --from-run` predicts with;
+ * groups = 0 (a processor per stage) removes them. Rank 0 only. */
+#define RUNLOG_ATTR_STAGE_GROUPS "stage_groups"
+#define RUNLOG_ATTR_GROUP_CORES "group_cores"
+void runlog_set_sharing(struct runlog *log, int stages, const int *group, int groups,
+                        const double *cores);
+
 /* Opens an existing run log for appending (a run restarted after a re-pack
  * or a signal continues its log). Each dataset continues after its last
  * row when it is first appended to. A missing file, a file that is not a

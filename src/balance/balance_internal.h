@@ -81,4 +81,24 @@ void problem_describe(const struct balance_problem *p, const int *counts,
                       const int *reference, int reference_stages,
                       struct balance_result *res);
 
+/* ---- local search on the predicted step time (search.c) ---- */
+
+/* balance_predict's step time for a layout and profile already checked
+ * (asserts that the prediction succeeds). */
+double predicted_ms(const struct balance_profile *profile, int stages,
+                    const int *counts, int micro_batches,
+                    enum dm_schedule schedule);
+
+/* Improves `counts` (a layout on `stages` stages within mem_cap, 0 = no
+ * cap; costs are profile's time costs) in place by moving one boundary by
+ * one block at a time, first improvement, while the predicted step time
+ * strictly drops and stays above `target`. Gives up at once when the start
+ * predicts above give_up_above; spends at most `budget` predictions beyond
+ * the start's. Returns the predicted time of the final layout. */
+double improve_by_prediction(const struct balance_profile *profile,
+                             const struct balance_costs *costs, int stages,
+                             int *counts, int64_t mem_cap, int micro_batches,
+                             enum dm_schedule schedule, double target,
+                             double give_up_above, int budget);
+
 #endif

@@ -1,6 +1,7 @@
 /* Balancing methods by name, and the one entry point the pipeline engine
  * calls at a balancing decision (balance_propose). Pure, like the rest of
  * src/balance. */
+#include <math.h>
 #include <string.h>
 #include "balance_internal.h"
 
@@ -26,6 +27,69 @@ int balance_method_parse(const char *name)
     return -1;
 }
 
+/* Predictions each start of partition_shared may spend on its local
+ * search: a few sweeps of a few dozen stages. */
+#define SHARED_SEARCH_BUDGET 256
+
+/* partition-time when stages share processors (balance.h): the min-max
+ * partition, static-uniform and current, each polished by local search on
+ * the shared prediction; the fastest wins, then the one moving the fewest
+ * blocks from current, then the earlier start. */
+static int partition_shared(const struct balance_profile *profile,
+                            const struct balance_costs *costs, int stages,
+                            const int *current,
+                            const struct balance_options *options, int *counts,
+                            struct balance_result *res, char *err,
+                            size_t errsize)
+{
+    int rc = balance_partition(costs, stages, options->mem_cap, current, stages,
+                               counts, res, err, errsize);
+    if (rc) return rc;
+    int m = options->micro_batches > 0 ? options->micro_batches : 4 * stages;
+    /* The costs passed as sums; the predictor also needs fwd_ms and bwd_ms
+     * each valid, and the schedule known: its errors are the caller's. */
+    struct balance_prediction start_prediction;
+    rc = balance_predict(profile, stages, counts, m, options->schedule,
+                         &start_prediction, err, errsize);
+    if (rc) return rc;
+    int n = costs->blocks;
+    int *reference = dm_alloc((size_t)stages * sizeof(int));
+    int *start = dm_alloc((size_t)stages * sizeof(int));
+    balance_current_or_uniform(current, stages, n, reference, NULL, 0);
+    struct balance_problem p;
+    problem_init(&p, costs, stages, options->mem_cap);
+    struct balance_result best_res, start_res;
+    double best = improve_by_prediction(profile, costs, stages, counts,
+                                        options->mem_cap, m, options->schedule,
+                                        0.0, INFINITY, SHARED_SEARCH_BUDGET);
+    problem_describe(&p, counts, reference, stages, &best_res);
+    for (int other = 0; other < (current ? 2 : 1); other++) {
+        if (other == 0) balance_static_uniform(n, stages, start, NULL, 0);
+        else memcpy(start, current, (size_t)stages * sizeof(int));
+        int64_t max_mem;
+        balance_layout_max(costs, stages, start, NULL, &max_mem);
+        if (options->mem_cap > 0 && max_mem > options->mem_cap) continue;
+        double t = improve_by_prediction(profile, costs, stages, start,
+                                         options->mem_cap, m, options->schedule,
+                                         0.0, INFINITY, SHARED_SEARCH_BUDGET);
+        problem_describe(&p, start, reference, stages, &start_res);
+        if (t < best || (t == best && start_res.blocks_moved < best_res.blocks_moved)) {
+            best = t;
+            best_res = start_res;
+            memcpy(counts, start, (size_t)stages * sizeof(int));
+        }
+    }
+    if (res) {
+        *res = best_res;
+        res->rounds = 0;
+        res->converged = 1;
+    }
+    problem_free(&p);
+    dm_free(start);
+    dm_free(reference);
+    return BALANCE_OK;
+}
+
 int balance_propose(enum balance_method method,
                     const struct balance_profile *profile, int stages,
                     const int *current, const struct balance_options *options,
@@ -35,8 +99,12 @@ int balance_propose(enum balance_method method,
     if (!balance_method_name(method))
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                             "unknown balancing method %d", (int)method);
-    struct balance_options none = {0, 0.0, 0};
+    struct balance_options none = {0, 0.0, 0, 0, DM_SCHEDULE_1F1B};
     if (!options) options = &none;
+    if (profile->sharing) {
+        int rc = balance_check_sharing(profile->sharing, err, errsize);
+        if (rc) return rc;
+    }
     int n = profile->blocks;
     enum balance_cost_kind kind =
         method == BALANCE_STATIC_UNIFORM || method == BALANCE_PARTITION_TIME ||
@@ -84,8 +152,13 @@ int balance_propose(enum balance_method method,
         break;
     case BALANCE_PARTITION_PARAMS:
     case BALANCE_PARTITION_TIME:
-        rc = balance_partition(&costs, stages, options->mem_cap, current,
-                               stages, counts, res, err, errsize);
+        if (method == BALANCE_PARTITION_TIME &&
+            balance_sharing_oversubscribed(profile->sharing, stages))
+            rc = partition_shared(profile, &costs, stages, current, options,
+                                  counts, res, err, errsize);
+        else
+            rc = balance_partition(&costs, stages, options->mem_cap, current,
+                                   stages, counts, res, err, errsize);
         break;
     default:
         rc = balance_diffusion(&costs, stages, options->mem_cap, current,

@@ -1,10 +1,12 @@
 /* The step-time predictor: simulates a pipeline schedule (GPipe or 1F1B) as
  * per-stage instruction lists with zero communication time, from per-stage
- * forward and backward times. The balancers and `dynmo plan` use it to
- * compare layouts and to decide re-packing; the engine can feed it measured
- * stage times. Must not: model communication or memory (that is the
- * engine's to measure), or depend on anything but its arguments. */
+ * forward and backward times, with a processor per stage or with stages
+ * sharing processors. The balancers and `dynmo plan` use it to compare
+ * layouts and to decide re-packing; the engine can feed it measured stage
+ * times. Must not: model communication or memory (that is the engine's to
+ * measure), or depend on anything but its arguments. */
 #include <math.h>
+#include <string.h>
 #include "balance_internal.h"
 
 /* Instructions per stage are coded 0..m-1 for forward k and m..2m-1 for
@@ -31,13 +33,12 @@ static void schedule_list(int *list, int stage, int stages, int m,
 
 #define PREDICT_MAX_INSTRUCTIONS ((long)1 << 26)
 
-int balance_predict_stages(const double *stage_fwd_ms,
-                           const double *stage_bwd_ms, int stages,
-                           int micro_batches, enum dm_schedule schedule,
-                           struct balance_prediction *out,
-                           char *err, size_t errsize)
+/* The checks both simulations start with. */
+static int check_stage_times(const double *stage_fwd_ms,
+                             const double *stage_bwd_ms, int S, int m,
+                             enum dm_schedule schedule, char *err,
+                             size_t errsize)
 {
-    int S = stages, m = micro_batches;
     if (S < 1)
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                             "stages must be at least 1 (got %d)", S);
@@ -59,6 +60,41 @@ int balance_predict_stages(const double *stage_fwd_ms,
                                 "or not a number", s, stage_fwd_ms[s],
                                 stage_bwd_ms[s]);
     }
+    return BALANCE_OK;
+}
+
+/* Fills out from the simulated step time: the bubble ratio and the
+ * bottleneck (balance.h). */
+static void describe_step(struct balance_prediction *out, double step,
+                          const double *stage_fwd_ms,
+                          const double *stage_bwd_ms, int S, int m)
+{
+    double busy = 0.0, widest = -1.0;
+    int bottleneck = 0;
+    for (int s = 0; s < S; s++) {
+        double per_micro_batch = stage_fwd_ms[s] + stage_bwd_ms[s];
+        busy += m * per_micro_batch;
+        if (per_micro_batch > widest) {
+            widest = per_micro_batch;
+            bottleneck = s;
+        }
+    }
+    out->step_ms = step;
+    out->bubble_ratio = step > 0 ? 1.0 - busy / (S * step) : 0.0;
+    if (out->bubble_ratio < 0) out->bubble_ratio = 0.0;  /* rounding only */
+    out->bottleneck_stage = bottleneck;
+}
+
+int balance_predict_stages(const double *stage_fwd_ms,
+                           const double *stage_bwd_ms, int stages,
+                           int micro_batches, enum dm_schedule schedule,
+                           struct balance_prediction *out,
+                           char *err, size_t errsize)
+{
+    int S = stages, m = micro_batches;
+    int rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, S, m, schedule,
+                               err, errsize);
+    if (rc) return rc;
     long L = 2L * m, total = (long)S * L;
     int *list = dm_alloc((size_t)total * sizeof(int));      /* (S, 2m) codes */
     int *position = dm_alloc((size_t)total * sizeof(int));  /* (S, 2m) by code */
@@ -100,25 +136,180 @@ int balance_predict_stages(const double *stage_fwd_ms,
         }
     }
     DM_ASSERT(done == total);
-    double busy = 0.0, widest = -1.0;
-    int bottleneck = 0;
-    for (int s = 0; s < S; s++) {
-        double per_micro_batch = stage_fwd_ms[s] + stage_bwd_ms[s];
-        busy += m * per_micro_batch;
-        if (per_micro_batch > widest) {
-            widest = per_micro_batch;
-            bottleneck = s;
-        }
-    }
-    out->step_ms = step;
-    out->bubble_ratio = step > 0 ? 1.0 - busy / (S * step) : 0.0;
-    if (out->bubble_ratio < 0) out->bubble_ratio = 0.0;  /* rounding only */
-    out->bottleneck_stage = bottleneck;
+    describe_step(out, step, stage_fwd_ms, stage_bwd_ms, S, m);
     dm_free(earliest);
     dm_free(ready);
     dm_free(pending);
     dm_free(position);
     dm_free(list);
+    return BALANCE_OK;
+}
+
+int balance_check_sharing(const struct balance_sharing *sharing, char *err,
+                          size_t errsize)
+{
+    if (sharing->stages < 1 || sharing->groups < 1)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "sharing: %d stages in %d groups; both must be at "
+                            "least 1", sharing->stages, sharing->groups);
+    if (!sharing->group || !sharing->cores)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "sharing: the %s array is missing",
+                            sharing->group ? "cores" : "group");
+    for (int g = 0; g < sharing->groups; g++)
+        if (!isfinite(sharing->cores[g]) || !(sharing->cores[g] > 0))
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "sharing: group %d has %g cores; needs a "
+                                "finite number > 0", g, sharing->cores[g]);
+    for (int s = 0; s < sharing->stages; s++)
+        if (sharing->group[s] < 0 || sharing->group[s] >= sharing->groups)
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "sharing: stage %d is in group %d, outside "
+                                "0..%d", s, sharing->group[s],
+                                sharing->groups - 1);
+    return BALANCE_OK;
+}
+
+int balance_sharing_oversubscribed(const struct balance_sharing *sharing, int stages)
+{
+    if (!sharing || sharing->stages != stages) return 0;
+    int *members = dm_alloc((size_t)sharing->groups * sizeof(int));
+    for (int s = 0; s < stages; s++) members[sharing->group[s]]++;
+    int over = 0;
+    for (int g = 0; g < sharing->groups; g++)
+        over |= members[g] > sharing->cores[g];
+    dm_free(members);
+    return over;
+}
+
+/* The state of the fluid simulation: each stage's position in its list and
+ * the work left of the instruction there. */
+struct fluid {
+    int S, m;
+    long L;                 /* 2m instructions per stage */
+    const double *fwd, *bwd;
+    const struct balance_sharing *sharing;
+    int *list;              /* (S, 2m) codes, schedule_list's */
+    char *done;             /* (S, 2m) by code */
+    long *position;         /* (S) index of the current instruction; L = finished */
+    double *remaining;      /* (S) work left of it, ms at rate 1 */
+    double *size;           /* (S) its whole work */
+    int *computing;         /* (S) whether its input is ready */
+    int *members;           /* (groups) computing stages per group */
+    double *rate;           /* (groups) */
+};
+
+/* Loads stage s's instruction at its position. */
+static void fluid_load(struct fluid *f, int s)
+{
+    if (f->position[s] >= f->L) return;
+    int code = f->list[s * f->L + f->position[s]];
+    f->size[s] = code < f->m ? f->fwd[s] : f->bwd[s];
+    f->remaining[s] = f->size[s];
+}
+
+/* Whether stage s's current instruction has its cross-stage input:
+ * forward k after forward k upstream, backward k after backward k
+ * downstream; its predecessor on the stage is done by construction. */
+static int fluid_input_ready(const struct fluid *f, int s)
+{
+    if (f->position[s] >= f->L) return 0;
+    int code = f->list[s * f->L + f->position[s]];
+    if (code < f->m) return s == 0 || f->done[(s - 1) * f->L + code];
+    return s == f->S - 1 || f->done[(s + 1) * f->L + code];
+}
+
+/* One event: the computing stages share their groups' cores until the
+ * first instruction completes; every instruction then within a rounding of
+ * completion completes too. Returns the time advanced and the number of
+ * instructions completed (>= 1) in *completed. */
+static double fluid_event(struct fluid *f, long *completed)
+{
+    const struct balance_sharing *sh = f->sharing;
+    memset(f->members, 0, (size_t)sh->groups * sizeof(int));
+    for (int s = 0; s < f->S; s++) {
+        f->computing[s] = fluid_input_ready(f, s);
+        f->members[sh->group[s]] += f->computing[s];
+    }
+    for (int g = 0; g < sh->groups; g++)
+        f->rate[g] = f->members[g] > 0 ? fmin(1.0, sh->cores[g] / f->members[g]) : 1.0;
+    double dt = INFINITY;
+    int first = -1;
+    for (int s = 0; s < f->S; s++) {
+        if (!f->computing[s]) continue;
+        double t = f->remaining[s] / f->rate[sh->group[s]];
+        if (t < dt) dt = t, first = s;
+    }
+    DM_ASSERT(first >= 0);  /* the schedules cannot deadlock */
+    *completed = 0;
+    for (int s = 0; s < f->S; s++) {
+        if (!f->computing[s]) continue;
+        f->remaining[s] = s == first ? 0.0 : f->remaining[s] - f->rate[sh->group[s]] * dt;
+        if (f->remaining[s] > 1e-12 * f->size[s]) continue;
+        f->done[s * f->L + f->list[s * f->L + f->position[s]]] = 1;
+        f->position[s]++;
+        fluid_load(f, s);
+        (*completed)++;
+    }
+    return dt;
+}
+
+/* The step time under processor sharing (inputs checked). */
+static double shared_step(const double *stage_fwd_ms, const double *stage_bwd_ms,
+                          int S, int m, enum dm_schedule schedule,
+                          const struct balance_sharing *sharing)
+{
+    struct fluid f = {.S = S, .m = m, .L = 2L * m, .fwd = stage_fwd_ms,
+                      .bwd = stage_bwd_ms, .sharing = sharing};
+    long total = (long)S * f.L;
+    f.list = dm_alloc((size_t)total * sizeof(int));
+    f.done = dm_alloc((size_t)total);
+    f.position = dm_alloc((size_t)S * sizeof(long));
+    f.remaining = dm_alloc((size_t)S * sizeof(double));
+    f.size = dm_alloc((size_t)S * sizeof(double));
+    f.computing = dm_alloc((size_t)S * sizeof(int));
+    f.members = dm_alloc((size_t)sharing->groups * sizeof(int));
+    f.rate = dm_alloc((size_t)sharing->groups * sizeof(double));
+    for (int s = 0; s < S; s++) {
+        schedule_list(f.list + s * f.L, s, S, m, schedule);
+        fluid_load(&f, s);
+    }
+    double now = 0.0;
+    for (long left = total; left > 0;) {
+        long completed;
+        now += fluid_event(&f, &completed);
+        left -= completed;
+    }
+    dm_free(f.rate);
+    dm_free(f.members);
+    dm_free(f.computing);
+    dm_free(f.size);
+    dm_free(f.remaining);
+    dm_free(f.position);
+    dm_free(f.done);
+    dm_free(f.list);
+    return now;
+}
+
+int balance_predict_shared(const double *stage_fwd_ms,
+                           const double *stage_bwd_ms, int stages,
+                           int micro_batches, enum dm_schedule schedule,
+                           const struct balance_sharing *sharing,
+                           struct balance_prediction *out,
+                           char *err, size_t errsize)
+{
+    int rc = sharing ? balance_check_sharing(sharing, err, errsize) : BALANCE_OK;
+    if (rc) return rc;
+    if (!balance_sharing_oversubscribed(sharing, stages))
+        return balance_predict_stages(stage_fwd_ms, stage_bwd_ms, stages,
+                                      micro_batches, schedule, out, err,
+                                      errsize);
+    rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, stages, micro_batches,
+                           schedule, err, errsize);
+    if (rc) return rc;
+    double step = shared_step(stage_fwd_ms, stage_bwd_ms, stages,
+                              micro_batches, schedule, sharing);
+    describe_step(out, step, stage_fwd_ms, stage_bwd_ms, stages, micro_batches);
     return BALANCE_OK;
 }
 
@@ -158,8 +349,8 @@ int balance_predict(const struct balance_profile *profile, int stages,
         times[stages + s] = problem_stage_cost(&pb, s, begin, end);
         begin = end;
     }
-    rc = balance_predict_stages(times, times + stages, stages, micro_batches,
-                                schedule, out, err, errsize);
+    rc = balance_predict_shared(times, times + stages, stages, micro_batches,
+                                schedule, profile->sharing, out, err, errsize);
     dm_free(times);
     problem_free(&pb);
     problem_free(&pf);

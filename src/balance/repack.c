@@ -53,68 +53,6 @@ int balance_repack_first_fit(const struct balance_costs *costs,
     return BALANCE_OK;
 }
 
-/* Predicts a layout's step time; the layout and profile are already checked. */
-static double predicted_ms(const struct balance_profile *profile, int stages,
-                           const int *counts, int micro_batches,
-                           enum dm_schedule schedule)
-{
-    struct balance_prediction prediction;
-    int rc = balance_predict(profile, stages, counts, micro_batches, schedule,
-                             &prediction, NULL, 0);
-    DM_ASSERT(rc == BALANCE_OK);
-    return prediction.step_ms;
-}
-
-/* Local search on the predicted time itself: the min-max layout is the
- * right start, but the schedule's warm-up and drain depend on forward and
- * backward times separately, so a neighbouring layout can be faster. Moves
- * one boundary by one block at a time, keeping every stage within mem_cap,
- * while the predicted step time strictly drops. Returns the final time. */
-static double improve_by_prediction(const struct balance_profile *profile,
-                                    const struct balance_costs *costs,
-                                    int stages, int *counts, int64_t mem_cap,
-                                    int micro_batches, enum dm_schedule schedule,
-                                    double target)
-{
-    double best = predicted_ms(profile, stages, counts, micro_batches, schedule);
-    /* It corrects warm-up and drain effects, worth a few percent at most:
-     * not tried further from the target than that, and within a budget of
-     * predictions (each O(stages x micro-batches)) of about two sweeps. */
-    if (best > target * 1.03) return best;
-    int budget = 4 * stages + 32;
-    for (int step = 0; step < budget && best > target; step++) {
-        int improved = 0;
-        for (int j = 0; j + 1 < stages && !improved; j++) {
-            for (int delta = -1; delta <= 1 && !improved; delta += 2) {
-                /* boundary between stage j and j+1 moves by delta */
-                if (counts[j] + delta < 1 || counts[j + 1] - delta < 1) continue;
-                counts[j] += delta;
-                counts[j + 1] -= delta;
-                int begin = 0, fits = 1;
-                for (int s = 0; s < j; s++) begin += counts[s];
-                for (int s = j; s <= j + 1 && mem_cap > 0; s++) {
-                    fits &= balance_stage_mem(costs, stages, s, begin,
-                                              begin + counts[s]) <= mem_cap;
-                    begin += counts[s];
-                }
-                double t = INFINITY;
-                if (fits && budget-- > 0)
-                    t = predicted_ms(profile, stages, counts, micro_batches,
-                                     schedule);
-                if (t < best) {
-                    best = t;
-                    improved = 1;
-                } else {
-                    counts[j] -= delta;
-                    counts[j + 1] += delta;
-                }
-            }
-        }
-        if (!improved) break;
-    }
-    return best;
-}
-
 int balance_repack(const struct balance_profile *profile,
                    const int *current, int current_stages, int64_t mem_cap,
                    int micro_batches, enum dm_schedule schedule,
@@ -178,8 +116,13 @@ int balance_repack(const struct balance_profile *profile,
             struct balance_result ignored;
             partition_prepared(&p, current, S, candidate, &ignored);
             problem_free(&p);
+            /* The polish corrects warm-up and drain effects, worth a few
+             * percent at most: not tried further from the bound than that,
+             * and within a budget of predictions (each O(stages x
+             * micro-batches)) of about two sweeps. */
             if (improve_by_prediction(profile, &costs, k, candidate, mem_cap,
-                                      micro_batches, schedule, bound) <= bound) {
+                                      micro_batches, schedule, bound,
+                                      bound * 1.03, 4 * k + 32) <= bound) {
                 chosen = k;
                 break;
             }

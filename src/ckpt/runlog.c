@@ -96,6 +96,28 @@ struct runlog *runlog_create(const char *path, const struct dm_config *cfg)
     return runlog_new(path, file);
 }
 
+static void write_array_attr(hid_t loc, const char *name, hid_t file_type, hid_t mem_type,
+                             int n, const void *values)
+{
+    if (H5Aexists(loc, name) > 0) DM_H5(H5Adelete(loc, name));
+    if (n == 0) return;
+    hsize_t dims[1] = {(hsize_t)n};
+    hid_t space = DM_H5(H5Screate_simple(1, dims, NULL));
+    hid_t attr = DM_H5(H5Acreate2(loc, name, file_type, space, H5P_DEFAULT, H5P_DEFAULT));
+    DM_H5(H5Awrite(attr, mem_type, values));
+    DM_H5(H5Aclose(attr));
+    DM_H5(H5Sclose(space));
+}
+
+void runlog_set_sharing(struct runlog *log, int stages, const int *group, int groups,
+                        const double *cores)
+{
+    write_array_attr(log->file, RUNLOG_ATTR_STAGE_GROUPS, H5T_STD_I32LE, H5T_NATIVE_INT,
+                     groups ? stages : 0, group);
+    write_array_attr(log->file, RUNLOG_ATTR_GROUP_CORES, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                     groups, cores);
+}
+
 struct runlog *runlog_open_append(const char *path)
 {
     char err[1024], kind[64];

@@ -1,10 +1,12 @@
 /* `dynmo plan`: reads per-block costs from a CSV and prints, for each
  * balancing method, the layout it chooses on S stages, its bottleneck, its
  * predicted step time and bubble ratio (docs/balance.md). `--bench` times
- * the balancers instead (plan_bench.c). A thin shell over src/balance: the
- * algorithms live there; this file only parses, checks and prints. Bad
- * arguments and bad CSV end with exit status 2 and a message naming the
- * argument, or the file and line. */
+ * the balancers instead (plan_bench.c). Stages may share processors
+ * (--cores, --stage-groups with --group-cores, or what the run log of
+ * --from-run recorded); the predictions and partition-time then account for
+ * it. A thin shell over src/balance: the algorithms live there; this file
+ * only parses, checks and prints. Bad arguments and bad CSV end with exit
+ * status 2 and a message naming the argument, or the file and line. */
 #include <ctype.h>
 #include <errno.h>
 #include <math.h>
@@ -15,6 +17,7 @@
 #include "dynmo/ckpt.h"
 #include "dynmo/model.h"
 #include "dynmo/tools.h"
+#include "ckpt/h5util.h"
 #include "tools/plan_bench.h"
 
 static void usage(FILE *out)
@@ -41,12 +44,21 @@ static void usage(FILE *out)
         "  --gamma G             diffusion stops when max - min stage cost < G\n"
         "  --epsilon E           repack may slow the step by a factor 1 + E (0.05)\n"
         "  --target-stages K     repack-first-fit stops merging at K stages (1)\n"
+        "  --cores N             all stages share N processors (a number > 0);\n"
+        "                        predictions and partition-time account for it\n"
+        "                        (default: one processor per stage)\n"
+        "  --stage-groups G0,...,G(S-1) --group-cores C0,C1,...\n"
+        "                        stage s runs in group Gs, and the stages of\n"
+        "                        group g share Cg processors (one core count per\n"
+        "                        group, numbered from 0)\n"
         "  --bench               time the balancers on random inputs (docs/PERFORMANCE.md)\n"
         "  --from-run DIR --step N   costs from DIR/runlog.h5 at step N (1-based):\n"
         "                        per-block fwd/bwd ms, parameters (nonzero after\n"
         "                        pruning), embed/head from the end stages' extra\n"
         "                        compute; the run's stages, layout and\n"
-        "                        micro-batches are the defaults\n");
+        "                        micro-batches are the defaults, and so is the\n"
+        "                        processor sharing it recorded (root attributes\n"
+        "                        stage_groups and group_cores) at its stage count\n");
 }
 
 /* ---- argument parsing ---------------------------------------------------- */
@@ -88,26 +100,65 @@ static int64_t parse_bytes(const char *arg, const char *text)
                   "optionally with KiB, MiB, GiB or TiB)", arg, text);
 }
 
-/* "3,3,2" into a dm_alloc'd array; returns how many entries. */
-static int parse_layout(const char *arg, const char *text, int **counts)
+/* One entry of a comma-separated list: parses the number at text into
+ * *entry, sets *end after it; 0 when it is not a valid entry. */
+typedef int (*list_entry_parser)(const char *text, char **end, void *entry);
+
+static int block_count_entry(const char *text, char **end, void *entry)
+{
+    errno = 0;
+    long v = strtol(text, end, 10);
+    if (*end == text || errno || v < 1 || v > 1000000000) return 0;
+    *(int *)entry = (int)v;
+    return 1;
+}
+
+static int group_entry(const char *text, char **end, void *entry)
+{
+    errno = 0;
+    long v = strtol(text, end, 10);
+    if (*end == text || errno || v < 0 || v > 1 << 20) return 0;
+    *(int *)entry = (int)v;
+    return 1;
+}
+
+static int cores_entry(const char *text, char **end, void *entry)
+{
+    errno = 0;
+    double v = strtod(text, end);
+    if (*end == text || errno || !isfinite(v) || !(v > 0)) return 0;
+    *(double *)entry = v;
+    return 1;
+}
+
+/* "3,3,2" into a dm_alloc'd array of entries of `size` bytes; returns how
+ * many. Anything else is a user error naming arg and `what` the list holds. */
+static int parse_list(const char *arg, const char *text, const char *what,
+                      size_t size, list_entry_parser parse_entry, void **values)
 {
     int capacity = 1;
     for (const char *c = text; *c; c++) capacity += *c == ',';
-    *counts = dm_alloc((size_t)capacity * sizeof(int));
+    char *entries = dm_alloc((size_t)capacity * size);
     int count = 0;
     const char *p = text;
     for (;;) {
         char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 1 || v > 1000000000 || (*end && *end != ','))
-            dm_user_error("%s: '%s' is not a list of block counts >= 1 "
-                          "separated by commas", arg, text);
-        (*counts)[count++] = (int)v;
+        if (!parse_entry(p, &end, entries + (size_t)count * size) ||
+            (*end && *end != ','))
+            dm_user_error("%s: '%s' is not a list of %s separated by commas",
+                          arg, text, what);
+        count++;
         if (!*end) break;
         p = end + 1;
     }
+    *values = entries;
     return count;
+}
+
+static int parse_layout(const char *arg, const char *text, int **counts)
+{
+    return parse_list(arg, text, "block counts >= 1", sizeof(int),
+                      block_count_entry, (void **)counts);
 }
 
 /* ---- the costs CSV --------------------------------------------------------- */
@@ -384,6 +435,153 @@ static void read_run(struct plan_input *in, const char *dir, long step, int **la
     dm_free(busy);
 }
 
+/* ---- processors: which stages share them ----------------------------------- */
+
+/* The sharing every prediction uses; its arrays are owned here. */
+struct plan_sharing {
+    int *group;                 /* (sharing.stages) or NULL: one processor per stage */
+    double *cores;              /* (sharing.groups) */
+    struct balance_sharing sharing;
+    int from_run;               /* taken from the run log */
+    char note[200];             /* why the run's sharing is not used, or "" */
+};
+
+/* Reads the root attribute `name` of the HDF5 file at path, a numeric
+ * array (integers only when `integers`), converted to `type` (entries of
+ * `size` bytes) into a dm_alloc'd *values. Returns the entry count, 0 when
+ * the attribute is absent, or -1 with a message in err. */
+static long read_root_array(const char *path, const char *name, int integers,
+                            hid_t type, size_t size, void **values,
+                            char *err, size_t errsize)
+{
+    *values = NULL;
+    hid_t file = dm_h5_open_readonly(path, err, errsize);
+    if (file < 0) return -1;
+    long count = -1;
+    hid_t attr = -1, space = -1, stored = -1;
+    htri_t exists = DM_H5_TRY(H5Aexists(file, name), err, errsize, done);
+    if (!exists) {
+        count = 0;
+        goto done;
+    }
+    attr = DM_H5_TRY(H5Aopen(file, name, H5P_DEFAULT), err, errsize, done);
+    stored = DM_H5_TRY(H5Aget_type(attr), err, errsize, done);
+    H5T_class_t kind = H5Tget_class(stored);
+    if (kind != H5T_INTEGER && (integers || kind != H5T_FLOAT)) {
+        snprintf(err, errsize, "%s: attribute %s is not an array of %s", path,
+                 name, integers ? "integers" : "numbers");
+        goto done;
+    }
+    space = DM_H5_TRY(H5Aget_space(attr), err, errsize, done);
+    hssize_t points = DM_H5_TRY(H5Sget_simple_extent_npoints(space), err, errsize, done);
+    void *buffer = dm_alloc((size_t)(points > 0 ? points : 1) * size);
+    if (H5Aread(attr, type, buffer) < 0) {
+        dm_h5_describe_failure(err, errsize, "H5Aread");
+        dm_free(buffer);
+        goto done;
+    }
+    *values = buffer;
+    count = (long)points;
+done:
+    if (space >= 0) H5Sclose(space);
+    if (stored >= 0) H5Tclose(stored);
+    if (attr >= 0) H5Aclose(attr);
+    H5Fclose(file);
+    return count;
+}
+
+/* The sharing the run recorded (root attributes stage_groups and
+ * group_cores of DIR's run log), used when plan lays out the run's stage
+ * count; otherwise a note says why not. Bad attributes are user errors. */
+static void sharing_from_run(struct plan_sharing *ps, const char *dir,
+                             int run_stages, int stages)
+{
+    char path[1200], err[768];
+    snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
+    void *group = NULL, *cores = NULL;
+    long group_count = read_root_array(path, RUNLOG_ATTR_STAGE_GROUPS, 1, H5T_NATIVE_INT,
+                                       sizeof(int), &group, err, sizeof err);
+    if (group_count < 0) dm_user_error("--from-run: %s", err);
+    long core_count = read_root_array(path, RUNLOG_ATTR_GROUP_CORES, 0, H5T_NATIVE_DOUBLE,
+                                      sizeof(double), &cores, err, sizeof err);
+    if (core_count < 0) dm_user_error("--from-run: %s", err);
+    if (!group_count && !core_count) return;
+    if (!group_count || !core_count)
+        dm_user_error("--from-run: %s has the attribute %s but not %s (both or "
+                      "neither)", path, group_count ? RUNLOG_ATTR_STAGE_GROUPS : RUNLOG_ATTR_GROUP_CORES,
+                      group_count ? RUNLOG_ATTR_GROUP_CORES : RUNLOG_ATTR_STAGE_GROUPS);
+    if (group_count != run_stages)
+        dm_user_error("--from-run: %s: stage_groups has %ld entries but the run "
+                      "has %d stages", path, group_count, run_stages);
+    struct balance_sharing sharing = {run_stages, (int)core_count, group, cores};
+    if (balance_check_sharing(&sharing, err, sizeof err))
+        dm_user_error("--from-run: %s: stage_groups and group_cores: %s", path, err);
+    if (stages != run_stages) {
+        snprintf(ps->note, sizeof ps->note, "the run's %d stages shared "
+                 "processors, but --stages is %d", run_stages, stages);
+        dm_free(group);
+        dm_free(cores);
+        return;
+    }
+    ps->group = group;
+    ps->cores = cores;
+    ps->sharing = sharing;
+    ps->from_run = 1;
+}
+
+/* The sharing given by --cores, or by --stage-groups and --group-cores,
+ * for `stages` stages. Bad values are user errors naming the option. */
+static void sharing_from_args(struct plan_sharing *ps, double cores,
+                              const char *groups_text, const char *cores_text,
+                              int stages)
+{
+    int groups = 1;
+    if (cores > 0) {
+        ps->group = dm_alloc((size_t)stages * sizeof(int));
+        ps->cores = dm_alloc(sizeof(double));
+        ps->cores[0] = cores;
+    } else {
+        int count = parse_list("--stage-groups", groups_text, "group numbers >= 0",
+                               sizeof(int), group_entry, (void **)&ps->group);
+        if (count != stages)
+            dm_user_error("--stage-groups: %d stages, but --stages is %d", count,
+                          stages);
+        groups = parse_list("--group-cores", cores_text, "core counts > 0",
+                            sizeof(double), cores_entry, (void **)&ps->cores);
+        int highest = 0;
+        for (int s = 0; s < stages; s++) {
+            if (ps->group[s] >= groups)
+                dm_user_error("--stage-groups: stage %d is in group %d, but "
+                              "--group-cores gives %d groups (0..%d)", s,
+                              ps->group[s], groups, groups - 1);
+            if (ps->group[s] > highest) highest = ps->group[s];
+        }
+        if (highest + 1 < groups)
+            dm_user_error("--group-cores: %d core counts, but --stage-groups "
+                          "uses groups 0..%d only (one count per group)", groups,
+                          highest);
+    }
+    ps->sharing = (struct balance_sharing){stages, groups, ps->group, ps->cores};
+}
+
+/* "processors: ..." under the input lines. */
+static void print_sharing(const struct plan_sharing *ps, int stages)
+{
+    const struct balance_sharing *sh = &ps->sharing;
+    if (!ps->group) {
+        printf("processors: one per stage%s%s%s\n", ps->note[0] ? " (" : "",
+               ps->note, ps->note[0] ? ")" : "");
+        return;
+    }
+    printf("processors: stages share them: groups ");
+    for (int s = 0; s < sh->stages; s++) printf("%s%d", s ? "," : "", sh->group[s]);
+    printf(" with ");
+    for (int g = 0; g < sh->groups; g++) printf("%s%g", g ? "," : "", sh->cores[g]);
+    printf(" cores%s%s\n", ps->from_run ? " (from the run log)" : "",
+           balance_sharing_oversubscribed(sh, stages) ? ""
+               : " (no group has more stages than cores: as one per stage)");
+}
+
 static void free_input(struct plan_input *in)
 {
     free(in->fwd_ms);
@@ -421,6 +619,9 @@ struct plan_args {
     int micro_batches;
     enum dm_schedule schedule;
     int *current;      /* (stages) or NULL */
+    double cores;                     /* --cores, 0 = not given */
+    const char *stage_groups_text;    /* --stage-groups */
+    const char *group_cores_text;     /* --group-cores */
     double gamma;
     double epsilon;
     int target_stages; /* repack-first-fit */
@@ -446,7 +647,9 @@ static int run_method(const struct plan_input *in, const struct plan_args *a,
     int rc, stages = S;
     printf("method: %s\n", plan_method_name(method));
     if (method < BALANCE_METHOD_COUNT) {
-        struct balance_options options = {a->mem_cap, a->gamma, 0};
+        struct balance_options options = {
+            .mem_cap = a->mem_cap, .gamma = a->gamma, .max_rounds = 0,
+            .micro_batches = a->micro_batches, .schedule = a->schedule};
         rc = balance_propose(method, &in->profile, S, a->current, &options, counts,
                              &res, err, sizeof err);
     } else if (method == PLAN_REPACK) {
@@ -493,6 +696,8 @@ static int run_method(const struct plan_input *in, const struct plan_args *a,
     dm_free(moves);
 
     if (stages != S) printf("stages: %d\n", stages);
+    if (stages != S && in->profile.sharing)
+        printf("processors: one per stage (the sharing is for %d stages)\n", S);
     print_layout("layout", counts, stages);
     printf("max_stage_ms: %.3f\n", max_ms);
     printf("max_stage_params: %.0f\n", max_params);
@@ -568,6 +773,15 @@ static void parse_args(struct plan_args *a, int argc, char **argv, int *bench)
             a->epsilon = parse_double(arg, value, 0);
         } else if (!strcmp(arg, "--target-stages")) {
             a->target_stages = (int)parse_long(arg, value, 1, 1 << 20);
+        } else if (!strcmp(arg, "--cores")) {
+            char *end;
+            if (!cores_entry(value, &end, &a->cores) || *end)
+                dm_user_error("--cores: '%s' is not a number of processors > 0",
+                              value);
+        } else if (!strcmp(arg, "--stage-groups")) {
+            a->stage_groups_text = value;
+        } else if (!strcmp(arg, "--group-cores")) {
+            a->group_cores_text = value;
         } else if (!strcmp(arg, "--from-run")) {
             a->run_dir = value;
         } else if (!strcmp(arg, "--step")) {
@@ -589,6 +803,13 @@ static void parse_args(struct plan_args *a, int argc, char **argv, int *bench)
     if (!a->costs_path && !a->run_dir)
         dm_user_error("plan: --costs FILE.csv (or --from-run DIR --step N) is required");
     if (!a->stages && !a->run_dir) dm_user_error("plan: --stages S is required");
+    if (a->cores > 0 && (a->stage_groups_text || a->group_cores_text))
+        dm_user_error("--cores: give --cores (one group of all stages) or "
+                      "--stage-groups with --group-cores, not both");
+    if (!a->stage_groups_text != !a->group_cores_text)
+        dm_user_error("%s needs %s too (a group per stage, a core count per group)",
+                      a->stage_groups_text ? "--stage-groups" : "--group-cores",
+                      a->stage_groups_text ? "--group-cores" : "--stage-groups");
     if (!a->micro_batches && !a->run_dir) a->micro_batches = 4 * a->stages;
     if (current_text) {
         if (a->run_dir && !a->stages)
@@ -607,11 +828,15 @@ int cmd_plan(int argc, char **argv)
     if (bench) return plan_bench(argc, argv);
 
     struct plan_input in;
+    struct plan_sharing sharing;
+    memset(&sharing, 0, sizeof sharing);
+    int sharing_given = a.cores > 0 || a.stage_groups_text;
     char source[1300];
     if (a.run_dir) {
         int *run_layout = NULL, run_stages = 0, run_mb = 0;
         read_run(&in, a.run_dir, a.run_step, &run_layout, &run_stages, &run_mb);
         if (!a.stages) a.stages = run_stages;
+        if (!sharing_given) sharing_from_run(&sharing, a.run_dir, run_stages, a.stages);
         if (!a.micro_batches) a.micro_batches = run_mb;
         if (!a.current && a.stages == run_stages) a.current = run_layout;
         else dm_free(run_layout);
@@ -624,6 +849,10 @@ int cmd_plan(int argc, char **argv)
     if (n < S)
         dm_user_error("--stages: %d stages but %s has only %d blocks; every stage "
                       "needs at least one", S, a.costs_path, n);
+    if (sharing_given)
+        sharing_from_args(&sharing, a.cores, a.stage_groups_text,
+                          a.group_cores_text, S);
+    if (sharing.group) in.profile.sharing = &sharing.sharing;
     int *reference = dm_alloc((size_t)S * sizeof(int));
     char err[512];
     if (a.current) {
@@ -651,6 +880,7 @@ int cmd_plan(int argc, char **argv)
            a.micro_batches, a.schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
     if (a.mem_cap > 0) printf("%lld\n", (long long)a.mem_cap);
     else printf("none\n");
+    print_sharing(&sharing, S);
     print_layout("reference", reference, S);
     printf("\n");
 
@@ -667,6 +897,8 @@ int cmd_plan(int argc, char **argv)
     fflush(stdout);
     dm_free(reference);
     dm_free(a.current);
+    dm_free(sharing.group);
+    dm_free(sharing.cores);
     free_input(&in);
     if (failures && (a.explicit_methods || failures == ran))
         dm_user_error("plan: method %s failed (see its error line above)",
