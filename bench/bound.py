@@ -5,6 +5,8 @@ that `dynmo plan` reads (embed and head rows from the first and last
 stage's compute beyond their blocks), run `dynmo plan`, and print the
 predicted step time of each static layout over that of the optimal
 partition (partition-time): the speedup a perfect balancer could get.
+When the run's stages shared processors (run log attributes stage_groups
+and group_cores), `dynmo plan` predicts with the same sharing.
 
 usage: bench/bound.py RUNLOG.h5 FIRST LAST STAGES MICRO_BATCHES [DYNMO]"""
 import subprocess, sys, tempfile
@@ -35,8 +37,11 @@ with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as csv:
     for l in range(L):
         csv.write(f"{l},{fwd[l]:.6f},{bwd[l]:.6f},{params[l]:.0f},{int(16*(12*C*C+13*C))}\n")
     csv.write(f"head,{h/3:.6f},{2*h/3:.6f},0,0\n")
-out = subprocess.run([dynmo, "plan", "--costs", csv.name, "--stages", str(S),
-                      "--micro-batches", str(m)], capture_output=True, text=True, check=True).stdout
+cmd = [dynmo, "plan", "--costs", csv.name, "--stages", str(S), "--micro-batches", str(m)]
+if "stage_groups" in f.attrs:   # the run's stages shared processors: predict with that
+    cmd += ["--stage-groups", ",".join(str(int(g)) for g in f.attrs["stage_groups"]),
+            "--group-cores", ",".join(f"{c:.17g}" for c in f.attrs["group_cores"])]
+out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 pred = {}
 method = None
 for line in out.splitlines():
@@ -45,6 +50,8 @@ for line in out.splitlines():
     if line.startswith("layout: ") and method: pred[method + "/layout"] = line.split()[1]
 opt = pred["partition-time"]
 print(f"costs: {csv.name} (steps {first}..{last-1} of {path})")
+for line in out.splitlines():
+    if line.startswith("processors:"): print(line)
 for k in ("static-uniform", "static-params"):
     print(f"bound {k}: predicted {pred[k]:.1f} ms / optimal {opt:.1f} ms "
           f"({pred['partition-time/layout']}) = {pred[k]/opt:.3f}x")

@@ -4,6 +4,8 @@
 # K steps) -- on RANKS ranks (default "2 4"; 4 ranks share this machine's
 # 2 cores). Prints the summary throughput, mean bubble and imbalance of the
 # steps after SETTLE, per run. Usage: bench/dyn_schemes.sh [STEPS] [SETTLE] [K]
+# BIND= passes mpiexec -bind-to (e.g. BIND=rr: 4 ranks on 2 cores as
+# 0,1,0,1; stages on one core then form a sharing group, docs/pipeline.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DYNMO=${DYNMO:-build/dynmo}
@@ -16,7 +18,7 @@ for ranks in ${RANKS:-2 4}; do
       [ $way = params ] && args=(balance.method=none balance.initial=params)
       [ $way = balanced ] && args=(balance.method=partition-time balance.initial=uniform balance.every=$K)
       name=$scheme-$ranks-$way
-      mpiexec -n "$ranks" "$DYNMO" train --config configs/$scheme.ini parallel.pp="$ranks" \
+      mpiexec ${BIND:+-bind-to "$BIND"} -n "$ranks" "$DYNMO" train --config configs/$scheme.ini parallel.pp="$ranks" \
         train.steps="$STEPS" run.out_dir="$out/$name" run.log_every=1 "${args[@]}" > "$out/$name.out" 2>&1
       /usr/bin/python3 - "$out/$name/runlog.h5" "$SETTLE" "$name" <<'PY'
 import sys, h5py, numpy as np

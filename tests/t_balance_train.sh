@@ -43,4 +43,36 @@ grep -q "^reference: 1,1,1,9" <<<"$out" || fail "plan --from-run did not take th
   || fail "plan --from-run partition-params: $(grep -A1 '^method: partition-params' <<<"$out")"
 grep -A1 '^method: partition-time' <<<"$out" | tail -n1 | grep -q "^layout: " && echo "ok: plan --from-run"
 "$DYNMO" plan --from-run "$dir/static" --step 99 >/dev/null 2>&1; [ $? -eq 2 ] || fail "plan --from-run --step 99 is not exit 2"
+
+# Stages that share processors (docs/pipeline.md): 4 ranks bound to CPU 0
+# form one group with 1 core whatever the machine; the run says so, keeps it
+# in the run log for plan, profiles CPU time, and computes the same bits.
+timeout 120 mpiexec -bind-to user:0,0,0,0 -n 4 "$DYNMO" train --config "$dir/t.ini"   run.out_dir="$dir/shared" balance.method=partition-time > "$dir/shared.out" 2>&1   || fail "shared run exited $?"
+grep -q "^processors: stages share them (groups 0,0,0,0 with 1 cores); profiling CPU time"   "$dir/shared.out" && echo "ok: shared run names its sharing"   || fail "shared run: no processors line: $(grep -m1 processors "$dir/shared.out")"
+h5dump -b LE -d /steps/loss -o "$dir/shared.loss" "$dir/shared/runlog.h5" >/dev/null
+cmp -s "$dir/static.loss" "$dir/shared.loss" && echo "ok: shared run bit-identical to static"   || fail "shared run: losses differ from the static run"
+out=$("$DYNMO" plan --from-run "$dir/shared" --step 6 --method static-uniform 2>&1) \
+  || fail "plan --from-run on the shared run failed: $out"
+grep -q "^processors: stages share them: groups 0,0,0,0 with 1 cores" <<<"$out"   && echo "ok: plan --from-run predicts with the run's sharing"   || fail "plan --from-run ignored the sharing: $(grep processors <<<"$out")"
+# One core for all: the predicted step is the whole profiled work.
+total=$(/usr/bin/python3 - "$dir/shared/runlog.h5" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], 'r')
+print(f"{4 * (f['/layers/fwd_ms'][5].sum() + f['/layers/bwd_ms'][5].sum()):.3f}")
+PY
+)
+step=$(grep -m1 '^step_ms:' <<<"$out" | awk '{print $2}')
+/usr/bin/python3 -c "import sys; sys.exit(0 if float('$step') >= float('$total') else 1)" \
+  && echo "ok: one-core prediction $step ms >= the blocks' work $total ms" \
+  || fail "one-core prediction $step ms is below the blocks' work $total ms"
+# A processor per rank: no sharing recorded (needs 2 CPUs).
+if [ "$(nproc)" -ge 2 ]; then
+  tiny_config "$dir/t2.ini" model.layers=12 model.channels=64 train.steps=2 parallel.pp=2
+  timeout 120 mpiexec -bind-to user:0,1 -n 2 "$DYNMO" train --config "$dir/t2.ini" \
+    run.out_dir="$dir/dedicated" > "$dir/dedicated.out" 2>&1 || fail "dedicated run exited $?"
+  ! grep -q "^processors:" "$dir/dedicated.out" && \
+    ! h5dump -A "$dir/dedicated/runlog.h5" | grep -q stage_groups \
+    && echo "ok: a processor per rank records no sharing" \
+    || fail "dedicated run recorded a sharing"
+fi
 finish

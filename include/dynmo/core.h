@@ -80,6 +80,13 @@ __attribute__((format(printf, 1, 2))) void dm_warn(const char *fmt, ...);
 /* ---- time and memory -------------------------------------------------- */
 
 double dm_now(void);              /* monotonic seconds */
+/* The clock that profiles compute (block and stage times): dm_now's, or,
+ * after dm_profile_cpu_time(1), this thread's CPU time, which stays the
+ * work's own cost when ranks time-share processors (a stage that waits for
+ * a CPU would otherwise be charged for its neighbour's work). */
+void dm_profile_cpu_time(int on);
+int dm_profile_is_cpu_time(void);
+double dm_profile_now(void);
 size_t dm_peak_rss_bytes(void);   /* peak resident set of this process */
 
 /* 64-byte aligned, zero-filled; fatal on failure. Free with dm_free. */

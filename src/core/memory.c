@@ -12,6 +12,22 @@ double dm_now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+static clockid_t profile_clock = CLOCK_MONOTONIC;
+
+void dm_profile_cpu_time(int on)
+{
+    profile_clock = on ? CLOCK_THREAD_CPUTIME_ID : CLOCK_MONOTONIC;
+}
+
+int dm_profile_is_cpu_time(void) { return profile_clock != CLOCK_MONOTONIC; }
+
+double dm_profile_now(void)
+{
+    struct timespec ts;
+    clock_gettime(profile_clock, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 size_t dm_peak_rss_bytes(void)
 {
     struct rusage usage;

@@ -235,14 +235,14 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
         encoder_forward(acts->residual, acts->tokens, model->wte, model->wpe, B, T, C);
     if (model->exit) exit_begin_forward(model, acts);
     for (int i = 0; i < model->num_blocks; i++) {
-        double t0 = dm_now();
+        double t0 = dm_profile_now();
         if (model->exit)   /* early exit: active tokens only, exit heads */
             exit_forward_block(model, acts, i, acts->residual + (i + 1) * BTC,
                                acts->residual + i * BTC);
         else
             block_forward(&model->blocks[i], &acts->blocks[i], acts->residual + (i + 1) * BTC,
                           acts->residual + i * BTC, B, T);
-        model->block_fwd_s[i] += dm_now() - t0;
+        model->block_fwd_s[i] += dm_profile_now() - t0;
     }
     if (!model->has_head) return 0.0f;
     layernorm_forward(acts->lnf, acts->lnf_mean, acts->lnf_rstd,
@@ -283,14 +283,14 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
          * (din is then left as it is; the previous stage ignores it). */
         if (model->first_block + i < model->frozen_prefix) break;
         float *target = (i == 0 && !model->has_embed) ? din : d;
-        double t0 = dm_now();
+        double t0 = dm_profile_now();
         if (model->exit)
             exit_backward_block(model, acts, scratch, i, target, grad,
                                 acts->residual + i * BTC, dloss_scale);
         else
             block_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
                            acts->residual + i * BTC, B, T);
-        model->block_bwd_s[i] += dm_now() - t0;
+        model->block_bwd_s[i] += dm_profile_now() - t0;
         grad = target;
     }
     if (model->has_embed && model->frozen_prefix == 0)

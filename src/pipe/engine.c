@@ -460,9 +460,9 @@ static void run_forward(struct engine *eng, struct loader *loader, int step, int
     if ((m->has_embed || m->has_head || m->exit) && loader)   /* exit heads need targets */
         loader_fill(loader, first_sample(eng, step, mb), eng->micro_B, sl->acts.tokens,
                     sl->acts.targets);
-    double t0 = dm_now();
+    double t0 = dm_profile_now();
     float loss = gpt_forward(m, &sl->acts);
-    eng->compute_s += dm_now() - t0;
+    eng->compute_s += dm_profile_now() - t0;
     if (m->has_head) *loss_sum += loss;
 }
 
@@ -473,10 +473,10 @@ static void run_backward(struct engine *eng, int mb)
     DM_ASSERT(sl->busy_mb == mb);
     eng->wait_s += pipe_wait(&sl->send_grad);   /* din is about to change */
     float scale = 1.0f / (float)(eng->micro_batches * eng->grid.replicas);
-    double t0 = dm_now();
+    double t0 = dm_profile_now();
     gpt_backward(m, &sl->acts, &eng->scratch, scale, m->has_head ? NULL : sl->dout,
                  m->has_embed ? NULL : sl->din);
-    eng->compute_s += dm_now() - t0;
+    eng->compute_s += dm_profile_now() - t0;
 }
 
 static size_t act_count(const struct engine *eng)
@@ -540,17 +540,19 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
                              &sl->send_grad));
             break;
         case PIPE_REDUCE_GRADS: {
-            double t0 = dm_now();
+            double t0 = dm_profile_now();
             double w0 = eng->wait_s;
             gpt_mask_pruned_grads(&eng->model);
             exchange_tied_grads(eng);
             reduce_replicas(eng);
             *grad_norm = global_grad_norm(eng);
-            eng->compute_s += (dm_now() - t0) - (eng->wait_s - w0);
+            /* CPU time hardly grows while a wait sleeps; wall time does */
+            double waited = dm_profile_is_cpu_time() ? 0.0 : eng->wait_s - w0;
+            eng->compute_s += (dm_profile_now() - t0) - waited;
             break;
         }
         case PIPE_OPTIMIZER_STEP: {
-            double t0 = dm_now();
+            double t0 = dm_profile_now();
             const struct dm_config *cfg = &eng->cfg;
             float scale = 1.0f;
             if (cfg->grad_clip > 0 && *grad_norm > cfg->grad_clip)
@@ -559,7 +561,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             gpt_adamw_update(&eng->model, *lr, cfg->beta1, cfg->beta2, cfg->eps,
                              cfg->weight_decay, scale, step + 1);
             gpt_zero_grads(&eng->model);
-            eng->compute_s += dm_now() - t0;
+            eng->compute_s += dm_profile_now() - t0;
             break;
         }
         default:
@@ -811,9 +813,10 @@ void engine_relayout(struct engine *eng, const int *root_counts)
         if (to != g->stage) continue;
         int src = rank_of(g, from, g->replica), found = 0, count = 0;
         MPI_Status status;
+        double t0 = dm_now();
         while (!found) {
             DM_MPI(MPI_Iprobe(src, TAG_BLOCK + b, MPI_COMM_WORLD, &found, &status));
-            if (!found) sched_yield();
+            if (!found) world_wait_round(t0);
         }
         DM_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
         if ((size_t)count < slab_bytes + 64)

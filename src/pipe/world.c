@@ -1,16 +1,28 @@
 /* MPI start-up and the hooks that make core's fatal path abort the whole
  * job (STYLE.md: no rank is left waiting on a dead peer). */
+#define _GNU_SOURCE
 #include <mpi.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <time.h>
 #include "dynmo/core.h"
 #include "dynmo/pipe.h"
 #include "pipe/world.h"
 
 static int started;
 static int local_size = 1;
+
+/* Where each rank of the job runs: its node (the world rank of the node's
+ * first rank) and the CPUs it may use. Gathered once at start-up. */
+struct placement {
+    int node;
+    unsigned char cpus[sizeof(cpu_set_t)];
+};
+static struct placement *placed;   /* (world size) */
+static int oversubscribed;         /* this rank shares its CPUs with more ranks than they hold */
 
 static void abort_job(int status)
 {
@@ -23,6 +35,48 @@ static void abort_job(int status)
 static void finalize_job(void)
 {
     world_finalize();
+}
+
+static int cpus_overlap(const struct placement *a, const struct placement *b)
+{
+    if (a->node != b->node) return 0;
+    for (size_t i = 0; i < sizeof a->cpus; i++)
+        if (a->cpus[i] & b->cpus[i]) return 1;
+    return 0;
+}
+
+static int cpu_count(const unsigned char *cpus)
+{
+    int n = 0;
+    for (size_t i = 0; i < sizeof(cpu_set_t); i++) n += __builtin_popcount(cpus[i]);
+    return n;
+}
+
+/* Collective: every rank learns every rank's placement; this rank is
+ * oversubscribed when more ranks of its node may run on its CPUs than it
+ * has CPUs. Polled like every other collective. */
+static void gather_placement(MPI_Comm node, int rank, int size)
+{
+    struct placement mine;
+    memset(&mine, 0, sizeof mine);
+    mine.node = rank;
+    MPI_Request req;
+    if (MPI_Ibcast(&mine.node, 1, MPI_INT, 0, node, &req) != MPI_SUCCESS)
+        DM_FATAL("MPI_Ibcast of the node leader failed");
+    pipe_wait(&req);
+    cpu_set_t cpus;
+    CPU_ZERO(&cpus);
+    if (sched_getaffinity(0, sizeof cpus, &cpus) != 0)
+        for (int c = 0; c < CPU_SETSIZE && c < 1024; c++) CPU_SET(c, &cpus);
+    memcpy(mine.cpus, &cpus, sizeof mine.cpus);
+    placed = dm_alloc((size_t)size * sizeof *placed);
+    if (MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, placed, (int)sizeof mine, MPI_BYTE,
+                       MPI_COMM_WORLD, &req) != MPI_SUCCESS)
+        DM_FATAL("MPI_Iallgather of the rank placements failed");
+    pipe_wait(&req);
+    int sharing = 0;
+    for (int r = 0; r < size; r++) sharing += cpus_overlap(&placed[r], &mine);
+    oversubscribed = sharing > cpu_count(mine.cpus);
 }
 
 void world_init(int *argc, char ***argv)
@@ -42,18 +96,76 @@ void world_init(int *argc, char ***argv)
     MPI_Comm node;
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
     MPI_Comm_size(node, &local_size);
+    gather_placement(node, rank, size);
     MPI_Comm_free(&node);
+    if (oversubscribed) {
+        /* Waiting ranks sleep (wait_round) and must not preempt the rank
+         * computing on their core when they wake: SCHED_BATCH turns off
+         * wake-up preemption; the small timer slack makes the sleeps short. */
+        struct sched_param none = {0};
+        if (sched_setscheduler(0, SCHED_BATCH, &none) != 0)
+            dm_warn("sched_setscheduler(SCHED_BATCH): %s\n", dm_errno_text());
+        prctl(PR_SET_TIMERSLACK, 1000UL);
+    }
 }
 
 void world_finalize(void)
 {
     int finalized = 0;
     if (!started) return;
+    dm_free(placed);
+    placed = NULL;
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Finalize();
 }
 
 int world_local_size(void) { return local_size; }
+
+int world_oversubscribed(void) { return oversubscribed; }
+
+static int find_root(int *parent, int i)
+{
+    while (parent[i] != i) i = parent[i] = parent[parent[i]];
+    return i;
+}
+
+int world_stage_sharing(int stages, int *group, double *cores)
+{
+    int S = stages, P = dm_world_size();
+    DM_ASSERT(placed && S >= 1 && S <= P);
+    /* Stages of replica 0 (ranks 0..S-1) on one node with overlapping CPUs
+     * share them: union-find over the pairs. */
+    int *parent = dm_alloc((size_t)S * sizeof(int));
+    for (int s = 0; s < S; s++) parent[s] = s;
+    for (int a = 0; a < S; a++)
+        for (int b = a + 1; b < S; b++)
+            if (cpus_overlap(&placed[a], &placed[b]))
+                parent[find_root(parent, b)] = find_root(parent, a);
+    int groups = 0, shared = 0;
+    for (int s = 0; s < S; s++) group[s] = -1;
+    for (int s = 0; s < S; s++) {
+        if (group[s] >= 0) continue;
+        int root = find_root(parent, s), members = 0;
+        struct placement all;
+        memset(&all, 0, sizeof all);
+        all.node = placed[s].node;
+        for (int t = s; t < S; t++) {
+            if (find_root(parent, t) != root) continue;
+            group[t] = groups;
+            members++;
+            for (size_t i = 0; i < sizeof all.cpus; i++) all.cpus[i] |= placed[t].cpus[i];
+        }
+        /* Every rank of the job that may run there takes its share, other
+         * replicas' stages included. */
+        int ranks = 0, ncpu = cpu_count(all.cpus);
+        for (int r = 0; r < P; r++) ranks += cpus_overlap(&placed[r], &all);
+        cores[groups] = ranks > ncpu ? (double)ncpu * members / ranks : (double)members;
+        shared |= cores[groups] < members;
+        groups++;
+    }
+    dm_free(parent);
+    return shared ? groups : 0;
+}
 
 int world_agree(int code, const char *message, MPI_Comm comm, char *err, size_t errsize)
 {
@@ -121,6 +233,29 @@ double world_transfer_rate(size_t bytes, int reps)
     return (double)bytes * reps / rate;
 }
 
+/* One round of waiting. A rank with a CPU of its own yields and polls
+ * again at once. An oversubscribed rank that has waited WAIT_SPIN_S sleeps
+ * WAIT_SLEEP_NS between polls instead: a yielding rank stays runnable, so
+ * the kernel counts it as load, keeps it on a CPU a computing stage could
+ * use, and (with short sleeps) wakes it often enough to preempt the stage
+ * computing there. Measured in docs/PERFORMANCE.md (4 ranks on 2 cores:
+ * 50 us sleeps or yielding made steps 40-70% slower than 500 us sleeps
+ * with SCHED_BATCH). A sleep adds at most its length to the wait it ends. */
+#define WAIT_SPIN_S 100e-6
+#define WAIT_SLEEP_NS 500000L
+
+static void wait_round(double t0)
+{
+    if (oversubscribed && dm_now() - t0 > WAIT_SPIN_S) {
+        struct timespec pause = {0, WAIT_SLEEP_NS};
+        nanosleep(&pause, NULL);
+    } else {
+        sched_yield();
+    }
+}
+
+void world_wait_round(double t0) { wait_round(t0); }
+
 static void test_or_die(MPI_Request *req, int *done)
 {
     int rc = MPI_Test(req, done, MPI_STATUS_IGNORE);
@@ -139,7 +274,7 @@ double pipe_wait(MPI_Request *req)
     while (*req != MPI_REQUEST_NULL) {
         test_or_die(req, &done);
         if (done) break;
-        sched_yield();
+        wait_round(t0);
     }
     return dm_now() - t0;
 }
@@ -156,7 +291,7 @@ double pipe_wait_all(int n, MPI_Request *reqs)
             pending += !done;
         }
         if (!pending) break;
-        sched_yield();
+        wait_round(t0);
     }
     return dm_now() - t0;
 }

@@ -24,6 +24,25 @@ int world_local_size(void);
 #define WORLD_MESSAGE_BYTES 1024
 int world_agree(int code, const char *message, MPI_Comm comm, char *err, size_t errsize);
 
+/* 1 when more ranks of this node may run on this rank's CPUs than there
+ * are CPUs (its waits then sleep, and it runs as SCHED_BATCH). */
+int world_oversubscribed(void);
+
+/* How the S stages of replica 0 (ranks 0..S-1) share processors: stages on
+ * one node whose CPU sets overlap form a group; group g's stages get
+ * cores[g] = CPUs x (its stages) / (ranks of the job that may run on those
+ * CPUs), so other replicas take their share. Fills group (S) and cores (up
+ * to S) and returns the number of groups when some group has fewer cores
+ * than stages; returns 0 (a processor per stage) otherwise. Every rank
+ * computes the same answer from the placements gathered at start-up. */
+int world_stage_sharing(int stages, int *group, double *cores);
+
+/* One round of a polled wait that began at t0 (dm_now): yields the core,
+ * or, when this rank is oversubscribed and the wait is older than 100 us,
+ * sleeps 500 us. pipe_wait and pipe_wait_all use it; a loop that
+ * polls with something else (MPI_Iprobe) calls it between polls. */
+void world_wait_round(double t0);
+
 /* Collective: broadcasts n ints from rank 0, polled (MPI_Ibcast). */
 void world_bcast_ints(int *buf, int n);
 

@@ -35,6 +35,11 @@ struct balancer {
     int have_ema;
     double migrate_ms_per_byte; /* measured by the last migration, 0 = unknown */
     int *proposal, *current;
+    /* stages that share processors (balancer_set_sharing); groups = 0: none */
+    int share_groups;
+    int *share_group;           /* (stages) */
+    double *share_cores;        /* (stages) */
+    struct balance_sharing sharing;
     /* the last decision, logged one step later with the measured time */
     int pending;
     float pending_row[8];
@@ -76,7 +81,21 @@ struct balancer *balancer_create(const struct dm_config *cfg, int stages)
     for (size_t l = 0; l < L; l++) bal->params[l] = (double)bal->block_params;
     bal->proposal = dm_alloc((size_t)stages * sizeof(int));
     bal->current = dm_alloc((size_t)stages * sizeof(int));
+    bal->share_group = dm_alloc((size_t)stages * sizeof(int));
+    bal->share_cores = dm_alloc((size_t)stages * sizeof(double));
     return bal;
+}
+
+void balancer_set_sharing(struct balancer *bal, int groups, const int *group,
+                          const double *cores)
+{
+    bal->share_groups = groups;
+    if (!groups) return;
+    memcpy(bal->share_group, group, (size_t)bal->stages * sizeof(int));
+    memcpy(bal->share_cores, cores, (size_t)groups * sizeof(double));
+    struct balance_sharing sharing = {.stages = bal->stages, .groups = groups,
+                                      .group = bal->share_group, .cores = bal->share_cores};
+    bal->sharing = sharing;
 }
 
 void balancer_destroy(struct balancer *bal)
@@ -87,6 +106,8 @@ void balancer_destroy(struct balancer *bal)
     dm_free(bal->mem_bytes);
     dm_free(bal->proposal);
     dm_free(bal->current);
+    dm_free(bal->share_group);
+    dm_free(bal->share_cores);
     dm_free(bal);
 }
 
@@ -152,6 +173,7 @@ static void fill_profile(struct balancer *bal, struct balance_profile *profile)
         .params = bal->params, .mem_bytes = bal->mem_bytes,
         .embed = {.fwd_ms = bal->first_extra_ema / 3, .bwd_ms = 2 * bal->first_extra_ema / 3},
         .head = {.fwd_ms = bal->last_extra_ema / 3, .bwd_ms = 2 * bal->last_extra_ema / 3},
+        .sharing = bal->share_groups ? &bal->sharing : NULL,
     };
     *profile = p;
 }
@@ -169,7 +191,9 @@ static void decide(struct balancer *bal, struct runlog *log, const struct step_s
     }
     struct balance_profile profile;
     fill_profile(bal, &profile);
-    struct balance_options options = {.mem_cap = 0, .gamma = 0.0, .max_rounds = 0};
+    struct balance_options options = {.mem_cap = 0, .gamma = 0.0, .max_rounds = 0,
+                                      .micro_batches = bal->micro_batches,
+                                      .schedule = bal->schedule};
     struct balance_result res;
     char err[256];
     if (balance_propose(bal->method, &profile, S, bal->current, &options, bal->proposal, &res,
@@ -215,6 +239,10 @@ int balancer_repack_plan(struct balancer *bal, const struct step_stats *stats,
     if (!bal->have_ema || bal->method == METHOD_NONE) update_profile(bal, stats);
     struct balance_profile profile;
     fill_profile(bal, &profile);
+    /* The sharing describes these S stages; a candidate on fewer stages
+     * would run on other ranks' processors, so both sides of the
+     * comparison get a processor per stage. */
+    profile.sharing = NULL;
     struct balance_result res;
     char err[256];
     memcpy(counts, stats->layout, (size_t)S * sizeof(int));

@@ -13,6 +13,11 @@ struct balancer;
 /* Validates balance.method (user error naming the valid methods). */
 struct balancer *balancer_create(const struct dm_config *cfg, int stages);
 void balancer_destroy(struct balancer *bal);
+/* Stages share processors (world_stage_sharing's answer; groups = 0: a
+ * processor per stage): every prediction and partition-time decision
+ * uses it. */
+void balancer_set_sharing(struct balancer *bal, int groups, const int *group,
+                          const double *cores);
 
 /* Collective: after step `step` (0-based) has been logged. On a decision
  * step, rank 0 decides from the step's profile, logs the decision in the

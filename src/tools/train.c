@@ -289,6 +289,36 @@ static struct runlog *open_runlog(const char *path, const struct dm_config *cfg,
     return log;
 }
 
+/* When stages time-share processors (more ranks than CPUs), profiles
+ * measure CPU time, so a block costs what it computes and not how long it
+ * waited for a CPU, and the balancer predicts with the sharing. Collective.
+ * Returns the number of groups (0: a processor per stage). */
+static int share_processors(int stages, int threads, struct balancer *bal, int *group,
+                            double *cores)
+{
+    int groups = world_stage_sharing(stages, group, cores);
+    if (!groups) return 0;
+    /* A thread's CPU time is the rank's only when it computes alone. */
+    char unused[8];
+    if (world_agree(threads > 1, "", MPI_COMM_WORLD, unused, sizeof unused)) {
+        dm_log("processors: stages share them, but some rank runs %d threads: profiling "
+               "wall time with a processor per stage\n", threads);
+        return 0;
+    }
+    dm_profile_cpu_time(1);
+    balancer_set_sharing(bal, groups, group, cores);
+    char text[512] = "";
+    size_t used = 0;
+    for (int s = 0; s < stages && used < sizeof text; s++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s%d", s ? "," : "", group[s]);
+    for (int g = 0; g < groups && used < sizeof text; g++)
+        used += (size_t)snprintf(text + used, sizeof text - used, "%s%.3g", g ? "," : " with ",
+                                 cores[g]);
+    dm_log("processors: stages share them (groups %s cores); profiling CPU time, waits "
+           "sleep\n", text);
+    return groups;
+}
+
 int cmd_train(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -350,6 +380,10 @@ int cmd_train(int argc, char **argv)
            DYNMO_VERSION, shape.layers, shape.channels, shape.heads,
            (double)gpt_param_count(&shape) / 1e6, cfg.batch, cfg.seq, cfg.micro_batches,
            dm_world_size(), stages, grid->replicas, cfg.schedule, layout, threads);
+    int *share_group = dm_alloc((size_t)stages * sizeof(int));
+    double *share_cores = dm_alloc((size_t)stages * sizeof(double));
+    int share_groups = share_processors(stages, threads, bal, share_group, share_cores);
+    if (log) runlog_set_sharing(log, stages, share_group, share_groups, share_cores);
 
     double tokens_per_step = (double)cfg.batch * cfg.seq;
     double first_loss = NAN, last_loss = NAN, last_val = NAN;
@@ -484,6 +518,8 @@ int cmd_train(int argc, char **argv)
     dm_free(totals.wait_sum);
     dm_free(totals.compute_sum);
     balancer_destroy(bal);
+    dm_free(share_group);
+    dm_free(share_cores);
     engine_destroy(eng);
     loader_free(&train_loader);
     token_file_close(&train_file);
