@@ -241,21 +241,21 @@ if /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
     fail "from-run --stages 2: exit $?"
   expect_lines "other stage count: dedicated, and it says why" \
     "processors: one per stage (the run's 4 stages shared processors, but --stages is 2)"
-  make_run "$work/run3" "f.attrs['stage_groups'] = np.array([0, 0, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 1.0])"
-  expect_error "run log group count" "stage_groups has 3 entries but the run has 4 stages" \
-    "$DYNMO" plan --from-run "$work/run3" --step 1
-  make_run "$work/runhalf" "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32)"
-  expect_error "run log without group_cores" "has the attribute stage_groups but not group_cores" \
-    "$DYNMO" plan --from-run "$work/runhalf" --step 1
-  make_run "$work/runrange" "f.attrs['stage_groups'] = np.array([0, 0, 1, 2], np.int32); f.attrs['group_cores'] = np.array([1.0, 1.0])"
-  expect_error "run log group out of range" "stage 3 is in group 2, outside 0..1" \
-    "$DYNMO" plan --from-run "$work/runrange" --step 1
-  make_run "$work/runzero" "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 0.0])"
-  expect_error "run log zero cores" "group 1 has 0 cores" \
-    "$DYNMO" plan --from-run "$work/runzero" --step 1
-  make_run "$work/runfloat" "f.attrs['stage_groups'] = np.array([0.0, 0, 1, 1]); f.attrs['group_cores'] = np.array([1.0, 1.0])"
-  expect_error "run log float groups" "attribute stage_groups is not an array of integers" \
-    "$DYNMO" plan --from-run "$work/runfloat" --step 1
+  # A bad sharing in the run log: exit 2 naming it.
+  bad_run() {   # NAME ATTRS WHAT MESSAGE
+    make_run "$work/$1" "$2"
+    expect_error "$3" "$4" "$DYNMO" plan --from-run "$work/$1" --step 1
+  }
+  bad_run run3 "f.attrs['stage_groups'] = np.array([0, 0, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 1.0])" \
+    "run log group count" "stage_groups has 3 entries but the run has 4 stages"
+  bad_run runhalf "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32)" \
+    "run log without group_cores" "has the attribute stage_groups but not group_cores"
+  bad_run runrange "f.attrs['stage_groups'] = np.array([0, 0, 1, 2], np.int32); f.attrs['group_cores'] = np.array([1.0, 1.0])" \
+    "run log group out of range" "stage 3 is in group 2, outside 0..1"
+  bad_run runzero "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 0.0])" \
+    "run log zero cores" "group 1 has 0 cores"
+  bad_run runfloat "f.attrs['stage_groups'] = np.array([0.0, 0, 1, 1]); f.attrs['group_cores'] = np.array([1.0, 1.0])" \
+    "run log float groups" "attribute stage_groups is not an array of integers"
   make_run "$work/plain" ""
   "$DYNMO" plan --from-run "$work/plain" --step 1 --method static-uniform >"$work/out" 2>&1 ||
     fail "from-run plain: exit $?"
