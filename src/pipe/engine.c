@@ -4,7 +4,8 @@
  * replicas in a fixed order, steps the optimizer, profiles every block and
  * stage, and migrates blocks live when the layout changes.
  *
- * Every wait polls (MPI_Test + sched_yield), collectives included: with
+ * Every wait polls (MPI_Test, then sched_yield, or a short sleep when the
+ * rank shares its CPUs: world_wait_round), collectives included: with
  * more ranks than cores, MPICH's blocking waits spin and starve the rank
  * that would let them finish. The engine never decides a layout: callers
  * hand it one (engine_relayout). */

@@ -67,7 +67,7 @@ static void gather_placement(MPI_Comm node, int rank, int size)
     cpu_set_t cpus;
     CPU_ZERO(&cpus);
     if (sched_getaffinity(0, sizeof cpus, &cpus) != 0)
-        for (int c = 0; c < CPU_SETSIZE && c < 1024; c++) CPU_SET(c, &cpus);
+        for (int c = 0; c < CPU_SETSIZE; c++) CPU_SET(c, &cpus);
     memcpy(mine.cpus, &cpus, sizeof mine.cpus);
     placed = dm_alloc((size_t)size * sizeof *placed);
     if (MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, placed, (int)sizeof mine, MPI_BYTE,
