@@ -507,8 +507,8 @@ static void sharing_from_run(struct plan_sharing *ps, const char *dir,
     if (core_count < 0) dm_user_error("--from-run: %s", err);
     if (!group_count && !core_count) return;
     if (!group_count || !core_count)
-        dm_user_error("--from-run: %s has the attribute %s but not %s (both or "
-                      "neither)", path, group_count ? RUNLOG_ATTR_STAGE_GROUPS : RUNLOG_ATTR_GROUP_CORES,
+        dm_user_error("--from-run: %s has the attribute %s but not %s (both or neither)",
+                      path, group_count ? RUNLOG_ATTR_STAGE_GROUPS : RUNLOG_ATTR_GROUP_CORES,
                       group_count ? RUNLOG_ATTR_GROUP_CORES : RUNLOG_ATTR_STAGE_GROUPS);
     if (group_count != run_stages)
         dm_user_error("--from-run: %s: stage_groups has %ld entries but the run "
