@@ -5,12 +5,14 @@
 #include <time.h>
 #include "dynmo/core.h"
 
-double dm_now(void)
+static double clock_seconds(clockid_t clock)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
+
+double dm_now(void) { return clock_seconds(CLOCK_MONOTONIC); }
 
 static clockid_t profile_clock = CLOCK_MONOTONIC;
 
@@ -21,12 +23,7 @@ void dm_profile_cpu_time(int on)
 
 int dm_profile_is_cpu_time(void) { return profile_clock != CLOCK_MONOTONIC; }
 
-double dm_profile_now(void)
-{
-    struct timespec ts;
-    clock_gettime(profile_clock, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+double dm_profile_now(void) { return clock_seconds(profile_clock); }
 
 size_t dm_peak_rss_bytes(void)
 {

@@ -99,7 +99,7 @@ void world_init(int *argc, char ***argv)
     gather_placement(node, rank, size);
     MPI_Comm_free(&node);
     if (oversubscribed) {
-        /* Waiting ranks sleep (wait_round) and must not preempt the rank
+        /* Waiting ranks sleep (world_wait_round) and must not preempt the rank
          * computing on their core when they wake: SCHED_BATCH turns off
          * wake-up preemption; the small timer slack makes the sleeps short. */
         struct sched_param none = {0};
@@ -120,8 +120,6 @@ void world_finalize(void)
 }
 
 int world_local_size(void) { return local_size; }
-
-int world_oversubscribed(void) { return oversubscribed; }
 
 static int find_root(int *parent, int i)
 {
@@ -244,7 +242,7 @@ double world_transfer_rate(size_t bytes, int reps)
 #define WAIT_SPIN_S 100e-6
 #define WAIT_SLEEP_NS 500000L
 
-static void wait_round(double t0)
+void world_wait_round(double t0)
 {
     if (oversubscribed && dm_now() - t0 > WAIT_SPIN_S) {
         struct timespec pause = {0, WAIT_SLEEP_NS};
@@ -253,8 +251,6 @@ static void wait_round(double t0)
         sched_yield();
     }
 }
-
-void world_wait_round(double t0) { wait_round(t0); }
 
 static void test_or_die(MPI_Request *req, int *done)
 {
@@ -274,7 +270,7 @@ double pipe_wait(MPI_Request *req)
     while (*req != MPI_REQUEST_NULL) {
         test_or_die(req, &done);
         if (done) break;
-        wait_round(t0);
+        world_wait_round(t0);
     }
     return dm_now() - t0;
 }
@@ -291,7 +287,7 @@ double pipe_wait_all(int n, MPI_Request *reqs)
             pending += !done;
         }
         if (!pending) break;
-        wait_round(t0);
+        world_wait_round(t0);
     }
     return dm_now() - t0;
 }

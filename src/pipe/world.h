@@ -24,10 +24,6 @@ int world_local_size(void);
 #define WORLD_MESSAGE_BYTES 1024
 int world_agree(int code, const char *message, MPI_Comm comm, char *err, size_t errsize);
 
-/* 1 when more ranks of this node may run on this rank's CPUs than there
- * are CPUs (its waits then sleep, and it runs as SCHED_BATCH). */
-int world_oversubscribed(void);
-
 /* How the S stages of replica 0 (ranks 0..S-1) share processors: stages on
  * one node whose CPU sets overlap form a group; group g's stages get
  * cores[g] = CPUs x (its stages) / (ranks of the job that may run on those

@@ -36,9 +36,6 @@ struct balancer {
     double migrate_ms_per_byte; /* measured by the last migration, 0 = unknown */
     int *proposal, *current;
     /* stages that share processors (balancer_set_sharing); groups = 0: none */
-    int share_groups;
-    int *share_group;           /* (stages) */
-    double *share_cores;        /* (stages) */
     struct balance_sharing sharing;
     /* the last decision, logged one step later with the measured time */
     int pending;
@@ -81,20 +78,14 @@ struct balancer *balancer_create(const struct dm_config *cfg, int stages)
     for (size_t l = 0; l < L; l++) bal->params[l] = (double)bal->block_params;
     bal->proposal = dm_alloc((size_t)stages * sizeof(int));
     bal->current = dm_alloc((size_t)stages * sizeof(int));
-    bal->share_group = dm_alloc((size_t)stages * sizeof(int));
-    bal->share_cores = dm_alloc((size_t)stages * sizeof(double));
     return bal;
 }
 
 void balancer_set_sharing(struct balancer *bal, int groups, const int *group,
                           const double *cores)
 {
-    bal->share_groups = groups;
-    if (!groups) return;
-    memcpy(bal->share_group, group, (size_t)bal->stages * sizeof(int));
-    memcpy(bal->share_cores, cores, (size_t)groups * sizeof(double));
     struct balance_sharing sharing = {.stages = bal->stages, .groups = groups,
-                                      .group = bal->share_group, .cores = bal->share_cores};
+                                      .group = group, .cores = cores};
     bal->sharing = sharing;
 }
 
@@ -106,8 +97,6 @@ void balancer_destroy(struct balancer *bal)
     dm_free(bal->mem_bytes);
     dm_free(bal->proposal);
     dm_free(bal->current);
-    dm_free(bal->share_group);
-    dm_free(bal->share_cores);
     dm_free(bal);
 }
 
@@ -173,7 +162,7 @@ static void fill_profile(struct balancer *bal, struct balance_profile *profile)
         .params = bal->params, .mem_bytes = bal->mem_bytes,
         .embed = {.fwd_ms = bal->first_extra_ema / 3, .bwd_ms = 2 * bal->first_extra_ema / 3},
         .head = {.fwd_ms = bal->last_extra_ema / 3, .bwd_ms = 2 * bal->last_extra_ema / 3},
-        .sharing = bal->share_groups ? &bal->sharing : NULL,
+        .sharing = bal->sharing.groups ? &bal->sharing : NULL,
     };
     *profile = p;
 }

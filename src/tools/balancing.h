@@ -15,7 +15,7 @@ struct balancer *balancer_create(const struct dm_config *cfg, int stages);
 void balancer_destroy(struct balancer *bal);
 /* Stages share processors (world_stage_sharing's answer; groups = 0: a
  * processor per stage): every prediction and partition-time decision
- * uses it. */
+ * uses it. group and cores stay the caller's and must outlive bal. */
 void balancer_set_sharing(struct balancer *bal, int groups, const int *group,
                           const double *cores);
 
