@@ -5,6 +5,8 @@ that `dynmo plan` reads (embed and head rows from the first and last
 stage's compute beyond their blocks), run `dynmo plan`, and print the
 predicted step time of each static layout over that of the optimal
 partition (partition-time): the speedup a perfect balancer could get.
+Blocks' updates at the step's end (/layers/update_ms, once a step) go in the
+CSV's update_ms column when the log has them.
 When the run's stages shared processors (run log attributes stage_groups
 and group_cores), `dynmo plan` predicts with the same sharing.
 
@@ -26,17 +28,29 @@ C = int([l for l in cfg.splitlines() if l.startswith("model.channels")][0].split
 params = np.full(L, 12 * C * C + 13 * C, dtype=float)
 if "/layers/sparsity" in f:
     params = params * (1 - f["/layers/sparsity"][last - 1])
+# Once a step: each block's update and each stage's whole step end (logs
+# older than these datasets: none, the step end stays in busy per micro-batch)
+if "/layers/update_ms" in f and len(f["/layers/update_ms"]) == len(f["/layers/fwd_ms"]):
+    update = f["/layers/update_ms"][first:last].mean(axis=0)
+    stage_update = f["/stages/update_ms"][first:last].mean(axis=0)[:S]
+else:
+    update, stage_update = np.zeros(L), np.zeros(S)
 starts = np.concatenate([[0], np.cumsum(layout)])
-def extra(stage):  # per micro-batch compute beyond the stage's blocks
+def extra(stage):  # per micro-batch compute beyond the stage's blocks, update apart
     b = slice(starts[stage], starts[stage + 1])
-    return max(0.0, busy[stage] / m - (fwd[b].sum() + bwd[b].sum()))
+    return max(0.0, (busy[stage] - stage_update[stage]) / m - (fwd[b].sum() + bwd[b].sum()))
+def extra_update(stage):  # once a step: the stage's update beyond its blocks'
+    b = slice(starts[stage], starts[stage + 1])
+    return max(0.0, stage_update[stage] - update[b].sum())
 e, h = extra(0), extra(S - 1)
+eu, hu = extra_update(0), extra_update(S - 1)
 with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as csv:
-    csv.write("layer,fwd_ms,bwd_ms,params,mem_bytes\n")
-    csv.write(f"embed,{e/3:.6f},{2*e/3:.6f},0,0\n")
+    csv.write("layer,fwd_ms,bwd_ms,params,mem_bytes,update_ms\n")
+    csv.write(f"embed,{e/3:.6f},{2*e/3:.6f},0,0,{eu:.6f}\n")
     for l in range(L):
-        csv.write(f"{l},{fwd[l]:.6f},{bwd[l]:.6f},{params[l]:.0f},{int(16*(12*C*C+13*C))}\n")
-    csv.write(f"head,{h/3:.6f},{2*h/3:.6f},0,0\n")
+        csv.write(f"{l},{fwd[l]:.6f},{bwd[l]:.6f},{params[l]:.0f},{int(16*(12*C*C+13*C))},"
+                  f"{update[l]:.6f}\n")
+    csv.write(f"head,{h/3:.6f},{2*h/3:.6f},0,0,{hu:.6f}\n")
 cmd = [dynmo, "plan", "--costs", csv.name, "--stages", str(S), "--micro-batches", str(m)]
 if "stage_groups" in f.attrs:   # the run's stages shared processors: predict with that
     cmd += ["--stage-groups", ",".join(str(int(g)) for g in f.attrs["stage_groups"]),

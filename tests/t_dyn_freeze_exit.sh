@@ -28,6 +28,22 @@ for scheme in FREEZE EXIT_SOFT EXIT_SAT; do
     && fail "$scheme: no migration happened" || echo "note: $scheme: no migration this time"; }
 done
 grep -q 'frozen [1-9]' "$dir/FREEZE-balanced.out" || fail "freeze: nothing froze"
+# The step's end per block: nothing for a block frozen before the step
+# (step 11's line gives the prefix step 12 starts with), something for every
+# other block, and each stage's whole step end holds its blocks' shares.
+prefix=$(sed -n 's|^step 11/12 .*frozen \([0-9]*\)/12.*|\1|p' "$dir/FREEZE-balanced.out")
+/usr/bin/python3 - "$dir/FREEZE-balanced/runlog.h5" "${prefix:-0}" <<'PY' || fail "/layers/update_ms is wrong"
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'r'); k = int(sys.argv[2])
+u, su, lay = f['/layers/update_ms'][:], f['/stages/update_ms'][:], f['/layout/history'][:]
+assert u.shape == (12, 12) and su.shape == (12, 4), (u.shape, su.shape)
+assert k >= 1 and np.all(u[11, :k] == 0.0), (k, u[11])
+assert np.all(u[11, k:] > 0.0) and np.all(u[0] > 0.0), u
+starts = np.concatenate([[0], np.cumsum(lay[11])])
+for s in range(4):
+    assert su[11, s] >= u[11, starts[s]:starts[s + 1]].sum(), (s, su[11], u[11])
+print(f"ok: /layers/update_ms: 0 for the {k} frozen blocks, >0 for the rest; stages hold their blocks'")
+PY
 grep -q 'skipped [1-9]' "$dir/EXIT_SOFT-balanced.out" || fail "early exit: no token exited"
 # the run log's per-block active share: 1 before exit_from (block 1), never
 # rising with depth, and below 1 somewhere once tokens exit

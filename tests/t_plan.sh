@@ -64,6 +64,17 @@ printf 'layer,fwd_ms,bwd_ms,params,mem_bytes\n0,1,2,1,1\n1,1,2,1,1\n2,1,2,1,1\n3
 "$DYNMO" plan --costs "$work/equal.csv" --stages 4 --method static-uniform --micro-batches 8 \
   >"$work/out" 2>&1 || fail "equal: exit $?"
 expect_lines "predictor on equal stages" "step_ms: 33.000" "bubble_ratio: 0.2727"
+# An update (once a step) on block 0 starts stage 0, and so every stage, 5 ms
+# later; on the last block it hides behind the fill but for 5 - 3 ms.
+printf 'layer,fwd_ms,bwd_ms,params,mem_bytes,update_ms\n0,1,2,1,1,5\n1,1,2,1,1,0\n2,1,2,1,1,0\n3,1,2,1,1,0\n' \
+  >"$work/update.csv"
+"$DYNMO" plan --costs "$work/update.csv" --stages 4 --method static-uniform --micro-batches 8 \
+  >"$work/out" 2>&1 || fail "update: exit $?"
+expect_lines "an update on the first stage" "step_ms: 38.000"
+sed 's/,5$/,0/; s/^3,1,2,1,1,0$/3,1,2,1,1,5/' "$work/update.csv" >"$work/update_last.csv"
+"$DYNMO" plan --costs "$work/update_last.csv" --stages 4 --method static-uniform \
+  --micro-batches 8 >"$work/out" 2>&1 || fail "update last: exit $?"
+expect_lines "an update on the last stage" "step_ms: 35.000"
 "$DYNMO" plan --costs "$work/equal.csv" --stages 2 --method repack --epsilon 0.5 \
   --micro-batches 4 >"$work/out" 2>&1 || fail "repack: exit $?"
 # 2 stages: (4+1) x 6 = 30 ms; 1 stage: 4 x 12 = 48 > 30 x 1.5: no re-pack,
@@ -91,6 +102,9 @@ expect_error "head not last" "head.csv:4: a row after 'head'" \
 printf 'layer,fwd_ms,bwd_ms,params,mem_bytes\n0,1,2,1,1.5\n' >"$work/bytes.csv"
 expect_error "fractional bytes" "bytes.csv:2: column mem_bytes: '1.5' is not a whole number" \
   "$DYNMO" plan --costs "$work/bytes.csv" --stages 1
+printf 'layer,fwd_ms,bwd_ms,params,mem_bytes,update_ms\n0,1,2,1,1,-1\n' >"$work/negupdate.csv"
+expect_error "negative update" "negupdate.csv:2: column update_ms: -1 is negative" \
+  "$DYNMO" plan --costs "$work/negupdate.csv" --stages 1
 printf 'layer,fwd_ms,bwd_ms,params,mem_bytes\n0,nan,2,1,1\n' >"$work/nan.csv"
 expect_error "nan" "nan.csv:2: column fwd_ms: 'nan' is not a finite number" \
   "$DYNMO" plan --costs "$work/nan.csv" --stages 1

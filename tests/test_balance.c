@@ -841,28 +841,40 @@ static void test_propose(void)
  * does dt x min(1, cores / computing stages of its group) of work, and an
  * instruction whose work is done completes at the end of the tick, so each
  * completion comes at most about a tick late. */
-static double ticked_step(const double *f, const double *b, int S, int m, int gpipe,
-                          const int *group, const double *cores, double dt)
+static double ticked_step(const double *f, const double *b, const double *up, int S, int m,
+                          int gpipe, const int *group, const double *cores, double dt)
 {
     enum { MAXS = REF_MAX_STAGES, MAXM = REF_MAX_MICRO };
     int list[MAXS][2 * MAXM], pos[MAXS] = {0};
     char done_f[MAXS][MAXM] = {{0}}, done_b[MAXS][MAXM] = {{0}};
-    double left[MAXS];
+    double left[MAXS], update_left[MAXS];
     reference_lists(list, S, m, gpipe);
-    for (int s = 0; s < S; s++) left[s] = list[s][0] >= 0 ? f[s] : b[s];
+    int remaining = 2 * m * S;
+    for (int s = 0; s < S; s++) {
+        left[s] = list[s][0] >= 0 ? f[s] : b[s];
+        update_left[s] = up ? up[s] : 0.0;   /* before the list, always ready */
+        remaining += update_left[s] > 0;
+    }
     double now = 0;
-    for (int remaining = 2 * m * S; remaining > 0; now += dt) {
+    for (; remaining > 0; now += dt) {
         int ready[MAXS], members[MAXS] = {0};
         for (int s = 0; s < S; s++) {
             int c = pos[s] < 2 * m ? list[s][pos[s]] : 0;
-            ready[s] = pos[s] < 2 * m &&
-                       (c >= 0 ? s == 0 || done_f[s - 1][c]
-                               : s == S - 1 || done_b[s + 1][-1 - c]);
+            ready[s] = update_left[s] > 0 ||
+                       (pos[s] < 2 * m &&
+                        (c >= 0 ? s == 0 || done_f[s - 1][c]
+                                : s == S - 1 || done_b[s + 1][-1 - c]));
             members[group[s]] += ready[s];
         }
         for (int s = 0; s < S; s++) {
             if (!ready[s]) continue;
-            left[s] -= dt * fmin(1.0, cores[group[s]] / members[group[s]]);
+            double rate = fmin(1.0, cores[group[s]] / members[group[s]]);
+            if (update_left[s] > 0) {
+                update_left[s] -= dt * rate;
+                if (update_left[s] <= 1e-12) update_left[s] = 0, remaining--;
+                continue;
+            }
+            left[s] -= dt * rate;
             if (left[s] > 1e-12) continue;
             int c = list[s][pos[s]];
             if (c >= 0) done_f[s][c] = 1;
@@ -911,15 +923,15 @@ static void test_sharing_dedicated(void)
             {S + 1, 1, one, single},    /* another stage count: ignored */
         };
         for (int v = 0; v < 3; v++) {
-            CHECK(balance_predict_shared(f, b, S, m, schedule, &variants[v], &got,
+            CHECK(balance_predict_shared(f, b, NULL, S, m, schedule, &variants[v], &got,
                                          NULL, 0) == BALANCE_OK);
             CHECK_MSG(same_prediction(&got, &want), "trial %d variant %d: %.17g vs %.17g",
                       trial, v, got.step_ms, want.step_ms);
         }
-        CHECK(balance_predict_shared(f, b, S, m, schedule, NULL, &got, NULL, 0) == BALANCE_OK);
+        CHECK(balance_predict_shared(f, b, NULL, S, m, schedule, NULL, &got, NULL, 0) == BALANCE_OK);
         CHECK(same_prediction(&got, &want));
         struct balance_sharing serial = {S, 1, one, single};
-        CHECK(balance_predict_shared(f, b, S, 1, schedule, &serial, &got, NULL, 0) == BALANCE_OK);
+        CHECK(balance_predict_shared(f, b, NULL, S, 1, schedule, &serial, &got, NULL, 0) == BALANCE_OK);
         balance_predict_stages(f, b, S, 1, schedule, &want, NULL, 0);
         CHECK_NEAR(got.step_ms, want.step_ms, 1e-9 * want.step_ms);
         worst = fmax(worst, fabs(got.step_ms - want.step_ms));
@@ -945,7 +957,7 @@ static void test_sharing_bounds(void)
         balance_predict_stages(f, b, S, m, schedule, &dedicated, NULL, 0);
         double cores = trial % 2 ? 2.0 : 1.0;
         struct balance_sharing sh = {S, 1, zero, &cores};
-        CHECK(balance_predict_shared(f, b, S, m, schedule, &sh, &got, NULL, 0) == BALANCE_OK);
+        CHECK(balance_predict_shared(f, b, NULL, S, m, schedule, &sh, &got, NULL, 0) == BALANCE_OK);
         double tol = 1e-9 * (total > 1 ? total : 1);
         if (cores == 1.0) {
             CHECK_NEAR(got.step_ms, total, tol);
@@ -973,7 +985,7 @@ static void test_sharing_by_hand(void)
     double f[2] = {1.5, 2.25}, b[2] = {0.5, 3.0};
     for (int gpipe = 0; gpipe <= 1; gpipe++) {
         enum dm_schedule schedule = gpipe ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
-        balance_predict_shared(f, b, 2, 1, schedule, &single, &pr, NULL, 0);
+        balance_predict_shared(f, b, NULL, 2, 1, schedule, &single, &pr, NULL, 0);
         CHECK_NEAR(pr.step_ms, 1.5 + 2.25 + 3.0 + 0.5, 1e-12);
     }
     /* S = 2, m = 2, f = b = 1. Dedicated, or 2 cores: (m + S - 1)(f + b) =
@@ -988,14 +1000,14 @@ static void test_sharing_by_hand(void)
         enum dm_schedule schedule = gpipe ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
         balance_predict_stages(unit, unit, 2, 2, schedule, &pr, NULL, 0);
         CHECK_NEAR(pr.step_ms, 6.0, 1e-12);
-        balance_predict_shared(unit, unit, 2, 2, schedule, &single, &pr, NULL, 0);
+        balance_predict_shared(unit, unit, NULL, 2, 2, schedule, &single, &pr, NULL, 0);
         CHECK_NEAR(pr.step_ms, 8.0, 1e-12);
         CHECK_NEAR(pr.bubble_ratio, 1.0 - 8.0 / 16.0, 1e-12);
-        balance_predict_shared(unit, unit, 2, 2, schedule, &wider, &pr, NULL, 0);
+        balance_predict_shared(unit, unit, NULL, 2, 2, schedule, &wider, &pr, NULL, 0);
         CHECK_NEAR(pr.step_ms, 20.0 / 3.0, 1e-12);
         double two_cores = 2.0;
         struct balance_sharing enough = {2, 1, zero, &two_cores};
-        balance_predict_shared(unit, unit, 2, 2, schedule, &enough, &pr, NULL, 0);
+        balance_predict_shared(unit, unit, NULL, 2, 2, schedule, &enough, &pr, NULL, 0);
         CHECK_NEAR(pr.step_ms, 6.0, 1e-12);
     }
     /* Two groups of one core, {0, 1} and {2, 3}, GPipe, m = 1 and f = b = 1:
@@ -1003,14 +1015,14 @@ static void test_sharing_by_hand(void)
     int pairs[4] = {0, 0, 1, 1};
     double cores[2] = {1, 1}, four[4] = {1, 1, 1, 1};
     struct balance_sharing paired = {4, 2, pairs, cores};
-    balance_predict_shared(four, four, 4, 1, DM_SCHEDULE_GPIPE, &paired, &pr, NULL, 0);
+    balance_predict_shared(four, four, NULL, 4, 1, DM_SCHEDULE_GPIPE, &paired, &pr, NULL, 0);
     CHECK_NEAR(pr.step_ms, 8.0, 1e-12);
     /* (d) one group of 2 cores for 4 equal stages, m = 8: at least half the
      * work, 4 x 8 x 2 / 2 = 32, and the dedicated (8 + 3) x 2 = 22. */
     double two = 2.0;
     int all[4] = {0, 0, 0, 0};
     struct balance_sharing half = {4, 1, all, &two};
-    balance_predict_shared(four, four, 4, 8, DM_SCHEDULE_1F1B, &half, &pr, NULL, 0);
+    balance_predict_shared(four, four, NULL, 4, 8, DM_SCHEDULE_1F1B, &half, &pr, NULL, 0);
     CHECK_MSG(pr.step_ms >= 32.0 - 1e-9, "4 stages on 2 cores: %.17g", pr.step_ms);
 }
 
@@ -1029,9 +1041,9 @@ static void test_sharing_reference(void)
             cores[g] = (double[]){0.5, 1, 1.5, 2, 0.25 + 2 * rng_unit()}[rng_int(0, 4)];
         struct balance_sharing sh = {S, groups, group, cores};
         struct balance_prediction pr;
-        CHECK(balance_predict_shared(f, b, S, m, gpipe ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B,
+        CHECK(balance_predict_shared(f, b, NULL, S, m, gpipe ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B,
                                      &sh, &pr, NULL, 0) == BALANCE_OK);
-        double want = ticked_step(f, b, S, m, gpipe, group, cores, dt);
+        double want = ticked_step(f, b, NULL, S, m, gpipe, group, cores, dt);
         double tolerance = 2 * (2 * S * m) * dt * 4;  /* a tick per completion, at rate >= 1/4 */
         CHECK_MSG(fabs(pr.step_ms - want) <= tolerance, "trial %d: %.9g vs ticked %.9g",
                   trial, pr.step_ms, want);
@@ -1067,7 +1079,7 @@ static void test_sharing_bad_input(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char err[256] = "";
         struct balance_prediction pr;
-        int rc = balance_predict_shared(f, b, 3, 4, DM_SCHEDULE_1F1B, &cases[i].sharing,
+        int rc = balance_predict_shared(f, b, NULL, 3, 4, DM_SCHEDULE_1F1B, &cases[i].sharing,
                                         &pr, err, sizeof err);
         CHECK_MSG(rc == BALANCE_BAD_INPUT && strstr(err, cases[i].needle),
                   "case %zu: rc %d, '%s'", i, rc, err);
@@ -1260,6 +1272,196 @@ static void test_propose_shared_constructed(void)
     }
 }
 
+/* ---- the update at a step's end (balance_predict_shared's stage_update_ms) ---- */
+
+/* Worked by hand: 2 stages, m = 1, f = 1, b = 2 (lists F0 B0 on both). */
+static void test_update_by_hand(void)
+{
+    double f[2] = {1, 1}, b[2] = {2, 2};
+    struct balance_prediction pr;
+    /* Stage 0's update delays everything: F0 3..4, stage 1 4..7, B0 7..9. */
+    double first[2] = {3, 0};
+    CHECK(balance_predict_shared(f, b, first, 2, 1, DM_SCHEDULE_1F1B, NULL, &pr, NULL, 0) ==
+          BALANCE_OK);
+    CHECK_NEAR(pr.step_ms, 9.0, 1e-12);
+    CHECK_NEAR(pr.bubble_ratio, 1.0 - 9.0 / 18.0, 1e-12);   /* busy 3 + 3 + 3 of 2 x 9 */
+    /* Stage 1's update hides behind the fill but for 2 ms: F0 starts at 3
+     * instead of 1, so 6 + 2 = 8. */
+    double last[2] = {0, 3};
+    CHECK(balance_predict_shared(f, b, last, 2, 1, DM_SCHEDULE_1F1B, NULL, &pr, NULL, 0) ==
+          BALANCE_OK);
+    CHECK_NEAR(pr.step_ms, 8.0, 1e-12);
+    /* An update shorter than the fill costs nothing: F0 on stage 1 waits
+     * until 1 anyway. */
+    double hidden[2] = {0, 0.75};
+    CHECK(balance_predict_shared(f, b, hidden, 2, 1, DM_SCHEDULE_1F1B, NULL, &pr, NULL, 0) ==
+          BALANCE_OK);
+    CHECK_NEAR(pr.step_ms, 6.0, 1e-12);
+    /* Both stages on one core: stage 0's F0 and stage 1's update share it
+     * at rate 1/2 until F0 ends at 2 (2 of the update left), the update
+     * then runs alone until 4; F0 4..5 and B0 5..7 on stage 1, B0 7..9 on
+     * stage 0. The core never idles: the sum of the work, 9. */
+    int one[2] = {0, 0};
+    double core = 1;
+    struct balance_sharing shared = {2, 1, one, &core};
+    CHECK(balance_predict_shared(f, b, last, 2, 1, DM_SCHEDULE_1F1B, &shared, &pr, NULL, 0) ==
+          BALANCE_OK);
+    CHECK_NEAR(pr.step_ms, 9.0, 1e-12);
+    /* Through a profile: the embedding's update lands on stage 0, the head's
+     * on the last, a block's on its stage. 4 blocks of f = 1, b = 2 on 2
+     * stages of 2, m = 1: stage times 2 / 4 each; updates 1 (block 0) + 2
+     * (embed) on stage 0 delay the whole step by 3. */
+    double bf[4] = {1, 1, 1, 1}, bb[4] = {2, 2, 2, 2}, bp[4] = {1, 1, 1, 1};
+    double bu[4] = {1, 0, 0, 0.5};
+    int64_t bm[4] = {1, 1, 1, 1};
+    struct balance_profile profile = {
+        .blocks = 4, .fwd_ms = bf, .bwd_ms = bb, .params = bp, .mem_bytes = bm,
+        .embed = {.update_ms = 2}, .head = {.update_ms = 0.25}, .update_ms = bu};
+    int counts[2] = {2, 2};
+    CHECK(balance_predict(&profile, 2, counts, 1, DM_SCHEDULE_1F1B, &pr, NULL, 0) ==
+          BALANCE_OK);
+    /* stage 1's 0.75 hides behind stage 0's 3 + 2 of forward */
+    CHECK_NEAR(pr.step_ms, 3.0 + 2 + 2 + 4 + 4, 1e-12);
+}
+
+/* Updates against the ticked reference, shared and dedicated (a group of
+ * one core per stage), and zeros or NULL: the same bits as no update. */
+static void test_update_reference(void)
+{
+    double f[8], b[8], u[8], zeros[8] = {0}, worst = 0;
+    const double dt = 1.0 / 1024;
+    for (int trial = 0; trial < 300; trial++) {
+        int S = rng_int(2, 4), m = rng_int(1, 4), gpipe = rng_int(0, 1);
+        enum dm_schedule schedule = gpipe ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
+        random_stage_times(f, b, S);
+        for (int s = 0; s < S; s++) u[s] = rng_int(0, 2) ? rng_unit() * 6 : 0.0;
+        int groups = rng_int(1, S), group[8], own[8];
+        double cores[8], ones[8];
+        for (int s = 0; s < S; s++) {
+            group[s] = s < groups ? s : rng_int(0, groups - 1);
+            own[s] = s;
+            ones[s] = 1;
+        }
+        for (int g = 0; g < groups; g++) cores[g] = (double[]){0.5, 1, 1.5, 2}[rng_int(0, 3)];
+        struct balance_sharing sh = {S, groups, group, cores};
+        struct balance_prediction pr, dedicated, none, zero;
+        CHECK(balance_predict_shared(f, b, u, S, m, schedule, &sh, &pr, NULL, 0) == BALANCE_OK);
+        double want = ticked_step(f, b, u, S, m, gpipe, group, cores, dt);
+        double tolerance = 2 * (2 * S * m + S) * dt * 4;
+        CHECK_MSG(fabs(pr.step_ms - want) <= tolerance, "trial %d: %.9g vs ticked %.9g",
+                  trial, pr.step_ms, want);
+        worst = fmax(worst, fabs(pr.step_ms - want));
+        CHECK(balance_predict_shared(f, b, u, S, m, schedule, NULL, &dedicated, NULL, 0) ==
+              BALANCE_OK);
+        want = ticked_step(f, b, u, S, m, gpipe, own, ones, dt);
+        CHECK_MSG(fabs(dedicated.step_ms - want) <= 2 * (2 * S * m + S) * dt,
+                  "trial %d dedicated: %.9g vs ticked %.9g", trial, dedicated.step_ms, want);
+        /* an update never makes a step shorter, and costs at most its longest */
+        CHECK(balance_predict_shared(f, b, NULL, S, m, schedule, NULL, &none, NULL, 0) ==
+              BALANCE_OK);
+        double longest = 0;
+        for (int s = 0; s < S; s++) longest = fmax(longest, u[s]);
+        CHECK_MSG(dedicated.step_ms >= none.step_ms - 1e-9 &&
+                  dedicated.step_ms <= none.step_ms + longest + 1e-9,
+                  "trial %d: %.17g, without updates %.17g, longest %.17g", trial,
+                  dedicated.step_ms, none.step_ms, longest);
+        /* zero updates are no updates, bit for bit, shared or not */
+        CHECK(balance_predict_shared(f, b, zeros, S, m, schedule, NULL, &zero, NULL, 0) ==
+              BALANCE_OK);
+        CHECK(same_prediction(&zero, &none));
+        CHECK(balance_predict_shared(f, b, zeros, S, m, schedule, &sh, &zero, NULL, 0) ==
+              BALANCE_OK);
+        CHECK(balance_predict_shared(f, b, NULL, S, m, schedule, &sh, &none, NULL, 0) ==
+              BALANCE_OK);
+        CHECK(same_prediction(&zero, &none));
+    }
+    printf("predictor with updates vs ticked reference: 300 pipelines, largest difference "
+           "%.3g ms\n", worst);
+}
+
+/* Bad update times: BALANCE_BAD_INPUT naming the stage or block. */
+static void test_update_bad_input(void)
+{
+    double f[2] = {1, 1}, b[2] = {2, 2};
+    double negative[2] = {0, -1}, nan[2] = {NAN, 0}, inf[2] = {0, INFINITY};
+    const double *bad[3] = {negative, nan, inf};
+    const char *needle[3] = {"stage 1: update time -1", "stage 0: update time nan",
+                             "stage 1: update time inf"};
+    for (int i = 0; i < 3; i++) {
+        char err[256] = "";
+        struct balance_prediction pr;
+        int rc = balance_predict_shared(f, b, bad[i], 2, 2, DM_SCHEDULE_1F1B, NULL, &pr, err,
+                                        sizeof err);
+        CHECK_MSG(rc == BALANCE_BAD_INPUT && strstr(err, needle[i]), "case %d: %d '%s'", i, rc,
+                  err);
+    }
+    struct profile_instance pi;
+    random_profile(&pi, 4);
+    double u[4] = {0, 1, NAN, 0};
+    pi.profile.update_ms = u;
+    int counts[2] = {2, 2};
+    char err[256] = "";
+    struct balance_prediction pr;
+    int rc = balance_predict(&pi.profile, 2, counts, 2, DM_SCHEDULE_1F1B, &pr, err, sizeof err);
+    CHECK_MSG(rc == BALANCE_BAD_INPUT && strstr(err, "block 2"), "profile: %d '%s'", rc, err);
+    rc = balance_propose(BALANCE_PARTITION_TIME, &pi.profile, 2, NULL, NULL, counts, NULL, err,
+                         sizeof err);
+    CHECK_MSG(rc == BALANCE_BAD_INPUT, "propose: %d '%s'", rc, err);
+    u[2] = 0;
+    pi.profile.head.update_ms = -2;
+    rc = balance_predict(&pi.profile, 2, counts, 2, DM_SCHEDULE_1F1B, &pr, err, sizeof err);
+    CHECK_MSG(rc == BALANCE_BAD_INPUT, "head update: %d '%s'", rc, err);
+}
+
+/* partition-time with updates (one processor per stage): never slower than
+ * the min-max layout, against the brute-force optimum of the prediction. */
+static void test_update_propose(void)
+{
+    int runs = 0, faster = 0, optimal = 0, within = 0;
+    double worst = 1.0;
+    for (int trial = 0; trial < 600; trial++) {
+        struct profile_instance pi;
+        int n = rng_int(2, 10);
+        random_profile(&pi, n);
+        double u[MAX_BLOCKS];
+        for (int i = 0; i < n; i++) u[i] = rng_int(0, 1) ? rng_unit() * 8 : 0.0;
+        pi.profile.update_ms = u;
+        pi.profile.embed.update_ms = rng_unit();
+        pi.profile.head.update_ms = rng_unit() * 3;
+        int S = rng_int(2, n < 4 ? n : 4), m = rng_int(1, 6);
+        enum dm_schedule schedule = rng_int(0, 1) ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
+        double cost[MAX_BLOCKS];
+        struct balance_costs costs;
+        balance_costs_from_profile(&costs, &pi.profile, BALANCE_COST_TIME, cost);
+        int current[MAX_STAGES], counts[MAX_STAGES], min_max[MAX_STAGES];
+        random_layout(n, S, current);
+        struct balance_options options = {.micro_batches = m, .schedule = schedule};
+        struct balance_result res;
+        char err[256];
+        int rc = balance_propose(BALANCE_PARTITION_TIME, &pi.profile, S, current, &options,
+                                 counts, &res, err, sizeof err);
+        CHECK_MSG(rc == BALANCE_OK, "trial %d: %s", trial, err);
+        if (rc) continue;
+        balance_partition(&costs, S, 0, current, S, min_max, NULL, NULL, 0);
+        check_result(&costs, S, counts, current, &res);
+        double t = shared_ms(&pi.profile, S, counts, m, schedule);
+        double t_min_max = shared_ms(&pi.profile, S, min_max, m, schedule);
+        CHECK_MSG(t <= t_min_max, "trial %d: %.17g > min-max %.17g", trial, t, t_min_max);
+        double best = shared_optimum(&pi.profile, &costs, S, m, schedule, 0);
+        CHECK(t >= best);
+        runs++;
+        faster += t < t_min_max;
+        optimal += t <= best;
+        within += t <= best * 1.02;
+        worst = fmax(worst, t / best);
+    }
+    printf("partition-time with updates: %d runs, %d faster than min-max, %d at the "
+           "brute-force optimum, %d within 2%%, worst %.4fx\n", runs, faster, optimal, within,
+           worst);
+    CHECK_MSG(10 * within >= 9 * runs, "only %d of %d within 2%% of the optimum", within, runs);
+    CHECK_MSG(faster > 0, "updates never changed the layout in %d runs", runs);
+}
+
 int main(void)
 {
     test_static_and_plan();
@@ -1278,5 +1480,9 @@ int main(void)
     test_sharing_bad_input();
     test_propose_shared();
     test_propose_shared_constructed();
+    test_update_by_hand();
+    test_update_reference();
+    test_update_bad_input();
+    test_update_propose();
     return testing_report("test_balance");
 }

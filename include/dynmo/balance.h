@@ -66,6 +66,7 @@ struct balance_costs {
 struct balance_extra {
     double fwd_ms, bwd_ms, params;
     int64_t mem_bytes;
+    double update_ms;           /* once a step: optimizer update, gradient norm */
 };
 
 /* Stages that share processors: stage s runs in group group[s] (0 <= g < groups),
@@ -92,6 +93,11 @@ struct balance_profile {
      * stages; NULL, or a layout on another stage count: one processor per
      * stage. Last, so that initialisers that omit it mean "dedicated". */
     const struct balance_sharing *sharing;
+    /* (n) once a step, NULL = none: the block's share of the step's end
+     * (gradient norm, optimizer update, zeroing its gradients; nothing for
+     * a frozen block). The predictor runs a stage's updates before its
+     * first instruction (balance_predict_shared). */
+    const double *update_ms;
 };
 
 enum balance_cost_kind {
@@ -246,28 +252,43 @@ int balance_check_sharing(const struct balance_sharing *sharing, char *err,
 int balance_sharing_oversubscribed(const struct balance_sharing *sharing,
                                    int stages);
 
-/* The same when stages share processors. With sharing NULL, on another
- * stage count than `stages`, or with no group holding more stages than it
- * has cores, this is balance_predict_stages (its result, bit for bit).
+/* The same with each stage's optimizer update, and when stages share
+ * processors.
+ *
+ * Update. stage_update_ms (NULL = none) is what stage s computes once a step
+ * after its last backward: the gradient norm (a reduction over every stage,
+ * so a barrier) and its optimizer update. The steady state of repeated steps
+ * is predicted: stage s starts its list stage_update_ms[s] into the step,
+ * after the previous step's update, so the fill hides the update of a stage
+ * that would wait for its first input anyway; step_ms runs until every list
+ * is done (the next barrier), and bubble_ratio counts the update as busy.
+ *
+ * Sharing. With sharing NULL, on another stage count than `stages`, or with
+ * no group holding more stages than it has cores, a processor per stage:
+ * without updates this is balance_predict_stages (its result, bit for bit).
  * Otherwise an event-driven fluid simulation of the same instruction lists
  * and dependencies: a stage is computing while its next instruction's input
  * is ready, each computing stage of group g progresses at rate
  * min(1, cores[g] / computing stages of g), and time jumps from one
- * instruction's completion to the next. bubble_ratio keeps its definition,
- * 1 - sum_s m (f_s + b_s) / (S step_ms): under sharing it also counts the
- * time a stage waits for a processor, so it can be large. A non-NULL
- * sharing must pass balance_check_sharing whatever its stage count
- * (BALANCE_BAD_INPUT naming the entry). O(S m (S + groups)) when shared. */
+ * instruction's completion to the next (an update is an instruction whose
+ * input is always ready). bubble_ratio keeps its definition,
+ * 1 - sum_s (m (f_s + b_s) + u_s) / (S step_ms): under sharing it also
+ * counts the time a stage waits for a processor, so it can be large. Update
+ * times must be finite and >= 0, and a non-NULL sharing must pass
+ * balance_check_sharing whatever its stage count (BALANCE_BAD_INPUT naming
+ * the entry). O(S m (S + groups)) when shared. */
 int balance_predict_shared(const double *stage_fwd_ms,
-                           const double *stage_bwd_ms, int stages,
+                           const double *stage_bwd_ms,
+                           const double *stage_update_ms, int stages,
                            int micro_batches, enum dm_schedule schedule,
                            const struct balance_sharing *sharing,
                            struct balance_prediction *out,
                            char *err, size_t errsize);
 
 /* The same for a layout of profile: stage times are the stage costs (top of
- * this file) of fwd_ms and bwd_ms separately, extras included; the stages
- * share processors as profile->sharing says (balance_predict_shared). */
+ * this file) of fwd_ms, bwd_ms and update_ms separately, extras included;
+ * the stages share processors as profile->sharing says
+ * (balance_predict_shared). */
 int balance_predict(const struct balance_profile *profile, int stages,
                     const int *counts, int micro_batches,
                     enum dm_schedule schedule, struct balance_prediction *out,
@@ -350,8 +371,8 @@ struct balance_options {
     int64_t mem_cap;            /* bytes per stage, 0 = no cap */
     double gamma;               /* diffusion: stop when max - min < gamma */
     int max_rounds;             /* diffusion: <= 0 = 1,000,000 */
-    /* partition-time when the profile's stages share processors: the step
-     * the prediction simulates (micro_batches <= 0: 4 x stages). */
+    /* partition-time when the prediction decides (balance_propose): the
+     * step it simulates (micro_batches <= 0: 4 x stages). */
     int micro_batches;
     enum dm_schedule schedule;
 };
@@ -365,10 +386,13 @@ struct balance_options {
  * method's own units (ms or parameters) and the movement from current.
  *
  * partition-time when profile->sharing applies to `stages` and some group
- * holds more stages than cores: the min-max layout is no longer the
- * fastest (stages of one group compete for its cores), so three starts (the
- * min-max partition, static-uniform and current, each within mem_cap) are
- * polished by local search on the shared predicted step time (one boundary
+ * holds more stages than cores, or when the profile has update times (a
+ * non-zero update_ms, embed.update_ms or head.update_ms): the min-max layout
+ * of fwd + bwd is no longer the fastest (stages of one group compete for
+ * their cores; a stage's update delays its next step unless the fill hides
+ * it), so three starts (the min-max partition, static-uniform and current,
+ * each within mem_cap) are polished by local search on the predicted step
+ * time (balance_predict; one boundary
  * moved by one block while the prediction strictly drops, a few hundred
  * predictions per start at most), and the fastest wins; ties go to the one
  * that moves the fewest blocks from current, then to the earlier start. A

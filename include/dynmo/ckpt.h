@@ -41,12 +41,16 @@
 #define RUNLOG_LAYER_SPARSITY "/layers/sparsity"  /* float32 [steps, layers], dyn.kind=prune */
 #define RUNLOG_LAYER_ACTIVE "/layers/active"      /* float32 [steps, layers], dyn.kind=early_exit:
                                                      share of the tokens each block computed */
+#define RUNLOG_LAYER_UPDATE_MS "/layers/update_ms" /* float32 [steps, layers]: the block's share
+                                                     of the step's end, once a step */
 #define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: blocks per stage */
 #define RUNLOG_STEP_BUBBLE "/steps/bubble_ratio"  /* float32 [steps] */
 #define RUNLOG_STEP_IMBALANCE "/steps/imbalance"  /* float32 [steps] */
 /* Per stage and step (columns: pipeline stages of the run's first world): */
 #define RUNLOG_STAGE_BUSY_MS "/stages/busy_ms"    /* float32 [steps, stages] */
 #define RUNLOG_STAGE_IDLE_MS "/stages/idle_ms"    /* float32 [steps, stages] */
+#define RUNLOG_STAGE_UPDATE_MS "/stages/update_ms" /* float32 [steps, stages]: the step's end,
+                                                     part of busy_ms */
 /* One row per balancing decision: step, predicted ms/step of the current
  * layout, predicted ms/step of the proposal, measured ms of the decision
  * step, applied (0/1), blocks moved, measured ms of the next step, bytes. */

@@ -195,7 +195,10 @@ struct block {
     float *g[BP_COUNT]; /* views into grads */
     struct block_sparse *sparse;   /* pruning state, or NULL */
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
-                           weight gradients and no optimizer update */
+                           weight gradients and no optimizer update; its
+                           gradients stay zero (whoever sets the flag on a
+                           live block zeroes them), so the step's end skips
+                           them */
 };
 #define BLOCK_FLAG_FROZEN (UINT64_C(1) << 0)   /* the block is frozen */
 
@@ -322,9 +325,11 @@ struct gpt {
     float *embed_m, *embed_v;
     float *dwte_head;              /* (V,C) or NULL */
     int wte_grads_pending;         /* backward ran since the last tie */
-    /* The profile: seconds each block spent in forward and backward since
-     * the caller last zeroed them (the pipeline engine does, every step). */
-    double *block_fwd_s, *block_bwd_s;   /* (num_blocks) */
+    /* The profile: seconds each block spent in forward and backward, and in
+     * its share of the step's end (gradient norm, masking, optimizer update,
+     * zeroing), since the caller last zeroed them (the pipeline engine
+     * does, every step). */
+    double *block_fwd_s, *block_bwd_s, *block_update_s;   /* (num_blocks) */
     /* Layer freezing: blocks [0, frozen_prefix) (global indices), and the
      * embedding when frozen_prefix > 0, are frozen with everything before
      * them: their backward is skipped entirely. A frozen block outside the
@@ -413,7 +418,14 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts,
  * three give the same bits. No-op for a rank with neither end. */
 void gpt_tie_wte_grads(struct gpt *model, const float *other);
 
-/* Zeroes every gradient, dwte_head included. */
+/* Adds the profile time (dm_profile_now) since *t to block i's
+ * block_update_s (if the model has one: a struct gpt put together by hand
+ * may not) and sets *t to now: one clock read per block in a loop over the
+ * blocks' end-of-step work. */
+void gpt_charge_update(struct gpt *model, int i, double *t);
+
+/* Zeroes every gradient, dwte_head included (a frozen block's are zero
+ * already and are skipped). */
 void gpt_zero_grads(struct gpt *model);
 /* Zeroes the gradients of the pruned weights of every dense pruned block
  * (one pass over its matrix gradients): call once a step, after the last
@@ -428,7 +440,7 @@ void gpt_mask_pruned_grads(struct gpt *model);
  * the result does not depend on the thread count; adding the per-layer
  * terms in the same order reproduces a one-rank run bit for bit. */
 double gpt_grad_sumsq(const struct gpt *model);
-double block_grad_sumsq(const struct block *blk);
+double block_grad_sumsq(const struct block *blk);   /* 0 when frozen, without reading */
 /* The wte+wpe term and the lnf term of gpt_grad_sumsq. */
 double gpt_embed_grad_sumsq(const struct gpt *model);
 double gpt_head_grad_sumsq(const struct gpt *model);

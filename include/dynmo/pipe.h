@@ -161,9 +161,14 @@ struct step_stats {
     double *layer_sparsity;   /* (layers) pruned fraction of the block's matrices */
     double *layer_active;     /* (layers) share of the tokens a block computed (early
                                  exit; 1 otherwise) */
+    double *layer_update_ms;  /* (layers) the block's share of the step's end, once a
+                                 step: gradient norm, masking, optimizer, zeroing */
     double *stage_compute_ms; /* (stages) max over replicas */
     double *stage_wait_ms;    /* (stages) time waiting on neighbours, max over replicas */
     double *stage_peak_mb;    /* (stages) peak resident MiB, max over replicas */
+    double *stage_update_ms;  /* (stages) the step's end (part of compute): tied and
+                                 replica gradient sums, gradient norm, optimizer
+                                 update, zeroing; max over replicas */
     double bubble_ratio;      /* sum of idle / (stages * step time) */
     double imbalance;         /* Eq. 2 on stage compute: (max - min) / mean */
     int *layout;              /* (stages) blocks per stage during the step */

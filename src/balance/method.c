@@ -27,15 +27,28 @@ int balance_method_parse(const char *name)
     return -1;
 }
 
-/* Predictions each start of partition_shared may spend on its local
+/* Predictions each start of partition_by_prediction may spend on its local
  * search: a few sweeps of a few dozen stages. */
 #define SHARED_SEARCH_BUDGET 256
 
-/* partition-time when stages share processors (balance.h): the min-max
+/* Whether the min-max partition of fwd + bwd can miss the fastest layout
+ * by more than the schedule's shape: stages share processors, or blocks
+ * have an update at the step's end, which the per-micro-batch costs do not
+ * hold. */
+static int prediction_decides(const struct balance_profile *profile, int stages)
+{
+    if (balance_sharing_oversubscribed(profile->sharing, stages)) return 1;
+    if (profile->embed.update_ms != 0 || profile->head.update_ms != 0) return 1;
+    for (int i = 0; profile->update_ms && i < profile->blocks; i++)
+        if (profile->update_ms[i] != 0) return 1;
+    return 0;
+}
+
+/* partition-time when prediction_decides (balance.h): the min-max
  * partition, static-uniform and current, each polished by local search on
- * the shared prediction; the fastest wins, then the one moving the fewest
- * blocks from current, then the earlier start. */
-static int partition_shared(const struct balance_profile *profile,
+ * the predicted step time; the fastest wins, then the one moving the
+ * fewest blocks from current, then the earlier start. */
+static int partition_by_prediction(const struct balance_profile *profile,
                             const struct balance_costs *costs, int stages,
                             const int *current,
                             const struct balance_options *options, int *counts,
@@ -152,10 +165,9 @@ int balance_propose(enum balance_method method,
         break;
     case BALANCE_PARTITION_PARAMS:
     case BALANCE_PARTITION_TIME:
-        if (method == BALANCE_PARTITION_TIME &&
-            balance_sharing_oversubscribed(profile->sharing, stages))
-            rc = partition_shared(profile, &costs, stages, current, options,
-                                  counts, res, err, errsize);
+        if (method == BALANCE_PARTITION_TIME && prediction_decides(profile, stages))
+            rc = partition_by_prediction(profile, &costs, stages, current, options,
+                                         counts, res, err, errsize);
         else
             rc = balance_partition(&costs, stages, options->mem_cap, current,
                                    stages, counts, res, err, errsize);

@@ -35,7 +35,8 @@ static void schedule_list(int *list, int stage, int stages, int m,
 
 /* The checks both simulations start with. */
 static int check_stage_times(const double *stage_fwd_ms,
-                             const double *stage_bwd_ms, int S, int m,
+                             const double *stage_bwd_ms,
+                             const double *stage_update_ms, int S, int m,
                              enum dm_schedule schedule, char *err,
                              size_t errsize)
 {
@@ -59,6 +60,11 @@ static int check_stage_times(const double *stage_fwd_ms,
                                 "stage %d: time (%g fwd, %g bwd) is negative "
                                 "or not a number", s, stage_fwd_ms[s],
                                 stage_bwd_ms[s]);
+        if (stage_update_ms &&
+            (!isfinite(stage_update_ms[s]) || stage_update_ms[s] < 0))
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "stage %d: update time %g is negative or not "
+                                "a number", s, stage_update_ms[s]);
     }
     return BALANCE_OK;
 }
@@ -67,13 +73,15 @@ static int check_stage_times(const double *stage_fwd_ms,
  * bottleneck (balance.h). */
 static void describe_step(struct balance_prediction *out, double step,
                           const double *stage_fwd_ms,
-                          const double *stage_bwd_ms, int S, int m)
+                          const double *stage_bwd_ms,
+                          const double *stage_update_ms, int S, int m)
 {
     double busy = 0.0, widest = -1.0;
     int bottleneck = 0;
     for (int s = 0; s < S; s++) {
         double per_micro_batch = stage_fwd_ms[s] + stage_bwd_ms[s];
         busy += m * per_micro_batch;
+        if (stage_update_ms) busy += stage_update_ms[s];
         if (per_micro_batch > widest) {
             widest = per_micro_batch;
             bottleneck = s;
@@ -85,16 +93,14 @@ static void describe_step(struct balance_prediction *out, double step,
     out->bottleneck_stage = bottleneck;
 }
 
-int balance_predict_stages(const double *stage_fwd_ms,
-                           const double *stage_bwd_ms, int stages,
-                           int micro_batches, enum dm_schedule schedule,
-                           struct balance_prediction *out,
-                           char *err, size_t errsize)
+/* The step time with a processor per stage (inputs checked): Kahn's
+ * order over the lists, stage s's first instruction starting no earlier
+ * than its update. */
+static double dedicated_step(const double *stage_fwd_ms,
+                             const double *stage_bwd_ms,
+                             const double *stage_update_ms, int S, int m,
+                             enum dm_schedule schedule)
 {
-    int S = stages, m = micro_batches;
-    int rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, S, m, schedule,
-                               err, errsize);
-    if (rc) return rc;
     long L = 2L * m, total = (long)S * L;
     int *list = dm_alloc((size_t)total * sizeof(int));      /* (S, 2m) codes */
     int *position = dm_alloc((size_t)total * sizeof(int));  /* (S, 2m) by code */
@@ -110,6 +116,8 @@ int balance_predict_stages(const double *stage_fwd_ms,
             pending[s * L + pos] = (pos > 0) + cross;
         }
     }
+    if (stage_update_ms)
+        for (int s = 0; s < S; s++) earliest[s * L] = stage_update_ms[s];
     long top = 0, done = 0;
     for (long id = 0; id < total; id++)
         if (pending[id] == 0) ready[top++] = id;
@@ -136,12 +144,27 @@ int balance_predict_stages(const double *stage_fwd_ms,
         }
     }
     DM_ASSERT(done == total);
-    describe_step(out, step, stage_fwd_ms, stage_bwd_ms, S, m);
     dm_free(earliest);
     dm_free(ready);
     dm_free(pending);
     dm_free(position);
     dm_free(list);
+    return step;
+}
+
+int balance_predict_stages(const double *stage_fwd_ms,
+                           const double *stage_bwd_ms, int stages,
+                           int micro_batches, enum dm_schedule schedule,
+                           struct balance_prediction *out,
+                           char *err, size_t errsize)
+{
+    int rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, NULL, stages,
+                               micro_batches, schedule, err, errsize);
+    if (rc) return rc;
+    double step = dedicated_step(stage_fwd_ms, stage_bwd_ms, NULL, stages,
+                                 micro_batches, schedule);
+    describe_step(out, step, stage_fwd_ms, stage_bwd_ms, NULL, stages,
+                  micro_batches);
     return BALANCE_OK;
 }
 
@@ -187,11 +210,12 @@ int balance_sharing_oversubscribed(const struct balance_sharing *sharing, int st
 struct fluid {
     int S, m;
     long L;                 /* 2m instructions per stage */
-    const double *fwd, *bwd;
+    const double *fwd, *bwd, *update;  /* update may be NULL */
     const struct balance_sharing *sharing;
     int *list;              /* (S, 2m) codes, schedule_list's */
     char *done;             /* (S, 2m) by code */
-    long *position;         /* (S) index of the current instruction; L = finished */
+    long *position;         /* (S) index of the current instruction; L = finished,
+                               -1 = the update before the list */
     double *remaining;      /* (S) work left of it, ms at rate 1 */
     double *size;           /* (S) its whole work */
     int *computing;         /* (S) whether its input is ready */
@@ -203,8 +227,12 @@ struct fluid {
 static void fluid_load(struct fluid *f, int s)
 {
     if (f->position[s] >= f->L) return;
-    int code = f->list[s * f->L + f->position[s]];
-    f->size[s] = code < f->m ? f->fwd[s] : f->bwd[s];
+    if (f->position[s] < 0) {
+        f->size[s] = f->update[s];
+    } else {
+        int code = f->list[s * f->L + f->position[s]];
+        f->size[s] = code < f->m ? f->fwd[s] : f->bwd[s];
+    }
     f->remaining[s] = f->size[s];
 }
 
@@ -214,6 +242,7 @@ static void fluid_load(struct fluid *f, int s)
 static int fluid_input_ready(const struct fluid *f, int s)
 {
     if (f->position[s] >= f->L) return 0;
+    if (f->position[s] < 0) return 1;
     int code = f->list[s * f->L + f->position[s]];
     if (code < f->m) return s == 0 || f->done[(s - 1) * f->L + code];
     return s == f->S - 1 || f->done[(s + 1) * f->L + code];
@@ -246,7 +275,7 @@ static double fluid_event(struct fluid *f, long *completed)
         if (!f->computing[s]) continue;
         f->remaining[s] = s == first ? 0.0 : f->remaining[s] - f->rate[sh->group[s]] * dt;
         if (f->remaining[s] > 1e-12 * f->size[s]) continue;
-        f->done[s * f->L + f->list[s * f->L + f->position[s]]] = 1;
+        if (f->position[s] >= 0) f->done[s * f->L + f->list[s * f->L + f->position[s]]] = 1;
         f->position[s]++;
         fluid_load(f, s);
         (*completed)++;
@@ -256,11 +285,13 @@ static double fluid_event(struct fluid *f, long *completed)
 
 /* The step time under processor sharing (inputs checked). */
 static double shared_step(const double *stage_fwd_ms, const double *stage_bwd_ms,
-                          int S, int m, enum dm_schedule schedule,
+                          const double *stage_update_ms, int S, int m,
+                          enum dm_schedule schedule,
                           const struct balance_sharing *sharing)
 {
     struct fluid f = {.S = S, .m = m, .L = 2L * m, .fwd = stage_fwd_ms,
-                      .bwd = stage_bwd_ms, .sharing = sharing};
+                      .bwd = stage_bwd_ms, .update = stage_update_ms,
+                      .sharing = sharing};
     long total = (long)S * f.L;
     f.list = dm_alloc((size_t)total * sizeof(int));
     f.done = dm_alloc((size_t)total);
@@ -270,12 +301,17 @@ static double shared_step(const double *stage_fwd_ms, const double *stage_bwd_ms
     f.computing = dm_alloc((size_t)S * sizeof(int));
     f.members = dm_alloc((size_t)sharing->groups * sizeof(int));
     f.rate = dm_alloc((size_t)sharing->groups * sizeof(double));
+    long left = total;
     for (int s = 0; s < S; s++) {
         schedule_list(f.list + s * f.L, s, S, m, schedule);
+        if (stage_update_ms && stage_update_ms[s] > 0) {
+            f.position[s] = -1;
+            left++;
+        }
         fluid_load(&f, s);
     }
     double now = 0.0;
-    for (long left = total; left > 0;) {
+    while (left > 0) {
         long completed;
         now += fluid_event(&f, &completed);
         left -= completed;
@@ -292,7 +328,8 @@ static double shared_step(const double *stage_fwd_ms, const double *stage_bwd_ms
 }
 
 int balance_predict_shared(const double *stage_fwd_ms,
-                           const double *stage_bwd_ms, int stages,
+                           const double *stage_bwd_ms,
+                           const double *stage_update_ms, int stages,
                            int micro_batches, enum dm_schedule schedule,
                            const struct balance_sharing *sharing,
                            struct balance_prediction *out,
@@ -300,16 +337,16 @@ int balance_predict_shared(const double *stage_fwd_ms,
 {
     int rc = sharing ? balance_check_sharing(sharing, err, errsize) : BALANCE_OK;
     if (rc) return rc;
-    if (!balance_sharing_oversubscribed(sharing, stages))
-        return balance_predict_stages(stage_fwd_ms, stage_bwd_ms, stages,
-                                      micro_batches, schedule, out, err,
-                                      errsize);
-    rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, stages, micro_batches,
-                           schedule, err, errsize);
+    rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
+                           micro_batches, schedule, err, errsize);
     if (rc) return rc;
-    double step = shared_step(stage_fwd_ms, stage_bwd_ms, stages,
-                              micro_batches, schedule, sharing);
-    describe_step(out, step, stage_fwd_ms, stage_bwd_ms, stages, micro_batches);
+    double step = balance_sharing_oversubscribed(sharing, stages)
+        ? shared_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
+                      micro_batches, schedule, sharing)
+        : dedicated_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
+                         micro_batches, schedule);
+    describe_step(out, step, stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
+                  micro_batches);
     return BALANCE_OK;
 }
 
@@ -335,24 +372,44 @@ int balance_predict(const struct balance_profile *profile, int stages,
     bwd.cost = profile->bwd_ms;
     bwd.first_cost = profile->embed.bwd_ms;
     bwd.last_cost = profile->head.bwd_ms;
+    struct balance_costs upd = fwd;
+    upd.cost = profile->update_ms;
+    upd.first_cost = profile->embed.update_ms;
+    upd.last_cost = profile->head.update_ms;
+    int with_update = profile->update_ms || profile->embed.update_ms != 0 ||
+                      profile->head.update_ms != 0;
+    double *zeros = NULL;   /* the blocks' updates when only the extras have one */
+    if (with_update && !upd.cost)
+        upd.cost = zeros = dm_alloc((size_t)profile->blocks * sizeof(double));
     rc = balance_check_costs(&fwd, stages, 0, err, errsize);
     if (rc == BALANCE_OK) rc = balance_check_costs(&bwd, stages, 0, err, errsize);
-    if (rc) return rc;
-    struct balance_problem pf, pb;
+    if (rc == BALANCE_OK && with_update)
+        rc = balance_check_costs(&upd, stages, 0, err, errsize);
+    if (rc) {
+        dm_free(zeros);
+        return rc;
+    }
+    struct balance_problem pf, pb, pu;
     problem_init(&pf, &fwd, stages, 0);
     problem_init(&pb, &bwd, stages, 0);
-    double *times = dm_alloc(2 * (size_t)stages * sizeof(double));
+    if (with_update) problem_init(&pu, &upd, stages, 0);
+    double *times = dm_alloc(3 * (size_t)stages * sizeof(double));
     int begin = 0;
     for (int s = 0; s < stages; s++) {
         int end = begin + counts[s];
         times[s] = problem_stage_cost(&pf, s, begin, end);
         times[stages + s] = problem_stage_cost(&pb, s, begin, end);
+        if (with_update) times[2 * stages + s] = problem_stage_cost(&pu, s, begin, end);
         begin = end;
     }
-    rc = balance_predict_shared(times, times + stages, stages, micro_batches,
-                                schedule, profile->sharing, out, err, errsize);
+    rc = balance_predict_shared(times, times + stages,
+                                with_update ? times + 2 * stages : NULL, stages,
+                                micro_batches, schedule, profile->sharing, out,
+                                err, errsize);
     dm_free(times);
+    if (with_update) problem_free(&pu);
     problem_free(&pb);
     problem_free(&pf);
+    dm_free(zeros);
     return rc;
 }

@@ -64,12 +64,18 @@ static void freeze_destroy(void *state, struct gpt *model)
     dm_free(f);
 }
 
-/* Marks this rank's blocks and the model with the current prefix. */
+/* Marks this rank's blocks and the model with the current prefix. A block
+ * that freezes now has this step's gradients, which no one zeroes after
+ * (frozen blocks' gradients stay zero: struct block), so they go now. */
 static void apply_prefix(const struct freeze *f, struct gpt *model)
 {
     model->frozen_prefix = f->prefix;
-    for (int i = 0; i < model->num_blocks; i++)
-        model->blocks[i].frozen = model->first_block + i < f->prefix;
+    for (int i = 0; i < model->num_blocks; i++) {
+        struct block *blk = &model->blocks[i];
+        int frozen = model->first_block + i < f->prefix;
+        if (frozen && !blk->frozen) memset(blk->grads, 0, blk->nparams * sizeof(float));
+        blk->frozen = frozen;
+    }
 }
 
 static void freeze_before_step(void *state, struct gpt *model, int step)

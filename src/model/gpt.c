@@ -65,6 +65,7 @@ void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int fi
         block_alloc_zero(&model->blocks[i], first_block + i, shape);
     model->block_fwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     model->block_bwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
+    model->block_update_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     if (!has_embed && !has_head) return;
 
     /* [wte wpe lnf_w lnf_b] x {params, grads, m, v}, dwte_head */
@@ -94,6 +95,7 @@ void gpt_free(struct gpt *model)
     dm_free(model->embed_slab);
     dm_free(model->block_fwd_s);
     dm_free(model->block_bwd_s);
+    dm_free(model->block_update_s);
     memset(model, 0, sizeof *model);
 }
 
@@ -103,11 +105,13 @@ void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int 
     dm_free(model->blocks);
     dm_free(model->block_fwd_s);
     dm_free(model->block_bwd_s);
+    dm_free(model->block_update_s);
     model->blocks = blocks;
     model->first_block = first;
     model->num_blocks = count;
     model->block_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->block_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
+    model->block_update_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
 }
 
 /* ---- canonical flat order ---------------------------------------------------- */
@@ -334,10 +338,21 @@ void gpt_tie_wte_grads(struct gpt *model, const float *other)
     model->wte_grads_pending = 0;
 }
 
+void gpt_charge_update(struct gpt *model, int i, double *t)
+{
+    double now = dm_profile_now();
+    if (model->block_update_s) model->block_update_s[i] += now - *t;   /* NULL: no profile */
+    *t = now;
+}
+
 void gpt_zero_grads(struct gpt *model)
 {
-    for (int i = 0; i < model->num_blocks; i++)
+    double t = dm_profile_now();
+    for (int i = 0; i < model->num_blocks; i++) {
+        if (model->blocks[i].frozen) continue;
         parallel_zero(model->blocks[i].grads, (long)model->blocks[i].nparams);
+        gpt_charge_update(model, i, &t);
+    }
     if (model->embed_slab)
         parallel_zero(model->dwte, (long)model->embed_nparams);
     if (model->dwte_head)
@@ -387,7 +402,7 @@ static double sumsq(const float *x, long n)
 
 double block_grad_sumsq(const struct block *blk)
 {
-    return sumsq(blk->grads, (long)blk->nparams);
+    return blk->frozen ? 0.0 : sumsq(blk->grads, (long)blk->nparams);
 }
 
 double gpt_embed_grad_sumsq(const struct gpt *model)

@@ -75,6 +75,7 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
     if (model->wte_grads_pending)
         DM_FATAL("gpt_adamw_update before gpt_tie_wte_grads: the head's share of the tied "
                  "wte gradient is not in dwte yet");
+    double clock = dm_profile_now();
     for (int i = 0; i < model->num_blocks; i++) {
         struct block *blk = &model->blocks[i];
         if (blk->frozen) continue;   /* layer freezing: no update at all */
@@ -85,6 +86,7 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
                          (long)block_tensor_size(blk->C, k), (float)lr, (float)beta1,
                          (float)beta2, (float)eps, (float)wd, grad_scale, t);
         }
+        gpt_charge_update(model, i, &clock);
     }
     if (!model->embed_slab) return;
     size_t C = (size_t)model->shape.channels, V = (size_t)model->shape.vocab;

@@ -382,6 +382,7 @@ static void mask_grads_range(void *arg, long begin, long end)
 
 void gpt_mask_pruned_grads(struct gpt *model)
 {
+    double clock = dm_profile_now();
     for (int b = 0; b < model->num_blocks; b++) {
         struct block *blk = &model->blocks[b];
         /* CSR blocks never compute a pruned weight's gradient; frozen
@@ -396,6 +397,7 @@ void gpt_mask_pruned_grads(struct gpt *model)
             a.end[m] = total;
         }
         dm_parallel_for((long)total, 16384, mask_grads_range, &a);
+        gpt_charge_update(model, b, &clock);
     }
 }
 

@@ -61,6 +61,7 @@ struct engine {
     /* profile of the current step (per-block times live in the model:
      * model.block_fwd_s / block_bwd_s) */
     double compute_s, wait_s;
+    double update_s;      /* the step's end: part of compute_s */
     /* stats gathered on rank 0 */
     struct step_stats stats;
     double *gather_send, *gather_recv;
@@ -300,13 +301,15 @@ struct engine *engine_create(const struct dm_config *cfg, int resuming)
     st->layer_mem_bytes = dm_alloc((size_t)L * sizeof(double));
     st->layer_sparsity = dm_alloc((size_t)L * sizeof(double));
     st->layer_active = dm_alloc((size_t)L * sizeof(double));
+    st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
+    st->stage_update_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_peak_mb = dm_alloc((size_t)S * sizeof(double));
     st->layout = dm_alloc((size_t)S * sizeof(int));
-    /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active
-     * per layer */
-    eng->gather_len = 4 + 5 * L;
+    /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active/
+     * update per layer, then the stage's update */
+    eng->gather_len = 5 + 6 * L;
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
@@ -329,6 +332,8 @@ void engine_destroy(struct engine *eng)
     dm_free(st->layer_mem_bytes);
     dm_free(st->layer_sparsity);
     dm_free(st->layer_active);
+    dm_free(st->layer_update_ms);
+    dm_free(st->stage_update_ms);
     dm_free(st->stage_compute_ms);
     dm_free(st->stage_wait_ms);
     dm_free(st->stage_peak_mb);
@@ -409,8 +414,13 @@ static void reduce_replicas(struct engine *eng)
     for (int i = 0; i < m->num_blocks; i++)
         if (m->blocks[i].nparams > biggest) biggest = m->blocks[i].nparams;
     float *gathered = dm_alloc(biggest * (size_t)eng->grid.replicas * sizeof(float));
-    for (int i = 0; i < m->num_blocks; i++)
+    double clock = dm_profile_now();
+    for (int i = 0; i < m->num_blocks; i++) {
+        /* frozen on every replica alike, with zero gradients (struct block) */
+        if (m->blocks[i].frozen) continue;
         replica_sum(eng, m->blocks[i].grads, (long)m->blocks[i].nparams, gathered);
+        gpt_charge_update(m, i, &clock);
+    }
     /* The tied wte halves were combined already (exchange_tied_grads). */
     if (m->embed_slab) replica_sum(eng, m->dwte, (long)m->embed_nparams, gathered);
     dm_free(gathered);
@@ -429,10 +439,13 @@ static double global_grad_norm(struct engine *eng)
     double *total = dm_alloc((size_t)(L + 3) * sizeof(double));
     units[L + 2] = (eng->watched_flag && *eng->watched_flag) ? 1.0 : 0.0;
     if (eng->grid.replica == 0) {
-        const struct gpt *m = &eng->model;
+        struct gpt *m = &eng->model;
         units[0] = gpt_embed_grad_sumsq(m);
-        for (int i = 0; i < m->num_blocks; i++)
+        double clock = dm_profile_now();
+        for (int i = 0; i < m->num_blocks; i++) {
             units[1 + m->first_block + i] = block_grad_sumsq(&m->blocks[i]);
+            if (!m->blocks[i].frozen) gpt_charge_update(m, i, &clock);   /* it did nothing */
+        }
         units[L + 1] = gpt_head_grad_sumsq(m);
     }
     if (eng->grid.world_size > 1) {
@@ -550,6 +563,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             /* CPU time hardly grows while a wait sleeps; wall time does */
             double waited = dm_profile_is_cpu_time() ? 0.0 : eng->wait_s - w0;
             eng->compute_s += (dm_profile_now() - t0) - waited;
+            eng->update_s += (dm_profile_now() - t0) - waited;
             break;
         }
         case PIPE_OPTIMIZER_STEP: {
@@ -563,6 +577,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
                              cfg->weight_decay, scale, step + 1);
             gpt_zero_grads(&eng->model);
             eng->compute_s += dm_profile_now() - t0;
+            eng->update_s += dm_profile_now() - t0;
             break;
         }
         default:
@@ -601,7 +616,9 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
         const struct gpt_exit *x = m->exit;
         v[4 + 4 * L + layer] = x && x->layer_tokens && x->layer_tokens[layer] > 0
                                    ? x->layer_computed[layer] / x->layer_tokens[layer] : 1.0;
+        v[4 + 5 * L + layer] = m->block_update_s[i];
     }
+    v[4 + 6 * L] = eng->update_s;
     pipe_wait(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
     DM_MPI(MPI_Igather(v, eng->gather_len, MPI_DOUBLE, eng->gather_recv, eng->gather_len,
                        MPI_DOUBLE, 0, MPI_COMM_WORLD, &eng->gather_req));
@@ -617,10 +634,11 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
     st->step_ms = step_s * 1e3;
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
-        st->layer_sparsity[l] = st->layer_active[l] = 0.0;
+        st->layer_sparsity[l] = st->layer_active[l] = st->layer_update_ms[l] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
+        st->stage_update_ms[s] = 0.0;
         st->layout[s] = eng->layout[s];
     }
     double idle = 0.0, cmax = 0.0, cmin = INFINITY, csum = 0.0;
@@ -630,6 +648,7 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
         if (x[1] * 1e3 > st->stage_compute_ms[s]) st->stage_compute_ms[s] = x[1] * 1e3;
         if (x[2] * 1e3 > st->stage_wait_ms[s]) st->stage_wait_ms[s] = x[2] * 1e3;
         if (x[3] / 1048576.0 > st->stage_peak_mb[s]) st->stage_peak_mb[s] = x[3] / 1048576.0;
+        if (x[4 + 6 * L] * 1e3 > st->stage_update_ms[s]) st->stage_update_ms[s] = x[4 + 6 * L] * 1e3;
         double busy = x[1] > step_s ? step_s : x[1];
         idle += step_s - busy;
         if (rep == 0)
@@ -639,6 +658,7 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
                 st->layer_mem_bytes[l] += x[4 + 2 * L + l];
                 st->layer_sparsity[l] += x[4 + 3 * L + l];
                 st->layer_active[l] += x[4 + 4 * L + l];
+                st->layer_update_ms[l] += x[4 + 5 * L + l] * 1e3;
             }
     }
     for (int s = 0; s < S; s++) {
@@ -654,8 +674,9 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
 const struct step_stats *engine_step(struct engine *eng, struct loader *loader, int step)
 {
     struct gpt *m = &eng->model;
-    for (int i = 0; i < m->num_blocks; i++) m->block_fwd_s[i] = m->block_bwd_s[i] = 0.0;
-    eng->compute_s = eng->wait_s = 0.0;
+    for (int i = 0; i < m->num_blocks; i++)
+        m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = 0.0;
+    eng->compute_s = eng->wait_s = eng->update_s = 0.0;
     eng->current_step = step;
     double t0 = dm_now();
     dyn_before_step(eng->dyn, m, step);

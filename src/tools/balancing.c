@@ -30,7 +30,9 @@ struct balancer {
     double *params;             /* (layers) nonzero parameters per block */
     size_t block_params, block_matrix_weights;  /* dense counts of one block */
     double *fwd_ema, *bwd_ema;  /* (layers) ms per micro-batch */
-    double first_extra_ema, last_extra_ema;
+    double *update_ema;         /* (layers) ms once a step */
+    double first_extra_ema, last_extra_ema;                /* per micro-batch */
+    double first_update_ema, last_update_ema;              /* once a step */
     int64_t *mem_bytes;         /* (layers) */
     int have_ema;
     double migrate_ms_per_byte; /* measured by the last migration, 0 = unknown */
@@ -72,6 +74,7 @@ struct balancer *balancer_create(const struct dm_config *cfg, int stages)
     bal->params = dm_alloc(L * sizeof(double));
     bal->fwd_ema = dm_alloc(L * sizeof(double));
     bal->bwd_ema = dm_alloc(L * sizeof(double));
+    bal->update_ema = dm_alloc(L * sizeof(double));
     bal->mem_bytes = dm_alloc(L * sizeof(int64_t));
     bal->block_params = block_param_count(cfg->channels);
     bal->block_matrix_weights = block_matrix_weights(cfg->channels);
@@ -94,6 +97,7 @@ void balancer_destroy(struct balancer *bal)
     dm_free(bal->params);
     dm_free(bal->fwd_ema);
     dm_free(bal->bwd_ema);
+    dm_free(bal->update_ema);
     dm_free(bal->mem_bytes);
     dm_free(bal->proposal);
     dm_free(bal->current);
@@ -117,24 +121,33 @@ static double ema(double old, double now, int have)
 
 /* Folds one step's profile into the averages (rank 0). The first and last
  * stage's extra time is what their compute time has beyond their blocks:
- * the embedding, the head and loss, their share of the optimizer. */
+ * the embedding, the head and loss per micro-batch, and at the step's end
+ * the embedding's and head's update and the gradient exchanges. */
 static void update_profile(struct balancer *bal, const struct step_stats *st)
 {
     int S = bal->stages, L = bal->layers, m = bal->micro_batches;
-    double stage_blocks[2] = {0, 0};
+    double stage_blocks[2] = {0, 0}, stage_updates[2] = {0, 0};
     int b = 0;
     for (int s = 0; s < S; s++)
         for (int k = 0; k < st->layout[s]; k++, b++) {
             double t = st->layer_fwd_ms[b] + st->layer_bwd_ms[b];
-            if (s == 0) stage_blocks[0] += t;
-            if (s == S - 1) stage_blocks[1] += t;
+            double u = st->layer_update_ms[b];
+            if (s == 0) stage_blocks[0] += t, stage_updates[0] += u;
+            if (s == S - 1) stage_blocks[1] += t, stage_updates[1] += u;
         }
-    double first = st->stage_compute_ms[0] / m - stage_blocks[0];
-    double last = st->stage_compute_ms[S - 1] / m - stage_blocks[1];
-    if (S == 1) first = last = 0.5 * first;
+    double first_update = st->stage_update_ms[0] - stage_updates[0];
+    double last_update = st->stage_update_ms[S - 1] - stage_updates[1];
+    double first = (st->stage_compute_ms[0] - st->stage_update_ms[0]) / m - stage_blocks[0];
+    double last = (st->stage_compute_ms[S - 1] - st->stage_update_ms[S - 1]) / m -
+                  stage_blocks[1];
+    if (S == 1) {
+        first = last = 0.5 * first;
+        first_update = last_update = 0.5 * first_update;
+    }
     for (int l = 0; l < L; l++) {
         bal->fwd_ema[l] = ema(bal->fwd_ema[l], st->layer_fwd_ms[l], bal->have_ema);
         bal->bwd_ema[l] = ema(bal->bwd_ema[l], st->layer_bwd_ms[l], bal->have_ema);
+        bal->update_ema[l] = ema(bal->update_ema[l], st->layer_update_ms[l], bal->have_ema);
         bal->mem_bytes[l] = (int64_t)st->layer_mem_bytes[l];
         /* Parameters that still compute: a pruned block's nonzeros. */
         bal->params[l] = (double)bal->block_params -
@@ -142,6 +155,10 @@ static void update_profile(struct balancer *bal, const struct step_stats *st)
     }
     bal->first_extra_ema = ema(bal->first_extra_ema, first > 0 ? first : 0, bal->have_ema);
     bal->last_extra_ema = ema(bal->last_extra_ema, last > 0 ? last : 0, bal->have_ema);
+    bal->first_update_ema = ema(bal->first_update_ema, first_update > 0 ? first_update : 0,
+                                bal->have_ema);
+    bal->last_update_ema = ema(bal->last_update_ema, last_update > 0 ? last_update : 0,
+                               bal->have_ema);
     bal->have_ema = 1;
     if (st->migrated_blocks > 0 && st->migrated_bytes > 0)
         bal->migrate_ms_per_byte = st->migrate_ms / st->migrated_bytes;
@@ -160,9 +177,12 @@ static void fill_profile(struct balancer *bal, struct balance_profile *profile)
     struct balance_profile p = {
         .blocks = bal->layers, .fwd_ms = bal->fwd_ema, .bwd_ms = bal->bwd_ema,
         .params = bal->params, .mem_bytes = bal->mem_bytes,
-        .embed = {.fwd_ms = bal->first_extra_ema / 3, .bwd_ms = 2 * bal->first_extra_ema / 3},
-        .head = {.fwd_ms = bal->last_extra_ema / 3, .bwd_ms = 2 * bal->last_extra_ema / 3},
+        .embed = {.fwd_ms = bal->first_extra_ema / 3, .bwd_ms = 2 * bal->first_extra_ema / 3,
+                  .update_ms = bal->first_update_ema},
+        .head = {.fwd_ms = bal->last_extra_ema / 3, .bwd_ms = 2 * bal->last_extra_ema / 3,
+                 .update_ms = bal->last_update_ema},
         .sharing = bal->sharing.groups ? &bal->sharing : NULL,
+        .update_ms = bal->update_ema,
     };
     *profile = p;
 }

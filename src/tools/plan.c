@@ -166,14 +166,17 @@ static int parse_layout(const char *arg, const char *text, int **counts)
 struct plan_input {
     int blocks;
     double *fwd_ms, *bwd_ms, *params; /* (blocks) */
+    double *update_ms;                /* (blocks) or NULL */
     int64_t *mem_bytes;               /* (blocks) */
     int has_embed, has_head;
     struct balance_profile profile;
 };
 
-enum { COL_LAYER, COL_FWD, COL_BWD, COL_PARAMS, COL_MEM, COL_COUNT };
+/* update_ms (once a step, balance.h) may be left out; the others may not. */
+enum { COL_LAYER, COL_FWD, COL_BWD, COL_PARAMS, COL_MEM, COL_REQUIRED,
+       COL_UPDATE = COL_REQUIRED, COL_COUNT };
 static const char *const column_names[COL_COUNT] = {
-    "layer", "fwd_ms", "bwd_ms", "params", "mem_bytes"};
+    "layer", "fwd_ms", "bwd_ms", "params", "mem_bytes", "update_ms"};
 
 static char *trim(char *s)
 {
@@ -284,7 +287,7 @@ static void read_costs(struct plan_input *in, const char *path)
                                       line_no, column_names[c]);
                     column_of[c] = f;
                 }
-                if (column_of[c] < 0)
+                if (column_of[c] < 0 && c < COL_REQUIRED)
                     dm_user_error("%s:%d: missing column '%s' (the header needs "
                                   "layer,fwd_ms,bwd_ms,params,mem_bytes)", path,
                                   line_no, column_names[c]);
@@ -302,7 +305,9 @@ static void read_costs(struct plan_input *in, const char *path)
         double bwd = csv_number(path, line_no, COL_BWD, fields[column_of[COL_BWD]]);
         double params = csv_number(path, line_no, COL_PARAMS, fields[column_of[COL_PARAMS]]);
         int64_t mem = csv_bytes(path, line_no, fields[column_of[COL_MEM]]);
-        struct balance_extra extra = {fwd, bwd, params, mem};
+        double update = column_of[COL_UPDATE] < 0 ? 0.0
+            : csv_number(path, line_no, COL_UPDATE, fields[column_of[COL_UPDATE]]);
+        struct balance_extra extra = {fwd, bwd, params, mem, update};
         if (!strcmp(name, "embed")) {
             if (in->blocks > 0 || in->has_embed)
                 dm_user_error("%s:%d: 'embed' must be the first row", path, line_no);
@@ -324,9 +329,12 @@ static void read_costs(struct plan_input *in, const char *path)
             in->bwd_ms = realloc(in->bwd_ms, (size_t)capacity * sizeof(double));
             in->params = realloc(in->params, (size_t)capacity * sizeof(double));
             in->mem_bytes = realloc(in->mem_bytes, (size_t)capacity * sizeof(int64_t));
-            if (!in->fwd_ms || !in->bwd_ms || !in->params || !in->mem_bytes)
+            in->update_ms = realloc(in->update_ms, (size_t)capacity * sizeof(double));
+            if (!in->fwd_ms || !in->bwd_ms || !in->params || !in->mem_bytes ||
+                !in->update_ms)
                 DM_FATAL("out of memory reading %s", path);
         }
+        in->update_ms[in->blocks] = update;
         in->fwd_ms[in->blocks] = fwd;
         in->bwd_ms[in->blocks] = bwd;
         in->params[in->blocks] = params;
@@ -341,6 +349,7 @@ static void read_costs(struct plan_input *in, const char *path)
     in->profile.bwd_ms = in->bwd_ms;
     in->profile.params = in->params;
     in->profile.mem_bytes = in->mem_bytes;
+    if (column_of[COL_UPDATE] >= 0) in->profile.update_ms = in->update_ms;
 }
 
 /* ---- costs from a run log ---------------------------------------------------
@@ -348,8 +357,12 @@ static void read_costs(struct plan_input *in, const char *path)
  * parameters per block from model.channels (nonzero ones when the log has
  * /layers/sparsity), slab bytes of a dense block, and the embedding and
  * head as the first and last stage's compute per micro-batch beyond their
- * blocks (/stages/busy_ms), a third forward, two thirds backward. The
- * run's layout, stage count and micro-batches become the defaults. */
+ * blocks (/stages/busy_ms), a third forward, two thirds backward. Where
+ * the log has /layers/update_ms and /stages/update_ms for every step, the
+ * blocks' updates come from the first, the stages' update time leaves their
+ * per-micro-batch compute, and the embedding's and head's updates are the
+ * first and last stage's update beyond their blocks'. The run's layout,
+ * stage count and micro-batches become the defaults. */
 
 static long config_value(const char *text, const char *key, long fallback)
 {
@@ -377,6 +390,12 @@ static void read_run(struct plan_input *in, const char *dir, long step, int **la
     long nsteps = runlog_read_matrix(path, RUNLOG_LAYER_FWD_MS, &rows, &ncols, err, sizeof err);
     if (nsteps < 0) dm_user_error("--from-run: %s", err);
     free(rows);
+    rows = NULL;
+    /* updates only from a log that has them for every step (a resumed log of
+     * an older dynmo starts them late) */
+    int with_update = runlog_read_matrix(path, RUNLOG_LAYER_UPDATE_MS, &rows, &ncols, err,
+                                         sizeof err) == nsteps;
+    free(rows);
     if (step < 1 || step > nsteps)
         dm_user_error("--step %ld: %s has steps 1..%ld", step, path, nsteps);
     memset(in, 0, sizeof *in);
@@ -387,11 +406,15 @@ static void read_run(struct plan_input *in, const char *dir, long step, int **la
     in->mem_bytes = dm_alloc((size_t)L * sizeof(int64_t));
     float *fwd = dm_alloc((size_t)L * sizeof(float)), *bwd = dm_alloc((size_t)L * sizeof(float));
     float *sparsity = dm_alloc((size_t)L * sizeof(float));
+    float *update = dm_alloc((size_t)L * sizeof(float));
     if (runlog_read_row(path, RUNLOG_LAYER_FWD_MS, step - 1, fwd, L, err, sizeof err) ||
         runlog_read_row(path, RUNLOG_LAYER_BWD_MS, step - 1, bwd, L, err, sizeof err))
         dm_user_error("--from-run: %s", err);
     if (runlog_read_row(path, "/layers/sparsity", step - 1, sparsity, L, err, sizeof err))
         memset(sparsity, 0, (size_t)L * sizeof(float));
+    if (with_update &&
+        runlog_read_row(path, RUNLOG_LAYER_UPDATE_MS, step - 1, update, L, err, sizeof err))
+        dm_user_error("--from-run: %s", err);
     double dense = (double)block_param_count(C);
     for (int l = 0; l < L; l++) {
         in->fwd_ms[l] = fwd[l];
@@ -409,20 +432,39 @@ static void read_run(struct plan_input *in, const char *dir, long step, int **la
     memcpy(*layout, history + (step - 1) * width, (size_t)S * sizeof(int));
     free(history);
     float *busy = dm_alloc((size_t)width * sizeof(float));
+    float *stage_update = dm_alloc((size_t)width * sizeof(float));
     if (runlog_read_row(path, RUNLOG_STAGE_BUSY_MS, step - 1, busy, width, err, sizeof err))
         dm_user_error("--from-run: %s", err);
-    double first_blocks = 0, last_blocks = 0;
-    for (int l = 0; l < (*layout)[0]; l++) first_blocks += fwd[l] + bwd[l];
-    for (int l = L - (*layout)[S - 1]; l < L; l++) last_blocks += fwd[l] + bwd[l];
-    double e = busy[0] / *micro_batches - first_blocks;
-    double h = busy[S - 1] / *micro_batches - last_blocks;
-    if (S == 1) e = h = 0.5 * (busy[0] / *micro_batches - first_blocks);
-    e = e > 0 ? e : 0;
-    h = h > 0 ? h : 0;
-    in->profile.embed.fwd_ms = e / 3;
-    in->profile.embed.bwd_ms = 2 * e / 3;
-    in->profile.head.fwd_ms = h / 3;
-    in->profile.head.bwd_ms = 2 * h / 3;
+    if (with_update && runlog_read_row(path, RUNLOG_STAGE_UPDATE_MS, step - 1, stage_update,
+                                       width, err, sizeof err))
+        dm_user_error("--from-run: %s", err);
+    double first_blocks = 0, last_blocks = 0, first_updates = 0, last_updates = 0;
+    for (int l = 0; l < (*layout)[0]; l++) {
+        first_blocks += fwd[l] + bwd[l];
+        first_updates += update[l];
+    }
+    for (int l = L - (*layout)[S - 1]; l < L; l++) {
+        last_blocks += fwd[l] + bwd[l];
+        last_updates += update[l];
+    }
+    double e = (busy[0] - stage_update[0]) / *micro_batches - first_blocks;
+    double h = (busy[S - 1] - stage_update[S - 1]) / *micro_batches - last_blocks;
+    double eu = stage_update[0] - first_updates, hu = stage_update[S - 1] - last_updates;
+    if (S == 1) {
+        e = h = 0.5 * e;
+        eu = hu = 0.5 * eu;
+    }
+    in->profile.embed.fwd_ms = (e > 0 ? e : 0) / 3;
+    in->profile.embed.bwd_ms = 2 * (e > 0 ? e : 0) / 3;
+    in->profile.head.fwd_ms = (h > 0 ? h : 0) / 3;
+    in->profile.head.bwd_ms = 2 * (h > 0 ? h : 0) / 3;
+    if (with_update) {
+        in->update_ms = dm_alloc((size_t)L * sizeof(double));
+        for (int l = 0; l < L; l++) in->update_ms[l] = update[l];
+        in->profile.update_ms = in->update_ms;
+        in->profile.embed.update_ms = eu > 0 ? eu : 0;
+        in->profile.head.update_ms = hu > 0 ? hu : 0;
+    }
     in->has_embed = in->has_head = 1;
     in->profile.blocks = L;
     in->profile.fwd_ms = in->fwd_ms;
@@ -432,7 +474,9 @@ static void read_run(struct plan_input *in, const char *dir, long step, int **la
     dm_free(fwd);
     dm_free(bwd);
     dm_free(sparsity);
+    dm_free(update);
     dm_free(busy);
+    dm_free(stage_update);
 }
 
 /* ---- processors: which stages share them ----------------------------------- */
@@ -586,6 +630,7 @@ static void free_input(struct plan_input *in)
 {
     free(in->fwd_ms);
     free(in->bwd_ms);
+    free(in->update_ms);
     free(in->params);
     free(in->mem_bytes);
 }

@@ -53,7 +53,7 @@ static void synthetic_free(struct synthetic *s)
 
 static struct balance_extra extra(double fwd, double bwd, double params)
 {
-    return (struct balance_extra){fwd, bwd, params, (int64_t)params * BYTES_PER_PARAM};
+    return (struct balance_extra){fwd, bwd, params, (int64_t)params * BYTES_PER_PARAM, 0.0};
 }
 
 /* Independent random blocks: fwd in [1, 3) ms, bwd about twice fwd,

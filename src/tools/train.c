@@ -145,10 +145,14 @@ static void log_step(struct runlog *log, const struct dm_config *cfg, int step,
         for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_active[l];
         runlog_append_row(log, RUNLOG_LAYER_ACTIVE, row, cfg->layers);
     }
+    for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_update_ms[l];
+    runlog_append_row(log, RUNLOG_LAYER_UPDATE_MS, row, cfg->layers);
     for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_compute_ms[s] : NAN;
     runlog_append_row(log, RUNLOG_STAGE_BUSY_MS, row, width);
     for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_wait_ms[s] : NAN;
     runlog_append_row(log, RUNLOG_STAGE_IDLE_MS, row, width);
+    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_update_ms[s] : NAN;
+    runlog_append_row(log, RUNLOG_STAGE_UPDATE_MS, row, width);
     for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
     dm_free(row);
@@ -278,6 +282,7 @@ static struct runlog *open_runlog(const char *path, const struct dm_config *cfg,
         RUNLOG_STEP_TOKENS_PER_S, RUNLOG_STEP_PEAK_RSS_MB, RUNLOG_STEP_RANKS,
         RUNLOG_STEP_BUBBLE, RUNLOG_STEP_IMBALANCE, RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS,
         RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS, RUNLOG_LAYOUT_HISTORY, RUNLOG_LAYER_SPARSITY,
+        RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_UPDATE_MS, RUNLOG_STAGE_UPDATE_MS,
     };
     for (size_t i = 0; i < sizeof per_step / sizeof *per_step; i++)
         if (runlog_rows(log, per_step[i]) > start) runlog_truncate(log, per_step[i], start);
