@@ -19,6 +19,8 @@ expect_error "unknown override key" "unknown key train.foo.*valid keys of \[trai
   "$DYNMO" train --config "$dir/ok.ini" train.foo=1
 expect_error "out of range" "model.layers = 0 is out of range \[1, 4096\]" \
   "$DYNMO" train --config "$dir/ok.ini" model.layers=0
+expect_error "improvement out of range" "balance.min_improvement = 1 is out of range \[0, 0.99\]" \
+  "$DYNMO" train --config "$dir/ok.ini" balance.min_improvement=1
 expect_error "not a number" "train.lr = 'fast' is not a number" \
   "$DYNMO" train --config "$dir/ok.ini" train.lr=fast
 expect_error "negative seed" "train.seed = '-1' must be a non-negative integer" \

@@ -1462,6 +1462,20 @@ static void test_update_propose(void)
     CHECK_MSG(faster > 0, "updates never changed the layout in %d runs", runs);
 }
 
+/* The migration cost line, by hand. */
+static void test_migration_cost(void)
+{
+    double b[4] = {1, 3, 2, 2}, ms[4] = {10, 14, 30, 10};
+    CHECK(balance_migration_cost_ms(b, ms, 0, 5) == 0.0);
+    CHECK_NEAR(balance_migration_cost_ms(b, ms, 1, 7), 10.0, 1e-12);    /* one: its time */
+    CHECK_NEAR(balance_migration_cost_ms(b, ms, 2, 5), 18.0, 1e-12);    /* 8 + 2 x 5 */
+    CHECK_NEAR(balance_migration_cost_ms(b + 2, ms + 2, 2, 9), 20.0, 1e-12);  /* one size */
+    double falling[2] = {20, 10};                                        /* slope < 0 */
+    CHECK_NEAR(balance_migration_cost_ms(b, falling, 2, 100), 15.0, 1e-12);
+    double steep[2] = {1, 5};            /* line 1 -> 1, 3 -> 5: 2 x - 1, intercept < 0 */
+    CHECK_NEAR(balance_migration_cost_ms(b, steep, 2, 10), (1 + 15) / 10.0 * 10, 1e-12);
+}
+
 int main(void)
 {
     test_static_and_plan();
@@ -1484,5 +1498,6 @@ int main(void)
     test_update_reference();
     test_update_bad_input();
     test_update_propose();
+    test_migration_cost();
     return testing_report("test_balance");
 }

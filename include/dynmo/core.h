@@ -157,6 +157,8 @@ struct dm_config {
     char cost[32];      /* "time" (profiled EMA) or "params" */
     double min_gain;    /* skip a re-layout whose predicted saving (ms over the next
                            interval) is below min_gain x the measured migration cost */
+    double min_improvement; /* ... or whose predicted step time is not at least this
+                               fraction below the current layout's */
     /* [ckpt] */
     char ckpt_dir[1024];/* "" = no checkpoints */
     int ckpt_every;     /* steps between checkpoints; 0 = only on signal / re-pack / end */

@@ -352,3 +352,33 @@ int balance_migration_plan(const int64_t *mem_bytes, int blocks,
     if (total_bytes) *total_bytes = bytes;
     return BALANCE_OK;
 }
+
+double balance_migration_cost_ms(const double *bytes, const double *ms, int n,
+                                 double at_bytes)
+{
+    if (n <= 0) return 0.0;
+    double mx = 0, my = 0;
+    for (int i = 0; i < n; i++) {
+        mx += bytes[i];
+        my += ms[i];
+    }
+    mx /= n;
+    my /= n;
+    double sxx = 0, sxy = 0, xx = 0, xy = 0;
+    for (int i = 0; i < n; i++) {
+        sxx += (bytes[i] - mx) * (bytes[i] - mx);
+        sxy += (bytes[i] - mx) * (ms[i] - my);
+        xx += bytes[i] * bytes[i];
+        xy += bytes[i] * ms[i];
+    }
+    double slope = sxx > 0 ? sxy / sxx : 0.0, intercept = my - slope * mx;
+    if (slope < 0) {
+        slope = 0;
+        intercept = my;
+    }
+    if (intercept < 0) {
+        intercept = 0;
+        slope = xy / xx;
+    }
+    return intercept + slope * at_bytes;
+}

@@ -59,6 +59,8 @@ static const struct config_key keys[] = {
     {"balance", "every", KEY_INT, F(every), 1, 1e9, "steps between balancing decisions"},
     {"balance", "cost", KEY_STRING, F(cost), 0, 32, "time or params"},
     {"balance", "min_gain", KEY_DOUBLE, F(min_gain), 0, 1e9, "required saving / migration cost"},
+    {"balance", "min_improvement", KEY_DOUBLE, F(min_improvement), 0, 0.99,
+     "required predicted speed-up of a re-layout (fraction)"},
     {"ckpt", "dir", KEY_STRING, F(ckpt_dir), 0, 1024, "checkpoint directory (empty: none)"},
     {"ckpt", "every", KEY_INT, F(ckpt_every), 0, 1e9, "steps between checkpoints (0: none)"},
     {"ckpt", "resume", KEY_STRING, F(resume), 0, 1024, "auto, none or a checkpoint file"},
@@ -124,6 +126,7 @@ void config_defaults(struct dm_config *cfg)
     cfg->every = 10;
     snprintf(cfg->cost, sizeof cfg->cost, "time");
     cfg->min_gain = 1.0;
+    cfg->min_improvement = 0.02;
     snprintf(cfg->resume, sizeof cfg->resume, "auto");
     snprintf(cfg->dyn_kind, sizeof cfg->dyn_kind, "none");
     cfg->freeze_window = 10;

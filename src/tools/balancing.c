@@ -5,9 +5,11 @@
  * micro-batch, and of the extra time of the first stage (embedding) and
  * the last stage (head and loss). Every balance.every steps it asks
  * src/balance for a layout, predicts the step time of the current and the
- * proposed layout with the same costs, and migrates only when the
- * predicted saving over the next interval beats balance.min_gain times
- * the measured cost of migrating. The engine broadcasts the decision, so
+ * proposed layout with the same costs, and migrates only when the proposal
+ * is predicted at least balance.min_improvement faster and the predicted
+ * saving over the next interval beats balance.min_gain times the cost of
+ * migrating (fitted to the migrations so far: migration_ms). The engine
+ * broadcasts the decision, so
  * every rank switches at the same step boundary. Decisions are logged in
  * the run log (/balance/...) with the step time measured after them. */
 #include <math.h>
@@ -18,6 +20,8 @@
 #include "dynmo/model.h"
 #include "tools/balancing.h"
 
+#define MIGRATIONS_KEPT 8
+
 enum { METHOD_NONE = -2, METHOD_RANDOM = -3 };
 #define EMA_WEIGHT 0.5
 
@@ -26,7 +30,7 @@ struct balancer {
     int stages, layers, every, micro_batches;
     enum dm_schedule schedule;
     uint64_t seed;
-    double min_gain;
+    double min_gain, min_improvement;
     double *params;             /* (layers) nonzero parameters per block */
     size_t block_params, block_matrix_weights;  /* dense counts of one block */
     double *fwd_ema, *bwd_ema;  /* (layers) ms per micro-batch */
@@ -35,7 +39,9 @@ struct balancer {
     double first_update_ema, last_update_ema;              /* once a step */
     int64_t *mem_bytes;         /* (layers) */
     int have_ema;
-    double migrate_ms_per_byte; /* measured by the last migration, 0 = unknown */
+    /* The last MIGRATIONS_KEPT migrations (bytes, ms), oldest overwritten. */
+    double migrated_bytes[MIGRATIONS_KEPT], migrated_ms[MIGRATIONS_KEPT];
+    int migrations;
     int *proposal, *current;
     /* stages that share processors (balancer_set_sharing); groups = 0: none */
     struct balance_sharing sharing;
@@ -70,6 +76,7 @@ struct balancer *balancer_create(const struct dm_config *cfg, int stages)
     bal->schedule = config_schedule(cfg);
     bal->seed = cfg->seed;
     bal->min_gain = cfg->min_gain;
+    bal->min_improvement = cfg->min_improvement;
     size_t L = (size_t)cfg->layers;
     bal->params = dm_alloc(L * sizeof(double));
     bal->fwd_ema = dm_alloc(L * sizeof(double));
@@ -160,8 +167,18 @@ static void update_profile(struct balancer *bal, const struct step_stats *st)
     bal->last_update_ema = ema(bal->last_update_ema, last_update > 0 ? last_update : 0,
                                bal->have_ema);
     bal->have_ema = 1;
-    if (st->migrated_blocks > 0 && st->migrated_bytes > 0)
-        bal->migrate_ms_per_byte = st->migrate_ms / st->migrated_bytes;
+    if (st->migrated_blocks > 0 && st->migrated_bytes > 0) {
+        int slot = bal->migrations++ % MIGRATIONS_KEPT;
+        bal->migrated_bytes[slot] = st->migrated_bytes;
+        bal->migrated_ms[slot] = st->migrate_ms;
+    }
+}
+
+/* The predicted cost of migrating `bytes`, from the kept migrations. */
+static double migration_ms(const struct balancer *bal, double bytes)
+{
+    int n = bal->migrations < MIGRATIONS_KEPT ? bal->migrations : MIGRATIONS_KEPT;
+    return balance_migration_cost_ms(bal->migrated_bytes, bal->migrated_ms, n, bytes);
 }
 
 static void log_pending(struct balancer *bal, struct runlog *log, const struct step_stats *st)
@@ -221,9 +238,10 @@ static void decide(struct balancer *bal, struct runlog *log, const struct step_s
         return;
     }
     double saving_ms = (now.step_ms - next.step_ms) * bal->every;
-    double migrate_ms = bal->migrate_ms_per_byte * (double)res.bytes_moved;
+    double migrate_ms = migration_ms(bal, (double)res.bytes_moved);
     int changed = memcmp(bal->proposal, bal->current, (size_t)S * sizeof(int)) != 0;
-    int apply = changed && saving_ms > 0 && saving_ms >= bal->min_gain * migrate_ms;
+    int apply = changed && saving_ms > 0 && saving_ms >= bal->min_gain * migrate_ms &&
+                next.step_ms <= (1.0 - bal->min_improvement) * now.step_ms;
     char from[256], to[256];
     layout_format(from, sizeof from, bal->current, S);
     layout_format(to, sizeof to, bal->proposal, S);
