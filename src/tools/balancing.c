@@ -240,8 +240,9 @@ static void decide(struct balancer *bal, struct runlog *log, const struct step_s
     double saving_ms = (now.step_ms - next.step_ms) * bal->every;
     double migrate_ms = migration_ms(bal, (double)res.bytes_moved);
     int changed = memcmp(bal->proposal, bal->current, (size_t)S * sizeof(int)) != 0;
-    int apply = changed && saving_ms > 0 && saving_ms >= bal->min_gain * migrate_ms &&
-                next.step_ms <= (1.0 - bal->min_improvement) * now.step_ms;
+    int pays = saving_ms > 0 && saving_ms >= bal->min_gain * migrate_ms;
+    int enough = next.step_ms <= (1.0 - bal->min_improvement) * now.step_ms;
+    int apply = changed && pays && enough;
     char from[256], to[256];
     layout_format(from, sizeof from, bal->current, S);
     layout_format(to, sizeof to, bal->proposal, S);
@@ -249,7 +250,9 @@ static void decide(struct balancer *bal, struct runlog *log, const struct step_s
         dm_log("balance: step %d: %s proposes %s (predicted %.1f ms/step) over %s (%.1f "
                "ms/step); saving %.0f ms over %d steps vs migration ~%.0f ms: %s\n",
                step + 1, balance_method_name(bal->method), to, next.step_ms, from, now.step_ms,
-               saving_ms, bal->every, migrate_ms, apply ? "migrating" : "skipped");
+               saving_ms, bal->every, migrate_ms,
+               apply ? "migrating" : !enough ? "skipped (under balance.min_improvement)"
+                                             : "skipped");
     float row[8] = {(float)(step + 1), (float)now.step_ms, (float)next.step_ms,
                     (float)st->step_ms, (float)apply, (float)res.blocks_moved, NAN,
                     (float)res.bytes_moved};
