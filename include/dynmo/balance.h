@@ -403,9 +403,10 @@ struct balance_options {
  * their cores; a stage's update delays its next step unless the fill hides
  * it), so three starts (the min-max partition, static-uniform and current,
  * each within mem_cap) are polished by local search on the predicted step
- * time (balance_predict; one boundary
- * moved by one block while the prediction strictly drops, a few hundred
- * predictions per start at most), and the fastest wins; ties go to the one
+ * time (balance_predict; one boundary moved by one block while the
+ * prediction strictly drops, at most 256 predictions per start and about
+ * 2e6 simulated instructions, 2 S m each: none on very large pipelines),
+ * and the fastest wins; ties go to the one
  * that moves the fewest blocks from current, then to the earlier start. A
  * non-NULL profile->sharing is checked first by every method. */
 int balance_propose(enum balance_method method,

@@ -28,8 +28,19 @@ int balance_method_parse(const char *name)
 }
 
 /* Predictions each start of partition_by_prediction may spend on its local
- * search: a few sweeps of a few dozen stages. */
+ * search: a few sweeps of a few dozen stages, and at most about
+ * SEARCH_INSTRUCTIONS simulated instructions (2 S m a prediction), so that
+ * a decision stays within tens of milliseconds on large pipelines (1,000
+ * blocks on 64 stages, m = 256: 240 ms with 256 predictions a start, 60 ms
+ * with the cap). */
 #define SHARED_SEARCH_BUDGET 256
+#define SEARCH_INSTRUCTIONS 2e6
+
+static int search_budget(int stages, int micro_batches)
+{
+    double affordable = SEARCH_INSTRUCTIONS / (2.0 * stages * micro_batches);
+    return affordable < SHARED_SEARCH_BUDGET ? (int)affordable : SHARED_SEARCH_BUDGET;
+}
 
 /* Whether the min-max partition of fwd + bwd can miss the fastest layout
  * by more than the schedule's shape: stages share processors, or blocks
@@ -59,6 +70,7 @@ static int partition_by_prediction(const struct balance_profile *profile,
                                counts, res, err, errsize);
     if (rc) return rc;
     int m = options->micro_batches > 0 ? options->micro_batches : 4 * stages;
+    int budget = search_budget(stages, m);
     /* The costs passed as sums; the predictor also needs fwd_ms and bwd_ms
      * each valid, and the schedule known: its errors are the caller's. */
     struct balance_prediction start_prediction;
@@ -74,7 +86,7 @@ static int partition_by_prediction(const struct balance_profile *profile,
     struct balance_result best_res, start_res;
     double best = improve_by_prediction(profile, costs, stages, counts,
                                         options->mem_cap, m, options->schedule,
-                                        0.0, INFINITY, SHARED_SEARCH_BUDGET);
+                                        0.0, INFINITY, budget);
     problem_describe(&p, counts, reference, stages, &best_res);
     for (int other = 0; other < (current ? 2 : 1); other++) {
         if (other == 0) balance_static_uniform(n, stages, start, NULL, 0);
@@ -84,7 +96,7 @@ static int partition_by_prediction(const struct balance_profile *profile,
         if (options->mem_cap > 0 && max_mem > options->mem_cap) continue;
         double t = improve_by_prediction(profile, costs, stages, start,
                                          options->mem_cap, m, options->schedule,
-                                         0.0, INFINITY, SHARED_SEARCH_BUDGET);
+                                         0.0, INFINITY, budget);
         problem_describe(&p, start, reference, stages, &start_res);
         if (t < best || (t == best && start_res.blocks_moved < best_res.blocks_moved)) {
             best = t;

@@ -1,6 +1,7 @@
 /* The step-time predictor: simulates a pipeline schedule (GPipe or 1F1B) as
  * per-stage instruction lists with zero communication time, from per-stage
- * forward and backward times, with a processor per stage or with stages
+ * forward and backward times and updates at the step's end, with a
+ * processor per stage or with stages
  * sharing processors. The balancers and `dynmo plan` use it to compare
  * layouts and to decide re-packing; the engine can feed it measured stage
  * times. Must not: model communication or memory (that is the engine's to
