@@ -42,6 +42,12 @@ grep -q "^reference: 1,1,1,9" <<<"$out" || fail "plan --from-run did not take th
 [ "$(grep -A1 '^method: partition-params' <<<"$out" | tail -n1)" = "layout: 3,3,3,3" ] \
   || fail "plan --from-run partition-params: $(grep -A1 '^method: partition-params' <<<"$out")"
 grep -A1 '^method: partition-time' <<<"$out" | tail -n1 | grep -q "^layout: " && echo "ok: plan --from-run"
+# ... with the blocks' updates at the step's end, as the run logged them
+want=$(/usr/bin/python3 -c "import h5py,sys; print(f\"{h5py.File(sys.argv[1],'r')['/layers/update_ms'][5].astype(float).sum():.3f}\")" "$dir/static/runlog.h5")
+got=$(sed -n 's/^update_ms: blocks \([0-9.]*\) .*/\1/p' <<<"$out")
+[ -n "$got" ] && [ "$got" = "$want" ] && /usr/bin/python3 -c "import sys; sys.exit(0 if float('$got') > 0 else 1)" \
+  && echo "ok: plan --from-run takes the blocks' updates ($got ms a step)" \
+  || fail "plan --from-run updates: '$got', the run log has $want"
 "$DYNMO" plan --from-run "$dir/static" --step 99 >/dev/null 2>&1; [ $? -eq 2 ] || fail "plan --from-run --step 99 is not exit 2"
 
 # Stages that share processors (docs/pipeline.md): 4 ranks bound to CPU 0

@@ -70,7 +70,8 @@ printf 'layer,fwd_ms,bwd_ms,params,mem_bytes,update_ms\n0,1,2,1,1,5\n1,1,2,1,1,0
   >"$work/update.csv"
 "$DYNMO" plan --costs "$work/update.csv" --stages 4 --method static-uniform --micro-batches 8 \
   >"$work/out" 2>&1 || fail "update: exit $?"
-expect_lines "an update on the first stage" "step_ms: 38.000"
+expect_lines "an update on the first stage" "step_ms: 38.000" \
+  "update_ms: blocks 5.000  embed 0.000  head 0.000 (once a step)"
 sed 's/,5$/,0/; s/^3,1,2,1,1,0$/3,1,2,1,1,5/' "$work/update.csv" >"$work/update_last.csv"
 "$DYNMO" plan --costs "$work/update_last.csv" --stages 4 --method static-uniform \
   --micro-batches 8 >"$work/out" 2>&1 || fail "update last: exit $?"

@@ -921,6 +921,12 @@ int cmd_plan(int argc, char **argv)
 
     printf("costs: %s (%d blocks%s%s)\n", a.costs_path, n,
            in.has_embed ? ", embed" : "", in.has_head ? ", head" : "");
+    if (in.profile.update_ms) {   /* the step's end, once a step */
+        double blocks = 0;
+        for (int i = 0; i < n; i++) blocks += in.profile.update_ms[i];
+        printf("update_ms: blocks %.3f  embed %.3f  head %.3f (once a step)\n", blocks,
+               in.profile.embed.update_ms, in.profile.head.update_ms);
+    }
     printf("stages: %d  micro_batches: %d  schedule: %s  mem_cap: ", S,
            a.micro_batches, a.schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
     if (a.mem_cap > 0) printf("%lld\n", (long long)a.mem_cap);
