@@ -562,8 +562,9 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             *grad_norm = global_grad_norm(eng);
             /* CPU time hardly grows while a wait sleeps; wall time does */
             double waited = dm_profile_is_cpu_time() ? 0.0 : eng->wait_s - w0;
-            eng->compute_s += (dm_profile_now() - t0) - waited;
-            eng->update_s += (dm_profile_now() - t0) - waited;
+            double spent = (dm_profile_now() - t0) - waited;
+            eng->compute_s += spent;
+            eng->update_s += spent;
             break;
         }
         case PIPE_OPTIMIZER_STEP: {
@@ -576,8 +577,9 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             gpt_adamw_update(&eng->model, *lr, cfg->beta1, cfg->beta2, cfg->eps,
                              cfg->weight_decay, scale, step + 1);
             gpt_zero_grads(&eng->model);
-            eng->compute_s += dm_profile_now() - t0;
-            eng->update_s += dm_profile_now() - t0;
+            double spent = dm_profile_now() - t0;
+            eng->compute_s += spent;
+            eng->update_s += spent;
             break;
         }
         default:
