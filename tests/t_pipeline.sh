@@ -35,6 +35,29 @@ run migrate 4 parallel.pp=4 balance.method=random balance.every=1 && {
     || fail "migrating every step changed the losses"
   grep -q "migrated [0-9]* blocks" "$dir/migrate.out" || fail "no migration shown in the step lines"
 }
+# Tracing steps 2-3 (run.trace_from): the same bits, and one /trace/events
+# row per instruction of each traced step and rank, in list order.
+run trace 4 parallel.pp=4 run.trace_from=2 run.trace_steps=2 && {
+  cmp -s "$dir/base.loss" "$dir/trace.loss" && echo "ok: a traced run is bit-identical" \
+    || fail "tracing changed the losses"
+  /usr/bin/python3 - "$dir/trace/runlog.h5" "$dir/migrate/runlog.h5" <<'PY' || fail "/trace/events is wrong"
+import sys, h5py, numpy as np
+e = h5py.File(sys.argv[1], 'r')['/trace/events'][:]
+assert e.shape[1] == 8 and sorted(set(e[:, 0])) == [2.0, 3.0], (e.shape, set(e[:, 0]))
+m = 4   # micro-batches of tiny_config
+for step in (2, 3):
+    for rank in range(4):
+        r = e[(e[:, 0] == step) & (e[:, 1] == rank)]
+        ops = list(r[:, 3].astype(int))
+        assert np.all(r[:, 2] == rank), r[:, 2]                    # stage = rank (D = 1)
+        assert ops.count(1) == m and ops.count(4) == m, ops        # FWD and BWD per micro-batch
+        assert ops[-2:] == [6, 7] and np.all(r[-2:, 4] == -1), ops # the step's end, no micro-batch
+        assert np.all(np.diff(r[:, 5]) >= 0), r[:, 5]              # starts in list order
+        assert np.all(r[:, 6] >= 0) and np.all(r[:, 7] <= r[:, 6] + 0.5), r[:, 6:]
+assert '/trace' not in h5py.File(sys.argv[2], 'r'), "an untraced run has /trace"
+print(f"ok: /trace/events: {len(e)} instructions over 2 steps and 4 ranks")
+PY
+}
 # Data parallelism: D=2 x S=2 against one rank with the same global batch
 # and the same micro-batch size (2 x 2 micro-batches = 4).
 run dp 4 parallel.pp=2 parallel.dp=2 train.micro_batches=2 && \

@@ -51,6 +51,9 @@
 #define RUNLOG_STAGE_IDLE_MS "/stages/idle_ms"    /* float32 [steps, stages] */
 #define RUNLOG_STAGE_UPDATE_MS "/stages/update_ms" /* float32 [steps, stages]: the step's end,
                                                      part of busy_ms */
+/* Only with run.trace_from: one row per instruction of each traced step and
+ * rank (step_stats.trace, pipe.h). */
+#define RUNLOG_TRACE_EVENTS "/trace/events"       /* float32 [events, 8] */
 /* One row per balancing decision: step, predicted ms/step of the current
  * layout, predicted ms/step of the proposal, measured ms of the decision
  * step, applied (0/1), blocks moved, measured ms of the next step, bytes. */

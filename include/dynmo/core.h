@@ -147,6 +147,8 @@ struct dm_config {
     /* [run] */
     char out_dir[1024];
     int log_every;      /* steps between progress lines */
+    int trace_from;     /* first step (1-based) whose instructions are traced; 0 = none */
+    int trace_steps;    /* steps traced from trace_from */
     /* [parallel] */
     int pp, dp;         /* pipeline stages S, data-parallel replicas D */
     char schedule[32];  /* "1f1b" or "gpipe" */

@@ -151,6 +151,7 @@ void engine_destroy(struct engine *eng);
 
 /* The per-step results that rank 0 logs. Valid on rank 0 after
  * engine_step; the profile arrays have one entry per block or stage. */
+#define STEP_TRACE_COLUMNS 8
 struct step_stats {
     float loss;               /* mean over the step's tokens */
     double grad_norm, lr;
@@ -174,6 +175,12 @@ struct step_stats {
     int *layout;              /* (stages) blocks per stage during the step */
     int stop_requested;       /* some rank's watched flag was set (all ranks) */
     char dyn_text[96];        /* the dynamism scheme's state (dyn_describe) */
+    /* run.trace_from: on a traced step, trace_rows rows of STEP_TRACE_COLUMNS
+     * (rank 0; 0 rows otherwise): step, rank, stage, op (enum pipe_op),
+     * micro-batch (-1 for the step's end), start ms (after rank 0's step
+     * start: the same clock on one node), wall ms, thread CPU ms. */
+    float *trace;
+    int trace_rows;
     int migrated_blocks;      /* by the re-layout before this step */
     double migrated_bytes, migrate_ms;
 };

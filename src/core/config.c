@@ -51,6 +51,9 @@ static const struct config_key keys[] = {
     {"data", "val", KEY_STRING, F(val_path), 0, 1024, "validation token file"},
     {"run", "out_dir", KEY_STRING, F(out_dir), 0, 1024, "output directory"},
     {"run", "log_every", KEY_INT, F(log_every), 1, 1e9, "steps between progress lines"},
+    {"run", "trace_from", KEY_INT, F(trace_from), 0, 1e9,
+     "first step whose instructions go to /trace/events (0: none)"},
+    {"run", "trace_steps", KEY_INT, F(trace_steps), 1, 1000, "steps traced from trace_from"},
     {"parallel", "pp", KEY_INT, F(pp), 1, 4096, "pipeline stages"},
     {"parallel", "dp", KEY_INT, F(dp), 1, 4096, "data-parallel replicas"},
     {"parallel", "schedule", KEY_STRING, F(schedule), 0, 32, "1f1b or gpipe"},
@@ -118,6 +121,7 @@ void config_defaults(struct dm_config *cfg)
     snprintf(cfg->val_path, sizeof cfg->val_path, "data/kjv/val.bin");
     snprintf(cfg->out_dir, sizeof cfg->out_dir, "runs/latest");
     cfg->log_every = 1;
+    cfg->trace_steps = 1;
     cfg->pp = 1;
     cfg->dp = 1;
     snprintf(cfg->schedule, sizeof cfg->schedule, "1f1b");

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
@@ -54,6 +55,13 @@ struct engine {
     struct slot *slots;
     struct pipe_instr *instrs;
     int ninstrs;
+    /* Tracing (run.trace_from): per instruction of the step, op, micro-batch,
+     * start (ms after this rank's step start), wall ms and thread CPU ms;
+     * then gathered to rank 0 (trace_all, one block of TRACE_FIELDS x
+     * ninstrs_max + 2 doubles a rank: count, step start). */
+    double *trace_mine, *trace_all;
+    int trace_count, tracing;
+    double step_t0;
     MPI_Comm stage_comm;            /* the D replicas of this stage */
     MPI_Comm pipeline_comm;         /* the S stages of this replica */
     struct dyn *dyn;
@@ -246,6 +254,22 @@ static int may_resume(const struct dm_config *cfg)
     return strcmp(cfg->resume, "auto") != 0 || cfg->ckpt_dir[0] != '\0';
 }
 
+#define TRACE_FIELDS 5   /* op, micro-batch, start, wall, cpu */
+
+/* Doubles a rank sends for a traced step: its count and step start, then
+ * TRACE_FIELDS per instruction, room for the longest list. */
+static size_t trace_block(const struct engine *eng)
+{
+    return 2 + (size_t)TRACE_FIELDS * SCHEDULE_MAX_INSTRS(eng->micro_batches);
+}
+
+static double thread_cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 struct engine *engine_create(const struct dm_config *cfg, int resuming)
 {
     struct engine *eng = dm_alloc(sizeof *eng);
@@ -296,6 +320,16 @@ struct engine *engine_create(const struct dm_config *cfg, int resuming)
 
     int L = eng->shape.layers, S = g->stages;
     struct step_stats *st = &eng->stats;
+    if (cfg->trace_from > 0) {
+        size_t block = trace_block(eng);
+        eng->trace_mine = dm_alloc(block * sizeof(double));
+        if (g->rank == 0) {
+            eng->trace_all = dm_alloc(block * (size_t)g->world_size * sizeof(double));
+            st->trace = dm_alloc((size_t)g->world_size *
+                                 SCHEDULE_MAX_INSTRS(eng->micro_batches) *
+                                 STEP_TRACE_COLUMNS * sizeof(float));
+        }
+    }
     st->layer_fwd_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_bwd_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_mem_bytes = dm_alloc((size_t)L * sizeof(double));
@@ -334,6 +368,9 @@ void engine_destroy(struct engine *eng)
     dm_free(st->layer_active);
     dm_free(st->layer_update_ms);
     dm_free(st->stage_update_ms);
+    dm_free(st->trace);
+    dm_free(eng->trace_mine);
+    dm_free(eng->trace_all);
     dm_free(st->stage_compute_ms);
     dm_free(st->stage_wait_ms);
     dm_free(st->stage_peak_mb);
@@ -517,6 +554,11 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         int mb = in->micro_batch;
         struct slot *sl = mb >= 0 ? slot_for(eng, mb) : NULL;
         MPI_Request req;
+        double trace_wall = 0.0, trace_cpu = 0.0;
+        if (eng->tracing) {
+            trace_wall = dm_now();
+            trace_cpu = thread_cpu_seconds();
+        }
         switch (in->op) {
         case PIPE_RECV_ACT:
             eng->wait_s += pipe_wait(&sl->send_act);
@@ -586,6 +628,14 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             DM_FATAL("unknown instruction %d", (int)in->op);
         }
         if (in->op == PIPE_BWD) sl->busy_mb = -1;
+        if (eng->tracing) {
+            double *r = eng->trace_mine + 2 + (size_t)TRACE_FIELDS * eng->trace_count++;
+            r[0] = in->op;
+            r[1] = mb;
+            r[2] = (trace_wall - eng->step_t0) * 1e3;
+            r[3] = (dm_now() - trace_wall) * 1e3;
+            r[4] = (thread_cpu_seconds() - trace_cpu) * 1e3;
+        }
     }
     for (int i = 0; i < eng->nslots; i++) {
         eng->wait_s += pipe_wait(&eng->slots[i].send_act);
@@ -673,6 +723,40 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
     st->bubble_ratio = step_s > 0 ? idle / (g->world_size * step_s) : 0.0;
 }
 
+/* Collective on a traced step: every rank's instruction records to rank 0,
+ * which lays them out as step_stats.trace rows (pipe.h). */
+static void gather_trace(struct engine *eng, int step)
+{
+    const struct pipe_grid *g = &eng->grid;
+    size_t block = trace_block(eng);
+    eng->trace_mine[0] = eng->trace_count;
+    eng->trace_mine[1] = eng->step_t0 * 1e3;
+    MPI_Request req;
+    DM_MPI(MPI_Igather(eng->trace_mine, (int)block, MPI_DOUBLE, eng->trace_all, (int)block,
+                       MPI_DOUBLE, 0, MPI_COMM_WORLD, &req));
+    pipe_wait(&req);
+    if (g->rank != 0) return;
+    struct step_stats *st = &eng->stats;
+    int rows = 0;
+    for (int r = 0; r < g->world_size; r++) {
+        const double *x = eng->trace_all + (size_t)r * block;
+        for (int k = 0; k < (int)x[0]; k++) {
+            const double *e = x + 2 + (size_t)TRACE_FIELDS * k;
+            float *row = st->trace + (size_t)rows++ * STEP_TRACE_COLUMNS;
+            row[0] = (float)(step + 1);
+            row[1] = (float)r;
+            row[2] = (float)(r % g->stages);
+            row[3] = (float)e[0];
+            row[4] = (float)e[1];
+            /* on one node all ranks read the same clock: starts from rank 0's */
+            row[5] = (float)(e[2] + x[1] - eng->trace_all[1]);
+            row[6] = (float)e[3];
+            row[7] = (float)e[4];
+        }
+    }
+    st->trace_rows = rows;
+}
+
 const struct step_stats *engine_step(struct engine *eng, struct loader *loader, int step)
 {
     struct gpt *m = &eng->model;
@@ -680,13 +764,20 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
         m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = 0.0;
     eng->compute_s = eng->wait_s = eng->update_s = 0.0;
     eng->current_step = step;
+    const struct dm_config *cfg = &eng->cfg;
+    eng->tracing = cfg->trace_from > 0 && step + 1 >= cfg->trace_from &&
+                   step + 1 < cfg->trace_from + cfg->trace_steps;
+    eng->trace_count = 0;
     double t0 = dm_now();
+    eng->step_t0 = t0;
     dyn_before_step(eng->dyn, m, step);
     double grad_norm = 0.0, lr = 0.0;
     float loss_sum = run_schedule(eng, loader, step, &grad_norm, &lr);
     double step_s = dm_now() - t0;
     gather_stats(eng, loss_sum, step_s);
     struct step_stats *st = &eng->stats;
+    st->trace_rows = 0;
+    if (eng->tracing) gather_trace(eng, step);
     st->grad_norm = grad_norm;
     st->lr = lr;
     st->stop_requested = eng->stop_requested;

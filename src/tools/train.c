@@ -155,6 +155,9 @@ static void log_step(struct runlog *log, const struct dm_config *cfg, int step,
     runlog_append_row(log, RUNLOG_STAGE_UPDATE_MS, row, width);
     for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
+    for (int r = 0; r < st->trace_rows; r++)
+        runlog_append_row(log, RUNLOG_TRACE_EVENTS, st->trace + (size_t)r * STEP_TRACE_COLUMNS,
+                          STEP_TRACE_COLUMNS);
     dm_free(row);
     dm_free(irow);
 
