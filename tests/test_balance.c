@@ -1462,6 +1462,32 @@ static void test_update_propose(void)
     CHECK_MSG(faster > 0, "updates never changed the layout in %d runs", runs);
 }
 
+/* The end stages' extras from a measured step, by hand: 4 blocks of fwd 1,
+ * bwd 2, update 0.5 on 2 stages of 2, m = 4. */
+static void test_end_stage_extras(void)
+{
+    double f[4] = {1, 1, 1, 1}, b[4] = {2, 2, 2, 2}, u[4] = {0.5, 0.5, 0.5, 0.5};
+    int counts[2] = {2, 2};
+    /* first: (40 - 4) / 4 - 6 = 3 per micro-batch, 4 - 1 = 3 once; last:
+     * (24.5 - 0.5) / 4 - 6 = 0, and 0.5 - 1 < 0 clamps to 0 */
+    double busy[2] = {40, 24.5}, update[2] = {4, 0.5};
+    struct balance_extra embed = {.params = 7}, head;
+    balance_end_stage_extras(f, b, u, counts, 2, 4, busy, update, &embed, &head);
+    CHECK_NEAR(embed.fwd_ms, 1.0, 1e-12);
+    CHECK_NEAR(embed.bwd_ms, 2.0, 1e-12);
+    CHECK_NEAR(embed.update_ms, 3.0, 1e-12);
+    CHECK(embed.params == 7);                       /* left alone */
+    CHECK(head.fwd_ms == 0 && head.bwd_ms == 0 && head.update_ms == 0);
+    /* one stage: both ends share (60 - 4) / 4 - 12 = 2 and 4 - 2 = 2 */
+    int one[1] = {4};
+    double busy1[2] = {60, 60}, update1[2] = {4, 4};
+    balance_end_stage_extras(f, b, u, one, 1, 4, busy1, update1, &embed, &head);
+    CHECK_NEAR(embed.fwd_ms + embed.bwd_ms, 0.5 * ((60 - 4) / 4.0 - 12), 1e-12);
+    CHECK_NEAR(head.update_ms, 1.0, 1e-12);
+    balance_end_stage_extras(f, b, NULL, counts, 2, 4, busy, update, &embed, &head);
+    CHECK_NEAR(embed.update_ms, 4.0, 1e-12);        /* no block updates */
+}
+
 /* The migration cost line, by hand. */
 static void test_migration_cost(void)
 {
@@ -1499,5 +1525,6 @@ int main(void)
     test_update_bad_input();
     test_update_propose();
     test_migration_cost();
+    test_end_stage_extras();
     return testing_report("test_balance");
 }

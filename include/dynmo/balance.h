@@ -105,6 +105,21 @@ enum balance_cost_kind {
     BALANCE_COST_PARAMS = 1,    /* params per block */
 };
 
+/* The embedding's and head's time extras from one measured step: what the
+ * first and last stage computed beyond their blocks. Per micro-batch,
+ * (busy - update) / m - the stage's blocks' fwd + bwd, split a third
+ * forward, two thirds backward; once a step, update - the stage's blocks'
+ * updates (update_ms NULL: none). Negative differences (noise) become 0;
+ * with one stage the two share its extra equally. busy[0], update[0] are
+ * the first stage's compute and step-end ms, busy[1], update[1] the last
+ * stage's. Sets the time fields of *embed and *head, leaves the others. */
+void balance_end_stage_extras(const double *fwd_ms, const double *bwd_ms,
+                              const double *update_ms, const int *counts,
+                              int stages, int micro_batches,
+                              const double busy[2], const double update[2],
+                              struct balance_extra *embed,
+                              struct balance_extra *head);
+
 /* Fills costs from profile: cost[i] = fwd_ms[i] + bwd_ms[i] (one rounding)
  * or params[i], extras likewise. `cost` is a caller-owned array of
  * profile->blocks doubles that costs->cost points into afterwards; the

@@ -48,6 +48,42 @@ void problem_free(struct balance_problem *p)
     p->prefix_mem = NULL;
 }
 
+void balance_end_stage_extras(const double *fwd_ms, const double *bwd_ms,
+                              const double *update_ms, const int *counts,
+                              int stages, int micro_batches,
+                              const double busy[2], const double update[2],
+                              struct balance_extra *embed,
+                              struct balance_extra *head)
+{
+    double blocks[2] = {0, 0}, updates[2] = {0, 0};
+    int first_end = counts[0], last_begin = 0;
+    for (int s = 0; s + 1 < stages; s++) last_begin += counts[s];
+    for (int i = 0; i < first_end; i++) {
+        blocks[0] += fwd_ms[i] + bwd_ms[i];
+        updates[0] += update_ms ? update_ms[i] : 0.0;
+    }
+    for (int i = last_begin; i < last_begin + counts[stages - 1]; i++) {
+        blocks[1] += fwd_ms[i] + bwd_ms[i];
+        updates[1] += update_ms ? update_ms[i] : 0.0;
+    }
+    double per_mb[2], once[2];
+    for (int k = 0; k < 2; k++) {
+        per_mb[k] = (busy[k] - update[k]) / micro_batches - blocks[k];
+        once[k] = update[k] - updates[k];
+    }
+    if (stages == 1) {
+        per_mb[0] = per_mb[1] = 0.5 * per_mb[0];
+        once[0] = once[1] = 0.5 * once[0];
+    }
+    struct balance_extra *out[2] = {embed, head};
+    for (int k = 0; k < 2; k++) {
+        double e = per_mb[k] > 0 ? per_mb[k] : 0.0;
+        out[k]->fwd_ms = e / 3;
+        out[k]->bwd_ms = 2 * e / 3;
+        out[k]->update_ms = once[k] > 0 ? once[k] : 0.0;
+    }
+}
+
 void balance_costs_from_profile(struct balance_costs *costs,
                                 const struct balance_profile *profile,
                                 enum balance_cost_kind kind, double *cost)

@@ -35,8 +35,7 @@ struct balancer {
     size_t block_params, block_matrix_weights;  /* dense counts of one block */
     double *fwd_ema, *bwd_ema;  /* (layers) ms per micro-batch */
     double *update_ema;         /* (layers) ms once a step */
-    double first_extra_ema, last_extra_ema;                /* per micro-batch */
-    double first_update_ema, last_update_ema;              /* once a step */
+    struct balance_extra embed_ema, head_ema;   /* time fields only */
     int64_t *mem_bytes;         /* (layers) */
     int have_ema;
     /* The last MIGRATIONS_KEPT migrations (bytes, ms), oldest overwritten. */
@@ -132,24 +131,17 @@ static double ema(double old, double now, int have)
  * the embedding's and head's update and the gradient exchanges. */
 static void update_profile(struct balancer *bal, const struct step_stats *st)
 {
-    int S = bal->stages, L = bal->layers, m = bal->micro_batches;
-    double stage_blocks[2] = {0, 0}, stage_updates[2] = {0, 0};
-    int b = 0;
-    for (int s = 0; s < S; s++)
-        for (int k = 0; k < st->layout[s]; k++, b++) {
-            double t = st->layer_fwd_ms[b] + st->layer_bwd_ms[b];
-            double u = st->layer_update_ms[b];
-            if (s == 0) stage_blocks[0] += t, stage_updates[0] += u;
-            if (s == S - 1) stage_blocks[1] += t, stage_updates[1] += u;
-        }
-    double first_update = st->stage_update_ms[0] - stage_updates[0];
-    double last_update = st->stage_update_ms[S - 1] - stage_updates[1];
-    double first = (st->stage_compute_ms[0] - st->stage_update_ms[0]) / m - stage_blocks[0];
-    double last = (st->stage_compute_ms[S - 1] - st->stage_update_ms[S - 1]) / m -
-                  stage_blocks[1];
-    if (S == 1) {
-        first = last = 0.5 * first;
-        first_update = last_update = 0.5 * first_update;
+    int S = bal->stages, L = bal->layers;
+    double busy[2] = {st->stage_compute_ms[0], st->stage_compute_ms[S - 1]};
+    double update[2] = {st->stage_update_ms[0], st->stage_update_ms[S - 1]};
+    struct balance_extra embed, head;
+    balance_end_stage_extras(st->layer_fwd_ms, st->layer_bwd_ms, st->layer_update_ms,
+                             st->layout, S, bal->micro_batches, busy, update, &embed, &head);
+    struct balance_extra *emas[2] = {&bal->embed_ema, &bal->head_ema}, *now[2] = {&embed, &head};
+    for (int k = 0; k < 2; k++) {
+        emas[k]->fwd_ms = ema(emas[k]->fwd_ms, now[k]->fwd_ms, bal->have_ema);
+        emas[k]->bwd_ms = ema(emas[k]->bwd_ms, now[k]->bwd_ms, bal->have_ema);
+        emas[k]->update_ms = ema(emas[k]->update_ms, now[k]->update_ms, bal->have_ema);
     }
     for (int l = 0; l < L; l++) {
         bal->fwd_ema[l] = ema(bal->fwd_ema[l], st->layer_fwd_ms[l], bal->have_ema);
@@ -160,12 +152,6 @@ static void update_profile(struct balancer *bal, const struct step_stats *st)
         bal->params[l] = (double)bal->block_params -
                          st->layer_sparsity[l] * (double)bal->block_matrix_weights;
     }
-    bal->first_extra_ema = ema(bal->first_extra_ema, first > 0 ? first : 0, bal->have_ema);
-    bal->last_extra_ema = ema(bal->last_extra_ema, last > 0 ? last : 0, bal->have_ema);
-    bal->first_update_ema = ema(bal->first_update_ema, first_update > 0 ? first_update : 0,
-                                bal->have_ema);
-    bal->last_update_ema = ema(bal->last_update_ema, last_update > 0 ? last_update : 0,
-                               bal->have_ema);
     bal->have_ema = 1;
     if (st->migrated_blocks > 0 && st->migrated_bytes > 0) {
         int slot = bal->migrations++ % MIGRATIONS_KEPT;
@@ -194,10 +180,7 @@ static void fill_profile(struct balancer *bal, struct balance_profile *profile)
     struct balance_profile p = {
         .blocks = bal->layers, .fwd_ms = bal->fwd_ema, .bwd_ms = bal->bwd_ema,
         .params = bal->params, .mem_bytes = bal->mem_bytes,
-        .embed = {.fwd_ms = bal->first_extra_ema / 3, .bwd_ms = 2 * bal->first_extra_ema / 3,
-                  .update_ms = bal->first_update_ema},
-        .head = {.fwd_ms = bal->last_extra_ema / 3, .bwd_ms = 2 * bal->last_extra_ema / 3,
-                 .update_ms = bal->last_update_ema},
+        .embed = bal->embed_ema, .head = bal->head_ema,
         .sharing = bal->sharing.groups ? &bal->sharing : NULL,
         .update_ms = bal->update_ema,
     };

@@ -438,33 +438,13 @@ static void read_run(struct plan_input *in, const char *dir, long step, int **la
     if (with_update && runlog_read_row(path, RUNLOG_STAGE_UPDATE_MS, step - 1, stage_update,
                                        width, err, sizeof err))
         dm_user_error("--from-run: %s", err);
-    double first_blocks = 0, last_blocks = 0, first_updates = 0, last_updates = 0;
-    for (int l = 0; l < (*layout)[0]; l++) {
-        first_blocks += fwd[l] + bwd[l];
-        first_updates += update[l];
-    }
-    for (int l = L - (*layout)[S - 1]; l < L; l++) {
-        last_blocks += fwd[l] + bwd[l];
-        last_updates += update[l];
-    }
-    double e = (busy[0] - stage_update[0]) / *micro_batches - first_blocks;
-    double h = (busy[S - 1] - stage_update[S - 1]) / *micro_batches - last_blocks;
-    double eu = stage_update[0] - first_updates, hu = stage_update[S - 1] - last_updates;
-    if (S == 1) {
-        e = h = 0.5 * e;
-        eu = hu = 0.5 * eu;
-    }
-    in->profile.embed.fwd_ms = (e > 0 ? e : 0) / 3;
-    in->profile.embed.bwd_ms = 2 * (e > 0 ? e : 0) / 3;
-    in->profile.head.fwd_ms = (h > 0 ? h : 0) / 3;
-    in->profile.head.bwd_ms = 2 * (h > 0 ? h : 0) / 3;
-    if (with_update) {
-        in->update_ms = dm_alloc((size_t)L * sizeof(double));
-        for (int l = 0; l < L; l++) in->update_ms[l] = update[l];
-        in->profile.update_ms = in->update_ms;
-        in->profile.embed.update_ms = eu > 0 ? eu : 0;
-        in->profile.head.update_ms = hu > 0 ? hu : 0;
-    }
+    in->update_ms = dm_alloc((size_t)L * sizeof(double));   /* zeros without updates */
+    for (int l = 0; l < L; l++) in->update_ms[l] = update[l];
+    double ends_busy[2] = {busy[0], busy[S - 1]};
+    double ends_update[2] = {stage_update[0], stage_update[S - 1]};
+    balance_end_stage_extras(in->fwd_ms, in->bwd_ms, in->update_ms, *layout, S, *micro_batches,
+                             ends_busy, ends_update, &in->profile.embed, &in->profile.head);
+    if (with_update) in->profile.update_ms = in->update_ms;
     in->has_embed = in->has_head = 1;
     in->profile.blocks = L;
     in->profile.fwd_ms = in->fwd_ms;
