@@ -159,6 +159,15 @@ struct runlog_dataset_info {
 int runlog_list_datasets(const char *path, struct runlog_dataset_info **infos,
                          char *err, size_t errsize);
 
+/* A numeric root attribute array (stage_groups, group_cores) into a
+ * dm_alloc'd *values: integers only for the first, integers or floats
+ * converted for the second. Returns the entry count, 0 when the attribute
+ * is absent, or -1 with a message naming the file and attribute in err. */
+long runlog_read_root_ints(const char *path, const char *name, int **values, char *err,
+                           size_t errsize);
+long runlog_read_root_doubles(const char *path, const char *name, double **values,
+                              char *err, size_t errsize);
+
 /* Reads the root attribute `attr` (e.g. "config"; an integer one such as
  * "format_version" comes back in decimal) into a dm_alloc'd string.
  * Returns 0, 1 when the attribute is absent (*text NULL), or -1. */

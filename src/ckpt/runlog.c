@@ -541,6 +541,62 @@ int runlog_list_datasets(const char *path, struct runlog_dataset_info **infos,
     return listing.count;
 }
 
+/* A numeric root attribute array (integers only when `integers`),
+ * converted to `type` (entries of `size` bytes): runlog_read_root_ints. */
+static long read_root_array(const char *path, const char *name, int integers,
+                            hid_t type, size_t size, void **values,
+                            char *err, size_t errsize)
+{
+    *values = NULL;
+    hid_t file = dm_h5_open_readonly(path, err, errsize);
+    if (file < 0) return -1;
+    long count = -1;
+    hid_t attr = -1, space = -1, stored = -1;
+    htri_t exists = DM_H5_TRY(H5Aexists(file, name), err, errsize, done);
+    if (!exists) {
+        count = 0;
+        goto done;
+    }
+    attr = DM_H5_TRY(H5Aopen(file, name, H5P_DEFAULT), err, errsize, done);
+    stored = DM_H5_TRY(H5Aget_type(attr), err, errsize, done);
+    H5T_class_t kind = H5Tget_class(stored);
+    if (kind != H5T_INTEGER && (integers || kind != H5T_FLOAT)) {
+        snprintf(err, errsize, "%s: attribute %s is not an array of %s", path,
+                 name, integers ? "integers" : "numbers");
+        goto done;
+    }
+    space = DM_H5_TRY(H5Aget_space(attr), err, errsize, done);
+    hssize_t points = DM_H5_TRY(H5Sget_simple_extent_npoints(space), err, errsize, done);
+    void *buffer = dm_alloc((size_t)(points > 0 ? points : 1) * size);
+    if (H5Aread(attr, type, buffer) < 0) {
+        dm_h5_describe_failure(err, errsize, "H5Aread");
+        dm_free(buffer);
+        goto done;
+    }
+    *values = buffer;
+    count = (long)points;
+done:
+    if (space >= 0) H5Sclose(space);
+    if (stored >= 0) H5Tclose(stored);
+    if (attr >= 0) H5Aclose(attr);
+    H5Fclose(file);
+    return count;
+}
+
+long runlog_read_root_ints(const char *path, const char *name, int **values, char *err,
+                           size_t errsize)
+{
+    return read_root_array(path, name, 1, H5T_NATIVE_INT, sizeof(int), (void **)values, err,
+                           errsize);
+}
+
+long runlog_read_root_doubles(const char *path, const char *name, double **values,
+                              char *err, size_t errsize)
+{
+    return read_root_array(path, name, 0, H5T_NATIVE_DOUBLE, sizeof(double), (void **)values,
+                           err, errsize);
+}
+
 int runlog_read_root_attr(const char *path, const char *attr, char **text,
                           char *err, size_t errsize)
 {

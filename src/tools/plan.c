@@ -17,7 +17,6 @@
 #include "dynmo/ckpt.h"
 #include "dynmo/model.h"
 #include "dynmo/tools.h"
-#include "ckpt/h5util.h"
 #include "tools/plan_bench.h"
 
 static void usage(FILE *out)
@@ -470,50 +469,6 @@ struct plan_sharing {
     char note[200];             /* why the run's sharing is not used, or "" */
 };
 
-/* Reads the root attribute `name` of the HDF5 file at path, a numeric
- * array (integers only when `integers`), converted to `type` (entries of
- * `size` bytes) into a dm_alloc'd *values. Returns the entry count, 0 when
- * the attribute is absent, or -1 with a message in err. */
-static long read_root_array(const char *path, const char *name, int integers,
-                            hid_t type, size_t size, void **values,
-                            char *err, size_t errsize)
-{
-    *values = NULL;
-    hid_t file = dm_h5_open_readonly(path, err, errsize);
-    if (file < 0) return -1;
-    long count = -1;
-    hid_t attr = -1, space = -1, stored = -1;
-    htri_t exists = DM_H5_TRY(H5Aexists(file, name), err, errsize, done);
-    if (!exists) {
-        count = 0;
-        goto done;
-    }
-    attr = DM_H5_TRY(H5Aopen(file, name, H5P_DEFAULT), err, errsize, done);
-    stored = DM_H5_TRY(H5Aget_type(attr), err, errsize, done);
-    H5T_class_t kind = H5Tget_class(stored);
-    if (kind != H5T_INTEGER && (integers || kind != H5T_FLOAT)) {
-        snprintf(err, errsize, "%s: attribute %s is not an array of %s", path,
-                 name, integers ? "integers" : "numbers");
-        goto done;
-    }
-    space = DM_H5_TRY(H5Aget_space(attr), err, errsize, done);
-    hssize_t points = DM_H5_TRY(H5Sget_simple_extent_npoints(space), err, errsize, done);
-    void *buffer = dm_alloc((size_t)(points > 0 ? points : 1) * size);
-    if (H5Aread(attr, type, buffer) < 0) {
-        dm_h5_describe_failure(err, errsize, "H5Aread");
-        dm_free(buffer);
-        goto done;
-    }
-    *values = buffer;
-    count = (long)points;
-done:
-    if (space >= 0) H5Sclose(space);
-    if (stored >= 0) H5Tclose(stored);
-    if (attr >= 0) H5Aclose(attr);
-    H5Fclose(file);
-    return count;
-}
-
 /* The sharing the run recorded (root attributes stage_groups and
  * group_cores of DIR's run log), used when plan lays out the run's stage
  * count; otherwise a note says why not. Bad attributes are user errors. */
@@ -522,12 +477,13 @@ static void sharing_from_run(struct plan_sharing *ps, const char *dir,
 {
     char path[1200], err[768];
     snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
-    void *group = NULL, *cores = NULL;
-    long group_count = read_root_array(path, RUNLOG_ATTR_STAGE_GROUPS, 1, H5T_NATIVE_INT,
-                                       sizeof(int), &group, err, sizeof err);
+    int *group = NULL;
+    double *cores = NULL;
+    long group_count = runlog_read_root_ints(path, RUNLOG_ATTR_STAGE_GROUPS, &group, err,
+                                             sizeof err);
     if (group_count < 0) dm_user_error("--from-run: %s", err);
-    long core_count = read_root_array(path, RUNLOG_ATTR_GROUP_CORES, 0, H5T_NATIVE_DOUBLE,
-                                      sizeof(double), &cores, err, sizeof err);
+    long core_count = runlog_read_root_doubles(path, RUNLOG_ATTR_GROUP_CORES, &cores, err,
+                                               sizeof err);
     if (core_count < 0) dm_user_error("--from-run: %s", err);
     if (!group_count && !core_count) return;
     if (!group_count || !core_count)
