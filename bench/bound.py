@@ -7,8 +7,8 @@ predicted step time of each static layout over that of the optimal
 partition (partition-time): the speedup a perfect balancer could get.
 Blocks' updates at the step's end (/layers/update_ms, once a step) go in the
 CSV's update_ms column when the log has them.
-When the run's stages shared processors (run log attributes stage_groups
-and group_cores), `dynmo plan` predicts with the same sharing.
+When the run's stages shared processors (run log attributes stage_groups,
+group_cores and group_turns), `dynmo plan` predicts with the same sharing.
 
 usage: bench/bound.py RUNLOG.h5 FIRST LAST STAGES MICRO_BATCHES [DYNMO]"""
 import subprocess, sys, tempfile
@@ -55,6 +55,8 @@ cmd = [dynmo, "plan", "--costs", csv.name, "--stages", str(S), "--micro-batches"
 if "stage_groups" in f.attrs:   # the run's stages shared processors: predict with that
     cmd += ["--stage-groups", ",".join(str(int(g)) for g in f.attrs["stage_groups"]),
             "--group-cores", ",".join(f"{c:.17g}" for c in f.attrs["group_cores"])]
+    if "group_turns" in f.attrs and int(f.attrs["group_turns"][0]) == 1:
+        cmd += ["--sharing", "turns"]   # its ranks took turns (parallel.turns)
 out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
 pred = {}
 method = None

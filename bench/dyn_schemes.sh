@@ -6,6 +6,7 @@
 # steps after SETTLE, per run. Usage: bench/dyn_schemes.sh [STEPS] [SETTLE] [K]
 # BIND= passes mpiexec -bind-to (e.g. BIND=rr: 4 ranks on 2 cores as
 # 0,1,0,1; stages on one core then form a sharing group, docs/pipeline.md).
+# EXTRA= adds overrides to every run (e.g. EXTRA=parallel.turns=0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DYNMO=${DYNMO:-build/dynmo}
@@ -19,7 +20,7 @@ for ranks in ${RANKS:-2 4}; do
       [ $way = balanced ] && args=(balance.method=partition-time balance.initial=uniform balance.every=$K)
       name=$scheme-$ranks-$way
       mpiexec ${BIND:+-bind-to "$BIND"} -n "$ranks" "$DYNMO" train --config configs/$scheme.ini parallel.pp="$ranks" \
-        train.steps="$STEPS" run.out_dir="$out/$name" run.log_every=1 "${args[@]}" > "$out/$name.out" 2>&1
+        train.steps="$STEPS" run.out_dir="$out/$name" run.log_every=1 "${args[@]}" ${EXTRA:-} > "$out/$name.out" 2>&1
       /usr/bin/python3 - "$out/$name/runlog.h5" "$SETTLE" "$name" <<'PY'
 import sys, h5py, numpy as np
 f = h5py.File(sys.argv[1], 'r'); s = int(sys.argv[2])

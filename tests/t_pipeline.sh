@@ -58,6 +58,49 @@ assert '/trace' not in h5py.File(sys.argv[2], 'r'), "an untraced run has /trace"
 print(f"ok: /trace/events: {len(e)} instructions over 2 steps and 4 ranks")
 PY
 }
+# Ranks that outnumber their CPUs take turns (parallel.turns, on by
+# default): 4 ranks bound to CPU 0 compute one at a time. In the trace each
+# forward, backward and optimizer step computes in [end - CPU time, end];
+# with turns no two of those intervals overlap, and the bits are those of the
+# same run without turns, whose overlaps are printed for contrast.
+turns_run() { # NAME TURNS
+  timeout 180 mpiexec -bind-to user:0,0,0,0 -n 4 "$DYNMO" train --config "$dir/tiny.ini" \
+    run.out_dir="$dir/$1" parallel.pp=4 parallel.turns="$2" model.channels=256 model.max_seq=64 \
+    train.seq=64 train.steps=6 run.trace_from=3 run.trace_steps=3 > "$dir/$1.out" 2>&1 \
+    || { fail "$1 exited $?"; tail -n 5 "$dir/$1.out"; return 1; }
+  losses "$dir/$1" "$dir/$1.loss" || fail "$1: no /steps/loss"
+}
+overlaps() { # RUNLOG: prints the overlapping pairs of compute intervals, per step
+  /usr/bin/python3 - "$1" <<'PY'
+import sys, h5py
+f = h5py.File(sys.argv[1], 'r')
+assert int(f.attrs['group_turns'][0]) in (0, 1), f.attrs['group_turns']
+e = f['/trace/events'][:]
+count = 0
+for step in sorted(set(e[:, 0])):
+    r = e[(e[:, 0] == step) & (e[:, 3] != 6)]       # FWD 1, BWD 4, OPT 7 take turns
+    iv = sorted((x[5] + x[6] - x[7], x[5] + x[6]) for x in r
+                if int(x[3]) in (1, 4, 7) and x[7] > 0.02)
+    reach = -1e30
+    for a, b in iv:
+        count += a < reach - 0.1     # 0.1 ms for the clocks' reads around an instruction
+        reach = max(reach, b)
+print(count)
+PY
+}
+if turns_run turns 1 && turns_run noturns 0; then
+  grep -q "ranks take turns computing" "$dir/turns.out" \
+    || fail "turns: the start-up line does not say the ranks take turns"
+  grep -q "ranks take turns computing" "$dir/noturns.out" \
+    && fail "parallel.turns=0: the start-up line says the ranks take turns"
+  cmp -s "$dir/turns.loss" "$dir/noturns.loss" && echo "ok: taking turns is bit-identical" \
+    || fail "taking turns changed the losses"
+  with=$(overlaps "$dir/turns/runlog.h5") && without=$(overlaps "$dir/noturns/runlog.h5") || fail "turns: trace unreadable"
+  [ "${with:-x}" = 0 ] && echo "ok: 4 ranks on one CPU taking turns: no two computations overlap (without turns: $without overlaps)" \
+    || fail "4 ranks on one CPU taking turns: $with computations overlap"
+  /usr/bin/python3 -c "import h5py,sys; f=h5py.File(sys.argv[1],'r'); sys.exit(0 if f.attrs['group_turns'][0]==1 and list(f.attrs['group_cores'])==[1.0] else 1)" \
+    "$dir/turns/runlog.h5" || fail "turns: run log attributes group_turns/group_cores wrong"
+fi
 # Data parallelism: D=2 x S=2 against one rank with the same global batch
 # and the same micro-batch size (2 x 2 micro-batches = 4).
 run dp 4 parallel.pp=2 parallel.dp=2 train.micro_batches=2 && \

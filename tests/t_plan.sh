@@ -194,6 +194,24 @@ awk -v s="$shared_pt" -v u="$uniform_ms" -v d="$dedicated_pt" 'BEGIN{exit !(s < 
   echo "ok: shared partition-time $shared_pt: faster than uniform $uniform_ms, slower than dedicated $dedicated_pt" ||
   fail "shared partition-time $shared_pt vs uniform $uniform_ms, dedicated $dedicated_pt"
 
+# Taking turns (--sharing turns, as dynmo train's ranks do): 3 stages of
+# f = b = 1 ms, m = 2, stages 0 and 2 on one core, stage 1 on its own: 9 ms
+# (worked out in tests/test_balance.c), where each stage alone gives 8.
+printf 'layer,fwd_ms,bwd_ms,params,mem_bytes\n0,1,1,1,1\n1,1,1,1,1\n2,1,1,1,1\n' >"$work/three.csv"
+"$DYNMO" plan --costs "$work/three.csv" --stages 3 --method static-uniform --micro-batches 2 \
+  --stage-groups 0,1,0 --group-cores 1,1 --sharing turns >"$work/out" 2>&1 || fail "--sharing turns: exit $?"
+expect_lines "--sharing turns" "processors: stages share them: groups 0,1,0 with 1,1 cores, taking turns" \
+  "step_ms: 9.000"
+"$DYNMO" plan --costs "$work/equal.csv" --stages 4 --method static-uniform --micro-batches 8 \
+  --cores 1 --sharing turns >"$work/out" 2>&1 || fail "--cores 1 --sharing turns: exit $?"
+expect_lines "--cores 1 taking turns: all the work" "step_ms: 96.000"
+expect_error "sharing name" "--sharing: 'even' is not fluid or turns" \
+  "$DYNMO" plan --costs $costs --stages 4 --cores 2 --sharing even
+expect_error "turns fractional cores" "--sharing turns: sharing: group 0 has 1.5 cores; stages that take turns need a whole number" \
+  "$DYNMO" plan --costs $costs --stages 4 --cores 1.5 --sharing turns
+expect_error "turns without sharing" "--sharing: no stages share processors here" \
+  "$DYNMO" plan --costs $costs --stages 4 --sharing turns
+
 # Bad sharing values: exit 2, the option named.
 expect_error "cores 0" "--cores: '0' is not a number of processors > 0" \
   "$DYNMO" plan --costs $costs --stages 4 --cores 0
@@ -256,6 +274,17 @@ if /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
     fail "from-run --stages 2: exit $?"
   expect_lines "other stage count: dedicated, and it says why" \
     "processors: one per stage (the run's 4 stages shared processors, but --stages is 2)"
+  # A run whose ranks took turns (root attribute group_turns = 1).
+  make_run "$work/runturns" "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 1.0]); f.attrs['group_turns'] = np.array([1], np.int32)"
+  "$DYNMO" plan --from-run "$work/runturns" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+    fail "from-run turns: exit $? $(cat "$work/out")"
+  expect_lines "--from-run takes the run's turns" \
+    "processors: stages share them: groups 0,0,1,1 with 1,1 cores, taking turns (from the run log)"
+  step_ms_between "--from-run turns step above a core's work" 96 192
+  "$DYNMO" plan --from-run "$work/runturns" --step 1 --method static-uniform --sharing fluid >"$work/out" 2>&1 ||
+    fail "from-run --sharing fluid: exit $?"
+  expect_lines "--sharing fluid overrides the run's turns" \
+    "processors: stages share them: groups 0,0,1,1 with 1,1 cores (from the run log)"
   # A bad sharing in the run log: exit 2 naming it.
   bad_run() {   # NAME ATTRS WHAT MESSAGE
     make_run "$work/$1" "$2"
@@ -269,6 +298,8 @@ if /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
     "run log group out of range" "stage 3 is in group 2, outside 0..1"
   bad_run runzero "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 0.0])" \
     "run log zero cores" "group 1 has 0 cores"
+  bad_run runturns2 "f.attrs['stage_groups'] = np.array([0, 0, 1, 1], np.int32); f.attrs['group_cores'] = np.array([1.0, 1.0]); f.attrs['group_turns'] = np.array([2], np.int32)" \
+    "run log group_turns 2" "the attribute group_turns must be one value, 0 or 1"
   bad_run runfloat "f.attrs['stage_groups'] = np.array([0.0, 0, 1, 1]); f.attrs['group_cores'] = np.array([1.0, 1.0])" \
     "run log float groups" "attribute stage_groups is not an array of integers"
   make_run "$work/plain" ""

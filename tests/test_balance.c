@@ -918,9 +918,9 @@ static void test_sharing_dedicated(void)
         double unit[8], many[1] = {S + rng_unit()}, single[1] = {1.0};
         for (int s = 0; s < 8; s++) own[s] = s, unit[s] = 1.0;
         struct balance_sharing variants[] = {
-            {S, S, own, unit},          /* a core per stage, each its own group */
-            {S, 1, one, many},          /* one group with a core for everyone */
-            {S + 1, 1, one, single},    /* another stage count: ignored */
+            {S, S, own, unit, 0},          /* a core per stage, each its own group */
+            {S, 1, one, many, 0},          /* one group with a core for everyone */
+            {S + 1, 1, one, single, 0},    /* another stage count: ignored */
         };
         for (int v = 0; v < 3; v++) {
             CHECK(balance_predict_shared(f, b, NULL, S, m, schedule, &variants[v], &got,
@@ -930,7 +930,7 @@ static void test_sharing_dedicated(void)
         }
         CHECK(balance_predict_shared(f, b, NULL, S, m, schedule, NULL, &got, NULL, 0) == BALANCE_OK);
         CHECK(same_prediction(&got, &want));
-        struct balance_sharing serial = {S, 1, one, single};
+        struct balance_sharing serial = {S, 1, one, single, 0};
         CHECK(balance_predict_shared(f, b, NULL, S, 1, schedule, &serial, &got, NULL, 0) == BALANCE_OK);
         balance_predict_stages(f, b, S, 1, schedule, &want, NULL, 0);
         CHECK_NEAR(got.step_ms, want.step_ms, 1e-9 * want.step_ms);
@@ -956,7 +956,7 @@ static void test_sharing_bounds(void)
         struct balance_prediction dedicated, got;
         balance_predict_stages(f, b, S, m, schedule, &dedicated, NULL, 0);
         double cores = trial % 2 ? 2.0 : 1.0;
-        struct balance_sharing sh = {S, 1, zero, &cores};
+        struct balance_sharing sh = {S, 1, zero, &cores, 0};
         CHECK(balance_predict_shared(f, b, NULL, S, m, schedule, &sh, &got, NULL, 0) == BALANCE_OK);
         double tol = 1e-9 * (total > 1 ? total : 1);
         if (cores == 1.0) {
@@ -980,7 +980,7 @@ static void test_sharing_by_hand(void)
     struct balance_prediction pr;
     int zero[2] = {0, 0};
     double one = 1.0, one_and_half = 1.5;
-    struct balance_sharing single = {2, 1, zero, &one}, wider = {2, 1, zero, &one_and_half};
+    struct balance_sharing single = {2, 1, zero, &one, 0}, wider = {2, 1, zero, &one_and_half, 0};
     /* m = 1: F0 on stage 0, F0 on 1, B0 on 1, B0 on 0 one after the other */
     double f[2] = {1.5, 2.25}, b[2] = {0.5, 3.0};
     for (int gpipe = 0; gpipe <= 1; gpipe++) {
@@ -1006,7 +1006,7 @@ static void test_sharing_by_hand(void)
         balance_predict_shared(unit, unit, NULL, 2, 2, schedule, &wider, &pr, NULL, 0);
         CHECK_NEAR(pr.step_ms, 20.0 / 3.0, 1e-12);
         double two_cores = 2.0;
-        struct balance_sharing enough = {2, 1, zero, &two_cores};
+        struct balance_sharing enough = {2, 1, zero, &two_cores, 0};
         balance_predict_shared(unit, unit, NULL, 2, 2, schedule, &enough, &pr, NULL, 0);
         CHECK_NEAR(pr.step_ms, 6.0, 1e-12);
     }
@@ -1014,16 +1014,102 @@ static void test_sharing_by_hand(void)
      * never two stages of a group at once, so dedicated: (1 + 3) x 2 = 8. */
     int pairs[4] = {0, 0, 1, 1};
     double cores[2] = {1, 1}, four[4] = {1, 1, 1, 1};
-    struct balance_sharing paired = {4, 2, pairs, cores};
+    struct balance_sharing paired = {4, 2, pairs, cores, 0};
     balance_predict_shared(four, four, NULL, 4, 1, DM_SCHEDULE_GPIPE, &paired, &pr, NULL, 0);
     CHECK_NEAR(pr.step_ms, 8.0, 1e-12);
     /* (d) one group of 2 cores for 4 equal stages, m = 8: at least half the
      * work, 4 x 8 x 2 / 2 = 32, and the dedicated (8 + 3) x 2 = 22. */
     double two = 2.0;
     int all[4] = {0, 0, 0, 0};
-    struct balance_sharing half = {4, 1, all, &two};
+    struct balance_sharing half = {4, 1, all, &two, 0};
     balance_predict_shared(four, four, NULL, 4, 8, DM_SCHEDULE_1F1B, &half, &pr, NULL, 0);
     CHECK_MSG(pr.step_ms >= 32.0 - 1e-9, "4 stages on 2 cores: %.17g", pr.step_ms);
+}
+
+/* Turns (stages taking turns on their group's cores, first come first
+ * served): cases worked by hand, then properties on random pipelines. */
+static void test_turns(void)
+{
+    struct balance_prediction pr;
+    char err[256];
+    /* S = 3, m = 2, 1F1B, f = b = 1; stages 0 and 2 take turns on one core,
+     * stage 1 has its own. Lists: stage 0 F0 F1 B0 B1, stage 1 F0 F1 B0 B1,
+     * stage 2 F0 B0 F1 B1. F0 on 0 [0,1]; F1 on 0 and F0 on 1 [1,2]; F1 on
+     * 1 and F0 on 2 [2,3]; B0 on 2 [3,4]; then F1 on 2 (it asks first, having
+     * just finished) [4,5] while B0 on 1 runs [4,5]; B0 on 0 became ready at
+     * 5 before F1 on 2 finished and asked for B1 on 2, so B0 on 0 [5,6], B1
+     * on 2 [6,7]; B1 on 1 [7,8]; B1 on 0 [8,9]. 9, where fluid sharing or the
+     * other order would give 8 (the dedicated step). */
+    int groups3[3] = {0, 1, 0};
+    double cores3[2] = {1, 1}, ones[3] = {1, 1, 1};
+    struct balance_sharing turns3 = {3, 2, groups3, cores3, 1};
+    CHECK(balance_predict_shared(ones, ones, NULL, 3, 2, DM_SCHEDULE_1F1B, &turns3, &pr,
+                                 err, sizeof err) == BALANCE_OK);
+    CHECK_NEAR(pr.step_ms, 9.0, 1e-12);
+    CHECK_NEAR(pr.bubble_ratio, 1.0 - 12.0 / 27.0, 1e-12);
+    balance_predict_stages(ones, ones, 3, 2, DM_SCHEDULE_1F1B, &pr, NULL, 0);
+    CHECK_NEAR(pr.step_ms, 8.0, 1e-12);
+    /* The same with an update of 0.5 on stage 2: F0 on 0 asks first (stage
+     * order) [0,1]; the update then runs [1,1.5] while F1 on 0 waits behind
+     * it, and every later instruction runs 0.5 later: 9.5. */
+    double update3[3] = {0, 0, 0.5};
+    CHECK(balance_predict_shared(ones, ones, update3, 3, 2, DM_SCHEDULE_1F1B, &turns3, &pr,
+                                 NULL, 0) == BALANCE_OK);
+    CHECK_NEAR(pr.step_ms, 9.5, 1e-12);
+    /* A backward of no work (a frozen stage) needs no core and finishes as
+     * its input arrives: with b0 = 0, as above up to 5, when B0 on 0 finishes
+     * at once and B1 on 2 takes the core [5,6]; B1 on 1 [6,7]; B1 on 0 at 7. */
+    double b_frozen[3] = {0, 1, 1};
+    CHECK(balance_predict_shared(ones, b_frozen, NULL, 3, 2, DM_SCHEDULE_1F1B, &turns3, &pr,
+                                 NULL, 0) == BALANCE_OK);
+    CHECK_NEAR(pr.step_ms, 7.0, 1e-12);
+    /* Cores must be whole: 1.5 is refused, naming the group. */
+    double half[2] = {1, 1.5};
+    struct balance_sharing fractional = {3, 2, groups3, half, 1};
+    CHECK(balance_predict_shared(ones, ones, NULL, 3, 2, DM_SCHEDULE_1F1B, &fractional, &pr,
+                                 err, sizeof err) == BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "group 1") && strstr(err, "whole"), "message: %s", err);
+
+    /* Random pipelines: on one core for all the core never idles, so the
+     * step is all the work; on 2 cores for 4 stages it lies between the
+     * dedicated step (and half the work) and all the work; with a core per
+     * stage it is the dedicated predictor bit for bit. */
+    double f[8], b[8], u[8], worst = 0;
+    int zero[8] = {0}, own[8];
+    double unit[8];
+    for (int s = 0; s < 8; s++) own[s] = s, unit[s] = 1.0;
+    for (int trial = 0; trial < 2000; trial++) {
+        int S = trial % 2 ? 4 : rng_int(1, 8), m = rng_int(1, 16);
+        enum dm_schedule schedule = rng_int(0, 1) ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
+        random_stage_times(f, b, S);
+        double total = 0;
+        for (int s = 0; s < S; s++) {
+            u[s] = rng_int(0, 1) ? rng_unit() * 2 : 0;
+            total += m * (f[s] + b[s]) + u[s];
+        }
+        struct balance_prediction dedicated, got;
+        CHECK(balance_predict_shared(f, b, u, S, m, schedule, NULL, &dedicated, NULL, 0) ==
+              BALANCE_OK);
+        double cores = trial % 2 ? 2.0 : 1.0;
+        struct balance_sharing sh = {S, 1, zero, &cores, 1};
+        CHECK(balance_predict_shared(f, b, u, S, m, schedule, &sh, &got, NULL, 0) == BALANCE_OK);
+        double tol = 1e-9 * (total > 1 ? total : 1);
+        if (cores == 1.0) {
+            CHECK_NEAR(got.step_ms, total, tol);
+            worst = fmax(worst, fabs(got.step_ms - total) / (total > 0 ? total : 1));
+        } else {
+            CHECK_MSG(got.step_ms >= total / 2 - tol && got.step_ms >= dedicated.step_ms - tol &&
+                      got.step_ms <= total + tol,
+                      "trial %d: turns %.17g, total %.17g, dedicated %.17g", trial,
+                      got.step_ms, total, dedicated.step_ms);
+        }
+        struct balance_sharing each = {S, S, own, unit, 1};
+        CHECK(balance_predict_shared(f, b, u, S, m, schedule, &each, &got, NULL, 0) ==
+              BALANCE_OK);
+        CHECK(same_prediction(&got, &dedicated));
+    }
+    printf("turns: worked cases (9, 9.5, 7 ms); one core: 1000 pipelines, step = total "
+           "work to %.3g relative; 2 cores within bounds; a core each = dedicated\n", worst);
 }
 
 /* The fluid simulation against the ticked reference on random groups. */
@@ -1039,7 +1125,7 @@ static void test_sharing_reference(void)
         for (int s = 0; s < S; s++) group[s] = s < groups ? s : rng_int(0, groups - 1);
         for (int g = 0; g < groups; g++)
             cores[g] = (double[]){0.5, 1, 1.5, 2, 0.25 + 2 * rng_unit()}[rng_int(0, 4)];
-        struct balance_sharing sh = {S, groups, group, cores};
+        struct balance_sharing sh = {S, groups, group, cores, 0};
         struct balance_prediction pr;
         CHECK(balance_predict_shared(f, b, NULL, S, m, gpipe ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B,
                                      &sh, &pr, NULL, 0) == BALANCE_OK);
@@ -1062,17 +1148,17 @@ static void test_sharing_bad_input(void)
     double cores[2] = {1, 1}, zero[2] = {1, 0}, nan_cores[2] = {NAN, 1};
     double inf_cores[2] = {1, INFINITY}, negative[2] = {-1, 1};
     struct { struct balance_sharing sharing; const char *needle; } cases[] = {
-        {{3, 0, good, cores}, "0 groups"},
-        {{0, 2, good, cores}, "0 stages"},
-        {{3, 2, low, cores}, "stage 1 is in group -1"},
-        {{3, 2, high, cores}, "stage 1 is in group 2, outside 0..1"},
-        {{3, 2, good, zero}, "group 1 has 0 cores"},
-        {{3, 2, good, nan_cores}, "group 0 has nan cores"},
-        {{3, 2, good, inf_cores}, "group 1 has inf cores"},
-        {{3, 2, good, negative}, "group 0 has -1 cores"},
-        {{3, 2, NULL, cores}, "group array is missing"},
-        {{3, 2, good, NULL}, "cores array is missing"},
-        {{4, 2, high, cores}, "stage 1 is in group 2"},  /* checked on any stage count */
+        {{3, 0, good, cores, 0}, "0 groups"},
+        {{0, 2, good, cores, 0}, "0 stages"},
+        {{3, 2, low, cores, 0}, "stage 1 is in group -1"},
+        {{3, 2, high, cores, 0}, "stage 1 is in group 2, outside 0..1"},
+        {{3, 2, good, zero, 0}, "group 1 has 0 cores"},
+        {{3, 2, good, nan_cores, 0}, "group 0 has nan cores"},
+        {{3, 2, good, inf_cores, 0}, "group 1 has inf cores"},
+        {{3, 2, good, negative, 0}, "group 0 has -1 cores"},
+        {{3, 2, NULL, cores, 0}, "group array is missing"},
+        {{3, 2, good, NULL, 0}, "cores array is missing"},
+        {{4, 2, high, cores, 0}, "stage 1 is in group 2"},  /* checked on any stage count */
     };
     struct profile_instance pi;
     random_profile(&pi, 6);
@@ -1175,7 +1261,7 @@ static void test_propose_shared(void)
         for (int s = 0; s < S; s++) group[s] = s < groups ? s : rng_int(0, groups - 1);
         for (int g = 0; g < groups; g++)
             cores[g] = (double[]){0.5, 1, 1.5, 2, 4}[rng_int(0, 4)];
-        struct balance_sharing sh = {S, groups, group, cores};
+        struct balance_sharing sh = {S, groups, group, cores, 0};
         pi.profile.sharing = &sh;
         double cost[MAX_BLOCKS];
         struct balance_costs costs;
@@ -1237,7 +1323,7 @@ static void test_propose_shared_constructed(void)
     }
     int group[4] = {0, 0, 1, 1};
     double cores[2] = {1, 1};
-    struct balance_sharing sh = {4, 2, group, cores};
+    struct balance_sharing sh = {4, 2, group, cores, 0};
     pi.profile = (struct balance_profile){
         .blocks = 32, .fwd_ms = pi.fwd, .bwd_ms = pi.bwd, .params = pi.params,
         .mem_bytes = pi.mem, .sharing = &sh};
@@ -1303,7 +1389,7 @@ static void test_update_by_hand(void)
      * stage 0. The core never idles: the sum of the work, 9. */
     int one[2] = {0, 0};
     double core = 1;
-    struct balance_sharing shared = {2, 1, one, &core};
+    struct balance_sharing shared = {2, 1, one, &core, 0};
     CHECK(balance_predict_shared(f, b, last, 2, 1, DM_SCHEDULE_1F1B, &shared, &pr, NULL, 0) ==
           BALANCE_OK);
     CHECK_NEAR(pr.step_ms, 9.0, 1e-12);
@@ -1343,7 +1429,7 @@ static void test_update_reference(void)
             ones[s] = 1;
         }
         for (int g = 0; g < groups; g++) cores[g] = (double[]){0.5, 1, 1.5, 2}[rng_int(0, 3)];
-        struct balance_sharing sh = {S, groups, group, cores};
+        struct balance_sharing sh = {S, groups, group, cores, 0};
         struct balance_prediction pr, dedicated, none, zero;
         CHECK(balance_predict_shared(f, b, u, S, m, schedule, &sh, &pr, NULL, 0) == BALANCE_OK);
         double want = ticked_step(f, b, u, S, m, gpipe, group, cores, dt);
@@ -1517,6 +1603,7 @@ int main(void)
     test_sharing_bounds();
     test_sharing_by_hand();
     test_sharing_reference();
+    test_turns();
     test_sharing_bad_input();
     test_propose_shared();
     test_propose_shared_constructed();

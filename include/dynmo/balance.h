@@ -71,14 +71,19 @@ struct balance_extra {
 
 /* Stages that share processors: stage s runs in group group[s] (0 <= g < groups),
  * and the stages of group g share cores[g] processors (> 0, may be fractional).
- * At each instant, the stages of group g that are computing each progress at
- * rate min(1, cores[g] / computing stages of g) (processor sharing, as a
- * time-slicing OS gives over a step). NULL in a profile: a processor per stage. */
+ * With turns 0, at each instant the stages of group g that are computing each
+ * progress at rate min(1, cores[g] / computing stages of g) (processor
+ * sharing, as a time-slicing OS gives over a step). With turns 1 (cores[g]
+ * whole), they take turns as dynmo's ranks do (parallel.turns): an
+ * instruction whose input is ready waits for a free core of its group, the
+ * waiting ones start in the order they became ready, and each runs alone
+ * until it ends. NULL in a profile: a processor per stage. */
 struct balance_sharing {
     int stages;
     int groups;
     const int *group;      /* (stages) */
     const double *cores;   /* (groups) */
+    int turns;             /* 0: processor sharing; 1: turns (last: 0 when omitted) */
 };
 
 struct balance_profile {
@@ -256,7 +261,8 @@ int balance_predict_stages(const double *stage_fwd_ms,
                            char *err, size_t errsize);
 
 /* Checks a sharing: stages >= 1 and groups >= 1, both arrays present, every
- * group id in [0, groups), every core count finite and > 0. The message
+ * group id in [0, groups), every core count finite and > 0 (whole, at most
+ * 1e6, with turns). The message
  * names the first bad stage or group. */
 int balance_check_sharing(const struct balance_sharing *sharing, char *err,
                           size_t errsize);
@@ -281,12 +287,17 @@ int balance_sharing_oversubscribed(const struct balance_sharing *sharing,
  * Sharing. With sharing NULL, on another stage count than `stages`, or with
  * no group holding more stages than it has cores, a processor per stage:
  * without updates this is balance_predict_stages (its result, bit for bit).
- * Otherwise an event-driven fluid simulation of the same instruction lists
- * and dependencies: a stage is computing while its next instruction's input
- * is ready, each computing stage of group g progresses at rate
- * min(1, cores[g] / computing stages of g), and time jumps from one
- * instruction's completion to the next (an update is an instruction whose
- * input is always ready). bubble_ratio keeps its definition,
+ * Otherwise an event-driven simulation of the same instruction lists
+ * and dependencies (an update is an instruction whose input is always
+ * ready), time jumping from one instruction's completion to the next. Fluid
+ * (turns 0): a stage is computing while its next instruction's input is
+ * ready, and each computing stage of group g progresses at rate
+ * min(1, cores[g] / computing stages of g). Turns: a ready instruction
+ * queues for a core of its group; queued instructions start first come first
+ * served (the stage that has just finished an instruction asks before the
+ * stages that instruction made ready, then by stage number), run at rate 1
+ * and hold the core until they end; an instruction of no work needs no
+ * core. bubble_ratio keeps its definition,
  * 1 - sum_s (m (f_s + b_s) + u_s) / (S step_ms): under sharing it also
  * counts the time a stage waits for a processor, so it can be large. Update
  * times must be finite and >= 0, and a non-NULL sharing must pass

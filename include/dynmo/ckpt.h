@@ -75,13 +75,16 @@ struct runlog;
 struct runlog *runlog_create(const char *path, const struct dm_config *cfg);
 
 /* Records how the stages shared processors (world_stage_sharing) as the
- * root attributes stage_groups (int32, one per stage) and group_cores
- * (float64, one per group), which `dynmo plan --from-run` predicts with;
- * groups = 0 (a processor per stage) removes them. Rank 0 only. */
+ * root attributes stage_groups (int32, one per stage), group_cores
+ * (float64, one per group) and group_turns (int32, one value: 1 when the
+ * stages took turns, parallel.turns), which `dynmo plan --from-run`
+ * predicts with; groups = 0 (a processor per stage) removes them. Rank 0
+ * only. */
 #define RUNLOG_ATTR_STAGE_GROUPS "stage_groups"
 #define RUNLOG_ATTR_GROUP_CORES "group_cores"
+#define RUNLOG_ATTR_GROUP_TURNS "group_turns"
 void runlog_set_sharing(struct runlog *log, int stages, const int *group, int groups,
-                        const double *cores);
+                        const double *cores, int turns);
 
 /* Opens an existing run log for appending (a run restarted after a re-pack
  * or a signal continues its log). Each dataset continues after its last

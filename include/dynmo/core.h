@@ -151,6 +151,7 @@ struct dm_config {
     int trace_steps;    /* steps traced from trace_from */
     /* [parallel] */
     int pp, dp;         /* pipeline stages S, data-parallel replicas D */
+    int turns;          /* 1: ranks that outnumber their CPUs take turns computing */
     char schedule[32];  /* "1f1b" or "gpipe" */
     /* [balance] */
     char initial[1024]; /* "uniform", "params" or "explicit:n1,n2,..." */

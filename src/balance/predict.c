@@ -185,6 +185,13 @@ int balance_check_sharing(const struct balance_sharing *sharing, char *err,
             return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                                 "sharing: group %d has %g cores; needs a "
                                 "finite number > 0", g, sharing->cores[g]);
+    if (sharing->turns)
+        for (int g = 0; g < sharing->groups; g++)
+            if (sharing->cores[g] != floor(sharing->cores[g]) || sharing->cores[g] > 1e6)
+                return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                    "sharing: group %d has %g cores; stages that take "
+                                    "turns need a whole number of cores (at most 1e6)",
+                                    g, sharing->cores[g]);
     for (int s = 0; s < sharing->stages; s++)
         if (sharing->group[s] < 0 || sharing->group[s] >= sharing->groups)
             return balance_fail(BALANCE_BAD_INPUT, err, errsize,
@@ -206,8 +213,8 @@ int balance_sharing_oversubscribed(const struct balance_sharing *sharing, int st
     return over;
 }
 
-/* The state of the fluid simulation: each stage's position in its list and
- * the work left of the instruction there. */
+/* The state of both shared simulations (fluid and turns): each stage's
+ * position in its list and the work of the instruction there. */
 struct fluid {
     int S, m;
     long L;                 /* 2m instructions per stage */
@@ -220,8 +227,12 @@ struct fluid {
     double *remaining;      /* (S) work left of it, ms at rate 1 */
     double *size;           /* (S) its whole work */
     int *computing;         /* (S) whether its input is ready */
-    int *members;           /* (groups) computing stages per group */
+    int *members;           /* (groups) computing stages per group; turns: free cores */
     double *rate;           /* (groups) */
+    /* turns only */
+    int *queue;             /* (S) stages waiting for a core, in the order they asked */
+    int queued;
+    double *end;            /* (S) when its running instruction ends */
 };
 
 /* Loads stage s's instruction at its position. */
@@ -328,6 +339,112 @@ static double shared_step(const double *stage_fwd_ms, const double *stage_bwd_ms
     return now;
 }
 
+/* Turns: marks stage s's instruction done and loads its next one. */
+static void turns_finish(struct fluid *f, int s)
+{
+    if (f->position[s] >= 0) f->done[s * f->L + f->list[s * f->L + f->position[s]]] = 1;
+    f->position[s]++;
+    fluid_load(f, s);
+}
+
+/* Turns: queues every idle stage whose input is ready, `first` (the stage
+ * that just finished, which asks again at once) before the others in stage
+ * order. An instruction of no work needs no core: it finishes at once,
+ * which may ready others. Returns the instructions finished. */
+static long turns_queue(struct fluid *f, int first)
+{
+    long finished = 0;
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = -1; i < f->S; i++) {
+            int s = i < 0 ? first : i;
+            if (s < 0 || (i >= 0 && s == first)) continue;
+            if (f->computing[s] || !fluid_input_ready(f, s)) continue;
+            if (f->size[s] > 0) {
+                f->computing[s] = 1;    /* queued or running */
+                f->queue[f->queued++] = s;
+                continue;
+            }
+            turns_finish(f, s);
+            finished++;
+            changed = 1;
+        }
+    }
+    return finished;
+}
+
+/* The step time when the stages of each group take turns on its cores
+ * (inputs checked, core counts whole): an instruction whose input is ready
+ * waits for a free core of its group, waiting instructions start in the
+ * order they became ready, and each runs alone at rate 1 until it ends. */
+static double turns_step(const double *stage_fwd_ms, const double *stage_bwd_ms,
+                         const double *stage_update_ms, int S, int m,
+                         enum dm_schedule schedule,
+                         const struct balance_sharing *sharing)
+{
+    struct fluid f = {.S = S, .m = m, .L = 2L * m, .fwd = stage_fwd_ms,
+                      .bwd = stage_bwd_ms, .update = stage_update_ms,
+                      .sharing = sharing};
+    long total = (long)S * f.L;
+    f.list = dm_alloc((size_t)total * sizeof(int));
+    f.done = dm_alloc((size_t)total);
+    f.position = dm_alloc((size_t)S * sizeof(long));
+    f.remaining = dm_alloc((size_t)S * sizeof(double));
+    f.size = dm_alloc((size_t)S * sizeof(double));
+    f.computing = dm_alloc((size_t)S * sizeof(int));
+    f.members = dm_alloc((size_t)sharing->groups * sizeof(int));
+    f.queue = dm_alloc((size_t)S * sizeof(int));
+    f.end = dm_alloc((size_t)S * sizeof(double));
+    for (int g = 0; g < sharing->groups; g++) f.members[g] = (int)sharing->cores[g];
+    long left = total;
+    for (int s = 0; s < S; s++) {
+        schedule_list(f.list + s * f.L, s, S, m, schedule);
+        if (stage_update_ms && stage_update_ms[s] > 0) {
+            f.position[s] = -1;
+            left++;
+        }
+        fluid_load(&f, s);
+    }
+    double now = 0.0;
+    int last = -1;
+    for (;;) {
+        left -= turns_queue(&f, last);
+        int kept = 0;   /* start whom a free core of its group allows, in order */
+        for (int q = 0; q < f.queued; q++) {
+            int s = f.queue[q], g = sharing->group[s];
+            if (f.members[g] > 0) {
+                f.members[g]--;
+                f.end[s] = now + f.size[s];
+                f.remaining[s] = 0.0;   /* marks it running */
+            } else {
+                f.queue[kept++] = s;
+            }
+        }
+        f.queued = kept;
+        if (left == 0) break;
+        last = -1;
+        for (int s = 0; s < S; s++)
+            if (f.computing[s] && f.remaining[s] == 0.0 && (last < 0 || f.end[s] < f.end[last]))
+                last = s;
+        DM_ASSERT(last >= 0);   /* the schedules cannot deadlock */
+        now = f.end[last];
+        f.computing[last] = 0;
+        f.members[sharing->group[last]]++;
+        turns_finish(&f, last);
+        left--;
+    }
+    dm_free(f.end);
+    dm_free(f.queue);
+    dm_free(f.members);
+    dm_free(f.computing);
+    dm_free(f.size);
+    dm_free(f.remaining);
+    dm_free(f.position);
+    dm_free(f.done);
+    dm_free(f.list);
+    return now;
+}
+
 int balance_predict_shared(const double *stage_fwd_ms,
                            const double *stage_bwd_ms,
                            const double *stage_update_ms, int stages,
@@ -341,9 +458,12 @@ int balance_predict_shared(const double *stage_fwd_ms,
     rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
                            micro_batches, schedule, err, errsize);
     if (rc) return rc;
-    double step = balance_sharing_oversubscribed(sharing, stages)
-        ? shared_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
-                      micro_batches, schedule, sharing)
+    int shared = balance_sharing_oversubscribed(sharing, stages);
+    double step = shared && sharing->turns
+        ? turns_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
+                     micro_batches, schedule, sharing)
+        : shared ? shared_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
+                               micro_batches, schedule, sharing)
         : dedicated_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
                          micro_batches, schedule);
     describe_step(out, step, stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,

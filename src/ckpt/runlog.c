@@ -110,8 +110,10 @@ static void write_array_attr(hid_t loc, const char *name, hid_t file_type, hid_t
 }
 
 void runlog_set_sharing(struct runlog *log, int stages, const int *group, int groups,
-                        const double *cores)
+                        const double *cores, int turns)
 {
+    write_array_attr(log->file, RUNLOG_ATTR_GROUP_TURNS, H5T_STD_I32LE, H5T_NATIVE_INT,
+                     groups ? 1 : 0, &turns);
     write_array_attr(log->file, RUNLOG_ATTR_STAGE_GROUPS, H5T_STD_I32LE, H5T_NATIVE_INT,
                      groups ? stages : 0, group);
     write_array_attr(log->file, RUNLOG_ATTR_GROUP_CORES, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,

@@ -56,6 +56,8 @@ static const struct config_key keys[] = {
     {"run", "trace_steps", KEY_INT, F(trace_steps), 1, 1000, "steps traced from trace_from"},
     {"parallel", "pp", KEY_INT, F(pp), 1, 4096, "pipeline stages"},
     {"parallel", "dp", KEY_INT, F(dp), 1, 4096, "data-parallel replicas"},
+    {"parallel", "turns", KEY_INT, F(turns), 0, 1,
+     "1: ranks that outnumber their CPUs compute one at a time per CPU"},
     {"parallel", "schedule", KEY_STRING, F(schedule), 0, 32, "1f1b or gpipe"},
     {"balance", "initial", KEY_STRING, F(initial), 0, 1024, "uniform, params or explicit:n1,n2,..."},
     {"balance", "method", KEY_STRING, F(method), 0, 32, "balancer (none: static)"},
@@ -124,6 +126,7 @@ void config_defaults(struct dm_config *cfg)
     cfg->trace_steps = 1;
     cfg->pp = 1;
     cfg->dp = 1;
+    cfg->turns = 1;
     snprintf(cfg->schedule, sizeof cfg->schedule, "1f1b");
     snprintf(cfg->initial, sizeof cfg->initial, "uniform");
     snprintf(cfg->method, sizeof cfg->method, "none");

@@ -524,6 +524,9 @@ static void run_backward(struct engine *eng, int mb)
     DM_ASSERT(sl->busy_mb == mb);
     eng->wait_s += pipe_wait(&sl->send_grad);   /* din is about to change */
     float scale = 1.0f / (float)(eng->micro_batches * eng->grid.replicas);
+    /* a stage frozen with everything before it has nothing to compute */
+    int work = m->has_head || m->first_block + m->num_blocks > m->frozen_prefix;
+    if (work) world_compute_begin();
     double t0 = dm_profile_now();
     gpt_backward(m, &sl->acts, &eng->scratch, scale, m->has_head ? NULL : sl->dout,
                  m->has_embed ? NULL : sl->din);
@@ -574,6 +577,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             }
             break;
         case PIPE_FWD:
+            world_compute_begin();
             run_forward(eng, loader, step, mb, &loss_sum);
             break;
         case PIPE_SEND_ACT:
@@ -616,6 +620,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             if (cfg->grad_clip > 0 && *grad_norm > cfg->grad_clip)
                 scale = (float)(cfg->grad_clip / (*grad_norm + 1e-6));   /* as torch clip_grad_norm_ */
             *lr = lr_at_step(cfg, step);
+            world_compute_begin();
             gpt_adamw_update(&eng->model, *lr, cfg->beta1, cfg->beta2, cfg->eps,
                              cfg->weight_decay, scale, step + 1);
             gpt_zero_grads(&eng->model);
@@ -637,6 +642,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             r[4] = (thread_cpu_seconds() - trace_cpu) * 1e3;
         }
     }
+    world_release_turn();
     for (int i = 0; i < eng->nslots; i++) {
         eng->wait_s += pipe_wait(&eng->slots[i].send_act);
         eng->wait_s += pipe_wait(&eng->slots[i].send_exit);

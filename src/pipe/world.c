@@ -6,8 +6,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 #include "dynmo/core.h"
 #include "dynmo/pipe.h"
 #include "pipe/world.h"
@@ -23,6 +31,24 @@ struct placement {
 };
 static struct placement *placed;   /* (world size) */
 static int oversubscribed;         /* this rank shares its CPUs with more ranks than they hold */
+static MPI_Comm node_comm = MPI_COMM_NULL;  /* the ranks of this node */
+
+/* Turns (world_compute_begin): the ranks of a node whose CPU sets overlap
+ * form a turn group; at most `permits` (the CPUs of the group) of them
+ * compute at once, admitted in the order they asked (a ticket lock with
+ * several holders). One struct per group in memory the node shares. */
+struct turn_group {
+    _Atomic uint32_t next;      /* tickets handed out */
+    _Atomic uint32_t served;    /* computations finished; futex word */
+    uint32_t permits;
+    char pad[64 - 3 * sizeof(uint32_t)];
+};
+static struct turn_group *turn_groups;  /* (local_size) mapped, or NULL */
+static struct turn_group *my_turns;     /* this rank's group when it takes turns */
+static size_t turn_bytes;
+static uint32_t my_ticket;
+static int holding;                     /* this rank holds a turn (world_compute_begin) */
+static int turns_on;                    /* the job takes turns (setup_turns) */
 
 static void abort_job(int status)
 {
@@ -79,6 +105,141 @@ static void gather_placement(MPI_Comm node, int rank, int size)
     oversubscribed = sharing > cpu_count(mine.cpus);
 }
 
+static long futex(_Atomic uint32_t *word, int op, uint32_t value, const struct timespec *timeout)
+{
+    return syscall(SYS_futex, (uint32_t *)word, op, value, timeout, NULL, 0);
+}
+
+/* Collective over the job: when every group of ranks sharing CPUs has one
+ * CPU (ranks pinned to single CPUs), maps the node's turn groups (the
+ * node's first rank creates them in POSIX shared memory) and points
+ * my_turns at this rank's group when that group has more ranks than its
+ * CPU. Ranks free to move between several CPUs time-share them as the OS
+ * decides (measured: taking turns there left CPUs idle; docs/pipeline.md).
+ * Polled. */
+static void setup_turns(MPI_Comm node, int rank, int size)
+{
+    if (turn_groups) return;
+    int node_rank = 0;
+    MPI_Comm_rank(node, &node_rank);
+    const struct placement *me = &placed[rank];
+    /* this rank's group: the node ranks whose CPUs overlap, transitively;
+     * named by the lowest local index among them */
+    int *local = dm_alloc((size_t)size * sizeof(int)), n = 0;
+    for (int r = 0; r < size; r++)
+        if (placed[r].node == me->node) local[n++] = r;
+    int *parent = dm_alloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) parent[i] = i;
+    for (int a = 0; a < n; a++)
+        for (int b = a + 1; b < n; b++)
+            if (cpus_overlap(&placed[local[a]], &placed[local[b]])) {
+                int ra = a, rb = b;
+                while (parent[ra] != ra) ra = parent[ra];
+                while (parent[rb] != rb) rb = parent[rb];
+                if (ra != rb) parent[ra > rb ? ra : rb] = ra < rb ? ra : rb;
+            }
+    int mine = 0;
+    while (local[mine] != rank) mine++;
+    int root = mine;
+    while (parent[root] != root) root = parent[root];
+    unsigned char all[sizeof(cpu_set_t)] = {0};
+    int members = 0;
+    for (int i = 0; i < n; i++) {
+        int r = i;
+        while (parent[r] != r) r = parent[r];
+        if (r != root) continue;
+        members++;
+        for (size_t k = 0; k < sizeof all; k++) all[k] |= placed[local[i]].cpus[k];
+    }
+    int permits = cpu_count(all);
+    dm_free(parent);
+    dm_free(local);
+    char why[256] = "", agreed_why[256];
+    if (members > permits && permits > 1)
+        snprintf(why, sizeof why, "rank %d shares %d CPUs with %d ranks that may each run on "
+                 "any of them; ranks take turns only when pinned one to a CPU (mpiexec "
+                 "-bind-to core or rr)", rank, permits, members - 1);
+    if (world_agree(why[0] != 0, why, MPI_COMM_WORLD, agreed_why, sizeof agreed_why)) {
+        if (rank == 0) dm_log("processors: ranks do not take turns: %s\n", agreed_why);
+        return;
+    }
+
+    /* The node's first rank creates the memory; every rank maps it; where
+     * any rank cannot (no /dev/shm), no rank of the job takes turns. */
+    char name[64], problem[256] = "";
+    snprintf(name, sizeof name, "/dynmo-turns-%ld-%d", (long)getpid(), rank);
+    MPI_Request req;
+    if (MPI_Ibcast(name, (int)sizeof name, MPI_CHAR, 0, node, &req) != MPI_SUCCESS)
+        DM_FATAL("MPI_Ibcast of the turn memory's name failed");
+    pipe_wait(&req);
+    size_t bytes = (size_t)n * sizeof(struct turn_group);
+    int fd = -1, created = 0;
+    if (node_rank == 0) {
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        created = fd >= 0;
+        if (fd >= 0 && ftruncate(fd, (off_t)bytes) != 0) {
+            close(fd);
+            fd = -1;
+        }
+    }
+    if (MPI_Ibarrier(node, &req) != MPI_SUCCESS) DM_FATAL("MPI_Ibarrier failed");
+    pipe_wait(&req);
+    if (node_rank != 0) fd = shm_open(name, O_RDWR, 0600);
+    void *base = fd >= 0 ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                         : MAP_FAILED;
+    if (base == MAP_FAILED)
+        snprintf(problem, sizeof problem, "shared memory %s: %s", name, dm_errno_text());
+    if (fd >= 0) close(fd);
+    char agreed[256];
+    int failed = world_agree(base == MAP_FAILED, problem, MPI_COMM_WORLD, agreed,
+                             sizeof agreed);
+    if (created) shm_unlink(name);   /* every rank has mapped it, or none will */
+    if (failed) {
+        if (base != MAP_FAILED) munmap(base, bytes);
+        if (rank == 0) dm_warn("ranks do not take turns: %s\n", agreed);
+        return;
+    }
+    turn_groups = base;
+    turn_bytes = bytes;
+    if (root == mine) turn_groups[root].permits = (uint32_t)permits;
+    if (MPI_Ibarrier(node, &req) != MPI_SUCCESS) DM_FATAL("MPI_Ibarrier failed");
+    pipe_wait(&req);
+    if (members > permits) my_turns = &turn_groups[root];
+    turns_on = 1;
+}
+
+int world_take_turns(void)
+{
+    DM_ASSERT(started && node_comm != MPI_COMM_NULL);
+    setup_turns(node_comm, dm_rank(), dm_world_size());
+    return turns_on;
+}
+
+void world_release_turn(void)
+{
+    if (!holding) return;
+    holding = 0;
+    atomic_fetch_add(&my_turns->served, 1);
+    futex(&my_turns->served, FUTEX_WAKE, INT_MAX, NULL);
+}
+
+void world_compute_begin(void)
+{
+    if (!my_turns) return;
+    world_release_turn();
+    my_ticket = atomic_fetch_add(&my_turns->next, 1);
+    for (;;) {
+        uint32_t served = atomic_load(&my_turns->served);
+        /* Tickets before mine are admissible whenever mine is, so at most
+         * `permits` are inside; with several permits a later ticket may
+         * finish first and `served` pass mine: hence the signed difference. */
+        if ((int32_t)(my_ticket - served) < (int32_t)my_turns->permits) break;
+        struct timespec wait = {0, 20 * 1000 * 1000};
+        futex(&my_turns->served, FUTEX_WAIT, served, &wait);
+    }
+    holding = 1;
+}
+
 void world_init(int *argc, char ***argv)
 {
     if (started) return;
@@ -97,7 +258,7 @@ void world_init(int *argc, char ***argv)
     MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
     MPI_Comm_size(node, &local_size);
     gather_placement(node, rank, size);
-    MPI_Comm_free(&node);
+    node_comm = node;
     if (oversubscribed) {
         /* Waiting ranks sleep (world_wait_round) and must not preempt the rank
          * computing on their core when they wake: SCHED_BATCH turns off
@@ -115,8 +276,13 @@ void world_finalize(void)
     if (!started) return;
     dm_free(placed);
     placed = NULL;
+    if (my_turns) world_release_turn();
+    if (turn_groups) munmap(turn_groups, turn_bytes);
+    turn_groups = my_turns = NULL;
     MPI_Finalized(&finalized);
-    if (!finalized) MPI_Finalize();
+    if (finalized) return;
+    if (node_comm != MPI_COMM_NULL) MPI_Comm_free(&node_comm);
+    MPI_Finalize();
 }
 
 int world_local_size(void) { return local_size; }
@@ -244,6 +410,7 @@ double world_transfer_rate(size_t bytes, int reps)
 
 void world_wait_round(double t0)
 {
+    world_release_turn();   /* a waiting rank computes nothing */
     if (oversubscribed && dm_now() - t0 > WAIT_SPIN_S) {
         struct timespec pause = {0, WAIT_SLEEP_NS};
         nanosleep(&pause, NULL);

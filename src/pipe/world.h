@@ -33,11 +33,34 @@ int world_agree(int code, const char *message, MPI_Comm comm, char *err, size_t 
  * computes the same answer from the placements gathered at start-up. */
 int world_stage_sharing(int stages, int *group, double *cores);
 
-/* One round of a polled wait that began at t0 (dm_now): yields the core,
+/* One round of a polled wait that began at t0 (dm_now): gives back this
+ * rank's turn (world_compute_begin) if it holds one, then yields the core,
  * or, when this rank is oversubscribed and the wait is older than 100 us,
  * sleeps 500 us. pipe_wait and pipe_wait_all use it; a loop that
  * polls with something else (MPI_Iprobe) calls it between polls. */
 void world_wait_round(double t0);
+
+/* Collective (every rank of the job): ranks of a node whose CPU sets
+ * overlap form a turn group; when a group holds more ranks than CPUs, its
+ * ranks take turns: world_compute_begin admits at most that many CPUs'
+ * worth of them at once, first come first served (a ticket lock in POSIX
+ * shared memory, waits on a futex), so a computation runs alone on its CPU
+ * instead of being time-sliced with its neighbours'. Only when every such
+ * group of the job has one CPU (ranks pinned one to a CPU); otherwise no
+ * rank takes turns and rank 0 logs why. Returns 1 when the job takes turns
+ * (the same on every rank). Idempotent. */
+int world_take_turns(void);
+/* Before a computation, when this rank takes turns: gives back a turn it
+ * still holds and waits for a new one. The turn is kept after the
+ * computation, so that the rank posts its sends before a woken peer takes
+ * the CPU, and given back by the next world_compute_begin or by
+ * world_wait_round (a rank never waits for a message holding a turn: the
+ * peer it waits for may need it). A no-op unless this rank takes turns. */
+void world_compute_begin(void);
+/* Gives back the turn this rank holds, if any. The engine calls it when its
+ * instruction list is done: no rank may hold a turn into code that waits
+ * without world_wait_round (a blocking collective inside HDF5). */
+void world_release_turn(void);
 
 /* Collective: broadcasts n ints from rank 0, polled (MPI_Ibcast). */
 void world_bcast_ints(int *buf, int n);

@@ -91,10 +91,10 @@ struct balancer *balancer_create(const struct dm_config *cfg, int stages)
 }
 
 void balancer_set_sharing(struct balancer *bal, int groups, const int *group,
-                          const double *cores)
+                          const double *cores, int turns)
 {
     struct balance_sharing sharing = {.stages = bal->stages, .groups = groups,
-                                      .group = group, .cores = cores};
+                                      .group = group, .cores = cores, .turns = turns};
     bal->sharing = sharing;
 }
 

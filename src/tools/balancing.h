@@ -14,10 +14,11 @@ struct balancer;
 struct balancer *balancer_create(const struct dm_config *cfg, int stages);
 void balancer_destroy(struct balancer *bal);
 /* Stages share processors (world_stage_sharing's answer; groups = 0: a
- * processor per stage): every prediction and partition-time decision
- * uses it. group and cores stay the caller's and must outlive bal. */
+ * processor per stage), taking turns when turns is 1 (world_take_turns;
+ * cores whole): every prediction and partition-time decision uses it.
+ * group and cores stay the caller's and must outlive bal. */
 void balancer_set_sharing(struct balancer *bal, int groups, const int *group,
-                          const double *cores);
+                          const double *cores, int turns);
 
 /* Collective: after step `step` (0-based) has been logged. On a decision
  * step, rank 0 decides from the step's profile, logs the decision in the

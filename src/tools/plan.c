@@ -50,6 +50,11 @@ static void usage(FILE *out)
         "                        stage s runs in group Gs, and the stages of\n"
         "                        group g share Cg processors (one core count per\n"
         "                        group, numbered from 0)\n"
+        "  --sharing fluid|turns how a group's stages share its processors: fluid\n"
+        "                        (evenly, as time slicing; the default) or turns\n"
+        "                        (one instruction per core at a time, first come\n"
+        "                        first served, as dynmo train's ranks with\n"
+        "                        parallel.turns = 1; whole core counts)\n"
         "  --bench               time the balancers on random inputs (docs/PERFORMANCE.md)\n"
         "  --from-run DIR --step N   costs from DIR/runlog.h5 at step N (1-based):\n"
         "                        per-block fwd/bwd ms, parameters (nonzero after\n"
@@ -57,7 +62,8 @@ static void usage(FILE *out)
         "                        compute; the run's stages, layout and\n"
         "                        micro-batches are the defaults, and so is the\n"
         "                        processor sharing it recorded (root attributes\n"
-        "                        stage_groups and group_cores) at its stage count\n");
+        "                        stage_groups, group_cores and group_turns) at its\n"
+        "                        stage count\n");
 }
 
 /* ---- argument parsing ---------------------------------------------------- */
@@ -485,6 +491,15 @@ static void sharing_from_run(struct plan_sharing *ps, const char *dir,
     long core_count = runlog_read_root_doubles(path, RUNLOG_ATTR_GROUP_CORES, &cores, err,
                                                sizeof err);
     if (core_count < 0) dm_user_error("--from-run: %s", err);
+    int *turns = NULL;   /* absent in logs from before parallel.turns: fluid */
+    long turns_count = runlog_read_root_ints(path, RUNLOG_ATTR_GROUP_TURNS, &turns, err,
+                                             sizeof err);
+    if (turns_count < 0) dm_user_error("--from-run: %s", err);
+    if (turns_count > 1 || (turns_count == 1 && turns[0] != 0 && turns[0] != 1))
+        dm_user_error("--from-run: %s: the attribute %s must be one value, 0 or 1", path,
+                      RUNLOG_ATTR_GROUP_TURNS);
+    int took_turns = turns_count == 1 && turns[0] == 1;
+    dm_free(turns);
     if (!group_count && !core_count) return;
     if (!group_count || !core_count)
         dm_user_error("--from-run: %s has the attribute %s but not %s (both or neither)",
@@ -493,7 +508,7 @@ static void sharing_from_run(struct plan_sharing *ps, const char *dir,
     if (group_count != run_stages)
         dm_user_error("--from-run: %s: stage_groups has %ld entries but the run "
                       "has %d stages", path, group_count, run_stages);
-    struct balance_sharing sharing = {run_stages, (int)core_count, group, cores};
+    struct balance_sharing sharing = {run_stages, (int)core_count, group, cores, took_turns};
     if (balance_check_sharing(&sharing, err, sizeof err))
         dm_user_error("--from-run: %s: stage_groups and group_cores: %s", path, err);
     if (stages != run_stages) {
@@ -513,7 +528,7 @@ static void sharing_from_run(struct plan_sharing *ps, const char *dir,
  * for `stages` stages. Bad values are user errors naming the option. */
 static void sharing_from_args(struct plan_sharing *ps, double cores,
                               const char *groups_text, const char *cores_text,
-                              int stages)
+                              int turns, int stages)
 {
     int groups = 1;
     if (cores > 0) {
@@ -541,7 +556,10 @@ static void sharing_from_args(struct plan_sharing *ps, double cores,
                           "uses groups 0..%d only (one count per group)", groups,
                           highest);
     }
-    ps->sharing = (struct balance_sharing){stages, groups, ps->group, ps->cores};
+    ps->sharing = (struct balance_sharing){stages, groups, ps->group, ps->cores, turns};
+    char err[512];
+    if (balance_check_sharing(&ps->sharing, err, sizeof err))
+        dm_user_error("--sharing turns: %s", err);
 }
 
 /* "processors: ..." under the input lines. */
@@ -557,7 +575,8 @@ static void print_sharing(const struct plan_sharing *ps, int stages)
     for (int s = 0; s < sh->stages; s++) printf("%s%d", s ? "," : "", sh->group[s]);
     printf(" with ");
     for (int g = 0; g < sh->groups; g++) printf("%s%g", g ? "," : "", sh->cores[g]);
-    printf(" cores%s%s\n", ps->from_run ? " (from the run log)" : "",
+    printf(" cores%s%s%s\n", sh->turns ? ", taking turns" : "",
+           ps->from_run ? " (from the run log)" : "",
            balance_sharing_oversubscribed(sh, stages) ? ""
                : " (no group has more stages than cores: as one per stage)");
 }
@@ -603,6 +622,7 @@ struct plan_args {
     double cores;                     /* --cores, 0 = not given */
     const char *stage_groups_text;    /* --stage-groups */
     const char *group_cores_text;     /* --group-cores */
+    int sharing_model;                /* --sharing: -1 not given, 0 fluid, 1 turns */
     double gamma;
     double epsilon;
     int target_stages; /* repack-first-fit */
@@ -701,6 +721,7 @@ static void parse_args(struct plan_args *a, int argc, char **argv, int *bench)
     a->schedule = DM_SCHEDULE_1F1B;
     a->epsilon = 0.05;
     a->target_stages = 1;
+    a->sharing_model = -1;
     const char *current_text = NULL;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
@@ -763,6 +784,10 @@ static void parse_args(struct plan_args *a, int argc, char **argv, int *bench)
             a->stage_groups_text = value;
         } else if (!strcmp(arg, "--group-cores")) {
             a->group_cores_text = value;
+        } else if (!strcmp(arg, "--sharing")) {
+            if (!strcmp(value, "fluid")) a->sharing_model = 0;
+            else if (!strcmp(value, "turns")) a->sharing_model = 1;
+            else dm_user_error("--sharing: '%s' is not fluid or turns", value);
         } else if (!strcmp(arg, "--from-run")) {
             a->run_dir = value;
         } else if (!strcmp(arg, "--step")) {
@@ -832,7 +857,17 @@ int cmd_plan(int argc, char **argv)
                       "needs at least one", S, a.costs_path, n);
     if (sharing_given)
         sharing_from_args(&sharing, a.cores, a.stage_groups_text,
-                          a.group_cores_text, S);
+                          a.group_cores_text, a.sharing_model == 1, S);
+    else if (sharing.group && a.sharing_model >= 0) {   /* the run's groups, another model */
+        sharing.sharing.turns = a.sharing_model;
+        char err_turns[512];
+        if (balance_check_sharing(&sharing.sharing, err_turns, sizeof err_turns))
+            dm_user_error("--sharing turns: %s", err_turns);
+    }
+    if (a.sharing_model >= 0 && !sharing.group)
+        dm_user_error("--sharing: no stages share processors here; give --cores or "
+                      "--stage-groups with --group-cores%s", a.run_dir ? " (or a run "
+                      "whose stages shared them, at its stage count)" : "");
     if (sharing.group) in.profile.sharing = &sharing.sharing;
     int *reference = dm_alloc((size_t)S * sizeof(int));
     char err[512];

@@ -299,11 +299,13 @@ static struct runlog *open_runlog(const char *path, const struct dm_config *cfg,
 
 /* When stages time-share processors (more ranks than CPUs), profiles
  * measure CPU time, so a block costs what it computes and not how long it
- * waited for a CPU, and the balancer predicts with the sharing. Collective.
- * Returns the number of groups (0: a processor per stage). */
-static int share_processors(int stages, int threads, struct balancer *bal, int *group,
-                            double *cores)
+ * waited for a CPU, the ranks take turns computing (parallel.turns), and
+ * the balancer predicts with the sharing. Collective. Returns the number of
+ * groups (0: a processor per stage); *turns says whether they take turns. */
+static int share_processors(const struct dm_config *cfg, int stages, int threads,
+                            struct balancer *bal, int *group, double *cores, int *turns)
 {
+    *turns = 0;
     int groups = world_stage_sharing(stages, group, cores);
     if (!groups) return 0;
     /* A thread's CPU time is the rank's only when it computes alone. */
@@ -314,7 +316,13 @@ static int share_processors(int stages, int threads, struct balancer *bal, int *
         return 0;
     }
     dm_profile_cpu_time(1);
-    balancer_set_sharing(bal, groups, group, cores);
+    if (cfg->turns && world_take_turns()) {
+        /* the predictor's turns need whole cores: a group's share of its
+         * CPU when other replicas run there too */
+        for (int g = 0; g < groups; g++) cores[g] = fmax(1.0, round(cores[g]));
+        *turns = 1;
+    }
+    balancer_set_sharing(bal, groups, group, cores, *turns);
     char text[512] = "";
     size_t used = 0;
     for (int s = 0; s < stages && used < sizeof text; s++)
@@ -323,7 +331,7 @@ static int share_processors(int stages, int threads, struct balancer *bal, int *
         used += (size_t)snprintf(text + used, sizeof text - used, "%s%.3g", g ? "," : " with ",
                                  cores[g]);
     dm_log("processors: stages share them (groups %s cores); profiling CPU time, waits "
-           "sleep\n", text);
+           "sleep%s\n", text, *turns ? ", ranks take turns computing" : "");
     return groups;
 }
 
@@ -390,8 +398,11 @@ int cmd_train(int argc, char **argv)
            dm_world_size(), stages, grid->replicas, cfg.schedule, layout, threads);
     int *share_group = dm_alloc((size_t)stages * sizeof(int));
     double *share_cores = dm_alloc((size_t)stages * sizeof(double));
-    int share_groups = share_processors(stages, threads, bal, share_group, share_cores);
-    if (log) runlog_set_sharing(log, stages, share_group, share_groups, share_cores);
+    int share_turns = 0;
+    int share_groups = share_processors(&cfg, stages, threads, bal, share_group, share_cores,
+                                        &share_turns);
+    if (log)
+        runlog_set_sharing(log, stages, share_group, share_groups, share_cores, share_turns);
 
     double tokens_per_step = (double)cfg.batch * cfg.seq;
     double first_loss = NAN, last_loss = NAN, last_val = NAN;
