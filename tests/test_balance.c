@@ -940,24 +940,26 @@ static void test_sharing_dedicated(void)
            "dedicated; m = 1 on one core: largest difference %.3g ms\n", worst);
 }
 
-/* (b) one core for all: the core never idles while work is left, so the step
- * is all the work. (d) S = 4 on 2 cores: at least half the work and at least
- * the dedicated step, at most all the work. Both schedules. */
-static void test_sharing_bounds(void)
+static double check_shared_bounds(int turns)
 {
-    double f[8], b[8], worst = 0;
-    int zero[8] = {0};
+    double f[8], b[8], u[8], unit[8], worst = 0;
+    int zero[8] = {0}, own[8];
+    for (int s = 0; s < 8; s++) own[s] = s, unit[s] = 1.0;
     for (int trial = 0; trial < 2000; trial++) {
         int S = trial % 2 ? 4 : rng_int(1, 8), m = rng_int(1, 16);
         enum dm_schedule schedule = rng_int(0, 1) ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
         random_stage_times(f, b, S);
         double total = 0;
-        for (int s = 0; s < S; s++) total += m * (f[s] + b[s]);
+        for (int s = 0; s < S; s++) {
+            u[s] = rng_int(0, 1) ? rng_unit() * 2 : 0;
+            total += m * (f[s] + b[s]) + u[s];
+        }
         struct balance_prediction dedicated, got;
-        balance_predict_stages(f, b, S, m, schedule, &dedicated, NULL, 0);
+        CHECK(balance_predict_shared(f, b, u, S, m, schedule, NULL, &dedicated, NULL, 0) ==
+              BALANCE_OK);
         double cores = trial % 2 ? 2.0 : 1.0;
-        struct balance_sharing sh = {S, 1, zero, &cores, 0};
-        CHECK(balance_predict_shared(f, b, NULL, S, m, schedule, &sh, &got, NULL, 0) == BALANCE_OK);
+        struct balance_sharing sh = {S, 1, zero, &cores, turns};
+        CHECK(balance_predict_shared(f, b, u, S, m, schedule, &sh, &got, NULL, 0) == BALANCE_OK);
         double tol = 1e-9 * (total > 1 ? total : 1);
         if (cores == 1.0) {
             CHECK_NEAR(got.step_ms, total, tol);
@@ -965,13 +967,26 @@ static void test_sharing_bounds(void)
         } else {
             CHECK_MSG(got.step_ms >= total / 2 - tol && got.step_ms >= dedicated.step_ms - tol &&
                       got.step_ms <= total + tol,
-                      "trial %d: shared %.17g, total %.17g, dedicated %.17g", trial,
-                      got.step_ms, total, dedicated.step_ms);
+                      "trial %d (turns %d): shared %.17g, total %.17g, dedicated %.17g", trial,
+                      turns, got.step_ms, total, dedicated.step_ms);
         }
         CHECK(got.bubble_ratio >= 0 && got.bubble_ratio < 1);
         CHECK(got.bottleneck_stage == dedicated.bottleneck_stage);
+        struct balance_sharing each = {S, S, own, unit, turns};   /* a core each */
+        CHECK(balance_predict_shared(f, b, u, S, m, schedule, &each, &got, NULL, 0) ==
+              BALANCE_OK);
+        CHECK(same_prediction(&got, &dedicated));
     }
-    printf("sharing one core: 1000 pipelines, step = total work to %.3g relative\n", worst);
+    return worst;
+}
+
+/* (b) one core for all: the core never idles while work is left, so the step
+ * is all the work. (d) S = 4 on 2 cores: at least half the work and at least
+ * the dedicated step, at most all the work. Both schedules, with updates. */
+static void test_sharing_bounds(void)
+{
+    printf("sharing one core: 1000 pipelines, step = total work to %.3g relative\n",
+           check_shared_bounds(0));
 }
 
 /* (c) cases worked out by hand. */
@@ -1070,44 +1085,11 @@ static void test_turns(void)
                                  err, sizeof err) == BALANCE_BAD_INPUT);
     CHECK_MSG(strstr(err, "group 1") && strstr(err, "whole"), "message: %s", err);
 
-    /* Random pipelines: on one core for all the core never idles, so the
-     * step is all the work; on 2 cores for 4 stages it lies between the
-     * dedicated step (and half the work) and all the work; with a core per
-     * stage it is the dedicated predictor bit for bit. */
-    double f[8], b[8], u[8], worst = 0;
-    int zero[8] = {0}, own[8];
-    double unit[8];
-    for (int s = 0; s < 8; s++) own[s] = s, unit[s] = 1.0;
-    for (int trial = 0; trial < 2000; trial++) {
-        int S = trial % 2 ? 4 : rng_int(1, 8), m = rng_int(1, 16);
-        enum dm_schedule schedule = rng_int(0, 1) ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
-        random_stage_times(f, b, S);
-        double total = 0;
-        for (int s = 0; s < S; s++) {
-            u[s] = rng_int(0, 1) ? rng_unit() * 2 : 0;
-            total += m * (f[s] + b[s]) + u[s];
-        }
-        struct balance_prediction dedicated, got;
-        CHECK(balance_predict_shared(f, b, u, S, m, schedule, NULL, &dedicated, NULL, 0) ==
-              BALANCE_OK);
-        double cores = trial % 2 ? 2.0 : 1.0;
-        struct balance_sharing sh = {S, 1, zero, &cores, 1};
-        CHECK(balance_predict_shared(f, b, u, S, m, schedule, &sh, &got, NULL, 0) == BALANCE_OK);
-        double tol = 1e-9 * (total > 1 ? total : 1);
-        if (cores == 1.0) {
-            CHECK_NEAR(got.step_ms, total, tol);
-            worst = fmax(worst, fabs(got.step_ms - total) / (total > 0 ? total : 1));
-        } else {
-            CHECK_MSG(got.step_ms >= total / 2 - tol && got.step_ms >= dedicated.step_ms - tol &&
-                      got.step_ms <= total + tol,
-                      "trial %d: turns %.17g, total %.17g, dedicated %.17g", trial,
-                      got.step_ms, total, dedicated.step_ms);
-        }
-        struct balance_sharing each = {S, S, own, unit, 1};
-        CHECK(balance_predict_shared(f, b, u, S, m, schedule, &each, &got, NULL, 0) ==
-              BALANCE_OK);
-        CHECK(same_prediction(&got, &dedicated));
-    }
+    /* Random pipelines, as for even sharing: one core for all gives all the
+     * work, 2 cores for 4 stages lie between the dedicated step (and half
+     * the work) and all the work, a core per stage is the dedicated
+     * predictor bit for bit. */
+    double worst = check_shared_bounds(1);
     printf("turns: worked cases (9, 9.5, 7 ms); one core: 1000 pipelines, step = total "
            "work to %.3g relative; 2 cores within bounds; a core each = dedicated\n", worst);
 }

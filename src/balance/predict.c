@@ -260,6 +260,60 @@ static int fluid_input_ready(const struct fluid *f, int s)
     return s == f->S - 1 || f->done[(s + 1) * f->L + code];
 }
 
+/* Marks stage s's instruction done and loads its next one. */
+static void sim_finish(struct fluid *f, int s)
+{
+    if (f->position[s] >= 0) f->done[s * f->L + f->list[s * f->L + f->position[s]]] = 1;
+    f->position[s]++;
+    fluid_load(f, s);
+}
+
+/* Sets up either simulation at the start of the step; returns the number
+ * of instructions to run (updates included). */
+static long sim_init(struct fluid *f, const double *stage_fwd_ms, const double *stage_bwd_ms,
+                     const double *stage_update_ms, int S, int m,
+                     enum dm_schedule schedule, const struct balance_sharing *sharing)
+{
+    *f = (struct fluid){.S = S, .m = m, .L = 2L * m, .fwd = stage_fwd_ms,
+                        .bwd = stage_bwd_ms, .update = stage_update_ms,
+                        .sharing = sharing};
+    long total = (long)S * f->L;
+    f->list = dm_alloc((size_t)total * sizeof(int));
+    f->done = dm_alloc((size_t)total);
+    f->position = dm_alloc((size_t)S * sizeof(long));
+    f->remaining = dm_alloc((size_t)S * sizeof(double));
+    f->size = dm_alloc((size_t)S * sizeof(double));
+    f->computing = dm_alloc((size_t)S * sizeof(int));
+    f->members = dm_alloc((size_t)sharing->groups * sizeof(int));
+    f->rate = dm_alloc((size_t)sharing->groups * sizeof(double));
+    f->queue = dm_alloc((size_t)S * sizeof(int));
+    f->end = dm_alloc((size_t)S * sizeof(double));
+    long left = total;
+    for (int s = 0; s < S; s++) {
+        schedule_list(f->list + s * f->L, s, S, m, schedule);
+        if (stage_update_ms && stage_update_ms[s] > 0) {
+            f->position[s] = -1;
+            left++;
+        }
+        fluid_load(f, s);
+    }
+    return left;
+}
+
+static void sim_free(struct fluid *f)
+{
+    dm_free(f->end);
+    dm_free(f->queue);
+    dm_free(f->rate);
+    dm_free(f->members);
+    dm_free(f->computing);
+    dm_free(f->size);
+    dm_free(f->remaining);
+    dm_free(f->position);
+    dm_free(f->done);
+    dm_free(f->list);
+}
+
 /* One event: the computing stages share their groups' cores until the
  * first instruction completes; every instruction then within a rounding of
  * completion completes too. Returns the time advanced and the number of
@@ -287,64 +341,10 @@ static double fluid_event(struct fluid *f, long *completed)
         if (!f->computing[s]) continue;
         f->remaining[s] = s == first ? 0.0 : f->remaining[s] - f->rate[sh->group[s]] * dt;
         if (f->remaining[s] > 1e-12 * f->size[s]) continue;
-        if (f->position[s] >= 0) f->done[s * f->L + f->list[s * f->L + f->position[s]]] = 1;
-        f->position[s]++;
-        fluid_load(f, s);
+        sim_finish(f, s);
         (*completed)++;
     }
     return dt;
-}
-
-/* The step time under processor sharing (inputs checked). */
-static double shared_step(const double *stage_fwd_ms, const double *stage_bwd_ms,
-                          const double *stage_update_ms, int S, int m,
-                          enum dm_schedule schedule,
-                          const struct balance_sharing *sharing)
-{
-    struct fluid f = {.S = S, .m = m, .L = 2L * m, .fwd = stage_fwd_ms,
-                      .bwd = stage_bwd_ms, .update = stage_update_ms,
-                      .sharing = sharing};
-    long total = (long)S * f.L;
-    f.list = dm_alloc((size_t)total * sizeof(int));
-    f.done = dm_alloc((size_t)total);
-    f.position = dm_alloc((size_t)S * sizeof(long));
-    f.remaining = dm_alloc((size_t)S * sizeof(double));
-    f.size = dm_alloc((size_t)S * sizeof(double));
-    f.computing = dm_alloc((size_t)S * sizeof(int));
-    f.members = dm_alloc((size_t)sharing->groups * sizeof(int));
-    f.rate = dm_alloc((size_t)sharing->groups * sizeof(double));
-    long left = total;
-    for (int s = 0; s < S; s++) {
-        schedule_list(f.list + s * f.L, s, S, m, schedule);
-        if (stage_update_ms && stage_update_ms[s] > 0) {
-            f.position[s] = -1;
-            left++;
-        }
-        fluid_load(&f, s);
-    }
-    double now = 0.0;
-    while (left > 0) {
-        long completed;
-        now += fluid_event(&f, &completed);
-        left -= completed;
-    }
-    dm_free(f.rate);
-    dm_free(f.members);
-    dm_free(f.computing);
-    dm_free(f.size);
-    dm_free(f.remaining);
-    dm_free(f.position);
-    dm_free(f.done);
-    dm_free(f.list);
-    return now;
-}
-
-/* Turns: marks stage s's instruction done and loads its next one. */
-static void turns_finish(struct fluid *f, int s)
-{
-    if (f->position[s] >= 0) f->done[s * f->L + f->list[s * f->L + f->position[s]]] = 1;
-    f->position[s]++;
-    fluid_load(f, s);
 }
 
 /* Turns: queues every idle stage whose input is ready, `first` (the stage
@@ -365,7 +365,7 @@ static long turns_queue(struct fluid *f, int first)
                 f->queue[f->queued++] = s;
                 continue;
             }
-            turns_finish(f, s);
+            sim_finish(f, s);
             finished++;
             changed = 1;
         }
@@ -373,75 +373,67 @@ static long turns_queue(struct fluid *f, int first)
     return finished;
 }
 
-/* The step time when the stages of each group take turns on its cores
- * (inputs checked, core counts whole): an instruction whose input is ready
- * waits for a free core of its group, waiting instructions start in the
- * order they became ready, and each runs alone at rate 1 until it ends. */
-static double turns_step(const double *stage_fwd_ms, const double *stage_bwd_ms,
-                         const double *stage_update_ms, int S, int m,
-                         enum dm_schedule schedule,
-                         const struct balance_sharing *sharing)
+/* Turns from the start of the step: the stages of each group take turns on
+ * its cores (core counts whole): an instruction whose input is ready waits
+ * for a free core of its group, waiting instructions start in the order
+ * they became ready, and each runs alone at rate 1 until it ends. Returns
+ * the step time. */
+static double turns_run(struct fluid *f, long left)
 {
-    struct fluid f = {.S = S, .m = m, .L = 2L * m, .fwd = stage_fwd_ms,
-                      .bwd = stage_bwd_ms, .update = stage_update_ms,
-                      .sharing = sharing};
-    long total = (long)S * f.L;
-    f.list = dm_alloc((size_t)total * sizeof(int));
-    f.done = dm_alloc((size_t)total);
-    f.position = dm_alloc((size_t)S * sizeof(long));
-    f.remaining = dm_alloc((size_t)S * sizeof(double));
-    f.size = dm_alloc((size_t)S * sizeof(double));
-    f.computing = dm_alloc((size_t)S * sizeof(int));
-    f.members = dm_alloc((size_t)sharing->groups * sizeof(int));
-    f.queue = dm_alloc((size_t)S * sizeof(int));
-    f.end = dm_alloc((size_t)S * sizeof(double));
-    for (int g = 0; g < sharing->groups; g++) f.members[g] = (int)sharing->cores[g];
-    long left = total;
-    for (int s = 0; s < S; s++) {
-        schedule_list(f.list + s * f.L, s, S, m, schedule);
-        if (stage_update_ms && stage_update_ms[s] > 0) {
-            f.position[s] = -1;
-            left++;
-        }
-        fluid_load(&f, s);
-    }
+    const struct balance_sharing *sharing = f->sharing;
+    for (int g = 0; g < sharing->groups; g++) f->members[g] = (int)sharing->cores[g];
     double now = 0.0;
     int last = -1;
     for (;;) {
-        left -= turns_queue(&f, last);
+        left -= turns_queue(f, last);
         int kept = 0;   /* start whom a free core of its group allows, in order */
-        for (int q = 0; q < f.queued; q++) {
-            int s = f.queue[q], g = sharing->group[s];
-            if (f.members[g] > 0) {
-                f.members[g]--;
-                f.end[s] = now + f.size[s];
-                f.remaining[s] = 0.0;   /* marks it running */
+        for (int q = 0; q < f->queued; q++) {
+            int s = f->queue[q], g = sharing->group[s];
+            if (f->members[g] > 0) {
+                f->members[g]--;
+                f->end[s] = now + f->size[s];
+                f->remaining[s] = 0.0;   /* marks it running */
             } else {
-                f.queue[kept++] = s;
+                f->queue[kept++] = s;
             }
         }
-        f.queued = kept;
+        f->queued = kept;
         if (left == 0) break;
         last = -1;
-        for (int s = 0; s < S; s++)
-            if (f.computing[s] && f.remaining[s] == 0.0 && (last < 0 || f.end[s] < f.end[last]))
+        for (int s = 0; s < f->S; s++)
+            if (f->computing[s] && f->remaining[s] == 0.0 &&
+                (last < 0 || f->end[s] < f->end[last]))
                 last = s;
         DM_ASSERT(last >= 0);   /* the schedules cannot deadlock */
-        now = f.end[last];
-        f.computing[last] = 0;
-        f.members[sharing->group[last]]++;
-        turns_finish(&f, last);
+        now = f->end[last];
+        f->computing[last] = 0;
+        f->members[sharing->group[last]]++;
+        sim_finish(f, last);
         left--;
     }
-    dm_free(f.end);
-    dm_free(f.queue);
-    dm_free(f.members);
-    dm_free(f.computing);
-    dm_free(f.size);
-    dm_free(f.remaining);
-    dm_free(f.position);
-    dm_free(f.done);
-    dm_free(f.list);
+    return now;
+}
+
+/* The step time under processor sharing (inputs checked): fluid, or turns. */
+static double shared_step(const double *stage_fwd_ms, const double *stage_bwd_ms,
+                          const double *stage_update_ms, int S, int m,
+                          enum dm_schedule schedule,
+                          const struct balance_sharing *sharing)
+{
+    struct fluid f;
+    long left = sim_init(&f, stage_fwd_ms, stage_bwd_ms, stage_update_ms, S, m, schedule,
+                         sharing);
+    double now = 0.0;
+    if (sharing->turns) {
+        now = turns_run(&f, left);
+    } else {
+        while (left > 0) {
+            long completed;
+            now += fluid_event(&f, &completed);
+            left -= completed;
+        }
+    }
+    sim_free(&f);
     return now;
 }
 
@@ -458,12 +450,9 @@ int balance_predict_shared(const double *stage_fwd_ms,
     rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
                            micro_batches, schedule, err, errsize);
     if (rc) return rc;
-    int shared = balance_sharing_oversubscribed(sharing, stages);
-    double step = shared && sharing->turns
-        ? turns_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
-                     micro_batches, schedule, sharing)
-        : shared ? shared_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
-                               micro_batches, schedule, sharing)
+    double step = balance_sharing_oversubscribed(sharing, stages)
+        ? shared_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
+                      micro_batches, schedule, sharing)
         : dedicated_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
                          micro_batches, schedule);
     describe_step(out, step, stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
