@@ -61,4 +61,25 @@ if [ -f "$dir/rpck/next_world" ]; then
 else
   fail "no next_world written"
 fi
+# A traced run resumed from an earlier checkpoint traces the steps it redoes
+# once: /trace/events is cut back to the resumed step like every per-step
+# dataset. Steps 2-5 traced, checkpoints at 3 and 6; ckpt-6 removed (as if
+# the job died before writing it), the rerun resumes at 3 and redoes 4-6.
+trace_run() { timeout 120 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/tr" \
+  parallel.pp=2 train.steps=6 ckpt.dir="$dir/trck" ckpt.every=3 run.trace_from=2 run.trace_steps=4 \
+  > "$dir/tr$1.out" 2>&1 || fail "traced run $1 failed: $(tail -n 2 "$dir/tr$1.out")"; }
+trace_run 1
+rows1=$(/usr/bin/python3 -c "import h5py,sys; print(len(h5py.File(sys.argv[1],'r')['/trace/events']))" "$dir/tr/runlog.h5")
+rm -f "$dir/trck/ckpt-6.h5"
+trace_run 2
+grep -q "resumed from .*step 3" "$dir/tr2.out" || fail "traced rerun did not resume at step 3: $(grep -o 'resumed from.*' "$dir/tr2.out")"
+/usr/bin/python3 - "$dir/tr/runlog.h5" "$rows1" <<'PY' || fail "/trace/events after a resume is wrong"
+import sys, h5py, numpy as np
+e = h5py.File(sys.argv[1], 'r')['/trace/events'][:]
+steps = e[:, 0].astype(int)
+assert sorted(set(steps)) == [2, 3, 4, 5], sorted(set(steps))
+assert np.all(np.diff(steps) >= 0), steps              # each step once, in order
+assert len(e) == int(sys.argv[2]), (len(e), sys.argv[2])  # as many rows as the first run
+print(f"ok: resumed traced run: {len(e)} rows, steps 2-5 once each")
+PY
 finish

@@ -267,7 +267,8 @@ static void write_next_world(const char *dir, int pp, int dp, const int *layout,
 }
 
 /* The run log continues across restarts: every per-step dataset is cut back
- * to the resumed step, per-stage rows keep the first world's width. */
+ * to the resumed step (the trace to its rows of steps up to it), per-stage
+ * rows keep the first world's width. */
 static struct runlog *open_runlog(const char *path, const struct dm_config *cfg, long start,
                                   int stages, int *width)
 {
@@ -278,8 +279,14 @@ static struct runlog *open_runlog(const char *path, const struct dm_config *cfg,
     if (runlog_read_int_matrix(path, RUNLOG_LAYOUT_HISTORY, &rows, &ncols, err, sizeof err) > 0 &&
         ncols > stages)
         *width = ncols;
-    free(rows);
+    dm_free(rows);
+    float *trace = NULL;   /* rows in step order; column 0 is the 1-based step */
+    long trace_rows = runlog_read_matrix(path, RUNLOG_TRACE_EVENTS, &trace, &ncols, err,
+                                         sizeof err), trace_keep = 0;
+    while (trace_keep < trace_rows && trace[trace_keep * ncols] <= (float)start) trace_keep++;
+    dm_free(trace);
     struct runlog *log = runlog_open_append(path);
+    if (trace_rows > trace_keep) runlog_truncate(log, RUNLOG_TRACE_EVENTS, trace_keep);
     static const char *per_step[] = {
         RUNLOG_STEP_LOSS, RUNLOG_STEP_MS, RUNLOG_STEP_LR, RUNLOG_STEP_GRAD_NORM,
         RUNLOG_STEP_TOKENS_PER_S, RUNLOG_STEP_PEAK_RSS_MB, RUNLOG_STEP_RANKS,
