@@ -95,7 +95,7 @@ static void gather_placement(MPI_Comm node, int rank, int size)
     if (sched_getaffinity(0, sizeof cpus, &cpus) != 0)
         for (int c = 0; c < CPU_SETSIZE; c++) CPU_SET(c, &cpus);
     memcpy(mine.cpus, &cpus, sizeof mine.cpus);
-    placed = dm_alloc((size_t)size * sizeof *placed);
+    if (!placed) placed = dm_alloc((size_t)size * sizeof *placed);
     if (MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, placed, (int)sizeof mine, MPI_BYTE,
                        MPI_COMM_WORLD, &req) != MPI_SUCCESS)
         DM_FATAL("MPI_Iallgather of the rank placements failed");
@@ -110,65 +110,99 @@ static long futex(_Atomic uint32_t *word, int op, uint32_t value, const struct t
     return syscall(SYS_futex, (uint32_t *)word, op, value, timeout, NULL, 0);
 }
 
-/* Collective over the job: when every group of ranks sharing CPUs has one
- * CPU (ranks pinned to single CPUs), maps the node's turn groups (the
- * node's first rank creates them in POSIX shared memory) and points
- * my_turns at this rank's group when that group has more ranks than its
- * CPU. Ranks free to move between several CPUs time-share them as the OS
- * decides (measured: taking turns there left CPUs idle; docs/pipeline.md).
- * Polled. */
-static void setup_turns(MPI_Comm node, int rank, int size)
+/* This rank's turn group: the ranks of its node whose CPU sets overlap,
+ * transitively. Gives the node's rank count (*n), the group's lowest local
+ * index (*root), this rank's local index (*mine), its position among the
+ * group's members in rank order (*index), their number (*members) and the
+ * union of their CPUs (all). */
+static void turn_group_of(int rank, int size, int *n, int *root, int *mine, int *index,
+                          int *members, unsigned char *all)
 {
-    if (turn_groups) return;
-    int node_rank = 0;
-    MPI_Comm_rank(node, &node_rank);
     const struct placement *me = &placed[rank];
-    /* this rank's group: the node ranks whose CPUs overlap, transitively;
-     * named by the lowest local index among them */
-    int *local = dm_alloc((size_t)size * sizeof(int)), n = 0;
+    int *local = dm_alloc((size_t)size * sizeof(int));
+    *n = 0;
     for (int r = 0; r < size; r++)
-        if (placed[r].node == me->node) local[n++] = r;
-    int *parent = dm_alloc((size_t)n * sizeof(int));
-    for (int i = 0; i < n; i++) parent[i] = i;
-    for (int a = 0; a < n; a++)
-        for (int b = a + 1; b < n; b++)
+        if (placed[r].node == me->node) local[(*n)++] = r;
+    int *parent = dm_alloc((size_t)*n * sizeof(int));
+    for (int i = 0; i < *n; i++) parent[i] = i;
+    for (int a = 0; a < *n; a++)
+        for (int b = a + 1; b < *n; b++)
             if (cpus_overlap(&placed[local[a]], &placed[local[b]])) {
                 int ra = a, rb = b;
                 while (parent[ra] != ra) ra = parent[ra];
                 while (parent[rb] != rb) rb = parent[rb];
                 if (ra != rb) parent[ra > rb ? ra : rb] = ra < rb ? ra : rb;
             }
-    int mine = 0;
-    while (local[mine] != rank) mine++;
-    int root = mine;
-    while (parent[root] != root) root = parent[root];
-    unsigned char all[sizeof(cpu_set_t)] = {0};
-    int members = 0;
-    for (int i = 0; i < n; i++) {
+    for (*mine = 0; local[*mine] != rank;) (*mine)++;
+    for (*root = *mine; parent[*root] != *root;) *root = parent[*root];
+    memset(all, 0, sizeof(cpu_set_t));
+    *members = 0;
+    for (int i = 0; i < *n; i++) {
         int r = i;
         while (parent[r] != r) r = parent[r];
-        if (r != root) continue;
-        members++;
-        for (size_t k = 0; k < sizeof all; k++) all[k] |= placed[local[i]].cpus[k];
+        if (r != *root) continue;
+        if (i == *mine) *index = *members;
+        (*members)++;
+        for (size_t k = 0; k < sizeof(cpu_set_t); k++) all[k] |= placed[local[i]].cpus[k];
     }
-    int permits = cpu_count(all);
     dm_free(parent);
     dm_free(local);
-    char why[256] = "", agreed_why[256];
-    if (members > permits && permits > 1)
-        snprintf(why, sizeof why, "rank %d shares %d CPUs with %d ranks that may each run on "
-                 "any of them; ranks take turns only when pinned one to a CPU (mpiexec "
-                 "-bind-to core or rr)", rank, permits, members - 1);
-    if (world_agree(why[0] != 0, why, MPI_COMM_WORLD, agreed_why, sizeof agreed_why)) {
-        if (rank == 0) dm_log("processors: ranks do not take turns: %s\n", agreed_why);
+}
+
+/* Collective over the job. Ranks that may each run on any of several CPUs
+ * they share with more ranks (unbound, `mpiexec -n 4` on 2 cores) first pin
+ * themselves one to a CPU, round robin over the group's CPUs in rank order
+ * (what `mpiexec -bind-to rr` gives), and every rank learns the new
+ * placements: taking turns where the OS, not dynmo, chose the CPU of the
+ * rank whose turn it was left CPUs idle (docs/pipeline.md). Then every
+ * group sharing CPUs has one CPU; maps the node's turn groups (the node's
+ * first rank creates them in POSIX shared memory) and points my_turns at
+ * this rank's group when it has more ranks than its CPU. Polled. */
+static void setup_turns(MPI_Comm node, int rank, int size)
+{
+    if (turn_groups) return;
+    int node_rank = 0;
+    MPI_Comm_rank(node, &node_rank);
+    unsigned char all[sizeof(cpu_set_t)];
+    int n, root, mine, index = 0, members;
+    turn_group_of(rank, size, &n, &root, &mine, &index, &members, all);
+    int pin = members > cpu_count(all) && cpu_count(all) > 1, cpu = -1;
+    if (pin) {
+        for (int c = 0, k = 0; c < (int)(8 * sizeof all); c++)
+            if ((all[c / 8] >> (c % 8) & 1) && k++ == index % cpu_count(all)) cpu = c;
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(cpu, &one);
+        if (sched_setaffinity(0, sizeof one, &one) != 0) pin = -1;
+    }
+    char why[256] = "", agreed[256];
+    if (pin < 0)
+        snprintf(why, sizeof why, "rank %d cannot pin itself to CPU %d: %s", rank, cpu,
+                 dm_errno_text());
+    if (world_agree(pin < 0, why, MPI_COMM_WORLD, agreed, sizeof agreed)) {
+        if (rank == 0) dm_warn("ranks do not take turns: %s\n", agreed);
         return;
     }
+    int any_pinned = 0;
+    MPI_Request req;
+    if (MPI_Iallreduce(&pin, &any_pinned, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req) !=
+        MPI_SUCCESS)
+        DM_FATAL("MPI_Iallreduce of the pinning flags failed");
+    pipe_wait(&req);
+    if (any_pinned) {
+        gather_placement(node, rank, size);
+        turn_group_of(rank, size, &n, &root, &mine, &index, &members, all);
+        if (rank == 0)
+            dm_log("processors: ranks that shared CPUs unpinned are pinned one to a CPU, "
+                   "round robin, to take turns (parallel.turns)\n");
+    }
+    int permits = cpu_count(all);
+    DM_ASSERT(members <= permits || permits == 1);
 
     /* The node's first rank creates the memory; every rank maps it; where
      * any rank cannot (no /dev/shm), no rank of the job takes turns. */
     char name[64], problem[256] = "";
     snprintf(name, sizeof name, "/dynmo-turns-%ld-%d", (long)getpid(), rank);
-    MPI_Request req;
     if (MPI_Ibcast(name, (int)sizeof name, MPI_CHAR, 0, node, &req) != MPI_SUCCESS)
         DM_FATAL("MPI_Ibcast of the turn memory's name failed");
     pipe_wait(&req);
@@ -190,7 +224,6 @@ static void setup_turns(MPI_Comm node, int rank, int size)
     if (base == MAP_FAILED)
         snprintf(problem, sizeof problem, "shared memory %s: %s", name, dm_errno_text());
     if (fd >= 0) close(fd);
-    char agreed[256];
     int failed = world_agree(base == MAP_FAILED, problem, MPI_COMM_WORLD, agreed,
                              sizeof agreed);
     if (created) shm_unlink(name);   /* every rank has mapped it, or none will */

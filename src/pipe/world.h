@@ -41,14 +41,16 @@ int world_stage_sharing(int stages, int *group, double *cores);
 void world_wait_round(double t0);
 
 /* Collective (every rank of the job): ranks of a node whose CPU sets
- * overlap form a turn group; when a group holds more ranks than CPUs, its
- * ranks take turns: world_compute_begin admits at most that many CPUs'
- * worth of them at once, first come first served (a ticket lock in POSIX
- * shared memory, waits on a futex), so a computation runs alone on its CPU
- * instead of being time-sliced with its neighbours'. Only when every such
- * group of the job has one CPU (ranks pinned one to a CPU); otherwise no
- * rank takes turns and rank 0 logs why. Returns 1 when the job takes turns
- * (the same on every rank). Idempotent. */
+ * overlap form a turn group. Ranks of a group with more ranks than CPUs and
+ * several CPUs (unbound) first pin themselves one to a CPU, round robin in
+ * rank order, which splits the group into one per CPU (world_stage_sharing
+ * then sees the new placement). The ranks of a group then take turns:
+ * world_compute_begin admits one at a time, first come first served (a
+ * ticket lock in POSIX shared memory, waits on a futex), so a computation
+ * runs alone on its CPU instead of being time-sliced with its neighbours'.
+ * Returns 1 when the job takes turns (the same on every rank; 0, with a
+ * warning from rank 0, when some rank cannot pin itself or map the shared
+ * memory). Idempotent. */
 int world_take_turns(void);
 /* Before a computation, when this rank takes turns: gives back a turn it
  * still holds and waits for a new one. The turn is kept after the

@@ -324,10 +324,12 @@ static int share_processors(const struct dm_config *cfg, int stages, int threads
     }
     dm_profile_cpu_time(1);
     if (cfg->turns && world_take_turns()) {
+        /* unbound ranks have pinned themselves: the groups are now per CPU */
+        groups = world_stage_sharing(stages, group, cores);
         /* the predictor's turns need whole cores: a group's share of its
          * CPU when other replicas run there too */
         for (int g = 0; g < groups; g++) cores[g] = fmax(1.0, round(cores[g]));
-        *turns = 1;
+        *turns = groups > 0;
     }
     balancer_set_sharing(bal, groups, group, cores, *turns);
     char text[512] = "";
