@@ -5,7 +5,8 @@
 # matches the one-rank run with the same global batch within a tight
 # tolerance; bad parallel.* settings exit 2 on every rank with one message;
 # a rank killed with SIGKILL ends the job within seconds; 4 ranks pinned to one
-# CPU take turns (never two computations at once) with the same bits.
+# CPU take turns (never two computations at once) with the same bits, and
+# unbound ranks on 2 CPUs pin themselves 0,1,0,1 to take turns.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -59,6 +60,17 @@ assert '/trace' not in h5py.File(sys.argv[2], 'r'), "an untraced run has /trace"
 print(f"ok: /trace/events: {len(e)} instructions over 2 steps and 4 ranks")
 PY
 }
+# Unbound ranks that outnumber the CPUs pin themselves round robin to take
+# turns: on 2 CPUs the 4-stage runs above (plain mpiexec -n 4) say so and
+# their stages share per CPU (0,1,0,1); their bits were checked above.
+if [ "$(nproc)" -eq 2 ]; then
+  grep -q "ranks that shared CPUs unpinned are pinned one to a CPU" "$dir/s4-uniform-1f1b.out" &&
+    grep -q "groups 0,1,0,1 with 1,1 cores); .*ranks take turns computing" "$dir/s4-uniform-1f1b.out" &&
+    echo "ok: 4 unbound ranks on 2 CPUs pinned themselves 0,1,0,1 and take turns" ||
+    fail "4 unbound ranks on 2 CPUs: $(grep processors "$dir/s4-uniform-1f1b.out")"
+else
+  echo "note: $(nproc) CPUs: the unbound pinning check needs 2"
+fi
 # Ranks that outnumber their CPUs take turns (parallel.turns, on by
 # default): 4 ranks bound to CPU 0 compute one at a time. In the trace each
 # forward, backward and optimizer step computes in [end - CPU time, end];
