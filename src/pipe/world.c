@@ -167,7 +167,10 @@ static void setup_turns(MPI_Comm node, int rank, int size)
     int n, root, mine, index = 0, members;
     turn_group_of(rank, size, &n, &root, &mine, &index, &members, all);
     int pin = members > cpu_count(all) && cpu_count(all) > 1, cpu = -1;
-    if (pin) {
+    cpu_set_t before;
+    CPU_ZERO(&before);
+    if (pin && sched_getaffinity(0, sizeof before, &before) != 0) pin = -1;
+    if (pin > 0) {
         for (int c = 0, k = 0; c < (int)(8 * sizeof all); c++)
             if ((all[c / 8] >> (c % 8) & 1) && k++ == index % cpu_count(all)) cpu = c;
         cpu_set_t one;
@@ -180,6 +183,7 @@ static void setup_turns(MPI_Comm node, int rank, int size)
         snprintf(why, sizeof why, "rank %d cannot pin itself to CPU %d: %s", rank, cpu,
                  dm_errno_text());
     if (world_agree(pin < 0, why, MPI_COMM_WORLD, agreed, sizeof agreed)) {
+        if (pin > 0) sched_setaffinity(0, sizeof before, &before);   /* as it was */
         if (rank == 0) dm_warn("ranks do not take turns: %s\n", agreed);
         return;
     }
