@@ -329,7 +329,8 @@ static int share_processors(const struct dm_config *cfg, int stages, int threads
         /* the predictor's turns need whole cores: a group's share of its
          * CPU when other replicas run there too */
         for (int g = 0; g < groups; g++) cores[g] = fmax(1.0, round(cores[g]));
-        *turns = groups > 0;
+        *turns = 1;
+        if (!groups) return 0;   /* pinned, replica 0's stages share no CPU */
     }
     balancer_set_sharing(bal, groups, group, cores, *turns);
     char text[512] = "";
