@@ -557,9 +557,6 @@ static void sharing_from_args(struct plan_sharing *ps, double cores,
                           highest);
     }
     ps->sharing = (struct balance_sharing){stages, groups, ps->group, ps->cores, turns};
-    char err[512];
-    if (balance_check_sharing(&ps->sharing, err, sizeof err))
-        dm_user_error("--sharing turns: %s", err);
 }
 
 /* "processors: ..." under the input lines. */
@@ -858,19 +855,20 @@ int cmd_plan(int argc, char **argv)
     if (sharing_given)
         sharing_from_args(&sharing, a.cores, a.stage_groups_text,
                           a.group_cores_text, a.sharing_model == 1, S);
-    else if (sharing.group && a.sharing_model >= 0) {   /* the run's groups, another model */
+    else if (sharing.group && a.sharing_model >= 0)   /* the run's groups, another model */
         sharing.sharing.turns = a.sharing_model;
-        char err_turns[512];
-        if (balance_check_sharing(&sharing.sharing, err_turns, sizeof err_turns))
-            dm_user_error("--sharing turns: %s", err_turns);
-    }
     if (a.sharing_model >= 0 && !sharing.group)
         dm_user_error("--sharing: no stages share processors here; give --cores or "
                       "--stage-groups with --group-cores%s", a.run_dir ? " (or a run "
                       "whose stages shared them, at its stage count)" : "");
-    if (sharing.group) in.profile.sharing = &sharing.sharing;
-    int *reference = dm_alloc((size_t)S * sizeof(int));
     char err[512];
+    if (sharing.group) {
+        /* the groups were checked where they were read; turns need whole cores */
+        if (balance_check_sharing(&sharing.sharing, err, sizeof err))
+            dm_user_error("--sharing turns: %s", err);
+        in.profile.sharing = &sharing.sharing;
+    }
+    int *reference = dm_alloc((size_t)S * sizeof(int));
     if (a.current) {
         long sum = 0;
         for (int s = 0; s < S; s++) sum += a.current[s];
