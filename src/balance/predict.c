@@ -226,7 +226,8 @@ struct fluid {
                                -1 = the update before the list */
     double *remaining;      /* (S) work left of it, ms at rate 1 */
     double *size;           /* (S) its whole work */
-    int *computing;         /* (S) whether its input is ready */
+    int *computing;         /* (S) fluid: whether its input is ready; turns: 0 idle,
+                               TURN_QUEUED or TURN_RUNNING */
     int *members;           /* (groups) computing stages per group; turns: free cores */
     double *rate;           /* (groups) */
     /* turns only */
@@ -347,6 +348,8 @@ static double fluid_event(struct fluid *f, long *completed)
     return dt;
 }
 
+enum { TURN_QUEUED = 1, TURN_RUNNING = 2 };
+
 /* Turns: queues every idle stage whose input is ready, `first` (the stage
  * that just finished, which asks again at once) before the others in stage
  * order. An instruction of no work needs no core: it finishes at once,
@@ -361,7 +364,7 @@ static long turns_queue(struct fluid *f, int first)
             if (s < 0 || (i >= 0 && s == first)) continue;
             if (f->computing[s] || !fluid_input_ready(f, s)) continue;
             if (f->size[s] > 0) {
-                f->computing[s] = 1;    /* queued or running */
+                f->computing[s] = TURN_QUEUED;
                 f->queue[f->queued++] = s;
                 continue;
             }
@@ -392,7 +395,7 @@ static double turns_run(struct fluid *f, long left)
             if (f->members[g] > 0) {
                 f->members[g]--;
                 f->end[s] = now + f->size[s];
-                f->remaining[s] = 0.0;   /* marks it running */
+                f->computing[s] = TURN_RUNNING;
             } else {
                 f->queue[kept++] = s;
             }
@@ -401,8 +404,7 @@ static double turns_run(struct fluid *f, long left)
         if (left == 0) break;
         last = -1;
         for (int s = 0; s < f->S; s++)
-            if (f->computing[s] && f->remaining[s] == 0.0 &&
-                (last < 0 || f->end[s] < f->end[last]))
+            if (f->computing[s] == TURN_RUNNING && (last < 0 || f->end[s] < f->end[last]))
                 last = s;
         DM_ASSERT(last >= 0);   /* the schedules cannot deadlock */
         now = f->end[last];
