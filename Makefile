@@ -24,7 +24,7 @@ endif
 endif
 
 CC := gcc
-CFLAGS := -std=gnu11 -O3 $(ARCH) -g -Wall -Wextra -Werror -fno-fast-math \
+CFLAGS := -std=gnu11 -O3 $(ARCH) -g -Wall -Wextra -Werror -fno-fast-math -ffp-contract=off \
           -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SANFLAGS)
 LDLIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhdf5_hl -lm -lpthread
 LDFLAGS := $(SANFLAGS)
@@ -44,7 +44,12 @@ info:
 	@if [ "$(USE_CUDA)" = 1 ]; then echo "  CUDA: $(CUDA_HOME) (kernels/)"; \
 	 else echo "  CUDA: skipped (USE_CUDA=0; the CPU build never needs it)"; fi
 
-$(BUILD)/obj/%.o: src/%.c $(wildcard include/dynmo/*.h) $(wildcard src/*/*.h) $(wildcard checkpoint_schema/*.def)
+# The flags the objects were built with: a change of CFLAGS (ARCH=,
+# SANITIZE=, a new warning) rebuilds everything.
+FLAGS_STAMP := $(BUILD)/flags
+$(shell mkdir -p $(BUILD); echo '$(CC) $(CFLAGS)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS)' > $(FLAGS_STAMP))
+
+$(BUILD)/obj/%.o: src/%.c $(FLAGS_STAMP) $(wildcard include/dynmo/*.h) $(wildcard src/*/*.h) $(wildcard checkpoint_schema/*.def)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -c $< -o $@
 
@@ -55,7 +60,7 @@ $(BUILD)/libdynmo.a: $(LIBOBJ)
 $(BUILD)/dynmo: $(BUILD)/obj/tools/main.o $(BUILD)/libdynmo.a
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libdynmo.a tests/testing.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libdynmo.a tests/testing.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -Itests -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
 
