@@ -28,7 +28,7 @@
 #include <hdf5.h>
 #include "dynmo/ckpt.h"
 #include "ckpt/ckpt_file.h"
-#include "pipe/world.h"
+#include "dynmo/world.h"
 #include "testing.h"
 
 static int world_rank, world_size;

@@ -102,16 +102,6 @@ int schedule_simulate(const struct pipe_schedule *sched, const double *fwd_ms,
                       struct schedule_timing *timing);
 
 
-/* ---- waiting -------------------------------------------------------------
- * Every wait in dynmo polls: MPI_Test, then sched_yield (or, on a rank
- * whose CPUs are shared by more ranks, a 500 us sleep once the wait is
- * 100 us old; src/pipe/world.h). With more ranks than cores, MPICH's
- * blocking waits spin and starve the rank that would let them finish.
- * Both return the seconds waited; an MPI error takes the fatal path with
- * MPI's own text. A null request is complete. */
-double pipe_wait(MPI_Request *req);
-double pipe_wait_all(int n, MPI_Request *reqs);
-
 /* ---- the process grid ----------------------------------------------------
  * P = S * D ranks: rank = replica * S + stage, so one replica's pipeline is
  * a run of consecutive ranks. Collective over MPI_COMM_WORLD. */

@@ -37,11 +37,10 @@
 #include <time.h>
 #include <unistd.h>
 #include "dynmo/ckpt.h"
-#include "dynmo/pipe.h"
+#include "dynmo/world.h"
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
 #include "ckpt/skeleton_driver.h"
-#include "pipe/world.h"
 
 /* Most bytes of one chunk: large enough that the chunk index stays small
  * and each write moves a big piece, small enough that the writer's chunk
@@ -49,18 +48,6 @@
  * pinpoints a region. 4 MiB measured as fast as 8 and 16 (docs/PERFORMANCE.md). */
 #define CHUNK_TARGET_BYTES ((size_t)4 << 20)
 #define MESSAGE_BYTES 1024
-
-#define CKPT_MPI(call)                                                       \
-    do {                                                                     \
-        int ckpt_mpi_rc = (call);                                            \
-        if (ckpt_mpi_rc != MPI_SUCCESS) {                                    \
-            char ckpt_mpi_text[MPI_MAX_ERROR_STRING];                        \
-            int ckpt_mpi_len = 0;                                            \
-            MPI_Error_string(ckpt_mpi_rc, ckpt_mpi_text, &ckpt_mpi_len);     \
-            dm_internal_error(__FILE__, __LINE__, "%s failed: %s", #call,    \
-                              ckpt_mpi_text);                                \
-        }                                                                    \
-    } while (0)
 
 /* Where a load failed: the file is unusable, or it holds another model
  * (a configuration mistake that resume=auto must not paper over). */
@@ -112,9 +99,9 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
     /* min(h) == max(h) iff min(h) == ~min(~h). */
     unsigned long long mine[2] = {h, ~h}, lowest[2];
     MPI_Request request;
-    CKPT_MPI(MPI_Iallreduce(mine, lowest, 2, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm,
+    WORLD_MPI(MPI_Iallreduce(mine, lowest, 2, MPI_UNSIGNED_LONG_LONG, MPI_MIN, comm,
                             &request));
-    pipe_wait(&request);
+    world_wait(&request);
     if (lowest[0] != ~lowest[1])
         DM_FATAL("ckpt_save: ranks passed different checkpoint metadata (step, layout, "
                  "cursors, history, config or directory): every rank must pass the same");
@@ -125,12 +112,12 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
 static void check_grid(int stage, int dp_rank, int pp, int dp, MPI_Comm comm)
 {
     int size;
-    CKPT_MPI(MPI_Comm_size(comm, &size));
+    WORLD_MPI(MPI_Comm_size(comm, &size));
     int mine = stage * dp + dp_rank;
     int *all = dm_alloc((size_t)size * sizeof(int));
     MPI_Request request;
-    CKPT_MPI(MPI_Iallgather(&mine, 1, MPI_INT, all, 1, MPI_INT, comm, &request));
-    pipe_wait(&request);
+    WORLD_MPI(MPI_Iallgather(&mine, 1, MPI_INT, all, 1, MPI_INT, comm, &request));
+    world_wait(&request);
     int *seen = dm_alloc((size_t)size * sizeof(int));
     for (int r = 0; r < size; r++) {
         if (all[r] < 0 || all[r] >= pp * dp || seen[all[r]]++)
@@ -552,7 +539,7 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
                        int stage, int dp_rank, MPI_Comm comm)
 {
     int rank;
-    CKPT_MPI(MPI_Comm_rank(comm, &rank));
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
     const struct gpt_shape *shape = &model->shape;
     int layers = shape->layers;
 
@@ -587,8 +574,8 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     /* The skeleton first, by rank 0; the others wait (polled). */
     if (rank == 0) create_skeleton(tmp, shape, meta, &dims);
     MPI_Request request;
-    CKPT_MPI(MPI_Ibarrier(comm, &request));
-    pipe_wait(&request);
+    WORLD_MPI(MPI_Ibarrier(comm, &request));
+    world_wait(&request);
 
     hid_t fapl = DM_H5(H5Pcreate(H5P_FILE_ACCESS));
     /* Each rank writes whole chunks of its own: large, disjoint pieces,
@@ -597,11 +584,11 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
      * data sieving reads each region back before writing it (measured: a
      * full extra read of the file). Writes go straight to the file. */
     MPI_Info info;
-    CKPT_MPI(MPI_Info_create(&info));
-    CKPT_MPI(MPI_Info_set(info, "romio_cb_write", "disable"));
-    CKPT_MPI(MPI_Info_set(info, "romio_ds_write", "disable"));
+    WORLD_MPI(MPI_Info_create(&info));
+    WORLD_MPI(MPI_Info_set(info, "romio_cb_write", "disable"));
+    WORLD_MPI(MPI_Info_set(info, "romio_ds_write", "disable"));
     DM_H5(H5Pset_fapl_mpio(fapl, comm, info));
-    CKPT_MPI(MPI_Info_free(&info));
+    WORLD_MPI(MPI_Info_free(&info));
     /* Metadata writes are collective (one rank writes each entry). Metadata
      * reads stay independent: each rank looks up its own chunks' addresses
      * while the others write theirs, so the reads cannot be collective. */
@@ -630,11 +617,11 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
         sparsity[layer] = block_sparsity(&model->blocks[i]);
     }
     MPI_Request requests[2];
-    CKPT_MPI(MPI_Ireduce(frozen, frozen_all, layers, MPI_INT, MPI_SUM, 0, comm, &requests[0]));
-    CKPT_MPI(MPI_Ireduce(sparsity, sparsity_all, layers, MPI_FLOAT, MPI_SUM, 0, comm,
+    WORLD_MPI(MPI_Ireduce(frozen, frozen_all, layers, MPI_INT, MPI_SUM, 0, comm, &requests[0]));
+    WORLD_MPI(MPI_Ireduce(sparsity, sparsity_all, layers, MPI_FLOAT, MPI_SUM, 0, comm,
                          &requests[1]));
-    pipe_wait(&requests[0]);
-    pipe_wait(&requests[1]);
+    world_wait(&requests[0]);
+    world_wait(&requests[1]);
 
     struct chunk_writer w = {.datasets = datasets, .dims = &dims,
                              .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4),
@@ -732,8 +719,8 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
 {
     ckpt_init();
     int rank, size;
-    CKPT_MPI(MPI_Comm_rank(comm, &rank));
-    CKPT_MPI(MPI_Comm_size(comm, &size));
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
+    WORLD_MPI(MPI_Comm_size(comm, &size));
     const struct gpt_shape *shape = &model->shape;
     DM_ASSERT(meta->pp >= 1 && meta->dp >= 1 && meta->pp * meta->dp == size);
     DM_ASSERT(stage >= 0 && stage < meta->pp && dp_rank >= 0 && dp_rank < meta->dp);
@@ -911,7 +898,7 @@ void ckpt_load(const char *path, struct gpt *model, struct ckpt_meta *meta, MPI_
 static char *scan_directory(const char *dir, MPI_Comm comm)
 {
     int rank;
-    CKPT_MPI(MPI_Comm_rank(comm, &rank));
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
     size_t capacity = 1 << 16;
     char *text = dm_alloc(capacity);
     int length = 0;
@@ -940,10 +927,10 @@ static char *scan_directory(const char *dir, MPI_Comm comm)
         length = (int)used + 1;
     }
     MPI_Request request;
-    CKPT_MPI(MPI_Ibcast(&length, 1, MPI_INT, 0, comm, &request));
-    pipe_wait(&request);
-    CKPT_MPI(MPI_Ibcast(text, length, MPI_CHAR, 0, comm, &request));
-    pipe_wait(&request);
+    WORLD_MPI(MPI_Ibcast(&length, 1, MPI_INT, 0, comm, &request));
+    world_wait(&request);
+    WORLD_MPI(MPI_Ibcast(text, length, MPI_CHAR, 0, comm, &request));
+    world_wait(&request);
     return text;
 }
 
@@ -958,7 +945,7 @@ __attribute__((format(printf, 2, 3)))
 static void say(MPI_Comm comm, const char *fmt, ...)
 {
     int rank;
-    CKPT_MPI(MPI_Comm_rank(comm, &rank));
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
     if (rank != 0) return;
     va_list ap;
     va_start(ap, fmt);

@@ -81,10 +81,8 @@ static void early_exit_before_step(void *state, struct gpt *model, int step)
     MPI_Request req;
     if (e->env.stages > 1) {
         double mine[2] = {x->token_blocks, x->token_blocks_skipped}, total[2];
-        if (MPI_Iallreduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, e->env.pipeline_comm, &req) !=
-            MPI_SUCCESS)
-            DM_FATAL("MPI_Iallreduce of the early-exit counters failed");
-        pipe_wait(&req);
+        WORLD_MPI(MPI_Iallreduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, e->env.pipeline_comm, &req));
+        world_wait(&req);
         e->skipped_share = total[0] > 0 ? total[1] / total[0] : 0.0;
     } else {
         e->skipped_share = x->token_blocks > 0 ? x->token_blocks_skipped / x->token_blocks : 0.0;
@@ -105,10 +103,8 @@ static void early_exit_before_step(void *state, struct gpt *model, int step)
         memcpy(e->head + VC, model->lnf_w, C * sizeof(float));
         memcpy(e->head + VC + C, model->lnf_b, C * sizeof(float));
     }
-    if (MPI_Ibcast(e->head, (int)(VC + 2 * C), MPI_FLOAT, root, e->env.pipeline_comm, &req) !=
-        MPI_SUCCESS)
-        DM_FATAL("MPI_Ibcast of the LM head for early exit failed");
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Ibcast(e->head, (int)(VC + 2 * C), MPI_FLOAT, root, e->env.pipeline_comm, &req));
+    world_wait(&req);
     x->wte = e->head;
     x->lnf_w = e->head + VC;
     x->lnf_b = e->head + VC + C;

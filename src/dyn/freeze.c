@@ -88,9 +88,8 @@ static void freeze_before_step(void *state, struct gpt *model, int step)
         int mine = 0, total = 0;
         for (int i = 0; i < model->num_blocks; i++) mine += model->blocks[i].frozen != 0;
         MPI_Request req;
-        if (MPI_Iallreduce(&mine, &total, 1, MPI_INT, MPI_SUM, f->comm, &req) != MPI_SUCCESS)
-            DM_FATAL("MPI_Iallreduce of the frozen block count failed");
-        pipe_wait(&req);
+        WORLD_MPI(MPI_Iallreduce(&mine, &total, 1, MPI_INT, MPI_SUM, f->comm, &req));
+        world_wait(&req);
         if (total > f->prefix) f->prefix = total;
         f->started = 1;
     }

@@ -92,17 +92,6 @@ static void select_kth(uint64_t *a, long n, long k)
     }
 }
 
-#define PRUNE_MPI(call)                                                         \
-    do {                                                                        \
-        int rc_ = (call);                                                       \
-        if (rc_ != MPI_SUCCESS) {                                               \
-            char text_[MPI_MAX_ERROR_STRING];                                   \
-            int len_ = 0;                                                       \
-            MPI_Error_string(rc_, text_, &len_);                                \
-            DM_FATAL("%s: %s", #call, text_);                                   \
-        }                                                                       \
-    } while (0)
-
 uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long total)
 {
     DM_ASSERT(keep >= 0 && keep <= total && total < INT32_MAX);
@@ -120,8 +109,8 @@ uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long
         select_kth(keys, n, m - 1);
     }
     int rank, size;
-    PRUNE_MPI(MPI_Comm_rank(comm, &rank));
-    PRUNE_MPI(MPI_Comm_size(comm, &size));
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
+    WORLD_MPI(MPI_Comm_size(comm, &size));
     int count = (int)m;
     int *counts = NULL, *displs = NULL;
     uint64_t *all = NULL;
@@ -130,8 +119,8 @@ uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long
         displs = dm_alloc((size_t)size * sizeof(int));
     }
     MPI_Request req;
-    PRUNE_MPI(MPI_Igather(&count, 1, MPI_INT, counts, 1, MPI_INT, 0, comm, &req));
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Igather(&count, 1, MPI_INT, counts, 1, MPI_INT, 0, comm, &req));
+    world_wait(&req);
     long gathered = 0;
     if (rank == 0) {
         for (int r = 0; r < size; r++) {
@@ -140,9 +129,9 @@ uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long
         }
         all = dm_alloc((size_t)(gathered ? gathered : 1) * sizeof(uint64_t));
     }
-    PRUNE_MPI(MPI_Igatherv(send, count, MPI_UINT64_T, all, counts, displs, MPI_UINT64_T, 0,
+    WORLD_MPI(MPI_Igatherv(send, count, MPI_UINT64_T, all, counts, displs, MPI_UINT64_T, 0,
                            comm, &req));
-    pipe_wait(&req);
+    world_wait(&req);
     uint64_t cut = 0;
     if (rank == 0) {
         DM_ASSERT(gathered >= want);
@@ -157,8 +146,8 @@ uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long
         dm_free(counts);
         dm_free(displs);
     }
-    PRUNE_MPI(MPI_Ibcast(&cut, 1, MPI_UINT64_T, 0, comm, &req));
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Ibcast(&cut, 1, MPI_UINT64_T, 0, comm, &req));
+    world_wait(&req);
     return cut;
 }
 

@@ -6,7 +6,7 @@
 
 #include <mpi.h>
 #include "dynmo/dyn.h"
-#include "dynmo/pipe.h"
+#include "dynmo/world.h"
 
 struct dyn_scheme {
     const char *kind;

@@ -22,7 +22,7 @@
 #include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
-#include "pipe/world.h"
+#include "dynmo/world.h"
 
 /* Message tags: activations and gradients carry the micro-batch; blocks
  * carry their layer index; tied-embedding gradients their own tag. */
@@ -86,17 +86,6 @@ struct engine {
     double pending_migrated_bytes, pending_migrate_ms;
     int weights_pending;        /* engine_resume initialises them if it loads nothing */
 };
-
-#define DM_MPI(call)                                                              \
-    do {                                                                          \
-        int mpi_rc_ = (call);                                                     \
-        if (mpi_rc_ != MPI_SUCCESS) {                                             \
-            char mpi_text_[MPI_MAX_ERROR_STRING];                                 \
-            int mpi_len_ = 0;                                                     \
-            MPI_Error_string(mpi_rc_, mpi_text_, &mpi_len_);                      \
-            dm_internal_error(__FILE__, __LINE__, "%s: %s", #call, mpi_text_);    \
-        }                                                                         \
-    } while (0)
 
 static int rank_of(const struct pipe_grid *g, int stage, int replica)
 {
@@ -209,9 +198,9 @@ static void slots_free(struct engine *eng)
 {
     for (int i = 0; i < eng->nslots; i++) {
         struct slot *sl = &eng->slots[i];
-        pipe_wait(&sl->send_act);
-        pipe_wait(&sl->send_exit);
-        pipe_wait(&sl->send_grad);
+        world_wait(&sl->send_act);
+        world_wait(&sl->send_exit);
+        world_wait(&sl->send_grad);
         gpt_acts_free(&sl->acts);
         dm_free(sl->dout);
         dm_free(sl->din);
@@ -312,8 +301,8 @@ struct engine *engine_create(const struct dm_config *cfg, int resuming)
                       : (g->stages - g->stage < eng->micro_batches ? g->stages - g->stage
                                                                    : eng->micro_batches);
     slots_alloc(eng);
-    DM_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage, g->replica, &eng->stage_comm));
-    DM_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->replica, g->stage, &eng->pipeline_comm));
+    WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage, g->replica, &eng->stage_comm));
+    WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->replica, g->stage, &eng->pipeline_comm));
     struct dyn_env env = {.pipeline_comm = eng->pipeline_comm, .stage = g->stage,
                           .stages = g->stages};
     eng->dyn = dyn_create(cfg, &env);
@@ -353,13 +342,13 @@ struct engine *engine_create(const struct dm_config *cfg, int resuming)
 
 void engine_destroy(struct engine *eng)
 {
-    pipe_wait(&eng->gather_req);
+    world_wait(&eng->gather_req);
     slots_free(eng);
     block_scratch_free(&eng->scratch);
     gpt_free(&eng->model);
     dyn_destroy(eng->dyn);
-    MPI_Comm_free(&eng->stage_comm);
-    MPI_Comm_free(&eng->pipeline_comm);
+    WORLD_MPI(MPI_Comm_free(&eng->stage_comm));
+    WORLD_MPI(MPI_Comm_free(&eng->pipeline_comm));
     struct step_stats *st = &eng->stats;
     dm_free(st->layer_fwd_ms);
     dm_free(st->layer_bwd_ms);
@@ -419,9 +408,9 @@ static void exchange_tied_grads(struct engine *eng)
     float *mine = g->stage == 0 ? m->dwte : m->dwte_head;
     float *theirs = dm_alloc((size_t)n * sizeof(float));
     MPI_Request reqs[2];
-    DM_MPI(MPI_Irecv(theirs, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[0]));
-    DM_MPI(MPI_Isend(mine, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[1]));
-    eng->wait_s += pipe_wait_all(2, reqs);
+    WORLD_MPI(MPI_Irecv(theirs, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[0]));
+    WORLD_MPI(MPI_Isend(mine, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[1]));
+    eng->wait_s += world_wait_all(2, reqs);
     gpt_tie_wte_grads(m, theirs);
     dm_free(theirs);
 }
@@ -433,9 +422,9 @@ static void replica_sum(struct engine *eng, float *x, long n, float *gathered)
 {
     int D = eng->grid.replicas;
     MPI_Request req;
-    DM_MPI(MPI_Iallgather(x, (int)n, MPI_FLOAT, gathered, (int)n, MPI_FLOAT, eng->stage_comm,
+    WORLD_MPI(MPI_Iallgather(x, (int)n, MPI_FLOAT, gathered, (int)n, MPI_FLOAT, eng->stage_comm,
                           &req));
-    eng->wait_s += pipe_wait(&req);
+    eng->wait_s += world_wait(&req);
     for (long i = 0; i < n; i++) {
         float s = gathered[i];
         for (int r = 1; r < D; r++) s += gathered[(long)r * n + i];
@@ -487,8 +476,8 @@ static double global_grad_norm(struct engine *eng)
     }
     if (eng->grid.world_size > 1) {
         MPI_Request req;
-        DM_MPI(MPI_Iallreduce(units, total, L + 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
-        eng->wait_s += pipe_wait(&req);
+        WORLD_MPI(MPI_Iallreduce(units, total, L + 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
+        eng->wait_s += world_wait(&req);
     } else {
         memcpy(total, units, (size_t)(L + 3) * sizeof(double));
     }
@@ -522,7 +511,7 @@ static void run_backward(struct engine *eng, int mb)
     struct slot *sl = slot_for(eng, mb);
     struct gpt *m = &eng->model;
     DM_ASSERT(sl->busy_mb == mb);
-    eng->wait_s += pipe_wait(&sl->send_grad);   /* din is about to change */
+    eng->wait_s += world_wait(&sl->send_grad);   /* din is about to change */
     float scale = 1.0f / (float)(eng->micro_batches * eng->grid.replicas);
     /* a stage frozen with everything before it has nothing to compute */
     int work = m->has_head || m->first_block + m->num_blocks > m->frozen_prefix;
@@ -564,16 +553,16 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         }
         switch (in->op) {
         case PIPE_RECV_ACT:
-            eng->wait_s += pipe_wait(&sl->send_act);
-            eng->wait_s += pipe_wait(&sl->send_exit);
-            DM_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
+            eng->wait_s += world_wait(&sl->send_act);
+            eng->wait_s += world_wait(&sl->send_exit);
+            WORLD_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
                              MPI_COMM_WORLD, &req));
-            eng->wait_s += pipe_wait(&req);
+            eng->wait_s += world_wait(&req);
             if (eng->model.exit) {
-                DM_MPI(MPI_Irecv(gpt_exit_layers(&eng->model, &sl->acts),
+                WORLD_MPI(MPI_Irecv(gpt_exit_layers(&eng->model, &sl->acts),
                                  eng->micro_B * eng->T, MPI_INT, prev, TAG_EXIT + mb,
                                  MPI_COMM_WORLD, &req));
-                eng->wait_s += pipe_wait(&req);
+                eng->wait_s += world_wait(&req);
             }
             break;
         case PIPE_FWD:
@@ -581,22 +570,22 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             run_forward(eng, loader, step, mb, &loss_sum);
             break;
         case PIPE_SEND_ACT:
-            DM_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
+            WORLD_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
                              MPI_COMM_WORLD, &sl->send_act));
             if (eng->model.exit)
-                DM_MPI(MPI_Isend(gpt_exit_layers(&eng->model, &sl->acts),
+                WORLD_MPI(MPI_Isend(gpt_exit_layers(&eng->model, &sl->acts),
                                  eng->micro_B * eng->T, MPI_INT, next, TAG_EXIT + mb,
                                  MPI_COMM_WORLD, &sl->send_exit));
             break;
         case PIPE_RECV_GRAD:
-            DM_MPI(MPI_Irecv(sl->dout, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
-            eng->wait_s += pipe_wait(&req);
+            WORLD_MPI(MPI_Irecv(sl->dout, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
+            eng->wait_s += world_wait(&req);
             break;
         case PIPE_BWD:
             run_backward(eng, mb);
             break;
         case PIPE_SEND_GRAD:
-            DM_MPI(MPI_Isend(sl->din, n, MPI_FLOAT, prev, TAG_GRAD + mb, MPI_COMM_WORLD,
+            WORLD_MPI(MPI_Isend(sl->din, n, MPI_FLOAT, prev, TAG_GRAD + mb, MPI_COMM_WORLD,
                              &sl->send_grad));
             break;
         case PIPE_REDUCE_GRADS: {
@@ -644,9 +633,9 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
     }
     world_release_turn();
     for (int i = 0; i < eng->nslots; i++) {
-        eng->wait_s += pipe_wait(&eng->slots[i].send_act);
-        eng->wait_s += pipe_wait(&eng->slots[i].send_exit);
-        eng->wait_s += pipe_wait(&eng->slots[i].send_grad);
+        eng->wait_s += world_wait(&eng->slots[i].send_act);
+        eng->wait_s += world_wait(&eng->slots[i].send_exit);
+        eng->wait_s += world_wait(&eng->slots[i].send_grad);
     }
     return loss_sum;
 }
@@ -677,11 +666,11 @@ static void gather_stats(struct engine *eng, float loss_sum, double step_s)
         v[4 + 5 * L + layer] = m->block_update_s[i];
     }
     v[4 + 6 * L] = eng->update_s;
-    pipe_wait(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
-    DM_MPI(MPI_Igather(v, eng->gather_len, MPI_DOUBLE, eng->gather_recv, eng->gather_len,
+    world_wait(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
+    WORLD_MPI(MPI_Igather(v, eng->gather_len, MPI_DOUBLE, eng->gather_recv, eng->gather_len,
                        MPI_DOUBLE, 0, MPI_COMM_WORLD, &eng->gather_req));
     if (g->rank != 0) return;
-    pipe_wait(&eng->gather_req);
+    world_wait(&eng->gather_req);
 
     struct step_stats *st = &eng->stats;
     double mb_count = (double)eng->micro_batches;
@@ -738,9 +727,9 @@ static void gather_trace(struct engine *eng, int step)
     eng->trace_mine[0] = eng->trace_count;
     eng->trace_mine[1] = eng->step_t0 * 1e3;
     MPI_Request req;
-    DM_MPI(MPI_Igather(eng->trace_mine, (int)block, MPI_DOUBLE, eng->trace_all, (int)block,
+    WORLD_MPI(MPI_Igather(eng->trace_mine, (int)block, MPI_DOUBLE, eng->trace_all, (int)block,
                        MPI_DOUBLE, 0, MPI_COMM_WORLD, &req));
-    pipe_wait(&req);
+    world_wait(&req);
     if (g->rank != 0) return;
     struct step_stats *st = &eng->stats;
     int rows = 0;
@@ -812,13 +801,13 @@ float engine_eval(struct engine *eng, struct loader *val)
         for (int mb = 0; mb < eng->micro_batches; mb++) {
             MPI_Request req;
             if (g->stage > 0) {
-                DM_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
+                WORLD_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
                                  MPI_COMM_WORLD, &req));
-                pipe_wait(&req);
+                world_wait(&req);
                 if (m->exit) {
-                    DM_MPI(MPI_Irecv(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
+                    WORLD_MPI(MPI_Irecv(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
                                      MPI_INT, prev, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
-                    pipe_wait(&req);
+                    world_wait(&req);
                 }
             }
             loader_fill(val, first_sample(eng, b, mb), eng->micro_B, sl->acts.tokens,
@@ -827,13 +816,13 @@ float engine_eval(struct engine *eng, struct loader *val)
             if (m->has_head) sum += loss;
             count++;
             if (g->stage < g->stages - 1) {
-                DM_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
+                WORLD_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
                                  MPI_COMM_WORLD, &req));
-                pipe_wait(&req);
+                world_wait(&req);
                 if (m->exit) {
-                    DM_MPI(MPI_Isend(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
+                    WORLD_MPI(MPI_Isend(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
                                      MPI_INT, next, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
-                    pipe_wait(&req);
+                    world_wait(&req);
                 }
             }
         }
@@ -842,8 +831,8 @@ float engine_eval(struct engine *eng, struct loader *val)
     /* Sum over the last stages of all replicas onto rank 0. */
     double mine = (g->stage == g->stages - 1) ? (double)sum : 0.0, total = 0.0;
     MPI_Request req;
-    DM_MPI(MPI_Ireduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD, &req));
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Ireduce(&mine, &total, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD, &req));
+    world_wait(&req);
     return (float)(total / ((double)count * g->replicas));
 }
 
@@ -868,11 +857,11 @@ static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
     int lengths[3] = {meta_bytes, (int)(blk->nparams * sizeof(float)),
                       (int)(2 * blk->nparams * sizeof(float))};
     MPI_Aint where[3];
-    DM_MPI(MPI_Get_address(meta, &where[0]));
-    DM_MPI(MPI_Get_address(blk->params, &where[1]));
-    DM_MPI(MPI_Get_address(blk->m, &where[2]));
-    DM_MPI(MPI_Type_create_hindexed(3, lengths, where, MPI_BYTE, type));
-    DM_MPI(MPI_Type_commit(type));
+    WORLD_MPI(MPI_Get_address(meta, &where[0]));
+    WORLD_MPI(MPI_Get_address(blk->params, &where[1]));
+    WORLD_MPI(MPI_Get_address(blk->m, &where[2]));
+    WORLD_MPI(MPI_Type_create_hindexed(3, lengths, where, MPI_BYTE, type));
+    WORLD_MPI(MPI_Type_commit(type));
 }
 
 void engine_relayout(struct engine *eng, const int *root_counts)
@@ -884,8 +873,8 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     if (g->rank == 0) memcpy(counts, root_counts, (size_t)S * sizeof(int));
     if (g->world_size > 1) {
         MPI_Request breq;
-        DM_MPI(MPI_Ibcast(counts, S, MPI_INT, 0, MPI_COMM_WORLD, &breq));
-        pipe_wait(&breq);
+        WORLD_MPI(MPI_Ibcast(counts, S, MPI_INT, 0, MPI_COMM_WORLD, &breq));
+        world_wait(&breq);
     }
     int total = 0;
     for (int s = 0; s < S; s++) {
@@ -923,7 +912,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
         metas[b] = dm_alloc((size_t)meta_bytes[b]);
         block_pack_meta(blk, metas[b]);
         block_message_type(&types[ntypes], metas[b], meta_bytes[b], blk);
-        DM_MPI(MPI_Isend(MPI_BOTTOM, 1, types[ntypes], rank_of(g, to, g->replica),
+        WORLD_MPI(MPI_Isend(MPI_BOTTOM, 1, types[ntypes], rank_of(g, to, g->replica),
                          TAG_BLOCK + b, MPI_COMM_WORLD, &reqs[nsend++]));
         ntypes++;
     }
@@ -936,21 +925,21 @@ void engine_relayout(struct engine *eng, const int *root_counts)
         MPI_Status status;
         double t0 = dm_now();
         while (!found) {
-            DM_MPI(MPI_Iprobe(src, TAG_BLOCK + b, MPI_COMM_WORLD, &found, &status));
+            WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + b, MPI_COMM_WORLD, &found, &status));
             if (!found) world_wait_round(t0);
         }
-        DM_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+        WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
         if ((size_t)count < slab_bytes + 64)
             DM_FATAL("migrating block %d: a message of %d bytes is too short", b, count);
         meta_bytes[b] = count - (int)slab_bytes;
         metas[b] = dm_alloc((size_t)meta_bytes[b]);
         block_prepare_receive(&arrived[b], b, &eng->shape);
         block_message_type(&types[ntypes], metas[b], meta_bytes[b], &arrived[b]);
-        DM_MPI(MPI_Irecv(MPI_BOTTOM, 1, types[ntypes], src, TAG_BLOCK + b, MPI_COMM_WORLD,
+        WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, types[ntypes], src, TAG_BLOCK + b, MPI_COMM_WORLD,
                          &reqs[nsend++]));
         ntypes++;
     }
-    pipe_wait_all(nsend, reqs);
+    world_wait_all(nsend, reqs);
     for (int b = 0; b < L; b++) {
         if (!arrived[b].slab) continue;
         char err[256];
@@ -959,7 +948,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
             block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
             DM_FATAL("migrating block %d: %s", b, err);
     }
-    for (int i = 0; i < ntypes; i++) MPI_Type_free(&types[i]);
+    for (int i = 0; i < ntypes; i++) WORLD_MPI(MPI_Type_free(&types[i]));
     dm_free(types);
     dm_free(meta_bytes);
     /* Every rank reports the same totals: the bytes of all moved blocks. */
@@ -970,9 +959,9 @@ void engine_relayout(struct engine *eng, const int *root_counts)
 
     /* Build the new block array: keep the blocks that stay, unpack arrivals. */
     for (int i = 0; i < eng->nslots; i++) {
-        pipe_wait(&eng->slots[i].send_act);
-        pipe_wait(&eng->slots[i].send_exit);
-        pipe_wait(&eng->slots[i].send_grad);
+        world_wait(&eng->slots[i].send_act);
+        world_wait(&eng->slots[i].send_exit);
+        world_wait(&eng->slots[i].send_grad);
     }
     struct block *blocks = dm_alloc((size_t)(new_count ? new_count : 1) * sizeof(struct block));
     for (int b = new_first; b < new_first + new_count; b++) {

@@ -22,7 +22,7 @@
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "dynmo/tools.h"
-#include "pipe/world.h"
+#include "dynmo/world.h"
 #include "tools/balancing.h"
 
 /* ---- command line ------------------------------------------------------- */

@@ -1,5 +1,8 @@
-/* MPI start-up and the hooks that make core's fatal path abort the whole
- * job (STYLE.md: no rank is left waiting on a dead peer). */
+/* The MPI world (include/dynmo/world.h): start-up, the hooks that make
+ * core's fatal path abort the whole job (STYLE.md: no rank is left waiting
+ * on a dead peer), polled waits and collectives, processor sharing and
+ * turns. It uses only core; nothing here knows of stages or models beyond
+ * the counts it is given. */
 #define _GNU_SOURCE
 #include <mpi.h>
 #include <sched.h>
@@ -17,8 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "dynmo/core.h"
-#include "dynmo/pipe.h"
-#include "pipe/world.h"
+#include "dynmo/world.h"
 
 static int started;
 static int local_size = 1;
@@ -87,19 +89,17 @@ static void gather_placement(MPI_Comm node, int rank, int size)
     memset(&mine, 0, sizeof mine);
     mine.node = rank;
     MPI_Request req;
-    if (MPI_Ibcast(&mine.node, 1, MPI_INT, 0, node, &req) != MPI_SUCCESS)
-        DM_FATAL("MPI_Ibcast of the node leader failed");
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Ibcast(&mine.node, 1, MPI_INT, 0, node, &req));
+    world_wait(&req);
     cpu_set_t cpus;
     CPU_ZERO(&cpus);
     if (sched_getaffinity(0, sizeof cpus, &cpus) != 0)
         for (int c = 0; c < CPU_SETSIZE; c++) CPU_SET(c, &cpus);
     memcpy(mine.cpus, &cpus, sizeof mine.cpus);
     if (!placed) placed = dm_alloc((size_t)size * sizeof *placed);
-    if (MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, placed, (int)sizeof mine, MPI_BYTE,
-                       MPI_COMM_WORLD, &req) != MPI_SUCCESS)
-        DM_FATAL("MPI_Iallgather of the rank placements failed");
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Iallgather(&mine, (int)sizeof mine, MPI_BYTE, placed, (int)sizeof mine, MPI_BYTE,
+                       MPI_COMM_WORLD, &req));
+    world_wait(&req);
     int sharing = 0;
     for (int r = 0; r < size; r++) sharing += cpus_overlap(&placed[r], &mine);
     oversubscribed = sharing > cpu_count(mine.cpus);
@@ -162,7 +162,7 @@ static void setup_turns(MPI_Comm node, int rank, int size)
 {
     if (turn_groups) return;
     int node_rank = 0;
-    MPI_Comm_rank(node, &node_rank);
+    WORLD_MPI(MPI_Comm_rank(node, &node_rank));
     unsigned char all[sizeof(cpu_set_t)];
     int n, root, mine, index = 0, members;
     turn_group_of(rank, size, &n, &root, &mine, &index, &members, all);
@@ -189,10 +189,8 @@ static void setup_turns(MPI_Comm node, int rank, int size)
     }
     int any_pinned = 0;
     MPI_Request req;
-    if (MPI_Iallreduce(&pin, &any_pinned, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req) !=
-        MPI_SUCCESS)
-        DM_FATAL("MPI_Iallreduce of the pinning flags failed");
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Iallreduce(&pin, &any_pinned, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req));
+    world_wait(&req);
     if (any_pinned) {
         gather_placement(node, rank, size);
         turn_group_of(rank, size, &n, &root, &mine, &index, &members, all);
@@ -207,9 +205,8 @@ static void setup_turns(MPI_Comm node, int rank, int size)
      * any rank cannot (no /dev/shm), no rank of the job takes turns. */
     char name[64], problem[256] = "";
     snprintf(name, sizeof name, "/dynmo-turns-%ld-%d", (long)getpid(), rank);
-    if (MPI_Ibcast(name, (int)sizeof name, MPI_CHAR, 0, node, &req) != MPI_SUCCESS)
-        DM_FATAL("MPI_Ibcast of the turn memory's name failed");
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Ibcast(name, (int)sizeof name, MPI_CHAR, 0, node, &req));
+    world_wait(&req);
     size_t bytes = (size_t)n * sizeof(struct turn_group);
     int fd = -1, created = 0;
     if (node_rank == 0) {
@@ -220,8 +217,8 @@ static void setup_turns(MPI_Comm node, int rank, int size)
             fd = -1;
         }
     }
-    if (MPI_Ibarrier(node, &req) != MPI_SUCCESS) DM_FATAL("MPI_Ibarrier failed");
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Ibarrier(node, &req));
+    world_wait(&req);
     if (node_rank != 0) fd = shm_open(name, O_RDWR, 0600);
     void *base = fd >= 0 ? mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
                          : MAP_FAILED;
@@ -239,8 +236,8 @@ static void setup_turns(MPI_Comm node, int rank, int size)
     turn_groups = base;
     turn_bytes = bytes;
     if (root == mine) turn_groups[root].permits = (uint32_t)permits;
-    if (MPI_Ibarrier(node, &req) != MPI_SUCCESS) DM_FATAL("MPI_Ibarrier failed");
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Ibarrier(node, &req));
+    world_wait(&req);
     if (members > permits) my_turns = &turn_groups[root];
     turns_on = 1;
 }
@@ -277,6 +274,18 @@ void world_compute_begin(void)
     holding = 1;
 }
 
+/* DYNMO_TEST_MPI_FAULT=send (tests only; world.h): the last rank sends
+ * to rank `size`, which does not exist, so that MPI returns an error. */
+static void inject_test_fault(int rank, int size)
+{
+    const char *fault = getenv("DYNMO_TEST_MPI_FAULT");
+    if (!fault || strcmp(fault, "send") || rank != size - 1) return;
+    int payload = 0;
+    MPI_Request req;
+    WORLD_MPI(MPI_Isend(&payload, 1, MPI_INT, size, 0, MPI_COMM_WORLD, &req));
+    world_wait(&req);
+}
+
 void world_init(int *argc, char ***argv)
 {
     if (started) return;
@@ -286,14 +295,22 @@ void world_init(int *argc, char ***argv)
         exit(DM_EXIT_INTERNAL);
     }
     started = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    /* Errors come back to WORLD_MPI, which names the call and the rank,
+     * instead of aborting inside MPICH; communicators split from the world
+     * inherit this. */
+    if (MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN) != MPI_SUCCESS) {
+        fprintf(stderr, "dynmo: error: MPI_Comm_set_errhandler failed\n");
+        exit(DM_EXIT_INTERNAL);
+    }
+    WORLD_MPI(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+    WORLD_MPI(MPI_Comm_size(MPI_COMM_WORLD, &size));
     dm_set_rank(rank, size);
     dm_set_abort_hook(abort_job);
     dm_set_finalize_hook(finalize_job);
     MPI_Comm node;
-    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node);
-    MPI_Comm_size(node, &local_size);
+    WORLD_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
+                                  &node));
+    WORLD_MPI(MPI_Comm_size(node, &local_size));
     gather_placement(node, rank, size);
     node_comm = node;
     if (oversubscribed) {
@@ -305,6 +322,7 @@ void world_init(int *argc, char ***argv)
             dm_warn("sched_setscheduler(SCHED_BATCH): %s\n", dm_errno_text());
         prctl(PR_SET_TIMERSLACK, 1000UL);
     }
+    inject_test_fault(rank, size);
 }
 
 void world_finalize(void)
@@ -371,13 +389,12 @@ int world_stage_sharing(int stages, int *group, double *cores)
 int world_agree(int code, const char *message, MPI_Comm comm, char *err, size_t errsize)
 {
     int rank, size;
-    if (MPI_Comm_rank(comm, &rank) != MPI_SUCCESS || MPI_Comm_size(comm, &size) != MPI_SUCCESS)
-        DM_FATAL("MPI_Comm_rank/size failed");
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
+    WORLD_MPI(MPI_Comm_size(comm, &size));
     int mine = code ? rank : size, lowest = size;
     MPI_Request request;
-    if (MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm, &request) != MPI_SUCCESS)
-        DM_FATAL("MPI_Iallreduce of the failure flags failed");
-    pipe_wait(&request);
+    WORLD_MPI(MPI_Iallreduce(&mine, &lowest, 1, MPI_INT, MPI_MIN, comm, &request));
+    world_wait(&request);
     if (lowest == size) return 0;
     struct {
         int code;
@@ -388,10 +405,8 @@ int world_agree(int code, const char *message, MPI_Comm comm, char *err, size_t 
         agreed.code = code;
         snprintf(agreed.message, sizeof agreed.message, "%s", message ? message : "");
     }
-    if (MPI_Ibcast(&agreed, (int)sizeof agreed, MPI_BYTE, lowest, comm, &request) !=
-        MPI_SUCCESS)
-        DM_FATAL("MPI_Ibcast of a failure message failed");
-    pipe_wait(&request);
+    WORLD_MPI(MPI_Ibcast(&agreed, (int)sizeof agreed, MPI_BYTE, lowest, comm, &request));
+    world_wait(&request);
     if (err && errsize) snprintf(err, errsize, "%s", agreed.message);
     return agreed.code;
 }
@@ -400,9 +415,8 @@ void world_bcast_ints(int *buf, int n)
 {
     if (dm_world_size() == 1) return;
     MPI_Request req;
-    if (MPI_Ibcast(buf, n, MPI_INT, 0, MPI_COMM_WORLD, &req) != MPI_SUCCESS)
-        DM_FATAL("MPI_Ibcast failed");
-    pipe_wait(&req);
+    WORLD_MPI(MPI_Ibcast(buf, n, MPI_INT, 0, MPI_COMM_WORLD, &req));
+    world_wait(&req);
 }
 
 
@@ -418,15 +432,15 @@ double world_transfer_rate(size_t bytes, int reps)
         MPI_Request req;
         double t0 = dm_now();
         if (rank == 0) {
-            MPI_Isend(buf, (int)bytes, MPI_BYTE, 1, 77, MPI_COMM_WORLD, &req);
-            pipe_wait(&req);
-            MPI_Irecv(&ack, 1, MPI_INT, 1, 78, MPI_COMM_WORLD, &req);
-            pipe_wait(&req);
+            WORLD_MPI(MPI_Isend(buf, (int)bytes, MPI_BYTE, 1, 77, MPI_COMM_WORLD, &req));
+            world_wait(&req);
+            WORLD_MPI(MPI_Irecv(&ack, 1, MPI_INT, 1, 78, MPI_COMM_WORLD, &req));
+            world_wait(&req);
         } else {
-            MPI_Irecv(buf, (int)bytes, MPI_BYTE, 0, 77, MPI_COMM_WORLD, &req);
-            pipe_wait(&req);
-            MPI_Isend(&ack, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, &req);
-            pipe_wait(&req);
+            WORLD_MPI(MPI_Irecv(buf, (int)bytes, MPI_BYTE, 0, 77, MPI_COMM_WORLD, &req));
+            world_wait(&req);
+            WORLD_MPI(MPI_Isend(&ack, 1, MPI_INT, 0, 78, MPI_COMM_WORLD, &req));
+            world_wait(&req);
         }
         if (r >= 0) rate += (dm_now() - t0);
     }
@@ -456,18 +470,25 @@ void world_wait_round(double t0)
     }
 }
 
-static void test_or_die(MPI_Request *req, int *done)
+void world_mpi_failed(int code, const char *call, const char *file, int line)
 {
-    int rc = MPI_Test(req, done, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) {
-        char text[MPI_MAX_ERROR_STRING];
-        int len = 0;
-        MPI_Error_string(rc, text, &len);
-        DM_FATAL("MPI_Test: %s", text);
-    }
+    char text[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(code, text, &len) != MPI_SUCCESS)
+        snprintf(text, sizeof text, "MPI error code %d", code);
+    /* MPICH's text is an error stack over several lines: one line here, so
+     * that a failure is one message. */
+    for (char *c = text; *c; c++)
+        if (*c == '\n') *c = c[1] ? ' ' : 0;
+    dm_internal_error(file, line, "%s: %s", call, text);
 }
 
-double pipe_wait(MPI_Request *req)
+static void test_or_die(MPI_Request *req, int *done)
+{
+    WORLD_MPI(MPI_Test(req, done, MPI_STATUS_IGNORE));
+}
+
+double world_wait(MPI_Request *req)
 {
     double t0 = dm_now();
     int done = 0;
@@ -479,7 +500,7 @@ double pipe_wait(MPI_Request *req)
     return dm_now() - t0;
 }
 
-double pipe_wait_all(int n, MPI_Request *reqs)
+double world_wait_all(int n, MPI_Request *reqs)
 {
     double t0 = dm_now();
     for (;;) {

@@ -1,15 +1,49 @@
-/* The MPI world of one dynmo process: start-up, the fatal-path hooks and
- * polled waits. Internal to src/ until the pipeline engine lands in
- * include/dynmo/pipe.h. */
-#ifndef DYNMO_PIPE_WORLD_H
-#define DYNMO_PIPE_WORLD_H
+/* dynmo world: the MPI world of one dynmo process. Start-up and the
+ * fatal-path hooks (a failure on one rank aborts the job), polled waits
+ * and collectives, agreeing on one error across ranks, how ranks share
+ * processors, and the one check of an MPI call. Every module that talks
+ * MPI goes through it; it uses only core.
+ *
+ * Every wait in dynmo polls: MPI_Test, then sched_yield (or, on a rank
+ * whose CPUs are shared by more ranks, a short sleep: world_wait_round).
+ * With more ranks than cores, MPICH's blocking waits spin and starve the
+ * rank that would let them finish, so blocking collectives are never used:
+ * their non-blocking forms are waited for with world_wait. */
+#ifndef DYNMO_WORLD_H
+#define DYNMO_WORLD_H
 
 #include <stddef.h>
 #include <mpi.h>
 
+/* Checks one MPI call: MPI_COMM_WORLD and every communicator made from it
+ * return errors (MPI_ERRORS_RETURN, set by world_init) instead of MPICH's
+ * default of aborting inside the library, and a failure takes the fatal
+ * path with "[rank N] file:line: internal error: CALL: MPI's error text"
+ * and exit status 1 for the whole job. */
+#define WORLD_MPI(call)                                                       \
+    do {                                                                      \
+        int world_mpi_rc_ = (call);                                           \
+        if (world_mpi_rc_ != MPI_SUCCESS)                                     \
+            world_mpi_failed(world_mpi_rc_, #call, __FILE__, __LINE__);       \
+    } while (0)
+__attribute__((noreturn)) void world_mpi_failed(int code, const char *call, const char *file,
+                                                int line);
+
+/* Both wait for non-blocking MPI requests by polling (MPI_Test, then
+ * world_wait_round) and return the seconds waited; an MPI error takes the
+ * fatal path with MPI's own text. A null request is complete. */
+double world_wait(MPI_Request *req);
+double world_wait_all(int n, MPI_Request *reqs);
+
 /* Initialises MPI (thread level FUNNELED), records rank and size in core,
+ * sets MPI_ERRORS_RETURN on MPI_COMM_WORLD (so WORLD_MPI sees failures),
  * and registers MPI_Abort as the fatal hook and MPI_Finalize as the clean
- * user-error exit. Idempotent. */
+ * user-error exit. Idempotent.
+ *
+ * A test-only switch: with DYNMO_TEST_MPI_FAULT=send in the environment,
+ * the job's last rank then sends to a rank that does not exist, through
+ * WORLD_MPI, so that the tests can see the fatal path of a failing MPI
+ * call (tests/t_world.sh). */
 void world_init(int *argc, char ***argv);
 /* Finalises MPI if world_init started it. */
 void world_finalize(void);
@@ -36,7 +70,7 @@ int world_stage_sharing(int stages, int *group, double *cores);
 /* One round of a polled wait that began at t0 (dm_now): gives back this
  * rank's turn (world_compute_begin) if it holds one, then yields the core,
  * or, when this rank is oversubscribed and the wait is older than 100 us,
- * sleeps 500 us. pipe_wait and pipe_wait_all use it; a loop that
+ * sleeps 500 us. world_wait and world_wait_all use it; a loop that
  * polls with something else (MPI_Iprobe) calls it between polls. */
 void world_wait_round(double t0);
 
