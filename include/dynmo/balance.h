@@ -441,4 +441,110 @@ int balance_propose(enum balance_method method,
                     int *counts, struct balance_result *res,
                     char *err, size_t errsize);
 
+/* ---- the balancing controller ---------------------------------------------
+ * What `dynmo train` runs after every step (src/balance/controller.c): a
+ * moving average of the measured profile, and every `every` steps a
+ * decision: propose a layout with the configured method, predict the step
+ * time of the current and the proposed layout, and apply the proposal only
+ * when it is predicted at least min_improvement faster and the saving over
+ * the next interval beats min_gain times the predicted migration cost
+ * (fitted to the migrations measured so far). Pure like the rest of this
+ * module: the caller broadcasts the layout, migrates and logs. */
+
+/* Columns of a decision row (the run log's /balance/decisions): step,
+ * predicted ms/step of the current layout, predicted ms/step of the
+ * proposal, measured ms of the decision step, applied (0/1), blocks moved,
+ * measured ms of the step after, bytes moved. */
+#define BALANCE_DECISION_COLUMNS 8
+
+struct balance_controller_config {
+    const char *method;         /* balance.method: none, random, partition, diffusion, or a
+                                   method name (balance_method_name) */
+    const char *cost;           /* balance.cost (params, time): for partition and diffusion */
+    int stages, blocks, every, micro_batches;
+    enum dm_schedule schedule;
+    uint64_t seed;              /* random draws its layouts from (seed, step) */
+    double min_gain, min_improvement;
+    double block_params;        /* parameters of one dense block */
+    double block_matrix_weights;/* of which in the prunable matrices */
+};
+
+/* One measured step as the controller reads it; arrays stay the caller's. */
+struct balance_observation {
+    const double *fwd_ms, *bwd_ms;      /* (blocks) per micro-batch */
+    const double *update_ms;            /* (blocks) once a step */
+    const double *mem_bytes;            /* (blocks) slab bytes */
+    const double *sparsity;             /* (blocks) pruned share of the matrices */
+    const double *stage_compute_ms;     /* (stages) */
+    const double *stage_update_ms;      /* (stages) */
+    const int *layout;                  /* (stages) during the step */
+    double step_ms;
+    int migrated_blocks;                /* by the re-layout before the step */
+    double migrated_bytes, migrate_ms;
+};
+
+/* What one decision weighed (for the trainer's log line). */
+struct balance_decision {
+    int step;                   /* 1-based */
+    const char *method;         /* NULL when no decision was taken */
+    int changed;                /* the proposal differs from the current layout */
+    int enough;                 /* predicted at least min_improvement faster */
+    int apply;                  /* the layout changes */
+    double now_ms, next_ms;     /* predicted ms/step, current and proposed */
+    double saving_ms;           /* (now - next) x every */
+    int every;                  /* steps until the next decision */
+    double migrate_ms;          /* predicted migration cost */
+};
+
+struct balance_controller;
+
+/* BALANCE_OK when balance.method (with balance.cost) names a policy the
+ * controller runs; otherwise BALANCE_BAD_INPUT and a message listing the
+ * valid names. */
+int balance_controller_valid_method(const char *method, const char *cost, char *err,
+                                    size_t errsize);
+
+/* A controller for cfg (copied); NULL with a message for an unknown method
+ * or impossible sizes. Free with balance_controller_destroy. */
+struct balance_controller *balance_controller_create(const struct balance_controller_config *cfg,
+                                                     char *err, size_t errsize);
+void balance_controller_destroy(struct balance_controller *ctl);
+
+/* Stages share processors (NULL: a processor per stage): every prediction
+ * uses it. The arrays it points to stay the caller's and must outlive ctl. */
+void balance_controller_set_sharing(struct balance_controller *ctl,
+                                    const struct balance_sharing *sharing);
+
+/* 0 for balance.method = none: the controller never changes a layout. */
+int balance_controller_active(const struct balance_controller *ctl);
+/* Whether the step (0-based) ends with a decision. */
+int balance_controller_is_decision_step(const struct balance_controller *ctl, int step);
+
+/* Folds one measured step into the averages (and its migration into the
+ * migration cost fit). When the previous step decided, its row is now
+ * complete: copied into row, return 1; otherwise 0. */
+int balance_controller_observe(struct balance_controller *ctl,
+                               const struct balance_observation *obs,
+                               float row[BALANCE_DECISION_COLUMNS]);
+
+/* After observing step `step`: the proposed layout into proposal (stages
+ * entries) and what was weighed into *d; the caller switches to the
+ * proposal when d->apply is 1. On a step that is no decision step the
+ * proposal is the current layout, d->apply 0 and d->method NULL. Returns
+ * BALANCE_OK, or an error with a message when the method or the prediction
+ * failed (then d->apply is 0). */
+int balance_controller_decide(struct balance_controller *ctl,
+                              const struct balance_observation *obs, int step, int *proposal,
+                              struct balance_decision *d, char *err, size_t errsize);
+
+/* The re-pack planner (balance_repack) on the averaged profile: the fewest
+ * stages whose predicted step time stays within (1 + epsilon) of the current
+ * layout's, but no fewer than min_stages (then the exact time partition on
+ * min_stages). Returns the new stage count (the current one when nothing
+ * smaller qualifies, with a message in err when the planner failed) and its
+ * layout in counts (stages entries available). */
+int balance_controller_repack(struct balance_controller *ctl,
+                              const struct balance_observation *obs, double epsilon,
+                              int min_stages, int *counts, char *err, size_t errsize);
+
 #endif

@@ -23,7 +23,7 @@
 #include "dynmo/pipe.h"
 #include "dynmo/tools.h"
 #include "dynmo/world.h"
-#include "tools/balancing.h"
+#include "tools/train.h"
 
 /* ---- command line ------------------------------------------------------- */
 
@@ -304,46 +304,6 @@ static struct runlog *open_runlog(const char *path, const struct dm_config *cfg,
     return log;
 }
 
-/* When stages time-share processors (more ranks than CPUs), profiles
- * measure CPU time, so a block costs what it computes and not how long it
- * waited for a CPU, the ranks take turns computing (parallel.turns), and
- * the balancer predicts with the sharing. Collective. Returns the number of
- * groups (0: a processor per stage); *turns says whether they take turns. */
-static int share_processors(const struct dm_config *cfg, int stages, int threads,
-                            struct balancer *bal, int *group, double *cores, int *turns)
-{
-    *turns = 0;
-    int groups = world_stage_sharing(stages, group, cores);
-    if (!groups) return 0;
-    /* A thread's CPU time is the rank's only when it computes alone. */
-    char unused[8];
-    if (world_agree(threads > 1, "", MPI_COMM_WORLD, unused, sizeof unused)) {
-        dm_log("processors: stages share them, but some rank runs %d threads: profiling "
-               "wall time with a processor per stage\n", threads);
-        return 0;
-    }
-    dm_profile_cpu_time(1);
-    if (cfg->turns && world_take_turns()) {
-        /* unbound ranks have pinned themselves: the groups are now per CPU */
-        groups = world_stage_sharing(stages, group, cores);
-        /* the predictor's turns need whole cores: a group's share of its
-         * CPU when other replicas run there too */
-        for (int g = 0; g < groups; g++) cores[g] = fmax(1.0, round(cores[g]));
-        *turns = 1;
-        if (!groups) return 0;   /* pinned, replica 0's stages share no CPU */
-    }
-    balancer_set_sharing(bal, groups, group, cores, *turns);
-    char text[512] = "";
-    size_t used = 0;
-    for (int s = 0; s < stages && used < sizeof text; s++)
-        used += (size_t)snprintf(text + used, sizeof text - used, "%s%d", s ? "," : "", group[s]);
-    for (int g = 0; g < groups && used < sizeof text; g++)
-        used += (size_t)snprintf(text + used, sizeof text - used, "%s%.3g", g ? "," : " with ",
-                                 cores[g]);
-    dm_log("processors: stages share them (groups %s cores); profiling CPU time, waits "
-           "sleep%s\n", text, *turns ? ", ranks take turns computing" : "");
-    return groups;
-}
 
 int cmd_train(int argc, char **argv)
 {
@@ -383,7 +343,7 @@ int cmd_train(int argc, char **argv)
     struct engine *eng = engine_create(&cfg, 1);
     const struct pipe_grid *grid = engine_grid(eng);
     int stages = grid->stages;
-    struct balancer *bal = balancer_create(&cfg, stages);
+    struct train_balancer *balancer = train_balancer_create(&cfg, stages);
     engine_watch_flag(eng, &stop_signal);
     double t_built = dm_now();
     long start_step = engine_resume(eng);
@@ -406,13 +366,7 @@ int cmd_train(int argc, char **argv)
            DYNMO_VERSION, shape.layers, shape.channels, shape.heads,
            (double)gpt_param_count(&shape) / 1e6, cfg.batch, cfg.seq, cfg.micro_batches,
            dm_world_size(), stages, grid->replicas, cfg.schedule, layout, threads);
-    int *share_group = dm_alloc((size_t)stages * sizeof(int));
-    double *share_cores = dm_alloc((size_t)stages * sizeof(double));
-    int share_turns = 0;
-    int share_groups = share_processors(&cfg, stages, threads, bal, share_group, share_cores,
-                                        &share_turns);
-    if (log)
-        runlog_set_sharing(log, stages, share_group, share_groups, share_cores, share_turns);
+    train_balancer_share_processors(balancer, &cfg, threads, log);
 
     double tokens_per_step = (double)cfg.batch * cfg.seq;
     double first_loss = NAN, last_loss = NAN, last_val = NAN;
@@ -465,7 +419,7 @@ int cmd_train(int argc, char **argv)
                 dm_user_error_local("step %d: the loss is not finite; lower train.lr (now %g) "
                                     "or check the data", step + 1, cfg.lr);
         }
-        balancer_after_step(bal, eng, log, st, step);
+        train_balancer_after_step(balancer, eng, log, st, step);
 
         /* Stop on a signal: checkpoint, exit 75 (resubmit unchanged). */
         char saved[1200];
@@ -486,8 +440,8 @@ int cmd_train(int argc, char **argv)
         if (cfg.repack_enable && (step + 1) % cfg.repack_every == 0 && step + 1 < cfg.steps) {
             if (dm_rank() == 0) {
                 int min_stages = (cfg.repack_min_ranks + grid->replicas - 1) / grid->replicas;
-                repack_layout[0] = balancer_repack_plan(bal, st, cfg.repack_epsilon, min_stages,
-                                                        repack_layout + 1);
+                repack_layout[0] = train_balancer_repack(balancer, st, cfg.repack_epsilon,
+                                                         min_stages, repack_layout + 1);
             }
             world_bcast_ints(repack_layout, stages + 1);
             if (repack_layout[0] < stages) {
@@ -546,9 +500,7 @@ int cmd_train(int argc, char **argv)
     dm_free(totals.compute_min);
     dm_free(totals.wait_sum);
     dm_free(totals.compute_sum);
-    balancer_destroy(bal);
-    dm_free(share_group);
-    dm_free(share_cores);
+    train_balancer_destroy(balancer);
     engine_destroy(eng);
     loader_free(&train_loader);
     token_file_close(&train_file);
