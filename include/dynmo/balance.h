@@ -184,6 +184,22 @@ struct balance_result {
     int stages;                 /* repack: stages of the returned layout */
 };
 
+/* The layout balance.initial names, for S stages over `blocks` blocks:
+ * "uniform" (balance_static_uniform), "params" (DeepSpeed's equal
+ * parameters: the exact min-max partition of params, the per-block
+ * parameter counts with the embedding's and head's, which only this spec
+ * reads) or "explicit:n1,n2,...,nS". Writes counts (stages entries).
+ * Returns BALANCE_OK, or BALANCE_BAD_INPUT with a message naming the key
+ * (an explicit list of the wrong length or sum, a stage with no block or
+ * a count that is no integer in range, more stages than blocks, an
+ * unknown spec). */
+int balance_layout_from_spec(const char *spec, int stages, int blocks,
+                             const struct balance_costs *params, int *counts, char *err,
+                             size_t errsize);
+
+/* "n1,n2,...,nS" into buf (cut at size). */
+void layout_format(char *buf, size_t size, const int *counts, int stages);
+
 /* Megatron-LM's static layout: equal block counts. With n = q*S + r blocks,
  * the first r stages get q + 1 blocks and the rest q (the remainder goes to
  * the front, as numpy.array_split does). Ignores cost and memory. Fails only

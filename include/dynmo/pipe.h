@@ -112,31 +112,25 @@ struct pipe_grid {
     int rank, world_size;
 };
 
-/* ---- layouts ---------------------------------------------------------------
- * A layout gives the number of blocks of each stage (contiguous ranges in
- * stage order, every stage at least one block). */
-
-/* Parses balance.initial ("uniform", "params" or "explicit:n1,n2,...") for
- * S stages over L blocks into counts (S entries). User errors (explicit
- * list of the wrong length or sum, a stage with no block, more stages
- * than blocks) are dm_user_error naming the key. */
-void layout_from_spec(int *counts, const char *spec, int stages, int layers,
-                      const struct dm_config *cfg);
-
-/* "n1,n2,...,nS" into buf. */
-void layout_format(char *buf, size_t size, const int *counts, int stages);
-
 /* ---- the engine --------------------------------------------------------- */
 
 struct engine;
 
-/* Collective: builds the grid from parallel.pp and parallel.dp (user error
- * when S * D differs from the world size), the initial layout, this
- * rank's blocks, activation slots and the stage's instruction list.
- * resuming = 1: the caller calls engine_resume next, so when cfg may load
- * a checkpoint the weights are initialised only if none is loaded (a
- * restart does not compute weights it then overwrites). */
-struct engine *engine_create(const struct dm_config *cfg, int resuming);
+/* Checks that parallel.pp x parallel.dp is the world size (user error
+ * otherwise) and fills g with this rank's coordinates. Not collective. */
+void pipe_grid_init(struct pipe_grid *g, int stages, int replicas);
+
+/* Collective: builds the grid from parallel.pp and parallel.dp
+ * (pipe_grid_init), this rank's blocks of `layout` (stages entries, the
+ * same on every rank; balance_layout_from_spec), activation slots and the
+ * stage's instruction list. defer_weights = 1 leaves the blocks' weights
+ * unset for a checkpoint load into engine_model or engine_init_weights (a
+ * restart does not compute weights it then overwrites); 0 initialises
+ * them from train.seed. */
+struct engine *engine_create(const struct dm_config *cfg, const int *layout, int defer_weights);
+/* The weights of a fresh start (train.seed), after engine_create with
+ * defer_weights when no checkpoint was loaded. Not collective. */
+void engine_init_weights(struct engine *eng);
 void engine_destroy(struct engine *eng);
 
 /* The per-step results that rank 0 logs. Valid on rank 0 after
@@ -196,20 +190,10 @@ void engine_relayout(struct engine *eng, const int *counts);
  * that some rank asked to stop: step_stats.stop_requested. */
 void engine_watch_flag(struct engine *eng, volatile int *flag);
 
-/* Collective: writes checkpoint <dir>/ckpt-<steps_done>.h5 of the current
- * state (ckpt_save: atomic, keeps `keep`). User error on failure. The
- * path goes to path_out. */
-void engine_save(struct engine *eng, const char *dir, int keep, long steps_done,
-                 char *path_out, size_t path_out_size);
-
-/* Collective: resumes per cfg->resume ("none", "auto": the newest complete
- * checkpoint of ckpt.dir if any, or a path), resharding onto this world's
- * layout, or initialises the weights that engine_create left for it.
- * Returns the number of steps the checkpoint had completed (the first step
- * to run), 0 for a fresh start. */
-long engine_resume(struct engine *eng);
-
 const struct pipe_grid *engine_grid(const struct engine *eng);
 const int *engine_layout(const struct engine *eng);
+/* This rank's part of the model (its blocks, and the embedding or head on
+ * the end stages): what checkpoints save and load. Owned by the engine. */
+struct gpt *engine_model(struct engine *eng);
 
 #endif

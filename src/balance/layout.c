@@ -1,9 +1,12 @@
 /* Layouts and their costs: input checks, the one definition of a stage's
- * cost and memory (balance.h), the static-uniform baseline and the diff of
- * two layouts into a migration plan. Pure: no I/O, no MPI, no model; bad
+ * cost and memory (balance.h), the static-uniform baseline, the layouts
+ * balance.initial names, and the diff of two layouts into a migration
+ * plan. Pure: no I/O, no MPI, no model; bad
  * input is reported through an error value, never by aborting. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "balance_internal.h"
 
@@ -417,4 +420,83 @@ double balance_migration_cost_ms(const double *bytes, const double *ms, int n,
         slope = xy / xx;
     }
     return intercept + slope * at_bytes;
+}
+
+void layout_format(char *buf, size_t size, const int *counts, int stages)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int s = 0; s < stages; s++)
+        used += (size_t)snprintf(buf + used, used < size ? size - used : 0, "%s%d",
+                                 s ? "," : "", counts[s]);
+}
+
+/* "explicit:n1,n2,...": every count an integer in [1, blocks], as many
+ * as stages, summing to blocks. */
+static int explicit_layout(const char *spec, int stages, int blocks, int *counts, char *err,
+                           size_t errsize)
+{
+    const char *p = spec + strlen("explicit:");
+    int n = 0;
+    long sum = 0;
+    while (*p) {
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || (*end && *end != ','))
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "balance.initial = '%s': expected explicit:n1,n2,... with "
+                                "integers", spec);
+        if (v < 1)
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "balance.initial = '%s': stage %d has %ld blocks; every "
+                                "stage needs at least one", spec, n, v);
+        if (errno == ERANGE || v > blocks)
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "balance.initial = '%s': stage %d has %.*s blocks, more than "
+                                "model.layers = %d", spec, n, (int)(end - p), p, blocks);
+        if (n < stages) counts[n] = (int)v;
+        n++;
+        sum += v;
+        p = *end ? end + 1 : end;
+    }
+    if (n != stages)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "balance.initial = '%s' lists %d stages but parallel.pp = %d", spec,
+                            n, stages);
+    if (sum != blocks)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "balance.initial = '%s' covers %ld blocks but model.layers = %d",
+                            spec, sum, blocks);
+    return BALANCE_OK;
+}
+
+int balance_layout_from_spec(const char *spec, int stages, int blocks,
+                             const struct balance_costs *params, int *counts, char *err,
+                             size_t errsize)
+{
+    char why[256];
+    if (stages > blocks)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "parallel.pp = %d exceeds model.layers = %d: every stage needs a "
+                            "block", stages, blocks);
+    if (!strcmp(spec, "uniform")) {
+        if (balance_static_uniform(blocks, stages, counts, why, sizeof why) != BALANCE_OK)
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize, "balance.initial = uniform: %s",
+                                why);
+        return BALANCE_OK;
+    }
+    if (!strcmp(spec, "params")) {
+        struct balance_result res;
+        if (balance_partition(params, stages, 0, NULL, 0, counts, &res, why, sizeof why) !=
+            BALANCE_OK)
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize, "balance.initial = params: %s",
+                                why);
+        return BALANCE_OK;
+    }
+    if (!strncmp(spec, "explicit:", strlen("explicit:")))
+        return explicit_layout(spec, stages, blocks, counts, err, errsize);
+    return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                        "balance.initial = '%s' must be uniform, params or explicit:n1,n2,...",
+                        spec);
 }

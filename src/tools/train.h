@@ -7,7 +7,62 @@
 
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/model.h"
 #include "dynmo/pipe.h"
+
+/* ---- set-up (train_setup.c) ------------------------------------------------ */
+
+struct train_args {
+    const char *config_path;
+    int warmup_steps, timed_steps;   /* bench only */
+    int migration;                   /* bench --migration */
+};
+
+/* The command line of train (is_bench 0) or bench: --config FILE, then
+ * section.key=value overrides; the config is validated. User errors exit 2. */
+void train_parse_args(int argc, char **argv, struct dm_config *cfg, struct train_args *args,
+                      int is_bench);
+/* parallel.threads, or the node's cores shared among its ranks. */
+int train_threads_for_rank(const struct dm_config *cfg);
+/* The layout balance.initial names (balance_layout_from_spec with the
+ * blocks' parameter counts); user error naming the key. */
+void train_initial_layout(int *counts, const struct dm_config *cfg, int stages);
+
+/* The token files and their loaders. */
+struct train_data {
+    struct token_file train_file, val_file;
+    struct loader train, val;
+    int have_val;                   /* train.eval_every > 0 */
+};
+/* Collective: every rank opens and checks the token files; a problem on
+ * any rank is one message and status 2 on all. */
+void train_open_data(struct train_data *d, const struct dm_config *cfg);
+void train_close_data(struct train_data *d);
+
+/* ---- the run log and the report (train_log.c), rank 0 ------------------- */
+
+/* Opens <run.out_dir>/runlog.h5, creating the directory: a new log, or,
+ * on a restart at step `start`, the old one with every per-step dataset
+ * cut back to it. *width: per-stage columns (the first world's stages). */
+struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, long start,
+                                 int stages, int *width);
+/* One step's run-log rows and, every run.log_every steps, its line. */
+void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
+                    const struct step_stats *st, double tokens_per_step, double mean_ms,
+                    int stages, int width);
+
+/* The end-of-run table: per stage, compute max / min over the logged
+ * steps and their ratio, mean wait and bubble (STYLE.md: the max/min
+ * ratio is the product). */
+struct stage_totals {
+    double *compute_max, *compute_min, *wait_sum, *compute_sum;
+    double step_sum;
+    int steps;
+};
+void stage_totals_init(struct stage_totals *t, int stages);
+void stage_totals_add(struct stage_totals *t, const struct step_stats *st, int stages);
+void stage_totals_print(const struct stage_totals *t, int stages);
+void stage_totals_free(struct stage_totals *t);
 
 /* ---- balancing (train_balance.c) ------------------------------------------ */
 
@@ -36,5 +91,44 @@ void train_balancer_after_step(struct train_balancer *tb, struct engine *eng,
  * returns the stage count and its layout in counts. */
 int train_balancer_repack(struct train_balancer *tb, const struct step_stats *st, double epsilon,
                           int min_stages, int *counts);
+
+/* ---- checkpoints (train_ckpt.c) ------------------------------------------- */
+
+/* The layouts a run has used: entry k held from step step[k] (steps done
+ * before it) on. Pushing the layout that already holds adds nothing. */
+struct layout_history {
+    int stages, count, cap;
+    long *step;                 /* (cap) */
+    int *layout;                /* (cap, stages) */
+};
+void layout_history_init(struct layout_history *h, int stages);
+void layout_history_push(struct layout_history *h, long step, const int *layout);
+void layout_history_free(struct layout_history *h);
+
+/* Whether cfg may load a checkpoint (ckpt.resume a path, or auto with a
+ * ckpt.dir): engine_create then defers the weights to train_resume. */
+int train_may_resume(const struct dm_config *cfg);
+
+/* Collective: resumes per ckpt.resume ("none"; "auto": the newest complete
+ * checkpoint of ckpt.dir, if any; or a path), resharding onto the engine's
+ * layout; checks the seed and the step against cfg (user errors); replaces
+ * *history with the checkpoint's entries of this stage count and the
+ * current layout. When nothing is loaded, initialises the weights the
+ * engine deferred. Returns the steps the checkpoint had done (the first
+ * step to run), 0 for a fresh start. */
+long train_resume(struct engine *eng, const struct dm_config *cfg,
+                  struct layout_history *history);
+
+/* Collective: writes checkpoint <ckpt.dir>/ckpt-<steps_done>.h5 of the
+ * running job (ckpt_save: atomic, keeps ckpt.keep); user error on failure.
+ * The path goes to path_out. */
+void train_save(struct engine *eng, const struct dm_config *cfg,
+                const struct layout_history *history, long steps_done, char *path_out,
+                size_t path_out_size);
+
+/* Rank 0: <ckpt.dir>/next_world (docs/jobs.md), after the checkpoint it
+ * names is complete. */
+void train_write_next_world(const char *dir, int pp, int dp, const int *layout, long step,
+                            const char *ckpt_path);
 
 #endif

@@ -1,0 +1,124 @@
+/* The engine's state and the pieces its files share (engine.c: building
+ * and the step; reduce.c: the step's gradient sums; stats.c: the profile
+ * and the trace; migrate.c: moving blocks). Private to src/pipe. */
+#ifndef DYNMO_PIPE_ENGINE_INTERNAL_H
+#define DYNMO_PIPE_ENGINE_INTERNAL_H
+
+#include <mpi.h>
+#include "dynmo/balance.h"
+#include "dynmo/core.h"
+#include "dynmo/dyn.h"
+#include "dynmo/model.h"
+#include "dynmo/pipe.h"
+#include "dynmo/world.h"
+
+/* Message tags: activations and gradients carry the micro-batch; blocks
+ * carry their layer index; tied-embedding gradients their own tag. */
+enum {
+    TAG_ACT = 0,
+    TAG_GRAD = 1 << 20,
+    TAG_BLOCK = 2 << 20,
+    TAG_TIED = 3 << 20,
+    TAG_EXIT = 4 << 20,   /* early exit: the micro-batch's exit layers */
+};
+
+/* One micro-batch's activations in flight on this stage. */
+struct slot {
+    struct gpt_acts acts;
+    float *dout;          /* (b,T,C) gradient received from the next stage */
+    float *din;           /* (b,T,C) gradient sent to the previous stage */
+    MPI_Request send_act, send_grad;
+    MPI_Request send_exit;   /* early exit: exit layers sent with the activation */
+    int busy_mb;          /* micro-batch whose activations live here, or -1 */
+};
+
+/* Fields of a traced instruction: op, micro-batch, start, wall, cpu. */
+#define TRACE_FIELDS 5
+
+struct engine {
+    struct dm_config cfg;
+    struct pipe_grid grid;
+    struct gpt_shape shape;
+    int micro_B, T, micro_batches;  /* per replica */
+    int *layout;                    /* (S) */
+    struct gpt model;
+    struct block_scratch scratch;
+    int nslots;
+    struct slot *slots;
+    struct pipe_instr *instrs;
+    int ninstrs;
+    /* Tracing (run.trace_from): per instruction of the step, op, micro-batch,
+     * start (ms after this rank's step start), wall ms and thread CPU ms;
+     * then gathered to rank 0 (trace_all, one block of TRACE_FIELDS x
+     * ninstrs_max + 2 doubles a rank: count, step start). */
+    double *trace_mine, *trace_all;
+    int trace_count, tracing;
+    double step_t0;
+    MPI_Comm stage_comm;            /* the D replicas of this stage */
+    MPI_Comm pipeline_comm;         /* the S stages of this replica */
+    struct dyn *dyn;
+    int current_step;
+    /* profile of the current step (per-block times live in the model:
+     * model.block_fwd_s / block_bwd_s) */
+    double compute_s, wait_s;
+    double update_s;      /* the step's end: part of compute_s */
+    /* stats gathered on rank 0 */
+    struct step_stats stats;
+    double *gather_send, *gather_recv;
+    int gather_len;
+    MPI_Request gather_req;         /* the last step's profile gather */
+    volatile int *watched_flag;
+    int stop_requested;
+    int pending_migrated;
+    double pending_migrated_bytes, pending_migrate_ms;
+};
+
+static inline int rank_of(const struct pipe_grid *g, int stage, int replica)
+{
+    return replica * g->stages + stage;
+}
+
+static inline size_t act_count(const struct engine *eng)
+{
+    return (size_t)eng->micro_B * eng->T * eng->shape.channels;
+}
+
+/* The stage's output activations in a slot: the residual after its last
+ * block. */
+static inline float *slot_output(struct engine *eng, struct slot *sl)
+{
+    return sl->acts.residual + (size_t)eng->model.num_blocks * act_count(eng);
+}
+
+/* First block and block count of `stage` under `layout`. */
+static inline void first_block_of(const int *layout, int stage, int *first, int *count)
+{
+    int f = 0;
+    for (int s = 0; s < stage; s++) f += layout[s];
+    *first = f;
+    *count = layout[stage];
+}
+
+/* reduce.c. The step's end before the optimizer: masks pruned gradients,
+ * forms the tied embedding gradient, sums gradients over the replicas in
+ * replica order, and returns the global gradient norm (all ranks; it also
+ * carries every rank's watched flag into eng->stop_requested). Collective;
+ * its waits count in eng->wait_s. */
+double engine_reduce_grads(struct engine *eng);
+
+/* stats.c. The step's statistics and trace buffers (rank 0 gathers). */
+void engine_stats_alloc(struct engine *eng);
+void engine_stats_free(struct engine *eng);
+/* Collective: every rank's profile to rank 0, which fills eng->stats (a
+ * non-blocking gather: the other ranks go on at once). */
+void engine_gather_stats(struct engine *eng, float loss_sum, double step_s);
+/* Collective on a traced step: every rank's instruction records to rank 0,
+ * which lays them out as step_stats.trace rows (pipe.h). */
+void engine_gather_trace(struct engine *eng, int step);
+/* The calling thread's CPU seconds, for tracing. */
+double engine_thread_cpu_seconds(void);
+/* Records one traced instruction that began at wall / cpu seconds. */
+void engine_trace_record(struct engine *eng, const struct pipe_instr *in, double wall,
+                         double cpu);
+
+#endif

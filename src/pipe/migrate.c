@@ -1,0 +1,171 @@
+/* Live migration (engine_relayout, pipe.h): the blocks that change stage
+ * travel with their weights, Adam moments and dynamic state, each as one
+ * message, and every rank rebuilds its block array and activation slots
+ * for the new ranges. Which blocks move is balance_migration_plan's
+ * answer; what a block's message holds is the model's (block_pack_meta and
+ * its slab). Must not: choose a layout (the caller hands it one). */
+#include <string.h>
+#include "pipe/engine_internal.h"
+
+/* The datatype of one migrating block's message: its header and dynamic
+ * state (meta, meta_bytes), its parameters and its Adam moments (m and v
+ * are adjacent in the slab), addressed absolutely (MPI_BOTTOM). */
+static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
+                               const struct block *blk)
+{
+    int lengths[3] = {meta_bytes, (int)(blk->nparams * sizeof(float)),
+                      (int)(2 * blk->nparams * sizeof(float))};
+    MPI_Aint where[3];
+    WORLD_MPI(MPI_Get_address(meta, &where[0]));
+    WORLD_MPI(MPI_Get_address(blk->params, &where[1]));
+    WORLD_MPI(MPI_Get_address(blk->m, &where[2]));
+    WORLD_MPI(MPI_Type_create_hindexed(3, lengths, where, MPI_BYTE, type));
+    WORLD_MPI(MPI_Type_commit(type));
+}
+
+/* The blocks this rank sends: each as one message gathered from its
+ * header and dynamic state, its parameters and its moments, straight from
+ * the slab with no packing copy. */
+static int post_sends(struct engine *eng, const struct balance_move *moves, int nmoves,
+                      MPI_Request *reqs, MPI_Datatype *types, void **metas)
+{
+    const struct pipe_grid *g = &eng->grid;
+    struct gpt *m = &eng->model;
+    int n = 0;
+    for (int k = 0; k < nmoves; k++) {
+        const struct balance_move *mv = &moves[k];
+        if (mv->src_stage != g->stage) continue;
+        struct block *blk = &m->blocks[mv->block - m->first_block];
+        int meta_bytes = (int)block_meta_size(blk);
+        metas[mv->block] = dm_alloc((size_t)meta_bytes);
+        block_pack_meta(blk, metas[mv->block]);
+        block_message_type(&types[n], metas[mv->block], meta_bytes, blk);
+        WORLD_MPI(MPI_Isend(MPI_BOTTOM, 1, types[n], rank_of(g, mv->dst_stage, g->replica),
+                            TAG_BLOCK + mv->block, MPI_COMM_WORLD, &reqs[n]));
+        n++;
+    }
+    return n;
+}
+
+/* The blocks this rank receives: it probes for each message's size (the
+ * dynamic state varies), allocates the block's slab (the model's size for
+ * its parameters and moments) and receives straight into it. */
+static int post_receives(struct engine *eng, const struct balance_move *moves, int nmoves,
+                         MPI_Request *reqs, MPI_Datatype *types, void **metas, int *meta_bytes,
+                         struct block *arrived)
+{
+    const struct pipe_grid *g = &eng->grid;
+    int n = 0;
+    for (int k = 0; k < nmoves; k++) {
+        const struct balance_move *mv = &moves[k];
+        if (mv->dst_stage != g->stage) continue;
+        int b = mv->block, src = rank_of(g, mv->src_stage, g->replica), found = 0, count = 0;
+        MPI_Status status;
+        double t0 = dm_now();
+        while (!found) {
+            WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + b, MPI_COMM_WORLD, &found, &status));
+            if (!found) world_wait_round(t0);
+        }
+        WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+        block_prepare_receive(&arrived[b], b, &eng->shape);
+        size_t slab_bytes = 3 * arrived[b].nparams * sizeof(float);
+        if ((size_t)count < slab_bytes + 64)
+            DM_FATAL("migrating block %d: a message of %d bytes is too short", b, count);
+        meta_bytes[b] = count - (int)slab_bytes;
+        metas[b] = dm_alloc((size_t)meta_bytes[b]);
+        block_message_type(&types[n], metas[b], meta_bytes[b], &arrived[b]);
+        WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, types[n], src, TAG_BLOCK + b, MPI_COMM_WORLD,
+                            &reqs[n]));
+        n++;
+    }
+    return n;
+}
+
+/* The new block array of this rank: the blocks that stay, then the
+ * arrivals in place; the old array's leavers are freed. */
+static void adopt_blocks(struct engine *eng, const int *counts, struct block *arrived)
+{
+    struct gpt *m = &eng->model;
+    int new_first, new_count;
+    first_block_of(counts, eng->grid.stage, &new_first, &new_count);
+    for (int i = 0; i < eng->nslots; i++) {
+        world_wait(&eng->slots[i].send_act);
+        world_wait(&eng->slots[i].send_exit);
+        world_wait(&eng->slots[i].send_grad);
+    }
+    struct block *blocks = dm_alloc((size_t)(new_count ? new_count : 1) * sizeof(struct block));
+    for (int b = new_first; b < new_first + new_count; b++) {
+        struct block *dst = &blocks[b - new_first];
+        if (b >= m->first_block && b < m->first_block + m->num_blocks) {
+            *dst = m->blocks[b - m->first_block];
+            m->blocks[b - m->first_block].slab = NULL;   /* ownership moved */
+        } else {
+            *dst = arrived[b];
+        }
+    }
+    for (int i = 0; i < m->num_blocks; i++)
+        if (m->blocks[i].slab) block_free(&m->blocks[i]);
+    gpt_replace_blocks(m, blocks, new_first, new_count);
+    for (int i = 0; i < eng->nslots; i++) gpt_acts_resize(&eng->slots[i].acts, &eng->model);
+}
+
+void engine_relayout(struct engine *eng, const int *root_counts)
+{
+    const struct pipe_grid *g = &eng->grid;
+    int S = g->stages, L = eng->shape.layers;
+    double t0 = dm_now();
+    int *counts = dm_alloc((size_t)S * sizeof(int));
+    if (g->rank == 0) memcpy(counts, root_counts, (size_t)S * sizeof(int));
+    world_bcast_ints(counts, S);
+    char err[256];
+    if (balance_check_layout(counts, S, L, err, sizeof err) != BALANCE_OK)
+        DM_FATAL("engine_relayout: %s", err);
+    if (!memcmp(counts, eng->layout, (size_t)S * sizeof(int))) {
+        dm_free(counts);
+        return;
+    }
+    /* The bytes of a block are its slab as the last step measured it
+     * (rank 0's profile; the other ranks report nothing). */
+    int64_t *mem = dm_alloc((size_t)L * sizeof(int64_t));
+    for (int b = 0; b < L; b++) mem[b] = (int64_t)eng->stats.layer_mem_bytes[b];
+    struct balance_move *moves = dm_alloc((size_t)(L + 1) * sizeof *moves);
+    int nmoves = 0;
+    int64_t bytes = 0;
+    if (balance_migration_plan(mem, L, 0, eng->layout, S, counts, S, moves, &nmoves, &bytes, err,
+                               sizeof err) != BALANCE_OK)
+        DM_FATAL("migration plan: %s", err);
+
+    MPI_Request *reqs = dm_alloc((size_t)(L + 1) * sizeof(MPI_Request));
+    MPI_Datatype *types = dm_alloc((size_t)(L + 1) * sizeof(MPI_Datatype));
+    void **metas = dm_alloc((size_t)(L + 1) * sizeof(void *));
+    int *meta_bytes = dm_alloc((size_t)(L + 1) * sizeof(int));
+    struct block *arrived = dm_alloc((size_t)(L + 1) * sizeof(struct block));
+    int n = post_sends(eng, moves, nmoves, reqs, types, metas);
+    n += post_receives(eng, moves, nmoves, reqs + n, types + n, metas, meta_bytes, arrived);
+    world_wait_all(n, reqs);
+    for (int b = 0; b < L; b++) {
+        if (!arrived[b].slab) continue;
+        if (block_unpack_meta_begin(&arrived[b], metas[b], (size_t)meta_bytes[b], &eng->shape,
+                                    err, sizeof err) ||
+            block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
+            DM_FATAL("migrating block %d: %s", b, err);
+    }
+    for (int i = 0; i < n; i++) WORLD_MPI(MPI_Type_free(&types[i]));
+    adopt_blocks(eng, counts, arrived);
+    for (int b = 0; b < L; b++)
+        if (metas[b]) dm_free(metas[b]);
+    memcpy(eng->layout, counts, (size_t)S * sizeof(int));
+
+    /* Every rank reports the plan's totals; the time is this rank's. */
+    eng->pending_migrated = nmoves;
+    eng->pending_migrated_bytes = (double)bytes;
+    eng->pending_migrate_ms = (dm_now() - t0) * 1e3;
+    dm_free(reqs);
+    dm_free(types);
+    dm_free(metas);
+    dm_free(meta_bytes);
+    dm_free(arrived);
+    dm_free(moves);
+    dm_free(mem);
+    dm_free(counts);
+}

@@ -1,0 +1,117 @@
+/* The step's gradient sums (engine_internal.h): the tied embedding
+ * gradient between the first and last stage, the data-parallel sum over
+ * replicas in replica order, and the global gradient norm in unit order,
+ * so that every layout and replica count gives the same bits as one rank.
+ * Every wait polls (world_wait). Must not: decide anything about layouts
+ * or checkpoints. */
+#include <math.h>
+#include <string.h>
+#include "pipe/engine_internal.h"
+
+/* Forms the tied wte gradient on the stages that hold wte: the first
+ * stage (embedding half, dwte) and the last stage (head half, dwte_head)
+ * swap halves, and gpt_tie_wte_grads adds them as embedding + head on
+ * both, the same bits as one rank. */
+static void exchange_tied_grads(struct engine *eng)
+{
+    const struct pipe_grid *g = &eng->grid;
+    struct gpt *m = &eng->model;
+    if (g->stages == 1) {
+        gpt_tie_wte_grads(m, NULL);
+        return;
+    }
+    if (g->stage != 0 && g->stage != g->stages - 1) return;
+    long n = (long)eng->shape.vocab * eng->shape.channels;
+    int peer = rank_of(g, g->stage == 0 ? g->stages - 1 : 0, g->replica);
+    float *mine = g->stage == 0 ? m->dwte : m->dwte_head;
+    float *theirs = dm_alloc((size_t)n * sizeof(float));
+    MPI_Request reqs[2];
+    WORLD_MPI(MPI_Irecv(theirs, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[0]));
+    WORLD_MPI(MPI_Isend(mine, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[1]));
+    eng->wait_s += world_wait_all(2, reqs);
+    gpt_tie_wte_grads(m, theirs);
+    dm_free(theirs);
+}
+
+/* Sums one float array across the D replicas of this stage, in replica
+ * order 0, 1, ..., D-1 on every replica, so the result does not depend on
+ * timing or on MPI's reduction algorithm. */
+static void replica_sum(struct engine *eng, float *x, long n, float *gathered)
+{
+    int D = eng->grid.replicas;
+    MPI_Request req;
+    WORLD_MPI(MPI_Iallgather(x, (int)n, MPI_FLOAT, gathered, (int)n, MPI_FLOAT, eng->stage_comm,
+                          &req));
+    eng->wait_s += world_wait(&req);
+    for (long i = 0; i < n; i++) {
+        float s = gathered[i];
+        for (int r = 1; r < D; r++) s += gathered[(long)r * n + i];
+        x[i] = s;
+    }
+}
+
+static void reduce_replicas(struct engine *eng)
+{
+    if (eng->grid.replicas == 1) return;
+    struct gpt *m = &eng->model;
+    size_t biggest = m->embed_nparams;
+    for (int i = 0; i < m->num_blocks; i++)
+        if (m->blocks[i].nparams > biggest) biggest = m->blocks[i].nparams;
+    float *gathered = dm_alloc(biggest * (size_t)eng->grid.replicas * sizeof(float));
+    double clock = dm_profile_now();
+    for (int i = 0; i < m->num_blocks; i++) {
+        /* frozen on every replica alike, with zero gradients (struct block) */
+        if (m->blocks[i].frozen) continue;
+        replica_sum(eng, m->blocks[i].grads, (long)m->blocks[i].nparams, gathered);
+        gpt_charge_update(m, i, &clock);
+    }
+    /* The tied wte halves were combined already (exchange_tied_grads). */
+    if (m->embed_slab) replica_sum(eng, m->dwte, (long)m->embed_nparams, gathered);
+    dm_free(gathered);
+}
+
+/* The global gradient norm: each unit (embedding, block 0..L-1, head) is
+ * summed by its owner in a fixed order; the units are combined by a sum
+ * where each has exactly one non-zero contributor (replica 0 of its
+ * stage), and added in unit order on every rank: the same bits as one
+ * rank computing everything. */
+static double global_grad_norm(struct engine *eng)
+{
+    int L = eng->shape.layers;
+    /* units[L + 2] carries the watched flag of every rank. */
+    double *units = dm_alloc((size_t)(L + 3) * sizeof(double));
+    double *total = dm_alloc((size_t)(L + 3) * sizeof(double));
+    units[L + 2] = (eng->watched_flag && *eng->watched_flag) ? 1.0 : 0.0;
+    if (eng->grid.replica == 0) {
+        struct gpt *m = &eng->model;
+        units[0] = gpt_embed_grad_sumsq(m);
+        double clock = dm_profile_now();
+        for (int i = 0; i < m->num_blocks; i++) {
+            units[1 + m->first_block + i] = block_grad_sumsq(&m->blocks[i]);
+            if (!m->blocks[i].frozen) gpt_charge_update(m, i, &clock);   /* it did nothing */
+        }
+        units[L + 1] = gpt_head_grad_sumsq(m);
+    }
+    if (eng->grid.world_size > 1) {
+        MPI_Request req;
+        WORLD_MPI(MPI_Iallreduce(units, total, L + 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
+        eng->wait_s += world_wait(&req);
+    } else {
+        memcpy(total, units, (size_t)(L + 3) * sizeof(double));
+    }
+    eng->stop_requested = total[L + 2] > 0.0;
+    dyn_after_reduce(eng->dyn, &eng->model, eng->current_step, total + 1);
+    double sum = 0.0;
+    for (int u = 0; u < L + 2; u++) sum += total[u];
+    dm_free(units);
+    dm_free(total);
+    return sqrt(sum);
+}
+
+double engine_reduce_grads(struct engine *eng)
+{
+    gpt_mask_pruned_grads(&eng->model);
+    exchange_tied_grads(eng);
+    reduce_replicas(eng);
+    return global_grad_norm(eng);
+}

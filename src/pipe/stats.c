@@ -1,0 +1,198 @@
+/* The engine's statistics (engine_internal.h): each step, every rank's
+ * profile (compute, wait, per-block times, memory, sparsity, active share,
+ * update time) is gathered on rank 0 into struct step_stats, with the
+ * bubble ratio and the imbalance (the paper's Eq. 2); on traced steps
+ * (run.trace_from) every instruction's start, wall and CPU time too.
+ * Must not: decide anything from the numbers (the balancer does). */
+#include <math.h>
+#include <string.h>
+#include <time.h>
+#include "pipe/engine_internal.h"
+
+/* Doubles a rank sends for a traced step: its count and step start, then
+ * TRACE_FIELDS per instruction, room for the longest list. */
+static size_t trace_block(const struct engine *eng)
+{
+    return 2 + (size_t)TRACE_FIELDS * SCHEDULE_MAX_INSTRS(eng->micro_batches);
+}
+
+double engine_thread_cpu_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void engine_stats_alloc(struct engine *eng)
+{
+    const struct pipe_grid *g = &eng->grid;
+    int L = eng->shape.layers, S = g->stages;
+    struct step_stats *st = &eng->stats;
+    if (eng->cfg.trace_from > 0) {
+        size_t block = trace_block(eng);
+        eng->trace_mine = dm_alloc(block * sizeof(double));
+        if (g->rank == 0) {
+            eng->trace_all = dm_alloc(block * (size_t)g->world_size * sizeof(double));
+            st->trace = dm_alloc((size_t)g->world_size *
+                                 SCHEDULE_MAX_INSTRS(eng->micro_batches) *
+                                 STEP_TRACE_COLUMNS * sizeof(float));
+        }
+    }
+    st->layer_fwd_ms = dm_alloc((size_t)L * sizeof(double));
+    st->layer_bwd_ms = dm_alloc((size_t)L * sizeof(double));
+    st->layer_mem_bytes = dm_alloc((size_t)L * sizeof(double));
+    st->layer_sparsity = dm_alloc((size_t)L * sizeof(double));
+    st->layer_active = dm_alloc((size_t)L * sizeof(double));
+    st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
+    st->stage_update_ms = dm_alloc((size_t)S * sizeof(double));
+    st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
+    st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
+    st->stage_peak_mb = dm_alloc((size_t)S * sizeof(double));
+    st->layout = dm_alloc((size_t)S * sizeof(int));
+    /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active/
+     * update per layer, then the stage's update */
+    eng->gather_len = 5 + 6 * L;
+    eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
+    eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
+    eng->gather_req = MPI_REQUEST_NULL;
+}
+
+void engine_stats_free(struct engine *eng)
+{
+    world_wait(&eng->gather_req);
+    struct step_stats *st = &eng->stats;
+    dm_free(st->layer_fwd_ms);
+    dm_free(st->layer_bwd_ms);
+    dm_free(st->layer_mem_bytes);
+    dm_free(st->layer_sparsity);
+    dm_free(st->layer_active);
+    dm_free(st->layer_update_ms);
+    dm_free(st->stage_update_ms);
+    dm_free(st->trace);
+    dm_free(eng->trace_mine);
+    dm_free(eng->trace_all);
+    dm_free(st->stage_compute_ms);
+    dm_free(st->stage_wait_ms);
+    dm_free(st->stage_peak_mb);
+    dm_free(st->layout);
+    dm_free(eng->gather_send);
+    dm_free(eng->gather_recv);
+}
+
+void engine_trace_record(struct engine *eng, const struct pipe_instr *in, double wall,
+                         double cpu)
+{
+    double *r = eng->trace_mine + 2 + (size_t)TRACE_FIELDS * eng->trace_count++;
+    r[0] = in->op;
+    r[1] = in->micro_batch;
+    r[2] = (wall - eng->step_t0) * 1e3;
+    r[3] = (dm_now() - wall) * 1e3;
+    r[4] = (engine_thread_cpu_seconds() - cpu) * 1e3;
+}
+
+void engine_gather_stats(struct engine *eng, float loss_sum, double step_s)
+{
+    const struct pipe_grid *g = &eng->grid;
+    struct gpt *m = &eng->model;
+    int L = eng->shape.layers, S = g->stages;
+    double *v = eng->gather_send;
+    memset(v, 0, (size_t)eng->gather_len * sizeof(double));
+    v[0] = loss_sum;
+    v[1] = eng->compute_s;
+    v[2] = eng->wait_s;
+    v[3] = (double)dm_peak_rss_bytes();
+    for (int i = 0; i < m->num_blocks; i++) {
+        int layer = m->first_block + i;
+        v[4 + layer] = m->block_fwd_s[i];
+        v[4 + L + layer] = m->block_bwd_s[i];
+        v[4 + 2 * L + layer] = (double)block_pack_size(&m->blocks[i]);
+        v[4 + 3 * L + layer] = block_matrix_sparsity(&m->blocks[i]);
+        const struct gpt_exit *x = m->exit;
+        v[4 + 4 * L + layer] = x && x->layer_tokens && x->layer_tokens[layer] > 0
+                                   ? x->layer_computed[layer] / x->layer_tokens[layer] : 1.0;
+        v[4 + 5 * L + layer] = m->block_update_s[i];
+    }
+    v[4 + 6 * L] = eng->update_s;
+    world_wait(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
+    WORLD_MPI(MPI_Igather(v, eng->gather_len, MPI_DOUBLE, eng->gather_recv, eng->gather_len,
+                       MPI_DOUBLE, 0, MPI_COMM_WORLD, &eng->gather_req));
+    if (g->rank != 0) return;
+    world_wait(&eng->gather_req);
+
+    struct step_stats *st = &eng->stats;
+    double mb_count = (double)eng->micro_batches;
+    float loss_total = 0.0f;
+    for (int r = 0; r < g->replicas; r++)
+        loss_total += (float)eng->gather_recv[(size_t)rank_of(g, S - 1, r) * eng->gather_len];
+    st->loss = loss_total / (float)(eng->micro_batches * g->replicas);
+    st->step_ms = step_s * 1e3;
+    for (int l = 0; l < L; l++) {
+        st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
+        st->layer_sparsity[l] = st->layer_active[l] = st->layer_update_ms[l] = 0.0;
+    }
+    for (int s = 0; s < S; s++) {
+        st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
+        st->stage_update_ms[s] = 0.0;
+        st->layout[s] = eng->layout[s];
+    }
+    double idle = 0.0, cmax = 0.0, cmin = INFINITY, csum = 0.0;
+    for (int r = 0; r < g->world_size; r++) {
+        const double *x = eng->gather_recv + (size_t)r * eng->gather_len;
+        int s = r % S, rep = r / S;
+        if (x[1] * 1e3 > st->stage_compute_ms[s]) st->stage_compute_ms[s] = x[1] * 1e3;
+        if (x[2] * 1e3 > st->stage_wait_ms[s]) st->stage_wait_ms[s] = x[2] * 1e3;
+        if (x[3] / 1048576.0 > st->stage_peak_mb[s]) st->stage_peak_mb[s] = x[3] / 1048576.0;
+        if (x[4 + 6 * L] * 1e3 > st->stage_update_ms[s]) st->stage_update_ms[s] = x[4 + 6 * L] * 1e3;
+        double busy = x[1] > step_s ? step_s : x[1];
+        idle += step_s - busy;
+        if (rep == 0)
+            for (int l = 0; l < L; l++) {
+                st->layer_fwd_ms[l] += x[4 + l] * 1e3 / mb_count;
+                st->layer_bwd_ms[l] += x[4 + L + l] * 1e3 / mb_count;
+                st->layer_mem_bytes[l] += x[4 + 2 * L + l];
+                st->layer_sparsity[l] += x[4 + 3 * L + l];
+                st->layer_active[l] += x[4 + 4 * L + l];
+                st->layer_update_ms[l] += x[4 + 5 * L + l] * 1e3;
+            }
+    }
+    for (int s = 0; s < S; s++) {
+        double c = st->stage_compute_ms[s];
+        cmax = c > cmax ? c : cmax;
+        cmin = c < cmin ? c : cmin;
+        csum += c;
+    }
+    st->imbalance = csum > 0 ? (cmax - cmin) / (csum / S) : 0.0;
+    st->bubble_ratio = step_s > 0 ? idle / (g->world_size * step_s) : 0.0;
+}
+
+void engine_gather_trace(struct engine *eng, int step)
+{
+    const struct pipe_grid *g = &eng->grid;
+    size_t block = trace_block(eng);
+    eng->trace_mine[0] = eng->trace_count;
+    eng->trace_mine[1] = eng->step_t0 * 1e3;
+    MPI_Request req;
+    WORLD_MPI(MPI_Igather(eng->trace_mine, (int)block, MPI_DOUBLE, eng->trace_all, (int)block,
+                       MPI_DOUBLE, 0, MPI_COMM_WORLD, &req));
+    world_wait(&req);
+    if (g->rank != 0) return;
+    struct step_stats *st = &eng->stats;
+    int rows = 0;
+    for (int r = 0; r < g->world_size; r++) {
+        const double *x = eng->trace_all + (size_t)r * block;
+        for (int k = 0; k < (int)x[0]; k++) {
+            const double *e = x + 2 + (size_t)TRACE_FIELDS * k;
+            float *row = st->trace + (size_t)rows++ * STEP_TRACE_COLUMNS;
+            row[0] = (float)(step + 1);
+            row[1] = (float)r;
+            row[2] = (float)(r % g->stages);
+            row[3] = (float)e[0];
+            row[4] = (float)e[1];
+            /* on one node all ranks read the same clock: starts from rank 0's */
+            row[5] = (float)(e[2] + x[1] - eng->trace_all[1]);
+            row[6] = (float)e[3];
+            row[7] = (float)e[4];
+        }
+    }
+    st->trace_rows = rows;
+}

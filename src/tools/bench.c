@@ -1,0 +1,205 @@
+/* `dynmo bench`: times training steps of the configured model on one
+ * fixed batch of random tokens (no dataset needed) and checks that the
+ * loss falls; under mpiexec it times the pipeline, and `--migration`
+ * times block migration against plain MPI messages of the same bytes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/balance.h"
+#include "dynmo/core.h"
+#include "dynmo/model.h"
+#include "dynmo/pipe.h"
+#include "dynmo/world.h"
+#include "tools/train.h"
+
+/* ---- bench -------------------------------------------------------------- */
+
+static int compare_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+
+/* Model FLOPs of one training step (forward + backward = 3x forward):
+ * matmuls 2 * (L * 12 C^2 + V C) per token, attention 2 * 2 * T * C per
+ * token per layer (Q K^T and att V counted over the full T x T square, the
+ * usual convention, although the causal half is skipped). */
+static double step_flops(const struct dm_config *cfg)
+{
+    double C = cfg->channels, L = cfg->layers, V = cfg->vocab, T = cfg->seq;
+    double per_token_fwd = 2.0 * (L * 12.0 * C * C + V * C) + L * 4.0 * T * C;
+    return 3.0 * per_token_fwd * cfg->batch * T;
+}
+
+
+/* bench --migration: on 2 stages, moves all but one block from stage 0 to
+ * stage 1 and back, `reps` times each way, and compares the bytes per
+ * second of block migration with plain MPI messages of the same size. */
+static int bench_migration(struct engine *eng, const struct dm_config *cfg, int reps)
+{
+    if (cfg->pp != 2 || dm_world_size() != 2)
+        dm_user_error("bench --migration needs 2 ranks and parallel.pp=2 (mpiexec -n 2)");
+    int L = cfg->layers;
+    int there[2] = {1, L - 1}, back[2] = {L - 1, 1};
+    double seconds = 0, bytes = 0;
+    /* One untimed round trip first, as for the plain send: it takes the
+     * first allocations' page faults. */
+    engine_relayout(eng, there);
+    engine_relayout(eng, back);
+    for (int r = 0; r < reps; r++) {
+        double t0 = dm_now();
+        engine_relayout(eng, there);
+        engine_relayout(eng, back);
+        seconds += dm_now() - t0;
+    }
+    struct block probe;
+    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    block_init(&probe, 0, &shape, cfg->seed);
+    size_t block_bytes = block_pack_size(&probe);
+    block_free(&probe);
+    bytes = 2.0 * reps * (L - 2) * (double)block_bytes;
+    double raw = world_transfer_rate((size_t)(L - 2) * block_bytes, reps);
+    dm_log("bench --migration: %d blocks of %.2f MB each way, %d round trips\n", L - 2,
+           block_bytes / 1e6, reps);
+    dm_log("bench --migration: block migration %.0f MB/s (header, slabs sent straight, "
+           "new block arrays and buffers); plain MPI send of the same bytes %.0f MB/s; ratio %.0f%%\n",
+           bytes / seconds / 1e6, raw / 1e6, 100 * (bytes / seconds) / raw);
+    return DM_EXIT_OK;
+}
+
+
+int cmd_bench(int argc, char **argv)
+{
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: dynmo bench --config FILE [section.key=value ...] [--warmup N] "
+                   "[--steps N]\nTimes training steps on one fixed batch of random tokens "
+                   "(no dataset needed): median ms/step, tokens/s, GFLOP/s, peak RSS.\n"
+                   "Under mpiexec it times the pipeline the config describes.\n");
+            return DM_EXIT_OK;
+        }
+    world_init(&argc, &argv);
+    struct dm_config cfg;
+    struct train_args args;
+    train_parse_args(argc, argv, &cfg, &args, 1);
+    int threads = train_threads_for_rank(&cfg);
+    dm_threads_init(threads);
+    /* One fixed batch of random tokens from the seed, served through an
+     * in-memory token file so the engine loads it like any data. */
+    struct token_file tf;
+    memset(&tf, 0, sizeof tf);
+    snprintf(tf.path, sizeof tf.path, "(random tokens)");
+    tf.vocab = (uint32_t)cfg.vocab;
+    tf.count = (uint64_t)cfg.batch * cfg.seq + 1;
+    uint16_t *tokens = dm_alloc(tf.count * sizeof(uint16_t));
+    for (uint64_t i = 0; i < tf.count; i++)
+        tokens[i] = (uint16_t)(dm_hash64(cfg.seed, 1, i) % (uint64_t)cfg.vocab);
+    tf.tokens = tokens;
+    struct loader ld;
+    loader_init(&ld, &tf, cfg.seq, cfg.seed);
+    struct pipe_grid grid;
+    pipe_grid_init(&grid, cfg.pp, cfg.dp);   /* its error comes before the layout's */
+    int *layout = dm_alloc((size_t)cfg.pp * sizeof(int));
+    train_initial_layout(layout, &cfg, cfg.pp);
+    struct engine *eng = engine_create(&cfg, layout, 0);
+    dm_free(layout);
+    if (args.migration) {
+        int code = bench_migration(eng, &cfg, args.timed_steps);
+        engine_destroy(eng);
+        loader_free(&ld);
+        dm_free(tokens);
+        dm_threads_shutdown();
+        world_finalize();
+        return code;
+    }
+
+    int total = args.warmup_steps + args.timed_steps;
+    double *ms = dm_alloc((size_t)total * sizeof *ms);
+    float first_loss = 0, last_loss = 0;
+    double bubble = 0, imbalance = 0;
+    int S = cfg.pp, L = cfg.layers;
+    double *stage_ms = dm_alloc((size_t)S * sizeof(double));
+    double *stage_fwd = dm_alloc((size_t)S * sizeof(double));
+    double *stage_bwd = dm_alloc((size_t)S * sizeof(double));
+    double *layer_fwd = dm_alloc((size_t)L * sizeof(double));
+    double *layer_bwd = dm_alloc((size_t)L * sizeof(double));
+    for (int s = 0; s < total; s++) {
+        /* Step 0 of the schedule every time: the same batch, so the loss
+         * must fall (the correctness guard below). */
+        const struct step_stats *st = engine_step(eng, &ld, 0);
+        ms[s] = st->step_ms;
+        if (s == 0) first_loss = st->loss;
+        last_loss = st->loss;
+        if (s >= args.warmup_steps && dm_rank() == 0) {
+            bubble += st->bubble_ratio / args.timed_steps;
+            imbalance += st->imbalance / args.timed_steps;
+            for (int k = 0; k < S; k++) stage_ms[k] += st->stage_compute_ms[k] / args.timed_steps;
+            for (int l = 0; l < L; l++) {
+                layer_fwd[l] += st->layer_fwd_ms[l];
+                layer_bwd[l] += st->layer_bwd_ms[l];
+            }
+        }
+        dm_log("bench step %d/%d: %.1f ms%s\n", s + 1, total, ms[s],
+               s < args.warmup_steps ? " (warm-up)" : "");
+    }
+    int ok = 1;
+    if (dm_rank() == 0) {
+        qsort(ms + args.warmup_steps, (size_t)args.timed_steps, sizeof *ms, compare_double);
+        double median = ms[args.warmup_steps + args.timed_steps / 2];
+        if (args.timed_steps % 2 == 0)
+            median = 0.5 * (median + ms[args.warmup_steps + args.timed_steps / 2 - 1]);
+        double tokens_n = (double)cfg.batch * cfg.seq;
+        ok = isfinite(last_loss) && last_loss < first_loss;
+        dm_log("bench: %d layers x %d channels, batch %d x %d in %d micro-batches, %d ranks "
+               "(pp %d x dp %d), %d threads per rank\n",
+               cfg.layers, cfg.channels, cfg.batch, cfg.seq, cfg.micro_batches,
+               dm_world_size(), cfg.pp, cfg.dp, threads);
+        dm_log("bench: median %.1f ms/step over %d steps (after %d warm-up), %.0f tokens/s, "
+               "%.1f GFLOP/s, peak RSS %.0f MiB (rank 0)\n",
+               median, args.timed_steps, args.warmup_steps, tokens_n / median * 1e3,
+               step_flops(&cfg) / median / 1e6, (double)dm_peak_rss_bytes() / 1048576.0);
+        if (dm_world_size() > 1) {
+            dm_log("bench: bubble %.1f%%, imbalance %.3f (means over the timed steps)\n",
+                   100 * bubble, imbalance);
+            /* The schedule's bound: each stage's measured compute per
+             * micro-batch (split into forward and backward in its blocks'
+             * proportion), simulated with zero communication and no waiting. */
+            const int *layout = engine_layout(eng);
+            for (int k = 0, b = 0; k < S; k++) {
+                double f = 0, w = 0;
+                for (int j = 0; j < layout[k]; j++, b++) {
+                    f += layer_fwd[b];
+                    w += layer_fwd[b] + layer_bwd[b];
+                }
+                double per_mb = stage_ms[k] / cfg.micro_batches;
+                stage_fwd[k] = w > 0 ? per_mb * f / w : per_mb / 3;
+                stage_bwd[k] = per_mb - stage_fwd[k];
+            }
+            struct balance_prediction pred;
+            char err[256];
+            if (balance_predict_stages(stage_fwd, stage_bwd, S, cfg.micro_batches,
+                                       config_schedule(&cfg), &pred, err, sizeof err) == 0)
+                dm_log("bench: %s bound from the measured stage compute: %.1f ms/step "
+                       "(bubble %.1f%%); measured median is %.1f%% above it\n",
+                       cfg.schedule, pred.step_ms, 100 * pred.bubble_ratio,
+                       100 * (median / pred.step_ms - 1));
+        }
+        dm_log("bench: loss %.4f -> %.4f on a fixed batch: %s\n", first_loss, last_loss,
+               ok ? "ok" : "WRONG (the loss did not fall)");
+    }
+    dm_free(ms);
+    dm_free(stage_ms);
+    dm_free(stage_fwd);
+    dm_free(stage_bwd);
+    dm_free(layer_fwd);
+    dm_free(layer_bwd);
+    engine_destroy(eng);
+    loader_free(&ld);
+    dm_free(tokens);
+    dm_threads_shutdown();
+    world_finalize();
+    return ok ? DM_EXIT_OK : DM_EXIT_INTERNAL;
+}
+

@@ -1,0 +1,196 @@
+/* What `dynmo train` writes and prints (train.h): the run log's rows of
+ * every step, the progress line, the per-stage table and the summary at
+ * the end. Rank 0 only; nothing here decides anything. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "dynmo/balance.h"
+#include "dynmo/ckpt.h"
+#include "dynmo/core.h"
+#include "dynmo/pipe.h"
+#include "tools/train.h"
+
+
+static void make_dirs(const char *path)
+{
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+            dm_user_error("cannot create directory %s: %s", buf, dm_errno_text());
+        *p = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+        dm_user_error("cannot create directory %s: %s", buf, dm_errno_text());
+}
+
+
+static void format_eta(char *buf, size_t size, double seconds)
+{
+    int s = (int)(seconds + 0.5);
+    if (s >= 3600) snprintf(buf, size, "%dh%02dm", s / 3600, (s % 3600) / 60);
+    else if (s >= 60) snprintf(buf, size, "%dm%02ds", s / 60, s % 60);
+    else snprintf(buf, size, "%ds", s);
+}
+
+/* One step line and the run-log rows of a step (rank 0). */
+void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
+                     const struct step_stats *st, double tokens_per_step, double mean_ms,
+                     int stages, int width)
+{
+    runlog_append_scalar(log, RUNLOG_STEP_LOSS, st->loss);
+    runlog_append_scalar(log, RUNLOG_STEP_MS, (float)st->step_ms);
+    runlog_append_scalar(log, RUNLOG_STEP_LR, (float)st->lr);
+    runlog_append_scalar(log, RUNLOG_STEP_GRAD_NORM, (float)st->grad_norm);
+    runlog_append_scalar(log, RUNLOG_STEP_TOKENS_PER_S,
+                         (float)(tokens_per_step / st->step_ms * 1e3));
+    runlog_append_scalar(log, RUNLOG_STEP_PEAK_RSS_MB,
+                         (float)((double)dm_peak_rss_bytes() / 1048576.0));
+    runlog_append_int_scalar(log, RUNLOG_STEP_RANKS, dm_world_size());
+    runlog_append_scalar(log, RUNLOG_STEP_BUBBLE, (float)st->bubble_ratio);
+    runlog_append_scalar(log, RUNLOG_STEP_IMBALANCE, (float)st->imbalance);
+    /* Per-stage rows keep the first world's width (NaN / 0 past a re-pack). */
+    float *row = dm_alloc((size_t)(cfg->layers > width ? cfg->layers : width) * sizeof(float));
+    int *irow = dm_alloc((size_t)width * sizeof(int));
+    for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_fwd_ms[l];
+    runlog_append_row(log, RUNLOG_LAYER_FWD_MS, row, cfg->layers);
+    for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_bwd_ms[l];
+    runlog_append_row(log, RUNLOG_LAYER_BWD_MS, row, cfg->layers);
+    if (!strcmp(cfg->dyn_kind, "prune")) {
+        for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_sparsity[l];
+        runlog_append_row(log, RUNLOG_LAYER_SPARSITY, row, cfg->layers);
+    }
+    if (!strcmp(cfg->dyn_kind, "early_exit")) {
+        for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_active[l];
+        runlog_append_row(log, RUNLOG_LAYER_ACTIVE, row, cfg->layers);
+    }
+    for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_update_ms[l];
+    runlog_append_row(log, RUNLOG_LAYER_UPDATE_MS, row, cfg->layers);
+    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_compute_ms[s] : NAN;
+    runlog_append_row(log, RUNLOG_STAGE_BUSY_MS, row, width);
+    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_wait_ms[s] : NAN;
+    runlog_append_row(log, RUNLOG_STAGE_IDLE_MS, row, width);
+    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_update_ms[s] : NAN;
+    runlog_append_row(log, RUNLOG_STAGE_UPDATE_MS, row, width);
+    for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
+    runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
+    for (int r = 0; r < st->trace_rows; r++)
+        runlog_append_row(log, RUNLOG_TRACE_EVENTS, st->trace + (size_t)r * STEP_TRACE_COLUMNS,
+                          STEP_TRACE_COLUMNS);
+    dm_free(row);
+    dm_free(irow);
+
+    if ((step + 1) % cfg->log_every != 0 && step + 1 != cfg->steps) return;
+    char eta[32];
+    format_eta(eta, sizeof eta, mean_ms * (cfg->steps - step - 1) / 1e3);
+    dm_log("step %d/%d | loss %.4f | lr %.2e | grad norm %.3f | %.0f ms | %.0f tok/s | ETA %s",
+           step + 1, cfg->steps, st->loss, st->lr, st->grad_norm, st->step_ms,
+           tokens_per_step / st->step_ms * 1e3, eta);
+    if (stages > 1)
+        dm_log(" | bubble %.1f%% | imbalance %.2f", 100.0 * st->bubble_ratio, st->imbalance);
+    if (st->dyn_text[0]) dm_log(" | %s", st->dyn_text);
+    if (st->migrated_blocks > 0) {
+        char layout[256];
+        layout_format(layout, sizeof layout, st->layout, stages);
+        dm_log(" | migrated %d blocks, %.1f MB, %.0f ms -> %s", st->migrated_blocks,
+               st->migrated_bytes / 1e6, st->migrate_ms, layout);
+    }
+}
+
+
+/* The end-of-run table: per stage, compute max / min over the logged
+ * steps and their ratio, total wait and mean bubble (STYLE.md: the
+ * max/min ratio is the product). */
+void stage_totals_init(struct stage_totals *t, int stages)
+{
+    memset(t, 0, sizeof *t);
+    t->compute_max = dm_alloc((size_t)stages * sizeof(double));
+    t->compute_min = dm_alloc((size_t)stages * sizeof(double));
+    t->wait_sum = dm_alloc((size_t)stages * sizeof(double));
+    t->compute_sum = dm_alloc((size_t)stages * sizeof(double));
+}
+
+void stage_totals_free(struct stage_totals *t)
+{
+    dm_free(t->compute_max);
+    dm_free(t->compute_min);
+    dm_free(t->wait_sum);
+    dm_free(t->compute_sum);
+}
+
+
+void stage_totals_add(struct stage_totals *t, const struct step_stats *st, int stages)
+{
+    for (int s = 0; s < stages; s++) {
+        double c = st->stage_compute_ms[s];
+        if (t->steps == 0 || c > t->compute_max[s]) t->compute_max[s] = c;
+        if (t->steps == 0 || c < t->compute_min[s]) t->compute_min[s] = c;
+        t->wait_sum[s] += st->stage_wait_ms[s];
+        t->compute_sum[s] += c;
+    }
+    t->step_sum += st->step_ms;
+    t->steps++;
+}
+
+
+void stage_totals_print(const struct stage_totals *t, int stages)
+{
+    if (t->steps == 0) return;
+    dm_log("\nper stage over %d steps (ms per step):\n", t->steps);
+    dm_log("  stage  compute max  compute min  max/min   wait mean  bubble %%\n");
+    for (int s = 0; s < stages; s++) {
+        double mean_step = t->step_sum / t->steps;
+        double busy = t->compute_sum[s] / t->steps;
+        double bubble = mean_step > 0 ? 100.0 * (1.0 - busy / mean_step) : 0.0;
+        dm_log("  %5d  %11.1f  %11.1f  %7.2f  %10.1f  %8.1f\n", s, t->compute_max[s],
+               t->compute_min[s],
+               t->compute_min[s] > 0 ? t->compute_max[s] / t->compute_min[s] : 0.0,
+               t->wait_sum[s] / t->steps, bubble < 0 ? 0.0 : bubble);
+    }
+}
+
+
+/* The run log continues across restarts: every per-step dataset is cut back
+ * to the resumed step (the trace to its rows of steps up to it), per-stage
+ * rows keep the first world's width. */
+struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, long start,
+                                  int stages, int *width)
+{
+    *width = stages;
+    make_dirs(cfg->out_dir);
+    if (start == 0 || access(path, F_OK) != 0) return runlog_create(path, cfg);
+    int *rows = NULL, ncols = 0;
+    char err[512];
+    if (runlog_read_int_matrix(path, RUNLOG_LAYOUT_HISTORY, &rows, &ncols, err, sizeof err) > 0 &&
+        ncols > stages)
+        *width = ncols;
+    dm_free(rows);
+    float *trace = NULL;   /* rows in step order; column 0 is the 1-based step */
+    long trace_rows = runlog_read_matrix(path, RUNLOG_TRACE_EVENTS, &trace, &ncols, err,
+                                         sizeof err), trace_keep = 0;
+    while (trace_keep < trace_rows && trace[trace_keep * ncols] <= (float)start) trace_keep++;
+    dm_free(trace);
+    struct runlog *log = runlog_open_append(path);
+    if (trace_rows > trace_keep) runlog_truncate(log, RUNLOG_TRACE_EVENTS, trace_keep);
+    static const char *per_step[] = {
+        RUNLOG_STEP_LOSS, RUNLOG_STEP_MS, RUNLOG_STEP_LR, RUNLOG_STEP_GRAD_NORM,
+        RUNLOG_STEP_TOKENS_PER_S, RUNLOG_STEP_PEAK_RSS_MB, RUNLOG_STEP_RANKS,
+        RUNLOG_STEP_BUBBLE, RUNLOG_STEP_IMBALANCE, RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS,
+        RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS, RUNLOG_LAYOUT_HISTORY, RUNLOG_LAYER_SPARSITY,
+        RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_UPDATE_MS, RUNLOG_STAGE_UPDATE_MS,
+    };
+    for (size_t i = 0; i < sizeof per_step / sizeof *per_step; i++)
+        if (runlog_rows(log, per_step[i]) > start) runlog_truncate(log, per_step[i], start);
+    long evals = cfg->eval_every > 0 ? start / cfg->eval_every : 0;
+    if (runlog_rows(log, RUNLOG_EVAL_STEP) > evals) {
+        runlog_truncate(log, RUNLOG_EVAL_STEP, evals);
+        runlog_truncate(log, RUNLOG_EVAL_LOSS, evals);
+    }
+    return log;
+}
+

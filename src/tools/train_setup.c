@@ -1,0 +1,116 @@
+/* The set-up of `dynmo train` and `dynmo bench` (train.h): the command
+ * line and the config, threads per rank, the token files every rank
+ * opens and checks, and the initial layout balance.initial names. Each
+ * user error is one message and exit status 2 on every rank. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "dynmo/balance.h"
+#include "dynmo/core.h"
+#include "dynmo/model.h"
+#include "dynmo/world.h"
+#include "tools/train.h"
+
+
+void train_parse_args(int argc, char **argv, struct dm_config *cfg, struct train_args *args,
+                      int is_bench)
+{
+    const char *cmd = is_bench ? "bench" : "train";
+    config_defaults(cfg);
+    args->config_path = NULL;
+    args->warmup_steps = 3;
+    args->timed_steps = 10;
+    args->migration = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--config")) {
+            if (i + 1 >= argc) dm_user_error("%s: --config needs a file", cmd);
+            args->config_path = argv[++i];
+        }
+    }
+    if (args->config_path) config_load_file(cfg, args->config_path);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--config")) {
+            i++;
+        } else if (is_bench && (!strcmp(a, "--warmup") || !strcmp(a, "--steps"))) {
+            if (i + 1 >= argc) dm_user_error("bench: %s needs a number", a);
+            char *end;
+            long v = strtol(argv[++i], &end, 10);
+            if (*end || v < (a[2] == 'w' ? 0 : 1) || v > 100000)
+                dm_user_error("bench: %s = '%s' must be an integer in [%d, 100000]", a,
+                              argv[i], a[2] == 'w' ? 0 : 1);
+            if (a[2] == 'w') args->warmup_steps = (int)v;
+            else args->timed_steps = (int)v;
+        } else if (is_bench && !strcmp(a, "--migration")) {
+            args->migration = 1;
+        } else if (strchr(a, '=') && a[0] != '-') {
+            config_apply_override(cfg, a);
+        } else {
+            dm_user_error("%s: unknown argument '%s' (usage: dynmo %s --config FILE "
+                          "[section.key=value ...]%s)", cmd, a, cmd,
+                          is_bench ? " [--warmup N] [--steps N]" : "");
+        }
+    }
+    config_validate(cfg);
+}
+
+
+int train_threads_for_rank(const struct dm_config *cfg)
+{
+    if (cfg->threads > 0) return cfg->threads;
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    int local = world_local_size();
+    long n = cores / (local > 0 ? local : 1);
+    return n < 1 ? 1 : (int)n;
+}
+
+void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
+{
+    /* DeepSpeed's equal parameters: block parameter counts, the embedding
+     * on the first stage and the final norm on the last. */
+    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    int L = cfg->layers;
+    double *cost = dm_alloc((size_t)L * sizeof(double));
+    int64_t *mem = dm_alloc((size_t)L * sizeof(int64_t));
+    for (int b = 0; b < L; b++) {
+        cost[b] = (double)block_param_count(shape.channels);
+        mem[b] = (int64_t)(4 * block_param_count(shape.channels) * sizeof(float));
+    }
+    struct balance_costs params = {
+        .blocks = L, .cost = cost, .mem_bytes = mem,
+        .first_cost = (double)(shape.vocab + shape.max_seq) * shape.channels,
+        .last_cost = 2.0 * shape.channels,
+    };
+    char err[512];
+    int rc = balance_layout_from_spec(cfg->initial, stages, L, &params, counts, err, sizeof err);
+    dm_free(cost);
+    dm_free(mem);
+    if (rc != BALANCE_OK) dm_user_error("%s", err);
+}
+
+void train_open_data(struct train_data *d, const struct dm_config *cfg)
+{
+    d->have_val = cfg->eval_every > 0;
+    char problem[WORLD_MESSAGE_BYTES] = "";
+    int bad = token_file_try_open(&d->train_file, cfg->train_path, (uint32_t)cfg->vocab,
+                                  (uint64_t)cfg->seq + 1, problem, sizeof problem) != 0;
+    if (!bad && d->have_val)
+        bad = token_file_try_open(&d->val_file, cfg->val_path, (uint32_t)cfg->vocab,
+                                  (uint64_t)cfg->seq + 1, problem, sizeof problem) != 0;
+    char agreed[WORLD_MESSAGE_BYTES];
+    if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))
+        dm_user_error("%s", agreed);
+    loader_init(&d->train, &d->train_file, cfg->seq, cfg->seed);
+    if (d->have_val) loader_init(&d->val, &d->val_file, cfg->seq, cfg->seed);
+}
+
+void train_close_data(struct train_data *d)
+{
+    loader_free(&d->train);
+    token_file_close(&d->train_file);
+    if (d->have_val) {
+        loader_free(&d->val);
+        token_file_close(&d->val_file);
+    }
+}
