@@ -7,7 +7,7 @@
  * (m + S - 1)(f + b) (+ 2(S-1) per-message latency for GPipe), and reports
  * a deadlock for lists that cannot finish. */
 #include <string.h>
-#include "dynmo/pipe.h"
+#include "dynmo/balance.h"
 #include "testing.h"
 
 #define MAX_S 6
@@ -21,14 +21,14 @@ static const char *kind_name(enum dm_schedule kind)
 /* Positions of each op for each micro-batch in one stage's list, -1 if
  * absent; counts catch duplicates. */
 struct stage_index {
-    int pos[PIPE_OP_COUNT][MAX_M];
-    int count[PIPE_OP_COUNT][MAX_M];
+    int pos[SCHEDULE_OP_COUNT][MAX_M];
+    int count[SCHEDULE_OP_COUNT][MAX_M];
 };
 
-static void index_stage(struct stage_index *ix, const struct pipe_instr *list, int n)
+static void index_stage(struct stage_index *ix, const struct schedule_instr *list, int n)
 {
     memset(ix->count, 0, sizeof ix->count);
-    for (int op = 0; op < PIPE_OP_COUNT; op++)
+    for (int op = 0; op < SCHEDULE_OP_COUNT; op++)
         for (int mb = 0; mb < MAX_M; mb++) ix->pos[op][mb] = -1;
     for (int i = 0; i < n; i++) {
         int mb = list[i].micro_batch;
@@ -38,46 +38,46 @@ static void index_stage(struct stage_index *ix, const struct pipe_instr *list, i
     }
 }
 
-static int structure_errors(const struct pipe_schedule *sched)
+static int structure_errors(const struct schedule *sched)
 {
     int S = sched->stages, m = sched->micro_batches, errors = 0;
     struct stage_index ix;
     for (int s = 0; s < S; s++) {
-        const struct pipe_instr *list = sched->instr + sched->offset[s];
+        const struct schedule_instr *list = sched->instr + sched->offset[s];
         int n = sched->offset[s + 1] - sched->offset[s];
         int first = s == 0, last = s == S - 1;
         index_stage(&ix, list, n);
         for (int mb = 0; mb < m; mb++) {
-            errors += ix.count[PIPE_FWD][mb] != 1;
-            errors += ix.count[PIPE_BWD][mb] != 1;
-            errors += ix.count[PIPE_RECV_ACT][mb] != !first;
-            errors += ix.count[PIPE_SEND_GRAD][mb] != !first;
-            errors += ix.count[PIPE_SEND_ACT][mb] != !last;
-            errors += ix.count[PIPE_RECV_GRAD][mb] != !last;
-            errors += ix.pos[PIPE_BWD][mb] < ix.pos[PIPE_FWD][mb];
+            errors += ix.count[SCHEDULE_FWD][mb] != 1;
+            errors += ix.count[SCHEDULE_BWD][mb] != 1;
+            errors += ix.count[SCHEDULE_RECV_ACT][mb] != !first;
+            errors += ix.count[SCHEDULE_SEND_GRAD][mb] != !first;
+            errors += ix.count[SCHEDULE_SEND_ACT][mb] != !last;
+            errors += ix.count[SCHEDULE_RECV_GRAD][mb] != !last;
+            errors += ix.pos[SCHEDULE_BWD][mb] < ix.pos[SCHEDULE_FWD][mb];
             if (!first) {
-                errors += ix.pos[PIPE_RECV_ACT][mb] > ix.pos[PIPE_FWD][mb];
-                errors += ix.pos[PIPE_SEND_GRAD][mb] < ix.pos[PIPE_BWD][mb];
+                errors += ix.pos[SCHEDULE_RECV_ACT][mb] > ix.pos[SCHEDULE_FWD][mb];
+                errors += ix.pos[SCHEDULE_SEND_GRAD][mb] < ix.pos[SCHEDULE_BWD][mb];
             }
             if (!last) {
-                errors += ix.pos[PIPE_SEND_ACT][mb] < ix.pos[PIPE_FWD][mb];
-                errors += ix.pos[PIPE_RECV_GRAD][mb] > ix.pos[PIPE_BWD][mb];
+                errors += ix.pos[SCHEDULE_SEND_ACT][mb] < ix.pos[SCHEDULE_FWD][mb];
+                errors += ix.pos[SCHEDULE_RECV_GRAD][mb] > ix.pos[SCHEDULE_BWD][mb];
             }
         }
         /* Nothing but the per-mb instructions and the two closing ones. */
         int expected = m * (2 + 2 * !first + 2 * !last) + 2;
         errors += n != expected;
-        errors += n < 2 || list[n - 2].op != PIPE_REDUCE_GRADS ||
-                  list[n - 1].op != PIPE_OPTIMIZER_STEP;
+        errors += n < 2 || list[n - 2].op != SCHEDULE_REDUCE_GRADS ||
+                  list[n - 1].op != SCHEDULE_OPTIMIZER_STEP;
         for (int i = 0; i < n - 2; i++)
             errors += list[i].micro_batch < 0 || list[i].micro_batch >= m ||
-                      list[i].op == PIPE_REDUCE_GRADS || list[i].op == PIPE_OPTIMIZER_STEP;
+                      list[i].op == SCHEDULE_REDUCE_GRADS || list[i].op == SCHEDULE_OPTIMIZER_STEP;
     }
     return errors;
 }
 
 /* The micro-batch sequence of `op` in stage s's list. */
-static int op_sequence(const struct pipe_schedule *sched, int s, enum pipe_op op, int *seq)
+static int op_sequence(const struct schedule *sched, int s, enum schedule_op op, int *seq)
 {
     int n = 0;
     for (int i = sched->offset[s]; i < sched->offset[s + 1]; i++)
@@ -85,15 +85,15 @@ static int op_sequence(const struct pipe_schedule *sched, int s, enum pipe_op op
     return n;
 }
 
-static int pairing_errors(const struct pipe_schedule *sched)
+static int pairing_errors(const struct schedule *sched)
 {
     int errors = 0, a[MAX_M * 2], b[MAX_M * 2];
     for (int s = 0; s + 1 < sched->stages; s++) {
-        int na = op_sequence(sched, s, PIPE_SEND_ACT, a);
-        int nb = op_sequence(sched, s + 1, PIPE_RECV_ACT, b);
+        int na = op_sequence(sched, s, SCHEDULE_SEND_ACT, a);
+        int nb = op_sequence(sched, s + 1, SCHEDULE_RECV_ACT, b);
         errors += na != nb || memcmp(a, b, (size_t)na * sizeof *a) != 0;
-        na = op_sequence(sched, s + 1, PIPE_SEND_GRAD, a);
-        nb = op_sequence(sched, s, PIPE_RECV_GRAD, b);
+        na = op_sequence(sched, s + 1, SCHEDULE_SEND_GRAD, a);
+        nb = op_sequence(sched, s, SCHEDULE_RECV_GRAD, b);
         errors += na != nb || memcmp(a, b, (size_t)na * sizeof *a) != 0;
     }
     return errors;
@@ -104,7 +104,7 @@ static int pairing_errors(const struct pipe_schedule *sched)
  * message at the head and checks it is its micro-batch. Stages take turns
  * one instruction at a time (round robin) until all finish or none can
  * move. Returns 0, 1 on deadlock, 2 on a mismatched message. */
-static int fifo_execute(const struct pipe_schedule *sched, int *peak_alive)
+static int fifo_execute(const struct schedule *sched, int *peak_alive)
 {
     enum { CAP = MAX_M + 1 };
     int S = sched->stages;
@@ -121,17 +121,17 @@ static int fifo_execute(const struct pipe_schedule *sched, int *peak_alive)
         for (int s = 0; s < S; s++) {
             if (pc[s] == sched->offset[s + 1]) continue;
             done = 0;
-            const struct pipe_instr *in = &sched->instr[pc[s]];
+            const struct schedule_instr *in = &sched->instr[pc[s]];
             int channel = -1, boundary = -1, is_recv = 0;
             switch (in->op) {
-            case PIPE_SEND_ACT: channel = 0; boundary = s; break;
-            case PIPE_RECV_ACT: channel = 0; boundary = s - 1; is_recv = 1; break;
-            case PIPE_SEND_GRAD: channel = 1; boundary = s - 1; break;
-            case PIPE_RECV_GRAD: channel = 1; boundary = s; is_recv = 1; break;
-            case PIPE_FWD:
+            case SCHEDULE_SEND_ACT: channel = 0; boundary = s; break;
+            case SCHEDULE_RECV_ACT: channel = 0; boundary = s - 1; is_recv = 1; break;
+            case SCHEDULE_SEND_GRAD: channel = 1; boundary = s - 1; break;
+            case SCHEDULE_RECV_GRAD: channel = 1; boundary = s; is_recv = 1; break;
+            case SCHEDULE_FWD:
                 if (++alive[s] > peak_alive[s]) peak_alive[s] = alive[s];
                 break;
-            case PIPE_BWD: alive[s]--; break;
+            case SCHEDULE_BWD: alive[s]--; break;
             default: break;
             }
             if (channel >= 0 && is_recv) {
@@ -155,7 +155,7 @@ static void test_all_shapes(void)
     for (int kind = 0; kind < 2; kind++) {
         for (int S = 1; S <= MAX_S; S++) {
             for (int m = 1; m <= MAX_M; m++) {
-                struct pipe_schedule sched;
+                struct schedule sched;
                 schedule_build(&sched, (enum dm_schedule)kind, S, m);
                 const char *name = kind_name((enum dm_schedule)kind);
                 int errors = structure_errors(&sched);
@@ -173,7 +173,7 @@ static void test_all_shapes(void)
                               "alive at once, expected %d", name, S, m, s, peak[s], want);
                     CHECK(schedule_peak_activations(&sched, s) == want);
                     /* schedule_stage gives the same list as schedule_build. */
-                    struct pipe_instr list[SCHEDULE_MAX_INSTRS(MAX_M)];
+                    struct schedule_instr list[SCHEDULE_MAX_INSTRS(MAX_M)];
                     int n = schedule_stage(list, (enum dm_schedule)kind, s, S, m);
                     CHECK(n == sched.offset[s + 1] - sched.offset[s] &&
                           memcmp(list, sched.instr + sched.offset[s],
@@ -205,7 +205,7 @@ static void test_simulated_times(void)
                     fwd[s] = f;
                     bwd[s] = b;
                 }
-                struct pipe_schedule sched;
+                struct schedule sched;
                 schedule_build(&sched, (enum dm_schedule)kind, S, m);
                 struct schedule_timing t = {.busy_ms = busy, .idle_ms = idle};
                 CHECK(schedule_simulate(&sched, fwd, bwd, NULL, 0.0, &t) == 0);
@@ -231,7 +231,7 @@ static void test_simulated_times(void)
      * stages with the middle one three times slower. The middle stage is
      * busy all the time once filled; the others idle for the difference. */
     double f3[3] = {1, 3, 1}, b3[3] = {2, 6, 2}, u3[3] = {0.5, 0.5, 0.5};
-    struct pipe_schedule sched;
+    struct schedule sched;
     schedule_build(&sched, DM_SCHEDULE_1F1B, 3, 8);
     struct schedule_timing t = {.busy_ms = busy, .idle_ms = idle};
     CHECK(schedule_simulate(&sched, f3, b3, u3, 0.0, &t) == 0);
@@ -258,25 +258,25 @@ static void test_simulated_times(void)
 /* Lists that wait for a gradient before sending the activation it needs. */
 static void test_deadlock_is_detected(void)
 {
-    struct pipe_instr stage0[] = {
-        {PIPE_FWD, 0}, {PIPE_RECV_GRAD, 0}, {PIPE_SEND_ACT, 0}, {PIPE_BWD, 0},
-        {PIPE_REDUCE_GRADS, -1}, {PIPE_OPTIMIZER_STEP, -1},
+    struct schedule_instr stage0[] = {
+        {SCHEDULE_FWD, 0}, {SCHEDULE_RECV_GRAD, 0}, {SCHEDULE_SEND_ACT, 0}, {SCHEDULE_BWD, 0},
+        {SCHEDULE_REDUCE_GRADS, -1}, {SCHEDULE_OPTIMIZER_STEP, -1},
     };
-    struct pipe_instr stage1[] = {
-        {PIPE_RECV_ACT, 0}, {PIPE_FWD, 0}, {PIPE_BWD, 0}, {PIPE_SEND_GRAD, 0},
-        {PIPE_REDUCE_GRADS, -1}, {PIPE_OPTIMIZER_STEP, -1},
+    struct schedule_instr stage1[] = {
+        {SCHEDULE_RECV_ACT, 0}, {SCHEDULE_FWD, 0}, {SCHEDULE_BWD, 0}, {SCHEDULE_SEND_GRAD, 0},
+        {SCHEDULE_REDUCE_GRADS, -1}, {SCHEDULE_OPTIMIZER_STEP, -1},
     };
-    struct pipe_instr instr[12];
+    struct schedule_instr instr[12];
     memcpy(instr, stage0, sizeof stage0);
     memcpy(instr + 6, stage1, sizeof stage1);
     int offset[3] = {0, 6, 12};
-    struct pipe_schedule sched = {DM_SCHEDULE_1F1B, 2, 1, offset, instr};
+    struct schedule sched = {DM_SCHEDULE_1F1B, 2, 1, offset, instr};
     double fwd[2] = {1, 1}, bwd[2] = {1, 1};
     struct schedule_timing t = {0};
     CHECK(schedule_simulate(&sched, fwd, bwd, NULL, 0.0, &t) == -1);
     int peak[MAX_S];
     CHECK(fifo_execute(&sched, peak) == 1);
-    CHECK(strcmp(schedule_op_name(PIPE_RECV_GRAD), "RECV_GRAD") == 0);
+    CHECK(strcmp(schedule_op_name(SCHEDULE_RECV_GRAD), "RECV_GRAD") == 0);
 }
 
 int main(void)

@@ -235,6 +235,98 @@ int balance_diffusion(const struct balance_costs *costs, int stages,
                       int max_rounds, int *counts, struct balance_result *res,
                       char *err, size_t errsize);
 
+/* ---- schedules ------------------------------------------------------------ */
+
+/* A schedule says, for each of S stages, the exact order in which that
+ * stage receives activations, runs forwards, sends activations, receives
+ * gradients, runs backwards and sends gradients for each of m
+ * micro-batches in one optimizer step, then reduces gradients across data
+ * parallel replicas and steps the optimizer. The engine executes a stage's
+ * list as it is; the predictor below simulates the same lists. Sends are
+ * assumed not to block (the engine posts them as non-blocking sends); a
+ * receive waits for the matching send of the neighbouring stage. Between
+ * two neighbours, sends and receives of one kind occur in the same
+ * micro-batch order on both sides, so FIFO channels (MPI's non-overtaking
+ * messages) match them.
+ *
+ * Unlike the rest of this file, the schedule functions take sizes that were
+ * validated before (the configuration, or the predictor's own checks): bad
+ * sizes are internal errors (DM_ASSERT), not a status. */
+
+enum schedule_op {
+    SCHEDULE_RECV_ACT,       /* receive mb's input activations from stage s-1 */
+    SCHEDULE_FWD,            /* forward of mb through this stage's layers */
+    SCHEDULE_SEND_ACT,       /* send mb's output activations to stage s+1 */
+    SCHEDULE_RECV_GRAD,      /* receive the gradient of mb's output from s+1 */
+    SCHEDULE_BWD,            /* backward of mb; accumulates parameter gradients */
+    SCHEDULE_SEND_GRAD,      /* send the gradient of mb's input to stage s-1 */
+    SCHEDULE_REDUCE_GRADS,   /* data-parallel gradient reduction (no mb) */
+    SCHEDULE_OPTIMIZER_STEP, /* optimizer step of this stage's layers (no mb) */
+    SCHEDULE_OP_COUNT
+};
+
+struct schedule_instr {
+    enum schedule_op op;
+    int micro_batch;         /* 0..m-1; -1 for REDUCE_GRADS and OPTIMIZER_STEP */
+};
+
+/* Instructions one stage needs at most for m micro-batches. */
+#define SCHEDULE_MAX_INSTRS(micro_batches) (6 * (micro_batches) + 2)
+
+/* Writes stage `stage`'s instruction list (of `stages` stages, 0-based) for
+ * `micro_batches` micro-batches into out, which holds at least
+ * SCHEDULE_MAX_INSTRS(micro_batches) entries; returns the count.
+ *
+ * GPipe (fill-drain): every forward, then every backward.
+ * 1F1B: a warm-up of min(S-s-1, m) forwards on stage s, then alternating
+ * one forward and one backward, then a cool-down of the remaining
+ * backwards. Both run forwards and backwards in ascending micro-batch order,
+ * so the order in which gradients accumulate, and with it every result, is
+ * the same for both schedules and for any number of stages.
+ * The first stage has no RECV_ACT and no SEND_GRAD; the last stage has no
+ * SEND_ACT and no RECV_GRAD (its FWD ends in the loss and its BWD starts
+ * from it). Every list ends with REDUCE_GRADS, OPTIMIZER_STEP.
+ * Bad sizes (stages < 1, micro_batches < 1, stage out of range, an unknown
+ * kind) are internal errors. */
+int schedule_stage(struct schedule_instr *out, enum dm_schedule kind, int stage,
+                   int stages, int micro_batches);
+
+/* The lists of all stages in one allocation (for tools and tests; a rank
+ * needs only its own, from schedule_stage). */
+struct schedule {
+    enum dm_schedule kind;
+    int stages, micro_batches;
+    int *offset;                   /* (stages + 1): stage s is instr[offset[s] .. offset[s+1]) */
+    struct schedule_instr *instr;  /* (offset[stages]) */
+};
+
+/* Fills sched with every stage's list. The arrays belong to sched until
+ * schedule_free, which frees them and zeroes sched. */
+void schedule_build(struct schedule *sched, enum dm_schedule kind, int stages,
+                    int micro_batches);
+void schedule_free(struct schedule *sched);
+
+/* Most micro-batches whose activations stage `stage` holds at once (from
+ * its FWD until its BWD): min(S-s, m) for 1F1B, m for GPipe. */
+int schedule_peak_activations(const struct schedule *sched, int stage);
+
+/* "FWD", "RECV_ACT", ... for logs and tools; "?" for a value out of range. */
+const char *schedule_op_name(enum schedule_op op);
+
+/* The timing of one simulated optimizer step. */
+struct schedule_timing {
+    double step_ms;        /* when the last stage finishes its list */
+    double *busy_ms;       /* (stages) compute time of each stage: m*(fwd+bwd) + update */
+    double *idle_ms;       /* (stages) step_ms - busy_ms: the stage's bubble */
+    double bubble_fraction;/* sum(idle) / (stages * step_ms) */
+};
+
+/* Simulates sched on an ideal machine (tests only; to be replaced by the
+ * predictor). Returns 0, or -1 when the lists deadlock. */
+int schedule_simulate(const struct schedule *sched, const double *fwd_ms,
+                      const double *bwd_ms, const double *update_ms, double send_ms,
+                      struct schedule_timing *timing);
+
 /* ---- predictor ---------------------------------------------------------- */
 
 struct balance_prediction {

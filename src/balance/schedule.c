@@ -1,43 +1,44 @@
-/* Pipeline schedules as per-stage instruction lists (GPipe and 1F1B), and a
- * simulator that turns a list and per-stage costs into a step time and
- * per-stage bubbles. Pure: no MPI, no model, no I/O; the engine executes
- * these lists, the balancer and tools reason about them. */
+/* Pipeline schedules as per-stage instruction lists (GPipe and 1F1B): the
+ * one definition of each schedule. The engine executes a stage's list; the
+ * predictor (predict.c) simulates the same lists. Must not: call MPI, touch
+ * the model or do I/O, or encode anything about time (that is the
+ * predictor's). */
 #include <string.h>
-#include "dynmo/pipe.h"
+#include "dynmo/balance.h"
 
-static const char *const op_names[PIPE_OP_COUNT] = {
-    [PIPE_RECV_ACT] = "RECV_ACT",   [PIPE_FWD] = "FWD",
-    [PIPE_SEND_ACT] = "SEND_ACT",   [PIPE_RECV_GRAD] = "RECV_GRAD",
-    [PIPE_BWD] = "BWD",             [PIPE_SEND_GRAD] = "SEND_GRAD",
-    [PIPE_REDUCE_GRADS] = "REDUCE_GRADS",
-    [PIPE_OPTIMIZER_STEP] = "OPTIMIZER_STEP",
+static const char *const op_names[SCHEDULE_OP_COUNT] = {
+    [SCHEDULE_RECV_ACT] = "RECV_ACT",   [SCHEDULE_FWD] = "FWD",
+    [SCHEDULE_SEND_ACT] = "SEND_ACT",   [SCHEDULE_RECV_GRAD] = "RECV_GRAD",
+    [SCHEDULE_BWD] = "BWD",             [SCHEDULE_SEND_GRAD] = "SEND_GRAD",
+    [SCHEDULE_REDUCE_GRADS] = "REDUCE_GRADS",
+    [SCHEDULE_OPTIMIZER_STEP] = "OPTIMIZER_STEP",
 };
 
-const char *schedule_op_name(enum pipe_op op)
+const char *schedule_op_name(enum schedule_op op)
 {
-    return ((int)op >= 0 && op < PIPE_OP_COUNT) ? op_names[op] : "?";
+    return ((int)op >= 0 && op < SCHEDULE_OP_COUNT) ? op_names[op] : "?";
 }
 
 /* Appends the receive-forward-send triple (or backward triple) of one
  * micro-batch, leaving out the transfers that do not exist at the ends of
  * the pipeline. */
-static int emit_forward(struct pipe_instr *out, int n, int mb, int first, int last)
+static int emit_forward(struct schedule_instr *out, int n, int mb, int first, int last)
 {
-    if (!first) out[n++] = (struct pipe_instr){PIPE_RECV_ACT, mb};
-    out[n++] = (struct pipe_instr){PIPE_FWD, mb};
-    if (!last) out[n++] = (struct pipe_instr){PIPE_SEND_ACT, mb};
+    if (!first) out[n++] = (struct schedule_instr){SCHEDULE_RECV_ACT, mb};
+    out[n++] = (struct schedule_instr){SCHEDULE_FWD, mb};
+    if (!last) out[n++] = (struct schedule_instr){SCHEDULE_SEND_ACT, mb};
     return n;
 }
 
-static int emit_backward(struct pipe_instr *out, int n, int mb, int first, int last)
+static int emit_backward(struct schedule_instr *out, int n, int mb, int first, int last)
 {
-    if (!last) out[n++] = (struct pipe_instr){PIPE_RECV_GRAD, mb};
-    out[n++] = (struct pipe_instr){PIPE_BWD, mb};
-    if (!first) out[n++] = (struct pipe_instr){PIPE_SEND_GRAD, mb};
+    if (!last) out[n++] = (struct schedule_instr){SCHEDULE_RECV_GRAD, mb};
+    out[n++] = (struct schedule_instr){SCHEDULE_BWD, mb};
+    if (!first) out[n++] = (struct schedule_instr){SCHEDULE_SEND_GRAD, mb};
     return n;
 }
 
-int schedule_stage(struct pipe_instr *out, enum dm_schedule kind, int stage,
+int schedule_stage(struct schedule_instr *out, enum dm_schedule kind, int stage,
                    int stages, int micro_batches)
 {
     DM_ASSERT(stages >= 1 && micro_batches >= 1 && stage >= 0 && stage < stages);
@@ -61,13 +62,13 @@ int schedule_stage(struct pipe_instr *out, enum dm_schedule kind, int stage,
         }
         for (int mb = m - warmup; mb < m; mb++) n = emit_backward(out, n, mb, first, last);
     }
-    out[n++] = (struct pipe_instr){PIPE_REDUCE_GRADS, -1};
-    out[n++] = (struct pipe_instr){PIPE_OPTIMIZER_STEP, -1};
+    out[n++] = (struct schedule_instr){SCHEDULE_REDUCE_GRADS, -1};
+    out[n++] = (struct schedule_instr){SCHEDULE_OPTIMIZER_STEP, -1};
     DM_ASSERT(n <= SCHEDULE_MAX_INSTRS(m));
     return n;
 }
 
-void schedule_build(struct pipe_schedule *sched, enum dm_schedule kind, int stages,
+void schedule_build(struct schedule *sched, enum dm_schedule kind, int stages,
                     int micro_batches)
 {
     DM_ASSERT(stages >= 1 && micro_batches >= 1);
@@ -85,25 +86,25 @@ void schedule_build(struct pipe_schedule *sched, enum dm_schedule kind, int stag
     sched->offset[stages] = n;
 }
 
-void schedule_free(struct pipe_schedule *sched)
+void schedule_free(struct schedule *sched)
 {
     dm_free(sched->offset);
     dm_free(sched->instr);
     memset(sched, 0, sizeof *sched);
 }
 
-int schedule_peak_activations(const struct pipe_schedule *sched, int stage)
+int schedule_peak_activations(const struct schedule *sched, int stage)
 {
     DM_ASSERT(stage >= 0 && stage < sched->stages);
     int alive = 0, peak = 0;
     for (int i = sched->offset[stage]; i < sched->offset[stage + 1]; i++) {
-        if (sched->instr[i].op == PIPE_FWD && ++alive > peak) peak = alive;
-        if (sched->instr[i].op == PIPE_BWD) alive--;
+        if (sched->instr[i].op == SCHEDULE_FWD && ++alive > peak) peak = alive;
+        if (sched->instr[i].op == SCHEDULE_BWD) alive--;
     }
     return peak;
 }
 
-int schedule_simulate(const struct pipe_schedule *sched, const double *fwd_ms,
+int schedule_simulate(const struct schedule *sched, const double *fwd_ms,
                       const double *bwd_ms, const double *update_ms, double send_ms,
                       struct schedule_timing *timing)
 {
@@ -129,15 +130,15 @@ int schedule_simulate(const struct pipe_schedule *sched, const double *fwd_ms,
         remaining = 0;
         for (int s = 0; s < S; s++) {
             for (; pc[s] < sched->offset[s + 1]; pc[s]++) {
-                const struct pipe_instr *in = &sched->instr[pc[s]];
+                const struct schedule_instr *in = &sched->instr[pc[s]];
                 int mb = in->micro_batch;
-                if (in->op != PIPE_REDUCE_GRADS && in->op != PIPE_OPTIMIZER_STEP)
+                if (in->op != SCHEDULE_REDUCE_GRADS && in->op != SCHEDULE_OPTIMIZER_STEP)
                     DM_ASSERT(mb >= 0 && mb < m);
                 double *arrival = NULL;
-                if (in->op == PIPE_RECV_ACT) {
+                if (in->op == SCHEDULE_RECV_ACT) {
                     DM_ASSERT(s > 0);
                     arrival = &act_sent[(size_t)(s - 1) * m + mb];
-                } else if (in->op == PIPE_RECV_GRAD) {
+                } else if (in->op == SCHEDULE_RECV_GRAD) {
                     DM_ASSERT(s < S - 1);
                     arrival = &grad_sent[(size_t)s * m + mb];
                 }
@@ -148,23 +149,23 @@ int schedule_simulate(const struct pipe_schedule *sched, const double *fwd_ms,
                     continue;
                 }
                 switch (in->op) {
-                case PIPE_FWD:
+                case SCHEDULE_FWD:
                     clock[s] += fwd_ms[s];
                     busy[s] += fwd_ms[s];
                     break;
-                case PIPE_BWD:
+                case SCHEDULE_BWD:
                     clock[s] += bwd_ms[s];
                     busy[s] += bwd_ms[s];
                     break;
-                case PIPE_SEND_ACT:
+                case SCHEDULE_SEND_ACT:
                     DM_ASSERT(s < S - 1);
                     act_sent[(size_t)s * m + mb] = clock[s];
                     break;
-                case PIPE_SEND_GRAD:
+                case SCHEDULE_SEND_GRAD:
                     DM_ASSERT(s > 0);
                     grad_sent[(size_t)(s - 1) * m + mb] = clock[s];
                     break;
-                case PIPE_OPTIMIZER_STEP:
+                case SCHEDULE_OPTIMIZER_STEP:
                     if (update_ms) {
                         clock[s] += update_ms[s];
                         busy[s] += update_ms[s];
