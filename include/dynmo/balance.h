@@ -313,20 +313,6 @@ int schedule_peak_activations(const struct schedule *sched, int stage);
 /* "FWD", "RECV_ACT", ... for logs and tools; "?" for a value out of range. */
 const char *schedule_op_name(enum schedule_op op);
 
-/* The timing of one simulated optimizer step. */
-struct schedule_timing {
-    double step_ms;        /* when the last stage finishes its list */
-    double *busy_ms;       /* (stages) compute time of each stage: m*(fwd+bwd) + update */
-    double *idle_ms;       /* (stages) step_ms - busy_ms: the stage's bubble */
-    double bubble_fraction;/* sum(idle) / (stages * step_ms) */
-};
-
-/* Simulates sched on an ideal machine (tests only; to be replaced by the
- * predictor). Returns 0, or -1 when the lists deadlock. */
-int schedule_simulate(const struct schedule *sched, const double *fwd_ms,
-                      const double *bwd_ms, const double *update_ms, double send_ms,
-                      struct schedule_timing *timing);
-
 /* ---- predictor ---------------------------------------------------------- */
 
 struct balance_prediction {
