@@ -1,14 +1,16 @@
 /* dynmo balance: the paper's load balancers (DynMo sections 3.3-3.4) as pure
  * functions over arrays: static baselines, the exact memory-capped min-max
  * partition, the decentralised diffusion balancer, re-packing onto fewer
- * stages, a step-time predictor and the diff of two layouts into a
- * migration plan.
+ * stages, the pipeline schedules (GPipe, 1F1B) as per-stage instruction
+ * lists, the step-time predictor that is the one simulator of those lists,
+ * and the diff of two layouts into a migration plan.
  *
  * Nothing here calls MPI, touches the model or does I/O: arrays in, a layout
  * out, so that every algorithm is unit-tested in isolation and the pipeline
  * engine can call any of them on profiled numbers. Every function is
  * deterministic, is not collective, and allocates only scratch memory that
- * it frees before returning. Arrays passed in stay owned by the caller.
+ * it frees before returning (except schedule_build, whose lists the caller
+ * frees with schedule_free). Arrays passed in stay owned by the caller.
  *
  * Vocabulary. A block is a transformer block, the unit of placement. A
  * layout over S stages is an array `counts` of S block counts, every one
@@ -32,7 +34,8 @@
  * Errors. Functions that can fail return BALANCE_OK (0) or a negative
  * status, and then write a one-line message naming the offending block,
  * stage or argument into err (errsize bytes, always NUL-terminated; err may
- * be NULL). They never abort on bad input. */
+ * be NULL). They never abort on bad input; the schedule functions take
+ * sizes validated before and treat bad ones as internal errors (below). */
 #ifndef DYNMO_BALANCE_H
 #define DYNMO_BALANCE_H
 
@@ -323,12 +326,13 @@ struct balance_prediction {
 
 /* Predicts the step time of a pipeline whose stage s takes stage_fwd_ms[s]
  * and stage_bwd_ms[s] per micro-batch, by simulating the instruction
- * schedule with zero communication time: each stage runs its instruction
- * list in order, and an instruction starts when its stage is free and its
- * input is ready (forward k of stage s after forward k of stage s-1;
- * backward k after backward k of stage s+1, and after forward k). GPipe runs
- * all m forwards then all m backwards; 1F1B runs min(S-s-1, m) warm-up
- * forwards, then alternates one forward and one backward, then drains.
+ * lists of schedule_stage with zero communication time: each stage runs the
+ * FWD and BWD instructions of its list in order (transfers take no time),
+ * and an instruction starts when its stage is free and its input is ready
+ * (forward k of stage s after forward k of stage s-1; backward k after
+ * backward k of stage s+1, and after forward k). So GPipe runs all m
+ * forwards then all m backwards; 1F1B runs min(S-s-1, m) warm-up forwards,
+ * then alternates one forward and one backward, then drains.
  * bubble_ratio = 1 - sum_s m (f_s + b_s) / (S step_ms). For equal stages
  * both give step = (m + S - 1)(f + b), bubble = (S - 1)/(m + S - 1).
  * O(S m) time and memory. */
