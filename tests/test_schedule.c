@@ -1,13 +1,16 @@
 /* Pipeline schedules: for S = 1..6 stages and m = 1..12 micro-batches, GPipe
  * and 1F1B lists do every forward and backward once, in a legal order, with
  * sends and receives that pair up in the same order on both sides; an
- * independent execution over FIFO channels finishes without deadlock; 1F1B
- * keeps at most S-s micro-batches' activations on stage s, GPipe m. The
- * simulator reproduces the closed-form step time of a uniform pipeline,
- * (m + S - 1)(f + b) (+ 2(S-1) per-message latency for GPipe), and reports
- * a deadlock for lists that cannot finish. */
+ * independent execution over FIFO channels finishes without deadlock (and
+ * reports one for lists that cannot finish); 1F1B keeps at most S-s
+ * micro-batches' activations on stage s, GPipe m. The predictor, the one
+ * simulator of these lists, finishes every one of them with a processor per
+ * stage, under processor sharing and taking turns, and reproduces the
+ * closed-form step time of a uniform pipeline, (m + S - 1)(f + b), its
+ * bubble (S - 1)/(m + S - 1), GPipe's 2(S-1)c more with a latency c per
+ * message, and hand-worked imbalanced pipelines where 1F1B beats GPipe. */
 #include <string.h>
-#include "dynmo/pipe.h"
+#include "dynmo/balance.h"
 #include "testing.h"
 
 #define MAX_S 6
@@ -21,14 +24,14 @@ static const char *kind_name(enum dm_schedule kind)
 /* Positions of each op for each micro-batch in one stage's list, -1 if
  * absent; counts catch duplicates. */
 struct stage_index {
-    int pos[PIPE_OP_COUNT][MAX_M];
-    int count[PIPE_OP_COUNT][MAX_M];
+    int pos[SCHEDULE_OP_COUNT][MAX_M];
+    int count[SCHEDULE_OP_COUNT][MAX_M];
 };
 
-static void index_stage(struct stage_index *ix, const struct pipe_instr *list, int n)
+static void index_stage(struct stage_index *ix, const struct schedule_instr *list, int n)
 {
     memset(ix->count, 0, sizeof ix->count);
-    for (int op = 0; op < PIPE_OP_COUNT; op++)
+    for (int op = 0; op < SCHEDULE_OP_COUNT; op++)
         for (int mb = 0; mb < MAX_M; mb++) ix->pos[op][mb] = -1;
     for (int i = 0; i < n; i++) {
         int mb = list[i].micro_batch;
@@ -38,46 +41,46 @@ static void index_stage(struct stage_index *ix, const struct pipe_instr *list, i
     }
 }
 
-static int structure_errors(const struct pipe_schedule *sched)
+static int structure_errors(const struct schedule *sched)
 {
     int S = sched->stages, m = sched->micro_batches, errors = 0;
     struct stage_index ix;
     for (int s = 0; s < S; s++) {
-        const struct pipe_instr *list = sched->instr + sched->offset[s];
+        const struct schedule_instr *list = sched->instr + sched->offset[s];
         int n = sched->offset[s + 1] - sched->offset[s];
         int first = s == 0, last = s == S - 1;
         index_stage(&ix, list, n);
         for (int mb = 0; mb < m; mb++) {
-            errors += ix.count[PIPE_FWD][mb] != 1;
-            errors += ix.count[PIPE_BWD][mb] != 1;
-            errors += ix.count[PIPE_RECV_ACT][mb] != !first;
-            errors += ix.count[PIPE_SEND_GRAD][mb] != !first;
-            errors += ix.count[PIPE_SEND_ACT][mb] != !last;
-            errors += ix.count[PIPE_RECV_GRAD][mb] != !last;
-            errors += ix.pos[PIPE_BWD][mb] < ix.pos[PIPE_FWD][mb];
+            errors += ix.count[SCHEDULE_FWD][mb] != 1;
+            errors += ix.count[SCHEDULE_BWD][mb] != 1;
+            errors += ix.count[SCHEDULE_RECV_ACT][mb] != !first;
+            errors += ix.count[SCHEDULE_SEND_GRAD][mb] != !first;
+            errors += ix.count[SCHEDULE_SEND_ACT][mb] != !last;
+            errors += ix.count[SCHEDULE_RECV_GRAD][mb] != !last;
+            errors += ix.pos[SCHEDULE_BWD][mb] < ix.pos[SCHEDULE_FWD][mb];
             if (!first) {
-                errors += ix.pos[PIPE_RECV_ACT][mb] > ix.pos[PIPE_FWD][mb];
-                errors += ix.pos[PIPE_SEND_GRAD][mb] < ix.pos[PIPE_BWD][mb];
+                errors += ix.pos[SCHEDULE_RECV_ACT][mb] > ix.pos[SCHEDULE_FWD][mb];
+                errors += ix.pos[SCHEDULE_SEND_GRAD][mb] < ix.pos[SCHEDULE_BWD][mb];
             }
             if (!last) {
-                errors += ix.pos[PIPE_SEND_ACT][mb] < ix.pos[PIPE_FWD][mb];
-                errors += ix.pos[PIPE_RECV_GRAD][mb] > ix.pos[PIPE_BWD][mb];
+                errors += ix.pos[SCHEDULE_SEND_ACT][mb] < ix.pos[SCHEDULE_FWD][mb];
+                errors += ix.pos[SCHEDULE_RECV_GRAD][mb] > ix.pos[SCHEDULE_BWD][mb];
             }
         }
         /* Nothing but the per-mb instructions and the two closing ones. */
         int expected = m * (2 + 2 * !first + 2 * !last) + 2;
         errors += n != expected;
-        errors += n < 2 || list[n - 2].op != PIPE_REDUCE_GRADS ||
-                  list[n - 1].op != PIPE_OPTIMIZER_STEP;
+        errors += n < 2 || list[n - 2].op != SCHEDULE_REDUCE_GRADS ||
+                  list[n - 1].op != SCHEDULE_OPTIMIZER_STEP;
         for (int i = 0; i < n - 2; i++)
             errors += list[i].micro_batch < 0 || list[i].micro_batch >= m ||
-                      list[i].op == PIPE_REDUCE_GRADS || list[i].op == PIPE_OPTIMIZER_STEP;
+                      list[i].op == SCHEDULE_REDUCE_GRADS || list[i].op == SCHEDULE_OPTIMIZER_STEP;
     }
     return errors;
 }
 
 /* The micro-batch sequence of `op` in stage s's list. */
-static int op_sequence(const struct pipe_schedule *sched, int s, enum pipe_op op, int *seq)
+static int op_sequence(const struct schedule *sched, int s, enum schedule_op op, int *seq)
 {
     int n = 0;
     for (int i = sched->offset[s]; i < sched->offset[s + 1]; i++)
@@ -85,26 +88,26 @@ static int op_sequence(const struct pipe_schedule *sched, int s, enum pipe_op op
     return n;
 }
 
-static int pairing_errors(const struct pipe_schedule *sched)
+static int pairing_errors(const struct schedule *sched)
 {
     int errors = 0, a[MAX_M * 2], b[MAX_M * 2];
     for (int s = 0; s + 1 < sched->stages; s++) {
-        int na = op_sequence(sched, s, PIPE_SEND_ACT, a);
-        int nb = op_sequence(sched, s + 1, PIPE_RECV_ACT, b);
+        int na = op_sequence(sched, s, SCHEDULE_SEND_ACT, a);
+        int nb = op_sequence(sched, s + 1, SCHEDULE_RECV_ACT, b);
         errors += na != nb || memcmp(a, b, (size_t)na * sizeof *a) != 0;
-        na = op_sequence(sched, s + 1, PIPE_SEND_GRAD, a);
-        nb = op_sequence(sched, s, PIPE_RECV_GRAD, b);
+        na = op_sequence(sched, s + 1, SCHEDULE_SEND_GRAD, a);
+        nb = op_sequence(sched, s, SCHEDULE_RECV_GRAD, b);
         errors += na != nb || memcmp(a, b, (size_t)na * sizeof *a) != 0;
     }
     return errors;
 }
 
-/* An execution independent of schedule_simulate: each boundary carries two
+/* An execution independent of the predictor: each boundary carries two
  * FIFO channels with unbounded buffers; a SEND enqueues, a RECV needs a
  * message at the head and checks it is its micro-batch. Stages take turns
  * one instruction at a time (round robin) until all finish or none can
  * move. Returns 0, 1 on deadlock, 2 on a mismatched message. */
-static int fifo_execute(const struct pipe_schedule *sched, int *peak_alive)
+static int fifo_execute(const struct schedule *sched, int *peak_alive)
 {
     enum { CAP = MAX_M + 1 };
     int S = sched->stages;
@@ -121,17 +124,17 @@ static int fifo_execute(const struct pipe_schedule *sched, int *peak_alive)
         for (int s = 0; s < S; s++) {
             if (pc[s] == sched->offset[s + 1]) continue;
             done = 0;
-            const struct pipe_instr *in = &sched->instr[pc[s]];
+            const struct schedule_instr *in = &sched->instr[pc[s]];
             int channel = -1, boundary = -1, is_recv = 0;
             switch (in->op) {
-            case PIPE_SEND_ACT: channel = 0; boundary = s; break;
-            case PIPE_RECV_ACT: channel = 0; boundary = s - 1; is_recv = 1; break;
-            case PIPE_SEND_GRAD: channel = 1; boundary = s - 1; break;
-            case PIPE_RECV_GRAD: channel = 1; boundary = s; is_recv = 1; break;
-            case PIPE_FWD:
+            case SCHEDULE_SEND_ACT: channel = 0; boundary = s; break;
+            case SCHEDULE_RECV_ACT: channel = 0; boundary = s - 1; is_recv = 1; break;
+            case SCHEDULE_SEND_GRAD: channel = 1; boundary = s - 1; break;
+            case SCHEDULE_RECV_GRAD: channel = 1; boundary = s; is_recv = 1; break;
+            case SCHEDULE_FWD:
                 if (++alive[s] > peak_alive[s]) peak_alive[s] = alive[s];
                 break;
-            case PIPE_BWD: alive[s]--; break;
+            case SCHEDULE_BWD: alive[s]--; break;
             default: break;
             }
             if (channel >= 0 && is_recv) {
@@ -149,13 +152,36 @@ static int fifo_execute(const struct pipe_schedule *sched, int *peak_alive)
     }
 }
 
+/* The predictor on equal stages (f = b = 1): with a processor per stage the
+ * closed form, 2(m + S - 1); with all stages on one core, under processor
+ * sharing and taking turns, all the work, 2 S m, as a core never idles while
+ * the lists can go on (a deadlock would stop the predictor on an
+ * assertion). Returns the number of wrong predictions. */
+static int predictor_finish_errors(enum dm_schedule kind, int S, int m)
+{
+    double ones[MAX_S] = {1, 1, 1, 1, 1, 1}, one_core = 1;
+    int group[MAX_S] = {0};
+    int errors = 0;
+    char err[160];
+    struct balance_prediction p;
+    errors += balance_predict_stages(ones, ones, S, m, kind, &p, err, sizeof err) != BALANCE_OK;
+    errors += p.step_ms != 2.0 * (m + S - 1);
+    for (int turns = 0; turns < 2; turns++) {
+        struct balance_sharing one = {S, 1, group, &one_core, turns};
+        errors += balance_predict_shared(ones, ones, NULL, S, m, kind, &one, &p, err,
+                                         sizeof err) != BALANCE_OK;
+        errors += fabs(p.step_ms - 2.0 * S * m) > 1e-9 * S * m;
+    }
+    return errors;
+}
+
 static void test_all_shapes(void)
 {
     int cases = 0;
     for (int kind = 0; kind < 2; kind++) {
         for (int S = 1; S <= MAX_S; S++) {
             for (int m = 1; m <= MAX_M; m++) {
-                struct pipe_schedule sched;
+                struct schedule sched;
                 schedule_build(&sched, (enum dm_schedule)kind, S, m);
                 const char *name = kind_name((enum dm_schedule)kind);
                 int errors = structure_errors(&sched);
@@ -173,16 +199,17 @@ static void test_all_shapes(void)
                               "alive at once, expected %d", name, S, m, s, peak[s], want);
                     CHECK(schedule_peak_activations(&sched, s) == want);
                     /* schedule_stage gives the same list as schedule_build. */
-                    struct pipe_instr list[SCHEDULE_MAX_INSTRS(MAX_M)];
+                    struct schedule_instr list[SCHEDULE_MAX_INSTRS(MAX_M)];
                     int n = schedule_stage(list, (enum dm_schedule)kind, s, S, m);
                     CHECK(n == sched.offset[s + 1] - sched.offset[s] &&
                           memcmp(list, sched.instr + sched.offset[s],
                                  (size_t)n * sizeof *list) == 0);
                 }
-                /* The simulator agrees that these lists finish. */
-                struct schedule_timing timing = {0};
-                double ones[MAX_S] = {1, 1, 1, 1, 1, 1};
-                CHECK(schedule_simulate(&sched, ones, ones, NULL, 0.5, &timing) == 0);
+                /* The predictor, which simulates the lists of schedule_stage
+                 * (the same as schedule_build's, above), finishes them. */
+                errors = predictor_finish_errors((enum dm_schedule)kind, S, m);
+                CHECK_MSG(errors == 0, "%s S=%d m=%d: %d predictions wrong", name, S, m,
+                          errors);
                 schedule_free(&sched);
                 cases++;
             }
@@ -191,98 +218,119 @@ static void test_all_shapes(void)
     printf("shapes: %d (schedule, S, m) cases checked\n", cases);
 }
 
-/* A uniform pipeline has the textbook step time (m + S - 1)(f + b) with
- * both schedules; a per-message latency c adds 2(S-1)c to GPipe. */
-static void test_simulated_times(void)
+/* Predicts stage times f, b (and updates u, may be NULL) with a processor
+ * per stage; the prediction goes to *p. */
+static void predict(const double *f, const double *b, const double *u, int S, int m,
+                    enum dm_schedule kind, struct balance_prediction *p)
 {
-    double fwd[MAX_S], bwd[MAX_S], update[MAX_S], busy[MAX_S], idle[MAX_S];
+    char err[160] = "";
+    int rc = balance_predict_shared(f, b, u, S, m, kind, NULL, p, err, sizeof err);
+    CHECK_MSG(rc == BALANCE_OK, "%s", err);
+}
+
+/* A uniform pipeline has the textbook step time (m + S - 1)(f + b) with
+ * both schedules, and bubble (S - 1)/(m + S - 1); with an update u on every
+ * stage (the predictor's steady state starts each list u into the step)
+ * the step is u longer and every stage busy m(f + b) + u. A per-message
+ * latency c adds 2(S-1)c to GPipe: the predictor has no communication, so
+ * a relay stage that takes c per forward and per backward stands for each
+ * link (as c <= f, b, no message waits for the one before it). */
+static void test_predicted_times(void)
+{
+    double fwd[2 * MAX_S], bwd[2 * MAX_S], update[MAX_S];
     double largest_error = 0;
     for (int kind = 0; kind < 2; kind++) {
         for (int S = 1; S <= MAX_S; S++) {
             for (int m = 1; m <= MAX_M; m++) {
-                const double f = 1.5, b = 3.25, c = 0.125;
+                const double f = 1.5, b = 3.25, c = 0.125, u = 0.75;
                 for (int s = 0; s < S; s++) {
                     fwd[s] = f;
                     bwd[s] = b;
+                    update[s] = u;
                 }
-                struct pipe_schedule sched;
-                schedule_build(&sched, (enum dm_schedule)kind, S, m);
-                struct schedule_timing t = {.busy_ms = busy, .idle_ms = idle};
-                CHECK(schedule_simulate(&sched, fwd, bwd, NULL, 0.0, &t) == 0);
+                struct balance_prediction p;
+                predict(fwd, bwd, NULL, S, m, (enum dm_schedule)kind, &p);
                 double want = (m + S - 1) * (f + b);
-                CHECK_NEAR(t.step_ms, want, 1e-9);
-                CHECK_NEAR(t.bubble_fraction, (double)(S - 1) / (m + S - 1), 1e-12);
-                for (int s = 0; s < S; s++) {
-                    CHECK_NEAR(busy[s], m * (f + b), 1e-9);
-                    CHECK_NEAR(busy[s] + idle[s], t.step_ms, 1e-9);
-                }
-                if (fabs(t.step_ms - want) > largest_error) largest_error = fabs(t.step_ms - want);
+                CHECK_NEAR(p.step_ms, want, 1e-9);
+                CHECK_NEAR(p.bubble_ratio, (double)(S - 1) / (m + S - 1), 1e-12);
+                if (fabs(p.step_ms - want) > largest_error) largest_error = fabs(p.step_ms - want);
+                struct balance_prediction stages_only;
+                char err[160];
+                CHECK(balance_predict_stages(fwd, bwd, S, m, (enum dm_schedule)kind,
+                                             &stages_only, err, sizeof err) == BALANCE_OK);
+                CHECK(stages_only.step_ms == p.step_ms &&
+                      stages_only.bubble_ratio == p.bubble_ratio);
+                predict(fwd, bwd, update, S, m, (enum dm_schedule)kind, &p);
+                CHECK_NEAR(p.step_ms, u + want, 1e-9);
+                CHECK_NEAR(p.bubble_ratio, 1 - (m * (f + b) + u) / (u + want), 1e-12);
                 if (kind == DM_SCHEDULE_GPIPE) {
-                    CHECK(schedule_simulate(&sched, fwd, bwd, NULL, c, &t) == 0);
-                    CHECK_NEAR(t.step_ms, want + 2 * (S - 1) * c, 1e-9);
+                    int relayed = 2 * S - 1;
+                    for (int s = 0; s < relayed; s++) {
+                        fwd[s] = s % 2 ? c : f;
+                        bwd[s] = s % 2 ? c : b;
+                    }
+                    predict(fwd, bwd, NULL, relayed, m, DM_SCHEDULE_GPIPE, &p);
+                    CHECK_NEAR(p.step_ms, want + 2 * (S - 1) * c, 1e-9);
                 }
-                schedule_free(&sched);
             }
         }
     }
     printf("uniform pipelines: largest step-time error %.3g ms\n", largest_error);
 
-    /* An imbalanced pipeline is paced by its slowest stage: 1F1B over three
-     * stages with the middle one three times slower. The middle stage is
-     * busy all the time once filled; the others idle for the difference. */
+    /* An imbalanced pipeline is paced by its slowest stage: three stages
+     * with the middle one three times slower, 8 micro-batches, an update of
+     * 0.5 ms on each. 1F1B: stage 1 waits for stage 0's update and first
+     * forward (1.5 ms), then computes its 72 ms without a gap; stage 0's
+     * last backward (2 ms) follows. Idle: 51 + 3 + 51 ms. */
     double f3[3] = {1, 3, 1}, b3[3] = {2, 6, 2}, u3[3] = {0.5, 0.5, 0.5};
-    struct pipe_schedule sched;
-    schedule_build(&sched, DM_SCHEDULE_1F1B, 3, 8);
-    struct schedule_timing t = {.busy_ms = busy, .idle_ms = idle};
-    CHECK(schedule_simulate(&sched, f3, b3, u3, 0.0, &t) == 0);
-    /* Stage 1 waits for stage 0's first forward (1 ms) and, at the end,
-     * stage 0 needs the last backward (2 ms) after stage 1 is done. */
-    CHECK_NEAR(busy[1], 8 * 9 + 0.5, 1e-9);
-    CHECK_NEAR(t.step_ms, 1 + 8 * 9 + 2 + 0.5, 1e-9);
-    CHECK_NEAR(idle[1], 3, 1e-9);
-    CHECK_NEAR(idle[0], t.step_ms - (8 * 3 + 0.5), 1e-9);
-    printf("imbalanced 1F1B (3 stages, 8 micro-batches): step %.2f ms, idle %.2f %.2f %.2f ms\n",
-           t.step_ms, idle[0], idle[1], idle[2]);
-    schedule_free(&sched);
+    struct balance_prediction p;
+    predict(f3, b3, u3, 3, 8, DM_SCHEDULE_1F1B, &p);
+    CHECK_NEAR(p.step_ms, 1.5 + 8 * 9 + 2, 1e-9);
+    CHECK_NEAR(p.bubble_ratio * 3 * p.step_ms, 51 + 3 + 51, 1e-9);
+    CHECK(p.bottleneck_stage == 1);
+    printf("imbalanced 1F1B (3 stages, 8 micro-batches): step %.2f ms, bubble %.4f\n",
+           p.step_ms, p.bubble_ratio);
+    /* GPipe: stage 2 runs its first backward only after all its forwards
+     * (26.5 ms), so stage 1 starts its backwards at 28.5 rather than at
+     * 25.5, after its own forwards: 3 ms later than 1F1B. */
+    predict(f3, b3, u3, 3, 8, DM_SCHEDULE_GPIPE, &p);
+    CHECK_NEAR(p.step_ms, 28.5 + 8 * 6 + 2, 1e-9);
+    CHECK_NEAR(p.bubble_ratio * 3 * p.step_ms, 3 * 78.5 - (24.5 + 72.5 + 24.5), 1e-9);
+    printf("imbalanced GPipe (3 stages, 8 micro-batches): step %.2f ms, bubble %.4f\n",
+           p.step_ms, p.bubble_ratio);
 
     /* One stage: no transfers, no bubble. */
-    schedule_build(&sched, DM_SCHEDULE_1F1B, 1, 4);
-    update[0] = 2;
-    double one_f = 1, one_b = 2;
-    CHECK(schedule_simulate(&sched, &one_f, &one_b, update, 1.0, &t) == 0);
-    CHECK_NEAR(t.step_ms, 4 * 3 + 2, 1e-12);
-    CHECK_NEAR(idle[0], 0, 1e-12);
-    schedule_free(&sched);
+    double one_f = 1, one_b = 2, one_u = 2;
+    predict(&one_f, &one_b, &one_u, 1, 4, DM_SCHEDULE_1F1B, &p);
+    CHECK_NEAR(p.step_ms, 4 * 3 + 2, 1e-12);
+    CHECK_NEAR(p.bubble_ratio, 0, 1e-12);
 }
 
 /* Lists that wait for a gradient before sending the activation it needs. */
 static void test_deadlock_is_detected(void)
 {
-    struct pipe_instr stage0[] = {
-        {PIPE_FWD, 0}, {PIPE_RECV_GRAD, 0}, {PIPE_SEND_ACT, 0}, {PIPE_BWD, 0},
-        {PIPE_REDUCE_GRADS, -1}, {PIPE_OPTIMIZER_STEP, -1},
+    struct schedule_instr stage0[] = {
+        {SCHEDULE_FWD, 0}, {SCHEDULE_RECV_GRAD, 0}, {SCHEDULE_SEND_ACT, 0}, {SCHEDULE_BWD, 0},
+        {SCHEDULE_REDUCE_GRADS, -1}, {SCHEDULE_OPTIMIZER_STEP, -1},
     };
-    struct pipe_instr stage1[] = {
-        {PIPE_RECV_ACT, 0}, {PIPE_FWD, 0}, {PIPE_BWD, 0}, {PIPE_SEND_GRAD, 0},
-        {PIPE_REDUCE_GRADS, -1}, {PIPE_OPTIMIZER_STEP, -1},
+    struct schedule_instr stage1[] = {
+        {SCHEDULE_RECV_ACT, 0}, {SCHEDULE_FWD, 0}, {SCHEDULE_BWD, 0}, {SCHEDULE_SEND_GRAD, 0},
+        {SCHEDULE_REDUCE_GRADS, -1}, {SCHEDULE_OPTIMIZER_STEP, -1},
     };
-    struct pipe_instr instr[12];
+    struct schedule_instr instr[12];
     memcpy(instr, stage0, sizeof stage0);
     memcpy(instr + 6, stage1, sizeof stage1);
     int offset[3] = {0, 6, 12};
-    struct pipe_schedule sched = {DM_SCHEDULE_1F1B, 2, 1, offset, instr};
-    double fwd[2] = {1, 1}, bwd[2] = {1, 1};
-    struct schedule_timing t = {0};
-    CHECK(schedule_simulate(&sched, fwd, bwd, NULL, 0.0, &t) == -1);
+    struct schedule sched = {DM_SCHEDULE_1F1B, 2, 1, offset, instr};
     int peak[MAX_S];
     CHECK(fifo_execute(&sched, peak) == 1);
-    CHECK(strcmp(schedule_op_name(PIPE_RECV_GRAD), "RECV_GRAD") == 0);
+    CHECK(strcmp(schedule_op_name(SCHEDULE_RECV_GRAD), "RECV_GRAD") == 0);
 }
 
 int main(void)
 {
     test_all_shapes();
-    test_simulated_times();
+    test_predicted_times();
     test_deadlock_is_detected();
     return testing_report("test_schedule");
 }

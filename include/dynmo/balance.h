@@ -1,14 +1,16 @@
 /* dynmo balance: the paper's load balancers (DynMo sections 3.3-3.4) as pure
  * functions over arrays: static baselines, the exact memory-capped min-max
  * partition, the decentralised diffusion balancer, re-packing onto fewer
- * stages, a step-time predictor and the diff of two layouts into a
- * migration plan.
+ * stages, the pipeline schedules (GPipe, 1F1B) as per-stage instruction
+ * lists, the step-time predictor that is the one simulator of those lists,
+ * and the diff of two layouts into a migration plan.
  *
  * Nothing here calls MPI, touches the model or does I/O: arrays in, a layout
  * out, so that every algorithm is unit-tested in isolation and the pipeline
  * engine can call any of them on profiled numbers. Every function is
  * deterministic, is not collective, and allocates only scratch memory that
- * it frees before returning. Arrays passed in stay owned by the caller.
+ * it frees before returning (except schedule_build, whose lists the caller
+ * frees with schedule_free). Arrays passed in stay owned by the caller.
  *
  * Vocabulary. A block is a transformer block, the unit of placement. A
  * layout over S stages is an array `counts` of S block counts, every one
@@ -32,7 +34,8 @@
  * Errors. Functions that can fail return BALANCE_OK (0) or a negative
  * status, and then write a one-line message naming the offending block,
  * stage or argument into err (errsize bytes, always NUL-terminated; err may
- * be NULL). They never abort on bad input. */
+ * be NULL). They never abort on bad input; the schedule functions take
+ * sizes validated before and treat bad ones as internal errors (below). */
 #ifndef DYNMO_BALANCE_H
 #define DYNMO_BALANCE_H
 
@@ -251,6 +254,84 @@ int balance_diffusion(const struct balance_costs *costs, int stages,
                       int max_rounds, int *counts, struct balance_result *res,
                       char *err, size_t errsize);
 
+/* ---- schedules ------------------------------------------------------------ */
+
+/* A schedule says, for each of S stages, the exact order in which that
+ * stage receives activations, runs forwards, sends activations, receives
+ * gradients, runs backwards and sends gradients for each of m
+ * micro-batches in one optimizer step, then reduces gradients across data
+ * parallel replicas and steps the optimizer. The engine executes a stage's
+ * list as it is; the predictor below simulates the same lists. Sends are
+ * assumed not to block (the engine posts them as non-blocking sends); a
+ * receive waits for the matching send of the neighbouring stage. Between
+ * two neighbours, sends and receives of one kind occur in the same
+ * micro-batch order on both sides, so FIFO channels (MPI's non-overtaking
+ * messages) match them.
+ *
+ * Unlike the rest of this file, the schedule functions take sizes that were
+ * validated before (the configuration, or the predictor's own checks): bad
+ * sizes are internal errors (DM_ASSERT), not a status. */
+
+enum schedule_op {
+    SCHEDULE_RECV_ACT,       /* receive mb's input activations from stage s-1 */
+    SCHEDULE_FWD,            /* forward of mb through this stage's layers */
+    SCHEDULE_SEND_ACT,       /* send mb's output activations to stage s+1 */
+    SCHEDULE_RECV_GRAD,      /* receive the gradient of mb's output from s+1 */
+    SCHEDULE_BWD,            /* backward of mb; accumulates parameter gradients */
+    SCHEDULE_SEND_GRAD,      /* send the gradient of mb's input to stage s-1 */
+    SCHEDULE_REDUCE_GRADS,   /* data-parallel gradient reduction (no mb) */
+    SCHEDULE_OPTIMIZER_STEP, /* optimizer step of this stage's layers (no mb) */
+    SCHEDULE_OP_COUNT
+};
+
+struct schedule_instr {
+    enum schedule_op op;
+    int micro_batch;         /* 0..m-1; -1 for REDUCE_GRADS and OPTIMIZER_STEP */
+};
+
+/* Instructions one stage needs at most for m micro-batches. */
+#define SCHEDULE_MAX_INSTRS(micro_batches) (6 * (micro_batches) + 2)
+
+/* Writes stage `stage`'s instruction list (of `stages` stages, 0-based) for
+ * `micro_batches` micro-batches into out, which holds at least
+ * SCHEDULE_MAX_INSTRS(micro_batches) entries; returns the count.
+ *
+ * GPipe (fill-drain): every forward, then every backward.
+ * 1F1B: a warm-up of min(S-s-1, m) forwards on stage s, then alternating
+ * one forward and one backward, then a cool-down of the remaining
+ * backwards. Both run forwards and backwards in ascending micro-batch order,
+ * so the order in which gradients accumulate, and with it every result, is
+ * the same for both schedules and for any number of stages.
+ * The first stage has no RECV_ACT and no SEND_GRAD; the last stage has no
+ * SEND_ACT and no RECV_GRAD (its FWD ends in the loss and its BWD starts
+ * from it). Every list ends with REDUCE_GRADS, OPTIMIZER_STEP.
+ * Bad sizes (stages < 1, micro_batches < 1, stage out of range, an unknown
+ * kind) are internal errors. */
+int schedule_stage(struct schedule_instr *out, enum dm_schedule kind, int stage,
+                   int stages, int micro_batches);
+
+/* The lists of all stages in one allocation (for tools and tests; a rank
+ * needs only its own, from schedule_stage). */
+struct schedule {
+    enum dm_schedule kind;
+    int stages, micro_batches;
+    int *offset;                   /* (stages + 1): stage s is instr[offset[s] .. offset[s+1]) */
+    struct schedule_instr *instr;  /* (offset[stages]) */
+};
+
+/* Fills sched with every stage's list. The arrays belong to sched until
+ * schedule_free, which frees them and zeroes sched. */
+void schedule_build(struct schedule *sched, enum dm_schedule kind, int stages,
+                    int micro_batches);
+void schedule_free(struct schedule *sched);
+
+/* Most micro-batches whose activations stage `stage` holds at once (from
+ * its FWD until its BWD): min(S-s, m) for 1F1B, m for GPipe. */
+int schedule_peak_activations(const struct schedule *sched, int stage);
+
+/* "FWD", "RECV_ACT", ... for logs and tools; "?" for a value out of range. */
+const char *schedule_op_name(enum schedule_op op);
+
 /* ---- predictor ---------------------------------------------------------- */
 
 struct balance_prediction {
@@ -261,12 +342,13 @@ struct balance_prediction {
 
 /* Predicts the step time of a pipeline whose stage s takes stage_fwd_ms[s]
  * and stage_bwd_ms[s] per micro-batch, by simulating the instruction
- * schedule with zero communication time: each stage runs its instruction
- * list in order, and an instruction starts when its stage is free and its
- * input is ready (forward k of stage s after forward k of stage s-1;
- * backward k after backward k of stage s+1, and after forward k). GPipe runs
- * all m forwards then all m backwards; 1F1B runs min(S-s-1, m) warm-up
- * forwards, then alternates one forward and one backward, then drains.
+ * lists of schedule_stage with zero communication time: each stage runs the
+ * FWD and BWD instructions of its list in order (transfers take no time),
+ * and an instruction starts when its stage is free and its input is ready
+ * (forward k of stage s after forward k of stage s-1; backward k after
+ * backward k of stage s+1, and after forward k). So GPipe runs all m
+ * forwards then all m backwards; 1F1B runs min(S-s-1, m) warm-up forwards,
+ * then alternates one forward and one backward, then drains.
  * bubble_ratio = 1 - sum_s m (f_s + b_s) / (S step_ms). For equal stages
  * both give step = (m + S - 1)(f + b), bubble = (S - 1)/(m + S - 1).
  * O(S m) time and memory. */

@@ -1,106 +1,20 @@
-/* dynmo pipe: pipeline schedules as instruction lists (this part is pure:
- * no MPI, no model, no I/O), and later the process grid, transport, the
- * engine that executes a stage's list and layer migration.
+/* dynmo pipe: the process grid, layouts of blocks over stages, and the
+ * engine that executes one stage's instruction list each step (the
+ * schedules themselves are pure and live in balance: schedule_stage in
+ * dynmo/balance.h), moves activations and gradients between neighbouring
+ * stages, reduces gradients across data-parallel replicas and migrates
+ * blocks when the layout changes.
  *
- * A schedule says, for each of S stages, the exact order in which that
- * stage receives activations, runs forwards, sends activations, receives
- * gradients, runs backwards and sends gradients for each of m
- * micro-batches in one optimizer step, then reduces gradients across data
- * parallel replicas and steps the optimizer. Sends are assumed not to block
- * (the engine posts them as non-blocking sends); a receive waits for the
- * matching send of the neighbouring stage. Between two neighbours, sends
- * and receives of one kind occur in the same micro-batch order on both
- * sides, so FIFO channels (MPI's non-overtaking messages) match them. */
+ * The engine runs steps and moves blocks; it decides nothing about
+ * checkpoints or layouts: callers hand it a layout (engine_relayout) and
+ * say when to save. This header declares no MPI types, so including it
+ * does not pull in <mpi.h>. */
 #ifndef DYNMO_PIPE_H
 #define DYNMO_PIPE_H
 
-#include <mpi.h>
 #include <stddef.h>
 #include "dynmo/core.h"
 #include "dynmo/model.h"
-
-/* ---- schedules --------------------------------------------------------- */
-
-enum pipe_op {
-    PIPE_RECV_ACT,       /* receive mb's input activations from stage s-1 */
-    PIPE_FWD,            /* forward of mb through this stage's layers */
-    PIPE_SEND_ACT,       /* send mb's output activations to stage s+1 */
-    PIPE_RECV_GRAD,      /* receive the gradient of mb's output from s+1 */
-    PIPE_BWD,            /* backward of mb; accumulates parameter gradients */
-    PIPE_SEND_GRAD,      /* send the gradient of mb's input to stage s-1 */
-    PIPE_REDUCE_GRADS,   /* data-parallel gradient reduction (no mb) */
-    PIPE_OPTIMIZER_STEP, /* optimizer step of this stage's layers (no mb) */
-    PIPE_OP_COUNT
-};
-
-struct pipe_instr {
-    enum pipe_op op;
-    int micro_batch;     /* 0..m-1; -1 for REDUCE_GRADS and OPTIMIZER_STEP */
-};
-
-/* Instructions one stage needs at most for m micro-batches. */
-#define SCHEDULE_MAX_INSTRS(micro_batches) (6 * (micro_batches) + 2)
-
-/* Writes stage `stage`'s instruction list (of `stages` stages, 0-based) for
- * `micro_batches` micro-batches into out, which holds at least
- * SCHEDULE_MAX_INSTRS(micro_batches) entries; returns the count.
- *
- * GPipe (fill-drain): every forward, then every backward.
- * 1F1B: a warm-up of min(S-s-1, m) forwards on stage s, then alternating
- * one forward and one backward, then a cool-down of the remaining
- * backwards. Both run forwards and backwards in ascending micro-batch order,
- * so the order in which gradients accumulate, and with it every result, is
- * the same for both schedules and for any number of stages.
- * The first stage has no RECV_ACT and no SEND_GRAD; the last stage has no
- * SEND_ACT and no RECV_GRAD (its FWD ends in the loss and its BWD starts
- * from it). Every list ends with REDUCE_GRADS, OPTIMIZER_STEP.
- * Pure; bad sizes (stages < 1, micro_batches < 1, stage out of range) are
- * internal errors: the configuration was validated before. */
-int schedule_stage(struct pipe_instr *out, enum dm_schedule kind, int stage,
-                   int stages, int micro_batches);
-
-/* The lists of all stages in one allocation (for the simulator, tests and
- * tools; a rank needs only its own, from schedule_stage). */
-struct pipe_schedule {
-    enum dm_schedule kind;
-    int stages, micro_batches;
-    int *offset;               /* (stages + 1): stage s is instr[offset[s] .. offset[s+1]) */
-    struct pipe_instr *instr;  /* (offset[stages]) */
-};
-
-/* Fills sched with every stage's list; free with schedule_free. */
-void schedule_build(struct pipe_schedule *sched, enum dm_schedule kind, int stages,
-                    int micro_batches);
-void schedule_free(struct pipe_schedule *sched);
-
-/* Most micro-batches whose activations stage `stage` holds at once (from
- * its FWD until its BWD): min(S-s, m) for 1F1B, m for GPipe. */
-int schedule_peak_activations(const struct pipe_schedule *sched, int stage);
-
-/* "FWD", "RECV_ACT", ... for logs and tools. */
-const char *schedule_op_name(enum pipe_op op);
-
-/* The timing of one simulated optimizer step. */
-struct schedule_timing {
-    double step_ms;        /* when the last stage finishes its list */
-    double *busy_ms;       /* (stages) compute time of each stage: m*(fwd+bwd) + update */
-    double *idle_ms;       /* (stages) step_ms - busy_ms: the stage's bubble */
-    double bubble_fraction;/* sum(idle) / (stages * step_ms) */
-};
-
-/* Simulates sched on an ideal machine: stage s takes fwd_ms[s] for each FWD
- * and bwd_ms[s] for each BWD, update_ms[s] (may be NULL: 0) for
- * REDUCE_GRADS + OPTIMIZER_STEP together; a message arrives send_ms after
- * its SEND (0 is fine) and sends do not block; a RECV waits for its message.
- * Writes into timing, whose busy_ms and idle_ms arrays the caller provides
- * (stages entries each; either may be NULL). Returns 0, or -1 when the
- * lists deadlock (some RECV can never be matched), which the schedules of
- * schedule_build never do. Pure. The balancer has its own cost model; this
- * one is the reference for what a list means in time. */
-int schedule_simulate(const struct pipe_schedule *sched, const double *fwd_ms,
-                      const double *bwd_ms, const double *update_ms, double send_ms,
-                      struct schedule_timing *timing);
-
 
 /* ---- the process grid ----------------------------------------------------
  * P = S * D ranks: rank = replica * S + stage, so one replica's pipeline is
@@ -160,7 +74,7 @@ struct step_stats {
     int stop_requested;       /* some rank's watched flag was set (all ranks) */
     char dyn_text[96];        /* the dynamism scheme's state (dyn_describe) */
     /* run.trace_from: on a traced step, trace_rows rows of STEP_TRACE_COLUMNS
-     * (rank 0; 0 rows otherwise): step, rank, stage, op (enum pipe_op),
+     * (rank 0; 0 rows otherwise): step, rank, stage, op (enum schedule_op),
      * micro-batch (-1 for the step's end), start ms (after rank 0's step
      * start: the same clock on one node), wall ms, thread CPU ms. */
     float *trace;

@@ -1,11 +1,12 @@
-/* The step-time predictor: simulates a pipeline schedule (GPipe or 1F1B) as
- * per-stage instruction lists with zero communication time, from per-stage
- * forward and backward times and updates at the step's end, with a
- * processor per stage or with stages
- * sharing processors. The balancers and `dynmo plan` use it to compare
- * layouts and to decide re-packing; the engine can feed it measured stage
- * times. Must not: model communication or memory (that is the engine's to
- * measure), or depend on anything but its arguments. */
+/* The step-time predictor, the one simulator of the schedules: simulates the
+ * instruction lists of schedule_stage (GPipe or 1F1B; its forwards and
+ * backwards, in order) with zero communication time, from per-stage forward
+ * and backward times and updates at the step's end, with a processor per
+ * stage or with stages sharing processors. The balancers and `dynmo plan`
+ * use it to compare layouts and to decide re-packing; the engine can feed
+ * it measured stage times. Must not: model communication or memory (that
+ * is the engine's to measure), keep an order of its own beside
+ * schedule_stage's, or depend on anything but its arguments. */
 #include <math.h>
 #include <string.h>
 #include "balance_internal.h"
@@ -13,23 +14,20 @@
 /* Instructions per stage are coded 0..m-1 for forward k and m..2m-1 for
  * backward k; the simulation is Kahn's topological order over the
  * dependency graph, each instruction starting when its predecessor on the
- * stage and its cross-stage input have finished. */
-static void schedule_list(int *list, int stage, int stages, int m,
-                          enum dm_schedule schedule)
+ * stage and its cross-stage input have finished. A stage's codes are the
+ * FWD and BWD instructions of its schedule_stage list, in order; the
+ * transfers take no time and the step's end is the simulations' own
+ * update. scratch holds SCHEDULE_MAX_INSTRS(m) instructions. */
+static void stage_codes(int *codes, struct schedule_instr *scratch, int stage,
+                        int stages, int m, enum dm_schedule schedule)
 {
+    int n = schedule_stage(scratch, schedule, stage, stages, m);
     int pos = 0;
-    if (schedule == DM_SCHEDULE_GPIPE) {
-        for (int k = 0; k < m; k++) list[pos++] = k;
-        for (int k = 0; k < m; k++) list[pos++] = m + k;
-        return;
+    for (int i = 0; i < n; i++) {
+        if (scratch[i].op == SCHEDULE_FWD) codes[pos++] = scratch[i].micro_batch;
+        else if (scratch[i].op == SCHEDULE_BWD) codes[pos++] = m + scratch[i].micro_batch;
     }
-    int warmup = stages - stage - 1 < m ? stages - stage - 1 : m;
-    for (int k = 0; k < warmup; k++) list[pos++] = k;
-    for (int i = 0; i < m - warmup; i++) {
-        list[pos++] = warmup + i;
-        list[pos++] = m + i;
-    }
-    for (int k = m - warmup; k < m; k++) list[pos++] = m + k;
+    DM_ASSERT(pos == 2 * m);
 }
 
 #define PREDICT_MAX_INSTRUCTIONS ((long)1 << 26)
@@ -108,8 +106,10 @@ static double dedicated_step(const double *stage_fwd_ms,
     int *pending = dm_alloc((size_t)total * sizeof(int));   /* unmet inputs */
     long *ready = dm_alloc((size_t)total * sizeof(long));   /* stack of ids */
     double *earliest = dm_alloc((size_t)total * sizeof(double));
+    struct schedule_instr *scratch = dm_alloc(SCHEDULE_MAX_INSTRS((size_t)m) *
+                                              sizeof *scratch);
     for (int s = 0; s < S; s++) {
-        schedule_list(list + s * L, s, S, m, schedule);
+        stage_codes(list + s * L, scratch, s, S, m, schedule);
         for (long pos = 0; pos < L; pos++) {
             int code = list[s * L + pos];
             position[s * L + code] = (int)pos;
@@ -145,6 +145,7 @@ static double dedicated_step(const double *stage_fwd_ms,
         }
     }
     DM_ASSERT(done == total);
+    dm_free(scratch);
     dm_free(earliest);
     dm_free(ready);
     dm_free(pending);
@@ -220,7 +221,7 @@ struct fluid {
     long L;                 /* 2m instructions per stage */
     const double *fwd, *bwd, *update;  /* update may be NULL */
     const struct balance_sharing *sharing;
-    int *list;              /* (S, 2m) codes, schedule_list's */
+    int *list;              /* (S, 2m) codes, stage_codes' */
     char *done;             /* (S, 2m) by code */
     long *position;         /* (S) index of the current instruction; L = finished,
                                -1 = the update before the list */
@@ -290,14 +291,17 @@ static long sim_init(struct fluid *f, const double *stage_fwd_ms, const double *
     f->queue = dm_alloc((size_t)S * sizeof(int));
     f->end = dm_alloc((size_t)S * sizeof(double));
     long left = total;
+    struct schedule_instr *scratch = dm_alloc(SCHEDULE_MAX_INSTRS((size_t)m) *
+                                              sizeof *scratch);
     for (int s = 0; s < S; s++) {
-        schedule_list(f->list + s * f->L, s, S, m, schedule);
+        stage_codes(f->list + s * f->L, scratch, s, S, m, schedule);
         if (stage_update_ms && stage_update_ms[s] > 0) {
             f->position[s] = -1;
             left++;
         }
         fluid_load(f, s);
     }
+    dm_free(scratch);
     return left;
 }
 

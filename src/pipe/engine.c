@@ -82,7 +82,7 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
                   g->stage == g->stages - 1, cfg->seed);
     block_scratch_alloc(&eng->scratch, eng->micro_B, eng->T, eng->shape.channels,
                         eng->shape.heads);
-    eng->instrs = dm_alloc(SCHEDULE_MAX_INSTRS(eng->micro_batches) * sizeof(struct pipe_instr));
+    eng->instrs = dm_alloc(SCHEDULE_MAX_INSTRS(eng->micro_batches) * sizeof(struct schedule_instr));
     eng->ninstrs = schedule_stage(eng->instrs, config_schedule(cfg), g->stage, g->stages,
                                   eng->micro_batches);
     eng->nslots = config_schedule(cfg) == DM_SCHEDULE_GPIPE
@@ -179,7 +179,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
     int n = (int)act_count(eng);
     float loss_sum = 0.0f;
     for (int k = 0; k < eng->ninstrs; k++) {
-        const struct pipe_instr *in = &eng->instrs[k];
+        const struct schedule_instr *in = &eng->instrs[k];
         int mb = in->micro_batch;
         struct slot *sl = mb >= 0 ? slot_for(eng, mb) : NULL;
         MPI_Request req;
@@ -189,7 +189,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             trace_cpu = engine_thread_cpu_seconds();
         }
         switch (in->op) {
-        case PIPE_RECV_ACT:
+        case SCHEDULE_RECV_ACT:
             eng->wait_s += world_wait(&sl->send_act);
             eng->wait_s += world_wait(&sl->send_exit);
             WORLD_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
@@ -202,11 +202,11 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
                 eng->wait_s += world_wait(&req);
             }
             break;
-        case PIPE_FWD:
+        case SCHEDULE_FWD:
             world_compute_begin();
             run_forward(eng, loader, step, mb, &loss_sum);
             break;
-        case PIPE_SEND_ACT:
+        case SCHEDULE_SEND_ACT:
             WORLD_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
                              MPI_COMM_WORLD, &sl->send_act));
             if (eng->model.exit)
@@ -214,18 +214,18 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
                                  eng->micro_B * eng->T, MPI_INT, next, TAG_EXIT + mb,
                                  MPI_COMM_WORLD, &sl->send_exit));
             break;
-        case PIPE_RECV_GRAD:
+        case SCHEDULE_RECV_GRAD:
             WORLD_MPI(MPI_Irecv(sl->dout, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
             eng->wait_s += world_wait(&req);
             break;
-        case PIPE_BWD:
+        case SCHEDULE_BWD:
             run_backward(eng, mb);
             break;
-        case PIPE_SEND_GRAD:
+        case SCHEDULE_SEND_GRAD:
             WORLD_MPI(MPI_Isend(sl->din, n, MPI_FLOAT, prev, TAG_GRAD + mb, MPI_COMM_WORLD,
                              &sl->send_grad));
             break;
-        case PIPE_REDUCE_GRADS: {
+        case SCHEDULE_REDUCE_GRADS: {
             double t0 = dm_profile_now();
             double w0 = eng->wait_s;
             *grad_norm = engine_reduce_grads(eng);
@@ -236,7 +236,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             eng->update_s += spent;
             break;
         }
-        case PIPE_OPTIMIZER_STEP: {
+        case SCHEDULE_OPTIMIZER_STEP: {
             double t0 = dm_profile_now();
             const struct dm_config *cfg = &eng->cfg;
             float scale = 1.0f;
@@ -255,7 +255,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         default:
             DM_FATAL("unknown instruction %d", (int)in->op);
         }
-        if (in->op == PIPE_BWD) sl->busy_mb = -1;
+        if (in->op == SCHEDULE_BWD) sl->busy_mb = -1;
         if (eng->tracing) engine_trace_record(eng, in, trace_wall, trace_cpu);
     }
     world_release_turn();

@@ -45,7 +45,7 @@ struct engine {
     struct block_scratch scratch;
     int nslots;
     struct slot *slots;
-    struct pipe_instr *instrs;
+    struct schedule_instr *instrs;
     int ninstrs;
     /* Tracing (run.trace_from): per instruction of the step, op, micro-batch,
      * start (ms after this rank's step start), wall ms and thread CPU ms;
@@ -118,7 +118,7 @@ void engine_gather_trace(struct engine *eng, int step);
 /* The calling thread's CPU seconds, for tracing. */
 double engine_thread_cpu_seconds(void);
 /* Records one traced instruction that began at wall / cpu seconds. */
-void engine_trace_record(struct engine *eng, const struct pipe_instr *in, double wall,
+void engine_trace_record(struct engine *eng, const struct schedule_instr *in, double wall,
                          double cpu);
 
 #endif

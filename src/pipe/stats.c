@@ -79,7 +79,7 @@ void engine_stats_free(struct engine *eng)
     dm_free(eng->gather_recv);
 }
 
-void engine_trace_record(struct engine *eng, const struct pipe_instr *in, double wall,
+void engine_trace_record(struct engine *eng, const struct schedule_instr *in, double wall,
                          double cpu)
 {
     double *r = eng->trace_mine + 2 + (size_t)TRACE_FIELDS * eng->trace_count++;
