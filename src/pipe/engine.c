@@ -169,6 +169,72 @@ static void run_backward(struct engine *eng, int mb)
     eng->compute_s += dm_profile_now() - t0;
 }
 
+/* Receives mb's input activations (and, with early exit, its tokens' exit
+ * layers) from the previous stage, once the slot's last sends are out. */
+static void receive_activations(struct engine *eng, struct slot *sl, int mb)
+{
+    const struct pipe_grid *g = &eng->grid;
+    int prev = rank_of(g, g->stage - 1, g->replica);
+    MPI_Request req;
+    eng->wait_s += world_wait(&sl->send_act);
+    eng->wait_s += world_wait(&sl->send_exit);
+    WORLD_MPI(MPI_Irecv(sl->acts.residual, (int)act_count(eng), MPI_FLOAT, prev, TAG_ACT + mb,
+                        MPI_COMM_WORLD, &req));
+    eng->wait_s += world_wait(&req);
+    if (eng->model.exit) {
+        WORLD_MPI(MPI_Irecv(gpt_exit_layers(&eng->model, &sl->acts), eng->micro_B * eng->T,
+                            MPI_INT, prev, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
+        eng->wait_s += world_wait(&req);
+    }
+}
+
+/* Posts mb's output activations (and exit layers) to the next stage. */
+static void send_activations(struct engine *eng, struct slot *sl, int mb)
+{
+    const struct pipe_grid *g = &eng->grid;
+    int next = rank_of(g, g->stage + 1, g->replica);
+    WORLD_MPI(MPI_Isend(slot_output(eng, sl), (int)act_count(eng), MPI_FLOAT, next, TAG_ACT + mb,
+                        MPI_COMM_WORLD, &sl->send_act));
+    if (eng->model.exit)
+        WORLD_MPI(MPI_Isend(gpt_exit_layers(&eng->model, &sl->acts), eng->micro_B * eng->T,
+                            MPI_INT, next, TAG_EXIT + mb, MPI_COMM_WORLD, &sl->send_exit));
+}
+
+/* REDUCE_GRADS: the step's gradient sums and norm; its compute (not its
+ * waits) counts as the step's end. */
+static double reduce_grads(struct engine *eng)
+{
+    double t0 = dm_profile_now();
+    double w0 = eng->wait_s;
+    double grad_norm = engine_reduce_grads(eng);
+    /* CPU time hardly grows while a wait sleeps; wall time does */
+    double waited = dm_profile_is_cpu_time() ? 0.0 : eng->wait_s - w0;
+    double spent = (dm_profile_now() - t0) - waited;
+    eng->compute_s += spent;
+    eng->update_s += spent;
+    return grad_norm;
+}
+
+/* OPTIMIZER_STEP: clipping by the global norm, AdamW, zeroed gradients;
+ * returns the learning rate it used. */
+static double optimizer_step(struct engine *eng, int step, double grad_norm)
+{
+    double t0 = dm_profile_now();
+    const struct dm_config *cfg = &eng->cfg;
+    float scale = 1.0f;
+    if (cfg->grad_clip > 0 && grad_norm > cfg->grad_clip)
+        scale = (float)(cfg->grad_clip / (grad_norm + 1e-6));   /* as torch clip_grad_norm_ */
+    double lr = lr_at_step(cfg, step);
+    world_compute_begin();
+    gpt_adamw_update(&eng->model, lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay,
+                     scale, step + 1);
+    gpt_zero_grads(&eng->model);
+    double spent = dm_profile_now() - t0;
+    eng->compute_s += spent;
+    eng->update_s += spent;
+    return lr;
+}
+
 /* Executes this stage's list for one step; returns the stage's loss sum
  * (last stage) over its micro-batches. */
 static float run_schedule(struct engine *eng, struct loader *loader, int step, double *grad_norm,
@@ -183,36 +249,18 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         int mb = in->micro_batch;
         struct slot *sl = mb >= 0 ? slot_for(eng, mb) : NULL;
         MPI_Request req;
-        double trace_wall = 0.0, trace_cpu = 0.0;
-        if (eng->tracing) {
-            trace_wall = dm_now();
-            trace_cpu = engine_thread_cpu_seconds();
-        }
+        double trace_wall = eng->tracing ? dm_now() : 0.0;
+        double trace_cpu = eng->tracing ? engine_thread_cpu_seconds() : 0.0;
         switch (in->op) {
         case SCHEDULE_RECV_ACT:
-            eng->wait_s += world_wait(&sl->send_act);
-            eng->wait_s += world_wait(&sl->send_exit);
-            WORLD_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
-                             MPI_COMM_WORLD, &req));
-            eng->wait_s += world_wait(&req);
-            if (eng->model.exit) {
-                WORLD_MPI(MPI_Irecv(gpt_exit_layers(&eng->model, &sl->acts),
-                                 eng->micro_B * eng->T, MPI_INT, prev, TAG_EXIT + mb,
-                                 MPI_COMM_WORLD, &req));
-                eng->wait_s += world_wait(&req);
-            }
+            receive_activations(eng, sl, mb);
             break;
         case SCHEDULE_FWD:
             world_compute_begin();
             run_forward(eng, loader, step, mb, &loss_sum);
             break;
         case SCHEDULE_SEND_ACT:
-            WORLD_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
-                             MPI_COMM_WORLD, &sl->send_act));
-            if (eng->model.exit)
-                WORLD_MPI(MPI_Isend(gpt_exit_layers(&eng->model, &sl->acts),
-                                 eng->micro_B * eng->T, MPI_INT, next, TAG_EXIT + mb,
-                                 MPI_COMM_WORLD, &sl->send_exit));
+            send_activations(eng, sl, mb);
             break;
         case SCHEDULE_RECV_GRAD:
             WORLD_MPI(MPI_Irecv(sl->dout, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
@@ -220,42 +268,21 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             break;
         case SCHEDULE_BWD:
             run_backward(eng, mb);
+            sl->busy_mb = -1;
             break;
         case SCHEDULE_SEND_GRAD:
             WORLD_MPI(MPI_Isend(sl->din, n, MPI_FLOAT, prev, TAG_GRAD + mb, MPI_COMM_WORLD,
-                             &sl->send_grad));
+                                &sl->send_grad));
             break;
-        case SCHEDULE_REDUCE_GRADS: {
-            double t0 = dm_profile_now();
-            double w0 = eng->wait_s;
-            *grad_norm = engine_reduce_grads(eng);
-            /* CPU time hardly grows while a wait sleeps; wall time does */
-            double waited = dm_profile_is_cpu_time() ? 0.0 : eng->wait_s - w0;
-            double spent = (dm_profile_now() - t0) - waited;
-            eng->compute_s += spent;
-            eng->update_s += spent;
+        case SCHEDULE_REDUCE_GRADS:
+            *grad_norm = reduce_grads(eng);
             break;
-        }
-        case SCHEDULE_OPTIMIZER_STEP: {
-            double t0 = dm_profile_now();
-            const struct dm_config *cfg = &eng->cfg;
-            float scale = 1.0f;
-            if (cfg->grad_clip > 0 && *grad_norm > cfg->grad_clip)
-                scale = (float)(cfg->grad_clip / (*grad_norm + 1e-6));   /* as torch clip_grad_norm_ */
-            *lr = lr_at_step(cfg, step);
-            world_compute_begin();
-            gpt_adamw_update(&eng->model, *lr, cfg->beta1, cfg->beta2, cfg->eps,
-                             cfg->weight_decay, scale, step + 1);
-            gpt_zero_grads(&eng->model);
-            double spent = dm_profile_now() - t0;
-            eng->compute_s += spent;
-            eng->update_s += spent;
+        case SCHEDULE_OPTIMIZER_STEP:
+            *lr = optimizer_step(eng, step, *grad_norm);
             break;
-        }
         default:
             DM_FATAL("unknown instruction %d", (int)in->op);
         }
-        if (in->op == SCHEDULE_BWD) sl->busy_mb = -1;
         if (eng->tracing) engine_trace_record(eng, in, trace_wall, trace_cpu);
     }
     world_release_turn();

@@ -90,11 +90,14 @@ void engine_trace_record(struct engine *eng, const struct schedule_instr *in, do
     r[4] = (engine_thread_cpu_seconds() - cpu) * 1e3;
 }
 
-void engine_gather_stats(struct engine *eng, float loss_sum, double step_s)
+/* This rank's profile of the step into eng->gather_send: loss sum,
+ * compute, wait, peak memory, then per block (at its layer's column)
+ * forward, backward, slab bytes, sparsity, active share and update time,
+ * then the stage's update time. */
+static void pack_profile(struct engine *eng, float loss_sum)
 {
-    const struct pipe_grid *g = &eng->grid;
     struct gpt *m = &eng->model;
-    int L = eng->shape.layers, S = g->stages;
+    int L = eng->shape.layers;
     double *v = eng->gather_send;
     memset(v, 0, (size_t)eng->gather_len * sizeof(double));
     v[0] = loss_sum;
@@ -113,19 +116,10 @@ void engine_gather_stats(struct engine *eng, float loss_sum, double step_s)
         v[4 + 5 * L + layer] = m->block_update_s[i];
     }
     v[4 + 6 * L] = eng->update_s;
-    world_wait(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
-    WORLD_MPI(MPI_Igather(v, eng->gather_len, MPI_DOUBLE, eng->gather_recv, eng->gather_len,
-                       MPI_DOUBLE, 0, MPI_COMM_WORLD, &eng->gather_req));
-    if (g->rank != 0) return;
-    world_wait(&eng->gather_req);
+}
 
-    struct step_stats *st = &eng->stats;
-    double mb_count = (double)eng->micro_batches;
-    float loss_total = 0.0f;
-    for (int r = 0; r < g->replicas; r++)
-        loss_total += (float)eng->gather_recv[(size_t)rank_of(g, S - 1, r) * eng->gather_len];
-    st->loss = loss_total / (float)(eng->micro_batches * g->replicas);
-    st->step_ms = step_s * 1e3;
+static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
+{
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
         st->layer_sparsity[l] = st->layer_active[l] = st->layer_update_ms[l] = 0.0;
@@ -133,8 +127,25 @@ void engine_gather_stats(struct engine *eng, float loss_sum, double step_s)
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
         st->stage_update_ms[s] = 0.0;
-        st->layout[s] = eng->layout[s];
+        st->layout[s] = layout[s];
     }
+}
+
+/* Rank 0: folds every rank's profile into eng->stats: stage figures are
+ * the maximum over replicas, block figures replica 0's, the bubble the
+ * idle share of all ranks, the imbalance Eq. 2 over the stages. */
+static void fold_profiles(struct engine *eng, double step_s)
+{
+    const struct pipe_grid *g = &eng->grid;
+    int L = eng->shape.layers, S = g->stages;
+    struct step_stats *st = &eng->stats;
+    double mb_count = (double)eng->micro_batches;
+    float loss_total = 0.0f;
+    for (int r = 0; r < g->replicas; r++)
+        loss_total += (float)eng->gather_recv[(size_t)rank_of(g, S - 1, r) * eng->gather_len];
+    st->loss = loss_total / (float)(eng->micro_batches * g->replicas);
+    st->step_ms = step_s * 1e3;
+    clear_stats(st, L, S, eng->layout);
     double idle = 0.0, cmax = 0.0, cmin = INFINITY, csum = 0.0;
     for (int r = 0; r < g->world_size; r++) {
         const double *x = eng->gather_recv + (size_t)r * eng->gather_len;
@@ -163,6 +174,17 @@ void engine_gather_stats(struct engine *eng, float loss_sum, double step_s)
     }
     st->imbalance = csum > 0 ? (cmax - cmin) / (csum / S) : 0.0;
     st->bubble_ratio = step_s > 0 ? idle / (g->world_size * step_s) : 0.0;
+}
+
+void engine_gather_stats(struct engine *eng, float loss_sum, double step_s)
+{
+    pack_profile(eng, loss_sum);
+    world_wait(&eng->gather_req);   /* the previous step's gather (non-root ranks) */
+    WORLD_MPI(MPI_Igather(eng->gather_send, eng->gather_len, MPI_DOUBLE, eng->gather_recv,
+                          eng->gather_len, MPI_DOUBLE, 0, MPI_COMM_WORLD, &eng->gather_req));
+    if (eng->grid.rank != 0) return;
+    world_wait(&eng->gather_req);
+    fold_profiles(eng, step_s);
 }
 
 void engine_gather_trace(struct engine *eng, int step)

@@ -70,6 +70,115 @@ static int bench_migration(struct engine *eng, const struct dm_config *cfg, int 
 }
 
 
+/* What the timed steps measured (rank 0's sums). */
+struct bench_result {
+    double *ms;                     /* (warm-up + timed) step times */
+    float first_loss, last_loss;
+    double bubble, imbalance;       /* means over the timed steps */
+    double *stage_ms;               /* (stages) mean compute */
+    double *layer_fwd, *layer_bwd;  /* (layers) sums */
+};
+
+/* Step 0 of the schedule every time: the same batch, so the loss must
+ * fall (the correctness guard of the report). */
+static void run_steps(struct engine *eng, struct loader *ld, const struct dm_config *cfg,
+                      const struct train_args *args, struct bench_result *r)
+{
+    int S = cfg->pp, L = cfg->layers, total = args->warmup_steps + args->timed_steps;
+    for (int s = 0; s < total; s++) {
+        const struct step_stats *st = engine_step(eng, ld, 0);
+        r->ms[s] = st->step_ms;
+        if (s == 0) r->first_loss = st->loss;
+        r->last_loss = st->loss;
+        if (s >= args->warmup_steps && dm_rank() == 0) {
+            r->bubble += st->bubble_ratio / args->timed_steps;
+            r->imbalance += st->imbalance / args->timed_steps;
+            for (int k = 0; k < S; k++)
+                r->stage_ms[k] += st->stage_compute_ms[k] / args->timed_steps;
+            for (int l = 0; l < L; l++) {
+                r->layer_fwd[l] += st->layer_fwd_ms[l];
+                r->layer_bwd[l] += st->layer_bwd_ms[l];
+            }
+        }
+        dm_log("bench step %d/%d: %.1f ms%s\n", s + 1, total, r->ms[s],
+               s < args->warmup_steps ? " (warm-up)" : "");
+    }
+}
+
+/* The schedule's bound: each stage's measured compute per micro-batch
+ * (split into forward and backward in its blocks' proportion), simulated
+ * with zero communication and no waiting. */
+static void print_bound(const struct dm_config *cfg, const int *layout,
+                        const struct bench_result *r, double median)
+{
+    int S = cfg->pp;
+    double *stage_fwd = dm_alloc((size_t)S * sizeof(double));
+    double *stage_bwd = dm_alloc((size_t)S * sizeof(double));
+    for (int k = 0, b = 0; k < S; k++) {
+        double f = 0, w = 0;
+        for (int j = 0; j < layout[k]; j++, b++) {
+            f += r->layer_fwd[b];
+            w += r->layer_fwd[b] + r->layer_bwd[b];
+        }
+        double per_mb = r->stage_ms[k] / cfg->micro_batches;
+        stage_fwd[k] = w > 0 ? per_mb * f / w : per_mb / 3;
+        stage_bwd[k] = per_mb - stage_fwd[k];
+    }
+    struct balance_prediction pred;
+    char err[256];
+    if (balance_predict_stages(stage_fwd, stage_bwd, S, cfg->micro_batches,
+                               config_schedule(cfg), &pred, err, sizeof err) == 0)
+        dm_log("bench: %s bound from the measured stage compute: %.1f ms/step "
+               "(bubble %.1f%%); measured median is %.1f%% above it\n",
+               cfg->schedule, pred.step_ms, 100 * pred.bubble_ratio,
+               100 * (median / pred.step_ms - 1));
+    dm_free(stage_fwd);
+    dm_free(stage_bwd);
+}
+
+/* Rank 0: the report; returns whether the loss fell. */
+static int report(const struct dm_config *cfg, const struct train_args *args, int threads,
+                  const int *layout, struct bench_result *r)
+{
+    double *timed = r->ms + args->warmup_steps;
+    qsort(timed, (size_t)args->timed_steps, sizeof *timed, compare_double);
+    double median = timed[args->timed_steps / 2];
+    if (args->timed_steps % 2 == 0) median = 0.5 * (median + timed[args->timed_steps / 2 - 1]);
+    double tokens_n = (double)cfg->batch * cfg->seq;
+    int ok = isfinite(r->last_loss) && r->last_loss < r->first_loss;
+    dm_log("bench: %d layers x %d channels, batch %d x %d in %d micro-batches, %d ranks "
+           "(pp %d x dp %d), %d threads per rank\n",
+           cfg->layers, cfg->channels, cfg->batch, cfg->seq, cfg->micro_batches,
+           dm_world_size(), cfg->pp, cfg->dp, threads);
+    dm_log("bench: median %.1f ms/step over %d steps (after %d warm-up), %.0f tokens/s, "
+           "%.1f GFLOP/s, peak RSS %.0f MiB (rank 0)\n",
+           median, args->timed_steps, args->warmup_steps, tokens_n / median * 1e3,
+           step_flops(cfg) / median / 1e6, (double)dm_peak_rss_bytes() / 1048576.0);
+    if (dm_world_size() > 1) {
+        dm_log("bench: bubble %.1f%%, imbalance %.3f (means over the timed steps)\n",
+               100 * r->bubble, r->imbalance);
+        print_bound(cfg, layout, r, median);
+    }
+    dm_log("bench: loss %.4f -> %.4f on a fixed batch: %s\n", r->first_loss, r->last_loss,
+           ok ? "ok" : "WRONG (the loss did not fall)");
+    return ok;
+}
+
+/* One fixed batch of random tokens from the seed, served through an
+ * in-memory token file so the engine loads it like any data. */
+static uint16_t *random_batch(struct token_file *tf, const struct dm_config *cfg)
+{
+    memset(tf, 0, sizeof *tf);
+    snprintf(tf->path, sizeof tf->path, "(random tokens)");
+    tf->vocab = (uint32_t)cfg->vocab;
+    tf->count = (uint64_t)cfg->batch * cfg->seq + 1;
+    uint16_t *tokens = dm_alloc(tf->count * sizeof(uint16_t));
+    for (uint64_t i = 0; i < tf->count; i++)
+        tokens[i] = (uint16_t)(dm_hash64(cfg->seed, 1, i) % (uint64_t)cfg->vocab);
+    tf->tokens = tokens;
+    return tokens;
+}
+
 int cmd_bench(int argc, char **argv)
 {
     for (int i = 1; i < argc; i++)
@@ -86,17 +195,8 @@ int cmd_bench(int argc, char **argv)
     train_parse_args(argc, argv, &cfg, &args, 1);
     int threads = train_threads_for_rank(&cfg);
     dm_threads_init(threads);
-    /* One fixed batch of random tokens from the seed, served through an
-     * in-memory token file so the engine loads it like any data. */
     struct token_file tf;
-    memset(&tf, 0, sizeof tf);
-    snprintf(tf.path, sizeof tf.path, "(random tokens)");
-    tf.vocab = (uint32_t)cfg.vocab;
-    tf.count = (uint64_t)cfg.batch * cfg.seq + 1;
-    uint16_t *tokens = dm_alloc(tf.count * sizeof(uint16_t));
-    for (uint64_t i = 0; i < tf.count; i++)
-        tokens[i] = (uint16_t)(dm_hash64(cfg.seed, 1, i) % (uint64_t)cfg.vocab);
-    tf.tokens = tokens;
+    uint16_t *tokens = random_batch(&tf, &cfg);
     struct loader ld;
     loader_init(&ld, &tf, cfg.seq, cfg.seed);
     struct pipe_grid grid;
@@ -105,101 +205,28 @@ int cmd_bench(int argc, char **argv)
     train_initial_layout(layout, &cfg, cfg.pp);
     struct engine *eng = engine_create(&cfg, layout, 0);
     dm_free(layout);
+    int status;
     if (args.migration) {
-        int code = bench_migration(eng, &cfg, args.timed_steps);
-        engine_destroy(eng);
-        loader_free(&ld);
-        dm_free(tokens);
-        dm_threads_shutdown();
-        world_finalize();
-        return code;
+        status = bench_migration(eng, &cfg, args.timed_steps);
+    } else {
+        struct bench_result r = {
+            .ms = dm_alloc((size_t)(args.warmup_steps + args.timed_steps) * sizeof(double)),
+            .stage_ms = dm_alloc((size_t)cfg.pp * sizeof(double)),
+            .layer_fwd = dm_alloc((size_t)cfg.layers * sizeof(double)),
+            .layer_bwd = dm_alloc((size_t)cfg.layers * sizeof(double)),
+        };
+        run_steps(eng, &ld, &cfg, &args, &r);
+        int ok = dm_rank() != 0 || report(&cfg, &args, threads, engine_layout(eng), &r);
+        status = ok ? DM_EXIT_OK : DM_EXIT_INTERNAL;
+        dm_free(r.ms);
+        dm_free(r.stage_ms);
+        dm_free(r.layer_fwd);
+        dm_free(r.layer_bwd);
     }
-
-    int total = args.warmup_steps + args.timed_steps;
-    double *ms = dm_alloc((size_t)total * sizeof *ms);
-    float first_loss = 0, last_loss = 0;
-    double bubble = 0, imbalance = 0;
-    int S = cfg.pp, L = cfg.layers;
-    double *stage_ms = dm_alloc((size_t)S * sizeof(double));
-    double *stage_fwd = dm_alloc((size_t)S * sizeof(double));
-    double *stage_bwd = dm_alloc((size_t)S * sizeof(double));
-    double *layer_fwd = dm_alloc((size_t)L * sizeof(double));
-    double *layer_bwd = dm_alloc((size_t)L * sizeof(double));
-    for (int s = 0; s < total; s++) {
-        /* Step 0 of the schedule every time: the same batch, so the loss
-         * must fall (the correctness guard below). */
-        const struct step_stats *st = engine_step(eng, &ld, 0);
-        ms[s] = st->step_ms;
-        if (s == 0) first_loss = st->loss;
-        last_loss = st->loss;
-        if (s >= args.warmup_steps && dm_rank() == 0) {
-            bubble += st->bubble_ratio / args.timed_steps;
-            imbalance += st->imbalance / args.timed_steps;
-            for (int k = 0; k < S; k++) stage_ms[k] += st->stage_compute_ms[k] / args.timed_steps;
-            for (int l = 0; l < L; l++) {
-                layer_fwd[l] += st->layer_fwd_ms[l];
-                layer_bwd[l] += st->layer_bwd_ms[l];
-            }
-        }
-        dm_log("bench step %d/%d: %.1f ms%s\n", s + 1, total, ms[s],
-               s < args.warmup_steps ? " (warm-up)" : "");
-    }
-    int ok = 1;
-    if (dm_rank() == 0) {
-        qsort(ms + args.warmup_steps, (size_t)args.timed_steps, sizeof *ms, compare_double);
-        double median = ms[args.warmup_steps + args.timed_steps / 2];
-        if (args.timed_steps % 2 == 0)
-            median = 0.5 * (median + ms[args.warmup_steps + args.timed_steps / 2 - 1]);
-        double tokens_n = (double)cfg.batch * cfg.seq;
-        ok = isfinite(last_loss) && last_loss < first_loss;
-        dm_log("bench: %d layers x %d channels, batch %d x %d in %d micro-batches, %d ranks "
-               "(pp %d x dp %d), %d threads per rank\n",
-               cfg.layers, cfg.channels, cfg.batch, cfg.seq, cfg.micro_batches,
-               dm_world_size(), cfg.pp, cfg.dp, threads);
-        dm_log("bench: median %.1f ms/step over %d steps (after %d warm-up), %.0f tokens/s, "
-               "%.1f GFLOP/s, peak RSS %.0f MiB (rank 0)\n",
-               median, args.timed_steps, args.warmup_steps, tokens_n / median * 1e3,
-               step_flops(&cfg) / median / 1e6, (double)dm_peak_rss_bytes() / 1048576.0);
-        if (dm_world_size() > 1) {
-            dm_log("bench: bubble %.1f%%, imbalance %.3f (means over the timed steps)\n",
-                   100 * bubble, imbalance);
-            /* The schedule's bound: each stage's measured compute per
-             * micro-batch (split into forward and backward in its blocks'
-             * proportion), simulated with zero communication and no waiting. */
-            const int *layout = engine_layout(eng);
-            for (int k = 0, b = 0; k < S; k++) {
-                double f = 0, w = 0;
-                for (int j = 0; j < layout[k]; j++, b++) {
-                    f += layer_fwd[b];
-                    w += layer_fwd[b] + layer_bwd[b];
-                }
-                double per_mb = stage_ms[k] / cfg.micro_batches;
-                stage_fwd[k] = w > 0 ? per_mb * f / w : per_mb / 3;
-                stage_bwd[k] = per_mb - stage_fwd[k];
-            }
-            struct balance_prediction pred;
-            char err[256];
-            if (balance_predict_stages(stage_fwd, stage_bwd, S, cfg.micro_batches,
-                                       config_schedule(&cfg), &pred, err, sizeof err) == 0)
-                dm_log("bench: %s bound from the measured stage compute: %.1f ms/step "
-                       "(bubble %.1f%%); measured median is %.1f%% above it\n",
-                       cfg.schedule, pred.step_ms, 100 * pred.bubble_ratio,
-                       100 * (median / pred.step_ms - 1));
-        }
-        dm_log("bench: loss %.4f -> %.4f on a fixed batch: %s\n", first_loss, last_loss,
-               ok ? "ok" : "WRONG (the loss did not fall)");
-    }
-    dm_free(ms);
-    dm_free(stage_ms);
-    dm_free(stage_fwd);
-    dm_free(stage_bwd);
-    dm_free(layer_fwd);
-    dm_free(layer_bwd);
     engine_destroy(eng);
     loader_free(&ld);
     dm_free(tokens);
     dm_threads_shutdown();
     world_finalize();
-    return ok ? DM_EXIT_OK : DM_EXIT_INTERNAL;
+    return status;
 }
-

@@ -39,9 +39,9 @@ static void format_eta(char *buf, size_t size, double seconds)
 }
 
 /* One step line and the run-log rows of a step (rank 0). */
-void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
-                     const struct step_stats *st, double tokens_per_step, double mean_ms,
-                     int stages, int width)
+/* The step's scalars: one row each in /steps/. */
+static void append_scalars(struct runlog *log, const struct step_stats *st,
+                           double tokens_per_step)
 {
     runlog_append_scalar(log, RUNLOG_STEP_LOSS, st->loss);
     runlog_append_scalar(log, RUNLOG_STEP_MS, (float)st->step_ms);
@@ -54,29 +54,41 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
     runlog_append_int_scalar(log, RUNLOG_STEP_RANKS, dm_world_size());
     runlog_append_scalar(log, RUNLOG_STEP_BUBBLE, (float)st->bubble_ratio);
     runlog_append_scalar(log, RUNLOG_STEP_IMBALANCE, (float)st->imbalance);
-    /* Per-stage rows keep the first world's width (NaN / 0 past a re-pack). */
-    float *row = dm_alloc((size_t)(cfg->layers > width ? cfg->layers : width) * sizeof(float));
+}
+
+/* One row of `n` values as float32 in dataset `name`. */
+static void append_doubles(struct runlog *log, const char *name, const double *values, int n,
+                           float *row)
+{
+    for (int k = 0; k < n; k++) row[k] = (float)values[k];
+    runlog_append_row(log, name, row, n);
+}
+
+/* A per-stage row keeps the first world's width: NaN past a re-pack. */
+static void append_stage_row(struct runlog *log, const char *name, const double *values,
+                             int stages, int width, float *row)
+{
+    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)values[s] : NAN;
+    runlog_append_row(log, name, row, width);
+}
+
+/* The per-block, per-stage and trace rows of the step. */
+static void append_rows(struct runlog *log, const struct dm_config *cfg,
+                        const struct step_stats *st, int stages, int width)
+{
+    int L = cfg->layers;
+    float *row = dm_alloc((size_t)(L > width ? L : width) * sizeof(float));
+    append_doubles(log, RUNLOG_LAYER_FWD_MS, st->layer_fwd_ms, L, row);
+    append_doubles(log, RUNLOG_LAYER_BWD_MS, st->layer_bwd_ms, L, row);
+    if (!strcmp(cfg->dyn_kind, "prune"))
+        append_doubles(log, RUNLOG_LAYER_SPARSITY, st->layer_sparsity, L, row);
+    if (!strcmp(cfg->dyn_kind, "early_exit"))
+        append_doubles(log, RUNLOG_LAYER_ACTIVE, st->layer_active, L, row);
+    append_doubles(log, RUNLOG_LAYER_UPDATE_MS, st->layer_update_ms, L, row);
+    append_stage_row(log, RUNLOG_STAGE_BUSY_MS, st->stage_compute_ms, stages, width, row);
+    append_stage_row(log, RUNLOG_STAGE_IDLE_MS, st->stage_wait_ms, stages, width, row);
+    append_stage_row(log, RUNLOG_STAGE_UPDATE_MS, st->stage_update_ms, stages, width, row);
     int *irow = dm_alloc((size_t)width * sizeof(int));
-    for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_fwd_ms[l];
-    runlog_append_row(log, RUNLOG_LAYER_FWD_MS, row, cfg->layers);
-    for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_bwd_ms[l];
-    runlog_append_row(log, RUNLOG_LAYER_BWD_MS, row, cfg->layers);
-    if (!strcmp(cfg->dyn_kind, "prune")) {
-        for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_sparsity[l];
-        runlog_append_row(log, RUNLOG_LAYER_SPARSITY, row, cfg->layers);
-    }
-    if (!strcmp(cfg->dyn_kind, "early_exit")) {
-        for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_active[l];
-        runlog_append_row(log, RUNLOG_LAYER_ACTIVE, row, cfg->layers);
-    }
-    for (int l = 0; l < cfg->layers; l++) row[l] = (float)st->layer_update_ms[l];
-    runlog_append_row(log, RUNLOG_LAYER_UPDATE_MS, row, cfg->layers);
-    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_compute_ms[s] : NAN;
-    runlog_append_row(log, RUNLOG_STAGE_BUSY_MS, row, width);
-    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_wait_ms[s] : NAN;
-    runlog_append_row(log, RUNLOG_STAGE_IDLE_MS, row, width);
-    for (int s = 0; s < width; s++) row[s] = s < stages ? (float)st->stage_update_ms[s] : NAN;
-    runlog_append_row(log, RUNLOG_STAGE_UPDATE_MS, row, width);
     for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
     for (int r = 0; r < st->trace_rows; r++)
@@ -84,7 +96,14 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
                           STEP_TRACE_COLUMNS);
     dm_free(row);
     dm_free(irow);
+}
 
+void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
+                    const struct step_stats *st, double tokens_per_step, double mean_ms,
+                    int stages, int width)
+{
+    append_scalars(log, st, tokens_per_step);
+    append_rows(log, cfg, st, stages, width);
     if ((step + 1) % cfg->log_every != 0 && step + 1 != cfg->steps) return;
     char eta[32];
     format_eta(eta, sizeof eta, mean_ms * (cfg->steps - step - 1) / 1e3);
@@ -101,7 +120,6 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
                st->migrated_bytes / 1e6, st->migrate_ms, layout);
     }
 }
-
 
 /* The end-of-run table: per stage, compute max / min over the logged
  * steps and their ratio, total wait and mean bubble (STYLE.md: the
