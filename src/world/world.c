@@ -149,29 +149,22 @@ static void turn_group_of(int rank, int size, int *n, int *root, int *mine, int 
     dm_free(local);
 }
 
-/* Collective over the job. Ranks that may each run on any of several CPUs
- * they share with more ranks (unbound, `mpiexec -n 4` on 2 cores) first pin
- * themselves one to a CPU, round robin over the group's CPUs in rank order
- * (what `mpiexec -bind-to rr` gives), and every rank learns the new
- * placements: taking turns where the OS, not dynmo, chose the CPU of the
- * rank whose turn it was left CPUs idle (docs/pipeline.md). Then every
- * group sharing CPUs has one CPU; maps the node's turn groups (the node's
- * first rank creates them in POSIX shared memory) and points my_turns at
- * this rank's group when it has more ranks than its CPU. Polled. */
-static void setup_turns(MPI_Comm node, int rank, int size)
+/* The pinning half of setup_turns: ranks of a group with more ranks than
+ * CPUs (unbound) pin themselves round robin, and every rank learns the
+ * new placements. Fills this rank's turn group (turn_group_of). Returns 0,
+ * or -1 when some rank cannot pin itself (then none stays pinned, and rank
+ * 0 has warned). Collective. */
+static int pin_round_robin(MPI_Comm node, int rank, int size, int *n, int *root, int *mine,
+                           int *members, unsigned char *all)
 {
-    if (turn_groups) return;
-    int node_rank = 0;
-    WORLD_MPI(MPI_Comm_rank(node, &node_rank));
-    unsigned char all[sizeof(cpu_set_t)];
-    int n, root, mine, index = 0, members;
-    turn_group_of(rank, size, &n, &root, &mine, &index, &members, all);
-    int pin = members > cpu_count(all) && cpu_count(all) > 1, cpu = -1;
+    int index = 0;
+    turn_group_of(rank, size, n, root, mine, &index, members, all);
+    int pin = *members > cpu_count(all) && cpu_count(all) > 1, cpu = -1;
     cpu_set_t before;
     CPU_ZERO(&before);
     if (pin && sched_getaffinity(0, sizeof before, &before) != 0) pin = -1;
     if (pin > 0) {
-        for (int c = 0, k = 0; c < (int)(8 * sizeof all); c++)
+        for (int c = 0, k = 0; c < (int)(8 * sizeof(cpu_set_t)); c++)
             if ((all[c / 8] >> (c % 8) & 1) && k++ == index % cpu_count(all)) cpu = c;
         cpu_set_t one;
         CPU_ZERO(&one);
@@ -185,7 +178,7 @@ static void setup_turns(MPI_Comm node, int rank, int size)
     if (world_agree(pin < 0, why, MPI_COMM_WORLD, agreed, sizeof agreed)) {
         if (pin > 0) sched_setaffinity(0, sizeof before, &before);   /* as it was */
         if (rank == 0) dm_warn("ranks do not take turns: %s\n", agreed);
-        return;
+        return -1;
     }
     int any_pinned = 0;
     MPI_Request req;
@@ -193,21 +186,26 @@ static void setup_turns(MPI_Comm node, int rank, int size)
     world_wait(&req);
     if (any_pinned) {
         gather_placement(node, rank, size);
-        turn_group_of(rank, size, &n, &root, &mine, &index, &members, all);
+        turn_group_of(rank, size, n, root, mine, &index, members, all);
         if (rank == 0)
             dm_log("processors: ranks that shared CPUs unpinned are pinned one to a CPU, "
                    "round robin, to take turns (parallel.turns)\n");
     }
-    int permits = cpu_count(all);
-    DM_ASSERT(members <= permits || permits == 1);
+    return 0;
+}
 
-    /* The node's first rank creates the memory; every rank maps it; where
-     * any rank cannot (no /dev/shm), no rank of the job takes turns. */
-    char name[64], problem[256] = "";
+/* The node's first rank creates `bytes` of POSIX shared memory; every
+ * rank maps it. Returns the mapping, or NULL on every rank when any rank
+ * cannot (no /dev/shm; rank 0 has warned). Collective. */
+static void *map_turn_memory(MPI_Comm node, int rank, size_t bytes)
+{
+    int node_rank = 0;
+    WORLD_MPI(MPI_Comm_rank(node, &node_rank));
+    char name[64], problem[256] = "", agreed[256];
     snprintf(name, sizeof name, "/dynmo-turns-%ld-%d", (long)getpid(), rank);
+    MPI_Request req;
     WORLD_MPI(MPI_Ibcast(name, (int)sizeof name, MPI_CHAR, 0, node, &req));
     world_wait(&req);
-    size_t bytes = (size_t)n * sizeof(struct turn_group);
     int fd = -1, created = 0;
     if (node_rank == 0) {
         fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -228,14 +226,36 @@ static void setup_turns(MPI_Comm node, int rank, int size)
     int failed = world_agree(base == MAP_FAILED, problem, MPI_COMM_WORLD, agreed,
                              sizeof agreed);
     if (created) shm_unlink(name);   /* every rank has mapped it, or none will */
-    if (failed) {
-        if (base != MAP_FAILED) munmap(base, bytes);
-        if (rank == 0) dm_warn("ranks do not take turns: %s\n", agreed);
-        return;
-    }
+    if (!failed) return base;
+    if (base != MAP_FAILED) munmap(base, bytes);
+    if (rank == 0) dm_warn("ranks do not take turns: %s\n", agreed);
+    return NULL;
+}
+
+/* Collective over the job. Ranks that may each run on any of several CPUs
+ * they share with more ranks (unbound, `mpiexec -n 4` on 2 cores) first pin
+ * themselves one to a CPU, round robin over the group's CPUs in rank order
+ * (what `mpiexec -bind-to rr` gives), and every rank learns the new
+ * placements: taking turns where the OS, not dynmo, chose the CPU of the
+ * rank whose turn it was left CPUs idle (docs/pipeline.md). Then every
+ * group sharing CPUs has one CPU; maps the node's turn groups (the node's
+ * first rank creates them in POSIX shared memory) and points my_turns at
+ * this rank's group when it has more ranks than its CPU. Polled. */
+static void setup_turns(MPI_Comm node, int rank, int size)
+{
+    if (turn_groups) return;
+    unsigned char all[sizeof(cpu_set_t)];
+    int n, root, mine, members;
+    if (pin_round_robin(node, rank, size, &n, &root, &mine, &members, all) != 0) return;
+    int permits = cpu_count(all);
+    DM_ASSERT(members <= permits || permits == 1);
+    size_t bytes = (size_t)n * sizeof(struct turn_group);
+    struct turn_group *base = map_turn_memory(node, rank, bytes);
+    if (!base) return;
     turn_groups = base;
     turn_bytes = bytes;
     if (root == mine) turn_groups[root].permits = (uint32_t)permits;
+    MPI_Request req;
     WORLD_MPI(MPI_Ibarrier(node, &req));
     world_wait(&req);
     if (members > permits) my_turns = &turn_groups[root];
