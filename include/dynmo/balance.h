@@ -477,11 +477,9 @@ int balance_migration_plan(const int64_t *mem_bytes, int blocks,
 /* The predicted milliseconds of a migration of `bytes`, from n measured
  * ones (bytes[i], ms[i]): the least-squares line ms = a + b x bytes with
  * a, b >= 0 (a negative slope becomes the mean time, a negative intercept
- * the best line through the origin). A migration pays a synchronisation
- * whatever it moves (measured 9-26 ms for 1 to 7 blocks of 2.4 MB on 4 ranks
- * over 2 cores), so the time per byte of one small migration would price a
- * large one far too high. n = 1, or all of one size: their mean time;
- * n = 0: 0. */
+ * the best line through the origin). A migration pays a fixed part
+ * whatever it moves (docs/balance.md), so a line, not one migration's time
+ * per byte. n = 1, or all of one size: their mean time; n = 0: 0. */
 double balance_migration_cost_ms(const double *bytes, const double *ms, int n,
                                  double at_bytes);
 
