@@ -100,6 +100,9 @@ void world_release_turn(void);
 
 /* Collective: broadcasts n ints from rank 0, polled (MPI_Ibcast). */
 void world_bcast_ints(int *buf, int n);
+/* Collective over MPI_COMM_WORLD: the largest of every rank's value,
+ * polled (MPI_Iallreduce). */
+int world_max_int(int value);
 
 /* Collective over ranks 0 and 1 (others return 0): sends `bytes` from
  * rank 0 to rank 1 `reps` times with polled non-blocking calls, returns

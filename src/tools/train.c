@@ -22,15 +22,17 @@
 #include "dynmo/world.h"
 #include "tools/train.h"
 
-/* SIGUSR1 / SIGTERM: checkpoint at the next step boundary, exit 75. The
- * handler only sets the flag; the engine folds it into every step's global
- * reduction so all ranks stop at the same step. */
+/* SIGUSR1, SIGTERM, SIGINT: stop at the next step boundary, with a
+ * checkpoint (exit 75: resubmit unchanged) when there is a ckpt.dir, and
+ * otherwise with 128 + the signal, as a shell reports a process the signal
+ * ended (a job chain must not resubmit a run that saved nothing). The
+ * handler only records the signal; the engine folds it into every step's
+ * global reduction so all ranks stop at the same step. */
 static volatile int stop_signal;
 
 static void on_stop_signal(int sig)
 {
-    (void)sig;
-    stop_signal = 1;
+    stop_signal = sig;
 }
 
 static void install_signal_handlers(void)
@@ -42,6 +44,7 @@ static void install_signal_handlers(void)
     sa.sa_flags = SA_RESTART;
     sigaction(SIGUSR1, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
 }
 
 static void print_usage_train(void)
@@ -191,11 +194,12 @@ static int end_of_step(struct trainer *tr, const struct step_stats *st, int step
             train_save(tr->eng, cfg, &tr->history, step + 1, saved, sizeof saved);
             dm_log("signal: checkpoint %s written at step %d; exiting with status 75\n", saved,
                    step + 1);
-        } else {
-            dm_log("signal: stopping at step %d without a checkpoint (no ckpt.dir); exiting "
-                   "with status 75\n", step + 1);
+            return DM_EXIT_SIGNAL;
         }
-        return DM_EXIT_SIGNAL;
+        int sig = world_max_int(stop_signal);   /* the same status on every rank */
+        dm_log("signal: %s at step %d and no ckpt.dir: stopping without a checkpoint; exiting "
+               "with status %d\n", strsignal(sig), step + 1, 128 + sig);
+        return 128 + sig;
     }
     if (cfg->repack_enable && (step + 1) % cfg->repack_every == 0 && step + 1 < cfg->steps &&
         repack(tr, st, step))

@@ -440,6 +440,16 @@ void world_bcast_ints(int *buf, int n)
 }
 
 
+int world_max_int(int value)
+{
+    if (dm_world_size() == 1) return value;
+    int largest = value;
+    MPI_Request req;
+    WORLD_MPI(MPI_Iallreduce(&value, &largest, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &req));
+    world_wait(&req);
+    return largest;
+}
+
 double world_transfer_rate(size_t bytes, int reps)
 {
     int rank = dm_rank();
