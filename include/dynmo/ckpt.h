@@ -1,7 +1,8 @@
 /* dynmo ckpt: the run log (per-step metrics, per-layer profiles and layout
- * history in one HDF5 file) and the checkpoint (one HDF5 file per
- * checkpoint, logical and per block, written by all ranks at once through
- * parallel HDF5 and resharded on load).
+ * history in one HDF5 file), the layout history (struct layout_history)
+ * and the checkpoint (one HDF5 file per checkpoint, logical and per block,
+ * written by all ranks at once through parallel HDF5 and resharded on
+ * load).
  *
  * The run log is written by rank 0 alone, serially, and flushed after
  * every step so that a killed run keeps every step it finished. Its
@@ -183,6 +184,60 @@ int runlog_read_root_attr(const char *path, const char *attr, char **text,
 int dm_file_kind(const char *path, char *kind, size_t kindsize,
                  char *err, size_t errsize);
 
+/* ---- layout history -----------------------------------------------------
+ * Which layout (blocks per stage) held from which step: the one type the
+ * engine keeps while it trains, the checkpoint saves and loads (struct
+ * ckpt_meta's history) and the tools print. An entry is added only when
+ * the layout changes. Rows are `layers` wide so that entries of worlds
+ * with different stage counts fit one array. Not collective, no I/O.
+ *
+ * The struct owns its arrays (dm_alloc'd) once pushed to or allocated;
+ * a struct assignment borrows them: read such a copy, never push to it or
+ * free it. */
+struct layout_history {
+    int count;          /* entries */
+    int layers;         /* row width: the model's transformer blocks */
+    long *step;         /* (count) step from which entry k held; non-decreasing */
+    int *stages;        /* (count) pipeline stages of entry k */
+    int *layout;        /* (count, layers) blocks per stage of entry k, zero
+                           past stages[k] */
+    int capacity;       /* entries the arrays have room for */
+};
+
+/* An empty history of rows `layers` wide (no allocation). */
+void layout_history_init(struct layout_history *h, int layers);
+
+/* Frees the arrays and zeroes h. Harmless on a zeroed or empty one. */
+void layout_history_free(struct layout_history *h);
+
+/* Appends (step, layout of `stages` stages) unless the last entry already
+ * holds exactly that layout. Returns 1 when it appended, 0 when the layout
+ * was unchanged. The layout must be valid (stages in [1, layers], each
+ * count >= 1, summing to layers) and step must not precede the last
+ * entry's: anything else is an internal error (a caller's bug). The
+ * layout is copied. */
+int layout_history_push(struct layout_history *h, long step, const int *layout, int stages);
+
+/* Entry k's row (layers ints, blocks per stage then zeros); k in [0, count). */
+const int *layout_history_entry(const struct layout_history *h, int k);
+
+/* The index of the entry that held at `step`: the last one whose step is
+ * <= step, or -1 when step comes before the first entry. */
+int layout_history_at(const struct layout_history *h, long step);
+
+/* dst becomes an owning copy of src (dst's arrays are freed first; dst
+ * must be zeroed or owning). */
+void layout_history_copy(struct layout_history *dst, const struct layout_history *src);
+
+/* For readers that fill the arrays themselves (the checkpoint loader):
+ * frees h and gives it `count` zeroed entries of rows `layers` wide. */
+void layout_history_alloc(struct layout_history *h, int layers, int count);
+
+/* Whether a history read from outside (a file) is well formed: each entry
+ * a layout of `layers` blocks on 1..layers stages, zero-padded, and steps
+ * non-decreasing. Returns 0, or -1 with the first problem in err. */
+int layout_history_check(const struct layout_history *h, char *err, size_t errsize);
+
 /* ---- checkpoints --------------------------------------------------------
  * The format is checkpoint_schema/README.md (prose) and
  * checkpoint_schema/v1.def (the machine-readable lines that the writer, the
@@ -219,11 +274,10 @@ struct ckpt_meta {
     long *data_cursor;      /* (save) (dp) next global sample index of each
                                data-parallel replica */
     int *layout;            /* (save) (pp) blocks per stage, the current layout */
-    int history_count;      /* (save) entries in the layout history (may be 0) */
-    long *history_step;     /* (save) (history_count) step from which entry k held */
-    int *history_stages;    /* (save) (history_count) stages of entry k */
-    int *history_layout;    /* (save) (history_count, layers) blocks per stage
-                               of entry k, zero past history_stages[k] */
+    struct layout_history history; /* (save) the layout history so far (may be
+                               empty, or a struct copy of the caller's own:
+                               save only reads it); its layers must be the
+                               model's. Load: ends with the current layout */
     int *frozen;            /* (layers) 1 = block frozen. Save: OR'ed with each
                                block's own frozen flag; may be NULL. Load: the
                                file's flags (each loaded block's flag is set) */

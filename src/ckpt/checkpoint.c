@@ -82,7 +82,8 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
 {
     uint64_t h = 1469598103934665603ULL;
     long scalars[] = {meta->step, meta->optimizer_steps, meta->lr_schedule_step,
-                      meta->pp, meta->dp, meta->history_count, keep, layers};
+                      meta->pp, meta->dp, meta->history.count, meta->history.layers, keep,
+                      layers};
     h = hash_bytes(h, scalars, sizeof scalars);
     h = hash_bytes(h, &meta->seed, sizeof meta->seed);
     h = hash_bytes(h, &meta->train_checksum, sizeof meta->train_checksum);
@@ -90,11 +91,11 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
     if (meta->config_text) h = hash_bytes(h, meta->config_text, strlen(meta->config_text));
     h = hash_bytes(h, meta->data_cursor, (size_t)meta->dp * sizeof(long));
     h = hash_bytes(h, meta->layout, (size_t)meta->pp * sizeof(int));
-    if (meta->history_count > 0) {
-        size_t n = (size_t)meta->history_count;
-        h = hash_bytes(h, meta->history_step, n * sizeof(long));
-        h = hash_bytes(h, meta->history_stages, n * sizeof(int));
-        h = hash_bytes(h, meta->history_layout, n * (size_t)layers * sizeof(int));
+    if (meta->history.count > 0) {
+        size_t n = (size_t)meta->history.count;
+        h = hash_bytes(h, meta->history.step, n * sizeof(long));
+        h = hash_bytes(h, meta->history.stages, n * sizeof(int));
+        h = hash_bytes(h, meta->history.layout, n * (size_t)layers * sizeof(int));
     }
     /* min(h) == max(h) iff min(h) == ~min(~h). */
     unsigned long long mine[2] = {h, ~h}, lowest[2];
@@ -544,31 +545,15 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     int layers = shape->layers;
 
     /* The history written always ends with the current layout. */
-    int history = meta->history_count;
-    int append = history == 0 || meta->history_stages[history - 1] != meta->pp ||
-                 memcmp(meta->history_layout + (size_t)(history - 1) * (size_t)layers,
-                        meta->layout, (size_t)meta->pp * sizeof(int)) != 0;
-    int total_history = history + append;
-    long *history_step = dm_alloc((size_t)total_history * sizeof(long));
-    int *history_stages = dm_alloc((size_t)total_history * sizeof(int));
-    int *history_layout = dm_alloc((size_t)total_history * (size_t)layers * sizeof(int));
-    if (history) {
-        memcpy(history_step, meta->history_step, (size_t)history * sizeof(long));
-        memcpy(history_stages, meta->history_stages, (size_t)history * sizeof(int));
-        memcpy(history_layout, meta->history_layout,
-               (size_t)history * (size_t)layers * sizeof(int));
-    }
-    if (append) {
-        history_step[history] = meta->step;
-        history_stages[history] = meta->pp;
-        memcpy(history_layout + (size_t)history * (size_t)layers, meta->layout,
-               (size_t)meta->pp * sizeof(int));
-    }
+    struct layout_history history = {0};
+    layout_history_copy(&history, &meta->history);
+    history.layers = layers;   /* an empty caller's history may be zeroed */
+    layout_history_push(&history, meta->step, meta->layout, meta->pp);
 
     struct ckpt_dims dims = {
         .layers = layers, .block_params = (long)block_param_count(shape->channels),
         .vocab = shape->vocab, .max_seq = shape->max_seq, .channels = shape->channels,
-        .pp = meta->pp, .dp = meta->dp, .history = total_history,
+        .pp = meta->pp, .dp = meta->dp, .history = history.count,
     };
 
     /* The skeleton first, by rank 0; the others wait (polled). */
@@ -629,10 +614,10 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     if (rank == 0) {
         write_rows(&w, "/data/cursor", 0, (hsize_t)meta->dp, meta->data_cursor);
         write_rows(&w, "/layout/blocks_per_stage", 0, (hsize_t)meta->pp, meta->layout);
-        write_rows(&w, "/layout/history_step", 0, (hsize_t)total_history, history_step);
-        write_rows(&w, "/layout/history_stages", 0, (hsize_t)total_history, history_stages);
-        write_rows(&w, "/layout/history_blocks_per_stage", 0, (hsize_t)total_history,
-                   history_layout);
+        write_rows(&w, "/layout/history_step", 0, (hsize_t)history.count, history.step);
+        write_rows(&w, "/layout/history_stages", 0, (hsize_t)history.count, history.stages);
+        write_rows(&w, "/layout/history_blocks_per_stage", 0, (hsize_t)history.count,
+                   history.layout);
         write_rows(&w, "/blocks/state/frozen", 0, (hsize_t)layers, frozen_all);
         write_rows(&w, "/blocks/state/sparsity", 0, (hsize_t)layers, sparsity_all);
     }
@@ -684,9 +669,7 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
      * durable at once. */
     write_integer_attr(file, "complete", SCHEMA_TYPE_INT64, 1);
     DM_H5(H5Fclose(file));
-    dm_free(history_step);
-    dm_free(history_stages);
-    dm_free(history_layout);
+    layout_history_free(&history);
 }
 
 /* Rank 0's part after the collective close: make the file durable, give
@@ -730,19 +713,17 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
     DM_ASSERT(model->first_block == layout_sum(meta->layout, stage) &&
               model->num_blocks == meta->layout[stage]);
     DM_ASSERT(model->has_embed == (stage == 0) && model->has_head == (stage == meta->pp - 1));
-    DM_ASSERT(meta->history_count >= 0);
     /* What the loader will check must hold already (a bad history or flag
      * is the caller's bug, not a user error). */
-    for (int k = 0; k < meta->history_count; k++) {
-        const int *row = meta->history_layout + (size_t)k * (size_t)shape->layers;
-        int stages = meta->history_stages[k];
-        DM_ASSERT(stages >= 1 && stages <= shape->layers);
-        DM_ASSERT(layout_sum(row, stages) == shape->layers);
-        for (int j = 0; j < shape->layers; j++) DM_ASSERT(j < stages ? row[j] >= 1 : row[j] == 0);
-        DM_ASSERT(k == 0 || meta->history_step[k] >= meta->history_step[k - 1]);
+    const struct layout_history *history = &meta->history;
+    DM_ASSERT(history->count >= 0);
+    if (history->count > 0) {
+        char problem[256];
+        DM_ASSERT(history->layers == shape->layers);
+        if (layout_history_check(history, problem, sizeof problem) != 0)
+            DM_FATAL("ckpt_save: %s", problem);
+        DM_ASSERT(history->step[history->count - 1] <= meta->step);
     }
-    DM_ASSERT(meta->history_count == 0 ||
-              meta->history_step[meta->history_count - 1] <= meta->step);
     for (int d = 0; d < meta->dp; d++) DM_ASSERT(meta->data_cursor[d] >= 0);
     for (int i = 0; i < model->num_blocks; i++) {
         int flag = meta->frozen ? meta->frozen[model->first_block + i] : 0;
@@ -782,17 +763,14 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
 void ckpt_meta_free(struct ckpt_meta *meta)
 {
     if (!meta->allocated) {
-        DM_ASSERT(!meta->data_cursor && !meta->layout && !meta->history_step &&
-                  !meta->sparsity);
+        DM_ASSERT(!meta->data_cursor && !meta->layout && !meta->sparsity);
         memset(meta, 0, sizeof *meta);
         return;
     }
     dm_free(meta->config_text);
     dm_free(meta->data_cursor);
     dm_free(meta->layout);
-    dm_free(meta->history_step);
-    dm_free(meta->history_stages);
-    dm_free(meta->history_layout);
+    layout_history_free(&meta->history);
     dm_free(meta->frozen);
     dm_free(meta->sparsity);
     memset(meta, 0, sizeof *meta);

@@ -78,10 +78,7 @@ struct engine {
     long steps_done;                /* optimizer steps completed */
     volatile int *watched_flag;
     int stop_requested;
-    /* layout history: (step from which it held, layout) */
-    int history_count, history_cap;
-    long *history_step;
-    int *history_layout;            /* (history_cap, S) */
+    struct layout_history history;  /* this world's layouts and the steps they held from */
     int pending_migrated;
     double pending_migrated_bytes, pending_migrate_ms;
     int weights_pending;        /* engine_resume initialises them if it loads nothing */
@@ -211,29 +208,7 @@ static void slots_free(struct engine *eng)
 
 static void history_push(struct engine *eng, long step)
 {
-    int S = eng->grid.stages;
-    if (eng->history_count > 0 &&
-        !memcmp(eng->history_layout + (size_t)(eng->history_count - 1) * S, eng->layout,
-                (size_t)S * sizeof(int)))
-        return;
-    if (eng->history_count == eng->history_cap) {
-        int cap = eng->history_cap ? 2 * eng->history_cap : 16;
-        long *steps = dm_alloc((size_t)cap * sizeof(long));
-        int *layouts = dm_alloc((size_t)cap * S * sizeof(int));
-        if (eng->history_count) {
-            memcpy(steps, eng->history_step, (size_t)eng->history_count * sizeof(long));
-            memcpy(layouts, eng->history_layout, (size_t)eng->history_count * S * sizeof(int));
-        }
-        dm_free(eng->history_step);
-        dm_free(eng->history_layout);
-        eng->history_step = steps;
-        eng->history_layout = layouts;
-        eng->history_cap = cap;
-    }
-    eng->history_step[eng->history_count] = step;
-    memcpy(eng->history_layout + (size_t)eng->history_count * S, eng->layout,
-           (size_t)S * sizeof(int));
-    eng->history_count++;
+    layout_history_push(&eng->history, step, eng->layout, eng->grid.stages);
 }
 
 /* Whether engine_resume may load a checkpoint under cfg. */
@@ -336,6 +311,7 @@ struct engine *engine_create(const struct dm_config *cfg, int resuming)
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
+    layout_history_init(&eng->history, L);
     history_push(eng, 0);
     return eng;
 }
@@ -368,8 +344,7 @@ void engine_destroy(struct engine *eng)
     dm_free(eng->gather_recv);
     dm_free(eng->instrs);
     dm_free(eng->layout);
-    dm_free(eng->history_step);
-    dm_free(eng->history_layout);
+    layout_history_free(&eng->history);
     dm_free(eng);
 }
 
@@ -1006,13 +981,6 @@ void engine_save(struct engine *eng, const char *dir, int keep, long steps_done,
     long *cursor = dm_alloc((size_t)D * sizeof(long));
     for (int r = 0; r < D; r++)
         cursor[r] = steps_done * eng->cfg.batch + (long)r * eng->micro_batches * eng->micro_B;
-    int *history_stages = dm_alloc((size_t)eng->history_count * sizeof(int));
-    int *history_layout = dm_alloc((size_t)eng->history_count * L * sizeof(int));
-    for (int k = 0; k < eng->history_count; k++) {
-        history_stages[k] = S;
-        memcpy(history_layout + (size_t)k * L, eng->history_layout + (size_t)k * S,
-               (size_t)S * sizeof(int));
-    }
     struct ckpt_meta meta = {
         .step = steps_done,
         .optimizer_steps = steps_done,
@@ -1023,10 +991,7 @@ void engine_save(struct engine *eng, const char *dir, int keep, long steps_done,
         .dp = D,
         .data_cursor = cursor,
         .layout = eng->layout,
-        .history_count = eng->history_count,
-        .history_step = eng->history_step,
-        .history_stages = history_stages,
-        .history_layout = history_layout,
+        .history = eng->history,   /* borrowed: save only reads it */
     };
     int *frozen = dm_alloc((size_t)L * sizeof(int));   /* own blocks' entries only */
     for (int i = 0; i < eng->model.num_blocks; i++)
@@ -1038,8 +1003,6 @@ void engine_save(struct engine *eng, const char *dir, int keep, long steps_done,
         dm_user_error("%s", err);
     dm_free(cursor);
     dm_free(frozen);
-    dm_free(history_stages);
-    dm_free(history_layout);
 }
 
 static long resume_from_checkpoint(struct engine *eng);
@@ -1081,14 +1044,12 @@ static long resume_from_checkpoint(struct engine *eng)
         dm_user_error("checkpoint %s is at step %ld, beyond train.steps = %d", path, meta.step,
                       cfg->steps);
     /* The history carries over when it has this world's stage count. */
-    eng->history_count = 0;
-    for (int k = 0; k < meta.history_count; k++)
-        if (meta.history_stages[k] == eng->grid.stages) {
-            int *saved = eng->layout;
-            eng->layout = meta.history_layout + (size_t)k * eng->shape.layers;
-            history_push(eng, meta.history_step[k]);
-            eng->layout = saved;
-        }
+    layout_history_free(&eng->history);
+    layout_history_init(&eng->history, eng->shape.layers);
+    for (int k = 0; k < meta.history.count; k++)
+        if (meta.history.stages[k] == eng->grid.stages)
+            layout_history_push(&eng->history, meta.history.step[k],
+                                layout_history_entry(&meta.history, k), eng->grid.stages);
     history_push(eng, meta.step);
     eng->steps_done = meta.step;
     dm_log("resumed from %s at step %ld (written by %d x %d ranks, layout now ", path, meta.step,
