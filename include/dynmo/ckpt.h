@@ -1,8 +1,9 @@
 /* dynmo ckpt: the run log (per-step metrics, per-layer profiles and layout
- * history in one HDF5 file), the layout history (struct layout_history)
- * and the checkpoint (one HDF5 file per checkpoint, logical and per block,
+ * history in one HDF5 file), the layout history (struct layout_history),
+ * the checkpoint (one HDF5 file per checkpoint, logical and per block,
  * written by all ranks at once through parallel HDF5 and resharded on
- * load).
+ * load) and the checkpoint directory's policy (names, keep, `latest`, the
+ * resume=auto scan, `next_world`).
  *
  * The run log is written by rank 0 alone, serially, and flushed after
  * every step so that a killed run keeps every step it finished. Its
@@ -10,7 +11,9 @@
  * RUNLOG_* names below are that schema. The run log never calls MPI; the
  * checkpoint's save, load and resume are collective over the communicator
  * they are given, and its offline readers (ckpt_check_file,
- * ckpt_read_info) are not. */
+ * ckpt_read_info) and ckpt_write_next_world are not. This module decides
+ * nothing about training: when to save or resume, and what a failure
+ * means to the run, are the caller's. */
 #ifndef DYNMO_CKPT_H
 #define DYNMO_CKPT_H
 
@@ -245,9 +248,12 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
  * with h5dump and h5py and explains atomicity and resume.
  *
  * A checkpoint directory holds complete checkpoints ckpt-<step>.h5, at most
- * one ckpt-<step>.h5.tmp being written, and `latest`, a one-line text file
- * naming the newest complete checkpoint (the completion marker). A .tmp
- * file is never loaded. */
+ * one ckpt-<step>.h5.tmp being written, `latest`, a one-line text file
+ * naming the newest complete checkpoint (the completion marker), and after
+ * a re-pack `next_world`. A .tmp file is never loaded. The HDF5 files are
+ * written and read by src/ckpt/checkpoint.c; the directory around them
+ * (names, keep, latest, the resume scan, next_world) is
+ * src/ckpt/ckpt_dir.c's, which never calls HDF5. */
 #define CHECKPOINT_SCHEMA_VERSION 1
 #define CHECKPOINT_LATEST_NAME "latest"
 
@@ -387,6 +393,33 @@ int ckpt_resume_auto(const char *dir, struct gpt *model, struct ckpt_meta *meta,
 
 /* The path of checkpoint `step` in dir: "<dir>/ckpt-<step>.h5". */
 void ckpt_path(char *buf, size_t size, const char *dir, long step);
+
+/* ---- the next world of a job chain (docs/jobs.md) ----------------------- */
+
+/* File name of the next world's description inside the checkpoint directory. */
+#define CHECKPOINT_NEXT_WORLD_NAME "next_world"
+
+/* Writes DIR/next_world, the description the job scripts (jobscripts/)
+ * read after dynmo exits with the re-pack status: the next world has pp x
+ * dp ranks with `layout` (pp blocks-per-stage counts, each >= 1) and
+ * resumes from checkpoint `step` (ckpt-<step>.h5 in DIR). The format is
+ * docs/jobs.md's, key = value lines:
+ *
+ *     # written by dynmo <version> on re-pack: the next world of this job chain
+ *     ranks = <pp * dp>
+ *     pp = <pp>
+ *     dp = <dp>
+ *     layout = <n1,n2,...>
+ *     step = <step>
+ *     checkpoint = ckpt-<step>.h5
+ *
+ * written atomically (dm_write_file_atomic: a reader sees the whole file
+ * or none). Call it after the checkpoint it names is complete (ckpt_save
+ * returned 0). Not collective: one rank calls it. Returns 0, or -1 with a
+ * message naming the file and the reason in err; invalid arguments are an
+ * internal error. */
+int ckpt_write_next_world(const char *dir, int pp, int dp, const int *layout, long step,
+                          char *err, size_t errsize);
 
 /* ---- offline readers (any process; not collective, no MPI) ------------- */
 

@@ -7,14 +7,11 @@
  * numbers (weights, data order, reduction orders) depends only on the
  * config and seed, so the loss is bit-identical run after run and for
  * every layout. */
-#include <errno.h>
-#include <fcntl.h>
 #include <signal.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
@@ -82,21 +79,6 @@ static int threads_for_this_rank(const struct dm_config *cfg)
     int local = world_local_size();
     long n = cores / (local > 0 ? local : 1);
     return n < 1 ? 1 : (int)n;
-}
-
-static void make_dirs(const char *path)
-{
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            dm_user_error("cannot create directory %s: %s", buf, dm_errno_text());
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        dm_user_error("cannot create directory %s: %s", buf, dm_errno_text());
 }
 
 static void format_eta(char *buf, size_t size, double seconds)
@@ -237,35 +219,6 @@ static void install_signal_handlers(void)
     sigaction(SIGTERM, &sa, NULL);
 }
 
-/* Rank 0: <ckpt.dir>/next_world (docs/jobs.md), written to a temporary
- * name, fsynced and renamed, after the checkpoint it names is complete. */
-static void write_next_world(const char *dir, int pp, int dp, const int *layout, long step,
-                             const char *ckpt_path)
-{
-    char tmp[1200], final[1200], text[2048], layout_text[512];
-    snprintf(tmp, sizeof tmp, "%s/next_world.tmp", dir);
-    snprintf(final, sizeof final, "%s/next_world", dir);
-    layout_format(layout_text, sizeof layout_text, layout, pp);
-    const char *base = strrchr(ckpt_path, '/');
-    base = base ? base + 1 : ckpt_path;
-    int n = snprintf(text, sizeof text,
-                     "# written by dynmo %s on re-pack: the next world of this job chain\n"
-                     "ranks = %d\npp = %d\ndp = %d\nlayout = %s\nstep = %ld\ncheckpoint = %s\n",
-                     DYNMO_VERSION, pp * dp, pp, dp, layout_text, step, base);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) dm_user_error_local("cannot write %s: %s", tmp, dm_errno_text());
-    if (write(fd, text, (size_t)n) != n || fsync(fd) != 0)
-        dm_user_error_local("cannot write %s: %s", tmp, dm_errno_text());
-    close(fd);
-    if (rename(tmp, final) != 0)
-        dm_user_error_local("cannot rename %s: %s", tmp, dm_errno_text());
-    int dfd = open(dir, O_RDONLY | O_DIRECTORY);
-    if (dfd >= 0) {
-        fsync(dfd);
-        close(dfd);
-    }
-}
-
 /* The run log continues across restarts: every per-step dataset is cut back
  * to the resumed step (the trace to its rows of steps up to it), per-stage
  * rows keep the first world's width. */
@@ -394,7 +347,8 @@ int cmd_train(int argc, char **argv)
     struct runlog *log = NULL;
     int log_width = stages;
     if (dm_rank() == 0) {
-        make_dirs(cfg.out_dir);
+        char err[1024];
+        if (dm_make_dirs(cfg.out_dir, err, sizeof err) != 0) dm_user_error("%s", err);
         log = open_runlog(log_path, &cfg, start_step, stages, &log_width);
     }
     struct gpt_shape shape = gpt_shape_from_config(&cfg);
@@ -493,8 +447,11 @@ int cmd_train(int argc, char **argv)
             if (repack_layout[0] < stages) {
                 engine_save(eng, cfg.ckpt_dir, cfg.keep, step + 1, saved, sizeof saved);
                 if (dm_rank() == 0) {
-                    write_next_world(cfg.ckpt_dir, repack_layout[0], grid->replicas,
-                                     repack_layout + 1, step + 1, saved);
+                    char err[1024];
+                    if (ckpt_write_next_world(cfg.ckpt_dir, repack_layout[0], grid->replicas,
+                                              repack_layout + 1, step + 1, err,
+                                              sizeof err) != 0)
+                        dm_user_error_local("%s", err);
                     char next[256];
                     layout_format(next, sizeof next, repack_layout + 1, repack_layout[0]);
                     dm_log("repack: step %d: %d stages keep the predicted step time within "
