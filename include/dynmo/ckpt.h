@@ -251,9 +251,9 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
  * one ckpt-<step>.h5.tmp being written, `latest`, a one-line text file
  * naming the newest complete checkpoint (the completion marker), and after
  * a re-pack `next_world`. A .tmp file is never loaded. The HDF5 files are
- * written and read by src/ckpt/checkpoint.c; the directory around them
- * (names, keep, latest, the resume scan, next_world) is
- * src/ckpt/ckpt_dir.c's, which never calls HDF5. */
+ * written by src/ckpt/checkpoint.c and read by src/ckpt/ckpt_load.c; the
+ * directory around them (names, keep, latest, the resume scan,
+ * next_world) is src/ckpt/ckpt_dir.c's, which never calls HDF5. */
 #define CHECKPOINT_SCHEMA_VERSION 1
 #define CHECKPOINT_LATEST_NAME "latest"
 

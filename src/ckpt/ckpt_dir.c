@@ -6,8 +6,8 @@
  * what it says), and `next_world`, the job scripts' description of the
  * next, smaller world.
  *
- * This file never calls HDF5: checkpoint.c writes and reads the files,
- * and the resume scan asks it to load one (ckpt_load_agreed).
+ * This file never calls HDF5: checkpoint.c writes the files, ckpt_load.c
+ * reads them, and the resume scan asks it to load one (ckpt_load_agreed).
  * It decides nothing about training (when to save, whether a failed save
  * ends the run): it returns errors to its caller. Only one rank touches
  * the directory; what it finds is broadcast, so that every rank tries the

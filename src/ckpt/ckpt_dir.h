@@ -1,9 +1,9 @@
 /* The checkpoint directory (ckpt_dir.c) as the HDF5 writer sees it, and the
  * one loader entry that the directory's resume scan calls back into
- * (checkpoint.c). The split: ckpt_dir.c names files, lists, prepares,
+ * (ckpt_load.c). The split: ckpt_dir.c names files, lists, prepares,
  * publishes, prunes and chooses what resume=auto loads, never touching
- * HDF5; checkpoint.c writes and reads the files, never choosing a name or
- * scanning a directory.
+ * HDF5; checkpoint.c writes and ckpt_load.c reads the files, never
+ * choosing a name or scanning a directory.
  *
  * Internal to src/ckpt. Functions that touch the directory are called by
  * one rank (rank 0 of the save's communicator) and are not collective;
@@ -59,7 +59,7 @@ enum ckpt_load_outcome {
     CKPT_LOAD_MODEL_MISMATCH = 2,
 };
 
-/* ckpt_load_try's work with the outcome kept apart (checkpoint.c):
+/* ckpt_load_try's work with the outcome kept apart (ckpt_load.c):
  * collective over comm, the same outcome and message on every rank; meta
  * is filled on success and left zeroed otherwise. */
 enum ckpt_load_outcome ckpt_load_agreed(const char *path, struct gpt *model,

@@ -3,9 +3,10 @@
  * them, and the serial readers of metadata and rows that the loader, the
  * checker and inspect share.
  *
- * It never writes and never calls MPI: the collective writer and loader
- * live in checkpoint.c. Every problem goes through ckpt_problem so that the
- * loader can stop at the first and the checker can list them all. */
+ * It never writes and never calls MPI: the collective writer lives in
+ * checkpoint.c, the loader in ckpt_load.c. Every problem goes through
+ * ckpt_problem so that the loader can stop at the first and the checker
+ * can list them all. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
