@@ -220,12 +220,7 @@ static void meta_for(struct ckpt_meta *meta, int g, const struct world *w,
     meta->layout = (int *)w->layout;
     for (int i = 0; i < layers; i++) frozen[i] = (i + g) % 3 == 0;
     meta->frozen = frozen;
-    if (loaded) {
-        meta->history_count = loaded->history_count;
-        meta->history_step = loaded->history_step;
-        meta->history_stages = loaded->history_stages;
-        meta->history_layout = loaded->history_layout;
-    }
+    if (loaded) meta->history = loaded->history;   /* borrowed */
 }
 
 static void history_extend(struct expected_history *h, long step, const struct world *w,
@@ -266,13 +261,14 @@ static void check_meta(const struct ckpt_meta *m, int g, const struct world *w,
     for (int d = 0; d < w->dp && m->dp == w->dp; d++)
         CHECK(m->data_cursor[d] == (1L << 40) + 1000L * g + 7 * d);
     CHECK(m->pp == w->pp && !memcmp(m->layout, w->layout, (size_t)w->pp * sizeof(int)));
-    CHECK_MSG(m->history_count == h->count, "history of %d entries, want %d",
-              m->history_count, h->count);
-    for (int k = 0; k < h->count && m->history_count == h->count; k++) {
-        CHECK(m->history_step[k] == h->step[k]);
-        CHECK(m->history_stages[k] == h->stages[k]);
+    CHECK_MSG(m->history.count == h->count, "history of %d entries, want %d",
+              m->history.count, h->count);
+    CHECK(m->history.layers == shape->layers);
+    for (int k = 0; k < h->count && m->history.count == h->count; k++) {
+        CHECK(m->history.step[k] == h->step[k]);
+        CHECK(m->history.stages[k] == h->stages[k]);
         for (int j = 0; j < shape->layers; j++)
-            CHECK(m->history_layout[(size_t)k * shape->layers + j] ==
+            CHECK(m->history.layout[(size_t)k * shape->layers + j] ==
                   (j < 8 ? h->layout[k][j] : 0));
     }
     for (int i = 0; i < shape->layers; i++) {

@@ -1,9 +1,16 @@
 /* Core: the thread pool covers every index exactly once for any thread
  * count and grain; the counter-based RNG is a pure function with sane
- * moments; config overrides and defaults parse. */
+ * moments; config overrides and defaults parse; mkdir -p and the atomic
+ * small-file writer succeed, replace, and fail with a message naming the
+ * path, leaving no temporary behind. */
+#define _XOPEN_SOURCE 700
+#include <errno.h>
+#include <ftw.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "dynmo/core.h"
 #include "testing.h"
 
@@ -78,10 +85,148 @@ static void test_config(void)
     config_validate(&cfg);
 }
 
+/* ---- files ----------------------------------------------------------------- */
+
+static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static int exists(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static int is_directory(const char *path)
+{
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* The whole file at path must be `want` (its bytes, nothing more). */
+static int file_holds(const char *path, const char *want)
+{
+    char buf[256];
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    return n == strlen(want) && !memcmp(buf, want, n);
+}
+
+static void test_make_dirs(const char *root)
+{
+    char path[600], err[1024], file[600];
+    snprintf(path, sizeof path, "%s/a/b//c/", root);
+    CHECK_MSG(dm_make_dirs(path, err, sizeof err) == 0, "%s", err);
+    snprintf(path, sizeof path, "%s/a/b/c", root);
+    CHECK(is_directory(path));
+    CHECK(dm_make_dirs(path, err, sizeof err) == 0);        /* exists already */
+    CHECK(dm_make_dirs(path, NULL, 0) == 0);
+
+    /* A regular file in the way: the failing prefix and the reason are named. */
+    snprintf(file, sizeof file, "%s/plain", root);
+    FILE *f = fopen(file, "w");
+    CHECK(f != NULL);
+    if (f) fclose(f);
+    snprintf(path, sizeof path, "%s/plain/sub/deeper", root);
+    err[0] = '\0';
+    errno = 0;
+    CHECK(dm_make_dirs(path, err, sizeof err) == -1);
+    CHECK(errno == ENOTDIR);
+    char want[700];
+    snprintf(want, sizeof want, "cannot create directory %s/plain/sub: %s", root,
+             strerror(ENOTDIR));
+    CHECK_MSG(!strcmp(err, want), "'%s', want '%s'", err, want);
+    CHECK(dm_make_dirs(path, NULL, 0) == -1);              /* no message buffer */
+
+    /* The path itself a regular file. */
+    err[0] = '\0';
+    CHECK(dm_make_dirs(file, err, sizeof err) == -1 && errno == ENOTDIR);
+    CHECK_MSG(strstr(err, file) && strstr(err, "not a directory"), "'%s'", err);
+    CHECK(dm_make_dirs("", err, sizeof err) == -1);
+}
+
+static void test_write_file_atomic(const char *root)
+{
+    char path[600], tmp[700], err[1024];
+    snprintf(path, sizeof path, "%s/small", root);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    CHECK_MSG(dm_write_file_atomic(path, "first\n", 6, err, sizeof err) == 0, "%s", err);
+    CHECK(file_holds(path, "first\n") && !exists(tmp));
+    /* A stale temporary (a writer killed earlier) is replaced, not appended to. */
+    FILE *f = fopen(tmp, "w");
+    CHECK(f != NULL);
+    if (f) {
+        fputs("stale stale stale stale", f);
+        fclose(f);
+    }
+    CHECK(dm_write_file_atomic(path, "2\n", 2, err, sizeof err) == 0);
+    CHECK(file_holds(path, "2\n") && !exists(tmp));
+    CHECK(dm_write_file_atomic(path, "", 0, err, sizeof err) == 0 && file_holds(path, ""));
+
+    /* Under a regular file: nothing can be created; the message names the file. */
+    snprintf(path, sizeof path, "%s/plain/x", root);
+    err[0] = '\0';
+    CHECK(dm_write_file_atomic(path, "x", 1, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, path) && strstr(err, strerror(ENOTDIR)), "'%s'", err);
+
+    /* Over a directory: the rename fails after the temporary was written,
+     * and the temporary is removed. */
+    snprintf(path, sizeof path, "%s/a", root);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    err[0] = '\0';
+    CHECK(dm_write_file_atomic(path, "x", 1, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "cannot rename") && strstr(err, path), "'%s'", err);
+    CHECK(!exists(tmp) && is_directory(path));
+
+    /* A read-only directory stops everyone but root. */
+    snprintf(path, sizeof path, "%s/readonly", root);
+    CHECK(dm_make_dirs(path, NULL, 0) == 0);
+    if (geteuid() == 0) {
+        printf("files: running as root, which may write into a read-only directory: "
+               "that failing case is not tested here\n");
+    } else {
+        chmod(path, 0555);
+        snprintf(path, sizeof path, "%s/readonly/small", root);
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        err[0] = '\0';
+        CHECK(dm_write_file_atomic(path, "x", 1, err, sizeof err) == -1);
+        CHECK_MSG(strstr(err, path) && strstr(err, strerror(EACCES)), "'%s'", err);
+        CHECK(!exists(tmp) && !exists(path));
+        snprintf(path, sizeof path, "%s/readonly", root);
+        chmod(path, 0755);
+    }
+
+    snprintf(path, sizeof path, "%s/missing", root);
+    err[0] = '\0';
+    CHECK(dm_fsync_path(path, err, sizeof err) == -1 && strstr(err, path));
+    CHECK(dm_fsync_path(root, err, sizeof err) == 0);
+}
+
+static void test_files(void)
+{
+    const char *base = getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp";
+    char root[512];
+    snprintf(root, sizeof root, "%s/dynmo-test-core.XXXXXX", base);
+    if (!mkdtemp(root)) {
+        CHECK_MSG(0, "mkdtemp %s: %s", root, strerror(errno));
+        return;
+    }
+    test_make_dirs(root);
+    test_write_file_atomic(root);
+    nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
 int main(void)
 {
     test_parallel_for();
     test_random();
     test_config();
+    test_files();
     return testing_report("test_core");
 }

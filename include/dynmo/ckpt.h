@@ -1,7 +1,9 @@
 /* dynmo ckpt: the run log (per-step metrics, per-layer profiles and layout
- * history in one HDF5 file) and the checkpoint (one HDF5 file per
- * checkpoint, logical and per block, written by all ranks at once through
- * parallel HDF5 and resharded on load).
+ * history in one HDF5 file), the layout history (struct layout_history),
+ * the checkpoint (one HDF5 file per checkpoint, logical and per block,
+ * written by all ranks at once through parallel HDF5 and resharded on
+ * load) and the checkpoint directory's policy (names, keep, `latest`, the
+ * resume=auto scan, `next_world`).
  *
  * The run log is written by rank 0 alone, serially, and flushed after
  * every step so that a killed run keeps every step it finished. Its
@@ -9,7 +11,9 @@
  * RUNLOG_* names below are that schema. The run log never calls MPI; the
  * checkpoint's save, load and resume are collective over the communicator
  * they are given, and its offline readers (ckpt_check_file,
- * ckpt_read_info) are not. */
+ * ckpt_read_info) and ckpt_write_next_world are not. This module decides
+ * nothing about training: when to save or resume, and what a failure
+ * means to the run, are the caller's. */
 #ifndef DYNMO_CKPT_H
 #define DYNMO_CKPT_H
 
@@ -183,6 +187,60 @@ int runlog_read_root_attr(const char *path, const char *attr, char **text,
 int dm_file_kind(const char *path, char *kind, size_t kindsize,
                  char *err, size_t errsize);
 
+/* ---- layout history -----------------------------------------------------
+ * Which layout (blocks per stage) held from which step: the one type the
+ * engine keeps while it trains, the checkpoint saves and loads (struct
+ * ckpt_meta's history) and the tools print. An entry is added only when
+ * the layout changes. Rows are `layers` wide so that entries of worlds
+ * with different stage counts fit one array. Not collective, no I/O.
+ *
+ * The struct owns its arrays (dm_alloc'd) once pushed to or allocated;
+ * a struct assignment borrows them: read such a copy, never push to it or
+ * free it. */
+struct layout_history {
+    int count;          /* entries */
+    int layers;         /* row width: the model's transformer blocks */
+    long *step;         /* (count) step from which entry k held; non-decreasing */
+    int *stages;        /* (count) pipeline stages of entry k */
+    int *layout;        /* (count, layers) blocks per stage of entry k, zero
+                           past stages[k] */
+    int capacity;       /* entries the arrays have room for */
+};
+
+/* An empty history of rows `layers` wide (no allocation). */
+void layout_history_init(struct layout_history *h, int layers);
+
+/* Frees the arrays and zeroes h. Harmless on a zeroed or empty one. */
+void layout_history_free(struct layout_history *h);
+
+/* Appends (step, layout of `stages` stages) unless the last entry already
+ * holds exactly that layout. Returns 1 when it appended, 0 when the layout
+ * was unchanged. The layout must be valid (stages in [1, layers], each
+ * count >= 1, summing to layers) and step must not precede the last
+ * entry's: anything else is an internal error (a caller's bug). The
+ * layout is copied. */
+int layout_history_push(struct layout_history *h, long step, const int *layout, int stages);
+
+/* Entry k's row (layers ints, blocks per stage then zeros); k in [0, count). */
+const int *layout_history_entry(const struct layout_history *h, int k);
+
+/* The index of the entry that held at `step`: the last one whose step is
+ * <= step, or -1 when step comes before the first entry. */
+int layout_history_at(const struct layout_history *h, long step);
+
+/* dst becomes an owning copy of src (dst's arrays are freed first; dst
+ * must be zeroed or owning). */
+void layout_history_copy(struct layout_history *dst, const struct layout_history *src);
+
+/* For readers that fill the arrays themselves (the checkpoint loader):
+ * frees h and gives it `count` zeroed entries of rows `layers` wide. */
+void layout_history_alloc(struct layout_history *h, int layers, int count);
+
+/* Whether a history read from outside (a file) is well formed: each entry
+ * a layout of `layers` blocks on 1..layers stages, zero-padded, and steps
+ * non-decreasing. Returns 0, or -1 with the first problem in err. */
+int layout_history_check(const struct layout_history *h, char *err, size_t errsize);
+
 /* ---- checkpoints --------------------------------------------------------
  * The format is checkpoint_schema/README.md (prose) and
  * checkpoint_schema/v1.def (the machine-readable lines that the writer, the
@@ -190,9 +248,12 @@ int dm_file_kind(const char *path, char *kind, size_t kindsize,
  * with h5dump and h5py and explains atomicity and resume.
  *
  * A checkpoint directory holds complete checkpoints ckpt-<step>.h5, at most
- * one ckpt-<step>.h5.tmp being written, and `latest`, a one-line text file
- * naming the newest complete checkpoint (the completion marker). A .tmp
- * file is never loaded. */
+ * one ckpt-<step>.h5.tmp being written, `latest`, a one-line text file
+ * naming the newest complete checkpoint (the completion marker), and after
+ * a re-pack `next_world`. A .tmp file is never loaded. The HDF5 files are
+ * written by src/ckpt/checkpoint.c and read by src/ckpt/ckpt_load.c; the
+ * directory around them (names, keep, latest, the resume scan,
+ * next_world) is src/ckpt/ckpt_dir.c's, which never calls HDF5. */
 #define CHECKPOINT_SCHEMA_VERSION 1
 #define CHECKPOINT_LATEST_NAME "latest"
 
@@ -219,11 +280,10 @@ struct ckpt_meta {
     long *data_cursor;      /* (save) (dp) next global sample index of each
                                data-parallel replica */
     int *layout;            /* (save) (pp) blocks per stage, the current layout */
-    int history_count;      /* (save) entries in the layout history (may be 0) */
-    long *history_step;     /* (save) (history_count) step from which entry k held */
-    int *history_stages;    /* (save) (history_count) stages of entry k */
-    int *history_layout;    /* (save) (history_count, layers) blocks per stage
-                               of entry k, zero past history_stages[k] */
+    struct layout_history history; /* (save) the layout history so far (may be
+                               empty, or a struct copy of the caller's own:
+                               save only reads it); its layers must be the
+                               model's. Load: ends with the current layout */
     int *frozen;            /* (layers) 1 = block frozen. Save: OR'ed with each
                                block's own frozen flag; may be NULL. Load: the
                                file's flags (each loaded block's flag is set) */
@@ -333,6 +393,33 @@ int ckpt_resume_auto(const char *dir, struct gpt *model, struct ckpt_meta *meta,
 
 /* The path of checkpoint `step` in dir: "<dir>/ckpt-<step>.h5". */
 void ckpt_path(char *buf, size_t size, const char *dir, long step);
+
+/* ---- the next world of a job chain (docs/jobs.md) ----------------------- */
+
+/* File name of the next world's description inside the checkpoint directory. */
+#define CHECKPOINT_NEXT_WORLD_NAME "next_world"
+
+/* Writes DIR/next_world, the description the job scripts (jobscripts/)
+ * read after dynmo exits with the re-pack status: the next world has pp x
+ * dp ranks with `layout` (pp blocks-per-stage counts, each >= 1) and
+ * resumes from checkpoint `step` (ckpt-<step>.h5 in DIR). The format is
+ * docs/jobs.md's, key = value lines:
+ *
+ *     # written by dynmo <version> on re-pack: the next world of this job chain
+ *     ranks = <pp * dp>
+ *     pp = <pp>
+ *     dp = <dp>
+ *     layout = <n1,n2,...>
+ *     step = <step>
+ *     checkpoint = ckpt-<step>.h5
+ *
+ * written atomically (dm_write_file_atomic: a reader sees the whole file
+ * or none). Call it after the checkpoint it names is complete (ckpt_save
+ * returned 0). Not collective: one rank calls it. Returns 0, or -1 with a
+ * message naming the file and the reason in err; invalid arguments are an
+ * internal error. */
+int ckpt_write_next_world(const char *dir, int pp, int dp, const int *layout, long step,
+                          char *err, size_t errsize);
 
 /* ---- offline readers (any process; not collective, no MPI) ------------- */
 

@@ -1,5 +1,6 @@
 /* dynmo core: errors and the single fatal path, logging, configuration,
- * timing, aligned allocation and the thread pool that every CPU op uses.
+ * timing, aligned allocation, durable file writes (mkdir -p, the atomic
+ * small-file writer) and the thread pool that every CPU op uses.
  *
  * This module uses nothing else of dynmo and never calls MPI directly: the
  * pipeline module registers an abort hook so that a fatal error on one rank
@@ -95,6 +96,36 @@ void *dm_alloc(size_t bytes);
  * read (a migrating block's slab); free with dm_free. */
 void *dm_alloc_uninit(size_t bytes);
 void dm_free(void *p);
+
+/* ---- files -------------------------------------------------------------
+ * Durable writes for files that other programs and later jobs read. Not
+ * collective, no MPI: the caller chooses the rank that calls them. Each
+ * returns 0, or -1 with a message naming the path and the system's reason
+ * in err (err may be NULL, errsize 0); the caller decides what a failure
+ * means (a user error, a warning). */
+
+/* mkdir -p: creates path and every missing parent directory (mode 0777
+ * less the umask). An existing directory is success; a path that exists
+ * and is not a directory, or a parent that cannot be created (a regular
+ * file in the way, no permission) is -1 with "cannot create directory
+ * <the failing prefix>: <reason>" in err and errno set. */
+int dm_make_dirs(const char *path, char *err, size_t errsize);
+
+/* Replaces the file at path with the `bytes` bytes at data, atomically
+ * and durably: writes path.tmp in the same directory (truncating a stale
+ * one), fsyncs it, renames it over path, then fsyncs the directory. A
+ * reader sees the old file or the whole new one, never a part. Every
+ * failure is -1, the directory fsync included (the new file is then in
+ * place but a crash may still lose it); before the rename the temporary
+ * is removed. Two writers of the same path at once are the caller's bug.
+ * The caller keeps ownership of data. */
+int dm_write_file_atomic(const char *path, const void *data, size_t bytes, char *err,
+                         size_t errsize);
+
+/* fsync of the file or directory at path (opened read-only and closed
+ * again): what makes a renamed file, or a file written by other processes,
+ * durable. */
+int dm_fsync_path(const char *path, char *err, size_t errsize);
 
 /* ---- thread pool -------------------------------------------------------
  * One persistent pool per process. BLAS always runs single-threaded inside

@@ -1,12 +1,12 @@
-/* The checkpoint: save (all ranks at once, parallel HDF5 over MPI-IO),
- * load with reshard (each rank reads the rows of the blocks it owns under
- * its own layout, whatever world wrote the file) and resume=auto.
+/* The checkpoint writer: ckpt_save, all ranks at once through parallel
+ * HDF5 over MPI-IO. Loading is ckpt_load.c's.
  *
  * The file layout is checkpoint_schema/v1.def; this file creates exactly
  * the groups and datasets listed there (ckpt_file.c checks them the same
- * way). Durability follows Redis: write under a temporary name, flush,
- * fsync, rename, fsync the directory, and only then move the completion
- * marker (DIR/latest) and delete old checkpoints.
+ * way). The directory around the file is ckpt_dir.c's: the names, the
+ * temporary, publishing (fsync, rename, fsync the directory, and only then
+ * move the completion marker DIR/latest and delete old checkpoints). This
+ * file writes the one temporary file it is given and never chooses a name.
  *
  * Rank 0 creates the file's skeleton (groups, attributes, datasets with
  * every chunk allocated) alone through a serial driver that drops the fill
@@ -25,19 +25,16 @@
  * decide training policy (when to save, what to do on failure). */
 /* sync_file_range (Linux), to start the writeback of a save early. */
 #define _GNU_SOURCE
-#include <dirent.h>
-#include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 #include "dynmo/ckpt.h"
 #include "dynmo/world.h"
+#include "ckpt/ckpt_dir.h"
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
 #include "ckpt/skeleton_driver.h"
@@ -48,21 +45,6 @@
  * pinpoints a region. 4 MiB measured as fast as 8 and 16 (docs/PERFORMANCE.md). */
 #define CHUNK_TARGET_BYTES ((size_t)4 << 20)
 #define MESSAGE_BYTES 1024
-
-/* Where a load failed: the file is unusable, or it holds another model
- * (a configuration mistake that resume=auto must not paper over). */
-enum load_outcome { LOAD_OK = 0, LOAD_BAD_FILE = 1, LOAD_MODEL_MISMATCH = 2 };
-
-/* snprintf for messages: long paths are cut, never overflow. */
-__attribute__((format(printf, 3, 4)))
-static void set_error(char *err, size_t errsize, const char *fmt, ...)
-{
-    if (!err || !errsize) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errsize, fmt, ap);
-    va_end(ap);
-}
 
 /* ---- polled collectives ---------------------------------------------------- */
 
@@ -82,7 +64,8 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
 {
     uint64_t h = 1469598103934665603ULL;
     long scalars[] = {meta->step, meta->optimizer_steps, meta->lr_schedule_step,
-                      meta->pp, meta->dp, meta->history_count, keep, layers};
+                      meta->pp, meta->dp, meta->history.count, meta->history.layers, keep,
+                      layers};
     h = hash_bytes(h, scalars, sizeof scalars);
     h = hash_bytes(h, &meta->seed, sizeof meta->seed);
     h = hash_bytes(h, &meta->train_checksum, sizeof meta->train_checksum);
@@ -90,11 +73,11 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
     if (meta->config_text) h = hash_bytes(h, meta->config_text, strlen(meta->config_text));
     h = hash_bytes(h, meta->data_cursor, (size_t)meta->dp * sizeof(long));
     h = hash_bytes(h, meta->layout, (size_t)meta->pp * sizeof(int));
-    if (meta->history_count > 0) {
-        size_t n = (size_t)meta->history_count;
-        h = hash_bytes(h, meta->history_step, n * sizeof(long));
-        h = hash_bytes(h, meta->history_stages, n * sizeof(int));
-        h = hash_bytes(h, meta->history_layout, n * (size_t)layers * sizeof(int));
+    if (meta->history.count > 0) {
+        size_t n = (size_t)meta->history.count;
+        h = hash_bytes(h, meta->history.step, n * sizeof(long));
+        h = hash_bytes(h, meta->history.stages, n * sizeof(int));
+        h = hash_bytes(h, meta->history.layout, n * (size_t)layers * sizeof(int));
     }
     /* min(h) == max(h) iff min(h) == ~min(~h). */
     unsigned long long mine[2] = {h, ~h}, lowest[2];
@@ -126,167 +109,6 @@ static void check_grid(int stage, int dp_rank, int pp, int dp, MPI_Comm comm)
     }
     dm_free(seen);
     dm_free(all);
-}
-
-/* ---- names and files ----------------------------------------------------------- */
-
-void ckpt_path(char *buf, size_t size, const char *dir, long step)
-{
-    snprintf(buf, size, "%s/ckpt-%ld.h5", dir, step);
-}
-
-/* The step of "ckpt-<digits>.h5" (tmp = 0) or "ckpt-<digits>.h5.tmp"
- * (tmp = 1), or -1. */
-static long parse_name(const char *name, int tmp)
-{
-    if (strncmp(name, "ckpt-", 5) != 0) return -1;
-    const char *p = name + 5, *digits = p;
-    while (*p >= '0' && *p <= '9') p++;
-    if (p == digits || p - digits > 18) return -1;
-    if (strcmp(p, tmp ? ".h5.tmp" : ".h5") != 0) return -1;
-    return strtol(digits, NULL, 10);
-}
-
-static int ends_with(const char *s, const char *suffix)
-{
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && !strcmp(s + n - m, suffix);
-}
-
-static int fsync_path(const char *path, int is_dir, char *err, size_t errsize)
-{
-    int fd = open(path, O_RDONLY | (is_dir ? O_DIRECTORY : 0));
-    if (fd < 0) {
-        set_error(err, errsize, "cannot open %s to fsync it: %s", path, strerror(errno));
-        return -1;
-    }
-    if (fsync(fd) != 0) {
-        set_error(err, errsize, "fsync of %s failed: %s", path, strerror(errno));
-        close(fd);
-        return -1;
-    }
-    close(fd);
-    return 0;
-}
-
-/* mkdir -p */
-static int make_dirs(const char *dir, char *err, size_t errsize)
-{
-    char path[4096];
-    snprintf(path, sizeof path, "%s", dir);
-    size_t n = strlen(path);
-    for (size_t i = 1; i <= n; i++) {
-        if (i < n && path[i] != '/') continue;
-        char saved = path[i];
-        path[i] = '\0';
-        if (mkdir(path, 0777) != 0 && errno != EEXIST) {
-            set_error(err, errsize, "cannot create the checkpoint directory %s: %s", path,
-                     strerror(errno));
-            return -1;
-        }
-        path[i] = saved;
-    }
-    struct stat st;
-    if (stat(dir, &st) != 0 || !S_ISDIR(st.st_mode)) {
-        set_error(err, errsize, "the checkpoint directory %s is not a directory", dir);
-        return -1;
-    }
-    if (access(dir, W_OK | X_OK) != 0) {
-        set_error(err, errsize, "the checkpoint directory %s is not writable: %s", dir,
-                 strerror(errno));
-        return -1;
-    }
-    return 0;
-}
-
-/* Replaces DIR/latest by a file naming `name`, atomically and durably. */
-static int write_latest(const char *dir, const char *name, char *err, size_t errsize)
-{
-    char tmp[4096], final[4096];
-    snprintf(tmp, sizeof tmp, "%s/%s.tmp", dir, CHECKPOINT_LATEST_NAME);
-    snprintf(final, sizeof final, "%s/%s", dir, CHECKPOINT_LATEST_NAME);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        set_error(err, errsize, "cannot create %s: %s", tmp, strerror(errno));
-        return -1;
-    }
-    char line[512];
-    int n = snprintf(line, sizeof line, "%s\n", name);
-    if (write(fd, line, (size_t)n) != n || fsync(fd) != 0) {
-        set_error(err, errsize, "cannot write %s: %s", tmp, strerror(errno));
-        close(fd);
-        unlink(tmp);
-        return -1;
-    }
-    close(fd);
-    if (rename(tmp, final) != 0) {
-        set_error(err, errsize, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    return fsync_path(dir, 1, err, errsize);
-}
-
-/* The steps of the complete checkpoints in dir, newest first, into a
- * dm_alloc'd array; returns the count (-1 if dir cannot be read). */
-static int list_steps(const char *dir, int tmp, long **steps)
-{
-    *steps = NULL;
-    DIR *d = opendir(dir);
-    if (!d) return -1;
-    int count = 0, capacity = 16;
-    long *out = dm_alloc((size_t)capacity * sizeof(long));
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL) {
-        long step = parse_name(e->d_name, tmp);
-        if (step < 0) continue;
-        if (count == capacity) {
-            long *grown = dm_alloc((size_t)(2 * capacity) * sizeof(long));
-            memcpy(grown, out, (size_t)count * sizeof(long));
-            dm_free(out);
-            out = grown;
-            capacity *= 2;
-        }
-        out[count++] = step;
-    }
-    closedir(d);
-    for (int i = 1; i < count; i++)          /* insertion sort, newest first */
-        for (int j = i; j > 0 && out[j] > out[j - 1]; j--) {
-            long t = out[j];
-            out[j] = out[j - 1];
-            out[j - 1] = t;
-        }
-    *steps = out;
-    return count;
-}
-
-/* After the marker names `newest`: keep it and the newest keep-1 complete
- * checkpoints before it, delete older ones and every stale .tmp.
- * Checkpoints after `newest` (left by a run that this one did not continue
- * from) are left alone. Failures here lose nothing, so they are warnings. */
-static void prune(const char *dir, int keep, long newest)
-{
-    char path[4096];
-    long *steps;
-    int count = list_steps(dir, 0, &steps), kept = 1;
-    for (int i = 0; i < count; i++) {
-        if (steps[i] >= newest) continue;
-        if (keep <= 0 || kept < keep) {
-            kept++;
-            continue;
-        }
-        ckpt_path(path, sizeof path, dir, steps[i]);
-        if (unlink(path) != 0 && errno != ENOENT)
-            dm_warn("cannot delete the old checkpoint %s: %s\n", path, strerror(errno));
-    }
-    dm_free(steps);
-    count = list_steps(dir, 1, &steps);
-    for (int i = 0; i < count; i++) {
-        snprintf(path, sizeof path, "%s/ckpt-%ld.h5.tmp", dir, steps[i]);
-        if (unlink(path) != 0 && errno != ENOENT)
-            dm_warn("cannot delete the stale %s: %s\n", path, strerror(errno));
-    }
-    dm_free(steps);
 }
 
 /* ---- writing ------------------------------------------------------------------ */
@@ -534,49 +356,9 @@ static int layout_sum(const int *layout, int stages)
     return sum;
 }
 
-/* The collective HDF5 part of save: creates tmp and writes everything. */
-static void write_file(const char *tmp, const struct gpt *model, const struct ckpt_meta *meta,
-                       int stage, int dp_rank, MPI_Comm comm)
+/* Opens the skeleton tmp through MPI-IO on every rank (collective). */
+static hid_t open_parallel(const char *tmp, MPI_Comm comm)
 {
-    int rank;
-    WORLD_MPI(MPI_Comm_rank(comm, &rank));
-    const struct gpt_shape *shape = &model->shape;
-    int layers = shape->layers;
-
-    /* The history written always ends with the current layout. */
-    int history = meta->history_count;
-    int append = history == 0 || meta->history_stages[history - 1] != meta->pp ||
-                 memcmp(meta->history_layout + (size_t)(history - 1) * (size_t)layers,
-                        meta->layout, (size_t)meta->pp * sizeof(int)) != 0;
-    int total_history = history + append;
-    long *history_step = dm_alloc((size_t)total_history * sizeof(long));
-    int *history_stages = dm_alloc((size_t)total_history * sizeof(int));
-    int *history_layout = dm_alloc((size_t)total_history * (size_t)layers * sizeof(int));
-    if (history) {
-        memcpy(history_step, meta->history_step, (size_t)history * sizeof(long));
-        memcpy(history_stages, meta->history_stages, (size_t)history * sizeof(int));
-        memcpy(history_layout, meta->history_layout,
-               (size_t)history * (size_t)layers * sizeof(int));
-    }
-    if (append) {
-        history_step[history] = meta->step;
-        history_stages[history] = meta->pp;
-        memcpy(history_layout + (size_t)history * (size_t)layers, meta->layout,
-               (size_t)meta->pp * sizeof(int));
-    }
-
-    struct ckpt_dims dims = {
-        .layers = layers, .block_params = (long)block_param_count(shape->channels),
-        .vocab = shape->vocab, .max_seq = shape->max_seq, .channels = shape->channels,
-        .pp = meta->pp, .dp = meta->dp, .history = total_history,
-    };
-
-    /* The skeleton first, by rank 0; the others wait (polled). */
-    if (rank == 0) create_skeleton(tmp, shape, meta, &dims);
-    MPI_Request request;
-    WORLD_MPI(MPI_Ibarrier(comm, &request));
-    world_wait(&request);
-
     hid_t fapl = DM_H5(H5Pcreate(H5P_FILE_ACCESS));
     /* Each rank writes whole chunks of its own: large, disjoint pieces,
      * for which ROMIO's two strategies for small interleaved writes only
@@ -596,17 +378,20 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     DM_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
     hid_t file = DM_H5(H5Fopen(tmp, H5F_ACC_RDWR, fapl));
     DM_H5(H5Pclose(fapl));
+    return file;
+}
 
-    /* Every chunk is allocated already, so opening the datasets through
-     * MPI-IO allocates and fills nothing. They stay open on every rank
-     * until the collective close below. */
-    hid_t *datasets = dm_alloc((size_t)ckpt_schema_dataset_count * sizeof(hid_t));
-    for (int i = 0; i < ckpt_schema_dataset_count; i++)
-        datasets[i] = DM_H5(H5Dopen2(file, ckpt_schema_datasets[i].path, H5P_DEFAULT));
-
-    /* Per-block state from the stages' writers, summed into rank 0 (each
-     * layer has one writer, so the sum is that writer's value exactly). */
-    int writer = dp_rank == 0;
+/* Rank 0 writes the small datasets: cursors, layout, history, and the
+ * per-block state gathered from the stages' writers (collective: every
+ * rank takes part in the reductions). Each layer has one writer, so the
+ * sum of the contributions is that writer's value exactly. */
+static void write_small_datasets(const struct chunk_writer *w, const struct gpt *model,
+                                 const struct ckpt_meta *meta,
+                                 const struct layout_history *history, int writer,
+                                 MPI_Comm comm)
+{
+    int rank, layers = model->shape.layers;
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
     int *frozen = dm_alloc((size_t)layers * sizeof(int));
     int *frozen_all = dm_alloc((size_t)layers * sizeof(int));
     float *sparsity = dm_alloc((size_t)layers * sizeof(float));
@@ -622,57 +407,100 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
                          &requests[1]));
     world_wait(&requests[0]);
     world_wait(&requests[1]);
-
-    struct chunk_writer w = {.datasets = datasets, .dims = &dims,
-                             .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4),
-                             .writeback_fd = writer ? open(tmp, O_RDONLY) : -1};
     if (rank == 0) {
-        write_rows(&w, "/data/cursor", 0, (hsize_t)meta->dp, meta->data_cursor);
-        write_rows(&w, "/layout/blocks_per_stage", 0, (hsize_t)meta->pp, meta->layout);
-        write_rows(&w, "/layout/history_step", 0, (hsize_t)total_history, history_step);
-        write_rows(&w, "/layout/history_stages", 0, (hsize_t)total_history, history_stages);
-        write_rows(&w, "/layout/history_blocks_per_stage", 0, (hsize_t)total_history,
-                   history_layout);
-        write_rows(&w, "/blocks/state/frozen", 0, (hsize_t)layers, frozen_all);
-        write_rows(&w, "/blocks/state/sparsity", 0, (hsize_t)layers, sparsity_all);
+        hsize_t n = (hsize_t)history->count;
+        write_rows(w, "/data/cursor", 0, (hsize_t)meta->dp, meta->data_cursor);
+        write_rows(w, "/layout/blocks_per_stage", 0, (hsize_t)meta->pp, meta->layout);
+        write_rows(w, "/layout/history_step", 0, n, history->step);
+        write_rows(w, "/layout/history_stages", 0, n, history->stages);
+        write_rows(w, "/layout/history_blocks_per_stage", 0, n, history->layout);
+        write_rows(w, "/blocks/state/frozen", 0, (hsize_t)layers, frozen_all);
+        write_rows(w, "/blocks/state/sparsity", 0, (hsize_t)layers, sparsity_all);
     }
     dm_free(frozen);
     dm_free(frozen_all);
     dm_free(sparsity);
     dm_free(sparsity_all);
+}
 
-    /* Blocks: replica 0 of each stage writes its rows. */
-    for (int i = 0; writer && i < model->num_blocks; i++) {
+/* A writer's tensors: its blocks' rows, then the embedding (stage 0) and
+ * the head (last stage). The slab holds [wte wpe lnf_w lnf_b] for params
+ * and for m and v. */
+static void write_tensors(const struct chunk_writer *w, const struct gpt *model, int stage,
+                          int stages)
+{
+    for (int i = 0; i < model->num_blocks; i++) {
         const struct block *blk = &model->blocks[i];
-        write_rows(&w, "/blocks/params", (hsize_t)blk->index, 1, blk->params);
-        write_rows(&w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
-        write_rows(&w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
-        start_writeback(&w);
+        write_rows(w, "/blocks/params", (hsize_t)blk->index, 1, blk->params);
+        write_rows(w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
+        write_rows(w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
+        start_writeback(w);
     }
-
-    /* Embedding from stage 0, head from the last stage (each replica 0).
-     * The slab holds [wte wpe lnf_w lnf_b] for params and for m and v. */
+    const struct gpt_shape *shape = &model->shape;
     size_t C = (size_t)shape->channels;
     size_t wpe = (size_t)shape->vocab * C;
     size_t lnf = wpe + (size_t)shape->max_seq * C;
     const float *bases[3] = {model->wte, model->embed_m, model->embed_v};
     const char *kinds[3] = {"params", "adam_m", "adam_v"};
-    for (int k = 0; k < 3 && writer; k++) {
+    for (int k = 0; k < 3; k++) {
         char name[64];
         if (stage == 0) {
             snprintf(name, sizeof name, "/embedding/%s/wte", kinds[k]);
-            write_rows(&w, name, 0, (hsize_t)shape->vocab, bases[k]);
+            write_rows(w, name, 0, (hsize_t)shape->vocab, bases[k]);
             snprintf(name, sizeof name, "/embedding/%s/wpe", kinds[k]);
-            write_rows(&w, name, 0, (hsize_t)shape->max_seq, bases[k] + wpe);
+            write_rows(w, name, 0, (hsize_t)shape->max_seq, bases[k] + wpe);
         }
-        if (stage == meta->pp - 1) {
+        if (stage == stages - 1) {
             snprintf(name, sizeof name, "/head/%s/lnf_w", kinds[k]);
-            write_rows(&w, name, 0, (hsize_t)C, bases[k] + lnf);
+            write_rows(w, name, 0, (hsize_t)C, bases[k] + lnf);
             snprintf(name, sizeof name, "/head/%s/lnf_b", kinds[k]);
-            write_rows(&w, name, 0, (hsize_t)C, bases[k] + lnf + C);
+            write_rows(w, name, 0, (hsize_t)C, bases[k] + lnf + C);
         }
     }
-    start_writeback(&w);
+    start_writeback(w);
+}
+
+/* The collective HDF5 part of save: creates tmp and writes everything. */
+static void write_file(const char *tmp, const struct gpt *model, const struct ckpt_meta *meta,
+                       int stage, int dp_rank, MPI_Comm comm)
+{
+    int rank;
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
+    const struct gpt_shape *shape = &model->shape;
+
+    /* The history written always ends with the current layout. */
+    struct layout_history history = {0};
+    layout_history_copy(&history, &meta->history);
+    history.layers = shape->layers;   /* an empty caller's history may be zeroed */
+    layout_history_push(&history, meta->step, meta->layout, meta->pp);
+
+    struct ckpt_dims dims = {
+        .layers = shape->layers, .block_params = (long)block_param_count(shape->channels),
+        .vocab = shape->vocab, .max_seq = shape->max_seq, .channels = shape->channels,
+        .pp = meta->pp, .dp = meta->dp, .history = history.count,
+    };
+
+    /* The skeleton first, by rank 0; the others wait (polled). */
+    if (rank == 0) create_skeleton(tmp, shape, meta, &dims);
+    MPI_Request request;
+    WORLD_MPI(MPI_Ibarrier(comm, &request));
+    world_wait(&request);
+    hid_t file = open_parallel(tmp, comm);
+
+    /* Every chunk is allocated already, so opening the datasets through
+     * MPI-IO allocates and fills nothing. They stay open on every rank
+     * until the collective close below. */
+    hid_t *datasets = dm_alloc((size_t)ckpt_schema_dataset_count * sizeof(hid_t));
+    for (int i = 0; i < ckpt_schema_dataset_count; i++)
+        datasets[i] = DM_H5(H5Dopen2(file, ckpt_schema_datasets[i].path, H5P_DEFAULT));
+
+    /* Replica 0 of each stage writes that stage's tensors. */
+    int writer = dp_rank == 0;
+    struct chunk_writer w = {.datasets = datasets, .dims = &dims,
+                             .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4),
+                             .writeback_fd = writer ? open(tmp, O_RDONLY) : -1};
+    write_small_datasets(&w, model, meta, &history, writer, comm);
+    if (writer) write_tensors(&w, model, stage, meta->pp);
     if (w.writeback_fd >= 0) close(w.writeback_fd);
     dm_free(w.chunk_buffer);
     for (int i = 0; i < ckpt_schema_dataset_count; i++) DM_H5(H5Dclose(datasets[i]));
@@ -680,47 +508,18 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
 
     /* Last, the completion attribute: a file without it never finished.
      * No H5Fflush: through MPI-IO it syncs the file on every rank, and
-     * rank 0's fsync after the close (publish) makes every rank's bytes
-     * durable at once. */
+     * rank 0's fsync after the close (ckpt_dir_publish) makes every rank's
+     * bytes durable at once. */
     write_integer_attr(file, "complete", SCHEMA_TYPE_INT64, 1);
     DM_H5(H5Fclose(file));
-    dm_free(history_step);
-    dm_free(history_stages);
-    dm_free(history_layout);
+    layout_history_free(&history);
 }
 
-/* Rank 0's part after the collective close: make the file durable, give
- * it its final name, move the marker, prune. */
-static int publish(const char *dir, int keep, long step, const char *tmp,
-                   const char *final, char *err, size_t errsize)
+/* What the loader will check must hold already: a bad layout, history or
+ * flag in a save is the caller's bug, not a user error. */
+static void check_save_arguments(const struct gpt *model, const struct ckpt_meta *meta,
+                                 int stage, int dp_rank, int size)
 {
-    if (fsync_path(tmp, 0, err, errsize) != 0) return -1;
-    if (rename(tmp, final) != 0) {
-        set_error(err, errsize, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
-        return -1;
-    }
-    if (fsync_path(dir, 1, err, errsize) != 0) return -1;
-    const char *name = strrchr(final, '/');
-    name = name ? name + 1 : final;
-    if (write_latest(dir, name, err, errsize) != 0) return -1;
-    prune(dir, keep, step);
-    return 0;
-}
-
-/* Every entry point starts here. */
-static void ckpt_init(void)
-{
-    dm_h5_init();
-}
-
-int ckpt_save(const char *dir, int keep, const struct gpt *model,
-              const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm,
-              char *path_out, size_t path_out_size, char *err, size_t errsize)
-{
-    ckpt_init();
-    int rank, size;
-    WORLD_MPI(MPI_Comm_rank(comm, &rank));
-    WORLD_MPI(MPI_Comm_size(comm, &size));
     const struct gpt_shape *shape = &model->shape;
     DM_ASSERT(meta->pp >= 1 && meta->dp >= 1 && meta->pp * meta->dp == size);
     DM_ASSERT(stage >= 0 && stage < meta->pp && dp_rank >= 0 && dp_rank < meta->dp);
@@ -730,346 +529,48 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
     DM_ASSERT(model->first_block == layout_sum(meta->layout, stage) &&
               model->num_blocks == meta->layout[stage]);
     DM_ASSERT(model->has_embed == (stage == 0) && model->has_head == (stage == meta->pp - 1));
-    DM_ASSERT(meta->history_count >= 0);
-    /* What the loader will check must hold already (a bad history or flag
-     * is the caller's bug, not a user error). */
-    for (int k = 0; k < meta->history_count; k++) {
-        const int *row = meta->history_layout + (size_t)k * (size_t)shape->layers;
-        int stages = meta->history_stages[k];
-        DM_ASSERT(stages >= 1 && stages <= shape->layers);
-        DM_ASSERT(layout_sum(row, stages) == shape->layers);
-        for (int j = 0; j < shape->layers; j++) DM_ASSERT(j < stages ? row[j] >= 1 : row[j] == 0);
-        DM_ASSERT(k == 0 || meta->history_step[k] >= meta->history_step[k - 1]);
+    const struct layout_history *history = &meta->history;
+    DM_ASSERT(history->count >= 0);
+    if (history->count > 0) {
+        char problem[256];
+        DM_ASSERT(history->layers == shape->layers);
+        if (layout_history_check(history, problem, sizeof problem) != 0)
+            DM_FATAL("ckpt_save: %s", problem);
+        DM_ASSERT(history->step[history->count - 1] <= meta->step);
     }
-    DM_ASSERT(meta->history_count == 0 ||
-              meta->history_step[meta->history_count - 1] <= meta->step);
     for (int d = 0; d < meta->dp; d++) DM_ASSERT(meta->data_cursor[d] >= 0);
     for (int i = 0; i < model->num_blocks; i++) {
         int flag = meta->frozen ? meta->frozen[model->first_block + i] : 0;
         DM_ASSERT((flag == 0 || flag == 1) &&
                   (model->blocks[i].frozen == 0 || model->blocks[i].frozen == 1));
     }
+}
+
+int ckpt_save(const char *dir, int keep, const struct gpt *model,
+              const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm,
+              char *path_out, size_t path_out_size, char *err, size_t errsize)
+{
+    dm_h5_init();
+    int rank, size;
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
+    WORLD_MPI(MPI_Comm_size(comm, &size));
+    check_save_arguments(model, meta, stage, dp_rank, size);
     check_grid(stage, dp_rank, meta->pp, meta->dp, comm);
-    check_same_everywhere(dir, keep, meta, shape->layers, comm);
+    check_same_everywhere(dir, keep, meta, model->shape.layers, comm);
 
-    char final[4096], tmp[4200];
-    ckpt_path(final, sizeof final, dir, meta->step);
-    snprintf(tmp, sizeof tmp, "%s.tmp", final);
-
+    /* The directory is ckpt_dir.c's: rank 0 prepares it, every rank
+     * writes the temporary, rank 0 publishes it. */
     char message[MESSAGE_BYTES] = "";
-    int failed = 0;
-    if (rank == 0) {
-        failed = make_dirs(dir, message, sizeof message) != 0;
-        if (!failed && unlink(tmp) != 0 && errno != ENOENT) {
-            set_error(message, sizeof message, "cannot remove the stale %s: %s", tmp,
-                     strerror(errno));
-            failed = 1;
-        }
-    }
+    int failed = rank == 0 && ckpt_dir_prepare(dir, meta->step, message, sizeof message) != 0;
     if (world_agree(failed, message, comm, err, errsize)) return -1;
 
+    char tmp[4096];
+    ckpt_tmp_path(tmp, sizeof tmp, dir, meta->step);
     write_file(tmp, model, meta, stage, dp_rank, comm);
 
-    if (rank == 0) failed = publish(dir, keep, meta->step, tmp, final, message,
-                                    sizeof message) != 0;
+    failed = rank == 0 &&
+             ckpt_dir_publish(dir, keep, meta->step, message, sizeof message) != 0;
     if (world_agree(failed, message, comm, err, errsize)) return -1;
-    if (path_out && path_out_size) snprintf(path_out, path_out_size, "%s", final);
+    if (path_out && path_out_size) ckpt_path(path_out, path_out_size, dir, meta->step);
     return 0;
-}
-
-/* ---- loading ------------------------------------------------------------------- */
-
-void ckpt_meta_free(struct ckpt_meta *meta)
-{
-    if (!meta->allocated) {
-        DM_ASSERT(!meta->data_cursor && !meta->layout && !meta->history_step &&
-                  !meta->sparsity);
-        memset(meta, 0, sizeof *meta);
-        return;
-    }
-    dm_free(meta->config_text);
-    dm_free(meta->data_cursor);
-    dm_free(meta->layout);
-    dm_free(meta->history_step);
-    dm_free(meta->history_stages);
-    dm_free(meta->history_layout);
-    dm_free(meta->frozen);
-    dm_free(meta->sparsity);
-    memset(meta, 0, sizeof *meta);
-}
-
-/* This rank's part of a load; no communication. */
-static enum load_outcome load_local(const char *path, struct gpt *model,
-                                    struct ckpt_meta *meta, char *err, size_t errsize)
-{
-    memset(meta, 0, sizeof *meta);
-    if (ends_with(path, ".tmp")) {
-        set_error(err, errsize, "checkpoint %s: incomplete: a .tmp file is a checkpoint "
-                 "still being written or abandoned by a killed writer, and is never "
-                 "loaded (its completion marker is missing)", path);
-        return LOAD_BAD_FILE;
-    }
-    struct ckpt_problems problems = {.path = path};
-    struct ckpt_header header;
-    enum load_outcome outcome = LOAD_BAD_FILE;
-    hid_t file = ckpt_open_checked(path, &problems, &header);
-    if (problems.count) goto done;
-    char reason[768];
-    if (ckpt_compare_shape(&header.shape, &model->shape, reason, sizeof reason) != 0) {
-        set_error(err, errsize, "checkpoint %s: %s", path, reason);
-        outcome = LOAD_MODEL_MISMATCH;
-        goto close;
-    }
-    if (ckpt_read_meta_from(file, &header, meta, &problems) != 0) goto done;
-    size_t nparams = block_param_count(model->shape.channels);
-    for (int i = 0; i < model->num_blocks; i++) {
-        struct block *blk = &model->blocks[i];
-        DM_ASSERT(blk->index == model->first_block + i && blk->nparams == nparams);
-        if (ckpt_read_floats(file, "/blocks/params", blk->index, nparams, blk->params,
-                             &problems) ||
-            ckpt_read_floats(file, "/blocks/adam_m", blk->index, nparams, blk->m,
-                             &problems) ||
-            ckpt_read_floats(file, "/blocks/adam_v", blk->index, nparams, blk->v,
-                             &problems))
-            goto done;
-        memset(blk->grads, 0, nparams * sizeof(float));
-        blk->frozen = meta->frozen ? meta->frozen[blk->index] : 0;
-    }
-    if (model->embed_slab) {
-        size_t C = (size_t)model->shape.channels, n = model->embed_nparams;
-        size_t wpe = (size_t)model->shape.vocab * C;
-        size_t lnf = wpe + (size_t)model->shape.max_seq * C;
-        float *bases[3] = {model->wte, model->embed_m, model->embed_v};
-        const char *kinds[3] = {"params", "adam_m", "adam_v"};
-        for (int k = 0; k < 3; k++) {
-            char name[4][64];
-            snprintf(name[0], sizeof name[0], "/embedding/%s/wte", kinds[k]);
-            snprintf(name[1], sizeof name[1], "/embedding/%s/wpe", kinds[k]);
-            snprintf(name[2], sizeof name[2], "/head/%s/lnf_w", kinds[k]);
-            snprintf(name[3], sizeof name[3], "/head/%s/lnf_b", kinds[k]);
-            if (ckpt_read_floats(file, name[0], -1, 0, bases[k], &problems) ||
-                ckpt_read_floats(file, name[1], -1, 0, bases[k] + wpe, &problems) ||
-                ckpt_read_floats(file, name[2], -1, 0, bases[k] + lnf, &problems) ||
-                ckpt_read_floats(file, name[3], -1, 0, bases[k] + lnf + C, &problems))
-                goto done;
-        }
-        memset(model->dwte, 0, n * sizeof(float));
-    }
-    outcome = LOAD_OK;
-done:
-    if (outcome != LOAD_OK && problems.count)
-        set_error(err, errsize, "%s", problems.first);
-close:
-    if (file >= 0) H5Fclose(file);
-    ckpt_header_free(&header);
-    if (outcome != LOAD_OK) ckpt_meta_free(meta);
-    return outcome;
-}
-
-static int load_agreed(const char *path, struct gpt *model, struct ckpt_meta *meta,
-                       MPI_Comm comm, char *err, size_t errsize)
-{
-    ckpt_init();
-    char message[MESSAGE_BYTES] = "";
-    enum load_outcome outcome = load_local(path, model, meta, message, sizeof message);
-    int agreed = world_agree((int)outcome, message, comm, err, errsize);
-    if (agreed != LOAD_OK && outcome == LOAD_OK) ckpt_meta_free(meta);
-    return agreed;
-}
-
-int ckpt_load_try(const char *path, struct gpt *model, struct ckpt_meta *meta,
-                  MPI_Comm comm, char *err, size_t errsize)
-{
-    return load_agreed(path, model, meta, comm, err, errsize) == LOAD_OK ? 0 : -1;
-}
-
-void ckpt_load(const char *path, struct gpt *model, struct ckpt_meta *meta, MPI_Comm comm)
-{
-    char err[MESSAGE_BYTES];
-    if (ckpt_load_try(path, model, meta, comm, err, sizeof err) != 0)
-        dm_user_error("%s", err);
-}
-
-/* ---- resume=auto ------------------------------------------------------------------ */
-
-/* Rank 0's view of the directory, as text every rank receives:
- * line 1: what latest names ("" if no latest), then one complete
- * checkpoint name per line, newest first, then "--" and the .tmp names. */
-static char *scan_directory(const char *dir, MPI_Comm comm)
-{
-    int rank;
-    WORLD_MPI(MPI_Comm_rank(comm, &rank));
-    size_t capacity = 1 << 16;
-    char *text = dm_alloc(capacity);
-    int length = 0;
-    if (rank == 0) {
-        char latest_path[4096], latest[512] = "";
-        snprintf(latest_path, sizeof latest_path, "%s/%s", dir, CHECKPOINT_LATEST_NAME);
-        FILE *f = fopen(latest_path, "r");
-        if (f) {
-            if (!fgets(latest, sizeof latest, f)) latest[0] = '\0';
-            fclose(f);
-            latest[strcspn(latest, "\r\n")] = '\0';
-            if (!latest[0]) snprintf(latest, sizeof latest, "%s", "(empty)");
-        }
-        size_t used = (size_t)snprintf(text, capacity, "%s\n", latest);
-        long *steps;
-        int count = list_steps(dir, 0, &steps);
-        for (int i = 0; i < count && used + 64 < capacity; i++)
-            used += (size_t)snprintf(text + used, capacity - used, "ckpt-%ld.h5\n", steps[i]);
-        dm_free(steps);
-        used += (size_t)snprintf(text + used, capacity - used, "--\n");
-        count = list_steps(dir, 1, &steps);
-        for (int i = 0; i < count && used + 64 < capacity; i++)
-            used += (size_t)snprintf(text + used, capacity - used, "ckpt-%ld.h5.tmp\n",
-                                     steps[i]);
-        dm_free(steps);
-        length = (int)used + 1;
-    }
-    MPI_Request request;
-    WORLD_MPI(MPI_Ibcast(&length, 1, MPI_INT, 0, comm, &request));
-    world_wait(&request);
-    WORLD_MPI(MPI_Ibcast(text, length, MPI_CHAR, 0, comm, &request));
-    world_wait(&request);
-    return text;
-}
-
-static void append_text(char *buf, size_t size, const char *text)
-{
-    size_t used = strlen(buf);
-    if (used + 1 < size) snprintf(buf + used, size - used, "%s%s", used ? "; " : "", text);
-}
-
-/* stdout of rank 0 of comm (dm_log speaks for rank 0 of the world). */
-__attribute__((format(printf, 2, 3)))
-static void say(MPI_Comm comm, const char *fmt, ...)
-{
-    int rank;
-    WORLD_MPI(MPI_Comm_rank(comm, &rank));
-    if (rank != 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    fflush(stdout);
-}
-
-int ckpt_resume_auto(const char *dir, struct gpt *model, struct ckpt_meta *meta,
-                     MPI_Comm comm, char *loaded_path, size_t loaded_path_size)
-{
-    char *text = scan_directory(dir, comm);
-    char *latest = text;                 /* first line; "" when there is no latest */
-    char *rest = strchr(text, '\n');
-    *rest++ = '\0';
-    char *tmp_list = strstr(rest, "--\n");
-    *tmp_list = '\0';
-    tmp_list += 3;
-
-    char failures[4096] = "", path[4096], err[MESSAGE_BYTES], latest_problem[MESSAGE_BYTES];
-    int tried = 0;
-    long below = -1;                     /* fall back only to steps before this; -1: any */
-    if (latest[0]) {
-        /* latest names a file in DIR, never elsewhere. */
-        const char *base = strrchr(latest, '/') ? strrchr(latest, '/') + 1 : latest;
-        long step = parse_name(base, 0);
-        snprintf(path, sizeof path, "%s/%s", dir, base);
-        tried++;
-        struct stat st;
-        int missing = world_agree(step < 0 || stat(path, &st) != 0, "", comm, NULL, 0) != 0;
-        if (missing) {
-            set_error(latest_problem, sizeof latest_problem, "%s/%s names %s, which %s", dir,
-                     CHECKPOINT_LATEST_NAME, latest,
-                     step < 0 ? "is not a complete checkpoint's name (ckpt-<step>.h5)"
-                              : "does not exist");
-        } else {
-            int outcome = load_agreed(path, model, meta, comm, err, sizeof err);
-            if (outcome == LOAD_OK) {
-                dm_free(text);
-                if (loaded_path) snprintf(loaded_path, loaded_path_size, "%s", path);
-                return 1;
-            }
-            if (outcome == LOAD_MODEL_MISMATCH) dm_user_error("%s", err);
-            set_error(latest_problem, sizeof latest_problem, "%s (named by %s/%s)", err, dir,
-                     CHECKPOINT_LATEST_NAME);
-        }
-        /* The previous complete checkpoint is the newest one before it; a
-         * newer file belongs to a run that did not continue from it. */
-        below = step;
-        append_text(failures, sizeof failures, latest_problem);
-    }
-    char *save = NULL;
-    for (char *name = strtok_r(rest, "\n", &save); name; name = strtok_r(NULL, "\n", &save)) {
-        long step = parse_name(name, 0);
-        if (below >= 0 && step >= below) continue;
-        snprintf(path, sizeof path, "%s/%s", dir, name);
-        tried++;
-        int outcome = load_agreed(path, model, meta, comm, err, sizeof err);
-        if (outcome == LOAD_MODEL_MISMATCH) dm_user_error("%s", err);
-        if (outcome == LOAD_OK) {
-            if (latest[0])
-                say(comm, "resume: %s; resuming from the previous complete checkpoint "
-                    "%s instead\n", failures, path);
-            else if (failures[0])
-                say(comm, "resume: %s/%s is missing and newer checkpoints are unusable "
-                    "(%s); resuming from %s\n", dir, CHECKPOINT_LATEST_NAME, failures, path);
-            else
-                say(comm, "resume: %s/%s is missing; resuming from the newest complete "
-                    "checkpoint %s\n", dir, CHECKPOINT_LATEST_NAME, path);
-            dm_free(text);
-            if (loaded_path) snprintf(loaded_path, loaded_path_size, "%s", path);
-            return 1;
-        }
-        append_text(failures, sizeof failures, err);
-    }
-    if (tried > 0)
-        dm_user_error("no usable checkpoint in %s: %s", dir, failures);
-    if (tmp_list[0]) {
-        tmp_list[strcspn(tmp_list, "\n")] = '\0';
-        say(comm, "resume: no complete checkpoint in %s (ignoring the incomplete %s, "
-            "which has no completion marker); starting from step 0\n", dir, tmp_list);
-    } else {
-        say(comm, "resume: no checkpoint in %s; starting from step 0\n", dir);
-    }
-    dm_free(text);
-    memset(meta, 0, sizeof *meta);
-    if (loaded_path && loaded_path_size) loaded_path[0] = '\0';
-    return 0;
-}
-
-/* ---- offline readers ------------------------------------------------------------------ */
-
-int ckpt_read_info(const char *path, struct ckpt_meta *meta, char *err, size_t errsize)
-{
-    ckpt_init();
-    memset(meta, 0, sizeof *meta);
-    struct ckpt_problems problems = {.path = path};
-    struct ckpt_header header;
-    hid_t file = ckpt_open_checked(path, &problems, &header);
-    if (!problems.count) ckpt_read_meta_from(file, &header, meta, &problems);
-    if (file >= 0) H5Fclose(file);
-    ckpt_header_free(&header);
-    if (problems.count) {
-        ckpt_meta_free(meta);
-        set_error(err, errsize, "%s", problems.first);
-        return -1;
-    }
-    return 0;
-}
-
-int ckpt_check_file(const char *path, int read_data,
-                    void (*report)(void *ctx, const char *problem), void *ctx)
-{
-    ckpt_init();
-    struct ckpt_problems problems = {.path = path, .report = report, .ctx = ctx};
-    struct ckpt_header header;
-    hid_t file = ckpt_open_checked(path, &problems, &header);
-    if (file >= 0 && !problems.count) {
-        struct ckpt_meta meta;
-        ckpt_read_meta_from(file, &header, &meta, &problems);
-        ckpt_meta_free(&meta);
-        if (read_data) ckpt_read_all(file, &header, &problems);
-    }
-    if (file >= 0) H5Fclose(file);
-    ckpt_header_free(&header);
-    return problems.count;
 }

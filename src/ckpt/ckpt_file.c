@@ -3,9 +3,10 @@
  * them, and the serial readers of metadata and rows that the loader, the
  * checker and inspect share.
  *
- * It never writes and never calls MPI: the collective writer and loader
- * live in checkpoint.c. Every problem goes through ckpt_problem so that the
- * loader can stop at the first and the checker can list them all. */
+ * It never writes and never calls MPI: the collective writer lives in
+ * checkpoint.c, the loader in ckpt_load.c. Every problem goes through
+ * ckpt_problem so that the loader can stop at the first and the checker
+ * can list them all. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -748,21 +749,18 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     long layers = d->layers, history = d->history;
     meta->data_cursor = dm_alloc((size_t)d->dp * sizeof(long));
     meta->layout = dm_alloc((size_t)d->pp * sizeof(int));
-    meta->history_count = (int)history;
-    meta->history_step = dm_alloc((size_t)history * sizeof(long));
-    meta->history_stages = dm_alloc((size_t)history * sizeof(int));
-    meta->history_layout = dm_alloc((size_t)(history * layers) * sizeof(int));
+    layout_history_alloc(&meta->history, (int)layers, (int)history);
     meta->frozen = dm_alloc((size_t)layers * sizeof(int));
     meta->sparsity = dm_alloc((size_t)layers * sizeof(float));
     if (read_whole(file, d, "/data/cursor", H5T_NATIVE_LONG, meta->data_cursor, problems) ||
         read_whole(file, d, "/layout/blocks_per_stage", H5T_NATIVE_INT, meta->layout,
                    problems) ||
-        read_whole(file, d, "/layout/history_step", H5T_NATIVE_LONG, meta->history_step,
+        read_whole(file, d, "/layout/history_step", H5T_NATIVE_LONG, meta->history.step,
                    problems) ||
         read_whole(file, d, "/layout/history_stages", H5T_NATIVE_INT,
-                   meta->history_stages, problems) ||
+                   meta->history.stages, problems) ||
         read_whole(file, d, "/layout/history_blocks_per_stage", H5T_NATIVE_INT,
-                   meta->history_layout, problems) ||
+                   meta->history.layout, problems) ||
         read_whole(file, d, "/blocks/state/frozen", H5T_NATIVE_INT, meta->frozen,
                    problems) ||
         read_whole(file, d, "/blocks/state/sparsity", H5T_NATIVE_FLOAT, meta->sparsity,
@@ -779,24 +777,12 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
         ckpt_problem(problems, "/layout/blocks_per_stage is not a layout of %ld blocks on "
                      "%ld stages (each stage needs >= 1 block, and they must sum to %ld)",
                      layers, d->pp, layers);
-    for (long k = 0; k < history; k++) {
-        int stages = meta->history_stages[k];
-        const int *row = meta->history_layout + k * layers;
-        int padded = stages >= 1 && stages <= layers;
-        for (long s = padded ? stages : layers; s < layers; s++) padded &= row[s] == 0;
-        if (!padded || !layout_ok(row, stages, layers)) {
-            ckpt_problem(problems, "layout history entry %ld (%d stages) is not a layout "
-                         "of %ld blocks padded with zeros", k, stages, layers);
-            break;
-        }
-        if (k > 0 && meta->history_step[k] < meta->history_step[k - 1]) {
-            ckpt_problem(problems, "/layout/history_step decreases at entry %ld", k);
-            break;
-        }
-    }
+    char history_problem[256];
+    if (layout_history_check(&meta->history, history_problem, sizeof history_problem) != 0)
+        ckpt_problem(problems, "/layout: %s", history_problem);
     if (problems->count == before) {
-        const int *last = meta->history_layout + (history - 1) * layers;
-        if (meta->history_stages[history - 1] != d->pp ||
+        const int *last = layout_history_entry(&meta->history, (int)history - 1);
+        if (meta->history.stages[history - 1] != d->pp ||
             memcmp(last, meta->layout, (size_t)d->pp * sizeof(int)) != 0)
             ckpt_problem(problems, "the layout history does not end with the current "
                          "layout /layout/blocks_per_stage");

@@ -1,7 +1,8 @@
 /* The checkpoint file as the schema describes it (checkpoint_schema/v1.def):
  * the compiled-in schema tables, the structural validation of an open
  * file, and the serial readers of its metadata and rows. Shared by the
- * collective writer and loader (checkpoint.c) and the offline checker.
+ * collective writer (checkpoint.c), the loader and the offline checker
+ * (ckpt_load.c).
  *
  * Internal to src/ckpt. Nothing here calls MPI or writes a file. */
 #ifndef DYNMO_CKPT_FILE_H

@@ -251,31 +251,6 @@ static void read_whole_file(struct byte_buffer *buf, const char *path)
     fclose(f);
 }
 
-/* mkdir -p: returns 0, or -1 with errno set. */
-static int make_directories(const char *dir)
-{
-    char path[1024];
-    if (strlen(dir) >= sizeof path) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    strcpy(path, dir);
-    for (char *p = path + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = '\0';
-        if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
-        *p = '/';
-    }
-    if (mkdir(path, 0777) != 0 && errno != EEXIST) return -1;
-    struct stat st;
-    if (stat(path, &st) != 0) return -1;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        return -1;
-    }
-    return 0;
-}
-
 static int write_all(int fd, const void *data, size_t bytes)
 {
     const char *p = data;
@@ -411,7 +386,7 @@ int cmd_prepare(int argc, char **argv)
             cut = (size_t)(newline - stream.data) + 1;
     }
 
-    if (make_directories(out_dir) != 0)
+    if (dm_make_dirs(out_dir, NULL, 0) != 0)
         dm_user_error("prepare: cannot create output directory %s: %s",
                       out_dir, dm_errno_text());
 

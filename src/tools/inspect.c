@@ -241,10 +241,9 @@ static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
     printf(" blocks per stage\n  data cursors (next sample of each replica): ");
     for (int d = 0; d < m->dp; d++) printf(d ? ", %ld" : "%ld", m->data_cursor[d]);
     printf("\n  layout history:\n");
-    for (int k = 0; k < m->history_count; k++) {
-        printf("    from step %-8ld ", m->history_step[k]);
-        print_counts(stdout, m->history_layout + (size_t)k * (size_t)s->layers,
-                     m->history_stages[k]);
+    for (int k = 0; k < m->history.count; k++) {
+        printf("    from step %-8ld ", m->history.step[k]);
+        print_counts(stdout, layout_history_entry(&m->history, k), m->history.stages[k]);
         printf("\n");
     }
     int frozen = 0;
@@ -296,10 +295,9 @@ static void print_checkpoint_json(const char *path, const struct ckpt_meta *m)
     fputs(", \"data_cursors\": [", out);
     for (int d = 0; d < m->dp; d++) fprintf(out, d ? ", %ld" : "%ld", m->data_cursor[d]);
     fputs("],\n \"layout_history\": [", out);
-    for (int k = 0; k < m->history_count; k++) {
-        fprintf(out, "%s{\"step\": %ld, \"layout\": ", k ? ", " : "", m->history_step[k]);
-        json_ints(out, m->history_layout + (size_t)k * (size_t)s->layers,
-                  m->history_stages[k]);
+    for (int k = 0; k < m->history.count; k++) {
+        fprintf(out, "%s{\"step\": %ld, \"layout\": ", k ? ", " : "", m->history.step[k]);
+        json_ints(out, layout_history_entry(&m->history, k), m->history.stages[k]);
         fputc('}', out);
     }
     fputs("],\n \"blocks\": [", out);

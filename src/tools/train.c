@@ -90,8 +90,8 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
     int *layout = dm_alloc((size_t)S * sizeof(int));
     train_initial_layout(layout, cfg, S);
     tr->eng = engine_create(cfg, layout, train_may_resume(cfg));
-    layout_history_init(&tr->history, S);
-    layout_history_push(&tr->history, 0, layout);
+    layout_history_init(&tr->history, cfg->layers);
+    layout_history_push(&tr->history, 0, layout, S);
     dm_free(layout);
     tr->balancer = train_balancer_create(cfg, S);
     engine_watch_flag(tr->eng, &stop_signal);
@@ -167,8 +167,10 @@ static int repack(struct trainer *tr, const struct step_stats *st, int step)
         char saved[1200];
         train_save(tr->eng, cfg, &tr->history, step + 1, saved, sizeof saved);
         if (dm_rank() == 0) {
-            train_write_next_world(cfg->ckpt_dir, plan[0], grid->replicas, plan + 1, step + 1,
-                                   saved);
+            char err[1024];
+            if (ckpt_write_next_world(cfg->ckpt_dir, plan[0], grid->replicas, plan + 1,
+                                      step + 1, err, sizeof err) != 0)
+                dm_user_error_local("%s", err);
             char next[256];
             layout_format(next, sizeof next, plan + 1, plan[0]);
             dm_log("repack: step %d: %d stages keep the predicted step time within "
@@ -239,7 +241,7 @@ static int train_loop(struct trainer *tr)
                                     "or check the data", step + 1, cfg->lr);
         }
         train_balancer_after_step(tr->balancer, tr->eng, tr->log, st, step);
-        layout_history_push(&tr->history, step + 1, engine_layout(tr->eng));
+        layout_history_push(&tr->history, step + 1, engine_layout(tr->eng), tr->stages);
         int status = end_of_step(tr, st, step);
         if (status >= 0) return status;
     }

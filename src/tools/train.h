@@ -94,17 +94,6 @@ int train_balancer_repack(struct train_balancer *tb, const struct step_stats *st
 
 /* ---- checkpoints (train_ckpt.c) ------------------------------------------- */
 
-/* The layouts a run has used: entry k held from step step[k] (steps done
- * before it) on. Pushing the layout that already holds adds nothing. */
-struct layout_history {
-    int stages, count, cap;
-    long *step;                 /* (cap) */
-    int *layout;                /* (cap, stages) */
-};
-void layout_history_init(struct layout_history *h, int stages);
-void layout_history_push(struct layout_history *h, long step, const int *layout);
-void layout_history_free(struct layout_history *h);
-
 /* Whether cfg may load a checkpoint (ckpt.resume a path, or auto with a
  * ckpt.dir): engine_create then defers the weights to train_resume. */
 int train_may_resume(const struct dm_config *cfg);
@@ -113,7 +102,7 @@ int train_may_resume(const struct dm_config *cfg);
  * checkpoint of ckpt.dir, if any; or a path), resharding onto the engine's
  * layout; checks the seed and the step against cfg (user errors); replaces
  * *history with the checkpoint's entries of this stage count and the
- * current layout. When nothing is loaded, initialises the weights the
+ * current layout (struct layout_history, ckpt.h). When nothing is loaded, initialises the weights the
  * engine deferred. Returns the steps the checkpoint had done (the first
  * step to run), 0 for a fresh start. */
 long train_resume(struct engine *eng, const struct dm_config *cfg,
@@ -125,10 +114,5 @@ long train_resume(struct engine *eng, const struct dm_config *cfg,
 void train_save(struct engine *eng, const struct dm_config *cfg,
                 const struct layout_history *history, long steps_done, char *path_out,
                 size_t path_out_size);
-
-/* Rank 0: <ckpt.dir>/next_world (docs/jobs.md), after the checkpoint it
- * names is complete. */
-void train_write_next_world(const char *dir, int pp, int dp, const int *layout, long step,
-                            const char *ckpt_path);
 
 #endif

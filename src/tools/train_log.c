@@ -1,33 +1,15 @@
 /* What `dynmo train` writes and prints (train.h): the run log's rows of
  * every step, the progress line, the per-stage table and the summary at
  * the end. Rank 0 only; nothing here decides anything. */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
 #include "dynmo/pipe.h"
 #include "tools/train.h"
-
-
-static void make_dirs(const char *path)
-{
-    char buf[1024];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-            dm_user_error("cannot create directory %s: %s", buf, dm_errno_text());
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST)
-        dm_user_error("cannot create directory %s: %s", buf, dm_errno_text());
-}
 
 
 static void format_eta(char *buf, size_t size, double seconds)
@@ -172,7 +154,6 @@ void stage_totals_print(const struct stage_totals *t, int stages)
     }
 }
 
-
 /* The run log continues across restarts: every per-step dataset is cut back
  * to the resumed step (the trace to its rows of steps up to it), per-stage
  * rows keep the first world's width. */
@@ -180,10 +161,10 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
                                   int stages, int *width)
 {
     *width = stages;
-    make_dirs(cfg->out_dir);
+    char err[1200];
+    if (dm_make_dirs(cfg->out_dir, err, sizeof err) != 0) dm_user_error_local("%s", err);
     if (start == 0 || access(path, F_OK) != 0) return runlog_create(path, cfg);
     int *rows = NULL, ncols = 0;
-    char err[512];
     if (runlog_read_int_matrix(path, RUNLOG_LAYOUT_HISTORY, &rows, &ncols, err, sizeof err) > 0 &&
         ncols > stages)
         *width = ncols;

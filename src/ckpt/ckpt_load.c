@@ -1,0 +1,186 @@
+/* The checkpoint loader: ckpt_load with reshard (each rank reads the rows
+ * of the blocks it owns under its own layout, whatever world wrote the
+ * file), and the offline readers (ckpt_read_info, ckpt_check_file).
+ *
+ * Every rank opens the file on its own, read-only and serially (no
+ * MPI-IO), checks it against the schema (ckpt_file.c) and reads its part;
+ * then the ranks agree on one outcome and one message (a polled
+ * reduction), so a file that fails on one rank fails on all and no rank
+ * waits in a collective another skipped. Which file to load is the
+ * caller's or, for resume=auto, ckpt_dir.c's: this file loads the one
+ * path it is given and never scans a directory or falls back. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include "dynmo/ckpt.h"
+#include "dynmo/world.h"
+#include "ckpt/ckpt_dir.h"
+#include "ckpt/ckpt_file.h"
+#include "ckpt/h5util.h"
+
+#define MESSAGE_BYTES 1024
+
+/* snprintf for messages: long paths are cut, never overflow. */
+__attribute__((format(printf, 3, 4)))
+static void set_error(char *err, size_t errsize, const char *fmt, ...)
+{
+    if (!err || !errsize) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errsize, fmt, ap);
+    va_end(ap);
+}
+
+void ckpt_meta_free(struct ckpt_meta *meta)
+{
+    if (!meta->allocated) {
+        DM_ASSERT(!meta->data_cursor && !meta->layout && !meta->sparsity);
+        memset(meta, 0, sizeof *meta);
+        return;
+    }
+    dm_free(meta->config_text);
+    dm_free(meta->data_cursor);
+    dm_free(meta->layout);
+    layout_history_free(&meta->history);
+    dm_free(meta->frozen);
+    dm_free(meta->sparsity);
+    memset(meta, 0, sizeof *meta);
+}
+
+/* The embedding slab, [wte wpe lnf_w lnf_b] for params, m and v, which
+ * the first stage (embedding) and the last (head, tied wte) both hold:
+ * read whole. Returns 0, or -1 after reporting. */
+static int read_embedding_slab(hid_t file, struct gpt *model, struct ckpt_problems *problems)
+{
+    size_t C = (size_t)model->shape.channels;
+    size_t wpe = (size_t)model->shape.vocab * C;
+    size_t lnf = wpe + (size_t)model->shape.max_seq * C;
+    float *bases[3] = {model->wte, model->embed_m, model->embed_v};
+    const char *kinds[3] = {"params", "adam_m", "adam_v"};
+    for (int k = 0; k < 3; k++) {
+        char name[4][64];
+        snprintf(name[0], sizeof name[0], "/embedding/%s/wte", kinds[k]);
+        snprintf(name[1], sizeof name[1], "/embedding/%s/wpe", kinds[k]);
+        snprintf(name[2], sizeof name[2], "/head/%s/lnf_w", kinds[k]);
+        snprintf(name[3], sizeof name[3], "/head/%s/lnf_b", kinds[k]);
+        if (ckpt_read_floats(file, name[0], -1, 0, bases[k], problems) ||
+            ckpt_read_floats(file, name[1], -1, 0, bases[k] + wpe, problems) ||
+            ckpt_read_floats(file, name[2], -1, 0, bases[k] + lnf, problems) ||
+            ckpt_read_floats(file, name[3], -1, 0, bases[k] + lnf + C, problems))
+            return -1;
+    }
+    memset(model->dwte, 0, model->embed_nparams * sizeof(float));
+    return 0;
+}
+
+/* This rank's part of a load; no communication. */
+static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
+                                    struct ckpt_meta *meta, char *err, size_t errsize)
+{
+    memset(meta, 0, sizeof *meta);
+    if (ckpt_is_temporary_name(path)) {
+        set_error(err, errsize, "checkpoint %s: incomplete: a .tmp file is a checkpoint "
+                 "still being written or abandoned by a killed writer, and is never "
+                 "loaded (its completion marker is missing)", path);
+        return CKPT_LOAD_BAD_FILE;
+    }
+    struct ckpt_problems problems = {.path = path};
+    struct ckpt_header header;
+    enum ckpt_load_outcome outcome = CKPT_LOAD_BAD_FILE;
+    hid_t file = ckpt_open_checked(path, &problems, &header);
+    if (problems.count) goto done;
+    char reason[768];
+    if (ckpt_compare_shape(&header.shape, &model->shape, reason, sizeof reason) != 0) {
+        set_error(err, errsize, "checkpoint %s: %s", path, reason);
+        outcome = CKPT_LOAD_MODEL_MISMATCH;
+        goto close;
+    }
+    if (ckpt_read_meta_from(file, &header, meta, &problems) != 0) goto done;
+    size_t nparams = block_param_count(model->shape.channels);
+    for (int i = 0; i < model->num_blocks; i++) {
+        struct block *blk = &model->blocks[i];
+        DM_ASSERT(blk->index == model->first_block + i && blk->nparams == nparams);
+        if (ckpt_read_floats(file, "/blocks/params", blk->index, nparams, blk->params,
+                             &problems) ||
+            ckpt_read_floats(file, "/blocks/adam_m", blk->index, nparams, blk->m,
+                             &problems) ||
+            ckpt_read_floats(file, "/blocks/adam_v", blk->index, nparams, blk->v,
+                             &problems))
+            goto done;
+        memset(blk->grads, 0, nparams * sizeof(float));
+        blk->frozen = meta->frozen ? meta->frozen[blk->index] : 0;
+    }
+    if (model->embed_slab && read_embedding_slab(file, model, &problems) != 0) goto done;
+    outcome = CKPT_LOAD_OK;
+done:
+    if (outcome != CKPT_LOAD_OK && problems.count)
+        set_error(err, errsize, "%s", problems.first);
+close:
+    if (file >= 0) H5Fclose(file);
+    ckpt_header_free(&header);
+    if (outcome != CKPT_LOAD_OK) ckpt_meta_free(meta);
+    return outcome;
+}
+
+enum ckpt_load_outcome ckpt_load_agreed(const char *path, struct gpt *model,
+                                        struct ckpt_meta *meta, MPI_Comm comm, char *err,
+                                        size_t errsize)
+{
+    dm_h5_init();
+    char message[MESSAGE_BYTES] = "";
+    enum ckpt_load_outcome outcome = load_local(path, model, meta, message, sizeof message);
+    enum ckpt_load_outcome agreed = world_agree((int)outcome, message, comm, err, errsize);
+    if (agreed != CKPT_LOAD_OK && outcome == CKPT_LOAD_OK) ckpt_meta_free(meta);
+    return agreed;
+}
+
+int ckpt_load_try(const char *path, struct gpt *model, struct ckpt_meta *meta,
+                  MPI_Comm comm, char *err, size_t errsize)
+{
+    return ckpt_load_agreed(path, model, meta, comm, err, errsize) == CKPT_LOAD_OK ? 0 : -1;
+}
+
+void ckpt_load(const char *path, struct gpt *model, struct ckpt_meta *meta, MPI_Comm comm)
+{
+    char err[MESSAGE_BYTES];
+    if (ckpt_load_try(path, model, meta, comm, err, sizeof err) != 0)
+        dm_user_error("%s", err);
+}
+
+/* ---- offline readers ------------------------------------------------------------------ */
+
+int ckpt_read_info(const char *path, struct ckpt_meta *meta, char *err, size_t errsize)
+{
+    dm_h5_init();
+    memset(meta, 0, sizeof *meta);
+    struct ckpt_problems problems = {.path = path};
+    struct ckpt_header header;
+    hid_t file = ckpt_open_checked(path, &problems, &header);
+    if (!problems.count) ckpt_read_meta_from(file, &header, meta, &problems);
+    if (file >= 0) H5Fclose(file);
+    ckpt_header_free(&header);
+    if (problems.count) {
+        ckpt_meta_free(meta);
+        set_error(err, errsize, "%s", problems.first);
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_check_file(const char *path, int read_data,
+                    void (*report)(void *ctx, const char *problem), void *ctx)
+{
+    dm_h5_init();
+    struct ckpt_problems problems = {.path = path, .report = report, .ctx = ctx};
+    struct ckpt_header header;
+    hid_t file = ckpt_open_checked(path, &problems, &header);
+    if (file >= 0 && !problems.count) {
+        struct ckpt_meta meta;
+        ckpt_read_meta_from(file, &header, &meta, &problems);
+        ckpt_meta_free(&meta);
+        if (read_data) ckpt_read_all(file, &header, &problems);
+    }
+    if (file >= 0) H5Fclose(file);
+    ckpt_header_free(&header);
+    return problems.count;
+}
