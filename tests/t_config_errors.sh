@@ -38,6 +38,18 @@ expect_error "bad override form" "must look like section.key=value" \
 expect_error "unknown argument" "unknown argument '--fast'" "$DYNMO" train --config "$dir/ok.ini" --fast
 expect_error "missing data" "data/none.bin" "$DYNMO" train --config "$dir/ok.ini" data.train=data/none.bin
 expect_error "unknown command" "unknown command 'trian'" "$DYNMO" trian
+# no --config, or one that names no INI file: nothing trains, nothing is written
+expect_error "no --config" "train: no --config FILE \(usage: dynmo train --config FILE" \
+  "$DYNMO" train run.out_dir="$dir/out" train.steps=1
+expect_error "no --config (bench)" "bench: no --config FILE \(usage: dynmo bench --config FILE" \
+  "$DYNMO" bench run.out_dir="$dir/out"
+expect_error "--config twice" "--config given twice \($dir/ok.ini, $dir/unknown.ini\)" \
+  "$DYNMO" train --config "$dir/ok.ini" --config "$dir/unknown.ini"
+expect_error "--config a directory" "config file $dir is a directory, not a regular file" \
+  "$DYNMO" train --config "$dir"
+mkfifo "$dir/fifo.ini"
+expect_error "--config a FIFO" "config file $dir/fifo.ini is a FIFO, not a regular file" \
+  timeout -k 5 30 "$DYNMO" train --config "$dir/fifo.ini"
 # on 3 ranks a missing token file is one message, not one per rank
 out=$(timeout 60 mpiexec -n 3 "$DYNMO" train --config "$dir/ok.ini" data.train=data/none.bin 2>&1)
 rc=$?

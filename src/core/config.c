@@ -272,7 +272,12 @@ static int on_ini_key(void *user, const char *section, const char *name,
 
 void config_load_file(struct dm_config *cfg, const char *path)
 {
-    FILE *f = fopen(path, "r");
+    const char *kind;
+    int fd = dm_open_regular(path, &kind);
+    if (fd < 0 && kind)
+        dm_user_error("config file %s is %s, not a regular file (--config names an INI file)",
+                      path, kind);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "r");
     if (!f) dm_user_error("cannot read config file %s: %s", path, dm_errno_text());
     struct ini_context ctx = {.cfg = cfg};
     int rc = ini_parse_file(f, on_ini_key, &ctx);
