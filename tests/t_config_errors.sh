@@ -8,12 +8,31 @@ printf '[model]\nlayers = 2\nchannels = 32\nheads = 2\n[train]\nbatch = 2\nseq =
 printf '[model]\nlayerz = 2\n' > "$dir/unknown.ini"
 printf '[modle]\nlayers = 2\n' > "$dir/section.ini"
 printf '[model]\nlayers 2\n' > "$dir/syntax.ini"
+# each section and each key once per file; an indented line is no continuation
+printf '[model]\nlayers = 2\nchannels = 32\nlayers = 3\n' > "$dir/dupkey.ini"
+printf '[model]\nlayers = 2\n[train]\nsteps = 1\n\n[model]\nheads = 2\n' > "$dir/dupsection.ini"
+printf '[data]\ntrain = %s/a\n    /b.bin\n' "$dir" > "$dir/indent.ini"
+printf 'layers = 2\n[model]\n' > "$dir/nosection.ini"
+printf '[model] layers = 2\n' > "$dir/afterbracket.ini"
+printf '[model]\nlayers = 2\nchannels = 32 ; a comment\nheads = 2  # another\nmax_seq = 16;not a comment\n' > "$dir/inline.ini"
 
 expect_error "unknown key in file" "unknown key model.layerz.*valid keys of \[model\]: vocab, max_seq, layers" \
   "$DYNMO" train --config "$dir/unknown.ini"
 expect_error "line number" "unknown.ini:2:" "$DYNMO" train --config "$dir/unknown.ini"
 expect_error "unknown section" "unknown section \[modle\]" "$DYNMO" train --config "$dir/section.ini"
 expect_error "syntax" "syntax.ini:2: syntax error" "$DYNMO" train --config "$dir/syntax.ini"
+expect_error "duplicate key" "dupkey.ini:4: duplicate key model.layers: also set at $dir/dupkey.ini:2" \
+  "$DYNMO" train --config "$dir/dupkey.ini"
+expect_error "duplicate section" "dupsection.ini:6: duplicate section \[model\]: also at $dir/dupsection.ini:1" \
+  "$DYNMO" train --config "$dir/dupsection.ini"
+expect_error "indented line" "indent.ini:3: syntax error .*an indented line does not continue the one above" \
+  "$DYNMO" train --config "$dir/indent.ini"
+expect_error "key before a section" "nosection.ini:1: key 'layers' before any \[section\]" \
+  "$DYNMO" train --config "$dir/nosection.ini"
+expect_error "text after ]" "afterbracket.ini:1: syntax error: 'layers = 2' after '\]'" \
+  "$DYNMO" train --config "$dir/afterbracket.ini"
+expect_error "inline comments" "inline.ini:5: model.max_seq = '16;not a comment' is not an integer" \
+  "$DYNMO" train --config "$dir/inline.ini"
 expect_error "missing config" "cannot read config file $dir/nope.ini" "$DYNMO" train --config "$dir/nope.ini"
 expect_error "unknown override key" "unknown key train.foo.*valid keys of \[train\]" \
   "$DYNMO" train --config "$dir/ok.ini" train.foo=1
