@@ -6,6 +6,7 @@ set -u
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 printf '[model]\nlayers = 2\nchannels = 32\nheads = 2\n[train]\nbatch = 2\nseq = 16\nsteps = 1\nwarmup = 0\n[run]\nout_dir = %s/out\n' "$dir" > "$dir/ok.ini"
 printf '[model]\nlayerz = 2\n' > "$dir/unknown.ini"
+printf '[train]\nlr = 1e-3\ngrad_clip = 1e999\n' > "$dir/huge.ini"
 printf '[modle]\nlayers = 2\n' > "$dir/section.ini"
 printf '[model]\nlayers 2\n' > "$dir/syntax.ini"
 # each section and each key once per file; an indented line is no continuation
@@ -44,8 +45,27 @@ expect_error "turns out of range" "parallel.turns = 2 is out of range \[0, 1\]" 
   "$DYNMO" train --config "$dir/ok.ini" parallel.turns=2
 expect_error "not a number" "train.lr = 'fast' is not a number" \
   "$DYNMO" train --config "$dir/ok.ini" train.lr=fast
-expect_error "negative seed" "train.seed = '-1' must be a non-negative integer" \
+expect_error "negative seed" "train.seed = -1 is out of range \[0, 18446744073709551615\]" \
   "$DYNMO" train --config "$dir/ok.ini" train.seed=-1
+# a number too large for its type is out of range, not "not a number"
+expect_error "huge integer" "model.layers = 99999999999999999999 is out of range \[1, 4096\]" \
+  "$DYNMO" train --config "$dir/ok.ini" model.layers=99999999999999999999
+expect_error "huge seed" "train.seed = 99999999999999999999 is out of range \[0, 18446744073709551615\]" \
+  "$DYNMO" train --config "$dir/ok.ini" train.seed=99999999999999999999
+expect_error "huge number" "train.lr = 1e400 is out of range \[0, 10\] \(peak learning rate\)" \
+  "$DYNMO" train --config "$dir/ok.ini" train.lr=1e400
+expect_error "infinity" "train.lr = inf is out of range \[0, 10\]" \
+  "$DYNMO" train --config "$dir/ok.ini" train.lr=inf
+expect_error "range printed exactly" "train.beta2 = 1 is out of range \[0, 0.999999999\]" \
+  "$DYNMO" train --config "$dir/ok.ini" train.beta2=1
+expect_error "huge number in a file" "huge.ini:3: train.grad_clip = 1e999 is out of range \[0, 1e\+09\]" \
+  "$DYNMO" train --config "$dir/huge.ini"
+expect_error "nan" "train.lr = 'nan' is not a number" \
+  "$DYNMO" train --config "$dir/ok.ini" train.lr=nan
+expect_error "not an integer" "model.layers = '2.5' is not an integer" \
+  "$DYNMO" train --config "$dir/ok.ini" model.layers=2.5
+expect_error "seed not an integer" "train.seed = 'x' is not an integer" \
+  "$DYNMO" train --config "$dir/ok.ini" train.seed=x
 expect_error "heads divide channels" "model.heads = 3 does not divide model.channels = 32" \
   "$DYNMO" train --config "$dir/ok.ini" model.heads=3
 expect_error "seq > max_seq" "train.seq = 300 exceeds model.max_seq = 256" \

@@ -201,6 +201,19 @@ static void list_sections(char *buf, size_t size)
     }
 }
 
+/* The shortest %g form of x that reads back as x (10, not 1e+01; and a
+ * range that ends at 0.999999999, which plain %g prints as 1). */
+static void format_shortest(char *buf, size_t size, double x)
+{
+    char candidate[32];
+    snprintf(buf, size, "%.17g", x);
+    for (int digits = 1; digits < 17; digits++) {
+        snprintf(candidate, sizeof candidate, "%.*g", digits, x);
+        if (strtod(candidate, NULL) == x && strlen(candidate) < strlen(buf))
+            snprintf(buf, size, "%s", candidate);
+    }
+}
+
 /* Sets one key. Returns 0, or -1 with a message naming the problem in
  * err (the caller adds where it came from). */
 #define KEY_ERROR(...) do { snprintf(err, errsize, __VA_ARGS__); return -1; } while (0)
@@ -225,32 +238,38 @@ static int set_key(struct dm_config *cfg, const char *section, const char *name,
     switch (key->type) {
     case KEY_INT: {
         long v = strtol(value, &end, 10);
-        if (end == value || *end || errno)
+        if (end == value || *end)
             KEY_ERROR("%s.%s = '%s' is not an integer", section, name, value);
-        if (v < key->min || v > key->max)
-            KEY_ERROR("%s.%s = %ld is out of range [%.0f, %.0f] (%s)",
-                          section, name, v, key->min, key->max, key->help);
+        if (errno == ERANGE || v < key->min || v > key->max)
+            KEY_ERROR("%s.%s = %s is out of range [%.0f, %.0f] (%s)", section, name, value,
+                      key->min, key->max, key->help);
         *(int *)field = (int)v;
         break;
     }
     case KEY_U64: {
-        if (value[0] == '-')
-            KEY_ERROR("%s.%s = '%s' must be a non-negative integer",
-                          section, name, value);
+        /* strtoull takes "-1" for 2^64 - 1: a sign makes it out of range. */
         unsigned long long v = strtoull(value, &end, 10);
-        if (end == value || *end || errno)
-            KEY_ERROR("%s.%s = '%s' is not a non-negative integer",
-                          section, name, value);
+        if (end == value || *end)
+            KEY_ERROR("%s.%s = '%s' is not an integer", section, name, value);
+        if (errno == ERANGE || (strchr(value, '-') && v != 0))
+            KEY_ERROR("%s.%s = %s is out of range [0, %" PRIu64 "] (%s)", section, name,
+                      value, UINT64_MAX, key->help);
         *(uint64_t *)field = (uint64_t)v;
         break;
     }
     case KEY_DOUBLE: {
+        /* An overflow is infinite and out of range; an underflow is the
+         * nearest representable value, checked against the range. */
         double v = strtod(value, &end);
-        if (end == value || *end || errno || !isfinite(v))
+        if (end == value || *end || isnan(v))
             KEY_ERROR("%s.%s = '%s' is not a number", section, name, value);
-        if (v < key->min || v > key->max)
-            KEY_ERROR("%s.%s = %g is out of range [%g, %g] (%s)", section,
-                          name, v, key->min, key->max, key->help);
+        if (v < key->min || v > key->max) {
+            char low[32], high[32];
+            format_shortest(low, sizeof low, key->min);
+            format_shortest(high, sizeof high, key->max);
+            KEY_ERROR("%s.%s = %s is out of range [%s, %s] (%s)", section, name, value, low,
+                      high, key->help);
+        }
         *(double *)field = v;
         break;
     }
