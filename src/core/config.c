@@ -330,9 +330,9 @@ static void read_section_header(struct file_reader *rd, char *text, int number)
 {
     char *close = strchr(text, ']');
     if (!close) LINE_ERROR("syntax error: '[' without ']' (expected [section])");
-    if (*trim(close + 1))
-        LINE_ERROR("syntax error: '%s' after ']' (only a comment may follow [section])",
-                   trim(close + 1));
+    char *rest = trim(close + 1);
+    if (*rest)
+        LINE_ERROR("syntax error: '%s' after ']' (only a comment may follow [section])", rest);
     *close = 0;
     char *name = trim(text + 1);
     int s = section_index(name);
@@ -403,7 +403,7 @@ void config_load_file(struct dm_config *cfg, const char *path)
             dm_user_error("%s:%d: a NUL byte in the line (a config file is text)", path,
                           number);
         char *text = line;
-        if (number == 1 && !memcmp(text, "\xef\xbb\xbf", 3)) text += 3;   /* UTF-8 BOM */
+        if (number == 1 && !strncmp(text, "\xef\xbb\xbf", 3)) text += 3;   /* UTF-8 BOM */
         read_line(cfg, &rd, text, number);
     }
     if (ferror(f)) dm_user_error("cannot read config file %s: %s", path, dm_errno_text());
