@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential pkg-config
   mpich libmpich-dev libhdf5-mpich-dev hdf5-tools
-  libopenblas-dev libinih-dev
+  libopenblas-dev
   bible-kjv-text          # the default English corpus (docs/data.md)
   python3 python3-numpy python3-h5py         # run-log checks in the tests
 )

@@ -29,29 +29,34 @@ work_dir() {
 
 # tiny_config FILE [section.key=value ...]: the small GPT the pipeline
 # tests train (6 blocks of 32 channels, batch 8 x 32 in 4 micro-batches, 4
-# steps) on $dir/data, with each override written as its own section line
-# after it (libinih: a later key wins). Tests append further sections.
+# steps) on $dir/data. An override replaces the key's line or adds the key
+# to its section: every section and every key appears once (a config file
+# that repeats either is an error; docs/config.md).
 tiny_config() {
   local file=$1; shift
-  cat > "$file" <<INI
-[model]
-layers = 6
-channels = 32
-heads = 2
-max_seq = 32
-[train]
-batch = 8
-seq = 32
-micro_batches = 4
-steps = 4
-lr = 3e-3
-warmup = 1
-[data]
-train = $dir/data/train.bin
-val = $dir/data/val.bin
-INI
-  local kv
+  local settings=(model.layers=6 model.channels=32 model.heads=2 model.max_seq=32
+                  train.batch=8 train.seq=32 train.micro_batches=4 train.steps=4
+                  train.lr=3e-3 train.warmup=1
+                  "data.train=$dir/data/train.bin" "data.val=$dir/data/val.bin")
+  local kv i replaced
   for kv in "$@"; do
-    printf '[%s]\n%s = %s\n' "${kv%%.*}" "$(cut -d= -f1 <<<"${kv#*.}")" "${kv#*=}" >> "$file"
+    replaced=0
+    for i in "${!settings[@]}"; do
+      if [ "${settings[i]%%=*}" = "${kv%%=*}" ]; then settings[i]=$kv; replaced=1; fi
+    done
+    [ $replaced = 1 ] || settings+=("$kv")
   done
+  local sections=() section key
+  for kv in "${settings[@]}"; do
+    section=${kv%%.*}
+    [[ " ${sections[*]} " == *" $section "* ]] || sections+=("$section")
+  done
+  for section in "${sections[@]}"; do
+    echo "[$section]"
+    for kv in "${settings[@]}"; do
+      [ "${kv%%.*}" = "$section" ] || continue
+      key=${kv%%=*}
+      echo "${key#*.} = ${kv#*=}"
+    done
+  done > "$file"
 }

@@ -6,14 +6,34 @@ set -u
 dir=$(mktemp -d); trap 'rm -rf "$dir"' EXIT
 printf '[model]\nlayers = 2\nchannels = 32\nheads = 2\n[train]\nbatch = 2\nseq = 16\nsteps = 1\nwarmup = 0\n[run]\nout_dir = %s/out\n' "$dir" > "$dir/ok.ini"
 printf '[model]\nlayerz = 2\n' > "$dir/unknown.ini"
+printf '[train]\nlr = 1e-3\ngrad_clip = 1e999\n' > "$dir/huge.ini"
 printf '[modle]\nlayers = 2\n' > "$dir/section.ini"
 printf '[model]\nlayers 2\n' > "$dir/syntax.ini"
+# each section and each key once per file; an indented line is no continuation
+printf '[model]\nlayers = 2\nchannels = 32\nlayers = 3\n' > "$dir/dupkey.ini"
+printf '[model]\nlayers = 2\n[train]\nsteps = 1\n\n[model]\nheads = 2\n' > "$dir/dupsection.ini"
+printf '[data]\ntrain = %s/a\n    /b.bin\n' "$dir" > "$dir/indent.ini"
+printf 'layers = 2\n[model]\n' > "$dir/nosection.ini"
+printf '[model] layers = 2\n' > "$dir/afterbracket.ini"
+printf '[model]\nlayers = 2\nchannels = 32 ; a comment\nheads = 2  # another\nmax_seq = 16;not a comment\n' > "$dir/inline.ini"
 
 expect_error "unknown key in file" "unknown key model.layerz.*valid keys of \[model\]: vocab, max_seq, layers" \
   "$DYNMO" train --config "$dir/unknown.ini"
 expect_error "line number" "unknown.ini:2:" "$DYNMO" train --config "$dir/unknown.ini"
 expect_error "unknown section" "unknown section \[modle\]" "$DYNMO" train --config "$dir/section.ini"
 expect_error "syntax" "syntax.ini:2: syntax error" "$DYNMO" train --config "$dir/syntax.ini"
+expect_error "duplicate key" "dupkey.ini:4: duplicate key model.layers: also set at $dir/dupkey.ini:2" \
+  "$DYNMO" train --config "$dir/dupkey.ini"
+expect_error "duplicate section" "dupsection.ini:6: duplicate section \[model\]: also at $dir/dupsection.ini:1" \
+  "$DYNMO" train --config "$dir/dupsection.ini"
+expect_error "indented line" "indent.ini:3: syntax error .*an indented line does not continue the one above" \
+  "$DYNMO" train --config "$dir/indent.ini"
+expect_error "key before a section" "nosection.ini:1: key 'layers' before any \[section\]" \
+  "$DYNMO" train --config "$dir/nosection.ini"
+expect_error "text after ]" "afterbracket.ini:1: syntax error: 'layers = 2' after '\]'" \
+  "$DYNMO" train --config "$dir/afterbracket.ini"
+expect_error "inline comments" "inline.ini:5: model.max_seq = '16;not a comment' is not an integer" \
+  "$DYNMO" train --config "$dir/inline.ini"
 expect_error "missing config" "cannot read config file $dir/nope.ini" "$DYNMO" train --config "$dir/nope.ini"
 expect_error "unknown override key" "unknown key train.foo.*valid keys of \[train\]" \
   "$DYNMO" train --config "$dir/ok.ini" train.foo=1
@@ -25,8 +45,27 @@ expect_error "turns out of range" "parallel.turns = 2 is out of range \[0, 1\]" 
   "$DYNMO" train --config "$dir/ok.ini" parallel.turns=2
 expect_error "not a number" "train.lr = 'fast' is not a number" \
   "$DYNMO" train --config "$dir/ok.ini" train.lr=fast
-expect_error "negative seed" "train.seed = '-1' must be a non-negative integer" \
+expect_error "negative seed" "train.seed = -1 is out of range \[0, 18446744073709551615\]" \
   "$DYNMO" train --config "$dir/ok.ini" train.seed=-1
+# a number too large for its type is out of range, not "not a number"
+expect_error "huge integer" "model.layers = 99999999999999999999 is out of range \[1, 4096\]" \
+  "$DYNMO" train --config "$dir/ok.ini" model.layers=99999999999999999999
+expect_error "huge seed" "train.seed = 99999999999999999999 is out of range \[0, 18446744073709551615\]" \
+  "$DYNMO" train --config "$dir/ok.ini" train.seed=99999999999999999999
+expect_error "huge number" "train.lr = 1e400 is out of range \[0, 10\] \(peak learning rate\)" \
+  "$DYNMO" train --config "$dir/ok.ini" train.lr=1e400
+expect_error "infinity" "train.lr = inf is out of range \[0, 10\]" \
+  "$DYNMO" train --config "$dir/ok.ini" train.lr=inf
+expect_error "range printed exactly" "train.beta2 = 1 is out of range \[0, 0.999999999\]" \
+  "$DYNMO" train --config "$dir/ok.ini" train.beta2=1
+expect_error "huge number in a file" "huge.ini:3: train.grad_clip = 1e999 is out of range \[0, 1e\+09\]" \
+  "$DYNMO" train --config "$dir/huge.ini"
+expect_error "nan" "train.lr = 'nan' is not a number" \
+  "$DYNMO" train --config "$dir/ok.ini" train.lr=nan
+expect_error "not an integer" "model.layers = '2.5' is not an integer" \
+  "$DYNMO" train --config "$dir/ok.ini" model.layers=2.5
+expect_error "seed not an integer" "train.seed = 'x' is not an integer" \
+  "$DYNMO" train --config "$dir/ok.ini" train.seed=x
 expect_error "heads divide channels" "model.heads = 3 does not divide model.channels = 32" \
   "$DYNMO" train --config "$dir/ok.ini" model.heads=3
 expect_error "seq > max_seq" "train.seq = 300 exceeds model.max_seq = 256" \
@@ -38,6 +77,18 @@ expect_error "bad override form" "must look like section.key=value" \
 expect_error "unknown argument" "unknown argument '--fast'" "$DYNMO" train --config "$dir/ok.ini" --fast
 expect_error "missing data" "data/none.bin" "$DYNMO" train --config "$dir/ok.ini" data.train=data/none.bin
 expect_error "unknown command" "unknown command 'trian'" "$DYNMO" trian
+# no --config, or one that names no INI file: nothing trains, nothing is written
+expect_error "no --config" "train: no --config FILE \(usage: dynmo train --config FILE" \
+  "$DYNMO" train run.out_dir="$dir/out" train.steps=1
+expect_error "no --config (bench)" "bench: no --config FILE \(usage: dynmo bench --config FILE" \
+  "$DYNMO" bench run.out_dir="$dir/out"
+expect_error "--config twice" "--config given twice \($dir/ok.ini, $dir/unknown.ini\)" \
+  "$DYNMO" train --config "$dir/ok.ini" --config "$dir/unknown.ini"
+expect_error "--config a directory" "config file $dir is a directory, not a regular file" \
+  "$DYNMO" train --config "$dir"
+mkfifo "$dir/fifo.ini"
+expect_error "--config a FIFO" "config file $dir/fifo.ini is a FIFO, not a regular file" \
+  timeout -k 5 30 "$DYNMO" train --config "$dir/fifo.ini"
 # on 3 ranks a missing token file is one message, not one per rank
 out=$(timeout 60 mpiexec -n 3 "$DYNMO" train --config "$dir/ok.ini" data.train=data/none.bin 2>&1)
 rc=$?

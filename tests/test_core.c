@@ -1,8 +1,9 @@
 /* Core: the thread pool covers every index exactly once for any thread
  * count and grain; the counter-based RNG is a pure function with sane
- * moments; config overrides and defaults parse; mkdir -p and the atomic
- * small-file writer succeed, replace, and fail with a message naming the
- * path, leaving no temporary behind. */
+ * moments; config overrides and defaults parse, and so does the INI file
+ * syntax of docs/config.md; mkdir -p and the atomic small-file writer
+ * succeed, replace, and fail with a message naming the path, leaving no
+ * temporary behind. */
 #define _XOPEN_SOURCE 700
 #include <errno.h>
 #include <ftw.h>
@@ -222,11 +223,85 @@ static void test_files(void)
     nftw(root, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
 }
 
+static void write_text(const char *path, const char *text)
+{
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fputs(text, f);
+    fclose(f);
+}
+
+/* The file syntax of docs/config.md: long lines, comments, inline comments,
+ * indentation, CRLF and a BOM, and overrides after the file. */
+static void test_config_file(void)
+{
+    char dir[] = "/tmp/dynmo-test-core.XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[256], text[8192], long_path[1024];
+    snprintf(path, sizeof path, "%s/c.ini", dir);
+
+    /* A comment of 3000 characters and a path of 1023 (the longest a path
+     * key holds): libinih's 200-character line limit took both for syntax
+     * errors. */
+    char comment[3001];
+    memset(comment, 'x', sizeof comment - 1);
+    comment[0] = ';';
+    comment[sizeof comment - 1] = 0;
+    memset(long_path, 'p', sizeof long_path - 1);
+    long_path[0] = '/';
+    long_path[sizeof long_path - 1] = 0;
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL);
+    if (!f) return;
+    fprintf(f, "%s\n[data]\n  %s\ntrain = %s\n", comment, comment, long_path);
+    fclose(f);
+    struct dm_config cfg;
+    config_defaults(&cfg);
+    config_load_file(&cfg, path);
+    CHECK(strcmp(cfg.train_path, long_path) == 0);
+
+    /* Inline comments after a blank; ';' or '#' inside a value stays. An
+     * indented key is a key of its own, not a continuation of the line
+     * above (libinih appended it to channels). */
+    snprintf(text, sizeof text,
+             "\xef\xbb\xbf; a BOM, then CRLF lines\r\n"
+             "[model] ; the model\r\n"
+             "layers = 3 ; three\r\n"
+             "channels = 64\t# a tab before the comment\r\n"
+             "    heads = 8\r\n"
+             "\t# an indented comment\r\n"
+             "[run]\r\n"
+             "out_dir = runs/a#b;c\r\n"
+             "[ckpt]\r\n"
+             "dir =\r\n"
+             "resume = none   ;\r\n");
+    write_text(path, text);
+    config_defaults(&cfg);
+    snprintf(cfg.ckpt_dir, sizeof cfg.ckpt_dir, "somewhere");
+    config_load_file(&cfg, path);
+    CHECK(cfg.layers == 3);
+    CHECK(cfg.channels == 64);
+    CHECK(cfg.heads == 8);
+    CHECK_MSG(strcmp(cfg.out_dir, "runs/a#b;c") == 0, "out_dir '%s'", cfg.out_dir);
+    CHECK_MSG(cfg.ckpt_dir[0] == 0, "ckpt.dir '%s'", cfg.ckpt_dir);
+    CHECK_MSG(strcmp(cfg.resume, "none") == 0, "ckpt.resume '%s'", cfg.resume);
+
+    /* An override of a key the file sets is no duplicate: it wins, and
+     * the later of two overrides wins. */
+    config_apply_override(&cfg, "model.layers=5");
+    config_apply_override(&cfg, "model.layers=6");
+    CHECK(cfg.layers == 6);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void)
 {
     test_parallel_for();
     test_random();
     test_config();
     test_files();
+    test_config_file();
     return testing_report("test_core");
 }

@@ -406,6 +406,7 @@ static void expect_rejected(const struct open_args *args, const char *problem)
     if (pid == 0) {
         close(pipefd[0]);
         dup2(pipefd[1], 2);
+        alarm(30);   /* a check that blocks (open of a FIFO) fails instead of hanging */
         open_in_child(args);
         _exit(0);
     }
@@ -453,7 +454,13 @@ static void test_bad_files(void)
     snprintf(path, sizeof path, "%s/no-such-file.bin", tmpdir);
     expect_rejected(&args, "cannot open");
     snprintf(path, sizeof path, "%s", tmpdir);
-    expect_rejected(&args, "not a regular file");
+    expect_rejected(&args, "is a directory, not a regular file");
+    snprintf(path, sizeof path, "%s/fifo.bin", tmpdir);
+    CHECK(mkfifo(path, 0600) == 0);
+    expect_rejected(&args, "is a FIFO, not a regular file");
+    unlink(path);
+    snprintf(path, sizeof path, "/dev/null");
+    expect_rejected(&args, "is a character device, not a regular file");
 
     write_variant("magic.bin", good, n, 0, "DYNMOTOX", 8, path, sizeof path);
     expect_rejected(&args, "bad magic");
@@ -463,6 +470,9 @@ static void test_bad_files(void)
     unsigned char big_vocab[4] = {0x2c, 0x01, 0, 0};   /* 300 */
     write_variant("vocab.bin", good, n, 12, big_vocab, 4, path, sizeof path);
     expect_rejected(&args, "vocab 300");
+    unsigned char zero[4] = {0, 0, 0, 0};
+    write_variant("vocab0.bin", good, n, 12, zero, 4, path, sizeof path);
+    expect_rejected(&args, "vocab 0 in its header");
     unsigned char one_byte[4] = {1, 0, 0, 0};
     write_variant("tokenbytes.bin", good, n, 16, one_byte, 4, path, sizeof path);
     expect_rejected(&args, "1-byte tokens");

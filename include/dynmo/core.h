@@ -1,6 +1,7 @@
-/* dynmo core: errors and the single fatal path, logging, configuration,
- * timing, aligned allocation, durable file writes (mkdir -p, the atomic
- * small-file writer) and the thread pool that every CPU op uses.
+/* dynmo core: errors and the single fatal path, opening input files,
+ * logging, configuration, timing, aligned allocation, durable file writes
+ * (mkdir -p, the atomic small-file writer) and the thread pool that every
+ * CPU op uses.
  *
  * This module uses nothing else of dynmo and never calls MPI directly: the
  * pipeline module registers an abort hook so that a fatal error on one rank
@@ -70,6 +71,14 @@ void dm_internal_error(const char *file, int line, const char *fmt, ...);
                                             "%s: %s", #call, dm_errno_text());\
     } while (0)
 const char *dm_errno_text(void);
+
+/* ---- input files --------------------------------------------------------- */
+
+/* Opens path read-only if it is a regular file, without blocking (a FIFO or
+ * a device is never opened). Returns the descriptor, which the caller
+ * closes; or -1 with *kind NULL and errno set (missing, unreadable), or -1
+ * with *kind naming what path is instead ("a directory", "a FIFO", ...). */
+int dm_open_regular(const char *path, const char **kind);
 
 /* ---- logging --------------------------------------------------------- */
 

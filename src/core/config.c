@@ -1,10 +1,9 @@
-/* Configuration: INI files (parsed by Debian's libinih) and "section.key=
+/* Configuration: INI files (read here, line by line) and "section.key=
  * value" overrides, both through one table of keys with types and ranges.
  * Later features add rows to the table; every message about a bad key
  * names the key and, for an unknown one, lists the valid keys of its
  * section. */
 #include <errno.h>
-#include <ini.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <math.h>
@@ -174,11 +173,21 @@ static void list_section_keys(const char *section, char *buf, size_t size)
     }
 }
 
-static int section_exists(const char *section)
+/* The index in keys[] of the section's first key (the section's identity
+ * below), or -1 for a section we do not know. */
+static int section_index(const char *section)
 {
     for (size_t i = 0; i < NKEYS; i++)
-        if (strcmp(keys[i].section, section) == 0) return 1;
-    return 0;
+        if (strcmp(keys[i].section, section) == 0) return (int)i;
+    return -1;
+}
+
+static int key_index(const char *section, const char *name)
+{
+    for (size_t i = 0; i < NKEYS; i++)
+        if (strcmp(keys[i].section, section) == 0 && strcmp(keys[i].name, name) == 0)
+            return (int)i;
+    return -1;
 }
 
 static void list_sections(char *buf, size_t size)
@@ -192,6 +201,19 @@ static void list_sections(char *buf, size_t size)
     }
 }
 
+/* The shortest %g form of x that reads back as x (10, not 1e+01; and a
+ * range that ends at 0.999999999, which plain %g prints as 1). */
+static void format_shortest(char *buf, size_t size, double x)
+{
+    char candidate[32];
+    snprintf(buf, size, "%.17g", x);
+    for (int digits = 1; digits < 17; digits++) {
+        snprintf(candidate, sizeof candidate, "%.*g", digits, x);
+        if (strtod(candidate, NULL) == x && strlen(candidate) < strlen(buf))
+            snprintf(buf, size, "%s", candidate);
+    }
+}
+
 /* Sets one key. Returns 0, or -1 with a message naming the problem in
  * err (the caller adds where it came from). */
 #define KEY_ERROR(...) do { snprintf(err, errsize, __VA_ARGS__); return -1; } while (0)
@@ -199,51 +221,55 @@ static int set_key(struct dm_config *cfg, const char *section, const char *name,
                    const char *value, char *err, size_t errsize)
 {
     char valid[1024];
-    if (!section_exists(section)) {
+    if (section_index(section) < 0) {
         list_sections(valid, sizeof valid);
         KEY_ERROR("unknown section [%s] (valid sections: %s)", section, valid);
     }
-    const struct config_key *key = NULL;
-    for (size_t i = 0; i < NKEYS; i++)
-        if (strcmp(keys[i].section, section) == 0 && strcmp(keys[i].name, name) == 0)
-            key = &keys[i];
-    if (!key) {
+    int k = key_index(section, name);
+    if (k < 0) {
         list_section_keys(section, valid, sizeof valid);
         KEY_ERROR("unknown key %s.%s (valid keys of [%s]: %s)", section,
                       name, section, valid);
     }
+    const struct config_key *key = &keys[k];
     char *field = (char *)cfg + key->offset;
     char *end = NULL;
     errno = 0;
     switch (key->type) {
     case KEY_INT: {
         long v = strtol(value, &end, 10);
-        if (end == value || *end || errno)
+        if (end == value || *end)
             KEY_ERROR("%s.%s = '%s' is not an integer", section, name, value);
-        if (v < key->min || v > key->max)
-            KEY_ERROR("%s.%s = %ld is out of range [%.0f, %.0f] (%s)",
-                          section, name, v, key->min, key->max, key->help);
+        if (errno == ERANGE || v < key->min || v > key->max)
+            KEY_ERROR("%s.%s = %s is out of range [%.0f, %.0f] (%s)", section, name, value,
+                      key->min, key->max, key->help);
         *(int *)field = (int)v;
         break;
     }
     case KEY_U64: {
-        if (value[0] == '-')
-            KEY_ERROR("%s.%s = '%s' must be a non-negative integer",
-                          section, name, value);
+        /* strtoull takes "-1" for 2^64 - 1: a sign makes it out of range. */
         unsigned long long v = strtoull(value, &end, 10);
-        if (end == value || *end || errno)
-            KEY_ERROR("%s.%s = '%s' is not a non-negative integer",
-                          section, name, value);
+        if (end == value || *end)
+            KEY_ERROR("%s.%s = '%s' is not an integer", section, name, value);
+        if (errno == ERANGE || (strchr(value, '-') && v != 0))
+            KEY_ERROR("%s.%s = %s is out of range [0, %" PRIu64 "] (%s)", section, name,
+                      value, UINT64_MAX, key->help);
         *(uint64_t *)field = (uint64_t)v;
         break;
     }
     case KEY_DOUBLE: {
+        /* An overflow is infinite and out of range; an underflow is the
+         * nearest representable value, checked against the range. */
         double v = strtod(value, &end);
-        if (end == value || *end || errno || !isfinite(v))
+        if (end == value || *end || isnan(v))
             KEY_ERROR("%s.%s = '%s' is not a number", section, name, value);
-        if (v < key->min || v > key->max)
-            KEY_ERROR("%s.%s = %g is out of range [%g, %g] (%s)", section,
-                          name, v, key->min, key->max, key->help);
+        if (v < key->min || v > key->max) {
+            char low[32], high[32];
+            format_shortest(low, sizeof low, key->min);
+            format_shortest(high, sizeof high, key->max);
+            KEY_ERROR("%s.%s = %s is out of range [%s, %s] (%s)", section, name, value, low,
+                      high, key->help);
+        }
         *(double *)field = v;
         break;
     }
@@ -256,38 +282,139 @@ static int set_key(struct dm_config *cfg, const char *section, const char *name,
     return 0;
 }
 
-struct ini_context {
-    struct dm_config *cfg;
-    char err[2048];
+/* ---- the INI file ---------------------------------------------------------
+ * The syntax (docs/config.md, "Syntax"): one item per line, of any length;
+ * blank lines and lines whose first non-blank character is ';' or '#' are
+ * comments; ';' or '#' after a blank starts an inline comment; "[section]"
+ * and "key = value" with blanks around names and values ignored, so an
+ * indented line is an ordinary line (never the continuation of the one
+ * above); every section and every key appears at most once per file. */
+
+static int is_blank(char c) { return c == ' ' || c == '\t'; }
+
+/* Drops the blanks (and a CR of a CRLF line end) around text, in place. */
+static char *trim(char *text)
+{
+    while (is_blank(*text)) text++;
+    size_t n = strlen(text);
+    while (n > 0 && (is_blank(text[n - 1]) || text[n - 1] == '\r')) text[--n] = 0;
+    return text;
+}
+
+/* Cuts text at the first ';' or '#' that follows a blank. */
+static void cut_inline_comment(char *text)
+{
+    for (char *p = text + 1; *p; p++)
+        if ((*p == ';' || *p == '#') && is_blank(p[-1])) {
+            *p = 0;
+            return;
+        }
+}
+
+/* Where a file has put things so far, for the duplicate checks. */
+struct file_reader {
+    const char *path;
+    int section;              /* section_index of the open section; -1 before one */
+    int section_line[NKEYS];  /* by section_index: the line of its header; 0: none yet */
+    int key_line[NKEYS];      /* by key index: the line that set it; 0: not set */
 };
 
-/* inih reports the line of the first handler that returns 0. */
-static int on_ini_key(void *user, const char *section, const char *name,
-                      const char *value)
+#define LINE_ERROR(...)                                                      \
+    do {                                                                     \
+        char line_error_text[2048];                                          \
+        snprintf(line_error_text, sizeof line_error_text, __VA_ARGS__);      \
+        dm_user_error("%s:%d: %s", rd->path, number, line_error_text);      \
+    } while (0)
+
+static void read_section_header(struct file_reader *rd, char *text, int number)
 {
-    struct ini_context *ctx = user;
-    if (!name) return 1;      /* a section header on its own */
-    return set_key(ctx->cfg, section, name, value, ctx->err, sizeof ctx->err) == 0;
+    char *close = strchr(text, ']');
+    if (!close) LINE_ERROR("syntax error: '[' without ']' (expected [section])");
+    char *rest = trim(close + 1);
+    if (*rest)
+        LINE_ERROR("syntax error: '%s' after ']' (only a comment may follow [section])", rest);
+    *close = 0;
+    char *name = trim(text + 1);
+    int s = section_index(name);
+    if (s < 0) {
+        char valid[1024];
+        list_sections(valid, sizeof valid);
+        LINE_ERROR("unknown section [%s] (valid sections: %s)", name, valid);
+    }
+    if (rd->section_line[s])
+        LINE_ERROR("duplicate section [%s]: also at %s:%d (give each section once, with "
+                   "all its keys)", name, rd->path, rd->section_line[s]);
+    rd->section_line[s] = number;
+    rd->section = s;
 }
+
+static void read_line(struct dm_config *cfg, struct file_reader *rd, char *line,
+                      int number)
+{
+    char *text = trim(line);
+    if (!*text || *text == ';' || *text == '#') return;
+    cut_inline_comment(text);
+    text = trim(text);
+    if (*text == '[') {
+        read_section_header(rd, text, number);
+        return;
+    }
+    char *eq = strchr(text, '=');
+    if (!eq && is_blank(line[0]))
+        LINE_ERROR("syntax error (expected [section] or key = value; an indented line "
+                   "does not continue the one above)");
+    if (!eq) LINE_ERROR("syntax error (expected [section] or key = value)");
+    *eq = 0;
+    char *name = trim(text), *value = trim(eq + 1);
+    if (!*name) LINE_ERROR("syntax error: no key before '='");
+    if (rd->section < 0)
+        LINE_ERROR("key '%s' before any [section] (every key belongs to a section)", name);
+    const char *section = keys[rd->section].section;
+    int k = key_index(section, name);
+    if (k >= 0 && rd->key_line[k])
+        LINE_ERROR("duplicate key %s.%s: also set at %s:%d (set each key once; a "
+                   "section.key=value override on the command line replaces it)",
+                   section, name, rd->path, rd->key_line[k]);
+    char err[2048];
+    if (set_key(cfg, section, name, value, err, sizeof err) != 0) LINE_ERROR("%s", err);
+    rd->key_line[k] = number;
+}
+
+#undef LINE_ERROR
 
 void config_load_file(struct dm_config *cfg, const char *path)
 {
-    FILE *f = fopen(path, "r");
+    const char *kind;
+    int fd = dm_open_regular(path, &kind);
+    if (fd < 0 && kind)
+        dm_user_error("config file %s is %s, not a regular file (--config names an INI file)",
+                      path, kind);
+    FILE *f = fd < 0 ? NULL : fdopen(fd, "r");
     if (!f) dm_user_error("cannot read config file %s: %s", path, dm_errno_text());
-    struct ini_context ctx = {.cfg = cfg};
-    int rc = ini_parse_file(f, on_ini_key, &ctx);
+    struct file_reader rd = {.path = path, .section = -1};
+    char *line = NULL;
+    size_t capacity = 0;
+    ssize_t length;
+    int number = 0;
+    while ((length = getline(&line, &capacity, f)) >= 0) {
+        number++;
+        if (length > 0 && line[length - 1] == '\n') line[--length] = 0;
+        if (strlen(line) != (size_t)length)
+            dm_user_error("%s:%d: a NUL byte in the line (a config file is text)", path,
+                          number);
+        char *text = line;
+        if (number == 1 && !strncmp(text, "\xef\xbb\xbf", 3)) text += 3;   /* UTF-8 BOM */
+        read_line(cfg, &rd, text, number);
+    }
+    if (ferror(f)) dm_user_error("cannot read config file %s: %s", path, dm_errno_text());
+    free(line);
     fclose(f);
-    if (rc > 0 && ctx.err[0]) dm_user_error("%s:%d: %s", path, rc, ctx.err);
-    if (rc > 0) dm_user_error("%s:%d: syntax error (expected [section] or key = value)", path, rc);
-    if (rc < 0) dm_user_error("cannot parse config file %s", path);
 }
 
 void config_apply_override(struct dm_config *cfg, const char *assignment)
 {
-    char buf[2048];
-    if (strlen(assignment) >= sizeof buf)
-        dm_user_error("override '%.40s...' is too long", assignment);
-    snprintf(buf, sizeof buf, "%s", assignment);
+    char *buf = strdup(assignment);
+    if (!buf) DM_FATAL("out of memory copying an override");
     char *eq = strchr(buf, '=');
     char *dot = strchr(buf, '.');
     if (!eq || !dot || dot > eq || dot == buf || dot + 1 == eq)
@@ -297,6 +424,7 @@ void config_apply_override(struct dm_config *cfg, const char *assignment)
     char err[2048];
     if (set_key(cfg, buf, dot + 1, eq + 1, err, sizeof err) != 0)
         dm_user_error("override '%s': %s", assignment, err);
+    free(buf);
 }
 
 void config_validate(const struct dm_config *cfg)

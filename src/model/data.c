@@ -111,14 +111,17 @@ int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_
                    path);
     strcpy(tf->path, path);
 
-    fd = open(path, O_RDONLY);
+    const char *kind;
+    fd = dm_open_regular(path, &kind);
+    if (fd < 0 && kind)
+        TOKEN_FAIL("token file %s is %s, not a regular file (name a file made by `dynmo "
+                   "prepare`)", path, kind);
     if (fd < 0)
         TOKEN_FAIL("cannot open token file %s: %s (make one with `dynmo prepare`)", path,
                    dm_errno_text());
     struct stat st;
     if (fstat(fd, &st) != 0)
         TOKEN_FAIL("cannot stat token file %s: %s", path, dm_errno_text());
-    if (!S_ISREG(st.st_mode)) TOKEN_FAIL("token file %s is not a regular file", path);
     size = (size_t)st.st_size;
 
     unsigned char header[TOKEN_FILE_HEADER_BYTES];
@@ -141,7 +144,10 @@ int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_
     if (token_bytes != TOKEN_BYTES)
         TOKEN_FAIL("token file %s has %u-byte tokens; this dynmo reads %d-byte tokens", path,
                    token_bytes, TOKEN_BYTES);
-    if (vocab == 0 || vocab > model_vocab)
+    if (vocab == 0)
+        TOKEN_FAIL("token file %s has vocab 0 in its header: no token can be valid (a corrupt "
+                   "header; re-run `dynmo prepare`)", path);
+    if (vocab > model_vocab)
         TOKEN_FAIL("token file %s has vocab %u, larger than the model's vocab %u (set "
                    "model.vocab)", path, vocab, model_vocab);
     uint64_t payload = size - TOKEN_FILE_HEADER_BYTES;

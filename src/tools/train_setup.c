@@ -25,10 +25,17 @@ void train_parse_args(int argc, char **argv, struct dm_config *cfg, struct train
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--config")) {
             if (i + 1 >= argc) dm_user_error("%s: --config needs a file", cmd);
+            if (args->config_path)
+                dm_user_error("%s: --config given twice (%s, %s): give one file and "
+                              "section.key=value overrides", cmd, args->config_path, argv[i + 1]);
             args->config_path = argv[++i];
         }
     }
-    if (args->config_path) config_load_file(cfg, args->config_path);
+    if (!args->config_path)
+        dm_user_error("%s: no --config FILE (usage: dynmo %s --config FILE "
+                      "[section.key=value ...]%s)", cmd, cmd,
+                      is_bench ? " [--warmup N] [--steps N]" : "");
+    config_load_file(cfg, args->config_path);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--config")) {
