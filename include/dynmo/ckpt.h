@@ -421,6 +421,16 @@ void ckpt_path(char *buf, size_t size, const char *dir, long step);
 int ckpt_write_next_world(const char *dir, int pp, int dp, const int *layout, long step,
                           char *err, size_t errsize);
 
+/* At start-up, before the first step, by every rank: whether DIR can take
+ * the run's checkpoints. Creates it if needed (mkdir -p), and checks that
+ * it is a directory, that a file can be created in it (a probe, removed;
+ * a read-only mount fails here although access(2) may pass), that
+ * DIR/latest, if present, is a regular file, and that the file system has
+ * at least need_bytes free (the caller's estimate of one checkpoint).
+ * Returns 0, or -1 with a message naming the key, the path and the
+ * problem. Not collective. */
+int ckpt_dir_check_usable(const char *dir, uint64_t need_bytes, char *err, size_t errsize);
+
 /* ---- offline readers (any process; not collective, no MPI) ------------- */
 
 /* Reads a checkpoint's metadata (everything but the tensors) into meta

@@ -131,6 +131,12 @@ int dm_make_dirs(const char *path, char *err, size_t errsize);
 int dm_write_file_atomic(const char *path, const void *data, size_t bytes, char *err,
                          size_t errsize);
 
+/* Whether files can be created in the directory dir: creates, writes and
+ * removes a probe file (the only sure test: a read-only mount or a full
+ * file system can pass access(2)). Returns 0, or -1 with the system's
+ * reason in err. */
+int dm_probe_writable(const char *dir, char *err, size_t errsize);
+
 /* fsync of the file or directory at path (opened read-only and closed
  * again): what makes a renamed file, or a file written by other processes,
  * durable. */
@@ -207,6 +213,7 @@ struct dm_config {
     int ckpt_every;     /* steps between checkpoints; 0 = only on signal / re-pack / end */
     char resume[1024];  /* "auto", "none" or a checkpoint path */
     int keep;           /* complete checkpoints kept */
+    int allow_new_data; /* 1: resume on training data other than the checkpoint's */
     /* [dyn] */
     char dyn_kind[32];  /* "none", "freeze", "early_exit", "prune" */
     int freeze_window;      /* steps of gradient-norm history per comparison */

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <dirent.h>
 #include <unistd.h>
 #include "dynmo/ckpt.h"
@@ -116,6 +117,34 @@ int ckpt_dir_prepare(const char *dir, long step, char *err, size_t errsize)
     ckpt_tmp_path(tmp, sizeof tmp, dir, step);
     if (unlink(tmp) != 0 && errno != ENOENT) {
         set_error(err, errsize, "cannot remove the stale %s: %s", tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+int ckpt_dir_check_usable(const char *dir, uint64_t need_bytes, char *err, size_t errsize)
+{
+    char reason[MESSAGE_BYTES], path[PATH_BYTES];
+    struct stat st;
+    if (dm_make_dirs(dir, reason, sizeof reason) != 0) {
+        set_error(err, errsize, "ckpt.dir = %s cannot be used: %s", dir, reason);
+        return -1;
+    }
+    if (dm_probe_writable(dir, reason, sizeof reason) != 0) {
+        set_error(err, errsize, "ckpt.dir = %s is not writable: %s", dir, reason);
+        return -1;
+    }
+    snprintf(path, sizeof path, "%s/%s", dir, CHECKPOINT_LATEST_NAME);
+    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        set_error(err, errsize, "ckpt.dir = %s: %s is not a regular file; remove it (it "
+                  "should name the newest complete checkpoint)", dir, path);
+        return -1;
+    }
+    struct statvfs fs;
+    if (statvfs(dir, &fs) == 0 && (uint64_t)fs.f_bavail * fs.f_frsize < need_bytes) {
+        set_error(err, errsize, "ckpt.dir = %s has %.1f MiB free, but a checkpoint of this "
+                  "run needs about %.1f MiB", dir,
+                  (double)fs.f_bavail * fs.f_frsize / 1048576.0, need_bytes / 1048576.0);
         return -1;
     }
     return 0;
@@ -238,7 +267,11 @@ static void scan_directory(const char *dir, MPI_Comm comm, struct scan *scan)
             if (!fgets(latest, sizeof latest, f)) latest[0] = '\0';
             fclose(f);
             latest[strcspn(latest, "\r\n")] = '\0';
-            if (!latest[0]) snprintf(latest, sizeof latest, "%s", "(empty)");
+            const char *base = strrchr(latest, '/') ? strrchr(latest, '/') + 1 : latest;
+            if (!latest[0])
+                snprintf(latest, sizeof latest, "%s", "(empty)");
+            else if (ckpt_dir_parse_name(base, 0) < 0)   /* never echo raw bytes */
+                snprintf(latest, sizeof latest, "%s", "(something that is no checkpoint name)");
         }
         size_t used = (size_t)snprintf(text, capacity, "%s\n", latest);
         used = list_names(text, used, capacity, dir, 0);

@@ -69,6 +69,8 @@ static const struct config_key keys[] = {
     {"ckpt", "every", KEY_INT, F(ckpt_every), 0, 1e9, "steps between checkpoints (0: none)"},
     {"ckpt", "resume", KEY_STRING, F(resume), 0, 1024, "auto, none or a checkpoint file"},
     {"ckpt", "keep", KEY_INT, F(keep), 1, 1e6, "complete checkpoints kept"},
+    {"ckpt", "allow_new_data", KEY_INT, F(allow_new_data), 0, 1,
+     "1: resume on other training data than the checkpoint's"},
     {"dyn", "kind", KEY_STRING, F(dyn_kind), 0, 32, "dynamism scheme (none, freeze, early_exit, prune)"},
     {"dyn", "freeze_window", KEY_INT, F(freeze_window), 1, 1e6, "steps per gradient-norm window"},
     {"dyn", "freeze_threshold", KEY_DOUBLE, F(freeze_threshold), 0, 1e9, "relative gradient-norm change below which a block freezes"},

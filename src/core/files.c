@@ -162,3 +162,22 @@ int dm_write_file_atomic(const char *path, const void *data, size_t bytes, char 
     }
     return 0;
 }
+
+int dm_probe_writable(const char *dir, char *err, size_t errsize)
+{
+    char probe[FILES_PATH_BYTES];
+    snprintf(probe, sizeof probe, "%s/.dynmo-probe-%ld", dir, (long)getpid());
+    int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0) {
+        set_message(err, errsize, "%s", strerror(errno));
+        return -1;
+    }
+    int ok = write(fd, "x", 1) == 1;
+    if (!ok) set_message(err, errsize, "%s", strerror(errno));
+    if (close(fd) != 0 && ok) {
+        ok = 0;
+        set_message(err, errsize, "%s", strerror(errno));
+    }
+    unlink(probe);
+    return ok ? 0 : -1;
+}

@@ -83,6 +83,7 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
     tr->threads = train_threads_for_rank(cfg);
     dm_threads_init(tr->threads);
     train_open_data(&tr->data, cfg);
+    train_check_paths(cfg);
 
     struct pipe_grid grid;
     pipe_grid_init(&grid, cfg->pp, cfg->dp);   /* its error comes before the layout's */
@@ -96,7 +97,8 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
     tr->balancer = train_balancer_create(cfg, S);
     engine_watch_flag(tr->eng, &stop_signal);
     tr->t_built = dm_now();
-    tr->start_step = train_resume(tr->eng, cfg, &tr->history);
+    tr->start_step = train_resume(tr->eng, cfg, tr->data.train_file.checksum,
+                                  &tr->history);
     tr->steps_done = (int)tr->start_step;
     tr->t_loaded = dm_now();
 
@@ -148,6 +150,13 @@ static void evaluate(struct trainer *tr, int step)
         dm_log(" | val %.4f", tr->last_val);
 }
 
+/* Collective: a checkpoint of the running job after `steps` steps. */
+static void save(struct trainer *tr, long steps, char *path, size_t path_size)
+{
+    train_save(tr->eng, &tr->cfg, tr->data.train_file.checksum, &tr->history, steps, path,
+               path_size);
+}
+
 /* Collective: re-pack when fewer stages keep the predicted step time
  * within (1 + epsilon): checkpoint, describe the next world, return 1. */
 static int repack(struct trainer *tr, const struct step_stats *st, int step)
@@ -165,7 +174,7 @@ static int repack(struct trainer *tr, const struct step_stats *st, int step)
     int shrinks = plan[0] < S;
     if (shrinks) {
         char saved[1200];
-        train_save(tr->eng, cfg, &tr->history, step + 1, saved, sizeof saved);
+        save(tr, step + 1, saved, sizeof saved);
         if (dm_rank() == 0) {
             char err[1024];
             if (ckpt_write_next_world(cfg->ckpt_dir, plan[0], grid->replicas, plan + 1,
@@ -193,7 +202,7 @@ static int end_of_step(struct trainer *tr, const struct step_stats *st, int step
     char saved[1200];
     if (st->stop_requested) {
         if (cfg->ckpt_dir[0]) {
-            train_save(tr->eng, cfg, &tr->history, step + 1, saved, sizeof saved);
+            save(tr, step + 1, saved, sizeof saved);
             dm_log("signal: checkpoint %s written at step %d; exiting with status 75\n", saved,
                    step + 1);
             return DM_EXIT_SIGNAL;
@@ -208,11 +217,11 @@ static int end_of_step(struct trainer *tr, const struct step_stats *st, int step
         return DM_EXIT_REPACK;
     if (!cfg->ckpt_dir[0]) return -1;
     if (cfg->ckpt_every > 0 && (step + 1) % cfg->ckpt_every == 0 && step + 1 < cfg->steps) {
-        train_save(tr->eng, cfg, &tr->history, step + 1, saved, sizeof saved);
+        save(tr, step + 1, saved, sizeof saved);
         dm_log("checkpoint: %s\n", saved);
     }
     if (step + 1 == cfg->steps) {
-        train_save(tr->eng, cfg, &tr->history, step + 1, saved, sizeof saved);
+        save(tr, step + 1, saved, sizeof saved);
         dm_log("checkpoint: %s (final)\n", saved);
     }
     return -1;

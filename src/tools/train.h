@@ -28,6 +28,12 @@ int train_threads_for_rank(const struct dm_config *cfg);
  * blocks' parameter counts); user error naming the key. */
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages);
 
+/* Collective, before the first step: every path the run will write is
+ * usable on every rank (run.out_dir created and writable; ckpt.dir
+ * created, writable, its `latest` a file, room for a checkpoint by an
+ * estimate). A problem on any rank is one message and status 2 on all. */
+void train_check_paths(const struct dm_config *cfg);
+
 /* The token files and their loaders. */
 struct train_data {
     struct token_file train_file, val_file;
@@ -103,15 +109,18 @@ int train_may_resume(const struct dm_config *cfg);
  * layout; checks the seed and the step against cfg (user errors); replaces
  * *history with the checkpoint's entries of this stage count and the
  * current layout (struct layout_history, ckpt.h). When nothing is loaded, initialises the weights the
- * engine deferred. Returns the steps the checkpoint had done (the first
+ * engine deferred. The training file's checksum must be the one the
+ * checkpoint recorded (user error naming both, unless
+ * ckpt.allow_new_data = 1; a checkpoint that recorded none, 0, passes).
+ * Returns the steps the checkpoint had done (the first
  * step to run), 0 for a fresh start. */
-long train_resume(struct engine *eng, const struct dm_config *cfg,
+long train_resume(struct engine *eng, const struct dm_config *cfg, uint64_t train_checksum,
                   struct layout_history *history);
 
 /* Collective: writes checkpoint <ckpt.dir>/ckpt-<steps_done>.h5 of the
- * running job (ckpt_save: atomic, keeps ckpt.keep); user error on failure.
+ * running job, with the training file's checksum, (ckpt_save: atomic, keeps ckpt.keep); user error on failure.
  * The path goes to path_out. */
-void train_save(struct engine *eng, const struct dm_config *cfg,
+void train_save(struct engine *eng, const struct dm_config *cfg, uint64_t train_checksum,
                 const struct layout_history *history, long steps_done, char *path_out,
                 size_t path_out_size);
 

@@ -20,7 +20,7 @@ int train_may_resume(const struct dm_config *cfg)
     return strcmp(cfg->resume, "auto") != 0 || cfg->ckpt_dir[0] != '\0';
 }
 
-void train_save(struct engine *eng, const struct dm_config *cfg,
+void train_save(struct engine *eng, const struct dm_config *cfg, uint64_t train_checksum,
                 const struct layout_history *history, long steps_done, char *path_out,
                 size_t path_out_size)
 {
@@ -37,6 +37,7 @@ void train_save(struct engine *eng, const struct dm_config *cfg,
         .optimizer_steps = steps_done,
         .lr_schedule_step = steps_done,
         .seed = cfg->seed,
+        .train_checksum = train_checksum,
         .config_text = config_text,
         .pp = S,
         .dp = D,
@@ -70,7 +71,7 @@ static int load_named_checkpoint(struct engine *eng, const struct dm_config *cfg
     return 1;
 }
 
-long train_resume(struct engine *eng, const struct dm_config *cfg,
+long train_resume(struct engine *eng, const struct dm_config *cfg, uint64_t train_checksum,
                   struct layout_history *history)
 {
     struct ckpt_meta meta;
@@ -84,6 +85,12 @@ long train_resume(struct engine *eng, const struct dm_config *cfg,
         dm_user_error("checkpoint %s was written with train.seed = %llu but this run has %llu: "
                       "resuming would change the data order", path,
                       (unsigned long long)meta.seed, (unsigned long long)cfg->seed);
+    if (meta.train_checksum && meta.train_checksum != train_checksum && !cfg->allow_new_data)
+        dm_user_error("checkpoint %s was written training on data with checksum %016llx, but "
+                      "%s has %016llx: resuming would continue on other data (set "
+                      "ckpt.allow_new_data=1 to continue on a new corpus on purpose)", path,
+                      (unsigned long long)meta.train_checksum, cfg->train_path,
+                      (unsigned long long)train_checksum);
     if (meta.step > cfg->steps)
         dm_user_error("checkpoint %s is at step %ld, beyond train.steps = %d", path, meta.step,
                       cfg->steps);

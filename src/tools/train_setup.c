@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "dynmo/balance.h"
+#include "dynmo/ckpt.h"
 #include "dynmo/core.h"
 #include "dynmo/model.h"
 #include "dynmo/world.h"
@@ -120,4 +121,42 @@ void train_close_data(struct train_data *d)
         loader_free(&d->val);
         token_file_close(&d->val_file);
     }
+}
+
+/* What one checkpoint of this run takes on disk, about: parameters and
+ * both Adam moments in float32, pruning masks a byte a weight, and room
+ * for the file's own structure. */
+static uint64_t checkpoint_bytes(const struct dm_config *cfg)
+{
+    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    uint64_t params = (uint64_t)gpt_param_count(&shape);
+    uint64_t bytes = params * 3 * sizeof(float) + ((uint64_t)1 << 20);
+    if (!strcmp(cfg->dyn_kind, "prune")) bytes += params;
+    return bytes;
+}
+
+/* This rank's view of the paths the run writes; 0 or -1 with a message. */
+static int check_paths(const struct dm_config *cfg, char *problem, size_t size)
+{
+    char reason[300];   /* the messages cut the path, never overflow */
+    if (dm_make_dirs(cfg->out_dir, reason, sizeof reason) != 0) {
+        snprintf(problem, size, "run.out_dir = %.600s cannot be used: %s", cfg->out_dir, reason);
+        return -1;
+    }
+    if (dm_probe_writable(cfg->out_dir, reason, sizeof reason) != 0) {
+        snprintf(problem, size, "run.out_dir = %.600s is not writable: %s", cfg->out_dir, reason);
+        return -1;
+    }
+    if (cfg->ckpt_dir[0] &&
+        ckpt_dir_check_usable(cfg->ckpt_dir, checkpoint_bytes(cfg), problem, size) != 0)
+        return -1;
+    return 0;
+}
+
+void train_check_paths(const struct dm_config *cfg)
+{
+    char problem[WORLD_MESSAGE_BYTES] = "", agreed[WORLD_MESSAGE_BYTES];
+    int bad = check_paths(cfg, problem, sizeof problem) != 0;
+    if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))
+        dm_user_error("%s", agreed);
 }
