@@ -36,6 +36,11 @@ void dm_set_abort_hook(void (*hook)(int status));
 /* Called by dm_user_error before exit(2) on the clean path (all ranks
  * detected the same error): pipe sets it to MPI_Finalize. */
 void dm_set_finalize_hook(void (*hook)(void));
+/* Asked before a fatal message is printed: 0 when another rank has printed
+ * one already, so that a failure many ranks see at once (a full disk) is
+ * one message. world sets it (one message per node); without it every
+ * rank prints. */
+void dm_set_message_gate(int (*gate)(void));
 
 /* A user error that every rank detects identically (bad config, bad
  * arguments): rank 0 prints "dynmo: error: <message>", every rank exits 2

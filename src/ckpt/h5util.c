@@ -13,6 +13,10 @@ void dm_h5_init(void)
 {
     static int done;
     if (done) return;
+    /* No cleanup of HDF5's at exit: every file is closed by its owner on
+     * the normal path, and after a failed write (a full disk) closing the
+     * broken file at exit crashes inside HDF5 1.10 (H5F__close_cb). */
+    H5dont_atexit();
     if (H5open() < 0) DM_FATAL("H5open failed: the HDF5 library did not start");
     if (H5Eset_auto2(H5E_DEFAULT, NULL, NULL) < 0)
         DM_FATAL("H5Eset_auto2 failed: cannot silence HDF5's own error printing");
@@ -74,12 +78,35 @@ void dm_h5_error_text(char *buf, size_t size)
         snprintf(buf, size, "%s: %s; cause: %s: %s [%s: %s]", walk.api_function,
                  walk.api_desc, walk.inner_function, walk.inner_desc, major, minor);
     H5Eclose_stack(stack);
+    for (char *c = buf; *c; c++)   /* HDF5's texts hold newlines: one line */
+        if (*c == '\n') *c = ' ';
+}
+
+/* The value of `key = '...'` in HDF5's low-level I/O text, or "". */
+static void quoted_field(const char *text, const char *key, char *out, size_t size)
+{
+    out[0] = '\0';
+    const char *p = strstr(text, key);
+    if (!p) return;
+    p += strlen(key);
+    const char *end = strchr(p, '\'');
+    if (!end) return;
+    snprintf(out, size, "%.*s", (int)(end - p), p);
 }
 
 void dm_h5_fail(const char *file, int line, const char *call)
 {
     char text[1024];
     dm_h5_error_text(text, sizeof text);
+    /* A write the system refused (a full disk, a quota, a read-only file
+     * system) is the user's to fix, not our bug: status 2, naming the file. */
+    char path[512], reason[256];
+    quoted_field(text, "filename = '", path, sizeof path);
+    quoted_field(text, "error message = '", reason, sizeof reason);
+    if (strstr(text, "errno = 28,") || strstr(text, "errno = 122,") ||
+        strstr(text, "errno = 30,") || strstr(text, "errno = 5,"))
+        dm_user_error_local("cannot write %s: %s", path[0] ? path : "an HDF5 file",
+                            reason[0] ? reason : text);
     dm_internal_error(file, line, "%s failed: %s", call, text);
 }
 

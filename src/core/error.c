@@ -14,6 +14,7 @@ static int this_rank = 0;
 static int this_world = 1;
 static void (*abort_hook)(int status);
 static void (*finalize_hook)(void);
+static int (*message_gate)(void);
 
 void dm_set_rank(int rank, int world_size)
 {
@@ -24,6 +25,13 @@ int dm_rank(void) { return this_rank; }
 int dm_world_size(void) { return this_world; }
 void dm_set_abort_hook(void (*hook)(int status)) { abort_hook = hook; }
 void dm_set_finalize_hook(void (*hook)(void)) { finalize_hook = hook; }
+void dm_set_message_gate(int (*gate)(void)) { message_gate = gate; }
+
+/* Whether this rank prints its fatal message (the first on its node). */
+static int may_print(void)
+{
+    return !message_gate || message_gate();
+}
 
 const char *dm_errno_text(void) { return strerror(errno); }
 
@@ -37,7 +45,7 @@ static __attribute__((noreturn)) void die(int status)
 
 void dm_user_error(const char *fmt, ...)
 {
-    if (this_rank == 0) {
+    if (this_rank == 0 && may_print()) {
         va_list ap;
         va_start(ap, fmt);
         fflush(stdout);
@@ -54,26 +62,30 @@ void dm_user_error(const char *fmt, ...)
 
 void dm_user_error_local(const char *fmt, ...)
 {
-    va_list ap;
-    va_start(ap, fmt);
     fflush(stdout);
-    if (this_world > 1) fprintf(stderr, "[rank %d] ", this_rank);
-    fputs("dynmo: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
+    if (may_print()) {
+        va_list ap;
+        va_start(ap, fmt);
+        if (this_world > 1) fprintf(stderr, "[rank %d] ", this_rank);
+        fputs("dynmo: error: ", stderr);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    }
     die(DM_EXIT_USAGE);
 }
 
 void dm_internal_error(const char *file, int line, const char *fmt, ...)
 {
-    va_list ap;
-    va_start(ap, fmt);
     fflush(stdout);
-    fprintf(stderr, "[rank %d] %s:%d: internal error: ", this_rank, file, line);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
+    if (may_print()) {
+        va_list ap;
+        va_start(ap, fmt);
+        fprintf(stderr, "[rank %d] %s:%d: internal error: ", this_rank, file, line);
+        vfprintf(stderr, fmt, ap);
+        fputc('\n', stderr);
+        va_end(ap);
+    }
     die(DM_EXIT_INTERNAL);
 }
 

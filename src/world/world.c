@@ -294,6 +294,51 @@ void world_compute_begin(void)
     holding = 1;
 }
 
+/* The node's message gate (dm_set_message_gate): one int in POSIX shared
+ * memory that the first rank to fail sets, so that its node prints one
+ * message however many of its ranks fail at once. */
+static _Atomic int *message_gate;
+
+static int take_message_gate(void)
+{
+    return !message_gate || atomic_exchange(message_gate, 1) == 0;
+}
+
+/* Collective over the node: its first rank creates the gate, every rank
+ * maps it. Where that fails, every rank prints its own message. */
+static void setup_message_gate(MPI_Comm node, int node_size)
+{
+    if (node_size < 2) return;
+    int node_rank = 0;
+    WORLD_MPI(MPI_Comm_rank(node, &node_rank));
+    char name[64];
+    snprintf(name, sizeof name, "/dynmo-gate-%ld", (long)getpid());
+    MPI_Request req;
+    WORLD_MPI(MPI_Ibcast(name, (int)sizeof name, MPI_CHAR, 0, node, &req));
+    world_wait(&req);
+    int fd = -1;
+    if (node_rank == 0) {
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd >= 0 && ftruncate(fd, (off_t)sizeof(int)) != 0) {
+            close(fd);
+            shm_unlink(name);
+            fd = -1;
+        }
+    }
+    WORLD_MPI(MPI_Ibarrier(node, &req));
+    world_wait(&req);
+    if (node_rank != 0) fd = shm_open(name, O_RDWR, 0600);
+    void *base = fd >= 0 ? mmap(NULL, sizeof(int), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                         : MAP_FAILED;
+    if (fd >= 0) close(fd);
+    WORLD_MPI(MPI_Ibarrier(node, &req));
+    world_wait(&req);
+    if (node_rank == 0) shm_unlink(name);
+    if (base == MAP_FAILED) return;
+    message_gate = base;
+    dm_set_message_gate(take_message_gate);
+}
+
 /* DYNMO_TEST_MPI_FAULT=send (tests only; world.h): the last rank sends
  * to rank `size`, which does not exist, so that MPI returns an error. */
 static void inject_test_fault(int rank, int size)
@@ -333,6 +378,7 @@ void world_init(int *argc, char ***argv)
     WORLD_MPI(MPI_Comm_size(node, &local_size));
     gather_placement(node, rank, size);
     node_comm = node;
+    setup_message_gate(node, local_size);
     if (oversubscribed) {
         /* Waiting ranks sleep (world_wait_round) and must not preempt the rank
          * computing on their core when they wake: SCHED_BATCH turns off
@@ -353,6 +399,11 @@ void world_finalize(void)
     placed = NULL;
     if (my_turns) world_release_turn();
     if (turn_groups) munmap(turn_groups, turn_bytes);
+    if (message_gate) {
+        dm_set_message_gate(NULL);
+        munmap((void *)message_gate, sizeof(int));
+        message_gate = NULL;
+    }
     turn_groups = my_turns = NULL;
     MPI_Finalized(&finalized);
     if (finalized) return;
