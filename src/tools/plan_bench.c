@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/balance.h"
-#include "tools/plan_bench.h"
+#include "tools/plan.h"
 
 struct synthetic {
     const char *name;
