@@ -1,6 +1,10 @@
 /* Balancing methods by name, and the one entry point the pipeline engine
- * calls at a balancing decision (balance_propose). Pure, like the rest of
- * src/balance. */
+ * and `dynmo plan` call at a balancing decision (balance_propose): each
+ * method's costs (time or parameters) handed to its balancer, and
+ * partition-time's search on the predicted step when the min-max partition
+ * can miss it. Must not: do I/O, talk MPI or keep state between calls
+ * (pure, like the rest of src/balance), or give a method a second
+ * implementation beside partition.c's and diffusion.c's. */
 #include <math.h>
 #include <string.h>
 #include "balance_internal.h"
@@ -60,11 +64,11 @@ static int prediction_decides(const struct balance_profile *profile, int stages)
  * the predicted step time; the fastest wins, then the one moving the
  * fewest blocks from current, then the earlier start. */
 static int partition_by_prediction(const struct balance_profile *profile,
-                            const struct balance_costs *costs, int stages,
-                            const int *current,
-                            const struct balance_options *options, int *counts,
-                            struct balance_result *res, char *err,
-                            size_t errsize)
+                                   const struct balance_costs *costs, int stages,
+                                   const int *current,
+                                   const struct balance_options *options,
+                                   int *counts, struct balance_result *res,
+                                   char *err, size_t errsize)
 {
     int rc = balance_partition(costs, stages, options->mem_cap, current, stages,
                                counts, res, err, errsize);

@@ -2,7 +2,10 @@
  * step time within (1 + epsilon) of the current one under the memory cap,
  * and the paper's Algorithm 2 (first-fit pairwise merging) as the baseline
  * it must never lose to. Pure: the engine turns the answer into a
- * checkpoint and a restart on a smaller world. */
+ * checkpoint and a restart on a smaller world.
+ * Must not: return a layout predicted slower than that bound or over the
+ * cap (the current layout is the answer when nothing smaller keeps it), or
+ * do I/O or MPI. */
 #include <math.h>
 #include <string.h>
 #include "balance_internal.h"
