@@ -103,9 +103,10 @@ static void read_run_blocks(struct plan_input *in, const char *path, long step,
 }
 
 /* The layout at step (its stages are the leading positive entries of the
- * history's row); *width is the history's row width. */
-static void read_run_layout(const char *path, long step, int **layout, int *stages,
-                            int *width)
+ * history's row); *width is the history's row width. It must cover the
+ * run's `layers` blocks: the end stages' extras are read through it. */
+static void read_run_layout(const char *path, long step, int layers, int **layout,
+                            int *stages, int *width)
 {
     char err[512];
     int *history = NULL;
@@ -113,7 +114,14 @@ static void read_run_layout(const char *path, long step, int **layout, int *stag
                                sizeof err) < step)
         dm_user_error("--from-run: %s has no layout for step %ld", path, step);
     int S = 0;
-    while (S < *width && history[(step - 1) * *width + S] > 0) S++;
+    long covered = 0;
+    while (S < *width && history[(step - 1) * *width + S] > 0)
+        covered += history[(step - 1) * *width + S++];
+    if (S == 0)
+        dm_user_error("--from-run: %s has no layout for step %ld", path, step);
+    if (covered != layers)
+        dm_user_error("--from-run: %s: the layout at step %ld covers %ld blocks, but "
+                      "model.layers is %d", path, step, covered, layers);
     *stages = S;
     *layout = dm_alloc((size_t)S * sizeof(int));
     memcpy(*layout, history + (step - 1) * *width, (size_t)S * sizeof(int));
@@ -156,7 +164,7 @@ void plan_read_run(struct plan_input *in, const char *dir, long step, int **layo
     in->blocks = layers;
     read_run_blocks(in, path, step, channels, with_update);
     int width = 0;
-    read_run_layout(path, step, layout, stages, &width);
+    read_run_layout(path, step, layers, layout, stages, &width);
     read_run_ends(in, path, step, *layout, *stages, width, *micro_batches, with_update);
     if (with_update) in->profile.update_ms = in->update_ms;
     in->has_embed = in->has_head = 1;
