@@ -302,6 +302,12 @@ if /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
     "run log group_turns 2" "the attribute group_turns must be one value, 0 or 1"
   bad_run runfloat "f.attrs['stage_groups'] = np.array([0.0, 0, 1, 1]); f.attrs['group_cores'] = np.array([1.0, 1.0])" \
     "run log float groups" "attribute stage_groups is not an array of integers"
+  # A layout history that does not cover the model: exit 2, not a read
+  # past the ends of the layout.
+  bad_run runnolayout "del f['/layout/history']; f['/layout/history'] = np.zeros((1, 4), np.int32)" \
+    "run log empty layout" "has no layout for step 1"
+  bad_run runwronglayout "del f['/layout/history']; f['/layout/history'] = np.array([[3, 3, 2, 2]], np.int32)" \
+    "run log layout over the blocks" "the layout at step 1 covers 10 blocks, but model.layers is 8"
   make_run "$work/plain" ""
   "$DYNMO" plan --from-run "$work/plain" --step 1 --method static-uniform >"$work/out" 2>&1 ||
     fail "from-run plain: exit $?"

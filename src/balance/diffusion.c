@@ -36,6 +36,67 @@ static int balance_pair(const struct balance_problem *p, int *start, int s)
     return moved;
 }
 
+/* start[] from the starting layout counts; every stage must fit the cap
+ * (diffusion never breaks it, so it cannot start beyond it). */
+static int start_within_cap(const struct balance_problem *p, const int *counts,
+                            int stages, int64_t mem_cap, int *start, char *err,
+                            size_t errsize)
+{
+    for (int s = 0; s < stages; s++) {
+        start[s + 1] = start[s] + counts[s];
+        int64_t mem = problem_stage_mem(p, s, start[s], start[s + 1]);
+        if (mem > p->mem_cap)
+            return balance_fail(BALANCE_INFEASIBLE, err, errsize,
+                                "stage %d of the starting layout holds %lld "
+                                "bytes, more than the capacity of %lld bytes; "
+                                "diffusion only moves within the cap (use a "
+                                "partition method)", s, (long long)mem,
+                                (long long)mem_cap);
+    }
+    return BALANCE_OK;
+}
+
+/* Whether the most and least costly stages differ by less than gamma. */
+static int within_gamma(const struct balance_problem *p, const int *start,
+                        int stages, double gamma)
+{
+    double lo = INFINITY, hi = -INFINITY;
+    for (int s = 0; s < stages; s++) {
+        double c = problem_stage_cost(p, s, start[s], start[s + 1]);
+        lo = fmin(lo, c);
+        hi = fmax(hi, c);
+    }
+    return hi - lo < gamma;
+}
+
+/* Rounds of pairs, even pairs then odd, until two rounds in a row move
+ * nothing, the stages are within gamma (> 0), or limit rounds have run
+ * (then *converged is 0). Returns the last round that moved a block. */
+static int diffuse(const struct balance_problem *p, int *start, int stages,
+                   double gamma, int limit, int *converged)
+{
+    int round = 0, last_moving_round = 0, idle_in_a_row = 0;
+    *converged = 1;
+    while (idle_in_a_row < 2) {
+        if (gamma > 0 && within_gamma(p, start, stages, gamma)) break;
+        if (round == limit) {
+            *converged = 0;
+            break;
+        }
+        int moved = 0;
+        for (int s = round % 2; s + 1 < stages; s += 2)
+            moved += balance_pair(p, start, s);
+        round++;
+        if (moved) {
+            last_moving_round = round;
+            idle_in_a_row = 0;
+        } else {
+            idle_in_a_row++;
+        }
+    }
+    return last_moving_round;
+}
+
 int balance_diffusion(const struct balance_costs *costs, int stages,
                       int64_t mem_cap, const int *current, double gamma,
                       int max_rounds, int *counts, struct balance_result *res,
@@ -55,53 +116,17 @@ int balance_diffusion(const struct balance_costs *costs, int stages,
     }
     struct balance_problem p;
     problem_init(&p, costs, stages, mem_cap);
-    for (int s = 0; s < stages; s++) {
-        start[s + 1] = start[s] + counts[s];
-        int64_t mem = problem_stage_mem(&p, s, start[s], start[s + 1]);
-        if (mem > p.mem_cap) {
-            rc = balance_fail(BALANCE_INFEASIBLE, err, errsize,
-                              "stage %d of the starting layout holds %lld "
-                              "bytes, more than the capacity of %lld bytes; "
-                              "diffusion only moves within the cap (use a "
-                              "partition method)", s, (long long)mem,
-                              (long long)mem_cap);
-            break;
-        }
-    }
-    int limit = max_rounds > 0 ? max_rounds : DIFFUSION_ROUND_LIMIT;
-    int round = 0, last_moving_round = 0, idle_in_a_row = 0, converged = 1;
-    while (rc == BALANCE_OK && idle_in_a_row < 2) {
-        if (gamma > 0) {
-            double lo = INFINITY, hi = -INFINITY;
-            for (int s = 0; s < stages; s++) {
-                double c = problem_stage_cost(&p, s, start[s], start[s + 1]);
-                lo = fmin(lo, c);
-                hi = fmax(hi, c);
-            }
-            if (hi - lo < gamma) break;
-        }
-        if (round == limit) {
-            converged = 0;
-            break;
-        }
-        int moved = 0;
-        for (int s = round % 2; s + 1 < stages; s += 2)
-            moved += balance_pair(&p, start, s);
-        round++;
-        if (moved) {
-            last_moving_round = round;
-            idle_in_a_row = 0;
-        } else {
-            idle_in_a_row++;
-        }
-    }
+    rc = start_within_cap(&p, counts, stages, mem_cap, start, err, errsize);
     if (rc == BALANCE_OK) {
+        int limit = max_rounds > 0 ? max_rounds : DIFFUSION_ROUND_LIMIT;
+        int converged;
+        int rounds = diffuse(&p, start, stages, gamma, limit, &converged);
         for (int s = 0; s < stages; s++) counts[s] = start[s + 1] - start[s];
         if (res) {
             int *reference = dm_alloc((size_t)stages * sizeof(int));
             balance_current_or_uniform(current, stages, n, reference, NULL, 0);
             problem_describe(&p, counts, reference, stages, res);
-            res->rounds = last_moving_round;
+            res->rounds = rounds;
             res->converged = converged;
             dm_free(reference);
         }

@@ -133,33 +133,21 @@ static int check_value(const char *what, int index, double cost,
     return BALANCE_OK;
 }
 
-int balance_check_costs(const struct balance_costs *costs, int stages,
-                        int64_t mem_cap, char *err, size_t errsize)
+/* Every value, and the running totals of costs and memory (they must stay
+ * finite and away from int64 overflow); *total is every block's memory
+ * with the extras'. */
+static int check_values(const struct balance_costs *costs, int64_t *total,
+                        char *err, size_t errsize)
 {
-    int n = costs->blocks;
-    if (stages < 1)
-        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                            "stages must be at least 1 (got %d)", stages);
-    if (n < 1 || !costs->cost || !costs->mem_bytes)
-        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                            "no blocks to lay out");
-    if (n < stages)
-        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                            "%d blocks cannot fill %d stages: every stage "
-                            "needs at least one block", n, stages);
-    if (mem_cap < 0)
-        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                            "mem_cap %lld is negative (0 means no cap)",
-                            (long long)mem_cap);
     int rc = check_value("embedding", -1, costs->first_cost,
                          costs->first_mem_bytes, err, errsize);
     if (rc) return rc;
     rc = check_value("head", -1, costs->last_cost, costs->last_mem_bytes,
                      err, errsize);
     if (rc) return rc;
-    int64_t total = costs->first_mem_bytes + costs->last_mem_bytes;
+    *total = costs->first_mem_bytes + costs->last_mem_bytes;
     double total_cost = costs->first_cost + costs->last_cost;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < costs->blocks; i++) {
         rc = check_value(NULL, i, costs->cost[i], costs->mem_bytes[i], err,
                          errsize);
         if (rc) return rc;
@@ -169,24 +157,22 @@ int balance_check_costs(const struct balance_costs *costs, int stages,
             return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                                 "block %d: the running total of costs overflows "
                                 "a double", i);
-        total += costs->mem_bytes[i];
-        if (total > MEM_TOTAL_LIMIT)
+        *total += costs->mem_bytes[i];
+        if (*total > MEM_TOTAL_LIMIT)
             return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                                 "block %d: total mem_bytes so far is beyond "
                                 "2^61", i);
     }
-    if (mem_cap == 0) return BALANCE_OK;
+    return BALANCE_OK;
+}
 
+/* Under a cap (> 0) on more than one stage: every block, and each end
+ * stage's block with its extra, fits a stage. */
+static int check_pieces_fit(const struct balance_costs *costs, int stages,
+                            int64_t mem_cap, char *err, size_t errsize)
+{
+    int n = costs->blocks;
     long long cap = (long long)mem_cap;
-    if (stages == 1) {
-        if (total > mem_cap)
-            return balance_fail(BALANCE_INFEASIBLE, err, errsize,
-                                "stage 0 needs %lld bytes (every block, the "
-                                "embedding and the head), more than the "
-                                "capacity of %lld bytes", (long long)total,
-                                cap);
-        return BALANCE_OK;
-    }
     for (int i = 0; i < n; i++)
         if (costs->mem_bytes[i] > mem_cap)
             return balance_fail(BALANCE_INFEASIBLE, err, errsize,
@@ -206,15 +192,20 @@ int balance_check_costs(const struct balance_costs *costs, int stages,
                             "%d and the head, more than the stage capacity "
                             "of %lld bytes", stages - 1, (long long)last,
                             n - 1, cap);
+    return BALANCE_OK;
+}
 
-    /* Every piece fits somewhere; do they fit in `stages` stages? If not,
-     * name the stage count that would do (feasibility grows with stages and
-     * holds at n stages, one block each, by the checks above). */
+/* Every piece fits somewhere; do they fit in `stages` stages? If not,
+ * name the stage count that would do (feasibility grows with stages and
+ * holds at n stages, one block each, by check_pieces_fit). */
+static int check_stages_fit(const struct balance_costs *costs, int stages,
+                            int64_t mem_cap, char *err, size_t errsize)
+{
     struct balance_problem p;
     problem_init(&p, costs, stages, mem_cap);
-    rc = BALANCE_OK;
+    int rc = BALANCE_OK;
     if (!problem_fits(&p, INFINITY)) {
-        int lo = stages + 1, hi = n;
+        int lo = stages + 1, hi = costs->blocks;
         while (lo < hi) {
             p.stages = lo + (hi - lo) / 2;
             if (problem_fits(&p, INFINITY)) hi = p.stages;
@@ -222,10 +213,46 @@ int balance_check_costs(const struct balance_costs *costs, int stages,
         }
         rc = balance_fail(BALANCE_INFEASIBLE, err, errsize,
                           "the blocks need at least %d stages of %lld bytes "
-                          "each; %d given", lo, cap, stages);
+                          "each; %d given", lo, (long long)mem_cap, stages);
     }
     problem_free(&p);
     return rc;
+}
+
+int balance_check_costs(const struct balance_costs *costs, int stages,
+                        int64_t mem_cap, char *err, size_t errsize)
+{
+    int n = costs->blocks;
+    if (stages < 1)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "stages must be at least 1 (got %d)", stages);
+    if (n < 1 || !costs->cost || !costs->mem_bytes)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "no blocks to lay out");
+    if (n < stages)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "%d blocks cannot fill %d stages: every stage "
+                            "needs at least one block", n, stages);
+    if (mem_cap < 0)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "mem_cap %lld is negative (0 means no cap)",
+                            (long long)mem_cap);
+    int64_t total;
+    int rc = check_values(costs, &total, err, errsize);
+    if (rc) return rc;
+    if (mem_cap == 0) return BALANCE_OK;
+    if (stages == 1) {
+        if (total > mem_cap)
+            return balance_fail(BALANCE_INFEASIBLE, err, errsize,
+                                "stage 0 needs %lld bytes (every block, the "
+                                "embedding and the head), more than the "
+                                "capacity of %lld bytes", (long long)total,
+                                (long long)mem_cap);
+        return BALANCE_OK;
+    }
+    rc = check_pieces_fit(costs, stages, mem_cap, err, errsize);
+    if (rc) return rc;
+    return check_stages_fit(costs, stages, mem_cap, err, errsize);
 }
 
 int balance_check_layout(const int *counts, int stages, int blocks,

@@ -1,6 +1,10 @@
 /* Balancing methods by name, and the one entry point the pipeline engine
- * calls at a balancing decision (balance_propose). Pure, like the rest of
- * src/balance. */
+ * and `dynmo plan` call at a balancing decision (balance_propose): each
+ * method's costs (time or parameters) handed to its balancer, and
+ * partition-time's search on the predicted step when the min-max partition
+ * can miss it. Must not: do I/O, talk MPI or keep state between calls
+ * (pure, like the rest of src/balance), or give a method a second
+ * implementation beside partition.c's and diffusion.c's. */
 #include <math.h>
 #include <string.h>
 #include "balance_internal.h"
@@ -60,11 +64,11 @@ static int prediction_decides(const struct balance_profile *profile, int stages)
  * the predicted step time; the fastest wins, then the one moving the
  * fewest blocks from current, then the earlier start. */
 static int partition_by_prediction(const struct balance_profile *profile,
-                            const struct balance_costs *costs, int stages,
-                            const int *current,
-                            const struct balance_options *options, int *counts,
-                            struct balance_result *res, char *err,
-                            size_t errsize)
+                                   const struct balance_costs *costs, int stages,
+                                   const int *current,
+                                   const struct balance_options *options,
+                                   int *counts, struct balance_result *res,
+                                   char *err, size_t errsize)
 {
     int rc = balance_partition(costs, stages, options->mem_cap, current, stages,
                                counts, res, err, errsize);
@@ -115,6 +119,55 @@ static int partition_by_prediction(const struct balance_profile *profile,
     return BALANCE_OK;
 }
 
+/* static-uniform: the same number of blocks on every stage, whatever they
+ * cost; its movement is reported against current. */
+static int propose_static_uniform(const struct balance_costs *costs, int stages,
+                                  const int *current, int *counts,
+                                  struct balance_result *res, char *err,
+                                  size_t errsize)
+{
+    int n = costs->blocks;
+    int rc = balance_check_costs(costs, stages, 0, err, errsize);
+    if (rc == BALANCE_OK)
+        rc = balance_static_uniform(n, stages, counts, err, errsize);
+    if (rc == BALANCE_OK) {
+        int *reference = dm_alloc((size_t)stages * sizeof(int));
+        rc = balance_current_or_uniform(current, stages, n, reference, err,
+                                        errsize);
+        if (rc == BALANCE_OK) {
+            struct balance_problem p;
+            problem_init(&p, costs, stages, 0);
+            problem_describe(&p, counts, reference, stages, res);
+            problem_free(&p);
+            res->rounds = 0;
+            res->converged = 1;
+        }
+        dm_free(reference);
+    }
+    return rc;
+}
+
+/* static-params: computed once from the initial model, blind to memory and
+ * to where blocks are; movement is still reported against current. */
+static int propose_static_params(const struct balance_costs *costs, int stages,
+                                 const int *current, int *counts,
+                                 struct balance_result *res, char *err,
+                                 size_t errsize)
+{
+    int rc = balance_partition(costs, stages, 0, NULL, 0, counts, res, err,
+                               errsize);
+    if (rc == BALANCE_OK && current) {
+        rc = balance_check_layout(current, stages, costs->blocks, err, errsize);
+        if (rc == BALANCE_OK) {
+            struct balance_problem p;
+            problem_init(&p, costs, stages, 0);
+            problem_describe(&p, counts, current, stages, res);
+            problem_free(&p);
+        }
+    }
+    return rc;
+}
+
 int balance_propose(enum balance_method method,
                     const struct balance_profile *profile, int stages,
                     const int *current, const struct balance_options *options,
@@ -142,38 +195,12 @@ int balance_propose(enum balance_method method,
     int rc;
     switch (method) {
     case BALANCE_STATIC_UNIFORM:
-        rc = balance_check_costs(&costs, stages, 0, err, errsize);
-        if (rc == BALANCE_OK)
-            rc = balance_static_uniform(n, stages, counts, err, errsize);
-        if (rc == BALANCE_OK) {
-            int *reference = dm_alloc((size_t)stages * sizeof(int));
-            rc = balance_current_or_uniform(current, stages, n, reference, err,
-                                            errsize);
-            if (rc == BALANCE_OK) {
-                struct balance_problem p;
-                problem_init(&p, &costs, stages, 0);
-                problem_describe(&p, counts, reference, stages, res);
-                problem_free(&p);
-                res->rounds = 0;
-                res->converged = 1;
-            }
-            dm_free(reference);
-        }
+        rc = propose_static_uniform(&costs, stages, current, counts, res, err,
+                                    errsize);
         break;
     case BALANCE_STATIC_PARAMS:
-        /* Static: computed once from the initial model, blind to memory and
-         * to where blocks are; movement is still reported against current. */
-        rc = balance_partition(&costs, stages, 0, NULL, 0, counts, res, err,
-                               errsize);
-        if (rc == BALANCE_OK && current) {
-            rc = balance_check_layout(current, stages, n, err, errsize);
-            if (rc == BALANCE_OK) {
-                struct balance_problem p;
-                problem_init(&p, &costs, stages, 0);
-                problem_describe(&p, counts, current, stages, res);
-                problem_free(&p);
-            }
-        }
+        rc = propose_static_params(&costs, stages, current, counts, res, err,
+                                   errsize);
         break;
     case BALANCE_PARTITION_PARAMS:
     case BALANCE_PARTITION_TIME:

@@ -225,6 +225,142 @@ static int reference_start(const int *ref_start, int reference_stages, int n,
     return s <= reference_stages ? ref_start[s] : n;
 }
 
+/* The dynamic program's memory, carved for one least_movement call. */
+struct movement_dp {
+    /* from[offset[j] + b - low[j]]: the chosen start of stage j-1 when it
+     * ends at b. Every entry is written before it is read. */
+    int *from;                          /* (states) */
+    size_t *offset;                     /* (S + 1) */
+    struct kept *best_prev, *best_next; /* (widest): by boundary position */
+    struct deque pieces[3];
+    int *deque_pos;                     /* (3, widest) */
+    struct kept *deque_val;             /* (3, widest) */
+};
+
+/* Sizes and allocates dp for the ranges [low[j], high[j]]; 0 (nothing
+ * allocated) when some range is empty. */
+static int movement_dp_alloc(struct movement_dp *dp, int S, const int *low,
+                             const int *high)
+{
+    size_t states = 0;
+    int widest = 1;
+    for (int j = 0; j <= S; j++) {
+        if (low[j] > high[j]) return 0;
+        int width = high[j] - low[j] + 1;
+        states += (size_t)width;
+        if (width > widest) widest = width;
+    }
+    dp->from = malloc(states * sizeof(int));
+    if (!dp->from) DM_FATAL("out of memory (%zu boundary states)", states);
+    dp->offset = dm_alloc((size_t)(S + 1) * sizeof(size_t));
+    for (int j = 1; j <= S; j++)
+        dp->offset[j] = dp->offset[j - 1] + (size_t)(high[j - 1] - low[j - 1] + 1);
+    dp->best_prev = dm_alloc((size_t)widest * sizeof(struct kept));
+    dp->best_next = dm_alloc((size_t)widest * sizeof(struct kept));
+    dp->deque_pos = dm_alloc(3 * (size_t)widest * sizeof(int));
+    dp->deque_val = dm_alloc(3 * (size_t)widest * sizeof(struct kept));
+    for (int k = 0; k < 3; k++) {
+        dp->pieces[k].pos = dp->deque_pos + (size_t)k * (size_t)widest;
+        dp->pieces[k].val = dp->deque_val + (size_t)k * (size_t)widest;
+    }
+    dp->best_prev[0] = (struct kept){0, 0};
+    return 1;
+}
+
+static void movement_dp_free(struct movement_dp *dp)
+{
+    dm_free(dp->deque_val);
+    dm_free(dp->deque_pos);
+    dm_free(dp->best_next);
+    dm_free(dp->best_prev);
+    dm_free(dp->offset);
+    free(dp->from);
+}
+
+/* Enters the predecessors a = *next_push..last_pred (boundary-j positions
+ * from low_j) into the deque of their piece against the reference's stage
+ * [s, e); a predecessor no layout reaches is left out. */
+static void push_predecessors(struct movement_dp *dp, const int64_t *pm, int low_j,
+                              int *next_push, int last_pred, int s, int e)
+{
+    for (; *next_push <= last_pred; (*next_push)++) {
+        int a = *next_push;
+        struct kept f = dp->best_prev[a - low_j];
+        if (f.bytes < 0) continue;
+        if (a <= s) {
+            deque_push(&dp->pieces[0], a, f);
+        } else if (a < e) {
+            struct kept shifted = {f.bytes - pm[a], f.blocks - a};
+            deque_push(&dp->pieces[1], a, shifted);
+        } else {
+            deque_push(&dp->pieces[2], a, f);
+        }
+    }
+}
+
+/* The best of the three pieces' fronts for a stage ending at b (b_in =
+ * min(b, e)) and starting at first_fit or later: the most kept, then the
+ * earliest start, in *best_from (-1 and KEPT_INVALID when none fits). */
+static struct kept best_predecessor(struct movement_dp *dp, const int64_t *pm,
+                                    int first_fit, int b_in, int s, int *best_from)
+{
+    struct kept best = KEPT_INVALID;
+    *best_from = -1;
+    for (int k = 0; k < 3; k++) {
+        deque_drop_before(&dp->pieces[k], first_fit);
+        if (dp->pieces[k].tail == dp->pieces[k].head) continue;
+        int a = dp->pieces[k].pos[dp->pieces[k].head];
+        struct kept v = dp->pieces[k].val[dp->pieces[k].head];
+        if (k == 0 && b_in > s)
+            v = kept_add(v, (struct kept){pm[b_in] - pm[s], b_in - s});
+        else if (k == 1)
+            v = kept_add(v, (struct kept){pm[b_in], b_in});
+        if (*best_from < 0 || kept_less(best, v) ||
+            (!kept_less(v, best) && a < *best_from)) {
+            best = v;
+            *best_from = a;
+        }
+    }
+    return best;
+}
+
+/* One step of the program: from the best kept for every end of stage j-1
+ * (dp->best_prev), the best for every end of stage j (then swapped into
+ * best_prev), and each end's chosen start in dp->from. */
+static void movement_dp_stage(struct movement_dp *dp, const struct balance_problem *p,
+                              double bound, const int *low, const int *high,
+                              const int *ref_start, int reference_stages, int j)
+{
+    /* Stage j takes [a, b), a a boundary-j position, b a boundary-(j+1)
+     * one. It keeps in place the part of [a, b) inside the reference's
+     * stage j, [s, e). Split a by where it lies against [s, e):
+     *   a <= s:     kept = [s, min(b,e))      independent of a
+     *   s < a < e:  kept = [a, min(b,e))      = K(min(b,e)) - K(a)
+     *   a >= e:     kept = nothing
+     * Each piece's best predecessor is a sliding-window maximum. */
+    int n = p->blocks;
+    int s = reference_start(ref_start, reference_stages, n, j);
+    int e = reference_start(ref_start, reference_stages, n, j + 1);
+    if (s > e) s = e;
+    for (int k = 0; k < 3; k++) dp->pieces[k].head = dp->pieces[k].tail = 0;
+    int first_fit = low[j], next_push = low[j];
+    for (int b = low[j + 1]; b <= high[j + 1]; b++) {
+        int last_pred = high[j] < b - 1 ? high[j] : b - 1;
+        while (first_fit <= last_pred && !problem_stage_fits(p, j, first_fit, b, bound))
+            first_fit++;
+        push_predecessors(dp, p->prefix_mem, low[j], &next_push, last_pred, s, e);
+        int b_in = b < e ? b : e;
+        int best_from;
+        struct kept best = best_predecessor(dp, p->prefix_mem, first_fit, b_in, s,
+                                            &best_from);
+        dp->best_next[b - low[j + 1]] = best;
+        dp->from[dp->offset[j + 1] + (size_t)(b - low[j + 1])] = best_from;
+    }
+    struct kept *swap = dp->best_prev;
+    dp->best_prev = dp->best_next;
+    dp->best_next = swap;
+}
+
 /* The least-movement layout among those with every stage within bound and
  * every boundary j inside [low[j], high[j]] (low[0] = high[0] = 0,
  * low[S] = high[S] = n). Returns 1 and fills counts and *kept, or 0 when no
@@ -235,107 +371,92 @@ static int least_movement(const struct balance_problem *p, double bound,
                           int reference_stages, int *counts, struct kept *kept)
 {
     int n = p->blocks, S = p->stages;
-    size_t states = 0;
-    int widest = 1;
-    for (int j = 0; j <= S; j++) {
-        if (low[j] > high[j]) return 0;
-        int width = high[j] - low[j] + 1;
-        states += (size_t)width;
-        if (width > widest) widest = width;
-    }
-    /* from[offset[j] + b - low[j]]: the chosen start of stage j-1 when it
-     * ends at b. Every entry is written before it is read. */
-    int *from = malloc(states * sizeof(int));
-    if (!from) DM_FATAL("out of memory (%zu boundary states)", states);
-    size_t *offset = dm_alloc((size_t)(S + 1) * sizeof(size_t));
-    for (int j = 1; j <= S; j++)
-        offset[j] = offset[j - 1] + (size_t)(high[j - 1] - low[j - 1] + 1);
-    struct kept *best_prev = dm_alloc((size_t)widest * sizeof(struct kept));
-    struct kept *best_next = dm_alloc((size_t)widest * sizeof(struct kept));
-    struct deque pieces[3];
-    int *deque_pos = dm_alloc(3 * (size_t)widest * sizeof(int));
-    struct kept *deque_val = dm_alloc(3 * (size_t)widest * sizeof(struct kept));
-    for (int k = 0; k < 3; k++) {
-        pieces[k].pos = deque_pos + (size_t)k * (size_t)widest;
-        pieces[k].val = deque_val + (size_t)k * (size_t)widest;
-    }
-    const int64_t *pm = p->prefix_mem;
-    best_prev[0] = (struct kept){0, 0};
-
-    for (int j = 0; j < S; j++) {
-        /* Stage j takes [a, b), a a boundary-j position, b a boundary-(j+1)
-         * one. It keeps in place the part of [a, b) inside the reference's
-         * stage j, [s, e). Split a by where it lies against [s, e):
-         *   a <= s:     kept = [s, min(b,e))      independent of a
-         *   s < a < e:  kept = [a, min(b,e))      = K(min(b,e)) - K(a)
-         *   a >= e:     kept = nothing
-         * Each piece's best predecessor is a sliding-window maximum. */
-        int s = reference_start(ref_start, reference_stages, n, j);
-        int e = reference_start(ref_start, reference_stages, n, j + 1);
-        if (s > e) s = e;
-        for (int k = 0; k < 3; k++) pieces[k].head = pieces[k].tail = 0;
-        int first_fit = low[j], next_push = low[j];
-        for (int b = low[j + 1]; b <= high[j + 1]; b++) {
-            int last_pred = high[j] < b - 1 ? high[j] : b - 1;
-            while (first_fit <= last_pred && !problem_stage_fits(p, j, first_fit, b, bound))
-                first_fit++;
-            for (; next_push <= last_pred; next_push++) {
-                struct kept f = best_prev[next_push - low[j]];
-                if (f.bytes < 0) continue;
-                if (next_push <= s) {
-                    deque_push(&pieces[0], next_push, f);
-                } else if (next_push < e) {
-                    struct kept shifted = {f.bytes - pm[next_push],
-                                           f.blocks - next_push};
-                    deque_push(&pieces[1], next_push, shifted);
-                } else {
-                    deque_push(&pieces[2], next_push, f);
-                }
-            }
-            int b_in = b < e ? b : e;
-            struct kept best = KEPT_INVALID;
-            int best_from = -1;
-            for (int k = 0; k < 3; k++) {
-                deque_drop_before(&pieces[k], first_fit);
-                if (pieces[k].tail == pieces[k].head) continue;
-                int a = pieces[k].pos[pieces[k].head];
-                struct kept v = pieces[k].val[pieces[k].head];
-                if (k == 0 && b_in > s)
-                    v = kept_add(v, (struct kept){pm[b_in] - pm[s], b_in - s});
-                else if (k == 1)
-                    v = kept_add(v, (struct kept){pm[b_in], b_in});
-                if (best_from < 0 || kept_less(best, v) ||
-                    (!kept_less(v, best) && a < best_from)) {
-                    best = v;
-                    best_from = a;
-                }
-            }
-            best_next[b - low[j + 1]] = best;
-            from[offset[j + 1] + (size_t)(b - low[j + 1])] = best_from;
-        }
-        struct kept *swap = best_prev;
-        best_prev = best_next;
-        best_next = swap;
-    }
-    int found = best_prev[0].bytes >= 0;
+    struct movement_dp dp;
+    if (!movement_dp_alloc(&dp, S, low, high)) return 0;
+    for (int j = 0; j < S; j++)
+        movement_dp_stage(&dp, p, bound, low, high, ref_start, reference_stages, j);
+    int found = dp.best_prev[0].bytes >= 0;
     if (found) {
-        *kept = best_prev[0];
+        *kept = dp.best_prev[0];
         int end = n;
         for (int j = S; j >= 1; j--) {
-            int start = from[offset[j] + (size_t)(end - low[j])];
+            int start = dp.from[dp.offset[j] + (size_t)(end - low[j])];
             DM_ASSERT(start >= 0 && start < end);
             counts[j - 1] = end - start;
             end = start;
         }
         DM_ASSERT(end == 0);
     }
-    dm_free(deque_val);
-    dm_free(deque_pos);
-    dm_free(best_next);
-    dm_free(best_prev);
-    dm_free(offset);
-    free(from);
+    movement_dp_free(&dp);
     return found;
+}
+
+/* Whether the reference layout (on S stages) keeps every stage within
+ * bound. */
+static int reference_within(const struct balance_problem *p, const int *reference,
+                            double bound)
+{
+    int begin = 0, ok = 1;
+    for (int s = 0; s < p->stages && ok; s++) {
+        ok = problem_stage_fits(p, s, begin, begin + reference[s], bound);
+        begin += reference[s];
+    }
+    return ok;
+}
+
+/* Boundary j (first block of stage j) of any layout within bound lies in
+ * [low[j], high[j]]: no further right than j greedy stages reach, no
+ * further left than the backward greedy, and leaving a block per stage. */
+static void boundary_ranges(const struct balance_problem *p, double bound, int *low,
+                            int *high)
+{
+    int n = p->blocks, S = p->stages;
+    low[0] = high[0] = 0;
+    low[S] = high[S] = n;
+    int reach = 0;
+    for (int j = 1; j < S; j++) {
+        reach = extend_right(p, j - 1, reach, bound);
+        high[j] = reach < n - (S - j) ? reach : n - (S - j);
+    }
+    int begin = n;
+    for (int j = S - 1; j >= 1; j--) {
+        begin = extend_left(p, j, begin, bound);
+        low[j] = begin > j ? begin : j;
+    }
+    for (int j = 0; j <= S; j++) DM_ASSERT(low[j] <= high[j]);
+}
+
+/* The ranges cut to radius around the reference's boundaries into
+ * window_low and window_high; *cheapest_outside is the least any layout
+ * with a boundary outside the windows moves (the d + 1 blocks next to the
+ * reference's boundary). Returns 1 when the windows are the whole ranges. */
+static int radius_windows(const struct balance_problem *p, int radius, const int *low,
+                          const int *high, const int *ref_start, int *window_low,
+                          int *window_high, struct kept *cheapest_outside)
+{
+    int n = p->blocks, S = p->stages;
+    int full = 1;
+    *cheapest_outside = (struct kept){INT64_MAX, 0};
+    for (int j = 0; j <= S; j++) {
+        int r = j < S ? ref_start[j] : n;
+        window_low[j] = low[j];
+        window_high[j] = high[j];
+        if (j == 0 || j == S || radius >= n) continue;
+        if (r - radius > low[j]) {
+            window_low[j] = r - radius;
+            int64_t run = p->prefix_mem[r] - p->prefix_mem[r - radius - 1];
+            if (run < cheapest_outside->bytes) cheapest_outside->bytes = run;
+            full = 0;
+        }
+        if (r + radius < high[j]) {
+            window_high[j] = r + radius;
+            int64_t run = p->prefix_mem[r + radius + 1] - p->prefix_mem[r];
+            if (run < cheapest_outside->bytes) cheapest_outside->bytes = run;
+            full = 0;
+        }
+    }
+    cheapest_outside->blocks = radius + 1;
+    return full;
 }
 
 int partition_prepared(const struct balance_problem *p, const int *reference,
@@ -352,41 +473,19 @@ int partition_prepared(const struct balance_problem *p, const int *reference,
 
     /* The reference layout itself, when optimal, is the unique layout that
      * moves nothing. */
-    if (reference_stages == S) {
-        int begin = 0, ok = 1;
-        for (int s = 0; s < S && ok; s++) {
-            ok = problem_stage_fits(p, s, begin, begin + reference[s], bound);
-            begin += reference[s];
-        }
-        if (ok) {
-            memcpy(counts, reference, (size_t)S * sizeof *counts);
-            problem_describe(p, counts, reference, reference_stages, res);
-            return BALANCE_OK;
-        }
+    if (reference_stages == S && reference_within(p, reference, bound)) {
+        memcpy(counts, reference, (size_t)S * sizeof *counts);
+        problem_describe(p, counts, reference, reference_stages, res);
+        return BALANCE_OK;
     }
 
-    /* Boundary j (first block of stage j) of any layout within bound lies in
-     * [low[j], high[j]]: no further right than j greedy stages reach, no
-     * further left than the backward greedy, and leaving a block per stage. */
     int *ref_start = dm_alloc((size_t)(reference_stages + 1) * sizeof(int));
     int *low = dm_alloc(4 * (size_t)(S + 1) * sizeof(int));
     int *high = low + (S + 1);
     int *window_low = high + (S + 1), *window_high = window_low + (S + 1);
     for (int s = 0; s < reference_stages; s++)
         ref_start[s + 1] = ref_start[s] + reference[s];
-    low[0] = high[0] = 0;
-    low[S] = high[S] = n;
-    int reach = 0;
-    for (int j = 1; j < S; j++) {
-        reach = extend_right(p, j - 1, reach, bound);
-        high[j] = reach < n - (S - j) ? reach : n - (S - j);
-    }
-    int begin = n;
-    for (int j = S - 1; j >= 1; j--) {
-        begin = extend_left(p, j, begin, bound);
-        low[j] = begin > j ? begin : j;
-    }
-    for (int j = 0; j <= S; j++) DM_ASSERT(low[j] <= high[j]);
+    boundary_ranges(p, bound, low, high);
 
     /* When the bound leaves much slack the ranges are wide, yet the least
      * movement usually keeps boundaries near the reference's. Solve inside
@@ -400,27 +499,9 @@ int partition_prepared(const struct balance_problem *p, const int *reference,
     int found = 0;
     int radius = reference_stages == S ? 8 : n;
     for (;; radius = radius < n ? 2 * radius : n) {
-        int full = 1;
-        struct kept cheapest_outside = {INT64_MAX, 0};
-        for (int j = 0; j <= S; j++) {
-            int r = j < S ? ref_start[j] : n;
-            window_low[j] = low[j];
-            window_high[j] = high[j];
-            if (j == 0 || j == S || radius >= n) continue;
-            if (r - radius > low[j]) {
-                window_low[j] = r - radius;
-                int64_t run = p->prefix_mem[r] - p->prefix_mem[r - radius - 1];
-                if (run < cheapest_outside.bytes) cheapest_outside.bytes = run;
-                full = 0;
-            }
-            if (r + radius < high[j]) {
-                window_high[j] = r + radius;
-                int64_t run = p->prefix_mem[r + radius + 1] - p->prefix_mem[r];
-                if (run < cheapest_outside.bytes) cheapest_outside.bytes = run;
-                full = 0;
-            }
-        }
-        cheapest_outside.blocks = radius + 1;
+        struct kept cheapest_outside;
+        int full = radius_windows(p, radius, low, high, ref_start, window_low,
+                                  window_high, &cheapest_outside);
         found = least_movement(p, bound, window_low, window_high, ref_start,
                                reference_stages, counts, &kept);
         if (full) break;

@@ -466,13 +466,9 @@ int balance_predict_shared(const double *stage_fwd_ms,
     return BALANCE_OK;
 }
 
-int balance_predict(const struct balance_profile *profile, int stages,
-                    const int *counts, int micro_batches,
-                    enum dm_schedule schedule, struct balance_prediction *out,
-                    char *err, size_t errsize)
+static int check_block_times(const struct balance_profile *profile, char *err,
+                             size_t errsize)
 {
-    int rc = balance_check_layout(counts, stages, profile->blocks, err, errsize);
-    if (rc) return rc;
     for (int i = 0; i < profile->blocks; i++)
         if (!(profile->fwd_ms[i] >= 0) || !(profile->bwd_ms[i] >= 0) ||
             !isfinite(profile->fwd_ms[i]) || !isfinite(profile->bwd_ms[i]))
@@ -480,20 +476,66 @@ int balance_predict(const struct balance_profile *profile, int stages,
                                 "block %d: fwd_ms %g or bwd_ms %g is negative "
                                 "or not a number", i, profile->fwd_ms[i],
                                 profile->bwd_ms[i]);
-    struct balance_costs fwd = {
+    return BALANCE_OK;
+}
+
+/* The profile's forward, backward and update times as three cost lists
+ * over its blocks (upd->cost NULL when the blocks have no update);
+ * returns whether anything has an update. */
+static int profile_time_lists(const struct balance_profile *profile,
+                              struct balance_costs *fwd, struct balance_costs *bwd,
+                              struct balance_costs *upd)
+{
+    *fwd = (struct balance_costs){
         .blocks = profile->blocks, .cost = profile->fwd_ms,
         .mem_bytes = profile->mem_bytes, .first_cost = profile->embed.fwd_ms,
         .last_cost = profile->head.fwd_ms};
-    struct balance_costs bwd = fwd;
-    bwd.cost = profile->bwd_ms;
-    bwd.first_cost = profile->embed.bwd_ms;
-    bwd.last_cost = profile->head.bwd_ms;
-    struct balance_costs upd = fwd;
-    upd.cost = profile->update_ms;
-    upd.first_cost = profile->embed.update_ms;
-    upd.last_cost = profile->head.update_ms;
-    int with_update = profile->update_ms || profile->embed.update_ms != 0 ||
-                      profile->head.update_ms != 0;
+    *bwd = *fwd;
+    bwd->cost = profile->bwd_ms;
+    bwd->first_cost = profile->embed.bwd_ms;
+    bwd->last_cost = profile->head.bwd_ms;
+    *upd = *fwd;
+    upd->cost = profile->update_ms;
+    upd->first_cost = profile->embed.update_ms;
+    upd->last_cost = profile->head.update_ms;
+    return profile->update_ms || profile->embed.update_ms != 0 ||
+           profile->head.update_ms != 0;
+}
+
+/* Each stage's forward, backward and (upd not NULL) update time of the
+ * layout counts, into times: (3, stages). */
+static void layout_stage_times(const struct balance_costs *fwd,
+                               const struct balance_costs *bwd,
+                               const struct balance_costs *upd, int stages,
+                               const int *counts, double *times)
+{
+    struct balance_problem pf, pb, pu;
+    problem_init(&pf, fwd, stages, 0);
+    problem_init(&pb, bwd, stages, 0);
+    if (upd) problem_init(&pu, upd, stages, 0);
+    int begin = 0;
+    for (int s = 0; s < stages; s++) {
+        int end = begin + counts[s];
+        times[s] = problem_stage_cost(&pf, s, begin, end);
+        times[stages + s] = problem_stage_cost(&pb, s, begin, end);
+        if (upd) times[2 * stages + s] = problem_stage_cost(&pu, s, begin, end);
+        begin = end;
+    }
+    if (upd) problem_free(&pu);
+    problem_free(&pb);
+    problem_free(&pf);
+}
+
+int balance_predict(const struct balance_profile *profile, int stages,
+                    const int *counts, int micro_batches,
+                    enum dm_schedule schedule, struct balance_prediction *out,
+                    char *err, size_t errsize)
+{
+    int rc = balance_check_layout(counts, stages, profile->blocks, err, errsize);
+    if (rc == BALANCE_OK) rc = check_block_times(profile, err, errsize);
+    if (rc) return rc;
+    struct balance_costs fwd, bwd, upd;
+    int with_update = profile_time_lists(profile, &fwd, &bwd, &upd);
     double *zeros = NULL;   /* the blocks' updates when only the extras have one */
     if (with_update && !upd.cost)
         upd.cost = zeros = dm_alloc((size_t)profile->blocks * sizeof(double));
@@ -505,27 +547,13 @@ int balance_predict(const struct balance_profile *profile, int stages,
         dm_free(zeros);
         return rc;
     }
-    struct balance_problem pf, pb, pu;
-    problem_init(&pf, &fwd, stages, 0);
-    problem_init(&pb, &bwd, stages, 0);
-    if (with_update) problem_init(&pu, &upd, stages, 0);
     double *times = dm_alloc(3 * (size_t)stages * sizeof(double));
-    int begin = 0;
-    for (int s = 0; s < stages; s++) {
-        int end = begin + counts[s];
-        times[s] = problem_stage_cost(&pf, s, begin, end);
-        times[stages + s] = problem_stage_cost(&pb, s, begin, end);
-        if (with_update) times[2 * stages + s] = problem_stage_cost(&pu, s, begin, end);
-        begin = end;
-    }
+    layout_stage_times(&fwd, &bwd, with_update ? &upd : NULL, stages, counts, times);
     rc = balance_predict_shared(times, times + stages,
                                 with_update ? times + 2 * stages : NULL, stages,
                                 micro_batches, schedule, profile->sharing, out,
                                 err, errsize);
     dm_free(times);
-    if (with_update) problem_free(&pu);
-    problem_free(&pb);
-    problem_free(&pf);
     dm_free(zeros);
     return rc;
 }

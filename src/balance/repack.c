@@ -2,7 +2,10 @@
  * step time within (1 + epsilon) of the current one under the memory cap,
  * and the paper's Algorithm 2 (first-fit pairwise merging) as the baseline
  * it must never lose to. Pure: the engine turns the answer into a
- * checkpoint and a restart on a smaller world. */
+ * checkpoint and a restart on a smaller world.
+ * Must not: return a layout predicted slower than that bound or over the
+ * cap (the current layout is the answer when nothing smaller keeps it), or
+ * do I/O or MPI. */
 #include <math.h>
 #include <string.h>
 #include "balance_internal.h"
@@ -53,6 +56,85 @@ int balance_repack_first_fit(const struct balance_costs *costs,
     return BALANCE_OK;
 }
 
+/* Every stage of the current layout within the memory cap. */
+static int check_current_mem(const struct balance_costs *costs, const int *current,
+                             int S, int64_t mem_cap, char *err, size_t errsize)
+{
+    int begin = 0;
+    for (int s = 0; s < S; s++) {
+        int64_t mem = balance_stage_mem(costs, S, s, begin, begin + current[s]);
+        if (mem_cap > 0 && mem > mem_cap)
+            return balance_fail(BALANCE_INFEASIBLE, err, errsize,
+                                "stage %d of the current layout holds %lld "
+                                "bytes, more than the capacity of %lld bytes",
+                                s, (long long)mem, (long long)mem_cap);
+        begin += current[s];
+    }
+    return BALANCE_OK;
+}
+
+/* What the search for fewer stages works from. */
+struct repack_search {
+    const struct balance_profile *profile;
+    const struct balance_costs *costs;  /* the profile's time costs */
+    const int *current;                 /* (current_stages) */
+    int current_stages;
+    int64_t mem_cap;
+    int micro_batches;
+    enum dm_schedule schedule;
+    double bound;                       /* the step time to keep within */
+};
+
+/* The fewest stages not ruled out. No layout on k stages can beat m times
+ * its best bottleneck (the bottleneck stage alone runs m forwards and m
+ * backwards), and that bound only falls as k grows: skip, by bisection,
+ * every k it rules out (the factor absorbs rounding between f + b per block
+ * and per stage). Stage counts whose memory cannot fit are ruled out too. */
+static int fewest_viable_stages(const struct repack_search *r)
+{
+    int lo = 1, hi = r->current_stages;
+    while (lo < hi) {
+        int k = lo + (hi - lo) / 2;
+        int viable = balance_check_costs(r->costs, k, r->mem_cap, NULL, 0) == BALANCE_OK;
+        if (viable) {
+            struct balance_problem p;
+            problem_init(&p, r->costs, k, r->mem_cap);
+            viable = r->micro_batches * problem_optimal_bound(&p) * (1 - 1e-9) <= r->bound;
+            problem_free(&p);
+        }
+        if (viable) hi = k;
+        else lo = k + 1;
+    }
+    return lo;
+}
+
+/* A layout on k stages predicted within the bound, into candidate: the
+ * exact partition polished by prediction, else first-fit merging. Returns
+ * 1 when one is found. */
+static int layout_within(const struct repack_search *r, int k, int *candidate)
+{
+    if (balance_check_costs(r->costs, k, r->mem_cap, NULL, 0) == BALANCE_OK) {
+        struct balance_problem p;
+        problem_init(&p, r->costs, k, r->mem_cap);
+        struct balance_result ignored;
+        partition_prepared(&p, r->current, r->current_stages, candidate, &ignored);
+        problem_free(&p);
+        /* The polish corrects warm-up and drain effects, worth a few
+         * percent at most: not tried further from the bound than that,
+         * and within a budget of predictions (each O(stages x
+         * micro-batches)) of about two sweeps. */
+        if (improve_by_prediction(r->profile, r->costs, k, candidate, r->mem_cap,
+                                  r->micro_batches, r->schedule, r->bound,
+                                  r->bound * 1.03, 4 * k + 32) <= r->bound)
+            return 1;
+    }
+    int merged_stages = 0;
+    balance_repack_first_fit(r->costs, r->current, r->current_stages, r->mem_cap, k,
+                             candidate, &merged_stages, NULL, 0);
+    return merged_stages == k &&
+           predicted_ms(r->profile, k, candidate, r->micro_batches, r->schedule) <= r->bound;
+}
+
 int balance_repack(const struct balance_profile *profile,
                    const int *current, int current_stages, int64_t mem_cap,
                    int micro_batches, enum dm_schedule schedule,
@@ -73,69 +155,23 @@ int balance_repack(const struct balance_profile *profile,
     if (rc == BALANCE_OK)
         rc = balance_predict(profile, S, current, micro_batches, schedule,
                              &now, err, errsize);
-    int begin = 0;
-    for (int s = 0; rc == BALANCE_OK && s < S; s++) {
-        int64_t mem = balance_stage_mem(&costs, S, s, begin, begin + current[s]);
-        if (mem_cap > 0 && mem > mem_cap)
-            rc = balance_fail(BALANCE_INFEASIBLE, err, errsize,
-                              "stage %d of the current layout holds %lld "
-                              "bytes, more than the capacity of %lld bytes",
-                              s, (long long)mem, (long long)mem_cap);
-        begin += current[s];
-    }
+    if (rc == BALANCE_OK)
+        rc = check_current_mem(&costs, current, S, mem_cap, err, errsize);
     if (rc) {
         dm_free(cost);
         return rc;
     }
-    double bound = now.step_ms * (1.0 + epsilon);
+    struct repack_search search = {profile, &costs, current, S, mem_cap,
+                                   micro_batches, schedule,
+                                   now.step_ms * (1.0 + epsilon)};
     int *candidate = dm_alloc((size_t)S * sizeof(int));
     int chosen = S;
     memcpy(counts, current, (size_t)S * sizeof *counts);
-    /* No layout on k stages can beat m times its best bottleneck (the
-     * bottleneck stage alone runs m forwards and m backwards), and that
-     * bound only falls as k grows: skip, by bisection, every k it rules
-     * out (the factor absorbs rounding between f + b per block and per
-     * stage). Stage counts whose memory cannot fit are ruled out too. */
-    int lo = 1, hi = S;
-    while (lo < hi) {
-        int k = lo + (hi - lo) / 2;
-        int viable = balance_check_costs(&costs, k, mem_cap, NULL, 0) == BALANCE_OK;
-        if (viable) {
-            struct balance_problem p;
-            problem_init(&p, &costs, k, mem_cap);
-            viable = micro_batches * problem_optimal_bound(&p) * (1 - 1e-9) <= bound;
-            problem_free(&p);
-        }
-        if (viable) hi = k;
-        else lo = k + 1;
-    }
-    for (int k = lo; k < S; k++) {
-        if (balance_check_costs(&costs, k, mem_cap, NULL, 0) == BALANCE_OK) {
-            struct balance_problem p;
-            problem_init(&p, &costs, k, mem_cap);
-            struct balance_result ignored;
-            partition_prepared(&p, current, S, candidate, &ignored);
-            problem_free(&p);
-            /* The polish corrects warm-up and drain effects, worth a few
-             * percent at most: not tried further from the bound than that,
-             * and within a budget of predictions (each O(stages x
-             * micro-batches)) of about two sweeps. */
-            if (improve_by_prediction(profile, &costs, k, candidate, mem_cap,
-                                      micro_batches, schedule, bound,
-                                      bound * 1.03, 4 * k + 32) <= bound) {
-                chosen = k;
-                break;
-            }
-        }
-        int merged_stages = 0;
-        balance_repack_first_fit(&costs, current, S, mem_cap, k, candidate,
-                                 &merged_stages, NULL, 0);
-        if (merged_stages == k &&
-            predicted_ms(profile, k, candidate, micro_batches, schedule) <= bound) {
+    for (int k = fewest_viable_stages(&search); k < S; k++)
+        if (layout_within(&search, k, candidate)) {
             chosen = k;
             break;
         }
-    }
     if (chosen < S) memcpy(counts, candidate, (size_t)chosen * sizeof *counts);
     if (res) {
         struct balance_problem p;

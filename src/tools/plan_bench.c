@@ -4,13 +4,16 @@
  * random and profiled-like inputs. Every timed answer is also checked: the
  * returned bottleneck must be feasible and the next smaller double not, and
  * a wrong answer fails the run (exit 1). The figures go to
- * docs/PERFORMANCE.md under "Balancers". */
+ * docs/PERFORMANCE.md under "Balancers".
+ *
+ * Must not: time an answer it does not check, or use inputs that change
+ * from run to run (the instances come from a seed, --seed N). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/balance.h"
-#include "tools/plan_bench.h"
+#include "tools/plan.h"
 
 struct synthetic {
     const char *name;

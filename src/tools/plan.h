@@ -1,0 +1,110 @@
+/* The pieces of `dynmo plan` (src/tools/plan*.c), private to src/tools:
+ * the command line (plan_args.c), the cost CSV reader (plan_costs.c), the
+ * run-log reader (plan_runlog.c), running and printing the methods
+ * (plan.c) and the benchmark (plan_bench.c). The balancers live in
+ * src/balance; nothing here decides a layout. */
+#ifndef DYNMO_TOOLS_PLAN_H
+#define DYNMO_TOOLS_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "dynmo/balance.h"
+
+/* ---- the input: per-block costs ------------------------------------------- */
+
+struct plan_input {
+    int blocks;
+    double *fwd_ms, *bwd_ms, *params; /* (blocks) */
+    double *update_ms;                /* (blocks) or NULL */
+    int64_t *mem_bytes;               /* (blocks) */
+    int has_embed, has_head;
+    struct balance_profile profile;   /* points into the arrays above */
+};
+
+/* Parses a cost CSV held in memory: text[0..len), not NUL-terminated and
+ * never read past; name is what messages call it (a path). The format is
+ * docs/balance.md's: a header naming layer,fwd_ms,bwd_ms,params,mem_bytes
+ * (any order, update_ms optional, other columns ignored), one row per
+ * block, an optional first row 'embed' and last row 'head'; blank lines and
+ * '#' lines skipped. Returns 0 with *out filled (free it with
+ * plan_input_free), or -1 with a one-line message in err naming the name,
+ * the line and the problem, and *out holding nothing to free. Never exits;
+ * text is not changed. */
+int plan_parse_costs(const char *text, size_t len, const char *name,
+                     struct plan_input *out, char *err, size_t errsize);
+/* plan_parse_costs on the file at path; a file that cannot be opened or
+ * read is -1 with a message naming it. Never exits. */
+int plan_read_costs(const char *path, struct plan_input *out, char *err,
+                    size_t errsize);
+/* Frees the arrays of either reader's input; a zeroed input is fine. */
+void plan_input_free(struct plan_input *in);
+
+/* One step's costs from DIR/runlog.h5 (step is 1-based; docs/balance.md):
+ * fills *in (free with plan_input_free), the run's layout at that step
+ * (dm_alloc'd, *stages entries) and its micro-batches. A missing or bad
+ * log is a user error (exit 2) naming it. */
+void plan_read_run(struct plan_input *in, const char *dir, long step,
+                   int **layout, int *stages, int *micro_batches);
+
+/* ---- processors: which stages share them ----------------------------------- */
+
+/* The sharing every prediction uses; its arrays are owned here (dm_alloc). */
+struct plan_sharing {
+    int *group;                 /* (sharing.stages) or NULL: one processor per stage */
+    double *cores;              /* (sharing.groups) */
+    struct balance_sharing sharing;
+    int from_run;               /* taken from the run log */
+    char note[200];             /* why the run's sharing is not used, or "" */
+};
+
+/* The sharing the run recorded (root attributes stage_groups, group_cores
+ * and group_turns of DIR's run log), used when plan lays out the run's
+ * stage count; otherwise ps->note says why not. Bad attributes are user
+ * errors. */
+void plan_sharing_from_run(struct plan_sharing *ps, const char *dir,
+                           int run_stages, int stages);
+/* The sharing given by --cores, or by --stage-groups and --group-cores,
+ * for `stages` stages. Bad values are user errors naming the option. */
+void plan_sharing_from_args(struct plan_sharing *ps, double cores,
+                            const char *groups_text, const char *cores_text,
+                            int turns, int stages);
+
+/* ---- the command line ------------------------------------------------------ */
+
+/* The balance methods, then plan's two re-packers. */
+enum { PLAN_REPACK = BALANCE_METHOD_COUNT, PLAN_REPACK_FIRST_FIT, PLAN_METHOD_COUNT };
+
+const char *plan_method_name(int method);
+
+struct plan_args {
+    const char *costs_path;
+    const char *run_dir;              /* --from-run */
+    long run_step;                    /* --step, 1-based */
+    int stages;
+    int selected[PLAN_METHOD_COUNT];
+    int explicit_methods;
+    int64_t mem_cap;
+    int micro_batches;
+    enum dm_schedule schedule;
+    int *current;                     /* (stages) or NULL, dm_alloc'd */
+    double cores;                     /* --cores, 0 = not given */
+    const char *stage_groups_text;    /* --stage-groups */
+    const char *group_cores_text;     /* --group-cores */
+    int sharing_model;                /* --sharing: -1 not given, 0 fluid, 1 turns */
+    double gamma;
+    double epsilon;
+    int target_stages;                /* repack-first-fit */
+};
+
+/* Parses plan's command line into *a; sets *bench for --bench (then the
+ * rest is plan_bench's to read). --help prints the usage and exits 0; bad
+ * arguments are user errors naming the argument. */
+void plan_parse_args(struct plan_args *a, int argc, char **argv, int *bench);
+
+/* ---- the benchmark (plan_bench.c) ------------------------------------------ */
+
+/* Takes plan's arguments (it reads --repeats R and --seed N among them);
+ * returns the exit status: 1 when any answer fails its correctness check. */
+int plan_bench(int argc, char **argv);
+
+#endif
