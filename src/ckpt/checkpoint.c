@@ -236,6 +236,7 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
 static void create_skeleton(const char *tmp, const struct gpt_shape *shape,
                             const struct ckpt_meta *meta, const struct ckpt_dims *dims)
 {
+    dm_h5_set_file_context(tmp);
     hid_t fapl = ckpt_skeleton_fapl();
     DM_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
     hid_t file = DM_H5(H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
@@ -466,6 +467,7 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
 {
     int rank;
     WORLD_MPI(MPI_Comm_rank(comm, &rank));
+    dm_h5_set_file_context(tmp);
     const struct gpt_shape *shape = &model->shape;
 
     /* The history written always ends with the current layout. */

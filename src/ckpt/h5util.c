@@ -82,16 +82,25 @@ void dm_h5_error_text(char *buf, size_t size)
         if (*c == '\n') *c = ' ';
 }
 
-/* The value of `key = '...'` in HDF5's low-level I/O text, or "". */
-static void quoted_field(const char *text, const char *key, char *out, size_t size)
+/* The file being written, for messages about a write the system refused. */
+static char file_context[1024];
+
+void dm_h5_set_file_context(const char *path)
 {
-    out[0] = '\0';
-    const char *p = strstr(text, key);
-    if (!p) return;
-    p += strlen(key);
-    const char *end = strchr(p, '\'');
-    if (!end) return;
-    snprintf(out, size, "%.*s", (int)(end - p), p);
+    snprintf(file_context, sizeof file_context, "%s", path ? path : "");
+}
+
+/* Why the system refused a write, when HDF5's text (through sec2 or
+ * MPI-IO) says it did; NULL for any other failure. */
+static const char *refused_write(const char *text)
+{
+    static const char *const reasons[] = {
+        "No space left on device", "Disk quota exceeded", "Read-only file system",
+        "Input/output error", "File too large",
+    };
+    for (size_t k = 0; k < sizeof reasons / sizeof *reasons; k++)
+        if (strstr(text, reasons[k])) return reasons[k];
+    return NULL;
 }
 
 void dm_h5_fail(const char *file, int line, const char *call)
@@ -100,13 +109,10 @@ void dm_h5_fail(const char *file, int line, const char *call)
     dm_h5_error_text(text, sizeof text);
     /* A write the system refused (a full disk, a quota, a read-only file
      * system) is the user's to fix, not our bug: status 2, naming the file. */
-    char path[512], reason[256];
-    quoted_field(text, "filename = '", path, sizeof path);
-    quoted_field(text, "error message = '", reason, sizeof reason);
-    if (strstr(text, "errno = 28,") || strstr(text, "errno = 122,") ||
-        strstr(text, "errno = 30,") || strstr(text, "errno = 5,"))
-        dm_user_error_local("cannot write %s: %s", path[0] ? path : "an HDF5 file",
-                            reason[0] ? reason : text);
+    const char *reason = refused_write(text);
+    if (reason)
+        dm_user_error_local("cannot write %s: %s", file_context[0] ? file_context : "a file",
+                            reason);
     dm_internal_error(file, line, "%s failed: %s", call, text);
 }
 

@@ -19,7 +19,13 @@ void dm_h5_init(void);
  * stack. Writes "no HDF5 error recorded" when the stack is empty. */
 void dm_h5_error_text(char *buf, size_t size);
 
-/* Fatal path for a failed HDF5 call: "<call> failed: <HDF5 text>". */
+/* The file the next HDF5 calls write (a checkpoint's temporary, the run
+ * log), named when the system refuses a write. */
+void dm_h5_set_file_context(const char *path);
+
+/* Fatal path for a failed HDF5 call: "<call> failed: <HDF5 text>", status
+ * 1; but a write the system refused (no space, a quota, a read-only file
+ * system, an I/O error) is "cannot write <file>: <reason>", status 2. */
 __attribute__((noreturn))
 void dm_h5_fail(const char *file, int line, const char *call);
 

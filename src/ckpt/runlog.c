@@ -252,6 +252,7 @@ static void append(struct runlog *log, const char *name, int is_int, int rank,
                    const void *row, int ncols)
 {
     DM_ASSERT(log != NULL && row != NULL);
+    dm_h5_set_file_context(log->path);
     struct runlog_dataset *d = get_dataset(log, name, is_int, rank, ncols);
     hsize_t dims[2] = {d->rows + 1, (hsize_t)ncols};
     DM_H5(H5Dset_extent(d->dataset, dims));
@@ -325,12 +326,14 @@ void runlog_truncate(struct runlog *log, const char *name, long rows)
 
 void runlog_flush(struct runlog *log)
 {
+    dm_h5_set_file_context(log->path);
     DM_H5(H5Fflush(log->file, H5F_SCOPE_LOCAL));
 }
 
 void runlog_close(struct runlog *log)
 {
     if (!log) return;
+    dm_h5_set_file_context(log->path);
     for (int i = 0; i < log->count; i++) {
         struct runlog_dataset *d = &log->datasets[i];
         DM_H5(H5Sclose(d->memory_space));

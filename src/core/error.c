@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 #include "dynmo/core.h"
 
 static int this_rank = 0;
@@ -35,10 +37,39 @@ static int may_print(void)
 
 const char *dm_errno_text(void) { return strerror(errno); }
 
-static __attribute__((noreturn)) void die(int status)
+/* Prints prefix, the formatted message and a newline to stderr with one
+ * write(2), so that messages of several processes never interleave. */
+static void print_message(const char *prefix, const char *fmt, va_list ap)
+{
+    char text[4096];
+    int n = snprintf(text, sizeof text, "%s", prefix);
+    if (n < 0) n = 0;
+    if ((size_t)n < sizeof text) {
+        int m = vsnprintf(text + n, sizeof text - (size_t)n, fmt, ap);
+        if (m > 0) n += m;
+    }
+    if ((size_t)n > sizeof text - 2) n = (int)sizeof text - 2;
+    text[n++] = '\n';
+    fflush(stdout);
+    for (size_t done = 0; done < (size_t)n;) {
+        ssize_t w = write(STDERR_FILENO, text + done, (size_t)n - done);
+        if (w <= 0) break;
+        done += (size_t)w;
+    }
+}
+
+/* The end of a fatal path. A rank that printed takes the job down (the
+ * abort hook). One that stayed silent because another rank of its node
+ * printed waits a while for that rank's abort to end it, so that the job
+ * ends with one message and one abort; then it aborts itself. */
+static __attribute__((noreturn)) void die(int status, int printed)
 {
     fflush(stdout);
     fflush(stderr);
+    if (!printed && abort_hook) {
+        struct timespec pause = {0, 100000000L};
+        for (int i = 0; i < 100; i++) nanosleep(&pause, NULL);
+    }
     if (abort_hook) abort_hook(status);
     exit(status);
 }
@@ -48,10 +79,7 @@ void dm_user_error(const char *fmt, ...)
     if (this_rank == 0 && may_print()) {
         va_list ap;
         va_start(ap, fmt);
-        fflush(stdout);
-        fputs("dynmo: error: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        print_message("dynmo: error: ", fmt, ap);
         va_end(ap);
     }
     fflush(stdout);
@@ -62,31 +90,30 @@ void dm_user_error(const char *fmt, ...)
 
 void dm_user_error_local(const char *fmt, ...)
 {
-    fflush(stdout);
-    if (may_print()) {
+    int printed = may_print();
+    if (printed) {
+        char prefix[64] = "dynmo: error: ";
+        if (this_world > 1) snprintf(prefix, sizeof prefix, "[rank %d] dynmo: error: ", this_rank);
         va_list ap;
         va_start(ap, fmt);
-        if (this_world > 1) fprintf(stderr, "[rank %d] ", this_rank);
-        fputs("dynmo: error: ", stderr);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        print_message(prefix, fmt, ap);
         va_end(ap);
     }
-    die(DM_EXIT_USAGE);
+    die(DM_EXIT_USAGE, printed);
 }
 
 void dm_internal_error(const char *file, int line, const char *fmt, ...)
 {
-    fflush(stdout);
-    if (may_print()) {
+    int printed = may_print();
+    if (printed) {
+        char prefix[512];
+        snprintf(prefix, sizeof prefix, "[rank %d] %s:%d: internal error: ", this_rank, file, line);
         va_list ap;
         va_start(ap, fmt);
-        fprintf(stderr, "[rank %d] %s:%d: internal error: ", this_rank, file, line);
-        vfprintf(stderr, fmt, ap);
-        fputc('\n', stderr);
+        print_message(prefix, fmt, ap);
         va_end(ap);
     }
-    die(DM_EXIT_INTERNAL);
+    die(DM_EXIT_INTERNAL, printed);
 }
 
 void dm_log(const char *fmt, ...)
