@@ -74,4 +74,21 @@ run ckpt.dir="$dir/ck3" train.steps=6 > "$dir/garbage.out" 2>&1
 grep -q 'something that is no checkpoint name' "$dir/garbage.out" && ! grep -q 'garbage' "$dir/garbage.out" \
   && echo "ok: random latest described: $(grep -o 'resume: .*' "$dir/garbage.out" | head -c 200)" \
   || fail "random latest: $(grep resume "$dir/garbage.out")"
+# A run resumed into a new run.out_dir keeps row i = step i + 1: the steps
+# before the checkpoint are NaN rows (ranks 0, layout 0), then its own.
+run train.steps=6 ckpt.dir="$dir/ck6" ckpt.every=4 run.out_dir="$dir/ref6" > "$dir/ref6.out" 2>&1 \
+  || fail "reference run"
+mkdir -p "$dir/ck4r"; cp "$dir/ck6/ckpt-4.h5" "$dir/ck4r/"
+run ckpt.dir="$dir/ck4r" train.steps=6 run.out_dir="$dir/fresh" > "$dir/fresh.out" 2>&1 \
+  || fail "resume into a fresh out_dir: $(tail -n 2 "$dir/fresh.out")"
+/usr/bin/python3 - "$dir/fresh/runlog.h5" "$dir/ref6/runlog.h5" <<'PY' && echo "ok: resume into a fresh run.out_dir: rows 1-4 NaN, 5-6 are steps 5-6" || fail "resumed run log rows are off"
+import sys, h5py, numpy as np
+f, g = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+loss, ranks, layout = f["/steps/loss"][:], f["/steps/ranks"][:], f["/layout/history"][:]
+assert len(loss) == 6 and np.isnan(loss[:4]).all() and not np.isnan(loss[4:]).any(), loss
+assert (ranks[:4] == 0).all() and (ranks[4:] == 1).all(), ranks
+assert (layout[:4] == 0).all() and (layout[4:] == 6).all(), layout
+assert f["/layers/fwd_ms"].shape == (6, 6) and np.isnan(f["/layers/fwd_ms"][:4]).all()
+assert np.array_equal(loss[4:], g["/steps/loss"][4:6]), (loss, g["/steps/loss"][:])
+PY
 finish

@@ -154,6 +154,44 @@ void stage_totals_print(const struct stage_totals *t, int stages)
     }
 }
 
+/* Fills every per-step dataset up to `start` rows: NaN for measurements,
+ * 0 ranks and an all-zero layout, so that row i stays step i + 1 when a
+ * run resumed at step `start` writes into a log that does not hold the
+ * steps before it (a new run.out_dir). */
+static void pad_rows(struct runlog *log, const struct dm_config *cfg, long start, int width)
+{
+    int L = cfg->layers, widest = L > width ? L : width;
+    float *nan_row = dm_alloc((size_t)widest * sizeof(float));
+    int *zero_row = dm_alloc((size_t)widest * sizeof(int));
+    for (int k = 0; k < widest; k++) nan_row[k] = NAN;
+    /* columns 0: a scalar series (one value a step) */
+    struct { const char *name; int columns; } series[] = {
+        {RUNLOG_STEP_LOSS, 0}, {RUNLOG_STEP_MS, 0}, {RUNLOG_STEP_LR, 0},
+        {RUNLOG_STEP_GRAD_NORM, 0}, {RUNLOG_STEP_TOKENS_PER_S, 0}, {RUNLOG_STEP_PEAK_RSS_MB, 0},
+        {RUNLOG_STEP_BUBBLE, 0}, {RUNLOG_STEP_IMBALANCE, 0}, {RUNLOG_LAYER_FWD_MS, L},
+        {RUNLOG_LAYER_BWD_MS, L}, {RUNLOG_LAYER_UPDATE_MS, L}, {RUNLOG_STAGE_BUSY_MS, width},
+        {RUNLOG_STAGE_IDLE_MS, width}, {RUNLOG_STAGE_UPDATE_MS, width},
+        {!strcmp(cfg->dyn_kind, "prune") ? RUNLOG_LAYER_SPARSITY : NULL, L},
+        {!strcmp(cfg->dyn_kind, "early_exit") ? RUNLOG_LAYER_ACTIVE : NULL, L},
+    };
+    for (size_t k = 0; k < sizeof series / sizeof *series; k++) {
+        if (!series[k].name) continue;
+        for (long r = runlog_rows(log, series[k].name) > 0 ? runlog_rows(log, series[k].name) : 0;
+             r < start; r++) {
+            if (series[k].columns == 0) runlog_append_scalar(log, series[k].name, NAN);
+            else runlog_append_row(log, series[k].name, nan_row, series[k].columns);
+        }
+    }
+    long have = runlog_rows(log, RUNLOG_STEP_RANKS);
+    for (long r = have > 0 ? have : 0; r < start; r++)
+        runlog_append_int_scalar(log, RUNLOG_STEP_RANKS, 0);
+    have = runlog_rows(log, RUNLOG_LAYOUT_HISTORY);
+    for (long r = have > 0 ? have : 0; r < start; r++)
+        runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, zero_row, width);
+    dm_free(nan_row);
+    dm_free(zero_row);
+}
+
 /* The run log continues across restarts: every per-step dataset is cut back
  * to the resumed step (the trace to its rows of steps up to it), per-stage
  * rows keep the first world's width. */
@@ -163,7 +201,11 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
     *width = stages;
     char err[1200];
     if (dm_make_dirs(cfg->out_dir, err, sizeof err) != 0) dm_user_error_local("%s", err);
-    if (start == 0 || access(path, F_OK) != 0) return runlog_create(path, cfg);
+    if (start == 0 || access(path, F_OK) != 0) {
+        struct runlog *log = runlog_create(path, cfg);
+        pad_rows(log, cfg, start, *width);
+        return log;
+    }
     int *rows = NULL, ncols = 0;
     if (runlog_read_int_matrix(path, RUNLOG_LAYOUT_HISTORY, &rows, &ncols, err, sizeof err) > 0 &&
         ncols > stages)
@@ -190,6 +232,7 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
         runlog_truncate(log, RUNLOG_EVAL_STEP, evals);
         runlog_truncate(log, RUNLOG_EVAL_LOSS, evals);
     }
+    pad_rows(log, cfg, start, *width);
     return log;
 }
 
