@@ -64,6 +64,17 @@ run ckpt.dir="$dir/ck2" train.steps=6 data.train="$dir/other/train.bin" ckpt.all
   > "$dir/new.out" 2>&1 && grep -q 'resumed from' "$dir/new.out" && echo "ok: ckpt.allow_new_data=1 resumes on other data" \
   || fail "allow_new_data: $(tail -n 2 "$dir/new.out")"
 
+# A model too large for the node is refused before anything is allocated;
+# an allocation the system refuses anyway (here an address-space limit)
+# is exit 2 and one message, not an internal error.
+expect_error "model too large" "this model needs about [0-9.]+ GiB on its busiest rank .* use more stages" \
+  run model.layers=96 model.channels=8192 model.heads=64
+if [ -z "${SANITIZE:-}" ]; then   # AddressSanitizer cannot run under an address-space limit
+  expect_error "out of memory" "out of memory: cannot allocate [0-9.]+ MiB more" \
+    bash -c 'ulimit -v 1500000; exec "$@"' - "$DYNMO" train --config "$dir/t.ini" \
+    run.out_dir="$dir/oom" model.layers=8 model.channels=1024 model.heads=8
+fi
+
 # Layout counts never wrap.
 expect_error "explicit count beyond the model" "stage 0 has 4294967300 blocks, more than model.layers = 6" \
   run balance.initial=explicit:4294967300

@@ -1,4 +1,5 @@
-/* Time, aligned allocation and resident-memory measurement. */
+/* Time, aligned allocation and resident-memory measurement. An allocation
+ * the system refuses ends the run with status 2 and one message. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -32,12 +33,23 @@ size_t dm_peak_rss_bytes(void)
     return (size_t)usage.ru_maxrss * 1024;   /* Linux reports KiB */
 }
 
+/* Memory the system refused is a resource failure the user fixes (more
+ * ranks, a smaller model or batch), not a bug: status 2, one message. */
+static __attribute__((noreturn)) void out_of_memory(size_t bytes)
+{
+    dm_user_error_local("out of memory: cannot allocate %.1f MiB more (resident now %.0f MiB); "
+                        "the model or batch is too large for this node's memory: use more "
+                        "pipeline stages (parallel.pp), fewer ranks per node, or a smaller "
+                        "model or batch", (double)bytes / 1048576.0,
+                        (double)dm_peak_rss_bytes() / 1048576.0);
+}
+
 void *dm_alloc(size_t bytes)
 {
     if (bytes == 0) bytes = 64;
     size_t rounded = (bytes + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, rounded);
-    if (!p) DM_FATAL("out of memory allocating %zu bytes", bytes);
+    if (!p) out_of_memory(bytes);
     memset(p, 0, rounded);
     return p;
 }
@@ -47,7 +59,7 @@ void *dm_alloc_uninit(size_t bytes)
     if (bytes == 0) bytes = 64;
     size_t rounded = (bytes + 63) & ~(size_t)63;
     void *p = aligned_alloc(64, rounded);
-    if (!p) DM_FATAL("out of memory allocating %zu bytes", bytes);
+    if (!p) out_of_memory(bytes);
     return p;
 }
 

@@ -203,6 +203,7 @@ int cmd_bench(int argc, char **argv)
     pipe_grid_init(&grid, cfg.pp, cfg.dp);   /* its error comes before the layout's */
     int *layout = dm_alloc((size_t)cfg.pp * sizeof(int));
     train_initial_layout(layout, &cfg, cfg.pp);
+    train_check_memory(&cfg, layout, cfg.pp);
     struct engine *eng = engine_create(&cfg, layout, 0);
     dm_free(layout);
     int status;

@@ -34,6 +34,12 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages);
  * estimate). A problem on any rank is one message and status 2 on all. */
 void train_check_paths(const struct dm_config *cfg);
 
+/* Collective (the same answer on every rank): user error when the busiest
+ * stage of `layout` would need more memory than this node has per rank,
+ * by an estimate of weights, optimizer state and activations, before any
+ * of it is allocated. */
+void train_check_memory(const struct dm_config *cfg, const int *layout, int stages);
+
 /* The token files and their loaders. */
 struct train_data {
     struct token_file train_file, val_file;

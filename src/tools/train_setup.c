@@ -160,3 +160,38 @@ void train_check_paths(const struct dm_config *cfg)
     if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))
         dm_user_error("%s", agreed);
 }
+
+/* What the busiest stage of `layout` keeps resident, about: each block's
+ * parameters, gradients and both Adam moments, the activations of the
+ * micro-batches it holds at once (all of them, as GPipe does: an upper
+ * bound for 1F1B), and the embedding and head with their own moments. */
+static double stage_bytes(const struct dm_config *cfg, const int *layout, int stages)
+{
+    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    int micro_B = cfg->batch / (cfg->dp * cfg->micro_batches);
+    double block = 16.0 * (double)block_param_count(cfg->channels) +
+                   (double)cfg->micro_batches *
+                       (double)block_acts_bytes(micro_B, cfg->seq, cfg->channels, cfg->heads);
+    double ends = 16.0 * (double)(shape.vocab + shape.max_seq) * shape.channels +
+                  3.0 * 4.0 * (double)micro_B * cfg->seq * shape.vocab * cfg->micro_batches;
+    int widest = 0;
+    for (int s = 0; s < stages; s++) widest = layout[s] > widest ? layout[s] : widest;
+    return widest * block + ends;
+}
+
+void train_check_memory(const struct dm_config *cfg, const int *layout, int stages)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return;
+    int local = world_local_size() > 0 ? world_local_size() : 1;
+    double per_rank = (double)pages * (double)page / local;
+    double need = stage_bytes(cfg, layout, stages);
+    if (need > per_rank)
+        dm_user_error("this model needs about %.1f GiB on its busiest rank (weights, gradients "
+                      "and Adam moments, activations of %d micro-batches) but the node's %.1f "
+                      "GiB of memory shared by its %d ranks leaves %.1f GiB each: use more "
+                      "stages (parallel.pp), fewer ranks per node, or a smaller model, batch "
+                      "or sequence", need / 1073741824.0, cfg->micro_batches,
+                      (double)pages * (double)page / 1073741824.0, local,
+                      per_rank / 1073741824.0);
+}
