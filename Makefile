@@ -24,7 +24,11 @@ endif
 endif
 
 CC := gcc
-CFLAGS := -std=gnu11 -O3 $(ARCH) -g -Wall -Wextra -Werror -fno-fast-math -ffp-contract=off \
+# -ffp-contract=off: GCC would otherwise fuse a * b + c into one FMA where
+# the CPU has one, and which it fuses depends on the CPU (docs/architecture.md).
+# FP_CONTRACT= builds the fused variant, for the benchmark that prices it.
+FP_CONTRACT ?= -ffp-contract=off
+CFLAGS := -std=gnu11 -O3 $(ARCH) -g -Wall -Wextra -Werror -fno-fast-math $(FP_CONTRACT) \
           -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SANFLAGS)
 LDLIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhdf5_hl -lm -lpthread
 LDFLAGS := $(SANFLAGS)

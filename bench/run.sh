@@ -37,3 +37,5 @@ if [ -n "$torch_ms_best" ] && [ -n "$dynmo_ms" ]; then
 fi
 echo "== balancers: dynmo plan --bench"
 "$DYNMO" plan --bench 2>&1 | sed 's/^/   /'
+echo "== what -ffp-contract=off costs: bench/contract.sh"
+BUILD=$BUILD bench/contract.sh 2>&1 | sed 's/^/   /'
