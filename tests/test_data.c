@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "dynmo/model.h"
+#include "dynmo/tools.h"
 #include "testing.h"
 
 static char tmpdir[256];

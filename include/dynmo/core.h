@@ -136,6 +136,10 @@ int dm_make_dirs(const char *path, char *err, size_t errsize);
 int dm_write_file_atomic(const char *path, const void *data, size_t bytes, char *err,
                          size_t errsize);
 
+/* write(2) until every byte is out (EINTR retried). Returns 0, or -1 with
+ * errno set. */
+int dm_write_all(int fd, const void *data, size_t bytes);
+
 /* Whether files can be created in the directory dir: creates, writes and
  * removes a probe file (the only sure test: a read-only mount or a full
  * file system can pass access(2)). Returns 0, or -1 with the system's

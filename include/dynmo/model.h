@@ -567,13 +567,13 @@ void token_file_close(struct token_file *tf);
 /* FNV-1a 64 over the little-endian bytes of tokens (the header checksum). */
 uint64_t token_checksum(const uint16_t *tokens, uint64_t count);
 
-/* `dynmo prepare --out DIR [--val-fraction F] FILE...`: byte-level tokens
- * (token = byte value, vocab 256); files are joined with one 0x00 byte
- * between consecutive files; val is the last fraction F (default 0.05,
- * 0 < F <= 0.5) of the stream, moved forward to the next line start;
- * DIR/train.bin and DIR/val.bin are written atomically. Returns the exit
- * status (0); bad input is dm_user_error (status 2). argv[0] = "prepare". */
-int cmd_prepare(int argc, char **argv);
+/* Writes bytes[0..n) as a byte-level token file (vocab 256, one token a
+ * byte) at path: created exclusively (O_EXCL), written, fsynced, closed;
+ * its checksum into *checksum_out. Returns 0, or -1 with errno set; the
+ * caller removes a partial file (and renames a complete one into place:
+ * `dynmo prepare`, src/tools/prepare.c). */
+int token_file_write_bytes(const char *path, const unsigned char *bytes, size_t n,
+                           uint64_t *checksum_out);
 
 /* Deterministic sampler of (input, target) windows of T+1 tokens. The
  * dataset is cut into windows at stride T (window w is tokens

@@ -5,6 +5,12 @@
 
 int cmd_train(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+/* `dynmo prepare --out DIR [--val-fraction F] FILE...`: byte-level tokens
+ * (token = byte value, vocab 256); files are joined with one 0x00 byte
+ * between consecutive files; val is the last fraction F (default 0.05,
+ * 0 < F <= 0.5) of the stream, moved forward to the next line start;
+ * DIR/train.bin and DIR/val.bin are written atomically. Returns the exit
+ * status (0); bad input is dm_user_error (status 2). argv[0] = "prepare". */
 int cmd_prepare(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

@@ -66,10 +66,13 @@ static __attribute__((noreturn)) void die(int status, int printed)
 {
     fflush(stdout);
     fflush(stderr);
-    if (!printed && abort_hook) {
-        struct timespec pause = {0, 100000000L};
+    struct timespec pause = {0, 100000000L};
+    if (!printed && abort_hook)
         for (int i = 0; i < 100; i++) nanosleep(&pause, NULL);
-    }
+    /* The launcher forwards a rank's stderr through a pipe and tears the
+     * job down at an abort, sometimes before it has read the message:
+     * give it a moment. */
+    if (printed && abort_hook && this_world > 1) nanosleep(&pause, NULL);
     if (abort_hook) abort_hook(status);
     exit(status);
 }

@@ -100,8 +100,7 @@ static void parent_directory(char *out, size_t size, const char *path)
     else snprintf(out, size, "%.*s", (int)(slash - path), path);
 }
 
-/* write(2) until every byte is out; -1 with errno on failure. */
-static int write_all(int fd, const void *data, size_t bytes)
+int dm_write_all(int fd, const void *data, size_t bytes)
 {
     const char *p = data;
     while (bytes > 0) {
@@ -132,7 +131,7 @@ int dm_write_file_atomic(const char *path, const void *data, size_t bytes, char 
                     strerror(errno));
         return -1;
     }
-    const char *failed = write_all(fd, data, bytes) != 0 ? "write"
+    const char *failed = dm_write_all(fd, data, bytes) != 0 ? "write"
                        : fsync(fd) != 0                 ? "fsync"
                                                         : NULL;
     if (failed) {

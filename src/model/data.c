@@ -1,5 +1,5 @@
-/* The token dataset: `dynmo prepare` (text files -> byte-level token
- * files), opening and validating token files, and the deterministic loader
+/* The token dataset: writing byte-level token files (for `dynmo prepare`,
+ * src/tools/prepare.c), opening and validating them, and the deterministic loader
  * that cuts a token file into windows and serves them in a per-epoch
  * permutation by global sample index.
  *
@@ -210,72 +210,10 @@ void token_file_close(struct token_file *tf)
     memset(tf, 0, sizeof *tf);
 }
 
-/* ---- dynmo prepare -------------------------------------------------------- */
+/* ---- writing a token file ----------------------------------------------- */
 
-static const char prepare_usage[] =
-    "usage: dynmo prepare --out DIR [--val-fraction F] FILE...\n"
-    "\n"
-    "Turns text files into byte-level token files for training: every byte\n"
-    "is one token (vocab 256). The files are joined in the order given with\n"
-    "one 0x00 byte between consecutive files; the last fraction F of the\n"
-    "stream (moved forward to the next line start) becomes validation data.\n"
-    "Writes DIR/train.bin and DIR/val.bin atomically (docs/data.md).\n"
-    "\n"
-    "  --out DIR           output directory (created if missing)\n"
-    "  --val-fraction F    share of tokens for validation, 0 < F <= 0.5\n"
-    "                      (default 0.05)\n"
-    "  --help              this text\n";
-
-/* The whole input in memory, as bytes (= tokens). */
-struct byte_buffer {
-    unsigned char *data;
-    size_t size, capacity;
-};
-
-static void buffer_reserve(struct byte_buffer *buf, size_t extra)
-{
-    if (buf->size + extra <= buf->capacity) return;
-    size_t capacity = buf->capacity ? buf->capacity : (1 << 20);
-    while (capacity < buf->size + extra) capacity *= 2;
-    unsigned char *data = realloc(buf->data, capacity);
-    if (!data) DM_FATAL("out of memory reading %zu bytes of input", capacity);
-    buf->data = data;
-    buf->capacity = capacity;
-}
-
-static void read_whole_file(struct byte_buffer *buf, const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f) dm_user_error("prepare: cannot open %s: %s", path, dm_errno_text());
-    for (;;) {
-        buffer_reserve(buf, 1 << 20);
-        size_t got = fread(buf->data + buf->size, 1, buf->capacity - buf->size, f);
-        buf->size += got;
-        if (got == 0) break;
-    }
-    if (ferror(f)) dm_user_error("prepare: cannot read %s: %s", path, dm_errno_text());
-    fclose(f);
-}
-
-static int write_all(int fd, const void *data, size_t bytes)
-{
-    const char *p = data;
-    while (bytes > 0) {
-        ssize_t put = write(fd, p, bytes);
-        if (put < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        p += put;
-        bytes -= (size_t)put;
-    }
-    return 0;
-}
-
-/* Writes bytes[0..n) as a token file at path (created, fsynced, closed).
- * Returns 0, or -1 with errno set; the caller removes the file. */
-static int write_token_file(const char *path, const unsigned char *bytes, size_t n,
-                            uint64_t *checksum_out)
+int token_file_write_bytes(const char *path, const unsigned char *bytes, size_t n,
+                           uint64_t *checksum_out)
 {
     enum { CHUNK = 1 << 16 };
     static uint16_t chunk[CHUNK];
@@ -290,157 +228,17 @@ static int write_token_file(const char *path, const unsigned char *bytes, size_t
     if (fd < 0) return -1;
     unsigned char header[TOKEN_FILE_HEADER_BYTES];
     header_encode(header, BYTE_VOCAB, n, checksum);
-    int rc = write_all(fd, header, sizeof header);
+    int rc = dm_write_all(fd, header, sizeof header);
     for (size_t done = 0; rc == 0 && done < n; done += CHUNK) {
         size_t m = n - done < CHUNK ? n - done : CHUNK;
         for (size_t i = 0; i < m; i++) chunk[i] = bytes[done + i];
-        rc = write_all(fd, chunk, m * sizeof chunk[0]);
+        rc = dm_write_all(fd, chunk, m * sizeof chunk[0]);
     }
     if (rc == 0) rc = fsync(fd);
     int saved_errno = errno;
     if (close(fd) != 0 && rc == 0) return -1;
     errno = saved_errno;
     return rc;
-}
-
-/* Parses F for --val-fraction; a problem is a user error naming it. */
-static double parse_val_fraction(const char *text)
-{
-    char *end;
-    errno = 0;
-    double f = strtod(text, &end);
-    if (end == text || *end != '\0' || errno != 0 || !(f > 0.0 && f <= 0.5))
-        dm_user_error("prepare: --val-fraction must be a number in (0, 0.5], "
-                      "got '%s'", text);
-    return f;
-}
-
-/* Value of option `name` at argv[*i], as "--name VALUE" or "--name=VALUE";
- * NULL if argv[*i] is not this option. */
-static const char *option_value(int argc, char **argv, int *i, const char *name)
-{
-    size_t len = strlen(name);
-    const char *arg = argv[*i];
-    if (strncmp(arg, name, len) != 0) return NULL;
-    if (arg[len] == '=') return arg + len + 1;
-    if (arg[len] != '\0') return NULL;
-    if (*i + 1 >= argc)
-        dm_user_error("prepare: %s needs a value (see `dynmo prepare --help`)", name);
-    return argv[++*i];
-}
-
-int cmd_prepare(int argc, char **argv)
-{
-    const char *out_dir = NULL;
-    double val_fraction = 0.05;
-    const char **inputs = dm_alloc((size_t)argc * sizeof *inputs);
-    int num_inputs = 0, only_files = 0;
-
-    for (int i = 1; i < argc; i++) {
-        const char *arg = argv[i], *value;
-        if (only_files || arg[0] != '-' || arg[1] == '\0') {
-            inputs[num_inputs++] = arg;
-        } else if (strcmp(arg, "--") == 0) {
-            only_files = 1;
-        } else if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
-            fputs(prepare_usage, stdout);
-            dm_free(inputs);
-            return DM_EXIT_OK;
-        } else if ((value = option_value(argc, argv, &i, "--out"))) {
-            if (!*value) dm_user_error("prepare: --out needs a directory");
-            out_dir = value;
-        } else if ((value = option_value(argc, argv, &i, "--val-fraction"))) {
-            val_fraction = parse_val_fraction(value);
-        } else {
-            dm_user_error("prepare: unknown option '%s' (see `dynmo prepare --help`)",
-                          arg);
-        }
-    }
-    if (!out_dir)
-        dm_user_error("prepare: no output directory: give --out DIR "
-                      "(see `dynmo prepare --help`)");
-    if (num_inputs == 0)
-        dm_user_error("prepare: no input files: give one or more text files "
-                      "(see `dynmo prepare --help`)");
-
-    /* Read and check everything before creating anything. */
-    struct byte_buffer stream = {0};
-    for (int k = 0; k < num_inputs; k++) {
-        if (k > 0) {
-            buffer_reserve(&stream, 1);
-            stream.data[stream.size++] = 0x00;   /* file separator */
-        }
-        read_whole_file(&stream, inputs[k]);
-    }
-    size_t n = stream.size;
-    if (n <= (size_t)(num_inputs - 1)) {
-        if (num_inputs == 1)
-            dm_user_error("prepare: the input is empty: %s has no bytes", inputs[0]);
-        dm_user_error("prepare: the input is empty: all %d files have no bytes",
-                      num_inputs);
-    }
-    size_t val_target = (size_t)(val_fraction * (double)n);
-    if (val_target == 0)
-        dm_user_error("prepare: the input is too small to split: %zu bytes, and "
-                      "--val-fraction %g leaves no validation token", n, val_fraction);
-
-    /* Validation starts at a line start where one follows the cut. */
-    size_t cut = n - val_target;
-    if (stream.data[cut - 1] != '\n') {
-        unsigned char *newline = memchr(stream.data + cut, '\n', n - cut);
-        if (newline && (size_t)(newline - stream.data) + 1 < n)
-            cut = (size_t)(newline - stream.data) + 1;
-    }
-
-    if (dm_make_dirs(out_dir, NULL, 0) != 0)
-        dm_user_error("prepare: cannot create output directory %s: %s",
-                      out_dir, dm_errno_text());
-
-    const char *names[2] = {"train.bin", "val.bin"};
-    const unsigned char *parts[2] = {stream.data, stream.data + cut};
-    size_t sizes[2] = {cut, n - cut};
-    char final_paths[2][1200], temp_paths[2][1200];
-    uint64_t checksums[2];
-    for (int k = 0; k < 2; k++) {
-        snprintf(final_paths[k], sizeof final_paths[k], "%s/%s", out_dir, names[k]);
-        snprintf(temp_paths[k], sizeof temp_paths[k], "%s/.%s.tmp.%ld", out_dir,
-                 names[k], (long)getpid());
-    }
-    /* Both temporaries complete before either rename: an error leaves the
-     * previous outputs (if any) untouched and no partial file behind. */
-    for (int k = 0; k < 2; k++) {
-        if (write_token_file(temp_paths[k], parts[k], sizes[k], &checksums[k]) != 0) {
-            int saved_errno = errno;
-            for (int j = 0; j <= k; j++) unlink(temp_paths[j]);
-            errno = saved_errno;
-            dm_user_error("prepare: cannot write %s: %s", final_paths[k],
-                          dm_errno_text());
-        }
-    }
-    for (int k = 0; k < 2; k++)
-        if (rename(temp_paths[k], final_paths[k]) != 0) {
-            int saved_errno = errno;
-            for (int j = k; j < 2; j++) unlink(temp_paths[j]);
-            errno = saved_errno;
-            dm_user_error("prepare: cannot rename %s to %s: %s", temp_paths[k],
-                          final_paths[k], dm_errno_text());
-        }
-    int dir_fd = open(out_dir, O_RDONLY | O_DIRECTORY);
-    if (dir_fd >= 0) {
-        fsync(dir_fd);
-        close(dir_fd);
-    }
-
-    dm_log("prepare: %d file%s, %zu bytes -> %zu byte-level tokens (vocab %d)\n",
-           num_inputs, num_inputs == 1 ? "" : "s", n - (size_t)(num_inputs - 1), n,
-           BYTE_VOCAB);
-    for (int k = 0; k < 2; k++)
-        dm_log("prepare: %-5s %10zu tokens -> %s (checksum %016llx)\n",
-               k == 0 ? "train" : "val", sizes[k], final_paths[k],
-               (unsigned long long)checksums[k]);
-    free(stream.data);
-    dm_free(inputs);
-    return DM_EXIT_OK;
 }
 
 /* ---- the loader ----------------------------------------------------------- */
