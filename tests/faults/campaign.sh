@@ -133,7 +133,7 @@ kill_run() {
   KILL_STEP=$LAST_STEP KILL_CKPT=$LAST_CKPT
   entry=${RANK_PIDS[$victim]:-}
   if [ -n "$entry" ] && running "$entry" && job_alive; then
-    kill -9 "${entry%%:*}" 2>/dev/null && KILLED=1
+    kill -9 "${entry%%:*}" 2>/dev/null && KILLED=1 KILL_T=$EPOCHREALTIME
   fi
   job_wait 120
   # Missed: the run finished first (or the victim was already exiting);
@@ -180,7 +180,7 @@ kill_trial() {
   # The job's end.
   [ $JOB_HUNG = 1 ] && PROBLEMS+=("hang: mpiexec still running 120 s after the kill (killed it; stderr: $(tail -n 2 "$JOB_ERR" | tr '\n' ' '))")
   [ -n "$JOB_LEFT" ] && PROBLEMS+=("processes of the job left running after mpiexec returned: pids$JOB_LEFT (killed them)")
-  line+=": exit $JOB_RC in ${JOB_SECS}s"
+  line+=": exit $JOB_RC $(awk -v a="$KILL_T" -v b="$JOB_END" 'BEGIN{printf "%.2f", b-a}') s after the kill"
   # What it left: the checkpoints it announced must be there and whole.
   check_dir "$trial_dir/ck"
   local lost=0

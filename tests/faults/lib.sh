@@ -112,7 +112,8 @@ job_kill_all() {
 # job_wait DEADLINE_S: waits for the launcher. JOB_RC is its status; a
 # launcher still there after DEADLINE_S is a hang (JOB_HUNG=1; the job is
 # killed). JOB_LEFT lists the job's processes still running 2 s after the
-# launcher returned (they are killed). JOB_SECS: wall time since the start.
+# launcher returned (they are killed). JOB_SECS: wall time since the
+# start; JOB_END: when the launcher returned ($EPOCHREALTIME).
 job_wait() {
   local deadline=$1 t0=$EPOCHSECONDS entry i
   while job_alive; do
@@ -120,7 +121,7 @@ job_wait() {
     if (( EPOCHSECONDS - t0 >= deadline )); then JOB_HUNG=1; job_kill_all; break; fi
     nap 0.02
   done
-  wait "$JOB_PID"; JOB_RC=$?
+  wait "$JOB_PID"; JOB_RC=$?; JOB_END=$EPOCHREALTIME
   follow
   for i in $(seq 1 20); do
     JOB_LEFT=
