@@ -51,7 +51,9 @@ job_start() {
 }
 
 # job_track: adds the launcher's descendants (mpiexec, its proxy, the
-# ranks) to JOB_PIDS, reading /proc/PID/task/*/children; no fork.
+# ranks) to JOB_PIDS, reading /proc/PID/task/*/children (no fork), or
+# asking pgrep -P where the kernel lacks that file.
+CHILDREN_FILE=1; [ -e /proc/$$/task/$$/children ] || CHILDREN_FILE=0
 job_track() {
   local queue=("$JOB_PID") p t kids k
   while [ ${#queue[@]} -gt 0 ]; do
@@ -60,11 +62,15 @@ job_track() {
     if [[ $JOB_PIDS != *" $p:"* ]]; then
       JOB_PIDS+="$p:$P_START "; TRACKED+="$p:$P_START "
     fi
-    for t in /proc/"$p"/task/*/children; do
-      kids=
-      { read -r kids < "$t"; } 2>/dev/null
-      for k in $kids; do queue+=("$k"); done
-    done
+    if [ $CHILDREN_FILE = 1 ]; then
+      for t in /proc/"$p"/task/*/children; do
+        kids=
+        { read -r kids < "$t"; } 2>/dev/null
+        for k in $kids; do queue+=("$k"); done
+      done
+    else
+      for k in $(pgrep -P "$p"); do queue+=("$k"); done
+    fi
   done
 }
 
