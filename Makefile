@@ -1,5 +1,7 @@
 # dynmo build. `make` builds build/dynmo; `make check` runs every test;
-# `make demo` runs the main job; `make bench` the benchmarks.
+# `make demo` runs the main job; `make bench` the benchmarks;
+# `make check-faults [TRIALS=20] [SEED=S]` the fault campaign (kill -9,
+# full disk, read-only; not part of `make check`; mounts need root).
 # Switches: SANITIZE=address,undefined  USE_CUDA=0/1 (CUDA_HOME)  ARCH=...
 
 SANITIZE ?=
@@ -18,7 +20,7 @@ endif
 
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) && echo yes)
 ifneq ($(HAVE_PKGS),yes)
-ifeq ($(filter deps demo check bench clean,$(MAKECMDGOALS)),)
+ifeq ($(filter deps demo check check-faults bench clean,$(MAKECMDGOALS)),)
 $(error missing pkg-config packages (need: $(PKGS)); run `scripts/setup.sh` or `make check`)
 endif
 endif
@@ -41,7 +43,7 @@ LIBOBJ := $(filter-out $(BUILD)/obj/tools/main.o,$(OBJ))
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
-.PHONY: all deps demo check check-portable bench clean info
+.PHONY: all deps demo check check-portable check-faults bench clean info
 all: info $(BUILD)/dynmo $(TEST_BIN)
 
 info:
@@ -86,6 +88,14 @@ check: deps
 check-portable: deps
 	@$(MAKE) --no-print-directory BUILD=build/x86-64-v2 ARCH=-march=x86-64-v2 build/x86-64-v2/dynmo
 	@DYNMO=$(CURDIR)/build/x86-64-v2/dynmo bash tests/t_golden.sh
+
+# The fault campaign (tests/faults/campaign.sh): kill -9, full-disk and
+# read-only trials; TRIALS= kill trials, SEED= to repeat one.
+TRIALS ?= 20
+SEED ?=
+check-faults: deps
+	@$(MAKE) --no-print-directory all
+	@BUILD=$(BUILD) TRIALS=$(TRIALS) SEED=$(SEED) tests/faults/campaign.sh
 
 bench:
 	@scripts/setup.sh --bench
