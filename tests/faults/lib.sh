@@ -226,5 +226,6 @@ PY
   return 1
 }
 
-# stderr_lines FILE: the number of non-empty lines in FILE.
-stderr_lines() { grep -c . "$1"; }
+# Lines on stderr, but for the one line MPICH itself prints when a rank
+# calls MPI_Abort ("Abort(N) on node ..."): dynmo's message is the rest.
+stderr_lines() { grep -v '^Abort([0-9]*) on node ' "$1" | grep -c .; }
