@@ -225,7 +225,7 @@ for n in $(seq 1 "$TRIALS"); do kill_trial "$n"; done
 
 # ---- full-disk and read-only trials ----------------------------------------------
 disk_total=0 disk_clean=0 disk_skipped=0 ro_total=0 ro_clean=0 ro_skipped=0
-NO_SPACE='No space left on device|ENOSPC|[Dd]isk (is )?full'
+NO_SPACE='No space left on device|ENOSPC|[Dd]isk (is )?full|MiB free, but a checkpoint of this run needs'
 READ_ONLY='[Rr]ead-only file system|EROFS|not writable|read-only'
 [ "$(id -u)" = 0 ] || echo "faults: not root: the full-disk and read-only trials need mount and are skipped"
 
