@@ -8,6 +8,7 @@ packages=(
   build-essential pkg-config
   mpich libmpich-dev libhdf5-mpich-dev hdf5-tools
   libopenblas-dev
+  libjson-c-dev                     # dynmo inspect --json writes JSON with json-c
   bible-kjv-text          # the default English corpus (docs/data.md)
   python3 python3-numpy python3-h5py         # run-log checks in the tests
 )
