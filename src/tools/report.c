@@ -235,7 +235,6 @@ static void write_report(const struct report *rep, const struct bytes *html, con
     if (chmod(tmp, 0777 & ~mask) != 0)
         dm_user_error("report: cannot write the report to %s: chmod %s: %s", out, tmp,
                       strerror(errno));
-    write_file(tmp, "index.html", html->data, html->size, out);
     for (int i = 0; i < rep->figure_count; i++) {
         const struct figure *f = &rep->figures[i];
         char name[96];
@@ -244,6 +243,7 @@ static void write_report(const struct report *rep, const struct bytes *html, con
         snprintf(name, sizeof name, "%s.png", f->name);
         write_file(tmp, name, f->png.data, f->png.size, out);
     }
+    write_file(tmp, "index.html", html->data, html->size, out);   /* last: the page */
     char err[1024];
     if (dm_fsync_path(tmp, err, sizeof err) != 0) dm_user_error("report: %s", err);
     old[0] = '\0';
