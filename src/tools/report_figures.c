@@ -215,13 +215,14 @@ static float *block_costs(const struct report_run *run, long *rows)
 
 /* One heat-map panel with its colour bar to the right. */
 static void heat_panel(cairo_t *cr, struct chart *c, const float *values, long rows, int cols,
-                       int fixed_range, const char *title, const char *bar_label)
+                       int fixed_range, const char *title, const char *bar_label,
+                       const char *y_label)
 {
     double lo = 0, hi = 1;
     int clipped = 0;
     if (!fixed_range) value_range(values, rows * cols, &lo, &hi, &clipped);
     c->x_max = fmax((double)rows, 1) + 0.5;
-    chart_axes(cr, c, "step", "block", TICKS_INTEGER, TICKS_INTEGER);
+    chart_axes(cr, c, "step", y_label, TICKS_INTEGER, TICKS_INTEGER);
     chart_heatmap(cr, c, values, rows, cols, lo, hi);
     chart_frame(cr, c);
     cairo_set_source_rgb(cr, 0.15, 0.15, 0.15);
@@ -237,20 +238,22 @@ static void draw_costs(cairo_t *cr, const struct figure *f)
              run->signal_count ? ", and the scheme's signal beside it" : "");
     draw_title(cr, f->width, title);
     int panels = 1 + (run->signal_count < 2 ? run->signal_count : 2);
-    double panel_width = (FIGURE_WIDTH - MARGIN_LEFT) / (double)panels - 78;
+    /* room right of each panel for its colour bar and the next panel's ticks */
+    const double gap = 112;
+    double panel_width = (FIGURE_WIDTH - MARGIN_LEFT) / (double)panels - gap;
     struct chart c = full_panel(f->height, 1, -0.5, run->layers - 0.5);
     c.y_down = 1;
     c.width = panel_width;
     long rows;
     float *cost = block_costs(run, &rows);
     heat_panel(cr, &c, cost, rows, run->layers, 0, "forward + backward (ms per micro-batch)",
-               "ms");
+               "ms", "block");
     dm_free(cost);
     for (int k = 0; k + 1 < panels; k++) {
         const struct block_signal *s = &run->signals[k];
-        c.left += panel_width + 78;
+        c.left += panel_width + gap;
         heat_panel(cr, &c, s->values.values, s->values.rows, s->values.cols, 1, s->label,
-                   s->unit);
+                   s->unit, NULL);
     }
 }
 
