@@ -191,8 +191,9 @@ void chart_vline(cairo_t *cr, const struct chart *c, double x, struct rgb color,
 void draw_legend(cairo_t *cr, double x, double y, const char *const *labels,
                  const struct rgb *colors, int n);
 /* Cell (i, j) of values (rows, cols) at x = i + 1 (a step), y = j (a
- * block), coloured by (v - lo) / (hi - lo); NaN cells are left blank. More
- * than 400 rows are drawn as the means of 400 equal bins. */
+ * block), coloured by (v - lo) / (hi - lo) in one of 64 shades; NaN cells
+ * are left blank. More than 400 rows are drawn as the means of 400 equal
+ * bins. */
 void chart_heatmap(cairo_t *cr, const struct chart *c, const float *values, long rows,
                    int cols, double lo, double hi);
 /* A vertical colour bar for [lo, hi]; clipped: values above hi exist. */

@@ -17,6 +17,7 @@
 
 #define MAX_LINE_POINTS 1000
 #define MAX_HEATMAP_COLUMNS 400
+#define HEATMAP_SHADES 64
 #define MAX_TICKS 32
 
 static struct rgb hex(unsigned v)
@@ -262,35 +263,61 @@ void draw_legend(cairo_t *cr, double x, double y, const char *const *labels,
     cairo_restore(cr);
 }
 
+/* The shade (0 .. HEATMAP_SHADES - 1) of each cell of the binned grid
+ * (bins x cols), -1 where no value is finite. */
+static int *heatmap_shades(const float *values, long rows, int cols, long bin, long bins,
+                           double lo, double hi)
+{
+    double span = hi > lo ? hi - lo : 1;
+    int *shade = dm_alloc((size_t)(bins * cols) * sizeof *shade);
+    for (long b = 0; b < bins; b++)
+        for (int j = 0; j < cols; j++) {
+            double sum = 0;
+            long count = 0;
+            for (long k = b * bin; k < (b + 1) * bin && k < rows; k++)
+                if (isfinite(values[k * cols + j])) {
+                    sum += values[k * cols + j];
+                    count++;
+                }
+            double t = count ? (sum / (double)count - lo) / span : 0;
+            t = t < 0 ? 0 : t > 1 ? 1 : t;
+            shade[b * cols + j] = count ? (int)lround(t * (HEATMAP_SHADES - 1)) : -1;
+        }
+    return shade;
+}
+
 void chart_heatmap(cairo_t *cr, const struct chart *c, const float *values, long rows,
                    int cols, double lo, double hi)
 {
     long bin = rows > MAX_HEATMAP_COLUMNS ? (rows + MAX_HEATMAP_COLUMNS - 1) /
                                             MAX_HEATMAP_COLUMNS : 1;
-    double span = hi > lo ? hi - lo : 1;
+    long bins = (rows + bin - 1) / bin;
+    int *shade = heatmap_shades(values, rows, cols, bin, bins, lo, hi);
     clip_to(cr, c);
-    cairo_set_antialias(cr, CAIRO_ANTIALIAS_NONE);
-    for (long i = 0; i < rows; i += bin) {
-        long end = i + bin < rows ? i + bin : rows;
-        /* cells overlap their right and lower neighbours by half a pixel:
-         * no seams between them */
-        double x0 = floor(chart_x(c, i + 0.5)), x1 = ceil(chart_x(c, end + 0.5)) + 0.5;
+    /* One path per shade, one rectangle per run of equal cells along a
+     * block's row: an SVG of a few elements rather than one per cell.
+     * Cells meet on whole pixels, so no seam shows between them. */
+    for (int level = 0; level < HEATMAP_SHADES; level++) {
+        int any = 0;
         for (int j = 0; j < cols; j++) {
-            double sum = 0;
-            long count = 0;
-            for (long k = i; k < end; k++)
-                if (isfinite(values[k * cols + j])) {
-                    sum += values[k * cols + j];
-                    count++;
-                }
-            if (!count) continue;
-            double y0 = floor(chart_y(c, j - 0.5)), y1 = ceil(chart_y(c, j + 0.5)) + 0.5;
-            set_color(cr, colormap((sum / (double)count - lo) / span));
-            cairo_rectangle(cr, x0, fmin(y0, y1), x1 - x0, fabs(y1 - y0));
-            cairo_fill(cr);
+            double y0 = round(chart_y(c, j - 0.5)), y1 = round(chart_y(c, j + 0.5));
+            for (long b = 0; b < bins; b++) {
+                if (shade[b * cols + j] != level) continue;
+                long end = b + 1;
+                while (end < bins && shade[end * cols + j] == level) end++;
+                double x0 = round(chart_x(c, b * bin + 0.5));
+                double x1 = round(chart_x(c, (end < bins ? end * bin : rows) + 0.5));
+                cairo_rectangle(cr, x0, fmin(y0, y1), x1 - x0, fabs(y1 - y0));
+                any = 1;
+                b = end - 1;
+            }
         }
+        if (!any) continue;
+        set_color(cr, colormap(level / (double)(HEATMAP_SHADES - 1)));
+        cairo_fill(cr);
     }
     cairo_restore(cr);
+    dm_free(shade);
 }
 
 void draw_colorbar(cairo_t *cr, double left, double top, double height, double lo, double hi,
