@@ -162,9 +162,11 @@ static int check_existing_out(const char *out)
         char path[PATH_BYTES];
         snprintf(path, sizeof path, "%s/%s", out, e->d_name);
         if (!is_report_file(e->d_name) || lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
+            char name[256];
+            snprintf(name, sizeof name, "%s", e->d_name);   /* closedir frees e */
             closedir(dir);
             dm_user_error("report: --out %s holds %s, which a report does not write: choose "
-                          "another directory, or empty this one", out, e->d_name);
+                          "another directory, or empty this one", out, name);
         }
     }
     closedir(dir);
