@@ -8,7 +8,7 @@ SANITIZE ?=
 USE_CUDA ?= 0
 CUDA_HOME ?= /usr/local/cuda
 ARCH ?= -march=native
-PKGS := mpich hdf5-mpich openblas
+PKGS := mpich hdf5-mpich openblas cairo json-c
 
 ifeq ($(SANITIZE),)
 BUILD ?= build

@@ -6,19 +6,26 @@
 # uniform layout, and prints the two throughputs (whole run, and the mean
 # step time after step SETTLED=40, once the exits have settled). The
 # losses of the two runs are bit-identical (balancing never changes the
-# math); the demo checks that too. About a minute on 2 cores (33 s once the corpus is
-# prepared and the build is done).
+# math); the demo checks that too. Both runs trace two steps (run.trace_from)
+# and the demo ends by drawing the runs with `dynmo report`
+# (docs/report.md) and printing the path of its index.html. About a minute
+# on 2 cores (33 s once the corpus is prepared and the build is done).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DYNMO=${DYNMO:-build/dynmo}
 export DYNMO
 RANKS=${RANKS:-4}
 STEPS=${STEPS:-100}
+# Traced: steps 10 and 11, around the first balancing decision (after step
+# 10), which moves blocks: the report's timeline shows the pipeline before
+# and after it.
+TRACE_FROM=${TRACE_FROM:-10}
 scripts/prepare-corpus.sh
 run() { local name=$1; shift
   echo "demo: $name run (configs/early_exit.ini, $RANKS ranks, $STEPS steps)"
   mpiexec -n "$RANKS" "$DYNMO" train --config configs/early_exit.ini train.steps="$STEPS" \
-    parallel.pp="$RANKS" run.out_dir="runs/demo-$name" "$@" | tee "runs/demo-$name.out" \
+    parallel.pp="$RANKS" run.out_dir="runs/demo-$name" run.trace_from="$TRACE_FROM" \
+    run.trace_steps=2 "$@" | tee "runs/demo-$name.out" \
     | grep -E '^(step|balance:)' || true
 }
 mkdir -p runs
@@ -52,3 +59,5 @@ if command -v h5dump >/dev/null; then
     || { echo "demo: ERROR: the balanced run's losses differ from the static run's"; exit 1; }
 fi
 echo "demo: run logs in runs/demo-balanced/ and runs/demo-static/ (build/dynmo inspect ...)"
+"$DYNMO" report runs/demo-balanced/runlog.h5 runs/demo-static/runlog.h5 --out runs/demo-report
+echo "demo: the report of the two runs: $PWD/runs/demo-report/index.html"

@@ -8,8 +8,11 @@ packages=(
   build-essential pkg-config
   mpich libmpich-dev libhdf5-mpich-dev hdf5-tools
   libopenblas-dev
+  libcairo2-dev fonts-dejavu-core   # dynmo report draws its figures with cairo
+  libjson-c-dev                     # dynmo trace and inspect --json write JSON with json-c
   bible-kjv-text          # the default English corpus (docs/data.md)
   python3 python3-numpy python3-h5py         # run-log checks in the tests
+  chromium                  # the tests render dynmo report's page headless
 )
 if [ "${1:-}" = "--bench" ]; then
   packages+=(python3-torch)                  # the PyTorch peer of make bench

@@ -15,5 +15,7 @@ int cmd_prepare(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_check_ckpt(int argc, char **argv);
+int cmd_report(int argc, char **argv);
+int cmd_trace(int argc, char **argv);
 
 #endif

@@ -3,13 +3,15 @@
  * or of a checkpoint (model, step, optimizer and schedule position, world,
  * layout and its history, data cursors, and per block its stage, size,
  * sparsity and frozen flag) for people, or the same as one JSON object for
- * scripts. The kind comes from the file's root attribute "kind". It reads
- * through the public readers only (runlog_*, ckpt_read_info) and never
- * writes; anything else is a user error naming the file. */
+ * scripts (written with json-c). The kind comes from the file's root
+ * attribute "kind". It reads through the public readers only (runlog_*,
+ * ckpt_read_info) and never writes; anything else is a user error naming
+ * the file. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <json.h>
 #include "dynmo/ckpt.h"
 #include "dynmo/tools.h"
 
@@ -136,66 +138,86 @@ static void print_text(const struct summary *s)
     }
 }
 
-static void json_string(FILE *out, const char *text)
+/* ---- JSON (json-c) ---------------------------------------------------------- */
+
+static json_object *checked(json_object *o)
 {
-    fputc('"', out);
-    for (const unsigned char *p = (const unsigned char *)(text ? text : ""); *p; p++) {
-        switch (*p) {
-        case '"': fputs("\\\"", out); break;
-        case '\\': fputs("\\\\", out); break;
-        case '\n': fputs("\\n", out); break;
-        case '\t': fputs("\\t", out); break;
-        case '\r': fputs("\\r", out); break;
-        default:
-            if (*p < 0x20) fprintf(out, "\\u%04x", *p);
-            else fputc(*p, out);
-        }
-    }
-    fputc('"', out);
+    if (!o) DM_FATAL("json-c: cannot allocate a JSON value (out of memory?)");
+    return o;
 }
 
-static void json_number(FILE *out, double value)
+static void put(json_object *object, const char *key, json_object *value)
 {
-    if (isfinite(value)) fprintf(out, "%.9g", value);
-    else fputs("null", out);
+    if (json_object_object_add(object, key, value) != 0)
+        DM_FATAL("json-c: cannot add \"%s\" to an object", key);
+}
+
+/* A string; "" for an attribute the file lacks, as before json-c. */
+static json_object *string(const char *text)
+{
+    return checked(json_object_new_string(text ? text : ""));
+}
+
+/* A finite number, or null (json-c would write NaN, which is not JSON). */
+static json_object *number(double value)
+{
+    return isfinite(value) ? checked(json_object_new_double(value)) : NULL;
+}
+
+static json_object *integer(long long value)
+{
+    return checked(json_object_new_int64(value));
+}
+
+static json_object *int_array(const int *values, int n)
+{
+    json_object *a = checked(json_object_new_array());
+    for (int i = 0; i < n; i++) json_object_array_add(a, integer(values[i]));
+    return a;
+}
+
+/* Prints o as one JSON document on stdout and frees it; numbers keep the
+ * 9 significant digits of a float32. */
+static void print_and_free(json_object *o)
+{
+    json_c_set_serialization_double_format("%.9g", JSON_C_OPTION_GLOBAL);
+    puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_SPACED |
+                                           JSON_C_TO_STRING_NOSLASHESCAPE));
+    json_object_put(o);
 }
 
 static void print_json(const struct summary *s)
 {
-    FILE *out = stdout;
-    fputs("{\"file\": ", out);
-    json_string(out, s->path);
-    fputs(", \"kind\": \"" RUNLOG_KIND "\", \"dynmo_version\": ", out);
-    json_string(out, s->version);
-    fputs(", \"created\": ", out);
-    json_string(out, s->created);
-    fputs(", \"format_version\": ", out);
+    json_object *o = checked(json_object_new_object());
+    put(o, "file", string(s->path));
+    put(o, "kind", string(RUNLOG_KIND));
+    put(o, "dynmo_version", string(s->version));
+    put(o, "created", string(s->created));
     char *end = NULL;
     long version = s->format_version ? strtol(s->format_version, &end, 10) : 0;
     if (s->format_version && end != s->format_version && *end == '\0')
-        fprintf(out, "%ld", version);
+        put(o, "format_version", integer(version));
     else
-        json_string(out, s->format_version);
-    fprintf(out, ", \"steps\": %ld, \"loss_first\": ", s->steps);
-    json_number(out, s->first_loss);
-    fputs(", \"loss_last\": ", out);
-    json_number(out, s->last_loss);
-    fputs(", \"mean_step_ms\": ", out);
-    json_number(out, s->mean_step_ms);
-    fprintf(out, ", \"mean_step_ms_steps\": %ld", s->timed_steps);
-    fputs(",\n \"datasets\": [", out);
+        put(o, "format_version", string(s->format_version));
+    put(o, "steps", integer(s->steps));
+    put(o, "loss_first", number(s->first_loss));
+    put(o, "loss_last", number(s->last_loss));
+    put(o, "mean_step_ms", number(s->mean_step_ms));
+    put(o, "mean_step_ms_steps", integer(s->timed_steps));
+    json_object *datasets = checked(json_object_new_array());
     for (int i = 0; i < s->dataset_count; i++) {
         const struct runlog_dataset_info *d = &s->datasets[i];
-        fputs(i ? ",\n   {\"name\": " : "\n   {\"name\": ", out);
-        json_string(out, d->name);
-        fprintf(out, ", \"type\": \"%s\", \"shape\": ", type_name(d));
-        if (d->rank == 2) fprintf(out, "[%ld, %ld]}", d->dims[0], d->dims[1]);
-        else if (d->rank == 1) fprintf(out, "[%ld]}", d->dims[0]);
-        else fputs("[]}", out);
+        json_object *entry = checked(json_object_new_object());
+        put(entry, "name", string(d->name));
+        put(entry, "type", string(type_name(d)));
+        json_object *shape = checked(json_object_new_array());
+        for (int k = 0; k < d->rank && k < 2; k++) json_object_array_add(shape, integer(d->dims[k]));
+        put(entry, "shape", shape);
+        json_object_array_add(datasets, entry);
     }
-    fputs("],\n \"config\": ", out);
-    json_string(out, s->config);
-    fputs("}\n", out);
+    put(o, "datasets", datasets);
+    put(o, "config", string(s->config));
+    print_and_free(o);
 }
 
 /* ---- checkpoints ------------------------------------------------------------ */
@@ -263,53 +285,60 @@ static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
     }
 }
 
-static void json_ints(FILE *out, const int *values, int n)
-{
-    fputc('[', out);
-    for (int i = 0; i < n; i++) fprintf(out, i ? ", %d" : "%d", values[i]);
-    fputc(']', out);
-}
-
 static void print_checkpoint_json(const char *path, const struct ckpt_meta *m)
 {
-    FILE *out = stdout;
     const struct gpt_shape *s = &m->shape;
     size_t block_params = block_param_count(s->channels);
-    fputs("{\"file\": ", out);
-    json_string(out, path);
-    fputs(", \"kind\": \"" CHECKPOINT_KIND "\", \"dynmo_version\": ", out);
-    json_string(out, m->dynmo_version);
-    fputs(", \"created\": ", out);
-    json_string(out, m->created);
-    fprintf(out, ", \"schema_version\": %d,\n \"model\": {\"layers\": %d, \"channels\": %d, "
-            "\"heads\": %d, \"vocab\": %d, \"max_seq\": %d, \"parameters\": %zu, "
-            "\"block_params\": %zu},\n", m->schema_version, s->layers, s->channels,
-            s->heads, s->vocab, s->max_seq, gpt_param_count(s), block_params);
-    fprintf(out, " \"step\": %ld, \"optimizer_steps\": %ld, \"lr_schedule_step\": %ld, "
-            "\"seed\": %llu, \"train_checksum\": %llu,\n", m->step, m->optimizer_steps,
-            m->lr_schedule_step, (unsigned long long)m->seed,
-            (unsigned long long)m->train_checksum);
-    fprintf(out, " \"world\": {\"pp\": %d, \"dp\": %d, \"ranks\": %d}, \"layout\": ", m->pp,
-            m->dp, m->pp * m->dp);
-    json_ints(out, m->layout, m->pp);
-    fputs(", \"data_cursors\": [", out);
-    for (int d = 0; d < m->dp; d++) fprintf(out, d ? ", %ld" : "%ld", m->data_cursor[d]);
-    fputs("],\n \"layout_history\": [", out);
+    json_object *o = checked(json_object_new_object());
+    put(o, "file", string(path));
+    put(o, "kind", string(CHECKPOINT_KIND));
+    put(o, "dynmo_version", string(m->dynmo_version));
+    put(o, "created", string(m->created));
+    put(o, "schema_version", integer(m->schema_version));
+    json_object *model = checked(json_object_new_object());
+    const struct { const char *key; long long value; } sizes[] = {
+        {"layers", s->layers}, {"channels", s->channels}, {"heads", s->heads},
+        {"vocab", s->vocab}, {"max_seq", s->max_seq},
+        {"parameters", (long long)gpt_param_count(s)}, {"block_params", (long long)block_params}};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+        put(model, sizes[i].key, integer(sizes[i].value));
+    put(o, "model", model);
+    put(o, "step", integer(m->step));
+    put(o, "optimizer_steps", integer(m->optimizer_steps));
+    put(o, "lr_schedule_step", integer(m->lr_schedule_step));
+    put(o, "seed", checked(json_object_new_uint64(m->seed)));
+    put(o, "train_checksum", checked(json_object_new_uint64(m->train_checksum)));
+    json_object *world = checked(json_object_new_object());
+    put(world, "pp", integer(m->pp));
+    put(world, "dp", integer(m->dp));
+    put(world, "ranks", integer(m->pp * m->dp));
+    put(o, "world", world);
+    put(o, "layout", int_array(m->layout, m->pp));
+    json_object *cursors = checked(json_object_new_array());
+    for (int d = 0; d < m->dp; d++) json_object_array_add(cursors, integer(m->data_cursor[d]));
+    put(o, "data_cursors", cursors);
+    json_object *history = checked(json_object_new_array());
     for (int k = 0; k < m->history.count; k++) {
-        fprintf(out, "%s{\"step\": %ld, \"layout\": ", k ? ", " : "", m->history.step[k]);
-        json_ints(out, layout_history_entry(&m->history, k), m->history.stages[k]);
-        fputc('}', out);
+        json_object *entry = checked(json_object_new_object());
+        put(entry, "step", integer(m->history.step[k]));
+        put(entry, "layout", int_array(layout_history_entry(&m->history, k),
+                                       m->history.stages[k]));
+        json_object_array_add(history, entry);
     }
-    fputs("],\n \"blocks\": [", out);
+    put(o, "layout_history", history);
+    json_object *blocks = checked(json_object_new_array());
     for (int i = 0; i < s->layers; i++) {
-        fprintf(out, "%s\n   {\"layer\": %d, \"stage\": %d, \"bytes\": %zu, \"sparsity\": ",
-                i ? "," : "", i, stage_of(m->layout, m->pp, i), 3 * block_params * 4);
-        json_number(out, m->sparsity[i]);
-        fprintf(out, ", \"frozen\": %s}", m->frozen[i] ? "true" : "false");
+        json_object *b = checked(json_object_new_object());
+        put(b, "layer", integer(i));
+        put(b, "stage", integer(stage_of(m->layout, m->pp, i)));
+        put(b, "bytes", integer((long long)(3 * block_params * 4)));
+        put(b, "sparsity", number(m->sparsity[i]));
+        put(b, "frozen", checked(json_object_new_boolean(m->frozen[i] != 0)));
+        json_object_array_add(blocks, b);
     }
-    fputs("],\n \"config\": ", out);
-    json_string(out, m->config_text);
-    fputs("}\n", out);
+    put(o, "blocks", blocks);
+    put(o, "config", string(m->config_text));
+    print_and_free(o);
 }
 
 static int inspect_checkpoint(const char *path, int json)

@@ -17,6 +17,8 @@ static const struct subcommand subcommands[] = {
     {"bench", cmd_bench, "time training steps of a config (ms/step, tok/s, GFLOP/s, RSS)"},
     {"plan", cmd_plan, "partition per-layer costs over pipeline stages"},
     {"inspect", cmd_inspect, "summarise a run log (or checkpoint)"},
+    {"report", cmd_report, "draw run logs as one HTML page of figures and tables"},
+    {"trace", cmd_trace, "export traced steps as Chrome trace events (Perfetto)"},
     {"check-ckpt", cmd_check_ckpt, "validate checkpoint files against the schema"},
 };
 #define NSUB (sizeof subcommands / sizeof subcommands[0])
