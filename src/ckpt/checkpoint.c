@@ -340,10 +340,10 @@ static void write_rows(const struct chunk_writer *w, const char *name, hsize_t r
 static float block_sparsity(const struct block *blk)
 {
     size_t zeros = 0, total = 0;
-    for (int k = 0; k < BP_COUNT; k++) {
-        if (!block_tensor_is_matrix(k)) continue;
-        size_t n = block_tensor_size(blk->C, k);
-        const float *p = blk->p[k];
+    for (int k = 0; k < block_tensor_count(blk); k++) {
+        size_t offset, n;
+        if (!block_tensor_at(blk, k, &offset, &n)) continue;
+        const float *p = blk->params + offset;
         for (size_t i = 0; i < n; i++) zeros += p[i] == 0.0f;
         total += n;
     }
