@@ -242,6 +242,8 @@ struct block_moe {
     int64_t *tokens, *dropped;   /* (E) the last finished step's token-expert pairs routed
                                     to each expert and dropped by its capacity, summed
                                     over the data-parallel replicas */
+    double aux, z;               /* the last finished step's balancing-loss values, summed
+                                    over its forwards and the replicas */
     int64_t *step_tokens, *step_dropped; /* (E) this rank's since gpt_moe_begin_step */
     double step_aux, step_z;     /* this rank's balancing-loss values (aux, z-loss) summed
                                     over its forwards since gpt_moe_begin_step */

@@ -772,6 +772,8 @@ void gpt_moe_end_step(struct gpt *model, const double *values)
             moe->tokens[e] = (int64_t)v[e];
             moe->dropped[e] = (int64_t)v[E + e];
         }
+        moe->aux = v[2 * E];
+        moe->z = v[2 * E + 1];
         block_moe_update_bias(blk, v);
         n += MOE_STEP_VALUES(E);
     }
