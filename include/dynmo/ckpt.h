@@ -253,8 +253,9 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
 
 /* ---- checkpoints --------------------------------------------------------
  * The format is checkpoint_schema/README.md (prose) and
- * checkpoint_schema/v1.def (the machine-readable lines that the writer, the
- * loader and `dynmo check-ckpt` all follow); docs/checkpoints.md shows it
+ * checkpoint_schema/v1.def, or v2.def for a model with mixture-of-experts
+ * blocks (the machine-readable lines that the writer, the loader and
+ * `dynmo check-ckpt` all follow); docs/checkpoints.md shows it
  * with h5dump and h5py and explains atomicity and resume.
  *
  * A checkpoint directory holds complete checkpoints ckpt-<step>.h5, at most

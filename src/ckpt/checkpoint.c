@@ -1,7 +1,8 @@
 /* The checkpoint writer: ckpt_save, all ranks at once through parallel
  * HDF5 over MPI-IO. Loading is ckpt_load.c's.
  *
- * The file layout is checkpoint_schema/v1.def; this file creates exactly
+ * The file layout is checkpoint_schema/v1.def, or v2.def for a model with
+ * mixture-of-experts blocks (ckpt_schema_for); this file creates exactly
  * the groups and datasets listed there (ckpt_file.c checks them the same
  * way). The directory around the file is ckpt_dir.c's: the names, the
  * temporary, publishing (fsync, rename, fsync the directory, and only then

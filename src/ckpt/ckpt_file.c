@@ -1,5 +1,6 @@
 /* The checkpoint file as data: the schema tables compiled in from
- * checkpoint_schema/v1.def, the structural check of an open file against
+ * checkpoint_schema/v1.def (a dense model) and v2.def (with mixture-of-
+ * experts blocks), the structural check of an open file against
  * them, and the serial readers of metadata and rows that the loader, the
  * checker and inspect share.
  *

@@ -1,4 +1,5 @@
-/* The checkpoint file as the schema describes it (checkpoint_schema/v1.def):
+/* The checkpoint file as the schema describes it (checkpoint_schema/v1.def,
+ * and v2.def for a model with mixture-of-experts blocks):
  * the compiled-in schema tables, the structural validation of an open
  * file, and the serial readers of its metadata and rows. Shared by the
  * collective writer (checkpoint.c), the loader and the offline checker

@@ -1,5 +1,7 @@
 /* `dynmo inspect FILE [--json]`: a summary of a run log (configuration,
- * steps, first and last loss, mean step time, every dataset with its shape)
+ * steps, first and last loss, mean step time, with MoE blocks each one's
+ * most and least loaded expert and dropped share over the run, every
+ * dataset with its shape)
  * or of a checkpoint (model, step, optimizer and schedule position, world,
  * layout and its history, data cursors, and per block its stage, size,
  * sparsity and frozen flag) for people, or the same as one JSON object for
@@ -39,8 +41,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: dynmo inspect FILE [--json]\n"
             "Summarises a run log (<run.out_dir>/" RUNLOG_FILE_NAME "): configuration, "
-            "steps,\nfirst and last loss, mean step time and every dataset with its "
-            "shape;\nor a checkpoint (<ckpt.dir>/ckpt-<step>.h5): model, step, world, "
+            "steps,\nfirst and last loss, mean step time, the most and least loaded "
+            "expert of each\nMoE block, and every dataset with its shape;\nor a checkpoint (<ckpt.dir>/ckpt-<step>.h5): model, step, world, "
             "layout and\nhistory, data cursors, and per block its stage, size, sparsity "
             "and frozen flag.\n  --json   print the same as one JSON object\n"
             "A run log may belong to a run that is still writing it.\n");

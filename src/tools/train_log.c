@@ -115,6 +115,24 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
     if (stages > 1)
         dm_log(" | bubble %.1f%% | imbalance %.2f", 100.0 * st->bubble_ratio, st->imbalance);
     if (st->dyn_text[0]) dm_log(" | %s", st->dyn_text);
+    if (st->moe_blocks) {
+        /* the busiest expert of any MoE block against its block's mean, and
+         * the share of the step's pairs that capacity dropped */
+        double routed = 0.0, dropped = 0.0, worst = 0.0;
+        for (int j = 0; j < st->moe_blocks; j++) {
+            double sum = 0.0, most = 0.0;
+            for (int e = 0; e < st->experts; e++) {
+                double c = st->moe_tokens[j * st->experts + e];
+                sum += c;
+                most = c > most ? c : most;
+                dropped += st->moe_dropped[j * st->experts + e];
+            }
+            routed += sum;
+            if (sum > 0) worst = fmax(worst, most * st->experts / sum);
+        }
+        dm_log(" | experts: busiest %.2fx mean, dropped %.1f%%", worst,
+               routed > 0 ? 100.0 * dropped / routed : 0.0);
+    }
     if (st->migrated_blocks > 0) {
         char layout[256];
         layout_format(layout, sizeof layout, st->layout, stages);
