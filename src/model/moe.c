@@ -696,10 +696,35 @@ static void route_back_range(void *arg, long begin, long end)
     }
 }
 
+/* The four phases backwards, each reading only the next one's output. */
+static void moe_combine_backward(struct moe_acts *ma, float *dy, float *dgate, const float *dout,
+                                 int N)
+{
+    memset(dgate, 0, (size_t)N * ma->k * sizeof(float));   /* dropped pairs stay 0 */
+    struct combine_back_args a = {.dy = dy, .dgate = dgate, .dout = dout, .ma = ma};
+    dm_parallel_for(ma->rows, 16, combine_back_range, &a);
+}
+
+static void moe_dispatch_backward(struct moe_acts *ma, float *d_ln2, const float *dx, int N)
+{
+    struct scatter_back_args a = {.d_ln2 = d_ln2, .dx = dx, .ma = ma};
+    dm_parallel_for(N, 16, scatter_back_range, &a);
+}
+
+static void moe_route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
+                               float *d_ln2, float *dlogits, const float *dgate, int N)
+{
+    struct block_moe *moe = blk->moe;
+    struct route_back_args a = {.dlogits = dlogits, .dgate = dgate, .moe = moe, .ma = ma,
+                                .loss_scale = acts->loss_scale, .N = N};
+    dm_parallel_for(N, 16, route_back_range, &a);
+    matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
+                    moe->router_w, N, blk->C, ma->E);
+}
+
 void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
                   int N)
 {
-    struct block_moe *moe = blk->moe;
     struct moe_acts *ma = acts->moe;
     DM_ASSERT(ma != NULL && ma->n == N);
     int C = blk->C, H = ma->H, E = ma->E, k = ma->k;
@@ -709,21 +734,10 @@ void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, cons
     float *dx = grow_buffer_get(&back_dx, rows * C);
     float *dgate = grow_buffer_get(&back_dgate, (size_t)N * k);
     float *dlogits = grow_buffer_get(&back_dlogits, (size_t)N * E);
-    /* combine, backwards */
-    memset(dgate, 0, (size_t)N * k * sizeof(float));
-    struct combine_back_args cb = {.dy = dy, .dgate = dgate, .dout = dout, .ma = ma};
-    dm_parallel_for(ma->rows, 16, combine_back_range, &cb);
-    /* the experts, backwards */
+    moe_combine_backward(ma, dy, dgate, dout, N);
     moe_experts_backward(blk, ma, dy, dh, dx);
-    /* dispatch, backwards */
-    struct scatter_back_args sb = {.d_ln2 = d_ln2, .dx = dx, .ma = ma};
-    dm_parallel_for(N, 16, scatter_back_range, &sb);
-    /* route, backwards */
-    struct route_back_args rb = {.dlogits = dlogits, .dgate = dgate, .moe = moe, .ma = ma,
-                                 .loss_scale = acts->loss_scale, .N = N};
-    dm_parallel_for(N, 16, route_back_range, &rb);
-    matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
-                    moe->router_w, N, C, E);
+    moe_dispatch_backward(ma, d_ln2, dx, N);
+    moe_route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
 }
 
 /* ---- a model's MoE blocks, once a step ----------------------------------------------- */
