@@ -466,7 +466,9 @@ void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T
 void gpt_acts_free(struct gpt_acts *acts);
 /* After gpt_replace_blocks: resizes acts to the model's new block count,
  * keeping the per-block activation buffers it already has (they are all
- * the same size): a shrinking stage keeps its spares, a growing one reuses
+ * the same size; an MoE block's routing and expert buffers, moe_acts, are
+ * sized by its first forward and kept): a shrinking stage keeps its
+ * spares, a growing one reuses
  * them and allocates only beyond its largest size so far, so live
  * migration allocates (and zero-fills) almost nothing. Contents are not
  * kept. */
