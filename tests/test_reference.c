@@ -1,4 +1,5 @@
-/* Checks dynmo's GPT against an independent PyTorch implementation.
+/* Checks dynmo's GPT, dense and with mixture-of-experts blocks, against
+ * independent PyTorch implementations.
  *
  * tests/reference/make_fixture.py builds the same tiny model in PyTorch and
  * writes tests/reference/fixture_tiny.bin (format documented there and in
@@ -9,7 +10,16 @@
  * relative. It prints the largest difference per tensor. It reads only the
  * fixture: it never needs torch. The fixture is found at
  * $DYNMO_FIXTURE, else at tests/reference/fixture_tiny.bin under the current
- * directory or under any directory above this executable. */
+ * directory or under any directory above this executable.
+ *
+ * tests/reference/make_moe_fixture.py writes three MoE fixtures (version 2,
+ * "DMREF002": top-2 of 4 experts; softmax dropless, softmax with capacity,
+ * sigmoid with the selection bias and capacity), found beside the dense one.
+ * For them the test also compares the balancing losses (aux + z), each MoE
+ * block's routing (choices and dropped pairs) of the first forward, the ten
+ * training losses with and without the balancing losses (1e-5 relative)
+ * and the bias after the ten steps. With $DYNMO_FIXTURE only that file is
+ * checked. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -23,7 +33,11 @@
 
 #define FIXTURE_RELATIVE_PATH "tests/reference/fixture_tiny.bin"
 #define FIXTURE_HEADER_BYTES 108
+#define FIXTURE_MOE_HEADER_BYTES (104 + 24 + 32 + 4)
 #define MAX_ARRAYS 16
+static const char *const moe_fixtures[] = {
+    "fixture_moe.bin", "fixture_moe_capacity.bin", "fixture_moe_sigmoid.bin",
+};
 
 static const double logits_tolerance = 1e-4;     /* absolute */
 static const double grad_tolerance = 1e-4;       /* absolute */
@@ -43,6 +57,9 @@ struct fixture {
     size_t size;
     int vocab, max_seq, layers, heads, channels, batch, seq, steps, warmup;
     double lr, min_lr_ratio, beta1, beta2, eps, weight_decay, grad_clip;
+    int version;        /* 1 dense, 2 with MoE blocks */
+    int moe_every, experts, top_k, expert_hidden, router, drop;
+    double capacity_factor, aux_loss, z_loss, bias_rate;
     int num_arrays;
     struct fixture_array arrays[MAX_ARRAYS];
 };
@@ -103,8 +120,13 @@ static int fixture_load(struct fixture *fx, const char *path)
     if (got != fx->size) { fprintf(stderr, "%s: short read\n", path); return -1; }
 
     const unsigned char *p = fx->bytes;
-    if (memcmp(p, "DMREF001", 8) != 0 || read_u32(p + 8) != 1) {
-        fprintf(stderr, "%s: not a version-1 DMREF001 fixture\n", path);
+    if (!memcmp(p, "DMREF001", 8) && read_u32(p + 8) == 1) {
+        fx->version = 1;
+    } else if (!memcmp(p, "DMREF002", 8) && read_u32(p + 8) == 2 &&
+               fx->size >= FIXTURE_MOE_HEADER_BYTES) {
+        fx->version = 2;
+    } else {
+        fprintf(stderr, "%s: not a version-1 DMREF001 or version-2 DMREF002 fixture\n", path);
         return -1;
     }
     int *ints[] = {&fx->vocab, &fx->max_seq, &fx->layers, &fx->heads, &fx->channels,
@@ -113,12 +135,23 @@ static int fixture_load(struct fixture *fx, const char *path)
     double *reals[] = {&fx->lr, &fx->min_lr_ratio, &fx->beta1, &fx->beta2, &fx->eps,
                        &fx->weight_decay, &fx->grad_clip};
     for (int i = 0; i < 7; i++) *reals[i] = read_f64(p + 48 + 8 * i);
-    uint32_t num_arrays = read_u32(p + 104);
+    size_t offset = 104;
+    if (fx->version == 2) {
+        int *moe_ints[] = {&fx->moe_every, &fx->experts, &fx->top_k, &fx->expert_hidden,
+                           &fx->router, &fx->drop};
+        for (int i = 0; i < 6; i++) *moe_ints[i] = read_i32(p + offset + 4 * i);
+        offset += 24;
+        double *moe_reals[] = {&fx->capacity_factor, &fx->aux_loss, &fx->z_loss,
+                               &fx->bias_rate};
+        for (int i = 0; i < 4; i++) *moe_reals[i] = read_f64(p + offset + 8 * i);
+        offset += 32;
+    }
+    uint32_t num_arrays = read_u32(p + offset);
+    offset += 4;
     if (num_arrays > MAX_ARRAYS) {
         fprintf(stderr, "%s: %u arrays, at most %d expected\n", path, num_arrays, MAX_ARRAYS);
         return -1;
     }
-    size_t offset = FIXTURE_HEADER_BYTES;
     for (uint32_t i = 0; i < num_arrays; i++) {
         struct fixture_array *a = &fx->arrays[i];
         if (offset + 24 > fx->size) goto truncated;
@@ -177,14 +210,17 @@ struct named_tensor {
     size_t offset, size;
 };
 
-static int canonical_tensors(struct named_tensor *out, int max, int V, int S, int L, int C)
+static int canonical_tensors(struct named_tensor *out, int max, int V, int S, int L, int C,
+                             int moe_every, int E, int H)
 {
     static const char *block_names[BP_COUNT] = {
         "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
         "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b"};
-    const size_t c = (size_t)C;
+    static const char *expert_names[4] = {"fc_w", "fc_b", "fcproj_w", "fcproj_b"};
+    const size_t c = (size_t)C, h = (size_t)H;
     const size_t block_sizes[BP_COUNT] = {c, c, 3 * c * c, 3 * c, c * c, c,
                                           c, c, 4 * c * c, 4 * c, 4 * c * c, c};
+    const size_t expert_sizes[4] = {h * c, h, c * h, c};
     int n = 0;
     size_t offset = 0;
 #define ADD(label, count)                                                     \
@@ -199,11 +235,21 @@ static int canonical_tensors(struct named_tensor *out, int max, int V, int S, in
     ADD("wte", (size_t)V * c);
     ADD("wpe", (size_t)S * c);
     for (int l = 0; l < L; l++) {
-        for (int k = 0; k < BP_COUNT; k++) {
+        int moe = moe_every > 0 && (l + 1) % moe_every == 0;
+        for (int k = 0; k < (moe ? 8 : BP_COUNT); k++) {
             char label[32];
             snprintf(label, sizeof label, "block%d.%s", l, block_names[k]);
             ADD(label, block_sizes[k]);
         }
+        if (!moe) continue;
+        char label[32];
+        snprintf(label, sizeof label, "block%d.router_w", l);
+        ADD(label, (size_t)E * c);
+        for (int e = 0; e < E; e++)
+            for (int k = 0; k < 4; k++) {
+                snprintf(label, sizeof label, "block%d.e%d.%s", l, e, expert_names[k]);
+                ADD(label, expert_sizes[k]);
+            }
     }
     ADD("lnf_w", c);
     ADD("lnf_b", c);
@@ -226,22 +272,38 @@ static double max_abs_diff(const float *a, const float *b, size_t n, size_t *whe
     return largest;
 }
 
-int main(void)
+/* The MoE blocks' balancing losses of the forwards since the last
+ * gpt_moe_begin_step; then begins a new step (one rank: the step's sums
+ * are this rank's values, which gpt_moe_end_step takes as they are,
+ * updating the sigmoid router's bias). */
+static void end_moe_step(struct gpt *model)
 {
-    char path[2048];
-    if (!locate_fixture(path, sizeof path)) {
-        fprintf(stderr, "test_reference: fixture not found at %s (run from the repository "
-                        "root, or set DYNMO_FIXTURE; regenerate with "
-                        "/usr/bin/python3 tests/reference/make_fixture.py)\n", path);
-        return 1;
-    }
+    int n = gpt_moe_step_values(model, NULL);
+    double *values = malloc((size_t)(n ? n : 1) * sizeof(double));
+    gpt_moe_step_values(model, values);
+    gpt_moe_end_step(model, values);
+    free(values);
+    gpt_moe_begin_step(model);
+}
+
+/* Checks dynmo against one fixture; returns 0 (failures are counted by
+ * the CHECK macros). */
+static int run_fixture(const char *path)
+{
     struct fixture fx;
-    if (fixture_load(&fx, path) != 0) return 1;
+    if (fixture_load(&fx, path) != 0) {
+        testing_failures++;
+        return -1;
+    }
     printf("fixture %s: V=%d S=%d L=%d NH=%d C=%d B=%d T=%d steps=%d warmup=%d\n", path,
            fx.vocab, fx.max_seq, fx.layers, fx.heads, fx.channels, fx.batch, fx.seq,
            fx.steps, fx.warmup);
-
-    dm_threads_init(2);
+    int moe = fx.version == 2;
+    if (moe)
+        printf("  MoE: every %d, %d experts, top-%d, hidden %d, %s router, capacity factor %g "
+               "(drop %s), aux %g, z %g, bias rate %g\n", fx.moe_every, fx.experts, fx.top_k,
+               fx.expert_hidden, fx.router ? "sigmoid" : "softmax", fx.capacity_factor,
+               fx.drop ? "position" : "probs", fx.aux_loss, fx.z_loss, fx.bias_rate);
 
     struct dm_config cfg;
     config_defaults(&cfg);
@@ -262,13 +324,28 @@ int main(void)
     cfg.eps = fx.eps;
     cfg.weight_decay = fx.weight_decay;
     cfg.grad_clip = fx.grad_clip;
+    if (moe) {
+        cfg.moe_every = fx.moe_every;
+        cfg.experts = fx.experts;
+        cfg.top_k = fx.top_k;
+        cfg.expert_hidden = fx.expert_hidden;
+        snprintf(cfg.moe_router, sizeof cfg.moe_router, "%s", fx.router ? "sigmoid" : "softmax");
+        snprintf(cfg.moe_drop, sizeof cfg.moe_drop, "%s", fx.drop ? "position" : "probs");
+        cfg.capacity_factor = fx.capacity_factor;
+        cfg.aux_loss = fx.aux_loss;
+        cfg.z_loss = fx.z_loss;
+        cfg.bias_rate = fx.bias_rate;
+        cfg.moe_keys_set = 1;
+    }
     config_validate(&cfg);
     struct gpt_shape shape = gpt_shape_from_config(&cfg);
 
     const int B = fx.batch, T = fx.seq, V = fx.vocab, C = fx.channels;
-    struct named_tensor tensors[2 + 64 * BP_COUNT + 2];
-    int num_tensors = canonical_tensors(tensors, (int)(sizeof tensors / sizeof tensors[0]),
-                                        V, fx.max_seq, fx.layers, C);
+    const int M = gpt_moe_block_count(&shape), K = fx.top_k;
+    int max_tensors = 4 + fx.layers * (BP_COUNT + 1 + 4 * (moe ? fx.experts : 0));
+    struct named_tensor *tensors = malloc((size_t)max_tensors * sizeof *tensors);
+    int num_tensors = canonical_tensors(tensors, max_tensors, V, fx.max_seq, fx.layers, C,
+                                        moe ? fx.moe_every : 0, fx.experts, fx.expert_hidden);
     const size_t P = tensors[num_tensors - 1].offset + tensors[num_tensors - 1].size;
     CHECK_MSG(gpt_param_count(&shape) == P, "gpt_param_count %zu, fixture layout %zu",
               gpt_param_count(&shape), P);
@@ -281,9 +358,23 @@ int main(void)
     float *ref_grads = fixture_take(&fx, "grads", DTYPE_FLOAT32, (long)P);
     double *ref_lrs = fixture_take(&fx, "lrs", DTYPE_FLOAT64, fx.steps);
     float *ref_train_losses = fixture_take(&fx, "train_losses", DTYPE_FLOAT32, fx.steps);
+    float *ref_balance = NULL, *ref_totals = NULL, *ref_bias = NULL;
+    int *ref_choice = NULL, *ref_kept = NULL;
+    if (moe) {
+        long pairs = (long)M * B * T * K;
+        ref_balance = fixture_take(&fx, "balance", DTYPE_FLOAT32, 1);
+        ref_totals = fixture_take(&fx, "train_totals", DTYPE_FLOAT32, fx.steps);
+        ref_bias = fixture_take(&fx, "bias", DTYPE_FLOAT32, (long)M * fx.experts);
+        ref_choice = fixture_take(&fx, "choice", DTYPE_INT32, pairs);
+        ref_kept = fixture_take(&fx, "kept", DTYPE_INT32, pairs);
+        if (!ref_balance || !ref_totals || !ref_bias || !ref_choice || !ref_kept)
+            testing_failures++;
+    }
     if (!ref_params || !tokens || !targets || !ref_logits || !ref_loss || !ref_grads ||
-        !ref_lrs || !ref_train_losses || testing_failures)
-        return testing_report("test_reference");
+        !ref_lrs || !ref_train_losses || testing_failures) {
+        testing_failures++;
+        return -1;
+    }
 
     struct gpt model;
     gpt_build(&model, &shape, 0, shape.layers, 1, 1, 1);
@@ -302,6 +393,7 @@ int main(void)
 
     /* One forward and backward pass against torch's. */
     gpt_zero_grads(&model);
+    gpt_moe_begin_step(&model);
     float loss = gpt_forward(&model, &acts);
     size_t where;
     double logits_diff = max_abs_diff(acts.logits, ref_logits, (size_t)B * T * V, &where);
@@ -310,6 +402,28 @@ int main(void)
     CHECK_MSG(logits_diff <= logits_tolerance, "logits differ by %.3g", logits_diff);
     printf("loss: dynmo %.7f torch %.7f\n", loss, ref_loss[0]);
     CHECK_NEAR(loss, ref_loss[0], loss_tolerance * fabs(ref_loss[0]));
+    if (moe) {
+        double balance = gpt_moe_balance_loss(&model);
+        printf("balancing losses (aux + z): dynmo %.7g torch %.7g\n", balance, ref_balance[0]);
+        CHECK_NEAR(balance, ref_balance[0], loss_tolerance * fabs(ref_balance[0]));
+        /* The routing of every MoE block: the same choices, the same drops. */
+        int m = 0, differ = 0, dropped = 0;
+        for (int i = 0; i < model.num_blocks; i++) {
+            if (!model.blocks[i].moe) continue;
+            struct moe_routing r;
+            moe_routing_of(&acts.blocks[i], &r);
+            CHECK(r.N == B * T && r.k == K);
+            for (long p = 0; p < (long)B * T * K; p++) {
+                long at = (long)m * B * T * K + p;
+                differ += r.choice[p] != ref_choice[at] || (r.row[p] >= 0) != ref_kept[at];
+                dropped += r.row[p] < 0;
+            }
+            m++;
+        }
+        printf("routing: %d of %d pairs differ from torch's (%d dropped by capacity)\n",
+               differ, M * B * T * K, dropped);
+        CHECK_MSG(differ == 0, "%d routing decisions differ", differ);
+    }
 
     gpt_backward(&model, &acts, &scratch, 1.0f, NULL, NULL);
     gpt_tie_wte_grads(&model, NULL);   /* one rank holds both ends of wte */
@@ -318,8 +432,9 @@ int main(void)
     for (int i = 0; i < num_tensors; i++) {
         const struct named_tensor *t = &tensors[i];
         double diff = max_abs_diff(flat + t->offset, ref_grads + t->offset, t->size, &where);
-        printf("grad %-18s max |diff| %.3g at %zu (dynmo %.7g, torch %.7g)\n", t->name, diff,
-               where, flat[t->offset + where], ref_grads[t->offset + where]);
+        if (!moe || diff > grad_tolerance / 10)
+            printf("grad %-18s max |diff| %.3g at %zu (dynmo %.7g, torch %.7g)\n", t->name,
+                   diff, where, flat[t->offset + where], ref_grads[t->offset + where]);
         CHECK_MSG(diff <= grad_tolerance, "gradient %s differs by %.3g", t->name, diff);
         if (diff > worst_grad_diff) worst_grad_diff = diff;
     }
@@ -337,31 +452,55 @@ int main(void)
 
     /* Ten steps on the same batch: the loss before each update. */
     double worst_loss_diff = 0.0;
+    gpt_moe_begin_step(&model);
     for (int step = 0; step < fx.steps; step++) {
         gpt_zero_grads(&model);
         float step_loss = gpt_forward(&model, &acts);
+        double total = step_loss + gpt_moe_balance_loss(&model);
         gpt_backward(&model, &acts, &scratch, 1.0f, NULL, NULL);
         gpt_tie_wte_grads(&model, NULL);
         double norm = sqrt(gpt_grad_sumsq(&model));
         float grad_scale = norm > fx.grad_clip ? (float)(fx.grad_clip / norm) : 1.0f;
         gpt_adamw_update(&model, lr_at_step(&cfg, step), fx.beta1, fx.beta2, fx.eps,
                          fx.weight_decay, grad_scale, step + 1);
+        end_moe_step(&model);
         double relative = fabs((double)step_loss - ref_train_losses[step]) /
                           fabs((double)ref_train_losses[step]);
-        printf("step %2d: lr %.6g loss dynmo %.7f torch %.7f relative diff %.3g\n", step,
+        printf("step %2d: lr %.6g loss dynmo %.7f torch %.7f relative diff %.3g", step,
                lr_at_step(&cfg, step), step_loss, ref_train_losses[step], relative);
         CHECK_NEAR(step_loss, ref_train_losses[step],
                    loss_tolerance * fabs(ref_train_losses[step]));
         if (relative > worst_loss_diff) worst_loss_diff = relative;
+        if (moe) {
+            double rel_total = fabs(total - ref_totals[step]) / fabs((double)ref_totals[step]);
+            printf("; with balance dynmo %.7f torch %.7f relative diff %.3g", total,
+                   ref_totals[step], rel_total);
+            CHECK_NEAR(total, ref_totals[step], loss_tolerance * fabs(ref_totals[step]));
+            if (rel_total > worst_loss_diff) worst_loss_diff = rel_total;
+        }
+        printf("\n");
     }
     printf("training: worst relative loss diff %.3g over %d steps\n", worst_loss_diff,
            fx.steps);
+    if (moe) {
+        double worst_bias = 0.0;
+        int m = 0;
+        for (int i = 0; i < model.num_blocks; i++) {
+            const struct block_moe *bm = model.blocks[i].moe;
+            if (!bm) continue;
+            for (int e = 0; e < fx.experts; e++)
+                worst_bias = fmax(worst_bias, fabs(bm->bias[e] - ref_bias[m * fx.experts + e]));
+            m++;
+        }
+        printf("bias after %d steps: max |diff| %.3g\n", fx.steps, worst_bias);
+        CHECK_MSG(worst_bias <= 1e-6, "the selection bias differs by %.3g", worst_bias);
+    }
 
     block_scratch_free(&scratch);
     gpt_acts_free(&acts);
     gpt_free(&model);
-    dm_threads_shutdown();
     free(flat);
+    free(tensors);
     free(ref_params);
     free(tokens);
     free(targets);
@@ -370,6 +509,47 @@ int main(void)
     free(ref_grads);
     free(ref_lrs);
     free(ref_train_losses);
+    free(ref_balance);
+    free(ref_totals);
+    free(ref_bias);
+    free(ref_choice);
+    free(ref_kept);
     free(fx.bytes);
+    return 0;
+}
+
+int main(void)
+{
+    char path[2048];
+    if (!locate_fixture(path, sizeof path)) {
+        fprintf(stderr, "test_reference: fixture not found at %s (run from the repository "
+                        "root, or set DYNMO_FIXTURE; regenerate with "
+                        "/usr/bin/python3 tests/reference/make_fixture.py)\n", path);
+        return 1;
+    }
+    dm_threads_init(2);
+    run_fixture(path);
+    const char *override = getenv("DYNMO_FIXTURE");
+    if (!override || !*override) {
+        /* The MoE fixtures lie beside the dense one. */
+        char dir[2048];
+        snprintf(dir, sizeof dir, "%s", path);
+        char *slash = strrchr(dir, '/');
+        if (slash) *slash = '\0';
+        else snprintf(dir, sizeof dir, ".");
+        for (size_t i = 0; i < sizeof moe_fixtures / sizeof moe_fixtures[0]; i++) {
+            char moe_path[2200];
+            snprintf(moe_path, sizeof moe_path, "%s/%s", dir, moe_fixtures[i]);
+            printf("\n");
+            if (!file_exists(moe_path)) {
+                fprintf(stderr, "test_reference: MoE fixture %s not found (regenerate with "
+                        "/usr/bin/python3 tests/reference/make_moe_fixture.py)\n", moe_path);
+                testing_failures++;
+                continue;
+            }
+            run_fixture(moe_path);
+        }
+    }
+    dm_threads_shutdown();
     return testing_report("test_reference");
 }

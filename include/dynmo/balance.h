@@ -563,6 +563,9 @@ struct balance_controller_config {
     double min_gain, min_improvement;
     double block_params;        /* parameters of one dense block */
     double block_matrix_weights;/* of which in the prunable matrices */
+    const double *block_param_counts; /* (blocks) each block's parameters when blocks
+                                   differ (mixture-of-experts blocks), or NULL: all
+                                   block_params. Copied. */
 };
 
 /* One measured step as the controller reads it; arrays stay the caller's. */

@@ -62,6 +62,16 @@
  * layout, predicted ms/step of the proposal, measured ms of the decision
  * step, applied (0/1), blocks moved, measured ms of the next step, bytes. */
 #define RUNLOG_BALANCE_DECISIONS "/balance/decisions" /* float32 [decisions, 8] */
+/* Only with MoE blocks (model.moe_every > 0), one row per step; columns
+ * j * experts + e: MoE block j (in layer order), expert e (docs/runlog.md): */
+#define RUNLOG_MOE_TOKENS "/moe/tokens"           /* int32 [steps, moe_blocks * experts]:
+                                                     token-expert pairs routed */
+#define RUNLOG_MOE_DROPPED "/moe/dropped"         /* int32 [steps, moe_blocks * experts]:
+                                                     of those, dropped by capacity */
+#define RUNLOG_MOE_BIAS "/moe/bias"               /* float32 [steps, moe_blocks * experts]:
+                                                     the selection bias after the step */
+#define RUNLOG_MOE_AUX "/moe/aux_loss"            /* float32 [steps, moe_blocks] */
+#define RUNLOG_MOE_Z "/moe/z_loss"                /* float32 [steps, moe_blocks] */
 /* One row per validation pass: */
 #define RUNLOG_EVAL_STEP "/eval/step"             /* int32 [evals] */
 #define RUNLOG_EVAL_LOSS "/eval/loss"             /* float32 [evals] */
@@ -243,8 +253,9 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
 
 /* ---- checkpoints --------------------------------------------------------
  * The format is checkpoint_schema/README.md (prose) and
- * checkpoint_schema/v1.def (the machine-readable lines that the writer, the
- * loader and `dynmo check-ckpt` all follow); docs/checkpoints.md shows it
+ * checkpoint_schema/v1.def, or v2.def for a model with mixture-of-experts
+ * blocks (the machine-readable lines that the writer, the loader and
+ * `dynmo check-ckpt` all follow); docs/checkpoints.md shows it
  * with h5dump and h5py and explains atomicity and resume.
  *
  * A checkpoint directory holds complete checkpoints ckpt-<step>.h5, at most
@@ -254,7 +265,8 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
  * written by src/ckpt/checkpoint.c and read by src/ckpt/ckpt_load.c; the
  * directory around them (names, keep, latest, the resume scan,
  * next_world) is src/ckpt/ckpt_dir.c's, which never calls HDF5. */
-#define CHECKPOINT_SCHEMA_VERSION 1
+#define CHECKPOINT_SCHEMA_VERSION 1       /* a dense model's checkpoint */
+#define CHECKPOINT_SCHEMA_VERSION_MOE 2   /* one with mixture-of-experts blocks */
 #define CHECKPOINT_LATEST_NAME "latest"
 
 /* Everything a checkpoint holds besides the model's tensors.
@@ -291,7 +303,15 @@ struct ckpt_meta {
                                block's matrices (pruned weights are zero),
                                computed by save; load only */
     /* Filled by load and ckpt_read_info only: */
-    struct gpt_shape shape; /* the model the checkpoint holds */
+    struct gpt_shape shape; /* the model the checkpoint holds (its moe: every,
+                               experts, top_k and hidden; zero when dense) */
+    int moe_blocks, experts;/* schema version 2: the MoE blocks' state, per MoE
+                               block j (layer order) and expert e at j * experts + e:
+                               the selection bias and the last step's routed and
+                               dropped token-expert pairs (NULL when dense; each
+                               loaded MoE block gets its own already) */
+    float *moe_bias;
+    long *moe_tokens, *moe_dropped;
     int schema_version;
     char dynmo_version[32]; /* of the writer */
     char created[32];       /* ISO 8601 UTC */

@@ -181,6 +181,10 @@ struct dm_config {
     int layers;         /* transformer blocks */
     int heads;          /* attention heads; must divide channels */
     int channels;       /* model width C */
+    int moe_every;      /* 0: no MoE; block l is a mixture of experts when (l+1) % moe_every == 0 */
+    int experts;        /* E expert MLPs in an MoE block */
+    int top_k;          /* k experts per token */
+    int expert_hidden;  /* hidden width of an expert (0: 4 x channels) */
     /* [train] */
     int batch;          /* sequences per optimizer step (global) */
     int seq;            /* tokens per sequence, <= max_seq */
@@ -206,6 +210,7 @@ struct dm_config {
     int trace_steps;    /* steps traced from trace_from */
     /* [parallel] */
     int pp, dp;         /* pipeline stages S, data-parallel replicas D */
+    int ep;             /* expert-parallel degree (divides dp and model.experts; 1 only, so far) */
     int turns;          /* 1: ranks that outnumber their CPUs take turns computing */
     char schedule[32];  /* "1f1b" or "gpipe" */
     /* [balance] */
@@ -241,6 +246,14 @@ struct dm_config {
     double sparsity_initial;/* s_i, the sparsity at t0 */
     double sparsity_final;  /* s_f, the sparsity from t0 + n dt on */
     double csr_sparsity;    /* a block's matrices go to CSR from this sparsity on */
+    /* [moe] (docs/moe.md) */
+    char moe_router[16];    /* "softmax" or "sigmoid" (scores with a selection bias) */
+    double capacity_factor; /* 0: dropless; else capacity ceil(k T / E x factor) */
+    char moe_drop[16];      /* overflow dropped first: "probs" (lowest) or "position" (latest) */
+    double aux_loss;        /* alpha of the Switch/GShard balancing loss */
+    double z_loss;          /* beta of the router z-loss */
+    double bias_rate;       /* gamma of the auxiliary-loss-free bias update (sigmoid router) */
+    int moe_keys_set;       /* keys of [moe] or model.experts/top_k/expert_hidden given */
     /* [repack] */
     int repack_enable;
     int repack_every;   /* steps between re-pack decisions */

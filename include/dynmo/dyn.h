@@ -1,6 +1,6 @@
 /* dynmo dyn: the dynamism schemes (layer freezing, early exit, gradual
- * global magnitude pruning; later mixture of experts, sparse attention,
- * mixture of depths) behind one small interface of hooks that the
+ * global magnitude pruning; later sparse attention, mixture of depths;
+ * mixture of experts is the model's own, model.moe_every) behind one small interface of hooks that the
  * pipeline engine calls on every rank:
  *
  *   dyn_before_step   at a step boundary, before any micro-batch: a scheme

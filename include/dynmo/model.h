@@ -14,12 +14,47 @@
 #include <stdint.h>
 #include "dynmo/core.h"
 
+struct block;
+struct moe_acts;
+
 /* ---- shapes ------------------------------------------------------------ */
+
+/* Mixture of experts (src/model/moe.c, docs/moe.md): which blocks replace
+ * their MLP by E expert MLPs and a linear router, and how tokens are
+ * routed. All zero for a dense model (every == 0). */
+enum { MOE_ROUTER_SOFTMAX = 0, MOE_ROUTER_SIGMOID = 1 };
+enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1 };
+struct gpt_moe {
+    int every;              /* 0: none; block l is an MoE block when (l + 1) % every == 0 */
+    int experts, top_k;     /* E, k */
+    int hidden;             /* H, an expert's hidden width */
+    int router;             /* MOE_ROUTER_*: softmax, or sigmoid scores with a selection bias */
+    int drop;               /* MOE_DROP_*: which overflow a full expert drops first */
+    float capacity_factor;  /* 0: dropless; else capacity ceil(k * N * factor / E) */
+    float aux_loss, z_loss; /* alpha (Switch/GShard balancing loss), beta (router z-loss) */
+    float bias_rate;        /* gamma of the auxiliary-loss-free bias update */
+};
+/* Shapes are compared with memcmp: no padding anywhere. */
 
 struct gpt_shape {
     int vocab, max_seq, layers, heads, channels;
+    struct gpt_moe moe;
 };
+_Static_assert(sizeof(struct gpt_shape) == 15 * 4, "struct gpt_shape has no padding");
+/* The shape cfg describes; moe is all zero when model.moe_every = 0, and
+ * moe.hidden is 4 x channels when model.expert_hidden = 0. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
+
+/* Whether block `index` is a mixture of experts. */
+int gpt_block_is_moe(const struct gpt_shape *shape, int index);
+/* MoE blocks of the model, and the ordinal of block `index` among them
+ * (0 for the first MoE block in layer order), or -1 for a dense block. */
+int gpt_moe_block_count(const struct gpt_shape *shape);
+int gpt_moe_ordinal(const struct gpt_shape *shape, int index);
+/* Parameters of block `index`: block_param_count(C) for a dense block,
+ * moe_block_param_count for an MoE block. Blocks differ in size; ask this
+ * (or blk->nparams), never assume block_param_count for every block. */
+size_t gpt_block_param_count(const struct gpt_shape *shape, int index);
 
 /* ---- ops: one function per op and direction ----------------------------
  * Outputs first, then inputs, then sizes. Backward functions ACCUMULATE
@@ -119,11 +154,24 @@ enum {
     BP_COUNT
 };
 size_t block_param_count(int C);
+/* An MoE block's parameters, in this order: the eight tensors ln1_w ..
+ * ln2_b of a dense block (moe_shared_param_count: 4C^2 + 8C), the router
+ * router_w (E, C), then expert 0, 1, .., E-1, each fc_w (H, C) fc_b (H)
+ * fcproj_w (C, H) fcproj_b (C) (moe_expert_param_count: 2HC + H + C). */
+size_t moe_shared_param_count(int C);
+size_t moe_expert_param_count(int C, int H);
+size_t moe_block_param_count(int C, const struct gpt_moe *moe);
 /* Element offset and size of tensor k (BP_*) inside a block's parameters. */
 size_t block_tensor_offset(int C, int k);
 size_t block_tensor_size(int C, int k);
 /* Whether tensor k is a matrix (receives weight decay). */
 int block_tensor_is_matrix(int k);
+/* The tensors of one block, dense or MoE, in parameter order: how many,
+ * and tensor k's element offset and size; returns whether it is a matrix
+ * (weight decay). A dense block's are the BP_* tensors; an MoE block's the
+ * eight shared ones, the router and the experts' four each. */
+int block_tensor_count(const struct block *blk);
+int block_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size);
 /* Random stream of tensor k of layer `index`: ((index + 1) << 8) | k.
  * The embeddings use GPT_STREAM_WTE and GPT_STREAM_WPE (below 256, so
  * they never collide with a block's). */
@@ -179,9 +227,33 @@ struct block_sparse {
     struct csr_matrix csr[BLOCK_MATRICES];  /* values refreshed by block_forward */
 };
 
+/* The mixture-of-experts state of an MoE block (src/model/moe.c): views
+ * of its router and experts in the slab, and its dynamic state, which
+ * travels in its pack (BLOCK_FLAG_MOE) and its checkpoint rows: the
+ * selection bias and the last step's counts. */
+#define BLOCK_FLAG_MOE (UINT64_C(1) << 10)  /* MoE state follows v */
+struct block_moe {
+    struct gpt_moe cfg;          /* E, k, H and the routing, from the shape */
+    size_t expert_params;        /* floats of one expert */
+    float *router_w, *router_g;  /* (E, C) views into params and grads */
+    float *experts_p, *experts_g;/* (E, expert_params) views: per expert fc_w (H, C),
+                                    fc_b (H), fcproj_w (C, H), fcproj_b (C) */
+    float *bias;                 /* (E) selection bias of the sigmoid router */
+    int64_t *tokens, *dropped;   /* (E) the last finished step's token-expert pairs routed
+                                    to each expert and dropped by its capacity, summed
+                                    over the data-parallel replicas */
+    double aux, z;               /* the last finished step's balancing-loss values, summed
+                                    over its forwards and the replicas */
+    int64_t *step_tokens, *step_dropped; /* (E) this rank's since gpt_moe_begin_step */
+    double step_aux, step_z;     /* this rank's balancing-loss values (aux, z-loss) summed
+                                    over its forwards since gpt_moe_begin_step */
+};
+
 /* One block: a single slab holds [params | grads | adam m | adam v];
- * dynamic state lives beside it (sparse: NULL until the block is pruned)
- * and travels in its pack. */
+ * dynamic state lives beside it (sparse: NULL until the block is pruned;
+ * moe: NULL for a dense block) and travels in its pack. For an MoE block
+ * p[k] and g[k] are set for the eight shared tensors only (k < BP_FC_W);
+ * the router and experts are moe's views. */
 struct block {
     int index;          /* global layer index, 0..layers-1 */
     int C, NH;
@@ -194,6 +266,7 @@ struct block {
     float *p[BP_COUNT]; /* views into params */
     float *g[BP_COUNT]; /* views into grads */
     struct block_sparse *sparse;   /* pruning state, or NULL */
+    struct block_moe *moe;         /* mixture of experts, or NULL (a dense block) */
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -274,10 +347,17 @@ struct block_acts {
     float *ln2_mean, *ln2_rstd;   /* (B,T) */
     float *fch;         /* (B,T,4C) */
     float *fch_gelu;    /* (B,T,4C) */
+    struct moe_acts *moe;   /* an MoE block's routing and expert activations
+                               (moe.c), allocated by its first forward, or NULL */
+    float loss_scale;   /* MoE: the scale of the balancing losses' gradient in
+                           block_backward (gpt_backward sets its dloss_scale;
+                           block_acts_alloc sets 1) */
 };
 void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH);
 void block_acts_free(struct block_acts *acts);
 size_t block_acts_bytes(int B, int T, int C, int NH);
+/* What an MoE block's forward adds to its block_acts (moe_acts). */
+size_t moe_acts_bytes(const struct gpt_shape *shape, int B, int T);
 
 /* Scratch shared by all blocks of a rank during backward; sized for the
  * largest micro-batch. */
@@ -386,7 +466,9 @@ void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T
 void gpt_acts_free(struct gpt_acts *acts);
 /* After gpt_replace_blocks: resizes acts to the model's new block count,
  * keeping the per-block activation buffers it already has (they are all
- * the same size): a shrinking stage keeps its spares, a growing one reuses
+ * the same size; an MoE block's routing and expert buffers, moe_acts, are
+ * sized by its first forward and kept): a shrinking stage keeps its
+ * spares, a growing one reuses
  * them and allocates only beyond its largest size so far, so live
  * migration allocates (and zero-fills) almost nothing. Contents are not
  * kept. */
@@ -444,6 +526,54 @@ double block_grad_sumsq(const struct block *blk);   /* 0 when frozen, without re
 /* The wte+wpe term and the lnf term of gpt_grad_sumsq. */
 double gpt_embed_grad_sumsq(const struct gpt *model);
 double gpt_head_grad_sumsq(const struct gpt *model);
+
+/* ---- mixture of experts over a model's blocks (src/model/moe.c) ----------
+ * Once a step, around its micro-batches: gpt_moe_begin_step zeroes every
+ * MoE block's step counts and loss values; each forward counts into them;
+ * the caller sums gpt_moe_step_values over the data-parallel replicas (the
+ * model never calls MPI; the pipeline engine does it after the gradient
+ * reduction) and hands the sums to gpt_moe_end_step, which keeps them as
+ * the blocks' last-step counts and moves each sigmoid router's bias by
+ * bias_rate x sign(mean count - count_i) (DeepSeek-V3's auxiliary-loss-free
+ * balancing). The same sums on every replica give the same bias everywhere. */
+#define MOE_STEP_VALUES(E) (2 * (E) + 2)
+void gpt_moe_begin_step(struct gpt *model);
+/* This rank's values of its MoE blocks, in block order, MOE_STEP_VALUES(E)
+ * doubles each: routed token-expert pairs per expert (E), dropped ones (E),
+ * the aux loss and the z-loss summed over the forwards. Returns the number
+ * of doubles (0 without MoE blocks); values may be NULL to ask the size. */
+int gpt_moe_step_values(const struct gpt *model, double *values);
+/* Takes the values gpt_moe_step_values laid out, summed over the replicas. */
+void gpt_moe_end_step(struct gpt *model, const double *values);
+/* The balancing losses (aux + z-loss, as added to the training loss) of
+ * this rank's forwards since gpt_moe_begin_step, summed over its blocks. */
+double gpt_moe_balance_loss(const struct gpt *model);
+/* One block's bias update from the step's routed pairs per expert
+ * (tokens, E values summed over the replicas): b_i += bias_rate x
+ * sign(mean - tokens_i). No-op unless the block routes with the sigmoid
+ * router and bias_rate > 0. */
+void block_moe_update_bias(struct block *blk, const double *tokens);
+
+/* What routing decided for the tokens of an MoE block's last forward (for
+ * tests and tools): per token t and slot j < k (best first) the chosen
+ * expert choice[t k + j], its gate weight gate[t k + j] (renormalised over
+ * the chosen experts; a dropped pair keeps its gate but contributes
+ * nothing) and row[t k + j], the pair's row among the expert inputs
+ * grouped by expert (-1: dropped by the expert's capacity); offset[e] ..
+ * offset[e + 1] are expert e's rows; the
+ * router's scores (N, E) (softmax probabilities or sigmoid scores, before
+ * the bias), and the micro-batch's aux and z-loss values. Arrays belong to
+ * acts and stay valid until its next forward. */
+struct moe_routing {
+    int N, E, k, capacity;      /* capacity 0: dropless */
+    const int *choice;
+    const float *gate;
+    const int *row;
+    const int *offset;          /* (E + 1) */
+    const float *scores;
+    float aux, z;
+};
+void moe_routing_of(const struct block_acts *acts, struct moe_routing *routing);
 
 /* ---- early exit (src/model/exit.c; policy in src/dyn/early_exit.c) -------
  * A token that exits after block l keeps its hidden state (copied forward

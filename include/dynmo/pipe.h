@@ -79,6 +79,15 @@ struct step_stats {
      * start: the same clock on one node), wall ms, thread CPU ms. */
     float *trace;
     int trace_rows;
+    /* Mixture of experts (model.moe_every > 0; moe_blocks 0 otherwise): per
+     * MoE block j (in layer order) and expert e, at j * experts + e, the
+     * step's token-expert pairs routed to the expert and those its capacity
+     * dropped, over all micro-batches and replicas, and the selection bias
+     * after the step; per MoE block its aux and z-loss values, the mean over
+     * the step's micro-batches and replicas. */
+    int moe_blocks, experts;
+    double *moe_tokens, *moe_dropped, *moe_bias;   /* (moe_blocks * experts) */
+    double *moe_aux, *moe_z;                         /* (moe_blocks) */
     int migrated_blocks;      /* by the re-layout before this step */
     double migrated_bytes, migrate_ms;
 };

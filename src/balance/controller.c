@@ -32,6 +32,7 @@ struct balance_controller {
     uint64_t seed;
     double min_gain, min_improvement;
     double block_params, block_matrix_weights;
+    double *block_sizes;        /* (blocks) each block's parameters */
     double *params;             /* (blocks) parameters that still compute */
     double *fwd_ema, *bwd_ema;  /* (blocks) ms per micro-batch */
     double *update_ema;         /* (blocks) ms once a step */
@@ -101,7 +102,10 @@ struct balance_controller *balance_controller_create(const struct balance_contro
     ctl->bwd_ema = dm_alloc(n * sizeof(double));
     ctl->update_ema = dm_alloc(n * sizeof(double));
     ctl->mem_bytes = dm_alloc(n * sizeof(int64_t));
-    for (size_t b = 0; b < n; b++) ctl->params[b] = c->block_params;
+    ctl->block_sizes = dm_alloc(n * sizeof(double));
+    for (size_t b = 0; b < n; b++)
+        ctl->block_sizes[b] = c->block_param_counts ? c->block_param_counts[b] : c->block_params;
+    for (size_t b = 0; b < n; b++) ctl->params[b] = ctl->block_sizes[b];
     ctl->sharing.stages = c->stages;
     return ctl;
 }
@@ -110,6 +114,7 @@ void balance_controller_destroy(struct balance_controller *ctl)
 {
     if (!ctl) return;
     dm_free(ctl->params);
+    dm_free(ctl->block_sizes);
     dm_free(ctl->fwd_ema);
     dm_free(ctl->bwd_ema);
     dm_free(ctl->update_ema);
@@ -173,7 +178,7 @@ static void fold(struct balance_controller *ctl, const struct balance_observatio
         ctl->update_ema[b] = ema(ctl->update_ema[b], obs->update_ms[b], ctl->have_ema);
         ctl->mem_bytes[b] = (int64_t)obs->mem_bytes[b];
         /* Parameters that still compute: a pruned block's nonzeros. */
-        ctl->params[b] = ctl->block_params - obs->sparsity[b] * ctl->block_matrix_weights;
+        ctl->params[b] = ctl->block_sizes[b] - obs->sparsity[b] * ctl->block_matrix_weights;
     }
     ctl->have_ema = 1;
     if (obs->migrated_blocks > 0 && obs->migrated_bytes > 0) {

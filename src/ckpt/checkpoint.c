@@ -1,7 +1,8 @@
 /* The checkpoint writer: ckpt_save, all ranks at once through parallel
  * HDF5 over MPI-IO. Loading is ckpt_load.c's.
  *
- * The file layout is checkpoint_schema/v1.def; this file creates exactly
+ * The file layout is checkpoint_schema/v1.def, or v2.def for a model with
+ * mixture-of-experts blocks (ckpt_schema_for); this file creates exactly
  * the groups and datasets listed there (ckpt_file.c checks them the same
  * way). The directory around the file is ckpt_dir.c's: the names, the
  * temporary, publishing (fsync, rename, fsync the directory, and only then
@@ -158,7 +159,9 @@ static int dataset_geometry(const struct schema_dataset *d, const struct ckpt_di
         return rank;
     }
     hsize_t rows = target / col_chunk;
-    if (!strcmp(d->dims[0], "layers") || rows < 1) rows = 1;
+    int per_block = !strcmp(d->dims[0], "layers") || !strcmp(d->dims[0], "moe_layers") ||
+                    !strcmp(d->dims[0], "expert_rows");
+    if (per_block || rows < 1) rows = 1;
     if (rows > extent[0]) rows = extent[0];
     chunk[0] = rows;
     chunk[1] = col_chunk;
@@ -187,12 +190,13 @@ static hid_t create_dataset(hid_t file, const struct schema_dataset *d,
 
 /* The root and group attributes, which rank 0 writes into the skeleton. */
 static void write_attributes(hid_t file, const struct gpt_shape *shape,
-                             const struct ckpt_meta *meta, const struct ckpt_dims *dims)
+                             const struct ckpt_meta *meta, const struct ckpt_dims *dims,
+                             const struct ckpt_schema *schema)
 {
     char created[32];
     iso_time_now(created, sizeof created);
     dm_h5_write_string_attr(file, "kind", CHECKPOINT_KIND);
-    write_integer_attr(file, "schema_version", SCHEMA_TYPE_INT64, CHECKPOINT_SCHEMA_VERSION);
+    write_integer_attr(file, "schema_version", SCHEMA_TYPE_INT64, schema->version);
     dm_h5_write_string_attr(file, "dynmo_version", DYNMO_VERSION);
     dm_h5_write_string_attr(file, "created", created);
     dm_h5_write_string_attr(file, "config", meta->config_text ? meta->config_text : "");
@@ -207,6 +211,12 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
     write_integer_attr(group, "heads", SCHEMA_TYPE_INT64, shape->heads);
     write_integer_attr(group, "channels", SCHEMA_TYPE_INT64, shape->channels);
     write_integer_attr(group, "block_params", SCHEMA_TYPE_INT64, dims->block_params);
+    if (schema->version == CHECKPOINT_SCHEMA_VERSION_MOE) {
+        write_integer_attr(group, "moe_every", SCHEMA_TYPE_INT64, shape->moe.every);
+        write_integer_attr(group, "experts", SCHEMA_TYPE_INT64, shape->moe.experts);
+        write_integer_attr(group, "top_k", SCHEMA_TYPE_INT64, shape->moe.top_k);
+        write_integer_attr(group, "expert_hidden", SCHEMA_TYPE_INT64, shape->moe.hidden);
+    }
     DM_H5(H5Gclose(group));
 
     long long seed, checksum;
@@ -234,20 +244,21 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
  * datasets are created, before any attribute exists, because the global
  * heap of the string attributes is raw data to the driver too. */
 static void create_skeleton(const char *tmp, const struct gpt_shape *shape,
-                            const struct ckpt_meta *meta, const struct ckpt_dims *dims)
+                            const struct ckpt_meta *meta, const struct ckpt_dims *dims,
+                            const struct ckpt_schema *schema)
 {
     dm_h5_set_file_context(tmp);
     hid_t fapl = ckpt_skeleton_fapl();
     DM_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110));
     hid_t file = DM_H5(H5Fcreate(tmp, H5F_ACC_TRUNC, H5P_DEFAULT, fapl));
     DM_H5(H5Pclose(fapl));
-    for (int i = 0; i < ckpt_schema_group_count; i++)
-        DM_H5(H5Gclose(DM_H5(H5Gcreate2(file, ckpt_schema_groups[i], H5P_DEFAULT,
+    for (int i = 0; i < schema->group_count; i++)
+        DM_H5(H5Gclose(DM_H5(H5Gcreate2(file, schema->groups[i], H5P_DEFAULT,
                                         H5P_DEFAULT, H5P_DEFAULT))));
     unsigned long long allocated = 0;
     ckpt_skeleton_discard_raw(file, 1);
-    for (int i = 0; i < ckpt_schema_dataset_count; i++) {
-        hid_t dataset = create_dataset(file, &ckpt_schema_datasets[i], dims);
+    for (int i = 0; i < schema->dataset_count; i++) {
+        hid_t dataset = create_dataset(file, &schema->datasets[i], dims);
         allocated += H5Dget_storage_size(dataset);
         DM_H5(H5Dclose(dataset));
     }
@@ -255,7 +266,7 @@ static void create_skeleton(const char *tmp, const struct gpt_shape *shape,
     /* What was dropped must be the fill of every allocated chunk, once (or
      * nothing, from an HDF5 that does not fill), never other raw data. */
     DM_ASSERT(dropped == allocated || dropped == 0);
-    write_attributes(file, shape, meta, dims);
+    write_attributes(file, shape, meta, dims, schema);
     DM_H5(H5Fclose(file));
 }
 
@@ -274,7 +285,8 @@ _Static_assert(sizeof(long) == 8 && sizeof(int) == 4 && sizeof(float) == 4,
                "checkpoint element types");
 
 struct chunk_writer {
-    const hid_t *datasets;          /* (ckpt_schema_dataset_count), open on every rank */
+    const struct ckpt_schema *schema;
+    const hid_t *datasets;          /* (schema->dataset_count), open on every rank */
     const struct ckpt_dims *dims;
     unsigned char *chunk_buffer;    /* CHUNK_TARGET_BYTES + 4 */
     int writeback_fd;               /* the file, read-only, for start_writeback; or -1 */
@@ -298,10 +310,10 @@ static void write_rows(const struct chunk_writer *w, const char *name, hsize_t r
                        hsize_t nrows, const void *src)
 {
     int index = -1;
-    for (int i = 0; i < ckpt_schema_dataset_count && index < 0; i++)
-        if (!strcmp(ckpt_schema_datasets[i].path, name)) index = i;
+    for (int i = 0; i < w->schema->dataset_count && index < 0; i++)
+        if (!strcmp(w->schema->datasets[i].path, name)) index = i;
     DM_ASSERT(index >= 0);
-    const struct schema_dataset *d = &ckpt_schema_datasets[index];
+    const struct schema_dataset *d = &w->schema->datasets[index];
     hid_t dataset = w->datasets[index];
     hsize_t extent[2], chunk[2];
     int rank = dataset_geometry(d, w->dims, extent, chunk);
@@ -340,10 +352,10 @@ static void write_rows(const struct chunk_writer *w, const char *name, hsize_t r
 static float block_sparsity(const struct block *blk)
 {
     size_t zeros = 0, total = 0;
-    for (int k = 0; k < BP_COUNT; k++) {
-        if (!block_tensor_is_matrix(k)) continue;
-        size_t n = block_tensor_size(blk->C, k);
-        const float *p = blk->p[k];
+    for (int k = 0; k < block_tensor_count(blk); k++) {
+        size_t offset, n;
+        if (!block_tensor_at(blk, k, &offset, &n)) continue;
+        const float *p = blk->params + offset;
         for (size_t i = 0; i < n; i++) zeros += p[i] == 0.0f;
         total += n;
     }
@@ -424,6 +436,36 @@ static void write_small_datasets(const struct chunk_writer *w, const struct gpt 
     dm_free(sparsity_all);
 }
 
+/* An MoE block (schema version 2): its shared tensors zero-padded in
+ * /blocks, its router's row, each expert's row and its state's rows. */
+static void write_moe_block(const struct chunk_writer *w, const struct gpt *model,
+                            const struct block *blk)
+{
+    const struct block_moe *moe = blk->moe;
+    const struct gpt_shape *shape = &model->shape;
+    int E = moe->cfg.experts, C = blk->C;
+    hsize_t j = (hsize_t)gpt_moe_ordinal(shape, blk->index);
+    size_t shared = moe_shared_param_count(C), router = (size_t)E * C;
+    size_t row_floats = (size_t)w->dims->block_params;
+    float *row = dm_alloc(row_floats * sizeof(float));   /* zero past the shared part */
+    const float *bases[3] = {blk->params, blk->m, blk->v};
+    const char *kinds[3] = {"params", "adam_m", "adam_v"};
+    for (int k = 0; k < 3; k++) {
+        char name[64];
+        memcpy(row, bases[k], shared * sizeof(float));
+        snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
+        write_rows(w, name, (hsize_t)blk->index, 1, row);
+        snprintf(name, sizeof name, "/moe/router/%s", kinds[k]);
+        write_rows(w, name, j, 1, bases[k] + shared);
+        snprintf(name, sizeof name, "/moe/experts/%s", kinds[k]);
+        write_rows(w, name, j * (hsize_t)E, (hsize_t)E, bases[k] + shared + router);
+    }
+    write_rows(w, "/moe/state/bias", j, 1, moe->bias);
+    write_rows(w, "/moe/state/tokens", j, 1, moe->tokens);
+    write_rows(w, "/moe/state/dropped", j, 1, moe->dropped);
+    dm_free(row);
+}
+
 /* A writer's tensors: its blocks' rows, then the embedding (stage 0) and
  * the head (last stage). The slab holds [wte wpe lnf_w lnf_b] for params
  * and for m and v. */
@@ -432,9 +474,13 @@ static void write_tensors(const struct chunk_writer *w, const struct gpt *model,
 {
     for (int i = 0; i < model->num_blocks; i++) {
         const struct block *blk = &model->blocks[i];
-        write_rows(w, "/blocks/params", (hsize_t)blk->index, 1, blk->params);
-        write_rows(w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
-        write_rows(w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
+        if (blk->moe) {
+            write_moe_block(w, model, blk);
+        } else {
+            write_rows(w, "/blocks/params", (hsize_t)blk->index, 1, blk->params);
+            write_rows(w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
+            write_rows(w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
+        }
         start_writeback(w);
     }
     const struct gpt_shape *shape = &model->shape;
@@ -476,14 +522,15 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     history.layers = shape->layers;   /* an empty caller's history may be zeroed */
     layout_history_push(&history, meta->step, meta->layout, meta->pp);
 
-    struct ckpt_dims dims = {
-        .layers = shape->layers, .block_params = (long)block_param_count(shape->channels),
-        .vocab = shape->vocab, .max_seq = shape->max_seq, .channels = shape->channels,
-        .pp = meta->pp, .dp = meta->dp, .history = history.count,
-    };
+    struct ckpt_dims dims;
+    ckpt_dims_of_shape(&dims, shape);
+    dims.pp = meta->pp;
+    dims.dp = meta->dp;
+    dims.history = history.count;
+    const struct ckpt_schema *schema = ckpt_schema_for(shape);
 
     /* The skeleton first, by rank 0; the others wait (polled). */
-    if (rank == 0) create_skeleton(tmp, shape, meta, &dims);
+    if (rank == 0) create_skeleton(tmp, shape, meta, &dims, schema);
     MPI_Request request;
     WORLD_MPI(MPI_Ibarrier(comm, &request));
     world_wait(&request);
@@ -492,20 +539,20 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     /* Every chunk is allocated already, so opening the datasets through
      * MPI-IO allocates and fills nothing. They stay open on every rank
      * until the collective close below. */
-    hid_t *datasets = dm_alloc((size_t)ckpt_schema_dataset_count * sizeof(hid_t));
-    for (int i = 0; i < ckpt_schema_dataset_count; i++)
-        datasets[i] = DM_H5(H5Dopen2(file, ckpt_schema_datasets[i].path, H5P_DEFAULT));
+    hid_t *datasets = dm_alloc((size_t)schema->dataset_count * sizeof(hid_t));
+    for (int i = 0; i < schema->dataset_count; i++)
+        datasets[i] = DM_H5(H5Dopen2(file, schema->datasets[i].path, H5P_DEFAULT));
 
     /* Replica 0 of each stage writes that stage's tensors. */
     int writer = dp_rank == 0;
-    struct chunk_writer w = {.datasets = datasets, .dims = &dims,
+    struct chunk_writer w = {.schema = schema, .datasets = datasets, .dims = &dims,
                              .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4),
                              .writeback_fd = writer ? open(tmp, O_RDONLY) : -1};
     write_small_datasets(&w, model, meta, &history, writer, comm);
     if (writer) write_tensors(&w, model, stage, meta->pp);
     if (w.writeback_fd >= 0) close(w.writeback_fd);
     dm_free(w.chunk_buffer);
-    for (int i = 0; i < ckpt_schema_dataset_count; i++) DM_H5(H5Dclose(datasets[i]));
+    for (int i = 0; i < schema->dataset_count; i++) DM_H5(H5Dclose(datasets[i]));
     dm_free(datasets);
 
     /* Last, the completion attribute: a file without it never finished.

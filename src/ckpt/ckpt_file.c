@@ -1,5 +1,6 @@
 /* The checkpoint file as data: the schema tables compiled in from
- * checkpoint_schema/v1.def, the structural check of an open file against
+ * checkpoint_schema/v1.def (a dense model) and v2.def (with mixture-of-
+ * experts blocks), the structural check of an open file against
  * them, and the serial readers of metadata and rows that the loader, the
  * checker and inspect share.
  *
@@ -7,6 +8,7 @@
  * checkpoint.c, the loader in ckpt_load.c. Every problem goes through
  * ckpt_problem so that the loader can stop at the first and the checker
  * can list them all. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,57 +16,34 @@
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
 
-/* ---- the schema, compiled in from checkpoint_schema/v1.def ------------- */
+/* ---- the schemas, compiled in from checkpoint_schema/v1.def and v2.def ---- */
 
-#define SCHEMA_VERSION(n)
-#define SCHEMA_GROUP(path)
-#define SCHEMA_ATTR(object, name, type, value)
-#define SCHEMA_DATASET(path, type, dim0, dim1)
-
-#undef SCHEMA_VERSION
-#define SCHEMA_VERSION(n) n
-enum {
-    SCHEMA_FILE_VERSION =
-#include "../../checkpoint_schema/v1.def"
-};
-#undef SCHEMA_VERSION
-#define SCHEMA_VERSION(n)
-_Static_assert(SCHEMA_FILE_VERSION == CHECKPOINT_SCHEMA_VERSION,
+#define SCHEMA_FILE "../../checkpoint_schema/v1.def"
+#define SCHEMA_NAME ckpt_schema_v1
+#include "ckpt/schema_tables.h"
+#undef SCHEMA_FILE
+#undef SCHEMA_NAME
+#define SCHEMA_FILE "../../checkpoint_schema/v2.def"
+#define SCHEMA_NAME ckpt_schema_v2
+#include "ckpt/schema_tables.h"
+#undef SCHEMA_FILE
+#undef SCHEMA_NAME
+_Static_assert(ckpt_schema_v1_number == CHECKPOINT_SCHEMA_VERSION,
                "checkpoint_schema/v1.def and CHECKPOINT_SCHEMA_VERSION disagree");
-const int ckpt_schema_version = SCHEMA_FILE_VERSION;
+_Static_assert(ckpt_schema_v2_number == CHECKPOINT_SCHEMA_VERSION_MOE,
+               "checkpoint_schema/v2.def and CHECKPOINT_SCHEMA_VERSION_MOE disagree");
 
-#undef SCHEMA_GROUP
-#define SCHEMA_GROUP(path) path,
-const char *const ckpt_schema_groups[] = {
-#include "../../checkpoint_schema/v1.def"
-};
-#undef SCHEMA_GROUP
-#define SCHEMA_GROUP(path)
-const int ckpt_schema_group_count =
-    (int)(sizeof ckpt_schema_groups / sizeof ckpt_schema_groups[0]);
+const struct ckpt_schema *ckpt_schema_of_version(long version)
+{
+    if (version == ckpt_schema_v1.version) return &ckpt_schema_v1;
+    if (version == ckpt_schema_v2.version) return &ckpt_schema_v2;
+    return NULL;
+}
 
-#undef SCHEMA_ATTR
-#define SCHEMA_ATTR(object, name, type, value) {object, name, SCHEMA_TYPE_##type, value},
-const struct schema_attr ckpt_schema_attrs[] = {
-#include "../../checkpoint_schema/v1.def"
-};
-#undef SCHEMA_ATTR
-#define SCHEMA_ATTR(object, name, type, value)
-const int ckpt_schema_attr_count =
-    (int)(sizeof ckpt_schema_attrs / sizeof ckpt_schema_attrs[0]);
-
-#undef SCHEMA_DATASET
-#define SCHEMA_DATASET(path, type, dim0, dim1) {path, SCHEMA_TYPE_##type, {dim0, dim1}},
-const struct schema_dataset ckpt_schema_datasets[] = {
-#include "../../checkpoint_schema/v1.def"
-};
-#undef SCHEMA_DATASET
-const int ckpt_schema_dataset_count =
-    (int)(sizeof ckpt_schema_datasets / sizeof ckpt_schema_datasets[0]);
-
-#undef SCHEMA_VERSION
-#undef SCHEMA_GROUP
-#undef SCHEMA_ATTR
+const struct ckpt_schema *ckpt_schema_for(const struct gpt_shape *shape)
+{
+    return gpt_moe_block_count(shape) > 0 ? &ckpt_schema_v2 : &ckpt_schema_v1;
+}
 
 const char *schema_type_name(enum schema_type type)
 {
@@ -112,7 +91,41 @@ long ckpt_dim(const struct ckpt_dims *dims, const char *name)
     if (!strcmp(name, "pp")) return dims->pp;
     if (!strcmp(name, "dp")) return dims->dp;
     if (!strcmp(name, "history")) return dims->history;
+    if (!strcmp(name, "moe_layers")) return dims->moe_layers;
+    if (!strcmp(name, "experts")) return dims->experts;
+    if (!strcmp(name, "router_params")) return dims->router_params;
+    if (!strcmp(name, "expert_rows")) return dims->expert_rows;
+    if (!strcmp(name, "expert_params")) return dims->expert_params;
     return -1;
+}
+
+void ckpt_dims_of_shape(struct ckpt_dims *dims, const struct gpt_shape *shape)
+{
+    memset(dims, 0, sizeof *dims);
+    dims->layers = shape->layers;
+    dims->block_params = (long)block_param_count(shape->channels);
+    dims->vocab = shape->vocab;
+    dims->max_seq = shape->max_seq;
+    dims->channels = shape->channels;
+    dims->pp = dims->dp = dims->history = -1;
+    dims->moe_layers = dims->experts = dims->router_params = -1;
+    dims->expert_rows = dims->expert_params = -1;
+    int M = gpt_moe_block_count(shape);
+    if (M > 0) {
+        dims->moe_layers = M;
+        dims->experts = shape->moe.experts;
+        dims->router_params = (long)shape->moe.experts * shape->channels;
+        dims->expert_rows = (long)M * shape->moe.experts;
+        dims->expert_params = (long)moe_expert_param_count(shape->channels, shape->moe.hidden);
+    }
+}
+
+const struct schema_dataset *ckpt_schema_dataset(const struct ckpt_schema *schema,
+                                                 const char *name)
+{
+    for (int i = 0; i < schema->dataset_count; i++)
+        if (!strcmp(schema->datasets[i].path, name)) return &schema->datasets[i];
+    return NULL;
 }
 
 int ckpt_dataset_extent(const struct schema_dataset *d, const struct ckpt_dims *dims,
@@ -243,12 +256,13 @@ done:
     return status;
 }
 
+/* kind and schema_version are the same in every version's schema. */
 static const struct schema_attr *find_attr(const char *object, const char *name)
 {
-    for (int i = 0; i < ckpt_schema_attr_count; i++)
-        if (!strcmp(ckpt_schema_attrs[i].object, object) &&
-            !strcmp(ckpt_schema_attrs[i].name, name))
-            return &ckpt_schema_attrs[i];
+    const struct ckpt_schema *schema = &ckpt_schema_v1;
+    for (int i = 0; i < schema->attr_count; i++)
+        if (!strcmp(schema->attrs[i].object, object) && !strcmp(schema->attrs[i].name, name))
+            return &schema->attrs[i];
     DM_FATAL("checkpoint schema has no attribute %s of %s", name, object);
 }
 
@@ -271,6 +285,10 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
         else if (!strcmp(n, "heads")) h->shape.heads = (int)value;
         else if (!strcmp(n, "channels")) h->dims.channels = value;
         else if (!strcmp(n, "block_params")) h->dims.block_params = value;
+        else if (!strcmp(n, "moe_every")) h->shape.moe.every = (int)value;
+        else if (!strcmp(n, "experts")) h->shape.moe.experts = (int)value;
+        else if (!strcmp(n, "top_k")) h->shape.moe.top_k = (int)value;
+        else if (!strcmp(n, "expert_hidden")) h->shape.moe.hidden = (int)value;
     } else if (!strcmp(o, "/training")) {
         if (!strcmp(n, "step")) h->step = value;
         else if (!strcmp(n, "optimizer_steps")) h->optimizer_steps = value;
@@ -470,6 +488,22 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     h->shape.max_seq = (int)d->max_seq;
     h->shape.layers = (int)d->layers;
     h->shape.channels = (int)d->channels;
+    if (h->schema_version != CHECKPOINT_SCHEMA_VERSION_MOE) return;
+    /* version 2: the mixture-of-experts blocks and their dimensions */
+    const struct gpt_moe *m = &h->shape.moe;
+    if (d->layers < 1 || d->channels < 1 || d->channels > 1 << 20 || d->layers > 1 << 20 ||
+        m->every < 1 || m->every > d->layers || m->experts < 1 || m->experts > 1 << 20 ||
+        m->top_k < 1 || m->top_k > m->experts || m->hidden < 1 || m->hidden > 1 << 24) {
+        ckpt_problem(problems, "/model: mixture-of-experts attributes out of range "
+                     "(moe_every %d, experts %d, top_k %d, expert_hidden %d for %ld layers)",
+                     m->every, m->experts, m->top_k, m->hidden, d->layers);
+        return;
+    }
+    long block_params = d->block_params;
+    ckpt_dims_of_shape(d, &h->shape);
+    d->block_params = block_params;
+    d->pp = h->world_pp >= 1 ? h->world_pp : -1;
+    d->dp = h->world_dp >= 1 ? h->world_dp : -1;
 }
 
 hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
@@ -479,6 +513,8 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
     struct ckpt_dims *dims = &header->dims;
     dims->layers = dims->block_params = dims->vocab = dims->max_seq = dims->channels = -1;
     dims->pp = dims->dp = dims->history = -1;
+    dims->moe_layers = dims->experts = dims->router_params = -1;
+    dims->expert_rows = dims->expert_params = -1;
     header->schema_version = -1;
 
     char err[1024];
@@ -514,20 +550,24 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
     status = read_integer_attr(file, version, &value, problems);
     if (status == 1)
         ckpt_problem(problems, "the root attribute schema_version is missing");
-    else if (status == 0 && value != ckpt_schema_version)
+    const struct ckpt_schema *schema = status == 0 ? ckpt_schema_of_version(value) : NULL;
+    if (status == 0 && !schema)
         ckpt_problem(problems, "schema version %lld; this dynmo reads checkpoint schema "
-                     "version %d only (use the dynmo that wrote it, or start a new run)",
-                     value, ckpt_schema_version);
-    if (status != 0 || value != ckpt_schema_version) {
+                     "version %d (a dense model) and %d (with mixture-of-experts blocks) "
+                     "only (use the dynmo that wrote it, or start a new run)",
+                     value, CHECKPOINT_SCHEMA_VERSION, CHECKPOINT_SCHEMA_VERSION_MOE);
+    if (!schema) {
         H5Fclose(file);
         return -1;
     }
+    header->schema = schema;
+    header->schema_version = schema->version;
 
-    for (int i = 0; i < ckpt_schema_group_count; i++)
-        if (!dm_h5_path_exists(file, ckpt_schema_groups[i]))
-            ckpt_problem(problems, "incomplete: group %s is missing", ckpt_schema_groups[i]);
-    for (int i = 0; i < ckpt_schema_attr_count; i++) {
-        const struct schema_attr *a = &ckpt_schema_attrs[i];
+    for (int i = 0; i < schema->group_count; i++)
+        if (!dm_h5_path_exists(file, schema->groups[i]))
+            ckpt_problem(problems, "incomplete: group %s is missing", schema->groups[i]);
+    for (int i = 0; i < schema->attr_count; i++) {
+        const struct schema_attr *a = &schema->attrs[i];
         if (!dm_h5_path_exists(file, a->object)) continue;   /* reported with its group */
         check_attr(file, a, header, problems);
     }
@@ -547,8 +587,8 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
         if (dataset >= 0) H5Dclose(dataset);
         H5Eclear2(H5E_DEFAULT);
     }
-    for (int i = 0; i < ckpt_schema_dataset_count; i++)
-        check_dataset(file, &ckpt_schema_datasets[i], dims, problems);
+    for (int i = 0; i < schema->dataset_count; i++)
+        check_dataset(file, &schema->datasets[i], dims, problems);
     return file;
 }
 
@@ -597,20 +637,14 @@ done:
     return status;
 }
 
-static const struct schema_dataset *find_dataset(const char *name)
-{
-    for (int i = 0; i < ckpt_schema_dataset_count; i++)
-        if (!strcmp(ckpt_schema_datasets[i].path, name)) return &ckpt_schema_datasets[i];
-    DM_FATAL("checkpoint schema has no dataset %s", name);
-}
-
-/* Reads a whole small schema dataset (its extent from dims). */
-static int read_whole(hid_t file, const struct ckpt_dims *dims, const char *name,
+/* Reads a whole small schema dataset (its extent from the header's dims). */
+static int read_whole(hid_t file, const struct ckpt_header *header, const char *name,
                       hid_t memory_type, void *out, struct ckpt_problems *problems)
 {
-    const struct schema_dataset *d = find_dataset(name);
+    const struct schema_dataset *d = ckpt_schema_dataset(header->schema, name);
+    if (!d) DM_FATAL("checkpoint schema %d has no dataset %s", header->schema->version, name);
     hsize_t extent[2];
-    int rank = ckpt_dataset_extent(d, dims, extent);
+    int rank = ckpt_dataset_extent(d, &header->dims, extent);
     DM_ASSERT(rank > 0);
     hsize_t start[2] = {0, 0};
     return read_slab(file, name, memory_type, rank, start, extent, out, "", problems);
@@ -686,7 +720,7 @@ int ckpt_read_floats(hid_t file, const char *name, long row, size_t count, float
     }
     hsize_t start[2] = {(hsize_t)row, 0}, extent[2] = {1, (hsize_t)count};
     char what[48];
-    snprintf(what, sizeof what, " (layer %ld)", row);
+    snprintf(what, sizeof what, strncmp(name, "/moe/", 5) ? " (layer %ld)" : " (row %ld)", row);
     if (read_row_chunks(file, name, (hsize_t)row, count, out) == 0) return 0;
     return read_slab(file, name, H5T_NATIVE_FLOAT, 2, start, extent, out, what, problems);
 }
@@ -700,6 +734,10 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
         {"heads", file_shape->heads, run_shape->heads},
         {"vocab", file_shape->vocab, run_shape->vocab},
         {"max_seq", file_shape->max_seq, run_shape->max_seq},
+        {"moe_every", file_shape->moe.every, run_shape->moe.every},
+        {"experts", file_shape->moe.experts, run_shape->moe.experts},
+        {"top_k", file_shape->moe.top_k, run_shape->moe.top_k},
+        {"expert_hidden", file_shape->moe.hidden, run_shape->moe.hidden},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (keys[i].file != keys[i].run) {
@@ -721,6 +759,43 @@ static int layout_ok(const int *counts, long stages, long layers)
         sum += counts[s];
     }
     return sum == layers;
+}
+
+/* Version 2: the MoE blocks' bias and last counts into meta, checked
+ * (bias finite, 0 <= dropped <= routed). Returns 0, or -1 after reporting. */
+static int read_moe_state(hid_t file, const struct ckpt_header *header,
+                          struct ckpt_meta *meta, struct ckpt_problems *problems)
+{
+    const struct ckpt_dims *d = &header->dims;
+    meta->moe_blocks = (int)d->moe_layers;
+    meta->experts = (int)d->experts;
+    size_t cells = (size_t)d->moe_layers * (size_t)d->experts;
+    meta->moe_bias = dm_alloc(cells * sizeof(float));
+    meta->moe_tokens = dm_alloc(cells * sizeof(long));
+    meta->moe_dropped = dm_alloc(cells * sizeof(long));
+    if (read_whole(file, header, "/moe/state/bias", H5T_NATIVE_FLOAT, meta->moe_bias,
+                   problems) ||
+        read_whole(file, header, "/moe/state/tokens", H5T_NATIVE_LONG, meta->moe_tokens,
+                   problems) ||
+        read_whole(file, header, "/moe/state/dropped", H5T_NATIVE_LONG, meta->moe_dropped,
+                   problems))
+        return -1;
+    for (size_t c = 0; c < cells; c++) {
+        long j = (long)(c / (size_t)d->experts), e = (long)(c % (size_t)d->experts);
+        if (!isfinite(meta->moe_bias[c])) {
+            ckpt_problem(problems, "/moe/state/bias[%ld][%ld] is %g (must be finite)", j, e,
+                         (double)meta->moe_bias[c]);
+            return -1;
+        }
+        if (meta->moe_tokens[c] < 0 || meta->moe_dropped[c] < 0 ||
+            meta->moe_dropped[c] > meta->moe_tokens[c]) {
+            ckpt_problem(problems, "/moe/state: MoE block %ld expert %ld has %ld routed and "
+                         "%ld dropped pairs (need 0 <= dropped <= routed)", j, e,
+                         meta->moe_tokens[c], meta->moe_dropped[c]);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
@@ -752,18 +827,18 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     layout_history_alloc(&meta->history, (int)layers, (int)history);
     meta->frozen = dm_alloc((size_t)layers * sizeof(int));
     meta->sparsity = dm_alloc((size_t)layers * sizeof(float));
-    if (read_whole(file, d, "/data/cursor", H5T_NATIVE_LONG, meta->data_cursor, problems) ||
-        read_whole(file, d, "/layout/blocks_per_stage", H5T_NATIVE_INT, meta->layout,
+    if (read_whole(file, header, "/data/cursor", H5T_NATIVE_LONG, meta->data_cursor, problems) ||
+        read_whole(file, header, "/layout/blocks_per_stage", H5T_NATIVE_INT, meta->layout,
                    problems) ||
-        read_whole(file, d, "/layout/history_step", H5T_NATIVE_LONG, meta->history.step,
+        read_whole(file, header, "/layout/history_step", H5T_NATIVE_LONG, meta->history.step,
                    problems) ||
-        read_whole(file, d, "/layout/history_stages", H5T_NATIVE_INT,
+        read_whole(file, header, "/layout/history_stages", H5T_NATIVE_INT,
                    meta->history.stages, problems) ||
-        read_whole(file, d, "/layout/history_blocks_per_stage", H5T_NATIVE_INT,
+        read_whole(file, header, "/layout/history_blocks_per_stage", H5T_NATIVE_INT,
                    meta->history.layout, problems) ||
-        read_whole(file, d, "/blocks/state/frozen", H5T_NATIVE_INT, meta->frozen,
+        read_whole(file, header, "/blocks/state/frozen", H5T_NATIVE_INT, meta->frozen,
                    problems) ||
-        read_whole(file, d, "/blocks/state/sparsity", H5T_NATIVE_FLOAT, meta->sparsity,
+        read_whole(file, header, "/blocks/state/sparsity", H5T_NATIVE_FLOAT, meta->sparsity,
                    problems))
         return -1;
 
@@ -787,6 +862,9 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
             ckpt_problem(problems, "the layout history does not end with the current "
                          "layout /layout/blocks_per_stage");
     }
+    if (header->schema_version == CHECKPOINT_SCHEMA_VERSION_MOE &&
+        read_moe_state(file, header, meta, problems) != 0)
+        return -1;
     for (long i = 0; i < layers; i++) {
         if (meta->frozen[i] != 0 && meta->frozen[i] != 1) {
             ckpt_problem(problems, "/blocks/state/frozen[%ld] is %d (must be 0 or 1)", i,
@@ -810,8 +888,8 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
 {
     int before = problems->count;
     void *buffer = dm_alloc(READ_ALL_BUFFER_ELEMENTS * 8);
-    for (int i = 0; i < ckpt_schema_dataset_count; i++) {
-        const struct schema_dataset *d = &ckpt_schema_datasets[i];
+    for (int i = 0; i < header->schema->dataset_count; i++) {
+        const struct schema_dataset *d = &header->schema->datasets[i];
         hsize_t extent[2];
         int rank = ckpt_dataset_extent(d, &header->dims, extent);
         if (rank < 0) continue;
@@ -825,8 +903,11 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
             rows_per = READ_ALL_BUFFER_ELEMENTS;
             cols_per = 1;
         }
-        /* Per layer, so that a checksum failure names the block. */
+        /* Per layer (MoE block, expert), so that a checksum failure names it. */
         int per_layer = rank == 2 && !strcmp(d->dims[0], "layers");
+        int per_row = rank == 2 && (!strcmp(d->dims[0], "moe_layers") ||
+                                    !strcmp(d->dims[0], "expert_rows"));
+        if (per_row) rows_per = 1;
         if (per_layer) rows_per = 1;
         int failed = 0;
         for (hsize_t r = 0; r < rows && !failed; r += rows_per)
@@ -837,6 +918,8 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
                 char what[64];
                 if (per_layer)
                     snprintf(what, sizeof what, " (layer %llu)", (unsigned long long)r);
+                else if (per_row)
+                    snprintf(what, sizeof what, " (row %llu)", (unsigned long long)r);
                 else
                     snprintf(what, sizeof what, " (rows %llu..%llu)", (unsigned long long)r,
                              (unsigned long long)(r + count[0] - 1));

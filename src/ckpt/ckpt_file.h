@@ -1,4 +1,5 @@
-/* The checkpoint file as the schema describes it (checkpoint_schema/v1.def):
+/* The checkpoint file as the schema describes it (checkpoint_schema/v1.def,
+ * and v2.def for a model with mixture-of-experts blocks):
  * the compiled-in schema tables, the structural validation of an open
  * file, and the serial readers of its metadata and rows. Shared by the
  * collective writer (checkpoint.c), the loader and the offline checker
@@ -33,13 +34,25 @@ struct schema_dataset {
     const char *dims[2];     /* dimension names; dims[1] "" = one-dimensional */
 };
 
-extern const int ckpt_schema_version;
-extern const char *const ckpt_schema_groups[];
-extern const int ckpt_schema_group_count;
-extern const struct schema_attr ckpt_schema_attrs[];
-extern const int ckpt_schema_attr_count;
-extern const struct schema_dataset ckpt_schema_datasets[];
-extern const int ckpt_schema_dataset_count;
+/* One schema version's tables (checkpoint_schema/vN.def). */
+struct ckpt_schema {
+    int version;
+    const char *const *groups;
+    int group_count;
+    const struct schema_attr *attrs;
+    int attr_count;
+    const struct schema_dataset *datasets;
+    int dataset_count;
+};
+/* Version 1 (a dense model) and version 2 (with mixture-of-experts blocks). */
+extern const struct ckpt_schema ckpt_schema_v1, ckpt_schema_v2;
+/* The schema of that version, or NULL for one this dynmo does not read. */
+const struct ckpt_schema *ckpt_schema_of_version(long version);
+/* The schema a checkpoint of this model is written in. */
+const struct ckpt_schema *ckpt_schema_for(const struct gpt_shape *shape);
+/* Dataset `name` of a schema, or NULL. */
+const struct schema_dataset *ckpt_schema_dataset(const struct ckpt_schema *schema,
+                                                 const char *name);
 
 const char *schema_type_name(enum schema_type type);
 /* The HDF5 file type written for a dataset or attribute of this type. */
@@ -50,7 +63,12 @@ size_t schema_type_size(enum schema_type type);
 /* Values of the named dimensions of one file. */
 struct ckpt_dims {
     long layers, block_params, vocab, max_seq, channels, pp, dp, history;
+    /* schema version 2 (MoE blocks); -1 in a version-1 file */
+    long moe_layers, experts, router_params, expert_rows, expert_params;
 };
+/* The dimensions of a model's checkpoint (pp, dp and history are the
+ * caller's). */
+void ckpt_dims_of_shape(struct ckpt_dims *dims, const struct gpt_shape *shape);
 /* The value of dimension `name`, or -1 (unknown name, or not yet known). */
 long ckpt_dim(const struct ckpt_dims *dims, const char *name);
 /* Rank (1 or 2) and extents of a schema dataset under dims; -1 if a
@@ -74,8 +92,9 @@ void ckpt_problem(struct ckpt_problems *problems, const char *fmt, ...);
 /* What the structural check learned about a file. */
 struct ckpt_header {
     struct ckpt_dims dims;
-    struct gpt_shape shape;
+    struct gpt_shape shape;     /* shape.moe: every, experts, top_k, hidden (v2) */
     long schema_version;
+    const struct ckpt_schema *schema;   /* of schema_version, once known */
     long world_pp, world_dp, world_size;
     long step, optimizer_steps, lr_schedule_step;
     uint64_t seed, train_checksum;

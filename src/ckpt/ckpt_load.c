@@ -44,6 +44,9 @@ void ckpt_meta_free(struct ckpt_meta *meta)
     layout_history_free(&meta->history);
     dm_free(meta->frozen);
     dm_free(meta->sparsity);
+    dm_free(meta->moe_bias);
+    dm_free(meta->moe_tokens);
+    dm_free(meta->moe_dropped);
     memset(meta, 0, sizeof *meta);
 }
 
@@ -73,6 +76,47 @@ static int read_embedding_slab(hid_t file, struct gpt *model, struct ckpt_proble
     return 0;
 }
 
+/* An MoE block (schema version 2): its shared tensors from its /blocks
+ * row (the rest of the row is padding), its router's and experts' rows,
+ * and its state from meta. Returns 0, or -1 after reporting. */
+static int read_moe_block(hid_t file, const struct ckpt_header *header,
+                          const struct ckpt_meta *meta, const struct gpt *model,
+                          struct block *blk, struct ckpt_problems *problems)
+{
+    struct block_moe *moe = blk->moe;
+    int E = moe->cfg.experts, C = blk->C;
+    long j = gpt_moe_ordinal(&model->shape, blk->index);
+    size_t shared = moe_shared_param_count(C), router = (size_t)E * C;
+    size_t row_floats = (size_t)header->dims.block_params;
+    float *row = dm_alloc(row_floats * sizeof(float));
+    float *bases[3] = {blk->params, blk->m, blk->v};
+    const char *kinds[3] = {"params", "adam_m", "adam_v"};
+    int status = 0;
+    for (int k = 0; k < 3 && status == 0; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
+        status = ckpt_read_floats(file, name, blk->index, row_floats, row, problems);
+        if (status) break;
+        memcpy(bases[k], row, shared * sizeof(float));
+        snprintf(name, sizeof name, "/moe/router/%s", kinds[k]);
+        status = ckpt_read_floats(file, name, j, router, bases[k] + shared, problems);
+        snprintf(name, sizeof name, "/moe/experts/%s", kinds[k]);
+        for (int e = 0; e < E && status == 0; e++)
+            status = ckpt_read_floats(file, name, j * E + e, moe->expert_params,
+                                      bases[k] + shared + router + (size_t)e * moe->expert_params,
+                                      problems);
+    }
+    dm_free(row);
+    if (status) return -1;
+    DM_ASSERT(meta->moe_bias && meta->experts == E && j < meta->moe_blocks);
+    for (int e = 0; e < E; e++) {
+        moe->bias[e] = meta->moe_bias[j * E + e];
+        moe->tokens[e] = meta->moe_tokens[j * E + e];
+        moe->dropped[e] = meta->moe_dropped[j * E + e];
+    }
+    return 0;
+}
+
 /* This rank's part of a load; no communication. */
 static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
                                     struct ckpt_meta *meta, char *err, size_t errsize)
@@ -99,15 +143,19 @@ static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
     size_t nparams = block_param_count(model->shape.channels);
     for (int i = 0; i < model->num_blocks; i++) {
         struct block *blk = &model->blocks[i];
-        DM_ASSERT(blk->index == model->first_block + i && blk->nparams == nparams);
-        if (ckpt_read_floats(file, "/blocks/params", blk->index, nparams, blk->params,
-                             &problems) ||
-            ckpt_read_floats(file, "/blocks/adam_m", blk->index, nparams, blk->m,
-                             &problems) ||
-            ckpt_read_floats(file, "/blocks/adam_v", blk->index, nparams, blk->v,
-                             &problems))
+        DM_ASSERT(blk->index == model->first_block + i &&
+                  blk->nparams == gpt_block_param_count(&model->shape, blk->index));
+        if (blk->moe) {
+            if (read_moe_block(file, &header, meta, model, blk, &problems) != 0) goto done;
+        } else if (ckpt_read_floats(file, "/blocks/params", blk->index, nparams, blk->params,
+                                    &problems) ||
+                   ckpt_read_floats(file, "/blocks/adam_m", blk->index, nparams, blk->m,
+                                    &problems) ||
+                   ckpt_read_floats(file, "/blocks/adam_v", blk->index, nparams, blk->v,
+                                    &problems)) {
             goto done;
-        memset(blk->grads, 0, nparams * sizeof(float));
+        }
+        memset(blk->grads, 0, blk->nparams * sizeof(float));
         blk->frozen = meta->frozen ? meta->frozen[blk->index] : 0;
     }
     if (model->embed_slab && read_embedding_slab(file, model, &problems) != 0) goto done;

@@ -30,6 +30,12 @@ static const struct config_key keys[] = {
     {"model", "layers", KEY_INT, F(layers), 1, 4096, "transformer blocks"},
     {"model", "heads", KEY_INT, F(heads), 1, 1024, "attention heads"},
     {"model", "channels", KEY_INT, F(channels), 1, 1 << 16, "model width"},
+    {"model", "moe_every", KEY_INT, F(moe_every), 0, 4096,
+     "mixture-of-experts blocks: 0 none, 1 every block, 2 every other block"},
+    {"model", "experts", KEY_INT, F(experts), 1, 4096, "experts in an MoE block"},
+    {"model", "top_k", KEY_INT, F(top_k), 1, 4096, "experts per token"},
+    {"model", "expert_hidden", KEY_INT, F(expert_hidden), 0, 1 << 20,
+     "hidden width of an expert (0: 4 x channels)"},
     {"train", "batch", KEY_INT, F(batch), 1, 1 << 20, "sequences per step"},
     {"train", "seq", KEY_INT, F(seq), 1, 1 << 16, "tokens per sequence"},
     {"train", "micro_batches", KEY_INT, F(micro_batches), 1, 1 << 20, "micro-batches per step"},
@@ -58,6 +64,8 @@ static const struct config_key keys[] = {
     {"parallel", "turns", KEY_INT, F(turns), 0, 1,
      "1: ranks that outnumber their CPUs compute one at a time per CPU"},
     {"parallel", "schedule", KEY_STRING, F(schedule), 0, 32, "1f1b or gpipe"},
+    {"parallel", "ep", KEY_INT, F(ep), 1, 4096,
+     "expert-parallel degree (divides parallel.dp and model.experts)"},
     {"balance", "initial", KEY_STRING, F(initial), 0, 1024, "uniform, params or explicit:n1,n2,..."},
     {"balance", "method", KEY_STRING, F(method), 0, 32, "balancer (none: static)"},
     {"balance", "every", KEY_INT, F(every), 1, 1e9, "steps between balancing decisions"},
@@ -88,6 +96,14 @@ static const struct config_key keys[] = {
     {"dyn", "sparsity_initial", KEY_DOUBLE, F(sparsity_initial), 0, 1, "sparsity at prune_start"},
     {"dyn", "sparsity_final", KEY_DOUBLE, F(sparsity_final), 0, 1, "sparsity after the last pruning step"},
     {"dyn", "csr_sparsity", KEY_DOUBLE, F(csr_sparsity), 0, 2, "block sparsity from which its matrices use CSR (> 1: never)"},
+    {"moe", "router", KEY_STRING, F(moe_router), 0, 16, "softmax or sigmoid"},
+    {"moe", "capacity_factor", KEY_DOUBLE, F(capacity_factor), 0, 1000,
+     "expert capacity factor (0: dropless; not negative)"},
+    {"moe", "drop", KEY_STRING, F(moe_drop), 0, 16, "probs or position"},
+    {"moe", "aux_loss", KEY_DOUBLE, F(aux_loss), 0, 1000, "alpha of the load-balancing loss"},
+    {"moe", "z_loss", KEY_DOUBLE, F(z_loss), 0, 1000, "beta of the router z-loss"},
+    {"moe", "bias_rate", KEY_DOUBLE, F(bias_rate), 0, 1000,
+     "gamma of the auxiliary-loss-free bias update (sigmoid router)"},
     {"repack", "enable", KEY_INT, F(repack_enable), 0, 1, "re-pack onto fewer ranks (0/1)"},
     {"repack", "every", KEY_INT, F(repack_every), 1, 1e9, "steps between re-pack decisions"},
     {"repack", "epsilon", KEY_DOUBLE, F(repack_epsilon), 0, 10, "allowed predicted slow-down"},
@@ -104,6 +120,10 @@ void config_defaults(struct dm_config *cfg)
     cfg->layers = 8;
     cfg->heads = 4;
     cfg->channels = 256;
+    cfg->moe_every = 0;
+    cfg->experts = 8;
+    cfg->top_k = 2;
+    cfg->expert_hidden = 0;
     cfg->batch = 8;
     cfg->seq = 256;
     cfg->micro_batches = 1;
@@ -128,6 +148,7 @@ void config_defaults(struct dm_config *cfg)
     cfg->pp = 1;
     cfg->dp = 1;
     cfg->turns = 1;
+    cfg->ep = 1;
     snprintf(cfg->schedule, sizeof cfg->schedule, "1f1b");
     snprintf(cfg->initial, sizeof cfg->initial, "uniform");
     snprintf(cfg->method, sizeof cfg->method, "none");
@@ -154,6 +175,12 @@ void config_defaults(struct dm_config *cfg)
     cfg->sparsity_final = 0.9;
     cfg->csr_sparsity = 0.9;
     cfg->keep = 2;
+    snprintf(cfg->moe_router, sizeof cfg->moe_router, "softmax");
+    cfg->capacity_factor = 0.0;
+    snprintf(cfg->moe_drop, sizeof cfg->moe_drop, "probs");
+    cfg->aux_loss = 0.01;
+    cfg->z_loss = 0.001;
+    cfg->bias_rate = 0.0;
     cfg->repack_every = 50;
     cfg->repack_epsilon = 0.05;
     cfg->repack_min_ranks = 1;
@@ -235,6 +262,10 @@ static int set_key(struct dm_config *cfg, const char *section, const char *name,
     }
     const struct config_key *key = &keys[k];
     char *field = (char *)cfg + key->offset;
+    if (!strcmp(section, "moe") || key->offset == offsetof(struct dm_config, experts) ||
+        key->offset == offsetof(struct dm_config, top_k) ||
+        key->offset == offsetof(struct dm_config, expert_hidden))
+        cfg->moe_keys_set = 1;
     char *end = NULL;
     errno = 0;
     switch (key->type) {
@@ -429,6 +460,47 @@ void config_apply_override(struct dm_config *cfg, const char *assignment)
     free(buf);
 }
 
+/* The mixture-of-experts keys (docs/moe.md) and the expert-parallel
+ * degree. */
+static void config_validate_moe(const struct dm_config *cfg)
+{
+    if (cfg->moe_every == 0) {
+        if (cfg->moe_keys_set)
+            dm_user_error("MoE keys are set ([moe] or model.experts, model.top_k, "
+                          "model.expert_hidden) but model.moe_every = 0 (no MoE blocks): set "
+                          "model.moe_every, or remove those keys");
+        if (cfg->ep != 1)
+            dm_user_error("parallel.ep = %d needs MoE blocks, but model.moe_every = 0",
+                          cfg->ep);
+        return;
+    }
+    if (cfg->moe_every > cfg->layers)
+        dm_user_error("model.moe_every = %d exceeds model.layers = %d: no block would be a "
+                      "mixture of experts", cfg->moe_every, cfg->layers);
+    if (cfg->top_k > cfg->experts)
+        dm_user_error("model.top_k = %d exceeds model.experts = %d: a token cannot choose "
+                      "more experts than there are (E >= k)", cfg->top_k, cfg->experts);
+    if (strcmp(cfg->moe_router, "softmax") != 0 && strcmp(cfg->moe_router, "sigmoid") != 0)
+        dm_user_error("moe.router = '%s' must be softmax or sigmoid", cfg->moe_router);
+    if (strcmp(cfg->moe_drop, "probs") != 0 && strcmp(cfg->moe_drop, "position") != 0)
+        dm_user_error("moe.drop = '%s' must be probs or position", cfg->moe_drop);
+    if (cfg->bias_rate > 0 && strcmp(cfg->moe_router, "sigmoid") != 0)
+        dm_user_error("moe.bias_rate = %g needs moe.router = sigmoid (the selection bias "
+                      "belongs to the sigmoid-score router)", cfg->bias_rate);
+    if (!strcmp(cfg->dyn_kind, "prune") || !strcmp(cfg->dyn_kind, "early_exit"))
+        dm_user_error("dyn.kind = %s does not support MoE blocks yet (model.moe_every = %d)",
+                      cfg->dyn_kind, cfg->moe_every);
+    if (cfg->dp % cfg->ep != 0)
+        dm_user_error("parallel.ep = %d does not divide parallel.dp = %d", cfg->ep, cfg->dp);
+    if (cfg->experts % cfg->ep != 0)
+        dm_user_error("parallel.ep = %d does not divide model.experts = %d", cfg->ep,
+                      cfg->experts);
+    if (cfg->ep > 1)
+        dm_user_error("parallel.ep = %d: expert parallelism is not yet supported (experts "
+                      "run on the stage that holds their block; use parallel.ep = 1)",
+                      cfg->ep);
+}
+
 void config_validate(const struct dm_config *cfg)
 {
     if (cfg->channels % cfg->heads != 0)
@@ -454,6 +526,7 @@ void config_validate(const struct dm_config *cfg)
     if ((cfg->ckpt_every > 0 || cfg->repack_enable) && !cfg->ckpt_dir[0])
         dm_user_error("%s needs ckpt.dir: name a checkpoint directory",
                       cfg->repack_enable ? "repack.enable = 1" : "ckpt.every > 0");
+    config_validate_moe(cfg);
     if (!cfg->train_path[0]) dm_user_error("data.train is empty: name a token file");
     if (!cfg->out_dir[0]) dm_user_error("run.out_dir is empty: name an output directory");
 }

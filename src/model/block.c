@@ -47,6 +47,38 @@ int block_tensor_is_matrix(int k)
     return k == BP_QKV_W || k == BP_ATTPROJ_W || k == BP_FC_W || k == BP_FCPROJ_W;
 }
 
+int block_tensor_count(const struct block *blk)
+{
+    return blk->moe ? BP_FC_W + 1 + 4 * blk->moe->cfg.experts : BP_COUNT;
+}
+
+int block_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size)
+{
+    int C = blk->C;
+    DM_ASSERT(k >= 0 && k < block_tensor_count(blk));
+    if (!blk->moe || k < BP_FC_W) {
+        *offset = block_tensor_offset(C, k);
+        *size = block_tensor_size(C, k);
+        return block_tensor_is_matrix(k);
+    }
+    const struct block_moe *moe = blk->moe;
+    size_t c = (size_t)C, E = (size_t)moe->cfg.experts, H = (size_t)moe->cfg.hidden;
+    size_t base = moe_shared_param_count(C);
+    if (k == BP_FC_W) {          /* the router */
+        *offset = base;
+        *size = E * c;
+        return 1;
+    }
+    int e = (k - BP_FC_W - 1) / 4, part = (k - BP_FC_W - 1) % 4;
+    size_t at = base + E * c + (size_t)e * moe->expert_params;
+    static const int matrix[4] = {1, 0, 1, 0};   /* fc_w fc_b fcproj_w fcproj_b */
+    size_t sizes[4] = {H * c, H, c * H, c};
+    for (int i = 0; i < part; i++) at += sizes[i];
+    *offset = at;
+    *size = sizes[part];
+    return matrix[part];
+}
+
 uint64_t block_tensor_stream(int index, int k)
 {
     return ((uint64_t)(index + 1) << 8) | (uint64_t)k;
@@ -55,14 +87,17 @@ uint64_t block_tensor_stream(int index, int k)
 /* ---- slab and initialisation ---------------------------------------------- */
 
 /* zero = 0 leaves params and Adam moments unset (the caller fills them at
- * once); gradients are always zero. */
-static void block_alloc_slab(struct block *blk, int index, int C, int NH, int zero)
+ * once); gradients are always zero. The block's size and kind (dense or
+ * MoE) are the shape's for layer `index`. */
+static void block_alloc_slab(struct block *blk, int index, const struct gpt_shape *shape,
+                             int zero)
 {
+    int C = shape->channels;
     memset(blk, 0, sizeof *blk);
     blk->index = index;
     blk->C = C;
-    blk->NH = NH;
-    blk->nparams = block_param_count(C);
+    blk->NH = shape->heads;
+    blk->nparams = gpt_block_param_count(shape, index);
     blk->slab_floats = 4 * blk->nparams;
     if (zero) {
         blk->slab = dm_alloc(blk->slab_floats * sizeof(float));
@@ -74,21 +109,18 @@ static void block_alloc_slab(struct block *blk, int index, int C, int NH, int ze
     blk->grads = blk->params + blk->nparams;
     blk->m = blk->grads + blk->nparams;
     blk->v = blk->m + blk->nparams;
-    for (int k = 0; k < BP_COUNT; k++) {
+    int moe = gpt_block_is_moe(shape, index);
+    for (int k = 0; k < (moe ? BP_FC_W : BP_COUNT); k++) {
         size_t off = block_tensor_offset(C, k);
         blk->p[k] = blk->params + off;
         blk->g[k] = blk->grads + off;
     }
-}
-
-static void block_alloc(struct block *blk, int index, int C, int NH)
-{
-    block_alloc_slab(blk, index, C, NH, 1);
+    if (moe) block_moe_alloc(blk, shape);
 }
 
 struct normal_fill_args {
     float *out;
-    uint64_t seed, stream;
+    uint64_t seed, stream, first;
     float std;
 };
 
@@ -96,20 +128,27 @@ static void normal_fill_range(void *arg, long begin, long end)
 {
     const struct normal_fill_args *a = arg;
     for (long i = begin; i < end; i++)
-        a->out[i] = a->std * dm_normal(a->seed, a->stream, (uint64_t)i);
+        a->out[i] = a->std * dm_normal(a->seed, a->stream, a->first + (uint64_t)i);
+}
+
+void init_normal_at(float *out, size_t n, uint64_t seed, uint64_t stream, uint64_t first,
+                    float std)
+{
+    struct normal_fill_args a = {.out = out, .seed = seed, .stream = stream, .first = first,
+                                 .std = std};
+    dm_parallel_for((long)n, 1024, normal_fill_range, &a);
 }
 
 void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, float std)
 {
-    struct normal_fill_args a = {.out = out, .seed = seed, .stream = stream, .std = std};
-    dm_parallel_for((long)n, 1024, normal_fill_range, &a);
+    init_normal_at(out, n, seed, stream, 0, std);
 }
 
 void block_alloc_zero(struct block *blk, int index, const struct gpt_shape *shape)
 {
     int C = shape->channels;
     DM_ASSERT(index >= 0 && shape->heads > 0 && C % shape->heads == 0);
-    block_alloc(blk, index, C, shape->heads);
+    block_alloc_slab(blk, index, shape, 1);
 }
 
 void block_init(struct block *blk, int index, const struct gpt_shape *shape, uint64_t seed)
@@ -122,7 +161,7 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
 {
     int C = shape->channels, index = blk->index;
     float residual_std = (float)(0.02 / sqrt(2.0 * shape->layers));
-    for (int k = 0; k < BP_COUNT; k++) {
+    for (int k = 0; k < (blk->moe ? BP_FC_W : BP_COUNT); k++) {
         size_t n = block_tensor_size(C, k);
         if (k == BP_LN1_W || k == BP_LN2_W) {
             for (size_t i = 0; i < n; i++) blk->p[k][i] = 1.0f;
@@ -132,11 +171,13 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
         }
         /* biases stay zero (the slab is zero) */
     }
+    if (blk->moe) block_moe_init_weights(blk, shape, seed);
 }
 
 void block_free(struct block *blk)
 {
     block_sparse_free(blk);
+    block_moe_free(blk);
     dm_free(blk->slab);
     memset(blk, 0, sizeof *blk);
 }
@@ -181,6 +222,26 @@ static uint64_t payload_checksum(const unsigned char *p, size_t bytes)
     return h;
 }
 
+/* The dynamic state after v: the pruning state, then the MoE state (a
+ * block has at most one of them). */
+static size_t dynamic_bytes(const struct block *blk)
+{
+    return block_sparse_pack_bytes(blk) + block_moe_pack_bytes(blk);
+}
+
+static void pack_dynamic(const struct block *blk, unsigned char *out)
+{
+    block_sparse_pack(blk, out);
+    block_moe_pack(blk, out + block_sparse_pack_bytes(blk));
+}
+
+static int unpack_dynamic(struct block *blk, uint64_t flags, const unsigned char *in,
+                          size_t bytes, char *err, size_t errsize)
+{
+    if (flags & BLOCK_FLAG_MOE) return block_moe_unpack(blk, in, bytes, err, errsize);
+    return block_sparse_unpack(blk, flags, in, bytes, err, errsize);
+}
+
 /* Every header field but the checksum, which depends on what travels. */
 static void fill_header(struct pack_header *h, const struct block *blk)
 {
@@ -191,14 +252,15 @@ static void fill_header(struct pack_header *h, const struct block *blk)
     h->channels = blk->C;
     h->heads = blk->NH;
     h->nparams = blk->nparams;
-    h->flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk);
-    h->dynamic_bytes = block_sparse_pack_bytes(blk);
+    h->flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk) |
+               (blk->moe ? BLOCK_FLAG_MOE : 0);
+    h->dynamic_bytes = dynamic_bytes(blk);
     h->payload_bytes = 3 * blk->nparams * sizeof(float) + h->dynamic_bytes;
 }
 
 size_t block_pack_size(const struct block *blk)
 {
-    return PACK_HEADER_BYTES + 3 * blk->nparams * sizeof(float) + block_sparse_pack_bytes(blk);
+    return PACK_HEADER_BYTES + 3 * blk->nparams * sizeof(float) + dynamic_bytes(blk);
 }
 
 void block_pack(const struct block *blk, void *buf)
@@ -209,7 +271,7 @@ void block_pack(const struct block *blk, void *buf)
     memcpy(payload, blk->params, floats_bytes);
     memcpy(payload + floats_bytes, blk->m, floats_bytes);
     memcpy(payload + 2 * floats_bytes, blk->v, floats_bytes);
-    block_sparse_pack(blk, payload + 3 * floats_bytes);
+    pack_dynamic(blk, payload + 3 * floats_bytes);
     struct pack_header h;
     fill_header(&h, blk);
     h.checksum = payload_checksum(payload, h.payload_bytes);
@@ -246,15 +308,24 @@ static int check_header(const struct pack_header *h, const struct block *blk,
                  shape->channels, shape->heads);
         return -1;
     }
-    size_t nparams = block_param_count(shape->channels);
+    size_t nparams = gpt_block_param_count(shape, h->index);
     if (h->nparams != nparams) {
         snprintf(err, errsize, "packed block %d has %llu parameters, expected %zu",
                  h->index, (unsigned long long)h->nparams, nparams);
         return -1;
     }
-    uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR;
+    int moe = gpt_block_is_moe(shape, h->index);
+    if (((h->flags & BLOCK_FLAG_MOE) != 0) != moe ||
+        (moe && (h->flags & (BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR)))) {
+        snprintf(err, errsize, "packed block %d %s a mixture of experts, but the model's "
+                 "layer %d %s", h->index, (h->flags & BLOCK_FLAG_MOE) ? "is" : "is not",
+                 h->index, moe ? "is one (and is never pruned)" : "is dense");
+        return -1;
+    }
+    uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR |
+                           BLOCK_FLAG_MOE;
     if ((h->flags & ~known_flags) != 0 ||
-        (!(h->flags & BLOCK_FLAG_MASKED) && h->dynamic_bytes != 0)) {
+        (!(h->flags & (BLOCK_FLAG_MASKED | BLOCK_FLAG_MOE)) && h->dynamic_bytes != 0)) {
         snprintf(err, errsize, "packed block %d has flags 0x%llx and %llu bytes of dynamic "
                  "state, which this version does not know", h->index,
                  (unsigned long long)h->flags, (unsigned long long)h->dynamic_bytes);
@@ -275,23 +346,23 @@ int block_unpack(struct block *blk, const void *buf, size_t bytes,
     }
     memcpy(&h, in, sizeof h);
     if (check_header(&h, blk, shape, err, errsize)) return -1;
-    size_t nparams = block_param_count(shape->channels);
+    size_t nparams = gpt_block_param_count(shape, h.index);
     size_t floats_bytes = nparams * sizeof(float);
-    size_t dynamic_bytes = (size_t)h.dynamic_bytes;
-    if (h.dynamic_bytes > bytes || h.payload_bytes != 3 * floats_bytes + dynamic_bytes ||
-        bytes != PACK_HEADER_BYTES + 3 * floats_bytes + dynamic_bytes) {
+    size_t dyn_bytes = (size_t)h.dynamic_bytes;
+    if (h.dynamic_bytes > bytes || h.payload_bytes != 3 * floats_bytes + dyn_bytes ||
+        bytes != PACK_HEADER_BYTES + 3 * floats_bytes + dyn_bytes) {
         snprintf(err, errsize, "packed block %d is %zu bytes (payload field %llu), "
                  "expected %zu", h.index, bytes, (unsigned long long)h.payload_bytes,
-                 PACK_HEADER_BYTES + 3 * floats_bytes + dynamic_bytes);
+                 PACK_HEADER_BYTES + 3 * floats_bytes + dyn_bytes);
         return -1;
     }
     const unsigned char *payload = in + PACK_HEADER_BYTES;
-    if (payload_checksum(payload, 3 * floats_bytes + dynamic_bytes) != h.checksum) {
+    if (payload_checksum(payload, 3 * floats_bytes + dyn_bytes) != h.checksum) {
         snprintf(err, errsize, "packed block %d fails its checksum (corrupted or truncated)",
                  h.index);
         return -1;
     }
-    if (!blk->slab) block_alloc(blk, h.index, h.channels, h.heads);
+    if (!blk->slab) block_alloc_slab(blk, h.index, shape, 1);
     memcpy(blk->params, payload, floats_bytes);
     memcpy(blk->m, payload + floats_bytes, floats_bytes);
     memcpy(blk->v, payload + 2 * floats_bytes, floats_bytes);
@@ -299,8 +370,7 @@ int block_unpack(struct block *blk, const void *buf, size_t bytes,
     blk->frozen = (h.flags & BLOCK_FLAG_FROZEN) != 0;
     /* The checksum passed, so only a writer's bug can fail here; the
      * parameters are already in place then. */
-    return block_sparse_unpack(blk, h.flags, payload + 3 * floats_bytes, dynamic_bytes, err,
-                               errsize);
+    return unpack_dynamic(blk, h.flags, payload + 3 * floats_bytes, dyn_bytes, err, errsize);
 }
 
 /* ---- migration without copies ----------------------------------------------
@@ -311,13 +381,13 @@ int block_unpack(struct block *blk, const void *buf, size_t bytes,
 
 size_t block_meta_size(const struct block *blk)
 {
-    return PACK_HEADER_BYTES + block_sparse_pack_bytes(blk);
+    return PACK_HEADER_BYTES + dynamic_bytes(blk);
 }
 
 void block_pack_meta(const struct block *blk, void *buf)
 {
     unsigned char *out = buf;
-    block_sparse_pack(blk, out + PACK_HEADER_BYTES);
+    pack_dynamic(blk, out + PACK_HEADER_BYTES);
     struct pack_header h;
     fill_header(&h, blk);
     h.checksum = payload_checksum(out + PACK_HEADER_BYTES, h.dynamic_bytes);
@@ -341,14 +411,14 @@ int block_unpack_meta_begin(struct block *blk, const void *buf, size_t bytes,
         snprintf(err, errsize, "block %d header message is damaged", h.index);
         return -1;
     }
-    if (!blk->slab) block_alloc_slab(blk, h.index, h.channels, h.heads, 0);
+    if (!blk->slab) block_alloc_slab(blk, h.index, shape, 0);
     blk->frozen = (h.flags & BLOCK_FLAG_FROZEN) != 0;
     return 0;
 }
 
 void block_prepare_receive(struct block *blk, int index, const struct gpt_shape *shape)
 {
-    block_alloc_slab(blk, index, shape->channels, shape->heads, 0);
+    block_alloc_slab(blk, index, shape, 0);
 }
 
 int block_unpack_meta_end(struct block *blk, const void *buf, size_t bytes, char *err,
@@ -356,8 +426,8 @@ int block_unpack_meta_end(struct block *blk, const void *buf, size_t bytes, char
 {
     struct pack_header h;
     memcpy(&h, buf, sizeof h);
-    return block_sparse_unpack(blk, h.flags, (const unsigned char *)buf + PACK_HEADER_BYTES,
-                               bytes - PACK_HEADER_BYTES, err, errsize);
+    return unpack_dynamic(blk, h.flags, (const unsigned char *)buf + PACK_HEADER_BYTES,
+                          bytes - PACK_HEADER_BYTES, err, errsize);
 }
 
 /* ---- activations and scratch -------------------------------------------------
@@ -410,10 +480,13 @@ void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH)
     acts->fch = p;        p += 4 * s.btc;
     acts->fch_gelu = p;   p += 4 * s.btc;
     DM_ASSERT((size_t)(p - acts->mem) == block_acts_floats(B, T, C, NH));
+    acts->moe = NULL;
+    acts->loss_scale = 1.0f;
 }
 
 void block_acts_free(struct block_acts *acts)
 {
+    moe_acts_free(acts->moe);
     dm_free(acts->mem);
     memset(acts, 0, sizeof *acts);
 }
@@ -523,6 +596,10 @@ void block_forward(struct block *blk, struct block_acts *acts, float *out, const
     block_matmul_forward(blk, BP_ATTPROJ_W, acts->res1, acts->atty, N, C, C, in, NULL);
     layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
                       p[BP_LN2_W], p[BP_LN2_B], N, C);
+    if (blk->moe) {   /* the experts instead of the MLP (moe.c) */
+        moe_forward(blk, acts, out, N);
+        return;
+    }
     block_matmul_forward(blk, BP_FC_W, acts->fch, acts->ln2, N, C, 4 * C, NULL,
                          acts->fch_gelu);
     block_matmul_forward(blk, BP_FCPROJ_W, out, acts->fch_gelu, N, 4 * C, C, acts->res1,
@@ -539,9 +616,14 @@ void block_backward(struct block *blk, struct block_acts *acts, struct block_scr
     float *const *g = blk->frozen ? no_grads : blk->g;
     /* The residual stream passes dout straight through to d_res1 (joined in
      * the ln2 backward). dout is not read after that, so din may alias it. */
-    block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N, 4 * C, C,
-                          acts->fch);
-    block_matmul_backward(blk, BP_FC_W, g, s->d_ln, s->d_fch, acts->ln2, N, C, 4 * C, NULL);
+    if (blk->moe) {   /* the experts and the router (moe.c) into d_ln */
+        moe_backward(blk, acts, s->d_ln, dout, N);
+    } else {
+        block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N, 4 * C,
+                              C, acts->fch);
+        block_matmul_backward(blk, BP_FC_W, g, s->d_ln, s->d_fch, acts->ln2, N, C, 4 * C,
+                              NULL);
+    }
     layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
                                 acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
                                 N, C);

@@ -166,6 +166,7 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
 {
     int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
     float *const *p = blk->p;
+    DM_ASSERT(!blk->moe);   /* config_validate: no early exit with MoE blocks */
     parallel_copy(out, in, (long)N * C);      /* exited tokens: copied forward */
     if (Na == 0) return;
     float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;

@@ -16,6 +16,18 @@ struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg)
     struct gpt_shape s = {.vocab = cfg->vocab, .max_seq = cfg->max_seq,
                           .layers = cfg->layers, .heads = cfg->heads,
                           .channels = cfg->channels};
+    if (cfg->moe_every > 0) {
+        struct gpt_moe moe = {
+            .every = cfg->moe_every, .experts = cfg->experts, .top_k = cfg->top_k,
+            .hidden = cfg->expert_hidden > 0 ? cfg->expert_hidden : 4 * cfg->channels,
+            .router = strcmp(cfg->moe_router, "sigmoid") ? MOE_ROUTER_SOFTMAX
+                                                         : MOE_ROUTER_SIGMOID,
+            .drop = strcmp(cfg->moe_drop, "position") ? MOE_DROP_PROBS : MOE_DROP_POSITION,
+            .capacity_factor = (float)cfg->capacity_factor, .aux_loss = (float)cfg->aux_loss,
+            .z_loss = (float)cfg->z_loss, .bias_rate = (float)cfg->bias_rate,
+        };
+        s.moe = moe;
+    }
     return s;
 }
 
@@ -27,7 +39,9 @@ static size_t embed_param_count(const struct gpt_shape *s)
 
 size_t gpt_param_count(const struct gpt_shape *shape)
 {
-    return embed_param_count(shape) + (size_t)shape->layers * block_param_count(shape->channels);
+    size_t n = embed_param_count(shape);
+    for (int l = 0; l < shape->layers; l++) n += gpt_block_param_count(shape, l);
+    return n;
 }
 
 void gpt_build(struct gpt *model, const struct gpt_shape *shape, int first_block,
@@ -131,12 +145,12 @@ static void flat_copy(struct gpt *model, float *flat, int which, int to_flat)
     size_t n_embed = (size_t)(model->shape.vocab + model->shape.max_seq) * C;
     float *embed = which ? model->dwte : model->wte;         /* wte then wpe */
     float *lnf = which ? model->dlnf_w : model->lnf_w;       /* lnf_w then lnf_b */
-    size_t nblock = block_param_count((int)C);
     float *pos = flat;
     if (to_flat) memcpy(pos, embed, n_embed * sizeof(float));
     else memcpy(embed, pos, n_embed * sizeof(float));
     pos += n_embed;
     for (int i = 0; i < model->num_blocks; i++) {
+        size_t nblock = model->blocks[i].nparams;
         float *b = which ? model->blocks[i].grads : model->blocks[i].params;
         if (to_flat) memcpy(pos, b, nblock * sizeof(float));
         else memcpy(b, pos, nblock * sizeof(float));
@@ -288,6 +302,7 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         if (model->first_block + i < model->frozen_prefix) break;
         float *target = (i == 0 && !model->has_embed) ? din : d;
         double t0 = dm_profile_now();
+        acts->blocks[i].loss_scale = dloss_scale;   /* the MoE balancing losses' share */
         if (model->exit)
             exit_backward_block(model, acts, scratch, i, target, grad,
                                 acts->residual + i * BTC, dloss_scale);

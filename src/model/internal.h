@@ -20,8 +20,11 @@ float *grow_buffer_get(struct grow_buffer *b, size_t floats);
  * weights). */
 void block_alloc_zero(struct block *blk, int index, const struct gpt_shape *shape);
 
-/* out[i] = std * dm_normal(seed, stream, i) for i in [0, n), in parallel. */
+/* out[i] = std * dm_normal(seed, stream, i) for i in [0, n), in parallel;
+ * init_normal_at draws elements first .. first + n - 1 of the stream. */
 void init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, float std);
+void init_normal_at(float *out, size_t n, uint64_t seed, uint64_t stream, uint64_t first,
+                    float std);
 
 /* dst[0..n) = src[0..n), in parallel. */
 void parallel_copy(float *dst, const float *src, long n);
@@ -60,5 +63,23 @@ size_t block_sparse_pack_bytes(const struct block *blk);
 void block_sparse_pack(const struct block *blk, unsigned char *out);
 int block_sparse_unpack(struct block *blk, uint64_t flags, const unsigned char *in,
                         size_t bytes, char *err, size_t errsize);
+
+/* The mixture-of-experts block (moe.c). block.c allocates and frees the
+ * state beside the slab, packs it, and runs the MLP half of an MoE block's
+ * forward and backward through these: moe_forward computes
+ * out = res1 + MoE(ln2) (ln2 is acts->ln2, res1 acts->res1), and
+ * moe_backward writes d_ln2 (overwritten) from dout, accumulating the
+ * router's and experts' gradients (NULL views: a frozen block). */
+void block_moe_alloc(struct block *blk, const struct gpt_shape *shape);
+void block_moe_free(struct block *blk);
+void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, uint64_t seed);
+size_t block_moe_pack_bytes(const struct block *blk);
+void block_moe_pack(const struct block *blk, unsigned char *out);
+int block_moe_unpack(struct block *blk, const unsigned char *in, size_t bytes, char *err,
+                     size_t errsize);
+void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N);
+void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
+                  int N);
+void moe_acts_free(struct moe_acts *acts);
 
 #endif

@@ -79,12 +79,12 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
     for (int i = 0; i < model->num_blocks; i++) {
         struct block *blk = &model->blocks[i];
         if (blk->frozen) continue;   /* layer freezing: no update at all */
-        for (int k = 0; k < BP_COUNT; k++) {
-            size_t off = block_tensor_offset(blk->C, k);
-            double wd = block_tensor_is_matrix(k) ? weight_decay : 0.0;
+        for (int k = 0; k < block_tensor_count(blk); k++) {
+            size_t off, size;
+            double wd = block_tensor_at(blk, k, &off, &size) ? weight_decay : 0.0;
             adamw_update(blk->params + off, blk->grads + off, blk->m + off, blk->v + off,
-                         (long)block_tensor_size(blk->C, k), (float)lr, (float)beta1,
-                         (float)beta2, (float)eps, (float)wd, grad_scale, t);
+                         (long)size, (float)lr, (float)beta1, (float)beta2, (float)eps,
+                         (float)wd, grad_scale, t);
         }
         gpt_charge_update(model, i, &clock);
     }

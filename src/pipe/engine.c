@@ -308,6 +308,7 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
     double t0 = dm_now();
     eng->step_t0 = t0;
     dyn_before_step(eng->dyn, m, step);
+    gpt_moe_begin_step(m);   /* a validation pass in between counted nothing */
     double grad_norm = 0.0, lr = 0.0;
     float loss_sum = run_schedule(eng, loader, step, &grad_norm, &lr);
     double step_s = dm_now() - t0;

@@ -108,10 +108,37 @@ static double global_grad_norm(struct engine *eng)
     return sqrt(sum);
 }
 
+/* The MoE blocks' step: their per-expert counts (and balancing-loss
+ * values) summed over the replicas of this stage, which hold the same
+ * blocks, handed to the model: the blocks keep them as the last step's
+ * counts and the sigmoid router's bias moves by them, the same on every
+ * replica. Counts are integers in doubles, so the sum is exact in any
+ * order. */
+static void reduce_moe_counts(struct engine *eng)
+{
+    struct gpt *m = &eng->model;
+    int n = gpt_moe_step_values(m, NULL);
+    if (n == 0) return;
+    double *mine = dm_alloc((size_t)n * sizeof(double));
+    double *total = dm_alloc((size_t)n * sizeof(double));
+    gpt_moe_step_values(m, mine);
+    if (eng->grid.replicas > 1) {
+        MPI_Request req;
+        WORLD_MPI(MPI_Iallreduce(mine, total, n, MPI_DOUBLE, MPI_SUM, eng->stage_comm, &req));
+        eng->wait_s += world_wait(&req);
+    } else {
+        memcpy(total, mine, (size_t)n * sizeof(double));
+    }
+    gpt_moe_end_step(m, total);
+    dm_free(mine);
+    dm_free(total);
+}
+
 double engine_reduce_grads(struct engine *eng)
 {
     gpt_mask_pruned_grads(&eng->model);
     exchange_tied_grads(eng);
     reduce_replicas(eng);
+    reduce_moe_counts(eng);
     return global_grad_norm(eng);
 }

@@ -49,9 +49,20 @@ void engine_stats_alloc(struct engine *eng)
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_peak_mb = dm_alloc((size_t)S * sizeof(double));
     st->layout = dm_alloc((size_t)S * sizeof(int));
+    /* MoE: per MoE block, experts x (tokens, dropped, bias), aux, z */
+    st->moe_blocks = gpt_moe_block_count(&eng->shape);
+    st->experts = st->moe_blocks ? eng->shape.moe.experts : 0;
+    size_t moe_cells = (size_t)st->moe_blocks * (size_t)st->experts;
+    if (st->moe_blocks) {
+        st->moe_tokens = dm_alloc(moe_cells * sizeof(double));
+        st->moe_dropped = dm_alloc(moe_cells * sizeof(double));
+        st->moe_bias = dm_alloc(moe_cells * sizeof(double));
+        st->moe_aux = dm_alloc((size_t)st->moe_blocks * sizeof(double));
+        st->moe_z = dm_alloc((size_t)st->moe_blocks * sizeof(double));
+    }
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active/
-     * update per layer, then the stage's update */
-    eng->gather_len = 5 + 6 * L;
+     * update per layer, then the stage's update, then the MoE blocks' values */
+    eng->gather_len = 5 + 6 * L + st->moe_blocks * (3 * st->experts + 2);
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
@@ -67,6 +78,11 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->layer_sparsity);
     dm_free(st->layer_active);
     dm_free(st->layer_update_ms);
+    dm_free(st->moe_tokens);
+    dm_free(st->moe_dropped);
+    dm_free(st->moe_bias);
+    dm_free(st->moe_aux);
+    dm_free(st->moe_z);
     dm_free(st->stage_update_ms);
     dm_free(st->trace);
     dm_free(eng->trace_mine);
@@ -116,10 +132,29 @@ static void pack_profile(struct engine *eng, float loss_sum)
         v[4 + 5 * L + layer] = m->block_update_s[i];
     }
     v[4 + 6 * L] = eng->update_s;
+    /* MoE blocks: the step's counts over the replicas (reduce.c), bias, losses */
+    int E = eng->stats.experts;
+    for (int i = 0; i < m->num_blocks; i++) {
+        const struct block_moe *moe = m->blocks[i].moe;
+        if (!moe) continue;
+        double *x = v + 5 + 6 * L +
+                    (size_t)gpt_moe_ordinal(&eng->shape, m->first_block + i) * (3 * E + 2);
+        for (int e = 0; e < E; e++) {
+            x[e] = (double)moe->tokens[e];
+            x[E + e] = (double)moe->dropped[e];
+            x[2 * E + e] = moe->bias[e];
+        }
+        x[3 * E] = moe->aux;
+        x[3 * E + 1] = moe->z;
+    }
 }
 
 static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
 {
+    size_t cells = (size_t)st->moe_blocks * (size_t)st->experts;
+    for (size_t c = 0; c < cells; c++)
+        st->moe_tokens[c] = st->moe_dropped[c] = st->moe_bias[c] = 0.0;
+    for (int j = 0; j < st->moe_blocks; j++) st->moe_aux[j] = st->moe_z[j] = 0.0;
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
         st->layer_sparsity[l] = st->layer_active[l] = st->layer_update_ms[l] = 0.0;
@@ -128,6 +163,23 @@ static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
         st->stage_update_ms[s] = 0.0;
         st->layout[s] = layout[s];
+    }
+}
+
+/* A replica-0 rank's MoE values (zero for the blocks it does not hold)
+ * into the stats: each MoE block has one such rank. */
+static void fold_moe(struct step_stats *st, const double *x, double forwards)
+{
+    int E = st->experts;
+    for (int j = 0; j < st->moe_blocks; j++) {
+        const double *b = x + (size_t)j * (3 * E + 2);
+        for (int e = 0; e < E; e++) {
+            st->moe_tokens[j * E + e] += b[e];
+            st->moe_dropped[j * E + e] += b[E + e];
+            st->moe_bias[j * E + e] += b[2 * E + e];
+        }
+        st->moe_aux[j] += b[3 * E] / forwards;
+        st->moe_z[j] += b[3 * E + 1] / forwards;
     }
 }
 
@@ -165,6 +217,7 @@ static void fold_profiles(struct engine *eng, double step_s)
                 st->layer_active[l] += x[4 + 4 * L + l];
                 st->layer_update_ms[l] += x[4 + 5 * L + l] * 1e3;
             }
+        if (rep == 0) fold_moe(st, x + 5 + 6 * L, mb_count * g->replicas);
     }
     for (int s = 0; s < S; s++) {
         double c = st->stage_compute_ms[s];

@@ -1,5 +1,7 @@
 /* `dynmo inspect FILE [--json]`: a summary of a run log (configuration,
- * steps, first and last loss, mean step time, every dataset with its shape)
+ * steps, first and last loss, mean step time, with MoE blocks each one's
+ * most and least loaded expert and dropped share over the run, every
+ * dataset with its shape)
  * or of a checkpoint (model, step, optimizer and schedule position, world,
  * layout and its history, data cursors, and per block its stage, size,
  * sparsity and frozen flag) for people, or the same as one JSON object for
@@ -15,8 +17,19 @@
 #include "dynmo/ckpt.h"
 #include "dynmo/tools.h"
 
+/* One MoE block's load over the logged steps (/moe/tokens, /moe/dropped). */
+struct moe_load {
+    int layer;                          /* global block index */
+    double tokens, dropped;             /* routed and dropped token-expert pairs */
+    int most, least;                    /* experts with the most and the fewest */
+    double most_share, least_share;     /* their share of the block's routed pairs */
+};
+
 struct summary {
     const char *path;
+    struct moe_load *moe;               /* (moe_blocks), or NULL without /moe/tokens */
+    int moe_blocks, experts, top_k;
+    long moe_steps;                     /* steps with counts (filler rows left out) */
     char *version, *created, *config, *format_version; /* dm_alloc'd; NULL if absent */
     long steps;
     double first_loss, last_loss, mean_step_ms;
@@ -30,8 +43,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: dynmo inspect FILE [--json]\n"
             "Summarises a run log (<run.out_dir>/" RUNLOG_FILE_NAME "): configuration, "
-            "steps,\nfirst and last loss, mean step time and every dataset with its "
-            "shape;\nor a checkpoint (<ckpt.dir>/ckpt-<step>.h5): model, step, world, "
+            "steps,\nfirst and last loss, mean step time, the most and least loaded "
+            "expert of each\nMoE block, and every dataset with its shape;\nor a checkpoint (<ckpt.dir>/ckpt-<step>.h5): model, step, world, "
             "layout and\nhistory, data cursors, and per block its stage, size, sparsity "
             "and frozen flag.\n  --json   print the same as one JSON object\n"
             "A run log may belong to a run that is still writing it.\n");
@@ -45,6 +58,8 @@ static char *read_attr_or_die(const char *path, const char *name)
         dm_user_error("%s", err);
     return text;
 }
+
+static void load_moe(struct summary *s, const char *path);
 
 static void load_summary(struct summary *s, const char *path)
 {
@@ -82,10 +97,68 @@ static void load_summary(struct summary *s, const char *path)
         s->mean_step_ms = sum / (double)s->timed_steps;
     }
     dm_free(values);
+    load_moe(s, path);
+}
+
+/* The config's value of key ("model.moe_every"), or fallback. */
+static long config_value(const char *text, const char *key, long fallback)
+{
+    size_t n = strlen(key);
+    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
+        if (!strncmp(p, key, n) && p[n] == ' ') return strtol(strchr(p, '=') + 1, NULL, 10);
+    return fallback;
+}
+
+/* The MoE blocks' load over the run from /moe/tokens and /moe/dropped
+ * (columns j * experts + e: MoE block j in layer order, expert e; a row of
+ * -1 is a step this log does not hold). */
+static void load_moe(struct summary *s, const char *path)
+{
+    char err[1024];
+    int *tokens = NULL, *dropped = NULL, ncols = 0, dcols = 0;
+    long rows = runlog_read_int_matrix(path, RUNLOG_MOE_TOKENS, &tokens, &ncols, err, sizeof err);
+    long drows = runlog_read_int_matrix(path, RUNLOG_MOE_DROPPED, &dropped, &dcols, err,
+                                        sizeof err);
+    int every = (int)config_value(s->config, "model.moe_every", 0);
+    int E = (int)config_value(s->config, "model.experts", 0);
+    if (rows <= 0 || every <= 0 || E <= 0 || ncols % E != 0 || drows != rows || dcols != ncols) {
+        dm_free(tokens);
+        dm_free(dropped);
+        return;
+    }
+    s->experts = E;
+    s->top_k = (int)config_value(s->config, "model.top_k", 0);
+    s->moe_blocks = ncols / E;
+    s->moe = dm_alloc((size_t)s->moe_blocks * sizeof *s->moe);
+    double *per_expert = dm_alloc((size_t)E * sizeof(double));
+    for (long r = 0; r < rows; r++) s->moe_steps += tokens[r * ncols] >= 0;
+    for (int j = 0; j < s->moe_blocks; j++) {
+        struct moe_load *m = &s->moe[j];
+        m->layer = (j + 1) * every - 1;
+        for (int e = 0; e < E; e++) per_expert[e] = 0.0;
+        for (long r = 0; r < rows; r++) {
+            if (tokens[r * ncols] < 0) continue;   /* filler */
+            for (int e = 0; e < E; e++) {
+                per_expert[e] += tokens[r * ncols + j * E + e];
+                m->dropped += dropped[r * ncols + j * E + e];
+            }
+        }
+        for (int e = 0; e < E; e++) {
+            m->tokens += per_expert[e];
+            if (per_expert[e] > per_expert[m->most]) m->most = e;
+            if (per_expert[e] < per_expert[m->least]) m->least = e;
+        }
+        m->most_share = m->tokens > 0 ? per_expert[m->most] / m->tokens : 0.0;
+        m->least_share = m->tokens > 0 ? per_expert[m->least] / m->tokens : 0.0;
+    }
+    dm_free(per_expert);
+    dm_free(tokens);
+    dm_free(dropped);
 }
 
 static void free_summary(struct summary *s)
 {
+    dm_free(s->moe);
     dm_free(s->version);
     dm_free(s->created);
     dm_free(s->config);
@@ -121,6 +194,18 @@ static void print_text(const struct summary *s)
         printf("  mean step: %.2f ms over %ld step%s%s\n", s->mean_step_ms,
                s->timed_steps, s->timed_steps == 1 ? "" : "s",
                s->steps > s->timed_steps ? " (the first step is left out)" : "");
+    if (s->moe) {
+        printf("mixture of experts: %d MoE blocks of %d experts, top-%d, over %ld steps "
+               "(token-expert pairs routed; shares of the block's pairs):\n", s->moe_blocks,
+               s->experts, s->top_k, s->moe_steps);
+        printf("  block   pairs routed   most loaded      least loaded     dropped\n");
+        for (int j = 0; j < s->moe_blocks; j++) {
+            const struct moe_load *m = &s->moe[j];
+            printf("  %5d  %13.0f   expert %-3d %5.1f%%  expert %-3d %5.1f%%  %6.2f%%\n",
+                   m->layer, m->tokens, m->most, 100.0 * m->most_share, m->least,
+                   100.0 * m->least_share, m->tokens > 0 ? 100.0 * m->dropped / m->tokens : 0.0);
+        }
+    }
     printf("datasets:\n");
     for (int i = 0; i < s->dataset_count; i++) {
         const struct runlog_dataset_info *d = &s->datasets[i];
@@ -186,6 +271,35 @@ static void print_and_free(json_object *o)
     json_object_put(o);
 }
 
+/* The MoE blocks' load as JSON: per block the pairs routed and dropped,
+ * and the most and least loaded expert with their shares. */
+static json_object *moe_json(const struct summary *s)
+{
+    json_object *moe = checked(json_object_new_object());
+    put(moe, "experts", integer(s->experts));
+    put(moe, "top_k", integer(s->top_k));
+    put(moe, "steps", integer(s->moe_steps));
+    json_object *blocks = checked(json_object_new_array());
+    for (int j = 0; j < s->moe_blocks; j++) {
+        const struct moe_load *m = &s->moe[j];
+        json_object *b = checked(json_object_new_object());
+        put(b, "layer", integer(m->layer));
+        put(b, "routed", number(m->tokens));
+        put(b, "dropped", number(m->dropped));
+        json_object *most = checked(json_object_new_object());
+        put(most, "expert", integer(m->most));
+        put(most, "share", number(m->most_share));
+        put(b, "most_loaded", most);
+        json_object *least = checked(json_object_new_object());
+        put(least, "expert", integer(m->least));
+        put(least, "share", number(m->least_share));
+        put(b, "least_loaded", least);
+        json_object_array_add(blocks, b);
+    }
+    put(moe, "blocks", blocks);
+    return moe;
+}
+
 static void print_json(const struct summary *s)
 {
     json_object *o = checked(json_object_new_object());
@@ -204,6 +318,7 @@ static void print_json(const struct summary *s)
     put(o, "loss_last", number(s->last_loss));
     put(o, "mean_step_ms", number(s->mean_step_ms));
     put(o, "mean_step_ms_steps", integer(s->timed_steps));
+    if (s->moe) put(o, "moe", moe_json(s));
     json_object *datasets = checked(json_object_new_array());
     for (int i = 0; i < s->dataset_count; i++) {
         const struct runlog_dataset_info *d = &s->datasets[i];
@@ -248,8 +363,13 @@ static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
     printf("  written by dynmo %s, created %s, schema version %d\n", m->dynmo_version,
            m->created, m->schema_version);
     printf("  model: %d layers, %d channels, %d heads, vocab %d, max_seq %d: %zu "
-           "parameters (%zu per block)\n", s->layers, s->channels, s->heads, s->vocab,
+           "parameters (%zu per dense block)\n", s->layers, s->channels, s->heads, s->vocab,
            s->max_seq, gpt_param_count(s), block_params);
+    if (s->moe.every > 0)
+        printf("  mixture of experts: every %d blocks (%d MoE blocks), %d experts of hidden "
+               "width %d, top-%d: %zu parameters per MoE block\n", s->moe.every,
+               gpt_moe_block_count(s), s->moe.experts, s->moe.hidden, s->moe.top_k,
+               gpt_block_param_count(s, s->moe.every - 1));
     printf("  step: %ld (the run resumes at step index %ld); optimizer steps %ld; "
            "learning-rate schedule at step %ld\n", m->step, m->step, m->optimizer_steps,
            m->lr_schedule_step);
@@ -270,10 +390,14 @@ static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
     }
     int frozen = 0;
     for (int i = 0; i < s->layers; i++) frozen += m->frozen[i];
-    printf("  blocks (%.2f MB each: params, Adam m and v; %d frozen):\n", block_mb, frozen);
+    if (s->moe.every > 0)
+        printf("  blocks (MB: params, Adam m and v; %d frozen):\n", frozen);
+    else
+        printf("  blocks (%.2f MB each: params, Adam m and v; %d frozen):\n", block_mb, frozen);
     printf("    %5s %5s %9s %8s %6s\n", "layer", "stage", "MB", "sparsity", "frozen");
     for (int i = 0; i < s->layers; i++)
-        printf("    %5d %5d %9.2f %8.4f %6s\n", i, stage_of(m->layout, m->pp, i), block_mb,
+        printf("    %5d %5d %9.2f %8.4f %6s\n", i, stage_of(m->layout, m->pp, i),
+               3.0 * (double)gpt_block_param_count(s, i) * 4.0 / 1e6,
                (double)m->sparsity[i], m->frozen[i] ? "yes" : "no");
     printf("config:\n");
     const char *line = m->config_text ? m->config_text : "";
@@ -331,7 +455,7 @@ static void print_checkpoint_json(const char *path, const struct ckpt_meta *m)
         json_object *b = checked(json_object_new_object());
         put(b, "layer", integer(i));
         put(b, "stage", integer(stage_of(m->layout, m->pp, i)));
-        put(b, "bytes", integer((long long)(3 * block_params * 4)));
+        put(b, "bytes", integer((long long)(3 * gpt_block_param_count(s, i) * 4)));
         put(b, "sparsity", number(m->sparsity[i]));
         put(b, "frozen", checked(json_object_new_boolean(m->frozen[i] != 0)));
         json_object_array_add(blocks, b);

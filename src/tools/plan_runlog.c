@@ -3,7 +3,8 @@
  * read from DIR/runlog.h5 (docs/balance.md).
  *
  * The profile: /layers/fwd_ms and /layers/bwd_ms (per micro-batch),
- * parameters per block from model.channels (nonzero ones when the log has
+ * parameters per block from the model config (model.channels, and the
+ * mixture-of-experts keys, whose blocks are larger; nonzero ones when the log has
  * /layers/sparsity), slab bytes of a dense block, and the embedding and
  * head as the first and last stage's compute per micro-batch beyond their
  * blocks (/stages/busy_ms), a third forward, two thirds backward. Where
@@ -30,20 +31,28 @@ static long config_value(const char *text, const char *key, long fallback)
     return fallback;
 }
 
-/* The model's channels and layers and the micro-batches from the run's
- * config (the root attribute config). */
-static void read_run_config(const char *path, int *channels, int *layers,
-                            int *micro_batches)
+/* The model (its channels, layers and mixture-of-experts blocks, which
+ * make blocks differ in size) and the micro-batches from the run's config
+ * (the root attribute config). */
+static void read_run_config(const char *path, struct gpt_shape *shape, int *micro_batches)
 {
     char err[512];
     char *config = NULL;
     if (runlog_read_root_attr(path, "config", &config, err, sizeof err) != 0)
         dm_user_error("--from-run: %s", err);
-    *channels = (int)config_value(config, "model.channels", 0);
-    *layers = (int)config_value(config, "model.layers", 0);
+    memset(shape, 0, sizeof *shape);
+    shape->channels = (int)config_value(config, "model.channels", 0);
+    shape->layers = (int)config_value(config, "model.layers", 0);
+    shape->moe.every = (int)config_value(config, "model.moe_every", 0);
+    if (shape->moe.every > 0) {
+        shape->moe.experts = (int)config_value(config, "model.experts", 0);
+        shape->moe.hidden = (int)config_value(config, "model.expert_hidden", 0);
+        if (shape->moe.hidden <= 0) shape->moe.hidden = 4 * shape->channels;
+    }
     *micro_batches = (int)config_value(config, "train.micro_batches", 1);
     free(config);
-    if (*channels <= 0 || *layers <= 0)
+    if (shape->channels <= 0 || shape->layers <= 0 || shape->moe.every < 0 ||
+        (shape->moe.every > 0 && shape->moe.experts <= 0))
         dm_user_error("--from-run: %s has no model config", path);
 }
 
@@ -68,7 +77,7 @@ static long read_run_steps(const char *path, int *with_update)
 /* The blocks' times, parameters, memory and updates (zeros without
  * updates) at step (1-based) into in's arrays, which it allocates. */
 static void read_run_blocks(struct plan_input *in, const char *path, long step,
-                            int channels, int with_update)
+                            const struct gpt_shape *shape, int with_update)
 {
     char err[512];
     int L = in->blocks;
@@ -88,12 +97,12 @@ static void read_run_blocks(struct plan_input *in, const char *path, long step,
     if (with_update &&
         runlog_read_row(path, RUNLOG_LAYER_UPDATE_MS, step - 1, update, L, err, sizeof err))
         dm_user_error("--from-run: %s", err);
-    double dense = (double)block_param_count(channels);
     for (int l = 0; l < L; l++) {
+        double size = (double)gpt_block_param_count(shape, l);
         in->fwd_ms[l] = fwd[l];
         in->bwd_ms[l] = bwd[l];
-        in->params[l] = floor(dense * (1.0 - sparsity[l]) + 0.5);
-        in->mem_bytes[l] = (int64_t)(16 * dense);
+        in->params[l] = floor(size * (1.0 - sparsity[l]) + 0.5);
+        in->mem_bytes[l] = (int64_t)(16 * size);
         in->update_ms[l] = update[l];
     }
     dm_free(fwd);
@@ -155,14 +164,16 @@ void plan_read_run(struct plan_input *in, const char *dir, long step, int **layo
 {
     char path[1200];
     snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
-    int channels, layers, with_update;
-    read_run_config(path, &channels, &layers, micro_batches);
+    struct gpt_shape shape;
+    int with_update;
+    read_run_config(path, &shape, micro_batches);
+    int layers = shape.layers;
     long nsteps = read_run_steps(path, &with_update);
     if (step < 1 || step > nsteps)
         dm_user_error("--step %ld: %s has steps 1..%ld", step, path, nsteps);
     memset(in, 0, sizeof *in);
     in->blocks = layers;
-    read_run_blocks(in, path, step, channels, with_update);
+    read_run_blocks(in, path, step, &shape, with_update);
     int width = 0;
     read_run_layout(path, step, layers, layout, stages, &width);
     read_run_ends(in, path, step, *layout, *stages, width, *micro_batches, with_update);

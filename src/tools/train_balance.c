@@ -27,6 +27,10 @@ struct train_balancer {
 
 struct train_balancer *train_balancer_create(const struct dm_config *cfg, int stages)
 {
+    /* Blocks differ in size when some are mixtures of experts. */
+    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    double *sizes = dm_alloc((size_t)cfg->layers * sizeof(double));
+    for (int b = 0; b < cfg->layers; b++) sizes[b] = (double)gpt_block_param_count(&shape, b);
     struct balance_controller_config c = {
         .method = cfg->method, .cost = cfg->cost, .stages = stages, .blocks = cfg->layers,
         .every = cfg->every, .micro_batches = cfg->micro_batches,
@@ -34,9 +38,11 @@ struct train_balancer *train_balancer_create(const struct dm_config *cfg, int st
         .min_improvement = cfg->min_improvement,
         .block_params = (double)block_param_count(cfg->channels),
         .block_matrix_weights = (double)block_matrix_weights(cfg->channels),
+        .block_param_counts = sizes,
     };
     char err[768];
     struct balance_controller *ctl = balance_controller_create(&c, err, sizeof err);
+    dm_free(sizes);
     if (!ctl) dm_user_error("%s", err);
     struct train_balancer *tb = dm_alloc(sizeof *tb);
     tb->ctl = ctl;

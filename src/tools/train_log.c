@@ -8,6 +8,7 @@
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "tools/train.h"
 
@@ -54,6 +55,24 @@ static void append_stage_row(struct runlog *log, const char *name, const double 
     runlog_append_row(log, name, row, width);
 }
 
+/* The MoE blocks' rows of the step: per expert the routed and dropped
+ * pairs and the bias, per block the balancing losses. */
+static void append_moe_rows(struct runlog *log, const struct step_stats *st)
+{
+    int cells = st->moe_blocks * st->experts;
+    int *counts = dm_alloc((size_t)cells * sizeof(int));
+    float *row = dm_alloc((size_t)cells * sizeof(float));
+    for (int c = 0; c < cells; c++) counts[c] = (int)st->moe_tokens[c];
+    runlog_append_int_row(log, RUNLOG_MOE_TOKENS, counts, cells);
+    for (int c = 0; c < cells; c++) counts[c] = (int)st->moe_dropped[c];
+    runlog_append_int_row(log, RUNLOG_MOE_DROPPED, counts, cells);
+    append_doubles(log, RUNLOG_MOE_BIAS, st->moe_bias, cells, row);
+    append_doubles(log, RUNLOG_MOE_AUX, st->moe_aux, st->moe_blocks, row);
+    append_doubles(log, RUNLOG_MOE_Z, st->moe_z, st->moe_blocks, row);
+    dm_free(counts);
+    dm_free(row);
+}
+
 /* The per-block, per-stage and trace rows of the step. */
 static void append_rows(struct runlog *log, const struct dm_config *cfg,
                         const struct step_stats *st, int stages, int width)
@@ -73,6 +92,7 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
     int *irow = dm_alloc((size_t)width * sizeof(int));
     for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
+    if (st->moe_blocks) append_moe_rows(log, st);
     for (int r = 0; r < st->trace_rows; r++)
         runlog_append_row(log, RUNLOG_TRACE_EVENTS, st->trace + (size_t)r * STEP_TRACE_COLUMNS,
                           STEP_TRACE_COLUMNS);
@@ -95,6 +115,24 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
     if (stages > 1)
         dm_log(" | bubble %.1f%% | imbalance %.2f", 100.0 * st->bubble_ratio, st->imbalance);
     if (st->dyn_text[0]) dm_log(" | %s", st->dyn_text);
+    if (st->moe_blocks) {
+        /* the busiest expert of any MoE block against its block's mean, and
+         * the share of the step's pairs that capacity dropped */
+        double routed = 0.0, dropped = 0.0, worst = 0.0;
+        for (int j = 0; j < st->moe_blocks; j++) {
+            double sum = 0.0, most = 0.0;
+            for (int e = 0; e < st->experts; e++) {
+                double c = st->moe_tokens[j * st->experts + e];
+                sum += c;
+                most = c > most ? c : most;
+                dropped += st->moe_dropped[j * st->experts + e];
+            }
+            routed += sum;
+            if (sum > 0) worst = fmax(worst, most * st->experts / sum);
+        }
+        dm_log(" | experts: busiest %.2fx mean, dropped %.1f%%", worst,
+               routed > 0 ? 100.0 * dropped / routed : 0.0);
+    }
     if (st->migrated_blocks > 0) {
         char layout[256];
         layout_format(layout, sizeof layout, st->layout, stages);
@@ -160,7 +198,10 @@ void stage_totals_print(const struct stage_totals *t, int stages)
  * steps before it (a new run.out_dir). */
 static void pad_rows(struct runlog *log, const struct dm_config *cfg, long start, int width)
 {
+    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    int M = gpt_moe_block_count(&shape), cells = M * shape.moe.experts;
     int L = cfg->layers, widest = L > width ? L : width;
+    if (cells > widest) widest = cells;
     float *nan_row = dm_alloc((size_t)widest * sizeof(float));
     int *zero_row = dm_alloc((size_t)widest * sizeof(int));
     for (int k = 0; k < widest; k++) nan_row[k] = NAN;
@@ -173,6 +214,8 @@ static void pad_rows(struct runlog *log, const struct dm_config *cfg, long start
         {RUNLOG_STAGE_IDLE_MS, width}, {RUNLOG_STAGE_UPDATE_MS, width},
         {!strcmp(cfg->dyn_kind, "prune") ? RUNLOG_LAYER_SPARSITY : NULL, L},
         {!strcmp(cfg->dyn_kind, "early_exit") ? RUNLOG_LAYER_ACTIVE : NULL, L},
+        {M ? RUNLOG_MOE_BIAS : NULL, cells}, {M ? RUNLOG_MOE_AUX : NULL, M},
+        {M ? RUNLOG_MOE_Z : NULL, M},
     };
     for (size_t k = 0; k < sizeof series / sizeof *series; k++) {
         if (!series[k].name) continue;
@@ -188,6 +231,14 @@ static void pad_rows(struct runlog *log, const struct dm_config *cfg, long start
     have = runlog_rows(log, RUNLOG_LAYOUT_HISTORY);
     for (long r = have > 0 ? have : 0; r < start; r++)
         runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, zero_row, width);
+    /* MoE counts of steps this log does not hold: -1 */
+    for (int k = 0; k < widest; k++) zero_row[k] = -1;
+    const char *counts[] = {RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED};
+    for (int c = 0; M && c < 2; c++) {
+        have = runlog_rows(log, counts[c]);
+        for (long r = have > 0 ? have : 0; r < start; r++)
+            runlog_append_int_row(log, counts[c], zero_row, cells);
+    }
     dm_free(nan_row);
     dm_free(zero_row);
 }
@@ -224,6 +275,7 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
         RUNLOG_STEP_BUBBLE, RUNLOG_STEP_IMBALANCE, RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS,
         RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS, RUNLOG_LAYOUT_HISTORY, RUNLOG_LAYER_SPARSITY,
         RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_UPDATE_MS, RUNLOG_STAGE_UPDATE_MS,
+        RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED, RUNLOG_MOE_BIAS, RUNLOG_MOE_AUX, RUNLOG_MOE_Z,
     };
     for (size_t i = 0; i < sizeof per_step / sizeof *per_step; i++)
         if (runlog_rows(log, per_step[i]) > start) runlog_truncate(log, per_step[i], start);

@@ -81,9 +81,9 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
     int L = cfg->layers;
     double *cost = dm_alloc((size_t)L * sizeof(double));
     int64_t *mem = dm_alloc((size_t)L * sizeof(int64_t));
-    for (int b = 0; b < L; b++) {
-        cost[b] = (double)block_param_count(shape.channels);
-        mem[b] = (int64_t)(4 * block_param_count(shape.channels) * sizeof(float));
+    for (int b = 0; b < L; b++) {   /* blocks differ in size with MoE blocks */
+        cost[b] = (double)gpt_block_param_count(&shape, b);
+        mem[b] = (int64_t)(4 * gpt_block_param_count(&shape, b) * sizeof(float));
     }
     struct balance_costs params = {
         .blocks = L, .cost = cost, .mem_bytes = mem,
@@ -162,21 +162,29 @@ void train_check_paths(const struct dm_config *cfg)
 }
 
 /* What the busiest stage of `layout` keeps resident, about: each block's
- * parameters, gradients and both Adam moments, the activations of the
- * micro-batches it holds at once (all of them, as GPipe does: an upper
- * bound for 1F1B), and the embedding and head with their own moments. */
+ * parameters, gradients and both Adam moments (blocks differ in size with
+ * MoE blocks), the activations of the micro-batches it holds at once (all
+ * of them, as GPipe does: an upper bound for 1F1B; an MoE block's routing
+ * and expert activations too), and the embedding and head with their own
+ * moments. */
 static double stage_bytes(const struct dm_config *cfg, const int *layout, int stages)
 {
     struct gpt_shape shape = gpt_shape_from_config(cfg);
     int micro_B = cfg->batch / (cfg->dp * cfg->micro_batches);
-    double block = 16.0 * (double)block_param_count(cfg->channels) +
-                   (double)cfg->micro_batches *
-                       (double)block_acts_bytes(micro_B, cfg->seq, cfg->channels, cfg->heads);
+    double acts = (double)block_acts_bytes(micro_B, cfg->seq, cfg->channels, cfg->heads);
+    double moe_acts = (double)moe_acts_bytes(&shape, micro_B, cfg->seq);
     double ends = 16.0 * (double)(shape.vocab + shape.max_seq) * shape.channels +
                   3.0 * 4.0 * (double)micro_B * cfg->seq * shape.vocab * cfg->micro_batches;
-    int widest = 0;
-    for (int s = 0; s < stages; s++) widest = layout[s] > widest ? layout[s] : widest;
-    return widest * block + ends;
+    double busiest = 0.0;
+    for (int s = 0, first = 0; s < stages; first += layout[s++]) {
+        double bytes = 0.0;
+        for (int b = first; b < first + layout[s]; b++)
+            bytes += 16.0 * (double)gpt_block_param_count(&shape, b) +
+                     (double)cfg->micro_batches *
+                         (acts + (gpt_block_is_moe(&shape, b) ? moe_acts : 0.0));
+        busiest = bytes > busiest ? bytes : busiest;
+    }
+    return busiest + ends;
 }
 
 void train_check_memory(const struct dm_config *cfg, const int *layout, int stages)

@@ -1,0 +1,60 @@
+/* One checkpoint schema's tables, compiled in from its .def file
+ * (checkpoint_schema/): ckpt_file.c includes this once per version, with
+ * SCHEMA_FILE naming the .def file (a string, relative to src/ckpt) and
+ * SCHEMA_NAME the struct ckpt_schema to define. No include guard on
+ * purpose; internal to ckpt_file.c. */
+#define SCHEMA_CAT2(a, b) a##b
+#define SCHEMA_CAT(a, b) SCHEMA_CAT2(a, b)
+
+#define SCHEMA_VERSION(n) n
+#define SCHEMA_GROUP(path)
+#define SCHEMA_ATTR(object, name, type, value)
+#define SCHEMA_DATASET(path, type, dim0, dim1)
+enum {
+    SCHEMA_CAT(SCHEMA_NAME, _number) =
+#include SCHEMA_FILE
+};
+#undef SCHEMA_VERSION
+#define SCHEMA_VERSION(n)
+
+#undef SCHEMA_GROUP
+#define SCHEMA_GROUP(path) path,
+static const char *const SCHEMA_CAT(SCHEMA_NAME, _groups)[] = {
+#include SCHEMA_FILE
+};
+#undef SCHEMA_GROUP
+#define SCHEMA_GROUP(path)
+
+#undef SCHEMA_ATTR
+#define SCHEMA_ATTR(object, name, type, value) {object, name, SCHEMA_TYPE_##type, value},
+static const struct schema_attr SCHEMA_CAT(SCHEMA_NAME, _attrs)[] = {
+#include SCHEMA_FILE
+};
+#undef SCHEMA_ATTR
+#define SCHEMA_ATTR(object, name, type, value)
+
+#undef SCHEMA_DATASET
+#define SCHEMA_DATASET(path, type, dim0, dim1) {path, SCHEMA_TYPE_##type, {dim0, dim1}},
+static const struct schema_dataset SCHEMA_CAT(SCHEMA_NAME, _datasets)[] = {
+#include SCHEMA_FILE
+};
+
+const struct ckpt_schema SCHEMA_NAME = {
+    .version = SCHEMA_CAT(SCHEMA_NAME, _number),
+    .groups = SCHEMA_CAT(SCHEMA_NAME, _groups),
+    .group_count = (int)(sizeof SCHEMA_CAT(SCHEMA_NAME, _groups) /
+                         sizeof SCHEMA_CAT(SCHEMA_NAME, _groups)[0]),
+    .attrs = SCHEMA_CAT(SCHEMA_NAME, _attrs),
+    .attr_count = (int)(sizeof SCHEMA_CAT(SCHEMA_NAME, _attrs) /
+                        sizeof SCHEMA_CAT(SCHEMA_NAME, _attrs)[0]),
+    .datasets = SCHEMA_CAT(SCHEMA_NAME, _datasets),
+    .dataset_count = (int)(sizeof SCHEMA_CAT(SCHEMA_NAME, _datasets) /
+                           sizeof SCHEMA_CAT(SCHEMA_NAME, _datasets)[0]),
+};
+
+#undef SCHEMA_VERSION
+#undef SCHEMA_GROUP
+#undef SCHEMA_ATTR
+#undef SCHEMA_DATASET
+#undef SCHEMA_CAT
+#undef SCHEMA_CAT2

@@ -1,0 +1,819 @@
+/* The mixture-of-experts block (docs/moe.md): a transformer block whose
+ * MLP is replaced by E expert MLPs and a linear router. Its attention half
+ * is block.c's; this file is the other half, forward and backward, in four
+ * phases that each read only the previous one's output:
+ *
+ *   route      router logits (N, E) = ln2 @ router_w^T; scores (softmax
+ *              probabilities, or sigmoid scores); each token's top-k experts
+ *              (by score, plus the selection bias for the sigmoid router;
+ *              ties go to the lower expert index); gate weights renormalised
+ *              over the chosen experts; each expert's capacity, the pairs
+ *              it drops; the balancing losses' values;
+ *   dispatch   the kept (token, expert) pairs grouped by expert, each
+ *              expert's tokens in ascending order (offset[e] .. offset[e+1]
+ *              of the grouped rows), and their inputs gathered into x;
+ *   experts    one GEMM pair per expert over its rows only (fc, GELU,
+ *              fcproj): the block's cost follows its routing;
+ *   combine    out[t] = res1[t] + sum over t's kept pairs, in slot order
+ *              (best expert first), of gate x expert output.
+ *
+ * With expert parallelism (not done yet) dispatch and combine are where
+ * the all-to-all goes: dispatch sends each expert's rows to its owner,
+ * combine brings the outputs back; route and the experts stay as they
+ * are. Today (parallel.ep = 1) both are local copies.
+ *
+ * Every result is a pure function of the numbers: the top-k and capacity
+ * decisions break ties by index, the grouped GEMMs are the ops' thread-
+ * count-free matmuls over a fixed row order, and every sum runs in a fixed
+ * order, so any layout and any thread count give the same bits. Nothing
+ * here calls MPI: the per-expert counts that the bias update sums over the
+ * data-parallel replicas come in through gpt_moe_end_step. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/model.h"
+#include "model/internal.h"
+
+/* ---- shapes ------------------------------------------------------------------ */
+
+int gpt_block_is_moe(const struct gpt_shape *shape, int index)
+{
+    return shape->moe.every > 0 && (index + 1) % shape->moe.every == 0;
+}
+
+int gpt_moe_block_count(const struct gpt_shape *shape)
+{
+    return shape->moe.every > 0 ? shape->layers / shape->moe.every : 0;
+}
+
+int gpt_moe_ordinal(const struct gpt_shape *shape, int index)
+{
+    return gpt_block_is_moe(shape, index) ? (index + 1) / shape->moe.every - 1 : -1;
+}
+
+size_t moe_shared_param_count(int C) { return block_tensor_offset(C, BP_FC_W); }
+
+size_t moe_expert_param_count(int C, int H)
+{
+    return 2 * (size_t)H * (size_t)C + (size_t)H + (size_t)C;
+}
+
+size_t moe_block_param_count(int C, const struct gpt_moe *moe)
+{
+    size_t E = (size_t)moe->experts;
+    return moe_shared_param_count(C) + E * (size_t)C + E * moe_expert_param_count(C, moe->hidden);
+}
+
+size_t gpt_block_param_count(const struct gpt_shape *shape, int index)
+{
+    if (gpt_block_is_moe(shape, index)) return moe_block_param_count(shape->channels, &shape->moe);
+    return block_param_count(shape->channels);
+}
+
+/* ---- the state beside the slab ---------------------------------------------------- */
+
+void block_moe_alloc(struct block *blk, const struct gpt_shape *shape)
+{
+    int C = blk->C, E = shape->moe.experts;
+    struct block_moe *moe = dm_alloc(sizeof *moe);
+    moe->cfg = shape->moe;
+    moe->expert_params = moe_expert_param_count(C, shape->moe.hidden);
+    size_t shared = moe_shared_param_count(C);
+    moe->router_w = blk->params + shared;
+    moe->router_g = blk->grads + shared;
+    moe->experts_p = moe->router_w + (size_t)E * C;
+    moe->experts_g = moe->router_g + (size_t)E * C;
+    moe->bias = dm_alloc((size_t)E * sizeof(float));
+    moe->tokens = dm_alloc(4 * (size_t)E * sizeof(int64_t));
+    moe->dropped = moe->tokens + E;
+    moe->step_tokens = moe->tokens + 2 * E;
+    moe->step_dropped = moe->tokens + 3 * E;
+    blk->moe = moe;
+}
+
+void block_moe_free(struct block *blk)
+{
+    if (!blk->moe) return;
+    dm_free(blk->moe->bias);
+    dm_free(blk->moe->tokens);
+    dm_free(blk->moe);
+    blk->moe = NULL;
+}
+
+/* The router N(0, 0.02) on stream (layer, BP_COUNT); expert e's fc_w and
+ * fcproj_w continue the dense MLP's streams (layer, BP_FC_W) and (layer,
+ * BP_FCPROJ_W) at element e x H x C, so that every expert's initial
+ * weights depend on (seed, layer, expert) alone, wherever it is built. */
+void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, uint64_t seed)
+{
+    struct block_moe *moe = blk->moe;
+    int C = blk->C, E = moe->cfg.experts, H = moe->cfg.hidden, index = blk->index;
+    float residual_std = (float)(0.02 / sqrt(2.0 * shape->layers));
+    init_normal(moe->router_w, (size_t)E * C, seed, block_tensor_stream(index, BP_COUNT), 0.02f);
+    size_t HC = (size_t)H * C;
+    for (int e = 0; e < E; e++) {
+        float *w1 = moe->experts_p + (size_t)e * moe->expert_params;
+        float *w2 = w1 + HC + H;
+        init_normal_at(w1, HC, seed, block_tensor_stream(index, BP_FC_W), (size_t)e * HC, 0.02f);
+        init_normal_at(w2, HC, seed, block_tensor_stream(index, BP_FCPROJ_W), (size_t)e * HC,
+                       residual_std);
+    }
+}
+
+/* ---- pack format of the state (docs/block-slab.md, flag bit 10) ------------------ */
+
+static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
+
+size_t block_moe_pack_bytes(const struct block *blk)
+{
+    if (!blk->moe) return 0;
+    size_t E = (size_t)blk->moe->cfg.experts;
+    return 8 + pad8(4 * E) + 16 * E;
+}
+
+void block_moe_pack(const struct block *blk, unsigned char *out)
+{
+    const struct block_moe *moe = blk->moe;
+    if (!moe) return;
+    size_t E = (size_t)moe->cfg.experts;
+    int32_t head[2] = {moe->cfg.experts, 0};
+    memcpy(out, head, 8);
+    memset(out + 8, 0, pad8(4 * E));
+    memcpy(out + 8, moe->bias, 4 * E);
+    out += 8 + pad8(4 * E);
+    memcpy(out, moe->tokens, 8 * E);
+    memcpy(out + 8 * E, moe->dropped, 8 * E);
+}
+
+int block_moe_unpack(struct block *blk, const unsigned char *in, size_t bytes, char *err,
+                     size_t errsize)
+{
+    struct block_moe *moe = blk->moe;
+    DM_ASSERT(moe != NULL);
+    size_t E = (size_t)moe->cfg.experts, expected = block_moe_pack_bytes(blk);
+    int32_t head[2] = {0, 0};
+    if (bytes >= 8) memcpy(head, in, 8);
+    if (bytes != expected || head[0] != moe->cfg.experts || head[1] != 0) {
+        snprintf(err, errsize, "packed block %d: its MoE state is %zu bytes for %d experts; "
+                 "the model's block has %zu experts (%zu bytes)", blk->index, bytes, head[0],
+                 E, expected);
+        return -1;
+    }
+    memcpy(moe->bias, in + 8, 4 * E);
+    in += 8 + pad8(4 * E);
+    memcpy(moe->tokens, in, 8 * E);
+    memcpy(moe->dropped, in + 8 * E, 8 * E);
+    memset(moe->step_tokens, 0, 16 * E);
+    moe->step_aux = moe->step_z = 0.0;
+    return 0;
+}
+
+/* ---- activations -------------------------------------------------------------------- */
+
+struct moe_acts {
+    int N, E, k, H, C;      /* the sizes it has room for */
+    int n;                  /* tokens of the last forward */
+    float *logits;          /* (N, E) router logits */
+    float *scores;          /* (N, E) softmax probabilities or sigmoid scores */
+    float *lse;             /* (N) log-sum-exp of the logits (z-loss) */
+    int *choice;            /* (N, k) chosen experts, best first */
+    float *gate;            /* (N, k) gate weights, renormalised over the chosen */
+    int *row;               /* (N, k) grouped row of the pair, -1: dropped */
+    int *selected;          /* (E) pairs that chose each expert (before capacity) */
+    int *offset;            /* (E + 1) first grouped row of each expert */
+    int *pair;              /* (k N) the pair t k + j of each grouped row */
+    int capacity;           /* 0: dropless */
+    int rows;               /* kept pairs: grouped rows in use */
+    float *x, *y;           /* (k N, C) expert inputs and outputs, grouped */
+    float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
+    float aux, z;           /* this forward's loss values */
+};
+
+static size_t moe_acts_floats(int N, int E, int k, int H, int C)
+{
+    size_t n = (size_t)N, kn = (size_t)k * N;
+    return 2 * n * E + n + n * k + 2 * kn * C + 2 * kn * H;
+}
+
+static size_t moe_acts_ints(int N, int E, int k)
+{
+    return 2 * (size_t)N * k + (size_t)E + (size_t)E + 1 + (size_t)k * N;
+}
+
+size_t moe_acts_bytes(const struct gpt_shape *shape, int B, int T)
+{
+    const struct gpt_moe *m = &shape->moe;
+    if (!m->every) return 0;
+    int N = B * T;
+    return sizeof(struct moe_acts) + moe_acts_floats(N, m->experts, m->top_k, m->hidden,
+                                                     shape->channels) * sizeof(float) +
+           moe_acts_ints(N, m->experts, m->top_k) * sizeof(int);
+}
+
+void moe_acts_free(struct moe_acts *ma)
+{
+    if (!ma) return;
+    dm_free(ma->logits);
+    dm_free(ma->choice);
+    dm_free(ma);
+}
+
+/* The block's MoE activations with room for N tokens (allocated once per
+ * micro-batch slot and kept; a migration may hand the slot another MoE
+ * block of other sizes). */
+static struct moe_acts *moe_acts_get(struct block_acts *acts, const struct block_moe *moe, int N,
+                                     int C)
+{
+    struct moe_acts *ma = acts->moe;
+    int E = moe->cfg.experts, k = moe->cfg.top_k, H = moe->cfg.hidden;
+    if (ma && ma->N >= N && ma->E == E && ma->k == k && ma->H == H && ma->C == C) return ma;
+    moe_acts_free(ma);
+    ma = dm_alloc(sizeof *ma);
+    ma->N = N;
+    ma->E = E;
+    ma->k = k;
+    ma->H = H;
+    ma->C = C;
+    size_t n = (size_t)N, kn = (size_t)k * N;
+    float *f = dm_alloc(moe_acts_floats(N, E, k, H, C) * sizeof(float));
+    ma->logits = f;            f += n * E;
+    ma->scores = f;            f += n * E;
+    ma->lse = f;               f += n;
+    ma->gate = f;              f += kn;
+    ma->x = f;                 f += kn * C;
+    ma->y = f;                 f += kn * C;
+    ma->h = f;                 f += kn * H;
+    ma->a = f;
+    int *i = dm_alloc(moe_acts_ints(N, E, k) * sizeof(int));
+    ma->choice = i;            i += kn;
+    ma->row = i;               i += kn;
+    ma->selected = i;          i += E;
+    ma->offset = i;            i += E + 1;
+    ma->pair = i;
+    acts->moe = ma;
+    return ma;
+}
+
+void moe_routing_of(const struct block_acts *acts, struct moe_routing *r)
+{
+    const struct moe_acts *ma = acts->moe;
+    DM_ASSERT(ma != NULL);
+    memset(r, 0, sizeof *r);
+    r->N = ma->n;
+    r->E = ma->E;
+    r->k = ma->k;
+    r->capacity = ma->capacity;
+    r->choice = ma->choice;
+    r->gate = ma->gate;
+    r->scores = ma->scores;
+    r->aux = ma->aux;
+    r->z = ma->z;
+    r->row = ma->row;
+    r->offset = ma->offset;
+}
+
+/* ---- phase 1: route ------------------------------------------------------------------- */
+
+struct route_args {
+    const struct block_moe *moe;
+    struct moe_acts *ma;
+};
+
+/* Per token: scores, log-sum-exp, the top-k choice and the gates. */
+static void route_range(void *arg, long begin, long end)
+{
+    const struct route_args *a = arg;
+    const struct block_moe *moe = a->moe;
+    struct moe_acts *ma = a->ma;
+    int E = ma->E, k = ma->k, sigmoid = moe->cfg.router == MOE_ROUTER_SIGMOID;
+    for (long t = begin; t < end; t++) {
+        const float *z = ma->logits + t * E;
+        float *s = ma->scores + t * E;
+        double top = z[0];
+        for (int e = 1; e < E; e++) top = z[e] > top ? z[e] : top;
+        double sum = 0.0;
+        for (int e = 0; e < E; e++) sum += exp((double)z[e] - top);
+        ma->lse[t] = (float)(top + log(sum));
+        for (int e = 0; e < E; e++)
+            s[e] = sigmoid ? (float)(1.0 / (1.0 + exp(-(double)z[e])))
+                           : (float)(exp((double)z[e] - top) / sum);
+        /* top-k by score (+ bias for the sigmoid router); a strict > over
+         * ascending experts gives ties to the lower index */
+        int *choice = ma->choice + t * k;
+        for (int j = 0; j < k; j++) {
+            int best = -1;
+            float best_key = 0.0f;
+            for (int e = 0; e < E; e++) {
+                int taken = 0;
+                for (int i = 0; i < j; i++) taken |= choice[i] == e;
+                if (taken) continue;
+                float key = sigmoid ? s[e] + moe->bias[e] : s[e];
+                if (best < 0 || key > best_key) {
+                    best = e;
+                    best_key = key;
+                }
+            }
+            choice[j] = best;
+        }
+        /* gates: the unbiased scores renormalised over the chosen experts */
+        double denom = 0.0;
+        for (int j = 0; j < k; j++) denom += s[choice[j]];
+        for (int j = 0; j < k; j++)
+            ma->gate[t * k + j] = denom > 0.0 ? (float)(s[choice[j]] / denom) : 1.0f / (float)k;
+    }
+}
+
+struct pair_key {
+    float score;
+    int token, pair;
+};
+
+/* Highest score first, then the earlier token. */
+static int by_score(const void *x, const void *y)
+{
+    const struct pair_key *a = x, *b = y;
+    if (a->score != b->score) return a->score > b->score ? -1 : 1;
+    return a->token - b->token;
+}
+
+static int by_token(const void *x, const void *y)
+{
+    const struct pair_key *a = x, *b = y;
+    return a->token - b->token;
+}
+
+/* Capacity and the grouped rows: each expert's pairs in token order; an
+ * expert over its capacity keeps `capacity` of them (the highest scores
+ * with moe.drop = probs, the earliest tokens with position) and drops the
+ * rest; the kept ones become its rows, in token order. */
+static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
+{
+    int E = ma->E, k = ma->k;
+    memset(ma->selected, 0, (size_t)E * sizeof(int));
+    for (long p = 0; p < (long)N * k; p++) ma->selected[ma->choice[p]]++;
+    double factor = (double)moe->cfg.capacity_factor;
+    ma->capacity = factor > 0.0 ? (int)ceil((double)k * N * factor / E) : 0;
+    /* pairs grouped by expert, each group in (token, slot) order */
+    struct pair_key *keys = dm_alloc((size_t)N * k * sizeof *keys);
+    int *start = ma->offset;   /* borrowed as the groups' fill positions */
+    start[0] = 0;
+    for (int e = 0; e < E; e++) start[e + 1] = start[e] + ma->selected[e];
+    int *fill = dm_alloc((size_t)E * sizeof(int));
+    memcpy(fill, start, (size_t)E * sizeof(int));
+    for (int t = 0; t < N; t++)
+        for (int j = 0; j < k; j++) {
+            int p = t * k + j, e = ma->choice[p];
+            struct pair_key key = {ma->scores[(size_t)t * E + e], t, p};
+            keys[fill[e]++] = key;
+        }
+    int rows = 0;
+    int *kept_count = fill;
+    for (int e = 0; e < E; e++) {
+        struct pair_key *group = keys + start[e];
+        int n = ma->selected[e], keep = n;
+        if (ma->capacity > 0 && n > ma->capacity) {
+            keep = ma->capacity;
+            if (moe->cfg.drop == MOE_DROP_PROBS) {
+                qsort(group, (size_t)n, sizeof *group, by_score);
+                qsort(group, (size_t)keep, sizeof *group, by_token);
+            }
+        }
+        for (int i = keep; i < n; i++) ma->row[group[i].pair] = -1;
+        kept_count[e] = keep;
+        rows += keep;
+    }
+    /* the grouped rows: expert by expert, kept pairs in token order */
+    int r = 0;
+    for (int e = 0; e < E; e++) {
+        const struct pair_key *group = keys + start[e];
+        start[e] = r;
+        for (int i = 0; i < kept_count[e]; i++, r++) {
+            ma->pair[r] = group[i].pair;
+            ma->row[group[i].pair] = r;
+        }
+    }
+    start[E] = r;
+    DM_ASSERT(r == rows);
+    ma->rows = rows;
+    dm_free(fill);
+    dm_free(keys);
+}
+
+/* The balancing losses' values: aux = alpha E sum_i f_i P_i, f_i the share
+ * of the k N pairs that chose expert i (before capacity), P_i the mean over
+ * tokens of its normalised score (the softmax probability, or the sigmoid
+ * score over the token's score sum); z = beta mean_t lse_t^2. */
+static void balance_losses(const struct block_moe *moe, struct moe_acts *ma, int N)
+{
+    int E = ma->E, k = ma->k;
+    double aux = 0.0, z = 0.0;
+    if (moe->cfg.aux_loss > 0.0f) {
+        double *P = dm_alloc((size_t)E * sizeof(double));
+        for (int t = 0; t < N; t++) {
+            const float *s = ma->scores + (size_t)t * E;
+            double norm = 1.0;
+            if (moe->cfg.router == MOE_ROUTER_SIGMOID) {
+                norm = 0.0;
+                for (int e = 0; e < E; e++) norm += s[e];
+            }
+            for (int e = 0; e < E; e++) P[e] += s[e] / norm;
+        }
+        for (int e = 0; e < E; e++)
+            aux += ((double)ma->selected[e] / ((double)k * N)) * (P[e] / N);
+        aux *= (double)moe->cfg.aux_loss * E;
+        dm_free(P);
+    }
+    if (moe->cfg.z_loss > 0.0f) {
+        for (int t = 0; t < N; t++) z += (double)ma->lse[t] * ma->lse[t];
+        z *= (double)moe->cfg.z_loss / N;
+    }
+    ma->aux = (float)aux;
+    ma->z = (float)z;
+}
+
+static void moe_route(struct block *blk, struct moe_acts *ma, const float *ln2, int N)
+{
+    struct block_moe *moe = blk->moe;
+    matmul_forward(ma->logits, ln2, moe->router_w, NULL, N, blk->C, ma->E);
+    struct route_args a = {.moe = moe, .ma = ma};
+    dm_parallel_for(N, 16, route_range, &a);
+    assign_rows(moe, ma, N);
+    balance_losses(moe, ma, N);
+}
+
+/* ---- phase 2: dispatch ---------------------------------------------------------------- */
+
+struct gather_args {
+    float *dst;
+    const float *src;
+    const int *pair;
+    int k, C;
+};
+
+static void gather_range(void *arg, long begin, long end)
+{
+    const struct gather_args *a = arg;
+    for (long r = begin; r < end; r++)
+        memcpy(a->dst + r * a->C, a->src + (size_t)(a->pair[r] / a->k) * a->C,
+               (size_t)a->C * sizeof(float));
+}
+
+static void moe_dispatch(struct moe_acts *ma, const float *ln2)
+{
+    struct gather_args a = {.dst = ma->x, .src = ln2, .pair = ma->pair, .k = ma->k, .C = ma->C};
+    dm_parallel_for(ma->rows, 16, gather_range, &a);
+}
+
+/* ---- phase 3: the experts ------------------------------------------------------------- */
+
+/* Expert e's tensors in the slab (params, or grads when g is set). */
+static void expert_tensors(const struct block_moe *moe, const float *base, int e, int C,
+                           const float **w1, const float **b1, const float **w2,
+                           const float **b2)
+{
+    int H = moe->cfg.hidden;
+    const float *p = base + (size_t)e * moe->expert_params;
+    *w1 = p;
+    *b1 = p + (size_t)H * C;
+    *w2 = *b1 + H;
+    *b2 = *w2 + (size_t)C * H;
+}
+
+static void moe_experts_forward(const struct block *blk, struct moe_acts *ma)
+{
+    const struct block_moe *moe = blk->moe;
+    int C = blk->C, H = ma->H;
+    for (int e = 0; e < ma->E; e++) {
+        int r0 = ma->offset[e], n = ma->offset[e + 1] - r0;
+        if (n == 0) continue;
+        const float *w1, *b1, *w2, *b2;
+        expert_tensors(moe, moe->experts_p, e, C, &w1, &b1, &w2, &b2);
+        matmul_forward_gelu(ma->h + (size_t)r0 * H, ma->a + (size_t)r0 * H,
+                            ma->x + (size_t)r0 * C, w1, b1, n, C, H);
+        matmul_forward(ma->y + (size_t)r0 * C, ma->a + (size_t)r0 * H, w2, b2, n, H, C);
+    }
+}
+
+/* ---- phase 4: combine ----------------------------------------------------------------- */
+
+struct combine_args {
+    float *out;
+    const float *res1;
+    const struct moe_acts *ma;
+};
+
+static void combine_range(void *arg, long begin, long end)
+{
+    const struct combine_args *a = arg;
+    const struct moe_acts *ma = a->ma;
+    int C = ma->C, k = ma->k;
+    for (long t = begin; t < end; t++) {
+        float *o = a->out + t * C;
+        memcpy(o, a->res1 + t * C, (size_t)C * sizeof(float));
+        for (int j = 0; j < k; j++) {
+            int r = ma->row[t * k + j];
+            if (r < 0) continue;   /* dropped: contributes nothing */
+            float g = ma->gate[t * k + j];
+            const float *y = ma->y + (size_t)r * C;
+            for (int c = 0; c < C; c++) o[c] += g * y[c];
+        }
+    }
+}
+
+static void moe_combine(struct moe_acts *ma, float *out, const float *res1, int N)
+{
+    struct combine_args a = {.out = out, .res1 = res1, .ma = ma};
+    dm_parallel_for(N, 16, combine_range, &a);
+}
+
+void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
+{
+    struct block_moe *moe = blk->moe;
+    struct moe_acts *ma = moe_acts_get(acts, moe, N, blk->C);
+    ma->n = N;
+    moe_route(blk, ma, acts->ln2, N);
+    moe_dispatch(ma, acts->ln2);
+    moe_experts_forward(blk, ma);
+    moe_combine(ma, out, acts->res1, N);
+    for (int e = 0; e < ma->E; e++) {
+        moe->step_tokens[e] += ma->selected[e];
+        moe->step_dropped[e] += ma->selected[e] - (ma->offset[e + 1] - ma->offset[e]);
+    }
+    moe->step_aux += ma->aux;
+    moe->step_z += ma->z;
+}
+
+/* ---- backward ------------------------------------------------------------------------- */
+
+/* Scratch of the backward, shared by every MoE block (ops run on one
+ * thread of control at a time): grow-only. */
+static struct grow_buffer back_dy, back_dh, back_dx, back_dgate, back_dlogits;
+
+struct combine_back_args {
+    float *dy, *dgate;
+    const float *dout;
+    const struct moe_acts *ma;
+};
+
+/* dy[r] = gate x dout[t]; dgate[pair] = dout[t] . y[r] (in double, in
+ * channel order). */
+static void combine_back_range(void *arg, long begin, long end)
+{
+    const struct combine_back_args *a = arg;
+    const struct moe_acts *ma = a->ma;
+    int C = ma->C, k = ma->k;
+    for (long r = begin; r < end; r++) {
+        int p = ma->pair[r], t = p / k;
+        float g = ma->gate[p];
+        const float *d = a->dout + (size_t)t * C, *y = ma->y + r * C;
+        float *dy = a->dy + r * C;
+        double dot = 0.0;
+        for (int c = 0; c < C; c++) {
+            dy[c] = g * d[c];
+            dot += (double)d[c] * y[c];
+        }
+        a->dgate[p] = (float)dot;
+    }
+}
+
+static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const float *dy,
+                                 float *dh, float *dx)
+{
+    struct block_moe *moe = blk->moe;
+    int C = blk->C, H = ma->H;
+    for (int e = 0; e < ma->E; e++) {
+        int r0 = ma->offset[e], n = ma->offset[e + 1] - r0;
+        if (n == 0) continue;
+        const float *w1, *b1, *w2, *b2;
+        expert_tensors(moe, moe->experts_p, e, C, &w1, &b1, &w2, &b2);
+        float *gw1 = NULL, *gb1 = NULL, *gw2 = NULL, *gb2 = NULL;
+        if (!blk->frozen) {
+            const float *g1, *gb1c, *g2, *gb2c;
+            expert_tensors(moe, moe->experts_g, e, C, &g1, &gb1c, &g2, &gb2c);
+            gw1 = (float *)g1;
+            gb1 = (float *)gb1c;
+            gw2 = (float *)g2;
+            gb2 = (float *)gb2c;
+        }
+        matmul_backward_gelu(dh + (size_t)r0 * H, gw2, gb2, dy + (size_t)r0 * C,
+                             ma->a + (size_t)r0 * H, w2, ma->h + (size_t)r0 * H, n, H, C);
+        matmul_backward_overwrite(dx + (size_t)r0 * C, gw1, gb1, dh + (size_t)r0 * H,
+                                  ma->x + (size_t)r0 * C, w1, n, C, H);
+    }
+}
+
+struct scatter_back_args {
+    float *d_ln2;
+    const float *dx;
+    const struct moe_acts *ma;
+};
+
+/* d_ln2[t] = sum of dx over t's kept pairs, in slot order. */
+static void scatter_back_range(void *arg, long begin, long end)
+{
+    const struct scatter_back_args *a = arg;
+    const struct moe_acts *ma = a->ma;
+    int C = ma->C, k = ma->k;
+    for (long t = begin; t < end; t++) {
+        float *d = a->d_ln2 + t * C;
+        memset(d, 0, (size_t)C * sizeof(float));
+        for (int j = 0; j < k; j++) {
+            int r = ma->row[t * k + j];
+            if (r < 0) continue;
+            const float *x = a->dx + (size_t)r * C;
+            for (int c = 0; c < C; c++) d[c] += x[c];
+        }
+    }
+}
+
+struct route_back_args {
+    float *dlogits;
+    const float *dgate;
+    const struct block_moe *moe;
+    const struct moe_acts *ma;
+    float loss_scale;
+    int N;
+};
+
+/* The gradient of the logits: through the gates (renormalised over the
+ * chosen experts), the aux loss (through P only: f counts choices and has
+ * no gradient) and the z-loss. */
+static void route_back_range(void *arg, long begin, long end)
+{
+    const struct route_back_args *a = arg;
+    const struct moe_acts *ma = a->ma;
+    const struct gpt_moe *cfg = &a->moe->cfg;
+    int E = ma->E, k = ma->k, N = a->N, sigmoid = cfg->router == MOE_ROUTER_SIGMOID;
+    double alpha = (double)cfg->aux_loss * a->loss_scale;
+    double beta = (double)cfg->z_loss * a->loss_scale;
+    for (long t = begin; t < end; t++) {
+        const float *s = ma->scores + t * E, *z = ma->logits + t * E;
+        const int *choice = ma->choice + t * k;
+        const float *gate = ma->gate + t * k, *dg = a->dgate + t * k;
+        float *dz = a->dlogits + t * E;
+        for (int e = 0; e < E; e++) dz[e] = 0.0f;   /* d score, for now */
+        /* gates g_j = s_j / sum_S s: d s_i = (dg_i - sum_j dg_j g_j) / sum_S s */
+        double denom = 0.0, dot = 0.0;
+        for (int j = 0; j < k; j++) {
+            denom += s[choice[j]];
+            dot += (double)dg[j] * gate[j];
+        }
+        if (denom > 0.0)
+            for (int j = 0; j < k; j++)
+                dz[choice[j]] += (float)(((double)dg[j] - dot) / denom);
+        /* aux: d/d P_i of alpha E sum f_i P_i is alpha E f_i, over N tokens */
+        if (alpha > 0.0) {
+            double sum = 0.0, weighted = 0.0;
+            if (sigmoid)
+                for (int e = 0; e < E; e++) sum += s[e];
+            for (int e = 0; e < E; e++) {
+                double coef = alpha * E * ((double)ma->selected[e] / ((double)k * N)) / N;
+                if (!sigmoid) {
+                    dz[e] += (float)coef;
+                } else {
+                    dz[e] += (float)(coef / sum);
+                    weighted += coef * s[e];
+                }
+            }
+            if (sigmoid)
+                for (int e = 0; e < E; e++) dz[e] -= (float)(weighted / (sum * sum));
+        }
+        /* scores to logits */
+        if (sigmoid) {
+            for (int e = 0; e < E; e++) dz[e] = dz[e] * (s[e] * (1.0f - s[e]));
+        } else {
+            double inner = 0.0;
+            for (int e = 0; e < E; e++) inner += (double)dz[e] * s[e];
+            for (int e = 0; e < E; e++) dz[e] = s[e] * (float)((double)dz[e] - inner);
+        }
+        /* z-loss: d(beta mean lse^2)/dz = beta 2 lse softmax(z) / N */
+        if (beta > 0.0) {
+            double lse = ma->lse[t];
+            for (int e = 0; e < E; e++)
+                dz[e] += (float)(beta * 2.0 * lse * exp((double)z[e] - lse) / N);
+        }
+    }
+}
+
+/* The four phases backwards, each reading only the next one's output. */
+static void moe_combine_backward(struct moe_acts *ma, float *dy, float *dgate, const float *dout,
+                                 int N)
+{
+    memset(dgate, 0, (size_t)N * ma->k * sizeof(float));   /* dropped pairs stay 0 */
+    struct combine_back_args a = {.dy = dy, .dgate = dgate, .dout = dout, .ma = ma};
+    dm_parallel_for(ma->rows, 16, combine_back_range, &a);
+}
+
+static void moe_dispatch_backward(struct moe_acts *ma, float *d_ln2, const float *dx, int N)
+{
+    struct scatter_back_args a = {.d_ln2 = d_ln2, .dx = dx, .ma = ma};
+    dm_parallel_for(N, 16, scatter_back_range, &a);
+}
+
+static void moe_route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
+                               float *d_ln2, float *dlogits, const float *dgate, int N)
+{
+    struct block_moe *moe = blk->moe;
+    struct route_back_args a = {.dlogits = dlogits, .dgate = dgate, .moe = moe, .ma = ma,
+                                .loss_scale = acts->loss_scale, .N = N};
+    dm_parallel_for(N, 16, route_back_range, &a);
+    matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
+                    moe->router_w, N, blk->C, ma->E);
+}
+
+void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
+                  int N)
+{
+    struct moe_acts *ma = acts->moe;
+    DM_ASSERT(ma != NULL && ma->n == N);
+    int C = blk->C, H = ma->H, E = ma->E, k = ma->k;
+    size_t rows = (size_t)(ma->rows ? ma->rows : 1);
+    float *dy = grow_buffer_get(&back_dy, rows * C);
+    float *dh = grow_buffer_get(&back_dh, rows * H);
+    float *dx = grow_buffer_get(&back_dx, rows * C);
+    float *dgate = grow_buffer_get(&back_dgate, (size_t)N * k);
+    float *dlogits = grow_buffer_get(&back_dlogits, (size_t)N * E);
+    moe_combine_backward(ma, dy, dgate, dout, N);
+    moe_experts_backward(blk, ma, dy, dh, dx);
+    moe_dispatch_backward(ma, d_ln2, dx, N);
+    moe_route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
+}
+
+/* ---- a model's MoE blocks, once a step ----------------------------------------------- */
+
+void gpt_moe_begin_step(struct gpt *model)
+{
+    for (int i = 0; i < model->num_blocks; i++) {
+        struct block_moe *moe = model->blocks[i].moe;
+        if (!moe) continue;
+        memset(moe->step_tokens, 0, 2 * (size_t)moe->cfg.experts * sizeof(int64_t));
+        moe->step_aux = moe->step_z = 0.0;
+    }
+}
+
+int gpt_moe_step_values(const struct gpt *model, double *values)
+{
+    int n = 0;
+    for (int i = 0; i < model->num_blocks; i++) {
+        const struct block_moe *moe = model->blocks[i].moe;
+        if (!moe) continue;
+        int E = moe->cfg.experts;
+        if (values) {
+            double *v = values + n;
+            for (int e = 0; e < E; e++) {
+                v[e] = (double)moe->step_tokens[e];
+                v[E + e] = (double)moe->step_dropped[e];
+            }
+            v[2 * E] = moe->step_aux;
+            v[2 * E + 1] = moe->step_z;
+        }
+        n += MOE_STEP_VALUES(E);
+    }
+    return n;
+}
+
+void gpt_moe_end_step(struct gpt *model, const double *values)
+{
+    int n = 0;
+    for (int i = 0; i < model->num_blocks; i++) {
+        struct block *blk = &model->blocks[i];
+        struct block_moe *moe = blk->moe;
+        if (!moe) continue;
+        int E = moe->cfg.experts;
+        const double *v = values + n;
+        for (int e = 0; e < E; e++) {
+            moe->tokens[e] = (int64_t)v[e];
+            moe->dropped[e] = (int64_t)v[E + e];
+        }
+        moe->aux = v[2 * E];
+        moe->z = v[2 * E + 1];
+        block_moe_update_bias(blk, v);
+        n += MOE_STEP_VALUES(E);
+    }
+}
+
+double gpt_moe_balance_loss(const struct gpt *model)
+{
+    double sum = 0.0;
+    for (int i = 0; i < model->num_blocks; i++) {
+        const struct block_moe *moe = model->blocks[i].moe;
+        if (moe) sum += moe->step_aux + moe->step_z;
+    }
+    return sum;
+}
+
+void block_moe_update_bias(struct block *blk, const double *tokens)
+{
+    struct block_moe *moe = blk->moe;
+    if (!moe || moe->cfg.router != MOE_ROUTER_SIGMOID || !(moe->cfg.bias_rate > 0.0f)) return;
+    int E = moe->cfg.experts;
+    double mean = 0.0;
+    for (int e = 0; e < E; e++) mean += tokens[e];
+    mean /= E;
+    for (int e = 0; e < E; e++) {
+        double gap = mean - tokens[e];
+        float sign = gap > 0.0 ? 1.0f : gap < 0.0 ? -1.0f : 0.0f;
+        moe->bias[e] += moe->cfg.bias_rate * sign;
+    }
+}

@@ -1,0 +1,418 @@
+#!/usr/bin/python3
+"""Builds the PyTorch reference fixtures of dynmo's mixture-of-experts model.
+
+An independent PyTorch implementation of the MoE GPT that docs/moe.md
+describes (written from that description, not from dynmo's C code): the
+dense GPT of make_fixture.py, where every model.moe_every-th block (blocks
+l with (l + 1) % moe_every == 0) replaces its MLP by E expert MLPs and a
+linear router. It runs one forward and backward pass and ten AdamW steps
+and writes what dynmo must reproduce. It must not import anything of dynmo;
+the C test (tests/test_reference.c) must not need torch.
+
+    /usr/bin/python3 tests/reference/make_moe_fixture.py [--out-dir DIR]
+
+writes three fixtures, all top-2 of 4 experts (the cases below):
+
+    fixture_moe.bin           softmax router, dropless
+    fixture_moe_capacity.bin  softmax router, capacity factor 0.75, drop=probs
+    fixture_moe_sigmoid.bin   sigmoid router with the selection bias and its
+                              update (bias_rate), capacity 1.0, drop=position
+
+An MoE block, for its N = B*T tokens x (the ln2 output):
+
+    logits = x @ router_w^T                     router_w (E, C), no bias
+    scores = softmax(logits) | sigmoid(logits)
+    key    = scores (+ bias for the sigmoid router; bias selects only)
+    choice = the k experts of highest key, best first, ties to the lower index
+    gate_j = scores[choice_j] / sum_j' scores[choice_j']
+    capacity (factor > 0) = ceil(k * N * factor / E): an expert chosen by more
+      pairs keeps that many: the highest scores[t, e] (ties: earlier token)
+      with drop=probs, the earliest tokens with drop=position; a dropped pair
+      contributes nothing
+    out    = res1 + sum_j [kept] gate_j * expert_{choice_j}(x)
+    expert = fcproj(gelu_tanh(fc(x))), fc Linear(C, H), fcproj Linear(H, C)
+    aux    = alpha * E * sum_i f_i P_i,  f_i = (pairs choosing i) / (k N),
+             P_i = mean_t scores[t, i] (sigmoid: scores / their sum over i)
+    z      = beta * mean_t logsumexp(logits_t)^2
+
+The training loss is the mean cross-entropy plus aux + z of every MoE
+block. After each optimizer step the sigmoid router's bias moves:
+b_i += bias_rate * sign(mean_i count_i - count_i), count_i the pairs that
+chose expert i in that step's forward.
+
+Parameters in dynmo's canonical flat order: wte, wpe, per block (dense:
+ln1_w ln1_b qkv_w qkv_b attproj_w attproj_b ln2_w ln2_b fc_w fc_b fcproj_w
+fcproj_b; MoE: the first eight, router_w, then per expert fc_w fc_b
+fcproj_w fcproj_b), lnf_w, lnf_b. Weight decay on wte, wpe and every
+matrix (qkv_w, attproj_w, fc_w, fcproj_w, router_w, the experts' fc_w and
+fcproj_w).
+
+File format (little-endian): make_fixture.py's version-1 header with magic
+"DMREF002" and version 2, then at offset 108
+
+    int32[6]      moe_every, experts, top_k, expert_hidden, router (0 softmax,
+                  1 sigmoid), drop (0 probs, 1 position)
+    float64[4]    capacity_factor, aux_loss, z_loss, bias_rate
+    uint32        number of arrays, then the arrays as in version 1:
+
+    params        float32 (P)
+    tokens        int32 (B*T)
+    targets       int32 (B*T)
+    logits        float32 (B*T*V)  of the initial model
+    loss          float32 (1)      its mean cross-entropy
+    balance       float32 (1)      its aux + z summed over the MoE blocks
+    grads         float32 (P)      gradient of loss + balance
+    choice        int32 (M*B*T*k)  each MoE block's choices (block order)
+    kept          int32 (M*B*T*k)  1 kept, 0 dropped by capacity
+    lrs           float64 (steps)
+    train_losses  float32 (steps)  cross-entropy before each step's update
+    train_totals  float32 (steps)  cross-entropy + balance before each update
+    bias          float32 (M*E)    every MoE block's bias after the 10 steps
+"""
+
+import argparse
+import math
+import os
+import struct
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+MAGIC = b"DMREF002"
+VERSION = 2
+DTYPE_FLOAT32, DTYPE_INT32, DTYPE_FLOAT64 = 0, 1, 2
+
+CONFIG = dict(vocab=64, max_seq=16, layers=2, heads=2, channels=16,
+              batch=4, seq=16, steps=10, warmup=3)
+HYPER = dict(lr=1e-3, min_lr_ratio=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
+             weight_decay=0.1, grad_clip=1.0)
+MOE = dict(moe_every=2, experts=4, top_k=2, expert_hidden=24)
+CASES = {
+    "fixture_moe.bin": dict(router=0, drop=0, capacity_factor=0.0, aux_loss=0.01,
+                            z_loss=0.001, bias_rate=0.0, seed=1234),
+    "fixture_moe_capacity.bin": dict(router=0, drop=0, capacity_factor=0.75, aux_loss=0.01,
+                                     z_loss=0.001, bias_rate=0.0, seed=1234),
+    "fixture_moe_sigmoid.bin": dict(router=1, drop=1, capacity_factor=1.0, aux_loss=0.01,
+                                    z_loss=0.001, bias_rate=0.01, seed=1234),
+}
+# Every decision (top-k, capacity) must be clear of a tie by this much, so
+# that float32 rounding in dynmo cannot flip it.
+DECISION_MARGIN = 1e-5
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, channels, heads):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(channels, 3 * channels)
+        self.attproj = nn.Linear(channels, channels)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hs = C // self.heads
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.heads, hs).transpose(1, 2)
+        k = k.view(B, T, self.heads, hs).transpose(1, 2)
+        v = v.view(B, T, self.heads, hs).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+        y = (probs @ v).transpose(1, 2).reshape(B, T, C)
+        return self.attproj(y)
+
+
+class Expert(nn.Module):
+    def __init__(self, channels, hidden):
+        super().__init__()
+        self.fc = nn.Linear(channels, hidden)
+        self.fcproj = nn.Linear(hidden, channels)
+
+    def forward(self, x):
+        return self.fcproj(F.gelu(self.fc(x), approximate="tanh"))
+
+
+class Margins:
+    """The smallest gap seen between a decision's two sides."""
+    def __init__(self):
+        self.smallest = float("inf")
+
+    def see(self, gap):
+        self.smallest = min(self.smallest, float(gap))
+
+
+class MoE(nn.Module):
+    def __init__(self, channels, case, margins):
+        super().__init__()
+        E, H = MOE["experts"], MOE["expert_hidden"]
+        self.router = nn.Linear(channels, E, bias=False)
+        self.experts = nn.ModuleList(Expert(channels, H) for _ in range(E))
+        self.register_buffer("bias", torch.zeros(E))
+        self.case = case
+        self.margins = margins
+        self.last_counts = None
+        self.last_choice = None
+        self.last_kept = None
+
+    def forward(self, x):
+        """x (N, C) -> (mixture (N, C), aux + z)."""
+        N = x.shape[0]
+        E, k = MOE["experts"], MOE["top_k"]
+        case = self.case
+        logits = x @ self.router.weight.t()
+        sigmoid = case["router"] == 1
+        scores = torch.sigmoid(logits) if sigmoid else logits.softmax(dim=-1)
+        key = (scores + self.bias if sigmoid else scores).detach()
+        # top-k, best first, ties to the lower index (a stable sort of -key)
+        order = torch.sort(-key, dim=1, stable=True).indices
+        choice = order[:, :k]
+        ranked = key.gather(1, order)
+        self.margins.see((ranked[:, k - 1] - ranked[:, k]).min())
+        for j in range(k - 1):
+            self.margins.see((ranked[:, j] - ranked[:, j + 1]).min())
+        chosen = scores.gather(1, choice)
+        gates = chosen / chosen.sum(dim=1, keepdim=True)
+        counts = torch.bincount(choice.reshape(-1), minlength=E)
+        kept = torch.ones(N, k, dtype=torch.bool)
+        if case["capacity_factor"] > 0:
+            capacity = math.ceil(k * N * case["capacity_factor"] / E)
+            for e in range(E):
+                pairs = [(t, j) for t in range(N) for j in range(k) if int(choice[t, j]) == e]
+                if len(pairs) <= capacity:
+                    continue
+                if case["drop"] == 0:   # probs: highest score kept, ties to the earlier token
+                    s = scores.detach()[:, e]
+                    pairs.sort(key=lambda p: (-float(s[p[0]]), p[0]))
+                    self.margins.see(float(s[pairs[capacity - 1][0]] - s[pairs[capacity][0]]))
+                for t, j in pairs[capacity:]:
+                    kept[t, j] = False
+        out = torch.zeros_like(x)
+        for j in range(k):
+            y = torch.zeros_like(x)
+            for e in range(E):
+                mask = (choice[:, j] == e) & kept[:, j]
+                if mask.any():
+                    y[mask] = self.experts[e](x[mask])
+            out = out + gates[:, j:j + 1] * y
+        normalised = scores / scores.sum(dim=1, keepdim=True) if sigmoid else scores
+        f = counts.to(torch.float32) / (k * N)
+        aux = case["aux_loss"] * E * (f * normalised.mean(dim=0)).sum()
+        z = case["z_loss"] * (torch.logsumexp(logits, dim=1) ** 2).mean()
+        self.last_counts = counts
+        self.last_choice = choice.detach().clone()
+        self.last_kept = kept.clone()
+        return out, aux + z
+
+    def update_bias(self):
+        counts = self.last_counts.to(torch.float64)
+        self.bias += (self.case["bias_rate"] *
+                      torch.sign(counts.mean() - counts)).to(torch.float32)
+
+
+class Block(nn.Module):
+    def __init__(self, channels, heads, moe):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(channels, eps=1e-5)
+        self.attn = CausalSelfAttention(channels, heads)
+        self.ln2 = nn.LayerNorm(channels, eps=1e-5)
+        self.moe = moe
+        if moe is None:
+            self.fc = nn.Linear(channels, 4 * channels)
+            self.fcproj = nn.Linear(4 * channels, channels)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln1(x))
+        if self.moe is None:
+            return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh")), 0.0
+        B, T, C = x.shape
+        mixed, balance = self.moe(self.ln2(x).reshape(B * T, C))
+        return x + mixed.reshape(B, T, C), balance
+
+    def canonical_tensors(self):
+        shared = [self.ln1.weight, self.ln1.bias, self.attn.qkv.weight, self.attn.qkv.bias,
+                  self.attn.attproj.weight, self.attn.attproj.bias,
+                  self.ln2.weight, self.ln2.bias]
+        if self.moe is None:
+            return shared + [self.fc.weight, self.fc.bias, self.fcproj.weight, self.fcproj.bias]
+        tensors = shared + [self.moe.router.weight]
+        for expert in self.moe.experts:
+            tensors += [expert.fc.weight, expert.fc.bias, expert.fcproj.weight,
+                        expert.fcproj.bias]
+        return tensors
+
+    def matrices(self):
+        m = [self.attn.qkv.weight, self.attn.attproj.weight]
+        if self.moe is None:
+            return m + [self.fc.weight, self.fcproj.weight]
+        m.append(self.moe.router.weight)
+        for expert in self.moe.experts:
+            m += [expert.fc.weight, expert.fcproj.weight]
+        return m
+
+
+class GPT(nn.Module):
+    def __init__(self, case, margins):
+        super().__init__()
+        c = CONFIG
+        self.wte = nn.Embedding(c["vocab"], c["channels"])
+        self.wpe = nn.Embedding(c["max_seq"], c["channels"])
+        self.blocks = nn.ModuleList(
+            Block(c["channels"], c["heads"],
+                  MoE(c["channels"], case, margins) if (l + 1) % MOE["moe_every"] == 0 else None)
+            for l in range(c["layers"]))
+        self.lnf = nn.LayerNorm(c["channels"], eps=1e-5)
+
+    def forward(self, tokens, targets):
+        B, T = tokens.shape
+        x = self.wte(tokens) + self.wpe(torch.arange(T))
+        balance = 0.0
+        for block in self.blocks:
+            x, b = block(x)
+            balance = balance + b
+        logits = self.lnf(x) @ self.wte.weight.t()
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+        return logits, loss, balance
+
+    def moe_layers(self):
+        return [b.moe for b in self.blocks if b.moe is not None]
+
+    def canonical_tensors(self):
+        tensors = [self.wte.weight, self.wpe.weight]
+        for block in self.blocks:
+            tensors += block.canonical_tensors()
+        return tensors + [self.lnf.weight, self.lnf.bias]
+
+    def decayed(self):
+        tensors = [self.wte.weight, self.wpe.weight]
+        for block in self.blocks:
+            tensors += block.matrices()
+        return tensors
+
+
+def lr_at_step(step, lr, min_lr_ratio, warmup, steps):
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    ratio = (step - warmup) / max(1, steps - warmup)
+    min_lr = lr * min_lr_ratio
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
+
+
+def init_weights(model, generator):
+    with torch.no_grad():
+        for embedding in (model.wte, model.wpe):
+            embedding.weight.copy_(torch.randn(embedding.weight.shape, generator=generator) * 0.3)
+        norms = [model.lnf] + [n for b in model.blocks for n in (b.ln1, b.ln2)]
+        for norm in norms:
+            norm.weight.copy_(1.0 + 0.1 * torch.randn(norm.weight.shape, generator=generator))
+            norm.bias.copy_(0.1 * torch.randn(norm.bias.shape, generator=generator))
+
+
+def flat(tensors):
+    return torch.cat([t.detach().reshape(-1) for t in tensors])
+
+
+def build_fixture(case):
+    torch.manual_seed(case["seed"])
+    generator = torch.Generator().manual_seed(case["seed"])
+    c, h = CONFIG, HYPER
+    margins = Margins()
+    model = GPT(case, margins)
+    init_weights(model, generator)
+    tensors = model.canonical_tensors()
+    assert len(tensors) == len(list(model.parameters()))
+    shape = (c["batch"], c["seq"])
+    tokens = torch.randint(0, c["vocab"], shape, generator=generator)
+    targets = torch.randint(0, c["vocab"], shape, generator=generator)
+
+    arrays = [("params", DTYPE_FLOAT32, flat(tensors))]
+    logits, loss, balance = model(tokens, targets)
+    (loss + balance).backward()
+    moes = model.moe_layers()
+    dropped = sum(int((~m.last_kept).sum()) for m in moes)
+    arrays += [("tokens", DTYPE_INT32, tokens.reshape(-1)),
+               ("targets", DTYPE_INT32, targets.reshape(-1)),
+               ("logits", DTYPE_FLOAT32, logits.detach().reshape(-1)),
+               ("loss", DTYPE_FLOAT32, loss.detach().reshape(1)),
+               ("balance", DTYPE_FLOAT32, torch.as_tensor(balance).detach().reshape(1)),
+               ("grads", DTYPE_FLOAT32, flat([t.grad for t in tensors])),
+               ("choice", DTYPE_INT32, torch.cat([m.last_choice.reshape(-1) for m in moes])),
+               ("kept", DTYPE_INT32, torch.cat([m.last_kept.reshape(-1) for m in moes]))]
+
+    decayed_ids = {id(t) for t in model.decayed()}
+    groups = [{"params": [t for t in tensors if id(t) in decayed_ids],
+               "weight_decay": h["weight_decay"]},
+              {"params": [t for t in tensors if id(t) not in decayed_ids],
+               "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=h["lr"], betas=(h["beta1"], h["beta2"]),
+                                  eps=h["eps"])
+    lrs, losses, totals = [], [], []
+    for step in range(c["steps"]):
+        lr = lr_at_step(step, h["lr"], h["min_lr_ratio"], c["warmup"], c["steps"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=False)
+        _, loss, balance = model(tokens, targets)
+        (loss + balance).backward()
+        torch.nn.utils.clip_grad_norm_(tensors, h["grad_clip"])
+        optimizer.step()
+        for m in moes:
+            if case["router"] == 1 and case["bias_rate"] > 0:
+                m.update_bias()
+        lrs.append(lr)
+        losses.append(loss.item())
+        totals.append((loss + balance).item())
+    arrays += [("lrs", DTYPE_FLOAT64, torch.tensor(lrs, dtype=torch.float64)),
+               ("train_losses", DTYPE_FLOAT32, torch.tensor(losses, dtype=torch.float32)),
+               ("train_totals", DTYPE_FLOAT32, torch.tensor(totals, dtype=torch.float32)),
+               ("bias", DTYPE_FLOAT32, torch.cat([m.bias.reshape(-1) for m in moes]))]
+    return arrays, losses, totals, margins.smallest, dropped
+
+
+def write_fixture(path, arrays, case):
+    formats = {DTYPE_FLOAT32: ("<f4", torch.float32), DTYPE_INT32: ("<i4", torch.int32),
+               DTYPE_FLOAT64: ("<f8", torch.float64)}
+    header = MAGIC + struct.pack("<I", VERSION)
+    header += struct.pack("<9i", *(CONFIG[k] for k in
+                                   ("vocab", "max_seq", "layers", "heads", "channels",
+                                    "batch", "seq", "steps", "warmup")))
+    header += struct.pack("<7d", *(HYPER[k] for k in
+                                   ("lr", "min_lr_ratio", "beta1", "beta2", "eps",
+                                    "weight_decay", "grad_clip")))
+    assert len(header) == 104
+    header += struct.pack("<6i", MOE["moe_every"], MOE["experts"], MOE["top_k"],
+                          MOE["expert_hidden"], case["router"], case["drop"])
+    header += struct.pack("<4d", case["capacity_factor"], case["aux_loss"], case["z_loss"],
+                          case["bias_rate"])
+    header += struct.pack("<I", len(arrays))
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(header)
+        for name, dtype, data in arrays:
+            numpy_format, torch_type = formats[dtype]
+            values = data.to(torch_type).contiguous().numpy().astype(numpy_format)
+            f.write(struct.pack("<16sIi", name.encode("ascii"), dtype, values.size))
+            f.write(values.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out-dir", default=here)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for name, case in CASES.items():
+        arrays, losses, totals, margin, dropped = build_fixture(case)
+        assert margin > DECISION_MARGIN, f"{name}: a routing decision is within {margin:g} of a tie"
+        path = os.path.join(args.out_dir, name)
+        write_fixture(path, arrays, case)
+        print(f"wrote {path} ({os.path.getsize(path)} bytes); smallest decision margin "
+              f"{margin:.3g}; pairs dropped in the first forward {dropped}")
+        print("  train losses: " + " ".join(f"{x:.6f}" for x in losses))
+        print("  with balance: " + " ".join(f"{x:.6f}" for x in totals))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,492 @@
+/* The mixture-of-experts block (src/model/moe.c, docs/moe.md) on its own:
+ *
+ *   - finite differences of the block's backward through the router and the
+ *     gates, the experts, the capacity drop, the aux loss and the z-loss,
+ *     for the softmax and the sigmoid router (the routing is checked to be
+ *     the same on both sides of every difference);
+ *   - the aux loss is alpha under uniform routing, and more when the
+ *     routing is skewed; ties go to the lower expert index;
+ *   - the sigmoid router's bias changes which experts are chosen, never the
+ *     gate values, and moves by bias_rate x sign(mean - count);
+ *   - capacity: no expert keeps more than ceil(k N factor / E) pairs; the
+ *     pairs dropped are the lowest router probabilities (drop=probs) or the
+ *     latest tokens (drop=position); a token every expert dropped leaves the
+ *     block with its residual exactly;
+ *   - the pack of an MoE block round-trips (weights, moments, bias, counts),
+ *     live-migration messages too, and a pack of the wrong kind is refused;
+ *   - forward and backward give the same bits for 1 and 2 threads.
+ *
+ * The end-to-end check against PyTorch is tests/test_reference.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/core.h"
+#include "dynmo/model.h"
+#include "testing.h"
+
+enum { B = 2, T = 8, N = B * T, C = 16, NH = 2, E = 4, K = 2, H = 24 };
+
+static struct gpt_shape moe_shape(int router, double capacity_factor, int drop, float aux,
+                                  float z)
+{
+    struct gpt_shape s = {.vocab = 32, .max_seq = T, .layers = 2, .heads = NH, .channels = C};
+    struct gpt_moe m = {.every = 1, .experts = E, .top_k = K, .hidden = H, .router = router,
+                        .drop = drop, .capacity_factor = (float)capacity_factor,
+                        .aux_loss = aux, .z_loss = z, .bias_rate = 0.0f};
+    s.moe = m;
+    return s;
+}
+
+/* A block whose weights are far from trivial: every parameter N(0, 0.3)
+ * around its initial value, the router N(0, 1) so that the experts'
+ * scores are well apart. */
+static void make_block(struct block *blk, const struct gpt_shape *shape, uint64_t seed)
+{
+    block_init(blk, 1, shape, seed);
+    for (size_t i = 0; i < blk->nparams; i++)
+        blk->params[i] += 0.3f * dm_normal(seed + 1, 7, i);
+    for (size_t i = 0; i < (size_t)E * C; i++)
+        blk->moe->router_w[i] = dm_normal(seed + 2, 8, i);
+}
+
+struct harness {
+    struct block blk;
+    struct block_acts acts;
+    struct block_scratch scratch;
+    float *in, *out, *dout, *din;    /* (N, C) */
+};
+
+static void harness_init(struct harness *h, const struct gpt_shape *shape, uint64_t seed)
+{
+    make_block(&h->blk, shape, seed);
+    block_acts_alloc(&h->acts, B, T, C, NH);
+    block_scratch_alloc(&h->scratch, B, T, C, NH);
+    h->in = malloc(N * C * sizeof(float));
+    h->out = malloc(N * C * sizeof(float));
+    h->dout = malloc(N * C * sizeof(float));
+    h->din = malloc(N * C * sizeof(float));
+    for (int i = 0; i < N * C; i++) {
+        h->in[i] = dm_normal(seed + 3, 9, (uint64_t)i);
+        h->dout[i] = 0.1f * dm_normal(seed + 4, 10, (uint64_t)i);
+    }
+}
+
+static void harness_free(struct harness *h)
+{
+    block_free(&h->blk);
+    block_acts_free(&h->acts);
+    block_scratch_free(&h->scratch);
+    free(h->in);
+    free(h->out);
+    free(h->dout);
+    free(h->din);
+}
+
+/* F = sum dout . out + aux + z of one forward (the gradient block_backward
+ * computes with dout and loss_scale 1). */
+static double objective(struct harness *h)
+{
+    block_forward(&h->blk, &h->acts, h->out, h->in, B, T);
+    double f = 0.0;
+    for (int i = 0; i < N * C; i++) f += (double)h->dout[i] * h->out[i];
+    struct moe_routing r;
+    moe_routing_of(&h->acts, &r);
+    return f + r.aux + r.z;
+}
+
+/* The routing of the last forward, to compare two forwards. */
+struct routing_copy {
+    int choice[N * K], row[N * K];
+};
+
+static void copy_routing(struct harness *h, struct routing_copy *c)
+{
+    struct moe_routing r;
+    moe_routing_of(&h->acts, &r);
+    memcpy(c->choice, r.choice, sizeof c->choice);
+    memcpy(c->row, r.row, sizeof c->row);
+}
+
+/* Analytic gradients (block_backward into zeroed grads, din) against
+ * central differences at `count` elements of the parameters (from
+ * `offset`, every `stride`-th) and of the input. Returns the relative
+ * error norm |fd - an| / |an| over all of them. */
+static double fd_check(const char *name, struct harness *h, size_t offset, size_t count,
+                       size_t stride, int check_input)
+{
+    memset(h->blk.grads, 0, h->blk.nparams * sizeof(float));
+    double f0 = objective(h);
+    (void)f0;
+    struct routing_copy base, plus, minus;
+    copy_routing(h, &base);
+    block_backward(&h->blk, &h->acts, &h->scratch, h->din, h->dout, h->in, B, T);
+    double err2 = 0.0, norm2 = 0.0;
+    int routing_changed = 0;
+    const float eps = 2e-3f;
+    for (size_t s = 0; s < count + (check_input ? 24 : 0); s++) {
+        float *x;
+        double analytic;
+        if (s < count) {
+            size_t i = offset + s * stride;
+            DM_ASSERT(i < h->blk.nparams);
+            x = &h->blk.params[i];
+            analytic = h->blk.grads[i];
+        } else {
+            size_t i = (s - count) * 7 % (N * C);
+            x = &h->in[i];
+            analytic = h->din[i];
+        }
+        float keep = *x;
+        *x = keep + eps;
+        double fp = objective(h);
+        copy_routing(h, &plus);
+        *x = keep - eps;
+        double fm = objective(h);
+        copy_routing(h, &minus);
+        *x = keep;
+        routing_changed += memcmp(&plus, &base, sizeof base) || memcmp(&minus, &base, sizeof base);
+        double fd = (fp - fm) / (2.0 * eps);
+        err2 += (fd - analytic) * (fd - analytic);
+        norm2 += analytic * analytic;
+    }
+    double rel = sqrt(err2 / (norm2 > 0 ? norm2 : 1.0));
+    printf("finite differences %-34s relative error %.2e over %zu values (|grad| %.3g)\n", name,
+           rel, count + (check_input ? 24 : 0), sqrt(norm2));
+    CHECK_MSG(routing_changed == 0, "%s: %d perturbations changed the routing", name,
+              routing_changed);
+    CHECK_MSG(norm2 > 1e-12, "%s: the gradient is zero, nothing was checked", name);
+    objective(h);   /* leave acts as the unperturbed forward made them */
+    return rel;
+}
+
+static size_t router_offset(void) { return moe_shared_param_count(C); }
+static size_t experts_offset(void) { return moe_shared_param_count(C) + (size_t)E * C; }
+
+static void test_finite_differences(void)
+{
+    const double tol = 5e-3;
+    for (int router = 0; router < 2; router++) {
+        const char *kind = router ? "sigmoid" : "softmax";
+        char name[96];
+        struct harness h;
+        /* router and gates, and the experts, dropless, no balancing losses */
+        struct gpt_shape s = moe_shape(router, 0.0, MOE_DROP_PROBS, 0.0f, 0.0f);
+        harness_init(&h, &s, 11);
+        snprintf(name, sizeof name, "%s: router and gates", kind);
+        CHECK(fd_check(name, &h, router_offset(), E * C, 1, 1) < tol);
+        snprintf(name, sizeof name, "%s: experts", kind);
+        CHECK(fd_check(name, &h, experts_offset(), 60, 37, 0) < tol);
+        snprintf(name, sizeof name, "%s: ln2", kind);
+        CHECK(fd_check(name, &h, block_tensor_offset(C, BP_LN2_W), 2 * C, 1, 0) < tol);
+        harness_free(&h);
+
+        /* capacity drop: a third of the fair share, dropping by position */
+        s = moe_shape(router, 0.34, MOE_DROP_POSITION, 0.0f, 0.0f);
+        harness_init(&h, &s, 12);
+        objective(&h);
+        struct moe_routing r;
+        moe_routing_of(&h.acts, &r);
+        int dropped = 0;
+        for (int p = 0; p < N * K; p++) dropped += r.row[p] < 0;
+        snprintf(name, sizeof name, "%s: capacity drop (%d of %d dropped)", kind, dropped, N * K);
+        CHECK_MSG(dropped > 0, "the capacity test drops nothing");
+        CHECK(fd_check(name, &h, router_offset(), E * C, 1, 1) < tol);
+        snprintf(name, sizeof name, "%s: experts with drops", kind);
+        CHECK(fd_check(name, &h, experts_offset(), 60, 37, 0) < tol);
+        harness_free(&h);
+
+        /* the aux loss alone (dout = 0), then the z-loss alone */
+        s = moe_shape(router, 0.0, MOE_DROP_PROBS, 1.0f, 0.0f);
+        harness_init(&h, &s, 13);
+        memset(h.dout, 0, N * C * sizeof(float));
+        snprintf(name, sizeof name, "%s: aux loss", kind);
+        CHECK(fd_check(name, &h, router_offset(), E * C, 1, 1) < tol);
+        harness_free(&h);
+        s = moe_shape(router, 0.0, MOE_DROP_PROBS, 0.0f, 1.0f);
+        harness_init(&h, &s, 14);
+        memset(h.dout, 0, N * C * sizeof(float));
+        snprintf(name, sizeof name, "%s: z-loss", kind);
+        CHECK(fd_check(name, &h, router_offset(), E * C, 1, 1) < tol);
+        harness_free(&h);
+
+        /* everything at once, with a capacity */
+        s = moe_shape(router, 0.6, MOE_DROP_POSITION, 0.5f, 0.1f);
+        harness_init(&h, &s, 15);
+        snprintf(name, sizeof name, "%s: all together", kind);
+        CHECK(fd_check(name, &h, router_offset(), E * C, 1, 1) < tol);
+        harness_free(&h);
+    }
+}
+
+/* With a zero router every score is equal: P is uniform and the aux loss
+ * is exactly alpha; every token chooses experts 0 and 1 (ties to the lower
+ * index). A router that prefers one expert costs more. */
+static void test_aux_uniform(void)
+{
+    for (int router = 0; router < 2; router++) {
+        struct gpt_shape s = moe_shape(router, 0.0, MOE_DROP_PROBS, 0.25f, 0.0f);
+        struct harness h;
+        harness_init(&h, &s, 21);
+        memset(h.blk.moe->router_w, 0, (size_t)E * C * sizeof(float));
+        objective(&h);
+        struct moe_routing r;
+        moe_routing_of(&h.acts, &r);
+        printf("uniform routing (%s): aux %.9g, alpha %.9g\n", router ? "sigmoid" : "softmax",
+               r.aux, 0.25);
+        CHECK_NEAR(r.aux, 0.25, 1e-6);
+        int lower = 1;
+        for (int t = 0; t < N; t++) lower &= r.choice[t * K] == 0 && r.choice[t * K + 1] == 1;
+        CHECK_MSG(lower, "ties do not go to the lower expert index");
+        /* skewed: expert 2's row of the router follows the tokens' mean */
+        for (int c = 0; c < C; c++) h.blk.moe->router_w[2 * C + c] = 3.0f;
+        objective(&h);
+        moe_routing_of(&h.acts, &r);
+        printf("skewed routing (%s): aux %.6g > alpha\n", router ? "sigmoid" : "softmax", r.aux);
+        CHECK(r.aux > 0.25 * 1.01);
+        harness_free(&h);
+    }
+}
+
+/* The bias selects; the gates come from the unbiased scores. */
+static void test_bias_selects_only(void)
+{
+    struct gpt_shape s = moe_shape(MOE_ROUTER_SIGMOID, 0.0, MOE_DROP_PROBS, 0.0f, 0.0f);
+    struct harness h;
+    harness_init(&h, &s, 31);
+    struct moe_routing r;
+    objective(&h);
+    moe_routing_of(&h.acts, &r);
+    float scores[N * E], gates[N * K];
+    int choice[N * K];
+    memcpy(scores, r.scores, sizeof scores);
+    memcpy(gates, r.gate, sizeof gates);
+    memcpy(choice, r.choice, sizeof choice);
+    /* the same bias for every expert: the same choice, the same gate bits */
+    for (int e = 0; e < E; e++) h.blk.moe->bias[e] = 0.375f;
+    objective(&h);
+    moe_routing_of(&h.acts, &r);
+    CHECK(!memcmp(choice, r.choice, sizeof choice));
+    CHECK_MSG(!memcmp(gates, r.gate, sizeof gates), "a uniform bias changed the gate values");
+    CHECK(!memcmp(scores, r.scores, sizeof scores));
+    /* a bias that puts expert 3 first for every token: the choice changes,
+     * the gates are still the unbiased scores renormalised */
+    for (int e = 0; e < E; e++) h.blk.moe->bias[e] = e == 3 ? 10.0f : 0.0f;
+    objective(&h);
+    moe_routing_of(&h.acts, &r);
+    CHECK_MSG(!memcmp(scores, r.scores, sizeof scores), "the bias changed the scores");
+    int first3 = 1, changed = 0, gates_ok = 1;
+    for (int t = 0; t < N; t++) {
+        first3 &= r.choice[t * K] == 3;
+        changed += r.choice[t * K] != choice[t * K] || r.choice[t * K + 1] != choice[t * K + 1];
+        double sum = 0.0;
+        for (int j = 0; j < K; j++) sum += scores[t * E + r.choice[t * K + j]];
+        for (int j = 0; j < K; j++)
+            gates_ok &= fabs(r.gate[t * K + j] - scores[t * E + r.choice[t * K + j]] / sum) <= 1e-7;
+    }
+    printf("bias: expert 3 chosen first by every token (%d tokens' choices changed); gates are "
+           "the unbiased scores renormalised: %s\n", changed, gates_ok ? "yes" : "NO");
+    CHECK(first3 && changed > 0 && gates_ok);
+    harness_free(&h);
+
+    /* the update: b_i += rate x sign(mean - count_i), the sigmoid router only */
+    s.moe.bias_rate = 0.5f;
+    struct block blk;
+    block_init(&blk, 0, &s, 1);
+    double counts[E] = {10, 30, 20, 20};   /* mean 20 */
+    block_moe_update_bias(&blk, counts);
+    CHECK(blk.moe->bias[0] == 0.5f && blk.moe->bias[1] == -0.5f && blk.moe->bias[2] == 0.0f &&
+          blk.moe->bias[3] == 0.0f);
+    block_free(&blk);
+    s.moe.router = MOE_ROUTER_SOFTMAX;
+    block_init(&blk, 0, &s, 1);
+    block_moe_update_bias(&blk, counts);
+    CHECK(blk.moe->bias[0] == 0.0f && blk.moe->bias[1] == 0.0f);
+    block_free(&blk);
+}
+
+/* Capacity: the kept pairs of each expert, which ones drop, and the
+ * residual of a token that every expert dropped. */
+static void test_capacity(void)
+{
+    for (int drop = 0; drop < 2; drop++) {
+        struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.3, drop, 0.0f, 0.0f);
+        struct harness h;
+        harness_init(&h, &s, 41);
+        /* most tokens prefer experts 0 and 1 */
+        for (int c = 0; c < C; c++) {
+            h.blk.moe->router_w[0 * C + c] += 0.5f;
+            h.blk.moe->router_w[1 * C + c] += 0.4f;
+        }
+        objective(&h);
+        struct moe_routing r;
+        moe_routing_of(&h.acts, &r);
+        int capacity = (int)ceil((double)K * N * 0.3 / E);
+        CHECK(r.capacity == capacity);
+        int ok_order = 1, all_dropped = 0, exact = 1, over = 0;
+        for (int e = 0; e < E; e++) {
+            int kept = r.offset[e + 1] - r.offset[e], chosen = 0;
+            over |= kept > capacity;
+            float min_kept = INFINITY, max_dropped = -INFINITY;
+            int last_kept = -1, first_dropped = N;
+            for (int t = 0; t < N; t++)
+                for (int j = 0; j < K; j++) {
+                    if (r.choice[t * K + j] != e) continue;
+                    chosen++;
+                    float p = r.scores[t * E + e];
+                    if (r.row[t * K + j] >= 0) {
+                        min_kept = fminf(min_kept, p);
+                        last_kept = t;
+                    } else {
+                        max_dropped = fmaxf(max_dropped, p);
+                        if (t < first_dropped) first_dropped = t;
+                    }
+                }
+            CHECK(kept == (chosen < capacity ? chosen : capacity));
+            if (drop == MOE_DROP_PROBS) ok_order &= max_dropped <= min_kept;
+            else ok_order &= first_dropped > last_kept || first_dropped == N;
+        }
+        for (int t = 0; t < N; t++) {
+            int kept = 0;
+            for (int j = 0; j < K; j++) kept += r.row[t * K + j] >= 0;
+            if (kept) continue;
+            all_dropped++;
+            exact &= !memcmp(h.out + t * C, h.acts.res1 + t * C, C * sizeof(float));
+        }
+        printf("capacity %d (drop=%s): no expert over it: %s; the right pairs dropped: %s; %d "
+               "tokens dropped by every expert keep their residual exactly: %s\n", capacity,
+               drop ? "position" : "probs", over ? "NO" : "yes", ok_order ? "yes" : "NO",
+               all_dropped, exact ? "yes" : "NO");
+        CHECK(!over && ok_order && exact);
+        CHECK_MSG(all_dropped > 0, "no token was dropped by every expert: the test is empty");
+        harness_free(&h);
+    }
+}
+
+/* Packs of an MoE block: round trip, migration messages, refusals. */
+static void test_pack(void)
+{
+    struct gpt_shape s = moe_shape(MOE_ROUTER_SIGMOID, 1.0, MOE_DROP_PROBS, 0.01f, 0.001f);
+    s.layers = 4;
+    s.moe.every = 2;   /* blocks 1 and 3 are MoE, 0 and 2 dense */
+    CHECK(!gpt_block_is_moe(&s, 0) && gpt_block_is_moe(&s, 1) && gpt_block_is_moe(&s, 3));
+    CHECK(gpt_moe_block_count(&s) == 2 && gpt_moe_ordinal(&s, 3) == 1 &&
+          gpt_moe_ordinal(&s, 2) == -1);
+    CHECK(gpt_block_param_count(&s, 1) ==
+          4 * C * C + 8 * C + E * C + (size_t)E * (2 * H * C + H + C));
+    CHECK(gpt_block_param_count(&s, 2) == block_param_count(C));
+    struct block blk;
+    block_init(&blk, 3, &s, 5);
+    CHECK(blk.moe && blk.nparams == gpt_block_param_count(&s, 3));
+    for (size_t i = 0; i < blk.nparams; i++) {
+        blk.m[i] = dm_normal(1, 2, i);
+        blk.v[i] = fabsf(dm_normal(1, 3, i));
+    }
+    for (int e = 0; e < E; e++) {
+        blk.moe->bias[e] = 0.125f * (float)(e - 1);
+        blk.moe->tokens[e] = 100 + e;
+        blk.moe->dropped[e] = e;
+    }
+    size_t bytes = block_pack_size(&blk);
+    unsigned char *buf = malloc(bytes), *again = malloc(bytes);
+    block_pack(&blk, buf);
+    struct block copy = {0};
+    char err[256];
+    CHECK_MSG(block_unpack(&copy, buf, bytes, &s, err, sizeof err) == 0, "%s", err);
+    CHECK(copy.moe && copy.nparams == blk.nparams &&
+          !memcmp(copy.params, blk.params, blk.nparams * 4) &&
+          !memcmp(copy.m, blk.m, blk.nparams * 4) && !memcmp(copy.v, blk.v, blk.nparams * 4) &&
+          !memcmp(copy.moe->bias, blk.moe->bias, E * 4) &&
+          !memcmp(copy.moe->tokens, blk.moe->tokens, E * 8) &&
+          !memcmp(copy.moe->dropped, blk.moe->dropped, E * 8));
+    block_pack(&copy, again);
+    CHECK_MSG(!memcmp(buf, again, bytes), "pack(unpack(pack(b))) != pack(b)");
+    block_free(&copy);
+    /* the same pack where the model's layer 3 is dense: refused, named */
+    struct gpt_shape other = s;
+    other.moe.every = 3;   /* layer 3 is dense there, layer 2 MoE */
+    struct block wrong = {0};
+    CHECK(block_unpack(&wrong, buf, bytes, &other, err, sizeof err) != 0);
+    printf("an MoE pack where the model's layer is dense: %s\n", err);
+    CHECK(strstr(err, "packed block 3") != NULL);
+    /* a flipped byte in the bias is caught by the checksum */
+    unsigned char *bad = malloc(bytes);
+    memcpy(bad, buf, bytes);
+    bad[bytes - 16 * E - 9] ^= 1;
+    CHECK(block_unpack(&wrong, bad, bytes, &s, err, sizeof err) != 0);
+    free(bad);
+    /* migration: header and state as one message, the slab straight */
+    size_t meta_bytes = block_meta_size(&blk);
+    unsigned char *meta = malloc(meta_bytes);
+    block_pack_meta(&blk, meta);
+    struct block moved;
+    block_prepare_receive(&moved, 3, &s);
+    memcpy(moved.params, blk.params, blk.nparams * 4);
+    memcpy(moved.m, blk.m, 2 * blk.nparams * 4);
+    CHECK_MSG(block_unpack_meta_begin(&moved, meta, meta_bytes, &s, err, sizeof err) == 0 &&
+                  block_unpack_meta_end(&moved, meta, meta_bytes, err, sizeof err) == 0,
+              "%s", err);
+    CHECK(!memcmp(moved.moe->bias, blk.moe->bias, E * 4) &&
+          !memcmp(moved.moe->tokens, blk.moe->tokens, E * 8));
+    block_pack(&moved, again);
+    CHECK_MSG(!memcmp(buf, again, bytes), "a migrated MoE block packs differently");
+    block_free(&moved);
+    free(meta);
+    free(buf);
+    free(again);
+    block_free(&blk);
+}
+
+/* Forward and backward bits for 1 and 2 threads. */
+static void run_bits(float *out, float *din, float *grads, size_t nparams)
+{
+    struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.6, MOE_DROP_PROBS, 0.1f, 0.01f);
+    struct harness h;
+    harness_init(&h, &s, 51);
+    memset(h.blk.grads, 0, h.blk.nparams * sizeof(float));
+    block_forward(&h.blk, &h.acts, h.out, h.in, B, T);
+    block_backward(&h.blk, &h.acts, &h.scratch, h.din, h.dout, h.in, B, T);
+    DM_ASSERT(h.blk.nparams == nparams);
+    memcpy(out, h.out, N * C * sizeof(float));
+    memcpy(din, h.din, N * C * sizeof(float));
+    memcpy(grads, h.blk.grads, nparams * sizeof(float));
+    harness_free(&h);
+}
+
+static void test_thread_count(void)
+{
+    struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.6, MOE_DROP_PROBS, 0.1f, 0.01f);
+    size_t P = gpt_block_param_count(&s, 1);
+    float *out[2], *din[2], *grads[2];
+    for (int k = 0; k < 2; k++) {
+        out[k] = malloc(N * C * sizeof(float));
+        din[k] = malloc(N * C * sizeof(float));
+        grads[k] = malloc(P * sizeof(float));
+        dm_threads_shutdown();
+        dm_threads_init(k + 1);
+        run_bits(out[k], din[k], grads[k], P);
+    }
+    int same = !memcmp(out[0], out[1], N * C * 4) && !memcmp(din[0], din[1], N * C * 4) &&
+               !memcmp(grads[0], grads[1], P * 4);
+    printf("MoE block forward and backward on 1 and 2 threads: %s\n",
+           same ? "the same bits" : "DIFFERENT");
+    CHECK(same);
+    for (int k = 0; k < 2; k++) {
+        free(out[k]);
+        free(din[k]);
+        free(grads[k]);
+    }
+}
+
+int main(void)
+{
+    dm_threads_init(2);
+    test_finite_differences();
+    test_aux_uniform();
+    test_bias_selects_only();
+    test_capacity();
+    test_pack();
+    test_thread_count();
+    dm_threads_shutdown();
+    return testing_report("test_moe");
+}
