@@ -14,7 +14,12 @@
  *     block with its residual exactly;
  *   - the pack of an MoE block round-trips (weights, moments, bias, counts),
  *     live-migration messages too, and a pack of the wrong kind is refused;
- *   - forward and backward give the same bits for 1 and 2 threads.
+ *   - forward and backward give the same bits for 1 and 2 threads;
+ *   - the experts phase handed to an exchange (moe_exchange, the seam of
+ *     expert parallelism) that runs each expert on its own copy of its
+ *     rows, kept from the forward to the backward by key, and its
+ *     gradients into a buffer of its own added afterwards: the same bits
+ *     as the local phase.
  *
  * The end-to-end check against PyTorch is tests/test_reference.c. */
 #include <math.h>
@@ -478,6 +483,87 @@ static void test_thread_count(void)
     }
 }
 
+/* A loopback exchange, as an expert-parallel owner runs it: each expert's
+ * rows copied out, run with moe_expert_forward into buffers of its own
+ * kept by key until the backward, whose expert gradients go to a buffer of
+ * the exchange's (zeroed, then added into the slab: 0 + g is g). */
+struct loopback {
+    const void *key;
+    float *x, *h, *a;            /* (rows, C|H) kept from the forward */
+    float *grads;                /* (E, expert_params) */
+    int calls;
+};
+
+static void loopback_forward(void *ctx, struct block *blk, const void *key, const int *offset,
+                             const float *x, float *y)
+{
+    struct loopback *lb = ctx;
+    int rows = offset[E];
+    lb->key = key;
+    lb->x = realloc(lb->x, (size_t)(rows + 1) * C * sizeof(float));
+    lb->h = realloc(lb->h, (size_t)(rows + 1) * H * sizeof(float));
+    lb->a = realloc(lb->a, (size_t)(rows + 1) * H * sizeof(float));
+    memcpy(lb->x, x, (size_t)rows * C * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int r0 = offset[e], n = offset[e + 1] - r0;
+        moe_expert_forward(blk, e, lb->x + (size_t)r0 * C, n, lb->h + (size_t)r0 * H,
+                           lb->a + (size_t)r0 * H, y + (size_t)r0 * C);
+    }
+    lb->calls++;
+}
+
+static void loopback_backward(void *ctx, struct block *blk, const void *key, const int *offset,
+                              const float *dy, float *dx)
+{
+    struct loopback *lb = ctx;
+    CHECK(key == lb->key);
+    size_t P = blk->moe->expert_params;
+    lb->grads = calloc((size_t)E * P, sizeof(float));
+    float *dh = malloc((size_t)(offset[E] + 1) * H * sizeof(float));
+    for (int e = 0; e < E; e++) {
+        int r0 = offset[e], n = offset[e + 1] - r0;
+        moe_expert_backward(blk, e, lb->grads + (size_t)e * P, dy + (size_t)r0 * C,
+                            lb->x + (size_t)r0 * C, lb->h + (size_t)r0 * H,
+                            lb->a + (size_t)r0 * H, n, dh + (size_t)r0 * H, dx + (size_t)r0 * C);
+    }
+    for (size_t i = 0; i < (size_t)E * P; i++) blk->moe->experts_g[i] += lb->grads[i];
+    free(dh);
+    free(lb->grads);
+    lb->calls++;
+}
+
+static void test_exchange_seam(void)
+{
+    struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.6, MOE_DROP_PROBS, 0.1f, 0.01f);
+    size_t P = gpt_block_param_count(&s, 1);
+    float *out = malloc(N * C * sizeof(float)), *din = malloc(N * C * sizeof(float));
+    float *grads = malloc(P * sizeof(float));
+    run_bits(out, din, grads, P);
+
+    struct loopback lb = {0};
+    struct moe_exchange ex = {.ctx = &lb, .experts_forward = loopback_forward,
+                              .experts_backward = loopback_backward};
+    struct harness h;
+    harness_init(&h, &s, 51);
+    h.blk.moe->exchange = &ex;
+    memset(h.blk.grads, 0, h.blk.nparams * sizeof(float));
+    block_forward(&h.blk, &h.acts, h.out, h.in, B, T);
+    block_backward(&h.blk, &h.acts, &h.scratch, h.din, h.dout, h.in, B, T);
+    int same = lb.calls == 2 && !memcmp(out, h.out, N * C * 4) &&
+               !memcmp(din, h.din, N * C * 4) && !memcmp(grads, h.blk.grads, P * 4);
+    printf("MoE block with its experts phase run by a loopback exchange: %s\n",
+           same ? "the same bits" : "DIFFERENT");
+    CHECK(same);
+    h.blk.moe->exchange = NULL;
+    harness_free(&h);
+    free(lb.x);
+    free(lb.h);
+    free(lb.a);
+    free(out);
+    free(din);
+    free(grads);
+}
+
 int main(void)
 {
     dm_threads_init(2);
@@ -487,6 +573,7 @@ int main(void)
     test_capacity();
     test_pack();
     test_thread_count();
+    test_exchange_seam();
     dm_threads_shutdown();
     return testing_report("test_moe");
 }

@@ -15,6 +15,7 @@
 #include "dynmo/core.h"
 
 struct block;
+struct moe_exchange;
 struct moe_acts;
 
 /* ---- shapes ------------------------------------------------------------ */
@@ -247,6 +248,8 @@ struct block_moe {
     int64_t *step_tokens, *step_dropped; /* (E) this rank's since gpt_moe_begin_step */
     double step_aux, step_z;     /* this rank's balancing-loss values (aux, z-loss) summed
                                     over its forwards since gpt_moe_begin_step */
+    const struct moe_exchange *exchange; /* the experts phase's runner, or NULL: local
+                                    (set by gpt_moe_set_exchange; not packed) */
 };
 
 /* One block: a single slab holds [params | grads | adam m | adam v];
@@ -418,6 +421,8 @@ struct gpt {
     int frozen_prefix;
     /* Early exit (src/model/exit.c), or NULL: owned by the early-exit scheme. */
     struct gpt_exit *exit;
+    /* Expert parallelism: the MoE blocks' experts phase, or NULL (local). */
+    const struct moe_exchange *moe_exchange;
 };
 
 /* Builds blocks [first_block, first_block+num_blocks) and, if asked, the
@@ -574,6 +579,40 @@ struct moe_routing {
     float aux, z;
 };
 void moe_routing_of(const struct block_acts *acts, struct moe_routing *routing);
+
+/* Expert parallelism's seam (docs/moe.md): the experts phase of an MoE
+ * block, forward and backward, run by the caller instead of locally. The
+ * model never calls MPI; a caller that splits the experts over ranks
+ * (src/pipe) sends each expert's rows to the rank that owns it, runs them
+ * there with moe_expert_forward / moe_expert_backward and brings the rows
+ * back. x, dy: (rows, C) grouped by expert, expert e's rows offset[e] ..
+ * offset[e + 1] (E + 1 offsets); y, dx: the same rows, to write. key
+ * names the micro-batch's activations of this block (the same pointer in
+ * the forward and the backward of one micro-batch), so that the runner
+ * can keep what the backward needs. experts_backward also owes the
+ * expert gradients (accumulated, unless the block is frozen). */
+struct moe_exchange {
+    void *ctx;
+    void (*experts_forward)(void *ctx, struct block *blk, const void *key, const int *offset,
+                            const float *x, float *y);
+    void (*experts_backward)(void *ctx, struct block *blk, const void *key, const int *offset,
+                             const float *dy, float *dx);
+};
+/* Hands every MoE block of model, and every block it later adopts
+ * (gpt_replace_blocks), to exchange; NULL: the experts run locally. The
+ * exchange must outlive the model or be unset first. */
+void gpt_moe_set_exchange(struct gpt *model, const struct moe_exchange *exchange);
+/* Expert e of blk over n rows: h, a (n, H) its pre-activations and GELU
+ * (kept for the backward), y (n, C). The same bits row for row whatever
+ * the other rows. */
+void moe_expert_forward(const struct block *blk, int e, const float *x, int n, float *h, float *a,
+                        float *y);
+/* Its backward over the same n rows: dx (n, C) overwritten, dh (n, H)
+ * scratch; the expert's parameter gradients (expert_params floats, laid
+ * out as in the slab) accumulate into grads unless it is NULL. */
+void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
+                         const float *x, const float *h, const float *a, int n, float *dh,
+                         float *dx);
 
 /* ---- early exit (src/model/exit.c; policy in src/dyn/early_exit.c) -------
  * A token that exits after block l keeps its hidden state (copied forward

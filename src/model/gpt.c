@@ -126,6 +126,7 @@ void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int 
     model->block_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->block_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->block_update_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
+    gpt_moe_set_exchange(model, model->moe_exchange);
 }
 
 /* ---- canonical flat order ---------------------------------------------------- */

@@ -480,19 +480,38 @@ static void expert_tensors(const struct block_moe *moe, const float *base, int e
     *b2 = *w2 + (size_t)C * H;
 }
 
-static void moe_experts_forward(const struct block *blk, struct moe_acts *ma)
+void moe_expert_forward(const struct block *blk, int e, const float *x, int n, float *h, float *a,
+                        float *y)
 {
     const struct block_moe *moe = blk->moe;
+    int C = blk->C, H = moe->cfg.hidden;
+    if (n == 0) return;
+    const float *w1, *b1, *w2, *b2;
+    expert_tensors(moe, moe->experts_p, e, C, &w1, &b1, &w2, &b2);
+    matmul_forward_gelu(h, a, x, w1, b1, n, C, H);
+    matmul_forward(y, a, w2, b2, n, H, C);
+}
+
+static void moe_experts_forward(struct block *blk, struct moe_acts *ma, const void *key)
+{
+    const struct block_moe *moe = blk->moe;
+    if (moe->exchange) {
+        moe->exchange->experts_forward(moe->exchange->ctx, blk, key, ma->offset, ma->x, ma->y);
+        return;
+    }
     int C = blk->C, H = ma->H;
     for (int e = 0; e < ma->E; e++) {
         int r0 = ma->offset[e], n = ma->offset[e + 1] - r0;
-        if (n == 0) continue;
-        const float *w1, *b1, *w2, *b2;
-        expert_tensors(moe, moe->experts_p, e, C, &w1, &b1, &w2, &b2);
-        matmul_forward_gelu(ma->h + (size_t)r0 * H, ma->a + (size_t)r0 * H,
-                            ma->x + (size_t)r0 * C, w1, b1, n, C, H);
-        matmul_forward(ma->y + (size_t)r0 * C, ma->a + (size_t)r0 * H, w2, b2, n, H, C);
+        moe_expert_forward(blk, e, ma->x + (size_t)r0 * C, n, ma->h + (size_t)r0 * H,
+                           ma->a + (size_t)r0 * H, ma->y + (size_t)r0 * C);
     }
+}
+
+void gpt_moe_set_exchange(struct gpt *model, const struct moe_exchange *exchange)
+{
+    model->moe_exchange = exchange;
+    for (int i = 0; i < model->num_blocks; i++)
+        if (model->blocks[i].moe) model->blocks[i].moe->exchange = exchange;
 }
 
 /* ---- phase 4: combine ----------------------------------------------------------------- */
@@ -534,7 +553,7 @@ void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
     ma->n = N;
     moe_route(blk, ma, acts->ln2, N);
     moe_dispatch(ma, acts->ln2);
-    moe_experts_forward(blk, ma);
+    moe_experts_forward(blk, ma, acts);
     moe_combine(ma, out, acts->res1, N);
     for (int e = 0; e < ma->E; e++) {
         moe->step_tokens[e] += ma->selected[e];
@@ -577,29 +596,41 @@ static void combine_back_range(void *arg, long begin, long end)
     }
 }
 
-static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const float *dy,
-                                 float *dh, float *dx)
+void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
+                         const float *x, const float *h, const float *a, int n, float *dh,
+                         float *dx)
+{
+    const struct block_moe *moe = blk->moe;
+    int C = blk->C, H = moe->cfg.hidden;
+    if (n == 0) return;
+    const float *w1, *b1, *w2, *b2;
+    expert_tensors(moe, moe->experts_p, e, C, &w1, &b1, &w2, &b2);
+    float *gw1 = NULL, *gb1 = NULL, *gw2 = NULL, *gb2 = NULL;
+    if (grads) {
+        gw1 = grads;
+        gb1 = gw1 + (size_t)H * C;
+        gw2 = gb1 + H;
+        gb2 = gw2 + (size_t)C * H;
+    }
+    matmul_backward_gelu(dh, gw2, gb2, dy, a, w2, h, n, H, C);
+    matmul_backward_overwrite(dx, gw1, gb1, dh, x, w1, n, C, H);
+}
+
+static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const void *key,
+                                 const float *dy, float *dh, float *dx)
 {
     struct block_moe *moe = blk->moe;
+    if (moe->exchange) {
+        moe->exchange->experts_backward(moe->exchange->ctx, blk, key, ma->offset, dy, dx);
+        return;
+    }
     int C = blk->C, H = ma->H;
     for (int e = 0; e < ma->E; e++) {
         int r0 = ma->offset[e], n = ma->offset[e + 1] - r0;
-        if (n == 0) continue;
-        const float *w1, *b1, *w2, *b2;
-        expert_tensors(moe, moe->experts_p, e, C, &w1, &b1, &w2, &b2);
-        float *gw1 = NULL, *gb1 = NULL, *gw2 = NULL, *gb2 = NULL;
-        if (!blk->frozen) {
-            const float *g1, *gb1c, *g2, *gb2c;
-            expert_tensors(moe, moe->experts_g, e, C, &g1, &gb1c, &g2, &gb2c);
-            gw1 = (float *)g1;
-            gb1 = (float *)gb1c;
-            gw2 = (float *)g2;
-            gb2 = (float *)gb2c;
-        }
-        matmul_backward_gelu(dh + (size_t)r0 * H, gw2, gb2, dy + (size_t)r0 * C,
-                             ma->a + (size_t)r0 * H, w2, ma->h + (size_t)r0 * H, n, H, C);
-        matmul_backward_overwrite(dx + (size_t)r0 * C, gw1, gb1, dh + (size_t)r0 * H,
-                                  ma->x + (size_t)r0 * C, w1, n, C, H);
+        float *grads = blk->frozen ? NULL : moe->experts_g + (size_t)e * moe->expert_params;
+        moe_expert_backward(blk, e, grads, dy + (size_t)r0 * C, ma->x + (size_t)r0 * C,
+                            ma->h + (size_t)r0 * H, ma->a + (size_t)r0 * H, n,
+                            dh + (size_t)r0 * H, dx + (size_t)r0 * C);
     }
 }
 
@@ -735,7 +766,7 @@ void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, cons
     float *dgate = grow_buffer_get(&back_dgate, (size_t)N * k);
     float *dlogits = grow_buffer_get(&back_dlogits, (size_t)N * E);
     moe_combine_backward(ma, dy, dgate, dout, N);
-    moe_experts_backward(blk, ma, dy, dh, dx);
+    moe_experts_backward(blk, ma, acts, dy, dh, dx);
     moe_dispatch_backward(ma, d_ln2, dx, N);
     moe_route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
 }
