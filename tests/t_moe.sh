@@ -168,7 +168,6 @@ bad "MoE keys without MoE blocks" "MoE keys are set .* but model.moe_every = 0" 
 bad "[moe] without MoE blocks" "MoE keys are set .* but model.moe_every = 0" 1 moe.aux_loss=0.1
 bad "ep does not divide dp" "parallel.ep = 2 does not divide parallel.dp = 1" 1 model.moe_every=1 parallel.ep=2
 bad "ep does not divide E" "parallel.ep = 4 does not divide model.experts = 6" 4 model.moe_every=1 model.experts=6 parallel.dp=4 parallel.ep=4 train.micro_batches=2
-bad "ep > 1" "parallel.ep = 2: expert parallelism is not yet supported" 2 model.moe_every=1 parallel.dp=2 parallel.ep=2 train.micro_batches=2
 bad "bias with softmax" "moe.bias_rate = 0.1 needs moe.router = sigmoid" 1 model.moe_every=1 moe.bias_rate=0.1
 bad "unknown router" "moe.router = 'topk' must be softmax or sigmoid" 1 model.moe_every=1 moe.router=topk
 bad "unknown drop" "moe.drop = 'random' must be probs or position" 1 model.moe_every=1 moe.drop=random

@@ -495,10 +495,6 @@ static void config_validate_moe(const struct dm_config *cfg)
     if (cfg->experts % cfg->ep != 0)
         dm_user_error("parallel.ep = %d does not divide model.experts = %d", cfg->ep,
                       cfg->experts);
-    if (cfg->ep > 1)
-        dm_user_error("parallel.ep = %d: expert parallelism is not yet supported (experts "
-                      "run on the stage that holds their block; use parallel.ep = 1)",
-                      cfg->ep);
 }
 
 void config_validate(const struct dm_config *cfg)

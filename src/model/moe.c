@@ -567,7 +567,7 @@ void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
 
 /* Scratch of the backward, shared by every MoE block (ops run on one
  * thread of control at a time): grow-only. */
-static struct grow_buffer back_dy, back_dh, back_dx, back_dgate, back_dlogits;
+static struct grow_buffer back_dy, back_dh, back_dx, back_dgate, back_dlogits, back_dgrads;
 
 struct combine_back_args {
     float *dy, *dgate;
@@ -624,14 +624,25 @@ static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const v
         moe->exchange->experts_backward(moe->exchange->ctx, blk, key, ma->offset, dy, dx);
         return;
     }
+    /* Each micro-batch's expert gradients are formed from zero and then
+     * added to the slab, as an expert-parallel owner forms them for the
+     * rank whose rows they are (src/pipe/expert.c): the same bits for
+     * every parallel.ep. */
     int C = blk->C, H = ma->H;
+    size_t P = moe->expert_params;
+    float *grads = NULL;
+    if (!blk->frozen) {
+        grads = grow_buffer_get(&back_dgrads, (size_t)ma->E * P);
+        memset(grads, 0, (size_t)ma->E * P * sizeof(float));
+    }
     for (int e = 0; e < ma->E; e++) {
         int r0 = ma->offset[e], n = ma->offset[e + 1] - r0;
-        float *grads = blk->frozen ? NULL : moe->experts_g + (size_t)e * moe->expert_params;
-        moe_expert_backward(blk, e, grads, dy + (size_t)r0 * C, ma->x + (size_t)r0 * C,
-                            ma->h + (size_t)r0 * H, ma->a + (size_t)r0 * H, n,
-                            dh + (size_t)r0 * H, dx + (size_t)r0 * C);
+        moe_expert_backward(blk, e, grads ? grads + (size_t)e * P : NULL, dy + (size_t)r0 * C,
+                            ma->x + (size_t)r0 * C, ma->h + (size_t)r0 * H,
+                            ma->a + (size_t)r0 * H, n, dh + (size_t)r0 * H, dx + (size_t)r0 * C);
     }
+    if (grads)
+        for (size_t i = 0; i < (size_t)ma->E * P; i++) moe->experts_g[i] += grads[i];
 }
 
 struct scatter_back_args {

@@ -95,6 +95,7 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     struct dyn_env env = {.pipeline_comm = eng->pipeline_comm, .stage = g->stage,
                           .stages = g->stages};
     eng->dyn = dyn_create(cfg, &env);
+    engine_expert_parallel_init(eng);
     engine_stats_alloc(eng);
     return eng;
 }
@@ -107,6 +108,7 @@ void engine_init_weights(struct engine *eng)
 void engine_destroy(struct engine *eng)
 {
     engine_stats_free(eng);
+    engine_expert_parallel_free(eng);
     slots_free(eng);
     block_scratch_free(&eng->scratch);
     gpt_free(&eng->model);
@@ -312,6 +314,7 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
     double grad_norm = 0.0, lr = 0.0;
     float loss_sum = run_schedule(eng, loader, step, &grad_norm, &lr);
     double step_s = dm_now() - t0;
+    engine_expert_parallel_profile(eng);
     engine_gather_stats(eng, loss_sum, step_s);
     struct step_stats *st = &eng->stats;
     st->trace_rows = 0;

@@ -70,6 +70,7 @@ struct engine {
     volatile int *watched_flag;
     int stop_requested;
     int pending_migrated;
+    struct expert_parallel *expert_parallel;   /* expert.c, or NULL (parallel.ep = 1) */
     double pending_migrated_bytes, pending_migrate_ms;
 };
 
@@ -106,6 +107,15 @@ static inline void first_block_of(const int *layout, int stage, int *first, int 
  * carries every rank's watched flag into eng->stop_requested). Collective;
  * its waits count in eng->wait_s. */
 double engine_reduce_grads(struct engine *eng);
+
+/* expert.c. Expert parallelism: init (collective; a no-op unless
+ * parallel.ep > 1 and the model has MoE blocks) hands the model's MoE
+ * blocks an exchange over the stage's expert group; free undoes it;
+ * profile (collective over the group) makes each block's forward and
+ * backward seconds their maxima over the group. */
+void engine_expert_parallel_init(struct engine *eng);
+void engine_expert_parallel_free(struct engine *eng);
+void engine_expert_parallel_profile(struct engine *eng);
 
 /* stats.c. The step's statistics and trace buffers (rank 0 gathers). */
 void engine_stats_alloc(struct engine *eng);

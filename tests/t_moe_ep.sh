@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Expert parallelism end to end (issue 16, part 2; docs/moe.md): the MoE
+# GPT of t_moe.sh with its experts split over parallel.ep ranks of each
+# stage's replicas, tokens sent to their experts and back by polled
+# all-to-all, where
+#   - ep=2 gives the same loss, expert-count and bias bits as ep=1 on the
+#     same pp x dp over 20 steps (the owner runs each source's rows apart
+#     and returns their gradients, which the source adds as ep=1 does);
+#   - so do ep=2 (two expert groups) and ep=4 on one stage of 4 replicas;
+#   - a balanced run (balance.method=random, live migration every step)
+#     with ep=2 gives the same bits as the static one, for both routers;
+#   - a checkpoint written with ep=2 resumes with ep=1 and under another
+#     pp with the same bits as the uninterrupted run;
+#   - ep not dividing dp or E is exit 2 with one message.
+set -u
+. "$(dirname "$0")/lib.sh"
+work_dir
+moe=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=64
+     parallel.dp=2 train.micro_batches=2)
+tiny_config "$dir/moe.ini" "${moe[@]}" moe.capacity_factor=1.25 moe.drop=probs train.steps=20
+tiny_config "$dir/sigmoid.ini" "${moe[@]}" moe.router=sigmoid moe.bias_rate=0.01 train.steps=6
+tiny_config "$dir/dense.ini"
+bits() { h5dump -b LE -d "$2" -o "$3" "$1/runlog.h5" >/dev/null; }
+run() { # run NAME CONFIG RANKS [overrides...]
+  local name=$1 config=$2 ranks=$3; shift 3
+  timeout 300 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$config.ini" \
+    run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
+  for d in /steps/loss /moe/tokens /moe/dropped /moe/bias; do
+    bits "$dir/$name" "$d" "$dir/$name.${d//\//_}" 2>/dev/null || { fail "$name: no $d"; return 1; }
+  done
+}
+same() { # same A B WHAT
+  local d
+  for d in /steps/loss /moe/tokens /moe/dropped /moe/bias; do
+    cmp -s "$dir/$1.${d//\//_}" "$dir/$2.${d//\//_}" || { fail "$3: $d differs"; return 1; }
+  done
+  echo "ok: $3: losses, expert counts and biases bit-identical"
+}
+
+run ep1 moe 4 parallel.pp=2 parallel.ep=1
+run ep2 moe 4 parallel.pp=2 parallel.ep=2 && same ep1 ep2 "ep=2 vs ep=1, 2 stages x 2 replicas, 20 steps"
+grep -q "expert parallelism: 4 experts per MoE block over 2 ranks" "$dir/ep2.out" ||
+  fail "the ep=2 run does not say it splits the experts"
+run ep2-random moe 4 parallel.pp=2 parallel.ep=2 balance.method=random balance.every=1 && {
+  same ep2 ep2-random "ep=2, random re-layout every step vs static"
+  grep -q "migrated [0-9]* blocks" "$dir/ep2-random.out" || fail "no migration shown in the step lines"
+}
+# One stage of 4 replicas: two expert groups of 2 (ep=2), one of 4 (ep=4).
+run dp4-ep1 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=1
+run dp4-ep2 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=2 && same dp4-ep1 dp4-ep2 "1 stage x 4 replicas: ep=2 vs ep=1"
+run dp4-ep4 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=4 && same dp4-ep1 dp4-ep4 "1 stage x 4 replicas: ep=4 vs ep=1"
+run sig-ep1 sigmoid 4 parallel.pp=2 parallel.ep=1
+run sig-ep2-random sigmoid 4 parallel.pp=2 parallel.ep=2 balance.method=random balance.every=1 &&
+  same sig-ep1 sig-ep2-random "sigmoid router, bias moving: ep=2 balanced vs ep=1 static"
+
+# A checkpoint written with ep=2, resumed with ep=1 and on one stage.
+run ck moe 4 parallel.pp=2 parallel.ep=2 train.steps=6 ckpt.dir="$dir/ck" ckpt.every=3 ckpt.keep=3
+for resume in "ep1 4 parallel.pp=2 parallel.ep=1" "pp1 2 parallel.pp=1 parallel.ep=2"; do
+  set -- $resume
+  name=resume-$1 ranks=$2; shift 2
+  run "$name" moe "$ranks" "$@" train.steps=6 ckpt.dir="$dir/$name-ck" ckpt.resume="$dir/ck/ckpt-3.h5" &&
+    /usr/bin/python3 - "$dir" "$name" <<'PY' && echo "ok: ckpt-3 of ep=2 resumed as $name: steps 4-6 bit-identical" || fail "$name changed the losses"
+import sys, h5py
+d, name = sys.argv[1:]
+a = h5py.File(d + "/ck/runlog.h5", "r")["/steps/loss"][:]
+b = h5py.File(d + "/" + name + "/runlog.h5", "r")["/steps/loss"][:]
+assert (a[-3:] == b[-3:]).all(), (a, b)
+PY
+done
+
+bad() { # bad NAME REGEX RANKS overrides...
+  local name=$1 regex=$2 ranks=$3; shift 3
+  local out rc
+  out=$(timeout 60 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] || { fail "$name: exit $rc, expected 2: $out"; return; }
+  grep -Eq -- "$regex" <<<"$out" || { fail "$name: '$out' does not match /$regex/"; return; }
+  [ "$(grep -c 'error' <<<"$out")" -eq 1 ] || { fail "$name: more than one message: $out"; return; }
+  echo "ok: $name: exit 2, one message"
+}
+bad "ep does not divide dp" "parallel.ep = 2 does not divide parallel.dp = 1" 1 model.moe_every=1 parallel.ep=2
+bad "ep does not divide E" "parallel.ep = 4 does not divide model.experts = 6" 4 model.moe_every=1 model.experts=6 parallel.dp=4 parallel.ep=4 train.micro_batches=2
+bad "ep without MoE blocks" "parallel.ep = 2 needs MoE blocks" 2 parallel.dp=2 parallel.ep=2 train.micro_batches=2
+finish
