@@ -11,6 +11,8 @@
 #     with ep=2 gives the same bits as the static one, for both routers;
 #   - a checkpoint written with ep=2 resumes with ep=1 and under another
 #     pp with the same bits as the uninterrupted run;
+#   - configs/moe.ini runs as pp=2 dp=2 ep=2 on 4 ranks (shortened), with
+#     the losses of ep=1;
 #   - ep not dividing dp or E is exit 2 with one message.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -69,6 +71,19 @@ b = h5py.File(d + "/" + name + "/runlog.h5", "r")["/steps/loss"][:]
 assert (a[-3:] == b[-3:]).all(), (a, b)
 PY
 done
+
+# configs/moe.ini as pp=2 dp=2 ep=2 on 4 ranks, shortened, against its ep=1.
+for ep in 1 2; do
+  timeout 300 mpiexec -n 4 "$DYNMO" train --config configs/moe.ini parallel.ep=$ep train.steps=3 \
+    train.warmup=1 train.eval_every=3 train.eval_batches=1 run.log_every=1 \
+    data.train="$dir/data/train.bin" data.val="$dir/data/val.bin" run.out_dir="$dir/config-ep$ep" \
+    > "$dir/config-ep$ep.out" 2>&1 && grep -q "^step 3/3 .*val " "$dir/config-ep$ep.out" ||
+    fail "configs/moe.ini with ep=$ep: $(tail -n 3 "$dir/config-ep$ep.out")"
+  bits "$dir/config-ep$ep" /steps/loss "$dir/config-ep$ep.loss" 2>/dev/null
+done
+cmp -s "$dir/config-ep1.loss" "$dir/config-ep2.loss" &&
+  echo "ok: configs/moe.ini as pp=2 dp=2 ep=2 (3 steps): the losses of ep=1, bit for bit" ||
+  fail "configs/moe.ini: ep=2 and ep=1 losses differ"
 
 bad() { # bad NAME REGEX RANKS overrides...
   local name=$1 regex=$2 ranks=$3; shift 3
