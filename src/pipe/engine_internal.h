@@ -1,6 +1,7 @@
 /* The engine's state and the pieces its files share (engine.c: building
  * and the step; reduce.c: the step's gradient sums; stats.c: the profile
- * and the trace; migrate.c: moving blocks). Private to src/pipe. */
+ * and the trace; migrate.c: moving blocks; expert.c: expert
+ * parallelism). Private to src/pipe. */
 #ifndef DYNMO_PIPE_ENGINE_INTERNAL_H
 #define DYNMO_PIPE_ENGINE_INTERNAL_H
 
