@@ -203,7 +203,7 @@ void engine_expert_parallel_init(struct engine *eng)
     gpt_moe_set_exchange(&eng->model, &xp->exchange);
     if (g->rank == 0)
         dm_log("expert parallelism: %d experts per MoE block over %d ranks of each stage's "
-               "replicas, %d each", eng->shape.moe.experts, P, eng->shape.moe.experts / P);
+               "replicas, %d each\n", eng->shape.moe.experts, P, eng->shape.moe.experts / P);
 }
 
 void engine_expert_parallel_free(struct engine *eng)
