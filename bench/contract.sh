@@ -9,12 +9,14 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 rounds=${ROUNDS:-3}
 steps=${BENCH_STEPS:-10}
+extra=()
+[ -n "${THREADS:-}" ] && extra=(train.threads="$THREADS")   # THREADS=1: one core
 make --no-print-directory -j2 BUILD=build/fused FP_CONTRACT= build/fused/dynmo >/dev/null || exit 1
 median_of() { sed -n 's/^bench: median \([0-9.]*\) ms\/step.*/\1/p'; }
 off=(); fused=()
 for r in $(seq 1 "$rounds"); do
-  a=$("$BUILD/dynmo" bench --config configs/ref.ini --steps "$steps" 2>&1 | median_of)
-  b=$(build/fused/dynmo bench --config configs/ref.ini --steps "$steps" 2>&1 | median_of)
+  a=$("$BUILD/dynmo" bench --config configs/ref.ini "${extra[@]}" --steps "$steps" 2>&1 | median_of)
+  b=$(build/fused/dynmo bench --config configs/ref.ini "${extra[@]}" --steps "$steps" 2>&1 | median_of)
   echo "round $r: -ffp-contract=off $a ms/step, fused $b ms/step"
   off+=("$a"); fused+=("$b")
 done
