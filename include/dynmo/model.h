@@ -575,6 +575,35 @@ struct moe_routing {
 };
 void moe_routing_of(const struct block_acts *acts, struct moe_routing *routing);
 
+/* ---- hash-sparse attention (src/model/hash_attention.c; docs/mod-hash.md) --
+ * Per (sequence, head), queries and keys go to nb buckets by a random
+ * rotation R (hs, nb/2): h(x) = argmax([xR ; -xR]); nb = 1 puts every token
+ * in bucket 0 (ordinary causal attention). Query i attends to key j when
+ * both share a bucket and j <= i; a query with no such key outputs zero.
+ * The work runs in HASH_TILE x HASH_TILE tiles of the bucket-sorted order
+ * and skips a tile without an allowed pair, forward and backward. */
+enum { HASH_TILE = 32 };
+
+/* rotation (NH, hs, nb/2) = N(0,1) draws that depend only on (seed, layer,
+ * step): never on the layout, the rank count or timing. Nothing for nb = 1. */
+void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
+                        int layer, long step);
+/* out (B,T,C) from qkv (B,T,3C) as attention_forward; saves lse (B,NH,T)
+ * (log-sum-exp of each query's allowed scores, -inf for none), bucket
+ * (B,NH,2,T) (query then key bucket by position) and order (B,NH,2,T)
+ * (positions sorted stably by query, then key, bucket) for the backward.
+ * rotation may be NULL when buckets = 1. Returns the tiles visited. */
+long hash_attention_forward(float *out, float *lse, int *order, int *bucket,
+                            const float *qkv, const float *rotation,
+                            int B, int T, int C, int NH, int buckets);
+/* dqkv (B,T,3C) overwritten with the gradient wrt qkv, given dout (B,T,C)
+ * and what the forward saved (out is its output). The hashing is piecewise
+ * constant: no gradient flows through it. Returns the tiles visited (the
+ * forward's). */
+long hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                             const float *out, const float *lse, const int *order,
+                             const int *bucket, int B, int T, int C, int NH);
+
 /* ---- early exit (src/model/exit.c; policy in src/dyn/early_exit.c) -------
  * A token that exits after block l keeps its hidden state (copied forward
  * to the output); later blocks compute only the remaining tokens, while
