@@ -1,4 +1,7 @@
-/* Hash-sparse attention (src/model/hash_attention.c) on its own:
+/* Hash-sparse attention (src/model/hash_attention.c) and the mixture-of-
+ * depths block (src/model/mod.c) on their own.
+ *
+ * Hash-sparse attention:
  *
  *   - with one bucket it is ordinary causal attention: output and gradient
  *     match attention_forward / attention_backward (tolerance 1e-5), and it
@@ -10,7 +13,16 @@
  *     positions (checked against a direct loop), and more buckets visit
  *     fewer tiles;
  *   - the rotation is a pure function of (seed, layer, step);
- *   - forward and backward give the same bits for 1 and 2 threads. */
+ *   - forward and backward give the same bits for 1 and 2 threads.
+ *
+ * Mixture of depths:
+ *   - top-k chooses exactly k tokens per sequence (ties: lower position);
+ *   - tokens not chosen pass through bit for bit; a chosen token gets
+ *     x + r (f(x) - x) with f the block run on the chosen tokens alone;
+ *   - finite differences of the backward (input, router weight, block
+ *     weights) for fixed routing, top-k and an uneven causal-style choice
+ *     (sequences padded to the longest, one with no token at all);
+ *   - finite differences of the predictor's binary cross-entropy. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,6 +262,199 @@ static void test_thread_count(void)
     free(qkv); free(dout); free(rotation);
 }
 
+/* ---- mixture of depths ---- */
+
+enum { MB = 2, MT = 12, MN = MB * MT };
+
+struct mod_fixture {
+    struct block blk;
+    struct block_acts acts;
+    struct block_scratch scratch;
+    struct mod_acts m;
+    float *in, *out, *w, *router_w, *din, *work, *drouter;
+};
+
+static void mod_fixture_init(struct mod_fixture *f)
+{
+    struct gpt_shape shape = {.vocab = 32, .max_seq = MT, .layers = 2, .heads = NH,
+                              .channels = C};
+    block_init(&f->blk, 1, &shape, 5);
+    fill(f->blk.params, f->blk.nparams, 20, 0.2f);
+    block_acts_alloc(&f->acts, MB, MT, C, NH);
+    block_scratch_alloc(&f->scratch, MB, MT, C, NH);
+    mod_acts_alloc(&f->m, MB, MT, C);
+    f->in = floats((size_t)MN * C);
+    f->out = floats((size_t)MN * C);
+    f->w = floats((size_t)MN * C);
+    f->din = floats((size_t)MN * C);
+    f->work = floats((size_t)MN * C);
+    f->router_w = floats(C);
+    f->drouter = floats(C);
+    fill(f->in, (size_t)MN * C, 21, 1.0f);
+    fill(f->w, (size_t)MN * C, 22, 1.0f);
+    fill(f->router_w, C, 23, 0.3f);
+}
+
+static void mod_fixture_free(struct mod_fixture *f)
+{
+    block_free(&f->blk);
+    block_acts_free(&f->acts);
+    block_scratch_free(&f->scratch);
+    mod_acts_free(&f->m);
+    free(f->in); free(f->out); free(f->w); free(f->din); free(f->work);
+    free(f->router_w); free(f->drouter);
+}
+
+static double mod_loss(struct mod_fixture *f, const int *chosen)
+{
+    mod_block_forward(&f->blk, &f->acts, &f->m, f->out, f->in, f->router_w, chosen, MB, MT);
+    return loss_of(f->out, f->w, (size_t)MN * C);
+}
+
+static void mod_check_pass_through(struct mod_fixture *f, const int *chosen, const char *name)
+{
+    mod_loss(f, chosen);
+    int same = 1, moved = 1;
+    for (int n = 0; n < MN; n++) {
+        int eq = memcmp(f->out + (long)n * C, f->in + (long)n * C, C * sizeof(float)) == 0;
+        if (!chosen[n] && !eq) same = 0;
+        if (chosen[n] && eq) moved = 0;
+    }
+    /* a chosen token against the block run on its sequence's chosen tokens alone */
+    double worst = 0.0;
+    for (int b = 0; b < MB; b++) {
+        int pos[MT], k = 0;
+        for (int t = 0; t < MT; t++)
+            if (chosen[b * MT + t]) pos[k++] = t;
+        if (k == 0) continue;
+        float *x = floats((size_t)k * C), *y = floats((size_t)k * C);
+        for (int i = 0; i < k; i++)
+            memcpy(x + (long)i * C, f->in + ((long)b * MT + pos[i]) * C, C * sizeof(float));
+        struct block_acts acts;
+        block_acts_alloc(&acts, 1, MT, C, NH);
+        block_forward(&f->blk, &acts, y, x, 1, k);
+        for (int i = 0; i < k; i++) {
+            long row = (long)b * MT + pos[i];
+            float r = 0.0f;
+            for (int c = 0; c < C; c++) r += f->router_w[c] * x[(long)i * C + c];
+            for (int c = 0; c < C; c++) {
+                float want = x[(long)i * C + c] + r * (y[(long)i * C + c] - x[(long)i * C + c]);
+                double d = fabs(want - f->out[row * C + c]);
+                if (d > worst) worst = d;
+            }
+        }
+        block_acts_free(&acts);
+        free(x); free(y);
+    }
+    printf("MoD %s: %ld tokens processed (kmax %d); skipped tokens %s; chosen vs the block "
+           "on them alone max |diff| %.3g\n", name, f->m.tokens, f->m.kmax,
+           same ? "bit for bit unchanged" : "CHANGED", worst);
+    CHECK(same);
+    CHECK(moved);
+    CHECK(worst <= 1e-5);
+}
+
+static void mod_finite_differences(struct mod_fixture *f, const int *chosen, const char *name)
+{
+    size_t nin = (size_t)MN * C;
+    mod_loss(f, chosen);
+    memset(f->blk.grads, 0, f->blk.nparams * sizeof(float));
+    memset(f->drouter, 0, C * sizeof(float));
+    mod_block_backward(&f->blk, &f->acts, &f->scratch, &f->m, f->din, f->drouter, f->w,
+                       f->router_w, MB, MT, f->work);
+    const double eps = 1e-2;
+    double worst = 0.0;
+    int checked = 0;
+    struct { float *x; const float *g; size_t n, stride; } sets[3] = {
+        {f->in, f->din, nin, 7},
+        {f->router_w, f->drouter, C, 1},
+        {f->blk.params, f->blk.grads, f->blk.nparams, 61},
+    };
+    for (int s = 0; s < 3; s++)
+        for (size_t i = 0; i < sets[s].n; i += sets[s].stride) {
+            float keep = sets[s].x[i];
+            sets[s].x[i] = keep + (float)eps;
+            double up = mod_loss(f, chosen);
+            sets[s].x[i] = keep - (float)eps;
+            double down = mod_loss(f, chosen);
+            sets[s].x[i] = keep;
+            double numeric = (up - down) / (2 * eps);
+            double err = fabs(numeric - sets[s].g[i]) / (1.0 + fabs(numeric));
+            if (err > worst) worst = err;
+            checked++;
+        }
+    printf("MoD finite differences, %s (fixed routing): %d entries (input, router, block), "
+           "worst relative error %.3g\n", name, checked, worst);
+    CHECK(worst <= 5e-3);
+}
+
+static void test_mod_block(void)
+{
+    struct mod_fixture f;
+    mod_fixture_init(&f);
+    int chosen[MN];
+    float router[MN];
+    mod_router_forward(router, f.in, f.router_w, MN, C);
+    int k = mod_capacity_tokens(0.5, MT);
+    mod_select_topk(chosen, router, MB, MT, k);
+    for (int b = 0; b < MB; b++) {
+        int n = 0;
+        for (int t = 0; t < MT; t++) n += chosen[b * MT + t];
+        CHECK_MSG(n == k, "sequence %d chose %d tokens, capacity %d", b, n, k);
+    }
+    CHECK(mod_capacity_tokens(1.0, MT) == MT && mod_capacity_tokens(0.01, MT) == 1);
+    /* ties go to the lower position */
+    float flat[MT] = {0};
+    int tie[MT];
+    mod_select_topk(tie, flat, 1, MT, 3);
+    CHECK(tie[0] && tie[1] && tie[2] && !tie[3]);
+    mod_check_pass_through(&f, chosen, "top-k, capacity 0.5");
+    mod_finite_differences(&f, chosen, "top-k");
+    /* uneven: sequence 0 takes 7 scattered tokens, sequence 1 none */
+    int uneven[MN] = {0};
+    const int pick[7] = {0, 2, 3, 5, 8, 10, 11};
+    for (int i = 0; i < 7; i++) uneven[pick[i]] = 1;
+    mod_check_pass_through(&f, uneven, "uneven choice");
+    mod_finite_differences(&f, uneven, "uneven choice");
+    uneven[MT + 4] = 1;   /* and sequence 1 one token: padding 6 rows */
+    mod_finite_differences(&f, uneven, "uneven choice with padding");
+    mod_fixture_free(&f);
+}
+
+static void test_mod_predictor(void)
+{
+    float *in = floats((size_t)MN * C), *u = floats(C), *du = floats(C);
+    fill(in, (size_t)MN * C, 30, 1.0f);
+    fill(u, C, 31, 0.5f);
+    int target[MN], chosen[MN];
+    for (int n = 0; n < MN; n++) target[n] = (n * 7) % 3 == 0;
+    mod_predictor_forward_backward(du, chosen, in, u, target, MN, C);
+    double worst = 0.0;
+    const double eps = 1e-2;
+    for (int c = 0; c < C; c++) {
+        float keep = u[c];
+        u[c] = keep + (float)eps;
+        double up = mod_predictor_forward_backward(NULL, NULL, in, u, target, MN, C);
+        u[c] = keep - (float)eps;
+        double down = mod_predictor_forward_backward(NULL, NULL, in, u, target, MN, C);
+        u[c] = keep;
+        double numeric = (up - down) / (2 * eps);
+        double err = fabs(numeric - du[c]) / (1.0 + fabs(numeric));
+        if (err > worst) worst = err;
+    }
+    int agree = 1;
+    for (int n = 0; n < MN; n++) {
+        float logit = 0.0f;
+        for (int c = 0; c < C; c++) logit += u[c] * in[(long)n * C + c];
+        if (chosen[n] != (logit > 0.0f)) agree = 0;
+    }
+    printf("MoD predictor: binary cross-entropy finite differences worst relative error %.3g\n",
+           worst);
+    CHECK(worst <= 5e-3);
+    CHECK(agree);
+    free(in); free(u); free(du);
+}
+
 int main(void)
 {
     dm_threads_init(2);
@@ -258,6 +463,8 @@ int main(void)
     test_finite_differences();
     test_rotation();
     test_thread_count();
+    test_mod_block();
+    test_mod_predictor();
     dm_threads_shutdown();
     return testing_report("test_hash_mod");
 }

@@ -604,6 +604,57 @@ long hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
                              const float *out, const float *lse, const int *order,
                              const int *bucket, int B, int T, int C, int NH);
 
+/* ---- mixture of depths (src/model/mod.c; docs/mod-hash.md) ----------------
+ * A MoD block computes only its chosen tokens: they are gathered per
+ * sequence in ascending position into a dense (B, kmax) batch (padded at
+ * the end with zero rows, which no real token attends to), run through the
+ * ordinary block, and leave as x + r (f(x) - x) with the router r = w . x;
+ * every other token passes through bit for bit. */
+
+/* router (N) = in (N, C) . weight (C) */
+void mod_router_forward(float *router, const float *in, const float *weight, int N, int C);
+/* chosen (B*T) = 1 for the k tokens of each sequence with the largest
+ * router values (ties: the lower position), else 0. */
+void mod_select_topk(int *chosen, const float *router, int B, int T, int k);
+/* k = ceil(capacity x T), at least 1 and at most T. */
+int mod_capacity_tokens(double capacity, int T);
+/* The causal predictor: logit = weight . in for each token on its own (the
+ * caller passes the block input, and no gradient flows back into it:
+ * stop-gradient). chosen (may be NULL) = logit > 0. With target (N, 0/1;
+ * the top-k choice) returns the mean binary cross-entropy of
+ * sigmoid(logit) against it and accumulates its gradient into dweight
+ * (may be NULL); without target returns 0. */
+float mod_predictor_forward_backward(float *dweight, int *chosen, const float *in,
+                                     const float *weight, const int *target, int N, int C);
+
+struct mod_acts {
+    int B, T, C;             /* the allocation's */
+    int kmax;                /* the last forward's gathered length */
+    long tokens;             /* tokens the last forward processed */
+    int *count;              /* (B) chosen tokens per sequence */
+    int *pos;                /* (B, T) chosen positions, ascending, count[b] valid */
+    int *chosen;             /* (B*T) 0/1 */
+    float *router;           /* (B*T) r */
+    float *gathered_in;      /* (B*kmax, C) */
+    float *gathered_out;     /* (B*kmax, C) f(x) of the gathered rows */
+};
+void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);
+void mod_acts_free(struct mod_acts *m);
+
+/* out (B,T,C) from in for the tokens chosen (B*T, 0/1) and the router
+ * weight (C). acts is the block's, allocated for at least (B, T). out may
+ * be in. */
+void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_acts *m,
+                       float *out, const float *in, const float *router_weight,
+                       const int *chosen, int B, int T);
+/* din (overwritten; may alias dout) and the router weight's gradient
+ * (accumulated; NULL: none) from dout; block gradients accumulated as
+ * block_backward. work: (B*T*C) floats. */
+void mod_block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                        struct mod_acts *m, float *din, float *drouter_weight,
+                        const float *dout, const float *router_weight, int B, int T,
+                        float *work);
+
 /* ---- early exit (src/model/exit.c; policy in src/dyn/early_exit.c) -------
  * A token that exits after block l keeps its hidden state (copied forward
  * to the output); later blocks compute only the remaining tokens, while
