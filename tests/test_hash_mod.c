@@ -22,7 +22,11 @@
  *   - finite differences of the backward (input, router weight, block
  *     weights) for fixed routing, top-k and an uneven causal-style choice
  *     (sequences padded to the longest, one with no token at all);
- *   - finite differences of the predictor's binary cross-entropy. */
+ *   - finite differences of the predictor's binary cross-entropy.
+ *
+ * Both against PyTorch (tests/reference/make_mod_hash_fixture.py, committed
+ * as tests/reference/fixture_mod_hash.bin): outputs and gradients within
+ * 1e-4. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -455,6 +459,129 @@ static void test_mod_predictor(void)
     free(in); free(u); free(du);
 }
 
+/* ---- the PyTorch fixture ---- */
+
+#define MOD_HASH_FIXTURE "tests/reference/fixture_mod_hash.bin"
+
+struct fixture_array {
+    char name[64];
+    unsigned kind;
+    unsigned long long n;
+    void *data;
+};
+
+static struct fixture_array fixture_arrays[32];
+static int fixture_count;
+
+static int fixture_load(const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    char magic[8];
+    unsigned count;
+    if (fread(magic, 1, 8, f) != 8 || memcmp(magic, "DMMODH01", 8) != 0 ||
+        fread(&count, 4, 1, f) != 1 || count > 32) {
+        fclose(f);
+        return -1;
+    }
+    for (unsigned i = 0; i < count; i++) {
+        struct fixture_array *a = &fixture_arrays[i];
+        unsigned len;
+        if (fread(&len, 4, 1, f) != 1 || len >= sizeof a->name ||
+            fread(a->name, 1, len, f) != len || fread(&a->kind, 4, 1, f) != 1 ||
+            fread(&a->n, 8, 1, f) != 1) {
+            fclose(f);
+            return -1;
+        }
+        a->name[len] = 0;
+        a->data = malloc(a->n * 4);
+        if (fread(a->data, 4, a->n, f) != a->n) {
+            fclose(f);
+            return -1;
+        }
+    }
+    fixture_count = (int)count;
+    fclose(f);
+    return 0;
+}
+
+static void *fixture_get(const char *name, unsigned long long n)
+{
+    for (int i = 0; i < fixture_count; i++)
+        if (strcmp(fixture_arrays[i].name, name) == 0) {
+            CHECK_MSG(fixture_arrays[i].n == n, "%s has %llu elements, expected %llu", name,
+                      fixture_arrays[i].n, n);
+            return fixture_arrays[i].data;
+        }
+    DM_FATAL("fixture array %s missing", name);
+}
+
+static void test_against_pytorch(void)
+{
+    if (fixture_load(MOD_HASH_FIXTURE)) {
+        CHECK_MSG(0, "cannot read %s (run from the repository root)", MOD_HASH_FIXTURE);
+        return;
+    }
+    {   /* hash-sparse attention: B 2, T 64, C 16, NH 2, 4 buckets */
+        enum { HB = 2, HT = 64, HC = 16, HNH = 2 };
+        const float *qkv = fixture_get("hash.qkv", HB * HT * 3 * HC);
+        const float *R = fixture_get("hash.rotation", HNH * (HC / HNH) * 2);
+        const float *dout = fixture_get("hash.dout", HB * HT * HC);
+        float *out = floats(HB * HT * HC), *lse = floats(HB * HNH * HT);
+        float *dqkv = floats(HB * HT * 3 * HC);
+        int *order = calloc(HB * HNH * 2 * HT, sizeof(int));
+        int *bucket = calloc(HB * HNH * 2 * HT, sizeof(int));
+        hash_attention_forward(out, lse, order, bucket, qkv, R, HB, HT, HC, HNH, 4);
+        hash_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, HB, HT, HC, HNH);
+        double d_out = max_abs_diff(out, fixture_get("hash.out", HB * HT * HC), HB * HT * HC);
+        double d_grad = max_abs_diff(dqkv, fixture_get("hash.dqkv", HB * HT * 3 * HC),
+                                     HB * HT * 3 * HC);
+        printf("hash attention vs PyTorch: output max |diff| %.3g, gradient %.3g\n", d_out,
+               d_grad);
+        CHECK(d_out <= 1e-4);
+        CHECK(d_grad <= 1e-4);
+        free(out); free(lse); free(dqkv); free(order); free(bucket);
+    }
+    {   /* the MoD block: B 2, T 12 (MB, MT), C 16, NH 2, capacity 0.5 */
+        struct mod_fixture f;
+        mod_fixture_init(&f);
+        size_t nin = (size_t)MN * C;
+        memcpy(f.blk.params, fixture_get("mod.params", f.blk.nparams),
+               f.blk.nparams * sizeof(float));
+        memcpy(f.in, fixture_get("mod.x", nin), nin * sizeof(float));
+        memcpy(f.router_w, fixture_get("mod.router_w", C), C * sizeof(float));
+        const int *want_chosen = fixture_get("mod.chosen", MN);
+        int chosen[MN];
+        float router[MN];
+        mod_router_forward(router, f.in, f.router_w, MN, C);
+        mod_select_topk(chosen, router, MB, MT, mod_capacity_tokens(0.5, MT));
+        CHECK(memcmp(chosen, want_chosen, sizeof chosen) == 0);
+        mod_block_forward(&f.blk, &f.acts, &f.m, f.out, f.in, f.router_w, chosen, MB, MT);
+        memset(f.blk.grads, 0, f.blk.nparams * sizeof(float));
+        memset(f.drouter, 0, C * sizeof(float));
+        memcpy(f.w, fixture_get("mod.dout", nin), nin * sizeof(float));
+        mod_block_backward(&f.blk, &f.acts, &f.scratch, &f.m, f.din, f.drouter, f.w,
+                           f.router_w, MB, MT, f.work);
+        double d_out = max_abs_diff(f.out, fixture_get("mod.out", nin), nin);
+        double d_x = max_abs_diff(f.din, fixture_get("mod.dx", nin), nin);
+        double d_r = max_abs_diff(f.drouter, fixture_get("mod.drouter_w", C), C);
+        double d_p = max_abs_diff(f.blk.grads, fixture_get("mod.dparams", f.blk.nparams),
+                                  f.blk.nparams);
+        float *u = fixture_get("mod.predictor_w", C), du[C];
+        memset(du, 0, sizeof du);
+        float loss = mod_predictor_forward_backward(du, NULL, f.in, u, chosen, MN, C);
+        double d_loss = fabs(loss - *(float *)fixture_get("mod.predictor_loss", 1));
+        double d_u = max_abs_diff(du, fixture_get("mod.dpredictor_w", C), C);
+        printf("MoD block vs PyTorch: output max |diff| %.3g, input gradient %.3g, router "
+               "%.3g, block weights %.3g; predictor loss %.3g, its gradient %.3g\n",
+               d_out, d_x, d_r, d_p, d_loss, d_u);
+        CHECK(d_out <= 1e-4 && d_x <= 1e-4 && d_r <= 1e-4 && d_p <= 1e-4);
+        CHECK(d_loss <= 1e-5 && d_u <= 1e-4);
+        mod_fixture_free(&f);
+    }
+    for (int i = 0; i < fixture_count; i++) free(fixture_arrays[i].data);
+}
+
 int main(void)
 {
     dm_threads_init(2);
@@ -465,6 +592,7 @@ int main(void)
     test_thread_count();
     test_mod_block();
     test_mod_predictor();
+    test_against_pytorch();
     dm_threads_shutdown();
     return testing_report("test_hash_mod");
 }
