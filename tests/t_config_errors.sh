@@ -91,8 +91,8 @@ expect_error "attention name" "model.attention = 'sparse' must be dense or hash"
   "$DYNMO" train --config "$dir/ok.ini" model.attention=sparse
 expect_error "MoD not wired in" "model.mod_every > 0 \(mixture of depths\): the op exists" \
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=0.5
-expect_error "hash not wired in" "model.attention = hash: the op exists" \
-  "$DYNMO" train --config "$dir/ok.ini" model.attention=hash hash.buckets=8
+expect_error "hash with early exit" "model.attention = hash does not combine with dyn.kind = early_exit" \
+  "$DYNMO" train --config "$dir/ok.ini" model.attention=hash dyn.kind=early_exit
 expect_error "bad override form" "must look like section.key=value" \
   "$DYNMO" train --config "$dir/ok.ini" layers=3
 expect_error "unknown argument" "unknown argument '--fast'" "$DYNMO" train --config "$dir/ok.ini" --fast

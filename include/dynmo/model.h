@@ -16,6 +16,7 @@
 
 struct block;
 struct moe_acts;
+struct hash_acts;
 
 /* ---- shapes ------------------------------------------------------------ */
 
@@ -36,11 +37,20 @@ struct gpt_moe {
 };
 /* Shapes are compared with memcmp: no padding anywhere. */
 
+/* Hash-sparse attention (src/model/hash_attention.c, docs/mod-hash.md):
+ * buckets 0 is dense attention; else every block hashes with rotations
+ * drawn from (seed, layer, step). */
+struct gpt_hash {
+    int buckets;                 /* 0: dense; 1, or even */
+    uint32_t seed_lo, seed_hi;   /* the run's seed (train.seed) */
+};
+
 struct gpt_shape {
     int vocab, max_seq, layers, heads, channels;
     struct gpt_moe moe;
+    struct gpt_hash hash;
 };
-_Static_assert(sizeof(struct gpt_shape) == 15 * 4, "struct gpt_shape has no padding");
+_Static_assert(sizeof(struct gpt_shape) == 18 * 4, "struct gpt_shape has no padding");
 /* The shape cfg describes; moe is all zero when model.moe_every = 0, and
  * moe.hidden is 4 x channels when model.expert_hidden = 0. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
@@ -267,6 +277,10 @@ struct block {
     float *g[BP_COUNT]; /* views into grads */
     struct block_sparse *sparse;   /* pruning state, or NULL */
     struct block_moe *moe;         /* mixture of experts, or NULL (a dense block) */
+    int hash_buckets;   /* hash-sparse attention (shape.hash): 0 dense */
+    uint64_t hash_seed;
+    double hash_tiles;  /* attention tiles visited, forward and backward, since
+                           the owner last zeroed it */
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -349,6 +363,10 @@ struct block_acts {
     float *fch_gelu;    /* (B,T,4C) */
     struct moe_acts *moe;   /* an MoE block's routing and expert activations
                                (moe.c), allocated by its first forward, or NULL */
+    struct hash_acts *hash;   /* hash attention's saved state (hash_attention.c),
+                                 allocated by its first forward, or NULL */
+    long hash_step;     /* the step whose rotations hash attention draws
+                           (gpt_forward sets it from gpt.step) */
     float loss_scale;   /* MoE: the scale of the balancing losses' gradient in
                            block_backward (gpt_backward sets its dloss_scale;
                            block_acts_alloc sets 1) */
@@ -418,6 +436,9 @@ struct gpt {
     int frozen_prefix;
     /* Early exit (src/model/exit.c), or NULL: owned by the early-exit scheme. */
     struct gpt_exit *exit;
+    /* The optimizer step being run (0 until the caller sets it): hash
+     * attention's rotations depend on it. */
+    long step;
 };
 
 /* Builds blocks [first_block, first_block+num_blocks) and, if asked, the
@@ -600,6 +621,12 @@ long hash_attention_forward(float *out, float *lse, int *order, int *bucket,
  * and what the forward saved (out is its output). The hashing is piecewise
  * constant: no gradient flows through it. Returns the tiles visited (the
  * forward's). */
+/* The block's use of them (block.c): the saved state, allocated by the
+ * first forward for the acts' (B, T); freed by block_acts_free. */
+void hash_block_attention_forward(struct block *blk, struct block_acts *acts, int B, int T);
+void hash_block_attention_backward(struct block *blk, struct block_acts *acts,
+                                   float *dqkv, const float *datty, int B, int T);
+void hash_acts_free(struct hash_acts *ha);
 long hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
                              const float *out, const float *lse, const int *order,
                              const int *bucket, int B, int T, int C, int NH);

@@ -517,9 +517,9 @@ static void config_validate_moe(const struct dm_config *cfg)
                       cfg->ep);
 }
 
-/* Mixture of depths and hash-sparse attention (docs/mod-hash.md). The ops
- * exist (src/model/mod.c, hash_attention.c) but are not in the model yet:
- * a valid request is refused with exit 2 rather than silently ignored. */
+/* Mixture of depths and hash-sparse attention (docs/mod-hash.md). The MoD
+ * op exists (src/model/mod.c) but is not in the model yet: a valid request
+ * is refused with exit 2 rather than silently ignored. */
 static void config_validate_mod_hash(const struct dm_config *cfg)
 {
     if (cfg->mod_every == 0 && cfg->mod_keys_set)
@@ -546,11 +546,13 @@ static void config_validate_mod_hash(const struct dm_config *cfg)
         dm_user_error("hash.buckets = %d must be 1 or an even number >= 2 (the hash is the "
                       "argmax over [xR ; -xR], R with buckets / 2 columns)",
                       cfg->hash_buckets);
-    if (cfg->mod_every > 0 || hash)
-        dm_user_error("%s: the op exists (docs/mod-hash.md) but is not wired into the model "
-                      "and dynmo train yet; remove the key", cfg->mod_every > 0
-                      ? "model.mod_every > 0 (mixture of depths)"
-                      : "model.attention = hash");
+    if (hash && !strcmp(cfg->dyn_kind, "early_exit"))
+        dm_user_error("model.attention = hash does not combine with dyn.kind = early_exit "
+                      "(exited tokens answer as keys outside the hash buckets)");
+    if (cfg->mod_every > 0)
+        dm_user_error("model.mod_every > 0 (mixture of depths): the op exists "
+                      "(docs/mod-hash.md) but is not wired into the model and dynmo train "
+                      "yet; remove the key");
 }
 
 void config_validate(const struct dm_config *cfg)

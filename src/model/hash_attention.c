@@ -273,3 +273,60 @@ long hash_attention_backward(float *dqkv, const float *dout, const float *qkv, c
     dm_free(tiles);
     return total;
 }
+
+/* ---- inside a block ------------------------------------------------------ */
+
+struct hash_acts {
+    int B, T;
+    float *lse;         /* (B,NH,T) */
+    int *order;         /* (B,NH,2,T) */
+    int *bucket;        /* (B,NH,2,T) */
+    float *rotation;    /* (NH, hs, nb/2) */
+};
+
+void hash_acts_free(struct hash_acts *ha)
+{
+    if (!ha) return;
+    dm_free(ha->lse);
+    dm_free(ha->order);
+    dm_free(ha->bucket);
+    dm_free(ha->rotation);
+    dm_free(ha);
+}
+
+static struct hash_acts *hash_acts_get(const struct block *blk, struct block_acts *acts)
+{
+    if (acts->hash) return acts->hash;
+    int B = acts->B, T = acts->T, NH = blk->NH, hs = blk->C / blk->NH;
+    struct hash_acts *ha = dm_alloc(sizeof *ha);
+    ha->B = B;
+    ha->T = T;
+    ha->lse = dm_alloc((size_t)B * NH * T * sizeof(float));
+    ha->order = dm_alloc((size_t)B * NH * 2 * T * sizeof(int));
+    ha->bucket = dm_alloc((size_t)B * NH * 2 * T * sizeof(int));
+    ha->rotation = dm_alloc(((size_t)NH * hs * (size_t)(blk->hash_buckets / 2) + 1) *
+                            sizeof(float));
+    acts->hash = ha;
+    return ha;
+}
+
+void hash_block_attention_forward(struct block *blk, struct block_acts *acts, int B, int T)
+{
+    struct hash_acts *ha = hash_acts_get(blk, acts);
+    int C = blk->C, NH = blk->NH;
+    hash_rotation_draw(ha->rotation, NH, C / NH, blk->hash_buckets, blk->hash_seed,
+                       blk->index, acts->hash_step);
+    blk->hash_tiles += (double)hash_attention_forward(acts->atty, ha->lse, ha->order,
+                                                      ha->bucket, acts->qkv, ha->rotation,
+                                                      B, T, C, NH, blk->hash_buckets);
+}
+
+void hash_block_attention_backward(struct block *blk, struct block_acts *acts, float *dqkv,
+                                   const float *datty, int B, int T)
+{
+    struct hash_acts *ha = acts->hash;
+    DM_ASSERT(ha != NULL);
+    blk->hash_tiles += (double)hash_attention_backward(dqkv, datty, acts->qkv, acts->atty,
+                                                       ha->lse, ha->order, ha->bucket, B, T,
+                                                       blk->C, blk->NH);
+}
