@@ -7,6 +7,7 @@
 #   - 1 stage x 2 replicas and 4 stages x 1 replica give the same bits;
 #   - one bucket gives a loss within 1e-4 of dense attention;
 #   - /hash/tiles records the tiles each block visited, the same for both;
+#   - a resume on another layout continues with the same bits;
 #   - configs/hash.ini runs on 2 and 4 ranks (shortened by overrides).
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -62,6 +63,12 @@ assert (one == 32).all(), one
 assert (t <= 32).all(), t
 print(f"ok: /hash/tiles: 4 bucket runs visit {t.mean():.1f} of 32 tiles per block and step; one bucket all 32")
 PY
+# checkpoint and resume: 2 stages for 2 steps, then 1 rank to step 4, the
+# same bits as 4 steps on 2 stages (the rotations follow the step, not the run)
+run full "$dir/hash.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/ca" ckpt.every=2
+run part "$dir/hash.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 train.steps=2
+run part "$dir/hash.ini" 1 parallel.pp=1 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 &&
+  same full part "checkpoint at step 2 on 2 stages, resumed on 1 rank"
 short=(model.layers=4 train.steps=2 train.warmup=1 train.eval_every=0 "data.train=$dir/data/train.bin"
        "data.val=$dir/data/val.bin")
 run cfg2 configs/hash.ini 2 "${short[@]}" parallel.pp=2 parallel.dp=1 && echo "ok: configs/hash.ini on 2 ranks"
