@@ -72,6 +72,27 @@ expect_error "seq > max_seq" "train.seq = 300 exceeds model.max_seq = 256" \
   "$DYNMO" train --config "$dir/ok.ini" train.seq=300
 expect_error "micro-batches" "train.micro_batches = 3 does not divide train.batch = 2" \
   "$DYNMO" train --config "$dir/ok.ini" train.micro_batches=3
+# mixture of depths and hash attention (docs/mod-hash.md)
+expect_error "MoD capacity 0" "model.mod_capacity = 0 is outside \(0, 1\]" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=0
+expect_error "MoD capacity 1.5" "model.mod_capacity = 1.5 is outside \(0, 1\]" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=1.5
+expect_error "MoD routing without MoD blocks" "mod.routing = causal is set but model.mod_every = 0" \
+  "$DYNMO" train --config "$dir/ok.ini" mod.routing=causal
+expect_error "MoD routing name" "mod.routing = 'sorted' must be topk or causal" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=1 mod.routing=sorted
+expect_error "hash buckets 0" "hash.buckets = 0 must be 1 or an even number" \
+  "$DYNMO" train --config "$dir/ok.ini" model.attention=hash hash.buckets=0
+expect_error "hash buckets odd" "hash.buckets = 3 must be 1 or an even number" \
+  "$DYNMO" train --config "$dir/ok.ini" model.attention=hash hash.buckets=3
+expect_error "hash buckets on dense attention" "hash.buckets = 4 is set but model.attention = dense" \
+  "$DYNMO" train --config "$dir/ok.ini" hash.buckets=4
+expect_error "attention name" "model.attention = 'sparse' must be dense or hash" \
+  "$DYNMO" train --config "$dir/ok.ini" model.attention=sparse
+expect_error "MoD not wired in" "model.mod_every > 0 \(mixture of depths\): the op exists" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=0.5
+expect_error "hash with early exit" "model.attention = hash does not combine with dyn.kind = early_exit" \
+  "$DYNMO" train --config "$dir/ok.ini" model.attention=hash dyn.kind=early_exit
 expect_error "bad override form" "must look like section.key=value" \
   "$DYNMO" train --config "$dir/ok.ini" layers=3
 expect_error "unknown argument" "unknown argument '--fast'" "$DYNMO" train --config "$dir/ok.ini" --fast

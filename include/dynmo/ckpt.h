@@ -45,6 +45,8 @@
 #define RUNLOG_LAYER_SPARSITY "/layers/sparsity"  /* float32 [steps, layers], dyn.kind=prune */
 #define RUNLOG_LAYER_ACTIVE "/layers/active"      /* float32 [steps, layers], dyn.kind=early_exit:
                                                      share of the tokens each block computed */
+#define RUNLOG_HASH_TILES "/hash/tiles"           /* float32 [steps, layers], model.attention=
+                                                     hash: attention tiles each block visited */
 #define RUNLOG_LAYER_UPDATE_MS "/layers/update_ms" /* float32 [steps, layers]: the block's share
                                                      of the step's end, once a step */
 #define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: blocks per stage */

@@ -185,6 +185,9 @@ struct dm_config {
     int experts;        /* E expert MLPs in an MoE block */
     int top_k;          /* k experts per token */
     int expert_hidden;  /* hidden width of an expert (0: 4 x channels) */
+    int mod_every;      /* 0: no mixture of depths; block l is one when (l+1) % mod_every == 0 */
+    double mod_capacity;/* fraction of a sequence's tokens a MoD block processes, in (0, 1] */
+    char attention[16]; /* "dense" or "hash" (hash-sparse attention, docs/mod-hash.md) */
     /* [train] */
     int batch;          /* sequences per optimizer step (global) */
     int seq;            /* tokens per sequence, <= max_seq */
@@ -254,6 +257,11 @@ struct dm_config {
     double z_loss;          /* beta of the router z-loss */
     double bias_rate;       /* gamma of the auxiliary-loss-free bias update (sigmoid router) */
     int moe_keys_set;       /* keys of [moe] or model.experts/top_k/expert_hidden given */
+    /* [mod], [hash] (docs/mod-hash.md) */
+    char mod_routing[16];   /* "topk" (fixed cost) or "causal" (the predictor decides) */
+    int mod_keys_set;       /* a key of [mod] given */
+    int hash_buckets;       /* nb: 1, or even */
+    int hash_keys_set;      /* a key of [hash] given */
     /* [repack] */
     int repack_enable;
     int repack_every;   /* steps between re-pack decisions */

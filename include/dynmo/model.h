@@ -17,6 +17,7 @@
 struct block;
 struct moe_exchange;
 struct moe_acts;
+struct hash_acts;
 
 /* ---- shapes ------------------------------------------------------------ */
 
@@ -37,11 +38,20 @@ struct gpt_moe {
 };
 /* Shapes are compared with memcmp: no padding anywhere. */
 
+/* Hash-sparse attention (src/model/hash_attention.c, docs/mod-hash.md):
+ * buckets 0 is dense attention; else every block hashes with rotations
+ * drawn from (seed, layer, step). */
+struct gpt_hash {
+    int buckets;                 /* 0: dense; 1, or even */
+    uint32_t seed_lo, seed_hi;   /* the run's seed (train.seed) */
+};
+
 struct gpt_shape {
     int vocab, max_seq, layers, heads, channels;
     struct gpt_moe moe;
+    struct gpt_hash hash;
 };
-_Static_assert(sizeof(struct gpt_shape) == 15 * 4, "struct gpt_shape has no padding");
+_Static_assert(sizeof(struct gpt_shape) == 18 * 4, "struct gpt_shape has no padding");
 /* The shape cfg describes; moe is all zero when model.moe_every = 0, and
  * moe.hidden is 4 x channels when model.expert_hidden = 0. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
@@ -270,6 +280,10 @@ struct block {
     float *g[BP_COUNT]; /* views into grads */
     struct block_sparse *sparse;   /* pruning state, or NULL */
     struct block_moe *moe;         /* mixture of experts, or NULL (a dense block) */
+    int hash_buckets;   /* hash-sparse attention (shape.hash): 0 dense */
+    uint64_t hash_seed;
+    double hash_tiles;  /* attention tiles visited, forward and backward, since
+                           the owner last zeroed it */
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -352,6 +366,10 @@ struct block_acts {
     float *fch_gelu;    /* (B,T,4C) */
     struct moe_acts *moe;   /* an MoE block's routing and expert activations
                                (moe.c), allocated by its first forward, or NULL */
+    struct hash_acts *hash;   /* hash attention's saved state (hash_attention.c),
+                                 allocated by its first forward, or NULL */
+    long hash_step;     /* the step whose rotations hash attention draws
+                           (gpt_forward sets it from gpt.step) */
     float loss_scale;   /* MoE: the scale of the balancing losses' gradient in
                            block_backward (gpt_backward sets its dloss_scale;
                            block_acts_alloc sets 1) */
@@ -423,6 +441,9 @@ struct gpt {
     struct gpt_exit *exit;
     /* Expert parallelism: the MoE blocks' experts phase, or NULL (local). */
     const struct moe_exchange *moe_exchange;
+    /* The optimizer step being run (0 until the caller sets it): hash
+     * attention's rotations depend on it. */
+    long step;
 };
 
 /* Builds blocks [first_block, first_block+num_blocks) and, if asked, the
@@ -613,6 +634,91 @@ void moe_expert_forward(const struct block *blk, int e, const float *x, int n, f
 void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
                          const float *x, const float *h, const float *a, int n, float *dh,
                          float *dx);
+/* ---- hash-sparse attention (src/model/hash_attention.c; docs/mod-hash.md) --
+ * Per (sequence, head), queries and keys go to nb buckets by a random
+ * rotation R (hs, nb/2): h(x) = argmax([xR ; -xR]); nb = 1 puts every token
+ * in bucket 0 (ordinary causal attention). Query i attends to key j when
+ * both share a bucket and j <= i; a query with no such key outputs zero.
+ * The work runs in HASH_TILE x HASH_TILE tiles of the bucket-sorted order
+ * and skips a tile without an allowed pair, forward and backward. */
+enum { HASH_TILE = 32 };
+
+/* rotation (NH, hs, nb/2) = N(0,1) draws that depend only on (seed, layer,
+ * step): never on the layout, the rank count or timing. Nothing for nb = 1. */
+void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
+                        int layer, long step);
+/* out (B,T,C) from qkv (B,T,3C) as attention_forward; saves lse (B,NH,T)
+ * (log-sum-exp of each query's allowed scores, -inf for none), bucket
+ * (B,NH,2,T) (query then key bucket by position) and order (B,NH,2,T)
+ * (positions sorted stably by query, then key, bucket) for the backward.
+ * rotation may be NULL when buckets = 1. Returns the tiles visited. */
+long hash_attention_forward(float *out, float *lse, int *order, int *bucket,
+                            const float *qkv, const float *rotation,
+                            int B, int T, int C, int NH, int buckets);
+/* dqkv (B,T,3C) overwritten with the gradient wrt qkv, given dout (B,T,C)
+ * and what the forward saved (out is its output). The hashing is piecewise
+ * constant: no gradient flows through it. Returns the tiles visited (the
+ * forward's). */
+/* The block's use of them (block.c): the saved state, allocated by the
+ * first forward for the acts' (B, T); freed by block_acts_free. */
+void hash_block_attention_forward(struct block *blk, struct block_acts *acts, int B, int T);
+void hash_block_attention_backward(struct block *blk, struct block_acts *acts,
+                                   float *dqkv, const float *datty, int B, int T);
+void hash_acts_free(struct hash_acts *ha);
+long hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                             const float *out, const float *lse, const int *order,
+                             const int *bucket, int B, int T, int C, int NH);
+
+/* ---- mixture of depths (src/model/mod.c; docs/mod-hash.md) ----------------
+ * A MoD block computes only its chosen tokens: they are gathered per
+ * sequence in ascending position into a dense (B, kmax) batch (padded at
+ * the end with zero rows, which no real token attends to), run through the
+ * ordinary block, and leave as x + r (f(x) - x) with the router r = w . x;
+ * every other token passes through bit for bit. */
+
+/* router (N) = in (N, C) . weight (C) */
+void mod_router_forward(float *router, const float *in, const float *weight, int N, int C);
+/* chosen (B*T) = 1 for the k tokens of each sequence with the largest
+ * router values (ties: the lower position), else 0. */
+void mod_select_topk(int *chosen, const float *router, int B, int T, int k);
+/* k = ceil(capacity x T), at least 1 and at most T. */
+int mod_capacity_tokens(double capacity, int T);
+/* The causal predictor: logit = weight . in for each token on its own (the
+ * caller passes the block input, and no gradient flows back into it:
+ * stop-gradient). chosen (may be NULL) = logit > 0. With target (N, 0/1;
+ * the top-k choice) returns the mean binary cross-entropy of
+ * sigmoid(logit) against it and accumulates its gradient into dweight
+ * (may be NULL); without target returns 0. */
+float mod_predictor_forward_backward(float *dweight, int *chosen, const float *in,
+                                     const float *weight, const int *target, int N, int C);
+
+struct mod_acts {
+    int B, T, C;             /* the allocation's */
+    int kmax;                /* the last forward's gathered length */
+    long tokens;             /* tokens the last forward processed */
+    int *count;              /* (B) chosen tokens per sequence */
+    int *pos;                /* (B, T) chosen positions, ascending, count[b] valid */
+    int *chosen;             /* (B*T) 0/1 */
+    float *router;           /* (B*T) r */
+    float *gathered_in;      /* (B*kmax, C) */
+    float *gathered_out;     /* (B*kmax, C) f(x) of the gathered rows */
+};
+void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);
+void mod_acts_free(struct mod_acts *m);
+
+/* out (B,T,C) from in for the tokens chosen (B*T, 0/1) and the router
+ * weight (C). acts is the block's, allocated for at least (B, T). out may
+ * be in. */
+void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_acts *m,
+                       float *out, const float *in, const float *router_weight,
+                       const int *chosen, int B, int T);
+/* din (overwritten; may alias dout) and the router weight's gradient
+ * (accumulated; NULL: none) from dout; block gradients accumulated as
+ * block_backward. work: (B*T*C) floats. */
+void mod_block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                        struct mod_acts *m, float *din, float *drouter_weight,
+                        const float *dout, const float *router_weight, int B, int T,
+                        float *work);
 
 /* ---- early exit (src/model/exit.c; policy in src/dyn/early_exit.c) -------
  * A token that exits after block l keeps its hidden state (copied forward

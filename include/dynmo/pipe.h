@@ -60,6 +60,8 @@ struct step_stats {
     double *layer_sparsity;   /* (layers) pruned fraction of the block's matrices */
     double *layer_active;     /* (layers) share of the tokens a block computed (early
                                  exit; 1 otherwise) */
+    double *layer_tiles;      /* (layers) hash attention: tiles visited, forward and
+                                 backward, summed over micro-batches and replicas */
     double *layer_update_ms;  /* (layers) the block's share of the step's end, once a
                                  step: gradient norm, masking, optimizer, zeroing */
     double *stage_compute_ms; /* (stages) max over replicas */

@@ -36,6 +36,11 @@ static const struct config_key keys[] = {
     {"model", "top_k", KEY_INT, F(top_k), 1, 4096, "experts per token"},
     {"model", "expert_hidden", KEY_INT, F(expert_hidden), 0, 1 << 20,
      "hidden width of an expert (0: 4 x channels)"},
+    {"model", "mod_every", KEY_INT, F(mod_every), 0, 4096,
+     "mixture-of-depths blocks: 0 none, 1 every block, 2 every other block"},
+    {"model", "mod_capacity", KEY_DOUBLE, F(mod_capacity), -1e9, 1e9,
+     "fraction of a sequence's tokens a MoD block processes, in (0, 1]"},
+    {"model", "attention", KEY_STRING, F(attention), 0, 16, "dense or hash"},
     {"train", "batch", KEY_INT, F(batch), 1, 1 << 20, "sequences per step"},
     {"train", "seq", KEY_INT, F(seq), 1, 1 << 16, "tokens per sequence"},
     {"train", "micro_batches", KEY_INT, F(micro_batches), 1, 1 << 20, "micro-batches per step"},
@@ -104,6 +109,10 @@ static const struct config_key keys[] = {
     {"moe", "z_loss", KEY_DOUBLE, F(z_loss), 0, 1000, "beta of the router z-loss"},
     {"moe", "bias_rate", KEY_DOUBLE, F(bias_rate), 0, 1000,
      "gamma of the auxiliary-loss-free bias update (sigmoid router)"},
+    {"mod", "routing", KEY_STRING, F(mod_routing), 0, 16,
+     "topk (capacity x T per sequence) or causal (a trained predictor decides)"},
+    {"hash", "buckets", KEY_INT, F(hash_buckets), -1e9, 1e9,
+     "hash buckets per head: 1 (causal attention) or even"},
     {"repack", "enable", KEY_INT, F(repack_enable), 0, 1, "re-pack onto fewer ranks (0/1)"},
     {"repack", "every", KEY_INT, F(repack_every), 1, 1e9, "steps between re-pack decisions"},
     {"repack", "epsilon", KEY_DOUBLE, F(repack_epsilon), 0, 10, "allowed predicted slow-down"},
@@ -124,6 +133,11 @@ void config_defaults(struct dm_config *cfg)
     cfg->experts = 8;
     cfg->top_k = 2;
     cfg->expert_hidden = 0;
+    cfg->mod_every = 0;
+    cfg->mod_capacity = 0.125;
+    snprintf(cfg->attention, sizeof cfg->attention, "dense");
+    snprintf(cfg->mod_routing, sizeof cfg->mod_routing, "topk");
+    cfg->hash_buckets = 8;
     cfg->batch = 8;
     cfg->seq = 256;
     cfg->micro_batches = 1;
@@ -266,6 +280,8 @@ static int set_key(struct dm_config *cfg, const char *section, const char *name,
         key->offset == offsetof(struct dm_config, top_k) ||
         key->offset == offsetof(struct dm_config, expert_hidden))
         cfg->moe_keys_set = 1;
+    if (!strcmp(section, "mod")) cfg->mod_keys_set = 1;
+    if (!strcmp(section, "hash")) cfg->hash_keys_set = 1;
     char *end = NULL;
     errno = 0;
     switch (key->type) {
@@ -497,6 +513,44 @@ static void config_validate_moe(const struct dm_config *cfg)
                       cfg->experts);
 }
 
+/* Mixture of depths and hash-sparse attention (docs/mod-hash.md). The MoD
+ * op exists (src/model/mod.c) but is not in the model yet: a valid request
+ * is refused with exit 2 rather than silently ignored. */
+static void config_validate_mod_hash(const struct dm_config *cfg)
+{
+    if (cfg->mod_every == 0 && cfg->mod_keys_set)
+        dm_user_error("mod.routing = %s is set but model.mod_every = 0 (no mixture-of-depths "
+                      "blocks): set model.mod_every, or remove [mod]", cfg->mod_routing);
+    if (cfg->mod_every > 0) {
+        if (!(cfg->mod_capacity > 0.0 && cfg->mod_capacity <= 1.0))
+            dm_user_error("model.mod_capacity = %g is outside (0, 1]: it is the fraction of "
+                          "a sequence's tokens a mixture-of-depths block processes",
+                          cfg->mod_capacity);
+        if (cfg->mod_every > cfg->layers)
+            dm_user_error("model.mod_every = %d exceeds model.layers = %d: no block would "
+                          "be a mixture of depths", cfg->mod_every, cfg->layers);
+        if (strcmp(cfg->mod_routing, "topk") != 0 && strcmp(cfg->mod_routing, "causal") != 0)
+            dm_user_error("mod.routing = '%s' must be topk or causal", cfg->mod_routing);
+    }
+    int hash = !strcmp(cfg->attention, "hash");
+    if (!hash && strcmp(cfg->attention, "dense") != 0)
+        dm_user_error("model.attention = '%s' must be dense or hash", cfg->attention);
+    if (!hash && cfg->hash_keys_set)
+        dm_user_error("hash.buckets = %d is set but model.attention = dense: set "
+                      "model.attention = hash, or remove [hash]", cfg->hash_buckets);
+    if (hash && (cfg->hash_buckets < 1 || (cfg->hash_buckets > 1 && cfg->hash_buckets % 2)))
+        dm_user_error("hash.buckets = %d must be 1 or an even number >= 2 (the hash is the "
+                      "argmax over [xR ; -xR], R with buckets / 2 columns)",
+                      cfg->hash_buckets);
+    if (hash && !strcmp(cfg->dyn_kind, "early_exit"))
+        dm_user_error("model.attention = hash does not combine with dyn.kind = early_exit "
+                      "(exited tokens answer as keys outside the hash buckets)");
+    if (cfg->mod_every > 0)
+        dm_user_error("model.mod_every > 0 (mixture of depths): the op exists "
+                      "(docs/mod-hash.md) but is not wired into the model and dynmo train "
+                      "yet; remove the key");
+}
+
 void config_validate(const struct dm_config *cfg)
 {
     if (cfg->channels % cfg->heads != 0)
@@ -523,6 +577,7 @@ void config_validate(const struct dm_config *cfg)
         dm_user_error("%s needs ckpt.dir: name a checkpoint directory",
                       cfg->repack_enable ? "repack.enable = 1" : "ckpt.every > 0");
     config_validate_moe(cfg);
+    config_validate_mod_hash(cfg);
     if (!cfg->train_path[0]) dm_user_error("data.train is empty: name a token file");
     if (!cfg->out_dir[0]) dm_user_error("run.out_dir is empty: name an output directory");
 }

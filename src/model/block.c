@@ -109,6 +109,8 @@ static void block_alloc_slab(struct block *blk, int index, const struct gpt_shap
     blk->grads = blk->params + blk->nparams;
     blk->m = blk->grads + blk->nparams;
     blk->v = blk->m + blk->nparams;
+    blk->hash_buckets = shape->hash.buckets;
+    blk->hash_seed = (uint64_t)shape->hash.seed_lo | ((uint64_t)shape->hash.seed_hi << 32);
     int moe = gpt_block_is_moe(shape, index);
     for (int k = 0; k < (moe ? BP_FC_W : BP_COUNT); k++) {
         size_t off = block_tensor_offset(C, k);
@@ -481,12 +483,15 @@ void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH)
     acts->fch_gelu = p;   p += 4 * s.btc;
     DM_ASSERT((size_t)(p - acts->mem) == block_acts_floats(B, T, C, NH));
     acts->moe = NULL;
+    acts->hash = NULL;
+    acts->hash_step = 0;
     acts->loss_scale = 1.0f;
 }
 
 void block_acts_free(struct block_acts *acts)
 {
     moe_acts_free(acts->moe);
+    hash_acts_free(acts->hash);
     dm_free(acts->mem);
     memset(acts, 0, sizeof *acts);
 }
@@ -592,7 +597,10 @@ void block_forward(struct block *blk, struct block_acts *acts, float *out, const
     layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                       p[BP_LN1_W], p[BP_LN1_B], N, C);
     block_matmul_forward(blk, BP_QKV_W, acts->qkv, acts->ln1, N, C, 3 * C, NULL, NULL);
-    attention_forward(acts->atty, acts->att, acts->qkv, B, T, C, NH);
+    if (blk->hash_buckets)
+        hash_block_attention_forward(blk, acts, B, T);
+    else
+        attention_forward(acts->atty, acts->att, acts->qkv, B, T, C, NH);
     block_matmul_forward(blk, BP_ATTPROJ_W, acts->res1, acts->atty, N, C, C, in, NULL);
     layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
                       p[BP_LN2_W], p[BP_LN2_B], N, C);
@@ -629,7 +637,10 @@ void block_backward(struct block *blk, struct block_acts *acts, struct block_scr
                                 N, C);
     block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
                           NULL);
-    attention_backward(s->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C, NH);
+    if (blk->hash_buckets)
+        hash_block_attention_backward(blk, acts, s->d_qkv, s->d_atty, B, T);
+    else
+        attention_backward(s->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C, NH);
     block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
     layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
                                 p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);

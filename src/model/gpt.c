@@ -28,6 +28,11 @@ struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg)
         };
         s.moe = moe;
     }
+    if (!strcmp(cfg->attention, "hash")) {
+        s.hash.buckets = cfg->hash_buckets;
+        s.hash.seed_lo = (uint32_t)cfg->seed;
+        s.hash.seed_hi = (uint32_t)(cfg->seed >> 32);
+    }
     return s;
 }
 
@@ -255,6 +260,7 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
     if (model->exit) exit_begin_forward(model, acts);
     for (int i = 0; i < model->num_blocks; i++) {
         double t0 = dm_profile_now();
+        acts->blocks[i].hash_step = model->step;
         if (model->exit)   /* early exit: active tokens only, exit heads */
             exit_forward_block(model, acts, i, acts->residual + (i + 1) * BTC,
                                acts->residual + i * BTC);

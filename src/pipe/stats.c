@@ -44,6 +44,7 @@ void engine_stats_alloc(struct engine *eng)
     st->layer_sparsity = dm_alloc((size_t)L * sizeof(double));
     st->layer_active = dm_alloc((size_t)L * sizeof(double));
     st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
+    st->layer_tiles = dm_alloc((size_t)L * sizeof(double));
     st->stage_update_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
@@ -61,8 +62,9 @@ void engine_stats_alloc(struct engine *eng)
         st->moe_z = dm_alloc((size_t)st->moe_blocks * sizeof(double));
     }
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active/
-     * update per layer, then the stage's update, then the MoE blocks' values */
-    eng->gather_len = 5 + 6 * L + st->moe_blocks * (3 * st->experts + 2);
+     * update per layer, then the stage's update, then the MoE blocks' values,
+     * then hash attention's tiles per layer (tiles_at) */
+    eng->gather_len = 5 + 6 * L + st->moe_blocks * (3 * st->experts + 2) + L;
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
@@ -78,6 +80,7 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->layer_sparsity);
     dm_free(st->layer_active);
     dm_free(st->layer_update_ms);
+    dm_free(st->layer_tiles);
     dm_free(st->moe_tokens);
     dm_free(st->moe_dropped);
     dm_free(st->moe_bias);
@@ -147,6 +150,10 @@ static void pack_profile(struct engine *eng, float loss_sum)
         x[3 * E] = moe->aux;
         x[3 * E + 1] = moe->z;
     }
+    for (int i = 0; i < m->num_blocks; i++) {   /* hash attention, then zeroed */
+        v[eng->gather_len - L + m->first_block + i] = m->blocks[i].hash_tiles;
+        m->blocks[i].hash_tiles = 0.0;
+    }
 }
 
 static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
@@ -158,6 +165,7 @@ static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
         st->layer_sparsity[l] = st->layer_active[l] = st->layer_update_ms[l] = 0.0;
+        st->layer_tiles[l] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
@@ -218,6 +226,7 @@ static void fold_profiles(struct engine *eng, double step_s)
                 st->layer_update_ms[l] += x[4 + 5 * L + l] * 1e3;
             }
         if (rep == 0) fold_moe(st, x + 5 + 6 * L, mb_count * g->replicas);
+        for (int l = 0; l < L; l++) st->layer_tiles[l] += x[eng->gather_len - L + l];
     }
     for (int s = 0; s < S; s++) {
         double c = st->stage_compute_ms[s];

@@ -85,6 +85,8 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
         append_doubles(log, RUNLOG_LAYER_SPARSITY, st->layer_sparsity, L, row);
     if (!strcmp(cfg->dyn_kind, "early_exit"))
         append_doubles(log, RUNLOG_LAYER_ACTIVE, st->layer_active, L, row);
+    if (!strcmp(cfg->attention, "hash"))
+        append_doubles(log, RUNLOG_HASH_TILES, st->layer_tiles, L, row);
     append_doubles(log, RUNLOG_LAYER_UPDATE_MS, st->layer_update_ms, L, row);
     append_stage_row(log, RUNLOG_STAGE_BUSY_MS, st->stage_compute_ms, stages, width, row);
     append_stage_row(log, RUNLOG_STAGE_IDLE_MS, st->stage_wait_ms, stages, width, row);
@@ -214,6 +216,7 @@ static void pad_rows(struct runlog *log, const struct dm_config *cfg, long start
         {RUNLOG_STAGE_IDLE_MS, width}, {RUNLOG_STAGE_UPDATE_MS, width},
         {!strcmp(cfg->dyn_kind, "prune") ? RUNLOG_LAYER_SPARSITY : NULL, L},
         {!strcmp(cfg->dyn_kind, "early_exit") ? RUNLOG_LAYER_ACTIVE : NULL, L},
+        {!strcmp(cfg->attention, "hash") ? RUNLOG_HASH_TILES : NULL, L},
         {M ? RUNLOG_MOE_BIAS : NULL, cells}, {M ? RUNLOG_MOE_AUX : NULL, M},
         {M ? RUNLOG_MOE_Z : NULL, M},
     };
@@ -276,6 +279,7 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
         RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS, RUNLOG_LAYOUT_HISTORY, RUNLOG_LAYER_SPARSITY,
         RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_UPDATE_MS, RUNLOG_STAGE_UPDATE_MS,
         RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED, RUNLOG_MOE_BIAS, RUNLOG_MOE_AUX, RUNLOG_MOE_Z,
+        RUNLOG_HASH_TILES,
     };
     for (size_t i = 0; i < sizeof per_step / sizeof *per_step; i++)
         if (runlog_rows(log, per_step[i]) > start) runlog_truncate(log, per_step[i], start);
