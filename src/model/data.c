@@ -99,6 +99,99 @@ static void token_file_say(char *err, size_t errsize, const char *fmt, ...)
         goto fail;                                 \
     } while (0)
 
+/* What a token file's header says, checked against the file's size and
+ * the model: 0, or -1 with the message in err. */
+struct token_header {
+    uint32_t vocab;
+    uint64_t count, checksum;
+};
+
+static int check_header(struct token_header *h, const unsigned char *header, size_t size,
+                        const char *path, uint32_t model_vocab, uint64_t min_tokens,
+                        char *err, size_t errsize)
+{
+    if (memcmp(header, TOKEN_FILE_MAGIC, 8) != 0)
+        TOKEN_FAIL("%s is not a dynmo token file (bad magic; make one with `dynmo prepare`)",
+                   path);
+    uint32_t version = get_u32(header + 8);
+    if (version != TOKEN_FILE_VERSION)
+        TOKEN_FAIL("token file %s has version %u; this dynmo reads version %d (re-run "
+                   "`dynmo prepare`)", path, version, TOKEN_FILE_VERSION);
+    h->vocab = get_u32(header + 12);
+    uint32_t token_bytes = get_u32(header + 16);
+    h->count = get_u64(header + 24);
+    h->checksum = get_u64(header + 32);
+    if (token_bytes != TOKEN_BYTES)
+        TOKEN_FAIL("token file %s has %u-byte tokens; this dynmo reads %d-byte tokens", path,
+                   token_bytes, TOKEN_BYTES);
+    if (h->vocab == 0)
+        TOKEN_FAIL("token file %s has vocab 0 in its header: no token can be valid (a corrupt "
+                   "header; re-run `dynmo prepare`)", path);
+    if (h->vocab > model_vocab)
+        TOKEN_FAIL("token file %s has vocab %u, larger than the model's vocab %u (set "
+                   "model.vocab)", path, h->vocab, model_vocab);
+    uint64_t payload = size - TOKEN_FILE_HEADER_BYTES;
+    if (h->count > UINT64_MAX / TOKEN_BYTES || payload != h->count * TOKEN_BYTES)
+        TOKEN_FAIL("token file %s is truncated or corrupt: the header says %llu tokens but "
+                   "the file holds %llu bytes of tokens", path, (unsigned long long)h->count,
+                   (unsigned long long)payload);
+    if (h->count < min_tokens)
+        TOKEN_FAIL("token file %s has %llu tokens, fewer than the %llu needed (one sequence "
+                   "plus its target)", path, (unsigned long long)h->count,
+                   (unsigned long long)min_tokens);
+    return 0;
+fail:
+    return -1;
+}
+
+/* One pass checks every token: a token >= vocab would index past the
+ * embedding, and the checksum catches a file changed after prepare. */
+static int check_tokens(const uint16_t *tokens, const struct token_header *h, const char *path,
+                        char *err, size_t errsize)
+{
+    for (uint64_t i = 0; i < h->count; i++)
+        if (tokens[i] >= h->vocab)
+            TOKEN_FAIL("token file %s is corrupt: token %u at position %llu is not below "
+                       "its vocab %u", path, tokens[i], (unsigned long long)i, h->vocab);
+    uint64_t actual = token_checksum(tokens, h->count);
+    if (actual != h->checksum)
+        TOKEN_FAIL("token file %s is corrupt: checksum %016llx, header says %016llx (re-run "
+                   "`dynmo prepare`)", path, (unsigned long long)actual,
+                   (unsigned long long)h->checksum);
+    return 0;
+fail:
+    return -1;
+}
+
+/* Opens path without blocking (a regular file only) and reads its header;
+ * the descriptor and the file's size come back. */
+static int open_and_read_header(const char *path, unsigned char *header, int *fd_out,
+                                size_t *size_out, char *err, size_t errsize)
+{
+    const char *kind;
+    int fd = dm_open_regular(path, &kind);
+    *fd_out = fd;
+    if (fd < 0 && kind)
+        TOKEN_FAIL("token file %s is %s, not a regular file (name a file made by `dynmo "
+                   "prepare`)", path, kind);
+    if (fd < 0)
+        TOKEN_FAIL("cannot open token file %s: %s (make one with `dynmo prepare`)", path,
+                   dm_errno_text());
+    struct stat st;
+    if (fstat(fd, &st) != 0)
+        TOKEN_FAIL("cannot stat token file %s: %s", path, dm_errno_text());
+    size_t size = *size_out = (size_t)st.st_size;
+    ssize_t got = size >= TOKEN_FILE_HEADER_BYTES
+                      ? pread(fd, header, TOKEN_FILE_HEADER_BYTES, 0) : 0;
+    if (got < 0) TOKEN_FAIL("cannot read token file %s: %s", path, dm_errno_text());
+    if (size < TOKEN_FILE_HEADER_BYTES || got != (ssize_t)TOKEN_FILE_HEADER_BYTES)
+        TOKEN_FAIL("token file %s is truncated: %zu bytes, shorter than the %d-byte header",
+                   path, size, TOKEN_FILE_HEADER_BYTES);
+    return 0;
+fail:
+    return -1;
+}
+
 int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_vocab,
                         uint64_t min_tokens, char *err, size_t errsize)
 {
@@ -110,78 +203,21 @@ int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_
         TOKEN_FAIL("token file path is longer than %zu bytes: %.80s...", sizeof tf->path - 1,
                    path);
     strcpy(tf->path, path);
-
-    const char *kind;
-    fd = dm_open_regular(path, &kind);
-    if (fd < 0 && kind)
-        TOKEN_FAIL("token file %s is %s, not a regular file (name a file made by `dynmo "
-                   "prepare`)", path, kind);
-    if (fd < 0)
-        TOKEN_FAIL("cannot open token file %s: %s (make one with `dynmo prepare`)", path,
-                   dm_errno_text());
-    struct stat st;
-    if (fstat(fd, &st) != 0)
-        TOKEN_FAIL("cannot stat token file %s: %s", path, dm_errno_text());
-    size = (size_t)st.st_size;
-
     unsigned char header[TOKEN_FILE_HEADER_BYTES];
-    ssize_t got = size >= sizeof header ? pread(fd, header, sizeof header, 0) : 0;
-    if (got < 0) TOKEN_FAIL("cannot read token file %s: %s", path, dm_errno_text());
-    if (size < sizeof header || got != (ssize_t)sizeof header)
-        TOKEN_FAIL("token file %s is truncated: %zu bytes, shorter than the %d-byte header",
-                   path, size, TOKEN_FILE_HEADER_BYTES);
-    if (memcmp(header, TOKEN_FILE_MAGIC, 8) != 0)
-        TOKEN_FAIL("%s is not a dynmo token file (bad magic; make one with `dynmo prepare`)",
-                   path);
-    uint32_t version = get_u32(header + 8);
-    if (version != TOKEN_FILE_VERSION)
-        TOKEN_FAIL("token file %s has version %u; this dynmo reads version %d (re-run "
-                   "`dynmo prepare`)", path, version, TOKEN_FILE_VERSION);
-    uint32_t vocab = get_u32(header + 12);
-    uint32_t token_bytes = get_u32(header + 16);
-    uint64_t count = get_u64(header + 24);
-    uint64_t checksum = get_u64(header + 32);
-    if (token_bytes != TOKEN_BYTES)
-        TOKEN_FAIL("token file %s has %u-byte tokens; this dynmo reads %d-byte tokens", path,
-                   token_bytes, TOKEN_BYTES);
-    if (vocab == 0)
-        TOKEN_FAIL("token file %s has vocab 0 in its header: no token can be valid (a corrupt "
-                   "header; re-run `dynmo prepare`)", path);
-    if (vocab > model_vocab)
-        TOKEN_FAIL("token file %s has vocab %u, larger than the model's vocab %u (set "
-                   "model.vocab)", path, vocab, model_vocab);
-    uint64_t payload = size - TOKEN_FILE_HEADER_BYTES;
-    if (count > UINT64_MAX / TOKEN_BYTES || payload != count * TOKEN_BYTES)
-        TOKEN_FAIL("token file %s is truncated or corrupt: the header says %llu tokens but "
-                   "the file holds %llu bytes of tokens", path, (unsigned long long)count,
-                   (unsigned long long)payload);
-    if (count < min_tokens)
-        TOKEN_FAIL("token file %s has %llu tokens, fewer than the %llu needed (one sequence "
-                   "plus its target)", path, (unsigned long long)count,
-                   (unsigned long long)min_tokens);
-
+    struct token_header h;
+    if (open_and_read_header(path, header, &fd, &size, err, errsize) != 0 ||
+        check_header(&h, header, size, path, model_vocab, min_tokens, err, errsize) != 0)
+        goto fail;
     map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) TOKEN_FAIL("cannot map token file %s: %s", path, dm_errno_text());
     close(fd);
     fd = -1;
     const uint16_t *tokens =
         (const uint16_t *)((const char *)map + TOKEN_FILE_HEADER_BYTES);
-
-    /* One pass checks every token: a token >= vocab would index past the
-     * embedding, and the checksum catches a file changed after prepare. */
-    for (uint64_t i = 0; i < count; i++)
-        if (tokens[i] >= vocab)
-            TOKEN_FAIL("token file %s is corrupt: token %u at position %llu is not below "
-                       "its vocab %u", path, tokens[i], (unsigned long long)i, vocab);
-    uint64_t actual = token_checksum(tokens, count);
-    if (actual != checksum)
-        TOKEN_FAIL("token file %s is corrupt: checksum %016llx, header says %016llx (re-run "
-                   "`dynmo prepare`)", path, (unsigned long long)actual,
-                   (unsigned long long)checksum);
-
-    tf->vocab = vocab;
-    tf->count = count;
-    tf->checksum = checksum;
+    if (check_tokens(tokens, &h, path, err, errsize) != 0) goto fail;
+    tf->vocab = h.vocab;
+    tf->count = h.count;
+    tf->checksum = h.checksum;
     tf->tokens = tokens;
     tf->map = map;
     tf->map_bytes = size;

@@ -87,85 +87,99 @@ static const char *option_value(int argc, char **argv, int *i, const char *name)
     return argv[++*i];
 }
 
-int cmd_prepare(int argc, char **argv)
-{
-    const char *out_dir = NULL;
-    double val_fraction = 0.05;
-    const char **inputs = dm_alloc((size_t)argc * sizeof *inputs);
-    int num_inputs = 0, only_files = 0;
+struct prepare_args {
+    const char *out_dir;
+    double val_fraction;
+    const char **inputs;    /* (argc) */
+    int num_inputs;
+};
 
+/* Returns 1 when --help was asked (and printed). */
+static int parse_args(int argc, char **argv, struct prepare_args *a)
+{
+    int only_files = 0;
+    a->out_dir = NULL;
+    a->val_fraction = 0.05;
+    a->inputs = dm_alloc((size_t)argc * sizeof *a->inputs);
+    a->num_inputs = 0;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i], *value;
         if (only_files || arg[0] != '-' || arg[1] == '\0') {
-            inputs[num_inputs++] = arg;
+            a->inputs[a->num_inputs++] = arg;
         } else if (strcmp(arg, "--") == 0) {
             only_files = 1;
         } else if (strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0) {
             fputs(prepare_usage, stdout);
-            dm_free(inputs);
-            return DM_EXIT_OK;
+            return 1;
         } else if ((value = option_value(argc, argv, &i, "--out"))) {
             if (!*value) dm_user_error("prepare: --out needs a directory");
-            out_dir = value;
+            a->out_dir = value;
         } else if ((value = option_value(argc, argv, &i, "--val-fraction"))) {
-            val_fraction = parse_val_fraction(value);
+            a->val_fraction = parse_val_fraction(value);
         } else {
             dm_user_error("prepare: unknown option '%s' (see `dynmo prepare --help`)",
                           arg);
         }
     }
-    if (!out_dir)
+    if (!a->out_dir)
         dm_user_error("prepare: no output directory: give --out DIR "
                       "(see `dynmo prepare --help`)");
-    if (num_inputs == 0)
+    if (a->num_inputs == 0)
         dm_user_error("prepare: no input files: give one or more text files "
                       "(see `dynmo prepare --help`)");
+    return 0;
+}
 
-    /* Read and check everything before creating anything. */
-    struct byte_buffer stream = {0};
-    for (int k = 0; k < num_inputs; k++) {
+/* Every input joined with one 0x00 between files, read and checked before
+ * anything is created; returns where validation starts (a line start
+ * where one follows the cut). */
+static size_t read_inputs(struct byte_buffer *stream, const struct prepare_args *a)
+{
+    for (int k = 0; k < a->num_inputs; k++) {
         if (k > 0) {
-            buffer_reserve(&stream, 1);
-            stream.data[stream.size++] = 0x00;   /* file separator */
+            buffer_reserve(stream, 1);
+            stream->data[stream->size++] = 0x00;   /* file separator */
         }
-        read_whole_file(&stream, inputs[k]);
+        read_whole_file(stream, a->inputs[k]);
     }
-    size_t n = stream.size;
-    if (n <= (size_t)(num_inputs - 1)) {
-        if (num_inputs == 1)
-            dm_user_error("prepare: the input is empty: %s has no bytes", inputs[0]);
+    size_t n = stream->size;
+    if (n <= (size_t)(a->num_inputs - 1)) {
+        if (a->num_inputs == 1)
+            dm_user_error("prepare: the input is empty: %s has no bytes", a->inputs[0]);
         dm_user_error("prepare: the input is empty: all %d files have no bytes",
-                      num_inputs);
+                      a->num_inputs);
     }
-    size_t val_target = (size_t)(val_fraction * (double)n);
+    size_t val_target = (size_t)(a->val_fraction * (double)n);
     if (val_target == 0)
         dm_user_error("prepare: the input is too small to split: %zu bytes, and "
-                      "--val-fraction %g leaves no validation token", n, val_fraction);
-
-    /* Validation starts at a line start where one follows the cut. */
+                      "--val-fraction %g leaves no validation token", n, a->val_fraction);
     size_t cut = n - val_target;
-    if (stream.data[cut - 1] != '\n') {
-        unsigned char *newline = memchr(stream.data + cut, '\n', n - cut);
-        if (newline && (size_t)(newline - stream.data) + 1 < n)
-            cut = (size_t)(newline - stream.data) + 1;
+    if (stream->data[cut - 1] != '\n') {
+        unsigned char *newline = memchr(stream->data + cut, '\n', n - cut);
+        if (newline && (size_t)(newline - stream->data) + 1 < n)
+            cut = (size_t)(newline - stream->data) + 1;
     }
+    return cut;
+}
 
+/* DIR/train.bin and DIR/val.bin: both temporaries complete before either
+ * rename, so an error leaves the previous outputs (if any) untouched and
+ * no partial file behind. */
+static void write_outputs(const char *out_dir, const struct byte_buffer *stream, size_t cut,
+                          uint64_t checksums[2], char final_paths[2][1200])
+{
     if (dm_make_dirs(out_dir, NULL, 0) != 0)
         dm_user_error("prepare: cannot create output directory %s: %s",
                       out_dir, dm_errno_text());
-
     const char *names[2] = {"train.bin", "val.bin"};
-    const unsigned char *parts[2] = {stream.data, stream.data + cut};
-    size_t sizes[2] = {cut, n - cut};
-    char final_paths[2][1200], temp_paths[2][1200];
-    uint64_t checksums[2];
+    const unsigned char *parts[2] = {stream->data, stream->data + cut};
+    size_t sizes[2] = {cut, stream->size - cut};
+    char temp_paths[2][1200];
     for (int k = 0; k < 2; k++) {
-        snprintf(final_paths[k], sizeof final_paths[k], "%s/%s", out_dir, names[k]);
+        snprintf(final_paths[k], 1200, "%s/%s", out_dir, names[k]);
         snprintf(temp_paths[k], sizeof temp_paths[k], "%s/.%s.tmp.%ld", out_dir,
                  names[k], (long)getpid());
     }
-    /* Both temporaries complete before either rename: an error leaves the
-     * previous outputs (if any) untouched and no partial file behind. */
     for (int k = 0; k < 2; k++) {
         if (token_file_write_bytes(temp_paths[k], parts[k], sizes[k], &checksums[k]) != 0) {
             int saved_errno = errno;
@@ -184,16 +198,29 @@ int cmd_prepare(int argc, char **argv)
                           final_paths[k], dm_errno_text());
         }
     dm_fsync_path(out_dir, NULL, 0);
+}
 
+int cmd_prepare(int argc, char **argv)
+{
+    struct prepare_args a;
+    if (parse_args(argc, argv, &a)) {
+        dm_free(a.inputs);
+        return DM_EXIT_OK;
+    }
+    struct byte_buffer stream = {0};
+    size_t cut = read_inputs(&stream, &a), n = stream.size;
+    uint64_t checksums[2];
+    char final_paths[2][1200];
+    write_outputs(a.out_dir, &stream, cut, checksums, final_paths);
     dm_log("prepare: %d file%s, %zu bytes -> %zu byte-level tokens (vocab %d)\n",
-           num_inputs, num_inputs == 1 ? "" : "s", n - (size_t)(num_inputs - 1), n,
+           a.num_inputs, a.num_inputs == 1 ? "" : "s", n - (size_t)(a.num_inputs - 1), n,
            BYTE_VOCAB);
+    size_t sizes[2] = {cut, n - cut};
     for (int k = 0; k < 2; k++)
         dm_log("prepare: %-5s %10zu tokens -> %s (checksum %016llx)\n",
                k == 0 ? "train" : "val", sizes[k], final_paths[k],
                (unsigned long long)checksums[k]);
     free(stream.data);
-    dm_free(inputs);
+    dm_free(a.inputs);
     return DM_EXIT_OK;
 }
-
