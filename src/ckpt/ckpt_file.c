@@ -472,15 +472,20 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     h->shape.channels = (int)d->channels;
 }
 
-hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
-                        struct ckpt_header *header)
+/* Every dimension and value unknown until the file says. */
+static void header_init(struct ckpt_header *header)
 {
     memset(header, 0, sizeof *header);
     struct ckpt_dims *dims = &header->dims;
     dims->layers = dims->block_params = dims->vocab = dims->max_seq = dims->channels = -1;
     dims->pp = dims->dp = dims->history = -1;
     header->schema_version = -1;
+}
 
+hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
+                        struct ckpt_header *header)
+{
+    header_init(header);
     char err[1024];
     hid_t file = dm_h5_open_readonly(path, err, sizeof err);
     if (file < 0) {
@@ -492,7 +497,18 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
         ckpt_problem(problems, "%s", reason);
         return -1;
     }
+    if (ckpt_check_structure(file, problems, header) != 0) {
+        H5Fclose(file);
+        return -1;
+    }
+    return file;
+}
 
+int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
+                         struct ckpt_header *header)
+{
+    header_init(header);
+    struct ckpt_dims *dims = &header->dims;
     /* kind and schema version first: a file of another kind or version is
      * that, and listing every difference from our schema would bury it. */
     const struct schema_attr *kind = find_attr("/", "kind");
@@ -505,10 +521,7 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
         ckpt_problem(problems, "not a dynmo checkpoint (root attribute kind is \"%s\", "
                      "expected \"%s\")", text, CHECKPOINT_KIND);
     dm_free(text);
-    if (status != 0 || problems->count) {
-        H5Fclose(file);
-        return -1;
-    }
+    if (status != 0 || problems->count) return -1;
     const struct schema_attr *version = find_attr("/", "schema_version");
     long long value = 0;
     status = read_integer_attr(file, version, &value, problems);
@@ -518,10 +531,7 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
         ckpt_problem(problems, "schema version %lld; this dynmo reads checkpoint schema "
                      "version %d only (use the dynmo that wrote it, or start a new run)",
                      value, ckpt_schema_version);
-    if (status != 0 || value != ckpt_schema_version) {
-        H5Fclose(file);
-        return -1;
-    }
+    if (status != 0 || value != ckpt_schema_version) return -1;
 
     for (int i = 0; i < ckpt_schema_group_count; i++)
         if (!dm_h5_path_exists(file, ckpt_schema_groups[i]))
@@ -549,7 +559,7 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
     }
     for (int i = 0; i < ckpt_schema_dataset_count; i++)
         check_dataset(file, &ckpt_schema_datasets[i], dims, problems);
-    return file;
+    return 0;
 }
 
 /* ---- reading ------------------------------------------------------------------ */
@@ -802,14 +812,25 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     return problems->count == before ? 0 : -1;
 }
 
-/* Bytes of the read buffer of ckpt_read_all. */
+/* Elements (of at most 8 bytes) of the read buffer of ckpt_read_all, at most. */
 #define READ_ALL_BUFFER_ELEMENTS ((hsize_t)1 << 22)
 
 int ckpt_read_all(hid_t file, const struct ckpt_header *header,
                   struct ckpt_problems *problems)
 {
     int before = problems->count;
-    void *buffer = dm_alloc(READ_ALL_BUFFER_ELEMENTS * 8);
+    /* No larger than the largest dataset: a small file needs a small buffer. */
+    hsize_t buffer_elements = 1;
+    for (int i = 0; i < ckpt_schema_dataset_count; i++) {
+        hsize_t extent[2];
+        if (ckpt_dataset_extent(&ckpt_schema_datasets[i], &header->dims, extent) < 0) continue;
+        hsize_t elements = extent[1] && extent[0] > READ_ALL_BUFFER_ELEMENTS / extent[1]
+                               ? READ_ALL_BUFFER_ELEMENTS
+                               : extent[0] * extent[1];
+        if (elements > buffer_elements) buffer_elements = elements;
+    }
+    if (buffer_elements > READ_ALL_BUFFER_ELEMENTS) buffer_elements = READ_ALL_BUFFER_ELEMENTS;
+    void *buffer = dm_alloc(buffer_elements * 8);
     for (int i = 0; i < ckpt_schema_dataset_count; i++) {
         const struct schema_dataset *d = &ckpt_schema_datasets[i];
         hsize_t extent[2];

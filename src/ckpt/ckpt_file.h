@@ -96,6 +96,14 @@ void ckpt_header_free(struct ckpt_header *header);
 hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
                         struct ckpt_header *header);
 
+/* ckpt_open_checked's checks on a file the caller opened read-only (a file
+ * image in memory, for the fuzzer): fills *header as far as the file
+ * allows and reports every problem. Returns -1 when it stopped early (not
+ * a checkpoint, another schema version), 0 when it checked everything;
+ * problems->count says whether the file passed. Never closes file. */
+int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
+                         struct ckpt_header *header);
+
 /* Reads the small datasets (cursors, layout, history, frozen, sparsity) of
  * a file that passed ckpt_open_checked into meta (allocating its arrays)
  * and copies the header's scalars; checks their values (layout sums to the
