@@ -263,6 +263,13 @@ void config_load_file(struct dm_config *cfg, const char *path);
 int config_parse_text(struct dm_config *cfg, const char *text, size_t len, const char *name,
                       char *err, size_t errsize);
 
+/* Sets one key from its text as a config line or an override would (its
+ * type and range checked). Returns 0, or -1 with the message naming the
+ * key ("train.batch = 0 is out of range [1, 1048576] (sequences per
+ * step)") in err; never exits. */
+int config_set(struct dm_config *cfg, const char *section, const char *key, const char *value,
+               char *err, size_t errsize);
+
 /* Applies one "section.key=value" override; same errors as config_load_file. */
 void config_apply_override(struct dm_config *cfg, const char *assignment);
 

@@ -7,10 +7,12 @@
  * checkpoint.c, the loader in ckpt_load.c. Every problem goes through
  * ckpt_problem so that the loader can stop at the first and the checker
  * can list them all. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/ckpt.h"
+#include "ckpt/ckpt_dir.h"
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
 
@@ -268,7 +270,7 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
         if (!strcmp(n, "vocab")) h->dims.vocab = value;
         else if (!strcmp(n, "max_seq")) h->dims.max_seq = value;
         else if (!strcmp(n, "layers")) h->dims.layers = value;
-        else if (!strcmp(n, "heads")) h->shape.heads = (int)value;
+        else if (!strcmp(n, "heads")) h->heads = value;
         else if (!strcmp(n, "channels")) h->dims.channels = value;
         else if (!strcmp(n, "block_params")) h->dims.block_params = value;
     } else if (!strcmp(o, "/training")) {
@@ -435,41 +437,131 @@ done:
     H5Dclose(dataset);
 }
 
-/* Sanity of the model and world attributes, once they are known. */
+/* Larger than any config allows (model.* and parallel.dp are at most
+ * 65536, docs/config.md) and small enough for an int: a /model or world
+ * attribute above it is no checkpoint dynmo wrote. */
+#define ATTRIBUTE_MAX (1L << 20)
+
+/* train.batch of the config text (config_print's "train.batch = N" line),
+ * checked as the config checks it; -1 after reporting a problem. */
+static long config_text_batch(const char *config, struct ckpt_problems *problems)
+{
+    static const char key[] = "train.batch = ";
+    const char *line = config;
+    while (strncmp(line, key, sizeof key - 1) != 0) {
+        line = strchr(line, '\n');
+        if (!line) break;
+        line++;
+    }
+    if (line) {
+        const char *value = line + sizeof key - 1;
+        char text[64], err[256];
+        size_t n = strcspn(value, "\n");
+        if (n >= sizeof text) {
+            ckpt_problem(problems, "the root attribute config: train.batch's value is %zu "
+                         "characters long, not a batch size", n);
+            return -1;
+        }
+        snprintf(text, sizeof text, "%.*s", (int)n, value);
+        struct dm_config cfg;
+        config_defaults(&cfg);
+        if (config_set(&cfg, "train", "batch", text, err, sizeof err) != 0) {
+            ckpt_problem(problems, "the root attribute config: %s", err);
+            return -1;
+        }
+        return cfg.batch;
+    }
+    ckpt_problem(problems, "the root attribute config has no line \"train.batch = N\" (dynmo "
+                 "writes every key), so the data cursors cannot be checked");
+    return -1;
+}
+
+/* The /training positions as dynmo writes them: each in [0, INT_MAX]
+ * (train.steps is an int) and all three equal, since every step applies
+ * one optimizer update and moves the schedule one step. */
+static void check_positions(const struct ckpt_header *h, struct ckpt_problems *problems)
+{
+    const struct { const char *name; long value; } positions[] = {
+        {"step", h->step},
+        {"optimizer_steps", h->optimizer_steps},
+        {"lr_schedule_step", h->lr_schedule_step},
+    };
+    int in_range = 1;
+    for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
+        if (positions[i].value < 0) {
+            ckpt_problem(problems, "/training/%s is %ld (negative)", positions[i].name,
+                         positions[i].value);
+            in_range = 0;
+        } else if (positions[i].value > INT_MAX) {
+            ckpt_problem(problems, "/training/%s is %ld, beyond any run (train.steps is an int: "
+                         "at most %d)", positions[i].name, positions[i].value, INT_MAX);
+            in_range = 0;
+        }
+    }
+    if (in_range && (h->optimizer_steps != h->step || h->lr_schedule_step != h->step))
+        ckpt_problem(problems, "/training: optimizer_steps %ld and lr_schedule_step %ld differ "
+                     "from step %ld (dynmo writes all three equal: every step applies one "
+                     "update and moves the schedule one step)", h->optimizer_steps,
+                     h->lr_schedule_step, h->step);
+}
+
+/* A file named ckpt-<N>.h5 (or its .tmp) holds step N: dynmo names it so,
+ * and resume=auto picks files by that name. */
+static void check_file_name(const struct ckpt_header *h, struct ckpt_problems *problems)
+{
+    const char *base = strrchr(problems->path, '/');
+    base = base ? base + 1 : problems->path;
+    long named = ckpt_dir_parse_name(base, 0);
+    if (named < 0) named = ckpt_dir_parse_name(base, 1);
+    if (named >= 0 && named != h->step)
+        ckpt_problem(problems, "the file name %s says step %ld but /training/step is %ld "
+                     "(dynmo names a checkpoint ckpt-<step>.h5: a renamed or mislabelled "
+                     "file)", base, named, h->step);
+}
+
+/* Sanity of the model, world and training attributes, once they are known. */
 static void check_header_values(struct ckpt_header *h, struct ckpt_problems *problems)
 {
     struct ckpt_dims *d = &h->dims;
-    if (d->layers < 1 || d->channels < 1 || d->vocab < 1 || d->max_seq < 1 ||
-        h->shape.heads < 1)
+    int model_ok = 0;
+    if (d->layers < 1 || d->channels < 1 || d->vocab < 1 || d->max_seq < 1 || h->heads < 1)
         ckpt_problem(problems, "/model attributes out of range (layers %ld, channels %ld, "
-                     "heads %d, vocab %ld, max_seq %ld)", d->layers, d->channels,
-                     h->shape.heads, d->vocab, d->max_seq);
-    else if (d->channels % h->shape.heads != 0)
-        ckpt_problem(problems, "/model: heads %d do not divide channels %ld",
-                     h->shape.heads, d->channels);
-    else if (d->channels > 1 << 20 || d->layers > 1 << 20)
-        ckpt_problem(problems, "/model: channels %ld or layers %ld implausibly large",
-                     d->channels, d->layers);
+                     "heads %ld, vocab %ld, max_seq %ld)", d->layers, d->channels,
+                     h->heads, d->vocab, d->max_seq);
+    else if (d->layers > ATTRIBUTE_MAX || d->channels > ATTRIBUTE_MAX ||
+             d->vocab > ATTRIBUTE_MAX || d->max_seq > ATTRIBUTE_MAX || h->heads > ATTRIBUTE_MAX)
+        ckpt_problem(problems, "/model attributes implausibly large (layers %ld, channels %ld, "
+                     "heads %ld, vocab %ld, max_seq %ld; a config allows at most 65536)",
+                     d->layers, d->channels, h->heads, d->vocab, d->max_seq);
+    else if (d->channels % h->heads != 0)
+        ckpt_problem(problems, "/model: heads %ld do not divide channels %ld", h->heads,
+                     d->channels);
     else if ((size_t)d->block_params != block_param_count((int)d->channels))
         ckpt_problem(problems, "/model: block_params is %ld, but a block of %ld channels "
                      "has %zu parameters", d->block_params, d->channels,
                      block_param_count((int)d->channels));
-    if (h->world_pp < 1 || h->world_dp < 1 || h->world_size != h->world_pp * h->world_dp)
+    else
+        model_ok = 1;
+    /* The product only once both factors are known to be small. */
+    if (h->world_pp < 1 || h->world_dp < 1 || h->world_pp > ATTRIBUTE_MAX ||
+        h->world_dp > ATTRIBUTE_MAX || h->world_size != h->world_pp * h->world_dp)
         ckpt_problem(problems, "world attributes inconsistent: world_pp %ld x world_dp %ld "
                      "!= world_size %ld", h->world_pp, h->world_dp, h->world_size);
     else if (d->layers >= 1 && h->world_pp > d->layers)
         ckpt_problem(problems, "world_pp %ld exceeds the %ld layers", h->world_pp,
                      d->layers);
-    if (h->step < 0 || h->optimizer_steps < 0 || h->lr_schedule_step < 0)
-        ckpt_problem(problems, "/training: step %ld, optimizer_steps %ld, lr_schedule_step "
-                     "%ld must not be negative", h->step, h->optimizer_steps,
-                     h->lr_schedule_step);
-    d->pp = h->world_pp >= 1 ? h->world_pp : -1;
-    d->dp = h->world_dp >= 1 ? h->world_dp : -1;
-    h->shape.vocab = (int)d->vocab;
-    h->shape.max_seq = (int)d->max_seq;
-    h->shape.layers = (int)d->layers;
-    h->shape.channels = (int)d->channels;
+    check_positions(h, problems);
+    if (h->config_text) h->batch = config_text_batch(h->config_text, problems);
+    check_file_name(h, problems);
+    d->pp = h->world_pp >= 1 && h->world_pp <= ATTRIBUTE_MAX ? h->world_pp : -1;
+    d->dp = h->world_dp >= 1 && h->world_dp <= ATTRIBUTE_MAX ? h->world_dp : -1;
+    if (model_ok) {
+        h->shape.vocab = (int)d->vocab;
+        h->shape.max_seq = (int)d->max_seq;
+        h->shape.layers = (int)d->layers;
+        h->shape.channels = (int)d->channels;
+        h->shape.heads = (int)h->heads;
+    }
 }
 
 /* Every dimension and value unknown until the file says. */
@@ -479,7 +571,7 @@ static void header_init(struct ckpt_header *header)
     struct ckpt_dims *dims = &header->dims;
     dims->layers = dims->block_params = dims->vocab = dims->max_seq = dims->channels = -1;
     dims->pp = dims->dp = dims->history = -1;
-    header->schema_version = -1;
+    header->schema_version = header->batch = -1;
 }
 
 hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
@@ -738,6 +830,7 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
 {
     const struct ckpt_dims *d = &header->dims;
     DM_ASSERT(d->pp >= 1 && d->dp >= 1 && d->layers >= 1 && d->history >= 1);
+    DM_ASSERT(header->batch >= 1 && header->step >= 0 && header->step <= INT_MAX);
     int before = problems->count;
     memset(meta, 0, sizeof *meta);
     meta->allocated = 1;
@@ -777,12 +870,22 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
                    problems))
         return -1;
 
-    for (long r = 0; r < d->dp; r++)
-        if (meta->data_cursor[r] < 0) {
-            ckpt_problem(problems, "/data/cursor[%ld] is %ld (negative)", r,
-                         meta->data_cursor[r]);
+    /* Replica r's next sample is step x batch + r x (its share of a batch):
+     * never more than step x batch + batch. */
+    long most = header->step * header->batch + header->batch;
+    for (long r = 0; r < d->dp; r++) {
+        long cursor = meta->data_cursor[r];
+        if (cursor < 0) {
+            ckpt_problem(problems, "/data/cursor[%ld] is %ld (negative)", r, cursor);
             break;
         }
+        if (cursor > most) {
+            ckpt_problem(problems, "/data/cursor[%ld] is %ld, beyond step %ld x train.batch %ld "
+                         "+ %ld = %ld (the most samples a run can have drawn)", r, cursor,
+                         header->step, header->batch, header->batch, most);
+            break;
+        }
+    }
     if (!layout_ok(meta->layout, d->pp, layers))
         ckpt_problem(problems, "/layout/blocks_per_stage is not a layout of %ld blocks on "
                      "%ld stages (each stage needs >= 1 block, and they must sum to %ld)",

@@ -451,6 +451,12 @@ void config_load_file(struct dm_config *cfg, const char *path)
     if (status != 0) dm_user_error("%s", err);
 }
 
+int config_set(struct dm_config *cfg, const char *section, const char *key, const char *value,
+               char *err, size_t errsize)
+{
+    return set_key(cfg, section, key, value, err, errsize);
+}
+
 void config_apply_override(struct dm_config *cfg, const char *assignment)
 {
     char *buf = strdup(assignment);
