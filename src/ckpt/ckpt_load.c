@@ -197,6 +197,11 @@ int ckpt_check_image(const void *image, size_t size, const char *name, int read_
 {
     dm_h5_init();
     struct ckpt_problems problems = {.path = name, .report = report, .ctx = ctx};
+    char reason[512];
+    if (dm_h5_check_global_heaps(image, size, size, reason, sizeof reason) != 0) {
+        ckpt_problem(&problems, "%s", reason);
+        return problems.count;
+    }
     /* H5LTopen_file_image copies the image (flags 0) and opens it read-only. */
     hid_t file = size > 0 ? H5LTopen_file_image((void *)image, size, 0) : -1;
     if (file < 0) {
