@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The inputs `make fuzz` found (tests/fuzz-regressions/<target>/, each
-# described in tests/fuzz-regressions/README.md) replayed through the same
+# The inputs `make fuzz` found, and one found reading the code it ran
+# (tests/fuzz-regressions/<target>/, each described in
+# tests/fuzz-regressions/README.md), replayed through the same
 # code path as the fuzzer's: $BUILD/fuzz-replay/<target>, the harness
 # fuzz/fuzz_<target>.c built by gcc with AddressSanitizer and UBSan on the
 # code it exercises. Every input must run to its end within 60 s: a crash,
@@ -51,4 +52,7 @@ for input in tests/fuzz-regressions/ckpt/gheap-free-space-size-*; do
     "damaged: the global heap collection at byte 2048 .* gives its free space 0 bytes where [0-9]+ remain" \
     timeout 60 "$DYNMO" check-ckpt "$input"
 done
+expect_error "check-ckpt history-sum-overflow.h5" \
+  "history-sum-overflow.h5: /layout: layout history entry 0 \(2 stages\) is not a layout of 2 blocks" \
+  "$DYNMO" check-ckpt tests/fuzz-regressions/ckpt/history-sum-overflow.h5
 finish
