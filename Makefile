@@ -1,8 +1,10 @@
 # dynmo build. `make` builds build/dynmo; `make check` runs every test;
 # `make demo` runs the main job; `make bench` the benchmarks;
 # `make check-faults [TRIALS=20] [SEED=S]` the fault campaign (kill -9,
-# full disk, read-only; not part of `make check`; mounts need root).
+# full disk, read-only; not part of `make check`; mounts need root);
+# `make fuzz` the libFuzzer harnesses (fuzz/), never part of `make check`.
 # Switches: SANITIZE=address,undefined  USE_CUDA=0/1 (CUDA_HOME)  ARCH=...
+#           FUZZ_RUNS=1000000 (executions per fuzz target)
 
 SANITIZE ?=
 USE_CUDA ?= 0
@@ -20,7 +22,7 @@ endif
 
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) && echo yes)
 ifneq ($(HAVE_PKGS),yes)
-ifeq ($(filter deps demo check check-faults bench clean,$(MAKECMDGOALS)),)
+ifeq ($(filter deps demo check check-faults check-portable bench fuzz clean,$(MAKECMDGOALS)),)
 $(error missing pkg-config packages (need: $(PKGS)); run `scripts/setup.sh` or `make check`)
 endif
 endif
@@ -42,9 +44,29 @@ OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRC))
 LIBOBJ := $(filter-out $(BUILD)/obj/tools/main.o,$(OBJ))
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+HEADERS := $(wildcard include/dynmo/*.h) $(wildcard src/*/*.h) $(wildcard checkpoint_schema/*.def)
 
-.PHONY: all deps demo check check-portable check-faults bench clean info
-all: info $(BUILD)/dynmo $(TEST_BIN)
+# The fuzz targets (fuzz/fuzz_<target>.c). Their replays, built here by
+# gcc with AddressSanitizer and UBSan on the harness and on the code it
+# exercises, run the kept crash inputs in `make check`
+# (tests/t_fuzz_regressions.sh); `make fuzz` builds them with clang's
+# libFuzzer in build/fuzz.
+FUZZ_TARGETS := config tokens costs ckpt
+SANITIZE_ALL := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+REPLAY_CFLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Isrc \
+                 $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SANITIZE_ALL)
+# The code the harnesses exercise, built with the sanitizers (and, for
+# make fuzz, libFuzzer's coverage); the rest they call is the normal
+# library's (some of it is gcc-only: vector builtins).
+FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/memory.c \
+              src/model/data.c src/tools/plan_costs.c src/ckpt/ckpt_file.c \
+              src/ckpt/ckpt_load.c src/ckpt/ckpt_dir.c src/ckpt/h5util.c \
+              src/ckpt/layout_history.c src/ckpt/fletcher32.c
+REPLAY_OBJ := $(patsubst src/%.c,$(BUILD)/replay/obj/%.o,$(FUZZ_SRC))
+REPLAY_BIN := $(patsubst %,$(BUILD)/fuzz-replay/%,$(FUZZ_TARGETS))
+
+.PHONY: all deps demo check check-portable check-faults bench fuzz fuzz-build clean info
+all: info $(BUILD)/dynmo $(TEST_BIN) $(REPLAY_BIN)
 
 info:
 	@echo "dynmo: CC=$(CC) ARCH=$(ARCH) SANITIZE=$(or $(SANITIZE),none) USE_CUDA=$(USE_CUDA)"
@@ -57,7 +79,7 @@ info:
 FLAGS_STAMP := $(BUILD)/flags
 $(shell mkdir -p $(BUILD); echo '$(CC) $(CFLAGS)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS)' > $(FLAGS_STAMP))
 
-$(BUILD)/obj/%.o: src/%.c $(FLAGS_STAMP) $(wildcard include/dynmo/*.h) $(wildcard src/*/*.h) $(wildcard checkpoint_schema/*.def)
+$(BUILD)/obj/%.o: src/%.c $(FLAGS_STAMP) $(HEADERS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -c $< -o $@
 
@@ -71,6 +93,52 @@ $(BUILD)/dynmo: $(BUILD)/obj/tools/main.o $(BUILD)/libdynmo.a
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libdynmo.a tests/testing.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Isrc -Itests -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
+
+# The sanitized objects come first, so the replay links them; the rest
+# of what they call comes from the normal library.
+$(BUILD)/replay/obj/%.o: src/%.c $(HEADERS) Makefile
+	@mkdir -p $(dir $@)
+	$(CC) $(REPLAY_CFLAGS) -c $< -o $@
+
+$(BUILD)/replay/libsanitized.a: $(REPLAY_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BUILD)/fuzz-replay/%: fuzz/fuzz_%.c fuzz/replay.c $(BUILD)/replay/libsanitized.a $(BUILD)/libdynmo.a
+	@mkdir -p $(dir $@)
+	$(CC) $(REPLAY_CFLAGS) -o $@ fuzz/fuzz_$*.c fuzz/replay.c $(BUILD)/replay/libsanitized.a \
+	  $(BUILD)/libdynmo.a $(LDLIBS)
+
+# ---- make fuzz ------------------------------------------------------------
+# clang (scripts/setup.sh --fuzz installs it from Debian's archive) builds
+# FUZZ_SRC with -fsanitize=fuzzer-no-link,address,undefined into
+# build/fuzz, links one libFuzzer binary per target, and scripts/fuzz.sh
+# runs each FUZZ_RUNS times, seeded from real files.
+FUZZ_CC ?= clang
+FUZZ_RUNS ?= 1000000
+FUZZ_BUILD := build/fuzz
+FUZZ_CFLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Isrc \
+               $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SANITIZE_ALL)
+FUZZ_OBJ := $(patsubst src/%.c,$(FUZZ_BUILD)/obj/%.o,$(FUZZ_SRC))
+
+$(FUZZ_BUILD)/obj/%.o: src/%.c $(HEADERS) Makefile
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer-no-link -c $< -o $@
+
+$(FUZZ_BUILD)/libfuzzed.a: $(FUZZ_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_%: fuzz/fuzz_%.c $(FUZZ_BUILD)/libfuzzed.a $(BUILD)/libdynmo.a
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -fsanitize=fuzzer -o $@ $< $(FUZZ_BUILD)/libfuzzed.a \
+	  $(BUILD)/libdynmo.a $(LDLIBS)
+
+fuzz-build: $(patsubst %,$(FUZZ_BUILD)/fuzz_%,$(FUZZ_TARGETS))
+
+fuzz:
+	@scripts/setup.sh --fuzz
+	@$(MAKE) --no-print-directory all fuzz-build
+	@BUILD=$(BUILD) FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_RUNS=$(FUZZ_RUNS) scripts/fuzz.sh $(FUZZ_TARGETS)
 
 deps:
 	@scripts/setup.sh

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs, from Debian's archive, whatever dynmo's build, tests and demo
 # need and is not yet installed; `--bench` adds the benchmark peer
-# (python3-torch, large). Idempotent; needs root (or sudo) only when
+# (python3-torch, large), `--fuzz` clang with libFuzzer and the sanitizer
+# runtimes (`make fuzz`). Idempotent; needs root (or sudo) only when
 # something is missing. The Slurm tests install slurmctld/slurmd themselves.
 set -euo pipefail
 packages=(
@@ -16,6 +17,10 @@ packages=(
 )
 if [ "${1:-}" = "--bench" ]; then
   packages+=(python3-torch)                  # the PyTorch peer of make bench
+fi
+if [ "${1:-}" = "--fuzz" ]; then
+  # clang alone recommends, not depends on, the runtimes libFuzzer needs
+  packages+=(clang libclang-rt-dev)
 fi
 missing=()
 for p in "${packages[@]}"; do

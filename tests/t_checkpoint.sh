@@ -4,7 +4,9 @@
 #    mpiexec -n 1 and -n 2 (run.sh runs the binary bare, which re-executes
 #    itself under -n 4: together P = 1, 2, 4);
 #  - `dynmo check-ckpt` on the committed fixtures (tests/data/ckpt/make.sh):
-#    exit 0 for valid files, 2 naming the file and the problem otherwise;
+#    exit 0 for valid files, 2 naming the file and the problem otherwise,
+#    among them values no run can have written (a step of 10^12, a cursor
+#    of 2^62, a file name that disagrees with its step);
 #  - loading each damaged fixture: exit 2 with one error line naming the
 #    file and the problem, on a 2-rank world;
 #  - resume=auto on assembled directories: a latest naming a missing or a
@@ -72,6 +74,29 @@ expect_error "check-ckpt missing file" "no-such.h5: No such file" "$DYNMO" check
 expect_error "check-ckpt two files, one bad" "1 problem in 1 of 2 files" \
   "$DYNMO" check-ckpt "$fx/good.h5" "$fx/flipped.h5"
 
+# ---- values no run can have written (make.sh) -------------------------------------------
+# Each fixture is good.h5 with one field changed and valid checksums: the
+# checker and the loader both refuse it, naming the value.
+impossible=(
+  "step-1e12|/training/step is 1000000000000, beyond any run \(train.steps is an int"
+  "steps-disagree|/training: optimizer_steps 9 and lr_schedule_step 10 differ from step 10"
+  "cursor-2e62|/data/cursor\[0\] is 4611686018427387904, beyond step 10 x train.batch 64 \+ 64 = 704"
+  "cursor-negative|/data/cursor\[0\] is -1 \(negative\)"
+  "heads-2e32|/model attributes implausibly large \(.*heads 4294967298"
+  "no-batch|the root attribute config has no line \"train.batch = N\""
+)
+for entry in "${impossible[@]}"; do
+  name=${entry%%|*} regex=${entry#*|}
+  expect_error "check-ckpt $name" "$name.h5: $regex" "$DYNMO" check-ckpt --quick "$fx/$name.h5"
+done
+cp "$fx/good.h5" "$work/ckpt-20.h5"
+cp "$fx/good.h5" "$work/ckpt-10.h5"
+misnamed="ckpt-20.h5: the file name ckpt-20.h5 says step 20 but /training/step is 10"
+expect_error "check-ckpt: a file name that disagrees with its step" "$misnamed" \
+  "$DYNMO" check-ckpt "$work/ckpt-20.h5"
+expect_ok "check-ckpt: a file name that agrees with its step" "ok: schema version 1, step 10" \
+  "$DYNMO" check-ckpt "$work/ckpt-10.h5"
+
 # ---- loading damaged files on 2 ranks -------------------------------------------------
 load() { mpiexec -n 2 "$T" "${tiny[@]}" "$@"; }
 expect_ok "load good" 'loaded .*good.h5: step 10, values as written' load --load "$fx/good.h5"
@@ -85,6 +110,11 @@ expect_error "load other model" "checkpoint .*other-model.h5: written for a diff
 expect_error "load without completion attribute" "no-complete.h5: incomplete" load --load "$fx/no-complete.h5"
 expect_error "load missing dataset" "missing-dataset.h5: incomplete: dataset /blocks/adam_v is missing" \
   load --load "$fx/missing-dataset.h5"
+for entry in "${impossible[@]}"; do
+  name=${entry%%|*} regex=${entry#*|}
+  expect_error "load $name" "checkpoint .*$name.h5: $regex" load --load "$fx/$name.h5"
+done
+expect_error "load a file name that disagrees with its step" "$misnamed" load --load "$work/ckpt-20.h5"
 cp "$fx/good.h5" "$work/ckpt-10.h5.tmp"
 expect_error "load a .tmp" "ckpt-10.h5.tmp: incomplete: a .tmp file" load --load "$work/ckpt-10.h5.tmp"
 expect_error "load missing file" "no-such.h5: No such file" load --load "$work/no-such.h5"

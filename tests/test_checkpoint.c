@@ -201,21 +201,32 @@ struct expected_history {
     int layout[16][8];
 };
 
-static void meta_for(struct ckpt_meta *meta, int g, const struct world *w,
+/* The global batch the test's config text names: each replica's cursor
+ * must stay within step x batch + batch, as in a real run. */
+#define TEST_BATCH 64
+
+/* Replica d's cursor in generation g at `step`: distinct for every d and
+ * g, and within what a run of TEST_BATCH can have drawn. */
+static long test_cursor(long step, int g, int d)
+{
+    return step * TEST_BATCH + 7L * d + g;
+}
+
+static void meta_for(struct ckpt_meta *meta, int g, long step, const struct world *w,
                      const struct ckpt_meta *loaded, int layers, int *frozen, long *cursors,
                      char *config)
 {
     memset(meta, 0, sizeof *meta);
-    meta->step = 10L * (g + 1);
-    meta->optimizer_steps = meta->step - 1;
-    meta->lr_schedule_step = meta->step + 3;
+    /* All three equal, as dynmo writes them (the loader refuses others). */
+    meta->step = meta->optimizer_steps = meta->lr_schedule_step = step;
     meta->seed = 0xdeadbeefcafef00dULL + (uint64_t)g;
     meta->train_checksum = 0x8000000000000001ULL ^ (uint64_t)g;
-    snprintf(config, 256, "model.layers = %d\n# generation %d\n", layers, g);
+    snprintf(config, 256, "model.layers = %d\ntrain.batch = %d\n# generation %d\n", layers,
+             TEST_BATCH, g);
     meta->config_text = config;
     meta->pp = w->pp;
     meta->dp = w->dp;
-    for (int d = 0; d < w->dp; d++) cursors[d] = (1L << 40) + 1000L * g + 7 * d;
+    for (int d = 0; d < w->dp; d++) cursors[d] = test_cursor(step, g, d);
     meta->data_cursor = cursors;
     meta->layout = (int *)w->layout;
     for (int i = 0; i < layers; i++) frozen[i] = (i + g) % 3 == 0;
@@ -244,22 +255,23 @@ static void check_meta(const struct ckpt_meta *m, int g, const struct world *w,
 {
     CHECK(m->allocated == 1);
     CHECK(m->step == 10L * (g + 1));
-    CHECK(m->optimizer_steps == m->step - 1);
-    CHECK(m->lr_schedule_step == m->step + 3);
+    CHECK(m->optimizer_steps == m->step);
+    CHECK(m->lr_schedule_step == m->step);
     CHECK(m->seed == 0xdeadbeefcafef00dULL + (uint64_t)g);
     CHECK(m->train_checksum == (0x8000000000000001ULL ^ (uint64_t)g));
     CHECK(m->schema_version == CHECKPOINT_SCHEMA_VERSION);
     CHECK(!strcmp(m->dynmo_version, DYNMO_VERSION));
     CHECK(strlen(m->created) == 20);
     char config[256];
-    snprintf(config, sizeof config, "model.layers = %d\n# generation %d\n", shape->layers, g);
+    snprintf(config, sizeof config, "model.layers = %d\ntrain.batch = %d\n# generation %d\n",
+             shape->layers, TEST_BATCH, g);
     CHECK_MSG(m->config_text && !strcmp(m->config_text, config), "config '%s'",
               m->config_text ? m->config_text : "(null)");
     CHECK(!memcmp(&m->shape, shape, sizeof *shape));
     CHECK_MSG(m->pp == w->pp && m->dp == w->dp, "world %d x %d, want %d x %d", m->pp, m->dp,
               w->pp, w->dp);
     for (int d = 0; d < w->dp && m->dp == w->dp; d++)
-        CHECK(m->data_cursor[d] == (1L << 40) + 1000L * g + 7 * d);
+        CHECK(m->data_cursor[d] == test_cursor(m->step, g, d));
     CHECK(m->pp == w->pp && !memcmp(m->layout, w->layout, (size_t)w->pp * sizeof(int)));
     CHECK_MSG(m->history.count == h->count, "history of %d entries, want %d",
               m->history.count, h->count);
@@ -345,8 +357,8 @@ static void test_chain(void)
             char config[256];
             int stage, dp_rank, first;
             place(w, world_rank, &stage, &dp_rank, &first);
-            meta_for(&meta, g, w, g > 0 ? &loaded : NULL, shape.layers, frozen, cursors,
-                     config);
+            meta_for(&meta, g, 10L * (g + 1), w, g > 0 ? &loaded : NULL, shape.layers, frozen,
+                     cursors, config);
             char path[1024], err[1024];
             int rc = ckpt_save(dir, 2, &model, &meta, stage, dp_rank, comm, path, sizeof path,
                                err, sizeof err);
@@ -418,8 +430,7 @@ static void save_tiny(const char *where, long step, int keep)
     int frozen[16];
     long cursors[8];
     char config[256], err[1024];
-    meta_for(&meta, 0, &w, NULL, shape.layers, frozen, cursors, config);
-    meta.step = step;
+    meta_for(&meta, 0, step, &w, NULL, shape.layers, frozen, cursors, config);
     int rc = ckpt_save(where, keep, &model, &meta, world_rank, 0, MPI_COMM_WORLD, NULL, 0,
                        err, sizeof err);
     CHECK_MSG(rc == 0, "save: %s", err);
@@ -441,6 +452,19 @@ static void copy_file(const char *from, const char *to, long truncate_to)
     }
     fclose(in);
     fclose(out);
+}
+
+/* The whole file at path in a malloc'd buffer of *bytes bytes. */
+static unsigned char *read_bytes(const char *path, size_t *bytes)
+{
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    DM_ASSERT(f && fstat(fileno(f), &st) == 0);
+    unsigned char *data = malloc((size_t)st.st_size + 1);
+    DM_ASSERT(data && fread(data, 1, (size_t)st.st_size, f) == (size_t)st.st_size);
+    fclose(f);
+    *bytes = (size_t)st.st_size;
+    return data;
 }
 
 /* Flips one bit in the middle of the chunk holding element (row, 0) of
@@ -521,6 +545,19 @@ static void test_faults(void)
         CHECK(ckpt_check_file(bad, 1, report_count, &problems) >= 1 && problems >= 1);
         CHECK(ckpt_check_file(bad, 0, NULL, NULL) == 0);   /* structure is intact */
         CHECK(ckpt_check_file(good, 1, NULL, NULL) == 0);
+        /* The fuzzer's entry gives the same verdicts on the bytes in memory. */
+        size_t bytes;
+        unsigned char *image = read_bytes(good, &bytes);
+        CHECK(ckpt_check_image(image, bytes, good, 1, NULL, NULL) == 0);
+        free(image);
+        image = read_bytes(bad, &bytes);
+        int in_memory = 0;
+        CHECK(ckpt_check_image(image, bytes, bad, 1, report_count, &in_memory) == problems);
+        CHECK_MSG(in_memory == problems, "%d problems in memory, %d in the file", in_memory,
+                  problems);
+        CHECK(ckpt_check_image(image, bytes / 2, bad, 1, NULL, NULL) >= 1);   /* truncated */
+        CHECK(ckpt_check_image(image, 0, bad, 1, NULL, NULL) == 1);
+        free(image);
     }
 
     snprintf(bad, sizeof bad, "%s/truncated.h5", faults);
@@ -608,7 +645,7 @@ static void test_faults(void)
     int frozen[16];
     long cursors[8];
     char config[256];
-    meta_for(&meta, 0, &one, NULL, s.layers, frozen, cursors, config);
+    meta_for(&meta, 0, 10, &one, NULL, s.layers, frozen, cursors, config);
     snprintf(path, sizeof path, "%s/latest/sub", faults);   /* latest is a file */
     int rc = ckpt_save(path, 2, &model, &meta, world_rank, 0, MPI_COMM_WORLD, NULL, 0, err,
                        sizeof err);
@@ -757,8 +794,7 @@ static int mode_save(const struct options *o, struct world w, const char *where)
     int *frozen = dm_alloc((size_t)o->shape.layers * sizeof(int));
     long cursors[8];
     char config[256], err[1024], path[1024];
-    meta_for(&meta, o->fill, &w, NULL, o->shape.layers, frozen, cursors, config);
-    meta.step = meta.optimizer_steps = meta.lr_schedule_step = o->step;
+    meta_for(&meta, o->fill, o->step, &w, NULL, o->shape.layers, frozen, cursors, config);
     int stage, dp_rank, first;
     place(&w, world_rank, &stage, &dp_rank, &first);
     barrier(MPI_COMM_WORLD);
@@ -832,12 +868,11 @@ static int mode_bench(const struct options *o, struct world w)
     int *frozen = dm_alloc((size_t)o->shape.layers * sizeof(int));
     long cursors[8];
     char config[256], err[1024], path[1024];
-    meta_for(&meta, 0, &w, NULL, o->shape.layers, frozen, cursors, config);
     int stage, dp_rank, first, wrong = 0;
     place(&w, world_rank, &stage, &dp_rank, &first);
     for (int r = 0; r < o->repeat; r++) {
         fill_fast(&model, r);
-        meta.step = r + 1;
+        meta_for(&meta, 0, r + 1, &w, NULL, o->shape.layers, frozen, cursors, config);
         barrier(MPI_COMM_WORLD);
         double start = dm_now();
         int rc = ckpt_save(o->bench, 0, &model, &meta, stage, dp_rank, MPI_COMM_WORLD, path,

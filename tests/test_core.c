@@ -296,6 +296,37 @@ static void test_config_file(void)
     rmdir(dir);
 }
 
+/* The parser on text in memory (what the fuzzer calls): no NUL after the
+ * text, a message instead of an exit, and the same message a file gets. */
+static void test_config_text(void)
+{
+    struct dm_config cfg;
+    config_defaults(&cfg);
+    char err[4096] = "";
+    /* "[model]\nlayers = 3" with no terminating NUL: the "9" after it is
+     * not the parser's to read. */
+    const char text[] = "[model]\nlayers = 39";
+    CHECK(config_parse_text(&cfg, text, sizeof text - 2, "mem.ini", err, sizeof err) == 0);
+    CHECK_MSG(cfg.layers == 3, "layers %d", cfg.layers);
+    CHECK(config_parse_text(&cfg, "", 0, "mem.ini", err, sizeof err) == 0);
+
+    config_defaults(&cfg);
+    const char bad[] = "[model]\nlayers = 3\nlayers = 4\n";
+    CHECK(config_parse_text(&cfg, bad, sizeof bad - 1, "mem.ini", err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "mem.ini:3: duplicate key model.layers: also set at mem.ini:2"),
+              "'%s'", err);
+    const char nul[] = "[model]\nlay\0ers = 3\n";
+    CHECK(config_parse_text(&cfg, nul, sizeof nul - 1, "mem.ini", err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "mem.ini:2: a NUL byte in the line"), "'%s'", err);
+    const char range[] = "[train]\nbatch = 0";
+    CHECK(config_parse_text(&cfg, range, sizeof range - 1, "mem.ini", err, sizeof err) == -1);
+    CHECK_MSG(!strcmp(err, "mem.ini:2: train.batch = 0 is out of range [1, 1048576] (sequences "
+                      "per step)"), "'%s'", err);
+    CHECK(config_set(&cfg, "train", "batch", "64", err, sizeof err) == 0 && cfg.batch == 64);
+    CHECK(config_set(&cfg, "train", "batch", "6x", err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "train.batch = '6x' is not an integer"), "'%s'", err);
+}
+
 int main(void)
 {
     test_parallel_for();
@@ -303,5 +334,6 @@ int main(void)
     test_config();
     test_files();
     test_config_file();
+    test_config_text();
     return testing_report("test_core");
 }

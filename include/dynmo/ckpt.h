@@ -471,4 +471,12 @@ int ckpt_read_info(const char *path, struct ckpt_meta *meta, char *err, size_t e
 int ckpt_check_file(const char *path, int read_data,
                     void (*report)(void *ctx, const char *problem), void *ctx);
 
+/* ckpt_check_file on a file held in memory: image[0..size) as an HDF5
+ * file image (never changed, never read past; a copy is opened). `name`
+ * is what the problems call it. The same checks and the same messages,
+ * with "not an HDF5 file" for an image HDF5 cannot open. For the fuzzer
+ * and its regression replays; not collective, no MPI. */
+int ckpt_check_image(const void *image, size_t size, const char *name, int read_data,
+                     void (*report)(void *ctx, const char *problem), void *ctx);
+
 #endif

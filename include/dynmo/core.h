@@ -280,6 +280,21 @@ void config_defaults(struct dm_config *cfg);
  * dm_user_error naming file, line and key. */
 void config_load_file(struct dm_config *cfg, const char *path);
 
+/* What config_load_file does with the file's contents: parses the INI text
+ * text[0..len) (not NUL-terminated, never read past, never changed) into
+ * cfg, on top of what is there; name is what messages call it (the path).
+ * Returns 0, or -1 with config_load_file's message ("name:line: problem")
+ * in err, cfg then partly set. Never exits or prints (a fuzzer calls it). */
+int config_parse_text(struct dm_config *cfg, const char *text, size_t len, const char *name,
+                      char *err, size_t errsize);
+
+/* Sets one key from its text as a config line or an override would (its
+ * type and range checked). Returns 0, or -1 with the message naming the
+ * key ("train.batch = 0 is out of range [1, 1048576] (sequences per
+ * step)") in err; never exits. */
+int config_set(struct dm_config *cfg, const char *section, const char *key, const char *value,
+               char *err, size_t errsize);
+
 /* Applies one "section.key=value" override; same errors as config_load_file. */
 void config_apply_override(struct dm_config *cfg, const char *assignment);
 

@@ -8,11 +8,13 @@
  * checkpoint.c, the loader in ckpt_load.c. Every problem goes through
  * ckpt_problem so that the loader can stop at the first and the checker
  * can list them all. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/ckpt.h"
+#include "ckpt/ckpt_dir.h"
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
 
@@ -282,7 +284,7 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
         if (!strcmp(n, "vocab")) h->dims.vocab = value;
         else if (!strcmp(n, "max_seq")) h->dims.max_seq = value;
         else if (!strcmp(n, "layers")) h->dims.layers = value;
-        else if (!strcmp(n, "heads")) h->shape.heads = (int)value;
+        else if (!strcmp(n, "heads")) h->heads = value;
         else if (!strcmp(n, "channels")) h->dims.channels = value;
         else if (!strcmp(n, "block_params")) h->dims.block_params = value;
         else if (!strcmp(n, "moe_every")) h->shape.moe.every = (int)value;
@@ -453,41 +455,130 @@ done:
     H5Dclose(dataset);
 }
 
-/* Sanity of the model and world attributes, once they are known. */
+/* Larger than any config allows (model.* and parallel.dp are at most
+ * 65536, docs/config.md) and small enough for an int: a /model or world
+ * attribute above it is no checkpoint dynmo wrote. */
+#define ATTRIBUTE_MAX (1L << 20)
+
+/* train.batch of the config text (config_print's "train.batch = N" line),
+ * checked as the config checks it; -1 after reporting a problem. */
+static long config_text_batch(const char *config, struct ckpt_problems *problems)
+{
+    static const char key[] = "train.batch = ";
+    const char *line = config;
+    while (strncmp(line, key, sizeof key - 1) != 0) {
+        line = strchr(line, '\n');
+        if (!line) break;
+        line++;
+    }
+    if (line) {
+        const char *value = line + sizeof key - 1;
+        char text[64], err[256];
+        size_t n = strcspn(value, "\n");
+        if (n >= sizeof text) {
+            ckpt_problem(problems, "the root attribute config: train.batch's value is %zu "
+                         "characters long, not a batch size", n);
+            return -1;
+        }
+        snprintf(text, sizeof text, "%.*s", (int)n, value);
+        struct dm_config cfg;
+        config_defaults(&cfg);
+        if (config_set(&cfg, "train", "batch", text, err, sizeof err) != 0) {
+            ckpt_problem(problems, "the root attribute config: %s", err);
+            return -1;
+        }
+        return cfg.batch;
+    }
+    ckpt_problem(problems, "the root attribute config has no line \"train.batch = N\" (dynmo "
+                 "writes every key), so the data cursors cannot be checked");
+    return -1;
+}
+
+/* The /training positions as dynmo writes them: each in [0, INT_MAX]
+ * (train.steps is an int) and all three equal, since every step applies
+ * one optimizer update and moves the schedule one step. */
+static void check_positions(const struct ckpt_header *h, struct ckpt_problems *problems)
+{
+    const struct { const char *name; long value; } positions[] = {
+        {"step", h->step},
+        {"optimizer_steps", h->optimizer_steps},
+        {"lr_schedule_step", h->lr_schedule_step},
+    };
+    int in_range = 1;
+    for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
+        if (positions[i].value < 0) {
+            ckpt_problem(problems, "/training/%s is %ld (negative)", positions[i].name,
+                         positions[i].value);
+            in_range = 0;
+        } else if (positions[i].value > INT_MAX) {
+            ckpt_problem(problems, "/training/%s is %ld, beyond any run (train.steps is an int: "
+                         "at most %d)", positions[i].name, positions[i].value, INT_MAX);
+            in_range = 0;
+        }
+    }
+    if (in_range && (h->optimizer_steps != h->step || h->lr_schedule_step != h->step))
+        ckpt_problem(problems, "/training: optimizer_steps %ld and lr_schedule_step %ld differ "
+                     "from step %ld (dynmo writes all three equal: every step applies one "
+                     "update and moves the schedule one step)", h->optimizer_steps,
+                     h->lr_schedule_step, h->step);
+}
+
+/* A file named ckpt-<N>.h5 (or its .tmp) holds step N: dynmo names it so,
+ * and resume=auto picks files by that name. */
+static void check_file_name(const struct ckpt_header *h, struct ckpt_problems *problems)
+{
+    const char *base = strrchr(problems->path, '/');
+    base = base ? base + 1 : problems->path;
+    long named = ckpt_dir_parse_name(base, 0);
+    if (named < 0) named = ckpt_dir_parse_name(base, 1);
+    if (named >= 0 && named != h->step)
+        ckpt_problem(problems, "the file name %s says step %ld but /training/step is %ld "
+                     "(dynmo names a checkpoint ckpt-<step>.h5: a renamed or mislabelled "
+                     "file)", base, named, h->step);
+}
+
+/* Sanity of the model, world and training attributes, once they are known. */
 static void check_header_values(struct ckpt_header *h, struct ckpt_problems *problems)
 {
     struct ckpt_dims *d = &h->dims;
-    if (d->layers < 1 || d->channels < 1 || d->vocab < 1 || d->max_seq < 1 ||
-        h->shape.heads < 1)
+    int model_ok = 0;
+    if (d->layers < 1 || d->channels < 1 || d->vocab < 1 || d->max_seq < 1 || h->heads < 1)
         ckpt_problem(problems, "/model attributes out of range (layers %ld, channels %ld, "
-                     "heads %d, vocab %ld, max_seq %ld)", d->layers, d->channels,
-                     h->shape.heads, d->vocab, d->max_seq);
-    else if (d->channels % h->shape.heads != 0)
-        ckpt_problem(problems, "/model: heads %d do not divide channels %ld",
-                     h->shape.heads, d->channels);
-    else if (d->channels > 1 << 20 || d->layers > 1 << 20)
-        ckpt_problem(problems, "/model: channels %ld or layers %ld implausibly large",
-                     d->channels, d->layers);
+                     "heads %ld, vocab %ld, max_seq %ld)", d->layers, d->channels,
+                     h->heads, d->vocab, d->max_seq);
+    else if (d->layers > ATTRIBUTE_MAX || d->channels > ATTRIBUTE_MAX ||
+             d->vocab > ATTRIBUTE_MAX || d->max_seq > ATTRIBUTE_MAX || h->heads > ATTRIBUTE_MAX)
+        ckpt_problem(problems, "/model attributes implausibly large (layers %ld, channels %ld, "
+                     "heads %ld, vocab %ld, max_seq %ld; a config allows at most 65536)",
+                     d->layers, d->channels, h->heads, d->vocab, d->max_seq);
+    else if (d->channels % h->heads != 0)
+        ckpt_problem(problems, "/model: heads %ld do not divide channels %ld", h->heads,
+                     d->channels);
     else if ((size_t)d->block_params != block_param_count((int)d->channels))
         ckpt_problem(problems, "/model: block_params is %ld, but a block of %ld channels "
                      "has %zu parameters", d->block_params, d->channels,
                      block_param_count((int)d->channels));
-    if (h->world_pp < 1 || h->world_dp < 1 || h->world_size != h->world_pp * h->world_dp)
+    else
+        model_ok = 1;
+    /* The product only once both factors are known to be small. */
+    if (h->world_pp < 1 || h->world_dp < 1 || h->world_pp > ATTRIBUTE_MAX ||
+        h->world_dp > ATTRIBUTE_MAX || h->world_size != h->world_pp * h->world_dp)
         ckpt_problem(problems, "world attributes inconsistent: world_pp %ld x world_dp %ld "
                      "!= world_size %ld", h->world_pp, h->world_dp, h->world_size);
     else if (d->layers >= 1 && h->world_pp > d->layers)
         ckpt_problem(problems, "world_pp %ld exceeds the %ld layers", h->world_pp,
                      d->layers);
-    if (h->step < 0 || h->optimizer_steps < 0 || h->lr_schedule_step < 0)
-        ckpt_problem(problems, "/training: step %ld, optimizer_steps %ld, lr_schedule_step "
-                     "%ld must not be negative", h->step, h->optimizer_steps,
-                     h->lr_schedule_step);
-    d->pp = h->world_pp >= 1 ? h->world_pp : -1;
-    d->dp = h->world_dp >= 1 ? h->world_dp : -1;
+    check_positions(h, problems);
+    if (h->config_text) h->batch = config_text_batch(h->config_text, problems);
+    check_file_name(h, problems);
+    d->pp = h->world_pp >= 1 && h->world_pp <= ATTRIBUTE_MAX ? h->world_pp : -1;
+    d->dp = h->world_dp >= 1 && h->world_dp <= ATTRIBUTE_MAX ? h->world_dp : -1;
+    if (!model_ok) return;
     h->shape.vocab = (int)d->vocab;
     h->shape.max_seq = (int)d->max_seq;
     h->shape.layers = (int)d->layers;
     h->shape.channels = (int)d->channels;
+    h->shape.heads = (int)h->heads;
     if (h->schema_version != CHECKPOINT_SCHEMA_VERSION_MOE) return;
     /* version 2: the mixture-of-experts blocks and their dimensions */
     const struct gpt_moe *m = &h->shape.moe;
@@ -499,15 +590,15 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
                      m->every, m->experts, m->top_k, m->hidden, d->layers);
         return;
     }
-    long block_params = d->block_params;
+    long block_params = d->block_params, pp = d->pp, dp = d->dp;
     ckpt_dims_of_shape(d, &h->shape);
     d->block_params = block_params;
-    d->pp = h->world_pp >= 1 ? h->world_pp : -1;
-    d->dp = h->world_dp >= 1 ? h->world_dp : -1;
+    d->pp = pp;
+    d->dp = dp;
 }
 
-hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
-                        struct ckpt_header *header)
+/* Every dimension and value unknown until the file says. */
+static void header_init(struct ckpt_header *header)
 {
     memset(header, 0, sizeof *header);
     struct ckpt_dims *dims = &header->dims;
@@ -515,8 +606,13 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
     dims->pp = dims->dp = dims->history = -1;
     dims->moe_layers = dims->experts = dims->router_params = -1;
     dims->expert_rows = dims->expert_params = -1;
-    header->schema_version = -1;
+    header->schema_version = header->batch = -1;
+}
 
+hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
+                        struct ckpt_header *header)
+{
+    header_init(header);
     char err[1024];
     hid_t file = dm_h5_open_readonly(path, err, sizeof err);
     if (file < 0) {
@@ -528,7 +624,18 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
         ckpt_problem(problems, "%s", reason);
         return -1;
     }
+    if (ckpt_check_structure(file, problems, header) != 0) {
+        H5Fclose(file);
+        return -1;
+    }
+    return file;
+}
 
+int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
+                         struct ckpt_header *header)
+{
+    header_init(header);
+    struct ckpt_dims *dims = &header->dims;
     /* kind and schema version first: a file of another kind or version is
      * that, and listing every difference from our schema would bury it. */
     const struct schema_attr *kind = find_attr("/", "kind");
@@ -541,10 +648,7 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
         ckpt_problem(problems, "not a dynmo checkpoint (root attribute kind is \"%s\", "
                      "expected \"%s\")", text, CHECKPOINT_KIND);
     dm_free(text);
-    if (status != 0 || problems->count) {
-        H5Fclose(file);
-        return -1;
-    }
+    if (status != 0 || problems->count) return -1;
     const struct schema_attr *version = find_attr("/", "schema_version");
     long long value = 0;
     status = read_integer_attr(file, version, &value, problems);
@@ -556,10 +660,7 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
                      "version %d (a dense model) and %d (with mixture-of-experts blocks) "
                      "only (use the dynmo that wrote it, or start a new run)",
                      value, CHECKPOINT_SCHEMA_VERSION, CHECKPOINT_SCHEMA_VERSION_MOE);
-    if (!schema) {
-        H5Fclose(file);
-        return -1;
-    }
+    if (!schema) return -1;
     header->schema = schema;
     header->schema_version = schema->version;
 
@@ -589,7 +690,7 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
     }
     for (int i = 0; i < schema->dataset_count; i++)
         check_dataset(file, &schema->datasets[i], dims, problems);
-    return file;
+    return 0;
 }
 
 /* ---- reading ------------------------------------------------------------------ */
@@ -803,6 +904,7 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
 {
     const struct ckpt_dims *d = &header->dims;
     DM_ASSERT(d->pp >= 1 && d->dp >= 1 && d->layers >= 1 && d->history >= 1);
+    DM_ASSERT(header->batch >= 1 && header->step >= 0 && header->step <= INT_MAX);
     int before = problems->count;
     memset(meta, 0, sizeof *meta);
     meta->allocated = 1;
@@ -842,12 +944,22 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
                    problems))
         return -1;
 
-    for (long r = 0; r < d->dp; r++)
-        if (meta->data_cursor[r] < 0) {
-            ckpt_problem(problems, "/data/cursor[%ld] is %ld (negative)", r,
-                         meta->data_cursor[r]);
+    /* Replica r's next sample is step x batch + r x (its share of a batch):
+     * never more than step x batch + batch. */
+    long most = header->step * header->batch + header->batch;
+    for (long r = 0; r < d->dp; r++) {
+        long cursor = meta->data_cursor[r];
+        if (cursor < 0) {
+            ckpt_problem(problems, "/data/cursor[%ld] is %ld (negative)", r, cursor);
             break;
         }
+        if (cursor > most) {
+            ckpt_problem(problems, "/data/cursor[%ld] is %ld, beyond step %ld x train.batch %ld "
+                         "+ %ld = %ld (the most samples a run can have drawn)", r, cursor,
+                         header->step, header->batch, header->batch, most);
+            break;
+        }
+    }
     if (!layout_ok(meta->layout, d->pp, layers))
         ckpt_problem(problems, "/layout/blocks_per_stage is not a layout of %ld blocks on "
                      "%ld stages (each stage needs >= 1 block, and they must sum to %ld)",
@@ -880,14 +992,26 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     return problems->count == before ? 0 : -1;
 }
 
-/* Bytes of the read buffer of ckpt_read_all. */
+/* Elements (of at most 8 bytes) of the read buffer of ckpt_read_all, at most. */
 #define READ_ALL_BUFFER_ELEMENTS ((hsize_t)1 << 22)
 
 int ckpt_read_all(hid_t file, const struct ckpt_header *header,
                   struct ckpt_problems *problems)
 {
     int before = problems->count;
-    void *buffer = dm_alloc(READ_ALL_BUFFER_ELEMENTS * 8);
+    /* No larger than the largest dataset: a small file needs a small buffer. */
+    hsize_t buffer_elements = 1;
+    for (int i = 0; i < header->schema->dataset_count; i++) {
+        hsize_t extent[2];
+        if (ckpt_dataset_extent(&header->schema->datasets[i], &header->dims, extent) < 0)
+            continue;
+        hsize_t elements = extent[1] && extent[0] > READ_ALL_BUFFER_ELEMENTS / extent[1]
+                               ? READ_ALL_BUFFER_ELEMENTS
+                               : extent[0] * extent[1];
+        if (elements > buffer_elements) buffer_elements = elements;
+    }
+    if (buffer_elements > READ_ALL_BUFFER_ELEMENTS) buffer_elements = READ_ALL_BUFFER_ELEMENTS;
+    void *buffer = dm_alloc(buffer_elements * 8);
     for (int i = 0; i < header->schema->dataset_count; i++) {
         const struct schema_dataset *d = &header->schema->datasets[i];
         hsize_t extent[2];

@@ -92,11 +92,14 @@ void ckpt_problem(struct ckpt_problems *problems, const char *fmt, ...);
 /* What the structural check learned about a file. */
 struct ckpt_header {
     struct ckpt_dims dims;
-    struct gpt_shape shape;     /* shape.moe: every, experts, top_k, hidden (v2) */
+    struct gpt_shape shape;     /* its ints set once the attributes are in range;
+                                   shape.moe: every, experts, top_k, hidden (v2) */
+    long heads;                 /* /model heads as stored (shape.heads once checked) */
     long schema_version;
     const struct ckpt_schema *schema;   /* of schema_version, once known */
     long world_pp, world_dp, world_size;
     long step, optimizer_steps, lr_schedule_step;
+    long batch;                 /* train.batch of the config text; -1 unknown */
     uint64_t seed, train_checksum;
     char dynmo_version[32];
     char created[32];
@@ -109,17 +112,29 @@ void ckpt_header_free(struct ckpt_header *header);
  * and schema version first: a file of another schema version is reported
  * as that and nothing more), groups, and every dataset's type, shape,
  * chunking and Fletcher32 filter; model attributes for sanity (heads
- * divide channels, block_params = 12C^2 + 13C). Reports every problem it
+ * divide channels, block_params = 12C^2 + 13C); the /training positions
+ * as dynmo writes them (step = optimizer_steps = lr_schedule_step, each
+ * within an int, as train.steps is); train.batch in the config text; and
+ * a file named ckpt-<N>.h5 must hold step N. Reports every problem it
  * finds; returns the open file (the caller closes it) or -1 when it could
  * not be opened. *header is filled as far as the file allows. */
 hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
                         struct ckpt_header *header);
 
+/* ckpt_open_checked's checks on a file the caller opened read-only (a file
+ * image in memory, for the fuzzer): fills *header as far as the file
+ * allows and reports every problem. Returns -1 when it stopped early (not
+ * a checkpoint, another schema version), 0 when it checked everything;
+ * problems->count says whether the file passed. Never closes file. */
+int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
+                         struct ckpt_header *header);
+
 /* Reads the small datasets (cursors, layout, history, frozen, sparsity) of
  * a file that passed ckpt_open_checked into meta (allocating its arrays)
  * and copies the header's scalars; checks their values (layout sums to the
- * layers, history well formed and ending with the layout, cursors >= 0,
- * frozen 0/1, sparsity in [0, 1]). Returns 0, or -1 after reporting. */
+ * layers, history well formed and ending with the layout, each cursor in
+ * [0, step x batch + batch], frozen 0/1, sparsity in [0, 1]). Returns 0,
+ * or -1 after reporting. */
 int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
                         struct ckpt_meta *meta, struct ckpt_problems *problems);
 

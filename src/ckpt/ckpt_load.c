@@ -12,6 +12,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <hdf5_hl.h>
 #include "dynmo/ckpt.h"
 #include "dynmo/world.h"
 #include "ckpt/ckpt_dir.h"
@@ -215,6 +216,17 @@ int ckpt_read_info(const char *path, struct ckpt_meta *meta, char *err, size_t e
     return 0;
 }
 
+/* What ckpt_check_file checks once the structure passed: the metadata's
+ * values and, with read_data, every chunk. */
+static void check_contents(hid_t file, const struct ckpt_header *header, int read_data,
+                           struct ckpt_problems *problems)
+{
+    struct ckpt_meta meta;
+    ckpt_read_meta_from(file, header, &meta, problems);
+    ckpt_meta_free(&meta);
+    if (read_data) ckpt_read_all(file, header, problems);
+}
+
 int ckpt_check_file(const char *path, int read_data,
                     void (*report)(void *ctx, const char *problem), void *ctx)
 {
@@ -222,13 +234,34 @@ int ckpt_check_file(const char *path, int read_data,
     struct ckpt_problems problems = {.path = path, .report = report, .ctx = ctx};
     struct ckpt_header header;
     hid_t file = ckpt_open_checked(path, &problems, &header);
-    if (file >= 0 && !problems.count) {
-        struct ckpt_meta meta;
-        ckpt_read_meta_from(file, &header, &meta, &problems);
-        ckpt_meta_free(&meta);
-        if (read_data) ckpt_read_all(file, &header, &problems);
-    }
+    if (file >= 0 && !problems.count) check_contents(file, &header, read_data, &problems);
     if (file >= 0) H5Fclose(file);
+    ckpt_header_free(&header);
+    return problems.count;
+}
+
+int ckpt_check_image(const void *image, size_t size, const char *name, int read_data,
+                     void (*report)(void *ctx, const char *problem), void *ctx)
+{
+    dm_h5_init();
+    struct ckpt_problems problems = {.path = name, .report = report, .ctx = ctx};
+    char reason[512];
+    if (dm_h5_check_global_heaps(image, size, size, reason, sizeof reason) != 0) {
+        ckpt_problem(&problems, "%s", reason);
+        return problems.count;
+    }
+    /* H5LTopen_file_image copies the image (flags 0) and opens it read-only. */
+    hid_t file = size > 0 ? H5LTopen_file_image((void *)image, size, 0) : -1;
+    if (file < 0) {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        ckpt_problem(&problems, "not an HDF5 file, or a damaged one: %s", text);
+        return problems.count;
+    }
+    struct ckpt_header header;
+    if (ckpt_check_structure(file, &problems, &header) == 0 && !problems.count)
+        check_contents(file, &header, read_data, &problems);
+    H5Fclose(file);
     ckpt_header_free(&header);
     return problems.count;
 }

@@ -1,11 +1,17 @@
 /* HDF5 error reporting and small attribute helpers shared by the run log,
- * the checkpoint and the tools. It never decides what a file means; it only
- * turns HDF5's error stack into one readable line. */
+ * the checkpoint and the tools, and the one check of a file's bytes that
+ * HDF5 1.10 does not make before trusting them (its global heaps). It
+ * never decides what a file means; it only turns HDF5's error stack into
+ * one readable line. */
+#define _GNU_SOURCE   /* memmem */
 #include <errno.h>
+#include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include "dynmo/core.h"
 #include "ckpt/h5util.h"
 
@@ -123,6 +129,123 @@ void dm_h5_describe_failure(char *err, size_t errsize, const char *call)
     if (err && errsize) snprintf(err, errsize, "%s failed: %s", call, text);
 }
 
+/* ---- global heaps ----------------------------------------------------------
+ * HDF5 keeps variable-length strings (every string attribute dynmo writes)
+ * in global heap collections: "GCOL", version 1, three reserved bytes, the
+ * collection's size, then objects of (index: 2 bytes, reference count: 2,
+ * reserved: 4, size, data padded to 8 bytes), the free space last as
+ * object 0 whose size is all that remains. HDF5 1.10.8 believes those
+ * sizes: an object larger than its collection makes H5HG_read copy past
+ * it (a crash), and a free-space object of the wrong size makes the
+ * collection's decoding loop forever. Sizes are "size of lengths" bytes
+ * wide, which the superblock gives. */
+
+#define HEAP_SCAN_BYTES ((size_t)4 << 20)
+
+static uint64_t little_endian(const unsigned char *p, size_t bytes)
+{
+    uint64_t value = 0;
+    for (size_t i = 0; i < bytes; i++) value |= (uint64_t)p[i] << (8 * i);
+    return value;
+}
+
+/* The superblock's "size of lengths" (2, 4 or 8), or 0 when no superblock
+ * is in bytes[0..size) (HDF5 looks for it at 0, 512, 1024, 2048, ...). */
+static size_t size_of_lengths(const unsigned char *bytes, size_t size)
+{
+    static const unsigned char signature[8] = {0x89, 'H', 'D', 'F', '\r', '\n', 0x1a, '\n'};
+    for (size_t at = 0; at + 16 <= size; at = at ? 2 * at : 512) {
+        if (memcmp(bytes + at, signature, sizeof signature) != 0) continue;
+        unsigned version = bytes[at + 8];
+        size_t lengths = version <= 1 ? bytes[at + 14] : bytes[at + 10];
+        return lengths == 2 || lengths == 4 || lengths == 8 ? lengths : 0;
+    }
+    return 0;
+}
+
+/* Checks the one collection at bytes + at; file_size bounds it. */
+static int heap_collection_ok(const unsigned char *bytes, size_t size, size_t at,
+                              uint64_t file_size, size_t lengths, char *err, size_t errsize)
+{
+    size_t header = 8 + lengths, object_header = 8 + lengths;
+    if (at + header > size) return 0;   /* cut off by the scan: HDF5 checks the rest */
+    uint64_t collection = little_endian(bytes + at + 8, lengths);
+    if (bytes[at + 4] != 1 || collection < header || collection > file_size - at) {
+        snprintf(err, errsize, "damaged: the global heap collection at byte %zu (where HDF5 "
+                 "keeps string attributes) has version %u and size %llu in a file of %llu "
+                 "bytes", at, bytes[at + 4], (unsigned long long)collection,
+                 (unsigned long long)file_size);
+        return -1;
+    }
+    uint64_t end = at + collection < size ? at + collection : size;
+    for (uint64_t p = at + header; p + object_header <= end;) {
+        unsigned index = (unsigned)little_endian(bytes + p, 2);
+        uint64_t object = little_endian(bytes + p + 8, lengths);
+        uint64_t remaining = at + collection - p;
+        if (index == 0) {
+            if (object == remaining) return 0;
+            snprintf(err, errsize, "damaged: the global heap collection at byte %zu (where "
+                     "HDF5 keeps string attributes) gives its free space %llu bytes where "
+                     "%llu remain (HDF5 1.10 would loop forever decoding it)", at,
+                     (unsigned long long)object, (unsigned long long)remaining);
+            return -1;
+        }
+        if (object > remaining || object_header + ((object + 7) & ~(uint64_t)7) > remaining) {
+            snprintf(err, errsize, "damaged: the global heap collection at byte %zu (where "
+                     "HDF5 keeps string attributes) holds object %u of %llu bytes with %llu "
+                     "bytes left in it (HDF5 1.10 would read past the collection)", at, index,
+                     (unsigned long long)object, (unsigned long long)remaining);
+            return -1;
+        }
+        p += object_header + ((object + 7) & ~(uint64_t)7);
+    }
+    return 0;
+}
+
+int dm_h5_check_global_heaps(const void *start, size_t size, uint64_t file_size, char *err,
+                             size_t errsize)
+{
+    const unsigned char *bytes = start;
+    size_t lengths = size_of_lengths(bytes, size);
+    if (!lengths) return 0;
+    for (size_t at = 0; at + 4 <= size;) {
+        const unsigned char *found = memmem(bytes + at, size - at, "GCOL", 4);
+        if (!found) break;
+        at = (size_t)(found - bytes);
+        if (heap_collection_ok(bytes, size, at, file_size, lengths, err, errsize) != 0)
+            return -1;
+        at += 4;
+    }
+    return 0;
+}
+
+/* dm_h5_check_global_heaps on the first HEAP_SCAN_BYTES of the file at
+ * path, where HDF5 puts the collections of a file whose string attributes
+ * were written before its data (every dynmo file). */
+static int file_heaps_ok(const char *path, uint64_t file_size, char *err, size_t errsize)
+{
+    int fd = open(path, O_RDONLY);
+    if (fd < 0) {
+        snprintf(err, errsize, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    size_t want = file_size < HEAP_SCAN_BYTES ? (size_t)file_size : HEAP_SCAN_BYTES, got = 0;
+    unsigned char *bytes = malloc(want ? want : 1);
+    if (!bytes) DM_FATAL("out of memory reading the start of %s", path);
+    while (got < want) {
+        ssize_t n = pread(fd, bytes + got, want - got, (off_t)got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;
+        got += (size_t)n;
+    }
+    close(fd);
+    char reason[512];
+    int status = dm_h5_check_global_heaps(bytes, got, file_size, reason, sizeof reason);
+    free(bytes);
+    if (status != 0) snprintf(err, errsize, "%s: %s", path, reason);
+    return status;
+}
+
 hid_t dm_h5_open_readonly(const char *path, char *err, size_t errsize)
 {
     dm_h5_init();
@@ -146,6 +269,7 @@ hid_t dm_h5_open_readonly(const char *path, char *err, size_t errsize)
         snprintf(err, errsize, "%s: not an HDF5 file (no HDF5 signature)", path);
         return -1;
     }
+    if (file_heaps_ok(path, (uint64_t)st.st_size, err, errsize) != 0) return -1;
     hid_t fapl = DM_H5(H5Pcreate(H5P_FILE_ACCESS));
     /* A live writer holds HDF5's lock; readers of a run log must not need it. */
     DM_H5(H5Pset_file_locking(fapl, 0, 1));

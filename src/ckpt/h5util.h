@@ -8,6 +8,7 @@
 #define DYNMO_CKPT_H5UTIL_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <hdf5.h>
 
 /* Turns off HDF5's automatic error printing. Idempotent; call before the
@@ -56,8 +57,18 @@ void dm_h5_describe_failure(char *err, size_t errsize, const char *call);
 /* Opens an existing file read-only for inspection without taking HDF5's
  * file lock, so that a run log that a live job is writing can be read.
  * Returns the file id, or -1 with a message in err naming the path and the
- * problem: missing, not HDF5, truncated or otherwise unreadable. */
+ * problem: missing, not HDF5, truncated, a damaged global heap in its
+ * first 4 MiB (dm_h5_check_global_heaps) or otherwise unreadable. */
 hid_t dm_h5_open_readonly(const char *path, char *err, size_t errsize);
+
+/* The check HDF5 1.10.8 skips before it reads a string attribute: every
+ * global heap collection ("GCOL") in bytes[0..size), the start of a file
+ * of file_size bytes, must hold objects that fit in it and end with a
+ * free-space object of the size that remains. A damaged one makes HDF5
+ * copy past the collection (a crash) or loop forever. Returns 0, or -1
+ * with "damaged: ..." naming the collection's byte offset in err. */
+int dm_h5_check_global_heaps(const void *bytes, size_t size, uint64_t file_size, char *err,
+                             size_t errsize);
 
 /* Writes a scalar variable-length UTF-8 string attribute (h5py reads it as
  * str). Fatal on HDF5 failure. */

@@ -111,7 +111,9 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
 {
     int layers = h->layers;
     for (int k = 0; k < h->count; k++) {
-        int stages = h->stages[k], sum = 0, ok = stages >= 1 && stages <= layers;
+        /* A long sum: a file's entries may be as large as an int allows. */
+        int stages = h->stages[k], ok = stages >= 1 && stages <= layers;
+        long sum = 0;
         const int *row = h->layout + (size_t)k * (size_t)layers;
         for (int s = 0; ok && s < layers; s++) {
             ok = s < stages ? row[s] >= 1 : row[s] == 0;

@@ -360,22 +360,29 @@ static void cut_inline_comment(char *text)
         }
 }
 
-/* Where a file has put things so far, for the duplicate checks. */
+/* Where a file has put things so far, for the duplicate checks, and where
+ * a problem goes. */
 struct file_reader {
     const char *path;
     int section;              /* section_index of the open section; -1 before one */
     int section_line[NKEYS];  /* by section_index: the line of its header; 0: none yet */
     int key_line[NKEYS];      /* by key index: the line that set it; 0: not set */
+    char *err;
+    size_t errsize;
 };
 
+/* A problem on line `number`: "path:number: text" into the reader's err,
+ * and the line's reader returns -1. */
 #define LINE_ERROR(...)                                                      \
     do {                                                                     \
         char line_error_text[2048];                                          \
         snprintf(line_error_text, sizeof line_error_text, __VA_ARGS__);      \
-        dm_user_error("%s:%d: %s", rd->path, number, line_error_text);      \
+        snprintf(rd->err, rd->errsize, "%s:%d: %s", rd->path, number,        \
+                 line_error_text);                                           \
+        return -1;                                                           \
     } while (0)
 
-static void read_section_header(struct file_reader *rd, char *text, int number)
+static int read_section_header(struct file_reader *rd, char *text, int number)
 {
     char *close = strchr(text, ']');
     if (!close) LINE_ERROR("syntax error: '[' without ']' (expected [section])");
@@ -395,19 +402,16 @@ static void read_section_header(struct file_reader *rd, char *text, int number)
                    "all its keys)", name, rd->path, rd->section_line[s]);
     rd->section_line[s] = number;
     rd->section = s;
+    return 0;
 }
 
-static void read_line(struct dm_config *cfg, struct file_reader *rd, char *line,
-                      int number)
+static int read_line(struct dm_config *cfg, struct file_reader *rd, char *line, int number)
 {
     char *text = trim(line);
-    if (!*text || *text == ';' || *text == '#') return;
+    if (!*text || *text == ';' || *text == '#') return 0;
     cut_inline_comment(text);
     text = trim(text);
-    if (*text == '[') {
-        read_section_header(rd, text, number);
-        return;
-    }
+    if (*text == '[') return read_section_header(rd, text, number);
     char *eq = strchr(text, '=');
     if (!eq && is_blank(line[0]))
         LINE_ERROR("syntax error (expected [section] or key = value; an indented line "
@@ -427,6 +431,38 @@ static void read_line(struct dm_config *cfg, struct file_reader *rd, char *line,
     char err[2048];
     if (set_key(cfg, section, name, value, err, sizeof err) != 0) LINE_ERROR("%s", err);
     rd->key_line[k] = number;
+    return 0;
+}
+
+int config_parse_text(struct dm_config *cfg, const char *text, size_t len, const char *name,
+                      char *err, size_t errsize)
+{
+    /* One copy that the lines are cut out of in place; text stays the
+     * caller's and is never read past len. */
+    char *copy = malloc(len + 1);
+    if (!copy) DM_FATAL("out of memory copying %zu bytes of config %s", len, name);
+    if (len > 0) memcpy(copy, text, len);
+    copy[len] = 0;
+    struct file_reader rd = {.path = name, .section = -1, .err = err, .errsize = errsize};
+    int status = 0, number = 0;
+    for (size_t start = 0; start < len && status == 0;) {
+        number++;
+        char *line = copy + start;
+        char *newline = memchr(line, '\n', len - start);
+        size_t length = newline ? (size_t)(newline - line) : len - start;
+        line[length] = 0;
+        start += length + 1;
+        if (memchr(line, 0, length)) {
+            snprintf(err, errsize, "%s:%d: a NUL byte in the line (a config file is text)",
+                     name, number);
+            status = -1;
+            break;
+        }
+        if (number == 1 && !strncmp(line, "\xef\xbb\xbf", 3)) line += 3;   /* UTF-8 BOM */
+        status = read_line(cfg, &rd, line, number);
+    }
+    free(copy);
+    return status;
 }
 
 #undef LINE_ERROR
@@ -440,24 +476,32 @@ void config_load_file(struct dm_config *cfg, const char *path)
                       path, kind);
     FILE *f = fd < 0 ? NULL : fdopen(fd, "r");
     if (!f) dm_user_error("cannot read config file %s: %s", path, dm_errno_text());
-    struct file_reader rd = {.path = path, .section = -1};
-    char *line = NULL;
-    size_t capacity = 0;
-    ssize_t length;
-    int number = 0;
-    while ((length = getline(&line, &capacity, f)) >= 0) {
-        number++;
-        if (length > 0 && line[length - 1] == '\n') line[--length] = 0;
-        if (strlen(line) != (size_t)length)
-            dm_user_error("%s:%d: a NUL byte in the line (a config file is text)", path,
-                          number);
-        char *text = line;
-        if (number == 1 && !strncmp(text, "\xef\xbb\xbf", 3)) text += 3;   /* UTF-8 BOM */
-        read_line(cfg, &rd, text, number);
+    size_t size = 0, capacity = 1 << 12;
+    char *text = malloc(capacity);
+    if (!text) DM_FATAL("out of memory reading config file %s", path);
+    for (;;) {
+        if (size == capacity) {
+            char *grown = realloc(text, 2 * capacity);
+            if (!grown) DM_FATAL("out of memory reading config file %s", path);
+            text = grown;
+            capacity *= 2;
+        }
+        size_t got = fread(text + size, 1, capacity - size, f);
+        size += got;
+        if (got == 0) break;
     }
     if (ferror(f)) dm_user_error("cannot read config file %s: %s", path, dm_errno_text());
-    free(line);
     fclose(f);
+    char err[4096];
+    int status = config_parse_text(cfg, text, size, path, err, sizeof err);
+    free(text);
+    if (status != 0) dm_user_error("%s", err);
+}
+
+int config_set(struct dm_config *cfg, const char *section, const char *key, const char *value,
+               char *err, size_t errsize)
+{
+    return set_key(cfg, section, key, value, err, errsize);
 }
 
 void config_apply_override(struct dm_config *cfg, const char *assignment)

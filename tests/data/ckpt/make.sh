@@ -18,6 +18,19 @@
 #   corrupt-step20.h5   a valid step-20 checkpoint of the same model whose
 #                       /blocks/adam_m row 0 has a flipped bit
 #
+# and values no run can have written (each one field of good.h5 changed,
+# its checksums intact), which check-ckpt and the loader must refuse:
+#
+#   step-1e12.h5        step, optimizer_steps and lr_schedule_step 10^12
+#                       (train.steps is an int)
+#   steps-disagree.h5   optimizer_steps 9 at step 10 (dynmo writes all
+#                       three equal)
+#   cursor-2e62.h5      /data/cursor[0] = 2^62, beyond step x train.batch +
+#                       train.batch = 10 x 64 + 64
+#   cursor-negative.h5  /data/cursor[0] = -1
+#   heads-2e32.h5       /model heads = 2^32 + 2 (an int would read 2)
+#   no-batch.h5         a config text without its train.batch line
+#
 # tests/t_checkpoint.sh assembles checkpoint directories from these (a
 # latest naming a missing file, a latest naming corrupt-step20.h5 beside a
 # good ckpt-10.h5, a lone ckpt-10.h5.tmp) so that no file is committed twice.
@@ -45,7 +58,8 @@ rm -f "$out"/*.h5
 cp "$work/a/ckpt-10.h5" "$out/good.h5"
 cp "$work/b/ckpt-10.h5" "$out/other-model.h5"
 cp "$work/c/ckpt-20.h5" "$out/corrupt-step20.h5"
-for f in flipped truncated schema-v99 no-complete missing-dataset; do
+for f in flipped truncated schema-v99 no-complete missing-dataset \
+         step-1e12 steps-disagree cursor-2e62 cursor-negative heads-2e32 no-batch; do
   cp "$out/good.h5" "$out/$f.h5"
 done
 size=$(stat -c %s "$out/good.h5")
@@ -72,5 +86,21 @@ with h5py.File(f"{out}/no-complete.h5", "r+") as f:
     del f.attrs["complete"]
 with h5py.File(f"{out}/missing-dataset.h5", "r+") as f:
     del f["/blocks/adam_v"]
+with h5py.File(f"{out}/step-1e12.h5", "r+") as f:
+    for name in ("step", "optimizer_steps", "lr_schedule_step"):
+        f["training"].attrs.modify(name, 10**12)
+with h5py.File(f"{out}/steps-disagree.h5", "r+") as f:
+    f["training"].attrs.modify("optimizer_steps", 9)
+with h5py.File(f"{out}/cursor-2e62.h5", "r+") as f:
+    f["data/cursor"][0] = 2**62
+with h5py.File(f"{out}/cursor-negative.h5", "r+") as f:
+    f["data/cursor"][0] = -1
+with h5py.File(f"{out}/heads-2e32.h5", "r+") as f:
+    f["model"].attrs.modify("heads", 2**32 + 2)
+with h5py.File(f"{out}/no-batch.h5", "r+") as f:
+    config = f.attrs["config"]
+    config = config.decode() if isinstance(config, bytes) else config
+    kept = [line for line in config.split("\n") if not line.startswith("train.batch")]
+    f.attrs.modify("config", "\n".join(kept))
 PY
 du -sh "$out"

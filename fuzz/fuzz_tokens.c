@@ -1,0 +1,71 @@
+/* libFuzzer harness of the token-file reader: token_file_try_open, which
+ * `dynmo train` and token_file_open call on a path. The input is a token
+ * file's contents; the harness writes it to one temporary file (in
+ * $TMPDIR, default /dev/shm when it exists, else /tmp) and opens that, so
+ * that the reader's own open, fstat, pread and mmap all run.
+ *
+ * It checks the reader's contract: a failure is -1 with a message naming
+ * the file and tf empty; a success maps exactly 64 + 2 x count bytes,
+ * every token is below the file's vocab, and the vocab is not above the
+ * model's. */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "dynmo/model.h"
+
+int LLVMFuzzerInitialize(int *argc, char ***argv);
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+#define MODEL_VOCAB 256
+
+static char path[1024];
+static int fd = -1;
+
+__attribute__((noreturn)) static void broken(const char *what)
+{
+    fprintf(stderr, "fuzz_tokens: %s\n", what);
+    abort();
+}
+
+static void remove_temporary(void)
+{
+    if (fd >= 0) close(fd);
+    unlink(path);
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    const char *dir = getenv("TMPDIR");
+    if (!dir || !*dir) dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+    snprintf(path, sizeof path, "%s/dynmo-fuzz-tokens.XXXXXX", dir);
+    fd = mkstemp(path);
+    if (fd < 0) broken("cannot create the temporary token file");
+    atexit(remove_temporary);
+    return 0;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (fd < 0) LLVMFuzzerInitialize(NULL, NULL);
+    if (ftruncate(fd, 0) != 0 || (size > 0 && pwrite(fd, data, size, 0) != (ssize_t)size))
+        broken("cannot write the temporary token file");
+    struct token_file tf;
+    char err[2048] = "";
+    int status = token_file_try_open(&tf, path, MODEL_VOCAB, 0, err, sizeof err);
+    if (status != 0) {
+        if (status != -1 || !strstr(err, path)) broken("a failure without a message naming the file");
+        if (tf.map || tf.tokens || tf.count) broken("a failure left a mapping behind");
+        return 0;
+    }
+    if (tf.map_bytes != size || tf.count * 2 + TOKEN_FILE_HEADER_BYTES != size)
+        broken("a success whose size does not match its count");
+    if (tf.vocab == 0 || tf.vocab > MODEL_VOCAB) broken("a success with an impossible vocab");
+    for (uint64_t i = 0; i < tf.count; i++)
+        if (tf.tokens[i] >= tf.vocab) broken("a success with a token not below the vocab");
+    token_file_close(&tf);
+    return 0;
+}
