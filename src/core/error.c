@@ -70,9 +70,10 @@ static __attribute__((noreturn)) void die(int status, int printed)
     if (!printed && abort_hook)
         for (int i = 0; i < 100; i++) nanosleep(&pause, NULL);
     /* The launcher forwards a rank's stderr through a pipe and tears the
-     * job down at an abort, sometimes before it has read the message:
-     * give it a moment. */
-    if (printed && abort_hook && this_world > 1) nanosleep(&pause, NULL);
+     * job down at an abort, sometimes before it has read the message
+     * (seen under load with 0.1 s): give it half a second. */
+    if (printed && abort_hook && this_world > 1)
+        for (int i = 0; i < 5; i++) nanosleep(&pause, NULL);
     if (abort_hook) abort_hook(status);
     exit(status);
 }
