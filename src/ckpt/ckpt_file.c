@@ -384,6 +384,55 @@ static int check_type(hid_t type, enum schema_type want)
 }
 
 /* One dataset: present, of its type, shape, chunked with Fletcher32. */
+/* The dataset's shape against the schema's, with the dimensions known. */
+static void check_shape(hid_t space, const struct schema_dataset *d,
+                        const struct ckpt_dims *dims, struct ckpt_problems *problems)
+{
+    hsize_t want[2];
+    int want_rank = ckpt_dataset_extent(d, dims, want);
+    int rank = H5Sget_simple_extent_ndims(space);
+    hsize_t have[H5S_MAX_RANK] = {0};
+    if (rank > 0) H5Sget_simple_extent_dims(space, have, NULL);
+    if (want_rank < 0) {
+        ckpt_problem(problems, "cannot check the shape of %s: dimension %s or %s unknown",
+                     d->path, d->dims[0], d->dims[1][0] ? d->dims[1] : d->dims[0]);
+        return;
+    }
+    if (rank == want_rank && have[0] == want[0] && (rank != 2 || have[1] == want[1])) return;
+    char shape[64];
+    if (rank == 2)
+        snprintf(shape, sizeof shape, "[%llu, %llu]", (unsigned long long)have[0],
+                 (unsigned long long)have[1]);
+    else if (rank == 1)
+        snprintf(shape, sizeof shape, "[%llu]", (unsigned long long)have[0]);
+    else
+        snprintf(shape, sizeof shape, "of rank %d", rank);
+    if (want_rank == 2)
+        ckpt_problem(problems, "%s has shape %s, expected [%s, %s] = [%llu, %llu]",
+                     d->path, shape, d->dims[0], d->dims[1],
+                     (unsigned long long)want[0], (unsigned long long)want[1]);
+    else
+        ckpt_problem(problems, "%s has shape %s, expected [%s] = [%llu]", d->path,
+                     shape, d->dims[0], (unsigned long long)want[0]);
+}
+
+/* Chunked, with the Fletcher32 filter: what makes every read checked. */
+static void check_checksum_filter(hid_t dcpl, const char *path, struct ckpt_problems *problems)
+{
+    if (H5Pget_layout(dcpl) != H5D_CHUNKED) {
+        ckpt_problem(problems, "%s is not chunked, so it has no Fletcher32 checksum", path);
+        return;
+    }
+    unsigned flags = 0, config = 0;
+    size_t nvalues = 0;
+    char name[32];
+    if (H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &nvalues, NULL,
+                             sizeof name, name, &config) < 0) {
+        H5Eclear2(H5E_DEFAULT);
+        ckpt_problem(problems, "%s has no Fletcher32 checksum filter", path);
+    }
+}
+
 static void check_dataset(hid_t file, const struct schema_dataset *d,
                           const struct ckpt_dims *dims, struct ckpt_problems *problems)
 {
@@ -404,51 +453,13 @@ static void check_dataset(hid_t file, const struct schema_dataset *d,
         char text[1024];
         dm_h5_error_text(text, sizeof text);
         ckpt_problem(problems, "cannot read the description of %s: %s", d->path, text);
-        goto done;
-    }
-    if (!check_type(type, d->type))
-        ckpt_problem(problems, "%s has the wrong type (expected little-endian %s)",
-                     d->path, schema_type_name(d->type));
-    hsize_t want[2];
-    int want_rank = ckpt_dataset_extent(d, dims, want);
-    int rank = H5Sget_simple_extent_ndims(space);
-    hsize_t have[H5S_MAX_RANK] = {0};
-    if (rank > 0) H5Sget_simple_extent_dims(space, have, NULL);
-    if (want_rank < 0) {
-        ckpt_problem(problems, "cannot check the shape of %s: dimension %s or %s unknown",
-                     d->path, d->dims[0], d->dims[1][0] ? d->dims[1] : d->dims[0]);
-    } else if (rank != want_rank || have[0] != want[0] ||
-               (rank == 2 && have[1] != want[1])) {
-        char shape[64];
-        if (rank == 2)
-            snprintf(shape, sizeof shape, "[%llu, %llu]", (unsigned long long)have[0],
-                     (unsigned long long)have[1]);
-        else if (rank == 1)
-            snprintf(shape, sizeof shape, "[%llu]", (unsigned long long)have[0]);
-        else
-            snprintf(shape, sizeof shape, "of rank %d", rank);
-        if (want_rank == 2)
-            ckpt_problem(problems, "%s has shape %s, expected [%s, %s] = [%llu, %llu]",
-                         d->path, shape, d->dims[0], d->dims[1],
-                         (unsigned long long)want[0], (unsigned long long)want[1]);
-        else
-            ckpt_problem(problems, "%s has shape %s, expected [%s] = [%llu]", d->path,
-                         shape, d->dims[0], (unsigned long long)want[0]);
-    }
-    if (H5Pget_layout(dcpl) != H5D_CHUNKED) {
-        ckpt_problem(problems, "%s is not chunked, so it has no Fletcher32 checksum",
-                     d->path);
     } else {
-        unsigned flags = 0, config = 0;
-        size_t nvalues = 0;
-        char name[32];
-        if (H5Pget_filter_by_id2(dcpl, H5Z_FILTER_FLETCHER32, &flags, &nvalues, NULL,
-                                 sizeof name, name, &config) < 0) {
-            H5Eclear2(H5E_DEFAULT);
-            ckpt_problem(problems, "%s has no Fletcher32 checksum filter", d->path);
-        }
+        if (!check_type(type, d->type))
+            ckpt_problem(problems, "%s has the wrong type (expected little-endian %s)",
+                         d->path, schema_type_name(d->type));
+        check_shape(space, d, dims, problems);
+        check_checksum_filter(dcpl, d->path, problems);
     }
-done:
     if (dcpl >= 0) H5Pclose(dcpl);
     if (space >= 0) H5Sclose(space);
     if (type >= 0) H5Tclose(type);
@@ -899,13 +910,10 @@ static int read_moe_state(hid_t file, const struct ckpt_header *header,
     return 0;
 }
 
-int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
-                        struct ckpt_meta *meta, struct ckpt_problems *problems)
+/* The scalars the structural check read, into a fresh (owning) meta. */
+static void meta_from_header(struct ckpt_meta *meta, const struct ckpt_header *header)
 {
     const struct ckpt_dims *d = &header->dims;
-    DM_ASSERT(d->pp >= 1 && d->dp >= 1 && d->layers >= 1 && d->history >= 1);
-    DM_ASSERT(header->batch >= 1 && header->step >= 0 && header->step <= INT_MAX);
-    int before = problems->count;
     memset(meta, 0, sizeof *meta);
     meta->allocated = 1;
     meta->step = header->step;
@@ -922,44 +930,62 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     meta->schema_version = (int)header->schema_version;
     snprintf(meta->dynmo_version, sizeof meta->dynmo_version, "%s", header->dynmo_version);
     snprintf(meta->created, sizeof meta->created, "%s", header->created);
+}
 
-    long layers = d->layers, history = d->history;
+/* The small datasets: cursors, layout, history, per-block state. */
+static int read_meta_arrays(hid_t file, const struct ckpt_header *header,
+                            struct ckpt_meta *meta, struct ckpt_problems *problems)
+{
+    const struct ckpt_dims *d = &header->dims;
     meta->data_cursor = dm_alloc((size_t)d->dp * sizeof(long));
     meta->layout = dm_alloc((size_t)d->pp * sizeof(int));
-    layout_history_alloc(&meta->history, (int)layers, (int)history);
-    meta->frozen = dm_alloc((size_t)layers * sizeof(int));
-    meta->sparsity = dm_alloc((size_t)layers * sizeof(float));
-    if (read_whole(file, header, "/data/cursor", H5T_NATIVE_LONG, meta->data_cursor, problems) ||
-        read_whole(file, header, "/layout/blocks_per_stage", H5T_NATIVE_INT, meta->layout,
-                   problems) ||
-        read_whole(file, header, "/layout/history_step", H5T_NATIVE_LONG, meta->history.step,
-                   problems) ||
-        read_whole(file, header, "/layout/history_stages", H5T_NATIVE_INT,
-                   meta->history.stages, problems) ||
-        read_whole(file, header, "/layout/history_blocks_per_stage", H5T_NATIVE_INT,
-                   meta->history.layout, problems) ||
-        read_whole(file, header, "/blocks/state/frozen", H5T_NATIVE_INT, meta->frozen,
-                   problems) ||
-        read_whole(file, header, "/blocks/state/sparsity", H5T_NATIVE_FLOAT, meta->sparsity,
-                   problems))
-        return -1;
+    layout_history_alloc(&meta->history, (int)d->layers, (int)d->history);
+    meta->frozen = dm_alloc((size_t)d->layers * sizeof(int));
+    meta->sparsity = dm_alloc((size_t)d->layers * sizeof(float));
+    return read_whole(file, header, "/data/cursor", H5T_NATIVE_LONG, meta->data_cursor,
+                      problems) ||
+           read_whole(file, header, "/layout/blocks_per_stage", H5T_NATIVE_INT, meta->layout,
+                      problems) ||
+           read_whole(file, header, "/layout/history_step", H5T_NATIVE_LONG,
+                      meta->history.step, problems) ||
+           read_whole(file, header, "/layout/history_stages", H5T_NATIVE_INT,
+                      meta->history.stages, problems) ||
+           read_whole(file, header, "/layout/history_blocks_per_stage", H5T_NATIVE_INT,
+                      meta->history.layout, problems) ||
+           read_whole(file, header, "/blocks/state/frozen", H5T_NATIVE_INT, meta->frozen,
+                      problems) ||
+           read_whole(file, header, "/blocks/state/sparsity", H5T_NATIVE_FLOAT, meta->sparsity,
+                      problems)
+               ? -1 : 0;
+}
 
-    /* Replica r's next sample is step x batch + r x (its share of a batch):
-     * never more than step x batch + batch. */
+/* Replica r's next sample is step x batch + r x (its share of a batch):
+ * never more than step x batch + batch. */
+static void check_cursors(const struct ckpt_meta *meta, const struct ckpt_header *header,
+                          struct ckpt_problems *problems)
+{
     long most = header->step * header->batch + header->batch;
-    for (long r = 0; r < d->dp; r++) {
+    for (long r = 0; r < header->dims.dp; r++) {
         long cursor = meta->data_cursor[r];
         if (cursor < 0) {
             ckpt_problem(problems, "/data/cursor[%ld] is %ld (negative)", r, cursor);
-            break;
+            return;
         }
         if (cursor > most) {
             ckpt_problem(problems, "/data/cursor[%ld] is %ld, beyond step %ld x train.batch %ld "
                          "+ %ld = %ld (the most samples a run can have drawn)", r, cursor,
                          header->step, header->batch, header->batch, most);
-            break;
+            return;
         }
     }
+}
+
+/* The current layout is one, the history well formed and ending with it. */
+static void check_layouts(const struct ckpt_meta *meta, const struct ckpt_dims *d,
+                          struct ckpt_problems *problems)
+{
+    int before = problems->count;
+    long layers = d->layers, history = d->history;
     if (!layout_ok(meta->layout, d->pp, layers))
         ckpt_problem(problems, "/layout/blocks_per_stage is not a layout of %ld blocks on "
                      "%ld stages (each stage needs >= 1 block, and they must sum to %ld)",
@@ -967,28 +993,47 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     char history_problem[256];
     if (layout_history_check(&meta->history, history_problem, sizeof history_problem) != 0)
         ckpt_problem(problems, "/layout: %s", history_problem);
-    if (problems->count == before) {
-        const int *last = layout_history_entry(&meta->history, (int)history - 1);
-        if (meta->history.stages[history - 1] != d->pp ||
-            memcmp(last, meta->layout, (size_t)d->pp * sizeof(int)) != 0)
-            ckpt_problem(problems, "the layout history does not end with the current "
-                         "layout /layout/blocks_per_stage");
-    }
-    if (header->schema_version == CHECKPOINT_SCHEMA_VERSION_MOE &&
-        read_moe_state(file, header, meta, problems) != 0)
-        return -1;
+    if (problems->count != before) return;
+    const int *last = layout_history_entry(&meta->history, (int)history - 1);
+    if (meta->history.stages[history - 1] != d->pp ||
+        memcmp(last, meta->layout, (size_t)d->pp * sizeof(int)) != 0)
+        ckpt_problem(problems, "the layout history does not end with the current "
+                     "layout /layout/blocks_per_stage");
+}
+
+/* Frozen flags are 0 or 1, sparsities in [0, 1]. */
+static void check_block_states(const struct ckpt_meta *meta, long layers,
+                               struct ckpt_problems *problems)
+{
     for (long i = 0; i < layers; i++) {
         if (meta->frozen[i] != 0 && meta->frozen[i] != 1) {
             ckpt_problem(problems, "/blocks/state/frozen[%ld] is %d (must be 0 or 1)", i,
                          meta->frozen[i]);
-            break;
+            return;
         }
         if (!(meta->sparsity[i] >= 0.0f && meta->sparsity[i] <= 1.0f)) {
             ckpt_problem(problems, "/blocks/state/sparsity[%ld] is %g (must be in [0, 1])",
                          i, (double)meta->sparsity[i]);
-            break;
+            return;
         }
     }
+}
+
+int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
+                        struct ckpt_meta *meta, struct ckpt_problems *problems)
+{
+    const struct ckpt_dims *d = &header->dims;
+    DM_ASSERT(d->pp >= 1 && d->dp >= 1 && d->layers >= 1 && d->history >= 1);
+    DM_ASSERT(header->batch >= 1 && header->step >= 0 && header->step <= INT_MAX);
+    int before = problems->count;
+    meta_from_header(meta, header);
+    if (read_meta_arrays(file, header, meta, problems) != 0) return -1;
+    check_cursors(meta, header, problems);
+    check_layouts(meta, d, problems);
+    if (header->schema_version == CHECKPOINT_SCHEMA_VERSION_MOE &&
+        read_moe_state(file, header, meta, problems) != 0)
+        return -1;
+    check_block_states(meta, d->layers, problems);
     return problems->count == before ? 0 : -1;
 }
 
