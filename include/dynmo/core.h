@@ -118,6 +118,11 @@ void dm_free(void *p);
  * in err (err may be NULL, errsize 0); the caller decides what a failure
  * means (a user error, a warning). */
 
+/* snprintf into an optional message buffer (err may be NULL, errsize 0):
+ * long texts are cut, never overflow; errno is left as it was. */
+__attribute__((format(printf, 3, 4)))
+void dm_set_message(char *err, size_t errsize, const char *fmt, ...);
+
 /* mkdir -p: creates path and every missing parent directory (mode 0777
  * less the umask). An existing directory is success; a path that exists
  * and is not a directory, or a parent that cannot be created (a regular

@@ -29,17 +29,6 @@
 #define PATH_BYTES 4096
 #define MESSAGE_BYTES 1024
 
-/* snprintf for messages: long paths are cut, never overflow. */
-__attribute__((format(printf, 3, 4)))
-static void set_error(char *err, size_t errsize, const char *fmt, ...)
-{
-    if (!err || !errsize) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errsize, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- names --------------------------------------------------------------------- */
 
 void ckpt_path(char *buf, size_t size, const char *dir, long step)
@@ -106,17 +95,17 @@ int ckpt_dir_prepare(const char *dir, long step, char *err, size_t errsize)
 {
     char reason[MESSAGE_BYTES], tmp[PATH_BYTES];
     if (dm_make_dirs(dir, reason, sizeof reason) != 0) {
-        set_error(err, errsize, "cannot create the checkpoint directory %s (%s)", dir, reason);
+        dm_set_message(err, errsize, "cannot create the checkpoint directory %s (%s)", dir, reason);
         return -1;
     }
     if (access(dir, W_OK | X_OK) != 0) {
-        set_error(err, errsize, "the checkpoint directory %s is not writable: %s", dir,
+        dm_set_message(err, errsize, "the checkpoint directory %s is not writable: %s", dir,
                   strerror(errno));
         return -1;
     }
     ckpt_tmp_path(tmp, sizeof tmp, dir, step);
     if (unlink(tmp) != 0 && errno != ENOENT) {
-        set_error(err, errsize, "cannot remove the stale %s: %s", tmp, strerror(errno));
+        dm_set_message(err, errsize, "cannot remove the stale %s: %s", tmp, strerror(errno));
         return -1;
     }
     return 0;
@@ -127,22 +116,22 @@ int ckpt_dir_check_usable(const char *dir, uint64_t need_bytes, char *err, size_
     char reason[MESSAGE_BYTES], path[PATH_BYTES];
     struct stat st;
     if (dm_make_dirs(dir, reason, sizeof reason) != 0) {
-        set_error(err, errsize, "ckpt.dir = %s cannot be used: %s", dir, reason);
+        dm_set_message(err, errsize, "ckpt.dir = %s cannot be used: %s", dir, reason);
         return -1;
     }
     if (dm_probe_writable(dir, reason, sizeof reason) != 0) {
-        set_error(err, errsize, "ckpt.dir = %s is not writable: %s", dir, reason);
+        dm_set_message(err, errsize, "ckpt.dir = %s is not writable: %s", dir, reason);
         return -1;
     }
     snprintf(path, sizeof path, "%s/%s", dir, CHECKPOINT_LATEST_NAME);
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
-        set_error(err, errsize, "ckpt.dir = %s: %s is not a regular file; remove it (it "
+        dm_set_message(err, errsize, "ckpt.dir = %s: %s is not a regular file; remove it (it "
                   "should name the newest complete checkpoint)", dir, path);
         return -1;
     }
     struct statvfs fs;
     if (statvfs(dir, &fs) == 0 && (uint64_t)fs.f_bavail * fs.f_frsize < need_bytes) {
-        set_error(err, errsize, "ckpt.dir = %s has %.1f MiB free, but a checkpoint of this "
+        dm_set_message(err, errsize, "ckpt.dir = %s has %.1f MiB free, but a checkpoint of this "
                   "run needs about %.1f MiB", dir,
                   (double)fs.f_bavail * fs.f_frsize / 1048576.0, need_bytes / 1048576.0);
         return -1;
@@ -166,7 +155,7 @@ int ckpt_dir_publish(const char *dir, int keep, long step, char *err, size_t err
     ckpt_path(final, sizeof final, dir, step);
     if (dm_fsync_path(tmp, err, errsize) != 0) return -1;
     if (rename(tmp, final) != 0) {
-        set_error(err, errsize, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+        dm_set_message(err, errsize, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
         return -1;
     }
     if (dm_fsync_path(dir, err, errsize) != 0) return -1;
@@ -346,14 +335,14 @@ static int try_latest(const char *dir, const char *latest, struct gpt *model,
     a->tried++;
     struct stat st;
     if (world_agree(step < 0 || stat(path, &st) != 0, "", comm, NULL, 0) != 0) {
-        set_error(problem, sizeof problem, "%s/%s names %s, which %s", dir,
+        dm_set_message(problem, sizeof problem, "%s/%s names %s, which %s", dir,
                   CHECKPOINT_LATEST_NAME, latest,
                   step < 0 ? "is not a complete checkpoint's name (ckpt-<step>.h5)"
                            : "does not exist");
     } else if (try_load(path, model, meta, comm, err, sizeof err)) {
         return 1;
     } else {
-        set_error(problem, sizeof problem, "%s (named by %s/%s)", err, dir,
+        dm_set_message(problem, sizeof problem, "%s (named by %s/%s)", err, dir,
                   CHECKPOINT_LATEST_NAME);
     }
     *below = step;

@@ -21,17 +21,6 @@
 
 #define MESSAGE_BYTES 1024
 
-/* snprintf for messages: long paths are cut, never overflow. */
-__attribute__((format(printf, 3, 4)))
-static void set_error(char *err, size_t errsize, const char *fmt, ...)
-{
-    if (!err || !errsize) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errsize, fmt, ap);
-    va_end(ap);
-}
-
 void ckpt_meta_free(struct ckpt_meta *meta)
 {
     if (!meta->allocated) {
@@ -124,7 +113,7 @@ static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
 {
     memset(meta, 0, sizeof *meta);
     if (ckpt_is_temporary_name(path)) {
-        set_error(err, errsize, "checkpoint %s: incomplete: a .tmp file is a checkpoint "
+        dm_set_message(err, errsize, "checkpoint %s: incomplete: a .tmp file is a checkpoint "
                  "still being written or abandoned by a killed writer, and is never "
                  "loaded (its completion marker is missing)", path);
         return CKPT_LOAD_BAD_FILE;
@@ -136,7 +125,7 @@ static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
     if (problems.count) goto done;
     char reason[768];
     if (ckpt_compare_shape(&header.shape, &model->shape, reason, sizeof reason) != 0) {
-        set_error(err, errsize, "checkpoint %s: %s", path, reason);
+        dm_set_message(err, errsize, "checkpoint %s: %s", path, reason);
         outcome = CKPT_LOAD_MODEL_MISMATCH;
         goto close;
     }
@@ -163,7 +152,7 @@ static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
     outcome = CKPT_LOAD_OK;
 done:
     if (outcome != CKPT_LOAD_OK && problems.count)
-        set_error(err, errsize, "%s", problems.first);
+        dm_set_message(err, errsize, "%s", problems.first);
 close:
     if (file >= 0) H5Fclose(file);
     ckpt_header_free(&header);
@@ -210,7 +199,7 @@ int ckpt_read_info(const char *path, struct ckpt_meta *meta, char *err, size_t e
     ckpt_header_free(&header);
     if (problems.count) {
         ckpt_meta_free(meta);
-        set_error(err, errsize, "%s", problems.first);
+        dm_set_message(err, errsize, "%s", problems.first);
         return -1;
     }
     return 0;

@@ -21,9 +21,7 @@
  * directory are built in buffers of this size). */
 #define FILES_PATH_BYTES 4096
 
-/* snprintf into an optional message buffer; errno is left as it was. */
-__attribute__((format(printf, 3, 4)))
-static void set_message(char *err, size_t errsize, const char *fmt, ...)
+void dm_set_message(char *err, size_t errsize, const char *fmt, ...)
 {
     if (!err || !errsize) return;
     int saved = errno;
@@ -40,7 +38,7 @@ int dm_make_dirs(const char *path, char *err, size_t errsize)
     size_t n = strlen(path);
     if (n == 0 || n >= sizeof prefix) {
         errno = n ? ENAMETOOLONG : ENOENT;
-        set_message(err, errsize, "cannot create directory '%s': %s", path, strerror(errno));
+        dm_set_message(err, errsize, "cannot create directory '%s': %s", path, strerror(errno));
         return -1;
     }
     memcpy(prefix, path, n + 1);
@@ -51,7 +49,7 @@ int dm_make_dirs(const char *path, char *err, size_t errsize)
         char saved = prefix[i];
         prefix[i] = '\0';
         if (mkdir(prefix, 0777) != 0 && errno != EEXIST) {
-            set_message(err, errsize, "cannot create directory %s: %s", prefix,
+            dm_set_message(err, errsize, "cannot create directory %s: %s", prefix,
                         strerror(errno));
             return -1;
         }
@@ -59,12 +57,12 @@ int dm_make_dirs(const char *path, char *err, size_t errsize)
     }
     struct stat st;
     if (stat(path, &st) != 0) {
-        set_message(err, errsize, "cannot create directory %s: %s", path, strerror(errno));
+        dm_set_message(err, errsize, "cannot create directory %s: %s", path, strerror(errno));
         return -1;
     }
     if (!S_ISDIR(st.st_mode)) {
         errno = ENOTDIR;
-        set_message(err, errsize, "cannot create directory %s: it exists and is not a "
+        dm_set_message(err, errsize, "cannot create directory %s: it exists and is not a "
                     "directory (%s)", path, strerror(errno));
         return -1;
     }
@@ -75,16 +73,16 @@ int dm_fsync_path(const char *path, char *err, size_t errsize)
 {
     int fd = open(path, O_RDONLY);
     if (fd < 0) {
-        set_message(err, errsize, "cannot open %s to fsync it: %s", path, strerror(errno));
+        dm_set_message(err, errsize, "cannot open %s to fsync it: %s", path, strerror(errno));
         return -1;
     }
     if (fsync(fd) != 0) {
-        set_message(err, errsize, "fsync of %s failed: %s", path, strerror(errno));
+        dm_set_message(err, errsize, "fsync of %s failed: %s", path, strerror(errno));
         close(fd);
         return -1;
     }
     if (close(fd) != 0) {
-        set_message(err, errsize, "close of %s failed: %s", path, strerror(errno));
+        dm_set_message(err, errsize, "close of %s failed: %s", path, strerror(errno));
         return -1;
     }
     return 0;
@@ -121,13 +119,13 @@ int dm_write_file_atomic(const char *path, const void *data, size_t bytes, char 
     char tmp[FILES_PATH_BYTES], dir[FILES_PATH_BYTES];
     if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) >= sizeof tmp) {
         errno = ENAMETOOLONG;
-        set_message(err, errsize, "cannot write %s: %s", path, strerror(errno));
+        dm_set_message(err, errsize, "cannot write %s: %s", path, strerror(errno));
         return -1;
     }
     parent_directory(dir, sizeof dir, path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
-        set_message(err, errsize, "cannot create %s (to replace %s): %s", tmp, path,
+        dm_set_message(err, errsize, "cannot create %s (to replace %s): %s", tmp, path,
                     strerror(errno));
         return -1;
     }
@@ -135,27 +133,27 @@ int dm_write_file_atomic(const char *path, const void *data, size_t bytes, char 
                        : fsync(fd) != 0                 ? "fsync"
                                                         : NULL;
     if (failed) {
-        set_message(err, errsize, "%s of %s (to replace %s) failed: %s", failed, tmp, path,
+        dm_set_message(err, errsize, "%s of %s (to replace %s) failed: %s", failed, tmp, path,
                     strerror(errno));
         close(fd);
         unlink(tmp);
         return -1;
     }
     if (close(fd) != 0) {
-        set_message(err, errsize, "close of %s (to replace %s) failed: %s", tmp, path,
+        dm_set_message(err, errsize, "close of %s (to replace %s) failed: %s", tmp, path,
                     strerror(errno));
         unlink(tmp);
         return -1;
     }
     if (rename(tmp, path) != 0) {
-        set_message(err, errsize, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
+        dm_set_message(err, errsize, "cannot rename %s to %s: %s", tmp, path, strerror(errno));
         unlink(tmp);
         return -1;
     }
     /* Until the directory is synced, a crash may still lose the rename. */
     char reason[FILES_PATH_BYTES + 128];
     if (dm_fsync_path(dir, reason, sizeof reason) != 0) {
-        set_message(err, errsize, "%s was written but may not survive a crash: %s", path,
+        dm_set_message(err, errsize, "%s was written but may not survive a crash: %s", path,
                     reason);
         return -1;
     }
@@ -168,14 +166,14 @@ int dm_probe_writable(const char *dir, char *err, size_t errsize)
     snprintf(probe, sizeof probe, "%s/.dynmo-probe-%ld", dir, (long)getpid());
     int fd = open(probe, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0) {
-        set_message(err, errsize, "%s", strerror(errno));
+        dm_set_message(err, errsize, "%s", strerror(errno));
         return -1;
     }
     int ok = write(fd, "x", 1) == 1;
-    if (!ok) set_message(err, errsize, "%s", strerror(errno));
+    if (!ok) dm_set_message(err, errsize, "%s", strerror(errno));
     if (close(fd) != 0 && ok) {
         ok = 0;
-        set_message(err, errsize, "%s", strerror(errno));
+        dm_set_message(err, errsize, "%s", strerror(errno));
     }
     unlink(probe);
     return ok ? 0 : -1;
