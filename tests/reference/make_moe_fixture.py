@@ -79,6 +79,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# The dense model's attention, the learning-rate schedule, the init and the
+# flattening are make_fixture.py's: one definition of each.
+from make_fixture import CausalSelfAttention, flat, init_weights, lr_at_step
+
 MAGIC = b"DMREF002"
 VERSION = 2
 DTYPE_FLOAT32, DTYPE_INT32, DTYPE_FLOAT64 = 0, 1, 2
@@ -99,27 +103,6 @@ CASES = {
 # Every decision (top-k, capacity) must be clear of a tie by this much, so
 # that float32 rounding in dynmo cannot flip it.
 DECISION_MARGIN = 1e-5
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, channels, heads):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(channels, 3 * channels)
-        self.attproj = nn.Linear(channels, channels)
-
-    def forward(self, x):
-        B, T, C = x.shape
-        hs = C // self.heads
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q = q.view(B, T, self.heads, hs).transpose(1, 2)
-        k = k.view(B, T, self.heads, hs).transpose(1, 2)
-        v = v.view(B, T, self.heads, hs).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
-        future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
-        probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
-        y = (probs @ v).transpose(1, 2).reshape(B, T, C)
-        return self.attproj(y)
 
 
 class Expert(nn.Module):
@@ -287,28 +270,6 @@ class GPT(nn.Module):
         for block in self.blocks:
             tensors += block.matrices()
         return tensors
-
-
-def lr_at_step(step, lr, min_lr_ratio, warmup, steps):
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    ratio = (step - warmup) / max(1, steps - warmup)
-    min_lr = lr * min_lr_ratio
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
-
-
-def init_weights(model, generator):
-    with torch.no_grad():
-        for embedding in (model.wte, model.wpe):
-            embedding.weight.copy_(torch.randn(embedding.weight.shape, generator=generator) * 0.3)
-        norms = [model.lnf] + [n for b in model.blocks for n in (b.ln1, b.ln2)]
-        for norm in norms:
-            norm.weight.copy_(1.0 + 0.1 * torch.randn(norm.weight.shape, generator=generator))
-            norm.bias.copy_(0.1 * torch.randn(norm.bias.shape, generator=generator))
-
-
-def flat(tensors):
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
 
 
 def build_fixture(case):
