@@ -18,6 +18,7 @@ struct block;
 struct moe_exchange;
 struct moe_acts;
 struct hash_acts;
+struct mod_acts;
 
 /* ---- shapes ------------------------------------------------------------ */
 
@@ -46,12 +47,22 @@ struct gpt_hash {
     uint32_t seed_lo, seed_hi;   /* the run's seed (train.seed) */
 };
 
+/* Mixture of depths (src/model/mod.c, docs/mod-hash.md): block l is a MoD
+ * block when every > 0 and (l + 1) % every == 0. All zero: none. */
+enum { MOD_ROUTING_TOPK = 0, MOD_ROUTING_CAUSAL = 1 };
+struct gpt_mod {
+    int every;          /* 0: none */
+    int routing;        /* MOD_ROUTING_*: top-k over the sequence, or the causal predictor */
+    double capacity;    /* fraction of a sequence's tokens the top-k choice takes, (0, 1] */
+};
+
 struct gpt_shape {
     int vocab, max_seq, layers, heads, channels;
     struct gpt_moe moe;
     struct gpt_hash hash;
+    struct gpt_mod mod;
 };
-_Static_assert(sizeof(struct gpt_shape) == 18 * 4, "struct gpt_shape has no padding");
+_Static_assert(sizeof(struct gpt_shape) == 22 * 4, "struct gpt_shape has no padding");
 /* The shape cfg describes; moe is all zero when model.moe_every = 0, and
  * moe.hidden is 4 x channels when model.expert_hidden = 0. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
@@ -280,6 +291,7 @@ struct block {
     float *g[BP_COUNT]; /* views into grads */
     struct block_sparse *sparse;   /* pruning state, or NULL */
     struct block_moe *moe;         /* mixture of experts, or NULL (a dense block) */
+    struct block_mod *mod;         /* mixture of depths, or NULL (mod.c) */
     int hash_buckets;   /* hash-sparse attention (shape.hash): 0 dense */
     uint64_t hash_seed;
     double hash_tiles;  /* attention tiles visited, forward and backward, since
@@ -367,6 +379,8 @@ struct block_acts {
     struct moe_acts *moe;   /* an MoE block's routing and expert activations
                                (moe.c), allocated by its first forward, or NULL */
     struct hash_acts *hash;   /* hash attention's saved state (hash_attention.c),
+                                 allocated by its first forward, or NULL */
+    struct mod_acts *mod;     /* a MoD block's choice and gathered rows (mod.c),
                                  allocated by its first forward, or NULL */
     long hash_step;     /* the step whose rotations hash attention draws
                            (gpt_forward sets it from gpt.step) */
@@ -699,6 +713,7 @@ struct mod_acts {
     int *count;              /* (B) chosen tokens per sequence */
     int *pos;                /* (B, T) chosen positions, ascending, count[b] valid */
     int *chosen;             /* (B*T) 0/1 */
+    int *target;             /* (B*T) 0/1 the top-k choice (the predictor's target) */
     float *router;           /* (B*T) r */
     float *gathered_in;      /* (B*kmax, C) */
     float *gathered_out;     /* (B*kmax, C) f(x) of the gathered rows */
@@ -719,6 +734,47 @@ void mod_block_backward(struct block *blk, struct block_acts *acts, struct block
                         struct mod_acts *m, float *din, float *drouter_weight,
                         const float *dout, const float *router_weight, int B, int T,
                         float *work);
+
+/* ---- mixture of depths in the model (src/model/mod.c) ----------------------
+ * A MoD block is a dense block whose parameters go on with its router
+ * router_w (C) and, with causal routing, its predictor pred_w (C): tensors
+ * BP_COUNT and BP_COUNT + 1 of block_tensor_at, in the slab after the
+ * dense ones, so they migrate, reduce, update and checkpoint with it. The
+ * pack header says so (BLOCK_FLAG_MOD; no dynamic state follows). */
+#define BLOCK_FLAG_MOD (UINT64_C(1) << 11)
+struct block_mod {
+    int routing;                 /* MOD_ROUTING_* */
+    double capacity;
+    float *router_w, *router_g;  /* (C) views into params and grads */
+    float *pred_w, *pred_g;      /* (C) views, or NULL with top-k routing */
+    double tokens;               /* tokens its forwards processed since the owner
+                                    last zeroed it (the run log's /mod/tokens) */
+    double bce;                  /* the predictor's BCE summed over its forwards
+                                    likewise (causal routing) */
+    const int *forced;           /* tests: the choice to use instead of routing, or NULL */
+};
+int gpt_block_is_mod(const struct gpt_shape *shape, int index);
+int gpt_mod_block_count(const struct gpt_shape *shape);
+/* The ordinal of block `index` among the MoD blocks, or -1. */
+int gpt_mod_ordinal(const struct gpt_shape *shape, int index);
+/* Floats a MoD block adds to a dense block's: C (top-k) or 2C (causal); 0
+ * for any other block. */
+size_t mod_extra_param_count(const struct gpt_shape *shape, int index);
+/* A MoD block's forward inside the model: the router, the choice (top-k,
+ * or the causal predictor on the block input), then mod_block_forward.
+ * out and in (B,T,C) must not alias. Counts the tokens into blk->mod. */
+void block_mod_forward(struct block *blk, struct block_acts *acts, float *out,
+                       const float *in, int B, int T);
+/* Its backward (block_backward's contract): the block over the chosen
+ * tokens, the router's gradient and, with causal routing, the predictor's
+ * BCE gradient against the top-k choice on the stop-gradient input, scaled
+ * by acts->loss_scale (as the loss). A frozen block computes neither. */
+void block_mod_backward(struct block *blk, struct block_acts *acts,
+                        struct block_scratch *scratch, float *din, const float *dout,
+                        const float *in, int B, int T);
+/* Tests: the next forwards of blk use chosen (B*T, 0/1) as their choice
+ * instead of routing (the router still scales), until called with NULL. */
+void block_mod_force_choice(struct block *blk, const int *chosen);
 
 /* ---- early exit (src/model/exit.c; policy in src/dyn/early_exit.c) -------
  * A token that exits after block l keeps its hidden state (copied forward

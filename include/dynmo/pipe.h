@@ -62,6 +62,8 @@ struct step_stats {
                                  exit; 1 otherwise) */
     double *layer_tiles;      /* (layers) hash attention: tiles visited, forward and
                                  backward, summed over micro-batches and replicas */
+    double *layer_mod_tokens; /* (layers) mixture of depths: tokens a MoD block processed,
+                                 summed over micro-batches and replicas (0 elsewhere) */
     double *layer_update_ms;  /* (layers) the block's share of the step's end, once a
                                  step: gradient norm, masking, optimizer, zeroing */
     double *stage_compute_ms; /* (stages) max over replicas */

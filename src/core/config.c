@@ -557,9 +557,7 @@ static void config_validate_moe(const struct dm_config *cfg)
                       cfg->experts);
 }
 
-/* Mixture of depths and hash-sparse attention (docs/mod-hash.md). The MoD
- * op exists (src/model/mod.c) but is not in the model yet: a valid request
- * is refused with exit 2 rather than silently ignored. */
+/* Mixture of depths and hash-sparse attention (docs/mod-hash.md). */
 static void config_validate_mod_hash(const struct dm_config *cfg)
 {
     if (cfg->mod_every == 0 && cfg->mod_keys_set)
@@ -589,10 +587,14 @@ static void config_validate_mod_hash(const struct dm_config *cfg)
     if (hash && !strcmp(cfg->dyn_kind, "early_exit"))
         dm_user_error("model.attention = hash does not combine with dyn.kind = early_exit "
                       "(exited tokens answer as keys outside the hash buckets)");
-    if (cfg->mod_every > 0)
-        dm_user_error("model.mod_every > 0 (mixture of depths): the op exists "
-                      "(docs/mod-hash.md) but is not wired into the model and dynmo train "
-                      "yet; remove the key");
+    if (cfg->mod_every > 0 && cfg->moe_every > 0)
+        dm_user_error("model.mod_every = %d with model.moe_every = %d: mixture of depths "
+                      "and mixture of experts do not combine yet; set one of them to 0",
+                      cfg->mod_every, cfg->moe_every);
+    if (cfg->mod_every > 0 && (!strcmp(cfg->dyn_kind, "prune") ||
+                               !strcmp(cfg->dyn_kind, "early_exit")))
+        dm_user_error("dyn.kind = %s does not combine with mixture of depths "
+                      "(model.mod_every = %d) yet", cfg->dyn_kind, cfg->mod_every);
 }
 
 void config_validate(const struct dm_config *cfg)

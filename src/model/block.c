@@ -49,13 +49,15 @@ int block_tensor_is_matrix(int k)
 
 int block_tensor_count(const struct block *blk)
 {
-    return blk->moe ? BP_FC_W + 1 + 4 * blk->moe->cfg.experts : BP_COUNT;
+    return blk->moe ? BP_FC_W + 1 + 4 * blk->moe->cfg.experts
+                    : BP_COUNT + block_mod_tensor_count(blk);
 }
 
 int block_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size)
 {
     int C = blk->C;
     DM_ASSERT(k >= 0 && k < block_tensor_count(blk));
+    if (blk->mod && k >= BP_COUNT) return block_mod_tensor_at(blk, k, offset, size);
     if (!blk->moe || k < BP_FC_W) {
         *offset = block_tensor_offset(C, k);
         *size = block_tensor_size(C, k);
@@ -118,6 +120,7 @@ static void block_alloc_slab(struct block *blk, int index, const struct gpt_shap
         blk->g[k] = blk->grads + off;
     }
     if (moe) block_moe_alloc(blk, shape);
+    if (gpt_block_is_mod(shape, index)) block_mod_alloc(blk, shape);
 }
 
 struct normal_fill_args {
@@ -174,12 +177,14 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
         /* biases stay zero (the slab is zero) */
     }
     if (blk->moe) block_moe_init_weights(blk, shape, seed);
+    if (blk->mod) block_mod_init_weights(blk, seed);
 }
 
 void block_free(struct block *blk)
 {
     block_sparse_free(blk);
     block_moe_free(blk);
+    block_mod_free(blk);
     dm_free(blk->slab);
     memset(blk, 0, sizeof *blk);
 }
@@ -255,7 +260,7 @@ static void fill_header(struct pack_header *h, const struct block *blk)
     h->heads = blk->NH;
     h->nparams = blk->nparams;
     h->flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk) |
-               (blk->moe ? BLOCK_FLAG_MOE : 0);
+               (blk->moe ? BLOCK_FLAG_MOE : 0) | (blk->mod ? BLOCK_FLAG_MOD : 0);
     h->dynamic_bytes = dynamic_bytes(blk);
     h->payload_bytes = 3 * blk->nparams * sizeof(float) + h->dynamic_bytes;
 }
@@ -324,8 +329,15 @@ static int check_header(const struct pack_header *h, const struct block *blk,
                  h->index, moe ? "is one (and is never pruned)" : "is dense");
         return -1;
     }
+    int mod = gpt_block_is_mod(shape, h->index);
+    if (((h->flags & BLOCK_FLAG_MOD) != 0) != mod) {
+        snprintf(err, errsize, "packed block %d %s a mixture of depths, but the model's "
+                 "layer %d %s", h->index, (h->flags & BLOCK_FLAG_MOD) ? "is" : "is not",
+                 h->index, mod ? "is one" : "is not");
+        return -1;
+    }
     uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR |
-                           BLOCK_FLAG_MOE;
+                           BLOCK_FLAG_MOE | BLOCK_FLAG_MOD;
     if ((h->flags & ~known_flags) != 0 ||
         (!(h->flags & (BLOCK_FLAG_MASKED | BLOCK_FLAG_MOE)) && h->dynamic_bytes != 0)) {
         snprintf(err, errsize, "packed block %d has flags 0x%llx and %llu bytes of dynamic "
@@ -484,6 +496,7 @@ void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH)
     DM_ASSERT((size_t)(p - acts->mem) == block_acts_floats(B, T, C, NH));
     acts->moe = NULL;
     acts->hash = NULL;
+    acts->mod = NULL;
     acts->hash_step = 0;
     acts->loss_scale = 1.0f;
 }
@@ -492,6 +505,7 @@ void block_acts_free(struct block_acts *acts)
 {
     moe_acts_free(acts->moe);
     hash_acts_free(acts->hash);
+    block_mod_acts_free(acts->mod);
     dm_free(acts->mem);
     memset(acts, 0, sizeof *acts);
 }

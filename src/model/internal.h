@@ -82,4 +82,15 @@ void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, cons
                   int N);
 void moe_acts_free(struct moe_acts *acts);
 
+/* The mixture-of-depths block (mod.c): its state beside the slab (views of
+ * the router and predictor), their initialisation (N(0, 0.02) on streams
+ * (layer, BP_COUNT) and (layer, BP_COUNT + 1)), its tensors after the
+ * dense ones (block_tensor_at for k >= BP_COUNT), and its activations. */
+void block_mod_alloc(struct block *blk, const struct gpt_shape *shape);
+void block_mod_free(struct block *blk);
+void block_mod_init_weights(struct block *blk, uint64_t seed);
+int block_mod_tensor_count(const struct block *blk);
+int block_mod_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size);
+void block_mod_acts_free(struct mod_acts *m);
+
 #endif

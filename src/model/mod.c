@@ -193,3 +193,146 @@ void mod_block_backward(struct block *blk, struct block_acts *acts, struct block
                 for (int c = 0; c < C; c++) drouter_weight[c] += dr * x[c];
         }
 }
+
+/* ---- mixture of depths in the model ---------------------------------------------
+ * A MoD block's slab: the dense block's tensors, then router_w (C), then,
+ * with causal routing, pred_w (C). */
+
+int gpt_block_is_mod(const struct gpt_shape *shape, int index)
+{
+    return shape->mod.every > 0 && (index + 1) % shape->mod.every == 0;
+}
+
+int gpt_mod_block_count(const struct gpt_shape *shape)
+{
+    return shape->mod.every > 0 ? shape->layers / shape->mod.every : 0;
+}
+
+int gpt_mod_ordinal(const struct gpt_shape *shape, int index)
+{
+    return gpt_block_is_mod(shape, index) ? (index + 1) / shape->mod.every - 1 : -1;
+}
+
+size_t mod_extra_param_count(const struct gpt_shape *shape, int index)
+{
+    if (!gpt_block_is_mod(shape, index)) return 0;
+    return (size_t)shape->channels * (shape->mod.routing == MOD_ROUTING_CAUSAL ? 2 : 1);
+}
+
+void block_mod_alloc(struct block *blk, const struct gpt_shape *shape)
+{
+    struct block_mod *mod = dm_alloc(sizeof *mod);
+    size_t dense = block_param_count(blk->C);
+    mod->routing = shape->mod.routing;
+    mod->capacity = shape->mod.capacity;
+    mod->router_w = blk->params + dense;
+    mod->router_g = blk->grads + dense;
+    if (mod->routing == MOD_ROUTING_CAUSAL) {
+        mod->pred_w = mod->router_w + blk->C;
+        mod->pred_g = mod->router_g + blk->C;
+    }
+    blk->mod = mod;
+}
+
+void block_mod_free(struct block *blk)
+{
+    dm_free(blk->mod);
+    blk->mod = NULL;
+}
+
+void block_mod_init_weights(struct block *blk, uint64_t seed)
+{
+    size_t C = (size_t)blk->C;
+    init_normal(blk->mod->router_w, C, seed, block_tensor_stream(blk->index, BP_COUNT), 0.02f);
+    if (blk->mod->pred_w)
+        init_normal(blk->mod->pred_w, C, seed, block_tensor_stream(blk->index, BP_COUNT + 1),
+                    0.02f);
+}
+
+int block_mod_tensor_count(const struct block *blk)
+{
+    return blk->mod ? (blk->mod->pred_w ? 2 : 1) : 0;
+}
+
+/* Router and predictor are vectors that act like a linear layer's weights:
+ * they take weight decay (as the MoE router does). */
+int block_mod_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size)
+{
+    DM_ASSERT(blk->mod && k >= BP_COUNT && k < BP_COUNT + block_mod_tensor_count(blk));
+    *offset = block_param_count(blk->C) + (size_t)(k - BP_COUNT) * (size_t)blk->C;
+    *size = (size_t)blk->C;
+    return 1;
+}
+
+void block_mod_acts_free(struct mod_acts *m)
+{
+    if (!m) return;
+    dm_free(m->target);
+    mod_acts_free(m);
+    dm_free(m);
+}
+
+void block_mod_force_choice(struct block *blk, const int *chosen)
+{
+    DM_ASSERT(blk->mod);
+    blk->mod->forced = chosen;
+}
+
+static struct mod_acts *mod_acts_of(struct block_acts *acts, int C)
+{
+    if (!acts->mod) {
+        acts->mod = dm_alloc(sizeof *acts->mod);
+        mod_acts_alloc(acts->mod, acts->B, acts->T, C);
+        acts->mod->target = dm_alloc((size_t)acts->B * acts->T * sizeof(int));
+    }
+    return acts->mod;
+}
+
+void block_mod_forward(struct block *blk, struct block_acts *acts, float *out,
+                       const float *in, int B, int T)
+{
+    struct block_mod *mod = blk->mod;
+    int C = blk->C, N = B * T;
+    struct mod_acts *m = mod_acts_of(acts, C);
+    mod_router_forward(m->router, in, mod->router_w, N, C);
+    mod_select_topk(m->target, m->router, B, T, mod_capacity_tokens(mod->capacity, T));
+    const int *chosen = m->target;
+    if (mod->forced) {
+        chosen = mod->forced;
+    } else if (mod->routing == MOD_ROUTING_CAUSAL) {
+        mod->bce += mod_predictor_forward_backward(NULL, m->chosen, in, mod->pred_w,
+                                                   m->target, N, C);
+        chosen = m->chosen;
+    }
+    mod_block_forward(blk, acts, m, out, in, mod->router_w, chosen, B, T);
+    mod->tokens += (double)m->tokens;
+}
+
+/* The predictor's gradient: mean BCE over the micro-batch's tokens against
+ * the top-k choice, times the loss scale (it is trained as a loss term). */
+static void predictor_backward(struct block_mod *mod, const struct mod_acts *m,
+                               const float *in, int N, int C, float loss_scale)
+{
+    float *dw = dm_alloc((size_t)C * sizeof(float));
+    mod_predictor_forward_backward(dw, NULL, in, mod->pred_w, m->target, N, C);
+    for (int c = 0; c < C; c++) mod->pred_g[c] += loss_scale * dw[c];
+    dm_free(dw);
+}
+
+void block_mod_backward(struct block *blk, struct block_acts *acts,
+                        struct block_scratch *scratch, float *din, const float *dout,
+                        const float *in, int B, int T)
+{
+    static struct grow_buffer work;   /* (B*T*C) the gathered gradient, then din if NULL */
+    struct block_mod *mod = blk->mod;
+    int C = blk->C, N = B * T;
+    struct mod_acts *m = acts->mod;
+    DM_ASSERT(m != NULL);
+    size_t btc = (size_t)N * C;
+    float *w = grow_buffer_get(&work, din ? btc : 2 * btc);
+    float *d = din ? din : w + btc;
+    mod_block_backward(blk, acts, scratch, m, d, blk->frozen ? NULL : mod->router_g, dout,
+                       mod->router_w, B, T, w);
+    if (mod->pred_w && !blk->frozen && !mod->forced)
+        predictor_backward(mod, m, in, N, C, acts->loss_scale);
+}

@@ -45,6 +45,7 @@ void engine_stats_alloc(struct engine *eng)
     st->layer_active = dm_alloc((size_t)L * sizeof(double));
     st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_tiles = dm_alloc((size_t)L * sizeof(double));
+    st->layer_mod_tokens = dm_alloc((size_t)L * sizeof(double));
     st->stage_update_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
@@ -63,8 +64,8 @@ void engine_stats_alloc(struct engine *eng)
     }
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active/
      * update per layer, then the stage's update, then the MoE blocks' values,
-     * then hash attention's tiles per layer (tiles_at) */
-    eng->gather_len = 5 + 6 * L + st->moe_blocks * (3 * st->experts + 2) + L;
+     * then the MoD blocks' tokens per layer, then hash attention's tiles per layer */
+    eng->gather_len = 5 + 6 * L + st->moe_blocks * (3 * st->experts + 2) + L + L;
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
@@ -81,6 +82,7 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->layer_active);
     dm_free(st->layer_update_ms);
     dm_free(st->layer_tiles);
+    dm_free(st->layer_mod_tokens);
     dm_free(st->moe_tokens);
     dm_free(st->moe_dropped);
     dm_free(st->moe_bias);
@@ -153,6 +155,10 @@ static void pack_profile(struct engine *eng, float loss_sum)
     for (int i = 0; i < m->num_blocks; i++) {   /* hash attention, then zeroed */
         v[eng->gather_len - L + m->first_block + i] = m->blocks[i].hash_tiles;
         m->blocks[i].hash_tiles = 0.0;
+        struct block_mod *mod = m->blocks[i].mod;   /* mixture of depths, then zeroed */
+        if (!mod) continue;
+        v[eng->gather_len - 2 * L + m->first_block + i] = mod->tokens;
+        mod->tokens = mod->bce = 0.0;
     }
 }
 
@@ -165,7 +171,7 @@ static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
         st->layer_sparsity[l] = st->layer_active[l] = st->layer_update_ms[l] = 0.0;
-        st->layer_tiles[l] = 0.0;
+        st->layer_tiles[l] = st->layer_mod_tokens[l] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
@@ -227,6 +233,7 @@ static void fold_profiles(struct engine *eng, double step_s)
             }
         if (rep == 0) fold_moe(st, x + 5 + 6 * L, mb_count * g->replicas);
         for (int l = 0; l < L; l++) st->layer_tiles[l] += x[eng->gather_len - L + l];
+        for (int l = 0; l < L; l++) st->layer_mod_tokens[l] += x[eng->gather_len - 2 * L + l];
     }
     for (int s = 0; s < S; s++) {
         double c = st->stage_compute_ms[s];

@@ -47,6 +47,28 @@ static void append_doubles(struct runlog *log, const char *name, const double *v
     runlog_append_row(log, name, row, n);
 }
 
+/* Mixture of depths: the tokens each MoD block processed (its layers are
+ * the columns l with (l + 1) % model.mod_every == 0); a step-line note of
+ * their share of the tokens that reached those blocks. */
+static void append_mod_row(struct runlog *log, const struct dm_config *cfg,
+                           const struct step_stats *st, float *row)
+{
+    int M = 0;
+    for (int l = cfg->mod_every - 1; l < cfg->layers; l += cfg->mod_every)
+        row[M++] = (float)st->layer_mod_tokens[l];
+    runlog_append_row(log, RUNLOG_MOD_TOKENS, row, M);
+}
+
+static double mod_token_share(const struct dm_config *cfg, const struct step_stats *st,
+                              double tokens_per_step)
+{
+    double sum = 0.0;
+    int M = 0;
+    for (int l = cfg->mod_every - 1; l < cfg->layers; l += cfg->mod_every, M++)
+        sum += st->layer_mod_tokens[l];
+    return M > 0 && tokens_per_step > 0 ? sum / (M * tokens_per_step) : 0.0;
+}
+
 /* A per-stage row keeps the first world's width: NaN past a re-pack. */
 static void append_stage_row(struct runlog *log, const char *name, const double *values,
                              int stages, int width, float *row)
@@ -87,6 +109,7 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
         append_doubles(log, RUNLOG_LAYER_ACTIVE, st->layer_active, L, row);
     if (!strcmp(cfg->attention, "hash"))
         append_doubles(log, RUNLOG_HASH_TILES, st->layer_tiles, L, row);
+    if (cfg->mod_every > 0) append_mod_row(log, cfg, st, row);
     append_doubles(log, RUNLOG_LAYER_UPDATE_MS, st->layer_update_ms, L, row);
     append_stage_row(log, RUNLOG_STAGE_BUSY_MS, st->stage_compute_ms, stages, width, row);
     append_stage_row(log, RUNLOG_STAGE_IDLE_MS, st->stage_wait_ms, stages, width, row);
@@ -117,6 +140,8 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
     if (stages > 1)
         dm_log(" | bubble %.1f%% | imbalance %.2f", 100.0 * st->bubble_ratio, st->imbalance);
     if (st->dyn_text[0]) dm_log(" | %s", st->dyn_text);
+    if (cfg->mod_every > 0)
+        dm_log(" | MoD %.1f%% tokens", 100.0 * mod_token_share(cfg, st, tokens_per_step));
     if (st->moe_blocks) {
         /* the busiest expert of any MoE block against its block's mean, and
          * the share of the step's pairs that capacity dropped */
@@ -219,6 +244,8 @@ static void pad_rows(struct runlog *log, const struct dm_config *cfg, long start
         {!strcmp(cfg->attention, "hash") ? RUNLOG_HASH_TILES : NULL, L},
         {M ? RUNLOG_MOE_BIAS : NULL, cells}, {M ? RUNLOG_MOE_AUX : NULL, M},
         {M ? RUNLOG_MOE_Z : NULL, M},
+        {cfg->mod_every > 0 ? RUNLOG_MOD_TOKENS : NULL,
+         cfg->mod_every > 0 ? L / cfg->mod_every : 0},
     };
     for (size_t k = 0; k < sizeof series / sizeof *series; k++) {
         if (!series[k].name) continue;
@@ -279,7 +306,7 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
         RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS, RUNLOG_LAYOUT_HISTORY, RUNLOG_LAYER_SPARSITY,
         RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_UPDATE_MS, RUNLOG_STAGE_UPDATE_MS,
         RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED, RUNLOG_MOE_BIAS, RUNLOG_MOE_AUX, RUNLOG_MOE_Z,
-        RUNLOG_HASH_TILES,
+        RUNLOG_HASH_TILES, RUNLOG_MOD_TOKENS,
     };
     for (size_t i = 0; i < sizeof per_step / sizeof *per_step; i++)
         if (runlog_rows(log, per_step[i]) > start) runlog_truncate(log, per_step[i], start);

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Mixture of depths end to end (issue 17; docs/mod-hash.md): a small GPT
+# with a MoD block every second layer, causal routing (the predictor
+# decides, so the tokens processed vary), on 2 stages x 2 replicas, where
+#   - a balanced run (balance.method=random: a new layout, and live
+#     migration, every step) gives the same loss and /mod/tokens bits as
+#     the static run; so do 1 stage x 2 replicas and 4 stages x 1 replica;
+#   - top-k routing processes exactly ceil(capacity x T) tokens per
+#     sequence (the /mod/tokens count is fixed), and is bit-identical too;
+#   - a checkpoint at step 2 on 2 stages resumed on 1 rank continues with
+#     the same bits, and refuses to load into another model (exit 2);
+#   - configs/mod.ini runs on 2 and 4 ranks (shortened by overrides).
+set -u
+. "$(dirname "$0")/lib.sh"
+work_dir
+tiny_config "$dir/mod.ini" model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal \
+  parallel.dp=2 train.micro_batches=2
+tiny_config "$dir/topk.ini" model.mod_every=2 model.mod_capacity=0.25 mod.routing=topk \
+  parallel.dp=2 train.micro_batches=2
+bits() {
+  h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null || return 1
+  h5dump -b LE -d /mod/tokens -o "$2.tokens" "$1/runlog.h5" >/dev/null || return 1
+}
+run() { # run NAME CONFIG RANKS [overrides...]
+  local name=$1 config=$2 ranks=$3; shift 3
+  timeout 180 mpiexec -n "$ranks" "$DYNMO" train --config "$config" \
+    run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
+  bits "$dir/$name" "$dir/$name.loss" || { fail "$name: no /steps/loss or /mod/tokens"; return 1; }
+}
+same() { # same A B WHAT: losses and tokens processed per MoD block
+  cmp -s "$dir/$1.loss" "$dir/$2.loss" && cmp -s "$dir/$1.loss.tokens" "$dir/$2.loss.tokens" \
+    && echo "ok: $3: losses and /mod/tokens bit-identical" || fail "$3: losses or tokens differ"
+}
+run static "$dir/mod.ini" 4 parallel.pp=2
+run random "$dir/mod.ini" 4 parallel.pp=2 balance.method=random balance.every=1 && {
+  same static random "MoD causal, random re-layout every step vs static (2 x 2)"
+  grep -q "migrated [0-9]* blocks" "$dir/random.out" || fail "no migration shown in the step lines"
+  grep -q "MoD [0-9.]*% tokens" "$dir/random.out" || fail "no MoD share in the step lines"
+}
+run onestage "$dir/mod.ini" 2 parallel.pp=1 && same static onestage "1 stage x 2 replicas vs 2 x 2"
+run four "$dir/mod.ini" 4 parallel.pp=4 parallel.dp=1 train.micro_batches=4
+run four_random "$dir/mod.ini" 4 parallel.pp=4 parallel.dp=1 train.micro_batches=4 \
+  balance.method=random balance.every=1 && same four four_random "4 stages, random re-layout every step vs static"
+run tstatic "$dir/topk.ini" 2 parallel.pp=2 parallel.dp=1
+run trandom "$dir/topk.ini" 2 parallel.pp=2 parallel.dp=1 balance.method=random balance.every=1 &&
+  same tstatic trandom "MoD top-k, random re-layout every step vs static (2 stages)"
+# /mod/tokens: [steps, MoD blocks] = [4, 3]; top-k takes ceil(0.25 x 32) = 8
+# of each sequence's 32 tokens: 8 sequences x 8 = 64 per block and step
+/usr/bin/python3 - "$dir" <<'PY' || fail "/mod/tokens is wrong"
+import sys, h5py, numpy as np
+d = sys.argv[1]
+t = h5py.File(d + "/tstatic/runlog.h5", "r")["/mod/tokens"][:]
+c = h5py.File(d + "/static/runlog.h5", "r")["/mod/tokens"][:]
+assert t.shape == (4, 3) and (t == 64).all(), t
+assert c.shape == (4, 3) and (c >= 0).all() and (c <= 256).all(), c
+print(f"ok: /mod/tokens: top-k 64 of 256 per block and step; causal {c.min():.0f}..{c.max():.0f}")
+PY
+# checkpoint and resume: 2 stages for 2 steps, then 1 rank to step 4
+run full "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/ca" ckpt.every=2
+run part "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 train.steps=2
+run part "$dir/mod.ini" 1 parallel.pp=1 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 &&
+  same full part "checkpoint at step 2 on 2 stages, resumed on 1 rank"
+finish
