@@ -69,6 +69,23 @@ run full "$dir/hash.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/ca" ckpt.e
 run part "$dir/hash.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 train.steps=2
 run part "$dir/hash.ini" 1 parallel.pp=1 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 &&
   same full part "checkpoint at step 2 on 2 stages, resumed on 1 rank"
+# the checkpoint records attention and buckets (/model attention, hash_buckets)
+# and refuses a run with other ones: exit 2, one message
+refused() { # refused NAME CONFIG WHAT PATTERN [overrides...]
+  local name=$1 config=$2 what=$3 pattern=$4; shift 4
+  timeout 120 mpiexec -n 1 "$DYNMO" train --config "$config" parallel.pp=1 parallel.dp=1 \
+    run.out_dir="$dir/$name" ckpt.dir="$dir/cb" train.steps=6 "$@" > "$dir/$name.out" 2>&1
+  local rc=$?
+  if [ $rc -eq 2 ] && grep -q "$pattern" "$dir/$name.out" && [ "$(grep -c . "$dir/$name.out")" -le 3 ]; then
+    echo "ok: $what: exit 2, one message"
+  else
+    fail "$what: exit $rc"; cat "$dir/$name.out"
+  fi
+}
+refused todense "$dir/dense.ini" "hash checkpoint into a dense run" \
+  "attention is hash with 4 hash buckets in the checkpoint but dense with 0 in this run"
+refused eight "$dir/hash.ini" "hash checkpoint into 8 buckets" \
+  "attention is hash with 4 hash buckets in the checkpoint but hash with 8" hash.buckets=8
 short=(model.layers=4 train.steps=2 train.warmup=1 train.eval_every=0 "data.train=$dir/data/train.bin"
        "data.val=$dir/data/val.bin")
 run cfg2 configs/hash.ini 2 "${short[@]}" parallel.pp=2 parallel.dp=1 && echo "ok: configs/hash.ini on 2 ranks"

@@ -62,4 +62,30 @@ run full "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/ca" ckpt.ev
 run part "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 train.steps=2
 run part "$dir/mod.ini" 1 parallel.pp=1 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 &&
   same full part "checkpoint at step 2 on 2 stages, resumed on 1 rank"
+"$DYNMO" check-ckpt "$dir/cb/ckpt-2.h5" > "$dir/check.out" 2>&1 &&
+  echo "ok: check-ckpt passes a MoD checkpoint (/model keys, /mod rows)" ||
+  { fail "check-ckpt refuses a MoD checkpoint"; cat "$dir/check.out"; }
+/usr/bin/python3 - "$dir/cb/ckpt-2.h5" <<'PY' || fail "the MoD checkpoint's keys or rows are wrong"
+import sys, h5py
+f = h5py.File(sys.argv[1], "r")
+m = f["/model"].attrs
+assert m["mod_every"] == 2 and m["mod_capacity"] == "0.25" and m["mod_routing"] == "causal", dict(m)
+assert m["attention"] == "dense" and m["hash_buckets"] == 0, dict(m)
+assert f["/mod/params"].shape == (3, 64) and f["/blocks/params"].shape[0] == 6
+print("ok: MoD checkpoint: /model mod_every 2, capacity 0.25, causal; /mod/params 3 x 64")
+PY
+refused() { # refused NAME WHAT PATTERN [overrides...]: resume from cb must exit 2 with PATTERN
+  local name=$1 what=$2 pattern=$3; shift 3
+  timeout 120 mpiexec -n 1 "$DYNMO" train --config "$dir/mod.ini" parallel.pp=1 parallel.dp=1 \
+    run.out_dir="$dir/$name" ckpt.dir="$dir/cb" train.steps=6 "$@" > "$dir/$name.out" 2>&1
+  local rc=$?
+  if [ $rc -eq 2 ] && grep -q "$pattern" "$dir/$name.out" && [ "$(grep -c . "$dir/$name.out")" -le 3 ]; then
+    echo "ok: $what: exit 2, $(grep -o "$pattern.*" "$dir/$name.out" | head -1 | cut -c1-90)"
+  else
+    fail "$what: exit $rc"; cat "$dir/$name.out"
+  fi
+}
+refused every "MoD checkpoint into mod_every 3" "mixture of depths is model.mod_every 2" model.mod_every=3
+refused capacity "MoD checkpoint into capacity 0.5" "mod_capacity 0.25" model.mod_capacity=0.5
+refused routing "MoD checkpoint into top-k routing" "mod.routing causal" mod.routing=topk
 finish

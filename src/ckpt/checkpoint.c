@@ -160,7 +160,7 @@ static int dataset_geometry(const struct schema_dataset *d, const struct ckpt_di
     }
     hsize_t rows = target / col_chunk;
     int per_block = !strcmp(d->dims[0], "layers") || !strcmp(d->dims[0], "moe_layers") ||
-                    !strcmp(d->dims[0], "expert_rows");
+                    !strcmp(d->dims[0], "expert_rows") || !strcmp(d->dims[0], "mod_layers");
     if (per_block || rows < 1) rows = 1;
     if (rows > extent[0]) rows = extent[0];
     chunk[0] = rows;
@@ -217,6 +217,7 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
         write_integer_attr(group, "top_k", SCHEMA_TYPE_INT64, shape->moe.top_k);
         write_integer_attr(group, "expert_hidden", SCHEMA_TYPE_INT64, shape->moe.hidden);
     }
+    if (ckpt_shape_has_model_keys(shape)) ckpt_write_model_keys(group, shape);
     DM_H5(H5Gclose(group));
 
     long long seed, checksum;
@@ -466,6 +467,18 @@ static void write_moe_block(const struct chunk_writer *w, const struct gpt *mode
     dm_free(row);
 }
 
+/* A MoD block (checkpoint_schema/mod.def): its router and predictor, the
+ * floats after the dense tensors, as row j of /mod. */
+static void write_mod_block(const struct chunk_writer *w, const struct gpt *model,
+                            const struct block *blk)
+{
+    hsize_t j = (hsize_t)gpt_mod_ordinal(&model->shape, blk->index);
+    size_t dense = block_param_count(blk->C);
+    write_rows(w, "/mod/params", j, 1, blk->params + dense);
+    write_rows(w, "/mod/adam_m", j, 1, blk->m + dense);
+    write_rows(w, "/mod/adam_v", j, 1, blk->v + dense);
+}
+
 /* A writer's tensors: its blocks' rows, then the embedding (stage 0) and
  * the head (last stage). The slab holds [wte wpe lnf_w lnf_b] for params
  * and for m and v. */
@@ -481,6 +494,7 @@ static void write_tensors(const struct chunk_writer *w, const struct gpt *model,
             write_rows(w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
             write_rows(w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
         }
+        if (blk->mod) write_mod_block(w, model, blk);
         start_writeback(w);
     }
     const struct gpt_shape *shape = &model->shape;

@@ -44,7 +44,10 @@ const struct ckpt_schema *ckpt_schema_of_version(long version)
 
 const struct ckpt_schema *ckpt_schema_for(const struct gpt_shape *shape)
 {
-    return gpt_moe_block_count(shape) > 0 ? &ckpt_schema_v2 : &ckpt_schema_v1;
+    const struct ckpt_schema *base =
+        gpt_moe_block_count(shape) > 0 ? &ckpt_schema_v2 : &ckpt_schema_v1;
+    if (!ckpt_shape_has_model_keys(shape)) return base;
+    return ckpt_schema_extended(base, gpt_mod_block_count(shape) > 0);
 }
 
 const char *schema_type_name(enum schema_type type)
@@ -98,6 +101,8 @@ long ckpt_dim(const struct ckpt_dims *dims, const char *name)
     if (!strcmp(name, "router_params")) return dims->router_params;
     if (!strcmp(name, "expert_rows")) return dims->expert_rows;
     if (!strcmp(name, "expert_params")) return dims->expert_params;
+    if (!strcmp(name, "mod_layers")) return dims->mod_layers;
+    if (!strcmp(name, "mod_params")) return dims->mod_params;
     return -1;
 }
 
@@ -119,6 +124,11 @@ void ckpt_dims_of_shape(struct ckpt_dims *dims, const struct gpt_shape *shape)
         dims->router_params = (long)shape->moe.experts * shape->channels;
         dims->expert_rows = (long)M * shape->moe.experts;
         dims->expert_params = (long)moe_expert_param_count(shape->channels, shape->moe.hidden);
+    }
+    dims->mod_layers = dims->mod_params = -1;
+    if (gpt_mod_block_count(shape) > 0) {
+        dims->mod_layers = gpt_mod_block_count(shape);
+        dims->mod_params = (long)mod_extra_param_count(shape, shape->mod.every - 1);
     }
 }
 
@@ -291,6 +301,8 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
         else if (!strcmp(n, "experts")) h->shape.moe.experts = (int)value;
         else if (!strcmp(n, "top_k")) h->shape.moe.top_k = (int)value;
         else if (!strcmp(n, "expert_hidden")) h->shape.moe.hidden = (int)value;
+        else if (!strcmp(n, "hash_buckets")) h->shape.hash.buckets = (int)value;
+        else if (!strcmp(n, "mod_every")) h->shape.mod.every = (int)value;
     } else if (!strcmp(o, "/training")) {
         if (!strcmp(n, "step")) h->step = value;
         else if (!strcmp(n, "optimizer_steps")) h->optimizer_steps = value;
@@ -304,6 +316,7 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
 static void header_store_string(struct ckpt_header *h, const struct schema_attr *a,
                                 const char *text)
 {
+    if (!strcmp(a->object, "/model")) ckpt_header_store_model_key(h, a->name, text);
     if (strcmp(a->object, "/") != 0) return;
     if (!strcmp(a->name, "dynmo_version"))
         snprintf(h->dynmo_version, sizeof h->dynmo_version, "%s", text);
@@ -590,6 +603,7 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     h->shape.layers = (int)d->layers;
     h->shape.channels = (int)d->channels;
     h->shape.heads = (int)h->heads;
+    if (ckpt_check_model_keys(h, problems) != 0) return;
     if (h->schema_version != CHECKPOINT_SCHEMA_VERSION_MOE) return;
     /* version 2: the mixture-of-experts blocks and their dimensions */
     const struct gpt_moe *m = &h->shape.moe;
@@ -617,6 +631,7 @@ static void header_init(struct ckpt_header *header)
     dims->pp = dims->dp = dims->history = -1;
     dims->moe_layers = dims->experts = dims->router_params = -1;
     dims->expert_rows = dims->expert_params = -1;
+    dims->mod_layers = dims->mod_params = -1;
     header->schema_version = header->batch = -1;
 }
 
@@ -672,6 +687,7 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
                      "only (use the dynmo that wrote it, or start a new run)",
                      value, CHECKPOINT_SCHEMA_VERSION, CHECKPOINT_SCHEMA_VERSION_MOE);
     if (!schema) return -1;
+    schema = ckpt_schema_of_file(file, schema);   /* hash attention, MoD: model-keys.def */
     header->schema = schema;
     header->schema_version = schema->version;
 
@@ -832,7 +848,8 @@ int ckpt_read_floats(hid_t file, const char *name, long row, size_t count, float
     }
     hsize_t start[2] = {(hsize_t)row, 0}, extent[2] = {1, (hsize_t)count};
     char what[48];
-    snprintf(what, sizeof what, strncmp(name, "/moe/", 5) ? " (layer %ld)" : " (row %ld)", row);
+    snprintf(what, sizeof what, strncmp(name, "/moe/", 5) && strncmp(name, "/mod/", 5)
+                                    ? " (layer %ld)" : " (row %ld)", row);
     if (read_row_chunks(file, name, (hsize_t)row, count, out) == 0) return 0;
     return read_slab(file, name, H5T_NATIVE_FLOAT, 2, start, extent, out, what, problems);
 }
@@ -859,7 +876,7 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
                      keys[i].file, keys[i].run);
             return -1;
         }
-    return 0;
+    return ckpt_compare_model_keys(file_shape, run_shape, err, errsize);
 }
 
 /* Checks a blocks-per-stage array: `stages` counts >= 1 summing to layers. */
@@ -1075,7 +1092,8 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
         /* Per layer (MoE block, expert), so that a checksum failure names it. */
         int per_layer = rank == 2 && !strcmp(d->dims[0], "layers");
         int per_row = rank == 2 && (!strcmp(d->dims[0], "moe_layers") ||
-                                    !strcmp(d->dims[0], "expert_rows"));
+                                    !strcmp(d->dims[0], "expert_rows") ||
+                                    !strcmp(d->dims[0], "mod_layers"));
         if (per_row) rows_per = 1;
         if (per_layer) rows_per = 1;
         int failed = 0;

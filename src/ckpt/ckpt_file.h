@@ -65,6 +65,8 @@ struct ckpt_dims {
     long layers, block_params, vocab, max_seq, channels, pp, dp, history;
     /* schema version 2 (MoE blocks); -1 in a version-1 file */
     long moe_layers, experts, router_params, expert_rows, expert_params;
+    /* with MoD blocks (checkpoint_schema/mod.def); -1 otherwise */
+    long mod_layers, mod_params;
 };
 /* The dimensions of a model's checkpoint (pp, dp and history are the
  * caller's). */
@@ -104,6 +106,8 @@ struct ckpt_header {
     char dynmo_version[32];
     char created[32];
     char *config_text;          /* dm_alloc'd */
+    char attention[16];         /* /model attention (model-keys.def), "" when absent */
+    int mod_routing_ok;         /* /model mod_routing is topk, causal or "" */
 };
 void ckpt_header_free(struct ckpt_header *header);
 
@@ -160,5 +164,27 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
  * over `bytes` bytes (fletcher32.c gives the definition); the filter
  * stores it little-endian after the chunk. */
 uint32_t ckpt_fletcher32(const void *data, size_t bytes);
+
+/* ---- hash attention and mixture of depths in the checkpoint (ckpt_modhash.c) --
+ * A model with either is written in its base schema (v1, or v2 with MoE
+ * blocks) plus checkpoint_schema/model-keys.def (the /model keys) and, with
+ * MoD blocks, mod.def (/mod: their router and predictor rows): the lines of
+ * ckpt_schema_extended, the base's first. A dense model's schema is the
+ * base alone. */
+const struct ckpt_schema *ckpt_schema_extended(const struct ckpt_schema *base, int with_mod);
+int ckpt_shape_has_model_keys(const struct gpt_shape *shape);
+/* Rank 0 writes the keys into the skeleton's /model group. */
+void ckpt_write_model_keys(hid_t model_group, const struct gpt_shape *shape);
+/* The schema an open file is checked against: base, or base extended when
+ * its /model has the keys. */
+const struct ckpt_schema *ckpt_schema_of_file(hid_t file, const struct ckpt_schema *base);
+/* A string key of /model into the header (attention, mod_routing, mod_capacity). */
+void ckpt_header_store_model_key(struct ckpt_header *h, const char *name, const char *text);
+/* Checks the keys' values and sets the MoD dimensions; 0, or -1 after reporting. */
+int ckpt_check_model_keys(struct ckpt_header *h, struct ckpt_problems *problems);
+/* 0 when the checkpoint's attention and MoD keys are the run's, else -1
+ * with one message in err. */
+int ckpt_compare_model_keys(const struct gpt_shape *file_shape,
+                            const struct gpt_shape *run_shape, char *err, size_t errsize);
 
 #endif

@@ -108,6 +108,17 @@ static int read_moe_block(hid_t file, const struct ckpt_header *header,
 }
 
 /* This rank's part of a load; no communication. */
+/* A MoD block's router and predictor: row j of /mod (mod.def). */
+static int read_mod_block(hid_t file, const struct gpt *model, struct block *blk,
+                          struct ckpt_problems *problems)
+{
+    long j = gpt_mod_ordinal(&model->shape, blk->index);
+    size_t dense = block_param_count(blk->C), n = blk->nparams - dense;
+    return ckpt_read_floats(file, "/mod/params", j, n, blk->params + dense, problems) ||
+           ckpt_read_floats(file, "/mod/adam_m", j, n, blk->m + dense, problems) ||
+           ckpt_read_floats(file, "/mod/adam_v", j, n, blk->v + dense, problems);
+}
+
 static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
                                     struct ckpt_meta *meta, char *err, size_t errsize)
 {
@@ -145,6 +156,7 @@ static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
                                     &problems)) {
             goto done;
         }
+        if (blk->mod && read_mod_block(file, model, blk, &problems) != 0) goto done;
         memset(blk->grads, 0, blk->nparams * sizeof(float));
         blk->frozen = meta->frozen ? meta->frozen[blk->index] : 0;
     }
