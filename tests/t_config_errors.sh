@@ -89,8 +89,16 @@ expect_error "hash buckets on dense attention" "hash.buckets = 4 is set but mode
   "$DYNMO" train --config "$dir/ok.ini" hash.buckets=4
 expect_error "attention name" "model.attention = 'sparse' must be dense or hash" \
   "$DYNMO" train --config "$dir/ok.ini" model.attention=sparse
-expect_error "MoD not wired in" "model.mod_every > 0 \(mixture of depths\): the op exists" \
-  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=0.5
+expect_error "MoD capacity negative" "model.mod_capacity = -0.25 is outside \(0, 1\]" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=-0.25
+expect_error "hash buckets negative" "hash.buckets = -2 must be 1 or an even number" \
+  "$DYNMO" train --config "$dir/ok.ini" model.attention=hash hash.buckets=-2
+expect_error "MoD with MoE" "mixture of depths and mixture of experts do not combine yet" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.moe_every=2
+expect_error "MoD with pruning" "dyn.kind = prune does not combine with mixture of depths" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 dyn.kind=prune
+expect_error "MoD with early exit" "dyn.kind = early_exit does not combine with mixture of depths" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 dyn.kind=early_exit
 expect_error "hash with early exit" "model.attention = hash does not combine with dyn.kind = early_exit" \
   "$DYNMO" train --config "$dir/ok.ini" model.attention=hash dyn.kind=early_exit
 expect_error "bad override form" "must look like section.key=value" \
