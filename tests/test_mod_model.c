@@ -1,0 +1,254 @@
+/* Mixture of depths inside the model (src/model/mod.c, gpt.c; docs/mod-hash.md):
+ * a whole tiny GPT whose second and fourth blocks are MoD blocks.
+ *
+ *   - tokens a MoD block did not choose leave it bit for bit as they came
+ *     in (the residual stream after the block against the one before);
+ *     top-k chooses exactly ceil(capacity x T) per sequence, the causal
+ *     predictor a varying number;
+ *   - finite differences of the whole model's loss with the routing fixed
+ *     (block_mod_force_choice): the routers, a MoD block's and a dense
+ *     block's weights, the embeddings;
+ *   - finite differences of the predictor's BCE (the quantity it is
+ *     trained on, against the top-k choice on the stop-gradient block
+ *     input) against its gradient divided by the loss scale;
+ *   - a MoD block's pack round-trips (router and predictor included) and
+ *     is refused by a model whose layer is not a MoD block.
+ *
+ * The whole model against PyTorch is tests/test_reference.c. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/core.h"
+#include "dynmo/model.h"
+#include "testing.h"
+
+enum { B = 2, T = 16, N = B * T, C = 16, NH = 2, L = 4, V = 32 };
+
+static struct gpt_shape mod_shape(int routing, double capacity)
+{
+    struct gpt_shape s = {.vocab = V, .max_seq = T, .layers = L, .heads = NH, .channels = C};
+    s.mod.every = 2;
+    s.mod.routing = routing;
+    s.mod.capacity = capacity;
+    return s;
+}
+
+struct harness {
+    struct gpt model;
+    struct gpt_acts acts;
+    struct block_scratch scratch;
+};
+
+/* Weights far from their initial values (every block parameter moved by
+ * N(0, 0.2), routers N(0, 1)), so that the router values are O(1). */
+static void harness_init(struct harness *h, int routing, double capacity, uint64_t seed)
+{
+    struct gpt_shape s = mod_shape(routing, capacity);
+    gpt_build(&h->model, &s, 0, L, 1, 1, seed);
+    for (int i = 0; i < L; i++) {
+        struct block *blk = &h->model.blocks[i];
+        for (size_t j = 0; j < blk->nparams; j++)
+            blk->params[j] += 0.2f * dm_normal(seed + 1, (uint64_t)i, j);
+        if (blk->mod)
+            for (int c = 0; c < C; c++) blk->mod->router_w[c] = dm_normal(seed + 2, i, c);
+    }
+    gpt_acts_alloc(&h->acts, &h->model, B, T);
+    block_scratch_alloc(&h->scratch, B, T, C, NH);
+    for (int n = 0; n < N; n++) {
+        h->acts.tokens[n] = (int)(dm_hash64(seed, 3, (uint64_t)n) % V);
+        h->acts.targets[n] = (int)(dm_hash64(seed, 4, (uint64_t)n) % V);
+    }
+}
+
+static void harness_free(struct harness *h)
+{
+    block_scratch_free(&h->scratch);
+    gpt_acts_free(&h->acts);
+    gpt_free(&h->model);
+}
+
+static double loss_and_grads(struct harness *h)
+{
+    gpt_zero_grads(&h->model);
+    double loss = gpt_forward(&h->model, &h->acts);
+    gpt_backward(&h->model, &h->acts, &h->scratch, 1.0f, NULL, NULL);
+    gpt_tie_wte_grads(&h->model, NULL);
+    return loss;
+}
+
+static void test_pass_through(int routing, const char *name)
+{
+    struct harness h;
+    harness_init(&h, routing, 0.25, 21);
+    gpt_forward(&h.model, &h.acts);
+    int same = 1, moved = 0, counts_ok = 1;
+    long chosen_total = 0;
+    for (int i = 1; i < L; i += 2) {
+        const struct mod_acts *m = h.acts.blocks[i].mod;
+        const float *in = h.acts.residual + (size_t)i * N * C, *out = in + (size_t)N * C;
+        for (int n = 0; n < N; n++) {
+            int differs = memcmp(in + (size_t)n * C, out + (size_t)n * C, C * sizeof(float)) != 0;
+            if (!m->chosen[n]) same &= !differs;
+            else moved += differs;
+            chosen_total += m->chosen[n];
+        }
+        for (int b = 0; b < B; b++)
+            if (routing == MOD_ROUTING_TOPK && m->count[b] != 4) counts_ok = 0;
+    }
+    printf("MoD in the model, %s: %ld of %d token-blocks chosen; the others bit for bit "
+           "unchanged: %s\n", name, chosen_total, 2 * N, same ? "yes" : "NO");
+    CHECK(same);
+    CHECK(moved > 0);
+    CHECK(counts_ok);
+    CHECK(chosen_total > 0 && chosen_total < 2 * N);
+    harness_free(&h);
+}
+
+/* The loss as the sum in double of the tokens' float losses (less
+ * rounding than gpt_forward's float mean; the same up to the factor N). */
+static double loss_sum(struct harness *h)
+{
+    gpt_forward(&h->model, &h->acts);
+    double sum = 0.0;
+    for (int n = 0; n < N; n++) sum += h->acts.losses[n];
+    return sum / N;
+}
+
+static double central(struct harness *h, float *x, float eps)
+{
+    float keep = *x;
+    *x = keep + eps;
+    double fp = loss_sum(h);
+    *x = keep - eps;
+    double fm = loss_sum(h);
+    *x = keep;
+    return (fp - fm) / (2.0 * (double)eps);
+}
+
+/* Richardson's extrapolation of central differences at steps 4e-3 and
+ * 2e-3 (the eps^2 term cancels: the weights are far from trivial, so the
+ * loss curves) at `count` parameters, every `stride`-th from p, against
+ * the analytic gradient g. Returns the relative error norm. */
+static double fd_params(struct harness *h, const char *name, float *p, const float *g,
+                        size_t count, size_t stride)
+{
+    double err2 = 0.0, norm2 = 0.0;
+    for (size_t s = 0; s < count; s++) {
+        float *x = p + s * stride;
+        double fd = (4.0 * central(h, x, 2e-3f) - central(h, x, 4e-3f)) / 3.0;
+        double an = g[s * stride];
+        err2 += (fd - an) * (fd - an);
+        norm2 += an * an;
+    }
+    double rel = sqrt(err2 / (norm2 > 0 ? norm2 : 1.0));
+    printf("finite differences, fixed routing, %-28s relative error %.2e over %zu values "
+           "(|grad| %.3g)\n", name, rel, count, sqrt(norm2));
+    CHECK_MSG(norm2 > 1e-12, "%s: zero gradient, nothing checked", name);
+    return rel;
+}
+
+/* The loss is a float: the differences resolve a gradient entry to about
+ * 1e-4 absolute, so the tensors whose entries are large (the embeddings,
+ * whose gradient runs back through both MoD blocks: the router's dr w,
+ * the (1 - r) pass and the block's input gradient) are held to 2e-3, the
+ * MoD block's own (smaller entries) to 2e-2; a wrong term is O(1). The
+ * block's attention weights, whose entries are smaller still, are checked
+ * at op level (test_hash_mod). */
+static void test_finite_differences(void)
+{
+    struct harness h;
+    harness_init(&h, MOD_ROUTING_CAUSAL, 0.25, 31);
+    gpt_forward(&h.model, &h.acts);   /* the predictor's choice, then fixed */
+    static int forced[2][N];
+    for (int j = 0; j < 2; j++) {
+        memcpy(forced[j], h.acts.blocks[2 * j + 1].mod->chosen, sizeof forced[j]);
+        block_mod_force_choice(&h.model.blocks[2 * j + 1], forced[j]);
+    }
+    loss_and_grads(&h);
+    struct block *mod = &h.model.blocks[1], *last = &h.model.blocks[3];
+    size_t fc = block_tensor_offset(C, BP_FC_W), fcproj = block_tensor_offset(C, BP_FCPROJ_W);
+    CHECK(fd_params(&h, "router of block 1", mod->mod->router_w, mod->mod->router_g, C, 1) <
+          2e-2);
+    CHECK(fd_params(&h, "router of block 3", last->mod->router_w, last->mod->router_g, C, 1) <
+          2e-2);
+    CHECK(fd_params(&h, "MoD block 1 fc_w", mod->params + fc, mod->grads + fc, 40, 17) < 2e-2);
+    CHECK(fd_params(&h, "MoD block 3 fcproj_w", last->params + fcproj, last->grads + fcproj,
+                    40, 19) < 2e-2);
+    CHECK(fd_params(&h, "MoD block 1 ln1_w", mod->params, mod->grads, C, 1) < 2e-2);
+    CHECK(fd_params(&h, "wte", h.model.wte, h.model.dwte, 60, 7) < 2e-3);
+    CHECK(fd_params(&h, "wpe", h.model.wpe, h.model.dwpe, 50, 5) < 2e-3);
+    harness_free(&h);
+}
+
+/* The predictor: d(sum of the MoD blocks' mean BCE)/du = pred_g / loss scale. */
+static void test_predictor_gradient(void)
+{
+    struct harness h;
+    harness_init(&h, MOD_ROUTING_CAUSAL, 0.25, 41);
+    const float scale = 0.5f;
+    gpt_zero_grads(&h.model);
+    gpt_forward(&h.model, &h.acts);
+    gpt_backward(&h.model, &h.acts, &h.scratch, scale, NULL, NULL);
+    gpt_tie_wte_grads(&h.model, NULL);
+    const float eps = 2e-3f;
+    double err2 = 0.0, norm2 = 0.0;
+    for (int i = 1; i < L; i += 2) {
+        struct block_mod *m = h.model.blocks[i].mod;
+        for (int c = 0; c < C; c++) {
+            float keep = m->pred_w[c];
+            double f[2];
+            for (int side = 0; side < 2; side++) {
+                m->pred_w[c] = keep + (side ? -eps : eps);
+                m->bce = 0.0;
+                gpt_forward(&h.model, &h.acts);
+                f[side] = m->bce;
+            }
+            m->pred_w[c] = keep;
+            double fd = (f[0] - f[1]) / (2.0 * eps), an = m->pred_g[c] / scale;
+            err2 += (fd - an) * (fd - an);
+            norm2 += an * an;
+        }
+    }
+    double rel = sqrt(err2 / norm2);
+    printf("finite differences, the predictors' BCE: relative error %.2e over %d values "
+           "(|grad| %.3g)\n", rel, 2 * C, sqrt(norm2));
+    CHECK(norm2 > 1e-12);
+    CHECK(rel < 5e-3);
+    harness_free(&h);
+}
+
+static void test_pack(void)
+{
+    struct gpt_shape s = mod_shape(MOD_ROUTING_CAUSAL, 0.5), dense = s;
+    dense.mod.every = 0;
+    struct block blk, back = {0}, other = {0};
+    block_init(&blk, 1, &s, 5);
+    for (size_t j = 0; j < blk.nparams; j++) blk.m[j] = 0.1f * (float)j;
+    size_t bytes = block_pack_size(&blk);
+    void *buf = malloc(bytes);
+    block_pack(&blk, buf);
+    char err[256] = "";
+    CHECK(block_unpack(&back, buf, bytes, &s, err, sizeof err) == 0);
+    CHECK(back.mod && back.mod->pred_w && back.nparams == blk.nparams &&
+          back.nparams == block_param_count(C) + 2 * C);
+    CHECK(memcmp(back.params, blk.params, blk.nparams * sizeof(float)) == 0);
+    CHECK(memcmp(back.m, blk.m, blk.nparams * sizeof(float)) == 0);
+    CHECK(block_unpack(&other, buf, bytes, &dense, err, sizeof err) != 0);
+    printf("MoD block pack: %zu bytes round-trip; a dense model's layer 1 refuses it: %s\n",
+           bytes, err);
+    free(buf);
+    block_free(&blk);
+    block_free(&back);
+}
+
+int main(void)
+{
+    dm_threads_init(1);
+    test_pass_through(MOD_ROUTING_TOPK, "top-k 0.25");
+    test_pass_through(MOD_ROUTING_CAUSAL, "causal predictor");
+    test_finite_differences();
+    test_predictor_gradient();
+    test_pack();
+    return testing_report("test_mod_model");
+}
