@@ -18,8 +18,15 @@
  * For them the test also compares the balancing losses (aux + z), each MoE
  * block's routing (choices and dropped pairs) of the first forward, the ten
  * training losses with and without the balancing losses (1e-5 relative)
- * and the bias after the ten steps. With $DYNMO_FIXTURE only that file is
- * checked. */
+ * and the bias after the ten steps.
+ *
+ * tests/reference/make_mod_hash_model_fixture.py writes two more (version
+ * 3, "DMREF003"): a model with a mixture-of-depths block (causal routing)
+ * and one with hash-sparse attention (4 buckets). For them the test also
+ * compares the MoD block's choice and the predictor's BCE, and the hash
+ * rotations dynmo draws for step 0; the training loop hands each step's
+ * index to the model, as dynmo train does. With $DYNMO_FIXTURE only that
+ * file is checked. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -34,9 +41,11 @@
 #define FIXTURE_RELATIVE_PATH "tests/reference/fixture_tiny.bin"
 #define FIXTURE_HEADER_BYTES 108
 #define FIXTURE_MOE_HEADER_BYTES (104 + 24 + 32 + 4)
+#define FIXTURE_MOD_HASH_HEADER_BYTES (104 + 16 + 16 + 4)
 #define MAX_ARRAYS 16
 static const char *const moe_fixtures[] = {
     "fixture_moe.bin", "fixture_moe_capacity.bin", "fixture_moe_sigmoid.bin",
+    "fixture_mod_model.bin", "fixture_hash_model.bin",
 };
 
 static const double logits_tolerance = 1e-4;     /* absolute */
@@ -57,9 +66,12 @@ struct fixture {
     size_t size;
     int vocab, max_seq, layers, heads, channels, batch, seq, steps, warmup;
     double lr, min_lr_ratio, beta1, beta2, eps, weight_decay, grad_clip;
-    int version;        /* 1 dense, 2 with MoE blocks */
+    int version;        /* 1 dense, 2 with MoE blocks, 3 with MoD blocks or hash attention */
     int moe_every, experts, top_k, expert_hidden, router, drop;
     double capacity_factor, aux_loss, z_loss, bias_rate;
+    int mod_every, mod_routing, hash_buckets;
+    double mod_capacity;
+    uint64_t seed;      /* the hash rotations' (train.seed) */
     int num_arrays;
     struct fixture_array arrays[MAX_ARRAYS];
 };
@@ -125,8 +137,11 @@ static int fixture_load(struct fixture *fx, const char *path)
     } else if (!memcmp(p, "DMREF002", 8) && read_u32(p + 8) == 2 &&
                fx->size >= FIXTURE_MOE_HEADER_BYTES) {
         fx->version = 2;
+    } else if (!memcmp(p, "DMREF003", 8) && read_u32(p + 8) == 3 &&
+               fx->size >= FIXTURE_MOD_HASH_HEADER_BYTES) {
+        fx->version = 3;
     } else {
-        fprintf(stderr, "%s: not a version-1 DMREF001 or version-2 DMREF002 fixture\n", path);
+        fprintf(stderr, "%s: not a DMREF001, DMREF002 or DMREF003 fixture\n", path);
         return -1;
     }
     int *ints[] = {&fx->vocab, &fx->max_seq, &fx->layers, &fx->heads, &fx->channels,
@@ -144,6 +159,14 @@ static int fixture_load(struct fixture *fx, const char *path)
         double *moe_reals[] = {&fx->capacity_factor, &fx->aux_loss, &fx->z_loss,
                                &fx->bias_rate};
         for (int i = 0; i < 4; i++) *moe_reals[i] = read_f64(p + offset + 8 * i);
+        offset += 32;
+    }
+    if (fx->version == 3) {
+        fx->mod_every = read_i32(p + offset);
+        fx->mod_routing = read_i32(p + offset + 4);
+        fx->hash_buckets = read_i32(p + offset + 8);
+        fx->mod_capacity = read_f64(p + offset + 16);
+        memcpy(&fx->seed, p + offset + 24, 8);
         offset += 32;
     }
     uint32_t num_arrays = read_u32(p + offset);
@@ -211,7 +234,7 @@ struct named_tensor {
 };
 
 static int canonical_tensors(struct named_tensor *out, int max, int V, int S, int L, int C,
-                             int moe_every, int E, int H)
+                             int moe_every, int E, int H, int mod_every, int mod_causal)
 {
     static const char *block_names[BP_COUNT] = {
         "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
@@ -240,6 +263,13 @@ static int canonical_tensors(struct named_tensor *out, int max, int V, int S, in
             char label[32];
             snprintf(label, sizeof label, "block%d.%s", l, block_names[k]);
             ADD(label, block_sizes[k]);
+        }
+        if (mod_every > 0 && (l + 1) % mod_every == 0) {   /* router, predictor */
+            char label[32];
+            snprintf(label, sizeof label, "block%d.router_w", l);
+            ADD(label, c);
+            snprintf(label, sizeof label, "block%d.pred_w", l);
+            if (mod_causal) ADD(label, c);
         }
         if (!moe) continue;
         char label[32];
@@ -284,6 +314,72 @@ static void end_moe_step(struct gpt *model)
     gpt_moe_end_step(model, values);
     free(values);
     gpt_moe_begin_step(model);
+}
+
+/* Version 3: the MoD and hash keys of the config. */
+static void configure_mod_hash(struct dm_config *cfg, const struct fixture *fx)
+{
+    printf("  MoD: every %d, capacity %g, %s routing; hash buckets %d, seed %llu\n",
+           fx->mod_every, fx->mod_capacity, fx->mod_routing ? "causal" : "top-k",
+           fx->hash_buckets, (unsigned long long)fx->seed);
+    cfg->seed = fx->seed;
+    if (fx->mod_every > 0) {
+        cfg->mod_every = fx->mod_every;
+        cfg->mod_capacity = fx->mod_capacity;
+        snprintf(cfg->mod_routing, sizeof cfg->mod_routing, "%s",
+                 fx->mod_routing ? "causal" : "topk");
+        cfg->mod_keys_set = 1;
+    }
+    if (fx->hash_buckets > 0) {
+        snprintf(cfg->attention, sizeof cfg->attention, "hash");
+        cfg->hash_buckets = fx->hash_buckets;
+        cfg->hash_keys_set = 1;
+    }
+}
+
+/* Version 3, after the first forward: the MoD blocks' choices and BCE, the
+ * hash rotations of step 0 (dynmo's own draw against the fixture's). */
+static void check_mod_hash(const struct fixture *fx, const struct gpt *model,
+                           const struct gpt_acts *acts)
+{
+    int N = fx->batch * fx->seq, M = gpt_mod_block_count(&model->shape);
+    if (M > 0) {
+        int *chosen = fixture_take(fx, "chosen", DTYPE_INT32, (long)M * N);
+        float *bce = fixture_take(fx, "bce", DTYPE_FLOAT32, 1);
+        CHECK(chosen && bce);
+        int differ = 0, count = 0, m = 0;
+        double sum = 0.0;
+        for (int i = 0; chosen && i < model->num_blocks; i++) {
+            if (!model->blocks[i].mod) continue;
+            for (int n = 0; n < N; n++) {
+                differ += acts->blocks[i].mod->chosen[n] != chosen[m * N + n];
+                count += chosen[m * N + n];
+            }
+            sum += model->blocks[i].mod->bce;
+            m++;
+        }
+        printf("MoD: %d of %d choices differ from torch's (%d chosen); predictor BCE dynmo "
+               "%.7g torch %.7g\n", differ, M * N, count, sum, bce ? bce[0] : NAN);
+        CHECK_MSG(differ == 0, "%d MoD choices differ", differ);
+        if (bce) CHECK_NEAR(sum, bce[0], loss_tolerance * fabs(bce[0]));
+        free(chosen);
+        free(bce);
+    }
+    if (fx->hash_buckets > 1) {
+        int NH = fx->heads, hs = fx->channels / NH, half = fx->hash_buckets / 2;
+        long per = (long)NH * hs * half;
+        float *want = fixture_take(fx, "rotation", DTYPE_FLOAT32, per * fx->layers);
+        float *got = malloc((size_t)per * sizeof(float));
+        int same = want != NULL;
+        for (int l = 0; want && l < fx->layers; l++) {
+            hash_rotation_draw(got, NH, hs, fx->hash_buckets, fx->seed, l, 0);
+            same &= memcmp(got, want + l * per, (size_t)per * sizeof(float)) == 0;
+        }
+        printf("hash rotations of step 0: %s torch's\n", same ? "the same bits as" : "DIFFER from");
+        CHECK(same);
+        free(want);
+        free(got);
+    }
 }
 
 /* Checks dynmo against one fixture; returns 0 (failures are counted by
@@ -337,15 +433,17 @@ static int run_fixture(const char *path)
         cfg.bias_rate = fx.bias_rate;
         cfg.moe_keys_set = 1;
     }
+    if (fx.version == 3) configure_mod_hash(&cfg, &fx);
     config_validate(&cfg);
     struct gpt_shape shape = gpt_shape_from_config(&cfg);
 
     const int B = fx.batch, T = fx.seq, V = fx.vocab, C = fx.channels;
     const int M = gpt_moe_block_count(&shape), K = fx.top_k;
-    int max_tensors = 4 + fx.layers * (BP_COUNT + 1 + 4 * (moe ? fx.experts : 0));
+    int max_tensors = 4 + fx.layers * (BP_COUNT + 2 + 4 * (moe ? fx.experts : 0));
     struct named_tensor *tensors = malloc((size_t)max_tensors * sizeof *tensors);
     int num_tensors = canonical_tensors(tensors, max_tensors, V, fx.max_seq, fx.layers, C,
-                                        moe ? fx.moe_every : 0, fx.experts, fx.expert_hidden);
+                                        moe ? fx.moe_every : 0, fx.experts, fx.expert_hidden,
+                                        fx.mod_every, fx.mod_routing == 1);
     const size_t P = tensors[num_tensors - 1].offset + tensors[num_tensors - 1].size;
     CHECK_MSG(gpt_param_count(&shape) == P, "gpt_param_count %zu, fixture layout %zu",
               gpt_param_count(&shape), P);
@@ -402,6 +500,7 @@ static int run_fixture(const char *path)
     CHECK_MSG(logits_diff <= logits_tolerance, "logits differ by %.3g", logits_diff);
     printf("loss: dynmo %.7f torch %.7f\n", loss, ref_loss[0]);
     CHECK_NEAR(loss, ref_loss[0], loss_tolerance * fabs(ref_loss[0]));
+    if (fx.version == 3) check_mod_hash(&fx, &model, &acts);
     if (moe) {
         double balance = gpt_moe_balance_loss(&model);
         printf("balancing losses (aux + z): dynmo %.7g torch %.7g\n", balance, ref_balance[0]);
@@ -455,6 +554,7 @@ static int run_fixture(const char *path)
     gpt_moe_begin_step(&model);
     for (int step = 0; step < fx.steps; step++) {
         gpt_zero_grads(&model);
+        model.step = step;   /* hash attention's rotations, as dynmo train sets it */
         float step_loss = gpt_forward(&model, &acts);
         double total = step_loss + gpt_moe_balance_loss(&model);
         gpt_backward(&model, &acts, &scratch, 1.0f, NULL, NULL);

@@ -1,0 +1,369 @@
+"""Builds the whole-model PyTorch fixtures of mixture of depths and hash attention.
+
+An independent PyTorch implementation of the GPT with mixture-of-depths
+blocks and of the GPT with hash-sparse attention as docs/mod-hash.md
+describes them (written from that description, not from dynmo's C code):
+one forward and backward pass and ten AdamW steps on a tiny model, written
+for tests/test_reference.c. It imports nothing of dynmo; the C test does not
+need torch.
+
+    /usr/bin/python3 tests/reference/make_mod_hash_model_fixture.py
+
+Two fixtures, both vocab 64, max_seq 16, 2 layers, 2 heads, 16 channels,
+batch 4 x 16, the ten steps and AdamW of make_fixture.py:
+
+fixture_mod_model.bin: block 1 is a MoD block (mod_every 2, capacity 0.25,
+causal routing). For its input x (B, T, C): the router r = x . w (w (C));
+the top-k target, per sequence the k = ceil(0.25 T) = 4 tokens with the
+largest r (ties: the lower position); the predictor logit = stopgrad(x) . u
+(u (C)); the chosen tokens are those with logit > 0; each sequence's chosen
+tokens, in ascending position, run through the ordinary block alone (causal
+attention among them), and a chosen token leaves as x + r (f(x) - x); every
+other token leaves as x. The loss trained is cross-entropy plus the mean
+binary cross-entropy of sigmoid(logit) against the target (its gradient
+reaches u only). w and u are decayed like matrices, and sit after the
+block's twelve tensors in the flat order (w, then u).
+
+fixture_hash_model.bin: every block's attention is hash-sparse with 4
+buckets. Per (sequence, head), a query's or a key's bucket is the first
+argmax of [x R ; -x R] with R (hs, 2) the head's rotation; query i attends to
+key j when both have the same bucket and j <= i (a query with no such key
+outputs zero); scale 1/sqrt(hs). The rotation of layer l at step s (0-based,
+the step being run) is R[h][i][c] = normal(seed, stream, (h hs + i) 2 + c),
+stream = 0x48415348 << 32 xor hash64(l, 0x726f74, s), with dynmo's counter
+generator (docs/mod-hash.md): hash64(seed, stream, index) is SplitMix64's
+finaliser mix applied as mix(mix(mix(seed + G) xor (stream + S)) xor
+(index + I)); normal() is Box-Muller on hash64 at 2 index and 2 index + 1.
+
+The script redraws (the seed of tokens and weights) until every decision
+(top-k gap, |logit|, bucket gap) in the forward and the ten steps is at
+least DECISION_MARGIN away from a tie, so that float rounding cannot flip
+it.
+
+Format: "DMREF003", version 3: the version-1 header's first 104 bytes, then
+int32 mod_every, mod_routing (0 top-k, 1 causal), hash_buckets, 0, float64
+mod_capacity, uint64 seed (the hash rotations'), then the array count and
+the arrays as in version 1: params, tokens, targets, logits, loss, grads
+(of the loss trained), lrs, train_losses (cross-entropy before each update),
+and, with MoD, chosen (B*T the MoD block's choice in the first forward) and
+bce (1, its BCE); with hash, rotation (layers x NH x hs x nb/2 at step 0).
+"""
+
+import argparse
+import math
+import os
+import struct
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from make_fixture import flat, init_weights, lr_at_step
+
+MAGIC = b"DMREF003"
+VERSION = 3
+DTYPE_FLOAT32, DTYPE_INT32, DTYPE_FLOAT64 = 0, 1, 2
+CONFIG = dict(vocab=64, max_seq=16, layers=2, heads=2, channels=16,
+              batch=4, seq=16, steps=10, warmup=3)
+HYPER = dict(lr=1e-3, min_lr_ratio=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
+             weight_decay=0.1, grad_clip=1.0)
+CASES = {
+    "fixture_mod_model.bin": dict(mod_every=2, mod_routing=1, mod_capacity=0.25,
+                                  hash_buckets=0, seed=1234),
+    "fixture_hash_model.bin": dict(mod_every=0, mod_routing=0, mod_capacity=0.0,
+                                   hash_buckets=4, seed=1234),
+}
+DECISION_MARGIN = 1e-4
+MASK64 = (1 << 64) - 1
+
+
+def mix64(z):
+    z = ((z ^ (z >> 30)) * 0xbf58476d1ce4e5b9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94d049bb133111eb) & MASK64
+    return z ^ (z >> 31)
+
+
+def hash64(seed, stream, index):
+    h = mix64((seed + 0x9e3779b97f4a7c15) & MASK64)
+    h = mix64(h ^ ((stream + 0x632be59bd9b4e019) & MASK64))
+    return mix64(h ^ ((index + 0x85ebca77c2b2ae63) & MASK64))
+
+
+def normal(seed, stream, index):
+    a = hash64(seed, stream, 2 * index)
+    b = hash64(seed, stream, 2 * index + 1)
+    u1 = ((a >> 11) + 0.5) * (1.0 / 9007199254740992.0)
+    u2 = (b >> 11) * (1.0 / 9007199254740992.0)
+    return float(torch.tensor(math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2),
+                              dtype=torch.float32))
+
+
+def rotation(seed, layer, step, heads, hs, buckets):
+    half = buckets // 2
+    stream = (0x48415348 << 32) ^ hash64(layer, 0x726f74, step)
+    values = [normal(seed, stream, i) for i in range(heads * hs * half)]
+    return torch.tensor(values, dtype=torch.float32).reshape(heads, hs, half)
+
+
+class Margins:
+    def __init__(self):
+        self.smallest = float("inf")
+
+    def see(self, gap):
+        self.smallest = min(self.smallest, float(gap))
+
+
+def buckets_of(x, R, margins):
+    """x (B, NH, T, hs), R (NH, hs, half) -> (B, NH, T) first argmax of [xR ; -xR]."""
+    proj = torch.einsum("bhti,hic->bhtc", x, R)
+    both = torch.cat([proj, -proj], dim=-1).detach()
+    top2 = both.topk(2, dim=-1).values
+    margins.see((top2[..., 0] - top2[..., 1]).min())
+    return both.argmax(dim=-1)
+
+
+class Attention(nn.Module):
+    """Causal attention, dense or hash-sparse (rotation set before each forward)."""
+    def __init__(self, channels, heads, margins):
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(channels, 3 * channels)
+        self.attproj = nn.Linear(channels, channels)
+        self.rotation = None
+        self.margins = margins
+
+    def forward(self, x):
+        B, T, C = x.shape
+        hs = C // self.heads
+        q, k, v = self.qkv(x).split(C, dim=2)
+        q = q.view(B, T, self.heads, hs).transpose(1, 2)
+        k = k.view(B, T, self.heads, hs).transpose(1, 2)
+        v = v.view(B, T, self.heads, hs).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        allowed = ~torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
+        allowed = allowed.expand(B, self.heads, T, T)
+        if self.rotation is not None:
+            bq = buckets_of(q, self.rotation, self.margins)
+            bk = buckets_of(k, self.rotation, self.margins)
+            allowed = allowed & (bq[..., :, None] == bk[..., None, :])
+        probs = scores.masked_fill(~allowed, -1e30).softmax(dim=-1)
+        probs = torch.where(allowed, probs, torch.zeros_like(probs))
+        y = (probs @ v).transpose(1, 2).reshape(B, T, C)
+        return self.attproj(y)
+
+
+class Block(nn.Module):
+    def __init__(self, channels, heads, margins, mod):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(channels, eps=1e-5)
+        self.attn = Attention(channels, heads, margins)
+        self.ln2 = nn.LayerNorm(channels, eps=1e-5)
+        self.fc = nn.Linear(channels, 4 * channels)
+        self.fcproj = nn.Linear(4 * channels, channels)
+        self.mod = mod
+        self.margins = margins
+        if mod:
+            self.router = nn.Parameter(torch.empty(channels))
+            self.predictor = nn.Parameter(torch.empty(channels))
+        self.last_chosen = None
+        self.last_bce = None
+
+    def dense(self, x):
+        x = x + self.attn(self.ln1(x))
+        return x + self.fcproj(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
+
+    def forward(self, x):
+        if not self.mod:
+            return self.dense(x), 0.0
+        B, T, C = x.shape
+        k = max(1, min(T, math.ceil(self.mod["capacity"] * T - 1e-9)))
+        r = x @ self.router
+        order = torch.sort(-r.detach(), dim=1, stable=True).indices
+        ranked = r.detach().gather(1, order)
+        self.margins.see((ranked[:, k - 1] - ranked[:, k]).min())
+        target = torch.zeros(B, T)
+        target.scatter_(1, order[:, :k], 1.0)
+        logit = x.detach() @ self.predictor
+        self.margins.see(logit.detach().abs().min())
+        chosen = logit.detach() > 0
+        bce = F.binary_cross_entropy_with_logits(logit, target)
+        out = x.clone()
+        for b in range(B):
+            idx = chosen[b].nonzero().reshape(-1)
+            if idx.numel() == 0:
+                continue
+            xs = x[b, idx]
+            f = self.dense(xs[None])[0]
+            out[b, idx] = xs + r[b, idx, None] * (f - xs)
+        self.last_chosen = chosen
+        self.last_bce = bce.detach()
+        return out, bce
+
+    def canonical_tensors(self):
+        t = [self.ln1.weight, self.ln1.bias, self.attn.qkv.weight, self.attn.qkv.bias,
+             self.attn.attproj.weight, self.attn.attproj.bias, self.ln2.weight, self.ln2.bias,
+             self.fc.weight, self.fc.bias, self.fcproj.weight, self.fcproj.bias]
+        return t + ([self.router, self.predictor] if self.mod else [])
+
+    def matrices(self):
+        m = [self.attn.qkv.weight, self.attn.attproj.weight, self.fc.weight, self.fcproj.weight]
+        return m + ([self.router, self.predictor] if self.mod else [])
+
+
+class GPT(nn.Module):
+    def __init__(self, case, seed, margins):
+        super().__init__()
+        c = CONFIG
+        self.case = case
+        self.seed = seed
+        self.wte = nn.Embedding(c["vocab"], c["channels"])
+        self.wpe = nn.Embedding(c["max_seq"], c["channels"])
+        every = case["mod_every"]
+        mod = dict(capacity=case["mod_capacity"]) if every else None
+        self.blocks = nn.ModuleList(
+            Block(c["channels"], c["heads"], margins,
+                  mod if every and (l + 1) % every == 0 else None)
+            for l in range(c["layers"]))
+        self.lnf = nn.LayerNorm(c["channels"], eps=1e-5)
+
+    def set_step(self, step):
+        nb, c = self.case["hash_buckets"], CONFIG
+        for l, block in enumerate(self.blocks):
+            if nb:
+                block.attn.rotation = rotation(self.seed, l, step, c["heads"],
+                                               c["channels"] // c["heads"], nb)
+
+    def forward(self, tokens, targets):
+        B, T = tokens.shape
+        x = self.wte(tokens) + self.wpe(torch.arange(T))
+        aux = 0.0
+        for block in self.blocks:
+            x, a = block(x)
+            aux = aux + a
+        logits = self.lnf(x) @ self.wte.weight.t()
+        loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+        return logits, loss, aux
+
+    def canonical_tensors(self):
+        tensors = [self.wte.weight, self.wpe.weight]
+        for block in self.blocks:
+            tensors += block.canonical_tensors()
+        return tensors + [self.lnf.weight, self.lnf.bias]
+
+    def decayed(self):
+        tensors = [self.wte.weight, self.wpe.weight]
+        for block in self.blocks:
+            tensors += block.matrices()
+        return tensors
+
+
+def build_fixture(case, seed):
+    torch.manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)
+    c, h = CONFIG, HYPER
+    margins = Margins()
+    model = GPT(case, seed, margins)
+    init_weights(model, generator)
+    with torch.no_grad():
+        for block in model.blocks:
+            if block.mod:
+                block.router.copy_(torch.randn(c["channels"], generator=generator))
+                block.predictor.copy_(torch.randn(c["channels"], generator=generator))
+    tensors = model.canonical_tensors()
+    assert len(tensors) == len(list(model.parameters()))
+    shape = (c["batch"], c["seq"])
+    tokens = torch.randint(0, c["vocab"], shape, generator=generator)
+    targets = torch.randint(0, c["vocab"], shape, generator=generator)
+
+    arrays = [("params", DTYPE_FLOAT32, flat(tensors))]
+    model.set_step(0)
+    logits, loss, aux = model(tokens, targets)
+    (loss + aux).backward()
+    arrays += [("tokens", DTYPE_INT32, tokens.reshape(-1)),
+               ("targets", DTYPE_INT32, targets.reshape(-1)),
+               ("logits", DTYPE_FLOAT32, logits.detach().reshape(-1)),
+               ("loss", DTYPE_FLOAT32, loss.detach().reshape(1)),
+               ("grads", DTYPE_FLOAT32, flat([t.grad for t in tensors]))]
+    extra = []
+    mods = [b for b in model.blocks if b.mod]
+    if mods:
+        extra += [("chosen", DTYPE_INT32, torch.cat([b.last_chosen.reshape(-1) for b in mods])),
+                  ("bce", DTYPE_FLOAT32, torch.stack([b.last_bce for b in mods]).sum().reshape(1))]
+    if case["hash_buckets"]:
+        extra += [("rotation", DTYPE_FLOAT32,
+                   torch.cat([b.attn.rotation.reshape(-1) for b in model.blocks]))]
+
+    decayed_ids = {id(t) for t in model.decayed()}
+    groups = [{"params": [t for t in tensors if id(t) in decayed_ids],
+               "weight_decay": h["weight_decay"]},
+              {"params": [t for t in tensors if id(t) not in decayed_ids],
+               "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=h["lr"], betas=(h["beta1"], h["beta2"]),
+                                  eps=h["eps"])
+    lrs, losses = [], []
+    for step in range(c["steps"]):
+        lr = lr_at_step(step, h["lr"], h["min_lr_ratio"], c["warmup"], c["steps"])
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        optimizer.zero_grad(set_to_none=False)
+        model.set_step(step)
+        _, loss, aux = model(tokens, targets)
+        (loss + aux).backward()
+        torch.nn.utils.clip_grad_norm_(tensors, h["grad_clip"])
+        optimizer.step()
+        lrs.append(lr)
+        losses.append(loss.item())
+    arrays += [("lrs", DTYPE_FLOAT64, torch.tensor(lrs, dtype=torch.float64)),
+               ("train_losses", DTYPE_FLOAT32, torch.tensor(losses, dtype=torch.float32))]
+    return arrays + extra, losses, margins.smallest
+
+
+def write_fixture(path, arrays, case, seed):
+    formats = {DTYPE_FLOAT32: ("<f4", torch.float32), DTYPE_INT32: ("<i4", torch.int32),
+               DTYPE_FLOAT64: ("<f8", torch.float64)}
+    header = MAGIC + struct.pack("<I", VERSION)
+    header += struct.pack("<9i", *(CONFIG[k] for k in
+                                   ("vocab", "max_seq", "layers", "heads", "channels",
+                                    "batch", "seq", "steps", "warmup")))
+    header += struct.pack("<7d", *(HYPER[k] for k in
+                                   ("lr", "min_lr_ratio", "beta1", "beta2", "eps",
+                                    "weight_decay", "grad_clip")))
+    assert len(header) == 104
+    header += struct.pack("<4i", case["mod_every"], case["mod_routing"], case["hash_buckets"], 0)
+    header += struct.pack("<dQ", case["mod_capacity"], seed)
+    header += struct.pack("<I", len(arrays))
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(header)
+        for name, dtype, data in arrays:
+            numpy_format, torch_type = formats[dtype]
+            values = data.to(torch_type).contiguous().numpy().astype(numpy_format)
+            f.write(struct.pack("<16sIi", name.encode("ascii"), dtype, values.size))
+            f.write(values.tobytes())
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def main():
+    here = os.path.dirname(os.path.abspath(__file__))
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out-dir", default=here)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    for name, case in CASES.items():
+        seed = case["seed"]
+        while True:
+            arrays, losses, margin = build_fixture(case, seed)
+            if margin >= DECISION_MARGIN:
+                break
+            seed += 1
+        path = os.path.join(args.out_dir, name)
+        write_fixture(path, arrays, case, seed)
+        print(f"wrote {path} ({os.path.getsize(path)} bytes); seed {seed}, smallest decision "
+              f"margin {margin:.3g}")
+        print("  train losses: " + " ".join(f"{x:.6f}" for x in losses))
+
+
+if __name__ == "__main__":
+    main()
