@@ -39,3 +39,6 @@ echo "== balancers: dynmo plan --bench"
 "$DYNMO" plan --bench 2>&1 | sed 's/^/   /'
 echo "== what -ffp-contract=off costs: bench/contract.sh"
 BUILD=$BUILD bench/contract.sh 2>&1 | sed 's/^/   /'
+echo "== mixture of depths and hash attention (issue 17): bench/mod_hash_schemes.sh"
+BENCH_MODHASH_STEPS=${BENCH_MODHASH_STEPS:-60}
+DYNMO=$DYNMO bench/mod_hash_schemes.sh "$BENCH_MODHASH_STEPS" $((BENCH_MODHASH_STEPS / 2)) 10 2>&1 | sed 's/^/   /'

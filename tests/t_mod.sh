@@ -57,6 +57,11 @@ assert t.shape == (4, 3) and (t == 64).all(), t
 assert c.shape == (4, 3) and (c >= 0).all() and (c <= 256).all(), c
 print(f"ok: /mod/tokens: top-k 64 of 256 per block and step; causal {c.min():.0f}..{c.max():.0f}")
 PY
+# inspect summarises /mod/tokens (run log) and the MoD keys (checkpoint, below)
+"$DYNMO" inspect "$dir/tstatic/runlog.h5" > "$dir/inspect.out" 2>&1 &&
+  grep -q "mixture of depths: 3 MoD blocks (every 2), tokens processed per block and step of 256: 64 (25.0%)" "$dir/inspect.out" &&
+  echo "ok: inspect: $(grep 'mixture of depths' "$dir/inspect.out" | cut -c1-100)" ||
+  { fail "inspect does not summarise /mod/tokens"; cat "$dir/inspect.out"; }
 # checkpoint and resume: 2 stages for 2 steps, then 1 rank to step 4
 run full "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/ca" ckpt.every=2
 run part "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 train.steps=2
@@ -74,6 +79,8 @@ assert m["attention"] == "dense" and m["hash_buckets"] == 0, dict(m)
 assert f["/mod/params"].shape == (3, 64) and f["/blocks/params"].shape[0] == 6
 print("ok: MoD checkpoint: /model mod_every 2, capacity 0.25, causal; /mod/params 3 x 64")
 PY
+"$DYNMO" inspect "$dir/cb/ckpt-2.h5" 2>&1 | grep -q "mixture of depths: every 2 blocks (3 MoD blocks), capacity 0.25, causal routing" &&
+  echo "ok: inspect shows a checkpoint's MoD keys" || fail "inspect does not show a checkpoint's MoD keys"
 refused() { # refused NAME WHAT PATTERN [overrides...]: resume from cb must exit 2 with PATTERN
   local name=$1 what=$2 pattern=$3; shift 3
   timeout 120 mpiexec -n 1 "$DYNMO" train --config "$dir/mod.ini" parallel.pp=1 parallel.dp=1 \

@@ -30,6 +30,10 @@ struct summary {
     struct moe_load *moe;               /* (moe_blocks), or NULL without /moe/tokens */
     int moe_blocks, experts, top_k;
     long moe_steps;                     /* steps with counts (filler rows left out) */
+    float *mod_tokens;                  /* (mod_rows, mod_blocks) /mod/tokens, or NULL */
+    int mod_blocks, mod_every;
+    long mod_rows;
+    double mod_reached;                 /* tokens per step that reach a MoD block */
     char *version, *created, *config, *format_version; /* dm_alloc'd; NULL if absent */
     long steps;
     double first_loss, last_loss, mean_step_ms;
@@ -60,6 +64,7 @@ static char *read_attr_or_die(const char *path, const char *name)
 }
 
 static void load_moe(struct summary *s, const char *path);
+static void load_mod(struct summary *s, const char *path);
 
 static void load_summary(struct summary *s, const char *path)
 {
@@ -98,6 +103,7 @@ static void load_summary(struct summary *s, const char *path)
     }
     dm_free(values);
     load_moe(s, path);
+    load_mod(s, path);
 }
 
 /* The config's value of key ("model.moe_every"), or fallback. */
@@ -156,8 +162,43 @@ static void load_moe(struct summary *s, const char *path)
     dm_free(dropped);
 }
 
+/* Mixture of depths: /mod/tokens (column j: the j-th MoD block). */
+static void load_mod(struct summary *s, const char *path)
+{
+    char err[1024];
+    int ncols = 0;
+    s->mod_rows = runlog_read_matrix(path, RUNLOG_MOD_TOKENS, &s->mod_tokens, &ncols, err,
+                                     sizeof err);
+    s->mod_every = (int)config_value(s->config, "model.mod_every", 0);
+    s->mod_reached = (double)config_value(s->config, "train.batch", 0) *
+                     (double)config_value(s->config, "train.seq", 0);
+    if (s->mod_rows <= 0 || ncols <= 0 || s->mod_every <= 0 || s->mod_reached <= 0) {
+        dm_free(s->mod_tokens);
+        s->mod_tokens = NULL;
+        return;
+    }
+    s->mod_blocks = ncols;
+}
+
+/* The MoD blocks' mean tokens per step over rows [first, last) (NaN rows,
+ * steps this log does not hold, left out). */
+static double mod_mean(const struct summary *s, long first, long last)
+{
+    double sum = 0.0;
+    long n = 0;
+    for (long r = first; r < last; r++)
+        for (int j = 0; j < s->mod_blocks; j++) {
+            float v = s->mod_tokens[r * s->mod_blocks + j];
+            if (isnan(v)) continue;
+            sum += v;
+            n++;
+        }
+    return n ? sum / (double)n : NAN;
+}
+
 static void free_summary(struct summary *s)
 {
+    dm_free(s->mod_tokens);
     dm_free(s->moe);
     dm_free(s->version);
     dm_free(s->created);
@@ -205,6 +246,15 @@ static void print_text(const struct summary *s)
                    m->layer, m->tokens, m->most, 100.0 * m->most_share, m->least,
                    100.0 * m->least_share, m->tokens > 0 ? 100.0 * m->dropped / m->tokens : 0.0);
         }
+    }
+    if (s->mod_tokens) {
+        long tenth = s->mod_rows / 10 > 0 ? s->mod_rows / 10 : 1;
+        double first = mod_mean(s, 0, tenth), last = mod_mean(s, s->mod_rows - tenth, s->mod_rows);
+        printf("mixture of depths: %d MoD blocks (every %d), tokens processed per block and "
+               "step of %.0f: %.0f (%.1f%%) over the first %ld steps, %.0f (%.1f%%) over the "
+               "last %ld\n", s->mod_blocks, s->mod_every, s->mod_reached, first,
+               100.0 * first / s->mod_reached, tenth, last, 100.0 * last / s->mod_reached,
+               tenth);
     }
     printf("datasets:\n");
     for (int i = 0; i < s->dataset_count; i++) {
@@ -319,6 +369,15 @@ static void print_json(const struct summary *s)
     put(o, "mean_step_ms", number(s->mean_step_ms));
     put(o, "mean_step_ms_steps", integer(s->timed_steps));
     if (s->moe) put(o, "moe", moe_json(s));
+    if (s->mod_tokens) {
+        long tenth = s->mod_rows / 10 > 0 ? s->mod_rows / 10 : 1;
+        json_object *mod = checked(json_object_new_object());
+        put(mod, "blocks", integer(s->mod_blocks));
+        put(mod, "tokens_reaching_per_step", number(s->mod_reached));
+        put(mod, "tokens_first_tenth", number(mod_mean(s, 0, tenth)));
+        put(mod, "tokens_last_tenth", number(mod_mean(s, s->mod_rows - tenth, s->mod_rows)));
+        put(o, "mod", mod);
+    }
     json_object *datasets = checked(json_object_new_array());
     for (int i = 0; i < s->dataset_count; i++) {
         const struct runlog_dataset_info *d = &s->datasets[i];
@@ -370,6 +429,12 @@ static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
                "width %d, top-%d: %zu parameters per MoE block\n", s->moe.every,
                gpt_moe_block_count(s), s->moe.experts, s->moe.hidden, s->moe.top_k,
                gpt_block_param_count(s, s->moe.every - 1));
+    if (s->mod.every > 0)
+        printf("  mixture of depths: every %d blocks (%d MoD blocks), capacity %g, %s routing\n",
+               s->mod.every, gpt_mod_block_count(s), s->mod.capacity,
+               s->mod.routing == MOD_ROUTING_CAUSAL ? "causal" : "top-k");
+    if (s->hash.buckets > 0)
+        printf("  attention: hash-sparse, %d buckets per head\n", s->hash.buckets);
     printf("  step: %ld (the run resumes at step index %ld); optimizer steps %ld; "
            "learning-rate schedule at step %ld\n", m->step, m->step, m->optimizer_steps,
            m->lr_schedule_step);
