@@ -78,7 +78,8 @@ else:
 best = min(ms["uniform"], ms["params"])
 print(f"balanced {ms['balanced']:.1f} ms vs best static {best:.1f} ms: {best / ms['balanced']:.3f}x")
 PY
-    bound=$(/usr/bin/python3 bench/bound.py "$out/$scheme-$ranks-uniform/runlog.h5" "$SETTLE" "$STEPS" "$ranks" 4 "$DYNMO" | grep '^bound static-uniform' || true)
+    mb=$(sed -n 's/^micro_batches *= *//p' "configs/$scheme.ini")
+    bound=$(/usr/bin/python3 bench/bound.py "$out/$scheme-$ranks-uniform/runlog.h5" "$SETTLE" "$STEPS" "$ranks" "$mb" "$DYNMO" | grep '^bound static-uniform' || true)
     echo "$bound"
   done
 done
