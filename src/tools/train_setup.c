@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "dynmo/backend.h"
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
@@ -95,6 +96,21 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
     dm_free(cost);
     dm_free(mem);
     if (rc != BALANCE_OK) dm_user_error("%s", err);
+}
+
+void train_open_backend(const struct dm_config *cfg)
+{
+    char problem[WORLD_MESSAGE_BYTES] = "";
+    int bad = backend_open(cfg->device, problem, sizeof problem) != 0;
+    if (!bad && strcmp(backend_current()->name, "cpu") != 0) {
+        bad = 1;
+        dm_set_message(problem, sizeof problem, "train.device = cuda: the CUDA backend "
+                       "opened (%s), but the model does not run through it yet "
+                       "(docs/gpu.md); use train.device = cpu", backend_current()->device);
+    }
+    char agreed[WORLD_MESSAGE_BYTES];
+    if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))
+        dm_user_error("%s", agreed);
 }
 
 void train_open_data(struct train_data *d, const struct dm_config *cfg)
