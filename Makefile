@@ -136,6 +136,13 @@ $(BUILD)/cuda/%.o: kernels/%.cu $(CU_HEADERS) Makefile
 $(BUILD)/libdynmo_cuda.so: $(CU_OBJ)
 	$(NVCC) -shared -o $@ $^ $(CUDA_LDLIBS)
 
+# Every op of a backend's table against the CPU backend (make check-gpu runs
+# it with cuda; t_gpu_device.sh checks the checker with cpu). Plain C.
+$(BUILD)/gpu/check_ops: tests/gpu/check_ops.c $(BUILD)/libdynmo.a $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
+all: $(BUILD)/gpu/check_ops
+
 # The host harness compiles the kernels' per-thread functions with gcc.
 $(BUILD)/tests/test_kernels_host: $(CU_HEADERS)
 
