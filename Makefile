@@ -9,7 +9,8 @@
 
 SANITIZE ?=
 USE_CUDA ?= 0
-CUDA_HOME ?= /usr/local/cuda
+# /usr/local/cuda (NVIDIA's installer), else /usr (Debian's nvidia-cuda-toolkit)
+CUDA_HOME ?= $(if $(wildcard /usr/local/cuda/bin/nvcc),/usr/local/cuda,/usr)
 ARCH ?= -march=native
 PKGS := mpich hdf5-mpich openblas cairo json-c
 
@@ -72,7 +73,7 @@ all: info $(BUILD)/dynmo $(TEST_BIN) $(REPLAY_BIN)
 info:
 	@echo "dynmo: CC=$(CC) ARCH=$(ARCH) SANITIZE=$(or $(SANITIZE),none) USE_CUDA=$(USE_CUDA)"
 	@for p in $(PKGS); do echo "  found $$p $$(pkg-config --modversion $$p)"; done
-	@if [ "$(USE_CUDA)" = 1 ]; then echo "  CUDA: $(CUDA_HOME) (kernels/)"; \
+	@if [ "$(USE_CUDA)" = 1 ]; then echo "  CUDA: $(NVCC) $$($(NVCC) --version 2>/dev/null | tail -n 1 || echo '(missing)'), NCCL_HOME=$(NCCL_HOME) (kernels/)"; \
 	 else echo "  CUDA: skipped (USE_CUDA=0; the CPU build never needs it)"; fi
 
 # The flags the objects were built with: a change of CFLAGS (ARCH=,

@@ -51,6 +51,10 @@ out=$(DYNMO_CUDA_PLUGIN="$dir/nodevice.so" timeout 60 mpiexec -n 2 "$DYNMO" trai
 [ "$(grep -c 'no CUDA device (fake)' <<<"$out")" = 1 ] || fail "two ranks: not one message: $out"
 [ -e "$dir/out" ] && fail "run.out_dir created although the device was refused"
 
+# The op checker of make check-gpu, on the CPU table against itself.
+"$BUILD/gpu/check_ops" cpu > "$dir/ops.log" 2>&1 || fail "check_ops cpu: $(tail -n 3 "$dir/ops.log")"
+grep -q "check_ops: 0 of [1-9][0-9]* checks failed" "$dir/ops.log" || fail "check_ops cpu: $(tail -n 1 "$dir/ops.log")"
+
 # train.device = cpu is the default and trains.
 "$DYNMO" train --config "$dir/run.ini" train.device=cpu >/dev/null 2>&1 || fail "train.device=cpu"
 finish
