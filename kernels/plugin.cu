@@ -105,6 +105,8 @@ static void fill_ops(struct dm_backend *t)
     t->crossentropy_forward = cuda_crossentropy_forward;
     t->crossentropy_softmax_backward = cuda_crossentropy_softmax_backward;
     t->adamw_update = cuda_adamw_update;
+    t->sparse_matmul_forward = cuda_sparse_matmul_forward;
+    t->sparse_matmul_backward = cuda_sparse_matmul_backward;
     t->rows_gather = cuda_rows_gather;
     t->rows_scatter = cuda_rows_scatter;
     t->comm_init = cuda_comm_init;

@@ -92,6 +92,12 @@ void cuda_crossentropy_softmax_backward(float *dlogits, const float *probs, cons
 void cuda_adamw_update(float *params, const float *grads, float *m, float *v, long n, float lr,
                        float beta1, float beta2, float eps, float weight_decay,
                        float grad_scale, int t);
+void cuda_sparse_matmul_forward(float *out, const float *inp, const int *row_ptr,
+                                const int *col_idx, const float *values, const float *bias,
+                                int N, int C, int OC);
+void cuda_sparse_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const int *row_ptr, const int *col_idx,
+                                 const float *values, int nnz, int N, int C, int OC);
 void cuda_rows_gather(float *dst, const float *src, const int *rows, int n, int C);
 void cuda_rows_scatter(float *dst, const float *src, const int *rows, int n, int C, int add);
 

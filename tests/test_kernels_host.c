@@ -27,6 +27,7 @@
 #include "../kernels/layernorm.cuh"
 #include "../kernels/matmul.cuh"
 #include "../kernels/softmax.cuh"
+#include "../kernels/sparse.cuh"
 
 /* ---- the grid harness --------------------------------------------------- */
 
@@ -640,6 +641,58 @@ static void test_attention(int B, int T, int C, int NH)
     dm_free(scratch), dm_free(work);
 }
 
+/* A random CSR weight (OC, C) keeping about `keep` of the entries, with
+ * empty rows; arrays from dm_alloc, in *w. */
+static void random_csr(struct csr_matrix *w, int OC, int C, double keep)
+{
+    w->rows = OC, w->cols = C;
+    w->row_ptr = dm_alloc((size_t)(OC + 1) * sizeof(int));
+    w->col_idx = dm_alloc((size_t)OC * C * sizeof(int) + 4);
+    w->values = dm_alloc((size_t)OC * C * sizeof(float) + 4);
+    int nnz = 0;
+    for (int o = 0; o < OC; o++) {
+        w->row_ptr[o] = nnz;
+        for (int c = 0; c < C && o % 7 != 3; c++)
+            if (fabsf(draw_normal()) < keep * 1.6f) {
+                w->col_idx[nnz] = c;
+                w->values[nnz++] = draw_normal();
+            }
+    }
+    w->row_ptr[OC] = w->nnz = nnz;
+}
+
+static void test_sparse(int N, int C, int OC, double keep)
+{
+    struct csr_matrix w;
+    random_csr(&w, OC, C, keep);
+    printf("sparse N=%d C=%d OC=%d nnz=%d\n", N, C, OC, w.nnz);
+    long NC = (long)N * C, NO = (long)N * OC;
+    float *x = filled(NC, 1.0f), *b = filled(OC, 1.0f), *dy = filled(NO, 1.0f);
+    float *out = dm_alloc(NO * 4), *dx = filled(NC, 1.0f), *dw = filled((long)OC * C, 1.0f);
+    float *db = filled(OC, 1.0f);
+    struct two_runs gout = two_copies(out, NO), gdx = two_copies(dx, NC);
+    struct two_runs gdw = two_copies(dw, (long)OC * C), gdb = two_copies(db, OC);
+    sparse_matmul_forward(out, x, &w, b, N, C, OC);
+    sparse_matmul_backward(dx, dw, db, dy, x, &w, N, C, OC);
+    FOR_ORDERS(r) {
+        FOR_GRID(3, 32, sparse_forward_thread(t, gout.run[r], x, w.row_ptr, w.col_idx, w.values,
+                                              b, N, C, OC));
+        FOR_GRID(2, 16, sparse_dinp_thread(t, gdx.run[r], dy, w.row_ptr, w.col_idx, w.values, N,
+                                           C, OC));
+        FOR_GRID(3, 16, sparse_dweight_thread(t, gdw.run[r], dy, x, w.row_ptr, w.col_idx, w.nnz,
+                                              N, C, OC));
+        FOR_GRID(2, 8, sparse_dbias_thread(t, gdb.run[r], dy, N, OC));
+    }
+    check_orders("sparse dweight", gdw.run[0], gdw.run[1], (long)OC * C);
+    check_bits("sparse_matmul_forward", gout.run[0], out, NO);
+    check_bits("sparse_matmul_backward dinp", gdx.run[1], dx, NC);
+    check_bits("sparse_matmul_backward dweight", gdw.run[0], dw, (long)OC * C);
+    check_bits("sparse_matmul_backward dbias", gdb.run[0], db, OC);
+    two_free(&gout), two_free(&gdx), two_free(&gdw), two_free(&gdb);
+    dm_free(x), dm_free(b), dm_free(dy), dm_free(out), dm_free(dx), dm_free(dw), dm_free(db);
+    dm_free(w.row_ptr), dm_free(w.col_idx), dm_free(w.values);
+}
+
 int main(void)
 {
     dm_threads_init(1);
@@ -657,5 +710,8 @@ int main(void)
     test_products(1, 17, 24, 3, 50, 40);
     test_attention(2, 32, 64, 4);
     test_attention(1, 45, 24, 3); /* T not a multiple of ATT_BLOCK */
+    test_sparse(150, 48, 72, 0.3);  /* N not a multiple of the tile */
+    test_sparse(40, 32, 96, 0.9);
+    test_sparse(64, 24, 16, 0.0);   /* every row empty: nothing kept */
     return testing_report("test_kernels_host");
 }

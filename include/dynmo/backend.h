@@ -23,7 +23,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 1
+#define DM_BACKEND_ABI 2
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -108,6 +108,17 @@ struct dm_backend {
     void (*adamw_update)(float *params, const float *grads, float *m, float *v, long n,
                          float lr, float beta1, float beta2, float eps, float weight_decay,
                          float grad_scale, int t);
+
+    /* Pruned matrices in CSR (model.h's sparse_matmul_*): the weight (OC, C)
+     * as its arrays row_ptr (OC + 1), col_idx and values (nnz), in the
+     * backend's memory; dinp is overwritten, dweight (dense) and dbias
+     * accumulate; any of the three may be NULL. */
+    void (*sparse_matmul_forward)(float *out, const float *inp, const int *row_ptr,
+                                  const int *col_idx, const float *values, const float *bias,
+                                  int N, int C, int OC);
+    void (*sparse_matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const int *row_ptr, const int *col_idx,
+                                   const float *values, int nnz, int N, int C, int OC);
 
     /* The dynamic schemes' gathers (early exit's active rows, mixture of
      * depths' chosen tokens, MoE's dispatch): dst (n, C) = rows `rows` of

@@ -49,6 +49,33 @@ static void cpu_rows_scatter(float *dst, const float *src, const int *rows, int 
     }
 }
 
+/* The CSR arrays as the struct the CPU kernels take (they only read it). */
+static struct csr_matrix csr_view(const int *row_ptr, const int *col_idx, const float *values,
+                                  int rows, int cols)
+{
+    struct csr_matrix w = {.rows = rows, .cols = cols, .nnz = row_ptr[rows],
+                           .row_ptr = (int *)row_ptr, .col_idx = (int *)col_idx,
+                           .values = (float *)values};
+    return w;
+}
+
+static void cpu_sparse_forward(float *out, const float *inp, const int *row_ptr,
+                               const int *col_idx, const float *values, const float *bias, int N,
+                               int C, int OC)
+{
+    struct csr_matrix w = csr_view(row_ptr, col_idx, values, OC, C);
+    sparse_matmul_forward(out, inp, &w, bias, N, C, OC);
+}
+
+static void cpu_sparse_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const int *row_ptr, const int *col_idx,
+                                const float *values, int nnz, int N, int C, int OC)
+{
+    struct csr_matrix w = csr_view(row_ptr, col_idx, values, OC, C);
+    DM_ASSERT(w.nnz == nnz);
+    sparse_matmul_backward(dinp, dweight, dbias, dout, inp, &w, N, C, OC);
+}
+
 static const struct dm_backend cpu_table = {
     .abi = DM_BACKEND_ABI,
     .name = "cpu",
@@ -77,6 +104,8 @@ static const struct dm_backend cpu_table = {
     .crossentropy_forward = crossentropy_forward,
     .crossentropy_softmax_backward = crossentropy_softmax_backward,
     .adamw_update = adamw_update,
+    .sparse_matmul_forward = cpu_sparse_forward,
+    .sparse_matmul_backward = cpu_sparse_backward,
     .rows_gather = cpu_rows_gather,
     .rows_scatter = cpu_rows_scatter,
 };

@@ -205,6 +205,37 @@ static void check_embedding_loss_rows(int B, int T, int C, int V)
     dm_free(tok), dm_free(rows), dev->free(TOK), dev->free(ROWS);
 }
 
+static void check_sparse(int N, int C, int OC)
+{
+    int *row_ptr = dm_alloc((size_t)(OC + 1) * sizeof(int)), nnz = 0;
+    int *col_idx = dm_alloc((size_t)OC * C * sizeof(int));
+    float *values = dm_alloc((size_t)OC * C * sizeof(float));
+    for (int o = 0; o < OC; o++) {
+        row_ptr[o] = nnz;
+        for (int c = 0; c < C; c++)
+            if (draw() > 0.4f) col_idx[nnz] = c, values[nnz++] = draw();
+    }
+    row_ptr[OC] = nnz;
+    long NC = (long)N * C, NO = (long)N * OC, W = (long)OC * C;
+    float *x = host(NC, 1), *b = host(OC, 1), *dy = host(NO, 1), *out = host(NO, 0);
+    float *dx = host(NC, 0), *dw = host(W, 1), *db = host(OC, 1);
+    int *RP = up(row_ptr, (OC + 1) * 4L), *CI = up(col_idx, nnz * 4L + 4);
+    float *VA = up(values, nnz * 4L + 4), *X = up(x, NC * 4), *Bd = up(b, OC * 4);
+    float *DY = up(dy, NO * 4), *O = up(out, NO * 4), *DX = up(dx, NC * 4);
+    float *DW = up(dw, W * 4), *DB = up(db, OC * 4);
+    cpu->sparse_matmul_forward(out, x, row_ptr, col_idx, values, b, N, C, OC);
+    dev->sparse_matmul_forward(O, X, RP, CI, VA, Bd, N, C, OC);
+    compare("sparse_matmul_forward", O, out, NO);
+    cpu->sparse_matmul_backward(dx, dw, db, dy, x, row_ptr, col_idx, values, nnz, N, C, OC);
+    dev->sparse_matmul_backward(DX, DW, DB, DY, X, RP, CI, VA, nnz, N, C, OC);
+    compare("sparse_matmul_backward dinp", DX, dx, NC);
+    compare("sparse_matmul_backward dweight", DW, dw, W);
+    compare("sparse_matmul_backward dbias", DB, db, OC);
+    float *hs[] = {x, b, dy, out, dx, dw, db, values}, *ds[] = {X, Bd, DY, O, DX, DW, DB, VA};
+    for (int i = 0; i < 8; i++) dm_free(hs[i]), dev->free(ds[i]);
+    dm_free(row_ptr), dm_free(col_idx), dev->free(RP), dev->free(CI);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda"))) {
@@ -227,6 +258,7 @@ int main(int argc, char **argv)
     check_attention(1, 45, 24, 3);
     check_elementwise(100003);
     check_embedding_loss_rows(4, 64, 96, 256);
+    check_sparse(200, 64, 192);
     printf("check_ops: %d of %d checks failed\n", failures, checked);
     return failures ? 1 : 0;
 }
