@@ -98,6 +98,8 @@ void cuda_sparse_matmul_forward(float *out, const float *inp, const int *row_ptr
 void cuda_sparse_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const int *row_ptr, const int *col_idx,
                                  const float *values, int nnz, int N, int C, int OC);
+void cuda_mod_router_forward(float *router, const float *in, const float *weight, int N, int C);
+void cuda_mod_select_topk(int *chosen, const float *router, int B, int T, int k);
 void cuda_rows_gather(float *dst, const float *src, const int *rows, int n, int C);
 void cuda_rows_scatter(float *dst, const float *src, const int *rows, int n, int C, int add);
 

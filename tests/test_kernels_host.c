@@ -26,6 +26,7 @@
 #include "../kernels/gemm.cuh"
 #include "../kernels/layernorm.cuh"
 #include "../kernels/matmul.cuh"
+#include "../kernels/mod.cuh"
 #include "../kernels/softmax.cuh"
 #include "../kernels/sparse.cuh"
 
@@ -693,6 +694,35 @@ static void test_sparse(int N, int C, int OC, double keep)
     dm_free(w.row_ptr), dm_free(w.col_idx), dm_free(w.values);
 }
 
+static void test_mod(int B, int T, int C, int k)
+{
+    printf("mixture of depths B=%d T=%d C=%d k=%d\n", B, T, C, k);
+    float *in = filled((long)B * T * C, 1.0f), *w = filled(C, 1.0f);
+    float *router = dm_alloc((size_t)B * T * 4), *grouter = dm_alloc((size_t)B * T * 4);
+    int *chosen = dm_alloc((size_t)B * T * sizeof(int)), *gchosen[2];
+    mod_router_forward(router, in, w, B * T, C);
+    FOR_GRID(3, 16, mod_router_thread(t, grouter, in, w, B * T, C));
+    check_bits("mod_router_forward", grouter, router, (long)B * T);
+    for (int i = 0; i < T; i += 3) router[i] = router[T - 1 - i / 2];   /* ties */
+    router[B * T - 1] = router[B * T - 2];
+    mod_select_topk(chosen, router, B, T, k);
+    FOR_ORDERS(r) {
+        gchosen[r] = dm_alloc((size_t)B * T * sizeof(int));
+        FOR_GRID(2, 32, mod_select_topk_thread(t, gchosen[r], router, B, T, k));
+    }
+    long differ = 0, picked = 0;
+    for (long i = 0; i < (long)B * T; i++) {
+        differ += gchosen[0][i] != chosen[i] || gchosen[1][i] != chosen[i];
+        picked += gchosen[0][i];
+    }
+    CHECK_MSG(differ == 0, "mod_select_topk: %ld choices differ from the CPU's", differ);
+    CHECK_MSG(picked == (long)B * k, "mod_select_topk chose %ld tokens, want %d", picked, B * k);
+    printf("  %-44s same choices (%ld tokens): %s\n", "mod_select_topk", picked,
+           differ ? "NO" : "yes");
+    dm_free(in), dm_free(w), dm_free(router), dm_free(grouter), dm_free(chosen);
+    dm_free(gchosen[0]), dm_free(gchosen[1]);
+}
+
 int main(void)
 {
     dm_threads_init(1);
@@ -713,5 +743,7 @@ int main(void)
     test_sparse(150, 48, 72, 0.3);  /* N not a multiple of the tile */
     test_sparse(40, 32, 96, 0.9);
     test_sparse(64, 24, 16, 0.0);   /* every row empty: nothing kept */
+    test_mod(3, 40, 32, 13);
+    test_mod(2, 17, 8, 17);         /* k = T: every token */
     return testing_report("test_kernels_host");
 }

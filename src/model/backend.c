@@ -106,6 +106,8 @@ static const struct dm_backend cpu_table = {
     .adamw_update = adamw_update,
     .sparse_matmul_forward = cpu_sparse_forward,
     .sparse_matmul_backward = cpu_sparse_backward,
+    .mod_router_forward = mod_router_forward,
+    .mod_select_topk = mod_select_topk,
     .rows_gather = cpu_rows_gather,
     .rows_scatter = cpu_rows_scatter,
 };

@@ -236,6 +236,31 @@ static void check_sparse(int N, int C, int OC)
     dm_free(row_ptr), dm_free(col_idx), dev->free(RP), dev->free(CI);
 }
 
+static void check_mod(int B, int T, int C, int k)
+{
+    int N = B * T;
+    float *in = host((long)N * C, 1), *w = host(C, 1), *router = host(N, 0);
+    int *chosen = dm_alloc((size_t)N * sizeof(int)), *got = dm_alloc((size_t)N * sizeof(int));
+    float *IN = up(in, (size_t)N * C * 4), *Wd = up(w, C * 4), *R = up(router, N * 4);
+    int *CH = up(chosen, N * 4);
+    cpu->mod_router_forward(router, in, w, N, C);
+    dev->mod_router_forward(R, IN, Wd, N, C);
+    compare("mod_router_forward", R, router, N);
+    dev->copy_to_device(R, router, N * 4);   /* the same values for the choice */
+    cpu->mod_select_topk(chosen, router, B, T, k);
+    dev->mod_select_topk(CH, R, B, T, k);
+    dev->synchronize();
+    dev->copy_to_host(got, CH, N * 4);
+    int differ = 0;
+    for (int i = 0; i < N; i++) differ += got[i] != chosen[i];
+    failures += differ != 0;
+    checked++;
+    printf("  %-40s %9d %s\n", "mod_select_topk (choices differing)", differ,
+           differ ? "FAIL (want 0)" : "ok");
+    dm_free(in), dm_free(w), dm_free(router), dm_free(chosen), dm_free(got);
+    dev->free(IN), dev->free(Wd), dev->free(R), dev->free(CH);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda"))) {
@@ -259,6 +284,7 @@ int main(int argc, char **argv)
     check_elementwise(100003);
     check_embedding_loss_rows(4, 64, 96, 256);
     check_sparse(200, 64, 192);
+    check_mod(4, 128, 96, 16);
     printf("check_ops: %d of %d checks failed\n", failures, checked);
     return failures ? 1 : 0;
 }
