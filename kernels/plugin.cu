@@ -97,6 +97,8 @@ static void fill_ops(struct dm_backend *t)
     t->layernorm_backward_residual = cuda_layernorm_backward_residual;
     t->attention_forward = cuda_attention_forward;
     t->attention_backward = cuda_attention_backward;
+    t->attention_forward_rows = cuda_attention_forward_rows;
+    t->attention_backward_rows = cuda_attention_backward_rows;
     t->gelu_forward = cuda_gelu_forward;
     t->gelu_backward = cuda_gelu_backward;
     t->residual_forward = cuda_residual_forward;

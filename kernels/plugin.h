@@ -78,6 +78,11 @@ void cuda_attention_forward(float *out, float *att, const float *qkv, int B, int
                             int NH);
 void cuda_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv,
                              const float *att, int B, int T, int C, int NH);
+void cuda_attention_forward_rows(float *out, float *att, const float *q, const float *kv,
+                                 const int *rows, int nactive, int B, int T, int C, int NH);
+void cuda_attention_backward_rows(float *dq, float *dkv, float *scratch, const float *dout,
+                                  const float *q, const float *kv, const float *att,
+                                  const int *rows, int nactive, int B, int T, int C, int NH);
 void cuda_gelu_forward(float *out, const float *inp, long N);
 void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, long N);
 void cuda_residual_forward(float *out, const float *a, const float *b, long N);

@@ -24,7 +24,8 @@ for kernel in gelu_forward_kernel gelu_backward_kernel residual_forward_kernel \
     crossentropy_forward_kernel crossentropy_backward_kernel adamw_update_kernel \
     encoder_forward_kernel encoder_backward_kernel rows_gather_kernel rows_scatter_kernel \
     matmul_init_kernel matmul_dbias_kernel sparse_forward_kernel sparse_dinp_kernel \
-    sparse_dweight_kernel sparse_dbias_kernel mod_router_kernel mod_select_topk_kernel; do
+    sparse_dweight_kernel sparse_dbias_kernel mod_router_kernel mod_select_topk_kernel \
+    attention_rows_scatter_kernel attention_rows_gather_kernel; do
   nm -C "$plugin" | grep -q "$kernel(" || fail "kernel $kernel is not in the plugin"
 done
 for call in cublasGemmEx cublasGemmStridedBatchedEx ncclCommInitRankConfig ncclSend ncclRecv \

@@ -18,6 +18,7 @@
 #include "dynmo/backend.h"
 #include "dynmo/core.h"
 #include "dynmo/model.h"
+#include "model/internal.h"
 #include "testing.h"
 #include "../kernels/adamw.cuh"
 #include "../kernels/attention.cuh"
@@ -560,19 +561,31 @@ static void test_matmul(int N, int C, int OC)
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) dm_free(all[i]);
 }
 
-/* attention.cu's forward: heads out of qkv, scores, causal softmax by rows,
- * values, heads back. work: 4 (B NH T hs) floats. */
-static void host_attention_forward(float *out, float *att, const float *qkv, int B, int T,
-                                   int C, int NH, float *work)
+/* attention.cu's tensors: the heads (B NH T hs each) and two full-length rows (B T C) */
+struct heads {
+    float *q, *k, *v, *y, *dy, *dq, *dk, *dv, *qfull, *full;
+};
+
+static struct heads heads_alloc(int B, int T, int C)
+{
+    long per = (long)B * T * C;
+    float *base = dm_alloc((size_t)10 * per * sizeof(float));
+    struct heads h = {base, base + per, base + 2 * per, base + 3 * per, base + 4 * per,
+                      base + 5 * per, base + 6 * per, base + 7 * per, base + 8 * per,
+                      base + 9 * per};
+    return h;
+}
+
+/* attention.cu's heads_forward: scores, causal softmax by rows, values */
+static void host_heads_forward(const struct heads *h, float *att, int B, int T, int C, int NH)
 {
     int hs = C / NH, items = B * NH;
-    long rows = (long)items * T, per = rows * hs;
-    float *q = work, *k = q + per, *v = k + per, *y = v + per;
+    long rows = (long)items * T;
     float scale = (float)(1.0 / sqrt((double)hs)), most[THREADS], sum[THREADS];
-    FOR_GRID(5, 32, attention_permute_thread(t, q, k, v, qkv, B, T, C, NH));
-    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_scores(att, q, k, items, T, hs,
-                                                                        scale)));
-    for (long r = 0; r < rows; r++) {
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_scores(att, h->q, h->k, items,
+                                                                        T, hs, scale)));
+    for (long k = 0; k < rows; k++) {
+        long r = order_at(k, rows);
         float *row = att + r * T;
         int valid = (int)(r % T) + 1;
         FOR_BLOCK(r, rows, THREADS, softmax_max_phase(t, most, row, valid));
@@ -581,38 +594,54 @@ static void host_attention_forward(float *out, float *att, const float *qkv, int
         run_tree(sum, THREADS, dm_tree_sum_step);
         FOR_BLOCK(r, rows, THREADS, softmax_normalize_phase(t, row, sum, valid, T));
     }
-    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_values(y, att, v, items, T,
-                                                                        hs)));
-    FOR_GRID(5, 32, attention_unpermute_thread(t, out, y, B, T, C, NH));
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_values(h->y, att, h->v, items,
+                                                                        T, hs)));
 }
 
-/* attention.cu's backward. work: 7 (B NH T hs) floats. */
-static void host_attention_backward(float *dqkv, float *scores, const float *dout,
-                                    const float *qkv, const float *att, int B, int T, int C,
-                                    int NH, float *work)
+/* attention.cu's heads_backward */
+static void host_heads_backward(const struct heads *h, float *scores, const float *att, int B,
+                                int T, int C, int NH)
 {
     int hs = C / NH, items = B * NH;
-    long rows = (long)items * T, per = rows * hs;
-    float *q = work, *k = q + per, *v = k + per, *dy = v + per;
-    float *dqh = dy + per, *dkh = dqh + per, *dvh = dkh + per;
+    long rows = (long)items * T;
     float scale = (float)(1.0 / sqrt((double)hs)), dot[THREADS];
-    FOR_GRID(5, 32, attention_permute_thread(t, q, k, v, qkv, B, T, C, NH));
-    FOR_GRID(5, 32, attention_split_heads_thread(t, dy, dout, B, T, C, NH));
-    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dprobs(scores, dy, v, items,
-                                                                        T, hs)));
-    for (long r = 0; r < rows; r++) {
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dprobs(scores, h->dy, h->v,
+                                                                        items, T, hs)));
+    for (long k = 0; k < rows; k++) {
+        long r = order_at(k, rows);
         FOR_BLOCK(r, rows, THREADS, attention_softmax_backward_dot_phase(t, dot, att, scores, T));
         run_tree(dot, THREADS, dm_tree_sum_step);
         FOR_BLOCK(r, rows, THREADS, attention_softmax_backward_phase(t, scores, dot, att, scale,
                                                                      T));
     }
-    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dq(dqh, scores, k, items, T,
-                                                                    hs)));
-    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dk(dkh, scores, q, items, T,
-                                                                    hs)));
-    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dv(dvh, att, dy, items, T,
-                                                                    hs)));
-    FOR_GRID(5, 32, attention_gradient_thread(t, dqkv, dqh, dkh, dvh, B, T, C, NH));
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dq(h->dq, scores, h->k, items,
+                                                                    T, hs)));
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dk(h->dk, scores, h->q, items,
+                                                                    T, hs)));
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dv(h->dv, att, h->dy, items,
+                                                                    T, hs)));
+}
+
+/* attention.cu's cuda_attention_forward and _backward */
+static void host_attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                                   int C, int NH, const struct heads *h)
+{
+    FOR_GRID(5, 32, attention_permute_thread(t, h->q, h->k, h->v, qkv, 3 * C, qkv + C,
+                                             qkv + 2 * C, 3 * C, B, T, C, NH));
+    host_heads_forward(h, att, B, T, C, NH);
+    FOR_GRID(5, 32, attention_unpermute_thread(t, out, h->y, B, T, C, NH));
+}
+
+static void host_attention_backward(float *dqkv, float *scores, const float *dout,
+                                    const float *qkv, const float *att, int B, int T, int C,
+                                    int NH, const struct heads *h)
+{
+    FOR_GRID(5, 32, attention_permute_thread(t, h->q, h->k, h->v, qkv, 3 * C, qkv + C,
+                                             qkv + 2 * C, 3 * C, B, T, C, NH));
+    FOR_GRID(5, 32, attention_split_heads_thread(t, h->dy, dout, B, T, C, NH));
+    host_heads_backward(h, scores, att, B, T, C, NH);
+    FOR_GRID(5, 32, attention_gradient_thread(t, dqkv, 3 * C, dqkv + C, dqkv + 2 * C, 3 * C,
+                                              h->dq, h->dk, h->dv, B, T, C, NH));
 }
 
 static void test_attention(int B, int T, int C, int NH)
@@ -624,13 +653,13 @@ static void test_attention(int B, int T, int C, int NH)
     float *scratch = dm_alloc(tt * 4);
     attention_forward(out, att, qkv, B, T, C, NH);
     attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
-    float *work = dm_alloc(7 * BTC * 4);
+    struct heads work = heads_alloc(B, T, C);
     struct two_runs gout = two_copies(out, BTC), gatt = two_copies(att, tt);
     struct two_runs gd = two_copies(dqkv, 3 * BTC);
     FOR_ORDERS(r) {
         memset(gatt.run[r], 0x7f, tt * 4);   /* every element written: no leftovers */
-        host_attention_forward(gout.run[r], gatt.run[r], qkv, B, T, C, NH, work);
-        host_attention_backward(gd.run[r], scratch, dout, qkv, att, B, T, C, NH, work);
+        host_attention_forward(gout.run[r], gatt.run[r], qkv, B, T, C, NH, &work);
+        host_attention_backward(gd.run[r], scratch, dout, qkv, att, B, T, C, NH, &work);
     }
     check_orders("attention_forward att", gatt.run[0], gatt.run[1], tt);
     check_orders("attention_backward dqkv", gd.run[0], gd.run[1], 3 * BTC);
@@ -639,7 +668,7 @@ static void test_attention(int B, int T, int C, int NH)
     check_close("attention_backward dqkv", gd.run[0], dqkv, 3 * BTC, 1e-5);
     two_free(&gout), two_free(&gatt), two_free(&gd);
     dm_free(qkv), dm_free(dout), dm_free(out), dm_free(att), dm_free(dqkv);
-    dm_free(scratch), dm_free(work);
+    dm_free(scratch), dm_free(work.q);
 }
 
 /* A random CSR weight (OC, C) keeping about `keep` of the entries, with
@@ -723,6 +752,66 @@ static void test_mod(int B, int T, int C, int k)
     dm_free(gchosen[0]), dm_free(gchosen[1]);
 }
 
+/* attention.cu's rows forms: compact queries scattered into a zeroed
+ * full-length Q, the dense path, the active rows gathered back */
+static void host_attention_rows_forward(float *out, float *att, const float *q, const float *kv,
+                                        const int *rows, int n, int B, int T, int C, int NH,
+                                        const struct heads *h)
+{
+    memset(h->qfull, 0, (size_t)B * T * C * sizeof(float));
+    FOR_GRID(3, 32, rows_scatter_thread(t, h->qfull, q, rows, n, C, 0));
+    FOR_GRID(5, 32, attention_permute_thread(t, h->q, h->k, h->v, h->qfull, C, kv, kv + C, 2 * C,
+                                             B, T, C, NH));
+    host_heads_forward(h, att, B, T, C, NH);
+    FOR_GRID(5, 32, attention_unpermute_thread(t, h->full, h->y, B, T, C, NH));
+    FOR_GRID(3, 32, rows_gather_thread(t, out, h->full, rows, n, C));
+}
+
+static void host_attention_rows_backward(float *dq, float *dkv, float *scores, const float *dout,
+                                         const float *q, const float *kv, const float *att,
+                                         const int *rows, int n, int B, int T, int C, int NH,
+                                         const struct heads *h)
+{
+    memset(h->qfull, 0, (size_t)B * T * C * sizeof(float));
+    FOR_GRID(3, 32, rows_scatter_thread(t, h->qfull, q, rows, n, C, 0));
+    FOR_GRID(5, 32, attention_permute_thread(t, h->q, h->k, h->v, h->qfull, C, kv, kv + C, 2 * C,
+                                             B, T, C, NH));
+    memset(h->full, 0, (size_t)B * T * C * sizeof(float));
+    FOR_GRID(3, 32, rows_scatter_thread(t, h->full, dout, rows, n, C, 0));
+    FOR_GRID(5, 32, attention_split_heads_thread(t, h->dy, h->full, B, T, C, NH));
+    host_heads_backward(h, scores, att, B, T, C, NH);
+    FOR_GRID(5, 32, attention_gradient_thread(t, h->qfull, C, dkv, dkv + C, 2 * C, h->dq, h->dk,
+                                              h->dv, B, T, C, NH));
+    FOR_GRID(3, 32, rows_gather_thread(t, dq, h->qfull, rows, n, C));
+}
+
+/* Early exit: a subset of query rows (the last sequence has none active). */
+static void test_attention_rows(int B, int T, int C, int NH)
+{
+    int *rows = dm_alloc((size_t)B * T * sizeof(int)), n = 0;
+    for (int i = 0; i < (B - 1) * T; i++)
+        if ((i * 7 + i / T) % 3 != 0) rows[n++] = i;
+    printf("attention rows B=%d T=%d C=%d NH=%d active=%d\n", B, T, C, NH, n);
+    long BTC = (long)B * T * C, tt = (long)B * NH * T * T;
+    float *q = filled((long)n * C, 1.0f), *kv = filled(2 * BTC, 1.0f);
+    float *dout = filled((long)n * C, 1.0f), *out = dm_alloc((size_t)n * C * 4 + 4);
+    float *att = dm_alloc(tt * 4), *scratch = dm_alloc(tt * 4);
+    float *dq = dm_alloc((size_t)n * C * 4 + 4), *dkv = dm_alloc(2 * BTC * 4);
+    attention_forward_rows(out, att, q, kv, rows, n, B, T, C, NH);
+    attention_backward_rows(dq, dkv, scratch, dout, q, kv, att, rows, n, B, T, C, NH);
+    struct heads h = heads_alloc(B, T, C);
+    float *gout = dm_alloc((size_t)n * C * 4 + 4), *gatt = dm_alloc(tt * 4);
+    float *gdq = dm_alloc((size_t)n * C * 4 + 4), *gdkv = filled(2 * BTC, 1.0f);
+    host_attention_rows_forward(gout, gatt, q, kv, rows, n, B, T, C, NH, &h);
+    host_attention_rows_backward(gdq, gdkv, scratch, dout, q, kv, gatt, rows, n, B, T, C, NH, &h);
+    check_close("attention_forward_rows out", gout, out, (long)n * C, 1e-5);
+    check_close("attention_backward_rows dq", gdq, dq, (long)n * C, 1e-5);
+    check_close("attention_backward_rows dkv (unseen keys 0)", gdkv, dkv, 2 * BTC, 1e-5);
+    float *all[] = {q, kv, dout, out, att, scratch, dq, dkv, gout, gatt, gdq, gdkv, h.q};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) dm_free(all[i]);
+    dm_free(rows);
+}
+
 int main(void)
 {
     dm_threads_init(1);
@@ -740,6 +829,8 @@ int main(void)
     test_products(1, 17, 24, 3, 50, 40);
     test_attention(2, 32, 64, 4);
     test_attention(1, 45, 24, 3); /* T not a multiple of ATT_BLOCK */
+    test_attention_rows(3, 40, 48, 4);
+    test_attention_rows(2, 33, 24, 2);
     test_sparse(150, 48, 72, 0.3);  /* N not a multiple of the tile */
     test_sparse(40, 32, 96, 0.9);
     test_sparse(64, 24, 16, 0.0);   /* every row empty: nothing kept */

@@ -23,7 +23,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 3
+#define DM_BACKEND_ABI 4
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -91,6 +91,15 @@ struct dm_backend {
     void (*attention_backward)(float *dqkv, float *scratch, const float *dout,
                                const float *qkv, const float *att, int B, int T, int C,
                                int NH);
+    /* Early exit's attention over active query rows (src/model/internal.h's
+     * attention_forward_rows, _backward_rows): q, out, dq compact (nactive,
+     * C), kv, dkv (B T, 2C). att and scratch are (B, NH, T, T) in the
+     * backend's own layout: only the same backend's backward reads them. */
+    void (*attention_forward_rows)(float *out, float *att, const float *q, const float *kv,
+                                   const int *rows, int nactive, int B, int T, int C, int NH);
+    void (*attention_backward_rows)(float *dq, float *dkv, float *scratch, const float *dout,
+                                    const float *q, const float *kv, const float *att,
+                                    const int *rows, int nactive, int B, int T, int C, int NH);
     void (*gelu_forward)(float *out, const float *inp, long N);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, long N);
     void (*residual_forward)(float *out, const float *a, const float *b, long N);

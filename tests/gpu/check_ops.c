@@ -139,6 +139,31 @@ static void check_attention(int B, int T, int C, int NH)
     for (int i = 0; i < 6; i++) dm_free(hs[i]), dev->free(ds[i]);
 }
 
+/* early exit's rows: every third token of the first sequences active */
+static void check_attention_rows(int B, int T, int C, int NH)
+{
+    int *rows = dm_alloc((size_t)B * T * sizeof(int)), n = 0;
+    for (int i = 0; i < (B - 1) * T; i++)
+        if (i % 3 != 1) rows[n++] = i;
+    long BTC = (long)B * T * C, tt = (long)B * NH * T * T, NC = (long)n * C;
+    float *q = host(NC, 1), *kv = host(2 * BTC, 1), *dy = host(NC, 1), *out = host(NC, 0);
+    float *att = host(tt, 0), *scratch = host(tt, 0), *dq = host(NC, 0), *dkv = host(2 * BTC, 0);
+    int *R = up(rows, (size_t)n * 4 + 4);
+    float *Q = up(q, NC * 4), *KV = up(kv, 2 * BTC * 4), *DY = up(dy, NC * 4);
+    float *O = up(out, NC * 4), *A = up(att, tt * 4), *S = up(scratch, tt * 4);
+    float *DQ = up(dq, NC * 4), *DKV = up(dkv, 2 * BTC * 4);
+    cpu->attention_forward_rows(out, att, q, kv, rows, n, B, T, C, NH);
+    dev->attention_forward_rows(O, A, Q, KV, R, n, B, T, C, NH);
+    compare("attention_forward_rows out", O, out, NC);
+    cpu->attention_backward_rows(dq, dkv, scratch, dy, q, kv, att, rows, n, B, T, C, NH);
+    dev->attention_backward_rows(DQ, DKV, S, DY, Q, KV, A, R, n, B, T, C, NH);
+    compare("attention_backward_rows dq", DQ, dq, NC);
+    compare("attention_backward_rows dkv", DKV, dkv, 2 * BTC);
+    float *hs[] = {q, kv, dy, out, att, scratch, dq, dkv}, *ds[] = {Q, KV, DY, O, A, S, DQ, DKV};
+    for (int i = 0; i < 8; i++) dm_free(hs[i]), dev->free(ds[i]);
+    dm_free(rows), dev->free(R);
+}
+
 static void check_elementwise(long N)
 {
     float *x = host(N, 4), *y = host(N, 1), *out = host(N, 0);
@@ -281,6 +306,7 @@ int main(int argc, char **argv)
     check_layernorm(300, 128);
     check_attention(2, 64, 128, 4);
     check_attention(1, 45, 24, 3);
+    check_attention_rows(3, 64, 128, 4);
     check_elementwise(100003);
     check_embedding_loss_rows(4, 64, 96, 256);
     check_sparse(200, 64, 192);
