@@ -27,6 +27,11 @@
 #define DM_HD static inline
 #endif
 
+/* Threads per block of every launch of the plugin (a power of two: the
+ * tree reductions halve it); the host tests run blocks of this size and
+ * of a smaller one. */
+enum { DM_BLOCK_THREADS = 256 };
+
 /* One thread of a one-dimensional launch: blocks x threads. */
 struct dm_thread {
     long block, blocks;

@@ -37,7 +37,7 @@
             dm_cuda_fail(__FILE__, __LINE__, #kernel, cudaGetErrorString(launch_check_rc)); \
     } while (0)
 
-enum { DM_CUDA_THREADS = 256 };   /* threads per block of every kernel (a power of two) */
+enum { DM_CUDA_THREADS = DM_BLOCK_THREADS };   /* threads per block of every kernel */
 
 cudaStream_t dm_cuda_stream(void);
 cublasHandle_t dm_cuda_cublas(void);

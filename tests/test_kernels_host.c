@@ -258,7 +258,11 @@ static void test_encoder(void)
 
 /* ---- block-reduction kernels -------------------------------------------- */
 
-enum { THREADS = 32 };   /* a block of the harness (the plugin launches more) */
+/* Threads of a block in the harness: the plugin's DM_BLOCK_THREADS, so
+ * that the harness does the device's arithmetic in the device's order,
+ * and a smaller block, so that each thread also walks several elements. */
+static int block_threads = DM_BLOCK_THREADS;
+enum { THREADS = DM_BLOCK_THREADS };   /* room for the shared arrays */
 
 /* layernorm.cu's forward: one block per row, three phases */
 static void host_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
@@ -267,11 +271,11 @@ static void host_layernorm_forward(float *out, float *mean, float *rstd, const f
     float sum[THREADS], var[THREADS];
     for (long k = 0; k < N; k++) {
         long row = order_at(k, N);
-        FOR_BLOCK(row, N, THREADS, layernorm_forward_sum_phase(t, sum, inp, C));
-        run_tree(sum, THREADS, dm_tree_sum_step);
-        FOR_BLOCK(row, N, THREADS, layernorm_forward_var_phase(t, var, sum, inp, C));
-        run_tree(var, THREADS, dm_tree_sum_step);
-        FOR_BLOCK(row, N, THREADS, layernorm_forward_out_phase(t, out, mean, rstd, sum, var,
+        FOR_BLOCK(row, N, block_threads, layernorm_forward_sum_phase(t, sum, inp, C));
+        run_tree(sum, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(row, N, block_threads, layernorm_forward_var_phase(t, var, sum, inp, C));
+        run_tree(var, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(row, N, block_threads, layernorm_forward_out_phase(t, out, mean, rstd, sum, var,
                                                                inp, weight, bias, C));
     }
 }
@@ -285,11 +289,11 @@ static void host_layernorm_backward(float *dinp, const float *dresidual, float *
     float sum_d[THREADS], sum_dn[THREADS];
     for (long k = 0; k < N; k++) {
         long row = order_at(k, N);
-        FOR_BLOCK(row, N, THREADS, layernorm_backward_sums_phase(t, sum_d, sum_dn, dout, inp,
+        FOR_BLOCK(row, N, block_threads, layernorm_backward_sums_phase(t, sum_d, sum_dn, dout, inp,
                                                                  weight, mean, rstd, C));
-        run_tree(sum_d, THREADS, dm_tree_sum_step);
-        run_tree(sum_dn, THREADS, dm_tree_sum_step);
-        FOR_BLOCK(row, N, THREADS, layernorm_backward_dinp_phase(t, dinp, dresidual, sum_d,
+        run_tree(sum_d, block_threads, dm_tree_sum_step);
+        run_tree(sum_dn, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(row, N, block_threads, layernorm_backward_dinp_phase(t, dinp, dresidual, sum_d,
                                                                  sum_dn, dout, inp, weight,
                                                                  mean, rstd, C));
     }
@@ -348,12 +352,12 @@ static void host_crossentropy_forward(float *losses, float *probs, const float *
         long n = order_at(k, N);
         const float *row = logits + n * V;
         float *p = probs + n * V;
-        FOR_BLOCK(n, N, THREADS, softmax_max_phase(t, most, row, V));
-        run_tree(most, THREADS, dm_tree_max_step);
-        FOR_BLOCK(n, N, THREADS, softmax_exp_phase(t, sum, most, p, row, V));
-        run_tree(sum, THREADS, dm_tree_sum_step);
-        FOR_BLOCK(n, N, THREADS, softmax_normalize_phase(t, p, sum, V, V));
-        FOR_BLOCK(n, N, THREADS, crossentropy_loss_phase(t, losses, most, sum, logits,
+        FOR_BLOCK(n, N, block_threads, softmax_max_phase(t, most, row, V));
+        run_tree(most, block_threads, dm_tree_max_step);
+        FOR_BLOCK(n, N, block_threads, softmax_exp_phase(t, sum, most, p, row, V));
+        run_tree(sum, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(n, N, block_threads, softmax_normalize_phase(t, p, sum, V, V));
+        FOR_BLOCK(n, N, block_threads, crossentropy_loss_phase(t, losses, most, sum, logits,
                                                          targets, V));
     }
 }
@@ -588,11 +592,11 @@ static void host_heads_forward(const struct heads *h, float *att, int B, int T, 
         long r = order_at(k, rows);
         float *row = att + r * T;
         int valid = (int)(r % T) + 1;
-        FOR_BLOCK(r, rows, THREADS, softmax_max_phase(t, most, row, valid));
-        run_tree(most, THREADS, dm_tree_max_step);
-        FOR_BLOCK(r, rows, THREADS, softmax_exp_phase(t, sum, most, row, row, valid));
-        run_tree(sum, THREADS, dm_tree_sum_step);
-        FOR_BLOCK(r, rows, THREADS, softmax_normalize_phase(t, row, sum, valid, T));
+        FOR_BLOCK(r, rows, block_threads, softmax_max_phase(t, most, row, valid));
+        run_tree(most, block_threads, dm_tree_max_step);
+        FOR_BLOCK(r, rows, block_threads, softmax_exp_phase(t, sum, most, row, row, valid));
+        run_tree(sum, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(r, rows, block_threads, softmax_normalize_phase(t, row, sum, valid, T));
     }
     cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_values(h->y, att, h->v, items,
                                                                         T, hs)));
@@ -609,9 +613,9 @@ static void host_heads_backward(const struct heads *h, float *scores, const floa
                                                                         items, T, hs)));
     for (long k = 0; k < rows; k++) {
         long r = order_at(k, rows);
-        FOR_BLOCK(r, rows, THREADS, attention_softmax_backward_dot_phase(t, dot, att, scores, T));
-        run_tree(dot, THREADS, dm_tree_sum_step);
-        FOR_BLOCK(r, rows, THREADS, attention_softmax_backward_phase(t, scores, dot, att, scale,
+        FOR_BLOCK(r, rows, block_threads, attention_softmax_backward_dot_phase(t, dot, att, scores, T));
+        run_tree(dot, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(r, rows, block_threads, attention_softmax_backward_phase(t, scores, dot, att, scale,
                                                                      T));
     }
     cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dq(h->dq, scores, h->k, items,
@@ -819,16 +823,21 @@ int main(void)
     test_rows();
     test_adamw();
     test_encoder();
-    test_layernorm(45, 64);
-    test_layernorm(7, 100);       /* C not a multiple of the block */
-    test_crossentropy(19, 256);
-    test_crossentropy(5, 77);
+    for (int k = 0; k < 2; k++) {
+        block_threads = k ? 32 : DM_BLOCK_THREADS;
+        printf("blocks of %d threads\n", block_threads);
+        test_layernorm(45, 64);
+        test_layernorm(7, 100);       /* C not a multiple of the block */
+        test_layernorm(3, 600);       /* more channels than threads */
+        test_crossentropy(19, 256);
+        test_crossentropy(5, 77);
+        test_attention(1, 45, 24, 3); /* T not a multiple of ATT_BLOCK */
+    }
     test_matmul(96, 64, 192);
     test_matmul(33, 40, 24);
     test_products(2, 32, 64, 4, 256, 96);
     test_products(1, 17, 24, 3, 50, 40);
     test_attention(2, 32, 64, 4);
-    test_attention(1, 45, 24, 3); /* T not a multiple of ATT_BLOCK */
     test_attention_rows(3, 40, 48, 4);
     test_attention_rows(2, 33, 24, 2);
     test_sparse(150, 48, 72, 0.3);  /* N not a multiple of the tile */
