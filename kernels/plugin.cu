@@ -67,6 +67,20 @@ static void device_free(void *p)
     CUDA_CHECK(cudaFree(p));
 }
 
+static void *pinned_alloc(size_t bytes)
+{
+    void *p = NULL;
+    CUDA_CHECK(cudaHostAlloc(&p, bytes ? bytes : 1, cudaHostAllocDefault));
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void pinned_free(void *p)
+{
+    dm_cuda_stream_wait(stream);   /* no copy may still read or write it */
+    CUDA_CHECK(cudaFreeHost(p));
+}
+
 static void copy_to_device(void *dst, const void *src, size_t bytes)
 {
     CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
@@ -162,6 +176,8 @@ extern "C" __attribute__((visibility("default"))) int dynmo_cuda_backend_open(
     table->copy_to_device = copy_to_device;
     table->copy_to_host = copy_to_host;
     table->synchronize = synchronize;
+    table->alloc_host = pinned_alloc;
+    table->free_host = pinned_free;
     fill_ops(table);
     return 0;
 }

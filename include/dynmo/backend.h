@@ -23,7 +23,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 4
+#define DM_BACKEND_ABI 5
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -56,6 +56,10 @@ struct dm_backend {
     void (*copy_to_device)(void *dst, const void *src, size_t bytes);
     void (*copy_to_host)(void *dst, const void *src, size_t bytes);
     void (*synchronize)(void);                    /* every op issued so far is done */
+    /* Host memory for staging (migration, checkpoints, MPI when ranks share
+     * a GPU): pinned on CUDA, so copies to and from it run at full speed. */
+    void *(*alloc_host)(size_t bytes);            /* zero-filled; fatal on failure */
+    void (*free_host)(void *p);
 
     /* Matrix products (model.h's matmul_*). */
     void (*matmul_forward)(float *out, const float *inp, const float *weight,

@@ -59,6 +59,22 @@ static void compare(const char *op, const float *d, const float *want, long n)
     dm_free(got);
 }
 
+/* a slab through pinned staging: host -> device -> host, bit for bit */
+static void check_staging(long n)
+{
+    float *slab = host(n, 1), *stage = dev->alloc_host((size_t)n * sizeof(float));
+    memcpy(stage, slab, (size_t)n * sizeof(float));
+    float *D = dev->alloc((size_t)n * sizeof(float));
+    dev->copy_to_device(D, stage, (size_t)n * sizeof(float));
+    memset(stage, 0, (size_t)n * sizeof(float));
+    dev->copy_to_host(stage, D, (size_t)n * sizeof(float));
+    int same = memcmp(stage, slab, (size_t)n * sizeof(float)) == 0;
+    failures += !same;
+    checked++;
+    printf("  %-40s %9s %s\n", "staging through alloc_host", "", same ? "ok" : "FAIL (bits differ)");
+    dev->free_host(stage), dev->free(D), dm_free(slab);
+}
+
 static void check_matmul(int N, int C, int OC)
 {
     long NC = (long)N * C, NO = (long)N * OC, W = (long)OC * C;
@@ -301,6 +317,7 @@ int main(int argc, char **argv)
     dev = backend_current();
     cpu = backend_cpu();
     printf("check_ops: %s (%s) against the CPU backend\n", dev->name, dev->device);
+    check_staging(1 << 20);
     check_matmul(256, 128, 384);
     check_matmul(100, 96, 40);
     check_layernorm(300, 128);
