@@ -42,7 +42,7 @@ enum { DM_CUDA_THREADS = DM_BLOCK_THREADS };   /* threads per block of every ker
 cudaStream_t dm_cuda_stream(void);
 cublasHandle_t dm_cuda_cublas(void);
 /* Device floats that only grow to the largest request, one buffer per slot. */
-enum { SCRATCH_ATTENTION, SCRATCH_SLOTS };
+enum { SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_SLOTS };
 float *dm_cuda_scratch(int slot, size_t floats);
 /* Waits for the stream by polling (cudaStreamQuery, sched_yield between polls). */
 void dm_cuda_stream_wait(cudaStream_t stream);
@@ -83,6 +83,12 @@ void cuda_attention_forward_rows(float *out, float *att, const float *q, const f
 void cuda_attention_backward_rows(float *dq, float *dkv, float *scratch, const float *dout,
                                   const float *q, const float *kv, const float *att,
                                   const int *rows, int nactive, int B, int T, int C, int NH);
+long cuda_hash_attention_forward(float *out, float *lse, int *order, int *bucket,
+                                 const float *qkv, const float *rotation, int B, int T, int C,
+                                 int NH, int buckets);
+long cuda_hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                                  const float *out, const float *lse, const int *order,
+                                  const int *bucket, int B, int T, int C, int NH);
 void cuda_gelu_forward(float *out, const float *inp, long N);
 void cuda_gelu_backward(float *dinp, const float *inp, const float *dout, long N);
 void cuda_residual_forward(float *out, const float *a, const float *b, long N);

@@ -23,7 +23,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 5
+#define DM_BACKEND_ABI 6
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -104,6 +104,16 @@ struct dm_backend {
     void (*attention_backward_rows)(float *dq, float *dkv, float *scratch, const float *dout,
                                     const float *q, const float *kv, const float *att,
                                     const int *rows, int nactive, int B, int T, int C, int NH);
+    /* Hash-sparse attention (model.h's hash_attention_forward, _backward):
+     * lse, order and bucket as there; the rotation (drawn on the host by
+     * hash_rotation_draw) in the backend's memory. Return the tiles
+     * visited. */
+    long (*hash_attention_forward)(float *out, float *lse, int *order, int *bucket,
+                                   const float *qkv, const float *rotation, int B, int T, int C,
+                                   int NH, int buckets);
+    long (*hash_attention_backward)(float *dqkv, const float *dout, const float *qkv,
+                                    const float *out, const float *lse, const int *order,
+                                    const int *bucket, int B, int T, int C, int NH);
     void (*gelu_forward)(float *out, const float *inp, long N);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, long N);
     void (*residual_forward)(float *out, const float *a, const float *b, long N);

@@ -39,23 +39,48 @@ static void *up(const void *h, size_t bytes)
     return d;
 }
 
+/* got (host) against want: the same infinities, then the largest
+ * difference relative to the largest finite magnitude */
+static void compare_host(const char *op, const float *got, const float *want, long n)
+{
+    double worst = 0.0, scale = 0.0;
+    long inf_differ = 0;
+    for (long i = 0; i < n; i++) {
+        if (isinf(got[i]) || isinf(want[i])) {
+            inf_differ += got[i] != want[i];
+            continue;
+        }
+        double diff = fabs((double)got[i] - want[i]);
+        worst = diff > worst || isnan(diff) ? diff : worst;
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    }
+    double rel = scale > 0 ? worst / scale : worst;
+    int ok = rel <= 1e-4 && inf_differ == 0;
+    failures += !ok;
+    checked++;
+    printf("  %-40s %9.2e %s\n", op, rel, ok ? "ok" : "FAIL (tol 1e-4, infinities alike)");
+}
+
 /* the device result d (n floats) against want */
 static void compare(const char *op, const float *d, const float *want, long n)
 {
     float *got = dm_alloc((size_t)n * sizeof(float));
     dev->synchronize();
     dev->copy_to_host(got, d, (size_t)n * sizeof(float));
-    double worst = 0.0, scale = 0.0;
-    for (long i = 0; i < n; i++) {
-        double diff = fabs((double)got[i] - want[i]);
-        worst = diff > worst || isnan(diff) ? diff : worst;
-        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
-    }
-    double rel = scale > 0 ? worst / scale : worst;
-    int ok = rel <= 1e-4;
-    failures += !ok;
+    compare_host(op, got, want, n);
+    dm_free(got);
+}
+
+/* the device ints d (n) equal to want */
+static void compare_ints(const char *op, const int *d, const int *want, long n)
+{
+    int *got = dm_alloc((size_t)n * sizeof(int));
+    dev->synchronize();
+    dev->copy_to_host(got, d, (size_t)n * sizeof(int));
+    int same = memcmp(got, want, (size_t)n * sizeof(int)) == 0;
+    failures += !same;
     checked++;
-    printf("  %-40s %9.2e %s\n", op, rel, ok ? "ok" : "FAIL (tol 1e-4)");
+    printf("  %-40s %9s %s\n", op, "", same ? "ok (equal)" : "FAIL (differ)");
     dm_free(got);
 }
 
@@ -302,6 +327,36 @@ static void check_mod(int B, int T, int C, int k)
     dev->free(IN), dev->free(Wd), dev->free(R), dev->free(CH);
 }
 
+static void check_hash(int B, int T, int C, int NH, int buckets)
+{
+    int hs = C / NH;
+    long BTC = (long)B * T * C, bhT = (long)B * NH * T, R = (long)NH * hs * (buckets / 2) + 1;
+    float *qkv = host(3 * BTC, 1), *dy = host(BTC, 1), *rot = host(R, 0);
+    hash_rotation_draw(rot, NH, hs, buckets, 42, 3, 7);
+    float *out = host(BTC, 0), *lse = host(bhT, 0), *dqkv = host(3 * BTC, 0);
+    int *order = dm_alloc(2 * bhT * sizeof(int)), *bucket = dm_alloc(2 * bhT * sizeof(int));
+    float *Q = up(qkv, 3 * BTC * 4), *DY = up(dy, BTC * 4), *RO = up(rot, R * 4);
+    float *O = up(out, BTC * 4), *L = up(lse, bhT * 4), *DQ = up(dqkv, 3 * BTC * 4);
+    int *OR = up(order, 2 * bhT * 4), *BU = up(bucket, 2 * bhT * 4);
+    long tiles = cpu->hash_attention_forward(out, lse, order, bucket, qkv, rot, B, T, C, NH,
+                                             buckets);
+    long dtiles = dev->hash_attention_forward(O, L, OR, BU, Q, RO, B, T, C, NH, buckets);
+    compare_ints("hash buckets", BU, bucket, 2 * bhT);
+    compare_ints("hash orders", OR, order, 2 * bhT);
+    compare("hash_attention_forward out", O, out, BTC);
+    compare("hash_attention_forward lse", L, lse, bhT);
+    cpu->hash_attention_backward(dqkv, dy, qkv, out, lse, order, bucket, B, T, C, NH);
+    long btiles = dev->hash_attention_backward(DQ, DY, Q, O, L, OR, BU, B, T, C, NH);
+    compare("hash_attention_backward dqkv", DQ, dqkv, 3 * BTC);
+    int ok = dtiles == tiles && btiles == tiles;
+    failures += !ok;
+    checked++;
+    printf("  %-40s %9ld %s\n", "hash tiles visited", dtiles, ok ? "ok (the CPU's)" : "FAIL");
+    float *hs_[] = {qkv, dy, rot, out, lse, dqkv}, *ds[] = {Q, DY, RO, O, L, DQ};
+    for (int i = 0; i < 6; i++) dm_free(hs_[i]), dev->free(ds[i]);
+    dm_free(order), dm_free(bucket), dev->free(OR), dev->free(BU);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda"))) {
@@ -324,6 +379,7 @@ int main(int argc, char **argv)
     check_attention(2, 64, 128, 4);
     check_attention(1, 45, 24, 3);
     check_attention_rows(3, 64, 128, 4);
+    check_hash(2, 256, 128, 4, 8);
     check_elementwise(100003);
     check_embedding_loss_rows(4, 64, 96, 256);
     check_sparse(200, 64, 192);
