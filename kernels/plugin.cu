@@ -127,6 +127,7 @@ static void fill_ops(struct dm_backend *t)
     t->sparse_matmul_backward = cuda_sparse_matmul_backward;
     t->mod_router_forward = cuda_mod_router_forward;
     t->mod_select_topk = cuda_mod_select_topk;
+    t->mod_predictor_forward_backward = cuda_mod_predictor_forward_backward;
     t->rows_gather = cuda_rows_gather;
     t->rows_scatter = cuda_rows_scatter;
     t->comm_init = cuda_comm_init;

@@ -42,7 +42,7 @@ enum { DM_CUDA_THREADS = DM_BLOCK_THREADS };   /* threads per block of every ker
 cudaStream_t dm_cuda_stream(void);
 cublasHandle_t dm_cuda_cublas(void);
 /* Device floats that only grow to the largest request, one buffer per slot. */
-enum { SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_SLOTS };
+enum { SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_MOD, SCRATCH_SLOTS };
 float *dm_cuda_scratch(int slot, size_t floats);
 /* Waits for the stream by polling (cudaStreamQuery, sched_yield between polls). */
 void dm_cuda_stream_wait(cudaStream_t stream);
@@ -111,6 +111,8 @@ void cuda_sparse_matmul_backward(float *dinp, float *dweight, float *dbias, cons
                                  const float *values, int nnz, int N, int C, int OC);
 void cuda_mod_router_forward(float *router, const float *in, const float *weight, int N, int C);
 void cuda_mod_select_topk(int *chosen, const float *router, int B, int T, int k);
+float cuda_mod_predictor_forward_backward(float *dweight, int *chosen, const float *in,
+                                          const float *weight, const int *target, int N, int C);
 void cuda_rows_gather(float *dst, const float *src, const int *rows, int n, int C);
 void cuda_rows_scatter(float *dst, const float *src, const int *rows, int n, int C, int add);
 

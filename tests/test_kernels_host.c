@@ -890,6 +890,29 @@ static void test_hash(int B, int T, int C, int NH, int buckets)
     dm_free(order), dm_free(bucket), dm_free(gorder), dm_free(gbucket);
 }
 
+/* mod.cu's causal predictor: per token, then the weight gradient per channel,
+ * the loss summed in token order in double */
+static void test_mod_predictor(int N, int C)
+{
+    float *in = filled((long)N * C, 1.0f), *w = filled(C, 0.5f), *dw = filled(C, 1.0f);
+    int *target = dm_alloc((size_t)N * sizeof(int)), *chosen = dm_alloc((size_t)N * sizeof(int));
+    int *gchosen = dm_alloc((size_t)N * sizeof(int));
+    for (int n = 0; n < N; n++) target[n] = (n * 5) % 3 == 0;
+    float *gdw = copied(dw, C), *loss = dm_alloc((size_t)N * 4), *grad = dm_alloc((size_t)N * 4);
+    float want = mod_predictor_forward_backward(dw, chosen, in, w, target, N, C);
+    FOR_GRID(2, 16, mod_predictor_thread(t, loss, grad, gchosen, in, w, target, N, C));
+    FOR_GRID(2, 8, mod_predictor_dweight_thread(t, gdw, grad, in, N, C));
+    double sum = 0.0;
+    for (int n = 0; n < N; n++) sum += loss[n];
+    float got = (float)(sum / N);
+    printf("mixture of depths predictor N=%d C=%d: loss %.9g (CPU %.9g)\n", N, C, got, want);
+    CHECK_MSG(!memcmp(&got, &want, sizeof got), "mod predictor loss %.9g, CPU %.9g", got, want);
+    CHECK_MSG(!memcmp(gchosen, chosen, (size_t)N * sizeof(int)), "mod predictor choices differ");
+    check_bits("mod_predictor_forward_backward dweight", gdw, dw, C);
+    dm_free(in), dm_free(w), dm_free(dw), dm_free(target), dm_free(chosen), dm_free(gchosen);
+    dm_free(gdw), dm_free(loss), dm_free(grad);
+}
+
 int main(void)
 {
     dm_threads_init(1);
@@ -923,5 +946,6 @@ int main(void)
     test_sparse(64, 24, 16, 0.0);   /* every row empty: nothing kept */
     test_mod(3, 40, 32, 13);
     test_mod(2, 17, 8, 17);         /* k = T: every token */
+    test_mod_predictor(150, 48);
     return testing_report("test_kernels_host");
 }

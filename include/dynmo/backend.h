@@ -23,7 +23,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 6
+#define DM_BACKEND_ABI 7
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -143,12 +143,18 @@ struct dm_backend {
                                    const float *inp, const int *row_ptr, const int *col_idx,
                                    const float *values, int nnz, int N, int C, int OC);
 
-    /* Mixture of depths (model.h's mod_router_forward, mod_select_topk):
+    /* Mixture of depths (model.h's mod_router_forward, mod_select_topk,
+     * mod_predictor_forward_backward):
      * the router r = w . x per token, the k tokens of each sequence with
      * the largest r (ties: the lower position). */
     void (*mod_router_forward)(float *router, const float *in, const float *weight, int N,
                                int C);
     void (*mod_select_topk)(int *chosen, const float *router, int B, int T, int k);
+    /* The causal predictor: chosen (may be NULL), and with target the mean
+     * loss returned (on the host) and its gradient accumulated in dweight. */
+    float (*mod_predictor_forward_backward)(float *dweight, int *chosen, const float *in,
+                                            const float *weight, const int *target, int N,
+                                            int C);
 
     /* The dynamic schemes' gathers (early exit's active rows, mixture of
      * depths' chosen tokens, MoE's dispatch): dst (n, C) = rows `rows` of

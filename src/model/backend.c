@@ -114,6 +114,7 @@ static const struct dm_backend cpu_table = {
     .sparse_matmul_backward = cpu_sparse_backward,
     .mod_router_forward = mod_router_forward,
     .mod_select_topk = mod_select_topk,
+    .mod_predictor_forward_backward = mod_predictor_forward_backward,
     .rows_gather = cpu_rows_gather,
     .rows_scatter = cpu_rows_scatter,
 };

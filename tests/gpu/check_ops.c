@@ -323,7 +323,17 @@ static void check_mod(int B, int T, int C, int k)
     checked++;
     printf("  %-40s %9d %s\n", "mod_select_topk (choices differing)", differ,
            differ ? "FAIL (want 0)" : "ok");
-    dm_free(in), dm_free(w), dm_free(router), dm_free(chosen), dm_free(got);
+    int *target = dm_alloc((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) target[i] = chosen[i];
+    int *TG = up(target, N * 4);
+    float *dw = host(C, 1), *DW = up(dw, C * 4);
+    float loss = cpu->mod_predictor_forward_backward(dw, chosen, in, w, target, N, C);
+    float dloss = dev->mod_predictor_forward_backward(DW, CH, IN, Wd, TG, N, C);
+    compare_host("mod_predictor loss", &dloss, &loss, 1);
+    compare("mod_predictor dweight", DW, dw, C);
+    compare_ints("mod_predictor chosen", CH, chosen, N);
+    dm_free(in), dm_free(w), dm_free(router), dm_free(chosen), dm_free(got), dm_free(target);
+    dm_free(dw), dev->free(TG), dev->free(DW);
     dev->free(IN), dev->free(Wd), dev->free(R), dev->free(CH);
 }
 
