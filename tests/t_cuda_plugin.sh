@@ -14,7 +14,7 @@ if [ ! -x "$CUDA_HOME/bin/nvcc" ]; then
   exit 77
 fi
 plugin=$PWD/$BUILD/libdynmo_cuda.so
-make --no-print-directory -s USE_CUDA=1 BUILD="$BUILD" SANITIZE="${SANITIZE:-}" CUDA_HOME="$CUDA_HOME" "$plugin" \
+make --no-print-directory -s USE_CUDA=1 BUILD="$BUILD" SANITIZE="${SANITIZE:-}" CUDA_HOME="$CUDA_HOME" "$BUILD/libdynmo_cuda.so" \
   || { fail "make USE_CUDA=1 did not build $plugin"; finish; }
 exported=$(nm -D --defined-only "$plugin" | awk '$2 == "T" {print $3}')
 [ "$exported" = dynmo_cuda_backend_open ] || fail "the plugin exports more than its entry: $exported"
