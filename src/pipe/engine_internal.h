@@ -117,6 +117,14 @@ double engine_reduce_grads(struct engine *eng);
 void engine_expert_parallel_init(struct engine *eng);
 void engine_expert_parallel_free(struct engine *eng);
 void engine_expert_parallel_profile(struct engine *eng);
+/* shard (before the model is built) sets eng->shape's expert shard: the
+ * E / P experts this rank's MoE blocks hold; reduce (collective over the
+ * replicas that hold the same experts) sums the owned experts' gradients
+ * of every MoE block over the stage's replicas in replica order into the
+ * slab; forget (after a migration) lets go of everything kept per block. */
+void engine_expert_parallel_shard(struct engine *eng);
+void engine_expert_parallel_reduce(struct engine *eng);
+void engine_expert_parallel_forget(struct engine *eng);
 
 /* stats.c. The step's statistics and trace buffers (rank 0 gathers). */
 void engine_stats_alloc(struct engine *eng);
