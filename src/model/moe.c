@@ -17,10 +17,12 @@
  *   combine    out[t] = res1[t] + sum over t's kept pairs, in slot order
  *              (best expert first), of gate x expert output.
  *
- * With expert parallelism (not done yet) dispatch and combine are where
- * the all-to-all goes: dispatch sends each expert's rows to its owner,
- * combine brings the outputs back; route and the experts stay as they
- * are. Today (parallel.ep = 1) both are local copies.
+ * With expert parallelism the experts phase is the caller's (struct
+ * moe_exchange, src/pipe/expert.c): it sends each expert's rows to its
+ * owner and brings the outputs back; route, dispatch and combine stay
+ * here. A block then holds only its rank's expert shard
+ * (shape.moe.shard_first, shard_count): its slab has the shared tensors,
+ * the router and those experts, addressed by their global index.
  *
  * Every result is a pure function of the numbers: the top-k and capacity
  * decisions break ties by index, the grouped GEMMs are the ops' thread-

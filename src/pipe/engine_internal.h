@@ -103,7 +103,8 @@ static inline void first_block_of(const int *layout, int stage, int *first, int 
 
 /* reduce.c. The step's end before the optimizer: masks pruned gradients,
  * forms the tied embedding gradient, sums gradients over the replicas in
- * replica order, sums the MoE blocks' expert counts over the replicas and
+ * replica order (the experts of an expert-parallel stage by their
+ * holders, expert.c), sums the MoE blocks' expert counts over the replicas and
  * hands them to the model (gpt_moe_end_step: the bias update), and returns the global gradient norm (all ranks; it also
  * carries every rank's watched flag into eng->stop_requested). Collective;
  * its waits count in eng->wait_s. */
