@@ -13,7 +13,8 @@
 #     start-up line's sizes);
 #   - a checkpoint written with ep=2 (each expert's rows by its owner) is
 #     the same bits as one written with ep=1, and each resumes under the
-#     other ep and another pp with the same bits as the uninterrupted run;
+#     other ep and another pp with the same bits as the uninterrupted run,
+#     and so does one of two expert groups (dp=4 ep=2) resumed with ep=4;
 #   - configs/moe.ini runs as pp=2 dp=2 ep=2 on 4 ranks (shortened), with
 #     the losses of ep=1;
 #   - ep not dividing dp or E is exit 2 with one message.
@@ -100,6 +101,19 @@ b = h5py.File(d + "/" + name + "/runlog.h5", "r")["/steps/loss"][:]
 assert (a[-3:] == b[-3:]).all(), (a, b)
 PY
 done
+
+# Two expert groups on one stage (dp=4 ep=2): the first group writes the
+# expert rows; resumed with ep=4 (one group), the losses of dp=4 ep=1.
+run dp4-ck sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=2 ckpt.dir="$dir/dp4-ck" ckpt.every=3 ckpt.keep=3 &&
+  run dp4-resume-ep4 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=4 ckpt.dir="$dir/dp4-resume-ck" \
+    ckpt.resume="$dir/dp4-ck/ckpt-3.h5" &&
+  /usr/bin/python3 - "$dir" <<'PY' && echo "ok: ckpt-3 of dp=4 ep=2 (two expert groups) resumed with ep=4: steps 4-6 bit-identical" || fail "dp=4: the ep=2 checkpoint resumed with ep=4 changed the losses"
+import sys, h5py
+d = sys.argv[1]
+a = h5py.File(d + "/dp4-ep1/runlog.h5", "r")["/steps/loss"][:]
+b = h5py.File(d + "/dp4-resume-ep4/runlog.h5", "r")["/steps/loss"][:]
+assert len(a) == 6 and (a[-3:] == b[-3:]).all(), (a, b)
+PY
 
 # configs/moe.ini as pp=2 dp=2 ep=2 on 4 ranks, shortened, against its ep=1.
 for ep in 1 2; do
