@@ -6,7 +6,8 @@
 #   - ep=2 gives the same loss, expert-count and bias bits as ep=1 on the
 #     same pp x dp over 20 steps (the owner runs each source's rows apart
 #     and returns their gradients, which the source adds as ep=1 does);
-#   - so do ep=2 (two expert groups) and ep=4 on one stage of 4 replicas;
+#   - so do ep=2 (two expert groups) and ep=4 on one stage of 4 replicas,
+#     and ep=2 with layer freezing (frozen MoE blocks);
 #   - a balanced run (balance.method=random, live migration every step)
 #     with ep=2 gives the same bits as the static one, for both routers;
 #   - with ep=2 an MoE block's slab holds its rank's experts only (the
@@ -60,6 +61,16 @@ run dp4-ep4 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=4 && same dp4-ep1 
 run sig-ep1 sigmoid 4 parallel.pp=2 parallel.ep=1
 run sig-ep2-random sigmoid 4 parallel.pp=2 parallel.ep=2 balance.method=random balance.every=1 &&
   same sig-ep1 sig-ep2-random "sigmoid router, bias moving: ep=2 balanced vs ep=1 static"
+
+# Layer freezing with ep=2: frozen MoE blocks skip the expert gradient
+# sums and their norm terms alike; the ep=1 bits.
+freeze=(dyn.kind=freeze dyn.freeze_window=2 dyn.freeze_every=2 dyn.freeze_threshold=10
+        dyn.freeze_max=4 train.steps=12)
+run freeze-ep1 moe 4 parallel.pp=2 parallel.ep=1 "${freeze[@]}"
+run freeze-ep2 moe 4 parallel.pp=2 parallel.ep=2 "${freeze[@]}" && {
+  grep -q "frozen 4/6" "$dir/freeze-ep2.out" || fail "freeze with ep=2: blocks 1 and 3 (MoE) never froze"
+  same freeze-ep1 freeze-ep2 "layer freezing (MoE blocks 1, 3 frozen): ep=2 vs ep=1"
+}
 
 # Each rank holds only its experts: the start-up line gives an MoE
 # block's slab on each rank and with every expert.
