@@ -33,10 +33,11 @@ struct ep_entry {
 
 /* The expert gradients an owner keeps of one block over a step: per
  * source rank of the group and owned expert, the sum over the source's
- * micro-batches. */
+ * micro-batches. The owner's own source sums in the slab's gradients
+ * (zero until then, and where the step's total goes); the others here. */
 struct ep_grads {
     int layer;
-    float *sum;           /* (P, E/P, expert_params) */
+    float *sum;           /* (P - 1, E/P, expert_params): sources but this rank, in order */
 };
 
 struct expert_parallel {
@@ -76,7 +77,7 @@ static int mpi_count(size_t n, const char *what)
 
 static float *grads_for(struct expert_parallel *xp, const struct block *blk)
 {
-    size_t n = (size_t)xp->P * moe_owned_experts(&blk->moe->cfg) * blk->moe->expert_params;
+    size_t n = (size_t)(xp->P - 1) * moe_owned_experts(&blk->moe->cfg) * blk->moe->expert_params;
     for (int i = 0; i < xp->ngrads; i++)
         if (xp->grads[i].layer == blk->index) return xp->grads[i].sum;
     struct ep_grads *grown = dm_alloc((size_t)(xp->ngrads + 1) * sizeof *grown);
@@ -211,34 +212,50 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     /* Each source's gradients of this micro-batch, formed from zero, are
      * added to that source's sum as the source adds its own with ep = 1. */
     float *sum = grads_for(xp, blk);
-    for (size_t i = 0; i < (size_t)P * per * Pe; i++) sum[i] += grads[i];
+    size_t one = (size_t)per * Pe;
+    for (int s = 0; s < P; s++) {
+        float *to = s == xp->rank ? moe->experts_g : sum + (size_t)(s - (s > xp->rank)) * one;
+        const float *from = grads + (size_t)s * one;
+        for (size_t i = 0; i < one; i++) to[i] += from[i];
+    }
 }
 
 /* Sums blk's held experts' gradients over every replica of the stage, in
  * replica order q P + s: the per-source sums of the D / P ranks that hold
- * these experts (one per expert group), gathered by group. The same bits
- * as ep = 1's replica sum of the whole slab. */
+ * these experts (one per expert group, all of the same group rank: each
+ * one's own source in its slab, the others in its sums), gathered by
+ * group. The same bits as ep = 1's replica sum of the whole slab. */
 static void reduce_block(struct expert_parallel *xp, struct block *blk)
 {
     struct block_moe *moe = blk->moe;
+    int P = xp->P, groups = xp->groups, D = P * groups;
     size_t one = (size_t)moe_owned_experts(&moe->cfg) * moe->expert_params;
-    size_t n = (size_t)xp->P * one;
-    float *sum = grads_for(xp, blk), *all = sum;
-    if (xp->groups > 1) {
-        all = grow(&xp->gathered, &xp->gathered_n, n * (size_t)xp->groups);
-        MPI_Request req;
-        int count = mpi_count(n, "a block's expert gradients");
-        WORLD_MPI(MPI_Iallgather(sum, count, MPI_FLOAT, all, count, MPI_FLOAT, xp->holders,
-                                 &req));
-        *xp->wait_s += world_wait(&req);
+    float *sum = grads_for(xp, blk), *own = moe->experts_g, *others = sum;
+    if (groups > 1) {
+        own = grow(&xp->gathered, &xp->gathered_n, (size_t)D * one);
+        others = own + (size_t)groups * one;
+        MPI_Request req[2];
+        int n_own = mpi_count(one, "an expert shard's gradients");
+        int n_others = mpi_count((size_t)(P - 1) * one, "an expert shard's gradients");
+        WORLD_MPI(MPI_Iallgather(moe->experts_g, n_own, MPI_FLOAT, own, n_own, MPI_FLOAT,
+                                 xp->holders, &req[0]));
+        WORLD_MPI(MPI_Iallgather(sum, n_others, MPI_FLOAT, others, n_others, MPI_FLOAT,
+                                 xp->holders, &req[1]));
+        *xp->wait_s += world_wait_all(2, req);
     }
-    size_t sources = (size_t)xp->P * xp->groups;
-    for (size_t i = 0; i < one; i++) {
-        float s = all[i];
-        for (size_t r = 1; r < sources; r++) s += all[r * one + i];
-        moe->experts_g[i] = s;
+    const float **from = dm_alloc((size_t)D * sizeof *from);   /* replica r's sum */
+    for (int r = 0; r < D; r++) {
+        int q = r / P, s = r % P;
+        from[r] = s == xp->rank ? own + (size_t)q * one
+                                : others + ((size_t)q * (P - 1) + (size_t)(s - (s > xp->rank))) * one;
     }
-    memset(sum, 0, n * sizeof(float));
+    for (size_t i = 0; i < one; i++) {   /* reads element i of every source before writing it */
+        float total = from[0][i];
+        for (int r = 1; r < D; r++) total += from[r][i];
+        moe->experts_g[i] = total;
+    }
+    dm_free(from);
+    memset(sum, 0, (size_t)(P - 1) * one * sizeof(float));
 }
 
 void engine_expert_parallel_reduce(struct engine *eng)
@@ -314,10 +331,11 @@ void engine_expert_parallel_init(struct engine *eng)
         double mib = 16.0 / 1048576.0;   /* params, grads, m, v */
         dm_log("expert parallelism: %d experts per MoE block over %d ranks of each stage's "
                "replicas, %d each; an MoE block's slab is %.2f MiB on each rank (%.2f MiB "
-               "with every expert), plus %.2f MiB of per-source expert gradients\n",
+               "with every expert), plus %.2f MiB of the other sources' expert gradients\n",
                moe->experts, P, moe->shard_count, mib * moe_block_param_count(C, moe),
                mib * moe_full_param_count(C, moe),
-               0.25 * mib * moe->experts * (double)moe_expert_param_count(C, moe->hidden));
+               0.25 * mib * (moe->experts - moe->shard_count) *
+                   (double)moe_expert_param_count(C, moe->hidden));
     }
 }
 

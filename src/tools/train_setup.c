@@ -164,8 +164,8 @@ void train_check_paths(const struct dm_config *cfg)
 /* What the busiest stage of `layout` keeps resident on one rank, about:
  * each block's parameters, gradients and both Adam moments (blocks differ
  * in size with MoE blocks; with parallel.ep > 1 an MoE block holds E / ep
- * experts, and the per-source gradient sums of its owned experts, E
- * experts' worth), the activations of the micro-batches it holds at once
+ * experts, and the other sources' gradient sums of its owned experts,
+ * E - E / ep experts' worth), the activations of the micro-batches it holds at once
  * (all of them, as GPipe does: an upper bound for 1F1B; an MoE block's
  * routing and expert activations too), and the embedding and head with
  * their own moments. */
@@ -175,7 +175,7 @@ static double stage_bytes(const struct dm_config *cfg, const int *layout, int st
     double source_sums = 0.0;
     if (cfg->ep > 1 && shape.moe.every > 0) {
         shape.moe.shard_count = shape.moe.experts / cfg->ep;
-        source_sums = 4.0 * shape.moe.experts *
+        source_sums = 4.0 * (shape.moe.experts - shape.moe.shard_count) *
                       (double)moe_expert_param_count(shape.channels, shape.moe.hidden);
     }
     int micro_B = cfg->batch / (cfg->dp * cfg->micro_batches);
