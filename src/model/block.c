@@ -49,7 +49,7 @@ int block_tensor_is_matrix(int k)
 
 int block_tensor_count(const struct block *blk)
 {
-    return blk->moe ? BP_FC_W + 1 + 4 * blk->moe->cfg.experts
+    return blk->moe ? BP_FC_W + 1 + 4 * moe_owned_experts(&blk->moe->cfg)
                     : BP_COUNT + block_mod_tensor_count(blk);
 }
 
