@@ -63,6 +63,10 @@ assert (one == 32).all(), one
 assert (t <= 32).all(), t
 print(f"ok: /hash/tiles: 4 bucket runs visit {t.mean():.1f} of 32 tiles per block and step; one bucket all 32")
 PY
+"$DYNMO" report "$dir/static/runlog.h5" --out "$dir/report" > "$dir/report.out" 2>&1 &&
+  grep -q "hash tiles visited" "$dir/report/index.html" &&
+  echo "ok: report: the share of causal tiles visited beside the cost" ||
+  { fail "the report does not show /hash/tiles"; cat "$dir/report.out"; }
 # checkpoint and resume: 2 stages for 2 steps, then 1 rank to step 4, the
 # same bits as 4 steps on 2 stages (the rotations follow the step, not the run)
 run full "$dir/hash.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/ca" ckpt.every=2

@@ -62,6 +62,11 @@ PY
   grep -q "mixture of depths: 3 MoD blocks (every 2), tokens processed per block and step of 256: 64 (25.0%)" "$dir/inspect.out" &&
   echo "ok: inspect: $(grep 'mixture of depths' "$dir/inspect.out" | cut -c1-100)" ||
   { fail "inspect does not summarise /mod/tokens"; cat "$dir/inspect.out"; }
+# the report draws /mod/tokens beside the per-block cost
+"$DYNMO" report "$dir/static/runlog.h5" --out "$dir/report" > "$dir/report.out" 2>&1 &&
+  grep -q "MoD tokens processed" "$dir/report/index.html" &&
+  echo "ok: report: the MoD blocks' share of tokens beside the cost" ||
+  { fail "the report does not show /mod/tokens"; cat "$dir/report.out"; }
 # checkpoint and resume: 2 stages for 2 steps, then 1 rank to step 4
 run full "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/ca" ckpt.every=2
 run part "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 train.steps=2

@@ -255,10 +255,66 @@ int report_file_kind(const char *command, const char *path)
 
 /* ---- what the page states ----------------------------------------------- */
 
+static long config_long(const struct report_run *run, const char *key)
+{
+    char text[32];
+    report_config_value(run, key, text, sizeof text);
+    return atol(text);
+}
+
+/* /mod/tokens [steps, MoD blocks] spread over the layers as the share of
+ * the step's tokens (train.batch x train.seq) each MoD block processed:
+ * block l's column when it is a MoD block ((l + 1) % model.mod_every ==
+ * 0), NaN (blank) for a dense one. */
+static void load_mod_share(const struct report_run *run, const struct listing *l,
+                           struct matrix *out)
+{
+    struct matrix m;
+    memset(out, 0, sizeof *out);
+    read_matrix(run, l, RUNLOG_MOD_TOKENS, 0, &m);
+    long every = config_long(run, "model.mod_every");
+    double tokens = (double)config_long(run, "train.batch") * config_long(run, "train.seq");
+    if (!m.values || every < 1 || tokens <= 0 || m.cols != run->layers / every) {
+        dm_free(m.values);
+        return;
+    }
+    out->rows = m.rows;
+    out->cols = run->layers;
+    out->values = dm_alloc((size_t)m.rows * run->layers * sizeof(float));
+    for (long r = 0; r < m.rows; r++)
+        for (int layer = 0; layer < run->layers; layer++)
+            out->values[r * run->layers + layer] =
+                (layer + 1) % every == 0
+                    ? (float)(m.values[r * m.cols + (layer + 1) / every - 1] / tokens) : NAN;
+    dm_free(m.values);
+}
+
+/* /hash/tiles as the share of the tiles causal attention would visit in
+ * the step: 2 (forward, backward) x batch x heads x nt (nt + 1) / 2, nt
+ * the 32-token tiles of a sequence (docs/mod-hash.md). */
+static void load_hash_share(const struct report_run *run, const struct listing *l,
+                            struct matrix *out)
+{
+    read_matrix(run, l, RUNLOG_HASH_TILES, run->layers, out);
+    long nt = (config_long(run, "train.seq") + 31) / 32;
+    double all = 2.0 * (double)config_long(run, "train.batch") *
+                 (double)config_long(run, "model.heads") * (double)(nt * (nt + 1) / 2);
+    if (!out->values || all <= 0) return;
+    for (long i = 0; i < out->rows * out->cols; i++) out->values[i] = (float)(out->values[i] / all);
+}
+
 /* The scheme's own signal beside the cost heat map: what the file has. */
 static void load_signals(struct report_run *run, const struct listing *l)
 {
     struct matrix m;
+    load_hash_share(run, l, &m);
+    if (m.values)
+        run->signals[run->signal_count++] =
+            (struct block_signal){"hash tiles visited (of causal)", "share", m};
+    load_mod_share(run, l, &m);
+    if (m.values)
+        run->signals[run->signal_count++] =
+            (struct block_signal){"MoD tokens processed", "share", m};
     read_matrix(run, l, RUNLOG_LAYER_ACTIVE, run->layers, &m);
     if (m.values)
         run->signals[run->signal_count++] = (struct block_signal){"active tokens", "share", m};
