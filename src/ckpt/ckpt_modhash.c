@@ -162,7 +162,10 @@ int ckpt_check_model_keys(struct ckpt_header *h, struct ckpt_problems *problems)
                      s->layers, s->mod.capacity, h->mod_routing_ok);
         return -1;
     }
-    if (s->mod.every == 0) s->mod.capacity = 0.0, s->mod.routing = 0;
+    if (s->mod.every == 0) {   /* the run's shape has them zero then */
+        s->mod.capacity = 0.0;
+        s->mod.routing = 0;
+    }
     h->dims.mod_layers = gpt_mod_block_count(s) > 0 ? gpt_mod_block_count(s) : -1;
     h->dims.mod_params = s->mod.every > 0 ? (long)mod_extra_param_count(s, s->mod.every - 1) : -1;
     return 0;
