@@ -17,10 +17,12 @@
  *
  * The frozen flag lives in each block's slab (struct block.frozen, pack
  * flag BLOCK_FLAG_FROZEN): it migrates with the block and is saved in
- * checkpoints. The scheme's own state (the gradient-norm history) is not
- * saved: after a resume the window starts again, and the frozen prefix is
- * recovered from the blocks (one reduction over the pipeline at the first
- * step). Freezing is prefix-only, so a frozen block always has every block
+ * checkpoints. The scheme's own state, the gradient-norm history, is saved
+ * too (state_save: the window, the depth, the steps recorded and the ring),
+ * so that a resumed run decides at the same steps as one that never
+ * stopped; a checkpoint without it (or with another window) starts the
+ * window again. The frozen prefix is recovered from the blocks (one
+ * reduction over the pipeline at the first step). Freezing is prefix-only, so a frozen block always has every block
  * before it frozen and does no backward at all (gpt_backward skips it,
  * and skips the embedding's gradient). This file must not look at the
  * layout or at timings. */
@@ -135,6 +137,45 @@ static void freeze_describe(const void *state, const struct gpt *model, char *bu
     snprintf(buf, size, "frozen %d/%d", f->prefix, f->layers);
 }
 
+/* The state as doubles: window, layers, steps recorded, then the ring. */
+static long freeze_state_size(const void *state)
+{
+    const struct freeze *f = state;
+    return 3 + (long)f->layers * 2 * f->window;
+}
+
+static void freeze_state_save(const void *state, double *out)
+{
+    const struct freeze *f = state;
+    out[0] = f->window;
+    out[1] = f->layers;
+    out[2] = (double)f->recorded;
+    memcpy(out + 3, f->history, (size_t)f->layers * 2 * (size_t)f->window * sizeof(double));
+}
+
+static int freeze_state_restore(void *state, const double *in, long n, char *err,
+                                size_t errsize)
+{
+    struct freeze *f = state;
+    if (n != freeze_state_size(f) || in[0] != f->window || in[1] != f->layers) {
+        snprintf(err, errsize, "its gradient-norm window is %g steps over %g blocks, this run's "
+                 "%d over %d", n >= 2 ? in[0] : 0.0, n >= 2 ? in[1] : 0.0, f->window, f->layers);
+        return -1;
+    }
+    if (!(in[2] >= 0.0 && in[2] <= 1e15) || in[2] != (double)(long)in[2]) {
+        snprintf(err, errsize, "its count of recorded steps (%g) is not a count", in[2]);
+        return -1;
+    }
+    for (long i = 3; i < n; i++)
+        if (!(in[i] >= 0.0) || isinf(in[i])) {
+            snprintf(err, errsize, "its gradient-norm window holds %g", in[i]);
+            return -1;
+        }
+    f->recorded = (long)in[2];
+    memcpy(f->history, in + 3, (size_t)(n - 3) * sizeof(double));
+    return 0;
+}
+
 const struct dyn_scheme dyn_scheme_freeze = {
     .kind = "freeze",
     .create = freeze_create,
@@ -142,4 +183,7 @@ const struct dyn_scheme dyn_scheme_freeze = {
     .before_step = freeze_before_step,
     .after_reduce = freeze_after_reduce,
     .describe = freeze_describe,
+    .state_size = freeze_state_size,
+    .state_save = freeze_state_save,
+    .state_restore = freeze_state_restore,
 };
