@@ -64,4 +64,17 @@ long dyn_state_size(const struct dyn *dyn);
 void dyn_state_save(const struct dyn *dyn, double *out);
 int dyn_state_restore(struct dyn *dyn, const double *in, long n, char *err, size_t errsize);
 
+/* The most doubles a scheme's state may hold (dyn_create refuses a
+ * configuration whose state would exceed it; a checkpoint whose state does
+ * is no file dynmo wrote). */
+#define DYN_STATE_MAX (1L << 27)
+
+/* Offline, without a run (the checkpoint checker's): whether state[0..n)
+ * is a state that scheme `kind` can have saved for a model of `layers`
+ * blocks, by the scheme's own rules (freezing: its header, its length, a
+ * count of steps, finite non-negative norms). Returns 0, or -1 with the
+ * reason in err (also for a kind that keeps no state). Not collective. */
+int dyn_state_check(const char *kind, const double *state, long n, int layers, char *err,
+                    size_t errsize);
+
 #endif

@@ -80,3 +80,14 @@ int dyn_state_restore(struct dyn *dyn, const double *in, long n, char *err, size
     }
     return dyn->scheme->state_restore(dyn->state, in, n, err, errsize);
 }
+
+int dyn_state_check(const char *kind, const double *state, long n, int layers, char *err,
+                    size_t errsize)
+{
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
+        if (!strcmp(kind, schemes[i]->kind) && schemes[i]->state_check)
+            return schemes[i]->state_check(state, n, layers, err, errsize);
+    snprintf(err, errsize, "dyn.kind \"%s\" is no scheme of this dynmo that keeps a state "
+             "of its own", kind);
+    return -1;
+}

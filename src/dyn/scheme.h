@@ -25,6 +25,8 @@ struct dyn_scheme {
     long (*state_size)(const void *state);
     void (*state_save)(const void *state, double *out);
     int (*state_restore)(void *state, const double *in, long n, char *err, size_t errsize);
+    /* With state_size: dyn_state_check's rules for this scheme's state. */
+    int (*state_check)(const double *in, long n, int layers, char *err, size_t errsize);
 };
 
 extern const struct dyn_scheme dyn_scheme_freeze;
