@@ -380,8 +380,8 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
  * filled on every rank (free with ckpt_meta_free). State that belongs to
  * a scheme rather than to a block is the caller's to restore from meta:
  * the scheme's own state from meta->dyn_state (dyn_state_restore, when
- * meta->dyn_kind is the run's), gpt.frozen_prefix from meta->frozen, and prune masks with
- * block_prune(blk, NULL, ...) for blocks whose meta->sparsity is > 0
+ * meta->dyn_kind is the run's), gpt.frozen_prefix from meta->frozen, and
+ * prune masks with block_prune(blk, NULL, ...) for blocks whose meta->sparsity is > 0
  * (pruned weights are saved as exact zeros).
  * Collective over comm (any size); every rank opens the file on its own
  * read-only (no MPI-IO), so a failure on one rank cannot hang the others.

@@ -133,11 +133,12 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
 int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
                          struct ckpt_header *header);
 
-/* Reads the small datasets (cursors, layout, history, frozen, sparsity) of
- * a file that passed ckpt_open_checked into meta (allocating its arrays)
- * and copies the header's scalars; checks their values (layout sums to the
- * layers, history well formed and ending with the layout, each cursor in
- * [0, step x batch + batch], frozen 0/1, sparsity in [0, 1]). Returns 0,
+/* Reads the small datasets (cursors, layout, history, frozen, sparsity,
+ * and /dyn where the file has it) of a file that passed ckpt_open_checked
+ * into meta (allocating its arrays) and copies the header's scalars;
+ * checks their values (layout sums to the layers, history well formed and
+ * ending with the layout, each cursor in [0, step x batch + batch], frozen
+ * 0/1, sparsity in [0, 1], the scheme's state by its rules). Returns 0,
  * or -1 after reporting. */
 int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
                         struct ckpt_meta *meta, struct ckpt_problems *problems);
