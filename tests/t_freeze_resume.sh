@@ -66,6 +66,9 @@ with h5py.File(sys.argv[1], "r") as f:
     assert (s[3:] >= 0).all() and s[3:].max() > 0, s
     print(f"ok: /dyn: kind freeze, /dyn/state {len(s)} float64: window 3, 8 blocks, 4 steps recorded")
 PY
+"$DYNMO" inspect "$dir/ck/ckpt-4.h5" | grep -q '^  scheme state: dyn.kind = freeze, 51 values (/dyn/state)$' \
+  && "$DYNMO" inspect --json "$dir/ck/ckpt-4.h5" | $py -c 'import json, sys; assert json.load(sys.stdin)["dyn_state"] == {"kind": "freeze", "values": 51}' \
+  && echo "ok: inspect shows the scheme's state" || fail "inspect does not show the scheme's state"
 for bad in nan -1; do
   mkdir -p "$dir/bad$bad"; cp "$dir/ck/ckpt-4.h5" "$dir/bad$bad/ckpt-4.h5"
   $py -c "import sys, h5py; h5py.File(sys.argv[1], 'r+')['/dyn/state'][10] = float(sys.argv[2])" \
