@@ -83,8 +83,16 @@ expect_error "resume from a NaN in /dyn/state" "ckpt-4.h5: /dyn/state of dyn.kin
 run window2 1 dyn.freeze_window=2 ckpt.resume="$dir/ck/ckpt-4.h5" \
   && grep -q "resume: the dyn.kind = freeze state of .*ckpt-4.h5 does not fit this run: its gradient-norm window is 3 steps over 8 blocks, this run's 2 over 8: the window starts again" "$dir/window2.out" \
   && echo "ok: another window: $(grep -o 'resume: .*' "$dir/window2.out")" || fail "another window: $(grep resume "$dir/window2.out")"
-# A run that does not freeze writes no /dyn.
+# A run that does not freeze writes no /dyn; a freeze run resumed from
+# such a file starts its window again and says so; a run of another kind
+# resumed from a freeze checkpoint does not use its state and says so.
 run dense 1 dyn.kind=none train.steps=2 ckpt.dir="$dir/dense" ckpt.every=2 \
   && h5ls "$dir/dense/ckpt-2.h5" | grep -q '^blocks ' && ! h5ls "$dir/dense/ckpt-2.h5" | grep -q '^dyn ' \
   && echo "ok: a run without freezing writes no /dyn" || fail "a dense checkpoint has /dyn (or none was written)"
+run fromdense 1 ckpt.resume="$dir/dense/ckpt-2.h5" \
+  && grep -q "resume: .*ckpt-2.h5 holds no dyn.kind = freeze state (written without it): the scheme's state starts again from this step" "$dir/fromdense.out" \
+  && echo "ok: from a checkpoint without state: $(grep -o 'resume: .*' "$dir/fromdense.out")" || fail "from a checkpoint without state: $(grep resume "$dir/fromdense.out")"
+run otherkind 1 dyn.kind=none ckpt.resume="$dir/ck/ckpt-4.h5" \
+  && grep -q "resume: .*ckpt-4.h5 holds the state of dyn.kind = freeze; this run has dyn.kind = none, so it is not used" "$dir/otherkind.out" \
+  && echo "ok: another kind: $(grep -o 'resume: .*' "$dir/otherkind.out")" || fail "another kind: $(grep resume "$dir/otherkind.out")"
 finish

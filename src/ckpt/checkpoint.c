@@ -4,8 +4,7 @@
  * The file layout is checkpoint_schema/v1.def, or v2.def for a model with
  * mixture-of-experts blocks (ckpt_schema_for), with the lines of the
  * extension dyn.def when the scheme's own state is saved (meta->dyn_state,
- * ckpt_dyn.c); this file creates exactly
- * the groups and datasets listed there (ckpt_file.c checks them the same
+ * ckpt_dyn.c); this file creates exactly the groups and datasets listed there (ckpt_file.c checks them the same
  * way). The directory around the file is ckpt_dir.c's: the names, the
  * temporary, publishing (fsync, rename, fsync the directory, and only then
  * move the completion marker DIR/latest and delete old checkpoints). This
@@ -403,8 +402,9 @@ static hid_t open_parallel(const char *tmp, MPI_Comm comm)
 }
 
 /* Rank 0 writes the small datasets: cursors, layout, history, the
- * scheme's own state (when it has one), and the per-block state gathered from the stages' writers (collective: every
- * rank takes part in the reductions). Each layer has one writer, so the
+ * scheme's own state (when it has one), and the per-block state gathered
+ * from the stages' writers (collective: every rank takes part in the
+ * reductions). Each layer has one writer, so the
  * sum of the contributions is that writer's value exactly. */
 static void write_small_datasets(const struct chunk_writer *w, const struct gpt *model,
                                  const struct ckpt_meta *meta,

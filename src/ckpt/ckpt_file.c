@@ -1,7 +1,8 @@
 /* The checkpoint file as data: the schema tables compiled in from
  * checkpoint_schema/v1.def (a dense model) and v2.def (with mixture-of-
  * experts blocks), the structural check of an open file against
- * them (and the extension dyn.def where the file has /dyn, ckpt_dyn.c), and the serial readers of metadata and rows that the loader, the
+ * them (and the extension dyn.def where the file has /dyn, ckpt_dyn.c),
+ * and the serial readers of metadata and rows that the loader, the
  * checker and inspect share.
  *
  * It never writes and never calls MPI: the collective writer lives in

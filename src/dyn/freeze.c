@@ -54,10 +54,11 @@ static void *freeze_create(const struct dm_config *cfg, const struct dyn_env *en
     if (f->max_frozen > cfg->layers)
         dm_user_error("dyn.freeze_max = %d exceeds model.layers = %d", cfg->freeze_max,
                       cfg->layers);
-    if ((long)cfg->layers * 2 * cfg->freeze_window + 3 > DYN_STATE_MAX)
+    long norms = (long)cfg->layers * 2 * cfg->freeze_window;
+    if (norms + 3 > DYN_STATE_MAX)
         dm_user_error("dyn.freeze_window = %d over %d blocks keeps %ld gradient norms, more "
-                      "than a checkpoint holds (%ld): choose a shorter window", cfg->freeze_window,
-                      cfg->layers, (long)cfg->layers * 2 * cfg->freeze_window, DYN_STATE_MAX - 3);
+                      "than a checkpoint holds (%ld): choose a shorter window",
+                      cfg->freeze_window, cfg->layers, norms, DYN_STATE_MAX - 3);
     f->comm = env->pipeline_comm;
     f->history = dm_alloc((size_t)cfg->layers * 2 * (size_t)f->window * sizeof(double));
     return f;

@@ -76,7 +76,12 @@ static void restore_dyn_state(struct engine *eng, const struct ckpt_meta *meta,
                               const char *path)
 {
     struct dyn *dyn = engine_dyn(eng);
-    if (meta->dyn_state_count == 0) return;   /* none saved, or an older file */
+    if (meta->dyn_state_count == 0) {   /* none saved: an older file, or another kind's */
+        if (dyn_state_size(dyn) > 0)
+            dm_log("resume: %s holds no dyn.kind = %s state (written without it): the "
+                   "scheme's state starts again from this step\n", path, dyn_kind_name(dyn));
+        return;
+    }
     if (strcmp(meta->dyn_kind, dyn_kind_name(dyn)) != 0) {
         dm_log("resume: %s holds the state of dyn.kind = %s; this run has dyn.kind = %s, "
                "so it is not used\n", path, meta->dyn_kind, dyn_kind_name(dyn));
