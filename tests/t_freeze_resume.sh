@@ -83,6 +83,9 @@ expect_error "resume from a NaN in /dyn/state" "ckpt-4.h5: /dyn/state of dyn.kin
 run window2 1 dyn.freeze_window=2 ckpt.resume="$dir/ck/ckpt-4.h5" \
   && grep -q "resume: the dyn.kind = freeze state of .*ckpt-4.h5 does not fit this run: its gradient-norm window is 3 steps over 8 blocks, this run's 2 over 8: the window starts again" "$dir/window2.out" \
   && echo "ok: another window: $(grep -o 'resume: .*' "$dir/window2.out")" || fail "another window: $(grep resume "$dir/window2.out")"
+expect_error "a window whose state exceeds what a checkpoint holds" \
+  "dyn.freeze_window = 1000000 over 68 blocks keeps 136000000 gradient norms, more than a checkpoint holds" \
+  mpiexec -n 1 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/huge" model.layers=68 dyn.freeze_window=1000000
 # A run that does not freeze writes no /dyn; a freeze run resumed from
 # such a file starts its window again and says so; a run of another kind
 # resumed from a freeze checkpoint does not use its state and says so.
