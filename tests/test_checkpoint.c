@@ -523,6 +523,80 @@ static void report_count(void *ctx, const char *problem)
     (*(int *)ctx)++;
 }
 
+/* Saves a tiny model at `step` into dir with the scheme state `state`
+ * (count values of dyn.kind `kind`; count 0: none). */
+static void save_with_state(const char *dir, long step, const char *kind, const double *state,
+                            long count)
+{
+    struct gpt_shape shape = tiny_shape();
+    struct world w = {world_size, world_size, 1, {0}};
+    for (int s = 0; s < world_size; s++) w.layout[s] = shape.layers / world_size +
+                                                       (s < shape.layers % world_size);
+    struct gpt model;
+    build_for(&model, &shape, &w, world_rank);
+    fill_model(&model, 0);
+    struct ckpt_meta meta;
+    int frozen[16];
+    long cursors[8];
+    char config[256], err[1024];
+    meta_for(&meta, 0, step, &w, NULL, shape.layers, frozen, cursors, config);
+    snprintf(meta.dyn_kind, sizeof meta.dyn_kind, "%s", kind);
+    meta.dyn_state = (double *)state;
+    meta.dyn_state_count = count;
+    int rc = ckpt_save(dir, 0, &model, &meta, world_rank, 0, MPI_COMM_WORLD, NULL, 0, err,
+                       sizeof err);
+    CHECK_MSG(rc == 0, "save: %s", err);
+    gpt_free(&model);
+}
+
+/* The extension dyn.def: a scheme's state comes back as the same doubles
+ * and passes the checker; one its scheme's rules refuse (a negative norm,
+ * a kind that keeps no state) is reported; a save without one writes no
+ * /dyn and reads back none. */
+static void test_dyn_state(void)
+{
+    char dir[1024], path[1100], err[1024];
+    snprintf(dir, sizeof dir, "%s/dyn", getenv("CKPT_TEST_DIR"));
+    int layers = tiny_shape().layers;
+    long n = 3 + 2L * layers;                 /* freezing, window 1 */
+    double *state = dm_alloc((size_t)n * sizeof(double));
+    state[0] = 1.0;
+    state[1] = layers;
+    state[2] = 5.0;
+    for (long i = 3; i < n; i++) state[i] = 0.1 * (double)i + 1e-13;   /* no float holds it */
+    save_with_state(dir, 30, "freeze", state, n);
+    state[4] = -1.0;
+    save_with_state(dir, 31, "freeze", state, n);
+    save_with_state(dir, 32, "prune", state, n);
+    save_with_state(dir, 33, "", NULL, 0);
+    if (world_rank == 0) {
+        struct ckpt_meta meta;
+        ckpt_path(path, sizeof path, dir, 30);
+        CHECK_MSG(ckpt_read_info(path, &meta, err, sizeof err) == 0, "%s", err);
+        state[4] = 0.1 * 4 + 1e-13;
+        CHECK(meta.dyn_state_count == n && !strcmp(meta.dyn_kind, "freeze") &&
+              !memcmp(meta.dyn_state, state, (size_t)n * sizeof(double)));
+        ckpt_meta_free(&meta);
+        CHECK(ckpt_check_file(path, 1, NULL, NULL) == 0);
+        ckpt_path(path, sizeof path, dir, 31);
+        CHECK(ckpt_check_file(path, 1, NULL, NULL) == 1);
+        CHECK(ckpt_read_info(path, &meta, err, sizeof err) == -1 &&
+              strstr(err, "/dyn/state of dyn.kind \"freeze\": value 4 (block 0 of the window) "
+                     "is -1"));
+        ckpt_path(path, sizeof path, dir, 32);
+        CHECK(ckpt_read_info(path, &meta, err, sizeof err) == -1 &&
+              strstr(err, "\"prune\" is no scheme of this dynmo that keeps a state"));
+        ckpt_path(path, sizeof path, dir, 33);
+        CHECK(ckpt_read_info(path, &meta, err, sizeof err) == 0 && meta.dyn_state_count == 0 &&
+              !meta.dyn_state && !meta.dyn_kind[0]);
+        ckpt_meta_free(&meta);
+        hid_t file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+        CHECK(file >= 0 && H5Lexists(file, "/dyn", H5P_DEFAULT) == 0);
+        if (file >= 0) H5Fclose(file);
+    }
+    dm_free(state);
+}
+
 static void test_faults(void)
 {
     struct gpt_shape shape = tiny_shape();
@@ -951,6 +1025,7 @@ int main(int argc, char **argv)
         if (world_rank == 0) test_fletcher32();
         test_chain();
         test_faults();
+        test_dyn_state();
         int failures = sum_int(testing_failures, MPI_COMM_WORLD);
         if (world_rank == 0) {
             char command[600];

@@ -306,6 +306,15 @@ struct ckpt_meta {
     float *sparsity;        /* (layers) fraction of exactly-zero weights in the
                                block's matrices (pruned weights are zero),
                                computed by save; load only */
+    char dyn_kind[32];      /* (save) dyn.kind of the scheme whose own state
+                               follows; load: "" when the file has no /dyn */
+    double *dyn_state;      /* (save) (dyn_state_count) that scheme's state
+                               across steps (dyn_state_save), the same on every
+                               rank, saved as /dyn/state (checkpoint_schema/
+                               dyn.def); NULL with count 0: the scheme keeps
+                               none, and the file has no /dyn. Load: checked by
+                               the scheme's rules (dyn_state_check) */
+    long dyn_state_count;
     /* Filled by load and ckpt_read_info only: */
     struct gpt_shape shape; /* the model the checkpoint holds (its moe: every,
                                experts, top_k and hidden; zero when dense) */
@@ -372,8 +381,9 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
  * zeroed and each loaded block's frozen flag is set from the file. meta is
  * filled on every rank (free with ckpt_meta_free). State that belongs to
  * a scheme rather than to a block is the caller's to restore from meta:
- * gpt.frozen_prefix from meta->frozen, and prune masks with
- * block_prune(blk, NULL, ...) for blocks whose meta->sparsity is > 0
+ * the scheme's own state from meta->dyn_state (dyn_state_restore, when
+ * meta->dyn_kind is the run's), gpt.frozen_prefix from meta->frozen, and
+ * prune masks with block_prune(blk, NULL, ...) for blocks whose meta->sparsity is > 0
  * (pruned weights are saved as exact zeros).
  * Collective over comm (any size); every rank opens the file on its own
  * read-only (no MPI-IO), so a failure on one rank cannot hang the others.

@@ -53,4 +53,28 @@ void dyn_after_reduce(struct dyn *dyn, struct gpt *model, int step, const double
  * 52.0%", "exited 41%"), or an empty string. */
 void dyn_describe(const struct dyn *dyn, const struct gpt *model, char *buf, size_t size);
 
+/* The scheme's own state across steps (freezing's gradient-norm window),
+ * the same on every rank, for checkpoints: dyn_state_size doubles (0 when
+ * the scheme keeps none: its state is all in the slabs), written by
+ * dyn_state_save. dyn_state_restore takes what a checkpoint of the same
+ * dyn.kind held: 0, or -1 with a reason in err when it does not fit this
+ * run (the caller then starts the scheme's state afresh, as a checkpoint
+ * without it does). Call restore before the first dyn_before_step. */
+long dyn_state_size(const struct dyn *dyn);
+void dyn_state_save(const struct dyn *dyn, double *out);
+int dyn_state_restore(struct dyn *dyn, const double *in, long n, char *err, size_t errsize);
+
+/* The most doubles a scheme's state may hold (dyn_create refuses a
+ * configuration whose state would exceed it; a checkpoint whose state does
+ * is no file dynmo wrote). */
+#define DYN_STATE_MAX (1L << 27)
+
+/* Offline, without a run (the checkpoint checker's): whether state[0..n)
+ * is a state that scheme `kind` can have saved for a model of `layers`
+ * blocks, by the scheme's own rules (freezing: its header, its length, a
+ * count of steps, finite non-negative norms). Returns 0, or -1 with the
+ * reason in err (also for a kind that keeps no state). Not collective. */
+int dyn_state_check(const char *kind, const double *state, long n, int layers, char *err,
+                    size_t errsize);
+
 #endif

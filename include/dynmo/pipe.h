@@ -123,4 +123,8 @@ const int *engine_layout(const struct engine *eng);
  * the end stages): what checkpoints save and load. Owned by the engine. */
 struct gpt *engine_model(struct engine *eng);
 
+/* The dynamism scheme the engine runs (its state for checkpoints). */
+struct dyn;
+struct dyn *engine_dyn(struct engine *eng);
+
 #endif

@@ -2,8 +2,9 @@
  * HDF5 over MPI-IO. Loading is ckpt_load.c's.
  *
  * The file layout is checkpoint_schema/v1.def, or v2.def for a model with
- * mixture-of-experts blocks (ckpt_schema_for); this file creates exactly
- * the groups and datasets listed there (ckpt_file.c checks them the same
+ * mixture-of-experts blocks (ckpt_schema_for), with the lines of the
+ * extension dyn.def when the scheme's own state is saved (meta->dyn_state,
+ * ckpt_dyn.c); this file creates exactly the groups and datasets listed there (ckpt_file.c checks them the same
  * way). The directory around the file is ckpt_dir.c's: the names, the
  * temporary, publishing (fsync, rename, fsync the directory, and only then
  * move the completion marker DIR/latest and delete old checkpoints). This
@@ -72,6 +73,10 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
     h = hash_bytes(h, &meta->train_checksum, sizeof meta->train_checksum);
     h = hash_bytes(h, dir, strlen(dir));
     if (meta->config_text) h = hash_bytes(h, meta->config_text, strlen(meta->config_text));
+    h = hash_bytes(h, meta->dyn_kind, strlen(meta->dyn_kind));
+    h = hash_bytes(h, &meta->dyn_state_count, sizeof meta->dyn_state_count);
+    if (meta->dyn_state_count > 0)
+        h = hash_bytes(h, meta->dyn_state, (size_t)meta->dyn_state_count * sizeof(double));
     h = hash_bytes(h, meta->data_cursor, (size_t)meta->dp * sizeof(long));
     h = hash_bytes(h, meta->layout, (size_t)meta->pp * sizeof(int));
     if (meta->history.count > 0) {
@@ -88,7 +93,8 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
     world_wait(&request);
     if (lowest[0] != ~lowest[1])
         DM_FATAL("ckpt_save: ranks passed different checkpoint metadata (step, layout, "
-                 "cursors, history, config or directory): every rank must pass the same");
+                 "cursors, history, scheme state, config or directory): every rank must "
+                 "pass the same");
 }
 
 /* Every (stage, replica) pair exactly once: the grid the caller described
@@ -234,6 +240,7 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
     group = DM_H5(H5Gopen2(file, "/data", H5P_DEFAULT));
     write_integer_attr(group, "train_checksum", SCHEMA_TYPE_UINT64, checksum);
     DM_H5(H5Gclose(group));
+    if (meta->dyn_state_count > 0) ckpt_dyn_write_attributes(file, meta);
 }
 
 /* Rank 0 creates the file's skeleton alone, with the serial skeleton
@@ -395,9 +402,10 @@ static hid_t open_parallel(const char *tmp, MPI_Comm comm)
     return file;
 }
 
-/* Rank 0 writes the small datasets: cursors, layout, history, and the
- * per-block state gathered from the stages' writers (collective: every
- * rank takes part in the reductions). Each layer has one writer, so the
+/* Rank 0 writes the small datasets: cursors, layout, history, the
+ * scheme's own state (when it has one), and the per-block state gathered
+ * from the stages' writers (collective: every rank takes part in the
+ * reductions). Each layer has one writer, so the
  * sum of the contributions is that writer's value exactly. */
 static void write_small_datasets(const struct chunk_writer *w, const struct gpt *model,
                                  const struct ckpt_meta *meta,
@@ -430,6 +438,8 @@ static void write_small_datasets(const struct chunk_writer *w, const struct gpt 
         write_rows(w, "/layout/history_blocks_per_stage", 0, n, history->layout);
         write_rows(w, "/blocks/state/frozen", 0, (hsize_t)layers, frozen_all);
         write_rows(w, "/blocks/state/sparsity", 0, (hsize_t)layers, sparsity_all);
+        if (meta->dyn_state_count > 0)
+            write_rows(w, "/dyn/state", 0, (hsize_t)meta->dyn_state_count, meta->dyn_state);
     }
     dm_free(frozen);
     dm_free(frozen_all);
@@ -561,6 +571,10 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     dims.dp = meta->dp;
     dims.history = history.count;
     const struct ckpt_schema *schema = ckpt_schema_for(shape);
+    if (meta->dyn_state_count > 0) {   /* the scheme's own state: dyn.def's /dyn */
+        schema = ckpt_schema_with_dyn(schema);
+        dims.dyn_state = meta->dyn_state_count;
+    }
 
     /* The skeleton first, by rank 0; the others wait (polled). */
     if (rank == 0) create_skeleton(tmp, shape, meta, &dims, schema);
@@ -622,6 +636,8 @@ static void check_save_arguments(const struct gpt *model, const struct ckpt_meta
         DM_ASSERT(history->step[history->count - 1] <= meta->step);
     }
     for (int d = 0; d < meta->dp; d++) DM_ASSERT(meta->data_cursor[d] >= 0);
+    DM_ASSERT(meta->dyn_state_count >= 0 &&
+              (meta->dyn_state_count == 0 || (meta->dyn_state && meta->dyn_kind[0])));
     for (int i = 0; i < model->num_blocks; i++) {
         int flag = meta->frozen ? meta->frozen[model->first_block + i] : 0;
         DM_ASSERT((flag == 0 || flag == 1) &&

@@ -1,7 +1,8 @@
 /* The checkpoint file as data: the schema tables compiled in from
  * checkpoint_schema/v1.def (a dense model) and v2.def (with mixture-of-
  * experts blocks), the structural check of an open file against
- * them, and the serial readers of metadata and rows that the loader, the
+ * them (and the extension dyn.def where the file has /dyn, ckpt_dyn.c),
+ * and the serial readers of metadata and rows that the loader, the
  * checker and inspect share.
  *
  * It never writes and never calls MPI: the collective writer lives in
@@ -58,6 +59,7 @@ const char *schema_type_name(enum schema_type type)
     case SCHEMA_TYPE_UINT64: return "uint64";
     case SCHEMA_TYPE_INT32: return "int32";
     case SCHEMA_TYPE_FLOAT32: return "float32";
+    case SCHEMA_TYPE_FLOAT64: return "float64";
     }
     return "?";
 }
@@ -69,6 +71,7 @@ hid_t schema_file_type(enum schema_type type)
     case SCHEMA_TYPE_UINT64: return H5T_STD_U64LE;
     case SCHEMA_TYPE_INT32: return H5T_STD_I32LE;
     case SCHEMA_TYPE_FLOAT32: return H5T_IEEE_F32LE;
+    case SCHEMA_TYPE_FLOAT64: return H5T_IEEE_F64LE;
     case SCHEMA_TYPE_STRING: break;
     }
     DM_FATAL("schema type %s has no fixed HDF5 file type", schema_type_name(type));
@@ -81,6 +84,7 @@ size_t schema_type_size(enum schema_type type)
     case SCHEMA_TYPE_FLOAT32: return 4;
     case SCHEMA_TYPE_INT64:
     case SCHEMA_TYPE_UINT64:
+    case SCHEMA_TYPE_FLOAT64:
     case SCHEMA_TYPE_STRING: return 8;
     }
     return 8;
@@ -103,6 +107,7 @@ long ckpt_dim(const struct ckpt_dims *dims, const char *name)
     if (!strcmp(name, "expert_params")) return dims->expert_params;
     if (!strcmp(name, "mod_layers")) return dims->mod_layers;
     if (!strcmp(name, "mod_params")) return dims->mod_params;
+    if (!strcmp(name, "dyn_state")) return dims->dyn_state;
     return -1;
 }
 
@@ -117,6 +122,7 @@ void ckpt_dims_of_shape(struct ckpt_dims *dims, const struct gpt_shape *shape)
     dims->pp = dims->dp = dims->history = -1;
     dims->moe_layers = dims->experts = dims->router_params = -1;
     dims->expert_rows = dims->expert_params = -1;
+    dims->dyn_state = -1;
     int M = gpt_moe_block_count(shape);
     if (M > 0) {
         dims->moe_layers = M;
@@ -317,6 +323,8 @@ static void header_store_string(struct ckpt_header *h, const struct schema_attr 
                                 const char *text)
 {
     if (!strcmp(a->object, "/model")) ckpt_header_store_model_key(h, a->name, text);
+    if (!strcmp(a->object, "/dyn") && !strcmp(a->name, "kind"))
+        snprintf(h->dyn_kind, sizeof h->dyn_kind, "%s", text);
     if (strcmp(a->object, "/") != 0) return;
     if (!strcmp(a->name, "dynmo_version"))
         snprintf(h->dynmo_version, sizeof h->dynmo_version, "%s", text);
@@ -381,6 +389,8 @@ static int check_type(hid_t type, enum schema_type want)
     switch (want) {
     case SCHEMA_TYPE_FLOAT32:
         return type_class == H5T_FLOAT && size == 4 && order == H5T_ORDER_LE;
+    case SCHEMA_TYPE_FLOAT64:
+        return type_class == H5T_FLOAT && size == 8 && order == H5T_ORDER_LE;
     case SCHEMA_TYPE_INT32:
         return type_class == H5T_INTEGER && size == 4 && order == H5T_ORDER_LE &&
                H5Tget_sign(type) == H5T_SGN_2;
@@ -632,6 +642,7 @@ static void header_init(struct ckpt_header *header)
     dims->moe_layers = dims->experts = dims->router_params = -1;
     dims->expert_rows = dims->expert_params = -1;
     dims->mod_layers = dims->mod_params = -1;
+    dims->dyn_state = -1;
     header->schema_version = header->batch = -1;
 }
 
@@ -687,9 +698,12 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
                      "only (use the dynmo that wrote it, or start a new run)",
                      value, CHECKPOINT_SCHEMA_VERSION, CHECKPOINT_SCHEMA_VERSION_MOE);
     if (!schema) return -1;
-    schema = ckpt_schema_of_file(file, schema);   /* hash attention, MoD: model-keys.def */
+    const struct ckpt_schema *keyed = ckpt_schema_of_file(file, schema);   /* model-keys.def */
+    header->model_keys = keyed != schema;
+    schema = keyed;
     header->schema = schema;
     header->schema_version = schema->version;
+    schema = ckpt_dyn_extend(file, header, problems);   /* /dyn, when the file has it */
 
     for (int i = 0; i < schema->group_count; i++)
         if (!dm_h5_path_exists(file, schema->groups[i]))
@@ -776,6 +790,12 @@ static int read_whole(hid_t file, const struct ckpt_header *header, const char *
     DM_ASSERT(rank > 0);
     hsize_t start[2] = {0, 0};
     return read_slab(file, name, memory_type, rank, start, extent, out, "", problems);
+}
+
+int ckpt_read_dataset(hid_t file, const struct ckpt_header *header, const char *name,
+                      hid_t memory_type, void *out, struct ckpt_problems *problems)
+{
+    return read_whole(file, header, name, memory_type, out, problems);
 }
 
 /* The fast path of a row read: reads the row's chunks as stored
@@ -1050,6 +1070,8 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     if (header->schema_version == CHECKPOINT_SCHEMA_VERSION_MOE &&
         read_moe_state(file, header, meta, problems) != 0)
         return -1;
+    if (header->dims.dyn_state > 0 && ckpt_dyn_read(file, header, meta, problems) != 0)
+        return -1;
     check_block_states(meta, d->layers, problems);
     return problems->count == before ? 0 : -1;
 }
@@ -1081,6 +1103,7 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
         if (rank < 0) continue;
         hid_t memory_type = d->type == SCHEMA_TYPE_FLOAT32 ? H5T_NATIVE_FLOAT
                           : d->type == SCHEMA_TYPE_INT32 ? H5T_NATIVE_INT
+                          : d->type == SCHEMA_TYPE_FLOAT64 ? H5T_NATIVE_DOUBLE
                                                          : H5T_NATIVE_LLONG;
         hsize_t rows = extent[0], cols = extent[1];
         hsize_t rows_per = cols <= READ_ALL_BUFFER_ELEMENTS ? READ_ALL_BUFFER_ELEMENTS / cols : 1;

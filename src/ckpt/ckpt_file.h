@@ -1,5 +1,6 @@
 /* The checkpoint file as the schema describes it (checkpoint_schema/v1.def,
- * and v2.def for a model with mixture-of-experts blocks):
+ * and v2.def for a model with mixture-of-experts blocks; the extension
+ * dyn.def for a scheme's own state, ckpt_dyn.c):
  * the compiled-in schema tables, the structural validation of an open
  * file, and the serial readers of its metadata and rows. Shared by the
  * collective writer (checkpoint.c), the loader and the offline checker
@@ -19,6 +20,7 @@ enum schema_type {
     SCHEMA_TYPE_UINT64,
     SCHEMA_TYPE_INT32,
     SCHEMA_TYPE_FLOAT32,
+    SCHEMA_TYPE_FLOAT64,     /* the extension dyn.def's /dyn/state */
 };
 
 struct schema_attr {
@@ -67,6 +69,7 @@ struct ckpt_dims {
     long moe_layers, experts, router_params, expert_rows, expert_params;
     /* with MoD blocks (checkpoint_schema/mod.def); -1 otherwise */
     long mod_layers, mod_params;
+    long dyn_state;          /* extension dyn.def: /dyn/state's length; -1 without /dyn */
 };
 /* The dimensions of a model's checkpoint (pp, dp and history are the
  * caller's). */
@@ -108,6 +111,8 @@ struct ckpt_header {
     char *config_text;          /* dm_alloc'd */
     char attention[16];         /* /model attention (model-keys.def), "" when absent */
     int mod_routing_ok;         /* /model mod_routing is topk, causal or "" */
+    int model_keys;             /* the file has model-keys.def's lines (hash, MoD) */
+    char dyn_kind[32];          /* /dyn attribute kind (extension dyn.def), or "" */
 };
 void ckpt_header_free(struct ckpt_header *header);
 
@@ -133,11 +138,12 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
 int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
                          struct ckpt_header *header);
 
-/* Reads the small datasets (cursors, layout, history, frozen, sparsity) of
- * a file that passed ckpt_open_checked into meta (allocating its arrays)
- * and copies the header's scalars; checks their values (layout sums to the
- * layers, history well formed and ending with the layout, each cursor in
- * [0, step x batch + batch], frozen 0/1, sparsity in [0, 1]). Returns 0,
+/* Reads the small datasets (cursors, layout, history, frozen, sparsity,
+ * and /dyn where the file has it) of a file that passed ckpt_open_checked
+ * into meta (allocating its arrays) and copies the header's scalars;
+ * checks their values (layout sums to the layers, history well formed and
+ * ending with the layout, each cursor in [0, step x batch + batch], frozen
+ * 0/1, sparsity in [0, 1], the scheme's state by its rules). Returns 0,
  * or -1 after reporting. */
 int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
                         struct ckpt_meta *meta, struct ckpt_problems *problems);
@@ -159,6 +165,33 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
  * (the first differing key) into err and returns -1. */
 int ckpt_compare_shape(const struct gpt_shape *file_shape,
                        const struct gpt_shape *run_shape, char *err, size_t errsize);
+
+/* Reads the whole schema dataset `name` of a checked file (its extent
+ * from the header's dims) as memory_type into out. Returns 0, or -1 after
+ * reporting. */
+int ckpt_read_dataset(hid_t file, const struct ckpt_header *header, const char *name,
+                      hid_t memory_type, void *out, struct ckpt_problems *problems);
+
+/* ---- the extension dyn.def (ckpt_dyn.c): a scheme's own state --------- */
+
+/* base with the lines of checkpoint_schema/dyn.def appended (the group
+ * /dyn, its attribute kind, the dataset /dyn/state): the schema of a file
+ * that holds a scheme's state. Any base, itself extended or not; the
+ * result lives as long as the process. */
+const struct ckpt_schema *ckpt_schema_with_dyn(const struct ckpt_schema *base);
+/* For the structural check, once the version's schema is known: when the
+ * file has /dyn, extends header->schema with dyn.def and sets
+ * header->dims.dyn_state from /dyn/state's extent (1 .. DYN_STATE_MAX,
+ * reported otherwise). Returns the schema to check against. */
+const struct ckpt_schema *ckpt_dyn_extend(hid_t file, struct ckpt_header *header,
+                                          struct ckpt_problems *problems);
+/* Reads /dyn (kind and state) of a file that has it into meta and checks
+ * the values by the scheme's rules (dyn_state_check). Returns 0, or -1
+ * after reporting. */
+int ckpt_dyn_read(hid_t file, const struct ckpt_header *header, struct ckpt_meta *meta,
+                  struct ckpt_problems *problems);
+/* The writer's part: /dyn's attribute kind, into the skeleton. */
+void ckpt_dyn_write_attributes(hid_t file, const struct ckpt_meta *meta);
 
 /* Fletcher-32 exactly as HDF5's H5Z_FILTER_FLETCHER32 filter computes it
  * over `bytes` bytes (fletcher32.c gives the definition); the filter

@@ -24,7 +24,7 @@
 void ckpt_meta_free(struct ckpt_meta *meta)
 {
     if (!meta->allocated) {
-        DM_ASSERT(!meta->data_cursor && !meta->layout && !meta->sparsity);
+        DM_ASSERT(!meta->data_cursor && !meta->layout && !meta->sparsity && !meta->dyn_state);
         memset(meta, 0, sizeof *meta);
         return;
     }
@@ -37,6 +37,7 @@ void ckpt_meta_free(struct ckpt_meta *meta)
     dm_free(meta->moe_bias);
     dm_free(meta->moe_tokens);
     dm_free(meta->moe_dropped);
+    dm_free(meta->dyn_state);
     memset(meta, 0, sizeof *meta);
 }
 

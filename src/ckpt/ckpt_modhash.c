@@ -143,7 +143,7 @@ void ckpt_header_store_model_key(struct ckpt_header *h, const char *name, const 
  * Returns 0, or -1 after reporting. */
 int ckpt_check_model_keys(struct ckpt_header *h, struct ckpt_problems *problems)
 {
-    if (h->schema == ckpt_schema_of_version(h->schema_version)) return 0;   /* none */
+    if (!h->model_keys) return 0;   /* none: a dense model's file */
     struct gpt_shape *s = &h->shape;
     int hash = !strcmp(h->attention, "hash");
     if ((!hash && strcmp(h->attention, "dense") != 0) || s->hash.buckets < 0 ||

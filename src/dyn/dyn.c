@@ -60,3 +60,34 @@ void dyn_describe(const struct dyn *dyn, const struct gpt *model, char *buf, siz
     if (size) buf[0] = 0;
     if (dyn->scheme) dyn->scheme->describe(dyn->state, model, buf, size);
 }
+
+long dyn_state_size(const struct dyn *dyn)
+{
+    if (!dyn->scheme || !dyn->scheme->state_size) return 0;
+    return dyn->scheme->state_size(dyn->state);
+}
+
+void dyn_state_save(const struct dyn *dyn, double *out)
+{
+    if (dyn_state_size(dyn) > 0) dyn->scheme->state_save(dyn->state, out);
+}
+
+int dyn_state_restore(struct dyn *dyn, const double *in, long n, char *err, size_t errsize)
+{
+    if (!dyn->scheme || !dyn->scheme->state_restore) {
+        snprintf(err, errsize, "dyn.kind = %s keeps no state of its own", dyn->kind);
+        return -1;
+    }
+    return dyn->scheme->state_restore(dyn->state, in, n, err, errsize);
+}
+
+int dyn_state_check(const char *kind, const double *state, long n, int layers, char *err,
+                    size_t errsize)
+{
+    for (size_t i = 0; i < sizeof schemes / sizeof schemes[0]; i++)
+        if (!strcmp(kind, schemes[i]->kind) && schemes[i]->state_check)
+            return schemes[i]->state_check(state, n, layers, err, errsize);
+    snprintf(err, errsize, "dyn.kind \"%s\" is no scheme of this dynmo that keeps a state "
+             "of its own", kind);
+    return -1;
+}

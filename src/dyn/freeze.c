@@ -17,13 +17,16 @@
  *
  * The frozen flag lives in each block's slab (struct block.frozen, pack
  * flag BLOCK_FLAG_FROZEN): it migrates with the block and is saved in
- * checkpoints. The scheme's own state (the gradient-norm history) is not
- * saved: after a resume the window starts again, and the frozen prefix is
- * recovered from the blocks (one reduction over the pipeline at the first
- * step). Freezing is prefix-only, so a frozen block always has every block
- * before it frozen and does no backward at all (gpt_backward skips it,
- * and skips the embedding's gradient). This file must not look at the
- * layout or at timings. */
+ * checkpoints. The scheme's own state, the gradient-norm history, is saved
+ * too (state_save: the window, the depth, the steps recorded and the ring),
+ * so that a resumed run decides at the same steps as one that never
+ * stopped; a checkpoint without it (or with another window) starts the
+ * window again. The frozen prefix is recovered from the blocks (one
+ * reduction over the pipeline at the first step). Freezing is
+ * prefix-only, so a frozen block always has every block before it frozen
+ * and does no backward at all (gpt_backward skips it, and skips the
+ * embedding's gradient). This file must not look at the layout or at
+ * timings. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -51,6 +54,11 @@ static void *freeze_create(const struct dm_config *cfg, const struct dyn_env *en
     if (f->max_frozen > cfg->layers)
         dm_user_error("dyn.freeze_max = %d exceeds model.layers = %d", cfg->freeze_max,
                       cfg->layers);
+    long norms = (long)cfg->layers * 2 * cfg->freeze_window;
+    if (norms + 3 > DYN_STATE_MAX)
+        dm_user_error("dyn.freeze_window = %d over %d blocks keeps %ld gradient norms, more "
+                      "than a checkpoint holds (%ld): choose a shorter window",
+                      cfg->freeze_window, cfg->layers, norms, DYN_STATE_MAX - 3);
     f->comm = env->pipeline_comm;
     f->history = dm_alloc((size_t)cfg->layers * 2 * (size_t)f->window * sizeof(double));
     return f;
@@ -135,6 +143,74 @@ static void freeze_describe(const void *state, const struct gpt *model, char *bu
     snprintf(buf, size, "frozen %d/%d", f->prefix, f->layers);
 }
 
+/* The state as doubles: window, layers, steps recorded, then the ring. */
+static long freeze_state_size(const void *state)
+{
+    const struct freeze *f = state;
+    return 3 + (long)f->layers * 2 * f->window;
+}
+
+static void freeze_state_save(const void *state, double *out)
+{
+    const struct freeze *f = state;
+    out[0] = f->window;
+    out[1] = f->layers;
+    out[2] = (double)f->recorded;
+    memcpy(out + 3, f->history, (size_t)f->layers * 2 * (size_t)f->window * sizeof(double));
+}
+
+/* Whether in[0..n) is a freezing state for `layers` blocks: a window in
+ * 1..1000000 steps (dyn.freeze_window's range), the depth, a whole count of
+ * steps recorded, and the ring of finite non-negative gradient norms. */
+static int freeze_state_check(const double *in, long n, int layers, char *err, size_t errsize)
+{
+    if (n < 3) {
+        snprintf(err, errsize, "%ld values, fewer than its header's 3 (window, blocks, steps "
+                 "recorded)", n);
+        return -1;
+    }
+    if (!(in[0] >= 1.0 && in[0] <= 1e6) || in[0] != floor(in[0]) || in[1] != layers) {
+        snprintf(err, errsize, "its header says a window of %g steps over %g blocks (a window "
+                 "is 1..1000000 steps; the model has %d blocks)", in[0], in[1], layers);
+        return -1;
+    }
+    long want = 3 + (long)layers * 2 * (long)in[0];
+    if (n != want) {
+        snprintf(err, errsize, "%ld values, but a window of %g steps over %d blocks takes %ld",
+                 n, in[0], layers, want);
+        return -1;
+    }
+    if (!(in[2] >= 0.0 && in[2] <= 1e15) || in[2] != floor(in[2])) {
+        snprintf(err, errsize, "its count of recorded steps (%g) is not a count", in[2]);
+        return -1;
+    }
+    for (long i = 3; i < n; i++)
+        if (!(in[i] >= 0.0) || isinf(in[i])) {
+            snprintf(err, errsize, "value %ld (block %ld of the window) is %g, not a gradient "
+                     "norm (finite, >= 0)", i, (i - 3) / (2 * (long)in[0]), in[i]);
+            return -1;
+        }
+    return 0;
+}
+
+/* Restores a state of this window and depth; another one does not fit
+ * (the caller says the window starts again). */
+static int freeze_state_restore(void *state, const double *in, long n, char *err,
+                                size_t errsize)
+{
+    struct freeze *f = state;
+    if (n < 3 || in[0] != f->window || in[1] != f->layers) {
+        snprintf(err, errsize, "its gradient-norm window is %g steps over %g blocks, this "
+                 "run's %d over %d: the window starts again", n >= 3 ? in[0] : 0.0,
+                 n >= 3 ? in[1] : 0.0, f->window, f->layers);
+        return -1;
+    }
+    if (freeze_state_check(in, n, f->layers, err, errsize) != 0) return -1;
+    f->recorded = (long)in[2];
+    memcpy(f->history, in + 3, (size_t)(n - 3) * sizeof(double));
+    return 0;
+}
+
 const struct dyn_scheme dyn_scheme_freeze = {
     .kind = "freeze",
     .create = freeze_create,
@@ -142,4 +218,8 @@ const struct dyn_scheme dyn_scheme_freeze = {
     .before_step = freeze_before_step,
     .after_reduce = freeze_after_reduce,
     .describe = freeze_describe,
+    .state_size = freeze_state_size,
+    .state_save = freeze_state_save,
+    .state_restore = freeze_state_restore,
+    .state_check = freeze_state_check,
 };

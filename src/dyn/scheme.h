@@ -17,6 +17,16 @@ struct dyn_scheme {
     void (*before_step)(void *state, struct gpt *model, int step);
     void (*after_reduce)(void *state, struct gpt *model, int step, const double *block_sumsq);
     void (*describe)(const void *state, const struct gpt *model, char *buf, size_t size);
+    /* Optional (NULL: the scheme keeps no state across steps beyond the
+     * slabs): the scheme's own state as doubles, for checkpoints.
+     * state_size is the count; save writes that many; restore gets what a
+     * checkpoint held and returns 0, or -1 with err set when it does not
+     * fit this run (another window, another depth). */
+    long (*state_size)(const void *state);
+    void (*state_save)(const void *state, double *out);
+    int (*state_restore)(void *state, const double *in, long n, char *err, size_t errsize);
+    /* With state_size: dyn_state_check's rules for this scheme's state. */
+    int (*state_check)(const double *in, long n, int layers, char *err, size_t errsize);
 };
 
 extern const struct dyn_scheme dyn_scheme_freeze;

@@ -124,6 +124,7 @@ void engine_destroy(struct engine *eng)
 const struct pipe_grid *engine_grid(const struct engine *eng) { return &eng->grid; }
 const int *engine_layout(const struct engine *eng) { return eng->layout; }
 struct gpt *engine_model(struct engine *eng) { return &eng->model; }
+struct dyn *engine_dyn(struct engine *eng) { return eng->dyn; }
 void engine_watch_flag(struct engine *eng, volatile int *flag) { eng->watched_flag = flag; }
 
 /* ---- one step ------------------------------------------------------------- */

@@ -3,8 +3,8 @@
  * most and least loaded expert and dropped share over the run, every
  * dataset with its shape)
  * or of a checkpoint (model, step, optimizer and schedule position, world,
- * layout and its history, data cursors, and per block its stage, size,
- * sparsity and frozen flag) for people, or the same as one JSON object for
+ * layout and its history, data cursors, the scheme's saved state, and per
+ * block its stage, size, sparsity and frozen flag) for people, or the same as one JSON object for
  * scripts (written with json-c). The kind comes from the file's root
  * attribute "kind". It reads through the public readers only (runlog_*,
  * ckpt_read_info) and never writes; anything else is a user error naming
@@ -453,6 +453,9 @@ static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
         print_counts(stdout, layout_history_entry(&m->history, k), m->history.stages[k]);
         printf("\n");
     }
+    if (m->dyn_state_count > 0)
+        printf("  scheme state: dyn.kind = %s, %ld values (/dyn/state)\n", m->dyn_kind,
+               m->dyn_state_count);
     int frozen = 0;
     for (int i = 0; i < s->layers; i++) frozen += m->frozen[i];
     if (s->moe.every > 0)
@@ -472,6 +475,15 @@ static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
         printf("  %.*s\n", len, line);
         line += len + (end ? 1 : 0);
     }
+}
+
+/* The scheme's saved state (/dyn): its kind and how many values. */
+static json_object *dyn_state_json(const struct ckpt_meta *m)
+{
+    json_object *dyn = checked(json_object_new_object());
+    put(dyn, "kind", checked(json_object_new_string(m->dyn_kind)));
+    put(dyn, "values", integer(m->dyn_state_count));
+    return dyn;
 }
 
 static void print_checkpoint_json(const char *path, const struct ckpt_meta *m)
@@ -515,6 +527,7 @@ static void print_checkpoint_json(const char *path, const struct ckpt_meta *m)
         json_object_array_add(history, entry);
     }
     put(o, "layout_history", history);
+    if (m->dyn_state_count > 0) put(o, "dyn_state", dyn_state_json(m));
     json_object *blocks = checked(json_object_new_array());
     for (int i = 0; i < s->layers; i++) {
         json_object *b = checked(json_object_new_object());

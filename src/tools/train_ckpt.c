@@ -1,7 +1,8 @@
 /* The trainer's checkpoint policy (train.h): which checkpoint a run
  * resumes from and what it checks there, what a checkpoint of the running
  * job holds (the model through the engine, the data cursors, the layout
- * history), and the history itself: the layout each step range ran on.
+ * history, the scheme's own state), and the history itself: the layout
+ * each step range ran on.
  *
  * HDF5 writing and reading, the directory (names, latest, keep) and
  * atomicity are src/ckpt's; the engine only lends its model. */
@@ -10,6 +11,7 @@
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "tools/train.h"
@@ -49,12 +51,47 @@ void train_save(struct engine *eng, const struct dm_config *cfg, uint64_t train_
     for (int i = 0; i < model->num_blocks; i++)
         frozen[model->first_block + i] = model->blocks[i].frozen != 0;
     meta.frozen = frozen;
+    /* The scheme's own state (freezing's window), the same on every rank. */
+    struct dyn *dyn = engine_dyn(eng);
+    meta.dyn_state_count = dyn_state_size(dyn);
+    if (meta.dyn_state_count > 0) {
+        snprintf(meta.dyn_kind, sizeof meta.dyn_kind, "%s", dyn_kind_name(dyn));
+        meta.dyn_state = dm_alloc((size_t)meta.dyn_state_count * sizeof(double));
+        dyn_state_save(dyn, meta.dyn_state);
+    }
     char err[1024];
     if (ckpt_save(cfg->ckpt_dir, cfg->keep, model, &meta, g->stage, g->replica, MPI_COMM_WORLD,
                   path_out, path_out_size, err, sizeof err) != 0)
         dm_user_error("%s", err);
     dm_free(cursor);
     dm_free(frozen);
+    dm_free(meta.dyn_state);
+}
+
+/* The scheme's own state from the checkpoint, when it holds one of this
+ * run's dyn.kind (every rank alike: meta is the same everywhere). One that
+ * does not fit (another window) is not an error: the scheme starts its
+ * state again from this step, and rank 0 says so. */
+static void restore_dyn_state(struct engine *eng, const struct ckpt_meta *meta,
+                              const char *path)
+{
+    struct dyn *dyn = engine_dyn(eng);
+    if (meta->dyn_state_count == 0) {   /* none saved: an older file, or another kind's */
+        if (dyn_state_size(dyn) > 0)
+            dm_log("resume: %s holds no dyn.kind = %s state (written without it): the "
+                   "scheme's state starts again from this step\n", path, dyn_kind_name(dyn));
+        return;
+    }
+    if (strcmp(meta->dyn_kind, dyn_kind_name(dyn)) != 0) {
+        dm_log("resume: %s holds the state of dyn.kind = %s; this run has dyn.kind = %s, "
+               "so it is not used\n", path, meta->dyn_kind, dyn_kind_name(dyn));
+        return;
+    }
+    char reason[512];
+    if (dyn_state_restore(dyn, meta->dyn_state, meta->dyn_state_count, reason,
+                          sizeof reason) != 0)
+        dm_log("resume: the dyn.kind = %s state of %s does not fit this run: %s\n",
+               meta->dyn_kind, path, reason);
 }
 
 /* Loads the checkpoint cfg names, if any, into meta and the model;
@@ -103,6 +140,7 @@ long train_resume(struct engine *eng, const struct dm_config *cfg, uint64_t trai
             layout_history_push(history, meta.history.step[k],
                                 layout_history_entry(&meta.history, k), S);
     layout_history_push(history, meta.step, engine_layout(eng), S);
+    restore_dyn_state(eng, &meta, path);
     long step = meta.step;
     char layout[256];
     layout_format(layout, sizeof layout, engine_layout(eng), S);
