@@ -100,4 +100,16 @@ refused() { # refused NAME WHAT PATTERN [overrides...]: resume from cb must exit
 refused every "MoD checkpoint into mod_every 3" "mixture of depths is model.mod_every 2" model.mod_every=3
 refused capacity "MoD checkpoint into capacity 0.5" "mod_capacity 0.25" model.mod_capacity=0.5
 refused routing "MoD checkpoint into top-k routing" "mod.routing causal" mod.routing=topk
+# with layer freezing: the checkpoint carries /mod and freezing's /dyn state
+# together; a resume on 1 rank continues with the same bits (blocks freeze
+# in steps 2-4)
+fr=(dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=1 dyn.freeze_threshold=100)
+run ffull "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/fa" ckpt.every=2 "${fr[@]}"
+run fpart "$dir/mod.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/fb" ckpt.every=2 train.steps=2 "${fr[@]}"
+run fpart "$dir/mod.ini" 1 parallel.pp=1 parallel.dp=1 ckpt.dir="$dir/fb" ckpt.every=2 "${fr[@]}" && {
+  h5ls "$dir/fb/ckpt-2.h5/dyn" >/dev/null 2>&1 && h5ls "$dir/fb/ckpt-2.h5/mod" >/dev/null 2>&1 ||
+    fail "the MoD + freeze checkpoint lacks /mod or /dyn"
+  grep -q "frozen [1-9]" "$dir/ffull.out" || fail "no block froze"
+  same ffull fpart "MoD with freezing: checkpoint (/mod and /dyn) at step 2 on 2 stages, resumed on 1 rank"
+}
 finish
