@@ -28,27 +28,6 @@ static void cpu_synchronize(void)
 {
 }
 
-/* dst (n, C) = rows `rows` of src */
-static void cpu_rows_gather(float *dst, const float *src, const int *rows, int n, int C)
-{
-    for (int i = 0; i < n; i++)
-        memcpy(dst + (size_t)i * C, src + (size_t)rows[i] * C, (size_t)C * sizeof(float));
-}
-
-/* rows `rows` of dst = src (n, C), or += when add is set */
-static void cpu_rows_scatter(float *dst, const float *src, const int *rows, int n, int C,
-                             int add)
-{
-    for (int i = 0; i < n; i++) {
-        float *row = dst + (size_t)rows[i] * C;
-        const float *from = src + (size_t)i * C;
-        if (add)
-            for (int c = 0; c < C; c++) row[c] += from[c];
-        else
-            memcpy(row, from, (size_t)C * sizeof(float));
-    }
-}
-
 /* The CSR arrays as the struct the CPU kernels take (they only read it). */
 static struct csr_matrix csr_view(const int *row_ptr, const int *col_idx, const float *values,
                                   int rows, int cols)
@@ -115,8 +94,8 @@ static const struct dm_backend cpu_table = {
     .mod_router_forward = mod_router_forward,
     .mod_select_topk = mod_select_topk,
     .mod_predictor_forward_backward = mod_predictor_forward_backward,
-    .rows_gather = cpu_rows_gather,
-    .rows_scatter = cpu_rows_scatter,
+    .rows_gather = rows_gather,
+    .rows_scatter = rows_scatter,
 };
 
 static const struct dm_backend *current = &cpu_table;

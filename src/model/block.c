@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dynmo/model.h"
 #include "model/internal.h"
 
@@ -569,17 +570,19 @@ static int matrix_slot(int k)
 static void block_matmul_forward(const struct block *blk, int k, float *out, const float *inp,
                                  int N, int C, int OC, const float *residual, float *gelu_out)
 {
+    const struct dm_backend *ops = backend_current();
     if (blk->sparse && blk->sparse->use_csr) {
-        sparse_matmul_forward(out, inp, &blk->sparse->csr[matrix_slot(k)], blk->p[k + 1], N, C,
-                              OC);
-        if (residual) residual_forward(out, out, residual, (long)N * OC);
-        if (gelu_out) gelu_forward(gelu_out, out, (long)N * OC);
+        const struct csr_matrix *w = &blk->sparse->csr[matrix_slot(k)];
+        ops->sparse_matmul_forward(out, inp, w->row_ptr, w->col_idx, w->values, blk->p[k + 1],
+                                   N, C, OC);
+        if (residual) ops->residual_forward(out, out, residual, (long)N * OC);
+        if (gelu_out) ops->gelu_forward(gelu_out, out, (long)N * OC);
     } else if (residual) {
-        matmul_forward_residual(out, inp, blk->p[k], blk->p[k + 1], residual, N, C, OC);
+        ops->matmul_forward_residual(out, inp, blk->p[k], blk->p[k + 1], residual, N, C, OC);
     } else if (gelu_out) {
-        matmul_forward_gelu(out, gelu_out, inp, blk->p[k], blk->p[k + 1], N, C, OC);
+        ops->matmul_forward_gelu(out, gelu_out, inp, blk->p[k], blk->p[k + 1], N, C, OC);
     } else {
-        matmul_forward(out, inp, blk->p[k], blk->p[k + 1], N, C, OC);
+        ops->matmul_forward(out, inp, blk->p[k], blk->p[k + 1], N, C, OC);
     }
 }
 
@@ -589,34 +592,37 @@ static void block_matmul_backward(struct block *blk, int k, float *const *g, flo
                                   const float *dout, const float *inp, int N, int C, int OC,
                                   const float *gelu_inp)
 {
+    const struct dm_backend *ops = backend_current();
     if (blk->sparse && blk->sparse->use_csr) {
-        sparse_matmul_backward(dinp, g[k], g[k + 1], dout, inp,
-                               &blk->sparse->csr[matrix_slot(k)], N, C, OC);
-        if (gelu_inp) gelu_backward(dinp, gelu_inp, dinp, (long)N * C);
+        const struct csr_matrix *w = &blk->sparse->csr[matrix_slot(k)];
+        ops->sparse_matmul_backward(dinp, g[k], g[k + 1], dout, inp, w->row_ptr, w->col_idx,
+                                    w->values, w->nnz, N, C, OC);
+        if (gelu_inp) ops->gelu_backward(dinp, gelu_inp, dinp, (long)N * C);
         return;
     }
     if (gelu_inp)
-        matmul_backward_gelu(dinp, g[k], g[k + 1], dout, inp, blk->p[k], gelu_inp, N, C, OC);
+        ops->matmul_backward_gelu(dinp, g[k], g[k + 1], dout, inp, blk->p[k], gelu_inp, N, C, OC);
     else
-        matmul_backward_overwrite(dinp, g[k], g[k + 1], dout, inp, blk->p[k], N, C, OC);
+        ops->matmul_backward_overwrite(dinp, g[k], g[k + 1], dout, inp, blk->p[k], N, C, OC);
 }
 
 void block_forward(struct block *blk, struct block_acts *acts, float *out, const float *in,
                    int B, int T)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH, N = B * T;
     DM_ASSERT(B <= acts->B && T <= acts->T);
     float *const *p = blk->p;
     block_sparse_refresh(blk);   /* CSR values follow the last optimizer step */
-    layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
+    ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                       p[BP_LN1_W], p[BP_LN1_B], N, C);
     block_matmul_forward(blk, BP_QKV_W, acts->qkv, acts->ln1, N, C, 3 * C, NULL, NULL);
     if (blk->hash_buckets)
         hash_block_attention_forward(blk, acts, B, T);
     else
-        attention_forward(acts->atty, acts->att, acts->qkv, B, T, C, NH);
+        ops->attention_forward(acts->atty, acts->att, acts->qkv, B, T, C, NH);
     block_matmul_forward(blk, BP_ATTPROJ_W, acts->res1, acts->atty, N, C, C, in, NULL);
-    layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
+    ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
                       p[BP_LN2_W], p[BP_LN2_B], N, C);
     if (blk->moe) {   /* the experts instead of the MLP (moe.c) */
         moe_forward(blk, acts, out, N);
@@ -631,6 +637,7 @@ void block_forward(struct block *blk, struct block_acts *acts, float *out, const
 void block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
                     float *din, const float *dout, const float *in, int B, int T)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH, N = B * T;
     float *const *p = blk->p;
     /* A frozen block computes no weight gradients (every g[k] NULL). */
@@ -646,7 +653,7 @@ void block_backward(struct block *blk, struct block_acts *acts, struct block_scr
         block_matmul_backward(blk, BP_FC_W, g, s->d_ln, s->d_fch, acts->ln2, N, C, 4 * C,
                               NULL);
     }
-    layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
+    ops->layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
                                 acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
                                 N, C);
     block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
@@ -654,9 +661,9 @@ void block_backward(struct block *blk, struct block_acts *acts, struct block_scr
     if (blk->hash_buckets)
         hash_block_attention_backward(blk, acts, s->d_qkv, s->d_atty, B, T);
     else
-        attention_backward(s->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C, NH);
+        ops->attention_backward(s->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C, NH);
     block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
-    layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+    ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
                                 p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 

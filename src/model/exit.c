@@ -34,6 +34,7 @@
  * where the block runs. Nothing here calls MPI. */
 #include <math.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dynmo/model.h"
 #include "model/internal.h"
 
@@ -136,15 +137,15 @@ void exit_acts_free(struct gpt_acts *acts)
 
 /* ---- a block over the active rows --------------------------------------------- */
 
-/* dst (n, C) = rows `rows` of src */
-static void gather_rows(float *dst, const float *src, const int *rows, int n, int C)
+/* The CPU backend's row gathers (include/dynmo/backend.h's rows_gather,
+ * rows_scatter; the model calls them through the table). */
+void rows_gather(float *dst, const float *src, const int *rows, int n, int C)
 {
     for (int i = 0; i < n; i++)
         memcpy(dst + (size_t)i * C, src + (size_t)rows[i] * C, (size_t)C * sizeof(float));
 }
 
-/* rows `rows` of dst = src (n, C), or += when add is set */
-static void scatter_rows(float *dst, const float *src, const int *rows, int n, int C, int add)
+void rows_scatter(float *dst, const float *src, const int *rows, int n, int C, int add)
 {
     for (int i = 0; i < n; i++) {
         float *row = dst + (size_t)rows[i] * C;
@@ -164,34 +165,36 @@ static void scatter_rows(float *dst, const float *src, const int *rows, int n, i
 void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, const float *in,
                         int B, int T, const int *rows, int nactive, float *work)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
     float *const *p = blk->p;
     DM_ASSERT(!blk->moe);   /* config_validate: no early exit with MoE blocks */
     parallel_copy(out, in, (long)N * C);      /* exited tokens: copied forward */
     if (Na == 0) return;
     float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
-    layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
+    ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                       p[BP_LN1_W], p[BP_LN1_B], N, C);
-    matmul_forward(kv, acts->ln1, p[BP_QKV_W] + (size_t)C * C, p[BP_QKV_B] + C, N, C, 2 * C);
-    gather_rows(work, acts->ln1, rows, Na, C);
-    matmul_forward(q, work, p[BP_QKV_W], p[BP_QKV_B], Na, C, C);
-    attention_forward_rows(acts->atty, acts->att, q, kv, rows, Na, B, T, C, NH);
-    matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], Na, C, C);
-    gather_rows(work, in, rows, Na, C);
-    residual_forward(acts->res1, acts->res1, work, (long)Na * C);
-    layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
+    ops->matmul_forward(kv, acts->ln1, p[BP_QKV_W] + (size_t)C * C, p[BP_QKV_B] + C, N, C, 2 * C);
+    ops->rows_gather(work, acts->ln1, rows, Na, C);
+    ops->matmul_forward(q, work, p[BP_QKV_W], p[BP_QKV_B], Na, C, C);
+    ops->attention_forward_rows(acts->atty, acts->att, q, kv, rows, Na, B, T, C, NH);
+    ops->matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], Na, C, C);
+    ops->rows_gather(work, in, rows, Na, C);
+    ops->residual_forward(acts->res1, acts->res1, work, (long)Na * C);
+    ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
                       p[BP_LN2_W], p[BP_LN2_B], Na, C);
-    matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], Na, C, 4 * C);
-    gelu_forward(acts->fch_gelu, acts->fch, (long)Na * 4 * C);
-    matmul_forward(work, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], Na, 4 * C, C);
-    residual_forward(work, work, acts->res1, (long)Na * C);
-    scatter_rows(out, work, rows, Na, C, 0);
+    ops->matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], Na, C, 4 * C);
+    ops->gelu_forward(acts->fch_gelu, acts->fch, (long)Na * 4 * C);
+    ops->matmul_forward(work, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], Na, 4 * C, C);
+    ops->residual_forward(work, work, acts->res1, (long)Na * C);
+    ops->rows_scatter(out, work, rows, Na, C, 0);
 }
 
 void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
                          float *din, const float *dout, const float *in, int B, int T,
                          const int *rows, int nactive, float *work)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
     static float *const no_grads[BP_COUNT];
     float *const *p = blk->p;
@@ -201,35 +204,35 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
         return;
     }
     float *dout_c = work;                      /* (Na,C), then the full residual gradient */
-    gather_rows(dout_c, dout, rows, Na, C);
-    matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c, acts->fch_gelu,
+    ops->rows_gather(dout_c, dout, rows, Na, C);
+    ops->matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c, acts->fch_gelu,
                               p[BP_FCPROJ_W], Na, 4 * C, C);
-    gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
-    matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
+    ops->gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
+    ops->matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
                               p[BP_FC_W], Na, C, 4 * C);
-    layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
+    ops->layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
                                 acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, Na, C);
-    matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
+    ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
                               acts->atty, p[BP_ATTPROJ_W], Na, C, C);
     const float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
     float *dkv = s->d_qkv, *dq = s->d_qkv + (size_t)N * 2 * C;
-    attention_backward_rows(dq, dkv, s->d_att, s->d_atty, q, kv, acts->att, rows, Na, B, T, C,
+    ops->attention_backward_rows(dq, dkv, s->d_att, s->d_atty, q, kv, acts->att, rows, Na, B, T, C,
                             NH);
     /* K and V from every token, Q from the active ones; the MLP's d_fch
      * (N,4C) is free by now and holds the gathered ln1 rows and their
      * gradient. */
     float *gw = g[BP_QKV_W], *gb = g[BP_QKV_B];
-    matmul_backward_overwrite(s->d_ln, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL, dkv,
+    ops->matmul_backward_overwrite(s->d_ln, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL, dkv,
                               acts->ln1, p[BP_QKV_W] + (size_t)C * C, N, C, 2 * C);
     float *ln1_c = s->d_fch, *dln1_c = s->d_fch + (size_t)Na * C;
-    gather_rows(ln1_c, acts->ln1, rows, Na, C);
-    matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
-    scatter_rows(s->d_ln, dln1_c, rows, Na, C, 1);
+    ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
+    ops->matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
+    ops->rows_scatter(s->d_ln, dln1_c, rows, Na, C, 1);
     /* Residual gradient: dout for exited tokens, d_res1 for active ones. */
     float *dres = work;
     parallel_copy(dres, dout, (long)N * C);
-    scatter_rows(dres, s->d_res1, rows, Na, C, 0);
-    layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+    ops->rows_scatter(dres, s->d_res1, rows, Na, C, 0);
+    ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
                                 p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
@@ -262,6 +265,7 @@ static int has_exit_head(const struct gpt *model, int layer)
 void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *out,
                         const float *in)
 {
+    const struct dm_backend *ops = backend_current();
     struct gpt_exit *x = model->exit;
     struct exit_acts *ea = exit_acts_get(model, acts);
     struct exit_block_state *st = &ea->blocks[i];
@@ -285,11 +289,11 @@ void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *
     st->head = Na > 0 && has_exit_head(model, layer);
     int decide = x->allow && !x->forced && layer >= x->from && layer < L - 1;
     if (st->head) {
-        gather_rows(st->hc, out, st->rows, Na, C);
+        ops->rows_gather(st->hc, out, st->rows, Na, C);
         for (int k = 0; k < Na; k++) st->targets[k] = acts->targets[st->rows[k]];
-        layernorm_forward(st->lnf, st->mean, st->rstd, st->hc, x->lnf_w, x->lnf_b, Na, C);
-        matmul_forward(ea->logits, st->lnf, x->wte, NULL, Na, C, V);
-        crossentropy_forward(ea->losses, st->probs, ea->logits, st->targets, Na, V);
+        ops->layernorm_forward(st->lnf, st->mean, st->rstd, st->hc, x->lnf_w, x->lnf_b, Na, C);
+        ops->matmul_forward(ea->logits, st->lnf, x->wte, NULL, Na, C, V);
+        ops->crossentropy_forward(ea->losses, st->probs, ea->logits, st->targets, Na, V);
         double sum = 0.0;
         for (int k = 0; k < Na; k++) sum += ea->losses[k];
         x->exit_loss_sum += exit_weight(model, layer) * sum / N;
@@ -328,6 +332,7 @@ void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_
                          int i, float *din, const float *dout, const float *in,
                          float dloss_scale)
 {
+    const struct dm_backend *ops = backend_current();
     const struct gpt_exit *x = model->exit;
     struct exit_acts *ea = exit_acts_get(model, acts);
     struct exit_block_state *st = &ea->blocks[i];
@@ -337,16 +342,16 @@ void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_
     if (st->head && x->loss_weight > 0.0f) {
         /* d(lambda w_l L_l)/d h for the active rows, added to dout. */
         float *dlogits = ea->logits, *dlnf = ea->work, *dh = ea->work2;
-        crossentropy_softmax_backward(dlogits, st->probs, st->targets,
+        ops->crossentropy_softmax_backward(dlogits, st->probs, st->targets,
                                       exit_weight(model, layer) * dloss_scale / (float)N, Na, V);
-        matmul_backward_overwrite(dlnf, NULL, NULL, dlogits, st->lnf, x->wte, Na, C, V);
+        ops->matmul_backward_overwrite(dlnf, NULL, NULL, dlogits, st->lnf, x->wte, Na, C, V);
         parallel_zero(dh, (long)Na * C);
-        layernorm_backward(dh, NULL, NULL, dlnf, st->hc, x->lnf_w, st->mean, st->rstd, Na, C);
+        ops->layernorm_backward(dh, NULL, NULL, dlnf, st->hc, x->lnf_w, st->mean, st->rstd, Na, C);
         /* The sum goes where the block's input gradient will go (the
          * block backward allows din to alias dout). */
         float *sum = din ? din : (float *)dout;
         if (sum != dout) parallel_copy(sum, dout, (long)N * C);
-        scatter_rows(sum, dh, st->rows, Na, C, 1);
+        ops->rows_scatter(sum, dh, st->rows, Na, C, 1);
         grad = sum;
     }
     struct block *blk = &model->blocks[i];

@@ -8,6 +8,7 @@
  * output (dout), and sends on what comes out. */
 #include <math.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dynmo/model.h"
 #include "model/internal.h"
 
@@ -257,12 +258,13 @@ void gpt_acts_free(struct gpt_acts *acts)
 
 float gpt_forward(struct gpt *model, struct gpt_acts *acts)
 {
+    const struct dm_backend *ops = backend_current();
     const struct gpt_shape *s = &model->shape;
     int B = acts->B, T = acts->T, C = s->channels, V = s->vocab, N = B * T;
     DM_ASSERT(acts->num_blocks == model->num_blocks && T <= s->max_seq);
     size_t BTC = (size_t)N * C;
     if (model->has_embed)
-        encoder_forward(acts->residual, acts->tokens, model->wte, model->wpe, B, T, C);
+        ops->encoder_forward(acts->residual, acts->tokens, model->wte, model->wpe, B, T, C);
     if (model->exit) exit_begin_forward(model, acts);
     for (int i = 0; i < model->num_blocks; i++) {
         double t0 = dm_profile_now();
@@ -279,11 +281,11 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
         model->block_fwd_s[i] += dm_profile_now() - t0;
     }
     if (!model->has_head) return 0.0f;
-    layernorm_forward(acts->lnf, acts->lnf_mean, acts->lnf_rstd,
+    ops->layernorm_forward(acts->lnf, acts->lnf_mean, acts->lnf_rstd,
                       acts->residual + model->num_blocks * BTC, model->lnf_w, model->lnf_b,
                       N, C);
-    matmul_forward(acts->logits, acts->lnf, model->wte, NULL, N, C, V);
-    crossentropy_forward(acts->losses, acts->probs, acts->logits, acts->targets, N, V);
+    ops->matmul_forward(acts->logits, acts->lnf, model->wte, NULL, N, C, V);
+    ops->crossentropy_forward(acts->losses, acts->probs, acts->logits, acts->targets, N, V);
     double sum = 0.0;
     for (int n = 0; n < N; n++) sum += acts->losses[n];
     return (float)(sum / N);
@@ -292,6 +294,7 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
 void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch *scratch,
                   float dloss_scale, const float *dout, float *din)
 {
+    const struct dm_backend *ops = backend_current();
     const struct gpt_shape *s = &model->shape;
     int B = acts->B, T = acts->T, C = s->channels, V = s->vocab, N = B * T;
     size_t BTC = (size_t)N * C;
@@ -301,13 +304,13 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
     if (model->has_head) {
         float *dlogits = acts->logits;
         float *dlnf = scratch->d_ln;
-        crossentropy_softmax_backward(dlogits, acts->probs, acts->targets,
+        ops->crossentropy_softmax_backward(dlogits, acts->probs, acts->targets,
                                       dloss_scale / (float)N, N, V);
-        matmul_backward_overwrite(dlnf, model->dwte_head, NULL, dlogits, acts->lnf,
+        ops->matmul_backward_overwrite(dlnf, model->dwte_head, NULL, dlogits, acts->lnf,
                                   model->wte, N, C, V);
         model->wte_grads_pending = 1;
         parallel_zero(d, (long)BTC);
-        layernorm_backward(d, model->dlnf_w, model->dlnf_b, dlnf, acts->residual + nb * BTC,
+        ops->layernorm_backward(d, model->dlnf_w, model->dlnf_b, dlnf, acts->residual + nb * BTC,
                            model->lnf_w, acts->lnf_mean, acts->lnf_rstd, N, C);
         grad = d;
     }
@@ -332,7 +335,7 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         grad = target;
     }
     if (model->has_embed && model->frozen_prefix == 0)
-        encoder_backward(model->dwte, model->dwpe, grad, acts->tokens, B, T, C);
+        ops->encoder_backward(model->dwte, model->dwpe, grad, acts->tokens, B, T, C);
     else if (nb == 0 && din && din != grad)
         parallel_copy(din, grad, (long)BTC);
 }

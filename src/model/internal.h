@@ -51,6 +51,12 @@ void attention_backward_rows(float *dq, float *dkv, float *scratch, const float 
                              const float *q, const float *kv, const float *att,
                              const int *rows, int nactive, int B, int T, int C, int NH);
 
+/* Early exit's row gathers (exit.c), the CPU backend's rows_gather and
+ * rows_scatter: dst (n, C) = rows `rows` of src; rows `rows` of dst = src
+ * (n, C), or += when add is set. */
+void rows_gather(float *dst, const float *src, const int *rows, int n, int C);
+void rows_scatter(float *dst, const float *src, const int *rows, int n, int C, int add);
+
 /* The pruning state of a block (sparse.c): freeing it, the CSR values
  * refreshed from params (block_forward, after every optimizer step), and
  * the pack format of the state (docs/block-slab.md): its flag bits, its

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dynmo/model.h"
 #include "model/internal.h"
 
@@ -450,8 +451,9 @@ static void balance_losses(const struct block_moe *moe, struct moe_acts *ma, int
 
 static void moe_route(struct block *blk, struct moe_acts *ma, const float *ln2, int N)
 {
+    const struct dm_backend *ops = backend_current();
     struct block_moe *moe = blk->moe;
-    matmul_forward(ma->logits, ln2, moe->router_w, NULL, N, blk->C, ma->E);
+    ops->matmul_forward(ma->logits, ln2, moe->router_w, NULL, N, blk->C, ma->E);
     struct route_args a = {.moe = moe, .ma = ma};
     dm_parallel_for(N, 16, route_range, &a);
     assign_rows(moe, ma, N);
@@ -500,13 +502,14 @@ static void expert_tensors(const struct block_moe *moe, const float *base, int e
 void moe_expert_forward(const struct block *blk, int e, const float *x, int n, float *h, float *a,
                         float *y)
 {
+    const struct dm_backend *ops = backend_current();
     const struct block_moe *moe = blk->moe;
     int C = blk->C, H = moe->cfg.hidden;
     if (n == 0) return;
     const float *w1, *b1, *w2, *b2;
     expert_tensors(moe, moe->experts_p, e, C, &w1, &b1, &w2, &b2);
-    matmul_forward_gelu(h, a, x, w1, b1, n, C, H);
-    matmul_forward(y, a, w2, b2, n, H, C);
+    ops->matmul_forward_gelu(h, a, x, w1, b1, n, C, H);
+    ops->matmul_forward(y, a, w2, b2, n, H, C);
 }
 
 static void moe_experts_forward(struct block *blk, struct moe_acts *ma, const void *key)
@@ -617,6 +620,7 @@ void moe_expert_backward(const struct block *blk, int e, float *grads, const flo
                          const float *x, const float *h, const float *a, int n, float *dh,
                          float *dx)
 {
+    const struct dm_backend *ops = backend_current();
     const struct block_moe *moe = blk->moe;
     int C = blk->C, H = moe->cfg.hidden;
     if (n == 0) return;
@@ -629,8 +633,8 @@ void moe_expert_backward(const struct block *blk, int e, float *grads, const flo
         gw2 = gb1 + H;
         gb2 = gw2 + (size_t)C * H;
     }
-    matmul_backward_gelu(dh, gw2, gb2, dy, a, w2, h, n, H, C);
-    matmul_backward_overwrite(dx, gw1, gb1, dh, x, w1, n, C, H);
+    ops->matmul_backward_gelu(dh, gw2, gb2, dy, a, w2, h, n, H, C);
+    ops->matmul_backward_overwrite(dx, gw1, gb1, dh, x, w1, n, C, H);
 }
 
 static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const void *key,
@@ -773,11 +777,12 @@ static void moe_dispatch_backward(struct moe_acts *ma, float *d_ln2, const float
 static void moe_route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
                                float *d_ln2, float *dlogits, const float *dgate, int N)
 {
+    const struct dm_backend *ops = backend_current();
     struct block_moe *moe = blk->moe;
     struct route_back_args a = {.dlogits = dlogits, .dgate = dgate, .moe = moe, .ma = ma,
                                 .loss_scale = acts->loss_scale, .N = N};
     dm_parallel_for(N, 16, route_back_range, &a);
-    matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
+    ops->matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
                     moe->router_w, N, blk->C, ma->E);
 }
 

@@ -3,6 +3,7 @@
  * Element-wise and split with dm_parallel_for; each element's update is
  * independent, so the result does not depend on the thread count. */
 #include <math.h>
+#include "dynmo/backend.h"
 #include "dynmo/model.h"
 
 double lr_at_step(const struct dm_config *cfg, int step)
@@ -72,6 +73,7 @@ void adamw_update(float *params, const float *grads, float *m, float *v, long n,
 void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, double eps,
                       double weight_decay, float grad_scale, int t)
 {
+    const struct dm_backend *ops = backend_current();
     if (model->wte_grads_pending)
         DM_FATAL("gpt_adamw_update before gpt_tie_wte_grads: the head's share of the tied "
                  "wte gradient is not in dwte yet");
@@ -82,7 +84,7 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
         for (int k = 0; k < block_tensor_count(blk); k++) {
             size_t off, size;
             double wd = block_tensor_at(blk, k, &off, &size) ? weight_decay : 0.0;
-            adamw_update(blk->params + off, blk->grads + off, blk->m + off, blk->v + off,
+            ops->adamw_update(blk->params + off, blk->grads + off, blk->m + off, blk->v + off,
                          (long)size, (float)lr, (float)beta1, (float)beta2, (float)eps,
                          (float)wd, grad_scale, t);
         }
@@ -94,13 +96,13 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
     float *p = model->wte, *g = model->dwte, *m = model->embed_m, *v = model->embed_v;
     /* wte: both stages that hold it apply the same update to the same
      * (exchanged) gradient, so the copies stay equal. */
-    adamw_update(p, g, m, v, (long)wpe, (float)lr, (float)beta1, (float)beta2, (float)eps,
+    ops->adamw_update(p, g, m, v, (long)wpe, (float)lr, (float)beta1, (float)beta2, (float)eps,
                  (float)weight_decay, grad_scale, t);
     if (model->has_embed && model->frozen_prefix == 0)   /* wpe freezes with block 0 */
-        adamw_update(p + wpe, g + wpe, m + wpe, v + wpe, (long)(lnf - wpe), (float)lr,
+        ops->adamw_update(p + wpe, g + wpe, m + wpe, v + wpe, (long)(lnf - wpe), (float)lr,
                      (float)beta1, (float)beta2, (float)eps, (float)weight_decay,
                      grad_scale, t);
     if (model->has_head)
-        adamw_update(p + lnf, g + lnf, m + lnf, v + lnf, (long)(2 * C), (float)lr,
+        ops->adamw_update(p + lnf, g + lnf, m + lnf, v + lnf, (long)(2 * C), (float)lr,
                      (float)beta1, (float)beta2, (float)eps, 0.0f, grad_scale, t);
 }
