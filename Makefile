@@ -137,6 +137,14 @@ $(BUILD)/cuda/%.o: kernels/%.cu $(CU_HEADERS) Makefile
 $(BUILD)/libdynmo_cuda.so: $(CU_OBJ)
 	$(NVCC) -shared -o $@ $^ $(CUDA_LDLIBS)
 
+# The emulated device (train.device = emulate; kernels/emulate.c): the
+# plugin's table with the kernels' per-thread functions run on the CPU
+# and cuBLAS's arguments applied to CBLAS, built by gcc in every build.
+$(BUILD)/libdynmo_emulate.so: kernels/emulate.c $(CU_HEADERS) $(FLAGS_STAMP)
+	$(CC) $(CFLAGS) -fPIC -fvisibility=hidden -shared -Ikernels -o $@ $< \
+	  $(shell pkg-config --libs openblas 2>/dev/null) -lm
+all: $(BUILD)/libdynmo_emulate.so
+
 # Every op of a backend's table against the CPU backend (make check-gpu runs
 # it with cuda; t_gpu_device.sh checks the checker with cpu). Plain C.
 $(BUILD)/gpu/check_ops: tests/gpu/check_ops.c $(BUILD)/libdynmo.a $(FLAGS_STAMP)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# train.device: cpu or cuda; cuda loads the CUDA plugin (docs/gpu.md).
+# train.device: cpu, cuda or emulate; cuda loads the CUDA plugin (docs/gpu.md).
 # Without a plugin, with something that is not one, with one built for
 # another table, or with one that finds no GPU: exit status 2 and one
 # message naming the problem, on one rank and on two (no rank hangs), and
@@ -9,7 +9,7 @@ set -u
 work_dir
 tiny_config "$dir/run.ini" "run.out_dir=$dir/out" train.steps=1 > "$dir/run.ini"
 
-expect_error "unknown device" "train.device = 'gpu' must be cpu or cuda" \
+expect_error "unknown device" "train.device = 'gpu' must be cpu, cuda or emulate" \
   "$DYNMO" train --config "$dir/run.ini" train.device=gpu
 expect_error "no plugin at DYNMO_CUDA_PLUGIN" \
   "train.device = cuda: cannot load the CUDA plugin $dir/none.so .*make USE_CUDA=1" \

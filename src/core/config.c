@@ -613,8 +613,9 @@ void config_validate(const struct dm_config *cfg)
         dm_user_error("train.warmup = %d exceeds train.steps = %d", cfg->warmup, cfg->steps);
     if (strcmp(cfg->schedule, "1f1b") != 0 && strcmp(cfg->schedule, "gpipe") != 0)
         dm_user_error("parallel.schedule = '%s' must be 1f1b or gpipe", cfg->schedule);
-    if (strcmp(cfg->device, "cpu") != 0 && strcmp(cfg->device, "cuda") != 0)
-        dm_user_error("train.device = '%s' must be cpu or cuda", cfg->device);
+    if (strcmp(cfg->device, "cpu") != 0 && strcmp(cfg->device, "cuda") != 0 &&
+        strcmp(cfg->device, "emulate") != 0)
+        dm_user_error("train.device = '%s' must be cpu, cuda or emulate", cfg->device);
     if (strcmp(cfg->cost, "time") != 0 && strcmp(cfg->cost, "params") != 0)
         dm_user_error("balance.cost = '%s' must be time or params", cfg->cost);
     if (cfg->pp > cfg->layers)

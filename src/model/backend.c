@@ -1,6 +1,8 @@
 /* The backend table (include/dynmo/backend.h): the CPU backend, which is
  * the model's own ops, and the loading of the CUDA plugin when
- * train.device = cuda. The CPU build never needs CUDA: the plugin is
+ * train.device = cuda (or of the emulated device, the same kernels run on
+ * the CPU, when train.device = emulate: a plugin built from
+ * kernels/emulate.c by gcc). The CPU build never needs CUDA: the plugin is
  * found at run time with dlopen, and everything this file knows of it is
  * the table and the one entry symbol. It must not call MPI (the model
  * never does) nor decide anything for other ranks: the caller agrees on
@@ -111,9 +113,10 @@ const struct dm_backend *backend_current(void)
     return current;
 }
 
-int backend_plugin_path(char *out, size_t size)
+/* $env when set, else `file` beside the running binary */
+static int plugin_path_for(const char *env_name, const char *file, char *out, size_t size)
 {
-    const char *env = getenv("DYNMO_CUDA_PLUGIN");
+    const char *env = getenv(env_name);
     out[0] = 0;
     if (env && env[0]) {
         dm_set_message(out, size, "%s", env);
@@ -125,8 +128,13 @@ int backend_plugin_path(char *out, size_t size)
     exe[n] = 0;
     char *slash = strrchr(exe, '/');
     if (slash) slash[1] = 0;
-    dm_set_message(out, size, "%slibdynmo_cuda.so", slash ? exe : "");
+    dm_set_message(out, size, "%s%s", slash ? exe : "", file);
     return 0;
+}
+
+int backend_plugin_path(char *out, size_t size)
+{
+    return plugin_path_for("DYNMO_CUDA_PLUGIN", "libdynmo_cuda.so", out, size);
 }
 
 static void plugin_fatal(const char *file, int line, const char *call, const char *text)
@@ -134,21 +142,24 @@ static void plugin_fatal(const char *file, int line, const char *call, const cha
     dm_internal_error(file, line, "%s: %s", call, text);
 }
 
-/* dlopen the plugin at path and ask it for its table. */
-static int open_plugin(const char *path, char *err, size_t errsize)
+/* dlopen the plugin at path and ask it for its table; device names it
+ * in messages, build how to build it. */
+static int open_plugin(const char *device, const char *build, const char *path, char *err,
+                       size_t errsize)
 {
     void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
-        dm_set_message(err, errsize, "train.device = cuda: cannot load the CUDA plugin %s "
-                       "(%s); build it with `make USE_CUDA=1` or name it in "
-                       "DYNMO_CUDA_PLUGIN (docs/gpu.md)", path, dlerror());
+        dm_set_message(err, errsize, "train.device = %s: cannot load the %s plugin %s "
+                       "(%s); build it with %s (docs/gpu.md)", device,
+                       strcmp(device, "cuda") ? "emulated-device" : "CUDA", path, dlerror(),
+                       build);
         return -1;
     }
     dm_backend_open_fn entry;
     *(void **)&entry = dlsym(handle, DM_BACKEND_PLUGIN_ENTRY);
     if (!entry) {
-        dm_set_message(err, errsize, "train.device = cuda: %s is not a dynmo CUDA plugin "
-                       "(no symbol %s)", path, DM_BACKEND_PLUGIN_ENTRY);
+        dm_set_message(err, errsize, "train.device = %s: %s is not a dynmo CUDA plugin "
+                       "(no symbol %s)", device, path, DM_BACKEND_PLUGIN_ENTRY);
         dlclose(handle);
         return -1;
     }
@@ -159,10 +170,9 @@ static int open_plugin(const char *path, char *err, size_t errsize)
     int rc = entry(&table, &host, problem, sizeof problem);
     if (rc == 0 && table.abi != DM_BACKEND_ABI)
         dm_set_message(problem, sizeof problem, "it was built for backend table %d, this "
-                       "dynmo has %d: rebuild it with `make USE_CUDA=1`", table.abi,
-                       DM_BACKEND_ABI);
+                       "dynmo has %d: rebuild it with %s", table.abi, DM_BACKEND_ABI, build);
     if (rc != 0 || table.abi != DM_BACKEND_ABI) {
-        dm_set_message(err, errsize, "train.device = cuda: %s: %s", path, problem);
+        dm_set_message(err, errsize, "train.device = %s: %s: %s", device, path, problem);
         dlclose(handle);   /* a plugin that refused holds nothing */
         return -1;
     }
@@ -177,16 +187,25 @@ int backend_open(const char *device, char *err, size_t errsize)
         current = &cpu_table;
         return 0;
     }
+    char path[4096];
+    if (!strcmp(device, "emulate")) {
+        if (plugin_path_for("DYNMO_EMULATE_PLUGIN", "libdynmo_emulate.so", path, sizeof path)) {
+            dm_set_message(err, errsize, "train.device = emulate: cannot name the plugin (no "
+                           "DYNMO_EMULATE_PLUGIN and /proc/self/exe unreadable)");
+            return -1;
+        }
+        return open_plugin(device, "`make`", path, err, errsize);
+    }
     if (strcmp(device, "cuda") != 0) {
-        dm_set_message(err, errsize, "train.device = '%s' must be cpu or cuda", device);
+        dm_set_message(err, errsize, "train.device = '%s' must be cpu, cuda or emulate", device);
         return -1;
     }
-    char path[4096];
     if (backend_plugin_path(path, sizeof path) != 0) {
         dm_set_message(err, errsize, "train.device = cuda: cannot name the CUDA plugin "
                        "(no DYNMO_CUDA_PLUGIN and /proc/self/exe unreadable); set "
                        "DYNMO_CUDA_PLUGIN to build/libdynmo_cuda.so");
         return -1;
     }
-    return open_plugin(path, err, errsize);
+    return open_plugin(device, "`make USE_CUDA=1` or name it in DYNMO_CUDA_PLUGIN", path, err,
+                       errsize);
 }

@@ -102,11 +102,15 @@ void train_open_backend(const struct dm_config *cfg)
 {
     char problem[WORLD_MESSAGE_BYTES] = "";
     int bad = backend_open(cfg->device, problem, sizeof problem) != 0;
-    if (!bad && strcmp(backend_current()->name, "cpu") != 0) {
+    /* The emulated device's memory is the host's; a GPU's is not, and the
+     * model's tensors are not in it yet (docs/gpu.md, steps 2 and 3). */
+    if (!bad && !strcmp(backend_current()->name, "cuda")) {
         bad = 1;
         dm_set_message(problem, sizeof problem, "train.device = cuda: the CUDA backend "
-                       "opened (%s), but the model does not run through it yet "
-                       "(docs/gpu.md); use train.device = cpu", backend_current()->device);
+                       "opened (%s) and the model's ops route through it, but its tensors "
+                       "are still host memory and the host still reads some of them "
+                       "(docs/gpu.md, steps 2 and 3); use train.device = cpu, or emulate "
+                       "to test the kernels on the CPU", backend_current()->device);
     }
     char agreed[WORLD_MESSAGE_BYTES];
     if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))

@@ -1,0 +1,552 @@
+/* The emulated device: the CUDA plugin's table run on the CPU, for testing
+ * the whole model on the kernels' own arithmetic without a GPU
+ * (train.device = emulate; docs/gpu.md). gcc compiles this file, with the
+ * kernels' per-thread functions (the .cuh files), into
+ * build/libdynmo_emulate.so, which dynmo loads with dlopen exactly as it
+ * loads the CUDA plugin. Each op launches what the matching .cu launcher
+ * launches, in the same order and with the same block size
+ * (DM_BLOCK_THREADS), every block and thread in a loop and a kernel with
+ * barriers phase by phase, as tests/test_kernels_host.c does; the cuBLAS
+ * products go through the same column-major translation (gemm.cuh) onto
+ * CBLAS. Memory is host memory: the copies are memcpy. It must not know
+ * anything of dynmo beyond include/dynmo/backend.h, nor call MPI. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/backend.h"
+#include "adamw.cuh"
+#include "attention.cuh"
+#include "elementwise.cuh"
+#include "encoder.cuh"
+#include "gemm.cuh"
+#include "hash.cuh"
+#include "layernorm.cuh"
+#include "matmul.cuh"
+#include "mod.cuh"
+#include "softmax.cuh"
+#include "sparse.cuh"
+
+#define EXPORT __attribute__((visibility("default")))
+enum { THREADS = DM_BLOCK_THREADS };
+
+static const struct dm_backend_host *host;
+
+static void *emulate_alloc(size_t bytes)
+{
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p) host->fatal(__FILE__, __LINE__, "calloc", "out of memory");
+    return p;
+}
+
+static void emulate_copy(void *dst, const void *src, size_t bytes)
+{
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void emulate_synchronize(void)
+{
+}
+
+/* ---- the grid harness ------------------------------------------------------ */
+
+/* the plugin's dm_grid_for: blocks for n items, at least 1, capped */
+static long grid_for(long n)
+{
+    long blocks = (n + THREADS - 1) / THREADS;
+    if (blocks < 1) blocks = 1;
+    return blocks < 65535 ? blocks : 65535;
+}
+
+/* `body` once per thread of a (blocks x THREADS) launch, the thread as t */
+#define LAUNCH(blocks, body)                                                        \
+    do {                                                                            \
+        long launch_blocks = (blocks);                                              \
+        for (long launch_b = 0; launch_b < launch_blocks; launch_b++)               \
+            for (int launch_k = 0; launch_k < THREADS; launch_k++) {                \
+                struct dm_thread t = dm_thread_at(launch_b, launch_blocks, launch_k, THREADS); \
+                body;                                                               \
+            }                                                                       \
+    } while (0)
+
+/* one phase of block `block`: `body` once per thread */
+#define PHASE(block, blocks, body)                                                  \
+    for (int launch_k = 0; launch_k < THREADS; launch_k++) {                        \
+        struct dm_thread t = dm_thread_at(block, blocks, launch_k, THREADS);        \
+        body;                                                                       \
+    }
+
+typedef void (*tree_step_fn)(float *shared, int thread, int stride);
+
+/* a block's tree reduction, one level at a time (a barrier between levels) */
+static void tree(float *shared, tree_step_fn step)
+{
+    for (int stride = THREADS / 2; stride > 0; stride /= 2)
+        for (int k = 0; k < stride; k++) step(shared, k, stride);
+}
+
+/* What matmul.cu's dm_cuda_gemm hands cuBLAS, done by CBLAS column-major. */
+static void gemm(struct dm_gemm row_major)
+{
+    struct dm_gemm g = dm_gemm_to_column_major(row_major);
+    if (g.m == 0 || g.n == 0) return;
+    for (int i = 0; i < g.batch; i++)
+        cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                    g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, g.alpha,
+                    g.a + i * g.stride_a, g.lda, g.b + i * g.stride_b, g.ldb, g.beta,
+                    g.c + i * g.stride_c, g.ldc);
+}
+
+/* The plugin's scratch: floats that only grow, one buffer per slot. */
+enum { SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_MOD, SCRATCH_SLOTS };
+
+static float *scratch(int slot, size_t floats)
+{
+    static float *buf[SCRATCH_SLOTS];
+    static size_t have[SCRATCH_SLOTS];
+    if (floats > have[slot]) {
+        free(buf[slot]);
+        buf[slot] = emulate_alloc(floats * sizeof(float));
+        have[slot] = floats;
+    }
+    return buf[slot];
+}
+
+/* ---- element-wise, embedding, optimizer (elementwise.cu, encoder.cu, adamw.cu) ---- */
+
+static void emulate_gelu_forward(float *out, const float *inp, long N)
+{
+    LAUNCH(grid_for(N), gelu_forward_thread(t, out, inp, N));
+}
+
+static void emulate_gelu_backward(float *dinp, const float *inp, const float *dout, long N)
+{
+    LAUNCH(grid_for(N), gelu_backward_thread(t, dinp, inp, dout, N));
+}
+
+static void emulate_residual_forward(float *out, const float *a, const float *b, long N)
+{
+    LAUNCH(grid_for(N), residual_forward_thread(t, out, a, b, N));
+}
+
+static void emulate_rows_gather(float *dst, const float *src, const int *rows, int n, int C)
+{
+    LAUNCH(grid_for((long)n * C), rows_gather_thread(t, dst, src, rows, n, C));
+}
+
+static void emulate_rows_scatter(float *dst, const float *src, const int *rows, int n, int C,
+                                 int add)
+{
+    LAUNCH(grid_for((long)n * C), rows_scatter_thread(t, dst, src, rows, n, C, add));
+}
+
+static void emulate_encoder_forward(float *out, const int *tokens, const float *wte,
+                                    const float *wpe, int B, int T, int C)
+{
+    LAUNCH(grid_for((long)B * T * C), encoder_forward_thread(t, out, tokens, wte, wpe, B, T, C));
+}
+
+static void emulate_encoder_backward(float *dwte, float *dwpe, const float *dout,
+                                     const int *tokens, int B, int T, int C)
+{
+    LAUNCH(grid_for(C), encoder_backward_thread(t, dwte, dwpe, dout, tokens, B, T, C));
+}
+
+static void emulate_adamw_update(float *params, const float *grads, float *m, float *v, long n,
+                                 float lr, float beta1, float beta2, float eps,
+                                 float weight_decay, float grad_scale, int step)
+{
+    struct dm_adamw_constants k = dm_adamw_constants_make(lr, beta1, beta2, eps, weight_decay,
+                                                          grad_scale, step);
+    LAUNCH(grid_for(n), adamw_update_thread(t, params, grads, m, v, n, k));
+}
+
+/* ---- matrix products (matmul.cu) ------------------------------------------- */
+
+static void matmul_forward_any(float *out, float *gelu_out, const float *inp,
+                               const float *weight, const float *bias, const float *residual,
+                               int N, int C, int OC)
+{
+    long n = (long)N * OC;
+    if (bias || residual) LAUNCH(grid_for(n), matmul_init_thread(t, out, bias, residual, N, OC));
+    gemm(dm_gemm_matmul_forward(out, inp, weight, N, C, OC, bias || residual ? 1.0f : 0.0f));
+    if (gelu_out) LAUNCH(grid_for(n), gelu_forward_thread(t, gelu_out, out, n));
+}
+
+static void matmul_backward_any(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, const float *gelu_inp,
+                                float beta, int N, int C, int OC)
+{
+    if (dinp) {
+        gemm(dm_gemm_matmul_dinp(dinp, dout, weight, N, C, OC, beta));
+        long n = (long)N * C;
+        if (gelu_inp) LAUNCH(grid_for(n), gelu_backward_thread(t, dinp, gelu_inp, dinp, n));
+    }
+    if (dweight) gemm(dm_gemm_matmul_dweight(dweight, dout, inp, N, C, OC));
+    if (dbias) LAUNCH(grid_for(OC), matmul_dbias_thread(t, dbias, dout, N, OC));
+}
+
+static void emulate_matmul_forward(float *out, const float *inp, const float *weight,
+                                   const float *bias, int N, int C, int OC)
+{
+    matmul_forward_any(out, NULL, inp, weight, bias, NULL, N, C, OC);
+}
+
+static void emulate_matmul_forward_residual(float *out, const float *inp, const float *weight,
+                                            const float *bias, const float *residual, int N,
+                                            int C, int OC)
+{
+    matmul_forward_any(out, NULL, inp, weight, bias, residual, N, C, OC);
+}
+
+static void emulate_matmul_forward_gelu(float *out, float *gelu_out, const float *inp,
+                                        const float *weight, const float *bias, int N, int C,
+                                        int OC)
+{
+    matmul_forward_any(out, gelu_out, inp, weight, bias, NULL, N, C, OC);
+}
+
+static void emulate_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const float *weight, int N, int C, int OC)
+{
+    matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, NULL, 1.0f, N, C, OC);
+}
+
+static void emulate_matmul_backward_overwrite(float *dinp, float *dweight, float *dbias,
+                                              const float *dout, const float *inp,
+                                              const float *weight, int N, int C, int OC)
+{
+    matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, NULL, 0.0f, N, C, OC);
+}
+
+static void emulate_matmul_backward_gelu(float *dinp, float *dweight, float *dbias,
+                                         const float *dout, const float *inp,
+                                         const float *weight, const float *gelu_inp, int N,
+                                         int C, int OC)
+{
+    matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, gelu_inp, 0.0f, N, C, OC);
+}
+
+/* ---- layernorm and the loss (layernorm.cu, softmax.cu): a block per row ------ */
+
+static void emulate_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                      const float *weight, const float *bias, int N, int C)
+{
+    float sum[THREADS], var[THREADS];
+    for (long row = 0; row < N; row++) {
+        PHASE(row, N, layernorm_forward_sum_phase(t, sum, inp, C));
+        tree(sum, dm_tree_sum_step);
+        PHASE(row, N, layernorm_forward_var_phase(t, var, sum, inp, C));
+        tree(var, dm_tree_sum_step);
+        PHASE(row, N, layernorm_forward_out_phase(t, out, mean, rstd, sum, var, inp, weight,
+                                                  bias, C));
+    }
+}
+
+static void emulate_layernorm_backward_residual(float *dinp, const float *dresidual,
+                                                float *dweight, float *dbias, const float *dout,
+                                                const float *inp, const float *weight,
+                                                const float *mean, const float *rstd, int N,
+                                                int C)
+{
+    float sum_d[THREADS], sum_dn[THREADS];
+    for (long row = 0; dinp && row < N; row++) {
+        PHASE(row, N, layernorm_backward_sums_phase(t, sum_d, sum_dn, dout, inp, weight, mean,
+                                                    rstd, C));
+        tree(sum_d, dm_tree_sum_step);
+        tree(sum_dn, dm_tree_sum_step);
+        PHASE(row, N, layernorm_backward_dinp_phase(t, dinp, dresidual, sum_d, sum_dn, dout, inp,
+                                                    weight, mean, rstd, C));
+    }
+    if (N > 0 && (dweight || dbias))
+        LAUNCH(grid_for(C), layernorm_backward_params_thread(t, dweight, dbias, dout, inp, mean,
+                                                             rstd, N, C));
+}
+
+static void emulate_layernorm_backward(float *dinp, float *dweight, float *dbias,
+                                       const float *dout, const float *inp, const float *weight,
+                                       const float *mean, const float *rstd, int N, int C)
+{
+    emulate_layernorm_backward_residual(dinp, NULL, dweight, dbias, dout, inp, weight, mean,
+                                        rstd, N, C);
+}
+
+static void emulate_crossentropy_forward(float *losses, float *probs, const float *logits,
+                                         const int *targets, int N, int V)
+{
+    float most[THREADS], sum[THREADS];
+    for (long n = 0; n < N; n++) {
+        const float *row = logits + n * V;
+        float *p = probs + n * V;
+        PHASE(n, N, softmax_max_phase(t, most, row, V));
+        tree(most, dm_tree_max_step);
+        PHASE(n, N, softmax_exp_phase(t, sum, most, p, row, V));
+        tree(sum, dm_tree_sum_step);
+        PHASE(n, N, softmax_normalize_phase(t, p, sum, V, V));
+        PHASE(n, N, crossentropy_loss_phase(t, losses, most, sum, logits, targets, V));
+    }
+}
+
+static void emulate_crossentropy_softmax_backward(float *dlogits, const float *probs,
+                                                  const int *targets, float dloss_scale, int N,
+                                                  int V)
+{
+    LAUNCH(grid_for((long)N * V), crossentropy_backward_thread(t, dlogits, probs, targets,
+                                                               dloss_scale, N, V));
+}
+
+/* ---- attention (attention.cu) ---------------------------------------------- */
+
+/* the heads (B NH T hs each) and two full-length rows (B T C) in scratch */
+struct heads {
+    float *q, *k, *v, *y, *dy, *dq, *dk, *dv, *qfull, *full;
+};
+
+static struct heads heads_scratch(int B, int T, int C)
+{
+    long per = (long)B * T * C;
+    float *base = scratch(SCRATCH_ATTENTION, (size_t)10 * per);
+    struct heads h = {base, base + per, base + 2 * per, base + 3 * per, base + 4 * per,
+                      base + 5 * per, base + 6 * per, base + 7 * per, base + 8 * per,
+                      base + 9 * per};
+    return h;
+}
+
+static void heads_forward(const struct heads *h, float *att, int B, int T, int C, int NH)
+{
+    int hs = C / NH, items = B * NH;
+    long rows = (long)items * T;
+    float scale = (float)(1.0 / sqrt((double)hs)), most[THREADS], sum[THREADS];
+    gemm(dm_gemm_attention_scores(att, h->q, h->k, items, T, hs, scale));
+    for (long r = 0; r < rows; r++) {
+        float *row = att + r * T;
+        int valid = (int)(r % T) + 1;
+        PHASE(r, rows, softmax_max_phase(t, most, row, valid));
+        tree(most, dm_tree_max_step);
+        PHASE(r, rows, softmax_exp_phase(t, sum, most, row, row, valid));
+        tree(sum, dm_tree_sum_step);
+        PHASE(r, rows, softmax_normalize_phase(t, row, sum, valid, T));
+    }
+    gemm(dm_gemm_attention_values(h->y, att, h->v, items, T, hs));
+}
+
+static void heads_backward(const struct heads *h, float *scores, const float *att, int B, int T,
+                           int C, int NH)
+{
+    int hs = C / NH, items = B * NH;
+    long rows = (long)items * T;
+    float scale = (float)(1.0 / sqrt((double)hs)), dot[THREADS];
+    gemm(dm_gemm_attention_dprobs(scores, h->dy, h->v, items, T, hs));
+    for (long r = 0; r < rows; r++) {
+        PHASE(r, rows, attention_softmax_backward_dot_phase(t, dot, att, scores, T));
+        tree(dot, dm_tree_sum_step);
+        PHASE(r, rows, attention_softmax_backward_phase(t, scores, dot, att, scale, T));
+    }
+    gemm(dm_gemm_attention_dq(h->dq, scores, h->k, items, T, hs));
+    gemm(dm_gemm_attention_dk(h->dk, scores, h->q, items, T, hs));
+    gemm(dm_gemm_attention_dv(h->dv, att, h->dy, items, T, hs));
+}
+
+static void permute(const struct heads *h, const float *qsrc, int ldq, const float *ksrc,
+                    const float *vsrc, int ldkv, int B, int T, int C, int NH)
+{
+    LAUNCH(grid_for((long)B * T * C), attention_permute_thread(t, h->q, h->k, h->v, qsrc, ldq,
+                                                               ksrc, vsrc, ldkv, B, T, C, NH));
+}
+
+/* dst (B T, C) = src (n, C) at rows, every other row zero */
+static void scatter_full(float *dst, const float *src, const int *rows, int n, int B, int T,
+                         int C)
+{
+    memset(dst, 0, (size_t)B * T * C * sizeof(float));
+    if (n > 0) emulate_rows_scatter(dst, src, rows, n, C, 0);
+}
+
+static void emulate_attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                                      int C, int NH)
+{
+    struct heads h = heads_scratch(B, T, C);
+    permute(&h, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, B, T, C, NH);
+    heads_forward(&h, att, B, T, C, NH);
+    LAUNCH(grid_for((long)B * T * C), attention_unpermute_thread(t, out, h.y, B, T, C, NH));
+}
+
+static void emulate_attention_backward(float *dqkv, float *scores, const float *dout,
+                                       const float *qkv, const float *att, int B, int T, int C,
+                                       int NH)
+{
+    struct heads h = heads_scratch(B, T, C);
+    long n = (long)B * T * C;
+    permute(&h, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, B, T, C, NH);
+    LAUNCH(grid_for(n), attention_split_heads_thread(t, h.dy, dout, B, T, C, NH));
+    heads_backward(&h, scores, att, B, T, C, NH);
+    LAUNCH(grid_for(n), attention_gradient_thread(t, dqkv, 3 * C, dqkv + C, dqkv + 2 * C, 3 * C,
+                                                  h.dq, h.dk, h.dv, B, T, C, NH));
+}
+
+static void emulate_attention_forward_rows(float *out, float *att, const float *q,
+                                           const float *kv, const int *rows, int nactive, int B,
+                                           int T, int C, int NH)
+{
+    struct heads h = heads_scratch(B, T, C);
+    scatter_full(h.qfull, q, rows, nactive, B, T, C);
+    permute(&h, h.qfull, C, kv, kv + C, 2 * C, B, T, C, NH);
+    heads_forward(&h, att, B, T, C, NH);
+    LAUNCH(grid_for((long)B * T * C), attention_unpermute_thread(t, h.full, h.y, B, T, C, NH));
+    if (nactive > 0) emulate_rows_gather(out, h.full, rows, nactive, C);
+}
+
+static void emulate_attention_backward_rows(float *dq, float *dkv, float *scores,
+                                            const float *dout, const float *q, const float *kv,
+                                            const float *att, const int *rows, int nactive,
+                                            int B, int T, int C, int NH)
+{
+    struct heads h = heads_scratch(B, T, C);
+    long n = (long)B * T * C;
+    scatter_full(h.qfull, q, rows, nactive, B, T, C);
+    permute(&h, h.qfull, C, kv, kv + C, 2 * C, B, T, C, NH);
+    scatter_full(h.full, dout, rows, nactive, B, T, C);
+    LAUNCH(grid_for(n), attention_split_heads_thread(t, h.dy, h.full, B, T, C, NH));
+    heads_backward(&h, scores, att, B, T, C, NH);
+    LAUNCH(grid_for(n), attention_gradient_thread(t, h.qfull, C, dkv, dkv + C, 2 * C, h.dq, h.dk,
+                                                  h.dv, B, T, C, NH));
+    if (nactive > 0) emulate_rows_gather(dq, h.qfull, rows, nactive, C);
+}
+
+/* ---- hash-sparse attention (hash.cu) --------------------------------------- */
+
+static long count_tiles(const int *order, const int *bucket, int B, int NH, int T)
+{
+    long rows = (T + DM_HASH_TILE - 1) / DM_HASH_TILE, n = (long)B * NH * rows, total = 0;
+    long *tiles = (long *)scratch(SCRATCH_HASH_TILES, (size_t)n * sizeof(long) / sizeof(float));
+    LAUNCH(grid_for(n), hash_tiles_thread(t, tiles, order, bucket, B, NH, T));
+    for (long i = 0; i < n; i++) total += tiles[i];
+    return total;
+}
+
+static long emulate_hash_attention_forward(float *out, float *lse, int *order, int *bucket,
+                                           const float *qkv, const float *rotation, int B, int T,
+                                           int C, int NH, int buckets)
+{
+    long sides = (long)B * NH * 2 * T, queries = (long)B * NH * T;
+    LAUNCH(grid_for(sides), hash_bucket_thread(t, bucket, qkv, buckets > 1 ? rotation : NULL, B,
+                                               T, C, NH, buckets));
+    LAUNCH(grid_for(sides), hash_order_thread(t, order, bucket, B, NH, T));
+    LAUNCH(grid_for(queries), hash_forward_thread(t, out, lse, order, bucket, qkv, B, T, C, NH));
+    return count_tiles(order, bucket, B, NH, T);
+}
+
+static long emulate_hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                                            const float *out, const float *lse, const int *order,
+                                            const int *bucket, int B, int T, int C, int NH)
+{
+    long queries = (long)B * NH * T;
+    float *delta = scratch(SCRATCH_HASH_DELTA, (size_t)queries);
+    LAUNCH(grid_for(queries), hash_delta_thread(t, delta, dout, out, B, T, C, NH));
+    LAUNCH(grid_for(queries), hash_dq_thread(t, dqkv, dout, qkv, lse, delta, order, bucket, B, T,
+                                             C, NH));
+    LAUNCH(grid_for(queries), hash_dkv_thread(t, dqkv, dout, qkv, lse, delta, order, bucket, B,
+                                              T, C, NH));
+    return count_tiles(order, bucket, B, NH, T);
+}
+
+/* ---- pruned matrices (sparse.cu) and mixture of depths (mod.cu) ------------- */
+
+static void emulate_sparse_forward(float *out, const float *inp, const int *row_ptr,
+                                   const int *col_idx, const float *values, const float *bias,
+                                   int N, int C, int OC)
+{
+    LAUNCH(grid_for((long)N * OC), sparse_forward_thread(t, out, inp, row_ptr, col_idx, values,
+                                                         bias, N, C, OC));
+}
+
+static void emulate_sparse_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                    const float *inp, const int *row_ptr, const int *col_idx,
+                                    const float *values, int nnz, int N, int C, int OC)
+{
+    if (dinp)
+        LAUNCH(grid_for(N), sparse_dinp_thread(t, dinp, dout, row_ptr, col_idx, values, N, C,
+                                               OC));
+    if (dweight && nnz > 0)
+        LAUNCH(grid_for(nnz), sparse_dweight_thread(t, dweight, dout, inp, row_ptr, col_idx, nnz,
+                                                    N, C, OC));
+    if (dbias) LAUNCH(grid_for(OC), sparse_dbias_thread(t, dbias, dout, N, OC));
+}
+
+static void emulate_mod_router_forward(float *router, const float *in, const float *weight,
+                                       int N, int C)
+{
+    LAUNCH(grid_for(N), mod_router_thread(t, router, in, weight, N, C));
+}
+
+static void emulate_mod_select_topk(int *chosen, const float *router, int B, int T, int k)
+{
+    LAUNCH(grid_for((long)B * T), mod_select_topk_thread(t, chosen, router, B, T, k));
+}
+
+/* the loss summed on the host in token order, in double (mod.cu's mean_loss) */
+static float emulate_mod_predictor(float *dweight, int *chosen, const float *in,
+                                   const float *weight, const int *target, int N, int C)
+{
+    float *loss = scratch(SCRATCH_MOD, 2 * (size_t)N + 2), *grad = loss + N + 1;
+    LAUNCH(grid_for(N), mod_predictor_thread(t, loss, grad, chosen, in, weight, target, N, C));
+    if (!target) return 0.0f;
+    if (dweight) LAUNCH(grid_for(C), mod_predictor_dweight_thread(t, dweight, grad, in, N, C));
+    double sum = 0.0;
+    for (int n = 0; n < N; n++) sum += loss[n];
+    return (float)(sum / N);
+}
+
+/* ---- the table --------------------------------------------------------------- */
+
+static const struct dm_backend emulate_table = {
+    .abi = DM_BACKEND_ABI,
+    .name = "emulate",
+    .device = "the CUDA kernels emulated on the CPU (kernels/emulate.c; testing only)",
+    .alloc = emulate_alloc,
+    .free = free,
+    .copy_to_device = emulate_copy,
+    .copy_to_host = emulate_copy,
+    .synchronize = emulate_synchronize,
+    .alloc_host = emulate_alloc,
+    .free_host = free,
+    .matmul_forward = emulate_matmul_forward,
+    .matmul_forward_residual = emulate_matmul_forward_residual,
+    .matmul_forward_gelu = emulate_matmul_forward_gelu,
+    .matmul_backward = emulate_matmul_backward,
+    .matmul_backward_overwrite = emulate_matmul_backward_overwrite,
+    .matmul_backward_gelu = emulate_matmul_backward_gelu,
+    .layernorm_forward = emulate_layernorm_forward,
+    .layernorm_backward = emulate_layernorm_backward,
+    .layernorm_backward_residual = emulate_layernorm_backward_residual,
+    .attention_forward = emulate_attention_forward,
+    .attention_backward = emulate_attention_backward,
+    .attention_forward_rows = emulate_attention_forward_rows,
+    .attention_backward_rows = emulate_attention_backward_rows,
+    .hash_attention_forward = emulate_hash_attention_forward,
+    .hash_attention_backward = emulate_hash_attention_backward,
+    .gelu_forward = emulate_gelu_forward,
+    .gelu_backward = emulate_gelu_backward,
+    .residual_forward = emulate_residual_forward,
+    .encoder_forward = emulate_encoder_forward,
+    .encoder_backward = emulate_encoder_backward,
+    .crossentropy_forward = emulate_crossentropy_forward,
+    .crossentropy_softmax_backward = emulate_crossentropy_softmax_backward,
+    .adamw_update = emulate_adamw_update,
+    .sparse_matmul_forward = emulate_sparse_forward,
+    .sparse_matmul_backward = emulate_sparse_backward,
+    .mod_router_forward = emulate_mod_router_forward,
+    .mod_select_topk = emulate_mod_select_topk,
+    .mod_predictor_forward_backward = emulate_mod_predictor,
+    .rows_gather = emulate_rows_gather,
+    .rows_scatter = emulate_rows_scatter,
+};
+
+/* The plugin entry, as the CUDA plugin's: fills the table; never fails. */
+EXPORT int dynmo_cuda_backend_open(struct dm_backend *table, const struct dm_backend_host *h,
+                                   char *err, size_t errsize)
+{
+    (void)err, (void)errsize;
+    host = h;
+    *table = emulate_table;
+    return 0;
+}
