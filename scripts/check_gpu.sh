@@ -5,20 +5,23 @@
 #   2. every op of the plugin's table against the CPU backend, relative
 #      error at most 1e-4 ($BUILD/gpu/check_ops cuda);
 #   3. a 20-step run with train.device=cuda against the same run on the
-#      CPU, losses within 1e-4;
+#      CPU, losses within 1e-4, and against the run on the emulated device
+#      (the same kernels' arithmetic on the CPU; a failure there alone
+#      points at the kernels as the device compiles them), within 1e-4;
 #   4. static and balanced pipeline runs on cuda (2 ranks), losses
 #      bit-identical to each other;
 #   5. a checkpoint written on cuda at step 10 resumed on the CPU to step
 #      20, and one written on the CPU resumed on cuda, losses within 1e-4
 #      of the CPU's own 20 steps.
 # Exits 0 only when every check passed: a missing piece (no GPU, no
-# plugin, a model that does not route through the table yet) is a
+# plugin, tensors not yet in device memory) is a
 # failure with its reason, never a pass.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 DYNMO=$PWD/$BUILD/dynmo
 export DYNMO_CUDA_PLUGIN=$PWD/$BUILD/libdynmo_cuda.so
+export DYNMO_EMULATE_PLUGIN=$PWD/$BUILD/libdynmo_emulate.so
 dir=$(mktemp -d /tmp/dynmo-check-gpu.XXXXXX)
 trap 'rm -rf "$dir"' EXIT
 results=()
@@ -91,6 +94,12 @@ if ! train cuda 1 train.device=cuda; then
 fi
 within cuda cpu && report PASS "20 steps, cuda vs cpu: losses within 1e-4" \
   || report FAIL "20 steps, cuda vs cpu: losses differ by more than 1e-4"
+if train emulate 1 train.device=emulate; then
+  within cuda emulate && report PASS "20 steps, cuda vs emulate: losses within 1e-4" \
+    || report FAIL "20 steps, cuda vs emulate: losses differ by more than 1e-4"
+else
+  report FAIL "20 steps on emulate: $(why emulate)"
+fi
 
 if train static 2 train.device=cuda parallel.pp=2 && \
    train balanced 2 train.device=cuda parallel.pp=2 balance.method=partition-time balance.every=5; then

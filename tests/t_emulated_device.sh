@@ -9,7 +9,9 @@
 # the weights themselves often stay bit-identical, so other runs may). On the emulated device, static and balanced
 # pipelines on 2 ranks give the same bits; a checkpoint written there
 # resumes on the CPU, and one written on the CPU resumes there, the last
-# losses within 1e-4 of the uninterrupted CPU run. No emulated plugin: exit 2.
+# losses within 1e-4 of the uninterrupted CPU run. check_ops (every op of
+# the table against the CPU's) on the emulated table. No emulated plugin:
+# exit 2.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -75,6 +77,14 @@ for pair in "emulate cpu" "cpu emulate"; do
   if out=$(close dense-cpu "$tag" 10); then echo "ok: checkpoint $1 -> $2: $out"
   else fail "checkpoint $1 -> $2: $out"; fi
 done
+
+# every op of the emulated table against the CPU's, through its own memory calls
+if DYNMO_EMULATE_PLUGIN=$plugin "$BUILD/gpu/check_ops" emulate > "$dir/ops.log" 2>&1 &&
+   grep -q "check_ops: 0 of [1-9][0-9]* checks failed" "$dir/ops.log"; then
+  echo "ok: $(tail -n 1 "$dir/ops.log") (emulate)"
+else
+  fail "check_ops emulate: $(tail -n 3 "$dir/ops.log")"
+fi
 
 expect_error "no emulated plugin" "train.device = emulate: cannot load the emulated-device plugin $dir/none.so" \
   env DYNMO_EMULATE_PLUGIN="$dir/none.so" "$DYNMO" train --config "$dir/dense-cpu.ini" train.device=emulate

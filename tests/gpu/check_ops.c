@@ -369,8 +369,9 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda"))) {
-        fprintf(stderr, "usage: check_ops cpu|cuda\n");
+    if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") &&
+                      strcmp(argv[1], "emulate"))) {
+        fprintf(stderr, "usage: check_ops cpu|cuda|emulate\n");
         return 2;
     }
     dm_threads_init(0);
