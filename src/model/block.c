@@ -615,7 +615,7 @@ void block_forward(struct block *blk, struct block_acts *acts, float *out, const
     float *const *p = blk->p;
     block_sparse_refresh(blk);   /* CSR values follow the last optimizer step */
     ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
-                      p[BP_LN1_W], p[BP_LN1_B], N, C);
+                           p[BP_LN1_W], p[BP_LN1_B], N, C);
     block_matmul_forward(blk, BP_QKV_W, acts->qkv, acts->ln1, N, C, 3 * C, NULL, NULL);
     if (blk->hash_buckets)
         hash_block_attention_forward(blk, acts, B, T);
@@ -623,7 +623,7 @@ void block_forward(struct block *blk, struct block_acts *acts, float *out, const
         ops->attention_forward(acts->atty, acts->att, acts->qkv, B, T, C, NH);
     block_matmul_forward(blk, BP_ATTPROJ_W, acts->res1, acts->atty, N, C, C, in, NULL);
     ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
-                      p[BP_LN2_W], p[BP_LN2_B], N, C);
+                           p[BP_LN2_W], p[BP_LN2_B], N, C);
     if (blk->moe) {   /* the experts instead of the MLP (moe.c) */
         moe_forward(blk, acts, out, N);
         return;
@@ -654,8 +654,8 @@ void block_backward(struct block *blk, struct block_acts *acts, struct block_scr
                               NULL);
     }
     ops->layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
-                                acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
-                                N, C);
+                                     acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
+                                     N, C);
     block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
                           NULL);
     if (blk->hash_buckets)
@@ -664,7 +664,7 @@ void block_backward(struct block *blk, struct block_acts *acts, struct block_scr
         ops->attention_backward(s->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C, NH);
     block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
     ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
-                                p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
 static void zero_range(void *arg, long begin, long end)

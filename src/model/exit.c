@@ -173,7 +173,7 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     if (Na == 0) return;
     float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
     ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
-                      p[BP_LN1_W], p[BP_LN1_B], N, C);
+                           p[BP_LN1_W], p[BP_LN1_B], N, C);
     ops->matmul_forward(kv, acts->ln1, p[BP_QKV_W] + (size_t)C * C, p[BP_QKV_B] + C, N, C, 2 * C);
     ops->rows_gather(work, acts->ln1, rows, Na, C);
     ops->matmul_forward(q, work, p[BP_QKV_W], p[BP_QKV_B], Na, C, C);
@@ -182,7 +182,7 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     ops->rows_gather(work, in, rows, Na, C);
     ops->residual_forward(acts->res1, acts->res1, work, (long)Na * C);
     ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
-                      p[BP_LN2_W], p[BP_LN2_B], Na, C);
+                           p[BP_LN2_W], p[BP_LN2_B], Na, C);
     ops->matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], Na, C, 4 * C);
     ops->gelu_forward(acts->fch_gelu, acts->fch, (long)Na * 4 * C);
     ops->matmul_forward(work, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], Na, 4 * C, C);
@@ -206,24 +206,25 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
     float *dout_c = work;                      /* (Na,C), then the full residual gradient */
     ops->rows_gather(dout_c, dout, rows, Na, C);
     ops->matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c, acts->fch_gelu,
-                              p[BP_FCPROJ_W], Na, 4 * C, C);
+                                   p[BP_FCPROJ_W], Na, 4 * C, C);
     ops->gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
     ops->matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
-                              p[BP_FC_W], Na, C, 4 * C);
+                                   p[BP_FC_W], Na, C, 4 * C);
     ops->layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
-                                acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, Na, C);
+                                     acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
+                                     Na, C);
     ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
-                              acts->atty, p[BP_ATTPROJ_W], Na, C, C);
+                                   acts->atty, p[BP_ATTPROJ_W], Na, C, C);
     const float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
     float *dkv = s->d_qkv, *dq = s->d_qkv + (size_t)N * 2 * C;
     ops->attention_backward_rows(dq, dkv, s->d_att, s->d_atty, q, kv, acts->att, rows, Na, B, T, C,
-                            NH);
+                                 NH);
     /* K and V from every token, Q from the active ones; the MLP's d_fch
      * (N,4C) is free by now and holds the gathered ln1 rows and their
      * gradient. */
     float *gw = g[BP_QKV_W], *gb = g[BP_QKV_B];
     ops->matmul_backward_overwrite(s->d_ln, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL, dkv,
-                              acts->ln1, p[BP_QKV_W] + (size_t)C * C, N, C, 2 * C);
+                                   acts->ln1, p[BP_QKV_W] + (size_t)C * C, N, C, 2 * C);
     float *ln1_c = s->d_fch, *dln1_c = s->d_fch + (size_t)Na * C;
     ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
     ops->matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
@@ -233,7 +234,7 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
     parallel_copy(dres, dout, (long)N * C);
     ops->rows_scatter(dres, s->d_res1, rows, Na, C, 0);
     ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
-                                p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
 /* ---- the model's hooks ------------------------------------------------------------ */
@@ -260,6 +261,33 @@ static int has_exit_head(const struct gpt *model, int layer)
     int L = model->shape.layers;
     if (layer < x->from || layer >= L - 1) return 0;
     return x->loss_weight > 0.0f || x->confidence == GPT_EXIT_SOFTMAX;
+}
+
+/* The exit head's top-1 minus top-2 probability of one token (V) */
+static float softmax_confidence(const float *pr, int V)
+{
+    float top1 = -1.0f, top2 = -1.0f;
+    for (int v = 0; v < V; v++) {
+        if (pr[v] > top1) {
+            top2 = top1;
+            top1 = pr[v];
+        } else if (pr[v] > top2) {
+            top2 = pr[v];
+        }
+    }
+    return top1 - top2;
+}
+
+/* The cosine of one token's hidden state before (a) and after (b) the block */
+static float saturation(const float *a, const float *b, int C)
+{
+    double ab = 0.0, aa = 0.0, bb = 0.0;
+    for (int c = 0; c < C; c++) {
+        ab += (double)a[c] * b[c];
+        aa += (double)a[c] * a[c];
+        bb += (double)b[c] * b[c];
+    }
+    return (aa > 0 && bb > 0) ? (float)(ab / sqrt(aa * bb)) : 0.0f;
 }
 
 void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *out,
@@ -301,29 +329,9 @@ void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *
     if (!decide) return;
     for (int k = 0; k < Na; k++) {
         int n = st->rows[k];
-        float confidence;
-        if (x->confidence == GPT_EXIT_SOFTMAX) {
-            const float *pr = st->probs + (size_t)k * V;
-            float top1 = -1.0f, top2 = -1.0f;
-            for (int v = 0; v < V; v++) {
-                if (pr[v] > top1) {
-                    top2 = top1;
-                    top1 = pr[v];
-                } else if (pr[v] > top2) {
-                    top2 = pr[v];
-                }
-            }
-            confidence = top1 - top2;
-        } else {
-            const float *a = in + (size_t)n * C, *b = out + (size_t)n * C;
-            double ab = 0.0, aa = 0.0, bb = 0.0;
-            for (int c = 0; c < C; c++) {
-                ab += (double)a[c] * b[c];
-                aa += (double)a[c] * a[c];
-                bb += (double)b[c] * b[c];
-            }
-            confidence = (aa > 0 && bb > 0) ? (float)(ab / sqrt(aa * bb)) : 0.0f;
-        }
+        float confidence = x->confidence == GPT_EXIT_SOFTMAX
+                               ? softmax_confidence(st->probs + (size_t)k * V, V)
+                               : saturation(in + (size_t)n * C, out + (size_t)n * C, C);
         if (confidence >= x->threshold) ea->exit_layer[n] = layer;
     }
 }
@@ -343,7 +351,8 @@ void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_
         /* d(lambda w_l L_l)/d h for the active rows, added to dout. */
         float *dlogits = ea->logits, *dlnf = ea->work, *dh = ea->work2;
         ops->crossentropy_softmax_backward(dlogits, st->probs, st->targets,
-                                      exit_weight(model, layer) * dloss_scale / (float)N, Na, V);
+                                           exit_weight(model, layer) * dloss_scale / (float)N,
+                                           Na, V);
         ops->matmul_backward_overwrite(dlnf, NULL, NULL, dlogits, st->lnf, x->wte, Na, C, V);
         parallel_zero(dh, (long)Na * C);
         ops->layernorm_backward(dh, NULL, NULL, dlnf, st->hc, x->lnf_w, st->mean, st->rstd, Na, C);

@@ -282,8 +282,8 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
     }
     if (!model->has_head) return 0.0f;
     ops->layernorm_forward(acts->lnf, acts->lnf_mean, acts->lnf_rstd,
-                      acts->residual + model->num_blocks * BTC, model->lnf_w, model->lnf_b,
-                      N, C);
+                           acts->residual + model->num_blocks * BTC, model->lnf_w, model->lnf_b,
+                           N, C);
     ops->matmul_forward(acts->logits, acts->lnf, model->wte, NULL, N, C, V);
     ops->crossentropy_forward(acts->losses, acts->probs, acts->logits, acts->targets, N, V);
     double sum = 0.0;
@@ -305,13 +305,13 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         float *dlogits = acts->logits;
         float *dlnf = scratch->d_ln;
         ops->crossentropy_softmax_backward(dlogits, acts->probs, acts->targets,
-                                      dloss_scale / (float)N, N, V);
+                                           dloss_scale / (float)N, N, V);
         ops->matmul_backward_overwrite(dlnf, model->dwte_head, NULL, dlogits, acts->lnf,
-                                  model->wte, N, C, V);
+                                       model->wte, N, C, V);
         model->wte_grads_pending = 1;
         parallel_zero(d, (long)BTC);
         ops->layernorm_backward(d, model->dlnf_w, model->dlnf_b, dlnf, acts->residual + nb * BTC,
-                           model->lnf_w, acts->lnf_mean, acts->lnf_rstd, N, C);
+                                model->lnf_w, acts->lnf_mean, acts->lnf_rstd, N, C);
         grad = d;
     }
     DM_ASSERT(grad != NULL);

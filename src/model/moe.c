@@ -783,7 +783,7 @@ static void moe_route_backward(struct block *blk, struct block_acts *acts, struc
                                 .loss_scale = acts->loss_scale, .N = N};
     dm_parallel_for(N, 16, route_back_range, &a);
     ops->matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
-                    moe->router_w, N, blk->C, ma->E);
+                         moe->router_w, N, blk->C, ma->E);
 }
 
 void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,

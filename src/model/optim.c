@@ -85,8 +85,8 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
             size_t off, size;
             double wd = block_tensor_at(blk, k, &off, &size) ? weight_decay : 0.0;
             ops->adamw_update(blk->params + off, blk->grads + off, blk->m + off, blk->v + off,
-                         (long)size, (float)lr, (float)beta1, (float)beta2, (float)eps,
-                         (float)wd, grad_scale, t);
+                              (long)size, (float)lr, (float)beta1, (float)beta2, (float)eps,
+                              (float)wd, grad_scale, t);
         }
         gpt_charge_update(model, i, &clock);
     }
@@ -97,12 +97,12 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
     /* wte: both stages that hold it apply the same update to the same
      * (exchanged) gradient, so the copies stay equal. */
     ops->adamw_update(p, g, m, v, (long)wpe, (float)lr, (float)beta1, (float)beta2, (float)eps,
-                 (float)weight_decay, grad_scale, t);
+                      (float)weight_decay, grad_scale, t);
     if (model->has_embed && model->frozen_prefix == 0)   /* wpe freezes with block 0 */
         ops->adamw_update(p + wpe, g + wpe, m + wpe, v + wpe, (long)(lnf - wpe), (float)lr,
-                     (float)beta1, (float)beta2, (float)eps, (float)weight_decay,
-                     grad_scale, t);
+                          (float)beta1, (float)beta2, (float)eps, (float)weight_decay,
+                          grad_scale, t);
     if (model->has_head)
         ops->adamw_update(p + lnf, g + lnf, m + lnf, v + lnf, (long)(2 * C), (float)lr,
-                     (float)beta1, (float)beta2, (float)eps, 0.0f, grad_scale, t);
+                          (float)beta1, (float)beta2, (float)eps, 0.0f, grad_scale, t);
 }
