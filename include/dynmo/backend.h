@@ -7,7 +7,11 @@
  * The CPU backend is today's functions. The CUDA backend is a plugin
  * (build/libdynmo_cuda.so, built from kernels/ by `make USE_CUDA=1`)
  * that fills the same table with kernels and cuBLAS; its pointers are
- * device memory obtained from the table's alloc.
+ * device memory obtained from the table's alloc. The emulated device
+ * (build/libdynmo_emulate.so, kernels/emulate.c, built by every `make`)
+ * is a plugin with the same entry whose ops run the CUDA kernels'
+ * per-thread arithmetic on the CPU over host memory, for testing. The
+ * model calls every op through backend_current() (docs/gpu.md).
  *
  * This header is part of the model module and is also compiled by nvcc
  * for the plugin: plain C, no other dynmo header, no MPI. The plugin
@@ -171,15 +175,18 @@ struct dm_backend {
     void (*comm_free)(struct dm_backend_comm *comm);
 };
 
-/* The CPU table: today's ops (src/model/ops.c, optim.c), host memory. */
+/* The CPU table: today's ops (src/model/ops.c, optim.c, exit.c's row
+ * gathers, ...), host memory. */
 const struct dm_backend *backend_cpu(void);
 
 /* The table the model routes through: the CPU's until backend_open
  * selects another. Not thread-safe; set once at start-up. */
 const struct dm_backend *backend_current(void);
 
-/* Selects the backend train.device names: "cpu", or "cuda", which loads
- * the plugin (backend_plugin_path) with dlopen and asks it for its table.
+/* Selects the backend train.device names: "cpu"; "cuda", which loads
+ * the plugin (backend_plugin_path) with dlopen and asks it for its table;
+ * or "emulate", which loads the emulated device the same way
+ * ($DYNMO_EMULATE_PLUGIN, else libdynmo_emulate.so beside the binary).
  * Returns 0, or -1 with one message in err naming the problem and the fix
  * (no plugin, not a dynmo plugin, built for another table, no CUDA
  * device); the CPU backend then stays current. Not collective. */
