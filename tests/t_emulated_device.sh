@@ -2,7 +2,10 @@
 # The emulated device (train.device = emulate; docs/gpu.md): the whole
 # model on the CUDA plugin's kernels, their per-thread functions run on
 # the CPU (build/libdynmo_emulate.so, kernels/emulate.c). Each 20-step run
-# (dense, early exit, pruning with CSR, MoD, hash attention) against the
+# (dense, early exit, pruning with CSR, MoD, hash attention; the MoD
+# router and hash attention themselves are called inside mod.c and
+# hash_attention.c, not yet through the table, so they run on the CPU
+# ops there) against the
 # CPU's: every loss within 1e-4 relative, and the dense run's not all
 # bit-identical (the kernels' tree sums in the loss differ from the CPU's,
 # so identical bits would mean the device was not used; on this tiny model
