@@ -1,20 +1,21 @@
 #!/usr/bin/env bash
 # The emulated device (train.device = emulate; docs/gpu.md): the whole
 # model on the CUDA plugin's kernels, their per-thread functions run on
-# the CPU (build/libdynmo_emulate.so, kernels/emulate.c). Each 20-step run
-# (dense, early exit, pruning with CSR, MoD, hash attention; the MoD
-# router and hash attention themselves are called inside mod.c and
-# hash_attention.c, not yet through the table, so they run on the CPU
-# ops there) against the
-# CPU's: every loss within 1e-4 relative, and the dense run's not all
-# bit-identical (the kernels' tree sums in the loss differ from the CPU's,
-# so identical bits would mean the device was not used; on this tiny model
-# the weights themselves often stay bit-identical, so other runs may). On the emulated device, static and balanced
-# pipelines on 2 ranks give the same bits; a checkpoint written there
-# resumes on the CPU, and one written on the CPU resumes there, the last
-# losses within 1e-4 of the uninterrupted CPU run. check_ops (every op of
-# the table against the CPU's) on the emulated table. No emulated plugin:
-# exit 2.
+# the CPU (build/libdynmo_emulate.so, kernels/emulate.c).
+# - 20-step runs (dense, early exit, pruning with CSR, MoD, hash
+#   attention) against the CPU's: every loss within 1e-4 relative, and
+#   the dense run's not all bit-identical (the kernels' tree sums in the
+#   loss differ from the CPU's, so identical bits would mean the device
+#   was not used; on this tiny model the weights often stay bit-identical,
+#   so other runs may match). The MoD router and hash attention are still
+#   called inside mod.c and hash_attention.c, not through the table: they
+#   run on the CPU ops in those runs.
+# - On the emulated device, static and balanced pipelines on 2 ranks give
+#   the same bits.
+# - A checkpoint written there resumes on the CPU, and one written on the
+#   CPU resumes there: the last losses within 1e-4 of the CPU run.
+# - check_ops (every op of the table against the CPU's) on the emulated
+#   table; no emulated plugin: exit 2.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -48,7 +49,8 @@ PY
 names=(dense early_exit prune mod hash)
 settings=(""
           "dyn.kind=early_exit dyn.exit_from=2 dyn.exit_warmup=2 dyn.exit_threshold=0.05"
-          "dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=4 dyn.sparsity_final=0.8 dyn.csr_sparsity=0.5"
+          "dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=4
+           dyn.sparsity_final=0.8 dyn.csr_sparsity=0.5"
           "model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal"
           "model.attention=hash hash.buckets=4")
 for i in 0 1 2 3 4; do
@@ -89,6 +91,8 @@ else
   fail "check_ops emulate: $(tail -n 3 "$dir/ops.log")"
 fi
 
-expect_error "no emulated plugin" "train.device = emulate: cannot load the emulated-device plugin $dir/none.so" \
-  env DYNMO_EMULATE_PLUGIN="$dir/none.so" "$DYNMO" train --config "$dir/dense-cpu.ini" train.device=emulate
+expect_error "no emulated plugin" \
+  "train.device = emulate: cannot load the emulated-device plugin $dir/none.so" \
+  env DYNMO_EMULATE_PLUGIN="$dir/none.so" "$DYNMO" train --config "$dir/dense-cpu.ini" \
+  train.device=emulate
 finish
