@@ -27,6 +27,7 @@ struct moe_load {
 
 struct summary {
     const char *path;
+    int simulated;                      /* kind "simulation" (dynmo simulate) */
     struct moe_load *moe;               /* (moe_blocks), or NULL without /moe/tokens */
     int moe_blocks, experts, top_k;
     long moe_steps;                     /* steps with counts (filler rows left out) */
@@ -182,7 +183,7 @@ static void print_shape(FILE *out, const struct runlog_dataset_info *d)
 
 static void print_text(const struct summary *s)
 {
-    printf("run log %s\n", s->path);
+    printf("%s %s\n", s->simulated ? "simulation" : "run log", s->path);
     printf("  written by dynmo %s, created %s, format version %s\n",
            s->version ? s->version : "?", s->created ? s->created : "?",
            s->format_version ? s->format_version : "?");
@@ -304,7 +305,7 @@ static void print_json(const struct summary *s)
 {
     json_object *o = checked(json_object_new_object());
     put(o, "file", string(s->path));
-    put(o, "kind", string(RUNLOG_KIND));
+    put(o, "kind", string(s->simulated ? SIMULATION_KIND : RUNLOG_KIND));
     put(o, "dynmo_version", string(s->version));
     put(o, "created", string(s->created));
     char *end = NULL;
@@ -507,7 +508,7 @@ int cmd_inspect(int argc, char **argv)
     if (dm_file_kind(path, kind, sizeof kind, err, sizeof err) != 0)
         dm_user_error("inspect: %s", err);
     if (!strcmp(kind, CHECKPOINT_KIND)) return inspect_checkpoint(path, json);
-    if (strcmp(kind, RUNLOG_KIND) != 0) {
+    if (strcmp(kind, RUNLOG_KIND) != 0 && strcmp(kind, SIMULATION_KIND) != 0) {
         if (kind[0])
             dm_user_error("inspect: %s is an HDF5 file of unknown kind \"%s\" (expected "
                           "a dynmo run log)", path, kind);
@@ -517,6 +518,7 @@ int cmd_inspect(int argc, char **argv)
 
     struct summary s;
     load_summary(&s, path);
+    s.simulated = !strcmp(kind, SIMULATION_KIND);
     if (json) print_json(&s);
     else print_text(&s);
     free_summary(&s);
