@@ -31,8 +31,8 @@ struct simulate_args {
     const char *run_dir, *scenario, *out, *policies;
     int blocks, stages, replicas, micro_batches, steps, every, repack_every;
     int schedule;                 /* -1: the run's */
-    double latency_ms, bandwidth_gbs, migration_ms, restart_s, epsilon;
-    int validate;
+    double latency_ms, bandwidth_gbs, migration_ms, restart_s, epsilon, attention_share;
+    int validate, split;
 };
 
 static void usage(FILE *out)
@@ -65,6 +65,10 @@ static void usage(FILE *out)
         "  --repack-every N      steps between re-pack decisions (default: the run's\n"
         "                        repack.every)\n"
         "  --epsilon E           re-pack may slow the step by 1 + E (default: the run's)\n"
+        "  --split-blocks        the sub-block what-if: attention and MLP of each block\n"
+        "                        are separate units of placement\n"
+        "  --attention-share A   attention's share of a block's time (default: from\n"
+        "                        the model's FLOPs at its sequence length)\n"
         "  --validate            compare with the run's measured step times\n"
         "  --out DIR             write DIR/<policy>.h5 (kind \"simulation\") and\n"
         "                        DIR/summary.txt\n");
@@ -101,7 +105,8 @@ static const char *value_of(int argc, char **argv, int *i)
 static void parse_args(struct simulate_args *a, int argc, char **argv)
 {
     *a = (struct simulate_args){.schedule = -1, .latency_ms = 0.01, .bandwidth_gbs = 6.0,
-                                .migration_ms = 12.0, .restart_s = 1.5, .epsilon = -1};
+                                .migration_ms = 12.0, .restart_s = 1.5, .epsilon = -1,
+                                .attention_share = -1};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
@@ -109,6 +114,7 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
             exit(DM_EXIT_OK);
         }
         if (!strcmp(o, "--validate")) { a->validate = 1; continue; }
+        if (!strcmp(o, "--split-blocks")) { a->split = 1; continue; }
         const char *v = value_of(argc, argv, &i);
         if (!strcmp(o, "--from-run")) a->run_dir = v;
         else if (!strcmp(o, "--scenario")) a->scenario = v;
@@ -126,6 +132,11 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
         else if (!strcmp(o, "--migration-ms")) a->migration_ms = parse_double(o, v, 0);
         else if (!strcmp(o, "--restart-s")) a->restart_s = parse_double(o, v, 0);
         else if (!strcmp(o, "--epsilon")) a->epsilon = parse_double(o, v, 0);
+        else if (!strcmp(o, "--attention-share")) {
+            a->attention_share = parse_double(o, v, 0);
+            if (a->attention_share > 1)
+                dm_user_error("simulate: --attention-share: '%s' is not a share in [0, 1]", v);
+        }
         else if (!strcmp(o, "--schedule")) {
             if (strcmp(v, "1f1b") && strcmp(v, "gpipe"))
                 dm_user_error("simulate: --schedule: '%s' is not 1f1b or gpipe", v);
@@ -210,12 +221,13 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     memset(s, 0, sizeof *s);
     s->model = model;
     s->traj = traj;
-    s->blocks = traj->blocks;
+    s->split = a->split;
+    s->blocks = traj->blocks * (s->split ? 2 : 1);
     s->steps = traj->steps;
     s->stages = a->stages ? a->stages : run->stages;
     if (s->stages > s->blocks)
-        dm_user_error("simulate: --stages %d is more than the %d blocks (a stage holds at "
-                      "least one block)", s->stages, s->blocks);
+        dm_user_error("simulate: --stages %d is more than the %d %s (a stage holds at least "
+                      "one)", s->stages, s->blocks, s->split ? "units" : "blocks");
     s->replicas = a->replicas ? a->replicas : 1;
     s->micro_batches = a->micro_batches ? a->micro_batches
                      : s->stages == run->stages ? run->micro_batches : 4 * s->stages;
@@ -231,7 +243,6 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     const struct dm_config *rc = &run->cfg;
     int per_micro_batch = rc->batch / (rc->dp * rc->micro_batches);   /* sequences */
     s->cfg = *rc;
-    s->cfg.layers = s->blocks;
     s->cfg.pp = s->stages;
     s->cfg.dp = s->replicas;
     s->cfg.micro_batches = s->micro_batches;
@@ -240,9 +251,17 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     s->cfg.every = s->every;
     s->tokens_per_step = (double)s->cfg.batch * rc->seq;
     s->activation_bytes = 4.0 * per_micro_batch * rc->seq * rc->channels;
+    s->cfg.layers = traj->blocks;
     struct gpt_shape shape = gpt_shape_from_config(&s->cfg);
     s->block_params = dm_alloc((size_t)s->blocks * sizeof(double));
-    for (int b = 0; b < s->blocks; b++) s->block_params[b] = (double)gpt_block_param_count(&shape, b);
+    for (int u = 0; u < s->blocks; u++) {
+        double block = (double)gpt_block_param_count(&shape, s->split ? u / 2 : u);
+        s->block_params[u] = !s->split ? block : u % 2 ? block * 2 / 3 : block / 3;
+    }
+    s->cfg.layers = s->blocks;
+    double C = rc->channels, T = rc->seq;   /* attention's FLOPs over the block's */
+    s->attention_share = a->attention_share >= 0 ? a->attention_share
+                       : (8 * C * C * T + 2 * T * T * C) / (24 * C * C * T + 2 * T * T * C);
     if (s->stages == run->stages && s->replicas == 1 && run->plan_sharing.group)
         s->sharing = &run->plan_sharing.sharing;
     s->replay_layout = run->layout;
@@ -263,7 +282,7 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
                      states[0] ? ", " : "", sim_state_name(k));
     used += (size_t)snprintf(text + used, size - used,
         "simulate: %d blocks, %d stages x %d replicas, m = %d, %s, %d steps, decisions every "
-        "%d steps%s\n", s->blocks, s->stages, s->replicas, s->micro_batches,
+        "%d steps%s\n", s->traj->blocks, s->stages, s->replicas, s->micro_batches,
         s->schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b", s->steps, s->every,
         s->sharing ? " (stages share processors as in the run)" : "");
     used += (size_t)snprintf(text + used, size - used,
@@ -273,6 +292,10 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
         !a->scenario && s->blocks != run->layers ? ", mapped by relative depth" : "",
         model->samples, run->path, run->layers, run->steps, 100 * model->fit_error,
         states[0] ? states : "none (constant costs)");
+    if (s->split)
+        used += (size_t)snprintf(text + used, size - used, "units of placement: the attention "
+                                 "and the MLP of each block (attention %.0f%% of its time)\n",
+                                 100 * s->attention_share);
     snprintf(text + used, size - used,
         "transfer: %.3f ms + bytes / %.3g GB/s; a migration %.1f ms more; a re-pack restart "
         "%.1f s\n", s->latency_ms, s->bytes_per_ms / 1e6, s->migration_ms, s->restart_ms / 1e3);
@@ -324,7 +347,7 @@ static double mean_bubble(const struct sim_result *r, int steps)
  * bound, into text. */
 static void summarise(char *text, size_t size, const struct sim_setup *setup,
                       const struct sim_policy *policies, const struct sim_result *results,
-                      int count)
+                      int count, double dense_ms)
 {
     size_t used = strlen(text);
 #define ADD(...) used += (size_t)snprintf(text + used, used < size ? size - used : 0, __VA_ARGS__)
@@ -358,6 +381,11 @@ static void summarise(char *text, size_t size, const struct sim_setup *setup,
         ADD("best static: %s; best balancer: %s, %.3fx over it; layout bound %.3fx\n",
             policies[ref].name, best >= 0 ? policies[best].name : "-",
             best >= 0 ? results[ref].total_ms / results[best].total_ms : NAN, bound);
+        if (isfinite(dense_ms) && best >= 0)
+            ADD("without the dynamism (static-uniform, every block computing all it can): "
+                "%.2f ms/step; the dynamism alone %.3fx, with the best balancer %.3fx\n",
+                dense_ms / setup->steps, dense_ms / results[ref].total_ms,
+                dense_ms / results[best].total_ms);
     }
 #undef ADD
 }
@@ -428,6 +456,27 @@ static void validate(const struct sim_setup *setup, const struct sim_run *run)
     }
 }
 
+/* The total ms of static-uniform on the model without its dynamism
+ * (every block in its neutral state), or NAN when the trajectory has no
+ * state. */
+static double without_dynamism(const struct sim_setup *setup)
+{
+    int any = 0;
+    for (int k = 0; k < SIM_STATE_COUNT; k++) any |= setup->traj->present[k];
+    if (!any) return NAN;
+    struct sim_trajectory neutral;
+    sim_trajectory_neutral(&neutral, setup->traj->blocks, setup->traj->steps);
+    struct sim_setup dense = *setup;
+    dense.traj = &neutral;
+    struct sim_policy policy = {"static-uniform", SIM_STATIC_UNIFORM, NULL};
+    struct sim_result r;
+    sim_policy_run(&r, &dense, &policy);
+    double total = r.total_ms;
+    sim_result_free(&r);
+    sim_trajectory_free(&neutral);
+    return total;
+}
+
 /* ---- the command ------------------------------------------------------- */
 
 int cmd_simulate(int argc, char **argv)
@@ -454,7 +503,7 @@ int cmd_simulate(int argc, char **argv)
     describe(text, SUMMARY_BYTES, &a, &setup, &run, &model);
     struct sim_result *results = dm_alloc((size_t)count * sizeof *results);
     for (int i = 0; i < count; i++) sim_policy_run(&results[i], &setup, &policies[i]);
-    summarise(text, SUMMARY_BYTES, &setup, policies, results, count);
+    summarise(text, SUMMARY_BYTES, &setup, policies, results, count, without_dynamism(&setup));
     fputs(text, stdout);
     printf("simulated %d policies x %d steps in %.2f s\n", count, setup.steps, dm_now() - start);
     if (a.validate) validate(&setup, &run);

@@ -41,6 +41,9 @@ struct sim_trajectory {
 };
 
 void sim_trajectory_free(struct sim_trajectory *t);
+/* Every block in its neutral state at every step: the model without its
+ * dynamism (all tokens, dense, none frozen, every tile). */
+void sim_trajectory_neutral(struct sim_trajectory *t, int blocks, int steps);
 
 /* ---- what the run log gives --------------------------------------------- */
 
@@ -126,7 +129,12 @@ struct sim_setup {
     const struct sim_model *model;
     const struct sim_trajectory *traj;
     struct dm_config cfg;      /* the simulated model and run (layers, pp, dp, ...) */
-    int blocks, stages, replicas, micro_batches, steps, every;
+    int blocks, stages, replicas, micro_batches, steps, every;  /* blocks: units of placement */
+    /* The sub-block what-if: each block is two units of placement, its
+     * attention (unit 2j, attention_share of the block's time) and its MLP
+     * (unit 2j + 1); 0: a block is one unit. */
+    int split;
+    double attention_share;
     enum dm_schedule schedule;
     float csr_sparsity;
     double latency_ms, bytes_per_ms;   /* the transfer line */

@@ -38,6 +38,11 @@ static void trajectory_alloc(struct sim_trajectory *t, int steps, int blocks)
     }
 }
 
+void sim_trajectory_neutral(struct sim_trajectory *t, int blocks, int steps)
+{
+    trajectory_alloc(t, steps, blocks);
+}
+
 void sim_trajectory_free(struct sim_trajectory *t)
 {
     for (int k = 0; k < SIM_STATE_COUNT; k++) dm_free(t->value[k]);

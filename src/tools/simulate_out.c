@@ -119,9 +119,15 @@ static void write_step(struct runlog *log, const struct sim_setup *setup,
     runlog_append_row(log, RUNLOG_LAYER_UPDATE_MS, res->update + t * n, (int)n);
     static const char *const state_sets[SIM_STATE_COUNT] = {
         RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_SPARSITY, "/layers/frozen", "/layers/tiles_share"};
-    for (int k = 0; k < SIM_STATE_COUNT; k++)
-        if (setup->traj->present[k])
-            runlog_append_row(log, state_sets[k], setup->traj->value[k] + t * n, (int)n);
+    const struct sim_trajectory *tr = setup->traj;
+    float *row = dm_alloc((size_t)n * sizeof(float));
+    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+        if (!tr->present[k]) continue;
+        for (long u = 0; u < n; u++)   /* a unit has its block's state */
+            row[u] = tr->value[k][t * tr->blocks + (setup->split ? u / 2 : u)];
+        runlog_append_row(log, state_sets[k], row, (int)n);
+    }
+    dm_free(row);
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, res->layout + t * S, (int)S);
     runlog_append_row(log, RUNLOG_STAGE_BUSY_MS, res->busy + t * S, (int)S);
     runlog_append_row(log, RUNLOG_STAGE_IDLE_MS, res->idle + t * S, (int)S);

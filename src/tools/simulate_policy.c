@@ -36,21 +36,30 @@ static void costs_free(struct step_costs *c)
     dm_free(c->mem_bytes);
 }
 
-/* The blocks' state at step t through the cost model. */
+/* The units' costs at step t through the cost model: a block's state, its
+ * time scaled by the unit's share of the block under the sub-block
+ * what-if (attention, then MLP). */
 static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, int t)
 {
     const struct sim_trajectory *tr = setup->traj;
     float state[SIM_STATE_COUNT];
     double matrices = 12.0 * setup->cfg.channels * setup->cfg.channels;
-    for (int b = 0; b < setup->blocks; b++) {
+    for (int u = 0; u < setup->blocks; u++) {
+        int b = setup->split ? u / 2 : u;
+        double share = !setup->split ? 1.0 : u % 2 ? 1.0 - setup->attention_share
+                                                   : setup->attention_share;
+        double matrix_share = !setup->split ? 1.0 : u % 2 ? 2.0 / 3.0 : 1.0 / 3.0;
         for (int k = 0; k < SIM_STATE_COUNT; k++)
             state[k] = tr->value[k][(long)t * tr->blocks + b];
-        sim_model_block(setup->model, state, setup->csr_sparsity, &c->fwd[b], &c->bwd[b],
-                        &c->update[b]);
-        c->sparsity[b] = state[SIM_SPARSITY];
-        c->params[b] = setup->block_params[b] - c->sparsity[b] * matrices;
-        c->mem_bytes[b] = (int64_t)(16.0 * setup->block_params[b]);
-        c->mem[b] = (double)c->mem_bytes[b];
+        sim_model_block(setup->model, state, setup->csr_sparsity, &c->fwd[u], &c->bwd[u],
+                        &c->update[u]);
+        c->fwd[u] *= share;
+        c->bwd[u] *= share;
+        c->update[u] *= matrix_share;
+        c->sparsity[u] = state[SIM_SPARSITY];
+        c->params[u] = setup->block_params[u] - c->sparsity[u] * matrices * matrix_share;
+        c->mem_bytes[u] = (int64_t)(16.0 * setup->block_params[u]);
+        c->mem[u] = (double)c->mem_bytes[u];
     }
 }
 
