@@ -6,7 +6,8 @@
  * layout and its history, data cursors, and per block its stage, size,
  * sparsity and frozen flag) for people, or the same as one JSON object for
  * scripts (written with json-c). The kind comes from the file's root
- * attribute "kind". It reads through the public readers only (runlog_*,
+ * attribute "kind" (a simulation, kind "simulation", reads as a run
+ * log). It reads through the public readers only (runlog_*,
  * ckpt_read_info) and never writes; anything else is a user error naming
  * the file. */
 #include <math.h>
@@ -48,7 +49,8 @@ static void usage(FILE *out)
             "expert of each\nMoE block, and every dataset with its shape;\nor a checkpoint (<ckpt.dir>/ckpt-<step>.h5): model, step, world, "
             "layout and\nhistory, data cursors, and per block its stage, size, sparsity "
             "and frozen flag.\n  --json   print the same as one JSON object\n"
-            "A run log may belong to a run that is still writing it.\n");
+            "A run log may belong to a run that is still writing it; a simulation\n"
+            "(dynmo simulate --out, docs/simulate.md) reads as a run log.\n");
 }
 
 static char *read_attr_or_die(const char *path, const char *name)

@@ -320,11 +320,12 @@ static int best_static(const struct sim_policy *policies, const struct sim_resul
 }
 
 /* The layout bound: the best static layout's step time over the best
- * layout's at each decision step (at most 200 of them), summed. */
+ * layout's at each decision step (at most 50 of them, evenly spread),
+ * summed. */
 static double layout_bound(const struct sim_setup *setup, const struct sim_result *best)
 {
     int stride = setup->every, samples = 0;
-    if (setup->steps / stride > 200) stride = setup->steps / 200;
+    if (setup->steps / stride > 50) stride = setup->steps / 50;
     double fixed = 0, best_ms = 0;
     char err[512];
     for (int t = stride - 1; t < setup->steps; t += stride, samples++) {
