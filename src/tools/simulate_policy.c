@@ -12,6 +12,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "dynmo/model.h"
 #include "tools/simulate.h"
 #include "tools/train.h"
 
@@ -43,7 +44,7 @@ static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, i
 {
     const struct sim_trajectory *tr = setup->traj;
     float state[SIM_STATE_COUNT];
-    double matrices = 12.0 * setup->cfg.channels * setup->cfg.channels;
+    double matrices = (double)block_matrix_weights(setup->cfg.channels);
     for (int u = 0; u < setup->blocks; u++) {
         int b = setup->split ? u / 2 : u;
         double share = !setup->split ? 1.0 : u % 2 ? 1.0 - setup->attention_share
@@ -145,7 +146,7 @@ static struct balance_controller *controller_for(const struct sim_setup *setup,
         .every = setup->every, .micro_batches = setup->micro_batches,
         .schedule = setup->schedule, .seed = cfg->seed, .min_gain = cfg->min_gain,
         .min_improvement = cfg->min_improvement, .block_params = setup->block_params[0],
-        .block_matrix_weights = 12.0 * cfg->channels * cfg->channels,
+        .block_matrix_weights = (double)block_matrix_weights(cfg->channels),
         .block_param_counts = setup->block_params,
     };
     char err[512];
