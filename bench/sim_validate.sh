@@ -10,25 +10,38 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DYNMO=${DYNMO:-build/dynmo}
 dir=${1:-runs/simval}
-printf "%-22s %8s %8s %10s %10s %10s\n" run replay policy "sim ms" "meas ms" "layouts"
+printf "%-22s %-26s %-26s %8s %8s %8s %10s\n" run "fitted: replay, policy" "measured: replay, policy" \
+  "sim ms" "sim' ms" "meas ms" "layouts"
+rm -f "$dir/.means"
 for log in "$dir"/*/runlog.h5; do
   run=$(basename "$(dirname "$log")")
   [[ $run == *-dense ]] && continue
   out=$("$DYNMO" simulate --from-run "$dir/$run" --validate --policies static-uniform)
-  replay=$(grep -oP 'validation: replay .*?median error \K[0-9.]+' <<<"$out")
-  policy=$(grep -v 'validation: replay' <<<"$out" | grep -oP 'validation: .*?median error \K[0-9.]+' || echo "$replay")
-  line=$(grep 'validation:' <<<"$out" | tail -1)
-  sim=$(grep -oP 'mean \K[0-9.]+(?= ms simulated)' <<<"$line")
+  errors=()
+  for costs in fitted measured; do
+    lines=$(grep "validation: $costs costs" <<<"$out")
+    replay=$(grep -oP 'replay .*?median error \K[0-9.]+' <<<"$lines")
+    policy=$(tail -1 <<<"$lines" | grep -oP 'median error \K[0-9.]+')
+    errors+=("$replay%, $policy%")
+    eval "mean_$costs=$(tail -1 <<<"$lines" | grep -oP 'mean \K[0-9.]+(?= ms simulated)')"
+  done
+  line=$(grep 'validation: fitted' <<<"$out" | tail -1)
   meas=$(grep -oP 'simulated, \K[0-9.]+(?= measured)' <<<"$line")
   same=$(grep -oP "layout at \K[0-9]+ of [0-9]+" <<<"$line")
-  printf "%-22s %7s%% %7s%% %10s %10s %10s\n" "$run" "$replay" "$policy" "$sim" "$meas" "$same"
-  echo "$run $sim $meas" >> "$dir/.means"
+  printf "%-22s %-26s %-26s %8s %8s %8s %10s\n" "$run" "${errors[0]}" "${errors[1]}" "$mean_fitted" \
+    "$mean_measured" "$meas" "$same"
+  speedup=$("$DYNMO" simulate --from-run "$dir/$run" --policies static-uniform,partition-time |
+            grep -oP 'best balancer: partition-time, \K[0-9.]+')
+  echo "$run $meas $speedup" >> "$dir/.means"
 done
-# Ranking: static against balanced, simulated and measured.
+# Ranking: partition-time against static-uniform, as simulated from each
+# run's costs and as measured (the static run's mean step over the
+# balanced run's).
 sort -u "$dir/.means" | awk '
-  { split($1, p, "-"); key = p[1] "-" p[2]; way = p[3]; sim[key, way] = $2; meas[key, way] = $3; keys[key] = 1 }
-  END { for (k in keys) if ((k, "static") in sim && (k, "balanced") in sim) {
-          s = sim[k, "static"] / sim[k, "balanced"]; m = meas[k, "static"] / meas[k, "balanced"];
-          printf "%-16s balanced over static: simulated %.3fx, measured %.3fx: %s\n", k, s, m,
-                 ((s - 1) * (m - 1) > 0 || (s < 1.02 && s > 0.98 && m < 1.02 && m > 0.98)) ? "same ranking" : "DIFFERENT ranking" } }'
+  { split($1, p, "-"); key = p[1] "-" p[2]; way = p[3]; meas[key, way] = $2; sim[key, way] = $3
+    keys[key] = 1 }
+  END { for (k in keys) if ((k, "static") in meas && (k, "balanced") in meas) {
+          m = meas[k, "static"] / meas[k, "balanced"]; a = sim[k, "static"]; b = sim[k, "balanced"];
+          printf "%-14s partition-time over static-uniform: simulated %.3fx (static run'"'"'s costs), %.3fx (balanced run'"'"'s), measured %.3fx: %s\n",
+                 k, a, b, m, ((a - 1) * (m - 1) > 0 && (b - 1) * (m - 1) > 0) ? "same ranking" : "DIFFERENT ranking" } }'
 rm -f "$dir/.means"

@@ -2,10 +2,11 @@
 # `dynmo simulate` against two recorded run logs (tests/data/sim: layer
 # freezing on 2 ranks, static uniform and balanced by partition-time every
 # 10 steps; tests/data/sim/README.md says how they were recorded):
-# - fed each run's own costs and trajectory, the simulated step times are
-#   within 5% of the measured ones (median over the steps after the first),
-#   both with the run's own layouts and with its policy re-simulated, and
-#   the simulation ranks static and balanced as the measurement does;
+# - fed each run's own measured costs, the simulated step times are within
+#   5% of the measured ones (median over the steps after the first), both
+#   with the run's own layouts and with its policy re-simulated; with the
+#   cost model fitted to the run, within FITTED_MAX (15%); and the
+#   simulation ranks static and balanced as the measurement does;
 # - the output is one file per policy, kind "simulation", that inspect and
 #   report read; two runs write the same bytes of data (deterministic);
 # - a deeper model (96 blocks on 32 stages, 1,000 steps) keeps frozen
@@ -34,6 +35,10 @@ data=tests/data/sim
 number() { grep -oP -- "$2" "$3" | head -1; }
 
 # ---- validation against the recorded runs --------------------------------
+# The run's measured costs of each step through the simulator: within 5%.
+# The fitted cost model (a function of the blocks' states, blind to the
+# load other jobs put on this machine during the run): within FITTED_MAX.
+FITTED_MAX=${FITTED_MAX:-15}
 for way in static balanced; do
   out=$work/$way.out
   if ! "$DYNMO" simulate --from-run $data/freeze-2-$way --validate --policies static-uniform \
@@ -41,27 +46,30 @@ for way in static balanced; do
     fail "validate $way: exit status $? ($(tail -1 "$out"))"; continue
   fi
   grep validation: "$out"
-  for kind in replay policy; do
-    if [ $kind = replay ]; then line=$(grep 'validation: replay' "$out")
-    else line=$(grep 'validation:' "$out" | tail -1); fi
-    err=$(grep -oP 'median error \K[0-9.]+' <<<"$line")
-    if [ -z "$err" ] || awk -v e="$err" 'BEGIN { exit !(e > 5) }'; then
-      fail "validate $way ($kind): median error ${err:-?}% > 5%"
-    else
-      echo "ok: validate $way ($kind): median error $err% <= 5%"
-    fi
+  for costs in measured fitted; do
+    max=5; [ $costs = fitted ] && max=$FITTED_MAX
+    for kind in replay policy; do
+      if [ $kind = replay ]; then line=$(grep "validation: $costs costs, replay" "$out")
+      else line=$(grep "validation: $costs costs" "$out" | tail -1); fi
+      err=$(grep -oP 'median error \K[0-9.]+' <<<"$line")
+      if [ -z "$err" ] || awk -v e="$err" -v m=$max 'BEGIN { exit !(e > m) }'; then
+        fail "validate $way ($costs costs, $kind): median error ${err:-?}% > $max%"
+      else
+        echo "ok: validate $way ($costs costs, $kind): median error $err% <= $max%"
+      fi
+    done
   done
-  line=$(grep 'validation:' "$out" | tail -1)
-  eval "sim_$way=$(grep -oP 'mean \K[0-9.]+(?= ms simulated)' <<<"$line")"
   eval "meas_$way=$(grep -oP 'simulated, \K[0-9.]+(?= measured)' <<<"$line")"
 done
-if [ -n "${sim_static:-}" ] && [ -n "${sim_balanced:-}" ]; then
-  if awk -v a="$sim_static" -v b="$sim_balanced" -v c="$meas_static" -v d="$meas_balanced" \
-      'BEGIN { exit !((a - b) * (c - d) > 0) }'; then
-    echo "ok: ranking: simulated static $sim_static / balanced $sim_balanced ms, measured $meas_static / $meas_balanced ms"
-  else
-    fail "ranking: simulated static $sim_static / balanced $sim_balanced ms, measured $meas_static / $meas_balanced ms"
-  fi
+# The simulator's ranking of partition-time against static-uniform, from
+# the static run's costs, against the measured one.
+speedup=$("$DYNMO" simulate --from-run $data/freeze-2-static --policies static-uniform,partition-time |
+          grep -oP 'best balancer: partition-time, \K[0-9.]+')
+if [ -n "${meas_static:-}" ] && [ -n "${meas_balanced:-}" ] && [ -n "$speedup" ] &&
+   awk -v s="$speedup" -v a="$meas_static" -v b="$meas_balanced" 'BEGIN { exit !((s - 1) * (a - b) > 0) }'; then
+  echo "ok: ranking: simulated ${speedup}x, measured static $meas_static ms, balanced $meas_balanced ms"
+else
+  fail "ranking: simulated ${speedup:-?}x, measured static ${meas_static:-?} ms, balanced ${meas_balanced:-?} ms"
 fi
 
 # ---- output: files of kind simulation, deterministic ----------------------

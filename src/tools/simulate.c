@@ -435,26 +435,34 @@ static double step_error(const struct sim_result *r, const struct sim_run *run, 
     return median;
 }
 
-/* Simulates the run's own layouts and its own policy and prints how far
+/* Simulates the run's own layouts and its own policy, with the fitted
+ * costs and with the run's measured costs of each step, and prints how far
  * each is from the measured step times. */
-static void validate(const struct sim_setup *setup, const struct sim_run *run)
+static void validate(const struct sim_setup *fitted, const struct sim_run *run)
 {
     struct sim_policy policies[2] = {{"replay", SIM_REPLAY, NULL}, own_policy(run)};
     int count = policies[1].kind == SIM_REPLAY ? 1 : 2;
-    for (int i = 0; i < count; i++) {
-        struct sim_result r;
-        sim_policy_run(&r, setup, &policies[i]);
-        double sim, meas, error = step_error(&r, run, &sim, &meas);
-        int same = 0;
-        for (int t = 0; t < run->steps; t++)
-            same += !memcmp(r.layout + (long)t * setup->stages, run->layout + (long)t * run->width,
-                            (size_t)setup->stages * sizeof(int));
-        printf("validation: %s (%s): median error %.2f%% over steps %d..%d; mean %.2f ms "
-               "simulated, %.2f measured; the run's layout at %d of %d steps\n",
-               policies[i].name, i == 0 ? "the run's layouts" : "the run's policy", 100 * error,
-               run->first_step + 1, run->first_step + run->steps - 1, sim, meas, same, run->steps);
-        sim_result_free(&r);
-    }
+    struct sim_setup measured = *fitted;
+    measured.measured = run;
+    for (int c = 0; c < 2; c++)
+        for (int i = 0; i < count; i++) {
+            const struct sim_setup *setup = c ? &measured : fitted;
+            struct sim_result r;
+            sim_policy_run(&r, setup, &policies[i]);
+            double sim, meas, error = step_error(&r, run, &sim, &meas);
+            int same = 0;
+            for (int t = 0; t < run->steps; t++)
+                same += !memcmp(r.layout + (long)t * setup->stages,
+                                run->layout + (long)t * run->width,
+                                (size_t)setup->stages * sizeof(int));
+            printf("validation: %s costs, %s (%s): median error %.2f%% over steps %d..%d; "
+                   "mean %.2f ms simulated, %.2f measured; the run's layout at %d of %d "
+                   "steps\n", c ? "measured" : "fitted", policies[i].name,
+                   i == 0 ? "the run's layouts" : "the run's policy", 100 * error,
+                   run->first_step + 1, run->first_step + run->steps - 1, sim, meas, same,
+                   run->steps);
+            sim_result_free(&r);
+        }
 }
 
 /* The total ms of static-uniform on the model without its dynamism

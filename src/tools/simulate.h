@@ -59,6 +59,7 @@ struct sim_run {
     float *step_ms;            /* (steps) measured */
     float csr_sparsity;        /* dyn.csr_sparsity: where a block's matrices go to CSR */
     int first_step;            /* 1-based step of row 0 (a resumed run's log starts later) */
+    struct balance_extra *embed, *head; /* (steps) the end stages' extras, time fields */
     struct sim_trajectory state;
     struct plan_sharing plan_sharing; /* the stage sharing it recorded, at its stage count */
 };
@@ -146,6 +147,9 @@ struct sim_setup {
     double repack_epsilon, restart_ms;
     int repack_every;
     const int *replay_layout;          /* SIM_REPLAY: (steps, replay_width) */
+    /* Non-NULL: each step's block costs and extras are the run's measured
+     * ones instead of the model's (--validate; the run's own shape). */
+    const struct sim_run *measured;
     int replay_width;
 };
 

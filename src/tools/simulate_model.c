@@ -166,6 +166,39 @@ static void read_states(struct sim_run *run, const struct runlog_dataset_info *i
     }
 }
 
+/* Each step's embedding and head: what the first and last stage computed
+ * beyond their blocks (balance_end_stage_extras, as the controller takes
+ * them). */
+static void read_extras(struct sim_run *run)
+{
+    int L = run->layers, T = run->steps;
+    double *f = dm_alloc((size_t)L * sizeof(double)), *b = dm_alloc((size_t)L * sizeof(double));
+    double *u = dm_alloc((size_t)L * sizeof(double));
+    run->embed = dm_alloc((size_t)T * sizeof *run->embed);
+    run->head = dm_alloc((size_t)T * sizeof *run->head);
+    for (int t = 0; t < T; t++) {
+        for (int l = 0; l < L; l++) {
+            f[l] = run->fwd[(long)t * L + l];
+            b[l] = run->bwd[(long)t * L + l];
+            u[l] = run->update ? run->update[(long)t * L + l] : 0.0;
+        }
+        const int *layout = run->layout + (long)t * run->width;
+        int S = 0;
+        while (S < run->width && layout[S] > 0) S++;
+        const float *busy = run->busy + (long)t * run->width;
+        const float *stage_update = run->stage_update ? run->stage_update + (long)t * run->width
+                                                      : NULL;
+        double ends_busy[2] = {busy[0], busy[S - 1]};
+        double ends_update[2] = {stage_update ? stage_update[0] : 0.0,
+                                 stage_update ? stage_update[S - 1] : 0.0};
+        balance_end_stage_extras(f, b, run->update ? u : NULL, layout, S, run->micro_batches,
+                                 ends_busy, ends_update, &run->embed[t], &run->head[t]);
+    }
+    dm_free(f);
+    dm_free(b);
+    dm_free(u);
+}
+
 void sim_run_read(struct sim_run *run, const char *dir, int stages)
 {
     char err[1024];
@@ -213,6 +246,7 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
     run->steps = count;
     run->first_step = (int)keep[0] + 1;
     while (run->stages < run->width && run->layout[run->stages] > 0) run->stages++;
+    read_extras(run);
     dm_free(keep);
     dm_free(infos);
     plan_sharing_from_run(&run->plan_sharing, dir, run->stages, stages > 0 ? stages : run->stages);
@@ -220,6 +254,8 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
 
 void sim_run_free(struct sim_run *run)
 {
+    dm_free(run->embed);
+    dm_free(run->head);
     dm_free(run->fwd);
     dm_free(run->bwd);
     dm_free(run->update);
@@ -350,41 +386,21 @@ static double residual_limit(const struct sim_model *model, const struct sim_run
 }
 
 /* The embedding's and head's extras: medians over the steps after the
- * first of what the end stages computed beyond their blocks. */
+ * first of what the end stages computed beyond their blocks (run->embed,
+ * run->head). */
 static void fit_extras(struct sim_model *model, const struct sim_run *run)
 {
-    int L = run->layers, T = run->steps;
-    double *f = dm_alloc((size_t)L * sizeof(double)), *b = dm_alloc((size_t)L * sizeof(double));
-    double *u = dm_alloc((size_t)L * sizeof(double));
+    int T = run->steps;
     double *fields = dm_alloc((size_t)6 * T * sizeof(double));
     for (int t = 1; t < T; t++) {
-        for (int l = 0; l < L; l++) {
-            f[l] = run->fwd[(long)t * L + l];
-            b[l] = run->bwd[(long)t * L + l];
-            u[l] = run->update ? run->update[(long)t * L + l] : 0.0;
-        }
-        const int *layout = run->layout + (long)t * run->width;
-        int S = 0;
-        while (S < run->width && layout[S] > 0) S++;
-        double busy[2] = {run->busy[(long)t * run->width], run->busy[(long)t * run->width + S - 1]};
-        double upd[2] = {0, 0};
-        if (run->stage_update) {
-            upd[0] = run->stage_update[(long)t * run->width];
-            upd[1] = run->stage_update[(long)t * run->width + S - 1];
-        }
-        struct balance_extra e = {0}, h = {0};
-        balance_end_stage_extras(f, b, run->update ? u : NULL, layout, S, run->micro_batches,
-                                 busy, upd, &e, &h);
-        double v[6] = {e.fwd_ms, e.bwd_ms, e.update_ms, h.fwd_ms, h.bwd_ms, h.update_ms};
+        const struct balance_extra *e = &run->embed[t], *h = &run->head[t];
+        double v[6] = {e->fwd_ms, e->bwd_ms, e->update_ms, h->fwd_ms, h->bwd_ms, h->update_ms};
         for (int k = 0; k < 6; k++) fields[(long)k * T + t - 1] = v[k];
     }
     double m[6];
     for (int k = 0; k < 6; k++) m[k] = median(fields + (long)k * T, T - 1);
     model->embed = (struct balance_extra){.fwd_ms = m[0], .bwd_ms = m[1], .update_ms = m[2]};
     model->head = (struct balance_extra){.fwd_ms = m[3], .bwd_ms = m[4], .update_ms = m[5]};
-    dm_free(f);
-    dm_free(b);
-    dm_free(u);
     dm_free(fields);
 }
 

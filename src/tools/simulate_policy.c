@@ -20,6 +20,7 @@
 struct step_costs {
     double *fwd, *bwd, *update, *params, *sparsity, *mem;  /* (blocks) */
     int64_t *mem_bytes;
+    struct balance_extra embed, head;                      /* time fields */
 };
 
 static void costs_alloc(struct step_costs *c, int n)
@@ -54,6 +55,13 @@ static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, i
             state[k] = tr->value[k][(long)t * tr->blocks + b];
         sim_model_block(setup->model, state, setup->csr_sparsity, &c->fwd[u], &c->bwd[u],
                         &c->update[u]);
+        if (setup->measured) {   /* the run's own costs of the step (its shape) */
+            const struct sim_run *run = setup->measured;
+            long i = (long)t * run->layers + u;
+            c->fwd[u] = run->fwd[i];
+            c->bwd[u] = run->bwd[i];
+            c->update[u] = run->update ? run->update[i] : 0.0;
+        }
         c->fwd[u] *= share;
         c->bwd[u] *= share;
         c->update[u] *= matrix_share;
@@ -62,6 +70,8 @@ static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, i
         c->mem_bytes[u] = (int64_t)(16.0 * setup->block_params[u]);
         c->mem[u] = (double)c->mem_bytes[u];
     }
+    c->embed = setup->measured ? setup->measured->embed[t] : setup->model->embed;
+    c->head = setup->measured ? setup->measured->head[t] : setup->model->head;
 }
 
 static struct balance_profile profile_of(const struct step_costs *c,
@@ -70,7 +80,7 @@ static struct balance_profile profile_of(const struct step_costs *c,
 {
     struct balance_profile p = {
         .blocks = setup->blocks, .fwd_ms = c->fwd, .bwd_ms = c->bwd, .params = c->params,
-        .mem_bytes = c->mem_bytes, .embed = setup->model->embed, .head = setup->model->head,
+        .mem_bytes = c->mem_bytes, .embed = c->embed, .head = c->head,
         .sharing = sharing, .update_ms = c->update,
     };
     return p;
@@ -94,7 +104,7 @@ static int predict_step(const struct step_costs *c, const struct sim_setup *setu
     double f[stages], b[stages], u[stages], cf[stages], cb[stages];
     double *cost_arrays[3] = {c->fwd, c->bwd, c->update};
     double *stage_arrays[3] = {f, b, u};
-    const struct balance_extra *e = &setup->model->embed, *h = &setup->model->head;
+    const struct balance_extra *e = &c->embed, *h = &c->head;
     double firsts[3] = {e->fwd_ms, e->bwd_ms, e->update_ms}, lasts[3] = {h->fwd_ms, h->bwd_ms,
                                                                          h->update_ms};
     for (int k = 0; k < 3; k++) {
