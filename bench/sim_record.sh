@@ -7,6 +7,8 @@
 # Before each run it waits (up to WAIT seconds, default 300) for the
 # 1-minute load average to fall below LOAD (default 1.5): the machine is
 # shared, and every run's load before and after goes to OUT/loads.txt.
+# Runs already recorded in OUT (their output ends with the run log's line)
+# are kept.
 # Usage: bench/sim_record.sh [OUT]   (default runs/simval)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +35,7 @@ for ranks in ${RANKS:-2 4}; do
       [ $scheme = prune ] && extra=(train.steps=$((DENSE + 60)) "${prune_args[@]}"
                                     ckpt.resume="$out/prune-dense/ckpt-$DENSE.h5")
       name=$scheme-$ranks-$way
+      grep -q "^  run log: " "$out/$name.out" 2>/dev/null && continue   # recorded already
       quiet
       before="$(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)"
       mpiexec -n "$ranks" "$DYNMO" train --config configs/$scheme.ini parallel.pp="$ranks" \

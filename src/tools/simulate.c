@@ -268,6 +268,28 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     s->replay_width = run->width;
 }
 
+/* The fitted model of a training block at its extremes: forward and
+ * backward ms per micro-batch, update ms, with every token and dense, and
+ * at the fewest tokens and the most sparsity the fit saw varying. */
+static size_t describe_model(char *text, size_t size, const struct sim_model *model, float csr)
+{
+    static const float full[SIM_STATE_COUNT] = {1, 0, 0, 1};
+    float low[SIM_STATE_COUNT] = {0.1f, 0.9f, 0, 0.25f};
+    double f, b, u, lf, lb, lu;
+    sim_model_block(model, full, csr, &f, &b, &u);
+    sim_model_block(model, low, csr, &lf, &lb, &lu);
+    int varied = model->uses[SIM_ACTIVE] || model->uses[SIM_SPARSITY] || model->uses[SIM_TILES];
+    int n = snprintf(text, size, "model: a full block %.3f + %.3f ms a micro-batch, %.3f ms "
+                     "update; embedding %.3f + %.3f, head %.3f + %.3f", f, b, u,
+                     model->embed.fwd_ms, model->embed.bwd_ms, model->head.fwd_ms,
+                     model->head.bwd_ms);
+    if (varied && n >= 0 && (size_t)n < size)
+        n += snprintf(text + n, size - (size_t)n, "; at 10%% of the tokens, 90%% sparsity, a "
+                      "quarter of the tiles: %.3f + %.3f", lf, lb);
+    if (n >= 0 && (size_t)n < size) n += snprintf(text + n, size - (size_t)n, "\n");
+    return n < 0 ? 0 : (size_t)n < size ? (size_t)n : size - 1;
+}
+
 /* The lines above the table: what was simulated, the cost model, the
  * transfer line. */
 static void describe(char *text, size_t size, const struct simulate_args *a,
@@ -292,6 +314,7 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
         !a->scenario && s->blocks != run->layers ? ", mapped by relative depth" : "",
         model->samples, run->path, run->layers, run->steps, 100 * model->fit_error,
         states[0] ? states : "none (constant costs)");
+    used += describe_model(text + used, size - used, model, s->csr_sparsity);
     if (s->split)
         used += (size_t)snprintf(text + used, size - used, "units of placement: the attention "
                                  "and the MLP of each block (attention %.0f%% of its time)\n",
