@@ -345,7 +345,8 @@ static int best_static(const struct sim_policy *policies, const struct sim_resul
 /* The layout bound: the best static layout's step time over the best
  * layout's at each decision step (at most 50 of them, evenly spread),
  * summed. */
-static double layout_bound(const struct sim_setup *setup, const struct sim_result *best)
+static double layout_bound(const struct sim_setup *setup, const struct sim_result *best,
+                           double *static_ms, double *best_layout_ms)
 {
     int stride = setup->every, samples = 0;
     if (setup->steps / stride > 50) stride = setup->steps / 50;
@@ -357,6 +358,8 @@ static double layout_bound(const struct sim_setup *setup, const struct sim_resul
         fixed += best->steps[t].step_ms;
         best_ms += ms;
     }
+    *static_ms = samples ? fixed / samples : NAN;
+    *best_layout_ms = samples ? best_ms / samples : NAN;
     return samples && best_ms > 0 ? fixed / best_ms : NAN;
 }
 
@@ -401,10 +404,13 @@ static void summarise(char *text, size_t size, const struct sim_setup *setup,
                  base >= 0 ? policies[base].name : "-");
     }
     if (ref >= 0) {
-        double bound = layout_bound(setup, &results[ref]);
-        ADD("best static: %s; best balancer: %s, %.3fx over it; layout bound %.3fx\n",
-            policies[ref].name, best >= 0 ? policies[best].name : "-",
-            best >= 0 ? results[ref].total_ms / results[best].total_ms : NAN, bound);
+        double static_ms, layout_ms, bound = layout_bound(setup, &results[ref], &static_ms,
+                                                          &layout_ms);
+        ADD("best static: %s; best balancer: %s, %.3fx over it; layout bound %.3fx (at the "
+            "decision steps: the best static layout %.2f ms/step, each step's best layout "
+            "%.2f)\n", policies[ref].name, best >= 0 ? policies[best].name : "-",
+            best >= 0 ? results[ref].total_ms / results[best].total_ms : NAN, bound, static_ms,
+            layout_ms);
         if (isfinite(dense_ms) && best >= 0)
             ADD("without the dynamism (static-uniform, every block computing all it can): "
                 "%.2f ms/step; the dynamism alone %.3fx, with the best balancer %.3fx\n",

@@ -65,8 +65,10 @@ static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, i
         c->fwd[u] *= share;
         c->bwd[u] *= share;
         c->update[u] *= matrix_share;
-        c->sparsity[u] = state[SIM_SPARSITY];
-        c->params[u] = setup->block_params[u] - c->sparsity[u] * matrices * matrix_share;
+        /* The controller takes a unit's nonzeros as its parameters less
+         * sparsity x a block's matrices: a unit holds its share of them. */
+        c->sparsity[u] = state[SIM_SPARSITY] * matrix_share;
+        c->params[u] = setup->block_params[u] - c->sparsity[u] * matrices;
         c->mem_bytes[u] = (int64_t)(16.0 * setup->block_params[u]);
         c->mem[u] = (double)c->mem_bytes[u];
     }
