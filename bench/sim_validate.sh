@@ -45,3 +45,10 @@ sort -u "$dir/.means" | awk '
           printf "%-14s partition-time over static-uniform: simulated %.3fx (static run'"'"'s costs), %.3fx (balanced run'"'"'s), measured %.3fx: %s\n",
                  k, a, b, m, ((a - 1) * (m - 1) > 0 && (b - 1) * (m - 1) > 0) ? "same ranking" : "DIFFERENT ranking" } }'
 rm -f "$dir/.means"
+# The migration line (ms = a + b x MB) through the balanced runs' migrations
+# (their step lines: "migrated N blocks, X MB, T ms"): what --migration-ms
+# and --bandwidth-gbs describe.
+cat "$dir"/*-balanced.out 2>/dev/null | grep -oP 'migrated \d+ blocks, \K[0-9.]+ MB, \d+(?= ms)' |
+  awk '{ x = $1; y = $3; n++; sx += x; sy += y; sxx += x * x; sxy += x * y }
+       END { if (n < 2) exit; b = (n * sxy - sx * sy) / (n * sxx - sx * sx); a = (sy - b * sx) / n;
+             printf "migrations: %d, ms = %.1f + %.2f x MB (least squares; %.2f GB/s)\n", n, a, b, (b > 0 ? 1 / b : 0) }'
