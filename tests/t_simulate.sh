@@ -80,6 +80,41 @@ for way in static balanced; do
 done
 echo "measured (recorded under load): static ${meas_static:-?} ms, balanced ${meas_balanced:-?} ms a step"
 
+# ---- the fit recovers known costs ---------------------------------------
+# A synthetic early-exit log whose block costs are exactly forward
+# 1 + 2a + 0.5a^2 ms and backward twice that (a: the block's active share),
+# update 0.1 ms, and no embedding or head time: the model line must give
+# them back.
+mkdir -p "$work/synthetic"
+/usr/bin/python3 - $data/freeze-2-static/runlog.h5 "$work/synthetic/runlog.h5" <<'PY'
+import sys, h5py, numpy as np
+src = h5py.File(sys.argv[1], "r")
+config = src.attrs["config"]
+config = config.decode() if isinstance(config, bytes) else config
+lines = [l for l in config.splitlines() if not l.startswith(("dyn.kind", "model.layers"))]
+config = "\n".join(lines + ["dyn.kind = early_exit", "model.layers = 4"]) + "\n"
+T, L, S, m = 30, 4, 2, 4
+rng = np.random.default_rng(1)
+active = rng.uniform(0.05, 1.0, (T, L)).astype(np.float32)
+fwd = (1 + 2 * active + 0.5 * active ** 2).astype(np.float32)
+bwd, update = 2 * fwd, np.full((T, L), 0.1, np.float32)
+busy = np.stack([m * (fwd[:, :2] + bwd[:, :2]).sum(1) + 0.2, m * (fwd[:, 2:] + bwd[:, 2:]).sum(1) + 0.2], 1)
+with h5py.File(sys.argv[2], "w") as f:
+    f.attrs["kind"] = "runlog"
+    f.attrs["config"] = config
+    f["/steps/step_ms"] = (busy.max(1) * 1.2).astype(np.float32)
+    f["/layers/fwd_ms"], f["/layers/bwd_ms"], f["/layers/update_ms"] = fwd, bwd, update
+    f["/layers/active"] = active
+    f["/layout/history"] = np.tile(np.array([2, 2], np.int32), (T, 1))
+    f["/stages/busy_ms"] = busy.astype(np.float32)
+    f["/stages/update_ms"] = np.full((T, S), 0.2, np.float32)
+PY
+"$DYNMO" simulate --from-run "$work/synthetic" --policies static-uniform >"$work/synthetic.out" 2>&1 ||
+  fail "synthetic log: exit $? ($(tail -1 "$work/synthetic.out"))"
+want="model: a full block 3.500 + 7.000 ms a micro-batch, 0.100 ms update; embedding 0.000 + 0.000, head 0.000 + 0.000; at 10% of the tokens, 90% sparsity, a quarter of the tiles: 1.205 + 2.410"
+if grep -qxF "$want" "$work/synthetic.out"; then echo "ok: the fit recovers known costs"
+else fail "the fit: $(grep model: "$work/synthetic.out"), want: $want"; fi
+
 # ---- output: files of kind simulation, deterministic ----------------------
 for k in 1 2; do
   "$DYNMO" simulate --from-run $data/freeze-2-balanced --out "$work/sim$k" >"$work/sim$k.out" 2>&1 ||
