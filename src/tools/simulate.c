@@ -172,10 +172,9 @@ static int choose_policies(const char *list, struct sim_policy *out)
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", list ? list : "all");
     for (char *name = strtok(buf, ","); name; name = strtok(NULL, ",")) {
-        int found = !strcmp(name, "all");
+        int all = !strcmp(name, "all"), found = all;
         for (int p = 0; p < POLICY_COUNT; p++)
-            if (found == 1 && !strcmp(name, "all")) chosen[p] = 1;
-            else if (!strcmp(name, all_policies[p].name)) chosen[p] = found = 1;
+            if (all || !strcmp(name, all_policies[p].name)) chosen[p] = found = 1;
         if (!found)
             dm_user_error("simulate: --policies: '%s' is not a policy (static-uniform, "
                           "static-params, partition-time, partition-params, diffusion-time, "
