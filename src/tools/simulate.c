@@ -302,8 +302,9 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
             snprintf(states + strlen(states), sizeof states - strlen(states), "%s%s",
                      states[0] ? ", " : "", sim_state_name(k));
     used += (size_t)snprintf(text + used, size - used,
-        "simulate: %d blocks, %d stages x %d replicas, m = %d, %s, %d steps, decisions every "
-        "%d steps%s\n", s->traj->blocks, s->stages, s->replicas, s->micro_batches,
+        "simulate: %d blocks, %d stages x %d replica%s, m = %d, %s, %d steps, decisions every "
+        "%d steps%s\n", s->traj->blocks, s->stages, s->replicas, s->replicas == 1 ? "" : "s",
+        s->micro_batches,
         s->schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b", s->steps, s->every,
         s->sharing ? " (stages share processors as in the run)" : "");
     used += (size_t)snprintf(text + used, size - used,
