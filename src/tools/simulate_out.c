@@ -145,6 +145,9 @@ static void write_policy(const char *dir, const struct sim_setup *setup,
     snprintf(cfg.method, sizeof cfg.method, "%s", policy->method ? policy->method : "none");
     snprintf(cfg.initial, sizeof cfg.initial, "%s",
              policy->kind == SIM_STATIC_PARAMS ? "params" : "uniform");
+    cfg.repack_enable = policy->kind == SIM_REPACK;
+    cfg.repack_every = setup->repack_every;
+    cfg.repack_epsilon = setup->repack_epsilon;
     struct runlog *log = runlog_create_kind(path, &cfg, SIMULATION_KIND);
     const struct balance_sharing *sh = setup->sharing;
     if (sh) runlog_set_sharing(log, sh->stages, sh->group, sh->groups, sh->cores, sh->turns);
