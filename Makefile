@@ -3,12 +3,14 @@
 # `make check-faults [TRIALS=20] [SEED=S]` the fault campaign (kill -9,
 # full disk, read-only; not part of `make check`; mounts need root);
 # `make fuzz` the libFuzzer harnesses (fuzz/), never part of `make check`.
-# Switches: SANITIZE=address,undefined  USE_CUDA=0/1 (CUDA_HOME)  ARCH=...
+# `make check-gpu` the CUDA backend on a GPU (docs/gpu.md).
+# Switches: SANITIZE=address,undefined  USE_CUDA=0/1 (CUDA_HOME, NCCL_HOME)  ARCH=...
 #           FUZZ_RUNS=1000000 (executions per fuzz target)
 
 SANITIZE ?=
 USE_CUDA ?= 0
-CUDA_HOME ?= /usr/local/cuda
+# /usr/local/cuda (NVIDIA's installer), else /usr (Debian's nvidia-cuda-toolkit)
+CUDA_HOME ?= $(if $(wildcard /usr/local/cuda/bin/nvcc),/usr/local/cuda,/usr)
 ARCH ?= -march=native
 PKGS := mpich hdf5-mpich openblas cairo json-c
 
@@ -65,13 +67,13 @@ FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/me
 REPLAY_OBJ := $(patsubst src/%.c,$(BUILD)/replay/obj/%.o,$(FUZZ_SRC))
 REPLAY_BIN := $(patsubst %,$(BUILD)/fuzz-replay/%,$(FUZZ_TARGETS))
 
-.PHONY: all deps demo check check-portable check-faults bench fuzz fuzz-build clean info
+.PHONY: all deps demo check check-gpu check-portable check-faults bench fuzz fuzz-build clean info
 all: info $(BUILD)/dynmo $(TEST_BIN) $(REPLAY_BIN)
 
 info:
 	@echo "dynmo: CC=$(CC) ARCH=$(ARCH) SANITIZE=$(or $(SANITIZE),none) USE_CUDA=$(USE_CUDA)"
 	@for p in $(PKGS); do echo "  found $$p $$(pkg-config --modversion $$p)"; done
-	@if [ "$(USE_CUDA)" = 1 ]; then echo "  CUDA: $(CUDA_HOME) (kernels/)"; \
+	@if [ "$(USE_CUDA)" = 1 ]; then echo "  CUDA: $(NVCC) $$($(NVCC) --version 2>/dev/null | tail -n 1 || echo '(missing)'), NCCL_HOME=$(NCCL_HOME) (kernels/)"; \
 	 else echo "  CUDA: skipped (USE_CUDA=0; the CPU build never needs it)"; fi
 
 # The flags the objects were built with: a change of CFLAGS (ARCH=,
@@ -108,6 +110,52 @@ $(BUILD)/fuzz-replay/%: fuzz/fuzz_%.c fuzz/replay.c $(BUILD)/replay/libsanitized
 	@mkdir -p $(dir $@)
 	$(CC) $(REPLAY_CFLAGS) -o $@ fuzz/fuzz_$*.c fuzz/replay.c $(BUILD)/replay/libsanitized.a \
 	  $(BUILD)/libdynmo.a $(LDLIBS)
+
+# ---- the CUDA backend (USE_CUDA=1; kernels/, docs/gpu.md) ---------------------
+# nvcc builds kernels/*.cu into one plugin, $(BUILD)/libdynmo_cuda.so, that
+# `dynmo` loads with dlopen when train.device = cuda; dynmo itself never
+# links CUDA. Switches as nccl-tests has them: CUDA_HOME (nvcc, cudart,
+# cuBLAS), NCCL_HOME (nccl.h, libnccl; default CUDA_HOME), CUDA_GENCODE.
+# --fmad=false: no fused multiply-adds, as gcc's -ffp-contract=off, so the
+# kernels' arithmetic gives the CPU's bits where it is the same.
+NCCL_HOME ?= $(CUDA_HOME)
+NVCC ?= $(CUDA_HOME)/bin/nvcc
+CUDA_GENCODE ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=[sm_90,compute_90]
+NVCCFLAGS := -O3 -std=c++17 --fmad=false $(CUDA_GENCODE) -Iinclude -I$(NCCL_HOME)/include \
+             -Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Werror --Werror all-warnings
+CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 \
+               -Xlinker -rpath,$(CUDA_HOME)/lib64 -Xlinker -rpath,$(NCCL_HOME)/lib \
+               -lcublas -lnccl -lcudart
+CU_SRC := $(wildcard kernels/*.cu)
+CU_OBJ := $(patsubst kernels/%.cu,$(BUILD)/cuda/%.o,$(CU_SRC))
+CU_HEADERS := $(wildcard kernels/*.cuh kernels/*.h) include/dynmo/backend.h
+
+$(BUILD)/cuda/%.o: kernels/%.cu $(CU_HEADERS) Makefile
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -c $< -o $@
+
+$(BUILD)/libdynmo_cuda.so: $(CU_OBJ)
+	$(NVCC) -shared -o $@ $^ $(CUDA_LDLIBS)
+
+# Every op of a backend's table against the CPU backend (make check-gpu runs
+# it with cuda; t_gpu_device.sh checks the checker with cpu). Plain C.
+$(BUILD)/gpu/check_ops: tests/gpu/check_ops.c $(BUILD)/libdynmo.a $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
+all: $(BUILD)/gpu/check_ops
+
+# The host harness compiles the kernels' per-thread functions with gcc.
+$(BUILD)/tests/test_kernels_host: $(CU_HEADERS)
+
+ifeq ($(USE_CUDA),1)
+all: $(BUILD)/libdynmo_cuda.so
+endif
+
+# On a machine with a GPU: every op of the plugin against the CPU backend,
+# then the model-level checks as far as they exist (scripts/check_gpu.sh).
+check-gpu: deps
+	@$(MAKE) --no-print-directory all USE_CUDA=1
+	@BUILD=$(BUILD) scripts/check_gpu.sh
 
 # ---- make fuzz ------------------------------------------------------------
 # clang (scripts/setup.sh --fuzz installs it from Debian's archive) builds

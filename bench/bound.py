@@ -26,6 +26,12 @@ cfg = f.attrs["config"]
 cfg = cfg.decode() if isinstance(cfg, bytes) else cfg
 C = int([l for l in cfg.splitlines() if l.startswith("model.channels")][0].split("=")[1])
 params = np.full(L, 12 * C * C + 13 * C, dtype=float)
+keys = {k.strip(): v.strip() for k, v in (l.split("=", 1) for l in cfg.splitlines() if "=" in l)}
+every = int(keys.get("model.moe_every", "0"))
+if every > 0:   # MoE blocks: shared tensors, router, every expert (docs/moe.md)
+    E, H = int(keys["model.experts"]), int(keys["model.expert_hidden"]) or 4 * C
+    for l in range(every - 1, L, every):
+        params[l] = 4 * C * C + 8 * C + E * C + E * (2 * H * C + H + C)
 if "/layers/sparsity" in f:
     params = params * (1 - f["/layers/sparsity"][last - 1])
 # Once a step: each block's update and each stage's whole step end (logs
@@ -48,7 +54,7 @@ with tempfile.NamedTemporaryFile("w", suffix=".csv", delete=False) as csv:
     csv.write("layer,fwd_ms,bwd_ms,params,mem_bytes,update_ms\n")
     csv.write(f"embed,{e/3:.6f},{2*e/3:.6f},0,0,{eu:.6f}\n")
     for l in range(L):
-        csv.write(f"{l},{fwd[l]:.6f},{bwd[l]:.6f},{params[l]:.0f},{int(16*(12*C*C+13*C))},"
+        csv.write(f"{l},{fwd[l]:.6f},{bwd[l]:.6f},{params[l]:.0f},{int(16*params[l])},"
                   f"{update[l]:.6f}\n")
     csv.write(f"head,{h/3:.6f},{2*h/3:.6f},0,0,{hu:.6f}\n")
 cmd = [dynmo, "plan", "--costs", csv.name, "--stages", str(S), "--micro-batches", str(m)]

@@ -3,6 +3,8 @@
 # implementation of the same model, in the same environment, one after the
 # other. PyTorch runs as installed and with OMP_WAIT_POLICY=PASSIVE.
 # Prints each figure and the ratio; the numbers go to docs/PERFORMANCE.md.
+# Last, the MoE scheme (bench/dyn_schemes.sh with SCHEMES=moe: 3 runs of
+# configs/moe.ini on 4 ranks, BENCH_MOE_STEPS steps each, default 60).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -39,3 +41,6 @@ echo "== balancers: dynmo plan --bench"
 "$DYNMO" plan --bench 2>&1 | sed 's/^/   /'
 echo "== what -ffp-contract=off costs: bench/contract.sh"
 BUILD=$BUILD bench/contract.sh 2>&1 | sed 's/^/   /'
+echo "== mixture of experts, configs/moe.ini as pp=2 dp=2 ep=2 on 4 ranks: static uniform, static params, balanced; expert skew and layout bound (docs/PERFORMANCE.md)"
+moe_steps=${BENCH_MOE_STEPS:-60}
+OUT=runs/bench-moe DYNMO=$DYNMO SCHEMES=moe RANKS=4 bench/dyn_schemes.sh "$moe_steps" $((moe_steps / 2)) 10 2>&1 | sed 's/^/   /'

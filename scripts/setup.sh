@@ -22,6 +22,19 @@ if [ "${1:-}" = "--fuzz" ]; then
   # clang alone recommends, not depends on, the runtimes libFuzzer needs
   packages+=(clang libclang-rt-dev)
 fi
+# The CUDA plugin's compiler and libraries (make check builds the plugin;
+# docs/gpu.md), only where no nvcc is installed: Debian has them in
+# contrib/non-free. Where the apt sources lack them, the CUDA tests skip
+# (status 77) and say so.
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]; then
+  for p in nvidia-cuda-toolkit libnccl-dev; do
+    if apt-cache show "$p" >/dev/null 2>&1; then
+      packages+=("$p")
+    else
+      echo "setup: $p is not in this machine's apt sources (Debian contrib/non-free); the CUDA tests will skip"
+    fi
+  done
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

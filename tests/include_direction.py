@@ -17,6 +17,8 @@ import sys
 LEVEL = {"core": 0, "world": 1, "model": 2, "balance": 2, "dyn": 3, "ckpt": 4,
          "pipe": 5, "tools": 6}
 NO_MPI = {"model", "balance"}
+# Public headers named otherwise than their module: include/dynmo/X.h -> module.
+PUBLIC_OF = {"backend": "model"}
 root = sys.argv[1] if len(sys.argv) > 1 else "."
 include_re = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 
@@ -34,7 +36,7 @@ def check(path, module, problems):
             continue
         parts = target.split("/")
         if parts[0] == "dynmo" and len(parts) == 2:
-            other = parts[1][:-2]
+            other = PUBLIC_OF.get(parts[1][:-2], parts[1][:-2])
             if other not in LEVEL:
                 problems.append(f"{where}: includes {target}, which is no module's public header")
             elif other == "world" and module in NO_MPI:
@@ -64,10 +66,12 @@ for module in LEVEL:
             if name.endswith((".c", ".h")):
                 check(os.path.join(dirpath, name), module, problems)
                 checked += 1
-    public = os.path.join(root, "include", "dynmo", module + ".h")
-    if os.path.exists(public):
-        check(public, module, problems)
-        checked += 1
+    names = [module] + [h for h, m in PUBLIC_OF.items() if m == module]
+    for name in names:
+        public = os.path.join(root, "include", "dynmo", name + ".h")
+        if os.path.exists(public):
+            check(public, module, problems)
+            checked += 1
 for dirpath, _, files in os.walk(os.path.join(root, "src")):
     top = os.path.relpath(dirpath, os.path.join(root, "src")).split(os.sep)[0]
     if top != "." and top not in LEVEL:

@@ -6,11 +6,16 @@
 #   - ep=2 gives the same loss, expert-count and bias bits as ep=1 on the
 #     same pp x dp over 20 steps (the owner runs each source's rows apart
 #     and returns their gradients, which the source adds as ep=1 does);
-#   - so do ep=2 (two expert groups) and ep=4 on one stage of 4 replicas;
+#   - so do ep=2 (two expert groups) and ep=4 on one stage of 4 replicas,
+#     and ep=2 with layer freezing (frozen MoE blocks);
 #   - a balanced run (balance.method=random, live migration every step)
 #     with ep=2 gives the same bits as the static one, for both routers;
-#   - a checkpoint written with ep=2 resumes with ep=1 and under another
-#     pp with the same bits as the uninterrupted run;
+#   - with ep=2 an MoE block's slab holds its rank's experts only (the
+#     start-up line's sizes);
+#   - a checkpoint written with ep=2 (each expert's rows by its owner) is
+#     the same bits as one written with ep=1, and each resumes under the
+#     other ep and another pp with the same bits as the uninterrupted run,
+#     and so does one of two expert groups (dp=4 ep=2) resumed with ep=4;
 #   - configs/moe.ini runs as pp=2 dp=2 ep=2 on 4 ranks (shortened), with
 #     the losses of ep=1;
 #   - ep not dividing dp or E is exit 2 with one message.
@@ -29,13 +34,13 @@ run() { # run NAME CONFIG RANKS [overrides...]
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
-  for d in /steps/loss /moe/tokens /moe/dropped /moe/bias; do
+  for d in /steps/loss /steps/grad_norm /moe/tokens /moe/dropped /moe/bias; do
     bits "$dir/$name" "$d" "$dir/$name.${d//\//_}" 2>/dev/null || { fail "$name: no $d"; return 1; }
   done
 }
 same() { # same A B WHAT
   local d
-  for d in /steps/loss /moe/tokens /moe/dropped /moe/bias; do
+  for d in /steps/loss /steps/grad_norm /moe/tokens /moe/dropped /moe/bias; do
     cmp -s "$dir/$1.${d//\//_}" "$dir/$2.${d//\//_}" || { fail "$3: $d differs"; return 1; }
   done
   echo "ok: $3: losses, expert counts and biases bit-identical"
@@ -57,13 +62,49 @@ run sig-ep1 sigmoid 4 parallel.pp=2 parallel.ep=1
 run sig-ep2-random sigmoid 4 parallel.pp=2 parallel.ep=2 balance.method=random balance.every=1 &&
   same sig-ep1 sig-ep2-random "sigmoid router, bias moving: ep=2 balanced vs ep=1 static"
 
-# A checkpoint written with ep=2, resumed with ep=1 and on one stage.
+# Layer freezing with ep=2: frozen MoE blocks skip the expert gradient
+# sums and their norm terms alike; the ep=1 bits.
+freeze=(dyn.kind=freeze dyn.freeze_window=2 dyn.freeze_every=2 dyn.freeze_threshold=10
+        dyn.freeze_max=4 train.steps=12)
+run freeze-ep1 moe 4 parallel.pp=2 parallel.ep=1 "${freeze[@]}"
+run freeze-ep2 moe 4 parallel.pp=2 parallel.ep=2 "${freeze[@]}" && {
+  grep -q "frozen 4/6" "$dir/freeze-ep2.out" || fail "freeze with ep=2: blocks 1 and 3 (MoE) never froze"
+  same freeze-ep1 freeze-ep2 "layer freezing (MoE blocks 1, 3 frozen): ep=2 vs ep=1"
+}
+
+# Each rank holds only its experts: the start-up line gives an MoE
+# block's slab on each rank and with every expert.
+slab=$(grep -o "slab is [0-9.]* MiB on each rank ([0-9.]* MiB" "$dir/ep2.out" | head -n 1)
+read -r held all < <(sed 's/slab is \([0-9.]*\) MiB on each rank (\([0-9.]*\) MiB/\1 \2/' <<<"$slab")
+if [ -n "${held:-}" ] && awk -v h="$held" -v a="$all" 'BEGIN { exit !(h < a) }'; then
+  echo "ok: ep=2: an MoE block's slab is $held MiB on each rank ($all MiB with every expert)"
+else
+  fail "ep=2 does not say its MoE slab is smaller: '$slab'"
+fi
+
+# Checkpoints written with ep=2 (each /moe/experts row by its owner) and
+# with ep=1 hold the same bits, and each resumes under the other ep and
+# another pp with the uninterrupted run's losses.
 run ck moe 4 parallel.pp=2 parallel.ep=2 train.steps=6 ckpt.dir="$dir/ck" ckpt.every=3 ckpt.keep=3
-for resume in "ep1 4 parallel.pp=2 parallel.ep=1" "pp1 2 parallel.pp=1 parallel.ep=2"; do
+run ck1 moe 4 parallel.pp=2 parallel.ep=1 train.steps=6 ckpt.dir="$dir/ck1" ckpt.every=3 ckpt.keep=3
+"$DYNMO" check-ckpt "$dir/ck/ckpt-3.h5" > "$dir/check.out" 2>&1 ||
+  fail "check-ckpt refuses the ep=2 checkpoint: $(tail -n 2 "$dir/check.out")"
+/usr/bin/python3 - "$dir" <<'PY' && echo "ok: ckpt-3 of ep=2 and of ep=1: every dataset bit-identical" || fail "the ep=2 and ep=1 checkpoints differ"
+import sys, h5py
+d = sys.argv[1]
+a, b = h5py.File(d + "/ck/ckpt-3.h5", "r"), h5py.File(d + "/ck1/ckpt-3.h5", "r")
+names = []
+a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+assert any(n.startswith("moe/experts/") for n in names), names
+for n in names:
+    assert a[n][()].tobytes() == b[n][()].tobytes(), n
+PY
+for resume in "ep1 ck 4 parallel.pp=2 parallel.ep=1" "pp1 ck 2 parallel.pp=1 parallel.ep=2" \
+              "ep2 ck1 4 parallel.pp=2 parallel.ep=2" "pp1-ep2 ck1 2 parallel.pp=1 parallel.ep=2"; do
   set -- $resume
-  name=resume-$1 ranks=$2; shift 2
-  run "$name" moe "$ranks" "$@" train.steps=6 ckpt.dir="$dir/$name-ck" ckpt.resume="$dir/ck/ckpt-3.h5" &&
-    /usr/bin/python3 - "$dir" "$name" <<'PY' && echo "ok: ckpt-3 of ep=2 resumed as $name: steps 4-6 bit-identical" || fail "$name changed the losses"
+  name=resume-$2-$1 from=$2 ranks=$3; shift 3
+  run "$name" moe "$ranks" "$@" train.steps=6 ckpt.dir="$dir/$name-ck" ckpt.resume="$dir/$from/ckpt-3.h5" &&
+    /usr/bin/python3 - "$dir" "$name" <<'PY' && echo "ok: ckpt-3 of $from resumed as $name: steps 4-6 bit-identical" || fail "$name changed the losses"
 import sys, h5py
 d, name = sys.argv[1:]
 a = h5py.File(d + "/ck/runlog.h5", "r")["/steps/loss"][:]
@@ -71,6 +112,19 @@ b = h5py.File(d + "/" + name + "/runlog.h5", "r")["/steps/loss"][:]
 assert (a[-3:] == b[-3:]).all(), (a, b)
 PY
 done
+
+# Two expert groups on one stage (dp=4 ep=2): the first group writes the
+# expert rows; resumed with ep=4 (one group), the losses of dp=4 ep=1.
+run dp4-ck sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=2 ckpt.dir="$dir/dp4-ck" ckpt.every=3 ckpt.keep=3 &&
+  run dp4-resume-ep4 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=4 ckpt.dir="$dir/dp4-resume-ck" \
+    ckpt.resume="$dir/dp4-ck/ckpt-3.h5" &&
+  /usr/bin/python3 - "$dir" <<'PY' && echo "ok: ckpt-3 of dp=4 ep=2 (two expert groups) resumed with ep=4: steps 4-6 bit-identical" || fail "dp=4: the ep=2 checkpoint resumed with ep=4 changed the losses"
+import sys, h5py
+d = sys.argv[1]
+a = h5py.File(d + "/dp4-ep1/runlog.h5", "r")["/steps/loss"][:]
+b = h5py.File(d + "/dp4-resume-ep4/runlog.h5", "r")["/steps/loss"][:]
+assert len(a) == 6 and (a[-3:] == b[-3:]).all(), (a, b)
+PY
 
 # configs/moe.ini as pp=2 dp=2 ep=2 on 4 ranks, shortened, against its ep=1.
 for ep in 1 2; do

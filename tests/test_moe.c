@@ -15,6 +15,9 @@
  *   - the pack of an MoE block round-trips (weights, moments, bias, counts),
  *     live-migration messages too, and a pack of the wrong kind is refused;
  *   - forward and backward give the same bits for 1 and 2 threads;
+ *   - an expert shard (parallel.ep > 1) holds the whole block's weights
+ *     of its experts, its sum of squares adds up to the whole block's,
+ *     and its pack is refused by a block of another shard;
  *   - the experts phase handed to an exchange (moe_exchange, the seam of
  *     expert parallelism) that runs each expert on its own copy of its
  *     rows, kept from the forward to the backward by key, and its
@@ -564,6 +567,57 @@ static void test_exchange_seam(void)
     free(grads);
 }
 
+/* An expert shard (parallel.ep > 1): a block that holds experts 2 and 3
+ * of 4 has the shared tensors, the router and those two experts only,
+ * with exactly the weights the whole block has there; its tensors list
+ * the held experts; its pack names its first expert, and a pack of
+ * another shard (or the whole block) is refused. */
+static void test_shard(void)
+{
+    struct gpt_shape whole = moe_shape(MOE_ROUTER_SOFTMAX, 0.0, MOE_DROP_PROBS, 0.0f, 0.0f);
+    struct gpt_shape half = whole, other = whole;
+    half.moe.shard_first = 2;
+    half.moe.shard_count = 2;
+    other.moe.shard_count = 2;   /* experts 0 and 1 */
+    struct block full, shard;
+    block_init(&full, 1, &whole, 9);
+    block_init(&shard, 1, &half, 9);
+    size_t Pe = moe_expert_param_count(C, H), head = experts_offset();
+    CHECK(moe_owned_experts(&half.moe) == 2 && moe_owned_experts(&whole.moe) == E);
+    CHECK(shard.nparams == head + 2 * Pe && full.nparams == head + E * Pe);
+    CHECK(moe_full_param_count(C, &half.moe) == full.nparams);
+    CHECK_MSG(!memcmp(shard.params, full.params, head * 4) &&
+              !memcmp(shard.params + head, full.params + head + 2 * Pe, 2 * Pe * 4),
+              "a shard's weights are not the whole block's weights of its experts");
+    CHECK(block_tensor_count(&shard) == BP_FC_W + 1 + 2 * 4);
+    size_t off, size;
+    block_tensor_at(&shard, block_tensor_count(&shard) - 1, &off, &size);
+    CHECK(off + size == shard.nparams);
+    for (size_t i = 0; i < shard.nparams; i++) shard.grads[i] = 0.5f;
+    for (size_t i = 0; i < full.nparams; i++) full.grads[i] = i < head + 2 * Pe ? 0.0f : 0.5f;
+    for (size_t i = 0; i < head; i++) full.grads[i] = 0.5f;
+    double parts[2];
+    double shared = block_moe_grad_sumsq_parts(&shard, parts);
+    CHECK(shared == 0.25 * (double)head && parts[0] == 0.25 * (double)Pe && parts[1] == parts[0]);
+    CHECK(block_grad_sumsq(&shard) == block_grad_sumsq(&full));
+    size_t bytes = block_pack_size(&shard);
+    unsigned char *buf = malloc(bytes);
+    block_pack(&shard, buf);
+    struct block copy;
+    char err[256];
+    CHECK_MSG(block_unpack(&copy, buf, bytes, &half, err, sizeof err) == 0, "%s", err);
+    CHECK(!memcmp(copy.params, shard.params, shard.nparams * 4));
+    block_free(&copy);
+    CHECK(block_unpack(&copy, buf, bytes, &other, err, sizeof err) != 0);
+    CHECK(strstr(err, "from expert 2") != NULL);
+    CHECK(block_unpack(&copy, buf, bytes, &whole, err, sizeof err) != 0);
+    printf("expert shard: %zu of %zu floats, the whole block's weights of experts 2-3\n",
+           shard.nparams, full.nparams);
+    free(buf);
+    block_free(&full);
+    block_free(&shard);
+}
+
 int main(void)
 {
     dm_threads_init(2);
@@ -574,6 +628,7 @@ int main(void)
     test_pack();
     test_thread_count();
     test_exchange_seam();
+    test_shard();
     dm_threads_shutdown();
     return testing_report("test_moe");
 }

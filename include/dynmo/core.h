@@ -208,6 +208,7 @@ struct dm_config {
     int eval_every;     /* steps between validation losses; 0 disables */
     int eval_batches;   /* batches in one validation pass */
     int threads;        /* threads per rank; 0 = cores / ranks on the node */
+    char device[16];    /* "cpu" or "cuda" (the plugin, docs/gpu.md) */
     /* [data] */
     char train_path[1024];
     char val_path[1024];

@@ -35,6 +35,8 @@ struct gpt_moe {
     float capacity_factor;  /* 0: dropless; else capacity ceil(k * N * factor / E) */
     float aux_loss, z_loss; /* alpha (Switch/GShard balancing loss), beta (router z-loss) */
     float bias_rate;        /* gamma of the auxiliary-loss-free bias update */
+    int shard_first;        /* expert parallelism: the first expert this rank's MoE */
+    int shard_count;        /* blocks hold, and how many; 0: all E (parallel.ep = 1) */
 };
 /* Shapes are compared with memcmp: no padding anywhere. */
 
@@ -51,7 +53,7 @@ struct gpt_shape {
     struct gpt_moe moe;
     struct gpt_hash hash;
 };
-_Static_assert(sizeof(struct gpt_shape) == 18 * 4, "struct gpt_shape has no padding");
+_Static_assert(sizeof(struct gpt_shape) == 20 * 4, "struct gpt_shape has no padding");
 /* The shape cfg describes; moe is all zero when model.moe_every = 0, and
  * moe.hidden is 4 x channels when model.expert_hidden = 0. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
@@ -172,6 +174,12 @@ size_t block_param_count(int C);
 size_t moe_shared_param_count(int C);
 size_t moe_expert_param_count(int C, int H);
 size_t moe_block_param_count(int C, const struct gpt_moe *moe);
+/* The experts a block of this configuration holds: shard_count, or all E
+ * when it is 0. An MoE block's slab holds the shared tensors, the router
+ * and these experts only (shard_first ..), so moe_block_param_count
+ * counts them; moe_full_param_count counts all E (the model's size). */
+int moe_owned_experts(const struct gpt_moe *moe);
+size_t moe_full_param_count(int C, const struct gpt_moe *moe);
 /* Element offset and size of tensor k (BP_*) inside a block's parameters. */
 size_t block_tensor_offset(int C, int k);
 size_t block_tensor_size(int C, int k);
@@ -180,7 +188,7 @@ int block_tensor_is_matrix(int k);
 /* The tensors of one block, dense or MoE, in parameter order: how many,
  * and tensor k's element offset and size; returns whether it is a matrix
  * (weight decay). A dense block's are the BP_* tensors; an MoE block's the
- * eight shared ones, the router and the experts' four each. */
+ * eight shared ones, the router and the held experts' four each. */
 int block_tensor_count(const struct block *blk);
 int block_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size);
 /* Random stream of tensor k of layer `index`: ((index + 1) << 8) | k.
@@ -549,6 +557,13 @@ void gpt_mask_pruned_grads(struct gpt *model);
  * terms in the same order reproduces a one-rank run bit for bit. */
 double gpt_grad_sumsq(const struct gpt *model);
 double block_grad_sumsq(const struct block *blk);   /* 0 when frozen, without reading */
+/* An MoE block's sum of squares is the sum, in this order, of its shared
+ * tensors' and router's (returned) and each expert's in expert order
+ * (experts[j] for the j-th held expert), so that the owners of an
+ * expert-parallel stage's experts can each contribute their own experts'
+ * terms and the sum is the same bits as one rank holding them all.
+ * block_grad_sumsq of an MoE block adds its held experts so. */
+double block_moe_grad_sumsq_parts(const struct block *blk, double *experts);
 /* The wte+wpe term and the lnf term of gpt_grad_sumsq. */
 double gpt_embed_grad_sumsq(const struct gpt *model);
 double gpt_head_grad_sumsq(const struct gpt *model);

@@ -436,15 +436,27 @@ static void write_small_datasets(const struct chunk_writer *w, const struct gpt 
     dm_free(sparsity_all);
 }
 
-/* An MoE block (schema version 2): its shared tensors zero-padded in
- * /blocks, its router's row, each expert's row and its state's rows. */
+/* Whether this rank writes /moe/experts rows: replica 0 of its stage, or,
+ * when the experts are split over an expert group (shard_count > 0), each
+ * rank of the stage's first group (replicas 0 .. ep - 1), its own. */
+static int writes_experts(const struct gpt *model, int dp_rank)
+{
+    const struct gpt_moe *moe = &model->shape.moe;
+    if (!moe->every) return 0;
+    return moe->shard_count ? dp_rank < moe->experts / moe->shard_count : dp_rank == 0;
+}
+
+/* An MoE block (schema version 2): with shared set, its shared tensors
+ * zero-padded in /blocks, its router's row and its state's rows; with
+ * experts set, the rows of the experts it holds. */
 static void write_moe_block(const struct chunk_writer *w, const struct gpt *model,
-                            const struct block *blk)
+                            const struct block *blk, int shared_part, int experts)
 {
     const struct block_moe *moe = blk->moe;
     const struct gpt_shape *shape = &model->shape;
     int E = moe->cfg.experts, C = blk->C;
     hsize_t j = (hsize_t)gpt_moe_ordinal(shape, blk->index);
+    hsize_t first = (hsize_t)moe->cfg.shard_first, owned = (hsize_t)moe_owned_experts(&moe->cfg);
     size_t shared = moe_shared_param_count(C), router = (size_t)E * C;
     size_t row_floats = (size_t)w->dims->block_params;
     float *row = dm_alloc(row_floats * sizeof(float));   /* zero past the shared part */
@@ -452,37 +464,44 @@ static void write_moe_block(const struct chunk_writer *w, const struct gpt *mode
     const char *kinds[3] = {"params", "adam_m", "adam_v"};
     for (int k = 0; k < 3; k++) {
         char name[64];
-        memcpy(row, bases[k], shared * sizeof(float));
-        snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
-        write_rows(w, name, (hsize_t)blk->index, 1, row);
-        snprintf(name, sizeof name, "/moe/router/%s", kinds[k]);
-        write_rows(w, name, j, 1, bases[k] + shared);
+        if (shared_part) {
+            memcpy(row, bases[k], shared * sizeof(float));
+            snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
+            write_rows(w, name, (hsize_t)blk->index, 1, row);
+            snprintf(name, sizeof name, "/moe/router/%s", kinds[k]);
+            write_rows(w, name, j, 1, bases[k] + shared);
+        }
         snprintf(name, sizeof name, "/moe/experts/%s", kinds[k]);
-        write_rows(w, name, j * (hsize_t)E, (hsize_t)E, bases[k] + shared + router);
+        if (experts) write_rows(w, name, j * (hsize_t)E + first, owned, bases[k] + shared + router);
     }
-    write_rows(w, "/moe/state/bias", j, 1, moe->bias);
-    write_rows(w, "/moe/state/tokens", j, 1, moe->tokens);
-    write_rows(w, "/moe/state/dropped", j, 1, moe->dropped);
+    if (shared_part) {
+        write_rows(w, "/moe/state/bias", j, 1, moe->bias);
+        write_rows(w, "/moe/state/tokens", j, 1, moe->tokens);
+        write_rows(w, "/moe/state/dropped", j, 1, moe->dropped);
+    }
     dm_free(row);
 }
 
 /* A writer's tensors: its blocks' rows, then the embedding (stage 0) and
- * the head (last stage). The slab holds [wte wpe lnf_w lnf_b] for params
- * and for m and v. */
+ * the head (last stage), all by replica 0 of the stage, but the rows of
+ * experts split over an expert group, which each holder writes. The slab
+ * holds [wte wpe lnf_w lnf_b] for params and for m and v. */
 static void write_tensors(const struct chunk_writer *w, const struct gpt *model, int stage,
-                          int stages)
+                          int stages, int dp_rank)
 {
+    int whole = dp_rank == 0, experts = writes_experts(model, dp_rank);
     for (int i = 0; i < model->num_blocks; i++) {
         const struct block *blk = &model->blocks[i];
         if (blk->moe) {
-            write_moe_block(w, model, blk);
-        } else {
+            write_moe_block(w, model, blk, whole, experts);
+        } else if (whole) {
             write_rows(w, "/blocks/params", (hsize_t)blk->index, 1, blk->params);
             write_rows(w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
             write_rows(w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
         }
         start_writeback(w);
     }
+    if (!whole) return;
     const struct gpt_shape *shape = &model->shape;
     size_t C = (size_t)shape->channels;
     size_t wpe = (size_t)shape->vocab * C;
@@ -543,13 +562,14 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     for (int i = 0; i < schema->dataset_count; i++)
         datasets[i] = DM_H5(H5Dopen2(file, schema->datasets[i].path, H5P_DEFAULT));
 
-    /* Replica 0 of each stage writes that stage's tensors. */
-    int writer = dp_rank == 0;
+    /* Replica 0 of each stage writes that stage's tensors (the holders of
+     * split experts their own experts' rows). */
+    int writer = dp_rank == 0, tensors = writer || writes_experts(model, dp_rank);
     struct chunk_writer w = {.schema = schema, .datasets = datasets, .dims = &dims,
                              .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4),
-                             .writeback_fd = writer ? open(tmp, O_RDONLY) : -1};
+                             .writeback_fd = tensors ? open(tmp, O_RDONLY) : -1};
     write_small_datasets(&w, model, meta, &history, writer, comm);
-    if (writer) write_tensors(&w, model, stage, meta->pp);
+    if (tensors) write_tensors(&w, model, stage, meta->pp, dp_rank);
     if (w.writeback_fd >= 0) close(w.writeback_fd);
     dm_free(w.chunk_buffer);
     for (int i = 0; i < schema->dataset_count; i++) DM_H5(H5Dclose(datasets[i]));

@@ -67,7 +67,8 @@ static int read_embedding_slab(hid_t file, struct gpt *model, struct ckpt_proble
 }
 
 /* An MoE block (schema version 2): its shared tensors from its /blocks
- * row (the rest of the row is padding), its router's and experts' rows,
+ * row (the rest of the row is padding), its router's row and the rows of
+ * the experts it holds (all, or its expert shard),
  * and its state from meta. Returns 0, or -1 after reporting. */
 static int read_moe_block(hid_t file, const struct ckpt_header *header,
                           const struct ckpt_meta *meta, const struct gpt *model,
@@ -91,8 +92,9 @@ static int read_moe_block(hid_t file, const struct ckpt_header *header,
         snprintf(name, sizeof name, "/moe/router/%s", kinds[k]);
         status = ckpt_read_floats(file, name, j, router, bases[k] + shared, problems);
         snprintf(name, sizeof name, "/moe/experts/%s", kinds[k]);
-        for (int e = 0; e < E && status == 0; e++)
-            status = ckpt_read_floats(file, name, j * E + e, moe->expert_params,
+        for (int e = 0; e < moe_owned_experts(&moe->cfg) && status == 0; e++)   /* held only */
+            status = ckpt_read_floats(file, name, j * E + moe->cfg.shard_first + e,
+                                      moe->expert_params,
                                       bases[k] + shared + router + (size_t)e * moe->expert_params,
                                       problems);
     }

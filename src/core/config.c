@@ -57,6 +57,7 @@ static const struct config_key keys[] = {
     {"train", "eval_every", KEY_INT, F(eval_every), 0, 1e9, "steps between validations (0 = off)"},
     {"train", "eval_batches", KEY_INT, F(eval_batches), 1, 1e6, "batches per validation"},
     {"train", "threads", KEY_INT, F(threads), 0, 64, "threads per rank (0 = auto)"},
+    {"train", "device", KEY_STRING, F(device), 0, 16, "cpu or cuda"},
     {"data", "train", KEY_STRING, F(train_path), 0, 1024, "training token file"},
     {"data", "val", KEY_STRING, F(val_path), 0, 1024, "validation token file"},
     {"run", "out_dir", KEY_STRING, F(out_dir), 0, 1024, "output directory"},
@@ -154,6 +155,7 @@ void config_defaults(struct dm_config *cfg)
     cfg->eval_every = 0;
     cfg->eval_batches = 4;
     cfg->threads = 0;
+    snprintf(cfg->device, sizeof cfg->device, "cpu");
     snprintf(cfg->train_path, sizeof cfg->train_path, "data/kjv/train.bin");
     snprintf(cfg->val_path, sizeof cfg->val_path, "data/kjv/val.bin");
     snprintf(cfg->out_dir, sizeof cfg->out_dir, "runs/latest");
@@ -609,6 +611,8 @@ void config_validate(const struct dm_config *cfg)
         dm_user_error("train.warmup = %d exceeds train.steps = %d", cfg->warmup, cfg->steps);
     if (strcmp(cfg->schedule, "1f1b") != 0 && strcmp(cfg->schedule, "gpipe") != 0)
         dm_user_error("parallel.schedule = '%s' must be 1f1b or gpipe", cfg->schedule);
+    if (strcmp(cfg->device, "cpu") != 0 && strcmp(cfg->device, "cuda") != 0)
+        dm_user_error("train.device = '%s' must be cpu or cuda", cfg->device);
     if (strcmp(cfg->cost, "time") != 0 && strcmp(cfg->cost, "params") != 0)
         dm_user_error("balance.cost = '%s' must be time or params", cfg->cost);
     if (cfg->pp > cfg->layers)

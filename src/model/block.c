@@ -49,7 +49,7 @@ int block_tensor_is_matrix(int k)
 
 int block_tensor_count(const struct block *blk)
 {
-    return blk->moe ? BP_FC_W + 1 + 4 * blk->moe->cfg.experts : BP_COUNT;
+    return blk->moe ? BP_FC_W + 1 + 4 * moe_owned_experts(&blk->moe->cfg) : BP_COUNT;
 }
 
 int block_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size)

@@ -422,9 +422,28 @@ static double sumsq(const float *x, long n)
     return s;
 }
 
+double block_moe_grad_sumsq_parts(const struct block *blk, double *experts)
+{
+    const struct block_moe *moe = blk->moe;
+    int owned = moe_owned_experts(&moe->cfg);
+    for (int j = 0; j < owned; j++)
+        experts[j] = blk->frozen ? 0.0 : sumsq(moe->experts_g + (size_t)j * moe->expert_params,
+                                               (long)moe->expert_params);
+    if (blk->frozen) return 0.0;
+    return sumsq(blk->grads, (long)(moe_shared_param_count(blk->C) +
+                                    (size_t)moe->cfg.experts * (size_t)blk->C));
+}
+
 double block_grad_sumsq(const struct block *blk)
 {
-    return blk->frozen ? 0.0 : sumsq(blk->grads, (long)blk->nparams);
+    if (blk->frozen) return 0.0;
+    if (!blk->moe) return sumsq(blk->grads, (long)blk->nparams);
+    int owned = moe_owned_experts(&blk->moe->cfg);
+    double *experts = dm_alloc((size_t)owned * sizeof(double));
+    double s = block_moe_grad_sumsq_parts(blk, experts);
+    for (int j = 0; j < owned; j++) s += experts[j];   /* in expert order */
+    dm_free(experts);
+    return s;
 }
 
 double gpt_embed_grad_sumsq(const struct gpt *model)

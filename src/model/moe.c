@@ -17,10 +17,12 @@
  *   combine    out[t] = res1[t] + sum over t's kept pairs, in slot order
  *              (best expert first), of gate x expert output.
  *
- * With expert parallelism (not done yet) dispatch and combine are where
- * the all-to-all goes: dispatch sends each expert's rows to its owner,
- * combine brings the outputs back; route and the experts stay as they
- * are. Today (parallel.ep = 1) both are local copies.
+ * With expert parallelism the experts phase is the caller's (struct
+ * moe_exchange, src/pipe/expert.c): it sends each expert's rows to its
+ * owner and brings the outputs back; route, dispatch and combine stay
+ * here. A block then holds only its rank's expert shard
+ * (shape.moe.shard_first, shard_count): its slab has the shared tensors,
+ * the router and those experts, addressed by their global index.
  *
  * Every result is a pure function of the numbers: the top-k and capacity
  * decisions break ties by index, the grouped GEMMs are the ops' thread-
@@ -59,10 +61,23 @@ size_t moe_expert_param_count(int C, int H)
     return 2 * (size_t)H * (size_t)C + (size_t)H + (size_t)C;
 }
 
+int moe_owned_experts(const struct gpt_moe *moe)
+{
+    return moe->shard_count > 0 ? moe->shard_count : moe->experts;
+}
+
 size_t moe_block_param_count(int C, const struct gpt_moe *moe)
 {
-    size_t E = (size_t)moe->experts;
-    return moe_shared_param_count(C) + E * (size_t)C + E * moe_expert_param_count(C, moe->hidden);
+    size_t E = (size_t)moe->experts, owned = (size_t)moe_owned_experts(moe);
+    return moe_shared_param_count(C) + E * (size_t)C +
+           owned * moe_expert_param_count(C, moe->hidden);
+}
+
+size_t moe_full_param_count(int C, const struct gpt_moe *moe)
+{
+    struct gpt_moe whole = *moe;
+    whole.shard_first = whole.shard_count = 0;
+    return moe_block_param_count(C, &whole);
 }
 
 size_t gpt_block_param_count(const struct gpt_shape *shape, int index)
@@ -112,8 +127,9 @@ void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, ui
     float residual_std = (float)(0.02 / sqrt(2.0 * shape->layers));
     init_normal(moe->router_w, (size_t)E * C, seed, block_tensor_stream(index, BP_COUNT), 0.02f);
     size_t HC = (size_t)H * C;
-    for (int e = 0; e < E; e++) {
-        float *w1 = moe->experts_p + (size_t)e * moe->expert_params;
+    for (int j = 0; j < moe_owned_experts(&moe->cfg); j++) {
+        int e = moe->cfg.shard_first + j;   /* held experts only, by their global index */
+        float *w1 = moe->experts_p + (size_t)j * moe->expert_params;
         float *w2 = w1 + HC + H;
         init_normal_at(w1, HC, seed, block_tensor_stream(index, BP_FC_W), (size_t)e * HC, 0.02f);
         init_normal_at(w2, HC, seed, block_tensor_stream(index, BP_FCPROJ_W), (size_t)e * HC,
@@ -137,7 +153,7 @@ void block_moe_pack(const struct block *blk, unsigned char *out)
     const struct block_moe *moe = blk->moe;
     if (!moe) return;
     size_t E = (size_t)moe->cfg.experts;
-    int32_t head[2] = {moe->cfg.experts, 0};
+    int32_t head[2] = {moe->cfg.experts, moe->cfg.shard_first};
     memcpy(out, head, 8);
     memset(out + 8, 0, pad8(4 * E));
     memcpy(out + 8, moe->bias, 4 * E);
@@ -154,10 +170,10 @@ int block_moe_unpack(struct block *blk, const unsigned char *in, size_t bytes, c
     size_t E = (size_t)moe->cfg.experts, expected = block_moe_pack_bytes(blk);
     int32_t head[2] = {0, 0};
     if (bytes >= 8) memcpy(head, in, 8);
-    if (bytes != expected || head[0] != moe->cfg.experts || head[1] != 0) {
-        snprintf(err, errsize, "packed block %d: its MoE state is %zu bytes for %d experts; "
-                 "the model's block has %zu experts (%zu bytes)", blk->index, bytes, head[0],
-                 E, expected);
+    if (bytes != expected || head[0] != moe->cfg.experts || head[1] != moe->cfg.shard_first) {
+        snprintf(err, errsize, "packed block %d: its MoE state is %zu bytes for %d experts "
+                 "from expert %d; the model's block has %zu experts from expert %d (%zu bytes)",
+                 blk->index, bytes, head[0], head[1], E, moe->cfg.shard_first, expected);
         return -1;
     }
     memcpy(moe->bias, in + 8, 4 * E);
@@ -472,8 +488,9 @@ static void expert_tensors(const struct block_moe *moe, const float *base, int e
                            const float **w1, const float **b1, const float **w2,
                            const float **b2)
 {
-    int H = moe->cfg.hidden;
-    const float *p = base + (size_t)e * moe->expert_params;
+    int H = moe->cfg.hidden, j = e - moe->cfg.shard_first;
+    DM_ASSERT(j >= 0 && j < moe_owned_experts(&moe->cfg));   /* a held expert */
+    const float *p = base + (size_t)j * moe->expert_params;
     *w1 = p;
     *b1 = p + (size_t)H * C;
     *w2 = *b1 + H;

@@ -103,7 +103,8 @@ static inline void first_block_of(const int *layout, int stage, int *first, int 
 
 /* reduce.c. The step's end before the optimizer: masks pruned gradients,
  * forms the tied embedding gradient, sums gradients over the replicas in
- * replica order, sums the MoE blocks' expert counts over the replicas and
+ * replica order (the experts of an expert-parallel stage by their
+ * holders, expert.c), sums the MoE blocks' expert counts over the replicas and
  * hands them to the model (gpt_moe_end_step: the bias update), and returns the global gradient norm (all ranks; it also
  * carries every rank's watched flag into eng->stop_requested). Collective;
  * its waits count in eng->wait_s. */
@@ -117,6 +118,14 @@ double engine_reduce_grads(struct engine *eng);
 void engine_expert_parallel_init(struct engine *eng);
 void engine_expert_parallel_free(struct engine *eng);
 void engine_expert_parallel_profile(struct engine *eng);
+/* shard (before the model is built) sets eng->shape's expert shard: the
+ * E / P experts this rank's MoE blocks hold; reduce (collective over the
+ * replicas that hold the same experts) sums the owned experts' gradients
+ * of every MoE block over the stage's replicas in replica order into the
+ * slab; forget (after a migration) lets go of everything kept per block. */
+void engine_expert_parallel_shard(struct engine *eng);
+void engine_expert_parallel_reduce(struct engine *eng);
+void engine_expert_parallel_forget(struct engine *eng);
 
 /* stats.c. The step's statistics and trace buffers (rank 0 gathers). */
 void engine_stats_alloc(struct engine *eng);

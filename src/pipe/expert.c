@@ -1,17 +1,23 @@
 /* Expert parallelism (parallel.ep = P > 1, docs/moe.md): the experts phase
  * of this stage's MoE blocks, run over the P ranks of the stage's expert
  * group (replicas q P .. q P + P - 1 of the stage). Expert e belongs to
- * group rank e / (E / P). The model hands over each micro-batch's rows
- * grouped by expert (moe_exchange); this file sends every owner its
- * experts' rows (MPI_Ialltoallv), runs the owned experts over each
- * source's rows separately, sends the outputs back, and in the backward
- * does the same for the output gradients, returning to each source the
- * input gradients and the expert gradients of its own rows. A source adds
- * them to its slab as the local phase does (moe.c), so every parallel.ep
- * gives the same bits. Every wait polls (world_wait).
+ * group rank e / (E / P), and only that rank holds it: its parameters,
+ * gradients and Adam moments (the block's slab holds the shared tensors,
+ * the router and the owned experts; engine_expert_parallel_shard). The
+ * model hands over each micro-batch's rows grouped by expert
+ * (moe_exchange); this file sends every owner its experts' rows
+ * (MPI_Ialltoallv), runs the owned experts over each source's rows
+ * separately, sends the outputs back, and in the backward does the same
+ * for the output gradients, returning the input gradients. The owner keeps
+ * the expert gradients of each source's rows apart, accumulated over the
+ * micro-batches as the source would have (moe.c's local phase), and at the
+ * step's end sums them over every replica that holds the expert, in
+ * replica order (engine_expert_parallel_reduce): the same bits as
+ * parallel.ep = 1. Every wait polls (world_wait).
  *
  * Must not: decide which experts a rank owns beyond e / (E / P), or sum
  * anything in an order that depends on timing. */
+#include <limits.h>
 #include <string.h>
 #include "pipe/engine_internal.h"
 
@@ -25,16 +31,28 @@ struct ep_entry {
     float *x, *h, *a;     /* (rows, C), (rows, H), (rows, H) */
 };
 
+/* The expert gradients an owner keeps of one block over a step: per
+ * source rank of the group and owned expert, the sum over the source's
+ * micro-batches. The owner's own source sums in the slab's gradients
+ * (zero until then, and where the step's total goes); the others here. */
+struct ep_grads {
+    int layer;
+    float *sum;           /* (P - 1, E/P, expert_params): sources but this rank, in order */
+};
+
 struct expert_parallel {
     struct moe_exchange exchange;
-    MPI_Comm comm;
-    int P, rank;
+    MPI_Comm comm;        /* the stage's expert group, by group rank */
+    MPI_Comm holders;     /* the stage's replicas of this group rank, by group */
+    int P, rank, groups;
     double *wait_s;
     struct ep_entry *entries;
     int nentries;
+    struct ep_grads *grads;
+    int ngrads;
     /* scratch, grow-only */
-    float *rows_out, *dh, *grads_out, *grads_in;
-    size_t rows_out_n, dh_n, grads_out_n, grads_in_n;
+    float *rows_out, *dh, *grads_out, *gathered;
+    size_t rows_out_n, dh_n, grads_out_n, gathered_n;
     int *send_counts, *send_displs, *recv_counts, *recv_displs, *expert_counts;
 };
 
@@ -46,6 +64,29 @@ static float *grow(float **buf, size_t *have, size_t need)
         *have = need;
     }
     return *buf;
+}
+
+/* An MPI count: the caller's sizes are size_t; MPI's are int. */
+static int mpi_count(size_t n, const char *what)
+{
+    if (n > INT_MAX)
+        DM_FATAL("expert parallelism: %s is %zu elements, more than one MPI message holds "
+                 "(%d); use a smaller micro-batch or more expert-parallel ranks", what, n, INT_MAX);
+    return (int)n;
+}
+
+static float *grads_for(struct expert_parallel *xp, const struct block *blk)
+{
+    size_t n = (size_t)(xp->P - 1) * moe_owned_experts(&blk->moe->cfg) * blk->moe->expert_params;
+    for (int i = 0; i < xp->ngrads; i++)
+        if (xp->grads[i].layer == blk->index) return xp->grads[i].sum;
+    struct ep_grads *grown = dm_alloc((size_t)(xp->ngrads + 1) * sizeof *grown);
+    if (xp->ngrads) memcpy(grown, xp->grads, (size_t)xp->ngrads * sizeof *grown);
+    dm_free(xp->grads);
+    xp->grads = grown;
+    xp->grads[xp->ngrads].layer = blk->index;
+    xp->grads[xp->ngrads].sum = dm_alloc(n * sizeof(float));   /* zero */
+    return xp->grads[xp->ngrads++].sum;
 }
 
 static struct ep_entry *entry_for(struct expert_parallel *xp, const void *key, int layer,
@@ -74,15 +115,14 @@ static void exchange_rows(struct expert_parallel *xp, const int *offset, const s
     int P = xp->P;
     int *mine = xp->send_counts, *mine_d = xp->send_displs;
     int *theirs = xp->recv_counts, *theirs_d = xp->recv_displs;
-    int at = 0;
+    size_t at = 0;
     for (int p = 0; p < P; p++) {
-        int rows = offset[(p + 1) * per] - offset[p * per];
-        int from = 0;
-        for (int j = 0; j < per; j++) from += en->counts[p * per + j];
-        mine[p] = rows * width;
-        mine_d[p] = offset[p * per] * width;
-        theirs[p] = from * width;
-        theirs_d[p] = at;
+        size_t rows = (size_t)(offset[(p + 1) * per] - offset[p * per]), from = 0;
+        for (int j = 0; j < per; j++) from += (size_t)en->counts[p * per + j];
+        mine[p] = mpi_count(rows * width, "a rank's rows");
+        mine_d[p] = mpi_count((size_t)offset[p * per] * width, "a rank's rows");
+        theirs[p] = mpi_count(from * width, "a rank's rows");
+        theirs_d[p] = mpi_count(at, "the rows received");
         at += from * width;
     }
     MPI_Request req;
@@ -153,8 +193,8 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     float *dx_out = dm_alloc_uninit((rows + 1) * C * sizeof(float));
     float *grads = NULL;
     if (!blk->frozen) {
-        grads = grow(&xp->grads_out, &xp->grads_out_n, (size_t)E * Pe);
-        memset(grads, 0, (size_t)E * Pe * sizeof(float));
+        grads = grow(&xp->grads_out, &xp->grads_out_n, (size_t)P * per * Pe);
+        memset(grads, 0, (size_t)P * per * Pe * sizeof(float));
     }
     size_t r = 0;
     for (int s = 0; s < P; s++)
@@ -169,14 +209,95 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     exchange_rows(xp, offset, en, per, dx_out, dx, C, 1);
     dm_free(dx_out);
     if (!grads) return;
-    /* Source s gets the gradients of its own rows for every expert, in
-     * expert order, and adds them as the local phase does. */
-    float *back = grow(&xp->grads_in, &xp->grads_in_n, (size_t)E * Pe);
-    MPI_Request req;
-    WORLD_MPI(MPI_Ialltoall(grads, (int)(per * Pe), MPI_FLOAT, back, (int)(per * Pe), MPI_FLOAT,
-                            xp->comm, &req));
-    *xp->wait_s += world_wait(&req);
-    for (size_t i = 0; i < (size_t)E * Pe; i++) moe->experts_g[i] += back[i];
+    /* Each source's gradients of this micro-batch, formed from zero, are
+     * added to that source's sum as the source adds its own with ep = 1. */
+    float *sum = grads_for(xp, blk);
+    size_t one = (size_t)per * Pe;
+    for (int s = 0; s < P; s++) {
+        float *to = s == xp->rank ? moe->experts_g : sum + (size_t)(s - (s > xp->rank)) * one;
+        const float *from = grads + (size_t)s * one;
+        for (size_t i = 0; i < one; i++) to[i] += from[i];
+    }
+}
+
+/* Sums blk's held experts' gradients over every replica of the stage, in
+ * replica order q P + s: the per-source sums of the D / P ranks that hold
+ * these experts (one per expert group, all of the same group rank: each
+ * one's own source in its slab, the others in its sums), gathered by
+ * group. The same bits as ep = 1's replica sum of the whole slab. */
+static void reduce_block(struct expert_parallel *xp, struct block *blk)
+{
+    struct block_moe *moe = blk->moe;
+    int P = xp->P, groups = xp->groups, D = P * groups;
+    size_t one = (size_t)moe_owned_experts(&moe->cfg) * moe->expert_params;
+    float *sum = grads_for(xp, blk), *own = moe->experts_g, *others = sum;
+    if (groups > 1) {
+        own = grow(&xp->gathered, &xp->gathered_n, (size_t)D * one);
+        others = own + (size_t)groups * one;
+        MPI_Request req[2];
+        int n_own = mpi_count(one, "an expert shard's gradients");
+        int n_others = mpi_count((size_t)(P - 1) * one, "an expert shard's gradients");
+        WORLD_MPI(MPI_Iallgather(moe->experts_g, n_own, MPI_FLOAT, own, n_own, MPI_FLOAT,
+                                 xp->holders, &req[0]));
+        WORLD_MPI(MPI_Iallgather(sum, n_others, MPI_FLOAT, others, n_others, MPI_FLOAT,
+                                 xp->holders, &req[1]));
+        *xp->wait_s += world_wait_all(2, req);
+    }
+    const float **from = dm_alloc((size_t)D * sizeof *from);   /* replica r's sum */
+    for (int r = 0; r < D; r++) {
+        int q = r / P, s = r % P;
+        from[r] = s == xp->rank ? own + (size_t)q * one
+                                : others + ((size_t)q * (P - 1) + (size_t)(s - (s > xp->rank))) * one;
+    }
+    for (size_t i = 0; i < one; i++) {   /* reads element i of every source before writing it */
+        float total = from[0][i];
+        for (int r = 1; r < D; r++) total += from[r][i];
+        moe->experts_g[i] = total;
+    }
+    dm_free(from);
+    memset(sum, 0, (size_t)(P - 1) * one * sizeof(float));
+}
+
+void engine_expert_parallel_reduce(struct engine *eng)
+{
+    struct expert_parallel *xp = eng->expert_parallel;
+    struct gpt *m = &eng->model;
+    if (!xp) return;
+    for (int i = 0; i < m->num_blocks; i++)
+        if (m->blocks[i].moe && !m->blocks[i].frozen) reduce_block(xp, &m->blocks[i]);
+}
+
+/* What the exchange kept for blocks (activations between a forward and
+ * its backward, the per-source gradient sums, zero between steps) is let
+ * go when the stage's blocks change: after a migration none of it is
+ * needed, and the entries of blocks that left would never be found
+ * again. */
+void engine_expert_parallel_forget(struct engine *eng)
+{
+    struct expert_parallel *xp = eng->expert_parallel;
+    if (!xp) return;
+    for (int i = 0; i < xp->nentries; i++) {
+        dm_free(xp->entries[i].counts);
+        dm_free(xp->entries[i].x);
+        dm_free(xp->entries[i].h);
+        dm_free(xp->entries[i].a);
+    }
+    dm_free(xp->entries);
+    xp->entries = NULL;
+    xp->nentries = 0;
+    for (int i = 0; i < xp->ngrads; i++) dm_free(xp->grads[i].sum);
+    dm_free(xp->grads);
+    xp->grads = NULL;
+    xp->ngrads = 0;
+}
+
+void engine_expert_parallel_shard(struct engine *eng)
+{
+    int P = eng->cfg.ep;
+    struct gpt_moe *moe = &eng->shape.moe;
+    if (P <= 1 || !moe->every) return;
+    moe->shard_count = moe->experts / P;
+    moe->shard_first = (eng->grid.replica % P) * moe->shard_count;
 }
 
 void engine_expert_parallel_init(struct engine *eng)
@@ -189,8 +310,11 @@ void engine_expert_parallel_init(struct engine *eng)
     xp->rank = g->replica % P;
     xp->wait_s = &eng->wait_s;
     int groups = g->replicas / P;
+    xp->groups = groups;
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage * groups + g->replica / P, xp->rank,
                              &xp->comm));
+    WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage * P + xp->rank, g->replica / P,
+                             &xp->holders));
     xp->send_counts = dm_alloc((size_t)(4 * P + eng->shape.moe.experts) * sizeof(int));
     xp->send_displs = xp->send_counts + P;
     xp->recv_counts = xp->send_counts + 2 * P;
@@ -201,9 +325,18 @@ void engine_expert_parallel_init(struct engine *eng)
     xp->exchange.experts_backward = ep_backward;
     eng->expert_parallel = xp;
     gpt_moe_set_exchange(&eng->model, &xp->exchange);
-    if (g->rank == 0)
+    if (g->rank == 0) {
+        const struct gpt_moe *moe = &eng->shape.moe;
+        int C = eng->shape.channels;
+        double mib = 16.0 / 1048576.0;   /* params, grads, m, v */
         dm_log("expert parallelism: %d experts per MoE block over %d ranks of each stage's "
-               "replicas, %d each\n", eng->shape.moe.experts, P, eng->shape.moe.experts / P);
+               "replicas, %d each; an MoE block's slab is %.2f MiB on each rank (%.2f MiB "
+               "with every expert), plus %.2f MiB of the other sources' expert gradients\n",
+               moe->experts, P, moe->shard_count, mib * moe_block_param_count(C, moe),
+               mib * moe_full_param_count(C, moe),
+               0.25 * mib * (moe->experts - moe->shard_count) *
+                   (double)moe_expert_param_count(C, moe->hidden));
+    }
 }
 
 void engine_expert_parallel_free(struct engine *eng)
@@ -211,19 +344,14 @@ void engine_expert_parallel_free(struct engine *eng)
     struct expert_parallel *xp = eng->expert_parallel;
     if (!xp) return;
     gpt_moe_set_exchange(&eng->model, NULL);
-    for (int i = 0; i < xp->nentries; i++) {
-        dm_free(xp->entries[i].counts);
-        dm_free(xp->entries[i].x);
-        dm_free(xp->entries[i].h);
-        dm_free(xp->entries[i].a);
-    }
-    dm_free(xp->entries);
+    engine_expert_parallel_forget(eng);
     dm_free(xp->rows_out);
     dm_free(xp->dh);
     dm_free(xp->grads_out);
-    dm_free(xp->grads_in);
+    dm_free(xp->gathered);
     dm_free(xp->send_counts);
     WORLD_MPI(MPI_Comm_free(&xp->comm));
+    WORLD_MPI(MPI_Comm_free(&xp->holders));
     dm_free(xp);
     eng->expert_parallel = NULL;
 }

@@ -4,6 +4,7 @@
  * for the new ranges. Which blocks move is balance_migration_plan's
  * answer; what a block's message holds is the model's (block_pack_meta and
  * its slab). Must not: choose a layout (the caller hands it one). */
+#include <limits.h>
 #include <string.h>
 #include "pipe/engine_internal.h"
 
@@ -13,6 +14,13 @@
 static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
                                const struct block *blk)
 {
+    /* MPI counts are ints, and the receiver sizes the message in bytes:
+     * one block's message must stay under 2 GiB. */
+    size_t bytes = (size_t)meta_bytes + 3 * blk->nparams * sizeof(float);
+    if (bytes > INT_MAX)
+        DM_FATAL("migrating block %d: its message would be %zu bytes, more than one MPI "
+                 "message holds (%d); this block is too large to migrate", blk->index, bytes,
+                 INT_MAX);
     int lengths[3] = {meta_bytes, (int)(blk->nparams * sizeof(float)),
                       (int)(2 * blk->nparams * sizeof(float))};
     MPI_Aint where[3];
@@ -152,6 +160,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     }
     for (int i = 0; i < n; i++) WORLD_MPI(MPI_Type_free(&types[i]));
     adopt_blocks(eng, counts, arrived);
+    engine_expert_parallel_forget(eng);
     for (int b = 0; b < L; b++)
         if (metas[b]) dm_free(metas[b]);
     memcpy(eng->layout, counts, (size_t)S * sizeof(int));

@@ -35,19 +35,36 @@ static void exchange_tied_grads(struct engine *eng)
 
 /* Sums one float array across the D replicas of this stage, in replica
  * order 0, 1, ..., D-1 on every replica, so the result does not depend on
- * timing or on MPI's reduction algorithm. */
+ * timing or on MPI's reduction algorithm. In pieces of at most
+ * REPLICA_SUM_PIECE floats, so that an MPI count (an int) never overflows
+ * (the sum is element-wise: the same bits in any pieces). */
+#define REPLICA_SUM_PIECE (1L << 28)
+
 static void replica_sum(struct engine *eng, float *x, long n, float *gathered)
 {
     int D = eng->grid.replicas;
-    MPI_Request req;
-    WORLD_MPI(MPI_Iallgather(x, (int)n, MPI_FLOAT, gathered, (int)n, MPI_FLOAT, eng->stage_comm,
-                          &req));
-    eng->wait_s += world_wait(&req);
-    for (long i = 0; i < n; i++) {
-        float s = gathered[i];
-        for (int r = 1; r < D; r++) s += gathered[(long)r * n + i];
-        x[i] = s;
+    for (long at = 0; at < n; at += REPLICA_SUM_PIECE) {
+        long len = n - at < REPLICA_SUM_PIECE ? n - at : REPLICA_SUM_PIECE;
+        MPI_Request req;
+        WORLD_MPI(MPI_Iallgather(x + at, (int)len, MPI_FLOAT, gathered, (int)len, MPI_FLOAT,
+                                 eng->stage_comm, &req));
+        eng->wait_s += world_wait(&req);
+        for (long i = 0; i < len; i++) {
+            float s = gathered[i];
+            for (int r = 1; r < D; r++) s += gathered[(long)r * len + i];
+            x[at + i] = s;
+        }
     }
+}
+
+/* The floats of blk that every replica of the stage holds: all of them,
+ * but for an MoE block whose experts are split over an expert group
+ * (expert.c sums those), its shared tensors and router. */
+static long replicated_floats(const struct block *blk)
+{
+    const struct block_moe *moe = blk->moe;
+    if (!moe || moe->cfg.shard_count == 0) return (long)blk->nparams;
+    return (long)(moe_shared_param_count(blk->C) + (size_t)moe->cfg.experts * (size_t)blk->C);
 }
 
 static void reduce_replicas(struct engine *eng)
@@ -62,42 +79,67 @@ static void reduce_replicas(struct engine *eng)
     for (int i = 0; i < m->num_blocks; i++) {
         /* frozen on every replica alike, with zero gradients (struct block) */
         if (m->blocks[i].frozen) continue;
-        replica_sum(eng, m->blocks[i].grads, (long)m->blocks[i].nparams, gathered);
+        replica_sum(eng, m->blocks[i].grads, replicated_floats(&m->blocks[i]), gathered);
         gpt_charge_update(m, i, &clock);
     }
+    engine_expert_parallel_reduce(eng);   /* the owned experts, by their holders */
     /* The tied wte halves were combined already (exchange_tied_grads). */
     if (m->embed_slab) replica_sum(eng, m->dwte, (long)m->embed_nparams, gathered);
     dm_free(gathered);
 }
 
+/* This rank's terms of the gradient norm. units (L + 3 + M E): the
+ * embedding, block 0..L-1, the head, the watched flag, then one slot per
+ * MoE block j and expert e (L + 3 + j E + e). Each term has exactly one
+ * contributor: replica 0 of a stage its units, the rank of the stage's
+ * first expert group (replica < ep) that holds an expert its slot. */
+static void grad_norm_terms(struct engine *eng, double *units)
+{
+    struct gpt *m = &eng->model;
+    int L = eng->shape.layers, E = eng->shape.moe.experts, ep = eng->cfg.ep > 1 ? eng->cfg.ep : 1;
+    int first = eng->grid.replica == 0, holder = eng->grid.replica < ep;
+    if (first) units[0] = gpt_embed_grad_sumsq(m);
+    double clock = dm_profile_now();
+    for (int i = 0; i < m->num_blocks; i++) {
+        const struct block *blk = &m->blocks[i];
+        int layer = m->first_block + i;
+        if (!blk->moe) {
+            if (first) units[1 + layer] = block_grad_sumsq(blk);
+        } else if (first || holder) {
+            int j = gpt_moe_ordinal(&eng->shape, layer);
+            double *slot = units + L + 3 + (size_t)j * E + blk->moe->cfg.shard_first;
+            double shared = block_moe_grad_sumsq_parts(blk, slot);
+            if (first) units[1 + layer] = shared;
+        }
+        if (!blk->frozen && (first || holder)) gpt_charge_update(m, i, &clock);
+    }
+    if (first) units[L + 1] = gpt_head_grad_sumsq(m);
+}
+
 /* The global gradient norm: each unit (embedding, block 0..L-1, head) is
- * summed by its owner in a fixed order; the units are combined by a sum
- * where each has exactly one non-zero contributor (replica 0 of its
- * stage), and added in unit order on every rank: the same bits as one
- * rank computing everything. */
+ * summed by its owner in a fixed order, an MoE block's experts by their
+ * holders; the units are combined by a sum where each has exactly one
+ * non-zero contributor, an MoE block's expert terms added to its unit in
+ * expert order (block_moe_grad_sumsq_parts), and the units added in unit
+ * order on every rank: the same bits as one rank computing everything. */
 static double global_grad_norm(struct engine *eng)
 {
-    int L = eng->shape.layers;
-    /* units[L + 2] carries the watched flag of every rank. */
-    double *units = dm_alloc((size_t)(L + 3) * sizeof(double));
-    double *total = dm_alloc((size_t)(L + 3) * sizeof(double));
+    int L = eng->shape.layers, E = eng->shape.moe.experts;
+    int cells = gpt_moe_block_count(&eng->shape) * E, n = L + 3 + cells;
+    double *units = dm_alloc((size_t)n * sizeof(double));
+    double *total = dm_alloc((size_t)n * sizeof(double));
     units[L + 2] = (eng->watched_flag && *eng->watched_flag) ? 1.0 : 0.0;
-    if (eng->grid.replica == 0) {
-        struct gpt *m = &eng->model;
-        units[0] = gpt_embed_grad_sumsq(m);
-        double clock = dm_profile_now();
-        for (int i = 0; i < m->num_blocks; i++) {
-            units[1 + m->first_block + i] = block_grad_sumsq(&m->blocks[i]);
-            if (!m->blocks[i].frozen) gpt_charge_update(m, i, &clock);   /* it did nothing */
-        }
-        units[L + 1] = gpt_head_grad_sumsq(m);
-    }
+    grad_norm_terms(eng, units);
     if (eng->grid.world_size > 1) {
         MPI_Request req;
-        WORLD_MPI(MPI_Iallreduce(units, total, L + 3, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
+        WORLD_MPI(MPI_Iallreduce(units, total, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
         eng->wait_s += world_wait(&req);
     } else {
-        memcpy(total, units, (size_t)(L + 3) * sizeof(double));
+        memcpy(total, units, (size_t)n * sizeof(double));
+    }
+    for (int l = 0; l < L; l++) {
+        int j = gpt_moe_ordinal(&eng->shape, l);
+        for (int e = 0; j >= 0 && e < E; e++) total[1 + l] += total[L + 3 + j * E + e];
     }
     eng->stop_requested = total[L + 2] > 0.0;
     dyn_after_reduce(eng->dyn, &eng->model, eng->current_step, total + 1);

@@ -197,6 +197,7 @@ int cmd_bench(int argc, char **argv)
     struct dm_config cfg;
     struct train_args args;
     train_parse_args(argc, argv, &cfg, &args, 1);
+    train_open_backend(&cfg);
     int threads = train_threads_for_rank(&cfg);
     dm_threads_init(threads);
     struct token_file tf;

@@ -80,6 +80,7 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
     struct dm_config *cfg = &tr->cfg;
     struct train_args args;
     train_parse_args(argc, argv, cfg, &args, 0);
+    train_open_backend(cfg);
     tr->threads = train_threads_for_rank(cfg);
     dm_threads_init(tr->threads);
     train_open_data(&tr->data, cfg);

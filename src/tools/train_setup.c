@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "dynmo/backend.h"
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
@@ -97,6 +98,21 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
     if (rc != BALANCE_OK) dm_user_error("%s", err);
 }
 
+void train_open_backend(const struct dm_config *cfg)
+{
+    char problem[WORLD_MESSAGE_BYTES] = "";
+    int bad = backend_open(cfg->device, problem, sizeof problem) != 0;
+    if (!bad && strcmp(backend_current()->name, "cpu") != 0) {
+        bad = 1;
+        dm_set_message(problem, sizeof problem, "train.device = cuda: the CUDA backend "
+                       "opened (%s), but the model does not run through it yet "
+                       "(docs/gpu.md); use train.device = cpu", backend_current()->device);
+    }
+    char agreed[WORLD_MESSAGE_BYTES];
+    if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))
+        dm_user_error("%s", agreed);
+}
+
 void train_open_data(struct train_data *d, const struct dm_config *cfg)
 {
     d->have_val = cfg->eval_every > 0;
@@ -161,15 +177,23 @@ void train_check_paths(const struct dm_config *cfg)
         dm_user_error("%s", agreed);
 }
 
-/* What the busiest stage of `layout` keeps resident, about: each block's
- * parameters, gradients and both Adam moments (blocks differ in size with
- * MoE blocks), the activations of the micro-batches it holds at once (all
- * of them, as GPipe does: an upper bound for 1F1B; an MoE block's routing
- * and expert activations too), and the embedding and head with their own
- * moments. */
+/* What the busiest stage of `layout` keeps resident on one rank, about:
+ * each block's parameters, gradients and both Adam moments (blocks differ
+ * in size with MoE blocks; with parallel.ep > 1 an MoE block holds E / ep
+ * experts, and the other sources' gradient sums of its owned experts,
+ * E - E / ep experts' worth), the activations of the micro-batches it holds at once
+ * (all of them, as GPipe does: an upper bound for 1F1B; an MoE block's
+ * routing and expert activations too), and the embedding and head with
+ * their own moments. */
 static double stage_bytes(const struct dm_config *cfg, const int *layout, int stages)
 {
     struct gpt_shape shape = gpt_shape_from_config(cfg);
+    double source_sums = 0.0;
+    if (cfg->ep > 1 && shape.moe.every > 0) {
+        shape.moe.shard_count = shape.moe.experts / cfg->ep;
+        source_sums = 4.0 * (shape.moe.experts - shape.moe.shard_count) *
+                      (double)moe_expert_param_count(shape.channels, shape.moe.hidden);
+    }
     int micro_B = cfg->batch / (cfg->dp * cfg->micro_batches);
     double acts = (double)block_acts_bytes(micro_B, cfg->seq, cfg->channels, cfg->heads);
     double moe_acts = (double)moe_acts_bytes(&shape, micro_B, cfg->seq);
@@ -180,6 +204,7 @@ static double stage_bytes(const struct dm_config *cfg, const int *layout, int st
         double bytes = 0.0;
         for (int b = first; b < first + layout[s]; b++)
             bytes += 16.0 * (double)gpt_block_param_count(&shape, b) +
+                     (gpt_block_is_moe(&shape, b) ? source_sums : 0.0) +
                      (double)cfg->micro_batches *
                          (acts + (gpt_block_is_moe(&shape, b) ? moe_acts : 0.0));
         busiest = bytes > busiest ? bytes : busiest;

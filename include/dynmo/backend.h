@@ -1,0 +1,196 @@
+/* dynmo backend: the table of the model's ops (docs/gpu.md).
+ *
+ * One struct of function pointers holds every op the model runs, forward
+ * and backward, AdamW, and the dynamic schemes' row gathers, with the CPU
+ * ops' signatures and contracts (include/dynmo/model.h): outputs first,
+ * then inputs, then sizes; backward ops accumulate where the CPU op does.
+ * The CPU backend is today's functions. The CUDA backend is a plugin
+ * (build/libdynmo_cuda.so, built from kernels/ by `make USE_CUDA=1`)
+ * that fills the same table with kernels and cuBLAS; its pointers are
+ * device memory obtained from the table's alloc.
+ *
+ * This header is part of the model module and is also compiled by nvcc
+ * for the plugin: plain C, no other dynmo header, no MPI. The plugin
+ * reaches MPI only through the callback the caller hands it (comm_init). */
+#ifndef DYNMO_BACKEND_H
+#define DYNMO_BACKEND_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Raised whenever struct dm_backend changes: a plugin built against
+ * another layout is refused, never called. */
+#define DM_BACKEND_ABI 7
+
+/* The symbol the plugin exports. Fills *table and returns 0, or returns -1
+ * with one message in err ("no CUDA device: ..."). host->fatal is what the
+ * plugin calls when a CUDA, cuBLAS or NCCL call fails (it does not return). */
+#define DM_BACKEND_PLUGIN_ENTRY "dynmo_cuda_backend_open"
+
+struct dm_backend_host {
+    void (*fatal)(const char *file, int line, const char *call, const char *text);
+};
+
+struct dm_backend;
+typedef int (*dm_backend_open_fn)(struct dm_backend *table, const struct dm_backend_host *host,
+                                  char *err, size_t errsize);
+
+/* A point-to-point and all-reduce world among the ranks' devices (NCCL on
+ * CUDA; NULL entries on the CPU, where src/pipe uses MPI). bcast_ints is
+ * the caller's polled broadcast from rank 0 (world_bcast_ints). Every call
+ * returns when the transfer is complete, polling the stream with
+ * sched_yield between polls: the host never blocks inside CUDA. */
+struct dm_backend_comm;
+
+struct dm_backend {
+    int abi;                      /* DM_BACKEND_ABI */
+    const char *name;             /* "cpu" or "cuda" */
+    char device[128];             /* what it runs on, in words */
+
+    /* Memory: where the tensors the ops take live. */
+    void *(*alloc)(size_t bytes);                 /* zero-filled; fatal on failure */
+    void (*free)(void *p);
+    void (*copy_to_device)(void *dst, const void *src, size_t bytes);
+    void (*copy_to_host)(void *dst, const void *src, size_t bytes);
+    void (*synchronize)(void);                    /* every op issued so far is done */
+    /* Host memory for staging (migration, checkpoints, MPI when ranks share
+     * a GPU): pinned on CUDA, so copies to and from it run at full speed. */
+    void *(*alloc_host)(size_t bytes);            /* zero-filled; fatal on failure */
+    void (*free_host)(void *p);
+
+    /* Matrix products (model.h's matmul_*). */
+    void (*matmul_forward)(float *out, const float *inp, const float *weight,
+                           const float *bias, int N, int C, int OC);
+    void (*matmul_forward_residual)(float *out, const float *inp, const float *weight,
+                                    const float *bias, const float *residual,
+                                    int N, int C, int OC);
+    void (*matmul_forward_gelu)(float *out, float *gelu_out, const float *inp,
+                                const float *weight, const float *bias, int N, int C, int OC);
+    void (*matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                            const float *inp, const float *weight, int N, int C, int OC);
+    void (*matmul_backward_overwrite)(float *dinp, float *dweight, float *dbias,
+                                      const float *dout, const float *inp,
+                                      const float *weight, int N, int C, int OC);
+    void (*matmul_backward_gelu)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, const float *gelu_inp,
+                                 int N, int C, int OC);
+
+    /* Layernorm (model.h; backward_residual is src/model/internal.h's). */
+    void (*layernorm_forward)(float *out, float *mean, float *rstd, const float *inp,
+                              const float *weight, const float *bias, int N, int C);
+    void (*layernorm_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *weight, const float *mean,
+                               const float *rstd, int N, int C);
+    void (*layernorm_backward_residual)(float *dinp, const float *dresidual, float *dweight,
+                                        float *dbias, const float *dout, const float *inp,
+                                        const float *weight, const float *mean,
+                                        const float *rstd, int N, int C);
+
+    /* Causal attention core, GELU, residual, embedding, loss. */
+    void (*attention_forward)(float *out, float *att, const float *qkv, int B, int T, int C,
+                              int NH);
+    void (*attention_backward)(float *dqkv, float *scratch, const float *dout,
+                               const float *qkv, const float *att, int B, int T, int C,
+                               int NH);
+    /* Early exit's attention over active query rows (src/model/internal.h's
+     * attention_forward_rows, _backward_rows): q, out, dq compact (nactive,
+     * C), kv, dkv (B T, 2C). att and scratch are (B, NH, T, T) in the
+     * backend's own layout: only the same backend's backward reads them. */
+    void (*attention_forward_rows)(float *out, float *att, const float *q, const float *kv,
+                                   const int *rows, int nactive, int B, int T, int C, int NH);
+    void (*attention_backward_rows)(float *dq, float *dkv, float *scratch, const float *dout,
+                                    const float *q, const float *kv, const float *att,
+                                    const int *rows, int nactive, int B, int T, int C, int NH);
+    /* Hash-sparse attention (model.h's hash_attention_forward, _backward):
+     * lse, order and bucket as there; the rotation (drawn on the host by
+     * hash_rotation_draw) in the backend's memory. Return the tiles
+     * visited. */
+    long (*hash_attention_forward)(float *out, float *lse, int *order, int *bucket,
+                                   const float *qkv, const float *rotation, int B, int T, int C,
+                                   int NH, int buckets);
+    long (*hash_attention_backward)(float *dqkv, const float *dout, const float *qkv,
+                                    const float *out, const float *lse, const int *order,
+                                    const int *bucket, int B, int T, int C, int NH);
+    void (*gelu_forward)(float *out, const float *inp, long N);
+    void (*gelu_backward)(float *dinp, const float *inp, const float *dout, long N);
+    void (*residual_forward)(float *out, const float *a, const float *b, long N);
+    void (*encoder_forward)(float *out, const int *tokens, const float *wte,
+                            const float *wpe, int B, int T, int C);
+    void (*encoder_backward)(float *dwte, float *dwpe, const float *dout, const int *tokens,
+                             int B, int T, int C);
+    void (*crossentropy_forward)(float *losses, float *probs, const float *logits,
+                                 const int *targets, int N, int V);
+    void (*crossentropy_softmax_backward)(float *dlogits, const float *probs,
+                                          const int *targets, float dloss_scale, int N,
+                                          int V);
+
+    /* The optimizer (model.h's adamw_update). */
+    void (*adamw_update)(float *params, const float *grads, float *m, float *v, long n,
+                         float lr, float beta1, float beta2, float eps, float weight_decay,
+                         float grad_scale, int t);
+
+    /* Pruned matrices in CSR (model.h's sparse_matmul_*): the weight (OC, C)
+     * as its arrays row_ptr (OC + 1), col_idx and values (nnz), in the
+     * backend's memory; dinp is overwritten, dweight (dense) and dbias
+     * accumulate; any of the three may be NULL. */
+    void (*sparse_matmul_forward)(float *out, const float *inp, const int *row_ptr,
+                                  const int *col_idx, const float *values, const float *bias,
+                                  int N, int C, int OC);
+    void (*sparse_matmul_backward)(float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const int *row_ptr, const int *col_idx,
+                                   const float *values, int nnz, int N, int C, int OC);
+
+    /* Mixture of depths (model.h's mod_router_forward, mod_select_topk,
+     * mod_predictor_forward_backward):
+     * the router r = w . x per token, the k tokens of each sequence with
+     * the largest r (ties: the lower position). */
+    void (*mod_router_forward)(float *router, const float *in, const float *weight, int N,
+                               int C);
+    void (*mod_select_topk)(int *chosen, const float *router, int B, int T, int k);
+    /* The causal predictor: chosen (may be NULL), and with target the mean
+     * loss returned (on the host) and its gradient accumulated in dweight. */
+    float (*mod_predictor_forward_backward)(float *dweight, int *chosen, const float *in,
+                                            const float *weight, const int *target, int N,
+                                            int C);
+
+    /* The dynamic schemes' gathers (early exit's active rows, mixture of
+     * depths' chosen tokens, MoE's dispatch): dst (n, C) = rows `rows` of
+     * src; rows `rows` of dst = src (n, C), or += when add is set. rows
+     * are distinct (every destination row is written by one source row). */
+    void (*rows_gather)(float *dst, const float *src, const int *rows, int n, int C);
+    void (*rows_scatter)(float *dst, const float *src, const int *rows, int n, int C, int add);
+
+    /* Device-to-device transport (NULL on the CPU). */
+    struct dm_backend_comm *(*comm_init)(int rank, int size, void (*bcast_ints)(int *buf, int n));
+    void (*comm_send)(struct dm_backend_comm *comm, const float *buf, size_t count, int peer);
+    void (*comm_recv)(struct dm_backend_comm *comm, float *buf, size_t count, int peer);
+    void (*comm_all_reduce_sum)(struct dm_backend_comm *comm, float *buf, size_t count);
+    void (*comm_free)(struct dm_backend_comm *comm);
+};
+
+/* The CPU table: today's ops (src/model/ops.c, optim.c), host memory. */
+const struct dm_backend *backend_cpu(void);
+
+/* The table the model routes through: the CPU's until backend_open
+ * selects another. Not thread-safe; set once at start-up. */
+const struct dm_backend *backend_current(void);
+
+/* Selects the backend train.device names: "cpu", or "cuda", which loads
+ * the plugin (backend_plugin_path) with dlopen and asks it for its table.
+ * Returns 0, or -1 with one message in err naming the problem and the fix
+ * (no plugin, not a dynmo plugin, built for another table, no CUDA
+ * device); the CPU backend then stays current. Not collective. */
+int backend_open(const char *device, char *err, size_t errsize);
+
+/* Where the plugin is looked for: $DYNMO_CUDA_PLUGIN when set, else
+ * libdynmo_cuda.so beside the running binary. Returns 0, or -1 when
+ * neither can be named (out then holds ""). */
+int backend_plugin_path(char *out, size_t size);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,73 @@
+/* The per-thread arithmetic of the mixture-of-depths kernels (mod.cu):
+ * the router r = w . x of each token, summed in order as
+ * src/model/mod.c does (same bits), and the top-k choice per sequence
+ * without a sort: token t of sequence b is chosen when fewer than k
+ * tokens rank before it (a larger value, or an equal value at a lower
+ * position), the CPU's total order, so the same choice. Router values
+ * are finite (the CPU's order is undefined for NaN too). The causal
+ * predictor: one thread per token for the logit, choice, loss and
+ * gradient factor, one per channel for the weight gradient in mod.c's
+ * order; the loss is summed on the host in token order. */
+#ifndef DYNMO_KERNELS_MOD_CUH
+#define DYNMO_KERNELS_MOD_CUH
+
+#include "common.cuh"
+
+/* one token per step: router[n] = weight . in[n, :] */
+DM_HD void mod_router_thread(struct dm_thread t, float *router, const float *in,
+                             const float *weight, int N, int C)
+{
+    for (long n = dm_thread_first(t); n < N; n += dm_thread_stride(t)) {
+        const float *x = in + n * C;
+        float s = 0.0f;
+        for (int c = 0; c < C; c++) s += weight[c] * x[c];
+        router[n] = s;
+    }
+}
+
+/* one token per step: chosen[b, t] = its rank in sequence b is below k */
+DM_HD void mod_select_topk_thread(struct dm_thread t, int *chosen, const float *router, int B,
+                                  int T, int k)
+{
+    for (long e = dm_thread_first(t); e < (long)B * T; e += dm_thread_stride(t)) {
+        const float *r = router + (e / T) * T;
+        int pos = (int)(e % T), before = 0;
+        float v = r[pos];
+        for (int u = 0; u < T && before < k; u++)
+            before += r[u] > v || (r[u] == v && u < pos);
+        chosen[e] = before < k;
+    }
+}
+
+/* The causal predictor, one token per step: logit = weight . in[n, :];
+ * chosen[n] = logit > 0 (chosen may be NULL); with target, the token's
+ * binary cross-entropy in loss[n] and its gradient factor
+ * grad[n] = (sigmoid(logit) - y) / N (torch's stable form, as mod.c) */
+DM_HD void mod_predictor_thread(struct dm_thread t, float *loss, float *grad, int *chosen,
+                                const float *in, const float *weight, const int *target, int N,
+                                int C)
+{
+    for (long n = dm_thread_first(t); n < N; n += dm_thread_stride(t)) {
+        const float *x = in + n * C;
+        float logit = 0.0f;
+        for (int c = 0; c < C; c++) logit += weight[c] * x[c];
+        if (chosen) chosen[n] = logit > 0.0f;
+        if (!target) continue;
+        float y = target[n] ? 1.0f : 0.0f;
+        loss[n] = (logit > 0.0f ? logit : 0.0f) - logit * y + log1pf(expf(-fabsf(logit)));
+        grad[n] = (1.0f / (1.0f + expf(-logit)) - y) / (float)N;
+    }
+}
+
+/* one channel per step: dweight[c] += grad[n] in[n, c] for n in order */
+DM_HD void mod_predictor_dweight_thread(struct dm_thread t, float *dweight, const float *grad,
+                                        const float *in, int N, int C)
+{
+    for (long c = dm_thread_first(t); c < C; c += dm_thread_stride(t)) {
+        float acc = dweight[c];
+        for (long n = 0; n < N; n++) acc += grad[n] * in[n * C + c];
+        dweight[c] = acc;
+    }
+}
+
+#endif

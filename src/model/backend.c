@@ -1,0 +1,213 @@
+/* The backend table (include/dynmo/backend.h): the CPU backend, which is
+ * the model's own ops, and the loading of the CUDA plugin when
+ * train.device = cuda. The CPU build never needs CUDA: the plugin is
+ * found at run time with dlopen, and everything this file knows of it is
+ * the table and the one entry symbol. It must not call MPI (the model
+ * never does) nor decide anything for other ranks: the caller agrees on
+ * the outcome (src/tools/train_setup.c). */
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "dynmo/backend.h"
+#include "dynmo/core.h"
+#include "dynmo/model.h"
+#include "model/internal.h"
+
+static void *cpu_alloc(size_t bytes)
+{
+    return dm_alloc(bytes);
+}
+
+static void cpu_copy(void *dst, const void *src, size_t bytes)
+{
+    memcpy(dst, src, bytes);
+}
+
+static void cpu_synchronize(void)
+{
+}
+
+/* dst (n, C) = rows `rows` of src */
+static void cpu_rows_gather(float *dst, const float *src, const int *rows, int n, int C)
+{
+    for (int i = 0; i < n; i++)
+        memcpy(dst + (size_t)i * C, src + (size_t)rows[i] * C, (size_t)C * sizeof(float));
+}
+
+/* rows `rows` of dst = src (n, C), or += when add is set */
+static void cpu_rows_scatter(float *dst, const float *src, const int *rows, int n, int C,
+                             int add)
+{
+    for (int i = 0; i < n; i++) {
+        float *row = dst + (size_t)rows[i] * C;
+        const float *from = src + (size_t)i * C;
+        if (add)
+            for (int c = 0; c < C; c++) row[c] += from[c];
+        else
+            memcpy(row, from, (size_t)C * sizeof(float));
+    }
+}
+
+/* The CSR arrays as the struct the CPU kernels take (they only read it). */
+static struct csr_matrix csr_view(const int *row_ptr, const int *col_idx, const float *values,
+                                  int rows, int cols)
+{
+    struct csr_matrix w = {.rows = rows, .cols = cols, .nnz = row_ptr[rows],
+                           .row_ptr = (int *)row_ptr, .col_idx = (int *)col_idx,
+                           .values = (float *)values};
+    return w;
+}
+
+static void cpu_sparse_forward(float *out, const float *inp, const int *row_ptr,
+                               const int *col_idx, const float *values, const float *bias, int N,
+                               int C, int OC)
+{
+    struct csr_matrix w = csr_view(row_ptr, col_idx, values, OC, C);
+    sparse_matmul_forward(out, inp, &w, bias, N, C, OC);
+}
+
+static void cpu_sparse_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const int *row_ptr, const int *col_idx,
+                                const float *values, int nnz, int N, int C, int OC)
+{
+    struct csr_matrix w = csr_view(row_ptr, col_idx, values, OC, C);
+    DM_ASSERT(w.nnz == nnz);
+    sparse_matmul_backward(dinp, dweight, dbias, dout, inp, &w, N, C, OC);
+}
+
+static const struct dm_backend cpu_table = {
+    .abi = DM_BACKEND_ABI,
+    .name = "cpu",
+    .device = "the CPU (OpenBLAS, dm_parallel_for)",
+    .alloc = cpu_alloc,
+    .free = dm_free,
+    .copy_to_device = cpu_copy,
+    .copy_to_host = cpu_copy,
+    .synchronize = cpu_synchronize,
+    .alloc_host = cpu_alloc,
+    .free_host = dm_free,
+    .matmul_forward = matmul_forward,
+    .matmul_forward_residual = matmul_forward_residual,
+    .matmul_forward_gelu = matmul_forward_gelu,
+    .matmul_backward = matmul_backward,
+    .matmul_backward_overwrite = matmul_backward_overwrite,
+    .matmul_backward_gelu = matmul_backward_gelu,
+    .layernorm_forward = layernorm_forward,
+    .layernorm_backward = layernorm_backward,
+    .layernorm_backward_residual = layernorm_backward_residual,
+    .attention_forward = attention_forward,
+    .attention_backward = attention_backward,
+    .attention_forward_rows = attention_forward_rows,
+    .attention_backward_rows = attention_backward_rows,
+    .hash_attention_forward = hash_attention_forward,
+    .hash_attention_backward = hash_attention_backward,
+    .gelu_forward = gelu_forward,
+    .gelu_backward = gelu_backward,
+    .residual_forward = residual_forward,
+    .encoder_forward = encoder_forward,
+    .encoder_backward = encoder_backward,
+    .crossentropy_forward = crossentropy_forward,
+    .crossentropy_softmax_backward = crossentropy_softmax_backward,
+    .adamw_update = adamw_update,
+    .sparse_matmul_forward = cpu_sparse_forward,
+    .sparse_matmul_backward = cpu_sparse_backward,
+    .mod_router_forward = mod_router_forward,
+    .mod_select_topk = mod_select_topk,
+    .mod_predictor_forward_backward = mod_predictor_forward_backward,
+    .rows_gather = cpu_rows_gather,
+    .rows_scatter = cpu_rows_scatter,
+};
+
+static const struct dm_backend *current = &cpu_table;
+static struct dm_backend plugin_table;
+
+const struct dm_backend *backend_cpu(void)
+{
+    return &cpu_table;
+}
+
+const struct dm_backend *backend_current(void)
+{
+    return current;
+}
+
+int backend_plugin_path(char *out, size_t size)
+{
+    const char *env = getenv("DYNMO_CUDA_PLUGIN");
+    out[0] = 0;
+    if (env && env[0]) {
+        dm_set_message(out, size, "%s", env);
+        return 0;
+    }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return -1;
+    exe[n] = 0;
+    char *slash = strrchr(exe, '/');
+    if (slash) slash[1] = 0;
+    dm_set_message(out, size, "%slibdynmo_cuda.so", slash ? exe : "");
+    return 0;
+}
+
+static void plugin_fatal(const char *file, int line, const char *call, const char *text)
+{
+    dm_internal_error(file, line, "%s: %s", call, text);
+}
+
+/* dlopen the plugin at path and ask it for its table. */
+static int open_plugin(const char *path, char *err, size_t errsize)
+{
+    void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!handle) {
+        dm_set_message(err, errsize, "train.device = cuda: cannot load the CUDA plugin %s "
+                       "(%s); build it with `make USE_CUDA=1` or name it in "
+                       "DYNMO_CUDA_PLUGIN (docs/gpu.md)", path, dlerror());
+        return -1;
+    }
+    dm_backend_open_fn entry;
+    *(void **)&entry = dlsym(handle, DM_BACKEND_PLUGIN_ENTRY);
+    if (!entry) {
+        dm_set_message(err, errsize, "train.device = cuda: %s is not a dynmo CUDA plugin "
+                       "(no symbol %s)", path, DM_BACKEND_PLUGIN_ENTRY);
+        dlclose(handle);
+        return -1;
+    }
+    static const struct dm_backend_host host = {.fatal = plugin_fatal};
+    struct dm_backend table;
+    memset(&table, 0, sizeof table);
+    char problem[512] = "";
+    int rc = entry(&table, &host, problem, sizeof problem);
+    if (rc == 0 && table.abi != DM_BACKEND_ABI)
+        dm_set_message(problem, sizeof problem, "it was built for backend table %d, this "
+                       "dynmo has %d: rebuild it with `make USE_CUDA=1`", table.abi,
+                       DM_BACKEND_ABI);
+    if (rc != 0 || table.abi != DM_BACKEND_ABI) {
+        dm_set_message(err, errsize, "train.device = cuda: %s: %s", path, problem);
+        dlclose(handle);   /* a plugin that refused holds nothing */
+        return -1;
+    }
+    plugin_table = table;
+    current = &plugin_table;
+    return 0;
+}
+
+int backend_open(const char *device, char *err, size_t errsize)
+{
+    if (!strcmp(device, "cpu")) {
+        current = &cpu_table;
+        return 0;
+    }
+    if (strcmp(device, "cuda") != 0) {
+        dm_set_message(err, errsize, "train.device = '%s' must be cpu or cuda", device);
+        return -1;
+    }
+    char path[4096];
+    if (backend_plugin_path(path, sizeof path) != 0) {
+        dm_set_message(err, errsize, "train.device = cuda: cannot name the CUDA plugin "
+                       "(no DYNMO_CUDA_PLUGIN and /proc/self/exe unreadable); set "
+                       "DYNMO_CUDA_PLUGIN to build/libdynmo_cuda.so");
+        return -1;
+    }
+    return open_plugin(path, err, errsize);
+}

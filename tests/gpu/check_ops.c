@@ -1,0 +1,399 @@
+/* check_ops cpu|cuda: every op of a backend's table (include/dynmo/
+ * backend.h) against the CPU backend on the same inputs, through the
+ * table's own memory calls (alloc, copies), the way the model will call
+ * it. Prints each op's largest difference relative to the largest
+ * magnitude of the CPU's result and exits 1 when any exceeds 1e-4 (or
+ * when the backend cannot be opened: no plugin, no GPU). `make check-gpu`
+ * runs it with cuda; `check_ops cpu` checks the checker (the CPU table
+ * against itself: every difference 0). The transport (comm_*) needs
+ * several ranks and is not checked here. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/backend.h"
+#include "dynmo/core.h"
+#include "dynmo/model.h"
+
+static const struct dm_backend *dev, *cpu;
+static int failures, checked;
+static uint64_t draw_state = 99;
+
+static float draw(void)
+{
+    draw_state = draw_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (float)((double)(draw_state >> 40) / (double)(1 << 24) * 2.0 - 1.0);
+}
+
+static float *host(long n, float scale)
+{
+    float *x = dm_alloc((size_t)n * sizeof(float));
+    for (long i = 0; i < n; i++) x[i] = scale * draw();
+    return x;
+}
+
+static void *up(const void *h, size_t bytes)
+{
+    void *d = dev->alloc(bytes);
+    dev->copy_to_device(d, h, bytes);
+    return d;
+}
+
+/* got (host) against want: the same infinities, then the largest
+ * difference relative to the largest finite magnitude */
+static void compare_host(const char *op, const float *got, const float *want, long n)
+{
+    double worst = 0.0, scale = 0.0;
+    long inf_differ = 0;
+    for (long i = 0; i < n; i++) {
+        if (isinf(got[i]) || isinf(want[i])) {
+            inf_differ += got[i] != want[i];
+            continue;
+        }
+        double diff = fabs((double)got[i] - want[i]);
+        worst = diff > worst || isnan(diff) ? diff : worst;
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    }
+    double rel = scale > 0 ? worst / scale : worst;
+    int ok = rel <= 1e-4 && inf_differ == 0;
+    failures += !ok;
+    checked++;
+    printf("  %-40s %9.2e %s\n", op, rel, ok ? "ok" : "FAIL (tol 1e-4, infinities alike)");
+}
+
+/* the device result d (n floats) against want */
+static void compare(const char *op, const float *d, const float *want, long n)
+{
+    float *got = dm_alloc((size_t)n * sizeof(float));
+    dev->synchronize();
+    dev->copy_to_host(got, d, (size_t)n * sizeof(float));
+    compare_host(op, got, want, n);
+    dm_free(got);
+}
+
+/* the device ints d (n) equal to want */
+static void compare_ints(const char *op, const int *d, const int *want, long n)
+{
+    int *got = dm_alloc((size_t)n * sizeof(int));
+    dev->synchronize();
+    dev->copy_to_host(got, d, (size_t)n * sizeof(int));
+    int same = memcmp(got, want, (size_t)n * sizeof(int)) == 0;
+    failures += !same;
+    checked++;
+    printf("  %-40s %9s %s\n", op, "", same ? "ok (equal)" : "FAIL (differ)");
+    dm_free(got);
+}
+
+/* a slab through pinned staging: host -> device -> host, bit for bit */
+static void check_staging(long n)
+{
+    float *slab = host(n, 1), *stage = dev->alloc_host((size_t)n * sizeof(float));
+    memcpy(stage, slab, (size_t)n * sizeof(float));
+    float *D = dev->alloc((size_t)n * sizeof(float));
+    dev->copy_to_device(D, stage, (size_t)n * sizeof(float));
+    memset(stage, 0, (size_t)n * sizeof(float));
+    dev->copy_to_host(stage, D, (size_t)n * sizeof(float));
+    int same = memcmp(stage, slab, (size_t)n * sizeof(float)) == 0;
+    failures += !same;
+    checked++;
+    printf("  %-40s %9s %s\n", "staging through alloc_host", "", same ? "ok" : "FAIL (bits differ)");
+    dev->free_host(stage), dev->free(D), dm_free(slab);
+}
+
+static void check_matmul(int N, int C, int OC)
+{
+    long NC = (long)N * C, NO = (long)N * OC, W = (long)OC * C;
+    float *x = host(NC, 1), *w = host(W, 0.1f), *b = host(OC, 1), *res = host(NO, 1);
+    float *dy = host(NO, 1), *g = host(NC, 1), *dx = host(NC, 1), *dw = host(W, 1);
+    float *db = host(OC, 1), *out = host(NO, 0), *gout = host(NO, 0);
+    float *X = up(x, NC * 4), *Wd = up(w, W * 4), *Bd = up(b, OC * 4), *R = up(res, NO * 4);
+    float *DY = up(dy, NO * 4), *G = up(g, NC * 4), *DX = up(dx, NC * 4), *DW = up(dw, W * 4);
+    float *DB = up(db, OC * 4), *O = up(out, NO * 4), *GO = up(gout, NO * 4);
+    cpu->matmul_forward(out, x, w, b, N, C, OC);
+    dev->matmul_forward(O, X, Wd, Bd, N, C, OC);
+    compare("matmul_forward", O, out, NO);
+    cpu->matmul_forward_residual(out, x, w, b, res, N, C, OC);
+    dev->matmul_forward_residual(O, X, Wd, Bd, R, N, C, OC);
+    compare("matmul_forward_residual", O, out, NO);
+    cpu->matmul_forward_gelu(out, gout, x, w, b, N, C, OC);
+    dev->matmul_forward_gelu(O, GO, X, Wd, Bd, N, C, OC);
+    compare("matmul_forward_gelu gelu_out", GO, gout, NO);
+    cpu->matmul_backward(dx, dw, db, dy, x, w, N, C, OC);
+    dev->matmul_backward(DX, DW, DB, DY, X, Wd, N, C, OC);
+    compare("matmul_backward dinp", DX, dx, NC);
+    compare("matmul_backward dweight", DW, dw, W);
+    compare("matmul_backward dbias", DB, db, OC);
+    cpu->matmul_backward_overwrite(dx, dw, NULL, dy, x, w, N, C, OC);
+    dev->matmul_backward_overwrite(DX, DW, NULL, DY, X, Wd, N, C, OC);
+    compare("matmul_backward_overwrite dinp", DX, dx, NC);
+    cpu->matmul_backward_gelu(dx, NULL, db, dy, x, w, g, N, C, OC);
+    dev->matmul_backward_gelu(DX, NULL, DB, DY, X, Wd, G, N, C, OC);
+    compare("matmul_backward_gelu dinp", DX, dx, NC);
+    float *hs[] = {x, w, b, res, dy, g, dx, dw, db, out, gout};
+    float *ds[] = {X, Wd, Bd, R, DY, G, DX, DW, DB, O, GO};
+    for (int i = 0; i < 11; i++) dm_free(hs[i]), dev->free(ds[i]);
+}
+
+static void check_layernorm(int N, int C)
+{
+    long NC = (long)N * C;
+    float *x = host(NC, 2), *w = host(C, 1), *b = host(C, 1), *dy = host(NC, 1);
+    float *out = host(NC, 0), *mean = host(N, 0), *rstd = host(N, 0), *dx = host(NC, 1);
+    float *dres = host(NC, 1), *dw = host(C, 1), *db = host(C, 1);
+    float *X = up(x, NC * 4), *Wd = up(w, C * 4), *Bd = up(b, C * 4), *DY = up(dy, NC * 4);
+    float *O = up(out, NC * 4), *M = up(mean, N * 4), *S = up(rstd, N * 4);
+    float *DX = up(dx, NC * 4), *DR = up(dres, NC * 4), *DW = up(dw, C * 4), *DB = up(db, C * 4);
+    cpu->layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    dev->layernorm_forward(O, M, S, X, Wd, Bd, N, C);
+    compare("layernorm_forward", O, out, NC);
+    compare("layernorm_forward rstd", S, rstd, N);
+    dev->copy_to_device(M, mean, N * 4);     /* the backward from the same statistics */
+    dev->copy_to_device(S, rstd, N * 4);
+    cpu->layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C);
+    dev->layernorm_backward(DX, DW, DB, DY, X, Wd, M, S, N, C);
+    compare("layernorm_backward dinp", DX, dx, NC);
+    compare("layernorm_backward dweight", DW, dw, C);
+    compare("layernorm_backward dbias", DB, db, C);
+    cpu->layernorm_backward_residual(dx, dres, dw, NULL, dy, x, w, mean, rstd, N, C);
+    dev->layernorm_backward_residual(DX, DR, DW, NULL, DY, X, Wd, M, S, N, C);
+    compare("layernorm_backward_residual dinp", DX, dx, NC);
+    float *hs[] = {x, w, b, dy, out, mean, rstd, dx, dres, dw, db};
+    float *ds[] = {X, Wd, Bd, DY, O, M, S, DX, DR, DW, DB};
+    for (int i = 0; i < 11; i++) dm_free(hs[i]), dev->free(ds[i]);
+}
+
+static void check_attention(int B, int T, int C, int NH)
+{
+    long BTC = (long)B * T * C, tt = (long)B * NH * T * T;
+    float *qkv = host(3 * BTC, 1), *dy = host(BTC, 1), *out = host(BTC, 0);
+    float *att = host(tt, 0), *scratch = host(tt, 0), *dqkv = host(3 * BTC, 0);
+    float *Q = up(qkv, 3 * BTC * 4), *DY = up(dy, BTC * 4), *O = up(out, BTC * 4);
+    float *A = up(att, tt * 4), *S = up(scratch, tt * 4), *DQ = up(dqkv, 3 * BTC * 4);
+    cpu->attention_forward(out, att, qkv, B, T, C, NH);
+    dev->attention_forward(O, A, Q, B, T, C, NH);
+    compare("attention_forward out", O, out, BTC);
+    dev->copy_to_device(A, att, tt * 4);
+    cpu->attention_backward(dqkv, scratch, dy, qkv, att, B, T, C, NH);
+    dev->attention_backward(DQ, S, DY, Q, A, B, T, C, NH);
+    compare("attention_backward dqkv", DQ, dqkv, 3 * BTC);
+    float *hs[] = {qkv, dy, out, att, scratch, dqkv}, *ds[] = {Q, DY, O, A, S, DQ};
+    for (int i = 0; i < 6; i++) dm_free(hs[i]), dev->free(ds[i]);
+}
+
+/* early exit's rows: every third token of the first sequences active */
+static void check_attention_rows(int B, int T, int C, int NH)
+{
+    int *rows = dm_alloc((size_t)B * T * sizeof(int)), n = 0;
+    for (int i = 0; i < (B - 1) * T; i++)
+        if (i % 3 != 1) rows[n++] = i;
+    long BTC = (long)B * T * C, tt = (long)B * NH * T * T, NC = (long)n * C;
+    float *q = host(NC, 1), *kv = host(2 * BTC, 1), *dy = host(NC, 1), *out = host(NC, 0);
+    float *att = host(tt, 0), *scratch = host(tt, 0), *dq = host(NC, 0), *dkv = host(2 * BTC, 0);
+    int *R = up(rows, (size_t)n * 4 + 4);
+    float *Q = up(q, NC * 4), *KV = up(kv, 2 * BTC * 4), *DY = up(dy, NC * 4);
+    float *O = up(out, NC * 4), *A = up(att, tt * 4), *S = up(scratch, tt * 4);
+    float *DQ = up(dq, NC * 4), *DKV = up(dkv, 2 * BTC * 4);
+    cpu->attention_forward_rows(out, att, q, kv, rows, n, B, T, C, NH);
+    dev->attention_forward_rows(O, A, Q, KV, R, n, B, T, C, NH);
+    compare("attention_forward_rows out", O, out, NC);
+    cpu->attention_backward_rows(dq, dkv, scratch, dy, q, kv, att, rows, n, B, T, C, NH);
+    dev->attention_backward_rows(DQ, DKV, S, DY, Q, KV, A, R, n, B, T, C, NH);
+    compare("attention_backward_rows dq", DQ, dq, NC);
+    compare("attention_backward_rows dkv", DKV, dkv, 2 * BTC);
+    float *hs[] = {q, kv, dy, out, att, scratch, dq, dkv}, *ds[] = {Q, KV, DY, O, A, S, DQ, DKV};
+    for (int i = 0; i < 8; i++) dm_free(hs[i]), dev->free(ds[i]);
+    dm_free(rows), dev->free(R);
+}
+
+static void check_elementwise(long N)
+{
+    float *x = host(N, 4), *y = host(N, 1), *out = host(N, 0);
+    float *X = up(x, N * 4), *Y = up(y, N * 4), *O = up(out, N * 4);
+    cpu->gelu_forward(out, x, N);
+    dev->gelu_forward(O, X, N);
+    compare("gelu_forward", O, out, N);
+    cpu->gelu_backward(out, x, y, N);
+    dev->gelu_backward(O, X, Y, N);
+    compare("gelu_backward", O, out, N);
+    cpu->residual_forward(out, x, y, N);
+    dev->residual_forward(O, X, Y, N);
+    compare("residual_forward", O, out, N);
+    float *p = host(N, 0.1f), *g = host(N, 1), *m = host(N, 0), *v = host(N, 0);
+    float *P = up(p, N * 4), *G = up(g, N * 4), *Md = up(m, N * 4), *V = up(v, N * 4);
+    for (int t = 1; t <= 3; t++) {
+        cpu->adamw_update(p, g, m, v, N, 1e-3f * t, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
+        dev->adamw_update(P, G, Md, V, N, 1e-3f * t, 0.9f, 0.95f, 1e-8f, 0.1f, 0.7f, t);
+    }
+    compare("adamw_update params (3 steps)", P, p, N);
+    compare("adamw_update v", V, v, N);
+    float *hs[] = {x, y, out, p, g, m, v}, *ds[] = {X, Y, O, P, G, Md, V};
+    for (int i = 0; i < 7; i++) dm_free(hs[i]), dev->free(ds[i]);
+}
+
+static void check_embedding_loss_rows(int B, int T, int C, int V)
+{
+    int N = B * T;
+    long NC = (long)N * C, NV = (long)N * V;
+    int *tok = dm_alloc((size_t)N * sizeof(int)), *rows = dm_alloc((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) tok[i] = (i * 13 + i / 7) % V, rows[i] = (i * 5) % N;
+    int n = N / 5;   /* rows (i*5) % N for i < N/5 are distinct */
+    float *wte = host((long)V * C, 1), *wpe = host((long)T * C, 1), *out = host(NC, 0);
+    float *dwte = host((long)V * C, 1), *dwpe = host((long)T * C, 1), *dy = host(NC, 1);
+    float *logits = host(NV, 5), *probs = host(NV, 0), *loss = host(N, 0), *compact = host(NC, 0);
+    int *TOK = up(tok, N * 4), *ROWS = up(rows, N * 4);
+    float *WTE = up(wte, V * C * 4L), *WPE = up(wpe, T * C * 4L), *O = up(out, NC * 4);
+    float *DWTE = up(dwte, V * C * 4L), *DWPE = up(dwpe, T * C * 4L), *DY = up(dy, NC * 4);
+    float *L = up(logits, NV * 4), *P = up(probs, NV * 4), *LS = up(loss, N * 4);
+    float *CP = up(compact, NC * 4);
+    cpu->encoder_forward(out, tok, wte, wpe, B, T, C);
+    dev->encoder_forward(O, TOK, WTE, WPE, B, T, C);
+    compare("encoder_forward", O, out, NC);
+    cpu->encoder_backward(dwte, dwpe, dy, tok, B, T, C);
+    dev->encoder_backward(DWTE, DWPE, DY, TOK, B, T, C);
+    compare("encoder_backward dwte", DWTE, dwte, (long)V * C);
+    compare("encoder_backward dwpe", DWPE, dwpe, (long)T * C);
+    cpu->crossentropy_forward(loss, probs, logits, tok, N, V);
+    dev->crossentropy_forward(LS, P, L, TOK, N, V);
+    compare("crossentropy_forward losses", LS, loss, N);
+    compare("crossentropy_forward probs", P, probs, NV);
+    cpu->crossentropy_softmax_backward(probs, probs, tok, 0.25f, N, V);
+    dev->crossentropy_softmax_backward(P, P, TOK, 0.25f, N, V);
+    compare("crossentropy_softmax_backward", P, probs, NV);
+    cpu->rows_gather(compact, dy, rows, n, C);
+    dev->rows_gather(CP, DY, ROWS, n, C);
+    compare("rows_gather", CP, compact, (long)n * C);
+    cpu->rows_scatter(out, compact, rows, n, C, 1);
+    dev->rows_scatter(O, CP, ROWS, n, C, 1);
+    compare("rows_scatter add", O, out, NC);
+    float *hs[] = {wte, wpe, out, dwte, dwpe, dy, logits, probs, loss, compact};
+    float *ds[] = {WTE, WPE, O, DWTE, DWPE, DY, L, P, LS, CP};
+    for (int i = 0; i < 10; i++) dm_free(hs[i]), dev->free(ds[i]);
+    dm_free(tok), dm_free(rows), dev->free(TOK), dev->free(ROWS);
+}
+
+static void check_sparse(int N, int C, int OC)
+{
+    int *row_ptr = dm_alloc((size_t)(OC + 1) * sizeof(int)), nnz = 0;
+    int *col_idx = dm_alloc((size_t)OC * C * sizeof(int));
+    float *values = dm_alloc((size_t)OC * C * sizeof(float));
+    for (int o = 0; o < OC; o++) {
+        row_ptr[o] = nnz;
+        for (int c = 0; c < C; c++)
+            if (draw() > 0.4f) col_idx[nnz] = c, values[nnz++] = draw();
+    }
+    row_ptr[OC] = nnz;
+    long NC = (long)N * C, NO = (long)N * OC, W = (long)OC * C;
+    float *x = host(NC, 1), *b = host(OC, 1), *dy = host(NO, 1), *out = host(NO, 0);
+    float *dx = host(NC, 0), *dw = host(W, 1), *db = host(OC, 1);
+    int *RP = up(row_ptr, (OC + 1) * 4L), *CI = up(col_idx, nnz * 4L + 4);
+    float *VA = up(values, nnz * 4L + 4), *X = up(x, NC * 4), *Bd = up(b, OC * 4);
+    float *DY = up(dy, NO * 4), *O = up(out, NO * 4), *DX = up(dx, NC * 4);
+    float *DW = up(dw, W * 4), *DB = up(db, OC * 4);
+    cpu->sparse_matmul_forward(out, x, row_ptr, col_idx, values, b, N, C, OC);
+    dev->sparse_matmul_forward(O, X, RP, CI, VA, Bd, N, C, OC);
+    compare("sparse_matmul_forward", O, out, NO);
+    cpu->sparse_matmul_backward(dx, dw, db, dy, x, row_ptr, col_idx, values, nnz, N, C, OC);
+    dev->sparse_matmul_backward(DX, DW, DB, DY, X, RP, CI, VA, nnz, N, C, OC);
+    compare("sparse_matmul_backward dinp", DX, dx, NC);
+    compare("sparse_matmul_backward dweight", DW, dw, W);
+    compare("sparse_matmul_backward dbias", DB, db, OC);
+    float *hs[] = {x, b, dy, out, dx, dw, db, values}, *ds[] = {X, Bd, DY, O, DX, DW, DB, VA};
+    for (int i = 0; i < 8; i++) dm_free(hs[i]), dev->free(ds[i]);
+    dm_free(row_ptr), dm_free(col_idx), dev->free(RP), dev->free(CI);
+}
+
+static void check_mod(int B, int T, int C, int k)
+{
+    int N = B * T;
+    float *in = host((long)N * C, 1), *w = host(C, 1), *router = host(N, 0);
+    int *chosen = dm_alloc((size_t)N * sizeof(int)), *got = dm_alloc((size_t)N * sizeof(int));
+    float *IN = up(in, (size_t)N * C * 4), *Wd = up(w, C * 4), *R = up(router, N * 4);
+    int *CH = up(chosen, N * 4);
+    cpu->mod_router_forward(router, in, w, N, C);
+    dev->mod_router_forward(R, IN, Wd, N, C);
+    compare("mod_router_forward", R, router, N);
+    dev->copy_to_device(R, router, N * 4);   /* the same values for the choice */
+    cpu->mod_select_topk(chosen, router, B, T, k);
+    dev->mod_select_topk(CH, R, B, T, k);
+    dev->synchronize();
+    dev->copy_to_host(got, CH, N * 4);
+    int differ = 0;
+    for (int i = 0; i < N; i++) differ += got[i] != chosen[i];
+    failures += differ != 0;
+    checked++;
+    printf("  %-40s %9d %s\n", "mod_select_topk (choices differing)", differ,
+           differ ? "FAIL (want 0)" : "ok");
+    int *target = dm_alloc((size_t)N * sizeof(int));
+    for (int i = 0; i < N; i++) target[i] = chosen[i];
+    int *TG = up(target, N * 4);
+    float *dw = host(C, 1), *DW = up(dw, C * 4);
+    float loss = cpu->mod_predictor_forward_backward(dw, chosen, in, w, target, N, C);
+    float dloss = dev->mod_predictor_forward_backward(DW, CH, IN, Wd, TG, N, C);
+    compare_host("mod_predictor loss", &dloss, &loss, 1);
+    compare("mod_predictor dweight", DW, dw, C);
+    compare_ints("mod_predictor chosen", CH, chosen, N);
+    dm_free(in), dm_free(w), dm_free(router), dm_free(chosen), dm_free(got), dm_free(target);
+    dm_free(dw), dev->free(TG), dev->free(DW);
+    dev->free(IN), dev->free(Wd), dev->free(R), dev->free(CH);
+}
+
+static void check_hash(int B, int T, int C, int NH, int buckets)
+{
+    int hs = C / NH;
+    long BTC = (long)B * T * C, bhT = (long)B * NH * T, R = (long)NH * hs * (buckets / 2) + 1;
+    float *qkv = host(3 * BTC, 1), *dy = host(BTC, 1), *rot = host(R, 0);
+    hash_rotation_draw(rot, NH, hs, buckets, 42, 3, 7);
+    float *out = host(BTC, 0), *lse = host(bhT, 0), *dqkv = host(3 * BTC, 0);
+    int *order = dm_alloc(2 * bhT * sizeof(int)), *bucket = dm_alloc(2 * bhT * sizeof(int));
+    float *Q = up(qkv, 3 * BTC * 4), *DY = up(dy, BTC * 4), *RO = up(rot, R * 4);
+    float *O = up(out, BTC * 4), *L = up(lse, bhT * 4), *DQ = up(dqkv, 3 * BTC * 4);
+    int *OR = up(order, 2 * bhT * 4), *BU = up(bucket, 2 * bhT * 4);
+    long tiles = cpu->hash_attention_forward(out, lse, order, bucket, qkv, rot, B, T, C, NH,
+                                             buckets);
+    long dtiles = dev->hash_attention_forward(O, L, OR, BU, Q, RO, B, T, C, NH, buckets);
+    compare_ints("hash buckets", BU, bucket, 2 * bhT);
+    compare_ints("hash orders", OR, order, 2 * bhT);
+    compare("hash_attention_forward out", O, out, BTC);
+    compare("hash_attention_forward lse", L, lse, bhT);
+    cpu->hash_attention_backward(dqkv, dy, qkv, out, lse, order, bucket, B, T, C, NH);
+    long btiles = dev->hash_attention_backward(DQ, DY, Q, O, L, OR, BU, B, T, C, NH);
+    compare("hash_attention_backward dqkv", DQ, dqkv, 3 * BTC);
+    int ok = dtiles == tiles && btiles == tiles;
+    failures += !ok;
+    checked++;
+    printf("  %-40s %9ld %s\n", "hash tiles visited", dtiles, ok ? "ok (the CPU's)" : "FAIL");
+    float *hs_[] = {qkv, dy, rot, out, lse, dqkv}, *ds[] = {Q, DY, RO, O, L, DQ};
+    for (int i = 0; i < 6; i++) dm_free(hs_[i]), dev->free(ds[i]);
+    dm_free(order), dm_free(bucket), dev->free(OR), dev->free(BU);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda"))) {
+        fprintf(stderr, "usage: check_ops cpu|cuda\n");
+        return 2;
+    }
+    dm_threads_init(0);
+    char err[1024];
+    if (backend_open(argv[1], err, sizeof err) != 0) {
+        fprintf(stderr, "check_ops: FAILED: %s\n", err);
+        return 1;
+    }
+    dev = backend_current();
+    cpu = backend_cpu();
+    printf("check_ops: %s (%s) against the CPU backend\n", dev->name, dev->device);
+    check_staging(1 << 20);
+    check_matmul(256, 128, 384);
+    check_matmul(100, 96, 40);
+    check_layernorm(300, 128);
+    check_attention(2, 64, 128, 4);
+    check_attention(1, 45, 24, 3);
+    check_attention_rows(3, 64, 128, 4);
+    check_hash(2, 256, 128, 4, 8);
+    check_elementwise(100003);
+    check_embedding_loss_rows(4, 64, 96, 256);
+    check_sparse(200, 64, 192);
+    check_mod(4, 128, 96, 16);
+    printf("check_ops: %d of %d checks failed\n", failures, checked);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,951 @@
+/* The CUDA backend's kernels, run on the host: every kernel's per-thread
+ * functions (the .cuh files of kernels/, compiled here by gcc exactly as nvcc compiles
+ * them for the device) run over a whole grid, every block and thread in
+ * a loop, phase by phase where the kernel has barriers, and are compared
+ * with the CPU backend's op (backend_cpu(): src/model/ops.c, optim.c).
+ * Where the arithmetic is the same the bits must be the same; where the
+ * order of a sum differs (block tree reductions, cuBLAS against OpenBLAS)
+ * the largest difference must be at most 1e-5 of the largest magnitude of
+ * the CPU's result. Each grid also runs with its threads and blocks in
+ * reverse order and must give the same bits (no phase reads what another
+ * thread of the same phase writes). The cuBLAS arguments of every product
+ * the model runs are translated to column-major (kernels/gemm.cuh) and
+ * applied to CBLAS in column-major mode, against a plain row-major
+ * reference and against the CPU ops. No GPU is needed; no CUDA either. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/backend.h"
+#include "dynmo/core.h"
+#include "dynmo/model.h"
+#include "model/internal.h"
+#include "testing.h"
+#include "../kernels/adamw.cuh"
+#include "../kernels/attention.cuh"
+#include "../kernels/elementwise.cuh"
+#include "../kernels/encoder.cuh"
+#include "../kernels/gemm.cuh"
+#include "../kernels/hash.cuh"
+#include "../kernels/layernorm.cuh"
+#include "../kernels/matmul.cuh"
+#include "../kernels/mod.cuh"
+#include "../kernels/softmax.cuh"
+#include "../kernels/sparse.cuh"
+
+/* ---- the grid harness --------------------------------------------------- */
+
+static int reverse_order;   /* run blocks and threads last to first */
+
+static long order_at(long k, long n)
+{
+    return reverse_order ? n - 1 - k : k;
+}
+
+/* `body` once per thread of a (blocks x threads) launch, the thread as t */
+#define FOR_GRID(blocks, threads, body)                                             \
+    for (long grid_b = 0; grid_b < (blocks); grid_b++)                              \
+        for (int grid_k = 0; grid_k < (threads); grid_k++) {                        \
+            struct dm_thread t = dm_thread_at(order_at(grid_b, blocks), blocks,     \
+                                              (int)order_at(grid_k, threads), threads); \
+            body;                                                                   \
+        }
+
+/* `body` once per thread of block `block` (one phase), the thread as t */
+#define FOR_BLOCK(block, blocks, threads, body)                                     \
+    for (int grid_k = 0; grid_k < (threads); grid_k++) {                            \
+        struct dm_thread t = dm_thread_at(block, blocks, (int)order_at(grid_k, threads), \
+                                          threads);                                 \
+        body;                                                                       \
+    }
+
+typedef void (*tree_step_fn)(float *shared, int thread, int stride);
+
+/* A block's tree reduction, level by level (a barrier between levels). */
+static void run_tree(float *shared, int threads, tree_step_fn step)
+{
+    for (int stride = threads / 2; stride > 0; stride /= 2)
+        for (int k = 0; k < threads; k++) step(shared, (int)order_at(k, threads), stride);
+}
+
+/* ---- data and comparison ------------------------------------------------ */
+
+static uint64_t draw_state = 12345;
+
+static float draw_normal(void)
+{
+    draw_state = draw_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    double u1 = ((draw_state >> 11) + 0.5) / 9007199254740992.0;
+    draw_state = draw_state * 6364136223846793005ULL + 1442695040888963407ULL;
+    double u2 = ((draw_state >> 11) + 0.5) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+static float *filled(long n, float scale)
+{
+    float *x = dm_alloc((size_t)n * sizeof(float));
+    for (long i = 0; i < n; i++) x[i] = scale * draw_normal();
+    return x;
+}
+
+static float *copied(const float *x, long n)
+{
+    float *y = dm_alloc((size_t)n * sizeof(float));
+    memcpy(y, x, (size_t)n * sizeof(float));
+    return y;
+}
+
+static void check_bits(const char *what, const float *got, const float *want, long n)
+{
+    long bad = 0;
+    for (long i = 0; i < n; i++) bad += memcmp(got + i, want + i, sizeof(float)) != 0;
+    CHECK_MSG(bad == 0, "%s: %ld of %ld elements differ from the CPU's bits", what, bad, n);
+    printf("  %-44s bit-identical over %ld elements: %s\n", what, n, bad ? "NO" : "yes");
+}
+
+/* max |got - want| <= tol * max |want| */
+static void check_close(const char *what, const float *got, const float *want, long n,
+                        double tol)
+{
+    double worst = 0.0, scale = 0.0;
+    for (long i = 0; i < n; i++) {
+        double d = fabs((double)got[i] - want[i]);
+        worst = d > worst || isnan(d) ? d : worst;
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    }
+    double rel = scale > 0 ? worst / scale : worst;
+    CHECK_MSG(rel <= tol, "%s: largest difference %.3g of magnitude %.3g (tol %.0e)", what,
+              worst, scale, tol);
+    printf("  %-44s largest difference %.2e relative (tol %.0e)\n", what, rel, tol);
+}
+
+/* The forward-order and reverse-order runs of a grid give the same bits. */
+static void check_orders(const char *what, const float *forward, const float *reverse, long n)
+{
+    long differ = 0;
+    for (long i = 0; i < n; i++) differ += memcmp(forward + i, reverse + i, sizeof(float)) != 0;
+    CHECK_MSG(differ == 0, "%s: %ld of %ld elements depend on the thread order", what, differ,
+              n);
+}
+
+/* Two runs of a kernel, forward order into run[0], reverse into run[1],
+ * each from a fresh copy of init (n floats). */
+struct two_runs {
+    float *run[2];
+};
+
+static struct two_runs two_copies(const float *init, long n)
+{
+    struct two_runs r = {{copied(init, n), copied(init, n)}};
+    return r;
+}
+
+static void two_free(struct two_runs *r)
+{
+    dm_free(r->run[0]);
+    dm_free(r->run[1]);
+}
+
+#define FOR_ORDERS(r) for (int r = (reverse_order = 0); r < 2; reverse_order = ++r)
+
+/* ---- element-wise kernels: the CPU's bits -------------------------------- */
+
+static void test_gelu_residual(void)
+{
+    long N = 5003;
+    float *x = filled(N, 3.0f), *dout = filled(N, 1.0f), *other = filled(N, 1.0f);
+    x[0] = -100.0f, x[1] = 100.0f, x[2] = 0.0f, x[3] = -9.0f, x[4] = 1e-20f;
+    float *want = dm_alloc(N * sizeof(float)), *dwant = copied(dout, N);
+    float *sum_want = dm_alloc(N * sizeof(float));
+    gelu_forward(want, x, N);
+    gelu_backward(dwant, x, dwant, N);
+    residual_forward(sum_want, x, other, N);
+    struct two_runs out = two_copies(want, N), dinp = two_copies(dout, N);
+    struct two_runs sum = two_copies(x, N);
+    FOR_ORDERS(r) {
+        memset(out.run[r], 0, N * sizeof(float));
+        FOR_GRID(3, 64, gelu_forward_thread(t, out.run[r], x, N));
+        FOR_GRID(3, 64, gelu_backward_thread(t, dinp.run[r], x, dinp.run[r], N));
+        FOR_GRID(5, 32, residual_forward_thread(t, sum.run[r], sum.run[r], other, N));
+    }
+    check_orders("gelu_forward", out.run[0], out.run[1], N);
+    check_orders("gelu_backward", dinp.run[0], dinp.run[1], N);
+    check_bits("gelu_forward", out.run[0], want, N);
+    check_bits("gelu_backward (in place)", dinp.run[0], dwant, N);
+    check_bits("residual_forward (in place)", sum.run[0], sum_want, N);
+    two_free(&out), two_free(&dinp), two_free(&sum);
+    dm_free(x), dm_free(dout), dm_free(other), dm_free(want), dm_free(dwant);
+    dm_free(sum_want);
+}
+
+static void test_rows(void)
+{
+    int N = 37, C = 24, n = 11;
+    int rows[11] = {36, 0, 5, 6, 7, 20, 21, 2, 30, 31, 13};
+    float *src = filled((long)N * C, 1.0f), *compact = filled((long)n * C, 1.0f);
+    float *dst0 = filled((long)N * C, 1.0f);
+    const struct dm_backend *cpu = backend_cpu();
+    float *gather_want = dm_alloc((size_t)n * C * sizeof(float));
+    float *set_want = copied(dst0, (long)N * C), *add_want = copied(dst0, (long)N * C);
+    cpu->rows_gather(gather_want, src, rows, n, C);
+    cpu->rows_scatter(set_want, compact, rows, n, C, 0);
+    cpu->rows_scatter(add_want, compact, rows, n, C, 1);
+    struct two_runs gather = two_copies(compact, (long)n * C);
+    struct two_runs set = two_copies(dst0, (long)N * C), add = two_copies(dst0, (long)N * C);
+    FOR_ORDERS(r) {
+        FOR_GRID(2, 32, rows_gather_thread(t, gather.run[r], src, rows, n, C));
+        FOR_GRID(2, 32, rows_scatter_thread(t, set.run[r], compact, rows, n, C, 0));
+        FOR_GRID(3, 16, rows_scatter_thread(t, add.run[r], compact, rows, n, C, 1));
+    }
+    check_orders("rows_scatter add", add.run[0], add.run[1], (long)N * C);
+    check_bits("rows_gather", gather.run[0], gather_want, (long)n * C);
+    check_bits("rows_scatter", set.run[1], set_want, (long)N * C);
+    check_bits("rows_scatter add", add.run[0], add_want, (long)N * C);
+    two_free(&gather), two_free(&set), two_free(&add);
+    dm_free(src), dm_free(compact), dm_free(dst0), dm_free(gather_want);
+    dm_free(set_want), dm_free(add_want);
+}
+
+static void test_adamw(void)
+{
+    long n = 3001;
+    float *p0 = filled(n, 0.1f), *g = filled(n, 1.0f);
+    float *p = copied(p0, n), *m = dm_alloc(n * sizeof(float)), *v = dm_alloc(n * sizeof(float));
+    float *pk = copied(p0, n), *mk = dm_alloc(n * sizeof(float)), *vk = dm_alloc(n * sizeof(float));
+    for (int step = 1; step <= 3; step++) {
+        float lr = 3e-3f * step, wd = step == 2 ? 0.0f : 0.1f, scale = step == 3 ? 0.5f : 1.0f;
+        adamw_update(p, g, m, v, n, lr, 0.9f, 0.95f, 1e-8f, wd, scale, step);
+        struct dm_adamw_constants k = dm_adamw_constants_make(lr, 0.9f, 0.95f, 1e-8f, wd,
+                                                              scale, step);
+        reverse_order = step == 2;
+        FOR_GRID(4, 64, adamw_update_thread(t, pk, g, mk, vk, n, k));
+        for (long i = 0; i < n; i++) g[i] = 0.5f * g[i] + 0.1f * draw_normal();
+    }
+    reverse_order = 0;
+    check_bits("adamw_update params (3 steps)", pk, p, n);
+    check_bits("adamw_update m", mk, m, n);
+    check_bits("adamw_update v", vk, v, n);
+    dm_free(p0), dm_free(g), dm_free(p), dm_free(m), dm_free(v);
+    dm_free(pk), dm_free(mk), dm_free(vk);
+}
+
+static void test_encoder(void)
+{
+    int B = 3, T = 17, C = 40, V = 23;
+    int *tokens = dm_alloc((size_t)B * T * sizeof(int));
+    for (int i = 0; i < B * T; i++) tokens[i] = (i * 7 + i / 5) % V;   /* repeats */
+    tokens[4] = tokens[9] = tokens[30] = 3;
+    float *wte = filled((long)V * C, 1.0f), *wpe = filled((long)T * C, 1.0f);
+    float *dout = filled((long)B * T * C, 1.0f);
+    float *want = dm_alloc((size_t)B * T * C * sizeof(float));
+    float *dwte_want = filled((long)V * C, 1.0f), *dwpe_want = filled((long)T * C, 1.0f);
+    struct two_runs out = two_copies(want, (long)B * T * C);
+    struct two_runs dwte = two_copies(dwte_want, (long)V * C);
+    struct two_runs dwpe = two_copies(dwpe_want, (long)T * C);
+    encoder_forward(want, tokens, wte, wpe, B, T, C);
+    encoder_backward(dwte_want, dwpe_want, dout, tokens, B, T, C);
+    FOR_ORDERS(r) {
+        FOR_GRID(7, 32, encoder_forward_thread(t, out.run[r], tokens, wte, wpe, B, T, C));
+        FOR_GRID(2, 16, encoder_backward_thread(t, dwte.run[r], dwpe.run[r], dout, tokens,
+                                                B, T, C));
+    }
+    check_orders("encoder_backward", dwte.run[0], dwte.run[1], (long)V * C);
+    check_bits("encoder_forward", out.run[0], want, (long)B * T * C);
+    check_bits("encoder_backward dwte", dwte.run[0], dwte_want, (long)V * C);
+    check_bits("encoder_backward dwpe", dwpe.run[1], dwpe_want, (long)T * C);
+    two_free(&out), two_free(&dwte), two_free(&dwpe);
+    dm_free(tokens), dm_free(wte), dm_free(wpe), dm_free(dout), dm_free(want);
+    dm_free(dwte_want), dm_free(dwpe_want);
+}
+
+/* ---- block-reduction kernels -------------------------------------------- */
+
+/* Threads of a block in the harness: the plugin's DM_BLOCK_THREADS, so
+ * that the harness does the device's arithmetic in the device's order,
+ * and a smaller block, so that each thread also walks several elements. */
+static int block_threads = DM_BLOCK_THREADS;
+enum { THREADS = DM_BLOCK_THREADS };   /* room for the shared arrays */
+
+/* layernorm.cu's forward: one block per row, three phases */
+static void host_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                                   const float *weight, const float *bias, int N, int C)
+{
+    float sum[THREADS], var[THREADS];
+    for (long k = 0; k < N; k++) {
+        long row = order_at(k, N);
+        FOR_BLOCK(row, N, block_threads, layernorm_forward_sum_phase(t, sum, inp, C));
+        run_tree(sum, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(row, N, block_threads, layernorm_forward_var_phase(t, var, sum, inp, C));
+        run_tree(var, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(row, N, block_threads, layernorm_forward_out_phase(t, out, mean, rstd, sum, var,
+                                                               inp, weight, bias, C));
+    }
+}
+
+/* layernorm.cu's backward: the input gradient by rows, the parameters by columns */
+static void host_layernorm_backward(float *dinp, const float *dresidual, float *dweight,
+                                    float *dbias, const float *dout, const float *inp,
+                                    const float *weight, const float *mean, const float *rstd,
+                                    int N, int C)
+{
+    float sum_d[THREADS], sum_dn[THREADS];
+    for (long k = 0; k < N; k++) {
+        long row = order_at(k, N);
+        FOR_BLOCK(row, N, block_threads, layernorm_backward_sums_phase(t, sum_d, sum_dn, dout, inp,
+                                                                 weight, mean, rstd, C));
+        run_tree(sum_d, block_threads, dm_tree_sum_step);
+        run_tree(sum_dn, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(row, N, block_threads, layernorm_backward_dinp_phase(t, dinp, dresidual, sum_d,
+                                                                 sum_dn, dout, inp, weight,
+                                                                 mean, rstd, C));
+    }
+    FOR_GRID(2, 16, layernorm_backward_params_thread(t, dweight, dbias, dout, inp, mean, rstd,
+                                                     N, C));
+}
+
+static void test_layernorm(int N, int C)
+{
+    printf("layernorm N=%d C=%d\n", N, C);
+    long NC = (long)N * C;
+    float *x = filled(NC, 2.0f), *w = filled(C, 1.0f), *b = filled(C, 1.0f);
+    float *dout = filled(NC, 1.0f), *dres = filled(NC, 1.0f), *dinp0 = filled(NC, 1.0f);
+    for (long i = 0; i < NC; i++) x[i] += 0.5f;
+    float *out = dm_alloc(NC * 4), *mean = dm_alloc(N * 4), *rstd = dm_alloc(N * 4);
+    float *dinp = copied(dinp0, NC), *dw = filled(C, 1.0f), *db = filled(C, 1.0f);
+    float *dinp_res = dm_alloc(NC * 4), *dw_res = dm_alloc(C * 4);
+    layernorm_forward(out, mean, rstd, x, w, b, N, C);
+    float *dw0 = copied(dw, C), *db0 = copied(db, C);
+    layernorm_backward(dinp, dw, db, dout, x, w, mean, rstd, N, C);
+    backend_cpu()->layernorm_backward_residual(dinp_res, dres, dw_res, NULL, dout, x, w, mean,
+                                               rstd, N, C);
+    struct two_runs gout = two_copies(out, NC), gdinp = two_copies(dinp0, NC);
+    struct two_runs gdw = two_copies(dw0, C), gdres = two_copies(dinp_res, NC);
+    float *gmean = dm_alloc(N * 4), *grstd = dm_alloc(N * 4), *gdb = copied(db0, C);
+    float *gdw_res = dm_alloc(C * 4);
+    FOR_ORDERS(r) {
+        host_layernorm_forward(gout.run[r], gmean, grstd, x, w, b, N, C);
+        host_layernorm_backward(gdinp.run[r], NULL, gdw.run[r], r ? NULL : gdb, dout, x, w,
+                                mean, rstd, N, C);
+        host_layernorm_backward(gdres.run[r], dres, r ? gdw_res : NULL, NULL, dout, x, w,
+                                mean, rstd, N, C);
+    }
+    check_orders("layernorm_forward", gout.run[0], gout.run[1], NC);
+    check_orders("layernorm_backward dinp", gdinp.run[0], gdinp.run[1], NC);
+    check_close("layernorm_forward out", gout.run[0], out, NC, 1e-5);
+    check_close("layernorm_forward mean", gmean, mean, N, 1e-5);
+    check_close("layernorm_forward rstd", grstd, rstd, N, 1e-5);
+    check_close("layernorm_backward dinp (+=)", gdinp.run[0], dinp, NC, 1e-5);
+    check_close("layernorm_backward_residual dinp", gdres.run[1], dinp_res, NC, 1e-5);
+    check_bits("layernorm_backward dweight", gdw.run[1], dw, C);
+    check_bits("layernorm_backward dbias", gdb, db, C);
+    check_bits("layernorm_backward_residual dweight", gdw_res, dw_res, C);
+    two_free(&gout), two_free(&gdinp), two_free(&gdw), two_free(&gdres);
+    float *all[] = {x, w, b, dout, dres, dinp0, out, mean, rstd, dinp, dw, db, dinp_res,
+                    dw_res, dw0, db0, gmean, grstd, gdb, gdw_res};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) dm_free(all[i]);
+}
+
+/* softmax.cu's cross-entropy forward: one block per row */
+static void host_crossentropy_forward(float *losses, float *probs, const float *logits,
+                                      const int *targets, int N, int V)
+{
+    float most[THREADS], sum[THREADS];
+    for (long k = 0; k < N; k++) {
+        long n = order_at(k, N);
+        const float *row = logits + n * V;
+        float *p = probs + n * V;
+        FOR_BLOCK(n, N, block_threads, softmax_max_phase(t, most, row, V));
+        run_tree(most, block_threads, dm_tree_max_step);
+        FOR_BLOCK(n, N, block_threads, softmax_exp_phase(t, sum, most, p, row, V));
+        run_tree(sum, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(n, N, block_threads, softmax_normalize_phase(t, p, sum, V, V));
+        FOR_BLOCK(n, N, block_threads, crossentropy_loss_phase(t, losses, most, sum, logits,
+                                                         targets, V));
+    }
+}
+
+static void test_crossentropy(int N, int V)
+{
+    printf("crossentropy N=%d V=%d\n", N, V);
+    float *logits = filled((long)N * V, 4.0f);
+    int *targets = dm_alloc(N * sizeof(int));
+    for (int n = 0; n < N; n++) targets[n] = (n * 31 + 7) % V;
+    logits[5] = 80.0f;   /* a dominant logit */
+    float *losses = dm_alloc(N * 4), *probs = dm_alloc((size_t)N * V * 4);
+    float *dlogits = dm_alloc((size_t)N * V * 4);
+    crossentropy_forward(losses, probs, logits, targets, N, V);
+    crossentropy_softmax_backward(dlogits, probs, targets, 0.125f, N, V);
+    struct two_runs gprobs = two_copies(probs, (long)N * V), gdl = two_copies(probs, (long)N * V);
+    float *glosses = dm_alloc(N * 4);
+    FOR_ORDERS(r) {
+        host_crossentropy_forward(glosses, gprobs.run[r], logits, targets, N, V);
+        FOR_GRID(3, 32, crossentropy_backward_thread(t, gdl.run[r], gdl.run[r], targets,
+                                                     0.125f, N, V));
+    }
+    check_orders("crossentropy_forward probs", gprobs.run[0], gprobs.run[1], (long)N * V);
+    check_close("crossentropy_forward probs", gprobs.run[0], probs, (long)N * V, 1e-5);
+    check_close("crossentropy_forward losses", glosses, losses, N, 1e-5);
+    check_bits("crossentropy_softmax_backward (in place)", gdl.run[0], dlogits, (long)N * V);
+    two_free(&gprobs), two_free(&gdl);
+    dm_free(logits), dm_free(targets), dm_free(losses), dm_free(probs), dm_free(dlogits);
+    dm_free(glosses);
+}
+
+/* ---- cuBLAS arguments, applied to CBLAS ---------------------------------- */
+
+/* What the plugin hands cublasGemmStridedBatchedEx, done by CBLAS. */
+static void cblas_column_major(struct dm_gemm g)
+{
+    CHECK(g.column_major);
+    for (int i = 0; i < g.batch; i++)
+        cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                    g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, g.alpha,
+                    g.a + i * g.stride_a, g.lda, g.b + i * g.stride_b, g.ldb, g.beta,
+                    g.c + i * g.stride_c, g.ldc);
+}
+
+/* The row-major product the struct states, element by element in double. */
+static void reference_row_major(struct dm_gemm g)
+{
+    CHECK(!g.column_major);
+    for (int item = 0; item < g.batch; item++) {
+        const float *A = g.a + item * g.stride_a, *Bm = g.b + item * g.stride_b;
+        float *Cm = g.c + item * g.stride_c;
+        for (int i = 0; i < g.m; i++)
+            for (int j = 0; j < g.n; j++) {
+                double s = 0.0;
+                for (int p = 0; p < g.k; p++)
+                    s += (double)(g.trans_a ? A[(long)p * g.lda + i] : A[(long)i * g.lda + p]) *
+                         (g.trans_b ? Bm[(long)j * g.ldb + p] : Bm[(long)p * g.ldb + j]);
+                float *c = Cm + (long)i * g.ldc + j;
+                *c = (float)(g.alpha * s + (g.beta != 0.0f ? g.beta * *c : 0.0));
+            }
+    }
+}
+
+/* A product of the model: operands with room for their strides, the
+ * row-major statement against its column-major translation on CBLAS. */
+static void check_product(const char *what, struct dm_gemm (*build)(float *c, const float *a,
+                                                                     const float *b, int m,
+                                                                     int n, int k),
+                          long a_floats, long b_floats, long c_floats, int m, int n, int k)
+{
+    float *a = filled(a_floats, 1.0f), *b = filled(b_floats, 1.0f);
+    float *c0 = filled(c_floats, 1.0f), *want = copied(c0, c_floats), *got = copied(c0, c_floats);
+    reference_row_major(build(want, a, b, m, n, k));
+    cblas_column_major(dm_gemm_to_column_major(build(got, a, b, m, n, k)));
+    check_close(what, got, want, c_floats, 1e-5);
+    dm_free(a), dm_free(b), dm_free(c0), dm_free(want), dm_free(got);
+}
+
+/* The builders with one signature: (m, n, k) carry (N, C, OC) or (items, T, hs). */
+static struct dm_gemm forward_acc(float *c, const float *a, const float *b, int N, int C, int OC)
+{
+    return dm_gemm_matmul_forward(c, a, b, N, C, OC, 1.0f);
+}
+static struct dm_gemm dinp_set(float *c, const float *a, const float *b, int N, int C, int OC)
+{
+    return dm_gemm_matmul_dinp(c, a, b, N, C, OC, 0.0f);
+}
+static struct dm_gemm dweight(float *c, const float *a, const float *b, int N, int C, int OC)
+{
+    return dm_gemm_matmul_dweight(c, a, b, N, C, OC);
+}
+static struct dm_gemm scores(float *c, const float *a, const float *b, int items, int T, int hs)
+{
+    return dm_gemm_attention_scores(c, a, b, items, T, hs, 0.25f);
+}
+static struct dm_gemm values(float *c, const float *a, const float *b, int items, int T, int hs)
+{
+    return dm_gemm_attention_values(c, a, b, items, T, hs);
+}
+static struct dm_gemm dprobs(float *c, const float *a, const float *b, int items, int T, int hs)
+{
+    return dm_gemm_attention_dprobs(c, a, b, items, T, hs);
+}
+static struct dm_gemm dq(float *c, const float *a, const float *b, int items, int T, int hs)
+{
+    return dm_gemm_attention_dq(c, a, b, items, T, hs);
+}
+static struct dm_gemm dk(float *c, const float *a, const float *b, int items, int T, int hs)
+{
+    return dm_gemm_attention_dk(c, a, b, items, T, hs);
+}
+static struct dm_gemm dv(float *c, const float *a, const float *b, int items, int T, int hs)
+{
+    return dm_gemm_attention_dv(c, a, b, items, T, hs);
+}
+
+/* Every product of a model of width C, NH heads, B x T tokens, vocab V
+ * and expert width H: the four linear layers, the tied head and an
+ * expert's two (forward, input and weight gradients each), and the six
+ * strided-batched products of attention. */
+static void test_products(int B, int T, int C, int NH, int V, int H)
+{
+    printf("products B=%d T=%d C=%d NH=%d V=%d H=%d\n", B, T, C, NH, V, H);
+    int N = B * T, items = B * NH, hs = C / NH;
+    int layer[][2] = {{C, 3 * C}, {C, C}, {C, 4 * C}, {4 * C, C}, {C, V}, {C, H}, {H, C}};
+    for (size_t i = 0; i < sizeof layer / sizeof *layer; i++) {
+        int in = layer[i][0], out = layer[i][1];
+        char what[96];
+        snprintf(what, sizeof what, "gemm forward (%d,%d)x(%d,%d)^T", N, in, out, in);
+        check_product(what, forward_acc, (long)N * in, (long)out * in, (long)N * out, N, in, out);
+        snprintf(what, sizeof what, "gemm dinp (%d,%d)x(%d,%d)", N, out, out, in);
+        check_product(what, dinp_set, (long)N * out, (long)out * in, (long)N * in, N, in, out);
+        snprintf(what, sizeof what, "gemm dweight (%d,%d)^Tx(%d,%d)", N, out, N, in);
+        check_product(what, dweight, (long)N * out, (long)N * in, (long)out * in, N, in, out);
+    }
+    long qkv = (long)items * T * hs, tt = (long)items * T * T;
+    check_product("attention scores q k^T (batched)", scores, qkv, qkv, tt, items, T, hs);
+    check_product("attention att v (batched)", values, tt, qkv, qkv, items, T, hs);
+    check_product("attention dy v^T (batched)", dprobs, qkv, qkv, tt, items, T, hs);
+    check_product("attention dscores k (batched)", dq, tt, qkv, qkv, items, T, hs);
+    check_product("attention dscores^T q (batched)", dk, tt, qkv, qkv, items, T, hs);
+    check_product("attention att^T dy (batched)", dv, tt, qkv, qkv, items, T, hs);
+}
+
+/* ---- whole ops as the plugin composes them ------------------------------- */
+
+/* matmul.cu's forward: the output's start, the product, the GELU epilogue */
+static void host_matmul_forward(float *out, float *gelu_out, const float *inp,
+                                const float *weight, const float *bias, const float *residual,
+                                int N, int C, int OC)
+{
+    if (bias || residual)
+        FOR_GRID(3, 64, matmul_init_thread(t, out, bias, residual, N, OC));
+    float beta = bias || residual ? 1.0f : 0.0f;
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_matmul_forward(out, inp, weight, N, C,
+                                                                      OC, beta)));
+    if (gelu_out) FOR_GRID(3, 64, gelu_forward_thread(t, gelu_out, out, (long)N * OC));
+}
+
+/* matmul.cu's backward: dinp (+= or =, then * gelu'), dweight +=, dbias += */
+static void host_matmul_backward(float *dinp, float *dw, float *db, const float *dout,
+                                 const float *inp, const float *weight, const float *gelu_inp,
+                                 float beta, int N, int C, int OC)
+{
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_matmul_dinp(dinp, dout, weight, N, C,
+                                                                   OC, beta)));
+    if (gelu_inp)
+        FOR_GRID(3, 64, gelu_backward_thread(t, dinp, gelu_inp, dinp, (long)N * C));
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_matmul_dweight(dw, dout, inp, N, C, OC)));
+    FOR_GRID(2, 16, matmul_dbias_thread(t, db, dout, N, OC));
+}
+
+static void test_matmul(int N, int C, int OC)
+{
+    printf("matmul N=%d C=%d OC=%d\n", N, C, OC);
+    long NC = (long)N * C, NO = (long)N * OC, OCC = (long)OC * C;
+    float *inp = filled(NC, 1.0f), *w = filled(OCC, 0.2f), *b = filled(OC, 1.0f);
+    float *res = filled(NO, 1.0f), *dout = filled(NO, 1.0f), *gin = filled(NC, 1.0f);
+    float *want = dm_alloc(NO * 4), *got = dm_alloc(NO * 4);
+    float *gwant = dm_alloc(NO * 4), *ggot = dm_alloc(NO * 4);
+    matmul_forward_gelu(want, gwant, inp, w, b, N, C, OC);
+    host_matmul_forward(got, ggot, inp, w, b, NULL, N, C, OC);
+    check_close("matmul_forward_gelu out", got, want, NO, 1e-5);
+    check_close("matmul_forward_gelu gelu_out", ggot, gwant, NO, 1e-5);
+    matmul_forward_residual(want, inp, w, b, res, N, C, OC);
+    host_matmul_forward(got, NULL, inp, w, b, res, N, C, OC);
+    check_close("matmul_forward_residual", got, want, NO, 1e-5);
+    matmul_forward(want, inp, w, NULL, N, C, OC);
+    host_matmul_forward(got, NULL, inp, w, NULL, NULL, N, C, OC);
+    check_close("matmul_forward (no bias)", got, want, NO, 1e-5);
+    float *dinp0 = filled(NC, 1.0f), *dw0 = filled(OCC, 1.0f), *db0 = filled(OC, 1.0f);
+    float *dinp = copied(dinp0, NC), *dw = copied(dw0, OCC), *db = copied(db0, OC);
+    float *gdinp = copied(dinp0, NC), *gdw = copied(dw0, OCC), *gdb = copied(db0, OC);
+    matmul_backward(dinp, dw, db, dout, inp, w, N, C, OC);
+    host_matmul_backward(gdinp, gdw, gdb, dout, inp, w, NULL, 1.0f, N, C, OC);
+    check_close("matmul_backward dinp (+=)", gdinp, dinp, NC, 1e-5);
+    check_close("matmul_backward dweight (+=)", gdw, dw, OCC, 1e-5);
+    check_bits("matmul_backward dbias (+=)", gdb, db, OC);
+    matmul_backward_gelu(dinp, dw, db, dout, inp, w, gin, N, C, OC);
+    host_matmul_backward(gdinp, gdw, gdb, dout, inp, w, gin, 0.0f, N, C, OC);
+    check_close("matmul_backward_gelu dinp", gdinp, dinp, NC, 1e-5);
+    check_close("matmul_backward_gelu dweight", gdw, dw, OCC, 1e-5);
+    float *all[] = {inp, w, b, res, dout, gin, want, got, gwant, ggot, dinp0, dw0, db0, dinp,
+                    dw, db, gdinp, gdw, gdb};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) dm_free(all[i]);
+}
+
+/* attention.cu's tensors: the heads (B NH T hs each) and two full-length rows (B T C) */
+struct heads {
+    float *q, *k, *v, *y, *dy, *dq, *dk, *dv, *qfull, *full;
+};
+
+static struct heads heads_alloc(int B, int T, int C)
+{
+    long per = (long)B * T * C;
+    float *base = dm_alloc((size_t)10 * per * sizeof(float));
+    struct heads h = {base, base + per, base + 2 * per, base + 3 * per, base + 4 * per,
+                      base + 5 * per, base + 6 * per, base + 7 * per, base + 8 * per,
+                      base + 9 * per};
+    return h;
+}
+
+/* attention.cu's heads_forward: scores, causal softmax by rows, values */
+static void host_heads_forward(const struct heads *h, float *att, int B, int T, int C, int NH)
+{
+    int hs = C / NH, items = B * NH;
+    long rows = (long)items * T;
+    float scale = (float)(1.0 / sqrt((double)hs)), most[THREADS], sum[THREADS];
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_scores(att, h->q, h->k, items,
+                                                                        T, hs, scale)));
+    for (long k = 0; k < rows; k++) {
+        long r = order_at(k, rows);
+        float *row = att + r * T;
+        int valid = (int)(r % T) + 1;
+        FOR_BLOCK(r, rows, block_threads, softmax_max_phase(t, most, row, valid));
+        run_tree(most, block_threads, dm_tree_max_step);
+        FOR_BLOCK(r, rows, block_threads, softmax_exp_phase(t, sum, most, row, row, valid));
+        run_tree(sum, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(r, rows, block_threads, softmax_normalize_phase(t, row, sum, valid, T));
+    }
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_values(h->y, att, h->v, items,
+                                                                        T, hs)));
+}
+
+/* attention.cu's heads_backward */
+static void host_heads_backward(const struct heads *h, float *scores, const float *att, int B,
+                                int T, int C, int NH)
+{
+    int hs = C / NH, items = B * NH;
+    long rows = (long)items * T;
+    float scale = (float)(1.0 / sqrt((double)hs)), dot[THREADS];
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dprobs(scores, h->dy, h->v,
+                                                                        items, T, hs)));
+    for (long k = 0; k < rows; k++) {
+        long r = order_at(k, rows);
+        FOR_BLOCK(r, rows, block_threads, attention_softmax_backward_dot_phase(t, dot, att, scores, T));
+        run_tree(dot, block_threads, dm_tree_sum_step);
+        FOR_BLOCK(r, rows, block_threads, attention_softmax_backward_phase(t, scores, dot, att, scale,
+                                                                     T));
+    }
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dq(h->dq, scores, h->k, items,
+                                                                    T, hs)));
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dk(h->dk, scores, h->q, items,
+                                                                    T, hs)));
+    cblas_column_major(dm_gemm_to_column_major(dm_gemm_attention_dv(h->dv, att, h->dy, items,
+                                                                    T, hs)));
+}
+
+/* attention.cu's cuda_attention_forward and _backward */
+static void host_attention_forward(float *out, float *att, const float *qkv, int B, int T,
+                                   int C, int NH, const struct heads *h)
+{
+    FOR_GRID(5, 32, attention_permute_thread(t, h->q, h->k, h->v, qkv, 3 * C, qkv + C,
+                                             qkv + 2 * C, 3 * C, B, T, C, NH));
+    host_heads_forward(h, att, B, T, C, NH);
+    FOR_GRID(5, 32, attention_unpermute_thread(t, out, h->y, B, T, C, NH));
+}
+
+static void host_attention_backward(float *dqkv, float *scores, const float *dout,
+                                    const float *qkv, const float *att, int B, int T, int C,
+                                    int NH, const struct heads *h)
+{
+    FOR_GRID(5, 32, attention_permute_thread(t, h->q, h->k, h->v, qkv, 3 * C, qkv + C,
+                                             qkv + 2 * C, 3 * C, B, T, C, NH));
+    FOR_GRID(5, 32, attention_split_heads_thread(t, h->dy, dout, B, T, C, NH));
+    host_heads_backward(h, scores, att, B, T, C, NH);
+    FOR_GRID(5, 32, attention_gradient_thread(t, dqkv, 3 * C, dqkv + C, dqkv + 2 * C, 3 * C,
+                                              h->dq, h->dk, h->dv, B, T, C, NH));
+}
+
+static void test_attention(int B, int T, int C, int NH)
+{
+    printf("attention B=%d T=%d C=%d NH=%d\n", B, T, C, NH);
+    long BTC = (long)B * T * C, tt = (long)B * NH * T * T;
+    float *qkv = filled(3 * BTC, 1.0f), *dout = filled(BTC, 1.0f);
+    float *out = dm_alloc(BTC * 4), *att = dm_alloc(tt * 4), *dqkv = dm_alloc(3 * BTC * 4);
+    float *scratch = dm_alloc(tt * 4);
+    attention_forward(out, att, qkv, B, T, C, NH);
+    attention_backward(dqkv, scratch, dout, qkv, att, B, T, C, NH);
+    struct heads work = heads_alloc(B, T, C);
+    struct two_runs gout = two_copies(out, BTC), gatt = two_copies(att, tt);
+    struct two_runs gd = two_copies(dqkv, 3 * BTC);
+    FOR_ORDERS(r) {
+        memset(gatt.run[r], 0x7f, tt * 4);   /* every element written: no leftovers */
+        host_attention_forward(gout.run[r], gatt.run[r], qkv, B, T, C, NH, &work);
+        host_attention_backward(gd.run[r], scratch, dout, qkv, att, B, T, C, NH, &work);
+    }
+    check_orders("attention_forward att", gatt.run[0], gatt.run[1], tt);
+    check_orders("attention_backward dqkv", gd.run[0], gd.run[1], 3 * BTC);
+    check_close("attention_forward out", gout.run[0], out, BTC, 1e-5);
+    check_close("attention_forward att", gatt.run[1], att, tt, 1e-5);
+    check_close("attention_backward dqkv", gd.run[0], dqkv, 3 * BTC, 1e-5);
+    two_free(&gout), two_free(&gatt), two_free(&gd);
+    dm_free(qkv), dm_free(dout), dm_free(out), dm_free(att), dm_free(dqkv);
+    dm_free(scratch), dm_free(work.q);
+}
+
+/* A random CSR weight (OC, C) keeping about `keep` of the entries, with
+ * empty rows; arrays from dm_alloc, in *w. */
+static void random_csr(struct csr_matrix *w, int OC, int C, double keep)
+{
+    w->rows = OC, w->cols = C;
+    w->row_ptr = dm_alloc((size_t)(OC + 1) * sizeof(int));
+    w->col_idx = dm_alloc((size_t)OC * C * sizeof(int) + 4);
+    w->values = dm_alloc((size_t)OC * C * sizeof(float) + 4);
+    int nnz = 0;
+    for (int o = 0; o < OC; o++) {
+        w->row_ptr[o] = nnz;
+        for (int c = 0; c < C && o % 7 != 3; c++)
+            if (fabsf(draw_normal()) < keep * 1.6f) {
+                w->col_idx[nnz] = c;
+                w->values[nnz++] = draw_normal();
+            }
+    }
+    w->row_ptr[OC] = w->nnz = nnz;
+}
+
+static void test_sparse(int N, int C, int OC, double keep)
+{
+    struct csr_matrix w;
+    random_csr(&w, OC, C, keep);
+    printf("sparse N=%d C=%d OC=%d nnz=%d\n", N, C, OC, w.nnz);
+    long NC = (long)N * C, NO = (long)N * OC;
+    float *x = filled(NC, 1.0f), *b = filled(OC, 1.0f), *dy = filled(NO, 1.0f);
+    float *out = dm_alloc(NO * 4), *dx = filled(NC, 1.0f), *dw = filled((long)OC * C, 1.0f);
+    float *db = filled(OC, 1.0f);
+    struct two_runs gout = two_copies(out, NO), gdx = two_copies(dx, NC);
+    struct two_runs gdw = two_copies(dw, (long)OC * C), gdb = two_copies(db, OC);
+    sparse_matmul_forward(out, x, &w, b, N, C, OC);
+    sparse_matmul_backward(dx, dw, db, dy, x, &w, N, C, OC);
+    FOR_ORDERS(r) {
+        FOR_GRID(3, 32, sparse_forward_thread(t, gout.run[r], x, w.row_ptr, w.col_idx, w.values,
+                                              b, N, C, OC));
+        FOR_GRID(2, 16, sparse_dinp_thread(t, gdx.run[r], dy, w.row_ptr, w.col_idx, w.values, N,
+                                           C, OC));
+        FOR_GRID(3, 16, sparse_dweight_thread(t, gdw.run[r], dy, x, w.row_ptr, w.col_idx, w.nnz,
+                                              N, C, OC));
+        FOR_GRID(2, 8, sparse_dbias_thread(t, gdb.run[r], dy, N, OC));
+    }
+    check_orders("sparse dweight", gdw.run[0], gdw.run[1], (long)OC * C);
+    check_bits("sparse_matmul_forward", gout.run[0], out, NO);
+    check_bits("sparse_matmul_backward dinp", gdx.run[1], dx, NC);
+    check_bits("sparse_matmul_backward dweight", gdw.run[0], dw, (long)OC * C);
+    check_bits("sparse_matmul_backward dbias", gdb.run[0], db, OC);
+    two_free(&gout), two_free(&gdx), two_free(&gdw), two_free(&gdb);
+    dm_free(x), dm_free(b), dm_free(dy), dm_free(out), dm_free(dx), dm_free(dw), dm_free(db);
+    dm_free(w.row_ptr), dm_free(w.col_idx), dm_free(w.values);
+}
+
+static void test_mod(int B, int T, int C, int k)
+{
+    printf("mixture of depths B=%d T=%d C=%d k=%d\n", B, T, C, k);
+    float *in = filled((long)B * T * C, 1.0f), *w = filled(C, 1.0f);
+    float *router = dm_alloc((size_t)B * T * 4), *grouter = dm_alloc((size_t)B * T * 4);
+    int *chosen = dm_alloc((size_t)B * T * sizeof(int)), *gchosen[2];
+    mod_router_forward(router, in, w, B * T, C);
+    FOR_GRID(3, 16, mod_router_thread(t, grouter, in, w, B * T, C));
+    check_bits("mod_router_forward", grouter, router, (long)B * T);
+    for (int i = 0; i < T; i += 3) router[i] = router[T - 1 - i / 2];   /* ties */
+    router[B * T - 1] = router[B * T - 2];
+    mod_select_topk(chosen, router, B, T, k);
+    FOR_ORDERS(r) {
+        gchosen[r] = dm_alloc((size_t)B * T * sizeof(int));
+        FOR_GRID(2, 32, mod_select_topk_thread(t, gchosen[r], router, B, T, k));
+    }
+    long differ = 0, picked = 0;
+    for (long i = 0; i < (long)B * T; i++) {
+        differ += gchosen[0][i] != chosen[i] || gchosen[1][i] != chosen[i];
+        picked += gchosen[0][i];
+    }
+    CHECK_MSG(differ == 0, "mod_select_topk: %ld choices differ from the CPU's", differ);
+    CHECK_MSG(picked == (long)B * k, "mod_select_topk chose %ld tokens, want %d", picked, B * k);
+    printf("  %-44s same choices (%ld tokens): %s\n", "mod_select_topk", picked,
+           differ ? "NO" : "yes");
+    dm_free(in), dm_free(w), dm_free(router), dm_free(grouter), dm_free(chosen);
+    dm_free(gchosen[0]), dm_free(gchosen[1]);
+}
+
+/* attention.cu's rows forms: compact queries scattered into a zeroed
+ * full-length Q, the dense path, the active rows gathered back */
+static void host_attention_rows_forward(float *out, float *att, const float *q, const float *kv,
+                                        const int *rows, int n, int B, int T, int C, int NH,
+                                        const struct heads *h)
+{
+    memset(h->qfull, 0, (size_t)B * T * C * sizeof(float));
+    FOR_GRID(3, 32, rows_scatter_thread(t, h->qfull, q, rows, n, C, 0));
+    FOR_GRID(5, 32, attention_permute_thread(t, h->q, h->k, h->v, h->qfull, C, kv, kv + C, 2 * C,
+                                             B, T, C, NH));
+    host_heads_forward(h, att, B, T, C, NH);
+    FOR_GRID(5, 32, attention_unpermute_thread(t, h->full, h->y, B, T, C, NH));
+    FOR_GRID(3, 32, rows_gather_thread(t, out, h->full, rows, n, C));
+}
+
+static void host_attention_rows_backward(float *dq, float *dkv, float *scores, const float *dout,
+                                         const float *q, const float *kv, const float *att,
+                                         const int *rows, int n, int B, int T, int C, int NH,
+                                         const struct heads *h)
+{
+    memset(h->qfull, 0, (size_t)B * T * C * sizeof(float));
+    FOR_GRID(3, 32, rows_scatter_thread(t, h->qfull, q, rows, n, C, 0));
+    FOR_GRID(5, 32, attention_permute_thread(t, h->q, h->k, h->v, h->qfull, C, kv, kv + C, 2 * C,
+                                             B, T, C, NH));
+    memset(h->full, 0, (size_t)B * T * C * sizeof(float));
+    FOR_GRID(3, 32, rows_scatter_thread(t, h->full, dout, rows, n, C, 0));
+    FOR_GRID(5, 32, attention_split_heads_thread(t, h->dy, h->full, B, T, C, NH));
+    host_heads_backward(h, scores, att, B, T, C, NH);
+    FOR_GRID(5, 32, attention_gradient_thread(t, h->qfull, C, dkv, dkv + C, 2 * C, h->dq, h->dk,
+                                              h->dv, B, T, C, NH));
+    FOR_GRID(3, 32, rows_gather_thread(t, dq, h->qfull, rows, n, C));
+}
+
+/* Early exit: a subset of query rows (the last sequence has none active). */
+static void test_attention_rows(int B, int T, int C, int NH)
+{
+    int *rows = dm_alloc((size_t)B * T * sizeof(int)), n = 0;
+    for (int i = 0; i < (B - 1) * T; i++)
+        if ((i * 7 + i / T) % 3 != 0) rows[n++] = i;
+    printf("attention rows B=%d T=%d C=%d NH=%d active=%d\n", B, T, C, NH, n);
+    long BTC = (long)B * T * C, tt = (long)B * NH * T * T;
+    float *q = filled((long)n * C, 1.0f), *kv = filled(2 * BTC, 1.0f);
+    float *dout = filled((long)n * C, 1.0f), *out = dm_alloc((size_t)n * C * 4 + 4);
+    float *att = dm_alloc(tt * 4), *scratch = dm_alloc(tt * 4);
+    float *dq = dm_alloc((size_t)n * C * 4 + 4), *dkv = dm_alloc(2 * BTC * 4);
+    attention_forward_rows(out, att, q, kv, rows, n, B, T, C, NH);
+    attention_backward_rows(dq, dkv, scratch, dout, q, kv, att, rows, n, B, T, C, NH);
+    struct heads h = heads_alloc(B, T, C);
+    float *gout = dm_alloc((size_t)n * C * 4 + 4), *gatt = dm_alloc(tt * 4);
+    float *gdq = dm_alloc((size_t)n * C * 4 + 4), *gdkv = filled(2 * BTC, 1.0f);
+    host_attention_rows_forward(gout, gatt, q, kv, rows, n, B, T, C, NH, &h);
+    host_attention_rows_backward(gdq, gdkv, scratch, dout, q, kv, gatt, rows, n, B, T, C, NH, &h);
+    check_close("attention_forward_rows out", gout, out, (long)n * C, 1e-5);
+    check_close("attention_backward_rows dq", gdq, dq, (long)n * C, 1e-5);
+    check_close("attention_backward_rows dkv (unseen keys 0)", gdkv, dkv, 2 * BTC, 1e-5);
+    float *all[] = {q, kv, dout, out, att, scratch, dq, dkv, gout, gatt, gdq, gdkv, h.q};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) dm_free(all[i]);
+    dm_free(rows);
+}
+
+/* hash.cu's forward: buckets, orders, tiles, attention; returns the tiles */
+static long host_hash_forward(float *out, float *lse, int *order, int *bucket, const float *qkv,
+                              const float *rotation, int B, int T, int C, int NH, int buckets)
+{
+    long rows = (T + DM_HASH_TILE - 1) / DM_HASH_TILE, total = 0;
+    long *tiles = dm_alloc((size_t)B * NH * rows * sizeof(long));
+    FOR_GRID(4, 32, hash_bucket_thread(t, bucket, qkv, rotation, B, T, C, NH, buckets));
+    FOR_GRID(4, 32, hash_order_thread(t, order, bucket, B, NH, T));
+    FOR_GRID(2, 8, hash_tiles_thread(t, tiles, order, bucket, B, NH, T));
+    for (long i = 0; i < B * NH * rows; i++) total += tiles[i];
+    FOR_GRID(3, 32, hash_forward_thread(t, out, lse, order, bucket, qkv, B, T, C, NH));
+    dm_free(tiles);
+    return total;
+}
+
+static void host_hash_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, const int *order, const int *bucket, int B,
+                               int T, int C, int NH)
+{
+    float *delta = dm_alloc((size_t)B * NH * T * sizeof(float));
+    FOR_GRID(3, 32, hash_delta_thread(t, delta, dout, out, B, T, C, NH));
+    FOR_GRID(3, 32, hash_dq_thread(t, dqkv, dout, qkv, lse, delta, order, bucket, B, T, C, NH));
+    FOR_GRID(3, 32, hash_dkv_thread(t, dqkv, dout, qkv, lse, delta, order, bucket, B, T, C, NH));
+    dm_free(delta);
+}
+
+/* the same -inf places in both, then the finite values within tol */
+static void check_lse(const float *got, const float *want, long n)
+{
+    float *g = copied(got, n), *w = copied(want, n);
+    long differ = 0, none = 0;
+    for (long i = 0; i < n; i++) {
+        differ += isinf(g[i]) != isinf(w[i]);
+        none += isinf(w[i]) != 0;
+        if (isinf(g[i]) || isinf(w[i])) g[i] = w[i] = 0.0f;
+    }
+    CHECK_MSG(differ == 0, "hash lse: %ld queries without keys differ", differ);
+    printf("  %-44s %ld, the same on both sides: %s\n", "queries without keys", none,
+           differ ? "NO" : "yes");
+    check_close("hash_attention_forward lse", g, w, n, 1e-5);
+    dm_free(g), dm_free(w);
+}
+
+static void test_hash(int B, int T, int C, int NH, int buckets)
+{
+    int hs = C / NH;
+    long BTC = (long)B * T * C, bhT = (long)B * NH * T;
+    float *qkv = filled(3 * BTC, 1.0f), *dout = filled(BTC, 1.0f);
+    float *rotation = dm_alloc(((size_t)NH * hs * (buckets / 2) + 1) * sizeof(float));
+    hash_rotation_draw(rotation, NH, hs, buckets, 42, 3, 7);
+    float *out = dm_alloc(BTC * 4), *lse = dm_alloc(bhT * 4), *dqkv = dm_alloc(3 * BTC * 4);
+    int *order = dm_alloc(2 * bhT * sizeof(int)), *bucket = dm_alloc(2 * bhT * sizeof(int));
+    long tiles = hash_attention_forward(out, lse, order, bucket, qkv, rotation, B, T, C, NH,
+                                        buckets);
+    long btiles = hash_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, B, T, C, NH);
+    float *gout = filled(BTC, 1.0f), *glse = dm_alloc(bhT * 4), *gd = filled(3 * BTC, 1.0f);
+    int *gorder = dm_alloc(2 * bhT * sizeof(int)), *gbucket = dm_alloc(2 * bhT * sizeof(int));
+    long gtiles = host_hash_forward(gout, glse, gorder, gbucket, qkv, rotation, B, T, C, NH,
+                                    buckets);
+    host_hash_backward(gd, dout, qkv, gout, glse, gorder, gbucket, B, T, C, NH);
+    printf("hash attention B=%d T=%d C=%d NH=%d buckets=%d: tiles %ld (CPU %ld, backward %ld)\n",
+           B, T, C, NH, buckets, gtiles, tiles, btiles);
+    CHECK(gtiles == tiles && btiles == tiles);
+    CHECK_MSG(!memcmp(gbucket, bucket, 2 * bhT * sizeof(int)), "hash buckets differ");
+    CHECK_MSG(!memcmp(gorder, order, 2 * bhT * sizeof(int)), "hash orders differ");
+    check_close("hash_attention_forward out", gout, out, BTC, 1e-5);
+    check_lse(glse, lse, bhT);
+    check_close("hash_attention_backward dqkv", gd, dqkv, 3 * BTC, 1e-5);
+    float *all[] = {qkv, dout, rotation, out, lse, dqkv, gout, glse, gd};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) dm_free(all[i]);
+    dm_free(order), dm_free(bucket), dm_free(gorder), dm_free(gbucket);
+}
+
+/* mod.cu's causal predictor: per token, then the weight gradient per channel,
+ * the loss summed in token order in double */
+static void test_mod_predictor(int N, int C)
+{
+    float *in = filled((long)N * C, 1.0f), *w = filled(C, 0.5f), *dw = filled(C, 1.0f);
+    int *target = dm_alloc((size_t)N * sizeof(int)), *chosen = dm_alloc((size_t)N * sizeof(int));
+    int *gchosen = dm_alloc((size_t)N * sizeof(int));
+    for (int n = 0; n < N; n++) target[n] = (n * 5) % 3 == 0;
+    float *gdw = copied(dw, C), *loss = dm_alloc((size_t)N * 4), *grad = dm_alloc((size_t)N * 4);
+    float want = mod_predictor_forward_backward(dw, chosen, in, w, target, N, C);
+    FOR_GRID(2, 16, mod_predictor_thread(t, loss, grad, gchosen, in, w, target, N, C));
+    FOR_GRID(2, 8, mod_predictor_dweight_thread(t, gdw, grad, in, N, C));
+    double sum = 0.0;
+    for (int n = 0; n < N; n++) sum += loss[n];
+    float got = (float)(sum / N);
+    printf("mixture of depths predictor N=%d C=%d: loss %.9g (CPU %.9g)\n", N, C, got, want);
+    CHECK_MSG(!memcmp(&got, &want, sizeof got), "mod predictor loss %.9g, CPU %.9g", got, want);
+    CHECK_MSG(!memcmp(gchosen, chosen, (size_t)N * sizeof(int)), "mod predictor choices differ");
+    check_bits("mod_predictor_forward_backward dweight", gdw, dw, C);
+    dm_free(in), dm_free(w), dm_free(dw), dm_free(target), dm_free(chosen), dm_free(gchosen);
+    dm_free(gdw), dm_free(loss), dm_free(grad);
+}
+
+int main(void)
+{
+    dm_threads_init(1);
+    test_gelu_residual();
+    test_rows();
+    test_adamw();
+    test_encoder();
+    for (int k = 0; k < 2; k++) {
+        block_threads = k ? 32 : DM_BLOCK_THREADS;
+        printf("blocks of %d threads\n", block_threads);
+        test_layernorm(45, 64);
+        test_layernorm(7, 100);       /* C not a multiple of the block */
+        test_layernorm(3, 600);       /* more channels than threads */
+        test_crossentropy(19, 256);
+        test_crossentropy(5, 77);
+        test_attention(1, 45, 24, 3); /* T not a multiple of ATT_BLOCK */
+    }
+    test_matmul(96, 64, 192);
+    test_matmul(33, 40, 24);
+    test_products(2, 32, 64, 4, 256, 96);
+    test_products(1, 17, 24, 3, 50, 40);
+    test_attention(2, 32, 64, 4);
+    test_attention_rows(3, 40, 48, 4);
+    test_attention_rows(2, 33, 24, 2);
+    test_hash(2, 100, 32, 2, 8);    /* T not a multiple of HASH_TILE */
+    test_hash(1, 64, 24, 3, 2);
+    test_hash(2, 40, 16, 2, 1);     /* one bucket: causal attention */
+    test_hash(1, 70, 32, 4, 32);    /* many buckets: queries without keys */
+    test_sparse(150, 48, 72, 0.3);  /* N not a multiple of the tile */
+    test_sparse(40, 32, 96, 0.9);
+    test_sparse(64, 24, 16, 0.0);   /* every row empty: nothing kept */
+    test_mod(3, 40, 32, 13);
+    test_mod(2, 17, 8, 17);         /* k = T: every token */
+    test_mod_predictor(150, 48);
+    return testing_report("test_kernels_host");
+}
