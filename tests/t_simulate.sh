@@ -199,9 +199,11 @@ expect_error "a scenario state the run cannot price" "sets active, but .* has no
 mkdir "$work/taken" && echo keep >"$work/taken/notes.txt"
 expect_error "an --out holding other files" "holds notes.txt" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --out "$work/taken"
+expect_error "too many block-steps" "1000000 steps x 100 blocks is too large to simulate" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --steps 1000000 --blocks 100 --out "$work/bad5"
 expect_error "an unknown policy" "'fastest' is not a policy" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --policies fastest
-for k in 1 2 3 4; do [ -e "$work/bad$k" ] && fail "bad input $k left $work/bad$k"; done
+for k in 1 2 3 4 5; do [ -e "$work/bad$k" ] && fail "bad input $k left $work/bad$k"; done
 [ "$(cat "$work/taken/notes.txt")" = keep ] && [ "$(ls "$work/taken")" = notes.txt ] ||
   fail "the refused --out was changed"
 leftovers=$(ls -a "$work" | grep -c '\.tmp-')

@@ -121,7 +121,7 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
         else if (!strcmp(o, "--out")) a->out = v;
         else if (!strcmp(o, "--policies")) a->policies = v;
         else if (!strcmp(o, "--blocks")) a->blocks = (int)parse_long(o, v, 1, 100000);
-        else if (!strcmp(o, "--stages")) a->stages = (int)parse_long(o, v, 1, 100000);
+        else if (!strcmp(o, "--stages")) a->stages = (int)parse_long(o, v, 1, 4096);
         else if (!strcmp(o, "--replicas")) a->replicas = (int)parse_long(o, v, 1, 1000000);
         else if (!strcmp(o, "--micro-batches")) a->micro_batches = (int)parse_long(o, v, 1, 1 << 20);
         else if (!strcmp(o, "--steps")) a->steps = (int)parse_long(o, v, 1, 100000000);
@@ -193,11 +193,13 @@ static void make_trajectory(struct sim_trajectory *traj, const struct simulate_a
                             const struct sim_run *run, const struct sim_model *model)
 {
     if (!a->scenario) {
-        sim_trajectory_map(traj, &run->state, a->blocks ? a->blocks : run->layers,
-                           a->steps ? a->steps : run->steps);
+        int blocks = a->blocks ? a->blocks : run->layers, steps = a->steps ? a->steps : run->steps;
+        sim_check_size(steps, (long)blocks * (a->split ? 2 : 1));
+        sim_trajectory_map(traj, &run->state, blocks, steps);
         return;
     }
     sim_scenario_read(traj, a->scenario, a->steps);
+    sim_check_size(traj->steps, (long)traj->blocks * (a->split ? 2 : 1));
     if (a->blocks && a->blocks != traj->blocks)
         dm_user_error("simulate: --blocks %d, but the scenario %s lists %d blocks", a->blocks,
                       a->scenario, traj->blocks);

@@ -41,6 +41,12 @@ struct sim_trajectory {
 };
 
 void sim_trajectory_free(struct sim_trajectory *t);
+/* The most steps x units (blocks, or halves under --split-blocks) one
+ * simulation holds: about 100 bytes each over the trajectory and seven
+ * policies' results. */
+#define SIM_MAX_CELLS 10000000L
+/* A user error when steps x units exceeds SIM_MAX_CELLS. */
+void sim_check_size(long steps, long units);
 /* Every block in its neutral state at every step: the model without its
  * dynamism (all tokens, dense, none frozen, every tile). */
 void sim_trajectory_neutral(struct sim_trajectory *t, int blocks, int steps);

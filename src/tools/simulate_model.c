@@ -38,6 +38,13 @@ static void trajectory_alloc(struct sim_trajectory *t, int steps, int blocks)
     }
 }
 
+void sim_check_size(long steps, long units)
+{
+    if (steps * units > SIM_MAX_CELLS)
+        dm_user_error("simulate: %ld steps x %ld blocks is too large to simulate (at most "
+                      "%ld block-steps)", steps, units, SIM_MAX_CELLS);
+}
+
 void sim_trajectory_neutral(struct sim_trajectory *t, int blocks, int steps)
 {
     trajectory_alloc(t, steps, blocks);
@@ -624,6 +631,7 @@ void sim_scenario_read(struct sim_trajectory *out, const char *path, int steps)
     dm_free(seen);
     long last = rows[count - 1].step;
     if (steps <= 0) steps = (int)last;
+    sim_check_size(steps, blocks);
     trajectory_alloc(out, steps, blocks);
     memcpy(out->present, present, sizeof present);
     long current = 0, next = 0;   /* first rows of the step in force and of the next listed */

@@ -292,12 +292,13 @@ static void decide(struct sim_result *res, struct world *w, const struct sim_set
     if (balance_controller_decide(w->ctl, obs, t, proposal, &d, err, sizeof err) != BALANCE_OK)
         dm_user_error("simulate: policy %s, step %d: %s", policy->name, t + 1, err);
     if (!d.apply) return;
-    struct balance_move moves[setup->blocks + 1];
+    struct balance_move *moves = dm_alloc((size_t)(setup->blocks + 1) * sizeof *moves);
     int count = 0;
     int64_t bytes = 0;
     if (balance_migration_plan(c->mem_bytes, setup->blocks, 0, w->layout, w->stages, proposal,
                                w->stages, moves, &count, &bytes, err, sizeof err) != BALANCE_OK)
         dm_user_error("simulate: policy %s, step %d: %s", policy->name, t + 1, err);
+    dm_free(moves);
     memcpy(w->layout, proposal, (size_t)w->stages * sizeof(int));
     next->migrated_blocks = count;
     next->migrated_bytes = (double)bytes;
