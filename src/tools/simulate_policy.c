@@ -14,7 +14,6 @@
 #include <string.h>
 #include "dynmo/model.h"
 #include "tools/simulate.h"
-#include "tools/train.h"
 
 /* The blocks' costs and what the balancer reads at one step. */
 struct step_costs {
@@ -176,9 +175,20 @@ static void world_start(struct world *w, const struct sim_setup *setup,
     w->layout = dm_alloc((size_t)setup->stages * sizeof(int));
     w->sharing = setup->sharing;
     if (policy->kind == SIM_STATIC_PARAMS) {
-        struct dm_config cfg = setup->cfg;
-        snprintf(cfg.initial, sizeof cfg.initial, "params");
-        train_initial_layout(w->layout, &cfg, setup->stages);
+        /* DeepSpeed's equal parameters over the units (balance.initial =
+         * params, as train_initial_layout lays out whole blocks) */
+        const struct dm_config *cfg = &setup->cfg;
+        struct balance_costs params = {
+            .blocks = setup->blocks, .cost = setup->block_params,
+            .first_cost = (double)(cfg->vocab + cfg->max_seq) * cfg->channels,
+            .last_cost = 2.0 * cfg->channels,
+        };
+        int64_t *mem = dm_alloc((size_t)setup->blocks * sizeof(int64_t));
+        params.mem_bytes = mem;
+        if (balance_layout_from_spec("params", setup->stages, setup->blocks, &params, w->layout,
+                                     err, sizeof err) != BALANCE_OK)
+            dm_user_error("simulate: static-params: %s", err);
+        dm_free(mem);
     } else if (balance_static_uniform(setup->blocks, setup->stages, w->layout, err,
                                       sizeof err) != BALANCE_OK) {
         dm_user_error("simulate: %s", err);
