@@ -13,6 +13,8 @@
 #   report read; two runs write the same bytes of data (deterministic);
 # - a deeper model (96 blocks on 32 stages, 1,000 steps) keeps frozen
 #   blocks a prefix, and runs in seconds;
+# - with 2 replicas, twice the tokens and a step lengthened by the
+#   gradient sums;
 # - a scenario drives the balancer (frozen blocks cost no backward);
 # - bad input (a log without per-block costs, more stages than blocks, a
 #   scenario with a missing block, an --out holding other files) is exit 2
@@ -160,6 +162,18 @@ assert set(np.unique(sim["/steps/ranks"][:])) <= set(range(1, 33))
 print("ok: 96 blocks: frozen prefix, last step %.3f frozen (run: %.3f)" % (frozen[-1].mean(), measured))
 PY
   fail "96 blocks: the frozen trajectory"
+
+# ---- data parallelism: twice the tokens, a step no shorter (gradient sums) --
+for d in 1 2; do
+  "$DYNMO" simulate --from-run $data/freeze-2-static --policies static-uniform --stages 4 \
+    --replicas $d | awk '$1 == "static-uniform" { print $2, $3 }' >"$work/dp$d"
+done
+if awk 'NR == FNR { ms = $1; tok = $2; next } { exit !($1 > ms && $2 / tok > 1.9 && $2 / tok <= 2) }' \
+    "$work/dp1" "$work/dp2"; then
+  echo "ok: 2 replicas: $(cat "$work/dp2") against $(cat "$work/dp1") (ms/step, tokens/s)"
+else
+  fail "2 replicas: $(cat "$work/dp2") against $(cat "$work/dp1") (ms/step, tokens/s)"
+fi
 
 # ---- a scenario ----------------------------------------------------------
 { echo "step,block,frozen"
