@@ -130,7 +130,7 @@ static int predict_step(const struct step_costs *c, const struct sim_setup *setu
         cf[s] = f[s] + (s > 0 ? act : 0.0);
         cb[s] = b[s] + (s < stages - 1 ? act : 0.0);
     }
-    struct balance_prediction p;
+    struct balance_prediction p = {0};
     int rc = balance_predict_shared(cf, cb, u, stages, setup->micro_batches, setup->schedule,
                                     sharing, &p, err, errsize);
     out->step_ms = p.step_ms;
