@@ -91,6 +91,11 @@ struct runlog;
  * dm_user_error_local naming the path and HDF5's reason. Not collective:
  * only rank 0 calls it. */
 struct runlog *runlog_create(const char *path, const struct dm_config *cfg);
+/* The same with another root attribute kind: "simulation" for `dynmo
+ * simulate`'s files, shaped like a run log (docs/simulate.md). */
+#define SIMULATION_KIND "simulation"
+struct runlog *runlog_create_kind(const char *path, const struct dm_config *cfg,
+                                  const char *kind);
 
 /* Records how the stages shared processors (world_stage_sharing) as the
  * root attributes stage_groups (int32, one per stage), group_cores

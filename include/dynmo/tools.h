@@ -17,5 +17,7 @@ int cmd_inspect(int argc, char **argv);
 int cmd_check_ckpt(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
+/* `dynmo simulate --from-run RUN_DIR [options]` (docs/simulate.md). */
+int cmd_simulate(int argc, char **argv);
 
 #endif

@@ -73,6 +73,12 @@ static struct runlog *runlog_new(const char *path, hid_t file)
 
 struct runlog *runlog_create(const char *path, const struct dm_config *cfg)
 {
+    return runlog_create_kind(path, cfg, RUNLOG_KIND);
+}
+
+struct runlog *runlog_create_kind(const char *path, const struct dm_config *cfg,
+                                  const char *kind)
+{
     dm_h5_init();
     hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
     if (file < 0) {
@@ -86,7 +92,7 @@ struct runlog *runlog_create(const char *path, const struct dm_config *cfg)
     config_print(cfg, config_text, config_bytes);
     char created[64];
     iso_time_now(created, sizeof created);
-    dm_h5_write_string_attr(file, "kind", RUNLOG_KIND);
+    dm_h5_write_string_attr(file, "kind", kind);
     dm_h5_write_int_attr(file, "format_version", RUNLOG_FORMAT_VERSION);
     dm_h5_write_string_attr(file, "dynmo_version", DYNMO_VERSION);
     dm_h5_write_string_attr(file, "created", created);

@@ -6,7 +6,8 @@
  * layout and its history, data cursors, the scheme's saved state, and per
  * block its stage, size, sparsity and frozen flag) for people, or the same as one JSON object for
  * scripts (written with json-c). The kind comes from the file's root
- * attribute "kind". It reads through the public readers only (runlog_*,
+ * attribute "kind" (a simulation, kind "simulation", reads as a run
+ * log). It reads through the public readers only (runlog_*,
  * ckpt_read_info) and never writes; anything else is a user error naming
  * the file. */
 #include <math.h>
@@ -27,6 +28,7 @@ struct moe_load {
 
 struct summary {
     const char *path;
+    int simulated;                      /* kind "simulation" (dynmo simulate) */
     struct moe_load *moe;               /* (moe_blocks), or NULL without /moe/tokens */
     int moe_blocks, experts, top_k;
     long moe_steps;                     /* steps with counts (filler rows left out) */
@@ -51,7 +53,8 @@ static void usage(FILE *out)
             "expert of each\nMoE block, and every dataset with its shape;\nor a checkpoint (<ckpt.dir>/ckpt-<step>.h5): model, step, world, "
             "layout and\nhistory, data cursors, and per block its stage, size, sparsity "
             "and frozen flag.\n  --json   print the same as one JSON object\n"
-            "A run log may belong to a run that is still writing it.\n");
+            "A run log may belong to a run that is still writing it; a simulation\n"
+            "(dynmo simulate --out, docs/simulate.md) reads as a run log.\n");
 }
 
 static char *read_attr_or_die(const char *path, const char *name)
@@ -223,7 +226,7 @@ static void print_shape(FILE *out, const struct runlog_dataset_info *d)
 
 static void print_text(const struct summary *s)
 {
-    printf("run log %s\n", s->path);
+    printf("%s %s\n", s->simulated ? "simulation" : "run log", s->path);
     printf("  written by dynmo %s, created %s, format version %s\n",
            s->version ? s->version : "?", s->created ? s->created : "?",
            s->format_version ? s->format_version : "?");
@@ -354,7 +357,7 @@ static void print_json(const struct summary *s)
 {
     json_object *o = checked(json_object_new_object());
     put(o, "file", string(s->path));
-    put(o, "kind", string(RUNLOG_KIND));
+    put(o, "kind", string(s->simulated ? SIMULATION_KIND : RUNLOG_KIND));
     put(o, "dynmo_version", string(s->version));
     put(o, "created", string(s->created));
     char *end = NULL;
@@ -585,7 +588,7 @@ int cmd_inspect(int argc, char **argv)
     if (dm_file_kind(path, kind, sizeof kind, err, sizeof err) != 0)
         dm_user_error("inspect: %s", err);
     if (!strcmp(kind, CHECKPOINT_KIND)) return inspect_checkpoint(path, json);
-    if (strcmp(kind, RUNLOG_KIND) != 0) {
+    if (strcmp(kind, RUNLOG_KIND) != 0 && strcmp(kind, SIMULATION_KIND) != 0) {
         if (kind[0])
             dm_user_error("inspect: %s is an HDF5 file of unknown kind \"%s\" (expected "
                           "a dynmo run log)", path, kind);
@@ -595,6 +598,7 @@ int cmd_inspect(int argc, char **argv)
 
     struct summary s;
     load_summary(&s, path);
+    s.simulated = !strcmp(kind, SIMULATION_KIND);
     if (json) print_json(&s);
     else print_text(&s);
     free_summary(&s);

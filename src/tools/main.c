@@ -18,6 +18,7 @@ static const struct subcommand subcommands[] = {
     {"plan", cmd_plan, "partition per-layer costs over pipeline stages"},
     {"inspect", cmd_inspect, "summarise a run log (or checkpoint)"},
     {"report", cmd_report, "draw run logs as one HTML page of figures and tables"},
+    {"simulate", cmd_simulate, "simulate whole runs at any scale from a run's measured costs"},
     {"trace", cmd_trace, "export traced steps as Chrome trace events (Perfetto)"},
     {"check-ckpt", cmd_check_ckpt, "validate checkpoint files against the schema"},
 };

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 18's paper-scale table: each scheme's recorded 2-rank static run
+# (bench/sim_record.sh) drives `dynmo simulate` at the paper's scale (24
+# pipeline stages x 30 data-parallel replicas, 4 micro-batches per stage,
+# 1,000 steps; models of DEPTHS blocks), once with whole blocks as the
+# unit of placement and once with attention and MLP apart (--split-blocks).
+# Prints one markdown row per scheme and depth: the best balancer's
+# speedup over the best static layout, the layout bound, the dynamism's own
+# saving (static-uniform with it over without) and both together,
+# re-packing's ranks and rank-hours, and the sub-block what-if against the
+# same whole-block static layout: its layout bound and its best balancer.
+# Usage: bench/sim_paper.sh [DIR]   (default runs/simval2)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DYNMO=${DYNMO:-build/dynmo}
+dir=${1:-runs/simval2}
+S=${STAGES:-24}; D=${REPLICAS:-30}
+echo "| scheme | blocks | best balancer | over best static | layout bound | dynamism alone | dynamism + balancer | re-pack | sub-block: bound | sub-block: best balancer | seconds |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|"
+for scheme in ${SCHEMES:-freeze early_exit prune}; do
+  for L in ${DEPTHS:-32 48}; do
+    for unit in block split; do
+      extra=(); [ $unit = split ] && extra=(--split-blocks)
+      start=$(date +%s.%N)
+      "$DYNMO" simulate --from-run "$dir/$scheme-2-static" --blocks "$L" --stages "$S" \
+        --replicas "$D" --micro-batches $((4 * S)) --steps 1000 --latency-ms 0.02 \
+        --bandwidth-gbs 25 "${extra[@]}" > "/tmp/sim_paper_$unit.out"
+      eval "secs_$unit=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')"
+    done
+    b=/tmp/sim_paper_block.out; p=/tmp/sim_paper_split.out
+    best=$(grep -oP 'best balancer: \K[a-z-]+' $b)
+    speedup=$(grep -oP 'best balancer: [a-z-]+, \K[0-9.]+x' $b)
+    bound=$(grep -oP 'layout bound \K[0-9.]+x' $b)
+    alone=$(grep -oP 'the dynamism alone \K[0-9.]+x' $b || echo -)
+    both=$(grep -oP 'with the best balancer \K[0-9.]+x' $b || echo -)
+    repack=$(grep -oP 'repack: \K.*' $b | sed 's/ of the rank-hours of partition-time/ rank-hours/')
+    # the sub-block what-if against the whole-block best static layout
+    static_ms=$(grep -oP 'the best static layout \K[0-9.]+' $b)
+    split_layout_ms=$(grep -oP "each step's best layout \K[0-9.]+" $p)
+    block_static=$(grep -oP 'best static: \K[a-z-]+' $b)
+    static_total=$(awk -v n="$block_static" '$1 == n { print $2 }' $b)
+    split_best=$(grep -oP 'best balancer: \K[a-z-]+' $p)
+    split_total=$(awk -v n="$split_best" '$1 == n { print $2 }' $p)
+    sub_bound=$(awk -v a="$static_ms" -v b="$split_layout_ms" 'BEGIN { printf "%.3fx", a / b }')
+    sub_best=$(awk -v a="$static_total" -v b="$split_total" 'BEGIN { printf "%.3fx", a / b }')
+    echo "| $scheme | $L | $best | $speedup | $bound | $alone | $both | $repack | $sub_bound | $sub_best ($split_best) | $secs_block + $secs_split |"
+  done
+done

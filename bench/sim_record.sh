@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Issue 18's validation runs: each scheme (freeze, early_exit, prune) on
+# RANKS ranks (default "2 4"), static uniform and balanced
+# (partition-time every K steps), each run's log kept for `dynmo simulate`
+# (bench/sim_validate.sh compares them). Pruning first trains DENSE dense
+# steps on one rank and checkpoints them; its runs resume from there.
+# Before each run it waits (up to WAIT seconds, default 300) for the
+# 1-minute load average to fall below LOAD (default 1.5): the machine is
+# shared, and every run's load before and after goes to OUT/loads.txt.
+# Runs already recorded in OUT (their output ends with the run log's line)
+# are kept.
+# Usage: bench/sim_record.sh [OUT]   (default runs/simval)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DYNMO=${DYNMO:-build/dynmo}
+out=${1:-runs/simval}; mkdir -p "$out"
+K=${K:-10}; DENSE=${DENSE:-100}
+prune_args=(dyn.prune_start=$DENSE)
+quiet() {
+  local waited=0
+  while awk -v max="${LOAD:-1.5}" '{ exit !($1 >= max) }' /proc/loadavg && [ $waited -lt "${WAIT:-300}" ]; do
+    sleep 5; waited=$((waited + 5))
+  done
+}
+if [[ " ${SCHEMES:-freeze early_exit prune} " == *" prune "* && ! -e "$out/prune-dense/ckpt-$DENSE.h5" ]]; then
+  "$DYNMO" train --config configs/prune.ini parallel.pp=1 train.steps=$DENSE "${prune_args[@]}" \
+    ckpt.dir="$out/prune-dense" ckpt.every=$DENSE run.out_dir="$out/prune-dense" > "$out/prune-dense.out" 2>&1
+fi
+for ranks in ${RANKS:-2 4}; do
+  for scheme in ${SCHEMES:-freeze early_exit prune}; do
+    for way in static balanced; do
+      args=(balance.method=none balance.initial=uniform)
+      [ $way = balanced ] && args=(balance.method=partition-time balance.initial=uniform balance.every=$K)
+      extra=(train.steps=${STEPS:-120})
+      [ $scheme = prune ] && extra=(train.steps=$((DENSE + 60)) "${prune_args[@]}"
+                                    ckpt.resume="$out/prune-dense/ckpt-$DENSE.h5")
+      name=$scheme-$ranks-$way
+      grep -q "^  run log: " "$out/$name.out" 2>/dev/null && continue   # recorded already
+      quiet
+      before="$(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)"
+      mpiexec -n "$ranks" "$DYNMO" train --config configs/$scheme.ini parallel.pp="$ranks" \
+        run.out_dir="$out/$name" run.log_every=1 "${args[@]}" "${extra[@]}" > "$out/$name.out" 2>&1
+      echo "$name: load $before, after $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)" >> "$out/loads.txt"
+    done
+  done
+done

@@ -1,0 +1,205 @@
+/* The pieces of `dynmo simulate` (src/tools/simulate*.c), private to
+ * src/tools: the command line and the summary (simulate.c), the cost model
+ * fitted to a run log and the trajectory of each block's dynamic state,
+ * from a run log mapped by relative depth or from a scenario file
+ * (simulate_model.c), one policy run step by step through the balancing
+ * controller and the predictor of src/balance (simulate_policy.c), and the
+ * output files shaped like run logs (simulate_out.c).
+ *
+ * Nothing here decides a layout or simulates a schedule itself: layouts
+ * come from balance_controller_* and balance_propose, step times from
+ * balance_predict_shared over the lists of schedule_stage, as in training
+ * (docs/simulate.md). Everything is deterministic. */
+#ifndef DYNMO_TOOLS_SIMULATE_H
+#define DYNMO_TOOLS_SIMULATE_H
+
+#include <stdint.h>
+#include "dynmo/balance.h"
+#include "dynmo/core.h"
+#include "tools/plan.h"
+
+/* ---- the dynamic state of the blocks over training ---------------------- */
+
+/* What a block's cost depends on, at one step. */
+enum sim_state {
+    SIM_ACTIVE = 0,   /* share of the tokens it computes (early exit; 1 otherwise) */
+    SIM_SPARSITY,     /* pruned share of its matrices (pruning; 0 otherwise) */
+    SIM_FROZEN,       /* 1 when frozen (freezing, prefix-only; 0 otherwise) */
+    SIM_TILES,        /* attention tiles visited, as a share of the run's most (hash) */
+    SIM_STATE_COUNT,
+};
+
+const char *sim_state_name(int state);
+
+/* The state of every block at every step: value[state][step * blocks + block].
+ * present[state] says which the source has (the others hold their neutral
+ * values: active 1, sparsity 0, frozen 0, tiles 1). */
+struct sim_trajectory {
+    int steps, blocks;
+    float *value[SIM_STATE_COUNT];
+    int present[SIM_STATE_COUNT];
+};
+
+void sim_trajectory_free(struct sim_trajectory *t);
+/* The most steps x units (blocks, or halves under --split-blocks) one
+ * simulation holds: about 100 bytes each over the trajectory and seven
+ * policies' results. */
+#define SIM_MAX_CELLS 10000000L
+/* A user error when steps x units exceeds SIM_MAX_CELLS. */
+void sim_check_size(long steps, long units);
+/* Every block in its neutral state at every step: the model without its
+ * dynamism (all tokens, dense, none frozen, every tile). */
+void sim_trajectory_neutral(struct sim_trajectory *t, int blocks, int steps);
+
+/* ---- what the run log gives --------------------------------------------- */
+
+struct sim_run {
+    char path[1200];           /* RUN_DIR/runlog.h5 */
+    struct dm_config cfg;      /* its configuration (the root attribute config) */
+    int layers, stages, steps, micro_batches;
+    enum dm_schedule schedule;
+    float *fwd, *bwd, *update; /* (steps, layers) measured ms; update may be NULL */
+    float *busy, *stage_update;/* (steps, width) measured per stage */
+    int width;                 /* stage columns */
+    int *layout;               /* (steps, width) blocks per stage */
+    float *step_ms;            /* (steps) measured */
+    float csr_sparsity;        /* dyn.csr_sparsity: where a block's matrices go to CSR */
+    int first_step;            /* 1-based step of row 0 (a resumed run's log starts later) */
+    struct balance_extra *embed, *head; /* (steps) the end stages' extras, time fields */
+    struct sim_trajectory state;
+    struct plan_sharing plan_sharing; /* the stage sharing it recorded, at its stage count */
+};
+
+/* Reads DIR/runlog.h5: config, per-block and per-stage times, layouts, the
+ * block states of its measured steps (filler rows left out), and the
+ * processor sharing it recorded when `stages` (0: the run's) is its stage
+ * count. A log without per-block costs (/layers/fwd_ms, /layers/bwd_ms),
+ * without layouts or stage times, or with fewer than 3 measured steps is a
+ * user error (exit 2) naming it. */
+void sim_run_read(struct sim_run *run, const char *dir, int stages);
+void sim_run_free(struct sim_run *run);
+
+/* ---- the cost model ----------------------------------------------------- */
+
+#define SIM_FEATURES 6
+enum { SIM_FWD = 0, SIM_BWD, SIM_UPDATE, SIM_DIRECTIONS };
+
+/* Per direction (forward and backward per micro-batch, update once a
+ * step) and per class (0 training, 1 frozen), time = beta . features(state)
+ * fitted by least squares to every (step, block) of the run after the
+ * first step. The embedding's and head's extras are the medians of
+ * balance_end_stage_extras over the same steps. */
+struct sim_model {
+    double beta[SIM_DIRECTIONS][2][SIM_FEATURES];
+    int fitted[2];             /* samples of each class > 0 */
+    int uses[SIM_STATE_COUNT]; /* the fit saw this state vary */
+    struct balance_extra embed, head;
+    double fit_error;          /* median |fit - measured| / measured, block fwd + bwd */
+    long samples;
+};
+
+/* Fits the model to run. Never fails (a class without samples falls back:
+ * frozen blocks forward as training ones and do no backward or update). */
+void sim_model_fit(struct sim_model *model, const struct sim_run *run);
+
+/* A block's forward, backward and update ms in state (SIM_STATE_COUNT
+ * values), csr the run's dyn.csr_sparsity. */
+void sim_model_block(const struct sim_model *model, const float *state, float csr,
+                     double *fwd, double *bwd, double *update);
+
+/* The run's trajectory mapped onto `blocks` blocks by relative depth (block
+ * j of n takes the state at depth (j + 0.5) / n of the run, interpolated;
+ * frozen blocks stay a prefix) and onto `steps` steps by relative time. */
+void sim_trajectory_map(struct sim_trajectory *out, const struct sim_trajectory *src,
+                        int blocks, int steps);
+
+/* Reads a scenario (docs/simulate.md): a CSV with header step,block and
+ * one or more of active, sparsity, frozen, tiles; every listed step lists
+ * every block once; a step's states hold until the next listed step. The
+ * trajectory covers `steps` steps (0: through the last listed step). Bad
+ * input is a user error naming the file and line. */
+void sim_scenario_read(struct sim_trajectory *out, const char *path, int steps);
+
+/* ---- a policy, step by step ---------------------------------------------- */
+
+enum sim_policy_kind { SIM_STATIC_UNIFORM, SIM_STATIC_PARAMS, SIM_BALANCED, SIM_REPACK,
+                       SIM_REPLAY };
+
+struct sim_policy {
+    char name[48];
+    enum sim_policy_kind kind;
+    const char *method;        /* SIM_BALANCED, SIM_REPACK: balance.method */
+};
+
+/* Everything a policy run needs; shared by all policies. */
+struct sim_setup {
+    const struct sim_model *model;
+    const struct sim_trajectory *traj;
+    struct dm_config cfg;      /* the simulated model and run (layers, pp, dp, ...) */
+    int blocks, stages, replicas, micro_batches, steps, every;  /* blocks: units of placement */
+    /* The sub-block what-if: each block is two units of placement, its
+     * attention (unit 2j, attention_share of the block's time) and its MLP
+     * (unit 2j + 1); 0: a block is one unit. */
+    int split;
+    double attention_share;
+    enum dm_schedule schedule;
+    float csr_sparsity;
+    double latency_ms, bytes_per_ms;   /* the transfer line */
+    double migration_ms;               /* a migration's fixed cost beyond its bytes */
+    double activation_bytes;           /* one micro-batch's activations, one way */
+    double tokens_per_step;
+    double *block_params;              /* (blocks) dense parameters */
+    const struct balance_sharing *sharing; /* for `stages` stages, or NULL */
+    double repack_epsilon, restart_ms;
+    int repack_every;
+    const int *replay_layout;          /* SIM_REPLAY: (steps, replay_width) */
+    /* Non-NULL: each step's block costs and extras are the run's measured
+     * ones instead of the model's (--validate; the run's own shape). */
+    const struct sim_run *measured;
+    int replay_width;
+};
+
+/* One simulated step, as the output and the summary read it. */
+struct sim_step {
+    double step_ms, bubble, imbalance, migrate_ms;
+    int stages, migrated_blocks;
+    double migrated_bytes;
+};
+
+struct sim_result {
+    struct sim_step *steps;        /* (steps) */
+    int *layout;                   /* (steps, stages of the first world) */
+    float *fwd, *bwd, *update;     /* (steps, blocks) modelled ms */
+    float *busy, *idle, *stage_update; /* (steps, stages) */
+    float *decisions;              /* (decision_count, BALANCE_DECISION_COLUMNS) */
+    int decision_count;
+    double total_ms, rank_ms;      /* steps + migrations + restarts; x ranks */
+    double step_sum_ms;            /* the steps alone */
+    int repack_step, repack_stages;/* first re-pack (0: none) and its stages */
+    double restart_ms;
+    int migrations;
+};
+
+/* Runs policy over setup's steps into res (free with sim_result_free). A
+ * balancer that fails is a user error naming the policy and the step. */
+void sim_policy_run(struct sim_result *res, const struct sim_setup *setup,
+                    const struct sim_policy *policy);
+void sim_result_free(struct sim_result *res);
+
+/* The best layout's step at step t (0-based), for the layout bound: the
+ * predicted step time of the layout partition-time proposes for that
+ * step's own costs, on setup's stages and sharing. NAN with err filled
+ * when the balancer fails. */
+double sim_best_step_ms(const struct sim_setup *setup, int step, char *err, size_t errsize);
+
+/* ---- output -------------------------------------------------------------- */
+
+/* Writes one file shaped like a run log (root attribute kind
+ * "simulation") per policy, DIR/<policy>.h5, and DIR/summary.txt holding
+ * `summary`, into a new directory beside DIR renamed into place: DIR is
+ * whole or absent, never half written. */
+void sim_write_output(const char *dir, const struct sim_setup *setup,
+                      const struct sim_policy *policies, const struct sim_result *results,
+                      int count, const char *summary);
+
+#endif

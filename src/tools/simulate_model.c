@@ -1,0 +1,654 @@
+/* `dynmo simulate`'s inputs: a run log read whole (its configuration,
+ * per-block and per-stage times, layouts, the blocks' dynamic state and
+ * the processor sharing), the cost model fitted to it (each block's
+ * forward, backward and update time as a function of its state, least
+ * squares over every step and block), and the trajectory of the states,
+ * from the run mapped by relative depth and time or from a scenario file.
+ *
+ * Must not: write anything, or go on past a missing dataset the model
+ * needs or a bad scenario (a user error naming the file, exit 2). It reads
+ * run logs through the ckpt module's readers only. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "dynmo/ckpt.h"
+#include "tools/plan.h"
+#include "tools/simulate.h"
+
+static const char *const state_names[SIM_STATE_COUNT] = {"active", "sparsity", "frozen",
+                                                         "tiles"};
+static const float state_neutral[SIM_STATE_COUNT] = {1.0f, 0.0f, 0.0f, 1.0f};
+
+const char *sim_state_name(int state)
+{
+    return state >= 0 && state < SIM_STATE_COUNT ? state_names[state] : "?";
+}
+
+static void trajectory_alloc(struct sim_trajectory *t, int steps, int blocks)
+{
+    memset(t, 0, sizeof *t);
+    t->steps = steps;
+    t->blocks = blocks;
+    size_t n = (size_t)steps * (size_t)blocks;
+    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+        t->value[k] = dm_alloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) t->value[k][i] = state_neutral[k];
+    }
+}
+
+void sim_check_size(long steps, long units)
+{
+    if (steps * units > SIM_MAX_CELLS)
+        dm_user_error("simulate: %ld steps x %ld blocks is too large to simulate (at most "
+                      "%ld block-steps)", steps, units, SIM_MAX_CELLS);
+}
+
+void sim_trajectory_neutral(struct sim_trajectory *t, int blocks, int steps)
+{
+    trajectory_alloc(t, steps, blocks);
+}
+
+void sim_trajectory_free(struct sim_trajectory *t)
+{
+    for (int k = 0; k < SIM_STATE_COUNT; k++) dm_free(t->value[k]);
+    memset(t, 0, sizeof *t);
+}
+
+/* ---- the run log ---------------------------------------------------------- */
+
+/* The run's configuration: each "section.key = value" line of the root
+ * attribute config set on top of the defaults. */
+static void read_config(struct sim_run *run)
+{
+    char err[1024], *text = NULL;
+    if (runlog_read_root_attr(run->path, "config", &text, err, sizeof err) != 0)
+        dm_user_error("simulate: %s has no configuration (root attribute config): %s",
+                      run->path, text ? "" : err);
+    config_defaults(&run->cfg);
+    for (char *line = text, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        char *dot = strchr(line, '.'), *eq = strstr(line, " = ");
+        if (!dot || !eq || dot > eq) continue;
+        *dot = '\0';
+        *eq = '\0';
+        if (config_set(&run->cfg, line, dot + 1, eq + 3, err, sizeof err) != 0)
+            dm_user_error("simulate: %s: its configuration: %s", run->path, err);
+    }
+    free(text);
+}
+
+static int has_dataset(const struct runlog_dataset_info *infos, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (!strcmp(infos[i].name, name)) return 1;
+    return 0;
+}
+
+/* A per-block matrix of the run; required ones missing are a user error,
+ * optional ones NULL. Rows beyond `rows` are ignored; fewer are an error. */
+static float *read_blocks(const struct sim_run *run, const struct runlog_dataset_info *infos,
+                          int n, const char *name, long rows, int cols, int required)
+{
+    char err[1024];
+    if (!has_dataset(infos, n, name)) {
+        if (required)
+            dm_user_error("simulate: %s has no %s: a run log without per-block costs "
+                          "cannot drive a simulation", run->path, name);
+        return NULL;
+    }
+    float *values = NULL;
+    int ncols = 0;
+    long got = runlog_read_matrix(run->path, name, &values, &ncols, err, sizeof err);
+    if (got < 0) dm_user_error("simulate: %s", err);
+    if (got < rows || ncols != cols)
+        dm_user_error("simulate: %s: %s has %ld rows of %d, expected %ld of %d", run->path,
+                      name, got, ncols, rows, cols);
+    return values;
+}
+
+/* Keeps rows keep[0..count) of a (rows, cols) matrix, in place. */
+static void keep_rows(float *m, int cols, const long *keep, int count)
+{
+    if (!m) return;
+    for (int i = 0; i < count; i++)
+        memmove(m + (size_t)i * cols, m + (size_t)keep[i] * cols, (size_t)cols * sizeof *m);
+}
+
+/* The steps the run measured: finite step time and block costs and a
+ * layout (a resumed run's log starts with filler rows). */
+static int measured_steps(const struct sim_run *run, const int *layout, long rows, long *keep)
+{
+    int count = 0;
+    for (long r = 0; r < rows; r++) {
+        int ok = isfinite(run->step_ms[r]) && layout[r * run->width] > 0;
+        for (int l = 0; ok && l < run->layers; l++)
+            ok = isfinite(run->fwd[r * run->layers + l]) && isfinite(run->bwd[r * run->layers + l]);
+        if (ok) keep[count++] = r;
+    }
+    return count;
+}
+
+/* The layout width and stage count; every measured row must cover the
+ * model's blocks. */
+static void read_layouts(struct sim_run *run, long rows)
+{
+    char err[1024];
+    long got = runlog_read_int_matrix(run->path, RUNLOG_LAYOUT_HISTORY, &run->layout,
+                                      &run->width, err, sizeof err);
+    if (got < 0) dm_user_error("simulate: %s", err);
+    if (got < rows)
+        dm_user_error("simulate: %s: /layout/history has %ld rows, /steps/step_ms %ld",
+                      run->path, got, rows);
+}
+
+/* The block states the log records: /layers/active, /layers/sparsity,
+ * /hash/tiles (as a share of the largest), and frozen blocks (freeze runs:
+ * those that did no update). */
+static void read_states(struct sim_run *run, const struct runlog_dataset_info *infos, int n,
+                        long rows, const long *keep, int count)
+{
+    static const char *const names[SIM_STATE_COUNT] = {RUNLOG_LAYER_ACTIVE,
+        RUNLOG_LAYER_SPARSITY, NULL, RUNLOG_HASH_TILES};
+    int L = run->layers;
+    trajectory_alloc(&run->state, count, L);
+    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+        float *m = NULL;
+        if (names[k]) m = read_blocks(run, infos, n, names[k], rows, L, 0);
+        else if (!strcmp(run->cfg.dyn_kind, "freeze") && run->update) {
+            m = dm_alloc((size_t)rows * L * sizeof(float));
+            for (long i = 0; i < rows * L; i++) m[i] = run->update[i] == 0.0f;
+        }
+        if (!m) continue;
+        keep_rows(m, L, keep, count);
+        float most = 0;
+        for (long i = 0; k == SIM_TILES && i < (long)count * L; i++)
+            if (m[i] > most) most = m[i];
+        for (long i = 0; i < (long)count * L; i++)
+            run->state.value[k][i] = k == SIM_TILES ? (most > 0 ? m[i] / most : 1.0f) : m[i];
+        run->state.present[k] = 1;
+        dm_free(m);
+    }
+}
+
+/* Each step's embedding and head: what the first and last stage computed
+ * beyond their blocks (balance_end_stage_extras, as the controller takes
+ * them). */
+static void read_extras(struct sim_run *run)
+{
+    int L = run->layers, T = run->steps;
+    double *f = dm_alloc((size_t)L * sizeof(double)), *b = dm_alloc((size_t)L * sizeof(double));
+    double *u = dm_alloc((size_t)L * sizeof(double));
+    run->embed = dm_alloc((size_t)T * sizeof *run->embed);
+    run->head = dm_alloc((size_t)T * sizeof *run->head);
+    for (int t = 0; t < T; t++) {
+        for (int l = 0; l < L; l++) {
+            f[l] = run->fwd[(long)t * L + l];
+            b[l] = run->bwd[(long)t * L + l];
+            u[l] = run->update ? run->update[(long)t * L + l] : 0.0;
+        }
+        const int *layout = run->layout + (long)t * run->width;
+        int S = 0;
+        while (S < run->width && layout[S] > 0) S++;
+        const float *busy = run->busy + (long)t * run->width;
+        const float *stage_update = run->stage_update ? run->stage_update + (long)t * run->width
+                                                      : NULL;
+        double ends_busy[2] = {busy[0], busy[S - 1]};
+        double ends_update[2] = {stage_update ? stage_update[0] : 0.0,
+                                 stage_update ? stage_update[S - 1] : 0.0};
+        balance_end_stage_extras(f, b, run->update ? u : NULL, layout, S, run->micro_batches,
+                                 ends_busy, ends_update, &run->embed[t], &run->head[t]);
+    }
+    dm_free(f);
+    dm_free(b);
+    dm_free(u);
+}
+
+void sim_run_read(struct sim_run *run, const char *dir, int stages)
+{
+    char err[1024];
+    memset(run, 0, sizeof *run);
+    snprintf(run->path, sizeof run->path, "%s/" RUNLOG_FILE_NAME, dir);
+    struct runlog_dataset_info *infos = NULL;
+    int n = runlog_list_datasets(run->path, &infos, err, sizeof err);
+    if (n < 0) dm_user_error("simulate: %s", err);
+    read_config(run);
+    run->layers = run->cfg.layers;
+    run->micro_batches = run->cfg.micro_batches;
+    run->schedule = config_schedule(&run->cfg);
+    run->csr_sparsity = (float)run->cfg.csr_sparsity;
+    if (!has_dataset(infos, n, RUNLOG_STEP_MS))
+        dm_user_error("simulate: %s has no %s", run->path, RUNLOG_STEP_MS);
+    long rows = runlog_read_series(run->path, RUNLOG_STEP_MS, &run->step_ms, err, sizeof err);
+    if (rows < 0) dm_user_error("simulate: %s", err);
+    run->fwd = read_blocks(run, infos, n, RUNLOG_LAYER_FWD_MS, rows, run->layers, 1);
+    run->bwd = read_blocks(run, infos, n, RUNLOG_LAYER_BWD_MS, rows, run->layers, 1);
+    if (!has_dataset(infos, n, RUNLOG_LAYOUT_HISTORY) || !has_dataset(infos, n, RUNLOG_STAGE_BUSY_MS))
+        dm_user_error("simulate: %s has no %s or %s (layouts and stage times)", run->path,
+                      RUNLOG_LAYOUT_HISTORY, RUNLOG_STAGE_BUSY_MS);
+    read_layouts(run, rows);
+    run->busy = read_blocks(run, infos, n, RUNLOG_STAGE_BUSY_MS, rows, run->width, 1);
+    if (has_dataset(infos, n, RUNLOG_LAYER_UPDATE_MS) && has_dataset(infos, n, RUNLOG_STAGE_UPDATE_MS)) {
+        run->update = read_blocks(run, infos, n, RUNLOG_LAYER_UPDATE_MS, rows, run->layers, 1);
+        run->stage_update = read_blocks(run, infos, n, RUNLOG_STAGE_UPDATE_MS, rows, run->width, 1);
+    }
+    long *keep = dm_alloc((size_t)(rows ? rows : 1) * sizeof(long));
+    int count = measured_steps(run, run->layout, rows, keep);
+    if (count < 3)
+        dm_user_error("simulate: %s has %d measured steps; the cost model needs at least 3",
+                      run->path, count);
+    read_states(run, infos, n, rows, keep, count);
+    float *step_ms = run->step_ms;
+    for (int i = 0; i < count; i++) step_ms[i] = step_ms[keep[i]];
+    keep_rows(run->fwd, run->layers, keep, count);
+    keep_rows(run->bwd, run->layers, keep, count);
+    keep_rows(run->update, run->layers, keep, count);
+    keep_rows(run->busy, run->width, keep, count);
+    keep_rows(run->stage_update, run->width, keep, count);
+    for (int i = 0; i < count; i++)
+        memmove(run->layout + (size_t)i * run->width, run->layout + (size_t)keep[i] * run->width,
+                (size_t)run->width * sizeof(int));
+    run->steps = count;
+    run->first_step = (int)keep[0] + 1;
+    while (run->stages < run->width && run->layout[run->stages] > 0) run->stages++;
+    read_extras(run);
+    dm_free(keep);
+    dm_free(infos);
+    plan_sharing_from_run(&run->plan_sharing, dir, run->stages, stages > 0 ? stages : run->stages);
+}
+
+void sim_run_free(struct sim_run *run)
+{
+    dm_free(run->embed);
+    dm_free(run->head);
+    dm_free(run->fwd);
+    dm_free(run->bwd);
+    dm_free(run->update);
+    dm_free(run->busy);
+    dm_free(run->stage_update);
+    dm_free(run->layout);
+    dm_free(run->step_ms);
+    dm_free(run->plan_sharing.group);
+    dm_free(run->plan_sharing.cores);
+    sim_trajectory_free(&run->state);
+    memset(run, 0, sizeof *run);
+}
+
+/* ---- the cost model ------------------------------------------------------- */
+
+/* The features of a block in `state` (SIM_STATE_COUNT values), those the
+ * fit does not use zero: 1, active, active^2, in CSR, in CSR x density,
+ * tiles. */
+static void features(double *phi, const float *state, float csr, const int *uses)
+{
+    double a = state[SIM_ACTIVE], s = state[SIM_SPARSITY];
+    double in_csr = uses[SIM_SPARSITY] && s >= csr ? 1.0 : 0.0;
+    phi[0] = 1.0;
+    phi[1] = uses[SIM_ACTIVE] ? a : 0.0;
+    phi[2] = uses[SIM_ACTIVE] ? a * a : 0.0;
+    phi[3] = in_csr;
+    phi[4] = in_csr * (1.0 - s);
+    phi[5] = uses[SIM_TILES] ? state[SIM_TILES] : 0.0;
+}
+
+/* Solves (A + ridge) x = b for a symmetric SIM_FEATURES x SIM_FEATURES A by
+ * Gaussian elimination with partial pivoting; the small ridge makes
+ * features that never vary (all-zero columns) come out 0. */
+static void solve(double A[SIM_FEATURES][SIM_FEATURES], double *b, double *x)
+{
+    enum { P = SIM_FEATURES };
+    double trace = 0;
+    for (int i = 0; i < P; i++) trace += A[i][i];
+    for (int i = 0; i < P; i++) A[i][i] += 1e-9 * trace / P + 1e-300;
+    for (int c = 0; c < P; c++) {
+        int pivot = c;
+        for (int r = c + 1; r < P; r++)
+            if (fabs(A[r][c]) > fabs(A[pivot][c])) pivot = r;
+        for (int k = 0; k < P; k++) {
+            double t = A[c][k]; A[c][k] = A[pivot][k]; A[pivot][k] = t;
+        }
+        double t = b[c]; b[c] = b[pivot]; b[pivot] = t;
+        for (int r = c + 1; r < P; r++) {
+            double f = A[r][c] / A[c][c];
+            for (int k = c; k < P; k++) A[r][k] -= f * A[c][k];
+            b[r] -= f * b[c];
+        }
+    }
+    for (int r = P - 1; r >= 0; r--) {
+        double sum = b[r];
+        for (int k = r + 1; k < P; k++) sum -= A[r][k] * x[k];
+        x[r] = sum / A[r][r];
+    }
+}
+
+static float measured(const struct sim_run *run, int direction, long i)
+{
+    return direction == SIM_FWD ? run->fwd[i] : direction == SIM_BWD ? run->bwd[i]
+         : run->update ? run->update[i] : 0.0f;
+}
+
+static double predict(const double *beta, const double *phi)
+{
+    double t = 0;
+    for (int k = 0; k < SIM_FEATURES; k++) t += beta[k] * phi[k];
+    return t > 0 ? t : 0;
+}
+
+/* Least squares of one direction and class over the steps after the
+ * first; with limit > 0 samples whose residual against the previous fit
+ * exceeds it are left out (noise spikes of a shared machine). */
+static long fit_one(struct sim_model *model, const struct sim_run *run, int direction, int cls,
+                    double limit)
+{
+    double A[SIM_FEATURES][SIM_FEATURES] = {{0}}, b[SIM_FEATURES] = {0}, phi[SIM_FEATURES];
+    double *beta = model->beta[direction][cls];
+    long count = 0, L = run->layers;
+    float state[SIM_STATE_COUNT];
+    for (long i = L; i < (long)run->steps * L; i++) {
+        for (int k = 0; k < SIM_STATE_COUNT; k++) state[k] = run->state.value[k][i];
+        if ((state[SIM_FROZEN] != 0) != cls) continue;
+        features(phi, state, run->csr_sparsity, model->uses);
+        double y = measured(run, direction, i);
+        if (!isfinite(y) || (limit > 0 && fabs(predict(beta, phi) - y) > limit)) continue;
+        for (int p = 0; p < SIM_FEATURES; p++) {
+            b[p] += phi[p] * y;
+            for (int q = 0; q < SIM_FEATURES; q++) A[p][q] += phi[p] * phi[q];
+        }
+        count++;
+    }
+    if (count) solve(A, b, beta);
+    return count;
+}
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, long n)
+{
+    if (n <= 0) return 0.0;
+    qsort(v, (size_t)n, sizeof *v, compare_doubles);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Four times the median absolute residual of the fit (in ms), the cut for
+ * the second pass. */
+static double residual_limit(const struct sim_model *model, const struct sim_run *run,
+                             int direction, int cls, double *scratch)
+{
+    long n = 0, L = run->layers;
+    double phi[SIM_FEATURES];
+    float state[SIM_STATE_COUNT];
+    for (long i = L; i < (long)run->steps * L; i++) {
+        for (int k = 0; k < SIM_STATE_COUNT; k++) state[k] = run->state.value[k][i];
+        if ((state[SIM_FROZEN] != 0) != cls || !isfinite(measured(run, direction, i))) continue;
+        features(phi, state, run->csr_sparsity, model->uses);
+        scratch[n++] = fabs(predict(model->beta[direction][cls], phi) - measured(run, direction, i));
+    }
+    return 4.0 * median(scratch, n) + 1e-6;
+}
+
+/* The embedding's and head's extras: medians over the steps after the
+ * first of what the end stages computed beyond their blocks (run->embed,
+ * run->head). */
+static void fit_extras(struct sim_model *model, const struct sim_run *run)
+{
+    int T = run->steps;
+    double *fields = dm_alloc((size_t)6 * T * sizeof(double));
+    for (int t = 1; t < T; t++) {
+        const struct balance_extra *e = &run->embed[t], *h = &run->head[t];
+        double v[6] = {e->fwd_ms, e->bwd_ms, e->update_ms, h->fwd_ms, h->bwd_ms, h->update_ms};
+        for (int k = 0; k < 6; k++) fields[(long)k * T + t - 1] = v[k];
+    }
+    double m[6];
+    for (int k = 0; k < 6; k++) m[k] = median(fields + (long)k * T, T - 1);
+    model->embed = (struct balance_extra){.fwd_ms = m[0], .bwd_ms = m[1], .update_ms = m[2]};
+    model->head = (struct balance_extra){.fwd_ms = m[3], .bwd_ms = m[4], .update_ms = m[5]};
+    dm_free(fields);
+}
+
+/* Median relative error of the fitted fwd + bwd against the measured. */
+static double fit_error(const struct sim_model *model, const struct sim_run *run, double *scratch)
+{
+    long n = 0, L = run->layers;
+    float state[SIM_STATE_COUNT];
+    for (long i = L; i < (long)run->steps * L; i++) {
+        double y = run->fwd[i] + run->bwd[i], f, b, u;
+        for (int k = 0; k < SIM_STATE_COUNT; k++) state[k] = run->state.value[k][i];
+        sim_model_block(model, state, run->csr_sparsity, &f, &b, &u);
+        if (y > 0) scratch[n++] = fabs(f + b - y) / y;
+    }
+    return median(scratch, n);
+}
+
+void sim_model_fit(struct sim_model *model, const struct sim_run *run)
+{
+    memset(model, 0, sizeof *model);
+    long total = (long)run->steps * run->layers;
+    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+        float lo = INFINITY, hi = -INFINITY;
+        for (long i = run->layers; k != SIM_FROZEN && i < total; i++) {
+            lo = fminf(lo, run->state.value[k][i]);
+            hi = fmaxf(hi, run->state.value[k][i]);
+        }
+        model->uses[k] = run->state.present[k] && (k == SIM_FROZEN || hi > lo);
+    }
+    double *scratch = dm_alloc((size_t)total * sizeof(double));
+    for (int d = 0; d < SIM_DIRECTIONS; d++)
+        for (int c = 0; c < 2; c++) {
+            long n = fit_one(model, run, d, c, 0.0);
+            if (n > 0) n = fit_one(model, run, d, c, residual_limit(model, run, d, c, scratch));
+            if (d == SIM_FWD) model->fitted[c] = n > 0;
+            model->samples += d == SIM_FWD ? n : 0;
+        }
+    /* A class the run never had: frozen blocks forward as training ones and
+     * do no backward or update; training blocks as frozen ones forward. */
+    int missing = !model->fitted[1] ? 1 : !model->fitted[0] ? 0 : -1;
+    if (missing >= 0)
+        for (int p = 0; p < SIM_FEATURES; p++) {
+            model->beta[SIM_FWD][missing][p] = model->beta[SIM_FWD][1 - missing][p];
+            model->beta[SIM_BWD][missing][p] = missing ? 0.0 : model->beta[SIM_BWD][1][p];
+            model->beta[SIM_UPDATE][missing][p] = missing ? 0.0 : model->beta[SIM_UPDATE][1][p];
+        }
+    fit_extras(model, run);
+    model->fit_error = fit_error(model, run, scratch);
+    dm_free(scratch);
+}
+
+void sim_model_block(const struct sim_model *model, const float *state, float csr,
+                     double *fwd, double *bwd, double *update)
+{
+    double phi[SIM_FEATURES];
+    int cls = state[SIM_FROZEN] != 0;
+    features(phi, state, csr, model->uses);
+    *fwd = predict(model->beta[SIM_FWD][cls], phi);
+    *bwd = predict(model->beta[SIM_BWD][cls], phi);
+    *update = predict(model->beta[SIM_UPDATE][cls], phi);
+}
+
+/* ---- trajectories --------------------------------------------------------- */
+
+void sim_trajectory_map(struct sim_trajectory *out, const struct sim_trajectory *src,
+                        int blocks, int steps)
+{
+    trajectory_alloc(out, steps, blocks);
+    int L = src->blocks;
+    for (int k = 0; k < SIM_STATE_COUNT; k++) out->present[k] = src->present[k];
+    for (int t = 0; t < steps; t++) {
+        long from = (long)((double)t * src->steps / steps) * L;
+        for (int j = 0; j < blocks; j++) {
+            double x = ((j + 0.5) / blocks) * L - 0.5;
+            int lo = x <= 0 ? 0 : (int)floor(x), hi = lo + 1 < L ? lo + 1 : L - 1;
+            double w = x <= 0 ? 0.0 : x - lo;
+            for (int k = 0; k < SIM_STATE_COUNT; k++) {
+                const float *v = src->value[k] + from;
+                double value = (1 - w) * v[lo] + w * v[hi];
+                if (k == SIM_FROZEN)   /* frozen blocks stay a prefix */
+                    value = value >= 0.5 && (j == 0 || out->value[k][(long)t * blocks + j - 1]);
+                out->value[k][(long)t * blocks + j] = (float)value;
+            }
+        }
+    }
+}
+
+/* The columns of a scenario's header: -2 step, -1 block, else a state. */
+static int scenario_header(const char *path, char *line, int *column, int *count)
+{
+    *count = 0;
+    int have_step = 0, have_block = 0, states = 0;
+    for (char *field = strtok(line, ",\r\n"); field; field = strtok(NULL, ",\r\n")) {
+        while (*field == ' ') field++;
+        int c = !strcmp(field, "step") ? -2 : !strcmp(field, "block") ? -1 : -3;
+        for (int k = 0; c == -3 && k < SIM_STATE_COUNT; k++)
+            if (!strcmp(field, state_names[k])) c = k;
+        if (c == -3)
+            dm_user_error("simulate: %s:1: unknown column '%s' (step, block, active, "
+                          "sparsity, frozen, tiles)", path, field);
+        if (*count >= 2 + SIM_STATE_COUNT)
+            dm_user_error("simulate: %s:1: too many columns", path);
+        have_step |= c == -2;
+        have_block |= c == -1;
+        states += c >= 0;
+        column[(*count)++] = c;
+    }
+    if (!have_step || !have_block || !states)
+        dm_user_error("simulate: %s:1: the header must name step, block and at least one of "
+                      "active, sparsity, frozen, tiles", path);
+    return 0;
+}
+
+struct scenario_row {
+    long step;
+    int block;
+    float value[SIM_STATE_COUNT];
+};
+
+static double scenario_number(const char *path, long line, const char *field, const char *name,
+                              double lo, double hi)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(field, &end);
+    while (*end == ' ' || *end == '\r') end++;
+    if (end == field || *end || errno || !isfinite(v) || v < lo || v > hi)
+        dm_user_error("simulate: %s:%ld: %s '%s' is not a number in [%g, %g]", path, line,
+                      name, field, lo, hi);
+    return v;
+}
+
+/* Reads the rows of a scenario (header checked); returns the count. */
+static long scenario_rows(const char *path, struct scenario_row **rows, int *present)
+{
+    FILE *f = fopen(path, "r");
+    if (!f) dm_user_error("simulate: cannot open the scenario %s: %s", path, strerror(errno));
+    char *line = NULL;
+    size_t cap = 0;
+    long count = 0, capacity = 0, number = 0;
+    int column[2 + SIM_STATE_COUNT], columns = 0;
+    static const double hi[SIM_STATE_COUNT] = {1, 0.999999, 1, 1};
+    while (getline(&line, &cap, f) > 0) {
+        number++;
+        if (line[0] == '#' || line[strspn(line, " \r\n")] == '\0') continue;
+        if (!columns) {
+            scenario_header(path, line, column, &columns);
+            for (int c = 0; c < columns; c++) if (column[c] >= 0) present[column[c]] = 1;
+            continue;
+        }
+        if (count == capacity) {
+            capacity = capacity ? 2 * capacity : 1024;
+            *rows = realloc(*rows, (size_t)capacity * sizeof **rows);
+            if (!*rows) DM_FATAL("out of memory reading the scenario %s", path);
+        }
+        struct scenario_row *r = &(*rows)[count++];
+        for (int k = 0; k < SIM_STATE_COUNT; k++) r->value[k] = state_neutral[k];
+        int c = 0;
+        for (char *field = strtok(line, ",\n"); field; field = strtok(NULL, ",\n"), c++) {
+            if (c >= columns) dm_user_error("simulate: %s:%ld: more fields than the header's %d",
+                                            path, number, columns);
+            const char *name = column[c] == -2 ? "step" : column[c] == -1 ? "block"
+                             : state_names[column[c]];
+            double v = scenario_number(path, number, field, name, column[c] == -2 ? 1 : 0,
+                                       column[c] == -2 ? 1e9 : column[c] == -1 ? 1e6
+                                                                               : hi[column[c]]);
+            if (column[c] < 0 && v != floor(v))
+                dm_user_error("simulate: %s:%ld: %s '%s' is not a whole number", path, number,
+                              name, field);
+            if (column[c] == -2) r->step = (long)v;
+            else if (column[c] == -1) r->block = (int)v;
+            else r->value[column[c]] = (float)v;
+        }
+        if (c != columns)
+            dm_user_error("simulate: %s:%ld: %d fields, the header has %d", path, number, c, columns);
+    }
+    free(line);
+    fclose(f);
+    if (!columns) dm_user_error("simulate: the scenario %s is empty", path);
+    return count;
+}
+
+/* Checks that each listed step lists blocks 0..blocks-1 once each, with its
+ * frozen blocks a prefix, and that listed steps ascend from step 1. */
+static void scenario_check(const char *path, const struct scenario_row *rows, long count,
+                           int blocks, char *seen)
+{
+    if (rows[0].step != 1)
+        dm_user_error("simulate: %s: the first listed step is %ld; the scenario must start "
+                      "at step 1", path, rows[0].step);
+    for (long i = 0; i < count;) {
+        long step = rows[i].step, j = i;
+        memset(seen, 0, (size_t)blocks);
+        for (; j < count && rows[j].step == step; j++) {
+            if (seen[rows[j].block])
+                dm_user_error("simulate: %s: step %ld lists block %d twice", path, step,
+                              rows[j].block);
+            seen[rows[j].block] = 1;
+        }
+        if (j < count && rows[j].step < step)
+            dm_user_error("simulate: %s: step %ld comes after step %ld: list steps in "
+                          "ascending order", path, rows[j].step, step);
+        for (int b = 0; b < blocks; b++)
+            if (!seen[b])
+                dm_user_error("simulate: %s: step %ld has no row for block %d (every listed "
+                              "step lists blocks 0..%d)", path, step, b, blocks - 1);
+        i = j;
+    }
+}
+
+void sim_scenario_read(struct sim_trajectory *out, const char *path, int steps)
+{
+    struct scenario_row *rows = NULL;
+    int present[SIM_STATE_COUNT] = {0};
+    long count = scenario_rows(path, &rows, present);
+    if (count == 0) dm_user_error("simulate: the scenario %s has no rows", path);
+    int blocks = 0;
+    for (long i = 0; i < count; i++) if (rows[i].block + 1 > blocks) blocks = rows[i].block + 1;
+    char *seen = dm_alloc((size_t)blocks);
+    scenario_check(path, rows, count, blocks, seen);
+    dm_free(seen);
+    long last = rows[count - 1].step;
+    if (steps <= 0) steps = (int)last;
+    sim_check_size(steps, blocks);
+    trajectory_alloc(out, steps, blocks);
+    memcpy(out->present, present, sizeof present);
+    long current = 0, next = 0;   /* first rows of the step in force and of the next listed */
+    while (next < count && rows[next].step == rows[0].step) next++;
+    for (int t = 0; t < steps; t++) {
+        while (next < count && rows[next].step <= t + 1) {
+            current = next;
+            while (next < count && rows[next].step == rows[current].step) next++;
+        }
+        for (long r = current; r < next; r++)
+            for (int k = 0; k < SIM_STATE_COUNT; k++)
+                out->value[k][(long)t * blocks + rows[r].block] = rows[r].value[k];
+        for (int b = 1; b < blocks; b++)
+            if (out->value[SIM_FROZEN][(long)t * blocks + b] != 0 &&
+                out->value[SIM_FROZEN][(long)t * blocks + b - 1] == 0)
+                dm_user_error("simulate: %s: at step %d block %d is frozen but block %d is "
+                              "not (frozen blocks are a prefix)", path, t + 1, b, b - 1);
+    }
+    free(rows);
+}

@@ -1,0 +1,192 @@
+/* `dynmo simulate`'s output: one file per policy shaped like a run log
+ * (root attribute kind "simulation", the datasets of docs/runlog.md that
+ * a simulation has, written through the run log's writer), so that `dynmo
+ * inspect`, `dynmo report` and `dynmo plan`-style scripts read it, and the
+ * summary table as text. All of it is written into a new directory beside
+ * DIR and renamed into place: DIR is the whole new output, the previous
+ * one, or absent, never half of one. A DIR holding files simulate does not
+ * write is refused rather than replaced.
+ *
+ * Must not: compute anything (simulate_policy.c did), or write anywhere
+ * but beside DIR. */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "dynmo/ckpt.h"
+#include "tools/simulate.h"
+
+#define PATH_BYTES 4096
+
+/* The directory being written, removed if the process exits first. */
+static char pending_dir[PATH_BYTES];
+
+static int is_output_file(const char *name)
+{
+    size_t n = strlen(name);
+    return !strcmp(name, "summary.txt") || (n > 3 && !strcmp(name + n - 3, ".h5"));
+}
+
+static void remove_flat_dir(const char *path)
+{
+    DIR *dir = opendir(path);
+    if (dir) {
+        for (struct dirent *e; (e = readdir(dir));) {
+            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+            char file[PATH_BYTES + 256];
+            snprintf(file, sizeof file, "%s/%s", path, e->d_name);
+            unlink(file);
+        }
+        closedir(dir);
+    }
+    rmdir(path);
+}
+
+static void remove_pending(void)
+{
+    if (pending_dir[0]) remove_flat_dir(pending_dir);
+    pending_dir[0] = '\0';
+}
+
+/* Whether DIR exists; one that is not a directory of simulate's files is
+ * a user error. */
+static int check_existing(const char *out)
+{
+    struct stat st;
+    if (stat(out, &st) != 0) {
+        if (errno == ENOENT) return 0;
+        dm_user_error("simulate: cannot write to %s: %s", out, strerror(errno));
+    }
+    if (!S_ISDIR(st.st_mode)) dm_user_error("simulate: --out %s exists and is not a directory", out);
+    DIR *dir = opendir(out);
+    if (!dir) dm_user_error("simulate: cannot read the directory %s: %s", out, strerror(errno));
+    for (struct dirent *e; (e = readdir(dir));) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || is_output_file(e->d_name))
+            continue;
+        char name[256];
+        snprintf(name, sizeof name, "%s", e->d_name);
+        closedir(dir);
+        dm_user_error("simulate: --out %s holds %s, which simulate does not write: choose "
+                      "another directory, or empty this one", out, name);
+    }
+    closedir(dir);
+    return 1;
+}
+
+/* A new directory beside out, recorded as pending. */
+static void make_temporary(const char *out, char *tmp, size_t size)
+{
+    if (strlen(out) > 3800) dm_user_error("simulate: --out '%s' is too long", out);
+    char path[PATH_BYTES];
+    snprintf(path, sizeof path, "%s", out);
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
+    char *slash = strrchr(path, '/');
+    const char *base = slash ? slash + 1 : path;
+    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
+        dm_user_error("simulate: --out '%s' must name a directory to create or replace", out);
+    if (slash) *slash = '\0';
+    snprintf(tmp, size, "%s/.%s.tmp-XXXXXX", slash ? (path[0] ? path : "/") : ".", base);
+    if (!mkdtemp(tmp))
+        dm_user_error("simulate: cannot write to %s: cannot create a directory beside it: %s",
+                      out, strerror(errno));
+    snprintf(pending_dir, sizeof pending_dir, "%s", tmp);
+    atexit(remove_pending);
+    mode_t mask = umask(0);
+    umask(mask);
+    chmod(tmp, 0777 & ~mask);
+}
+
+/* Step t's per-step and per-stage rows. */
+static void write_step(struct runlog *log, const struct sim_setup *setup,
+                       const struct sim_result *res, int t)
+{
+    const struct sim_step *st = &res->steps[t];
+    long n = setup->blocks, S = setup->stages;
+    runlog_append_scalar(log, RUNLOG_STEP_MS, (float)st->step_ms);
+    runlog_append_scalar(log, RUNLOG_STEP_TOKENS_PER_S,
+                         (float)(setup->tokens_per_step / (st->step_ms / 1e3)));
+    runlog_append_scalar(log, RUNLOG_STEP_BUBBLE, (float)st->bubble);
+    runlog_append_scalar(log, RUNLOG_STEP_IMBALANCE, (float)st->imbalance);
+    runlog_append_int_scalar(log, RUNLOG_STEP_RANKS, st->stages * setup->replicas);
+    runlog_append_scalar(log, "/steps/migrate_ms", (float)st->migrate_ms);
+    runlog_append_row(log, RUNLOG_LAYER_FWD_MS, res->fwd + t * n, (int)n);
+    runlog_append_row(log, RUNLOG_LAYER_BWD_MS, res->bwd + t * n, (int)n);
+    runlog_append_row(log, RUNLOG_LAYER_UPDATE_MS, res->update + t * n, (int)n);
+    static const char *const state_sets[SIM_STATE_COUNT] = {
+        RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_SPARSITY, "/layers/frozen", "/layers/tiles_share"};
+    const struct sim_trajectory *tr = setup->traj;
+    float *row = dm_alloc((size_t)n * sizeof(float));
+    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+        if (!tr->present[k]) continue;
+        for (long u = 0; u < n; u++)   /* a unit has its block's state */
+            row[u] = tr->value[k][t * tr->blocks + (setup->split ? u / 2 : u)];
+        runlog_append_row(log, state_sets[k], row, (int)n);
+    }
+    dm_free(row);
+    runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, res->layout + t * S, (int)S);
+    runlog_append_row(log, RUNLOG_STAGE_BUSY_MS, res->busy + t * S, (int)S);
+    runlog_append_row(log, RUNLOG_STAGE_IDLE_MS, res->idle + t * S, (int)S);
+    runlog_append_row(log, RUNLOG_STAGE_UPDATE_MS, res->stage_update + t * S, (int)S);
+}
+
+/* DIR/<policy>.h5: the policy's simulated run, its configuration the
+ * simulated model's with the policy's balance.method and initial layout. */
+static void write_policy(const char *dir, const struct sim_setup *setup,
+                         const struct sim_policy *policy, const struct sim_result *res)
+{
+    char path[PATH_BYTES + 64];
+    snprintf(path, sizeof path, "%s/%s.h5", dir, policy->name);
+    struct dm_config cfg = setup->cfg;
+    snprintf(cfg.method, sizeof cfg.method, "%s", policy->method ? policy->method : "none");
+    snprintf(cfg.initial, sizeof cfg.initial, "%s",
+             policy->kind == SIM_STATIC_PARAMS ? "params" : "uniform");
+    cfg.repack_enable = policy->kind == SIM_REPACK;
+    cfg.repack_every = setup->repack_every;
+    cfg.repack_epsilon = setup->repack_epsilon;
+    struct runlog *log = runlog_create_kind(path, &cfg, SIMULATION_KIND);
+    const struct balance_sharing *sh = setup->sharing;
+    if (sh) runlog_set_sharing(log, sh->stages, sh->group, sh->groups, sh->cores, sh->turns);
+    for (int t = 0; t < setup->steps; t++) write_step(log, setup, res, t);
+    for (int d = 0; d < res->decision_count; d++)
+        runlog_append_row(log, RUNLOG_BALANCE_DECISIONS,
+                          res->decisions + (long)d * BALANCE_DECISION_COLUMNS,
+                          BALANCE_DECISION_COLUMNS);
+    runlog_close(log);
+}
+
+static void write_text(const char *dir, const char *name, const char *text)
+{
+    char path[PATH_BYTES + 64], err[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    if (dm_write_file_atomic(path, text, strlen(text), err, sizeof err) != 0)
+        dm_user_error("simulate: %s", err);
+}
+
+void sim_write_output(const char *dir, const struct sim_setup *setup,
+                      const struct sim_policy *policies, const struct sim_result *results,
+                      int count, const char *summary)
+{
+    char tmp[PATH_BYTES], old[PATH_BYTES + 16], err[1024];
+    int existed = check_existing(dir);
+    make_temporary(dir, tmp, sizeof tmp);
+    for (int i = 0; i < count; i++) write_policy(tmp, setup, &policies[i], &results[i]);
+    write_text(tmp, "summary.txt", summary);
+    if (dm_fsync_path(tmp, err, sizeof err) != 0) dm_user_error("simulate: %s", err);
+    if (existed) {
+        snprintf(old, sizeof old, "%s.old-XXXXXX", tmp);
+        if (!mkdtemp(old) || rename(dir, old) != 0)
+            dm_user_error("simulate: cannot replace %s: %s", dir, strerror(errno));
+    }
+    if (rename(tmp, dir) != 0) {
+        int saved = errno;
+        if (existed) rename(old, dir);
+        dm_user_error("simulate: cannot rename %s to %s: %s", tmp, dir, strerror(saved));
+    }
+    pending_dir[0] = '\0';
+    if (existed) remove_flat_dir(old);
+}

@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# `dynmo simulate` against two recorded run logs (tests/data/sim: layer
+# freezing on 2 ranks, static uniform and balanced by partition-time every
+# 10 steps; tests/data/sim/README.md says how they were recorded):
+# - fed each run's own costs and trajectory (the cost model fitted to the
+#   run, and each step's measured costs), the simulated step times are
+#   within 5% of the measured ones (median over the steps after the
+#   first), both with the run's own layouts and with its policy
+#   re-simulated, and the simulation ranks static and balanced as the
+#   measurement does;
+# - the output is one file per policy, kind "simulation", that inspect and
+#   report read; two runs write the same bytes of data (deterministic);
+# - a deeper model (96 blocks on 32 stages, 1,000 steps) keeps frozen
+#   blocks a prefix, and runs in seconds;
+# - with 2 replicas, twice the tokens and a step lengthened by the
+#   gradient sums;
+# - a scenario drives the balancer (frozen blocks cost no backward);
+# - bad input (a log without per-block costs, more stages than blocks, a
+#   scenario with a missing block, an --out holding other files) is exit 2
+#   with one message and leaves no output behind.
+# Run from the repository root with $DYNMO set (tests/run.sh).
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib.sh
+if [ ! -x "$DYNMO" ]; then
+  echo "skip: no dynmo binary at $DYNMO"
+  exit 77
+fi
+if ! /usr/bin/python3 -c "import h5py" 2>/dev/null; then
+  echo "skip: no python3-h5py"
+  exit 77
+fi
+work=$(mktemp -d /tmp/dynmo-t-simulate.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+data=${SIM_DATA:-tests/data/sim}
+
+# number NAME REGEX FILE: the first match of REGEX's \K group in FILE.
+number() { grep -oP -- "$2" "$3" | head -1; }
+
+# ---- validation against the recorded runs --------------------------------
+# Within 5% (median over the steps after the first) with the cost model
+# fitted to the run and with the run's measured costs of each step, both
+# replaying the run's layouts and re-running its policy.
+for way in static balanced; do
+  out=$work/$way.out
+  if ! "$DYNMO" simulate --from-run $data/freeze-2-$way --validate --policies static-uniform \
+      >"$out" 2>&1; then
+    fail "validate $way: exit status $? ($(tail -1 "$out"))"; continue
+  fi
+  grep validation: "$out"
+  for costs in measured fitted; do
+    for kind in replay policy; do
+      if [ $kind = replay ]; then line=$(grep "validation: $costs costs, replay" "$out")
+      else line=$(grep "validation: $costs costs" "$out" | tail -1); fi
+      err=$(grep -oP 'median error \K[0-9.]+' <<<"$line")
+      if [ -z "$err" ] || awk -v e="$err" 'BEGIN { exit !(e > 5) }'; then
+        fail "validate $way ($costs costs, $kind): median error ${err:-?}% > 5%"
+      else
+        echo "ok: validate $way ($costs costs, $kind): median error $err% <= 5%"
+      fi
+    done
+  done
+  eval "meas_$way=$(grep -oP 'simulated, \K[0-9.]+(?= measured)' <<<"$line")"
+done
+# The simulator's ranking of partition-time against static-uniform, from
+# each run's costs, against the measured ranking of the two runs (their
+# mean steps after the first).
+for way in static balanced; do
+  speedup=$("$DYNMO" simulate --from-run $data/freeze-2-$way --policies static-uniform,partition-time |
+            grep -oP 'best balancer: partition-time, \K[0-9.]+')
+  if [ -n "$speedup" ] && [ -n "${meas_static:-}" ] && [ -n "${meas_balanced:-}" ] &&
+     awk -v s="$speedup" -v a="$meas_static" -v b="$meas_balanced" 'BEGIN { exit !((s - 1) * (a - b) > 0) }'; then
+    echo "ok: ranking from the $way run's costs: partition-time ${speedup}x; measured static $meas_static ms, balanced $meas_balanced ms"
+  else
+    fail "ranking from the $way run's costs: partition-time ${speedup:-?}x; measured static ${meas_static:-?} ms, balanced ${meas_balanced:-?} ms"
+  fi
+done
+
+# ---- the fit recovers known costs ---------------------------------------
+# A synthetic early-exit log whose block costs are exactly forward
+# 1 + 2a + 0.5a^2 ms and backward twice that (a: the block's active share),
+# update 0.1 ms, and no embedding or head time: the model line must give
+# them back.
+mkdir -p "$work/synthetic"
+/usr/bin/python3 - $data/freeze-2-static/runlog.h5 "$work/synthetic/runlog.h5" <<'PY'
+import sys, h5py, numpy as np
+src = h5py.File(sys.argv[1], "r")
+config = src.attrs["config"]
+config = config.decode() if isinstance(config, bytes) else config
+lines = [l for l in config.splitlines() if not l.startswith(("dyn.kind", "model.layers"))]
+config = "\n".join(lines + ["dyn.kind = early_exit", "model.layers = 4"]) + "\n"
+T, L, S, m = 30, 4, 2, 4
+rng = np.random.default_rng(1)
+active = rng.uniform(0.05, 1.0, (T, L)).astype(np.float32)
+fwd = (1 + 2 * active + 0.5 * active ** 2).astype(np.float32)
+bwd, update = 2 * fwd, np.full((T, L), 0.1, np.float32)
+busy = np.stack([m * (fwd[:, :2] + bwd[:, :2]).sum(1) + 0.2, m * (fwd[:, 2:] + bwd[:, 2:]).sum(1) + 0.2], 1)
+with h5py.File(sys.argv[2], "w") as f:
+    f.attrs["kind"] = "runlog"
+    f.attrs["config"] = config
+    f["/steps/step_ms"] = (busy.max(1) * 1.2).astype(np.float32)
+    f["/layers/fwd_ms"], f["/layers/bwd_ms"], f["/layers/update_ms"] = fwd, bwd, update
+    f["/layers/active"] = active
+    f["/layout/history"] = np.tile(np.array([2, 2], np.int32), (T, 1))
+    f["/stages/busy_ms"] = busy.astype(np.float32)
+    f["/stages/update_ms"] = np.full((T, S), 0.2, np.float32)
+PY
+"$DYNMO" simulate --from-run "$work/synthetic" --policies static-uniform >"$work/synthetic.out" 2>&1 ||
+  fail "synthetic log: exit $? ($(tail -1 "$work/synthetic.out"))"
+want="model: a full block 3.500 + 7.000 ms a micro-batch, 0.100 ms update; embedding 0.000 + 0.000, head 0.000 + 0.000; at 10% of the tokens, 90% sparsity, a quarter of the tiles: 1.205 + 2.410"
+if grep -qxF "$want" "$work/synthetic.out"; then echo "ok: the fit recovers known costs"
+else fail "the fit: $(grep model: "$work/synthetic.out"), want: $want"; fi
+
+# ---- output: files of kind simulation, deterministic ----------------------
+for k in 1 2; do
+  "$DYNMO" simulate --from-run $data/freeze-2-balanced --out "$work/sim$k" >"$work/sim$k.out" 2>&1 ||
+    fail "simulate --out: exit $? ($(tail -1 "$work/sim$k.out"))"
+done
+for policy in static-uniform static-params partition-time partition-params diffusion-time \
+              diffusion-params repack; do
+  [ -f "$work/sim1/$policy.h5" ] || fail "no $policy.h5 in the output"
+done
+if cmp -s "$work/sim1/summary.txt" "$work/sim2/summary.txt" &&
+   /usr/bin/python3 - "$work/sim1" "$work/sim2" <<'PY'
+import sys, h5py, numpy as np
+a, b = (h5py.File(d + "/partition-time.h5", "r") for d in sys.argv[1:3])
+for name in ["/steps/step_ms", "/layout/history", "/stages/busy_ms", "/balance/decisions"]:
+    if not np.array_equal(a[name][:], b[name][:], equal_nan=True): sys.exit(name + " differs")
+PY
+then echo "ok: two simulations are identical"; else fail "two simulations differ"; fi
+"$DYNMO" inspect --json "$work/sim1/partition-time.h5" >"$work/inspect.json" 2>&1 &&
+  grep -q '"kind": "simulation"' "$work/inspect.json" && echo "ok: inspect reads a simulation" ||
+  fail "inspect: $(head -3 "$work/inspect.json")"
+"$DYNMO" report "$work/sim1/static-uniform.h5" "$work/sim1/partition-time.h5" --out "$work/report" \
+  >"$work/report.out" 2>&1 && [ -f "$work/report/index.html" ] &&
+  echo "ok: report reads simulations" || fail "report: $(tail -2 "$work/report.out")"
+
+# ---- a deeper model: frozen blocks stay a prefix; seconds -----------------
+start=$(date +%s.%N)
+"$DYNMO" simulate --from-run $data/freeze-2-balanced --blocks 96 --stages 32 --steps 1000 \
+  --out "$work/deep" >"$work/deep.out" 2>&1 || fail "96 blocks on 32 stages: exit $?"
+secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+echo "96 blocks, 32 stages, 1,000 steps, 7 policies: $secs s (load $(cut -d' ' -f1 /proc/loadavg))"
+awk -v s="$secs" 'BEGIN { exit !(s > 120) }' && fail "96 x 32 x 1000 took $secs s (> 120)"
+/usr/bin/python3 - "$work/deep/partition-time.h5" $data/freeze-2-balanced/runlog.h5 <<'PY' ||
+import sys, h5py, numpy as np
+sim, run = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+frozen = sim["/layers/frozen"][:]
+assert frozen.shape == (1000, 96), frozen.shape
+for row in frozen:   # a prefix: never a frozen block after a training one
+    assert not np.any(np.diff(row) > 0), row
+measured = (run["/layers/update_ms"][-1] == 0).mean()
+assert abs(frozen[-1].mean() - measured) <= 1.5 / 32, (frozen[-1].mean(), measured)
+assert np.all(sim["/layers/bwd_ms"][:][frozen == 1] == 0)
+assert set(np.unique(sim["/steps/ranks"][:])) <= set(range(1, 33))
+print("ok: 96 blocks: frozen prefix, last step %.3f frozen (run: %.3f)" % (frozen[-1].mean(), measured))
+PY
+  fail "96 blocks: the frozen trajectory"
+
+# ---- data parallelism: twice the tokens, a step no shorter (gradient sums) --
+for d in 1 2; do
+  "$DYNMO" simulate --from-run $data/freeze-2-static --policies static-uniform --stages 4 \
+    --replicas $d | awk '$1 == "static-uniform" { print $2, $3 }' >"$work/dp$d"
+done
+if awk 'NR == FNR { ms = $1; tok = $2; next } { exit !($1 > ms && $2 / tok > 1.9 && $2 / tok <= 2) }' \
+    "$work/dp1" "$work/dp2"; then
+  echo "ok: 2 replicas: $(cat "$work/dp2") against $(cat "$work/dp1") (ms/step, tokens/s)"
+else
+  fail "2 replicas: $(cat "$work/dp2") against $(cat "$work/dp1") (ms/step, tokens/s)"
+fi
+
+# ---- a scenario ----------------------------------------------------------
+{ echo "step,block,frozen"
+  for b in $(seq 0 7); do echo "1,$b,0"; done
+  for b in $(seq 0 7); do echo "20,$b,$([ $b -lt 5 ] && echo 1 || echo 0)"; done
+} >"$work/scenario.csv"
+"$DYNMO" simulate --from-run $data/freeze-2-balanced --scenario "$work/scenario.csv" --stages 2 \
+  --steps 60 --policies static-uniform,partition-time --out "$work/scen" >"$work/scen.out" 2>&1 ||
+  fail "scenario: exit $? ($(tail -1 "$work/scen.out"))"
+/usr/bin/python3 - "$work/scen" <<'PY' || fail "scenario: the balancer's answer"
+import sys, h5py
+static = h5py.File(sys.argv[1] + "/static-uniform.h5", "r")
+balanced = h5py.File(sys.argv[1] + "/partition-time.h5", "r")
+assert list(static["/layout/history"][-1]) == [4, 4]
+# blocks 0-4 frozen from step 20: stage 0 gets cheaper, so it takes blocks
+last = list(balanced["/layout/history"][-1])
+assert last[0] > 4, last
+assert balanced["/steps/step_ms"][-1] < static["/steps/step_ms"][-1]
+print("ok: scenario: the balancer moves to", last)
+PY
+
+# ---- bad input ------------------------------------------------------------
+cp -r $data/freeze-2-static "$work/nocost"
+/usr/bin/python3 -c "
+import h5py, sys
+with h5py.File(sys.argv[1], 'a') as f: del f['/layers/fwd_ms']" "$work/nocost/runlog.h5"
+expect_error "a log without per-block costs" "has no /layers/fwd_ms" \
+  "$DYNMO" simulate --from-run "$work/nocost" --out "$work/bad1"
+expect_error "stages over blocks" "--stages 40 is more than the 32 blocks" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --stages 40 --out "$work/bad2"
+grep -v '^20,3,' "$work/scenario.csv" >"$work/missing.csv"
+expect_error "a scenario with a missing block" "step 20 has no row for block 3" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --scenario "$work/missing.csv" --out "$work/bad3"
+expect_error "a scenario state the run cannot price" "sets active, but .* has no active" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --scenario <(printf 'step,block,active\n1,0,0.5\n1,1,1\n') \
+  --stages 1 --out "$work/bad4"
+mkdir "$work/taken" && echo keep >"$work/taken/notes.txt"
+expect_error "an --out holding other files" "holds notes.txt" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --out "$work/taken"
+expect_error "too many block-steps" "1000000 steps x 100 blocks is too large to simulate" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --steps 1000000 --blocks 100 --out "$work/bad5"
+expect_error "an unknown policy" "'fastest' is not a policy" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --policies fastest
+for k in 1 2 3 4 5; do [ -e "$work/bad$k" ] && fail "bad input $k left $work/bad$k"; done
+[ "$(cat "$work/taken/notes.txt")" = keep ] && [ "$(ls "$work/taken")" = notes.txt ] ||
+  fail "the refused --out was changed"
+leftovers=$(ls -a "$work" | grep -c '\.tmp-')
+[ "$leftovers" -eq 0 ] && echo "ok: nothing half-written left behind" ||
+  fail "$leftovers temporary directories left in $work"
+finish
