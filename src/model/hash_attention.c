@@ -20,6 +20,7 @@
 #include <string.h>
 #include "dynmo/model.h"
 #include "model/exp_lanes.h"
+#include "model/hash_segments.h"
 #include "model/internal.h"
 
 /* A stream far above every block tensor's ((index + 1) << 8 | k). */
@@ -500,4 +501,44 @@ void hash_block_attention_backward(struct block *blk, struct block_acts *acts, f
     blk->hash_tiles += (double)hash_attention_backward(dqkv, datty, acts->qkv, acts->atty,
                                                        ha->lse, ha->order, ha->bucket, B, T,
                                                        blk->C, blk->NH);
+}
+
+/* ---- packed sequences (src/model/hash_segments.h) -------------------------
+ * Sequence b's saved state sits where its rows do: lse at NH start[b],
+ * order and bucket at 2 NH start[b] (each (1, NH, [2,] n) as for B = 1);
+ * the rows in all are at most the acts' B x T, so the arrays fit. */
+
+void hash_block_attention_forward_segments(struct block *blk, struct block_acts *acts,
+                                           const int *start, int B)
+{
+    struct hash_acts *ha = hash_acts_get(blk, acts);
+    int C = blk->C, NH = blk->NH;
+    DM_ASSERT(start[B] <= acts->B * acts->T);
+    hash_rotation_draw(ha->rotation, NH, C / NH, blk->hash_buckets, blk->hash_seed,
+                       blk->index, acts->hash_step);
+    for (int b = 0; b < B; b++) {
+        int s = start[b], n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        blk->hash_tiles += (double)hash_attention_forward(
+            acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
+            ha->bucket + 2L * NH * s, acts->qkv + 3L * s * C, ha->rotation, 1, n, C, NH,
+            blk->hash_buckets);
+    }
+}
+
+void hash_block_attention_backward_segments(struct block *blk, struct block_acts *acts,
+                                            float *dqkv, const float *datty, const int *start,
+                                            int B)
+{
+    struct hash_acts *ha = acts->hash;
+    int C = blk->C, NH = blk->NH;
+    DM_ASSERT(ha != NULL);
+    for (int b = 0; b < B; b++) {
+        int s = start[b], n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        blk->hash_tiles += (double)hash_attention_backward(
+            dqkv + 3L * s * C, datty + (long)s * C, acts->qkv + 3L * s * C,
+            acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
+            ha->bucket + 2L * NH * s, 1, n, C, NH);
+    }
 }
