@@ -8,9 +8,10 @@
  * attends to key j only when both are in the same bucket and j <= i at
  * their original positions. A query with no such key outputs zero.
  *
- * The work is done in HASH_TILE x HASH_TILE tiles of the sorted order; a
- * tile with no allowed pair is skipped in forward and backward, and the
- * tiles visited are counted (the block's cost follows them). The backward
+ * The work is done in HASH_TILE x HASH_TILE tiles of the sorted order,
+ * with sgemm over runs of consecutive visited tiles (below); a tile with
+ * no allowed pair is skipped in forward and backward, and the tiles
+ * visited are counted (the block's cost follows them). The backward
  * recomputes the probabilities from the saved log-sum-exp per query (no
  * T x T matrix is kept). One (sequence, head) pair is one work item, done
  * in a fixed order by one thread, so results do not depend on the thread

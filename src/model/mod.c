@@ -3,15 +3,15 @@
  * or a causal predictor trained against the top-k choice), and the block's
  * forward and backward over the chosen tokens only.
  *
- * The chosen tokens of each sequence are gathered, in ascending position,
- * into a dense (B, kmax) batch and run through the ordinary block: causal
- * attention among gathered rows in ascending order is causal attention at
- * the original positions, and a sequence with fewer than kmax chosen
- * tokens is padded at its end with zero rows, which no real token sees
- * (they come later) and whose gradient is zero. The cost therefore follows
- * kmax, the tokens the block processed. A chosen token leaves the block as
- * x + r (f(x) - x) with f the block and r = w . x; every other token passes
- * through bit for bit. Nothing here calls MPI or reads a layout. */
+ * The chosen tokens of all sequences are packed, each sequence's in
+ * ascending position, into one dense (tokens, C) batch: the row-wise ops
+ * run once over it and attention runs per sequence over its own rows
+ * (causal among them in ascending order is causal at their original
+ * positions). Nothing is padded, so the cost follows the tokens the block
+ * processed however unevenly the sequences choose. A chosen token leaves
+ * the block as x + r (f(x) - x) with f the block and r = w . x; every
+ * other token passes through bit for bit. Nothing here calls MPI or reads
+ * a layout. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
