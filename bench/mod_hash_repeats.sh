@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Repeats of bench/mod_hash_schemes.sh's static uniform and balanced runs,
-# interleaved (uniform, balanced, uniform, balanced, ...) so that the
-# machine's load falls on both alike; per scheme and rank count prints each
+# interleaved (uniform, balanced, then balanced, uniform, ...) so that the
+# machine's load, and its drift, fall on both alike; per scheme and rank count prints each
 # run's settled step time, the medians, the median speedup, and the layout
 # bound (bench/bound.py) of each uniform run. Same settings as the schemes
 # script (hash at HASH_SEQ, default 1024).
@@ -20,7 +20,9 @@ for ranks in ${RANKS:-2 4}; do
             run.log_every=10)
     [ "$scheme" = hash ] && common+=(model.max_seq="$seq" train.seq="$seq")
     for r in $(seq 1 "$REPEATS"); do
-      for way in uniform balanced; do
+      ways="uniform balanced"   # odd repeats uniform first, even ones balanced first
+      [ $((r % 2)) = 0 ] && ways="balanced uniform"
+      for way in $ways; do
         args=(balance.method=none balance.initial=uniform)
         [ "$way" = balanced ] && args=(balance.method=partition-time balance.initial=uniform
                                        balance.every="$K")
