@@ -44,6 +44,10 @@ BUILD=$BUILD bench/contract.sh 2>&1 | sed 's/^/   /'
 echo "== mixture of experts, configs/moe.ini as pp=2 dp=2 ep=2 on 4 ranks: static uniform, static params, balanced; expert skew and layout bound (docs/PERFORMANCE.md)"
 moe_steps=${BENCH_MOE_STEPS:-60}
 OUT=runs/bench-moe DYNMO=$DYNMO SCHEMES=moe RANKS=4 bench/dyn_schemes.sh "$moe_steps" $((moe_steps / 2)) 10 2>&1 | sed 's/^/   /'
+echo "== a hash-attention block against a dense one (issue 17): bench/hash_block.sh"
+BUILD=$BUILD bench/hash_block.sh 2>&1 | sed 's/^/   /'
+echo "== a MoD block's cost against the tokens it processes (issue 17): bench/mod_block.sh"
+BUILD=$BUILD bench/mod_block.sh 2>&1 | sed 's/^/   /'
 echo "== mixture of depths and hash attention (issue 17): bench/mod_hash_schemes.sh"
 BENCH_MODHASH_STEPS=${BENCH_MODHASH_STEPS:-60}
 DYNMO=$DYNMO bench/mod_hash_schemes.sh "$BENCH_MODHASH_STEPS" $((BENCH_MODHASH_STEPS / 2)) 10 2>&1 | sed 's/^/   /'

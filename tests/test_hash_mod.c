@@ -21,7 +21,9 @@
  *     x + r (f(x) - x) with f the block run on the chosen tokens alone;
  *   - finite differences of the backward (input, router weight, block
  *     weights) for fixed routing, top-k and an uneven causal-style choice
- *     (sequences padded to the longest, one with no token at all);
+ *     (sequences of different counts, one with no token at all);
+ *   - a MoD block with hash attention: its packed chosen tokens get what
+ *     the hash block gives each sequence's chosen tokens alone;
  *   - finite differences of the predictor's binary cross-entropy.
  *
  * Both against PyTorch (tests/reference/make_mod_hash_fixture.py, committed
@@ -278,10 +280,10 @@ struct mod_fixture {
     float *in, *out, *w, *router_w, *din, *work, *drouter;
 };
 
-static void mod_fixture_init(struct mod_fixture *f)
+static void mod_fixture_init(struct mod_fixture *f, int buckets)
 {
     struct gpt_shape shape = {.vocab = 32, .max_seq = MT, .layers = 2, .heads = NH,
-                              .channels = C};
+                              .channels = C, .hash = {.buckets = buckets, .seed_lo = 9}};
     block_init(&f->blk, 1, &shape, 5);
     fill(f->blk.params, f->blk.nparams, 20, 0.2f);
     block_acts_alloc(&f->acts, MB, MT, C, NH);
@@ -395,7 +397,7 @@ static void mod_finite_differences(struct mod_fixture *f, const int *chosen, con
 static void test_mod_block(void)
 {
     struct mod_fixture f;
-    mod_fixture_init(&f);
+    mod_fixture_init(&f, 0);
     int chosen[MN];
     float router[MN];
     mod_router_forward(router, f.in, f.router_w, MN, C);
@@ -420,8 +422,25 @@ static void test_mod_block(void)
     for (int i = 0; i < 7; i++) uneven[pick[i]] = 1;
     mod_check_pass_through(&f, uneven, "uneven choice");
     mod_finite_differences(&f, uneven, "uneven choice");
-    uneven[MT + 4] = 1;   /* and sequence 1 one token: padding 6 rows */
-    mod_finite_differences(&f, uneven, "uneven choice with padding");
+    uneven[MT + 4] = 1;   /* and sequence 1 one token: 8 packed rows, 7 + 1 */
+    mod_finite_differences(&f, uneven, "uneven choice, both sequences");
+    mod_fixture_free(&f);
+}
+
+/* A MoD block with hash attention (4 buckets): its chosen tokens, packed,
+ * get what the hash block gives each sequence's chosen tokens alone (the
+ * same rotation: step 0 for both), and every other token passes through. */
+static void test_mod_hash_block(void)
+{
+    struct mod_fixture f;
+    mod_fixture_init(&f, 4);
+    int uneven[MN] = {0};
+    const int pick[9] = {0, 1, 3, 4, 6, 7, 9, 10, 11};
+    for (int i = 0; i < 9; i++) uneven[pick[i]] = 1;
+    uneven[MT + 2] = uneven[MT + 5] = uneven[MT + 8] = 1;
+    double tiles = f.blk.hash_tiles;
+    mod_check_pass_through(&f, uneven, "with 4-bucket hash attention, 9 + 3 tokens");
+    CHECK(f.m.tokens == 12 && f.blk.hash_tiles > tiles);
     mod_fixture_free(&f);
 }
 
@@ -544,7 +563,7 @@ static void test_against_pytorch(void)
     }
     {   /* the MoD block: B 2, T 12 (MB, MT), C 16, NH 2, capacity 0.5 */
         struct mod_fixture f;
-        mod_fixture_init(&f);
+        mod_fixture_init(&f, 0);
         size_t nin = (size_t)MN * C;
         memcpy(f.blk.params, fixture_get("mod.params", f.blk.nparams),
                f.blk.nparams * sizeof(float));
@@ -591,6 +610,7 @@ int main(void)
     test_rotation();
     test_thread_count();
     test_mod_block();
+    test_mod_hash_block();
     test_mod_predictor();
     test_against_pytorch();
     dm_threads_shutdown();

@@ -699,11 +699,11 @@ long hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
                              const int *bucket, int B, int T, int C, int NH);
 
 /* ---- mixture of depths (src/model/mod.c; docs/mod-hash.md) ----------------
- * A MoD block computes only its chosen tokens: they are gathered per
- * sequence in ascending position into a dense (B, kmax) batch (padded at
- * the end with zero rows, which no real token attends to), run through the
- * ordinary block, and leave as x + r (f(x) - x) with the router r = w . x;
- * every other token passes through bit for bit. */
+ * A MoD block computes only its chosen tokens: those of all sequences are
+ * packed, each sequence's in ascending position, into one dense (tokens,
+ * C) batch, run through the block's ops (attention per sequence, among its
+ * own chosen tokens), and leave as x + r (f(x) - x) with the router
+ * r = w . x; every other token passes through bit for bit. */
 
 /* router (N) = in (N, C) . weight (C) */
 void mod_router_forward(float *router, const float *in, const float *weight, int N, int C);
@@ -723,15 +723,15 @@ float mod_predictor_forward_backward(float *dweight, int *chosen, const float *i
 
 struct mod_acts {
     int B, T, C;             /* the allocation's */
-    int kmax;                /* the last forward's gathered length */
+    int kmax;                /* the last forward's longest sequence choice */
     long tokens;             /* tokens the last forward processed */
     int *count;              /* (B) chosen tokens per sequence */
     int *pos;                /* (B, T) chosen positions, ascending, count[b] valid */
     int *chosen;             /* (B*T) 0/1 */
     int *target;             /* (B*T) 0/1 the top-k choice (the predictor's target) */
     float *router;           /* (B*T) r */
-    float *gathered_in;      /* (B*kmax, C) */
-    float *gathered_out;     /* (B*kmax, C) f(x) of the gathered rows */
+    float *gathered_in;      /* (tokens, C) the packed chosen rows */
+    float *gathered_out;     /* (tokens, C) f(x) of the packed rows */
 };
 void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);
 void mod_acts_free(struct mod_acts *m);

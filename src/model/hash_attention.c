@@ -8,16 +8,20 @@
  * attends to key j only when both are in the same bucket and j <= i at
  * their original positions. A query with no such key outputs zero.
  *
- * The work is done in HASH_TILE x HASH_TILE tiles of the sorted order; a
- * tile with no allowed pair is skipped in forward and backward, and the
- * tiles visited are counted (the block's cost follows them). The backward
+ * The work is done in HASH_TILE x HASH_TILE tiles of the sorted order,
+ * with sgemm over runs of consecutive visited tiles (below); a tile with
+ * no allowed pair is skipped in forward and backward, and the tiles
+ * visited are counted (the block's cost follows them). The backward
  * recomputes the probabilities from the saved log-sum-exp per query (no
  * T x T matrix is kept). One (sequence, head) pair is one work item, done
  * in a fixed order by one thread, so results do not depend on the thread
  * count. Nothing here calls MPI or reads a layout. */
+#include <cblas.h>
 #include <math.h>
 #include <string.h>
 #include "dynmo/model.h"
+#include "model/exp_lanes.h"
+#include "model/hash_segments.h"
 #include "model/internal.h"
 
 /* A stream far above every block tensor's ((index + 1) << 8 | k). */
@@ -72,26 +76,6 @@ static void sort_by_bucket(int *order, const int *bucket, int T, int nb)
     for (int t = 0; t < T; t++) order[count[bucket[t]]++] = t;
 }
 
-/* Whether tile (query rows qr0..qr1, key rows kr0..kr1 of the sorted
- * orders) holds an allowed pair. */
-static int tile_has_pair(const int *qorder, const int *qbucket, const int *korder,
-                         const int *kbucket, int qr0, int qr1, int kr0, int kr1)
-{
-    /* sorted by bucket: the tile's bucket ranges are its ends */
-    if (qbucket[qorder[qr1 - 1]] < kbucket[korder[kr0]] ||
-        kbucket[korder[kr1 - 1]] < qbucket[qorder[qr0]])
-        return 0;
-    for (int i = qr0; i < qr1; i++)
-        for (int j = kr0; j < kr1; j++)
-            if (qbucket[qorder[i]] == kbucket[korder[j]] && korder[j] <= qorder[i]) return 1;
-    return 0;
-}
-
-static inline int pair_allowed(int qpos, int qb, int kpos, int kb)
-{
-    return qb == kb && kpos <= qpos;
-}
-
 /* Hashes and sorts item (b, h): bucket (2, T) [query | key], order (2, T). */
 static void hash_item(const struct hash_args *a, long item, int *bucket, int *order)
 {
@@ -107,74 +91,214 @@ static void hash_item(const struct hash_args *a, long item, int *bucket, int *or
     sort_by_bucket(order + T, bucket + T, T, a->buckets);
 }
 
+/* ---- the tiled kernel -----------------------------------------------------
+ * Per item, the head's Q, K, V (and dO) are copied in bucket-sorted order
+ * into contiguous buffers (K and V also transposed), so that every product
+ * is a plain sgemm on contiguous operands. Keys sorted by bucket, then by
+ * position, make the keys query i may see one contiguous range of the
+ * sorted keys: [kstart[b], kstart[b] + (keys of bucket b at positions <=
+ * i)). A query tile visits the key tiles that meet the range of any of its
+ * rows (exactly the tiles holding an allowed pair); consecutive visited
+ * tiles form a run, and each run costs one sgemm for the scores and one
+ * for the output (five in the backward). A row's whole range lies inside
+ * one run (its bucket's ranges in the tile are prefixes of the longest
+ * one, whose tiles are all visited), so its softmax is done in one pass
+ * over that run; its probabilities are exact zeros in every other run. */
+
+struct hash_work {
+    float *qs, *kt, *ks, *vs, *vt, *dos;   /* (T, hs) sorted; kt, vt (hs, T) */
+    float *dqs, *dks, *dvs;                /* (T, hs) sorted gradients */
+    float *s, *dp;                         /* (HASH_TILE, T) a query tile's scores */
+    float *lse, *delta;                    /* (T) per sorted query */
+    int *kstart;                           /* (buckets + 1) first sorted key of a bucket */
+    int lo[HASH_TILE], hi[HASH_TILE];      /* allowed sorted keys of a tile's rows */
+    unsigned char *visit;                  /* (key tiles) visited by the query tile */
+};
+
+static void hash_work_alloc(struct hash_work *w, int T, int hs, int buckets)
+{
+    size_t th = (size_t)T * hs;
+    w->qs = dm_alloc((9 * th + 2 * (size_t)HASH_TILE * T + 2 * (size_t)T) * sizeof(float));
+    w->kt = w->qs + th;   w->ks = w->kt + th;   w->vs = w->ks + th;
+    w->vt = w->vs + th;   w->dos = w->vt + th;  w->dqs = w->dos + th;
+    w->dks = w->dqs + th; w->dvs = w->dks + th;
+    w->s = w->dvs + th;
+    w->dp = w->s + (size_t)HASH_TILE * T;
+    w->lse = w->dp + (size_t)HASH_TILE * T;
+    w->delta = w->lse + T;
+    w->kstart = dm_alloc((size_t)(buckets + 1) * sizeof(int));
+    w->visit = dm_alloc((size_t)(T / HASH_TILE + 1));
+}
+
+static void hash_work_free(struct hash_work *w)
+{
+    dm_free(w->qs);
+    dm_free(w->kstart);
+    dm_free(w->visit);
+}
+
+/* dst (T, hs) = rows order[0..T) of src (leading dimension ld) */
+static void gather_sorted(float *restrict dst, const float *restrict src, const int *order,
+                          int T, int hs, long ld)
+{
+    for (int i = 0; i < T; i++)
+        memcpy(dst + (long)i * hs, src + order[i] * ld, (size_t)hs * sizeof(float));
+}
+
+/* dst (hs, T) = the same rows, transposed */
+static void gather_sorted_transposed(float *restrict dst, const float *restrict src,
+                                     const int *order, int T, int hs, long ld)
+{
+    for (int i = 0; i < T; i++) {
+        const float *row = src + order[i] * ld;
+        for (int d = 0; d < hs; d++) dst[(long)d * T + i] = row[d];
+    }
+}
+
+/* rows order[0..T) of dst (leading dimension ld) = src (T, hs) */
+static void scatter_sorted(float *restrict dst, const float *restrict src, const int *order,
+                           int T, int hs, long ld)
+{
+    for (int i = 0; i < T; i++)
+        memcpy(dst + order[i] * ld, src + (long)i * hs, (size_t)hs * sizeof(float));
+}
+
+/* kstart[b] = the first sorted key of bucket b; kstart[nb] = T */
+static void bucket_starts(int *kstart, const int *ko, const int *kb, int T, int nb)
+{
+    int j = 0;
+    for (int b = 0; b <= nb; b++) {
+        while (j < T && kb[ko[j]] < b) j++;
+        kstart[b] = j;
+    }
+}
+
+/* The end of the sorted keys [from, to) (ascending positions) at or
+ * before position pos: the first index whose position is > pos. */
+static int keys_upto(const int *ko, int from, int to, int pos)
+{
+    while (from < to) {
+        int mid = from + (to - from) / 2;
+        if (ko[mid] <= pos) from = mid + 1;
+        else to = mid;
+    }
+    return from;
+}
+
+/* For query rows [r0, r1): each row's allowed sorted keys [lo, hi), and
+ * the key tiles they meet marked in visit. Returns the tiles visited. */
+static int tile_plan(struct hash_work *w, const int *qo, const int *qb, const int *ko, int r0,
+                     int r1, int T)
+{
+    int ntiles = (T + HASH_TILE - 1) / HASH_TILE, visited = 0;
+    memset(w->visit, 0, (size_t)ntiles);
+    for (int i = r0; i < r1; i++) {
+        int b = qb[qo[i]];
+        w->lo[i - r0] = w->kstart[b];
+        w->hi[i - r0] = keys_upto(ko, w->kstart[b], w->kstart[b + 1], qo[i]);
+        /* a bucket's last row in the tile has its longest range */
+        int last = i + 1 == r1 || qb[qo[i + 1]] != b;
+        if (!last || w->hi[i - r0] == w->lo[i - r0]) continue;
+        for (int t = w->lo[i - r0] / HASH_TILE; t <= (w->hi[i - r0] - 1) / HASH_TILE; t++) {
+            visited += !w->visit[t];
+            w->visit[t] = 1;
+        }
+    }
+    return visited;
+}
+
+/* The next run of visited key tiles at or after tile *t, as sorted key
+ * columns [*c0, *c1); returns 0 when there is none. */
+static int next_run(const struct hash_work *w, int *t, int T, int *c0, int *c1)
+{
+    int ntiles = (T + HASH_TILE - 1) / HASH_TILE;
+    while (*t < ntiles && !w->visit[*t]) (*t)++;
+    if (*t == ntiles) return 0;
+    *c0 = *t * HASH_TILE;
+    while (*t < ntiles && w->visit[*t]) (*t)++;
+    *c1 = *t * HASH_TILE < T ? *t * HASH_TILE : T;
+    return 1;
+}
+
+/* Whether row k's allowed range lies in the run [c0, c1) (else it is
+ * empty or in another run). */
+static int row_in_run(const struct hash_work *w, int k, int c0, int c1)
+{
+    if (w->hi[k] == w->lo[k] || w->hi[k] <= c0 || w->lo[k] >= c1) return 0;
+    DM_ASSERT(w->lo[k] >= c0 && w->hi[k] <= c1);
+    return 1;
+}
+
+/* The forward over a run's scores s (rows, ld T, columns [c0, c1)): the
+ * softmax of each row over its range, zero elsewhere, and its lse. */
+static void forward_softmax(struct hash_work *w, int r0, int rows, int c0, int c1, int T)
+{
+    for (int k = 0; k < rows; k++) {
+        float *row = w->s + (long)k * T;
+        if (!row_in_run(w, k, c0, c1)) {
+            memset(row, 0, (size_t)(c1 - c0) * sizeof(float));
+            continue;
+        }
+        int lo = w->lo[k] - c0, hi = w->hi[k] - c0;
+        float mx = max_lanes(row + lo, hi - lo);
+        float sum = exp_shifted_lanes(row + lo, hi - lo, mx);
+        float inv = 1.0f / sum;
+        for (int j = lo; j < hi; j++) row[j] *= inv;
+        memset(row, 0, (size_t)lo * sizeof(float));
+        memset(row + hi, 0, (size_t)(c1 - c0 - hi) * sizeof(float));
+        w->lse[r0 + k] = mx + logf(sum);
+    }
+}
+
+/* One item's forward: out rows and lse by position. */
+static void hash_forward_item(const struct hash_args *a, struct hash_work *w, long item,
+                              float *o /* (HASH_TILE, hs) */)
+{
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+    long b = item / NH, h = item % NH;
+    float scale = (float)(1.0 / sqrt((double)hs));
+    int *bucket = a->bucket + item * 2L * T, *order = a->order + item * 2L * T;
+    hash_item(a, item, bucket, order);
+    const int *qo = order, *ko = order + T, *qb = bucket, *kb = bucket + T;
+    const float *base = a->qkv + b * T * 3L * C + h * hs;
+    gather_sorted(w->qs, base, qo, T, hs, 3L * C);
+    gather_sorted_transposed(w->kt, base + C, ko, T, hs, 3L * C);
+    gather_sorted(w->vs, base + 2 * C, ko, T, hs, 3L * C);
+    bucket_starts(w->kstart, ko, kb, T, a->buckets);
+    long tiles = 0;
+    for (int r0 = 0; r0 < T; r0 += HASH_TILE) {
+        int rows = r0 + HASH_TILE < T ? HASH_TILE : T - r0;
+        tiles += tile_plan(w, qo, qb, ko, r0, r0 + rows, T);
+        memset(o, 0, (size_t)rows * hs * sizeof(float));
+        for (int k = 0; k < rows; k++) w->lse[r0 + k] = -INFINITY;
+        int t = 0, c0, c1;
+        while (next_run(w, &t, T, &c0, &c1)) {
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, c1 - c0, hs, scale,
+                        w->qs + (long)r0 * hs, hs, w->kt + c0, T, 0.0f, w->s, T);
+            forward_softmax(w, r0, rows, c0, c1, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, c1 - c0, 1.0f,
+                        w->s, T, w->vs + (long)c0 * hs, hs, 1.0f, o, hs);
+        }
+        for (int k = 0; k < rows; k++) {
+            int pos = qo[r0 + k];
+            memcpy(a->out + (b * T + pos) * (long)C + h * hs, o + (long)k * hs,
+                   (size_t)hs * sizeof(float));
+            a->lse[item * (long)T + pos] = w->lse[r0 + k];
+        }
+    }
+    a->tiles[item] = tiles;
+}
+
 static void hash_forward_range(void *arg, long begin, long end)
 {
     const struct hash_args *a = arg;
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
-    float scale = (float)(1.0 / sqrt((double)hs));
-    float *acc = dm_alloc((size_t)HASH_TILE * hs * sizeof(float));
-    float m[HASH_TILE], l[HASH_TILE], s[HASH_TILE];
-    for (long item = begin; item < end; item++) {
-        long b = item / NH, h = item % NH;
-        int *bucket = a->bucket + item * 2L * T, *order = a->order + item * 2L * T;
-        hash_item(a, item, bucket, order);
-        const int *qo = order, *ko = order + T, *qb = bucket, *kb = bucket + T;
-        long tiles = 0;
-        for (int r0 = 0; r0 < T; r0 += HASH_TILE) {
-            int r1 = r0 + HASH_TILE < T ? r0 + HASH_TILE : T;
-            for (int i = 0; i < r1 - r0; i++) { m[i] = -INFINITY; l[i] = 0.0f; }
-            memset(acc, 0, (size_t)HASH_TILE * hs * sizeof(float));
-            for (int c0 = 0; c0 < T; c0 += HASH_TILE) {
-                int c1 = c0 + HASH_TILE < T ? c0 + HASH_TILE : T;
-                if (!tile_has_pair(qo, qb, ko, kb, r0, r1, c0, c1)) continue;
-                tiles++;
-                for (int i = r0; i < r1; i++) {
-                    int qpos = qo[i];
-                    const float *q = a->qkv + (b * T + qpos) * 3L * C + h * hs;
-                    float mx = m[i - r0];
-                    for (int j = c0; j < c1; j++) {
-                        s[j - c0] = -INFINITY;
-                        if (!pair_allowed(qpos, qb[qpos], ko[j], kb[ko[j]])) continue;
-                        const float *k = a->qkv + (b * T + ko[j]) * 3L * C + C + h * hs;
-                        float dot = 0.0f;
-                        for (int d = 0; d < hs; d++) dot += q[d] * k[d];
-                        s[j - c0] = dot * scale;
-                        if (s[j - c0] > mx) mx = s[j - c0];
-                    }
-                    if (mx == -INFINITY) continue;   /* nothing allowed yet */
-                    float correction = expf(m[i - r0] - mx);   /* 0 when m was -inf */
-                    float *o = acc + (long)(i - r0) * hs;
-                    float sum = l[i - r0] * correction;
-                    for (int d = 0; d < hs; d++) o[d] *= correction;
-                    for (int j = c0; j < c1; j++) {
-                        if (s[j - c0] == -INFINITY) continue;
-                        float p = expf(s[j - c0] - mx);
-                        sum += p;
-                        const float *v = a->qkv + (b * T + ko[j]) * 3L * C + 2 * C + h * hs;
-                        for (int d = 0; d < hs; d++) o[d] += p * v[d];
-                    }
-                    m[i - r0] = mx;
-                    l[i - r0] = sum;
-                }
-            }
-            for (int i = r0; i < r1; i++) {
-                int qpos = qo[i];
-                float *out = a->out + (b * T + qpos) * (long)C + h * hs;
-                const float *o = acc + (long)(i - r0) * hs;
-                float *lse = a->lse + item * (long)T + qpos;
-                if (l[i - r0] > 0.0f) {
-                    float inv = 1.0f / l[i - r0];
-                    for (int d = 0; d < hs; d++) out[d] = o[d] * inv;
-                    *lse = m[i - r0] + logf(l[i - r0]);
-                } else {
-                    memset(out, 0, (size_t)hs * sizeof(float));
-                    *lse = -INFINITY;
-                }
-            }
-        }
-        a->tiles[item] = tiles;
-    }
-    dm_free(acc);
+    int hs = a->C / a->NH;
+    struct hash_work w;
+    hash_work_alloc(&w, a->T, hs, a->buckets);
+    float *o = dm_alloc((size_t)HASH_TILE * hs * sizeof(float));
+    for (long item = begin; item < end; item++) hash_forward_item(a, &w, item, o);
+    dm_free(o);
+    hash_work_free(&w);
 }
 
 static long sum_tiles(const long *tiles, long n)
@@ -199,64 +323,113 @@ long hash_attention_forward(float *out, float *lse, int *order, int *bucket, con
     return total;
 }
 
+/* The backward's probabilities and score gradients over a run, in place:
+ * s (scores) becomes P = exp(s - lse) on each row's range, dp (dO V^T)
+ * becomes dS = scale P (dP - delta); both exact zeros elsewhere. */
+static void backward_scores(struct hash_work *w, int r0, int rows, int c0, int c1, int T,
+                            float scale)
+{
+    for (int k = 0; k < rows; k++) {
+        float *p = w->s + (long)k * T, *d = w->dp + (long)k * T;
+        int lo = 0, hi = 0;
+        if (row_in_run(w, k, c0, c1)) {
+            lo = w->lo[k] - c0;
+            hi = w->hi[k] - c0;
+        }
+        float lse = w->lse[r0 + k], delta = w->delta[r0 + k];
+        for (int j = lo; j < hi; j++) {
+            p[j] = exp_lanes(p[j] - lse);
+            d[j] = scale * (p[j] * (d[j] - delta));
+        }
+        memset(p, 0, (size_t)lo * sizeof(float));
+        memset(d, 0, (size_t)lo * sizeof(float));
+        memset(p + hi, 0, (size_t)(c1 - c0 - hi) * sizeof(float));
+        memset(d + hi, 0, (size_t)(c1 - c0 - hi) * sizeof(float));
+    }
+}
+
+/* One run of a query tile's backward: dQ, dK, dV of the sorted rows. */
+static void backward_run(struct hash_work *w, int r0, int rows, int c0, int c1, int T, int hs,
+                         float scale)
+{
+    int n = c1 - c0;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, n, hs, scale,
+                w->qs + (long)r0 * hs, hs, w->kt + c0, T, 0.0f, w->s, T);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, n, hs, 1.0f,
+                w->dos + (long)r0 * hs, hs, w->vt + c0, T, 0.0f, w->dp, T);
+    backward_scores(w, r0, rows, c0, c1, T, scale);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, hs, n, 1.0f, w->dp, T,
+                w->ks + (long)c0 * hs, hs, 1.0f, w->dqs + (long)r0 * hs, hs);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hs, rows, 1.0f, w->dp, T,
+                w->qs + (long)r0 * hs, hs, 1.0f, w->dks + (long)c0 * hs, hs);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, n, hs, rows, 1.0f, w->s, T,
+                w->dos + (long)r0 * hs, hs, 1.0f, w->dvs + (long)c0 * hs, hs);
+}
+
+/* The sorted copies the backward of item (b, h) reads, and lse, delta =
+ * dO . O per sorted query; the sorted gradients zeroed. */
+static void backward_gather(const struct hash_args *a, struct hash_work *w, long item)
+{
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+    long b = item / NH, h = item % NH;
+    const int *qo = a->order_in + item * 2L * T, *ko = qo + T;
+    const float *base = a->qkv + b * T * 3L * C + h * hs;
+    gather_sorted(w->qs, base, qo, T, hs, 3L * C);
+    gather_sorted_transposed(w->kt, base + C, ko, T, hs, 3L * C);
+    gather_sorted(w->ks, base + C, ko, T, hs, 3L * C);
+    gather_sorted_transposed(w->vt, base + 2 * C, ko, T, hs, 3L * C);
+    gather_sorted(w->dos, a->dout + b * T * (long)C + h * hs, qo, T, hs, C);
+    for (int i = 0; i < T; i++) {
+        const float *o = a->out_in + (b * T + qo[i]) * (long)C + h * hs;
+        const float *d = w->dos + (long)i * hs;
+        float dd = 0.0f;
+        for (int k = 0; k < hs; k++) dd += d[k] * o[k];
+        w->delta[i] = dd;
+        w->lse[i] = a->lse_in[item * (long)T + qo[i]];
+    }
+    memset(w->dqs, 0, 3 * (size_t)T * hs * sizeof(float));   /* dqs, dks, dvs */
+}
+
+static void hash_backward_item(const struct hash_args *a, struct hash_work *w, long item)
+{
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
+    long b = item / NH, h = item % NH;
+    float scale = (float)(1.0 / sqrt((double)hs));
+    const int *qo = a->order_in + item * 2L * T, *ko = qo + T;
+    const int *qb = a->bucket_in + item * 2L * T, *kb = qb + T;
+    backward_gather(a, w, item);
+    bucket_starts(w->kstart, ko, kb, T, a->buckets);
+    long tiles = 0;
+    for (int r0 = 0; r0 < T; r0 += HASH_TILE) {
+        int rows = r0 + HASH_TILE < T ? HASH_TILE : T - r0;
+        tiles += tile_plan(w, qo, qb, ko, r0, r0 + rows, T);
+        int t = 0, c0, c1;
+        while (next_run(w, &t, T, &c0, &c1)) backward_run(w, r0, rows, c0, c1, T, hs, scale);
+    }
+    float *base = a->dqkv + b * T * 3L * C + h * hs;
+    scatter_sorted(base, w->dqs, qo, T, hs, 3L * C);
+    scatter_sorted(base + C, w->dks, ko, T, hs, 3L * C);
+    scatter_sorted(base + 2 * C, w->dvs, ko, T, hs, 3L * C);
+    a->tiles[item] = tiles;
+}
+
 static void hash_backward_range(void *arg, long begin, long end)
 {
     const struct hash_args *a = arg;
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
-    float scale = (float)(1.0 / sqrt((double)hs));
-    float *delta = dm_alloc((size_t)T * sizeof(float));
-    for (long item = begin; item < end; item++) {
-        long b = item / NH, h = item % NH;
-        const int *qo = a->order_in + item * 2L * T, *ko = qo + T;
-        const int *qb = a->bucket_in + item * 2L * T, *kb = qb + T;
-        const float *lse = a->lse_in + item * (long)T;
-        for (int t = 0; t < T; t++) {
-            float *dq = a->dqkv + (b * T + t) * 3L * C + h * hs;
-            memset(dq, 0, (size_t)hs * sizeof(float));
-            memset(dq + C, 0, (size_t)hs * sizeof(float));
-            memset(dq + 2 * C, 0, (size_t)hs * sizeof(float));
-            const float *dout = a->dout + (b * T + t) * (long)C + h * hs;
-            const float *o = a->out_in + (b * T + t) * (long)C + h * hs;
-            float dd = 0.0f;
-            for (int d = 0; d < hs; d++) dd += dout[d] * o[d];
-            delta[t] = dd;
-        }
-        long tiles = 0;
-        for (int r0 = 0; r0 < T; r0 += HASH_TILE) {
-            int r1 = r0 + HASH_TILE < T ? r0 + HASH_TILE : T;
-            for (int c0 = 0; c0 < T; c0 += HASH_TILE) {
-                int c1 = c0 + HASH_TILE < T ? c0 + HASH_TILE : T;
-                if (!tile_has_pair(qo, qb, ko, kb, r0, r1, c0, c1)) continue;
-                tiles++;
-                for (int i = r0; i < r1; i++) {
-                    int qpos = qo[i];
-                    const float *q = a->qkv + (b * T + qpos) * 3L * C + h * hs;
-                    const float *dout = a->dout + (b * T + qpos) * (long)C + h * hs;
-                    float *dq = a->dqkv + (b * T + qpos) * 3L * C + h * hs;
-                    for (int j = c0; j < c1; j++) {
-                        int kpos = ko[j];
-                        if (!pair_allowed(qpos, qb[qpos], kpos, kb[kpos])) continue;
-                        const float *k = a->qkv + (b * T + kpos) * 3L * C + C + h * hs;
-                        const float *v = k + C;
-                        float *dk = a->dqkv + (b * T + kpos) * 3L * C + C + h * hs;
-                        float *dv = dk + C;
-                        float dot = 0.0f, dp = 0.0f;
-                        for (int d = 0; d < hs; d++) dot += q[d] * k[d];
-                        float p = expf(dot * scale - lse[qpos]);
-                        for (int d = 0; d < hs; d++) dp += dout[d] * v[d];
-                        float ds = p * (dp - delta[qpos]) * scale;
-                        for (int d = 0; d < hs; d++) {
-                            dv[d] += p * dout[d];
-                            dq[d] += ds * k[d];
-                            dk[d] += ds * q[d];
-                        }
-                    }
-                }
-            }
-        }
-        a->tiles[item] = tiles;
+    int T = a->T, buckets = 1;
+    /* the bucket count is not an argument: the largest bucket used + 1
+     * (sorted, so the last query's or key's) */
+    for (long item = begin; item < end && T > 0; item++) {
+        const int *qo = a->order_in + item * 2L * T, *qb = a->bucket_in + item * 2L * T;
+        int last = qb[qo[T - 1]] > qb[T + qo[2 * T - 1]] ? qb[qo[T - 1]] : qb[T + qo[2 * T - 1]];
+        if (last + 1 > buckets) buckets = last + 1;
     }
-    dm_free(delta);
+    struct hash_work w;
+    hash_work_alloc(&w, T, a->C / a->NH, buckets);
+    struct hash_args local = *a;
+    local.buckets = buckets;
+    for (long item = begin; item < end; item++) hash_backward_item(&local, &w, item);
+    hash_work_free(&w);
 }
 
 long hash_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
@@ -329,4 +502,44 @@ void hash_block_attention_backward(struct block *blk, struct block_acts *acts, f
     blk->hash_tiles += (double)hash_attention_backward(dqkv, datty, acts->qkv, acts->atty,
                                                        ha->lse, ha->order, ha->bucket, B, T,
                                                        blk->C, blk->NH);
+}
+
+/* ---- packed sequences (src/model/hash_segments.h) -------------------------
+ * Sequence b's saved state sits where its rows do: lse at NH start[b],
+ * order and bucket at 2 NH start[b] (each (1, NH, [2,] n) as for B = 1);
+ * the rows in all are at most the acts' B x T, so the arrays fit. */
+
+void hash_block_attention_forward_segments(struct block *blk, struct block_acts *acts,
+                                           const int *start, int B)
+{
+    struct hash_acts *ha = hash_acts_get(blk, acts);
+    int C = blk->C, NH = blk->NH;
+    DM_ASSERT(start[B] <= acts->B * acts->T);
+    hash_rotation_draw(ha->rotation, NH, C / NH, blk->hash_buckets, blk->hash_seed,
+                       blk->index, acts->hash_step);
+    for (int b = 0; b < B; b++) {
+        int s = start[b], n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        blk->hash_tiles += (double)hash_attention_forward(
+            acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
+            ha->bucket + 2L * NH * s, acts->qkv + 3L * s * C, ha->rotation, 1, n, C, NH,
+            blk->hash_buckets);
+    }
+}
+
+void hash_block_attention_backward_segments(struct block *blk, struct block_acts *acts,
+                                            float *dqkv, const float *datty, const int *start,
+                                            int B)
+{
+    struct hash_acts *ha = acts->hash;
+    int C = blk->C, NH = blk->NH;
+    DM_ASSERT(ha != NULL);
+    for (int b = 0; b < B; b++) {
+        int s = start[b], n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        blk->hash_tiles += (double)hash_attention_backward(
+            dqkv + 3L * s * C, datty + (long)s * C, acts->qkv + 3L * s * C,
+            acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
+            ha->bucket + 2L * NH * s, 1, n, C, NH);
+    }
 }

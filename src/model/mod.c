@@ -3,19 +3,20 @@
  * or a causal predictor trained against the top-k choice), and the block's
  * forward and backward over the chosen tokens only.
  *
- * The chosen tokens of each sequence are gathered, in ascending position,
- * into a dense (B, kmax) batch and run through the ordinary block: causal
- * attention among gathered rows in ascending order is causal attention at
- * the original positions, and a sequence with fewer than kmax chosen
- * tokens is padded at its end with zero rows, which no real token sees
- * (they come later) and whose gradient is zero. The cost therefore follows
- * kmax, the tokens the block processed. A chosen token leaves the block as
- * x + r (f(x) - x) with f the block and r = w . x; every other token passes
- * through bit for bit. Nothing here calls MPI or reads a layout. */
+ * The chosen tokens of all sequences are packed, each sequence's in
+ * ascending position, into one dense (tokens, C) batch: the row-wise ops
+ * run once over it and attention runs per sequence over its own rows
+ * (causal among them in ascending order is causal at their original
+ * positions). Nothing is padded, so the cost follows the tokens the block
+ * processed however unevenly the sequences choose. A chosen token leaves
+ * the block as x + r (f(x) - x) with f the block and r = w . x; every
+ * other token passes through bit for bit. Nothing here calls MPI or reads
+ * a layout. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/model.h"
+#include "model/hash_segments.h"
 #include "model/internal.h"
 
 void mod_router_forward(float *router, const float *in, const float *weight, int N, int C)
@@ -112,14 +113,111 @@ void mod_acts_free(struct mod_acts *m)
     memset(m, 0, sizeof *m);
 }
 
-void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_acts *m,
-                       float *out, const float *in, const float *router_weight,
-                       const int *chosen, int B, int T)
+/* ---- the block over the chosen tokens -------------------------------------
+ * The chosen rows of all sequences are packed into one (tokens, C) batch,
+ * sequence b's at rows [start[b], start[b+1]) in ascending position. The
+ * row-wise ops (layernorms, the four matrix products with bias, residual
+ * and GELU) run once over all of them, as block_forward does over B x T
+ * rows; attention runs per sequence over its own rows (causal among them
+ * in ascending order is causal at their original positions). A MoD block
+ * is never pruned nor a mixture of experts (refused by the configuration),
+ * so these dense ops are exactly the block's. */
+
+/* start (B + 1) = prefix sums of m->count; the caller frees it */
+static int *mod_starts(const struct mod_acts *m, int B)
 {
-    int C = blk->C, N = B * T;
-    DM_ASSERT(B <= m->B && T <= m->T && C == m->C);
-    mod_router_forward(m->router, in, router_weight, N, C);
-    if (chosen != m->chosen) memcpy(m->chosen, chosen, (size_t)N * sizeof(int));
+    int *start = dm_alloc((size_t)(B + 1) * sizeof(int));
+    for (int b = 0; b < B; b++) start[b + 1] = start[b] + m->count[b];
+    return start;
+}
+
+static void packed_attention_forward(struct block *blk, struct block_acts *acts,
+                                     const int *start, int B)
+{
+    int C = blk->C, NH = blk->NH;
+    if (blk->hash_buckets) {
+        hash_block_attention_forward_segments(blk, acts, start, B);
+        return;
+    }
+    long att = 0;   /* sequence b's (NH, n, n) after the earlier ones' */
+    for (int b = 0; b < B; b++) {
+        int n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        attention_forward(acts->atty + (long)start[b] * C, acts->att + att,
+                          acts->qkv + 3L * start[b] * C, 1, n, C, NH);
+        att += (long)NH * n * n;
+    }
+}
+
+static void packed_attention_backward(struct block *blk, struct block_acts *acts,
+                                      struct block_scratch *s, const int *start, int B)
+{
+    int C = blk->C, NH = blk->NH;
+    if (blk->hash_buckets) {
+        hash_block_attention_backward_segments(blk, acts, s->d_qkv, s->d_atty, start, B);
+        return;
+    }
+    long att = 0;
+    for (int b = 0; b < B; b++) {
+        int n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        attention_backward(s->d_qkv + 3L * start[b] * C, s->d_att + att,
+                           s->d_atty + (long)start[b] * C, acts->qkv + 3L * start[b] * C,
+                           acts->att + att, 1, n, C, NH);
+        att += (long)NH * n * n;
+    }
+}
+
+/* out (tokens, C) = the block on the packed rows in (tokens, C) */
+static void packed_block_forward(struct block *blk, struct block_acts *acts, float *out,
+                                 const float *in, const int *start, int B)
+{
+    int C = blk->C, N = start[B];
+    float *const *p = blk->p;
+    DM_ASSERT(!blk->moe && !blk->sparse && N <= acts->B * acts->T);
+    layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in, p[BP_LN1_W], p[BP_LN1_B],
+                      N, C);
+    matmul_forward(acts->qkv, acts->ln1, p[BP_QKV_W], p[BP_QKV_B], N, C, 3 * C);
+    packed_attention_forward(blk, acts, start, B);
+    matmul_forward_residual(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], in, N, C,
+                            C);
+    layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1, p[BP_LN2_W],
+                      p[BP_LN2_B], N, C);
+    matmul_forward_gelu(acts->fch, acts->fch_gelu, acts->ln2, p[BP_FC_W], p[BP_FC_B], N, C,
+                        4 * C);
+    matmul_forward_residual(out, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], acts->res1, N,
+                            4 * C, C);
+}
+
+/* din (tokens, C) overwritten from dout (may alias din, as in
+ * block_backward: dout is not read after din is written); the weight
+ * gradients accumulate unless the block is frozen. */
+static void packed_block_backward(struct block *blk, struct block_acts *acts,
+                                  struct block_scratch *s, float *din, const float *dout,
+                                  const float *in, const int *start, int B)
+{
+    int C = blk->C, N = start[B];
+    float *const *p = blk->p;
+    static float *const no_grads[BP_COUNT];
+    float *const *g = blk->frozen ? no_grads : blk->g;
+    matmul_backward_gelu(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout, acts->fch_gelu,
+                         p[BP_FCPROJ_W], acts->fch, N, 4 * C, C);
+    matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2, p[BP_FC_W],
+                              N, C, 4 * C);
+    layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln, acts->res1,
+                                p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
+    matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
+                              acts->atty, p[BP_ATTPROJ_W], N, C, C);
+    packed_attention_backward(blk, acts, s, start, B);
+    matmul_backward_overwrite(s->d_ln, g[BP_QKV_W], g[BP_QKV_B], s->d_qkv, acts->ln1,
+                              p[BP_QKV_W], N, C, 3 * C);
+    layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+/* m->count, m->pos, m->tokens, m->kmax of the choice (B*T, 0/1) */
+static void mod_count_chosen(struct mod_acts *m, const int *chosen, int B, int T)
+{
     m->kmax = 0;
     m->tokens = 0;
     for (int b = 0; b < B; b++) {
@@ -130,27 +228,56 @@ void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_ac
         m->tokens += n;
         if (n > m->kmax) m->kmax = n;
     }
+}
+
+void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_acts *m,
+                       float *out, const float *in, const float *router_weight,
+                       const int *chosen, int B, int T)
+{
+    int C = blk->C, N = B * T;
+    DM_ASSERT(B <= m->B && T <= m->T && C == m->C);
+    mod_router_forward(m->router, in, router_weight, N, C);
+    if (chosen != m->chosen) memcpy(m->chosen, chosen, (size_t)N * sizeof(int));
+    mod_count_chosen(m, chosen, B, T);
     if (out != in) parallel_copy(out, in, (long)N * C);
-    int K = m->kmax;
-    if (K == 0) return;
+    if (m->tokens == 0) return;
+    int *start = mod_starts(m, B);
     for (int b = 0; b < B; b++)
-        for (int i = 0; i < K; i++) {
-            float *dst = m->gathered_in + ((long)b * K + i) * C;
-            if (i < m->count[b])
-                memcpy(dst, in + ((long)b * T + m->pos[(long)b * T + i]) * C,
-                       (size_t)C * sizeof(float));
-            else
-                memset(dst, 0, (size_t)C * sizeof(float));
-        }
-    block_forward(blk, acts, m->gathered_out, m->gathered_in, B, K);
+        for (int i = 0; i < m->count[b]; i++)
+            memcpy(m->gathered_in + (long)(start[b] + i) * C,
+                   in + ((long)b * T + m->pos[(long)b * T + i]) * C, (size_t)C * sizeof(float));
+    packed_block_forward(blk, acts, m->gathered_out, m->gathered_in, start, B);
     for (int b = 0; b < B; b++)
         for (int i = 0; i < m->count[b]; i++) {
             long row = (long)b * T + m->pos[(long)b * T + i];
-            const float *x = m->gathered_in + ((long)b * K + i) * C;
-            const float *f = m->gathered_out + ((long)b * K + i) * C;
+            const float *x = m->gathered_in + (long)(start[b] + i) * C;
+            const float *f = m->gathered_out + (long)(start[b] + i) * C;
             float r = m->router[row];
             float *o = out + row * C;
             for (int c = 0; c < C; c++) o[c] = x[c] + r * (f[c] - x[c]);
+        }
+    dm_free(start);
+}
+
+/* For each chosen token: dr = g . (f - x), din = (1 - r) g + (the block
+ * input's gradient, in work) + dr w, dw += dr x. */
+static void mod_combine_backward(struct mod_acts *m, float *din, float *drouter_weight,
+                                 const float *router_weight, const float *work,
+                                 const int *start, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < m->count[b]; i++) {
+            long row = (long)b * T + m->pos[(long)b * T + i], k = start[b] + i;
+            const float *x = m->gathered_in + k * C, *f = m->gathered_out + k * C;
+            const float *g = work + k * C;
+            float r = m->router[row];
+            float *d = din + row * C;
+            float dr = 0.0f;
+            for (int c = 0; c < C; c++) dr += d[c] * (f[c] - x[c]);
+            for (int c = 0; c < C; c++)
+                d[c] = (1.0f - r) * d[c] + g[c] + dr * router_weight[c];
+            if (drouter_weight)
+                for (int c = 0; c < C; c++) drouter_weight[c] += dr * x[c];
         }
 }
 
@@ -159,39 +286,24 @@ void mod_block_backward(struct block *blk, struct block_acts *acts, struct block
                         const float *dout, const float *router_weight, int B, int T,
                         float *work)
 {
-    int C = blk->C, N = B * T, K = m->kmax;
+    int C = blk->C, N = B * T;
     if (din != dout) parallel_copy(din, dout, (long)N * C);
-    if (K == 0) return;
-    /* work (B*K, C): the block output's gradient r dout (zero on padding),
-     * then, in place, the block input's */
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < K; i++) {
-            float *g = work + ((long)b * K + i) * C;
-            if (i >= m->count[b]) {
-                memset(g, 0, (size_t)C * sizeof(float));
-                continue;
-            }
-            long row = (long)b * T + m->pos[(long)b * T + i];
-            float r = m->router[row];
-            const float *d = din + row * C;
-            for (int c = 0; c < C; c++) g[c] = r * d[c];
-        }
-    block_backward(blk, acts, s, work, work, m->gathered_in, B, K);
+    if (m->tokens == 0) return;
+    int *start = mod_starts(m, B);
+    /* work (tokens, C): the block output's gradient r dout, then, in
+     * place, the block input's */
     for (int b = 0; b < B; b++)
         for (int i = 0; i < m->count[b]; i++) {
             long row = (long)b * T + m->pos[(long)b * T + i];
-            const float *x = m->gathered_in + ((long)b * K + i) * C;
-            const float *f = m->gathered_out + ((long)b * K + i) * C;
-            const float *g = work + ((long)b * K + i) * C;
             float r = m->router[row];
-            float *d = din + row * C;
-            float dr = 0.0f;
-            for (int c = 0; c < C; c++) dr += d[c] * (f[c] - x[c]);
-            for (int c = 0; c < C; c++)
-                d[c] = (1.0f - r) * d[c] + g[c] + dr * router_weight[c];
-            if (drouter_weight && !blk->frozen)
-                for (int c = 0; c < C; c++) drouter_weight[c] += dr * x[c];
+            const float *d = din + row * C;
+            float *g = work + (long)(start[b] + i) * C;
+            for (int c = 0; c < C; c++) g[c] = r * d[c];
         }
+    packed_block_backward(blk, acts, s, work, work, m->gathered_in, start, B);
+    mod_combine_backward(m, din, blk->frozen ? NULL : drouter_weight, router_weight, work,
+                         start, B, T, C);
+    dm_free(start);
 }
 
 /* ---- mixture of depths in the model ---------------------------------------------
