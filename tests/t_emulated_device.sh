@@ -7,9 +7,8 @@
 #   the dense run's not all bit-identical (the kernels' tree sums in the
 #   loss differ from the CPU's, so identical bits would mean the device
 #   was not used; on this tiny model the weights often stay bit-identical,
-#   so other runs may match). The MoD router and hash attention are still
-#   called inside mod.c and hash_attention.c, not through the table: they
-#   run on the CPU ops in those runs.
+#   so other runs may match). The MoD router, top-k, predictor and packed
+#   block and hash attention go through the table like the rest.
 # - On the emulated device, static and balanced pipelines on 2 ranks give
 #   the same bits.
 # - A checkpoint written there resumes on the CPU, and one written on the

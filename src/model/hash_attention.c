@@ -19,6 +19,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dynmo/model.h"
 #include "model/exp_lanes.h"
 #include "model/hash_segments.h"
@@ -489,9 +490,10 @@ void hash_block_attention_forward(struct block *blk, struct block_acts *acts, in
     int C = blk->C, NH = blk->NH;
     hash_rotation_draw(ha->rotation, NH, C / NH, blk->hash_buckets, blk->hash_seed,
                        blk->index, acts->hash_step);
-    blk->hash_tiles += (double)hash_attention_forward(acts->atty, ha->lse, ha->order,
-                                                      ha->bucket, acts->qkv, ha->rotation,
-                                                      B, T, C, NH, blk->hash_buckets);
+    const struct dm_backend *ops = backend_current();
+    blk->hash_tiles += (double)ops->hash_attention_forward(acts->atty, ha->lse, ha->order,
+                                                           ha->bucket, acts->qkv, ha->rotation,
+                                                           B, T, C, NH, blk->hash_buckets);
 }
 
 void hash_block_attention_backward(struct block *blk, struct block_acts *acts, float *dqkv,
@@ -499,9 +501,10 @@ void hash_block_attention_backward(struct block *blk, struct block_acts *acts, f
 {
     struct hash_acts *ha = acts->hash;
     DM_ASSERT(ha != NULL);
-    blk->hash_tiles += (double)hash_attention_backward(dqkv, datty, acts->qkv, acts->atty,
-                                                       ha->lse, ha->order, ha->bucket, B, T,
-                                                       blk->C, blk->NH);
+    const struct dm_backend *ops = backend_current();
+    blk->hash_tiles += (double)ops->hash_attention_backward(dqkv, datty, acts->qkv, acts->atty,
+                                                            ha->lse, ha->order, ha->bucket, B,
+                                                            T, blk->C, blk->NH);
 }
 
 /* ---- packed sequences (src/model/hash_segments.h) -------------------------
@@ -513,6 +516,7 @@ void hash_block_attention_forward_segments(struct block *blk, struct block_acts 
                                            const int *start, int B)
 {
     struct hash_acts *ha = hash_acts_get(blk, acts);
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH;
     DM_ASSERT(start[B] <= acts->B * acts->T);
     hash_rotation_draw(ha->rotation, NH, C / NH, blk->hash_buckets, blk->hash_seed,
@@ -520,7 +524,7 @@ void hash_block_attention_forward_segments(struct block *blk, struct block_acts 
     for (int b = 0; b < B; b++) {
         int s = start[b], n = start[b + 1] - start[b];
         if (n == 0) continue;
-        blk->hash_tiles += (double)hash_attention_forward(
+        blk->hash_tiles += (double)ops->hash_attention_forward(
             acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
             ha->bucket + 2L * NH * s, acts->qkv + 3L * s * C, ha->rotation, 1, n, C, NH,
             blk->hash_buckets);
@@ -532,12 +536,13 @@ void hash_block_attention_backward_segments(struct block *blk, struct block_acts
                                             int B)
 {
     struct hash_acts *ha = acts->hash;
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH;
     DM_ASSERT(ha != NULL);
     for (int b = 0; b < B; b++) {
         int s = start[b], n = start[b + 1] - start[b];
         if (n == 0) continue;
-        blk->hash_tiles += (double)hash_attention_backward(
+        blk->hash_tiles += (double)ops->hash_attention_backward(
             dqkv + 3L * s * C, datty + (long)s * C, acts->qkv + 3L * s * C,
             acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
             ha->bucket + 2L * NH * s, 1, n, C, NH);

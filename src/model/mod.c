@@ -15,6 +15,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dynmo/model.h"
 #include "model/hash_segments.h"
 #include "model/internal.h"
@@ -134,6 +135,7 @@ static int *mod_starts(const struct mod_acts *m, int B)
 static void packed_attention_forward(struct block *blk, struct block_acts *acts,
                                      const int *start, int B)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH;
     if (blk->hash_buckets) {
         hash_block_attention_forward_segments(blk, acts, start, B);
@@ -143,8 +145,8 @@ static void packed_attention_forward(struct block *blk, struct block_acts *acts,
     for (int b = 0; b < B; b++) {
         int n = start[b + 1] - start[b];
         if (n == 0) continue;
-        attention_forward(acts->atty + (long)start[b] * C, acts->att + att,
-                          acts->qkv + 3L * start[b] * C, 1, n, C, NH);
+        ops->attention_forward(acts->atty + (long)start[b] * C, acts->att + att,
+                               acts->qkv + 3L * start[b] * C, 1, n, C, NH);
         att += (long)NH * n * n;
     }
 }
@@ -152,6 +154,7 @@ static void packed_attention_forward(struct block *blk, struct block_acts *acts,
 static void packed_attention_backward(struct block *blk, struct block_acts *acts,
                                       struct block_scratch *s, const int *start, int B)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH;
     if (blk->hash_buckets) {
         hash_block_attention_backward_segments(blk, acts, s->d_qkv, s->d_atty, start, B);
@@ -161,9 +164,9 @@ static void packed_attention_backward(struct block *blk, struct block_acts *acts
     for (int b = 0; b < B; b++) {
         int n = start[b + 1] - start[b];
         if (n == 0) continue;
-        attention_backward(s->d_qkv + 3L * start[b] * C, s->d_att + att,
-                           s->d_atty + (long)start[b] * C, acts->qkv + 3L * start[b] * C,
-                           acts->att + att, 1, n, C, NH);
+        ops->attention_backward(s->d_qkv + 3L * start[b] * C, s->d_att + att,
+                                s->d_atty + (long)start[b] * C, acts->qkv + 3L * start[b] * C,
+                                acts->att + att, 1, n, C, NH);
         att += (long)NH * n * n;
     }
 }
@@ -172,21 +175,22 @@ static void packed_attention_backward(struct block *blk, struct block_acts *acts
 static void packed_block_forward(struct block *blk, struct block_acts *acts, float *out,
                                  const float *in, const int *start, int B)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, N = start[B];
     float *const *p = blk->p;
     DM_ASSERT(!blk->moe && !blk->sparse && N <= acts->B * acts->T);
-    layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in, p[BP_LN1_W], p[BP_LN1_B],
-                      N, C);
-    matmul_forward(acts->qkv, acts->ln1, p[BP_QKV_W], p[BP_QKV_B], N, C, 3 * C);
+    ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in, p[BP_LN1_W], p[BP_LN1_B],
+                           N, C);
+    ops->matmul_forward(acts->qkv, acts->ln1, p[BP_QKV_W], p[BP_QKV_B], N, C, 3 * C);
     packed_attention_forward(blk, acts, start, B);
-    matmul_forward_residual(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], in, N, C,
-                            C);
-    layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1, p[BP_LN2_W],
-                      p[BP_LN2_B], N, C);
-    matmul_forward_gelu(acts->fch, acts->fch_gelu, acts->ln2, p[BP_FC_W], p[BP_FC_B], N, C,
-                        4 * C);
-    matmul_forward_residual(out, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], acts->res1, N,
-                            4 * C, C);
+    ops->matmul_forward_residual(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], in, N, C,
+                                 C);
+    ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1, p[BP_LN2_W],
+                           p[BP_LN2_B], N, C);
+    ops->matmul_forward_gelu(acts->fch, acts->fch_gelu, acts->ln2, p[BP_FC_W], p[BP_FC_B], N, C,
+                             4 * C);
+    ops->matmul_forward_residual(out, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], acts->res1, N,
+                                 4 * C, C);
 }
 
 /* din (tokens, C) overwritten from dout (may alias din, as in
@@ -196,23 +200,24 @@ static void packed_block_backward(struct block *blk, struct block_acts *acts,
                                   struct block_scratch *s, float *din, const float *dout,
                                   const float *in, const int *start, int B)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, N = start[B];
     float *const *p = blk->p;
     static float *const no_grads[BP_COUNT];
     float *const *g = blk->frozen ? no_grads : blk->g;
-    matmul_backward_gelu(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout, acts->fch_gelu,
-                         p[BP_FCPROJ_W], acts->fch, N, 4 * C, C);
-    matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2, p[BP_FC_W],
-                              N, C, 4 * C);
-    layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln, acts->res1,
-                                p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
-    matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
-                              acts->atty, p[BP_ATTPROJ_W], N, C, C);
+    ops->matmul_backward_gelu(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout, acts->fch_gelu,
+                              p[BP_FCPROJ_W], acts->fch, N, 4 * C, C);
+    ops->matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2, p[BP_FC_W],
+                                   N, C, 4 * C);
+    ops->layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln, acts->res1,
+                                     p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
+    ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
+                                   acts->atty, p[BP_ATTPROJ_W], N, C, C);
     packed_attention_backward(blk, acts, s, start, B);
-    matmul_backward_overwrite(s->d_ln, g[BP_QKV_W], g[BP_QKV_B], s->d_qkv, acts->ln1,
-                              p[BP_QKV_W], N, C, 3 * C);
-    layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
-                                p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+    ops->matmul_backward_overwrite(s->d_ln, g[BP_QKV_W], g[BP_QKV_B], s->d_qkv, acts->ln1,
+                                   p[BP_QKV_W], N, C, 3 * C);
+    ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
 /* m->count, m->pos, m->tokens, m->kmax of the choice (B*T, 0/1) */
@@ -236,7 +241,7 @@ void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_ac
 {
     int C = blk->C, N = B * T;
     DM_ASSERT(B <= m->B && T <= m->T && C == m->C);
-    mod_router_forward(m->router, in, router_weight, N, C);
+    backend_current()->mod_router_forward(m->router, in, router_weight, N, C);
     if (chosen != m->chosen) memcpy(m->chosen, chosen, (size_t)N * sizeof(int));
     mod_count_chosen(m, chosen, B, T);
     if (out != in) parallel_copy(out, in, (long)N * C);
@@ -406,14 +411,15 @@ void block_mod_forward(struct block *blk, struct block_acts *acts, float *out,
     struct block_mod *mod = blk->mod;
     int C = blk->C, N = B * T;
     struct mod_acts *m = mod_acts_of(acts, C);
-    mod_router_forward(m->router, in, mod->router_w, N, C);
-    mod_select_topk(m->target, m->router, B, T, mod_capacity_tokens(mod->capacity, T));
+    const struct dm_backend *ops = backend_current();
+    ops->mod_router_forward(m->router, in, mod->router_w, N, C);
+    ops->mod_select_topk(m->target, m->router, B, T, mod_capacity_tokens(mod->capacity, T));
     const int *chosen = m->target;
     if (mod->forced) {
         chosen = mod->forced;
     } else if (mod->routing == MOD_ROUTING_CAUSAL) {
-        mod->bce += mod_predictor_forward_backward(NULL, m->chosen, in, mod->pred_w,
-                                                   m->target, N, C);
+        mod->bce += ops->mod_predictor_forward_backward(NULL, m->chosen, in, mod->pred_w,
+                                                        m->target, N, C);
         chosen = m->chosen;
     }
     mod_block_forward(blk, acts, m, out, in, mod->router_w, chosen, B, T);
@@ -426,7 +432,8 @@ static void predictor_backward(struct block_mod *mod, const struct mod_acts *m,
                                const float *in, int N, int C, float loss_scale)
 {
     float *dw = dm_alloc((size_t)C * sizeof(float));
-    mod_predictor_forward_backward(dw, NULL, in, mod->pred_w, m->target, N, C);
+    backend_current()->mod_predictor_forward_backward(dw, NULL, in, mod->pred_w, m->target, N,
+                                                      C);
     for (int c = 0; c < C; c++) mod->pred_g[c] += loss_scale * dw[c];
     dm_free(dw);
 }
