@@ -668,6 +668,26 @@ hid_t ckpt_open_checked(const char *path, struct ckpt_problems *problems,
     return file;
 }
 
+/* The history length is the one dimension a dataset defines: dims->history
+ * from /layout/history_step's length (left -1 when it cannot be read; the
+ * dataset check reports that). */
+static void read_history_dim(hid_t file, struct ckpt_dims *dims,
+                             struct ckpt_problems *problems)
+{
+    if (!dm_h5_path_exists(file, "/layout/history_step")) return;
+    hid_t dataset = H5Dopen2(file, "/layout/history_step", H5P_DEFAULT);
+    hid_t space = dataset >= 0 ? H5Dget_space(dataset) : -1;
+    hsize_t n[H5S_MAX_RANK] = {0};
+    if (space >= 0 && H5Sget_simple_extent_ndims(space) == 1) {
+        H5Sget_simple_extent_dims(space, n, NULL);
+        if (n[0] >= 1) dims->history = (long)n[0];
+        else ckpt_problem(problems, "the layout history is empty");
+    }
+    if (space >= 0) H5Sclose(space);
+    if (dataset >= 0) H5Dclose(dataset);
+    H5Eclear2(H5E_DEFAULT);
+}
+
 int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
                          struct ckpt_header *header)
 {
@@ -715,20 +735,7 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
     }
     check_header_values(header, problems);
 
-    /* The history length is the one dimension a dataset defines. */
-    if (dm_h5_path_exists(file, "/layout/history_step")) {
-        hid_t dataset = H5Dopen2(file, "/layout/history_step", H5P_DEFAULT);
-        hid_t space = dataset >= 0 ? H5Dget_space(dataset) : -1;
-        hsize_t n[H5S_MAX_RANK] = {0};
-        if (space >= 0 && H5Sget_simple_extent_ndims(space) == 1) {
-            H5Sget_simple_extent_dims(space, n, NULL);
-            if (n[0] >= 1) dims->history = (long)n[0];
-            else ckpt_problem(problems, "the layout history is empty");
-        }
-        if (space >= 0) H5Sclose(space);
-        if (dataset >= 0) H5Dclose(dataset);
-        H5Eclear2(H5E_DEFAULT);
-    }
+    read_history_dim(file, dims, problems);
     for (int i = 0; i < schema->dataset_count; i++)
         check_dataset(file, &schema->datasets[i], dims, problems);
     return 0;
