@@ -1,7 +1,7 @@
 /* A vectorizable exponential and the row reductions built on it, for the
- * attention kernels of src/model that are not in ops.c (hash_attention.c).
- * exp_lanes is the same function as ops.c's exp_accurate (a few ulp, no
- * libm call, so gcc vectorizes loops over it without -ffast-math); the
+ * softmax-like kernels of src/model (ops.c's attention, cross-entropy and
+ * sigmoid, hash_attention.c): a few ulp, no
+ * libm call, so gcc vectorizes loops over it without -ffast-math; the
  * sums go into LANES fixed partial sums added in a fixed order, so no
  * result depends on the vector width or the thread count. Private to
  * src/model; everything here is static inline. */

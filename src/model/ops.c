@@ -24,6 +24,7 @@
 #include <math.h>
 #include <string.h>
 #include "dynmo/model.h"
+#include "model/exp_lanes.h"
 #include "model/internal.h"
 
 /* ---- vectorizable math -------------------------------------------------- */
@@ -32,44 +33,16 @@
 #define GELU_C 0.044715f
 
 /* Independent partial sums; the lanes are added in a fixed order at the
- * end, so the result does not depend on the vector width either. */
-#define LANES 16
-
-/* exp(x) to about 2 ulp for x in [-87.3, 88.3]; 0 below, saturates above.
- * Cody-Waite reduction x = n ln2 + r, |r| <= ln2/2, then a degree-7
- * Taylor polynomial (truncation error < 6e-9 relative) and 2^n built in
- * the exponent bits. Branch-free, so loops over it vectorize. */
-static inline float exp_accurate(float x)
-{
-    const float log2e = 1.44269504088896341f;
-    const float ln2_hi = 0.693359375f;         /* 8 significant bits: n*ln2_hi is exact */
-    const float ln2_lo = -2.12194440e-4f;
-    const float shifter = 12582912.0f;         /* 1.5 * 2^23: adding it rounds to an integer */
-    float xc = x > 88.3f ? 88.3f : x;
-    xc = xc < -87.3f ? -87.3f : xc;
-    float t = xc * log2e + shifter;
-    float n = t - shifter;
-    float r = xc - n * ln2_hi;
-    r = r - n * ln2_lo;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { int32_t i; float f; } scale;
-    scale.i = ((int32_t)n + 127) << 23;
-    float result = p * scale.f;
-    return x < -87.3f ? 0.0f : result;
-}
+ * end, so the result does not depend on the vector width either. The
+ * exponential and the max / exp-and-sum reductions are exp_lanes.h's,
+ * shared with hash_attention.c. */
+#define LANES EXP_LANES
 
 /* 1 / (1 + exp(-z)): accurate to a few ulp for both signs (no
  * cancellation), 0 and 1 at the extremes. */
 static inline float sigmoid_accurate(float z)
 {
-    return 1.0f / (1.0f + exp_accurate(-z));
+    return 1.0f / (1.0f + exp_lanes(-z));
 }
 
 static float sum_floats(const float *x, long n)
@@ -91,40 +64,6 @@ static float dot_floats(const float *a, const float *b, long n)
     for (; i + LANES <= n; i += LANES)
         for (int k = 0; k < LANES; k++) lane[k] += a[i + k] * b[i + k];
     for (int k = 0; i < n; i++, k++) lane[k] += a[i] * b[i];
-    float s = 0.0f;
-    for (int k = 0; k < LANES; k++) s += lane[k];
-    return s;
-}
-
-static float max_floats(const float *x, long n)
-{
-    float lane[LANES];
-    for (int k = 0; k < LANES; k++) lane[k] = -INFINITY;
-    long i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int k = 0; k < LANES; k++) lane[k] = x[i + k] > lane[k] ? x[i + k] : lane[k];
-    for (int k = 0; i < n; i++, k++) lane[k] = x[i] > lane[k] ? x[i] : lane[k];
-    float m = lane[0];
-    for (int k = 1; k < LANES; k++) m = lane[k] > m ? lane[k] : m;
-    return m;
-}
-
-/* x[i] = exp(x[i] - shift); returns the sum of the results. */
-static float exp_shifted_inplace(float *x, long n, float shift)
-{
-    float lane[LANES] = {0};
-    long i = 0;
-    for (; i + LANES <= n; i += LANES)
-        for (int k = 0; k < LANES; k++) {
-            float e = exp_accurate(x[i + k] - shift);
-            x[i + k] = e;
-            lane[k] += e;
-        }
-    for (int k = 0; i < n; i++, k++) {
-        float e = exp_accurate(x[i] - shift);
-        x[i] = e;
-        lane[k] += e;
-    }
     float s = 0.0f;
     for (int k = 0; k < LANES; k++) s += lane[k];
     return s;
@@ -651,8 +590,8 @@ static void attention_forward_range(void *arg, long begin, long end)
             for (int i = r0; i < r1; i++) {
                 float *row = P + (long)i * T;
                 int valid = attention_pos(a, s, i) + 1;
-                float mx = max_floats(row, valid);
-                float sum = exp_shifted_inplace(row, valid, mx);
+                float mx = max_lanes(row, valid);
+                float sum = exp_shifted_lanes(row, valid, mx);
                 float inv = 1.0f / sum;
                 for (int j = 0; j < valid; j++) row[j] *= inv;
                 for (int j = valid; j < attention_cols(kb, nk); j++) row[j] = 0.0f;
@@ -806,7 +745,7 @@ static inline float gelu_value(float x)
 static inline float gelu_grad(float x)
 {
     float u = GELU_K * (x + GELU_C * x * x * x);
-    float e_neg = exp_accurate(-2.0f * u);
+    float e_neg = exp_lanes(-2.0f * u);
     float s = 1.0f / (1.0f + e_neg);
     float du = GELU_K * (1.0f + 3.0f * GELU_C * x * x);
     return s + 2.0f * x * s * (e_neg * s) * du;
@@ -943,9 +882,9 @@ static void crossentropy_forward_range(void *arg, long begin, long end)
     for (long n = begin; n < end; n++) {
         const float *l = a->logits + n * V;
         float *p = a->probs + n * V;
-        float mx = max_floats(l, V);
+        float mx = max_lanes(l, V);
         memcpy(p, l, (size_t)V * sizeof(float));
-        float sum = exp_shifted_inplace(p, V, mx);
+        float sum = exp_shifted_lanes(p, V, mx);
         float inv = 1.0f / sum;
         for (int i = 0; i < V; i++) p[i] *= inv;
         int t = a->targets[n];
