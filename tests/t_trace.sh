@@ -91,6 +91,12 @@ expect_error "trace --out a directory" "cannot write $dir/adir" \
   "$DYNMO" trace "$dir/traced/runlog.h5" --out "$dir/adir"
 expect_error "trace --out under a file" "cannot write $dir/t.ini/x.json" \
   "$DYNMO" trace "$dir/traced/runlog.h5" --out "$dir/t.ini/x.json"
+# A FIFO (as /dev/null would be) is refused and stays: a rename over it
+# would have replaced the device by the trace.
+mkfifo "$dir/fifo.json"
+expect_error "trace --out a FIFO" "$dir/fifo.json exists and is not a regular file" \
+  "$DYNMO" trace "$dir/traced/runlog.h5" --out "$dir/fifo.json"
+[ -p "$dir/fifo.json" ] || fail "trace --out a FIFO replaced it"
 ls "$dir" | grep -q '\.tmp$' && fail "a failed trace left a temporary file: $(ls "$dir")"
 expect_error "trace without --out" "--out FILE.json is required" "$DYNMO" trace "$dir/traced/runlog.h5"
 finish

@@ -176,14 +176,23 @@ static void test_write_file_atomic(const char *root)
     CHECK(dm_write_file_atomic(path, "x", 1, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, path) && strstr(err, strerror(ENOTDIR)), "'%s'", err);
 
-    /* Over a directory: the rename fails after the temporary was written,
-     * and the temporary is removed. */
+    /* Over a directory, a FIFO or a device: refused before anything is
+     * written, and the thing stays (a rename would have replaced it). */
     snprintf(path, sizeof path, "%s/a", root);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     err[0] = '\0';
     CHECK(dm_write_file_atomic(path, "x", 1, err, sizeof err) == -1);
-    CHECK_MSG(strstr(err, "cannot rename") && strstr(err, path), "'%s'", err);
+    CHECK_MSG(strstr(err, "not a regular file") && strstr(err, path), "'%s'", err);
     CHECK(!exists(tmp) && is_directory(path));
+    snprintf(path, sizeof path, "%s/fifo", root);
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    CHECK(mkfifo(path, 0600) == 0);
+    err[0] = '\0';
+    CHECK(dm_write_file_atomic(path, "x", 1, err, sizeof err) == -1);
+    CHECK_MSG(strstr(err, "not a regular file") && strstr(err, path), "'%s'", err);
+    struct stat st;
+    CHECK(!exists(tmp) && stat(path, &st) == 0 && S_ISFIFO(st.st_mode));
+    unlink(path);
 
     /* A read-only directory stops everyone but root. */
     snprintf(path, sizeof path, "%s/readonly", root);

@@ -137,7 +137,9 @@ int dm_make_dirs(const char *path, char *err, size_t errsize);
  * failure is -1, the directory fsync included (the new file is then in
  * place but a crash may still lose it); before the rename the temporary
  * is removed. Two writers of the same path at once are the caller's bug.
- * The caller keeps ownership of data. */
+ * A path that exists and is not a regular file (after symlinks: a
+ * directory, a device such as /dev/null, a FIFO) is refused, -1, and
+ * left as it is. The caller keeps ownership of data. */
 int dm_write_file_atomic(const char *path, const void *data, size_t bytes, char *err,
                          size_t errsize);
 

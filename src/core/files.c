@@ -123,6 +123,14 @@ int dm_write_file_atomic(const char *path, const void *data, size_t bytes, char 
         return -1;
     }
     parent_directory(dir, sizeof dir, path);
+    /* Only a regular file is replaced: a rename over /dev/null (a user's
+     * "--out /dev/null") or a FIFO would remove the device, not write to it. */
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) {
+        dm_set_message(err, errsize, "%s exists and is not a regular file (a directory, a "
+                       "device or a FIFO is never replaced)", path);
+        return -1;
+    }
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0) {
         dm_set_message(err, errsize, "cannot create %s (to replace %s): %s", tmp, path,
