@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `dynmo simulate` against two recorded run logs (tests/data/sim: layer
+# `dynmo simulate` against recorded run logs (tests/data/sim: layer
 # freezing on 2 ranks, static uniform and balanced by partition-time every
-# 10 steps; tests/data/sim/README.md says how they were recorded):
+# 10 steps, and a static mixture-of-depths run on 2 ranks;
+# tests/data/sim/README.md says how they were recorded):
 # - fed each run's own costs and trajectory (the cost model fitted to the
 #   run, and each step's measured costs), the simulated step times are
 #   within 5% of the measured ones (median over the steps after the
@@ -75,6 +76,26 @@ for way in static balanced; do
     fail "ranking from the $way run's costs: partition-time ${speedup:-?}x; measured static ${meas_static:-?} ms, balanced ${meas_balanced:-?} ms"
   fi
 done
+
+# A recorded mixture-of-depths run (configs/mod.ini, 2 ranks, 60 steps):
+# its MoD blocks cost 0.2-4.6 ms, its dense ones about 9 ms a micro-batch
+# (forward + backward). Each stage holds 3 of each, so the step time is
+# within 5% even without the MoD feature; the per-block fit is not (48%
+# without it, 5.0% with it): at most 10%.
+out=$work/mod-recorded.out
+if "$DYNMO" simulate --from-run $data/mod-2-static --validate --policies static-uniform >"$out" 2>&1; then
+  grep -q "states: mod_tokens$" "$out" || fail "recorded MoD run: the fit does not use mod_tokens"
+  per_block=$(grep -oP 'median error \K[0-9.]+(?=% per block)' "$out")
+  if [ -n "$per_block" ] && awk -v e="$per_block" 'BEGIN { exit !(e <= 10) }'; then
+    echo "ok: recorded MoD run: the fit's median error per block $per_block% <= 10%"
+  else fail "recorded MoD run: the fit's median error per block ${per_block:-?}% > 10%"; fi
+  for costs in fitted measured; do
+    err=$(grep "validation: $costs costs, replay" "$out" | grep -oP 'median error \K[0-9.]+')
+    if [ -z "$err" ] || awk -v e="$err" 'BEGIN { exit !(e > 5) }'; then
+      fail "recorded MoD run ($costs costs): median error ${err:-?}% > 5%"
+    else echo "ok: recorded MoD run ($costs costs): median error $err% <= 5%"; fi
+  done
+else fail "recorded MoD run: exit status $? ($(tail -1 "$out"))"; fi
 
 # ---- the fit recovers known costs ---------------------------------------
 # A synthetic early-exit log whose block costs are exactly forward
