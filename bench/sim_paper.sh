@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 18's paper-scale table: each scheme's recorded 2-rank static run
-# (bench/sim_record.sh) drives `dynmo simulate` at the paper's scale (24
+# (bench/sim_record.sh; the 4-rank one where there is no 2-rank run: MoE)
+# drives `dynmo simulate` at the paper's scale (24
 # pipeline stages x 30 data-parallel replicas, 4 micro-batches per stage,
 # 1,000 steps; models of DEPTHS blocks), once with whole blocks as the
 # unit of placement and once with attention and MLP apart (--split-blocks).
@@ -22,7 +23,8 @@ for scheme in ${SCHEMES:-freeze early_exit prune}; do
     for unit in block split; do
       extra=(); [ $unit = split ] && extra=(--split-blocks)
       start=$(date +%s.%N)
-      "$DYNMO" simulate --from-run "$dir/$scheme-2-static" --blocks "$L" --stages "$S" \
+      run=$dir/$scheme-2-static; [ -e "$run" ] || run=$dir/$scheme-4-static
+      "$DYNMO" simulate --from-run "$run" --blocks "$L" --stages "$S" \
         --replicas "$D" --micro-batches $((4 * S)) --steps 1000 --latency-ms 0.02 \
         --bandwidth-gbs 25 "${extra[@]}" > "/tmp/sim_paper_$unit.out"
       eval "secs_$unit=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')"

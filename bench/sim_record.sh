@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
-# Issue 18's validation runs: each scheme (freeze, early_exit, prune) on
-# RANKS ranks (default "2 4"), static uniform and balanced
-# (partition-time every K steps), each run's log kept for `dynmo simulate`
-# (bench/sim_validate.sh compares them). Pruning first trains DENSE dense
+# Issue 18's validation runs: each scheme of SCHEMES (default freeze,
+# early_exit, prune; also mod and moe) on RANKS ranks (default "2 4"),
+# static uniform and balanced (partition-time every K steps), STEPS steps
+# (default 120), each run's log kept for `dynmo simulate`
+# (bench/sim_validate.sh compares them). Every scheme runs as
+# parallel.pp = RANKS except moe, which keeps its config's grid (pp=2 dp=2
+# ep=2) and runs on 4 ranks only. Pruning first trains DENSE dense
 # steps on one rank and checkpoints them; its runs resume from there.
 # Before each run it waits (up to WAIT seconds, default 300) for the
 # 1-minute load average to fall below LOAD (default 1.5): the machine is
@@ -28,6 +31,11 @@ if [[ " ${SCHEMES:-freeze early_exit prune} " == *" prune "* && ! -e "$out/prune
 fi
 for ranks in ${RANKS:-2 4}; do
   for scheme in ${SCHEMES:-freeze early_exit prune}; do
+    grid=(parallel.pp="$ranks")
+    if [ $scheme = moe ]; then
+      [ "$ranks" = 4 ] || continue   # configs/moe.ini's grid: 2 stages x 2 replicas
+      grid=()
+    fi
     for way in static balanced; do
       args=(balance.method=none balance.initial=uniform)
       [ $way = balanced ] && args=(balance.method=partition-time balance.initial=uniform balance.every=$K)
@@ -38,7 +46,7 @@ for ranks in ${RANKS:-2 4}; do
       grep -q "^  run log: " "$out/$name.out" 2>/dev/null && continue   # recorded already
       quiet
       before="$(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)"
-      mpiexec -n "$ranks" "$DYNMO" train --config configs/$scheme.ini parallel.pp="$ranks" \
+      mpiexec -n "$ranks" "$DYNMO" train --config configs/$scheme.ini "${grid[@]}" \
         run.out_dir="$out/$name" run.log_every=1 "${args[@]}" "${extra[@]}" > "$out/$name.out" 2>&1
       echo "$name: load $before, after $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)" >> "$out/loads.txt"
     done

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# `dynmo simulate` against two recorded run logs (tests/data/sim: layer
+# `dynmo simulate` against recorded run logs (tests/data/sim: layer
 # freezing on 2 ranks, static uniform and balanced by partition-time every
-# 10 steps; tests/data/sim/README.md says how they were recorded):
+# 10 steps, and a static mixture-of-depths run on 2 ranks;
+# tests/data/sim/README.md says how they were recorded):
 # - fed each run's own costs and trajectory (the cost model fitted to the
 #   run, and each step's measured costs), the simulated step times are
 #   within 5% of the measured ones (median over the steps after the
@@ -76,6 +77,26 @@ for way in static balanced; do
   fi
 done
 
+# A recorded mixture-of-depths run (configs/mod.ini, 2 ranks, 60 steps):
+# its MoD blocks cost 0.2-4.6 ms, its dense ones about 9 ms a micro-batch
+# (forward + backward). Each stage holds 3 of each, so the step time is
+# within 5% even without the MoD feature; the per-block fit is not (48%
+# without it, 5.0% with it): at most 10%.
+out=$work/mod-recorded.out
+if "$DYNMO" simulate --from-run $data/mod-2-static --validate --policies static-uniform >"$out" 2>&1; then
+  grep -q "states: mod_tokens$" "$out" || fail "recorded MoD run: the fit does not use mod_tokens"
+  per_block=$(grep -oP 'median error \K[0-9.]+(?=% per block)' "$out")
+  if [ -n "$per_block" ] && awk -v e="$per_block" 'BEGIN { exit !(e <= 10) }'; then
+    echo "ok: recorded MoD run: the fit's median error per block $per_block% <= 10%"
+  else fail "recorded MoD run: the fit's median error per block ${per_block:-?}% > 10%"; fi
+  for costs in fitted measured; do
+    err=$(grep "validation: $costs costs, replay" "$out" | grep -oP 'median error \K[0-9.]+')
+    if [ -z "$err" ] || awk -v e="$err" 'BEGIN { exit !(e > 5) }'; then
+      fail "recorded MoD run ($costs costs): median error ${err:-?}% > 5%"
+    else echo "ok: recorded MoD run ($costs costs): median error $err% <= 5%"; fi
+  done
+else fail "recorded MoD run: exit status $? ($(tail -1 "$out"))"; fi
+
 # ---- the fit recovers known costs ---------------------------------------
 # A synthetic early-exit log whose block costs are exactly forward
 # 1 + 2a + 0.5a^2 ms and backward twice that (a: the block's active share),
@@ -110,6 +131,74 @@ PY
 want="model: a full block 3.500 + 7.000 ms a micro-batch, 0.100 ms update; embedding 0.000 + 0.000, head 0.000 + 0.000; at 10% of the tokens, 90% sparsity, a quarter of the tiles: 1.205 + 2.410"
 if grep -qxF "$want" "$work/synthetic.out"; then echo "ok: the fit recovers known costs"
 else fail "the fit: $(grep model: "$work/synthetic.out"), want: $want"; fi
+
+# ---- MoD and MoE states: the fit recovers known dependences --------------
+# Synthetic logs of 4 blocks (batch 8 x seq 64 = 512 tokens a step):
+# - MoD (model.mod_every = 2: blocks 1 and 3): each MoD block processes a
+#   random share m of the step's tokens (/mod/tokens = 512 m), dense blocks
+#   all; forward 1 + 2m + 0.5m^2 ms (dense blocks: m = 1), backward twice;
+# - MoE (every block, 8 experts over parallel.ep = 2 ranks: experts 0-3 and
+#   4-7): random routed and dropped pairs per expert; the busiest rank's
+#   kept pairs over routed / 2 is the load g; forward 1 + 2g ms, backward
+#   twice. A fit that ignored the dropped pairs or the expert-to-rank map
+#   would not give these lines back.
+/usr/bin/python3 - $data/freeze-2-static/runlog.h5 "$work" <<'PY'
+import os, sys, h5py, numpy as np
+src = h5py.File(sys.argv[1], "r")
+config = src.attrs["config"]
+config = config.decode() if isinstance(config, bytes) else config
+base = [l for l in config.splitlines() if not l.startswith(("dyn.", "model.layers", "parallel."))]
+T, L, S, m = 30, 4, 2, 4
+rng = np.random.default_rng(2)
+def write(name, extra, fwd, datasets):
+    os.makedirs(sys.argv[2] + "/" + name)
+    bwd, update = 2 * fwd, np.full((T, L), 0.1, np.float32)
+    busy = np.stack([m * (fwd[:, :2] + bwd[:, :2]).sum(1), m * (fwd[:, 2:] + bwd[:, 2:]).sum(1)], 1)
+    with h5py.File(sys.argv[2] + "/" + name + "/runlog.h5", "w") as f:
+        f.attrs["kind"] = "runlog"
+        f.attrs["config"] = "\n".join(base + ["model.layers = 4", "parallel.pp = 2"] + extra) + "\n"
+        f["/steps/step_ms"] = (busy.max(1) * 1.2).astype(np.float32)
+        f["/layers/fwd_ms"], f["/layers/bwd_ms"] = fwd.astype(np.float32), bwd.astype(np.float32)
+        f["/layers/update_ms"] = update
+        f["/layout/history"] = np.tile(np.array([2, 2], np.int32), (T, 1))
+        f["/stages/busy_ms"] = busy.astype(np.float32)
+        f["/stages/update_ms"] = np.full((T, S), 0.0, np.float32)
+        for k, v in datasets.items(): f[k] = v
+share = rng.uniform(0.05, 1.0, (T, 2))
+mshare = np.ones((T, L)); mshare[:, 1::2] = share
+write("mod", ["model.mod_every = 2", "model.mod_capacity = 0.125", "mod.routing = causal"],
+      1 + 2 * mshare + 0.5 * mshare ** 2, {"/mod/tokens": (512 * share).astype(np.float32)})
+E = 8
+routed = rng.integers(50, 400, (T, L * E)).astype(np.int32)
+dropped = (routed * rng.uniform(0, 0.3, (T, L * E))).astype(np.int32)
+kept = (routed - dropped).reshape(T, L, 2, E // 2).sum(3)
+load = kept.max(2) * 2 / routed.reshape(T, L, E).sum(2)
+write("moe", ["model.moe_every = 1", "model.experts = 8", "model.top_k = 2", "parallel.dp = 2",
+              "parallel.ep = 2"], 1 + 2 * load, {"/moe/tokens": routed, "/moe/dropped": dropped})
+PY
+for scheme in mod moe; do
+  "$DYNMO" simulate --from-run "$work/$scheme" --policies static-uniform >"$work/$scheme.out" 2>&1 ||
+    fail "synthetic $scheme log: exit $? ($(tail -1 "$work/$scheme.out"))"
+done
+want="model: a full block 3.500 + 7.000 ms a micro-batch, 0.100 ms update; embedding 0.000 + 0.000, head 0.000 + 0.000; at 10% of the tokens, 90% sparsity, a quarter of the tiles: 1.205 + 2.410"
+if grep -qxF "$want" "$work/mod.out" && grep -q "states: mod_tokens$" "$work/mod.out"; then
+  echo "ok: the fit recovers MoD's dependence on tokens processed"
+else fail "MoD fit: $(grep -E 'model:|states' "$work/mod.out"), want: $want"; fi
+want="model: a full block 3.000 + 6.000 ms a micro-batch, 0.100 ms update; embedding 0.000 + 0.000, head 0.000 + 0.000; at 10% of the tokens, 90% sparsity, a quarter of the tiles, the busiest expert rank 1.5x the mean: 4.000 + 8.000"
+if grep -qxF "$want" "$work/moe.out" && grep -q "states: moe_load$" "$work/moe.out"; then
+  echo "ok: the fit recovers MoE's dependence on the busiest expert rank"
+else fail "MoE fit: $(grep -E 'model:|states' "$work/moe.out"), want: $want"; fi
+# Mapped onto 8 blocks, MoD blocks stay every second one (1, 3, 5, 7).
+"$DYNMO" simulate --from-run "$work/mod" --blocks 8 --policies static-uniform --out "$work/mod8" \
+  >"$work/mod8.out" 2>&1 || fail "MoD on 8 blocks: exit $? ($(tail -1 "$work/mod8.out"))"
+/usr/bin/python3 - "$work/mod8/static-uniform.h5" <<'PY' || fail "MoD on 8 blocks: the pattern"
+import sys, h5py, numpy as np
+share = h5py.File(sys.argv[1], "r")["/layers/mod_tokens_share"][:]
+assert share.shape == (30, 8), share.shape
+assert np.all(share[:, 0::2] == 1) and np.all(share[:, 1::2] < 1), share[:3]
+print("ok: MoD on 8 blocks: blocks 1, 3, 5, 7 process %.2f-%.2f of the tokens, the others all"
+      % (share[:, 1::2].min(), share[:, 1::2].max()))
+PY
 
 # ---- output: files of kind simulation, deterministic ----------------------
 for k in 1 2; do
@@ -204,6 +293,18 @@ expect_error "a scenario with a missing block" "step 20 has no row for block 3" 
 expect_error "a scenario state the run cannot price" "sets active, but .* has no active" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --scenario <(printf 'step,block,active\n1,0,0.5\n1,1,1\n') \
   --stages 1 --out "$work/bad4"
+expect_error "a scenario MoD share over 1" "mod_tokens '1.5' is not a number in \[0, 1\]" \
+  "$DYNMO" simulate --from-run "$work/mod" --scenario <(printf 'step,block,mod_tokens\n1,0,1\n1,1,1.5\n') \
+  --stages 1 --out "$work/bad6"
+expect_error "a negative scenario MoE load" "moe_load '-0.5' is not a number in \[0, 1024\]" \
+  "$DYNMO" simulate --from-run "$work/moe" --scenario <(printf 'step,block,moe_load\n1,0,-0.5\n1,1,1\n') \
+  --stages 1 --out "$work/bad7"
+expect_error "a scenario MoD share the run cannot price" "sets mod_tokens, but .* has no mod_tokens" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --scenario <(printf 'step,block,mod_tokens\n1,0,0.5\n1,1,1\n') \
+  --stages 1 --out "$work/bad8"
+expect_error "a scenario MoE load the run cannot price" "sets moe_load, but .* has no moe_load" \
+  "$DYNMO" simulate --from-run "$work/mod" --scenario <(printf 'step,block,moe_load\n1,0,1.2\n1,1,1\n') \
+  --stages 1 --out "$work/bad9"
 mkdir "$work/taken" && echo keep >"$work/taken/notes.txt"
 expect_error "an --out holding other files" "holds notes.txt" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --out "$work/taken"
@@ -211,7 +312,7 @@ expect_error "too many block-steps" "1000000 steps x 100 blocks is too large to 
   "$DYNMO" simulate --from-run $data/freeze-2-static --steps 1000000 --blocks 100 --out "$work/bad5"
 expect_error "an unknown policy" "'fastest' is not a policy" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --policies fastest
-for k in 1 2 3 4 5; do [ -e "$work/bad$k" ] && fail "bad input $k left $work/bad$k"; done
+for k in 1 2 3 4 5 6 7 8 9; do [ -e "$work/bad$k" ] && fail "bad input $k left $work/bad$k"; done
 [ "$(cat "$work/taken/notes.txt")" = keep ] && [ "$(ls "$work/taken")" = notes.txt ] ||
   fail "the refused --out was changed"
 leftovers=$(ls -a "$work" | grep -c '\.tmp-')

@@ -45,7 +45,8 @@ static void usage(FILE *out)
         "  --from-run RUN_DIR    the run log whose costs are fitted (and whose\n"
         "                        trajectory drives the simulation)\n"
         "  --scenario FILE.csv   the trajectory from a file instead: header\n"
-        "                        step,block and any of active,sparsity,frozen,tiles\n"
+        "                        step,block and any of active,sparsity,frozen,tiles,\n"
+        "                        mod_tokens,moe_load\n"
         "  --blocks N            transformer blocks (default: the run's; the run's\n"
         "                        trajectory is mapped by relative depth)\n"
         "  --stages S            pipeline stages (default: the run's)\n"
@@ -203,11 +204,10 @@ static void make_trajectory(struct sim_trajectory *traj, const struct simulate_a
     if (a->blocks && a->blocks != traj->blocks)
         dm_user_error("simulate: --blocks %d, but the scenario %s lists %d blocks", a->blocks,
                       a->scenario, traj->blocks);
-    static const float neutral[SIM_STATE_COUNT] = {1, 0, 0, 1};
     for (int k = 0; k < SIM_STATE_COUNT; k++) {
         if (!traj->present[k] || k == SIM_FROZEN || model->uses[k]) continue;
         for (long i = 0; i < (long)traj->steps * traj->blocks; i++)
-            if (traj->value[k][i] != neutral[k])
+            if (traj->value[k][i] != sim_state_neutral(k))
                 dm_user_error("simulate: the scenario %s sets %s, but %s has no %s that varies "
                               "to fit its cost to", a->scenario, sim_state_name(k), run->path,
                               sim_state_name(k));
@@ -270,23 +270,27 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
 }
 
 /* The fitted model of a training block at its extremes: forward and
- * backward ms per micro-batch, update ms, with every token and dense, and
- * at the fewest tokens and the most sparsity the fit saw varying. */
+ * backward ms per micro-batch, update ms, with every token and dense (an
+ * MoE block evenly loaded), and at 10% of the tokens (early exit, MoD),
+ * 90% sparsity, a quarter of the tiles and the busiest expert rank at
+ * 1.5x the mean. */
 static size_t describe_model(char *text, size_t size, const struct sim_model *model, float csr)
 {
-    static const float full[SIM_STATE_COUNT] = {1, 0, 0, 1};
-    float low[SIM_STATE_COUNT] = {0.1f, 0.9f, 0, 0.25f};
+    float full[SIM_STATE_COUNT] = {1, 0, 0, 1, 1, model->uses[SIM_MOE_LOAD] ? 1 : 0};
+    float low[SIM_STATE_COUNT] = {0.1f, 0.9f, 0, 0.25f, 0.1f, 1.5f};
     double f, b, u, lf, lb, lu;
     sim_model_block(model, full, csr, &f, &b, &u);
     sim_model_block(model, low, csr, &lf, &lb, &lu);
-    int varied = model->uses[SIM_ACTIVE] || model->uses[SIM_SPARSITY] || model->uses[SIM_TILES];
+    int varied = 0;
+    for (int k = 0; k < SIM_STATE_COUNT; k++) varied |= k != SIM_FROZEN && model->uses[k];
     int n = snprintf(text, size, "model: a full block %.3f + %.3f ms a micro-batch, %.3f ms "
                      "update; embedding %.3f + %.3f, head %.3f + %.3f", f, b, u,
                      model->embed.fwd_ms, model->embed.bwd_ms, model->head.fwd_ms,
                      model->head.bwd_ms);
     if (varied && n >= 0 && (size_t)n < size)
         n += snprintf(text + n, size - (size_t)n, "; at 10%% of the tokens, 90%% sparsity, a "
-                      "quarter of the tiles: %.3f + %.3f", lf, lb);
+                      "quarter of the tiles%s: %.3f + %.3f", model->uses[SIM_MOE_LOAD] ?
+                      ", the busiest expert rank 1.5x the mean" : "", lf, lb);
     if (n >= 0 && (size_t)n < size) n += snprintf(text + n, size - (size_t)n, "\n");
     return n < 0 ? 0 : (size_t)n < size ? (size_t)n : size - 1;
 }
@@ -505,7 +509,7 @@ static double without_dynamism(const struct sim_setup *setup)
     for (int k = 0; k < SIM_STATE_COUNT; k++) any |= setup->traj->present[k];
     if (!any) return NAN;
     struct sim_trajectory neutral;
-    sim_trajectory_neutral(&neutral, setup->traj->blocks, setup->traj->steps);
+    sim_trajectory_neutral(&neutral, setup->traj);
     struct sim_setup dense = *setup;
     dense.traj = &neutral;
     struct sim_policy policy = {"static-uniform", SIM_STATIC_UNIFORM, NULL};

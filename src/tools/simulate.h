@@ -26,18 +26,28 @@ enum sim_state {
     SIM_SPARSITY,     /* pruned share of its matrices (pruning; 0 otherwise) */
     SIM_FROZEN,       /* 1 when frozen (freezing, prefix-only; 0 otherwise) */
     SIM_TILES,        /* attention tiles visited, as a share of the run's most (hash) */
+    SIM_MOD_TOKENS,   /* share of the micro-batch's tokens a MoD block processes (1 otherwise) */
+    SIM_MOE_LOAD,     /* an MoE block's busiest expert rank: its kept pairs over the mean
+                       * rank's share of the block's routed pairs (0: no experts) */
     SIM_STATE_COUNT,
 };
 
 const char *sim_state_name(int state);
+/* The value a block has when the state does not vary: active 1, sparsity
+ * 0, frozen 0, tiles 1, MoD tokens 1, MoE load 0 (no experts). */
+float sim_state_neutral(int state);
 
 /* The state of every block at every step: value[state][step * blocks + block].
  * present[state] says which the source has (the others hold their neutral
- * values: active 1, sparsity 0, frozen 0, tiles 1). */
+ * values, sim_state_neutral). every[state] > 1: only blocks l with
+ * (l + 1) % every == 0 carry the state (MoD and MoE blocks of a run with
+ * model.mod_every or moe_every), the others hold their neutral value, and
+ * a mapping onto another depth keeps that pattern. */
 struct sim_trajectory {
     int steps, blocks;
     float *value[SIM_STATE_COUNT];
     int present[SIM_STATE_COUNT];
+    int every[SIM_STATE_COUNT];
 };
 
 void sim_trajectory_free(struct sim_trajectory *t);
@@ -45,11 +55,15 @@ void sim_trajectory_free(struct sim_trajectory *t);
  * simulation holds: about 100 bytes each over the trajectory and seven
  * policies' results. */
 #define SIM_MAX_CELLS 10000000L
+/* A scenario's largest moe_load: the busiest of ep ranks holds at most ep
+ * times the mean, and ep is at most the experts. */
+#define SIM_MAX_MOE_LOAD 1024.0
 /* A user error when steps x units exceeds SIM_MAX_CELLS. */
 void sim_check_size(long steps, long units);
-/* Every block in its neutral state at every step: the model without its
- * dynamism (all tokens, dense, none frozen, every tile). */
-void sim_trajectory_neutral(struct sim_trajectory *t, int blocks, int steps);
+/* The model without its dynamism: src's blocks at every step in their
+ * neutral state (all tokens, dense, none frozen, every tile), except that
+ * an MoE block (load > 0) keeps its experts, evenly loaded (load 1). */
+void sim_trajectory_neutral(struct sim_trajectory *t, const struct sim_trajectory *src);
 
 /* ---- what the run log gives --------------------------------------------- */
 
@@ -81,7 +95,7 @@ void sim_run_free(struct sim_run *run);
 
 /* ---- the cost model ----------------------------------------------------- */
 
-#define SIM_FEATURES 6
+#define SIM_FEATURES 9
 enum { SIM_FWD = 0, SIM_BWD, SIM_UPDATE, SIM_DIRECTIONS };
 
 /* Per direction (forward and backward per micro-batch, update once a
@@ -114,7 +128,7 @@ void sim_trajectory_map(struct sim_trajectory *out, const struct sim_trajectory 
                         int blocks, int steps);
 
 /* Reads a scenario (docs/simulate.md): a CSV with header step,block and
- * one or more of active, sparsity, frozen, tiles; every listed step lists
+ * one or more of active, sparsity, frozen, tiles, mod_tokens, moe_load; every listed step lists
  * every block once; a step's states hold until the next listed step. The
  * trajectory covers `steps` steps (0: through the last listed step). Bad
  * input is a user error naming the file and line. */

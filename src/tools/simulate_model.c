@@ -18,12 +18,17 @@
 #include "tools/simulate.h"
 
 static const char *const state_names[SIM_STATE_COUNT] = {"active", "sparsity", "frozen",
-                                                         "tiles"};
-static const float state_neutral[SIM_STATE_COUNT] = {1.0f, 0.0f, 0.0f, 1.0f};
+                                                         "tiles", "mod_tokens", "moe_load"};
+static const float state_neutral[SIM_STATE_COUNT] = {1.0f, 0.0f, 0.0f, 1.0f, 1.0f, 0.0f};
 
 const char *sim_state_name(int state)
 {
     return state >= 0 && state < SIM_STATE_COUNT ? state_names[state] : "?";
+}
+
+float sim_state_neutral(int state)
+{
+    return state_neutral[state];
 }
 
 static void trajectory_alloc(struct sim_trajectory *t, int steps, int blocks)
@@ -45,9 +50,11 @@ void sim_check_size(long steps, long units)
                       "%ld block-steps)", steps, units, SIM_MAX_CELLS);
 }
 
-void sim_trajectory_neutral(struct sim_trajectory *t, int blocks, int steps)
+void sim_trajectory_neutral(struct sim_trajectory *t, const struct sim_trajectory *src)
 {
-    trajectory_alloc(t, steps, blocks);
+    trajectory_alloc(t, src->steps, src->blocks);
+    for (long i = 0; i < (long)src->steps * src->blocks; i++)
+        t->value[SIM_MOE_LOAD][i] = src->value[SIM_MOE_LOAD][i] > 0 ? 1.0f : 0.0f;
 }
 
 void sim_trajectory_free(struct sim_trajectory *t)
@@ -144,23 +151,99 @@ static void read_layouts(struct sim_run *run, long rows)
                       run->path, got, rows);
 }
 
+/* Each MoD block's share of the step's tokens (/mod/tokens counts them
+ * over the micro-batches and replicas, against batch x seq), the other
+ * blocks 1; a validation pass counts into the next step, so the share is
+ * capped at 1. NULL without MoD blocks. */
+static float *mod_shares(const struct sim_run *run, const struct runlog_dataset_info *infos,
+                         int n, long rows)
+{
+    int L = run->layers, every = run->cfg.mod_every, blocks = every > 0 ? L / every : 0;
+    if (!blocks || !has_dataset(infos, n, RUNLOG_MOD_TOKENS)) return NULL;
+    float *tokens = read_blocks(run, infos, n, RUNLOG_MOD_TOKENS, rows, blocks, 0);
+    float *m = dm_alloc((size_t)rows * L * sizeof(float));
+    double per_step = (double)run->cfg.batch * run->cfg.seq;
+    for (long r = 0; r < rows; r++)
+        for (int l = 0; l < L; l++) {
+            float share = 1.0f;
+            if ((l + 1) % every == 0) share = (float)fmin(1.0, tokens[r * blocks + l / every] / per_step);
+            m[r * L + l] = share;
+        }
+    dm_free(tokens);
+    return m;
+}
+
+/* An MoE block's busiest expert rank over the step: expert e is on rank
+ * e / (E / ep) of its group (docs/moe.md), a rank's load is the pairs its
+ * experts kept (routed - dropped), and the state is the busiest rank's
+ * over routed / ep (with ep = 1 the kept share; dropless, busiest over
+ * mean). Dense blocks 0. NULL without MoE blocks. */
+static float *moe_loads(const struct sim_run *run, const struct runlog_dataset_info *infos,
+                        int n, long rows)
+{
+    char err[1024];
+    int L = run->layers, every = run->cfg.moe_every, E = run->cfg.experts;
+    int blocks = every > 0 ? L / every : 0, ep = run->cfg.ep > 0 ? run->cfg.ep : 1, cols = 0;
+    if (!blocks || E <= 0 || !has_dataset(infos, n, RUNLOG_MOE_TOKENS)) return NULL;
+    int *routed = NULL, *dropped = NULL;
+    long got = runlog_read_int_matrix(run->path, RUNLOG_MOE_TOKENS, &routed, &cols, err, sizeof err);
+    if (got < 0) dm_user_error("simulate: %s", err);
+    if (got < rows || cols != blocks * E)
+        dm_user_error("simulate: %s: %s has %ld rows of %d, expected %ld of %d", run->path,
+                      RUNLOG_MOE_TOKENS, got, cols, rows, blocks * E);
+    if (has_dataset(infos, n, RUNLOG_MOE_DROPPED) &&
+        (runlog_read_int_matrix(run->path, RUNLOG_MOE_DROPPED, &dropped, &cols, err, sizeof err) < rows ||
+         cols != blocks * E))
+        dm_user_error("simulate: %s: %s does not match %s", run->path, RUNLOG_MOE_DROPPED,
+                      RUNLOG_MOE_TOKENS);
+    float *m = dm_alloc((size_t)rows * L * sizeof(float));
+    for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
+    for (long r = 0; r < rows; r++)
+        for (int j = 0; j < blocks; j++) {
+            const int *c = routed + r * cols + (long)j * E;
+            const int *d = dropped ? dropped + r * cols + (long)j * E : NULL;
+            double total = 0, busiest = 0, rank = 0;
+            for (int e = 0; e < E; e++) {
+                total += c[e];
+                rank += c[e] - (d ? d[e] : 0);
+                if ((e + 1) % (E / ep) == 0) { busiest = fmax(busiest, rank); rank = 0; }
+            }
+            m[r * L + (long)(j + 1) * every - 1] = total > 0 ? (float)(busiest * ep / total) : 1.0f;
+        }
+    dm_free(routed);
+    dm_free(dropped);
+    return m;
+}
+
+/* One state's (rows, layers) matrix as the log records it, or NULL. */
+static float *state_matrix(struct sim_run *run, const struct runlog_dataset_info *infos, int n,
+                           long rows, int k)
+{
+    static const char *const names[SIM_STATE_COUNT] = {RUNLOG_LAYER_ACTIVE,
+        RUNLOG_LAYER_SPARSITY, NULL, RUNLOG_HASH_TILES, NULL, NULL};
+    int L = run->layers;
+    if (names[k]) return read_blocks(run, infos, n, names[k], rows, L, 0);
+    if (k == SIM_MOD_TOKENS) return mod_shares(run, infos, n, rows);
+    if (k == SIM_MOE_LOAD) return moe_loads(run, infos, n, rows);
+    if (strcmp(run->cfg.dyn_kind, "freeze") || !run->update) return NULL;
+    float *m = dm_alloc((size_t)rows * L * sizeof(float));
+    for (long i = 0; i < rows * L; i++) m[i] = run->update[i] == 0.0f;
+    return m;
+}
+
 /* The block states the log records: /layers/active, /layers/sparsity,
- * /hash/tiles (as a share of the largest), and frozen blocks (freeze runs:
- * those that did no update). */
+ * /hash/tiles (as a share of the largest), frozen blocks (freeze runs:
+ * those that did no update), MoD blocks' token shares and MoE blocks'
+ * busiest expert rank. */
 static void read_states(struct sim_run *run, const struct runlog_dataset_info *infos, int n,
                         long rows, const long *keep, int count)
 {
-    static const char *const names[SIM_STATE_COUNT] = {RUNLOG_LAYER_ACTIVE,
-        RUNLOG_LAYER_SPARSITY, NULL, RUNLOG_HASH_TILES};
     int L = run->layers;
     trajectory_alloc(&run->state, count, L);
+    run->state.every[SIM_MOD_TOKENS] = run->cfg.mod_every;
+    run->state.every[SIM_MOE_LOAD] = run->cfg.moe_every;
     for (int k = 0; k < SIM_STATE_COUNT; k++) {
-        float *m = NULL;
-        if (names[k]) m = read_blocks(run, infos, n, names[k], rows, L, 0);
-        else if (!strcmp(run->cfg.dyn_kind, "freeze") && run->update) {
-            m = dm_alloc((size_t)rows * L * sizeof(float));
-            for (long i = 0; i < rows * L; i++) m[i] = run->update[i] == 0.0f;
-        }
+        float *m = state_matrix(run, infos, n, rows, k);
         if (!m) continue;
         keep_rows(m, L, keep, count);
         float most = 0;
@@ -280,7 +363,7 @@ void sim_run_free(struct sim_run *run)
 
 /* The features of a block in `state` (SIM_STATE_COUNT values), those the
  * fit does not use zero: 1, active, active^2, in CSR, in CSR x density,
- * tiles. */
+ * tiles, MoD tokens, MoD tokens^2, MoE load. */
 static void features(double *phi, const float *state, float csr, const int *uses)
 {
     double a = state[SIM_ACTIVE], s = state[SIM_SPARSITY];
@@ -291,6 +374,10 @@ static void features(double *phi, const float *state, float csr, const int *uses
     phi[3] = in_csr;
     phi[4] = in_csr * (1.0 - s);
     phi[5] = uses[SIM_TILES] ? state[SIM_TILES] : 0.0;
+    double m = uses[SIM_MOD_TOKENS] ? state[SIM_MOD_TOKENS] : 0.0;
+    phi[6] = m;
+    phi[7] = m * m;
+    phi[8] = uses[SIM_MOE_LOAD] ? state[SIM_MOE_LOAD] : 0.0;
 }
 
 /* Solves (A + ridge) x = b for a symmetric SIM_FEATURES x SIM_FEATURES A by
@@ -472,21 +559,36 @@ void sim_model_block(const struct sim_model *model, const float *state, float cs
 
 /* ---- trajectories --------------------------------------------------------- */
 
+/* The state of block j of `blocks` at its relative depth in one step's
+ * row of the source (L blocks), interpolated between the two nearest
+ * blocks that carry it (every `every`-th, or all); a block that does not
+ * carry it gets `neutral`. */
+static double at_depth(const float *row, int L, int every, int j, int blocks, float neutral)
+{
+    int p = every > 1 ? every : 1, carriers = L / p, target = blocks / p;
+    if ((j + 1) % p || !carriers || !target) return neutral;
+    double x = (((j + 1) / p - 1 + 0.5) / target) * carriers - 0.5;
+    int lo = x <= 0 ? 0 : (int)floor(x), hi = lo + 1 < carriers ? lo + 1 : carriers - 1;
+    if (lo > carriers - 1) lo = carriers - 1;
+    double w = x <= 0 ? 0.0 : x - lo;
+    return (1 - w) * row[(lo + 1) * p - 1] + w * row[(hi + 1) * p - 1];
+}
+
 void sim_trajectory_map(struct sim_trajectory *out, const struct sim_trajectory *src,
                         int blocks, int steps)
 {
     trajectory_alloc(out, steps, blocks);
     int L = src->blocks;
-    for (int k = 0; k < SIM_STATE_COUNT; k++) out->present[k] = src->present[k];
+    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+        out->present[k] = src->present[k];
+        out->every[k] = src->every[k];
+    }
     for (int t = 0; t < steps; t++) {
         long from = (long)((double)t * src->steps / steps) * L;
         for (int j = 0; j < blocks; j++) {
-            double x = ((j + 0.5) / blocks) * L - 0.5;
-            int lo = x <= 0 ? 0 : (int)floor(x), hi = lo + 1 < L ? lo + 1 : L - 1;
-            double w = x <= 0 ? 0.0 : x - lo;
             for (int k = 0; k < SIM_STATE_COUNT; k++) {
-                const float *v = src->value[k] + from;
-                double value = (1 - w) * v[lo] + w * v[hi];
+                double value = at_depth(src->value[k] + from, L, src->every[k], j, blocks,
+                                        state_neutral[k]);
                 if (k == SIM_FROZEN)   /* frozen blocks stay a prefix */
                     value = value >= 0.5 && (j == 0 || out->value[k][(long)t * blocks + j - 1]);
                 out->value[k][(long)t * blocks + j] = (float)value;
@@ -507,7 +609,7 @@ static int scenario_header(const char *path, char *line, int *column, int *count
             if (!strcmp(field, state_names[k])) c = k;
         if (c == -3)
             dm_user_error("simulate: %s:1: unknown column '%s' (step, block, active, "
-                          "sparsity, frozen, tiles)", path, field);
+                          "sparsity, frozen, tiles, mod_tokens, moe_load)", path, field);
         if (*count >= 2 + SIM_STATE_COUNT)
             dm_user_error("simulate: %s:1: too many columns", path);
         have_step |= c == -2;
@@ -517,7 +619,7 @@ static int scenario_header(const char *path, char *line, int *column, int *count
     }
     if (!have_step || !have_block || !states)
         dm_user_error("simulate: %s:1: the header must name step, block and at least one of "
-                      "active, sparsity, frozen, tiles", path);
+                      "active, sparsity, frozen, tiles, mod_tokens, moe_load", path);
     return 0;
 }
 
@@ -549,7 +651,7 @@ static long scenario_rows(const char *path, struct scenario_row **rows, int *pre
     size_t cap = 0;
     long count = 0, capacity = 0, number = 0;
     int column[2 + SIM_STATE_COUNT], columns = 0;
-    static const double hi[SIM_STATE_COUNT] = {1, 0.999999, 1, 1};
+    static const double hi[SIM_STATE_COUNT] = {1, 0.999999, 1, 1, 1, SIM_MAX_MOE_LOAD};
     while (getline(&line, &cap, f) > 0) {
         number++;
         if (line[0] == '#' || line[strspn(line, " \r\n")] == '\0') continue;
