@@ -31,7 +31,7 @@ if [[ " ${SCHEMES:-freeze early_exit prune} " == *" prune "* && ! -e "$out/prune
 fi
 for ranks in ${RANKS:-2 4}; do
   for scheme in ${SCHEMES:-freeze early_exit prune}; do
-    grid=(parallel.pp="$ranks")
+    grid=(parallel.pp="$ranks" parallel.dp=1)   # one stage a rank (configs/hash.ini has dp=2)
     if [ $scheme = moe ]; then
       [ "$ranks" = 4 ] || continue   # configs/moe.ini's grid: 2 stages x 2 replicas
       grid=()
