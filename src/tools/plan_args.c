@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/core.h"
+#include "tools/args.h"
 #include "tools/plan.h"
 
 static void usage(FILE *out)
@@ -62,23 +63,12 @@ static void usage(FILE *out)
 
 static long parse_long(const char *arg, const char *text, long min, long max)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (end == text || *end || errno || v < min || v > max)
-        dm_user_error("%s: '%s' is not a whole number in [%ld, %ld]", arg, text,
-                      min, max);
-    return v;
+    return tool_parse_long("", arg, text, min, max);
 }
 
 static double parse_double(const char *arg, const char *text, double min)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (end == text || *end || errno || !isfinite(v) || v < min)
-        dm_user_error("%s: '%s' is not a number >= %g", arg, text, min);
-    return v;
+    return tool_parse_double("", arg, text, min);
 }
 
 static int64_t parse_bytes(const char *arg, const char *text)

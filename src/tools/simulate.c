@@ -23,6 +23,7 @@
 #include "dynmo/ckpt.h"
 #include "dynmo/model.h"
 #include "dynmo/tools.h"
+#include "tools/args.h"
 #include "tools/simulate.h"
 
 #define SUMMARY_BYTES 16384
@@ -77,23 +78,12 @@ static void usage(FILE *out)
 
 static long parse_long(const char *arg, const char *text, long min, long max)
 {
-    char *end;
-    errno = 0;
-    long v = strtol(text, &end, 10);
-    if (end == text || *end || errno || v < min || v > max)
-        dm_user_error("simulate: %s: '%s' is not a whole number in [%ld, %ld]", arg, text,
-                      min, max);
-    return v;
+    return tool_parse_long("simulate: ", arg, text, min, max);
 }
 
 static double parse_double(const char *arg, const char *text, double min)
 {
-    char *end;
-    errno = 0;
-    double v = strtod(text, &end);
-    if (end == text || *end || errno || !isfinite(v) || v < min)
-        dm_user_error("simulate: %s: '%s' is not a number >= %g", arg, text, min);
-    return v;
+    return tool_parse_double("simulate: ", arg, text, min);
 }
 
 /* The value of option argv[*i], which must have one. */
