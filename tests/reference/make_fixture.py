@@ -241,18 +241,10 @@ def build_fixture():
     return arrays, losses
 
 
-def write_fixture(path, arrays):
+def write_records(path, header, arrays):
+    """Writes header then each (name, dtype, tensor) record to path, atomically."""
     formats = {DTYPE_FLOAT32: ("<f4", torch.float32), DTYPE_INT32: ("<i4", torch.int32),
                DTYPE_FLOAT64: ("<f8", torch.float64)}
-    header = MAGIC + struct.pack("<I", VERSION)
-    header += struct.pack("<9i", *(CONFIG[k] for k in
-                                   ("vocab", "max_seq", "layers", "heads", "channels",
-                                    "batch", "seq", "steps", "warmup")))
-    header += struct.pack("<7d", *(HYPER[k] for k in
-                                   ("lr", "min_lr_ratio", "beta1", "beta2", "eps",
-                                    "weight_decay", "grad_clip")))
-    header += struct.pack("<I", len(arrays))
-    assert len(header) == 108
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
         f.write(header)
@@ -264,6 +256,19 @@ def write_fixture(path, arrays):
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+def write_fixture(path, arrays):
+    header = MAGIC + struct.pack("<I", VERSION)
+    header += struct.pack("<9i", *(CONFIG[k] for k in
+                                   ("vocab", "max_seq", "layers", "heads", "channels",
+                                    "batch", "seq", "steps", "warmup")))
+    header += struct.pack("<7d", *(HYPER[k] for k in
+                                   ("lr", "min_lr_ratio", "beta1", "beta2", "eps",
+                                    "weight_decay", "grad_clip")))
+    header += struct.pack("<I", len(arrays))
+    assert len(header) == 108
+    write_records(path, header, arrays)
 
 
 def main():

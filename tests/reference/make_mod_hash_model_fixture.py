@@ -58,7 +58,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from make_fixture import flat, init_weights, lr_at_step
+from make_fixture import flat, init_weights, lr_at_step, write_records
 
 MAGIC = b"DMREF003"
 VERSION = 3
@@ -319,8 +319,6 @@ def build_fixture(case, seed):
 
 
 def write_fixture(path, arrays, case, seed):
-    formats = {DTYPE_FLOAT32: ("<f4", torch.float32), DTYPE_INT32: ("<i4", torch.int32),
-               DTYPE_FLOAT64: ("<f8", torch.float64)}
     header = MAGIC + struct.pack("<I", VERSION)
     header += struct.pack("<9i", *(CONFIG[k] for k in
                                    ("vocab", "max_seq", "layers", "heads", "channels",
@@ -332,17 +330,7 @@ def write_fixture(path, arrays, case, seed):
     header += struct.pack("<4i", case["mod_every"], case["mod_routing"], case["hash_buckets"], 0)
     header += struct.pack("<dQ", case["mod_capacity"], seed)
     header += struct.pack("<I", len(arrays))
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(header)
-        for name, dtype, data in arrays:
-            numpy_format, torch_type = formats[dtype]
-            values = data.to(torch_type).contiguous().numpy().astype(numpy_format)
-            f.write(struct.pack("<16sIi", name.encode("ascii"), dtype, values.size))
-            f.write(values.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_records(path, header, arrays)
 
 
 def main():

@@ -81,7 +81,7 @@ import torch.nn.functional as F
 
 # The dense model's attention, the learning-rate schedule, the init and the
 # flattening are make_fixture.py's: one definition of each.
-from make_fixture import CausalSelfAttention, flat, init_weights, lr_at_step
+from make_fixture import CausalSelfAttention, flat, init_weights, lr_at_step, write_records
 
 MAGIC = b"DMREF002"
 VERSION = 2
@@ -330,8 +330,6 @@ def build_fixture(case):
 
 
 def write_fixture(path, arrays, case):
-    formats = {DTYPE_FLOAT32: ("<f4", torch.float32), DTYPE_INT32: ("<i4", torch.int32),
-               DTYPE_FLOAT64: ("<f8", torch.float64)}
     header = MAGIC + struct.pack("<I", VERSION)
     header += struct.pack("<9i", *(CONFIG[k] for k in
                                    ("vocab", "max_seq", "layers", "heads", "channels",
@@ -345,17 +343,7 @@ def write_fixture(path, arrays, case):
     header += struct.pack("<4d", case["capacity_factor"], case["aux_loss"], case["z_loss"],
                           case["bias_rate"])
     header += struct.pack("<I", len(arrays))
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(header)
-        for name, dtype, data in arrays:
-            numpy_format, torch_type = formats[dtype]
-            values = data.to(torch_type).contiguous().numpy().astype(numpy_format)
-            f.write(struct.pack("<16sIi", name.encode("ascii"), dtype, values.size))
-            f.write(values.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_records(path, header, arrays)
 
 
 def main():
