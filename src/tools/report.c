@@ -19,10 +19,10 @@
 #include <unistd.h>
 #include "dynmo/core.h"
 #include "dynmo/tools.h"
+#include "tools/out_dir.h"
 #include "tools/report.h"
 
 #define PATH_BYTES 4096
-#define OUT_MAX_BYTES 3800   /* leaves room for the temporary names beside DIR */
 
 struct report_args {
     const char **runlogs;
@@ -32,10 +32,6 @@ struct report_args {
     int timeline[2];
     int timeline_count;
 };
-
-/* The temporary directory being written, removed if the process exits
- * before it is renamed into place (a user error, an internal one). */
-static char pending_dir[PATH_BYTES + 256];
 
 static void usage(FILE *out)
 {
@@ -119,24 +115,6 @@ static void parse_args(struct report_args *a, int argc, char **argv)
 
 /* ---- the output directory ---------------------------------------------------- */
 
-/* Splits DIR (trailing slashes dropped) into its parent and last name. */
-static void split_out(const char *out, char *parent, char *base)
-{
-    char path[PATH_BYTES];
-    if (strlen(out) > OUT_MAX_BYTES) dm_user_error("report: --out '%s' is too long", out);
-    snprintf(path, sizeof path, "%s", out);
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
-    char *slash = strrchr(path, '/');
-    snprintf(base, PATH_BYTES, "%s", slash ? slash + 1 : path);
-    if (!slash) snprintf(parent, PATH_BYTES, ".");
-    else if (slash == path) snprintf(parent, PATH_BYTES, "/");
-    else snprintf(parent, PATH_BYTES, "%.*s", (int)(slash - path), path);
-    if (!base[0] || !strcmp(base, ".") || !strcmp(base, ".."))
-        dm_user_error("report: --out '%s' must name a directory to create or replace, "
-                      "not . or .. or /", out);
-}
-
 static int is_report_file(const char *name)
 {
     size_t n = strlen(name);
@@ -144,56 +122,8 @@ static int is_report_file(const char *name)
                                                      !strcmp(name + n - 4, ".png")));
 }
 
-/* Whether DIR exists; a DIR that is not a directory, or holds anything a
- * report does not write, is a user error. */
-static int check_existing_out(const char *out)
-{
-    struct stat st;
-    if (stat(out, &st) != 0) {
-        if (errno == ENOENT) return 0;
-        dm_user_error("report: cannot write the report to %s: %s", out, strerror(errno));
-    }
-    if (!S_ISDIR(st.st_mode))
-        dm_user_error("report: --out %s exists and is not a directory", out);
-    DIR *dir = opendir(out);
-    if (!dir) dm_user_error("report: cannot read the directory %s: %s", out, strerror(errno));
-    for (struct dirent *e; (e = readdir(dir));) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char path[PATH_BYTES];
-        snprintf(path, sizeof path, "%s/%s", out, e->d_name);
-        if (!is_report_file(e->d_name) || lstat(path, &st) != 0 || !S_ISREG(st.st_mode)) {
-            char name[256];
-            snprintf(name, sizeof name, "%s", e->d_name);   /* closedir frees e */
-            closedir(dir);
-            dm_user_error("report: --out %s holds %s, which a report does not write: choose "
-                          "another directory, or empty this one", out, name);
-        }
-    }
-    closedir(dir);
-    return 1;
-}
-
-/* Removes a directory of plain files (ours: a report, or one being written). */
-static void remove_flat_dir(const char *path)
-{
-    DIR *dir = opendir(path);
-    if (dir) {
-        for (struct dirent *e; (e = readdir(dir));) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char file[PATH_BYTES];
-            snprintf(file, sizeof file, "%s/%s", path, e->d_name);
-            unlink(file);
-        }
-        closedir(dir);
-    }
-    rmdir(path);
-}
-
-static void remove_pending(void)
-{
-    if (pending_dir[0]) remove_flat_dir(pending_dir);
-    pending_dir[0] = '\0';
-}
+#define REPORT_OUT_DIR {.tool = "report", .what = "the report", .writer = "a report", \
+                        .is_ours = is_report_file}
 
 static void write_file(const char *dir, const char *name, const void *data, size_t size,
                        const char *out)
@@ -201,18 +131,8 @@ static void write_file(const char *dir, const char *name, const void *data, size
     char path[PATH_BYTES];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     int fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0666);
-    const char *p = data;
-    size_t left = size;
-    while (fd >= 0 && left > 0) {
-        ssize_t n = write(fd, p, left);
-        if (n < 0 && errno == EINTR) continue;
-        if (n <= 0) break;
-        p += n;
-        left -= (size_t)n;
-    }
-    int saved = errno;
-    int ok = fd >= 0 && left == 0 && fsync(fd) == 0;
-    if (!ok) saved = errno;
+    int ok = fd >= 0 && dm_write_all(fd, data, size) == 0 && fsync(fd) == 0;
+    int saved = ok ? 0 : errno;
     if (fd >= 0 && close(fd) != 0 && ok) ok = 0, saved = errno;
     if (!ok)
         dm_user_error("report: cannot write the report to %s: writing %s: %s", out, name,
@@ -223,45 +143,18 @@ static void write_file(const char *dir, const char *name, const void *data, size
  * (the previous report, if any, is renamed away first and removed after). */
 static void write_report(const struct report *rep, const struct bytes *html, const char *out)
 {
-    char parent[PATH_BYTES], base[PATH_BYTES], tmp[PATH_BYTES + 256], old[PATH_BYTES + 256];
-    split_out(out, parent, base);
-    int existed = check_existing_out(out);
-    snprintf(tmp, sizeof tmp, "%.3800s/.%.200s.tmp-XXXXXX", parent, base);
-    if (!mkdtemp(tmp))
-        dm_user_error("report: cannot write the report to %s: cannot create a directory in "
-                      "%s: %s", out, parent, strerror(errno));
-    snprintf(pending_dir, sizeof pending_dir, "%s", tmp);
-    atexit(remove_pending);
-    mode_t mask = umask(0);   /* mkdtemp made it 0700; a report is as readable as a mkdir */
-    umask(mask);
-    if (chmod(tmp, 0777 & ~mask) != 0)
-        dm_user_error("report: cannot write the report to %s: chmod %s: %s", out, tmp,
-                      strerror(errno));
+    struct out_dir o = REPORT_OUT_DIR;
+    out_dir_begin(&o, out);
     for (int i = 0; i < rep->figure_count; i++) {
         const struct figure *f = &rep->figures[i];
         char name[96];
         snprintf(name, sizeof name, "%s.svg", f->name);
-        write_file(tmp, name, f->svg.data, f->svg.size, out);
+        write_file(o.tmp, name, f->svg.data, f->svg.size, out);
         snprintf(name, sizeof name, "%s.png", f->name);
-        write_file(tmp, name, f->png.data, f->png.size, out);
+        write_file(o.tmp, name, f->png.data, f->png.size, out);
     }
-    write_file(tmp, "index.html", html->data, html->size, out);   /* last: the page */
-    char err[1024];
-    if (dm_fsync_path(tmp, err, sizeof err) != 0) dm_user_error("report: %s", err);
-    old[0] = '\0';
-    if (existed) {
-        snprintf(old, sizeof old, "%.3800s/.%.200s.old-XXXXXX", parent, base);
-        if (!mkdtemp(old) || rename(out, old) != 0)
-            dm_user_error("report: cannot replace %s: %s", out, strerror(errno));
-    }
-    if (rename(tmp, out) != 0) {
-        int saved = errno;
-        if (existed) rename(old, out);
-        dm_user_error("report: cannot rename %s to %s: %s", tmp, out, strerror(saved));
-    }
-    pending_dir[0] = '\0';
-    if (existed) remove_flat_dir(old);
-    dm_fsync_path(parent, NULL, 0);
+    write_file(o.tmp, "index.html", html->data, html->size, out);   /* last: the page */
+    out_dir_commit(&o);
 }
 
 /* Two runs of the same name (a/x/runlog.h5 and b/x/runlog.h5) become "x"
@@ -283,13 +176,8 @@ int cmd_report(int argc, char **argv)
     double start = dm_now();
     struct report_args args;
     parse_args(&args, argc, argv);
-    char parent[PATH_BYTES], base[PATH_BYTES];
-    split_out(args.out, parent, base);
-    struct stat st;
-    if (stat(parent, &st) != 0 || !S_ISDIR(st.st_mode))
-        dm_user_error("report: cannot write the report to %s: %s is not a directory (create "
-                      "it first)", args.out, parent);
-    check_existing_out(args.out);
+    struct out_dir early = REPORT_OUT_DIR;
+    out_dir_check(&early, args.out);   /* before the work: a bad --out fails at once */
 
     struct report rep = {.run_count = args.run_count, .from_step = args.from_step};
     rep.runs = dm_alloc((size_t)args.run_count * sizeof *rep.runs);

@@ -9,96 +9,22 @@
  *
  * Must not: compute anything (simulate_policy.c did), or write anywhere
  * but beside DIR. */
-#include <dirent.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "dynmo/ckpt.h"
+#include "tools/out_dir.h"
 #include "tools/simulate.h"
 
-#define PATH_BYTES 4096
-
-/* The directory being written, removed if the process exits first. */
-static char pending_dir[PATH_BYTES];
+#define PATH_BYTES (OUT_DIR_PATH_BYTES + 256)   /* a file in out_dir.tmp */
 
 static int is_output_file(const char *name)
 {
     size_t n = strlen(name);
     return !strcmp(name, "summary.txt") || (n > 3 && !strcmp(name + n - 3, ".h5"));
-}
-
-static void remove_flat_dir(const char *path)
-{
-    DIR *dir = opendir(path);
-    if (dir) {
-        for (struct dirent *e; (e = readdir(dir));) {
-            if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-            char file[PATH_BYTES + 256];
-            snprintf(file, sizeof file, "%s/%s", path, e->d_name);
-            unlink(file);
-        }
-        closedir(dir);
-    }
-    rmdir(path);
-}
-
-static void remove_pending(void)
-{
-    if (pending_dir[0]) remove_flat_dir(pending_dir);
-    pending_dir[0] = '\0';
-}
-
-/* Whether DIR exists; one that is not a directory of simulate's files is
- * a user error. */
-static int check_existing(const char *out)
-{
-    struct stat st;
-    if (stat(out, &st) != 0) {
-        if (errno == ENOENT) return 0;
-        dm_user_error("simulate: cannot write to %s: %s", out, strerror(errno));
-    }
-    if (!S_ISDIR(st.st_mode)) dm_user_error("simulate: --out %s exists and is not a directory", out);
-    DIR *dir = opendir(out);
-    if (!dir) dm_user_error("simulate: cannot read the directory %s: %s", out, strerror(errno));
-    for (struct dirent *e; (e = readdir(dir));) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") || is_output_file(e->d_name))
-            continue;
-        char name[256];
-        snprintf(name, sizeof name, "%s", e->d_name);
-        closedir(dir);
-        dm_user_error("simulate: --out %s holds %s, which simulate does not write: choose "
-                      "another directory, or empty this one", out, name);
-    }
-    closedir(dir);
-    return 1;
-}
-
-/* A new directory beside out, recorded as pending. */
-static void make_temporary(const char *out, char *tmp, size_t size)
-{
-    if (strlen(out) > 3800) dm_user_error("simulate: --out '%s' is too long", out);
-    char path[PATH_BYTES];
-    snprintf(path, sizeof path, "%s", out);
-    size_t n = strlen(path);
-    while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
-    char *slash = strrchr(path, '/');
-    const char *base = slash ? slash + 1 : path;
-    if (!*base || !strcmp(base, ".") || !strcmp(base, ".."))
-        dm_user_error("simulate: --out '%s' must name a directory to create or replace", out);
-    if (slash) *slash = '\0';
-    snprintf(tmp, size, "%s/.%s.tmp-XXXXXX", slash ? (path[0] ? path : "/") : ".", base);
-    if (!mkdtemp(tmp))
-        dm_user_error("simulate: cannot write to %s: cannot create a directory beside it: %s",
-                      out, strerror(errno));
-    snprintf(pending_dir, sizeof pending_dir, "%s", tmp);
-    atexit(remove_pending);
-    mode_t mask = umask(0);
-    umask(mask);
-    chmod(tmp, 0777 & ~mask);
 }
 
 /* Step t's per-step and per-stage rows. */
@@ -172,22 +98,10 @@ void sim_write_output(const char *dir, const struct sim_setup *setup,
                       const struct sim_policy *policies, const struct sim_result *results,
                       int count, const char *summary)
 {
-    char tmp[PATH_BYTES], old[PATH_BYTES + 16], err[1024];
-    int existed = check_existing(dir);
-    make_temporary(dir, tmp, sizeof tmp);
-    for (int i = 0; i < count; i++) write_policy(tmp, setup, &policies[i], &results[i]);
-    write_text(tmp, "summary.txt", summary);
-    if (dm_fsync_path(tmp, err, sizeof err) != 0) dm_user_error("simulate: %s", err);
-    if (existed) {
-        snprintf(old, sizeof old, "%s.old-XXXXXX", tmp);
-        if (!mkdtemp(old) || rename(dir, old) != 0)
-            dm_user_error("simulate: cannot replace %s: %s", dir, strerror(errno));
-    }
-    if (rename(tmp, dir) != 0) {
-        int saved = errno;
-        if (existed) rename(old, dir);
-        dm_user_error("simulate: cannot rename %s to %s: %s", tmp, dir, strerror(saved));
-    }
-    pending_dir[0] = '\0';
-    if (existed) remove_flat_dir(old);
+    struct out_dir o = {.tool = "simulate", .what = "the simulation", .writer = "simulate",
+                        .is_ours = is_output_file};
+    out_dir_begin(&o, dir);
+    for (int i = 0; i < count; i++) write_policy(o.tmp, setup, &policies[i], &results[i]);
+    write_text(o.tmp, "summary.txt", summary);
+    out_dir_commit(&o);
 }
