@@ -4,13 +4,14 @@
 # static uniform and balanced (partition-time every K steps), STEPS steps
 # (default 120), each run's log kept for `dynmo simulate`
 # (bench/sim_validate.sh compares them). Every scheme runs as
-# parallel.pp = RANKS except moe, which keeps its config's grid (pp=2 dp=2
-# ep=2) and runs on 4 ranks only. Pruning first trains DENSE dense
+# parallel.pp = RANKS except moe, which runs 2 stages: on 2 ranks with its
+# experts unsplit (ep=1), on 4 its config's grid (pp=2 dp=2 ep=2). Pruning first trains DENSE dense
 # steps on one rank and checkpoints them; its runs resume from there.
 # Before each run it waits (up to WAIT seconds, default 300) for the
 # 1-minute load average to fall below LOAD (default 1.5): the machine is
 # shared, and every run's load before and after goes to OUT/loads.txt.
-# Runs already recorded in OUT (their output ends with the run log's line)
+# NICE (e.g. -20, as root) runs them at that niceness when other jobs
+# cannot be stopped. Runs already recorded in OUT (their output ends with the run log's line)
 # are kept.
 # Usage: bench/sim_record.sh [OUT]   (default runs/simval)
 set -euo pipefail
@@ -32,9 +33,9 @@ fi
 for ranks in ${RANKS:-2 4}; do
   for scheme in ${SCHEMES:-freeze early_exit prune}; do
     grid=(parallel.pp="$ranks" parallel.dp=1)   # one stage a rank (configs/hash.ini has dp=2)
-    if [ $scheme = moe ]; then
-      [ "$ranks" = 4 ] || continue   # configs/moe.ini's grid: 2 stages x 2 replicas
-      grid=()
+    if [ $scheme = moe ]; then   # 2 ranks: 2 stages, experts unsplit; 4: the config's 2 x 2, ep=2
+      grid=(parallel.pp=2 parallel.dp=1 parallel.ep=1)
+      [ "$ranks" = 4 ] && grid=()
     fi
     for way in static balanced; do
       args=(balance.method=none balance.initial=uniform)
@@ -46,7 +47,7 @@ for ranks in ${RANKS:-2 4}; do
       grep -q "^  run log: " "$out/$name.out" 2>/dev/null && continue   # recorded already
       quiet
       before="$(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)"
-      mpiexec -n "$ranks" "$DYNMO" train --config configs/$scheme.ini "${grid[@]}" \
+      ${NICE:+nice -n "$NICE"} mpiexec -n "$ranks" "$DYNMO" train --config configs/$scheme.ini "${grid[@]}" \
         run.out_dir="$out/$name" run.log_every=1 "${args[@]}" "${extra[@]}" > "$out/$name.out" 2>&1
       echo "$name: load $before, after $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)" >> "$out/loads.txt"
     done

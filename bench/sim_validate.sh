@@ -32,18 +32,24 @@ for log in "$dir"/*/runlog.h5; do
     "$mean_measured" "$meas" "$same"
   speedup=$("$DYNMO" simulate --from-run "$dir/$run" --policies static-uniform,partition-time |
             grep -oP 'best balancer: partition-time, \K[0-9.]+')
-  echo "$run $meas $speedup" >> "$dir/.means"
+  moves=0   # the run's migrations (a balanced run that never moved ran uniform throughout)
+  [ -f "$dir/$run.out" ] && moves=$(grep -c 'migrated [0-9]* blocks' "$dir/$run.out" || true)
+  echo "$run $meas $speedup $moves" >> "$dir/.means"
 done
 # Ranking: partition-time against static-uniform, as simulated from each
 # run's costs and as measured (the static run's mean step over the
 # balanced run's).
 sort -u "$dir/.means" | awk '
   { split($1, p, "-"); key = p[1] "-" p[2]; way = p[3]; meas[key, way] = $2; sim[key, way] = $3
-    keys[key] = 1 }
+    moves[key, way] = $4; keys[key] = 1 }
   END { for (k in keys) if ((k, "static") in meas && (k, "balanced") in meas) {
           m = meas[k, "static"] / meas[k, "balanced"]; a = sim[k, "static"]; b = sim[k, "balanced"];
+          verdict = ((a - 1) * (m - 1) > 0 && (b - 1) * (m - 1) > 0) ? "same ranking" : "DIFFERENT ranking"
+          # a tie: the simulated balancer keeps the uniform layout and so did the run
+          if (a == 1 && b == 1 && moves[k, "balanced"] == 0)
+            verdict = sprintf("tie: neither the simulation nor the run moved a block (the measured %+.1f%% is two runs of one layout)", 100 * (m - 1))
           printf "%-14s partition-time over static-uniform: simulated %.3fx (static run'"'"'s costs), %.3fx (balanced run'"'"'s), measured %.3fx: %s\n",
-                 k, a, b, m, ((a - 1) * (m - 1) > 0 && (b - 1) * (m - 1) > 0) ? "same ranking" : "DIFFERENT ranking" } }'
+                 k, a, b, m, verdict } }'
 rm -f "$dir/.means"
 # The migration line (ms = a + b x MB) through the balanced runs' migrations
 # (their step lines: "migrated N blocks, X MB, T ms"): what --migration-ms

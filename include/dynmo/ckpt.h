@@ -101,13 +101,18 @@ struct runlog *runlog_create_kind(const char *path, const struct dm_config *cfg,
  * root attributes stage_groups (int32, one per stage), group_cores
  * (float64, one per group) and group_turns (int32, one value: 1 when the
  * stages took turns, parallel.turns), which `dynmo plan --from-run`
- * predicts with; groups = 0 (a processor per stage) removes them. Rank 0
- * only. */
+ * predicts with; groups = 0 (a processor per stage) removes them. shares
+ * (non-NULL only when other replicas' ranks took turns on the same CPUs
+ * and cores were rounded up to whole ones for the turns): each group's
+ * share of its CPUs counting those ranks, as group_shares (float64, one
+ * per group), which `dynmo simulate` predicts the run's replicas with.
+ * Rank 0 only. */
 #define RUNLOG_ATTR_STAGE_GROUPS "stage_groups"
 #define RUNLOG_ATTR_GROUP_CORES "group_cores"
 #define RUNLOG_ATTR_GROUP_TURNS "group_turns"
+#define RUNLOG_ATTR_GROUP_SHARES "group_shares"
 void runlog_set_sharing(struct runlog *log, int stages, const int *group, int groups,
-                        const double *cores, int turns);
+                        const double *cores, const double *shares, int turns);
 
 /* Opens an existing run log for appending (a run restarted after a re-pack
  * or a signal continues its log). Each dataset continues after its last

@@ -221,7 +221,7 @@ struct dm_config {
     int trace_steps;    /* steps traced from trace_from */
     /* [parallel] */
     int pp, dp;         /* pipeline stages S, data-parallel replicas D */
-    int ep;             /* expert-parallel degree (divides dp and model.experts; 1 only, so far) */
+    int ep;             /* expert-parallel degree (divides dp and model.experts) */
     int turns;          /* 1: ranks that outnumber their CPUs take turns computing */
     char schedule[32];  /* "1f1b" or "gpipe" */
     /* [balance] */

@@ -116,7 +116,7 @@ static void write_array_attr(hid_t loc, const char *name, hid_t file_type, hid_t
 }
 
 void runlog_set_sharing(struct runlog *log, int stages, const int *group, int groups,
-                        const double *cores, int turns)
+                        const double *cores, const double *shares, int turns)
 {
     write_array_attr(log->file, RUNLOG_ATTR_GROUP_TURNS, H5T_STD_I32LE, H5T_NATIVE_INT,
                      groups ? 1 : 0, &turns);
@@ -124,6 +124,8 @@ void runlog_set_sharing(struct runlog *log, int stages, const int *group, int gr
                      groups ? stages : 0, group);
     write_array_attr(log->file, RUNLOG_ATTR_GROUP_CORES, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
                      groups, cores);
+    write_array_attr(log->file, RUNLOG_ATTR_GROUP_SHARES, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE,
+                     shares ? groups : 0, shares);
 }
 
 struct runlog *runlog_open_append(const char *path)

@@ -33,8 +33,19 @@ struct simulate_args {
     int blocks, stages, replicas, micro_batches, steps, every, repack_every;
     int schedule;                 /* -1: the run's */
     double latency_ms, bandwidth_gbs, migration_ms, restart_s, epsilon, attention_share;
+    double exchange_ms;           /* < 0: by the sharing (make_setup) */
     int validate, split;
 };
+
+/* One expert all-to-all round's fixed cost between ranks that take turns
+ * on shared CPUs, on this machine (docs/simulate.md): a rank waiting for
+ * the exchange sleeps in 0.5 ms polls (world_wait_round) while its
+ * partner on the same CPU computes, and the CPU idles from the partner's
+ * arrival to the sleeper's next poll. Fitted by bench/sim_exchange.sh to
+ * a run the validation does not use (2026-12-01: 0.28 ms, which the
+ * replicas' processor sharing stretches to 0.56 ms of a step, about one
+ * poll). */
+#define SHARED_EXCHANGE_MS 0.28
 
 static void usage(FILE *out)
 {
@@ -51,7 +62,8 @@ static void usage(FILE *out)
         "  --blocks N            transformer blocks (default: the run's; the run's\n"
         "                        trajectory is mapped by relative depth)\n"
         "  --stages S            pipeline stages (default: the run's)\n"
-        "  --replicas D          data-parallel replicas (default 1)\n"
+        "  --replicas D          data-parallel replicas (default 1; with --validate\n"
+        "                        the run's)\n"
         "  --micro-batches m     per step and replica (default: the run's at its\n"
         "                        stage count, else 4 x stages)\n"
         "  --schedule 1f1b|gpipe (default: the run's)\n"
@@ -63,6 +75,10 @@ static void usage(FILE *out)
         "  --latency-ms L        transfer line: L + bytes / bandwidth (default 0.01)\n"
         "  --bandwidth-gbs B     (default 6, this machine's MPI send)\n"
         "  --migration-ms M      fixed cost of a migration beyond its bytes (default 12)\n"
+        "  --exchange-ms X       fixed cost of an expert all-to-all round with the\n"
+        "                        run's parallel.ep > 1 (default: L; for the run's own\n"
+        "                        shape when its ranks took turns on shared CPUs, this\n"
+        "                        machine's 0.28)\n"
         "  --restart-s R         a re-pack's checkpoint and restart (default 1.5)\n"
         "  --repack-every N      steps between re-pack decisions (default: the run's\n"
         "                        repack.every)\n"
@@ -97,7 +113,7 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
 {
     *a = (struct simulate_args){.schedule = -1, .latency_ms = 0.01, .bandwidth_gbs = 6.0,
                                 .migration_ms = 12.0, .restart_s = 1.5, .epsilon = -1,
-                                .attention_share = -1};
+                                .attention_share = -1, .exchange_ms = -1};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
@@ -121,6 +137,7 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
         else if (!strcmp(o, "--latency-ms")) a->latency_ms = parse_double(o, v, 0);
         else if (!strcmp(o, "--bandwidth-gbs")) a->bandwidth_gbs = parse_double(o, v, 1e-9);
         else if (!strcmp(o, "--migration-ms")) a->migration_ms = parse_double(o, v, 0);
+        else if (!strcmp(o, "--exchange-ms")) a->exchange_ms = parse_double(o, v, 0);
         else if (!strcmp(o, "--restart-s")) a->restart_s = parse_double(o, v, 0);
         else if (!strcmp(o, "--epsilon")) a->epsilon = parse_double(o, v, 0);
         else if (!strcmp(o, "--attention-share")) {
@@ -219,7 +236,7 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     if (s->stages > s->blocks)
         dm_user_error("simulate: --stages %d is more than the %d %s (a stage holds at least "
                       "one)", s->stages, s->blocks, s->split ? "units" : "blocks");
-    s->replicas = a->replicas ? a->replicas : 1;
+    s->replicas = a->replicas ? a->replicas : a->validate ? run->cfg.dp : 1;
     s->micro_batches = a->micro_batches ? a->micro_batches
                      : s->stages == run->stages ? run->micro_batches : 4 * s->stages;
     s->schedule = a->schedule >= 0 ? (enum dm_schedule)a->schedule : run->schedule;
@@ -253,8 +270,18 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     double C = rc->channels, T = rc->seq;   /* attention's FLOPs over the block's */
     s->attention_share = a->attention_share >= 0 ? a->attention_share
                        : (8 * C * C * T + 2 * T * T * C) / (24 * C * C * T + 2 * T * T * C);
-    if (s->stages == run->stages && s->replicas == 1 && run->plan_sharing.group)
+    /* The run's sharing at its own shape: of all its replicas when they
+     * took turns on the same CPUs, else of its one replica's stages. */
+    int own_shape = s->stages == run->stages && !s->split;
+    if (own_shape && s->replicas == rc->dp && run->shares)
+        s->sharing = &run->replica_sharing;
+    else if (s->stages == run->stages && s->replicas == 1 && run->plan_sharing.group)
         s->sharing = &run->plan_sharing.sharing;
+    s->ep = rc->ep;
+    s->exchange_bytes = 4.0 * per_micro_batch * rc->seq * rc->top_k * rc->channels *
+                        (rc->ep - 1) / rc->ep;
+    s->exchange_ms = a->exchange_ms >= 0 ? a->exchange_ms
+                   : s->sharing == &run->replica_sharing ? SHARED_EXCHANGE_MS : s->latency_ms;
     s->replay_layout = run->layout;
     s->replay_width = run->width;
 }
@@ -302,7 +329,8 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
         "%d steps%s\n", s->traj->blocks, s->stages, s->replicas, s->replicas == 1 ? "" : "s",
         s->micro_batches,
         s->schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b", s->steps, s->every,
-        s->sharing ? " (stages share processors as in the run)" : "");
+        s->sharing == &run->replica_sharing ? " (ranks share processors as in the run, its "
+        "replicas included)" : s->sharing ? " (stages share processors as in the run)" : "");
     used += (size_t)snprintf(text + used, size - used,
         "trajectory: %s%s%s\ncosts: fitted to %ld block-steps of %s (%d blocks, %d measured "
         "steps), median error %.1f%% per block; states: %s\n",
@@ -315,9 +343,15 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
         used += (size_t)snprintf(text + used, size - used, "units of placement: the attention "
                                  "and the MLP of each block (attention %.0f%% of its time)\n",
                                  100 * s->attention_share);
+    char exchange[160] = "";
+    if (s->ep > 1 && model->uses[SIM_MOE_LOAD])
+        snprintf(exchange, sizeof exchange, "; experts over %d ranks: %d + %d exchange rounds "
+                 "a micro-batch, %.3f ms + %.0f KB each", s->ep, SIM_EXCHANGE_FWD,
+                 SIM_EXCHANGE_BWD, s->exchange_ms, s->exchange_bytes / 1e3);
     snprintf(text + used, size - used,
         "transfer: %.3f ms + bytes / %.3g GB/s; a migration %.1f ms more; a re-pack restart "
-        "%.1f s\n", s->latency_ms, s->bytes_per_ms / 1e6, s->migration_ms, s->restart_ms / 1e3);
+        "%.1f s%s\n", s->latency_ms, s->bytes_per_ms / 1e6, s->migration_ms, s->restart_ms / 1e3,
+        exchange);
 }
 
 /* ---- the summary --------------------------------------------------------- */
@@ -520,7 +554,8 @@ int cmd_simulate(int argc, char **argv)
     struct sim_run run;
     sim_run_read(&run, a.run_dir, a.stages);
     if (a.validate && (a.scenario || (a.blocks && a.blocks != run.layers) ||
-                       (a.stages && a.stages != run.stages) || a.steps || a.replicas > 1 ||
+                       (a.stages && a.stages != run.stages) || a.steps ||
+                       (a.replicas && a.replicas != run.cfg.dp) ||
                        a.micro_batches || a.schedule >= 0))
         dm_user_error("simulate: --validate simulates the run itself: leave out --scenario, "
                       "--blocks, --stages, --replicas, --micro-batches, --schedule and --steps");

@@ -82,6 +82,11 @@ struct sim_run {
     struct balance_extra *embed, *head; /* (steps) the end stages' extras, time fields */
     struct sim_trajectory state;
     struct plan_sharing plan_sharing; /* the stage sharing it recorded, at its stage count */
+    /* With shares (non-NULL): its replicas' ranks took turns on the same
+     * CPUs; the sharing of all its replicas, each group's share of its
+     * CPUs as processor sharing (replica_sharing.cores = shares). */
+    double *shares;
+    struct balance_sharing replica_sharing;
 };
 
 /* Reads DIR/runlog.h5: config, per-block and per-stage times, layouts, the
@@ -159,6 +164,13 @@ struct sim_setup {
     enum dm_schedule schedule;
     float csr_sparsity;
     double latency_ms, bytes_per_ms;   /* the transfer line */
+    /* Experts split over ep > 1 ranks (the run's parallel.ep): each MoE
+     * block's micro-batch waits for SIM_EXCHANGE_FWD all-to-all rounds
+     * forward and SIM_EXCHANGE_BWD backward (src/pipe/expert.c), each
+     * exchange_ms plus the busiest rank's rows, g x exchange_bytes, through
+     * the transfer line's bandwidth. */
+    int ep;
+    double exchange_ms, exchange_bytes;
     double migration_ms;               /* a migration's fixed cost beyond its bytes */
     double activation_bytes;           /* one micro-batch's activations, one way */
     double tokens_per_step;
@@ -172,6 +184,12 @@ struct sim_setup {
     const struct sim_run *measured;
     int replay_width;
 };
+
+/* The expert all-to-all rounds of an MoE block's micro-batch (ep > 1):
+ * forward the counts, the rows and the outputs; backward the output
+ * gradients and the input gradients. */
+#define SIM_EXCHANGE_FWD 3
+#define SIM_EXCHANGE_BWD 2
 
 /* One simulated step, as the output and the summary read it. */
 struct sim_step {

@@ -289,6 +289,27 @@ static void read_extras(struct sim_run *run)
     dm_free(u);
 }
 
+/* The run's groups' shares of their CPUs with the other replicas' ranks
+ * (the attribute group_shares, written when those ranks took turns on the
+ * same CPUs): the sharing its D replicas had, as processor sharing. */
+static void read_replica_sharing(struct sim_run *run)
+{
+    const struct plan_sharing *ps = &run->plan_sharing;
+    char err[768];
+    long n = runlog_read_root_doubles(run->path, RUNLOG_ATTR_GROUP_SHARES, &run->shares, err,
+                                      sizeof err);
+    if (n < 0) dm_user_error("simulate: %s", err);
+    if (n == 0 || !ps->group) return;
+    if (n != ps->sharing.groups)
+        dm_user_error("simulate: %s: %s has %ld entries but the run has %d stage groups",
+                      run->path, RUNLOG_ATTR_GROUP_SHARES, n, ps->sharing.groups);
+    run->replica_sharing = ps->sharing;
+    run->replica_sharing.cores = run->shares;
+    run->replica_sharing.turns = 0;
+    if (balance_check_sharing(&run->replica_sharing, err, sizeof err))
+        dm_user_error("simulate: %s: %s: %s", run->path, RUNLOG_ATTR_GROUP_SHARES, err);
+}
+
 void sim_run_read(struct sim_run *run, const char *dir, int stages)
 {
     char err[1024];
@@ -340,10 +361,12 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
     dm_free(keep);
     dm_free(infos);
     plan_sharing_from_run(&run->plan_sharing, dir, run->stages, stages > 0 ? stages : run->stages);
+    read_replica_sharing(run);
 }
 
 void sim_run_free(struct sim_run *run)
 {
+    dm_free(run->shares);
     dm_free(run->embed);
     dm_free(run->head);
     dm_free(run->fwd);

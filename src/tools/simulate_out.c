@@ -77,7 +77,7 @@ static void write_policy(const char *dir, const struct sim_setup *setup,
     cfg.repack_epsilon = setup->repack_epsilon;
     struct runlog *log = runlog_create_kind(path, &cfg, SIMULATION_KIND);
     const struct balance_sharing *sh = setup->sharing;
-    if (sh) runlog_set_sharing(log, sh->stages, sh->group, sh->groups, sh->cores, sh->turns);
+    if (sh) runlog_set_sharing(log, sh->stages, sh->group, sh->groups, sh->cores, NULL, sh->turns);
     for (int t = 0; t < setup->steps; t++) write_step(log, setup, res, t);
     for (int d = 0; d < res->decision_count; d++)
         runlog_append_row(log, RUNLOG_BALANCE_DECISIONS,

@@ -18,13 +18,15 @@
 /* The blocks' costs and what the balancer reads at one step. */
 struct step_costs {
     double *fwd, *bwd, *update, *params, *sparsity, *mem;  /* (blocks) */
+    double *exchange;      /* (blocks) an expert all-to-all round's ms, 0 without one */
     int64_t *mem_bytes;
     struct balance_extra embed, head;                      /* time fields */
 };
 
 static void costs_alloc(struct step_costs *c, int n)
 {
-    double **arrays[] = {&c->fwd, &c->bwd, &c->update, &c->params, &c->sparsity, &c->mem};
+    double **arrays[] = {&c->fwd, &c->bwd, &c->update, &c->params, &c->sparsity, &c->mem,
+                         &c->exchange};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
         *arrays[i] = dm_alloc((size_t)n * sizeof(double));
     c->mem_bytes = dm_alloc((size_t)n * sizeof(int64_t));
@@ -32,9 +34,26 @@ static void costs_alloc(struct step_costs *c, int n)
 
 static void costs_free(struct step_costs *c)
 {
-    double *arrays[] = {c->fwd, c->bwd, c->update, c->params, c->sparsity, c->mem};
+    double *arrays[] = {c->fwd, c->bwd, c->update, c->params, c->sparsity, c->mem,
+                        c->exchange};
     for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) dm_free(arrays[i]);
     dm_free(c->mem_bytes);
+}
+
+/* Milliseconds to move `bytes` once (the transfer line). */
+static double transfer_ms(const struct sim_setup *setup, double bytes)
+{
+    return bytes > 0 ? setup->latency_ms + bytes / setup->bytes_per_ms : 0.0;
+}
+
+/* One expert all-to-all round of a block with experts split over ep > 1
+ * ranks (load g > 0; the MLP unit under the what-if): its fixed cost and
+ * the rows the busiest rank receives through the transfer line. The
+ * block profiles leave these waits out, in training as here. */
+static double exchange_round_ms(const struct sim_setup *setup, double load, int unit)
+{
+    if (setup->ep <= 1 || !(load > 0) || (setup->split && unit % 2 == 0)) return 0.0;
+    return setup->exchange_ms + load * setup->exchange_bytes / setup->bytes_per_ms;
 }
 
 /* The units' costs at step t through the cost model: a block's state, its
@@ -63,6 +82,7 @@ static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, i
         }
         c->fwd[u] *= share;
         c->bwd[u] *= share;
+        c->exchange[u] = exchange_round_ms(setup, state[SIM_MOE_LOAD], u);
         c->update[u] *= matrix_share;
         /* The controller takes a unit's nonzeros as its parameters less
          * sparsity x a block's matrices: a unit holds its share of them. */
@@ -87,16 +107,11 @@ static struct balance_profile profile_of(const struct step_costs *c,
     return p;
 }
 
-/* Milliseconds to move `bytes` once (the transfer line). */
-static double transfer_ms(const struct sim_setup *setup, double bytes)
-{
-    return bytes > 0 ? setup->latency_ms + bytes / setup->bytes_per_ms : 0.0;
-}
-
 /* The stage times of `counts` (the stage cost definition of balance.h,
  * extras included): busy compute per stage, and the predicted step. The
  * activation transfers ride on the receiving stage's instructions, the
- * replicas' gradient sums on each stage's update. */
+ * expert exchanges on the stage's (SIM_EXCHANGE_FWD rounds forward, _BWD
+ * backward), the replicas' gradient sums on each stage's update. */
 static int predict_step(const struct step_costs *c, const struct sim_setup *setup,
                         const int *counts, int stages, const struct balance_sharing *sharing,
                         struct sim_step *out, float *busy, float *stage_update, char *err,
@@ -119,8 +134,11 @@ static int predict_step(const struct step_costs *c, const struct sim_setup *setu
     double lo = INFINITY, hi = 0, sum = 0;
     for (int s = 0, begin = 0; s < stages; begin += counts[s++]) {
         double grad_bytes = 0;
-        for (int j = begin; j < begin + counts[s]; j++)
+        for (int j = begin; j < begin + counts[s]; j++) {
             grad_bytes += c->update[j] > 0 ? 4.0 * setup->block_params[j] : 0.0;
+            f[s] += SIM_EXCHANGE_FWD * c->exchange[j];
+            b[s] += SIM_EXCHANGE_BWD * c->exchange[j];
+        }
         if (D > 1) u[s] += 2 * (D - 1) / D * transfer_ms(setup, grad_bytes);
         busy[s] = (float)(setup->micro_batches * (f[s] + b[s]) + u[s]);
         stage_update[s] = (float)u[s];

@@ -106,9 +106,10 @@ static void decide(struct train_balancer *tb, const struct balance_observation *
  * the balancer predicts with the sharing. Collective. Returns the number of
  * groups (0: a processor per stage); *turns says whether they take turns. */
 static int share_processors(const struct dm_config *cfg, int stages, int threads, int *group,
-                            double *cores, int *turns)
+                            double *cores, double *shares, int *turns)
 {
     *turns = 0;
+    *shares = -1;   /* none */
     int groups = world_stage_sharing(stages, group, cores);
     if (!groups) return 0;
     /* A thread's CPU time is the rank's only when it computes alone. */
@@ -123,8 +124,14 @@ static int share_processors(const struct dm_config *cfg, int stages, int threads
         /* unbound ranks have pinned themselves: the groups are now per CPU */
         groups = world_stage_sharing(stages, group, cores);
         /* the predictor's turns need whole cores: a group's share of its
-         * CPU when other replicas run there too */
-        for (int g = 0; g < groups; g++) cores[g] = fmax(1.0, round(cores[g]));
+         * CPU when other replicas run there too (kept for the run log) */
+        int rounded = 0;
+        for (int g = 0; g < groups; g++) {
+            shares[g] = cores[g];
+            cores[g] = fmax(1.0, round(cores[g]));
+            rounded |= shares[g] < cores[g];
+        }
+        if (!rounded) shares[0] = -1;
         *turns = 1;
         if (!groups) return 0;   /* pinned, replica 0's stages share no CPU */
     }
@@ -144,12 +151,16 @@ void train_balancer_share_processors(struct train_balancer *tb, const struct dm_
                                      int threads, struct runlog *log)
 {
     int turns = 0, S = tb->stages;
-    int groups = share_processors(cfg, S, threads, tb->group, tb->cores, &turns);
+    double *shares = dm_alloc((size_t)S * sizeof(double));
+    int groups = share_processors(cfg, S, threads, tb->group, tb->cores, shares, &turns);
     struct balance_sharing sharing = {.stages = S, .groups = groups, .group = tb->group,
                                       .cores = tb->cores, .turns = turns};
     tb->sharing = sharing;
     balance_controller_set_sharing(tb->ctl, groups ? &tb->sharing : NULL);
-    if (log) runlog_set_sharing(log, S, tb->group, groups, tb->cores, turns);
+    if (log)
+        runlog_set_sharing(log, S, tb->group, groups, tb->cores,
+                           groups && shares[0] >= 0 ? shares : NULL, turns);
+    dm_free(shares);
 }
 
 void train_balancer_after_step(struct train_balancer *tb, struct engine *eng,
