@@ -79,11 +79,16 @@ info:
 # The flags the objects were built with: a change of CFLAGS (ARCH=,
 # SANITIZE=, a new warning) rebuilds everything.
 FLAGS_STAMP := $(BUILD)/flags
-$(shell mkdir -p $(BUILD); echo '$(CC) $(CFLAGS)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS)' > $(FLAGS_STAMP))
+DEPFLAGS := -MMD -MP
+$(shell mkdir -p $(BUILD); echo '$(CC) $(CFLAGS) $(DEPFLAGS)' | cmp -s - $(FLAGS_STAMP) || echo '$(CC) $(CFLAGS) $(DEPFLAGS)' > $(FLAGS_STAMP))
 
-$(BUILD)/obj/%.o: src/%.c $(FLAGS_STAMP) $(HEADERS)
+# Each object and test depends on the headers it includes (gcc -MMD
+# writes them beside it as .d; -MP keeps a deleted header from breaking
+# the build), so a header change rebuilds what includes it, not all.
+$(BUILD)/obj/%.o: src/%.c $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -c $< -o $@
+	$(CC) $(CFLAGS) $(DEPFLAGS) -Isrc -c $< -o $@
+-include $(OBJ:.o=.d) $(TEST_BIN:=.d)
 
 $(BUILD)/libdynmo.a: $(LIBOBJ)
 	@rm -f $@
@@ -94,7 +99,7 @@ $(BUILD)/dynmo: $(BUILD)/obj/tools/main.o $(BUILD)/libdynmo.a
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libdynmo.a tests/testing.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Isrc -Itests -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d -Isrc -Itests -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
 
 # The sanitized objects come first, so the replay links them; the rest
 # of what they call comes from the normal library.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 18's paper-scale table: each scheme's recorded 2-rank static run
-# (bench/sim_record.sh; the 4-rank one where there is no 2-rank run: MoE)
+# (bench/sim_record.sh; the 4-rank one where there is no 2-rank run, and
+# for MoE, whose 4-rank run splits the experts over 2 ranks)
 # drives `dynmo simulate` at the paper's scale (24
 # pipeline stages x 30 data-parallel replicas, 4 micro-batches per stage,
 # 1,000 steps; models of DEPTHS blocks), once with whole blocks as the
@@ -24,6 +25,9 @@ for scheme in ${SCHEMES:-freeze early_exit prune}; do
       extra=(); [ $unit = split ] && extra=(--split-blocks)
       start=$(date +%s.%N)
       run=$dir/$scheme-2-static; [ -e "$run" ] || run=$dir/$scheme-4-static
+      # MoE: the 4-rank run, whose experts are split over 2 ranks (on 2
+      # ranks ep = 1 and a block's load never varies)
+      [ $scheme = moe ] && [ -e "$dir/moe-4-static" ] && run=$dir/moe-4-static
       "$DYNMO" simulate --from-run "$run" --blocks "$L" --stages "$S" \
         --replicas "$D" --micro-batches $((4 * S)) --steps 1000 --latency-ms 0.02 \
         --bandwidth-gbs 25 "${extra[@]}" > "/tmp/sim_paper_$unit.out"
