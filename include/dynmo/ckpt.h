@@ -76,6 +76,9 @@
                                                      the selection bias after the step */
 #define RUNLOG_MOE_AUX "/moe/aux_loss"            /* float32 [steps, moe_blocks] */
 #define RUNLOG_MOE_Z "/moe/z_loss"                /* float32 [steps, moe_blocks] */
+#define RUNLOG_MOE_RANK_LOAD "/moe/rank_load"     /* float32 [steps, moe_blocks], only with
+                                                     parallel.ep > 1: the busiest expert rank's
+                                                     rows over the mean rank's */
 /* One row per validation pass: */
 #define RUNLOG_EVAL_STEP "/eval/step"             /* int32 [evals] */
 #define RUNLOG_EVAL_LOSS "/eval/loss"             /* float32 [evals] */

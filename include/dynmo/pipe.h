@@ -92,6 +92,11 @@ struct step_stats {
     int moe_blocks, experts;
     double *moe_tokens, *moe_dropped, *moe_bias;   /* (moe_blocks * experts) */
     double *moe_aux, *moe_z;                         /* (moe_blocks) */
+    /* With parallel.ep > 1: per MoE block, the rows its busiest
+     * expert-parallel rank took in the step over the mean rank's, over
+     * every expert group of its stage (what the block waited for); 0
+     * with ep = 1. (moe_blocks) */
+    double *moe_rank_load;
     int migrated_blocks;      /* by the re-layout before this step */
     double migrated_bytes, migrate_ms;
 };

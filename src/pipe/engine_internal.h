@@ -126,6 +126,10 @@ void engine_expert_parallel_profile(struct engine *eng);
 void engine_expert_parallel_shard(struct engine *eng);
 void engine_expert_parallel_reduce(struct engine *eng);
 void engine_expert_parallel_forget(struct engine *eng);
+/* The rows this rank's experts took in layer's forwards since the last
+ * call (the step's load on this expert-parallel rank), then zero; 0 with
+ * parallel.ep = 1. */
+double engine_expert_parallel_take_rows(struct engine *eng, int layer);
 
 /* stats.c. The step's statistics and trace buffers (rank 0 gathers). */
 void engine_stats_alloc(struct engine *eng);

@@ -46,6 +46,7 @@ struct expert_parallel {
     MPI_Comm holders;     /* the stage's replicas of this group rank, by group */
     int P, rank, groups;
     double *wait_s;
+    double *step_rows;    /* (layers) rows this rank's experts took in the step's forwards */
     struct ep_entry *entries;
     int nentries;
     struct ep_grads *grads;
@@ -166,6 +167,7 @@ static void ep_forward(void *ctx, struct block *blk, const void *key, const int 
         en->a = dm_alloc_uninit(en->room * H * sizeof(float));
     }
     exchange_rows(xp, offset, en, per, x, en->x, C, 0);
+    xp->step_rows[blk->index] += (double)rows;
     float *out = grow(&xp->rows_out, &xp->rows_out_n, (rows + 1) * C);
     size_t r = 0;
     for (int s = 0; s < P; s++)
@@ -291,6 +293,15 @@ void engine_expert_parallel_forget(struct engine *eng)
     xp->ngrads = 0;
 }
 
+double engine_expert_parallel_take_rows(struct engine *eng, int layer)
+{
+    struct expert_parallel *xp = eng->expert_parallel;
+    if (!xp) return 0.0;
+    double rows = xp->step_rows[layer];
+    xp->step_rows[layer] = 0.0;
+    return rows;
+}
+
 void engine_expert_parallel_shard(struct engine *eng)
 {
     int P = eng->cfg.ep;
@@ -309,6 +320,7 @@ void engine_expert_parallel_init(struct engine *eng)
     xp->P = P;
     xp->rank = g->replica % P;
     xp->wait_s = &eng->wait_s;
+    xp->step_rows = dm_alloc((size_t)eng->shape.layers * sizeof(double));
     int groups = g->replicas / P;
     xp->groups = groups;
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage * groups + g->replica / P, xp->rank,
@@ -350,6 +362,7 @@ void engine_expert_parallel_free(struct engine *eng)
     dm_free(xp->grads_out);
     dm_free(xp->gathered);
     dm_free(xp->send_counts);
+    dm_free(xp->step_rows);
     WORLD_MPI(MPI_Comm_free(&xp->comm));
     WORLD_MPI(MPI_Comm_free(&xp->holders));
     dm_free(xp);

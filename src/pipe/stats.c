@@ -9,6 +9,11 @@
 #include <time.h>
 #include "pipe/engine_internal.h"
 
+/* A rank's gathered values of one MoE block: per expert the routed and
+ * dropped pairs and the bias, then the aux and z losses, then the rows
+ * its experts took (parallel.ep > 1). */
+#define MOE_RECORD(experts) (3 * (experts) + 3)
+
 /* Doubles a rank sends for a traced step: its count and step start, then
  * TRACE_FIELDS per instruction, room for the longest list. */
 static size_t trace_block(const struct engine *eng)
@@ -61,11 +66,12 @@ void engine_stats_alloc(struct engine *eng)
         st->moe_bias = dm_alloc(moe_cells * sizeof(double));
         st->moe_aux = dm_alloc((size_t)st->moe_blocks * sizeof(double));
         st->moe_z = dm_alloc((size_t)st->moe_blocks * sizeof(double));
+        st->moe_rank_load = dm_alloc((size_t)st->moe_blocks * sizeof(double));
     }
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active/
      * update per layer, then the stage's update, then the MoE blocks' values,
      * then the MoD blocks' tokens per layer, then hash attention's tiles per layer */
-    eng->gather_len = 5 + 6 * L + st->moe_blocks * (3 * st->experts + 2) + L + L;
+    eng->gather_len = 5 + 6 * L + st->moe_blocks * MOE_RECORD(st->experts) + L + L;
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
@@ -88,6 +94,7 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->moe_bias);
     dm_free(st->moe_aux);
     dm_free(st->moe_z);
+    dm_free(st->moe_rank_load);
     dm_free(st->stage_update_ms);
     dm_free(st->trace);
     dm_free(eng->trace_mine);
@@ -143,7 +150,7 @@ static void pack_profile(struct engine *eng, float loss_sum)
         const struct block_moe *moe = m->blocks[i].moe;
         if (!moe) continue;
         double *x = v + 5 + 6 * L +
-                    (size_t)gpt_moe_ordinal(&eng->shape, m->first_block + i) * (3 * E + 2);
+                    (size_t)gpt_moe_ordinal(&eng->shape, m->first_block + i) * MOE_RECORD(E);
         for (int e = 0; e < E; e++) {
             x[e] = (double)moe->tokens[e];
             x[E + e] = (double)moe->dropped[e];
@@ -151,6 +158,7 @@ static void pack_profile(struct engine *eng, float loss_sum)
         }
         x[3 * E] = moe->aux;
         x[3 * E + 1] = moe->z;
+        x[3 * E + 2] = engine_expert_parallel_take_rows(eng, m->first_block + i);
     }
     for (int i = 0; i < m->num_blocks; i++) {   /* hash attention, then zeroed */
         v[eng->gather_len - L + m->first_block + i] = m->blocks[i].hash_tiles;
@@ -167,7 +175,8 @@ static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
     size_t cells = (size_t)st->moe_blocks * (size_t)st->experts;
     for (size_t c = 0; c < cells; c++)
         st->moe_tokens[c] = st->moe_dropped[c] = st->moe_bias[c] = 0.0;
-    for (int j = 0; j < st->moe_blocks; j++) st->moe_aux[j] = st->moe_z[j] = 0.0;
+    for (int j = 0; j < st->moe_blocks; j++)
+        st->moe_aux[j] = st->moe_z[j] = st->moe_rank_load[j] = 0.0;
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
         st->layer_sparsity[l] = st->layer_active[l] = st->layer_update_ms[l] = 0.0;
@@ -186,7 +195,7 @@ static void fold_moe(struct step_stats *st, const double *x, double forwards)
 {
     int E = st->experts;
     for (int j = 0; j < st->moe_blocks; j++) {
-        const double *b = x + (size_t)j * (3 * E + 2);
+        const double *b = x + (size_t)j * MOE_RECORD(E);
         for (int e = 0; e < E; e++) {
             st->moe_tokens[j * E + e] += b[e];
             st->moe_dropped[j * E + e] += b[E + e];
@@ -194,6 +203,31 @@ static void fold_moe(struct step_stats *st, const double *x, double forwards)
         }
         st->moe_aux[j] += b[3 * E] / forwards;
         st->moe_z[j] += b[3 * E + 1] / forwards;
+    }
+}
+
+/* Rank 0, parallel.ep > 1: each MoE block's busiest expert-parallel rank
+ * over the mean, from the rows each rank of its stage (every replica, so
+ * every expert group) took; a rank holds the block when it reported its
+ * slab's size. */
+static void fold_rank_load(struct engine *eng)
+{
+    struct step_stats *st = &eng->stats;
+    int L = eng->shape.layers, E = st->experts;
+    if (eng->cfg.ep <= 1) return;
+    for (int l = 0; l < L; l++) {
+        if (!gpt_block_is_moe(&eng->shape, l)) continue;
+        int j = gpt_moe_ordinal(&eng->shape, l), holders = 0;
+        double most = 0.0, sum = 0.0;
+        for (int r = 0; r < eng->grid.world_size; r++) {
+            const double *x = eng->gather_recv + (size_t)r * eng->gather_len;
+            if (!(x[4 + 2 * L + l] > 0)) continue;
+            double rows = x[5 + 6 * L + (size_t)j * MOE_RECORD(E) + 3 * E + 2];
+            most = rows > most ? rows : most;
+            sum += rows;
+            holders++;
+        }
+        st->moe_rank_load[j] = sum > 0 ? most * holders / sum : 0.0;
     }
 }
 
@@ -242,6 +276,7 @@ static void fold_profiles(struct engine *eng, double step_s)
         csum += c;
     }
     st->imbalance = csum > 0 ? (cmax - cmin) / (csum / S) : 0.0;
+    fold_rank_load(eng);
     st->bubble_ratio = step_s > 0 ? idle / (g->world_size * step_s) : 0.0;
 }
 

@@ -173,17 +173,44 @@ static float *mod_shares(const struct sim_run *run, const struct runlog_dataset_
     return m;
 }
 
-/* An MoE block's busiest expert rank over the step: expert e is on rank
- * e / (E / ep) of its group (docs/moe.md), a rank's load is the pairs its
- * experts kept (routed - dropped), and the state is the busiest rank's
- * over routed / ep (with ep = 1 the kept share; dropless, busiest over
- * mean). Dense blocks 0. NULL without MoE blocks. */
+/* The MoE blocks' busiest expert rank as the run measured it
+ * (/moe/rank_load, parallel.ep > 1: over every expert group), spread onto
+ * the layers (dense blocks 0). */
+static float *moe_rank_loads(const struct sim_run *run, const struct runlog_dataset_info *infos,
+                             int n, long rows, int blocks)
+{
+    int L = run->layers, every = run->cfg.moe_every;
+    float *load = read_blocks(run, infos, n, RUNLOG_MOE_RANK_LOAD, rows, blocks, 1);
+    float *m = dm_alloc((size_t)rows * L * sizeof(float));
+    for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
+    for (long r = 0; r < rows; r++)
+        for (int j = 0; j < blocks; j++) {
+            float g = load[r * blocks + j];
+            if (!(g >= 0.0f && g <= SIM_MAX_MOE_LOAD))
+                dm_user_error("simulate: %s: %s[%ld][%d] is %g (must be in [0, %g])", run->path,
+                              RUNLOG_MOE_RANK_LOAD, r, j, g, SIM_MAX_MOE_LOAD);
+            m[r * L + (long)(j + 1) * every - 1] = g > 0.0f ? g : 1.0f;
+        }
+    dm_free(load);
+    return m;
+}
+
+/* An MoE block's busiest expert rank over the step. A run with its
+ * experts split over ranks records it (/moe/rank_load, moe_rank_loads);
+ * older logs are priced from the counts: expert e is on rank e / (E / ep)
+ * of its group (docs/moe.md), a rank's load is the pairs its experts kept
+ * (routed - dropped), and the state is the busiest rank's over routed /
+ * ep (with ep = 1 the kept share; dropless, busiest over mean), the
+ * counts summed over the expert groups. Dense blocks 0. NULL without MoE
+ * blocks. */
 static float *moe_loads(const struct sim_run *run, const struct runlog_dataset_info *infos,
                         int n, long rows)
 {
     char err[1024];
     int L = run->layers, every = run->cfg.moe_every, E = run->cfg.experts;
     int blocks = every > 0 ? L / every : 0, ep = run->cfg.ep > 0 ? run->cfg.ep : 1, cols = 0;
+    if (blocks && ep > 1 && has_dataset(infos, n, RUNLOG_MOE_RANK_LOAD))
+        return moe_rank_loads(run, infos, n, rows, blocks);
     if (!blocks || E <= 0 || !has_dataset(infos, n, RUNLOG_MOE_TOKENS)) return NULL;
     int *routed = NULL, *dropped = NULL;
     long got = runlog_read_int_matrix(run->path, RUNLOG_MOE_TOKENS, &routed, &cols, err, sizeof err);

@@ -78,8 +78,10 @@ static void append_stage_row(struct runlog *log, const char *name, const double 
 }
 
 /* The MoE blocks' rows of the step: per expert the routed and dropped
- * pairs and the bias, per block the balancing losses. */
-static void append_moe_rows(struct runlog *log, const struct step_stats *st)
+ * pairs and the bias, per block the balancing losses and (ep > 1) the
+ * busiest expert rank's load. */
+static void append_moe_rows(struct runlog *log, const struct dm_config *cfg,
+                            const struct step_stats *st)
 {
     int cells = st->moe_blocks * st->experts;
     int *counts = dm_alloc((size_t)cells * sizeof(int));
@@ -91,6 +93,7 @@ static void append_moe_rows(struct runlog *log, const struct step_stats *st)
     append_doubles(log, RUNLOG_MOE_BIAS, st->moe_bias, cells, row);
     append_doubles(log, RUNLOG_MOE_AUX, st->moe_aux, st->moe_blocks, row);
     append_doubles(log, RUNLOG_MOE_Z, st->moe_z, st->moe_blocks, row);
+    if (cfg->ep > 1) append_doubles(log, RUNLOG_MOE_RANK_LOAD, st->moe_rank_load, st->moe_blocks, row);
     dm_free(counts);
     dm_free(row);
 }
@@ -117,7 +120,7 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
     int *irow = dm_alloc((size_t)width * sizeof(int));
     for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
-    if (st->moe_blocks) append_moe_rows(log, st);
+    if (st->moe_blocks) append_moe_rows(log, cfg, st);
     for (int r = 0; r < st->trace_rows; r++)
         runlog_append_row(log, RUNLOG_TRACE_EVENTS, st->trace + (size_t)r * STEP_TRACE_COLUMNS,
                           STEP_TRACE_COLUMNS);
