@@ -18,6 +18,9 @@
 #     and so does one of two expert groups (dp=4 ep=2) resumed with ep=4;
 #   - configs/moe.ini runs as pp=2 dp=2 ep=2 on 4 ranks (shortened), with
 #     the losses of ep=1;
+#   - /moe/rank_load (ep > 1) is the busiest expert rank's rows over the
+#     mean's: with one expert group what the counts give, with two at
+#     least that;
 #   - ep not dividing dp or E is exit 2 with one message.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -58,6 +61,25 @@ run ep2-random moe 4 parallel.pp=2 parallel.ep=2 balance.method=random balance.e
 run dp4-ep1 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=1
 run dp4-ep2 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=2 && same dp4-ep1 dp4-ep2 "1 stage x 4 replicas: ep=2 vs ep=1"
 run dp4-ep4 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=4 && same dp4-ep1 dp4-ep4 "1 stage x 4 replicas: ep=4 vs ep=1"
+# /moe/rank_load, the busiest expert rank's rows over the mean rank's:
+# with one expert group (ep2) what the summed counts give; with two
+# (dp4-ep2) at least that (the worst group's busiest rank); none at ep=1.
+/usr/bin/python3 - "$dir" <<'PY' && echo "ok: /moe/rank_load: one group as its counts give, two groups at least the summed counts' figure, none at ep=1" || fail "/moe/rank_load is wrong"
+import sys, h5py, numpy as np
+d = sys.argv[1]
+def from_counts(run, ep):
+    f = h5py.File(d + "/" + run + "/runlog.h5", "r")
+    t = f["/moe/tokens"][:].astype(float) - f["/moe/dropped"][:]
+    E = 4
+    t = t.reshape(t.shape[0], -1, ep, E // ep).sum(axis=3)   # [steps, blocks, ranks]
+    return f["/moe/rank_load"][:], t.max(axis=2) * ep / t.sum(axis=2)
+got, want = from_counts("ep2", 2)
+assert got.shape == want.shape and np.allclose(got, want, rtol=1e-6), (got[0], want[0])
+got, want = from_counts("dp4-ep2", 2)
+assert (got >= want * (1 - 1e-6)).all() and (got > want * (1 + 1e-6)).any(), (got[0], want[0])
+for run in ("ep1", "dp4-ep1"):
+    assert "/moe/rank_load" not in h5py.File(d + "/" + run + "/runlog.h5", "r"), run
+PY
 run sig-ep1 sigmoid 4 parallel.pp=2 parallel.ep=1
 run sig-ep2-random sigmoid 4 parallel.pp=2 parallel.ep=2 balance.method=random balance.every=1 &&
   same sig-ep1 sig-ep2-random "sigmoid router, bias moving: ep=2 balanced vs ep=1 static"
