@@ -259,31 +259,12 @@ static void format_shortest(char *buf, size_t size, double x)
     }
 }
 
-/* Sets one key. Returns 0, or -1 with a message naming the problem in
- * err (the caller adds where it came from). */
 #define KEY_ERROR(...) do { snprintf(err, errsize, __VA_ARGS__); return -1; } while (0)
-static int set_key(struct dm_config *cfg, const char *section, const char *name,
-                   const char *value, char *err, size_t errsize)
+/* Parses value as key's type into field, within the key's range. Returns
+ * 0, or -1 with a message naming the problem in err. */
+static int set_value(const struct config_key *key, char *field, const char *section,
+                     const char *name, const char *value, char *err, size_t errsize)
 {
-    char valid[1024];
-    if (section_index(section) < 0) {
-        list_sections(valid, sizeof valid);
-        KEY_ERROR("unknown section [%s] (valid sections: %s)", section, valid);
-    }
-    int k = key_index(section, name);
-    if (k < 0) {
-        list_section_keys(section, valid, sizeof valid);
-        KEY_ERROR("unknown key %s.%s (valid keys of [%s]: %s)", section,
-                      name, section, valid);
-    }
-    const struct config_key *key = &keys[k];
-    char *field = (char *)cfg + key->offset;
-    if (!strcmp(section, "moe") || key->offset == offsetof(struct dm_config, experts) ||
-        key->offset == offsetof(struct dm_config, top_k) ||
-        key->offset == offsetof(struct dm_config, expert_hidden))
-        cfg->moe_keys_set = 1;
-    if (!strcmp(section, "mod")) cfg->mod_keys_set = 1;
-    if (!strcmp(section, "hash")) cfg->hash_keys_set = 1;
     char *end = NULL;
     errno = 0;
     switch (key->type) {
@@ -331,6 +312,33 @@ static int set_key(struct dm_config *cfg, const char *section, const char *name,
         break;
     }
     return 0;
+}
+
+/* Sets one key. Returns 0, or -1 with a message naming the problem in
+ * err (the caller adds where it came from). */
+static int set_key(struct dm_config *cfg, const char *section, const char *name,
+                   const char *value, char *err, size_t errsize)
+{
+    char valid[1024];
+    if (section_index(section) < 0) {
+        list_sections(valid, sizeof valid);
+        KEY_ERROR("unknown section [%s] (valid sections: %s)", section, valid);
+    }
+    int k = key_index(section, name);
+    if (k < 0) {
+        list_section_keys(section, valid, sizeof valid);
+        KEY_ERROR("unknown key %s.%s (valid keys of [%s]: %s)", section,
+                      name, section, valid);
+    }
+    const struct config_key *key = &keys[k];
+    char *field = (char *)cfg + key->offset;
+    if (!strcmp(section, "moe") || key->offset == offsetof(struct dm_config, experts) ||
+        key->offset == offsetof(struct dm_config, top_k) ||
+        key->offset == offsetof(struct dm_config, expert_hidden))
+        cfg->moe_keys_set = 1;
+    if (!strcmp(section, "mod")) cfg->mod_keys_set = 1;
+    if (!strcmp(section, "hash")) cfg->hash_keys_set = 1;
+    return set_value(key, field, section, name, value, err, errsize);
 }
 
 /* ---- the INI file ---------------------------------------------------------

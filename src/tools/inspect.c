@@ -416,12 +416,11 @@ static void print_counts(FILE *out, const int *counts, int n)
     fputc(']', out);
 }
 
-static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
+/* Who wrote the checkpoint, and its model: the shape and its dynamic blocks. */
+static void print_checkpoint_model(const struct ckpt_meta *m)
 {
     const struct gpt_shape *s = &m->shape;
     size_t block_params = block_param_count(s->channels);
-    double block_mb = 3.0 * (double)block_params * 4.0 / 1e6;
-    printf("checkpoint %s\n", path);
     printf("  written by dynmo %s, created %s, schema version %d\n", m->dynmo_version,
            m->created, m->schema_version);
     printf("  model: %d layers, %d channels, %d heads, vocab %d, max_seq %d: %zu "
@@ -438,6 +437,38 @@ static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
                s->mod.routing == MOD_ROUTING_CAUSAL ? "causal" : "top-k");
     if (s->hash.buckets > 0)
         printf("  attention: hash-sparse, %d buckets per head\n", s->hash.buckets);
+}
+
+/* The checkpoint's blocks, one line each, and its configuration. */
+static void print_checkpoint_blocks(const struct ckpt_meta *m)
+{
+    const struct gpt_shape *s = &m->shape;
+    double block_mb = 3.0 * (double)block_param_count(s->channels) * 4.0 / 1e6;
+    int frozen = 0;
+    for (int i = 0; i < s->layers; i++) frozen += m->frozen[i];
+    if (s->moe.every > 0)
+        printf("  blocks (MB: params, Adam m and v; %d frozen):\n", frozen);
+    else
+        printf("  blocks (%.2f MB each: params, Adam m and v; %d frozen):\n", block_mb, frozen);
+    printf("    %5s %5s %9s %8s %6s\n", "layer", "stage", "MB", "sparsity", "frozen");
+    for (int i = 0; i < s->layers; i++)
+        printf("    %5d %5d %9.2f %8.4f %6s\n", i, stage_of(m->layout, m->pp, i),
+               3.0 * (double)gpt_block_param_count(s, i) * 4.0 / 1e6,
+               (double)m->sparsity[i], m->frozen[i] ? "yes" : "no");
+    printf("config:\n");
+    const char *line = m->config_text ? m->config_text : "";
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        int len = end ? (int)(end - line) : (int)strlen(line);
+        printf("  %.*s\n", len, line);
+        line += len + (end ? 1 : 0);
+    }
+}
+
+static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
+{
+    printf("checkpoint %s\n", path);
+    print_checkpoint_model(m);
     printf("  step: %ld (the run resumes at step index %ld); optimizer steps %ld; "
            "learning-rate schedule at step %ld\n", m->step, m->step, m->optimizer_steps,
            m->lr_schedule_step);
@@ -459,25 +490,7 @@ static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
     if (m->dyn_state_count > 0)
         printf("  scheme state: dyn.kind = %s, %ld values (/dyn/state)\n", m->dyn_kind,
                m->dyn_state_count);
-    int frozen = 0;
-    for (int i = 0; i < s->layers; i++) frozen += m->frozen[i];
-    if (s->moe.every > 0)
-        printf("  blocks (MB: params, Adam m and v; %d frozen):\n", frozen);
-    else
-        printf("  blocks (%.2f MB each: params, Adam m and v; %d frozen):\n", block_mb, frozen);
-    printf("    %5s %5s %9s %8s %6s\n", "layer", "stage", "MB", "sparsity", "frozen");
-    for (int i = 0; i < s->layers; i++)
-        printf("    %5d %5d %9.2f %8.4f %6s\n", i, stage_of(m->layout, m->pp, i),
-               3.0 * (double)gpt_block_param_count(s, i) * 4.0 / 1e6,
-               (double)m->sparsity[i], m->frozen[i] ? "yes" : "no");
-    printf("config:\n");
-    const char *line = m->config_text ? m->config_text : "";
-    while (*line) {
-        const char *end = strchr(line, '\n');
-        int len = end ? (int)(end - line) : (int)strlen(line);
-        printf("  %.*s\n", len, line);
-        line += len + (end ? 1 : 0);
-    }
+    print_checkpoint_blocks(m);
 }
 
 /* The scheme's saved state (/dyn): its kind and how many values. */

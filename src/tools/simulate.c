@@ -221,6 +221,24 @@ static void make_trajectory(struct sim_trajectory *traj, const struct simulate_a
     }
 }
 
+/* The run's processor sharing at its own shape (of all its replicas when
+ * their ranks took turns on the same CPUs, else of its one replica's
+ * stages) and the expert exchange rounds of its parallel.ep. */
+static void setup_sharing(struct sim_setup *s, const struct simulate_args *a,
+                          const struct sim_run *run, int per_micro_batch)
+{
+    const struct dm_config *rc = &run->cfg;
+    if (s->stages == run->stages && !s->split && s->replicas == rc->dp && run->shares)
+        s->sharing = &run->replica_sharing;
+    else if (s->stages == run->stages && s->replicas == 1 && run->plan_sharing.group)
+        s->sharing = &run->plan_sharing.sharing;
+    s->ep = rc->ep;
+    s->exchange_bytes = 4.0 * per_micro_batch * rc->seq * rc->top_k * rc->channels *
+                        (rc->ep - 1) / rc->ep;
+    s->exchange_ms = a->exchange_ms >= 0 ? a->exchange_ms
+                   : s->sharing == &run->replica_sharing ? SHARED_EXCHANGE_MS : s->latency_ms;
+}
+
 /* Everything the policies share, from the arguments, the run and the
  * trajectory. Bad sizes are user errors. */
 static void make_setup(struct sim_setup *s, const struct simulate_args *a, const struct sim_run *run,
@@ -270,18 +288,7 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     double C = rc->channels, T = rc->seq;   /* attention's FLOPs over the block's */
     s->attention_share = a->attention_share >= 0 ? a->attention_share
                        : (8 * C * C * T + 2 * T * T * C) / (24 * C * C * T + 2 * T * T * C);
-    /* The run's sharing at its own shape: of all its replicas when they
-     * took turns on the same CPUs, else of its one replica's stages. */
-    int own_shape = s->stages == run->stages && !s->split;
-    if (own_shape && s->replicas == rc->dp && run->shares)
-        s->sharing = &run->replica_sharing;
-    else if (s->stages == run->stages && s->replicas == 1 && run->plan_sharing.group)
-        s->sharing = &run->plan_sharing.sharing;
-    s->ep = rc->ep;
-    s->exchange_bytes = 4.0 * per_micro_batch * rc->seq * rc->top_k * rc->channels *
-                        (rc->ep - 1) / rc->ep;
-    s->exchange_ms = a->exchange_ms >= 0 ? a->exchange_ms
-                   : s->sharing == &run->replica_sharing ? SHARED_EXCHANGE_MS : s->latency_ms;
+    setup_sharing(s, a, run, per_micro_batch);
     s->replay_layout = run->layout;
     s->replay_width = run->width;
 }
