@@ -3,8 +3,9 @@
 # that is lent a GPU for a few minutes (docs/gpu-bench.md). On a machine
 # with a GPU it
 #   1. prints the GPU (nvidia-smi -L) and its fp32 and TF32 peaks;
-#   2. builds $BUILD/dynmo and the CUDA plugin $BUILD/libdynmo_cuda.so
-#      when missing (make USE_CUDA=1, for the GPU's own architecture);
+#   2. brings $BUILD/dynmo and the CUDA plugin $BUILD/libdynmo_cuda.so up
+#      to date (make USE_CUDA=1, for the GPU's own architecture), unless
+#      DYNMO and DYNMO_CUDA_PLUGIN both name the binaries to use;
 #   3. runs `dynmo bench` with train.device=cuda for each config
 #      (configs/ref.ini, configs/gpt2-small.ini), GPU_BENCH_WARMUP
 #      untimed + GPU_BENCH_STEPS timed steps, each run under a timeout;
@@ -78,6 +79,8 @@ fi
 [ $# -eq 0 ] || { echo "usage: bench/gpu.sh [--flops CONFIG] (docs/gpu-bench.md)" >&2; exit 2; }
 
 BUILD=${BUILD:-build}
+given_binaries=0
+[ -n "${DYNMO:-}" ] && [ -n "${DYNMO_CUDA_PLUGIN:-}" ] && given_binaries=1
 DYNMO=${DYNMO:-$BUILD/dynmo}
 export DYNMO_CUDA_PLUGIN=${DYNMO_CUDA_PLUGIN:-$PWD/$BUILD/libdynmo_cuda.so}
 configs=${GPU_BENCH_CONFIGS:-configs/ref.ini configs/gpt2-small.ini}
@@ -137,7 +140,7 @@ main() {
 
   # 2. the build
   local have_plugin=1
-  if [ ! -x "$DYNMO" ] || [ ! -f "$DYNMO_CUDA_PLUGIN" ]; then
+  if [ $given_binaries = 0 ]; then
     local cap gencode=()
     cap=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 | tr -d ' .')
     [[ $cap =~ ^[0-9]+$ ]] && gencode=("CUDA_GENCODE=-gencode=arch=compute_$cap,code=sm_$cap")

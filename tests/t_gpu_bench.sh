@@ -126,7 +126,7 @@ grep -q 'dynmo refused train.device=cuda' <<<"$out" || fail "fake H200: no line 
 [ $failures -eq 0 ] && echo "ok: fake H200: exit 1, table:" && sed 's/^/    /' <<<"$table"
 
 # The real dynmo with a plugin it cannot load: refused, and said so.
-out=$(env PATH="$fake/h200:$PATH" DYNMO_CUDA_PLUGIN="$fake/plugin.so" PYTHON="$fake/none" \
+out=$(env PATH="$fake/h200:$PATH" DYNMO="$DYNMO" DYNMO_CUDA_PLUGIN="$fake/plugin.so" PYTHON="$fake/none" \
         GPU_BENCH_CONFIGS=configs/ref.ini bench/gpu.sh 2>&1); rc=$?
 if [ $rc -eq 1 ] && grep -q 'dynmo: error: train.device = cuda: cannot load the CUDA plugin' <<<"$out" &&
    grep -qE '^ref +\| refused \(exit 2\)' <<<"$out" && grep -q 'PyTorch: no python3' <<<"$out"; then
