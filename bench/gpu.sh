@@ -8,7 +8,8 @@
 #      DYNMO and DYNMO_CUDA_PLUGIN both name the binaries to use;
 #   3. runs `dynmo bench` with train.device=cuda for each config
 #      (configs/ref.ini, configs/gpt2-small.ini), GPU_BENCH_WARMUP
-#      untimed + GPU_BENCH_STEPS timed steps, each run under a timeout;
+#      untimed + GPU_BENCH_STEPS timed steps, each run under a timeout,
+#      all of them within GPU_BENCH_BUDGET seconds of the start;
 #   4. runs the PyTorch peer (bench/torch_gpt.py --device cuda) on the same
 #      shapes, fp32 with TF32 off and with TF32 on, when a python3 has a
 #      torch that sees the GPU (/usr/bin/python3, python3; or only $PYTHON);
@@ -35,7 +36,9 @@
 #   bench/gpu.sh                    the benchmark
 #   bench/gpu.sh --flops CONFIG     the model's sizes and FLOPs per token, no GPU needed
 # Knobs: GPU_BENCH_CONFIGS, GPU_BENCH_STEPS (10), GPU_BENCH_WARMUP (3),
-# GPU_BENCH_TIMEOUT (seconds per run, 150), GPU_BENCH_TORCH_ARGS (added to
+# GPU_BENCH_TIMEOUT (seconds per run, 150), GPU_BENCH_BUDGET (seconds for
+# the whole script, 420: a run that would start later is not started and
+# says so), GPU_BENCH_TORCH_ARGS (added to
 # each PyTorch run, e.g. --compile), PYTHON, BUILD, DYNMO, DYNMO_CUDA_PLUGIN.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -87,6 +90,7 @@ configs=${GPU_BENCH_CONFIGS:-configs/ref.ini configs/gpt2-small.ini}
 steps=${GPU_BENCH_STEPS:-10}
 warmup=${GPU_BENCH_WARMUP:-3}
 limit=${GPU_BENCH_TIMEOUT:-150}
+budget=${GPU_BENCH_BUDGET:-420}
 read -r -a torch_extra <<<"${GPU_BENCH_TORCH_ARGS:-}"
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" || OUT=; fi
 table_file=${OUT:+$OUT/gpu-bench-table.txt}
@@ -112,11 +116,13 @@ tflops() {
   }'
 }
 
-# run_limited LOG CMD...: runs CMD under the per-run timeout into LOG;
-# returns its status (124: timed out).
+# run_limited LOG CMD...: runs CMD into LOG under the per-run timeout, cut
+# to what is left of the budget; returns its status (124: timed out), or
+# 125 without starting it when under 20 s are left.
 run_limited() {
-  local log=$1; shift
-  timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
+  local log=$1 left=$((budget - SECONDS)); shift
+  [ "$left" -ge 20 ] || { echo "not started: GPU_BENCH_BUDGET ($budget s) spent" > "$log"; return 125; }
+  timeout --kill-after=10 "$((left < limit ? left : limit))" "$@" > "$log" 2>&1
 }
 
 main() {
@@ -192,7 +198,9 @@ main() {
         2) dynmo_note="refused (exit 2)"
            echo "   dynmo refused train.device=cuda (exit 2; message above)" ;;
         124|137) dynmo_note="timed out"
-           echo "   dynmo: no result within $limit s (GPU_BENCH_TIMEOUT)" ;;
+           echo "   dynmo: no result in time (GPU_BENCH_TIMEOUT $limit s, GPU_BENCH_BUDGET $budget s)" ;;
+        125) dynmo_note="not started"
+           echo "   dynmo: not started, GPU_BENCH_BUDGET ($budget s) spent" ;;
         *) dynmo_note="failed (exit $rc)"
            tail -n 5 "$tmp/dynmo.log" | sed 's/^/   /'
            echo "   dynmo failed (exit $rc)" ;;
@@ -211,7 +219,11 @@ main() {
       rc=$?
       sed 's/^/     /' "$tmp/torch.log" | tail -n 6
       if [ $rc -ne 0 ]; then
-        echo "   PyTorch $mode: $([ $rc = 124 ] && echo "no result within $limit s" || echo "failed (exit $rc)")"
+        case $rc in
+          124|137) echo "   PyTorch $mode: no result in time (GPU_BENCH_TIMEOUT $limit s, GPU_BENCH_BUDGET $budget s)" ;;
+          125) echo "   PyTorch $mode: not started, GPU_BENCH_BUDGET ($budget s) spent" ;;
+          *) echo "   PyTorch $mode: failed (exit $rc)" ;;
+        esac
         continue
       fi
       local rate

@@ -8,8 +8,9 @@
 #   GFLOP/s dynmo bench prints (the same formula, within rounding);
 # - the whole run on a fake H200 (a stand-in nvidia-smi, dynmo and
 #   python): the table's TFLOP/s, shares of the peaks and ratio from the
-#   stand-ins' tokens/s, a refused dynmo shown as refused, exit 1; the real
-#   dynmo refusing an unloadable plugin is shown as refused too;
+#   stand-ins' tokens/s, a refused dynmo shown as refused, exit 1; with no
+#   GPU_BENCH_BUDGET left nothing starts; the real dynmo refusing an
+#   unloadable plugin is shown as refused too;
 # - bench/torch_gpt.py --device cpu still trains 2 steps of a tiny shape
 #   (skip: without torch).
 # Run from the repository root with $DYNMO set (tests/run.sh).
@@ -109,6 +110,7 @@ esac
 EOF
 chmod +x "$fake/h200/nvidia-smi" "$fake/dynmo" "$fake/python3"
 : > "$fake/plugin.so"
+failures_before=$failures
 out=$(env PATH="$fake/h200:$PATH" DYNMO="$fake/dynmo" DYNMO_CUDA_PLUGIN="$fake/plugin.so" \
         PYTHON="$fake/python3" OUT="$fake/out" bench/gpu.sh 2>&1); rc=$?
 [ $rc -eq 1 ] || fail "fake H200: exit $rc, want 1 (gpt2-small refused)"
@@ -123,7 +125,17 @@ want_small="gpt2-small | refused (exit 2) - - | 500000 427.33 637.8% | 2000000 1
 [ "$(row gpt2-small)" = "$want_small" ] || fail "fake H200: gpt2-small row '$(row gpt2-small)', want '$want_small'"
 grep -q 'fp32 peak 67, TF32 peak 495' <<<"$table" || fail "fake H200: peaks not in the table's title: $table"
 grep -q 'dynmo refused train.device=cuda' <<<"$out" || fail "fake H200: no line saying dynmo refused: $out"
-[ $failures -eq 0 ] && echo "ok: fake H200: exit 1, table:" && sed 's/^/    /' <<<"$table"
+[ "$failures" -eq "$failures_before" ] && echo "ok: fake H200: exit 1, table:" && sed 's/^/    /' <<<"$table"
+
+# No budget left: nothing is started, and the table says so.
+out=$(env PATH="$fake/h200:$PATH" DYNMO="$fake/dynmo" DYNMO_CUDA_PLUGIN="$fake/plugin.so" \
+        PYTHON="$fake/python3" GPU_BENCH_BUDGET=0 GPU_BENCH_CONFIGS=configs/ref.ini bench/gpu.sh 2>&1); rc=$?
+if [ $rc -eq 1 ] && grep -qE '^ref +\| not started +- +- \| - ' <<<"$out" &&
+   [ "$(grep -c 'not started, GPU_BENCH_BUDGET (0 s) spent' <<<"$out")" -eq 3 ]; then
+  echo "ok: GPU_BENCH_BUDGET=0: exit 1, nothing started, three lines say so"
+else
+  fail "GPU_BENCH_BUDGET=0: exit $rc: $out"
+fi
 
 # The real dynmo with a plugin it cannot load: refused, and said so.
 out=$(env PATH="$fake/h200:$PATH" DYNMO="$DYNMO" DYNMO_CUDA_PLUGIN="$fake/plugin.so" PYTHON="$fake/none" \
