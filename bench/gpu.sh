@@ -136,7 +136,6 @@ main() {
     echo "gpu.sh: no GPU: nvidia-smi -L on $(hostname) says '$(head -n 1 <<<"$gpus")'; nothing measured (run on a GPU node: docs/gpu-bench.md)"
     return 2
   fi
-  tmp=$(mktemp -d /tmp/dynmo-gpu-bench.XXXXXX)
   local name fp32_peak tf32_peak
   echo "== GPU: $gpus" | head -n 4
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
@@ -254,8 +253,10 @@ main() {
   return $status
 }
 
-tmp=""
-trap '[ -z "$tmp" ] || rm -rf "$tmp"' EXIT
+# Made here, not in main: with OUT set main runs in a pipeline's subshell,
+# whose exit would not run this shell's trap.
+tmp=$(mktemp -d /tmp/dynmo-gpu-bench.XXXXXX) || exit 1
+trap 'rm -rf "$tmp"' EXIT
 if [ -n "${OUT:-}" ]; then
   main 2>&1 | tee "$OUT/gpu-bench.log"
   exit "${PIPESTATUS[0]}"
