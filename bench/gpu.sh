@@ -85,7 +85,8 @@ BUILD=${BUILD:-build}
 given_binaries=0
 [ -n "${DYNMO:-}" ] && [ -n "${DYNMO_CUDA_PLUGIN:-}" ] && given_binaries=1
 DYNMO=${DYNMO:-$BUILD/dynmo}
-export DYNMO_CUDA_PLUGIN=${DYNMO_CUDA_PLUGIN:-$PWD/$BUILD/libdynmo_cuda.so}
+build_dir=$BUILD; [[ $build_dir = /* ]] || build_dir=$PWD/$BUILD
+export DYNMO_CUDA_PLUGIN=${DYNMO_CUDA_PLUGIN:-$build_dir/libdynmo_cuda.so}
 configs=${GPU_BENCH_CONFIGS:-configs/ref.ini configs/gpt2-small.ini}
 steps=${GPU_BENCH_STEPS:-10}
 warmup=${GPU_BENCH_WARMUP:-3}
@@ -162,14 +163,15 @@ main() {
   fi
 
   # The python whose torch sees the GPU.
-  local python="" candidate
+  local python="" candidate torch_version="no torch with CUDA"
   for candidate in ${PYTHON:-/usr/bin/python3 python3}; do
     if "$candidate" -c 'import torch; assert torch.cuda.is_available()' > /dev/null 2>&1; then
       python=$candidate; break
     fi
   done
   if [ -n "$python" ]; then
-    echo "== PyTorch: $python, torch $("$python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
+    torch_version="torch $("$python" -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
+    echo "== PyTorch: $python, $torch_version"
   else
     echo "== PyTorch: no python3 here has a torch that sees the GPU (tried ${PYTHON:-/usr/bin/python3 python3}): the PyTorch columns stay empty"
   fi
@@ -241,7 +243,7 @@ main() {
 
   # 5. the table
   {
-    echo "== GPU benchmark, $(date -u +%Y-%m-%dT%H:%MZ), ${name:-$(head -n 1 <<<"$gpus")}: fp32 peak $fp32_peak, TF32 peak $tf32_peak TFLOP/s; $warmup warm-up + $steps timed steps (medians)"
+    echo "== GPU benchmark, $(date -u +%Y-%m-%dT%H:%MZ), ${name:-$(head -n 1 <<<"$gpus")}: fp32 peak $fp32_peak, TF32 peak $tf32_peak TFLOP/s; $torch_version; $warmup warm-up + $steps timed steps (medians)"
     printf '%-11s | %-17s %7s %6s | %-12s %7s %6s | %-12s %7s %6s | %s\n' \
       config "dynmo tok/s" TFLOP/s "%fp32" "torch fp32" TFLOP/s "%fp32" "torch tf32" TFLOP/s "%tf32" "dynmo/torch fp32"
     local row f
