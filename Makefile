@@ -3,7 +3,8 @@
 # `make check-faults [TRIALS=20] [SEED=S]` the fault campaign (kill -9,
 # full disk, read-only; not part of `make check`; mounts need root);
 # `make fuzz` the libFuzzer harnesses (fuzz/), never part of `make check`.
-# `make check-gpu` the CUDA backend on a GPU (docs/gpu.md).
+# `make check-gpu` the CUDA backend on a GPU (docs/gpu.md); `make bench-gpu`
+# the GPU benchmark beside PyTorch (docs/gpu-bench.md).
 # Switches: SANITIZE=address,undefined  USE_CUDA=0/1 (CUDA_HOME, NCCL_HOME)  ARCH=...
 #           FUZZ_RUNS=1000000 (executions per fuzz target)
 
@@ -24,7 +25,7 @@ endif
 
 HAVE_PKGS := $(shell pkg-config --exists $(PKGS) && echo yes)
 ifneq ($(HAVE_PKGS),yes)
-ifeq ($(filter deps demo check check-faults check-portable bench fuzz clean,$(MAKECMDGOALS)),)
+ifeq ($(filter deps demo check check-faults check-portable bench bench-gpu fuzz clean,$(MAKECMDGOALS)),)
 $(error missing pkg-config packages (need: $(PKGS)); run `scripts/setup.sh` or `make check`)
 endif
 endif
@@ -67,7 +68,7 @@ FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/me
 REPLAY_OBJ := $(patsubst src/%.c,$(BUILD)/replay/obj/%.o,$(FUZZ_SRC))
 REPLAY_BIN := $(patsubst %,$(BUILD)/fuzz-replay/%,$(FUZZ_TARGETS))
 
-.PHONY: all deps demo check check-gpu check-portable check-faults bench fuzz fuzz-build clean info
+.PHONY: all deps demo check check-gpu check-portable check-faults bench bench-gpu fuzz fuzz-build clean info
 all: info $(BUILD)/dynmo $(TEST_BIN) $(REPLAY_BIN)
 
 info:
@@ -230,6 +231,11 @@ bench:
 	@scripts/setup.sh --bench
 	@$(MAKE) --no-print-directory all
 	@BUILD=$(BUILD) bench/run.sh
+
+# On a GPU: dynmo bench on cuda beside PyTorch, one table (docs/gpu-bench.md);
+# it builds what it needs itself and installs nothing (GPU nodes are offline).
+bench-gpu:
+	@BUILD=$(BUILD) bench/gpu.sh
 
 clean:
 	rm -rf build

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch CPU peer of dynmo's training step, for `dynmo bench` comparisons.
+"""PyTorch peer of dynmo's training step, for `dynmo bench` comparisons.
 
 The same GPT-2 model as dynmo (model.h; also tests/reference/make_fixture.py,
 which is the correctness reference: this file is written for speed) trained
@@ -13,6 +13,17 @@ the median ms/step, tokens/s and the peak resident set. It never imports
 dynmo and writes nothing. Run with Debian's torch 1.13:
 
     /usr/bin/python3 bench/torch_gpt.py [--steps 10] [--threads N] ...
+
+On a GPU (bench/gpu.sh, docs/gpu-bench.md), `--device cuda` runs the same
+step there, timed between torch.cuda.synchronize() calls, and also prints
+the peak device memory. fp32 means fp32: TF32 tensor-core products are off
+(matmul and cuDNN) unless `--tf32` allows them, since dynmo's cuBLAS
+products do not use TF32 either. `--compile` wraps the model in
+torch.compile (torch 2.x; the warm-up steps then include compiling).
+The defaults are the reference config's shape (configs/ref.ini); GPT-2
+small (configs/gpt2-small.ini) is
+
+    --vocab 50304 --max-seq 1024 --layers 12 --heads 12 --channels 768 --batch 8 --seq 1024
 """
 
 import argparse
@@ -99,7 +110,7 @@ def lr_at_step(step, args):
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description="PyTorch CPU peer of dynmo's training step")
+    p = argparse.ArgumentParser(description="PyTorch peer of dynmo's training step")
     p.add_argument("--steps", type=int, default=10, help="timed steps (after warm-up)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first")
     p.add_argument("--vocab", type=int, default=256)
@@ -117,9 +128,17 @@ def parse_args():
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads(N); 0 keeps torch's default")
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--tf32", action="store_true",
+                   help="on cuda, allow TF32 tensor-core products (off by default: fp32)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model (torch 2.x)")
     args = p.parse_args()
     if args.steps < 1 or args.seq > args.max_seq or args.channels % args.heads:
         p.error("need --steps >= 1, --seq <= --max-seq, --heads dividing --channels")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: torch %s sees no CUDA device" % torch.__version__)
+    if args.compile and not hasattr(torch, "compile"):
+        p.error("--compile needs torch 2.x (this is torch %s)" % torch.__version__)
     args.total_steps = args.warmup_steps + args.steps
     return args
 
@@ -128,25 +147,38 @@ def main():
     args = parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    cuda = args.device == "cuda"
+    if cuda:
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+        torch.backends.cudnn.allow_tf32 = args.tf32
     torch.manual_seed(args.seed)
-    model = GPT(args.vocab, args.max_seq, args.layers, args.heads, args.channels)
+    # Built and initialised on the CPU, then moved: the same weights and
+    # tokens on either device for a seed.
+    model = GPT(args.vocab, args.max_seq, args.layers, args.heads, args.channels).to(args.device)
     optimizer = torch.optim.AdamW(model.param_groups(args.weight_decay), lr=args.lr,
                                   betas=(0.9, 0.95), eps=1e-8, foreach=True)
-    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1))
+    tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1)).to(args.device)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     params = list(model.parameters())
+    step_model = torch.compile(model) if args.compile else model
+
+    def synchronize():
+        if cuda:
+            torch.cuda.synchronize()
 
     losses, times = [], []
     for step in range(args.total_steps):
+        synchronize()
         start = time.perf_counter()
         for group in optimizer.param_groups:
             group["lr"] = lr_at_step(step, args)
         optimizer.zero_grad(set_to_none=True)
-        loss = model(inputs, targets)
+        loss = step_model(inputs, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
         optimizer.step()
         losses.append(loss.item())
+        synchronize()
         times.append(time.perf_counter() - start)
 
     timed = times[args.warmup_steps:]
@@ -154,12 +186,19 @@ def main():
     tokens_per_step = args.batch * args.seq
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
     nparams = sum(p.numel() for p in params)
-    print(f"torch {torch.__version__}: threads {torch.get_num_threads()}, "
+    if cuda:
+        where = (f"{torch.cuda.get_device_name()}, TF32 {'on' if args.tf32 else 'off'}"
+                 f"{', compiled' if args.compile else ''}")
+    else:
+        where = f"threads {torch.get_num_threads()}{', compiled' if args.compile else ''}"
+    print(f"torch {torch.__version__} on {args.device}: {where}, "
           f"{nparams} params, V={args.vocab} S={args.max_seq} L={args.layers} "
           f"NH={args.heads} C={args.channels} B={args.batch} T={args.seq}")
     print(f"steps: {args.warmup_steps} warm-up + {len(timed)} timed; ms/step "
           f"median {median * 1e3:.1f} min {min(timed) * 1e3:.1f} max {max(timed) * 1e3:.1f}")
-    print(f"tokens/s {tokens_per_step / median:.0f}; peak RSS {peak_rss_mib:.1f} MiB")
+    device_memory = (f"; peak device memory {torch.cuda.max_memory_allocated() / 1048576.0:.0f} MiB"
+                     if cuda else "")
+    print(f"tokens/s {tokens_per_step / median:.0f}; peak RSS {peak_rss_mib:.1f} MiB{device_memory}")
     print(f"loss first {losses[0]:.4f} last {losses[-1]:.4f} (ln V = {math.log(args.vocab):.4f})")
 
     if not (abs(losses[0] - math.log(args.vocab)) < 0.5 and losses[-1] < losses[0]):
