@@ -398,7 +398,8 @@ void gpt_zero_grads(struct gpt *model)
 }
 
 /* ---- gradient norm --------------------------------------------------------------
- * Fixed chunks, each summed in double; chunk sums added in order. */
+ * Through the table's sum_squares. The CPU's is this: fixed chunks, each
+ * summed in double; chunk sums added in order (kernels/reduce.cuh's too). */
 #define SUMSQ_CHUNK 8192
 
 struct sumsq_args {
@@ -424,7 +425,7 @@ static void sumsq_range(void *arg, long begin, long end)
     }
 }
 
-static double sumsq(const float *x, long n)
+double sum_squares(const float *x, long n)
 {
     long chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     if (chunks == 0) return 0.0;
@@ -439,20 +440,22 @@ static double sumsq(const float *x, long n)
 
 double block_moe_grad_sumsq_parts(const struct block *blk, double *experts)
 {
+    const struct dm_backend *ops = backend_current();
     const struct block_moe *moe = blk->moe;
     int owned = moe_owned_experts(&moe->cfg);
     for (int j = 0; j < owned; j++)
-        experts[j] = blk->frozen ? 0.0 : sumsq(moe->experts_g + (size_t)j * moe->expert_params,
-                                               (long)moe->expert_params);
+        experts[j] = blk->frozen ? 0.0
+                                 : ops->sum_squares(moe->experts_g + (size_t)j * moe->expert_params,
+                                                    (long)moe->expert_params);
     if (blk->frozen) return 0.0;
-    return sumsq(blk->grads, (long)(moe_shared_param_count(blk->C) +
-                                    (size_t)moe->cfg.experts * (size_t)blk->C));
+    return ops->sum_squares(blk->grads, (long)(moe_shared_param_count(blk->C) +
+                                               (size_t)moe->cfg.experts * (size_t)blk->C));
 }
 
 double block_grad_sumsq(const struct block *blk)
 {
     if (blk->frozen) return 0.0;
-    if (!blk->moe) return sumsq(blk->grads, (long)blk->nparams);
+    if (!blk->moe) return backend_current()->sum_squares(blk->grads, (long)blk->nparams);
     int owned = moe_owned_experts(&blk->moe->cfg);
     double *experts = dm_alloc((size_t)owned * sizeof(double));
     double s = block_moe_grad_sumsq_parts(blk, experts);
@@ -465,13 +468,14 @@ double gpt_embed_grad_sumsq(const struct gpt *model)
 {
     if (!model->has_embed) return 0.0;
     long C = model->shape.channels;
-    return sumsq(model->dwte, (long)(model->shape.vocab + model->shape.max_seq) * C);
+    return backend_current()->sum_squares(model->dwte,
+                                          (long)(model->shape.vocab + model->shape.max_seq) * C);
 }
 
 double gpt_head_grad_sumsq(const struct gpt *model)
 {
     if (!model->has_head) return 0.0;
-    return sumsq(model->dlnf_w, 2L * model->shape.channels);
+    return backend_current()->sum_squares(model->dlnf_w, 2L * model->shape.channels);
 }
 
 double gpt_grad_sumsq(const struct gpt *model)

@@ -31,6 +31,8 @@ void parallel_copy(float *dst, const float *src, long n);
 
 /* dst[0..n) = 0, in parallel. */
 void parallel_zero(float *dst, long n);
+/* The CPU backend's sum_squares (backend.h): chunks in double, added in order. */
+double sum_squares(const float *x, long n);
 
 /* layernorm_backward with dinp = dresidual + (input gradient) rather
  * than +=; dresidual may be dinp (then it is layernorm_backward). */

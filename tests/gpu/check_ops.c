@@ -100,6 +100,25 @@ static void check_staging(long n)
     dev->free_host(stage), dev->free(D), dm_free(slab);
 }
 
+/* the device-side memory ops and the reduction: zero and copy_on_device
+ * exact, sum_squares the CPU's bits (n not a multiple of the chunk) */
+static void check_memory_ops(long n)
+{
+    float *x = host(n, 3), *zero = host(n, 0);
+    float *X = up(x, n * 4), *Y = dev->alloc(n * 4);
+    dev->copy_on_device(Y, X, n * 4);
+    compare("copy_on_device", Y, x, n);
+    double want = cpu->sum_squares(x, n), got = dev->sum_squares(Y, n);
+    int same = memcmp(&want, &got, sizeof want) == 0;
+    failures += !same;
+    checked++;
+    printf("  %-40s %9.2e %s\n", "sum_squares", fabs(got - want) / want,
+           same ? "ok (the CPU's bits)" : "FAIL (bits differ)");
+    dev->zero(Y, n * 4);
+    compare("zero", Y, zero, n);
+    dm_free(x), dm_free(zero), dev->free(X), dev->free(Y);
+}
+
 static void check_matmul(int N, int C, int OC)
 {
     long NC = (long)N * C, NO = (long)N * OC, W = (long)OC * C;
@@ -384,6 +403,7 @@ int main(int argc, char **argv)
     cpu = backend_cpu();
     printf("check_ops: %s (%s) against the CPU backend\n", dev->name, dev->device);
     check_staging(1 << 20);
+    check_memory_ops(100003);
     check_matmul(256, 128, 384);
     check_matmul(100, 96, 40);
     check_layernorm(300, 128);
