@@ -508,6 +508,10 @@ struct gpt_acts {
     float *probs;                  /* (B,T,V) */
     float *losses;                 /* (B,T) */
     int *tokens, *targets;         /* (B,T) */
+    /* Host staging (backend.h's backend_staging; NULL on a backend the host
+     * reads itself): the inputs the loader fills, the losses read back. */
+    int *tokens_host, *targets_host;   /* (B,T) */
+    float *losses_host;                /* (B,T) */
     struct exit_acts *exit;        /* early-exit state (src/model/exit.c), or NULL */
 };
 void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T);
@@ -521,6 +525,12 @@ void gpt_acts_free(struct gpt_acts *acts);
  * migration allocates (and zero-fills) almost nothing. Contents are not
  * kept. */
 void gpt_acts_resize(struct gpt_acts *acts, const struct gpt *model);
+/* Where the host writes a micro-batch's token ids and targets (B T each):
+ * acts->tokens and acts->targets themselves when the backend's memory is
+ * the host's, else host staging; gpt_acts_inputs_ready then copies them
+ * to the device (once per micro-batch). */
+void gpt_acts_inputs(struct gpt_acts *acts, int **tokens, int **targets);
+void gpt_acts_inputs_ready(struct gpt_acts *acts);
 
 /* Forward of this rank's part. If has_embed, reads tokens; else the input
  * activation must already be in acts->residual[0]. If has_head, targets

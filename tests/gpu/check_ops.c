@@ -386,11 +386,25 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     dm_free(order), dm_free(bucket), dev->free(OR), dev->free(BU);
 }
 
+/* check_ops emulate --host-read: the host reads a device tensor, which
+ * the strict emulated device must stop (tests/t_device_memory.sh expects
+ * the process to die naming a host read of device memory). */
+static int host_read(void)
+{
+    float *D = dev->alloc(64 * sizeof(float));
+    printf("check_ops: reading device memory at %p on the host\n", (void *)D);
+    fflush(stdout);
+    volatile float x = D[3];
+    printf("check_ops: the host read %g from device memory: nothing trapped it\n", x);
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") &&
-                      strcmp(argv[1], "emulate"))) {
-        fprintf(stderr, "usage: check_ops cpu|cuda|emulate\n");
+    int read_test = argc == 3 && !strcmp(argv[2], "--host-read");
+    if ((argc != 2 && !read_test) || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") &&
+                                      strcmp(argv[1], "emulate"))) {
+        fprintf(stderr, "usage: check_ops cpu|cuda|emulate [--host-read]\n");
         return 2;
     }
     dm_threads_init(0);
@@ -401,6 +415,7 @@ int main(int argc, char **argv)
     }
     dev = backend_current();
     cpu = backend_cpu();
+    if (read_test) return host_read();
     printf("check_ops: %s (%s) against the CPU backend\n", dev->name, dev->device);
     check_staging(1 << 20);
     check_memory_ops(100003);
