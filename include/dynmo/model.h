@@ -323,6 +323,15 @@ void block_init(struct block *blk, int index, const struct gpt_shape *shape,
  * zero (gpt_init_weights). */
 void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64_t seed);
 void block_free(struct block *blk);
+/* A block whose slab pointers (slab, params, grads, m, v, p[], g[]) point
+ * at host memory holding blk's slab, for code that reads or writes it
+ * wholesale (checkpoints): *blk itself when staging is NULL (the backend's
+ * memory is the host's: backend_staging), else staging (slab_floats
+ * floats), filled by a copy down when fetch is set. Everything else is
+ * blk's, shared: the view owns nothing. block_host_view_store copies the
+ * view's slab up into blk (nothing when they are the same memory). */
+struct block block_host_view(const struct block *blk, float *staging, int fetch);
+void block_host_view_store(struct block *blk, const struct block *view);
 
 /* Prunes the block: keep (12C^2 bytes, matrix-weight order, 1 = keep)
  * becomes its mask; params, gradients and Adam moments of pruned weights
@@ -480,6 +489,12 @@ void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int fi
                         int num_blocks, int has_embed, int has_head);
 void gpt_init_weights(struct gpt *model, uint64_t seed);
 void gpt_free(struct gpt *model);
+/* The embedding slab's params, grads, m and v ([wte wpe lnf_w lnf_b] each,
+ * 4 embed_nparams floats) where the host can reach them: model->embed_slab
+ * when staging is NULL, else staging filled by a copy down when fetch is
+ * set; gpt_embed_host_store copies them back up (as block_host_view). */
+float *gpt_embed_host_view(const struct gpt *model, float *staging, int fetch);
+void gpt_embed_host_store(struct gpt *model, const float *view);
 
 /* Replaces the block range of a model (live migration): the model takes
  * ownership of `blocks` (count of them, first global index `first`); the

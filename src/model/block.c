@@ -198,6 +198,29 @@ void block_free(struct block *blk)
     memset(blk, 0, sizeof *blk);
 }
 
+struct block block_host_view(const struct block *blk, float *staging, int fetch)
+{
+    struct block view = *blk;
+    if (!staging) return view;
+    size_t bytes = blk->slab_floats * sizeof(float);
+    if (fetch) backend_current()->copy_to_host(staging, blk->slab, bytes);
+    view.slab = staging;
+    view.params = staging + (blk->params - blk->slab);
+    view.grads = staging + (blk->grads - blk->slab);
+    view.m = staging + (blk->m - blk->slab);
+    view.v = staging + (blk->v - blk->slab);
+    for (int k = 0; k < BP_COUNT; k++) {
+        view.p[k] = blk->p[k] ? staging + (blk->p[k] - blk->slab) : NULL;
+        view.g[k] = blk->g[k] ? staging + (blk->g[k] - blk->slab) : NULL;
+    }
+    return view;
+}
+
+void block_host_view_store(struct block *blk, const struct block *view)
+{
+    backend_write_end(blk->slab, view->slab, blk->slab_floats * sizeof(float));
+}
+
 /* ---- serialisation (docs/block-slab.md) ------------------------------------ */
 
 #define PACK_MAGIC "DMBLOCK1"

@@ -138,6 +138,20 @@ void gpt_free(struct gpt *model)
     memset(model, 0, sizeof *model);
 }
 
+float *gpt_embed_host_view(const struct gpt *model, float *staging, int fetch)
+{
+    if (!staging) return model->embed_slab;
+    if (fetch)
+        backend_current()->copy_to_host(staging, model->embed_slab,
+                                        4 * model->embed_nparams * sizeof(float));
+    return staging;
+}
+
+void gpt_embed_host_store(struct gpt *model, const float *view)
+{
+    backend_write_end(model->embed_slab, view, 4 * model->embed_nparams * sizeof(float));
+}
+
 void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int count)
 {
     DM_ASSERT(first >= 0 && count >= 0 && first + count <= model->shape.layers);
