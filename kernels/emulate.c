@@ -94,6 +94,29 @@ static void device_leave(int *unused)
 #define DEVICE_SCOPE int device_scope __attribute__((cleanup(device_leave), unused)) = \
     device_enter()
 
+static int in_arena(const void *p);
+
+/* In strict mode every pointer an op takes must be device memory: a host
+ * pointer handed to an op is what a GPU kernel could not read. */
+static void device_args(const char *op, int n, const void *const *pointers)
+{
+    for (int i = 0; arena.strict && i < n; i++) {
+        if (!pointers[i] || in_arena(pointers[i])) continue;
+        char text[256];
+        snprintf(text, sizeof text, "pointer argument %d (%p) is host memory, not the device's "
+                 "(a device op reads only what the table's alloc returned)", i + 1,
+                 pointers[i]);
+        host->fatal(__FILE__, __LINE__, op, text);
+    }
+}
+
+#define DEVICE_ARGS(op, ...)                                                          \
+    do {                                                                              \
+        const void *device_args_list[] = {__VA_ARGS__};                               \
+        device_args(op, (int)(sizeof device_args_list / sizeof device_args_list[0]),  \
+                    device_args_list);                                                \
+    } while (0)
+
 static void extent_insert(int at, struct extent e)
 {
     if (arena.count == arena.capacity) {
@@ -243,15 +266,31 @@ static void *emulate_alloc_host(size_t bytes)
     return p;
 }
 
-static void emulate_copy(void *dst, const void *src, size_t bytes)
+static void emulate_copy_to_device(void *dst, const void *src, size_t bytes)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("copy_to_device", dst);
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void emulate_copy_to_host(void *dst, const void *src, size_t bytes)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("copy_to_host", src);
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void emulate_copy_on_device(void *dst, const void *src, size_t bytes)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("copy_on_device", dst, src);
     if (bytes) memcpy(dst, src, bytes);
 }
 
 static void emulate_zero(void *dst, size_t bytes)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("zero", dst);
     if (bytes) memset(dst, 0, bytes);
 }
 
@@ -331,24 +370,28 @@ static float *scratch(int slot, size_t floats)
 static void emulate_gelu_forward(float *out, const float *inp, long N)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("gelu_forward", out, inp);
     LAUNCH(grid_for(N), gelu_forward_thread(t, out, inp, N));
 }
 
 static void emulate_gelu_backward(float *dinp, const float *inp, const float *dout, long N)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("gelu_backward", dinp, inp, dout);
     LAUNCH(grid_for(N), gelu_backward_thread(t, dinp, inp, dout, N));
 }
 
 static void emulate_residual_forward(float *out, const float *a, const float *b, long N)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("residual_forward", out, a, b);
     LAUNCH(grid_for(N), residual_forward_thread(t, out, a, b, N));
 }
 
 static void emulate_rows_gather(float *dst, const float *src, const int *rows, int n, int C)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("rows_gather", dst, src, rows);
     LAUNCH(grid_for((long)n * C), rows_gather_thread(t, dst, src, rows, n, C));
 }
 
@@ -356,6 +399,7 @@ static void emulate_rows_scatter(float *dst, const float *src, const int *rows, 
                                  int add)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("rows_scatter", dst, src, rows);
     LAUNCH(grid_for((long)n * C), rows_scatter_thread(t, dst, src, rows, n, C, add));
 }
 
@@ -363,6 +407,7 @@ static void emulate_encoder_forward(float *out, const int *tokens, const float *
                                     const float *wpe, int B, int T, int C)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("encoder_forward", out, tokens, wte, wpe);
     LAUNCH(grid_for((long)B * T * C), encoder_forward_thread(t, out, tokens, wte, wpe, B, T, C));
 }
 
@@ -370,6 +415,7 @@ static void emulate_encoder_backward(float *dwte, float *dwpe, const float *dout
                                      const int *tokens, int B, int T, int C)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("encoder_backward", dwte, dwpe, dout, tokens);
     LAUNCH(grid_for(C), encoder_backward_thread(t, dwte, dwpe, dout, tokens, B, T, C));
 }
 
@@ -378,6 +424,7 @@ static void emulate_adamw_update(float *params, const float *grads, float *m, fl
                                  float weight_decay, float grad_scale, int step)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("adamw_update", params, grads, m, v);
     struct dm_adamw_constants k = dm_adamw_constants_make(lr, beta1, beta2, eps, weight_decay,
                                                           grad_scale, step);
     LAUNCH(grid_for(n), adamw_update_thread(t, params, grads, m, v, n, k));
@@ -412,6 +459,7 @@ static void emulate_matmul_forward(float *out, const float *inp, const float *we
                                    const float *bias, int N, int C, int OC)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_forward", out, inp, weight, bias);
     matmul_forward_any(out, NULL, inp, weight, bias, NULL, N, C, OC);
 }
 
@@ -420,6 +468,7 @@ static void emulate_matmul_forward_residual(float *out, const float *inp, const 
                                             int C, int OC)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_forward_residual", out, inp, weight, bias, residual);
     matmul_forward_any(out, NULL, inp, weight, bias, residual, N, C, OC);
 }
 
@@ -428,6 +477,7 @@ static void emulate_matmul_forward_gelu(float *out, float *gelu_out, const float
                                         int OC)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_forward_gelu", out, gelu_out, inp, weight, bias);
     matmul_forward_any(out, gelu_out, inp, weight, bias, NULL, N, C, OC);
 }
 
@@ -435,6 +485,7 @@ static void emulate_matmul_backward(float *dinp, float *dweight, float *dbias, c
                                     const float *inp, const float *weight, int N, int C, int OC)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_backward", dinp, dweight, dbias, dout, inp, weight);
     matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, NULL, 1.0f, N, C, OC);
 }
 
@@ -443,6 +494,7 @@ static void emulate_matmul_backward_overwrite(float *dinp, float *dweight, float
                                               const float *weight, int N, int C, int OC)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_backward_overwrite", dinp, dweight, dbias, dout, inp, weight);
     matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, NULL, 0.0f, N, C, OC);
 }
 
@@ -452,6 +504,7 @@ static void emulate_matmul_backward_gelu(float *dinp, float *dweight, float *dbi
                                          int C, int OC)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_backward_gelu", dinp, dweight, dbias, dout, inp, weight, gelu_inp);
     matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, gelu_inp, 0.0f, N, C, OC);
 }
 
@@ -461,6 +514,7 @@ static void emulate_layernorm_forward(float *out, float *mean, float *rstd, cons
                                       const float *weight, const float *bias, int N, int C)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("layernorm_forward", out, mean, rstd, inp, weight, bias);
     float sum[THREADS], var[THREADS];
     for (long row = 0; row < N; row++) {
         PHASE(row, N, layernorm_forward_sum_phase(t, sum, inp, C));
@@ -479,6 +533,8 @@ static void emulate_layernorm_backward_residual(float *dinp, const float *dresid
                                                 int C)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("layernorm_backward_residual", dinp, dresidual, dweight, dbias, dout, inp,
+                weight, mean, rstd);
     float sum_d[THREADS], sum_dn[THREADS];
     for (long row = 0; dinp && row < N; row++) {
         PHASE(row, N, layernorm_backward_sums_phase(t, sum_d, sum_dn, dout, inp, weight, mean,
@@ -498,6 +554,7 @@ static void emulate_layernorm_backward(float *dinp, float *dweight, float *dbias
                                        const float *mean, const float *rstd, int N, int C)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("layernorm_backward", dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     emulate_layernorm_backward_residual(dinp, NULL, dweight, dbias, dout, inp, weight, mean,
                                         rstd, N, C);
 }
@@ -506,6 +563,7 @@ static void emulate_crossentropy_forward(float *losses, float *probs, const floa
                                          const int *targets, int N, int V)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("crossentropy_forward", losses, probs, logits, targets);
     float most[THREADS], sum[THREADS];
     for (long n = 0; n < N; n++) {
         const float *row = logits + n * V;
@@ -524,6 +582,7 @@ static void emulate_crossentropy_softmax_backward(float *dlogits, const float *p
                                                   int V)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("crossentropy_softmax_backward", dlogits, probs, targets);
     LAUNCH(grid_for((long)N * V), crossentropy_backward_thread(t, dlogits, probs, targets,
                                                                dloss_scale, N, V));
 }
@@ -599,6 +658,7 @@ static void emulate_attention_forward(float *out, float *att, const float *qkv, 
                                       int C, int NH)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("attention_forward", out, att, qkv);
     struct heads h = heads_scratch(B, T, C);
     permute(&h, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, B, T, C, NH);
     heads_forward(&h, att, B, T, C, NH);
@@ -610,6 +670,7 @@ static void emulate_attention_backward(float *dqkv, float *scores, const float *
                                        int NH)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("attention_backward", dqkv, scores, dout, qkv, att);
     struct heads h = heads_scratch(B, T, C);
     long n = (long)B * T * C;
     permute(&h, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, B, T, C, NH);
@@ -624,6 +685,7 @@ static void emulate_attention_forward_rows(float *out, float *att, const float *
                                            int T, int C, int NH)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("attention_forward_rows", out, att, q, kv, rows);
     struct heads h = heads_scratch(B, T, C);
     scatter_full(h.qfull, q, rows, nactive, B, T, C);
     permute(&h, h.qfull, C, kv, kv + C, 2 * C, B, T, C, NH);
@@ -638,6 +700,7 @@ static void emulate_attention_backward_rows(float *dq, float *dkv, float *scores
                                             int B, int T, int C, int NH)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("attention_backward_rows", dq, dkv, scores, dout, q, kv, att, rows);
     struct heads h = heads_scratch(B, T, C);
     long n = (long)B * T * C;
     scatter_full(h.qfull, q, rows, nactive, B, T, C);
@@ -666,6 +729,7 @@ static long emulate_hash_attention_forward(float *out, float *lse, int *order, i
                                            int C, int NH, int buckets)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("hash_attention_forward", out, lse, order, bucket, qkv, rotation);
     long sides = (long)B * NH * 2 * T, queries = (long)B * NH * T;
     LAUNCH(grid_for(sides), hash_bucket_thread(t, bucket, qkv, buckets > 1 ? rotation : NULL, B,
                                                T, C, NH, buckets));
@@ -679,6 +743,7 @@ static long emulate_hash_attention_backward(float *dqkv, const float *dout, cons
                                             const int *bucket, int B, int T, int C, int NH)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("hash_attention_backward", dqkv, dout, qkv, out, lse, order, bucket);
     long queries = (long)B * NH * T;
     float *delta = scratch(SCRATCH_HASH_DELTA, (size_t)queries);
     LAUNCH(grid_for(queries), hash_delta_thread(t, delta, dout, out, B, T, C, NH));
@@ -696,6 +761,7 @@ static void emulate_sparse_forward(float *out, const float *inp, const int *row_
                                    int N, int C, int OC)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("sparse_forward", out, inp, row_ptr, col_idx, values, bias);
     LAUNCH(grid_for((long)N * OC), sparse_forward_thread(t, out, inp, row_ptr, col_idx, values,
                                                          bias, N, C, OC));
 }
@@ -705,6 +771,7 @@ static void emulate_sparse_backward(float *dinp, float *dweight, float *dbias, c
                                     const float *values, int nnz, int N, int C, int OC)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("sparse_backward", dinp, dweight, dbias, dout, inp, row_ptr, col_idx, values);
     if (dinp)
         LAUNCH(grid_for(N), sparse_dinp_thread(t, dinp, dout, row_ptr, col_idx, values, N, C,
                                                OC));
@@ -718,12 +785,14 @@ static void emulate_mod_router_forward(float *router, const float *in, const flo
                                        int N, int C)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("mod_router_forward", router, in, weight);
     LAUNCH(grid_for(N), mod_router_thread(t, router, in, weight, N, C));
 }
 
 static void emulate_mod_select_topk(int *chosen, const float *router, int B, int T, int k)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("mod_select_topk", chosen, router);
     LAUNCH(grid_for((long)B * T), mod_select_topk_thread(t, chosen, router, B, T, k));
 }
 
@@ -732,6 +801,7 @@ static float emulate_mod_predictor(float *dweight, int *chosen, const float *in,
                                    const float *weight, const int *target, int N, int C)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("mod_predictor", dweight, chosen, in, weight, target);
     float *loss = scratch(SCRATCH_MOD, 2 * (size_t)N + 2), *grad = loss + N + 1;
     LAUNCH(grid_for(N), mod_predictor_thread(t, loss, grad, chosen, in, weight, target, N, C));
     if (!target) return 0.0f;
@@ -746,6 +816,7 @@ static float emulate_mod_predictor(float *dweight, int *chosen, const float *in,
 static double emulate_sum_squares(const float *x, long n)
 {
     DEVICE_SCOPE;
+    DEVICE_ARGS("sum_squares", x);
     long chunks = dm_sumsq_chunks(n);
     if (chunks == 0) return 0.0;
     double *partial = (double *)scratch(SCRATCH_REDUCE, 2 * (size_t)(chunks + 1));
@@ -762,11 +833,11 @@ static const struct dm_backend emulate_table = {
     .device = "the CUDA kernels emulated on the CPU (kernels/emulate.c; testing only)",
     .alloc = emulate_alloc,
     .free = emulate_free,
-    .copy_to_device = emulate_copy,
-    .copy_to_host = emulate_copy,
+    .copy_to_device = emulate_copy_to_device,
+    .copy_to_host = emulate_copy_to_host,
     .synchronize = emulate_synchronize,
     .zero = emulate_zero,
-    .copy_on_device = emulate_copy,
+    .copy_on_device = emulate_copy_on_device,
     .alloc_host = emulate_alloc_host,
     .free_host = free,
     .matmul_forward = emulate_matmul_forward,
