@@ -6,7 +6,10 @@
  * when the backend cannot be opened: no plugin, no GPU). `make check-gpu`
  * runs it with cuda; `check_ops cpu` checks the checker (the CPU table
  * against itself: every difference 0). The transport (comm_*) needs
- * several ranks and is not checked here. */
+ * several ranks and is not checked here. With --host-read (the host
+ * reads a device tensor) or --host-pointer (an op is handed host memory)
+ * it checks that the strict emulated device stops the process
+ * (tests/t_device_memory.sh). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -399,12 +402,25 @@ static int host_read(void)
     return 1;
 }
 
+/* check_ops emulate --host-pointer: an op handed host memory, which the
+ * strict emulated device must refuse (a GPU kernel could not read it). */
+static int host_pointer(void)
+{
+    float *x = host(64, 1), *out = host(64, 0);
+    printf("check_ops: gelu_forward on host memory %p\n", (void *)x);
+    fflush(stdout);
+    dev->gelu_forward(out, x, 64);
+    printf("check_ops: the op ran on host memory: nothing refused it\n");
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     int read_test = argc == 3 && !strcmp(argv[2], "--host-read");
-    if ((argc != 2 && !read_test) || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") &&
-                                      strcmp(argv[1], "emulate"))) {
-        fprintf(stderr, "usage: check_ops cpu|cuda|emulate [--host-read]\n");
+    int pointer_test = argc == 3 && !strcmp(argv[2], "--host-pointer");
+    if ((argc != 2 && !read_test && !pointer_test) ||
+        (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") && strcmp(argv[1], "emulate"))) {
+        fprintf(stderr, "usage: check_ops cpu|cuda|emulate [--host-read | --host-pointer]\n");
         return 2;
     }
     dm_threads_init(0);
@@ -416,6 +432,7 @@ int main(int argc, char **argv)
     dev = backend_current();
     cpu = backend_cpu();
     if (read_test) return host_read();
+    if (pointer_test) return host_pointer();
     printf("check_ops: %s (%s) against the CPU backend\n", dev->name, dev->device);
     check_staging(1 << 20);
     check_memory_ops(100003);
