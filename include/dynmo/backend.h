@@ -10,7 +10,9 @@
  * device memory obtained from the table's alloc. The emulated device
  * (build/libdynmo_emulate.so, kernels/emulate.c, built by every `make`)
  * is a plugin with the same entry whose ops run the CUDA kernels'
- * per-thread arithmetic on the CPU over host memory, for testing. The
+ * per-thread arithmetic on the CPU, for testing; its device memory is an
+ * arena the host cannot touch outside the table's entries (strict mode,
+ * the default), so a host read of a device tensor traps there. The
  * model calls every op through backend_current() (docs/gpu.md).
  *
  * This header is part of the model module and is also compiled by nvcc
