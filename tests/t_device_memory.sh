@@ -49,7 +49,8 @@ run() {
   local name=$1 ranks=$2; shift 2
   tiny_config "$dir/$name.ini" "run.out_dir=$dir/$name" train.steps=20 "$@" > "$dir/$name.ini"
   timeout 180 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$name.ini" > "$dir/$name.out" 2>&1 \
-    || { fail "$name: exit $?: $(grep -m3 -i 'error\|host read' "$dir/$name.out" || tail -n 3 "$dir/$name.out")"; return 1; }
+    || { fail "$name: exit $?: $(grep -m3 -i 'error\|host read' "$dir/$name.out" ||
+                                  tail -n 3 "$dir/$name.out")"; return 1; }
   losses "$dir/$name" "$dir/$name.loss" || fail "$name: no /steps/loss"
 }
 

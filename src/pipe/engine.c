@@ -149,7 +149,8 @@ static long first_sample(const struct engine *eng, int step, int mb)
 
 /* The micro-batch's token ids and targets from the loader, copied to the
  * device (gpt_acts_inputs). */
-static void fill_inputs(struct engine *eng, struct loader *loader, long first, struct gpt_acts *acts)
+static void fill_inputs(struct engine *eng, struct loader *loader, long first,
+                        struct gpt_acts *acts)
 {
     int *tokens, *targets;
     gpt_acts_inputs(acts, &tokens, &targets);
