@@ -10,7 +10,9 @@
 # - 20-step strict runs against the CPU's, losses within 1e-4 relative:
 #   one rank (with validation), 2 stages static and balanced (migrating
 #   every step; bit-identical to each other), 2 replicas, 2 x 2; hash
-#   attention and freezing (the converted schemes);
+#   attention, mixture of depths (causal on 2 stages migrating, top-k
+#   with hash attention) and freezing (the converted schemes);
+# - a MoD checkpoint written there resumed on the CPU;
 # - a checkpoint chain emulate -> cpu -> emulate, the last losses within
 #   1e-4 of the uninterrupted CPU run;
 # - the schemes not yet device-resident refused with exit 2 and one
@@ -88,6 +90,9 @@ compare balanced 2 parallel.pp=2 balance.method=random balance.every=1 && {
 compare dp2 2 parallel.dp=2
 compare pp2dp2 4 parallel.pp=2 parallel.dp=2
 compare hash 2 parallel.pp=2 model.attention=hash hash.buckets=4
+compare mod 2 parallel.pp=2 balance.method=random balance.every=1 model.mod_every=2 \
+  model.mod_capacity=0.25 mod.routing=causal
+compare mod_hash 1 model.mod_every=2 model.mod_capacity=0.25 model.attention=hash hash.buckets=4
 compare freeze 2 parallel.pp=2 dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 \
   dyn.freeze_threshold=100 dyn.freeze_per_check=1 && {
   grep -q 'frozen [1-9]' "$dir/freeze-emu.out" && echo "ok: freezing froze blocks on the strict device" \
@@ -106,11 +111,19 @@ run chain-3 1 train.device=emulate ckpt.dir="$dir/chain-ck3" \
   else fail "checkpoint cpu -> emulate: $out"; fi
 }
 
+# a MoD checkpoint (its router and predictor in the slab) from the strict
+# device resumed on the CPU
+M="model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal"
+run modck-1 1 train.device=emulate $M ckpt.dir="$dir/modck" ckpt.every=10 && \
+run modck-2 1 train.device=cpu $M ckpt.dir="$dir/modck2" ckpt.resume="$dir/modck/ckpt-10.h5" && {
+  if out=$(close mod-cpu modck-2 10); then echo "ok: MoD checkpoint emulate -> cpu: $out"
+  else fail "MoD checkpoint emulate -> cpu: $out"; fi
+}
+
 # the schemes the host still reads: refused on the strict device, one message
 for scheme in "early exit:dyn.kind=early_exit dyn.exit_from=2" \
               "pruning:dyn.kind=prune dyn.prune_start=2" \
-              "mixture of experts:model.moe_every=2" \
-              "mixture of depths:model.mod_every=2 mod.routing=causal"; do
+              "mixture of experts:model.moe_every=2"; do
   what=${scheme%%:*}; set -- ${scheme#*:}
   tiny_config "$dir/refused.ini" "run.out_dir=$dir/refused" train.device=emulate "$@" \
     > "$dir/refused.ini"

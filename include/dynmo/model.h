@@ -757,6 +757,14 @@ struct mod_acts {
     float *router;           /* (B*T) r */
     float *gathered_in;      /* (tokens, C) the packed chosen rows */
     float *gathered_out;     /* (tokens, C) f(x) of the packed rows */
+    /* chosen, target, router and the gathered rows are the backend's
+     * memory; count and pos the host's. On a device the host works on
+     * copies in these staging buffers (NULL on the CPU, which works in
+     * place): the router and choice (B*T), rows (B*T, C) x 4. */
+    float *router_host;
+    int *chosen_host;
+    float *rows_host[4];
+    float *work;             /* (2 B*T*C) backward work on a device (the CPU's is static) */
 };
 void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);
 void mod_acts_free(struct mod_acts *m);

@@ -96,7 +96,8 @@ void moe_acts_free(struct moe_acts *acts);
  * dense ones (block_tensor_at for k >= BP_COUNT), and its activations. */
 void block_mod_alloc(struct block *blk, const struct gpt_shape *shape);
 void block_mod_free(struct block *blk);
-void block_mod_init_weights(struct block *blk, uint64_t seed);
+/* params: where the host writes the block's parameters (block_init_weights' staging) */
+void block_mod_init_weights(struct block *blk, float *params, uint64_t seed);
 int block_mod_tensor_count(const struct block *blk);
 int block_mod_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size);
 void block_mod_acts_free(struct mod_acts *m);

@@ -106,7 +106,6 @@ static const char *host_only_scheme(const struct dm_config *cfg)
     if (!strcmp(cfg->dyn_kind, "early_exit")) return "early exit (dyn.kind = early_exit)";
     if (!strcmp(cfg->dyn_kind, "prune")) return "pruning (dyn.kind = prune)";
     if (cfg->moe_every > 0) return "mixture of experts (model.moe_every)";
-    if (cfg->mod_every > 0) return "mixture of depths (model.mod_every)";
     return NULL;
 }
 
@@ -115,8 +114,9 @@ void train_open_backend(const struct dm_config *cfg)
     char problem[WORLD_MESSAGE_BYTES] = "";
     int bad = backend_open(cfg->device, problem, sizeof problem) != 0;
     /* A device whose memory the host cannot read (CUDA, the strict
-     * emulated device) runs the dense model, hash attention and freezing;
-     * the other schemes still read their tensors on the host. */
+     * emulated device) runs the dense model, hash attention, freezing and
+     * mixture of depths; the other schemes still read their tensors on
+     * the host. */
     const char *scheme = host_only_scheme(cfg);
     if (!bad && !backend_current()->host_access && scheme) {
         bad = 1;
