@@ -11,7 +11,9 @@
 #   one rank (with validation), 2 stages static and balanced (migrating
 #   every step; bit-identical to each other), 2 replicas, 2 x 2; hash
 #   attention, mixture of depths (causal on 2 stages migrating, top-k
-#   with hash attention) and freezing (the converted schemes);
+#   with hash attention), early exit (softmax on 2 migrating stages with
+#   validation, saturation; tokens exit) and freezing (the converted
+#   schemes);
 # - a MoD checkpoint written there resumed on the CPU;
 # - a checkpoint chain emulate -> cpu -> emulate, the last losses within
 #   1e-4 of the uninterrupted CPU run;
@@ -93,6 +95,15 @@ compare hash 2 parallel.pp=2 model.attention=hash hash.buckets=4
 compare mod 2 parallel.pp=2 balance.method=random balance.every=1 model.mod_every=2 \
   model.mod_capacity=0.25 mod.routing=causal
 compare mod_hash 1 model.mod_every=2 model.mod_capacity=0.25 model.attention=hash hash.buckets=4
+compare exit_softmax 2 parallel.pp=2 balance.method=random balance.every=1 dyn.kind=early_exit \
+  dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=2 train.eval_every=10
+compare exit_saturation 2 parallel.pp=2 dyn.kind=early_exit dyn.exit_from=1 \
+  dyn.exit_threshold=0.9 dyn.exit_confidence=saturation dyn.exit_loss_weight=0.5
+for name in exit_softmax exit_saturation; do
+  grep -q "skipped [1-9][0-9.]*% token-blocks" "$dir/$name-emu.out" \
+    && echo "ok: $name: tokens exited on the strict device ($(grep -o 'skipped [0-9.]*%' "$dir/$name-emu.out" | tail -n 1))" \
+    || fail "$name: no token exited on the strict device"
+done
 compare freeze 2 parallel.pp=2 dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 \
   dyn.freeze_threshold=100 dyn.freeze_per_check=1 && {
   grep -q 'frozen [1-9]' "$dir/freeze-emu.out" && echo "ok: freezing froze blocks on the strict device" \
@@ -121,8 +132,7 @@ run modck-2 1 train.device=cpu $M ckpt.dir="$dir/modck2" ckpt.resume="$dir/modck
 }
 
 # the schemes the host still reads: refused on the strict device, one message
-for scheme in "early exit:dyn.kind=early_exit dyn.exit_from=2" \
-              "pruning:dyn.kind=prune dyn.prune_start=2" \
+for scheme in "pruning:dyn.kind=prune dyn.prune_start=2" \
               "mixture of experts:model.moe_every=2"; do
   what=${scheme%%:*}; set -- ${scheme#*:}
   tiny_config "$dir/refused.ini" "run.out_dir=$dir/refused" train.device=emulate "$@" \
