@@ -12,13 +12,14 @@
 #   every step; bit-identical to each other), 2 replicas, 2 x 2; hash
 #   attention, mixture of depths (causal on 2 stages migrating, top-k
 #   with hash attention), early exit (softmax on 2 migrating stages with
-#   validation, saturation; tokens exit) and freezing (the converted
-#   schemes);
+#   validation, saturation; tokens exit), pruning (CSR on 2 migrating
+#   stages, masked on 2 replicas; resumed past its first step) and
+#   freezing (the converted schemes);
 # - a MoD checkpoint written there resumed on the CPU;
 # - a checkpoint chain emulate -> cpu -> emulate, the last losses within
 #   1e-4 of the uninterrupted CPU run;
-# - the schemes not yet device-resident refused with exit 2 and one
-#   message naming the scheme and docs/gpu.md.
+# - mixture of experts, not yet device-resident, refused with exit 2 and
+#   one message naming the scheme and docs/gpu.md.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -104,6 +105,12 @@ for name in exit_softmax exit_saturation; do
     && echo "ok: $name: tokens exited on the strict device ($(grep -o 'skipped [0-9.]*%' "$dir/$name-emu.out" | tail -n 1))" \
     || fail "$name: no token exited on the strict device"
 done
+P="dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=4 dyn.sparsity_final=0.8"
+compare prune_csr 2 $P dyn.csr_sparsity=0.5 parallel.pp=2 balance.method=random balance.every=1 \
+  && { grep -q "here: [1-9][0-9]*/[0-9]* blocks in CSR" "$dir/prune_csr-emu.out" \
+         && echo "ok: prune_csr: blocks in CSR on the strict device" \
+         || fail "prune_csr: no block in CSR on the strict device"; }
+compare prune_masked 2 $P dyn.csr_sparsity=0.95 parallel.dp=2
 compare freeze 2 parallel.pp=2 dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 \
   dyn.freeze_threshold=100 dyn.freeze_per_check=1 && {
   grep -q 'frozen [1-9]' "$dir/freeze-emu.out" && echo "ok: freezing froze blocks on the strict device" \
@@ -131,9 +138,18 @@ run modck-2 1 train.device=cpu $M ckpt.dir="$dir/modck2" ckpt.resume="$dir/modck
   else fail "MoD checkpoint emulate -> cpu: $out"; fi
 }
 
-# the schemes the host still reads: refused on the strict device, one message
-for scheme in "pruning:dyn.kind=prune dyn.prune_start=2" \
-              "mixture of experts:model.moe_every=2"; do
+# pruning resumed past its first step on the strict device (the masks and
+# CSR rebuilt from the checkpoint's zeros): steps 15 to 20 as the CPU's
+run prck-1 1 train.device=emulate $P dyn.csr_sparsity=0.5 ckpt.dir="$dir/prck" ckpt.every=7 && \
+run prck-2 1 train.device=emulate $P dyn.csr_sparsity=0.5 ckpt.dir="$dir/prck2" \
+    ckpt.resume="$dir/prck/ckpt-14.h5" && \
+run prune-cpu 1 train.device=cpu $P dyn.csr_sparsity=0.5 && {
+  if out=$(close prune-cpu prck-2 6); then echo "ok: pruning resumed on the strict device: $out"
+  else fail "pruning resumed on the strict device: $out"; fi
+}
+
+# the scheme the host still reads: refused on the strict device, one message
+for scheme in "mixture of experts:model.moe_every=2"; do
   what=${scheme%%:*}; set -- ${scheme#*:}
   tiny_config "$dir/refused.ini" "run.out_dir=$dir/refused" train.device=emulate "$@" \
     > "$dir/refused.ini"

@@ -3,9 +3,9 @@
 # model on the CUDA plugin's kernels, their per-thread functions run on
 # the CPU (build/libdynmo_emulate.so, kernels/emulate.c).
 # - 20-step runs (dense, early exit, pruning with CSR, MoD, hash
-#   attention) against the CPU's: every loss within 1e-4 relative
-#   (pruning with DYNMO_EMULATE_STRICT=0: its host code still reads
-#   device tensors, so the strict device refuses it;
+#   attention, MoE) against the CPU's: every loss within 1e-4 relative
+#   (MoE with DYNMO_EMULATE_STRICT=0: its routing still reads device
+#   tensors on the host, so the strict device refuses it;
 #   tests/t_device_memory.sh), and
 #   the dense run's not all bit-identical (the kernels' tree sums in the
 #   loss differ from the CPU's, so identical bits would mean the device
@@ -50,17 +50,18 @@ print('%d losses, largest relative difference %.2e' % (len(fa), worst)); sys.exi
 PY
 }
 
-names=(dense early_exit prune mod hash)
+names=(dense early_exit prune mod hash moe)
 settings=(""
           "dyn.kind=early_exit dyn.exit_from=2 dyn.exit_warmup=2 dyn.exit_threshold=0.05"
           "dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=4
            dyn.sparsity_final=0.8 dyn.csr_sparsity=0.5"
           "model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal"
-          "model.attention=hash hash.buckets=4")
-for i in 0 1 2 3 4; do
+          "model.attention=hash hash.buckets=4"
+          "model.moe_every=2")
+for i in 0 1 2 3 4 5; do
   name=${names[i]}; set -- ${settings[i]}
   run "$name-cpu" 1 train.device=cpu "$@" || continue
-  case $name in prune) strict=0 ;; esac
+  case $name in moe) strict=0 ;; esac
   run "$name-emu" 1 train.device=emulate "$@" || { strict=1; continue; }
   strict=1
   if out=$(close "$name-cpu" "$name-emu"); then echo "ok: $name on emulate vs cpu: $out"

@@ -255,6 +255,16 @@ struct block_sparse {
     long kept;               /* ones in mask */
     int use_csr;             /* matrices multiplied in CSR (csr[] valid) */
     struct csr_matrix csr[BLOCK_MATRICES];  /* values refreshed by block_forward */
+    /* On a device whose memory the host cannot read (on_device; all NULL
+     * on the CPU): csr[]'s arrays in the backend's memory, each value's
+     * position in its matrix (r cols + col_idx, for the refresh: a gather
+     * from params), and the pruned weights' offsets in the slab's
+     * gradients with as many zeros (gpt_mask_pruned_grads: a scatter). */
+    int on_device;
+    struct csr_matrix csr_device[BLOCK_MATRICES];
+    int *value_at[BLOCK_MATRICES];   /* (nnz) */
+    int *pruned;                     /* (12C^2 - kept) */
+    float *zeros;                    /* (12C^2 - kept) */
 };
 
 /* The mixture-of-experts state of an MoE block (src/model/moe.c): views

@@ -603,7 +603,7 @@ static void block_matmul_forward(const struct block *blk, int k, float *out, con
 {
     const struct dm_backend *ops = backend_current();
     if (blk->sparse && blk->sparse->use_csr) {
-        const struct csr_matrix *w = &blk->sparse->csr[matrix_slot(k)];
+        const struct csr_matrix *w = block_sparse_csr(blk, matrix_slot(k));
         ops->sparse_matmul_forward(out, inp, w->row_ptr, w->col_idx, w->values, blk->p[k + 1],
                                    N, C, OC);
         if (residual) ops->residual_forward(out, out, residual, (long)N * OC);
@@ -625,7 +625,7 @@ static void block_matmul_backward(struct block *blk, int k, float *const *g, flo
 {
     const struct dm_backend *ops = backend_current();
     if (blk->sparse && blk->sparse->use_csr) {
-        const struct csr_matrix *w = &blk->sparse->csr[matrix_slot(k)];
+        const struct csr_matrix *w = block_sparse_csr(blk, matrix_slot(k));
         ops->sparse_matmul_backward(dinp, g[k], g[k + 1], dout, inp, w->row_ptr, w->col_idx,
                                     w->values, w->nnz, N, C, OC);
         if (gelu_inp) ops->gelu_backward(dinp, gelu_inp, dinp, (long)N * C);

@@ -66,6 +66,9 @@ void rows_scatter(float *dst, const float *src, const int *rows, int n, int C, i
  * place (returns 0, or -1 with a message in err). */
 void block_sparse_free(struct block *blk);
 void block_sparse_refresh(struct block *blk);
+/* CSR matrix m of a pruned block as the ops take it: the device's arrays
+ * on a device, csr[m] on the CPU. */
+const struct csr_matrix *block_sparse_csr(const struct block *blk, int m);
 uint64_t block_sparse_flags(const struct block *blk);
 size_t block_sparse_pack_bytes(const struct block *blk);
 void block_sparse_pack(const struct block *blk, unsigned char *out);

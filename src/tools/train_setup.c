@@ -103,7 +103,6 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
  * scheme's name. */
 static const char *host_only_scheme(const struct dm_config *cfg)
 {
-    if (!strcmp(cfg->dyn_kind, "prune")) return "pruning (dyn.kind = prune)";
     if (cfg->moe_every > 0) return "mixture of experts (model.moe_every)";
     return NULL;
 }
@@ -113,9 +112,8 @@ void train_open_backend(const struct dm_config *cfg)
     char problem[WORLD_MESSAGE_BYTES] = "";
     int bad = backend_open(cfg->device, problem, sizeof problem) != 0;
     /* A device whose memory the host cannot read (CUDA, the strict
-     * emulated device) runs the dense model, hash attention, freezing,
-     * mixture of depths and early exit; pruning and MoE still read their
-     * tensors on the host. */
+     * emulated device) runs the dense model and every scheme but mixture
+     * of experts, whose routing still reads its tensors on the host. */
     const char *scheme = host_only_scheme(cfg);
     if (!bad && !backend_current()->host_access && scheme) {
         bad = 1;
