@@ -142,6 +142,23 @@ static void adopt_blocks(struct engine *eng, const int *counts, struct block *ar
     for (int i = 0; i < eng->nslots; i++) gpt_acts_resize(&eng->slots[i].acts, &eng->model);
 }
 
+/* The arrived blocks (all messages complete): their slabs up from the
+ * host staging (a device), their headers and dynamic state unpacked. */
+static void unpack_arrivals(struct engine *eng, struct block *arrived, void **metas,
+                            const int *meta_bytes, float **stagings)
+{
+    char err[256];
+    for (int b = 0; b < eng->shape.layers; b++) {
+        if (arrived[b].slab && stagings[b]) stage_up(&arrived[b], stagings[b]);
+        backend_staging_free(stagings[b]);
+        if (!arrived[b].slab) continue;
+        if (block_unpack_meta_begin(&arrived[b], metas[b], (size_t)meta_bytes[b], &eng->shape,
+                                    err, sizeof err) ||
+            block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
+            DM_FATAL("migrating block %d: %s", b, err);
+    }
+}
+
 void engine_relayout(struct engine *eng, const int *root_counts)
 {
     const struct pipe_grid *g = &eng->grid;
@@ -178,15 +195,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     n += post_receives(eng, moves, nmoves, reqs + n, types + n, metas, meta_bytes, arrived,
                        stagings);
     world_wait_all(n, reqs);
-    for (int b = 0; b < L; b++) {
-        if (arrived[b].slab && stagings[b]) stage_up(&arrived[b], stagings[b]);
-        backend_staging_free(stagings[b]);
-        if (!arrived[b].slab) continue;
-        if (block_unpack_meta_begin(&arrived[b], metas[b], (size_t)meta_bytes[b], &eng->shape,
-                                    err, sizeof err) ||
-            block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
-            DM_FATAL("migrating block %d: %s", b, err);
-    }
+    unpack_arrivals(eng, arrived, metas, meta_bytes, stagings);
     for (int i = 0; i < n; i++) WORLD_MPI(MPI_Type_free(&types[i]));
     adopt_blocks(eng, counts, arrived);
     engine_expert_parallel_forget(eng);
