@@ -13,13 +13,15 @@
 #   attention, mixture of depths (causal on 2 stages migrating, top-k
 #   with hash attention), early exit (softmax on 2 migrating stages with
 #   validation, saturation; tokens exit), pruning (CSR on 2 migrating
-#   stages, masked on 2 replicas; resumed past its first step) and
-#   freezing (the converted schemes);
-# - a MoD checkpoint written there resumed on the CPU;
+#   stages, masked on 2 replicas; resumed past its first step), mixture
+#   of experts (softmax with capacity and both losses on 2 migrating
+#   stages, sigmoid with bias on 2 replicas) and freezing;
 # - a checkpoint chain emulate -> cpu -> emulate, the last losses within
 #   1e-4 of the uninterrupted CPU run;
-# - mixture of experts, not yet device-resident, refused with exit 2 and
-#   one message naming the scheme and docs/gpu.md.
+# - a MoD and an MoE checkpoint written there resumed on the CPU;
+# - expert parallelism (parallel.ep > 1), whose exchange still hands MPI
+#   the tensors, refused with exit 2 and one message naming it and
+#   docs/gpu.md (on 2 ranks: every rank agrees).
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -111,6 +113,10 @@ compare prune_csr 2 $P dyn.csr_sparsity=0.5 parallel.pp=2 balance.method=random 
          && echo "ok: prune_csr: blocks in CSR on the strict device" \
          || fail "prune_csr: no block in CSR on the strict device"; }
 compare prune_masked 2 $P dyn.csr_sparsity=0.95 parallel.dp=2
+compare moe 2 parallel.pp=2 balance.method=random balance.every=1 model.moe_every=2 \
+  model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.001
+compare moe_sigmoid 2 parallel.dp=2 model.moe_every=1 model.experts=4 model.top_k=2 \
+  moe.router=sigmoid moe.bias_rate=0.01 moe.capacity_factor=1.25 moe.drop=position
 compare freeze 2 parallel.pp=2 dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 \
   dyn.freeze_threshold=100 dyn.freeze_per_check=1 && {
   grep -q 'frozen [1-9]' "$dir/freeze-emu.out" && echo "ok: freezing froze blocks on the strict device" \
@@ -148,14 +154,21 @@ run prune-cpu 1 train.device=cpu $P dyn.csr_sparsity=0.5 && {
   else fail "pruning resumed on the strict device: $out"; fi
 }
 
-# the scheme the host still reads: refused on the strict device, one message
-for scheme in "mixture of experts:model.moe_every=2"; do
-  what=${scheme%%:*}; set -- ${scheme#*:}
-  tiny_config "$dir/refused.ini" "run.out_dir=$dir/refused" train.device=emulate "$@" \
-    > "$dir/refused.ini"
-  expect_error "$what refused on the strict device" \
-    "train.device = emulate: $what .* is not device-resident yet .*docs/gpu.md" \
-    "$DYNMO" train --config "$dir/refused.ini"
-done
+# an MoE checkpoint (router, experts, bias and counts) from the strict
+# device resumed on the CPU
+M="model.moe_every=2 model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.aux_loss=0.1"
+M="$M moe.z_loss=0.001"
+run moeck-1 1 train.device=emulate $M ckpt.dir="$dir/moeck" ckpt.every=10 && \
+run moeck-2 1 train.device=cpu $M ckpt.dir="$dir/moeck2" ckpt.resume="$dir/moeck/ckpt-10.h5" && {
+  if out=$(close moe-cpu moeck-2 10); then echo "ok: MoE checkpoint emulate -> cpu: $out"
+  else fail "MoE checkpoint emulate -> cpu: $out"; fi
+}
+
+# what the host still reads: refused on the strict device, one message
+tiny_config "$dir/refused.ini" "run.out_dir=$dir/refused" train.device=emulate parallel.dp=2 \
+  parallel.ep=2 model.moe_every=2 model.experts=4 > "$dir/refused.ini"
+expect_error "MoE with expert parallelism refused on the strict device" \
+  "train.device = emulate: mixture of experts with expert parallelism .* is not device-resident yet .*docs/gpu.md" \
+  mpiexec -n 2 "$DYNMO" train --config "$dir/refused.ini"
 [ -e "$dir/refused/runlog.h5" ] && fail "a refused run wrote a run log"
 finish

@@ -183,10 +183,10 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
         }
         /* biases stay zero (the slab is zero) */
     }
+    if (blk->moe) block_moe_init_weights(blk, shape, params, seed);
     if (blk->mod) block_mod_init_weights(blk, params, seed);
     backend_write_end(blk->params, params, bytes);
     backend_staging_free(staging);
-    if (blk->moe) block_moe_init_weights(blk, shape, seed);   /* host memory only (refused) */
 }
 
 void block_free(struct block *blk)

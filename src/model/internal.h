@@ -83,7 +83,9 @@ int block_sparse_unpack(struct block *blk, uint64_t flags, const unsigned char *
  * router's and experts' gradients (NULL views: a frozen block). */
 void block_moe_alloc(struct block *blk, const struct gpt_shape *shape);
 void block_moe_free(struct block *blk);
-void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, uint64_t seed);
+/* params: where the host writes the block's parameters (block_init_weights' staging) */
+void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, float *params,
+                            uint64_t seed);
 size_t block_moe_pack_bytes(const struct block *blk);
 void block_moe_pack(const struct block *blk, unsigned char *out);
 int block_moe_unpack(struct block *blk, const unsigned char *in, size_t bytes, char *err,

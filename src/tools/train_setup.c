@@ -103,7 +103,8 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
  * scheme's name. */
 static const char *host_only_scheme(const struct dm_config *cfg)
 {
-    if (cfg->moe_every > 0) return "mixture of experts (model.moe_every)";
+    if (cfg->moe_every > 0 && cfg->ep > 1)
+        return "mixture of experts with expert parallelism (parallel.ep > 1)";
     return NULL;
 }
 
@@ -112,8 +113,9 @@ void train_open_backend(const struct dm_config *cfg)
     char problem[WORLD_MESSAGE_BYTES] = "";
     int bad = backend_open(cfg->device, problem, sizeof problem) != 0;
     /* A device whose memory the host cannot read (CUDA, the strict
-     * emulated device) runs the dense model and every scheme but mixture
-     * of experts, whose routing still reads its tensors on the host. */
+     * emulated device) runs the dense model and every scheme; expert
+     * parallelism's exchange (src/pipe/expert.c) still hands MPI the
+     * tensors themselves. */
     const char *scheme = host_only_scheme(cfg);
     if (!bad && !backend_current()->host_access && scheme) {
         bad = 1;
