@@ -8,11 +8,19 @@
  * (DM_BLOCK_THREADS), every block and thread in a loop and a kernel with
  * barriers phase by phase, as tests/test_kernels_host.c does; the cuBLAS
  * products go through the same column-major translation (gemm.cuh) onto
- * CBLAS. Memory is host memory: the copies are memcpy. It must not know
+ * CBLAS. Device memory is an arena of this process's address space that
+ * the host cannot touch outside the table's entries (strict mode, below):
+ * a host read of a device tensor faults and is named. It must not know
  * anything of dynmo beyond include/dynmo/backend.h, nor call MPI. */
 #include <cblas.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 #include "dynmo/backend.h"
 #include "adamw.cuh"
 #include "attention.cuh"
@@ -23,6 +31,7 @@
 #include "layernorm.cuh"
 #include "matmul.cuh"
 #include "mod.cuh"
+#include "reduce.cuh"
 #include "softmax.cuh"
 #include "sparse.cuh"
 
@@ -31,16 +40,258 @@ enum { THREADS = DM_BLOCK_THREADS };
 
 static const struct dm_backend_host *host;
 
+/* ---- the device arena -------------------------------------------------------
+ * Device memory is one region of address space reserved at open
+ * (DYNMO_EMULATE_ARENA_GIB, default 64; MAP_NORESERVE, so only what is
+ * touched costs memory), carved by a first-fit allocator whose
+ * bookkeeping lives outside it. In strict mode (the default;
+ * DYNMO_EMULATE_STRICT=0 turns it off) the used part is PROT_NONE except
+ * while one of the table's entries runs (DEVICE_SCOPE), so the host
+ * dereferencing a device pointer faults, and the handler names it. */
+struct extent {
+    size_t offset, bytes;
+    int used;
+};
+
+static struct {
+    unsigned char *base;
+    size_t size, top, opened_top;   /* top: end of the highest extent; opened: made RW */
+    struct extent *extents;
+    int count, capacity, depth, strict;
+    struct sigaction previous;
+} arena;
+
+enum { ARENA_ALIGN = 256 };
+
+static size_t page_round(size_t n)
+{
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    return (n + page - 1) / page * page;
+}
+
+static void arena_protect(int open)
+{
+    if (open && arena.top > arena.opened_top) arena.opened_top = arena.top;
+    size_t extent = page_round(arena.opened_top);
+    if (extent > 0 && mprotect(arena.base, extent, open ? PROT_READ | PROT_WRITE : PROT_NONE))
+        host->fatal(__FILE__, __LINE__, "mprotect", "cannot change the arena's protection");
+    if (!open) arena.opened_top = 0;
+}
+
+/* Entering and leaving one of the table's entries (nested calls count). */
+static int device_enter(void)
+{
+    if (arena.depth++ == 0 && arena.strict) arena_protect(1);
+    return 0;
+}
+
+static void device_leave(int *unused)
+{
+    (void)unused;
+    if (--arena.depth == 0 && arena.strict) arena_protect(0);
+}
+
+#define DEVICE_SCOPE int device_scope __attribute__((cleanup(device_leave), unused)) = \
+    device_enter()
+
+static int in_arena(const void *p);
+
+/* In strict mode every pointer an op takes must be device memory: a host
+ * pointer handed to an op is what a GPU kernel could not read. */
+static void device_args(const char *op, int n, const void *const *pointers)
+{
+    for (int i = 0; arena.strict && i < n; i++) {
+        if (!pointers[i] || in_arena(pointers[i])) continue;
+        char text[256];
+        snprintf(text, sizeof text, "pointer argument %d (%p) is host memory, not the device's "
+                 "(a device op reads only what the table's alloc returned)", i + 1,
+                 pointers[i]);
+        host->fatal(__FILE__, __LINE__, op, text);
+    }
+}
+
+#define DEVICE_ARGS(op, ...)                                                          \
+    do {                                                                              \
+        const void *device_args_list[] = {__VA_ARGS__};                               \
+        device_args(op, (int)(sizeof device_args_list / sizeof device_args_list[0]),  \
+                    device_args_list);                                                \
+    } while (0)
+
+static void extent_insert(int at, struct extent e)
+{
+    if (arena.count == arena.capacity) {
+        arena.capacity = arena.capacity ? 2 * arena.capacity : 256;
+        arena.extents = realloc(arena.extents, (size_t)arena.capacity * sizeof *arena.extents);
+        if (!arena.extents) host->fatal(__FILE__, __LINE__, "realloc", "out of memory");
+    }
+    memmove(arena.extents + at + 1, arena.extents + at,
+            (size_t)(arena.count - at) * sizeof *arena.extents);
+    arena.extents[at] = e;
+    arena.count++;
+}
+
+static void extent_remove(int at)
+{
+    memmove(arena.extents + at, arena.extents + at + 1,
+            (size_t)(arena.count - at - 1) * sizeof *arena.extents);
+    arena.count--;
+}
+
+/* The offset of a free run of `bytes`: the first free extent that fits
+ * (split), else the top of the arena. */
+static size_t arena_take(size_t bytes)
+{
+    for (int i = 0; i < arena.count; i++) {
+        struct extent *e = &arena.extents[i];
+        if (e->used || e->bytes < bytes) continue;
+        if (e->bytes > bytes) {
+            struct extent rest = {e->offset + bytes, e->bytes - bytes, 0};
+            e->bytes = bytes;
+            extent_insert(i + 1, rest);
+        }
+        arena.extents[i].used = 1;
+        return arena.extents[i].offset;
+    }
+    if (bytes > arena.size - arena.top)
+        host->fatal(__FILE__, __LINE__, "emulate_alloc", "the emulated device's arena is full "
+                    "(raise DYNMO_EMULATE_ARENA_GIB)");
+    struct extent e = {arena.top, bytes, 1};
+    extent_insert(arena.count, e);
+    arena.top += bytes;
+    return e.offset;
+}
+
 static void *emulate_alloc(size_t bytes)
+{
+    DEVICE_SCOPE;
+    size_t rounded = (bytes + ARENA_ALIGN - 1) / ARENA_ALIGN * ARENA_ALIGN;
+    size_t offset = arena_take(rounded ? rounded : ARENA_ALIGN);
+    if (arena.strict) arena_protect(1);   /* the top may have grown */
+    memset(arena.base + offset, 0, rounded);
+    return arena.base + offset;
+}
+
+static void emulate_free(void *p)
+{
+    if (!p) return;
+    size_t offset = (size_t)((unsigned char *)p - arena.base);
+    int i = 0;
+    while (i < arena.count && arena.extents[i].offset != offset) i++;
+    if (i == arena.count || !arena.extents[i].used)
+        host->fatal(__FILE__, __LINE__, "emulate_free", "not a live device allocation");
+    arena.extents[i].used = 0;
+    if (i + 1 < arena.count && !arena.extents[i + 1].used) {
+        arena.extents[i].bytes += arena.extents[i + 1].bytes;
+        extent_remove(i + 1);
+    }
+    if (i > 0 && !arena.extents[i - 1].used) {
+        arena.extents[i - 1].bytes += arena.extents[i].bytes;
+        extent_remove(i--);
+    }
+    if (i == arena.count - 1) {   /* the top extent is free: give it back */
+        arena.top = arena.extents[i].offset;
+        extent_remove(i);
+    }
+}
+
+static int in_arena(const void *p)
+{
+    const unsigned char *c = p;
+    return c >= arena.base && c < arena.base + arena.size;
+}
+
+/* A fault inside the arena is the host touching device memory: say so,
+ * with the backtrace, and abort. Any other fault goes to the handler
+ * that was there before (or the default). */
+static void arena_fault(int sig, siginfo_t *info, void *context)
+{
+    (void)context;
+    if (in_arena(info->si_addr)) {
+        char line[160];
+        int n = snprintf(line, sizeof line, "host read of device memory at %p (a device pointer "
+                         "dereferenced outside the backend table; train.device = emulate, "
+                         "docs/gpu.md)\n", info->si_addr);
+        if (write(2, line, (size_t)n) < 0) n = 0;
+        void *frames[64];
+        backtrace_symbols_fd(frames, backtrace(frames, 64), 2);
+        signal(SIGABRT, SIG_DFL);
+        abort();
+    }
+    sigaction(sig, &arena.previous, NULL);   /* the fault repeats under it */
+}
+
+/* Reserves the arena and, in strict mode, installs the fault handler.
+ * Returns 0, or -1 with the reason. */
+static int arena_open(char *err, size_t errsize)
+{
+    if (arena.base) return 0;
+    const char *gib = getenv("DYNMO_EMULATE_ARENA_GIB");
+    const char *strict = getenv("DYNMO_EMULATE_STRICT");
+    double size_gib = gib && gib[0] ? atof(gib) : 64.0;
+    if (!(size_gib > 0.0)) {
+        snprintf(err, errsize, "DYNMO_EMULATE_ARENA_GIB='%s' must be a positive size", gib);
+        return -1;
+    }
+    arena.size = page_round((size_t)(size_gib * 1073741824.0));
+    void *p = mmap(NULL, arena.size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                   0);
+    if (p == MAP_FAILED) {
+        snprintf(err, errsize, "cannot reserve %.1f GiB of address space for the emulated "
+                 "device (set DYNMO_EMULATE_ARENA_GIB lower)", size_gib);
+        return -1;
+    }
+    arena.base = p;
+    arena.strict = !(strict && !strcmp(strict, "0"));
+    if (!arena.strict) {
+        if (mprotect(arena.base, arena.size, PROT_READ | PROT_WRITE) != 0) {
+            snprintf(err, errsize, "cannot open the emulated device's arena");
+            return -1;
+        }
+        return 0;
+    }
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_sigaction = arena_fault;
+    action.sa_flags = SA_SIGINFO;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGSEGV, &action, &arena.previous);
+    return 0;
+}
+
+/* Host staging (pinned on CUDA): plain host memory here. */
+static void *emulate_alloc_host(size_t bytes)
 {
     void *p = calloc(1, bytes ? bytes : 1);
     if (!p) host->fatal(__FILE__, __LINE__, "calloc", "out of memory");
     return p;
 }
 
-static void emulate_copy(void *dst, const void *src, size_t bytes)
+static void emulate_copy_to_device(void *dst, const void *src, size_t bytes)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("copy_to_device", dst);
     if (bytes) memcpy(dst, src, bytes);
+}
+
+static void emulate_copy_to_host(void *dst, const void *src, size_t bytes)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("copy_to_host", src);
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void emulate_copy_on_device(void *dst, const void *src, size_t bytes)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("copy_on_device", dst, src);
+    if (bytes) memcpy(dst, src, bytes);
+}
+
+static void emulate_zero(void *dst, size_t bytes)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("zero", dst);
+    if (bytes) memset(dst, 0, bytes);
 }
 
 static void emulate_synchronize(void)
@@ -97,14 +348,17 @@ static void gemm(struct dm_gemm row_major)
 }
 
 /* The plugin's scratch: floats that only grow, one buffer per slot. */
-enum { SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_MOD, SCRATCH_SLOTS };
+enum {
+    SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_MOD, SCRATCH_REDUCE,
+    SCRATCH_SLOTS
+};
 
 static float *scratch(int slot, size_t floats)
 {
     static float *buf[SCRATCH_SLOTS];
     static size_t have[SCRATCH_SLOTS];
     if (floats > have[slot]) {
-        free(buf[slot]);
+        emulate_free(buf[slot]);
         buf[slot] = emulate_alloc(floats * sizeof(float));
         have[slot] = floats;
     }
@@ -115,39 +369,53 @@ static float *scratch(int slot, size_t floats)
 
 static void emulate_gelu_forward(float *out, const float *inp, long N)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("gelu_forward", out, inp);
     LAUNCH(grid_for(N), gelu_forward_thread(t, out, inp, N));
 }
 
 static void emulate_gelu_backward(float *dinp, const float *inp, const float *dout, long N)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("gelu_backward", dinp, inp, dout);
     LAUNCH(grid_for(N), gelu_backward_thread(t, dinp, inp, dout, N));
 }
 
 static void emulate_residual_forward(float *out, const float *a, const float *b, long N)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("residual_forward", out, a, b);
     LAUNCH(grid_for(N), residual_forward_thread(t, out, a, b, N));
 }
 
 static void emulate_rows_gather(float *dst, const float *src, const int *rows, int n, int C)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("rows_gather", dst, src, rows);
     LAUNCH(grid_for((long)n * C), rows_gather_thread(t, dst, src, rows, n, C));
 }
 
 static void emulate_rows_scatter(float *dst, const float *src, const int *rows, int n, int C,
                                  int add)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("rows_scatter", dst, src, rows);
     LAUNCH(grid_for((long)n * C), rows_scatter_thread(t, dst, src, rows, n, C, add));
 }
 
 static void emulate_encoder_forward(float *out, const int *tokens, const float *wte,
                                     const float *wpe, int B, int T, int C)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("encoder_forward", out, tokens, wte, wpe);
     LAUNCH(grid_for((long)B * T * C), encoder_forward_thread(t, out, tokens, wte, wpe, B, T, C));
 }
 
 static void emulate_encoder_backward(float *dwte, float *dwpe, const float *dout,
                                      const int *tokens, int B, int T, int C)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("encoder_backward", dwte, dwpe, dout, tokens);
     LAUNCH(grid_for(C), encoder_backward_thread(t, dwte, dwpe, dout, tokens, B, T, C));
 }
 
@@ -155,6 +423,8 @@ static void emulate_adamw_update(float *params, const float *grads, float *m, fl
                                  float lr, float beta1, float beta2, float eps,
                                  float weight_decay, float grad_scale, int step)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("adamw_update", params, grads, m, v);
     struct dm_adamw_constants k = dm_adamw_constants_make(lr, beta1, beta2, eps, weight_decay,
                                                           grad_scale, step);
     LAUNCH(grid_for(n), adamw_update_thread(t, params, grads, m, v, n, k));
@@ -188,6 +458,8 @@ static void matmul_backward_any(float *dinp, float *dweight, float *dbias, const
 static void emulate_matmul_forward(float *out, const float *inp, const float *weight,
                                    const float *bias, int N, int C, int OC)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_forward", out, inp, weight, bias);
     matmul_forward_any(out, NULL, inp, weight, bias, NULL, N, C, OC);
 }
 
@@ -195,6 +467,8 @@ static void emulate_matmul_forward_residual(float *out, const float *inp, const 
                                             const float *bias, const float *residual, int N,
                                             int C, int OC)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_forward_residual", out, inp, weight, bias, residual);
     matmul_forward_any(out, NULL, inp, weight, bias, residual, N, C, OC);
 }
 
@@ -202,12 +476,16 @@ static void emulate_matmul_forward_gelu(float *out, float *gelu_out, const float
                                         const float *weight, const float *bias, int N, int C,
                                         int OC)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_forward_gelu", out, gelu_out, inp, weight, bias);
     matmul_forward_any(out, gelu_out, inp, weight, bias, NULL, N, C, OC);
 }
 
 static void emulate_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                                     const float *inp, const float *weight, int N, int C, int OC)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_backward", dinp, dweight, dbias, dout, inp, weight);
     matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, NULL, 1.0f, N, C, OC);
 }
 
@@ -215,6 +493,8 @@ static void emulate_matmul_backward_overwrite(float *dinp, float *dweight, float
                                               const float *dout, const float *inp,
                                               const float *weight, int N, int C, int OC)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_backward_overwrite", dinp, dweight, dbias, dout, inp, weight);
     matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, NULL, 0.0f, N, C, OC);
 }
 
@@ -223,6 +503,8 @@ static void emulate_matmul_backward_gelu(float *dinp, float *dweight, float *dbi
                                          const float *weight, const float *gelu_inp, int N,
                                          int C, int OC)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("matmul_backward_gelu", dinp, dweight, dbias, dout, inp, weight, gelu_inp);
     matmul_backward_any(dinp, dweight, dbias, dout, inp, weight, gelu_inp, 0.0f, N, C, OC);
 }
 
@@ -231,6 +513,8 @@ static void emulate_matmul_backward_gelu(float *dinp, float *dweight, float *dbi
 static void emulate_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                                       const float *weight, const float *bias, int N, int C)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("layernorm_forward", out, mean, rstd, inp, weight, bias);
     float sum[THREADS], var[THREADS];
     for (long row = 0; row < N; row++) {
         PHASE(row, N, layernorm_forward_sum_phase(t, sum, inp, C));
@@ -248,6 +532,9 @@ static void emulate_layernorm_backward_residual(float *dinp, const float *dresid
                                                 const float *mean, const float *rstd, int N,
                                                 int C)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("layernorm_backward_residual", dinp, dresidual, dweight, dbias, dout, inp,
+                weight, mean, rstd);
     float sum_d[THREADS], sum_dn[THREADS];
     for (long row = 0; dinp && row < N; row++) {
         PHASE(row, N, layernorm_backward_sums_phase(t, sum_d, sum_dn, dout, inp, weight, mean,
@@ -266,6 +553,8 @@ static void emulate_layernorm_backward(float *dinp, float *dweight, float *dbias
                                        const float *dout, const float *inp, const float *weight,
                                        const float *mean, const float *rstd, int N, int C)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("layernorm_backward", dinp, dweight, dbias, dout, inp, weight, mean, rstd);
     emulate_layernorm_backward_residual(dinp, NULL, dweight, dbias, dout, inp, weight, mean,
                                         rstd, N, C);
 }
@@ -273,6 +562,8 @@ static void emulate_layernorm_backward(float *dinp, float *dweight, float *dbias
 static void emulate_crossentropy_forward(float *losses, float *probs, const float *logits,
                                          const int *targets, int N, int V)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("crossentropy_forward", losses, probs, logits, targets);
     float most[THREADS], sum[THREADS];
     for (long n = 0; n < N; n++) {
         const float *row = logits + n * V;
@@ -290,6 +581,8 @@ static void emulate_crossentropy_softmax_backward(float *dlogits, const float *p
                                                   const int *targets, float dloss_scale, int N,
                                                   int V)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("crossentropy_softmax_backward", dlogits, probs, targets);
     LAUNCH(grid_for((long)N * V), crossentropy_backward_thread(t, dlogits, probs, targets,
                                                                dloss_scale, N, V));
 }
@@ -364,6 +657,8 @@ static void scatter_full(float *dst, const float *src, const int *rows, int n, i
 static void emulate_attention_forward(float *out, float *att, const float *qkv, int B, int T,
                                       int C, int NH)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("attention_forward", out, att, qkv);
     struct heads h = heads_scratch(B, T, C);
     permute(&h, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, B, T, C, NH);
     heads_forward(&h, att, B, T, C, NH);
@@ -374,6 +669,8 @@ static void emulate_attention_backward(float *dqkv, float *scores, const float *
                                        const float *qkv, const float *att, int B, int T, int C,
                                        int NH)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("attention_backward", dqkv, scores, dout, qkv, att);
     struct heads h = heads_scratch(B, T, C);
     long n = (long)B * T * C;
     permute(&h, qkv, 3 * C, qkv + C, qkv + 2 * C, 3 * C, B, T, C, NH);
@@ -387,6 +684,8 @@ static void emulate_attention_forward_rows(float *out, float *att, const float *
                                            const float *kv, const int *rows, int nactive, int B,
                                            int T, int C, int NH)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("attention_forward_rows", out, att, q, kv, rows);
     struct heads h = heads_scratch(B, T, C);
     scatter_full(h.qfull, q, rows, nactive, B, T, C);
     permute(&h, h.qfull, C, kv, kv + C, 2 * C, B, T, C, NH);
@@ -400,6 +699,8 @@ static void emulate_attention_backward_rows(float *dq, float *dkv, float *scores
                                             const float *att, const int *rows, int nactive,
                                             int B, int T, int C, int NH)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("attention_backward_rows", dq, dkv, scores, dout, q, kv, att, rows);
     struct heads h = heads_scratch(B, T, C);
     long n = (long)B * T * C;
     scatter_full(h.qfull, q, rows, nactive, B, T, C);
@@ -427,6 +728,8 @@ static long emulate_hash_attention_forward(float *out, float *lse, int *order, i
                                            const float *qkv, const float *rotation, int B, int T,
                                            int C, int NH, int buckets)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("hash_attention_forward", out, lse, order, bucket, qkv, rotation);
     long sides = (long)B * NH * 2 * T, queries = (long)B * NH * T;
     LAUNCH(grid_for(sides), hash_bucket_thread(t, bucket, qkv, buckets > 1 ? rotation : NULL, B,
                                                T, C, NH, buckets));
@@ -439,6 +742,8 @@ static long emulate_hash_attention_backward(float *dqkv, const float *dout, cons
                                             const float *out, const float *lse, const int *order,
                                             const int *bucket, int B, int T, int C, int NH)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("hash_attention_backward", dqkv, dout, qkv, out, lse, order, bucket);
     long queries = (long)B * NH * T;
     float *delta = scratch(SCRATCH_HASH_DELTA, (size_t)queries);
     LAUNCH(grid_for(queries), hash_delta_thread(t, delta, dout, out, B, T, C, NH));
@@ -455,6 +760,8 @@ static void emulate_sparse_forward(float *out, const float *inp, const int *row_
                                    const int *col_idx, const float *values, const float *bias,
                                    int N, int C, int OC)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("sparse_forward", out, inp, row_ptr, col_idx, values, bias);
     LAUNCH(grid_for((long)N * OC), sparse_forward_thread(t, out, inp, row_ptr, col_idx, values,
                                                          bias, N, C, OC));
 }
@@ -463,6 +770,8 @@ static void emulate_sparse_backward(float *dinp, float *dweight, float *dbias, c
                                     const float *inp, const int *row_ptr, const int *col_idx,
                                     const float *values, int nnz, int N, int C, int OC)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("sparse_backward", dinp, dweight, dbias, dout, inp, row_ptr, col_idx, values);
     if (dinp)
         LAUNCH(grid_for(N), sparse_dinp_thread(t, dinp, dout, row_ptr, col_idx, values, N, C,
                                                OC));
@@ -475,11 +784,15 @@ static void emulate_sparse_backward(float *dinp, float *dweight, float *dbias, c
 static void emulate_mod_router_forward(float *router, const float *in, const float *weight,
                                        int N, int C)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("mod_router_forward", router, in, weight);
     LAUNCH(grid_for(N), mod_router_thread(t, router, in, weight, N, C));
 }
 
 static void emulate_mod_select_topk(int *chosen, const float *router, int B, int T, int k)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("mod_select_topk", chosen, router);
     LAUNCH(grid_for((long)B * T), mod_select_topk_thread(t, chosen, router, B, T, k));
 }
 
@@ -487,6 +800,8 @@ static void emulate_mod_select_topk(int *chosen, const float *router, int B, int
 static float emulate_mod_predictor(float *dweight, int *chosen, const float *in,
                                    const float *weight, const int *target, int N, int C)
 {
+    DEVICE_SCOPE;
+    DEVICE_ARGS("mod_predictor", dweight, chosen, in, weight, target);
     float *loss = scratch(SCRATCH_MOD, 2 * (size_t)N + 2), *grad = loss + N + 1;
     LAUNCH(grid_for(N), mod_predictor_thread(t, loss, grad, chosen, in, weight, target, N, C));
     if (!target) return 0.0f;
@@ -496,6 +811,20 @@ static float emulate_mod_predictor(float *dweight, int *chosen, const float *in,
     return (float)(sum / N);
 }
 
+/* ---- the device reductions (reduce.cu) ---------------------------------------- */
+
+static double emulate_sum_squares(const float *x, long n)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("sum_squares", x);
+    long chunks = dm_sumsq_chunks(n);
+    if (chunks == 0) return 0.0;
+    double *partial = (double *)scratch(SCRATCH_REDUCE, 2 * (size_t)(chunks + 1));
+    LAUNCH(grid_for(chunks), sumsq_chunk_thread(t, partial, x, n));
+    LAUNCH(1, sumsq_total_thread(t, partial + chunks, partial, chunks));
+    return partial[chunks];   /* the plugin's one double copied down */
+}
+
 /* ---- the table --------------------------------------------------------------- */
 
 static const struct dm_backend emulate_table = {
@@ -503,11 +832,13 @@ static const struct dm_backend emulate_table = {
     .name = "emulate",
     .device = "the CUDA kernels emulated on the CPU (kernels/emulate.c; testing only)",
     .alloc = emulate_alloc,
-    .free = free,
-    .copy_to_device = emulate_copy,
-    .copy_to_host = emulate_copy,
+    .free = emulate_free,
+    .copy_to_device = emulate_copy_to_device,
+    .copy_to_host = emulate_copy_to_host,
     .synchronize = emulate_synchronize,
-    .alloc_host = emulate_alloc,
+    .zero = emulate_zero,
+    .copy_on_device = emulate_copy_on_device,
+    .alloc_host = emulate_alloc_host,
     .free_host = free,
     .matmul_forward = emulate_matmul_forward,
     .matmul_forward_residual = emulate_matmul_forward_residual,
@@ -539,14 +870,20 @@ static const struct dm_backend emulate_table = {
     .mod_predictor_forward_backward = emulate_mod_predictor,
     .rows_gather = emulate_rows_gather,
     .rows_scatter = emulate_rows_scatter,
+    .sum_squares = emulate_sum_squares,
 };
 
-/* The plugin entry, as the CUDA plugin's: fills the table; never fails. */
+/* The plugin entry, as the CUDA plugin's: reserves the arena and fills
+ * the table; fails only when the arena cannot be reserved. */
 EXPORT int dynmo_cuda_backend_open(struct dm_backend *table, const struct dm_backend_host *h,
                                    char *err, size_t errsize)
 {
-    (void)err, (void)errsize;
     host = h;
+    if (arena_open(err, errsize) != 0) return -1;
     *table = emulate_table;
+    table->host_access = !arena.strict;
+    if (arena.strict)
+        snprintf(table->device, sizeof table->device, "%s", "the CUDA kernels emulated on the "
+                 "CPU, device memory in a trapping arena (kernels/emulate.c; testing only)");
     return 0;
 }

@@ -130,6 +130,9 @@ static void fill_ops(struct dm_backend *t)
     t->mod_predictor_forward_backward = cuda_mod_predictor_forward_backward;
     t->rows_gather = cuda_rows_gather;
     t->rows_scatter = cuda_rows_scatter;
+    t->zero = cuda_zero;
+    t->copy_on_device = cuda_copy_on_device;
+    t->sum_squares = cuda_sum_squares;
     t->comm_init = cuda_comm_init;
     t->comm_send = cuda_comm_send;
     t->comm_recv = cuda_comm_recv;
@@ -174,6 +177,7 @@ extern "C" __attribute__((visibility("default"))) int dynmo_cuda_backend_open(
     table->abi = DM_BACKEND_ABI;
     table->name = "cuda";
     snprintf(table->device, sizeof table->device, "%s", device);
+    table->host_access = 0;   /* device memory: the host stages every read and write */
     table->alloc = device_alloc;
     table->free = device_free;
     table->copy_to_device = copy_to_device;

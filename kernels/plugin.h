@@ -42,7 +42,8 @@ enum { DM_CUDA_THREADS = DM_BLOCK_THREADS };   /* threads per block of every ker
 cudaStream_t dm_cuda_stream(void);
 cublasHandle_t dm_cuda_cublas(void);
 /* Device floats that only grow to the largest request, one buffer per slot. */
-enum { SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_MOD, SCRATCH_SLOTS };
+enum { SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_MOD, SCRATCH_REDUCE,
+       SCRATCH_SLOTS };
 float *dm_cuda_scratch(int slot, size_t floats);
 /* Waits for the stream by polling (cudaStreamQuery, sched_yield between polls). */
 void dm_cuda_stream_wait(cudaStream_t stream);
@@ -115,6 +116,9 @@ float cuda_mod_predictor_forward_backward(float *dweight, int *chosen, const flo
                                           const float *weight, const int *target, int N, int C);
 void cuda_rows_gather(float *dst, const float *src, const int *rows, int n, int C);
 void cuda_rows_scatter(float *dst, const float *src, const int *rows, int n, int C, int add);
+double cuda_sum_squares(const float *x, long n);
+void cuda_zero(void *dst, size_t bytes);
+void cuda_copy_on_device(void *dst, const void *src, size_t bytes);
 
 struct dm_backend_comm *cuda_comm_init(int rank, int size, void (*bcast_ints)(int *buf, int n));
 void cuda_comm_send(struct dm_backend_comm *comm, const float *buf, size_t count, int peer);

@@ -29,6 +29,7 @@
 #include "../kernels/layernorm.cuh"
 #include "../kernels/matmul.cuh"
 #include "../kernels/mod.cuh"
+#include "../kernels/reduce.cuh"
 #include "../kernels/softmax.cuh"
 #include "../kernels/sparse.cuh"
 
@@ -913,6 +914,23 @@ static void test_mod_predictor(int N, int C)
     dm_free(gdw), dm_free(loss), dm_free(grad);
 }
 
+/* The gradient norm's sum of squares: chunks (one thread each) then
+ * their in-order total, against the CPU backend's sum_squares, bit for
+ * bit (n a few chunks and a ragged tail; one chunk; empty). */
+static void test_sum_squares(long n)
+{
+    float *x = filled(n, 2.0f);
+    long chunks = dm_sumsq_chunks(n);
+    double *partial = dm_alloc((size_t)(chunks + 1) * sizeof(double));
+    FOR_GRID(2, 4, sumsq_chunk_thread(t, partial, x, n));
+    FOR_GRID(1, 8, sumsq_total_thread(t, partial + chunks, partial, chunks));
+    double want = sum_squares(x, n), got = chunks ? partial[chunks] : 0.0;
+    printf("sum of squares n=%ld (%ld chunks): %.17g (CPU %.17g)\n", n, chunks, got, want);
+    CHECK_MSG(!memcmp(&got, &want, sizeof got), "sum_squares n=%ld: %.17g, CPU %.17g", n, got,
+              want);
+    dm_free(x), dm_free(partial);
+}
+
 int main(void)
 {
     dm_threads_init(1);
@@ -947,5 +965,8 @@ int main(void)
     test_mod(3, 40, 32, 13);
     test_mod(2, 17, 8, 17);         /* k = T: every token */
     test_mod_predictor(150, 48);
+    test_sum_squares(5 * DM_SUMSQ_CHUNK + 1234);
+    test_sum_squares(100);
+    test_sum_squares(0);
     return testing_report("test_kernels_host");
 }

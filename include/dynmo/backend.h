@@ -10,7 +10,9 @@
  * device memory obtained from the table's alloc. The emulated device
  * (build/libdynmo_emulate.so, kernels/emulate.c, built by every `make`)
  * is a plugin with the same entry whose ops run the CUDA kernels'
- * per-thread arithmetic on the CPU over host memory, for testing. The
+ * per-thread arithmetic on the CPU, for testing; its device memory is an
+ * arena the host cannot touch outside the table's entries (strict mode,
+ * the default), so a host read of a device tensor traps there. The
  * model calls every op through backend_current() (docs/gpu.md).
  *
  * This header is part of the model module and is also compiled by nvcc
@@ -27,7 +29,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 7
+#define DM_BACKEND_ABI 8
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -53,6 +55,11 @@ struct dm_backend {
     int abi;                      /* DM_BACKEND_ABI */
     const char *name;             /* "cpu" or "cuda" */
     char device[128];             /* what it runs on, in words */
+    /* 1 when the host may dereference what alloc returns (the CPU; the
+     * emulated device with DYNMO_EMULATE_STRICT=0): the model's host
+     * staging is then skipped (backend_read, backend_write). 0 on CUDA and
+     * on the strict emulated device, whose arena traps every host access. */
+    int host_access;
 
     /* Memory: where the tensors the ops take live. */
     void *(*alloc)(size_t bytes);                 /* zero-filled; fatal on failure */
@@ -60,6 +67,10 @@ struct dm_backend {
     void (*copy_to_device)(void *dst, const void *src, size_t bytes);
     void (*copy_to_host)(void *dst, const void *src, size_t bytes);
     void (*synchronize)(void);                    /* every op issued so far is done */
+    /* Device memory set to zero, and copied between two device buffers
+     * that do not overlap (the CPU's parallel_zero, parallel_copy). */
+    void (*zero)(void *dst, size_t bytes);
+    void (*copy_on_device)(void *dst, const void *src, size_t bytes);
     /* Host memory for staging (migration, checkpoints, MPI when ranks share
      * a GPU): pinned on CUDA, so copies to and from it run at full speed. */
     void *(*alloc_host)(size_t bytes);            /* zero-filled; fatal on failure */
@@ -167,6 +178,12 @@ struct dm_backend {
     void (*rows_gather)(float *dst, const float *src, const int *rows, int n, int C);
     void (*rows_scatter)(float *dst, const float *src, const int *rows, int n, int C, int add);
 
+    /* The sum of the squares of x (n floats, device memory), in double,
+     * returned on the host: chunks of 8192 floats each summed in eight
+     * lanes, the chunks added in order (src/model/gpt.c's order; no
+     * atomics, so the same bits every run and on every backend). */
+    double (*sum_squares)(const float *x, long n);
+
     /* Device-to-device transport (NULL on the CPU). */
     struct dm_backend_comm *(*comm_init)(int rank, int size, void (*bcast_ints)(int *buf, int n));
     void (*comm_send)(struct dm_backend_comm *comm, const float *buf, size_t count, int peer);
@@ -178,6 +195,24 @@ struct dm_backend {
 /* The CPU table: today's ops (src/model/ops.c, optim.c, exit.c's row
  * gathers, ...), host memory. */
 const struct dm_backend *backend_cpu(void);
+
+/* Host staging over backend_current()'s memory, for code that reads or
+ * writes device tensors on the host (the loss, checkpoints, migration,
+ * MPI). On a backend with host_access every call is a pass-through and
+ * nothing is copied (the CPU's speed and bits do not change).
+ * backend_staging: a host buffer of bytes (alloc_host), or NULL when the
+ * host reads the backend's memory itself; free it with
+ * backend_staging_free (NULL is fine).
+ * backend_read: a host pointer holding the bytes at device src: src
+ * itself when staging is NULL, else staging after a copy down.
+ * backend_write_begin: where the host writes what is meant for device dst
+ * (dst itself when staging is NULL); backend_write_end then copies it up
+ * (nothing when host == dst). */
+void *backend_staging(size_t bytes);
+void backend_staging_free(void *staging);
+const void *backend_read(void *staging, const void *src, size_t bytes);
+void *backend_write_begin(void *staging, void *dst);
+void backend_write_end(void *dst, const void *host, size_t bytes);
 
 /* The table the model routes through: the CPU's until backend_open
  * selects another. Not thread-safe; set once at start-up. */

@@ -255,6 +255,16 @@ struct block_sparse {
     long kept;               /* ones in mask */
     int use_csr;             /* matrices multiplied in CSR (csr[] valid) */
     struct csr_matrix csr[BLOCK_MATRICES];  /* values refreshed by block_forward */
+    /* On a device whose memory the host cannot read (on_device; all NULL
+     * on the CPU): csr[]'s arrays in the backend's memory, each value's
+     * position in its matrix (r cols + col_idx, for the refresh: a gather
+     * from params), and the pruned weights' offsets in the slab's
+     * gradients with as many zeros (gpt_mask_pruned_grads: a scatter). */
+    int on_device;
+    struct csr_matrix csr_device[BLOCK_MATRICES];
+    int *value_at[BLOCK_MATRICES];   /* (nnz) */
+    int *pruned;                     /* (12C^2 - kept) */
+    float *zeros;                    /* (12C^2 - kept) */
 };
 
 /* The mixture-of-experts state of an MoE block (src/model/moe.c): views
@@ -323,6 +333,15 @@ void block_init(struct block *blk, int index, const struct gpt_shape *shape,
  * zero (gpt_init_weights). */
 void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64_t seed);
 void block_free(struct block *blk);
+/* A block whose slab pointers (slab, params, grads, m, v, p[], g[]) point
+ * at host memory holding blk's slab, for code that reads or writes it
+ * wholesale (checkpoints): *blk itself when staging is NULL (the backend's
+ * memory is the host's: backend_staging), else staging (slab_floats
+ * floats), filled by a copy down when fetch is set. Everything else is
+ * blk's, shared: the view owns nothing. block_host_view_store copies the
+ * view's slab up into blk (nothing when they are the same memory). */
+struct block block_host_view(const struct block *blk, float *staging, int fetch);
+void block_host_view_store(struct block *blk, const struct block *view);
 
 /* Prunes the block: keep (12C^2 bytes, matrix-weight order, 1 = keep)
  * becomes its mask; params, gradients and Adam moments of pruned weights
@@ -480,6 +499,12 @@ void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int fi
                         int num_blocks, int has_embed, int has_head);
 void gpt_init_weights(struct gpt *model, uint64_t seed);
 void gpt_free(struct gpt *model);
+/* The embedding slab's params, grads, m and v ([wte wpe lnf_w lnf_b] each,
+ * 4 embed_nparams floats) where the host can reach them: model->embed_slab
+ * when staging is NULL, else staging filled by a copy down when fetch is
+ * set; gpt_embed_host_store copies them back up (as block_host_view). */
+float *gpt_embed_host_view(const struct gpt *model, float *staging, int fetch);
+void gpt_embed_host_store(struct gpt *model, const float *view);
 
 /* Replaces the block range of a model (live migration): the model takes
  * ownership of `blocks` (count of them, first global index `first`); the
@@ -508,6 +533,10 @@ struct gpt_acts {
     float *probs;                  /* (B,T,V) */
     float *losses;                 /* (B,T) */
     int *tokens, *targets;         /* (B,T) */
+    /* Host staging (backend.h's backend_staging; NULL on a backend the host
+     * reads itself): the inputs the loader fills, the losses read back. */
+    int *tokens_host, *targets_host;   /* (B,T) */
+    float *losses_host;                /* (B,T) */
     struct exit_acts *exit;        /* early-exit state (src/model/exit.c), or NULL */
 };
 void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T);
@@ -521,6 +550,12 @@ void gpt_acts_free(struct gpt_acts *acts);
  * migration allocates (and zero-fills) almost nothing. Contents are not
  * kept. */
 void gpt_acts_resize(struct gpt_acts *acts, const struct gpt *model);
+/* Where the host writes a micro-batch's token ids and targets (B T each):
+ * acts->tokens and acts->targets themselves when the backend's memory is
+ * the host's, else host staging; gpt_acts_inputs_ready then copies them
+ * to the device (once per micro-batch). */
+void gpt_acts_inputs(struct gpt_acts *acts, int **tokens, int **targets);
+void gpt_acts_inputs_ready(struct gpt_acts *acts);
 
 /* Forward of this rank's part. If has_embed, reads tokens; else the input
  * activation must already be in acts->residual[0]. If has_head, targets
@@ -732,6 +767,14 @@ struct mod_acts {
     float *router;           /* (B*T) r */
     float *gathered_in;      /* (tokens, C) the packed chosen rows */
     float *gathered_out;     /* (tokens, C) f(x) of the packed rows */
+    /* chosen, target, router and the gathered rows are the backend's
+     * memory; count and pos the host's. On a device the host works on
+     * copies in these staging buffers (NULL on the CPU, which works in
+     * place): the router and choice (B*T), rows (B*T, C) x 4. */
+    float *router_host;
+    int *chosen_host;
+    float *rows_host[4];
+    float *work;             /* (2 B*T*C) backward work on a device (the CPU's is static) */
 };
 void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);
 void mod_acts_free(struct mod_acts *m);

@@ -34,6 +34,7 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+#include "dynmo/backend.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/world.h"
 #include "ckpt/ckpt_dir.h"
@@ -420,8 +421,12 @@ static void write_small_datasets(const struct chunk_writer *w, const struct gpt 
     float *sparsity_all = dm_alloc((size_t)layers * sizeof(float));
     for (int i = 0; writer && i < model->num_blocks; i++) {
         int layer = model->first_block + i;
-        frozen[layer] = model->blocks[i].frozen || (meta->frozen && meta->frozen[layer]);
-        sparsity[layer] = block_sparsity(&model->blocks[i]);
+        const struct block *blk = &model->blocks[i];
+        frozen[layer] = blk->frozen || (meta->frozen && meta->frozen[layer]);
+        float *staging = backend_staging(blk->slab_floats * sizeof(float));
+        struct block view = block_host_view(blk, staging, 1);
+        sparsity[layer] = block_sparsity(&view);
+        backend_staging_free(staging);
     }
     MPI_Request requests[2];
     WORLD_MPI(MPI_Ireduce(frozen, frozen_all, layers, MPI_INT, MPI_SUM, 0, comm, &requests[0]));
@@ -514,7 +519,10 @@ static void write_tensors(const struct chunk_writer *w, const struct gpt *model,
 {
     int whole = dp_rank == 0, experts = writes_experts(model, dp_rank);
     for (int i = 0; i < model->num_blocks; i++) {
-        const struct block *blk = &model->blocks[i];
+        /* the slab where HDF5 can read it (host staging on a device) */
+        float *staging = backend_staging(model->blocks[i].slab_floats * sizeof(float));
+        struct block view = block_host_view(&model->blocks[i], staging, 1);
+        const struct block *blk = &view;
         if (blk->moe) {
             write_moe_block(w, model, blk, whole, experts);
         } else if (whole) {
@@ -523,14 +531,21 @@ static void write_tensors(const struct chunk_writer *w, const struct gpt *model,
             write_rows(w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
         }
         if (blk->mod) write_mod_block(w, model, blk);
+        backend_staging_free(staging);
         start_writeback(w);
     }
     if (!whole) return;
     const struct gpt_shape *shape = &model->shape;
-    size_t C = (size_t)shape->channels;
+    size_t C = (size_t)shape->channels, n = model->embed_nparams;
     size_t wpe = (size_t)shape->vocab * C;
     size_t lnf = wpe + (size_t)shape->max_seq * C;
-    const float *bases[3] = {model->wte, model->embed_m, model->embed_v};
+    if (!model->embed_slab) {   /* a middle stage */
+        start_writeback(w);
+        return;
+    }
+    float *staging = backend_staging(4 * n * sizeof(float));
+    const float *slab = gpt_embed_host_view(model, staging, 1);
+    const float *bases[3] = {slab, slab + 2 * n, slab + 3 * n};   /* params, m, v */
     const char *kinds[3] = {"params", "adam_m", "adam_v"};
     for (int k = 0; k < 3; k++) {
         char name[64];
@@ -547,6 +562,7 @@ static void write_tensors(const struct chunk_writer *w, const struct gpt *model,
             write_rows(w, name, 0, (hsize_t)C, bases[k] + lnf + C);
         }
     }
+    backend_staging_free(staging);
     start_writeback(w);
 }
 

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <hdf5_hl.h>
+#include "dynmo/backend.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/world.h"
 #include "ckpt/ckpt_dir.h"
@@ -44,12 +45,13 @@ void ckpt_meta_free(struct ckpt_meta *meta)
 /* The embedding slab, [wte wpe lnf_w lnf_b] for params, m and v, which
  * the first stage (embedding) and the last (head, tied wte) both hold:
  * read whole. Returns 0, or -1 after reporting. */
-static int read_embedding_slab(hid_t file, struct gpt *model, struct ckpt_problems *problems)
+static int read_embedding_slab(hid_t file, float *slab, const struct gpt *model,
+                               struct ckpt_problems *problems)
 {
-    size_t C = (size_t)model->shape.channels;
+    size_t C = (size_t)model->shape.channels, n = model->embed_nparams;
     size_t wpe = (size_t)model->shape.vocab * C;
     size_t lnf = wpe + (size_t)model->shape.max_seq * C;
-    float *bases[3] = {model->wte, model->embed_m, model->embed_v};
+    float *bases[3] = {slab, slab + 2 * n, slab + 3 * n};   /* params, m, v */
     const char *kinds[3] = {"params", "adam_m", "adam_v"};
     for (int k = 0; k < 3; k++) {
         char name[4][64];
@@ -63,8 +65,19 @@ static int read_embedding_slab(hid_t file, struct gpt *model, struct ckpt_proble
             ckpt_read_floats(file, name[3], -1, 0, bases[k] + lnf + C, problems))
             return -1;
     }
-    memset(model->dwte, 0, model->embed_nparams * sizeof(float));
+    memset(slab + n, 0, n * sizeof(float));   /* grads */
     return 0;
+}
+
+/* The embedding slab read into host staging on a device, then copied up. */
+static int load_embedding_slab(hid_t file, struct gpt *model, struct ckpt_problems *problems)
+{
+    float *staging = backend_staging(4 * model->embed_nparams * sizeof(float));
+    float *slab = gpt_embed_host_view(model, staging, 0);
+    int status = read_embedding_slab(file, slab, model, problems);
+    if (status == 0) gpt_embed_host_store(model, slab);
+    backend_staging_free(staging);
+    return status;
 }
 
 /* An MoE block (schema version 2): its shared tensors from its /blocks
@@ -122,6 +135,34 @@ static int read_mod_block(hid_t file, const struct gpt *model, struct block *blk
            ckpt_read_floats(file, "/mod/adam_v", j, n, blk->v + dense, problems);
 }
 
+/* A block's rows into its slab (host staging on a device, then copied up);
+ * its gradients zero. Returns 0, or -1 after reporting. */
+static int load_block(hid_t file, const struct ckpt_header *header,
+                      const struct ckpt_meta *meta, const struct gpt *model, struct block *blk,
+                      struct ckpt_problems *problems)
+{
+    float *staging = backend_staging(blk->slab_floats * sizeof(float));
+    struct block view = block_host_view(blk, staging, 0);
+    size_t nparams = block_param_count(blk->C);   /* a /blocks row: the dense tensors */
+    int status;
+    if (view.moe)
+        status = read_moe_block(file, header, meta, model, &view, problems);
+    else
+        status = ckpt_read_floats(file, "/blocks/params", view.index, nparams, view.params,
+                                  problems) ||
+                 ckpt_read_floats(file, "/blocks/adam_m", view.index, nparams, view.m,
+                                  problems) ||
+                 ckpt_read_floats(file, "/blocks/adam_v", view.index, nparams, view.v,
+                                  problems);
+    if (status == 0 && view.mod) status = read_mod_block(file, model, &view, problems);
+    if (status == 0) {
+        memset(view.grads, 0, view.nparams * sizeof(float));
+        block_host_view_store(blk, &view);
+    }
+    backend_staging_free(staging);
+    return status ? -1 : 0;
+}
+
 static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
                                     struct ckpt_meta *meta, char *err, size_t errsize)
 {
@@ -144,26 +185,14 @@ static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
         goto close;
     }
     if (ckpt_read_meta_from(file, &header, meta, &problems) != 0) goto done;
-    size_t nparams = block_param_count(model->shape.channels);
     for (int i = 0; i < model->num_blocks; i++) {
         struct block *blk = &model->blocks[i];
         DM_ASSERT(blk->index == model->first_block + i &&
                   blk->nparams == gpt_block_param_count(&model->shape, blk->index));
-        if (blk->moe) {
-            if (read_moe_block(file, &header, meta, model, blk, &problems) != 0) goto done;
-        } else if (ckpt_read_floats(file, "/blocks/params", blk->index, nparams, blk->params,
-                                    &problems) ||
-                   ckpt_read_floats(file, "/blocks/adam_m", blk->index, nparams, blk->m,
-                                    &problems) ||
-                   ckpt_read_floats(file, "/blocks/adam_v", blk->index, nparams, blk->v,
-                                    &problems)) {
-            goto done;
-        }
-        if (blk->mod && read_mod_block(file, model, blk, &problems) != 0) goto done;
-        memset(blk->grads, 0, blk->nparams * sizeof(float));
+        if (load_block(file, &header, meta, model, blk, &problems) != 0) goto done;
         blk->frozen = meta->frozen ? meta->frozen[blk->index] : 0;
     }
-    if (model->embed_slab && read_embedding_slab(file, model, &problems) != 0) goto done;
+    if (model->embed_slab && load_embedding_slab(file, model, &problems) != 0) goto done;
     outcome = CKPT_LOAD_OK;
 done:
     if (outcome != CKPT_LOAD_OK && problems.count)

@@ -21,13 +21,15 @@
  * reduction per step). Nothing here looks at the layout or at timings. */
 #include <stdio.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dyn/scheme.h"
 
 struct early_exit {
     struct gpt_exit exit;
     int warmup, need_head, layers;
     struct dyn_env env;
-    float *head;         /* (V*C + 2C) copy from the last stage, or NULL */
+    float *head;         /* (V*C + 2C) copy from the last stage (the backend's memory), or NULL */
+    float *head_host;    /* its host staging for the broadcast on a device (NULL on the CPU) */
     double skipped_share;
 };
 
@@ -54,9 +56,12 @@ static void *early_exit_create(const struct dm_config *cfg, const struct dyn_env
     e->need_head = e->exit.confidence == GPT_EXIT_SOFTMAX || e->exit.loss_weight > 0.0f;
     e->exit.layer_tokens = dm_alloc((size_t)cfg->layers * sizeof(double));
     e->exit.layer_computed = dm_alloc((size_t)cfg->layers * sizeof(double));
-    if (e->need_head && env->stages > 1)
-        e->head = dm_alloc(((size_t)cfg->vocab * cfg->channels + 2 * (size_t)cfg->channels) *
-                           sizeof(float));
+    if (e->need_head && env->stages > 1) {
+        size_t bytes = ((size_t)cfg->vocab * cfg->channels + 2 * (size_t)cfg->channels) *
+                       sizeof(float);
+        e->head = backend_current()->alloc(bytes);
+        e->head_host = backend_staging(bytes);
+    }
     return e;
 }
 
@@ -66,7 +71,8 @@ static void early_exit_destroy(void *state, struct gpt *model)
     struct early_exit *e = state;
     dm_free(e->exit.layer_tokens);
     dm_free(e->exit.layer_computed);
-    dm_free(e->head);
+    if (e->head) backend_current()->free(e->head);
+    backend_staging_free(e->head_host);
     dm_free(e);
 }
 
@@ -98,13 +104,17 @@ static void early_exit_before_step(void *state, struct gpt *model, int step)
         return;
     }
     int root = e->env.stages - 1;
+    /* MPI moves host memory: the root's head comes down, the others' goes up */
+    const struct dm_backend *ops = backend_current();
+    float *head = backend_write_begin(e->head_host, e->head);
     if (e->env.stage == root) {
-        memcpy(e->head, model->wte, VC * sizeof(float));
-        memcpy(e->head + VC, model->lnf_w, C * sizeof(float));
-        memcpy(e->head + VC + C, model->lnf_b, C * sizeof(float));
+        ops->copy_to_host(head, model->wte, VC * sizeof(float));
+        ops->copy_to_host(head + VC, model->lnf_w, C * sizeof(float));
+        ops->copy_to_host(head + VC + C, model->lnf_b, C * sizeof(float));
     }
-    WORLD_MPI(MPI_Ibcast(e->head, (int)(VC + 2 * C), MPI_FLOAT, root, e->env.pipeline_comm, &req));
+    WORLD_MPI(MPI_Ibcast(head, (int)(VC + 2 * C), MPI_FLOAT, root, e->env.pipeline_comm, &req));
     world_wait(&req);
+    backend_write_end(e->head, head, (VC + 2 * C) * sizeof(float));
     x->wte = e->head;
     x->lnf_w = e->head + VC;
     x->lnf_b = e->head + VC + C;

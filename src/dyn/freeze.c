@@ -30,6 +30,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dyn/scheme.h"
 
 struct freeze {
@@ -81,7 +82,8 @@ static void apply_prefix(const struct freeze *f, struct gpt *model)
     for (int i = 0; i < model->num_blocks; i++) {
         struct block *blk = &model->blocks[i];
         int frozen = model->first_block + i < f->prefix;
-        if (frozen && !blk->frozen) memset(blk->grads, 0, blk->nparams * sizeof(float));
+        if (frozen && !blk->frozen)
+            backend_current()->zero(blk->grads, blk->nparams * sizeof(float));
         blk->frozen = frozen;
     }
 }

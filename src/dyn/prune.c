@@ -22,6 +22,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dyn/prune.h"
 #include "dyn/scheme.h"
 
@@ -178,6 +179,25 @@ static void prune_destroy(void *state, struct gpt *model)
     dm_free(state);
 }
 
+/* The keys of this rank's blocks' matrix weights (n = blocks x per_block),
+ * each block's weights read on the host (a copy down on a device). */
+static void prune_keys(uint64_t *keys, const struct gpt *model, size_t per_block)
+{
+    for (int b = 0; b < model->num_blocks; b++) {
+        const struct block *blk = &model->blocks[b];
+        float *staging = backend_staging(blk->slab_floats * sizeof(float));
+        struct block view = block_host_view(blk, staging, 1);
+        uint64_t *k = keys + (size_t)b * per_block;
+        uint32_t base = (uint32_t)((size_t)blk->index * per_block), i = 0;
+        for (int m = 0; m < BLOCK_MATRICES; m++) {
+            int t = block_matrix_tensor(m);
+            size_t count = block_tensor_size(blk->C, t);
+            for (size_t e = 0; e < count; e++, i++) k[i] = prune_key(view.p[t][e], base + i);
+        }
+        backend_staging_free(staging);
+    }
+}
+
 static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
 {
     size_t per_block = block_matrix_weights(model->shape.channels);
@@ -185,29 +205,16 @@ static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
     long keep = total - (long)llround(sparsity * (double)total);
     long n = (long)model->num_blocks * (long)per_block;
     uint64_t *keys = dm_alloc((size_t)(n ? n : 1) * sizeof(uint64_t));
-    for (int b = 0; b < model->num_blocks; b++) {
-        const struct block *blk = &model->blocks[b];
-        uint64_t *k = keys + (size_t)b * per_block;
-        uint32_t base = (uint32_t)((size_t)blk->index * per_block), i = 0;
-        for (int m = 0; m < BLOCK_MATRICES; m++) {
-            int t = block_matrix_tensor(m);
-            size_t count = block_tensor_size(blk->C, t);
-            for (size_t e = 0; e < count; e++, i++) k[i] = prune_key(blk->p[t][e], base + i);
-        }
-    }
+    prune_keys(keys, model, per_block);
     uint64_t cut = prune_global_cut(pr->comm, keys, n, keep, total);
-    /* keys were reordered by the selection: compute them again, weight by weight. */
+    /* keys were reordered by the selection: compute them again, weight by
+     * weight (into the same array, block by block: the mask is keys > cut) */
+    prune_keys(keys, model, per_block);
     unsigned char *mask = dm_alloc(per_block);
     for (int b = 0; b < model->num_blocks; b++) {
-        struct block *blk = &model->blocks[b];
-        uint32_t base = (uint32_t)((size_t)blk->index * per_block), i = 0;
-        for (int m = 0; m < BLOCK_MATRICES; m++) {
-            int t = block_matrix_tensor(m);
-            size_t count = block_tensor_size(blk->C, t);
-            for (size_t e = 0; e < count; e++, i++)
-                mask[i] = prune_key(blk->p[t][e], base + i) > cut;
-        }
-        block_prune(blk, mask, pr->cfg.csr_sparsity);
+        const uint64_t *k = keys + (size_t)b * per_block;
+        for (size_t i = 0; i < per_block; i++) mask[i] = k[i] > cut;
+        block_prune(&model->blocks[b], mask, pr->cfg.csr_sparsity);
     }
     dm_free(mask);
     dm_free(keys);

@@ -30,6 +30,19 @@ static void cpu_synchronize(void)
 {
 }
 
+/* parallel_zero and parallel_copy on whole floats, as the model called them */
+static void cpu_zero(void *dst, size_t bytes)
+{
+    if (bytes % sizeof(float) == 0) parallel_zero(dst, (long)(bytes / sizeof(float)));
+    else memset(dst, 0, bytes);
+}
+
+static void cpu_copy_on_device(void *dst, const void *src, size_t bytes)
+{
+    if (bytes % sizeof(float) == 0) parallel_copy(dst, src, (long)(bytes / sizeof(float)));
+    else memcpy(dst, src, bytes);
+}
+
 /* The CSR arrays as the struct the CPU kernels take (they only read it). */
 static struct csr_matrix csr_view(const int *row_ptr, const int *col_idx, const float *values,
                                   int rows, int cols)
@@ -61,11 +74,14 @@ static const struct dm_backend cpu_table = {
     .abi = DM_BACKEND_ABI,
     .name = "cpu",
     .device = "the CPU (OpenBLAS, dm_parallel_for)",
+    .host_access = 1,
     .alloc = cpu_alloc,
     .free = dm_free,
     .copy_to_device = cpu_copy,
     .copy_to_host = cpu_copy,
     .synchronize = cpu_synchronize,
+    .zero = cpu_zero,
+    .copy_on_device = cpu_copy_on_device,
     .alloc_host = cpu_alloc,
     .free_host = dm_free,
     .matmul_forward = matmul_forward,
@@ -98,6 +114,7 @@ static const struct dm_backend cpu_table = {
     .mod_predictor_forward_backward = mod_predictor_forward_backward,
     .rows_gather = rows_gather,
     .rows_scatter = rows_scatter,
+    .sum_squares = sum_squares,
 };
 
 static const struct dm_backend *current = &cpu_table;
@@ -111,6 +128,33 @@ const struct dm_backend *backend_cpu(void)
 const struct dm_backend *backend_current(void)
 {
     return current;
+}
+
+void *backend_staging(size_t bytes)
+{
+    return current->host_access ? NULL : current->alloc_host(bytes);
+}
+
+void backend_staging_free(void *staging)
+{
+    if (staging) current->free_host(staging);
+}
+
+const void *backend_read(void *staging, const void *src, size_t bytes)
+{
+    if (!staging) return src;
+    current->copy_to_host(staging, src, bytes);
+    return staging;
+}
+
+void *backend_write_begin(void *staging, void *dst)
+{
+    return staging ? staging : dst;
+}
+
+void backend_write_end(void *dst, const void *host, size_t bytes)
+{
+    if (host != dst) current->copy_to_device(dst, host, bytes);
 }
 
 /* $env when set, else `file` beside the running binary */

@@ -102,8 +102,9 @@ static void block_alloc_slab(struct block *blk, int index, const struct gpt_shap
     blk->NH = shape->heads;
     blk->nparams = gpt_block_param_count(shape, index);
     blk->slab_floats = 4 * blk->nparams;
-    if (zero) {
-        blk->slab = dm_alloc(blk->slab_floats * sizeof(float));
+    const struct dm_backend *ops = backend_current();
+    if (zero || !ops->host_access) {
+        blk->slab = ops->alloc(blk->slab_floats * sizeof(float));   /* zero-filled */
     } else {
         blk->slab = dm_alloc_uninit(blk->slab_floats * sizeof(float));
         memset(blk->slab + blk->nparams, 0, blk->nparams * sizeof(float));
@@ -167,18 +168,25 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
 {
     int C = shape->channels, index = blk->index;
     float residual_std = (float)(0.02 / sqrt(2.0 * shape->layers));
+    size_t bytes = blk->nparams * sizeof(float);
+    float *staging = backend_staging(bytes);   /* drawn on the host, then copied up */
+    float *params = backend_write_begin(staging, blk->params);
+    if (staging) backend_current()->copy_to_host(params, blk->params, bytes);
     for (int k = 0; k < (blk->moe ? BP_FC_W : BP_COUNT); k++) {
         size_t n = block_tensor_size(C, k);
+        float *p = params + (blk->p[k] - blk->params);
         if (k == BP_LN1_W || k == BP_LN2_W) {
-            for (size_t i = 0; i < n; i++) blk->p[k][i] = 1.0f;
+            for (size_t i = 0; i < n; i++) p[i] = 1.0f;
         } else if (block_tensor_is_matrix(k)) {
             float std = (k == BP_ATTPROJ_W || k == BP_FCPROJ_W) ? residual_std : 0.02f;
-            init_normal(blk->p[k], n, seed, block_tensor_stream(index, k), std);
+            init_normal(p, n, seed, block_tensor_stream(index, k), std);
         }
         /* biases stay zero (the slab is zero) */
     }
-    if (blk->moe) block_moe_init_weights(blk, shape, seed);
-    if (blk->mod) block_mod_init_weights(blk, seed);
+    if (blk->moe) block_moe_init_weights(blk, shape, params, seed);
+    if (blk->mod) block_mod_init_weights(blk, params, seed);
+    backend_write_end(blk->params, params, bytes);
+    backend_staging_free(staging);
 }
 
 void block_free(struct block *blk)
@@ -186,8 +194,31 @@ void block_free(struct block *blk)
     block_sparse_free(blk);
     block_moe_free(blk);
     block_mod_free(blk);
-    dm_free(blk->slab);
+    if (blk->slab) backend_current()->free(blk->slab);
     memset(blk, 0, sizeof *blk);
+}
+
+struct block block_host_view(const struct block *blk, float *staging, int fetch)
+{
+    struct block view = *blk;
+    if (!staging) return view;
+    size_t bytes = blk->slab_floats * sizeof(float);
+    if (fetch) backend_current()->copy_to_host(staging, blk->slab, bytes);
+    view.slab = staging;
+    view.params = staging + (blk->params - blk->slab);
+    view.grads = staging + (blk->grads - blk->slab);
+    view.m = staging + (blk->m - blk->slab);
+    view.v = staging + (blk->v - blk->slab);
+    for (int k = 0; k < BP_COUNT; k++) {
+        view.p[k] = blk->p[k] ? staging + (blk->p[k] - blk->slab) : NULL;
+        view.g[k] = blk->g[k] ? staging + (blk->g[k] - blk->slab) : NULL;
+    }
+    return view;
+}
+
+void block_host_view_store(struct block *blk, const struct block *view)
+{
+    backend_write_end(blk->slab, view->slab, blk->slab_floats * sizeof(float));
 }
 
 /* ---- serialisation (docs/block-slab.md) ------------------------------------ */
@@ -276,9 +307,9 @@ void block_pack(const struct block *blk, void *buf)
     unsigned char *out = buf;
     size_t floats_bytes = blk->nparams * sizeof(float);
     unsigned char *payload = out + PACK_HEADER_BYTES;
-    memcpy(payload, blk->params, floats_bytes);
-    memcpy(payload + floats_bytes, blk->m, floats_bytes);
-    memcpy(payload + 2 * floats_bytes, blk->v, floats_bytes);
+    const struct dm_backend *ops = backend_current();
+    ops->copy_to_host(payload, blk->params, floats_bytes);
+    ops->copy_to_host(payload + floats_bytes, blk->m, 2 * floats_bytes);   /* m, v adjacent */
     pack_dynamic(blk, payload + 3 * floats_bytes);
     struct pack_header h;
     fill_header(&h, blk);
@@ -378,10 +409,10 @@ int block_unpack(struct block *blk, const void *buf, size_t bytes,
         return -1;
     }
     if (!blk->slab) block_alloc_slab(blk, h.index, shape, 1);
-    memcpy(blk->params, payload, floats_bytes);
-    memcpy(blk->m, payload + floats_bytes, floats_bytes);
-    memcpy(blk->v, payload + 2 * floats_bytes, floats_bytes);
-    memset(blk->grads, 0, floats_bytes);
+    const struct dm_backend *ops = backend_current();
+    ops->copy_to_device(blk->params, payload, floats_bytes);
+    ops->copy_to_device(blk->m, payload + floats_bytes, 2 * floats_bytes);   /* m, v adjacent */
+    ops->zero(blk->grads, floats_bytes);
     blk->frozen = (h.flags & BLOCK_FLAG_FROZEN) != 0;
     /* The checksum passed, so only a writer's bug can fail here; the
      * parameters are already in place then. */
@@ -480,7 +511,7 @@ void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH)
     struct acts_sizes s = acts_sizes(B, T, C, NH);
     acts->B = B;
     acts->T = T;
-    acts->mem = dm_alloc(block_acts_bytes(B, T, C, NH));
+    acts->mem = backend_current()->alloc(block_acts_bytes(B, T, C, NH));
     float *p = acts->mem;
     acts->ln1 = p;        p += s.btc;
     acts->ln1_mean = p;   p += s.bt;
@@ -507,7 +538,7 @@ void block_acts_free(struct block_acts *acts)
     moe_acts_free(acts->moe);
     hash_acts_free(acts->hash);
     block_mod_acts_free(acts->mod);
-    dm_free(acts->mem);
+    if (acts->mem) backend_current()->free(acts->mem);
     memset(acts, 0, sizeof *acts);
 }
 
@@ -517,7 +548,7 @@ void block_acts_free(struct block_acts *acts)
 void block_scratch_alloc(struct block_scratch *s, int B, int T, int C, int NH)
 {
     struct acts_sizes z = acts_sizes(B, T, C, NH);
-    s->mem = dm_alloc((8 * z.btc + z.att) * sizeof(float));
+    s->mem = backend_current()->alloc((8 * z.btc + z.att) * sizeof(float));
     float *p = s->mem;
     s->d_res1 = p;   p += z.btc;
     s->d_ln = p;     p += z.btc;
@@ -531,7 +562,7 @@ void block_scratch_alloc(struct block_scratch *s, int B, int T, int C, int NH)
 
 void block_scratch_free(struct block_scratch *s)
 {
-    dm_free(s->mem);
+    if (s->mem) backend_current()->free(s->mem);
     memset(s, 0, sizeof *s);
 }
 
@@ -572,7 +603,7 @@ static void block_matmul_forward(const struct block *blk, int k, float *out, con
 {
     const struct dm_backend *ops = backend_current();
     if (blk->sparse && blk->sparse->use_csr) {
-        const struct csr_matrix *w = &blk->sparse->csr[matrix_slot(k)];
+        const struct csr_matrix *w = block_sparse_csr(blk, matrix_slot(k));
         ops->sparse_matmul_forward(out, inp, w->row_ptr, w->col_idx, w->values, blk->p[k + 1],
                                    N, C, OC);
         if (residual) ops->residual_forward(out, out, residual, (long)N * OC);
@@ -594,7 +625,7 @@ static void block_matmul_backward(struct block *blk, int k, float *const *g, flo
 {
     const struct dm_backend *ops = backend_current();
     if (blk->sparse && blk->sparse->use_csr) {
-        const struct csr_matrix *w = &blk->sparse->csr[matrix_slot(k)];
+        const struct csr_matrix *w = block_sparse_csr(blk, matrix_slot(k));
         ops->sparse_matmul_backward(dinp, g[k], g[k + 1], dout, inp, w->row_ptr, w->col_idx,
                                     w->values, w->nnz, N, C, OC);
         if (gelu_inp) ops->gelu_backward(dinp, gelu_inp, dinp, (long)N * C);

@@ -38,8 +38,13 @@
 #include "dynmo/model.h"
 #include "model/internal.h"
 
+/* The decisions are the host's (exit_layer, the row lists); the tensors
+ * the ops touch are the backend's, and on a device the host reads what it
+ * decides from through the staging of struct exit_acts (NULL on the CPU,
+ * which reads the tensors in place). */
 struct exit_block_state {
-    int *rows;          /* (N) active tokens at the block's input, ascending */
+    int *rows;          /* (N) active tokens at the block's input, ascending (host) */
+    int *rows_device;   /* (N) the same for the ops (rows itself on the CPU) */
     int nactive;
     int head;           /* this block has an exit head in this forward */
     float *hc;          /* (N,C) gathered block outputs of active tokens */
@@ -50,45 +55,76 @@ struct exit_block_state {
 
 struct exit_acts {
     int N, C, V, num_blocks;
-    int *exit_layer;    /* (N) */
+    int *exit_layer;    /* (N) host: travels with the activation between stages */
     float *work, *work2;        /* (N,C) each */
     float *logits;      /* (N,V) */
     float *losses;      /* (N) */
     struct exit_block_state *blocks;
+    /* host staging on a device: targets (N), losses (N), probs (N,V),
+     * a block's input and output rows (N,C) each */
+    int *targets_host;
+    float *losses_host, *probs_host, *in_host, *out_host;
 };
 
 static void exit_blocks_alloc(struct exit_acts *ea, int nb)
 {
+    const struct dm_backend *ops = backend_current();
     size_t N = (size_t)ea->N, C = (size_t)ea->C, V = (size_t)ea->V;
     ea->blocks = dm_alloc((size_t)(nb ? nb : 1) * sizeof *ea->blocks);
     for (int i = 0; i < nb; i++) {
         struct exit_block_state *b = &ea->blocks[i];
         b->rows = dm_alloc(N * sizeof(int));
-        b->targets = dm_alloc(N * sizeof(int));
-        b->hc = dm_alloc(N * C * sizeof(float));
-        b->lnf = dm_alloc(N * C * sizeof(float));
-        b->mean = dm_alloc(N * sizeof(float));
-        b->rstd = dm_alloc(N * sizeof(float));
-        b->probs = dm_alloc(N * V * sizeof(float));
+        b->rows_device = ops->host_access ? b->rows : ops->alloc(N * sizeof(int));
+        b->targets = ops->alloc(N * sizeof(int));
+        b->hc = ops->alloc(N * C * sizeof(float));
+        b->lnf = ops->alloc(N * C * sizeof(float));
+        b->mean = ops->alloc(N * sizeof(float));
+        b->rstd = ops->alloc(N * sizeof(float));
+        b->probs = ops->alloc(N * V * sizeof(float));
     }
     ea->num_blocks = nb;
 }
 
 static void exit_blocks_free(struct exit_acts *ea)
 {
+    const struct dm_backend *ops = backend_current();
     for (int i = 0; i < ea->num_blocks; i++) {
         struct exit_block_state *b = &ea->blocks[i];
+        if (b->rows_device != b->rows) ops->free(b->rows_device);
         dm_free(b->rows);
-        dm_free(b->targets);
-        dm_free(b->hc);
-        dm_free(b->lnf);
-        dm_free(b->mean);
-        dm_free(b->rstd);
-        dm_free(b->probs);
+        void *device[] = {b->targets, b->hc, b->lnf, b->mean, b->rstd, b->probs};
+        for (size_t k = 0; k < sizeof device / sizeof device[0]; k++) ops->free(device[k]);
     }
     dm_free(ea->blocks);
     ea->blocks = NULL;
     ea->num_blocks = 0;
+}
+
+/* The tensors of ea's exit heads and the host's staging of them. */
+static void exit_tensors_alloc(struct exit_acts *ea)
+{
+    const struct dm_backend *ops = backend_current();
+    size_t N = (size_t)ea->N, C = (size_t)ea->C, V = (size_t)ea->V;
+    ea->work = ops->alloc(N * C * sizeof(float));
+    ea->work2 = ops->alloc(N * C * sizeof(float));
+    ea->logits = ops->alloc(N * V * sizeof(float));
+    ea->losses = ops->alloc(N * sizeof(float));
+    ea->targets_host = backend_staging(N * sizeof(int));
+    ea->losses_host = backend_staging(N * sizeof(float));
+    ea->probs_host = backend_staging(N * V * sizeof(float));
+    ea->in_host = backend_staging(N * C * sizeof(float));
+    ea->out_host = backend_staging(N * C * sizeof(float));
+}
+
+static void exit_tensors_free(struct exit_acts *ea)
+{
+    const struct dm_backend *ops = backend_current();
+    void *device[] = {ea->work, ea->work2, ea->logits, ea->losses};
+    for (size_t k = 0; k < sizeof device / sizeof device[0]; k++) ops->free(device[k]);
+    void *staging[] = {ea->targets_host, ea->losses_host, ea->probs_host, ea->in_host,
+                       ea->out_host};
+    for (size_t k = 0; k < sizeof staging / sizeof staging[0]; k++)
+        backend_staging_free(staging[k]);
 }
 
 static struct exit_acts *exit_acts_get(const struct gpt *model, struct gpt_acts *acts)
@@ -99,13 +135,10 @@ static struct exit_acts *exit_acts_get(const struct gpt *model, struct gpt_acts 
         ea->N = acts->B * acts->T;
         ea->C = model->shape.channels;
         ea->V = model->shape.vocab;
-        size_t N = (size_t)ea->N, C = (size_t)ea->C;
+        size_t N = (size_t)ea->N;
         ea->exit_layer = dm_alloc(N * sizeof(int));
         for (size_t n = 0; n < N; n++) ea->exit_layer[n] = model->shape.layers;
-        ea->work = dm_alloc(N * C * sizeof(float));
-        ea->work2 = dm_alloc(N * C * sizeof(float));
-        ea->logits = dm_alloc(N * (size_t)ea->V * sizeof(float));
-        ea->losses = dm_alloc(N * sizeof(float));
+        exit_tensors_alloc(ea);
         exit_blocks_alloc(ea, model->num_blocks);
         acts->exit = ea;
     }
@@ -127,10 +160,7 @@ void exit_acts_free(struct gpt_acts *acts)
     if (!ea) return;
     exit_blocks_free(ea);
     dm_free(ea->exit_layer);
-    dm_free(ea->work);
-    dm_free(ea->work2);
-    dm_free(ea->logits);
-    dm_free(ea->losses);
+    exit_tensors_free(ea);
     dm_free(ea);
     acts->exit = NULL;
 }
@@ -169,7 +199,7 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
     float *const *p = blk->p;
     DM_ASSERT(!blk->moe);   /* config_validate: no early exit with MoE blocks */
-    parallel_copy(out, in, (long)N * C);      /* exited tokens: copied forward */
+    ops->copy_on_device(out, in, (size_t)N * C * sizeof(float));   /* exited: copied forward */
     if (Na == 0) return;
     float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
     ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
@@ -200,7 +230,7 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
     float *const *p = blk->p;
     float *const *g = blk->frozen ? no_grads : blk->g;
     if (Na == 0) {
-        if (din && din != dout) parallel_copy(din, dout, (long)N * C);
+        if (din && din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
         return;
     }
     float *dout_c = work;                      /* (Na,C), then the full residual gradient */
@@ -231,7 +261,7 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
     ops->rows_scatter(s->d_ln, dln1_c, rows, Na, C, 1);
     /* Residual gradient: dout for exited tokens, d_res1 for active ones. */
     float *dres = work;
-    parallel_copy(dres, dout, (long)N * C);
+    ops->copy_on_device(dres, dout, (size_t)N * C * sizeof(float));
     ops->rows_scatter(dres, s->d_res1, rows, Na, C, 0);
     ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
                                      p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
@@ -290,24 +320,71 @@ static float saturation(const float *a, const float *b, int C)
     return (aa > 0 && bb > 0) ? (float)(ab / sqrt(aa * bb)) : 0.0f;
 }
 
+/* Block i's exit head over its active rows: the gathered targets go up,
+ * the losses come down and their weighted sum joins exit_loss_sum. */
+static void exit_head_forward(struct gpt *model, struct gpt_acts *acts, struct exit_acts *ea,
+                              struct exit_block_state *st, int layer, const float *out)
+{
+    const struct dm_backend *ops = backend_current();
+    const struct gpt_exit *x = model->exit;
+    int N = acts->B * acts->T, C = ea->C, V = ea->V, Na = st->nactive;
+    ops->rows_gather(st->hc, out, st->rows_device, Na, C);
+    const int *targets = acts->targets_host ? acts->targets_host : acts->targets;
+    int *gathered = backend_write_begin(ea->targets_host, st->targets);
+    for (int k = 0; k < Na; k++) gathered[k] = targets[st->rows[k]];
+    backend_write_end(st->targets, gathered, (size_t)Na * sizeof(int));
+    ops->layernorm_forward(st->lnf, st->mean, st->rstd, st->hc, x->lnf_w, x->lnf_b, Na, C);
+    ops->matmul_forward(ea->logits, st->lnf, x->wte, NULL, Na, C, V);
+    ops->crossentropy_forward(ea->losses, st->probs, ea->logits, st->targets, Na, V);
+    const float *losses = backend_read(ea->losses_host, ea->losses, (size_t)Na * sizeof(float));
+    double sum = 0.0;
+    for (int k = 0; k < Na; k++) sum += losses[k];
+    model->exit->exit_loss_sum += exit_weight(model, layer) * sum / N;
+}
+
+/* Which of block i's active tokens leave after it: the confidence from
+ * the exit head's probabilities or the block's input and output rows,
+ * copied down on a device. */
+static void exit_decide(const struct gpt_exit *x, struct exit_acts *ea,
+                        const struct exit_block_state *st, int layer, const float *out,
+                        const float *in)
+{
+    int C = ea->C, V = ea->V, Na = st->nactive;
+    size_t rows = (size_t)ea->N * C * sizeof(float);
+    const float *probs = NULL, *in_h = NULL, *out_h = NULL;
+    if (x->confidence == GPT_EXIT_SOFTMAX) {
+        probs = backend_read(ea->probs_host, st->probs, (size_t)Na * V * sizeof(float));
+    } else {
+        in_h = backend_read(ea->in_host, in, rows);
+        out_h = backend_read(ea->out_host, out, rows);
+    }
+    for (int k = 0; k < Na; k++) {
+        int n = st->rows[k];
+        float confidence = x->confidence == GPT_EXIT_SOFTMAX
+                               ? softmax_confidence(probs + (size_t)k * V, V)
+                               : saturation(in_h + (size_t)n * C, out_h + (size_t)n * C, C);
+        if (confidence >= x->threshold) ea->exit_layer[n] = layer;
+    }
+}
+
 void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *out,
                         const float *in)
 {
-    const struct dm_backend *ops = backend_current();
     struct gpt_exit *x = model->exit;
     struct exit_acts *ea = exit_acts_get(model, acts);
     struct exit_block_state *st = &ea->blocks[i];
-    int B = acts->B, T = acts->T, N = B * T, C = ea->C, V = ea->V;
+    int B = acts->B, T = acts->T, N = B * T;
     int layer = model->first_block + i, L = model->shape.layers;
     struct block *blk = &model->blocks[i];
     st->nactive = 0;
     for (int n = 0; n < N; n++)
         if (ea->exit_layer[n] >= layer) st->rows[st->nactive++] = n;
     int Na = st->nactive;
+    backend_write_end(st->rows_device, st->rows, (size_t)Na * sizeof(int));
     if (Na == N)
         block_forward(blk, &acts->blocks[i], out, in, B, T);
     else
-        block_forward_rows(blk, &acts->blocks[i], out, in, B, T, st->rows, Na, ea->work);
+        block_forward_rows(blk, &acts->blocks[i], out, in, B, T, st->rows_device, Na, ea->work);
     x->token_blocks += N;
     x->token_blocks_skipped += N - Na;
     if (x->layer_tokens) {
@@ -316,24 +393,8 @@ void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *
     }
     st->head = Na > 0 && has_exit_head(model, layer);
     int decide = x->allow && !x->forced && layer >= x->from && layer < L - 1;
-    if (st->head) {
-        ops->rows_gather(st->hc, out, st->rows, Na, C);
-        for (int k = 0; k < Na; k++) st->targets[k] = acts->targets[st->rows[k]];
-        ops->layernorm_forward(st->lnf, st->mean, st->rstd, st->hc, x->lnf_w, x->lnf_b, Na, C);
-        ops->matmul_forward(ea->logits, st->lnf, x->wte, NULL, Na, C, V);
-        ops->crossentropy_forward(ea->losses, st->probs, ea->logits, st->targets, Na, V);
-        double sum = 0.0;
-        for (int k = 0; k < Na; k++) sum += ea->losses[k];
-        x->exit_loss_sum += exit_weight(model, layer) * sum / N;
-    }
-    if (!decide) return;
-    for (int k = 0; k < Na; k++) {
-        int n = st->rows[k];
-        float confidence = x->confidence == GPT_EXIT_SOFTMAX
-                               ? softmax_confidence(st->probs + (size_t)k * V, V)
-                               : saturation(in + (size_t)n * C, out + (size_t)n * C, C);
-        if (confidence >= x->threshold) ea->exit_layer[n] = layer;
-    }
+    if (st->head) exit_head_forward(model, acts, ea, st, layer, out);
+    if (decide) exit_decide(x, ea, st, layer, out, in);
 }
 
 void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_scratch *s,
@@ -354,19 +415,19 @@ void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_
                                            exit_weight(model, layer) * dloss_scale / (float)N,
                                            Na, V);
         ops->matmul_backward_overwrite(dlnf, NULL, NULL, dlogits, st->lnf, x->wte, Na, C, V);
-        parallel_zero(dh, (long)Na * C);
+        ops->zero(dh, (size_t)Na * C * sizeof(float));
         ops->layernorm_backward(dh, NULL, NULL, dlnf, st->hc, x->lnf_w, st->mean, st->rstd, Na, C);
         /* The sum goes where the block's input gradient will go (the
          * block backward allows din to alias dout). */
         float *sum = din ? din : (float *)dout;
-        if (sum != dout) parallel_copy(sum, dout, (long)N * C);
-        ops->rows_scatter(sum, dh, st->rows, Na, C, 1);
+        if (sum != dout) ops->copy_on_device(sum, dout, (size_t)N * C * sizeof(float));
+        ops->rows_scatter(sum, dh, st->rows_device, Na, C, 1);
         grad = sum;
     }
     struct block *blk = &model->blocks[i];
     if (Na == N)
         block_backward(blk, &acts->blocks[i], s, din, grad, in, B, T);
     else
-        block_backward_rows(blk, &acts->blocks[i], s, din, grad, in, B, T, st->rows, Na,
+        block_backward_rows(blk, &acts->blocks[i], s, din, grad, in, B, T, st->rows_device, Na,
                             ea->work);
 }

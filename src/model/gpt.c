@@ -63,16 +63,29 @@ void gpt_build(struct gpt *model, const struct gpt_shape *shape, int first_block
     gpt_init_weights(model, seed);
 }
 
+/* The embedding's parameters drawn on the host (in staging when the
+ * backend's memory is not the host's), then copied up. */
+static void init_embed_weights(struct gpt *model, uint64_t seed)
+{
+    const struct gpt_shape *shape = &model->shape;
+    size_t C = (size_t)shape->channels, n = model->embed_nparams;
+    float *staging = backend_staging(n * sizeof(float));
+    float *params = backend_write_begin(staging, model->wte);   /* [wte wpe lnf_w lnf_b] */
+    float *wpe = params + (model->wpe - model->wte), *lnf_w = params + (model->lnf_w - model->wte);
+    init_normal(params, (size_t)shape->vocab * C, seed, GPT_STREAM_WTE, 0.02f);
+    init_normal(wpe, (size_t)shape->max_seq * C, seed, GPT_STREAM_WPE, 0.02f);
+    for (size_t i = 0; i < C; i++) lnf_w[i] = 1.0f;
+    backend_write_end(model->wte, params, n * sizeof(float));
+    backend_staging_free(staging);
+}
+
 void gpt_init_weights(struct gpt *model, uint64_t seed)
 {
     const struct gpt_shape *shape = &model->shape;
     for (int i = 0; i < model->num_blocks; i++)
         block_init_weights(&model->blocks[i], shape, seed);
     if (!model->has_embed && !model->has_head) return;
-    size_t C = (size_t)shape->channels;
-    init_normal(model->wte, (size_t)shape->vocab * C, seed, GPT_STREAM_WTE, 0.02f);
-    init_normal(model->wpe, (size_t)shape->max_seq * C, seed, GPT_STREAM_WPE, 0.02f);
-    for (size_t i = 0; i < C; i++) model->lnf_w[i] = 1.0f;
+    init_embed_weights(model, seed);
 }
 
 void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int first_block,
@@ -98,7 +111,7 @@ void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int fi
     size_t C = (size_t)shape->channels, n = embed_param_count(shape);
     size_t VC = (size_t)shape->vocab * C;
     model->embed_nparams = n;
-    model->embed_slab = dm_alloc((4 * n + (has_head ? VC : 0)) * sizeof(float));
+    model->embed_slab = backend_current()->alloc((4 * n + (has_head ? VC : 0)) * sizeof(float));
     float *params = model->embed_slab, *grads = params + n;
     model->embed_m = grads + n;
     model->embed_v = model->embed_m + n;
@@ -118,11 +131,25 @@ void gpt_free(struct gpt *model)
 {
     for (int i = 0; i < model->num_blocks; i++) block_free(&model->blocks[i]);
     dm_free(model->blocks);
-    dm_free(model->embed_slab);
+    if (model->embed_slab) backend_current()->free(model->embed_slab);
     dm_free(model->block_fwd_s);
     dm_free(model->block_bwd_s);
     dm_free(model->block_update_s);
     memset(model, 0, sizeof *model);
+}
+
+float *gpt_embed_host_view(const struct gpt *model, float *staging, int fetch)
+{
+    if (!staging) return model->embed_slab;
+    if (fetch)
+        backend_current()->copy_to_host(staging, model->embed_slab,
+                                        4 * model->embed_nparams * sizeof(float));
+    return staging;
+}
+
+void gpt_embed_host_store(struct gpt *model, const float *view)
+{
+    backend_write_end(model->embed_slab, view, 4 * model->embed_nparams * sizeof(float));
 }
 
 void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int count)
@@ -154,23 +181,24 @@ static void require_whole_model(const struct gpt *model)
 static void flat_copy(struct gpt *model, float *flat, int which, int to_flat)
 {
     require_whole_model(model);
+    const struct dm_backend *ops = backend_current();
     size_t C = (size_t)model->shape.channels;
     size_t n_embed = (size_t)(model->shape.vocab + model->shape.max_seq) * C;
     float *embed = which ? model->dwte : model->wte;         /* wte then wpe */
     float *lnf = which ? model->dlnf_w : model->lnf_w;       /* lnf_w then lnf_b */
     float *pos = flat;
-    if (to_flat) memcpy(pos, embed, n_embed * sizeof(float));
-    else memcpy(embed, pos, n_embed * sizeof(float));
+    if (to_flat) ops->copy_to_host(pos, embed, n_embed * sizeof(float));
+    else ops->copy_to_device(embed, pos, n_embed * sizeof(float));
     pos += n_embed;
     for (int i = 0; i < model->num_blocks; i++) {
         size_t nblock = model->blocks[i].nparams;
         float *b = which ? model->blocks[i].grads : model->blocks[i].params;
-        if (to_flat) memcpy(pos, b, nblock * sizeof(float));
-        else memcpy(b, pos, nblock * sizeof(float));
+        if (to_flat) ops->copy_to_host(pos, b, nblock * sizeof(float));
+        else ops->copy_to_device(b, pos, nblock * sizeof(float));
         pos += nblock;
     }
-    if (to_flat) memcpy(pos, lnf, 2 * C * sizeof(float));
-    else memcpy(lnf, pos, 2 * C * sizeof(float));
+    if (to_flat) ops->copy_to_host(pos, lnf, 2 * C * sizeof(float));
+    else ops->copy_to_device(lnf, pos, 2 * C * sizeof(float));
 }
 
 void gpt_params_to_flat(const struct gpt *model, float *flat)
@@ -192,10 +220,29 @@ void gpt_grads_to_flat(const struct gpt *model, float *flat)
 
 /* ---- activations ------------------------------------------------------------- */
 
+/* The head's tensors and the host staging of the inputs and losses. */
+static void head_acts_alloc(struct gpt_acts *acts, const struct gpt *model, size_t BT)
+{
+    const struct dm_backend *ops = backend_current();
+    size_t BTC = BT * (size_t)model->shape.channels, BTV = BT * (size_t)model->shape.vocab;
+    acts->tokens = ops->alloc(BT * sizeof(int));
+    acts->targets = ops->alloc(BT * sizeof(int));
+    acts->tokens_host = backend_staging(BT * sizeof(int));
+    acts->targets_host = backend_staging(BT * sizeof(int));
+    if (!model->has_head) return;
+    acts->lnf = ops->alloc(BTC * sizeof(float));
+    acts->lnf_mean = ops->alloc(BT * sizeof(float));
+    acts->lnf_rstd = ops->alloc(BT * sizeof(float));
+    acts->logits = ops->alloc(BTV * sizeof(float));
+    acts->probs = ops->alloc(BTV * sizeof(float));
+    acts->losses = ops->alloc(BT * sizeof(float));
+    acts->losses_host = backend_staging(BT * sizeof(float));
+}
+
 void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T)
 {
     const struct gpt_shape *s = &model->shape;
-    size_t BT = (size_t)B * T, BTC = BT * (size_t)s->channels, BTV = BT * (size_t)s->vocab;
+    size_t BT = (size_t)B * T, BTC = BT * (size_t)s->channels;
     memset(acts, 0, sizeof *acts);
     acts->B = B;
     acts->T = T;
@@ -203,17 +250,8 @@ void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T
     acts->blocks = dm_alloc((size_t)(nb ? nb : 1) * sizeof(struct block_acts));
     for (int i = 0; i < nb; i++)
         block_acts_alloc(&acts->blocks[i], B, T, s->channels, s->heads);
-    acts->residual = dm_alloc((size_t)(nb + 1) * BTC * sizeof(float));
-    acts->tokens = dm_alloc(BT * sizeof(int));
-    acts->targets = dm_alloc(BT * sizeof(int));
-    if (model->has_head) {
-        acts->lnf = dm_alloc(BTC * sizeof(float));
-        acts->lnf_mean = dm_alloc(BT * sizeof(float));
-        acts->lnf_rstd = dm_alloc(BT * sizeof(float));
-        acts->logits = dm_alloc(BTV * sizeof(float));
-        acts->probs = dm_alloc(BTV * sizeof(float));
-        acts->losses = dm_alloc(BT * sizeof(float));
-    }
+    acts->residual = backend_current()->alloc((size_t)(nb + 1) * BTC * sizeof(float));
+    head_acts_alloc(acts, model, BT);
     acts->num_blocks = nb;
     acts->capacity = nb;
 }
@@ -223,6 +261,7 @@ void gpt_acts_resize(struct gpt_acts *acts, const struct gpt *model)
     const struct gpt_shape *s = &model->shape;
     int nb = model->num_blocks, cap = acts->capacity;
     if (nb > cap) {
+        const struct dm_backend *ops = backend_current();
         size_t BTC = (size_t)acts->B * acts->T * (size_t)s->channels;
         struct block_acts *blocks = dm_alloc((size_t)nb * sizeof(struct block_acts));
         for (int i = 0; i < cap; i++) blocks[i] = acts->blocks[i];
@@ -230,8 +269,8 @@ void gpt_acts_resize(struct gpt_acts *acts, const struct gpt *model)
             block_acts_alloc(&blocks[i], acts->B, acts->T, s->channels, s->heads);
         dm_free(acts->blocks);
         acts->blocks = blocks;
-        dm_free(acts->residual);
-        acts->residual = dm_alloc((size_t)(nb + 1) * BTC * sizeof(float));
+        ops->free(acts->residual);
+        acts->residual = ops->alloc((size_t)(nb + 1) * BTC * sizeof(float));
         acts->capacity = nb;
     }
     acts->num_blocks = nb;
@@ -239,19 +278,31 @@ void gpt_acts_resize(struct gpt_acts *acts, const struct gpt *model)
 
 void gpt_acts_free(struct gpt_acts *acts)
 {
+    const struct dm_backend *ops = backend_current();
     for (int i = 0; i < acts->capacity; i++) block_acts_free(&acts->blocks[i]);
     dm_free(acts->blocks);
-    dm_free(acts->residual);
-    dm_free(acts->tokens);
-    dm_free(acts->targets);
-    dm_free(acts->lnf);
-    dm_free(acts->lnf_mean);
-    dm_free(acts->lnf_rstd);
-    dm_free(acts->logits);
-    dm_free(acts->probs);
-    dm_free(acts->losses);
+    void *device[] = {acts->residual, acts->tokens, acts->targets, acts->lnf, acts->lnf_mean,
+                      acts->lnf_rstd, acts->logits, acts->probs, acts->losses};
+    for (size_t i = 0; i < sizeof device / sizeof device[0]; i++)
+        if (device[i]) ops->free(device[i]);
+    backend_staging_free(acts->tokens_host);
+    backend_staging_free(acts->targets_host);
+    backend_staging_free(acts->losses_host);
     exit_acts_free(acts);
     memset(acts, 0, sizeof *acts);
+}
+
+void gpt_acts_inputs(struct gpt_acts *acts, int **tokens, int **targets)
+{
+    *tokens = backend_write_begin(acts->tokens_host, acts->tokens);
+    *targets = backend_write_begin(acts->targets_host, acts->targets);
+}
+
+void gpt_acts_inputs_ready(struct gpt_acts *acts)
+{
+    size_t bytes = (size_t)acts->B * acts->T * sizeof(int);
+    if (acts->tokens_host) backend_write_end(acts->tokens, acts->tokens_host, bytes);
+    if (acts->targets_host) backend_write_end(acts->targets, acts->targets_host, bytes);
 }
 
 /* ---- forward and backward -------------------------------------------------------- */
@@ -286,8 +337,9 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
                            N, C);
     ops->matmul_forward(acts->logits, acts->lnf, model->wte, NULL, N, C, V);
     ops->crossentropy_forward(acts->losses, acts->probs, acts->logits, acts->targets, N, V);
+    const float *losses = backend_read(acts->losses_host, acts->losses, (size_t)N * sizeof(float));
     double sum = 0.0;
-    for (int n = 0; n < N; n++) sum += acts->losses[n];
+    for (int n = 0; n < N; n++) sum += losses[n];
     return (float)(sum / N);
 }
 
@@ -309,7 +361,7 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         ops->matmul_backward_overwrite(dlnf, model->dwte_head, NULL, dlogits, acts->lnf,
                                        model->wte, N, C, V);
         model->wte_grads_pending = 1;
-        parallel_zero(d, (long)BTC);
+        ops->zero(d, BTC * sizeof(float));
         ops->layernorm_backward(d, model->dlnf_w, model->dlnf_b, dlnf, acts->residual + nb * BTC,
                                 model->lnf_w, acts->lnf_mean, acts->lnf_rstd, N, C);
         grad = d;
@@ -337,41 +389,31 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
     if (model->has_embed && model->frozen_prefix == 0)
         ops->encoder_backward(model->dwte, model->dwpe, grad, acts->tokens, B, T, C);
     else if (nb == 0 && din && din != grad)
-        parallel_copy(din, grad, (long)BTC);
-}
-
-struct tie_args {
-    float *dwte;
-    const float *first, *second;
-};
-
-static void tie_range(void *arg, long begin, long end)
-{
-    const struct tie_args *a = arg;
-    for (long i = begin; i < end; i++) a->dwte[i] = a->first[i] + a->second[i];
+        ops->copy_on_device(din, grad, BTC * sizeof(float));
 }
 
 void gpt_tie_wte_grads(struct gpt *model, const float *other)
 {
     if (!model->has_embed && !model->has_head) return;
+    const struct dm_backend *ops = backend_current();
     long VC = (long)model->shape.vocab * model->shape.channels;
-    /* Always embedding share + head share, in that order. */
-    struct tie_args a = {.dwte = model->dwte};
+    /* Always embedding share + head share, in that order (other: device memory). */
+    const float *first, *second;
     if (model->has_embed && model->has_head) {
         DM_ASSERT(other == NULL);
-        a.first = model->dwte;
-        a.second = model->dwte_head;
+        first = model->dwte;
+        second = model->dwte_head;
     } else if (model->has_embed) {
         DM_ASSERT(other != NULL);
-        a.first = model->dwte;
-        a.second = other;
+        first = model->dwte;
+        second = other;
     } else {
         DM_ASSERT(other != NULL);
-        a.first = other;
-        a.second = model->dwte_head;
+        first = other;
+        second = model->dwte_head;
     }
-    dm_parallel_for(VC, 4096, tie_range, &a);
-    if (model->has_head) parallel_zero(model->dwte_head, VC);
+    ops->residual_forward(model->dwte, first, second, VC);
+    if (model->has_head) ops->zero(model->dwte_head, (size_t)VC * sizeof(float));
     model->wte_grads_pending = 0;
 }
 
@@ -384,21 +426,23 @@ void gpt_charge_update(struct gpt *model, int i, double *t)
 
 void gpt_zero_grads(struct gpt *model)
 {
+    const struct dm_backend *ops = backend_current();
     double t = dm_profile_now();
     for (int i = 0; i < model->num_blocks; i++) {
         if (model->blocks[i].frozen) continue;
-        parallel_zero(model->blocks[i].grads, (long)model->blocks[i].nparams);
+        ops->zero(model->blocks[i].grads, model->blocks[i].nparams * sizeof(float));
         gpt_charge_update(model, i, &t);
     }
-    if (model->embed_slab)
-        parallel_zero(model->dwte, (long)model->embed_nparams);
+    if (model->embed_slab) ops->zero(model->dwte, model->embed_nparams * sizeof(float));
     if (model->dwte_head)
-        parallel_zero(model->dwte_head, (long)model->shape.vocab * model->shape.channels);
+        ops->zero(model->dwte_head,
+                  (size_t)model->shape.vocab * model->shape.channels * sizeof(float));
     model->wte_grads_pending = 0;
 }
 
 /* ---- gradient norm --------------------------------------------------------------
- * Fixed chunks, each summed in double; chunk sums added in order. */
+ * Through the table's sum_squares. The CPU's is this: fixed chunks, each
+ * summed in double; chunk sums added in order (kernels/reduce.cuh's too). */
 #define SUMSQ_CHUNK 8192
 
 struct sumsq_args {
@@ -424,7 +468,7 @@ static void sumsq_range(void *arg, long begin, long end)
     }
 }
 
-static double sumsq(const float *x, long n)
+double sum_squares(const float *x, long n)
 {
     long chunks = (n + SUMSQ_CHUNK - 1) / SUMSQ_CHUNK;
     if (chunks == 0) return 0.0;
@@ -439,20 +483,22 @@ static double sumsq(const float *x, long n)
 
 double block_moe_grad_sumsq_parts(const struct block *blk, double *experts)
 {
+    const struct dm_backend *ops = backend_current();
     const struct block_moe *moe = blk->moe;
     int owned = moe_owned_experts(&moe->cfg);
     for (int j = 0; j < owned; j++)
-        experts[j] = blk->frozen ? 0.0 : sumsq(moe->experts_g + (size_t)j * moe->expert_params,
-                                               (long)moe->expert_params);
+        experts[j] = blk->frozen ? 0.0
+                                 : ops->sum_squares(moe->experts_g + (size_t)j * moe->expert_params,
+                                                    (long)moe->expert_params);
     if (blk->frozen) return 0.0;
-    return sumsq(blk->grads, (long)(moe_shared_param_count(blk->C) +
-                                    (size_t)moe->cfg.experts * (size_t)blk->C));
+    return ops->sum_squares(blk->grads, (long)(moe_shared_param_count(blk->C) +
+                                               (size_t)moe->cfg.experts * (size_t)blk->C));
 }
 
 double block_grad_sumsq(const struct block *blk)
 {
     if (blk->frozen) return 0.0;
-    if (!blk->moe) return sumsq(blk->grads, (long)blk->nparams);
+    if (!blk->moe) return backend_current()->sum_squares(blk->grads, (long)blk->nparams);
     int owned = moe_owned_experts(&blk->moe->cfg);
     double *experts = dm_alloc((size_t)owned * sizeof(double));
     double s = block_moe_grad_sumsq_parts(blk, experts);
@@ -465,13 +511,14 @@ double gpt_embed_grad_sumsq(const struct gpt *model)
 {
     if (!model->has_embed) return 0.0;
     long C = model->shape.channels;
-    return sumsq(model->dwte, (long)(model->shape.vocab + model->shape.max_seq) * C);
+    return backend_current()->sum_squares(model->dwte,
+                                          (long)(model->shape.vocab + model->shape.max_seq) * C);
 }
 
 double gpt_head_grad_sumsq(const struct gpt *model)
 {
     if (!model->has_head) return 0.0;
-    return sumsq(model->dlnf_w, 2L * model->shape.channels);
+    return backend_current()->sum_squares(model->dlnf_w, 2L * model->shape.channels);
 }
 
 double gpt_grad_sumsq(const struct gpt *model)

@@ -456,40 +456,58 @@ struct hash_acts {
     int *order;         /* (B,NH,2,T) */
     int *bucket;        /* (B,NH,2,T) */
     float *rotation;    /* (NH, hs, nb/2) */
+    /* lse, order, bucket and rotation are the backend's memory; the
+     * rotation is drawn on the host, in this staging on a device (NULL on
+     * the CPU, which draws in place), and copied up once per forward */
+    float *rotation_host;
+    size_t rotation_bytes;
 };
 
 void hash_acts_free(struct hash_acts *ha)
 {
     if (!ha) return;
-    dm_free(ha->lse);
-    dm_free(ha->order);
-    dm_free(ha->bucket);
-    dm_free(ha->rotation);
+    const struct dm_backend *ops = backend_current();
+    ops->free(ha->lse);
+    ops->free(ha->order);
+    ops->free(ha->bucket);
+    ops->free(ha->rotation);
+    backend_staging_free(ha->rotation_host);
     dm_free(ha);
 }
 
 static struct hash_acts *hash_acts_get(const struct block *blk, struct block_acts *acts)
 {
     if (acts->hash) return acts->hash;
+    const struct dm_backend *ops = backend_current();
     int B = acts->B, T = acts->T, NH = blk->NH, hs = blk->C / blk->NH;
     struct hash_acts *ha = dm_alloc(sizeof *ha);
     ha->B = B;
     ha->T = T;
-    ha->lse = dm_alloc((size_t)B * NH * T * sizeof(float));
-    ha->order = dm_alloc((size_t)B * NH * 2 * T * sizeof(int));
-    ha->bucket = dm_alloc((size_t)B * NH * 2 * T * sizeof(int));
-    ha->rotation = dm_alloc(((size_t)NH * hs * (size_t)(blk->hash_buckets / 2) + 1) *
-                            sizeof(float));
+    ha->lse = ops->alloc((size_t)B * NH * T * sizeof(float));
+    ha->order = ops->alloc((size_t)B * NH * 2 * T * sizeof(int));
+    ha->bucket = ops->alloc((size_t)B * NH * 2 * T * sizeof(int));
+    ha->rotation_bytes = ((size_t)NH * hs * (size_t)(blk->hash_buckets / 2) + 1) * sizeof(float);
+    ha->rotation = ops->alloc(ha->rotation_bytes);
+    ha->rotation_host = backend_staging(ha->rotation_bytes);
     acts->hash = ha;
     return ha;
+}
+
+/* This step's rotation of the block, drawn on the host and copied up. */
+static void rotation_draw(struct hash_acts *ha, const struct block *blk,
+                          const struct block_acts *acts)
+{
+    float *rotation = backend_write_begin(ha->rotation_host, ha->rotation);
+    hash_rotation_draw(rotation, blk->NH, blk->C / blk->NH, blk->hash_buckets, blk->hash_seed,
+                       blk->index, acts->hash_step);
+    backend_write_end(ha->rotation, rotation, ha->rotation_bytes);
 }
 
 void hash_block_attention_forward(struct block *blk, struct block_acts *acts, int B, int T)
 {
     struct hash_acts *ha = hash_acts_get(blk, acts);
     int C = blk->C, NH = blk->NH;
-    hash_rotation_draw(ha->rotation, NH, C / NH, blk->hash_buckets, blk->hash_seed,
-                       blk->index, acts->hash_step);
+    rotation_draw(ha, blk, acts);
     const struct dm_backend *ops = backend_current();
     blk->hash_tiles += (double)ops->hash_attention_forward(acts->atty, ha->lse, ha->order,
                                                            ha->bucket, acts->qkv, ha->rotation,
@@ -519,8 +537,7 @@ void hash_block_attention_forward_segments(struct block *blk, struct block_acts 
     const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH;
     DM_ASSERT(start[B] <= acts->B * acts->T);
-    hash_rotation_draw(ha->rotation, NH, C / NH, blk->hash_buckets, blk->hash_seed,
-                       blk->index, acts->hash_step);
+    rotation_draw(ha, blk, acts);
     for (int b = 0; b < B; b++) {
         int s = start[b], n = start[b + 1] - start[b];
         if (n == 0) continue;

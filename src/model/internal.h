@@ -31,6 +31,8 @@ void parallel_copy(float *dst, const float *src, long n);
 
 /* dst[0..n) = 0, in parallel. */
 void parallel_zero(float *dst, long n);
+/* The CPU backend's sum_squares (backend.h): chunks in double, added in order. */
+double sum_squares(const float *x, long n);
 
 /* layernorm_backward with dinp = dresidual + (input gradient) rather
  * than +=; dresidual may be dinp (then it is layernorm_backward). */
@@ -64,6 +66,9 @@ void rows_scatter(float *dst, const float *src, const int *rows, int n, int C, i
  * place (returns 0, or -1 with a message in err). */
 void block_sparse_free(struct block *blk);
 void block_sparse_refresh(struct block *blk);
+/* CSR matrix m of a pruned block as the ops take it: the device's arrays
+ * on a device, csr[m] on the CPU. */
+const struct csr_matrix *block_sparse_csr(const struct block *blk, int m);
 uint64_t block_sparse_flags(const struct block *blk);
 size_t block_sparse_pack_bytes(const struct block *blk);
 void block_sparse_pack(const struct block *blk, unsigned char *out);
@@ -78,7 +83,9 @@ int block_sparse_unpack(struct block *blk, uint64_t flags, const unsigned char *
  * router's and experts' gradients (NULL views: a frozen block). */
 void block_moe_alloc(struct block *blk, const struct gpt_shape *shape);
 void block_moe_free(struct block *blk);
-void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, uint64_t seed);
+/* params: where the host writes the block's parameters (block_init_weights' staging) */
+void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, float *params,
+                            uint64_t seed);
 size_t block_moe_pack_bytes(const struct block *blk);
 void block_moe_pack(const struct block *blk, unsigned char *out);
 int block_moe_unpack(struct block *blk, const unsigned char *in, size_t bytes, char *err,
@@ -94,7 +101,8 @@ void moe_acts_free(struct moe_acts *acts);
  * dense ones (block_tensor_at for k >= BP_COUNT), and its activations. */
 void block_mod_alloc(struct block *blk, const struct gpt_shape *shape);
 void block_mod_free(struct block *blk);
-void block_mod_init_weights(struct block *blk, uint64_t seed);
+/* params: where the host writes the block's parameters (block_init_weights' staging) */
+void block_mod_init_weights(struct block *blk, float *params, uint64_t seed);
 int block_mod_tensor_count(const struct block *blk);
 int block_mod_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size);
 void block_mod_acts_free(struct mod_acts *m);

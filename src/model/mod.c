@@ -91,27 +91,47 @@ float mod_predictor_forward_backward(float *dweight, int *chosen, const float *i
 
 void mod_acts_alloc(struct mod_acts *m, int B, int T, int C)
 {
+    const struct dm_backend *ops = backend_current();
+    size_t N = (size_t)B * T, rows = N * (size_t)C * sizeof(float);
     memset(m, 0, sizeof *m);
     m->B = B;
     m->T = T;
     m->C = C;
     m->count = dm_alloc((size_t)B * sizeof(int));
-    m->pos = dm_alloc((size_t)B * T * sizeof(int));
-    m->chosen = dm_alloc((size_t)B * T * sizeof(int));
-    m->router = dm_alloc((size_t)B * T * sizeof(float));
-    m->gathered_in = dm_alloc((size_t)B * T * C * sizeof(float));
-    m->gathered_out = dm_alloc((size_t)B * T * C * sizeof(float));
+    m->pos = dm_alloc(N * sizeof(int));
+    m->chosen = ops->alloc(N * sizeof(int));
+    m->router = ops->alloc(N * sizeof(float));
+    m->gathered_in = ops->alloc(rows);
+    m->gathered_out = ops->alloc(rows);
+    m->router_host = backend_staging(N * sizeof(float));
+    m->chosen_host = backend_staging(N * sizeof(int));
+    for (int k = 0; k < 4; k++) m->rows_host[k] = backend_staging(rows);
 }
 
 void mod_acts_free(struct mod_acts *m)
 {
+    const struct dm_backend *ops = backend_current();
     dm_free(m->count);
     dm_free(m->pos);
-    dm_free(m->chosen);
-    dm_free(m->router);
-    dm_free(m->gathered_in);
-    dm_free(m->gathered_out);
+    ops->free(m->chosen);
+    ops->free(m->router);
+    ops->free(m->gathered_in);
+    ops->free(m->gathered_out);
+    backend_staging_free(m->router_host);
+    backend_staging_free(m->chosen_host);
+    for (int k = 0; k < 4; k++) backend_staging_free(m->rows_host[k]);
+    if (m->work) ops->free(m->work);
     memset(m, 0, sizeof *m);
+}
+
+/* What each of m->rows_host stages. */
+enum { ROWS_IN, ROWS_OUT, ROWS_GATHERED_IN, ROWS_GATHERED_OUT };
+
+/* bytes of device memory at p where the host may read and change them:
+ * p itself on the CPU, else staging after a copy down (backend_read) */
+static void *host_copy(void *staging, const void *p, size_t bytes)
+{
+    return (void *)backend_read(staging, p, bytes);
 }
 
 /* ---- the block over the chosen tokens -------------------------------------
@@ -235,55 +255,123 @@ static void mod_count_chosen(struct mod_acts *m, const int *chosen, int B, int T
     }
 }
 
+/* The chosen rows of in packed into gathered (host memory both). */
+static void gather_chosen(const struct mod_acts *m, float *gathered, const float *in,
+                          const int *start, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < m->count[b]; i++)
+            memcpy(gathered + (long)(start[b] + i) * C,
+                   in + ((long)b * T + m->pos[(long)b * T + i]) * C, (size_t)C * sizeof(float));
+}
+
+/* out's chosen rows = x + r (f - x) (host memory all) */
+static void combine_forward(const struct mod_acts *m, float *out, const float *gathered_in,
+                            const float *gathered_out, const float *router, const int *start,
+                            int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < m->count[b]; i++) {
+            long row = (long)b * T + m->pos[(long)b * T + i];
+            const float *x = gathered_in + (long)(start[b] + i) * C;
+            const float *f = gathered_out + (long)(start[b] + i) * C;
+            float r = router[row];
+            float *o = out + row * C;
+            for (int c = 0; c < C; c++) o[c] = x[c] + r * (f[c] - x[c]);
+        }
+}
+
+/* The host's part works on copies on a device: the choice comes down, the
+ * packed rows go up, the block's rows and the router come down, out goes
+ * up (on the CPU every copy is the tensor itself). */
 void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_acts *m,
                        float *out, const float *in, const float *router_weight,
                        const int *chosen, int B, int T)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, N = B * T;
+    size_t rows = (size_t)N * C * sizeof(float);
     DM_ASSERT(B <= m->B && T <= m->T && C == m->C);
-    backend_current()->mod_router_forward(m->router, in, router_weight, N, C);
-    if (chosen != m->chosen) memcpy(m->chosen, chosen, (size_t)N * sizeof(int));
-    mod_count_chosen(m, chosen, B, T);
-    if (out != in) parallel_copy(out, in, (long)N * C);
+    ops->mod_router_forward(m->router, in, router_weight, N, C);
+    if (chosen != m->chosen) ops->copy_on_device(m->chosen, chosen, (size_t)N * sizeof(int));
+    mod_count_chosen(m, backend_read(m->chosen_host, m->chosen, (size_t)N * sizeof(int)), B, T);
+    if (out != in) ops->copy_on_device(out, in, rows);
     if (m->tokens == 0) return;
     int *start = mod_starts(m, B);
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < m->count[b]; i++)
-            memcpy(m->gathered_in + (long)(start[b] + i) * C,
-                   in + ((long)b * T + m->pos[(long)b * T + i]) * C, (size_t)C * sizeof(float));
+    size_t packed = (size_t)m->tokens * C * sizeof(float);
+    const float *in_h = backend_read(m->rows_host[ROWS_IN], in, rows);
+    float *gin = backend_write_begin(m->rows_host[ROWS_GATHERED_IN], m->gathered_in);
+    gather_chosen(m, gin, in_h, start, B, T, C);
+    backend_write_end(m->gathered_in, gin, packed);
     packed_block_forward(blk, acts, m->gathered_out, m->gathered_in, start, B);
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < m->count[b]; i++) {
-            long row = (long)b * T + m->pos[(long)b * T + i];
-            const float *x = m->gathered_in + (long)(start[b] + i) * C;
-            const float *f = m->gathered_out + (long)(start[b] + i) * C;
-            float r = m->router[row];
-            float *o = out + row * C;
-            for (int c = 0; c < C; c++) o[c] = x[c] + r * (f[c] - x[c]);
-        }
+    const float *gout = backend_read(m->rows_host[ROWS_GATHERED_OUT], m->gathered_out, packed);
+    const float *router = backend_read(m->router_host, m->router, (size_t)N * sizeof(float));
+    float *out_h = host_copy(m->rows_host[ROWS_OUT], out, rows);
+    combine_forward(m, out_h, gin, gout, router, start, B, T, C);
+    backend_write_end(out, out_h, rows);
     dm_free(start);
 }
 
+/* What the backward's combination reads, host memory all. */
+struct mod_combine {
+    const struct mod_acts *m;
+    const float *gathered_in, *gathered_out, *router, *work, *router_weight;
+};
+
 /* For each chosen token: dr = g . (f - x), din = (1 - r) g + (the block
  * input's gradient, in work) + dr w, dw += dr x. */
-static void mod_combine_backward(struct mod_acts *m, float *din, float *drouter_weight,
-                                 const float *router_weight, const float *work,
-                                 const int *start, int B, int T, int C)
+static void mod_combine_backward(const struct mod_combine *k, float *din,
+                                 float *drouter_weight, const int *start, int B, int T, int C)
 {
+    const struct mod_acts *m = k->m;
     for (int b = 0; b < B; b++)
         for (int i = 0; i < m->count[b]; i++) {
-            long row = (long)b * T + m->pos[(long)b * T + i], k = start[b] + i;
-            const float *x = m->gathered_in + k * C, *f = m->gathered_out + k * C;
-            const float *g = work + k * C;
-            float r = m->router[row];
+            long row = (long)b * T + m->pos[(long)b * T + i], j = start[b] + i;
+            const float *x = k->gathered_in + j * C, *f = k->gathered_out + j * C;
+            const float *g = k->work + j * C;
+            float r = k->router[row];
             float *d = din + row * C;
             float dr = 0.0f;
             for (int c = 0; c < C; c++) dr += d[c] * (f[c] - x[c]);
             for (int c = 0; c < C; c++)
-                d[c] = (1.0f - r) * d[c] + g[c] + dr * router_weight[c];
+                d[c] = (1.0f - r) * d[c] + g[c] + dr * k->router_weight[c];
             if (drouter_weight)
                 for (int c = 0; c < C; c++) drouter_weight[c] += dr * x[c];
         }
+}
+
+/* work's packed rows = r din (host memory all) */
+static void scale_chosen(const struct mod_acts *m, float *work, const float *din,
+                         const float *router, const int *start, int B, int T, int C)
+{
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < m->count[b]; i++) {
+            long row = (long)b * T + m->pos[(long)b * T + i];
+            float r = router[row];
+            const float *d = din + row * C;
+            float *g = work + (long)(start[b] + i) * C;
+            for (int c = 0; c < C; c++) g[c] = r * d[c];
+        }
+}
+
+/* The combination on the host: what it reads comes down, din and the
+ * router weight's gradient go back up (in place on the CPU). */
+static void combine_backward(struct mod_acts *m, float *din_h, float *din, float *drouter_weight,
+                             const float *router_weight, const float *work, const float *router,
+                             const int *start, int B, int T, int C)
+{
+    size_t packed = (size_t)m->tokens * C * sizeof(float), bytes = (size_t)C * sizeof(float);
+    struct mod_combine k = {m, NULL, NULL, router, NULL, NULL};
+    k.work = backend_read(m->rows_host[ROWS_IN], work, packed);
+    k.gathered_in = backend_read(m->rows_host[ROWS_GATHERED_IN], m->gathered_in, packed);
+    k.gathered_out = backend_read(m->rows_host[ROWS_GATHERED_OUT], m->gathered_out, packed);
+    float *staging = backend_staging(2 * bytes);
+    k.router_weight = backend_read(staging ? staging + C : NULL, router_weight, bytes);
+    float *drw = drouter_weight ? host_copy(staging, drouter_weight, bytes) : NULL;
+    mod_combine_backward(&k, din_h, drw, start, B, T, C);
+    backend_write_end(din, din_h, (size_t)B * T * C * sizeof(float));
+    if (drw) backend_write_end(drouter_weight, drw, bytes);
+    backend_staging_free(staging);
 }
 
 void mod_block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
@@ -291,23 +379,21 @@ void mod_block_backward(struct block *blk, struct block_acts *acts, struct block
                         const float *dout, const float *router_weight, int B, int T,
                         float *work)
 {
+    const struct dm_backend *ops = backend_current();
     int C = blk->C, N = B * T;
-    if (din != dout) parallel_copy(din, dout, (long)N * C);
+    size_t rows = (size_t)N * C * sizeof(float);
+    if (din != dout) ops->copy_on_device(din, dout, rows);
     if (m->tokens == 0) return;
     int *start = mod_starts(m, B);
+    const float *router = backend_read(m->router_host, m->router, (size_t)N * sizeof(float));
+    float *din_h = host_copy(m->rows_host[ROWS_OUT], din, rows);
     /* work (tokens, C): the block output's gradient r dout, then, in
      * place, the block input's */
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < m->count[b]; i++) {
-            long row = (long)b * T + m->pos[(long)b * T + i];
-            float r = m->router[row];
-            const float *d = din + row * C;
-            float *g = work + (long)(start[b] + i) * C;
-            for (int c = 0; c < C; c++) g[c] = r * d[c];
-        }
+    float *work_h = backend_write_begin(m->rows_host[ROWS_IN], work);
+    scale_chosen(m, work_h, din_h, router, start, B, T, C);
+    backend_write_end(work, work_h, (size_t)m->tokens * C * sizeof(float));
     packed_block_backward(blk, acts, s, work, work, m->gathered_in, start, B);
-    mod_combine_backward(m, din, blk->frozen ? NULL : drouter_weight, router_weight, work,
-                         start, B, T, C);
+    combine_backward(m, din_h, din, drouter_weight, router_weight, work, router, start, B, T, C);
     dm_free(start);
 }
 
@@ -357,13 +443,13 @@ void block_mod_free(struct block *blk)
     blk->mod = NULL;
 }
 
-void block_mod_init_weights(struct block *blk, uint64_t seed)
+void block_mod_init_weights(struct block *blk, float *params, uint64_t seed)
 {
     size_t C = (size_t)blk->C;
-    init_normal(blk->mod->router_w, C, seed, block_tensor_stream(blk->index, BP_COUNT), 0.02f);
+    float *router_w = params + (blk->mod->router_w - blk->params);
+    init_normal(router_w, C, seed, block_tensor_stream(blk->index, BP_COUNT), 0.02f);
     if (blk->mod->pred_w)
-        init_normal(blk->mod->pred_w, C, seed, block_tensor_stream(blk->index, BP_COUNT + 1),
-                    0.02f);
+        init_normal(router_w + C, C, seed, block_tensor_stream(blk->index, BP_COUNT + 1), 0.02f);
 }
 
 int block_mod_tensor_count(const struct block *blk)
@@ -384,7 +470,7 @@ int block_mod_tensor_at(const struct block *blk, int k, size_t *offset, size_t *
 void block_mod_acts_free(struct mod_acts *m)
 {
     if (!m) return;
-    dm_free(m->target);
+    backend_current()->free(m->target);
     mod_acts_free(m);
     dm_free(m);
 }
@@ -400,7 +486,7 @@ static struct mod_acts *mod_acts_of(struct block_acts *acts, int C)
     if (!acts->mod) {
         acts->mod = dm_alloc(sizeof *acts->mod);
         mod_acts_alloc(acts->mod, acts->B, acts->T, C);
-        acts->mod->target = dm_alloc((size_t)acts->B * acts->T * sizeof(int));
+        acts->mod->target = backend_current()->alloc((size_t)acts->B * acts->T * sizeof(int));
     }
     return acts->mod;
 }
@@ -431,11 +517,17 @@ void block_mod_forward(struct block *blk, struct block_acts *acts, float *out,
 static void predictor_backward(struct block_mod *mod, const struct mod_acts *m,
                                const float *in, int N, int C, float loss_scale)
 {
-    float *dw = dm_alloc((size_t)C * sizeof(float));
-    backend_current()->mod_predictor_forward_backward(dw, NULL, in, mod->pred_w, m->target, N,
-                                                      C);
-    for (int c = 0; c < C; c++) mod->pred_g[c] += loss_scale * dw[c];
-    dm_free(dw);
+    const struct dm_backend *ops = backend_current();
+    size_t bytes = (size_t)C * sizeof(float);
+    float *dw = ops->alloc(bytes);
+    ops->mod_predictor_forward_backward(dw, NULL, in, mod->pred_w, m->target, N, C);
+    float *staging = backend_staging(2 * bytes);   /* the sum on the host */
+    const float *dw_h = backend_read(staging, dw, bytes);
+    float *pred_g = host_copy(staging ? staging + C : NULL, mod->pred_g, bytes);
+    for (int c = 0; c < C; c++) pred_g[c] += loss_scale * dw_h[c];
+    backend_write_end(mod->pred_g, pred_g, bytes);
+    backend_staging_free(staging);
+    ops->free(dw);
 }
 
 void block_mod_backward(struct block *blk, struct block_acts *acts,
@@ -448,7 +540,14 @@ void block_mod_backward(struct block *blk, struct block_acts *acts,
     struct mod_acts *m = acts->mod;
     DM_ASSERT(m != NULL);
     size_t btc = (size_t)N * C;
-    float *w = grow_buffer_get(&work, din ? btc : 2 * btc);
+    float *w;
+    if (backend_current()->host_access) {
+        w = grow_buffer_get(&work, din ? btc : 2 * btc);
+    } else {   /* device memory, one buffer per block's activations */
+        size_t most = (size_t)m->B * m->T * m->C;
+        if (!m->work) m->work = backend_current()->alloc(2 * most * sizeof(float));
+        w = m->work;
+    }
     float *d = din ? din : w + btc;
     mod_block_backward(blk, acts, scratch, m, d, blk->frozen ? NULL : mod->router_g, dout,
                        mod->router_w, B, T, w);

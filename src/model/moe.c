@@ -121,16 +121,19 @@ void block_moe_free(struct block *blk)
  * fcproj_w continue the dense MLP's streams (layer, BP_FC_W) and (layer,
  * BP_FCPROJ_W) at element e x H x C, so that every expert's initial
  * weights depend on (seed, layer, expert) alone, wherever it is built. */
-void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, uint64_t seed)
+void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, float *params,
+                            uint64_t seed)
 {
     struct block_moe *moe = blk->moe;
     int C = blk->C, E = moe->cfg.experts, H = moe->cfg.hidden, index = blk->index;
     float residual_std = (float)(0.02 / sqrt(2.0 * shape->layers));
-    init_normal(moe->router_w, (size_t)E * C, seed, block_tensor_stream(index, BP_COUNT), 0.02f);
+    float *router_w = params + (moe->router_w - blk->params);
+    float *experts_p = params + (moe->experts_p - blk->params);
+    init_normal(router_w, (size_t)E * C, seed, block_tensor_stream(index, BP_COUNT), 0.02f);
     size_t HC = (size_t)H * C;
     for (int j = 0; j < moe_owned_experts(&moe->cfg); j++) {
         int e = moe->cfg.shard_first + j;   /* held experts only, by their global index */
-        float *w1 = moe->experts_p + (size_t)j * moe->expert_params;
+        float *w1 = experts_p + (size_t)j * moe->expert_params;
         float *w2 = w1 + HC + H;
         init_normal_at(w1, HC, seed, block_tensor_stream(index, BP_FC_W), (size_t)e * HC, 0.02f);
         init_normal_at(w2, HC, seed, block_tensor_stream(index, BP_FCPROJ_W), (size_t)e * HC,
@@ -205,6 +208,15 @@ struct moe_acts {
     float *x, *y;           /* (k N, C) expert inputs and outputs, grouped */
     float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
     float aux, z;           /* this forward's loss values */
+    /* What the ops read and write, in the backend's memory: the router
+     * logits and the grouped expert rows (on the CPU the arrays above
+     * themselves). Routing, combining and their backward stay the host's,
+     * on the arrays above, with what an op wrote copied down. */
+    float *logits_dev, *x_dev, *y_dev, *h_dev, *a_dev;
+    float *dy_dev, *dh_dev, *dx_dev, *dlogits_dev, *dgrads_dev;   /* the backward's */
+    int *token_dev;         /* (k N) the token of each grouped row (the dispatch's gather) */
+    float *device;          /* the allocation of the above (NULL on the CPU) */
+    float *rows_host;       /* (2 N, C) staging of the block's rows (NULL on the CPU) */
 };
 
 static size_t moe_acts_floats(int N, int E, int k, int H, int C)
@@ -231,9 +243,45 @@ size_t moe_acts_bytes(const struct gpt_shape *shape, int B, int T)
 void moe_acts_free(struct moe_acts *ma)
 {
     if (!ma) return;
+    if (ma->device) {
+        backend_current()->free(ma->device);
+        backend_current()->free(ma->token_dev);
+    }
+    backend_staging_free(ma->rows_host);
     dm_free(ma->logits);
     dm_free(ma->choice);
     dm_free(ma);
+}
+
+/* The ops' side of ma: its own arrays on the CPU; on a device, the
+ * backend's memory for the logits, the grouped rows and the backward's
+ * buffers (the experts' gradients: E expert_params floats), and the
+ * host's staging of the block's rows. */
+static void moe_acts_device(struct moe_acts *ma, size_t expert_params)
+{
+    const struct dm_backend *ops = backend_current();
+    size_t n = (size_t)ma->N, kn = (size_t)ma->k * ma->N, C = (size_t)ma->C;
+    size_t H = (size_t)ma->H, E = (size_t)ma->E;
+    if (ops->host_access) {
+        ma->logits_dev = ma->logits, ma->x_dev = ma->x, ma->y_dev = ma->y;
+        ma->h_dev = ma->h, ma->a_dev = ma->a;
+        return;
+    }
+    size_t floats = n * E + 2 * kn * C + 2 * kn * H + 2 * kn * C + kn * H + n * E +
+                    E * expert_params;
+    float *f = ma->device = ops->alloc(floats * sizeof(float));
+    ma->logits_dev = f;        f += n * E;
+    ma->x_dev = f;             f += kn * C;
+    ma->y_dev = f;             f += kn * C;
+    ma->h_dev = f;             f += kn * H;
+    ma->a_dev = f;             f += kn * H;
+    ma->dy_dev = f;            f += kn * C;
+    ma->dx_dev = f;            f += kn * C;
+    ma->dh_dev = f;            f += kn * H;
+    ma->dlogits_dev = f;       f += n * E;
+    ma->dgrads_dev = f;
+    ma->token_dev = ops->alloc(kn * sizeof(int));
+    ma->rows_host = backend_staging(2 * n * C * sizeof(float));
 }
 
 /* The block's MoE activations with room for N tokens (allocated once per
@@ -268,6 +316,7 @@ static struct moe_acts *moe_acts_get(struct block_acts *acts, const struct block
     ma->selected = i;          i += E;
     ma->offset = i;            i += E + 1;
     ma->pair = i;
+    moe_acts_device(ma, moe->expert_params);
     acts->moe = ma;
     return ma;
 }
@@ -453,7 +502,9 @@ static void moe_route(struct block *blk, struct moe_acts *ma, const float *ln2, 
 {
     const struct dm_backend *ops = backend_current();
     struct block_moe *moe = blk->moe;
-    ops->matmul_forward(ma->logits, ln2, moe->router_w, NULL, N, blk->C, ma->E);
+    ops->matmul_forward(ma->logits_dev, ln2, moe->router_w, NULL, N, blk->C, ma->E);
+    if (ma->logits_dev != ma->logits)   /* the routing is the host's */
+        ops->copy_to_host(ma->logits, ma->logits_dev, (size_t)N * ma->E * sizeof(float));
     struct route_args a = {.moe = moe, .ma = ma};
     dm_parallel_for(N, 16, route_range, &a);
     assign_rows(moe, ma, N);
@@ -477,8 +528,19 @@ static void gather_range(void *arg, long begin, long end)
                (size_t)a->C * sizeof(float));
 }
 
+/* On a device the grouped rows' tokens go up and the table's gather
+ * copies the rows (the same bits). */
 static void moe_dispatch(struct moe_acts *ma, const float *ln2)
 {
+    if (ma->device) {
+        int *token = dm_alloc((size_t)(ma->rows ? ma->rows : 1) * sizeof(int));
+        for (int r = 0; r < ma->rows; r++) token[r] = ma->pair[r] / ma->k;
+        backend_current()->copy_to_device(ma->token_dev, token, (size_t)ma->rows * sizeof(int));
+        if (ma->rows > 0)
+            backend_current()->rows_gather(ma->x_dev, ln2, ma->token_dev, ma->rows, ma->C);
+        dm_free(token);
+        return;
+    }
     struct gather_args a = {.dst = ma->x, .src = ln2, .pair = ma->pair, .k = ma->k, .C = ma->C};
     dm_parallel_for(ma->rows, 16, gather_range, &a);
 }
@@ -516,14 +578,15 @@ static void moe_experts_forward(struct block *blk, struct moe_acts *ma, const vo
 {
     const struct block_moe *moe = blk->moe;
     if (moe->exchange) {
-        moe->exchange->experts_forward(moe->exchange->ctx, blk, key, ma->offset, ma->x, ma->y);
+        moe->exchange->experts_forward(moe->exchange->ctx, blk, key, ma->offset, ma->x_dev,
+                                       ma->y_dev);
         return;
     }
     int C = blk->C, H = ma->H;
     for (int e = 0; e < ma->E; e++) {
         int r0 = ma->offset[e], n = ma->offset[e + 1] - r0;
-        moe_expert_forward(blk, e, ma->x + (size_t)r0 * C, n, ma->h + (size_t)r0 * H,
-                           ma->a + (size_t)r0 * H, ma->y + (size_t)r0 * C);
+        moe_expert_forward(blk, e, ma->x_dev + (size_t)r0 * C, n, ma->h_dev + (size_t)r0 * H,
+                           ma->a_dev + (size_t)r0 * H, ma->y_dev + (size_t)r0 * C);
     }
 }
 
@@ -560,10 +623,18 @@ static void combine_range(void *arg, long begin, long end)
     }
 }
 
+/* On the host: on a device the experts' outputs and res1 come down, out
+ * goes up. */
 static void moe_combine(struct moe_acts *ma, float *out, const float *res1, int N)
 {
-    struct combine_args a = {.out = out, .res1 = res1, .ma = ma};
+    size_t rows = (size_t)N * ma->C;
+    if (ma->y_dev != ma->y)
+        backend_current()->copy_to_host(ma->y, ma->y_dev, (size_t)ma->rows * ma->C * sizeof(float));
+    const float *res1_h = backend_read(ma->rows_host, res1, rows * sizeof(float));
+    float *out_h = backend_write_begin(ma->rows_host ? ma->rows_host + rows : NULL, out);
+    struct combine_args a = {.out = out_h, .res1 = res1_h, .ma = ma};
     dm_parallel_for(N, 16, combine_range, &a);
+    backend_write_end(out, out_h, rows * sizeof(float));
 }
 
 void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
@@ -642,7 +713,7 @@ static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const v
 {
     struct block_moe *moe = blk->moe;
     if (moe->exchange) {
-        moe->exchange->experts_backward(moe->exchange->ctx, blk, key, ma->offset, dy, dx);
+        moe->exchange->experts_backward(moe->exchange->ctx, blk, key, ma->offset, dy, dx);   /* CPU */
         return;
     }
     /* Each micro-batch's expert gradients are formed from zero and then
@@ -651,18 +722,24 @@ static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const v
      * every parallel.ep. */
     int C = blk->C, H = ma->H;
     size_t P = moe->expert_params;
+    const struct dm_backend *ops = backend_current();
+    size_t bytes = (size_t)ma->E * P * sizeof(float);
     float *grads = NULL;
     if (!blk->frozen) {
-        grads = grow_buffer_get(&back_dgrads, (size_t)ma->E * P);
-        memset(grads, 0, (size_t)ma->E * P * sizeof(float));
+        grads = ma->device ? ma->dgrads_dev : grow_buffer_get(&back_dgrads, (size_t)ma->E * P);
+        if (ma->device) ops->zero(grads, bytes);
+        else memset(grads, 0, bytes);
     }
     for (int e = 0; e < ma->E; e++) {
         int r0 = ma->offset[e], n = ma->offset[e + 1] - r0;
         moe_expert_backward(blk, e, grads ? grads + (size_t)e * P : NULL, dy + (size_t)r0 * C,
-                            ma->x + (size_t)r0 * C, ma->h + (size_t)r0 * H,
-                            ma->a + (size_t)r0 * H, n, dh + (size_t)r0 * H, dx + (size_t)r0 * C);
+                            ma->x_dev + (size_t)r0 * C, ma->h_dev + (size_t)r0 * H,
+                            ma->a_dev + (size_t)r0 * H, n, dh + (size_t)r0 * H,
+                            dx + (size_t)r0 * C);
     }
-    if (grads)
+    if (grads && ma->device)   /* the same sums, element by element */
+        ops->residual_forward(moe->experts_g, moe->experts_g, grads, (long)ma->E * (long)P);
+    else if (grads)
         for (size_t i = 0; i < (size_t)ma->E * P; i++) moe->experts_g[i] += grads[i];
 }
 
@@ -774,6 +851,8 @@ static void moe_dispatch_backward(struct moe_acts *ma, float *d_ln2, const float
     dm_parallel_for(N, 16, scatter_back_range, &a);
 }
 
+/* The logits' gradient on the host (copied up on a device), then the
+ * router's product. */
 static void moe_route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
                                float *d_ln2, float *dlogits, const float *dgate, int N)
 {
@@ -782,8 +861,30 @@ static void moe_route_backward(struct block *blk, struct block_acts *acts, struc
     struct route_back_args a = {.dlogits = dlogits, .dgate = dgate, .moe = moe, .ma = ma,
                                 .loss_scale = acts->loss_scale, .N = N};
     dm_parallel_for(N, 16, route_back_range, &a);
-    ops->matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
-                         moe->router_w, N, blk->C, ma->E);
+    float *dlogits_dev = ma->device ? ma->dlogits_dev : dlogits;
+    backend_write_end(dlogits_dev, dlogits, (size_t)N * ma->E * sizeof(float));
+    ops->matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits_dev,
+                         acts->ln2, moe->router_w, N, blk->C, ma->E);
+}
+
+/* moe_backward on a device: the host's phases on host buffers (dy, dx,
+ * dgate, dlogits), dout coming down, dy going up to the experts' ops, dx
+ * coming down and d_ln2 going up. */
+static void moe_backward_device(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
+                                float *d_ln2, const float *dout, float *dy, float *dx,
+                                float *dgate, float *dlogits)
+{
+    const struct dm_backend *ops = backend_current();
+    int N = ma->n;
+    size_t rows = (size_t)ma->rows * ma->C * sizeof(float), all = (size_t)N * ma->C * sizeof(float);
+    moe_combine_backward(ma, dy, dgate, backend_read(ma->rows_host, dout, all), N);
+    ops->copy_to_device(ma->dy_dev, dy, rows);
+    moe_experts_backward(blk, ma, acts, ma->dy_dev, ma->dh_dev, ma->dx_dev);
+    ops->copy_to_host(dx, ma->dx_dev, rows);
+    float *d_ln2_h = backend_write_begin(ma->rows_host, d_ln2);
+    moe_dispatch_backward(ma, d_ln2_h, dx, N);
+    backend_write_end(d_ln2, d_ln2_h, all);
+    moe_route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
 }
 
 void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
@@ -798,6 +899,10 @@ void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, cons
     float *dx = grow_buffer_get(&back_dx, rows * C);
     float *dgate = grow_buffer_get(&back_dgate, (size_t)N * k);
     float *dlogits = grow_buffer_get(&back_dlogits, (size_t)N * E);
+    if (ma->device) {
+        moe_backward_device(blk, acts, ma, d_ln2, dout, dy, dx, dgate, dlogits);
+        return;
+    }
     moe_combine_backward(ma, dy, dgate, dout, N);
     moe_experts_backward(blk, ma, acts, dy, dh, dx);
     moe_dispatch_backward(ma, d_ln2, dx, N);

@@ -14,6 +14,7 @@
  * src/dyn/prune.c). */
 #include <stdio.h>
 #include <string.h>
+#include "dynmo/backend.h"
 #include "dynmo/model.h"
 #include "model/internal.h"
 
@@ -322,9 +323,86 @@ static void csr_from_mask(struct csr_matrix *csr, const unsigned char *mask, int
     csr->row_ptr[rows] = j;
 }
 
+/* The device arrays of sp (nothing on the CPU). */
+static void sparse_device_free(struct block_sparse *sp)
+{
+    if (!sp->on_device) return;
+    const struct dm_backend *ops = backend_current();
+    for (int m = 0; m < BLOCK_MATRICES; m++) {
+        struct csr_matrix *d = &sp->csr_device[m];
+        if (d->row_ptr) ops->free(d->row_ptr);
+        if (d->col_idx) ops->free(d->col_idx);
+        if (d->values) ops->free(d->values);
+        if (sp->value_at[m]) ops->free(sp->value_at[m]);
+        memset(d, 0, sizeof *d);
+        sp->value_at[m] = NULL;
+    }
+    if (sp->pruned) ops->free(sp->pruned);
+    if (sp->zeros) ops->free(sp->zeros);
+    sp->pruned = NULL;
+    sp->zeros = NULL;
+    sp->on_device = 0;
+}
+
+/* n ints of host memory in the backend's */
+static int *ints_up(const int *host, size_t n)
+{
+    int *device = backend_current()->alloc((n ? n : 1) * sizeof(int));
+    backend_current()->copy_to_device(device, host, n * sizeof(int));
+    return device;
+}
+
+/* On a device: csr[m]'s arrays copied up, with each value's position in
+ * its matrix (for the refresh gather). */
+static void csr_device_build(struct block_sparse *sp, int m)
+{
+    const struct csr_matrix *csr = &sp->csr[m];
+    struct csr_matrix *d = &sp->csr_device[m];
+    *d = *csr;
+    d->row_ptr = ints_up(csr->row_ptr, (size_t)csr->rows + 1);
+    d->col_idx = ints_up(csr->col_idx, (size_t)csr->nnz);
+    d->values = backend_current()->alloc((size_t)(csr->nnz ? csr->nnz : 1) * sizeof(float));
+    int *at = dm_alloc((size_t)(csr->nnz ? csr->nnz : 1) * sizeof(int));
+    for (int r = 0; r < csr->rows; r++)
+        for (int j = csr->row_ptr[r]; j < csr->row_ptr[r + 1]; j++)
+            at[j] = r * csr->cols + csr->col_idx[j];
+    sp->value_at[m] = ints_up(at, (size_t)csr->nnz);
+    dm_free(at);
+}
+
+/* On a device whose memory the host cannot read: the device arrays of
+ * blk's mask and CSR form (sparse_device_free first). */
+static void sparse_device_build(struct block *blk)
+{
+    struct block_sparse *sp = blk->sparse;
+    sparse_device_free(sp);
+    if (backend_current()->host_access) return;
+    sp->on_device = 1;
+    size_t total = block_matrix_weights(blk->C), npruned = total - (size_t)sp->kept, j = 0;
+    int *pruned = dm_alloc((npruned ? npruned : 1) * sizeof(int));
+    for (int m = 0; m < BLOCK_MATRICES; m++) {
+        int k = block_matrix_tensor(m);
+        size_t off = mask_offset(blk->C, m), n = block_tensor_size(blk->C, k);
+        size_t base = block_tensor_offset(blk->C, k);
+        for (size_t i = 0; i < n; i++)
+            if (!sp->mask[off + i]) pruned[j++] = (int)(base + i);
+        if (sp->use_csr) csr_device_build(sp, m);
+    }
+    sp->pruned = ints_up(pruned, npruned);
+    sp->zeros = backend_current()->alloc((npruned ? npruned : 1) * sizeof(float));
+    dm_free(pruned);
+}
+
+const struct csr_matrix *block_sparse_csr(const struct block *blk, int m)
+{
+    const struct block_sparse *sp = blk->sparse;
+    return sp->on_device ? &sp->csr_device[m] : &sp->csr[m];
+}
+
 void block_sparse_free(struct block *blk)
 {
     if (!blk->sparse) return;
+    sparse_device_free(blk->sparse);
     for (int m = 0; m < BLOCK_MATRICES; m++) csr_free(&blk->sparse->csr[m]);
     dm_free(blk->sparse->mask);
     dm_free(blk->sparse);
@@ -340,13 +418,21 @@ static void build_csr(struct block *blk)
         csr_from_mask(&sp->csr[m], sp->mask + mask_offset(blk->C, m), rows, cols);
     }
     sp->use_csr = 1;
-    block_sparse_refresh(blk);
 }
 
 void block_sparse_refresh(struct block *blk)
 {
     struct block_sparse *sp = blk->sparse;
     if (!sp || !sp->use_csr) return;
+    if (sp->on_device) {   /* values[j] = W[value_at[j]]: a gather of single floats */
+        for (int m = 0; m < BLOCK_MATRICES; m++) {
+            const struct csr_matrix *d = &sp->csr_device[m];
+            if (d->nnz > 0)
+                backend_current()->rows_gather(d->values, blk->p[block_matrix_tensor(m)],
+                                               sp->value_at[m], d->nnz, 1);
+        }
+        return;
+    }
     for (int m = 0; m < BLOCK_MATRICES; m++) {
         const struct csr_matrix *csr = &sp->csr[m];
         const float *w = blk->p[block_matrix_tensor(m)];
@@ -388,6 +474,14 @@ void gpt_mask_pruned_grads(struct gpt *model)
         /* CSR blocks never compute a pruned weight's gradient; frozen
          * blocks compute none. */
         if (!blk->sparse || blk->sparse->use_csr || blk->frozen) continue;
+        if (blk->sparse->on_device) {   /* zeros scattered to the pruned gradients */
+            long npruned = (long)block_matrix_weights(blk->C) - blk->sparse->kept;
+            if (npruned > 0)
+                backend_current()->rows_scatter(blk->grads, blk->sparse->zeros,
+                                                blk->sparse->pruned, (int)npruned, 1, 0);
+            gpt_charge_update(model, b, &clock);
+            continue;
+        }
         struct mask_grads_args a = {.mask = blk->sparse->mask};
         size_t total = 0;
         for (int m = 0; m < BLOCK_MATRICES; m++) {
@@ -401,6 +495,33 @@ void gpt_mask_pruned_grads(struct gpt *model)
     }
 }
 
+/* The mask from keep (or, NULL, from the nonzero weights), and the pruned
+ * weights, their gradients and moments zeroed, on blk's host view;
+ * returns the weights kept. */
+static long prune_view(struct block *view, unsigned char *mask, const unsigned char *keep)
+{
+    long kept = 0;
+    for (int m = 0; m < BLOCK_MATRICES; m++) {
+        int k = block_matrix_tensor(m);
+        size_t off = mask_offset(view->C, m), n = block_tensor_size(view->C, k);
+        size_t base = block_tensor_offset(view->C, k);
+        for (size_t i = 0; i < n; i++) {
+            unsigned char on = keep ? (keep[off + i] != 0) : (view->p[k][i] != 0.0f);
+            mask[off + i] = on;
+            kept += on;
+            if (!on) {
+                view->params[base + i] = 0.0f;
+                view->grads[base + i] = 0.0f;
+                view->m[base + i] = 0.0f;
+                view->v[base + i] = 0.0f;
+            }
+        }
+    }
+    return kept;
+}
+
+/* On a device the slab comes down for the pruning and goes back up (the
+ * slab itself on the CPU). */
 void block_prune(struct block *blk, const unsigned char *keep, double csr_sparsity)
 {
     size_t total = block_matrix_weights(blk->C);
@@ -409,27 +530,16 @@ void block_prune(struct block *blk, const unsigned char *keep, double csr_sparsi
         blk->sparse->mask = dm_alloc(total);
     }
     struct block_sparse *sp = blk->sparse;
-    long kept = 0;
-    for (int m = 0; m < BLOCK_MATRICES; m++) {
-        int k = block_matrix_tensor(m);
-        size_t off = mask_offset(blk->C, m), n = block_tensor_size(blk->C, k);
-        size_t base = block_tensor_offset(blk->C, k);
-        for (size_t i = 0; i < n; i++) {
-            unsigned char on = keep ? (keep[off + i] != 0) : (blk->p[k][i] != 0.0f);
-            sp->mask[off + i] = on;
-            kept += on;
-            if (!on) {
-                blk->params[base + i] = 0.0f;
-                blk->grads[base + i] = 0.0f;
-                blk->m[base + i] = 0.0f;
-                blk->v[base + i] = 0.0f;
-            }
-        }
-    }
-    sp->kept = kept;
+    float *staging = backend_staging(blk->slab_floats * sizeof(float));
+    struct block view = block_host_view(blk, staging, 1);
+    sp->kept = prune_view(&view, sp->mask, keep);
+    block_host_view_store(blk, &view);
+    backend_staging_free(staging);
     for (int m = 0; m < BLOCK_MATRICES; m++) csr_free(&sp->csr[m]);
     sp->use_csr = 0;
     if (block_matrix_sparsity(blk) >= csr_sparsity) build_csr(blk);
+    sparse_device_build(blk);
+    block_sparse_refresh(blk);
 }
 
 double block_matrix_sparsity(const struct block *blk)

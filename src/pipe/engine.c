@@ -21,8 +21,11 @@ static void slots_alloc(struct engine *eng)
     for (int i = 0; i < eng->nslots; i++) {
         struct slot *sl = &eng->slots[i];
         gpt_acts_alloc(&sl->acts, &eng->model, eng->micro_B, eng->T);
-        sl->dout = dm_alloc(btc * sizeof(float));
-        sl->din = dm_alloc(btc * sizeof(float));
+        sl->dout = backend_current()->alloc(btc * sizeof(float));
+        sl->din = backend_current()->alloc(btc * sizeof(float));
+        sl->act_host = backend_staging(btc * sizeof(float));
+        sl->grad_host = backend_staging(btc * sizeof(float));
+        sl->recv_host = backend_staging(btc * sizeof(float));
         sl->send_act = MPI_REQUEST_NULL;
         sl->send_exit = MPI_REQUEST_NULL;
         sl->send_grad = MPI_REQUEST_NULL;
@@ -38,8 +41,11 @@ static void slots_free(struct engine *eng)
         world_wait(&sl->send_exit);
         world_wait(&sl->send_grad);
         gpt_acts_free(&sl->acts);
-        dm_free(sl->dout);
-        dm_free(sl->din);
+        backend_current()->free(sl->dout);
+        backend_current()->free(sl->din);
+        backend_staging_free(sl->act_host);
+        backend_staging_free(sl->grad_host);
+        backend_staging_free(sl->recv_host);
     }
     dm_free(eng->slots);
     eng->slots = NULL;
@@ -141,6 +147,17 @@ static long first_sample(const struct engine *eng, int step, int mb)
            (long)eng->grid.replica * eng->micro_batches * eng->micro_B + (long)mb * eng->micro_B;
 }
 
+/* The micro-batch's token ids and targets from the loader, copied to the
+ * device (gpt_acts_inputs). */
+static void fill_inputs(struct engine *eng, struct loader *loader, long first,
+                        struct gpt_acts *acts)
+{
+    int *tokens, *targets;
+    gpt_acts_inputs(acts, &tokens, &targets);
+    loader_fill(loader, first, eng->micro_B, tokens, targets);
+    gpt_acts_inputs_ready(acts);
+}
+
 static void run_forward(struct engine *eng, struct loader *loader, int step, int mb,
                         float *loss_sum)
 {
@@ -149,8 +166,7 @@ static void run_forward(struct engine *eng, struct loader *loader, int step, int
     DM_ASSERT(sl->busy_mb == -1);
     sl->busy_mb = mb;
     if ((m->has_embed || m->has_head || m->exit) && loader)   /* exit heads need targets */
-        loader_fill(loader, first_sample(eng, step, mb), eng->micro_B, sl->acts.tokens,
-                    sl->acts.targets);
+        fill_inputs(eng, loader, first_sample(eng, step, mb), &sl->acts);
     double t0 = dm_profile_now();
     float loss = gpt_forward(m, &sl->acts);
     eng->compute_s += dm_profile_now() - t0;
@@ -182,9 +198,11 @@ static void receive_activations(struct engine *eng, struct slot *sl, int mb)
     MPI_Request req;
     eng->wait_s += world_wait(&sl->send_act);
     eng->wait_s += world_wait(&sl->send_exit);
-    WORLD_MPI(MPI_Irecv(sl->acts.residual, (int)act_count(eng), MPI_FLOAT, prev, TAG_ACT + mb,
+    float *into = backend_write_begin(sl->recv_host, sl->acts.residual);
+    WORLD_MPI(MPI_Irecv(into, (int)act_count(eng), MPI_FLOAT, prev, TAG_ACT + mb,
                         MPI_COMM_WORLD, &req));
     eng->wait_s += world_wait(&req);
+    backend_write_end(sl->acts.residual, into, (size_t)act_count(eng) * sizeof(float));
     if (eng->model.exit) {
         WORLD_MPI(MPI_Irecv(gpt_exit_layers(&eng->model, &sl->acts), eng->micro_B * eng->T,
                             MPI_INT, prev, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
@@ -192,12 +210,27 @@ static void receive_activations(struct engine *eng, struct slot *sl, int mb)
     }
 }
 
+/* Receives mb's output gradient from the next stage into dout. */
+static void receive_gradient(struct engine *eng, struct slot *sl, int mb)
+{
+    const struct pipe_grid *g = &eng->grid;
+    int next = rank_of(g, g->stage + 1, g->replica), n = (int)act_count(eng);
+    float *into = backend_write_begin(sl->recv_host, sl->dout);
+    MPI_Request req;
+    WORLD_MPI(MPI_Irecv(into, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
+    eng->wait_s += world_wait(&req);
+    backend_write_end(sl->dout, into, (size_t)n * sizeof(float));
+}
+
 /* Posts mb's output activations (and exit layers) to the next stage. */
 static void send_activations(struct engine *eng, struct slot *sl, int mb)
 {
     const struct pipe_grid *g = &eng->grid;
     int next = rank_of(g, g->stage + 1, g->replica);
-    WORLD_MPI(MPI_Isend(slot_output(eng, sl), (int)act_count(eng), MPI_FLOAT, next, TAG_ACT + mb,
+    if (sl->act_host) eng->wait_s += world_wait(&sl->send_act);   /* the staging is free */
+    const float *from = backend_read(sl->act_host, slot_output(eng, sl),
+                                     (size_t)act_count(eng) * sizeof(float));
+    WORLD_MPI(MPI_Isend(from, (int)act_count(eng), MPI_FLOAT, next, TAG_ACT + mb,
                         MPI_COMM_WORLD, &sl->send_act));
     if (eng->model.exit)
         WORLD_MPI(MPI_Isend(gpt_exit_layers(&eng->model, &sl->acts), eng->micro_B * eng->T,
@@ -245,14 +278,13 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
                           double *lr)
 {
     const struct pipe_grid *g = &eng->grid;
-    int prev = rank_of(g, g->stage - 1, g->replica), next = rank_of(g, g->stage + 1, g->replica);
+    int prev = rank_of(g, g->stage - 1, g->replica);
     int n = (int)act_count(eng);
     float loss_sum = 0.0f;
     for (int k = 0; k < eng->ninstrs; k++) {
         const struct schedule_instr *in = &eng->instrs[k];
         int mb = in->micro_batch;
         struct slot *sl = mb >= 0 ? slot_for(eng, mb) : NULL;
-        MPI_Request req;
         double trace_wall = eng->tracing ? dm_now() : 0.0;
         double trace_cpu = eng->tracing ? engine_thread_cpu_seconds() : 0.0;
         switch (in->op) {
@@ -267,16 +299,15 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             send_activations(eng, sl, mb);
             break;
         case SCHEDULE_RECV_GRAD:
-            WORLD_MPI(MPI_Irecv(sl->dout, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
-            eng->wait_s += world_wait(&req);
+            receive_gradient(eng, sl, mb);
             break;
         case SCHEDULE_BWD:
             run_backward(eng, mb);
             sl->busy_mb = -1;
             break;
         case SCHEDULE_SEND_GRAD:
-            WORLD_MPI(MPI_Isend(sl->din, n, MPI_FLOAT, prev, TAG_GRAD + mb, MPI_COMM_WORLD,
-                                &sl->send_grad));
+            WORLD_MPI(MPI_Isend(backend_read(sl->grad_host, sl->din, (size_t)n * sizeof(float)), n,
+                                MPI_FLOAT, prev, TAG_GRAD + mb, MPI_COMM_WORLD, &sl->send_grad));
             break;
         case SCHEDULE_REDUCE_GRADS:
             *grad_norm = reduce_grads(eng);
@@ -344,27 +375,30 @@ float engine_eval(struct engine *eng, struct loader *val)
     struct gpt *m = &eng->model;
     float sum = 0.0f;
     int count = 0;
+    size_t bytes = (size_t)n * sizeof(float);
     for (int b = 0; b < eng->cfg.eval_batches; b++) {
         for (int mb = 0; mb < eng->micro_batches; mb++) {
             MPI_Request req;
             if (g->stage > 0) {
-                WORLD_MPI(MPI_Irecv(sl->acts.residual, n, MPI_FLOAT, prev, TAG_ACT + mb,
-                                 MPI_COMM_WORLD, &req));
+                float *into = backend_write_begin(sl->recv_host, sl->acts.residual);
+                WORLD_MPI(MPI_Irecv(into, n, MPI_FLOAT, prev, TAG_ACT + mb, MPI_COMM_WORLD,
+                                    &req));
                 world_wait(&req);
+                backend_write_end(sl->acts.residual, into, bytes);
                 if (m->exit) {
                     WORLD_MPI(MPI_Irecv(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
                                      MPI_INT, prev, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
                     world_wait(&req);
                 }
             }
-            loader_fill(val, first_sample(eng, b, mb), eng->micro_B, sl->acts.tokens,
-                        sl->acts.targets);
+            fill_inputs(eng, val, first_sample(eng, b, mb), &sl->acts);
             float loss = gpt_forward(m, &sl->acts);
             if (m->has_head) sum += loss;
             count++;
             if (g->stage < g->stages - 1) {
-                WORLD_MPI(MPI_Isend(slot_output(eng, sl), n, MPI_FLOAT, next, TAG_ACT + mb,
-                                 MPI_COMM_WORLD, &req));
+                const float *from = backend_read(sl->act_host, slot_output(eng, sl), bytes);
+                WORLD_MPI(MPI_Isend(from, n, MPI_FLOAT, next, TAG_ACT + mb, MPI_COMM_WORLD,
+                                    &req));
                 world_wait(&req);
                 if (m->exit) {
                     WORLD_MPI(MPI_Isend(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,

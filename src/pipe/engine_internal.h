@@ -6,6 +6,7 @@
 #define DYNMO_PIPE_ENGINE_INTERNAL_H
 
 #include <mpi.h>
+#include "dynmo/backend.h"
 #include "dynmo/balance.h"
 #include "dynmo/core.h"
 #include "dynmo/dyn.h"
@@ -28,6 +29,9 @@ struct slot {
     struct gpt_acts acts;
     float *dout;          /* (b,T,C) gradient received from the next stage */
     float *din;           /* (b,T,C) gradient sent to the previous stage */
+    /* Host staging of what MPI sends and receives (b,T,C each; NULL on a
+     * backend whose memory the host reads, where MPI uses the tensors). */
+    float *act_host, *grad_host, *recv_host;
     MPI_Request send_act, send_grad;
     MPI_Request send_exit;   /* early exit: exit layers sent with the activation */
     int busy_mb;          /* micro-batch whose activations live here, or -1 */

@@ -10,9 +10,11 @@
 
 /* The datatype of one migrating block's message: its header and dynamic
  * state (meta, meta_bytes), its parameters and its Adam moments (m and v
- * are adjacent in the slab), addressed absolutely (MPI_BOTTOM). */
+ * are adjacent in the slab), addressed absolutely (MPI_BOTTOM). The
+ * floats are the slab's own when the host reads the backend's memory,
+ * else the block's host staging (params, then m and v). */
 static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
-                               const struct block *blk)
+                               const struct block *blk, float *staging)
 {
     /* MPI counts are ints, and the receiver sizes the message in bytes:
      * one block's message must stay under 2 GiB. */
@@ -25,17 +27,38 @@ static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
                       (int)(2 * blk->nparams * sizeof(float))};
     MPI_Aint where[3];
     WORLD_MPI(MPI_Get_address(meta, &where[0]));
-    WORLD_MPI(MPI_Get_address(blk->params, &where[1]));
-    WORLD_MPI(MPI_Get_address(blk->m, &where[2]));
+    WORLD_MPI(MPI_Get_address(staging ? staging : blk->params, &where[1]));
+    WORLD_MPI(MPI_Get_address(staging ? staging + blk->nparams : blk->m, &where[2]));
     WORLD_MPI(MPI_Type_create_hindexed(3, lengths, where, MPI_BYTE, type));
     WORLD_MPI(MPI_Type_commit(type));
+}
+
+/* A block's parameters and moments in host staging for MPI (params, then
+ * m and v), or NULL when MPI can read the slab itself; stage_up is the
+ * way back on the receiver. */
+static float *stage_down(const struct block *blk)
+{
+    size_t bytes = blk->nparams * sizeof(float);
+    float *staging = backend_staging(3 * bytes);
+    if (staging) {
+        backend_current()->copy_to_host(staging, blk->params, bytes);
+        backend_current()->copy_to_host(staging + blk->nparams, blk->m, 2 * bytes);
+    }
+    return staging;
+}
+
+static void stage_up(struct block *blk, const float *staging)
+{
+    size_t bytes = blk->nparams * sizeof(float);
+    backend_current()->copy_to_device(blk->params, staging, bytes);
+    backend_current()->copy_to_device(blk->m, staging + blk->nparams, 2 * bytes);
 }
 
 /* The blocks this rank sends: each as one message gathered from its
  * header and dynamic state, its parameters and its moments, straight from
  * the slab with no packing copy. */
 static int post_sends(struct engine *eng, const struct balance_move *moves, int nmoves,
-                      MPI_Request *reqs, MPI_Datatype *types, void **metas)
+                      MPI_Request *reqs, MPI_Datatype *types, void **metas, float **stagings)
 {
     const struct pipe_grid *g = &eng->grid;
     struct gpt *m = &eng->model;
@@ -47,7 +70,8 @@ static int post_sends(struct engine *eng, const struct balance_move *moves, int 
         int meta_bytes = (int)block_meta_size(blk);
         metas[mv->block] = dm_alloc((size_t)meta_bytes);
         block_pack_meta(blk, metas[mv->block]);
-        block_message_type(&types[n], metas[mv->block], meta_bytes, blk);
+        stagings[mv->block] = stage_down(blk);
+        block_message_type(&types[n], metas[mv->block], meta_bytes, blk, stagings[mv->block]);
         WORLD_MPI(MPI_Isend(MPI_BOTTOM, 1, types[n], rank_of(g, mv->dst_stage, g->replica),
                             TAG_BLOCK + mv->block, MPI_COMM_WORLD, &reqs[n]));
         n++;
@@ -60,7 +84,7 @@ static int post_sends(struct engine *eng, const struct balance_move *moves, int 
  * its parameters and moments) and receives straight into it. */
 static int post_receives(struct engine *eng, const struct balance_move *moves, int nmoves,
                          MPI_Request *reqs, MPI_Datatype *types, void **metas, int *meta_bytes,
-                         struct block *arrived)
+                         struct block *arrived, float **stagings)
 {
     const struct pipe_grid *g = &eng->grid;
     int n = 0;
@@ -81,7 +105,8 @@ static int post_receives(struct engine *eng, const struct balance_move *moves, i
             DM_FATAL("migrating block %d: a message of %d bytes is too short", b, count);
         meta_bytes[b] = count - (int)slab_bytes;
         metas[b] = dm_alloc((size_t)meta_bytes[b]);
-        block_message_type(&types[n], metas[b], meta_bytes[b], &arrived[b]);
+        stagings[b] = backend_staging(slab_bytes);
+        block_message_type(&types[n], metas[b], meta_bytes[b], &arrived[b], stagings[b]);
         WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, types[n], src, TAG_BLOCK + b, MPI_COMM_WORLD,
                             &reqs[n]));
         n++;
@@ -117,6 +142,23 @@ static void adopt_blocks(struct engine *eng, const int *counts, struct block *ar
     for (int i = 0; i < eng->nslots; i++) gpt_acts_resize(&eng->slots[i].acts, &eng->model);
 }
 
+/* The arrived blocks (all messages complete): their slabs up from the
+ * host staging (a device), their headers and dynamic state unpacked. */
+static void unpack_arrivals(struct engine *eng, struct block *arrived, void **metas,
+                            const int *meta_bytes, float **stagings)
+{
+    char err[256];
+    for (int b = 0; b < eng->shape.layers; b++) {
+        if (arrived[b].slab && stagings[b]) stage_up(&arrived[b], stagings[b]);
+        backend_staging_free(stagings[b]);
+        if (!arrived[b].slab) continue;
+        if (block_unpack_meta_begin(&arrived[b], metas[b], (size_t)meta_bytes[b], &eng->shape,
+                                    err, sizeof err) ||
+            block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
+            DM_FATAL("migrating block %d: %s", b, err);
+    }
+}
+
 void engine_relayout(struct engine *eng, const int *root_counts)
 {
     const struct pipe_grid *g = &eng->grid;
@@ -148,16 +190,12 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     void **metas = dm_alloc((size_t)(L + 1) * sizeof(void *));
     int *meta_bytes = dm_alloc((size_t)(L + 1) * sizeof(int));
     struct block *arrived = dm_alloc((size_t)(L + 1) * sizeof(struct block));
-    int n = post_sends(eng, moves, nmoves, reqs, types, metas);
-    n += post_receives(eng, moves, nmoves, reqs + n, types + n, metas, meta_bytes, arrived);
+    float **stagings = dm_alloc((size_t)(L + 1) * sizeof(float *));
+    int n = post_sends(eng, moves, nmoves, reqs, types, metas, stagings);
+    n += post_receives(eng, moves, nmoves, reqs + n, types + n, metas, meta_bytes, arrived,
+                       stagings);
     world_wait_all(n, reqs);
-    for (int b = 0; b < L; b++) {
-        if (!arrived[b].slab) continue;
-        if (block_unpack_meta_begin(&arrived[b], metas[b], (size_t)meta_bytes[b], &eng->shape,
-                                    err, sizeof err) ||
-            block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
-            DM_FATAL("migrating block %d: %s", b, err);
-    }
+    unpack_arrivals(eng, arrived, metas, meta_bytes, stagings);
     for (int i = 0; i < n; i++) WORLD_MPI(MPI_Type_free(&types[i]));
     adopt_blocks(eng, counts, arrived);
     engine_expert_parallel_forget(eng);
@@ -174,6 +212,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     dm_free(metas);
     dm_free(meta_bytes);
     dm_free(arrived);
+    dm_free(stagings);
     dm_free(moves);
     dm_free(mem);
     dm_free(counts);

@@ -22,15 +22,27 @@ static void exchange_tied_grads(struct engine *eng)
     }
     if (g->stage != 0 && g->stage != g->stages - 1) return;
     long n = (long)eng->shape.vocab * eng->shape.channels;
+    size_t bytes = (size_t)n * sizeof(float);
     int peer = rank_of(g, g->stage == 0 ? g->stages - 1 : 0, g->replica);
-    float *mine = g->stage == 0 ? m->dwte : m->dwte_head;
-    float *theirs = dm_alloc((size_t)n * sizeof(float));
+    /* MPI moves host memory: this half copied down, theirs up (on a
+     * backend the host reads, neither) */
+    float *staging = backend_staging(2 * bytes);
+    const float *mine = backend_read(staging, g->stage == 0 ? m->dwte : m->dwte_head, bytes);
+    float *theirs = staging ? staging + n : dm_alloc(bytes);
     MPI_Request reqs[2];
     WORLD_MPI(MPI_Irecv(theirs, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[0]));
     WORLD_MPI(MPI_Isend(mine, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[1]));
     eng->wait_s += world_wait_all(2, reqs);
-    gpt_tie_wte_grads(m, theirs);
-    dm_free(theirs);
+    if (staging) {
+        float *device = backend_current()->alloc(bytes);
+        backend_write_end(device, theirs, bytes);
+        gpt_tie_wte_grads(m, device);
+        backend_current()->free(device);
+        backend_staging_free(staging);
+    } else {
+        gpt_tie_wte_grads(m, theirs);
+        dm_free(theirs);
+    }
 }
 
 /* Sums one float array across the D replicas of this stage, in replica
@@ -40,20 +52,24 @@ static void exchange_tied_grads(struct engine *eng)
  * (the sum is element-wise: the same bits in any pieces). */
 #define REPLICA_SUM_PIECE (1L << 28)
 
-static void replica_sum(struct engine *eng, float *x, long n, float *gathered)
+static void replica_sum(struct engine *eng, float *x, long n, float *gathered, float *staging)
 {
     int D = eng->grid.replicas;
     for (long at = 0; at < n; at += REPLICA_SUM_PIECE) {
         long len = n - at < REPLICA_SUM_PIECE ? n - at : REPLICA_SUM_PIECE;
+        size_t bytes = (size_t)len * sizeof(float);
+        const float *mine = backend_read(staging, x + at, bytes);   /* MPI reads the host's */
         MPI_Request req;
-        WORLD_MPI(MPI_Iallgather(x + at, (int)len, MPI_FLOAT, gathered, (int)len, MPI_FLOAT,
+        WORLD_MPI(MPI_Iallgather(mine, (int)len, MPI_FLOAT, gathered, (int)len, MPI_FLOAT,
                                  eng->stage_comm, &req));
         eng->wait_s += world_wait(&req);
+        float *sum = backend_write_begin(staging, x + at);
         for (long i = 0; i < len; i++) {
             float s = gathered[i];
             for (int r = 1; r < D; r++) s += gathered[(long)r * len + i];
-            x[at + i] = s;
+            sum[i] = s;
         }
+        backend_write_end(x + at, sum, bytes);
     }
 }
 
@@ -75,16 +91,19 @@ static void reduce_replicas(struct engine *eng)
     for (int i = 0; i < m->num_blocks; i++)
         if (m->blocks[i].nparams > biggest) biggest = m->blocks[i].nparams;
     float *gathered = dm_alloc(biggest * (size_t)eng->grid.replicas * sizeof(float));
+    size_t piece = biggest < REPLICA_SUM_PIECE ? biggest : REPLICA_SUM_PIECE;
+    float *staging = backend_staging(piece * sizeof(float));
     double clock = dm_profile_now();
     for (int i = 0; i < m->num_blocks; i++) {
         /* frozen on every replica alike, with zero gradients (struct block) */
         if (m->blocks[i].frozen) continue;
-        replica_sum(eng, m->blocks[i].grads, replicated_floats(&m->blocks[i]), gathered);
+        replica_sum(eng, m->blocks[i].grads, replicated_floats(&m->blocks[i]), gathered, staging);
         gpt_charge_update(m, i, &clock);
     }
     engine_expert_parallel_reduce(eng);   /* the owned experts, by their holders */
     /* The tied wte halves were combined already (exchange_tied_grads). */
-    if (m->embed_slab) replica_sum(eng, m->dwte, (long)m->embed_nparams, gathered);
+    if (m->embed_slab) replica_sum(eng, m->dwte, (long)m->embed_nparams, gathered, staging);
+    backend_staging_free(staging);
     dm_free(gathered);
 }
 

@@ -6,7 +6,10 @@
  * when the backend cannot be opened: no plugin, no GPU). `make check-gpu`
  * runs it with cuda; `check_ops cpu` checks the checker (the CPU table
  * against itself: every difference 0). The transport (comm_*) needs
- * several ranks and is not checked here. */
+ * several ranks and is not checked here. With --host-read (the host
+ * reads a device tensor) or --host-pointer (an op is handed host memory)
+ * it checks that the strict emulated device stops the process
+ * (tests/t_device_memory.sh). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -98,6 +101,25 @@ static void check_staging(long n)
     checked++;
     printf("  %-40s %9s %s\n", "staging through alloc_host", "", same ? "ok" : "FAIL (bits differ)");
     dev->free_host(stage), dev->free(D), dm_free(slab);
+}
+
+/* the device-side memory ops and the reduction: zero and copy_on_device
+ * exact, sum_squares the CPU's bits (n not a multiple of the chunk) */
+static void check_memory_ops(long n)
+{
+    float *x = host(n, 3), *zero = host(n, 0);
+    float *X = up(x, n * 4), *Y = dev->alloc(n * 4);
+    dev->copy_on_device(Y, X, n * 4);
+    compare("copy_on_device", Y, x, n);
+    double want = cpu->sum_squares(x, n), got = dev->sum_squares(Y, n);
+    int same = memcmp(&want, &got, sizeof want) == 0;
+    failures += !same;
+    checked++;
+    printf("  %-40s %9.2e %s\n", "sum_squares", fabs(got - want) / want,
+           same ? "ok (the CPU's bits)" : "FAIL (bits differ)");
+    dev->zero(Y, n * 4);
+    compare("zero", Y, zero, n);
+    dm_free(x), dm_free(zero), dev->free(X), dev->free(Y);
 }
 
 static void check_matmul(int N, int C, int OC)
@@ -367,11 +389,38 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     dm_free(order), dm_free(bucket), dev->free(OR), dev->free(BU);
 }
 
+/* check_ops emulate --host-read: the host reads a device tensor, which
+ * the strict emulated device must stop (tests/t_device_memory.sh expects
+ * the process to die naming a host read of device memory). */
+static int host_read(void)
+{
+    float *D = dev->alloc(64 * sizeof(float));
+    printf("check_ops: reading device memory at %p on the host\n", (void *)D);
+    fflush(stdout);
+    volatile float x = D[3];
+    printf("check_ops: the host read %g from device memory: nothing trapped it\n", x);
+    return 1;
+}
+
+/* check_ops emulate --host-pointer: an op handed host memory, which the
+ * strict emulated device must refuse (a GPU kernel could not read it). */
+static int host_pointer(void)
+{
+    float *x = host(64, 1), *out = host(64, 0);
+    printf("check_ops: gelu_forward on host memory %p\n", (void *)x);
+    fflush(stdout);
+    dev->gelu_forward(out, x, 64);
+    printf("check_ops: the op ran on host memory: nothing refused it\n");
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2 || (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") &&
-                      strcmp(argv[1], "emulate"))) {
-        fprintf(stderr, "usage: check_ops cpu|cuda|emulate\n");
+    int read_test = argc == 3 && !strcmp(argv[2], "--host-read");
+    int pointer_test = argc == 3 && !strcmp(argv[2], "--host-pointer");
+    if ((argc != 2 && !read_test && !pointer_test) ||
+        (strcmp(argv[1], "cpu") && strcmp(argv[1], "cuda") && strcmp(argv[1], "emulate"))) {
+        fprintf(stderr, "usage: check_ops cpu|cuda|emulate [--host-read | --host-pointer]\n");
         return 2;
     }
     dm_threads_init(0);
@@ -382,8 +431,11 @@ int main(int argc, char **argv)
     }
     dev = backend_current();
     cpu = backend_cpu();
+    if (read_test) return host_read();
+    if (pointer_test) return host_pointer();
     printf("check_ops: %s (%s) against the CPU backend\n", dev->name, dev->device);
     check_staging(1 << 20);
+    check_memory_ops(100003);
     check_matmul(256, 128, 384);
     check_matmul(100, 96, 40);
     check_layernorm(300, 128);

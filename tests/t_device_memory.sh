@@ -1,0 +1,174 @@
+#!/usr/bin/env bash
+# Device-resident tensors (docs/gpu.md), proved on the strict emulated
+# device (train.device = emulate; kernels/emulate.c): its memory is an
+# arena the host cannot touch outside the table's entries, and its ops
+# refuse host pointers, so a run that finishes read and wrote the model's
+# tensors only through the table and explicit copies.
+# - the arena traps: the host reading a device tensor dies naming "host
+#   read of device memory" (and with DYNMO_EMULATE_STRICT=0 the same read
+#   goes through, so the check can fail); an op handed host memory stops;
+# - 20-step strict runs against the CPU's, losses within 1e-4 relative:
+#   one rank (with validation), 2 stages static and balanced (migrating
+#   every step; bit-identical to each other), 2 replicas, 2 x 2; hash
+#   attention, mixture of depths (causal on 2 stages migrating, top-k
+#   with hash attention), early exit (softmax on 2 migrating stages with
+#   validation, saturation; tokens exit), pruning (CSR on 2 migrating
+#   stages, masked on 2 replicas; resumed past its first step), mixture
+#   of experts (softmax with capacity and both losses on 2 migrating
+#   stages, sigmoid with bias on 2 replicas) and freezing;
+# - a checkpoint chain emulate -> cpu -> emulate, the last losses within
+#   1e-4 of the uninterrupted CPU run;
+# - a MoD and an MoE checkpoint written there resumed on the CPU;
+# - expert parallelism (parallel.ep > 1), whose exchange still hands MPI
+#   the tensors, refused with exit 2 and one message naming it and
+#   docs/gpu.md (on 2 ranks: every rank agrees).
+set -u
+. "$(dirname "$0")/lib.sh"
+work_dir
+plugin=$(dirname "$DYNMO")/libdynmo_emulate.so
+[ -f "$plugin" ] || { echo "FAIL: no $plugin (make builds it)"; exit 1; }
+unset DYNMO_EMULATE_STRICT
+losses() { h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null; }
+
+# the arena and the op-argument checks; strict is the default
+DYNMO_EMULATE_PLUGIN=$plugin "$BUILD/gpu/check_ops" emulate 2>&1 | head -n 1 | grep -q "trapping arena" \
+  && echo "ok: the emulated device is the strict one by default" \
+  || fail "the emulated device does not describe itself as the trapping arena"
+out=$(DYNMO_EMULATE_PLUGIN=$plugin "$BUILD/gpu/check_ops" emulate --host-read 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "host read of device memory at 0x" <<<"$out"; then
+  echo "ok: a host read of a device tensor dies (exit $rc): $(grep -m1 'host read' <<<"$out" | cut -c1-60)..."
+else
+  fail "host read of device memory: exit $rc, not trapped: $(tail -n 2 <<<"$out")"
+fi
+out=$(DYNMO_EMULATE_STRICT=0 DYNMO_EMULATE_PLUGIN=$plugin "$BUILD/gpu/check_ops" emulate \
+      --host-read 2>&1)
+grep -q "nothing trapped it" <<<"$out" && echo "ok: with DYNMO_EMULATE_STRICT=0 the same read goes through" \
+  || fail "DYNMO_EMULATE_STRICT=0: the host read did not go through: $(tail -n 2 <<<"$out")"
+out=$(DYNMO_EMULATE_PLUGIN=$plugin "$BUILD/gpu/check_ops" emulate --host-pointer 2>&1); rc=$?
+if [ $rc -ne 0 ] && grep -q "gelu_forward: pointer argument .* is host memory" <<<"$out"; then
+  echo "ok: an op handed host memory stops (exit $rc)"
+else
+  fail "an op handed host memory: exit $rc: $(tail -n 2 <<<"$out")"
+fi
+
+# run NAME RANKS [key=value...]: a 20-step run into $dir/NAME, its losses in $dir/NAME.loss
+run() {
+  local name=$1 ranks=$2; shift 2
+  tiny_config "$dir/$name.ini" "run.out_dir=$dir/$name" train.steps=20 "$@" > "$dir/$name.ini"
+  timeout 180 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$name.ini" > "$dir/$name.out" 2>&1 \
+    || { fail "$name: exit $?: $(grep -m3 -i 'error\|host read' "$dir/$name.out" ||
+                                  tail -n 3 "$dir/$name.out")"; return 1; }
+  losses "$dir/$name" "$dir/$name.loss" || fail "$name: no /steps/loss"
+}
+
+# close A B [LAST]: the losses of A and B (the last LAST of B against A's
+# tail) within 1e-4 relative; prints the largest difference
+close() {
+  python3 - "$dir/$1.loss" "$dir/$2.loss" "${3:-0}" <<'PY'
+import struct, sys
+a = open(sys.argv[1], 'rb').read(); b = open(sys.argv[2], 'rb').read(); last = int(sys.argv[3])
+fa = struct.unpack('<%df' % (len(a) // 4), a); fb = struct.unpack('<%df' % (len(b) // 4), b)
+if last: fa, fb = fa[-last:], fb[-last:]
+if len(fa) != len(fb) or not fa: print('lengths %d %d' % (len(fa), len(fb))); sys.exit(1)
+worst = max(abs(x - y) / abs(x) for x, y in zip(fa, fb))
+print('%d losses, largest relative difference %.2e' % (len(fa), worst)); sys.exit(worst > 1e-4)
+PY
+}
+
+# compare NAME RANKS [key=value...]: NAME on the CPU and on the strict emulated device
+compare() {
+  local name=$1 ranks=$2; shift 2
+  run "$name-cpu" "$ranks" train.device=cpu "$@" || return 1
+  run "$name-emu" "$ranks" train.device=emulate "$@" || return 1
+  if out=$(close "$name-cpu" "$name-emu"); then echo "ok: $name strict emulate vs cpu: $out"
+  else fail "$name strict emulate vs cpu: $out"; return 1; fi
+}
+
+compare dense 1 train.eval_every=5 train.eval_batches=2
+compare pp2 2 parallel.pp=2
+compare balanced 2 parallel.pp=2 balance.method=random balance.every=1 && {
+  grep -q "migrated" "$dir/balanced-emu.out" || fail "the balanced run never migrated"
+  cmp -s "$dir/pp2-emu.loss" "$dir/balanced-emu.loss" \
+    && echo "ok: strict emulate, 2 ranks: static and balanced (migrating every step) bit-identical" \
+    || fail "strict emulate: balanced losses differ from static"
+}
+compare dp2 2 parallel.dp=2
+compare pp2dp2 4 parallel.pp=2 parallel.dp=2
+compare hash 2 parallel.pp=2 model.attention=hash hash.buckets=4
+compare mod 2 parallel.pp=2 balance.method=random balance.every=1 model.mod_every=2 \
+  model.mod_capacity=0.25 mod.routing=causal
+compare mod_hash 1 model.mod_every=2 model.mod_capacity=0.25 model.attention=hash hash.buckets=4
+compare exit_softmax 2 parallel.pp=2 balance.method=random balance.every=1 dyn.kind=early_exit \
+  dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=2 train.eval_every=10
+compare exit_saturation 2 parallel.pp=2 dyn.kind=early_exit dyn.exit_from=1 \
+  dyn.exit_threshold=0.9 dyn.exit_confidence=saturation dyn.exit_loss_weight=0.5
+for name in exit_softmax exit_saturation; do
+  grep -q "skipped [1-9][0-9.]*% token-blocks" "$dir/$name-emu.out" \
+    && echo "ok: $name: tokens exited on the strict device ($(grep -o 'skipped [0-9.]*%' "$dir/$name-emu.out" | tail -n 1))" \
+    || fail "$name: no token exited on the strict device"
+done
+P="dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=4 dyn.sparsity_final=0.8"
+compare prune_csr 2 $P dyn.csr_sparsity=0.5 parallel.pp=2 balance.method=random balance.every=1 \
+  && { grep -q "here: [1-9][0-9]*/[0-9]* blocks in CSR" "$dir/prune_csr-emu.out" \
+         && echo "ok: prune_csr: blocks in CSR on the strict device" \
+         || fail "prune_csr: no block in CSR on the strict device"; }
+compare prune_masked 2 $P dyn.csr_sparsity=0.95 parallel.dp=2
+compare moe 2 parallel.pp=2 balance.method=random balance.every=1 model.moe_every=2 \
+  model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.001
+compare moe_sigmoid 2 parallel.dp=2 model.moe_every=1 model.experts=4 model.top_k=2 \
+  moe.router=sigmoid moe.bias_rate=0.01 moe.capacity_factor=1.25 moe.drop=position
+compare freeze 2 parallel.pp=2 dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 \
+  dyn.freeze_threshold=100 dyn.freeze_per_check=1 && {
+  grep -q 'frozen [1-9]' "$dir/freeze-emu.out" && echo "ok: freezing froze blocks on the strict device" \
+    || fail "freeze: nothing froze on the strict device"
+}
+
+# a checkpoint chain: emulate (to step 10) -> cpu (to 15) -> emulate (to 20)
+run chain-1 1 train.device=emulate ckpt.dir="$dir/chain-ck1" ckpt.every=10 && \
+run chain-2 1 train.device=cpu ckpt.dir="$dir/chain-ck2" ckpt.every=5 \
+    ckpt.resume="$dir/chain-ck1/ckpt-10.h5" && \
+run chain-3 1 train.device=emulate ckpt.dir="$dir/chain-ck3" \
+    ckpt.resume="$dir/chain-ck2/ckpt-15.h5" && {
+  if out=$(close dense-cpu chain-2 10); then echo "ok: checkpoint emulate -> cpu: $out"
+  else fail "checkpoint emulate -> cpu: $out"; fi
+  if out=$(close dense-cpu chain-3 5); then echo "ok: checkpoint cpu -> emulate: $out"
+  else fail "checkpoint cpu -> emulate: $out"; fi
+}
+
+# a MoD checkpoint (its router and predictor in the slab) from the strict
+# device resumed on the CPU
+M="model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal"
+run modck-1 1 train.device=emulate $M ckpt.dir="$dir/modck" ckpt.every=10 && \
+run modck-2 1 train.device=cpu $M ckpt.dir="$dir/modck2" ckpt.resume="$dir/modck/ckpt-10.h5" && {
+  if out=$(close mod-cpu modck-2 10); then echo "ok: MoD checkpoint emulate -> cpu: $out"
+  else fail "MoD checkpoint emulate -> cpu: $out"; fi
+}
+
+# pruning resumed past its first step on the strict device (the masks and
+# CSR rebuilt from the checkpoint's zeros): steps 15 to 20 as the CPU's
+run prck-1 1 train.device=emulate $P dyn.csr_sparsity=0.5 ckpt.dir="$dir/prck" ckpt.every=7 && \
+run prck-2 1 train.device=emulate $P dyn.csr_sparsity=0.5 ckpt.dir="$dir/prck2" \
+    ckpt.resume="$dir/prck/ckpt-14.h5" && \
+run prune-cpu 1 train.device=cpu $P dyn.csr_sparsity=0.5 && {
+  if out=$(close prune-cpu prck-2 6); then echo "ok: pruning resumed on the strict device: $out"
+  else fail "pruning resumed on the strict device: $out"; fi
+}
+
+# an MoE checkpoint (router, experts, bias and counts) from the strict
+# device resumed on the CPU
+M="model.moe_every=2 model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.aux_loss=0.1"
+M="$M moe.z_loss=0.001"
+run moeck-1 1 train.device=emulate $M ckpt.dir="$dir/moeck" ckpt.every=10 && \
+run moeck-2 1 train.device=cpu $M ckpt.dir="$dir/moeck2" ckpt.resume="$dir/moeck/ckpt-10.h5" && {
+  if out=$(close moe-cpu moeck-2 10); then echo "ok: MoE checkpoint emulate -> cpu: $out"
+  else fail "MoE checkpoint emulate -> cpu: $out"; fi
+}
+
+# what the host still reads: refused on the strict device, one message
+tiny_config "$dir/refused.ini" "run.out_dir=$dir/refused" train.device=emulate parallel.dp=2 \
+  parallel.ep=2 model.moe_every=2 model.experts=4 > "$dir/refused.ini"
+expect_error "MoE with expert parallelism refused on the strict device" \
+  "train.device = emulate: mixture of experts with expert parallelism .* is not device-resident yet .*docs/gpu.md" \
+  mpiexec -n 2 "$DYNMO" train --config "$dir/refused.ini"
+[ -e "$dir/refused/runlog.h5" ] && fail "a refused run wrote a run log"
+finish
