@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # `dynmo simulate` against recorded run logs (tests/data/sim: layer
 # freezing on 2 ranks, static uniform and balanced by partition-time every
-# 10 steps, and a static mixture-of-depths run on 2 ranks;
+# 10 steps, a static mixture-of-depths run on 2 ranks, and a static MoE
+# run with its experts over 2 ranks on 4 ranks;
 # tests/data/sim/README.md says how they were recorded):
 # - fed each run's own costs and trajectory (the cost model fitted to the
 #   run, and each step's measured costs), the simulated step times are
 #   within 5% of the measured ones (median over the steps after the
-#   first), both with the run's own layouts and with its policy
-#   re-simulated, and the simulation ranks static and balanced as the
-#   measurement does;
+#   first; 10% for the MoE run's 4 ranks on 2 cores), both with the
+#   run's own layouts and with its policy re-simulated, and the
+#   simulation ranks static and balanced as the measurement does;
 # - the output is one file per policy, kind "simulation", that inspect and
 #   report read; two runs write the same bytes of data (deterministic);
 # - a deeper model (96 blocks on 32 stages, 1,000 steps) keeps frozen
@@ -96,6 +97,32 @@ if "$DYNMO" simulate --from-run $data/mod-2-static --validate --policies static-
     else echo "ok: recorded MoD run ($costs costs): median error $err% <= 5%"; fi
   done
 else fail "recorded MoD run: exit status $? ($(tail -1 "$out"))"; fi
+
+# A recorded MoE run with its experts split over 2 ranks (configs/moe.ini:
+# 2 stages x 2 replicas, ep = 2, 4 ranks on 2 cores, 120 steps): the two
+# replicas' ranks take turns on each CPU (the log's group_shares, 0.5) and
+# each MoE block's micro-batch waits for 5 expert exchange rounds. Within
+# 10% (4 shared ranks); without the exchange rounds (--exchange-ms 0) the
+# simulated steps are over 20% short.
+out=$work/moe-recorded.out
+if "$DYNMO" simulate --from-run $data/moe-4-static --validate --policies static-uniform >"$out" 2>&1; then
+  grep -q "2 stages x 2 replicas.*its replicas included" "$out" ||
+    fail "recorded MoE run: not simulated as 2 replicas sharing the CPUs ($(head -1 "$out"))"
+  grep -q "experts over 2 ranks: 3 + 2 exchange rounds a micro-batch, 0.280 ms" "$out" ||
+    fail "recorded MoE run: no exchange rounds at this machine's 0.28 ms ($(grep transfer: "$out"))"
+  for costs in fitted measured; do
+    err=$(grep "validation: $costs costs, replay" "$out" | grep -oP 'median error \K[0-9.]+')
+    if [ -z "$err" ] || awk -v e="$err" 'BEGIN { exit !(e > 10) }'; then
+      fail "recorded MoE run ($costs costs): median error ${err:-?}% > 10%"
+    else echo "ok: recorded MoE run, experts over 2 ranks ($costs costs): median error $err% <= 10%"; fi
+  done
+  "$DYNMO" simulate --from-run $data/moe-4-static --validate --policies static-uniform \
+    --exchange-ms 0 >"$out.0" 2>&1
+  err=$(grep "validation: fitted costs, replay" "$out.0" | grep -oP 'median error \K[0-9.]+')
+  if [ -n "$err" ] && awk -v e="$err" 'BEGIN { exit !(e > 20) }'; then
+    echo "ok: recorded MoE run without the exchange rounds: median error $err% > 20%"
+  else fail "recorded MoE run without the exchange rounds: median error ${err:-?}% (expected > 20%)"; fi
+else fail "recorded MoE run: exit status $? ($(tail -1 "$out"))"; fi
 
 # ---- the fit recovers known costs ---------------------------------------
 # A synthetic early-exit log whose block costs are exactly forward
