@@ -83,6 +83,18 @@ done
 # (forward + backward). Each stage holds 3 of each, so the step time is
 # within 5% even without the MoD feature; the per-block fit is not (48%
 # without it, 5.0% with it): at most 10%.
+# within OUT LABEL LIMIT: OUT's replayed validation, fitted and measured
+# costs, each within LIMIT% (median over the steps after the first)
+within() {
+  local costs err
+  for costs in fitted measured; do
+    err=$(grep "validation: $costs costs, replay" "$1" | grep -oP 'median error \K[0-9.]+')
+    if [ -z "$err" ] || awk -v e="$err" -v l="$3" 'BEGIN { exit !(e > l) }'; then
+      fail "$2 ($costs costs): median error ${err:-?}% > $3%"
+    else echo "ok: $2 ($costs costs): median error $err% <= $3%"; fi
+  done
+}
+
 out=$work/mod-recorded.out
 if "$DYNMO" simulate --from-run $data/mod-2-static --validate --policies static-uniform >"$out" 2>&1; then
   grep -q "states: mod_tokens$" "$out" || fail "recorded MoD run: the fit does not use mod_tokens"
@@ -90,12 +102,7 @@ if "$DYNMO" simulate --from-run $data/mod-2-static --validate --policies static-
   if [ -n "$per_block" ] && awk -v e="$per_block" 'BEGIN { exit !(e <= 10) }'; then
     echo "ok: recorded MoD run: the fit's median error per block $per_block% <= 10%"
   else fail "recorded MoD run: the fit's median error per block ${per_block:-?}% > 10%"; fi
-  for costs in fitted measured; do
-    err=$(grep "validation: $costs costs, replay" "$out" | grep -oP 'median error \K[0-9.]+')
-    if [ -z "$err" ] || awk -v e="$err" 'BEGIN { exit !(e > 5) }'; then
-      fail "recorded MoD run ($costs costs): median error ${err:-?}% > 5%"
-    else echo "ok: recorded MoD run ($costs costs): median error $err% <= 5%"; fi
-  done
+  within "$out" "recorded MoD run" 5
 else fail "recorded MoD run: exit status $? ($(tail -1 "$out"))"; fi
 
 # A recorded MoE run with its experts split over 2 ranks (configs/moe.ini:
@@ -110,12 +117,7 @@ if "$DYNMO" simulate --from-run $data/moe-4-static --validate --policies static-
     fail "recorded MoE run: not simulated as 2 replicas sharing the CPUs ($(head -1 "$out"))"
   grep -q "experts over 2 ranks: 3 + 2 exchange rounds a micro-batch, 0.280 ms" "$out" ||
     fail "recorded MoE run: no exchange rounds at this machine's 0.28 ms ($(grep transfer: "$out"))"
-  for costs in fitted measured; do
-    err=$(grep "validation: $costs costs, replay" "$out" | grep -oP 'median error \K[0-9.]+')
-    if [ -z "$err" ] || awk -v e="$err" 'BEGIN { exit !(e > 10) }'; then
-      fail "recorded MoE run ($costs costs): median error ${err:-?}% > 10%"
-    else echo "ok: recorded MoE run, experts over 2 ranks ($costs costs): median error $err% <= 10%"; fi
-  done
+  within "$out" "recorded MoE run, experts over 2 ranks" 10
   "$DYNMO" simulate --from-run $data/moe-4-static --validate --policies static-uniform \
     --exchange-ms 0 >"$out.0" 2>&1
   err=$(grep "validation: fitted costs, replay" "$out.0" | grep -oP 'median error \K[0-9.]+')
