@@ -713,7 +713,7 @@ static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const v
 {
     struct block_moe *moe = blk->moe;
     if (moe->exchange) {
-        moe->exchange->experts_backward(moe->exchange->ctx, blk, key, ma->offset, dy, dx);   /* CPU */
+        moe->exchange->experts_backward(moe->exchange->ctx, blk, key, ma->offset, dy, dx);
         return;
     }
     /* Each micro-batch's expert gradients are formed from zero and then
