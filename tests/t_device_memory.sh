@@ -26,8 +26,9 @@
 #   resumed on the CPU;
 # - the staging pool: with DYNMO_EMULATE_ALLOC_COUNTS=1 the emulator counts
 #   the model's alloc and alloc_host calls; a pp=2 dp=2 ep=2 run (the tied
-#   exchange, the replica sums, the expert exchange) makes as many in 5
-#   steps as in 2: steps after the first allocate nothing.
+#   exchange, the replica sums, the expert exchange) and a MoD run (its
+#   weight staging) make as many in 5 steps as in 2: steps after the first
+#   allocate nothing.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -199,17 +200,24 @@ run moe_epck-2 4 train.device=cpu parallel.pp=2 parallel.dp=2 parallel.ep=2 $E \
 }
 
 # the staging pool: the model's device and host allocations, per rank, the
-# same after 5 steps as after 2
-for steps in 2 5; do
-  tiny_config "$dir/pool$steps.ini" "run.out_dir=$dir/pool$steps" train.device=emulate \
-    parallel.pp=2 parallel.dp=2 parallel.ep=2 $E train.steps=$steps > "$dir/pool$steps.ini"
-  DYNMO_EMULATE_ALLOC_COUNTS=1 timeout 180 mpiexec -n 4 "$DYNMO" train \
-    --config "$dir/pool$steps.ini" > "$dir/pool$steps.out" 2>&1 || fail "pool$steps: exit $?"
-  grep "^emulate: .* allocations" "$dir/pool$steps.out" | sort > "$dir/pool$steps.counts"
-done
-if [ "$(wc -l < "$dir/pool2.counts")" -eq 4 ] && cmp -s "$dir/pool2.counts" "$dir/pool5.counts"; then
-  echo "ok: staging pool: each of 4 ranks allocates as much in 5 steps as in 2 (rank lines like '$(head -n 1 "$dir/pool5.counts" | cut -c10-)')"
-else
-  fail "staging pool: allocations after 2 steps [$(tr '\n' ';' < "$dir/pool2.counts")] and after 5 [$(tr '\n' ';' < "$dir/pool5.counts")]"
-fi
+# same after 5 steps as after 2 (pool NAME RANKS [key=value...])
+pool() {
+  local name=$1 ranks=$2 steps; shift 2
+  for steps in 2 5; do
+    tiny_config "$dir/$name$steps.ini" "run.out_dir=$dir/$name$steps" train.device=emulate "$@" \
+      train.steps=$steps > "$dir/$name$steps.ini"
+    DYNMO_EMULATE_ALLOC_COUNTS=1 timeout 180 mpiexec -n "$ranks" "$DYNMO" train \
+      --config "$dir/$name$steps.ini" > "$dir/$name$steps.out" 2>&1 || fail "$name$steps: exit $?"
+    grep "^emulate: .* allocations" "$dir/$name$steps.out" | sort > "$dir/$name$steps.counts"
+  done
+  if [ "$(wc -l < "$dir/${name}2.counts")" -eq "$ranks" ] &&
+     cmp -s "$dir/${name}2.counts" "$dir/${name}5.counts"; then
+    echo "ok: $name: each of $ranks ranks allocates as much in 5 steps as in 2 (lines like '$(head -n 1 "$dir/${name}5.counts" | cut -c10-)')"
+  else
+    fail "$name: allocations after 2 steps [$(tr '\n' ';' < "$dir/${name}2.counts")], after 5 [$(tr '\n' ';' < "$dir/${name}5.counts")]"
+  fi
+}
+pool "staging pool, pp=2 dp=2 ep=2" 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 $E
+pool "staging, pp=2 MoD causal" 2 parallel.pp=2 model.mod_every=2 model.mod_capacity=0.25 \
+  mod.routing=causal
 finish

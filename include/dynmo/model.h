@@ -776,6 +776,8 @@ struct mod_acts {
     float *router_host;
     int *chosen_host;
     float *rows_host[4];
+    float *weight_host;      /* (2 C) a weight and its gradient, staged (NULL on the CPU) */
+    float *dweight;          /* (C) the predictor's gradient of one micro-batch (the backend's) */
     float *work;             /* (2 B*T*C) backward work on a device (the CPU's is static) */
 };
 void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);
