@@ -22,7 +22,8 @@
 # - expert parallelism (parallel.ep = 2, its exchange staged through host
 #   buffers): pp=2 dp=2 and pp=1 dp=4 (two expert groups) against the
 #   CPU's losses, each bit-identical to ep=1 on the strict device (as on
-#   the CPU, t_moe_ep.sh), and a checkpoint written with ep=2 there
+#   the CPU, t_moe_ep.sh), pp=2 dp=2 balanced (migrating every step)
+#   bit-identical to static, and a checkpoint written with ep=2 there
 #   resumed on the CPU;
 # - the staging pool: with DYNMO_EMULATE_ALLOC_COUNTS=1 the emulator counts
 #   the model's alloc and alloc_host calls; a pp=2 dp=2 ep=2 run (the tied
@@ -180,6 +181,13 @@ run moe_ep1-emu 4 train.device=emulate parallel.pp=2 parallel.dp=2 parallel.ep=1
   cmp -s "$dir/moe_ep-emu.loss" "$dir/moe_ep1-emu.loss" \
     && echo "ok: strict emulate, pp=2 dp=2: ep=2 and ep=1 losses bit-identical" \
     || fail "strict emulate, pp=2 dp=2: ep=2 losses differ from ep=1"
+}
+run moe_ep_random-emu 4 train.device=emulate parallel.pp=2 parallel.dp=2 parallel.ep=2 $E \
+    balance.method=random balance.every=1 && {
+  grep -q "migrated" "$dir/moe_ep_random-emu.out" || fail "the balanced ep=2 run never migrated"
+  cmp -s "$dir/moe_ep-emu.loss" "$dir/moe_ep_random-emu.loss" \
+    && echo "ok: strict emulate, ep=2: balanced (migrating expert shards every step) and static bit-identical" \
+    || fail "strict emulate, ep=2: balanced losses differ from static"
 }
 D="parallel.pp=1 parallel.dp=4 train.micro_batches=2 moe.router=sigmoid moe.bias_rate=0.01"
 compare moe_ep_groups 4 $D parallel.ep=2 $E && \

@@ -197,6 +197,8 @@ static void exchange_rows(struct expert_parallel *xp, const int *offset, const s
      * model's k N grouped rows), so that it is sized once */
     size_t most = en->room > xp->grouped ? en->room : xp->grouped;
     size_t stage = most * (size_t)width * sizeof(float);
+    if (stage < sent) stage = sent;
+    if (stage < received) stage = received;
     const float *send_h = backend_read(staging_pool_host(xp->staging, STAGING_EXPERT_SEND, stage),
                                        send, sent);
     float *recv_h = backend_write_begin(
