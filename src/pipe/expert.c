@@ -214,18 +214,19 @@ static void exchange_rows(struct expert_parallel *xp, const int *offset, const s
     backend_write_end(recv, recv_h, received);
 }
 
-/* The rows an owner makes room for when rows arrive for an entry: with a
- * capacity, the most that can arrive (each of P sources sends at most
- * capacity rows per owned expert, and min(k, E/P) rows per token), so
- * that the buffers are sized in the first step and later steps allocate
- * nothing; dropless, what arrived (the most is P times the mean), grown
- * when a step brings more. */
+/* The rows an owner makes room for when rows arrive for an entry: on a
+ * device with a capacity, the most that can arrive (each of P sources
+ * sends at most capacity rows per owned expert, and min(k, E/P) rows per
+ * token), so that the buffers are sized in the first step and later
+ * steps allocate nothing (device allocation is slow); dropless (the most
+ * is P times the mean) and on the CPU, what arrived, grown when a step
+ * brings more. */
 static size_t rows_room(const struct expert_parallel *xp, const struct block *blk, size_t rows)
 {
     const struct gpt_moe *cfg = &blk->moe->cfg;
     int P = xp->P, per = cfg->experts / P, k = cfg->top_k;
     double factor = (double)cfg->capacity_factor;
-    if (!(factor > 0.0)) return rows + 1;
+    if (!(factor > 0.0) || backend_current()->host_access) return rows + 1;
     size_t capacity = (size_t)ceil((double)k * (double)xp->tokens * factor / cfg->experts);
     size_t most = (size_t)P * (size_t)per * capacity;
     size_t by_tokens = (size_t)P * xp->tokens * (size_t)(k < per ? k : per);
@@ -316,11 +317,6 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     }
 }
 
-/* Sums blk's held experts' gradients over every replica of the stage, in
- * replica order q P + s: the per-source sums of the D / P ranks that hold
- * these experts (one per expert group, all of the same group rank: each
- * one's own source in its slab, the others in its sums), gathered by
- * group. The same bits as ep = 1's replica sum of the whole slab. */
 /* The holders' slabs' gradients (own, one floats each) and sums (others,
  * (P - 1) one each) gathered by group into one buffer of the backend's:
  * every group's own, then every group's others. */
@@ -370,6 +366,11 @@ static void sum_sources(struct expert_parallel *xp, float *out, const float **fr
     ops->copy_on_device(out, total, one * sizeof(float));
 }
 
+/* Sums blk's held experts' gradients over every replica of the stage, in
+ * replica order q P + s: the per-source sums of the D / P ranks that hold
+ * these experts (one per expert group, all of the same group rank: each
+ * one's own source in its slab, the others in its sums), gathered by
+ * group. The same bits as ep = 1's replica sum of the whole slab. */
 static void reduce_block(struct expert_parallel *xp, struct block *blk)
 {
     struct block_moe *moe = blk->moe;
