@@ -266,6 +266,34 @@ static void *emulate_alloc_host(size_t bytes)
     return p;
 }
 
+/* The table's allocations, counted: with DYNMO_EMULATE_ALLOC_COUNTS=1 the
+ * process prints at exit (or when the plugin is unloaded) how many times the model called alloc and
+ * alloc_host (the emulator's own scratch is not counted), so a test can
+ * see that a step allocates nothing after the first (cudaMalloc and
+ * cudaHostAlloc are slow on a GPU). */
+static long table_allocs, table_host_allocs;
+
+static void *emulate_table_alloc(size_t bytes)
+{
+    table_allocs++;
+    return emulate_alloc(bytes);
+}
+
+static void *emulate_table_alloc_host(size_t bytes)
+{
+    table_host_allocs++;
+    return emulate_alloc_host(bytes);
+}
+
+static int count_allocs;
+
+__attribute__((destructor)) static void print_alloc_counts(void)
+{
+    if (!count_allocs) return;
+    fprintf(stderr, "emulate: %ld device allocations, %ld host allocations\n", table_allocs,
+            table_host_allocs);
+}
+
 static void emulate_copy_to_device(void *dst, const void *src, size_t bytes)
 {
     DEVICE_SCOPE;
@@ -831,14 +859,14 @@ static const struct dm_backend emulate_table = {
     .abi = DM_BACKEND_ABI,
     .name = "emulate",
     .device = "the CUDA kernels emulated on the CPU (kernels/emulate.c; testing only)",
-    .alloc = emulate_alloc,
+    .alloc = emulate_table_alloc,
     .free = emulate_free,
     .copy_to_device = emulate_copy_to_device,
     .copy_to_host = emulate_copy_to_host,
     .synchronize = emulate_synchronize,
     .zero = emulate_zero,
     .copy_on_device = emulate_copy_on_device,
-    .alloc_host = emulate_alloc_host,
+    .alloc_host = emulate_table_alloc_host,
     .free_host = free,
     .matmul_forward = emulate_matmul_forward,
     .matmul_forward_residual = emulate_matmul_forward_residual,
@@ -880,6 +908,8 @@ EXPORT int dynmo_cuda_backend_open(struct dm_backend *table, const struct dm_bac
 {
     host = h;
     if (arena_open(err, errsize) != 0) return -1;
+    const char *counts = getenv("DYNMO_EMULATE_ALLOC_COUNTS");
+    count_allocs = counts && !strcmp(counts, "1");
     *table = emulate_table;
     table->host_access = !arena.strict;
     if (arena.strict)

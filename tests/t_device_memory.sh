@@ -19,9 +19,17 @@
 # - a checkpoint chain emulate -> cpu -> emulate, the last losses within
 #   1e-4 of the uninterrupted CPU run;
 # - a MoD and an MoE checkpoint written there resumed on the CPU;
-# - expert parallelism (parallel.ep > 1), whose exchange still hands MPI
-#   the tensors, refused with exit 2 and one message naming it and
-#   docs/gpu.md (on 2 ranks: every rank agrees).
+# - expert parallelism (parallel.ep = 2, its exchange staged through host
+#   buffers): pp=2 dp=2 and pp=1 dp=4 (two expert groups) against the
+#   CPU's losses, each bit-identical to ep=1 on the strict device (as on
+#   the CPU, t_moe_ep.sh), pp=2 dp=2 balanced (migrating every step)
+#   bit-identical to static, and a checkpoint written with ep=2 there
+#   resumed on the CPU;
+# - the staging pool: with DYNMO_EMULATE_ALLOC_COUNTS=1 the emulator counts
+#   the model's alloc and alloc_host calls; a pp=2 dp=2 ep=2 run (the tied
+#   exchange, the replica sums, the expert exchange) and a MoD run (its
+#   weight staging) make as many in 5 steps as in 2: steps after the first
+#   allocate nothing.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -164,11 +172,60 @@ run moeck-2 1 train.device=cpu $M ckpt.dir="$dir/moeck2" ckpt.resume="$dir/moeck
   else fail "MoE checkpoint emulate -> cpu: $out"; fi
 }
 
-# what the host still reads: refused on the strict device, one message
-tiny_config "$dir/refused.ini" "run.out_dir=$dir/refused" train.device=emulate parallel.dp=2 \
-  parallel.ep=2 model.moe_every=2 model.experts=4 > "$dir/refused.ini"
-expect_error "MoE with expert parallelism refused on the strict device" \
-  "train.device = emulate: mixture of experts with expert parallelism .* is not device-resident yet .*docs/gpu.md" \
-  mpiexec -n 2 "$DYNMO" train --config "$dir/refused.ini"
-[ -e "$dir/refused/runlog.h5" ] && fail "a refused run wrote a run log"
+# expert parallelism on the strict device: its rows, products and
+# gradient sums in device memory, MPI through host staging; 8 steps
+E="model.moe_every=2 model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.aux_loss=0.1"
+E="$E moe.z_loss=0.001 train.steps=8"
+compare moe_ep 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 $E && \
+run moe_ep1-emu 4 train.device=emulate parallel.pp=2 parallel.dp=2 parallel.ep=1 $E && {
+  cmp -s "$dir/moe_ep-emu.loss" "$dir/moe_ep1-emu.loss" \
+    && echo "ok: strict emulate, pp=2 dp=2: ep=2 and ep=1 losses bit-identical" \
+    || fail "strict emulate, pp=2 dp=2: ep=2 losses differ from ep=1"
+}
+run moe_ep_random-emu 4 train.device=emulate parallel.pp=2 parallel.dp=2 parallel.ep=2 $E \
+    balance.method=random balance.every=1 && {
+  grep -q "migrated" "$dir/moe_ep_random-emu.out" || fail "the balanced ep=2 run never migrated"
+  cmp -s "$dir/moe_ep-emu.loss" "$dir/moe_ep_random-emu.loss" \
+    && echo "ok: strict emulate, ep=2: balanced (migrating expert shards every step) and static bit-identical" \
+    || fail "strict emulate, ep=2: balanced losses differ from static"
+}
+D="parallel.pp=1 parallel.dp=4 train.micro_batches=2 moe.router=sigmoid moe.bias_rate=0.01"
+compare moe_ep_groups 4 $D parallel.ep=2 $E && \
+run moe_ep_groups1-emu 4 train.device=emulate $D parallel.ep=1 $E && {
+  cmp -s "$dir/moe_ep_groups-emu.loss" "$dir/moe_ep_groups1-emu.loss" \
+    && echo "ok: strict emulate, pp=1 dp=4 (two expert groups): ep=2 and ep=1 losses bit-identical" \
+    || fail "strict emulate, pp=1 dp=4: ep=2 losses differ from ep=1"
+}
+
+# a checkpoint written with ep=2 on the strict device (each expert's rows
+# by its owner) resumed on the CPU: steps 5 to 8 as the CPU's
+run moe_epck-1 4 train.device=emulate parallel.pp=2 parallel.dp=2 parallel.ep=2 $E \
+    ckpt.dir="$dir/moe_epck" ckpt.every=4 && \
+run moe_epck-2 4 train.device=cpu parallel.pp=2 parallel.dp=2 parallel.ep=2 $E \
+    ckpt.dir="$dir/moe_epck2" ckpt.resume="$dir/moe_epck/ckpt-4.h5" && {
+  if out=$(close moe_ep-cpu moe_epck-2 4); then echo "ok: ep=2 checkpoint emulate -> cpu: $out"
+  else fail "ep=2 checkpoint emulate -> cpu: $out"; fi
+}
+
+# the staging pool: the model's device and host allocations, per rank, the
+# same after 5 steps as after 2 (pool NAME RANKS [key=value...])
+pool() {
+  local name=$1 ranks=$2 steps; shift 2
+  for steps in 2 5; do
+    tiny_config "$dir/$name$steps.ini" "run.out_dir=$dir/$name$steps" train.device=emulate "$@" \
+      train.steps=$steps > "$dir/$name$steps.ini"
+    DYNMO_EMULATE_ALLOC_COUNTS=1 timeout 180 mpiexec -n "$ranks" "$DYNMO" train \
+      --config "$dir/$name$steps.ini" > "$dir/$name$steps.out" 2>&1 || fail "$name$steps: exit $?"
+    grep "^emulate: .* allocations" "$dir/$name$steps.out" | sort > "$dir/$name$steps.counts"
+  done
+  if [ "$(wc -l < "$dir/${name}2.counts")" -eq "$ranks" ] &&
+     cmp -s "$dir/${name}2.counts" "$dir/${name}5.counts"; then
+    echo "ok: $name: each of $ranks ranks allocates as much in 5 steps as in 2 (lines like '$(head -n 1 "$dir/${name}5.counts" | cut -c10-)')"
+  else
+    fail "$name: allocations after 2 steps [$(tr '\n' ';' < "$dir/${name}2.counts")], after 5 [$(tr '\n' ';' < "$dir/${name}5.counts")]"
+  fi
+}
+pool "staging pool, pp=2 dp=2 ep=2" 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 $E
+pool "staging, pp=2 MoD causal" 2 parallel.pp=2 model.mod_every=2 model.mod_capacity=0.25 \
+  mod.routing=causal
 finish

@@ -671,7 +671,9 @@ void moe_routing_of(const struct block_acts *acts, struct moe_routing *routing);
  * (src/pipe) sends each expert's rows to the rank that owns it, runs them
  * there with moe_expert_forward / moe_expert_backward and brings the rows
  * back. x, dy: (rows, C) grouped by expert, expert e's rows offset[e] ..
- * offset[e + 1] (E + 1 offsets); y, dx: the same rows, to write. key
+ * offset[e + 1] (E + 1 offsets; on the host); y, dx: the same rows, to
+ * write; x, y, dx, dy are the backend's memory (device memory on a
+ * device: the runner stages what MPI moves). key
  * names the micro-batch's activations of this block (the same pointer in
  * the forward and the backward of one micro-batch), so that the runner
  * can keep what the backward needs. experts_backward also owes the
@@ -774,6 +776,8 @@ struct mod_acts {
     float *router_host;
     int *chosen_host;
     float *rows_host[4];
+    float *weight_host;      /* (2 C) a weight and its gradient, staged (NULL on the CPU) */
+    float *dweight;          /* (C) the predictor's gradient of one micro-batch (the backend's) */
     float *work;             /* (2 B*T*C) backward work on a device (the CPU's is static) */
 };
 void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);

@@ -106,6 +106,8 @@ void mod_acts_alloc(struct mod_acts *m, int B, int T, int C)
     m->router_host = backend_staging(N * sizeof(float));
     m->chosen_host = backend_staging(N * sizeof(int));
     for (int k = 0; k < 4; k++) m->rows_host[k] = backend_staging(rows);
+    m->weight_host = backend_staging(2 * (size_t)C * sizeof(float));
+    m->dweight = ops->alloc((size_t)C * sizeof(float));
 }
 
 void mod_acts_free(struct mod_acts *m)
@@ -120,6 +122,8 @@ void mod_acts_free(struct mod_acts *m)
     backend_staging_free(m->router_host);
     backend_staging_free(m->chosen_host);
     for (int k = 0; k < 4; k++) backend_staging_free(m->rows_host[k]);
+    backend_staging_free(m->weight_host);
+    ops->free(m->dweight);
     if (m->work) ops->free(m->work);
     memset(m, 0, sizeof *m);
 }
@@ -365,13 +369,12 @@ static void combine_backward(struct mod_acts *m, float *din_h, float *din, float
     k.work = backend_read(m->rows_host[ROWS_IN], work, packed);
     k.gathered_in = backend_read(m->rows_host[ROWS_GATHERED_IN], m->gathered_in, packed);
     k.gathered_out = backend_read(m->rows_host[ROWS_GATHERED_OUT], m->gathered_out, packed);
-    float *staging = backend_staging(2 * bytes);
+    float *staging = m->weight_host;
     k.router_weight = backend_read(staging ? staging + C : NULL, router_weight, bytes);
     float *drw = drouter_weight ? host_copy(staging, drouter_weight, bytes) : NULL;
     mod_combine_backward(&k, din_h, drw, start, B, T, C);
     backend_write_end(din, din_h, (size_t)B * T * C * sizeof(float));
     if (drw) backend_write_end(drouter_weight, drw, bytes);
-    backend_staging_free(staging);
 }
 
 void mod_block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
@@ -519,15 +522,14 @@ static void predictor_backward(struct block_mod *mod, const struct mod_acts *m,
 {
     const struct dm_backend *ops = backend_current();
     size_t bytes = (size_t)C * sizeof(float);
-    float *dw = ops->alloc(bytes);
+    float *dw = m->dweight;   /* formed from zero */
+    ops->zero(dw, bytes);
     ops->mod_predictor_forward_backward(dw, NULL, in, mod->pred_w, m->target, N, C);
-    float *staging = backend_staging(2 * bytes);   /* the sum on the host */
+    float *staging = m->weight_host;   /* the sum on the host */
     const float *dw_h = backend_read(staging, dw, bytes);
     float *pred_g = host_copy(staging ? staging + C : NULL, mod->pred_g, bytes);
     for (int c = 0; c < C; c++) pred_g[c] += loss_scale * dw_h[c];
     backend_write_end(mod->pred_g, pred_g, bytes);
-    backend_staging_free(staging);
-    ops->free(dw);
 }
 
 void block_mod_backward(struct block *blk, struct block_acts *acts,

@@ -217,6 +217,7 @@ struct moe_acts {
     int *token_dev;         /* (k N) the token of each grouped row (the dispatch's gather) */
     float *device;          /* the allocation of the above (NULL on the CPU) */
     float *rows_host;       /* (2 N, C) staging of the block's rows (NULL on the CPU) */
+    int *token_host;        /* (k N) staging of token_dev (NULL on the CPU) */
 };
 
 static size_t moe_acts_floats(int N, int E, int k, int H, int C)
@@ -248,6 +249,7 @@ void moe_acts_free(struct moe_acts *ma)
         backend_current()->free(ma->token_dev);
     }
     backend_staging_free(ma->rows_host);
+    backend_staging_free(ma->token_host);
     dm_free(ma->logits);
     dm_free(ma->choice);
     dm_free(ma);
@@ -282,6 +284,7 @@ static void moe_acts_device(struct moe_acts *ma, size_t expert_params)
     ma->dgrads_dev = f;
     ma->token_dev = ops->alloc(kn * sizeof(int));
     ma->rows_host = backend_staging(2 * n * C * sizeof(float));
+    ma->token_host = backend_staging(kn * sizeof(int));
 }
 
 /* The block's MoE activations with room for N tokens (allocated once per
@@ -533,12 +536,11 @@ static void gather_range(void *arg, long begin, long end)
 static void moe_dispatch(struct moe_acts *ma, const float *ln2)
 {
     if (ma->device) {
-        int *token = dm_alloc((size_t)(ma->rows ? ma->rows : 1) * sizeof(int));
+        int *token = ma->token_host;
         for (int r = 0; r < ma->rows; r++) token[r] = ma->pair[r] / ma->k;
         backend_current()->copy_to_device(ma->token_dev, token, (size_t)ma->rows * sizeof(int));
         if (ma->rows > 0)
             backend_current()->rows_gather(ma->x_dev, ln2, ma->token_dev, ma->rows, ma->C);
-        dm_free(token);
         return;
     }
     struct gather_args a = {.dst = ma->x, .src = ln2, .pair = ma->pair, .k = ma->k, .C = ma->C};
@@ -713,7 +715,7 @@ static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const v
 {
     struct block_moe *moe = blk->moe;
     if (moe->exchange) {
-        moe->exchange->experts_backward(moe->exchange->ctx, blk, key, ma->offset, dy, dx);   /* CPU */
+        moe->exchange->experts_backward(moe->exchange->ctx, blk, key, ma->offset, dy, dx);
         return;
     }
     /* Each micro-batch's expert gradients are formed from zero and then

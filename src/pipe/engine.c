@@ -116,6 +116,7 @@ void engine_destroy(struct engine *eng)
 {
     engine_stats_free(eng);
     engine_expert_parallel_free(eng);
+    staging_pool_free(&eng->staging);
     slots_free(eng);
     block_scratch_free(&eng->scratch);
     gpt_free(&eng->model);

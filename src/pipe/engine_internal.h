@@ -37,6 +37,21 @@ struct slot {
     int busy_mb;          /* micro-batch whose activations live here, or -1 */
 };
 
+/* The purposes of the engine's staging pool (staging.c): one host buffer
+ * (and one device buffer) of each, grow-only. */
+enum staging_purpose {
+    STAGING_TIED,          /* the tied embedding's halves (reduce.c) */
+    STAGING_REPLICA_SUM,   /* a piece of a replica sum (reduce.c) */
+    STAGING_EXPERT_SEND,   /* expert parallelism: what a rank sends (expert.c) */
+    STAGING_EXPERT_RECV,   /* ... and what it receives */
+    STAGING_PURPOSES
+};
+
+struct staging_pool {
+    void *host[STAGING_PURPOSES], *device[STAGING_PURPOSES];
+    size_t host_bytes[STAGING_PURPOSES], device_bytes[STAGING_PURPOSES];
+};
+
 /* Fields of a traced instruction: op, micro-batch, start, wall, cpu. */
 #define TRACE_FIELDS 5
 
@@ -76,6 +91,7 @@ struct engine {
     int stop_requested;
     int pending_migrated;
     struct expert_parallel *expert_parallel;   /* expert.c, or NULL (parallel.ep = 1) */
+    struct staging_pool staging;    /* the step's host staging of device tensors (staging.c) */
     double pending_migrated_bytes, pending_migrate_ms;
 };
 
@@ -134,6 +150,16 @@ void engine_expert_parallel_forget(struct engine *eng);
  * call (the step's load on this expert-parallel rank), then zero; 0 with
  * parallel.ep = 1. */
 double engine_expert_parallel_take_rows(struct engine *eng, int layer);
+
+/* staging.c. staging_pool_host: purpose's host buffer of at least bytes
+ * (alloc_host: pinned on CUDA; its contents scratch), grown when smaller;
+ * NULL on a backend whose memory the host reads (the CPU), which needs
+ * no staging. staging_pool_device: the same in the backend's memory, for
+ * a backend without host access only. staging_pool_free (engine_destroy)
+ * releases both. Not collective. */
+void *staging_pool_host(struct staging_pool *pool, enum staging_purpose purpose, size_t bytes);
+void *staging_pool_device(struct staging_pool *pool, enum staging_purpose purpose, size_t bytes);
+void staging_pool_free(struct staging_pool *pool);
 
 /* stats.c. The step's statistics and trace buffers (rank 0 gathers). */
 void engine_stats_alloc(struct engine *eng);

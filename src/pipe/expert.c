@@ -15,14 +15,25 @@
  * replica order (engine_expert_parallel_reduce): the same bits as
  * parallel.ep = 1. Every wait polls (world_wait).
  *
+ * On a device whose memory the host cannot read (backend_current()'s
+ * host_access is 0: CUDA, the strict emulated device) the rows, the
+ * experts' products and the gradient sums stay in the backend's memory
+ * and its ops run the experts and add the sums (residual_forward, in the
+ * same order, so the same bits); only what MPI reads and writes crosses,
+ * through the engine's staging pool (copied down before a send, up after
+ * a receive). The counts are host ints. On the CPU nothing is staged and
+ * MPI is handed the tensors themselves.
+ *
  * Must not: decide which experts a rank owns beyond e / (E / P), or sum
  * anything in an order that depends on timing. */
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 #include "pipe/engine_internal.h"
 
 /* What the owner keeps of one micro-batch's block between its forward and
- * its backward, found again by the model's key. */
+ * its backward, found again by the model's key (x, h, a in the backend's
+ * memory; counts on the host). */
 struct ep_entry {
     const void *key;
     int layer;
@@ -37,7 +48,8 @@ struct ep_entry {
  * (zero until then, and where the step's total goes); the others here. */
 struct ep_grads {
     int layer;
-    float *sum;           /* (P - 1, E/P, expert_params): sources but this rank, in order */
+    float *sum;           /* (P - 1, E/P, expert_params): sources but this rank, in order
+                             (the backend's memory) */
 };
 
 struct expert_parallel {
@@ -45,23 +57,64 @@ struct expert_parallel {
     MPI_Comm comm;        /* the stage's expert group, by group rank */
     MPI_Comm holders;     /* the stage's replicas of this group rank, by group */
     int P, rank, groups;
+    size_t tokens;        /* a micro-batch's tokens, B T */
+    size_t grouped;       /* the most grouped rows a micro-batch's block has, k B T */
     double *wait_s;
     double *step_rows;    /* (layers) rows this rank's experts took in the step's forwards */
     struct ep_entry *entries;
     int nentries;
     struct ep_grads *grads;
     int ngrads;
-    /* scratch, grow-only */
-    float *rows_out, *dh, *grads_out, *gathered;
-    size_t rows_out_n, dh_n, grads_out_n, gathered_n;
+    struct staging_pool *staging;   /* the engine's: what MPI sends and receives on a device */
+    /* scratch in the backend's memory, grow-only */
+    float *rows_out, *dh, *dx_out, *grads_out, *gathered, *total;
+    size_t rows_out_n, dh_n, dx_out_n, grads_out_n, gathered_n, total_n;
     int *send_counts, *send_displs, *recv_counts, *recv_displs, *expert_counts;
 };
+
+/* The exchange's tensors: host memory from dm_alloc on a backend the host
+ * reads (the CPU: uninitialised unless zero is set, as before), else the
+ * backend's (zero-filled). */
+static float *tensor_alloc(size_t floats, int zero)
+{
+    const struct dm_backend *ops = backend_current();
+    size_t bytes = floats * sizeof(float);
+    if (!ops->host_access) return ops->alloc(bytes);
+    return zero ? dm_alloc(bytes) : dm_alloc_uninit(bytes);
+}
+
+static void tensor_free(void *p)
+{
+    const struct dm_backend *ops = backend_current();
+    if (!p) return;
+    if (ops->host_access) dm_free(p);
+    else ops->free(p);
+}
+
+static void tensor_zero(float *p, size_t floats)
+{
+    const struct dm_backend *ops = backend_current();
+    if (ops->host_access) memset(p, 0, floats * sizeof(float));
+    else ops->zero(p, floats * sizeof(float));
+}
+
+/* to += from, n floats, element by element (the same bits on the host and
+ * through the table's residual_forward). */
+static void tensor_add(float *to, const float *from, size_t n)
+{
+    const struct dm_backend *ops = backend_current();
+    if (!ops->host_access) {
+        ops->residual_forward(to, to, from, (long)n);
+        return;
+    }
+    for (size_t i = 0; i < n; i++) to[i] += from[i];
+}
 
 static float *grow(float **buf, size_t *have, size_t need)
 {
     if (need > *have) {
-        dm_free(*buf);
-        *buf = dm_alloc_uninit(need * sizeof(float));
+        tensor_free(*buf);
+        *buf = tensor_alloc(need, 0);
         *have = need;
     }
     return *buf;
@@ -86,7 +139,7 @@ static float *grads_for(struct expert_parallel *xp, const struct block *blk)
     dm_free(xp->grads);
     xp->grads = grown;
     xp->grads[xp->ngrads].layer = blk->index;
-    xp->grads[xp->ngrads].sum = dm_alloc(n * sizeof(float));   /* zero */
+    xp->grads[xp->ngrads].sum = tensor_alloc(n, 1);   /* zero */
     return xp->grads[xp->ngrads++].sum;
 }
 
@@ -106,34 +159,79 @@ static struct ep_entry *entry_for(struct expert_parallel *xp, const void *key, i
     return en;
 }
 
+/* The all-to-all's counts and displacements, in floats: this rank's
+ * grouped rows by owner (send_counts, send_displs) and the owned experts'
+ * rows by source (recv_counts, recv_displs). Returns the floats of the
+ * latter; the former's are offset[E] width. */
+static size_t exchange_counts(struct expert_parallel *xp, const int *offset,
+                              const struct ep_entry *en, int per, int width)
+{
+    size_t at = 0;
+    for (int p = 0; p < xp->P; p++) {
+        size_t rows = (size_t)(offset[(p + 1) * per] - offset[p * per]), from = 0;
+        for (int j = 0; j < per; j++) from += (size_t)en->counts[p * per + j];
+        xp->send_counts[p] = mpi_count(rows * width, "a rank's rows");
+        xp->send_displs[p] = mpi_count((size_t)offset[p * per] * width, "a rank's rows");
+        xp->recv_counts[p] = mpi_count(from * width, "a rank's rows");
+        xp->recv_displs[p] = mpi_count(at, "the rows received");
+        at += from * width;
+    }
+    return at;
+}
+
 /* Sends each owner p the rows of its experts (offset[p E/P] .. offset[(p
- * + 1) E/P]) of rows_in, width floats a row, into recv (ordered by source,
+ * + 1) E/P]) of send, width floats a row, into recv (ordered by source,
  * then expert); with back set, the reverse: counts per source come from
- * en and rows return to their sources' grouped order. */
+ * en and rows return to their sources' grouped order. send and recv are
+ * the backend's: on a device, staged through the pool. */
 static void exchange_rows(struct expert_parallel *xp, const int *offset, const struct ep_entry *en,
                           int per, const float *send, float *recv, int width, int back)
 {
-    int P = xp->P;
     int *mine = xp->send_counts, *mine_d = xp->send_displs;
     int *theirs = xp->recv_counts, *theirs_d = xp->recv_displs;
-    size_t at = 0;
-    for (int p = 0; p < P; p++) {
-        size_t rows = (size_t)(offset[(p + 1) * per] - offset[p * per]), from = 0;
-        for (int j = 0; j < per; j++) from += (size_t)en->counts[p * per + j];
-        mine[p] = mpi_count(rows * width, "a rank's rows");
-        mine_d[p] = mpi_count((size_t)offset[p * per] * width, "a rank's rows");
-        theirs[p] = mpi_count(from * width, "a rank's rows");
-        theirs_d[p] = mpi_count(at, "the rows received");
-        at += from * width;
-    }
+    size_t owned = exchange_counts(xp, offset, en, per, width);
+    size_t grouped = (size_t)offset[xp->P * per] * width;
+    size_t sent = (back ? owned : grouped) * sizeof(float);
+    size_t received = (back ? grouped : owned) * sizeof(float);
+    /* staging for the most either side can hold (the entry's room, the
+     * model's k N grouped rows), so that it is sized once */
+    size_t most = en->room > xp->grouped ? en->room : xp->grouped;
+    size_t stage = most * (size_t)width * sizeof(float);
+    if (stage < sent) stage = sent;
+    if (stage < received) stage = received;
+    const float *send_h = backend_read(staging_pool_host(xp->staging, STAGING_EXPERT_SEND, stage),
+                                       send, sent);
+    float *recv_h = backend_write_begin(
+        staging_pool_host(xp->staging, STAGING_EXPERT_RECV, stage), recv);
     MPI_Request req;
     if (!back)
-        WORLD_MPI(MPI_Ialltoallv(send, mine, mine_d, MPI_FLOAT, recv, theirs, theirs_d, MPI_FLOAT,
-                                 xp->comm, &req));
+        WORLD_MPI(MPI_Ialltoallv(send_h, mine, mine_d, MPI_FLOAT, recv_h, theirs, theirs_d,
+                                 MPI_FLOAT, xp->comm, &req));
     else
-        WORLD_MPI(MPI_Ialltoallv(send, theirs, theirs_d, MPI_FLOAT, recv, mine, mine_d, MPI_FLOAT,
-                                 xp->comm, &req));
+        WORLD_MPI(MPI_Ialltoallv(send_h, theirs, theirs_d, MPI_FLOAT, recv_h, mine, mine_d,
+                                 MPI_FLOAT, xp->comm, &req));
     *xp->wait_s += world_wait(&req);
+    backend_write_end(recv, recv_h, received);
+}
+
+/* The rows an owner makes room for when rows arrive for an entry: on a
+ * device with a capacity, the most that can arrive (each of P sources
+ * sends at most capacity rows per owned expert, and min(k, E/P) rows per
+ * token), so that the buffers are sized in the first step and later
+ * steps allocate nothing (device allocation is slow); dropless (the most
+ * is P times the mean) and on the CPU, what arrived, grown when a step
+ * brings more. */
+static size_t rows_room(const struct expert_parallel *xp, const struct block *blk, size_t rows)
+{
+    const struct gpt_moe *cfg = &blk->moe->cfg;
+    int P = xp->P, per = cfg->experts / P, k = cfg->top_k;
+    double factor = (double)cfg->capacity_factor;
+    if (!(factor > 0.0) || backend_current()->host_access) return rows + 1;
+    size_t capacity = (size_t)ceil((double)k * (double)xp->tokens * factor / cfg->experts);
+    size_t most = (size_t)P * (size_t)per * capacity;
+    size_t by_tokens = (size_t)P * xp->tokens * (size_t)(k < per ? k : per);
+    if (by_tokens < most) most = by_tokens;
+    return (rows > most ? rows : most) + 1;
 }
 
 static int total_rows(const struct ep_entry *en, int P, int per)
@@ -158,17 +256,17 @@ static void ep_forward(void *ctx, struct block *blk, const void *key, const int 
     *xp->wait_s += world_wait(&req);
     size_t rows = (size_t)total_rows(en, P, per);
     if (rows + 1 > en->room) {
-        dm_free(en->x);
-        dm_free(en->h);
-        dm_free(en->a);
-        en->room = rows + 1;
-        en->x = dm_alloc_uninit(en->room * C * sizeof(float));
-        en->h = dm_alloc_uninit(en->room * H * sizeof(float));
-        en->a = dm_alloc_uninit(en->room * H * sizeof(float));
+        tensor_free(en->x);
+        tensor_free(en->h);
+        tensor_free(en->a);
+        en->room = rows_room(xp, blk, rows);
+        en->x = tensor_alloc(en->room * C, 0);
+        en->h = tensor_alloc(en->room * H, 0);
+        en->a = tensor_alloc(en->room * H, 0);
     }
     exchange_rows(xp, offset, en, per, x, en->x, C, 0);
     xp->step_rows[blk->index] += (double)rows;
-    float *out = grow(&xp->rows_out, &xp->rows_out_n, (rows + 1) * C);
+    float *out = grow(&xp->rows_out, &xp->rows_out_n, en->room * C);
     size_t r = 0;
     for (int s = 0; s < P; s++)
         for (int j = 0; j < per; j++) {
@@ -188,15 +286,14 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     int P = xp->P, E = moe->cfg.experts, per = E / P, C = blk->C, H = moe->cfg.hidden;
     size_t Pe = moe->expert_params;
     struct ep_entry *en = entry_for(xp, key, blk->index, 0);
-    size_t rows = (size_t)total_rows(en, P, per);
-    float *dy_in = grow(&xp->rows_out, &xp->rows_out_n, (rows + 1) * C);
+    float *dy_in = grow(&xp->rows_out, &xp->rows_out_n, en->room * C);
     exchange_rows(xp, offset, en, per, dy, dy_in, C, 0);
-    float *dh = grow(&xp->dh, &xp->dh_n, (rows + 1) * H);
-    float *dx_out = dm_alloc_uninit((rows + 1) * C * sizeof(float));
+    float *dh = grow(&xp->dh, &xp->dh_n, en->room * H);
+    float *dx_out = grow(&xp->dx_out, &xp->dx_out_n, en->room * C);
     float *grads = NULL;
     if (!blk->frozen) {
         grads = grow(&xp->grads_out, &xp->grads_out_n, (size_t)P * per * Pe);
-        memset(grads, 0, (size_t)P * per * Pe * sizeof(float));
+        tensor_zero(grads, (size_t)P * per * Pe);
     }
     size_t r = 0;
     for (int s = 0; s < P; s++)
@@ -209,7 +306,6 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
             r += (size_t)n;
         }
     exchange_rows(xp, offset, en, per, dx_out, dx, C, 1);
-    dm_free(dx_out);
     if (!grads) return;
     /* Each source's gradients of this micro-batch, formed from zero, are
      * added to that source's sum as the source adds its own with ep = 1. */
@@ -217,9 +313,57 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     size_t one = (size_t)per * Pe;
     for (int s = 0; s < P; s++) {
         float *to = s == xp->rank ? moe->experts_g : sum + (size_t)(s - (s > xp->rank)) * one;
-        const float *from = grads + (size_t)s * one;
-        for (size_t i = 0; i < one; i++) to[i] += from[i];
+        tensor_add(to, grads + (size_t)s * one, one);
     }
+}
+
+/* The holders' slabs' gradients (own, one floats each) and sums (others,
+ * (P - 1) one each) gathered by group into one buffer of the backend's:
+ * every group's own, then every group's others. */
+static float *gather_holders(struct expert_parallel *xp, const float *own, const float *others,
+                             size_t one)
+{
+    int P = xp->P, groups = xp->groups;
+    size_t own_bytes = one * sizeof(float), others_bytes = (size_t)(P - 1) * own_bytes;
+    size_t all_bytes = (size_t)groups * (own_bytes + others_bytes);
+    float *gathered = grow(&xp->gathered, &xp->gathered_n, (size_t)groups * P * one);
+    float *send = staging_pool_host(xp->staging, STAGING_EXPERT_SEND, own_bytes + others_bytes);
+    const float *own_h = backend_read(send, own, own_bytes);
+    const float *others_h = backend_read(send ? send + one : NULL, others, others_bytes);
+    float *recv = backend_write_begin(staging_pool_host(xp->staging, STAGING_EXPERT_RECV,
+                                                        all_bytes), gathered);
+    MPI_Request req[2];
+    int n_own = mpi_count(one, "an expert shard's gradients");
+    int n_others = mpi_count((size_t)(P - 1) * one, "an expert shard's gradients");
+    WORLD_MPI(MPI_Iallgather(own_h, n_own, MPI_FLOAT, recv, n_own, MPI_FLOAT, xp->holders,
+                             &req[0]));
+    WORLD_MPI(MPI_Iallgather(others_h, n_others, MPI_FLOAT, recv + (size_t)groups * one, n_others,
+                             MPI_FLOAT, xp->holders, &req[1]));
+    *xp->wait_s += world_wait_all(2, req);
+    backend_write_end(gathered, recv, all_bytes);
+    return gathered;
+}
+
+/* out = from[0] + from[1] + ... + from[D - 1], element by element in that
+ * order; out may be one of the sources. On the host element i of every
+ * source is read before it is written; on a device the sum forms in
+ * scratch (the table's residual_forward, the same bits) and is copied. */
+static void sum_sources(struct expert_parallel *xp, float *out, const float **from, int D,
+                        size_t one)
+{
+    const struct dm_backend *ops = backend_current();
+    if (ops->host_access) {
+        for (size_t i = 0; i < one; i++) {
+            float total = from[0][i];
+            for (int r = 1; r < D; r++) total += from[r][i];
+            out[i] = total;
+        }
+        return;
+    }
+    float *total = grow(&xp->total, &xp->total_n, one);
+    ops->residual_forward(total, from[0], from[1], (long)one);   /* D >= P >= 2 */
+    for (int r = 2; r < D; r++) ops->residual_forward(total, total, from[r], (long)one);
+    ops->copy_on_device(out, total, one * sizeof(float));
 }
 
 /* Sums blk's held experts' gradients over every replica of the stage, in
@@ -234,16 +378,8 @@ static void reduce_block(struct expert_parallel *xp, struct block *blk)
     size_t one = (size_t)moe_owned_experts(&moe->cfg) * moe->expert_params;
     float *sum = grads_for(xp, blk), *own = moe->experts_g, *others = sum;
     if (groups > 1) {
-        own = grow(&xp->gathered, &xp->gathered_n, (size_t)D * one);
+        own = gather_holders(xp, moe->experts_g, sum, one);
         others = own + (size_t)groups * one;
-        MPI_Request req[2];
-        int n_own = mpi_count(one, "an expert shard's gradients");
-        int n_others = mpi_count((size_t)(P - 1) * one, "an expert shard's gradients");
-        WORLD_MPI(MPI_Iallgather(moe->experts_g, n_own, MPI_FLOAT, own, n_own, MPI_FLOAT,
-                                 xp->holders, &req[0]));
-        WORLD_MPI(MPI_Iallgather(sum, n_others, MPI_FLOAT, others, n_others, MPI_FLOAT,
-                                 xp->holders, &req[1]));
-        *xp->wait_s += world_wait_all(2, req);
     }
     const float **from = dm_alloc((size_t)D * sizeof *from);   /* replica r's sum */
     for (int r = 0; r < D; r++) {
@@ -251,13 +387,9 @@ static void reduce_block(struct expert_parallel *xp, struct block *blk)
         from[r] = s == xp->rank ? own + (size_t)q * one
                                 : others + ((size_t)q * (P - 1) + (size_t)(s - (s > xp->rank))) * one;
     }
-    for (size_t i = 0; i < one; i++) {   /* reads element i of every source before writing it */
-        float total = from[0][i];
-        for (int r = 1; r < D; r++) total += from[r][i];
-        moe->experts_g[i] = total;
-    }
+    sum_sources(xp, moe->experts_g, from, D, one);
     dm_free(from);
-    memset(sum, 0, (size_t)(P - 1) * one * sizeof(float));
+    tensor_zero(sum, (size_t)(P - 1) * one);
 }
 
 void engine_expert_parallel_reduce(struct engine *eng)
@@ -280,14 +412,14 @@ void engine_expert_parallel_forget(struct engine *eng)
     if (!xp) return;
     for (int i = 0; i < xp->nentries; i++) {
         dm_free(xp->entries[i].counts);
-        dm_free(xp->entries[i].x);
-        dm_free(xp->entries[i].h);
-        dm_free(xp->entries[i].a);
+        tensor_free(xp->entries[i].x);
+        tensor_free(xp->entries[i].h);
+        tensor_free(xp->entries[i].a);
     }
     dm_free(xp->entries);
     xp->entries = NULL;
     xp->nentries = 0;
-    for (int i = 0; i < xp->ngrads; i++) dm_free(xp->grads[i].sum);
+    for (int i = 0; i < xp->ngrads; i++) tensor_free(xp->grads[i].sum);
     dm_free(xp->grads);
     xp->grads = NULL;
     xp->ngrads = 0;
@@ -320,6 +452,9 @@ void engine_expert_parallel_init(struct engine *eng)
     xp->P = P;
     xp->rank = g->replica % P;
     xp->wait_s = &eng->wait_s;
+    xp->tokens = (size_t)eng->micro_B * (size_t)eng->T;
+    xp->grouped = xp->tokens * (size_t)eng->shape.moe.top_k;
+    xp->staging = &eng->staging;
     xp->step_rows = dm_alloc((size_t)eng->shape.layers * sizeof(double));
     int groups = g->replicas / P;
     xp->groups = groups;
@@ -357,10 +492,12 @@ void engine_expert_parallel_free(struct engine *eng)
     if (!xp) return;
     gpt_moe_set_exchange(&eng->model, NULL);
     engine_expert_parallel_forget(eng);
-    dm_free(xp->rows_out);
-    dm_free(xp->dh);
-    dm_free(xp->grads_out);
-    dm_free(xp->gathered);
+    tensor_free(xp->rows_out);
+    tensor_free(xp->dh);
+    tensor_free(xp->dx_out);
+    tensor_free(xp->grads_out);
+    tensor_free(xp->gathered);
+    tensor_free(xp->total);
     dm_free(xp->send_counts);
     dm_free(xp->step_rows);
     WORLD_MPI(MPI_Comm_free(&xp->comm));

@@ -25,8 +25,8 @@ static void exchange_tied_grads(struct engine *eng)
     size_t bytes = (size_t)n * sizeof(float);
     int peer = rank_of(g, g->stage == 0 ? g->stages - 1 : 0, g->replica);
     /* MPI moves host memory: this half copied down, theirs up (on a
-     * backend the host reads, neither) */
-    float *staging = backend_staging(2 * bytes);
+     * backend the host reads, neither), through the engine's pool */
+    float *staging = staging_pool_host(&eng->staging, STAGING_TIED, 2 * bytes);
     const float *mine = backend_read(staging, g->stage == 0 ? m->dwte : m->dwte_head, bytes);
     float *theirs = staging ? staging + n : dm_alloc(bytes);
     MPI_Request reqs[2];
@@ -34,11 +34,9 @@ static void exchange_tied_grads(struct engine *eng)
     WORLD_MPI(MPI_Isend(mine, (int)n, MPI_FLOAT, peer, TAG_TIED, MPI_COMM_WORLD, &reqs[1]));
     eng->wait_s += world_wait_all(2, reqs);
     if (staging) {
-        float *device = backend_current()->alloc(bytes);
+        float *device = staging_pool_device(&eng->staging, STAGING_TIED, bytes);
         backend_write_end(device, theirs, bytes);
         gpt_tie_wte_grads(m, device);
-        backend_current()->free(device);
-        backend_staging_free(staging);
     } else {
         gpt_tie_wte_grads(m, theirs);
         dm_free(theirs);
@@ -92,7 +90,7 @@ static void reduce_replicas(struct engine *eng)
         if (m->blocks[i].nparams > biggest) biggest = m->blocks[i].nparams;
     float *gathered = dm_alloc(biggest * (size_t)eng->grid.replicas * sizeof(float));
     size_t piece = biggest < REPLICA_SUM_PIECE ? biggest : REPLICA_SUM_PIECE;
-    float *staging = backend_staging(piece * sizeof(float));
+    float *staging = staging_pool_host(&eng->staging, STAGING_REPLICA_SUM, piece * sizeof(float));
     double clock = dm_profile_now();
     for (int i = 0; i < m->num_blocks; i++) {
         /* frozen on every replica alike, with zero gradients (struct block) */
@@ -103,7 +101,6 @@ static void reduce_replicas(struct engine *eng)
     engine_expert_parallel_reduce(eng);   /* the owned experts, by their holders */
     /* The tied wte halves were combined already (exchange_tied_grads). */
     if (m->embed_slab) replica_sum(eng, m->dwte, (long)m->embed_nparams, gathered, staging);
-    backend_staging_free(staging);
     dm_free(gathered);
 }
 

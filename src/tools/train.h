@@ -26,10 +26,8 @@ void train_parse_args(int argc, char **argv, struct dm_config *cfg, struct train
 int train_threads_for_rank(const struct dm_config *cfg);
 /* Collective: selects the backend train.device names on every rank
  * (backend_open; cuda loads the plugin). A problem on any rank (no
- * plugin, no GPU) is one message and status 2 on all. While the model
- * does not route through the table yet (docs/gpu.md), a CUDA backend that
- * opens is refused too, naming what it found, rather than training on
- * the CPU under a config that says cuda. */
+ * plugin, no GPU) is one message and status 2 on all. Every scheme runs
+ * on every device (docs/gpu.md). */
 void train_open_backend(const struct dm_config *cfg);
 /* The layout balance.initial names (balance_layout_from_spec with the
  * blocks' parameter counts); user error naming the key. */

@@ -98,34 +98,13 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
     if (rc != BALANCE_OK) dm_user_error("%s", err);
 }
 
-/* The schemes whose tensors the host still reads (docs/gpu.md, "What
- * remains"): NULL when cfg runs only what is device-resident, else the
- * scheme's name. */
-static const char *host_only_scheme(const struct dm_config *cfg)
-{
-    if (cfg->moe_every > 0 && cfg->ep > 1)
-        return "mixture of experts with expert parallelism (parallel.ep > 1)";
-    return NULL;
-}
-
+/* Every scheme runs on every device (docs/gpu.md): a device whose memory
+ * the host cannot read (CUDA, the strict emulated device) stages what the
+ * host and MPI need. Only opening the backend can fail. */
 void train_open_backend(const struct dm_config *cfg)
 {
     char problem[WORLD_MESSAGE_BYTES] = "";
     int bad = backend_open(cfg->device, problem, sizeof problem) != 0;
-    /* A device whose memory the host cannot read (CUDA, the strict
-     * emulated device) runs the dense model and every scheme; expert
-     * parallelism's exchange (src/pipe/expert.c) still hands MPI the
-     * tensors themselves. */
-    const char *scheme = host_only_scheme(cfg);
-    if (!bad && !backend_current()->host_access && scheme) {
-        bad = 1;
-        dm_set_message(problem, sizeof problem, "train.device = %s: %s is not device-resident "
-                       "yet (the host still reads its tensors; docs/gpu.md, \"What remains\"); "
-                       "use train.device = cpu%s", cfg->device, scheme,
-                       strcmp(cfg->device, "emulate") ? ""
-                                                      : ", or DYNMO_EMULATE_STRICT=0 to run its "
-                                                        "kernels on host-readable memory");
-    }
     char agreed[WORLD_MESSAGE_BYTES];
     if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))
         dm_user_error("%s", agreed);
