@@ -36,7 +36,7 @@ work_dir
 plugin=$(dirname "$DYNMO")/libdynmo_emulate.so
 [ -f "$plugin" ] || { echo "FAIL: no $plugin (make builds it)"; exit 1; }
 unset DYNMO_EMULATE_STRICT
-losses() { h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null; }
+. "$(dirname "$0")/device_lib.sh"
 
 # the arena and the op-argument checks; strict is the default
 DYNMO_EMULATE_PLUGIN=$plugin "$BUILD/gpu/check_ops" emulate 2>&1 | head -n 1 | grep -q "trapping arena" \
@@ -58,30 +58,6 @@ if [ $rc -ne 0 ] && grep -q "gelu_forward: pointer argument .* is host memory" <
 else
   fail "an op handed host memory: exit $rc: $(tail -n 2 <<<"$out")"
 fi
-
-# run NAME RANKS [key=value...]: a 20-step run into $dir/NAME, its losses in $dir/NAME.loss
-run() {
-  local name=$1 ranks=$2; shift 2
-  tiny_config "$dir/$name.ini" "run.out_dir=$dir/$name" train.steps=20 "$@" > "$dir/$name.ini"
-  timeout 180 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$name.ini" > "$dir/$name.out" 2>&1 \
-    || { fail "$name: exit $?: $(grep -m3 -i 'error\|host read' "$dir/$name.out" ||
-                                  tail -n 3 "$dir/$name.out")"; return 1; }
-  losses "$dir/$name" "$dir/$name.loss" || fail "$name: no /steps/loss"
-}
-
-# close A B [LAST]: the losses of A and B (the last LAST of B against A's
-# tail) within 1e-4 relative; prints the largest difference
-close() {
-  python3 - "$dir/$1.loss" "$dir/$2.loss" "${3:-0}" <<'PY'
-import struct, sys
-a = open(sys.argv[1], 'rb').read(); b = open(sys.argv[2], 'rb').read(); last = int(sys.argv[3])
-fa = struct.unpack('<%df' % (len(a) // 4), a); fb = struct.unpack('<%df' % (len(b) // 4), b)
-if last: fa, fb = fa[-last:], fb[-last:]
-if len(fa) != len(fb) or not fa: print('lengths %d %d' % (len(fa), len(fb))); sys.exit(1)
-worst = max(abs(x - y) / abs(x) for x, y in zip(fa, fb))
-print('%d losses, largest relative difference %.2e' % (len(fa), worst)); sys.exit(worst > 1e-4)
-PY
-}
 
 # compare NAME RANKS [key=value...]: NAME on the CPU and on the strict emulated device
 compare() {

@@ -22,33 +22,9 @@ set -u
 work_dir
 plugin=$(dirname "$DYNMO")/libdynmo_emulate.so
 [ -f "$plugin" ] || { echo "FAIL: no $plugin (make builds it)"; exit 1; }
-losses() { h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null; }
+. "$(dirname "$0")/device_lib.sh"
 
-# run NAME RANKS [key=value...]: a 20-step run into $dir/NAME, its losses in
-# $dir/NAME.loss; $strict is DYNMO_EMULATE_STRICT (1 unless a caller sets it)
-strict=1
-run() {
-  local name=$1 ranks=$2; shift 2
-  tiny_config "$dir/$name.ini" "run.out_dir=$dir/$name" train.steps=20 "$@" > "$dir/$name.ini"
-  DYNMO_EMULATE_STRICT=$strict timeout 120 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$name.ini" > "$dir/$name.out" 2>&1 \
-    || { fail "$name: exit $?: $(tail -n 3 "$dir/$name.out")"; return 1; }
-  losses "$dir/$name" "$dir/$name.loss" || fail "$name: no /steps/loss"
-}
-
-# close A B [LAST]: the losses of A and B (the last LAST of B against A's
-# tail) within 1e-4 relative; prints the largest difference
-close() {
-  python3 - "$dir/$1.loss" "$dir/$2.loss" "${3:-0}" <<'PY'
-import struct, sys
-a = open(sys.argv[1], 'rb').read(); b = open(sys.argv[2], 'rb').read(); last = int(sys.argv[3])
-fa = struct.unpack('<%df' % (len(a) // 4), a); fb = struct.unpack('<%df' % (len(b) // 4), b)
-if last: fa, fb = fa[-last:], fb[-last:]
-if len(fa) != len(fb) or not fa: print('lengths %d %d' % (len(fa), len(fb))); sys.exit(1)
-worst = max(abs(x - y) / abs(x) for x, y in zip(fa, fb))
-print('%d losses, largest relative difference %.2e' % (len(fa), worst)); sys.exit(worst > 1e-4)
-PY
-}
-
+strict=1   # DYNMO_EMULATE_STRICT for run (device_lib.sh); the MoE run sets 0
 names=(dense early_exit prune mod hash moe)
 settings=(""
           "dyn.kind=early_exit dyn.exit_from=2 dyn.exit_warmup=2 dyn.exit_threshold=0.05"
