@@ -22,8 +22,8 @@
 #    whether the repository's tracked files plus the archive fit the device
 #    tool's 64 MiB.
 # The binaries under build/ and bin/mpiexec are small sh wrappers that set
-# LD_LIBRARY_PATH for themselves only (lib/ and $DYNMO_DEVICE_CUDA_LIBS,
-# which scripts/device_session.sh finds there) and exec the real ELF
+# LD_LIBRARY_PATH for themselves only (lib/, then $DYNMO_DEVICE_CUDA_LIBS,
+# which scripts/device_session.sh finds there, then the caller's) and exec the real ELF
 # beside them (NAME.bin; mpiexec.hydra): python3 and torch on the target
 # never see Debian's libraries.
 # Exit: 0 written; 1 a build or a library failed, or the archive exceeds
@@ -51,14 +51,14 @@ jobs=2
 
 # 1. the build
 say "building $build/dynmo, libdynmo_emulate.so, gpu/check_ops (ARCH=$arch)"
-make --no-print-directory -s -j$jobs BUILD="$build" ARCH="$arch" \
+make --no-print-directory -s -j$jobs SANITIZE= BUILD="$build" ARCH="$arch" \
   "$build/dynmo" "$build/libdynmo_emulate.so" "$build/gpu/check_ops" || die "make failed"
 if [ $cuda = 1 ]; then
   cuda_home=${CUDA_HOME:-/usr}
   [ -n "${CUDA_HOME:-}" ] || { [ -x /usr/local/cuda/bin/nvcc ] && cuda_home=/usr/local/cuda; }
   [ -x "$cuda_home/bin/nvcc" ] || die "no nvcc at $cuda_home/bin/nvcc (set CUDA_HOME, or --no-cuda for a bundle without the plugin)"
   say "building $build/libdynmo_cuda.so ($("$cuda_home/bin/nvcc" --version | tail -n 1); $gencode)"
-  make --no-print-directory -s -j$jobs USE_CUDA=1 CUDA_HOME="$cuda_home" BUILD="$build" ARCH="$arch" \
+  make --no-print-directory -s -j$jobs SANITIZE= USE_CUDA=1 CUDA_HOME="$cuda_home" BUILD="$build" ARCH="$arch" \
     "CUDA_GENCODE=$gencode" "$build/libdynmo_cuda.so" || die "make USE_CUDA=1 failed"
 fi
 
@@ -80,7 +80,7 @@ elves=("$build/dynmo" "$build/gpu/check_ops" "$build/libdynmo_emulate.so" "$hydr
 stage=$(mktemp -d /tmp/dynmo-bundle.XXXXXX)
 trap 'rm -rf "$stage"' EXIT
 p=$stage/dynmo-device
-mkdir -p "$p/bin" "$p/lib" "$p/build/gpu" "$p/share"
+mkdir -p "$p/bin" "$p/lib/ucx" "$p/build/gpu" "$p/share"
 declare -A from=()
 for elf in "${elves[@]}"; do
   # ldd lists the whole closure; the CUDA libraries it cannot find here
@@ -105,9 +105,12 @@ wrapper() {
   cat > "$1" <<EOF
 #!/bin/sh
 # dynmo-device wrapper (scripts/device_bundle.sh): the bundle's libraries
-# for this program only, then the CUDA libraries device_session.sh found.
+# for this program only, then the CUDA libraries device_session.sh found,
+# then the caller's LD_LIBRARY_PATH.
 here=\$(cd "\$(dirname "\$0")" && pwd)
-LD_LIBRARY_PATH="\$here/${up}lib\${DYNMO_DEVICE_CUDA_LIBS:+:\$DYNMO_DEVICE_CUDA_LIBS}" exec "\$here/$2" "\$@"
+# UCX (MPICH's) loads transport modules from lib/ucx (none: shared memory
+# and tcp are built in), never the modules of another UCX on the machine.
+UCX_MODULE_DIR="\$here/${up}lib/ucx" LD_LIBRARY_PATH="\$here/${up}lib\${DYNMO_DEVICE_CUDA_LIBS:+:\$DYNMO_DEVICE_CUDA_LIBS}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$here/$2" "\$@"
 EOF
   chmod 755 "$1"
 }
@@ -125,7 +128,7 @@ strip --strip-unneeded "$p/bin/mpiexec.hydra" "$p/bin/hydra_pmi_proxy"
 # as (argv[0]), so the wrapper execs bin/mpiexec.hydra by its full path;
 # the proxy and the ranks inherit the wrapper's LD_LIBRARY_PATH.
 wrapper "$p/bin/mpiexec" mpiexec.hydra ../
-ln -s ../build/dynmo "$p/bin/dynmo"
+wrapper "$p/bin/dynmo" ../build/dynmo.bin ../
 cp /usr/share/common-licenses/GPL-3 "$p/share/GPL-3"
 
 glibc=$(for f in "$p"/lib/* "$p"/bin/*.hydra "$p"/bin/hydra_pmi_proxy "$p"/build/*.bin "$p"/build/gpu/*.bin "$p"/build/*.so; do
