@@ -66,6 +66,7 @@ p=$prefix/dynmo-device
 note "bundle: $(head -n 1 "$p/MANIFEST") -> $p"
 
 # 2. the target's CUDA libraries. find_lib NAME: the first path that has it.
+ldconfig=$(command -v ldconfig || echo /sbin/ldconfig)
 py_paths=$(python3 -c 'import sys; print("\n".join(p for p in sys.path if p))' 2>/dev/null)
 find_lib() {
   local d f
@@ -79,7 +80,7 @@ find_lib() {
     f=$(find "$d/nvidia" -maxdepth 3 -name "$1" 2>/dev/null | head -n 1)
     [ -n "$f" ] && { echo "$f"; return 0; }
   done <<<"$py_paths"
-  f=$(ldconfig -p 2>/dev/null | awk -v n="$1" '$1 == n { print $NF; exit }')
+  f=$("$ldconfig" -p 2>/dev/null | awk -v n="$1" '$1 == n { print $NF; exit }')
   [ -n "$f" ] && echo "$f"
 }
 cuda_dirs="" missing=() found_lines=()
@@ -104,7 +105,7 @@ gpu_list=$(nvidia-smi -L 2>/dev/null | grep '^GPU ' || true)
   echo "os: $(. /etc/os-release 2>/dev/null; echo "${PRETTY_NAME:-?}")  kernel: $(uname -r)"
   echo "glibc: $(getconf GNU_LIBC_VERSION 2>/dev/null || echo '?')  (the bundle: $(sed -n 3p "$p/MANIFEST"))"
   echo "cpu: $(awk -F': ' '/^model name/ { print $2; exit }' /proc/cpuinfo), $(nproc) cores, $(awk '/^MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo)"
-  echo "gpus: ${gpu_list:-no GPU (nvidia-smi -L: $(nvidia-smi -L 2>&1 | head -n 1))}"
+  echo "gpus: ${gpu_list:-no GPU (nvidia-smi -L: $( (nvidia-smi -L || true) 2>&1 | head -n 1))}"
   nvidia-smi --query-gpu=name,driver_version,compute_cap,memory.total --format=csv 2>/dev/null | sed 's/^/  /'
   nvcc=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc 2>/dev/null || true)
   echo "nvcc: ${nvcc:-none} $([ -n "$nvcc" ] && "$nvcc" --version | tail -n 1)"
@@ -135,7 +136,7 @@ cat "$OUT/env.txt" | head -n 20
 elves=("$p/build/dynmo.bin" "$p/build/gpu/check_ops.bin" "$p/bin/mpiexec.hydra" "$p/bin/hydra_pmi_proxy"
        "$p/build/libdynmo_emulate.so")
 bundle_ldd() { local f; for f in "${elves[@]}"; do LD_LIBRARY_PATH=$p/lib ldd "$f" 2>&1; done; }
-system_has() { ldconfig -p 2>/dev/null | grep -q "^[[:space:]]*$1 " ||
+system_has() { "$ldconfig" -p 2>/dev/null | grep -q "^[[:space:]]*$1 " ||
   ls /lib/x86_64-linux-gnu/"$1" /usr/lib/x86_64-linux-gnu/"$1" /lib64/"$1" /usr/lib64/"$1" >/dev/null 2>&1; }
 if command -v ldd >/dev/null; then
   mkdir -p "$p/lib.unused"
@@ -149,7 +150,8 @@ if command -v ldd >/dev/null; then
       [ -f "$lib" ] || continue
       if system_has "$(basename "$lib")"; then
         mv "$lib" "$p/lib.unused/" && moved=1
-        note "glibc: the bundle's $(basename "$lib") needs ${line%% not found*} (${line#version }); using the target's own copy"
+        v=${line#version ?}; v=${v%%\'*}
+        note "glibc: the bundle's $(basename "$lib") needs $v, this machine has $(getconf GNU_LIBC_VERSION 2>/dev/null); using the machine's own $(basename "$lib")"
       fi
     done <<<"$errors"
     [ $moved = 1 ] || break
@@ -172,6 +174,10 @@ elif command -v ldd >/dev/null; then
   nf=$(LD_LIBRARY_PATH=$p/lib${cuda_dirs:+:$cuda_dirs} ldd "$p/build/libdynmo_cuda.so" 2>&1 | awk '/not found/ { print $1 }' | sort -u | tr '\n' ' ')
   [ -z "$nf" ] || plugin_ok=0 why="libdynmo_cuda.so cannot load: $nf not found on this machine"
 fi
+# cudart opens the driver's libcuda.so.1 itself: without it no device opens
+if [ $plugin_ok = 1 ] && [[ " ${missing[*]} " == *" libcuda.so.1 "* ]]; then
+  plugin_ok=0 why="no libcuda.so.1 (the driver's library) found on this machine: cudart will find no device"
+fi
 [ $plugin_ok = 1 ] && note "CUDA plugin: its libraries resolve" || note "CUDA plugin: $why"
 
 # 5. check-gpu
@@ -190,7 +196,7 @@ check_rc=${PIPESTATUS[0]}
 case $check_rc in
   0) note "check-gpu: all passed ($(grep -c '^  PASS' "$OUT/check-gpu.log") checks)" ;;
   124|137) note "check-gpu: stopped after $check_limit s (DEVICE_BUDGET); $(grep -c '^check-gpu: PASS' "$OUT/check-gpu.log") passed before" ;;
-  *) note "check-gpu: exit $check_rc; $(grep -c '^  PASS' "$OUT/check-gpu.log") passed, failed: $(grep '^  FAIL' "$OUT/check-gpu.log" | head -n 3 | sed 's/^  FAIL *//' | tr '\n' ';')$([ $gpu = 0 ] && echo ' (no GPU)')" ;;
+  *) note "check-gpu: exit $check_rc; $(grep -c '^  PASS' "$OUT/check-gpu.log") passed, failed: $(grep '^  FAIL' "$OUT/check-gpu.log" | head -n 3 | sed 's/^  FAIL *//' | cut -c 1-110 | tr '\n' ';')$([ $gpu = 0 ] && echo ' (no GPU)')" ;;
 esac
 if [ $gpu = 1 ] && [ $plugin_ok = 0 ] && [ "$(left)" -gt $((bench_seconds + 60)) ]; then
   echo "== check-gpu on the emulated device instead (the plugin cannot load)"

@@ -139,8 +139,13 @@ grep -q '^gpus: no GPU' "$tmp/out/env.txt" && grep -q '^libraries for the CUDA p
   && echo "ok: env.txt: $(grep '^gpus:' "$tmp/out/env.txt")" || fail "env.txt: $(head -n 8 "$tmp/out/env.txt")"
 grep -q 'no GPU' "$tmp/out/bench-gpu.log" || fail "bench-gpu.log does not say no GPU"
 [ "$before" = "$after" ] || fail "the session left its prefix: $(comm -13 <(echo "$before") <(echo "$after"))"
-[ ${#flags[@]} -gt 0 ] || grep -q 'CUDA plugin: its libraries resolve' <<<"$summary" \
-  || fail "the plugin's CUDA libraries did not resolve here: $(grep 'CUDA' <<<"$summary")"
+# the plugin's own libraries (cudart, cuBLAS, NCCL) are found here; the
+# driver's libcuda.so.1 only where a driver is installed
+if [ ${#flags[@]} -eq 0 ]; then
+  if ! grep -q 'CUDA plugin: ' <<<"$summary" || grep -q 'libdynmo_cuda.so cannot load' <<<"$summary"; then
+    fail "the plugin's CUDA libraries: $(grep 'CUDA' <<<"$summary")"
+  else echo "ok: $(grep -m 1 'CUDA plugin: ' <<<"$summary" | sed 's/^ *//')"; fi
+fi
 
 # no archive: exit 3, saying what to do
 OUT=$tmp/out2 timeout 30 scripts/device_session.sh "$tmp/none.tar.xz" > "$tmp/none.out" 2>&1
