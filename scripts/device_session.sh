@@ -7,7 +7,8 @@
 #   scripts/device_session.sh [ARCHIVE]     (default .devbundle/dynmo-device.tar.xz)
 #
 # 1. unpacks the archive into a fresh prefix under /tmp (removed at exit
-#    unless KEEP=1), with xz, else python3's tarfile;
+#    unless KEEP=1; under .devbundle/ when /tmp is noexec), with xz, else
+#    python3's tarfile (or with DEVICE_UNPACK=python);
 # 2. finds the target's libcudart.so.13, libcublas.so.13, libcublasLt.so.13,
 #    libnccl.so.2 and libcuda.so.1 (/usr/local/cuda*/lib64, the usual
 #    system dirs, python3's site-packages/nvidia/*, ldconfig) and hands
@@ -48,18 +49,29 @@ finish() { # STATUS
   echo "== device_session summary ($(date -u +%Y-%m-%dT%H:%MZ), $SECONDS s of $budget):"
   printf '  %s\n' "${summary[@]}"
   echo "device_session: exit $1"
+  # let tee finish session.log before the call ends
+  exec 1>&- 2>&-
+  wait "$tee_pid" 2>/dev/null
   exit "$1"
 }
 echo "== device_session: $(hostname), $(date -u +%Y-%m-%dT%H:%MZ), budget $budget s, OUT=$OUT"
 
 # 1. unpack
 [ -f "$archive" ] || { note "no bundle at $archive: run scripts/device_bundle.sh where dynmo builds and carry .devbundle"; finish 3; }
-prefix=$(mktemp -d /tmp/dynmo-device.XXXXXX) || { note "mktemp under /tmp failed"; finish 3; }
+# /tmp, unless it is mounted noexec: then the repository's ignored .devbundle/
+base=/tmp
+if findmnt -no OPTIONS -T /tmp 2>/dev/null | grep -qw noexec; then
+  base=$repo/.devbundle; mkdir -p "$base"; note "/tmp is noexec: unpacking under $base"
+fi
+prefix=$(mktemp -d "$base/dynmo-device.XXXXXX") || { note "mktemp under $base failed"; finish 3; }
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$prefix"' EXIT
-if command -v xz >/dev/null; then
+if [ "${DEVICE_UNPACK:-}" != python ] && command -v xz >/dev/null; then
   tar -C "$prefix" -xJf "$archive"
 else
-  python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])' "$archive" "$prefix"
+  python3 -c 'import sys, tarfile
+t = tarfile.open(sys.argv[1])
+t.extractall(sys.argv[2], **({"filter": "fully_trusted"} if hasattr(tarfile, "fully_trusted_filter") else {}))' \
+    "$archive" "$prefix"
 fi || { note "unpacking $archive failed"; finish 3; }
 p=$prefix/dynmo-device
 [ -x "$p/build/dynmo" ] || { note "$archive holds no dynmo-device/build/dynmo"; finish 3; }
@@ -112,7 +124,7 @@ gpu_list=$(nvidia-smi -L 2>/dev/null | grep '^GPU ' || true)
   echo "gcc: $(gcc --version 2>/dev/null | head -n 1 || echo none)"
   echo "libraries for the CUDA plugin:"; printf '  %s\n' "${found_lines[@]}"
   echo "python3: $(command -v python3 || echo none) $(python3 --version 2>&1)"
-  timeout 120 python3 - <<'PY' 2>&1 | sed 's/^/  /'
+  timeout 60 python3 - <<'PY' 2>&1 | sed 's/^/  /'
 import importlib
 for name in ("numpy", "h5py", "mpi4py"):
     try:
@@ -217,7 +229,7 @@ else
   case $bench_rc in
     0) note "bench-gpu: every dynmo run measured (table: gpu-bench-table.txt)" ;;
     2) note "bench-gpu: no GPU, nothing measured" ;;
-    *) note "bench-gpu: exit $bench_rc: $(grep -c 'refused\|failed\|timed out\|not started' "$OUT/bench-gpu.log") runs refused, failed or cut (see bench-gpu.log)" ;;
+    *) note "bench-gpu: exit $bench_rc: dynmo measured on $(awk -F'|' 'NR > 2 && $2 ~ /^ *[0-9]/' "$OUT/gpu-bench-table.txt" 2>/dev/null | wc -l) of $(awk 'NR > 2' "$OUT/gpu-bench-table.txt" 2>/dev/null | wc -l) configs (gpu-bench-table.txt, bench-gpu.log say why)" ;;
   esac
 fi
 

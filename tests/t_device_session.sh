@@ -10,7 +10,8 @@
 #   a 2-rank run on train.device=emulate through the bundle's mpiexec
 #   loads every such library from the bundle (LD_DEBUG=files), its proxy
 #   from the bundle, and trains its 4 steps;
-# - scripts/device_session.sh on that archive, with a stand-in nvidia-smi
+# - scripts/device_session.sh on that archive (unpacked by python3's
+#   tarfile, its fallback without xz), with a stand-in nvidia-smi
 #   that finds no GPU: exit 2 within 120 s, 'no GPU' for check-gpu and
 #   bench-gpu, dynmo started from the bundle, env.txt, the logs, its
 #   prefix removed; with no archive: exit 3 and what to do.
@@ -121,7 +122,7 @@ printf '#!/bin/sh\necho "NVIDIA-SMI has failed because it could not communicate 
 chmod +x "$tmp/fakebin/nvidia-smi"
 before=$(ls -d /tmp/dynmo-device.* 2>/dev/null | sort)
 start=$SECONDS
-PATH=$tmp/fakebin:$PATH OUT=$tmp/out timeout 120 scripts/device_session.sh "$archive" > "$tmp/session.out" 2>&1
+PATH=$tmp/fakebin:$PATH OUT=$tmp/out DEVICE_UNPACK=python timeout 120 scripts/device_session.sh "$archive" > "$tmp/session.out" 2>&1
 rc=$?
 secs=$((SECONDS - start))
 after=$(ls -d /tmp/dynmo-device.* 2>/dev/null | sort)
