@@ -4,7 +4,8 @@
 # full disk, read-only; not part of `make check`; mounts need root);
 # `make fuzz` the libFuzzer harnesses (fuzz/), never part of `make check`.
 # `make check-gpu` the CUDA backend on a GPU (docs/gpu.md); `make bench-gpu`
-# the GPU benchmark beside PyTorch (docs/gpu-bench.md).
+# the GPU benchmark beside PyTorch (docs/gpu-bench.md). `make device-bundle`
+# dynmo and its libraries for a lent GPU machine (docs/gpu.md).
 # Switches: SANITIZE=address,undefined  USE_CUDA=0/1 (CUDA_HOME, NCCL_HOME)  ARCH=...
 #           FUZZ_RUNS=1000000 (executions per fuzz target)
 
@@ -68,7 +69,7 @@ FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/me
 REPLAY_OBJ := $(patsubst src/%.c,$(BUILD)/replay/obj/%.o,$(FUZZ_SRC))
 REPLAY_BIN := $(patsubst %,$(BUILD)/fuzz-replay/%,$(FUZZ_TARGETS))
 
-.PHONY: all deps demo check check-gpu check-portable check-faults bench bench-gpu fuzz fuzz-build clean info
+.PHONY: all deps demo check check-gpu check-portable check-faults bench bench-gpu device-bundle fuzz fuzz-build clean info
 all: info $(BUILD)/dynmo $(TEST_BIN) $(REPLAY_BIN)
 
 info:
@@ -236,6 +237,13 @@ bench:
 # it builds what it needs itself and installs nothing (GPU nodes are offline).
 bench-gpu:
 	@BUILD=$(BUILD) bench/gpu.sh
+
+# For a lent GPU machine that has CUDA but none of Debian's libraries: a
+# portable dynmo, the CUDA plugin and every library they need in
+# .devbundle/dynmo-device.tar.xz; scripts/device_session.sh runs it there
+# (docs/gpu.md, "Running on a lent GPU").
+device-bundle:
+	@scripts/device_bundle.sh
 
 clean:
 	rm -rf build

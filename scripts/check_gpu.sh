@@ -26,9 +26,20 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 DEVICE=${DEVICE:-cuda}
 case $DEVICE in cuda|emulate) ;; *) echo "check-gpu: DEVICE must be cuda or emulate, not '$DEVICE'"; exit 2 ;; esac
-DYNMO=$PWD/$BUILD/dynmo
-export DYNMO_CUDA_PLUGIN=$PWD/$BUILD/libdynmo_cuda.so
-export DYNMO_EMULATE_PLUGIN=$PWD/$BUILD/libdynmo_emulate.so
+# BUILD may be absolute (scripts/device_session.sh points it at the
+# unpacked device bundle, whose mpiexec comes first in PATH).
+case $BUILD in /*) build_dir=$BUILD ;; *) build_dir=$PWD/$BUILD ;; esac
+DYNMO=$build_dir/dynmo
+export DYNMO_CUDA_PLUGIN=$build_dir/libdynmo_cuda.so
+export DYNMO_EMULATE_PLUGIN=$build_dir/libdynmo_emulate.so
+# The text the runs train on (the device bundle carries a copy), and the
+# python3 that reads their losses: the first of PATH's python3 and
+# /usr/bin/python3 with h5py (a GPU image's python3 is seldom /usr/bin's).
+TEXT=${CHECK_GPU_TEXT:-/usr/share/common-licenses/GPL-3}
+PYTHON3=/usr/bin/python3
+for candidate in python3 /usr/bin/python3; do
+  if "$candidate" -c 'import h5py' >/dev/null 2>&1; then PYTHON3=$candidate; break; fi
+done
 dir=$(mktemp -d /tmp/dynmo-check-gpu.XXXXXX)
 [ -n "${KEEP:-}" ] || trap 'rm -rf "$dir"' EXIT
 results=()
@@ -65,7 +76,7 @@ else
 fi
 
 # 3-5. the model on the GPU
-"$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null
+"$DYNMO" prepare --out "$dir/data" "$TEXT" >/dev/null
 # lr 1e-3: at 3e-3 this model turns the kernels' other summation orders
 # (1e-7 in a loss) into 4e-3 by step 16, AdamW normalising gradients
 # that differ only in their last bits (measured on the emulated device,
@@ -91,7 +102,7 @@ train() { # NAME RANKS overrides...: the run's /steps/loss into $dir/NAME.loss a
   local name=$1 ranks=$2; shift 2
   timeout 600 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/run.ini" \
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1 || return 1
-  /usr/bin/python3 -c 'import h5py, sys
+  "$PYTHON3" -c 'import h5py, sys
 for x in h5py.File(sys.argv[1], "r")["/steps/loss"][:]: print("%.9g" % x)' \
     "$dir/$name/runlog.h5" > "$dir/$name.loss"
 }
