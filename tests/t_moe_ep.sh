@@ -21,6 +21,8 @@
 #   - /moe/rank_load (ep > 1) is the busiest expert rank's rows over the
 #     mean's: with one expert group what the counts give, with two at
 #     least that;
+#   - on fewer CPUs than ranks the balancer predicts with the replicas'
+#     CPU shares, and the run log records them;
 #   - ep not dividing dp or E is exit 2 with one message.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -160,6 +162,16 @@ done
 cmp -s "$dir/config-ep1.loss" "$dir/config-ep2.loss" &&
   echo "ok: configs/moe.ini as pp=2 dp=2 ep=2 (3 steps): the losses of ep=1, bit for bit" ||
   fail "configs/moe.ini: ep=2 and ep=1 losses differ"
+# On fewer CPUs than its 4 ranks the two replicas' ranks take turns on
+# each CPU: the balancer predicts with their half-CPU shares (processor
+# sharing), and the run log records them (group_shares).
+if [ "$(nproc)" -lt 4 ]; then
+  shares=$(h5dump -a group_shares "$dir/config-ep2/runlog.h5" 2>/dev/null | grep -oP '\(0\): \K.*')
+  if grep -q "the balancer predicts with the replicas' shares of the CPUs (0.5 of a CPU" \
+       "$dir/config-ep2.out" && [ "$shares" = "0.5, 0.5" ]; then
+    echo "ok: 2 x 2 ranks on $(nproc) CPUs: the balancer predicts with shares 0.5, recorded as group_shares"
+  else fail "2 x 2 ranks on $(nproc) CPUs: no replica shares (log: $(grep -m1 'processors: the' "$dir/config-ep2.out"), group_shares: ${shares:-none})"; fi
+else echo "skip: replica shares: $(nproc) CPUs hold the 4 ranks"; fi
 
 bad() { # bad NAME REGEX RANKS overrides...
   local name=$1 regex=$2 ranks=$3; shift 3
