@@ -7,6 +7,8 @@
 #     the static run; so do 1 stage x 2 replicas and 4 stages x 1 replica;
 #   - top-k routing processes exactly ceil(capacity x T) tokens per
 #     sequence (the /mod/tokens count is fixed), and is bit-identical too;
+#   - causal routing's predictors' BCE (/mod/predictor_bce) starts at ln 2
+#     and is bit-identical across layouts; top-k has none;
 #   - a checkpoint at step 2 on 2 stages resumed on 1 rank continues with
 #     the same bits, and refuses to load into another model (exit 2);
 #   - configs/mod.ini runs on 2 and 4 ranks (shortened by overrides).
@@ -20,6 +22,8 @@ tiny_config "$dir/topk.ini" model.mod_every=2 model.mod_capacity=0.25 mod.routin
 bits() {
   h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null || return 1
   h5dump -b LE -d /mod/tokens -o "$2.tokens" "$1/runlog.h5" >/dev/null || return 1
+  # causal routing only (h5dump leaves an empty file when there is none)
+  h5dump -b LE -d /mod/predictor_bce -o "$2.bce" "$1/runlog.h5" >/dev/null 2>&1 || rm -f "$2.bce"
 }
 run() { # run NAME CONFIG RANKS [overrides...]
   local name=$1 config=$2 ranks=$3; shift 3
@@ -29,9 +33,11 @@ run() { # run NAME CONFIG RANKS [overrides...]
   if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
   bits "$dir/$name" "$dir/$name.loss" || { fail "$name: no /steps/loss or /mod/tokens"; return 1; }
 }
-same() { # same A B WHAT: losses and tokens processed per MoD block
+same() { # same A B WHAT: losses, tokens processed and predictor BCE per MoD block
   cmp -s "$dir/$1.loss" "$dir/$2.loss" && cmp -s "$dir/$1.loss.tokens" "$dir/$2.loss.tokens" \
-    && echo "ok: $3: losses and /mod/tokens bit-identical" || fail "$3: losses or tokens differ"
+    && { [ ! -e "$dir/$1.loss.bce" ] || cmp -s "$dir/$1.loss.bce" "$dir/$2.loss.bce"; } \
+    && echo "ok: $3: losses, /mod/tokens$([ -e "$dir/$1.loss.bce" ] && echo ' and /mod/predictor_bce') bit-identical" \
+    || fail "$3: losses, tokens or BCE differ"
 }
 run static "$dir/mod.ini" 4 parallel.pp=2
 run random "$dir/mod.ini" 4 parallel.pp=2 balance.method=random balance.every=1 && {
@@ -48,7 +54,7 @@ run trandom "$dir/topk.ini" 2 parallel.pp=2 parallel.dp=1 balance.method=random 
   same tstatic trandom "MoD top-k, random re-layout every step vs static (2 stages)"
 # /mod/tokens: [steps, MoD blocks] = [4, 3]; top-k takes ceil(0.25 x 32) = 8
 # of each sequence's 32 tokens: 8 sequences x 8 = 64 per block and step
-/usr/bin/python3 - "$dir" <<'PY' || fail "/mod/tokens is wrong"
+/usr/bin/python3 - "$dir" <<'PY' || fail "/mod/tokens or /mod/predictor_bce is wrong"
 import sys, h5py, numpy as np
 d = sys.argv[1]
 t = h5py.File(d + "/tstatic/runlog.h5", "r")["/mod/tokens"][:]
@@ -56,6 +62,13 @@ c = h5py.File(d + "/static/runlog.h5", "r")["/mod/tokens"][:]
 assert t.shape == (4, 3) and (t == 64).all(), t
 assert c.shape == (4, 3) and (c >= 0).all() and (c <= 256).all(), c
 print(f"ok: /mod/tokens: top-k 64 of 256 per block and step; causal {c.min():.0f}..{c.max():.0f}")
+# the causal predictors' BCE: u starts small (N(0, 0.02)), so each starts
+# within 0.01 of ln 2 and is trained from there; top-k has no predictor
+b = h5py.File(d + "/static/runlog.h5", "r")["/mod/predictor_bce"][:]
+assert b.shape == (4, 3) and np.isfinite(b).all() and (b > 0).all(), b
+assert abs(b[0] - np.log(2)).max() < 0.01, b[0]
+assert "/mod/predictor_bce" not in h5py.File(d + "/tstatic/runlog.h5", "r")
+print(f"ok: /mod/predictor_bce: causal {b.min():.4f}..{b.max():.4f} (ln 2 = 0.6931 at step 1); none with top-k")
 PY
 # inspect summarises /mod/tokens (run log) and the MoD keys (checkpoint, below)
 "$DYNMO" inspect "$dir/tstatic/runlog.h5" > "$dir/inspect.out" 2>&1 &&

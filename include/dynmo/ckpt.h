@@ -49,6 +49,8 @@
                                                      hash: attention tiles each block visited */
 #define RUNLOG_MOD_TOKENS "/mod/tokens"           /* float32 [steps, mod blocks], model.mod_every
                                                      > 0: tokens each MoD block processed */
+#define RUNLOG_MOD_BCE "/mod/predictor_bce"       /* float32 [steps, mod blocks], causal
+                                                     routing: each predictor's mean BCE */
 #define RUNLOG_LAYER_UPDATE_MS "/layers/update_ms" /* float32 [steps, layers]: the block's share
                                                      of the step's end, once a step */
 #define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: blocks per stage */

@@ -51,6 +51,7 @@ void engine_stats_alloc(struct engine *eng)
     st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_tiles = dm_alloc((size_t)L * sizeof(double));
     st->layer_mod_tokens = dm_alloc((size_t)L * sizeof(double));
+    st->layer_mod_bce = dm_alloc((size_t)L * sizeof(double));
     st->stage_update_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
@@ -70,8 +71,9 @@ void engine_stats_alloc(struct engine *eng)
     }
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active/
      * update per layer, then the stage's update, then the MoE blocks' values,
-     * then the MoD blocks' tokens per layer, then hash attention's tiles per layer */
-    eng->gather_len = 5 + 6 * L + st->moe_blocks * MOE_RECORD(st->experts) + L + L;
+     * then the MoD predictors' BCE, the MoD blocks' tokens and hash attention's tiles
+     * per layer */
+    eng->gather_len = 5 + 6 * L + st->moe_blocks * MOE_RECORD(st->experts) + 3 * L;
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
@@ -89,6 +91,7 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->layer_update_ms);
     dm_free(st->layer_tiles);
     dm_free(st->layer_mod_tokens);
+    dm_free(st->layer_mod_bce);
     dm_free(st->moe_tokens);
     dm_free(st->moe_dropped);
     dm_free(st->moe_bias);
@@ -166,6 +169,7 @@ static void pack_profile(struct engine *eng, float loss_sum)
         struct block_mod *mod = m->blocks[i].mod;   /* mixture of depths, then zeroed */
         if (!mod) continue;
         v[eng->gather_len - 2 * L + m->first_block + i] = mod->tokens;
+        v[eng->gather_len - 3 * L + m->first_block + i] = mod->bce;
         mod->tokens = mod->bce = 0.0;
     }
 }
@@ -180,7 +184,7 @@ static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
         st->layer_sparsity[l] = st->layer_active[l] = st->layer_update_ms[l] = 0.0;
-        st->layer_tiles[l] = st->layer_mod_tokens[l] = 0.0;
+        st->layer_tiles[l] = st->layer_mod_tokens[l] = st->layer_mod_bce[l] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
@@ -268,6 +272,8 @@ static void fold_profiles(struct engine *eng, double step_s)
         if (rep == 0) fold_moe(st, x + 5 + 6 * L, mb_count * g->replicas);
         for (int l = 0; l < L; l++) st->layer_tiles[l] += x[eng->gather_len - L + l];
         for (int l = 0; l < L; l++) st->layer_mod_tokens[l] += x[eng->gather_len - 2 * L + l];
+        for (int l = 0; l < L; l++)
+            st->layer_mod_bce[l] += x[eng->gather_len - 3 * L + l] / (mb_count * g->replicas);
     }
     for (int s = 0; s < S; s++) {
         double c = st->stage_compute_ms[s];

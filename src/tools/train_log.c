@@ -48,8 +48,9 @@ static void append_doubles(struct runlog *log, const char *name, const double *v
 }
 
 /* Mixture of depths: the tokens each MoD block processed (its layers are
- * the columns l with (l + 1) % model.mod_every == 0); a step-line note of
- * their share of the tokens that reached those blocks. */
+ * the columns l with (l + 1) % model.mod_every == 0), and with causal
+ * routing each predictor's BCE; a step-line note of their share of the
+ * tokens that reached those blocks. */
 static void append_mod_row(struct runlog *log, const struct dm_config *cfg,
                            const struct step_stats *st, float *row)
 {
@@ -57,6 +58,11 @@ static void append_mod_row(struct runlog *log, const struct dm_config *cfg,
     for (int l = cfg->mod_every - 1; l < cfg->layers; l += cfg->mod_every)
         row[M++] = (float)st->layer_mod_tokens[l];
     runlog_append_row(log, RUNLOG_MOD_TOKENS, row, M);
+    if (strcmp(cfg->mod_routing, "causal")) return;
+    M = 0;
+    for (int l = cfg->mod_every - 1; l < cfg->layers; l += cfg->mod_every)
+        row[M++] = (float)st->layer_mod_bce[l];
+    runlog_append_row(log, RUNLOG_MOD_BCE, row, M);
 }
 
 static double mod_token_share(const struct dm_config *cfg, const struct step_stats *st,
