@@ -813,6 +813,7 @@ struct block_mod {
                                     last zeroed it (the run log's /mod/tokens) */
     double bce;                  /* the predictor's BCE summed over its forwards
                                     likewise (causal routing) */
+    long bce_forwards;           /* the forwards summed into bce */
     const int *forced;           /* tests: the choice to use instead of routing, or NULL */
 };
 int gpt_block_is_mod(const struct gpt_shape *shape, int index);

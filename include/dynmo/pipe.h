@@ -66,7 +66,7 @@ struct step_stats {
                                  summed over micro-batches and replicas (0 elsewhere) */
     double *layer_mod_bce;    /* (layers) causal MoD routing: the predictor's binary
                                  cross-entropy against the top-k choice, mean over the
-                                 step's forwards (micro-batches and replicas) */
+                                 forwards of each replica, then over the replicas */
     double *layer_update_ms;  /* (layers) the block's share of the step's end, once a
                                  step: gradient norm, masking, optimizer, zeroing */
     double *stage_compute_ms; /* (stages) max over replicas */

@@ -509,6 +509,7 @@ void block_mod_forward(struct block *blk, struct block_acts *acts, float *out,
     } else if (mod->routing == MOD_ROUTING_CAUSAL) {
         mod->bce += ops->mod_predictor_forward_backward(NULL, m->chosen, in, mod->pred_w,
                                                         m->target, N, C);
+        mod->bce_forwards++;
         chosen = m->chosen;
     }
     mod_block_forward(blk, acts, m, out, in, mod->router_w, chosen, B, T);

@@ -169,8 +169,10 @@ static void pack_profile(struct engine *eng, float loss_sum)
         struct block_mod *mod = m->blocks[i].mod;   /* mixture of depths, then zeroed */
         if (!mod) continue;
         v[eng->gather_len - 2 * L + m->first_block + i] = mod->tokens;
-        v[eng->gather_len - 3 * L + m->first_block + i] = mod->bce;
+        v[eng->gather_len - 3 * L + m->first_block + i] =
+            mod->bce_forwards ? mod->bce / (double)mod->bce_forwards : 0.0;
         mod->tokens = mod->bce = 0.0;
+        mod->bce_forwards = 0;
     }
 }
 
@@ -272,8 +274,8 @@ static void fold_profiles(struct engine *eng, double step_s)
         if (rep == 0) fold_moe(st, x + 5 + 6 * L, mb_count * g->replicas);
         for (int l = 0; l < L; l++) st->layer_tiles[l] += x[eng->gather_len - L + l];
         for (int l = 0; l < L; l++) st->layer_mod_tokens[l] += x[eng->gather_len - 2 * L + l];
-        for (int l = 0; l < L; l++)
-            st->layer_mod_bce[l] += x[eng->gather_len - 3 * L + l] / (mb_count * g->replicas);
+        for (int l = 0; l < L; l++)   /* each replica's mean over its forwards */
+            st->layer_mod_bce[l] += x[eng->gather_len - 3 * L + l] / g->replicas;
     }
     for (int s = 0; s < S; s++) {
         double c = st->stage_compute_ms[s];
