@@ -162,6 +162,20 @@ done
 cmp -s "$dir/config-ep1.loss" "$dir/config-ep2.loss" &&
   echo "ok: configs/moe.ini as pp=2 dp=2 ep=2 (3 steps): the losses of ep=1, bit for bit" ||
   fail "configs/moe.ini: ep=2 and ep=1 losses differ"
+# A stage's busy time holds its blocks' profiles (each MoE block's its
+# busiest expert rank's) and its own other work, never less: what the
+# end-stage extras (embedding, head) are read from.
+/usr/bin/python3 - "$dir/config-ep2/runlog.h5" 4 <<'PY' && echo "ok: ep=2: each stage's busy time covers its blocks' profiles (end-stage extras >= 0)" || fail "ep=2: a stage's busy time is less than its blocks' profiles"
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r"); m = int(sys.argv[2])
+busy, layout = f["/stages/busy_ms"][:], f["/layout/history"][:]
+blocks = m * (f["/layers/fwd_ms"][:] + f["/layers/bwd_ms"][:]) + f["/layers/update_ms"][:]
+for t in range(busy.shape[0]):
+    begin = 0
+    for s, n in enumerate(layout[t]):
+        own = blocks[t, begin:begin + n].sum(); begin += n
+        assert busy[t, s] >= own * (1 - 1e-4), (t, s, busy[t, s], own)
+PY
 # On fewer CPUs than its 4 ranks the two replicas' ranks take turns on
 # each CPU: the balancer predicts with their half-CPU shares (processor
 # sharing), and the run log records them (group_shares).
