@@ -258,14 +258,22 @@ def write_records(path, header, arrays):
     os.replace(tmp, path)
 
 
-def write_fixture(path, arrays):
-    header = MAGIC + struct.pack("<I", VERSION)
-    header += struct.pack("<9i", *(CONFIG[k] for k in
+def config_header(magic, version, config, hyper):
+    """The 104 bytes every fixture starts with: magic, version, the model
+    and run sizes, the optimizer's hyperparameters."""
+    header = magic + struct.pack("<I", version)
+    header += struct.pack("<9i", *(config[k] for k in
                                    ("vocab", "max_seq", "layers", "heads", "channels",
                                     "batch", "seq", "steps", "warmup")))
-    header += struct.pack("<7d", *(HYPER[k] for k in
+    header += struct.pack("<7d", *(hyper[k] for k in
                                    ("lr", "min_lr_ratio", "beta1", "beta2", "eps",
                                     "weight_decay", "grad_clip")))
+    assert len(header) == 104
+    return header
+
+
+def write_fixture(path, arrays):
+    header = config_header(MAGIC, VERSION, CONFIG, HYPER)
     header += struct.pack("<I", len(arrays))
     assert len(header) == 108
     write_records(path, header, arrays)

@@ -58,7 +58,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from make_fixture import flat, init_weights, lr_at_step, write_records
+from make_fixture import config_header, flat, init_weights, lr_at_step, write_records
 
 MAGIC = b"DMREF003"
 VERSION = 3
@@ -319,14 +319,7 @@ def build_fixture(case, seed):
 
 
 def write_fixture(path, arrays, case, seed):
-    header = MAGIC + struct.pack("<I", VERSION)
-    header += struct.pack("<9i", *(CONFIG[k] for k in
-                                   ("vocab", "max_seq", "layers", "heads", "channels",
-                                    "batch", "seq", "steps", "warmup")))
-    header += struct.pack("<7d", *(HYPER[k] for k in
-                                   ("lr", "min_lr_ratio", "beta1", "beta2", "eps",
-                                    "weight_decay", "grad_clip")))
-    assert len(header) == 104
+    header = config_header(MAGIC, VERSION, CONFIG, HYPER)
     header += struct.pack("<4i", case["mod_every"], case["mod_routing"], case["hash_buckets"], 0)
     header += struct.pack("<dQ", case["mod_capacity"], seed)
     header += struct.pack("<I", len(arrays))

@@ -81,7 +81,8 @@ import torch.nn.functional as F
 
 # The dense model's attention, the learning-rate schedule, the init and the
 # flattening are make_fixture.py's: one definition of each.
-from make_fixture import CausalSelfAttention, flat, init_weights, lr_at_step, write_records
+from make_fixture import (CausalSelfAttention, config_header, flat, init_weights, lr_at_step,
+                          write_records)
 
 MAGIC = b"DMREF002"
 VERSION = 2
@@ -330,14 +331,7 @@ def build_fixture(case):
 
 
 def write_fixture(path, arrays, case):
-    header = MAGIC + struct.pack("<I", VERSION)
-    header += struct.pack("<9i", *(CONFIG[k] for k in
-                                   ("vocab", "max_seq", "layers", "heads", "channels",
-                                    "batch", "seq", "steps", "warmup")))
-    header += struct.pack("<7d", *(HYPER[k] for k in
-                                   ("lr", "min_lr_ratio", "beta1", "beta2", "eps",
-                                    "weight_decay", "grad_clip")))
-    assert len(header) == 104
+    header = config_header(MAGIC, VERSION, CONFIG, HYPER)
     header += struct.pack("<6i", MOE["moe_every"], MOE["experts"], MOE["top_k"],
                           MOE["expert_hidden"], case["router"], case["drop"])
     header += struct.pack("<4d", case["capacity_factor"], case["aux_loss"], case["z_loss"],
