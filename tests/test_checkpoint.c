@@ -416,8 +416,11 @@ static void test_chain(void)
 
 /* ---- faults ------------------------------------------------------------------------ */
 
-/* Saves generation 0 of the tiny model from the whole world at `step`. */
-static void save_tiny(const char *where, long step, int keep)
+/* Saves generation 0 of the tiny model from the whole world at `step`,
+ * with the scheme state `state` (count values of dyn.kind `kind`; kind
+ * NULL: none). */
+static void save_tiny_state(const char *where, long step, int keep, const char *kind,
+                            const double *state, long count)
 {
     struct gpt_shape shape = tiny_shape();
     struct world w = {world_size, world_size, 1, {0}};
@@ -431,10 +434,20 @@ static void save_tiny(const char *where, long step, int keep)
     long cursors[8];
     char config[256], err[1024];
     meta_for(&meta, 0, step, &w, NULL, shape.layers, frozen, cursors, config);
+    if (kind) {
+        snprintf(meta.dyn_kind, sizeof meta.dyn_kind, "%s", kind);
+        meta.dyn_state = (double *)state;
+        meta.dyn_state_count = count;
+    }
     int rc = ckpt_save(where, keep, &model, &meta, world_rank, 0, MPI_COMM_WORLD, NULL, 0,
                        err, sizeof err);
     CHECK_MSG(rc == 0, "save: %s", err);
     gpt_free(&model);
+}
+
+static void save_tiny(const char *where, long step, int keep)
+{
+    save_tiny_state(where, step, keep, NULL, NULL, 0);
 }
 
 static void copy_file(const char *from, const char *to, long truncate_to)
@@ -528,25 +541,7 @@ static void report_count(void *ctx, const char *problem)
 static void save_with_state(const char *dir, long step, const char *kind, const double *state,
                             long count)
 {
-    struct gpt_shape shape = tiny_shape();
-    struct world w = {world_size, world_size, 1, {0}};
-    for (int s = 0; s < world_size; s++) w.layout[s] = shape.layers / world_size +
-                                                       (s < shape.layers % world_size);
-    struct gpt model;
-    build_for(&model, &shape, &w, world_rank);
-    fill_model(&model, 0);
-    struct ckpt_meta meta;
-    int frozen[16];
-    long cursors[8];
-    char config[256], err[1024];
-    meta_for(&meta, 0, step, &w, NULL, shape.layers, frozen, cursors, config);
-    snprintf(meta.dyn_kind, sizeof meta.dyn_kind, "%s", kind);
-    meta.dyn_state = (double *)state;
-    meta.dyn_state_count = count;
-    int rc = ckpt_save(dir, 0, &model, &meta, world_rank, 0, MPI_COMM_WORLD, NULL, 0, err,
-                       sizeof err);
-    CHECK_MSG(rc == 0, "save: %s", err);
-    gpt_free(&model);
+    save_tiny_state(dir, step, 0, kind, state, count);
 }
 
 /* The extension dyn.def: a scheme's state comes back as the same doubles
