@@ -66,18 +66,6 @@ static double max_abs_diff(const float *a, const float *b, size_t n)
     return worst;
 }
 
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, compare_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 /* The attention op alone, dense or hash, forward + backward. */
 static double attention_step(struct bench_block *b, int hash, int B, int T)
 {
@@ -140,8 +128,8 @@ static int bench_length(int T, int buckets, int B, int C, int NH, int reps)
     long nt = (T + HASH_TILE - 1) / HASH_TILE;
     double causal = (double)B * NH * nt * (nt + 1) / 2;   /* one direction */
     double tiles = hash.blk.hash_tiles / (4.0 * reps) / causal;
-    double bd = median(t, reps), bh = median(t + reps, reps);
-    double ad = median(t + 2 * reps, reps), ah = median(t + 3 * reps, reps);
+    double bd = dm_median(t, reps), bh = dm_median(t + reps, reps);
+    double ad = dm_median(t + 2 * reps, reps), ah = dm_median(t + 3 * reps, reps);
     printf("T %d, %d buckets, B %d, C %d, %d heads, %d repeats (medians, forward + backward):\n"
            "  block: dense %.2f ms, hash %.2f ms, hash/dense %.3f\n"
            "  attention op: dense %.2f ms, hash %.2f ms, hash/dense %.3f; "

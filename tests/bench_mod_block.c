@@ -83,18 +83,6 @@ static void choose(int *chosen, const int *count, int B, int T)
         for (int i = 0; i < count[b]; i++) chosen[(long)b * T + (long)i * T / count[b]] = 1;
 }
 
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *x, int n)
-{
-    qsort(x, (size_t)n, sizeof *x, compare_double);
-    return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
-}
-
 static int pass_through_ok(struct mod_bench *f, const int *chosen)
 {
     mod_step(f, chosen);
@@ -136,8 +124,8 @@ int main(void)
             t[k * reps + r] = mod_step(&f, chosen[k]);
             processed[k] = f.m.tokens;
         }
-    double even_ms = 1e3 * median(t, reps), skew_ms = 1e3 * median(t + reps, reps);
-    double pad_ms = 1e3 * median(t + 2 * reps, reps);
+    double even_ms = 1e3 * dm_median(t, reps), skew_ms = 1e3 * dm_median(t + reps, reps);
+    double pad_ms = 1e3 * dm_median(t + 2 * reps, reps);
     printf("MoD block B %d, T %d, C %d, %d heads, %d repeats (medians, forward + backward); "
            "skipped tokens unchanged: %s\n"
            "  even   %4ld tokens (longest %d): %.2f ms\n"

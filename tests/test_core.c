@@ -336,6 +336,15 @@ static void test_config_text(void)
     CHECK_MSG(strstr(err, "train.batch = '6x' is not an integer"), "'%s'", err);
 }
 
+/* dm_median: odd and even counts, sorting in place, nothing for none. */
+static void test_median(void)
+{
+    double odd[5] = {5, 1, 4, 2, 3}, even[4] = {10, -2, 7, 3}, one[1] = {9};
+    CHECK(dm_median(odd, 5) == 3.0 && odd[0] == 1 && odd[4] == 5);
+    CHECK(dm_median(even, 4) == 5.0 && even[0] == -2 && even[3] == 10);
+    CHECK(dm_median(one, 1) == 9.0 && dm_median(one, 0) == 0.0);
+}
+
 int main(void)
 {
     test_parallel_for();
@@ -344,5 +353,6 @@ int main(void)
     test_files();
     test_config_file();
     test_config_text();
+    test_median();
     return testing_report("test_core");
 }

@@ -103,6 +103,9 @@ void dm_profile_cpu_time(int on);
 int dm_profile_is_cpu_time(void);
 double dm_profile_now(void);
 size_t dm_peak_rss_bytes(void);   /* peak resident set of this process */
+/* The median of v[0..n) (the mean of the middle two for even n), sorting v
+ * in place; 0 for n <= 0. */
+double dm_median(double *v, long n);
 
 /* 64-byte aligned, zero-filled; fatal on failure. Free with dm_free. */
 void *dm_alloc(size_t bytes);

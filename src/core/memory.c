@@ -1,5 +1,6 @@
-/* Time, aligned allocation and resident-memory measurement. An allocation
- * the system refuses ends the run with status 2 and one message. */
+/* Time, aligned allocation and resident-memory measurement, and the median
+ * the benchmarks and fits take of timings. An allocation the system
+ * refuses ends the run with status 2 and one message. */
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -14,6 +15,19 @@ static double clock_seconds(clockid_t clock)
 }
 
 double dm_now(void) { return clock_seconds(CLOCK_MONOTONIC); }
+
+static int compare_doubles(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+double dm_median(double *v, long n)
+{
+    if (n <= 0) return 0.0;
+    qsort(v, (size_t)n, sizeof *v, compare_doubles);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 static clockid_t profile_clock = CLOCK_MONOTONIC;
 

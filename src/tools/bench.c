@@ -15,12 +15,6 @@
 
 /* ---- bench -------------------------------------------------------------- */
 
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 
 /* Model FLOPs of one training step (forward + backward = 3x forward):
  * matmuls 2 * (L * 12 C^2 + V C) per token, attention 2 * 2 * T * C per
@@ -145,9 +139,7 @@ static int report(const struct dm_config *cfg, const struct train_args *args, in
                   const int *layout, struct bench_result *r)
 {
     double *timed = r->ms + args->warmup_steps;
-    qsort(timed, (size_t)args->timed_steps, sizeof *timed, compare_double);
-    double median = timed[args->timed_steps / 2];
-    if (args->timed_steps % 2 == 0) median = 0.5 * (median + timed[args->timed_steps / 2 - 1]);
+    double median = dm_median(timed, args->timed_steps);
     double tokens_n = (double)cfg->batch * cfg->seq;
     int ok = isfinite(r->last_loss) && r->last_loss < r->first_loss;
     dm_log("bench: %d layers x %d channels, batch %d x %d in %d micro-batches, %d ranks "

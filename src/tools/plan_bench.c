@@ -111,18 +111,6 @@ static void make_profiled(struct synthetic *s, const char *kind)
     s->profile.head = extra(6.0, 12.0, 38597376);
 }
 
-static int compare_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, compare_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Times balance_partition on time costs; returns the median ms, or -1 when
  * the answer fails its certificate. */
 static double time_partition(const struct synthetic *s, int stages, int64_t cap,
@@ -159,7 +147,7 @@ static double time_partition(const struct synthetic *s, int stages, int64_t cap,
                         s->name, n, stages);
         *bottleneck = max_cost;
     }
-    double result = ok ? median(ms, repeats) : -1;
+    double result = ok ? dm_median(ms, repeats) : -1;
     dm_free(ms);
     dm_free(counts);
     dm_free(cost);

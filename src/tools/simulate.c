@@ -492,11 +492,7 @@ static double step_error(const struct sim_result *r, const struct sim_run *run, 
     }
     *sim /= n;
     *meas /= n;
-    for (int i = 0; i < n; i++)   /* insertion sort: a few hundred steps */
-        for (int j = i; j > 0 && err[j] < err[j - 1]; j--) {
-            double x = err[j]; err[j] = err[j - 1]; err[j - 1] = x;
-        }
-    double median = n % 2 ? err[n / 2] : 0.5 * (err[n / 2 - 1] + err[n / 2]);
+    double median = dm_median(err, n);
     dm_free(err);
     return median;
 }

@@ -499,19 +499,6 @@ static long fit_one(struct sim_model *model, const struct sim_run *run, int dire
     return count;
 }
 
-static int compare_doubles(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, long n)
-{
-    if (n <= 0) return 0.0;
-    qsort(v, (size_t)n, sizeof *v, compare_doubles);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 /* Four times the median absolute residual of the fit (in ms), the cut for
  * the second pass. */
 static double residual_limit(const struct sim_model *model, const struct sim_run *run,
@@ -526,7 +513,7 @@ static double residual_limit(const struct sim_model *model, const struct sim_run
         features(phi, state, run->csr_sparsity, model->uses);
         scratch[n++] = fabs(predict(model->beta[direction][cls], phi) - measured(run, direction, i));
     }
-    return 4.0 * median(scratch, n) + 1e-6;
+    return 4.0 * dm_median(scratch, n) + 1e-6;
 }
 
 /* The embedding's and head's extras: medians over the steps after the
@@ -542,7 +529,7 @@ static void fit_extras(struct sim_model *model, const struct sim_run *run)
         for (int k = 0; k < 6; k++) fields[(long)k * T + t - 1] = v[k];
     }
     double m[6];
-    for (int k = 0; k < 6; k++) m[k] = median(fields + (long)k * T, T - 1);
+    for (int k = 0; k < 6; k++) m[k] = dm_median(fields + (long)k * T, T - 1);
     model->embed = (struct balance_extra){.fwd_ms = m[0], .bwd_ms = m[1], .update_ms = m[2]};
     model->head = (struct balance_extra){.fwd_ms = m[3], .bwd_ms = m[4], .update_ms = m[5]};
     dm_free(fields);
@@ -559,7 +546,7 @@ static double fit_error(const struct sim_model *model, const struct sim_run *run
         sim_model_block(model, state, run->csr_sparsity, &f, &b, &u);
         if (y > 0) scratch[n++] = fabs(f + b - y) / y;
     }
-    return median(scratch, n);
+    return dm_median(scratch, n);
 }
 
 void sim_model_fit(struct sim_model *model, const struct sim_run *run)
