@@ -100,7 +100,7 @@ val = $dir/data/val.bin
 INI
 train() { # NAME RANKS overrides...: the run's /steps/loss into $dir/NAME.loss as text
   local name=$1 ranks=$2; shift 2
-  timeout 600 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/run.ini" \
+  timeout -k 10 600 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/run.ini" \
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1 || return 1
   "$PYTHON3" -c 'import h5py, sys
 for x in h5py.File(sys.argv[1], "r")["/steps/loss"][:]: print("%.9g" % x)' \

@@ -14,7 +14,8 @@
 #    mpiexec.hydra and hydra_pmi_proxy, except the C library family and
 #    CUDA's, which must be the target's own (libc, libm, libpthread, libdl,
 #    librt, libresolv, ld-linux, libgcc_s, libstdc++, libcuda, libcudart,
-#    libcublas*, libnccl, libnvidia*), each stripped (--strip-unneeded);
+#    libcublas*, libnccl, libnvidia*), each stripped (--strip-unneeded),
+#    and UCX's cma module (lib/ucx/);
 # 3. lays them out as dynmo-device/ (bin/ mpiexec, lib/, build/ as a
 #    BUILD directory for scripts/check_gpu.sh, share/ the text check_gpu.sh
 #    prepares, MANIFEST) and writes ONE archive, OUT/dynmo-device.tar.xz
@@ -92,11 +93,27 @@ for elf in "${elves[@]}"; do
     from[$name]=$path
   done < <(ldd "$elf")
 done
+# UCX's cross-memory-attach module (cma): without it two ranks on one node
+# fall back to UCX's tcp, and 1 MPI_Finalize in ~15 hung (measured with
+# mpiexec -verbose). Its own needs (libucs, libuct, libucm, libnuma) are
+# carried already; the InfiniBand modules are not (one node, and they need
+# libibverbs).
+[ -n "${from[libuct.so.0]:-}" ] || die "ldd found no libuct.so.0 (MPICH's UCX)"
+cma=$(dirname "$(readlink -f "${from[libuct.so.0]}")")/ucx/libuct_cma.so.0
+[ -f "$cma" ] || cma=$(dirname "${from[libuct.so.0]}")/ucx/libuct_cma.so.0
+[ -f "$cma" ] || die "no UCX cma module beside ${from[libuct.so.0]} (Debian's libucx0)"
+while read -r name arrow path _; do
+  [ "$arrow" = "=>" ] && keep_lib "$name" || continue
+  [ -n "${from[$name]:-}" ] || die "UCX's cma module needs $name, which the bundle does not carry"
+done < <(ldd "$cma")
 for name in "${!from[@]}"; do
   cp -L "${from[$name]}" "$p/lib/$name"
   chmod u+w "$p/lib/$name"
   strip --strip-unneeded "$p/lib/$name"
 done
+cp -L "$cma" "$p/lib/ucx/libuct_cma.so.0"
+chmod u+w "$p/lib/ucx/libuct_cma.so.0"
+strip --strip-unneeded "$p/lib/ucx/libuct_cma.so.0"
 
 # 3. the binaries and their wrappers. wrapper FILE REAL: FILE execs REAL
 # (a path relative to FILE's directory) with the bundle's libraries.
@@ -108,7 +125,7 @@ wrapper() {
 # for this program only, then the CUDA libraries device_session.sh found,
 # then the caller's LD_LIBRARY_PATH.
 here=\$(cd "\$(dirname "\$0")" && pwd)
-# UCX (MPICH's) loads transport modules from lib/ucx (none: shared memory
+# UCX (MPICH's) loads transport modules from lib/ucx (cma; shared memory
 # and tcp are built in), never the modules of another UCX on the machine.
 UCX_MODULE_DIR="\$here/${up}lib/ucx" LD_LIBRARY_PATH="\$here/${up}lib\${DYNMO_DEVICE_CUDA_LIBS:+:\$DYNMO_DEVICE_CUDA_LIBS}\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}" exec "\$here/$2" "\$@"
 EOF
@@ -140,6 +157,7 @@ glibcxx=$(objdump -T "$p"/build/*.so "$p"/lib/* 2>/dev/null | grep -o 'GLIBCXX_[
   echo "needs on the target: glibc >= ${glibc#GLIBC_}${glibcxx:+, libstdc++ with $glibcxx}, libgcc_s$([ $cuda = 1 ] && echo ', libcudart.so.13, libcublas.so.13, libcublasLt.so.13, libnccl.so.2, libcuda.so.1')"
   echo "libraries carried (from this machine):"
   for name in $(printf '%s\n' "${!from[@]}" | sort); do echo "  $name <= ${from[$name]}"; done
+  echo "  ucx/libuct_cma.so.0 <= $cma"
 } > "$p/MANIFEST"
 
 mkdir -p "$out"

@@ -124,7 +124,7 @@ gpu_list=$(nvidia-smi -L 2>/dev/null | grep '^GPU ' || true)
   echo "gcc: $(gcc --version 2>/dev/null | head -n 1 || echo none)"
   echo "libraries for the CUDA plugin:"; printf '  %s\n' "${found_lines[@]}"
   echo "python3: $(command -v python3 || echo none) $(python3 --version 2>&1)"
-  timeout 60 python3 - <<'PY' 2>&1 | sed 's/^/  /'
+  timeout -k 10 60 python3 - <<'PY' 2>&1 | sed 's/^/  /'
 import importlib
 for name in ("numpy", "h5py", "mpi4py"):
     try:

@@ -11,7 +11,7 @@ losses() { h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null; }
 run() {
   local name=$1 ranks=$2; shift 2
   tiny_config "$dir/$name.ini" "run.out_dir=$dir/$name" train.steps=20 "$@" > "$dir/$name.ini"
-  ${strict:+env DYNMO_EMULATE_STRICT=$strict} timeout 180 mpiexec -n "$ranks" "$DYNMO" train \
+  ${strict:+env DYNMO_EMULATE_STRICT=$strict} timeout -k 10 180 mpiexec -n "$ranks" "$DYNMO" train \
     --config "$dir/$name.ini" > "$dir/$name.out" 2>&1 \
     || { fail "$name: exit $?: $(grep -m3 -i 'error\|host read' "$dir/$name.out" ||
                                   tail -n 3 "$dir/$name.out")"; return 1; }

@@ -9,7 +9,7 @@ work_dir
 tiny_config "$dir/t.ini" model.layers=12 model.channels=64 train.steps=6 parallel.pp=4 \
   balance.initial=explicit:1,1,1,9 balance.every=2
 run() { local name=$1; shift
-  timeout 120 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
+  timeout -k 10 120 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
     > "$dir/$name.out" 2>&1 || { fail "$name exited $?"; tail -n 5 "$dir/$name.out"; return 1; }
   h5dump -b LE -d /steps/loss -o "$dir/$name.loss" "$dir/$name/runlog.h5" >/dev/null
 }
@@ -53,7 +53,7 @@ got=$(sed -n 's/^update_ms: blocks \([0-9.]*\) .*/\1/p' <<<"$out")
 # Stages that share processors (docs/pipeline.md): 4 ranks bound to CPU 0
 # form one group with 1 core whatever the machine; the run says so, keeps it
 # in the run log for plan, profiles CPU time, and computes the same bits.
-timeout 120 mpiexec -bind-to user:0,0,0,0 -n 4 "$DYNMO" train --config "$dir/t.ini"   run.out_dir="$dir/shared" balance.method=partition-time > "$dir/shared.out" 2>&1   || fail "shared run exited $?"
+timeout -k 10 120 mpiexec -bind-to user:0,0,0,0 -n 4 "$DYNMO" train --config "$dir/t.ini"   run.out_dir="$dir/shared" balance.method=partition-time > "$dir/shared.out" 2>&1   || fail "shared run exited $?"
 grep -q "^processors: stages share them (groups 0,0,0,0 with 1 cores); profiling CPU time"   "$dir/shared.out" && echo "ok: shared run names its sharing"   || fail "shared run: no processors line: $(grep -m1 processors "$dir/shared.out")"
 h5dump -b LE -d /steps/loss -o "$dir/shared.loss" "$dir/shared/runlog.h5" >/dev/null
 cmp -s "$dir/static.loss" "$dir/shared.loss" && echo "ok: shared run bit-identical to static"   || fail "shared run: losses differ from the static run"
@@ -74,7 +74,7 @@ step=$(grep -m1 '^step_ms:' <<<"$out" | awk '{print $2}')
 # A processor per rank: no sharing recorded (needs 2 CPUs).
 if [ "$(nproc)" -ge 2 ]; then
   tiny_config "$dir/t2.ini" model.layers=12 model.channels=64 train.steps=2 parallel.pp=2
-  timeout 120 mpiexec -bind-to user:0,1 -n 2 "$DYNMO" train --config "$dir/t2.ini" \
+  timeout -k 10 120 mpiexec -bind-to user:0,1 -n 2 "$DYNMO" train --config "$dir/t2.ini" \
     run.out_dir="$dir/dedicated" > "$dir/dedicated.out" 2>&1 || fail "dedicated run exited $?"
   ! grep -q "^processors:" "$dir/dedicated.out" && \
     ! h5dump -A "$dir/dedicated/runlog.h5" | grep -q stage_groups \

@@ -10,7 +10,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
 out=$dir/check_gpu.out
-BUILD=$BUILD DEVICE=emulate timeout 600 scripts/check_gpu.sh > "$out" 2>&1
+BUILD=$BUILD DEVICE=emulate timeout -k 10 600 scripts/check_gpu.sh > "$out" 2>&1
 rc=$?
 passes=$(sed -n '/check-gpu summary/,$p' "$out" | grep -c '^  PASS')
 if [ $rc -eq 0 ] && grep -q '^check-gpu: all passed' "$out" && [ "$passes" -eq 13 ]; then

@@ -119,7 +119,7 @@ mkfifo "$dir/fifo.ini"
 expect_error "--config a FIFO" "config file $dir/fifo.ini is a FIFO, not a regular file" \
   timeout -k 5 30 "$DYNMO" train --config "$dir/fifo.ini"
 # on 3 ranks a missing token file is one message, not one per rank
-out=$(timeout 60 mpiexec -n 3 "$DYNMO" train --config "$dir/ok.ini" data.train=data/none.bin 2>&1)
+out=$(timeout -k 10 60 mpiexec -n 3 "$DYNMO" train --config "$dir/ok.ini" data.train=data/none.bin 2>&1)
 rc=$?
 n=$(grep -c 'cannot open token file' <<<"$out")
 [ $rc -eq 2 ] && [ "$n" -eq 1 ] && echo "ok: 3 ranks, missing data: one message, exit 2" \

@@ -190,7 +190,7 @@ pool() {
   for steps in 2 5; do
     tiny_config "$dir/$name$steps.ini" "run.out_dir=$dir/$name$steps" train.device=emulate "$@" \
       train.steps=$steps > "$dir/$name$steps.ini"
-    DYNMO_EMULATE_ALLOC_COUNTS=1 timeout 180 mpiexec -n "$ranks" "$DYNMO" train \
+    DYNMO_EMULATE_ALLOC_COUNTS=1 timeout -k 10 180 mpiexec -n "$ranks" "$DYNMO" train \
       --config "$dir/$name$steps.ini" > "$dir/$name$steps.out" 2>&1 || fail "$name$steps: exit $?"
     grep "^emulate: .* allocations" "$dir/$name$steps.out" | sort > "$dir/$name$steps.counts"
   done

@@ -9,7 +9,8 @@
 #   or CUDA's resolves into the bundle (ldd with the wrappers' path), and
 #   a 2-rank run on train.device=emulate through the bundle's mpiexec
 #   loads every such library from the bundle (LD_DEBUG=files), its proxy
-#   from the bundle, and trains its 4 steps;
+#   from the bundle (UCX's cma module among them, without which MPI_Finalize
+#   could hang), and trains its 4 steps;
 # - scripts/device_session.sh on that archive (unpacked by python3's
 #   tarfile, its fallback without xz), with a stand-in nvidia-smi
 #   that finds no GPU: exit 2 within 120 s, 'no GPU' for check-gpu and
@@ -56,6 +57,9 @@ for f in bin/mpiexec bin/mpiexec.hydra bin/hydra_pmi_proxy build/dynmo build/dyn
   [ -e "$p/$f" ] || fail "the bundle has no $f"
 done
 [ ${#flags[@]} -gt 0 ] || [ -f "$p/build/libdynmo_cuda.so" ] || fail "the bundle has no libdynmo_cuda.so"
+# without UCX's cma module two ranks talk over tcp, and MPI_Finalize hung
+# in about 1 of 15 runs
+[ -f "$p/lib/ucx/libuct_cma.so.0" ] || fail "the bundle does not carry UCX's cma module (lib/ucx)"
 
 # 2. every non-glibc, non-CUDA library from the bundle
 glibc_or_cuda() {
@@ -89,7 +93,7 @@ tiny_config "$dir/run.ini" "run.out_dir=$dir/out" parallel.pp=2 train.device=emu
 mpiexec=$(PATH=$p/bin:$PATH command -v mpiexec)
 [ "$mpiexec" = "$p/bin/mpiexec" ] || fail "mpiexec in PATH is $mpiexec, not the bundle's"
 PATH=$p/bin:$PATH HYDRA_LAUNCHER=fork LD_DEBUG=files LD_DEBUG_OUTPUT=$tmp/lddebug/ld \
-  timeout 120 mpiexec -verbose -n 2 dynmo train --config "$dir/run.ini" > "$dir/run.out" 2>&1
+  timeout -k 10 120 mpiexec -verbose -n 2 dynmo train --config "$dir/run.ini" > "$dir/run.out" 2>&1
 rc=$?
 if [ $rc -ne 0 ]; then
   fail "2 ranks on emulate through the bundle: exit $rc: $(grep -v '^\s*\[\|^ ' "$dir/run.out" | grep -m 3 -i error)"
@@ -114,6 +118,9 @@ else
 fi
 grep -q "calling init: $p/build/libdynmo_emulate.so" <<<"$(cat "$tmp"/lddebug/ld.*)" \
   || fail "the run did not load the bundle's libdynmo_emulate.so"
+grep -q "calling init: $p/\(.*/\)\?lib/ucx/libuct_cma.so.0" <<<"$(cat "$tmp"/lddebug/ld.*)" \
+  && echo "ok: the ranks loaded UCX's cma module from the bundle" || fail "the run did not load the bundle's UCX cma module"
+grep -q 'MPI_Finalize did not return' "$dir/run.out" && fail "a rank's MPI_Finalize hung: $(grep -m 2 MPI_Finalize "$dir/run.out")"
 
 # 4. device_session.sh here: no GPU (a stand-in nvidia-smi that finds none)
 mkdir -p "$tmp/fakebin" "$tmp/out"
@@ -122,7 +129,7 @@ printf '#!/bin/sh\necho "NVIDIA-SMI has failed because it could not communicate 
 chmod +x "$tmp/fakebin/nvidia-smi"
 before=$(ls -d /tmp/dynmo-device.* 2>/dev/null | sort)
 start=$SECONDS
-PATH=$tmp/fakebin:$PATH OUT=$tmp/out DEVICE_UNPACK=python timeout 120 scripts/device_session.sh "$archive" > "$tmp/session.out" 2>&1
+PATH=$tmp/fakebin:$PATH OUT=$tmp/out DEVICE_UNPACK=python timeout -k 10 120 scripts/device_session.sh "$archive" > "$tmp/session.out" 2>&1
 rc=$?
 secs=$((SECONDS - start))
 after=$(ls -d /tmp/dynmo-device.* 2>/dev/null | sort)
@@ -149,7 +156,7 @@ if [ ${#flags[@]} -eq 0 ]; then
 fi
 
 # no archive: exit 3, saying what to do
-OUT=$tmp/out2 timeout 30 scripts/device_session.sh "$tmp/none.tar.xz" > "$tmp/none.out" 2>&1
+OUT=$tmp/out2 timeout -k 10 30 scripts/device_session.sh "$tmp/none.tar.xz" > "$tmp/none.out" 2>&1
 rc=$?
 [ $rc -eq 3 ] && grep -q 'run scripts/device_bundle.sh' "$tmp/none.out" && echo "ok: no archive: exit 3" \
   || fail "no archive: exit $rc: $(tail -n 3 "$tmp/none.out")"

@@ -13,7 +13,7 @@ FREEZE="dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 dyn.freeze_thresh
 EXIT_SOFT="dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=2 run.log_every=1"
 EXIT_SAT="dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.9 dyn.exit_confidence=saturation dyn.exit_loss_weight=0.5"
 run() { local name=$1; shift
-  timeout 180 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
+  timeout -k 10 180 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
     > "$dir/$name.out" 2>&1 || { fail "$name exited $?"; tail -n 5 "$dir/$name.out"; return 1; }
   h5dump -b LE -d /steps/loss -o "$dir/$name.loss" "$dir/$name/runlog.h5" >/dev/null
 }

@@ -19,7 +19,7 @@ py=/usr/bin/python3
 tiny_config "$dir/t.ini" model.layers=8 train.steps=14 run.log_every=1 dyn.kind=freeze \
   dyn.freeze_window=3 dyn.freeze_every=2 dyn.freeze_threshold=100
 run() { local name=$1 ranks=$2; shift 2
-  timeout 300 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
+  timeout -k 10 300 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
     > "$dir/$name.out" 2>&1 || { fail "$name exited $?: $(tail -n 3 "$dir/$name.out")"; return 1; }
 }
 # step N and the frozen count its line shows, from step $2 on

@@ -27,7 +27,7 @@ for dir in tests/fuzz-regressions/*/; do
   fi
   for input in "$dir"*; do
     [ -f "$input" ] || continue
-    out=$(timeout 60 "$bin" "$input" 2>&1)
+    out=$(timeout -k 10 60 "$bin" "$input" 2>&1)
     rc=$?
     if [ $rc -eq 0 ]; then
       echo "ok: $target $(basename "$input")"
@@ -45,12 +45,12 @@ done
 for input in tests/fuzz-regressions/ckpt/gheap-object-past-collection-*; do
   expect_error "check-ckpt $(basename "$input")" \
     "damaged: the global heap collection at byte 2048 .* holds object [0-9]+ of [0-9]+ bytes with [0-9]+ bytes left in it" \
-    timeout 60 "$DYNMO" check-ckpt "$input"
+    timeout -k 10 60 "$DYNMO" check-ckpt "$input"
 done
 for input in tests/fuzz-regressions/ckpt/gheap-free-space-size-*; do
   expect_error "check-ckpt $(basename "$input")" \
     "damaged: the global heap collection at byte 2048 .* gives its free space 0 bytes where [0-9]+ remain" \
-    timeout 60 "$DYNMO" check-ckpt "$input"
+    timeout -k 10 60 "$DYNMO" check-ckpt "$input"
 done
 expect_error "check-ckpt history-sum-overflow.h5" \
   "history-sum-overflow.h5: /layout: layout history entry 0 \(2 stages\) is not a layout of 2 blocks" \

@@ -36,7 +36,7 @@ declare -A dyn=(
 run() {
   local name=$1 ranks=$2 config=$3; shift 3
   # shellcheck disable=SC2086
-  timeout 300 mpiexec -n "$ranks" "$DYNMO" train --config "configs/$config.ini" "${shrink[@]}" \
+  timeout -k 10 300 mpiexec -n "$ranks" "$DYNMO" train --config "configs/$config.ini" "${shrink[@]}" \
     ${dyn[$config]} run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   [ $rc -eq "${want:-0}" ] || { fail "$name: exit $rc, want ${want:-0}: $(tail -n 3 "$dir/$name.out")"; return 1; }

@@ -45,7 +45,7 @@ expect_error "bench refuses it too" "no CUDA device \(fake\)" \
   env DYNMO_CUDA_PLUGIN="$dir/nodevice.so" "$DYNMO" bench --config "$dir/run.ini" train.device=cuda
 
 # Two ranks: one message, both exit 2, within the time limit.
-out=$(DYNMO_CUDA_PLUGIN="$dir/nodevice.so" timeout 60 mpiexec -n 2 "$DYNMO" train \
+out=$(DYNMO_CUDA_PLUGIN="$dir/nodevice.so" timeout -k 10 60 mpiexec -n 2 "$DYNMO" train \
       --config "$dir/run.ini" train.device=cuda 2>&1 >/dev/null); rc=$?
 [ $rc -eq 2 ] || fail "two ranks: exit $rc, want 2 ($out)"
 [ "$(grep -c 'no CUDA device (fake)' <<<"$out")" = 1 ] || fail "two ranks: not one message: $out"

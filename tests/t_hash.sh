@@ -24,7 +24,7 @@ bits() {
 }
 run() { # run NAME CONFIG RANKS [overrides...]
   local name=$1 config=$2 ranks=$3; shift 3
-  timeout 180 mpiexec -n "$ranks" "$DYNMO" train --config "$config" \
+  timeout -k 10 180 mpiexec -n "$ranks" "$DYNMO" train --config "$config" \
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
@@ -77,7 +77,7 @@ run part "$dir/hash.ini" 1 parallel.pp=1 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.e
 # and refuses a run with other ones: exit 2, one message
 refused() { # refused NAME CONFIG WHAT PATTERN [overrides...]
   local name=$1 config=$2 what=$3 pattern=$4; shift 4
-  timeout 120 mpiexec -n 1 "$DYNMO" train --config "$config" parallel.pp=1 parallel.dp=1 \
+  timeout -k 10 120 mpiexec -n 1 "$DYNMO" train --config "$config" parallel.pp=1 parallel.dp=1 \
     run.out_dir="$dir/$name" ckpt.dir="$dir/cb" train.steps=6 "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   if [ $rc -eq 2 ] && grep -q "$pattern" "$dir/$name.out" && [ "$(grep -c . "$dir/$name.out")" -le 3 ]; then

@@ -27,7 +27,7 @@ bits() {
 }
 run() { # run NAME CONFIG RANKS [overrides...]
   local name=$1 config=$2 ranks=$3; shift 3
-  timeout 180 mpiexec -n "$ranks" "$DYNMO" train --config "$config" \
+  timeout -k 10 180 mpiexec -n "$ranks" "$DYNMO" train --config "$config" \
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
@@ -101,7 +101,7 @@ PY
   echo "ok: inspect shows a checkpoint's MoD keys" || fail "inspect does not show a checkpoint's MoD keys"
 refused() { # refused NAME WHAT PATTERN [overrides...]: resume from cb must exit 2 with PATTERN
   local name=$1 what=$2 pattern=$3; shift 3
-  timeout 120 mpiexec -n 1 "$DYNMO" train --config "$dir/mod.ini" parallel.pp=1 parallel.dp=1 \
+  timeout -k 10 120 mpiexec -n 1 "$DYNMO" train --config "$dir/mod.ini" parallel.pp=1 parallel.dp=1 \
     run.out_dir="$dir/$name" ckpt.dir="$dir/cb" train.steps=6 "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   if [ $rc -eq 2 ] && grep -q "$pattern" "$dir/$name.out" && [ "$(grep -c . "$dir/$name.out")" -le 3 ]; then

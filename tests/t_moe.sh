@@ -27,7 +27,7 @@ tiny_config "$dir/dense.ini"
 bits() { h5dump -b LE -d "$2" -o "$3" "$1/runlog.h5" >/dev/null; }
 run() { # run NAME CONFIG RANKS [overrides...]
   local name=$1 config=$2 ranks=$3; shift 3
-  timeout 180 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$config.ini" \
+  timeout -k 10 180 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$config.ini" \
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
@@ -126,7 +126,7 @@ PY
   expect_error "check-ckpt a flipped expert" "flipped.h5: .*Fletcher32 checksum mismatch in /moe/experts/params \(row 5\)" \
     "$DYNMO" check-ckpt "$dir/flipped.h5"
 }
-timeout 60 mpiexec -n 2 "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/dense-ck" \
+timeout -k 10 60 mpiexec -n 2 "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/dense-ck" \
   parallel.pp=2 ckpt.dir="$dir/dense-ck" train.steps=1 train.warmup=0 > "$dir/dense-ck.out" 2>&1 ||
   fail "dense run with a checkpoint: $(tail -n 3 "$dir/dense-ck.out")"
 expect_error "a dense checkpoint into an MoE run" "model.moe_every is 0 in the checkpoint but 2 in this run" \
@@ -146,7 +146,7 @@ for b in m['blocks']:
 " && echo "ok: inspect --json: moe.blocks" || fail "inspect --json has no moe summary"
 
 # configs/moe.ini itself, shortened.
-timeout 300 mpiexec -n 4 "$DYNMO" train --config configs/moe.ini train.steps=3 train.warmup=1 \
+timeout -k 10 300 mpiexec -n 4 "$DYNMO" train --config configs/moe.ini train.steps=3 train.warmup=1 \
   train.eval_every=3 train.eval_batches=1 run.log_every=1 data.train="$dir/data/train.bin" \
   data.val="$dir/data/val.bin" run.out_dir="$dir/config" > "$dir/config.out" 2>&1 &&
   grep -q "^step 3/3 .*val " "$dir/config.out" && echo "ok: configs/moe.ini (3 steps, 2 stages x 2 replicas)" \
@@ -156,7 +156,7 @@ timeout 300 mpiexec -n 4 "$DYNMO" train --config configs/moe.ini train.steps=3 t
 bad() { # bad NAME REGEX RANKS overrides...
   local name=$1 regex=$2 ranks=$3; shift 3
   local out rc
-  out=$(timeout 60 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
+  out=$(timeout -k 10 60 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
   [ $rc -eq 2 ] || { fail "$name: exit $rc, want 2: $out"; return; }
   grep -Eq -- "$regex" <<<"$out" || { fail "$name: '$out' does not match /$regex/"; return; }
   [ "$(grep -c 'error' <<<"$out")" -eq 1 ] || { fail "$name: more than one message: $out"; return; }

@@ -35,7 +35,7 @@ tiny_config "$dir/dense.ini"
 bits() { h5dump -b LE -d "$2" -o "$3" "$1/runlog.h5" >/dev/null; }
 run() { # run NAME CONFIG RANKS [overrides...]
   local name=$1 config=$2 ranks=$3; shift 3
-  timeout 300 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$config.ini" \
+  timeout -k 10 300 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$config.ini" \
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
@@ -152,7 +152,7 @@ PY
 
 # configs/moe.ini as pp=2 dp=2 ep=2 on 4 ranks, shortened, against its ep=1.
 for ep in 1 2; do
-  timeout 300 mpiexec -n 4 "$DYNMO" train --config configs/moe.ini parallel.ep=$ep train.steps=3 \
+  timeout -k 10 300 mpiexec -n 4 "$DYNMO" train --config configs/moe.ini parallel.ep=$ep train.steps=3 \
     train.warmup=1 train.eval_every=3 train.eval_batches=1 run.log_every=1 \
     data.train="$dir/data/train.bin" data.val="$dir/data/val.bin" run.out_dir="$dir/config-ep$ep" \
     > "$dir/config-ep$ep.out" 2>&1 && grep -q "^step 3/3 .*val " "$dir/config-ep$ep.out" ||
@@ -190,7 +190,7 @@ else echo "skip: replica shares: $(nproc) CPUs hold the 4 ranks"; fi
 bad() { # bad NAME REGEX RANKS overrides...
   local name=$1 regex=$2 ranks=$3; shift 3
   local out rc
-  out=$(timeout 60 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
+  out=$(timeout -k 10 60 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
   [ $rc -eq 2 ] || { fail "$name: exit $rc, expected 2: $out"; return; }
   grep -Eq -- "$regex" <<<"$out" || { fail "$name: '$out' does not match /$regex/"; return; }
   [ "$(grep -c 'error' <<<"$out")" -eq 1 ] || { fail "$name: more than one message: $out"; return; }

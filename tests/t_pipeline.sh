@@ -14,7 +14,7 @@ tiny_config "$dir/tiny.ini"
 losses() { h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null; }
 run() { # run NAME RANKS [overrides...]
   local name=$1 ranks=$2; shift 2
-  timeout 120 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/tiny.ini" \
+  timeout -k 10 120 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/tiny.ini" \
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
@@ -77,7 +77,7 @@ fi
 # with turns no two of those intervals overlap, and the bits are those of the
 # same run without turns, whose overlaps are printed for contrast.
 turns_run() { # NAME TURNS
-  timeout 180 mpiexec -bind-to user:0,0,0,0 -n 4 "$DYNMO" train --config "$dir/tiny.ini" \
+  timeout -k 10 180 mpiexec -bind-to user:0,0,0,0 -n 4 "$DYNMO" train --config "$dir/tiny.ini" \
     run.out_dir="$dir/$1" parallel.pp=4 parallel.turns="$2" model.channels=256 model.max_seq=64 \
     train.seq=64 train.steps=6 run.trace_from=3 run.trace_steps=3 > "$dir/$1.out" 2>&1 \
     || { fail "$1 exited $?"; tail -n 5 "$dir/$1.out"; return 1; }
@@ -129,7 +129,7 @@ PY
 bad() { # bad NAME REGEX RANKS overrides...
   local name=$1 regex=$2 ranks=$3; shift 3
   local out rc
-  out=$(timeout 60 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/tiny.ini" run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
+  out=$(timeout -k 10 60 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/tiny.ini" run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
   [ $rc -eq 2 ] || { fail "$name: exit $rc, want 2: $out"; return; }
   grep -Eq -- "$regex" <<<"$out" || { fail "$name: '$out' does not match /$regex/"; return; }
   [ "$(grep -c 'error' <<<"$out")" -eq 1 ] || { fail "$name: more than one message: $out"; return; }

@@ -11,13 +11,13 @@ set -u
 BUILD=${BUILD:-build}
 work_dir
 for n in 3 4; do
-  timeout 120 mpiexec -n $n "$BUILD/tests/test_prune" > "$dir/tp$n.out" 2>&1 \
+  timeout -k 10 120 mpiexec -n $n "$BUILD/tests/test_prune" > "$dir/tp$n.out" 2>&1 \
     && echo "ok: test_prune on $n ranks" || { fail "test_prune on $n ranks"; cat "$dir/tp$n.out"; }
 done
 tiny_config "$dir/t.ini" model.layers=12 model.channels=64 train.steps=16 dyn.kind=prune \
   dyn.prune_start=4 dyn.prune_every=2 dyn.prune_steps=3 dyn.sparsity_final=0.9 dyn.csr_sparsity=0.85
 run() { local name=$1 n=$2; shift 2
-  timeout 120 mpiexec -n $n "$DYNMO" train --config "$dir/t.ini" parallel.pp=$n \
+  timeout -k 10 120 mpiexec -n $n "$DYNMO" train --config "$dir/t.ini" parallel.pp=$n \
     run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1 \
     || { fail "$name exited $?"; tail -n 5 "$dir/$name.out"; return 1; }
   h5dump -b LE -d /steps/loss -o "$dir/$name.loss" "$dir/$name/runlog.h5" >/dev/null

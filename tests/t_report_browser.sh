@@ -21,7 +21,7 @@ tiny_config "$dir/t.ini" parallel.pp=2 train.steps=6 train.eval_every=3 \
   run.trace_from=2 run.trace_steps=2 balance.every=2
 for run in "balanced balance.method=random" "static balance.method=none"; do
   set -- $run
-  timeout 120 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$1" "$2" \
+  timeout -k 10 120 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$1" "$2" \
     > "$dir/$1.out" 2>&1 || { fail "$1 run exited $?"; tail -n 5 "$dir/$1.out"; finish; }
 done
 out=$("$DYNMO" report "$dir/balanced/runlog.h5" "$dir/static/runlog.h5" --out "$dir/report" 2>&1) \
@@ -83,7 +83,7 @@ window.addEventListener("load", () => {
 page = open(sys.argv[1]).read()
 open(sys.argv[2], "w").write(page.replace("</body>", script + "</body>"))
 PY
-timeout 120 chromium --headless --no-sandbox --disable-gpu --allow-file-access-from-files \
+timeout -k 10 120 chromium --headless --no-sandbox --disable-gpu --allow-file-access-from-files \
   --virtual-time-budget=20000 --dump-dom "file://$dir/report/check.html" \
   > "$dir/dom.html" 2> "$dir/chromium.err"
 rc=$?

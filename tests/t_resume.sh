@@ -9,7 +9,7 @@ set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
 tiny_config "$dir/t.ini" model.channels=64 train.steps=150 train.lr=1e-3 train.warmup=5
-timeout 300 mpiexec -n 1 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/full" > "$dir/full.out" 2>&1 \
+timeout -k 10 300 mpiexec -n 1 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/full" > "$dir/full.out" 2>&1 \
   || fail "uninterrupted run failed"
 h5dump -b LE -d /steps/loss -o "$dir/full.loss" "$dir/full/runlog.h5" >/dev/null
 
@@ -37,7 +37,7 @@ segment() {
 segment 1 4 4 USR1 one
 segment 2 2 2 USR1 all
 segment 3 1 1 TERM one
-timeout 300 mpiexec -n 3 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/chain" parallel.pp=3 \
+timeout -k 10 300 mpiexec -n 3 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/chain" parallel.pp=3 \
   ckpt.dir="$dir/ck" ckpt.resume=auto > "$dir/seg4.out" 2>&1 || fail "last segment failed"
 grep -o 'resumed from.*' "$dir/seg4.out"
 h5dump -b LE -d /steps/loss -o "$dir/chain.loss" "$dir/chain/runlog.h5" >/dev/null
@@ -47,14 +47,14 @@ ls "$dir/ck"/ckpt-*.h5 | wc -l | grep -qx 2 || fail "ckpt.keep = 2 not honoured:
 
 # Re-pack: the planner must shrink 4 stages of a 6-block model whose
 # micro-batches are tiny (epsilon generous); exit 3 and next_world.
-timeout 300 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/rp" parallel.pp=4 \
+timeout -k 10 300 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/rp" parallel.pp=4 \
   ckpt.dir="$dir/rpck" repack.enable=1 repack.every=30 repack.epsilon=5 > "$dir/rp1.out" 2>&1
 rc=$?
 [ $rc -eq 3 ] || fail "re-pack run: exit $rc, want 3 ($(tail -n 2 "$dir/rp1.out"))"
 if [ -f "$dir/rpck/next_world" ]; then
   pp=$(sed -n 's/^pp = //p' "$dir/rpck/next_world"); layout=$(sed -n 's/^layout = //p' "$dir/rpck/next_world")
   echo "ok: re-pack to pp=$pp layout=$layout: $(grep -o 'repack: .*' "$dir/rp1.out" | head -c 160)"
-  timeout 300 mpiexec -n "$pp" "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/rp" parallel.pp="$pp" \
+  timeout -k 10 300 mpiexec -n "$pp" "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/rp" parallel.pp="$pp" \
     balance.initial="explicit:$layout" ckpt.dir="$dir/rpck" > "$dir/rp2.out" 2>&1 || fail "smaller world failed"
   h5dump -b LE -d /steps/loss -o "$dir/rp.loss" "$dir/rp/runlog.h5" >/dev/null
   cmp -s "$dir/full.loss" "$dir/rp.loss" && echo "ok: re-packed run bit-identical" || fail "re-packed run's losses differ"
@@ -65,7 +65,7 @@ fi
 # once: /trace/events is cut back to the resumed step like every per-step
 # dataset. Steps 2-5 traced, checkpoints at 3 and 6; ckpt-6 removed (as if
 # the job died before writing it), the rerun resumes at 3 and redoes 4-6.
-trace_run() { timeout 120 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/tr" \
+trace_run() { timeout -k 10 120 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/tr" \
   parallel.pp=2 train.steps=6 ckpt.dir="$dir/trck" ckpt.every=3 run.trace_from=2 run.trace_steps=4 \
   > "$dir/tr$1.out" 2>&1 || fail "traced run $1 failed: $(tail -n 2 "$dir/tr$1.out")"; }
 trace_run 1

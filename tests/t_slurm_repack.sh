@@ -20,7 +20,7 @@ cd "$dir" || exit 1
 "$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
 tiny_config run.ini train.steps=40 train.lr=1e-3 train.warmup=2 run.out_dir="$dir/out" \
   ckpt.dir="$dir/ckpt" repack.enable=1 repack.every=10 repack.epsilon=5 repack.min_ranks=2
-timeout 120 "$DYNMO" train --config run.ini run.out_dir="$dir/full" repack.enable=0 ckpt.dir= > full.out 2>&1 \
+timeout -k 10 120 "$DYNMO" train --config run.ini run.out_dir="$dir/full" repack.enable=0 ckpt.dir= > full.out 2>&1 \
   || fail "unbroken run failed: $(tail -n 3 full.out)"
 job1=$(sbatch --parsable --ntasks=4 --output="$dir/chain.log" "$script" --dynmo "$DYNMO" \
        --config run.ini parallel.pp=4) || fail "sbatch failed"

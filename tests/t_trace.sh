@@ -17,7 +17,7 @@ work_dir
 py=/usr/bin/python3
 tiny_config "$dir/t.ini" parallel.pp=2 run.trace_from=2 run.trace_steps=2 \
   balance.method=random balance.every=2
-timeout 120 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/traced" \
+timeout -k 10 120 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/traced" \
   > "$dir/traced.out" 2>&1 || { fail "traced run exited $?"; tail -n 5 "$dir/traced.out"; finish; }
 out=$("$DYNMO" trace "$dir/traced/runlog.h5" --out "$dir/trace.json" 2>&1) \
   || fail "dynmo trace exited $?: $out"
@@ -78,7 +78,7 @@ sys.exit(1 if problems else 0)
 PY
 
 # bad input
-timeout 60 "$DYNMO" train --config "$dir/t.ini" parallel.pp=1 run.trace_from=0 train.steps=1 \
+timeout -k 10 60 "$DYNMO" train --config "$dir/t.ini" parallel.pp=1 run.trace_from=0 train.steps=1 \
   balance.method=none run.out_dir="$dir/plain" > "$dir/plain.out" 2>&1 || fail "untraced run exited $?"
 expect_error "trace of a run without a trace" "has no traced steps \(/trace/events is missing: train with run.trace_from" \
   "$DYNMO" trace "$dir/plain/runlog.h5" --out "$dir/none.json"

@@ -4,12 +4,16 @@
 # WORLD_MPI): DYNMO_TEST_MPI_FAULT=send makes the last rank send to a rank
 # that does not exist. No rank may hang (timeout), and no other rank
 # prints a message of its own.
+# A hung MPI_Finalize ends within DYNMO_FINALIZE_SECONDS with the run's
+# status and a warning naming the rank (world.h, world_finalize):
+# DYNMO_TEST_MPI_FAULT=finalize keeps the last rank from reaching it; the
+# run's log is complete; an ordinary run prints no such warning.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
 tiny_config "$dir/t.ini"
 for ranks in 1 3; do
-  DYNMO_TEST_MPI_FAULT=send timeout 60 mpiexec -n $ranks "$DYNMO" train --config "$dir/t.ini" \
+  DYNMO_TEST_MPI_FAULT=send timeout -k 10 60 mpiexec -n $ranks "$DYNMO" train --config "$dir/t.ini" \
     parallel.pp=$ranks run.out_dir="$dir/out$ranks" > "$dir/out$ranks.txt" 2> "$dir/err$ranks.txt"
   rc=$?
   last=$((ranks - 1))
@@ -21,4 +25,30 @@ for ranks in 1 3; do
     && echo "ok: $ranks ranks: $msg" || fail "$ranks ranks: message does not name rank $last, file:line, the call and MPI's text: $msg"
   grep -q '^step' "$dir/out$ranks.txt" && fail "$ranks ranks: trained after the failure"
 done
+
+steps_in() { h5dump -d /steps/loss -H "$1" 2>/dev/null | grep -o 'DATASPACE *SIMPLE { ( [0-9]*' | grep -o '[0-9]*$'; }
+for ranks in 2 3; do
+  start=$SECONDS
+  DYNMO_FINALIZE_SECONDS=3 DYNMO_TEST_MPI_FAULT=finalize timeout -k 10 60 mpiexec -n $ranks "$DYNMO" train \
+    --config "$dir/t.ini" parallel.pp=$ranks run.out_dir="$dir/fin$ranks" > "$dir/fin$ranks.txt" 2> "$dir/fin$ranks.err"
+  rc=$?
+  secs=$((SECONDS - start))
+  last=$((ranks - 1))
+  [ $rc -eq 0 ] || fail "$ranks ranks, a rank that never finalizes: exit $rc, want 0: $(tail -n 3 "$dir/fin$ranks.err")"
+  [ $secs -lt 30 ] || fail "$ranks ranks, a rank that never finalizes: $secs s"
+  grep -q "^\[rank $last\] MPI_Finalize did not return within 3 s; exiting 0" "$dir/fin$ranks.err" \
+    && echo "ok: $ranks ranks, rank $last never finalizes: exit 0 in $secs s: $(grep -m 1 "rank $last" "$dir/fin$ranks.err")" \
+    || fail "$ranks ranks: no warning from rank $last: $(cat "$dir/fin$ranks.err")"
+  [ "$(steps_in "$dir/fin$ranks/runlog.h5")" = 4 ] || fail "$ranks ranks: the run log does not hold 4 steps"
+done
+DYNMO_FINALIZE_SECONDS=3 timeout -k 10 60 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" parallel.pp=2 \
+  run.out_dir="$dir/plain" > "$dir/plain.txt" 2> "$dir/plain.err" || fail "an ordinary 2-rank run: exit $?"
+grep -q 'MPI_Finalize' "$dir/plain.err" && fail "an ordinary run warned: $(cat "$dir/plain.err")"
+out=$(DYNMO_FINALIZE_SECONDS=soon timeout -k 10 60 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" \
+  parallel.pp=2 run.out_dir="$dir/bad" 2>&1 >/dev/null)
+rc=$?
+[ $rc -eq 2 ] && grep -q '^dynmo: error: DYNMO_FINALIZE_SECONDS=soon: want whole seconds' <<<"$out" \
+  && [ ! -e "$dir/bad/runlog.h5" ] \
+  && echo "ok: DYNMO_FINALIZE_SECONDS=soon: exit 2 before training: $(grep -m 1 DYNMO_FINALIZE <<<"$out")" \
+  || fail "DYNMO_FINALIZE_SECONDS=soon: exit $rc: $out"
 finish

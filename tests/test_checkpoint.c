@@ -1034,6 +1034,6 @@ int main(int argc, char **argv)
         status = failures ? 1 : 0;
     }
     dm_threads_shutdown();
-    world_finalize();
+    world_finalize(status);
     return status;
 }

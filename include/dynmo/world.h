@@ -45,8 +45,13 @@ double world_wait_all(int n, MPI_Request *reqs);
  * WORLD_MPI, so that the tests can see the fatal path of a failing MPI
  * call (tests/t_world.sh). */
 void world_init(int *argc, char ***argv);
-/* Finalises MPI if world_init started it. */
-void world_finalize(void);
+/* Finalises MPI if world_init started it, bounded: a rank whose
+ * MPI_Finalize has not returned within DYNMO_FINALIZE_SECONDS (default 60,
+ * 0 for no bound) prints a warning and exits with `status`, the status the
+ * caller is about to exit with (its files must be complete by then). The
+ * test-only DYNMO_TEST_MPI_FAULT=finalize keeps the last rank from ever
+ * reaching MPI_Finalize (tests/t_world.sh). */
+void world_finalize(int status);
 /* Ranks of this job that run on this node (MPI_COMM_TYPE_SHARED). */
 int world_local_size(void);
 

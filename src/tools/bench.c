@@ -225,6 +225,6 @@ int cmd_bench(int argc, char **argv)
     loader_free(&ld);
     dm_free(tokens);
     dm_threads_shutdown();
-    world_finalize();
+    world_finalize(status);
     return status;
 }

@@ -316,6 +316,6 @@ int cmd_train(int argc, char **argv)
         report(&tr);
     }
     train_teardown(&tr);
-    world_finalize();
+    world_finalize(status);
     return status;
 }

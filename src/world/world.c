@@ -6,6 +6,7 @@
 #define _GNU_SOURCE
 #include <mpi.h>
 #include <sched.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,7 +63,7 @@ static void abort_job(int status)
 
 static void finalize_job(void)
 {
-    world_finalize();
+    world_finalize(DM_EXIT_USAGE);
 }
 
 static int cpus_overlap(const struct placement *a, const struct placement *b)
@@ -339,6 +340,63 @@ static void setup_message_gate(MPI_Comm node, int node_size)
     dm_set_message_gate(take_message_gate);
 }
 
+/* A bounded MPI_Finalize. The transport's shutdown can wait forever on a
+ * peer that has moved on (MPICH's UCX over tcp did, about once in 15
+ * two-rank runs); by then the run's files are complete, so a rank whose
+ * MPI_Finalize has not returned within DYNMO_FINALIZE_SECONDS (default
+ * 60; 0 waits forever) says so and exits with the status it was about to
+ * return, instead of holding the allocation until its time limit. */
+static char finalize_message[160];
+static int finalize_status;
+
+static void finalize_overdue(int sig)
+{
+    (void)sig;
+    ssize_t written = write(STDERR_FILENO, finalize_message, strlen(finalize_message));
+    (void)written;
+    _exit(finalize_status);
+}
+
+static unsigned finalize_limit = 60;
+
+/* At start-up, so that a bad value stops the job before it trains. */
+static void read_finalize_limit(void)
+{
+    const char *text = getenv("DYNMO_FINALIZE_SECONDS");
+    if (!text) return;
+    char *end = NULL;
+    long v = strtol(text, &end, 10);
+    if (!*text || *end || v < 0 || v > 86400)
+        dm_user_error("DYNMO_FINALIZE_SECONDS=%s: want whole seconds in 0..86400 (0: no bound)\n",
+                      text);
+    finalize_limit = (unsigned)v;
+}
+
+static void arm_finalize_limit(int status)
+{
+    unsigned seconds = finalize_limit;
+    if (!seconds) return;
+    finalize_status = status;
+    snprintf(finalize_message, sizeof finalize_message,
+             "[rank %d] MPI_Finalize did not return within %u s; exiting %d "
+             "(the run's files are complete)\n", dm_rank(), seconds, status);
+    struct sigaction act;
+    memset(&act, 0, sizeof act);
+    act.sa_handler = finalize_overdue;
+    sigemptyset(&act.sa_mask);
+    sigaction(SIGALRM, &act, NULL);
+    alarm(seconds);
+}
+
+/* DYNMO_TEST_MPI_FAULT=finalize (tests only; world.h): the last rank never
+ * reaches MPI_Finalize, so every rank's bound is what ends the job. */
+static void inject_finalize_fault(void)
+{
+    const char *fault = getenv("DYNMO_TEST_MPI_FAULT");
+    if (!fault || strcmp(fault, "finalize") || dm_rank() != dm_world_size() - 1) return;
+    for (;;) pause();
+}
+
 /* DYNMO_TEST_MPI_FAULT=send (tests only; world.h): the last rank sends
  * to rank `size`, which does not exist, so that MPI returns an error. */
 static void inject_test_fault(int rank, int size)
@@ -372,6 +430,7 @@ void world_init(int *argc, char ***argv)
     dm_set_rank(rank, size);
     dm_set_abort_hook(abort_job);
     dm_set_finalize_hook(finalize_job);
+    read_finalize_limit();
     MPI_Comm node;
     WORLD_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
                                   &node));
@@ -391,7 +450,7 @@ void world_init(int *argc, char ***argv)
     inject_test_fault(rank, size);
 }
 
-void world_finalize(void)
+void world_finalize(int status)
 {
     int finalized = 0;
     if (!started) return;
@@ -408,7 +467,12 @@ void world_finalize(void)
     MPI_Finalized(&finalized);
     if (finalized) return;
     if (node_comm != MPI_COMM_NULL) MPI_Comm_free(&node_comm);
+    fflush(stdout);
+    fflush(stderr);
+    arm_finalize_limit(status);
+    inject_finalize_fault();
     MPI_Finalize();
+    alarm(0);
 }
 
 int world_local_size(void) { return local_size; }
