@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: each C test binary under $BUILD/tests and each shell test
 # tests/t_*.sh. Prints PASS/FAIL per test and ends with "N passed, N failed".
-# A shell test that exits 77 is counted as skipped (it says why).
+# A shell test that exits 77 is counted as skipped (it says why). Each test
+# runs under `timeout` (TEST_LIMIT seconds, default 900, then SIGKILL 10 s
+# later): a test that hangs fails, saying so, and the run goes on.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -11,13 +13,15 @@ if [ -n "${SANITIZE:-}" ]; then
   export ASAN_OPTIONS=detect_leaks=0:abort_on_error=1
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 fi
+limit=${TEST_LIMIT:-900}
 logdir=$(mktemp -d /tmp/dynmo-tests.XXXXXX)
 passed=0; failed=0; skipped=0; failed_names=()
 run_one() {
   local name=$1; shift
   local start=$(date +%s.%N)
-  "$@" >"$logdir/$name.log" 2>&1
+  timeout -k 10 "$limit" "$@" >"$logdir/$name.log" 2>&1
   local rc=$?
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "run.sh: $name did not finish within $limit s" >> "$logdir/$name.log"
   local secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}')
   if [ $rc -eq 0 ]; then
     passed=$((passed+1)); echo "PASS $name (${secs}s)"
