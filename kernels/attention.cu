@@ -74,18 +74,6 @@ __global__ void attention_softmax_backward_kernel(float *dscores, const float *a
     attention_softmax_backward_phase(t, dscores, dot, att, scale, T);
 }
 
-__global__ void attention_rows_scatter_kernel(float *dst, const float *src, const int *rows,
-                                              int n, int C)
-{
-    rows_scatter_thread(DM_THREAD_HERE, dst, src, rows, n, C, 0);
-}
-
-__global__ void attention_rows_gather_kernel(float *dst, const float *src, const int *rows,
-                                             int n, int C)
-{
-    rows_gather_thread(DM_THREAD_HERE, dst, src, rows, n, C);
-}
-
 static unsigned grid_of(long n)
 {
     return dm_grid_for(n, DM_CUDA_THREADS);
@@ -149,18 +137,7 @@ static void scatter_full(float *dst, const float *src, const int *rows, int n, i
                          int C)
 {
     CUDA_CHECK(cudaMemsetAsync(dst, 0, (size_t)B * T * C * sizeof(float), dm_cuda_stream()));
-    if (n == 0) return;
-    attention_rows_scatter_kernel<<<grid_of((long)n * C), DM_CUDA_THREADS, 0, dm_cuda_stream()>>>(
-        dst, src, rows, n, C);
-    LAUNCH_CHECK(attention_rows_scatter_kernel);
-}
-
-static void gather(float *dst, const float *src, const int *rows, int n, int C)
-{
-    if (n == 0) return;
-    attention_rows_gather_kernel<<<grid_of((long)n * C), DM_CUDA_THREADS, 0, dm_cuda_stream()>>>(
-        dst, src, rows, n, C);
-    LAUNCH_CHECK(attention_rows_gather_kernel);
+    cuda_rows_scatter(dst, src, rows, n, C, 0);
 }
 
 void cuda_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C,
@@ -199,7 +176,7 @@ void cuda_attention_forward_rows(float *out, float *att, const float *q, const f
     attention_unpermute_kernel<<<grid_of((long)B * T * C), DM_CUDA_THREADS, 0,
                                  dm_cuda_stream()>>>(h.full, h.y, B, T, C, NH);
     LAUNCH_CHECK(attention_unpermute_kernel);
-    gather(out, h.full, rows, nactive, C);
+    cuda_rows_gather(out, h.full, rows, nactive, C);
 }
 
 void cuda_attention_backward_rows(float *dq, float *dkv, float *scratch, const float *dout,
@@ -218,5 +195,5 @@ void cuda_attention_backward_rows(float *dq, float *dkv, float *scratch, const f
                                 dm_cuda_stream()>>>(h.qfull, C, dkv, dkv + C, 2 * C, h.dq, h.dk,
                                                     h.dv, B, T, C, NH);
     LAUNCH_CHECK(attention_gradient_kernel);
-    gather(dq, h.qfull, rows, nactive, C);
+    cuda_rows_gather(dq, h.qfull, rows, nactive, C);
 }

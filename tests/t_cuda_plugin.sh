@@ -25,7 +25,7 @@ for kernel in gelu_forward_kernel gelu_backward_kernel residual_forward_kernel \
     encoder_forward_kernel encoder_backward_kernel rows_gather_kernel rows_scatter_kernel \
     matmul_init_kernel matmul_dbias_kernel sparse_forward_kernel sparse_dinp_kernel \
     sparse_dweight_kernel sparse_dbias_kernel mod_router_kernel mod_select_topk_kernel \
-    attention_rows_scatter_kernel attention_rows_gather_kernel hash_bucket_kernel \
+    hash_bucket_kernel \
     hash_order_kernel hash_tiles_kernel hash_forward_kernel hash_dq_kernel hash_dkv_kernel \
     mod_predictor_kernel mod_predictor_dweight_kernel; do
   nm -C "$plugin" | grep -q "$kernel(" || fail "kernel $kernel is not in the plugin"
