@@ -270,8 +270,10 @@ static void *emulate_alloc_host(size_t bytes)
  * process prints at exit (or when the plugin is unloaded) how many times the model called alloc and
  * alloc_host (the emulator's own scratch is not counted), so a test can
  * see that a step allocates nothing after the first (cudaMalloc and
- * cudaHostAlloc are slow on a GPU). */
+ * cudaHostAlloc are slow on a GPU), and how many bytes it copied with
+ * copy_to_device and copy_to_host, so a test can see what crosses. */
 static long table_allocs, table_host_allocs;
+static long long bytes_to_device, bytes_to_host;
 
 static void *emulate_table_alloc(size_t bytes)
 {
@@ -292,12 +294,15 @@ __attribute__((destructor)) static void print_alloc_counts(void)
     if (!count_allocs) return;
     fprintf(stderr, "emulate: %ld device allocations, %ld host allocations\n", table_allocs,
             table_host_allocs);
+    fprintf(stderr, "emulate: %lld bytes copied to the device, %lld bytes copied to the host\n",
+            bytes_to_device, bytes_to_host);
 }
 
 static void emulate_copy_to_device(void *dst, const void *src, size_t bytes)
 {
     DEVICE_SCOPE;
     DEVICE_ARGS("copy_to_device", dst);
+    bytes_to_device += (long long)bytes;
     if (bytes) memcpy(dst, src, bytes);
 }
 
@@ -305,6 +310,7 @@ static void emulate_copy_to_host(void *dst, const void *src, size_t bytes)
 {
     DEVICE_SCOPE;
     DEVICE_ARGS("copy_to_host", src);
+    bytes_to_host += (long long)bytes;
     if (bytes) memcpy(dst, src, bytes);
 }
 
