@@ -26,6 +26,7 @@
 #include "attention.cuh"
 #include "elementwise.cuh"
 #include "encoder.cuh"
+#include "exit.cuh"
 #include "gemm.cuh"
 #include "hash.cuh"
 #include "layernorm.cuh"
@@ -621,6 +622,23 @@ static void emulate_crossentropy_softmax_backward(float *dlogits, const float *p
                                                                dloss_scale, N, V));
 }
 
+/* ---- early exit's confidence (exit.cu): a thread per token ------------------- */
+
+static void emulate_exit_softmax_confidence(float *conf, const float *probs, int n, int V)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("exit_softmax_confidence", conf, probs);
+    LAUNCH(grid_for(n), exit_softmax_confidence_thread(t, conf, probs, n, V));
+}
+
+static void emulate_exit_saturation_confidence(float *conf, const float *in, const float *out,
+                                               const int *rows, int n, int C)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("exit_saturation_confidence", conf, in, out, rows);
+    LAUNCH(grid_for(n), exit_saturation_confidence_thread(t, conf, in, out, rows, n, C));
+}
+
 /* ---- attention (attention.cu) ---------------------------------------------- */
 
 /* the heads (B NH T hs each) and two full-length rows (B T C) in scratch */
@@ -896,6 +914,8 @@ static const struct dm_backend emulate_table = {
     .encoder_backward = emulate_encoder_backward,
     .crossentropy_forward = emulate_crossentropy_forward,
     .crossentropy_softmax_backward = emulate_crossentropy_softmax_backward,
+    .exit_softmax_confidence = emulate_exit_softmax_confidence,
+    .exit_saturation_confidence = emulate_exit_saturation_confidence,
     .adamw_update = emulate_adamw_update,
     .sparse_matmul_forward = emulate_sparse_forward,
     .sparse_matmul_backward = emulate_sparse_backward,

@@ -187,6 +187,52 @@ void rows_scatter(float *dst, const float *src, const int *rows, int n, int C, i
     }
 }
 
+/* ---- the confidence of the active tokens --------------------------------------- */
+
+/* The exit head's top-1 minus top-2 probability of one token (V) */
+static float softmax_confidence(const float *pr, int V)
+{
+    float top1 = -1.0f, top2 = -1.0f;
+    for (int v = 0; v < V; v++) {
+        if (pr[v] > top1) {
+            top2 = top1;
+            top1 = pr[v];
+        } else if (pr[v] > top2) {
+            top2 = pr[v];
+        }
+    }
+    return top1 - top2;
+}
+
+/* The cosine of one token's hidden state before (a) and after (b) the block */
+static float saturation(const float *a, const float *b, int C)
+{
+    double ab = 0.0, aa = 0.0, bb = 0.0;
+    for (int c = 0; c < C; c++) {
+        ab += (double)a[c] * b[c];
+        aa += (double)a[c] * a[c];
+        bb += (double)b[c] * b[c];
+    }
+    return (aa > 0 && bb > 0) ? (float)(ab / sqrt(aa * bb)) : 0.0f;
+}
+
+/* The CPU backend's confidences (include/dynmo/backend.h's
+ * exit_softmax_confidence, exit_saturation_confidence; the model calls
+ * them through the table). */
+void exit_softmax_confidence(float *conf, const float *probs, int n, int V)
+{
+    for (int k = 0; k < n; k++) conf[k] = softmax_confidence(probs + (size_t)k * V, V);
+}
+
+void exit_saturation_confidence(float *conf, const float *in, const float *out,
+                                const int *rows, int n, int C)
+{
+    for (int k = 0; k < n; k++) {
+        size_t row = (size_t)rows[k] * C;
+        conf[k] = saturation(in + row, out + row, C);
+    }
+}
+
 /* In a block with exited tokens, acts->qkv holds K|V of every token
  * ((N,2C), rows as the tokens) followed by Q of the active ones ((Na,C),
  * compact), and the backward's d_qkv the same layout for dK|dV and dQ. The
@@ -291,33 +337,6 @@ static int has_exit_head(const struct gpt *model, int layer)
     int L = model->shape.layers;
     if (layer < x->from || layer >= L - 1) return 0;
     return x->loss_weight > 0.0f || x->confidence == GPT_EXIT_SOFTMAX;
-}
-
-/* The exit head's top-1 minus top-2 probability of one token (V) */
-static float softmax_confidence(const float *pr, int V)
-{
-    float top1 = -1.0f, top2 = -1.0f;
-    for (int v = 0; v < V; v++) {
-        if (pr[v] > top1) {
-            top2 = top1;
-            top1 = pr[v];
-        } else if (pr[v] > top2) {
-            top2 = pr[v];
-        }
-    }
-    return top1 - top2;
-}
-
-/* The cosine of one token's hidden state before (a) and after (b) the block */
-static float saturation(const float *a, const float *b, int C)
-{
-    double ab = 0.0, aa = 0.0, bb = 0.0;
-    for (int c = 0; c < C; c++) {
-        ab += (double)a[c] * b[c];
-        aa += (double)a[c] * a[c];
-        bb += (double)b[c] * b[c];
-    }
-    return (aa > 0 && bb > 0) ? (float)(ab / sqrt(aa * bb)) : 0.0f;
 }
 
 /* Block i's exit head over its active rows: the gathered targets go up,
