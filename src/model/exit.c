@@ -59,11 +59,11 @@ struct exit_acts {
     float *work, *work2;        /* (N,C) each */
     float *logits;      /* (N,V) */
     float *losses;      /* (N) */
+    float *confidence;  /* (N) of a block's active tokens */
     struct exit_block_state *blocks;
-    /* host staging on a device: targets (N), losses (N), probs (N,V),
-     * a block's input and output rows (N,C) each */
+    /* host staging on a device: targets (N), losses (N), confidence (N) */
     int *targets_host;
-    float *losses_host, *probs_host, *in_host, *out_host;
+    float *losses_host, *confidence_host;
 };
 
 static void exit_blocks_alloc(struct exit_acts *ea, int nb)
@@ -109,20 +109,18 @@ static void exit_tensors_alloc(struct exit_acts *ea)
     ea->work2 = ops->alloc(N * C * sizeof(float));
     ea->logits = ops->alloc(N * V * sizeof(float));
     ea->losses = ops->alloc(N * sizeof(float));
+    ea->confidence = ops->alloc(N * sizeof(float));
     ea->targets_host = backend_staging(N * sizeof(int));
     ea->losses_host = backend_staging(N * sizeof(float));
-    ea->probs_host = backend_staging(N * V * sizeof(float));
-    ea->in_host = backend_staging(N * C * sizeof(float));
-    ea->out_host = backend_staging(N * C * sizeof(float));
+    ea->confidence_host = backend_staging(N * sizeof(float));
 }
 
 static void exit_tensors_free(struct exit_acts *ea)
 {
     const struct dm_backend *ops = backend_current();
-    void *device[] = {ea->work, ea->work2, ea->logits, ea->losses};
+    void *device[] = {ea->work, ea->work2, ea->logits, ea->losses, ea->confidence};
     for (size_t k = 0; k < sizeof device / sizeof device[0]; k++) ops->free(device[k]);
-    void *staging[] = {ea->targets_host, ea->losses_host, ea->probs_host, ea->in_host,
-                       ea->out_host};
+    void *staging[] = {ea->targets_host, ea->losses_host, ea->confidence_host};
     for (size_t k = 0; k < sizeof staging / sizeof staging[0]; k++)
         backend_staging_free(staging[k]);
 }
@@ -361,29 +359,24 @@ static void exit_head_forward(struct gpt *model, struct gpt_acts *acts, struct e
     model->exit->exit_loss_sum += exit_weight(model, layer) * sum / N;
 }
 
-/* Which of block i's active tokens leave after it: the confidence from
- * the exit head's probabilities or the block's input and output rows,
- * copied down on a device. */
+/* Which of block i's active tokens leave after it: the backend computes
+ * their confidence from the exit head's probabilities or the block's
+ * input and output rows, and only those Na floats come down. */
 static void exit_decide(const struct gpt_exit *x, struct exit_acts *ea,
                         const struct exit_block_state *st, int layer, const float *out,
                         const float *in)
 {
-    int C = ea->C, V = ea->V, Na = st->nactive;
-    size_t rows = (size_t)ea->N * C * sizeof(float);
-    const float *probs = NULL, *in_h = NULL, *out_h = NULL;
-    if (x->confidence == GPT_EXIT_SOFTMAX) {
-        probs = backend_read(ea->probs_host, st->probs, (size_t)Na * V * sizeof(float));
-    } else {
-        in_h = backend_read(ea->in_host, in, rows);
-        out_h = backend_read(ea->out_host, out, rows);
-    }
-    for (int k = 0; k < Na; k++) {
-        int n = st->rows[k];
-        float confidence = x->confidence == GPT_EXIT_SOFTMAX
-                               ? softmax_confidence(probs + (size_t)k * V, V)
-                               : saturation(in_h + (size_t)n * C, out_h + (size_t)n * C, C);
-        if (confidence >= x->threshold) ea->exit_layer[n] = layer;
-    }
+    const struct dm_backend *ops = backend_current();
+    int Na = st->nactive;
+    if (Na == 0) return;
+    if (x->confidence == GPT_EXIT_SOFTMAX)
+        ops->exit_softmax_confidence(ea->confidence, st->probs, Na, ea->V);
+    else
+        ops->exit_saturation_confidence(ea->confidence, in, out, st->rows_device, Na, ea->C);
+    const float *confidence =
+        backend_read(ea->confidence_host, ea->confidence, (size_t)Na * sizeof(float));
+    for (int k = 0; k < Na; k++)
+        if (confidence[k] >= x->threshold) ea->exit_layer[st->rows[k]] = layer;
 }
 
 void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *out,
