@@ -26,6 +26,7 @@
 #include "attention.cuh"
 #include "elementwise.cuh"
 #include "encoder.cuh"
+#include "exit.cuh"
 #include "gemm.cuh"
 #include "hash.cuh"
 #include "layernorm.cuh"
@@ -270,8 +271,10 @@ static void *emulate_alloc_host(size_t bytes)
  * process prints at exit (or when the plugin is unloaded) how many times the model called alloc and
  * alloc_host (the emulator's own scratch is not counted), so a test can
  * see that a step allocates nothing after the first (cudaMalloc and
- * cudaHostAlloc are slow on a GPU). */
+ * cudaHostAlloc are slow on a GPU), and how many bytes it copied with
+ * copy_to_device and copy_to_host, so a test can see what crosses. */
 static long table_allocs, table_host_allocs;
+static long long bytes_to_device, bytes_to_host;
 
 static void *emulate_table_alloc(size_t bytes)
 {
@@ -292,12 +295,15 @@ __attribute__((destructor)) static void print_alloc_counts(void)
     if (!count_allocs) return;
     fprintf(stderr, "emulate: %ld device allocations, %ld host allocations\n", table_allocs,
             table_host_allocs);
+    fprintf(stderr, "emulate: %lld bytes copied to the device, %lld bytes copied to the host\n",
+            bytes_to_device, bytes_to_host);
 }
 
 static void emulate_copy_to_device(void *dst, const void *src, size_t bytes)
 {
     DEVICE_SCOPE;
     DEVICE_ARGS("copy_to_device", dst);
+    bytes_to_device += (long long)bytes;
     if (bytes) memcpy(dst, src, bytes);
 }
 
@@ -305,6 +311,7 @@ static void emulate_copy_to_host(void *dst, const void *src, size_t bytes)
 {
     DEVICE_SCOPE;
     DEVICE_ARGS("copy_to_host", src);
+    bytes_to_host += (long long)bytes;
     if (bytes) memcpy(dst, src, bytes);
 }
 
@@ -615,6 +622,23 @@ static void emulate_crossentropy_softmax_backward(float *dlogits, const float *p
                                                                dloss_scale, N, V));
 }
 
+/* ---- early exit's confidence (exit.cu): a thread per token ------------------- */
+
+static void emulate_exit_softmax_confidence(float *conf, const float *probs, int n, int V)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("exit_softmax_confidence", conf, probs);
+    LAUNCH(grid_for(n), exit_softmax_confidence_thread(t, conf, probs, n, V));
+}
+
+static void emulate_exit_saturation_confidence(float *conf, const float *in, const float *out,
+                                               const int *rows, int n, int C)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("exit_saturation_confidence", conf, in, out, rows);
+    LAUNCH(grid_for(n), exit_saturation_confidence_thread(t, conf, in, out, rows, n, C));
+}
+
 /* ---- attention (attention.cu) ---------------------------------------------- */
 
 /* the heads (B NH T hs each) and two full-length rows (B T C) in scratch */
@@ -890,6 +914,8 @@ static const struct dm_backend emulate_table = {
     .encoder_backward = emulate_encoder_backward,
     .crossentropy_forward = emulate_crossentropy_forward,
     .crossentropy_softmax_backward = emulate_crossentropy_softmax_backward,
+    .exit_softmax_confidence = emulate_exit_softmax_confidence,
+    .exit_saturation_confidence = emulate_exit_saturation_confidence,
     .adamw_update = emulate_adamw_update,
     .sparse_matmul_forward = emulate_sparse_forward,
     .sparse_matmul_backward = emulate_sparse_backward,

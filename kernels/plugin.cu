@@ -122,6 +122,8 @@ static void fill_ops(struct dm_backend *t)
     t->encoder_backward = cuda_encoder_backward;
     t->crossentropy_forward = cuda_crossentropy_forward;
     t->crossentropy_softmax_backward = cuda_crossentropy_softmax_backward;
+    t->exit_softmax_confidence = cuda_exit_softmax_confidence;
+    t->exit_saturation_confidence = cuda_exit_saturation_confidence;
     t->adamw_update = cuda_adamw_update;
     t->sparse_matmul_forward = cuda_sparse_matmul_forward;
     t->sparse_matmul_backward = cuda_sparse_matmul_backward;

@@ -101,6 +101,9 @@ void cuda_crossentropy_forward(float *losses, float *probs, const float *logits,
                                const int *targets, int N, int V);
 void cuda_crossentropy_softmax_backward(float *dlogits, const float *probs, const int *targets,
                                         float dloss_scale, int N, int V);
+void cuda_exit_softmax_confidence(float *conf, const float *probs, int n, int V);
+void cuda_exit_saturation_confidence(float *conf, const float *in, const float *out,
+                                     const int *rows, int n, int C);
 void cuda_adamw_update(float *params, const float *grads, float *m, float *v, long n, float lr,
                        float beta1, float beta2, float eps, float weight_decay,
                        float grad_scale, int t);

@@ -27,7 +27,8 @@ for kernel in gelu_forward_kernel gelu_backward_kernel residual_forward_kernel \
     sparse_dweight_kernel sparse_dbias_kernel mod_router_kernel mod_select_topk_kernel \
     hash_bucket_kernel \
     hash_order_kernel hash_tiles_kernel hash_forward_kernel hash_dq_kernel hash_dkv_kernel \
-    mod_predictor_kernel mod_predictor_dweight_kernel; do
+    mod_predictor_kernel mod_predictor_dweight_kernel exit_softmax_confidence_kernel \
+    exit_saturation_confidence_kernel; do
   nm -C "$plugin" | grep -q "$kernel(" || fail "kernel $kernel is not in the plugin"
 done
 for call in cublasGemmEx cublasGemmStridedBatchedEx ncclCommInitRankConfig ncclSend ncclRecv \

@@ -29,7 +29,11 @@
 #   the model's alloc and alloc_host calls; a pp=2 dp=2 ep=2 run (the tied
 #   exchange, the replica sums, the expert exchange) and a MoD run (its
 #   weight staging) make as many in 5 steps as in 2: steps after the first
-#   allocate nothing.
+#   allocate nothing;
+# - early exit's confidence computed on the device: a step of early exit
+#   (softmax, saturation) copies to the host less than one exiting
+#   block's probabilities or rows of one micro-batch would (the emulator
+#   also counts the bytes the model copies down, same variable).
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -183,15 +187,25 @@ run moe_epck-2 4 train.device=cpu parallel.pp=2 parallel.dp=2 parallel.ep=2 $E \
   else fail "ep=2 checkpoint emulate -> cpu: $out"; fi
 }
 
-# the staging pool: the model's device and host allocations, per rank, the
-# same after 5 steps as after 2 (pool NAME RANKS [key=value...])
-pool() {
+# counted NAME RANKS [key=value...]: NAME for 2 and for 5 steps on the
+# strict device with DYNMO_EMULATE_ALLOC_COUNTS=1, the output of each in
+# $dir/NAME2.out, $dir/NAME5.out
+counted() {
   local name=$1 ranks=$2 steps; shift 2
   for steps in 2 5; do
     tiny_config "$dir/$name$steps.ini" "run.out_dir=$dir/$name$steps" train.device=emulate "$@" \
       train.steps=$steps > "$dir/$name$steps.ini"
     DYNMO_EMULATE_ALLOC_COUNTS=1 timeout -k 10 180 mpiexec -n "$ranks" "$DYNMO" train \
       --config "$dir/$name$steps.ini" > "$dir/$name$steps.out" 2>&1 || fail "$name$steps: exit $?"
+  done
+}
+
+# the staging pool: the model's device and host allocations, per rank, the
+# same after 5 steps as after 2 (pool NAME RANKS [key=value...])
+pool() {
+  local name=$1 ranks=$2 steps
+  counted "$@"
+  for steps in 2 5; do
     grep "^emulate: .* allocations" "$dir/$name$steps.out" | sort > "$dir/$name$steps.counts"
   done
   if [ "$(wc -l < "$dir/${name}2.counts")" -eq "$ranks" ] &&
@@ -204,4 +218,27 @@ pool() {
 pool "staging pool, pp=2 dp=2 ep=2" 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 $E
 pool "staging, pp=2 MoD causal" 2 parallel.pp=2 model.mod_every=2 model.mod_capacity=0.25 \
   mod.routing=causal
+
+# early exit's confidence on the device: only the active tokens'
+# confidences come down, so a whole step copies to the host less than
+# one exiting block's probabilities (N V floats) or input and output rows
+# (2 N C) of one micro-batch (N = 64 tokens, C = 32, V = 256). Copying
+# those down for every exiting block and micro-batch took about 1 MB
+# (softmax) and 260 kB (saturation) per step here; the confidences take
+# 9 kB and 3 kB with everything else (copied_down NAME LIMIT [key=value...])
+copied_down() {
+  local name=$1 limit=$2 two five; shift 2
+  counted "$name" 1 "$@"
+  two=$(sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$dir/${name}2.out")
+  five=$(sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$dir/${name}5.out")
+  if [ -n "$two" ] && [ -n "$five" ] && [ $(( (five - two) / 3 )) -lt "$limit" ]; then
+    echo "ok: $name: $(( (five - two) / 3 )) bytes copied to the host per step (under $limit)"
+  else
+    fail "$name: bytes copied to the host after 2 steps '$two', after 5 '$five': not under $limit per step"
+  fi
+}
+copied_down "early exit softmax copies down" $((64 * 256 * 4)) dyn.kind=early_exit \
+  dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=1
+copied_down "early exit saturation copies down" $((2 * 64 * 32 * 4)) dyn.kind=early_exit \
+  dyn.exit_from=1 dyn.exit_threshold=0.9 dyn.exit_confidence=saturation
 finish

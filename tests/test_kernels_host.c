@@ -24,6 +24,7 @@
 #include "../kernels/attention.cuh"
 #include "../kernels/elementwise.cuh"
 #include "../kernels/encoder.cuh"
+#include "../kernels/exit.cuh"
 #include "../kernels/gemm.cuh"
 #include "../kernels/hash.cuh"
 #include "../kernels/layernorm.cuh"
@@ -204,6 +205,45 @@ static void test_rows(void)
     two_free(&gather), two_free(&set), two_free(&add);
     dm_free(src), dm_free(compact), dm_free(dst0), dm_free(gather_want);
     dm_free(set_want), dm_free(add_want);
+}
+
+/* exit.cu's confidences, one thread per token, against the CPU backend's
+ * bit for bit: n of N rows, ties for the top probability, a row of zeros
+ * (both tops 0), a token whose input row is 0 (cosine 0); a grid of fewer
+ * threads than tokens. */
+static void test_exit_confidence(int N, int n, int V, int C)
+{
+    printf("exit confidence N=%d n=%d V=%d C=%d\n", N, n, V, C);
+    float *probs = filled((long)n * V, 1.0f), *in = filled((long)N * C, 1.0f);
+    float *out = filled((long)N * C, 0.3f);
+    for (long i = 0; i < (long)n * V; i++) probs[i] = fabsf(probs[i]);
+    for (long i = 0; i < (long)N * C; i++) out[i] += in[i];
+    probs[7] = probs[V - 2] = 9.0f;                 /* row 0: the top twice */
+    for (int v = 0; v < V; v++) probs[V + v] = 0.5f, probs[2 * V + v] = 0.0f;
+    int *rows = dm_alloc((size_t)n * sizeof(int));
+    for (int k = 0; k < n; k++) rows[k] = (k * 7 + 3) % N;   /* distinct: 7 and N coprime */
+    memset(in + (size_t)rows[1] * C, 0, (size_t)C * sizeof(float));
+    const struct dm_backend *cpu = backend_cpu();
+    float *soft_want = dm_alloc((size_t)n * sizeof(float));
+    float *sat_want = dm_alloc((size_t)n * sizeof(float));
+    cpu->exit_softmax_confidence(soft_want, probs, n, V);
+    cpu->exit_saturation_confidence(sat_want, in, out, rows, n, C);
+    float *blank = dm_alloc((size_t)n * sizeof(float));
+    struct two_runs soft = two_copies(blank, n), sat = two_copies(blank, n);
+    FOR_ORDERS(r) {
+        FOR_GRID(2, 8, exit_softmax_confidence_thread(t, soft.run[r], probs, n, V));
+        FOR_GRID(3, 4, exit_saturation_confidence_thread(t, sat.run[r], in, out, rows, n, C));
+    }
+    check_orders("exit_softmax_confidence", soft.run[0], soft.run[1], n);
+    check_orders("exit_saturation_confidence", sat.run[0], sat.run[1], n);
+    check_bits("exit_softmax_confidence", soft.run[1], soft_want, n);
+    check_bits("exit_saturation_confidence", sat.run[1], sat_want, n);
+    CHECK_MSG(soft_want[0] == 0.0f && soft_want[1] == 0.0f && soft_want[2] == 0.0f &&
+                  sat_want[1] == 0.0f,
+              "exit confidence: a tie, a row of zeros or a zero input row is not 0");
+    two_free(&soft), two_free(&sat);
+    dm_free(probs), dm_free(in), dm_free(out), dm_free(rows), dm_free(soft_want);
+    dm_free(sat_want), dm_free(blank);
 }
 
 static void test_adamw(void)
@@ -936,6 +976,8 @@ int main(void)
     dm_threads_init(1);
     test_gelu_residual();
     test_rows();
+    test_exit_confidence(37, 23, 256, 48);
+    test_exit_confidence(64, 64, 77, 32);   /* every token active */
     test_adamw();
     test_encoder();
     for (int k = 0; k < 2; k++) {

@@ -141,6 +141,15 @@ struct dm_backend {
     void (*crossentropy_softmax_backward)(float *dlogits, const float *probs,
                                           const int *targets, float dloss_scale, int N,
                                           int V);
+    /* Early exit's confidence of each active token (src/model/exit.c),
+     * n floats into conf, one thread per token on a device (the CPU's
+     * bits): softmax, the top-1 minus the top-2 probability of row k of
+     * probs (n, V); saturation, the cosine of rows rows[k] of in and out
+     * (C each), summed in double in channel order, 0 when either norm is
+     * 0. */
+    void (*exit_softmax_confidence)(float *conf, const float *probs, int n, int V);
+    void (*exit_saturation_confidence)(float *conf, const float *in, const float *out,
+                                       const int *rows, int n, int C);
 
     /* The optimizer (model.h's adamw_update). */
     void (*adamw_update)(float *params, const float *grads, float *m, float *v, long n,

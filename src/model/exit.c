@@ -59,11 +59,11 @@ struct exit_acts {
     float *work, *work2;        /* (N,C) each */
     float *logits;      /* (N,V) */
     float *losses;      /* (N) */
+    float *confidence;  /* (N) of a block's active tokens */
     struct exit_block_state *blocks;
-    /* host staging on a device: targets (N), losses (N), probs (N,V),
-     * a block's input and output rows (N,C) each */
+    /* host staging on a device: targets (N), losses (N), confidence (N) */
     int *targets_host;
-    float *losses_host, *probs_host, *in_host, *out_host;
+    float *losses_host, *confidence_host;
 };
 
 static void exit_blocks_alloc(struct exit_acts *ea, int nb)
@@ -109,20 +109,18 @@ static void exit_tensors_alloc(struct exit_acts *ea)
     ea->work2 = ops->alloc(N * C * sizeof(float));
     ea->logits = ops->alloc(N * V * sizeof(float));
     ea->losses = ops->alloc(N * sizeof(float));
+    ea->confidence = ops->alloc(N * sizeof(float));
     ea->targets_host = backend_staging(N * sizeof(int));
     ea->losses_host = backend_staging(N * sizeof(float));
-    ea->probs_host = backend_staging(N * V * sizeof(float));
-    ea->in_host = backend_staging(N * C * sizeof(float));
-    ea->out_host = backend_staging(N * C * sizeof(float));
+    ea->confidence_host = backend_staging(N * sizeof(float));
 }
 
 static void exit_tensors_free(struct exit_acts *ea)
 {
     const struct dm_backend *ops = backend_current();
-    void *device[] = {ea->work, ea->work2, ea->logits, ea->losses};
+    void *device[] = {ea->work, ea->work2, ea->logits, ea->losses, ea->confidence};
     for (size_t k = 0; k < sizeof device / sizeof device[0]; k++) ops->free(device[k]);
-    void *staging[] = {ea->targets_host, ea->losses_host, ea->probs_host, ea->in_host,
-                       ea->out_host};
+    void *staging[] = {ea->targets_host, ea->losses_host, ea->confidence_host};
     for (size_t k = 0; k < sizeof staging / sizeof staging[0]; k++)
         backend_staging_free(staging[k]);
 }
@@ -184,6 +182,52 @@ void rows_scatter(float *dst, const float *src, const int *rows, int n, int C, i
             for (int c = 0; c < C; c++) row[c] += from[c];
         else
             memcpy(row, from, (size_t)C * sizeof(float));
+    }
+}
+
+/* ---- the confidence of the active tokens --------------------------------------- */
+
+/* The exit head's top-1 minus top-2 probability of one token (V) */
+static float softmax_confidence(const float *pr, int V)
+{
+    float top1 = -1.0f, top2 = -1.0f;
+    for (int v = 0; v < V; v++) {
+        if (pr[v] > top1) {
+            top2 = top1;
+            top1 = pr[v];
+        } else if (pr[v] > top2) {
+            top2 = pr[v];
+        }
+    }
+    return top1 - top2;
+}
+
+/* The cosine of one token's hidden state before (a) and after (b) the block */
+static float saturation(const float *a, const float *b, int C)
+{
+    double ab = 0.0, aa = 0.0, bb = 0.0;
+    for (int c = 0; c < C; c++) {
+        ab += (double)a[c] * b[c];
+        aa += (double)a[c] * a[c];
+        bb += (double)b[c] * b[c];
+    }
+    return (aa > 0 && bb > 0) ? (float)(ab / sqrt(aa * bb)) : 0.0f;
+}
+
+/* The CPU backend's confidences (include/dynmo/backend.h's
+ * exit_softmax_confidence, exit_saturation_confidence; the model calls
+ * them through the table). */
+void exit_softmax_confidence(float *conf, const float *probs, int n, int V)
+{
+    for (int k = 0; k < n; k++) conf[k] = softmax_confidence(probs + (size_t)k * V, V);
+}
+
+void exit_saturation_confidence(float *conf, const float *in, const float *out,
+                                const int *rows, int n, int C)
+{
+    for (int k = 0; k < n; k++) {
+        size_t row = (size_t)rows[k] * C;
+        conf[k] = saturation(in + row, out + row, C);
     }
 }
 
@@ -293,33 +337,6 @@ static int has_exit_head(const struct gpt *model, int layer)
     return x->loss_weight > 0.0f || x->confidence == GPT_EXIT_SOFTMAX;
 }
 
-/* The exit head's top-1 minus top-2 probability of one token (V) */
-static float softmax_confidence(const float *pr, int V)
-{
-    float top1 = -1.0f, top2 = -1.0f;
-    for (int v = 0; v < V; v++) {
-        if (pr[v] > top1) {
-            top2 = top1;
-            top1 = pr[v];
-        } else if (pr[v] > top2) {
-            top2 = pr[v];
-        }
-    }
-    return top1 - top2;
-}
-
-/* The cosine of one token's hidden state before (a) and after (b) the block */
-static float saturation(const float *a, const float *b, int C)
-{
-    double ab = 0.0, aa = 0.0, bb = 0.0;
-    for (int c = 0; c < C; c++) {
-        ab += (double)a[c] * b[c];
-        aa += (double)a[c] * a[c];
-        bb += (double)b[c] * b[c];
-    }
-    return (aa > 0 && bb > 0) ? (float)(ab / sqrt(aa * bb)) : 0.0f;
-}
-
 /* Block i's exit head over its active rows: the gathered targets go up,
  * the losses come down and their weighted sum joins exit_loss_sum. */
 static void exit_head_forward(struct gpt *model, struct gpt_acts *acts, struct exit_acts *ea,
@@ -342,29 +359,24 @@ static void exit_head_forward(struct gpt *model, struct gpt_acts *acts, struct e
     model->exit->exit_loss_sum += exit_weight(model, layer) * sum / N;
 }
 
-/* Which of block i's active tokens leave after it: the confidence from
- * the exit head's probabilities or the block's input and output rows,
- * copied down on a device. */
+/* Which of block i's active tokens leave after it: the backend computes
+ * their confidence from the exit head's probabilities or the block's
+ * input and output rows, and only those Na floats come down. */
 static void exit_decide(const struct gpt_exit *x, struct exit_acts *ea,
                         const struct exit_block_state *st, int layer, const float *out,
                         const float *in)
 {
-    int C = ea->C, V = ea->V, Na = st->nactive;
-    size_t rows = (size_t)ea->N * C * sizeof(float);
-    const float *probs = NULL, *in_h = NULL, *out_h = NULL;
-    if (x->confidence == GPT_EXIT_SOFTMAX) {
-        probs = backend_read(ea->probs_host, st->probs, (size_t)Na * V * sizeof(float));
-    } else {
-        in_h = backend_read(ea->in_host, in, rows);
-        out_h = backend_read(ea->out_host, out, rows);
-    }
-    for (int k = 0; k < Na; k++) {
-        int n = st->rows[k];
-        float confidence = x->confidence == GPT_EXIT_SOFTMAX
-                               ? softmax_confidence(probs + (size_t)k * V, V)
-                               : saturation(in_h + (size_t)n * C, out_h + (size_t)n * C, C);
-        if (confidence >= x->threshold) ea->exit_layer[n] = layer;
-    }
+    const struct dm_backend *ops = backend_current();
+    int Na = st->nactive;
+    if (Na == 0) return;
+    if (x->confidence == GPT_EXIT_SOFTMAX)
+        ops->exit_softmax_confidence(ea->confidence, st->probs, Na, ea->V);
+    else
+        ops->exit_saturation_confidence(ea->confidence, in, out, st->rows_device, Na, ea->C);
+    const float *confidence =
+        backend_read(ea->confidence_host, ea->confidence, (size_t)Na * sizeof(float));
+    for (int k = 0; k < Na; k++)
+        if (confidence[k] >= x->threshold) ea->exit_layer[st->rows[k]] = layer;
 }
 
 void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *out,

@@ -59,6 +59,14 @@ void attention_backward_rows(float *dq, float *dkv, float *scratch, const float 
 void rows_gather(float *dst, const float *src, const int *rows, int n, int C);
 void rows_scatter(float *dst, const float *src, const int *rows, int n, int C, int add);
 
+/* Early exit's confidences (exit.c), the CPU backend's entries of the
+ * same names: conf[k] = top-1 minus top-2 of probs row k (n, V), or the
+ * cosine of rows rows[k] of in and out (C each) in double, 0 when either
+ * norm is 0. */
+void exit_softmax_confidence(float *conf, const float *probs, int n, int V);
+void exit_saturation_confidence(float *conf, const float *in, const float *out,
+                                const int *rows, int n, int C);
+
 /* The pruning state of a block (sparse.c): freeing it, the CSR values
  * refreshed from params (block_forward, after every optimizer step), and
  * the pack format of the state (docs/block-slab.md): its flag bits, its

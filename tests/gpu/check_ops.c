@@ -293,6 +293,30 @@ static void check_embedding_loss_rows(int B, int T, int C, int V)
     dm_free(tok), dm_free(rows), dev->free(TOK), dev->free(ROWS);
 }
 
+/* early exit's confidences of n of the N tokens: the softmax's from
+ * probabilities, the saturation's from the rows of in and out */
+static void check_exit_confidence(int N, int C, int V)
+{
+    int n = N / 3, *rows = dm_alloc((size_t)n * sizeof(int));
+    for (int k = 0; k < n; k++) rows[k] = (k * 3 + 1) % N;
+    long NC = (long)N * C;
+    float *probs = host((long)n * V, 1), *in = host(NC, 1), *out = host(NC, 1);
+    float *soft = host(n, 0), *sat = host(n, 0);
+    for (long i = 0; i < (long)n * V; i++) probs[i] = fabsf(probs[i]);
+    int *ROWS = up(rows, n * 4L);
+    float *P = up(probs, n * V * 4L), *IN = up(in, NC * 4), *OUT = up(out, NC * 4);
+    float *SOFT = up(soft, n * 4L), *SAT = up(sat, n * 4L);
+    cpu->exit_softmax_confidence(soft, probs, n, V);
+    dev->exit_softmax_confidence(SOFT, P, n, V);
+    compare("exit_softmax_confidence", SOFT, soft, n);
+    cpu->exit_saturation_confidence(sat, in, out, rows, n, C);
+    dev->exit_saturation_confidence(SAT, IN, OUT, ROWS, n, C);
+    compare("exit_saturation_confidence", SAT, sat, n);
+    float *hs[] = {probs, in, out, soft, sat}, *ds[] = {P, IN, OUT, SOFT, SAT};
+    for (int i = 0; i < 5; i++) dm_free(hs[i]), dev->free(ds[i]);
+    dm_free(rows), dev->free(ROWS);
+}
+
 static void check_sparse(int N, int C, int OC)
 {
     int *row_ptr = dm_alloc((size_t)(OC + 1) * sizeof(int)), nnz = 0;
@@ -445,6 +469,7 @@ int main(int argc, char **argv)
     check_hash(2, 256, 128, 4, 8);
     check_elementwise(100003);
     check_embedding_loss_rows(4, 64, 96, 256);
+    check_exit_confidence(256, 96, 256);
     check_sparse(200, 64, 192);
     check_mod(4, 128, 96, 16);
     printf("check_ops: %d of %d checks failed\n", failures, checked);
