@@ -270,8 +270,10 @@ static void *emulate_alloc_host(size_t bytes)
  * process prints at exit (or when the plugin is unloaded) how many times the model called alloc and
  * alloc_host (the emulator's own scratch is not counted), so a test can
  * see that a step allocates nothing after the first (cudaMalloc and
- * cudaHostAlloc are slow on a GPU). */
-static long table_allocs, table_host_allocs;
+ * cudaHostAlloc are slow on a GPU); and, on a line of its own, the bytes
+ * the model copied down (copy_to_host) and up (copy_to_device), so a test
+ * can see what a step moves across the bus. */
+static long table_allocs, table_host_allocs, bytes_down, bytes_up;
 
 static void *emulate_table_alloc(size_t bytes)
 {
@@ -292,12 +294,14 @@ __attribute__((destructor)) static void print_alloc_counts(void)
     if (!count_allocs) return;
     fprintf(stderr, "emulate: %ld device allocations, %ld host allocations\n", table_allocs,
             table_host_allocs);
+    fprintf(stderr, "emulate: copied %ld bytes down, %ld bytes up\n", bytes_down, bytes_up);
 }
 
 static void emulate_copy_to_device(void *dst, const void *src, size_t bytes)
 {
     DEVICE_SCOPE;
     DEVICE_ARGS("copy_to_device", dst);
+    bytes_up += (long)bytes;
     if (bytes) memcpy(dst, src, bytes);
 }
 
@@ -305,6 +309,7 @@ static void emulate_copy_to_host(void *dst, const void *src, size_t bytes)
 {
     DEVICE_SCOPE;
     DEVICE_ARGS("copy_to_host", src);
+    bytes_down += (long)bytes;
     if (bytes) memcpy(dst, src, bytes);
 }
 
