@@ -29,7 +29,12 @@
 #   the model's alloc and alloc_host calls; a pp=2 dp=2 ep=2 run (the tied
 #   exchange, the replica sums, the expert exchange) and a MoD run (its
 #   weight staging) make as many in 5 steps as in 2: steps after the first
-#   allocate nothing.
+#   allocate nothing;
+# - MoD's copies: the emulator also counts the bytes copied down; a step
+#   of a one-rank MoD run (3 blocks, 4 micro-batches) copies down at most
+#   the dense step's plus, per MoD block and micro-batch, the choice (B*T
+#   ints) and the predictor's weight and gradient (2 C floats), with B*T
+#   floats to spare: its activations stay on the device.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -204,4 +209,28 @@ pool() {
 pool "staging pool, pp=2 dp=2 ep=2" 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 $E
 pool "staging, pp=2 MoD causal" 2 parallel.pp=2 model.mod_every=2 model.mod_capacity=0.25 \
   mod.routing=causal
+
+# bytes_down NAME [key=value...]: $down = the bytes one step of a one-rank
+# run copies down, (5 steps - 2 steps) / 3, from the emulator's count
+bytes_down() {
+  local name=$1 steps two five; shift
+  for steps in 2 5; do
+    tiny_config "$dir/$name$steps.ini" "run.out_dir=$dir/$name$steps" train.device=emulate "$@" \
+      train.steps=$steps
+    DYNMO_EMULATE_ALLOC_COUNTS=1 timeout -k 10 180 mpiexec -n 1 "$DYNMO" train \
+      --config "$dir/$name$steps.ini" > "$dir/$name$steps.out" 2>&1 || fail "$name$steps: exit $?"
+  done
+  two=$(sed -n 's/^emulate: copied \([0-9]*\) bytes down.*/\1/p' "$dir/${name}2.out")
+  five=$(sed -n 's/^emulate: copied \([0-9]*\) bytes down.*/\1/p' "$dir/${name}5.out")
+  down=$(( (${five:-0} - ${two:-0}) / 3 ))
+}
+bytes_down copies-dense; dense=$down
+bytes_down copies-mod model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal; mod=$down
+N=64 C=32   # the tiny model's micro-batch of 2 x 32 tokens, 32 channels
+most=$(( 3 * 4 * (N * 4 + 2 * C * 4 + N * 4) ))
+if [ "$dense" -gt 0 ] && [ "$mod" -gt 0 ] && [ $(( mod - dense )) -le "$most" ]; then
+  echo "ok: a MoD step copies down $mod bytes, the dense step $dense: $(( mod - dense )) more (at most $most; activations stay on the device)"
+else
+  fail "a MoD step copies down $mod bytes, the dense step $dense: more than $most bytes more"
+fi
 finish
