@@ -863,6 +863,45 @@ static float emulate_mod_predictor(float *dweight, int *chosen, const float *in,
     return (float)(sum / N);
 }
 
+static void emulate_mod_combine_forward(float *out, const float *gathered_in,
+                                        const float *gathered_out, const float *router,
+                                        const int *rows, int n, int C)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("mod_combine_forward", out, gathered_in, gathered_out, router, rows);
+    if (n == 0) return;
+    LAUNCH(grid_for((long)n * C), mod_combine_forward_thread(t, out, gathered_in, gathered_out,
+                                                             router, rows, n, C));
+}
+
+static void emulate_mod_scale_chosen(float *work, const float *din, const float *router,
+                                     const int *rows, int n, int C)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("mod_scale_chosen", work, din, router, rows);
+    if (n == 0) return;
+    LAUNCH(grid_for((long)n * C), mod_scale_chosen_thread(t, work, din, router, rows, n, C));
+}
+
+/* mod.cu's three kernels: dr per token in the scratch, din, the weight gradient */
+static void emulate_mod_combine_backward(float *din, float *drouter_weight,
+                                         const float *gathered_in, const float *gathered_out,
+                                         const float *work, const float *router,
+                                         const float *router_weight, const int *rows, int n,
+                                         int C)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("mod_combine_backward", din, drouter_weight, gathered_in, gathered_out, work,
+                router, router_weight, rows);
+    if (n == 0) return;
+    float *dr = scratch(SCRATCH_MOD, (size_t)n);
+    LAUNCH(grid_for(n), mod_combine_dr_thread(t, dr, din, gathered_in, gathered_out, rows, n, C));
+    LAUNCH(grid_for((long)n * C), mod_combine_din_thread(t, din, dr, work, router, router_weight,
+                                                         rows, n, C));
+    if (drouter_weight)
+        LAUNCH(grid_for(C), mod_combine_dweight_thread(t, drouter_weight, dr, gathered_in, n, C));
+}
+
 /* ---- the device reductions (reduce.cu) ---------------------------------------- */
 
 static double emulate_sum_squares(const float *x, long n)
@@ -922,6 +961,9 @@ static const struct dm_backend emulate_table = {
     .mod_router_forward = emulate_mod_router_forward,
     .mod_select_topk = emulate_mod_select_topk,
     .mod_predictor_forward_backward = emulate_mod_predictor,
+    .mod_combine_forward = emulate_mod_combine_forward,
+    .mod_scale_chosen = emulate_mod_scale_chosen,
+    .mod_combine_backward = emulate_mod_combine_backward,
     .rows_gather = emulate_rows_gather,
     .rows_scatter = emulate_rows_scatter,
     .sum_squares = emulate_sum_squares,

@@ -1,5 +1,7 @@
 /* The mixture-of-depths kernels of the CUDA backend (mod.cuh): the
- * router and the top-k choice, the CPU's bits and choices. */
+ * router and the top-k choice, the causal predictor, and the combination
+ * of the block over the chosen tokens forward and backward, the CPU's
+ * bits and choices. */
 #include <stdlib.h>
 #include "mod.cuh"
 #include "plugin.h"
@@ -69,4 +71,77 @@ float cuda_mod_predictor_forward_backward(float *dweight, int *chosen, const flo
         LAUNCH_CHECK(mod_predictor_dweight_kernel);
     }
     return mean_loss(loss, N);
+}
+
+__global__ void mod_combine_forward_kernel(float *out, const float *gathered_in,
+                                           const float *gathered_out, const float *router,
+                                           const int *rows, int n, int C)
+{
+    mod_combine_forward_thread(DM_THREAD_HERE, out, gathered_in, gathered_out, router, rows, n,
+                               C);
+}
+
+__global__ void mod_scale_chosen_kernel(float *work, const float *din, const float *router,
+                                        const int *rows, int n, int C)
+{
+    mod_scale_chosen_thread(DM_THREAD_HERE, work, din, router, rows, n, C);
+}
+
+__global__ void mod_combine_dr_kernel(float *dr, const float *din, const float *gathered_in,
+                                      const float *gathered_out, const int *rows, int n, int C)
+{
+    mod_combine_dr_thread(DM_THREAD_HERE, dr, din, gathered_in, gathered_out, rows, n, C);
+}
+
+__global__ void mod_combine_din_kernel(float *din, const float *dr, const float *work,
+                                       const float *router, const float *router_weight,
+                                       const int *rows, int n, int C)
+{
+    mod_combine_din_thread(DM_THREAD_HERE, din, dr, work, router, router_weight, rows, n, C);
+}
+
+__global__ void mod_combine_dweight_kernel(float *drouter_weight, const float *dr,
+                                           const float *gathered_in, int n, int C)
+{
+    mod_combine_dweight_thread(DM_THREAD_HERE, drouter_weight, dr, gathered_in, n, C);
+}
+
+void cuda_mod_combine_forward(float *out, const float *gathered_in, const float *gathered_out,
+                              const float *router, const int *rows, int n, int C)
+{
+    if (n == 0) return;
+    mod_combine_forward_kernel<<<dm_grid_for((long)n * C, DM_CUDA_THREADS), DM_CUDA_THREADS, 0,
+                                 dm_cuda_stream()>>>(out, gathered_in, gathered_out, router,
+                                                     rows, n, C);
+    LAUNCH_CHECK(mod_combine_forward_kernel);
+}
+
+void cuda_mod_scale_chosen(float *work, const float *din, const float *router, const int *rows,
+                           int n, int C)
+{
+    if (n == 0) return;
+    mod_scale_chosen_kernel<<<dm_grid_for((long)n * C, DM_CUDA_THREADS), DM_CUDA_THREADS, 0,
+                              dm_cuda_stream()>>>(work, din, router, rows, n, C);
+    LAUNCH_CHECK(mod_scale_chosen_kernel);
+}
+
+/* dr per token into the scratch (stream order keeps it apart from the
+ * predictor's use of the same slot), then din, then the weight gradient */
+void cuda_mod_combine_backward(float *din, float *drouter_weight, const float *gathered_in,
+                               const float *gathered_out, const float *work, const float *router,
+                               const float *router_weight, const int *rows, int n, int C)
+{
+    if (n == 0) return;
+    float *dr = dm_cuda_scratch(SCRATCH_MOD, (size_t)n);
+    mod_combine_dr_kernel<<<dm_grid_for(n, DM_CUDA_THREADS), DM_CUDA_THREADS, 0,
+                            dm_cuda_stream()>>>(dr, din, gathered_in, gathered_out, rows, n, C);
+    LAUNCH_CHECK(mod_combine_dr_kernel);
+    mod_combine_din_kernel<<<dm_grid_for((long)n * C, DM_CUDA_THREADS), DM_CUDA_THREADS, 0,
+                             dm_cuda_stream()>>>(din, dr, work, router, router_weight, rows, n,
+                                                 C);
+    LAUNCH_CHECK(mod_combine_din_kernel);
+    if (!drouter_weight) return;
+    mod_combine_dweight_kernel<<<dm_grid_for(C, DM_CUDA_THREADS), DM_CUDA_THREADS, 0,
+                                 dm_cuda_stream()>>>(drouter_weight, dr, gathered_in, n, C);
+    LAUNCH_CHECK(mod_combine_dweight_kernel);
 }

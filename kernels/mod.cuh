@@ -7,7 +7,12 @@
  * are finite (the CPU's order is undefined for NaN too). The causal
  * predictor: one thread per token for the logit, choice, loss and
  * gradient factor, one per channel for the weight gradient in mod.c's
- * order; the loss is summed on the host in token order. */
+ * order; the loss is summed on the host in token order. The block over
+ * the chosen tokens: the combination forward and the backward's scale
+ * one element per step, the backward's combination in three kernels
+ * without atomics (dr per token, din per element, the router weight's
+ * gradient per channel over the tokens in order), mod.c's arithmetic in
+ * mod.c's order (same bits). */
 #ifndef DYNMO_KERNELS_MOD_CUH
 #define DYNMO_KERNELS_MOD_CUH
 
@@ -67,6 +72,67 @@ DM_HD void mod_predictor_dweight_thread(struct dm_thread t, float *dweight, cons
         float acc = dweight[c];
         for (long n = 0; n < N; n++) acc += grad[n] * in[n * C + c];
         dweight[c] = acc;
+    }
+}
+
+/* one element per step: out[rows[j], c] = x + r (f - x) of packed row j */
+DM_HD void mod_combine_forward_thread(struct dm_thread t, float *out, const float *gathered_in,
+                                      const float *gathered_out, const float *router,
+                                      const int *rows, int n, int C)
+{
+    for (long e = dm_thread_first(t); e < (long)n * C; e += dm_thread_stride(t)) {
+        long row = rows[e / C], c = e % C;
+        float x = gathered_in[e];
+        out[row * C + c] = x + router[row] * (gathered_out[e] - x);
+    }
+}
+
+/* one element per step: work[j, c] = r din[rows[j], c] */
+DM_HD void mod_scale_chosen_thread(struct dm_thread t, float *work, const float *din,
+                                   const float *router, const int *rows, int n, int C)
+{
+    for (long e = dm_thread_first(t); e < (long)n * C; e += dm_thread_stride(t)) {
+        long row = rows[e / C], c = e % C;
+        work[e] = router[row] * din[row * C + c];
+    }
+}
+
+/* one packed row per step: dr[j] = din[rows[j], :] . (f - x), before
+ * mod_combine_din_thread changes din */
+DM_HD void mod_combine_dr_thread(struct dm_thread t, float *dr, const float *din,
+                                 const float *gathered_in, const float *gathered_out,
+                                 const int *rows, int n, int C)
+{
+    for (long j = dm_thread_first(t); j < n; j += dm_thread_stride(t)) {
+        const float *d = din + (long)rows[j] * C;
+        const float *x = gathered_in + j * C, *f = gathered_out + j * C;
+        float s = 0.0f;
+        for (int c = 0; c < C; c++) s += d[c] * (f[c] - x[c]);
+        dr[j] = s;
+    }
+}
+
+/* one element per step: din[rows[j], c] = (1 - r) din + work[j, c] + dr[j] w[c] */
+DM_HD void mod_combine_din_thread(struct dm_thread t, float *din, const float *dr,
+                                  const float *work, const float *router,
+                                  const float *router_weight, const int *rows, int n, int C)
+{
+    for (long e = dm_thread_first(t); e < (long)n * C; e += dm_thread_stride(t)) {
+        long j = e / C, c = e % C, row = rows[j];
+        float r = router[row];
+        float *d = din + row * C + c;
+        *d = (1.0f - r) * *d + work[e] + dr[j] * router_weight[c];
+    }
+}
+
+/* one channel per step: drouter_weight[c] += dr[j] x[j, c] for j in order */
+DM_HD void mod_combine_dweight_thread(struct dm_thread t, float *drouter_weight, const float *dr,
+                                      const float *gathered_in, int n, int C)
+{
+    for (long c = dm_thread_first(t); c < C; c += dm_thread_stride(t)) {
+        float acc = drouter_weight[c];
+        for (long j = 0; j < n; j++) acc += dr[j] * gathered_in[j * C + c];
+        drouter_weight[c] = acc;
     }
 }
 

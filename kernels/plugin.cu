@@ -130,6 +130,9 @@ static void fill_ops(struct dm_backend *t)
     t->mod_router_forward = cuda_mod_router_forward;
     t->mod_select_topk = cuda_mod_select_topk;
     t->mod_predictor_forward_backward = cuda_mod_predictor_forward_backward;
+    t->mod_combine_forward = cuda_mod_combine_forward;
+    t->mod_scale_chosen = cuda_mod_scale_chosen;
+    t->mod_combine_backward = cuda_mod_combine_backward;
     t->rows_gather = cuda_rows_gather;
     t->rows_scatter = cuda_rows_scatter;
     t->zero = cuda_zero;

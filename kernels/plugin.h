@@ -117,6 +117,13 @@ void cuda_mod_router_forward(float *router, const float *in, const float *weight
 void cuda_mod_select_topk(int *chosen, const float *router, int B, int T, int k);
 float cuda_mod_predictor_forward_backward(float *dweight, int *chosen, const float *in,
                                           const float *weight, const int *target, int N, int C);
+void cuda_mod_combine_forward(float *out, const float *gathered_in, const float *gathered_out,
+                              const float *router, const int *rows, int n, int C);
+void cuda_mod_scale_chosen(float *work, const float *din, const float *router, const int *rows,
+                           int n, int C);
+void cuda_mod_combine_backward(float *din, float *drouter_weight, const float *gathered_in,
+                               const float *gathered_out, const float *work, const float *router,
+                               const float *router_weight, const int *rows, int n, int C);
 void cuda_rows_gather(float *dst, const float *src, const int *rows, int n, int C);
 void cuda_rows_scatter(float *dst, const float *src, const int *rows, int n, int C, int add);
 double cuda_sum_squares(const float *x, long n);

@@ -34,6 +34,11 @@
 #   (softmax, saturation) copies to the host less than one exiting
 #   block's probabilities or rows of one micro-batch would (the emulator
 #   also counts the bytes the model copies down, same variable).
+# - MoD's copies: the emulator also counts the bytes copied down; a step
+#   of a one-rank MoD run (3 blocks, 4 micro-batches) copies down at most
+#   the dense step's plus, per MoD block and micro-batch, the choice (B*T
+#   ints) and the predictor's weight and gradient (2 C floats), with B*T
+#   floats to spare: its activations stay on the device.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -219,6 +224,18 @@ pool "staging pool, pp=2 dp=2 ep=2" 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 
 pool "staging, pp=2 MoD causal" 2 parallel.pp=2 model.mod_every=2 model.mod_capacity=0.25 \
   mod.routing=causal
 
+# down_per_step NAME [key=value...]: $down = the bytes one step of a
+# one-rank run copies to the host, (5 steps - 2 steps) / 3, from the
+# emulator's count (-1 when it printed none)
+down_per_step() {
+  local name=$1 two five; shift
+  counted "$name" 1 "$@"
+  two=$(sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$dir/${name}2.out")
+  five=$(sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$dir/${name}5.out")
+  down=-1
+  [ -n "$two" ] && [ -n "$five" ] && down=$(( (five - two) / 3 ))
+}
+
 # early exit's confidence on the device: only the active tokens'
 # confidences come down, so a whole step copies to the host less than
 # one exiting block's probabilities (N V floats) or input and output rows
@@ -227,18 +244,29 @@ pool "staging, pp=2 MoD causal" 2 parallel.pp=2 model.mod_every=2 model.mod_capa
 # (softmax) and 260 kB (saturation) per step here; the confidences take
 # 9 kB and 3 kB with everything else (copied_down NAME LIMIT [key=value...])
 copied_down() {
-  local name=$1 limit=$2 two five; shift 2
-  counted "$name" 1 "$@"
-  two=$(sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$dir/${name}2.out")
-  five=$(sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$dir/${name}5.out")
-  if [ -n "$two" ] && [ -n "$five" ] && [ $(( (five - two) / 3 )) -lt "$limit" ]; then
-    echo "ok: $name: $(( (five - two) / 3 )) bytes copied to the host per step (under $limit)"
+  local name=$1 limit=$2; shift 2
+  down_per_step "$name" "$@"
+  if [ "$down" -ge 0 ] && [ "$down" -lt "$limit" ]; then
+    echo "ok: $name: $down bytes copied to the host per step (under $limit)"
   else
-    fail "$name: bytes copied to the host after 2 steps '$two', after 5 '$five': not under $limit per step"
+    fail "$name: $down bytes copied to the host per step, not under $limit"
   fi
 }
 copied_down "early exit softmax copies down" $((64 * 256 * 4)) dyn.kind=early_exit \
   dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=1
 copied_down "early exit saturation copies down" $((2 * 64 * 32 * 4)) dyn.kind=early_exit \
   dyn.exit_from=1 dyn.exit_threshold=0.9 dyn.exit_confidence=saturation
+
+# MoD's activations stay on the device: per MoD block and micro-batch only
+# the choice (B*T ints) and the predictor's weight and gradient (2 C
+# floats) cross, with B*T floats to spare
+down_per_step copies-dense; dense=$down
+down_per_step copies-mod model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal; mod=$down
+N=64 C=32   # the tiny model's micro-batch of 2 x 32 tokens, 32 channels
+most=$(( 3 * 4 * (N * 4 + 2 * C * 4 + N * 4) ))
+if [ "$dense" -gt 0 ] && [ "$mod" -gt 0 ] && [ $(( mod - dense )) -le "$most" ]; then
+  echo "ok: a MoD step copies down $mod bytes, the dense step $dense: $(( mod - dense )) more (at most $most; activations stay on the device)"
+else
+  fail "a MoD step copies down $mod bytes, the dense step $dense: more than $most bytes more"
+fi
 finish

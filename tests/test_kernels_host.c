@@ -798,6 +798,44 @@ static void test_mod(int B, int T, int C, int k)
     dm_free(gchosen[0]), dm_free(gchosen[1]);
 }
 
+/* The block over the chosen tokens: n packed rows of N, some sequences'
+ * rows, the combination forward, the backward's scale and its three
+ * kernels (dr, din, the router weight's gradient), against the CPU ops */
+static void test_mod_combine(int N, int C)
+{
+    int *rows = dm_alloc((size_t)N * sizeof(int)), n = 0;
+    for (int i = 0; i < N; i++)
+        if ((i * 7 + i / 5) % 3 != 1) rows[n++] = i;
+    printf("mixture of depths combination N=%d C=%d tokens=%d\n", N, C, n);
+    long NC = (long)N * C, nC = (long)n * C;
+    float *x = filled(nC, 1.0f), *f = filled(nC, 1.0f), *router = filled(N, 0.5f);
+    float *w = filled(C, 0.5f), *in = filled(NC, 1.0f), *dout = filled(NC, 1.0f);
+    float *g = filled(nC, 1.0f), *dw0 = filled(C, 1.0f), *dr = dm_alloc((size_t)n * 4 + 4);
+    float *out = copied(in, NC), *din = copied(dout, NC), *dw = copied(dw0, C);
+    float *work = dm_alloc((size_t)nC * 4 + 4);
+    mod_combine_forward(out, x, f, router, rows, n, C);
+    mod_scale_chosen(work, dout, router, rows, n, C);
+    mod_combine_backward(din, dw, x, f, g, router, w, rows, n, C);
+    struct two_runs gout = two_copies(in, NC), gwork = two_copies(work, nC);
+    struct two_runs gdin = two_copies(dout, NC), gdw = two_copies(dw0, C);
+    FOR_ORDERS(r) {
+        FOR_GRID(3, 32, mod_combine_forward_thread(t, gout.run[r], x, f, router, rows, n, C));
+        FOR_GRID(2, 32, mod_scale_chosen_thread(t, gwork.run[r], dout, router, rows, n, C));
+        FOR_GRID(2, 16, mod_combine_dr_thread(t, dr, gdin.run[r], x, f, rows, n, C));
+        FOR_GRID(3, 32, mod_combine_din_thread(t, gdin.run[r], dr, g, router, w, rows, n, C));
+        FOR_GRID(2, 8, mod_combine_dweight_thread(t, gdw.run[r], dr, x, n, C));
+    }
+    check_orders("mod_combine_backward dweight", gdw.run[0], gdw.run[1], C);
+    check_bits("mod_combine_forward", gout.run[1], out, NC);
+    check_bits("mod_scale_chosen", gwork.run[0], work, nC);
+    check_bits("mod_combine_backward din", gdin.run[1], din, NC);
+    check_bits("mod_combine_backward dweight", gdw.run[0], dw, C);
+    two_free(&gout), two_free(&gwork), two_free(&gdin), two_free(&gdw);
+    float *all[] = {x, f, router, w, in, dout, g, dw0, dr, out, din, dw, work};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) dm_free(all[i]);
+    dm_free(rows);
+}
+
 /* attention.cu's rows forms: compact queries scattered into a zeroed
  * full-length Q, the dense path, the active rows gathered back */
 static void host_attention_rows_forward(float *out, float *att, const float *q, const float *kv,
@@ -1006,6 +1044,8 @@ int main(void)
     test_sparse(64, 24, 16, 0.0);   /* every row empty: nothing kept */
     test_mod(3, 40, 32, 13);
     test_mod(2, 17, 8, 17);         /* k = T: every token */
+    test_mod_combine(120, 48);
+    test_mod_combine(37, 300);      /* more channels than threads */
     test_mod_predictor(150, 48);
     test_sum_squares(5 * DM_SUMSQ_CHUNK + 1234);
     test_sum_squares(100);

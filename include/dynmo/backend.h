@@ -179,6 +179,20 @@ struct dm_backend {
     float (*mod_predictor_forward_backward)(float *dweight, int *chosen, const float *in,
                                             const float *weight, const int *target, int N,
                                             int C);
+    /* The block over the chosen tokens (model.h's mod_combine_forward,
+     * mod_scale_chosen, mod_combine_backward), on the n packed rows whose
+     * block rows are `rows` (distinct): out's rows = x + r (f - x); work
+     * = r din's rows; din's rows and the router weight's gradient
+     * (accumulated; may be NULL) from the combination, the gradient
+     * summed over the tokens in order (no atomics: the CPU's bits). */
+    void (*mod_combine_forward)(float *out, const float *gathered_in, const float *gathered_out,
+                                const float *router, const int *rows, int n, int C);
+    void (*mod_scale_chosen)(float *work, const float *din, const float *router, const int *rows,
+                             int n, int C);
+    void (*mod_combine_backward)(float *din, float *drouter_weight, const float *gathered_in,
+                                 const float *gathered_out, const float *work,
+                                 const float *router, const float *router_weight,
+                                 const int *rows, int n, int C);
 
     /* The dynamic schemes' gathers (early exit's active rows, mixture of
      * depths' chosen tokens, MoE's dispatch): dst (n, C) = rows `rows` of

@@ -757,6 +757,22 @@ int mod_capacity_tokens(double capacity, int T);
  * (may be NULL); without target returns 0. */
 float mod_predictor_forward_backward(float *dweight, int *chosen, const float *in,
                                      const float *weight, const int *target, int N, int C);
+/* The block over the n chosen tokens, packed: packed row j (of
+ * gathered_in x and gathered_out f = the block of x, (n, C)) is block row
+ * rows[j] (rows distinct). mod_combine_forward: out's row rows[j] = x +
+ * r (f - x), r = router[rows[j]]; out's other rows untouched.
+ * mod_scale_chosen: work (n, C) row j = r din's row rows[j].
+ * mod_combine_backward, per packed row j in order: dr = din's row .
+ * (f - x); din's row = (1 - r) din's row + work's row j (the block
+ * input's gradient) + dr router_weight; drouter_weight (C; may be NULL)
+ * += dr x. */
+void mod_combine_forward(float *out, const float *gathered_in, const float *gathered_out,
+                         const float *router, const int *rows, int n, int C);
+void mod_scale_chosen(float *work, const float *din, const float *router, const int *rows, int n,
+                      int C);
+void mod_combine_backward(float *din, float *drouter_weight, const float *gathered_in,
+                          const float *gathered_out, const float *work, const float *router,
+                          const float *router_weight, const int *rows, int n, int C);
 
 struct mod_acts {
     int B, T, C;             /* the allocation's */
@@ -767,15 +783,15 @@ struct mod_acts {
     int *chosen;             /* (B*T) 0/1 */
     int *target;             /* (B*T) 0/1 the top-k choice (the predictor's target) */
     float *router;           /* (B*T) r */
+    int *rows;               /* (tokens) the block row of each packed row */
     float *gathered_in;      /* (tokens, C) the packed chosen rows */
     float *gathered_out;     /* (tokens, C) f(x) of the packed rows */
-    /* chosen, target, router and the gathered rows are the backend's
-     * memory; count and pos the host's. On a device the host works on
-     * copies in these staging buffers (NULL on the CPU, which works in
-     * place): the router and choice (B*T), rows (B*T, C) x 4. */
-    float *router_host;
+    /* chosen, target, router, rows and the gathered rows are the
+     * backend's memory; count and pos the host's. On a device the choice
+     * comes down and the packed rows' list goes up through these staging
+     * buffers (NULL on the CPU, which works in place), (B*T) each. */
     int *chosen_host;
-    float *rows_host[4];
+    int *rows_host;
     float *weight_host;      /* (2 C) a weight and its gradient, staged (NULL on the CPU) */
     float *dweight;          /* (C) the predictor's gradient of one micro-batch (the backend's) */
     float *work;             /* (2 B*T*C) backward work on a device (the CPU's is static) */

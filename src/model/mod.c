@@ -101,11 +101,11 @@ void mod_acts_alloc(struct mod_acts *m, int B, int T, int C)
     m->pos = dm_alloc(N * sizeof(int));
     m->chosen = ops->alloc(N * sizeof(int));
     m->router = ops->alloc(N * sizeof(float));
+    m->rows = ops->alloc(N * sizeof(int));
     m->gathered_in = ops->alloc(rows);
     m->gathered_out = ops->alloc(rows);
-    m->router_host = backend_staging(N * sizeof(float));
     m->chosen_host = backend_staging(N * sizeof(int));
-    for (int k = 0; k < 4; k++) m->rows_host[k] = backend_staging(rows);
+    m->rows_host = backend_staging(N * sizeof(int));
     m->weight_host = backend_staging(2 * (size_t)C * sizeof(float));
     m->dweight = ops->alloc((size_t)C * sizeof(float));
 }
@@ -117,19 +117,16 @@ void mod_acts_free(struct mod_acts *m)
     dm_free(m->pos);
     ops->free(m->chosen);
     ops->free(m->router);
+    ops->free(m->rows);
     ops->free(m->gathered_in);
     ops->free(m->gathered_out);
-    backend_staging_free(m->router_host);
     backend_staging_free(m->chosen_host);
-    for (int k = 0; k < 4; k++) backend_staging_free(m->rows_host[k]);
+    backend_staging_free(m->rows_host);
     backend_staging_free(m->weight_host);
     ops->free(m->dweight);
     if (m->work) ops->free(m->work);
     memset(m, 0, sizeof *m);
 }
-
-/* What each of m->rows_host stages. */
-enum { ROWS_IN, ROWS_OUT, ROWS_GATHERED_IN, ROWS_GATHERED_OUT };
 
 /* bytes of device memory at p where the host may read and change them:
  * p itself on the CPU, else staging after a copy down (backend_read) */
@@ -259,124 +256,84 @@ static void mod_count_chosen(struct mod_acts *m, const int *chosen, int B, int T
     }
 }
 
-/* The chosen rows of in packed into gathered (host memory both). */
-static void gather_chosen(const struct mod_acts *m, float *gathered, const float *in,
-                          const int *start, int B, int T, int C)
+/* m->rows (tokens) = the block row of each packed row, sequence b's
+ * chosen positions after the earlier sequences', written on the host and
+ * copied up (tokens ints) */
+static void mod_pack_rows(struct mod_acts *m, int B, int T)
 {
+    int *rows = backend_write_begin(m->rows_host, m->rows);
+    long j = 0;
     for (int b = 0; b < B; b++)
-        for (int i = 0; i < m->count[b]; i++)
-            memcpy(gathered + (long)(start[b] + i) * C,
-                   in + ((long)b * T + m->pos[(long)b * T + i]) * C, (size_t)C * sizeof(float));
+        for (int i = 0; i < m->count[b]; i++) rows[j++] = b * T + m->pos[(long)b * T + i];
+    backend_write_end(m->rows, rows, (size_t)m->tokens * sizeof(int));
 }
 
-/* out's chosen rows = x + r (f - x) (host memory all) */
-static void combine_forward(const struct mod_acts *m, float *out, const float *gathered_in,
-                            const float *gathered_out, const float *router, const int *start,
-                            int B, int T, int C)
+void mod_combine_forward(float *out, const float *gathered_in, const float *gathered_out,
+                         const float *router, const int *rows, int n, int C)
 {
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < m->count[b]; i++) {
-            long row = (long)b * T + m->pos[(long)b * T + i];
-            const float *x = gathered_in + (long)(start[b] + i) * C;
-            const float *f = gathered_out + (long)(start[b] + i) * C;
-            float r = router[row];
-            float *o = out + row * C;
-            for (int c = 0; c < C; c++) o[c] = x[c] + r * (f[c] - x[c]);
-        }
+    for (int j = 0; j < n; j++) {
+        long row = rows[j];
+        const float *x = gathered_in + (long)j * C, *f = gathered_out + (long)j * C;
+        float r = router[row];
+        float *o = out + row * C;
+        for (int c = 0; c < C; c++) o[c] = x[c] + r * (f[c] - x[c]);
+    }
 }
 
-/* The host's part works on copies on a device: the choice comes down, the
- * packed rows go up, the block's rows and the router come down, out goes
- * up (on the CPU every copy is the tensor itself). */
+void mod_scale_chosen(float *work, const float *din, const float *router, const int *rows, int n,
+                      int C)
+{
+    for (int j = 0; j < n; j++) {
+        long row = rows[j];
+        float r = router[row];
+        const float *d = din + row * C;
+        float *g = work + (long)j * C;
+        for (int c = 0; c < C; c++) g[c] = r * d[c];
+    }
+}
+
+void mod_combine_backward(float *din, float *drouter_weight, const float *gathered_in,
+                          const float *gathered_out, const float *work, const float *router,
+                          const float *router_weight, const int *rows, int n, int C)
+{
+    for (int j = 0; j < n; j++) {
+        long row = rows[j];
+        const float *x = gathered_in + (long)j * C, *f = gathered_out + (long)j * C;
+        const float *g = work + (long)j * C;
+        float r = router[row];
+        float *d = din + row * C;
+        float dr = 0.0f;
+        for (int c = 0; c < C; c++) dr += d[c] * (f[c] - x[c]);
+        for (int c = 0; c < C; c++) d[c] = (1.0f - r) * d[c] + g[c] + dr * router_weight[c];
+        if (drouter_weight)
+            for (int c = 0; c < C; c++) drouter_weight[c] += dr * x[c];
+    }
+}
+
+/* Only the choice comes down to the host (its counts and positions) and
+ * the packed rows' list goes up; the gather, the block and the
+ * combination run on the backend. */
 void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_acts *m,
                        float *out, const float *in, const float *router_weight,
                        const int *chosen, int B, int T)
 {
     const struct dm_backend *ops = backend_current();
     int C = blk->C, N = B * T;
-    size_t rows = (size_t)N * C * sizeof(float);
     DM_ASSERT(B <= m->B && T <= m->T && C == m->C);
     ops->mod_router_forward(m->router, in, router_weight, N, C);
     if (chosen != m->chosen) ops->copy_on_device(m->chosen, chosen, (size_t)N * sizeof(int));
     mod_count_chosen(m, backend_read(m->chosen_host, m->chosen, (size_t)N * sizeof(int)), B, T);
-    if (out != in) ops->copy_on_device(out, in, rows);
+    if (out != in) ops->copy_on_device(out, in, (size_t)N * C * sizeof(float));
     if (m->tokens == 0) return;
-    int *start = mod_starts(m, B);
-    size_t packed = (size_t)m->tokens * C * sizeof(float);
-    const float *in_h = backend_read(m->rows_host[ROWS_IN], in, rows);
-    float *gin = backend_write_begin(m->rows_host[ROWS_GATHERED_IN], m->gathered_in);
-    gather_chosen(m, gin, in_h, start, B, T, C);
-    backend_write_end(m->gathered_in, gin, packed);
+    mod_pack_rows(m, B, T);
+    int *start = mod_starts(m, B), n = (int)m->tokens;
+    ops->rows_gather(m->gathered_in, in, m->rows, n, C);
     packed_block_forward(blk, acts, m->gathered_out, m->gathered_in, start, B);
-    const float *gout = backend_read(m->rows_host[ROWS_GATHERED_OUT], m->gathered_out, packed);
-    const float *router = backend_read(m->router_host, m->router, (size_t)N * sizeof(float));
-    float *out_h = host_copy(m->rows_host[ROWS_OUT], out, rows);
-    combine_forward(m, out_h, gin, gout, router, start, B, T, C);
-    backend_write_end(out, out_h, rows);
+    ops->mod_combine_forward(out, m->gathered_in, m->gathered_out, m->router, m->rows, n, C);
     dm_free(start);
 }
 
-/* What the backward's combination reads, host memory all. */
-struct mod_combine {
-    const struct mod_acts *m;
-    const float *gathered_in, *gathered_out, *router, *work, *router_weight;
-};
-
-/* For each chosen token: dr = g . (f - x), din = (1 - r) g + (the block
- * input's gradient, in work) + dr w, dw += dr x. */
-static void mod_combine_backward(const struct mod_combine *k, float *din,
-                                 float *drouter_weight, const int *start, int B, int T, int C)
-{
-    const struct mod_acts *m = k->m;
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < m->count[b]; i++) {
-            long row = (long)b * T + m->pos[(long)b * T + i], j = start[b] + i;
-            const float *x = k->gathered_in + j * C, *f = k->gathered_out + j * C;
-            const float *g = k->work + j * C;
-            float r = k->router[row];
-            float *d = din + row * C;
-            float dr = 0.0f;
-            for (int c = 0; c < C; c++) dr += d[c] * (f[c] - x[c]);
-            for (int c = 0; c < C; c++)
-                d[c] = (1.0f - r) * d[c] + g[c] + dr * k->router_weight[c];
-            if (drouter_weight)
-                for (int c = 0; c < C; c++) drouter_weight[c] += dr * x[c];
-        }
-}
-
-/* work's packed rows = r din (host memory all) */
-static void scale_chosen(const struct mod_acts *m, float *work, const float *din,
-                         const float *router, const int *start, int B, int T, int C)
-{
-    for (int b = 0; b < B; b++)
-        for (int i = 0; i < m->count[b]; i++) {
-            long row = (long)b * T + m->pos[(long)b * T + i];
-            float r = router[row];
-            const float *d = din + row * C;
-            float *g = work + (long)(start[b] + i) * C;
-            for (int c = 0; c < C; c++) g[c] = r * d[c];
-        }
-}
-
-/* The combination on the host: what it reads comes down, din and the
- * router weight's gradient go back up (in place on the CPU). */
-static void combine_backward(struct mod_acts *m, float *din_h, float *din, float *drouter_weight,
-                             const float *router_weight, const float *work, const float *router,
-                             const int *start, int B, int T, int C)
-{
-    size_t packed = (size_t)m->tokens * C * sizeof(float), bytes = (size_t)C * sizeof(float);
-    struct mod_combine k = {m, NULL, NULL, router, NULL, NULL};
-    k.work = backend_read(m->rows_host[ROWS_IN], work, packed);
-    k.gathered_in = backend_read(m->rows_host[ROWS_GATHERED_IN], m->gathered_in, packed);
-    k.gathered_out = backend_read(m->rows_host[ROWS_GATHERED_OUT], m->gathered_out, packed);
-    float *staging = m->weight_host;
-    k.router_weight = backend_read(staging ? staging + C : NULL, router_weight, bytes);
-    float *drw = drouter_weight ? host_copy(staging, drouter_weight, bytes) : NULL;
-    mod_combine_backward(&k, din_h, drw, start, B, T, C);
-    backend_write_end(din, din_h, (size_t)B * T * C * sizeof(float));
-    if (drw) backend_write_end(drouter_weight, drw, bytes);
-}
-
+/* On the backend all through, over the forward's packed rows (m->rows). */
 void mod_block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
                         struct mod_acts *m, float *din, float *drouter_weight,
                         const float *dout, const float *router_weight, int B, int T,
@@ -384,19 +341,15 @@ void mod_block_backward(struct block *blk, struct block_acts *acts, struct block
 {
     const struct dm_backend *ops = backend_current();
     int C = blk->C, N = B * T;
-    size_t rows = (size_t)N * C * sizeof(float);
-    if (din != dout) ops->copy_on_device(din, dout, rows);
+    if (din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
     if (m->tokens == 0) return;
-    int *start = mod_starts(m, B);
-    const float *router = backend_read(m->router_host, m->router, (size_t)N * sizeof(float));
-    float *din_h = host_copy(m->rows_host[ROWS_OUT], din, rows);
+    int *start = mod_starts(m, B), n = (int)m->tokens;
     /* work (tokens, C): the block output's gradient r dout, then, in
      * place, the block input's */
-    float *work_h = backend_write_begin(m->rows_host[ROWS_IN], work);
-    scale_chosen(m, work_h, din_h, router, start, B, T, C);
-    backend_write_end(work, work_h, (size_t)m->tokens * C * sizeof(float));
+    ops->mod_scale_chosen(work, din, m->router, m->rows, n, C);
     packed_block_backward(blk, acts, s, work, work, m->gathered_in, start, B);
-    combine_backward(m, din_h, din, drouter_weight, router_weight, work, router, start, B, T, C);
+    ops->mod_combine_backward(din, drouter_weight, m->gathered_in, m->gathered_out, work,
+                              m->router, router_weight, m->rows, n, C);
     dm_free(start);
 }
 

@@ -383,6 +383,37 @@ static void check_mod(int B, int T, int C, int k)
     dev->free(IN), dev->free(Wd), dev->free(R), dev->free(CH);
 }
 
+/* The block over the chosen tokens: every other row of N packed, the
+ * combination forward, the backward's scale and combination */
+static void check_mod_combine(int N, int C)
+{
+    int *rows = dm_alloc((size_t)N * sizeof(int)), n = 0;
+    for (int i = 0; i < N; i++)
+        if (i % 4 != 1) rows[n++] = i;
+    long NC = (long)N * C, nC = (long)n * C;
+    float *x = host(nC, 1), *f = host(nC, 1), *router = host(N, 1), *w = host(C, 1);
+    float *out = host(NC, 1), *din = host(NC, 1), *g = host(nC, 1), *dw = host(C, 1);
+    float *work = host(nC, 0);
+    int *ROWS = up(rows, (size_t)N * 4);
+    float *X = up(x, nC * 4), *F = up(f, nC * 4), *R = up(router, N * 4), *Wd = up(w, C * 4);
+    float *O = up(out, NC * 4), *DIN = up(din, NC * 4), *G = up(g, nC * 4);
+    float *DW = up(dw, C * 4), *WORK = up(work, nC * 4);
+    cpu->mod_combine_forward(out, x, f, router, rows, n, C);
+    dev->mod_combine_forward(O, X, F, R, ROWS, n, C);
+    compare("mod_combine_forward", O, out, NC);
+    cpu->mod_scale_chosen(work, din, router, rows, n, C);
+    dev->mod_scale_chosen(WORK, DIN, R, ROWS, n, C);
+    compare("mod_scale_chosen", WORK, work, nC);
+    cpu->mod_combine_backward(din, dw, x, f, g, router, w, rows, n, C);
+    dev->mod_combine_backward(DIN, DW, X, F, G, R, Wd, ROWS, n, C);
+    compare("mod_combine_backward din", DIN, din, NC);
+    compare("mod_combine_backward drouter_weight", DW, dw, C);
+    float *hs[] = {x, f, router, w, out, din, g, dw, work};
+    float *ds[] = {X, F, R, Wd, O, DIN, G, DW, WORK};
+    for (int i = 0; i < 9; i++) dm_free(hs[i]), dev->free(ds[i]);
+    dm_free(rows), dev->free(ROWS);
+}
+
 static void check_hash(int B, int T, int C, int NH, int buckets)
 {
     int hs = C / NH;
@@ -472,6 +503,7 @@ int main(int argc, char **argv)
     check_exit_confidence(256, 96, 256);
     check_sparse(200, 64, 192);
     check_mod(4, 128, 96, 16);
+    check_mod_combine(512, 96);
     printf("check_ops: %d of %d checks failed\n", failures, checked);
     return failures ? 1 : 0;
 }
