@@ -290,9 +290,33 @@ static void *emulate_table_alloc_host(size_t bytes)
 
 static int count_allocs;
 
+/* The emulated node's devices (DYNMO_EMULATE_DEVICES, 1..64, default 1):
+ * this process takes backend_device_for(its rank on the node, them) as the
+ * CUDA plugin does; the table's device and the counts at exit name it. */
+static int emulated_device, emulated_devices = 1;
+
+static int pick_emulated_device(const struct dm_backend_host *h, char *err, size_t errsize)
+{
+    const char *text = getenv("DYNMO_EMULATE_DEVICES");
+    if (text) {
+        char *end = NULL;
+        long n = strtol(text, &end, 10);
+        if (!*text || *end || n < 1 || n > 64) {
+            snprintf(err, errsize, "DYNMO_EMULATE_DEVICES=%s: want a device count in 1..64",
+                     text);
+            return -1;
+        }
+        emulated_devices = (int)n;
+    }
+    emulated_device = backend_device_for(h->local_rank, emulated_devices);
+    return 0;
+}
+
 __attribute__((destructor)) static void print_alloc_counts(void)
 {
     if (!count_allocs) return;
+    fprintf(stderr, "emulate: device %d of %d, local rank %d of %d\n", emulated_device,
+            emulated_devices, host ? host->local_rank : 0, host ? host->local_size : 1);
     fprintf(stderr, "emulate: %ld device allocations, %ld host allocations\n", table_allocs,
             table_host_allocs);
     fprintf(stderr, "emulate: %lld bytes copied to the device, %lld bytes copied to the host\n",
@@ -921,7 +945,6 @@ static double emulate_sum_squares(const float *x, long n)
 static const struct dm_backend emulate_table = {
     .abi = DM_BACKEND_ABI,
     .name = "emulate",
-    .device = "the CUDA kernels emulated on the CPU (kernels/emulate.c; testing only)",
     .alloc = emulate_table_alloc,
     .free = emulate_free,
     .copy_to_device = emulate_copy_to_device,
@@ -975,13 +998,14 @@ EXPORT int dynmo_cuda_backend_open(struct dm_backend *table, const struct dm_bac
                                    char *err, size_t errsize)
 {
     host = h;
+    if (pick_emulated_device(h, err, errsize) != 0) return -1;
     if (arena_open(err, errsize) != 0) return -1;
     const char *counts = getenv("DYNMO_EMULATE_ALLOC_COUNTS");
     count_allocs = counts && !strcmp(counts, "1");
     *table = emulate_table;
     table->host_access = !arena.strict;
-    if (arena.strict)
-        snprintf(table->device, sizeof table->device, "%s", "the CUDA kernels emulated on the "
-                 "CPU, device memory in a trapping arena (kernels/emulate.c; testing only)");
+    snprintf(table->device, sizeof table->device, "emulated device %d of %d (the CUDA kernels "
+             "on the CPU%s; testing only)", emulated_device, emulated_devices,
+             arena.strict ? ", a trapping arena" : "");
     return 0;
 }

@@ -145,10 +145,13 @@ static void fill_ops(struct dm_backend *t)
     t->comm_free = cuda_comm_free;
 }
 
-/* A device for this process: the first one cudaGetDeviceCount sees (the
- * launcher's CUDA_VISIBLE_DEVICES decides which). Returns 0, or -1 with
- * the reason. */
-static int pick_device(char *name, size_t size, char *err, size_t errsize)
+/* A device for this process: backend_device_for(its rank on the node,
+ * the devices it sees), so that the ranks of a node each take their own
+ * GPU while there are enough (where the launcher shows each only its own,
+ * CUDA_VISIBLE_DEVICES or --gpus-per-task, that is device 0). Returns 0,
+ * or -1 with the reason. */
+static int pick_device(const struct dm_backend_host *caller, char *name, size_t size, char *err,
+                       size_t errsize)
 {
     int count = 0;
     cudaError_t rc = cudaGetDeviceCount(&count);
@@ -157,14 +160,16 @@ static int pick_device(char *name, size_t size, char *err, size_t errsize)
                  rc != cudaSuccess ? cudaGetErrorString(rc) : "cudaGetDeviceCount found none");
         return -1;
     }
+    int dev = backend_device_for(caller->local_rank, count);
     struct cudaDeviceProp prop;
-    if (cudaSetDevice(0) != cudaSuccess || cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
-        snprintf(err, errsize, "CUDA device 0 cannot be opened (%s)",
+    if (cudaSetDevice(dev) != cudaSuccess || cudaGetDeviceProperties(&prop, dev) != cudaSuccess) {
+        snprintf(err, errsize, "CUDA device %d cannot be opened (%s)", dev,
                  cudaGetErrorString(cudaGetLastError()));
         return -1;
     }
-    snprintf(name, size, "CUDA device 0 of %d: %.48s, compute %d.%d, %.0f GiB", count, prop.name,
-             prop.major, prop.minor, prop.totalGlobalMem / 1073741824.0);
+    snprintf(name, size, "CUDA device %d of %d: %.48s, compute %d.%d, %.0f GiB%s", dev, count,
+             prop.name, prop.major, prop.minor, prop.totalGlobalMem / 1073741824.0,
+             caller->local_size > count ? ", shared with other ranks" : "");
     return 0;
 }
 
@@ -172,7 +177,7 @@ extern "C" __attribute__((visibility("default"))) int dynmo_cuda_backend_open(
     struct dm_backend *table, const struct dm_backend_host *caller, char *err, size_t errsize)
 {
     char device[128];
-    if (pick_device(device, sizeof device, err, errsize) != 0) return -1;
+    if (pick_device(caller, device, sizeof device, err, errsize) != 0) return -1;
     host = caller;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas));

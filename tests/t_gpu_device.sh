@@ -4,6 +4,7 @@
 # another table, or with one that finds no GPU: exit status 2 and one
 # message naming the problem, on one rank and on two (no rank hangs), and
 # nothing written. Fake plugins are built here with gcc: no CUDA needed.
+# The ranks of a node spread over its devices (on the emulated device).
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -55,6 +56,24 @@ out=$(DYNMO_CUDA_PLUGIN="$dir/nodevice.so" timeout -k 10 60 mpiexec -n 2 "$DYNMO
 "$BUILD/gpu/check_ops" cpu > "$dir/ops.log" 2>&1 || fail "check_ops cpu: $(tail -n 3 "$dir/ops.log")"
 grep -q "check_ops: 0 of [1-9][0-9]* checks failed" "$dir/ops.log" || fail "check_ops cpu: $(tail -n 1 "$dir/ops.log")"
 
-# train.device = cpu is the default and trains.
-"$DYNMO" train --config "$dir/run.ini" train.device=cpu >/dev/null 2>&1 || fail "train.device=cpu"
+# train.device = cpu is the default and trains, and names no device.
+out=$("$DYNMO" train --config "$dir/run.ini" train.device=cpu 2>&1) || fail "train.device=cpu"
+grep -q '^device:' <<<"$out" && fail "a cpu run names a device: $(grep '^device:' <<<"$out")"
+
+# Each rank of a node takes its own device while there are enough, as the
+# CUDA plugin does (backend_device_for): 3 ranks on an emulated node of 2
+# devices take 0, 1, 0 (the emulator names each process's device at exit
+# with DYNMO_EMULATE_ALLOC_COUNTS=1), and rank 0 names its own at start-up.
+rm -rf "$dir/out"
+DYNMO_EMULATE_DEVICES=2 DYNMO_EMULATE_ALLOC_COUNTS=1 timeout -k 10 60 mpiexec -n 3 "$DYNMO" train \
+  --config "$dir/run.ini" train.device=emulate parallel.pp=3 > "$dir/place.out" 2>&1 \
+  || fail "3 ranks on 2 emulated devices: exit $?: $(tail -n 3 "$dir/place.out")"
+placed=$(sed -n 's/^emulate: device \([0-9]*\) of 2, local rank \([0-9]*\) of 3$/\2:\1/p' "$dir/place.out" \
+  | sort | tr '\n' ' ')
+[ "$placed" = "0:0 1:1 2:0 " ] && echo "ok: 3 ranks on 2 devices take (local rank:device) $placed" \
+  || fail "3 ranks on 2 devices: (local rank:device) '$placed', want '0:0 1:1 2:0 '"
+grep -q '^device: emulated device 0 of 2 .*(rank 0; 3 ranks on its node)$' "$dir/place.out" \
+  && echo "ok: $(grep -m 1 '^device:' "$dir/place.out")" || fail "no device line: $(head -n 3 "$dir/place.out")"
+expect_error "DYNMO_EMULATE_DEVICES=0" "DYNMO_EMULATE_DEVICES=0: want a device count in 1..64" \
+  env DYNMO_EMULATE_DEVICES=0 "$DYNMO" train --config "$dir/run.ini" train.device=emulate
 finish

@@ -38,7 +38,21 @@ extern "C" {
 
 struct dm_backend_host {
     void (*fatal)(const char *file, int line, const char *call, const char *text);
+    /* This process among the job's processes on its node (0..local_size-1)
+     * and their count: the CUDA plugin takes device
+     * backend_device_for(local_rank, devices it sees). */
+    int local_rank, local_size;
 };
+
+/* The device of the local_rank-th process of a node that sees `devices`
+ * devices: each process its own while there are enough (one process per
+ * GPU, as launchers usually place them), round-robin beyond; device 0
+ * when a launcher shows each process only its own (CUDA_VISIBLE_DEVICES,
+ * Slurm's --gpus-per-task). */
+static inline int backend_device_for(int local_rank, int devices)
+{
+    return devices > 0 && local_rank >= 0 ? local_rank % devices : 0;
+}
 
 struct dm_backend;
 typedef int (*dm_backend_open_fn)(struct dm_backend *table, const struct dm_backend_host *host,
@@ -247,8 +261,11 @@ const struct dm_backend *backend_current(void);
  * ($DYNMO_EMULATE_PLUGIN, else libdynmo_emulate.so beside the binary).
  * Returns 0, or -1 with one message in err naming the problem and the fix
  * (no plugin, not a dynmo plugin, built for another table, no CUDA
- * device); the CPU backend then stays current. Not collective. */
-int backend_open(const char *device, char *err, size_t errsize);
+ * device); the CPU backend then stays current. local_rank and
+ * local_size place this process on its node (struct dm_backend_host):
+ * 0 and 1 for a lone process. Not collective. */
+int backend_open(const char *device, int local_rank, int local_size, char *err,
+                 size_t errsize);
 
 /* Where the plugin is looked for: $DYNMO_CUDA_PLUGIN when set, else
  * libdynmo_cuda.so beside the running binary. Returns 0, or -1 when

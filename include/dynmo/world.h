@@ -54,6 +54,8 @@ void world_init(int *argc, char ***argv);
 void world_finalize(int status);
 /* Ranks of this job that run on this node (MPI_COMM_TYPE_SHARED). */
 int world_local_size(void);
+/* This rank among them (0..world_local_size() - 1). */
+int world_local_rank(void);
 
 /* Collective over comm: every rank learns `code` and `message` of the
  * lowest rank whose code is non-zero (message into err, cut at errsize and

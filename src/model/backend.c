@@ -193,8 +193,8 @@ static void plugin_fatal(const char *file, int line, const char *call, const cha
 
 /* dlopen the plugin at path and ask it for its table; device names it
  * in messages, build how to build it. */
-static int open_plugin(const char *device, const char *build, const char *path, char *err,
-                       size_t errsize)
+static int open_plugin(const char *device, const char *build, const char *path,
+                       const struct dm_backend_host *host, char *err, size_t errsize)
 {
     void *handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
@@ -212,11 +212,10 @@ static int open_plugin(const char *device, const char *build, const char *path, 
         dlclose(handle);
         return -1;
     }
-    static const struct dm_backend_host host = {.fatal = plugin_fatal};
     struct dm_backend table;
     memset(&table, 0, sizeof table);
     char problem[512] = "";
-    int rc = entry(&table, &host, problem, sizeof problem);
+    int rc = entry(&table, host, problem, sizeof problem);
     if (rc == 0 && table.abi != DM_BACKEND_ABI)
         dm_set_message(problem, sizeof problem, "it was built for backend table %d, this "
                        "dynmo has %d: rebuild it with %s", table.abi, DM_BACKEND_ABI, build);
@@ -230,8 +229,13 @@ static int open_plugin(const char *device, const char *build, const char *path, 
     return 0;
 }
 
-int backend_open(const char *device, char *err, size_t errsize)
+int backend_open(const char *device, int local_rank, int local_size, char *err,
+                 size_t errsize)
 {
+    /* the plugin keeps the pointer for its fatal path: static */
+    static struct dm_backend_host host = {.fatal = plugin_fatal};
+    host.local_rank = local_rank;
+    host.local_size = local_size;
     if (!strcmp(device, "cpu")) {
         current = &cpu_table;
         return 0;
@@ -243,7 +247,7 @@ int backend_open(const char *device, char *err, size_t errsize)
                            "DYNMO_EMULATE_PLUGIN and /proc/self/exe unreadable)");
             return -1;
         }
-        return open_plugin(device, "`make`", path, err, errsize);
+        return open_plugin(device, "`make`", path, &host, err, errsize);
     }
     if (strcmp(device, "cuda") != 0) {
         dm_set_message(err, errsize, "train.device = '%s' must be cpu, cuda or emulate", device);
@@ -255,6 +259,6 @@ int backend_open(const char *device, char *err, size_t errsize)
                        "DYNMO_CUDA_PLUGIN to build/libdynmo_cuda.so");
         return -1;
     }
-    return open_plugin(device, "`make USE_CUDA=1` or name it in DYNMO_CUDA_PLUGIN", path, err,
-                       errsize);
+    return open_plugin(device, "`make USE_CUDA=1` or name it in DYNMO_CUDA_PLUGIN", path, &host,
+                       err, errsize);
 }

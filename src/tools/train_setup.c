@@ -104,10 +104,14 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
 void train_open_backend(const struct dm_config *cfg)
 {
     char problem[WORLD_MESSAGE_BYTES] = "";
-    int bad = backend_open(cfg->device, problem, sizeof problem) != 0;
+    int bad = backend_open(cfg->device, world_local_rank(), world_local_size(), problem,
+                           sizeof problem) != 0;
     char agreed[WORLD_MESSAGE_BYTES];
     if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))
         dm_user_error("%s", agreed);
+    if (strcmp(cfg->device, "cpu") != 0)
+        dm_log("device: %s (rank 0; %d ranks on its node)\n", backend_current()->device,
+               world_local_size());
 }
 
 void train_open_data(struct train_data *d, const struct dm_config *cfg)

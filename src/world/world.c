@@ -24,7 +24,7 @@
 #include "dynmo/world.h"
 
 static int started;
-static int local_size = 1;
+static int local_size = 1, local_rank;
 
 /* Where each rank of the job runs: its node (the world rank of the node's
  * first rank) and the CPUs it may use. Gathered once at start-up. */
@@ -435,6 +435,7 @@ void world_init(int *argc, char ***argv)
     WORLD_MPI(MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL,
                                   &node));
     WORLD_MPI(MPI_Comm_size(node, &local_size));
+    WORLD_MPI(MPI_Comm_rank(node, &local_rank));
     gather_placement(node, rank, size);
     node_comm = node;
     setup_message_gate(node, local_size);
@@ -476,6 +477,8 @@ void world_finalize(int status)
 }
 
 int world_local_size(void) { return local_size; }
+
+int world_local_rank(void) { return local_rank; }
 
 static int find_root(int *parent, int i)
 {

@@ -480,7 +480,7 @@ int main(int argc, char **argv)
     }
     dm_threads_init(0);
     char err[1024];
-    if (backend_open(argv[1], err, sizeof err) != 0) {
+    if (backend_open(argv[1], 0, 1, err, sizeof err) != 0) {
         fprintf(stderr, "check_ops: FAILED: %s\n", err);
         return 1;
     }
