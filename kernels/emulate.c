@@ -14,12 +14,16 @@
  * anything of dynmo beyond include/dynmo/backend.h, nor call MPI. */
 #include <cblas.h>
 #include <execinfo.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "dynmo/backend.h"
 #include "adamw.cuh"
@@ -928,6 +932,97 @@ static void emulate_mod_combine_backward(float *din, float *drouter_weight,
 
 /* ---- the device reductions (reduce.cu) ---------------------------------------- */
 
+/* ---- the transport: shared memory between the processes of a node ----------------- */
+
+/* What NCCL is to the CUDA plugin, for a group of processes on one node:
+ * the group's rank 0 creates a shared-memory segment and hands its pid and
+ * number to the others through the caller's broadcast; the segment holds
+ * a barrier and one slot of EMU_COMM_PIECE floats per rank. An all-reduce
+ * goes piece by piece: each rank copies its piece into its slot, the
+ * group meets, each rank sums the slots in group-rank order into its own
+ * buffer, the group meets again (the slots are free). Every wait polls
+ * with sched_yield, as dynmo's own waits do. Only the all-reduce is
+ * emulated (src/pipe uses nothing else of the transport yet). */
+#define EMU_COMM_PIECE (1L << 18)
+
+struct emu_comm_segment {
+    _Atomic int arrived, generation;
+    float slots[];
+};
+
+struct dm_backend_comm {
+    struct emu_comm_segment *seg;
+    size_t bytes;
+    int rank, size;
+};
+
+static void emu_comm_barrier(struct dm_backend_comm *c)
+{
+    int generation = atomic_load(&c->seg->generation);
+    if (atomic_fetch_add(&c->seg->arrived, 1) == c->size - 1) {
+        atomic_store(&c->seg->arrived, 0);
+        atomic_fetch_add(&c->seg->generation, 1);
+        return;
+    }
+    while (atomic_load(&c->seg->generation) == generation) sched_yield();
+}
+
+static struct dm_backend_comm *emulate_comm_init(int rank, int size,
+                                                 void (*bcast_ints)(void *ctx, int *buf, int n),
+                                                 void *ctx)
+{
+    static int made;
+    struct dm_backend_comm *c = calloc(1, sizeof *c);
+    if (!c) host->fatal(__FILE__, __LINE__, "calloc", "out of memory");
+    c->rank = rank;
+    c->size = size;
+    c->bytes = sizeof(struct emu_comm_segment) + (size_t)size * EMU_COMM_PIECE * sizeof(float);
+    int which[2] = {(int)getpid(), made++};
+    bcast_ints(ctx, which, 2);
+    char name[64];
+    snprintf(name, sizeof name, "/dynmo-emulate-comm-%d-%d", which[0], which[1]);
+    int fd = rank == 0 ? shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600) : -1;
+    if (rank == 0 && (fd < 0 || ftruncate(fd, (off_t)c->bytes) != 0))
+        host->fatal(__FILE__, __LINE__, "shm_open", "cannot make the transport's segment");
+    int ok = rank == 0 ? 1 : 0;
+    bcast_ints(ctx, &ok, 1);   /* the segment exists before the others open it */
+    if (rank != 0) fd = shm_open(name, O_RDWR, 0600);
+    void *at = fd >= 0 ? mmap(NULL, c->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)
+                       : MAP_FAILED;
+    if (at == MAP_FAILED)
+        host->fatal(__FILE__, __LINE__, "shm_open",
+                    "the emulated transport needs every rank of a group on one node");
+    close(fd);
+    c->seg = at;
+    emu_comm_barrier(c);
+    if (rank == 0) shm_unlink(name);
+    return c;
+}
+
+static void emulate_comm_all_reduce_sum(struct dm_backend_comm *c, float *buf, size_t count)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("comm_all_reduce_sum", buf);
+    for (size_t at = 0; at < count; at += EMU_COMM_PIECE) {
+        size_t len = count - at < EMU_COMM_PIECE ? count - at : EMU_COMM_PIECE;
+        memcpy(c->seg->slots + (size_t)c->rank * EMU_COMM_PIECE, buf + at, len * sizeof(float));
+        emu_comm_barrier(c);
+        for (size_t i = 0; i < len; i++) {
+            float sum = c->seg->slots[i];
+            for (int r = 1; r < c->size; r++) sum += c->seg->slots[(size_t)r * EMU_COMM_PIECE + i];
+            buf[at + i] = sum;
+        }
+        emu_comm_barrier(c);
+    }
+}
+
+static void emulate_comm_free(struct dm_backend_comm *c)
+{
+    if (!c) return;
+    munmap(c->seg, c->bytes);
+    free(c);
+}
+
 static double emulate_sum_squares(const float *x, long n)
 {
     DEVICE_SCOPE;
@@ -990,6 +1085,9 @@ static const struct dm_backend emulate_table = {
     .rows_gather = emulate_rows_gather,
     .rows_scatter = emulate_rows_scatter,
     .sum_squares = emulate_sum_squares,
+    .comm_init = emulate_comm_init,
+    .comm_all_reduce_sum = emulate_comm_all_reduce_sum,
+    .comm_free = emulate_comm_free,
 };
 
 /* The plugin entry, as the CUDA plugin's: reserves the arena and fills
@@ -1004,6 +1102,7 @@ EXPORT int dynmo_cuda_backend_open(struct dm_backend *table, const struct dm_bac
     count_allocs = counts && !strcmp(counts, "1");
     *table = emulate_table;
     table->host_access = !arena.strict;
+    snprintf(table->device_id, sizeof table->device_id, "emulated-%d", emulated_device);
     snprintf(table->device, sizeof table->device, "emulated device %d of %d (the CUDA kernels "
              "on the CPU%s; testing only)", emulated_device, emulated_devices,
              arena.strict ? ", a trapping arena" : "");

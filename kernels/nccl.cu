@@ -2,7 +2,8 @@
  * over the job's ranks, point-to-point sends and receives (activations
  * between stages) and a sum all-reduce (gradients between replicas).
  * The unique id goes from rank 0 to the others through the host's polled
- * broadcast (world_bcast_ints), so the plugin never calls MPI. Every
+ * broadcast (the bcast_ints it hands comm_init), so the plugin never calls
+ * MPI. Every
  * transfer runs on the communicator's own stream after the compute
  * stream's work (an event orders them) and is waited for by polling
  * cudaStreamQuery with sched_yield: the host never blocks inside CUDA or
@@ -30,13 +31,14 @@ struct dm_backend_comm {
 
 static_assert(sizeof(ncclUniqueId) % sizeof(int) == 0, "ncclUniqueId is whole ints");
 
-struct dm_backend_comm *cuda_comm_init(int rank, int size, void (*bcast_ints)(int *buf, int n))
+struct dm_backend_comm *cuda_comm_init(int rank, int size,
+                                       void (*bcast_ints)(void *ctx, int *buf, int n), void *ctx)
 {
     struct dm_backend_comm *c = (struct dm_backend_comm *)calloc(1, sizeof *c);
     if (!c) dm_cuda_fail(__FILE__, __LINE__, "calloc", "out of memory");
     ncclUniqueId id;
     if (rank == 0) NCCL_CHECK(ncclGetUniqueId(&id));
-    bcast_ints((int *)&id, (int)(sizeof id / sizeof(int)));
+    bcast_ints(ctx, (int *)&id, (int)(sizeof id / sizeof(int)));
     c->rank = rank;
     c->size = size;
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

@@ -148,10 +148,10 @@ static void fill_ops(struct dm_backend *t)
 /* A device for this process: backend_device_for(its rank on the node,
  * the devices it sees), so that the ranks of a node each take their own
  * GPU while there are enough (where the launcher shows each only its own,
- * CUDA_VISIBLE_DEVICES or --gpus-per-task, that is device 0). Returns 0,
- * or -1 with the reason. */
-static int pick_device(const struct dm_backend_host *caller, char *name, size_t size, char *err,
-                       size_t errsize)
+ * CUDA_VISIBLE_DEVICES or --gpus-per-task, that is device 0); its name
+ * and its UUID (id). Returns 0, or -1 with the reason. */
+static int pick_device(const struct dm_backend_host *caller, char *name, size_t size, char *id,
+                       size_t idsize, char *err, size_t errsize)
 {
     int count = 0;
     cudaError_t rc = cudaGetDeviceCount(&count);
@@ -167,6 +167,9 @@ static int pick_device(const struct dm_backend_host *caller, char *name, size_t 
                  cudaGetErrorString(cudaGetLastError()));
         return -1;
     }
+    int at = snprintf(id, idsize, "GPU-");
+    for (int b = 0; b < 16 && at + 2 < (int)idsize; b++)
+        at += snprintf(id + at, idsize - (size_t)at, "%02x", (unsigned char)prop.uuid.bytes[b]);
     snprintf(name, size, "CUDA device %d of %d: %.48s, compute %d.%d, %.0f GiB%s", dev, count,
              prop.name, prop.major, prop.minor, prop.totalGlobalMem / 1073741824.0,
              caller->local_size > count ? ", shared with other ranks" : "");
@@ -176,8 +179,8 @@ static int pick_device(const struct dm_backend_host *caller, char *name, size_t 
 extern "C" __attribute__((visibility("default"))) int dynmo_cuda_backend_open(
     struct dm_backend *table, const struct dm_backend_host *caller, char *err, size_t errsize)
 {
-    char device[128];
-    if (pick_device(caller, device, sizeof device, err, errsize) != 0) return -1;
+    char device[128], id[64];
+    if (pick_device(caller, device, sizeof device, id, sizeof id, err, errsize) != 0) return -1;
     host = caller;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas));
@@ -187,6 +190,7 @@ extern "C" __attribute__((visibility("default"))) int dynmo_cuda_backend_open(
     table->abi = DM_BACKEND_ABI;
     table->name = "cuda";
     snprintf(table->device, sizeof table->device, "%s", device);
+    snprintf(table->device_id, sizeof table->device_id, "%s", id);
     table->host_access = 0;   /* device memory: the host stages every read and write */
     table->alloc = device_alloc;
     table->free = device_free;

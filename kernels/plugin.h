@@ -130,7 +130,8 @@ double cuda_sum_squares(const float *x, long n);
 void cuda_zero(void *dst, size_t bytes);
 void cuda_copy_on_device(void *dst, const void *src, size_t bytes);
 
-struct dm_backend_comm *cuda_comm_init(int rank, int size, void (*bcast_ints)(int *buf, int n));
+struct dm_backend_comm *cuda_comm_init(int rank, int size,
+                                       void (*bcast_ints)(void *ctx, int *buf, int n), void *ctx);
 void cuda_comm_send(struct dm_backend_comm *comm, const float *buf, size_t count, int peer);
 void cuda_comm_recv(struct dm_backend_comm *comm, float *buf, size_t count, int peer);
 void cuda_comm_all_reduce_sum(struct dm_backend_comm *comm, float *buf, size_t count);

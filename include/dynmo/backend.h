@@ -58,10 +58,13 @@ struct dm_backend;
 typedef int (*dm_backend_open_fn)(struct dm_backend *table, const struct dm_backend_host *host,
                                   char *err, size_t errsize);
 
-/* A point-to-point and all-reduce world among the ranks' devices (NCCL on
- * CUDA; NULL entries on the CPU, where src/pipe uses MPI). bcast_ints is
- * the caller's polled broadcast from rank 0 (world_bcast_ints). Every call
- * returns when the transfer is complete, polling the stream with
+/* A point-to-point and all-reduce world among some ranks' devices (NCCL
+ * on CUDA; shared memory between the processes of a node on the emulated
+ * device; NULL entries on the CPU, where src/pipe uses MPI). Made by
+ * comm_init on every rank of a group at once: rank and size within the
+ * group, bcast_ints(ctx, buf, n) the caller's polled broadcast from the
+ * group's rank 0 (src/pipe/device_comm.c's over an MPI communicator).
+ * Every call returns when the transfer is complete, polling with
  * sched_yield between polls: the host never blocks inside CUDA. */
 struct dm_backend_comm;
 
@@ -69,6 +72,9 @@ struct dm_backend {
     int abi;                      /* DM_BACKEND_ABI */
     const char *name;             /* "cpu" or "cuda" */
     char device[128];             /* what it runs on, in words */
+    /* Which device, for telling whether two ranks of a node share one
+     * ("GPU-" and the device's UUID on CUDA; "" on the CPU). */
+    char device_id[64];
     /* 1 when the host may dereference what alloc returns (the CPU; the
      * emulated device with DYNMO_EMULATE_STRICT=0): the model's host
      * staging is then skipped (backend_read, backend_write). 0 on CUDA and
@@ -221,8 +227,13 @@ struct dm_backend {
      * atomics, so the same bits every run and on every backend). */
     double (*sum_squares)(const float *x, long n);
 
-    /* Device-to-device transport (NULL on the CPU). */
-    struct dm_backend_comm *(*comm_init)(int rank, int size, void (*bcast_ints)(int *buf, int n));
+    /* Device-to-device transport (NULL on the CPU). comm_all_reduce_sum
+     * sums in place over the group: NCCL's ring order on CUDA (the same
+     * bits on every rank and run for a fixed group; for 2 ranks those of
+     * a + b), group-rank order on the emulated device. */
+    struct dm_backend_comm *(*comm_init)(int rank, int size,
+                                         void (*bcast_ints)(void *ctx, int *buf, int n),
+                                         void *ctx);
     void (*comm_send)(struct dm_backend_comm *comm, const float *buf, size_t count, int peer);
     void (*comm_recv)(struct dm_backend_comm *comm, float *buf, size_t count, int peer);
     void (*comm_all_reduce_sum)(struct dm_backend_comm *comm, float *buf, size_t count);

@@ -56,6 +56,10 @@ void world_finalize(int status);
 int world_local_size(void);
 /* This rank among them (0..world_local_size() - 1). */
 int world_local_rank(void);
+/* Collective: 1 when every rank names a device (id: the backend's
+ * device_id) and no two ranks of a node name the same one; 0 when some
+ * rank has none ("") or shares its device with another of its node. */
+int world_devices_distinct(const char *id);
 
 /* Collective over comm: every rank learns `code` and `message` of the
  * lowest rank whose code is non-zero (message into err, cut at errsize and

@@ -99,6 +99,7 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     slots_alloc(eng);
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage, g->replica, &eng->stage_comm));
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->replica, g->stage, &eng->pipeline_comm));
+    engine_device_comm_init(eng);
     struct dyn_env env = {.pipeline_comm = eng->pipeline_comm, .stage = g->stage,
                           .stages = g->stages};
     eng->dyn = dyn_create(cfg, &env);
@@ -117,6 +118,7 @@ void engine_destroy(struct engine *eng)
     engine_stats_free(eng);
     engine_expert_parallel_free(eng);
     staging_pool_free(&eng->staging);
+    engine_device_comm_free(eng);
     slots_free(eng);
     block_scratch_free(&eng->scratch);
     gpt_free(&eng->model);

@@ -92,6 +92,9 @@ struct engine {
     int pending_migrated;
     struct expert_parallel *expert_parallel;   /* expert.c, or NULL (parallel.ep = 1) */
     struct staging_pool staging;    /* the step's host staging of device tensors (staging.c) */
+    /* The replicas' sums over the devices' own transport (device_comm.c),
+     * or NULL: MPI, through the staging where the host cannot read. */
+    struct dm_backend_comm *replica_comm;
     double pending_migrated_bytes, pending_migrate_ms;
 };
 
@@ -160,6 +163,13 @@ double engine_expert_parallel_take_rows(struct engine *eng, int layer);
 void *staging_pool_host(struct staging_pool *pool, enum staging_purpose purpose, size_t bytes);
 void *staging_pool_device(struct staging_pool *pool, enum staging_purpose purpose, size_t bytes);
 void staging_pool_free(struct staging_pool *pool);
+
+/* device_comm.c. Collective: eng->replica_comm over the stage's replicas
+ * when the backend has a transport (comm_init) and every rank has a
+ * device of its own (world_devices_distinct); else NULL. Says which on
+ * rank 0 (not on the CPU). */
+void engine_device_comm_init(struct engine *eng);
+void engine_device_comm_free(struct engine *eng);
 
 /* stats.c. The step's statistics and trace buffers (rank 0 gathers). */
 void engine_stats_alloc(struct engine *eng);

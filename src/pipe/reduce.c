@@ -81,9 +81,39 @@ static long replicated_floats(const struct block *blk)
     return (long)(moe_shared_param_count(blk->C) + (size_t)moe->cfg.experts * (size_t)blk->C);
 }
 
+/* The same sums over the devices' own transport, in place on the device
+ * (device_comm.c): no staging, no host copy. The transport waits by its
+ * own polling, not world_wait_round, so this rank gives back its turn
+ * first (the replica it waits for may need it). */
+static void reduce_replicas_on_devices(struct engine *eng)
+{
+    const struct dm_backend *ops = backend_current();
+    struct gpt *m = &eng->model;
+    world_release_turn();
+    double clock = dm_profile_now();
+    for (int i = 0; i < m->num_blocks; i++) {
+        if (m->blocks[i].frozen) continue;
+        double t0 = dm_now();
+        ops->comm_all_reduce_sum(eng->replica_comm, m->blocks[i].grads,
+                                 (size_t)replicated_floats(&m->blocks[i]));
+        eng->wait_s += dm_now() - t0;
+        gpt_charge_update(m, i, &clock);
+    }
+    engine_expert_parallel_reduce(eng);
+    if (m->embed_slab) {
+        double t0 = dm_now();
+        ops->comm_all_reduce_sum(eng->replica_comm, m->dwte, m->embed_nparams);
+        eng->wait_s += dm_now() - t0;
+    }
+}
+
 static void reduce_replicas(struct engine *eng)
 {
     if (eng->grid.replicas == 1) return;
+    if (eng->replica_comm) {
+        reduce_replicas_on_devices(eng);
+        return;
+    }
     struct gpt *m = &eng->model;
     size_t biggest = m->embed_nparams;
     for (int i = 0; i < m->num_blocks; i++)

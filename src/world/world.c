@@ -480,6 +480,24 @@ int world_local_size(void) { return local_size; }
 
 int world_local_rank(void) { return local_rank; }
 
+int world_devices_distinct(const char *id)
+{
+    enum { ID = 64 };
+    int shared = !id || !*id;
+    if (!shared && local_size > 1) {
+        char mine[ID] = "";
+        snprintf(mine, sizeof mine, "%s", id);
+        char *all = dm_alloc((size_t)local_size * ID);
+        MPI_Request req;
+        WORLD_MPI(MPI_Iallgather(mine, ID, MPI_CHAR, all, ID, MPI_CHAR, node_comm, &req));
+        world_wait(&req);
+        for (int r = 0; r < local_size && !shared; r++)
+            shared = r != local_rank && !strncmp(all + (size_t)r * ID, mine, ID);
+        dm_free(all);
+    }
+    return !world_max_int(shared);
+}
+
 static int find_root(int *parent, int i)
 {
     while (parent[i] != i) i = parent[i] = parent[parent[i]];
