@@ -28,7 +28,8 @@ for kernel in gelu_forward_kernel gelu_backward_kernel residual_forward_kernel \
     hash_bucket_kernel \
     hash_order_kernel hash_tiles_kernel hash_forward_kernel hash_dq_kernel hash_dkv_kernel \
     mod_predictor_kernel mod_predictor_dweight_kernel exit_softmax_confidence_kernel \
-    exit_saturation_confidence_kernel; do
+    exit_saturation_confidence_kernel moe_combine_forward_kernel moe_combine_dy_kernel \
+    moe_combine_dgate_kernel moe_dispatch_backward_kernel; do
   nm -C "$plugin" | grep -q "$kernel(" || fail "kernel $kernel is not in the plugin"
 done
 for call in cublasGemmEx cublasGemmStridedBatchedEx ncclCommInitRankConfig ncclSend ncclRecv \

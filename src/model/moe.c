@@ -601,28 +601,39 @@ void gpt_moe_set_exchange(struct gpt *model, const struct moe_exchange *exchange
 
 /* ---- phase 4: combine ----------------------------------------------------------------- */
 
-struct combine_args {
-    float *out;
-    const float *res1;
-    const struct moe_acts *ma;
+/* What the combine, its backward and the dispatch's backward read: the
+ * routing's row and gate (N, k) and the grouped rows. */
+struct routed_args {
+    float *out, *dgate;
+    const float *in, *y, *gate;
+    const int *row;
+    int k, C;
 };
 
+/* out[t] = res1[t] (in), then + gate x y[row] over t's kept slots. */
 static void combine_range(void *arg, long begin, long end)
 {
-    const struct combine_args *a = arg;
-    const struct moe_acts *ma = a->ma;
-    int C = ma->C, k = ma->k;
+    const struct routed_args *a = arg;
+    int C = a->C, k = a->k;
     for (long t = begin; t < end; t++) {
         float *o = a->out + t * C;
-        memcpy(o, a->res1 + t * C, (size_t)C * sizeof(float));
+        memcpy(o, a->in + t * C, (size_t)C * sizeof(float));
         for (int j = 0; j < k; j++) {
-            int r = ma->row[t * k + j];
+            int r = a->row[t * k + j];
             if (r < 0) continue;   /* dropped: contributes nothing */
-            float g = ma->gate[t * k + j];
-            const float *y = ma->y + (size_t)r * C;
+            float g = a->gate[t * k + j];
+            const float *y = a->y + (size_t)r * C;
             for (int c = 0; c < C; c++) o[c] += g * y[c];
         }
     }
+}
+
+void moe_combine_forward(float *out, const float *res1, const float *y, const float *gate,
+                         const int *row, int N, int k, int C)
+{
+    struct routed_args a = {.out = out, .in = res1, .y = y, .gate = gate, .row = row, .k = k,
+                            .C = C};
+    dm_parallel_for(N, 16, combine_range, &a);
 }
 
 /* On the host: on a device the experts' outputs and res1 come down, out
@@ -634,8 +645,7 @@ static void moe_combine(struct moe_acts *ma, float *out, const float *res1, int 
         backend_current()->copy_to_host(ma->y, ma->y_dev, (size_t)ma->rows * ma->C * sizeof(float));
     const float *res1_h = backend_read(ma->rows_host, res1, rows * sizeof(float));
     float *out_h = backend_write_begin(ma->rows_host ? ma->rows_host + rows : NULL, out);
-    struct combine_args a = {.out = out_h, .res1 = res1_h, .ma = ma};
-    dm_parallel_for(N, 16, combine_range, &a);
+    moe_combine_forward(out_h, res1_h, ma->y, ma->gate, ma->row, N, ma->k, ma->C);
     backend_write_end(out, out_h, rows * sizeof(float));
 }
 
@@ -662,31 +672,41 @@ void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
  * thread of control at a time): grow-only. */
 static struct grow_buffer back_dy, back_dh, back_dx, back_dgate, back_dlogits, back_dgrads;
 
-struct combine_back_args {
-    float *dy, *dgate;
-    const float *dout;
-    const struct moe_acts *ma;
-};
-
-/* dy[r] = gate x dout[t]; dgate[pair] = dout[t] . y[r] (in double, in
- * channel order). */
+/* Per kept pair (t, j) of row r: dy[r] (out) = gate x dout[t] (in);
+ * dgate = dout[t] . y[r] (in double, in channel order); a dropped pair's
+ * dgate is 0. */
 static void combine_back_range(void *arg, long begin, long end)
 {
-    const struct combine_back_args *a = arg;
-    const struct moe_acts *ma = a->ma;
-    int C = ma->C, k = ma->k;
-    for (long r = begin; r < end; r++) {
-        int p = ma->pair[r], t = p / k;
-        float g = ma->gate[p];
-        const float *d = a->dout + (size_t)t * C, *y = ma->y + r * C;
-        float *dy = a->dy + r * C;
-        double dot = 0.0;
-        for (int c = 0; c < C; c++) {
-            dy[c] = g * d[c];
-            dot += (double)d[c] * y[c];
+    const struct routed_args *a = arg;
+    int C = a->C, k = a->k;
+    for (long t = begin; t < end; t++) {
+        const float *d = a->in + t * C;
+        for (int j = 0; j < k; j++) {
+            long p = t * k + j;
+            int r = a->row[p];
+            if (r < 0) {
+                a->dgate[p] = 0.0f;
+                continue;
+            }
+            float g = a->gate[p];
+            const float *y = a->y + (size_t)r * C;
+            float *dy = a->out + (size_t)r * C;
+            double dot = 0.0;
+            for (int c = 0; c < C; c++) {
+                dy[c] = g * d[c];
+                dot += (double)d[c] * y[c];
+            }
+            a->dgate[p] = (float)dot;
         }
-        a->dgate[p] = (float)dot;
     }
+}
+
+void moe_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
+                          const float *gate, const int *row, int N, int k, int C)
+{
+    struct routed_args a = {.out = dy, .dgate = dgate, .in = dout, .y = y, .gate = gate,
+                            .row = row, .k = k, .C = C};
+    dm_parallel_for(N, 16, combine_back_range, &a);
 }
 
 void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
@@ -745,28 +765,27 @@ static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const v
         for (size_t i = 0; i < (size_t)ma->E * P; i++) moe->experts_g[i] += grads[i];
 }
 
-struct scatter_back_args {
-    float *d_ln2;
-    const float *dx;
-    const struct moe_acts *ma;
-};
-
-/* d_ln2[t] = sum of dx over t's kept pairs, in slot order. */
+/* d_ln2[t] (out) = sum of dx (in) over t's kept pairs, in slot order. */
 static void scatter_back_range(void *arg, long begin, long end)
 {
-    const struct scatter_back_args *a = arg;
-    const struct moe_acts *ma = a->ma;
-    int C = ma->C, k = ma->k;
+    const struct routed_args *a = arg;
+    int C = a->C, k = a->k;
     for (long t = begin; t < end; t++) {
-        float *d = a->d_ln2 + t * C;
+        float *d = a->out + t * C;
         memset(d, 0, (size_t)C * sizeof(float));
         for (int j = 0; j < k; j++) {
-            int r = ma->row[t * k + j];
+            int r = a->row[t * k + j];
             if (r < 0) continue;
-            const float *x = a->dx + (size_t)r * C;
+            const float *x = a->in + (size_t)r * C;
             for (int c = 0; c < C; c++) d[c] += x[c];
         }
     }
+}
+
+void moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C)
+{
+    struct routed_args a = {.out = d_ln2, .in = dx, .row = row, .k = k, .C = C};
+    dm_parallel_for(N, 16, scatter_back_range, &a);
 }
 
 struct route_back_args {
@@ -838,21 +857,6 @@ static void route_back_range(void *arg, long begin, long end)
     }
 }
 
-/* The four phases backwards, each reading only the next one's output. */
-static void moe_combine_backward(struct moe_acts *ma, float *dy, float *dgate, const float *dout,
-                                 int N)
-{
-    memset(dgate, 0, (size_t)N * ma->k * sizeof(float));   /* dropped pairs stay 0 */
-    struct combine_back_args a = {.dy = dy, .dgate = dgate, .dout = dout, .ma = ma};
-    dm_parallel_for(ma->rows, 16, combine_back_range, &a);
-}
-
-static void moe_dispatch_backward(struct moe_acts *ma, float *d_ln2, const float *dx, int N)
-{
-    struct scatter_back_args a = {.d_ln2 = d_ln2, .dx = dx, .ma = ma};
-    dm_parallel_for(N, 16, scatter_back_range, &a);
-}
-
 /* The logits' gradient on the host (copied up on a device), then the
  * router's product. */
 static void moe_route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
@@ -879,16 +883,18 @@ static void moe_backward_device(struct block *blk, struct block_acts *acts, stru
     const struct dm_backend *ops = backend_current();
     int N = ma->n;
     size_t rows = (size_t)ma->rows * ma->C * sizeof(float), all = (size_t)N * ma->C * sizeof(float);
-    moe_combine_backward(ma, dy, dgate, backend_read(ma->rows_host, dout, all), N);
+    moe_combine_backward(dy, dgate, backend_read(ma->rows_host, dout, all), ma->y, ma->gate,
+                         ma->row, N, ma->k, ma->C);
     ops->copy_to_device(ma->dy_dev, dy, rows);
     moe_experts_backward(blk, ma, acts, ma->dy_dev, ma->dh_dev, ma->dx_dev);
     ops->copy_to_host(dx, ma->dx_dev, rows);
     float *d_ln2_h = backend_write_begin(ma->rows_host, d_ln2);
-    moe_dispatch_backward(ma, d_ln2_h, dx, N);
+    moe_dispatch_backward(d_ln2_h, dx, ma->row, N, ma->k, ma->C);
     backend_write_end(d_ln2, d_ln2_h, all);
     moe_route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
 }
 
+/* The four phases backwards, each reading only the next one's output. */
 void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
                   int N)
 {
@@ -905,9 +911,9 @@ void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, cons
         moe_backward_device(blk, acts, ma, d_ln2, dout, dy, dx, dgate, dlogits);
         return;
     }
-    moe_combine_backward(ma, dy, dgate, dout, N);
+    moe_combine_backward(dy, dgate, dout, ma->y, ma->gate, ma->row, N, k, C);
     moe_experts_backward(blk, ma, acts, dy, dh, dx);
-    moe_dispatch_backward(ma, d_ln2, dx, N);
+    moe_dispatch_backward(d_ln2, dx, ma->row, N, k, C);
     moe_route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
 }
 
