@@ -36,6 +36,7 @@
 #include "layernorm.cuh"
 #include "matmul.cuh"
 #include "mod.cuh"
+#include "moe.cuh"
 #include "reduce.cuh"
 #include "softmax.cuh"
 #include "sparse.cuh"
@@ -667,6 +668,35 @@ static void emulate_exit_saturation_confidence(float *conf, const float *in, con
     LAUNCH(grid_for(n), exit_saturation_confidence_thread(t, conf, in, out, rows, n, C));
 }
 
+/* ---- mixture of experts (moe.cu): a thread per element or pair ------------- */
+
+static void emulate_moe_combine_forward(float *out, const float *res1, const float *y,
+                                        const float *gate, const int *row, int N, int k, int C)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("moe_combine_forward", out, res1, y, gate, row);
+    LAUNCH(grid_for((long)N * C),
+           moe_combine_forward_thread(t, out, res1, y, gate, row, N, k, C));
+}
+
+static void emulate_moe_combine_backward(float *dy, float *dgate, const float *dout,
+                                         const float *y, const float *gate, const int *row,
+                                         int N, int k, int C)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("moe_combine_backward", dy, dgate, dout, y, gate, row);
+    LAUNCH(grid_for((long)N * k * C), moe_combine_dy_thread(t, dy, dout, gate, row, N, k, C));
+    LAUNCH(grid_for((long)N * k), moe_combine_dgate_thread(t, dgate, dout, y, row, N, k, C));
+}
+
+static void emulate_moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N,
+                                          int k, int C)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("moe_dispatch_backward", d_ln2, dx, row);
+    LAUNCH(grid_for((long)N * C), moe_dispatch_backward_thread(t, d_ln2, dx, row, N, k, C));
+}
+
 /* ---- attention (attention.cu) ---------------------------------------------- */
 
 /* the heads (B NH T hs each) and two full-length rows (B T C) in scratch */
@@ -1073,6 +1103,9 @@ static const struct dm_backend emulate_table = {
     .crossentropy_softmax_backward = emulate_crossentropy_softmax_backward,
     .exit_softmax_confidence = emulate_exit_softmax_confidence,
     .exit_saturation_confidence = emulate_exit_saturation_confidence,
+    .moe_combine_forward = emulate_moe_combine_forward,
+    .moe_combine_backward = emulate_moe_combine_backward,
+    .moe_dispatch_backward = emulate_moe_dispatch_backward,
     .adamw_update = emulate_adamw_update,
     .sparse_matmul_forward = emulate_sparse_forward,
     .sparse_matmul_backward = emulate_sparse_backward,

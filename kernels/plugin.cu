@@ -124,6 +124,9 @@ static void fill_ops(struct dm_backend *t)
     t->crossentropy_softmax_backward = cuda_crossentropy_softmax_backward;
     t->exit_softmax_confidence = cuda_exit_softmax_confidence;
     t->exit_saturation_confidence = cuda_exit_saturation_confidence;
+    t->moe_combine_forward = cuda_moe_combine_forward;
+    t->moe_combine_backward = cuda_moe_combine_backward;
+    t->moe_dispatch_backward = cuda_moe_dispatch_backward;
     t->adamw_update = cuda_adamw_update;
     t->sparse_matmul_forward = cuda_sparse_matmul_forward;
     t->sparse_matmul_backward = cuda_sparse_matmul_backward;

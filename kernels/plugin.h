@@ -104,6 +104,12 @@ void cuda_crossentropy_softmax_backward(float *dlogits, const float *probs, cons
 void cuda_exit_softmax_confidence(float *conf, const float *probs, int n, int V);
 void cuda_exit_saturation_confidence(float *conf, const float *in, const float *out,
                                      const int *rows, int n, int C);
+void cuda_moe_combine_forward(float *out, const float *res1, const float *y, const float *gate,
+                              const int *row, int N, int k, int C);
+void cuda_moe_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
+                               const float *gate, const int *row, int N, int k, int C);
+void cuda_moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k,
+                                int C);
 void cuda_adamw_update(float *params, const float *grads, float *m, float *v, long n, float lr,
                        float beta1, float beta2, float eps, float weight_decay,
                        float grad_scale, int t);

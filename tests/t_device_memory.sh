@@ -33,12 +33,16 @@
 # - early exit's confidence computed on the device: a step of early exit
 #   (softmax, saturation) copies to the host less than one exiting
 #   block's probabilities or rows of one micro-batch would (the emulator
-#   also counts the bytes the model copies down, same variable).
+#   also counts the bytes the model copies down, same variable);
 # - MoD's copies: the emulator also counts the bytes copied down; a step
 #   of a one-rank MoD run (3 blocks, 4 micro-batches) copies down at most
 #   the dense step's plus, per MoD block and micro-batch, the choice (B*T
 #   ints) and the predictor's weight and gradient (2 C floats), with B*T
 #   floats to spare: its activations stay on the device.
+# - MoE's combine and its backward on the device (local experts, ep = 1):
+#   a step copies to the device and to the host less than one N x C
+#   tensor per MoE block and micro-batch (only the routing's arrays
+#   cross).
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -224,12 +228,16 @@ pool "staging pool, pp=2 dp=2 ep=2" 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 
 pool "staging, pp=2 MoD causal" 2 parallel.pp=2 model.mod_every=2 model.mod_capacity=0.25 \
   mod.routing=causal
 
-# down_per_step NAME [key=value...]: $down = the bytes one step of a
-# one-rank run copies to the host, (5 steps - 2 steps) / 3, from the
-# emulator's count (-1 when it printed none)
-down_per_step() {
+# per_step NAME [key=value...]: $up and $down = the bytes one step of a
+# one-rank run copies to the device and to the host, (5 steps - 2 steps)
+# / 3, from the emulator's counts (-1 when it printed none)
+per_step() {
   local name=$1 two five; shift
   counted "$name" 1 "$@"
+  two=$(sed -n 's/^emulate: \([0-9]*\) bytes copied to the device, .*/\1/p' "$dir/${name}2.out")
+  five=$(sed -n 's/^emulate: \([0-9]*\) bytes copied to the device, .*/\1/p' "$dir/${name}5.out")
+  up=-1
+  [ -n "$two" ] && [ -n "$five" ] && up=$(( (five - two) / 3 ))
   two=$(sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$dir/${name}2.out")
   five=$(sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$dir/${name}5.out")
   down=-1
@@ -242,26 +250,30 @@ down_per_step() {
 # (2 N C) of one micro-batch (N = 64 tokens, C = 32, V = 256). Copying
 # those down for every exiting block and micro-batch took about 1 MB
 # (softmax) and 260 kB (saturation) per step here; the confidences take
-# 9 kB and 3 kB with everything else (copied_down NAME LIMIT [key=value...])
-copied_down() {
-  local name=$1 limit=$2; shift 2
-  down_per_step "$name" "$@"
-  if [ "$down" -ge 0 ] && [ "$down" -lt "$limit" ]; then
-    echo "ok: $name: $down bytes copied to the host per step (under $limit)"
-  else
-    fail "$name: $down bytes copied to the host per step, not under $limit"
-  fi
+# 9 kB and 3 kB with everything else (copied NAME LIMIT WAYS [key=value...]:
+# WAYS "host", "device" or both)
+copied() {
+  local name=$1 limit=$2 ways=$3 way bytes; shift 3
+  per_step "$name" "$@"
+  for way in $ways; do
+    bytes=$down; [ "$way" = device ] && bytes=$up
+    if [ "$bytes" -ge 0 ] && [ "$bytes" -lt "$limit" ]; then
+      echo "ok: $name: $bytes bytes copied to the $way per step (under $limit)"
+    else
+      fail "$name: $bytes bytes copied to the $way per step, not under $limit"
+    fi
+  done
 }
-copied_down "early exit softmax copies down" $((64 * 256 * 4)) dyn.kind=early_exit \
+copied "early exit softmax copies down" $((64 * 256 * 4)) host dyn.kind=early_exit \
   dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=1
-copied_down "early exit saturation copies down" $((2 * 64 * 32 * 4)) dyn.kind=early_exit \
+copied "early exit saturation copies down" $((2 * 64 * 32 * 4)) host dyn.kind=early_exit \
   dyn.exit_from=1 dyn.exit_threshold=0.9 dyn.exit_confidence=saturation
 
 # MoD's activations stay on the device: per MoD block and micro-batch only
 # the choice (B*T ints) and the predictor's weight and gradient (2 C
 # floats) cross, with B*T floats to spare
-down_per_step copies-dense; dense=$down
-down_per_step copies-mod model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal; mod=$down
+per_step copies-dense; dense=$down
+per_step copies-mod model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal; mod=$down
 N=64 C=32   # the tiny model's micro-batch of 2 x 32 tokens, 32 channels
 most=$(( 3 * 4 * (N * 4 + 2 * C * 4 + N * 4) ))
 if [ "$dense" -gt 0 ] && [ "$mod" -gt 0 ] && [ $(( mod - dense )) -le "$most" ]; then
@@ -269,4 +281,15 @@ if [ "$dense" -gt 0 ] && [ "$mod" -gt 0 ] && [ $(( mod - dense )) -le "$most" ];
 else
   fail "a MoD step copies down $mod bytes, the dense step $dense: more than $most bytes more"
 fi
+
+# MoE with local experts (ep = 1) combines on the device: per MoE block
+# and micro-batch only the routing crosses (the logits, N E floats, and
+# dgate, N k, down; gate and row, N k each, the grouped rows' tokens and
+# dlogits up), so a step copies each way less than one N x C tensor per
+# MoE block and micro-batch (3 blocks x 4 micro-batches x 64 tokens x 32
+# channels). Combining on the host (y, res1, dout and dx down; out, dy
+# and d_ln2 up) took 364 kB up and 507 kB down per step here; the routing
+# takes 31 kB and 19 kB with everything else.
+copied "MoE ep=1 copies" $((3 * 4 * 64 * 32 * 4)) "device host" model.moe_every=2 \
+  model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.001
 finish

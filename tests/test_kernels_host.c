@@ -30,6 +30,7 @@
 #include "../kernels/layernorm.cuh"
 #include "../kernels/matmul.cuh"
 #include "../kernels/mod.cuh"
+#include "../kernels/moe.cuh"
 #include "../kernels/reduce.cuh"
 #include "../kernels/softmax.cuh"
 #include "../kernels/sparse.cuh"
@@ -244,6 +245,69 @@ static void test_exit_confidence(int N, int n, int V, int C)
     two_free(&soft), two_free(&sat);
     dm_free(probs), dm_free(in), dm_free(out), dm_free(rows), dm_free(soft_want);
     dm_free(sat_want), dm_free(blank);
+}
+
+/* A routing of N tokens' k slots to grouped rows: every `drop`-th pair
+ * dropped (-1), and token 1's slots all dropped; the kept pairs' rows a
+ * shuffle of 0 .. rows - 1 (distinct, out of token order, as the
+ * experts' grouping makes them). */
+static int *moe_routing(int N, int k, int drop, int *rows)
+{
+    int *row = dm_alloc((size_t)N * k * sizeof(int)), n = 0;
+    for (int p = 0; p < N * k; p++) row[p] = p % drop == drop - 1 || p / k == 1 ? -1 : n++;
+    int *order = dm_alloc((size_t)n * sizeof(int));
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = n - 1; i > 0; i--) {
+        draw_state = draw_state * 6364136223846793005ULL + 1442695040888963407ULL;
+        int j = (int)((draw_state >> 33) % (uint64_t)(i + 1)), swap = order[i];
+        order[i] = order[j], order[j] = swap;
+    }
+    for (int p = 0; p < N * k; p++) row[p] = row[p] < 0 ? -1 : order[row[p]];
+    dm_free(order);
+    *rows = n;
+    return row;
+}
+
+/* moe.cu's combine, its backward and the dispatch's backward, one thread
+ * per element or pair (grids of fewer threads than items), against the
+ * CPU backend's bit for bit: dropped pairs, a token with every slot
+ * dropped (out = res1, d_ln2 = 0, dgate = 0), rows out of token order. */
+static void test_moe(int N, int k, int C, int drop)
+{
+    int R;
+    int *row = moe_routing(N, k, drop, &R);
+    printf("moe combine N=%d k=%d C=%d rows=%d\n", N, k, C, R);
+    long NC = (long)N * C, RC = (long)R * C, P = (long)N * k;
+    float *res1 = filled(NC, 1.0f), *y = filled(RC, 1.0f), *gate = filled(P, 0.5f);
+    float *dout = filled(NC, 1.0f), *dx = filled(RC, 1.0f), *blank = filled(NC + RC + P, 9.0f);
+    const struct dm_backend *cpu = backend_cpu();
+    float *out_want = copied(blank, NC), *dy_want = copied(blank, RC);
+    float *dgate_want = copied(blank, P), *dln2_want = copied(blank, NC);
+    cpu->moe_combine_forward(out_want, res1, y, gate, row, N, k, C);
+    cpu->moe_combine_backward(dy_want, dgate_want, dout, y, gate, row, N, k, C);
+    cpu->moe_dispatch_backward(dln2_want, dx, row, N, k, C);
+    struct two_runs out = two_copies(blank, NC), dy = two_copies(blank, RC);
+    struct two_runs dgate = two_copies(blank, P), dln2 = two_copies(blank, NC);
+    FOR_ORDERS(r) {
+        FOR_GRID(3, 32, moe_combine_forward_thread(t, out.run[r], res1, y, gate, row, N, k, C));
+        FOR_GRID(2, 64, moe_combine_dy_thread(t, dy.run[r], dout, gate, row, N, k, C));
+        FOR_GRID(2, 8, moe_combine_dgate_thread(t, dgate.run[r], dout, y, row, N, k, C));
+        FOR_GRID(3, 16, moe_dispatch_backward_thread(t, dln2.run[r], dx, row, N, k, C));
+    }
+    check_orders("moe_combine_forward", out.run[0], out.run[1], NC);
+    check_orders("moe_combine_backward dgate", dgate.run[0], dgate.run[1], P);
+    check_bits("moe_combine_forward", out.run[1], out_want, NC);
+    check_bits("moe_combine_backward dy", dy.run[0], dy_want, RC);
+    check_bits("moe_combine_backward dgate", dgate.run[1], dgate_want, P);
+    check_bits("moe_dispatch_backward", dln2.run[0], dln2_want, NC);
+    int dropped = drop <= P ? drop - 1 : k;   /* a dropped pair; k: token 1's first */
+    CHECK_MSG(memcmp(out_want + C, res1 + C, (size_t)C * sizeof(float)) == 0 &&
+                  dln2_want[C] == 0.0f && dgate_want[k] == 0.0f && dgate_want[dropped] == 0.0f,
+              "moe: a token whose slots are all dropped is not res1, 0 and 0");
+    two_free(&out), two_free(&dy), two_free(&dgate), two_free(&dln2);
+    float *hs[] = {res1, y, gate, dout, dx, blank, out_want, dy_want, dgate_want, dln2_want};
+    for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) dm_free(hs[i]);
+    dm_free(row);
 }
 
 static void test_adamw(void)
@@ -1016,6 +1080,9 @@ int main(void)
     test_rows();
     test_exit_confidence(37, 23, 256, 48);
     test_exit_confidence(64, 64, 77, 32);   /* every token active */
+    test_moe(37, 2, 48, 5);
+    test_moe(20, 3, 24, 1000);              /* nothing dropped but token 1 */
+    test_moe(16, 1, 100, 4);                /* k = 1 */
     test_adamw();
     test_encoder();
     for (int k = 0; k < 2; k++) {

@@ -170,6 +170,21 @@ struct dm_backend {
     void (*exit_softmax_confidence)(float *conf, const float *probs, int n, int V);
     void (*exit_saturation_confidence)(float *conf, const float *in, const float *out,
                                        const int *rows, int n, int C);
+    /* Mixture of experts (src/model/moe.c), over the routing's row and
+     * gate (N, k): each pair's grouped row of y, dy and dx (-1: dropped)
+     * and its gate weight. combine: out[t] = res1[t] + gate x y[row]
+     * over t's kept slots in order. combine backward: dy[row] = gate x
+     * dout[t] for each kept pair (the other rows untouched), dgate =
+     * dout[t] . y[row] in double in channel order (0 when dropped).
+     * dispatch backward: d_ln2[t] = the sum of dx[row] over t's kept
+     * slots in order (overwritten). One thread per element or pair on a
+     * device, the CPU's bits. */
+    void (*moe_combine_forward)(float *out, const float *res1, const float *y,
+                                const float *gate, const int *row, int N, int k, int C);
+    void (*moe_combine_backward)(float *dy, float *dgate, const float *dout, const float *y,
+                                 const float *gate, const int *row, int N, int k, int C);
+    void (*moe_dispatch_backward)(float *d_ln2, const float *dx, const int *row, int N, int k,
+                                  int C);
 
     /* The optimizer (model.h's adamw_update). */
     void (*adamw_update)(float *params, const float *grads, float *m, float *v, long n,

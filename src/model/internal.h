@@ -102,6 +102,14 @@ void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N);
 void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
                   int N);
 void moe_acts_free(struct moe_acts *acts);
+/* The combine, its backward and the dispatch's backward over the
+ * routing's row and gate (N, k) (moe.c), the CPU backend's entries of the
+ * same names (include/dynmo/backend.h says what each computes). */
+void moe_combine_forward(float *out, const float *res1, const float *y, const float *gate,
+                         const int *row, int N, int k, int C);
+void moe_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
+                          const float *gate, const int *row, int N, int k, int C);
+void moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C);
 
 /* The mixture-of-depths block (mod.c): its state beside the slab (views of
  * the router and predictor), their initialisation (N(0, 0.02) on streams

@@ -209,14 +209,17 @@ struct moe_acts {
     float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
     float aux, z;           /* this forward's loss values */
     /* What the ops read and write, in the backend's memory: the router
-     * logits and the grouped expert rows (on the CPU the arrays above
-     * themselves). Routing, combining and their backward stay the host's,
-     * on the arrays above, with what an op wrote copied down. */
-    float *logits_dev, *x_dev, *y_dev, *h_dev, *a_dev;
-    float *dy_dev, *dh_dev, *dx_dev, *dlogits_dev, *dgrads_dev;   /* the backward's */
+     * logits, the routing's gate and row (the combine's and its
+     * backward's) and the grouped expert rows (on the CPU the arrays
+     * above themselves). The routing and its backward stay the host's,
+     * on the arrays above: on a device the logits come down and gate,
+     * row and the grouped rows' tokens go up once per forward, dgate
+     * comes down and dlogits goes up once per backward. */
+    float *logits_dev, *gate_dev, *x_dev, *y_dev, *h_dev, *a_dev;
+    float *dy_dev, *dh_dev, *dx_dev, *dgate_dev, *dlogits_dev, *dgrads_dev;   /* the backward's */
     int *token_dev;         /* (k N) the token of each grouped row (the dispatch's gather) */
-    float *device;          /* the allocation of the above (NULL on the CPU) */
-    float *rows_host;       /* (2 N, C) staging of the block's rows (NULL on the CPU) */
+    int *row_dev;           /* (N, k) row, in token_dev's allocation */
+    float *device;          /* the allocation of the floats above (NULL on the CPU) */
     int *token_host;        /* (k N) staging of token_dev (NULL on the CPU) */
 };
 
@@ -248,7 +251,6 @@ void moe_acts_free(struct moe_acts *ma)
         backend_current()->free(ma->device);
         backend_current()->free(ma->token_dev);
     }
-    backend_staging_free(ma->rows_host);
     backend_staging_free(ma->token_host);
     dm_free(ma->logits);
     dm_free(ma->choice);
@@ -256,23 +258,24 @@ void moe_acts_free(struct moe_acts *ma)
 }
 
 /* The ops' side of ma: its own arrays on the CPU; on a device, the
- * backend's memory for the logits, the grouped rows and the backward's
- * buffers (the experts' gradients: E expert_params floats), and the
- * host's staging of the block's rows. */
+ * backend's memory for the logits, the routing's gate and row, the
+ * grouped rows and the backward's buffers (the experts' gradients: E
+ * expert_params floats), and the host's staging of the gather's tokens. */
 static void moe_acts_device(struct moe_acts *ma, size_t expert_params)
 {
     const struct dm_backend *ops = backend_current();
     size_t n = (size_t)ma->N, kn = (size_t)ma->k * ma->N, C = (size_t)ma->C;
     size_t H = (size_t)ma->H, E = (size_t)ma->E;
     if (ops->host_access) {
-        ma->logits_dev = ma->logits, ma->x_dev = ma->x, ma->y_dev = ma->y;
-        ma->h_dev = ma->h, ma->a_dev = ma->a;
+        ma->logits_dev = ma->logits, ma->gate_dev = ma->gate, ma->row_dev = ma->row;
+        ma->x_dev = ma->x, ma->y_dev = ma->y, ma->h_dev = ma->h, ma->a_dev = ma->a;
         return;
     }
-    size_t floats = n * E + 2 * kn * C + 2 * kn * H + 2 * kn * C + kn * H + n * E +
+    size_t floats = n * E + kn + 2 * kn * C + 2 * kn * H + 2 * kn * C + kn * H + kn + n * E +
                     E * expert_params;
     float *f = ma->device = ops->alloc(floats * sizeof(float));
     ma->logits_dev = f;        f += n * E;
+    ma->gate_dev = f;          f += kn;
     ma->x_dev = f;             f += kn * C;
     ma->y_dev = f;             f += kn * C;
     ma->h_dev = f;             f += kn * H;
@@ -280,10 +283,11 @@ static void moe_acts_device(struct moe_acts *ma, size_t expert_params)
     ma->dy_dev = f;            f += kn * C;
     ma->dx_dev = f;            f += kn * C;
     ma->dh_dev = f;            f += kn * H;
+    ma->dgate_dev = f;         f += kn;
     ma->dlogits_dev = f;       f += n * E;
     ma->dgrads_dev = f;
-    ma->token_dev = ops->alloc(kn * sizeof(int));
-    ma->rows_host = backend_staging(2 * n * C * sizeof(float));
+    ma->token_dev = ops->alloc(2 * kn * sizeof(int));
+    ma->row_dev = ma->token_dev + kn;
     ma->token_host = backend_staging(kn * sizeof(int));
 }
 
@@ -531,16 +535,20 @@ static void gather_range(void *arg, long begin, long end)
                (size_t)a->C * sizeof(float));
 }
 
-/* On a device the grouped rows' tokens go up and the table's gather
- * copies the rows (the same bits). */
-static void moe_dispatch(struct moe_acts *ma, const float *ln2)
+/* On a device the routing's decisions go up (each pair's gate and row,
+ * for the combine and the backward, and the grouped rows' tokens) and the
+ * table's gather copies the rows (the same bits). */
+static void moe_dispatch(struct moe_acts *ma, const float *ln2, int N)
 {
     if (ma->device) {
+        const struct dm_backend *ops = backend_current();
+        size_t pairs = (size_t)N * ma->k;
         int *token = ma->token_host;
         for (int r = 0; r < ma->rows; r++) token[r] = ma->pair[r] / ma->k;
-        backend_current()->copy_to_device(ma->token_dev, token, (size_t)ma->rows * sizeof(int));
-        if (ma->rows > 0)
-            backend_current()->rows_gather(ma->x_dev, ln2, ma->token_dev, ma->rows, ma->C);
+        ops->copy_to_device(ma->token_dev, token, (size_t)ma->rows * sizeof(int));
+        ops->copy_to_device(ma->gate_dev, ma->gate, pairs * sizeof(float));
+        ops->copy_to_device(ma->row_dev, ma->row, pairs * sizeof(int));
+        if (ma->rows > 0) ops->rows_gather(ma->x_dev, ln2, ma->token_dev, ma->rows, ma->C);
         return;
     }
     struct gather_args a = {.dst = ma->x, .src = ln2, .pair = ma->pair, .k = ma->k, .C = ma->C};
@@ -601,42 +609,39 @@ void gpt_moe_set_exchange(struct gpt *model, const struct moe_exchange *exchange
 
 /* ---- phase 4: combine ----------------------------------------------------------------- */
 
-struct combine_args {
-    float *out;
-    const float *res1;
-    const struct moe_acts *ma;
+/* What the combine, its backward and the dispatch's backward read: the
+ * routing's row and gate (N, k) and the grouped rows. */
+struct routed_args {
+    float *out, *dgate;
+    const float *in, *y, *gate;
+    const int *row;
+    int k, C;
 };
 
+/* out[t] = res1[t] (in), then + gate x y[row] over t's kept slots. */
 static void combine_range(void *arg, long begin, long end)
 {
-    const struct combine_args *a = arg;
-    const struct moe_acts *ma = a->ma;
-    int C = ma->C, k = ma->k;
+    const struct routed_args *a = arg;
+    int C = a->C, k = a->k;
     for (long t = begin; t < end; t++) {
         float *o = a->out + t * C;
-        memcpy(o, a->res1 + t * C, (size_t)C * sizeof(float));
+        memcpy(o, a->in + t * C, (size_t)C * sizeof(float));
         for (int j = 0; j < k; j++) {
-            int r = ma->row[t * k + j];
+            int r = a->row[t * k + j];
             if (r < 0) continue;   /* dropped: contributes nothing */
-            float g = ma->gate[t * k + j];
-            const float *y = ma->y + (size_t)r * C;
+            float g = a->gate[t * k + j];
+            const float *y = a->y + (size_t)r * C;
             for (int c = 0; c < C; c++) o[c] += g * y[c];
         }
     }
 }
 
-/* On the host: on a device the experts' outputs and res1 come down, out
- * goes up. */
-static void moe_combine(struct moe_acts *ma, float *out, const float *res1, int N)
+void moe_combine_forward(float *out, const float *res1, const float *y, const float *gate,
+                         const int *row, int N, int k, int C)
 {
-    size_t rows = (size_t)N * ma->C;
-    if (ma->y_dev != ma->y)
-        backend_current()->copy_to_host(ma->y, ma->y_dev, (size_t)ma->rows * ma->C * sizeof(float));
-    const float *res1_h = backend_read(ma->rows_host, res1, rows * sizeof(float));
-    float *out_h = backend_write_begin(ma->rows_host ? ma->rows_host + rows : NULL, out);
-    struct combine_args a = {.out = out_h, .res1 = res1_h, .ma = ma};
+    struct routed_args a = {.out = out, .in = res1, .y = y, .gate = gate, .row = row, .k = k,
+                            .C = C};
     dm_parallel_for(N, 16, combine_range, &a);
-    backend_write_end(out, out_h, rows * sizeof(float));
 }
 
 void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
@@ -645,9 +650,10 @@ void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
     struct moe_acts *ma = moe_acts_get(acts, moe, N, blk->C);
     ma->n = N;
     moe_route(blk, ma, acts->ln2, N);
-    moe_dispatch(ma, acts->ln2);
+    moe_dispatch(ma, acts->ln2, N);
     moe_experts_forward(blk, ma, acts);
-    moe_combine(ma, out, acts->res1, N);
+    backend_current()->moe_combine_forward(out, acts->res1, ma->y_dev, ma->gate_dev, ma->row_dev,
+                                           N, ma->k, ma->C);
     for (int e = 0; e < ma->E; e++) {
         moe->step_tokens[e] += ma->selected[e];
         moe->step_dropped[e] += ma->selected[e] - (ma->offset[e + 1] - ma->offset[e]);
@@ -662,31 +668,41 @@ void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
  * thread of control at a time): grow-only. */
 static struct grow_buffer back_dy, back_dh, back_dx, back_dgate, back_dlogits, back_dgrads;
 
-struct combine_back_args {
-    float *dy, *dgate;
-    const float *dout;
-    const struct moe_acts *ma;
-};
-
-/* dy[r] = gate x dout[t]; dgate[pair] = dout[t] . y[r] (in double, in
- * channel order). */
+/* Per kept pair (t, j) of row r: dy[r] (out) = gate x dout[t] (in);
+ * dgate = dout[t] . y[r] (in double, in channel order); a dropped pair's
+ * dgate is 0. */
 static void combine_back_range(void *arg, long begin, long end)
 {
-    const struct combine_back_args *a = arg;
-    const struct moe_acts *ma = a->ma;
-    int C = ma->C, k = ma->k;
-    for (long r = begin; r < end; r++) {
-        int p = ma->pair[r], t = p / k;
-        float g = ma->gate[p];
-        const float *d = a->dout + (size_t)t * C, *y = ma->y + r * C;
-        float *dy = a->dy + r * C;
-        double dot = 0.0;
-        for (int c = 0; c < C; c++) {
-            dy[c] = g * d[c];
-            dot += (double)d[c] * y[c];
+    const struct routed_args *a = arg;
+    int C = a->C, k = a->k;
+    for (long t = begin; t < end; t++) {
+        const float *d = a->in + t * C;
+        for (int j = 0; j < k; j++) {
+            long p = t * k + j;
+            int r = a->row[p];
+            if (r < 0) {
+                a->dgate[p] = 0.0f;
+                continue;
+            }
+            float g = a->gate[p];
+            const float *y = a->y + (size_t)r * C;
+            float *dy = a->out + (size_t)r * C;
+            double dot = 0.0;
+            for (int c = 0; c < C; c++) {
+                dy[c] = g * d[c];
+                dot += (double)d[c] * y[c];
+            }
+            a->dgate[p] = (float)dot;
         }
-        a->dgate[p] = (float)dot;
     }
+}
+
+void moe_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
+                          const float *gate, const int *row, int N, int k, int C)
+{
+    struct routed_args a = {.out = dy, .dgate = dgate, .in = dout, .y = y, .gate = gate,
+                            .row = row, .k = k, .C = C};
+    dm_parallel_for(N, 16, combine_back_range, &a);
 }
 
 void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
@@ -745,28 +761,27 @@ static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const v
         for (size_t i = 0; i < (size_t)ma->E * P; i++) moe->experts_g[i] += grads[i];
 }
 
-struct scatter_back_args {
-    float *d_ln2;
-    const float *dx;
-    const struct moe_acts *ma;
-};
-
-/* d_ln2[t] = sum of dx over t's kept pairs, in slot order. */
+/* d_ln2[t] (out) = sum of dx (in) over t's kept pairs, in slot order. */
 static void scatter_back_range(void *arg, long begin, long end)
 {
-    const struct scatter_back_args *a = arg;
-    const struct moe_acts *ma = a->ma;
-    int C = ma->C, k = ma->k;
+    const struct routed_args *a = arg;
+    int C = a->C, k = a->k;
     for (long t = begin; t < end; t++) {
-        float *d = a->d_ln2 + t * C;
+        float *d = a->out + t * C;
         memset(d, 0, (size_t)C * sizeof(float));
         for (int j = 0; j < k; j++) {
-            int r = ma->row[t * k + j];
+            int r = a->row[t * k + j];
             if (r < 0) continue;
-            const float *x = a->dx + (size_t)r * C;
+            const float *x = a->in + (size_t)r * C;
             for (int c = 0; c < C; c++) d[c] += x[c];
         }
     }
+}
+
+void moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C)
+{
+    struct routed_args a = {.out = d_ln2, .in = dx, .row = row, .k = k, .C = C};
+    dm_parallel_for(N, 16, scatter_back_range, &a);
 }
 
 struct route_back_args {
@@ -838,21 +853,6 @@ static void route_back_range(void *arg, long begin, long end)
     }
 }
 
-/* The four phases backwards, each reading only the next one's output. */
-static void moe_combine_backward(struct moe_acts *ma, float *dy, float *dgate, const float *dout,
-                                 int N)
-{
-    memset(dgate, 0, (size_t)N * ma->k * sizeof(float));   /* dropped pairs stay 0 */
-    struct combine_back_args a = {.dy = dy, .dgate = dgate, .dout = dout, .ma = ma};
-    dm_parallel_for(ma->rows, 16, combine_back_range, &a);
-}
-
-static void moe_dispatch_backward(struct moe_acts *ma, float *d_ln2, const float *dx, int N)
-{
-    struct scatter_back_args a = {.d_ln2 = d_ln2, .dx = dx, .ma = ma};
-    dm_parallel_for(N, 16, scatter_back_range, &a);
-}
-
 /* The logits' gradient on the host (copied up on a device), then the
  * router's product. */
 static void moe_route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
@@ -869,45 +869,31 @@ static void moe_route_backward(struct block *blk, struct block_acts *acts, struc
                          acts->ln2, moe->router_w, N, blk->C, ma->E);
 }
 
-/* moe_backward on a device: the host's phases on host buffers (dy, dx,
- * dgate, dlogits), dout coming down, dy going up to the experts' ops, dx
- * coming down and d_ln2 going up. */
-static void moe_backward_device(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
-                                float *d_ln2, const float *dout, float *dy, float *dx,
-                                float *dgate, float *dlogits)
-{
-    const struct dm_backend *ops = backend_current();
-    int N = ma->n;
-    size_t rows = (size_t)ma->rows * ma->C * sizeof(float), all = (size_t)N * ma->C * sizeof(float);
-    moe_combine_backward(ma, dy, dgate, backend_read(ma->rows_host, dout, all), N);
-    ops->copy_to_device(ma->dy_dev, dy, rows);
-    moe_experts_backward(blk, ma, acts, ma->dy_dev, ma->dh_dev, ma->dx_dev);
-    ops->copy_to_host(dx, ma->dx_dev, rows);
-    float *d_ln2_h = backend_write_begin(ma->rows_host, d_ln2);
-    moe_dispatch_backward(ma, d_ln2_h, dx, N);
-    backend_write_end(d_ln2, d_ln2_h, all);
-    moe_route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
-}
-
+/* The four phases backwards, each reading only the next one's output:
+ * the combine's and the dispatch's on the table, over the routing's row
+ * and gate; on a device only dgate comes down (and dlogits goes up) for
+ * the route's, which is the host's. */
 void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
                   int N)
 {
+    const struct dm_backend *ops = backend_current();
     struct moe_acts *ma = acts->moe;
     DM_ASSERT(ma != NULL && ma->n == N);
     int C = blk->C, H = ma->H, E = ma->E, k = ma->k;
-    size_t rows = (size_t)(ma->rows ? ma->rows : 1);
-    float *dy = grow_buffer_get(&back_dy, rows * C);
-    float *dh = grow_buffer_get(&back_dh, rows * H);
-    float *dx = grow_buffer_get(&back_dx, rows * C);
     float *dgate = grow_buffer_get(&back_dgate, (size_t)N * k);
     float *dlogits = grow_buffer_get(&back_dlogits, (size_t)N * E);
-    if (ma->device) {
-        moe_backward_device(blk, acts, ma, d_ln2, dout, dy, dx, dgate, dlogits);
-        return;
+    float *dy = ma->dy_dev, *dh = ma->dh_dev, *dx = ma->dx_dev, *dgate_dev = ma->dgate_dev;
+    if (!ma->device) {
+        size_t rows = (size_t)(ma->rows ? ma->rows : 1);
+        dy = grow_buffer_get(&back_dy, rows * C);
+        dh = grow_buffer_get(&back_dh, rows * H);
+        dx = grow_buffer_get(&back_dx, rows * C);
+        dgate_dev = dgate;
     }
-    moe_combine_backward(ma, dy, dgate, dout, N);
+    ops->moe_combine_backward(dy, dgate_dev, dout, ma->y_dev, ma->gate_dev, ma->row_dev, N, k, C);
+    if (ma->device) ops->copy_to_host(dgate, dgate_dev, (size_t)N * k * sizeof(float));
     moe_experts_backward(blk, ma, acts, dy, dh, dx);
-    moe_dispatch_backward(ma, d_ln2, dx, N);
+    ops->moe_dispatch_backward(d_ln2, dx, ma->row_dev, N, k, C);
     moe_route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
 }
 

@@ -317,6 +317,38 @@ static void check_exit_confidence(int N, int C, int V)
     dm_free(rows), dev->free(ROWS);
 }
 
+/* MoE's combine, its backward and the dispatch's backward over a
+ * routing of N tokens' k slots: every 7th pair dropped, the kept pairs'
+ * rows in reverse order */
+static void check_moe(int N, int k, int C)
+{
+    int P = N * k, R = 0, *row = dm_alloc((size_t)P * sizeof(int));
+    for (int p = 0; p < P; p++) R += p % 7 != 5;
+    for (int p = 0, r = R; p < P; p++) row[p] = p % 7 == 5 ? -1 : --r;
+    long NC = (long)N * C, RC = (long)R * C;
+    float *res1 = host(NC, 1), *y = host(RC, 1), *gate = host(P, 1), *dout = host(NC, 1);
+    float *dx = host(RC, 1), *out = host(NC, 0), *dy = host(RC, 0), *dgate = host(P, 0);
+    float *dln2 = host(NC, 0);
+    int *ROW = up(row, P * 4L);
+    float *RES1 = up(res1, NC * 4), *Y = up(y, RC * 4), *GATE = up(gate, P * 4L);
+    float *DOUT = up(dout, NC * 4), *DX = up(dx, RC * 4), *OUT = up(out, NC * 4);
+    float *DY = up(dy, RC * 4), *DGATE = up(dgate, P * 4L), *DLN2 = up(dln2, NC * 4);
+    cpu->moe_combine_forward(out, res1, y, gate, row, N, k, C);
+    dev->moe_combine_forward(OUT, RES1, Y, GATE, ROW, N, k, C);
+    compare("moe_combine_forward", OUT, out, NC);
+    cpu->moe_combine_backward(dy, dgate, dout, y, gate, row, N, k, C);
+    dev->moe_combine_backward(DY, DGATE, DOUT, Y, GATE, ROW, N, k, C);
+    compare("moe_combine_backward dy", DY, dy, RC);
+    compare("moe_combine_backward dgate", DGATE, dgate, P);
+    cpu->moe_dispatch_backward(dln2, dx, row, N, k, C);
+    dev->moe_dispatch_backward(DLN2, DX, ROW, N, k, C);
+    compare("moe_dispatch_backward", DLN2, dln2, NC);
+    float *hs[] = {res1, y, gate, dout, dx, out, dy, dgate, dln2};
+    float *ds[] = {RES1, Y, GATE, DOUT, DX, OUT, DY, DGATE, DLN2};
+    for (int i = 0; i < 9; i++) dm_free(hs[i]), dev->free(ds[i]);
+    dm_free(row), dev->free(ROW);
+}
+
 static void check_sparse(int N, int C, int OC)
 {
     int *row_ptr = dm_alloc((size_t)(OC + 1) * sizeof(int)), nnz = 0;
@@ -501,6 +533,7 @@ int main(int argc, char **argv)
     check_elementwise(100003);
     check_embedding_loss_rows(4, 64, 96, 256);
     check_exit_confidence(256, 96, 256);
+    check_moe(256, 2, 96);
     check_sparse(200, 64, 192);
     check_mod(4, 128, 96, 16);
     check_mod_combine(512, 96);
