@@ -205,8 +205,8 @@ struct moe_acts {
     int *pair;              /* (k N) the pair t k + j of each grouped row */
     int capacity;           /* 0: dropless */
     int rows;               /* kept pairs: grouped rows in use */
-    float *x, *y;           /* (k N, C) expert inputs and outputs, grouped */
-    float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
+    float *x, *y;           /* (k N, C) expert inputs and outputs, grouped (host: the CPU only) */
+    float *h, *a;           /* (k N, H) expert pre-activations and their GELU (likewise) */
     float aux, z;           /* this forward's loss values */
     /* What the ops read and write, in the backend's memory: the router
      * logits, the routing's gate and row (the combine's and its
@@ -223,10 +223,13 @@ struct moe_acts {
     int *token_host;        /* (k N) staging of token_dev (NULL on the CPU) */
 };
 
-static size_t moe_acts_floats(int N, int E, int k, int H, int C)
+/* The host's floats: the routing's, and the grouped rows where the ops
+ * work on host memory (rows: the CPU; on a device they are the backend's,
+ * moe_acts_device). */
+static size_t moe_acts_floats(int N, int E, int k, int H, int C, int rows)
 {
     size_t n = (size_t)N, kn = (size_t)k * N;
-    return 2 * n * E + n + n * k + 2 * kn * C + 2 * kn * H;
+    return 2 * n * E + n + n * k + (rows ? 2 * kn * C + 2 * kn * H : 0);
 }
 
 static size_t moe_acts_ints(int N, int E, int k)
@@ -240,7 +243,9 @@ size_t moe_acts_bytes(const struct gpt_shape *shape, int B, int T)
     if (!m->every) return 0;
     int N = B * T;
     return sizeof(struct moe_acts) + moe_acts_floats(N, m->experts, m->top_k, m->hidden,
-                                                     shape->channels) * sizeof(float) +
+                                                     shape->channels,
+                                                     backend_current()->host_access) *
+                                         sizeof(float) +
            moe_acts_ints(N, m->experts, m->top_k) * sizeof(int);
 }
 
@@ -308,15 +313,18 @@ static struct moe_acts *moe_acts_get(struct block_acts *acts, const struct block
     ma->H = H;
     ma->C = C;
     size_t n = (size_t)N, kn = (size_t)k * N;
-    float *f = dm_alloc(moe_acts_floats(N, E, k, H, C) * sizeof(float));
+    int rows = backend_current()->host_access;
+    float *f = dm_alloc(moe_acts_floats(N, E, k, H, C, rows) * sizeof(float));
     ma->logits = f;            f += n * E;
     ma->scores = f;            f += n * E;
     ma->lse = f;               f += n;
     ma->gate = f;              f += kn;
-    ma->x = f;                 f += kn * C;
-    ma->y = f;                 f += kn * C;
-    ma->h = f;                 f += kn * H;
-    ma->a = f;
+    if (rows) {
+        ma->x = f;             f += kn * C;
+        ma->y = f;             f += kn * C;
+        ma->h = f;             f += kn * H;
+        ma->a = f;
+    }
     int *i = dm_alloc(moe_acts_ints(N, E, k) * sizeof(int));
     ma->choice = i;            i += kn;
     ma->row = i;               i += kn;
