@@ -224,6 +224,25 @@ pool() {
     fail "$name: allocations after 2 steps [$(tr '\n' ';' < "$dir/${name}2.counts")], after 5 [$(tr '\n' ';' < "$dir/${name}5.counts")]"
   fi
 }
+# blocks moving every step: their slabs' host staging comes from the
+# pool (grown at least twofold), so 12 steps of random layouts on 2
+# stages allocate at most 12 more host buffers over both ranks than 12
+# static steps (2 ranks x 2 directions x 3 growths), where one a moving
+# block on each of its two ranks, as before, would be 2 per block moved
+host_allocs() { sed -n 's/^emulate: .* \([0-9]*\) host allocations$/\1/p' "$1" | awk '{s += $1} END {print s + 0}'; }
+for method in none random; do
+  tiny_config "$dir/moving-$method.ini" "run.out_dir=$dir/moving-$method" train.device=emulate \
+    parallel.pp=2 balance.method=$method balance.every=1 train.steps=12 > "$dir/moving-$method.ini"
+  DYNMO_EMULATE_ALLOC_COUNTS=1 timeout -k 10 180 mpiexec -n 2 "$DYNMO" train \
+    --config "$dir/moving-$method.ini" > "$dir/moving-$method.out" 2>&1 || fail "moving-$method: exit $?"
+done
+static=$(host_allocs "$dir/moving-none.out") moving=$(host_allocs "$dir/moving-random.out")
+moved=$(grep -o 'migrated [0-9]* blocks' "$dir/moving-random.out" | awk '{s += $2} END {print s + 0}')
+if [ "$moved" -ge 8 ] && [ "$static" -gt 0 ] && [ $((moving - static)) -le 12 ]; then
+  echo "ok: 12 steps moving $moved blocks allocate $((moving - static)) more host buffers than static ones (at most 12)"
+else
+  fail "12 steps moving $moved blocks: $moving host allocations against $static static (want at most 12 more, 8+ blocks moved)"
+fi
 pool "staging pool, pp=2 dp=2 ep=2" 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 $E
 pool "staging, pp=2 MoD causal" 2 parallel.pp=2 model.mod_every=2 model.mod_capacity=0.25 \
   mod.routing=causal

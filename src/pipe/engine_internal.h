@@ -44,6 +44,8 @@ enum staging_purpose {
     STAGING_REPLICA_SUM,   /* a piece of a replica sum (reduce.c) */
     STAGING_EXPERT_SEND,   /* expert parallelism: what a rank sends (expert.c) */
     STAGING_EXPERT_RECV,   /* ... and what it receives */
+    STAGING_MIGRATE_SEND,  /* migration: the slabs of the blocks a rank sends (migrate.c) */
+    STAGING_MIGRATE_RECV,  /* ... and of those it receives */
     STAGING_PURPOSES
 };
 

@@ -33,18 +33,23 @@ static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
     WORLD_MPI(MPI_Type_commit(type));
 }
 
-/* A block's parameters and moments in host staging for MPI (params, then
- * m and v), or NULL when MPI can read the slab itself; stage_up is the
- * way back on the receiver. */
-static float *stage_down(const struct block *blk)
+/* The migrating blocks' slabs go through host staging for MPI where the
+ * host cannot read them (a device): params, then m and v, 3 nparams
+ * floats a block, carved in plan order from one buffer of the engine's
+ * pool per direction, so that migrating allocates nothing after the
+ * largest migration so far (pinned allocation is slow on a GPU). NULL on
+ * the CPU, where MPI reads the slabs themselves. */
+static size_t staged_floats(const struct block *blk)
+{
+    return 3 * blk->nparams;
+}
+
+/* A block's parameters and moments into its staging (a device). */
+static void stage_down(const struct block *blk, float *staging)
 {
     size_t bytes = blk->nparams * sizeof(float);
-    float *staging = backend_staging(3 * bytes);
-    if (staging) {
-        backend_current()->copy_to_host(staging, blk->params, bytes);
-        backend_current()->copy_to_host(staging + blk->nparams, blk->m, 2 * bytes);
-    }
-    return staging;
+    backend_current()->copy_to_host(staging, blk->params, bytes);
+    backend_current()->copy_to_host(staging + blk->nparams, blk->m, 2 * bytes);
 }
 
 static void stage_up(struct block *blk, const float *staging)
@@ -56,12 +61,18 @@ static void stage_up(struct block *blk, const float *staging)
 
 /* The blocks this rank sends: each as one message gathered from its
  * header and dynamic state, its parameters and its moments, straight from
- * the slab with no packing copy. */
+ * the slab with no packing copy (from its staging on a device). */
 static int post_sends(struct engine *eng, const struct balance_move *moves, int nmoves,
                       MPI_Request *reqs, MPI_Datatype *types, void **metas, float **stagings)
 {
     const struct pipe_grid *g = &eng->grid;
     struct gpt *m = &eng->model;
+    size_t floats = 0;
+    for (int k = 0; k < nmoves; k++)
+        if (moves[k].src_stage == g->stage)
+            floats += staged_floats(&m->blocks[moves[k].block - m->first_block]);
+    float *staging = staging_pool_host(&eng->staging, STAGING_MIGRATE_SEND,
+                                       floats * sizeof(float));
     int n = 0;
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
@@ -70,8 +81,10 @@ static int post_sends(struct engine *eng, const struct balance_move *moves, int 
         int meta_bytes = (int)block_meta_size(blk);
         metas[mv->block] = dm_alloc((size_t)meta_bytes);
         block_pack_meta(blk, metas[mv->block]);
-        stagings[mv->block] = stage_down(blk);
-        block_message_type(&types[n], metas[mv->block], meta_bytes, blk, stagings[mv->block]);
+        stagings[mv->block] = staging;
+        if (staging) stage_down(blk, staging);
+        block_message_type(&types[n], metas[mv->block], meta_bytes, blk, staging);
+        if (staging) staging += staged_floats(blk);
         WORLD_MPI(MPI_Isend(MPI_BOTTOM, 1, types[n], rank_of(g, mv->dst_stage, g->replica),
                             TAG_BLOCK + mv->block, MPI_COMM_WORLD, &reqs[n]));
         n++;
@@ -79,36 +92,55 @@ static int post_sends(struct engine *eng, const struct balance_move *moves, int 
     return n;
 }
 
-/* The blocks this rank receives: it probes for each message's size (the
- * dynamic state varies), allocates the block's slab (the model's size for
- * its parameters and moments) and receives straight into it. */
+/* Block b's message from stage src: its size by a probe (the dynamic
+ * state varies), the block's slab allocated (the model's size for its
+ * parameters and moments) and its header's buffer. */
+static void probe_arrival(struct engine *eng, int b, int src, struct block *arrived, void **metas,
+                          int *meta_bytes)
+{
+    int found = 0, count = 0;
+    MPI_Status status;
+    double t0 = dm_now();
+    while (!found) {
+        WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + b, MPI_COMM_WORLD, &found, &status));
+        if (!found) world_wait_round(t0);
+    }
+    WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+    block_prepare_receive(&arrived[b], b, &eng->shape);
+    size_t slab_bytes = staged_floats(&arrived[b]) * sizeof(float);
+    if ((size_t)count < slab_bytes + 64)
+        DM_FATAL("migrating block %d: a message of %d bytes is too short", b, count);
+    meta_bytes[b] = count - (int)slab_bytes;
+    metas[b] = dm_alloc((size_t)meta_bytes[b]);
+}
+
+/* The blocks this rank receives, straight into their slabs (into their
+ * staging on a device): every arrival probed and prepared first, so that
+ * the staging is sized once. */
 static int post_receives(struct engine *eng, const struct balance_move *moves, int nmoves,
                          MPI_Request *reqs, MPI_Datatype *types, void **metas, int *meta_bytes,
                          struct block *arrived, float **stagings)
 {
     const struct pipe_grid *g = &eng->grid;
+    size_t floats = 0;
+    for (int k = 0; k < nmoves; k++) {
+        if (moves[k].dst_stage != g->stage) continue;
+        probe_arrival(eng, moves[k].block, rank_of(g, moves[k].src_stage, g->replica), arrived,
+                      metas, meta_bytes);
+        floats += staged_floats(&arrived[moves[k].block]);
+    }
+    float *staging = staging_pool_host(&eng->staging, STAGING_MIGRATE_RECV,
+                                       floats * sizeof(float));
     int n = 0;
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
         if (mv->dst_stage != g->stage) continue;
-        int b = mv->block, src = rank_of(g, mv->src_stage, g->replica), found = 0, count = 0;
-        MPI_Status status;
-        double t0 = dm_now();
-        while (!found) {
-            WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + b, MPI_COMM_WORLD, &found, &status));
-            if (!found) world_wait_round(t0);
-        }
-        WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
-        block_prepare_receive(&arrived[b], b, &eng->shape);
-        size_t slab_bytes = 3 * arrived[b].nparams * sizeof(float);
-        if ((size_t)count < slab_bytes + 64)
-            DM_FATAL("migrating block %d: a message of %d bytes is too short", b, count);
-        meta_bytes[b] = count - (int)slab_bytes;
-        metas[b] = dm_alloc((size_t)meta_bytes[b]);
-        stagings[b] = backend_staging(slab_bytes);
-        block_message_type(&types[n], metas[b], meta_bytes[b], &arrived[b], stagings[b]);
-        WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, types[n], src, TAG_BLOCK + b, MPI_COMM_WORLD,
-                            &reqs[n]));
+        int b = mv->block;
+        stagings[b] = staging;
+        block_message_type(&types[n], metas[b], meta_bytes[b], &arrived[b], staging);
+        if (staging) staging += staged_floats(&arrived[b]);
+        WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, types[n], rank_of(g, mv->src_stage, g->replica),
+                            TAG_BLOCK + b, MPI_COMM_WORLD, &reqs[n]));
         n++;
     }
     return n;
@@ -143,14 +175,14 @@ static void adopt_blocks(struct engine *eng, const int *counts, struct block *ar
 }
 
 /* The arrived blocks (all messages complete): their slabs up from the
- * host staging (a device), their headers and dynamic state unpacked. */
+ * host staging (a device; the pool's, kept), their headers and dynamic
+ * state unpacked. */
 static void unpack_arrivals(struct engine *eng, struct block *arrived, void **metas,
                             const int *meta_bytes, float **stagings)
 {
     char err[256];
     for (int b = 0; b < eng->shape.layers; b++) {
         if (arrived[b].slab && stagings[b]) stage_up(&arrived[b], stagings[b]);
-        backend_staging_free(stagings[b]);
         if (!arrived[b].slab) continue;
         if (block_unpack_meta_begin(&arrived[b], metas[b], (size_t)meta_bytes[b], &eng->shape,
                                     err, sizeof err) ||

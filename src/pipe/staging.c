@@ -2,7 +2,8 @@
  * reads and writes for the step's device tensors (the tied embedding's
  * exchange, the replica sums, expert parallelism's rows and gradients),
  * and the device buffers they are copied up into, one of each per
- * purpose, grown when a step needs more and kept until engine_destroy, so
+ * purpose, grown (at least doubled) when a step needs more and kept until
+ * engine_destroy, so
  * that a step allocates nothing after the first (pinned allocation,
  * cudaHostAlloc, is slow). On a backend whose memory the host reads (the
  * CPU) there is no staging: staging_pool_host returns NULL and the
@@ -19,6 +20,9 @@ void *staging_pool_host(struct staging_pool *pool, enum staging_purpose purpose,
     DM_ASSERT(purpose >= 0 && purpose < STAGING_PURPOSES);
     if (bytes > pool->host_bytes[purpose] || !pool->host[purpose]) {
         if (pool->host[purpose]) ops->free_host(pool->host[purpose]);
+        /* at least twice what it held: a need that creeps up (a larger
+         * migration each time) regrows it a few times, not every time */
+        if (bytes < 2 * pool->host_bytes[purpose]) bytes = 2 * pool->host_bytes[purpose];
         pool->host[purpose] = ops->alloc_host(bytes ? bytes : 1);
         pool->host_bytes[purpose] = bytes;
     }
