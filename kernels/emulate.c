@@ -915,7 +915,7 @@ static float emulate_mod_predictor(float *dweight, int *chosen, const float *in,
     float *loss = scratch(SCRATCH_MOD, 2 * (size_t)N + 2), *grad = loss + N + 1;
     LAUNCH(grid_for(N), mod_predictor_thread(t, loss, grad, chosen, in, weight, target, N, C));
     if (!target) return 0.0f;
-    if (dweight) LAUNCH(grid_for(C), mod_predictor_dweight_thread(t, dweight, grad, in, N, C));
+    if (dweight) LAUNCH(grid_for(C), mod_dweight_thread(t, dweight, grad, in, N, C));
     double sum = 0.0;
     for (int n = 0; n < N; n++) sum += loss[n];
     return (float)(sum / N);
@@ -957,7 +957,7 @@ static void emulate_mod_combine_backward(float *din, float *drouter_weight,
     LAUNCH(grid_for((long)n * C), mod_combine_din_thread(t, din, dr, work, router, router_weight,
                                                          rows, n, C));
     if (drouter_weight)
-        LAUNCH(grid_for(C), mod_combine_dweight_thread(t, drouter_weight, dr, gathered_in, n, C));
+        LAUNCH(grid_for(C), mod_dweight_thread(t, drouter_weight, dr, gathered_in, n, C));
 }
 
 /* ---- the device reductions (reduce.cu) ---------------------------------------- */

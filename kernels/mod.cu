@@ -40,7 +40,7 @@ __global__ void mod_predictor_kernel(float *loss, float *grad, int *chosen, cons
 __global__ void mod_predictor_dweight_kernel(float *dweight, const float *grad, const float *in,
                                              int N, int C)
 {
-    mod_predictor_dweight_thread(DM_THREAD_HERE, dweight, grad, in, N, C);
+    mod_dweight_thread(DM_THREAD_HERE, dweight, grad, in, N, C);
 }
 
 /* the mean of loss[0..N) in double, tokens in order (mod.c's) */
@@ -103,7 +103,7 @@ __global__ void mod_combine_din_kernel(float *din, const float *dr, const float 
 __global__ void mod_combine_dweight_kernel(float *drouter_weight, const float *dr,
                                            const float *gathered_in, int n, int C)
 {
-    mod_combine_dweight_thread(DM_THREAD_HERE, drouter_weight, dr, gathered_in, n, C);
+    mod_dweight_thread(DM_THREAD_HERE, drouter_weight, dr, gathered_in, n, C);
 }
 
 void cuda_mod_combine_forward(float *out, const float *gathered_in, const float *gathered_out,

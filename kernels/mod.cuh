@@ -64,9 +64,11 @@ DM_HD void mod_predictor_thread(struct dm_thread t, float *loss, float *grad, in
     }
 }
 
-/* one channel per step: dweight[c] += grad[n] in[n, c] for n in order */
-DM_HD void mod_predictor_dweight_thread(struct dm_thread t, float *dweight, const float *grad,
-                                        const float *in, int N, int C)
+/* one channel per step: dweight[c] += grad[n] in[n, c] for n in order
+ * (the causal predictor's weight gradient, and the router weight's in
+ * the backward's combination with grad = dr, in = the gathered rows) */
+DM_HD void mod_dweight_thread(struct dm_thread t, float *dweight, const float *grad,
+                               const float *in, int N, int C)
 {
     for (long c = dm_thread_first(t); c < C; c += dm_thread_stride(t)) {
         float acc = dweight[c];
@@ -122,17 +124,6 @@ DM_HD void mod_combine_din_thread(struct dm_thread t, float *din, const float *d
         float r = router[row];
         float *d = din + row * C + c;
         *d = (1.0f - r) * *d + work[e] + dr[j] * router_weight[c];
-    }
-}
-
-/* one channel per step: drouter_weight[c] += dr[j] x[j, c] for j in order */
-DM_HD void mod_combine_dweight_thread(struct dm_thread t, float *drouter_weight, const float *dr,
-                                      const float *gathered_in, int n, int C)
-{
-    for (long c = dm_thread_first(t); c < C; c += dm_thread_stride(t)) {
-        float acc = drouter_weight[c];
-        for (long j = 0; j < n; j++) acc += dr[j] * gathered_in[j * C + c];
-        drouter_weight[c] = acc;
     }
 }
 

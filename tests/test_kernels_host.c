@@ -887,7 +887,7 @@ static void test_mod_combine(int N, int C)
         FOR_GRID(2, 32, mod_scale_chosen_thread(t, gwork.run[r], dout, router, rows, n, C));
         FOR_GRID(2, 16, mod_combine_dr_thread(t, dr, gdin.run[r], x, f, rows, n, C));
         FOR_GRID(3, 32, mod_combine_din_thread(t, gdin.run[r], dr, g, router, w, rows, n, C));
-        FOR_GRID(2, 8, mod_combine_dweight_thread(t, gdw.run[r], dr, x, n, C));
+        FOR_GRID(2, 8, mod_dweight_thread(t, gdw.run[r], dr, x, n, C));
     }
     check_orders("mod_combine_backward dweight", gdw.run[0], gdw.run[1], C);
     check_bits("mod_combine_forward", gout.run[1], out, NC);
@@ -1044,7 +1044,7 @@ static void test_mod_predictor(int N, int C)
     float *gdw = copied(dw, C), *loss = dm_alloc((size_t)N * 4), *grad = dm_alloc((size_t)N * 4);
     float want = mod_predictor_forward_backward(dw, chosen, in, w, target, N, C);
     FOR_GRID(2, 16, mod_predictor_thread(t, loss, grad, gchosen, in, w, target, N, C));
-    FOR_GRID(2, 8, mod_predictor_dweight_thread(t, gdw, grad, in, N, C));
+    FOR_GRID(2, 8, mod_dweight_thread(t, gdw, grad, in, N, C));
     double sum = 0.0;
     for (int n = 0; n < N; n++) sum += loss[n];
     float got = (float)(sum / N);
