@@ -1086,11 +1086,10 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
 /* Elements (of at most 8 bytes) of the read buffer of ckpt_read_all, at most. */
 #define READ_ALL_BUFFER_ELEMENTS ((hsize_t)1 << 22)
 
-int ckpt_read_all(hid_t file, const struct ckpt_header *header,
-                  struct ckpt_problems *problems)
+/* The read buffer's elements: no more than the largest dataset holds (a
+ * small file needs a small buffer), nor READ_ALL_BUFFER_ELEMENTS. */
+static hsize_t read_all_buffer_elements(const struct ckpt_header *header)
 {
-    int before = problems->count;
-    /* No larger than the largest dataset: a small file needs a small buffer. */
     hsize_t buffer_elements = 1;
     for (int i = 0; i < header->schema->dataset_count; i++) {
         hsize_t extent[2];
@@ -1101,8 +1100,15 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
                                : extent[0] * extent[1];
         if (elements > buffer_elements) buffer_elements = elements;
     }
-    if (buffer_elements > READ_ALL_BUFFER_ELEMENTS) buffer_elements = READ_ALL_BUFFER_ELEMENTS;
-    void *buffer = dm_alloc(buffer_elements * 8);
+    return buffer_elements > READ_ALL_BUFFER_ELEMENTS ? READ_ALL_BUFFER_ELEMENTS
+                                                       : buffer_elements;
+}
+
+int ckpt_read_all(hid_t file, const struct ckpt_header *header,
+                  struct ckpt_problems *problems)
+{
+    int before = problems->count;
+    void *buffer = dm_alloc(read_all_buffer_elements(header) * 8);
     for (int i = 0; i < header->schema->dataset_count; i++) {
         const struct schema_dataset *d = &header->schema->datasets[i];
         hsize_t extent[2];

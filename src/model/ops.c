@@ -611,6 +611,28 @@ void attention_forward(float *out, float *att, const float *qkv, int B, int T, i
     dm_parallel_for((long)B * NH, 1, attention_forward_range, &a);
 }
 
+/* dV = P^T dO and dK = dS^T Q for one (batch, head) over its nk keys,
+ * from its nq compact query rows starting at s. Key block [c0, c1) is only
+ * seen by the queries at positions >= c0, compact rows [first, nq), whose
+ * P and dS hold zeros up to c1 beyond each row's own keys
+ * (attention_cols). */
+static void attention_backward_kv(const struct attention_args *a, int s, int nq, int nk,
+                                  const float *P, const float *dS, const float *dOc,
+                                  const float *qc, float *dk, float *dv)
+{
+    int T = a->T, hs = a->C / a->NH, first = 0;
+    for (int c0 = 0; c0 < nk; c0 += ATT_BLOCK) {
+        int c1 = c0 + ATT_BLOCK < nk ? c0 + ATT_BLOCK : nk;
+        while (attention_pos(a, s, first) < c0) first++;
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, nq - first,
+                    1.0f, P + (long)first * T + c0, T, dOc + (long)first * hs, hs,
+                    0.0f, dv + (long)c0 * a->ldkv, a->ldkv);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, nq - first,
+                    1.0f, dS + (long)first * T + c0, T, qc + (long)first * hs, hs,
+                    0.0f, dk + (long)c0 * a->ldkv, a->ldkv);
+    }
+}
+
 static void attention_backward_range(void *arg, long begin, long end)
 {
     const struct attention_args *a = arg;
@@ -656,20 +678,7 @@ static void attention_backward_range(void *arg, long begin, long end)
                         1.0f, dS + (long)r0 * T, T, kc, hs, 0.0f, dq + (long)r0 * a->ldq,
                         a->ldq);
         }
-        /* Key block [c0, c1) is only seen by the queries at positions >= c0,
-         * compact rows [first, nq), whose P and dS hold zeros up to c1
-         * beyond each row's own keys (attention_cols). */
-        int first = 0;
-        for (int c0 = 0; c0 < nk; c0 += ATT_BLOCK) {
-            int c1 = c0 + ATT_BLOCK < nk ? c0 + ATT_BLOCK : nk;
-            while (attention_pos(a, s, first) < c0) first++;
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, nq - first,
-                        1.0f, P + (long)first * T + c0, T, dOc + (long)first * hs, hs,
-                        0.0f, dv + (long)c0 * a->ldkv, a->ldkv);
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, c1 - c0, hs, nq - first,
-                        1.0f, dS + (long)first * T + c0, T, qc + (long)first * hs, hs,
-                        0.0f, dk + (long)c0 * a->ldkv, a->ldkv);
-        }
+        attention_backward_kv(a, s, nq, nk, P, dS, dOc, qc, dk, dv);
     }
     dm_free(work);
 }
