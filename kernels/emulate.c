@@ -971,12 +971,18 @@ static void emulate_mod_combine_backward(float *din, float *drouter_weight,
  * goes piece by piece: each rank copies its piece into its slot, the
  * group meets, each rank sums the slots in group-rank order into its own
  * buffer, the group meets again (the slots are free). Every wait polls
- * with sched_yield, as dynmo's own waits do. Only the all-reduce is
- * emulated (src/pipe uses nothing else of the transport yet). */
+ * with sched_yield, as dynmo's own waits do. A send goes piece by piece
+ * through the sender's slot and returns when the peer has taken the last
+ * one (blocking, as NCCL's send is for large messages). */
 #define EMU_COMM_PIECE (1L << 18)
+#define EMU_COMM_RANKS 256
 
+/* sent[r], taken[r]: the pieces rank r has put in its slot for a peer and
+ * the pieces its peer has taken (point to point: one send at a time from
+ * a rank, to one peer) */
 struct emu_comm_segment {
     _Atomic int arrived, generation;
+    _Atomic long sent[EMU_COMM_RANKS], taken[EMU_COMM_RANKS];
     float slots[];
 };
 
@@ -1002,6 +1008,8 @@ static struct dm_backend_comm *emulate_comm_init(int rank, int size,
                                                  void *ctx)
 {
     static int made;
+    if (size > EMU_COMM_RANKS)
+        host->fatal(__FILE__, __LINE__, "comm_init", "more ranks than the emulated transport has");
     struct dm_backend_comm *c = calloc(1, sizeof *c);
     if (!c) host->fatal(__FILE__, __LINE__, "calloc", "out of memory");
     c->rank = rank;
@@ -1043,6 +1051,37 @@ static void emulate_comm_all_reduce_sum(struct dm_backend_comm *c, float *buf, s
             buf[at + i] = sum;
         }
         emu_comm_barrier(c);
+    }
+}
+
+static void emulate_comm_send(struct dm_backend_comm *c, const float *buf, size_t count, int peer)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("comm_send", buf);
+    (void)peer;
+    float *slot = c->seg->slots + (size_t)c->rank * EMU_COMM_PIECE;
+    for (size_t at = 0; at < count; at += EMU_COMM_PIECE) {
+        size_t len = count - at < EMU_COMM_PIECE ? count - at : EMU_COMM_PIECE;
+        while (atomic_load(&c->seg->taken[c->rank]) != atomic_load(&c->seg->sent[c->rank]))
+            sched_yield();
+        memcpy(slot, buf + at, len * sizeof(float));
+        atomic_fetch_add(&c->seg->sent[c->rank], 1);
+    }
+    while (atomic_load(&c->seg->taken[c->rank]) != atomic_load(&c->seg->sent[c->rank]))
+        sched_yield();
+}
+
+static void emulate_comm_recv(struct dm_backend_comm *c, float *buf, size_t count, int peer)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("comm_recv", buf);
+    const float *slot = c->seg->slots + (size_t)peer * EMU_COMM_PIECE;
+    for (size_t at = 0; at < count; at += EMU_COMM_PIECE) {
+        size_t len = count - at < EMU_COMM_PIECE ? count - at : EMU_COMM_PIECE;
+        while (atomic_load(&c->seg->sent[peer]) == atomic_load(&c->seg->taken[peer]))
+            sched_yield();
+        memcpy(buf + at, slot, len * sizeof(float));
+        atomic_fetch_add(&c->seg->taken[peer], 1);
     }
 }
 
@@ -1119,6 +1158,8 @@ static const struct dm_backend emulate_table = {
     .rows_scatter = emulate_rows_scatter,
     .sum_squares = emulate_sum_squares,
     .comm_init = emulate_comm_init,
+    .comm_send = emulate_comm_send,
+    .comm_recv = emulate_comm_recv,
     .comm_all_reduce_sum = emulate_comm_all_reduce_sum,
     .comm_free = emulate_comm_free,
 };

@@ -97,6 +97,13 @@ struct engine {
     /* The replicas' sums over the devices' own transport (device_comm.c),
      * or NULL: MPI, through the staging where the host cannot read. */
     struct dm_backend_comm *replica_comm;
+    /* The tied embedding's exchange between the first and the last stage
+     * of each replica over the same transport (a group of the two; their
+     * MPI communicator, MPI_COMM_NULL elsewhere), the other half received
+     * into tied_theirs (V C floats of the device), or NULL: MPI. */
+    struct dm_backend_comm *tied_comm;
+    MPI_Comm tied_mpi;
+    float *tied_theirs;
     double pending_migrated_bytes, pending_migrate_ms;
 };
 
@@ -166,10 +173,12 @@ void *staging_pool_host(struct staging_pool *pool, enum staging_purpose purpose,
 void *staging_pool_device(struct staging_pool *pool, enum staging_purpose purpose, size_t bytes);
 void staging_pool_free(struct staging_pool *pool);
 
-/* device_comm.c. Collective: eng->replica_comm over the stage's replicas
- * when the backend has a transport (comm_init) and every rank has a
- * device of its own (world_devices_distinct); else NULL. Says which on
- * rank 0 (not on the CPU). */
+/* device_comm.c. Collective: when the backend has a transport
+ * (comm_init) and every rank has a device of its own
+ * (world_devices_distinct), eng->replica_comm over the stage's replicas
+ * (D > 1) and eng->tied_comm between the first and last stage (S > 1);
+ * else NULL, and MPI carries both. Says which on rank 0 (not on the
+ * CPU). */
 void engine_device_comm_init(struct engine *eng);
 void engine_device_comm_free(struct engine *eng);
 

@@ -8,6 +8,28 @@
 #include <string.h>
 #include "pipe/engine_internal.h"
 
+/* The halves over the devices' own transport (device_comm.c), device to
+ * device: the first stage sends then receives, the last receives then
+ * sends, so that two blocking transfers never wait for each other. The
+ * transport polls on its own: the rank gives back its turn first. */
+static void exchange_tied_on_devices(struct engine *eng)
+{
+    const struct dm_backend *ops = backend_current();
+    struct gpt *m = &eng->model;
+    size_t n = (size_t)eng->shape.vocab * (size_t)eng->shape.channels;
+    world_release_turn();
+    double t0 = dm_now();
+    if (eng->grid.stage == 0) {
+        ops->comm_send(eng->tied_comm, m->dwte, n, 1);
+        ops->comm_recv(eng->tied_comm, eng->tied_theirs, n, 1);
+    } else {
+        ops->comm_recv(eng->tied_comm, eng->tied_theirs, n, 0);
+        ops->comm_send(eng->tied_comm, m->dwte_head, n, 0);
+    }
+    eng->wait_s += dm_now() - t0;
+    gpt_tie_wte_grads(m, eng->tied_theirs);
+}
+
 /* Forms the tied wte gradient on the stages that hold wte: the first
  * stage (embedding half, dwte) and the last stage (head half, dwte_head)
  * swap halves, and gpt_tie_wte_grads adds them as embedding + head on
@@ -21,6 +43,10 @@ static void exchange_tied_grads(struct engine *eng)
         return;
     }
     if (g->stage != 0 && g->stage != g->stages - 1) return;
+    if (eng->tied_comm) {
+        exchange_tied_on_devices(eng);
+        return;
+    }
     long n = (long)eng->shape.vocab * eng->shape.channels;
     size_t bytes = (size_t)n * sizeof(float);
     int peer = rank_of(g, g->stage == 0 ? g->stages - 1 : 0, g->replica);
