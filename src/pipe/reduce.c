@@ -78,6 +78,12 @@ static void exchange_tied_grads(struct engine *eng)
 
 static void replica_sum(struct engine *eng, float *x, long n, float *gathered, float *staging)
 {
+    if (eng->replica_comm) {   /* in place on the device (device_comm.c) */
+        double t0 = dm_now();
+        backend_current()->comm_all_reduce_sum(eng->replica_comm, x, (size_t)n);
+        eng->wait_s += dm_now() - t0;
+        return;
+    }
     int D = eng->grid.replicas;
     for (long at = 0; at < n; at += REPLICA_SUM_PIECE) {
         long len = n - at < REPLICA_SUM_PIECE ? n - at : REPLICA_SUM_PIECE;
@@ -107,46 +113,21 @@ static long replicated_floats(const struct block *blk)
     return (long)(moe_shared_param_count(blk->C) + (size_t)moe->cfg.experts * (size_t)blk->C);
 }
 
-/* The same sums over the devices' own transport, in place on the device
- * (device_comm.c): no staging, no host copy. The transport waits by its
- * own polling, not world_wait_round, so this rank gives back its turn
- * first (the replica it waits for may need it). */
-static void reduce_replicas_on_devices(struct engine *eng)
-{
-    const struct dm_backend *ops = backend_current();
-    struct gpt *m = &eng->model;
-    world_release_turn();
-    double clock = dm_profile_now();
-    for (int i = 0; i < m->num_blocks; i++) {
-        if (m->blocks[i].frozen) continue;
-        double t0 = dm_now();
-        ops->comm_all_reduce_sum(eng->replica_comm, m->blocks[i].grads,
-                                 (size_t)replicated_floats(&m->blocks[i]));
-        eng->wait_s += dm_now() - t0;
-        gpt_charge_update(m, i, &clock);
-    }
-    engine_expert_parallel_reduce(eng);
-    if (m->embed_slab) {
-        double t0 = dm_now();
-        ops->comm_all_reduce_sum(eng->replica_comm, m->dwte, m->embed_nparams);
-        eng->wait_s += dm_now() - t0;
-    }
-}
-
 static void reduce_replicas(struct engine *eng)
 {
     if (eng->grid.replicas == 1) return;
-    if (eng->replica_comm) {
-        reduce_replicas_on_devices(eng);
-        return;
-    }
     struct gpt *m = &eng->model;
-    size_t biggest = m->embed_nparams;
-    for (int i = 0; i < m->num_blocks; i++)
-        if (m->blocks[i].nparams > biggest) biggest = m->blocks[i].nparams;
-    float *gathered = dm_alloc(biggest * (size_t)eng->grid.replicas * sizeof(float));
-    size_t piece = biggest < REPLICA_SUM_PIECE ? biggest : REPLICA_SUM_PIECE;
-    float *staging = staging_pool_host(&eng->staging, STAGING_REPLICA_SUM, piece * sizeof(float));
+    float *gathered = NULL, *staging = NULL;
+    if (eng->replica_comm) {
+        world_release_turn();   /* the transport polls on its own (replica_sum) */
+    } else {
+        size_t biggest = m->embed_nparams;
+        for (int i = 0; i < m->num_blocks; i++)
+            if (m->blocks[i].nparams > biggest) biggest = m->blocks[i].nparams;
+        gathered = dm_alloc(biggest * (size_t)eng->grid.replicas * sizeof(float));
+        size_t piece = biggest < REPLICA_SUM_PIECE ? biggest : REPLICA_SUM_PIECE;
+        staging = staging_pool_host(&eng->staging, STAGING_REPLICA_SUM, piece * sizeof(float));
+    }
     double clock = dm_profile_now();
     for (int i = 0; i < m->num_blocks; i++) {
         /* frozen on every replica alike, with zero gradients (struct block) */
@@ -157,7 +138,7 @@ static void reduce_replicas(struct engine *eng)
     engine_expert_parallel_reduce(eng);   /* the owned experts, by their holders */
     /* The tied wte halves were combined already (exchange_tied_grads). */
     if (m->embed_slab) replica_sum(eng, m->dwte, (long)m->embed_nparams, gathered, staging);
-    dm_free(gathered);
+    if (gathered) dm_free(gathered);
 }
 
 /* This rank's terms of the gradient norm. units (L + 3 + M E): the
