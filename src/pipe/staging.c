@@ -3,11 +3,11 @@
  * exchange, the replica sums, expert parallelism's rows and gradients),
  * and the device buffers they are copied up into, one of each per
  * purpose, grown (at least doubled) when a step needs more and kept until
- * engine_destroy, so
- * that a step allocates nothing after the first (pinned allocation,
- * cudaHostAlloc, is slow). On a backend whose memory the host reads (the
- * CPU) there is no staging: staging_pool_host returns NULL and the
- * callers hand MPI the tensors themselves, as before.
+ * engine_destroy, so that a step allocates nothing after the first
+ * (pinned allocation, cudaHostAlloc, is slow); migration's slabs too
+ * (migrate.c). On a backend whose memory the host reads (the CPU) there
+ * is no staging: staging_pool_host returns NULL and the callers hand MPI
+ * the tensors themselves, as before.
  *
  * Must not: hold anything between two uses that a caller relies on (the
  * contents are scratch), or be used by two users of one purpose at once. */
