@@ -967,30 +967,53 @@ static void emulate_mod_combine_backward(float *din, float *drouter_weight,
 /* What NCCL is to the CUDA plugin, for a group of processes on one node:
  * the group's rank 0 creates a shared-memory segment and hands its pid and
  * number to the others through the caller's broadcast; the segment holds
- * a barrier and one slot of EMU_COMM_PIECE floats per rank. An all-reduce
- * goes piece by piece: each rank copies its piece into its slot, the
- * group meets, each rank sums the slots in group-rank order into its own
- * buffer, the group meets again (the slots are free). Every wait polls
- * with sched_yield, as dynmo's own waits do. A send goes piece by piece
- * through the sender's slot and returns when the peer has taken the last
- * one (blocking, as NCCL's send is for large messages). */
+ * a barrier, one slot of EMU_COMM_PIECE floats per rank for the
+ * all-reduce and one channel per ordered pair of ranks for the
+ * point-to-point transfers. An all-reduce goes piece by piece: each rank
+ * copies its piece into its slot, the group meets, each rank sums the
+ * slots in group-rank order into its own buffer, the group meets again
+ * (the slots are free). A transfer goes through its channel's one piece
+ * of EMU_CHANNEL_PIECE floats: the sender puts a piece when the last was
+ * taken, the receiver takes it. A send is complete only when its peer
+ * has taken its last piece (a rendezvous, as NCCL's send is for large
+ * messages), so an order of calls that could deadlock on NCCL deadlocks
+ * here too. An exchange's transfers progress together, each pair's in
+ * order. Every wait polls, between the host's wait rounds (its MPI
+ * progress, then sched_yield), as dynmo's own waits do. */
 #define EMU_COMM_PIECE (1L << 18)
+#define EMU_CHANNEL_PIECE (1L << 14)
 #define EMU_COMM_RANKS 256
 
-/* sent[r], taken[r]: the pieces rank r has put in its slot for a peer and
- * the pieces its peer has taken (point to point: one send at a time from
- * a rank, to one peer) */
+/* The channel from rank a to rank b: the pieces a has put and b has taken. */
+struct emu_channel {
+    _Atomic long put, taken;
+};
+
 struct emu_comm_segment {
     _Atomic int arrived, generation;
-    _Atomic long sent[EMU_COMM_RANKS], taken[EMU_COMM_RANKS];
-    float slots[];
+    float slots[];   /* size all-reduce slots, then size x size channel pieces */
 };
 
 struct dm_backend_comm {
     struct emu_comm_segment *seg;
+    struct emu_channel *channels;   /* size x size, [from size + to] */
     size_t bytes;
     int rank, size;
 };
+
+static float *emu_channel_piece(struct dm_backend_comm *c, int from, int to)
+{
+    size_t at = (size_t)c->size * EMU_COMM_PIECE + ((size_t)from * c->size + to) * EMU_CHANNEL_PIECE;
+    return c->seg->slots + at;
+}
+
+/* One round of a transfer's wait: the host's (its MPI progress), else
+ * sched_yield. */
+static void emu_wait_round(int first)
+{
+    if (host->wait_round) host->wait_round(first);
+    else sched_yield();
+}
 
 static void emu_comm_barrier(struct dm_backend_comm *c)
 {
@@ -1000,7 +1023,8 @@ static void emu_comm_barrier(struct dm_backend_comm *c)
         atomic_fetch_add(&c->seg->generation, 1);
         return;
     }
-    while (atomic_load(&c->seg->generation) == generation) sched_yield();
+    for (int first = 1; atomic_load(&c->seg->generation) == generation; first = 0)
+        emu_wait_round(first);
 }
 
 static struct dm_backend_comm *emulate_comm_init(int rank, int size,
@@ -1014,7 +1038,9 @@ static struct dm_backend_comm *emulate_comm_init(int rank, int size,
     if (!c) host->fatal(__FILE__, __LINE__, "calloc", "out of memory");
     c->rank = rank;
     c->size = size;
-    c->bytes = sizeof(struct emu_comm_segment) + (size_t)size * EMU_COMM_PIECE * sizeof(float);
+    size_t floats = (size_t)size * EMU_COMM_PIECE + (size_t)size * size * EMU_CHANNEL_PIECE;
+    size_t channels = (size_t)size * size * sizeof(struct emu_channel);
+    c->bytes = sizeof(struct emu_comm_segment) + floats * sizeof(float) + channels;
     int which[2] = {(int)getpid(), made++};
     bcast_ints(ctx, which, 2);
     char name[64];
@@ -1032,6 +1058,7 @@ static struct dm_backend_comm *emulate_comm_init(int rank, int size,
                     "the emulated transport needs every rank of a group on one node");
     close(fd);
     c->seg = at;
+    c->channels = (struct emu_channel *)(c->seg->slots + floats);
     emu_comm_barrier(c);
     if (rank == 0) shm_unlink(name);
     return c;
@@ -1054,35 +1081,73 @@ static void emulate_comm_all_reduce_sum(struct dm_backend_comm *c, float *buf, s
     }
 }
 
-static void emulate_comm_send(struct dm_backend_comm *c, const float *buf, size_t count, int peer)
+/* One transfer's progress: pieces moved so far of its total. */
+struct emu_transfer {
+    const struct dm_comm_op *op;
+    long done, pieces;
+};
+
+/* Moves the next piece of t if its channel lets it; returns 1 if it did. */
+static int emu_transfer_step(struct dm_backend_comm *c, struct emu_transfer *t)
 {
-    DEVICE_SCOPE;
-    DEVICE_ARGS("comm_send", buf);
-    (void)peer;
-    float *slot = c->seg->slots + (size_t)c->rank * EMU_COMM_PIECE;
-    for (size_t at = 0; at < count; at += EMU_COMM_PIECE) {
-        size_t len = count - at < EMU_COMM_PIECE ? count - at : EMU_COMM_PIECE;
-        while (atomic_load(&c->seg->taken[c->rank]) != atomic_load(&c->seg->sent[c->rank]))
-            sched_yield();
-        memcpy(slot, buf + at, len * sizeof(float));
-        atomic_fetch_add(&c->seg->sent[c->rank], 1);
+    const struct dm_comm_op *op = t->op;
+    int from = op->recv ? op->peer : c->rank, to = op->recv ? c->rank : op->peer;
+    struct emu_channel *ch = &c->channels[(size_t)from * c->size + to];
+    float *piece = emu_channel_piece(c, from, to);
+    size_t at = (size_t)t->done * EMU_CHANNEL_PIECE;
+    size_t len = op->count - at < EMU_CHANNEL_PIECE ? op->count - at : EMU_CHANNEL_PIECE;
+    long put = atomic_load(&ch->put), taken = atomic_load(&ch->taken);
+    if (op->recv) {
+        if (put == taken) return 0;
+        memcpy(op->buf + at, piece, len * sizeof(float));
+        atomic_fetch_add(&ch->taken, 1);
+    } else {
+        if (put != taken) return 0;
+        memcpy(piece, op->buf + at, len * sizeof(float));
+        atomic_fetch_add(&ch->put, 1);
     }
-    while (atomic_load(&c->seg->taken[c->rank]) != atomic_load(&c->seg->sent[c->rank]))
-        sched_yield();
+    t->done++;
+    return 1;
 }
 
-static void emulate_comm_recv(struct dm_backend_comm *c, float *buf, size_t count, int peer)
+/* A send whose pieces are all put is complete once the last is taken. */
+static int emu_transfer_complete(struct dm_backend_comm *c, const struct emu_transfer *t)
+{
+    if (t->done < t->pieces) return 0;
+    if (t->op->recv) return 1;
+    struct emu_channel *ch = &c->channels[(size_t)c->rank * c->size + t->op->peer];
+    return atomic_load(&ch->taken) == atomic_load(&ch->put);
+}
+
+static void emulate_comm_exchange(struct dm_backend_comm *c, const struct dm_comm_op *ops, int n)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("comm_recv", buf);
-    const float *slot = c->seg->slots + (size_t)peer * EMU_COMM_PIECE;
-    for (size_t at = 0; at < count; at += EMU_COMM_PIECE) {
-        size_t len = count - at < EMU_COMM_PIECE ? count - at : EMU_COMM_PIECE;
-        while (atomic_load(&c->seg->sent[peer]) == atomic_load(&c->seg->taken[peer]))
-            sched_yield();
-        memcpy(buf + at, slot, len * sizeof(float));
-        atomic_fetch_add(&c->seg->taken[peer], 1);
+    struct emu_transfer *t = calloc((size_t)(n > 0 ? n : 1), sizeof *t);
+    if (!t) host->fatal(__FILE__, __LINE__, "calloc", "out of memory");
+    for (int i = 0; i < n; i++) {
+        DEVICE_ARGS("comm_exchange", ops[i].buf);
+        if (ops[i].peer < 0 || ops[i].peer >= c->size || ops[i].peer == c->rank)
+            host->fatal(__FILE__, __LINE__, "comm_exchange", "a transfer's peer is not another rank");
+        t[i].op = &ops[i];
+        t[i].pieces = (long)((ops[i].count + EMU_CHANNEL_PIECE - 1) / EMU_CHANNEL_PIECE);
     }
+    for (int open = n, waited = 0; open > 0;) {
+        int moved = 0;
+        open = 0;
+        for (int i = 0; i < n; i++) {
+            if (emu_transfer_complete(c, &t[i])) continue;
+            open++;
+            /* a pair's transfers of one direction go in order: only the
+             * first incomplete one of each moves */
+            int first = 1;
+            for (int j = 0; j < i && first; j++)
+                first = ops[j].peer != ops[i].peer || ops[j].recv != ops[i].recv ||
+                        emu_transfer_complete(c, &t[j]);
+            if (first && t[i].done < t[i].pieces) moved |= emu_transfer_step(c, &t[i]);
+        }
+        if (open && !moved) emu_wait_round(!waited++);
+    }
+    free(t);
 }
 
 static void emulate_comm_free(struct dm_backend_comm *c)
@@ -1158,8 +1223,7 @@ static const struct dm_backend emulate_table = {
     .rows_scatter = emulate_rows_scatter,
     .sum_squares = emulate_sum_squares,
     .comm_init = emulate_comm_init,
-    .comm_send = emulate_comm_send,
-    .comm_recv = emulate_comm_recv,
+    .comm_exchange = emulate_comm_exchange,
     .comm_all_reduce_sum = emulate_comm_all_reduce_sum,
     .comm_free = emulate_comm_free,
 };

@@ -1,15 +1,16 @@
 /* Device-to-device transport of the CUDA backend: an NCCL communicator
- * over the job's ranks, point-to-point sends and receives (activations
- * between stages) and a sum all-reduce (gradients between replicas).
- * The unique id goes from rank 0 to the others through the host's polled
- * broadcast (the bcast_ints it hands comm_init), so the plugin never calls
- * MPI. Every
- * transfer runs on the communicator's own stream after the compute
- * stream's work (an event orders them) and is waited for by polling
- * cudaStreamQuery with sched_yield: the host never blocks inside CUDA or
- * NCCL, and a dead peer is the MPI side's to detect. NCCL's sum is
- * deterministic for a fixed rank count and topology; across rank counts
- * its order differs (docs/gpu.md). */
+ * over a group of the job's ranks, point-to-point transfers issued in
+ * groups (activations between stages, migrating blocks, expert
+ * parallelism's rows, the tied embedding's halves) and a sum all-reduce
+ * (gradients between replicas). The unique id goes from rank 0 to the
+ * others through the host's polled broadcast (the bcast_ints it hands
+ * comm_init), so the plugin never calls MPI. Every transfer runs on the
+ * communicator's own stream after the compute stream's work (an event
+ * orders them) and is waited for by polling cudaStreamQuery between the
+ * host's wait rounds (its MPI progress, then sched_yield): the host never
+ * blocks inside CUDA or NCCL, and a dead peer is the MPI side's to
+ * detect. NCCL's sum is deterministic for a fixed rank count and
+ * topology; across rank counts its order differs (docs/gpu.md). */
 #include <nccl.h>
 #include <sched.h>
 #include <stdlib.h>
@@ -44,13 +45,14 @@ struct dm_backend_comm *cuda_comm_init(int rank, int size,
     CUDA_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     CUDA_CHECK(cudaEventCreateWithFlags(&c->ready, cudaEventDisableTiming));
     /* Non-blocking: the init itself is polled like the transfers. */
+    int waited = 0;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
     ncclResult_t rc = ncclCommInitRankConfig(&c->nccl, size, id, rank, &config);
     if (rc != ncclSuccess && rc != ncclInProgress) NCCL_CHECK(rc);
     for (ncclResult_t state = ncclInProgress; state == ncclInProgress;) {
         NCCL_CHECK(ncclCommGetAsyncError(c->nccl, &state));
-        if (state == ncclInProgress) sched_yield();
+        if (state == ncclInProgress) dm_cuda_wait_round(!waited++);
         else NCCL_CHECK(state);
     }
     return c;
@@ -63,9 +65,28 @@ static void begin(struct dm_backend_comm *c)
     CUDA_CHECK(cudaStreamWaitEvent(c->stream, c->ready, 0));
 }
 
-/* Polls until the transfer is done, failing on an asynchronous NCCL error. */
+/* An operation issued on a non-blocking communicator may itself return
+ * ncclInProgress; finish waits for the issue as well as the stream. */
+static void issued(ncclResult_t rc, const char *call)
+{
+    if (rc != ncclSuccess && rc != ncclInProgress)
+        dm_cuda_fail(__FILE__, __LINE__, call, ncclGetErrorString(rc));
+}
+
+/* Polls until the transfers are done, failing on an asynchronous NCCL
+ * error: first until NCCL has issued them to the stream (a non-blocking
+ * communicator may still be issuing a group when ncclGroupEnd returns;
+ * the stream would look idle), then until the stream has run them. */
 static void finish(struct dm_backend_comm *c)
 {
+    int waited = 0;
+    for (;;) {
+        ncclResult_t state;
+        NCCL_CHECK(ncclCommGetAsyncError(c->nccl, &state));
+        if (state == ncclSuccess) break;
+        if (state != ncclInProgress) NCCL_CHECK(state);
+        dm_cuda_wait_round(!waited++);
+    }
     for (;;) {
         cudaError_t rc = cudaStreamQuery(c->stream);
         if (rc == cudaSuccess) return;
@@ -73,29 +94,25 @@ static void finish(struct dm_backend_comm *c)
         ncclResult_t state;
         NCCL_CHECK(ncclCommGetAsyncError(c->nccl, &state));
         if (state != ncclSuccess && state != ncclInProgress) NCCL_CHECK(state);
-        sched_yield();
+        dm_cuda_wait_round(!waited++);
     }
 }
 
-/* An operation issued on a non-blocking communicator may itself return
- * ncclInProgress; the stream poll then covers it. */
-static void issued(ncclResult_t rc, const char *call)
-{
-    if (rc != ncclSuccess && rc != ncclInProgress)
-        dm_cuda_fail(__FILE__, __LINE__, call, ncclGetErrorString(rc));
-}
-
-void cuda_comm_send(struct dm_backend_comm *c, const float *buf, size_t count, int peer)
+/* The transfers as one NCCL group: they progress together, so that two
+ * ranks each sending to the other do not wait on each other. */
+void cuda_comm_exchange(struct dm_backend_comm *c, const struct dm_comm_op *ops, int n)
 {
     begin(c);
-    issued(ncclSend(buf, count, ncclFloat32, peer, c->nccl, c->stream), "ncclSend");
-    finish(c);
-}
-
-void cuda_comm_recv(struct dm_backend_comm *c, float *buf, size_t count, int peer)
-{
-    begin(c);
-    issued(ncclRecv(buf, count, ncclFloat32, peer, c->nccl, c->stream), "ncclRecv");
+    issued(ncclGroupStart(), "ncclGroupStart");
+    for (int i = 0; i < n; i++) {
+        if (ops[i].recv)
+            issued(ncclRecv(ops[i].buf, ops[i].count, ncclFloat32, ops[i].peer, c->nccl, c->stream),
+                   "ncclRecv");
+        else
+            issued(ncclSend(ops[i].buf, ops[i].count, ncclFloat32, ops[i].peer, c->nccl, c->stream),
+                   "ncclSend");
+    }
+    issued(ncclGroupEnd(), "ncclGroupEnd");
     finish(c);
 }
 

@@ -32,6 +32,12 @@ cublasHandle_t dm_cuda_cublas(void)
     return cublas;
 }
 
+void dm_cuda_wait_round(int first)
+{
+    if (host && host->wait_round) host->wait_round(first);
+    else sched_yield();
+}
+
 void dm_cuda_stream_wait(cudaStream_t s)
 {
     for (;;) {
@@ -142,8 +148,7 @@ static void fill_ops(struct dm_backend *t)
     t->copy_on_device = cuda_copy_on_device;
     t->sum_squares = cuda_sum_squares;
     t->comm_init = cuda_comm_init;
-    t->comm_send = cuda_comm_send;
-    t->comm_recv = cuda_comm_recv;
+    t->comm_exchange = cuda_comm_exchange;
     t->comm_all_reduce_sum = cuda_comm_all_reduce_sum;
     t->comm_free = cuda_comm_free;
 }

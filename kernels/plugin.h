@@ -136,10 +136,12 @@ double cuda_sum_squares(const float *x, long n);
 void cuda_zero(void *dst, size_t bytes);
 void cuda_copy_on_device(void *dst, const void *src, size_t bytes);
 
+/* One round of a transfer's wait: the host's (struct dm_backend_host's
+ * wait_round: its MPI progress), else sched_yield. */
+void dm_cuda_wait_round(int first);
 struct dm_backend_comm *cuda_comm_init(int rank, int size,
                                        void (*bcast_ints)(void *ctx, int *buf, int n), void *ctx);
-void cuda_comm_send(struct dm_backend_comm *comm, const float *buf, size_t count, int peer);
-void cuda_comm_recv(struct dm_backend_comm *comm, float *buf, size_t count, int peer);
+void cuda_comm_exchange(struct dm_backend_comm *comm, const struct dm_comm_op *ops, int n);
 void cuda_comm_all_reduce_sum(struct dm_backend_comm *comm, float *buf, size_t count);
 void cuda_comm_free(struct dm_backend_comm *comm);
 

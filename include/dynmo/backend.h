@@ -29,7 +29,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 9
+#define DM_BACKEND_ABI 10
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -42,6 +42,14 @@ struct dm_backend_host {
      * and their count: the CUDA plugin takes device
      * backend_device_for(local_rank, devices it sees). */
     int local_rank, local_size;
+    /* One round of a wait that polls inside the plugin (a transfer, the
+     * transport's set-up; first set on a wait's first round): the host's
+     * MPI progress, then the CPU given up. A rank spinning on a transfer
+     * without MPI progress would starve the non-blocking MPI operations it
+     * posted before (a statistics gather) that another rank waits on, and
+     * the job would hang. NULL: the plugin yields the CPU itself. Set
+     * after open through backend_set_wait_round. */
+    void (*wait_round)(int first);
 };
 
 /* The device of the local_rank-th process of a node that sees `devices`
@@ -66,6 +74,17 @@ typedef int (*dm_backend_open_fn)(struct dm_backend *table, const struct dm_back
  * group's rank 0 (src/pipe/device_comm.c's over an MPI communicator).
  * Every call returns when the transfer is complete, polling with
  * sched_yield between polls: the host never blocks inside CUDA. */
+struct dm_backend_comm;
+
+/* One transfer of comm_exchange: count floats of device memory sent to
+ * group rank peer (recv = 0; buf is only read) or received from it
+ * (recv = 1). */
+struct dm_comm_op {
+    float *buf;
+    size_t count;
+    int peer, recv;
+};
+
 struct dm_backend_comm;
 
 struct dm_backend {
@@ -249,8 +268,13 @@ struct dm_backend {
     struct dm_backend_comm *(*comm_init)(int rank, int size,
                                          void (*bcast_ints)(void *ctx, int *buf, int n),
                                          void *ctx);
-    void (*comm_send)(struct dm_backend_comm *comm, const float *buf, size_t count, int peer);
-    void (*comm_recv)(struct dm_backend_comm *comm, float *buf, size_t count, int peer);
+    /* comm_exchange: the n transfers at once (one NCCL group), returning
+     * when every one is complete. A send completes only once its peer has
+     * taken it, so the ranks' calls must pair up as a whole: whatever one
+     * rank sends in a call, its peer receives in a call that can proceed
+     * alongside it. Between two ranks the transfers of one direction pair
+     * in the order they are issued, within a call and across calls. */
+    void (*comm_exchange)(struct dm_backend_comm *comm, const struct dm_comm_op *ops, int n);
     void (*comm_all_reduce_sum)(struct dm_backend_comm *comm, float *buf, size_t count);
     void (*comm_free)(struct dm_backend_comm *comm);
 };
@@ -292,6 +316,10 @@ const struct dm_backend *backend_current(void);
  * 0 and 1 for a lone process. Not collective. */
 int backend_open(const char *device, int local_rank, int local_size, char *err,
                  size_t errsize);
+
+/* Installs the host's wait_round (struct dm_backend_host) for every
+ * backend opened, before or after: the layer that owns MPI hands it in. */
+void backend_set_wait_round(void (*wait_round)(int first));
 
 /* Where the plugin is looked for: $DYNMO_CUDA_PLUGIN when set, else
  * libdynmo_cuda.so beside the running binary. Returns 0, or -1 when

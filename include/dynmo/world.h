@@ -97,6 +97,13 @@ void world_wait_round(double t0);
  * warning from rank 0, when some rank cannot pin itself or map the shared
  * memory). Idempotent. */
 int world_take_turns(void);
+/* One round of a wait that polls something other than MPI (a device
+ * transfer; backend_set_wait_round): MPI's progress (a probe), so that
+ * the non-blocking operations this rank posted before go on for the ranks
+ * that wait on them, then world_wait_round from the wait's first round
+ * (first set). */
+void world_poll_round(int first);
+
 /* Before a computation, when this rank takes turns: gives back a turn it
  * still holds and waits for a new one. The turn is kept after the
  * computation, so that the rank posts its sends before a woken peer takes

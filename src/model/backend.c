@@ -232,11 +232,19 @@ static int open_plugin(const char *device, const char *build, const char *path,
     return 0;
 }
 
+/* What every plugin is handed at open and keeps (its pointer): this
+ * process's place on its node, and the host's wait round once set. */
+static struct dm_backend_host host = {.fatal = plugin_fatal};
+
+void backend_set_wait_round(void (*wait_round)(int first))
+{
+    host.wait_round = wait_round;
+}
+
 int backend_open(const char *device, int local_rank, int local_size, char *err,
                  size_t errsize)
 {
     /* the plugin keeps the pointer for its fatal path: static */
-    static struct dm_backend_host host = {.fatal = plugin_fatal};
     host.local_rank = local_rank;
     host.local_size = local_size;
     if (!strcmp(device, "cpu")) {

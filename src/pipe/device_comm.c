@@ -1,10 +1,13 @@
-/* The replicas' gradient sums and the tied embedding's exchange over the
- * devices' own transport (engine_internal.h): NCCL on CUDA, the emulated
- * device's shared memory, where every rank of the job has a device of its
- * own. Where ranks share a device (or on the CPU) both stay on MPI through
- * host staging (reduce.c). The groups are the stage's replicas and each
- * replica's first and last stage; a group's unique id travels by a polled
- * broadcast over its MPI communicator, the only MPI the transport sees.
+/* The devices' own transport (engine_internal.h): NCCL on CUDA, the
+ * emulated device's shared memory, where every rank of the job has a
+ * device of its own. It carries the activations and gradients between
+ * stages, the migrating blocks' slabs, expert parallelism's rows, the
+ * replicas' gradient sums and the tied embedding's halves, device to
+ * device. Where ranks share a device (or on the CPU) all of these stay
+ * on MPI through host staging. Each group (a replica's stages, a stage's
+ * replicas, an expert group, an expert's holders) is a transport
+ * communicator made from its MPI communicator: the group's unique id
+ * travels by a polled broadcast over it, the only MPI the transport sees.
  * Must not: be used by some ranks of a group and not others (the choice
  * is collective and the same on every rank). */
 #include <string.h>
@@ -18,37 +21,35 @@ static void group_bcast_ints(void *ctx, int *buf, int n)
     world_wait(&req);
 }
 
-/* The first and last stage of each replica: a transport group of two
- * (group rank 0 the first stage). Collective over the world. */
-static void tied_init(struct engine *eng, int transport)
+struct dm_backend_comm *engine_transport_over(const struct engine *eng, MPI_Comm comm)
 {
-    const struct pipe_grid *g = &eng->grid;
-    int end = g->stages > 1 && (g->stage == 0 || g->stage == g->stages - 1);
-    eng->tied_mpi = MPI_COMM_NULL;
-    WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, end && transport ? g->replica : MPI_UNDEFINED,
-                             g->stage, &eng->tied_mpi));
-    if (eng->tied_mpi == MPI_COMM_NULL) return;
-    const struct dm_backend *ops = backend_current();
-    eng->tied_comm = ops->comm_init(g->stage == 0 ? 0 : 1, 2, group_bcast_ints, &eng->tied_mpi);
-    eng->tied_theirs =
-        ops->alloc((size_t)eng->shape.vocab * (size_t)eng->shape.channels * sizeof(float));
+    if (!eng->transport) return NULL;
+    int rank, size;
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
+    WORLD_MPI(MPI_Comm_size(comm, &size));
+    if (size < 2) return NULL;
+    return backend_current()->comm_init(rank, size, group_bcast_ints, &comm);
 }
 
 void engine_device_comm_init(struct engine *eng)
 {
     const struct dm_backend *ops = backend_current();
-    eng->replica_comm = eng->tied_comm = NULL;
+    const struct pipe_grid *g = &eng->grid;
+    /* the transport's waits make MPI's progress (a gather posted before) */
+    backend_set_wait_round(world_poll_round);
+    eng->transport = world_devices_distinct(ops->comm_init ? ops->device_id : "");
+    eng->replica_comm = engine_transport_over(eng, eng->stage_comm);
+    eng->pipe_comm = engine_transport_over(eng, eng->pipeline_comm);
     eng->tied_theirs = NULL;
-    int transport = world_devices_distinct(ops->comm_init ? ops->device_id : "");
-    if (transport && eng->grid.replicas > 1)
-        eng->replica_comm = ops->comm_init(eng->grid.replica, eng->grid.replicas,
-                                           group_bcast_ints, &eng->stage_comm);
-    tied_init(eng, transport);
+    if (eng->pipe_comm && (g->stage == 0 || g->stage == g->stages - 1))
+        eng->tied_theirs =
+            ops->alloc((size_t)eng->shape.vocab * (size_t)eng->shape.channels * sizeof(float));
+    eng->has_pending = 0;
     if (dm_rank() != 0 || !ops->comm_init) return;
     const char *how = strcmp(ops->name, "cuda") ? "the emulated device's shared memory" : "NCCL";
-    if (transport)
-        dm_log("transport: the replicas' gradient sums and the tied embedding's exchange over "
-               "the devices' own (%s)\n", how);
+    if (eng->transport)
+        dm_log("transport: activations, gradients, migrating blocks, expert rows, the "
+               "replicas' sums and the tied embedding device to device (%s)\n", how);
     else
         dm_log("transport: host staging and MPI (ranks of a node share a device)\n");
 }
@@ -56,10 +57,44 @@ void engine_device_comm_init(struct engine *eng)
 void engine_device_comm_free(struct engine *eng)
 {
     const struct dm_backend *ops = backend_current();
+    DM_ASSERT(!eng->has_pending);
     if (eng->replica_comm) ops->comm_free(eng->replica_comm);
-    if (eng->tied_comm) ops->comm_free(eng->tied_comm);
+    if (eng->pipe_comm) ops->comm_free(eng->pipe_comm);
     if (eng->tied_theirs) ops->free(eng->tied_theirs);
-    if (eng->tied_mpi != MPI_COMM_NULL) WORLD_MPI(MPI_Comm_free(&eng->tied_mpi));
-    eng->replica_comm = eng->tied_comm = NULL;
+    eng->replica_comm = eng->pipe_comm = NULL;
     eng->tied_theirs = NULL;
+}
+
+/* The transfers over comm, waited for by the transport itself (it polls):
+ * the rank gives back its turn first; the wait counts as the step's. */
+void engine_transport_exchange(struct engine *eng, struct dm_backend_comm *comm,
+                               const struct dm_comm_op *ops, int n)
+{
+    world_release_turn();
+    double t0 = dm_now();
+    backend_current()->comm_exchange(comm, ops, n);
+    eng->wait_s += dm_now() - t0;
+}
+
+void engine_transport_send(struct engine *eng, const float *buf, size_t count, int stage,
+                           int pair)
+{
+    DM_ASSERT(!eng->has_pending);
+    struct dm_comm_op op = {.buf = (float *)buf, .count = count, .peer = stage, .recv = 0};
+    if (pair) {
+        eng->pending = op;
+        eng->has_pending = 1;
+        return;
+    }
+    engine_transport_exchange(eng, eng->pipe_comm, &op, 1);
+}
+
+void engine_transport_receive(struct engine *eng, float *buf, size_t count, int stage)
+{
+    struct dm_comm_op ops[2];
+    int n = 0;
+    if (eng->has_pending) ops[n++] = eng->pending;
+    ops[n++] = (struct dm_comm_op){.buf = buf, .count = count, .peer = stage, .recv = 1};
+    eng->has_pending = 0;
+    engine_transport_exchange(eng, eng->pipe_comm, ops, n);
 }

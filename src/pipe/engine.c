@@ -1,7 +1,8 @@
 /* The pipeline engine (pipe.h): builds one stage of the pipeline (its
  * blocks, activation slots and instruction list) and executes the list
  * each step, moving activations and gradients between neighbouring stages
- * as non-blocking MPI messages, then the step's end (reduce.c) and the
+ * as non-blocking MPI messages (or device to device over the devices'
+ * transport, device_comm.c), then the step's end (reduce.c) and the
  * optimizer; the profile goes to rank 0 (stats.c), blocks move between
  * stages on request (migrate.c).
  *
@@ -201,11 +202,15 @@ static void receive_activations(struct engine *eng, struct slot *sl, int mb)
     MPI_Request req;
     eng->wait_s += world_wait(&sl->send_act);
     eng->wait_s += world_wait(&sl->send_exit);
-    float *into = backend_write_begin(sl->recv_host, sl->acts.residual);
-    WORLD_MPI(MPI_Irecv(into, (int)act_count(eng), MPI_FLOAT, prev, TAG_ACT + mb,
-                        MPI_COMM_WORLD, &req));
-    eng->wait_s += world_wait(&req);
-    backend_write_end(sl->acts.residual, into, (size_t)act_count(eng) * sizeof(float));
+    if (eng->pipe_comm) {
+        engine_transport_receive(eng, sl->acts.residual, act_count(eng), g->stage - 1);
+    } else {
+        float *into = backend_write_begin(sl->recv_host, sl->acts.residual);
+        WORLD_MPI(MPI_Irecv(into, (int)act_count(eng), MPI_FLOAT, prev, TAG_ACT + mb,
+                            MPI_COMM_WORLD, &req));
+        eng->wait_s += world_wait(&req);
+        backend_write_end(sl->acts.residual, into, (size_t)act_count(eng) * sizeof(float));
+    }
     if (eng->model.exit) {
         WORLD_MPI(MPI_Irecv(gpt_exit_layers(&eng->model, &sl->acts), eng->micro_B * eng->T,
                             MPI_INT, prev, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
@@ -218,6 +223,10 @@ static void receive_gradient(struct engine *eng, struct slot *sl, int mb)
 {
     const struct pipe_grid *g = &eng->grid;
     int next = rank_of(g, g->stage + 1, g->replica), n = (int)act_count(eng);
+    if (eng->pipe_comm) {
+        engine_transport_receive(eng, sl->dout, act_count(eng), g->stage + 1);
+        return;
+    }
     float *into = backend_write_begin(sl->recv_host, sl->dout);
     MPI_Request req;
     WORLD_MPI(MPI_Irecv(into, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
@@ -225,16 +234,22 @@ static void receive_gradient(struct engine *eng, struct slot *sl, int mb)
     backend_write_end(sl->dout, into, (size_t)n * sizeof(float));
 }
 
-/* Posts mb's output activations (and exit layers) to the next stage. */
-static void send_activations(struct engine *eng, struct slot *sl, int mb)
+/* Posts mb's output activations (and exit layers) to the next stage;
+ * over the transport, paired with the receive that follows when it is
+ * from the same stage (pair set: engine_transport_send). */
+static void send_activations(struct engine *eng, struct slot *sl, int mb, int pair)
 {
     const struct pipe_grid *g = &eng->grid;
     int next = rank_of(g, g->stage + 1, g->replica);
-    if (sl->act_host) eng->wait_s += world_wait(&sl->send_act);   /* the staging is free */
-    const float *from = backend_read(sl->act_host, slot_output(eng, sl),
-                                     (size_t)act_count(eng) * sizeof(float));
-    WORLD_MPI(MPI_Isend(from, (int)act_count(eng), MPI_FLOAT, next, TAG_ACT + mb,
-                        MPI_COMM_WORLD, &sl->send_act));
+    if (eng->pipe_comm) {
+        engine_transport_send(eng, slot_output(eng, sl), act_count(eng), g->stage + 1, pair);
+    } else {
+        if (sl->act_host) eng->wait_s += world_wait(&sl->send_act);   /* the staging is free */
+        const float *from = backend_read(sl->act_host, slot_output(eng, sl),
+                                         (size_t)act_count(eng) * sizeof(float));
+        WORLD_MPI(MPI_Isend(from, (int)act_count(eng), MPI_FLOAT, next, TAG_ACT + mb,
+                            MPI_COMM_WORLD, &sl->send_act));
+    }
     if (eng->model.exit)
         WORLD_MPI(MPI_Isend(gpt_exit_layers(&eng->model, &sl->acts), eng->micro_B * eng->T,
                             MPI_INT, next, TAG_EXIT + mb, MPI_COMM_WORLD, &sl->send_exit));
@@ -275,6 +290,20 @@ static double optimizer_step(struct engine *eng, int step, double grad_norm)
     return lr;
 }
 
+/* Whether the send at instruction k goes over the transport together with
+ * the receive right after it, from the same stage: the steady state of
+ * 1F1B, where this stage sends forward and takes a gradient back while
+ * the next stage sends that gradient and takes the activation (each
+ * blocking send alone would wait for the other). Any other send goes
+ * alone, at once, so that the next stage can start. */
+static int pairs_with_next(const struct engine *eng, int k)
+{
+    if (k + 1 >= eng->ninstrs) return 0;
+    enum schedule_op op = eng->instrs[k].op, next = eng->instrs[k + 1].op;
+    return (op == SCHEDULE_SEND_ACT && next == SCHEDULE_RECV_GRAD) ||
+           (op == SCHEDULE_SEND_GRAD && next == SCHEDULE_RECV_ACT);
+}
+
 /* Executes this stage's list for one step; returns the stage's loss sum
  * (last stage) over its micro-batches. */
 static float run_schedule(struct engine *eng, struct loader *loader, int step, double *grad_norm,
@@ -299,7 +328,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             run_forward(eng, loader, step, mb, &loss_sum);
             break;
         case SCHEDULE_SEND_ACT:
-            send_activations(eng, sl, mb);
+            send_activations(eng, sl, mb, pairs_with_next(eng, k));
             break;
         case SCHEDULE_RECV_GRAD:
             receive_gradient(eng, sl, mb);
@@ -309,8 +338,13 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             sl->busy_mb = -1;
             break;
         case SCHEDULE_SEND_GRAD:
-            WORLD_MPI(MPI_Isend(backend_read(sl->grad_host, sl->din, (size_t)n * sizeof(float)), n,
-                                MPI_FLOAT, prev, TAG_GRAD + mb, MPI_COMM_WORLD, &sl->send_grad));
+            if (eng->pipe_comm)
+                engine_transport_send(eng, sl->din, (size_t)n, g->stage - 1,
+                                      pairs_with_next(eng, k));
+            else
+                WORLD_MPI(MPI_Isend(backend_read(sl->grad_host, sl->din, (size_t)n * sizeof(float)),
+                                    n, MPI_FLOAT, prev, TAG_GRAD + mb, MPI_COMM_WORLD,
+                                    &sl->send_grad));
             break;
         case SCHEDULE_REDUCE_GRADS:
             *grad_norm = reduce_grads(eng);
@@ -372,42 +406,21 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
 float engine_eval(struct engine *eng, struct loader *val)
 {
     const struct pipe_grid *g = &eng->grid;
-    int prev = rank_of(g, g->stage - 1, g->replica), next = rank_of(g, g->stage + 1, g->replica);
-    int n = (int)act_count(eng);
     struct slot *sl = &eng->slots[0];
     struct gpt *m = &eng->model;
     float sum = 0.0f;
     int count = 0;
-    size_t bytes = (size_t)n * sizeof(float);
     for (int b = 0; b < eng->cfg.eval_batches; b++) {
         for (int mb = 0; mb < eng->micro_batches; mb++) {
-            MPI_Request req;
-            if (g->stage > 0) {
-                float *into = backend_write_begin(sl->recv_host, sl->acts.residual);
-                WORLD_MPI(MPI_Irecv(into, n, MPI_FLOAT, prev, TAG_ACT + mb, MPI_COMM_WORLD,
-                                    &req));
-                world_wait(&req);
-                backend_write_end(sl->acts.residual, into, bytes);
-                if (m->exit) {
-                    WORLD_MPI(MPI_Irecv(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
-                                     MPI_INT, prev, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
-                    world_wait(&req);
-                }
-            }
+            if (g->stage > 0) receive_activations(eng, sl, mb);
             fill_inputs(eng, val, first_sample(eng, b, mb), &sl->acts);
             float loss = gpt_forward(m, &sl->acts);
             if (m->has_head) sum += loss;
             count++;
             if (g->stage < g->stages - 1) {
-                const float *from = backend_read(sl->act_host, slot_output(eng, sl), bytes);
-                WORLD_MPI(MPI_Isend(from, n, MPI_FLOAT, next, TAG_ACT + mb, MPI_COMM_WORLD,
-                                    &req));
-                world_wait(&req);
-                if (m->exit) {
-                    WORLD_MPI(MPI_Isend(gpt_exit_layers(m, &sl->acts), eng->micro_B * eng->T,
-                                     MPI_INT, next, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
-                    world_wait(&req);
-                }
+                send_activations(eng, sl, mb, 0);
+                world_wait(&sl->send_act);   /* the slot is used again at once */
+                world_wait(&sl->send_exit);
             }
         }
     }

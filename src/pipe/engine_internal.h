@@ -94,16 +94,19 @@ struct engine {
     int pending_migrated;
     struct expert_parallel *expert_parallel;   /* expert.c, or NULL (parallel.ep = 1) */
     struct staging_pool staging;    /* the step's host staging of device tensors (staging.c) */
-    /* The replicas' sums over the devices' own transport (device_comm.c),
-     * or NULL: MPI, through the staging where the host cannot read. */
-    struct dm_backend_comm *replica_comm;
-    /* The tied embedding's exchange between the first and the last stage
-     * of each replica over the same transport (a group of the two; their
-     * MPI communicator, MPI_COMM_NULL elsewhere), the other half received
-     * into tied_theirs (V C floats of the device), or NULL: MPI. */
-    struct dm_backend_comm *tied_comm;
-    MPI_Comm tied_mpi;
+    /* The devices' own transport (device_comm.c): set (the same on every
+     * rank) when every rank has a device of its own; then replica_comm
+     * over the stage's replicas (D > 1) and pipe_comm over the replica's
+     * stages (S > 1; group rank = stage), else NULL and MPI carries all,
+     * through the staging where the host cannot read. tied_theirs: the
+     * other half of the tied embedding's gradient (V C floats of the
+     * device) on the first and last stage. pending: a send that goes with
+     * the receive right after it (engine_transport_send). */
+    int transport;
+    struct dm_backend_comm *replica_comm, *pipe_comm;
     float *tied_theirs;
+    struct dm_comm_op pending;
+    int has_pending;
     double pending_migrated_bytes, pending_migrate_ms;
 };
 
@@ -173,14 +176,26 @@ void *staging_pool_host(struct staging_pool *pool, enum staging_purpose purpose,
 void *staging_pool_device(struct staging_pool *pool, enum staging_purpose purpose, size_t bytes);
 void staging_pool_free(struct staging_pool *pool);
 
-/* device_comm.c. Collective: when the backend has a transport
- * (comm_init) and every rank has a device of its own
- * (world_devices_distinct), eng->replica_comm over the stage's replicas
- * (D > 1) and eng->tied_comm between the first and last stage (S > 1);
- * else NULL, and MPI carries both. Says which on rank 0 (not on the
- * CPU). */
+/* device_comm.c. init (collective) decides whether the job uses the
+ * devices' own transport (eng->transport: the backend has one and every
+ * rank has a device of its own, world_devices_distinct) and makes
+ * replica_comm and pipe_comm; says which on rank 0 (not on the CPU).
+ * engine_transport_over: a transport communicator over an MPI
+ * communicator's ranks (collective over it), or NULL when the job has no
+ * transport or the group is one rank. engine_transport_exchange: the
+ * transfers over comm at once, waited for (eng->wait_s).
+ * engine_transport_send: count floats of the device to stage `stage`
+ * over pipe_comm, at once, or with pair set, together with the next
+ * engine_transport_receive (the receive right after it, from the same
+ * stage, whose own send pairs with this receive). */
 void engine_device_comm_init(struct engine *eng);
 void engine_device_comm_free(struct engine *eng);
+struct dm_backend_comm *engine_transport_over(const struct engine *eng, MPI_Comm comm);
+void engine_transport_exchange(struct engine *eng, struct dm_backend_comm *comm,
+                               const struct dm_comm_op *ops, int n);
+void engine_transport_send(struct engine *eng, const float *buf, size_t count, int stage,
+                           int pair);
+void engine_transport_receive(struct engine *eng, float *buf, size_t count, int stage);
 
 /* stats.c. The step's statistics and trace buffers (rank 0 gathers). */
 void engine_stats_alloc(struct engine *eng);

@@ -19,10 +19,12 @@
  * host_access is 0: CUDA, the strict emulated device) the rows, the
  * experts' products and the gradient sums stay in the backend's memory
  * and its ops run the experts and add the sums (residual_forward, in the
- * same order, so the same bits); only what MPI reads and writes crosses,
- * through the engine's staging pool (copied down before a send, up after
- * a receive). The counts are host ints. On the CPU nothing is staged and
- * MPI is handed the tensors themselves.
+ * same order, so the same bits). When every rank has a device of its own
+ * the rows and the holders' sums go device to device over the devices'
+ * transport (device_comm.c; NCCL on CUDA); otherwise only what MPI reads
+ * and writes crosses, through the engine's staging pool (copied down
+ * before a send, up after a receive). The counts are host ints, on MPI.
+ * On the CPU nothing is staged and MPI is handed the tensors themselves.
  *
  * Must not: decide which experts a rank owns beyond e / (E / P), or sum
  * anything in an order that depends on timing. */
@@ -54,9 +56,13 @@ struct ep_grads {
 
 struct expert_parallel {
     struct moe_exchange exchange;
+    struct engine *eng;
     MPI_Comm comm;        /* the stage's expert group, by group rank */
     MPI_Comm holders;     /* the stage's replicas of this group rank, by group */
-    int P, rank, groups;
+    /* the same groups over the devices' transport (device_comm.c), or NULL */
+    struct dm_backend_comm *comm_dev, *holders_dev;
+    struct dm_comm_op *ops;   /* (2 max(P, groups) + 2) */
+    int P, rank, groups, group;   /* group: this rank's expert group */
     size_t tokens;        /* a micro-batch's tokens, B T */
     size_t grouped;       /* the most grouped rows a micro-batch's block has, k B T */
     double *wait_s;
@@ -179,6 +185,27 @@ static size_t exchange_counts(struct expert_parallel *xp, const int *offset,
     return at;
 }
 
+/* The all-to-all over the devices' transport: to each other rank p of the
+ * group, counts[p] floats of send from displs[p], and from it rcounts[p]
+ * into recv at rdispls[p], all at once; this rank's own part copied on
+ * the device. */
+static void exchange_on_devices(struct expert_parallel *xp, const float *send, const int *counts,
+                                const int *displs, float *recv, const int *rcounts,
+                                const int *rdispls)
+{
+    int n = 0, me = xp->rank;
+    for (int p = 0; p < xp->P; p++) {
+        if (p == me) continue;
+        xp->ops[n++] = (struct dm_comm_op){(float *)send + displs[p], (size_t)counts[p], p, 0};
+        xp->ops[n++] = (struct dm_comm_op){recv + rdispls[p], (size_t)rcounts[p], p, 1};
+    }
+    engine_transport_exchange(xp->eng, xp->comm_dev, xp->ops, n);
+    DM_ASSERT(counts[me] == rcounts[me]);
+    if (counts[me] > 0)
+        backend_current()->copy_on_device(recv + rdispls[me], send + displs[me],
+                                          (size_t)counts[me] * sizeof(float));
+}
+
 /* Sends each owner p the rows of its experts (offset[p E/P] .. offset[(p
  * + 1) E/P]) of send, width floats a row, into recv (ordered by source,
  * then expert); with back set, the reverse: counts per source come from
@@ -190,6 +217,11 @@ static void exchange_rows(struct expert_parallel *xp, const int *offset, const s
     int *mine = xp->send_counts, *mine_d = xp->send_displs;
     int *theirs = xp->recv_counts, *theirs_d = xp->recv_displs;
     size_t owned = exchange_counts(xp, offset, en, per, width);
+    if (xp->comm_dev) {
+        if (back) exchange_on_devices(xp, send, theirs, theirs_d, recv, mine, mine_d);
+        else exchange_on_devices(xp, send, mine, mine_d, recv, theirs, theirs_d);
+        return;
+    }
     size_t grouped = (size_t)offset[xp->P * per] * width;
     size_t sent = (back ? owned : grouped) * sizeof(float);
     size_t received = (back ? grouped : owned) * sizeof(float);
@@ -317,6 +349,28 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     }
 }
 
+/* gather_holders over the devices' transport: to every other group q
+ * this rank's own and others, from it q's into their places; this
+ * group's copied on the device. */
+static void gather_holders_on_devices(struct expert_parallel *xp, float *gathered,
+                                      const float *own, const float *others, size_t one)
+{
+    const struct dm_backend *ops = backend_current();
+    int groups = xp->groups, me = xp->group, n = 0;
+    size_t rest = (size_t)(xp->P - 1) * one;
+    float *all_others = gathered + (size_t)groups * one;
+    for (int q = 0; q < groups; q++) {
+        if (q == me) continue;
+        xp->ops[n++] = (struct dm_comm_op){(float *)own, one, q, 0};
+        xp->ops[n++] = (struct dm_comm_op){(float *)others, rest, q, 0};
+        xp->ops[n++] = (struct dm_comm_op){gathered + (size_t)q * one, one, q, 1};
+        xp->ops[n++] = (struct dm_comm_op){all_others + (size_t)q * rest, rest, q, 1};
+    }
+    engine_transport_exchange(xp->eng, xp->holders_dev, xp->ops, n);
+    ops->copy_on_device(gathered + (size_t)me * one, own, one * sizeof(float));
+    ops->copy_on_device(all_others + (size_t)me * rest, others, rest * sizeof(float));
+}
+
 /* The holders' slabs' gradients (own, one floats each) and sums (others,
  * (P - 1) one each) gathered by group into one buffer of the backend's:
  * every group's own, then every group's others. */
@@ -327,6 +381,10 @@ static float *gather_holders(struct expert_parallel *xp, const float *own, const
     size_t own_bytes = one * sizeof(float), others_bytes = (size_t)(P - 1) * own_bytes;
     size_t all_bytes = (size_t)groups * (own_bytes + others_bytes);
     float *gathered = grow(&xp->gathered, &xp->gathered_n, (size_t)groups * P * one);
+    if (xp->holders_dev) {
+        gather_holders_on_devices(xp, gathered, own, others, one);
+        return gathered;
+    }
     float *send = staging_pool_host(xp->staging, STAGING_EXPERT_SEND, own_bytes + others_bytes);
     const float *own_h = backend_read(send, own, own_bytes);
     const float *others_h = backend_read(send ? send + one : NULL, others, others_bytes);
@@ -462,6 +520,11 @@ void engine_expert_parallel_init(struct engine *eng)
                              &xp->comm));
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage * P + xp->rank, g->replica / P,
                              &xp->holders));
+    xp->eng = eng;
+    xp->group = g->replica / P;
+    xp->comm_dev = engine_transport_over(eng, xp->comm);
+    xp->holders_dev = engine_transport_over(eng, xp->holders);
+    xp->ops = dm_alloc((size_t)(4 * (P > groups ? P : groups) + 2) * sizeof *xp->ops);
     xp->send_counts = dm_alloc((size_t)(4 * P + eng->shape.moe.experts) * sizeof(int));
     xp->send_displs = xp->send_counts + P;
     xp->recv_counts = xp->send_counts + 2 * P;
@@ -500,6 +563,9 @@ void engine_expert_parallel_free(struct engine *eng)
     tensor_free(xp->total);
     dm_free(xp->send_counts);
     dm_free(xp->step_rows);
+    if (xp->comm_dev) backend_current()->comm_free(xp->comm_dev);
+    if (xp->holders_dev) backend_current()->comm_free(xp->holders_dev);
+    dm_free(xp->ops);
     WORLD_MPI(MPI_Comm_free(&xp->comm));
     WORLD_MPI(MPI_Comm_free(&xp->holders));
     dm_free(xp);

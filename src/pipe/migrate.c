@@ -1,9 +1,11 @@
 /* Live migration (engine_relayout, pipe.h): the blocks that change stage
  * travel with their weights, Adam moments and dynamic state, each as one
- * message, and every rank rebuilds its block array and activation slots
- * for the new ranges. Which blocks move is balance_migration_plan's
- * answer; what a block's message holds is the model's (block_pack_meta and
- * its slab). Must not: choose a layout (the caller hands it one). */
+ * MPI message (over the devices' transport the slab goes device to
+ * device, and MPI carries the header and dynamic state), and every rank
+ * rebuilds its block array and activation slots for the new ranges.
+ * Which blocks move is balance_migration_plan's answer; what a block's
+ * message holds is the model's (block_pack_meta and its slab). Must not:
+ * choose a layout (the caller hands it one). */
 #include <limits.h>
 #include <string.h>
 #include "pipe/engine_internal.h"
@@ -12,10 +14,18 @@
  * state (meta, meta_bytes), its parameters and its Adam moments (m and v
  * are adjacent in the slab), addressed absolutely (MPI_BOTTOM). The
  * floats are the slab's own when the host reads the backend's memory,
- * else the block's host staging (params, then m and v). */
+ * else the block's host staging (params, then m and v). Without blk, the
+ * header alone (the slab goes device to device, exchange_slabs). */
 static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
                                const struct block *blk, float *staging)
 {
+    if (!blk) {   /* the slab goes over the devices' transport (exchange_slabs) */
+        MPI_Aint where;
+        WORLD_MPI(MPI_Get_address(meta, &where));
+        WORLD_MPI(MPI_Type_create_hindexed(1, &meta_bytes, &where, MPI_BYTE, type));
+        WORLD_MPI(MPI_Type_commit(type));
+        return;
+    }
     /* MPI counts are ints, and the receiver sizes the message in bytes:
      * one block's message must stay under 2 GiB. */
     size_t bytes = (size_t)meta_bytes + 3 * blk->nparams * sizeof(float);
@@ -71,8 +81,9 @@ static int post_sends(struct engine *eng, const struct balance_move *moves, int 
     for (int k = 0; k < nmoves; k++)
         if (moves[k].src_stage == g->stage)
             floats += staged_floats(&m->blocks[moves[k].block - m->first_block]);
-    float *staging = staging_pool_host(&eng->staging, STAGING_MIGRATE_SEND,
-                                       floats * sizeof(float));
+    float *staging = eng->pipe_comm ? NULL
+                                    : staging_pool_host(&eng->staging, STAGING_MIGRATE_SEND,
+                                                        floats * sizeof(float));
     int n = 0;
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
@@ -83,7 +94,8 @@ static int post_sends(struct engine *eng, const struct balance_move *moves, int 
         block_pack_meta(blk, metas[mv->block]);
         stagings[mv->block] = staging;
         if (staging) stage_down(blk, staging);
-        block_message_type(&types[n], metas[mv->block], meta_bytes, blk, staging);
+        block_message_type(&types[n], metas[mv->block], meta_bytes, eng->pipe_comm ? NULL : blk,
+                           staging);
         if (staging) staging += staged_floats(blk);
         WORLD_MPI(MPI_Isend(MPI_BOTTOM, 1, types[n], rank_of(g, mv->dst_stage, g->replica),
                             TAG_BLOCK + mv->block, MPI_COMM_WORLD, &reqs[n]));
@@ -107,7 +119,7 @@ static void probe_arrival(struct engine *eng, int b, int src, struct block *arri
     }
     WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
     block_prepare_receive(&arrived[b], b, &eng->shape);
-    size_t slab_bytes = staged_floats(&arrived[b]) * sizeof(float);
+    size_t slab_bytes = eng->pipe_comm ? 0 : staged_floats(&arrived[b]) * sizeof(float);
     if ((size_t)count < slab_bytes + 64)
         DM_FATAL("migrating block %d: a message of %d bytes is too short", b, count);
     meta_bytes[b] = count - (int)slab_bytes;
@@ -129,21 +141,47 @@ static int post_receives(struct engine *eng, const struct balance_move *moves, i
                       metas, meta_bytes);
         floats += staged_floats(&arrived[moves[k].block]);
     }
-    float *staging = staging_pool_host(&eng->staging, STAGING_MIGRATE_RECV,
-                                       floats * sizeof(float));
+    float *staging = eng->pipe_comm ? NULL
+                                    : staging_pool_host(&eng->staging, STAGING_MIGRATE_RECV,
+                                                        floats * sizeof(float));
     int n = 0;
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
         if (mv->dst_stage != g->stage) continue;
         int b = mv->block;
         stagings[b] = staging;
-        block_message_type(&types[n], metas[b], meta_bytes[b], &arrived[b], staging);
+        block_message_type(&types[n], metas[b], meta_bytes[b], eng->pipe_comm ? NULL : &arrived[b],
+                           staging);
         if (staging) staging += staged_floats(&arrived[b]);
         WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, types[n], rank_of(g, mv->src_stage, g->replica),
                             TAG_BLOCK + b, MPI_COMM_WORLD, &reqs[n]));
         n++;
     }
     return n;
+}
+
+/* Over the devices' transport (eng->pipe_comm), the moving blocks' slabs
+ * go device to device, all in one exchange: each block's parameters, then
+ * its moments (m and v are adjacent), in plan order on both sides, into
+ * the arrivals' slabs (block_prepare_receive's). */
+static void exchange_slabs(struct engine *eng, const struct balance_move *moves, int nmoves,
+                           struct block *arrived)
+{
+    const struct pipe_grid *g = &eng->grid;
+    struct gpt *m = &eng->model;
+    struct dm_comm_op *ops = dm_alloc((size_t)(2 * nmoves + 1) * sizeof *ops);
+    int n = 0;
+    for (int k = 0; k < nmoves; k++) {
+        const struct balance_move *mv = &moves[k];
+        int recv = mv->dst_stage == g->stage;
+        if (!recv && mv->src_stage != g->stage) continue;
+        struct block *blk = recv ? &arrived[mv->block] : &m->blocks[mv->block - m->first_block];
+        int peer = recv ? mv->src_stage : mv->dst_stage;
+        ops[n++] = (struct dm_comm_op){blk->params, blk->nparams, peer, recv};
+        ops[n++] = (struct dm_comm_op){blk->m, 2 * blk->nparams, peer, recv};
+    }
+    engine_transport_exchange(eng, eng->pipe_comm, ops, n);
+    dm_free(ops);
 }
 
 /* The new block array of this rank: the blocks that stay, then the
@@ -227,6 +265,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     n += post_receives(eng, moves, nmoves, reqs + n, types + n, metas, meta_bytes, arrived,
                        stagings);
     world_wait_all(n, reqs);
+    if (eng->pipe_comm) exchange_slabs(eng, moves, nmoves, arrived);
     unpack_arrivals(eng, arrived, metas, meta_bytes, stagings);
     for (int i = 0; i < n; i++) WORLD_MPI(MPI_Type_free(&types[i]));
     adopt_blocks(eng, counts, arrived);

@@ -9,24 +9,18 @@
 #include "pipe/engine_internal.h"
 
 /* The halves over the devices' own transport (device_comm.c), device to
- * device: the first stage sends then receives, the last receives then
- * sends, so that two blocking transfers never wait for each other. The
- * transport polls on its own: the rank gives back its turn first. */
+ * device: each end sends its half and receives the other's at once. */
 static void exchange_tied_on_devices(struct engine *eng)
 {
-    const struct dm_backend *ops = backend_current();
+    const struct pipe_grid *g = &eng->grid;
     struct gpt *m = &eng->model;
     size_t n = (size_t)eng->shape.vocab * (size_t)eng->shape.channels;
-    world_release_turn();
-    double t0 = dm_now();
-    if (eng->grid.stage == 0) {
-        ops->comm_send(eng->tied_comm, m->dwte, n, 1);
-        ops->comm_recv(eng->tied_comm, eng->tied_theirs, n, 1);
-    } else {
-        ops->comm_recv(eng->tied_comm, eng->tied_theirs, n, 0);
-        ops->comm_send(eng->tied_comm, m->dwte_head, n, 0);
-    }
-    eng->wait_s += dm_now() - t0;
+    int peer = g->stage == 0 ? g->stages - 1 : 0;
+    struct dm_comm_op ops[2] = {
+        {.buf = g->stage == 0 ? m->dwte : m->dwte_head, .count = n, .peer = peer, .recv = 0},
+        {.buf = eng->tied_theirs, .count = n, .peer = peer, .recv = 1},
+    };
+    engine_transport_exchange(eng, eng->pipe_comm, ops, 2);
     gpt_tie_wte_grads(m, eng->tied_theirs);
 }
 
@@ -43,7 +37,7 @@ static void exchange_tied_grads(struct engine *eng)
         return;
     }
     if (g->stage != 0 && g->stage != g->stages - 1) return;
-    if (eng->tied_comm) {
+    if (eng->pipe_comm) {
         exchange_tied_on_devices(eng);
         return;
     }

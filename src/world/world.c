@@ -636,6 +636,15 @@ void world_wait_round(double t0)
     }
 }
 
+void world_poll_round(int first)
+{
+    static double t0;
+    if (first) t0 = dm_now();
+    int flag = 0;
+    WORLD_MPI(MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE));
+    world_wait_round(t0);
+}
+
 void world_mpi_failed(int code, const char *call, const char *file, int line)
 {
     char text[MPI_MAX_ERROR_STRING];
