@@ -43,6 +43,10 @@
 #   a step copies to the device and to the host less than one N x C
 #   tensor per MoE block and micro-batch (only the routing's arrays
 #   cross).
+# - checkpoints: a save copies each block's slab and the embedding's down
+#   once (its sparsity taken from the copy it writes), 6 blocks or 12,
+#   dense or pruned into CSR, and a save and a load each allocate one
+#   staging buffer whatever the block count.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -311,4 +315,65 @@ fi
 # takes 31 kB and 19 kB with everything else.
 copied "MoE ep=1 copies" $((3 * 4 * 64 * 32 * 4)) "device host" model.moe_every=2 \
   model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.001
+# Checkpoints on the device: a save copies each slab down once (a block's
+# sparsity comes from the copy of its rows), through one staging buffer
+# for the whole save, and a load copies them up through one. saved NAME
+# LAYERS STEPS [key=value...]: one rank, STEPS steps, without and with a
+# checkpoint at the end; $save_down and $save_hosts = what saving added
+# to the bytes copied to the host and to the host allocations.
+down_bytes() { sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$1"; }
+saved() {
+  local name=$1 layers=$2 steps=$3 kind; shift 3
+  for kind in none ckpt; do
+    local extra=(); [ $kind = ckpt ] && extra=("ckpt.dir=$dir/$name-ck")
+    tiny_config "$dir/$name-$kind.ini" "run.out_dir=$dir/$name-$kind" train.device=emulate \
+      model.layers=$layers train.steps=$steps "$@" ${extra[@]+"${extra[@]}"} > "$dir/$name-$kind.ini"
+    DYNMO_EMULATE_ALLOC_COUNTS=1 timeout -k 10 180 mpiexec -n 1 "$DYNMO" train \
+      --config "$dir/$name-$kind.ini" > "$dir/$name-$kind.out" 2>&1 || fail "$name-$kind: exit $?"
+  done
+  save_down=$(( $(down_bytes "$dir/$name-ckpt.out") - $(down_bytes "$dir/$name-none.out") ))
+  save_hosts=$(( $(host_allocs "$dir/$name-ckpt.out") - $(host_allocs "$dir/$name-none.out") ))
+}
+# the tiny model's slabs: a block's params, grads, m and v (12 C^2 + 13 C
+# floats each, C = 32), the embedding's [wte wpe lnf_w lnf_b] (V = 256,
+# T = 32) four times. The old code copied each block's slab down twice
+# (6 blocks: 2587648 bytes, 12: 5026816) and allocated staging per copy
+# (13 and 25 host buffers); once is 1368064 and 2587648 bytes.
+slab=$(( 4 * 4 * (12 * 32 * 32 + 13 * 32) )) embed=$(( 4 * 4 * (256 * 32 + 32 * 32 + 2 * 32) ))
+saved ckpt6 6 2; down6=$save_down hosts6=$save_hosts
+saved ckpt12 12 2; down12=$save_down hosts12=$save_hosts
+saved ckpt_prune 6 10 $P dyn.csr_sparsity=0.5; down_prune=$save_down hosts_prune=$save_hosts
+grep -q "here: [1-9][0-9]*/[0-9]* blocks in CSR" "$dir/ckpt_prune-ckpt.out" \
+  || fail "checkpoint of a pruned run: no block in CSR when it saved"
+for entry in "6|6 blocks|$down6" "12|12 blocks|$down12" "6|6 pruned blocks (CSR)|$down_prune"; do
+  IFS='|' read -r blocks what bytes <<<"$entry"
+  most=$(( blocks * slab + embed ))
+  if [ "$bytes" -gt 0 ] && [ "$bytes" -le "$most" ]; then
+    echo "ok: a save of $what copies $bytes bytes down (each slab once: at most $most)"
+  else
+    fail "a save of $what copies $bytes bytes down, more than each slab once ($most)"
+  fi
+done
+if [ "$hosts6" -ge 1 ] && [ "$hosts6" -le 2 ] && [ "$hosts12" -eq "$hosts6" ] &&
+   [ "$hosts_prune" -eq "$hosts6" ]; then
+  echo "ok: a save allocates $hosts6 host buffer(s) for 6 blocks, 12, or 6 pruned"
+else
+  fail "host buffers a save allocates: $hosts6 for 6 blocks, $hosts12 for 12, $hosts_prune for 6 pruned (want the same, at most 2)"
+fi
+# a load (and the save at the end of the resumed run): as many host
+# buffers with 12 blocks as with 6
+for layers in 6 12; do
+  tiny_config "$dir/resumed$layers.ini" "run.out_dir=$dir/resumed$layers" train.device=emulate \
+    model.layers=$layers train.steps=3 "ckpt.dir=$dir/resumed$layers-ck" \
+    "ckpt.resume=$dir/ckpt$layers-ck/ckpt-2.h5" > "$dir/resumed$layers.ini"
+  DYNMO_EMULATE_ALLOC_COUNTS=1 timeout -k 10 180 mpiexec -n 1 "$DYNMO" train \
+    --config "$dir/resumed$layers.ini" > "$dir/resumed$layers.out" 2>&1 || fail "resumed$layers: exit $?"
+done
+hosts6=$(host_allocs "$dir/resumed6.out") hosts12=$(host_allocs "$dir/resumed12.out")
+grep -q "^step 3/3" "$dir/resumed12.out" || fail "resumed12: no step 3"
+if [ "$hosts6" -gt 0 ] && [ "$hosts12" -eq "$hosts6" ]; then
+  echo "ok: a run resumed (load and save) allocates $hosts6 host buffers with 6 blocks and with 12"
+else
+  fail "a run resumed (load and save) allocates $hosts6 host buffers with 6 blocks, $hosts12 with 12"
+fi
 finish

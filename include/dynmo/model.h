@@ -505,6 +505,12 @@ void gpt_free(struct gpt *model);
  * set; gpt_embed_host_store copies them back up (as block_host_view). */
 float *gpt_embed_host_view(const struct gpt *model, float *staging, int fetch);
 void gpt_embed_host_store(struct gpt *model, const float *view);
+/* One host buffer (backend_staging) that holds any one of the model's
+ * slabs, its largest block's or the embedding's, for a pass that moves
+ * them one after another through block_host_view and gpt_embed_host_view
+ * (a checkpoint's save or load): NULL where the host reaches the backend's
+ * memory. The caller frees it with backend_staging_free. */
+float *gpt_host_staging(const struct gpt *model);
 
 /* Replaces the block range of a model (live migration): the model takes
  * ownership of `blocks` (count of them, first global index `first`); the

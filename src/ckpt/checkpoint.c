@@ -406,27 +406,23 @@ static hid_t open_parallel(const char *tmp, MPI_Comm comm)
 /* Rank 0 writes the small datasets: cursors, layout, history, the
  * scheme's own state (when it has one), and the per-block state gathered
  * from the stages' writers (collective: every rank takes part in the
- * reductions). Each layer has one writer, so the
- * sum of the contributions is that writer's value exactly. */
+ * reductions). sparsity holds the writer's blocks' values, which
+ * write_tensors took from the host copies it wrote, and zero elsewhere.
+ * Each layer has one writer, so the sum of the contributions is that
+ * writer's value exactly. */
 static void write_small_datasets(const struct chunk_writer *w, const struct gpt *model,
                                  const struct ckpt_meta *meta,
                                  const struct layout_history *history, int writer,
-                                 MPI_Comm comm)
+                                 const float *sparsity, MPI_Comm comm)
 {
     int rank, layers = model->shape.layers;
     WORLD_MPI(MPI_Comm_rank(comm, &rank));
     int *frozen = dm_alloc((size_t)layers * sizeof(int));
     int *frozen_all = dm_alloc((size_t)layers * sizeof(int));
-    float *sparsity = dm_alloc((size_t)layers * sizeof(float));
     float *sparsity_all = dm_alloc((size_t)layers * sizeof(float));
     for (int i = 0; writer && i < model->num_blocks; i++) {
         int layer = model->first_block + i;
-        const struct block *blk = &model->blocks[i];
-        frozen[layer] = blk->frozen || (meta->frozen && meta->frozen[layer]);
-        float *staging = backend_staging(blk->slab_floats * sizeof(float));
-        struct block view = block_host_view(blk, staging, 1);
-        sparsity[layer] = block_sparsity(&view);
-        backend_staging_free(staging);
+        frozen[layer] = model->blocks[i].frozen || (meta->frozen && meta->frozen[layer]);
     }
     MPI_Request requests[2];
     WORLD_MPI(MPI_Ireduce(frozen, frozen_all, layers, MPI_INT, MPI_SUM, 0, comm, &requests[0]));
@@ -448,7 +444,6 @@ static void write_small_datasets(const struct chunk_writer *w, const struct gpt 
     }
     dm_free(frozen);
     dm_free(frozen_all);
-    dm_free(sparsity);
     dm_free(sparsity_all);
 }
 
@@ -510,41 +505,32 @@ static void write_mod_block(const struct chunk_writer *w, const struct gpt *mode
     write_rows(w, "/mod/adam_v", j, 1, blk->v + dense);
 }
 
-/* A writer's tensors: its blocks' rows, then the embedding (stage 0) and
- * the head (last stage), all by replica 0 of the stage, but the rows of
- * experts split over an expert group, which each holder writes. The slab
- * holds [wte wpe lnf_w lnf_b] for params and for m and v. */
-static void write_tensors(const struct chunk_writer *w, const struct gpt *model, int stage,
-                          int stages, int dp_rank)
+/* A block's rows from its host copy view: the whole block by replica 0
+ * of its stage (whole), the rows of the experts it holds by an expert
+ * holder (experts). */
+static void write_block(const struct chunk_writer *w, const struct gpt *model,
+                        const struct block *view, int whole, int experts)
 {
-    int whole = dp_rank == 0, experts = writes_experts(model, dp_rank);
-    for (int i = 0; i < model->num_blocks; i++) {
-        /* the slab where HDF5 can read it (host staging on a device) */
-        float *staging = backend_staging(model->blocks[i].slab_floats * sizeof(float));
-        struct block view = block_host_view(&model->blocks[i], staging, 1);
-        const struct block *blk = &view;
-        if (blk->moe) {
-            write_moe_block(w, model, blk, whole, experts);
-        } else if (whole) {
-            write_rows(w, "/blocks/params", (hsize_t)blk->index, 1, blk->params);
-            write_rows(w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
-            write_rows(w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
-        }
-        if (blk->mod) write_mod_block(w, model, blk);
-        backend_staging_free(staging);
-        start_writeback(w);
+    if (view->moe) {
+        write_moe_block(w, model, view, whole, experts);
+    } else if (whole) {
+        write_rows(w, "/blocks/params", (hsize_t)view->index, 1, view->params);
+        write_rows(w, "/blocks/adam_m", (hsize_t)view->index, 1, view->m);
+        write_rows(w, "/blocks/adam_v", (hsize_t)view->index, 1, view->v);
     }
-    if (!whole) return;
+    if (view->mod) write_mod_block(w, model, view);
+}
+
+/* The embedding's rows (stage 0) and the head's (the last stage) from the
+ * host copy of the embedding slab, [wte wpe lnf_w lnf_b] for params and
+ * for m and v. */
+static void write_embedding(const struct chunk_writer *w, const struct gpt *model,
+                            const float *slab, int stage, int stages)
+{
     const struct gpt_shape *shape = &model->shape;
     size_t C = (size_t)shape->channels, n = model->embed_nparams;
     size_t wpe = (size_t)shape->vocab * C;
     size_t lnf = wpe + (size_t)shape->max_seq * C;
-    if (!model->embed_slab) {   /* a middle stage */
-        start_writeback(w);
-        return;
-    }
-    float *staging = backend_staging(4 * n * sizeof(float));
-    const float *slab = gpt_embed_host_view(model, staging, 1);
     const float *bases[3] = {slab, slab + 2 * n, slab + 3 * n};   /* params, m, v */
     const char *kinds[3] = {"params", "adam_m", "adam_v"};
     for (int k = 0; k < 3; k++) {
@@ -562,8 +548,48 @@ static void write_tensors(const struct chunk_writer *w, const struct gpt *model,
             write_rows(w, name, 0, (hsize_t)C, bases[k] + lnf + C);
         }
     }
+}
+
+/* A writer's tensors: its blocks' rows, then the embedding (stage 0) and
+ * the head (last stage), all by replica 0 of the stage, but the rows of
+ * experts split over an expert group, which each holder writes. On a
+ * device each slab that has rows to write comes down once, into the one
+ * staging buffer of the save, and the block's sparsity (into
+ * sparsity[layer], replica 0's blocks) is taken from that same copy. */
+static void write_tensors(const struct chunk_writer *w, const struct gpt *model, int stage,
+                          int stages, int dp_rank, float *sparsity)
+{
+    int whole = dp_rank == 0, experts = writes_experts(model, dp_rank);
+    float *staging = gpt_host_staging(model);   /* NULL on the CPU: the slabs themselves */
+    for (int i = 0; i < model->num_blocks; i++) {
+        const struct block *blk = &model->blocks[i];
+        if (!whole && !(blk->moe && experts)) continue;   /* nothing of it here */
+        struct block view = block_host_view(blk, staging, 1);
+        if (whole) sparsity[blk->index] = block_sparsity(&view);
+        write_block(w, model, &view, whole, experts);
+        start_writeback(w);
+    }
+    if (whole && model->embed_slab)   /* not a middle stage */
+        write_embedding(w, model, gpt_embed_host_view(model, staging, 1), stage, stages);
     backend_staging_free(staging);
-    start_writeback(w);
+    if (whole) start_writeback(w);
+}
+
+/* The schema of a save and its dimensions (history: the entries written). */
+static const struct ckpt_schema *save_schema(struct ckpt_dims *dims,
+                                             const struct gpt_shape *shape,
+                                             const struct ckpt_meta *meta, int history)
+{
+    ckpt_dims_of_shape(dims, shape);
+    dims->pp = meta->pp;
+    dims->dp = meta->dp;
+    dims->history = history;
+    const struct ckpt_schema *schema = ckpt_schema_for(shape);
+    if (meta->dyn_state_count > 0) {   /* the scheme's own state: dyn.def's /dyn */
+        schema = ckpt_schema_with_dyn(schema);
+        dims->dyn_state = meta->dyn_state_count;
+    }
+    return schema;
 }
 
 /* The collective HDF5 part of save: creates tmp and writes everything. */
@@ -582,15 +608,7 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     layout_history_push(&history, meta->step, meta->layout, meta->pp);
 
     struct ckpt_dims dims;
-    ckpt_dims_of_shape(&dims, shape);
-    dims.pp = meta->pp;
-    dims.dp = meta->dp;
-    dims.history = history.count;
-    const struct ckpt_schema *schema = ckpt_schema_for(shape);
-    if (meta->dyn_state_count > 0) {   /* the scheme's own state: dyn.def's /dyn */
-        schema = ckpt_schema_with_dyn(schema);
-        dims.dyn_state = meta->dyn_state_count;
-    }
+    const struct ckpt_schema *schema = save_schema(&dims, shape, meta, history.count);
 
     /* The skeleton first, by rank 0; the others wait (polled). */
     if (rank == 0) create_skeleton(tmp, shape, meta, &dims, schema);
@@ -612,9 +630,11 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     struct chunk_writer w = {.schema = schema, .datasets = datasets, .dims = &dims,
                              .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4),
                              .writeback_fd = tensors ? open(tmp, O_RDONLY) : -1};
-    write_small_datasets(&w, model, meta, &history, writer, comm);
-    if (tensors) write_tensors(&w, model, stage, meta->pp, dp_rank);
+    float *sparsity = dm_alloc((size_t)shape->layers * sizeof(float));   /* zero */
+    if (tensors) write_tensors(&w, model, stage, meta->pp, dp_rank, sparsity);
+    write_small_datasets(&w, model, meta, &history, writer, sparsity, comm);
     if (w.writeback_fd >= 0) close(w.writeback_fd);
+    dm_free(sparsity);
     dm_free(w.chunk_buffer);
     for (int i = 0; i < schema->dataset_count; i++) DM_H5(H5Dclose(datasets[i]));
     dm_free(datasets);

@@ -69,14 +69,14 @@ static int read_embedding_slab(hid_t file, float *slab, const struct gpt *model,
     return 0;
 }
 
-/* The embedding slab read into host staging on a device, then copied up. */
-static int load_embedding_slab(hid_t file, struct gpt *model, struct ckpt_problems *problems)
+/* The embedding slab read into the load's host staging on a device (the
+ * slab itself when staging is NULL), then copied up. */
+static int load_embedding_slab(hid_t file, struct gpt *model, float *staging,
+                               struct ckpt_problems *problems)
 {
-    float *staging = backend_staging(4 * model->embed_nparams * sizeof(float));
     float *slab = gpt_embed_host_view(model, staging, 0);
     int status = read_embedding_slab(file, slab, model, problems);
     if (status == 0) gpt_embed_host_store(model, slab);
-    backend_staging_free(staging);
     return status;
 }
 
@@ -123,7 +123,6 @@ static int read_moe_block(hid_t file, const struct ckpt_header *header,
     return 0;
 }
 
-/* This rank's part of a load; no communication. */
 /* A MoD block's router and predictor: row j of /mod (mod.def). */
 static int read_mod_block(hid_t file, const struct gpt *model, struct block *blk,
                           struct ckpt_problems *problems)
@@ -135,13 +134,13 @@ static int read_mod_block(hid_t file, const struct gpt *model, struct block *blk
            ckpt_read_floats(file, "/mod/adam_v", j, n, blk->v + dense, problems);
 }
 
-/* A block's rows into its slab (host staging on a device, then copied up);
- * its gradients zero. Returns 0, or -1 after reporting. */
+/* A block's rows into its slab (into the load's host staging on a device,
+ * then copied up; the slab itself when staging is NULL); its gradients
+ * zero. Returns 0, or -1 after reporting. */
 static int load_block(hid_t file, const struct ckpt_header *header,
                       const struct ckpt_meta *meta, const struct gpt *model, struct block *blk,
-                      struct ckpt_problems *problems)
+                      float *staging, struct ckpt_problems *problems)
 {
-    float *staging = backend_staging(blk->slab_floats * sizeof(float));
     struct block view = block_host_view(blk, staging, 0);
     size_t nparams = block_param_count(blk->C);   /* a /blocks row: the dense tensors */
     int status;
@@ -159,10 +158,32 @@ static int load_block(hid_t file, const struct ckpt_header *header,
         memset(view.grads, 0, view.nparams * sizeof(float));
         block_host_view_store(blk, &view);
     }
-    backend_staging_free(staging);
     return status ? -1 : 0;
 }
 
+/* Every slab of this rank, its blocks' and the embedding's, through one
+ * host staging buffer (a device's slabs copied up one after another; none
+ * on the CPU). Returns 0, or -1 after reporting. */
+static int load_slabs(hid_t file, const struct ckpt_header *header,
+                      const struct ckpt_meta *meta, struct gpt *model,
+                      struct ckpt_problems *problems)
+{
+    float *staging = gpt_host_staging(model);
+    int status = 0;
+    for (int i = 0; i < model->num_blocks && status == 0; i++) {
+        struct block *blk = &model->blocks[i];
+        DM_ASSERT(blk->index == model->first_block + i &&
+                  blk->nparams == gpt_block_param_count(&model->shape, blk->index));
+        status = load_block(file, header, meta, model, blk, staging, problems);
+        if (status == 0) blk->frozen = meta->frozen ? meta->frozen[blk->index] : 0;
+    }
+    if (status == 0 && model->embed_slab)
+        status = load_embedding_slab(file, model, staging, problems);
+    backend_staging_free(staging);
+    return status;
+}
+
+/* This rank's part of a load; no communication. */
 static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
                                     struct ckpt_meta *meta, char *err, size_t errsize)
 {
@@ -185,14 +206,7 @@ static enum ckpt_load_outcome load_local(const char *path, struct gpt *model,
         goto close;
     }
     if (ckpt_read_meta_from(file, &header, meta, &problems) != 0) goto done;
-    for (int i = 0; i < model->num_blocks; i++) {
-        struct block *blk = &model->blocks[i];
-        DM_ASSERT(blk->index == model->first_block + i &&
-                  blk->nparams == gpt_block_param_count(&model->shape, blk->index));
-        if (load_block(file, &header, meta, model, blk, &problems) != 0) goto done;
-        blk->frozen = meta->frozen ? meta->frozen[blk->index] : 0;
-    }
-    if (model->embed_slab && load_embedding_slab(file, model, &problems) != 0) goto done;
+    if (load_slabs(file, &header, meta, model, &problems) != 0) goto done;
     outcome = CKPT_LOAD_OK;
 done:
     if (outcome != CKPT_LOAD_OK && problems.count)

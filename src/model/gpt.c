@@ -152,6 +152,14 @@ void gpt_embed_host_store(struct gpt *model, const float *view)
     backend_write_end(model->embed_slab, view, 4 * model->embed_nparams * sizeof(float));
 }
 
+float *gpt_host_staging(const struct gpt *model)
+{
+    size_t floats = model->embed_slab ? 4 * model->embed_nparams : 0;
+    for (int i = 0; i < model->num_blocks; i++)
+        if (model->blocks[i].slab_floats > floats) floats = model->blocks[i].slab_floats;
+    return floats ? backend_staging(floats * sizeof(float)) : NULL;
+}
+
 void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int count)
 {
     DM_ASSERT(first >= 0 && count >= 0 && first + count <= model->shape.layers);
