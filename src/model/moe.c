@@ -17,6 +17,11 @@
  *   combine    out[t] = res1[t] + sum over t's kept pairs, in slot order
  *              (best expert first), of gate x expert output.
  *
+ * Every per-token step is a table op (backend.h: moe_route_*,
+ * moe_combine_*, moe_dispatch_backward; this file's functions of those
+ * names are the CPU's entries): only the assignment of rows (capacity,
+ * grouping, the counts per expert) is the host's, from the choice.
+ *
  * With expert parallelism the experts phase is the caller's (struct
  * moe_exchange, src/pipe/expert.c): it sends each expert's rows to its
  * owner and brings the outputs back; route, dispatch and combine stay
