@@ -697,6 +697,38 @@ static void emulate_moe_dispatch_backward(float *d_ln2, const float *dx, const i
     LAUNCH(grid_for((long)N * C), moe_dispatch_backward_thread(t, d_ln2, dx, row, N, k, C));
 }
 
+/* MoE's routing: a thread per token (per output for the sums) */
+static void emulate_moe_route_forward(float *scores, float *lse, int *choice, float *choice_score,
+                                      float *gate, const float *logits, const float *bias, int N,
+                                      int E, int k, int sigmoid)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("moe_route_forward", scores, lse, choice, choice_score, gate, logits, bias);
+    LAUNCH(grid_for(N), moe_route_forward_thread(t, scores, lse, choice, choice_score, gate,
+                                                 logits, bias, N, E, k, sigmoid));
+}
+
+static void emulate_moe_route_sums(double *sums, const float *scores, const float *lse, int N,
+                                   int E, int sigmoid)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("moe_route_sums", sums, scores, lse);
+    LAUNCH(grid_for((long)E + 1), moe_route_sums_thread(t, sums, scores, lse, N, E, sigmoid));
+}
+
+static void emulate_moe_route_backward(float *dlogits, const float *dgate, const float *logits,
+                                       const float *scores, const float *lse, const int *choice,
+                                       const float *gate, const int *selected, int N, int E,
+                                       int k, int sigmoid, double alpha, double beta)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("moe_route_backward", dlogits, dgate, logits, scores, lse, choice, gate,
+                selected);
+    LAUNCH(grid_for(N), moe_route_backward_thread(t, dlogits, dgate, logits, scores, lse, choice,
+                                                  gate, selected, N, E, k, sigmoid, alpha,
+                                                  beta));
+}
+
 /* ---- attention (attention.cu) ---------------------------------------------- */
 
 /* the heads (B NH T hs each) and two full-length rows (B T C) in scratch */
@@ -1210,6 +1242,9 @@ static const struct dm_backend emulate_table = {
     .moe_combine_forward = emulate_moe_combine_forward,
     .moe_combine_backward = emulate_moe_combine_backward,
     .moe_dispatch_backward = emulate_moe_dispatch_backward,
+    .moe_route_forward = emulate_moe_route_forward,
+    .moe_route_sums = emulate_moe_route_sums,
+    .moe_route_backward = emulate_moe_route_backward,
     .adamw_update = emulate_adamw_update,
     .sparse_matmul_forward = emulate_sparse_forward,
     .sparse_matmul_backward = emulate_sparse_backward,

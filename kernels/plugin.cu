@@ -133,6 +133,9 @@ static void fill_ops(struct dm_backend *t)
     t->moe_combine_forward = cuda_moe_combine_forward;
     t->moe_combine_backward = cuda_moe_combine_backward;
     t->moe_dispatch_backward = cuda_moe_dispatch_backward;
+    t->moe_route_forward = cuda_moe_route_forward;
+    t->moe_route_sums = cuda_moe_route_sums;
+    t->moe_route_backward = cuda_moe_route_backward;
     t->adamw_update = cuda_adamw_update;
     t->sparse_matmul_forward = cuda_sparse_matmul_forward;
     t->sparse_matmul_backward = cuda_sparse_matmul_backward;

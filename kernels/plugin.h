@@ -110,6 +110,15 @@ void cuda_moe_combine_backward(float *dy, float *dgate, const float *dout, const
                                const float *gate, const int *row, int N, int k, int C);
 void cuda_moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k,
                                 int C);
+void cuda_moe_route_forward(float *scores, float *lse, int *choice, float *choice_score,
+                            float *gate, const float *logits, const float *bias, int N, int E,
+                            int k, int sigmoid);
+void cuda_moe_route_sums(double *sums, const float *scores, const float *lse, int N, int E,
+                         int sigmoid);
+void cuda_moe_route_backward(float *dlogits, const float *dgate, const float *logits,
+                             const float *scores, const float *lse, const int *choice,
+                             const float *gate, const int *selected, int N, int E, int k,
+                             int sigmoid, double alpha, double beta);
 void cuda_adamw_update(float *params, const float *grads, float *m, float *v, long n, float lr,
                        float beta1, float beta2, float eps, float weight_decay,
                        float grad_scale, int t);

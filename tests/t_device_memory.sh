@@ -47,6 +47,10 @@
 #   once (its sparsity taken from the copy it writes), 6 blocks or 12,
 #   dense or pruned into CSR, and a save and a load each allocate one
 #   staging buffer whatever the block count.
+# - MoE's routing and its backward on the device: a step copies at most
+#   the dense step's plus, per MoE block and micro-batch, the choice, the
+#   chosen scores and the losses' sums down and the assignment (rows,
+#   tokens, counts, bias) up; the logits and their gradient stay there.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -376,4 +380,29 @@ if [ "$hosts6" -gt 0 ] && [ "$hosts12" -eq "$hosts6" ]; then
 else
   fail "a run resumed (load and save) allocates $hosts6 host buffers with 6 blocks, $hosts12 with 12"
 fi
+
+# MoE's routing on the device (moe_route_forward, _sums, _backward): per
+# MoE block and micro-batch at most the choice and the chosen scores (2 N
+# k ints and floats) and the losses' sums (E + 1 doubles) come down, and
+# at most the rows, the grouped rows' tokens (2 N k ints), the pairs per
+# expert and the sigmoid router's bias (2 E) go up, beyond the dense
+# step's copies; nothing crosses in the backward. Routing on the host
+# (the logits and dgate down; gates, rows, tokens and dlogits up) took
+# 31261 bytes up and 19456 down per step with capacity and both losses
+# here, and fails it; the device's routing takes 13021 and 13621.
+per_step copies-dense; dense_up=$up dense_down=$down
+N=64 C=32 K=2 E=4 blocks=$((3 * 4))
+M="model.moe_every=2 model.experts=$E model.top_k=$K"
+for router in "softmax moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.001" \
+              "sigmoid moe.bias_rate=0.01 moe.capacity_factor=1.25 moe.drop=position moe.aux_loss=0.1"; do
+  set -- $router; name=$1; shift
+  per_step "copies-moe-$name" $M moe.router=$name "$@"
+  most_down=$(( dense_down + blocks * (2 * N * K * 4 + (E + 1) * 8) ))
+  most_up=$(( dense_up + blocks * (2 * N * K + 2 * E) * 4 ))
+  if [ "$down" -gt "$dense_down" ] && [ "$down" -le "$most_down" ] && [ "$up" -le "$most_up" ]; then
+    echo "ok: MoE $name routing on the device: $up bytes up (at most $most_up), $down down (at most $most_down) per step"
+  else
+    fail "MoE $name: $up bytes up per step (at most $most_up), $down down (at most $most_down, more than $dense_down): the routing crosses"
+  fi
+done
 finish

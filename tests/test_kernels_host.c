@@ -310,6 +310,98 @@ static void test_moe(int N, int k, int C, int drop)
     dm_free(row);
 }
 
+/* The CPU's routing of N tokens over E experts (sigmoid: with a bias),
+ * and the arrays the kernels' outputs are compared with. */
+struct moe_route_case {
+    int N, E, k, sigmoid;
+    float *logits, *bias, *scores, *lse, *choice_score, *gate, *dgate, *dlogits;
+    int *choice, *selected;
+    double sums[65];
+};
+
+/* Logits N(0, 2), a token of equal logits (every choice a tie, but for
+ * the sigmoid router's bias, N(0, 0.1)) and one with two equal best. */
+static void moe_route_case_fill(struct moe_route_case *c)
+{
+    long NE = (long)c->N * c->E, P = (long)c->N * c->k;
+    c->logits = filled(NE, 2.0f);
+    c->bias = c->sigmoid ? filled(c->E, 0.1f) : NULL;
+    for (int e = 0; e < c->E; e++) c->logits[c->E + e] = 0.25f;
+    c->logits[2 * c->E + c->E - 1] = c->logits[2 * c->E] = 3.0f;
+    c->scores = filled(NE, 9.0f), c->lse = filled(c->N, 9.0f), c->dlogits = filled(NE, 9.0f);
+    c->choice_score = filled(P, 9.0f), c->gate = filled(P, 9.0f), c->dgate = filled(P, 1.0f);
+    c->choice = dm_alloc((size_t)P * sizeof(int));
+    c->selected = dm_alloc((size_t)c->E * sizeof(int));
+}
+
+static void moe_route_case_free(struct moe_route_case *c)
+{
+    float *fs[] = {c->logits, c->bias, c->scores, c->lse, c->choice_score, c->gate, c->dgate,
+                   c->dlogits};
+    for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) dm_free(fs[i]);
+    dm_free(c->choice), dm_free(c->selected);
+}
+
+/* moe.cu's routing kernels, one thread per token (the sums per expert),
+ * in grids of fewer threads than items, forward and reverse order,
+ * against the CPU backend's moe_route_forward / _sums / _backward bit for
+ * bit: scores, lse, choice (ties to the lower expert), chosen scores,
+ * gates, the losses' sums in double, and the logits' gradient with and
+ * without the aux and z-loss terms. */
+static void test_moe_route(int N, int E, int k, int sigmoid)
+{
+    printf("moe route N=%d E=%d k=%d %s\n", N, E, k, sigmoid ? "sigmoid" : "softmax");
+    struct moe_route_case c = {.N = N, .E = E, .k = k, .sigmoid = sigmoid}, g[2];
+    moe_route_case_fill(&c);
+    long NE = (long)N * E, P = (long)N * k;
+    const struct dm_backend *cpu = backend_cpu();
+    cpu->moe_route_forward(c.scores, c.lse, c.choice, c.choice_score, c.gate, c.logits, c.bias, N,
+                           E, k, sigmoid);
+    cpu->moe_route_sums(c.sums, c.scores, c.lse, N, E, sigmoid);
+    for (long p = 0; p < P; p++) c.selected[c.choice[p]]++;
+    FOR_ORDERS(r) {
+        g[r] = c;
+        g[r].scores = copied(c.dlogits, NE), g[r].lse = copied(c.dlogits, N);
+        g[r].choice_score = copied(c.dlogits, P), g[r].gate = copied(c.dlogits, P);
+        g[r].choice = dm_alloc((size_t)P * sizeof(int));
+        FOR_GRID(2, 8, moe_route_forward_thread(t, g[r].scores, g[r].lse, g[r].choice,
+                                                g[r].choice_score, g[r].gate, c.logits, c.bias,
+                                                N, E, k, sigmoid));
+        memset(g[r].sums, 0xff, sizeof g[r].sums);
+        FOR_GRID(1, 2, moe_route_sums_thread(t, g[r].sums, c.scores, c.lse, N, E, sigmoid));
+    }
+    check_bits("moe_route_forward scores", g[1].scores, c.scores, NE);
+    check_bits("moe_route_forward lse", g[0].lse, c.lse, N);
+    check_bits("moe_route_forward chosen scores", g[1].choice_score, c.choice_score, P);
+    check_bits("moe_route_forward gates", g[0].gate, c.gate, P);
+    CHECK_MSG(!memcmp(g[0].choice, c.choice, (size_t)P * sizeof(int)) &&
+                  !memcmp(g[1].choice, c.choice, (size_t)P * sizeof(int)),
+              "moe_route_forward: the choices differ from the CPU's");
+    CHECK_MSG(sigmoid || (c.choice[k] == 0 && (k < 2 || c.choice[k + 1] == 1)),
+              "moe_route_forward: a tie did not go to the lower expert");   /* bias: no tie */
+    CHECK_MSG(!memcmp(g[0].sums, c.sums, ((size_t)E + 1) * sizeof(double)) &&
+                  !memcmp(g[1].sums, c.sums, ((size_t)E + 1) * sizeof(double)),
+              "moe_route_sums: not the CPU's bits");
+    printf("  %-44s same choices, sums bit-identical\n", "moe_route_forward, moe_route_sums");
+    for (int losses = 0; losses < 2; losses++) {
+        double alpha = losses ? 0.3 : 0.0, beta = losses ? 0.01 : 0.0;
+        cpu->moe_route_backward(c.dlogits, c.dgate, c.logits, c.scores, c.lse, c.choice, c.gate,
+                                c.selected, N, E, k, sigmoid, alpha, beta);
+        FOR_ORDERS(r) FOR_GRID(2, 8, moe_route_backward_thread(t, g[r].scores, c.dgate, c.logits,
+                                                                c.scores, c.lse, c.choice, c.gate,
+                                                                c.selected, N, E, k, sigmoid,
+                                                                alpha, beta));
+        check_orders("moe_route_backward", g[0].scores, g[1].scores, NE);
+        check_bits(losses ? "moe_route_backward (aux and z-loss)" : "moe_route_backward",
+                   g[0].scores, c.dlogits, NE);
+    }
+    for (int r = 0; r < 2; r++) {
+        dm_free(g[r].scores), dm_free(g[r].lse), dm_free(g[r].choice_score);
+        dm_free(g[r].gate), dm_free(g[r].choice);
+    }
+    moe_route_case_free(&c);
+}
+
 static void test_adamw(void)
 {
     long n = 3001;
@@ -1083,6 +1175,10 @@ int main(void)
     test_moe(37, 2, 48, 5);
     test_moe(20, 3, 24, 1000);              /* nothing dropped but token 1 */
     test_moe(16, 1, 100, 4);                /* k = 1 */
+    test_moe_route(45, 8, 2, 0);
+    test_moe_route(37, 4, 2, 1);            /* sigmoid with a bias */
+    test_moe_route(20, 6, 1, 0);            /* k = 1 */
+    test_moe_route(16, 64, 3, 1);           /* many experts */
     test_adamw();
     test_encoder();
     for (int k = 0; k < 2; k++) {

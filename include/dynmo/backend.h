@@ -29,7 +29,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 10
+#define DM_BACKEND_ABI 11
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -204,6 +204,32 @@ struct dm_backend {
                                  const float *gate, const int *row, int N, int k, int C);
     void (*moe_dispatch_backward)(float *d_ln2, const float *dx, const int *row, int N, int k,
                                   int C);
+    /* MoE's routing from the router's logits (N, E), one thread per token
+     * on a device (the CPU's arithmetic and order; exp and log in double):
+     * scores (N, E) (softmax probabilities, or sigmoid scores when sigmoid
+     * is set), lse (N) the logits' log-sum-exp, choice (N, k) the top-k
+     * experts best first by score (+ bias[e], (E), for the sigmoid router;
+     * bias is unread, and may be NULL, for softmax; ties to the lower
+     * index), choice_score (N, k) their scores, gate (N, k) those scores
+     * renormalised over the chosen (1/k when they sum to 0). route sums:
+     * sums (E + 1 doubles) = per expert the sum over the tokens in order
+     * of its normalised score (the softmax probability, or the sigmoid
+     * score over the token's score sum), then the sum of lse^2 (one
+     * thread per output on a device). route backward: dlogits (N, E,
+     * overwritten) from dgate (N, k) through the gates and the scores'
+     * Jacobian, plus the aux loss's gradient when alpha > 0 (alpha x E x
+     * selected[e] / (k N) / N per expert in the scores; selected (E): the
+     * pairs that chose each expert before capacity) and the z-loss's when
+     * beta > 0 (beta 2 lse softmax / N); one thread per token. */
+    void (*moe_route_forward)(float *scores, float *lse, int *choice, float *choice_score,
+                              float *gate, const float *logits, const float *bias, int N, int E,
+                              int k, int sigmoid);
+    void (*moe_route_sums)(double *sums, const float *scores, const float *lse, int N, int E,
+                           int sigmoid);
+    void (*moe_route_backward)(float *dlogits, const float *dgate, const float *logits,
+                               const float *scores, const float *lse, const int *choice,
+                               const float *gate, const int *selected, int N, int E, int k,
+                               int sigmoid, double alpha, double beta);
 
     /* The optimizer (model.h's adamw_update). */
     void (*adamw_update)(float *params, const float *grads, float *m, float *v, long n,

@@ -110,6 +110,16 @@ void moe_combine_forward(float *out, const float *res1, const float *y, const fl
 void moe_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
                           const float *gate, const int *row, int N, int k, int C);
 void moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C);
+/* The routing, its losses' sums and its backward (moe.c), the CPU
+ * backend's entries of the same names. */
+void moe_route_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
+                       const float *logits, const float *bias, int N, int E, int k, int sigmoid);
+void moe_route_sums(double *sums, const float *scores, const float *lse, int N, int E,
+                    int sigmoid);
+void moe_route_backward(float *dlogits, const float *dgate, const float *logits,
+                        const float *scores, const float *lse, const int *choice,
+                        const float *gate, const int *selected, int N, int E, int k, int sigmoid,
+                        double alpha, double beta);
 
 /* The mixture-of-depths block (mod.c): its state beside the slab (views of
  * the router and predictor), their initialisation (N(0, 0.02) on streams

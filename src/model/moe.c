@@ -17,6 +17,11 @@
  *   combine    out[t] = res1[t] + sum over t's kept pairs, in slot order
  *              (best expert first), of gate x expert output.
  *
+ * Every per-token step is a table op (backend.h: moe_route_*,
+ * moe_combine_*, moe_dispatch_backward; this file's functions of those
+ * names are the CPU's entries): only the assignment of rows (capacity,
+ * grouping, the counts per expert) is the host's, from the choice.
+ *
  * With expert parallelism the experts phase is the caller's (struct
  * moe_exchange, src/pipe/expert.c): it sends each expert's rows to its
  * owner and brings the outputs back; route, dispatch and combine stay
@@ -194,42 +199,50 @@ int block_moe_unpack(struct block *blk, const unsigned char *in, size_t bytes, c
 struct moe_acts {
     int N, E, k, H, C;      /* the sizes it has room for */
     int n;                  /* tokens of the last forward */
-    float *logits;          /* (N, E) router logits */
-    float *scores;          /* (N, E) softmax probabilities or sigmoid scores */
-    float *lse;             /* (N) log-sum-exp of the logits (z-loss) */
+    /* The host's: what the assignment of rows reads and writes. */
     int *choice;            /* (N, k) chosen experts, best first */
-    float *gate;            /* (N, k) gate weights, renormalised over the chosen */
+    float *choice_score;    /* (N, k) their scores (on a device copied down only when an
+                             * expert over its capacity drops by score) */
     int *row;               /* (N, k) grouped row of the pair, -1: dropped */
     int *selected;          /* (E) pairs that chose each expert (before capacity) */
     int *offset;            /* (E + 1) first grouped row of each expert */
     int *pair;              /* (k N) the pair t k + j of each grouped row */
+    double *sums;           /* (E + 1) the balancing losses' sums (moe_route_sums) */
     int capacity;           /* 0: dropless */
     int rows;               /* kept pairs: grouped rows in use */
-    float *x, *y;           /* (k N, C) expert inputs and outputs, grouped (host: the CPU only) */
-    float *h, *a;           /* (k N, H) expert pre-activations and their GELU (likewise) */
     float aux, z;           /* this forward's loss values */
-    /* What the ops read and write, in the backend's memory: the router
-     * logits, the routing's gate and row (the combine's and its
-     * backward's) and the grouped expert rows (on the CPU the arrays
-     * above themselves). The routing and its backward stay the host's,
-     * on the arrays above: on a device the logits come down and gate,
-     * row and the grouped rows' tokens go up once per forward, dgate
-     * comes down and dlogits goes up once per backward. */
-    float *logits_dev, *gate_dev, *x_dev, *y_dev, *h_dev, *a_dev;
+    /* The CPU's only: the router's arrays and the grouped rows (NULL on a
+     * device, where only the backend's copies below exist). */
+    float *logits;          /* (N, E) router logits */
+    float *scores;          /* (N, E) softmax probabilities or sigmoid scores */
+    float *lse;             /* (N) log-sum-exp of the logits (z-loss) */
+    float *gate;            /* (N, k) gate weights, renormalised over the chosen */
+    float *x, *y;           /* (k N, C) expert inputs and outputs, grouped */
+    float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
+    /* What the ops read and write, in the backend's memory (on the CPU the
+     * arrays above themselves). The routing and its backward are the
+     * table's (moe_route_forward, _sums, _backward); per forward on a
+     * device the choice (N k ints) and the losses' sums (E + 1 doubles)
+     * come down, the chosen scores too when a capacity drops by score,
+     * and row, the grouped rows' tokens, the counts per expert and the
+     * sigmoid router's bias go up; the backward crosses nothing. */
+    float *logits_dev, *scores_dev, *lse_dev, *gate_dev, *choice_score_dev, *bias_dev;
+    float *x_dev, *y_dev, *h_dev, *a_dev;
     float *dy_dev, *dh_dev, *dx_dev, *dgate_dev, *dlogits_dev, *dgrads_dev;   /* the backward's */
     int *token_dev;         /* (k N) the token of each grouped row (the dispatch's gather) */
-    int *row_dev;           /* (N, k) row, in token_dev's allocation */
+    int *row_dev, *choice_dev, *selected_dev;   /* in token_dev's allocation */
+    double *sums_dev;
     float *device;          /* the allocation of the floats above (NULL on the CPU) */
     int *token_host;        /* (k N) staging of token_dev (NULL on the CPU) */
 };
 
-/* The host's floats: the routing's, and the grouped rows where the ops
- * work on host memory (rows: the CPU; on a device they are the backend's,
- * moe_acts_device). */
-static size_t moe_acts_floats(int N, int E, int k, int H, int C, int rows)
+/* The host's floats: the chosen scores; on the CPU (host) also the
+ * router's arrays and the grouped rows (on a device they are the
+ * backend's, moe_acts_device). */
+static size_t moe_acts_floats(int N, int E, int k, int H, int C, int host)
 {
     size_t n = (size_t)N, kn = (size_t)k * N;
-    return 2 * n * E + n + n * k + (rows ? 2 * kn * C + 2 * kn * H : 0);
+    return kn + (host ? 2 * n * E + n + kn + 2 * kn * C + 2 * kn * H : 0);
 }
 
 static size_t moe_acts_ints(int N, int E, int k)
@@ -246,7 +259,8 @@ size_t moe_acts_bytes(const struct gpt_shape *shape, int B, int T)
                                                      shape->channels,
                                                      backend_current()->host_access) *
                                          sizeof(float) +
-           moe_acts_ints(N, m->experts, m->top_k) * sizeof(int);
+           moe_acts_ints(N, m->experts, m->top_k) * sizeof(int) +
+           ((size_t)m->experts + 1) * sizeof(double);
 }
 
 void moe_acts_free(struct moe_acts *ma)
@@ -255,32 +269,42 @@ void moe_acts_free(struct moe_acts *ma)
     if (ma->device) {
         backend_current()->free(ma->device);
         backend_current()->free(ma->token_dev);
+        backend_current()->free(ma->sums_dev);
     }
     backend_staging_free(ma->token_host);
-    dm_free(ma->logits);
+    dm_free(ma->choice_score);
     dm_free(ma->choice);
+    dm_free(ma->sums);
     dm_free(ma);
 }
 
 /* The ops' side of ma: its own arrays on the CPU; on a device, the
- * backend's memory for the logits, the routing's gate and row, the
- * grouped rows and the backward's buffers (the experts' gradients: E
- * expert_params floats), and the host's staging of the gather's tokens. */
+ * backend's memory for the router's arrays, the routing's gate, row and
+ * choice, the grouped rows and the backward's buffers (the experts'
+ * gradients: E expert_params floats), and the host's staging of the
+ * gather's tokens. */
 static void moe_acts_device(struct moe_acts *ma, size_t expert_params)
 {
     const struct dm_backend *ops = backend_current();
     size_t n = (size_t)ma->N, kn = (size_t)ma->k * ma->N, C = (size_t)ma->C;
     size_t H = (size_t)ma->H, E = (size_t)ma->E;
     if (ops->host_access) {
-        ma->logits_dev = ma->logits, ma->gate_dev = ma->gate, ma->row_dev = ma->row;
+        ma->logits_dev = ma->logits, ma->scores_dev = ma->scores, ma->lse_dev = ma->lse;
+        ma->gate_dev = ma->gate, ma->choice_score_dev = ma->choice_score;
+        ma->choice_dev = ma->choice, ma->row_dev = ma->row, ma->selected_dev = ma->selected;
+        ma->sums_dev = ma->sums;
         ma->x_dev = ma->x, ma->y_dev = ma->y, ma->h_dev = ma->h, ma->a_dev = ma->a;
         return;
     }
-    size_t floats = n * E + kn + 2 * kn * C + 2 * kn * H + 2 * kn * C + kn * H + kn + n * E +
-                    E * expert_params;
+    size_t floats = 3 * n * E + n + 3 * kn + E + 2 * kn * C + 2 * kn * H + 2 * kn * C +
+                    kn * H + E * expert_params;
     float *f = ma->device = ops->alloc(floats * sizeof(float));
     ma->logits_dev = f;        f += n * E;
+    ma->scores_dev = f;        f += n * E;
+    ma->lse_dev = f;           f += n;
     ma->gate_dev = f;          f += kn;
+    ma->choice_score_dev = f;  f += kn;
+    ma->bias_dev = f;          f += E;
     ma->x_dev = f;             f += kn * C;
     ma->y_dev = f;             f += kn * C;
     ma->h_dev = f;             f += kn * H;
@@ -291,8 +315,11 @@ static void moe_acts_device(struct moe_acts *ma, size_t expert_params)
     ma->dgate_dev = f;         f += kn;
     ma->dlogits_dev = f;       f += n * E;
     ma->dgrads_dev = f;
-    ma->token_dev = ops->alloc(2 * kn * sizeof(int));
+    ma->token_dev = ops->alloc((3 * kn + E) * sizeof(int));
     ma->row_dev = ma->token_dev + kn;
+    ma->choice_dev = ma->row_dev + kn;
+    ma->selected_dev = ma->choice_dev + kn;
+    ma->sums_dev = ops->alloc((E + 1) * sizeof(double));
     ma->token_host = backend_staging(kn * sizeof(int));
 }
 
@@ -313,13 +340,14 @@ static struct moe_acts *moe_acts_get(struct block_acts *acts, const struct block
     ma->H = H;
     ma->C = C;
     size_t n = (size_t)N, kn = (size_t)k * N;
-    int rows = backend_current()->host_access;
-    float *f = dm_alloc(moe_acts_floats(N, E, k, H, C, rows) * sizeof(float));
-    ma->logits = f;            f += n * E;
-    ma->scores = f;            f += n * E;
-    ma->lse = f;               f += n;
-    ma->gate = f;              f += kn;
-    if (rows) {
+    int host = backend_current()->host_access;
+    float *f = dm_alloc(moe_acts_floats(N, E, k, H, C, host) * sizeof(float));
+    ma->choice_score = f;      f += kn;
+    if (host) {
+        ma->logits = f;        f += n * E;
+        ma->scores = f;        f += n * E;
+        ma->lse = f;           f += n;
+        ma->gate = f;          f += kn;
         ma->x = f;             f += kn * C;
         ma->y = f;             f += kn * C;
         ma->h = f;             f += kn * H;
@@ -331,11 +359,13 @@ static struct moe_acts *moe_acts_get(struct block_acts *acts, const struct block
     ma->selected = i;          i += E;
     ma->offset = i;            i += E + 1;
     ma->pair = i;
+    ma->sums = dm_alloc(((size_t)E + 1) * sizeof(double));
     moe_acts_device(ma, moe->expert_params);
     acts->moe = ma;
     return ma;
 }
 
+/* On a device the scores and gates are the backend's: NULL here. */
 void moe_routing_of(const struct block_acts *acts, struct moe_routing *r)
 {
     const struct moe_acts *ma = acts->moe;
@@ -356,53 +386,99 @@ void moe_routing_of(const struct block_acts *acts, struct moe_routing *r)
 
 /* ---- phase 1: route ------------------------------------------------------------------- */
 
+/* What the routing's CPU op reads and writes (backend.h: moe_route_forward). */
 struct route_args {
-    const struct block_moe *moe;
-    struct moe_acts *ma;
+    float *scores, *lse, *choice_score, *gate;
+    int *choice;
+    const float *logits, *bias;
+    int N, E, k, sigmoid;
 };
 
-/* Per token: scores, log-sum-exp, the top-k choice and the gates. */
+/* Token t: its scores, log-sum-exp, top-k choice (and the chosen
+ * experts' scores) and gates. */
+static void route_token(const struct route_args *a, long t)
+{
+    int E = a->E, k = a->k, sigmoid = a->sigmoid;
+    const float *z = a->logits + t * E;
+    float *s = a->scores + t * E;
+    double top = z[0];
+    for (int e = 1; e < E; e++) top = z[e] > top ? z[e] : top;
+    double sum = 0.0;
+    for (int e = 0; e < E; e++) sum += exp((double)z[e] - top);
+    a->lse[t] = (float)(top + log(sum));
+    for (int e = 0; e < E; e++)
+        s[e] = sigmoid ? (float)(1.0 / (1.0 + exp(-(double)z[e])))
+                       : (float)(exp((double)z[e] - top) / sum);
+    /* top-k by score (+ bias for the sigmoid router); a strict > over
+     * ascending experts gives ties to the lower index */
+    int *choice = a->choice + t * k;
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        float best_key = 0.0f;
+        for (int e = 0; e < E; e++) {
+            int taken = 0;
+            for (int i = 0; i < j; i++) taken |= choice[i] == e;
+            if (taken) continue;
+            float key = sigmoid ? s[e] + a->bias[e] : s[e];
+            if (best < 0 || key > best_key) {
+                best = e;
+                best_key = key;
+            }
+        }
+        choice[j] = best;
+        a->choice_score[t * k + j] = s[best];
+    }
+    /* gates: the unbiased scores renormalised over the chosen experts */
+    double denom = 0.0;
+    for (int j = 0; j < k; j++) denom += s[choice[j]];
+    for (int j = 0; j < k; j++)
+        a->gate[t * k + j] = denom > 0.0 ? (float)(s[choice[j]] / denom) : 1.0f / (float)k;
+}
+
 static void route_range(void *arg, long begin, long end)
 {
-    const struct route_args *a = arg;
-    const struct block_moe *moe = a->moe;
-    struct moe_acts *ma = a->ma;
-    int E = ma->E, k = ma->k, sigmoid = moe->cfg.router == MOE_ROUTER_SIGMOID;
-    for (long t = begin; t < end; t++) {
-        const float *z = ma->logits + t * E;
-        float *s = ma->scores + t * E;
-        double top = z[0];
-        for (int e = 1; e < E; e++) top = z[e] > top ? z[e] : top;
-        double sum = 0.0;
-        for (int e = 0; e < E; e++) sum += exp((double)z[e] - top);
-        ma->lse[t] = (float)(top + log(sum));
-        for (int e = 0; e < E; e++)
-            s[e] = sigmoid ? (float)(1.0 / (1.0 + exp(-(double)z[e])))
-                           : (float)(exp((double)z[e] - top) / sum);
-        /* top-k by score (+ bias for the sigmoid router); a strict > over
-         * ascending experts gives ties to the lower index */
-        int *choice = ma->choice + t * k;
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            float best_key = 0.0f;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int i = 0; i < j; i++) taken |= choice[i] == e;
-                if (taken) continue;
-                float key = sigmoid ? s[e] + moe->bias[e] : s[e];
-                if (best < 0 || key > best_key) {
-                    best = e;
-                    best_key = key;
-                }
-            }
-            choice[j] = best;
+    for (long t = begin; t < end; t++) route_token(arg, t);
+}
+
+void moe_route_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
+                       const float *logits, const float *bias, int N, int E, int k, int sigmoid)
+{
+    struct route_args a = {.scores = scores, .lse = lse, .choice_score = choice_score,
+                           .gate = gate, .choice = choice, .logits = logits, .bias = bias,
+                           .N = N, .E = E, .k = k, .sigmoid = sigmoid};
+    dm_parallel_for(N, 16, route_range, &a);
+}
+
+/* Token-major on the CPU; each sum still runs over the tokens in order,
+ * so one thread per expert (the kernel) gives the same bits. */
+void moe_route_sums(double *sums, const float *scores, const float *lse, int N, int E,
+                    int sigmoid)
+{
+    memset(sums, 0, ((size_t)E + 1) * sizeof(double));
+    for (int t = 0; t < N; t++) {
+        const float *s = scores + (size_t)t * E;
+        double norm = 1.0;
+        if (sigmoid) {
+            norm = 0.0;
+            for (int e = 0; e < E; e++) norm += s[e];
         }
-        /* gates: the unbiased scores renormalised over the chosen experts */
-        double denom = 0.0;
-        for (int j = 0; j < k; j++) denom += s[choice[j]];
-        for (int j = 0; j < k; j++)
-            ma->gate[t * k + j] = denom > 0.0 ? (float)(s[choice[j]] / denom) : 1.0f / (float)k;
+        for (int e = 0; e < E; e++) sums[e] += s[e] / norm;
+        sums[E] += (double)lse[t] * lse[t];
     }
+}
+
+/* Each expert's pairs before capacity, and the capacity; returns whether
+ * the assignment reads the chosen scores (an expert over its capacity
+ * drops by score). */
+static int count_selected(const struct block_moe *moe, struct moe_acts *ma, int N)
+{
+    int E = ma->E, k = ma->k, over = 0;
+    memset(ma->selected, 0, (size_t)E * sizeof(int));
+    for (long p = 0; p < (long)N * k; p++) ma->selected[ma->choice[p]]++;
+    double factor = (double)moe->cfg.capacity_factor;
+    ma->capacity = factor > 0.0 ? (int)ceil((double)k * N * factor / E) : 0;
+    for (int e = 0; e < E; e++) over |= ma->capacity > 0 && ma->selected[e] > ma->capacity;
+    return over && moe->cfg.drop == MOE_DROP_PROBS;
 }
 
 struct pair_key {
@@ -424,17 +500,14 @@ static int by_token(const void *x, const void *y)
     return a->token - b->token;
 }
 
-/* Capacity and the grouped rows: each expert's pairs in token order; an
- * expert over its capacity keeps `capacity` of them (the highest scores
- * with moe.drop = probs, the earliest tokens with position) and drops the
- * rest; the kept ones become its rows, in token order. */
+/* The grouped rows (after count_selected): each expert's pairs in token
+ * order; an expert over its capacity keeps `capacity` of them (the
+ * highest scores with moe.drop = probs, the earliest tokens with
+ * position) and drops the rest; the kept ones become its rows, in token
+ * order. */
 static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
 {
     int E = ma->E, k = ma->k;
-    memset(ma->selected, 0, (size_t)E * sizeof(int));
-    for (long p = 0; p < (long)N * k; p++) ma->selected[ma->choice[p]]++;
-    double factor = (double)moe->cfg.capacity_factor;
-    ma->capacity = factor > 0.0 ? (int)ceil((double)k * N * factor / E) : 0;
     /* pairs grouped by expert, each group in (token, slot) order */
     struct pair_key *keys = dm_alloc((size_t)N * k * sizeof *keys);
     int *start = ma->offset;   /* borrowed as the groups' fill positions */
@@ -445,7 +518,7 @@ static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
     for (int t = 0; t < N; t++)
         for (int j = 0; j < k; j++) {
             int p = t * k + j, e = ma->choice[p];
-            struct pair_key key = {ma->scores[(size_t)t * E + e], t, p};
+            struct pair_key key = {ma->choice_score[p], t, p};
             keys[fill[e]++] = key;
         }
     int rows = 0;
@@ -481,48 +554,55 @@ static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
     dm_free(keys);
 }
 
-/* The balancing losses' values: aux = alpha E sum_i f_i P_i, f_i the share
- * of the k N pairs that chose expert i (before capacity), P_i the mean over
- * tokens of its normalised score (the softmax probability, or the sigmoid
- * score over the token's score sum); z = beta mean_t lse_t^2. */
+/* The balancing losses' values from the sums (moe_route_sums): aux =
+ * alpha E sum_i f_i P_i, f_i the share of the k N pairs that chose
+ * expert i (before capacity), P_i the mean over tokens of its normalised
+ * score (the softmax probability, or the sigmoid score over the token's
+ * score sum); z = beta mean_t lse_t^2. */
 static void balance_losses(const struct block_moe *moe, struct moe_acts *ma, int N)
 {
     int E = ma->E, k = ma->k;
     double aux = 0.0, z = 0.0;
     if (moe->cfg.aux_loss > 0.0f) {
-        double *P = dm_alloc((size_t)E * sizeof(double));
-        for (int t = 0; t < N; t++) {
-            const float *s = ma->scores + (size_t)t * E;
-            double norm = 1.0;
-            if (moe->cfg.router == MOE_ROUTER_SIGMOID) {
-                norm = 0.0;
-                for (int e = 0; e < E; e++) norm += s[e];
-            }
-            for (int e = 0; e < E; e++) P[e] += s[e] / norm;
-        }
         for (int e = 0; e < E; e++)
-            aux += ((double)ma->selected[e] / ((double)k * N)) * (P[e] / N);
+            aux += ((double)ma->selected[e] / ((double)k * N)) * (ma->sums[e] / N);
         aux *= (double)moe->cfg.aux_loss * E;
-        dm_free(P);
     }
     if (moe->cfg.z_loss > 0.0f) {
-        for (int t = 0; t < N; t++) z += (double)ma->lse[t] * ma->lse[t];
+        z = ma->sums[E];
         z *= (double)moe->cfg.z_loss / N;
     }
     ma->aux = (float)aux;
     ma->z = (float)z;
 }
 
+/* The router's product and the table's routing; on a device only the
+ * choice comes down (and the chosen scores when an expert drops by
+ * score, the losses' E + 1 sums when there are losses), for the host's
+ * assignment of rows. */
 static void moe_route(struct block *blk, struct moe_acts *ma, const float *ln2, int N)
 {
     const struct dm_backend *ops = backend_current();
     struct block_moe *moe = blk->moe;
-    ops->matmul_forward(ma->logits_dev, ln2, moe->router_w, NULL, N, blk->C, ma->E);
-    if (ma->logits_dev != ma->logits)   /* the routing is the host's */
-        ops->copy_to_host(ma->logits, ma->logits_dev, (size_t)N * ma->E * sizeof(float));
-    struct route_args a = {.moe = moe, .ma = ma};
-    dm_parallel_for(N, 16, route_range, &a);
+    int E = ma->E, k = ma->k, sigmoid = moe->cfg.router == MOE_ROUTER_SIGMOID;
+    size_t pairs = (size_t)N * k;
+    ops->matmul_forward(ma->logits_dev, ln2, moe->router_w, NULL, N, blk->C, E);
+    const float *bias = sigmoid ? moe->bias : NULL;
+    if (sigmoid && ma->device) {
+        ops->copy_to_device(ma->bias_dev, moe->bias, (size_t)E * sizeof(float));
+        bias = ma->bias_dev;
+    }
+    ops->moe_route_forward(ma->scores_dev, ma->lse_dev, ma->choice_dev, ma->choice_score_dev,
+                           ma->gate_dev, ma->logits_dev, bias, N, E, k, sigmoid);
+    if (ma->device) ops->copy_to_host(ma->choice, ma->choice_dev, pairs * sizeof(int));
+    if (count_selected(moe, ma, N) && ma->device)
+        ops->copy_to_host(ma->choice_score, ma->choice_score_dev, pairs * sizeof(float));
     assign_rows(moe, ma, N);
+    if (moe->cfg.aux_loss > 0.0f || moe->cfg.z_loss > 0.0f) {
+        ops->moe_route_sums(ma->sums_dev, ma->scores_dev, ma->lse_dev, N, E, sigmoid);
+        if (ma->device)
+            ops->copy_to_host(ma->sums, ma->sums_dev, ((size_t)E + 1) * sizeof(double));
+    }
     balance_losses(moe, ma, N);
 }
 
@@ -543,9 +623,10 @@ static void gather_range(void *arg, long begin, long end)
                (size_t)a->C * sizeof(float));
 }
 
-/* On a device the routing's decisions go up (each pair's gate and row,
- * for the combine and the backward, and the grouped rows' tokens) and the
- * table's gather copies the rows (the same bits). */
+/* On a device the host's assignment goes up (each pair's row, for the
+ * combine and the backward, the grouped rows' tokens, and the pairs per
+ * expert, for the aux loss's gradient; the gates are the device's
+ * already) and the table's gather copies the rows (the same bits). */
 static void moe_dispatch(struct moe_acts *ma, const float *ln2, int N)
 {
     if (ma->device) {
@@ -554,8 +635,8 @@ static void moe_dispatch(struct moe_acts *ma, const float *ln2, int N)
         int *token = ma->token_host;
         for (int r = 0; r < ma->rows; r++) token[r] = ma->pair[r] / ma->k;
         ops->copy_to_device(ma->token_dev, token, (size_t)ma->rows * sizeof(int));
-        ops->copy_to_device(ma->gate_dev, ma->gate, pairs * sizeof(float));
         ops->copy_to_device(ma->row_dev, ma->row, pairs * sizeof(int));
+        ops->copy_to_device(ma->selected_dev, ma->selected, (size_t)ma->E * sizeof(int));
         if (ma->rows > 0) ops->rows_gather(ma->x_dev, ln2, ma->token_dev, ma->rows, ma->C);
         return;
     }
@@ -792,95 +873,107 @@ void moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N,
     dm_parallel_for(N, 16, scatter_back_range, &a);
 }
 
+/* What the routing's backward reads and writes (backend.h:
+ * moe_route_backward). */
 struct route_back_args {
     float *dlogits;
-    const float *dgate;
-    const struct block_moe *moe;
-    const struct moe_acts *ma;
-    float loss_scale;
-    int N;
+    const float *dgate, *logits, *scores, *lse, *gate;
+    const int *choice, *selected;
+    double alpha, beta;     /* the aux and z-loss scales */
+    int N, E, k, sigmoid;
 };
 
-/* The gradient of the logits: through the gates (renormalised over the
+/* Token t's logits' gradient: through the gates (renormalised over the
  * chosen experts), the aux loss (through P only: f counts choices and has
  * no gradient) and the z-loss. */
-static void route_back_range(void *arg, long begin, long end)
+static void route_back_token(const struct route_back_args *a, long t)
 {
-    const struct route_back_args *a = arg;
-    const struct moe_acts *ma = a->ma;
-    const struct gpt_moe *cfg = &a->moe->cfg;
-    int E = ma->E, k = ma->k, N = a->N, sigmoid = cfg->router == MOE_ROUTER_SIGMOID;
-    double alpha = (double)cfg->aux_loss * a->loss_scale;
-    double beta = (double)cfg->z_loss * a->loss_scale;
-    for (long t = begin; t < end; t++) {
-        const float *s = ma->scores + t * E, *z = ma->logits + t * E;
-        const int *choice = ma->choice + t * k;
-        const float *gate = ma->gate + t * k, *dg = a->dgate + t * k;
-        float *dz = a->dlogits + t * E;
-        for (int e = 0; e < E; e++) dz[e] = 0.0f;   /* d score, for now */
-        /* gates g_j = s_j / sum_S s: d s_i = (dg_i - sum_j dg_j g_j) / sum_S s */
-        double denom = 0.0, dot = 0.0;
-        for (int j = 0; j < k; j++) {
-            denom += s[choice[j]];
-            dot += (double)dg[j] * gate[j];
-        }
-        if (denom > 0.0)
-            for (int j = 0; j < k; j++)
-                dz[choice[j]] += (float)(((double)dg[j] - dot) / denom);
-        /* aux: d/d P_i of alpha E sum f_i P_i is alpha E f_i, over N tokens */
-        if (alpha > 0.0) {
-            double sum = 0.0, weighted = 0.0;
-            if (sigmoid)
-                for (int e = 0; e < E; e++) sum += s[e];
-            for (int e = 0; e < E; e++) {
-                double coef = alpha * E * ((double)ma->selected[e] / ((double)k * N)) / N;
-                if (!sigmoid) {
-                    dz[e] += (float)coef;
-                } else {
-                    dz[e] += (float)(coef / sum);
-                    weighted += coef * s[e];
-                }
+    int E = a->E, k = a->k, N = a->N, sigmoid = a->sigmoid;
+    double alpha = a->alpha, beta = a->beta;
+    const float *s = a->scores + t * E, *z = a->logits + t * E;
+    const int *choice = a->choice + t * k;
+    const float *gate = a->gate + t * k, *dg = a->dgate + t * k;
+    float *dz = a->dlogits + t * E;
+    for (int e = 0; e < E; e++) dz[e] = 0.0f;   /* d score, for now */
+    /* gates g_j = s_j / sum_S s: d s_i = (dg_i - sum_j dg_j g_j) / sum_S s */
+    double denom = 0.0, dot = 0.0;
+    for (int j = 0; j < k; j++) {
+        denom += s[choice[j]];
+        dot += (double)dg[j] * gate[j];
+    }
+    if (denom > 0.0)
+        for (int j = 0; j < k; j++) dz[choice[j]] += (float)(((double)dg[j] - dot) / denom);
+    /* aux: d/d P_i of alpha E sum f_i P_i is alpha E f_i, over N tokens */
+    if (alpha > 0.0) {
+        double sum = 0.0, weighted = 0.0;
+        if (sigmoid)
+            for (int e = 0; e < E; e++) sum += s[e];
+        for (int e = 0; e < E; e++) {
+            double coef = alpha * E * ((double)a->selected[e] / ((double)k * N)) / N;
+            if (!sigmoid) {
+                dz[e] += (float)coef;
+            } else {
+                dz[e] += (float)(coef / sum);
+                weighted += coef * s[e];
             }
-            if (sigmoid)
-                for (int e = 0; e < E; e++) dz[e] -= (float)(weighted / (sum * sum));
         }
-        /* scores to logits */
-        if (sigmoid) {
-            for (int e = 0; e < E; e++) dz[e] = dz[e] * (s[e] * (1.0f - s[e]));
-        } else {
-            double inner = 0.0;
-            for (int e = 0; e < E; e++) inner += (double)dz[e] * s[e];
-            for (int e = 0; e < E; e++) dz[e] = s[e] * (float)((double)dz[e] - inner);
-        }
-        /* z-loss: d(beta mean lse^2)/dz = beta 2 lse softmax(z) / N */
-        if (beta > 0.0) {
-            double lse = ma->lse[t];
-            for (int e = 0; e < E; e++)
-                dz[e] += (float)(beta * 2.0 * lse * exp((double)z[e] - lse) / N);
-        }
+        if (sigmoid)
+            for (int e = 0; e < E; e++) dz[e] -= (float)(weighted / (sum * sum));
+    }
+    /* scores to logits */
+    if (sigmoid) {
+        for (int e = 0; e < E; e++) dz[e] = dz[e] * (s[e] * (1.0f - s[e]));
+    } else {
+        double inner = 0.0;
+        for (int e = 0; e < E; e++) inner += (double)dz[e] * s[e];
+        for (int e = 0; e < E; e++) dz[e] = s[e] * (float)((double)dz[e] - inner);
+    }
+    /* z-loss: d(beta mean lse^2)/dz = beta 2 lse softmax(z) / N */
+    if (beta > 0.0) {
+        double lse = a->lse[t];
+        for (int e = 0; e < E; e++)
+            dz[e] += (float)(beta * 2.0 * lse * exp((double)z[e] - lse) / N);
     }
 }
 
-/* The logits' gradient on the host (copied up on a device), then the
- * router's product. */
-static void moe_route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
-                               float *d_ln2, float *dlogits, const float *dgate, int N)
+static void route_back_range(void *arg, long begin, long end)
+{
+    for (long t = begin; t < end; t++) route_back_token(arg, t);
+}
+
+void moe_route_backward(float *dlogits, const float *dgate, const float *logits,
+                        const float *scores, const float *lse, const int *choice,
+                        const float *gate, const int *selected, int N, int E, int k, int sigmoid,
+                        double alpha, double beta)
+{
+    struct route_back_args a = {.dlogits = dlogits, .dgate = dgate, .logits = logits,
+                                .scores = scores, .lse = lse, .gate = gate, .choice = choice,
+                                .selected = selected, .alpha = alpha, .beta = beta, .N = N,
+                                .E = E, .k = k, .sigmoid = sigmoid};
+    dm_parallel_for(N, 16, route_back_range, &a);
+}
+
+/* The logits' gradient (the table's moe_route_backward, where the
+ * routing's arrays are), then the router's product. */
+static void route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
+                           float *d_ln2, float *dlogits, const float *dgate, int N)
 {
     const struct dm_backend *ops = backend_current();
     struct block_moe *moe = blk->moe;
-    struct route_back_args a = {.dlogits = dlogits, .dgate = dgate, .moe = moe, .ma = ma,
-                                .loss_scale = acts->loss_scale, .N = N};
-    dm_parallel_for(N, 16, route_back_range, &a);
-    float *dlogits_dev = ma->device ? ma->dlogits_dev : dlogits;
-    backend_write_end(dlogits_dev, dlogits, (size_t)N * ma->E * sizeof(float));
-    ops->matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits_dev,
-                         acts->ln2, moe->router_w, N, blk->C, ma->E);
+    const struct gpt_moe *cfg = &moe->cfg;
+    double alpha = (double)cfg->aux_loss * acts->loss_scale;
+    double beta = (double)cfg->z_loss * acts->loss_scale;
+    ops->moe_route_backward(dlogits, dgate, ma->logits_dev, ma->scores_dev, ma->lse_dev,
+                            ma->choice_dev, ma->gate_dev, ma->selected_dev, N, ma->E, ma->k,
+                            cfg->router == MOE_ROUTER_SIGMOID, alpha, beta);
+    ops->matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
+                         moe->router_w, N, blk->C, ma->E);
 }
 
-/* The four phases backwards, each reading only the next one's output:
- * the combine's and the dispatch's on the table, over the routing's row
- * and gate; on a device only dgate comes down (and dlogits goes up) for
- * the route's, which is the host's. */
+/* The four phases backwards, each reading only the next one's output,
+ * every one on the table: the combine's and the dispatch's over the
+ * routing's row and gate, the route's over its arrays; on a device
+ * nothing crosses. */
 void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
                   int N)
 {
@@ -888,21 +981,20 @@ void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, cons
     struct moe_acts *ma = acts->moe;
     DM_ASSERT(ma != NULL && ma->n == N);
     int C = blk->C, H = ma->H, E = ma->E, k = ma->k;
-    float *dgate = grow_buffer_get(&back_dgate, (size_t)N * k);
-    float *dlogits = grow_buffer_get(&back_dlogits, (size_t)N * E);
-    float *dy = ma->dy_dev, *dh = ma->dh_dev, *dx = ma->dx_dev, *dgate_dev = ma->dgate_dev;
+    float *dy = ma->dy_dev, *dh = ma->dh_dev, *dx = ma->dx_dev, *dgate = ma->dgate_dev;
+    float *dlogits = ma->dlogits_dev;
     if (!ma->device) {
         size_t rows = (size_t)(ma->rows ? ma->rows : 1);
         dy = grow_buffer_get(&back_dy, rows * C);
         dh = grow_buffer_get(&back_dh, rows * H);
         dx = grow_buffer_get(&back_dx, rows * C);
-        dgate_dev = dgate;
+        dgate = grow_buffer_get(&back_dgate, (size_t)N * k);
+        dlogits = grow_buffer_get(&back_dlogits, (size_t)N * E);
     }
-    ops->moe_combine_backward(dy, dgate_dev, dout, ma->y_dev, ma->gate_dev, ma->row_dev, N, k, C);
-    if (ma->device) ops->copy_to_host(dgate, dgate_dev, (size_t)N * k * sizeof(float));
+    ops->moe_combine_backward(dy, dgate, dout, ma->y_dev, ma->gate_dev, ma->row_dev, N, k, C);
     moe_experts_backward(blk, ma, acts, dy, dh, dx);
     ops->moe_dispatch_backward(d_ln2, dx, ma->row_dev, N, k, C);
-    moe_route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
+    route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
 }
 
 /* ---- a model's MoE blocks, once a step ----------------------------------------------- */
