@@ -349,6 +349,74 @@ static void check_moe(int N, int k, int C)
     dm_free(row), dev->free(ROW);
 }
 
+/* The device's doubles d (n) against want, relative to the largest */
+static void compare_doubles(const char *op, const double *d, const double *want, long n)
+{
+    double *got = dm_alloc((size_t)n * sizeof(double)), worst = 0.0, scale = 0.0;
+    dev->synchronize();
+    dev->copy_to_host(got, d, (size_t)n * sizeof(double));
+    for (long i = 0; i < n; i++) {
+        double diff = fabs(got[i] - want[i]);
+        worst = diff > worst || isnan(diff) ? diff : worst;
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    }
+    double rel = scale > 0 ? worst / scale : worst;
+    failures += !(rel <= 1e-4);
+    checked++;
+    printf("  %-40s %9.2e %s\n", op, rel, rel <= 1e-4 ? "ok" : "FAIL (tol 1e-4)");
+    dm_free(got);
+}
+
+/* MoE's routing (softmax, or sigmoid with a bias): the forward from the
+ * same logits; the sums and the backward from the CPU's forward, so that
+ * each op is checked on the same inputs. */
+static void check_moe_route(int N, int E, int k, int sigmoid)
+{
+    long NE = (long)N * E, NK = (long)N * k;
+    float *logits = host(NE, 3), *bias = host(E, 0.5f), *dgate = host(NK, 1);
+    float *scores = host(NE, 0), *lse = host(N, 0), *cscore = host(NK, 0), *gate = host(NK, 0);
+    int *choice = dm_alloc((size_t)NK * sizeof(int)), *selected = dm_alloc((size_t)E * sizeof(int));
+    float *LOGITS = up(logits, NE * 4), *BIAS = up(bias, E * 4L), *SCORES = up(scores, NE * 4);
+    float *LSE = up(lse, N * 4L), *CSCORE = up(cscore, NK * 4), *GATE = up(gate, NK * 4);
+    int *CHOICE = up(choice, NK * 4);
+    cpu->moe_route_forward(scores, lse, choice, cscore, gate, logits, bias, N, E, k, sigmoid);
+    dev->moe_route_forward(SCORES, LSE, CHOICE, CSCORE, GATE, LOGITS, BIAS, N, E, k, sigmoid);
+    const char *what = sigmoid ? "moe_route_forward (sigmoid)" : "moe_route_forward (softmax)";
+    char name[64];
+    snprintf(name, sizeof name, "%s scores", what);
+    compare(name, SCORES, scores, NE);
+    snprintf(name, sizeof name, "%s gates", what);
+    compare(name, GATE, gate, NK);
+    snprintf(name, sizeof name, "%s choice", what);
+    compare_ints(name, CHOICE, choice, NK);
+    compare("moe_route_forward lse", LSE, lse, N);
+    /* the CPU's forward on the device for the ops after it */
+    dev->copy_to_device(SCORES, scores, (size_t)NE * 4);
+    dev->copy_to_device(LSE, lse, (size_t)N * 4);
+    dev->copy_to_device(CHOICE, choice, (size_t)NK * 4);
+    dev->copy_to_device(GATE, gate, (size_t)NK * 4);
+    double *sums = dm_alloc((size_t)(E + 1) * sizeof(double));
+    double *SUMS = dev->alloc((size_t)(E + 1) * sizeof(double));
+    cpu->moe_route_sums(sums, scores, lse, N, E, sigmoid);
+    dev->moe_route_sums(SUMS, SCORES, LSE, N, E, sigmoid);
+    compare_doubles("moe_route_sums", SUMS, sums, E + 1);
+    for (int e = 0; e < E; e++) selected[e] = 0;
+    for (long p = 0; p < NK; p++) selected[choice[p]]++;
+    int *SELECTED = up(selected, E * 4L);
+    float *DGATE = up(dgate, NK * 4), *dlogits = host(NE, 0), *DLOGITS = up(dlogits, NE * 4);
+    cpu->moe_route_backward(dlogits, dgate, logits, scores, lse, choice, gate, selected, N, E, k,
+                            sigmoid, 0.01, 0.001);
+    dev->moe_route_backward(DLOGITS, DGATE, LOGITS, SCORES, LSE, CHOICE, GATE, SELECTED, N, E, k,
+                            sigmoid, 0.01, 0.001);
+    compare(sigmoid ? "moe_route_backward (sigmoid)" : "moe_route_backward (softmax)", DLOGITS,
+            dlogits, NE);
+    float *hs[] = {logits, bias, dgate, scores, lse, cscore, gate, dlogits};
+    float *ds[] = {LOGITS, BIAS, DGATE, SCORES, LSE, CSCORE, GATE, DLOGITS};
+    for (int i = 0; i < 8; i++) dm_free(hs[i]), dev->free(ds[i]);
+    dm_free(choice), dm_free(selected), dm_free(sums);
+    dev->free(CHOICE), dev->free(SELECTED), dev->free(SUMS);
+}
+
 static void check_sparse(int N, int C, int OC)
 {
     int *row_ptr = dm_alloc((size_t)(OC + 1) * sizeof(int)), nnz = 0;
@@ -534,6 +602,8 @@ int main(int argc, char **argv)
     check_embedding_loss_rows(4, 64, 96, 256);
     check_exit_confidence(256, 96, 256);
     check_moe(256, 2, 96);
+    check_moe_route(256, 16, 2, 0);
+    check_moe_route(200, 8, 3, 1);
     check_sparse(200, 64, 192);
     check_mod(4, 128, 96, 16);
     check_mod_combine(512, 96);
