@@ -24,9 +24,11 @@ static void slots_alloc(struct engine *eng)
         gpt_acts_alloc(&sl->acts, &eng->model, eng->micro_B, eng->T);
         sl->dout = backend_current()->alloc(btc * sizeof(float));
         sl->din = backend_current()->alloc(btc * sizeof(float));
-        sl->act_host = backend_staging(btc * sizeof(float));
-        sl->grad_host = backend_staging(btc * sizeof(float));
-        sl->recv_host = backend_staging(btc * sizeof(float));
+        if (!eng->pipe_comm) {   /* MPI's host staging; the transport needs none */
+            sl->act_host = backend_staging(btc * sizeof(float));
+            sl->grad_host = backend_staging(btc * sizeof(float));
+            sl->recv_host = backend_staging(btc * sizeof(float));
+        }
         sl->send_act = MPI_REQUEST_NULL;
         sl->send_exit = MPI_REQUEST_NULL;
         sl->send_grad = MPI_REQUEST_NULL;
@@ -97,10 +99,10 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
                       ? eng->micro_batches
                       : (g->stages - g->stage < eng->micro_batches ? g->stages - g->stage
                                                                    : eng->micro_batches);
-    slots_alloc(eng);
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage, g->replica, &eng->stage_comm));
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->replica, g->stage, &eng->pipeline_comm));
     engine_device_comm_init(eng);
+    slots_alloc(eng);
     struct dyn_env env = {.pipeline_comm = eng->pipeline_comm, .stage = g->stage,
                           .stages = g->stages};
     eng->dyn = dyn_create(cfg, &env);
