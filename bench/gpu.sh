@@ -2,19 +2,23 @@
 # make bench-gpu: issue 20's GPU benchmark in one command, for a session
 # that is lent a GPU for a few minutes (docs/gpu-bench.md). On a machine
 # with a GPU it
-#   1. prints the GPU (nvidia-smi -L) and its fp32 and TF32 peaks;
+#   1. prints the GPU (nvidia-smi -L) and its fp32, TF32 and bf16 peaks;
 #   2. brings $BUILD/dynmo and the CUDA plugin $BUILD/libdynmo_cuda.so up
 #      to date (make USE_CUDA=1, for the GPU's own architecture), unless
 #      DYNMO and DYNMO_CUDA_PLUGIN both name the binaries to use;
 #   3. runs `dynmo bench` with train.device=cuda for each config
-#      (configs/ref.ini, configs/gpt2-small.ini), GPU_BENCH_WARMUP
+#      (configs/ref.ini, configs/gpt2-small.ini) and each precision of
+#      GPU_BENCH_PRECISIONS (train.precision = fp32, tf32, bf16: the
+#      operands of every cuBLAS product; docs/gpu.md), GPU_BENCH_WARMUP
 #      untimed + GPU_BENCH_STEPS timed steps, each run under a timeout,
 #      all of them within GPU_BENCH_BUDGET seconds of the start;
 #   4. runs the PyTorch peer (bench/torch_gpt.py --device cuda) on the same
-#      shapes, fp32 with TF32 off and with TF32 on, when a python3 has a
-#      torch that sees the GPU (/usr/bin/python3, python3; or only $PYTHON);
-#   5. prints one table: per config, tokens/s, achieved TFLOP/s and the
-#      share of the GPU's peak for dynmo and for PyTorch, and their ratio.
+#      shapes in the same precisions (fp32 with TF32 off, --tf32, --bf16:
+#      torch.autocast to bfloat16), when a python3 has a torch that sees
+#      the GPU (/usr/bin/python3, python3; or only $PYTHON);
+#   5. prints one table: per config and precision, tokens/s, achieved
+#      TFLOP/s and the share of the GPU's peak for that precision, for
+#      dynmo and for PyTorch, and their ratio.
 # A piece that cannot run (plugin build fails, dynmo refuses cuda, no
 # torch) prints one line saying why, and the rest still runs. With OUT
 # set (the device tool copies $OUT back) the output also goes to
@@ -35,7 +39,8 @@
 #
 #   bench/gpu.sh                    the benchmark
 #   bench/gpu.sh --flops CONFIG     the model's sizes and FLOPs per token, no GPU needed
-# Knobs: GPU_BENCH_CONFIGS, GPU_BENCH_STEPS (10), GPU_BENCH_WARMUP (3),
+# Knobs: GPU_BENCH_CONFIGS, GPU_BENCH_PRECISIONS (fp32 tf32 bf16),
+# GPU_BENCH_STEPS (10), GPU_BENCH_WARMUP (3),
 # GPU_BENCH_TIMEOUT (seconds per run, 150), GPU_BENCH_BUDGET (seconds for
 # the whole script, 420: a run that would start later is not started and
 # says so), GPU_BENCH_TORCH_ARGS (added to
@@ -88,6 +93,7 @@ DYNMO=${DYNMO:-$BUILD/dynmo}
 build_dir=$BUILD; [[ $build_dir = /* ]] || build_dir=$PWD/$BUILD
 export DYNMO_CUDA_PLUGIN=${DYNMO_CUDA_PLUGIN:-$build_dir/libdynmo_cuda.so}
 configs=${GPU_BENCH_CONFIGS:-configs/ref.ini configs/gpt2-small.ini}
+precisions=${GPU_BENCH_PRECISIONS:-fp32 tf32 bf16}
 steps=${GPU_BENCH_STEPS:-10}
 warmup=${GPU_BENCH_WARMUP:-3}
 limit=${GPU_BENCH_TIMEOUT:-150}
@@ -96,14 +102,15 @@ read -r -a torch_extra <<<"${GPU_BENCH_TORCH_ARGS:-}"
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" || OUT=; fi
 table_file=${OUT:+$OUT/gpu-bench-table.txt}
 
-# peaks NAME: "fp32 tf32" dense TFLOP/s from the vendor's data sheets for
-# the GPUs we know, "? ?" for any other (the share is then printed as ?).
+# peaks NAME: "fp32 tf32 bf16" dense TFLOP/s from the vendor's data
+# sheets for the GPUs we know, "? ? ?" for any other (the share is then
+# printed as ?).
 peaks() {
   case $1 in
-    *H200*NVL*|*H100*PCIe*|*H100*NVL*) echo "? ?" ;;
-    *H200*|*H100*SXM*|*H100*HBM3*) echo "67 495" ;;
-    *A100*) echo "19.5 156" ;;
-    *) echo "? ?" ;;
+    *H200*NVL*|*H100*PCIe*|*H100*NVL*) echo "? ? ?" ;;
+    *H200*|*H100*SXM*|*H100*HBM3*) echo "67 495 989" ;;
+    *A100*) echo "19.5 156 312" ;;
+    *) echo "? ? ?" ;;
   esac
 }
 
@@ -137,12 +144,12 @@ main() {
     echo "gpu.sh: no GPU: nvidia-smi -L on $(hostname) says '$(head -n 1 <<<"$gpus")'; nothing measured (run on a GPU node: docs/gpu-bench.md)"
     return 2
   fi
-  local name fp32_peak tf32_peak
+  local name fp32_peak tf32_peak bf16_peak
   echo "== GPU: $gpus" | head -n 4
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-  read -r fp32_peak tf32_peak <<<"$(peaks "${name:-$gpus}")"
-  echo "== peak (dense, data sheet): fp32 $fp32_peak TFLOP/s, TF32 tensor cores $tf32_peak TFLOP/s${name:+ ($name)}"
-  echo "== dynmo's products are fp32 (cuBLAS without TF32): dynmo and PyTorch fp32 are measured against the fp32 peak, PyTorch TF32 against the TF32 peak; bf16 is not in dynmo yet (docs/gpu.md)"
+  read -r fp32_peak tf32_peak bf16_peak <<<"$(peaks "${name:-$gpus}")"
+  echo "== peak (dense, data sheet): fp32 $fp32_peak TFLOP/s, TF32 tensor cores $tf32_peak TFLOP/s, bf16 tensor cores $bf16_peak TFLOP/s${name:+ ($name)}"
+  echo "== each precision against its own peak: dynmo's train.precision (the operands of its cuBLAS products; outputs, weights and everything else fp32) beside PyTorch with TF32 off, --tf32, and --bf16 (torch.autocast; docs/gpu-bench.md)"
 
   # 2. the build
   local have_plugin=1
@@ -177,7 +184,7 @@ main() {
   fi
 
   # 3, 4. the runs
-  local rows=() config status=0
+  local rows=() config precision status=0 peak
   for config in $configs; do
     local sizes V S L NH C B T per_token label
     sizes=$(model_sizes "$config") || { status=1; continue; }
@@ -185,74 +192,81 @@ main() {
     per_token=$(flops "$config" | awk '{print $6}')
     label=$(basename "$config" .ini)
     echo "== $label: L=$L C=$C NH=$NH V=$V, batch $B x $T; $(flops "$config")"
-
-    local dynmo_rate="" dynmo_note="not run" rc
-    if [ $have_plugin = 1 ]; then
-      echo "   dynmo bench --config $config --warmup $warmup --steps $steps train.device=cuda"
-      run_limited "$tmp/dynmo.log" "$DYNMO" bench --config "$config" --warmup "$warmup" \
-        --steps "$steps" train.device=cuda
-      rc=$?
-      grep -E '^bench:|error' "$tmp/dynmo.log" | sed 's/^/   /'
-      case $rc in
-        0) dynmo_rate=$(sed -n 's/^bench: median .*, \([0-9.]*\) tokens\/s,.*/\1/p' "$tmp/dynmo.log")
-           dynmo_note="" ;;
-        2) dynmo_note="refused (exit 2)"
-           echo "   dynmo refused train.device=cuda (exit 2; message above)" ;;
-        124|137) dynmo_note="timed out"
-           echo "   dynmo: no result in time (GPU_BENCH_TIMEOUT $limit s, GPU_BENCH_BUDGET $budget s)" ;;
-        125) dynmo_note="not started"
-           echo "   dynmo: not started, GPU_BENCH_BUDGET ($budget s) spent" ;;
-        *) dynmo_note="failed (exit $rc)"
-           tail -n 5 "$tmp/dynmo.log" | sed 's/^/   /'
-           echo "   dynmo failed (exit $rc)" ;;
+    for precision in $precisions; do
+      case $precision in
+        fp32) peak=$fp32_peak ;; tf32) peak=$tf32_peak ;; bf16) peak=$bf16_peak ;;
+        *) echo "   GPU_BENCH_PRECISIONS: '$precision' is not fp32, tf32 or bf16: skipped"; status=1; continue ;;
       esac
-    fi
-    [ -n "$dynmo_rate" ] || status=1
-
-    local torch_fp32="" torch_tf32="" mode flag
-    for mode in fp32 tf32; do
-      [ -n "$python" ] || break
-      flag=(); [ $mode = tf32 ] && flag=(--tf32)
-      echo "   PyTorch $mode: bench/torch_gpt.py --device cuda ${flag[*]} --warmup-steps $warmup --steps $steps ${torch_extra[*]}"
-      run_limited "$tmp/torch.log" "$python" bench/torch_gpt.py --device cuda "${flag[@]}" \
-        --warmup-steps "$warmup" --steps "$steps" --vocab "$V" --max-seq "$S" --layers "$L" \
-        --heads "$NH" --channels "$C" --batch "$B" --seq "$T" "${torch_extra[@]}"
-      rc=$?
-      sed 's/^/     /' "$tmp/torch.log" | tail -n 6
-      if [ $rc -ne 0 ]; then
-        case $rc in
-          124|137) echo "   PyTorch $mode: no result in time (GPU_BENCH_TIMEOUT $limit s, GPU_BENCH_BUDGET $budget s)" ;;
-          125) echo "   PyTorch $mode: not started, GPU_BENCH_BUDGET ($budget s) spent" ;;
-          *) echo "   PyTorch $mode: failed (exit $rc)" ;;
-        esac
-        continue
-      fi
-      local rate
-      rate=$(sed -n 's/^tokens\/s \([0-9.]*\);.*/\1/p' "$tmp/torch.log")
-      if [ $mode = fp32 ]; then torch_fp32=$rate; else torch_tf32=$rate; fi
+      local dynmo_rate="" dynmo_note="not run" torch_rate=""
+      [ $have_plugin = 1 ] && measure_dynmo "$config" "$precision"
+      [ -n "$dynmo_rate" ] || status=1
+      [ -n "$python" ] && measure_torch "$python" "$precision"
+      local d d_share t t_share ratio
+      read -r d d_share <<<"$(tflops "$dynmo_rate" "$per_token" "$peak")"
+      read -r t t_share <<<"$(tflops "$torch_rate" "$per_token" "$peak")"
+      ratio=$(awk -v a="$dynmo_rate" -v b="$torch_rate" \
+        'BEGIN { if (a != "" && b != "" && b > 0) printf "%.2f", a / b; else print "-" }')
+      rows+=("$label|$precision|${dynmo_rate:-$dynmo_note}|$d|$d_share|${torch_rate:--}|$t|$t_share|$ratio")
     done
-
-    local d d_share t32 t32_share t_tf t_tf_share ratio
-    read -r d d_share <<<"$(tflops "$dynmo_rate" "$per_token" "$fp32_peak")"
-    read -r t32 t32_share <<<"$(tflops "$torch_fp32" "$per_token" "$fp32_peak")"
-    read -r t_tf t_tf_share <<<"$(tflops "$torch_tf32" "$per_token" "$tf32_peak")"
-    ratio=$(awk -v a="$dynmo_rate" -v b="$torch_fp32" \
-      'BEGIN { if (a != "" && b != "" && b > 0) printf "%.2f", a / b; else print "-" }')
-    rows+=("$label|${dynmo_rate:-$dynmo_note}|$d|$d_share|${torch_fp32:--}|$t32|$t32_share|${torch_tf32:--}|$t_tf|$t_tf_share|$ratio")
   done
 
   # 5. the table
   {
-    echo "== GPU benchmark, $(date -u +%Y-%m-%dT%H:%MZ), ${name:-$(head -n 1 <<<"$gpus")}: fp32 peak $fp32_peak, TF32 peak $tf32_peak TFLOP/s; $torch_version; $warmup warm-up + $steps timed steps (medians)"
-    printf '%-11s | %-17s %7s %6s | %-12s %7s %6s | %-12s %7s %6s | %s\n' \
-      config "dynmo tok/s" TFLOP/s "%fp32" "torch fp32" TFLOP/s "%fp32" "torch tf32" TFLOP/s "%tf32" "dynmo/torch fp32"
+    echo "== GPU benchmark, $(date -u +%Y-%m-%dT%H:%MZ), ${name:-$(head -n 1 <<<"$gpus")}: peaks fp32 $fp32_peak, TF32 $tf32_peak, bf16 $bf16_peak TFLOP/s; $torch_version; $warmup warm-up + $steps timed steps (medians); %peak against the row's precision"
+    printf '%-11s | %-9s | %-17s %7s %6s | %-12s %7s %6s | %s\n' \
+      config precision "dynmo tok/s" TFLOP/s "%peak" "torch tok/s" TFLOP/s "%peak" "dynmo/torch"
     local row f
     for row in "${rows[@]}"; do
       IFS='|' read -r -a f <<<"$row"
-      printf '%-11s | %-17s %7s %6s | %-12s %7s %6s | %-12s %7s %6s | %s\n' "${f[@]}"
+      printf '%-11s | %-9s | %-17s %7s %6s | %-12s %7s %6s | %s\n' "${f[@]}"
     done
   } | tee "${table_file:-/dev/null}"
   return $status
+}
+
+# measure_dynmo CONFIG PRECISION: `dynmo bench` on cuda with
+# train.precision = PRECISION; sets dynmo_rate (tokens/s, or empty) and
+# dynmo_note (why not).
+measure_dynmo() {
+  local rc
+  echo "   dynmo bench --config $1 --warmup $warmup --steps $steps train.device=cuda train.precision=$2"
+  run_limited "$tmp/dynmo.log" "$DYNMO" bench --config "$1" --warmup "$warmup" \
+    --steps "$steps" train.device=cuda train.precision="$2"
+  rc=$?
+  grep -E '^bench:|error' "$tmp/dynmo.log" | sed 's/^/   /'
+  case $rc in
+    0) dynmo_rate=$(sed -n 's/^bench: median .*, \([0-9.]*\) tokens\/s,.*/\1/p' "$tmp/dynmo.log")
+       dynmo_note="" ;;
+    2) dynmo_note="refused (exit 2)"
+       echo "   dynmo refused train.device=cuda train.precision=$2 (exit 2; message above)" ;;
+    124|137) dynmo_note="timed out"
+       echo "   dynmo: no result in time (GPU_BENCH_TIMEOUT $limit s, GPU_BENCH_BUDGET $budget s)" ;;
+    125) dynmo_note="not started"
+       echo "   dynmo: not started, GPU_BENCH_BUDGET ($budget s) spent" ;;
+    *) dynmo_note="failed (exit $rc)"
+       tail -n 5 "$tmp/dynmo.log" | sed 's/^/   /'
+       echo "   dynmo failed (exit $rc)" ;;
+  esac
+}
+
+# measure_torch PYTHON PRECISION: the PyTorch peer on the config's shape
+# (V S L NH C B T of the caller) with TF32 off (fp32), --tf32 or --bf16;
+# sets torch_rate (tokens/s, or empty).
+measure_torch() {
+  local python=$1 mode=$2 flag=() rc
+  case $mode in tf32) flag=(--tf32) ;; bf16) flag=(--bf16) ;; esac
+  echo "   PyTorch $mode: bench/torch_gpt.py --device cuda ${flag[*]} --warmup-steps $warmup --steps $steps ${torch_extra[*]}"
+  run_limited "$tmp/torch.log" "$python" bench/torch_gpt.py --device cuda "${flag[@]}" \
+    --warmup-steps "$warmup" --steps "$steps" --vocab "$V" --max-seq "$S" --layers "$L" \
+    --heads "$NH" --channels "$C" --batch "$B" --seq "$T" "${torch_extra[@]}"
+  rc=$?
+  sed 's/^/     /' "$tmp/torch.log" | tail -n 6
+  case $rc in
+    0) torch_rate=$(sed -n 's/^tokens\/s \([0-9.]*\);.*/\1/p' "$tmp/torch.log") ;;
+    124|137) echo "   PyTorch $mode: no result in time (GPU_BENCH_TIMEOUT $limit s, GPU_BENCH_BUDGET $budget s)" ;;
+    125) echo "   PyTorch $mode: not started, GPU_BENCH_BUDGET ($budget s) spent" ;;
+    *) echo "   PyTorch $mode: failed (exit $rc)" ;;
+  esac
 }
 
 # Made here, not in main: with OUT set main runs in a pipeline's subshell,

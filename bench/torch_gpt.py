@@ -17,8 +17,12 @@ dynmo and writes nothing. Run with Debian's torch 1.13:
 On a GPU (bench/gpu.sh, docs/gpu-bench.md), `--device cuda` runs the same
 step there, timed between torch.cuda.synchronize() calls, and also prints
 the peak device memory. fp32 means fp32: TF32 tensor-core products are off
-(matmul and cuDNN) unless `--tf32` allows them, since dynmo's cuBLAS
-products do not use TF32 either. `--compile` wraps the model in
+(matmul and cuDNN) unless `--tf32` allows them, as dynmo's cuBLAS products
+use TF32 only with train.precision = tf32. `--bf16` runs the forward and
+the loss under torch.autocast to bfloat16 (fp32 weights and optimizer,
+bf16 operands of the products): PyTorch's usual mixed precision, the peer
+of train.precision = bf16, although autocast also keeps the products'
+outputs in bf16 where dynmo's stay fp32. `--compile` wraps the model in
 torch.compile (torch 2.x; the warm-up steps then include compiling).
 The defaults are the reference config's shape (configs/ref.ini); GPT-2
 small (configs/gpt2-small.ini) is
@@ -129,8 +133,11 @@ def parse_args():
                    help="torch.set_num_threads(N); 0 keeps torch's default")
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    p.add_argument("--tf32", action="store_true",
-                   help="on cuda, allow TF32 tensor-core products (off by default: fp32)")
+    precision = p.add_mutually_exclusive_group()
+    precision.add_argument("--tf32", action="store_true",
+                           help="on cuda, allow TF32 tensor-core products (off by default: fp32)")
+    precision.add_argument("--bf16", action="store_true",
+                           help="torch.autocast the forward and loss to bfloat16 (fp32 weights)")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (torch 2.x)")
     args = p.parse_args()
     if args.steps < 1 or args.seq > args.max_seq or args.channels % args.heads:
@@ -173,7 +180,8 @@ def main():
         for group in optimizer.param_groups:
             group["lr"] = lr_at_step(step, args)
         optimizer.zero_grad(set_to_none=True)
-        loss = step_model(inputs, targets)
+        with torch.autocast(device_type=args.device, dtype=torch.bfloat16, enabled=args.bf16):
+            loss = step_model(inputs, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, args.grad_clip)
         optimizer.step()
@@ -188,9 +196,10 @@ def main():
     nparams = sum(p.numel() for p in params)
     if cuda:
         where = (f"{torch.cuda.get_device_name()}, TF32 {'on' if args.tf32 else 'off'}"
-                 f"{', compiled' if args.compile else ''}")
+                 f"{', bf16 autocast' if args.bf16 else ''}{', compiled' if args.compile else ''}")
     else:
-        where = f"threads {torch.get_num_threads()}{', compiled' if args.compile else ''}"
+        where = (f"threads {torch.get_num_threads()}{', bf16 autocast' if args.bf16 else ''}"
+                 f"{', compiled' if args.compile else ''}")
     print(f"torch {torch.__version__} on {args.device}: {where}, "
           f"{nparams} params, V={args.vocab} S={args.max_seq} L={args.layers} "
           f"NH={args.heads} C={args.channels} B={args.batch} T={args.seq}")

@@ -8,7 +8,7 @@
  * (DM_BLOCK_THREADS), every block and thread in a loop and a kernel with
  * barriers phase by phase, as tests/test_kernels_host.c does; the cuBLAS
  * products go through the same column-major translation (gemm.cuh) onto
- * CBLAS. Device memory is an arena of this process's address space that
+ * CBLAS, on operands rounded as train.precision says (precision.cuh). Device memory is an arena of this process's address space that
  * the host cannot touch outside the table's entries (strict mode, below):
  * a host read of a device tensor faults and is named. It must not know
  * anything of dynmo beyond include/dynmo/backend.h, nor call MPI. */
@@ -37,6 +37,7 @@
 #include "matmul.cuh"
 #include "mod.cuh"
 #include "moe.cuh"
+#include "precision.cuh"
 #include "reduce.cuh"
 #include "softmax.cuh"
 #include "sparse.cuh"
@@ -399,22 +400,10 @@ static void tree(float *shared, tree_step_fn step)
         for (int k = 0; k < stride; k++) step(shared, k, stride);
 }
 
-/* What matmul.cu's dm_cuda_gemm hands cuBLAS, done by CBLAS column-major. */
-static void gemm(struct dm_gemm row_major)
-{
-    struct dm_gemm g = dm_gemm_to_column_major(row_major);
-    if (g.m == 0 || g.n == 0) return;
-    for (int i = 0; i < g.batch; i++)
-        cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-                    g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, g.alpha,
-                    g.a + i * g.stride_a, g.lda, g.b + i * g.stride_b, g.ldb, g.beta,
-                    g.c + i * g.stride_c, g.ldc);
-}
-
 /* The plugin's scratch: floats that only grow, one buffer per slot. */
 enum {
     SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_MOD, SCRATCH_REDUCE,
-    SCRATCH_SLOTS
+    SCRATCH_GEMM_A, SCRATCH_GEMM_B, SCRATCH_SLOTS
 };
 
 static float *scratch(int slot, size_t floats)
@@ -427,6 +416,37 @@ static float *scratch(int slot, size_t floats)
         have[slot] = floats;
     }
     return buf[slot];
+}
+
+/* The n floats at x (an operand's span, gemm.cuh) rounded as `precision`'s
+ * operands into scratch `slot`: what the GPU's tensor cores would take
+ * (bf16 the bits matmul.cu's conversion kernel writes; TF32 an
+ * approximation, cuBLAS does not say how it rounds). */
+static const float *rounded_copy(int slot, const float *x, long n, int precision)
+{
+    float *out = scratch(slot, (size_t)n);
+    LAUNCH(grid_for(n), precision_round_thread(t, out, x, n, precision));
+    return out;
+}
+
+/* What matmul.cu's dm_cuda_gemm hands cuBLAS, done by CBLAS column-major,
+ * on rounded copies of both operands when train.precision is not fp32
+ * (their products are exact in fp32, so CBLAS's fp32 arithmetic stands
+ * for the tensor cores' fp32 accumulation, up to the order of the sum). */
+static void gemm(struct dm_gemm row_major)
+{
+    struct dm_gemm g = dm_gemm_to_column_major(row_major);
+    if (g.m == 0 || g.n == 0) return;
+    int precision = host ? host->precision : DM_PRECISION_FP32;
+    if (precision != DM_PRECISION_FP32) {
+        g.a = rounded_copy(SCRATCH_GEMM_A, g.a, dm_gemm_span_a(g), precision);
+        g.b = rounded_copy(SCRATCH_GEMM_B, g.b, dm_gemm_span_b(g), precision);
+    }
+    for (int i = 0; i < g.batch; i++)
+        cblas_sgemm(CblasColMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                    g.trans_b ? CblasTrans : CblasNoTrans, g.m, g.n, g.k, g.alpha,
+                    g.a + i * g.stride_a, g.lda, g.b + i * g.stride_b, g.ldb, g.beta,
+                    g.c + i * g.stride_c, g.ldc);
 }
 
 /* ---- element-wise, embedding, optimizer (elementwise.cu, encoder.cu, adamw.cu) ---- */

@@ -90,6 +90,30 @@ DM_HD struct dm_gemm dm_gemm_to_column_major(struct dm_gemm row)
     return col;
 }
 
+/* Floats from the first element of a column-major operand, (rows, cols)
+ * stored with leading dimension ld, to one past its last, over `batch`
+ * items stride apart: what a copy of the operand must cover (the gaps
+ * between columns included, so the copy keeps ld and stride). */
+DM_HD long dm_gemm_span(int rows, int cols, int ld, long stride, int batch)
+{
+    if (rows == 0 || cols == 0 || batch == 0) return 0;
+    return (long)(batch - 1) * stride + (long)ld * (cols - 1) + rows;
+}
+
+/* The span of A and of B of a column-major product: op(A) (m, k) is
+ * stored (k, m) when transposed, op(B) (k, n) stored (n, k). */
+DM_HD long dm_gemm_span_a(struct dm_gemm col)
+{
+    return col.trans_a ? dm_gemm_span(col.k, col.m, col.lda, col.stride_a, col.batch)
+                       : dm_gemm_span(col.m, col.k, col.lda, col.stride_a, col.batch);
+}
+
+DM_HD long dm_gemm_span_b(struct dm_gemm col)
+{
+    return col.trans_b ? dm_gemm_span(col.n, col.k, col.ldb, col.stride_b, col.batch)
+                       : dm_gemm_span(col.k, col.n, col.ldb, col.stride_b, col.batch);
+}
+
 /* ---- the model's products, row-major ------------------------------------ */
 
 /* matmul_forward: out (N, OC) = inp (N, C) @ weight (OC, C)^T + beta out */

@@ -32,6 +32,11 @@ cublasHandle_t dm_cuda_cublas(void)
     return cublas;
 }
 
+int dm_cuda_precision(void)
+{
+    return host ? host->precision : DM_PRECISION_FP32;
+}
+
 void dm_cuda_wait_round(int first)
 {
     if (host && host->wait_round) host->wait_round(first);
@@ -196,7 +201,9 @@ extern "C" __attribute__((visibility("default"))) int dynmo_cuda_backend_open(
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
     CUBLAS_CHECK(cublasCreate(&cublas));
     CUBLAS_CHECK(cublasSetStream(cublas, stream));
-    CUBLAS_CHECK(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));   /* fp32, no TF32 */
+    /* no TF32 behind our back: each product's compute type says what it
+     * uses (matmul.cu, train.precision) */
+    CUBLAS_CHECK(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
     memset(table, 0, sizeof *table);
     table->abi = DM_BACKEND_ABI;
     table->name = "cuda";

@@ -1,7 +1,8 @@
 /* What the files of the CUDA plugin share and nothing else includes: the
  * checks of every CUDA, cuBLAS and NCCL call, the plugin's stream, cuBLAS
- * handle and device scratch (plugin.cu), the one product entry (matmul.cu)
- * and the ops the table holds, each defined in its kernel file. C++
+ * handle, device scratch and the host's product precision (plugin.cu),
+ * the one product entry (matmul.cu) and the ops the table holds, each
+ * defined in its kernel file. C++
  * (nvcc); the ops have the CPU ops' signatures and take device pointers. */
 #ifndef DYNMO_KERNELS_PLUGIN_H
 #define DYNMO_KERNELS_PLUGIN_H
@@ -43,12 +44,17 @@ cudaStream_t dm_cuda_stream(void);
 cublasHandle_t dm_cuda_cublas(void);
 /* Device floats that only grow to the largest request, one buffer per slot. */
 enum { SCRATCH_ATTENTION, SCRATCH_HASH_TILES, SCRATCH_HASH_DELTA, SCRATCH_MOD, SCRATCH_REDUCE,
-       SCRATCH_SLOTS };
+       SCRATCH_GEMM_A, SCRATCH_GEMM_B, SCRATCH_SLOTS };
 float *dm_cuda_scratch(int slot, size_t floats);
 /* Waits for the stream by polling (cudaStreamQuery, sched_yield between polls). */
 void dm_cuda_stream_wait(cudaStream_t stream);
 
-/* A row-major product (gemm.cuh) on cuBLAS, through the column-major translation. */
+/* The products' operand precision (enum dm_precision) the host set
+ * (struct dm_backend_host); fp32 before open. */
+int dm_cuda_precision(void);
+
+/* A row-major product (gemm.cuh) on cuBLAS, through the column-major
+ * translation, with dm_cuda_precision()'s operands. */
 void dm_cuda_gemm(struct dm_gemm row_major);
 
 /* ---- the ops of the table ---------------------------------------------------- */

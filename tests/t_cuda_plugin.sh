@@ -31,7 +31,7 @@ for kernel in gelu_forward_kernel gelu_backward_kernel residual_forward_kernel \
     exit_saturation_confidence_kernel mod_combine_forward_kernel \
     mod_scale_chosen_kernel mod_combine_dr_kernel mod_combine_din_kernel \
     mod_combine_dweight_kernel moe_combine_forward_kernel moe_combine_dy_kernel \
-    moe_combine_dgate_kernel moe_dispatch_backward_kernel; do
+    moe_combine_dgate_kernel moe_dispatch_backward_kernel precision_to_bf16_kernel; do
   nm -C "$plugin" | grep -q "$kernel(" || fail "kernel $kernel is not in the plugin"
 done
 for call in cublasGemmEx cublasGemmStridedBatchedEx ncclCommInitRankConfig ncclSend ncclRecv \

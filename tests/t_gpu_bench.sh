@@ -7,12 +7,14 @@
 #   and FLOPs per token x dynmo bench's tokens/s on ref.ini gives the
 #   GFLOP/s dynmo bench prints (the same formula, within rounding);
 # - the whole run on a fake H200 (a stand-in nvidia-smi, dynmo and
-#   python): the table's TFLOP/s, shares of the peaks and ratio from the
+#   python): per config a row for each of fp32, tf32 and bf16, dynmo run
+#   with that train.precision and PyTorch with TF32 off, --tf32, --bf16,
+#   the TFLOP/s, shares of that precision's peak and ratio from the
 #   stand-ins' tokens/s, a refused dynmo shown as refused, exit 1; with no
 #   GPU_BENCH_BUDGET left nothing starts; the real dynmo refusing an
 #   unloadable plugin is shown as refused too;
-# - bench/torch_gpt.py --device cpu still trains 2 steps of a tiny shape
-#   (skip: without torch).
+# - bench/torch_gpt.py --device cpu still trains 2 steps of a tiny shape,
+#   also with --bf16 (autocast on the CPU) (skip: without torch).
 # Run from the repository root with $DYNMO set (tests/run.sh).
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -87,23 +89,28 @@ case "$*" in
   *) exit 1 ;;
 esac
 EOF
-# dynmo: 1e6 tokens/s on ref.ini, refuses cuda (exit 2) on any other.
+# dynmo: on ref.ini 1e6 tokens/s with fp32 products, 1.5e6 with tf32,
+# 4e6 with bf16 (a run without train.precision fails: gpu.sh must name
+# it); refuses cuda (exit 2) on any other config.
 cat > "$fake/dynmo" <<'EOF'
 #!/bin/sh
 case "$*" in
-  *configs/ref.ini*train.device=cuda*)
-    echo "bench: median 2.0 ms/step over 10 steps (after 3 warm-up), 1000000 tokens/s, 44433.4 GFLOP/s, peak RSS 100 MiB (rank 0)"
-    echo "bench: loss 5.5000 -> 5.0000 on a fixed batch: ok" ;;
+  *configs/ref.ini*train.device=cuda*train.precision=fp32*) rate=1000000 ;;
+  *configs/ref.ini*train.device=cuda*train.precision=tf32*) rate=1500000 ;;
+  *configs/ref.ini*train.device=cuda*train.precision=bf16*) rate=4000000 ;;
+  *configs/ref.ini*) echo "dynmo: no train.precision given (fake)" >&2; exit 1 ;;
   *) echo "dynmo: error: train.device = cuda: refused (fake)" >&2; exit 2 ;;
 esac
+echo "bench: median 2.0 ms/step over 10 steps (after 3 warm-up), $rate tokens/s, 44433.4 GFLOP/s, peak RSS 100 MiB (rank 0)"
+echo "bench: loss 5.5000 -> 5.0000 on a fixed batch: ok"
 EOF
-# python: torch sees a GPU; 5e5 tokens/s in fp32, 2e6 with TF32.
+# python: torch sees a GPU; 5e5 tokens/s in fp32, 2e6 with TF32, 8e6 with bf16.
 cat > "$fake/python3" <<'EOF'
 #!/bin/bash
 case "$1" in
   -c) [[ $2 == *version* ]] && echo "0.0-fake CUDA 0.0"; exit 0 ;;
   bench/torch_gpt.py)
-    rate=500000; [[ " $* " == *" --tf32 "* ]] && rate=2000000
+    rate=500000; [[ " $* " == *" --tf32 "* ]] && rate=2000000; [[ " $* " == *" --bf16 "* ]] && rate=8000000
     echo "torch 0.0-fake on cuda: $*"; echo "tokens/s $rate; peak RSS 1.0 MiB" ;;
   *) exit 1 ;;
 esac
@@ -115,24 +122,34 @@ out=$(env PATH="$fake/h200:$PATH" DYNMO="$fake/dynmo" DYNMO_CUDA_PLUGIN="$fake/p
         PYTHON="$fake/python3" OUT="$fake/out" bench/gpu.sh 2>&1); rc=$?
 [ $rc -eq 1 ] || fail "fake H200: exit $rc, want 1 (gpt2-small refused)"
 table=$(cat "$fake/out/gpu-bench-table.txt" 2>/dev/null) || fail "fake H200: no \$OUT/gpu-bench-table.txt"
-# ref: dynmo 1e6 x 44433408 = 44.43 TFLOP/s, 66.3% of 67; torch fp32 5e5:
-# 22.22, 33.2%; TF32 2e6: 88.87 of 495, 18.0%; ratio 2.00. gpt2-small:
-# dynmo refused; torch 5e5 x 854654976 = 427.33 TFLOP/s.
-row() { grep -E "^$1 " <<<"$table" | tr -s ' '; }
-want_ref="ref | 1000000 44.43 66.3% | 500000 22.22 33.2% | 2000000 88.87 18.0% | 2.00"
-want_small="gpt2-small | refused (exit 2) - - | 500000 427.33 637.8% | 2000000 1709.31 345.3% | -"
-[ "$(row ref)" = "$want_ref" ] || fail "fake H200: ref row '$(row ref)', want '$want_ref'"
-[ "$(row gpt2-small)" = "$want_small" ] || fail "fake H200: gpt2-small row '$(row gpt2-small)', want '$want_small'"
-grep -q 'fp32 peak 67, TF32 peak 495' <<<"$table" || fail "fake H200: peaks not in the table's title: $table"
+# ref, x 44433408 FLOPs per token: fp32 dynmo 1e6 = 44.43 TFLOP/s, 66.3%
+# of 67, torch 5e5 22.22, 33.2%, ratio 2.00; tf32 dynmo 1.5e6 66.65, 13.5%
+# of 495, torch 2e6 88.87, 18.0%, 0.75; bf16 dynmo 4e6 177.73, 18.0% of
+# 989, torch 8e6 355.47, 35.9%, 0.50. gpt2-small: dynmo refused; torch x
+# 854654976: 427.33 (637.8%), 1709.31 (345.3%), 6837.24 (691.3%).
+row() { grep -E "^$1 +\| $2 " <<<"$table" | tr -s ' '; }
+wants=("ref | fp32 | 1000000 44.43 66.3% | 500000 22.22 33.2% | 2.00"
+       "ref | tf32 | 1500000 66.65 13.5% | 2000000 88.87 18.0% | 0.75"
+       "ref | bf16 | 4000000 177.73 18.0% | 8000000 355.47 35.9% | 0.50"
+       "gpt2-small | fp32 | refused (exit 2) - - | 500000 427.33 637.8% | -"
+       "gpt2-small | tf32 | refused (exit 2) - - | 2000000 1709.31 345.3% | -"
+       "gpt2-small | bf16 | refused (exit 2) - - | 8000000 6837.24 691.3% | -")
+for want in "${wants[@]}"; do
+  read -r config _ precision _ <<<"$want"
+  [ "$(row "$config" "$precision")" = "$want" ] ||
+    fail "fake H200: $config $precision row '$(row "$config" "$precision")', want '$want'"
+done
+[ "$(grep -cE '^(ref|gpt2-small) ' <<<"$table")" -eq 6 ] || fail "fake H200: not 6 rows: $table"
+grep -q 'peaks fp32 67, TF32 495, bf16 989 TFLOP/s' <<<"$table" || fail "fake H200: peaks not in the table's title: $table"
 grep -q 'dynmo refused train.device=cuda' <<<"$out" || fail "fake H200: no line saying dynmo refused: $out"
 [ "$failures" -eq "$failures_before" ] && echo "ok: fake H200: exit 1, table:" && sed 's/^/    /' <<<"$table"
 
 # No budget left: nothing is started, and the table says so.
 out=$(env PATH="$fake/h200:$PATH" DYNMO="$fake/dynmo" DYNMO_CUDA_PLUGIN="$fake/plugin.so" \
         PYTHON="$fake/python3" GPU_BENCH_BUDGET=0 GPU_BENCH_CONFIGS=configs/ref.ini bench/gpu.sh 2>&1); rc=$?
-if [ $rc -eq 1 ] && grep -qE '^ref +\| not started +- +- \| - ' <<<"$out" &&
-   [ "$(grep -c 'not started, GPU_BENCH_BUDGET (0 s) spent' <<<"$out")" -eq 3 ]; then
-  echo "ok: GPU_BENCH_BUDGET=0: exit 1, nothing started, three lines say so"
+if [ $rc -eq 1 ] && [ "$(grep -cE '^ref +\| (fp32|tf32|bf16) +\| not started +- +- \| - ' <<<"$out")" -eq 3 ] &&
+   [ "$(grep -c 'not started, GPU_BENCH_BUDGET (0 s) spent' <<<"$out")" -eq 6 ]; then
+  echo "ok: GPU_BENCH_BUDGET=0: exit 1, nothing started, six lines say so"
 else
   fail "GPU_BENCH_BUDGET=0: exit $rc: $out"
 fi
@@ -141,7 +158,8 @@ fi
 out=$(env PATH="$fake/h200:$PATH" DYNMO="$DYNMO" DYNMO_CUDA_PLUGIN="$fake/plugin.so" PYTHON="$fake/none" \
         GPU_BENCH_CONFIGS=configs/ref.ini bench/gpu.sh 2>&1); rc=$?
 if [ $rc -eq 1 ] && grep -q 'dynmo: error: train.device = cuda: cannot load the CUDA plugin' <<<"$out" &&
-   grep -qE '^ref +\| refused \(exit 2\)' <<<"$out" && grep -q 'PyTorch: no python3' <<<"$out"; then
+   [ "$(grep -cE '^ref +\| (fp32|tf32|bf16) +\| refused \(exit 2\)' <<<"$out")" -eq 3 ] &&
+   grep -q 'PyTorch: no python3' <<<"$out"; then
   echo "ok: the real dynmo refusing an unloadable plugin: exit 1, row 'refused (exit 2)', no PyTorch said"
 else
   fail "the real dynmo refusing an unloadable plugin: exit $rc: $out"
@@ -154,6 +172,13 @@ if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
     echo "ok: torch_gpt.py --device cpu: $(tail -n 1 <<<"$out")"
   else
     fail "torch_gpt.py --device cpu: $out"
+  fi
+  if out=$(/usr/bin/python3 bench/torch_gpt.py --device cpu --bf16 --warmup-steps 1 --steps 2 \
+             --layers 2 --channels 64 --heads 2 --seq 64 --max-seq 64 --batch 4 2>&1) &&
+     grep -q 'bf16 autocast' <<<"$out"; then
+    echo "ok: torch_gpt.py --device cpu --bf16: $(tail -n 1 <<<"$out")"
+  else
+    fail "torch_gpt.py --device cpu --bf16: $out"
   fi
 else
   echo "skip: torch_gpt.py --device cpu (no torch for /usr/bin/python3)"

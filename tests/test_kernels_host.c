@@ -31,6 +31,7 @@
 #include "../kernels/matmul.cuh"
 #include "../kernels/mod.cuh"
 #include "../kernels/moe.cuh"
+#include "../kernels/precision.cuh"
 #include "../kernels/reduce.cuh"
 #include "../kernels/softmax.cuh"
 #include "../kernels/sparse.cuh"
@@ -1165,9 +1166,123 @@ static void test_sum_squares(long n)
     dm_free(x), dm_free(partial);
 }
 
+/* ---- product operand precision (precision.cuh) ------------------------------- */
+
+/* An independent rounding: the two neighbours of x that keep the top bits
+ * (toward zero and away from it), the nearer in double, a tie to the one
+ * with an even last kept bit; past the largest finite value the upper
+ * neighbour is 2^128, an infinity. Finite x only. */
+static uint32_t reference_round(uint32_t bits, int dropped)
+{
+    uint32_t low = bits & ~((1u << dropped) - 1u), high = low + (1u << dropped);
+    float x = dm_bits_float(bits);
+    double to_low = fabs((double)x - (double)dm_bits_float(low));
+    double high_value = (high & 0x7fffffffu) == 0x7f800000u
+                            ? copysign(ldexp(1.0, 128), (double)x)
+                            : (double)dm_bits_float(high);
+    double to_high = fabs(high_value - (double)x);
+    if (to_low != to_high) return to_low < to_high ? low : high;
+    return (low >> dropped) & 1u ? high : low;
+}
+
+/* bits in, bf16 bits out and TF32 (as fp32 bits) out */
+static void check_rounding(uint32_t in, uint16_t bf16, uint32_t tf32)
+{
+    float x = dm_bits_float(in);
+    CHECK_MSG(dm_bf16_from_float(x) == bf16, "bf16 of %08x: %04x, want %04x", (unsigned)in,
+              (unsigned)dm_bf16_from_float(x), (unsigned)bf16);
+    uint32_t got = dm_float_bits(dm_round_tf32(x));
+    CHECK_MSG(got == tf32, "tf32 of %08x: %08x, want %08x", (unsigned)in, (unsigned)got,
+              (unsigned)tf32);
+    CHECK(dm_float_bits(dm_round_bf16(x)) == (uint32_t)bf16 << 16);
+}
+
+static void test_precision_rounding(void)
+{
+    check_rounding(0x3f800000u, 0x3f80, 0x3f800000u);   /* 1 */
+    check_rounding(0x3f808000u, 0x3f80, 0x3f808000u);   /* bf16 tie, to even: down */
+    check_rounding(0x3f818000u, 0x3f82, 0x3f818000u);   /* bf16 tie, to even: up */
+    check_rounding(0x3f808001u, 0x3f81, 0x3f808000u);   /* past the tie */
+    check_rounding(0x3f807fffu, 0x3f80, 0x3f808000u);   /* short of it */
+    check_rounding(0x3f801000u, 0x3f80, 0x3f800000u);   /* TF32 tie, to even: down */
+    check_rounding(0x3f803000u, 0x3f80, 0x3f804000u);   /* TF32 tie, to even: up */
+    check_rounding(0xbf808001u, 0xbf81, 0xbf808000u);   /* negative */
+    check_rounding(0x7f7fffffu, 0x7f80, 0x7f800000u);   /* largest fp32: infinity */
+    check_rounding(0xff7fffffu, 0xff80, 0xff800000u);
+    check_rounding(0x7f7f7fffu, 0x7f7f, 0x7f7f8000u);   /* largest bf16 stays */
+    check_rounding(0x7f7f8000u, 0x7f80, 0x7f7f8000u);   /* its tie rounds to even: infinity */
+    check_rounding(0x7f7fe000u, 0x7f80, 0x7f7fe000u);   /* largest TF32 stays */
+    check_rounding(0x00000001u, 0x0000, 0x00000000u);   /* smallest subnormal: 0 */
+    check_rounding(0x00008000u, 0x0000, 0x00008000u);   /* subnormal ties */
+    check_rounding(0x00018000u, 0x0002, 0x00018000u);
+    check_rounding(0x00003000u, 0x0000, 0x00004000u);
+    check_rounding(0x00008001u, 0x0001, 0x00008000u);
+    check_rounding(0x807fffffu, 0x8080, 0x80800000u);   /* into the smallest normal */
+    check_rounding(0x00000000u, 0x0000, 0x00000000u);
+    check_rounding(0x80000000u, 0x8000, 0x80000000u);   /* -0 */
+    check_rounding(0x7f800000u, 0x7f80, 0x7f800000u);   /* infinities stay */
+    check_rounding(0xff800000u, 0xff80, 0xff800000u);
+    check_rounding(0x7fc00000u, 0x7fc0, 0x7fc00000u);   /* NaNs stay NaNs, quiet, signed */
+    check_rounding(0x7f800001u, 0x7fc0, 0x7fc00000u);
+    check_rounding(0xff800001u, 0xffc0, 0xffc00000u);
+    check_rounding(0x7fbfffffu, 0x7fff, 0x7fffe000u);
+    long mismatches = 0;
+    uint64_t state = 77;
+    for (long i = 0; i < 2000000; i++) {
+        state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint32_t bits = (uint32_t)(state >> 32);
+        if ((bits & 0x7f800000u) == 0x7f800000u) continue;
+        mismatches += dm_float_bits(dm_round_bf16(dm_bits_float(bits))) !=
+                      reference_round(bits, DM_BF16_DROPPED_BITS);
+        mismatches += dm_float_bits(dm_round_tf32(dm_bits_float(bits))) !=
+                      reference_round(bits, DM_TF32_DROPPED_BITS);
+    }
+    CHECK_MSG(mismatches == 0, "%ld random values round unlike the reference", mismatches);
+    printf("precision: bf16 and TF32 rounding, %s\n",
+           mismatches ? "FAILED" : "the listed cases and 2e6 random values as the reference");
+}
+
+/* the conversion kernel and the emulator's rounding over a grid: every
+ * element as the per-element function gives it */
+static void test_precision_grid(long n)
+{
+    float *x = dm_alloc((size_t)n * sizeof(float)), *r = dm_alloc((size_t)n * sizeof(float));
+    uint16_t *h = dm_alloc((size_t)n * sizeof(uint16_t));
+    for (long i = 0; i < n; i++) x[i] = draw_normal() * 100.0f;
+    long blocks = 3, bad = 0;
+    for (int precision = DM_PRECISION_FP32; precision <= DM_PRECISION_BF16; precision++) {
+        FOR_GRID(blocks, DM_BLOCK_THREADS, precision_round_thread(t, r, x, n, precision));
+        for (long i = 0; i < n; i++) bad += r[i] != dm_round_operand(x[i], precision);
+        for (long i = 0; i < n && precision == DM_PRECISION_FP32; i++) bad += r[i] != x[i];
+    }
+    FOR_GRID(blocks, DM_BLOCK_THREADS, precision_to_bf16_thread(t, h, x, n));
+    for (long i = 0; i < n; i++) bad += h[i] != dm_bf16_from_float(x[i]);
+    CHECK_MSG(bad == 0, "precision grid: %ld elements differ", bad);
+    dm_free(x), dm_free(r), dm_free(h);
+}
+
+/* what a rounded copy of each operand covers: every float the product reads */
+static void test_gemm_spans(void)
+{
+    struct dm_gemm f = dm_gemm_to_column_major(dm_gemm_matmul_forward(NULL, NULL, NULL, 5, 7, 3, 0));
+    CHECK(dm_gemm_span_a(f) == 3 * 7 && dm_gemm_span_b(f) == 5 * 7);
+    struct dm_gemm w = dm_gemm_to_column_major(dm_gemm_matmul_dweight(NULL, NULL, NULL, 5, 7, 3));
+    CHECK(dm_gemm_span_a(w) == 5 * 7 && dm_gemm_span_b(w) == 5 * 3);
+    struct dm_gemm s = dm_gemm_to_column_major(dm_gemm_attention_scores(NULL, NULL, NULL, 4, 9,
+                                                                        6, 1.0f));
+    CHECK(dm_gemm_span_a(s) == 4 * 9 * 6 && dm_gemm_span_b(s) == 4 * 9 * 6);
+    struct dm_gemm v = dm_gemm_to_column_major(dm_gemm_attention_dv(NULL, NULL, NULL, 4, 9, 6));
+    CHECK(dm_gemm_span_a(v) == 4 * 9 * 6 && dm_gemm_span_b(v) == 4 * 9 * 9);
+    CHECK(dm_gemm_span(0, 5, 8, 40, 2) == 0);
+    CHECK(dm_gemm_span(3, 5, 8, 100, 2) == 100 + 8 * 4 + 3);   /* gaps between columns */
+}
+
 int main(void)
 {
     dm_threads_init(1);
+    test_precision_rounding();
+    test_precision_grid(3000);
+    test_gemm_spans();
     test_gelu_residual();
     test_rows();
     test_exit_confidence(37, 23, 256, 48);

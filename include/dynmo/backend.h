@@ -50,7 +50,19 @@ struct dm_backend_host {
      * the job would hang. NULL: the plugin yields the CPU itself. Set
      * after open through backend_set_wait_round. */
     void (*wait_round)(int first);
+    /* The operands of every cuBLAS product (enum dm_precision, from
+     * train.precision): the plugin reads it at each product, so it may be
+     * set before or after open (backend_set_precision). A field of this
+     * struct, not of struct dm_backend: the table's layout and
+     * DM_BACKEND_ABI do not change. A plugin built before the field
+     * existed does not read it and multiplies in fp32. */
+    int precision;
 };
+
+/* train.precision: what the tensor cores of a device get as the operands
+ * of a matrix product; outputs, accumulation and everything else stay
+ * fp32. The CPU backend has only fp32. */
+enum dm_precision { DM_PRECISION_FP32 = 0, DM_PRECISION_TF32 = 1, DM_PRECISION_BF16 = 2 };
 
 /* The device of the local_rank-th process of a node that sees `devices`
  * devices: each process its own while there are enough (one process per
@@ -346,6 +358,17 @@ int backend_open(const char *device, int local_rank, int local_size, char *err,
 /* Installs the host's wait_round (struct dm_backend_host) for every
  * backend opened, before or after: the layer that owns MPI hands it in. */
 void backend_set_wait_round(void (*wait_round)(int first));
+
+/* Sets the operand precision (enum dm_precision) of every matrix product
+ * a plugin runs from now on, for every backend opened, before or after.
+ * The CPU backend ignores it: the caller refuses anything but fp32 there
+ * (config_validate). */
+void backend_set_precision(enum dm_precision precision);
+
+/* "fp32", "tf32" or "bf16"; DM_PRECISION_FP32 for a name that is none
+ * of them (config_validate has refused it before). */
+enum dm_precision backend_precision_from_name(const char *name);
+const char *backend_precision_name(enum dm_precision precision);
 
 /* Where the plugin is looked for: $DYNMO_CUDA_PLUGIN when set, else
  * libdynmo_cuda.so beside the running binary. Returns 0, or -1 when

@@ -214,6 +214,7 @@ struct dm_config {
     int eval_batches;   /* batches in one validation pass */
     int threads;        /* threads per rank; 0 = cores / ranks on the node */
     char device[16];    /* "cpu" or "cuda" (the plugin, docs/gpu.md) */
+    char precision[16]; /* "fp32", "tf32" or "bf16": a device's product operands */
     /* [data] */
     char train_path[1024];
     char val_path[1024];

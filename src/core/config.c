@@ -58,6 +58,8 @@ static const struct config_key keys[] = {
     {"train", "eval_batches", KEY_INT, F(eval_batches), 1, 1e6, "batches per validation"},
     {"train", "threads", KEY_INT, F(threads), 0, 64, "threads per rank (0 = auto)"},
     {"train", "device", KEY_STRING, F(device), 0, 16, "cpu or cuda"},
+    {"train", "precision", KEY_STRING, F(precision), 0, 16,
+     "operands of a device's matrix products: fp32, tf32 or bf16"},
     {"data", "train", KEY_STRING, F(train_path), 0, 1024, "training token file"},
     {"data", "val", KEY_STRING, F(val_path), 0, 1024, "validation token file"},
     {"run", "out_dir", KEY_STRING, F(out_dir), 0, 1024, "output directory"},
@@ -156,6 +158,7 @@ void config_defaults(struct dm_config *cfg)
     cfg->eval_batches = 4;
     cfg->threads = 0;
     snprintf(cfg->device, sizeof cfg->device, "cpu");
+    snprintf(cfg->precision, sizeof cfg->precision, "fp32");
     snprintf(cfg->train_path, sizeof cfg->train_path, "data/kjv/train.bin");
     snprintf(cfg->val_path, sizeof cfg->val_path, "data/kjv/val.bin");
     snprintf(cfg->out_dir, sizeof cfg->out_dir, "runs/latest");
@@ -607,6 +610,18 @@ static void config_validate_mod_hash(const struct dm_config *cfg)
                       "(model.mod_every = %d) yet", cfg->dyn_kind, cfg->mod_every);
 }
 
+/* train.precision: tensor-core operands exist on a device only. */
+static void config_validate_precision(const struct dm_config *cfg)
+{
+    if (strcmp(cfg->precision, "fp32") != 0 && strcmp(cfg->precision, "tf32") != 0 &&
+        strcmp(cfg->precision, "bf16") != 0)
+        dm_user_error("train.precision = '%s' must be fp32, tf32 or bf16", cfg->precision);
+    if (strcmp(cfg->precision, "fp32") != 0 && !strcmp(cfg->device, "cpu"))
+        dm_user_error("train.precision = %s needs a device's tensor cores, but train.device = "
+                      "cpu multiplies in fp32 only: set train.device = cuda (or emulate), or "
+                      "train.precision = fp32", cfg->precision);
+}
+
 void config_validate(const struct dm_config *cfg)
 {
     if (cfg->channels % cfg->heads != 0)
@@ -624,6 +639,7 @@ void config_validate(const struct dm_config *cfg)
     if (strcmp(cfg->device, "cpu") != 0 && strcmp(cfg->device, "cuda") != 0 &&
         strcmp(cfg->device, "emulate") != 0)
         dm_user_error("train.device = '%s' must be cpu, cuda or emulate", cfg->device);
+    config_validate_precision(cfg);
     if (strcmp(cfg->cost, "time") != 0 && strcmp(cfg->cost, "params") != 0)
         dm_user_error("balance.cost = '%s' must be time or params", cfg->cost);
     if (cfg->pp > cfg->layers)

@@ -236,12 +236,32 @@ static int open_plugin(const char *device, const char *build, const char *path,
 }
 
 /* What every plugin is handed at open and keeps (its pointer): this
- * process's place on its node, and the host's wait round once set. */
+ * process's place on its node, the host's wait round once set, and the
+ * products' operand precision. */
 static struct dm_backend_host host = {.fatal = plugin_fatal};
 
 void backend_set_wait_round(void (*wait_round)(int first))
 {
     host.wait_round = wait_round;
+}
+
+void backend_set_precision(enum dm_precision precision)
+{
+    host.precision = (int)precision;
+}
+
+static const char *const precision_names[] = {"fp32", "tf32", "bf16"};
+
+enum dm_precision backend_precision_from_name(const char *name)
+{
+    for (size_t p = 0; p < sizeof precision_names / sizeof *precision_names; p++)
+        if (!strcmp(name, precision_names[p])) return (enum dm_precision)p;
+    return DM_PRECISION_FP32;
+}
+
+const char *backend_precision_name(enum dm_precision precision)
+{
+    return precision_names[precision];
 }
 
 int backend_open(const char *device, int local_rank, int local_size, char *err,

@@ -100,18 +100,25 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
 
 /* Every scheme runs on every device (docs/gpu.md): a device whose memory
  * the host cannot read (CUDA, the strict emulated device) stages what the
- * host and MPI need. Only opening the backend can fail. */
+ * host and MPI need. Only opening the backend can fail. The products'
+ * operand precision (train.precision) goes to the plugin here. */
 void train_open_backend(const struct dm_config *cfg)
 {
+    /* before the first op; config_validate refused anything but fp32 on the CPU */
+    enum dm_precision precision = backend_precision_from_name(cfg->precision);
+    backend_set_precision(precision);
     char problem[WORLD_MESSAGE_BYTES] = "";
     int bad = backend_open(cfg->device, world_local_rank(), world_local_size(), problem,
                            sizeof problem) != 0;
     char agreed[WORLD_MESSAGE_BYTES];
     if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))
         dm_user_error("%s", agreed);
-    if (strcmp(cfg->device, "cpu") != 0)
+    if (strcmp(cfg->device, "cpu") != 0) {
         dm_log("device: %s (rank 0; %d ranks on its node)\n", backend_current()->device,
                world_local_size());
+        dm_log("precision: matrix products with %s operands, fp32 outputs (train.precision)\n",
+               backend_precision_name(precision));
+    }
 }
 
 void train_open_data(struct train_data *d, const struct dm_config *cfg)

@@ -9,7 +9,10 @@
  * several ranks and is not checked here. With --host-read (the host
  * reads a device tensor) or --host-pointer (an op is handed host memory)
  * it checks that the strict emulated device stops the process
- * (tests/t_device_memory.sh). */
+ * (tests/t_device_memory.sh). On a device it also checks the products
+ * with bf16 and tf32 operands (train.precision) against the CPU's
+ * products of operands rounded as kernels/precision.cuh rounds them
+ * (bf16 within 1e-4; tf32 within 1e-3, cuBLAS not saying how it rounds). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +20,7 @@
 #include "dynmo/backend.h"
 #include "dynmo/core.h"
 #include "dynmo/model.h"
+#include "../../kernels/precision.cuh"
 
 static const struct dm_backend *dev, *cpu;
 static int failures, checked;
@@ -43,8 +47,9 @@ static void *up(const void *h, size_t bytes)
 }
 
 /* got (host) against want: the same infinities, then the largest
- * difference relative to the largest finite magnitude */
-static void compare_host(const char *op, const float *got, const float *want, long n)
+ * difference relative to the largest finite magnitude, at most tol */
+static void compare_host_within(const char *op, const float *got, const float *want, long n,
+                                double tol)
 {
     double worst = 0.0, scale = 0.0;
     long inf_differ = 0;
@@ -58,20 +63,31 @@ static void compare_host(const char *op, const float *got, const float *want, lo
         scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
     }
     double rel = scale > 0 ? worst / scale : worst;
-    int ok = rel <= 1e-4 && inf_differ == 0;
+    int ok = rel <= tol && inf_differ == 0;
     failures += !ok;
     checked++;
-    printf("  %-40s %9.2e %s\n", op, rel, ok ? "ok" : "FAIL (tol 1e-4, infinities alike)");
+    printf("  %-40s %9.2e %s", op, rel, ok ? "ok" : "FAIL");
+    printf(ok ? "\n" : " (tol %.0e, infinities alike)\n", tol);
 }
 
-/* the device result d (n floats) against want */
-static void compare(const char *op, const float *d, const float *want, long n)
+static void compare_host(const char *op, const float *got, const float *want, long n)
+{
+    compare_host_within(op, got, want, n, 1e-4);
+}
+
+/* the device result d (n floats) against want, within tol */
+static void compare_within(const char *op, const float *d, const float *want, long n, double tol)
 {
     float *got = dm_alloc((size_t)n * sizeof(float));
     dev->synchronize();
     dev->copy_to_host(got, d, (size_t)n * sizeof(float));
-    compare_host(op, got, want, n);
+    compare_host_within(op, got, want, n, tol);
     dm_free(got);
+}
+
+static void compare(const char *op, const float *d, const float *want, long n)
+{
+    compare_within(op, d, want, n, 1e-4);
 }
 
 /* the device ints d (n) equal to want */
@@ -544,6 +560,73 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     dm_free(order), dm_free(bucket), dev->free(OR), dev->free(BU);
 }
 
+/* the device result d differs from the unrounded reference want by more
+ * than least, relative to want's largest magnitude */
+static void compare_differs(const char *op, const float *d, const float *want, long n,
+                            double least)
+{
+    float *got = dm_alloc((size_t)n * sizeof(float));
+    dev->copy_to_host(got, d, (size_t)n * sizeof(float));
+    double worst = 0.0, scale = 0.0;
+    for (long i = 0; i < n; i++) {
+        double diff = fabs((double)got[i] - want[i]);
+        worst = diff > worst ? diff : worst;
+        scale = fabs(want[i]) > scale ? fabs(want[i]) : scale;
+    }
+    double rel = scale > 0 ? worst / scale : worst;
+    failures += !(rel > least);
+    checked++;
+    printf("  %-40s %9.2e %s\n", op, rel, rel > least ? "ok (rounded)" : "FAIL (not rounded?)");
+    dm_free(got);
+}
+
+/* x's n values rounded as `precision`'s product operands (a new buffer) */
+static float *rounded(const float *x, long n, int precision)
+{
+    float *r = dm_alloc((size_t)n * sizeof(float));
+    for (long i = 0; i < n; i++) r[i] = dm_round_operand(x[i], precision);
+    return r;
+}
+
+/* The device's products with train.precision's operands against the CPU's
+ * fp32 products of operands rounded the same way (products of such
+ * operands are exact in fp32: only the order of the sums differs). bf16
+ * within 1e-4: the plugin rounds to nearest even as this reference does.
+ * tf32 within 1e-3: cuBLAS does not say how TF32 rounds (truncation would
+ * move each operand by up to one TF32 ulp, 2^-10). The device's forward
+ * product must differ from the fp32 product of the unrounded operands by
+ * more than `applied`: the rounding took place. */
+static void check_precision(int precision, double tol, double applied, int N, int C, int OC)
+{
+    const char *name = backend_precision_name((enum dm_precision)precision);
+    long NC = (long)N * C, NO = (long)N * OC, W = (long)OC * C;
+    float *x = host(NC, 1), *w = host(W, 0.1f), *b = host(OC, 1), *dy = host(NO, 1);
+    float *rx = rounded(x, NC, precision), *rw = rounded(w, W, precision);
+    float *rdy = rounded(dy, NO, precision), *out = host(NO, 0), *dx = host(NC, 0);
+    float *dw = host(W, 0), *X = up(x, NC * 4), *Wd = up(w, W * 4), *Bd = up(b, OC * 4);
+    float *DY = up(dy, NO * 4), *O = up(out, NO * 4), *DX = up(dx, NC * 4), *DW = up(dw, W * 4);
+    backend_set_precision((enum dm_precision)precision);
+    dev->matmul_forward(O, X, Wd, Bd, N, C, OC);
+    dev->matmul_backward_overwrite(DX, DW, NULL, DY, X, Wd, N, C, OC);
+    dev->synchronize();
+    backend_set_precision(DM_PRECISION_FP32);
+    char op[64];
+    cpu->matmul_forward(out, x, w, b, N, C, OC);
+    snprintf(op, sizeof op, "matmul_forward %s vs fp32 (> %.0e)", name, applied);
+    compare_differs(op, O, out, NO, applied);
+    cpu->matmul_forward(out, rx, rw, b, N, C, OC);
+    snprintf(op, sizeof op, "matmul_forward, %s operands", name);
+    compare_within(op, O, out, NO, tol);
+    cpu->matmul_backward_overwrite(dx, dw, NULL, rdy, rx, rw, N, C, OC);
+    snprintf(op, sizeof op, "matmul_backward dinp, %s operands", name);
+    compare_within(op, DX, dx, NC, tol);
+    snprintf(op, sizeof op, "matmul_backward dweight, %s operands", name);
+    compare_within(op, DW, dw, W, tol);
+    float *hs_[] = {x, w, b, dy, rx, rw, rdy, out, dx, dw}, *ds[] = {X, Wd, Bd, DY, O, DX, DW};
+    for (int i = 0; i < 10; i++) dm_free(hs_[i]);
+    for (int i = 0; i < 7; i++) dev->free(ds[i]);
+}
+
 /* check_ops emulate --host-read: the host reads a device tensor, which
  * the strict emulated device must stop (tests/t_device_memory.sh expects
  * the process to die naming a host read of device memory). */
@@ -607,6 +690,10 @@ int main(int argc, char **argv)
     check_sparse(200, 64, 192);
     check_mod(4, 128, 96, 16);
     check_mod_combine(512, 96);
+    if (strcmp(dev->name, "cpu") != 0) {   /* the CPU multiplies in fp32 only */
+        check_precision(DM_PRECISION_BF16, 1e-4, 1e-4, 256, 128, 384);
+        check_precision(DM_PRECISION_TF32, 1e-3, 1e-6, 100, 96, 40);
+    }
     printf("check_ops: %d of %d checks failed\n", failures, checked);
     return failures ? 1 : 0;
 }
