@@ -159,8 +159,10 @@ $(BUILD)/gpu/check_ops: tests/gpu/check_ops.c $(BUILD)/libdynmo.a $(FLAGS_STAMP)
 	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
 all: $(BUILD)/gpu/check_ops
 
-# The host harness compiles the kernels' per-thread functions with gcc.
+# The host harness compiles the kernels' per-thread functions with gcc;
+# check_ops rounds its references with kernels/precision.cuh.
 $(BUILD)/tests/test_kernels_host: $(CU_HEADERS)
+$(BUILD)/gpu/check_ops: $(CU_HEADERS)
 
 ifeq ($(USE_CUDA),1)
 all: $(BUILD)/libdynmo_cuda.so

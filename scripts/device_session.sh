@@ -229,7 +229,7 @@ else
   case $bench_rc in
     0) note "bench-gpu: every dynmo run measured (table: gpu-bench-table.txt)" ;;
     2) note "bench-gpu: no GPU, nothing measured" ;;
-    *) note "bench-gpu: exit $bench_rc: dynmo measured on $(awk -F'|' 'NR > 2 && $2 ~ /^ *[0-9]/' "$OUT/gpu-bench-table.txt" 2>/dev/null | wc -l) of $(awk 'NR > 2' "$OUT/gpu-bench-table.txt" 2>/dev/null | wc -l) configs (gpu-bench-table.txt, bench-gpu.log say why)" ;;
+    *) note "bench-gpu: exit $bench_rc: dynmo measured on $(awk -F'|' 'NR > 2 && $3 ~ /^ *[0-9]/' "$OUT/gpu-bench-table.txt" 2>/dev/null | wc -l) of $(awk 'NR > 2' "$OUT/gpu-bench-table.txt" 2>/dev/null | wc -l) rows (gpu-bench-table.txt, bench-gpu.log say why)" ;;
   esac
 fi
 

@@ -29,7 +29,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 11
+#define DM_BACKEND_ABI 12
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -52,10 +52,9 @@ struct dm_backend_host {
     void (*wait_round)(int first);
     /* The operands of every cuBLAS product (enum dm_precision, from
      * train.precision): the plugin reads it at each product, so it may be
-     * set before or after open (backend_set_precision). A field of this
-     * struct, not of struct dm_backend: the table's layout and
-     * DM_BACKEND_ABI do not change. A plugin built before the field
-     * existed does not read it and multiplies in fp32. */
+     * set before or after open (backend_set_precision). Its arrival
+     * raised DM_BACKEND_ABI too: a plugin built before it would not read
+     * it and would multiply in fp32 unasked. */
     int precision;
 };
 
