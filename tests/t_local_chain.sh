@@ -5,8 +5,9 @@
 #     the ranks exit 75, the same world is relaunched and finishes (0);
 #  2. SIGTERM to the script: the ranks checkpoint (75) and the chain stops;
 #  3. a failing status (5) stops the chain with that status;
-#  4. bad input: no ckpt.dir, a stale next_world, a next_world whose ranks
-#     are not pp x dp: each stops with a message naming the problem.
+#  4. bad input: no ckpt.dir, no -n, --task-wait 0, a stale next_world, a
+#     next_world whose ranks are not pp x dp: each stops with a message
+#     naming the problem.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
@@ -82,6 +83,8 @@ grep -q "dynmo failed with status 5: the chain stops at launch 1" c.log || fail 
 printf '[model]\nlayers = 6\n' >no-ckpt.ini
 expect_error "no ckpt.dir" "no checkpoint directory" "$chain" -n 2 --dynmo "$mock" --config no-ckpt.ini mock.plan=done
 expect_error "no -n" "give the number of ranks" "$chain" --dynmo "$mock" --config a.ini mock.plan=done
+expect_error "--task-wait 0" "--task-wait '0' must be a whole number of seconds" "$chain" -n 2 \
+  --dynmo "$mock" --task-wait 0 --config a.ini mock.plan=done
 
 # A mock that exits 3 without writing next_world, leaving an old one.
 mkdir -p "$dir/d"
@@ -104,7 +107,7 @@ chmod +x "$dir/bad-mock.sh"
 status=$?
 [ $status -eq 1 ] || fail "ranks != pp x dp: exit $status, want 1"
 grep -q "ranks = 3 is not pp x dp = 2 x 1" e.log || fail "ranks != pp x dp: $(tail -n 1 e.log)"
-[ $failures -eq 0 ] && echo "ok: no ckpt.dir, no -n, a stale next_world, ranks != pp x dp"
+[ $failures -eq 0 ] && echo "ok: no ckpt.dir, no -n, --task-wait 0, a stale next_world, ranks != pp x dp"
 
 if [ $failures -gt 0 ]; then
     for log in a b c d e; do echo "--- $log.log"; cat "$dir/$log.log" 2>/dev/null; done
