@@ -15,7 +15,9 @@
 #   expert group of 2 (pp=2 x dp=2 x ep=2) and the holders' sums of two
 #   groups (dp=4 x ep=2); blocks moving every step (a random layout each
 #   step; their slabs over the transport), also against the static
-#   layout; and dp=2 is within 1e-4 of the CPU;
+#   layout; six seeded random worlds (pp, dp, micro-batches, schedule,
+#   moving blocks, validation, early exit); and dp=2 is within 1e-4 of
+#   the CPU;
 # - what no longer crosses the host: 8 steps of dp=2 copy to the host
 #   under a fifth of what they copy through MPI's staging; of pp=2, the
 #   tied halves and the activations and gradients between the stages
@@ -68,6 +70,22 @@ pair moving 4 parallel.pp=2 parallel.dp=2 balance.method=random balance.every=1 
     fail "pp=2 x dp=2 on the transport: a random layout every step changes the losses"
   fi
 }
+# a seeded sweep of random worlds, schedules, micro-batch counts, moving
+# blocks, validation and early exit: the same bits, and no run hangs
+RANDOM=20261202
+for trial in 1 2 3 4 5 6; do
+  pp=$((RANDOM % 3 + 2)) dp=1; [ $pp = 2 ] && dp=$((RANDOM % 2 + 1))
+  mbs=(1 2 4 8) extra=()
+  mb=${mbs[$((RANDOM % 4))]}
+  [ $((RANDOM % 3)) = 0 ] && extra+=(parallel.schedule=gpipe)
+  [ $((RANDOM % 2)) = 0 ] && extra+=(balance.method=random balance.every=1)
+  [ $((RANDOM % 3)) = 0 ] && extra+=(train.eval_every=2 train.eval_batches=1)
+  [ $((RANDOM % 4)) = 0 ] && extra+=(dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.0005 \
+    dyn.exit_warmup=1)
+  echo "sweep $trial: pp=$pp dp=$dp micro_batches=$mb ${extra[*]}"
+  pair "sweep$trial" $((pp * dp)) parallel.pp=$pp parallel.dp=$dp train.batch=$((2 * mb * dp)) \
+    train.micro_batches=$mb "${extra[@]}"
+done
 run dp2-cpu 2 parallel.dp=2 train.steps=8 && out=$(close dp2-cpu dp2-own) \
   && echo "ok: dp=2 on the transport vs the CPU: $out" || fail "dp=2 on the transport vs the CPU: ${out:-}"
 
