@@ -38,6 +38,7 @@
 #include "mod.cuh"
 #include "moe.cuh"
 #include "precision.cuh"
+#include "prune.cuh"
 #include "reduce.cuh"
 #include "softmax.cuh"
 #include "sparse.cuh"
@@ -749,6 +750,27 @@ static void emulate_moe_route_backward(float *dlogits, const float *dgate, const
                                                   beta));
 }
 
+/* Pruning: a thread per chunk then per bucket (the histogram), per
+ * weight (the mask) */
+static void emulate_prune_histogram(long *counts, long *partial, const float *weights, long n,
+                                    unsigned int base, unsigned long long prefix, int shift)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("prune_histogram", counts, partial, weights);
+    if (n == 0) return;
+    LAUNCH(grid_for(dm_prune_chunks(n)),
+           prune_histogram_chunk_thread(t, partial, weights, n, base, prefix, shift));
+    LAUNCH(grid_for(DM_PRUNE_BUCKETS), prune_histogram_sum_thread(t, counts, partial, n));
+}
+
+static void emulate_prune_mask(unsigned char *mask, float *params, float *grads, float *m,
+                               float *v, long n, unsigned int base, unsigned long long cut)
+{
+    DEVICE_SCOPE;
+    DEVICE_ARGS("prune_mask", mask, params, grads, m, v);
+    LAUNCH(grid_for(n), prune_mask_thread(t, mask, params, grads, m, v, n, base, cut));
+}
+
 /* ---- attention (attention.cu) ---------------------------------------------- */
 
 /* the heads (B NH T hs each) and two full-length rows (B T C) in scratch */
@@ -1265,6 +1287,8 @@ static const struct dm_backend emulate_table = {
     .moe_route_forward = emulate_moe_route_forward,
     .moe_route_sums = emulate_moe_route_sums,
     .moe_route_backward = emulate_moe_route_backward,
+    .prune_histogram = emulate_prune_histogram,
+    .prune_mask = emulate_prune_mask,
     .adamw_update = emulate_adamw_update,
     .sparse_matmul_forward = emulate_sparse_forward,
     .sparse_matmul_backward = emulate_sparse_backward,

@@ -141,6 +141,8 @@ static void fill_ops(struct dm_backend *t)
     t->moe_route_forward = cuda_moe_route_forward;
     t->moe_route_sums = cuda_moe_route_sums;
     t->moe_route_backward = cuda_moe_route_backward;
+    t->prune_histogram = cuda_prune_histogram;
+    t->prune_mask = cuda_prune_mask;
     t->adamw_update = cuda_adamw_update;
     t->sparse_matmul_forward = cuda_sparse_matmul_forward;
     t->sparse_matmul_backward = cuda_sparse_matmul_backward;

@@ -125,6 +125,10 @@ void cuda_moe_route_backward(float *dlogits, const float *dgate, const float *lo
                              const float *scores, const float *lse, const int *choice,
                              const float *gate, const int *selected, int N, int E, int k,
                              int sigmoid, double alpha, double beta);
+void cuda_prune_histogram(long *counts, long *partial, const float *weights, long n,
+                          unsigned int base, unsigned long long prefix, int shift);
+void cuda_prune_mask(unsigned char *mask, float *params, float *grads, float *m, float *v, long n,
+                     unsigned int base, unsigned long long cut);
 void cuda_adamw_update(float *params, const float *grads, float *m, float *v, long n, float lr,
                        float beta1, float beta2, float eps, float weight_decay,
                        float grad_scale, int t);

@@ -51,6 +51,9 @@
 #   the dense step's plus, per MoE block and micro-batch, the choice, the
 #   chosen scores and the losses' sums down and the assignment (rows,
 #   tokens, counts, bias) up; the logits and their gradient stay there.
+# - pruning on the device: a pruning step copies down the radix select's
+#   histograms and the blocks' masks, and up at most the pruned weights'
+#   indices, never a block's slab.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -405,4 +408,41 @@ for router in "softmax moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.00
     fail "MoE $name: $up bytes up per step (at most $most_up), $down down (at most $most_down, more than $dense_down): the routing crosses"
   fi
 done
+# Pruning on the device (prune_histogram, prune_mask; src/dyn/prune.c):
+# a pruning step copies down only the radix select's histograms (8 rounds
+# of 256 counts) and each block's mask (12 C^2 bytes), and up only what
+# the masked or CSR form needs (at most the pruned weights' indices, 4
+# bytes each, on the first step, which keeps the blocks dense), beyond a
+# step that prunes nothing. Keys and masks made on the host (each block's
+# slab down three times and up once) took 1358028 bytes up and 3659776
+# down for the first pruning step here, and fail it; the device's take
+# 138444 and 91136. (bytes_after NAME STEPS: $up $down of a STEPS-step
+# one-rank pruned run)
+bytes_after() {
+  tiny_config "$dir/$1.ini" "run.out_dir=$dir/$1" train.device=emulate train.steps=$2 $P \
+    dyn.csr_sparsity=0.5 > "$dir/$1.ini"
+  DYNMO_EMULATE_ALLOC_COUNTS=1 timeout -k 10 180 mpiexec -n 1 "$DYNMO" train \
+    --config "$dir/$1.ini" > "$dir/$1.out" 2>&1 || fail "$1: exit $?"
+  up=$(sed -n 's/^emulate: \([0-9]*\) bytes copied to the device, .*/\1/p' "$dir/$1.out")
+  down=$(sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$dir/$1.out")
+  up=${up:--1} down=${down:--1}
+}
+declare -a ups downs
+for steps in 3 4 5 6 7; do
+  bytes_after "prune-bytes$steps" $steps; ups[steps]=$up downs[steps]=$down
+done
+C=32 blocks=6
+plain_up=$(( ups[4] - ups[3] )) plain_down=$(( downs[4] - downs[3] ))
+most_down=$(( plain_down + blocks * 12 * C * C + 8 * 256 * 8 ))
+most_up=$(( plain_up + blocks * 12 * C * C * 4 ))
+first_up=$(( ups[5] - ups[4] )) first_down=$(( downs[5] - downs[4] ))
+csr_down=$(( downs[7] - downs[6] ))
+grep -q "^step 7/7 .*here: 6/6 blocks in CSR" "$dir/prune-bytes7.out" \
+  || fail "pruning bytes: the blocks are not in CSR after step 7"
+if [ "${ups[3]}" -gt 0 ] && [ "$first_up" -le "$most_up" ] && [ "$first_down" -le "$most_down" ] \
+   && [ "$csr_down" -le "$most_down" ]; then
+  echo "ok: a pruning step on the device: $first_up bytes up (at most $most_up), $first_down down (at most $most_down; $csr_down going to CSR)"
+else
+  fail "a pruning step: $first_up bytes up (at most $most_up), $first_down down and $csr_down going to CSR (at most $most_down): slabs cross"
+fi
 finish

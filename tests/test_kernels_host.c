@@ -32,6 +32,7 @@
 #include "../kernels/mod.cuh"
 #include "../kernels/moe.cuh"
 #include "../kernels/precision.cuh"
+#include "../kernels/prune.cuh"
 #include "../kernels/reduce.cuh"
 #include "../kernels/softmax.cuh"
 #include "../kernels/sparse.cuh"
@@ -401,6 +402,69 @@ static void test_moe_route(int N, int E, int k, int sigmoid)
         dm_free(g[r].gate), dm_free(g[r].choice);
     }
     moe_route_case_free(&c);
+}
+
+/* Pruning weights with ties (magnitudes k/8, zeros, both signs), over
+ * three chunks and a part. */
+static float *prune_weights(long n)
+{
+    float *w = dm_alloc((size_t)n * sizeof(float));
+    for (long i = 0; i < n; i++) {
+        uint64_t h = dm_hash64(7, 3, (uint64_t)i);
+        w[i] = (float)(h % 13) / 8.0f * ((h >> 20) & 1 ? -1.0f : 1.0f);
+    }
+    return w;
+}
+
+/* The keys, one round's histogram (accumulating onto nonzero counts) at
+ * several rounds and prefixes, and the masking by a cut, against the CPU
+ * backend's prune_histogram and prune_mask: the same counts and bits. */
+static void test_prune(void)
+{
+    const struct dm_backend *cpu = backend_cpu();
+    long n = 3 * DM_PRUNE_CHUNK + 123;
+    uint32_t base = 1000003;
+    float *w = prune_weights(n);
+    long key_bad = 0;
+    for (long i = 0; i < n; i++)
+        key_bad += dm_prune_key(w[i], base + (uint32_t)i) != block_prune_key(w[i], base + (uint32_t)i);
+    CHECK_MSG(key_bad == 0, "prune key: %ld of %ld keys differ from block_prune_key", key_bad, n);
+    long *partial = dm_alloc((size_t)dm_prune_chunks(n) * DM_PRUNE_BUCKETS * sizeof(long));
+    const int shifts[] = {56, 48, 32, 24, 0};
+    long bad = 0;
+    for (size_t s = 0; s < sizeof shifts / sizeof *shifts; s++) {
+        int shift = shifts[s];
+        uint64_t prefix = dm_prune_key(w[77], base + 77) & dm_prune_high_mask(shift);
+        long want[DM_PRUNE_BUCKETS], got[2][DM_PRUNE_BUCKETS];
+        for (int b = 0; b < DM_PRUNE_BUCKETS; b++) want[b] = got[0][b] = got[1][b] = b % 3;
+        cpu->prune_histogram(want, NULL, w, n, base, prefix, shift);
+        FOR_ORDERS(r) {
+            FOR_GRID(2, 2, prune_histogram_chunk_thread(t, partial, w, n, base, prefix, shift));
+            FOR_GRID(2, 64, prune_histogram_sum_thread(t, got[r], partial, n));
+        }
+        for (int b = 0; b < DM_PRUNE_BUCKETS; b++)
+            bad += (got[0][b] != want[b]) + (got[1][b] != want[b]);
+    }
+    CHECK_MSG(bad == 0, "prune_histogram: %ld counts differ from the CPU's", bad);
+    printf("  %-44s keys and counts the CPU's: %s\n", "prune_histogram", bad || key_bad ? "NO" : "yes");
+    uint64_t cut = dm_prune_key(w[500], base + 500);
+    float *slab[2][4];   /* params, grads, m, v: the kernel's, the CPU's */
+    unsigned char *mask[2];
+    for (int k = 0; k < 4; k++) {
+        slab[0][k] = k ? filled(n, 1.0f) : copied(w, n);
+        slab[1][k] = copied(slab[0][k], n);
+    }
+    for (int r = 0; r < 2; r++) mask[r] = dm_alloc((size_t)n);
+    cpu->prune_mask(mask[1], slab[1][0], slab[1][1], slab[1][2], slab[1][3], n, base, cut);
+    FOR_GRID(3, 32, prune_mask_thread(t, mask[0], slab[0][0], slab[0][1], slab[0][2], slab[0][3],
+                                      n, base, cut));
+    const char *names[4] = {"prune_mask params", "prune_mask grads", "prune_mask m", "prune_mask v"};
+    for (int k = 0; k < 4; k++) check_bits(names[k], slab[0][k], slab[1][k], n);
+    CHECK_MSG(memcmp(mask[0], mask[1], (size_t)n) == 0, "prune_mask: the mask differs from the CPU's");
+    for (int k = 0; k < 4; k++) dm_free(slab[0][k]), dm_free(slab[1][k]);
+    for (int r = 0; r < 2; r++) dm_free(mask[r]);
+    dm_free(partial);
+    dm_free(w);
 }
 
 static void test_adamw(void)
@@ -1294,6 +1358,7 @@ int main(void)
     test_moe_route(37, 4, 2, 1);            /* sigmoid with a bias */
     test_moe_route(20, 6, 1, 0);            /* k = 1 */
     test_moe_route(16, 64, 3, 1);           /* many experts */
+    test_prune();
     test_adamw();
     test_encoder();
     for (int k = 0; k < 2; k++) {

@@ -7,7 +7,9 @@
  * share of it (rank r gets a share proportional to (r+1)^2; the last
  * rank gets none when there are several), and the kept set that
  * prune_global_cut gives must equal what one process picks by sorting
- * everything by (|w| descending, global index ascending). Error counts
+ * everything by (|w| descending, global index ascending), and the radix
+ * select's cut (prune_radix_cut, the device's) must be the same uint64
+ * as prune_global_cut's. Error counts
  * are summed over the ranks; any mismatch fails every rank. */
 #include <mpi.h>
 #include <stdlib.h>
@@ -51,6 +53,20 @@ static void test_schedule(void)
     CHECK_NEAR(prune_sparsity_in_force(&cfg, 100000), 0.9, 1e-12);
 }
 
+/* prune_radix_cut's histogram over this rank's keys on the host */
+struct host_keys {
+    const uint64_t *keys;
+    long n;
+};
+
+static void host_histogram(long *counts, void *ctx, uint64_t prefix, int shift)
+{
+    const struct host_keys *hk = ctx;
+    uint64_t high = shift + 8 >= 64 ? 0 : ~(uint64_t)0 << (shift + 8);
+    for (long i = 0; i < hk->n; i++)
+        if ((hk->keys[i] & high) == prefix) counts[(hk->keys[i] >> shift) & 255]++;
+}
+
 /* Returns this rank's mismatches for one (total, keep). */
 static long check_cut(MPI_Comm comm, long total, long keep, uint64_t seed)
 {
@@ -81,9 +97,13 @@ static long check_cut(MPI_Comm comm, long total, long keep, uint64_t seed)
     if (rank >= holders) begin = end = total;
     long n = end - begin;
     uint64_t *keys = malloc((size_t)(n ? n : 1) * sizeof(uint64_t));
+    long errors = 0;
     for (long i = 0; i < n; i++) keys[i] = prune_key(w[begin + i], (uint32_t)(begin + i));
+    struct host_keys hk = {keys, n};
+    uint64_t radix = prune_radix_cut(comm, host_histogram, &hk, keep, total);
     uint64_t cut = prune_global_cut(comm, keys, n, keep, total);
-    long errors = 0, kept_here = 0;
+    errors += radix != cut;   /* the radix select's cut: the same uint64 */
+    long kept_here = 0;
     for (long i = begin; i < end; i++) {
         int kept = prune_key(w[i], (uint32_t)i) > cut;
         kept_here += kept;

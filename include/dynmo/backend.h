@@ -73,6 +73,11 @@ static inline int backend_device_for(int local_rank, int devices)
     return devices > 0 && local_rank >= 0 ? local_rank % devices : 0;
 }
 
+/* The radix select of pruning: buckets per round (8 bits of the 64-bit
+ * key) and the weights one thread of the histogram counts. */
+#define DM_PRUNE_BUCKETS 256
+#define DM_PRUNE_CHUNK 4096
+
 struct dm_backend;
 typedef int (*dm_backend_open_fn)(struct dm_backend *table, const struct dm_backend_host *host,
                                   char *err, size_t errsize);
@@ -291,6 +296,22 @@ struct dm_backend {
      * are distinct (every destination row is written by one source row). */
     void (*rows_gather)(float *dst, const float *src, const int *rows, int n, int C);
     void (*rows_scatter)(float *dst, const float *src, const int *rows, int n, int C, int add);
+
+    /* Gradual magnitude pruning (src/dyn/prune.c) of one matrix of n
+     * weights whose global indices start at base, over the keys of
+     * block_prune_key (|w| bits << 32 | ~index). histogram: counts
+     * (DM_PRUNE_BUCKETS) += how many keys equal prefix on the bits above
+     * shift + 8, by their bits shift .. shift + 7 (one round of the radix
+     * select); partial is scratch of dm_prune_chunks(n) (kernels/
+     * prune.cuh: n / DM_PRUNE_CHUNK rounded up, at least 1) x
+     * DM_PRUNE_BUCKETS longs (unread on the CPU; may be NULL there). mask:
+     * mask[i] = key > cut, and where 0 params, grads, m and v of weight i
+     * are set to zero. One thread per chunk, per bucket, per weight on a
+     * device: no atomics, the CPU's counts and bits. */
+    void (*prune_histogram)(long *counts, long *partial, const float *weights, long n,
+                            unsigned int base, unsigned long long prefix, int shift);
+    void (*prune_mask)(unsigned char *mask, float *params, float *grads, float *m, float *v,
+                       long n, unsigned int base, unsigned long long cut);
 
     /* The sum of the squares of x (n floats, device memory), in double,
      * returned on the host: chunks of 8192 floats each summed in eight

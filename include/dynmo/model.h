@@ -351,6 +351,18 @@ void block_host_view_store(struct block *blk, const struct block *view);
  * mask is then rebuilt from the weights that are exactly zero (after a
  * checkpoint load, which saves pruned weights as zeros). */
 void block_prune(struct block *blk, const unsigned char *keep, double csr_sparsity);
+/* Prunes the block by the cut of src/dyn/prune.c: its mask becomes key >
+ * cut for every matrix weight (block_prune_key, global index layer x 12
+ * C^2 + the place in matrix-weight order), and the rest as block_prune,
+ * with the table's prune_mask where the slab lives: on a device only the
+ * mask comes down. mask_device is the backend's memory of 12 C^2 bytes
+ * (scratch, overwritten). */
+void block_prune_cut(struct block *blk, uint64_t cut, unsigned char *mask_device,
+                     double csr_sparsity);
+/* The total order that decides which weights survive: a larger key is
+ * kept first; magnitude first (the bits of |w|), then the lower global
+ * index (0xffffffff minus it below). */
+uint64_t block_prune_key(float weight, uint32_t global_index);
 /* Fraction of the matrix weights that are pruned (0 without a mask). */
 double block_matrix_sparsity(const struct block *blk);
 

@@ -56,10 +56,7 @@ double prune_sparsity_in_force(const struct dm_config *cfg, int step)
 
 uint64_t prune_key(float weight, uint32_t global_index)
 {
-    uint32_t bits;
-    memcpy(&bits, &weight, sizeof bits);
-    bits &= 0x7fffffffu;   /* |w|: for non-negative floats the bits order as the values */
-    return ((uint64_t)bits << 32) | (uint64_t)(0xffffffffu - global_index);
+    return block_prune_key(weight, global_index);
 }
 
 static void swap_keys(uint64_t *a, uint64_t *b)
@@ -152,6 +149,41 @@ uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long
     return cut;
 }
 
+/* The key of ascending rank `rank` (0-based) among all ranks' keys: eight
+ * rounds of 8 bits, each summing the ranks' histograms of the keys that
+ * share the bits found so far. */
+static uint64_t select_rank(MPI_Comm comm, prune_histogram_fn histogram, void *ctx, long rank)
+{
+    uint64_t prefix = 0;
+    long counts[DM_PRUNE_BUCKETS], sums[DM_PRUNE_BUCKETS];
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        memset(counts, 0, sizeof counts);
+        histogram(counts, ctx, prefix, shift);
+        MPI_Request req;
+        WORLD_MPI(MPI_Iallreduce(counts, sums, DM_PRUNE_BUCKETS, MPI_LONG, MPI_SUM, comm, &req));
+        world_wait(&req);
+        int bucket = 0;
+        while (rank >= sums[bucket]) {
+            rank -= sums[bucket++];
+            DM_ASSERT(bucket < DM_PRUNE_BUCKETS);
+        }
+        prefix |= (uint64_t)bucket << shift;
+    }
+    return prefix;
+}
+
+uint64_t prune_radix_cut(MPI_Comm comm, prune_histogram_fn histogram, void *ctx, long keep,
+                         long total)
+{
+    DM_ASSERT(keep >= 0 && keep <= total && total < INT32_MAX);
+    if (keep == 0) return UINT64_MAX;
+    if (keep == total) return 0;
+    long pruned = total - keep;
+    if (keep <= pruned)   /* prune_global_cut's cut: the keep-th largest key minus 1 */
+        return select_rank(comm, histogram, ctx, pruned) - 1;
+    return select_rank(comm, histogram, ctx, pruned - 1);
+}
+
 /* ---- the scheme ----------------------------------------------------------------- */
 
 static void *prune_create(const struct dm_config *cfg, const struct dyn_env *env)
@@ -198,11 +230,58 @@ static void prune_keys(uint64_t *keys, const struct gpt *model, size_t per_block
     }
 }
 
-static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
+/* This rank's histogram for prune_radix_cut: the table's prune_histogram
+ * over every matrix of every block, where the weights live. */
+struct device_histogram {
+    const struct gpt *model;
+    long *counts, *partial;   /* device: (DM_PRUNE_BUCKETS), (chunks, DM_PRUNE_BUCKETS) */
+};
+
+static void device_histogram(long *counts, void *ctx, uint64_t prefix, int shift)
+{
+    const struct device_histogram *dh = ctx;
+    const struct dm_backend *ops = backend_current();
+    ops->zero(dh->counts, DM_PRUNE_BUCKETS * sizeof(long));
+    for (int b = 0; b < dh->model->num_blocks; b++) {
+        const struct block *blk = &dh->model->blocks[b];
+        uint32_t base = (uint32_t)((size_t)blk->index * block_matrix_weights(blk->C));
+        for (int m = 0; m < BLOCK_MATRICES; m++) {
+            int t = block_matrix_tensor(m);
+            long count = (long)block_tensor_size(blk->C, t);
+            ops->prune_histogram(dh->counts, dh->partial, blk->p[t], count, base, prefix, shift);
+            base += (uint32_t)count;
+        }
+    }
+    ops->copy_to_host(counts, dh->counts, DM_PRUNE_BUCKETS * sizeof(long));
+}
+
+/* On a device: the cut by the radix select over histograms made where the
+ * weights live, and each block masked there (only histograms and masks
+ * come down). The same cut as prune_global_cut's, bit for bit. */
+static void prune_on_device(struct prune *pr, struct gpt *model, long keep, long total)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = model->shape.channels;
+    long largest = (long)block_tensor_size(C, BP_FC_W);   /* the largest matrix */
+    long chunks = (largest + DM_PRUNE_CHUNK - 1) / DM_PRUNE_CHUNK;
+    struct device_histogram dh = {
+        .model = model,
+        .counts = ops->alloc(DM_PRUNE_BUCKETS * sizeof(long)),
+        .partial = ops->alloc((size_t)(chunks ? chunks : 1) * DM_PRUNE_BUCKETS * sizeof(long)),
+    };
+    uint64_t cut = prune_radix_cut(pr->comm, device_histogram, &dh, keep, total);
+    ops->free(dh.counts);
+    ops->free(dh.partial);
+    unsigned char *mask = ops->alloc(block_matrix_weights(C));
+    for (int b = 0; b < model->num_blocks; b++)
+        block_prune_cut(&model->blocks[b], cut, mask, pr->cfg.csr_sparsity);
+    ops->free(mask);
+}
+
+/* On the CPU: the keys, prune_global_cut, the mask keys > cut. */
+static void prune_on_host(struct prune *pr, struct gpt *model, long keep, long total)
 {
     size_t per_block = block_matrix_weights(model->shape.channels);
-    long total = (long)model->shape.layers * (long)per_block;
-    long keep = total - (long)llround(sparsity * (double)total);
     long n = (long)model->num_blocks * (long)per_block;
     uint64_t *keys = dm_alloc((size_t)(n ? n : 1) * sizeof(uint64_t));
     prune_keys(keys, model, per_block);
@@ -218,6 +297,17 @@ static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
     }
     dm_free(mask);
     dm_free(keys);
+}
+
+static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
+{
+    size_t per_block = block_matrix_weights(model->shape.channels);
+    long total = (long)model->shape.layers * (long)per_block;
+    long keep = total - (long)llround(sparsity * (double)total);
+    if (backend_current()->host_access)
+        prune_on_host(pr, model, keep, total);
+    else
+        prune_on_device(pr, model, keep, total);
     pr->sparsity = sparsity;
 }
 

@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 #include <stdint.h>
+#include "dynmo/backend.h"
 #include "dynmo/core.h"
 
 /* The target sparsity of the schedule of Zhu & Gupta at step t (0-based):
@@ -33,5 +34,19 @@ uint64_t prune_key(float weight, uint32_t global_index);
  * broadcasts the cut; every wait is polled. keep == total gives a cut
  * below every key (0 when no key is 0), keep == 0 gives UINT64_MAX. */
 uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long total);
+
+/* One rank's share of a round of prune_radix_cut: counts
+ * (DM_PRUNE_BUCKETS, zeroed by the caller) += how many of this rank's
+ * keys equal prefix on the bits above shift + 8, by their bits shift ..
+ * shift + 7. */
+typedef void (*prune_histogram_fn)(long *counts, void *ctx, uint64_t prefix, int shift);
+
+/* Collective over comm, as prune_global_cut and with the same result (the
+ * same uint64_t), without the keys in one place: a radix select of eight
+ * rounds of 8 bits; each round every rank makes its histogram (on a
+ * device, where its weights live), the ranks sum them (MPI_Iallreduce,
+ * polled) and each picks the bucket that holds the cut. */
+uint64_t prune_radix_cut(MPI_Comm comm, prune_histogram_fn histogram, void *ctx, long keep,
+                         long total);
 
 #endif

@@ -125,6 +125,8 @@ static const struct dm_backend cpu_table = {
     .mod_combine_backward = mod_combine_backward,
     .rows_gather = rows_gather,
     .rows_scatter = rows_scatter,
+    .prune_histogram = prune_histogram,
+    .prune_mask = prune_mask,
     .sum_squares = sum_squares,
 };
 

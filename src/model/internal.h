@@ -121,6 +121,13 @@ void moe_route_backward(float *dlogits, const float *dgate, const float *logits,
                         const float *gate, const int *selected, int N, int E, int k, int sigmoid,
                         double alpha, double beta);
 
+/* One round's histogram of pruning keys and the masking by the cut
+ * (sparse.c), the CPU backend's entries of the same names (backend.h). */
+void prune_histogram(long *counts, long *partial, const float *weights, long n,
+                     unsigned int base, unsigned long long prefix, int shift);
+void prune_mask(unsigned char *mask, float *params, float *grads, float *m, float *v, long n,
+                unsigned int base, unsigned long long cut);
+
 /* The mixture-of-depths block (mod.c): its state beside the slab (views of
  * the router and predictor), their initialisation (N(0, 0.02) on streams
  * (layer, BP_COUNT) and (layer, BP_COUNT + 1)), its tensors after the

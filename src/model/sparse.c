@@ -520,26 +520,96 @@ static long prune_view(struct block *view, unsigned char *mask, const unsigned c
     return kept;
 }
 
-/* On a device the slab comes down for the pruning and goes back up (the
- * slab itself on the CPU). */
-void block_prune(struct block *blk, const unsigned char *keep, double csr_sparsity)
+/* blk's pruning state, made on first use (the mask's memory with it) */
+static struct block_sparse *sparse_state(struct block *blk)
 {
-    size_t total = block_matrix_weights(blk->C);
     if (!blk->sparse) {
         blk->sparse = dm_alloc(sizeof *blk->sparse);
-        blk->sparse->mask = dm_alloc(total);
+        blk->sparse->mask = dm_alloc(block_matrix_weights(blk->C));
     }
+    return blk->sparse;
+}
+
+/* The CSR form (at csr_sparsity and above) and the device arrays of the
+ * mask and kept count just set. */
+static void sparse_rebuild(struct block *blk, double csr_sparsity)
+{
     struct block_sparse *sp = blk->sparse;
-    float *staging = backend_staging(blk->slab_floats * sizeof(float));
-    struct block view = block_host_view(blk, staging, 1);
-    sp->kept = prune_view(&view, sp->mask, keep);
-    block_host_view_store(blk, &view);
-    backend_staging_free(staging);
     for (int m = 0; m < BLOCK_MATRICES; m++) csr_free(&sp->csr[m]);
     sp->use_csr = 0;
     if (block_matrix_sparsity(blk) >= csr_sparsity) build_csr(blk);
     sparse_device_build(blk);
     block_sparse_refresh(blk);
+}
+
+/* On a device the slab comes down for the pruning and goes back up (the
+ * slab itself on the CPU). */
+void block_prune(struct block *blk, const unsigned char *keep, double csr_sparsity)
+{
+    struct block_sparse *sp = sparse_state(blk);
+    float *staging = backend_staging(blk->slab_floats * sizeof(float));
+    struct block view = block_host_view(blk, staging, 1);
+    sp->kept = prune_view(&view, sp->mask, keep);
+    block_host_view_store(blk, &view);
+    backend_staging_free(staging);
+    sparse_rebuild(blk, csr_sparsity);
+}
+
+/* The table's prune_mask over each matrix, in the slab where it lives;
+ * only the mask comes down. */
+void block_prune_cut(struct block *blk, uint64_t cut, unsigned char *mask_device,
+                     double csr_sparsity)
+{
+    const struct dm_backend *ops = backend_current();
+    struct block_sparse *sp = sparse_state(blk);
+    size_t total = block_matrix_weights(blk->C);
+    uint32_t base = (uint32_t)((size_t)blk->index * total);
+    for (int m = 0; m < BLOCK_MATRICES; m++) {
+        int k = block_matrix_tensor(m);
+        size_t off = mask_offset(blk->C, m), at = block_tensor_offset(blk->C, k);
+        ops->prune_mask(mask_device + off, blk->params + at, blk->grads + at, blk->m + at,
+                        blk->v + at, (long)block_tensor_size(blk->C, k), base + (uint32_t)off,
+                        cut);
+    }
+    ops->copy_to_host(sp->mask, mask_device, total);
+    long kept = 0;
+    for (size_t i = 0; i < total; i++) kept += sp->mask[i];
+    sp->kept = kept;
+    sparse_rebuild(blk, csr_sparsity);
+}
+
+uint64_t block_prune_key(float weight, uint32_t global_index)
+{
+    uint32_t bits;
+    memcpy(&bits, &weight, sizeof bits);
+    bits &= 0x7fffffffu;   /* |w|: for non-negative floats the bits order as the values */
+    return ((uint64_t)bits << 32) | (uint64_t)(0xffffffffu - global_index);
+}
+
+/* bits above shift + 8 that a key shares with the round's prefix */
+static uint64_t high_mask(int shift)
+{
+    return shift + 8 >= 64 ? 0 : ~(uint64_t)0 << (shift + 8);
+}
+
+void prune_histogram(long *counts, long *partial, const float *weights, long n,
+                     unsigned int base, unsigned long long prefix, int shift)
+{
+    (void)partial;
+    uint64_t high = high_mask(shift);
+    for (long i = 0; i < n; i++) {
+        uint64_t key = block_prune_key(weights[i], base + (uint32_t)i);
+        if ((key & high) == prefix) counts[(key >> shift) & (DM_PRUNE_BUCKETS - 1)]++;
+    }
+}
+
+void prune_mask(unsigned char *mask, float *params, float *grads, float *m, float *v, long n,
+                unsigned int base, unsigned long long cut)
+{
+    for (long i = 0; i < n; i++) {
+        mask[i] = block_prune_key(params[i], base + (uint32_t)i) > cut;
+        if (!mask[i]) params[i] = grads[i] = m[i] = v[i] = 0.0f;
+    }
 }
 
 double block_matrix_sparsity(const struct block *blk)

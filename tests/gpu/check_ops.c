@@ -433,6 +433,58 @@ static void check_moe_route(int N, int E, int k, int sigmoid)
     dev->free(CHOICE), dev->free(SELECTED), dev->free(SUMS);
 }
 
+/* Pruning: one round's histogram at the first and a last round (over a
+ * prefix that some weights share), accumulating onto counts already
+ * there, and the masking by a cut inside the weights; the same counts,
+ * mask and bits as the CPU's. */
+static void check_prune(long n)
+{
+    unsigned base = 77777;
+    float *w = host(n, 1);
+    for (long i = 0; i < n; i += 7) w[i] = w[i / 7 * 3];   /* ties */
+    long chunks = (n + DM_PRUNE_CHUNK - 1) / DM_PRUNE_CHUNK;
+    long counts[DM_PRUNE_BUCKETS], got[DM_PRUNE_BUCKETS];
+    float *W = up(w, (size_t)n * 4);
+    long *COUNTS = dev->alloc(sizeof counts), *PARTIAL = dev->alloc((size_t)chunks * sizeof counts);
+    const int shifts[2] = {56, 0};
+    for (int r = 0; r < 2; r++) {
+        uint64_t prefix = block_prune_key(w[5], base + 5) & (r ? ~(uint64_t)0 << 8 : 0);
+        for (int b = 0; b < DM_PRUNE_BUCKETS; b++) counts[b] = b;
+        dev->copy_to_device(COUNTS, counts, sizeof counts);
+        cpu->prune_histogram(counts, NULL, w, n, base, prefix, shifts[r]);
+        dev->prune_histogram(COUNTS, PARTIAL, W, n, base, prefix, shifts[r]);
+        dev->synchronize();
+        dev->copy_to_host(got, COUNTS, sizeof got);
+        int same = memcmp(got, counts, sizeof got) == 0;
+        failures += !same;
+        checked++;
+        printf("  %-40s %9s %s\n", r ? "prune_histogram (last round)" : "prune_histogram (first round)",
+               "", same ? "ok (equal)" : "FAIL (differ)");
+    }
+    float *slab[4], *SLAB[4];
+    for (int k = 0; k < 4; k++) {
+        slab[k] = k ? host(n, 1) : w;
+        SLAB[k] = up(slab[k], (size_t)n * 4);
+    }
+    unsigned char *mask = dm_alloc((size_t)n), *mask_got = dm_alloc((size_t)n), *MASK = dev->alloc((size_t)n);
+    uint64_t cut = block_prune_key(w[n / 2], base + (unsigned)(n / 2));
+    cpu->prune_mask(mask, slab[0], slab[1], slab[2], slab[3], n, base, cut);
+    dev->prune_mask(MASK, SLAB[0], SLAB[1], SLAB[2], SLAB[3], n, base, cut);
+    const char *names[4] = {"prune_mask params", "prune_mask grads", "prune_mask m", "prune_mask v"};
+    for (int k = 0; k < 4; k++) compare_within(names[k], SLAB[k], slab[k], n, 0.0);
+    dev->copy_to_host(mask_got, MASK, (size_t)n);
+    int same = memcmp(mask_got, mask, (size_t)n) == 0;
+    failures += !same;
+    checked++;
+    printf("  %-40s %9s %s\n", "prune_mask mask", "", same ? "ok (equal)" : "FAIL (differ)");
+    for (int k = 0; k < 4; k++) {
+        if (k) dm_free(slab[k]);
+        dev->free(SLAB[k]);
+    }
+    dm_free(w), dm_free(mask), dm_free(mask_got);
+    dev->free(W), dev->free(COUNTS), dev->free(PARTIAL), dev->free(MASK);
+}
+
 static void check_sparse(int N, int C, int OC)
 {
     int *row_ptr = dm_alloc((size_t)(OC + 1) * sizeof(int)), nnz = 0;
@@ -687,6 +739,7 @@ int main(int argc, char **argv)
     check_moe(256, 2, 96);
     check_moe_route(256, 16, 2, 0);
     check_moe_route(200, 8, 3, 1);
+    check_prune(3 * DM_PRUNE_CHUNK + 1001);
     check_sparse(200, 64, 192);
     check_mod(4, 128, 96, 16);
     check_mod_combine(512, 96);
