@@ -315,3 +315,19 @@ slurm_stop() {
     SLURM_TEST_DIR=
     return 0
 }
+
+# The start of a test that runs dynmo's chain on the private Slurm: starts
+# Slurm (exit 77, skipped, when it cannot), makes the test's directory $dir
+# (/tmp/dynmo-NAME-test.XXXXXX, removed with Slurm on exit) and enters it,
+# makes DYNMO absolute and prepares $dir/data from the GPL's text. Sets
+# script, the chain's batch script.
+slurm_chain_test_begin() {
+    DYNMO=$(cd "$(dirname "$DYNMO")" && pwd)/$(basename "$DYNMO")
+    script=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/../jobscripts/dynmo-chain.sbatch
+    slurm_start || exit 77
+    dir=$(mktemp -d "/tmp/dynmo-$1-test.XXXXXX")
+    chmod 755 "$dir"
+    trap 'slurm_stop; rm -rf "$dir"' EXIT
+    cd "$dir" || exit 1
+    "$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
+}

@@ -12,14 +12,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 . "$here/slurm-lib.sh"
-DYNMO=$(cd "$(dirname "$DYNMO")" && pwd)/$(basename "$DYNMO")
-script=$here/../jobscripts/dynmo-chain.sbatch
-slurm_start || exit 77
-dir=$(mktemp -d /tmp/dynmo-death-test.XXXXXX)
-chmod 755 "$dir"
-trap 'slurm_stop; rm -rf "$dir"' EXIT
-cd "$dir" || exit 1
-"$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
+slurm_chain_test_begin death
 tiny_config run.ini train.steps=1000000 run.out_dir="$dir/out" ckpt.dir="$dir/ckpt" ckpt.every=20
 job=$(sbatch --parsable --ntasks=2 --output="$dir/chain.log" "$script" --dynmo "$DYNMO" \
       --task-wait 5 --config run.ini parallel.pp=2) || fail "sbatch failed"

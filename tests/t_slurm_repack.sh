@@ -10,14 +10,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/lib.sh"
 . "$here/slurm-lib.sh"
-DYNMO=$(cd "$(dirname "$DYNMO")" && pwd)/$(basename "$DYNMO")
-script=$here/../jobscripts/dynmo-chain.sbatch
-slurm_start || exit 77
-dir=$(mktemp -d /tmp/dynmo-repack-test.XXXXXX)
-chmod 755 "$dir"
-trap 'slurm_stop; rm -rf "$dir"' EXIT
-cd "$dir" || exit 1
-"$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
+slurm_chain_test_begin repack
 tiny_config run.ini train.steps=40 train.lr=1e-3 train.warmup=2 run.out_dir="$dir/out" \
   ckpt.dir="$dir/ckpt" repack.enable=1 repack.every=10 repack.epsilon=5 repack.min_ranks=2
 timeout -k 10 120 "$DYNMO" train --config run.ini run.out_dir="$dir/full" repack.enable=0 ckpt.dir= > full.out 2>&1 \
