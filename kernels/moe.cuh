@@ -15,6 +15,7 @@
 #define DYNMO_KERNELS_MOE_CUH
 
 #include "common.cuh"
+#include "dynmo/moe_route.h"
 
 /* one element (token, c) per step: out = res1, then + gate x y[row] over
  * the token's kept slots in order */
@@ -83,48 +84,15 @@ DM_HD void moe_dispatch_backward_thread(struct dm_thread t, float *d_ln2, const 
 
 /* ---- the routing: one thread per token (per expert for the sums) ---------- */
 
-/* one token per step, from its logits z (E): the scores (softmax
- * probabilities, or sigmoid scores), the log-sum-exp, the top-k choice
- * by score (+ bias for the sigmoid router; a strict > over ascending
- * experts gives ties to the lower index), each chosen expert's score, and
- * the gates (the chosen scores renormalised; 1/k when they sum to 0) */
+/* one token per step: its routing from its logits (dynmo/moe_route.h) */
 DM_HD void moe_route_forward_thread(struct dm_thread t, float *scores, float *lse, int *choice,
                                     float *choice_score, float *gate, const float *logits,
                                     const float *bias, int N, int E, int k, int sigmoid)
 {
-    for (long token = dm_thread_first(t); token < N; token += dm_thread_stride(t)) {
-        const float *z = logits + token * E;
-        float *s = scores + token * E;
-        int *chosen = choice + token * k;
-        double top = z[0];
-        for (int e = 1; e < E; e++) top = z[e] > top ? z[e] : top;
-        double sum = 0.0;
-        for (int e = 0; e < E; e++) sum += exp((double)z[e] - top);
-        lse[token] = (float)(top + log(sum));
-        for (int e = 0; e < E; e++)
-            s[e] = sigmoid ? (float)(1.0 / (1.0 + exp(-(double)z[e])))
-                           : (float)(exp((double)z[e] - top) / sum);
-        for (int j = 0; j < k; j++) {
-            int best = -1;
-            float best_key = 0.0f;
-            for (int e = 0; e < E; e++) {
-                int taken = 0;
-                for (int i = 0; i < j; i++) taken |= chosen[i] == e;
-                if (taken) continue;
-                float key = sigmoid ? s[e] + bias[e] : s[e];
-                if (best < 0 || key > best_key) {
-                    best = e;
-                    best_key = key;
-                }
-            }
-            chosen[j] = best;
-            choice_score[token * k + j] = s[best];
-        }
-        double denom = 0.0;
-        for (int j = 0; j < k; j++) denom += s[chosen[j]];
-        for (int j = 0; j < k; j++)
-            gate[token * k + j] = denom > 0.0 ? (float)(s[chosen[j]] / denom) : 1.0f / (float)k;
-    }
+    for (long token = dm_thread_first(t); token < N; token += dm_thread_stride(t))
+        moe_route_token(scores + token * E, lse + token, choice + token * k,
+                        choice_score + token * k, gate + token * k, logits + token * E, bias, E,
+                        k, sigmoid);
 }
 
 /* one output per step: sums[e] (e < E) = the sum over tokens in order of
@@ -153,74 +121,17 @@ DM_HD void moe_route_sums_thread(struct dm_thread t, double *sums, const float *
     }
 }
 
-/* the scores' gradient ds (E, in dz) of one token through its gates:
- * gates g_j = s_j / sum_S s, so ds_i = (dg_i - sum_j dg_j g_j) / sum_S s */
-DM_HD void moe_route_dgates(float *dz, const float *s, const int *chosen, const float *gate,
-                            const float *dg, int E, int k)
-{
-    for (int e = 0; e < E; e++) dz[e] = 0.0f;
-    double denom = 0.0, dot = 0.0;
-    for (int j = 0; j < k; j++) {
-        denom += s[chosen[j]];
-        dot += (double)dg[j] * gate[j];
-    }
-    if (denom > 0.0)
-        for (int j = 0; j < k; j++) dz[chosen[j]] += (float)(((double)dg[j] - dot) / denom);
-}
-
-/* + the aux loss's gradient in the scores: d/d P_i of alpha E sum f_i P_i
- * is alpha E f_i, over N tokens (f counts choices: no gradient) */
-DM_HD void moe_route_daux(float *dz, const float *s, const int *selected, int N, int E, int k,
-                          int sigmoid, double alpha)
-{
-    double sum = 0.0, weighted = 0.0;
-    if (sigmoid)
-        for (int e = 0; e < E; e++) sum += s[e];
-    for (int e = 0; e < E; e++) {
-        double coef = alpha * E * ((double)selected[e] / ((double)k * N)) / N;
-        if (!sigmoid) {
-            dz[e] += (float)coef;
-        } else {
-            dz[e] += (float)(coef / sum);
-            weighted += coef * s[e];
-        }
-    }
-    if (sigmoid)
-        for (int e = 0; e < E; e++) dz[e] -= (float)(weighted / (sum * sum));
-}
-
-/* the scores' gradient to the logits' (the sigmoid's or the softmax's
- * Jacobian), + the z-loss's: d(beta mean lse^2)/dz = beta 2 lse
- * softmax(z) / N */
-DM_HD void moe_route_dlogits(float *dz, const float *s, const float *z, float lse, int N, int E,
-                             int sigmoid, double beta)
-{
-    if (sigmoid) {
-        for (int e = 0; e < E; e++) dz[e] = dz[e] * (s[e] * (1.0f - s[e]));
-    } else {
-        double inner = 0.0;
-        for (int e = 0; e < E; e++) inner += (double)dz[e] * s[e];
-        for (int e = 0; e < E; e++) dz[e] = s[e] * (float)((double)dz[e] - inner);
-    }
-    if (beta > 0.0)
-        for (int e = 0; e < E; e++)
-            dz[e] += (float)(beta * 2.0 * (double)lse * exp((double)z[e] - (double)lse) / N);
-}
-
-/* one token per step: its logits' gradient (E) from its gates' (k), the
- * aux loss's (alpha > 0) and the z-loss's (beta > 0) */
+/* one token per step: its logits' gradient from its gates', the aux
+ * loss's (alpha > 0) and the z-loss's (beta > 0) (dynmo/moe_route.h) */
 DM_HD void moe_route_backward_thread(struct dm_thread t, float *dlogits, const float *dgate,
                                      const float *logits, const float *scores, const float *lse,
                                      const int *choice, const float *gate, const int *selected,
                                      int N, int E, int k, int sigmoid, double alpha, double beta)
 {
-    for (long token = dm_thread_first(t); token < N; token += dm_thread_stride(t)) {
-        float *dz = dlogits + token * E;
-        const float *s = scores + token * E;
-        moe_route_dgates(dz, s, choice + token * k, gate + token * k, dgate + token * k, E, k);
-        if (alpha > 0.0) moe_route_daux(dz, s, selected, N, E, k, sigmoid, alpha);
-        moe_route_dlogits(dz, s, logits + token * E, lse[token], N, E, sigmoid, beta);
-    }
+    for (long token = dm_thread_first(t); token < N; token += dm_thread_stride(t))
+        moe_route_back_token(dlogits + token * E, dgate + token * k, logits + token * E,
+                             scores + token * E, lse[token], choice + token * k,
+                             gate + token * k, selected, N, E, k, sigmoid, alpha, beta);
 }
 
 #endif

@@ -41,6 +41,7 @@
 #include <string.h>
 #include "dynmo/backend.h"
 #include "dynmo/model.h"
+#include "dynmo/moe_route.h"
 #include "model/internal.h"
 
 /* ---- shapes ------------------------------------------------------------------ */
@@ -395,44 +396,12 @@ struct route_args {
 };
 
 /* Token t: its scores, log-sum-exp, top-k choice (and the chosen
- * experts' scores) and gates. */
+ * experts' scores) and gates (dynmo/moe_route.h, the kernels' too). */
 static void route_token(const struct route_args *a, long t)
 {
-    int E = a->E, k = a->k, sigmoid = a->sigmoid;
-    const float *z = a->logits + t * E;
-    float *s = a->scores + t * E;
-    double top = z[0];
-    for (int e = 1; e < E; e++) top = z[e] > top ? z[e] : top;
-    double sum = 0.0;
-    for (int e = 0; e < E; e++) sum += exp((double)z[e] - top);
-    a->lse[t] = (float)(top + log(sum));
-    for (int e = 0; e < E; e++)
-        s[e] = sigmoid ? (float)(1.0 / (1.0 + exp(-(double)z[e])))
-                       : (float)(exp((double)z[e] - top) / sum);
-    /* top-k by score (+ bias for the sigmoid router); a strict > over
-     * ascending experts gives ties to the lower index */
-    int *choice = a->choice + t * k;
-    for (int j = 0; j < k; j++) {
-        int best = -1;
-        float best_key = 0.0f;
-        for (int e = 0; e < E; e++) {
-            int taken = 0;
-            for (int i = 0; i < j; i++) taken |= choice[i] == e;
-            if (taken) continue;
-            float key = sigmoid ? s[e] + a->bias[e] : s[e];
-            if (best < 0 || key > best_key) {
-                best = e;
-                best_key = key;
-            }
-        }
-        choice[j] = best;
-        a->choice_score[t * k + j] = s[best];
-    }
-    /* gates: the unbiased scores renormalised over the chosen experts */
-    double denom = 0.0;
-    for (int j = 0; j < k; j++) denom += s[choice[j]];
-    for (int j = 0; j < k; j++)
-        a->gate[t * k + j] = denom > 0.0 ? (float)(s[choice[j]] / denom) : 1.0f / (float)k;
+    int E = a->E, k = a->k;
+    moe_route_token(a->scores + t * E, a->lse + t, a->choice + t * k, a->choice_score + t * k,
+                    a->gate + t * k, a->logits + t * E, a->bias, E, k, a->sigmoid);
 }
 
 static void route_range(void *arg, long begin, long end)
@@ -885,55 +854,13 @@ struct route_back_args {
 
 /* Token t's logits' gradient: through the gates (renormalised over the
  * chosen experts), the aux loss (through P only: f counts choices and has
- * no gradient) and the z-loss. */
+ * no gradient) and the z-loss (dynmo/moe_route.h, the kernels' too). */
 static void route_back_token(const struct route_back_args *a, long t)
 {
-    int E = a->E, k = a->k, N = a->N, sigmoid = a->sigmoid;
-    double alpha = a->alpha, beta = a->beta;
-    const float *s = a->scores + t * E, *z = a->logits + t * E;
-    const int *choice = a->choice + t * k;
-    const float *gate = a->gate + t * k, *dg = a->dgate + t * k;
-    float *dz = a->dlogits + t * E;
-    for (int e = 0; e < E; e++) dz[e] = 0.0f;   /* d score, for now */
-    /* gates g_j = s_j / sum_S s: d s_i = (dg_i - sum_j dg_j g_j) / sum_S s */
-    double denom = 0.0, dot = 0.0;
-    for (int j = 0; j < k; j++) {
-        denom += s[choice[j]];
-        dot += (double)dg[j] * gate[j];
-    }
-    if (denom > 0.0)
-        for (int j = 0; j < k; j++) dz[choice[j]] += (float)(((double)dg[j] - dot) / denom);
-    /* aux: d/d P_i of alpha E sum f_i P_i is alpha E f_i, over N tokens */
-    if (alpha > 0.0) {
-        double sum = 0.0, weighted = 0.0;
-        if (sigmoid)
-            for (int e = 0; e < E; e++) sum += s[e];
-        for (int e = 0; e < E; e++) {
-            double coef = alpha * E * ((double)a->selected[e] / ((double)k * N)) / N;
-            if (!sigmoid) {
-                dz[e] += (float)coef;
-            } else {
-                dz[e] += (float)(coef / sum);
-                weighted += coef * s[e];
-            }
-        }
-        if (sigmoid)
-            for (int e = 0; e < E; e++) dz[e] -= (float)(weighted / (sum * sum));
-    }
-    /* scores to logits */
-    if (sigmoid) {
-        for (int e = 0; e < E; e++) dz[e] = dz[e] * (s[e] * (1.0f - s[e]));
-    } else {
-        double inner = 0.0;
-        for (int e = 0; e < E; e++) inner += (double)dz[e] * s[e];
-        for (int e = 0; e < E; e++) dz[e] = s[e] * (float)((double)dz[e] - inner);
-    }
-    /* z-loss: d(beta mean lse^2)/dz = beta 2 lse softmax(z) / N */
-    if (beta > 0.0) {
-        double lse = a->lse[t];
-        for (int e = 0; e < E; e++)
-            dz[e] += (float)(beta * 2.0 * lse * exp((double)z[e] - lse) / N);
-    }
+    int E = a->E, k = a->k;
+    moe_route_back_token(a->dlogits + t * E, a->dgate + t * k, a->logits + t * E,
+                         a->scores + t * E, a->lse[t], a->choice + t * k, a->gate + t * k,
+                         a->selected, a->N, E, k, a->sigmoid, a->alpha, a->beta);
 }
 
 static void route_back_range(void *arg, long begin, long end)
