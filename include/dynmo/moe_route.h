@@ -1,8 +1,7 @@
 /* MoE's routing of one token and its backward: the arithmetic the CPU op
  * (src/model/moe.c's moe_route_forward and moe_route_backward) and the
  * plugin's kernels (kernels/moe.cuh, one thread per token) share, written
- * once. Plain C that is also C++ with no other dynmo header, as backend.h:
- * nvcc compiles it for the device, gcc for the host. Each function walks
+ * once (dynmo/shared_fn.h). Each function walks
  * one token's experts in order with the same float and double sums from
  * the same start, libm's exp and log in double, so the bits are the same
  * wherever exp and log are glibc's (the CPU, the emulated device; CUDA's
@@ -11,19 +10,14 @@
 #define DYNMO_MOE_ROUTE_H
 
 #include <math.h>
-
-#ifdef __CUDACC__
-#define DM_ROUTE_FN __host__ __device__ static inline
-#else
-#define DM_ROUTE_FN static inline
-#endif
+#include "dynmo/shared_fn.h"
 
 /* From one token's logits z (E): its scores s (softmax probabilities, or
  * sigmoid scores), *lse (the log-sum-exp), the top-k choice by score (+
  * bias for the sigmoid router; a strict > over ascending experts gives
  * ties to the lower index), each chosen expert's score, and the gates
  * (the unbiased chosen scores renormalised; 1/k when they sum to 0). */
-DM_ROUTE_FN void moe_route_token(float *s, float *lse, int *chosen, float *choice_score,
+DM_SHARED_FN void moe_route_token(float *s, float *lse, int *chosen, float *choice_score,
                                  float *gate, const float *z, const float *bias, int E, int k,
                                  int sigmoid)
 {
@@ -59,7 +53,7 @@ DM_ROUTE_FN void moe_route_token(float *s, float *lse, int *chosen, float *choic
 
 /* The scores' gradient ds (E, into dz) of one token through its gates:
  * gates g_j = s_j / sum_S s, so ds_i = (dg_i - sum_j dg_j g_j) / sum_S s. */
-DM_ROUTE_FN void moe_route_dgates(float *dz, const float *s, const int *chosen, const float *gate,
+DM_SHARED_FN void moe_route_dgates(float *dz, const float *s, const int *chosen, const float *gate,
                                   const float *dg, int E, int k)
 {
     for (int e = 0; e < E; e++) dz[e] = 0.0f;
@@ -74,7 +68,7 @@ DM_ROUTE_FN void moe_route_dgates(float *dz, const float *s, const int *chosen, 
 
 /* + the aux loss's gradient in the scores: d/d P_i of alpha E sum f_i P_i
  * is alpha E f_i, over N tokens (f counts choices: no gradient). */
-DM_ROUTE_FN void moe_route_daux(float *dz, const float *s, const int *selected, int N, int E,
+DM_SHARED_FN void moe_route_daux(float *dz, const float *s, const int *selected, int N, int E,
                                 int k, int sigmoid, double alpha)
 {
     double sum = 0.0, weighted = 0.0;
@@ -96,7 +90,7 @@ DM_ROUTE_FN void moe_route_daux(float *dz, const float *s, const int *selected, 
 /* The scores' gradient to the logits' (the sigmoid's or the softmax's
  * Jacobian), + the z-loss's: d(beta mean lse^2)/dz = beta 2 lse
  * softmax(z) / N. */
-DM_ROUTE_FN void moe_route_dlogits(float *dz, const float *s, const float *z, float lse, int N,
+DM_SHARED_FN void moe_route_dlogits(float *dz, const float *s, const float *z, float lse, int N,
                                    int E, int sigmoid, double beta)
 {
     if (sigmoid) {
@@ -113,7 +107,7 @@ DM_ROUTE_FN void moe_route_dlogits(float *dz, const float *s, const float *z, fl
 
 /* One token's logits' gradient dz (E) from its gates' dg (k), the aux
  * loss's (alpha > 0) and the z-loss's (beta > 0). */
-DM_ROUTE_FN void moe_route_back_token(float *dz, const float *dg, const float *z, const float *s,
+DM_SHARED_FN void moe_route_back_token(float *dz, const float *dg, const float *z, const float *s,
                                       float lse, const int *chosen, const float *gate,
                                       const int *selected, int N, int E, int k, int sigmoid,
                                       double alpha, double beta)

@@ -35,6 +35,7 @@
 #include <math.h>
 #include <string.h>
 #include "dynmo/backend.h"
+#include "dynmo/exit_confidence.h"
 #include "dynmo/model.h"
 #include "model/internal.h"
 
@@ -187,39 +188,12 @@ void rows_scatter(float *dst, const float *src, const int *rows, int n, int C, i
 
 /* ---- the confidence of the active tokens --------------------------------------- */
 
-/* The exit head's top-1 minus top-2 probability of one token (V) */
-static float softmax_confidence(const float *pr, int V)
-{
-    float top1 = -1.0f, top2 = -1.0f;
-    for (int v = 0; v < V; v++) {
-        if (pr[v] > top1) {
-            top2 = top1;
-            top1 = pr[v];
-        } else if (pr[v] > top2) {
-            top2 = pr[v];
-        }
-    }
-    return top1 - top2;
-}
-
-/* The cosine of one token's hidden state before (a) and after (b) the block */
-static float saturation(const float *a, const float *b, int C)
-{
-    double ab = 0.0, aa = 0.0, bb = 0.0;
-    for (int c = 0; c < C; c++) {
-        ab += (double)a[c] * b[c];
-        aa += (double)a[c] * a[c];
-        bb += (double)b[c] * b[c];
-    }
-    return (aa > 0 && bb > 0) ? (float)(ab / sqrt(aa * bb)) : 0.0f;
-}
-
 /* The CPU backend's confidences (include/dynmo/backend.h's
  * exit_softmax_confidence, exit_saturation_confidence; the model calls
  * them through the table). */
 void exit_softmax_confidence(float *conf, const float *probs, int n, int V)
 {
-    for (int k = 0; k < n; k++) conf[k] = softmax_confidence(probs + (size_t)k * V, V);
+    for (int k = 0; k < n; k++) conf[k] = exit_softmax_confidence_of(probs + (size_t)k * V, V);
 }
 
 void exit_saturation_confidence(float *conf, const float *in, const float *out,
@@ -227,7 +201,7 @@ void exit_saturation_confidence(float *conf, const float *in, const float *out,
 {
     for (int k = 0; k < n; k++) {
         size_t row = (size_t)rows[k] * C;
-        conf[k] = saturation(in + row, out + row, C);
+        conf[k] = exit_saturation_of(in + row, out + row, C);
     }
 }
 
