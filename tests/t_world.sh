@@ -5,7 +5,8 @@
 # that does not exist. No rank may hang (timeout), and no other rank
 # prints a message of its own.
 # A hung MPI_Finalize ends within DYNMO_FINALIZE_SECONDS with the run's
-# status and a warning naming the rank (world.h, world_finalize):
+# status and a warning naming the rank (world.h, world_finalize; on 3
+# ranks every rank's bound ends it, and some rank's warning must show):
 # DYNMO_TEST_MPI_FAULT=finalize keeps the last rank from reaching it; the
 # run's log is complete; an ordinary run prints no such warning.
 set -u
@@ -36,9 +37,13 @@ for ranks in 2 3; do
   last=$((ranks - 1))
   [ $rc -eq 0 ] || fail "$ranks ranks, a rank that never finalizes: exit $rc, want 0: $(tail -n 3 "$dir/fin$ranks.err")"
   [ $secs -lt 30 ] || fail "$ranks ranks, a rank that never finalizes: $secs s"
-  grep -q "^\[rank $last\] MPI_Finalize did not return within 3 s; exiting 0" "$dir/fin$ranks.err" \
-    && echo "ok: $ranks ranks, rank $last never finalizes: exit 0 in $secs s: $(grep -m 1 "rank $last" "$dir/fin$ranks.err")" \
-    || fail "$ranks ranks: no warning from rank $last: $(cat "$dir/fin$ranks.err")"
+  # who warns: on 2 ranks the stuck one; on 3, all bounds end together
+  # and mpiexec may drop the last lines of a rank whose peers have gone
+  # (docs/STATUS.md), so some rank's
+  who=$last; [ $ranks -gt 2 ] && who='[0-9]*'
+  grep -q "^\[rank $who\] MPI_Finalize did not return within 3 s; exiting 0" "$dir/fin$ranks.err" \
+    && echo "ok: $ranks ranks, rank $last never finalizes: exit 0 in $secs s: $(grep -m 1 "MPI_Finalize" "$dir/fin$ranks.err")" \
+    || fail "$ranks ranks: no warning from rank $who: $(cat "$dir/fin$ranks.err")"
   [ "$(steps_in "$dir/fin$ranks/runlog.h5")" = 4 ] || fail "$ranks ranks: the run log does not hold 4 steps"
 done
 DYNMO_FINALIZE_SECONDS=3 timeout -k 10 60 mpiexec -n 2 "$DYNMO" train --config "$dir/t.ini" parallel.pp=2 \

@@ -470,6 +470,15 @@ void world_finalize(int status)
     if (node_comm != MPI_COMM_NULL) MPI_Comm_free(&node_comm);
     fflush(stdout);
     fflush(stderr);
+    /* The ranks meet first (a polled barrier, itself under the bound), so
+     * that all start their bound on MPI_Finalize together and, if it
+     * hangs, all exit with the run's status at about the same moment.
+     * Without it a rank that entered early timed out first, and mpiexec
+     * killed ranks still inside their bound (exit 9, not the run's
+     * status; t_world's 3-rank case, about 1 run in 2). */
+    arm_finalize_limit(status);
+    MPI_Request met;
+    if (MPI_Ibarrier(MPI_COMM_WORLD, &met) == MPI_SUCCESS) world_wait(&met);
     arm_finalize_limit(status);
     inject_finalize_fault();
     MPI_Finalize();
