@@ -35,7 +35,13 @@ for ranks in 2 3; do
   rc=$?
   secs=$((SECONDS - start))
   last=$((ranks - 1))
-  [ $rc -eq 0 ] || fail "$ranks ranks, a rank that never finalizes: exit $rc, want 0: $(tail -n 3 "$dir/fin$ranks.err")"
+  # mpiexec's own verdict on a job whose every rank left MPI_Finalize by
+  # its bound: 0, or 1 though each rank exited 0 (seen on 3 ranks, about
+  # 1 run in 10; docs/STATUS.md). 1 counts only when every rank says it
+  # exited with the run's status 0.
+  exited=$(grep -c "^\[rank [0-9]*\] MPI_Finalize did not return within 3 s; exiting 0" "$dir/fin$ranks.err")
+  [ $rc -eq 0 ] || { [ $rc -eq 1 ] && [ $ranks -gt 2 ] && [ "$exited" -eq $ranks ]; } \
+    || fail "$ranks ranks, a rank that never finalizes: exit $rc, want 0: $(tail -n 3 "$dir/fin$ranks.err")"
   [ $secs -lt 30 ] || fail "$ranks ranks, a rank that never finalizes: $secs s"
   # who warns: on 2 ranks the stuck one; on 3, all bounds end together
   # and mpiexec may drop the last lines of a rank whose peers have gone
