@@ -554,6 +554,7 @@ int cmd_simulate(int argc, char **argv)
 {
     struct simulate_args a;
     parse_args(&a, argc, argv);
+    if (a.out) sim_check_output(a.out, a.run_dir);   /* a bad --out fails before the work */
     struct sim_run run;
     sim_run_read(&run, a.run_dir, a.stages);
     if (a.validate && (a.scenario || (a.blocks && a.blocks != run.layers) ||
@@ -579,7 +580,7 @@ int cmd_simulate(int argc, char **argv)
     fputs(text, stdout);
     printf("simulated %d policies x %d steps in %.2f s\n", count, setup.steps, dm_now() - start);
     if (a.validate) validate(&setup, &run);
-    if (a.out) sim_write_output(a.out, &setup, policies, results, count, text);
+    if (a.out) sim_write_output(a.out, a.run_dir, &setup, policies, results, count, text);
     for (int i = 0; i < count; i++) sim_result_free(&results[i]);
     dm_free(results);
     dm_free(text);
