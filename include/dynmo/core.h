@@ -133,6 +133,16 @@ void dm_set_message(char *err, size_t errsize, const char *fmt, ...);
  * <the failing prefix>: <reason>" in err and errno set. */
 int dm_make_dirs(const char *path, char *err, size_t errsize);
 
+/* Start-up's undo list: every directory dm_make_dirs creates, and each
+ * file named to dm_startup_created_file, until dm_startup_done. A fatal
+ * error before then (dm_user_error, an internal error) calls
+ * dm_startup_undo, which removes those files and those of the directories
+ * that are still empty, newest first: a command refused at start-up leaves
+ * nothing behind, and nothing it did not create is touched. */
+void dm_startup_created_file(const char *path);
+void dm_startup_undo(void);
+void dm_startup_done(void);
+
 /* Replaces the file at path with the `bytes` bytes at data, atomically
  * and durably: writes path.tmp in the same directory (truncating a stale
  * one), fsyncs it, renames it over path, then fsyncs the directory. A

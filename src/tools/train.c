@@ -120,6 +120,7 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
     train_balancer_share_processors(tr->balancer, cfg, tr->threads, tr->log);
     tr->first_loss = tr->last_loss = tr->last_val = NAN;
     stage_totals_init(&tr->totals, S);
+    dm_startup_done();   /* from here on what the run made is the run's */
 }
 
 /* Rank 0: the step's rows and line, and what the report needs of it. */

@@ -240,7 +240,9 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
     char err[1200];
     if (dm_make_dirs(cfg->out_dir, err, sizeof err) != 0) dm_user_error_local("%s", err);
     if (start == 0 || access(path, F_OK) != 0) {
+        int is_new = access(path, F_OK) != 0;
         struct runlog *log = runlog_create(path, cfg);
+        if (is_new) dm_startup_created_file(path);   /* gone again if start-up fails */
         runlog_resume_at(log, start);   /* a new run.out_dir: filler for the steps before */
         return log;
     }
