@@ -206,6 +206,23 @@ expect_error "a report over a report holding a file of the user's" \
 [ -e "$work/rep/stale.png" ] && [ -s "$work/rep/index.html" ] && rm "$work/rep/stale.png" \
   || fail "the report over a user's file changed the directory"
 
+# ---- a config attribute that is not UTF-8 -----------------------------------------------------
+# Invalid bytes (a stray continuation, an overlong '/', a cut sequence) and
+# a control byte become U+FFFD: the page stays valid UTF-8.
+cp "$work/static.h5" "$work/bytes.h5"
+$py - "$work/bytes.h5" <<'PY' || fail "cannot write the non-UTF-8 config"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "a") as f:
+    f.attrs["config"] = np.bytes_(b"model.layers = 6\nrun.out_dir = caf\xc3\xa9/\x80\xc0\xaf\x1b[31m\xe2\x82\n")
+PY
+"$DYNMO" report "$work/bytes.h5" --out "$work/bytes" >/dev/null 2>&1 || fail "report of a non-UTF-8 config: exit $?"
+$py - "$work/bytes/index.html" <<'PY' && echo "ok: a non-UTF-8 config is shown with U+FFFD, the page valid UTF-8" || fail "the page of a non-UTF-8 config"
+import sys
+text = open(sys.argv[1], "rb").read().decode("utf-8")   # strict: raises on invalid bytes
+assert "run.out_dir = caf\u00e9/\ufffd\ufffd\ufffd\ufffd[31m\ufffd" in text, "no replacement characters"
+assert "\x1b" not in text
+PY
+
 # ---- bad input: exit 2, one message, nothing left behind ------------------------------------
 # one_error NAME REGEX CMD...: expect_error, and exactly one line on stderr.
 one_error() {

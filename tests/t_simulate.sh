@@ -352,6 +352,17 @@ expect_error "an --out holding a file named like a policy's" "holds repack.h5, w
 [ "$(cat "$work/mine/repack.h5")" = keep ] || fail "simulate replaced the user's repack.h5"
 expect_error "too many block-steps" "1000000 steps x 100 blocks is too large to simulate" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --steps 1000000 --blocks 100 --out "$work/bad5"
+expect_error "--policies ''" "--policies '' names no policy" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --policies ''
+# A re-pack decided at the last step restarts nothing (the job ends there),
+# and without a static policy there is no speedup to print (it was nanx).
+out=$("$DYNMO" simulate --from-run $data/freeze-2-balanced --policies repack,partition-time \
+      --repack-every 5 --epsilon 0.9 --steps 5 2>&1) || fail "repack at the last step: exit $?"
+rows=$(grep -E '^(repack|partition-time) ' <<<"$out" | awk '{print $2, $7}' | sort -u | wc -l)
+if [ "$rows" -eq 1 ] && grep -q "no re-pack decision before the last step" <<<"$out" &&
+   ! grep -qi nan <<<"$out"; then
+  echo "ok: a re-pack at the last step charges no restart; no static policy prints no nan"
+else fail "repack at the last step or no static policy: $out"; fi
 expect_error "an unknown policy" "'fastest' is not a policy" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --policies fastest
 for k in 1 2 3 4 5 6 7 8 9; do [ -e "$work/bad$k" ] && fail "bad input $k left $work/bad$k"; done

@@ -301,6 +301,9 @@ void config_defaults(struct dm_config *cfg);
  * unreadable, syntax, unknown section or key, bad value) end with
  * dm_user_error naming file, line and key. */
 void config_load_file(struct dm_config *cfg, const char *path);
+/* The shortest form of x that reads back as x (10, not 1e+01; 1.0000001,
+ * not 1 as %g prints it): what a message names when it names a value. */
+void dm_format_shortest(char *buf, size_t size, double x);
 
 /* What config_load_file does with the file's contents: parses the INI text
  * text[0..len) (not NUL-terminated, never read past, never changed) into

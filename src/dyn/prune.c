@@ -255,13 +255,16 @@ uint64_t prune_radix_cut(MPI_Comm comm, prune_histogram_fn histogram, void *ctx,
 
 static void *prune_create(const struct dm_config *cfg, const struct dyn_env *env)
 {
+    char initial[32], final[32];   /* as read: 0.5 and 0.50000001 differ */
+    dm_format_shortest(initial, sizeof initial, cfg->sparsity_initial);
+    dm_format_shortest(final, sizeof final, cfg->sparsity_final);
     if (cfg->sparsity_initial > cfg->sparsity_final)
-        dm_user_error("dyn.sparsity_initial = %g is above dyn.sparsity_final = %g: pruning "
+        dm_user_error("dyn.sparsity_initial = %s is above dyn.sparsity_final = %s: pruning "
                       "never restores weights (make sparsity_initial <= sparsity_final)",
-                      cfg->sparsity_initial, cfg->sparsity_final);
+                      initial, final);
     if (cfg->sparsity_final >= 1.0)
-        dm_user_error("dyn.sparsity_final = %g would prune every weight (use a value below 1)",
-                      cfg->sparsity_final);
+        dm_user_error("dyn.sparsity_final = %s would prune every weight (use a value below 1)",
+                      final);
     char err[320];
     if (prune_check_model(cfg->layers, cfg->channels, err, sizeof err))
         dm_user_error("%s", err);
