@@ -22,6 +22,7 @@ enum {
     TAG_BLOCK = 2 << 20,
     TAG_TIED = 3 << 20,
     TAG_EXIT = 4 << 20,   /* early exit: the micro-batch's exit layers */
+    TAG_BLOCK_PIECE = 5 << 20,   /* a large block's slab, piece by piece (migrate.c) */
 };
 
 /* One micro-batch's activations in flight on this stage. */

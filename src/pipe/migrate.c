@@ -2,13 +2,93 @@
  * travel with their weights, Adam moments and dynamic state, each as one
  * MPI message (over the devices' transport the slab goes device to
  * device, and MPI carries the header and dynamic state), and every rank
- * rebuilds its block array and activation slots for the new ranges.
+ * rebuilds its block array and activation slots for the new ranges. A
+ * block whose slab is larger than one message should carry (MPI counts
+ * are ints: 2 GiB, a dense block of C 3,870 with its moments) sends its
+ * header alone and then its slab in pieces of at most PIECE_BYTES, in
+ * order on one tag.
  * Which blocks move is balance_migration_plan's answer; what a block's
  * message holds is the model's (block_pack_meta and its slab). Must not:
  * choose a layout (the caller hands it one). */
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 #include "pipe/engine_internal.h"
+
+/* The most bytes of a slab one message carries: 1 GiB, well under the
+ * 2 GiB an int count allows, a size MPI libraries move at full speed.
+ * DYNMO_TEST_MIGRATE_PIECE_BYTES sets it smaller, so that tests move
+ * small blocks in pieces. */
+#define PIECE_BYTES ((size_t)1 << 30)
+
+static size_t piece_bytes(void)
+{
+    static size_t bytes;
+    if (!bytes) {
+        const char *text = getenv("DYNMO_TEST_MIGRATE_PIECE_BYTES");
+        long v = text ? atol(text) : 0;
+        bytes = v >= 4 && (size_t)v < PIECE_BYTES ? (size_t)v & ~(size_t)3 : PIECE_BYTES;
+    }
+    return bytes;
+}
+
+/* The requests and datatypes of one migration: a few per block, grown as
+ * posted. */
+struct posted {
+    MPI_Request *reqs;
+    MPI_Datatype *types;   /* MPI_DATATYPE_NULL for a piece (plain bytes) */
+    int count, capacity;
+};
+
+static void posted_add(struct posted *p, MPI_Request req, MPI_Datatype type)
+{
+    if (p->count == p->capacity) {
+        int capacity = p->capacity ? 2 * p->capacity : 16;
+        MPI_Request *reqs = dm_alloc((size_t)capacity * sizeof *reqs);
+        MPI_Datatype *types = dm_alloc((size_t)capacity * sizeof *types);
+        if (p->count) {
+            memcpy(reqs, p->reqs, (size_t)p->count * sizeof *reqs);
+            memcpy(types, p->types, (size_t)p->count * sizeof *types);
+        }
+        dm_free(p->reqs);
+        dm_free(p->types);
+        p->reqs = reqs;
+        p->types = types;
+        p->capacity = capacity;
+    }
+    p->reqs[p->count] = req;
+    p->types[p->count++] = type;
+}
+
+/* Whether block blk's slab goes in pieces after its header (both sides
+ * decide alike: the slab's size is the model's). */
+static int in_pieces(const struct block *blk)
+{
+    return 3 * blk->nparams * sizeof(float) > piece_bytes();
+}
+
+/* Posts the pieces of a large block's slab (params; then m and v, which
+ * are adjacent; or its staging's 3 nparams floats) to or from `peer`. */
+static void post_pieces(struct posted *p, const struct block *blk, float *staging, int peer,
+                        int recv)
+{
+    size_t n = blk->nparams * sizeof(float);
+    char *regions[2] = {staging ? (char *)staging : (char *)blk->params,
+                        staging ? (char *)(staging + blk->nparams) : (char *)blk->m};
+    size_t sizes[2] = {n, 2 * n};
+    for (int r = 0; r < 2; r++)
+        for (size_t at = 0; at < sizes[r]; at += piece_bytes()) {
+            size_t bytes = sizes[r] - at < piece_bytes() ? sizes[r] - at : piece_bytes();
+            MPI_Request req;
+            if (recv)
+                WORLD_MPI(MPI_Irecv(regions[r] + at, (int)bytes, MPI_BYTE, peer,
+                                    TAG_BLOCK_PIECE + blk->index, MPI_COMM_WORLD, &req));
+            else
+                WORLD_MPI(MPI_Isend(regions[r] + at, (int)bytes, MPI_BYTE, peer,
+                                    TAG_BLOCK_PIECE + blk->index, MPI_COMM_WORLD, &req));
+            posted_add(p, req, MPI_DATATYPE_NULL);
+        }
+}
 
 /* The datatype of one migrating block's message: its header and dynamic
  * state (meta, meta_bytes), its parameters and its Adam moments (m and v
@@ -19,20 +99,16 @@
 static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
                                const struct block *blk, float *staging)
 {
-    if (!blk) {   /* the slab goes over the devices' transport (exchange_slabs) */
+    if (!blk || in_pieces(blk)) {   /* the slab goes apart: exchange_slabs, post_pieces */
         MPI_Aint where;
         WORLD_MPI(MPI_Get_address(meta, &where));
         WORLD_MPI(MPI_Type_create_hindexed(1, &meta_bytes, &where, MPI_BYTE, type));
         WORLD_MPI(MPI_Type_commit(type));
         return;
     }
-    /* MPI counts are ints, and the receiver sizes the message in bytes:
-     * one block's message must stay under 2 GiB. */
-    size_t bytes = (size_t)meta_bytes + 3 * blk->nparams * sizeof(float);
-    if (bytes > INT_MAX)
-        DM_FATAL("migrating block %d: its message would be %zu bytes, more than one MPI "
-                 "message holds (%d); this block is too large to migrate", blk->index, bytes,
-                 INT_MAX);
+    if ((size_t)meta_bytes + 3 * blk->nparams * sizeof(float) > INT_MAX)
+        DM_FATAL("migrating block %d: a header of %d bytes and a slab of %zu in one message",
+                 blk->index, meta_bytes, 3 * blk->nparams * sizeof(float));
     int lengths[3] = {meta_bytes, (int)(blk->nparams * sizeof(float)),
                       (int)(2 * blk->nparams * sizeof(float))};
     MPI_Aint where[3];
@@ -72,8 +148,8 @@ static void stage_up(struct block *blk, const float *staging)
 /* The blocks this rank sends: each as one message gathered from its
  * header and dynamic state, its parameters and its moments, straight from
  * the slab with no packing copy (from its staging on a device). */
-static int post_sends(struct engine *eng, const struct balance_move *moves, int nmoves,
-                      MPI_Request *reqs, MPI_Datatype *types, void **metas, float **stagings)
+static void post_sends(struct engine *eng, const struct balance_move *moves, int nmoves,
+                       struct posted *p, void **metas, float **stagings)
 {
     const struct pipe_grid *g = &eng->grid;
     struct gpt *m = &eng->model;
@@ -84,24 +160,25 @@ static int post_sends(struct engine *eng, const struct balance_move *moves, int 
     float *staging = eng->pipe_comm ? NULL
                                     : staging_pool_host(&eng->staging, STAGING_MIGRATE_SEND,
                                                         floats * sizeof(float));
-    int n = 0;
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
         if (mv->src_stage != g->stage) continue;
         struct block *blk = &m->blocks[mv->block - m->first_block];
-        int meta_bytes = (int)block_meta_size(blk);
+        int meta_bytes = (int)block_meta_size(blk), peer = rank_of(g, mv->dst_stage, g->replica);
         metas[mv->block] = dm_alloc((size_t)meta_bytes);
         block_pack_meta(blk, metas[mv->block]);
         stagings[mv->block] = staging;
         if (staging) stage_down(blk, staging);
-        block_message_type(&types[n], metas[mv->block], meta_bytes, eng->pipe_comm ? NULL : blk,
+        MPI_Datatype type;
+        MPI_Request req;
+        block_message_type(&type, metas[mv->block], meta_bytes, eng->pipe_comm ? NULL : blk,
                            staging);
+        WORLD_MPI(MPI_Isend(MPI_BOTTOM, 1, type, peer, TAG_BLOCK + mv->block, MPI_COMM_WORLD,
+                            &req));
+        posted_add(p, req, type);
+        if (!eng->pipe_comm && in_pieces(blk)) post_pieces(p, blk, staging, peer, 0);
         if (staging) staging += staged_floats(blk);
-        WORLD_MPI(MPI_Isend(MPI_BOTTOM, 1, types[n], rank_of(g, mv->dst_stage, g->replica),
-                            TAG_BLOCK + mv->block, MPI_COMM_WORLD, &reqs[n]));
-        n++;
     }
-    return n;
 }
 
 /* Block b's message from stage src: its size by a probe (the dynamic
@@ -119,7 +196,8 @@ static void probe_arrival(struct engine *eng, int b, int src, struct block *arri
     }
     WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
     block_prepare_receive(&arrived[b], b, &eng->shape);
-    size_t slab_bytes = eng->pipe_comm ? 0 : staged_floats(&arrived[b]) * sizeof(float);
+    size_t slab_bytes = eng->pipe_comm || in_pieces(&arrived[b])
+                            ? 0 : staged_floats(&arrived[b]) * sizeof(float);
     if ((size_t)count < slab_bytes + 64)
         DM_FATAL("migrating block %d: a message of %d bytes is too short", b, count);
     meta_bytes[b] = count - (int)slab_bytes;
@@ -129,9 +207,9 @@ static void probe_arrival(struct engine *eng, int b, int src, struct block *arri
 /* The blocks this rank receives, straight into their slabs (into their
  * staging on a device): every arrival probed and prepared first, so that
  * the staging is sized once. */
-static int post_receives(struct engine *eng, const struct balance_move *moves, int nmoves,
-                         MPI_Request *reqs, MPI_Datatype *types, void **metas, int *meta_bytes,
-                         struct block *arrived, float **stagings)
+static void post_receives(struct engine *eng, const struct balance_move *moves, int nmoves,
+                          struct posted *p, void **metas, int *meta_bytes,
+                          struct block *arrived, float **stagings)
 {
     const struct pipe_grid *g = &eng->grid;
     size_t floats = 0;
@@ -144,20 +222,20 @@ static int post_receives(struct engine *eng, const struct balance_move *moves, i
     float *staging = eng->pipe_comm ? NULL
                                     : staging_pool_host(&eng->staging, STAGING_MIGRATE_RECV,
                                                         floats * sizeof(float));
-    int n = 0;
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
         if (mv->dst_stage != g->stage) continue;
-        int b = mv->block;
+        int b = mv->block, peer = rank_of(g, mv->src_stage, g->replica);
         stagings[b] = staging;
-        block_message_type(&types[n], metas[b], meta_bytes[b], eng->pipe_comm ? NULL : &arrived[b],
+        MPI_Datatype type;
+        MPI_Request req;
+        block_message_type(&type, metas[b], meta_bytes[b], eng->pipe_comm ? NULL : &arrived[b],
                            staging);
+        WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, type, peer, TAG_BLOCK + b, MPI_COMM_WORLD, &req));
+        posted_add(p, req, type);
+        if (!eng->pipe_comm && in_pieces(&arrived[b])) post_pieces(p, &arrived[b], staging, peer, 1);
         if (staging) staging += staged_floats(&arrived[b]);
-        WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, types[n], rank_of(g, mv->src_stage, g->replica),
-                            TAG_BLOCK + b, MPI_COMM_WORLD, &reqs[n]));
-        n++;
     }
-    return n;
 }
 
 /* Over the devices' transport (eng->pipe_comm), the moving blocks' slabs
@@ -255,19 +333,18 @@ void engine_relayout(struct engine *eng, const int *root_counts)
                                sizeof err) != BALANCE_OK)
         DM_FATAL("migration plan: %s", err);
 
-    MPI_Request *reqs = dm_alloc((size_t)(L + 1) * sizeof(MPI_Request));
-    MPI_Datatype *types = dm_alloc((size_t)(L + 1) * sizeof(MPI_Datatype));
+    struct posted posted = {0};
     void **metas = dm_alloc((size_t)(L + 1) * sizeof(void *));
     int *meta_bytes = dm_alloc((size_t)(L + 1) * sizeof(int));
     struct block *arrived = dm_alloc((size_t)(L + 1) * sizeof(struct block));
     float **stagings = dm_alloc((size_t)(L + 1) * sizeof(float *));
-    int n = post_sends(eng, moves, nmoves, reqs, types, metas, stagings);
-    n += post_receives(eng, moves, nmoves, reqs + n, types + n, metas, meta_bytes, arrived,
-                       stagings);
-    world_wait_all(n, reqs);
+    post_sends(eng, moves, nmoves, &posted, metas, stagings);
+    post_receives(eng, moves, nmoves, &posted, metas, meta_bytes, arrived, stagings);
+    world_wait_all(posted.count, posted.reqs);
     if (eng->pipe_comm) exchange_slabs(eng, moves, nmoves, arrived);
     unpack_arrivals(eng, arrived, metas, meta_bytes, stagings);
-    for (int i = 0; i < n; i++) WORLD_MPI(MPI_Type_free(&types[i]));
+    for (int i = 0; i < posted.count; i++)
+        if (posted.types[i] != MPI_DATATYPE_NULL) WORLD_MPI(MPI_Type_free(&posted.types[i]));
     adopt_blocks(eng, counts, arrived);
     engine_expert_parallel_forget(eng);
     for (int b = 0; b < L; b++)
@@ -278,8 +355,8 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     eng->pending_migrated = nmoves;
     eng->pending_migrated_bytes = (double)bytes;
     eng->pending_migrate_ms = (dm_now() - t0) * 1e3;
-    dm_free(reqs);
-    dm_free(types);
+    dm_free(posted.reqs);
+    dm_free(posted.types);
     dm_free(metas);
     dm_free(meta_bytes);
     dm_free(arrived);
