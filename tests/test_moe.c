@@ -4,6 +4,9 @@
  *     gates, the experts, the capacity drop, the aux loss and the z-loss,
  *     for the softmax and the sigmoid router (the routing is checked to be
  *     the same on both sides of every difference);
+ *   - top-1: the gate is the chosen score (Switch Transformer), so the
+ *     router's gradient is not zero, and it agrees with finite
+ *     differences, for both routers, dropless and with a capacity;
  *   - the aux loss is alpha under uniform routing, and more when the
  *     routing is skewed; ties go to the lower expert index;
  *   - the sigmoid router's bias changes which experts are chosen, never the
@@ -35,15 +38,21 @@
 
 enum { B = 2, T = 8, N = B * T, C = 16, NH = 2, E = 4, K = 2, H = 24 };
 
-static struct gpt_shape moe_shape(int router, double capacity_factor, int drop, float aux,
-                                  float z)
+static struct gpt_shape moe_shape_k(int router, double capacity_factor, int drop, float aux,
+                                    float z, int k)
 {
     struct gpt_shape s = {.vocab = 32, .max_seq = T, .layers = 2, .heads = NH, .channels = C};
-    struct gpt_moe m = {.every = 1, .experts = E, .top_k = K, .hidden = H, .router = router,
+    struct gpt_moe m = {.every = 1, .experts = E, .top_k = k, .hidden = H, .router = router,
                         .drop = drop, .capacity_factor = (float)capacity_factor,
                         .aux_loss = aux, .z_loss = z, .bias_rate = 0.0f};
     s.moe = m;
     return s;
+}
+
+static struct gpt_shape moe_shape(int router, double capacity_factor, int drop, float aux,
+                                  float z)
+{
+    return moe_shape_k(router, capacity_factor, drop, aux, z, K);
 }
 
 /* A block whose weights are far from trivial: every parameter N(0, 0.3)
@@ -103,7 +112,8 @@ static double objective(struct harness *h)
     return f + r.aux + r.z;
 }
 
-/* The routing of the last forward, to compare two forwards. */
+/* The routing of the last forward, to compare two forwards (k <= K;
+ * unused slots stay zero). */
 struct routing_copy {
     int choice[N * K], row[N * K];
 };
@@ -112,8 +122,10 @@ static void copy_routing(struct harness *h, struct routing_copy *c)
 {
     struct moe_routing r;
     moe_routing_of(&h->acts, &r);
-    memcpy(c->choice, r.choice, sizeof c->choice);
-    memcpy(c->row, r.row, sizeof c->row);
+    DM_ASSERT(r.k <= K);
+    memset(c, 0, sizeof *c);
+    memcpy(c->choice, r.choice, (size_t)N * r.k * sizeof(int));
+    memcpy(c->row, r.row, (size_t)N * r.k * sizeof(int));
 }
 
 /* Analytic gradients (block_backward into zeroed grads, din) against
@@ -224,6 +236,49 @@ static void test_finite_differences(void)
         snprintf(name, sizeof name, "%s: all together", kind);
         CHECK(fd_check(name, &h, router_offset(), E * C, 1, 1) < tol);
         harness_free(&h);
+    }
+}
+
+/* Top-1 (Switch Transformer): the gate is the chosen expert's score
+ * itself, not 1 (renormalised over one expert), so the language-model
+ * loss reaches the router. For both routers (the sigmoid's gate is its
+ * raw score): the gate bits, a router gradient that is not zero and
+ * agrees with central differences (dropless and with a capacity), and
+ * the input's gradient through the gate. */
+static void test_top1(void)
+{
+    const double tol = 5e-3;
+    for (int router = 0; router < 2; router++) {
+        const char *kind = router ? "sigmoid" : "softmax";
+        char name[96];
+        for (int capacity = 0; capacity < 2; capacity++) {
+            struct gpt_shape s = moe_shape_k(router, capacity ? 0.5 : 0.0, MOE_DROP_PROBS,
+                                             0.0f, 0.0f, 1);
+            struct harness h;
+            harness_init(&h, &s, 16 + capacity);
+            objective(&h);
+            struct moe_routing r;
+            moe_routing_of(&h.acts, &r);
+            int gate_is_score = 1, dropped = 0;
+            for (int t = 0; t < N; t++) {
+                gate_is_score &= r.gate[t] == r.scores[t * E + r.choice[t]];
+                dropped += r.row[t] < 0;
+            }
+            printf("top-1 (%s, capacity factor %g, %d of %d tokens dropped): the gate is the "
+                   "chosen score: %s\n", kind, capacity ? 0.5 : 0.0, dropped, N,
+                   gate_is_score ? "yes" : "NO");
+            CHECK_MSG(gate_is_score, "top-1 (%s): a gate is not its expert's score", kind);
+            CHECK_MSG(!capacity || dropped > 0, "the top-1 capacity test drops nothing");
+            /* the router alone first: its gradient must not be zero */
+            snprintf(name, sizeof name, "%s top-1%s: router", kind, capacity ? " capacity" : "");
+            CHECK(fd_check(name, &h, router_offset(), E * C, 1, 0) < tol);
+            snprintf(name, sizeof name, "%s top-1%s: router and input", kind,
+                     capacity ? " capacity" : "");
+            CHECK(fd_check(name, &h, router_offset(), E * C, 1, 1) < tol);
+            snprintf(name, sizeof name, "%s top-1%s: experts", kind, capacity ? " capacity" : "");
+            CHECK(fd_check(name, &h, experts_offset(), 60, 37, 0) < tol);
+            harness_free(&h);
+        }
     }
 }
 
@@ -622,6 +677,7 @@ int main(void)
 {
     dm_threads_init(2);
     test_finite_differences();
+    test_top1();
     test_aux_uniform();
     test_bias_selects_only();
     test_capacity();

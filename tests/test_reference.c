@@ -12,9 +12,11 @@
  * $DYNMO_FIXTURE, else at tests/reference/fixture_tiny.bin under the current
  * directory or under any directory above this executable.
  *
- * tests/reference/make_moe_fixture.py writes three MoE fixtures (version 2,
- * "DMREF002": top-2 of 4 experts; softmax dropless, softmax with capacity,
- * sigmoid with the selection bias and capacity), found beside the dense one.
+ * tests/reference/make_moe_fixture.py writes five MoE fixtures (version 2,
+ * "DMREF002", 4 experts: top-2 softmax dropless, softmax with capacity,
+ * sigmoid with the selection bias and capacity; top-1 softmax with capacity
+ * and top-1 sigmoid, whose gate is the chosen score), found beside the
+ * dense one.
  * For them the test also compares the balancing losses (aux + z), each MoE
  * block's routing (choices and dropped pairs) of the first forward, the ten
  * training losses with and without the balancing losses (1e-5 relative)
@@ -45,6 +47,7 @@
 #define MAX_ARRAYS 16
 static const char *const moe_fixtures[] = {
     "fixture_moe.bin", "fixture_moe_capacity.bin", "fixture_moe_sigmoid.bin",
+    "fixture_moe_top1.bin", "fixture_moe_top1_sigmoid.bin",
     "fixture_mod_model.bin", "fixture_hash_model.bin",
 };
 

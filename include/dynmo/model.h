@@ -664,9 +664,9 @@ void block_moe_update_bias(struct block *blk, const double *tokens);
 
 /* What routing decided for the tokens of an MoE block's last forward (for
  * tests and tools): per token t and slot j < k (best first) the chosen
- * expert choice[t k + j], its gate weight gate[t k + j] (renormalised over
- * the chosen experts; a dropped pair keeps its gate but contributes
- * nothing) and row[t k + j], the pair's row among the expert inputs
+ * expert choice[t k + j], its gate weight gate[t k + j] (the chosen score
+ * for k = 1, renormalised over the chosen experts for k >= 2; a dropped
+ * pair keeps its gate but contributes nothing) and row[t k + j], the pair's row among the expert inputs
  * grouped by expert (-1: dropped by the expert's capacity); offset[e] ..
  * offset[e + 1] are expert e's rows; the
  * router's scores (N, E) (softmax probabilities or sigmoid scores, before

@@ -6,8 +6,9 @@
  *   route      router logits (N, E) = ln2 @ router_w^T; scores (softmax
  *              probabilities, or sigmoid scores); each token's top-k experts
  *              (by score, plus the selection bias for the sigmoid router;
- *              ties go to the lower expert index); gate weights renormalised
- *              over the chosen experts; each expert's capacity, the pairs
+ *              ties go to the lower expert index); gate weights (the
+ *              chosen score for k = 1, the chosen scores renormalised over
+ *              the chosen for k >= 2); each expert's capacity, the pairs
  *              it drops; the balancing losses' values;
  *   dispatch   the kept (token, expert) pairs grouped by expert, each
  *              expert's tokens in ascending order (offset[e] .. offset[e+1]
@@ -217,7 +218,7 @@ struct moe_acts {
     float *logits;          /* (N, E) router logits */
     float *scores;          /* (N, E) softmax probabilities or sigmoid scores */
     float *lse;             /* (N) log-sum-exp of the logits (z-loss) */
-    float *gate;            /* (N, k) gate weights, renormalised over the chosen */
+    float *gate;            /* (N, k) gate weights (moe_route_token) */
     float *x, *y;           /* (k N, C) expert inputs and outputs, grouped */
     float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
     /* What the ops read and write, in the backend's memory (on the CPU the
@@ -852,8 +853,7 @@ struct route_back_args {
     int N, E, k, sigmoid;
 };
 
-/* Token t's logits' gradient: through the gates (renormalised over the
- * chosen experts), the aux loss (through P only: f counts choices and has
+/* Token t's logits' gradient: through the gates, the aux loss (through P only: f counts choices and has
  * no gradient) and the z-loss (dynmo/moe_route.h, the kernels' too). */
 static void route_back_token(const struct route_back_args *a, long t)
 {
