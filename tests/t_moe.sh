@@ -170,7 +170,7 @@ bad "ep does not divide dp" "parallel.ep = 2 does not divide parallel.dp = 1" 1 
 bad "ep does not divide E" "parallel.ep = 4 does not divide model.experts = 6" 4 model.moe_every=1 model.experts=6 parallel.dp=4 parallel.ep=4 train.micro_batches=2
 bad "bias with softmax" "moe.bias_rate = 0.1 needs moe.router = sigmoid" 1 model.moe_every=1 moe.bias_rate=0.1
 bad "unknown router" "moe.router = 'topk' must be softmax or sigmoid" 1 model.moe_every=1 moe.router=topk
-bad "unknown drop" "moe.drop = 'random' must be probs or position" 1 model.moe_every=1 moe.drop=random
+bad "unknown drop" "moe.drop = 'random' must be probs, position or slot" 1 model.moe_every=1 moe.drop=random
 bad "moe_every > layers" "model.moe_every = 7 exceeds model.layers = 6" 1 model.moe_every=7
 bad "MoE with pruning" "dyn.kind = prune does not support MoE blocks yet" 1 model.moe_every=2 dyn.kind=prune
 finish

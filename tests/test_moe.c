@@ -12,9 +12,12 @@
  *   - the sigmoid router's bias changes which experts are chosen, never the
  *     gate values, and moves by bias_rate x sign(mean - count);
  *   - capacity: no expert keeps more than ceil(k N factor / E) pairs; the
- *     pairs dropped are the lowest router probabilities (drop=probs) or the
- *     latest tokens (drop=position); a token every expert dropped leaves the
- *     block with its residual exactly;
+ *     pairs dropped are the lowest router probabilities (drop=probs), the
+ *     latest tokens (drop=position) or the latest in (slot, token) order
+ *     (drop=slot, GShard's); a token every expert dropped leaves the
+ *     block with its residual exactly; position and slot drop different
+ *     pairs where a token's second choice competes with another token's
+ *     first;
  *   - the pack of an MoE block round-trips (weights, moments, bias, counts),
  *     live-migration messages too, and a pack of the wrong kind is refused;
  *   - forward and backward give the same bits for 1 and 2 threads;
@@ -370,9 +373,11 @@ static void test_bias_selects_only(void)
 
 /* Capacity: the kept pairs of each expert, which ones drop, and the
  * residual of a token that every expert dropped. */
+static const char *const drop_names[] = {"probs", "position", "slot"};
+
 static void test_capacity(void)
 {
-    for (int drop = 0; drop < 2; drop++) {
+    for (int drop = 0; drop < 3; drop++) {
         struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.3, drop, 0.0f, 0.0f);
         struct harness h;
         harness_init(&h, &s, 41);
@@ -392,6 +397,7 @@ static void test_capacity(void)
             over |= kept > capacity;
             float min_kept = INFINITY, max_dropped = -INFINITY;
             int last_kept = -1, first_dropped = N;
+            int last_kept_slot = -1, first_dropped_slot = N * K;   /* j N + t */
             for (int t = 0; t < N; t++)
                 for (int j = 0; j < K; j++) {
                     if (r.choice[t * K + j] != e) continue;
@@ -400,14 +406,18 @@ static void test_capacity(void)
                     if (r.row[t * K + j] >= 0) {
                         min_kept = fminf(min_kept, p);
                         last_kept = t;
+                        if (j * N + t > last_kept_slot) last_kept_slot = j * N + t;
                     } else {
                         max_dropped = fmaxf(max_dropped, p);
                         if (t < first_dropped) first_dropped = t;
+                        if (j * N + t < first_dropped_slot) first_dropped_slot = j * N + t;
                     }
                 }
             CHECK(kept == (chosen < capacity ? chosen : capacity));
             if (drop == MOE_DROP_PROBS) ok_order &= max_dropped <= min_kept;
-            else ok_order &= first_dropped > last_kept || first_dropped == N;
+            else if (drop == MOE_DROP_POSITION)
+                ok_order &= first_dropped > last_kept || first_dropped == N;
+            else ok_order &= first_dropped_slot > last_kept_slot;
         }
         for (int t = 0; t < N; t++) {
             int kept = 0;
@@ -418,12 +428,84 @@ static void test_capacity(void)
         }
         printf("capacity %d (drop=%s): no expert over it: %s; the right pairs dropped: %s; %d "
                "tokens dropped by every expert keep their residual exactly: %s\n", capacity,
-               drop ? "position" : "probs", over ? "NO" : "yes", ok_order ? "yes" : "NO",
+               drop_names[drop], over ? "NO" : "yes", ok_order ? "yes" : "NO",
                all_dropped, exact ? "yes" : "NO");
         CHECK(!over && ok_order && exact);
         CHECK_MSG(all_dropped > 0, "no token was dropped by every expert: the test is empty");
         harness_free(&h);
     }
+}
+
+/* The two capacity orders by position: moe.drop = position places pairs
+ * by (token, slot), a token's pairs together; slot by (slot, token), every
+ * token's first choice before any second choice (GShard). Two tokens, two
+ * experts, top-2, capacity 1: token 0 prefers expert 0, token 1 expert 1,
+ * and each takes the other as its second choice. By position token 0
+ * takes both experts and token 1 is dropped whole; by slot each token
+ * keeps its first choice and both second choices drop. Then the same on
+ * the harness's 16 tokens of 4 experts: the orders drop different pairs. */
+static void test_capacity_orders(void)
+{
+    int choice[4] = {0, 1, 1, 0};    /* (token, slot) */
+    int kept[2][4];
+    for (int order = 0; order < 2; order++) {
+        int drop = order ? MOE_DROP_SLOT : MOE_DROP_POSITION;
+        struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.5, drop, 0.0f, 0.0f);
+        s.moe.experts = 2;
+        struct block blk;
+        block_init(&blk, 1, &s, 3);
+        struct block_acts acts;
+        block_acts_alloc(&acts, 1, 2, C, NH);
+        float in[2 * C], out[2 * C];
+        for (int i = 0; i < 2 * C; i++) in[i] = dm_normal(5, 6, (uint64_t)i);
+        /* router weights from successive seeds until the routing is the
+         * one wanted */
+        int found = 0;
+        for (uint64_t seed = 0; seed < 200 && !found; seed++) {
+            for (int i = 0; i < 2 * C; i++) blk.moe->router_w[i] = dm_normal(seed, 8, i);
+            block_forward(&blk, &acts, out, in, 1, 2);
+            struct moe_routing r;
+            moe_routing_of(&acts, &r);
+            found = !memcmp(r.choice, choice, sizeof choice);
+        }
+        CHECK_MSG(found, "no router found that routes token 0 to 0, 1 and token 1 to 1, 0");
+        struct moe_routing r;
+        moe_routing_of(&acts, &r);
+        CHECK(r.capacity == 1);
+        for (int p = 0; p < 4; p++) kept[order][p] = r.row[p] >= 0;
+        block_acts_free(&acts);
+        block_free(&blk);
+    }
+    int want_position[4] = {1, 1, 0, 0}, want_slot[4] = {1, 0, 1, 0};
+    printf("capacity 1, token 0 -> experts 0, 1 and token 1 -> 1, 0: kept (t0 s0, t0 s1, t1 s0, "
+           "t1 s1) by position %d %d %d %d, by slot %d %d %d %d\n", kept[0][0], kept[0][1],
+           kept[0][2], kept[0][3], kept[1][0], kept[1][1], kept[1][2], kept[1][3]);
+    CHECK_MSG(!memcmp(kept[0], want_position, sizeof want_position),
+              "drop=position: token 0 should keep both experts and token 1 none");
+    CHECK_MSG(!memcmp(kept[1], want_slot, sizeof want_slot),
+              "drop=slot: each token should keep its first choice only");
+
+    int rows[2][N * K], differ = 0, dropped[2] = {0, 0};
+    for (int order = 0; order < 2; order++) {
+        struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.3,
+                                       order ? MOE_DROP_SLOT : MOE_DROP_POSITION, 0.0f, 0.0f);
+        struct harness h;
+        harness_init(&h, &s, 42);
+        objective(&h);
+        struct moe_routing r;
+        moe_routing_of(&h.acts, &r);
+        for (int p = 0; p < N * K; p++) {
+            rows[order][p] = r.row[p] >= 0;
+            dropped[order] += r.row[p] < 0;
+        }
+        harness_free(&h);
+    }
+    for (int p = 0; p < N * K; p++) differ += rows[0][p] != rows[1][p];
+    printf("capacity %d of %d tokens x top-%d: %d pairs dropped by position, %d by slot, %d pairs "
+           "kept by one order and dropped by the other\n", (int)ceil(K * N * 0.3 / E), N, K,
+           dropped[0], dropped[1], differ);
+    CHECK(dropped[0] == dropped[1]);
+    CHECK_MSG(differ > 0, "position and slot dropped the same pairs: the test is empty");
 }
 
 /* Packs of an MoE block: round trip, migration messages, refusals. */
@@ -681,6 +763,7 @@ int main(void)
     test_aux_uniform();
     test_bias_selects_only();
     test_capacity();
+    test_capacity_orders();
     test_pack();
     test_thread_count();
     test_exchange_seam();

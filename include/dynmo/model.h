@@ -26,7 +26,11 @@ struct mod_acts;
  * their MLP by E expert MLPs and a linear router, and how tokens are
  * routed. All zero for a dense model (every == 0). */
 enum { MOE_ROUTER_SOFTMAX = 0, MOE_ROUTER_SIGMOID = 1 };
-enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1 };
+/* Which pairs a full expert keeps (docs/moe.md, Capacity): probs the
+ * highest scores; position by (token, slot), so a token's pairs together;
+ * slot by (slot, token), every token's first choice before any second
+ * choice (GShard). */
+enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1, MOE_DROP_SLOT = 2 };
 struct gpt_moe {
     int every;              /* 0: none; block l is an MoE block when (l + 1) % every == 0 */
     int experts, top_k;     /* E, k */

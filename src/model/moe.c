@@ -453,7 +453,7 @@ static int count_selected(const struct block_moe *moe, struct moe_acts *ma, int 
 
 struct pair_key {
     float score;
-    int token, pair;
+    int token, slot, pair;
 };
 
 /* Highest score first, then the earlier token. */
@@ -470,11 +470,21 @@ static int by_token(const void *x, const void *y)
     return a->token - b->token;
 }
 
+/* The earlier slot first (every token's first choice before any second
+ * choice), then the earlier token. */
+static int by_slot(const void *x, const void *y)
+{
+    const struct pair_key *a = x, *b = y;
+    if (a->slot != b->slot) return a->slot - b->slot;
+    return a->token - b->token;
+}
+
 /* The grouped rows (after count_selected): each expert's pairs in token
  * order; an expert over its capacity keeps `capacity` of them (the
- * highest scores with moe.drop = probs, the earliest tokens with
- * position) and drops the rest; the kept ones become its rows, in token
- * order. */
+ * highest scores with moe.drop = probs; the earliest tokens with
+ * position, which is (token, slot) order, a token choosing an expert at
+ * most once; the earliest in (slot, token) order with slot, GShard's)
+ * and drops the rest; the kept ones become its rows, in token order. */
 static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
 {
     int E = ma->E, k = ma->k;
@@ -488,7 +498,7 @@ static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
     for (int t = 0; t < N; t++)
         for (int j = 0; j < k; j++) {
             int p = t * k + j, e = ma->choice[p];
-            struct pair_key key = {ma->choice_score[p], t, p};
+            struct pair_key key = {ma->choice_score[p], t, j, p};
             keys[fill[e]++] = key;
         }
     int rows = 0;
@@ -498,8 +508,9 @@ static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
         int n = ma->selected[e], keep = n;
         if (ma->capacity > 0 && n > ma->capacity) {
             keep = ma->capacity;
-            if (moe->cfg.drop == MOE_DROP_PROBS) {
-                qsort(group, (size_t)n, sizeof *group, by_score);
+            if (moe->cfg.drop != MOE_DROP_POSITION) {
+                qsort(group, (size_t)n, sizeof *group,
+                      moe->cfg.drop == MOE_DROP_PROBS ? by_score : by_slot);
                 qsort(group, (size_t)keep, sizeof *group, by_token);
             }
         }

@@ -11,7 +11,7 @@ the C test (tests/test_reference.c) must not need torch.
 
     /usr/bin/python3 tests/reference/make_moe_fixture.py [--out-dir DIR]
 
-writes five fixtures of 4 experts (the cases below):
+writes six fixtures of 4 experts (the cases below):
 
     fixture_moe.bin               top-2, softmax router, dropless
     fixture_moe_capacity.bin      top-2, softmax router, capacity factor 0.75,
@@ -23,6 +23,8 @@ writes five fixtures of 4 experts (the cases below):
                                   drop=probs: the gate is the probability
     fixture_moe_top1_sigmoid.bin  top-1, sigmoid router with the bias,
                                   dropless: the gate is the sigmoid score
+    fixture_moe_slot.bin          top-2, softmax router, capacity factor 0.75,
+                                  drop=slot (GShard's order)
 
 An MoE block, for its N = B*T tokens x (the ln2 output):
 
@@ -35,8 +37,9 @@ An MoE block, for its N = B*T tokens x (the ln2 output):
              (GShard, Mixtral)
     capacity (factor > 0) = ceil(k * N * factor / E): an expert chosen by more
       pairs keeps that many: the highest scores[t, e] (ties: earlier token)
-      with drop=probs, the earliest tokens with drop=position; a dropped pair
-      contributes nothing
+      with drop=probs, the earliest tokens with drop=position, the earliest
+      in (slot j, token t) order with drop=slot (every token's first choice
+      before any second choice); a dropped pair contributes nothing
     out    = res1 + sum_j [kept] gate_j * expert_{choice_j}(x)
     expert = fcproj(gelu_tanh(fc(x))), fc Linear(C, H), fcproj Linear(H, C)
     aux    = alpha * E * sum_i f_i P_i,  f_i = (pairs choosing i) / (k N),
@@ -59,7 +62,7 @@ File format (little-endian): make_fixture.py's version-1 header with magic
 "DMREF002" and version 2, then at offset 108
 
     int32[6]      moe_every, experts, top_k, expert_hidden, router (0 softmax,
-                  1 sigmoid), drop (0 probs, 1 position)
+                  1 sigmoid), drop (0 probs, 1 position, 2 slot)
     float64[4]    capacity_factor, aux_loss, z_loss, bias_rate
     uint32        number of arrays, then the arrays as in version 1:
 
@@ -113,6 +116,8 @@ CASES = {
     "fixture_moe_top1_sigmoid.bin": dict(top_k=1, router=1, drop=0, capacity_factor=0.0,
                                          aux_loss=0.01, z_loss=0.001, bias_rate=0.01,
                                          seed=1234),
+    "fixture_moe_slot.bin": dict(top_k=2, router=0, drop=2, capacity_factor=0.75,
+                                 aux_loss=0.01, z_loss=0.001, bias_rate=0.0, seed=1234),
 }
 # Every decision (top-k, capacity) must be clear of a tie by this much, so
 # that float32 rounding in dynmo cannot flip it.
@@ -184,6 +189,8 @@ class MoE(nn.Module):
                     s = scores.detach()[:, e]
                     pairs.sort(key=lambda p: (-float(s[p[0]]), p[0]))
                     self.margins.see(float(s[pairs[capacity - 1][0]] - s[pairs[capacity][0]]))
+                elif case["drop"] == 2:   # slot: first choices (in token order) first
+                    pairs.sort(key=lambda p: (p[1], p[0]))
                 for t, j in pairs[capacity:]:
                     kept[t, j] = False
         out = torch.zeros_like(x)
