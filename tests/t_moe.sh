@@ -8,10 +8,13 @@
 #     for the sigmoid router whose bias moves every step (so the bias
 #     travels with its block);
 #   - one stage with the same 2 replicas gives the same bits too;
-#   - a checkpoint (schema version 2) passes check-ckpt, h5py reads every
-#     dataset v2.def lists, a resume under another layout continues with
-#     the same bits, a flipped byte in an expert's row is found and named,
-#     and a dense checkpoint is refused by an MoE run;
+#   - a checkpoint (schema version 3) passes check-ckpt, h5py reads every
+#     dataset v3.def lists, its rows hold the blocks' parameters once and
+#     nothing else (no padding: the Adam second moments are > 0), a resume
+#     under another layout continues with the same bits, a flipped byte in
+#     an expert's row is found and named, and a dense checkpoint is refused
+#     by an MoE run;
+#   - top-1 routers learn from the loss (their Adam moments are not 0);
 #   - dynmo inspect summarises the experts' load per MoE block;
 #   - configs/moe.ini runs (shortened by overrides);
 #   - bad MoE settings are exit 2 with one message.
@@ -70,22 +73,24 @@ print("ok: /moe/tokens sum to batch x seq x k per block, drops within them; the 
       "router's bias moved in steps of bias_rate")
 PY
 
-# Checkpoints: schema version 2, resharded on load.
+# Checkpoints: schema version 3, resharded on load.
 run ck moe 4 parallel.pp=2 ckpt.dir="$dir/ck" ckpt.every=2 ckpt.keep=3 && {
   same static ck "a run that checkpoints"
-  out=$("$DYNMO" check-ckpt "$dir/ck/ckpt-2.h5" 2>&1) && grep -q "ok: schema version 2, step 2" <<<"$out" \
+  out=$("$DYNMO" check-ckpt "$dir/ck/ckpt-2.h5" 2>&1) && grep -q "ok: schema version 3, step 2" <<<"$out" \
     && echo "ok: check-ckpt: ${out##*ok: }" || fail "check-ckpt of an MoE checkpoint: $out"
-  $py - "$dir/ck/ckpt-2.h5" checkpoint_schema/v2.def <<'PY' && echo "ok: h5py reads every dataset v2.def lists, with its shape" || fail "v2 file and v2.def disagree"
+  $py - "$dir/ck/ckpt-2.h5" checkpoint_schema/v3.def <<'PY' && echo "ok: h5py reads every dataset v3.def lists, with its shape; the rows hold what the blocks compute with, no padding" || fail "v3 file and v3.def disagree"
 import re, sys, h5py
 f = h5py.File(sys.argv[1], "r")
-assert f.attrs["schema_version"] == 2 and f["model"].attrs["moe_every"] == 2
+assert f.attrs["schema_version"] == 3 and f["model"].attrs["moe_every"] == 2
 m = {k: int(v) for k, v in f["model"].attrs.items()}
 C, E, H, L = m["channels"], m["experts"], m["expert_hidden"], m["layers"]
 M = L // m["moe_every"]
+shared, mlp = 4 * C * C + 8 * C, 8 * C * C + 5 * C
 dims = dict(layers=L, block_params=m["block_params"], vocab=m["vocab"], max_seq=m["max_seq"],
             channels=C, pp=int(f.attrs["world_pp"]), dp=int(f.attrs["world_dp"]),
             history=f["layout/history_step"].shape[0], moe_layers=M, experts=E,
-            router_params=E * C, expert_rows=M * E, expert_params=2 * H * C + H + C)
+            router_params=E * C, expert_rows=M * E, expert_params=2 * H * C + H + C,
+            shared_params=shared, dense_layers=L - M, mlp_params=mlp)
 n = 0
 for line in open(sys.argv[2]):
     x = re.match(r'SCHEMA_DATASET\("([^"]+)", (\w+), "(\w+)", "(\w*)"\)', line)
@@ -95,11 +100,18 @@ for line in open(sys.argv[2]):
     assert f[x[1]].shape == shape and f[x[1]].fletcher32, (x[1], f[x[1]].shape, shape)
     f[x[1]][...]
     n += 1
-assert n == 31, n
-# an MoE block's /blocks row: its shared tensors, then zeros
-shared = 4 * C * C + 8 * C
-row = f["blocks/params"][1]
-assert (row[shared:] == 0).all() and (row[:shared] != 0).any()
+assert n == 34, n
+# every parameter of a block is in one row, once, and nothing else is: the
+# blocks' slabs (3 dense blocks of 12 C^2 + 13 C, 3 MoE blocks of the
+# shared tensors, the router and E experts) are the floats of the rows
+slab = (L - M) * (shared + mlp) + M * (shared + E * C + E * dims["expert_params"])
+rows = sum(f[name].size for name in ("blocks/params", "mlp/params", "moe/router/params",
+                                     "moe/experts/params"))
+assert rows == slab, (rows, slab)
+# and none of them is padding: the Adam second moments are > 0
+for name in ("blocks/adam_v", "mlp/adam_v", "moe/router/adam_v", "moe/experts/adam_v"):
+    v = f[name][...]
+    assert (v > 0).mean() > 0.99, (name, (v == 0).sum(), v.size)
 PY
   run resumed moe 4 parallel.pp=2 balance.initial=explicit:5,1 ckpt.dir="$dir/ck" \
     ckpt.resume="$dir/ck/ckpt-2.h5" && $py - "$dir" <<'PY' && echo "ok: resumed from step 2 on layout 5,1: steps 3-4 bit-identical" || fail "resume changed the losses"
@@ -126,6 +138,19 @@ PY
   expect_error "check-ckpt a flipped expert" "flipped.h5: .*Fletcher32 checksum mismatch in /moe/experts/params \(row 5\)" \
     "$DYNMO" check-ckpt "$dir/flipped.h5"
 }
+# Top-1: the gate is the chosen expert's probability (Switch Transformer),
+# so the routers learn from the loss alone: after 3 steps without the
+# balancing losses or weight decay every element of every router's Adam
+# second moment is > 0 (a gate renormalised over one expert is 1, and left
+# all of them 0).
+run top1 moe 2 parallel.pp=1 model.top_k=1 moe.aux_loss=0 moe.z_loss=0 train.weight_decay=0 \
+  train.steps=3 ckpt.dir="$dir/top1-ck" ckpt.every=3 && $py - "$dir/top1-ck/ckpt-3.h5" <<'PY' \
+  && echo "ok: top-1: every router's Adam second moment > 0 after 3 steps (the routers learn)" \
+  || fail "top-1: a router got no gradient from the loss"
+import sys, h5py
+v = h5py.File(sys.argv[1], "r")["/moe/router/adam_v"][...]
+assert (v > 0).all(), ((v == 0).sum(), v.size)
+PY
 timeout -k 10 60 mpiexec -n 2 "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/dense-ck" \
   parallel.pp=2 ckpt.dir="$dir/dense-ck" train.steps=1 train.warmup=0 > "$dir/dense-ck.out" 2>&1 ||
   fail "dense run with a checkpoint: $(tail -n 3 "$dir/dense-ck.out")"

@@ -20,6 +20,9 @@
  *     first;
  *   - the pack of an MoE block round-trips (weights, moments, bias, counts),
  *     live-migration messages too, and a pack of the wrong kind is refused;
+ *   - an MoE block's slab is exactly its shared tensors, router and
+ *     experts (no dense MLP), every parameter gets a gradient, and a
+ *     migration moves that slab and its state, nothing more;
  *   - forward and backward give the same bits for 1 and 2 threads;
  *   - an expert shard (parallel.ep > 1) holds the whole block's weights
  *     of its experts, its sum of squares adds up to the whole block's,
@@ -582,6 +585,49 @@ static void test_pack(void)
     block_free(&blk);
 }
 
+/* An MoE block holds what it computes with and nothing else: its tensors
+ * (the eight shared ones, the router, each expert's four) tile its slab
+ * exactly, with no dense fc or fcproj among them; one forward and backward
+ * give every one of its parameters a gradient; and what a migration moves
+ * (the header and MoE state, then params, m and v straight from the slab)
+ * is that slab, so an MoE block costs 3 x 4 bytes per parameter it uses. */
+static void test_slab_holds_what_it_computes(void)
+{
+    struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.0, MOE_DROP_PROBS, 0.01f, 0.001f);
+    struct harness h;
+    harness_init(&h, &s, 61);
+    struct block *blk = &h.blk;
+    size_t shared = block_tensor_offset(C, BP_FC_W), experts = (size_t)E * (2 * H * C + H + C);
+    size_t at = 0;
+    int tiled = 1;
+    for (int k = 0; k < block_tensor_count(blk); k++) {
+        size_t offset, size;
+        block_tensor_at(blk, k, &offset, &size);
+        tiled &= offset == at;
+        at += size;
+    }
+    CHECK_MSG(tiled && at == blk->nparams, "the tensors do not tile the slab (%zu of %zu)", at,
+              blk->nparams);
+    CHECK(blk->nparams == shared + (size_t)E * C + experts);
+    CHECK(block_tensor_count(blk) == BP_FC_W + 1 + 4 * E);
+    memset(blk->grads, 0, blk->nparams * sizeof(float));
+    block_forward(blk, &h.acts, h.out, h.in, B, T);
+    block_backward(blk, &h.acts, &h.scratch, h.din, h.dout, h.in, B, T);
+    size_t unused = 0;
+    for (size_t i = 0; i < blk->nparams; i++) unused += blk->grads[i] == 0.0f;
+    /* the header, the MoE state (docs/block-slab.md: 8 + 4 E bytes padded
+     * to 8, + 16 E), then params, m, v */
+    size_t moved = block_meta_size(blk) + 3 * blk->nparams * sizeof(float);
+    printf("an MoE block of C %d, E %d, H %d: %zu parameters (shared %zu, router %d, experts "
+           "%zu; a dense block has %zu), %zu without a gradient after one step; a migration "
+           "moves %zu bytes, its pack is %zu\n", C, E, H, blk->nparams, shared, E * C, experts,
+           block_param_count(C), unused, moved, block_pack_size(blk));
+    CHECK_MSG(unused == 0, "%zu of the block's parameters got no gradient", unused);
+    CHECK(moved == block_pack_size(blk) &&
+          moved == 64 + (8 + 16 + 16 * E) + 12 * (shared + (size_t)E * C + experts));
+    harness_free(&h);
+}
+
 /* Forward and backward bits for 1 and 2 threads. */
 static void run_bits(float *out, float *din, float *grads, size_t nparams)
 {
@@ -765,6 +811,7 @@ int main(void)
     test_capacity();
     test_capacity_orders();
     test_pack();
+    test_slab_holds_what_it_computes();
     test_thread_count();
     test_exchange_seam();
     test_shard();

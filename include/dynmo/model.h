@@ -79,6 +79,9 @@ int gpt_block_is_moe(const struct gpt_shape *shape, int index);
  * (0 for the first MoE block in layer order), or -1 for a dense block. */
 int gpt_moe_block_count(const struct gpt_shape *shape);
 int gpt_moe_ordinal(const struct gpt_shape *shape, int index);
+/* The ordinal of block `index` among the blocks that are not MoE blocks
+ * (its /mlp row in a checkpoint), or -1 for an MoE block. */
+int gpt_moe_dense_ordinal(const struct gpt_shape *shape, int index);
 /* Parameters of block `index`: block_param_count(C) for a dense block,
  * moe_block_param_count for an MoE block. Blocks differ in size; ask this
  * (or blk->nparams), never assume block_param_count for every block. */

@@ -62,6 +62,12 @@ int gpt_moe_ordinal(const struct gpt_shape *shape, int index)
     return gpt_block_is_moe(shape, index) ? (index + 1) / shape->moe.every - 1 : -1;
 }
 
+int gpt_moe_dense_ordinal(const struct gpt_shape *shape, int index)
+{
+    if (gpt_block_is_moe(shape, index)) return -1;
+    return shape->moe.every > 0 ? index - (index + 1) / shape->moe.every : index;
+}
+
 size_t moe_shared_param_count(int C) { return block_tensor_offset(C, BP_FC_W); }
 
 size_t moe_expert_param_count(int C, int H)
