@@ -137,6 +137,18 @@ with open(sys.argv[1], "r+b") as g:
 PY
   expect_error "check-ckpt a flipped expert" "flipped.h5: .*Fletcher32 checksum mismatch in /moe/experts/params \(row 5\)" \
     "$DYNMO" check-ckpt "$dir/flipped.h5"
+  # a dense block's MLP rows missing; /mlp rows in a file whose every block
+  # is an MoE block (written by test_checkpoint, moe_every 1)
+  cp "$dir/ck/ckpt-2.h5" "$dir/no-mlp.h5"
+  $py -c "import h5py, sys; del h5py.File(sys.argv[1], 'r+')['/mlp/adam_v']" "$dir/no-mlp.h5"
+  expect_error "check-ckpt without the dense blocks' MLP moments" "no-mlp.h5: incomplete: dataset /mlp/adam_v is missing" \
+    "$DYNMO" check-ckpt "$dir/no-mlp.h5"
+  mpiexec -n 1 "$BUILD/tests/test_checkpoint" --save "$dir/all-moe" --step 10 --layers 2 --channels 8 \
+    --heads 2 --vocab 16 --max-seq 8 --moe-every 1 --experts 2 --top-k 1 --expert-hidden 8 >/dev/null &&
+  $py -c "import h5py, sys; h5py.File(sys.argv[1], 'r+').create_dataset('/mlp/params', (1, 557), 'f4', chunks=(1, 557), fletcher32=True)" \
+    "$dir/all-moe/ckpt-10.h5" &&
+  expect_error "check-ckpt /mlp rows where every block is an MoE block" "ckpt-10.h5: /mlp/params is in the file, but dense_layers is 0 for this model" \
+    "$DYNMO" check-ckpt "$dir/all-moe/ckpt-10.h5"
 }
 # Top-1: the gate is the chosen expert's probability (Switch Transformer),
 # so the routers learn from the loss alone: after 3 steps without the
@@ -151,6 +163,22 @@ import sys, h5py
 v = h5py.File(sys.argv[1], "r")["/moe/router/adam_v"][...]
 assert (v > 0).all(), ((v == 0).sum(), v.size)
 PY
+# Layer freezing keeps a state of its own (/dyn, dyn.def) beside the MoE
+# rows: the checkpoint passes check-ckpt and resumes with the
+# uninterrupted run's losses.
+run frz moe 2 parallel.pp=1 dyn.kind=freeze ckpt.dir="$dir/frz-ck" ckpt.every=2 ckpt.keep=2 &&
+  run frz-resumed moe 2 parallel.pp=1 dyn.kind=freeze ckpt.dir="$dir/frz-ck2" \
+    ckpt.resume="$dir/frz-ck/ckpt-2.h5" && {
+  out=$("$DYNMO" check-ckpt "$dir/frz-ck/ckpt-2.h5" 2>&1) && grep -q "ok: schema version 3" <<<"$out" ||
+    fail "check-ckpt of a frozen MoE model's checkpoint: $out"
+  $py - "$dir" <<'PY' && echo "ok: layer freezing with MoE blocks: the checkpoint (with /dyn) checks and resumes, steps 3-4 bit-identical" || fail "freezing with MoE: the resumed losses differ"
+import sys, h5py
+d = sys.argv[1]
+a = h5py.File(d + "/frz/runlog.h5", "r")["/steps/loss"][2:]
+b = h5py.File(d + "/frz-resumed/runlog.h5", "r")["/steps/loss"][2:]
+assert (a.view("u4") == b.view("u4")).all(), (a, b)
+PY
+}
 timeout -k 10 60 mpiexec -n 2 "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/dense-ck" \
   parallel.pp=2 ckpt.dir="$dir/dense-ck" train.steps=1 train.warmup=0 > "$dir/dense-ck.out" 2>&1 ||
   fail "dense run with a checkpoint: $(tail -n 3 "$dir/dense-ck.out")"

@@ -659,11 +659,14 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
                      m->every, m->experts, m->top_k, m->hidden, d->layers);
         return;
     }
-    long block_params = d->block_params, pp = d->pp, dp = d->dp;
+    /* The MoE dimensions from the shape; what the file said is kept (the
+     * extension's /dyn/state length too: a frozen MoE model's checkpoint) */
+    long block_params = d->block_params, pp = d->pp, dp = d->dp, dyn_state = d->dyn_state;
     ckpt_dims_of_shape(d, &h->shape);
     d->block_params = block_params;
     d->pp = pp;
     d->dp = dp;
+    d->dyn_state = dyn_state;
 }
 
 /* Every dimension and value unknown until the file says. */
