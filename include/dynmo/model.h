@@ -673,9 +673,9 @@ void block_moe_update_bias(struct block *blk, const double *tokens);
  * tests and tools): per token t and slot j < k (best first) the chosen
  * expert choice[t k + j], its gate weight gate[t k + j] (the chosen score
  * for k = 1, renormalised over the chosen experts for k >= 2; a dropped
- * pair keeps its gate but contributes nothing) and row[t k + j], the pair's row among the expert inputs
- * grouped by expert (-1: dropped by the expert's capacity); offset[e] ..
- * offset[e + 1] are expert e's rows; the
+ * pair keeps its gate but contributes nothing) and row[t k + j], the
+ * pair's row among the expert inputs grouped by expert (-1: dropped by the
+ * expert's capacity); offset[e] .. offset[e + 1] are expert e's rows; the
  * router's scores (N, E) (softmax probabilities or sigmoid scores, before
  * the bias), and the micro-batch's aux and z-loss values. Arrays belong to
  * acts and stay valid until its next forward. */

@@ -870,8 +870,9 @@ struct route_back_args {
     int N, E, k, sigmoid;
 };
 
-/* Token t's logits' gradient: through the gates, the aux loss (through P only: f counts choices and has
- * no gradient) and the z-loss (dynmo/moe_route.h, the kernels' too). */
+/* Token t's logits' gradient: through the gates, the aux loss (through P
+ * only: f counts choices and has no gradient) and the z-loss
+ * (dynmo/moe_route.h, the kernels' too). */
 static void route_back_token(const struct route_back_args *a, long t)
 {
     int E = a->E, k = a->k;
