@@ -18,6 +18,16 @@ finish() {
   exit 0
 }
 
+# two_cpus: the first two CPUs this test may run on, as "a,b" (for taskset
+# -c and mpiexec -bind-to user:a,b), so that a check of how ranks share
+# CPUs runs the same on a machine of 2 CPUs and one of 64. The tests need 2.
+two_cpus() {
+  local cpus
+  cpus=$(/usr/bin/python3 -c 'import os; c = sorted(os.sched_getaffinity(0)); print(",".join(map(str, c[:2])) if len(c) >= 2 else "")')
+  [ -n "$cpus" ] || { echo "FAIL: the tests need 2 CPUs, this process may use $(nproc)" >&2; exit 1; }
+  echo "$cpus"
+}
+
 # work_dir: makes $dir, a temporary directory removed at exit (after
 # killing this test's background jobs), with the GPL-3 text prepared as a
 # token dataset in $dir/data.

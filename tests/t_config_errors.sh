@@ -89,6 +89,16 @@ expect_error "hash buckets on dense attention" "hash.buckets = 4 is set but mode
   "$DYNMO" train --config "$dir/ok.ini" hash.buckets=4
 expect_error "attention name" "model.attention = 'sparse' must be dense or hash" \
   "$DYNMO" train --config "$dir/ok.ini" model.attention=sparse
+# A value just past a bound is printed as read, not rounded onto the bound.
+expect_error "MoD capacity 1.0000001" "model.mod_capacity = 1.0000001 is outside \(0, 1\]" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=1.0000001
+expect_error "bias rate 1e-7 without the sigmoid router" "moe.bias_rate = 1e-07 needs moe.router = sigmoid" \
+  "$DYNMO" train --config "$dir/ok.ini" model.moe_every=2 model.experts=4 moe.bias_rate=1e-7
+expect_error "sparsity_initial just above sparsity_final" \
+  "dyn.sparsity_initial = 0.90000001 is above dyn.sparsity_final = 0.9" \
+  sh -c '"$1" prepare --out "$2/data" /usr/share/common-licenses/GPL-3 >/dev/null &&
+         exec "$1" train --config "$2/ok.ini" data.train="$2/data/train.bin" dyn.kind=prune \
+           dyn.sparsity_initial=0.90000001 dyn.sparsity_final=0.9' _ "$DYNMO" "$dir"
 expect_error "MoD capacity negative" "model.mod_capacity = -0.25 is outside \(0, 1\]" \
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=-0.25
 expect_error "hash buckets negative" "hash.buckets = -2 must be 1 or an even number" \

@@ -26,4 +26,32 @@ n=$(grep -c 'is a FIFO' <<<"$out")
 [ $rc -eq 2 ] && [ "$n" -eq 1 ] && echo "ok: 2 ranks, FIFO: one message, exit 2" \
   || fail "2 ranks, FIFO: exit $rc, $n messages: $out"
 [ ! -e "$dir/out/runlog.h5" ] || fail "a failed start left a run log behind"
+
+# A run refused at start-up leaves nothing it created: not run.out_dir nor
+# its parents, not ckpt.dir, not a run log (each rank undoes what it made;
+# what existed before stays).
+left() { # left NAME: fails when anything under $dir/new exists
+  if [ -e "$dir/new" ]; then fail "$1 left $(cd "$dir" && find new | tr '\n' ' ')"
+  else echo "ok: $1 left nothing behind"; fi
+}
+expect_error "a model too large for the disk of ckpt.dir" "a checkpoint of this run needs about" \
+  timeout -k 5 60 mpiexec -n 2 "$DYNMO" train --config "${T[@]}" parallel.pp=2 model.channels=8192 \
+  model.heads=64 model.layers=64 run.out_dir="$dir/new/a/b" ckpt.dir="$dir/new/ck/x"
+left "a model too large for the disk"
+expect_error "a model too large for memory" "this model needs about .* GiB on its busiest rank" \
+  timeout -k 5 60 mpiexec -n 2 "$DYNMO" train --config "${T[@]}" parallel.pp=2 model.channels=8192 \
+  model.heads=64 model.layers=64 run.out_dir="$dir/new/a/b"
+left "a model too large for memory"
+timeout -k 5 60 "$DYNMO" train --config "${T[@]}" run.out_dir="$dir/first" ckpt.dir="$dir/ck" \
+  ckpt.every=2 train.steps=2 > "$dir/first.out" 2>&1 || fail "the checkpointed run: exit $?"
+expect_error "a checkpoint of another model" "written for a different model: model.channels" \
+  timeout -k 5 60 mpiexec -n 2 "$DYNMO" train --config "${T[@]}" parallel.pp=2 model.channels=32 \
+  run.out_dir="$dir/new/run" ckpt.dir="$dir/new/ck" ckpt.resume="$dir/ck/ckpt-2.h5"
+left "a checkpoint of another model"
+mkdir -p "$dir/new/mine"
+expect_error "a checkpoint of another model into a directory of the user's" "written for a different model" \
+  timeout -k 5 60 "$DYNMO" train --config "${T[@]}" model.channels=32 run.out_dir="$dir/new/mine/run" \
+  ckpt.resume="$dir/ck/ckpt-2.h5"
+[ -d "$dir/new/mine" ] && [ ! -e "$dir/new/mine/run" ] && echo "ok: the user's directory stays, ours went" \
+  || fail "a failed start in a directory of the user's: $(cd "$dir" && find new | tr '\n' ' ')"
 finish

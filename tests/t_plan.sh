@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `dynmo plan` on the committed cost fixtures: the exact partition prints the
 # layout worked out by hand in the comments below, an optimal --current is
-# kept, the memory cap is honoured, every method prints its block; stages
+# kept, the memory cap is honoured (diffusion and repack-first-fit refuse a
+# start over it, exit 2 naming the stage), every method prints its block; stages
 # sharing processors (--cores, --stage-groups/--group-cores, a run log's
 # stage_groups/group_cores) change the processors line and the predicted
 # steps; bad CSV exits 2 naming the file and line, bad arguments exit 2
@@ -143,6 +144,12 @@ expect_error "unknown option" "unknown option '--fast'" "$DYNMO" plan --costs $c
 expect_error "missing value" "--stages: needs a value" "$DYNMO" plan --costs $costs --stages
 expect_error "diffusion over cap" "method diffusion-time failed" \
   "$DYNMO" plan --costs $costs --stages 4 --method diffusion-time --mem-cap 240000
+# The reference 3,3,3,3 puts 16000 + 3 x 112000 bytes on stage 0, over the
+# cap; merging never splits a stage, so Algorithm 2 refuses (it used to
+# merge stages 2 and 3 and print 3,3,6 with stage 0 still over the cap).
+expect_error "first-fit over cap" \
+  "method repack-first-fit failed: stage 0 of the starting layout holds 352000 bytes, more than the capacity of 240000 bytes" \
+  "$DYNMO" plan --costs $costs --stages 4 --method repack-first-fit --mem-cap 240000
 "$DYNMO" plan --help >"$work/out" 2>&1 && grep -q "usage: dynmo plan" "$work/out" &&
   grep -q -- "--stage-groups" "$work/out" && echo "ok: --help" || fail "--help"
 

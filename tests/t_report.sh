@@ -190,10 +190,38 @@ grep -q 'id="r1-kind">simulation (dynmo simulate)<' "$work/sim/index.html" \
   || fail "the simulation file's page: $(grep -o 'id="r1-kind">[^<]*' "$work/sim/index.html")"
 
 # ---- replacing a previous report ------------------------------------------------------------
-touch "$work/rep/stale.png"
+[ -e "$work/rep/layout-2.png" ] || fail "the two-run report has no layout-2.png"
 "$DYNMO" report "$work/static.h5" --out "$work/rep" >/dev/null 2>&1 || fail "report over a report exited $?"
-[ ! -e "$work/rep/stale.png" ] && [ ! -e "$work/rep/layout-2.png" ] && [ -s "$work/rep/layout-1.png" ] \
+[ ! -e "$work/rep/layout-2.png" ] && [ -s "$work/rep/layout-1.png" ] \
   && echo "ok: a previous report is replaced whole" || fail "the previous report was not replaced whole"
+# The marker names exactly the files the report wrote.
+diff <(tail -n +2 "$work/rep/.dynmo-report" | sort) <(ls "$work/rep" | sort) > /dev/null \
+  && echo "ok: .dynmo-report names the report's $(ls "$work/rep" | wc -l) files" \
+  || fail ".dynmo-report does not name the report's files"
+# A file the report did not write, even one named like its own, is never deleted.
+touch "$work/rep/stale.png"
+expect_error "a report over a report holding a file of the user's" \
+  "holds stale.png, which dynmo report did not write" \
+  "$DYNMO" report "$work/static.h5" --out "$work/rep"
+[ -e "$work/rep/stale.png" ] && [ -s "$work/rep/index.html" ] && rm "$work/rep/stale.png" \
+  || fail "the report over a user's file changed the directory"
+
+# ---- a config attribute that is not UTF-8 -----------------------------------------------------
+# Invalid bytes (a stray continuation, an overlong '/', a cut sequence) and
+# a control byte become U+FFFD: the page stays valid UTF-8.
+cp "$work/static.h5" "$work/bytes.h5"
+$py - "$work/bytes.h5" <<'PY' || fail "cannot write the non-UTF-8 config"
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "a") as f:
+    f.attrs["config"] = np.bytes_(b"model.layers = 6\nrun.out_dir = caf\xc3\xa9/\x80\xc0\xaf\x1b[31m\xe2\x82\n")
+PY
+"$DYNMO" report "$work/bytes.h5" --out "$work/bytes" >/dev/null 2>&1 || fail "report of a non-UTF-8 config: exit $?"
+$py - "$work/bytes/index.html" <<'PY' && echo "ok: a non-UTF-8 config is shown with U+FFFD, the page valid UTF-8" || fail "the page of a non-UTF-8 config"
+import sys
+text = open(sys.argv[1], "rb").read().decode("utf-8")   # strict: raises on invalid bytes
+assert "run.out_dir = caf\u00e9/\ufffd\ufffd\ufffd\ufffd[31m\ufffd" in text, "no replacement characters"
+assert "\x1b" not in text
+PY
 
 # ---- bad input: exit 2, one message, nothing left behind ------------------------------------
 # one_error NAME REGEX CMD...: expect_error, and exactly one line on stderr.
@@ -231,9 +259,16 @@ one_error "--out under a file" "afile is not a directory" \
 one_error "--out in /proc" "cannot write the report to /proc/dynmo-report" \
   "$DYNMO" report "$work/balanced.h5" --out /proc/dynmo-report
 mkdir "$work/mine" && echo "notes" > "$work/mine/notes.txt"
-one_error "--out holding other files" "holds notes.txt, which a report does not write" \
+one_error "--out holding other files" "holds notes.txt, which dynmo report did not write" \
   "$DYNMO" report "$work/balanced.h5" --out "$work/mine"
 [ "$(cat "$work/mine/notes.txt")" = notes ] || fail "--out holding other files: notes.txt changed"
+# Nor does a report go where its inputs are.
+mkdir -p "$work/runs" && cp "$work/balanced.h5" "$work/runs/runlog.h5"
+one_error "--out holding its own input" "--out $work/runs holds the input $work/runs/runlog.h5" \
+  "$DYNMO" report "$work/runs/runlog.h5" --out "$work/runs"
+[ -s "$work/runs/runlog.h5" ] || fail "--out holding its own input: the run log changed"
+one_error "--out a parent of its input" "holds the input" \
+  "$DYNMO" report "$work/runs/runlog.h5" --out "$work"
 one_error "--from 0" "--from '0' is not a step number" \
   "$DYNMO" report "$work/balanced.h5" --from 0 --out "$work/bad6"
 # A write that fails half-way (files over 100 KiB refused): exit 2, the

@@ -48,9 +48,13 @@ ls "$dir/ck"/ckpt-*.h5 | wc -l | grep -qx 2 || fail "ckpt.keep = 2 not honoured:
 # Re-pack: the planner must shrink 4 stages of a 6-block model whose
 # micro-batches are tiny (epsilon generous); exit 3 and next_world.
 timeout -k 10 300 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/rp" parallel.pp=4 \
-  ckpt.dir="$dir/rpck" repack.enable=1 repack.every=30 repack.epsilon=5 > "$dir/rp1.out" 2>&1
+  ckpt.dir="$dir/rpck" repack.enable=1 repack.every=30 repack.epsilon=5 train.eval_every=100 > "$dir/rp1.out" 2>&1
 rc=$?
 [ $rc -eq 3 ] || fail "re-pack run: exit $rc, want 3 ($(tail -n 2 "$dir/rp1.out"))"
+# It stopped before any evaluation: the summary says so, not "nan".
+grep -q "validation loss: none yet" "$dir/rp1.out" && ! grep -qi "validation loss: nan" "$dir/rp1.out" \
+  && echo "ok: a re-pack before any evaluation: no validation loss yet" \
+  || fail "a re-pack before any evaluation: $(grep -i 'validation' "$dir/rp1.out")"
 if [ -f "$dir/rpck/next_world" ]; then
   pp=$(sed -n 's/^pp = //p' "$dir/rpck/next_world"); layout=$(sed -n 's/^layout = //p' "$dir/rpck/next_world")
   echo "ok: re-pack to pp=$pp layout=$layout: $(grep -o 'repack: .*' "$dir/rp1.out" | head -c 160)"

@@ -230,7 +230,7 @@ print("ok: MoD on 8 blocks: blocks 1, 3, 5, 7 process %.2f-%.2f of the tokens, t
 PY
 
 # ---- output: files of kind simulation, deterministic ----------------------
-for k in 1 2; do
+for k in 1 2 2; do   # sim2 twice: over an earlier simulation's directory
   "$DYNMO" simulate --from-run $data/freeze-2-balanced --out "$work/sim$k" >"$work/sim$k.out" 2>&1 ||
     fail "simulate --out: exit $? ($(tail -1 "$work/sim$k.out"))"
 done
@@ -337,8 +337,32 @@ expect_error "a scenario MoE load the run cannot price" "sets moe_load, but .* h
 mkdir "$work/taken" && echo keep >"$work/taken/notes.txt"
 expect_error "an --out holding other files" "holds notes.txt" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --out "$work/taken"
+# Never onto its own input: the run directory keeps its run log.
+cp -r $data/freeze-2-static "$work/run"
+before=$(md5sum "$work/run/runlog.h5")
+expect_error "--out the run it reads" "--out $work/run holds the input $work/run" \
+  "$DYNMO" simulate --from-run "$work/run" --out "$work/run"
+expect_error "--out a parent of the run it reads" "--out $work holds the input" \
+  "$DYNMO" simulate --from-run "$work/run" --out "$work"
+[ "$(md5sum "$work/run/runlog.h5")" = "$before" ] || fail "simulate --out its input changed the run log"
+# An h5 file of the user's named like a policy's is not simulate's to replace.
+mkdir "$work/mine" && echo keep >"$work/mine/repack.h5"
+expect_error "an --out holding a file named like a policy's" "holds repack.h5, which dynmo simulate did not write" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --out "$work/mine"
+[ "$(cat "$work/mine/repack.h5")" = keep ] || fail "simulate replaced the user's repack.h5"
 expect_error "too many block-steps" "1000000 steps x 100 blocks is too large to simulate" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --steps 1000000 --blocks 100 --out "$work/bad5"
+expect_error "--policies ''" "--policies '' names no policy" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --policies ''
+# A re-pack decided at the last step restarts nothing (the job ends there),
+# and without a static policy there is no speedup to print (it was nanx).
+out=$("$DYNMO" simulate --from-run $data/freeze-2-balanced --policies repack,partition-time \
+      --repack-every 5 --epsilon 0.9 --steps 5 2>&1) || fail "repack at the last step: exit $?"
+rows=$(grep -E '^(repack|partition-time) ' <<<"$out" | awk '{print $2, $7}' | sort -u | wc -l)
+if [ "$rows" -eq 1 ] && grep -q "no re-pack decision before the last step" <<<"$out" &&
+   ! grep -qi nan <<<"$out"; then
+  echo "ok: a re-pack at the last step charges no restart; no static policy prints no nan"
+else fail "repack at the last step or no static policy: $out"; fi
 expect_error "an unknown policy" "'fastest' is not a policy" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --policies fastest
 for k in 1 2 3 4 5 6 7 8 9; do [ -e "$work/bad$k" ] && fail "bad input $k left $work/bad$k"; done

@@ -98,5 +98,16 @@ expect_error "trace --out a FIFO" "$dir/fifo.json exists and is not a regular fi
   "$DYNMO" trace "$dir/traced/runlog.h5" --out "$dir/fifo.json"
 [ -p "$dir/fifo.json" ] || fail "trace --out a FIFO replaced it"
 ls "$dir" | grep -q '\.tmp$' && fail "a failed trace left a temporary file: $(ls "$dir")"
+# Only a file trace wrote is replaced: never another file, never its input.
+echo "my notes" > "$dir/notes.json"
+expect_error "trace --out a file of the user's" "$dir/notes.json exists and is not a trace dynmo wrote" \
+  "$DYNMO" trace "$dir/traced/runlog.h5" --out "$dir/notes.json"
+[ "$(cat "$dir/notes.json")" = "my notes" ] || fail "trace replaced the user's notes.json"
+cp "$dir/traced/runlog.h5" "$dir/copy.h5"
+expect_error "trace --out its own run log" "--out $dir/copy.h5 is the run log it reads" \
+  "$DYNMO" trace "$dir/copy.h5" --out "$dir/copy.h5"
+cmp -s "$dir/copy.h5" "$dir/traced/runlog.h5" || fail "trace --out its input changed it"
+"$DYNMO" trace "$dir/traced/runlog.h5" --out "$dir/trace.json" > /dev/null 2>&1 \
+  && echo "ok: trace replaces a trace it wrote" || fail "trace over its own earlier trace exited $?"
 expect_error "trace without --out" "--out FILE.json is required" "$DYNMO" trace "$dir/traced/runlog.h5"
 finish

@@ -40,6 +40,20 @@ run d train.threads=2 train.seed=7
 cmp -s "$dir/a.loss" "$dir/b.loss" || fail "same seed, same threads: losses differ"
 cmp -s "$dir/a.loss" "$dir/c.loss" || fail "1 thread vs 2 threads: losses differ"
 cmp -s "$dir/a.loss" "$dir/d.loss" && fail "another seed gave the same losses"
+# train.threads = 0 is what the rank may use: its CPUs (taskset, a binding,
+# a Slurm cpuset) over the ranks that share them, not the node's count.
+cpus=$(two_cpus)
+threads_of() { # threads_of CPUS RANKS: the threads per rank the start-up line names
+  timeout -k 10 60 taskset -c "$1" mpiexec -n "$2" "$DYNMO" train --config "$dir/tiny.ini" \
+    run.out_dir="$dir/threads" train.steps=1 train.warmup=0 train.eval_every=0 parallel.pp="$2" 2>&1 |
+    sed -n 's/.*; \([0-9]*\) threads per rank$/\1/p'
+}
+for want in "${cpus%%,*} 1 1" "$cpus 1 2" "$cpus 2 1"; do
+  set -- $want
+  have=$(threads_of "$1" "$2")
+  [ "$have" = "$3" ] && echo "ok: $2 rank(s) on CPUs $1: $have thread(s) per rank" ||
+    fail "$2 rank(s) on CPUs $1: '${have}' threads per rank, want $3"
+done
 grep -Eq '^step 30/30 \| loss [0-9.]+ \| lr [0-9.e+-]+ \| grad norm [0-9.]+ \| [0-9]+ ms \| [0-9]+ tok/s \| ETA' "$dir/a.out" \
   || fail "no progress line for step 30: $(tail -n 3 "$dir/a.out")"
 grep -q 'run log: ' "$dir/a.out" || fail "no summary"

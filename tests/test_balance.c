@@ -766,8 +766,8 @@ static void test_repack(void)
         /* never worse than Algorithm 2 at any target */
         for (int target = 1; target <= S; target++) {
             int merged[MAX_STAGES], merged_stages;
-            balance_repack_first_fit(&costs, current, S, cap, target, merged,
-                                     &merged_stages, NULL, 0);
+            CHECK(balance_repack_first_fit(&costs, current, S, cap, target, merged,
+                                           &merged_stages, NULL, 0) == BALANCE_OK);
             int64_t mm;
             balance_layout_max(&costs, merged_stages, merged, NULL, &mm);
             CHECK(cap == 0 || mm <= cap);
@@ -812,6 +812,44 @@ static void test_repack(void)
     printf("repack: %d runs, %d re-packed onto fewer stages, %d strictly fewer "
            "than some Algorithm-2 result, %d at the brute-force minimum\n", runs,
            fewer, beat_first_fit, optimal);
+}
+
+/* Algorithm 2 only merges stages, so a start with a stage over the cap
+ * cannot become a layout within it: refused (as diffusion refuses it),
+ * naming the stage, whether or not other stages could merge. */
+static void test_first_fit_over_cap(void)
+{
+    int failures_before = testing_failures;
+    double cost[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    int64_t mem[8] = {3, 3, 3, 3, 3, 3, 3, 3};
+    struct balance_costs c = {.blocks = 8, .cost = cost, .mem_bytes = mem};
+    const struct {
+        int stages, start[4], over, bytes;
+    } cases[] = {
+        {2, {6, 2}, 0, 18},        /* nothing can merge */
+        {2, {2, 6}, 1, 18},
+        {4, {1, 1, 5, 1}, 2, 15},  /* stages 0 and 1 could merge (6 bytes) */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        int counts[4] = {0}, stages = -1;
+        char err[256] = "", want[64];
+        int rc = balance_repack_first_fit(&c, cases[i].start, cases[i].stages, 12, 1, counts,
+                                          &stages, err, sizeof err);
+        snprintf(want, sizeof want, "stage %d of the starting layout holds %d bytes",
+                 cases[i].over, cases[i].bytes);
+        CHECK_MSG(rc == BALANCE_INFEASIBLE, "case %zu: rc %d, %d stages, want infeasible",
+                  i, rc, stages);
+        CHECK_MSG(strstr(err, want) && strstr(err, "capacity of 12 bytes"), "case %zu: %s",
+                  i, err);
+    }
+    /* within the cap it merges as before: 1,1,4,2 on a cap of 12 -> 2,4,2 */
+    int start[4] = {1, 1, 4, 2}, counts[4], stages;
+    char err[256] = "";
+    int rc = balance_repack_first_fit(&c, start, 4, 12, 1, counts, &stages, err, sizeof err);
+    CHECK_MSG(rc == BALANCE_OK && stages == 3 && counts[0] == 2 && counts[1] == 4 &&
+              counts[2] == 2, "rc %d (%s), %d stages", rc, err, stages);
+    printf("repack-first-fit: a start over the cap is refused: %s\n",
+           testing_failures > failures_before ? "NO" : "yes");
 }
 
 static void test_propose(void)
@@ -1580,6 +1618,7 @@ int main(void)
     test_diffusion();
     test_predictor();
     test_repack();
+    test_first_fit_over_cap();
     test_propose();
     test_sharing_dedicated();
     test_sharing_bounds();

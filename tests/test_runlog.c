@@ -302,6 +302,63 @@ static void test_reopen(void)
     dm_free(text);
 }
 
+/* One row per step across resumes (runlog_resume_at, runlog_end_step):
+ * a dataset a segment does not write gets filler rows, one created late
+ * starts with filler, a wider row widens its dataset, a narrower one gets
+ * filler cells; the events (/eval) are not steps. */
+static void test_rows_are_steps(void)
+{
+    char path[512], err[1024];
+    path_in_dir(path, sizeof path, "steps.h5");
+    struct dm_config cfg;
+    config_defaults(&cfg);
+    struct runlog *log = runlog_create(path, &cfg);
+    runlog_resume_at(log, 2);   /* a run resumed at step 2 in a new directory */
+    float two[2] = {1, 2}, three[3] = {3, 4, 5};
+    int counts[2] = {7, 8};
+    for (int step = 2; step < 5; step++) {
+        runlog_append_scalar(log, "/steps/loss", (float)step);
+        runlog_append_row(log, "/stages/busy_ms", two, 2);
+        if (step == 3) runlog_append_int_row(log, RUNLOG_MOE_TOKENS, counts, 2);
+        runlog_end_step(log);
+    }
+    runlog_append_scalar(log, "/eval/loss", 0.5f);
+    runlog_close(log);
+    log = runlog_open_append(path);
+    runlog_resume_at(log, 4);   /* resumed from step 4 on three stages */
+    runlog_append_scalar(log, "/steps/loss", 4.5f);
+    runlog_append_row(log, "/stages/busy_ms", three, 3);
+    runlog_end_step(log);
+    runlog_append_scalar(log, "/steps/loss", 5.5f);
+    runlog_append_row(log, "/stages/busy_ms", two, 2);
+    runlog_end_step(log);
+    CHECK(runlog_rows(log, "/eval/loss") == 1);
+    runlog_close(log);
+
+    float *values = NULL;
+    int ncols = 0;
+    long n = runlog_read_series(path, "/steps/loss", &values, err, sizeof err);
+    CHECK_MSG(n == 6 && isnan(values[0]) && isnan(values[1]) && values[3] == 3.0f &&
+              values[4] == 4.5f && values[5] == 5.5f, "/steps/loss: %ld rows", n);
+    dm_free(values);
+    n = runlog_read_matrix(path, "/stages/busy_ms", &values, &ncols, err, sizeof err);
+    CHECK_MSG(n == 6 && ncols == 3, "/stages/busy_ms: %ld x %d", n, ncols);
+    if (n == 6 && ncols == 3) {
+        CHECK(isnan(values[0]) && isnan(values[1 * 3 + 1]));              /* before the resume */
+        CHECK(values[2 * 3] == 1 && values[2 * 3 + 1] == 2 && isnan(values[2 * 3 + 2]));
+        CHECK(values[4 * 3] == 3 && values[4 * 3 + 2] == 5);              /* widened */
+        CHECK(values[5 * 3 + 1] == 2 && isnan(values[5 * 3 + 2]));        /* narrower row */
+    }
+    dm_free(values);
+    int *ints = NULL;
+    n = runlog_read_int_matrix(path, RUNLOG_MOE_TOKENS, &ints, &ncols, err, sizeof err);
+    CHECK_MSG(n == 6 && ncols == 2, "%s: %ld x %d", RUNLOG_MOE_TOKENS, n, ncols);
+    if (n == 6 && ncols == 2)
+        CHECK(ints[0] == -1 && ints[2 * 2] == -1 && ints[3 * 2] == 7 && ints[3 * 2 + 1] == 8 &&
+              ints[5 * 2] == -1);   /* written at step 4 only: -1 everywhere else */
+    dm_free(ints);
+}
+
 struct killed_run {
     const char *path;
     int steps;
@@ -550,6 +607,7 @@ int main(void)
     test_write_read_exact();
     test_many_steps();
     test_reopen();
+    test_rows_are_steps();
     test_killed_writer_keeps_flushed_steps();
     test_reading_a_live_log();
     test_damaged_and_foreign_files();

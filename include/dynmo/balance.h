@@ -446,7 +446,9 @@ int balance_repack(const struct balance_profile *profile,
  * next active stage when the two fit mem_cap together (0 = no cap) and more
  * than target_stages stages are active. Time is ignored. Writes the merged
  * layout into counts (current_stages entries available) and its stage count
- * into *out_stages. */
+ * into *out_stages. Merging never splits a stage: a `current` with a stage
+ * over mem_cap is refused (BALANCE_INFEASIBLE, the stage named), never
+ * returned over the cap. */
 int balance_repack_first_fit(const struct balance_costs *costs,
                              const int *current, int current_stages,
                              int64_t mem_cap, int target_stages, int *counts,

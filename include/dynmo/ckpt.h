@@ -134,12 +134,25 @@ void runlog_append_scalar(struct runlog *log, const char *name, float value);
 void runlog_append_int_scalar(struct runlog *log, const char *name, int value);
 
 /* Appends one row of `ncols` values to the 2-D dataset `name` ([rows, ncols],
- * e.g. "/layers/fwd_ms" as [step, layer]). ncols must stay the same for a
- * dataset (internal error otherwise). The row is copied. */
+ * e.g. "/layers/fwd_ms" as [step, layer]). A row of other width than the
+ * dataset's is adapted (runlog_resume_at). The row is copied. */
 void runlog_append_row(struct runlog *log, const char *name,
                        const float *row, int ncols);
 void runlog_append_int_row(struct runlog *log, const char *name,
                            const int *row, int ncols);
+
+/* Row i of every dataset but the events' (under /eval, /trace/events,
+ * /balance/decisions) is step i + 1. runlog_resume_at makes every such
+ * dataset in the file hold `start` rows (cut back, or filled with NaN, 0 or
+ * -1 for the MoE counts: a step this log did not see); one created later
+ * starts with filler rows up to the current step. runlog_end_step closes a
+ * step: a per-step dataset that got no row gets filler. A row narrower
+ * than its dataset (fewer stages after a re-pack) gets filler cells, a
+ * wider one (more stages after a resume) widens the dataset, the earlier
+ * rows' new cells filler. So every per-step dataset has one row per step
+ * of the run, across any resume. */
+void runlog_resume_at(struct runlog *log, long start);
+void runlog_end_step(struct runlog *log);
 
 /* Rows in dataset `name` so far, or -1 if it does not exist yet. */
 long runlog_rows(struct runlog *log, const char *name);

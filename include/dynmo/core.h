@@ -133,6 +133,16 @@ void dm_set_message(char *err, size_t errsize, const char *fmt, ...);
  * <the failing prefix>: <reason>" in err and errno set. */
 int dm_make_dirs(const char *path, char *err, size_t errsize);
 
+/* Start-up's undo list: every directory dm_make_dirs creates, and each
+ * file named to dm_startup_created_file, until dm_startup_done. A fatal
+ * error before then (dm_user_error, an internal error) calls
+ * dm_startup_undo, which removes those files and those of the directories
+ * that are still empty, newest first: a command refused at start-up leaves
+ * nothing behind, and nothing it did not create is touched. */
+void dm_startup_created_file(const char *path);
+void dm_startup_undo(void);
+void dm_startup_done(void);
+
 /* Replaces the file at path with the `bytes` bytes at data, atomically
  * and durably: writes path.tmp in the same directory (truncating a stale
  * one), fsyncs it, renames it over path, then fsyncs the directory. A
@@ -293,6 +303,9 @@ void config_defaults(struct dm_config *cfg);
  * unreadable, syntax, unknown section or key, bad value) end with
  * dm_user_error naming file, line and key. */
 void config_load_file(struct dm_config *cfg, const char *path);
+/* The shortest form of x that reads back as x (10, not 1e+01; 1.0000001,
+ * not 1 as %g prints it): what a message names when it names a value. */
+void dm_format_shortest(char *buf, size_t size, double x);
 
 /* What config_load_file does with the file's contents: parses the INI text
  * text[0..len) (not NUL-terminated, never read past, never changed) into

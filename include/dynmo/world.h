@@ -52,6 +52,10 @@ void world_init(int *argc, char ***argv);
  * test-only DYNMO_TEST_MPI_FAULT=finalize keeps the last rank from ever
  * reaching MPI_Finalize (tests/t_world.sh). */
 void world_finalize(int status);
+/* The CPUs this rank may use (its affinity mask at start-up: taskset,
+ * mpiexec's binding, a Slurm cpuset) divided by the ranks of its node that
+ * may run on any of them; at least 1. What its compute threads should be. */
+int world_cpus_for_rank(void);
 /* Ranks of this job that run on this node (MPI_COMM_TYPE_SHARED). */
 int world_local_size(void);
 /* This rank among them (0..world_local_size() - 1). */

@@ -69,6 +69,16 @@ int balance_fail(int status, char *err, size_t errsize, const char *fmt, ...);
 int balance_current_or_uniform(const int *current, int stages, int blocks,
                                int *out, char *err, size_t errsize);
 
+/* Every stage of the layout `counts` (checked) within mem_cap (0 = no
+ * cap), or BALANCE_INFEASIBLE naming the first stage over it: "stage s of
+ * the <whose> layout holds B bytes, more than the capacity of C bytes",
+ * then "; <remedy>" when remedy is not NULL. The balancers that only move
+ * within the cap (diffusion) or only merge (first-fit), and re-packing,
+ * refuse such a start with it. */
+int layout_check_cap(const struct balance_costs *costs, const int *counts, int stages,
+                     int64_t mem_cap, const char *whose, const char *remedy, char *err,
+                     size_t errsize);
+
 /* The exact partition on a prepared problem (balance_partition without the
  * input checks); `reference` is a layout of reference_stages stages. */
 int partition_prepared(const struct balance_problem *p, const int *reference,

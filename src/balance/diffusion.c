@@ -36,26 +36,6 @@ static int balance_pair(const struct balance_problem *p, int *start, int s)
     return moved;
 }
 
-/* start[] from the starting layout counts; every stage must fit the cap
- * (diffusion never breaks it, so it cannot start beyond it). */
-static int start_within_cap(const struct balance_problem *p, const int *counts,
-                            int stages, int64_t mem_cap, int *start, char *err,
-                            size_t errsize)
-{
-    for (int s = 0; s < stages; s++) {
-        start[s + 1] = start[s] + counts[s];
-        int64_t mem = problem_stage_mem(p, s, start[s], start[s + 1]);
-        if (mem > p->mem_cap)
-            return balance_fail(BALANCE_INFEASIBLE, err, errsize,
-                                "stage %d of the starting layout holds %lld "
-                                "bytes, more than the capacity of %lld bytes; "
-                                "diffusion only moves within the cap (use a "
-                                "partition method)", s, (long long)mem,
-                                (long long)mem_cap);
-    }
-    return BALANCE_OK;
-}
-
 /* Whether the most and least costly stages differ by less than gamma. */
 static int within_gamma(const struct balance_problem *p, const int *start,
                         int stages, double gamma)
@@ -114,9 +94,14 @@ int balance_diffusion(const struct balance_costs *costs, int stages,
         dm_free(start);
         return rc;
     }
+    /* every stage of the start must fit the cap: diffusion never breaks
+     * it, so it cannot start beyond it */
+    rc = layout_check_cap(costs, counts, stages, mem_cap, "starting",
+                          "diffusion only moves within the cap (use a partition method)",
+                          err, errsize);
+    for (int s = 0; s < stages; s++) start[s + 1] = start[s] + counts[s];
     struct balance_problem p;
     problem_init(&p, costs, stages, mem_cap);
-    rc = start_within_cap(&p, counts, stages, mem_cap, start, err, errsize);
     if (rc == BALANCE_OK) {
         int limit = max_rounds > 0 ? max_rounds : DIFFUSION_ROUND_LIMIT;
         int converged;

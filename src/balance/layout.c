@@ -384,6 +384,24 @@ int balance_current_or_uniform(const int *current, int stages, int blocks,
     return BALANCE_OK;
 }
 
+int layout_check_cap(const struct balance_costs *costs, const int *counts, int stages,
+                     int64_t mem_cap, const char *whose, const char *remedy, char *err,
+                     size_t errsize)
+{
+    if (mem_cap <= 0) return BALANCE_OK;
+    int begin = 0;
+    for (int s = 0; s < stages; s++) {
+        int64_t mem = balance_stage_mem(costs, stages, s, begin, begin + counts[s]);
+        if (mem > mem_cap)
+            return balance_fail(BALANCE_INFEASIBLE, err, errsize,
+                                "stage %d of the %s layout holds %lld bytes, more than the "
+                                "capacity of %lld bytes%s%s", s, whose, (long long)mem,
+                                (long long)mem_cap, remedy ? "; " : "", remedy ? remedy : "");
+        begin += counts[s];
+    }
+    return BALANCE_OK;
+}
+
 int balance_migration_plan(const int64_t *mem_bytes, int blocks,
                            int64_t head_mem_bytes, const int *from,
                            int from_stages, const int *to, int to_stages,

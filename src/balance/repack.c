@@ -4,8 +4,8 @@
  * it must never lose to. Pure: the engine turns the answer into a
  * checkpoint and a restart on a smaller world.
  * Must not: return a layout predicted slower than that bound or over the
- * cap (the current layout is the answer when nothing smaller keeps it), or
- * do I/O or MPI. */
+ * cap (the current layout is the answer when nothing smaller keeps it; a
+ * current layout over the cap is refused, by both), or do I/O or MPI. */
 #include <math.h>
 #include <string.h>
 #include "balance_internal.h"
@@ -26,6 +26,11 @@ int balance_repack_first_fit(const struct balance_costs *costs,
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                             "mem_cap %lld is negative (0 means no cap)",
                             (long long)mem_cap);
+    /* Merging never splits a stage: a stage over the cap would stay over it. */
+    rc = layout_check_cap(costs, current, S, mem_cap, "starting",
+                          "first-fit merging cannot split it (use repack, which "
+                          "re-partitions)", err, errsize);
+    if (rc) return rc;
     int64_t *mem = dm_alloc((size_t)S * sizeof(int64_t));
     int *merged = dm_alloc((size_t)S * sizeof(int));
     int begin = 0;
@@ -53,23 +58,6 @@ int balance_repack_first_fit(const struct balance_costs *costs,
     *out_stages = k;
     dm_free(merged);
     dm_free(mem);
-    return BALANCE_OK;
-}
-
-/* Every stage of the current layout within the memory cap. */
-static int check_current_mem(const struct balance_costs *costs, const int *current,
-                             int S, int64_t mem_cap, char *err, size_t errsize)
-{
-    int begin = 0;
-    for (int s = 0; s < S; s++) {
-        int64_t mem = balance_stage_mem(costs, S, s, begin, begin + current[s]);
-        if (mem_cap > 0 && mem > mem_cap)
-            return balance_fail(BALANCE_INFEASIBLE, err, errsize,
-                                "stage %d of the current layout holds %lld "
-                                "bytes, more than the capacity of %lld bytes",
-                                s, (long long)mem, (long long)mem_cap);
-        begin += current[s];
-    }
     return BALANCE_OK;
 }
 
@@ -129,9 +117,9 @@ static int layout_within(const struct repack_search *r, int k, int *candidate)
             return 1;
     }
     int merged_stages = 0;
-    balance_repack_first_fit(r->costs, r->current, r->current_stages, r->mem_cap, k,
-                             candidate, &merged_stages, NULL, 0);
-    return merged_stages == k &&
+    return balance_repack_first_fit(r->costs, r->current, r->current_stages, r->mem_cap, k,
+                                    candidate, &merged_stages, NULL, 0) == BALANCE_OK &&
+           merged_stages == k &&
            predicted_ms(r->profile, k, candidate, r->micro_batches, r->schedule) <= r->bound;
 }
 
@@ -156,7 +144,7 @@ int balance_repack(const struct balance_profile *profile,
         rc = balance_predict(profile, S, current, micro_batches, schedule,
                              &now, err, errsize);
     if (rc == BALANCE_OK)
-        rc = check_current_mem(&costs, current, S, mem_cap, err, errsize);
+        rc = layout_check_cap(&costs, current, S, mem_cap, "current", NULL, err, errsize);
     if (rc) {
         dm_free(cost);
         return rc;

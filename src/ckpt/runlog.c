@@ -7,6 +7,7 @@
  *
  * It must not call MPI, and it must not decide what is logged: the trainer
  * chooses the series; this file only stores and reads them. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,7 +36,24 @@ struct runlog {
     hid_t file;
     struct runlog_dataset *datasets;  /* (count), grown by doubling */
     int count, capacity;
+    long steps;   /* rows every per-step dataset holds (runlog_end_step) */
 };
+
+/* Rows are steps in every dataset but these, whose rows are events. */
+static int rows_are_steps(const char *name)
+{
+    return strncmp(name, "/eval/", 6) != 0 && strcmp(name, RUNLOG_TRACE_EVENTS) != 0 &&
+           strcmp(name, RUNLOG_BALANCE_DECISIONS) != 0;
+}
+
+/* What a cell holds where nothing was measured (a step before a resume in
+ * a new run.out_dir, a stage past a re-pack, a dataset the resumed run does
+ * not write): NaN, or for integers 0 (no blocks on that stage, no ranks),
+ * -1 for the MoE counts (not counted, where 0 is a count). */
+static int int_filler(const char *name)
+{
+    return !strcmp(name, RUNLOG_MOE_TOKENS) || !strcmp(name, RUNLOG_MOE_DROPPED) ? -1 : 0;
+}
 
 static unsigned long hash_name(const char *name)
 {
@@ -183,7 +201,7 @@ static struct runlog_dataset *add_slot(struct runlog *log)
 static void create_dataset(struct runlog *log, struct runlog_dataset *d)
 {
     hsize_t dims[2] = {0, (hsize_t)d->ncols};
-    hsize_t maxdims[2] = {H5S_UNLIMITED, (hsize_t)d->ncols};
+    hsize_t maxdims[2] = {H5S_UNLIMITED, H5S_UNLIMITED};
     hsize_t chunk_rows = CHUNK_ELEMENTS / (hsize_t)d->ncols;
     hsize_t chunk[2] = {chunk_rows ? chunk_rows : 1, (hsize_t)d->ncols};
     hid_t space = DM_H5(H5Screate_simple(d->rank, dims, maxdims));
@@ -213,13 +231,67 @@ static void open_existing_dataset(struct runlog *log, struct runlog_dataset *d)
     DM_H5(H5Sclose(space));
     int is_int = type_class == H5T_INTEGER;
     if ((type_class != H5T_INTEGER && type_class != H5T_FLOAT) || rank != d->rank ||
-        is_int != d->is_int || (rank == 2 && (int)dims[1] != d->ncols))
+        is_int != d->is_int || (rank == 2 && dims[1] < 1))
         DM_FATAL("run log %s: appending %s %s of %d columns to %s, which holds "
                  "%s data of rank %d with %d columns", log->path,
                  d->is_int ? "int" : "float", d->rank == 1 ? "values" : "rows",
                  d->ncols, d->name, is_int ? "int" : "float", rank,
                  rank == 2 ? (int)dims[1] : 1);
     d->rows = dims[0];
+    d->ncols = rank == 2 ? (int)dims[1] : 1;   /* rows of other widths: append adapts them */
+}
+
+/* (Re)makes the cached dataspaces of d for its rows and columns. */
+static void reset_spaces(struct runlog_dataset *d)
+{
+    if (d->file_space > 0) DM_H5(H5Sclose(d->file_space));
+    if (d->memory_space > 0) DM_H5(H5Sclose(d->memory_space));
+    hsize_t dims[2] = {d->rows, (hsize_t)d->ncols};
+    d->file_space = DM_H5(H5Screate_simple(d->rank, dims, NULL));
+    hsize_t row_dims[1] = {(hsize_t)d->ncols};
+    d->memory_space = DM_H5(H5Screate_simple(1, row_dims, NULL));
+}
+
+/* Writes `count` rows of `ncols` cells (native int or float) at row `first`
+ * of d, extending it to first + count rows. */
+static void write_rows(struct runlog_dataset *d, hsize_t first, hsize_t count, const void *rows)
+{
+    hsize_t dims[2] = {first + count, (hsize_t)d->ncols};
+    DM_H5(H5Dset_extent(d->dataset, dims));
+    hid_t file_space = DM_H5(H5Screate_simple(d->rank, dims, NULL));
+    hsize_t start[2] = {first, 0}, block[2] = {count, (hsize_t)d->ncols};
+    DM_H5(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, block, NULL));
+    hid_t memory_space = DM_H5(H5Screate_simple(d->rank, block, NULL));
+    DM_H5(H5Dwrite(d->dataset, d->is_int ? H5T_NATIVE_INT : H5T_NATIVE_FLOAT, memory_space,
+                   file_space, H5P_DEFAULT, rows));
+    DM_H5(H5Sclose(memory_space));
+    DM_H5(H5Sclose(file_space));
+    if (first + count > d->rows) d->rows = first + count;
+}
+
+/* `count` cells of d's filler at `cells` (4-byte ints or floats). */
+static void fill_cells(const struct runlog_dataset *d, void *cells, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        if (d->is_int) ((int *)cells)[i] = int_filler(d->name);
+        else ((float *)cells)[i] = NAN;
+    }
+}
+
+/* Filler rows until d holds `rows` rows (a few thousand at a time). */
+static void fill_to(struct runlog_dataset *d, hsize_t rows)
+{
+    if (d->rows >= rows) return;
+    hsize_t block = CHUNK_ELEMENTS * 4 / (hsize_t)d->ncols;
+    if (block < 1) block = 1;
+    if (block > rows - d->rows) block = rows - d->rows;
+    void *buffer = dm_alloc((size_t)(block * (hsize_t)d->ncols) * 4);
+    fill_cells(d, buffer, (size_t)(block * (hsize_t)d->ncols));
+    while (d->rows < rows) {
+        hsize_t n = rows - d->rows < block ? rows - d->rows : block;
+        write_rows(d, d->rows, n, buffer);
+    }
+    dm_free(buffer);
 }
 
 /* The cached dataset `name`, opened or created on first use, checked to be
@@ -230,7 +302,7 @@ static struct runlog_dataset *get_dataset(struct runlog *log, const char *name,
     unsigned long hash = hash_name(name);
     struct runlog_dataset *d = find_dataset(log, name, hash);
     if (d) {
-        if (d->is_int != is_int || d->rank != rank || d->ncols != ncols)
+        if (d->is_int != is_int || d->rank != rank || (rank == 1 && ncols != 1))
             DM_FATAL("run log %s: %s holds %s data of rank %d with %d columns; "
                      "append gave %s data of rank %d with %d columns", log->path,
                      name, d->is_int ? "int" : "float", d->rank, d->ncols,
@@ -245,15 +317,37 @@ static struct runlog_dataset *get_dataset(struct runlog *log, const char *name,
     d->is_int = is_int;
     d->rank = rank;
     d->ncols = ncols;
-    if (dm_h5_path_exists(log->file, name))
+    if (dm_h5_path_exists(log->file, name)) {
         open_existing_dataset(log, d);
-    else
+    } else {
         create_dataset(log, d);
-    hsize_t dims[2] = {d->rows, (hsize_t)ncols};
-    d->file_space = DM_H5(H5Screate_simple(rank, dims, NULL));
-    hsize_t row_dims[1] = {(hsize_t)ncols};
-    d->memory_space = DM_H5(H5Screate_simple(1, row_dims, NULL));
+        if (rows_are_steps(name)) fill_to(d, (hsize_t)log->steps);   /* row i is step i + 1 */
+    }
+    reset_spaces(d);
     return d;
+}
+
+/* d with `ncols` columns where it had fewer (more stages after a resume):
+ * the dataset is made anew, its rows kept, the new cells filler. */
+static void widen(struct runlog *log, struct runlog_dataset *d, int ncols)
+{
+    size_t old = (size_t)d->ncols, rows = (size_t)d->rows;
+    void *cells = dm_alloc((rows ? rows : 1) * (size_t)ncols * 4);
+    if (rows) {
+        DM_H5(H5Dread(d->dataset, d->is_int ? H5T_NATIVE_INT : H5T_NATIVE_FLOAT, H5S_ALL,
+                      H5S_ALL, H5P_DEFAULT, cells));
+        for (size_t r = rows; r-- > 0;) {   /* spread in place, last row first */
+            memmove((char *)cells + r * (size_t)ncols * 4, (char *)cells + r * old * 4, old * 4);
+            fill_cells(d, (char *)cells + (r * (size_t)ncols + old) * 4, (size_t)ncols - old);
+        }
+    }
+    DM_H5(H5Dclose(d->dataset));
+    DM_H5(H5Ldelete(log->file, d->name, H5P_DEFAULT));
+    d->ncols = ncols;
+    create_dataset(log, d);
+    if (rows) write_rows(d, 0, rows, cells);
+    dm_free(cells);
+    reset_spaces(d);
 }
 
 static void append(struct runlog *log, const char *name, int is_int, int rank,
@@ -262,6 +356,16 @@ static void append(struct runlog *log, const char *name, int is_int, int rank,
     DM_ASSERT(log != NULL && row != NULL);
     dm_h5_set_file_context(log->path);
     struct runlog_dataset *d = get_dataset(log, name, is_int, rank, ncols);
+    if (ncols > d->ncols) widen(log, d, ncols);
+    if (ncols < d->ncols) {   /* fewer stages than the log's widest: filler past them */
+        void *wide = dm_alloc((size_t)d->ncols * 4);
+        memcpy(wide, row, (size_t)ncols * 4);
+        fill_cells(d, (char *)wide + (size_t)ncols * 4, (size_t)(d->ncols - ncols));
+        write_rows(d, d->rows, 1, wide);
+        dm_free(wide);
+        return;
+    }
+    ncols = d->ncols;
     hsize_t dims[2] = {d->rows + 1, (hsize_t)ncols};
     DM_H5(H5Dset_extent(d->dataset, dims));
     DM_H5(H5Sset_extent_simple(d->file_space, rank, dims, NULL));
@@ -330,6 +434,47 @@ void runlog_truncate(struct runlog *log, const char *name, long rows)
     DM_H5(H5Dset_extent(dataset, dims));
     if (d) d->rows = (hsize_t)rows;
     else DM_H5(H5Dclose(dataset));
+}
+
+static herr_t list_one(hid_t group, const char *name, const H5L_info_t *info, void *data);
+struct listing {
+    struct runlog_dataset_info *infos;
+    int count, capacity;
+};
+
+void runlog_resume_at(struct runlog *log, long start)
+{
+    DM_ASSERT(log != NULL && start >= 0);
+    dm_h5_set_file_context(log->path);
+    struct listing listing = {0};
+    if (H5Lvisit(log->file, H5_INDEX_NAME, H5_ITER_INC, list_one, &listing) < 0) {
+        char text[1024];
+        dm_h5_error_text(text, sizeof text);
+        dm_user_error_local("run log %s: cannot list its datasets to resume: %s", log->path,
+                            text);
+    }
+    for (int i = 0; i < listing.count; i++) {
+        const struct runlog_dataset_info *info = &listing.infos[i];
+        if (!rows_are_steps(info->name) || info->element_bytes != 4 || info->rank < 1 ||
+            info->rank > 2)
+            continue;
+        struct runlog_dataset *d = get_dataset(log, info->name, info->is_int, info->rank,
+                                               info->rank == 2 ? (int)info->dims[1] : 1);
+        if ((long)d->rows > start) runlog_truncate(log, info->name, start);
+        fill_to(d, (hsize_t)start);
+    }
+    dm_free(listing.infos);
+    log->steps = start;
+}
+
+void runlog_end_step(struct runlog *log)
+{
+    dm_h5_set_file_context(log->path);
+    log->steps++;
+    for (int i = 0; i < log->count; i++) {
+        struct runlog_dataset *d = &log->datasets[i];
+        if (rows_are_steps(d->name)) fill_to(d, (hsize_t)log->steps);
+    }
 }
 
 void runlog_flush(struct runlog *log)
@@ -476,11 +621,6 @@ done:
     H5Fclose(file);
     return status;
 }
-
-struct listing {
-    struct runlog_dataset_info *infos;
-    int count, capacity;
-};
 
 static herr_t list_one(hid_t group, const char *name, const H5L_info_t *info, void *data)
 {

@@ -249,9 +249,7 @@ static void list_sections(char *buf, size_t size)
     }
 }
 
-/* The shortest %g form of x that reads back as x (10, not 1e+01; and a
- * range that ends at 0.999999999, which plain %g prints as 1). */
-static void format_shortest(char *buf, size_t size, double x)
+void dm_format_shortest(char *buf, size_t size, double x)
 {
     char candidate[32];
     snprintf(buf, size, "%.17g", x);
@@ -300,8 +298,8 @@ static int set_value(const struct config_key *key, char *field, const char *sect
             KEY_ERROR("%s.%s = '%s' is not a number", section, name, value);
         if (v < key->min || v > key->max) {
             char low[32], high[32];
-            format_shortest(low, sizeof low, key->min);
-            format_shortest(high, sizeof high, key->max);
+            dm_format_shortest(low, sizeof low, key->min);
+            dm_format_shortest(high, sizeof high, key->max);
             KEY_ERROR("%s.%s = %s is out of range [%s, %s] (%s)", section, name, value, low,
                       high, key->help);
         }
@@ -558,9 +556,11 @@ static void config_validate_moe(const struct dm_config *cfg)
     if (strcmp(cfg->moe_drop, "probs") != 0 && strcmp(cfg->moe_drop, "position") != 0 &&
         strcmp(cfg->moe_drop, "slot") != 0)
         dm_user_error("moe.drop = '%s' must be probs, position or slot", cfg->moe_drop);
+    char value[32];
+    dm_format_shortest(value, sizeof value, cfg->bias_rate);
     if (cfg->bias_rate > 0 && strcmp(cfg->moe_router, "sigmoid") != 0)
-        dm_user_error("moe.bias_rate = %g needs moe.router = sigmoid (the selection bias "
-                      "belongs to the sigmoid-score router)", cfg->bias_rate);
+        dm_user_error("moe.bias_rate = %s needs moe.router = sigmoid (the selection bias "
+                      "belongs to the sigmoid-score router)", value);
     if (!strcmp(cfg->dyn_kind, "prune") || !strcmp(cfg->dyn_kind, "early_exit"))
         dm_user_error("dyn.kind = %s does not support MoE blocks yet (model.moe_every = %d)",
                       cfg->dyn_kind, cfg->moe_every);
@@ -578,10 +578,11 @@ static void config_validate_mod_hash(const struct dm_config *cfg)
         dm_user_error("mod.routing = %s is set but model.mod_every = 0 (no mixture-of-depths "
                       "blocks): set model.mod_every, or remove [mod]", cfg->mod_routing);
     if (cfg->mod_every > 0) {
+        char value[32];
+        dm_format_shortest(value, sizeof value, cfg->mod_capacity);
         if (!(cfg->mod_capacity > 0.0 && cfg->mod_capacity <= 1.0))
-            dm_user_error("model.mod_capacity = %g is outside (0, 1]: it is the fraction of "
-                          "a sequence's tokens a mixture-of-depths block processes",
-                          cfg->mod_capacity);
+            dm_user_error("model.mod_capacity = %s is outside (0, 1]: it is the fraction of "
+                          "a sequence's tokens a mixture-of-depths block processes", value);
         if (cfg->mod_every > cfg->layers)
             dm_user_error("model.mod_every = %d exceeds model.layers = %d: no block would "
                           "be a mixture of depths", cfg->mod_every, cfg->layers);

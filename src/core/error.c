@@ -66,6 +66,7 @@ static __attribute__((noreturn)) void die(int status, int printed)
 {
     fflush(stdout);
     fflush(stderr);
+    dm_startup_undo();
     struct timespec pause = {0, 100000000L};
     if (!printed && abort_hook)
         for (int i = 0; i < 100; i++) nanosleep(&pause, NULL);
@@ -88,6 +89,7 @@ void dm_user_error(const char *fmt, ...)
     }
     fflush(stdout);
     fflush(stderr);
+    dm_startup_undo();
     if (finalize_hook) finalize_hook();
     exit(DM_EXIT_USAGE);
 }

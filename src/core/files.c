@@ -12,6 +12,7 @@
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -20,6 +21,47 @@
 /* Longest path these helpers build (the temporary name and the parent
  * directory are built in buffers of this size). */
 #define FILES_PATH_BYTES 4096
+
+/* What this process created while starting up (dm_startup_done), undone
+ * by a fatal error before then: a run refused at start-up leaves nothing. */
+#define STARTUP_MAX_CREATED 64
+static struct {
+    char *paths[STARTUP_MAX_CREATED];
+    int is_dir[STARTUP_MAX_CREATED];
+    int count;
+    int done;
+} startup;
+
+static void startup_record(const char *path, int is_dir)
+{
+    if (startup.done || startup.count == STARTUP_MAX_CREATED) return;
+    size_t n = strlen(path) + 1;
+    char *copy = malloc(n);   /* not dm_alloc: this is read on the fatal path */
+    if (!copy) return;
+    memcpy(copy, path, n);
+    startup.is_dir[startup.count] = is_dir;
+    startup.paths[startup.count++] = copy;
+}
+
+void dm_startup_created_file(const char *path) { startup_record(path, 0); }
+
+void dm_startup_undo(void)
+{
+    if (startup.done) return;
+    while (startup.count > 0) {   /* newest first: a file before its directory */
+        int i = --startup.count;
+        if (startup.is_dir[i]) rmdir(startup.paths[i]);   /* only if still empty */
+        else unlink(startup.paths[i]);
+        free(startup.paths[i]);
+    }
+}
+
+void dm_startup_done(void)
+{
+    for (int i = 0; i < startup.count; i++) free(startup.paths[i]);
+    startup.count = 0;
+    startup.done = 1;
+}
 
 void dm_set_message(char *err, size_t errsize, const char *fmt, ...)
 {
@@ -48,7 +90,9 @@ int dm_make_dirs(const char *path, char *err, size_t errsize)
         if (i < n && prefix[i] != '/') continue;
         char saved = prefix[i];
         prefix[i] = '\0';
-        if (mkdir(prefix, 0777) != 0 && errno != EEXIST) {
+        if (mkdir(prefix, 0777) == 0) {
+            startup_record(prefix, 1);
+        } else if (errno != EEXIST) {
             dm_set_message(err, errsize, "cannot create directory %s: %s", prefix,
                         strerror(errno));
             return -1;

@@ -12,6 +12,10 @@
  * set: the same one that a single process holding the whole model picks,
  * on any layout. Every rank of the replica's pipeline takes part
  * (prune_global_cut); replicas hold identical weights and decide alike.
+ * The global index is 32 bits, so a model has at most PRUNE_MAX_WEIGHTS
+ * (2^32 - 1) prunable weights, refused beyond at start-up; every count of
+ * weights and keys is a long (64 bits), since half that limit is already
+ * past INT32_MAX.
  *
  * What a pruned block keeps (mask, CSR) lives in its slab and pack
  * (block_prune, docs/block-slab.md). A checkpoint saves parameters only,
@@ -19,6 +23,7 @@
  * rebuilt from those zeros at the first step (a kept weight that is
  * exactly 0.0f in fp32 at that moment would be taken for pruned; we have
  * never seen one). This file must not look at the layout or at timings. */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -90,9 +95,111 @@ static void select_kth(uint64_t *a, long n, long k)
     }
 }
 
+/* Counts of weights and keys are longs: 64 bits, far above PRUNE_MAX_WEIGHTS. */
+_Static_assert(sizeof(long) >= 8, "prune counts weights in long, which must have 64 bits");
+
+long prune_model_weights(int layers, int channels)
+{
+    return (long)layers * (long)block_matrix_weights(channels);
+}
+
+int prune_check_model(int layers, int channels, char *err, size_t errsize)
+{
+    long weights = prune_model_weights(layers, channels);
+    if (weights <= PRUNE_MAX_WEIGHTS) return 0;
+    snprintf(err, errsize, "dyn.kind = prune: model.layers = %d x 12 x model.channels^2 = %ld "
+             "prunable weights, more than the %ld (2^32 - 1) that the 32-bit global index of "
+             "the tie-break numbers (use fewer layers or channels)", layers, weights,
+             PRUNE_MAX_WEIGHTS);
+    return -1;
+}
+
+long prune_keep_count(long total, double sparsity)
+{
+    return total - (long)llround(sparsity * (double)total);
+}
+
+uint64_t prune_gather_cut(MPI_Comm comm, const uint64_t *candidates, long count, long keep,
+                          long total, long round_keys)
+{
+    DM_ASSERT(keep >= 0 && keep <= total && total <= PRUNE_MAX_WEIGHTS && count >= 0 &&
+              round_keys >= 1);
+    if (keep == 0) return UINT64_MAX;
+    if (keep == total) return 0;
+    long pruned = total - keep;
+    int top = keep <= pruned;
+    long want = top ? keep : pruned;
+    int rank, size;
+    WORLD_MPI(MPI_Comm_rank(comm, &rank));
+    WORLD_MPI(MPI_Comm_size(comm, &size));
+    /* Every rank learns every count, so that all agree on the rounds. */
+    long *counts = dm_alloc((size_t)size * sizeof(long));
+    MPI_Request req;
+    WORLD_MPI(MPI_Iallgather(&count, 1, MPI_LONG, counts, 1, MPI_LONG, comm, &req));
+    world_wait(&req);
+    long gathered = 0, most = 0;
+    for (int r = 0; r < size; r++) {
+        gathered += counts[r];
+        if (counts[r] > most) most = counts[r];
+    }
+    DM_ASSERT(gathered >= want);
+    /* MPI's counts and displacements are ints: a round takes at most
+     * `share` keys from each rank, round_keys (<= INT_MAX) from all. */
+    long share = round_keys / size > 0 ? round_keys / size : 1;
+    if (share > INT_MAX / size) share = INT_MAX / size;
+    long rounds = (most + share - 1) / share;
+    uint64_t *all = NULL;
+    int *round_counts = NULL, *displs = NULL;
+    if (rank == 0) {
+        all = dm_alloc((size_t)gathered * sizeof(uint64_t));
+        round_counts = dm_alloc((size_t)size * sizeof(int));
+        displs = dm_alloc((size_t)size * sizeof(int));
+    }
+    long filled = 0;   /* keys in all so far (rank 0) */
+    for (long round = 0; round < rounds; round++) {
+        long from = round * share;
+        int mine = (int)(count > from ? (count - from < share ? count - from : share) : 0);
+        if (rank == 0) {
+            int in_round = 0;
+            for (int r = 0; r < size; r++) {
+                long left = counts[r] > from ? counts[r] - from : 0;
+                round_counts[r] = (int)(left < share ? left : share);
+                displs[r] = in_round;
+                in_round += round_counts[r];
+            }
+            WORLD_MPI(MPI_Igatherv(mine ? candidates + from : candidates, mine, MPI_UINT64_T,
+                                   all + filled, round_counts, displs, MPI_UINT64_T, 0, comm,
+                                   &req));
+            filled += in_round;
+        } else {
+            WORLD_MPI(MPI_Igatherv(mine ? candidates + from : candidates, mine, MPI_UINT64_T,
+                                   NULL, NULL, NULL, MPI_UINT64_T, 0, comm, &req));
+        }
+        world_wait(&req);
+    }
+    uint64_t cut = 0;
+    if (rank == 0) {
+        DM_ASSERT(filled == gathered);
+        if (top) {
+            select_kth(all, gathered, gathered - keep);
+            cut = all[gathered - keep] - 1;   /* keys > cut: the keep largest */
+        } else {
+            select_kth(all, gathered, pruned - 1);
+            cut = all[pruned - 1];            /* keys <= cut: the pruned smallest */
+        }
+        dm_free(all);
+        dm_free(round_counts);
+        dm_free(displs);
+    }
+    dm_free(counts);
+    WORLD_MPI(MPI_Ibcast(&cut, 1, MPI_UINT64_T, 0, comm, &req));
+    world_wait(&req);
+    return cut;
+}
+
 uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long total)
 {
-    DM_ASSERT(keep >= 0 && keep <= total && total < INT32_MAX);
+    DM_ASSERT(keep >= 0 && keep <= total && total <= PRUNE_MAX_WEIGHTS);
     if (keep == 0) return UINT64_MAX;
     if (keep == total) return 0;
     long pruned = total - keep;
@@ -106,47 +213,7 @@ uint64_t prune_global_cut(MPI_Comm comm, uint64_t *keys, long n, long keep, long
     } else if (m < n) {
         select_kth(keys, n, m - 1);
     }
-    int rank, size;
-    WORLD_MPI(MPI_Comm_rank(comm, &rank));
-    WORLD_MPI(MPI_Comm_size(comm, &size));
-    int count = (int)m;
-    int *counts = NULL, *displs = NULL;
-    uint64_t *all = NULL;
-    if (rank == 0) {
-        counts = dm_alloc((size_t)size * sizeof(int));
-        displs = dm_alloc((size_t)size * sizeof(int));
-    }
-    MPI_Request req;
-    WORLD_MPI(MPI_Igather(&count, 1, MPI_INT, counts, 1, MPI_INT, 0, comm, &req));
-    world_wait(&req);
-    long gathered = 0;
-    if (rank == 0) {
-        for (int r = 0; r < size; r++) {
-            displs[r] = (int)gathered;
-            gathered += counts[r];
-        }
-        all = dm_alloc((size_t)(gathered ? gathered : 1) * sizeof(uint64_t));
-    }
-    WORLD_MPI(MPI_Igatherv(send, count, MPI_UINT64_T, all, counts, displs, MPI_UINT64_T, 0,
-                           comm, &req));
-    world_wait(&req);
-    uint64_t cut = 0;
-    if (rank == 0) {
-        DM_ASSERT(gathered >= want);
-        if (top) {
-            select_kth(all, gathered, gathered - keep);
-            cut = all[gathered - keep] - 1;   /* keys > cut: the keep largest */
-        } else {
-            select_kth(all, gathered, pruned - 1);
-            cut = all[pruned - 1];            /* keys <= cut: the pruned smallest */
-        }
-        dm_free(all);
-        dm_free(counts);
-        dm_free(displs);
-    }
-    WORLD_MPI(MPI_Ibcast(&cut, 1, MPI_UINT64_T, 0, comm, &req));
-    world_wait(&req);
-    return cut;
+    return prune_gather_cut(comm, send, m, keep, total, INT_MAX);
 }
 
 /* The key of ascending rank `rank` (0-based) among all ranks' keys: eight
@@ -175,7 +242,7 @@ static uint64_t select_rank(MPI_Comm comm, prune_histogram_fn histogram, void *c
 uint64_t prune_radix_cut(MPI_Comm comm, prune_histogram_fn histogram, void *ctx, long keep,
                          long total)
 {
-    DM_ASSERT(keep >= 0 && keep <= total && total < INT32_MAX);
+    DM_ASSERT(keep >= 0 && keep <= total && total <= PRUNE_MAX_WEIGHTS);
     if (keep == 0) return UINT64_MAX;
     if (keep == total) return 0;
     long pruned = total - keep;
@@ -188,17 +255,19 @@ uint64_t prune_radix_cut(MPI_Comm comm, prune_histogram_fn histogram, void *ctx,
 
 static void *prune_create(const struct dm_config *cfg, const struct dyn_env *env)
 {
+    char initial[32], final[32];   /* as read: 0.5 and 0.50000001 differ */
+    dm_format_shortest(initial, sizeof initial, cfg->sparsity_initial);
+    dm_format_shortest(final, sizeof final, cfg->sparsity_final);
     if (cfg->sparsity_initial > cfg->sparsity_final)
-        dm_user_error("dyn.sparsity_initial = %g is above dyn.sparsity_final = %g: pruning "
+        dm_user_error("dyn.sparsity_initial = %s is above dyn.sparsity_final = %s: pruning "
                       "never restores weights (make sparsity_initial <= sparsity_final)",
-                      cfg->sparsity_initial, cfg->sparsity_final);
+                      initial, final);
     if (cfg->sparsity_final >= 1.0)
-        dm_user_error("dyn.sparsity_final = %g would prune every weight (use a value below 1)",
-                      cfg->sparsity_final);
-    double matrix_weights = (double)cfg->layers * (double)block_matrix_weights(cfg->channels);
-    if (matrix_weights >= 4294967295.0)
-        dm_user_error("dyn.kind = prune: %.0f prunable weights do not fit the 32-bit global "
-                      "index of the tie-break (use fewer layers or channels)", matrix_weights);
+        dm_user_error("dyn.sparsity_final = %s would prune every weight (use a value below 1)",
+                      final);
+    char err[320];
+    if (prune_check_model(cfg->layers, cfg->channels, err, sizeof err))
+        dm_user_error("%s", err);
     struct prune *pr = dm_alloc(sizeof *pr);
     pr->cfg = *cfg;
     pr->comm = env->pipeline_comm;
@@ -301,9 +370,8 @@ static void prune_on_host(struct prune *pr, struct gpt *model, long keep, long t
 
 static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
 {
-    size_t per_block = block_matrix_weights(model->shape.channels);
-    long total = (long)model->shape.layers * (long)per_block;
-    long keep = total - (long)llround(sparsity * (double)total);
+    long total = prune_model_weights(model->shape.layers, model->shape.channels);
+    long keep = prune_keep_count(total, sparsity);
     if (backend_current()->host_access)
         prune_on_host(pr, model, keep, total);
     else

@@ -139,18 +139,17 @@ static void print_report(const struct plan_input *in, const struct plan_args *a,
 }
 
 /* Prints one method's block; returns 0, or the balance status on failure
- * (after printing the error line). */
+ * (after printing the error line, which err, errsize bytes, then holds). */
 static int run_method(const struct plan_input *in, const struct plan_args *a,
-                      int method, const int *reference)
+                      int method, const int *reference, char *err, size_t errsize)
 {
     int *counts = dm_alloc((size_t)a->stages * sizeof(int));
     struct balance_result res;
     memset(&res, 0, sizeof res);
-    char err[512] = "";
+    err[0] = 0;
     int stages;
     printf("method: %s\n", plan_method_name(method));
-    int rc = propose_layout(in, a, method, reference, counts, &stages, &res, err,
-                            sizeof err);
+    int rc = propose_layout(in, a, method, reference, counts, &stages, &res, err, errsize);
     if (rc) {
         printf("error: %s\n\n", err);
     } else {
@@ -288,12 +287,14 @@ int cmd_plan(int argc, char **argv)
     print_input(&in, &a, &sharing, reference);
 
     int failures = 0, last_failure = 0, ran = 0;
+    char err[512], last_err[512] = "";
     for (int m = 0; m < PLAN_METHOD_COUNT; m++) {
         if (!a.selected[m]) continue;
         ran++;
-        if (run_method(&in, &a, m, reference)) {
+        if (run_method(&in, &a, m, reference, err, sizeof err)) {
             failures++;
             last_failure = m;
+            memcpy(last_err, err, sizeof last_err);
         }
     }
     fflush(stdout);
@@ -303,7 +304,7 @@ int cmd_plan(int argc, char **argv)
     dm_free(sharing.cores);
     plan_input_free(&in);
     if (failures && (a.explicit_methods || failures == ran))
-        dm_user_error("plan: method %s failed (see its error line above)",
-                      plan_method_name(last_failure));
+        dm_user_error("plan: method %s failed: %s", plan_method_name(last_failure),
+                      last_err);
     return DM_EXIT_OK;
 }

@@ -115,15 +115,9 @@ static void parse_args(struct report_args *a, int argc, char **argv)
 
 /* ---- the output directory ---------------------------------------------------- */
 
-static int is_report_file(const char *name)
-{
-    size_t n = strlen(name);
-    return !strcmp(name, "index.html") || (n > 4 && (!strcmp(name + n - 4, ".svg") ||
-                                                     !strcmp(name + n - 4, ".png")));
-}
-
-#define REPORT_OUT_DIR {.tool = "report", .what = "the report", .writer = "a report", \
-                        .is_ours = is_report_file}
+#define REPORT_OUT_DIR(args) {.tool = "report", .what = "the report", .writer = "dynmo report", \
+                              .inputs = (const char *const *)(args).runlogs, \
+                              .input_count = (args).run_count}
 
 static void write_file(const char *dir, const char *name, const void *data, size_t size,
                        const char *out)
@@ -141,9 +135,11 @@ static void write_file(const char *dir, const char *name, const void *data, size
 
 /* Writes every file into a new directory beside DIR and renames it to DIR
  * (the previous report, if any, is renamed away first and removed after). */
-static void write_report(const struct report *rep, const struct bytes *html, const char *out)
+static void write_report(const struct report *rep, const struct bytes *html,
+                         const struct report_args *args)
 {
-    struct out_dir o = REPORT_OUT_DIR;
+    const char *out = args->out;
+    struct out_dir o = REPORT_OUT_DIR(*args);
     out_dir_begin(&o, out);
     for (int i = 0; i < rep->figure_count; i++) {
         const struct figure *f = &rep->figures[i];
@@ -176,7 +172,7 @@ int cmd_report(int argc, char **argv)
     double start = dm_now();
     struct report_args args;
     parse_args(&args, argc, argv);
-    struct out_dir early = REPORT_OUT_DIR;
+    struct out_dir early = REPORT_OUT_DIR(args);
     out_dir_check(&early, args.out);   /* before the work: a bad --out fails at once */
 
     struct report rep = {.run_count = args.run_count, .from_step = args.from_step};
@@ -189,7 +185,7 @@ int cmd_report(int argc, char **argv)
     report_make_figures(&rep);
     struct bytes html = {0};
     report_write_html(&rep, &html);
-    write_report(&rep, &html, args.out);
+    write_report(&rep, &html, &args);
     printf("report: %s/index.html (%d figures, each as SVG and PNG; %d run%s) in %.2f s\n",
            args.out, rep.figure_count, rep.run_count, rep.run_count == 1 ? "" : "s",
            dm_now() - start);

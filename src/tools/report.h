@@ -28,7 +28,7 @@ void bytes_append(struct bytes *b, const void *data, size_t size);
 void bytes_puts(struct bytes *b, const char *text);
 __attribute__((format(printf, 2, 3))) void bytes_printf(struct bytes *b, const char *fmt, ...);
 /* Appends text with &, <, >, " escaped for HTML. */
-void bytes_html(struct bytes *b, const char *text);
+void bytes_html(struct bytes *b, const char *text);   /* escaped; invalid UTF-8 and control bytes become U+FFFD */
 void bytes_base64(struct bytes *b, const void *data, size_t size);
 void bytes_free(struct bytes *b);
 

@@ -57,16 +57,40 @@ void bytes_printf(struct bytes *b, const char *fmt, ...)
     dm_free(large);
 }
 
+/* The length of the well-formed UTF-8 sequence at p (1 to 4), or 0 for a
+ * byte that starts none (a stray continuation, an overlong form, a
+ * surrogate, a code point past U+10FFFF, a sequence cut short). */
+static int utf8_length(const unsigned char *p)
+{
+    if (p[0] < 0x80) return 1;
+    int n = p[0] >= 0xF0 ? 4 : p[0] >= 0xE0 ? 3 : p[0] >= 0xC2 ? 2 : 0;
+    if (n == 0 || p[0] > 0xF4) return 0;
+    for (int i = 1; i < n; i++)
+        if ((p[i] & 0xC0) != 0x80) return 0;   /* also stops at the NUL */
+    if ((p[0] == 0xE0 && p[1] < 0xA0) || (p[0] == 0xED && p[1] >= 0xA0) ||
+        (p[0] == 0xF0 && p[1] < 0x90) || (p[0] == 0xF4 && p[1] >= 0x90))
+        return 0;
+    return n;
+}
+
 void bytes_html(struct bytes *b, const char *text)
 {
-    for (const char *p = text ? text : ""; *p; p++) {
+    const unsigned char *p = (const unsigned char *)(text ? text : "");
+    while (*p) {
+        int n = utf8_length(p);
+        if (n == 0 || (*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7F) {
+            bytes_puts(b, "\xEF\xBF\xBD");   /* U+FFFD: the page stays valid UTF-8 */
+            p++;
+            continue;
+        }
         switch (*p) {
         case '&': bytes_puts(b, "&amp;"); break;
         case '<': bytes_puts(b, "&lt;"); break;
         case '>': bytes_puts(b, "&gt;"); break;
         case '"': bytes_puts(b, "&quot;"); break;
-        default: bytes_append(b, p, 1);
+        default: bytes_append(b, p, (size_t)n);
         }
+        p += n;
     }
 }
 

@@ -190,6 +190,10 @@ static int choose_policies(const char *list, struct sim_policy *out)
     }
     for (int p = 0; p < POLICY_COUNT; p++)
         if (chosen[p]) out[count++] = all_policies[p];
+    if (count == 0)
+        dm_user_error("simulate: --policies '%s' names no policy (static-uniform, static-params, "
+                      "partition-time, partition-params, diffusion-time, diffusion-params, "
+                      "repack, all)", list);
     return count;
 }
 
@@ -387,6 +391,7 @@ static double layout_bound(const struct sim_setup *setup, const struct sim_resul
 {
     int stride = setup->every, samples = 0;
     if (setup->steps / stride > 50) stride = setup->steps / 50;
+    if (stride > setup->steps) stride = setup->steps;   /* fewer steps than a decision: the last */
     double fixed = 0, best_ms = 0;
     char err[512];
     for (int t = stride - 1; t < setup->steps; t += stride, samples++) {
@@ -422,9 +427,12 @@ static void summarise(char *text, size_t size, const struct sim_setup *setup,
         const struct sim_result *r = &results[i];
         double speedup = ref >= 0 ? results[ref].total_ms / r->total_ms : NAN;
         int ranks = (r->repack_stages ? r->repack_stages : setup->stages) * setup->replicas;
-        ADD("%-18s %9.2f %10.1f %7.3fx %6.1f%% %10d %6d %11.4f\n", policies[i].name,
+        char speedup_text[32] = "       -";   /* no static policy chosen: no reference */
+        if (ref >= 0) snprintf(speedup_text, sizeof speedup_text, "%7.3fx", speedup);
+        ADD("%-18s %9.2f %10.1f %8s %6.1f%% %10d %6d %11.4f\n", policies[i].name,
             r->total_ms / setup->steps, setup->tokens_per_step * setup->steps / (r->total_ms / 1e3),
-            speedup, 100 * mean_bubble(r, setup->steps), r->migrations, ranks, r->rank_ms / 3.6e6);
+            speedup_text, 100 * mean_bubble(r, setup->steps), r->migrations, ranks,
+            r->rank_ms / 3.6e6);
         if (!is_static(&policies[i]) && (best < 0 || r->total_ms < results[best].total_ms))
             best = i;
         if (policies[i].kind == SIM_BALANCED && !strcmp(policies[i].name, "partition-time"))
@@ -434,11 +442,19 @@ static void summarise(char *text, size_t size, const struct sim_setup *setup,
         const struct sim_result *r = &results[i];
         if (policies[i].kind != SIM_REPACK) continue;
         int base = time_balanced >= 0 ? time_balanced : ref;
-        if (!r->repack_step) ADD("repack: no smaller world keeps the step within the epsilon\n");
-        else ADD("repack: from step %d on %d of %d ranks, saving %.1f%% of the rank-hours of %s\n",
-                 r->repack_step, r->repack_stages * setup->replicas, setup->stages * setup->replicas,
-                 base >= 0 ? 100 * (1 - r->rank_ms / results[base].rank_ms) : NAN,
-                 base >= 0 ? policies[base].name : "-");
+        if (!r->repack_step && setup->repack_every >= setup->steps)
+            ADD("repack: no re-pack decision before the last step (every %d steps of %d)\n",
+                setup->repack_every, setup->steps);
+        else if (!r->repack_step)
+            ADD("repack: no smaller world keeps the step within the epsilon\n");
+        else if (base < 0)
+            ADD("repack: from step %d on %d of %d ranks (no static or partition-time policy "
+                "chosen to compare its rank-hours with)\n", r->repack_step,
+                r->repack_stages * setup->replicas, setup->stages * setup->replicas);
+        else
+            ADD("repack: from step %d on %d of %d ranks, saving %.1f%% of the rank-hours of %s\n",
+                r->repack_step, r->repack_stages * setup->replicas, setup->stages * setup->replicas,
+                100 * (1 - r->rank_ms / results[base].rank_ms), policies[base].name);
     }
     if (ref >= 0) {
         double static_ms, layout_ms, bound = layout_bound(setup, &results[ref], &static_ms,
@@ -554,6 +570,7 @@ int cmd_simulate(int argc, char **argv)
 {
     struct simulate_args a;
     parse_args(&a, argc, argv);
+    if (a.out) sim_check_output(a.out, a.run_dir);   /* a bad --out fails before the work */
     struct sim_run run;
     sim_run_read(&run, a.run_dir, a.stages);
     if (a.validate && (a.scenario || (a.blocks && a.blocks != run.layers) ||
@@ -579,7 +596,7 @@ int cmd_simulate(int argc, char **argv)
     fputs(text, stdout);
     printf("simulated %d policies x %d steps in %.2f s\n", count, setup.steps, dm_now() - start);
     if (a.validate) validate(&setup, &run);
-    if (a.out) sim_write_output(a.out, &setup, policies, results, count, text);
+    if (a.out) sim_write_output(a.out, a.run_dir, &setup, policies, results, count, text);
     for (int i = 0; i < count; i++) sim_result_free(&results[i]);
     dm_free(results);
     dm_free(text);

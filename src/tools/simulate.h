@@ -226,11 +226,14 @@ double sim_best_step_ms(const struct sim_setup *setup, int step, char *err, size
 
 /* ---- output -------------------------------------------------------------- */
 
+/* Checks DIR before the work: absent, empty or an earlier simulation's
+ * (tools/out_dir.h), not holding RUN_DIR; a user error otherwise. */
+void sim_check_output(const char *dir, const char *run_dir);
 /* Writes one file shaped like a run log (root attribute kind
  * "simulation") per policy, DIR/<policy>.h5, and DIR/summary.txt holding
  * `summary`, into a new directory beside DIR renamed into place: DIR is
- * whole or absent, never half written. */
-void sim_write_output(const char *dir, const struct sim_setup *setup,
+ * whole or absent, never half written, and marked as simulate's. */
+void sim_write_output(const char *dir, const char *run_dir, const struct sim_setup *setup,
                       const struct sim_policy *policies, const struct sim_result *results,
                       int count, const char *summary);
 

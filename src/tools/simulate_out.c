@@ -21,12 +21,6 @@
 
 #define PATH_BYTES (OUT_DIR_PATH_BYTES + 256)   /* a file in out_dir.tmp */
 
-static int is_output_file(const char *name)
-{
-    size_t n = strlen(name);
-    return !strcmp(name, "summary.txt") || (n > 3 && !strcmp(name + n - 3, ".h5"));
-}
-
 /* Step t's per-step and per-stage rows. */
 static void write_step(struct runlog *log, const struct sim_setup *setup,
                        const struct sim_result *res, int t)
@@ -94,12 +88,20 @@ static void write_text(const char *dir, const char *name, const char *text)
         dm_user_error("simulate: %s", err);
 }
 
-void sim_write_output(const char *dir, const struct sim_setup *setup,
+#define SIM_OUT_DIR(run_dir) {.tool = "simulate", .what = "the simulation", \
+                             .writer = "dynmo simulate", .inputs = &(run_dir), .input_count = 1}
+
+void sim_check_output(const char *dir, const char *run_dir)
+{
+    struct out_dir o = SIM_OUT_DIR(run_dir);
+    out_dir_check(&o, dir);
+}
+
+void sim_write_output(const char *dir, const char *run_dir, const struct sim_setup *setup,
                       const struct sim_policy *policies, const struct sim_result *results,
                       int count, const char *summary)
 {
-    struct out_dir o = {.tool = "simulate", .what = "the simulation", .writer = "simulate",
-                        .is_ours = is_output_file};
+    struct out_dir o = SIM_OUT_DIR(run_dir);
     out_dir_begin(&o, dir);
     for (int i = 0; i < count; i++) write_policy(o.tmp, setup, &policies[i], &results[i]);
     write_text(o.tmp, "summary.txt", summary);

@@ -334,14 +334,15 @@ static void decide(struct sim_result *res, struct world *w, const struct sim_set
     res->migrations++;
 }
 
-/* Every repack_every steps: the controller's re-pack planner; when it
- * finds fewer stages, the job restarts on them (restart_ms charged) with
- * a controller for the new stage count and a processor per stage. */
+/* Every repack_every steps but after the last (the job ends there: no
+ * restart to charge): the controller's re-pack planner; when it finds
+ * fewer stages, the job restarts on them (restart_ms charged) with a
+ * controller for the new stage count and a processor per stage. */
 static void try_repack(struct sim_result *res, struct world *w, const struct sim_setup *setup,
                        const struct sim_policy *policy, const struct balance_observation *obs,
                        int t)
 {
-    if ((t + 1) % setup->repack_every != 0 || w->stages == 1) return;
+    if ((t + 1) % setup->repack_every != 0 || t + 1 >= setup->steps || w->stages == 1) return;
     int counts[w->stages];
     char err[512];
     int k = balance_controller_repack(w->ctl, obs, setup->repack_epsilon, 1, counts, err,

@@ -11,10 +11,12 @@
  * (docs/report.md). It reads only through the public run-log readers and
  * writes only FILE, atomically. */
 #include <json.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/tools.h"
@@ -227,8 +229,7 @@ static json_object *build_trace(const char *path, const struct trace *t)
     dm_free(origin);
     dm_free(step_ms.values);
     json_object *root = checked(json_object_new_object()), *other = checked(json_object_new_object());
-    put(root, "traceEvents", events);
-    put(root, "displayTimeUnit", json_object_new_string("ms"));
+    put(other, "writer", json_object_new_string("dynmo trace"));   /* first: TRACE_SIGNATURE */
     put(other, "runlog", json_object_new_string(path));
     put(other, "dynmo_version", json_object_new_string(DYNMO_VERSION));
     put(other, "first_step", json_object_new_int(t->steps[0]));
@@ -237,8 +238,34 @@ static json_object *build_trace(const char *path, const struct trace *t)
     put(other, "note", json_object_new_string("times inside a step are the run log's; traced "
                                               "steps follow each other 1 ms apart (the gap "
                                               "is not measured)"));
-    put(root, "otherData", other);
+    put(root, "otherData", other);   /* before the events: the file's first bytes */
+    put(root, "traceEvents", events);
+    put(root, "displayTimeUnit", json_object_new_string("ms"));
     return root;
+}
+
+/* The first bytes of every file trace writes (build_trace's first keys). */
+#define TRACE_SIGNATURE "{\"otherData\":{\"writer\":\"dynmo trace\""
+
+/* --out may name a new file or one trace wrote, never another file and
+ * never the run log it reads. */
+static void check_out(const char *out, const char *runlog)
+{
+    char out_real[PATH_MAX], in_real[PATH_MAX];
+    if (realpath(out, out_real) && realpath(runlog, in_real) && !strcmp(out_real, in_real))
+        dm_user_error("trace: --out %s is the run log it reads: name another file", out);
+    struct stat st;
+    if (stat(out, &st) != 0) return;   /* a new file (or a path dm_write_file_atomic refuses) */
+    if (!S_ISREG(st.st_mode))
+        dm_user_error("trace: cannot write %s: %s exists and is not a regular file", out, out);
+    char head[sizeof TRACE_SIGNATURE] = "";
+    FILE *f = fopen(out, "rb");
+    size_t n = f ? fread(head, 1, sizeof head - 1, f) : 0;
+    if (f) fclose(f);
+    head[n] = '\0';
+    if (strcmp(head, TRACE_SIGNATURE))
+        dm_user_error("trace: --out %s exists and is not a trace dynmo wrote: name a new file, "
+                      "or remove it first", out);
 }
 
 int cmd_trace(int argc, char **argv)
@@ -266,6 +293,7 @@ int cmd_trace(int argc, char **argv)
                                          : "--out FILE.json is required");
     }
     report_file_kind("trace", path);
+    check_out(out, path);
     struct trace t;
     char err[1024];
     int status = trace_load(path, &t, err, sizeof err);

@@ -120,6 +120,7 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
     train_balancer_share_processors(tr->balancer, cfg, tr->threads, tr->log);
     tr->first_loss = tr->last_loss = tr->last_val = NAN;
     stage_totals_init(&tr->totals, S);
+    dm_startup_done();   /* from here on what the run made is the run's */
 }
 
 /* Rank 0: the step's rows and line, and what the report needs of it. */
@@ -277,7 +278,11 @@ static void report(const struct trainer *tr)
     } else {
         dm_log("  loss: %.4f at the first step, %.4f at the last\n", tr->first_loss,
                tr->last_loss);
-        if (tr->data.have_val) dm_log("  validation loss: %.4f\n", tr->last_val);
+        if (tr->data.have_val && isfinite(tr->last_val))
+            dm_log("  validation loss: %.4f\n", tr->last_val);
+        else if (tr->data.have_val)
+            dm_log("  validation loss: none yet (every %d steps: train.eval_every)\n",
+                   cfg->eval_every);
         dm_log("  throughput: %.0f tokens/s (%.1f ms/step%s)\n",
                (double)cfg->batch * cfg->seq / mean_ms * 1e3, mean_ms,
                tr->timed_steps ? ", steps after the first" : "");

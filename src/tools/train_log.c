@@ -140,6 +140,7 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
 {
     append_scalars(log, st, tokens_per_step);
     append_rows(log, cfg, st, stages, width);
+    runlog_end_step(log);   /* a dataset this run does not write: a filler row */
     if ((step + 1) % cfg->log_every != 0 && step + 1 != cfg->steps) return;
     char eta[32];
     format_eta(eta, sizeof eta, mean_ms * (cfg->steps - step - 1) / 1e3);
@@ -228,63 +229,10 @@ void stage_totals_print(const struct stage_totals *t, int stages)
     }
 }
 
-/* Fills every per-step dataset up to `start` rows: NaN for measurements,
- * 0 ranks and an all-zero layout, so that row i stays step i + 1 when a
- * run resumed at step `start` writes into a log that does not hold the
- * steps before it (a new run.out_dir). */
-static void pad_rows(struct runlog *log, const struct dm_config *cfg, long start, int width)
-{
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
-    int M = gpt_moe_block_count(&shape), cells = M * shape.moe.experts;
-    int L = cfg->layers, widest = L > width ? L : width;
-    if (cells > widest) widest = cells;
-    float *nan_row = dm_alloc((size_t)widest * sizeof(float));
-    int *zero_row = dm_alloc((size_t)widest * sizeof(int));
-    for (int k = 0; k < widest; k++) nan_row[k] = NAN;
-    /* columns 0: a scalar series (one value a step) */
-    struct { const char *name; int columns; } series[] = {
-        {RUNLOG_STEP_LOSS, 0}, {RUNLOG_STEP_MS, 0}, {RUNLOG_STEP_LR, 0},
-        {RUNLOG_STEP_GRAD_NORM, 0}, {RUNLOG_STEP_TOKENS_PER_S, 0}, {RUNLOG_STEP_PEAK_RSS_MB, 0},
-        {RUNLOG_STEP_BUBBLE, 0}, {RUNLOG_STEP_IMBALANCE, 0}, {RUNLOG_LAYER_FWD_MS, L},
-        {RUNLOG_LAYER_BWD_MS, L}, {RUNLOG_LAYER_UPDATE_MS, L}, {RUNLOG_STAGE_BUSY_MS, width},
-        {RUNLOG_STAGE_IDLE_MS, width}, {RUNLOG_STAGE_UPDATE_MS, width},
-        {!strcmp(cfg->dyn_kind, "prune") ? RUNLOG_LAYER_SPARSITY : NULL, L},
-        {!strcmp(cfg->dyn_kind, "early_exit") ? RUNLOG_LAYER_ACTIVE : NULL, L},
-        {!strcmp(cfg->attention, "hash") ? RUNLOG_HASH_TILES : NULL, L},
-        {M ? RUNLOG_MOE_BIAS : NULL, cells}, {M ? RUNLOG_MOE_AUX : NULL, M},
-        {M ? RUNLOG_MOE_Z : NULL, M},
-        {cfg->mod_every > 0 ? RUNLOG_MOD_TOKENS : NULL,
-         cfg->mod_every > 0 ? L / cfg->mod_every : 0},
-    };
-    for (size_t k = 0; k < sizeof series / sizeof *series; k++) {
-        if (!series[k].name) continue;
-        for (long r = runlog_rows(log, series[k].name) > 0 ? runlog_rows(log, series[k].name) : 0;
-             r < start; r++) {
-            if (series[k].columns == 0) runlog_append_scalar(log, series[k].name, NAN);
-            else runlog_append_row(log, series[k].name, nan_row, series[k].columns);
-        }
-    }
-    long have = runlog_rows(log, RUNLOG_STEP_RANKS);
-    for (long r = have > 0 ? have : 0; r < start; r++)
-        runlog_append_int_scalar(log, RUNLOG_STEP_RANKS, 0);
-    have = runlog_rows(log, RUNLOG_LAYOUT_HISTORY);
-    for (long r = have > 0 ? have : 0; r < start; r++)
-        runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, zero_row, width);
-    /* MoE counts of steps this log does not hold: -1 */
-    for (int k = 0; k < widest; k++) zero_row[k] = -1;
-    const char *counts[] = {RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED};
-    for (int c = 0; M && c < 2; c++) {
-        have = runlog_rows(log, counts[c]);
-        for (long r = have > 0 ? have : 0; r < start; r++)
-            runlog_append_int_row(log, counts[c], zero_row, cells);
-    }
-    dm_free(nan_row);
-    dm_free(zero_row);
-}
-
 /* The run log continues across restarts: every per-step dataset is cut back
- * to the resumed step (the trace to its rows of steps up to it), per-stage
- * rows keep the first world's width. */
+ * to the resumed step or filled up to it (runlog_resume_at), the trace to
+ * its rows of steps up to it, the evaluations to theirs; per-stage datasets
+ * are as wide as the most stages any segment had. */
 struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, long start,
                                   int stages, int *width)
 {
@@ -292,15 +240,13 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
     char err[1200];
     if (dm_make_dirs(cfg->out_dir, err, sizeof err) != 0) dm_user_error_local("%s", err);
     if (start == 0 || access(path, F_OK) != 0) {
+        int is_new = access(path, F_OK) != 0;
         struct runlog *log = runlog_create(path, cfg);
-        pad_rows(log, cfg, start, *width);
+        if (is_new) dm_startup_created_file(path);   /* gone again if start-up fails */
+        runlog_resume_at(log, start);   /* a new run.out_dir: filler for the steps before */
         return log;
     }
-    int *rows = NULL, ncols = 0;
-    if (runlog_read_int_matrix(path, RUNLOG_LAYOUT_HISTORY, &rows, &ncols, err, sizeof err) > 0 &&
-        ncols > stages)
-        *width = ncols;
-    dm_free(rows);
+    int ncols = 0;
     float *trace = NULL;   /* rows in step order; column 0 is the 1-based step */
     long trace_rows = runlog_read_matrix(path, RUNLOG_TRACE_EVENTS, &trace, &ncols, err,
                                          sizeof err), trace_keep = 0;
@@ -308,23 +254,12 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
     dm_free(trace);
     struct runlog *log = runlog_open_append(path);
     if (trace_rows > trace_keep) runlog_truncate(log, RUNLOG_TRACE_EVENTS, trace_keep);
-    static const char *per_step[] = {
-        RUNLOG_STEP_LOSS, RUNLOG_STEP_MS, RUNLOG_STEP_LR, RUNLOG_STEP_GRAD_NORM,
-        RUNLOG_STEP_TOKENS_PER_S, RUNLOG_STEP_PEAK_RSS_MB, RUNLOG_STEP_RANKS,
-        RUNLOG_STEP_BUBBLE, RUNLOG_STEP_IMBALANCE, RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS,
-        RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS, RUNLOG_LAYOUT_HISTORY, RUNLOG_LAYER_SPARSITY,
-        RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_UPDATE_MS, RUNLOG_STAGE_UPDATE_MS,
-        RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED, RUNLOG_MOE_BIAS, RUNLOG_MOE_AUX, RUNLOG_MOE_Z,
-        RUNLOG_HASH_TILES, RUNLOG_MOD_TOKENS,
-    };
-    for (size_t i = 0; i < sizeof per_step / sizeof *per_step; i++)
-        if (runlog_rows(log, per_step[i]) > start) runlog_truncate(log, per_step[i], start);
+    runlog_resume_at(log, start);
     long evals = cfg->eval_every > 0 ? start / cfg->eval_every : 0;
     if (runlog_rows(log, RUNLOG_EVAL_STEP) > evals) {
         runlog_truncate(log, RUNLOG_EVAL_STEP, evals);
         runlog_truncate(log, RUNLOG_EVAL_LOSS, evals);
     }
-    pad_rows(log, cfg, start, *width);
     return log;
 }
 

@@ -68,10 +68,7 @@ void train_parse_args(int argc, char **argv, struct dm_config *cfg, struct train
 int train_threads_for_rank(const struct dm_config *cfg)
 {
     if (cfg->threads > 0) return cfg->threads;
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    int local = world_local_size();
-    long n = cores / (local > 0 ? local : 1);
-    return n < 1 ? 1 : (int)n;
+    return world_cpus_for_rank();   /* what the rank may use, not what the node has */
 }
 
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)

@@ -34,6 +34,7 @@ struct placement {
 };
 static struct placement *placed;   /* (world size) */
 static int oversubscribed;         /* this rank shares its CPUs with more ranks than they hold */
+static int cpus_for_rank = 1;      /* its CPUs divided by the ranks that may run on them */
 static MPI_Comm node_comm = MPI_COMM_NULL;  /* the ranks of this node */
 
 /* Turns (world_compute_begin): the ranks of a node whose CPU sets overlap
@@ -104,6 +105,8 @@ static void gather_placement(MPI_Comm node, int rank, int size)
     int sharing = 0;
     for (int r = 0; r < size; r++) sharing += cpus_overlap(&placed[r], &mine);
     oversubscribed = sharing > cpu_count(mine.cpus);
+    cpus_for_rank = sharing > 0 && cpu_count(mine.cpus) / sharing > 1
+                        ? cpu_count(mine.cpus) / sharing : 1;
 }
 
 static long futex(_Atomic uint32_t *word, int op, uint32_t value, const struct timespec *timeout)
@@ -484,6 +487,8 @@ void world_finalize(int status)
     MPI_Finalize();
     alarm(0);
 }
+
+int world_cpus_for_rank(void) { return cpus_for_rank; }
 
 int world_local_size(void) { return local_size; }
 
