@@ -7,6 +7,8 @@
 #    exit 0 for valid files, 2 naming the file and the problem otherwise,
 #    among them values no run can have written (a step of 10^12, a cursor
 #    of 2^62, a file name that disagrees with its step);
+#  - an MoE checkpoint of schema version 2 (what dynmo wrote before
+#    version 3) is valid and loads, every value as written;
 #  - loading each damaged fixture: exit 2 with one error line naming the
 #    file and the problem, on a 2-rank world;
 #  - resume=auto on assembled directories: a latest naming a missing or a
@@ -101,6 +103,19 @@ expect_ok "check-ckpt: a file name that agrees with its step" "ok: schema versio
 load() { mpiexec -n 2 "$T" "${tiny[@]}" "$@"; }
 expect_ok "load good" 'loaded .*good.h5: step 10, values as written' load --load "$fx/good.h5"
 expect_ok "load good into 1 stage" 'values as written' mpiexec -n 1 "$T" "${tiny[@]}" --load "$fx/good.h5"
+# An MoE model's checkpoint of schema version 2, written by the dynmo
+# before version 3 (its MoE block's /blocks row padded to a dense block's
+# width): still valid, and it loads into 2 stages and into 1, every value
+# and the MoE state as written.
+moe_tiny=("${tiny[@]}" --moe-every 2 --experts 2 --top-k 2 --expert-hidden 8)
+expect_ok "check-ckpt an MoE checkpoint of schema version 2" 'ok: schema version 2, step 10, 2 layers' \
+  "$DYNMO" check-ckpt "$fx/schema-v2-moe.h5"
+expect_ok "load an MoE checkpoint of schema version 2 (2 stages)" 'schema-v2-moe.h5: step 10, values as written' \
+  mpiexec -n 2 "$T" "${moe_tiny[@]}" --load "$fx/schema-v2-moe.h5"
+expect_ok "load an MoE checkpoint of schema version 2 (1 stage)" 'values as written' \
+  mpiexec -n 1 "$T" "${moe_tiny[@]}" --load "$fx/schema-v2-moe.h5"
+expect_error "load an MoE checkpoint into a dense model" "schema-v2-moe.h5: written for a different model: model.moe_every is 2 in the checkpoint but 0 in this run" \
+  load --load "$fx/schema-v2-moe.h5"
 expect_error "load flipped" "checkpoint .*flipped.h5: corrupt: Fletcher32 checksum mismatch in /blocks/params \(layer 1\)" \
   load --load "$fx/flipped.h5"
 expect_error "load truncated" "checkpoint .*truncated.h5: .*truncated" load --load "$fx/truncated.h5"

@@ -8,10 +8,13 @@
 #     for the sigmoid router whose bias moves every step (so the bias
 #     travels with its block);
 #   - one stage with the same 2 replicas gives the same bits too;
-#   - a checkpoint (schema version 2) passes check-ckpt, h5py reads every
-#     dataset v2.def lists, a resume under another layout continues with
-#     the same bits, a flipped byte in an expert's row is found and named,
-#     and a dense checkpoint is refused by an MoE run;
+#   - a checkpoint (schema version 3) passes check-ckpt, h5py reads every
+#     dataset v3.def lists, its rows hold the blocks' parameters once and
+#     nothing else (no padding: the Adam second moments are > 0), a resume
+#     under another layout continues with the same bits, a flipped byte in
+#     an expert's row is found and named, and a dense checkpoint is refused
+#     by an MoE run;
+#   - top-1 routers learn from the loss (their Adam moments are not 0);
 #   - dynmo inspect summarises the experts' load per MoE block;
 #   - configs/moe.ini runs (shortened by overrides);
 #   - bad MoE settings are exit 2 with one message.
@@ -70,22 +73,24 @@ print("ok: /moe/tokens sum to batch x seq x k per block, drops within them; the 
       "router's bias moved in steps of bias_rate")
 PY
 
-# Checkpoints: schema version 2, resharded on load.
+# Checkpoints: schema version 3, resharded on load.
 run ck moe 4 parallel.pp=2 ckpt.dir="$dir/ck" ckpt.every=2 ckpt.keep=3 && {
   same static ck "a run that checkpoints"
-  out=$("$DYNMO" check-ckpt "$dir/ck/ckpt-2.h5" 2>&1) && grep -q "ok: schema version 2, step 2" <<<"$out" \
+  out=$("$DYNMO" check-ckpt "$dir/ck/ckpt-2.h5" 2>&1) && grep -q "ok: schema version 3, step 2" <<<"$out" \
     && echo "ok: check-ckpt: ${out##*ok: }" || fail "check-ckpt of an MoE checkpoint: $out"
-  $py - "$dir/ck/ckpt-2.h5" checkpoint_schema/v2.def <<'PY' && echo "ok: h5py reads every dataset v2.def lists, with its shape" || fail "v2 file and v2.def disagree"
+  $py - "$dir/ck/ckpt-2.h5" checkpoint_schema/v3.def <<'PY' && echo "ok: h5py reads every dataset v3.def lists, with its shape; the rows hold what the blocks compute with, no padding" || fail "v3 file and v3.def disagree"
 import re, sys, h5py
 f = h5py.File(sys.argv[1], "r")
-assert f.attrs["schema_version"] == 2 and f["model"].attrs["moe_every"] == 2
+assert f.attrs["schema_version"] == 3 and f["model"].attrs["moe_every"] == 2
 m = {k: int(v) for k, v in f["model"].attrs.items()}
 C, E, H, L = m["channels"], m["experts"], m["expert_hidden"], m["layers"]
 M = L // m["moe_every"]
+shared, mlp = 4 * C * C + 8 * C, 8 * C * C + 5 * C
 dims = dict(layers=L, block_params=m["block_params"], vocab=m["vocab"], max_seq=m["max_seq"],
             channels=C, pp=int(f.attrs["world_pp"]), dp=int(f.attrs["world_dp"]),
             history=f["layout/history_step"].shape[0], moe_layers=M, experts=E,
-            router_params=E * C, expert_rows=M * E, expert_params=2 * H * C + H + C)
+            router_params=E * C, expert_rows=M * E, expert_params=2 * H * C + H + C,
+            shared_params=shared, dense_layers=L - M, mlp_params=mlp)
 n = 0
 for line in open(sys.argv[2]):
     x = re.match(r'SCHEMA_DATASET\("([^"]+)", (\w+), "(\w+)", "(\w*)"\)', line)
@@ -95,11 +100,18 @@ for line in open(sys.argv[2]):
     assert f[x[1]].shape == shape and f[x[1]].fletcher32, (x[1], f[x[1]].shape, shape)
     f[x[1]][...]
     n += 1
-assert n == 31, n
-# an MoE block's /blocks row: its shared tensors, then zeros
-shared = 4 * C * C + 8 * C
-row = f["blocks/params"][1]
-assert (row[shared:] == 0).all() and (row[:shared] != 0).any()
+assert n == 34, n
+# every parameter of a block is in one row, once, and nothing else is: the
+# blocks' slabs (3 dense blocks of 12 C^2 + 13 C, 3 MoE blocks of the
+# shared tensors, the router and E experts) are the floats of the rows
+slab = (L - M) * (shared + mlp) + M * (shared + E * C + E * dims["expert_params"])
+rows = sum(f[name].size for name in ("blocks/params", "mlp/params", "moe/router/params",
+                                     "moe/experts/params"))
+assert rows == slab, (rows, slab)
+# and none of them is padding: the Adam second moments are > 0
+for name in ("blocks/adam_v", "mlp/adam_v", "moe/router/adam_v", "moe/experts/adam_v"):
+    v = f[name][...]
+    assert (v > 0).mean() > 0.99, (name, (v == 0).sum(), v.size)
 PY
   run resumed moe 4 parallel.pp=2 balance.initial=explicit:5,1 ckpt.dir="$dir/ck" \
     ckpt.resume="$dir/ck/ckpt-2.h5" && $py - "$dir" <<'PY' && echo "ok: resumed from step 2 on layout 5,1: steps 3-4 bit-identical" || fail "resume changed the losses"
@@ -125,6 +137,47 @@ with open(sys.argv[1], "r+b") as g:
 PY
   expect_error "check-ckpt a flipped expert" "flipped.h5: .*Fletcher32 checksum mismatch in /moe/experts/params \(row 5\)" \
     "$DYNMO" check-ckpt "$dir/flipped.h5"
+  # a dense block's MLP rows missing; /mlp rows in a file whose every block
+  # is an MoE block (written by test_checkpoint, moe_every 1)
+  cp "$dir/ck/ckpt-2.h5" "$dir/no-mlp.h5"
+  $py -c "import h5py, sys; del h5py.File(sys.argv[1], 'r+')['/mlp/adam_v']" "$dir/no-mlp.h5"
+  expect_error "check-ckpt without the dense blocks' MLP moments" "no-mlp.h5: incomplete: dataset /mlp/adam_v is missing" \
+    "$DYNMO" check-ckpt "$dir/no-mlp.h5"
+  mpiexec -n 1 "$BUILD/tests/test_checkpoint" --save "$dir/all-moe" --step 10 --layers 2 --channels 8 \
+    --heads 2 --vocab 16 --max-seq 8 --moe-every 1 --experts 2 --top-k 1 --expert-hidden 8 >/dev/null &&
+  $py -c "import h5py, sys; h5py.File(sys.argv[1], 'r+').create_dataset('/mlp/params', (1, 557), 'f4', chunks=(1, 557), fletcher32=True)" \
+    "$dir/all-moe/ckpt-10.h5" &&
+  expect_error "check-ckpt /mlp rows where every block is an MoE block" "ckpt-10.h5: /mlp/params is in the file, but dense_layers is 0 for this model" \
+    "$DYNMO" check-ckpt "$dir/all-moe/ckpt-10.h5"
+}
+# Top-1: the gate is the chosen expert's probability (Switch Transformer),
+# so the routers learn from the loss alone: after 3 steps without the
+# balancing losses or weight decay every element of every router's Adam
+# second moment is > 0 (a gate renormalised over one expert is 1, and left
+# all of them 0).
+run top1 moe 2 parallel.pp=1 model.top_k=1 moe.aux_loss=0 moe.z_loss=0 train.weight_decay=0 \
+  train.steps=3 ckpt.dir="$dir/top1-ck" ckpt.every=3 && $py - "$dir/top1-ck/ckpt-3.h5" <<'PY' \
+  && echo "ok: top-1: every router's Adam second moment > 0 after 3 steps (the routers learn)" \
+  || fail "top-1: a router got no gradient from the loss"
+import sys, h5py
+v = h5py.File(sys.argv[1], "r")["/moe/router/adam_v"][...]
+assert (v > 0).all(), ((v == 0).sum(), v.size)
+PY
+# Layer freezing keeps a state of its own (/dyn, dyn.def) beside the MoE
+# rows: the checkpoint passes check-ckpt and resumes with the
+# uninterrupted run's losses.
+run frz moe 2 parallel.pp=1 dyn.kind=freeze ckpt.dir="$dir/frz-ck" ckpt.every=2 ckpt.keep=2 &&
+  run frz-resumed moe 2 parallel.pp=1 dyn.kind=freeze ckpt.dir="$dir/frz-ck2" \
+    ckpt.resume="$dir/frz-ck/ckpt-2.h5" && {
+  out=$("$DYNMO" check-ckpt "$dir/frz-ck/ckpt-2.h5" 2>&1) && grep -q "ok: schema version 3" <<<"$out" ||
+    fail "check-ckpt of a frozen MoE model's checkpoint: $out"
+  $py - "$dir" <<'PY' && echo "ok: layer freezing with MoE blocks: the checkpoint (with /dyn) checks and resumes, steps 3-4 bit-identical" || fail "freezing with MoE: the resumed losses differ"
+import sys, h5py
+d = sys.argv[1]
+a = h5py.File(d + "/frz/runlog.h5", "r")["/steps/loss"][2:]
+b = h5py.File(d + "/frz-resumed/runlog.h5", "r")["/steps/loss"][2:]
+assert (a.view("u4") == b.view("u4")).all(), (a, b)
+PY
 }
 timeout -k 10 60 mpiexec -n 2 "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/dense-ck" \
   parallel.pp=2 ckpt.dir="$dir/dense-ck" train.steps=1 train.warmup=0 > "$dir/dense-ck.out" 2>&1 ||
@@ -170,7 +223,7 @@ bad "ep does not divide dp" "parallel.ep = 2 does not divide parallel.dp = 1" 1 
 bad "ep does not divide E" "parallel.ep = 4 does not divide model.experts = 6" 4 model.moe_every=1 model.experts=6 parallel.dp=4 parallel.ep=4 train.micro_batches=2
 bad "bias with softmax" "moe.bias_rate = 0.1 needs moe.router = sigmoid" 1 model.moe_every=1 moe.bias_rate=0.1
 bad "unknown router" "moe.router = 'topk' must be softmax or sigmoid" 1 model.moe_every=1 moe.router=topk
-bad "unknown drop" "moe.drop = 'random' must be probs or position" 1 model.moe_every=1 moe.drop=random
+bad "unknown drop" "moe.drop = 'random' must be probs, position or slot" 1 model.moe_every=1 moe.drop=random
 bad "moe_every > layers" "model.moe_every = 7 exceeds model.layers = 6" 1 model.moe_every=7
 bad "MoE with pruning" "dyn.kind = prune does not support MoE blocks yet" 1 model.moe_every=2 dyn.kind=prune
 finish

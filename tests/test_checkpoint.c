@@ -16,7 +16,14 @@
  *   --resume DIR                                           resume=auto
  *   --bench DIR [--repeat R]                               time write and read
  * with the model given by --layers --channels --heads --vocab --max-seq
- * (default: the tiny model of the chain). */
+ * and, for mixture-of-experts blocks, --moe-every --experts --top-k
+ * --expert-hidden (default: the tiny dense model of the chain).
+ *
+ * A model with MoE blocks (test_moe_rows) is saved by one world and loaded
+ * by others, every value and the blocks' MoE state bit for bit; its file
+ * holds exactly the floats the blocks compute with: /blocks rows of the
+ * shared tensors only, the dense blocks' MLP in /mlp (absent when every
+ * block is an MoE block), no padding. */
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
@@ -100,6 +107,12 @@ static size_t count_mismatches(const float *have, size_t n, int g, uint64_t stre
 /* Fills every tensor this rank holds with generation g's values; the
  * embedding slab (also the last stage's tied copy) gets the same values
  * everywhere. */
+/* An MoE block's state of generation g: a finite bias, and routed and
+ * dropped counts with 0 <= dropped <= routed (what the loader checks). */
+static float moe_bias_value(int g, int index, int e) { return 0.125f * (float)(g + index - e); }
+static int64_t moe_tokens_value(int g, int index, int e) { return 1000 * g + 10 * index + e; }
+static int64_t moe_dropped_value(int g, int index, int e) { return (g + index + e) % 5; }
+
 static void fill_model(struct gpt *model, int g)
 {
     for (int i = 0; i < model->num_blocks; i++) {
@@ -109,6 +122,11 @@ static void fill_model(struct gpt *model, int g)
         fill_tensor(blk->params, blk->nparams, g, (uint64_t)blk->index, 0, zeros);
         fill_tensor(blk->m, blk->nparams, g, (uint64_t)blk->index, 1, 0);
         fill_tensor(blk->v, blk->nparams, g, (uint64_t)blk->index, 2, 0);
+        for (int e = 0; blk->moe && e < blk->moe->cfg.experts; e++) {
+            blk->moe->bias[e] = moe_bias_value(g, blk->index, e);
+            blk->moe->tokens[e] = moe_tokens_value(g, blk->index, e);
+            blk->moe->dropped[e] = moe_dropped_value(g, blk->index, e);
+        }
     }
     if (model->embed_slab) {
         fill_tensor(model->wte, model->embed_nparams, g, EMBED_STREAM, 0, 0);
@@ -129,6 +147,10 @@ static size_t check_model(const struct gpt *model, int g)
         bad += count_mismatches(blk->m, blk->nparams, g, (uint64_t)blk->index, 1, 0);
         bad += count_mismatches(blk->v, blk->nparams, g, (uint64_t)blk->index, 2, 0);
         for (size_t k = 0; k < blk->nparams; k++) bad += blk->grads[k] != 0.0f;
+        for (int e = 0; blk->moe && e < blk->moe->cfg.experts; e++)
+            bad += blk->moe->bias[e] != moe_bias_value(g, blk->index, e) ||
+                   blk->moe->tokens[e] != moe_tokens_value(g, blk->index, e) ||
+                   blk->moe->dropped[e] != moe_dropped_value(g, blk->index, e);
     }
     if (model->embed_slab) {
         bad += count_mismatches(model->wte, model->embed_nparams, g, EMBED_STREAM, 0, 0);
@@ -411,6 +433,129 @@ static void test_chain(void)
     }
     ckpt_meta_free(&loaded);
     gpt_free(&model);
+    barrier(MPI_COMM_WORLD);
+}
+
+/* ---- a model with mixture-of-experts blocks ------------------------------------------ */
+
+/* The extent of dataset `name` of the file at path ({0, 0} when the file
+ * has no such dataset; a 1-D dataset's second extent is 1). */
+static void dataset_extent(const char *path, const char *name, hsize_t extent[2])
+{
+    extent[0] = extent[1] = 0;
+    hid_t file = -1, dataset = -1;
+    H5E_BEGIN_TRY {
+        file = H5Fopen(path, H5F_ACC_RDONLY, H5P_DEFAULT);
+        dataset = file >= 0 ? H5Dopen2(file, name, H5P_DEFAULT) : -1;
+    } H5E_END_TRY;
+    if (dataset >= 0) {
+        hid_t space = H5Dget_space(dataset);
+        hsize_t dims[2] = {0, 1};
+        if (H5Sget_simple_extent_ndims(space) <= 2) H5Sget_simple_extent_dims(space, dims, NULL);
+        extent[0] = dims[0];
+        extent[1] = dims[1];
+        H5Sclose(space);
+        H5Dclose(dataset);
+    }
+    if (file >= 0) H5Fclose(file);
+}
+
+/* Every other block an MoE block, then every block: one world saves, each
+ * world that fits loads (another grid and layout each time), and finds
+ * every parameter, Adam moment and MoE state bit for bit. The file holds
+ * the floats the blocks compute with and nothing else: /blocks rows of the
+ * shared tensors (ln1_w .. ln2_b) for every block, the dense blocks' MLP
+ * (fc, fcproj) in /mlp, absent when there is no dense block, the router
+ * and the experts in /moe. */
+static void test_moe_rows(void)
+{
+    for (int every = 2; every >= 1; every--) {
+        struct gpt_shape shape = tiny_shape();
+        struct gpt_moe moe = {.every = every, .experts = 4, .top_k = 2, .hidden = 24};
+        shape.moe = moe;
+        int layers = shape.layers, C = shape.channels, g = 40 + every;
+        int moe_blocks = gpt_moe_block_count(&shape), dense = layers - moe_blocks;
+        size_t shared = moe_shared_param_count(C), mlp = block_param_count(C) - shared;
+        snprintf(dir, sizeof dir, "%s/moe-every-%d", getenv("CKPT_TEST_DIR"), every);
+        const struct world *writer = NULL;
+        for (int wi = 0; wi < WORLDS && !writer; wi++)
+            if (worlds[wi].ranks <= world_size) writer = &worlds[wi];
+        char path[1024], err[1024];
+        MPI_Comm comm = split_world(writer->ranks);
+        if (comm != MPI_COMM_NULL) {
+            struct gpt model;
+            build_for(&model, &shape, writer, world_rank);
+            fill_model(&model, g);
+            struct ckpt_meta meta;
+            int frozen[16];
+            long cursors[8];
+            char config[256];
+            int stage, dp_rank, first;
+            place(writer, world_rank, &stage, &dp_rank, &first);
+            meta_for(&meta, g, 10, writer, NULL, layers, frozen, cursors, config);
+            int rc = ckpt_save(dir, 1, &model, &meta, stage, dp_rank, comm, path, sizeof path,
+                               err, sizeof err);
+            CHECK_MSG(rc == 0, "MoE save (moe_every %d): %s", every, err);
+            gpt_free(&model);
+            MPI_Comm_free(&comm);
+        }
+        barrier(MPI_COMM_WORLD);
+        ckpt_path(path, sizeof path, dir, 10);
+        int loads = 0;
+        for (int wi = 0; wi < WORLDS; wi++) {
+            const struct world *w = &worlds[wi];
+            if (w->ranks > world_size) continue;
+            comm = split_world(w->ranks);
+            if (comm != MPI_COMM_NULL) {
+                struct gpt model;
+                build_for(&model, &shape, w, world_rank);
+                struct ckpt_meta loaded;
+                int rc = ckpt_load_try(path, &model, &loaded, comm, err, sizeof err);
+                CHECK_MSG(rc == 0, "MoE load (moe_every %d) into world %d: %s", every, wi, err);
+                if (rc == 0) {
+                    size_t bad = check_model(&model, g);
+                    CHECK_MSG(bad == 0, "moe_every %d, world %d (%d x %d): %zu values differ",
+                              every, wi, w->pp, w->dp, bad);
+                    CHECK(loaded.schema_version == CHECKPOINT_SCHEMA_VERSION_MOE &&
+                          loaded.moe_blocks == moe_blocks);
+                    ckpt_meta_free(&loaded);
+                }
+                gpt_free(&model);
+                MPI_Comm_free(&comm);
+                loads++;
+            }
+            barrier(MPI_COMM_WORLD);
+        }
+        if (world_rank != 0) continue;
+        hsize_t blocks[2], mlp_rows[2], router[2], experts[2];
+        dataset_extent(path, "/blocks/params", blocks);
+        dataset_extent(path, "/mlp/params", mlp_rows);
+        dataset_extent(path, "/moe/router/params", router);
+        dataset_extent(path, "/moe/experts/params", experts);
+        size_t in_file = blocks[0] * blocks[1] + mlp_rows[0] * mlp_rows[1] +
+                         router[0] * router[1] + experts[0] * experts[1];
+        size_t computed = 0;
+        for (int l = 0; l < layers; l++) computed += gpt_block_param_count(&shape, l);
+        printf("MoE checkpoint (moe_every %d: %d MoE, %d dense blocks), loaded by %d worlds: "
+               "/blocks [%llu, %llu], /mlp [%llu, %llu], /moe/router [%llu, %llu], "
+               "/moe/experts [%llu, %llu]: %zu floats per tensor kind, the blocks compute "
+               "with %zu\n", every, moe_blocks, dense, loads, (unsigned long long)blocks[0],
+               (unsigned long long)blocks[1], (unsigned long long)mlp_rows[0],
+               (unsigned long long)mlp_rows[1], (unsigned long long)router[0],
+               (unsigned long long)router[1], (unsigned long long)experts[0],
+               (unsigned long long)experts[1], in_file, computed);
+        CHECK_MSG(blocks[0] == (hsize_t)layers && blocks[1] == shared,
+                  "/blocks/params is [%llu, %llu], want [%d, %zu] (the shared tensors)",
+                  (unsigned long long)blocks[0], (unsigned long long)blocks[1], layers, shared);
+        CHECK_MSG(dense ? mlp_rows[0] == (hsize_t)dense && mlp_rows[1] == mlp
+                        : mlp_rows[0] == 0,
+                  "/mlp/params is [%llu, %llu], want [%d, %zu] (absent when 0)",
+                  (unsigned long long)mlp_rows[0], (unsigned long long)mlp_rows[1], dense, mlp);
+        CHECK_MSG(in_file == computed, "the file holds %zu floats of parameters, the blocks "
+                  "compute with %zu", in_file, computed);
+        int problems = ckpt_check_file(path, 1, NULL, NULL);
+        CHECK_MSG(problems == 0, "check of %s: %d problems", path, problems);
+    }
     barrier(MPI_COMM_WORLD);
 }
 
@@ -818,9 +963,19 @@ static void parse(int argc, char **argv, struct options *o)
         else if (!strcmp(a, "--heads")) o->shape.heads = atoi(v);
         else if (!strcmp(a, "--vocab")) o->shape.vocab = atoi(v);
         else if (!strcmp(a, "--max-seq")) o->shape.max_seq = atoi(v);
+        else if (!strcmp(a, "--moe-every")) o->shape.moe.every = atoi(v);
+        else if (!strcmp(a, "--experts")) o->shape.moe.experts = atoi(v);
+        else if (!strcmp(a, "--top-k")) o->shape.moe.top_k = atoi(v);
+        else if (!strcmp(a, "--expert-hidden")) o->shape.moe.hidden = atoi(v);
         else dm_user_error("test_checkpoint: unknown option %s", a);
         i++;
     }
+    struct gpt_moe *m = &o->shape.moe;
+    if (m->every > 0 && (m->every > o->shape.layers || m->experts < 1 || m->top_k < 1 ||
+                         m->top_k > m->experts || m->hidden < 1))
+        dm_user_error("test_checkpoint: --moe-every %d --experts %d --top-k %d "
+                      "--expert-hidden %d is no mixture of experts of %d layers", m->every,
+                      m->experts, m->top_k, m->hidden, o->shape.layers);
 }
 
 /* The world of a command-line mode: pp stages (default: every rank), the
@@ -1019,6 +1174,7 @@ int main(int argc, char **argv)
         setenv("CKPT_TEST_DIR", template, 1);
         if (world_rank == 0) test_fletcher32();
         test_chain();
+        test_moe_rows();
         test_faults();
         test_dyn_state();
         int failures = sum_int(testing_failures, MPI_COMM_WORLD);

@@ -376,6 +376,8 @@ static void test_moe_route(int N, int E, int k, int sigmoid)
     check_bits("moe_route_forward lse", g[0].lse, c.lse, N);
     check_bits("moe_route_forward chosen scores", g[1].choice_score, c.choice_score, P);
     check_bits("moe_route_forward gates", g[0].gate, c.gate, P);
+    CHECK_MSG(k > 1 || !memcmp(c.gate, c.choice_score, (size_t)P * sizeof(float)),
+              "moe_route_forward: a top-1 gate is not its expert's score");
     CHECK_MSG(!memcmp(g[0].choice, c.choice, (size_t)P * sizeof(int)) &&
                   !memcmp(g[1].choice, c.choice, (size_t)P * sizeof(int)),
               "moe_route_forward: the choices differ from the CPU's");
@@ -1356,7 +1358,8 @@ int main(void)
     test_moe(16, 1, 100, 4);                /* k = 1 */
     test_moe_route(45, 8, 2, 0);
     test_moe_route(37, 4, 2, 1);            /* sigmoid with a bias */
-    test_moe_route(20, 6, 1, 0);            /* k = 1 */
+    test_moe_route(20, 6, 1, 0);            /* k = 1: the gate is the probability */
+    test_moe_route(21, 5, 1, 1);            /* k = 1, sigmoid: the gate is the score */
     test_moe_route(16, 64, 3, 1);           /* many experts */
     test_prune();
     test_adamw();

@@ -4,16 +4,25 @@
  *     gates, the experts, the capacity drop, the aux loss and the z-loss,
  *     for the softmax and the sigmoid router (the routing is checked to be
  *     the same on both sides of every difference);
+ *   - top-1: the gate is the chosen score (Switch Transformer), so the
+ *     router's gradient is not zero, and it agrees with finite
+ *     differences, for both routers, dropless and with a capacity;
  *   - the aux loss is alpha under uniform routing, and more when the
  *     routing is skewed; ties go to the lower expert index;
  *   - the sigmoid router's bias changes which experts are chosen, never the
  *     gate values, and moves by bias_rate x sign(mean - count);
  *   - capacity: no expert keeps more than ceil(k N factor / E) pairs; the
- *     pairs dropped are the lowest router probabilities (drop=probs) or the
- *     latest tokens (drop=position); a token every expert dropped leaves the
- *     block with its residual exactly;
+ *     pairs dropped are the lowest router probabilities (drop=probs), the
+ *     latest tokens (drop=position) or the latest in (slot, token) order
+ *     (drop=slot, GShard's); a token every expert dropped leaves the
+ *     block with its residual exactly; position and slot drop different
+ *     pairs where a token's second choice competes with another token's
+ *     first;
  *   - the pack of an MoE block round-trips (weights, moments, bias, counts),
  *     live-migration messages too, and a pack of the wrong kind is refused;
+ *   - an MoE block's slab is exactly its shared tensors, router and
+ *     experts (no dense MLP), every parameter gets a gradient, and a
+ *     migration moves that slab and its state, nothing more;
  *   - forward and backward give the same bits for 1 and 2 threads;
  *   - an expert shard (parallel.ep > 1) holds the whole block's weights
  *     of its experts, its sum of squares adds up to the whole block's,
@@ -35,15 +44,21 @@
 
 enum { B = 2, T = 8, N = B * T, C = 16, NH = 2, E = 4, K = 2, H = 24 };
 
-static struct gpt_shape moe_shape(int router, double capacity_factor, int drop, float aux,
-                                  float z)
+static struct gpt_shape moe_shape_k(int router, double capacity_factor, int drop, float aux,
+                                    float z, int k)
 {
     struct gpt_shape s = {.vocab = 32, .max_seq = T, .layers = 2, .heads = NH, .channels = C};
-    struct gpt_moe m = {.every = 1, .experts = E, .top_k = K, .hidden = H, .router = router,
+    struct gpt_moe m = {.every = 1, .experts = E, .top_k = k, .hidden = H, .router = router,
                         .drop = drop, .capacity_factor = (float)capacity_factor,
                         .aux_loss = aux, .z_loss = z, .bias_rate = 0.0f};
     s.moe = m;
     return s;
+}
+
+static struct gpt_shape moe_shape(int router, double capacity_factor, int drop, float aux,
+                                  float z)
+{
+    return moe_shape_k(router, capacity_factor, drop, aux, z, K);
 }
 
 /* A block whose weights are far from trivial: every parameter N(0, 0.3)
@@ -103,7 +118,8 @@ static double objective(struct harness *h)
     return f + r.aux + r.z;
 }
 
-/* The routing of the last forward, to compare two forwards. */
+/* The routing of the last forward, to compare two forwards (k <= K;
+ * unused slots stay zero). */
 struct routing_copy {
     int choice[N * K], row[N * K];
 };
@@ -112,8 +128,10 @@ static void copy_routing(struct harness *h, struct routing_copy *c)
 {
     struct moe_routing r;
     moe_routing_of(&h->acts, &r);
-    memcpy(c->choice, r.choice, sizeof c->choice);
-    memcpy(c->row, r.row, sizeof c->row);
+    DM_ASSERT(r.k <= K);
+    memset(c, 0, sizeof *c);
+    memcpy(c->choice, r.choice, (size_t)N * r.k * sizeof(int));
+    memcpy(c->row, r.row, (size_t)N * r.k * sizeof(int));
 }
 
 /* Analytic gradients (block_backward into zeroed grads, din) against
@@ -227,6 +245,49 @@ static void test_finite_differences(void)
     }
 }
 
+/* Top-1 (Switch Transformer): the gate is the chosen expert's score
+ * itself, not 1 (renormalised over one expert), so the language-model
+ * loss reaches the router. For both routers (the sigmoid's gate is its
+ * raw score): the gate bits, a router gradient that is not zero and
+ * agrees with central differences (dropless and with a capacity), and
+ * the input's gradient through the gate. */
+static void test_top1(void)
+{
+    const double tol = 5e-3;
+    for (int router = 0; router < 2; router++) {
+        const char *kind = router ? "sigmoid" : "softmax";
+        char name[96];
+        for (int capacity = 0; capacity < 2; capacity++) {
+            struct gpt_shape s = moe_shape_k(router, capacity ? 0.5 : 0.0, MOE_DROP_PROBS,
+                                             0.0f, 0.0f, 1);
+            struct harness h;
+            harness_init(&h, &s, 16 + capacity);
+            objective(&h);
+            struct moe_routing r;
+            moe_routing_of(&h.acts, &r);
+            int gate_is_score = 1, dropped = 0;
+            for (int t = 0; t < N; t++) {
+                gate_is_score &= r.gate[t] == r.scores[t * E + r.choice[t]];
+                dropped += r.row[t] < 0;
+            }
+            printf("top-1 (%s, capacity factor %g, %d of %d tokens dropped): the gate is the "
+                   "chosen score: %s\n", kind, capacity ? 0.5 : 0.0, dropped, N,
+                   gate_is_score ? "yes" : "NO");
+            CHECK_MSG(gate_is_score, "top-1 (%s): a gate is not its expert's score", kind);
+            CHECK_MSG(!capacity || dropped > 0, "the top-1 capacity test drops nothing");
+            /* the router alone first: its gradient must not be zero */
+            snprintf(name, sizeof name, "%s top-1%s: router", kind, capacity ? " capacity" : "");
+            CHECK(fd_check(name, &h, router_offset(), E * C, 1, 0) < tol);
+            snprintf(name, sizeof name, "%s top-1%s: router and input", kind,
+                     capacity ? " capacity" : "");
+            CHECK(fd_check(name, &h, router_offset(), E * C, 1, 1) < tol);
+            snprintf(name, sizeof name, "%s top-1%s: experts", kind, capacity ? " capacity" : "");
+            CHECK(fd_check(name, &h, experts_offset(), 60, 37, 0) < tol);
+            harness_free(&h);
+        }
+    }
+}
+
 /* With a zero router every score is equal: P is uniform and the aux loss
  * is exactly alpha; every token chooses experts 0 and 1 (ties to the lower
  * index). A router that prefers one expert costs more. */
@@ -315,9 +376,11 @@ static void test_bias_selects_only(void)
 
 /* Capacity: the kept pairs of each expert, which ones drop, and the
  * residual of a token that every expert dropped. */
+static const char *const drop_names[] = {"probs", "position", "slot"};
+
 static void test_capacity(void)
 {
-    for (int drop = 0; drop < 2; drop++) {
+    for (int drop = 0; drop < 3; drop++) {
         struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.3, drop, 0.0f, 0.0f);
         struct harness h;
         harness_init(&h, &s, 41);
@@ -337,6 +400,7 @@ static void test_capacity(void)
             over |= kept > capacity;
             float min_kept = INFINITY, max_dropped = -INFINITY;
             int last_kept = -1, first_dropped = N;
+            int last_kept_slot = -1, first_dropped_slot = N * K;   /* j N + t */
             for (int t = 0; t < N; t++)
                 for (int j = 0; j < K; j++) {
                     if (r.choice[t * K + j] != e) continue;
@@ -345,14 +409,18 @@ static void test_capacity(void)
                     if (r.row[t * K + j] >= 0) {
                         min_kept = fminf(min_kept, p);
                         last_kept = t;
+                        if (j * N + t > last_kept_slot) last_kept_slot = j * N + t;
                     } else {
                         max_dropped = fmaxf(max_dropped, p);
                         if (t < first_dropped) first_dropped = t;
+                        if (j * N + t < first_dropped_slot) first_dropped_slot = j * N + t;
                     }
                 }
             CHECK(kept == (chosen < capacity ? chosen : capacity));
             if (drop == MOE_DROP_PROBS) ok_order &= max_dropped <= min_kept;
-            else ok_order &= first_dropped > last_kept || first_dropped == N;
+            else if (drop == MOE_DROP_POSITION)
+                ok_order &= first_dropped > last_kept || first_dropped == N;
+            else ok_order &= first_dropped_slot > last_kept_slot;
         }
         for (int t = 0; t < N; t++) {
             int kept = 0;
@@ -363,12 +431,84 @@ static void test_capacity(void)
         }
         printf("capacity %d (drop=%s): no expert over it: %s; the right pairs dropped: %s; %d "
                "tokens dropped by every expert keep their residual exactly: %s\n", capacity,
-               drop ? "position" : "probs", over ? "NO" : "yes", ok_order ? "yes" : "NO",
+               drop_names[drop], over ? "NO" : "yes", ok_order ? "yes" : "NO",
                all_dropped, exact ? "yes" : "NO");
         CHECK(!over && ok_order && exact);
         CHECK_MSG(all_dropped > 0, "no token was dropped by every expert: the test is empty");
         harness_free(&h);
     }
+}
+
+/* The two capacity orders by position: moe.drop = position places pairs
+ * by (token, slot), a token's pairs together; slot by (slot, token), every
+ * token's first choice before any second choice (GShard). Two tokens, two
+ * experts, top-2, capacity 1: token 0 prefers expert 0, token 1 expert 1,
+ * and each takes the other as its second choice. By position token 0
+ * takes both experts and token 1 is dropped whole; by slot each token
+ * keeps its first choice and both second choices drop. Then the same on
+ * the harness's 16 tokens of 4 experts: the orders drop different pairs. */
+static void test_capacity_orders(void)
+{
+    int choice[4] = {0, 1, 1, 0};    /* (token, slot) */
+    int kept[2][4];
+    for (int order = 0; order < 2; order++) {
+        int drop = order ? MOE_DROP_SLOT : MOE_DROP_POSITION;
+        struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.5, drop, 0.0f, 0.0f);
+        s.moe.experts = 2;
+        struct block blk;
+        block_init(&blk, 1, &s, 3);
+        struct block_acts acts;
+        block_acts_alloc(&acts, 1, 2, C, NH);
+        float in[2 * C], out[2 * C];
+        for (int i = 0; i < 2 * C; i++) in[i] = dm_normal(5, 6, (uint64_t)i);
+        /* router weights from successive seeds until the routing is the
+         * one wanted */
+        int found = 0;
+        for (uint64_t seed = 0; seed < 200 && !found; seed++) {
+            for (int i = 0; i < 2 * C; i++) blk.moe->router_w[i] = dm_normal(seed, 8, i);
+            block_forward(&blk, &acts, out, in, 1, 2);
+            struct moe_routing r;
+            moe_routing_of(&acts, &r);
+            found = !memcmp(r.choice, choice, sizeof choice);
+        }
+        CHECK_MSG(found, "no router found that routes token 0 to 0, 1 and token 1 to 1, 0");
+        struct moe_routing r;
+        moe_routing_of(&acts, &r);
+        CHECK(r.capacity == 1);
+        for (int p = 0; p < 4; p++) kept[order][p] = r.row[p] >= 0;
+        block_acts_free(&acts);
+        block_free(&blk);
+    }
+    int want_position[4] = {1, 1, 0, 0}, want_slot[4] = {1, 0, 1, 0};
+    printf("capacity 1, token 0 -> experts 0, 1 and token 1 -> 1, 0: kept (t0 s0, t0 s1, t1 s0, "
+           "t1 s1) by position %d %d %d %d, by slot %d %d %d %d\n", kept[0][0], kept[0][1],
+           kept[0][2], kept[0][3], kept[1][0], kept[1][1], kept[1][2], kept[1][3]);
+    CHECK_MSG(!memcmp(kept[0], want_position, sizeof want_position),
+              "drop=position: token 0 should keep both experts and token 1 none");
+    CHECK_MSG(!memcmp(kept[1], want_slot, sizeof want_slot),
+              "drop=slot: each token should keep its first choice only");
+
+    int rows[2][N * K], differ = 0, dropped[2] = {0, 0};
+    for (int order = 0; order < 2; order++) {
+        struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.3,
+                                       order ? MOE_DROP_SLOT : MOE_DROP_POSITION, 0.0f, 0.0f);
+        struct harness h;
+        harness_init(&h, &s, 42);
+        objective(&h);
+        struct moe_routing r;
+        moe_routing_of(&h.acts, &r);
+        for (int p = 0; p < N * K; p++) {
+            rows[order][p] = r.row[p] >= 0;
+            dropped[order] += r.row[p] < 0;
+        }
+        harness_free(&h);
+    }
+    for (int p = 0; p < N * K; p++) differ += rows[0][p] != rows[1][p];
+    printf("capacity %d of %d tokens x top-%d: %d pairs dropped by position, %d by slot, %d pairs "
+           "kept by one order and dropped by the other\n", (int)ceil(K * N * 0.3 / E), N, K,
+           dropped[0], dropped[1], differ);
+    CHECK(dropped[0] == dropped[1]);
+    CHECK_MSG(differ > 0, "position and slot dropped the same pairs: the test is empty");
 }
 
 /* Packs of an MoE block: round trip, migration messages, refusals. */
@@ -443,6 +583,49 @@ static void test_pack(void)
     free(buf);
     free(again);
     block_free(&blk);
+}
+
+/* An MoE block holds what it computes with and nothing else: its tensors
+ * (the eight shared ones, the router, each expert's four) tile its slab
+ * exactly, with no dense fc or fcproj among them; one forward and backward
+ * give every one of its parameters a gradient; and what a migration moves
+ * (the header and MoE state, then params, m and v straight from the slab)
+ * is that slab, so an MoE block costs 3 x 4 bytes per parameter it uses. */
+static void test_slab_holds_what_it_computes(void)
+{
+    struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.0, MOE_DROP_PROBS, 0.01f, 0.001f);
+    struct harness h;
+    harness_init(&h, &s, 61);
+    struct block *blk = &h.blk;
+    size_t shared = block_tensor_offset(C, BP_FC_W), experts = (size_t)E * (2 * H * C + H + C);
+    size_t at = 0;
+    int tiled = 1;
+    for (int k = 0; k < block_tensor_count(blk); k++) {
+        size_t offset, size;
+        block_tensor_at(blk, k, &offset, &size);
+        tiled &= offset == at;
+        at += size;
+    }
+    CHECK_MSG(tiled && at == blk->nparams, "the tensors do not tile the slab (%zu of %zu)", at,
+              blk->nparams);
+    CHECK(blk->nparams == shared + (size_t)E * C + experts);
+    CHECK(block_tensor_count(blk) == BP_FC_W + 1 + 4 * E);
+    memset(blk->grads, 0, blk->nparams * sizeof(float));
+    block_forward(blk, &h.acts, h.out, h.in, B, T);
+    block_backward(blk, &h.acts, &h.scratch, h.din, h.dout, h.in, B, T);
+    size_t unused = 0;
+    for (size_t i = 0; i < blk->nparams; i++) unused += blk->grads[i] == 0.0f;
+    /* the header, the MoE state (docs/block-slab.md: 8 + 4 E bytes padded
+     * to 8, + 16 E), then params, m, v */
+    size_t moved = block_meta_size(blk) + 3 * blk->nparams * sizeof(float);
+    printf("an MoE block of C %d, E %d, H %d: %zu parameters (shared %zu, router %d, experts "
+           "%zu; a dense block has %zu), %zu without a gradient after one step; a migration "
+           "moves %zu bytes, its pack is %zu\n", C, E, H, blk->nparams, shared, E * C, experts,
+           block_param_count(C), unused, moved, block_pack_size(blk));
+    CHECK_MSG(unused == 0, "%zu of the block's parameters got no gradient", unused);
+    CHECK(moved == block_pack_size(blk) &&
+          moved == 64 + (8 + 16 + 16 * E) + 12 * (shared + (size_t)E * C + experts));
+    harness_free(&h);
 }
 
 /* Forward and backward bits for 1 and 2 threads. */
@@ -622,10 +805,13 @@ int main(void)
 {
     dm_threads_init(2);
     test_finite_differences();
+    test_top1();
     test_aux_uniform();
     test_bias_selects_only();
     test_capacity();
+    test_capacity_orders();
     test_pack();
+    test_slab_holds_what_it_computes();
     test_thread_count();
     test_exchange_seam();
     test_shard();

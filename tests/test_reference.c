@@ -12,9 +12,11 @@
  * $DYNMO_FIXTURE, else at tests/reference/fixture_tiny.bin under the current
  * directory or under any directory above this executable.
  *
- * tests/reference/make_moe_fixture.py writes three MoE fixtures (version 2,
- * "DMREF002": top-2 of 4 experts; softmax dropless, softmax with capacity,
- * sigmoid with the selection bias and capacity), found beside the dense one.
+ * tests/reference/make_moe_fixture.py writes six MoE fixtures (version 2,
+ * "DMREF002", 4 experts: top-2 softmax dropless, softmax with capacity,
+ * sigmoid with the selection bias and capacity, softmax with capacity and
+ * GShard's drop order (drop=slot); top-1 softmax with capacity and top-1
+ * sigmoid, whose gate is the chosen score), found beside the dense one.
  * For them the test also compares the balancing losses (aux + z), each MoE
  * block's routing (choices and dropped pairs) of the first forward, the ten
  * training losses with and without the balancing losses (1e-5 relative)
@@ -45,6 +47,7 @@
 #define MAX_ARRAYS 16
 static const char *const moe_fixtures[] = {
     "fixture_moe.bin", "fixture_moe_capacity.bin", "fixture_moe_sigmoid.bin",
+    "fixture_moe_top1.bin", "fixture_moe_top1_sigmoid.bin", "fixture_moe_slot.bin",
     "fixture_mod_model.bin", "fixture_hash_model.bin",
 };
 
@@ -382,6 +385,12 @@ static void check_mod_hash(const struct fixture *fx, const struct gpt *model,
     }
 }
 
+/* moe.drop of a fixture's drop field. */
+static const char *drop_name(int drop)
+{
+    return drop == 2 ? "slot" : drop == 1 ? "position" : "probs";
+}
+
 /* Checks dynmo against one fixture; returns 0 (failures are counted by
  * the CHECK macros). */
 static int run_fixture(const char *path)
@@ -399,7 +408,7 @@ static int run_fixture(const char *path)
         printf("  MoE: every %d, %d experts, top-%d, hidden %d, %s router, capacity factor %g "
                "(drop %s), aux %g, z %g, bias rate %g\n", fx.moe_every, fx.experts, fx.top_k,
                fx.expert_hidden, fx.router ? "sigmoid" : "softmax", fx.capacity_factor,
-               fx.drop ? "position" : "probs", fx.aux_loss, fx.z_loss, fx.bias_rate);
+               drop_name(fx.drop), fx.aux_loss, fx.z_loss, fx.bias_rate);
 
     struct dm_config cfg;
     config_defaults(&cfg);
@@ -426,7 +435,7 @@ static int run_fixture(const char *path)
         cfg.top_k = fx.top_k;
         cfg.expert_hidden = fx.expert_hidden;
         snprintf(cfg.moe_router, sizeof cfg.moe_router, "%s", fx.router ? "sigmoid" : "softmax");
-        snprintf(cfg.moe_drop, sizeof cfg.moe_drop, "%s", fx.drop ? "position" : "probs");
+        snprintf(cfg.moe_drop, sizeof cfg.moe_drop, "%s", drop_name(fx.drop));
         cfg.capacity_factor = fx.capacity_factor;
         cfg.aux_loss = fx.aux_loss;
         cfg.z_loss = fx.z_loss;

@@ -28,8 +28,11 @@ extern "C" {
 #endif
 
 /* Raised whenever struct dm_backend changes: a plugin built against
- * another layout is refused, never called. */
-#define DM_BACKEND_ABI 13
+ * another layout is refused, never called. Raised too when an op's
+ * arithmetic changes under the same layout, so that a plugin left over
+ * from an older build is refused rather than computing the old thing
+ * (14: MoE's top-1 gate is the chosen score, no longer 1). */
+#define DM_BACKEND_ABI 14
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -226,8 +229,9 @@ struct dm_backend {
      * is set), lse (N) the logits' log-sum-exp, choice (N, k) the top-k
      * experts best first by score (+ bias[e], (E), for the sigmoid router;
      * bias is unread, and may be NULL, for softmax; ties to the lower
-     * index), choice_score (N, k) their scores, gate (N, k) those scores
-     * renormalised over the chosen (1/k when they sum to 0). route sums:
+     * index), choice_score (N, k) their scores, gate (N, k): for k = 1
+     * the chosen score itself, for k >= 2 the chosen scores renormalised
+     * over the chosen (1/k when they sum to 0). route sums:
      * sums (E + 1 doubles) = per expert the sum over the tokens in order
      * of its normalised score (the softmax probability, or the sigmoid
      * score over the token's score sum), then the sum of lse^2 (one

@@ -285,8 +285,9 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
 
 /* ---- checkpoints --------------------------------------------------------
  * The format is checkpoint_schema/README.md (prose) and
- * checkpoint_schema/v1.def, or v2.def for a model with mixture-of-experts
- * blocks (the machine-readable lines that the writer, the loader and
+ * checkpoint_schema/v1.def, or v3.def for a model with mixture-of-experts
+ * blocks (v2.def, what an older dynmo wrote for one, is still read; the
+ * machine-readable lines that the writer, the loader and
  * `dynmo check-ckpt` all follow); docs/checkpoints.md shows it
  * with h5dump and h5py and explains atomicity and resume.
  *
@@ -298,7 +299,11 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
  * directory around them (names, keep, latest, the resume scan,
  * next_world) is src/ckpt/ckpt_dir.c's, which never calls HDF5. */
 #define CHECKPOINT_SCHEMA_VERSION 1       /* a dense model's checkpoint */
-#define CHECKPOINT_SCHEMA_VERSION_MOE 2   /* one with mixture-of-experts blocks */
+#define CHECKPOINT_SCHEMA_VERSION_MOE 3   /* one with mixture-of-experts blocks */
+/* What dynmo wrote for an MoE model before version 3 (an MoE block's
+ * shared tensors zero-padded to a dense block's /blocks row): read, never
+ * written. */
+#define CHECKPOINT_SCHEMA_VERSION_MOE_PADDED 2
 #define CHECKPOINT_LATEST_NAME "latest"
 
 /* Everything a checkpoint holds besides the model's tensors.
@@ -346,7 +351,7 @@ struct ckpt_meta {
     /* Filled by load and ckpt_read_info only: */
     struct gpt_shape shape; /* the model the checkpoint holds (its moe: every,
                                experts, top_k and hidden; zero when dense) */
-    int moe_blocks, experts;/* schema version 2: the MoE blocks' state, per MoE
+    int moe_blocks, experts;/* schema version 2 or 3: the MoE blocks' state, per MoE
                                block j (layer order) and expert e at j * experts + e:
                                the selection bias and the last step's routed and
                                dropped token-expert pairs (NULL when dense; each

@@ -274,7 +274,9 @@ struct dm_config {
     /* [moe] (docs/moe.md) */
     char moe_router[16];    /* "softmax" or "sigmoid" (scores with a selection bias) */
     double capacity_factor; /* 0: dropless; else capacity ceil(k T / E x factor) */
-    char moe_drop[16];      /* overflow dropped first: "probs" (lowest) or "position" (latest) */
+    char moe_drop[16];      /* which pairs a full expert keeps: "probs" (highest scores),
+                               "position" (by token, then slot) or "slot" (by slot, then
+                               token: GShard's) */
     double aux_loss;        /* alpha of the Switch/GShard balancing loss */
     double z_loss;          /* beta of the router z-loss */
     double bias_rate;       /* gamma of the auxiliary-loss-free bias update (sigmoid router) */

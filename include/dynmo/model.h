@@ -26,7 +26,11 @@ struct mod_acts;
  * their MLP by E expert MLPs and a linear router, and how tokens are
  * routed. All zero for a dense model (every == 0). */
 enum { MOE_ROUTER_SOFTMAX = 0, MOE_ROUTER_SIGMOID = 1 };
-enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1 };
+/* Which pairs a full expert keeps (docs/moe.md, Capacity): probs the
+ * highest scores; position by (token, slot), so a token's pairs together;
+ * slot by (slot, token), every token's first choice before any second
+ * choice (GShard). */
+enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1, MOE_DROP_SLOT = 2 };
 struct gpt_moe {
     int every;              /* 0: none; block l is an MoE block when (l + 1) % every == 0 */
     int experts, top_k;     /* E, k */
@@ -75,6 +79,9 @@ int gpt_block_is_moe(const struct gpt_shape *shape, int index);
  * (0 for the first MoE block in layer order), or -1 for a dense block. */
 int gpt_moe_block_count(const struct gpt_shape *shape);
 int gpt_moe_ordinal(const struct gpt_shape *shape, int index);
+/* The ordinal of block `index` among the blocks that are not MoE blocks
+ * (its /mlp row in a checkpoint), or -1 for an MoE block. */
+int gpt_moe_dense_ordinal(const struct gpt_shape *shape, int index);
 /* Parameters of block `index`: block_param_count(C) for a dense block,
  * moe_block_param_count for an MoE block. Blocks differ in size; ask this
  * (or blk->nparams), never assume block_param_count for every block. */
@@ -664,11 +671,11 @@ void block_moe_update_bias(struct block *blk, const double *tokens);
 
 /* What routing decided for the tokens of an MoE block's last forward (for
  * tests and tools): per token t and slot j < k (best first) the chosen
- * expert choice[t k + j], its gate weight gate[t k + j] (renormalised over
- * the chosen experts; a dropped pair keeps its gate but contributes
- * nothing) and row[t k + j], the pair's row among the expert inputs
- * grouped by expert (-1: dropped by the expert's capacity); offset[e] ..
- * offset[e + 1] are expert e's rows; the
+ * expert choice[t k + j], its gate weight gate[t k + j] (the chosen score
+ * for k = 1, renormalised over the chosen experts for k >= 2; a dropped
+ * pair keeps its gate but contributes nothing) and row[t k + j], the
+ * pair's row among the expert inputs grouped by expert (-1: dropped by the
+ * expert's capacity); offset[e] .. offset[e + 1] are expert e's rows; the
  * router's scores (N, E) (softmax probabilities or sigmoid scores, before
  * the bias), and the micro-batch's aux and z-loss values. Arrays belong to
  * acts and stay valid until its next forward. */

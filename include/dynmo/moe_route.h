@@ -16,7 +16,11 @@
  * sigmoid scores), *lse (the log-sum-exp), the top-k choice by score (+
  * bias for the sigmoid router; a strict > over ascending experts gives
  * ties to the lower index), each chosen expert's score, and the gates
- * (the unbiased chosen scores renormalised; 1/k when they sum to 0). */
+ * from the unbiased scores: for k = 1 the chosen score itself (Switch
+ * Transformer's gate: renormalised over one expert it would be 1, and the
+ * router would get no gradient from the loss); for k >= 2 the chosen
+ * scores renormalised over the chosen (GShard, Mixtral; 1/k when they sum
+ * to 0). */
 DM_SHARED_FN void moe_route_token(float *s, float *lse, int *chosen, float *choice_score,
                                  float *gate, const float *z, const float *bias, int E, int k,
                                  int sigmoid)
@@ -45,6 +49,10 @@ DM_SHARED_FN void moe_route_token(float *s, float *lse, int *chosen, float *choi
         chosen[j] = best;
         choice_score[j] = s[best];
     }
+    if (k == 1) {
+        gate[0] = s[chosen[0]];
+        return;
+    }
     double denom = 0.0;
     for (int j = 0; j < k; j++) denom += s[chosen[j]];
     for (int j = 0; j < k; j++)
@@ -52,11 +60,16 @@ DM_SHARED_FN void moe_route_token(float *s, float *lse, int *chosen, float *choi
 }
 
 /* The scores' gradient ds (E, into dz) of one token through its gates:
- * gates g_j = s_j / sum_S s, so ds_i = (dg_i - sum_j dg_j g_j) / sum_S s. */
+ * for k = 1 g = s_chosen, so ds_chosen = dg; for k >= 2 g_j = s_j /
+ * sum_S s, so ds_i = (dg_i - sum_j dg_j g_j) / sum_S s. */
 DM_SHARED_FN void moe_route_dgates(float *dz, const float *s, const int *chosen, const float *gate,
                                   const float *dg, int E, int k)
 {
     for (int e = 0; e < E; e++) dz[e] = 0.0f;
+    if (k == 1) {
+        dz[chosen[0]] = dg[0];
+        return;
+    }
     double denom = 0.0, dot = 0.0;
     for (int j = 0; j < k; j++) {
         denom += s[chosen[j]];

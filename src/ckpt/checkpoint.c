@@ -1,8 +1,8 @@
 /* The checkpoint writer: ckpt_save, all ranks at once through parallel
  * HDF5 over MPI-IO. Loading is ckpt_load.c's.
  *
- * The file layout is checkpoint_schema/v1.def, or v2.def for a model with
- * mixture-of-experts blocks (ckpt_schema_for), with the lines of the
+ * The file layout is checkpoint_schema/v1.def, or v3.def for a model with
+ * mixture-of-experts blocks (ckpt_schema_for; v2.def is only read), with the lines of the
  * extension dyn.def when the scheme's own state is saved (meta->dyn_state,
  * ckpt_dyn.c); this file creates exactly the groups and datasets listed there (ckpt_file.c checks them the same
  * way). The directory around the file is ckpt_dir.c's: the names, the
@@ -167,7 +167,8 @@ static int dataset_geometry(const struct schema_dataset *d, const struct ckpt_di
     }
     hsize_t rows = target / col_chunk;
     int per_block = !strcmp(d->dims[0], "layers") || !strcmp(d->dims[0], "moe_layers") ||
-                    !strcmp(d->dims[0], "expert_rows") || !strcmp(d->dims[0], "mod_layers");
+                    !strcmp(d->dims[0], "expert_rows") || !strcmp(d->dims[0], "mod_layers") ||
+                    !strcmp(d->dims[0], "dense_layers");
     if (per_block || rows < 1) rows = 1;
     if (rows > extent[0]) rows = extent[0];
     chunk[0] = rows;
@@ -218,7 +219,7 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
     write_integer_attr(group, "heads", SCHEMA_TYPE_INT64, shape->heads);
     write_integer_attr(group, "channels", SCHEMA_TYPE_INT64, shape->channels);
     write_integer_attr(group, "block_params", SCHEMA_TYPE_INT64, dims->block_params);
-    if (schema->version == CHECKPOINT_SCHEMA_VERSION_MOE) {
+    if (ckpt_version_has_moe(schema->version)) {
         write_integer_attr(group, "moe_every", SCHEMA_TYPE_INT64, shape->moe.every);
         write_integer_attr(group, "experts", SCHEMA_TYPE_INT64, shape->moe.experts);
         write_integer_attr(group, "top_k", SCHEMA_TYPE_INT64, shape->moe.top_k);
@@ -267,6 +268,7 @@ static void create_skeleton(const char *tmp, const struct gpt_shape *shape,
     unsigned long long allocated = 0;
     ckpt_skeleton_discard_raw(file, 1);
     for (int i = 0; i < schema->dataset_count; i++) {
+        if (!ckpt_dataset_present(&schema->datasets[i], dims)) continue;   /* no rows */
         hid_t dataset = create_dataset(file, &schema->datasets[i], dims);
         allocated += H5Dget_storage_size(dataset);
         DM_H5(H5Dclose(dataset));
@@ -457,11 +459,29 @@ static int writes_experts(const struct gpt *model, int dp_rank)
     return moe->shard_count ? dp_rank < moe->experts / moe->shard_count : dp_rank == 0;
 }
 
-/* An MoE block (schema version 2): with shared set, its shared tensors
- * zero-padded in /blocks, its router's row and its state's rows; with
- * experts set, the rows of the experts it holds. */
+/* A block of a model with MoE blocks (schema version 3): its shared
+ * tensors (ln1_w .. ln2_b) as its /blocks row, and a dense block's MLP
+ * (fc_w .. fcproj_b, the floats after them) as its /mlp row: no padding. */
+static void write_split_rows(const struct chunk_writer *w, const struct gpt *model,
+                             const struct block *blk)
+{
+    size_t shared = moe_shared_param_count(blk->C);
+    int dense = gpt_moe_dense_ordinal(&model->shape, blk->index);
+    const float *bases[3] = {blk->params, blk->m, blk->v};
+    const char *kinds[3] = {"params", "adam_m", "adam_v"};
+    for (int k = 0; k < 3; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
+        write_rows(w, name, (hsize_t)blk->index, 1, bases[k]);   /* its first `shared` */
+        snprintf(name, sizeof name, "/mlp/%s", kinds[k]);
+        if (dense >= 0) write_rows(w, name, (hsize_t)dense, 1, bases[k] + shared);
+    }
+}
+
+/* An MoE block's rows of /moe: with whole set, its router's row and its
+ * state's rows; with experts set, the rows of the experts it holds. */
 static void write_moe_block(const struct chunk_writer *w, const struct gpt *model,
-                            const struct block *blk, int shared_part, int experts)
+                            const struct block *blk, int whole, int experts)
 {
     const struct block_moe *moe = blk->moe;
     const struct gpt_shape *shape = &model->shape;
@@ -469,28 +489,22 @@ static void write_moe_block(const struct chunk_writer *w, const struct gpt *mode
     hsize_t j = (hsize_t)gpt_moe_ordinal(shape, blk->index);
     hsize_t first = (hsize_t)moe->cfg.shard_first, owned = (hsize_t)moe_owned_experts(&moe->cfg);
     size_t shared = moe_shared_param_count(C), router = (size_t)E * C;
-    size_t row_floats = (size_t)w->dims->block_params;
-    float *row = dm_alloc(row_floats * sizeof(float));   /* zero past the shared part */
     const float *bases[3] = {blk->params, blk->m, blk->v};
     const char *kinds[3] = {"params", "adam_m", "adam_v"};
     for (int k = 0; k < 3; k++) {
         char name[64];
-        if (shared_part) {
-            memcpy(row, bases[k], shared * sizeof(float));
-            snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
-            write_rows(w, name, (hsize_t)blk->index, 1, row);
+        if (whole) {
             snprintf(name, sizeof name, "/moe/router/%s", kinds[k]);
             write_rows(w, name, j, 1, bases[k] + shared);
         }
         snprintf(name, sizeof name, "/moe/experts/%s", kinds[k]);
         if (experts) write_rows(w, name, j * (hsize_t)E + first, owned, bases[k] + shared + router);
     }
-    if (shared_part) {
+    if (whole) {
         write_rows(w, "/moe/state/bias", j, 1, moe->bias);
         write_rows(w, "/moe/state/tokens", j, 1, moe->tokens);
         write_rows(w, "/moe/state/dropped", j, 1, moe->dropped);
     }
-    dm_free(row);
 }
 
 /* A MoD block (checkpoint_schema/mod.def): its router and predictor, the
@@ -507,12 +521,14 @@ static void write_mod_block(const struct chunk_writer *w, const struct gpt *mode
 
 /* A block's rows from its host copy view: the whole block by replica 0
  * of its stage (whole), the rows of the experts it holds by an expert
- * holder (experts). */
+ * holder (experts). A model with MoE blocks splits every block's rows
+ * (version 3); a dense model's block is one /blocks row (version 1). */
 static void write_block(const struct chunk_writer *w, const struct gpt *model,
                         const struct block *view, int whole, int experts)
 {
-    if (view->moe) {
-        write_moe_block(w, model, view, whole, experts);
+    if (ckpt_version_has_moe(w->schema->version)) {
+        if (whole) write_split_rows(w, model, view);
+        if (view->moe) write_moe_block(w, model, view, whole, experts);
     } else if (whole) {
         write_rows(w, "/blocks/params", (hsize_t)view->index, 1, view->params);
         write_rows(w, "/blocks/adam_m", (hsize_t)view->index, 1, view->m);
@@ -622,7 +638,9 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
      * until the collective close below. */
     hid_t *datasets = dm_alloc((size_t)schema->dataset_count * sizeof(hid_t));
     for (int i = 0; i < schema->dataset_count; i++)
-        datasets[i] = DM_H5(H5Dopen2(file, schema->datasets[i].path, H5P_DEFAULT));
+        datasets[i] = ckpt_dataset_present(&schema->datasets[i], &dims)
+                          ? DM_H5(H5Dopen2(file, schema->datasets[i].path, H5P_DEFAULT))
+                          : -1;
 
     /* Replica 0 of each stage writes that stage's tensors (the holders of
      * split experts their own experts' rows). */
@@ -636,7 +654,8 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
     if (w.writeback_fd >= 0) close(w.writeback_fd);
     dm_free(sparsity);
     dm_free(w.chunk_buffer);
-    for (int i = 0; i < schema->dataset_count; i++) DM_H5(H5Dclose(datasets[i]));
+    for (int i = 0; i < schema->dataset_count; i++)
+        if (datasets[i] >= 0) DM_H5(H5Dclose(datasets[i]));
     dm_free(datasets);
 
     /* Last, the completion attribute: a file without it never finished.

@@ -45,9 +45,11 @@ static const struct schema_dataset dyn_datasets[] = {
 
 #define COUNT(array) ((int)(sizeof array / sizeof array[0]))
 
-/* Room for a base schema's entries plus dyn.def's (v2 has 31 datasets). */
+/* Room for a base schema's entries plus dyn.def's (v3 has 34 datasets),
+ * and for every base: v1, v2, v3, each alone or with model-keys.def (and
+ * mod.def). */
 #define MERGED_ENTRIES 128
-#define MERGED_SCHEMAS 8
+#define MERGED_SCHEMAS 12
 
 /* One extended schema per base, made on first use and kept. */
 struct merged_schema {

@@ -1,6 +1,7 @@
 /* The checkpoint file as data: the schema tables compiled in from
- * checkpoint_schema/v1.def (a dense model) and v2.def (with mixture-of-
- * experts blocks), the structural check of an open file against
+ * checkpoint_schema/v1.def (a dense model), v3.def (with mixture-of-
+ * experts blocks) and v2.def (MoE blocks as an older dynmo wrote them:
+ * read, never written), the structural check of an open file against
  * them (and the extension dyn.def where the file has /dyn, ckpt_dyn.c),
  * and the serial readers of metadata and rows that the loader, the
  * checker and inspect share.
@@ -19,7 +20,7 @@
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
 
-/* ---- the schemas, compiled in from checkpoint_schema/v1.def and v2.def ---- */
+/* ---- the schemas, compiled in from checkpoint_schema/v1.def, v2.def, v3.def ---- */
 
 #define SCHEMA_FILE "../../checkpoint_schema/v1.def"
 #define SCHEMA_NAME ckpt_schema_v1
@@ -31,22 +32,36 @@
 #include "ckpt/schema_tables.h"
 #undef SCHEMA_FILE
 #undef SCHEMA_NAME
+#define SCHEMA_FILE "../../checkpoint_schema/v3.def"
+#define SCHEMA_NAME ckpt_schema_v3
+#include "ckpt/schema_tables.h"
+#undef SCHEMA_FILE
+#undef SCHEMA_NAME
 _Static_assert(ckpt_schema_v1_number == CHECKPOINT_SCHEMA_VERSION,
                "checkpoint_schema/v1.def and CHECKPOINT_SCHEMA_VERSION disagree");
-_Static_assert(ckpt_schema_v2_number == CHECKPOINT_SCHEMA_VERSION_MOE,
-               "checkpoint_schema/v2.def and CHECKPOINT_SCHEMA_VERSION_MOE disagree");
+_Static_assert(ckpt_schema_v2_number == CHECKPOINT_SCHEMA_VERSION_MOE_PADDED,
+               "checkpoint_schema/v2.def and CHECKPOINT_SCHEMA_VERSION_MOE_PADDED disagree");
+_Static_assert(ckpt_schema_v3_number == CHECKPOINT_SCHEMA_VERSION_MOE,
+               "checkpoint_schema/v3.def and CHECKPOINT_SCHEMA_VERSION_MOE disagree");
 
 const struct ckpt_schema *ckpt_schema_of_version(long version)
 {
     if (version == ckpt_schema_v1.version) return &ckpt_schema_v1;
     if (version == ckpt_schema_v2.version) return &ckpt_schema_v2;
+    if (version == ckpt_schema_v3.version) return &ckpt_schema_v3;
     return NULL;
+}
+
+int ckpt_version_has_moe(long version)
+{
+    return version == CHECKPOINT_SCHEMA_VERSION_MOE ||
+           version == CHECKPOINT_SCHEMA_VERSION_MOE_PADDED;
 }
 
 const struct ckpt_schema *ckpt_schema_for(const struct gpt_shape *shape)
 {
     const struct ckpt_schema *base =
-        gpt_moe_block_count(shape) > 0 ? &ckpt_schema_v2 : &ckpt_schema_v1;
+        gpt_moe_block_count(shape) > 0 ? &ckpt_schema_v3 : &ckpt_schema_v1;
     if (!ckpt_shape_has_model_keys(shape)) return base;
     return ckpt_schema_extended(base, gpt_mod_block_count(shape) > 0);
 }
@@ -105,6 +120,9 @@ long ckpt_dim(const struct ckpt_dims *dims, const char *name)
     if (!strcmp(name, "router_params")) return dims->router_params;
     if (!strcmp(name, "expert_rows")) return dims->expert_rows;
     if (!strcmp(name, "expert_params")) return dims->expert_params;
+    if (!strcmp(name, "shared_params")) return dims->shared_params;
+    if (!strcmp(name, "dense_layers")) return dims->dense_layers;
+    if (!strcmp(name, "mlp_params")) return dims->mlp_params;
     if (!strcmp(name, "mod_layers")) return dims->mod_layers;
     if (!strcmp(name, "mod_params")) return dims->mod_params;
     if (!strcmp(name, "dyn_state")) return dims->dyn_state;
@@ -122,6 +140,7 @@ void ckpt_dims_of_shape(struct ckpt_dims *dims, const struct gpt_shape *shape)
     dims->pp = dims->dp = dims->history = -1;
     dims->moe_layers = dims->experts = dims->router_params = -1;
     dims->expert_rows = dims->expert_params = -1;
+    dims->shared_params = dims->dense_layers = dims->mlp_params = -1;
     dims->dyn_state = -1;
     int M = gpt_moe_block_count(shape);
     if (M > 0) {
@@ -130,6 +149,9 @@ void ckpt_dims_of_shape(struct ckpt_dims *dims, const struct gpt_shape *shape)
         dims->router_params = (long)shape->moe.experts * shape->channels;
         dims->expert_rows = (long)M * shape->moe.experts;
         dims->expert_params = (long)moe_expert_param_count(shape->channels, shape->moe.hidden);
+        dims->shared_params = (long)moe_shared_param_count(shape->channels);
+        dims->dense_layers = shape->layers - M;
+        dims->mlp_params = (long)block_param_count(shape->channels) - dims->shared_params;
     }
     dims->mod_layers = dims->mod_params = -1;
     if (gpt_mod_block_count(shape) > 0) {
@@ -157,6 +179,12 @@ int ckpt_dataset_extent(const struct schema_dataset *d, const struct ckpt_dims *
     }
     if (rank == 1) extent[1] = 1;
     return rank;
+}
+
+int ckpt_dataset_present(const struct schema_dataset *d, const struct ckpt_dims *dims)
+{
+    hsize_t extent[2];
+    return !(ckpt_dataset_extent(d, dims, extent) > 0 && extent[0] == 0);
 }
 
 void ckpt_problem(struct ckpt_problems *problems, const char *fmt, ...)
@@ -459,6 +487,12 @@ static void check_checksum_filter(hid_t dcpl, const char *path, struct ckpt_prob
 static void check_dataset(hid_t file, const struct schema_dataset *d,
                           const struct ckpt_dims *dims, struct ckpt_problems *problems)
 {
+    if (!ckpt_dataset_present(d, dims)) {   /* never written */
+        if (dm_h5_path_exists(file, d->path))
+            ckpt_problem(problems, "%s is in the file, but %s is 0 for this model (a dataset "
+                         "of no rows is not written)", d->path, d->dims[0]);
+        return;
+    }
     if (!dm_h5_path_exists(file, d->path)) {
         ckpt_problem(problems, "incomplete: dataset %s is missing", d->path);
         return;
@@ -614,8 +648,8 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     h->shape.channels = (int)d->channels;
     h->shape.heads = (int)h->heads;
     if (ckpt_check_model_keys(h, problems) != 0) return;
-    if (h->schema_version != CHECKPOINT_SCHEMA_VERSION_MOE) return;
-    /* version 2: the mixture-of-experts blocks and their dimensions */
+    if (!ckpt_version_has_moe(h->schema_version)) return;
+    /* version 2 or 3: the mixture-of-experts blocks and their dimensions */
     const struct gpt_moe *m = &h->shape.moe;
     if (d->layers < 1 || d->channels < 1 || d->channels > 1 << 20 || d->layers > 1 << 20 ||
         m->every < 1 || m->every > d->layers || m->experts < 1 || m->experts > 1 << 20 ||
@@ -625,11 +659,14 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
                      m->every, m->experts, m->top_k, m->hidden, d->layers);
         return;
     }
-    long block_params = d->block_params, pp = d->pp, dp = d->dp;
+    /* The MoE dimensions from the shape; what the file said is kept (the
+     * extension's /dyn/state length too: a frozen MoE model's checkpoint) */
+    long block_params = d->block_params, pp = d->pp, dp = d->dp, dyn_state = d->dyn_state;
     ckpt_dims_of_shape(d, &h->shape);
     d->block_params = block_params;
     d->pp = pp;
     d->dp = dp;
+    d->dyn_state = dyn_state;
 }
 
 /* Every dimension and value unknown until the file says. */
@@ -641,6 +678,7 @@ static void header_init(struct ckpt_header *header)
     dims->pp = dims->dp = dims->history = -1;
     dims->moe_layers = dims->experts = dims->router_params = -1;
     dims->expert_rows = dims->expert_params = -1;
+    dims->shared_params = dims->dense_layers = dims->mlp_params = -1;
     dims->mod_layers = dims->mod_params = -1;
     dims->dyn_state = -1;
     header->schema_version = header->batch = -1;
@@ -714,9 +752,10 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
     const struct ckpt_schema *schema = status == 0 ? ckpt_schema_of_version(value) : NULL;
     if (status == 0 && !schema)
         ckpt_problem(problems, "schema version %lld; this dynmo reads checkpoint schema "
-                     "version %d (a dense model) and %d (with mixture-of-experts blocks) "
-                     "only (use the dynmo that wrote it, or start a new run)",
-                     value, CHECKPOINT_SCHEMA_VERSION, CHECKPOINT_SCHEMA_VERSION_MOE);
+                     "version %d (a dense model), %d (with mixture-of-experts blocks) and "
+                     "%d (MoE blocks as an older dynmo wrote them) only (use the dynmo that "
+                     "wrote it, or start a new run)", value, CHECKPOINT_SCHEMA_VERSION,
+                     CHECKPOINT_SCHEMA_VERSION_MOE, CHECKPOINT_SCHEMA_VERSION_MOE_PADDED);
     if (!schema) return -1;
     const struct ckpt_schema *keyed = ckpt_schema_of_file(file, schema);   /* model-keys.def */
     header->model_keys = keyed != schema;
@@ -875,8 +914,9 @@ int ckpt_read_floats(hid_t file, const char *name, long row, size_t count, float
     }
     hsize_t start[2] = {(hsize_t)row, 0}, extent[2] = {1, (hsize_t)count};
     char what[48];
-    snprintf(what, sizeof what, strncmp(name, "/moe/", 5) && strncmp(name, "/mod/", 5)
-                                    ? " (layer %ld)" : " (row %ld)", row);
+    snprintf(what, sizeof what, strncmp(name, "/moe/", 5) && strncmp(name, "/mod/", 5) &&
+                                    strncmp(name, "/mlp/", 5) ? " (layer %ld)" : " (row %ld)",
+             row);
     if (read_row_chunks(file, name, (hsize_t)row, count, out) == 0) return 0;
     return read_slab(file, name, H5T_NATIVE_FLOAT, 2, start, extent, out, what, problems);
 }
@@ -917,7 +957,7 @@ static int layout_ok(const int *counts, long stages, long layers)
     return sum == layers;
 }
 
-/* Version 2: the MoE blocks' bias and last counts into meta, checked
+/* Version 2 or 3: the MoE blocks' bias and last counts into meta, checked
  * (bias finite, 0 <= dropped <= routed). Returns 0, or -1 after reporting. */
 static int read_moe_state(hid_t file, const struct ckpt_header *header,
                           struct ckpt_meta *meta, struct ckpt_problems *problems)
@@ -1074,7 +1114,7 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     if (read_meta_arrays(file, header, meta, problems) != 0) return -1;
     check_cursors(meta, header, problems);
     check_layouts(meta, d, problems);
-    if (header->schema_version == CHECKPOINT_SCHEMA_VERSION_MOE &&
+    if (ckpt_version_has_moe(header->schema_version) &&
         read_moe_state(file, header, meta, problems) != 0)
         return -1;
     if (header->dims.dyn_state > 0 && ckpt_dyn_read(file, header, meta, problems) != 0)
@@ -1129,6 +1169,7 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
         int per_layer = rank == 2 && !strcmp(d->dims[0], "layers");
         int per_row = rank == 2 && (!strcmp(d->dims[0], "moe_layers") ||
                                     !strcmp(d->dims[0], "expert_rows") ||
+                                    !strcmp(d->dims[0], "dense_layers") ||
                                     !strcmp(d->dims[0], "mod_layers"));
         if (per_row) rows_per = 1;
         if (per_layer) rows_per = 1;

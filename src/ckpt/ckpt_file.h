@@ -1,5 +1,6 @@
 /* The checkpoint file as the schema describes it (checkpoint_schema/v1.def,
- * and v2.def for a model with mixture-of-experts blocks; the extension
+ * and v3.def for a model with mixture-of-experts blocks, v2.def for one an
+ * older dynmo wrote; the extension
  * dyn.def for a scheme's own state, ckpt_dyn.c):
  * the compiled-in schema tables, the structural validation of an open
  * file, and the serial readers of its metadata and rows. Shared by the
@@ -46,8 +47,11 @@ struct ckpt_schema {
     const struct schema_dataset *datasets;
     int dataset_count;
 };
-/* Version 1 (a dense model) and version 2 (with mixture-of-experts blocks). */
-extern const struct ckpt_schema ckpt_schema_v1, ckpt_schema_v2;
+/* Version 1 (a dense model), version 3 (with mixture-of-experts blocks)
+ * and version 2 (with MoE blocks, as an older dynmo wrote it: read only). */
+extern const struct ckpt_schema ckpt_schema_v1, ckpt_schema_v2, ckpt_schema_v3;
+/* Whether a schema version has MoE blocks (2 or 3). */
+int ckpt_version_has_moe(long version);
 /* The schema of that version, or NULL for one this dynmo does not read. */
 const struct ckpt_schema *ckpt_schema_of_version(long version);
 /* The schema a checkpoint of this model is written in. */
@@ -65,8 +69,12 @@ size_t schema_type_size(enum schema_type type);
 /* Values of the named dimensions of one file. */
 struct ckpt_dims {
     long layers, block_params, vocab, max_seq, channels, pp, dp, history;
-    /* schema version 2 (MoE blocks); -1 in a version-1 file */
+    /* schema version 2 or 3 (MoE blocks); -1 in a version-1 file */
     long moe_layers, experts, router_params, expert_rows, expert_params;
+    /* schema version 3: the shared tensors' floats (a /blocks row), the
+     * dense blocks (/mlp rows, 0 with moe_every 1) and an MLP's floats;
+     * -1 otherwise */
+    long shared_params, dense_layers, mlp_params;
     /* with MoD blocks (checkpoint_schema/mod.def); -1 otherwise */
     long mod_layers, mod_params;
     long dyn_state;          /* extension dyn.def: /dyn/state's length; -1 without /dyn */
@@ -77,9 +85,13 @@ void ckpt_dims_of_shape(struct ckpt_dims *dims, const struct gpt_shape *shape);
 /* The value of dimension `name`, or -1 (unknown name, or not yet known). */
 long ckpt_dim(const struct ckpt_dims *dims, const char *name);
 /* Rank (1 or 2) and extents of a schema dataset under dims; -1 if a
- * dimension is unknown. */
+ * dimension is unknown. A dataset whose first extent is 0 is not in a
+ * file (v3.def: HDF5 cannot chunk an empty fixed-size dataset). */
 int ckpt_dataset_extent(const struct schema_dataset *d, const struct ckpt_dims *dims,
                         hsize_t extent[2]);
+/* Whether a file of these dimensions holds dataset d: every dataset but
+ * one whose first extent is 0. */
+int ckpt_dataset_present(const struct schema_dataset *d, const struct ckpt_dims *dims);
 
 /* Where problems go: the first one is kept as text, each one is also
  * handed to report (may be NULL), and the count grows. Messages are
@@ -199,8 +211,8 @@ void ckpt_dyn_write_attributes(hid_t file, const struct ckpt_meta *meta);
 uint32_t ckpt_fletcher32(const void *data, size_t bytes);
 
 /* ---- hash attention and mixture of depths in the checkpoint (ckpt_modhash.c) --
- * A model with either is written in its base schema (v1, or v2 with MoE
- * blocks) plus checkpoint_schema/model-keys.def (the /model keys) and, with
+ * A model with either is written in its base schema (v1, or v3 with MoE
+ * blocks; v2 is read) plus checkpoint_schema/model-keys.def (the /model keys) and, with
  * MoD blocks, mod.def (/mod: their router and predictor rows): the lines of
  * ckpt_schema_extended, the base's first. A dense model's schema is the
  * base alone. */

@@ -80,29 +80,59 @@ static int load_embedding_slab(hid_t file, struct gpt *model, float *staging,
     return status;
 }
 
-/* An MoE block (schema version 2): its shared tensors from its /blocks
- * row (the rest of the row is padding), its router's row and the rows of
- * the experts it holds (all, or its expert shard),
- * and its state from meta. Returns 0, or -1 after reporting. */
-static int read_moe_block(hid_t file, const struct ckpt_header *header,
-                          const struct ckpt_meta *meta, const struct gpt *model,
+/* The tensors every block has (ln1_w .. ln2_b) into the slab's front and,
+ * for a dense block, its MLP after them. Version 3 (a model with MoE
+ * blocks): the /blocks row holds the shared tensors alone, a dense block's
+ * MLP is its /mlp row. Version 2: the /blocks row is a dense block whole,
+ * or an MoE block's shared tensors padded with zeros to a dense block's
+ * width (the padding is read and dropped). Version 1: the /blocks row is
+ * the dense block. Returns 0, or -1 after reporting. */
+static int read_block_rows(hid_t file, const struct ckpt_header *header,
+                           const struct gpt *model, struct block *blk,
+                           struct ckpt_problems *problems)
+{
+    size_t dense = block_param_count(blk->C), shared = moe_shared_param_count(blk->C);
+    float *bases[3] = {blk->params, blk->m, blk->v};
+    const char *kinds[3] = {"params", "adam_m", "adam_v"};
+    int split = header->schema_version == CHECKPOINT_SCHEMA_VERSION_MOE;
+    float *row = blk->moe && !split ? dm_alloc(dense * sizeof(float)) : NULL;
+    int status = 0;
+    for (int k = 0; k < 3 && status == 0; k++) {
+        char name[64];
+        snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
+        if (split) {
+            status = ckpt_read_floats(file, name, blk->index, shared, bases[k], problems);
+            snprintf(name, sizeof name, "/mlp/%s", kinds[k]);
+            if (status == 0 && !blk->moe)
+                status = ckpt_read_floats(file, name,
+                                          gpt_moe_dense_ordinal(&model->shape, blk->index),
+                                          dense - shared, bases[k] + shared, problems);
+        } else if (blk->moe) {
+            status = ckpt_read_floats(file, name, blk->index, dense, row, problems);
+            if (status == 0) memcpy(bases[k], row, shared * sizeof(float));
+        } else {
+            status = ckpt_read_floats(file, name, blk->index, dense, bases[k], problems);
+        }
+    }
+    dm_free(row);
+    return status ? -1 : 0;
+}
+
+/* An MoE block's rows of /moe (schema version 2 or 3): its router's row
+ * and the rows of the experts it holds (all, or its expert shard), and its
+ * state from meta. Returns 0, or -1 after reporting. */
+static int read_moe_block(hid_t file, const struct ckpt_meta *meta, const struct gpt *model,
                           struct block *blk, struct ckpt_problems *problems)
 {
     struct block_moe *moe = blk->moe;
     int E = moe->cfg.experts, C = blk->C;
     long j = gpt_moe_ordinal(&model->shape, blk->index);
     size_t shared = moe_shared_param_count(C), router = (size_t)E * C;
-    size_t row_floats = (size_t)header->dims.block_params;
-    float *row = dm_alloc(row_floats * sizeof(float));
     float *bases[3] = {blk->params, blk->m, blk->v};
     const char *kinds[3] = {"params", "adam_m", "adam_v"};
     int status = 0;
     for (int k = 0; k < 3 && status == 0; k++) {
         char name[64];
-        snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
-        status = ckpt_read_floats(file, name, blk->index, row_floats, row, problems);
-        if (status) break;
-        memcpy(bases[k], row, shared * sizeof(float));
         snprintf(name, sizeof name, "/moe/router/%s", kinds[k]);
         status = ckpt_read_floats(file, name, j, router, bases[k] + shared, problems);
         snprintf(name, sizeof name, "/moe/experts/%s", kinds[k]);
@@ -112,7 +142,6 @@ static int read_moe_block(hid_t file, const struct ckpt_header *header,
                                       bases[k] + shared + router + (size_t)e * moe->expert_params,
                                       problems);
     }
-    dm_free(row);
     if (status) return -1;
     DM_ASSERT(meta->moe_bias && meta->experts == E && j < meta->moe_blocks);
     for (int e = 0; e < E; e++) {
@@ -142,17 +171,8 @@ static int load_block(hid_t file, const struct ckpt_header *header,
                       float *staging, struct ckpt_problems *problems)
 {
     struct block view = block_host_view(blk, staging, 0);
-    size_t nparams = block_param_count(blk->C);   /* a /blocks row: the dense tensors */
-    int status;
-    if (view.moe)
-        status = read_moe_block(file, header, meta, model, &view, problems);
-    else
-        status = ckpt_read_floats(file, "/blocks/params", view.index, nparams, view.params,
-                                  problems) ||
-                 ckpt_read_floats(file, "/blocks/adam_m", view.index, nparams, view.m,
-                                  problems) ||
-                 ckpt_read_floats(file, "/blocks/adam_v", view.index, nparams, view.v,
-                                  problems);
+    int status = read_block_rows(file, header, model, &view, problems);
+    if (status == 0 && view.moe) status = read_moe_block(file, meta, model, &view, problems);
     if (status == 0 && view.mod) status = read_mod_block(file, model, &view, problems);
     if (status == 0) {
         memset(view.grads, 0, view.nparams * sizeof(float));

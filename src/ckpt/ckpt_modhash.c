@@ -1,8 +1,9 @@
 /* The checkpoint's record of hash-sparse attention and mixture of depths
  * (docs/mod-hash.md): the schema extensions checkpoint_schema/model-keys.def
  * (the /model keys) and mod.def (the MoD blocks' router and predictor),
- * the schemas a model with either is written and checked in (version 1 or
- * 2 plus the extensions; a dense model's stay as they were), writing the
+ * the schemas a model with either is written and checked in (version 1,
+ * or 3 with MoE blocks, plus the extensions; 2 is read too; a dense
+ * model's stay as they were), writing the
  * keys, and reading them back into a checkpoint header.
  *
  * It never calls MPI and writes nothing but the /model attributes; the
@@ -52,10 +53,10 @@ static void merge_append(struct merged_schema *m, const struct ckpt_schema *s)
  * process builds them from one thread (set-up, the checker). */
 const struct ckpt_schema *ckpt_schema_extended(const struct ckpt_schema *base, int with_mod)
 {
-    static struct merged_schema merged[2][2];
-    static int built[2][2];
-    int b = base == &ckpt_schema_v2;
-    DM_ASSERT(base == &ckpt_schema_v1 || base == &ckpt_schema_v2);
+    static struct merged_schema merged[3][2];
+    static int built[3][2];
+    DM_ASSERT(base == &ckpt_schema_v1 || base == &ckpt_schema_v2 || base == &ckpt_schema_v3);
+    int b = base->version - 1;
     struct merged_schema *m = &merged[b][with_mod != 0];
     if (!built[b][with_mod != 0]) {
         memset(m, 0, sizeof *m);

@@ -107,7 +107,7 @@ static const struct config_key keys[] = {
     {"moe", "router", KEY_STRING, F(moe_router), 0, 16, "softmax or sigmoid"},
     {"moe", "capacity_factor", KEY_DOUBLE, F(capacity_factor), 0, 1000,
      "expert capacity factor (0: dropless; not negative)"},
-    {"moe", "drop", KEY_STRING, F(moe_drop), 0, 16, "probs or position"},
+    {"moe", "drop", KEY_STRING, F(moe_drop), 0, 16, "probs, position or slot"},
     {"moe", "aux_loss", KEY_DOUBLE, F(aux_loss), 0, 1000, "alpha of the load-balancing loss"},
     {"moe", "z_loss", KEY_DOUBLE, F(z_loss), 0, 1000, "beta of the router z-loss"},
     {"moe", "bias_rate", KEY_DOUBLE, F(bias_rate), 0, 1000,
@@ -553,8 +553,9 @@ static void config_validate_moe(const struct dm_config *cfg)
                       "more experts than there are (E >= k)", cfg->top_k, cfg->experts);
     if (strcmp(cfg->moe_router, "softmax") != 0 && strcmp(cfg->moe_router, "sigmoid") != 0)
         dm_user_error("moe.router = '%s' must be softmax or sigmoid", cfg->moe_router);
-    if (strcmp(cfg->moe_drop, "probs") != 0 && strcmp(cfg->moe_drop, "position") != 0)
-        dm_user_error("moe.drop = '%s' must be probs or position", cfg->moe_drop);
+    if (strcmp(cfg->moe_drop, "probs") != 0 && strcmp(cfg->moe_drop, "position") != 0 &&
+        strcmp(cfg->moe_drop, "slot") != 0)
+        dm_user_error("moe.drop = '%s' must be probs, position or slot", cfg->moe_drop);
     char value[32];
     dm_format_shortest(value, sizeof value, cfg->bias_rate);
     if (cfg->bias_rate > 0 && strcmp(cfg->moe_router, "sigmoid") != 0)

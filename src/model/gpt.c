@@ -23,7 +23,9 @@ struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg)
             .hidden = cfg->expert_hidden > 0 ? cfg->expert_hidden : 4 * cfg->channels,
             .router = strcmp(cfg->moe_router, "sigmoid") ? MOE_ROUTER_SOFTMAX
                                                          : MOE_ROUTER_SIGMOID,
-            .drop = strcmp(cfg->moe_drop, "position") ? MOE_DROP_PROBS : MOE_DROP_POSITION,
+            .drop = !strcmp(cfg->moe_drop, "position") ? MOE_DROP_POSITION
+                    : !strcmp(cfg->moe_drop, "slot")   ? MOE_DROP_SLOT
+                                                        : MOE_DROP_PROBS,
             .capacity_factor = (float)cfg->capacity_factor, .aux_loss = (float)cfg->aux_loss,
             .z_loss = (float)cfg->z_loss, .bias_rate = (float)cfg->bias_rate,
         };

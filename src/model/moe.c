@@ -6,8 +6,9 @@
  *   route      router logits (N, E) = ln2 @ router_w^T; scores (softmax
  *              probabilities, or sigmoid scores); each token's top-k experts
  *              (by score, plus the selection bias for the sigmoid router;
- *              ties go to the lower expert index); gate weights renormalised
- *              over the chosen experts; each expert's capacity, the pairs
+ *              ties go to the lower expert index); gate weights (the
+ *              chosen score for k = 1, the chosen scores renormalised over
+ *              the chosen for k >= 2); each expert's capacity, the pairs
  *              it drops; the balancing losses' values;
  *   dispatch   the kept (token, expert) pairs grouped by expert, each
  *              expert's tokens in ascending order (offset[e] .. offset[e+1]
@@ -59,6 +60,12 @@ int gpt_moe_block_count(const struct gpt_shape *shape)
 int gpt_moe_ordinal(const struct gpt_shape *shape, int index)
 {
     return gpt_block_is_moe(shape, index) ? (index + 1) / shape->moe.every - 1 : -1;
+}
+
+int gpt_moe_dense_ordinal(const struct gpt_shape *shape, int index)
+{
+    if (gpt_block_is_moe(shape, index)) return -1;
+    return shape->moe.every > 0 ? index - (index + 1) / shape->moe.every : index;
 }
 
 size_t moe_shared_param_count(int C) { return block_tensor_offset(C, BP_FC_W); }
@@ -217,7 +224,7 @@ struct moe_acts {
     float *logits;          /* (N, E) router logits */
     float *scores;          /* (N, E) softmax probabilities or sigmoid scores */
     float *lse;             /* (N) log-sum-exp of the logits (z-loss) */
-    float *gate;            /* (N, k) gate weights, renormalised over the chosen */
+    float *gate;            /* (N, k) gate weights (moe_route_token) */
     float *x, *y;           /* (k N, C) expert inputs and outputs, grouped */
     float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
     /* What the ops read and write, in the backend's memory (on the CPU the
@@ -452,7 +459,7 @@ static int count_selected(const struct block_moe *moe, struct moe_acts *ma, int 
 
 struct pair_key {
     float score;
-    int token, pair;
+    int token, slot, pair;
 };
 
 /* Highest score first, then the earlier token. */
@@ -469,11 +476,21 @@ static int by_token(const void *x, const void *y)
     return a->token - b->token;
 }
 
+/* The earlier slot first (every token's first choice before any second
+ * choice), then the earlier token. */
+static int by_slot(const void *x, const void *y)
+{
+    const struct pair_key *a = x, *b = y;
+    if (a->slot != b->slot) return a->slot - b->slot;
+    return a->token - b->token;
+}
+
 /* The grouped rows (after count_selected): each expert's pairs in token
  * order; an expert over its capacity keeps `capacity` of them (the
- * highest scores with moe.drop = probs, the earliest tokens with
- * position) and drops the rest; the kept ones become its rows, in token
- * order. */
+ * highest scores with moe.drop = probs; the earliest tokens with
+ * position, which is (token, slot) order, a token choosing an expert at
+ * most once; the earliest in (slot, token) order with slot, GShard's)
+ * and drops the rest; the kept ones become its rows, in token order. */
 static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
 {
     int E = ma->E, k = ma->k;
@@ -487,7 +504,7 @@ static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
     for (int t = 0; t < N; t++)
         for (int j = 0; j < k; j++) {
             int p = t * k + j, e = ma->choice[p];
-            struct pair_key key = {ma->choice_score[p], t, p};
+            struct pair_key key = {ma->choice_score[p], t, j, p};
             keys[fill[e]++] = key;
         }
     int rows = 0;
@@ -497,8 +514,9 @@ static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
         int n = ma->selected[e], keep = n;
         if (ma->capacity > 0 && n > ma->capacity) {
             keep = ma->capacity;
-            if (moe->cfg.drop == MOE_DROP_PROBS) {
-                qsort(group, (size_t)n, sizeof *group, by_score);
+            if (moe->cfg.drop != MOE_DROP_POSITION) {
+                qsort(group, (size_t)n, sizeof *group,
+                      moe->cfg.drop == MOE_DROP_PROBS ? by_score : by_slot);
                 qsort(group, (size_t)keep, sizeof *group, by_token);
             }
         }
@@ -852,9 +870,9 @@ struct route_back_args {
     int N, E, k, sigmoid;
 };
 
-/* Token t's logits' gradient: through the gates (renormalised over the
- * chosen experts), the aux loss (through P only: f counts choices and has
- * no gradient) and the z-loss (dynmo/moe_route.h, the kernels' too). */
+/* Token t's logits' gradient: through the gates, the aux loss (through P
+ * only: f counts choices and has no gradient) and the z-loss
+ * (dynmo/moe_route.h, the kernels' too). */
 static void route_back_token(const struct route_back_args *a, long t)
 {
     int E = a->E, k = a->k;

@@ -1,7 +1,8 @@
 /* `dynmo check-ckpt FILE... [--quick]`: the offline checker of our own
  * checkpoint files (Redis's redis-check-rdb). It validates each file against
- * the compiled-in schema (checkpoint_schema/v1.def, v2.def for a model with
- * mixture-of-experts blocks): groups, attributes and
+ * the compiled-in schema of its version (checkpoint_schema/v1.def; v3.def
+ * for a model with mixture-of-experts blocks, v2.def for one an older
+ * dynmo wrote): groups, attributes and
  * their values, datasets with type, shape, chunking and checksum filter,
  * the completion attribute, the consistency of layout, history, cursors
  * and per-block state, and, unless --quick, every chunk's Fletcher32
@@ -19,12 +20,14 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: dynmo check-ckpt FILE... [--quick]\n"
             "Validates dynmo checkpoints (ckpt-<step>.h5) against checkpoint schema version "
-            "%d\n(or %d, with mixture-of-experts blocks): groups, attributes, datasets (type, shape, chunking, Fletcher32 filter), "
-            "the\ncompletion attribute, layout, history, cursors and per-block state, and "
-            "every\nchunk's checksum (by reading the whole file).\n"
+            "%d\n(%d with mixture-of-experts blocks; %d for one an older dynmo wrote): "
+            "groups,\nattributes, datasets (type, shape, chunking, Fletcher32 filter), the "
+            "completion\nattribute, layout, history, cursors and per-block state, and every "
+            "chunk's\nchecksum (by reading the whole file).\n"
             "  --quick   skip reading the data (structure and metadata only)\n"
             "Prints each problem; exit status 0 when every file is valid, 2 otherwise.\n",
-            CHECKPOINT_SCHEMA_VERSION, CHECKPOINT_SCHEMA_VERSION_MOE);
+            CHECKPOINT_SCHEMA_VERSION, CHECKPOINT_SCHEMA_VERSION_MOE,
+            CHECKPOINT_SCHEMA_VERSION_MOE_PADDED);
 }
 
 /* Prints each problem and keeps the first one of the run for the summary. */

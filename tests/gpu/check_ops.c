@@ -739,6 +739,8 @@ int main(int argc, char **argv)
     check_moe(256, 2, 96);
     check_moe_route(256, 16, 2, 0);
     check_moe_route(200, 8, 3, 1);
+    check_moe_route(256, 16, 1, 0);   /* top-1: the gate is the chosen score */
+    check_moe_route(200, 8, 1, 1);
     check_prune(3 * DM_PRUNE_CHUNK + 1001);
     check_sparse(200, 64, 192);
     check_mod(4, 128, 96, 16);

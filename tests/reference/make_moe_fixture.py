@@ -11,12 +11,20 @@ the C test (tests/test_reference.c) must not need torch.
 
     /usr/bin/python3 tests/reference/make_moe_fixture.py [--out-dir DIR]
 
-writes three fixtures, all top-2 of 4 experts (the cases below):
+writes six fixtures of 4 experts (the cases below):
 
-    fixture_moe.bin           softmax router, dropless
-    fixture_moe_capacity.bin  softmax router, capacity factor 0.75, drop=probs
-    fixture_moe_sigmoid.bin   sigmoid router with the selection bias and its
-                              update (bias_rate), capacity 1.0, drop=position
+    fixture_moe.bin               top-2, softmax router, dropless
+    fixture_moe_capacity.bin      top-2, softmax router, capacity factor 0.75,
+                                  drop=probs
+    fixture_moe_sigmoid.bin       top-2, sigmoid router with the selection
+                                  bias and its update (bias_rate), capacity
+                                  1.0, drop=position
+    fixture_moe_top1.bin          top-1, softmax router, capacity factor 1.0,
+                                  drop=probs: the gate is the probability
+    fixture_moe_top1_sigmoid.bin  top-1, sigmoid router with the bias,
+                                  dropless: the gate is the sigmoid score
+    fixture_moe_slot.bin          top-2, softmax router, capacity factor 0.75,
+                                  drop=slot (GShard's order)
 
 An MoE block, for its N = B*T tokens x (the ln2 output):
 
@@ -24,11 +32,14 @@ An MoE block, for its N = B*T tokens x (the ln2 output):
     scores = softmax(logits) | sigmoid(logits)
     key    = scores (+ bias for the sigmoid router; bias selects only)
     choice = the k experts of highest key, best first, ties to the lower index
-    gate_j = scores[choice_j] / sum_j' scores[choice_j']
+    gate   = k = 1: scores[choice_0] itself (Switch Transformer)
+             k >= 2: gate_j = scores[choice_j] / sum_j' scores[choice_j']
+             (GShard, Mixtral)
     capacity (factor > 0) = ceil(k * N * factor / E): an expert chosen by more
       pairs keeps that many: the highest scores[t, e] (ties: earlier token)
-      with drop=probs, the earliest tokens with drop=position; a dropped pair
-      contributes nothing
+      with drop=probs, the earliest tokens with drop=position, the earliest
+      in (slot j, token t) order with drop=slot (every token's first choice
+      before any second choice); a dropped pair contributes nothing
     out    = res1 + sum_j [kept] gate_j * expert_{choice_j}(x)
     expert = fcproj(gelu_tanh(fc(x))), fc Linear(C, H), fcproj Linear(H, C)
     aux    = alpha * E * sum_i f_i P_i,  f_i = (pairs choosing i) / (k N),
@@ -51,7 +62,7 @@ File format (little-endian): make_fixture.py's version-1 header with magic
 "DMREF002" and version 2, then at offset 108
 
     int32[6]      moe_every, experts, top_k, expert_hidden, router (0 softmax,
-                  1 sigmoid), drop (0 probs, 1 position)
+                  1 sigmoid), drop (0 probs, 1 position, 2 slot)
     float64[4]    capacity_factor, aux_loss, z_loss, bias_rate
     uint32        number of arrays, then the arrays as in version 1:
 
@@ -92,14 +103,21 @@ CONFIG = dict(vocab=64, max_seq=16, layers=2, heads=2, channels=16,
               batch=4, seq=16, steps=10, warmup=3)
 HYPER = dict(lr=1e-3, min_lr_ratio=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
              weight_decay=0.1, grad_clip=1.0)
-MOE = dict(moe_every=2, experts=4, top_k=2, expert_hidden=24)
+MOE = dict(moe_every=2, experts=4, expert_hidden=24)
 CASES = {
-    "fixture_moe.bin": dict(router=0, drop=0, capacity_factor=0.0, aux_loss=0.01,
+    "fixture_moe.bin": dict(top_k=2, router=0, drop=0, capacity_factor=0.0, aux_loss=0.01,
                             z_loss=0.001, bias_rate=0.0, seed=1234),
-    "fixture_moe_capacity.bin": dict(router=0, drop=0, capacity_factor=0.75, aux_loss=0.01,
-                                     z_loss=0.001, bias_rate=0.0, seed=1234),
-    "fixture_moe_sigmoid.bin": dict(router=1, drop=1, capacity_factor=1.0, aux_loss=0.01,
-                                    z_loss=0.001, bias_rate=0.01, seed=1234),
+    "fixture_moe_capacity.bin": dict(top_k=2, router=0, drop=0, capacity_factor=0.75,
+                                     aux_loss=0.01, z_loss=0.001, bias_rate=0.0, seed=1234),
+    "fixture_moe_sigmoid.bin": dict(top_k=2, router=1, drop=1, capacity_factor=1.0,
+                                    aux_loss=0.01, z_loss=0.001, bias_rate=0.01, seed=1234),
+    "fixture_moe_top1.bin": dict(top_k=1, router=0, drop=0, capacity_factor=1.0,
+                                 aux_loss=0.01, z_loss=0.001, bias_rate=0.0, seed=1234),
+    "fixture_moe_top1_sigmoid.bin": dict(top_k=1, router=1, drop=0, capacity_factor=0.0,
+                                         aux_loss=0.01, z_loss=0.001, bias_rate=0.01,
+                                         seed=1234),
+    "fixture_moe_slot.bin": dict(top_k=2, router=0, drop=2, capacity_factor=0.75,
+                                 aux_loss=0.01, z_loss=0.001, bias_rate=0.0, seed=1234),
 }
 # Every decision (top-k, capacity) must be clear of a tie by this much, so
 # that float32 rounding in dynmo cannot flip it.
@@ -141,7 +159,7 @@ class MoE(nn.Module):
     def forward(self, x):
         """x (N, C) -> (mixture (N, C), aux + z)."""
         N = x.shape[0]
-        E, k = MOE["experts"], MOE["top_k"]
+        E, k = MOE["experts"], self.case["top_k"]
         case = self.case
         logits = x @ self.router.weight.t()
         sigmoid = case["router"] == 1
@@ -155,7 +173,10 @@ class MoE(nn.Module):
         for j in range(k - 1):
             self.margins.see((ranked[:, j] - ranked[:, j + 1]).min())
         chosen = scores.gather(1, choice)
-        gates = chosen / chosen.sum(dim=1, keepdim=True)
+        if k == 1:   # Switch Transformer: the chosen score is the gate
+            gates = chosen
+        else:        # GShard, Mixtral: renormalised over the chosen
+            gates = chosen / chosen.sum(dim=1, keepdim=True)
         counts = torch.bincount(choice.reshape(-1), minlength=E)
         kept = torch.ones(N, k, dtype=torch.bool)
         if case["capacity_factor"] > 0:
@@ -168,6 +189,8 @@ class MoE(nn.Module):
                     s = scores.detach()[:, e]
                     pairs.sort(key=lambda p: (-float(s[p[0]]), p[0]))
                     self.margins.see(float(s[pairs[capacity - 1][0]] - s[pairs[capacity][0]]))
+                elif case["drop"] == 2:   # slot: first choices (in token order) first
+                    pairs.sort(key=lambda p: (p[1], p[0]))
                 for t, j in pairs[capacity:]:
                     kept[t, j] = False
         out = torch.zeros_like(x)
@@ -332,7 +355,7 @@ def build_fixture(case):
 
 def write_fixture(path, arrays, case):
     header = config_header(MAGIC, VERSION, CONFIG, HYPER)
-    header += struct.pack("<6i", MOE["moe_every"], MOE["experts"], MOE["top_k"],
+    header += struct.pack("<6i", MOE["moe_every"], MOE["experts"], case["top_k"],
                           MOE["expert_hidden"], case["router"], case["drop"])
     header += struct.pack("<4d", case["capacity_factor"], case["aux_loss"], case["z_loss"],
                           case["bias_rate"])
