@@ -82,7 +82,10 @@ run ck moe 4 parallel.pp=2 ckpt.dir="$dir/ck" ckpt.every=2 ckpt.keep=3 && {
 import re, sys, h5py
 f = h5py.File(sys.argv[1], "r")
 assert f.attrs["schema_version"] == 3 and f["model"].attrs["moe_every"] == 2
-m = {k: int(v) for k, v in f["model"].attrs.items()}
+m = {k: int(v) for k, v in f["model"].attrs.items() if not isinstance(v, (str, bytes))}
+routing = {k: f["model"].attrs[k] for k in ("moe_router", "moe_capacity_factor", "moe_drop")}
+assert routing == {"moe_router": "softmax", "moe_capacity_factor": "0", "moe_drop": "probs"} or \
+    routing["moe_router"] in ("softmax", "sigmoid"), routing
 C, E, H, L = m["channels"], m["experts"], m["expert_hidden"], m["layers"]
 M = L // m["moe_every"]
 shared, mlp = 4 * C * C + 8 * C, 8 * C * C + 5 * C
@@ -123,6 +126,20 @@ assert (a["/steps/loss"][2:].view("u4") == b["/steps/loss"][2:].view("u4")).all(
 assert (a["/moe/tokens"][2:] == b["/moe/tokens"][2:]).all()
 assert (b["/moe/tokens"][:2] == -1).all(), "filler rows"
 PY
+  # The routing decides what each token computes: kept in the checkpoint and
+  # compared on resume like the shape (moe.router changed silently before).
+  for change in moe.router=sigmoid moe.capacity_factor=0 moe.drop=slot; do
+    expect_error "resume with $change" "written for a different model: its MoE routing is moe.router softmax, moe.capacity_factor 1.25, moe.drop probs in the checkpoint" \
+      timeout -k 10 60 mpiexec -n 2 "$DYNMO" train --config "$dir/moe.ini" parallel.pp=2 parallel.dp=1 "$change" \
+      run.out_dir="$dir/changed" ckpt.dir="$dir/changed-ck" ckpt.resume="$dir/ck/ckpt-2.h5"
+  done
+  cp "$dir/ck/ckpt-2.h5" "$dir/router.h5"
+  $py -c 'import sys, h5py; h5py.File(sys.argv[1], "a")["model"].attrs["moe_router"] = "gumbel"' "$dir/router.h5"
+  expect_error "check-ckpt of a checkpoint with an unknown router" "are not a routing this dynmo knows" \
+    "$DYNMO" check-ckpt "$dir/router.h5"
+  expect_error "resume of a checkpoint with an unknown router" "not a routing this dynmo knows" \
+    timeout -k 10 60 "$DYNMO" train --config "$dir/moe.ini" parallel.dp=1 run.out_dir="$dir/changed" \
+    ckpt.resume="$dir/router.h5"
   cp "$dir/ck/ckpt-2.h5" "$dir/flipped.h5"
   $py - "$dir/flipped.h5" <<'PY' || fail "could not flip a byte"
 import sys, h5py

@@ -225,6 +225,7 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
         write_integer_attr(group, "top_k", SCHEMA_TYPE_INT64, shape->moe.top_k);
         write_integer_attr(group, "expert_hidden", SCHEMA_TYPE_INT64, shape->moe.hidden);
     }
+    if (schema->version >= 3) ckpt_write_moe_routing(group, &shape->moe);
     if (ckpt_shape_has_model_keys(shape)) ckpt_write_model_keys(group, shape);
     DM_H5(H5Gclose(group));
 

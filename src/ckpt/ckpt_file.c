@@ -347,10 +347,76 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
     }
 }
 
+/* ---- an MoE model's routing keys (version 3) ------------------------------ */
+
+static const char *const moe_router_names[] = {"softmax", "sigmoid"};
+static const char *const moe_drop_names[] = {"probs", "position", "slot"};
+
+/* The index of text among names, or -2 when it is none of them. */
+static int name_index(const char *const *names, int count, const char *text)
+{
+    for (int i = 0; i < count; i++)
+        if (!strcmp(names[i], text)) return i;
+    return -2;
+}
+
+void ckpt_write_moe_routing(hid_t model_group, const struct gpt_moe *moe)
+{
+    char factor[40];
+    snprintf(factor, sizeof factor, "%.17g", (double)moe->capacity_factor);
+    dm_h5_write_string_attr(model_group, "moe_router", moe_router_names[moe->router]);
+    dm_h5_write_string_attr(model_group, "moe_capacity_factor", factor);
+    dm_h5_write_string_attr(model_group, "moe_drop", moe_drop_names[moe->drop]);
+}
+
+/* A routing key into the header's shape: an unknown name -2, a factor
+ * that is not a number NAN (ckpt_compare_shape then refuses it). */
+static void store_moe_routing(struct ckpt_header *h, const char *name, const char *text)
+{
+    struct gpt_moe *moe = &h->shape.moe;
+    if (!strcmp(name, "moe_router")) {
+        moe->router = name_index(moe_router_names, 2, text);
+    } else if (!strcmp(name, "moe_drop")) {
+        moe->drop = name_index(moe_drop_names, 3, text);
+    } else if (!strcmp(name, "moe_capacity_factor")) {
+        char *end = NULL;
+        double v = strtod(text, &end);
+        moe->capacity_factor = text[0] && !*end && v >= 0 ? (float)v : NAN;
+    }
+}
+
+/* The run's routing against the file's: both known (a version-2 file's are
+ * -1: not recorded), the same. Returns 0, or -1 with a message. */
+static int compare_moe_routing(const struct gpt_moe *file, const struct gpt_moe *run, char *err,
+                               size_t errsize)
+{
+    if (file->every == 0 || (file->router == -1 && file->drop == -1)) return 0;   /* version 2 */
+    if (file->router < 0 || file->drop < 0 || isnan(file->capacity_factor)) {
+        snprintf(err, errsize, "its /model attributes moe_router, moe_drop and "
+                 "moe_capacity_factor are not a routing this dynmo knows");
+        return -1;
+    }
+    if (file->router == run->router && file->drop == run->drop &&
+        file->capacity_factor == run->capacity_factor)
+        return 0;
+    char file_factor[32], run_factor[32];
+    dm_format_shortest(file_factor, sizeof file_factor, file->capacity_factor);
+    dm_format_shortest(run_factor, sizeof run_factor, run->capacity_factor);
+    snprintf(err, errsize, "written for a different model: its MoE routing is moe.router %s, "
+             "moe.capacity_factor %s, moe.drop %s in the checkpoint but %s, %s, %s in this run "
+             "(they decide what each token computes: use the checkpoint's, or start a new run "
+             "in another ckpt.dir)", moe_router_names[file->router], file_factor,
+             moe_drop_names[file->drop], moe_router_names[run->router], run_factor,
+             moe_drop_names[run->drop]);
+    return -1;
+}
+
 static void header_store_string(struct ckpt_header *h, const struct schema_attr *a,
                                 const char *text)
 {
-    if (!strcmp(a->object, "/model")) ckpt_header_store_model_key(h, a->name, text);
+    if (!strcmp(a->object, "/model") && !strncmp(a->name, "moe_", 4))
+        store_moe_routing(h, a->name, text);
+    else if (!strcmp(a->object, "/model")) ckpt_header_store_model_key(h, a->name, text);
     if (!strcmp(a->object, "/dyn") && !strcmp(a->name, "kind"))
         snprintf(h->dyn_kind, sizeof h->dyn_kind, "%s", text);
     if (strcmp(a->object, "/") != 0) return;
@@ -610,6 +676,12 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
 {
     struct ckpt_dims *d = &h->dims;
     int model_ok = 0;
+    const struct gpt_moe *moe = &h->shape.moe;
+    if (h->schema_version == CHECKPOINT_SCHEMA_VERSION_MOE &&
+        (moe->router < 0 || moe->drop < 0 || isnan(moe->capacity_factor)))
+        ckpt_problem(problems, "/model attributes moe_router, moe_drop and moe_capacity_factor "
+                     "are not a routing this dynmo knows (softmax or sigmoid; probs, position "
+                     "or slot; a factor >= 0)");
     if (d->layers < 1 || d->channels < 1 || d->vocab < 1 || d->max_seq < 1 || h->heads < 1)
         ckpt_problem(problems, "/model attributes out of range (layers %ld, channels %ld, "
                      "heads %ld, vocab %ld, max_seq %ld)", d->layers, d->channels,
@@ -762,6 +834,8 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
     schema = keyed;
     header->schema = schema;
     header->schema_version = schema->version;
+    if (schema->version == CHECKPOINT_SCHEMA_VERSION_MOE_PADDED)   /* no routing recorded */
+        header->shape.moe.router = header->shape.moe.drop = -1;
     schema = ckpt_dyn_extend(file, header, problems);   /* /dyn, when the file has it */
 
     for (int i = 0; i < schema->group_count; i++)
@@ -943,6 +1017,7 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
                      keys[i].file, keys[i].run);
             return -1;
         }
+    if (compare_moe_routing(&file_shape->moe, &run_shape->moe, err, errsize) != 0) return -1;
     return ckpt_compare_model_keys(file_shape, run_shape, err, errsize);
 }
 

@@ -52,6 +52,10 @@ struct ckpt_schema {
 extern const struct ckpt_schema ckpt_schema_v1, ckpt_schema_v2, ckpt_schema_v3;
 /* Whether a schema version has MoE blocks (2 or 3). */
 int ckpt_version_has_moe(long version);
+/* Version 3's /model attributes moe_router, moe_capacity_factor and
+ * moe_drop: the routing that decides what each token computes, compared
+ * on resume (ckpt_compare_shape). */
+void ckpt_write_moe_routing(hid_t model_group, const struct gpt_moe *moe);
 /* The schema of that version, or NULL for one this dynmo does not read. */
 const struct ckpt_schema *ckpt_schema_of_version(long version);
 /* The schema a checkpoint of this model is written in. */
