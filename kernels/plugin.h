@@ -90,7 +90,7 @@ void cuda_attention_forward_rows(float *out, float *att, const float *q, const f
 void cuda_attention_backward_rows(float *dq, float *dkv, float *scratch, const float *dout,
                                   const float *q, const float *kv, const float *att,
                                   const int *rows, int nactive, int B, int T, int C, int NH);
-long cuda_hash_attention_forward(float *out, float *lse, int *order, int *bucket,
+long cuda_hash_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
                                  const float *qkv, const float *rotation, int B, int T, int C,
                                  int NH, int buckets);
 long cuda_hash_attention_backward(float *dqkv, const float *dout, const float *qkv,

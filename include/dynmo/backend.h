@@ -29,7 +29,7 @@ extern "C" {
 
 /* Raised whenever struct dm_backend changes: a plugin built against
  * another layout is refused, never called. */
-#define DM_BACKEND_ABI 13
+#define DM_BACKEND_ABI 14
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -176,9 +176,10 @@ struct dm_backend {
                                     const int *rows, int nactive, int B, int T, int C, int NH);
     /* Hash-sparse attention (model.h's hash_attention_forward, _backward):
      * lse, order and bucket as there; the rotation (drawn on the host by
-     * hash_rotation_draw) in the backend's memory. Return the tiles
-     * visited. */
-    long (*hash_attention_forward)(float *out, float *lse, int *order, int *bucket,
+     * hash_rotation_draw) in the backend's memory; every query attends to
+     * its own key too, and *alone (on the host; may be NULL) counts the
+     * queries that attend to it alone. Return the tiles visited. */
+    long (*hash_attention_forward)(float *out, float *lse, int *order, int *bucket, long *alone,
                                    const float *qkv, const float *rotation, int B, int T, int C,
                                    int NH, int buckets);
     long (*hash_attention_backward)(float *dqkv, const float *dout, const float *qkv,

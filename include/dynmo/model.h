@@ -314,6 +314,9 @@ struct block {
     uint64_t hash_seed;
     double hash_tiles;  /* attention tiles visited, forward and backward, since
                            the owner last zeroed it */
+    double hash_queries, hash_own_key_only;   /* query rows (per head) its hash
+                           attention forwards saw, and those of them that
+                           attended to their own key alone, likewise */
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -720,23 +723,27 @@ void moe_expert_backward(const struct block *blk, int e, float *grads, const flo
                          float *dx);
 /* ---- hash-sparse attention (src/model/hash_attention.c; docs/mod-hash.md) --
  * Per (sequence, head), queries and keys go to nb buckets by a random
- * rotation R (hs, nb/2): h(x) = argmax([xR ; -xR]); nb = 1 puts every token
- * in bucket 0 (ordinary causal attention). Query i attends to key j when
- * both share a bucket and j <= i; a query with no such key outputs zero.
- * The work runs in HASH_TILE x HASH_TILE tiles of the bucket-sorted order
- * and skips a tile without an allowed pair, forward and backward. */
+ * rotation R (hs, nb/2) with unit-norm columns: h(x) = argmax([xR ; -xR]);
+ * nb = 1 puts every token in bucket 0 (ordinary causal attention). Query
+ * i attends to key j when both share a bucket and j <= i, and always to
+ * its own key j = i, so every query has at least one key. The work runs
+ * in HASH_TILE x HASH_TILE tiles of the bucket-sorted order and skips a
+ * tile without an allowed pair, forward and backward. */
 enum { HASH_TILE = 32 };
 
 /* rotation (NH, hs, nb/2) = N(0,1) draws that depend only on (seed, layer,
- * step): never on the layout, the rank count or timing. Nothing for nb = 1. */
+ * step), never on the layout, the rank count or timing, each column (hs
+ * values) then divided by its norm. Nothing for nb = 1. */
 void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
                         int layer, long step);
 /* out (B,T,C) from qkv (B,T,3C) as attention_forward; saves lse (B,NH,T)
- * (log-sum-exp of each query's allowed scores, -inf for none), bucket
- * (B,NH,2,T) (query then key bucket by position) and order (B,NH,2,T)
- * (positions sorted stably by query, then key, bucket) for the backward.
- * rotation may be NULL when buckets = 1. Returns the tiles visited. */
-long hash_attention_forward(float *out, float *lse, int *order, int *bucket,
+ * (log-sum-exp of each query's allowed scores), bucket (B,NH,2,T) (query
+ * then key bucket by position) and order (B,NH,2,T) (positions sorted
+ * stably by query, then key, bucket) for the backward. *alone (may be
+ * NULL) = the (sequence, head, query) rows with no key of their bucket at
+ * or before them, which attend to their own key alone. rotation may be
+ * NULL when buckets = 1. Returns the tiles visited. */
+long hash_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
                             const float *qkv, const float *rotation,
                             int B, int T, int C, int NH, int buckets);
 /* dqkv (B,T,3C) overwritten with the gradient wrt qkv, given dout (B,T,C)

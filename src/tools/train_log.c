@@ -116,8 +116,10 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
         append_doubles(log, RUNLOG_LAYER_SPARSITY, st->layer_sparsity, L, row);
     if (!strcmp(cfg->dyn_kind, "early_exit"))
         append_doubles(log, RUNLOG_LAYER_ACTIVE, st->layer_active, L, row);
-    if (!strcmp(cfg->attention, "hash"))
+    if (!strcmp(cfg->attention, "hash")) {
         append_doubles(log, RUNLOG_HASH_TILES, st->layer_tiles, L, row);
+        append_doubles(log, RUNLOG_HASH_OWN_KEY_ONLY, st->layer_own_key_only, L, row);
+    }
     if (cfg->mod_every > 0) append_mod_row(log, cfg, st, row);
     append_doubles(log, RUNLOG_LAYER_UPDATE_MS, st->layer_update_ms, L, row);
     append_stage_row(log, RUNLOG_STAGE_BUSY_MS, st->stage_compute_ms, stages, width, row);
@@ -251,9 +253,12 @@ static void pad_rows(struct runlog *log, const struct dm_config *cfg, long start
         {!strcmp(cfg->dyn_kind, "prune") ? RUNLOG_LAYER_SPARSITY : NULL, L},
         {!strcmp(cfg->dyn_kind, "early_exit") ? RUNLOG_LAYER_ACTIVE : NULL, L},
         {!strcmp(cfg->attention, "hash") ? RUNLOG_HASH_TILES : NULL, L},
+        {!strcmp(cfg->attention, "hash") ? RUNLOG_HASH_OWN_KEY_ONLY : NULL, L},
         {M ? RUNLOG_MOE_BIAS : NULL, cells}, {M ? RUNLOG_MOE_AUX : NULL, M},
         {M ? RUNLOG_MOE_Z : NULL, M},
         {cfg->mod_every > 0 ? RUNLOG_MOD_TOKENS : NULL,
+         cfg->mod_every > 0 ? L / cfg->mod_every : 0},
+        {cfg->mod_every > 0 && !strcmp(cfg->mod_routing, "causal") ? RUNLOG_MOD_BCE : NULL,
          cfg->mod_every > 0 ? L / cfg->mod_every : 0},
     };
     for (size_t k = 0; k < sizeof series / sizeof *series; k++) {
@@ -315,7 +320,7 @@ struct runlog *train_open_runlog(const char *path, const struct dm_config *cfg, 
         RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS, RUNLOG_LAYOUT_HISTORY, RUNLOG_LAYER_SPARSITY,
         RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_UPDATE_MS, RUNLOG_STAGE_UPDATE_MS,
         RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED, RUNLOG_MOE_BIAS, RUNLOG_MOE_AUX, RUNLOG_MOE_Z,
-        RUNLOG_HASH_TILES, RUNLOG_MOD_TOKENS,
+        RUNLOG_HASH_TILES, RUNLOG_HASH_OWN_KEY_ONLY, RUNLOG_MOD_TOKENS, RUNLOG_MOD_BCE,
     };
     for (size_t i = 0; i < sizeof per_step / sizeof *per_step; i++)
         if (runlog_rows(log, per_step[i]) > start) runlog_truncate(log, per_step[i], start);

@@ -593,9 +593,11 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     float *Q = up(qkv, 3 * BTC * 4), *DY = up(dy, BTC * 4), *RO = up(rot, R * 4);
     float *O = up(out, BTC * 4), *L = up(lse, bhT * 4), *DQ = up(dqkv, 3 * BTC * 4);
     int *OR = up(order, 2 * bhT * 4), *BU = up(bucket, 2 * bhT * 4);
-    long tiles = cpu->hash_attention_forward(out, lse, order, bucket, qkv, rot, B, T, C, NH,
-                                             buckets);
-    long dtiles = dev->hash_attention_forward(O, L, OR, BU, Q, RO, B, T, C, NH, buckets);
+    long alone = 0, dalone = 0;
+    long tiles = cpu->hash_attention_forward(out, lse, order, bucket, &alone, qkv, rot, B, T, C,
+                                             NH, buckets);
+    long dtiles = dev->hash_attention_forward(O, L, OR, BU, &dalone, Q, RO, B, T, C, NH,
+                                              buckets);
     compare_ints("hash buckets", BU, bucket, 2 * bhT);
     compare_ints("hash orders", OR, order, 2 * bhT);
     compare("hash_attention_forward out", O, out, BTC);
@@ -607,6 +609,11 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     failures += !ok;
     checked++;
     printf("  %-40s %9ld %s\n", "hash tiles visited", dtiles, ok ? "ok (the CPU's)" : "FAIL");
+    ok = dalone == alone;
+    failures += !ok;
+    checked++;
+    printf("  %-40s %9ld %s\n", "hash queries with their own key alone", dalone,
+           ok ? "ok (the CPU's)" : "FAIL");
     float *hs_[] = {qkv, dy, rot, out, lse, dqkv}, *ds[] = {Q, DY, RO, O, L, DQ};
     for (int i = 0; i < 6; i++) dm_free(hs_[i]), dev->free(ds[i]);
     dm_free(order), dm_free(bucket), dev->free(OR), dev->free(BU);

@@ -10,10 +10,11 @@ writes tests/reference/fixture_mod_hash.bin. Everything is computed in
 float64 and stored as float32.
 
 Hash-sparse attention, per (sequence, head), head size hs, nb buckets, a
-rotation R (hs, nb/2) per head:
+rotation R (hs, nb/2) per head whose columns have unit norm:
     bucket(x) = argmax([x R ; -x R])   (queries and keys hashed alike)
-    query i attends to key j iff bucket(q_i) == bucket(k_j) and j <= i
-    softmax over the allowed scores q.k / sqrt(hs); no allowed key: zero
+    query i attends to key j iff bucket(q_i) == bucket(k_j) and j <= i,
+    and to its own key j = i in any case
+    softmax over the allowed scores q.k / sqrt(hs)
 Stored: qkv (B,T,3C), R (NH,hs,nb/2), dout (B,T,C), out (B,T,C), dqkv.
 
 The MoD block: the GPT-2 block (ln1, qkv, causal attention, attproj,
@@ -52,6 +53,7 @@ def hash_attention(qkv, R, B, T, C, NH, nb):
     q, k, v = qkv.split(C, dim=-1)
     out = torch.zeros(B, T, C, dtype=D)
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    own = torch.eye(T, dtype=torch.bool)
     margin = math.inf
     outs = []
     for b in range(B):
@@ -63,13 +65,10 @@ def hash_attention(qkv, R, B, T, C, NH, nb):
             bq, m1 = hash_buckets(qh.detach(), R[h])
             bk, m2 = hash_buckets(kh.detach(), R[h])
             margin = min(margin, m1, m2)
-            allowed = (bq[:, None] == bk[None, :]) & causal
+            allowed = ((bq[:, None] == bk[None, :]) & causal) | own
             s = (qh @ kh.T) / math.sqrt(hs)
             s = s.masked_fill(~allowed, -math.inf)
-            any_allowed = allowed.any(dim=1, keepdim=True)
-            s = torch.where(any_allowed, s, torch.zeros_like(s))
-            p = torch.softmax(s, dim=-1) * any_allowed
-            heads.append(p @ vh)
+            heads.append(torch.softmax(s, dim=-1) @ vh)
         outs.append(torch.cat(heads, dim=-1))
     out = torch.stack(outs)
     return out, margin
@@ -119,6 +118,7 @@ def main():
     for _ in range(100):
         qkv = torch.randn(B, T, 3 * C, dtype=D).requires_grad_()
         R = torch.randn(NH, hs, nb // 2, dtype=D)
+        R = R / R.norm(dim=1, keepdim=True)
         out, margin = hash_attention(qkv, R, B, T, C, NH, nb)
         if margin > 1e-3:
             break

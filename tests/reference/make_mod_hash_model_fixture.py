@@ -27,13 +27,16 @@ block's twelve tensors in the flat order (w, then u).
 fixture_hash_model.bin: every block's attention is hash-sparse with 4
 buckets. Per (sequence, head), a query's or a key's bucket is the first
 argmax of [x R ; -x R] with R (hs, 2) the head's rotation; query i attends to
-key j when both have the same bucket and j <= i (a query with no such key
-outputs zero); scale 1/sqrt(hs). The rotation of layer l at step s (0-based,
-the step being run) is R[h][i][c] = normal(seed, stream, (h hs + i) 2 + c),
-stream = 0x48415348 << 32 xor hash64(l, 0x726f74, s), with dynmo's counter
-generator (docs/mod-hash.md): hash64(seed, stream, index) is SplitMix64's
-finaliser mix applied as mix(mix(mix(seed + G) xor (stream + S)) xor
-(index + I)); normal() is Box-Muller on hash64 at 2 index and 2 index + 1.
+key j when both have the same bucket and j <= i, and to its own key j = i in
+any case; scale 1/sqrt(hs). The rotation of layer l at step s (0-based, the
+step being run) is drawn as G[h][i][c] = normal(seed, stream, (h hs + i) 2 +
+c), stream = 0x48415348 << 32 xor hash64(l, 0x726f74, s), with dynmo's
+counter generator (docs/mod-hash.md): hash64(seed, stream, index) is
+SplitMix64's finaliser mix applied as mix(mix(mix(seed + G) xor (stream +
+S)) xor (index + I)); normal() is Box-Muller on hash64 at 2 index and 2
+index + 1, rounded to float32. Then each column is divided by its norm:
+R[h][i][c] = float32(G[h][i][c] / sqrt(sum over i' of G[h][i'][c]^2)), the
+squares summed in float64 in order of i'.
 
 The script redraws (the seed of tokens and weights) until every decision
 (top-k gap, |logit|, bucket gap) in the forward and the ten steps is at
@@ -102,6 +105,15 @@ def rotation(seed, layer, step, heads, hs, buckets):
     half = buckets // 2
     stream = (0x48415348 << 32) ^ hash64(layer, 0x726f74, step)
     values = [normal(seed, stream, i) for i in range(heads * hs * half)]
+    for h in range(heads):
+        for c in range(half):
+            column = [(h * hs + i) * half + c for i in range(hs)]
+            squares = 0.0
+            for e in column:
+                squares += values[e] * values[e]
+            norm = math.sqrt(squares)
+            for e in column:
+                values[e] = values[e] / norm
     return torch.tensor(values, dtype=torch.float32).reshape(heads, hs, half)
 
 
@@ -145,7 +157,8 @@ class Attention(nn.Module):
         if self.rotation is not None:
             bq = buckets_of(q, self.rotation, self.margins)
             bk = buckets_of(k, self.rotation, self.margins)
-            allowed = allowed & (bq[..., :, None] == bk[..., None, :])
+            own = torch.eye(T, dtype=torch.bool)
+            allowed = (allowed & (bq[..., :, None] == bk[..., None, :])) | own
         probs = scores.masked_fill(~allowed, -1e30).softmax(dim=-1)
         probs = torch.where(allowed, probs, torch.zeros_like(probs))
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)
