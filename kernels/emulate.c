@@ -989,15 +989,19 @@ static void emulate_mod_select_topk(int *chosen, const float *router, int B, int
 }
 
 /* the loss summed on the host in token order, in double (mod.cu's mean_loss) */
-static float emulate_mod_predictor(float *dweight, int *chosen, const float *in,
-                                   const float *weight, const int *target, int N, int C)
+static float emulate_mod_predictor(float *dweight, float scale, int *chosen, const float *in,
+                                   const float *weight, const int *target, int N, int C, int H)
 {
     DEVICE_SCOPE;
     DEVICE_ARGS("mod_predictor", dweight, chosen, in, weight, target);
-    float *loss = scratch(SCRATCH_MOD, 2 * (size_t)N + 2), *grad = loss + N + 1;
-    LAUNCH(grid_for(N), mod_predictor_thread(t, loss, grad, chosen, in, weight, target, N, C));
+    float *loss = scratch(SCRATCH_MOD, (2 + (size_t)H) * N + 2), *grad = loss + N + 1;
+    float *hidden = grad + N + 1;
+    LAUNCH(grid_for(N), mod_predictor_thread(t, loss, grad, hidden, chosen, in, weight, target,
+                                             N, C, H));
     if (!target) return 0.0f;
-    if (dweight) LAUNCH(grid_for(C), mod_dweight_thread(t, dweight, grad, in, N, C));
+    if (dweight)
+        LAUNCH(grid_for(mod_predictor_params(C, H)),
+               mod_predictor_dweight_thread(t, dweight, scale, grad, hidden, in, weight, N, C, H));
     double sum = 0.0;
     for (int n = 0; n < N; n++) sum += loss[n];
     return (float)(sum / N);

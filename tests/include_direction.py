@@ -19,7 +19,7 @@ LEVEL = {"core": 0, "world": 1, "model": 2, "balance": 2, "dyn": 3, "ckpt": 4,
 NO_MPI = {"model", "balance"}
 # Public headers named otherwise than their module: include/dynmo/X.h -> module.
 PUBLIC_OF = {"backend": "model", "moe_route": "model", "exit_confidence": "model",
-             "shared_fn": "model"}
+             "mod_predictor": "model", "shared_fn": "model"}
 root = sys.argv[1] if len(sys.argv) > 1 else "."
 include_re = re.compile(r'^\s*#\s*include\s*([<"])([^>"]+)[>"]')
 

@@ -32,7 +32,12 @@
  *     the hash block gives each sequence's chosen tokens alone, and finite
  *     differences of its backward (a bucket that changed under a
  *     difference would show as a gross error; none does: 9e-5);
- *   - finite differences of the predictor's binary cross-entropy.
+ *   - the causal predictor is an MLP (hidden width H, ReLU): its logit
+ *     against the formula computed directly, and finite differences of
+ *     its binary cross-entropy with respect to every weight (W1, b1, w2,
+ *     b2; a difference that moves a hidden unit across its ReLU kink is
+ *     left out and counted), and the gradient scaled and added into what
+ *     dweight held.
  *
  * Both against PyTorch (tests/reference/make_mod_hash_fixture.py, committed
  * as tests/reference/fixture_mod_hash.bin): outputs and gradients within
@@ -523,38 +528,91 @@ static void test_mod_hash_block(void)
     mod_fixture_free(&f);
 }
 
+/* The predictor's logit of token n computed directly from the MLP's
+ * definition, in double; pre (H) its hidden pre-activations. */
+static double direct_logit(double *pre, const float *x, const float *w, int H)
+{
+    const float *w1 = w, *b1 = w + H * C, *w2 = b1 + H, *b2 = w2 + H;
+    double logit = *b2;
+    for (int j = 0; j < H; j++) {
+        double a = b1[j];
+        for (int c = 0; c < C; c++) a += (double)w1[j * C + c] * x[c];
+        pre[j] = a;
+        logit += w2[j] * (a > 0.0 ? a : 0.0);
+    }
+    return logit;
+}
+
 static void test_mod_predictor(void)
 {
-    float *in = floats((size_t)MN * C), *u = floats(C), *du = floats(C);
+    enum { H = 6 };
+    long P = H * C + 2 * H + 1;
+    float *in = floats((size_t)MN * C), *w = floats(P), *dw = floats(P), *dw2 = floats(P);
     fill(in, (size_t)MN * C, 30, 1.0f);
-    fill(u, C, 31, 0.5f);
+    fill(w, P, 31, 0.5f);
     int target[MN], chosen[MN];
     for (int n = 0; n < MN; n++) target[n] = (n * 7) % 3 == 0;
-    mod_predictor_forward_backward(du, chosen, in, u, target, MN, C);
-    double worst = 0.0;
-    const double eps = 1e-2;
-    for (int c = 0; c < C; c++) {
-        float keep = u[c];
-        u[c] = keep + (float)eps;
-        double up = mod_predictor_forward_backward(NULL, NULL, in, u, target, MN, C);
-        u[c] = keep - (float)eps;
-        double down = mod_predictor_forward_backward(NULL, NULL, in, u, target, MN, C);
-        u[c] = keep;
-        double numeric = (up - down) / (2 * eps);
-        double err = fabs(numeric - du[c]) / (1.0 + fabs(numeric));
-        if (err > worst) worst = err;
-    }
+    float loss = mod_predictor_forward_backward(dw, 1.0f, chosen, in, w, target, MN, C, H);
+    /* the logit, choice and loss against the definition */
     int agree = 1;
+    double direct_loss = 0.0, worst_logit = 0.0;
+    long active = 0;
     for (int n = 0; n < MN; n++) {
-        float logit = 0.0f;
-        for (int c = 0; c < C; c++) logit += u[c] * in[(long)n * C + c];
-        if (chosen[n] != (logit > 0.0f)) agree = 0;
+        double pre[H], logit = direct_logit(pre, in + (long)n * C, w, H);
+        for (int j = 0; j < H; j++) active += pre[j] > 0.0;
+        if (chosen[n] != (logit > 0.0)) agree = 0;
+        double p = 1.0 / (1.0 + exp(-logit));
+        direct_loss -= target[n] ? log(p) : log(1.0 - p);
+        worst_logit = fmax(worst_logit, fabs(logit));
     }
-    printf("MoD predictor: binary cross-entropy finite differences worst relative error %.3g\n",
-           worst);
-    CHECK(worst <= 5e-3);
+    direct_loss /= MN;
+    /* finite differences of the BCE for every weight */
+    double worst = 0.0;
+    int checked = 0, kinks = 0;
+    const double eps = 1e-3;
+    for (long e = 0; e < P; e++) {
+        float keep = w[e];
+        int crossed = 0;
+        double f[2];
+        for (int side = 0; side < 2; side++) {
+            w[e] = keep + (float)(side ? -eps : eps);
+            f[side] = mod_predictor_forward_backward(NULL, 0.0f, NULL, in, w, target, MN, C, H);
+            for (int n = 0; n < MN && e < H * C + H; n++) {   /* W1 and b1 move a unit */
+                double pre[H], base[H];
+                direct_logit(pre, in + (long)n * C, w, H);
+                w[e] = keep;
+                direct_logit(base, in + (long)n * C, w, H);
+                w[e] = keep + (float)(side ? -eps : eps);
+                for (int j = 0; j < H; j++) crossed |= (pre[j] > 0.0) != (base[j] > 0.0);
+            }
+        }
+        w[e] = keep;
+        if (crossed) {
+            kinks++;
+            continue;
+        }
+        double numeric = (f[0] - f[1]) / (2 * eps);
+        double err = fabs(numeric - dw[e]) / (1.0 + fabs(numeric));
+        if (err > worst) worst = err;
+        checked++;
+    }
+    /* scale and accumulate: dw2 starts at 1 and gets 1 + 0.5 x the gradient */
+    for (long e = 0; e < P; e++) dw2[e] = 1.0f;
+    mod_predictor_forward_backward(dw2, 0.5f, NULL, in, w, target, MN, C, H);
+    double worst_scaled = 0.0;
+    for (long e = 0; e < P; e++)
+        worst_scaled = fmax(worst_scaled, fabs(dw2[e] - (1.0 + 0.5 * dw[e])));
+    printf("MoD predictor, an MLP of hidden width %d (%ld weights; %.0f%% of the hidden units "
+           "active, |logit| up to %.2f): loss %.7f vs %.7f directly; binary cross-entropy "
+           "finite differences over %d weights worst relative error %.3g (%d left out: a "
+           "ReLU kink crossed); scaled accumulation max |diff| %.3g\n", H, P,
+           100.0 * active / (MN * H), worst_logit, loss, direct_loss, checked, worst, kinks,
+           worst_scaled);
     CHECK(agree);
-    free(in); free(u); free(du);
+    CHECK(fabs(loss - direct_loss) <= 1e-5);
+    CHECK(worst <= 5e-3 && checked >= P - 10);
+    CHECK(worst_scaled <= 1e-6);
+    free(in); free(w); free(dw); free(dw2);
 }
 
 /* ---- the PyTorch fixture ---- */
@@ -665,14 +723,16 @@ static void test_against_pytorch(void)
         double d_r = max_abs_diff(f.drouter, fixture_get("mod.drouter_w", C), C);
         double d_p = max_abs_diff(f.blk.grads, fixture_get("mod.dparams", f.blk.nparams),
                                   f.blk.nparams);
-        float *u = fixture_get("mod.predictor_w", C), du[C];
-        memset(du, 0, sizeof du);
-        float loss = mod_predictor_forward_backward(du, NULL, f.in, u, chosen, MN, C);
+        int H = *(const int *)fixture_get("mod.predictor_hidden", 1);
+        long P = (long)H * C + 2L * H + 1;
+        float *u = fixture_get("mod.predictor_w", P), *du = floats(P);
+        float loss = mod_predictor_forward_backward(du, 1.0f, NULL, f.in, u, chosen, MN, C, H);
         double d_loss = fabs(loss - *(float *)fixture_get("mod.predictor_loss", 1));
-        double d_u = max_abs_diff(du, fixture_get("mod.dpredictor_w", C), C);
+        double d_u = max_abs_diff(du, fixture_get("mod.dpredictor_w", P), P);
+        free(du);
         printf("MoD block vs PyTorch: output max |diff| %.3g, input gradient %.3g, router "
-               "%.3g, block weights %.3g; predictor loss %.3g, its gradient %.3g\n",
-               d_out, d_x, d_r, d_p, d_loss, d_u);
+               "%.3g, block weights %.3g; MLP predictor (hidden %d) loss %.3g, its gradient "
+               "%.3g\n", d_out, d_x, d_r, d_p, H, d_loss, d_u);
         CHECK(d_out <= 1e-4 && d_x <= 1e-4 && d_r <= 1e-4 && d_p <= 1e-4);
         CHECK(d_loss <= 1e-5 && d_u <= 1e-4);
         mod_fixture_free(&f);

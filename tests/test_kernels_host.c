@@ -1188,27 +1188,32 @@ static void test_hash(int B, int T, int C, int NH, int buckets)
     dm_free(order), dm_free(bucket), dm_free(gorder), dm_free(gbucket);
 }
 
-/* mod.cu's causal predictor: per token, then the weight gradient per channel,
- * the loss summed in token order in double */
-static void test_mod_predictor(int N, int C)
+/* mod.cu's causal predictor, the MLP of hidden width H: per token, then
+ * the gradient per weight, the loss summed in token order in double */
+static void test_mod_predictor(int N, int C, int H)
 {
-    float *in = filled((long)N * C, 1.0f), *w = filled(C, 0.5f), *dw = filled(C, 1.0f);
+    long P = mod_predictor_params(C, H);
+    float *in = filled((long)N * C, 1.0f), *w = filled(P, 0.5f), *dw = filled(P, 1.0f);
     int *target = dm_alloc((size_t)N * sizeof(int)), *chosen = dm_alloc((size_t)N * sizeof(int));
     int *gchosen = dm_alloc((size_t)N * sizeof(int));
     for (int n = 0; n < N; n++) target[n] = (n * 5) % 3 == 0;
-    float *gdw = copied(dw, C), *loss = dm_alloc((size_t)N * 4), *grad = dm_alloc((size_t)N * 4);
-    float want = mod_predictor_forward_backward(dw, chosen, in, w, target, N, C);
-    FOR_GRID(2, 16, mod_predictor_thread(t, loss, grad, gchosen, in, w, target, N, C));
-    FOR_GRID(2, 8, mod_dweight_thread(t, gdw, grad, in, N, C));
+    float *gdw = copied(dw, P), *loss = dm_alloc((size_t)N * 4), *grad = dm_alloc((size_t)N * 4);
+    float *hidden = dm_alloc((size_t)N * H * 4);
+    float want = mod_predictor_forward_backward(dw, 0.75f, chosen, in, w, target, N, C, H);
+    FOR_GRID(2, 16, mod_predictor_thread(t, loss, grad, hidden, gchosen, in, w, target, N, C, H));
+    FOR_GRID(2, 8, mod_predictor_dweight_thread(t, gdw, 0.75f, grad, hidden, in, w, N, C, H));
     double sum = 0.0;
+    long active = 0;
     for (int n = 0; n < N; n++) sum += loss[n];
+    for (long i = 0; i < (long)N * H; i++) active += hidden[i] > 0.0f;
     float got = (float)(sum / N);
-    printf("mixture of depths predictor N=%d C=%d: loss %.9g (CPU %.9g)\n", N, C, got, want);
+    printf("mixture of depths predictor N=%d C=%d H=%d: loss %.9g (CPU %.9g); %.0f%% of the "
+           "hidden units active\n", N, C, H, got, want, 100.0 * active / ((double)N * H));
     CHECK_MSG(!memcmp(&got, &want, sizeof got), "mod predictor loss %.9g, CPU %.9g", got, want);
     CHECK_MSG(!memcmp(gchosen, chosen, (size_t)N * sizeof(int)), "mod predictor choices differ");
-    check_bits("mod_predictor_forward_backward dweight", gdw, dw, C);
+    check_bits("mod_predictor_forward_backward dweight", gdw, dw, P);
     dm_free(in), dm_free(w), dm_free(dw), dm_free(target), dm_free(chosen), dm_free(gchosen);
-    dm_free(gdw), dm_free(loss), dm_free(grad);
+    dm_free(gdw), dm_free(loss), dm_free(grad), dm_free(hidden);
 }
 
 /* The gradient norm's sum of squares: chunks (one thread each) then
@@ -1387,7 +1392,8 @@ int main(void)
     test_mod(2, 17, 8, 17);         /* k = T: every token */
     test_mod_combine(120, 48);
     test_mod_combine(37, 300);      /* more channels than threads */
-    test_mod_predictor(150, 48);
+    test_mod_predictor(150, 48, 16);
+    test_mod_predictor(37, 24, 1);
     test_sum_squares(5 * DM_SUMSQ_CHUNK + 1234);
     test_sum_squares(100);
     test_sum_squares(0);

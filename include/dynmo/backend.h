@@ -271,11 +271,14 @@ struct dm_backend {
     void (*mod_router_forward)(float *router, const float *in, const float *weight, int N,
                                int C);
     void (*mod_select_topk)(int *chosen, const float *router, int B, int T, int k);
-    /* The causal predictor: chosen (may be NULL), and with target the mean
-     * loss returned (on the host) and its gradient accumulated in dweight. */
-    float (*mod_predictor_forward_backward)(float *dweight, int *chosen, const float *in,
-                                            const float *weight, const int *target, int N,
-                                            int C);
+    /* The causal predictor, an MLP of hidden width H (dynmo/mod_predictor.h):
+     * chosen (may be NULL), and with target the mean loss returned (on the
+     * host) and, when dweight is not NULL, scale times its gradient (each
+     * weight's summed over the tokens in order) added to dweight. One
+     * thread per token, then one per weight on a device (the CPU's bits). */
+    float (*mod_predictor_forward_backward)(float *dweight, float scale, int *chosen,
+                                            const float *in, const float *weight,
+                                            const int *target, int N, int C, int H);
     /* The block over the chosen tokens (model.h's mod_combine_forward,
      * mod_scale_chosen, mod_combine_backward), on the n packed rows whose
      * block rows are `rows` (distinct): out's rows = x + r (f - x); work

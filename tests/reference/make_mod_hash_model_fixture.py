@@ -13,16 +13,18 @@ Two fixtures, both vocab 64, max_seq 16, 2 layers, 2 heads, 16 channels,
 batch 4 x 16, the ten steps and AdamW of make_fixture.py:
 
 fixture_mod_model.bin: block 1 is a MoD block (mod_every 2, capacity 0.25,
-causal routing). For its input x (B, T, C): the router r = x . w (w (C));
-the top-k target, per sequence the k = ceil(0.25 T) = 4 tokens with the
-largest r (ties: the lower position); the predictor logit = stopgrad(x) . u
-(u (C)); the chosen tokens are those with logit > 0; each sequence's chosen
-tokens, in ascending position, run through the ordinary block alone (causal
-attention among them), and a chosen token leaves as x + r (f(x) - x); every
-other token leaves as x. The loss trained is cross-entropy plus the mean
-binary cross-entropy of sigmoid(logit) against the target (its gradient
-reaches u only). w and u are decayed like matrices, and sit after the
-block's twelve tensors in the flat order (w, then u).
+causal routing, predictor hidden width 8). For its input x (B, T, C): the
+router r = x . w (w (C)); the top-k target, per sequence the k = ceil(0.25
+T) = 4 tokens with the largest r (ties: the lower position); the
+predictor, an MLP on stopgrad(x): logit = w2 . relu(W1 x + b1) + b2 (W1
+(8, C), b1 (8), w2 (8), b2 (1)); the chosen tokens are those with logit >
+0; each sequence's chosen tokens, in ascending position, run through the
+ordinary block alone (causal attention among them), and a chosen token
+leaves as x + r (f(x) - x); every other token leaves as x. The loss
+trained is cross-entropy plus the mean binary cross-entropy of
+sigmoid(logit) against the target (its gradient reaches the predictor
+only). w, W1 and w2 are decayed like matrices, b1 and b2 are not; they sit
+after the block's twelve tensors in the flat order (w, W1, b1, w2, b2).
 
 fixture_hash_model.bin: every block's attention is hash-sparse with 4
 buckets. Per (sequence, head), a query's or a key's bucket is the first
@@ -44,7 +46,8 @@ least DECISION_MARGIN away from a tie, so that float rounding cannot flip
 it.
 
 Format: "DMREF003", version 3: the version-1 header's first 104 bytes, then
-int32 mod_every, mod_routing (0 top-k, 1 causal), hash_buckets, 0, float64
+int32 mod_every, mod_routing (0 top-k, 1 causal), hash_buckets,
+mod_predictor_hidden (0 without causal routing), float64
 mod_capacity, uint64 seed (the hash rotations'), then the array count and
 the arrays as in version 1: params, tokens, targets, logits, loss, grads
 (of the loss trained), lrs, train_losses (cross-entropy before each update),
@@ -72,9 +75,9 @@ HYPER = dict(lr=1e-3, min_lr_ratio=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
              weight_decay=0.1, grad_clip=1.0)
 CASES = {
     "fixture_mod_model.bin": dict(mod_every=2, mod_routing=1, mod_capacity=0.25,
-                                  hash_buckets=0, seed=1234),
+                                  mod_predictor_hidden=8, hash_buckets=0, seed=1234),
     "fixture_hash_model.bin": dict(mod_every=0, mod_routing=0, mod_capacity=0.0,
-                                   hash_buckets=4, seed=1234),
+                                   mod_predictor_hidden=0, hash_buckets=4, seed=1234),
 }
 DECISION_MARGIN = 1e-4
 MASK64 = (1 << 64) - 1
@@ -176,8 +179,12 @@ class Block(nn.Module):
         self.mod = mod
         self.margins = margins
         if mod:
+            hidden = mod["hidden"]
             self.router = nn.Parameter(torch.empty(channels))
-            self.predictor = nn.Parameter(torch.empty(channels))
+            self.pred_w1 = nn.Parameter(torch.empty(hidden, channels))
+            self.pred_b1 = nn.Parameter(torch.empty(hidden))
+            self.pred_w2 = nn.Parameter(torch.empty(hidden))
+            self.pred_b2 = nn.Parameter(torch.empty(1))
         self.last_chosen = None
         self.last_bce = None
 
@@ -196,7 +203,9 @@ class Block(nn.Module):
         self.margins.see((ranked[:, k - 1] - ranked[:, k]).min())
         target = torch.zeros(B, T)
         target.scatter_(1, order[:, :k], 1.0)
-        logit = x.detach() @ self.predictor
+        pre = x.detach() @ self.pred_w1.t() + self.pred_b1
+        self.margins.see(pre.detach().abs().min())
+        logit = F.relu(pre) @ self.pred_w2 + self.pred_b2
         self.margins.see(logit.detach().abs().min())
         chosen = logit.detach() > 0
         bce = F.binary_cross_entropy_with_logits(logit, target)
@@ -216,11 +225,12 @@ class Block(nn.Module):
         t = [self.ln1.weight, self.ln1.bias, self.attn.qkv.weight, self.attn.qkv.bias,
              self.attn.attproj.weight, self.attn.attproj.bias, self.ln2.weight, self.ln2.bias,
              self.fc.weight, self.fc.bias, self.fcproj.weight, self.fcproj.bias]
-        return t + ([self.router, self.predictor] if self.mod else [])
+        return t + ([self.router, self.pred_w1, self.pred_b1, self.pred_w2, self.pred_b2]
+                    if self.mod else [])
 
     def matrices(self):
         m = [self.attn.qkv.weight, self.attn.attproj.weight, self.fc.weight, self.fcproj.weight]
-        return m + ([self.router, self.predictor] if self.mod else [])
+        return m + ([self.router, self.pred_w1, self.pred_w2] if self.mod else [])
 
 
 class GPT(nn.Module):
@@ -232,7 +242,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(c["vocab"], c["channels"])
         self.wpe = nn.Embedding(c["max_seq"], c["channels"])
         every = case["mod_every"]
-        mod = dict(capacity=case["mod_capacity"]) if every else None
+        mod = dict(capacity=case["mod_capacity"], hidden=case["mod_predictor_hidden"]) \
+            if every else None
         self.blocks = nn.ModuleList(
             Block(c["channels"], c["heads"], margins,
                   mod if every and (l + 1) % every == 0 else None)
@@ -281,7 +292,10 @@ def build_fixture(case, seed):
         for block in model.blocks:
             if block.mod:
                 block.router.copy_(torch.randn(c["channels"], generator=generator))
-                block.predictor.copy_(torch.randn(c["channels"], generator=generator))
+                block.pred_w1.copy_(torch.randn(block.pred_w1.shape, generator=generator))
+                block.pred_b1.copy_(torch.randn(block.pred_b1.shape, generator=generator) * 0.1)
+                block.pred_w2.copy_(torch.randn(block.pred_w2.shape, generator=generator))
+                block.pred_b2.copy_(torch.randn(1, generator=generator) * 0.1)
     tensors = model.canonical_tensors()
     assert len(tensors) == len(list(model.parameters()))
     shape = (c["batch"], c["seq"])
@@ -333,7 +347,8 @@ def build_fixture(case, seed):
 
 def write_fixture(path, arrays, case, seed):
     header = config_header(MAGIC, VERSION, CONFIG, HYPER)
-    header += struct.pack("<4i", case["mod_every"], case["mod_routing"], case["hash_buckets"], 0)
+    header += struct.pack("<4i", case["mod_every"], case["mod_routing"], case["hash_buckets"],
+                          case["mod_predictor_hidden"])
     header += struct.pack("<dQ", case["mod_capacity"], seed)
     header += struct.pack("<I", len(arrays))
     write_records(path, header, arrays)
@@ -354,8 +369,10 @@ def main():
             seed += 1
         path = os.path.join(args.out_dir, name)
         write_fixture(path, arrays, case, seed)
+        chosen = [a for a in arrays if a[0] == "chosen"]
+        share = f", {int(chosen[0][2].sum())} of {chosen[0][2].numel()} chosen" if chosen else ""
         print(f"wrote {path} ({os.path.getsize(path)} bytes); seed {seed}, smallest decision "
-              f"margin {margin:.3g}")
+              f"margin {margin:.3g}{share}")
         print("  train losses: " + " ".join(f"{x:.6f}" for x in losses))
 
 
