@@ -489,10 +489,13 @@ static void print_checkpoint_model(const struct ckpt_meta *m)
                "width %d, top-%d: %zu parameters per MoE block\n", s->moe.every,
                gpt_moe_block_count(s), s->moe.experts, s->moe.hidden, s->moe.top_k,
                gpt_block_param_count(s, s->moe.every - 1));
-    if (s->mod.every > 0)
-        printf("  mixture of depths: every %d blocks (%d MoD blocks), capacity %g, %s routing\n",
-               s->mod.every, gpt_mod_block_count(s), s->mod.capacity,
-               s->mod.routing == MOD_ROUTING_CAUSAL ? "causal" : "top-k");
+    if (s->mod.every > 0 && s->mod.routing == MOD_ROUTING_CAUSAL)
+        printf("  mixture of depths: every %d blocks (%d MoD blocks), capacity %g, causal "
+               "routing by an MLP predictor of hidden width %d\n", s->mod.every,
+               gpt_mod_block_count(s), s->mod.capacity, s->mod.predictor_hidden);
+    else if (s->mod.every > 0)
+        printf("  mixture of depths: every %d blocks (%d MoD blocks), capacity %g, top-k "
+               "routing\n", s->mod.every, gpt_mod_block_count(s), s->mod.capacity);
     if (s->hash.buckets > 0)
         printf("  attention: hash-sparse, %d buckets per head\n", s->hash.buckets);
 }
