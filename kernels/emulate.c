@@ -899,17 +899,25 @@ static void emulate_attention_backward_rows(float *dq, float *dkv, float *scores
 
 /* ---- hash-sparse attention (hash.cu) --------------------------------------- */
 
-static long count_tiles(const int *order, const int *bucket, int B, int NH, int T)
+/* hash.cu's count_tiles: the tiles, and with alone the queries with
+ * their own key alone, summed on the host in row order */
+static long count_tiles(long *alone, const int *order, const int *bucket, int B, int NH, int T)
 {
     long rows = (T + DM_HASH_TILE - 1) / DM_HASH_TILE, n = (long)B * NH * rows, total = 0;
-    long *tiles = (long *)scratch(SCRATCH_HASH_TILES, (size_t)n * sizeof(long) / sizeof(float));
-    LAUNCH(grid_for(n), hash_tiles_thread(t, tiles, order, bucket, B, NH, T));
+    long *tiles = (long *)scratch(SCRATCH_HASH_TILES,
+                                  2 * (size_t)n * sizeof(long) / sizeof(float));
+    LAUNCH(grid_for(n), hash_tiles_thread(t, tiles, alone ? tiles + n : NULL, order, bucket, B,
+                                          NH, T));
     for (long i = 0; i < n; i++) total += tiles[i];
+    if (alone) {
+        *alone = 0;
+        for (long i = n; i < 2 * n; i++) *alone += tiles[i];
+    }
     return total;
 }
 
 static long emulate_hash_attention_forward(float *out, float *lse, int *order, int *bucket,
-                                           const float *qkv, const float *rotation, int B, int T,
+                                           long *alone, const float *qkv, const float *rotation, int B, int T,
                                            int C, int NH, int buckets)
 {
     DEVICE_SCOPE;
@@ -919,7 +927,7 @@ static long emulate_hash_attention_forward(float *out, float *lse, int *order, i
                                                T, C, NH, buckets));
     LAUNCH(grid_for(sides), hash_order_thread(t, order, bucket, B, NH, T));
     LAUNCH(grid_for(queries), hash_forward_thread(t, out, lse, order, bucket, qkv, B, T, C, NH));
-    return count_tiles(order, bucket, B, NH, T);
+    return count_tiles(alone, order, bucket, B, NH, T);
 }
 
 static long emulate_hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
@@ -935,7 +943,7 @@ static long emulate_hash_attention_backward(float *dqkv, const float *dout, cons
                                              C, NH));
     LAUNCH(grid_for(queries), hash_dkv_thread(t, dqkv, dout, qkv, lse, delta, order, bucket, B,
                                               T, C, NH));
-    return count_tiles(order, bucket, B, NH, T);
+    return count_tiles(NULL, order, bucket, B, NH, T);
 }
 
 /* ---- pruned matrices (sparse.cu) and mixture of depths (mod.cu) ------------- */
@@ -981,15 +989,19 @@ static void emulate_mod_select_topk(int *chosen, const float *router, int B, int
 }
 
 /* the loss summed on the host in token order, in double (mod.cu's mean_loss) */
-static float emulate_mod_predictor(float *dweight, int *chosen, const float *in,
-                                   const float *weight, const int *target, int N, int C)
+static float emulate_mod_predictor(float *dweight, float scale, int *chosen, const float *in,
+                                   const float *weight, const int *target, int N, int C, int H)
 {
     DEVICE_SCOPE;
     DEVICE_ARGS("mod_predictor", dweight, chosen, in, weight, target);
-    float *loss = scratch(SCRATCH_MOD, 2 * (size_t)N + 2), *grad = loss + N + 1;
-    LAUNCH(grid_for(N), mod_predictor_thread(t, loss, grad, chosen, in, weight, target, N, C));
+    float *loss = scratch(SCRATCH_MOD, (2 + (size_t)H) * N + 2), *grad = loss + N + 1;
+    float *hidden = grad + N + 1;
+    LAUNCH(grid_for(N), mod_predictor_thread(t, loss, grad, hidden, chosen, in, weight, target,
+                                             N, C, H));
     if (!target) return 0.0f;
-    if (dweight) LAUNCH(grid_for(C), mod_dweight_thread(t, dweight, grad, in, N, C));
+    if (dweight)
+        LAUNCH(grid_for(mod_predictor_params(C, H)),
+               mod_predictor_dweight_thread(t, dweight, scale, grad, hidden, in, weight, N, C, H));
     double sum = 0.0;
     for (int n = 0; n < N; n++) sum += loss[n];
     return (float)(sum / N);

@@ -1,9 +1,12 @@
 /* The per-thread arithmetic of the hash-sparse attention kernels
  * (hash.cu), with src/model/hash_attention.c's contract: buckets by the
- * first maximum of [xR ; -xR], positions sorted stably by bucket, query i
- * attends to key j when both share a bucket and j <= i, a query with no
- * such key outputs zero, and the tiles of HASH_TILE x HASH_TILE of the
- * sorted orders that hold an allowed pair are counted.
+ * first maximum of [xR ; -xR] (R's unit-norm columns drawn on the host),
+ * positions sorted stably by bucket, query i attends to key j when both
+ * share a bucket and j <= i, and to its own key j = i wherever that
+ * hashed; the tiles of HASH_TILE x HASH_TILE of the sorted orders that
+ * hold an allowed pair of one bucket are counted, and the queries whose
+ * bucket holds no key at or before them (their own key is all they
+ * attend to).
  *
  * The buckets are the CPU's bits (the same projections in the same
  * order), hence the same orders and tile counts. The attention itself is
@@ -82,8 +85,23 @@ DM_HD int dm_hash_tile_has_pair(const int *qo, const int *qb, const int *ko, con
     return 0;
 }
 
-/* one (item, row of tiles) per step: tiles[e] = its tiles with a pair */
-DM_HD void hash_tiles_thread(struct dm_thread t, long *tiles, const int *order,
+/* the first index of sorted[0..T) whose bucket is at least want */
+DM_HD int dm_hash_bucket_start(const int *sorted, const int *bk, int T, int want)
+{
+    int lo = 0, hi = T;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (bk[sorted[mid]] < want) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
+/* one (item, row of tiles) per step: tiles[e] = its tiles with a pair;
+ * alone[e] (alone may be NULL) = its query rows whose bucket has no key
+ * at or before them (the keys of a bucket are sorted by position, so the
+ * bucket's first key decides) */
+DM_HD void hash_tiles_thread(struct dm_thread t, long *tiles, long *alone, const int *order,
                              const int *bucket, int B, int NH, int T)
 {
     int rows = (T + DM_HASH_TILE - 1) / DM_HASH_TILE;
@@ -97,19 +115,14 @@ DM_HD void hash_tiles_thread(struct dm_thread t, long *tiles, const int *order,
             count += dm_hash_tile_has_pair(qo, qb, ko, kb, r0, r1, c0,
                                            c0 + DM_HASH_TILE < T ? c0 + DM_HASH_TILE : T);
         tiles[e] = count;
+        if (!alone) continue;
+        long lone = 0;
+        for (int i = r0; i < r1; i++) {
+            int mine = qb[qo[i]], j = dm_hash_bucket_start(ko, kb, T, mine);
+            lone += !(j < T && kb[ko[j]] == mine && ko[j] <= qo[i]);
+        }
+        alone[e] = lone;
     }
-}
-
-/* the first index of sorted[0..T) whose bucket is at least want */
-DM_HD int dm_hash_bucket_start(const int *sorted, const int *bk, int T, int want)
-{
-    int lo = 0, hi = T;
-    while (lo < hi) {
-        int mid = (lo + hi) / 2;
-        if (bk[sorted[mid]] < want) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
 }
 
 DM_HD float dm_hash_dot(const float *a, const float *b, int n)
@@ -120,7 +133,8 @@ DM_HD float dm_hash_dot(const float *a, const float *b, int n)
 }
 
 /* one (item, query position) per step: out and lse over the keys of its
- * bucket at or before it (two passes: the maximum, then the sums) */
+ * bucket at or before it and its own key when that hashed elsewhere (two
+ * passes: the maximum, then the sums; the sum is at least 1) */
 DM_HD void hash_forward_thread(struct dm_thread t, float *out, float *lse, const int *order,
                                const int *bucket, const float *qkv, int B, int T, int C, int NH)
 {
@@ -130,14 +144,17 @@ DM_HD void hash_forward_thread(struct dm_thread t, float *out, float *lse, const
         long item = e / T, b = item / NH, h = item % NH;
         int qpos = (int)(e % T);
         const int *ko = order + item * 2L * T + T, *kb = bucket + item * 2L * T + T;
-        int mine = bucket[item * 2L * T + qpos];
+        int mine = bucket[item * 2L * T + qpos], own = kb[qpos] != mine;
         int j0 = dm_hash_bucket_start(ko, kb, T, mine);
         const float *q = qkv + (b * T + qpos) * 3L * C + h * hs;
+        const float *kown = qkv + (b * T + qpos) * 3L * C + C + h * hs;
         float *o = out + (b * T + qpos) * (long)C + h * hs, mx = -INFINITY, sum = 0.0f;
+        float sown = own ? dm_hash_dot(q, kown, hs) * scale : -INFINITY;
         for (int j = j0; j < T && kb[ko[j]] == mine && ko[j] <= qpos; j++) {
             float s = dm_hash_dot(q, qkv + (b * T + ko[j]) * 3L * C + C + h * hs, hs) * scale;
             mx = s > mx ? s : mx;
         }
+        mx = sown > mx ? sown : mx;
         for (int d = 0; d < hs; d++) o[d] = 0.0f;
         for (int j = j0; j < T && kb[ko[j]] == mine && ko[j] <= qpos; j++) {
             const float *k = qkv + (b * T + ko[j]) * 3L * C + C + h * hs;
@@ -145,9 +162,14 @@ DM_HD void hash_forward_thread(struct dm_thread t, float *out, float *lse, const
             sum += p;
             for (int d = 0; d < hs; d++) o[d] += p * k[C + d];
         }
-        float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+        if (own) {
+            float p = expf(sown - mx);
+            sum += p;
+            for (int d = 0; d < hs; d++) o[d] += p * kown[C + d];
+        }
+        float inv = 1.0f / sum;
         for (int d = 0; d < hs; d++) o[d] *= inv;
-        lse[e] = sum > 0.0f ? mx + logf(sum) : -INFINITY;
+        lse[e] = mx + logf(sum);
     }
 }
 
@@ -163,7 +185,8 @@ DM_HD void hash_delta_thread(struct dm_thread t, float *delta, const float *dout
 }
 
 /* one (item, query position) per step: its dq (overwritten) over the
- * keys it attends to; p = exp(q.k scale - lse), ds = p (dout.v - delta) scale */
+ * keys it attends to (its own last when that hashed elsewhere);
+ * p = exp(q.k scale - lse), ds = p (dout.v - delta) scale */
 DM_HD void hash_dq_thread(struct dm_thread t, float *dqkv, const float *dout, const float *qkv,
                           const float *lse, const float *delta, const int *order,
                           const int *bucket, int B, int T, int C, int NH)
@@ -185,11 +208,34 @@ DM_HD void hash_dq_thread(struct dm_thread t, float *dqkv, const float *dout, co
             float ds = p * (dm_hash_dot(dy, k + C, hs) - delta[e]) * scale;
             for (int d = 0; d < hs; d++) dq[d] += ds * k[d];
         }
+        if (kb[qpos] != mine) {
+            const float *k = qkv + (b * T + qpos) * 3L * C + C + h * hs;
+            float p = expf(dm_hash_dot(q, k, hs) * scale - lse[e]);
+            float ds = p * (dm_hash_dot(dy, k + C, hs) - delta[e]) * scale;
+            for (int d = 0; d < hs; d++) dq[d] += ds * k[d];
+        }
+    }
+}
+
+/* the pair (query at qpos, key k) of item's key thread: dk and dv += */
+DM_HD void dm_hash_dkv_pair(float *dk, float *dv, const float *k, const float *dout,
+                            const float *qkv, const float *lse, const float *delta, long item,
+                            long b, long h, int qpos, int T, int C, int hs, float scale)
+{
+    const float *q = qkv + (b * T + qpos) * 3L * C + h * hs;
+    const float *dy = dout + (b * T + qpos) * (long)C + h * hs;
+    long qe = item * T + qpos;
+    float p = expf(dm_hash_dot(q, k, hs) * scale - lse[qe]);
+    float ds = p * (dm_hash_dot(dy, k + C, hs) - delta[qe]) * scale;
+    for (int d = 0; d < hs; d++) {
+        dv[d] += p * dy[d];
+        dk[d] += ds * q[d];
     }
 }
 
 /* one (item, key position) per step: its dk and dv (overwritten) over the
- * queries of its bucket at or after it */
+ * queries of its bucket at or after it, and the query at its own position
+ * last when that one hashed elsewhere */
 DM_HD void hash_dkv_thread(struct dm_thread t, float *dqkv, const float *dout, const float *qkv,
                            const float *lse, const float *delta, const int *order,
                            const int *bucket, int B, int T, int C, int NH)
@@ -203,19 +249,13 @@ DM_HD void hash_dkv_thread(struct dm_thread t, float *dqkv, const float *dout, c
         const float *k = qkv + (b * T + kpos) * 3L * C + C + h * hs;
         float *dk = dqkv + (b * T + kpos) * 3L * C + C + h * hs, *dv = dk + C;
         for (int d = 0; d < hs; d++) dk[d] = dv[d] = 0.0f;
-        for (int i = dm_hash_bucket_start(qo, qb, T, mine); i < T && qb[qo[i]] == mine; i++) {
-            int qpos = qo[i];
-            if (qpos < kpos) continue;
-            const float *q = qkv + (b * T + qpos) * 3L * C + h * hs;
-            const float *dy = dout + (b * T + qpos) * (long)C + h * hs;
-            long qe = item * T + qpos;
-            float p = expf(dm_hash_dot(q, k, hs) * scale - lse[qe]);
-            float ds = p * (dm_hash_dot(dy, k + C, hs) - delta[qe]) * scale;
-            for (int d = 0; d < hs; d++) {
-                dv[d] += p * dy[d];
-                dk[d] += ds * q[d];
-            }
-        }
+        for (int i = dm_hash_bucket_start(qo, qb, T, mine); i < T && qb[qo[i]] == mine; i++)
+            if (qo[i] >= kpos)
+                dm_hash_dkv_pair(dk, dv, k, dout, qkv, lse, delta, item, b, h, qo[i], T, C, hs,
+                                 scale);
+        if (qb[kpos] != mine)
+            dm_hash_dkv_pair(dk, dv, k, dout, qkv, lse, delta, item, b, h, kpos, T, C, hs,
+                             scale);
     }
 }
 

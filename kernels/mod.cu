@@ -31,16 +31,20 @@ void cuda_mod_select_topk(int *chosen, const float *router, int B, int T, int k)
     LAUNCH_CHECK(mod_select_topk_kernel);
 }
 
-__global__ void mod_predictor_kernel(float *loss, float *grad, int *chosen, const float *in,
-                                     const float *weight, const int *target, int N, int C)
+__global__ void mod_predictor_kernel(float *loss, float *grad, float *hidden, int *chosen,
+                                     const float *in, const float *weight, const int *target,
+                                     int N, int C, int H)
 {
-    mod_predictor_thread(DM_THREAD_HERE, loss, grad, chosen, in, weight, target, N, C);
+    mod_predictor_thread(DM_THREAD_HERE, loss, grad, hidden, chosen, in, weight, target, N, C,
+                         H);
 }
 
-__global__ void mod_predictor_dweight_kernel(float *dweight, const float *grad, const float *in,
-                                             int N, int C)
+__global__ void mod_predictor_dweight_kernel(float *dweight, float scale, const float *grad,
+                                             const float *hidden, const float *in,
+                                             const float *weight, int N, int C, int H)
 {
-    mod_dweight_thread(DM_THREAD_HERE, dweight, grad, in, N, C);
+    mod_predictor_dweight_thread(DM_THREAD_HERE, dweight, scale, grad, hidden, in, weight, N,
+                                 C, H);
 }
 
 /* the mean of loss[0..N) in double, tokens in order (mod.c's) */
@@ -57,17 +61,23 @@ static float mean_loss(const float *loss, int N)
     return (float)(sum / N);
 }
 
-float cuda_mod_predictor_forward_backward(float *dweight, int *chosen, const float *in,
-                                          const float *weight, const int *target, int N, int C)
+/* scratch: loss (N + 1), grad (N + 1), the hidden pre-activations (N, H) */
+float cuda_mod_predictor_forward_backward(float *dweight, float scale, int *chosen,
+                                          const float *in, const float *weight,
+                                          const int *target, int N, int C, int H)
 {
-    float *loss = dm_cuda_scratch(SCRATCH_MOD, 2 * (size_t)N + 2), *grad = loss + N + 1;
+    float *loss = dm_cuda_scratch(SCRATCH_MOD, (2 + (size_t)H) * N + 2), *grad = loss + N + 1;
+    float *hidden = grad + N + 1;
+    long P = mod_predictor_params(C, H);
     mod_predictor_kernel<<<dm_grid_for(N, DM_CUDA_THREADS), DM_CUDA_THREADS, 0,
-                           dm_cuda_stream()>>>(loss, grad, chosen, in, weight, target, N, C);
+                           dm_cuda_stream()>>>(loss, grad, hidden, chosen, in, weight, target, N,
+                                               C, H);
     LAUNCH_CHECK(mod_predictor_kernel);
     if (!target) return 0.0f;
     if (dweight) {
-        mod_predictor_dweight_kernel<<<dm_grid_for(C, DM_CUDA_THREADS), DM_CUDA_THREADS, 0,
-                                       dm_cuda_stream()>>>(dweight, grad, in, N, C);
+        mod_predictor_dweight_kernel<<<dm_grid_for(P, DM_CUDA_THREADS), DM_CUDA_THREADS, 0,
+                                       dm_cuda_stream()>>>(dweight, scale, grad, hidden, in,
+                                                           weight, N, C, H);
         LAUNCH_CHECK(mod_predictor_dweight_kernel);
     }
     return mean_loss(loss, N);

@@ -5,9 +5,11 @@
  * tokens rank before it (a larger value, or an equal value at a lower
  * position), the CPU's total order, so the same choice. Router values
  * are finite (the CPU's order is undefined for NaN too). The causal
- * predictor: one thread per token for the logit, choice, loss and
- * gradient factor, one per channel for the weight gradient in mod.c's
- * order; the loss is summed on the host in token order. The block over
+ * predictor (dynmo/mod_predictor.h, the CPU's arithmetic): one thread per
+ * token for the MLP's hidden pre-activations, logit, choice, loss and
+ * dlogit, one per weight for its gradient, the tokens' terms summed in
+ * order from zero as mod.c does; the loss is summed on the host in token
+ * order. The block over
  * the chosen tokens: the combination forward and the backward's scale
  * one element per step, the backward's combination in three kernels
  * without atomics (dr per token, din per element, the router weight's
@@ -17,6 +19,7 @@
 #define DYNMO_KERNELS_MOD_CUH
 
 #include "common.cuh"
+#include "dynmo/mod_predictor.h"
 
 /* one token per step: router[n] = weight . in[n, :] */
 DM_HD void mod_router_thread(struct dm_thread t, float *router, const float *in,
@@ -44,29 +47,42 @@ DM_HD void mod_select_topk_thread(struct dm_thread t, int *chosen, const float *
     }
 }
 
-/* The causal predictor, one token per step: logit = weight . in[n, :];
- * chosen[n] = logit > 0 (chosen may be NULL); with target, the token's
- * binary cross-entropy in loss[n] and its gradient factor
- * grad[n] = (sigmoid(logit) - y) / N (torch's stable form, as mod.c) */
-DM_HD void mod_predictor_thread(struct dm_thread t, float *loss, float *grad, int *chosen,
-                                const float *in, const float *weight, const int *target, int N,
-                                int C)
+/* The causal predictor, one token per step: its hidden pre-activations
+ * hidden[n, :] (H) and logit; chosen[n] = logit > 0 (chosen may be NULL);
+ * with target, the token's binary cross-entropy in loss[n] and its
+ * dlogit in grad[n] */
+DM_HD void mod_predictor_thread(struct dm_thread t, float *loss, float *grad, float *hidden,
+                                int *chosen, const float *in, const float *weight,
+                                const int *target, int N, int C, int H)
 {
     for (long n = dm_thread_first(t); n < N; n += dm_thread_stride(t)) {
-        const float *x = in + n * C;
-        float logit = 0.0f;
-        for (int c = 0; c < C; c++) logit += weight[c] * x[c];
+        float *a = hidden + n * H;
+        float logit = mod_predictor_logit(a, in + n * C, weight, C, H);
         if (chosen) chosen[n] = logit > 0.0f;
         if (!target) continue;
-        float y = target[n] ? 1.0f : 0.0f;
-        loss[n] = (logit > 0.0f ? logit : 0.0f) - logit * y + log1pf(expf(-fabsf(logit)));
-        grad[n] = (1.0f / (1.0f + expf(-logit)) - y) / (float)N;
+        loss[n] = mod_predictor_bce(logit, target[n]);
+        grad[n] = mod_predictor_dlogit(logit, target[n], (int)N);
+    }
+}
+
+/* one predictor weight per step: dweight[e] += scale x (its gradient, the
+ * tokens' terms summed in order from zero) */
+DM_HD void mod_predictor_dweight_thread(struct dm_thread t, float *dweight, float scale,
+                                        const float *grad, const float *hidden, const float *in,
+                                        const float *weight, int N, int C, int H)
+{
+    long P = mod_predictor_params(C, H);
+    for (long e = dm_thread_first(t); e < P; e += dm_thread_stride(t)) {
+        float acc = 0.0f;
+        for (long n = 0; n < N; n++)
+            acc += mod_predictor_term(e, grad[n], hidden + n * H, in + n * C, weight, C, H);
+        dweight[e] += scale * acc;
     }
 }
 
 /* one channel per step: dweight[c] += grad[n] in[n, c] for n in order
- * (the causal predictor's weight gradient, and the router weight's in
- * the backward's combination with grad = dr, in = the gathered rows) */
+ * (the router weight's gradient in the backward's combination with
+ * grad = dr, in = the gathered rows) */
 DM_HD void mod_dweight_thread(struct dm_thread t, float *dweight, const float *grad,
                                const float *in, int N, int C)
 {

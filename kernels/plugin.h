@@ -90,7 +90,7 @@ void cuda_attention_forward_rows(float *out, float *att, const float *q, const f
 void cuda_attention_backward_rows(float *dq, float *dkv, float *scratch, const float *dout,
                                   const float *q, const float *kv, const float *att,
                                   const int *rows, int nactive, int B, int T, int C, int NH);
-long cuda_hash_attention_forward(float *out, float *lse, int *order, int *bucket,
+long cuda_hash_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
                                  const float *qkv, const float *rotation, int B, int T, int C,
                                  int NH, int buckets);
 long cuda_hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
@@ -140,8 +140,9 @@ void cuda_sparse_matmul_backward(float *dinp, float *dweight, float *dbias, cons
                                  const float *values, int nnz, int N, int C, int OC);
 void cuda_mod_router_forward(float *router, const float *in, const float *weight, int N, int C);
 void cuda_mod_select_topk(int *chosen, const float *router, int B, int T, int k);
-float cuda_mod_predictor_forward_backward(float *dweight, int *chosen, const float *in,
-                                          const float *weight, const int *target, int N, int C);
+float cuda_mod_predictor_forward_backward(float *dweight, float scale, int *chosen,
+                                          const float *in, const float *weight,
+                                          const int *target, int N, int C, int H);
 void cuda_mod_combine_forward(float *out, const float *gathered_in, const float *gathered_out,
                               const float *router, const int *rows, int n, int C);
 void cuda_mod_scale_chosen(float *work, const float *din, const float *router, const int *rows,

@@ -77,10 +77,18 @@ expect_error "MoD capacity 0" "model.mod_capacity = 0 is outside \(0, 1\]" \
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=0
 expect_error "MoD capacity 1.5" "model.mod_capacity = 1.5 is outside \(0, 1\]" \
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=1.5
-expect_error "MoD routing without MoD blocks" "mod.routing = causal is set but model.mod_every = 0" \
+expect_error "MoD routing without MoD blocks" "\[mod\] is set \(mod.routing = causal, mod.predictor_hidden = 32\) but model.mod_every = 0" \
   "$DYNMO" train --config "$dir/ok.ini" mod.routing=causal
 expect_error "MoD routing name" "mod.routing = 'sorted' must be topk or causal" \
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=1 mod.routing=sorted
+expect_error "MoD predictor width 0" "mod.predictor_hidden = 0 is outside 1..65536" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=1 mod.routing=causal mod.predictor_hidden=0
+expect_error "MoD predictor width too large" "mod.predictor_hidden = 70000 is outside 1..65536" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=1 mod.routing=causal mod.predictor_hidden=70000
+expect_error "MoD predictor width with top-k" "mod.predictor_hidden = 16 is set but mod.routing = topk has no predictor" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=1 mod.predictor_hidden=16
+expect_error "MoD predictor width not a number" "mod.predictor_hidden" \
+  "$DYNMO" train --config "$dir/ok.ini" model.mod_every=1 mod.routing=causal mod.predictor_hidden=wide
 expect_error "hash buckets 0" "hash.buckets = 0 must be 1 or an even number" \
   "$DYNMO" train --config "$dir/ok.ini" model.attention=hash hash.buckets=0
 expect_error "hash buckets odd" "hash.buckets = 3 must be 1 or an even number" \

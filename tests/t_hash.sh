@@ -7,6 +7,9 @@
 #   - 1 stage x 2 replicas and 4 stages x 1 replica give the same bits;
 #   - one bucket gives a loss within 1e-4 of dense attention;
 #   - /hash/tiles records the tiles each block visited, the same for both;
+#   - /hash/own_key_only records the share of query rows that had no key
+#     of their bucket but their own (0 with one bucket), the same for both,
+#     and dynmo inspect shows it;
 #   - a resume on another layout continues with the same bits;
 #   - configs/hash.ini runs on 2 and 4 ranks (shortened by overrides).
 set -u
@@ -20,6 +23,7 @@ bits() {
   h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null || return 1
   if h5dump -H -d /hash/tiles "$1/runlog.h5" >/dev/null 2>&1; then
     h5dump -b LE -d /hash/tiles -o "$2.tiles" "$1/runlog.h5" >/dev/null
+    h5dump -b LE -d /hash/own_key_only -o "$2.own" "$1/runlog.h5" >/dev/null || return 1
   fi
 }
 run() { # run NAME CONFIG RANKS [overrides...]
@@ -30,9 +34,11 @@ run() { # run NAME CONFIG RANKS [overrides...]
   if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
   bits "$dir/$name" "$dir/$name.loss" || { fail "$name: no /steps/loss"; return 1; }
 }
-same() { # same A B WHAT: losses and tiles visited per block
+same() { # same A B WHAT: losses, tiles visited and own-key-only shares per block
   cmp -s "$dir/$1.loss" "$dir/$2.loss" && cmp -s "$dir/$1.loss.tiles" "$dir/$2.loss.tiles" \
-    && echo "ok: $3: losses and /hash/tiles bit-identical" || fail "$3: losses or tiles differ"
+    && cmp -s "$dir/$1.loss.own" "$dir/$2.loss.own" \
+    && echo "ok: $3: losses, /hash/tiles and /hash/own_key_only bit-identical" \
+    || fail "$3: losses, tiles or own-key shares differ"
 }
 run static "$dir/hash.ini" 4 parallel.pp=2
 run random "$dir/hash.ini" 4 parallel.pp=2 balance.method=random balance.every=1 && {
@@ -63,6 +69,28 @@ assert (one == 32).all(), one
 assert (t <= 32).all(), t
 print(f"ok: /hash/tiles: 4 bucket runs visit {t.mean():.1f} of 32 tiles per block and step; one bucket all 32")
 PY
+# /hash/own_key_only: [steps, layers], a share in [0, 1]; with one bucket
+# every query finds its own key in its bucket, so 0
+/usr/bin/python3 - "$dir" <<'PY' || fail "/hash/own_key_only is wrong"
+import sys, h5py, numpy as np
+d = sys.argv[1]
+s = h5py.File(d + "/static/runlog.h5", "r")["/hash/own_key_only"][:]
+one = h5py.File(d + "/one/runlog.h5", "r")["/hash/own_key_only"][:]
+assert s.shape == (4, 6) and (s >= 0).all() and (s <= 1).all() and s.max() > 0, s
+assert (one == 0).all(), one
+print(f"ok: /hash/own_key_only: 4 buckets at T 32: {100 * s.mean():.2f}% of the query rows "
+      f"(block max {100 * s.mean(axis=0).max():.2f}%) had only their own key; one bucket 0")
+PY
+if "$DYNMO" inspect "$dir/static/runlog.h5" > "$dir/inspect.out" 2>&1 &&
+   grep -q "hash attention: .* of the query rows had no key of their bucket but their own" \
+     "$dir/inspect.out" &&
+   "$DYNMO" inspect "$dir/static/runlog.h5" --json | /usr/bin/python3 -c '
+import json, sys; h = json.load(sys.stdin)["hash"]
+assert 0 < h["own_key_only_share"] <= 1 and h["steps"] == 4, h'; then
+  echo "ok: inspect: $(grep "^hash attention" "$dir/inspect.out")"
+else
+  fail "inspect does not show /hash/own_key_only"; cat "$dir/inspect.out"
+fi
 "$DYNMO" report "$dir/static/runlog.h5" --out "$dir/report" > "$dir/report.out" 2>&1 &&
   grep -q "hash tiles visited" "$dir/report/index.html" &&
   echo "ok: report: the share of causal tiles visited beside the cost" ||
@@ -92,6 +120,7 @@ refused eight "$dir/hash.ini" "hash checkpoint into 8 buckets" \
   "attention is hash with 4 hash buckets in the checkpoint but hash with 8" hash.buckets=8
 short=(model.layers=4 train.steps=2 train.warmup=1 train.eval_every=0 "data.train=$dir/data/train.bin"
        "data.val=$dir/data/val.bin")
-run cfg2 configs/hash.ini 2 "${short[@]}" parallel.pp=2 parallel.dp=1 && echo "ok: configs/hash.ini on 2 ranks"
+run cfg2 configs/hash.ini 2 "${short[@]}" parallel.pp=2 parallel.dp=1 &&
+  echo "ok: configs/hash.ini on 2 ranks; $("$DYNMO" inspect "$dir/cfg2/runlog.h5" | grep "^hash attention")"
 run cfg4 configs/hash.ini 4 "${short[@]}" parallel.pp=2 parallel.dp=2 && echo "ok: configs/hash.ini on 4 ranks"
 finish

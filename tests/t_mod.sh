@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Mixture of depths end to end (issue 17; docs/mod-hash.md): a small GPT
-# with a MoD block every second layer, causal routing (the predictor
-# decides, so the tokens processed vary), on 2 stages x 2 replicas, where
+# with a MoD block every second layer, causal routing (the MLP predictor,
+# 16 hidden units, decides, so the tokens processed vary), on 2 stages x 2
+# replicas, where
 #   - a balanced run (balance.method=random: a new layout, and live
 #     migration, every step) gives the same loss and /mod/tokens bits as
 #     the static run; so do 1 stage x 2 replicas and 4 stages x 1 replica;
@@ -10,13 +11,18 @@
 #   - causal routing's predictors' BCE (/mod/predictor_bce) starts at ln 2
 #     and is bit-identical across layouts; top-k has none;
 #   - a checkpoint at step 2 on 2 stages resumed on 1 rank continues with
-#     the same bits, and refuses to load into another model (exit 2);
+#     the same bits (its /mod rows: the router and the MLP predictor, /mod
+#     format 2), and refuses to load into another model (exit 2), another
+#     predictor width among them;
+#   - a checkpoint of the dynmo before the MLP predictor (/mod format 1,
+#     tests/data/ckpt/mod-format1.h5) is refused by check-ckpt and by a
+#     resume: exit 2, naming the format;
 #   - configs/mod.ini runs on 2 and 4 ranks (shortened by overrides).
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
 tiny_config "$dir/mod.ini" model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal \
-  parallel.dp=2 train.micro_batches=2
+  mod.predictor_hidden=16 parallel.dp=2 train.micro_batches=2
 tiny_config "$dir/topk.ini" model.mod_every=2 model.mod_capacity=0.25 mod.routing=topk \
   parallel.dp=2 train.micro_batches=2
 bits() {
@@ -62,8 +68,9 @@ c = h5py.File(d + "/static/runlog.h5", "r")["/mod/tokens"][:]
 assert t.shape == (4, 3) and (t == 64).all(), t
 assert c.shape == (4, 3) and (c >= 0).all() and (c <= 256).all(), c
 print(f"ok: /mod/tokens: top-k 64 of 256 per block and step; causal {c.min():.0f}..{c.max():.0f}")
-# the causal predictors' BCE: u starts small (N(0, 0.02)), so each starts
-# within 0.01 of ln 2 and is trained from there; top-k has no predictor
+# the causal predictors' BCE: the MLP's matrices start small (N(0, 0.02)),
+# its biases at 0, so each starts within 0.01 of ln 2 and is trained from
+# there; top-k has no predictor
 b = h5py.File(d + "/static/runlog.h5", "r")["/mod/predictor_bce"][:]
 assert b.shape == (4, 3) and np.isfinite(b).all() and (b > 0).all(), b
 assert abs(b[0] - np.log(2)).max() < 0.01, b[0]
@@ -94,14 +101,18 @@ f = h5py.File(sys.argv[1], "r")
 m = f["/model"].attrs
 assert m["mod_every"] == 2 and m["mod_capacity"] == "0.25" and m["mod_routing"] == "causal", dict(m)
 assert m["attention"] == "dense" and m["hash_buckets"] == 0, dict(m)
-assert f["/mod/params"].shape == (3, 64) and f["/blocks/params"].shape[0] == 6
-print("ok: MoD checkpoint: /model mod_every 2, capacity 0.25, causal; /mod/params 3 x 64")
+a = f["/mod"].attrs
+assert a["format"] == 2 and a["predictor_hidden"] == 16, dict(a)
+# the router (32), then the predictor: W1 16 x 32, b1 16, w2 16, b2 1
+assert f["/mod/params"].shape == (3, 32 + 16 * 32 + 2 * 16 + 1) and f["/blocks/params"].shape[0] == 6
+print("ok: MoD checkpoint: /model mod_every 2, capacity 0.25, causal; /mod format 2, "
+      "predictor_hidden 16; /mod/params 3 x 577 (router 32, MLP predictor 545)")
 PY
-"$DYNMO" inspect "$dir/cb/ckpt-2.h5" 2>&1 | grep -q "mixture of depths: every 2 blocks (3 MoD blocks), capacity 0.25, causal routing" &&
+"$DYNMO" inspect "$dir/cb/ckpt-2.h5" 2>&1 | grep -q "mixture of depths: every 2 blocks (3 MoD blocks), capacity 0.25, causal routing by an MLP predictor of hidden width 16" &&
   echo "ok: inspect shows a checkpoint's MoD keys" || fail "inspect does not show a checkpoint's MoD keys"
 refused() { # refused NAME WHAT PATTERN [overrides...]: resume from cb must exit 2 with PATTERN
   local name=$1 what=$2 pattern=$3; shift 3
-  timeout -k 10 120 mpiexec -n 1 "$DYNMO" train --config "$dir/mod.ini" parallel.pp=1 parallel.dp=1 \
+  timeout -k 10 120 mpiexec -n 1 "$DYNMO" train --config "${config:-$dir/mod.ini}" parallel.pp=1 parallel.dp=1 \
     run.out_dir="$dir/$name" ckpt.dir="$dir/cb" train.steps=6 "$@" > "$dir/$name.out" 2>&1
   local rc=$?
   if [ $rc -eq 2 ] && grep -q "$pattern" "$dir/$name.out" && [ "$(grep -c . "$dir/$name.out")" -le 3 ]; then
@@ -112,7 +123,17 @@ refused() { # refused NAME WHAT PATTERN [overrides...]: resume from cb must exit
 }
 refused every "MoD checkpoint into mod_every 3" "mixture of depths is model.mod_every 2" model.mod_every=3
 refused capacity "MoD checkpoint into capacity 0.5" "mod_capacity 0.25" model.mod_capacity=0.5
-refused routing "MoD checkpoint into top-k routing" "mod.routing causal" mod.routing=topk
+config=$dir/topk.ini refused routing "MoD checkpoint into top-k routing" "mod.routing causal" \
+  parallel.pp=1
+refused hidden "MoD checkpoint into a predictor of 8 units" "mod.predictor_hidden 16 in the checkpoint but 2, 0.25, causal, 8" \
+  mod.predictor_hidden=8
+# a checkpoint of the dynmo before the MLP predictor: /mod in format 1
+old=tests/data/ckpt/mod-format1.h5
+expect_error "check-ckpt: a /mod format-1 checkpoint" "mod-format1.h5: its mixture-of-depths rows \(/mod\) are in format 1 .*reads /mod format 2 only" \
+  "$DYNMO" check-ckpt "$old"
+expect_error "resume from a /mod format-1 checkpoint" "mod-format1.h5: its mixture-of-depths rows \(/mod\) are in format 1" \
+  "$DYNMO" train --config "$dir/mod.ini" parallel.dp=1 model.layers=2 model.channels=8 model.max_seq=8 \
+  train.seq=8 run.out_dir="$dir/old" ckpt.dir="$dir/old-ck" ckpt.resume="$old"
 # with layer freezing: the checkpoint carries /mod and freezing's /dyn state
 # together; a resume on 1 rank continues with the same bits (blocks freeze
 # in steps 2-4)
@@ -125,4 +146,8 @@ run fpart "$dir/mod.ini" 1 parallel.pp=1 parallel.dp=1 ckpt.dir="$dir/fb" ckpt.e
   grep -q "frozen [1-9]" "$dir/ffull.out" || fail "no block froze"
   same ffull fpart "MoD with freezing: checkpoint (/mod and /dyn) at step 2 on 2 stages, resumed on 1 rank"
 }
+short=(model.layers=4 train.steps=2 train.warmup=1 train.eval_every=0 "data.train=$dir/data/train.bin"
+       "data.val=$dir/data/val.bin")
+run cfg2 configs/mod.ini 2 "${short[@]}" parallel.pp=2 && echo "ok: configs/mod.ini on 2 ranks"
+run cfg4 configs/mod.ini 4 "${short[@]}" parallel.pp=4 && echo "ok: configs/mod.ini on 4 ranks"
 finish

@@ -10,9 +10,15 @@
  *     buckets (the buckets are checked to be the same on both sides of
  *     every difference);
  *   - a query attends only to keys of its bucket at earlier or equal
- *     positions (checked against a direct loop), and more buckets visit
- *     fewer tiles;
- *   - the rotation is a pure function of (seed, layer, step);
+ *     positions and to its own key (checked against a direct loop), and
+ *     more buckets visit fewer tiles;
+ *   - the rotation is a pure function of (seed, layer, step), and each of
+ *     its columns has unit norm;
+ *   - no query is left without a key: with random q, k at T 2048 / 8
+ *     buckets, T 256 / 8 and T 64 / 4 (where 0.3%, 2.7% and 4.6% of the
+ *     rows found no key of their bucket and output 0 before the own-key
+ *     rule) no row outputs 0, and the rows counted as attending to their
+ *     own key alone are exactly those the definition says;
  *   - forward and backward give the same bits for 1 and 2 threads.
  *
  * Mixture of depths:
@@ -26,7 +32,12 @@
  *     the hash block gives each sequence's chosen tokens alone, and finite
  *     differences of its backward (a bucket that changed under a
  *     difference would show as a gross error; none does: 9e-5);
- *   - finite differences of the predictor's binary cross-entropy.
+ *   - the causal predictor is an MLP (hidden width H, ReLU): its logit
+ *     against the formula computed directly, and finite differences of
+ *     its binary cross-entropy with respect to every weight (W1, b1, w2,
+ *     b2; a difference that moves a hidden unit across its ReLU kink is
+ *     left out and counted), and the gradient scaled and added into what
+ *     dweight held.
  *
  * Both against PyTorch (tests/reference/make_mod_hash_fixture.py, committed
  * as tests/reference/fixture_mod_hash.bin): outputs and gradients within
@@ -51,7 +62,7 @@ static void fill(float *x, size_t n, uint64_t stream, float std)
 struct hash_run {
     float *out, *lse, *dqkv;
     int *order, *bucket;
-    long tiles_fwd, tiles_bwd;
+    long tiles_fwd, tiles_bwd, alone;
 };
 
 static void hash_run_alloc(struct hash_run *r)
@@ -71,8 +82,8 @@ static void hash_run_free(struct hash_run *r)
 static void hash_run(struct hash_run *r, const float *qkv, const float *rotation, int nb,
                      const float *dout)
 {
-    r->tiles_fwd = hash_attention_forward(r->out, r->lse, r->order, r->bucket, qkv, rotation,
-                                          B, T, C, NH, nb);
+    r->tiles_fwd = hash_attention_forward(r->out, r->lse, r->order, r->bucket, &r->alone, qkv,
+                                          rotation, B, T, C, NH, nb);
     if (dout)
         r->tiles_bwd = hash_attention_backward(r->dqkv, dout, qkv, r->out, r->lse, r->order,
                                                r->bucket, B, T, C, NH);
@@ -114,7 +125,8 @@ static void test_one_bucket_is_dense(void)
     free(qkv); free(dout); free(out); free(att); free(scratch); free(dqkv);
 }
 
-/* The output of one query computed directly from its definition. */
+/* The output of one query computed directly from its definition: the
+ * keys of its bucket at or before it, and its own key. */
 static void direct_query(float *o, const float *qkv, const int *bucket, long b, int h, int t)
 {
     float scale = (float)(1.0 / sqrt((double)HS));
@@ -122,7 +134,7 @@ static void direct_query(float *o, const float *qkv, const int *bucket, long b, 
     const float *q = qkv + (b * T + t) * 3L * C + h * HS;
     for (int j = 0; j <= t; j++) {
         s[j] = -INFINITY;
-        if (bucket[t] != bucket[T + j]) continue;
+        if (bucket[t] != bucket[T + j] && j != t) continue;
         const float *k = qkv + (b * T + j) * 3L * C + C + h * HS;
         double dot = 0.0;
         for (int d = 0; d < HS; d++) dot += (double)q[d] * k[d];
@@ -152,7 +164,7 @@ static void test_buckets_and_tiles(void)
     hash_run(&r1, qkv, NULL, 1, NULL);
     hash_run(&r8, qkv, rotation, 8, NULL);
     double worst = 0.0;
-    int empty = 0, used[8] = {0};
+    int alone = 0, used[8] = {0};
     for (long b = 0; b < B; b++)
         for (int h = 0; h < NH; h++) {
             const int *bucket = r8.bucket + (b * NH + h) * 2L * T;
@@ -162,7 +174,9 @@ static void test_buckets_and_tiles(void)
                 const float *got = r8.out + (b * T + t) * (long)C + h * HS;
                 double d = max_abs_diff(o, got, HS);
                 if (d > worst) worst = d;
-                if (isinf(r8.lse[(b * NH + h) * (long)T + t])) empty++;
+                int mates = 0;   /* keys of its bucket at or before it */
+                for (int j = 0; j <= t; j++) mates += bucket[T + j] == bucket[t];
+                alone += mates == 0;
                 used[bucket[t]] = 1;
                 /* the order is a stable sort by bucket */
                 const int *order = r8.order + (b * NH + h) * 2L * T;
@@ -175,9 +189,11 @@ static void test_buckets_and_tiles(void)
     int buckets_used = 0;
     for (int i = 0; i < 8; i++) buckets_used += used[i];
     printf("8 buckets: max |diff| to the direct definition %.3g; %d of 8 buckets used; "
-           "%d queries without a key; tiles %ld vs %ld with one bucket\n",
-           worst, buckets_used, empty, r8.tiles_fwd, r1.tiles_fwd);
+           "%d queries with their own key alone (counted %ld); tiles %ld vs %ld with one "
+           "bucket\n", worst, buckets_used, alone, r8.alone, r8.tiles_fwd,
+           r1.tiles_fwd);
     CHECK(worst <= 1e-5);
+    CHECK(r8.alone == alone && r1.alone == 0);
     CHECK(buckets_used >= 6);
     CHECK(r8.tiles_fwd < r1.tiles_fwd);
     hash_run_free(&r1);
@@ -245,6 +261,71 @@ static void test_rotation(void)
     hash_rotation_draw(c, NH, HS, 8, 42, 3, 10);
     CHECK(memcmp(a, c, n * sizeof(float)) != 0);
     free(a); free(b); free(c);
+}
+
+/* R (NH, hs, nb/2): every column (hs values of one head) has unit norm. */
+static void test_rotation_columns(void)
+{
+    enum { RNH = 4, RHS = 16, HALF = 4 };
+    float R[RNH * RHS * HALF];
+    double worst = 0.0;
+    for (int layer = 0; layer < 3; layer++) {
+        hash_rotation_draw(R, RNH, RHS, 2 * HALF, 1337, layer, 7);
+        for (int h = 0; h < RNH; h++)
+            for (int c = 0; c < HALF; c++) {
+                double squares = 0.0;
+                for (int d = 0; d < RHS; d++) {
+                    double x = R[(h * RHS + d) * HALF + c];
+                    squares += x * x;
+                }
+                worst = fmax(worst, fabs(sqrt(squares) - 1.0));
+            }
+    }
+    printf("rotation: %d columns of 16, worst |norm - 1| %.3g\n", 3 * RNH * HALF, worst);
+    CHECK(worst <= 1e-6);
+}
+
+/* Random q, k, v at the sizes of configs/hash.ini's heads (hs 16): no
+ * query row outputs 0 (every query attends at least to its own key, whose
+ * value row is not 0), every lse is finite, and the rows counted as
+ * attending to their own key alone are those whose bucket holds no key at
+ * or before them. */
+static void test_no_empty_rows(void)
+{
+    const struct { int T, buckets; } cases[] = {{2048, 8}, {256, 8}, {64, 4}};
+    enum { EB = 4, EC = 64, ENH = 4, EHS = EC / ENH };
+    for (int k = 0; k < 3; k++) {
+        int ET = cases[k].T, nb = cases[k].buckets;
+        long rows = (long)EB * ENH * ET;
+        size_t nqkv = (size_t)EB * ET * 3 * EC;
+        float *qkv = floats(nqkv), *out = floats((size_t)EB * ET * EC), *lse = floats(rows);
+        float *R = floats((size_t)ENH * EHS * nb / 2);
+        int *order = calloc(2 * (size_t)rows, sizeof(int));
+        int *bucket = calloc(2 * (size_t)rows, sizeof(int));
+        fill(qkv, nqkv, 40 + k, 1.0f);
+        hash_rotation_draw(R, ENH, EHS, nb, 1337, k, 0);
+        long alone = -1;
+        hash_attention_forward(out, lse, order, bucket, &alone, qkv, R, EB, ET, EC, ENH, nb);
+        long zero = 0, infinite = 0, want_alone = 0;
+        for (long r = 0; r < rows; r++) {   /* r = (b, h, t) */
+            long b = r / (ENH * ET), h = r / ET % ENH, t = r % ET;
+            const float *o = out + (b * ET + t) * EC + h * EHS;
+            int z = 1;
+            for (int d = 0; d < EHS; d++) z &= o[d] == 0.0f;
+            zero += z;
+            infinite += !isfinite(lse[r]);
+            const int *bk = bucket + (b * ENH + h) * 2L * ET;
+            int mates = 0;
+            for (int j = 0; j <= t && !mates; j++) mates = bk[ET + j] == bk[t];
+            want_alone += !mates;
+        }
+        printf("T %d, %d buckets, random q and k: %ld of %ld query rows output 0, %ld lse not "
+               "finite; %ld (%.2f%%) attend to their own key alone (counted %ld)\n", ET, nb,
+               zero, rows, infinite, want_alone, 100.0 * want_alone / rows, alone);
+        CHECK(zero == 0 && infinite == 0);
+        CHECK(alone == want_alone);
+        free(qkv); free(out); free(lse); free(R); free(order); free(bucket);
+    }
 }
 
 static void test_thread_count(void)
@@ -447,38 +528,91 @@ static void test_mod_hash_block(void)
     mod_fixture_free(&f);
 }
 
+/* The predictor's logit of token n computed directly from the MLP's
+ * definition, in double; pre (H) its hidden pre-activations. */
+static double direct_logit(double *pre, const float *x, const float *w, int H)
+{
+    const float *w1 = w, *b1 = w + H * C, *w2 = b1 + H, *b2 = w2 + H;
+    double logit = *b2;
+    for (int j = 0; j < H; j++) {
+        double a = b1[j];
+        for (int c = 0; c < C; c++) a += (double)w1[j * C + c] * x[c];
+        pre[j] = a;
+        logit += w2[j] * (a > 0.0 ? a : 0.0);
+    }
+    return logit;
+}
+
 static void test_mod_predictor(void)
 {
-    float *in = floats((size_t)MN * C), *u = floats(C), *du = floats(C);
+    enum { H = 6 };
+    long P = H * C + 2 * H + 1;
+    float *in = floats((size_t)MN * C), *w = floats(P), *dw = floats(P), *dw2 = floats(P);
     fill(in, (size_t)MN * C, 30, 1.0f);
-    fill(u, C, 31, 0.5f);
+    fill(w, P, 31, 0.5f);
     int target[MN], chosen[MN];
     for (int n = 0; n < MN; n++) target[n] = (n * 7) % 3 == 0;
-    mod_predictor_forward_backward(du, chosen, in, u, target, MN, C);
-    double worst = 0.0;
-    const double eps = 1e-2;
-    for (int c = 0; c < C; c++) {
-        float keep = u[c];
-        u[c] = keep + (float)eps;
-        double up = mod_predictor_forward_backward(NULL, NULL, in, u, target, MN, C);
-        u[c] = keep - (float)eps;
-        double down = mod_predictor_forward_backward(NULL, NULL, in, u, target, MN, C);
-        u[c] = keep;
-        double numeric = (up - down) / (2 * eps);
-        double err = fabs(numeric - du[c]) / (1.0 + fabs(numeric));
-        if (err > worst) worst = err;
-    }
+    float loss = mod_predictor_forward_backward(dw, 1.0f, chosen, in, w, target, MN, C, H);
+    /* the logit, choice and loss against the definition */
     int agree = 1;
+    double direct_loss = 0.0, worst_logit = 0.0;
+    long active = 0;
     for (int n = 0; n < MN; n++) {
-        float logit = 0.0f;
-        for (int c = 0; c < C; c++) logit += u[c] * in[(long)n * C + c];
-        if (chosen[n] != (logit > 0.0f)) agree = 0;
+        double pre[H], logit = direct_logit(pre, in + (long)n * C, w, H);
+        for (int j = 0; j < H; j++) active += pre[j] > 0.0;
+        if (chosen[n] != (logit > 0.0)) agree = 0;
+        double p = 1.0 / (1.0 + exp(-logit));
+        direct_loss -= target[n] ? log(p) : log(1.0 - p);
+        worst_logit = fmax(worst_logit, fabs(logit));
     }
-    printf("MoD predictor: binary cross-entropy finite differences worst relative error %.3g\n",
-           worst);
-    CHECK(worst <= 5e-3);
+    direct_loss /= MN;
+    /* finite differences of the BCE for every weight */
+    double worst = 0.0;
+    int checked = 0, kinks = 0;
+    const double eps = 1e-3;
+    for (long e = 0; e < P; e++) {
+        float keep = w[e];
+        int crossed = 0;
+        double f[2];
+        for (int side = 0; side < 2; side++) {
+            w[e] = keep + (float)(side ? -eps : eps);
+            f[side] = mod_predictor_forward_backward(NULL, 0.0f, NULL, in, w, target, MN, C, H);
+            for (int n = 0; n < MN && e < H * C + H; n++) {   /* W1 and b1 move a unit */
+                double pre[H], base[H];
+                direct_logit(pre, in + (long)n * C, w, H);
+                w[e] = keep;
+                direct_logit(base, in + (long)n * C, w, H);
+                w[e] = keep + (float)(side ? -eps : eps);
+                for (int j = 0; j < H; j++) crossed |= (pre[j] > 0.0) != (base[j] > 0.0);
+            }
+        }
+        w[e] = keep;
+        if (crossed) {
+            kinks++;
+            continue;
+        }
+        double numeric = (f[0] - f[1]) / (2 * eps);
+        double err = fabs(numeric - dw[e]) / (1.0 + fabs(numeric));
+        if (err > worst) worst = err;
+        checked++;
+    }
+    /* scale and accumulate: dw2 starts at 1 and gets 1 + 0.5 x the gradient */
+    for (long e = 0; e < P; e++) dw2[e] = 1.0f;
+    mod_predictor_forward_backward(dw2, 0.5f, NULL, in, w, target, MN, C, H);
+    double worst_scaled = 0.0;
+    for (long e = 0; e < P; e++)
+        worst_scaled = fmax(worst_scaled, fabs(dw2[e] - (1.0 + 0.5 * dw[e])));
+    printf("MoD predictor, an MLP of hidden width %d (%ld weights; %.0f%% of the hidden units "
+           "active, |logit| up to %.2f): loss %.7f vs %.7f directly; binary cross-entropy "
+           "finite differences over %d weights worst relative error %.3g (%d left out: a "
+           "ReLU kink crossed); scaled accumulation max |diff| %.3g\n", H, P,
+           100.0 * active / (MN * H), worst_logit, loss, direct_loss, checked, worst, kinks,
+           worst_scaled);
     CHECK(agree);
-    free(in); free(u); free(du);
+    CHECK(fabs(loss - direct_loss) <= 1e-5);
+    CHECK(worst <= 5e-3 && checked >= P - 10);
+    CHECK(worst_scaled <= 1e-6);
+    free(in); free(w); free(dw); free(dw2);
 }
 
 /* ---- the PyTorch fixture ---- */
@@ -553,7 +687,7 @@ static void test_against_pytorch(void)
         float *dqkv = floats(HB * HT * 3 * HC);
         int *order = calloc(HB * HNH * 2 * HT, sizeof(int));
         int *bucket = calloc(HB * HNH * 2 * HT, sizeof(int));
-        hash_attention_forward(out, lse, order, bucket, qkv, R, HB, HT, HC, HNH, 4);
+        hash_attention_forward(out, lse, order, bucket, NULL, qkv, R, HB, HT, HC, HNH, 4);
         hash_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, HB, HT, HC, HNH);
         double d_out = max_abs_diff(out, fixture_get("hash.out", HB * HT * HC), HB * HT * HC);
         double d_grad = max_abs_diff(dqkv, fixture_get("hash.dqkv", HB * HT * 3 * HC),
@@ -589,14 +723,16 @@ static void test_against_pytorch(void)
         double d_r = max_abs_diff(f.drouter, fixture_get("mod.drouter_w", C), C);
         double d_p = max_abs_diff(f.blk.grads, fixture_get("mod.dparams", f.blk.nparams),
                                   f.blk.nparams);
-        float *u = fixture_get("mod.predictor_w", C), du[C];
-        memset(du, 0, sizeof du);
-        float loss = mod_predictor_forward_backward(du, NULL, f.in, u, chosen, MN, C);
+        int H = *(const int *)fixture_get("mod.predictor_hidden", 1);
+        long P = (long)H * C + 2L * H + 1;
+        float *u = fixture_get("mod.predictor_w", P), *du = floats(P);
+        float loss = mod_predictor_forward_backward(du, 1.0f, NULL, f.in, u, chosen, MN, C, H);
         double d_loss = fabs(loss - *(float *)fixture_get("mod.predictor_loss", 1));
-        double d_u = max_abs_diff(du, fixture_get("mod.dpredictor_w", C), C);
+        double d_u = max_abs_diff(du, fixture_get("mod.dpredictor_w", P), P);
+        free(du);
         printf("MoD block vs PyTorch: output max |diff| %.3g, input gradient %.3g, router "
-               "%.3g, block weights %.3g; predictor loss %.3g, its gradient %.3g\n",
-               d_out, d_x, d_r, d_p, d_loss, d_u);
+               "%.3g, block weights %.3g; MLP predictor (hidden %d) loss %.3g, its gradient "
+               "%.3g\n", d_out, d_x, d_r, d_p, H, d_loss, d_u);
         CHECK(d_out <= 1e-4 && d_x <= 1e-4 && d_r <= 1e-4 && d_p <= 1e-4);
         CHECK(d_loss <= 1e-5 && d_u <= 1e-4);
         mod_fixture_free(&f);
@@ -611,6 +747,8 @@ int main(void)
     test_buckets_and_tiles();
     test_finite_differences();
     test_rotation();
+    test_rotation_columns();
+    test_no_empty_rows();
     test_thread_count();
     test_mod_block();
     test_mod_hash_block();

@@ -8,11 +8,15 @@
  *   - finite differences of the whole model's loss with the routing fixed
  *     (block_mod_force_choice): the routers, a MoD block's and a dense
  *     block's weights, the embeddings;
- *   - finite differences of the predictor's BCE (the quantity it is
+ *   - finite differences of the MLP predictor's BCE (the quantity it is
  *     trained on, against the top-k choice on the stop-gradient block
- *     input) against its gradient divided by the loss scale;
+ *     input) with respect to every one of its weights (W1, b1, w2, b2)
+ *     against its gradient divided by the loss scale;
  *   - a MoD block's pack round-trips (router and predictor included) and
- *     is refused by a model whose layer is not a MoD block.
+ *     is refused by a model whose layer is not a MoD block, or whose
+ *     predictor has another hidden width;
+ *   - the predictor's tensors in block_tensor_at: the matrices decayed,
+ *     the biases not.
  *
  * The whole model against PyTorch is tests/test_reference.c. */
 #include <math.h>
@@ -20,10 +24,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/core.h"
+#include "dynmo/mod_predictor.h"
 #include "dynmo/model.h"
 #include "testing.h"
 
-enum { B = 2, T = 16, N = B * T, C = 16, NH = 2, L = 4, V = 32 };
+enum { B = 2, T = 16, N = B * T, C = 16, NH = 2, L = 4, V = 32, H = 8 };
+enum { PRED = H * C + 2 * H + 1 };   /* the predictor's weights */
 
 static struct gpt_shape mod_shape(int routing, double capacity)
 {
@@ -31,6 +37,7 @@ static struct gpt_shape mod_shape(int routing, double capacity)
     s.mod.every = 2;
     s.mod.routing = routing;
     s.mod.capacity = capacity;
+    s.mod.predictor_hidden = routing == MOD_ROUTING_CAUSAL ? H : 0;
     return s;
 }
 
@@ -40,8 +47,17 @@ struct harness {
     struct block_scratch scratch;
 };
 
+static int compare_floats(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
 /* Weights far from their initial values (every block parameter moved by
- * N(0, 0.2), routers N(0, 1)), so that the router values are O(1). */
+ * N(0, 0.2), routers N(0, 1)), so that the router values are O(1); the
+ * predictors' matrices N(0, 1), b1 0, and b2 minus the median logit of
+ * the block's tokens (block by block, each after a forward through the
+ * ones before), so that the predictor chooses about half of them. */
 static void harness_init(struct harness *h, int routing, double capacity, uint64_t seed)
 {
     struct gpt_shape s = mod_shape(routing, capacity);
@@ -52,12 +68,28 @@ static void harness_init(struct harness *h, int routing, double capacity, uint64
             blk->params[j] += 0.2f * dm_normal(seed + 1, (uint64_t)i, j);
         if (blk->mod)
             for (int c = 0; c < C; c++) blk->mod->router_w[c] = dm_normal(seed + 2, i, c);
+        if (blk->mod && blk->mod->pred_w)
+            for (int e = 0; e < PRED; e++) {
+                int bias = e >= H * C && (e < H * C + H || e == PRED - 1);
+                blk->mod->pred_w[e] = bias ? 0.0f : dm_normal(seed + 5, i, e);
+            }
     }
     gpt_acts_alloc(&h->acts, &h->model, B, T);
     block_scratch_alloc(&h->scratch, B, T, C, NH);
     for (int n = 0; n < N; n++) {
         h->acts.tokens[n] = (int)(dm_hash64(seed, 3, (uint64_t)n) % V);
         h->acts.targets[n] = (int)(dm_hash64(seed, 4, (uint64_t)n) % V);
+    }
+    for (int i = 0; i < L; i++) {
+        struct block_mod *m = h->model.blocks[i].mod;
+        if (!m || !m->pred_w) continue;
+        gpt_forward(&h->model, &h->acts);
+        float logits[N], a[H];
+        for (int n = 0; n < N; n++)
+            logits[n] = mod_predictor_logit(a, h->acts.residual + ((size_t)i * N + n) * C,
+                                            m->pred_w, C, H);
+        qsort(logits, N, sizeof(float), compare_floats);
+        m->pred_w[PRED - 1] = -0.5f * (logits[N / 2 - 1] + logits[N / 2]);
     }
 }
 
@@ -158,7 +190,7 @@ static double fd_params(struct harness *h, const char *name, float *p, const flo
 static void test_finite_differences(void)
 {
     struct harness h;
-    harness_init(&h, MOD_ROUTING_CAUSAL, 0.25, 31);
+    harness_init(&h, MOD_ROUTING_CAUSAL, 0.25, 32);
     gpt_forward(&h.model, &h.acts);   /* the predictor's choice, then fixed */
     static int forced[2][N];
     for (int j = 0; j < 2; j++) {
@@ -181,7 +213,8 @@ static void test_finite_differences(void)
     harness_free(&h);
 }
 
-/* The predictor: d(sum of the MoD blocks' mean BCE)/du = pred_g / loss scale. */
+/* The predictor: d(sum of the MoD blocks' mean BCE)/dw = pred_g / loss
+ * scale, for every weight of both MoD blocks' MLPs. */
 static void test_predictor_gradient(void)
 {
     struct harness h;
@@ -193,26 +226,31 @@ static void test_predictor_gradient(void)
     gpt_tie_wte_grads(&h.model, NULL);
     const float eps = 2e-3f;
     double err2 = 0.0, norm2 = 0.0;
+    double worst[4] = {0};   /* W1, b1, w2, b2: the largest |fd - grad| */
     for (int i = 1; i < L; i += 2) {
         struct block_mod *m = h.model.blocks[i].mod;
-        for (int c = 0; c < C; c++) {
-            float keep = m->pred_w[c];
+        CHECK(m->hidden == H);
+        for (int e = 0; e < PRED; e++) {
+            float keep = m->pred_w[e];
             double f[2];
             for (int side = 0; side < 2; side++) {
-                m->pred_w[c] = keep + (side ? -eps : eps);
+                m->pred_w[e] = keep + (side ? -eps : eps);
                 m->bce = 0.0;
                 gpt_forward(&h.model, &h.acts);
                 f[side] = m->bce;
             }
-            m->pred_w[c] = keep;
-            double fd = (f[0] - f[1]) / (2.0 * eps), an = m->pred_g[c] / scale;
+            m->pred_w[e] = keep;
+            double fd = (f[0] - f[1]) / (2.0 * eps), an = m->pred_g[e] / scale;
+            int part = e < H * C ? 0 : e < H * C + H ? 1 : e < H * C + 2 * H ? 2 : 3;
+            worst[part] = fmax(worst[part], fabs(fd - an));
             err2 += (fd - an) * (fd - an);
             norm2 += an * an;
         }
     }
     double rel = sqrt(err2 / norm2);
-    printf("finite differences, the predictors' BCE: relative error %.2e over %d values "
-           "(|grad| %.3g)\n", rel, 2 * C, sqrt(norm2));
+    printf("finite differences, the MLP predictors' BCE (hidden %d): relative error %.2e over "
+           "%d weights (|grad| %.3g; largest |diff| W1 %.2g, b1 %.2g, w2 %.2g, b2 %.2g)\n", H,
+           rel, 2 * PRED, sqrt(norm2), worst[0], worst[1], worst[2], worst[3]);
     CHECK(norm2 > 1e-12);
     CHECK(rel < 5e-3);
     harness_free(&h);
@@ -230,13 +268,30 @@ static void test_pack(void)
     block_pack(&blk, buf);
     char err[256] = "";
     CHECK(block_unpack(&back, buf, bytes, &s, err, sizeof err) == 0);
-    CHECK(back.mod && back.mod->pred_w && back.nparams == blk.nparams &&
-          back.nparams == block_param_count(C) + 2 * C);
+    CHECK(back.mod && back.mod->pred_w && back.mod->hidden == H &&
+          back.nparams == blk.nparams && back.nparams == block_param_count(C) + C + PRED);
     CHECK(memcmp(back.params, blk.params, blk.nparams * sizeof(float)) == 0);
     CHECK(memcmp(back.m, blk.m, blk.nparams * sizeof(float)) == 0);
     CHECK(block_unpack(&other, buf, bytes, &dense, err, sizeof err) != 0);
     printf("MoD block pack: %zu bytes round-trip; a dense model's layer 1 refuses it: %s\n",
            bytes, err);
+    struct gpt_shape wider = s;
+    wider.mod.predictor_hidden = 2 * H;
+    struct block third = {0};
+    CHECK(block_unpack(&third, buf, bytes, &wider, err, sizeof err) != 0);
+    printf("  a model whose predictor is %d wide refuses it: %s\n", 2 * H, err);
+    /* the tensors after the dense ones: router, W1, b1, w2, b2 */
+    const size_t want_size[5] = {C, H * C, H, H, 1};
+    const int want_matrix[5] = {1, 1, 0, 1, 0};
+    size_t offset, size, at = block_param_count(C);
+    CHECK(block_tensor_count(&blk) == BP_COUNT + 5);
+    for (int k = 0; k < 5; k++) {
+        int matrix = block_tensor_at(&blk, BP_COUNT + k, &offset, &size);
+        CHECK_MSG(offset == at && size == want_size[k] && matrix == want_matrix[k],
+                  "MoD tensor %d: offset %zu size %zu matrix %d", k, offset, size, matrix);
+        at += size;
+    }
+    CHECK(at == blk.nparams);
     free(buf);
     block_free(&blk);
     block_free(&back);

@@ -23,8 +23,9 @@
  * and the bias after the ten steps.
  *
  * tests/reference/make_mod_hash_model_fixture.py writes two more (version
- * 3, "DMREF003"): a model with a mixture-of-depths block (causal routing)
- * and one with hash-sparse attention (4 buckets). For them the test also
+ * 3, "DMREF003"): a model with a mixture-of-depths block (causal routing
+ * by an MLP predictor) and one with hash-sparse attention (4 buckets). For
+ * them the test also
  * compares the MoD block's choice and the predictor's BCE, and the hash
  * rotations dynmo draws for step 0; the training loop hands each step's
  * index to the model, as dynmo train does. With $DYNMO_FIXTURE only that
@@ -72,7 +73,7 @@ struct fixture {
     int version;        /* 1 dense, 2 with MoE blocks, 3 with MoD blocks or hash attention */
     int moe_every, experts, top_k, expert_hidden, router, drop;
     double capacity_factor, aux_loss, z_loss, bias_rate;
-    int mod_every, mod_routing, hash_buckets;
+    int mod_every, mod_routing, hash_buckets, mod_predictor_hidden;
     double mod_capacity;
     uint64_t seed;      /* the hash rotations' (train.seed) */
     int num_arrays;
@@ -168,6 +169,7 @@ static int fixture_load(struct fixture *fx, const char *path)
         fx->mod_every = read_i32(p + offset);
         fx->mod_routing = read_i32(p + offset + 4);
         fx->hash_buckets = read_i32(p + offset + 8);
+        fx->mod_predictor_hidden = read_i32(p + offset + 12);
         fx->mod_capacity = read_f64(p + offset + 16);
         memcpy(&fx->seed, p + offset + 24, 8);
         offset += 32;
@@ -237,7 +239,7 @@ struct named_tensor {
 };
 
 static int canonical_tensors(struct named_tensor *out, int max, int V, int S, int L, int C,
-                             int moe_every, int E, int H, int mod_every, int mod_causal)
+                             int moe_every, int E, int H, int mod_every, int mod_hidden)
 {
     static const char *block_names[BP_COUNT] = {
         "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
@@ -267,12 +269,16 @@ static int canonical_tensors(struct named_tensor *out, int max, int V, int S, in
             snprintf(label, sizeof label, "block%d.%s", l, block_names[k]);
             ADD(label, block_sizes[k]);
         }
-        if (mod_every > 0 && (l + 1) % mod_every == 0) {   /* router, predictor */
+        if (mod_every > 0 && (l + 1) % mod_every == 0) {   /* router, predictor MLP */
+            static const char *pred_names[4] = {"pred_w1", "pred_b1", "pred_w2", "pred_b2"};
+            const size_t ph = (size_t)mod_hidden, pred_sizes[4] = {ph * c, ph, ph, 1};
             char label[32];
             snprintf(label, sizeof label, "block%d.router_w", l);
             ADD(label, c);
-            snprintf(label, sizeof label, "block%d.pred_w", l);
-            if (mod_causal) ADD(label, c);
+            for (int k = 0; k < 4 && mod_hidden > 0; k++) {
+                snprintf(label, sizeof label, "block%d.%s", l, pred_names[k]);
+                ADD(label, pred_sizes[k]);
+            }
         }
         if (!moe) continue;
         char label[32];
@@ -322,15 +328,16 @@ static void end_moe_step(struct gpt *model)
 /* Version 3: the MoD and hash keys of the config. */
 static void configure_mod_hash(struct dm_config *cfg, const struct fixture *fx)
 {
-    printf("  MoD: every %d, capacity %g, %s routing; hash buckets %d, seed %llu\n",
-           fx->mod_every, fx->mod_capacity, fx->mod_routing ? "causal" : "top-k",
-           fx->hash_buckets, (unsigned long long)fx->seed);
+    printf("  MoD: every %d, capacity %g, %s routing (predictor hidden %d); hash buckets %d, "
+           "seed %llu\n", fx->mod_every, fx->mod_capacity, fx->mod_routing ? "causal" : "top-k",
+           fx->mod_predictor_hidden, fx->hash_buckets, (unsigned long long)fx->seed);
     cfg->seed = fx->seed;
     if (fx->mod_every > 0) {
         cfg->mod_every = fx->mod_every;
         cfg->mod_capacity = fx->mod_capacity;
         snprintf(cfg->mod_routing, sizeof cfg->mod_routing, "%s",
                  fx->mod_routing ? "causal" : "topk");
+        if (fx->mod_routing) cfg->mod_predictor_hidden = fx->mod_predictor_hidden;
         cfg->mod_keys_set = 1;
     }
     if (fx->hash_buckets > 0) {
@@ -448,11 +455,12 @@ static int run_fixture(const char *path)
 
     const int B = fx.batch, T = fx.seq, V = fx.vocab, C = fx.channels;
     const int M = gpt_moe_block_count(&shape), K = fx.top_k;
-    int max_tensors = 4 + fx.layers * (BP_COUNT + 2 + 4 * (moe ? fx.experts : 0));
+    int max_tensors = 4 + fx.layers * (BP_COUNT + 5 + 4 * (moe ? fx.experts : 0));
     struct named_tensor *tensors = malloc((size_t)max_tensors * sizeof *tensors);
     int num_tensors = canonical_tensors(tensors, max_tensors, V, fx.max_seq, fx.layers, C,
                                         moe ? fx.moe_every : 0, fx.experts, fx.expert_hidden,
-                                        fx.mod_every, fx.mod_routing == 1);
+                                        fx.mod_every,
+                                        fx.mod_routing == 1 ? fx.mod_predictor_hidden : 0);
     const size_t P = tensors[num_tensors - 1].offset + tensors[num_tensors - 1].size;
     CHECK_MSG(gpt_param_count(&shape) == P, "gpt_param_count %zu, fixture layout %zu",
               gpt_param_count(&shape), P);

@@ -31,8 +31,9 @@ extern "C" {
  * another layout is refused, never called. Raised too when an op's
  * arithmetic changes under the same layout, so that a plugin left over
  * from an older build is refused rather than computing the old thing
- * (14: MoE's top-1 gate is the chosen score, no longer 1). */
-#define DM_BACKEND_ABI 14
+ * (14: MoE's top-1 gate is the chosen score, no longer 1; 15: hash
+ * attention's own key, the MoD predictor an MLP). */
+#define DM_BACKEND_ABI 15
 
 /* The symbol the plugin exports. Fills *table and returns 0, or returns -1
  * with one message in err ("no CUDA device: ..."). host->fatal is what the
@@ -179,9 +180,10 @@ struct dm_backend {
                                     const int *rows, int nactive, int B, int T, int C, int NH);
     /* Hash-sparse attention (model.h's hash_attention_forward, _backward):
      * lse, order and bucket as there; the rotation (drawn on the host by
-     * hash_rotation_draw) in the backend's memory. Return the tiles
-     * visited. */
-    long (*hash_attention_forward)(float *out, float *lse, int *order, int *bucket,
+     * hash_rotation_draw) in the backend's memory; every query attends to
+     * its own key too, and *alone (on the host; may be NULL) counts the
+     * queries that attend to it alone. Return the tiles visited. */
+    long (*hash_attention_forward)(float *out, float *lse, int *order, int *bucket, long *alone,
                                    const float *qkv, const float *rotation, int B, int T, int C,
                                    int NH, int buckets);
     long (*hash_attention_backward)(float *dqkv, const float *dout, const float *qkv,
@@ -274,11 +276,14 @@ struct dm_backend {
     void (*mod_router_forward)(float *router, const float *in, const float *weight, int N,
                                int C);
     void (*mod_select_topk)(int *chosen, const float *router, int B, int T, int k);
-    /* The causal predictor: chosen (may be NULL), and with target the mean
-     * loss returned (on the host) and its gradient accumulated in dweight. */
-    float (*mod_predictor_forward_backward)(float *dweight, int *chosen, const float *in,
-                                            const float *weight, const int *target, int N,
-                                            int C);
+    /* The causal predictor, an MLP of hidden width H (dynmo/mod_predictor.h):
+     * chosen (may be NULL), and with target the mean loss returned (on the
+     * host) and, when dweight is not NULL, scale times its gradient (each
+     * weight's summed over the tokens in order) added to dweight. One
+     * thread per token, then one per weight on a device (the CPU's bits). */
+    float (*mod_predictor_forward_backward)(float *dweight, float scale, int *chosen,
+                                            const float *in, const float *weight,
+                                            const int *target, int N, int C, int H);
     /* The block over the chosen tokens (model.h's mod_combine_forward,
      * mod_scale_chosen, mod_combine_backward), on the n packed rows whose
      * block rows are `rows` (distinct): out's rows = x + r (f - x); work

@@ -47,6 +47,9 @@
                                                      share of the tokens each block computed */
 #define RUNLOG_HASH_TILES "/hash/tiles"           /* float32 [steps, layers], model.attention=
                                                      hash: attention tiles each block visited */
+#define RUNLOG_HASH_OWN_KEY_ONLY "/hash/own_key_only" /* float32 [steps, layers], model.attention=
+                                                     hash: share of query rows that had no key
+                                                     of their bucket but their own */
 #define RUNLOG_MOD_TOKENS "/mod/tokens"           /* float32 [steps, mod blocks], model.mod_every
                                                      > 0: tokens each MoD block processed */
 #define RUNLOG_MOD_BCE "/mod/predictor_bce"       /* float32 [steps, mod blocks], causal

@@ -283,7 +283,9 @@ struct dm_config {
     int moe_keys_set;       /* keys of [moe] or model.experts/top_k/expert_hidden given */
     /* [mod], [hash] (docs/mod-hash.md) */
     char mod_routing[16];   /* "topk" (fixed cost) or "causal" (the predictor decides) */
+    int mod_predictor_hidden; /* causal routing: the predictor MLP's hidden width */
     int mod_keys_set;       /* a key of [mod] given */
+    int mod_predictor_hidden_set; /* mod.predictor_hidden given */
     int hash_buckets;       /* nb: 1, or even */
     int hash_keys_set;      /* a key of [hash] given */
     /* [repack] */

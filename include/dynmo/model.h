@@ -60,6 +60,9 @@ struct gpt_mod {
     int every;          /* 0: none */
     int routing;        /* MOD_ROUTING_*: top-k over the sequence, or the causal predictor */
     double capacity;    /* fraction of a sequence's tokens the top-k choice takes, (0, 1] */
+    int predictor_hidden;   /* causal routing: the predictor MLP's hidden width (>= 1); 0
+                               with top-k routing */
+    int zero;           /* 0 (no padding: shapes are compared with memcmp) */
 };
 
 struct gpt_shape {
@@ -68,7 +71,7 @@ struct gpt_shape {
     struct gpt_hash hash;
     struct gpt_mod mod;
 };
-_Static_assert(sizeof(struct gpt_shape) == 24 * 4, "struct gpt_shape has no padding");
+_Static_assert(sizeof(struct gpt_shape) == 26 * 4, "struct gpt_shape has no padding");
 /* The shape cfg describes; moe is all zero when model.moe_every = 0, and
  * moe.hidden is 4 x channels when model.expert_hidden = 0. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
@@ -321,6 +324,9 @@ struct block {
     uint64_t hash_seed;
     double hash_tiles;  /* attention tiles visited, forward and backward, since
                            the owner last zeroed it */
+    double hash_queries, hash_own_key_only;   /* query rows (per head) its hash
+                           attention forwards saw, and those of them that
+                           attended to their own key alone, likewise */
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -727,23 +733,27 @@ void moe_expert_backward(const struct block *blk, int e, float *grads, const flo
                          float *dx);
 /* ---- hash-sparse attention (src/model/hash_attention.c; docs/mod-hash.md) --
  * Per (sequence, head), queries and keys go to nb buckets by a random
- * rotation R (hs, nb/2): h(x) = argmax([xR ; -xR]); nb = 1 puts every token
- * in bucket 0 (ordinary causal attention). Query i attends to key j when
- * both share a bucket and j <= i; a query with no such key outputs zero.
- * The work runs in HASH_TILE x HASH_TILE tiles of the bucket-sorted order
- * and skips a tile without an allowed pair, forward and backward. */
+ * rotation R (hs, nb/2) with unit-norm columns: h(x) = argmax([xR ; -xR]);
+ * nb = 1 puts every token in bucket 0 (ordinary causal attention). Query
+ * i attends to key j when both share a bucket and j <= i, and always to
+ * its own key j = i, so every query has at least one key. The work runs
+ * in HASH_TILE x HASH_TILE tiles of the bucket-sorted order and skips a
+ * tile without an allowed pair, forward and backward. */
 enum { HASH_TILE = 32 };
 
 /* rotation (NH, hs, nb/2) = N(0,1) draws that depend only on (seed, layer,
- * step): never on the layout, the rank count or timing. Nothing for nb = 1. */
+ * step), never on the layout, the rank count or timing, each column (hs
+ * values) then divided by its norm. Nothing for nb = 1. */
 void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
                         int layer, long step);
 /* out (B,T,C) from qkv (B,T,3C) as attention_forward; saves lse (B,NH,T)
- * (log-sum-exp of each query's allowed scores, -inf for none), bucket
- * (B,NH,2,T) (query then key bucket by position) and order (B,NH,2,T)
- * (positions sorted stably by query, then key, bucket) for the backward.
- * rotation may be NULL when buckets = 1. Returns the tiles visited. */
-long hash_attention_forward(float *out, float *lse, int *order, int *bucket,
+ * (log-sum-exp of each query's allowed scores), bucket (B,NH,2,T) (query
+ * then key bucket by position) and order (B,NH,2,T) (positions sorted
+ * stably by query, then key, bucket) for the backward. *alone (may be
+ * NULL) = the (sequence, head, query) rows with no key of their bucket at
+ * or before them, which attend to their own key alone. rotation may be
+ * NULL when buckets = 1. Returns the tiles visited. */
+long hash_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
                             const float *qkv, const float *rotation,
                             int B, int T, int C, int NH, int buckets);
 /* dqkv (B,T,3C) overwritten with the gradient wrt qkv, given dout (B,T,C)
@@ -774,14 +784,18 @@ void mod_router_forward(float *router, const float *in, const float *weight, int
 void mod_select_topk(int *chosen, const float *router, int B, int T, int k);
 /* k = ceil(capacity x T), at least 1 and at most T. */
 int mod_capacity_tokens(double capacity, int T);
-/* The causal predictor: logit = weight . in for each token on its own (the
- * caller passes the block input, and no gradient flows back into it:
- * stop-gradient). chosen (may be NULL) = logit > 0. With target (N, 0/1;
- * the top-k choice) returns the mean binary cross-entropy of
- * sigmoid(logit) against it and accumulates its gradient into dweight
- * (may be NULL); without target returns 0. */
-float mod_predictor_forward_backward(float *dweight, int *chosen, const float *in,
-                                     const float *weight, const int *target, int N, int C);
+/* The causal predictor, a small MLP of hidden width H on each token on its
+ * own (dynmo/mod_predictor.h: logit = w2 . relu(W1 x + b1) + b2, weight
+ * mod_predictor_params(C, H) floats; the caller passes the block input,
+ * and no gradient flows back into it: stop-gradient). chosen (may be NULL)
+ * = logit > 0. With target (N, 0/1; the top-k choice) returns the mean
+ * binary cross-entropy of sigmoid(logit) against it and, when dweight is
+ * not NULL, adds scale times its gradient (each weight's summed over the
+ * tokens in order from zero, then scaled) into dweight; without target
+ * returns 0. */
+float mod_predictor_forward_backward(float *dweight, float scale, int *chosen, const float *in,
+                                     const float *weight, const int *target, int N, int C,
+                                     int H);
 /* The block over the n chosen tokens, packed: packed row j (of
  * gathered_in x and gathered_out f = the block of x, (n, C)) is block row
  * rows[j] (rows distinct). mod_combine_forward: out's row rows[j] = x +
@@ -817,8 +831,6 @@ struct mod_acts {
      * buffers (NULL on the CPU, which works in place), (B*T) each. */
     int *chosen_host;
     int *rows_host;
-    float *weight_host;      /* (2 C) a weight and its gradient, staged (NULL on the CPU) */
-    float *dweight;          /* (C) the predictor's gradient of one micro-batch (the backend's) */
     float *work;             /* (2 B*T*C) backward work on a device (the CPU's is static) */
 };
 void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);
@@ -840,16 +852,19 @@ void mod_block_backward(struct block *blk, struct block_acts *acts, struct block
 
 /* ---- mixture of depths in the model (src/model/mod.c) ----------------------
  * A MoD block is a dense block whose parameters go on with its router
- * router_w (C) and, with causal routing, its predictor pred_w (C): tensors
- * BP_COUNT and BP_COUNT + 1 of block_tensor_at, in the slab after the
- * dense ones, so they migrate, reduce, update and checkpoint with it. The
- * pack header says so (BLOCK_FLAG_MOD; no dynamic state follows). */
+ * router_w (C) and, with causal routing, its predictor MLP (pred_w1 (H, C),
+ * pred_b1 (H), pred_w2 (H), pred_b2 (1); dynmo/mod_predictor.h): tensors
+ * BP_COUNT .. BP_COUNT + 4 of block_tensor_at, in the slab after the dense
+ * ones, so they migrate, reduce, update and checkpoint with it. The pack
+ * header says so (BLOCK_FLAG_MOD; no dynamic state follows). */
 #define BLOCK_FLAG_MOD (UINT64_C(1) << 11)
 struct block_mod {
     int routing;                 /* MOD_ROUTING_* */
     double capacity;
+    int hidden;                  /* the predictor's hidden width H; 0 with top-k */
     float *router_w, *router_g;  /* (C) views into params and grads */
-    float *pred_w, *pred_g;      /* (C) views, or NULL with top-k routing */
+    float *pred_w, *pred_g;      /* (mod_predictor_params(C, H)) views of the predictor's
+                                    weight, or NULL with top-k routing */
     double tokens;               /* tokens its forwards processed since the owner
                                     last zeroed it (the run log's /mod/tokens) */
     double bce;                  /* the predictor's BCE summed over its forwards
@@ -861,8 +876,8 @@ int gpt_block_is_mod(const struct gpt_shape *shape, int index);
 int gpt_mod_block_count(const struct gpt_shape *shape);
 /* The ordinal of block `index` among the MoD blocks, or -1. */
 int gpt_mod_ordinal(const struct gpt_shape *shape, int index);
-/* Floats a MoD block adds to a dense block's: C (top-k) or 2C (causal); 0
- * for any other block. */
+/* Floats a MoD block adds to a dense block's: C (top-k) or C +
+ * mod_predictor_params(C, H) (causal); 0 for any other block. */
 size_t mod_extra_param_count(const struct gpt_shape *shape, int index);
 /* A MoD block's forward inside the model: the router, the choice (top-k,
  * or the causal predictor on the block input), then mod_block_forward.

@@ -62,6 +62,9 @@ struct step_stats {
                                  exit; 1 otherwise) */
     double *layer_tiles;      /* (layers) hash attention: tiles visited, forward and
                                  backward, summed over micro-batches and replicas */
+    double *layer_own_key_only; /* (layers) hash attention: the share of the query rows
+                                 (per head) of the step's forwards, over micro-batches and
+                                 replicas, that attended to their own key alone */
     double *layer_mod_tokens; /* (layers) mixture of depths: tokens a MoD block processed,
                                  summed over micro-batches and replicas (0 elsewhere) */
     double *layer_mod_bce;    /* (layers) causal MoD routing: the predictor's binary

@@ -244,6 +244,7 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
     write_integer_attr(group, "train_checksum", SCHEMA_TYPE_UINT64, checksum);
     DM_H5(H5Gclose(group));
     if (meta->dyn_state_count > 0) ckpt_dyn_write_attributes(file, meta);
+    if (gpt_mod_block_count(shape) > 0) ckpt_write_mod_attributes(file, shape);
 }
 
 /* Rank 0 creates the file's skeleton alone, with the serial skeleton

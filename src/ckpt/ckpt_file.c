@@ -337,6 +337,8 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
         else if (!strcmp(n, "expert_hidden")) h->shape.moe.hidden = (int)value;
         else if (!strcmp(n, "hash_buckets")) h->shape.hash.buckets = (int)value;
         else if (!strcmp(n, "mod_every")) h->shape.mod.every = (int)value;
+    } else if (!strcmp(o, "/mod")) {
+        if (!strcmp(n, "predictor_hidden")) h->shape.mod.predictor_hidden = (int)value;
     } else if (!strcmp(o, "/training")) {
         if (!strcmp(n, "step")) h->step = value;
         else if (!strcmp(n, "optimizer_steps")) h->optimizer_steps = value;
@@ -836,6 +838,7 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
     header->schema_version = schema->version;
     if (schema->version == CHECKPOINT_SCHEMA_VERSION_MOE_PADDED)   /* no routing recorded */
         header->shape.moe.router = header->shape.moe.drop = -1;
+    if (ckpt_check_mod_format(file, problems) != 0) return -1;   /* mod.def's format */
     schema = ckpt_dyn_extend(file, header, problems);   /* /dyn, when the file has it */
 
     for (int i = 0; i < schema->group_count; i++)

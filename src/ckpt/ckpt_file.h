@@ -224,10 +224,21 @@ const struct ckpt_schema *ckpt_schema_extended(const struct ckpt_schema *base, i
 int ckpt_shape_has_model_keys(const struct gpt_shape *shape);
 /* Rank 0 writes the keys into the skeleton's /model group. */
 void ckpt_write_model_keys(hid_t model_group, const struct gpt_shape *shape);
+/* mod.def's format (its SCHEMA_VERSION), written as /mod attribute format. */
+#define CKPT_MOD_FORMAT 2
+/* With MoD blocks, rank 0 writes /mod's attributes format and
+ * predictor_hidden into the skeleton. */
+void ckpt_write_mod_attributes(hid_t file, const struct gpt_shape *shape);
+/* For the structural check, before the attributes: 0 when the file has no
+ * /mod or its /mod attribute format is CKPT_MOD_FORMAT; else reports the
+ * format the file has (1 when the attribute is absent: written before
+ * it) and returns -1, and the check stops there. */
+int ckpt_check_mod_format(hid_t file, struct ckpt_problems *problems);
 /* The schema an open file is checked against: base, or base extended when
  * its /model has the keys. */
 const struct ckpt_schema *ckpt_schema_of_file(hid_t file, const struct ckpt_schema *base);
-/* A string key of /model into the header (attention, mod_routing, mod_capacity). */
+/* A string key of /model into the header (attention, mod_routing, mod_capacity);
+ * /mod's predictor_hidden goes into shape.mod with the integer attributes. */
 void ckpt_header_store_model_key(struct ckpt_header *h, const char *name, const char *text);
 /* Checks the keys' values and sets the MoD dimensions; 0, or -1 after reporting. */
 int ckpt_check_model_keys(struct ckpt_header *h, struct ckpt_problems *problems);

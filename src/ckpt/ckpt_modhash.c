@@ -1,13 +1,15 @@
 /* The checkpoint's record of hash-sparse attention and mixture of depths
  * (docs/mod-hash.md): the schema extensions checkpoint_schema/model-keys.def
- * (the /model keys) and mod.def (the MoD blocks' router and predictor),
- * the schemas a model with either is written and checked in (version 1,
- * or 3 with MoE blocks, plus the extensions; 2 is read too; a dense
- * model's stay as they were), writing the
- * keys, and reading them back into a checkpoint header.
+ * (the /model keys) and mod.def (the MoD blocks' router and predictor, in
+ * mod.def's own format), the schemas a model with either is written and
+ * checked in (version 1, or 3 with MoE blocks, plus the extensions; 2 is
+ * read too; a dense model's stay as they were), writing the keys, and
+ * reading them back into a checkpoint header; a file whose /mod is in
+ * another format is refused, naming it.
  *
- * It never calls MPI and writes nothing but the /model attributes; the
- * rows go through checkpoint.c's writer and the loader like any other. */
+ * It never calls MPI and writes nothing but the /model and /mod
+ * attributes; the rows go through checkpoint.c's writer and the loader
+ * like any other. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,6 +28,8 @@
 #include "ckpt/schema_tables.h"
 #undef SCHEMA_FILE
 #undef SCHEMA_NAME
+_Static_assert(ckpt_schema_mod_number == CKPT_MOD_FORMAT,
+               "mod.def's SCHEMA_VERSION is the /mod format written and read");
 
 /* A base schema followed by the extensions' lines: the extension lines
  * come after the base's, so that a check can start where the base ends. */
@@ -101,20 +105,52 @@ void ckpt_write_model_keys(hid_t model_group, const struct gpt_shape *shape)
                             : mod->routing == MOD_ROUTING_CAUSAL ? "causal" : "topk");
 }
 
-/* The file's mod_every when /model has the keys (0 when it is absent or
- * unreadable: the check of the attribute itself reports that). */
-static long long file_mod_every(hid_t file)
+void ckpt_write_mod_attributes(hid_t file, const struct gpt_shape *shape)
 {
-    long long value = 0;
-    if (H5Aexists_by_name(file, "/model", "mod_every", H5P_DEFAULT) <= 0) {
+    hid_t group = DM_H5(H5Gopen2(file, "/mod", H5P_DEFAULT));
+    write_int64_attr(group, "format", CKPT_MOD_FORMAT);
+    write_int64_attr(group, "predictor_hidden", shape->mod.predictor_hidden);
+    DM_H5(H5Gclose(group));
+}
+
+/* Integer attribute name of object (a group), or fallback when it is
+ * absent or unreadable (the check of the attribute itself reports that). */
+static long long file_integer(hid_t file, const char *object, const char *name,
+                              long long fallback)
+{
+    long long value = fallback;
+    if (!dm_h5_path_exists(file, object) ||
+        H5Aexists_by_name(file, object, name, H5P_DEFAULT) <= 0) {
         H5Eclear2(H5E_DEFAULT);
-        return 0;
+        return fallback;
     }
-    hid_t attr = H5Aopen_by_name(file, "/model", "mod_every", H5P_DEFAULT, H5P_DEFAULT);
-    if (attr < 0 || H5Aread(attr, H5T_NATIVE_LLONG, &value) < 0) value = 0;
+    hid_t attr = H5Aopen_by_name(file, object, name, H5P_DEFAULT, H5P_DEFAULT);
+    if (attr < 0 || H5Aread(attr, H5T_NATIVE_LLONG, &value) < 0) value = fallback;
     if (attr >= 0) H5Aclose(attr);
     H5Eclear2(H5E_DEFAULT);
     return value;
+}
+
+/* The file's mod_every when /model has the keys (0 when it is absent or
+ * unreadable). */
+static long long file_mod_every(hid_t file)
+{
+    return file_integer(file, "/model", "mod_every", 0);
+}
+
+int ckpt_check_mod_format(hid_t file, struct ckpt_problems *problems)
+{
+    if (!dm_h5_path_exists(file, "/mod")) return 0;   /* reported with its group */
+    long long format = file_integer(file, "/mod", "format", 1);
+    if (format == CKPT_MOD_FORMAT) return 0;
+    ckpt_problem(problems, "its mixture-of-depths rows (/mod) are in format %lld%s; this "
+                 "dynmo reads /mod format %d only (the router, then the causal routing's MLP "
+                 "predictor of mod.predictor_hidden units; checkpoint_schema/mod.def): resume "
+                 "with the dynmo that wrote it, or start a new run in another ckpt.dir",
+                 format, format == 1 ? " (no attribute format: written before format 2, "
+                                       "with a linear causal predictor)" : "",
+                 CKPT_MOD_FORMAT);
+    return -1;
 }
 
 const struct ckpt_schema *ckpt_schema_of_file(hid_t file, const struct ckpt_schema *base)
@@ -166,6 +202,16 @@ int ckpt_check_model_keys(struct ckpt_header *h, struct ckpt_problems *problems)
     if (s->mod.every == 0) {   /* the run's shape has them zero then */
         s->mod.capacity = 0.0;
         s->mod.routing = 0;
+        s->mod.predictor_hidden = 0;
+    }
+    int causal = s->mod.every > 0 && s->mod.routing == MOD_ROUTING_CAUSAL;
+    if (s->mod.every > 0 && (causal ? s->mod.predictor_hidden < 1 ||
+                                      s->mod.predictor_hidden > 65536
+                                    : s->mod.predictor_hidden != 0)) {
+        ckpt_problem(problems, "/mod: predictor_hidden %d with %s routing (expected 1 .. 65536 "
+                     "with causal, 0 with topk)", s->mod.predictor_hidden,
+                     causal ? "causal" : "topk");
+        return -1;
     }
     h->dims.mod_layers = gpt_mod_block_count(s) > 0 ? gpt_mod_block_count(s) : -1;
     h->dims.mod_params = s->mod.every > 0 ? (long)mod_extra_param_count(s, s->mod.every - 1) : -1;
@@ -187,13 +233,15 @@ int ckpt_compare_model_keys(const struct gpt_shape *file_shape,
         return -1;
     }
     if (f->every != r->every || (f->every > 0 && (f->capacity != r->capacity ||
-                                                  f->routing != r->routing))) {
+                                                  f->routing != r->routing ||
+                                                  f->predictor_hidden != r->predictor_hidden))) {
         snprintf(err, errsize, "written for a different model: mixture of depths is "
-                 "model.mod_every %d, model.mod_capacity %g, mod.routing %s in the checkpoint "
-                 "but %d, %g, %s in this run (use the checkpoint's model config, or start a "
-                 "new run in another ckpt.dir)", f->every, f->capacity,
-                 f->every ? routing[f->routing] : "-", r->every, r->capacity,
-                 r->every ? routing[r->routing] : "-");
+                 "model.mod_every %d, model.mod_capacity %g, mod.routing %s, "
+                 "mod.predictor_hidden %d in the checkpoint but %d, %g, %s, %d in this run (use "
+                 "the checkpoint's model config, or start a new run in another ckpt.dir)",
+                 f->every, f->capacity, f->every ? routing[f->routing] : "-",
+                 f->predictor_hidden, r->every, r->capacity,
+                 r->every ? routing[r->routing] : "-", r->predictor_hidden);
         return -1;
     }
     return 0;

@@ -114,6 +114,8 @@ static const struct config_key keys[] = {
      "gamma of the auxiliary-loss-free bias update (sigmoid router)"},
     {"mod", "routing", KEY_STRING, F(mod_routing), 0, 16,
      "topk (capacity x T per sequence) or causal (a trained predictor decides)"},
+    {"mod", "predictor_hidden", KEY_INT, F(mod_predictor_hidden), -1e9, 1e9,
+     "hidden width of the causal routing's MLP predictor, 1..65536"},
     {"hash", "buckets", KEY_INT, F(hash_buckets), -1e9, 1e9,
      "hash buckets per head: 1 (causal attention) or even"},
     {"repack", "enable", KEY_INT, F(repack_enable), 0, 1, "re-pack onto fewer ranks (0/1)"},
@@ -140,6 +142,7 @@ void config_defaults(struct dm_config *cfg)
     cfg->mod_capacity = 0.125;
     snprintf(cfg->attention, sizeof cfg->attention, "dense");
     snprintf(cfg->mod_routing, sizeof cfg->mod_routing, "topk");
+    cfg->mod_predictor_hidden = 32;
     cfg->hash_buckets = 8;
     cfg->batch = 8;
     cfg->seq = 256;
@@ -338,6 +341,8 @@ static int set_key(struct dm_config *cfg, const char *section, const char *name,
         key->offset == offsetof(struct dm_config, expert_hidden))
         cfg->moe_keys_set = 1;
     if (!strcmp(section, "mod")) cfg->mod_keys_set = 1;
+    if (key->offset == offsetof(struct dm_config, mod_predictor_hidden))
+        cfg->mod_predictor_hidden_set = 1;
     if (!strcmp(section, "hash")) cfg->hash_keys_set = 1;
     return set_value(key, field, section, name, value, err, errsize);
 }
@@ -575,8 +580,10 @@ static void config_validate_moe(const struct dm_config *cfg)
 static void config_validate_mod_hash(const struct dm_config *cfg)
 {
     if (cfg->mod_every == 0 && cfg->mod_keys_set)
-        dm_user_error("mod.routing = %s is set but model.mod_every = 0 (no mixture-of-depths "
-                      "blocks): set model.mod_every, or remove [mod]", cfg->mod_routing);
+        dm_user_error("[mod] is set (mod.routing = %s, mod.predictor_hidden = %d) but "
+                      "model.mod_every = 0 (no mixture-of-depths blocks): set "
+                      "model.mod_every, or remove [mod]", cfg->mod_routing,
+                      cfg->mod_predictor_hidden);
     if (cfg->mod_every > 0) {
         char value[32];
         dm_format_shortest(value, sizeof value, cfg->mod_capacity);
@@ -588,6 +595,14 @@ static void config_validate_mod_hash(const struct dm_config *cfg)
                           "be a mixture of depths", cfg->mod_every, cfg->layers);
         if (strcmp(cfg->mod_routing, "topk") != 0 && strcmp(cfg->mod_routing, "causal") != 0)
             dm_user_error("mod.routing = '%s' must be topk or causal", cfg->mod_routing);
+        if (cfg->mod_predictor_hidden < 1 || cfg->mod_predictor_hidden > 65536)
+            dm_user_error("mod.predictor_hidden = %d is outside 1..65536: it is the hidden "
+                          "width of the causal routing's MLP predictor",
+                          cfg->mod_predictor_hidden);
+        if (cfg->mod_predictor_hidden_set && strcmp(cfg->mod_routing, "causal") != 0)
+            dm_user_error("mod.predictor_hidden = %d is set but mod.routing = %s has no "
+                          "predictor: set mod.routing = causal, or remove "
+                          "mod.predictor_hidden", cfg->mod_predictor_hidden, cfg->mod_routing);
     }
     int hash = !strcmp(cfg->attention, "hash");
     if (!hash && strcmp(cfg->attention, "dense") != 0)

@@ -41,6 +41,7 @@ struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg)
         s.mod.routing = strcmp(cfg->mod_routing, "causal") ? MOD_ROUTING_TOPK
                                                            : MOD_ROUTING_CAUSAL;
         s.mod.capacity = cfg->mod_capacity;
+        if (s.mod.routing == MOD_ROUTING_CAUSAL) s.mod.predictor_hidden = cfg->mod_predictor_hidden;
     }
     return s;
 }

@@ -2,11 +2,15 @@
  * and backward, and the random rotations it hashes with.
  *
  * Per (sequence, head), queries and keys are hashed into nb buckets by a
- * random rotation R (hs, nb/2): h(x) = argmax([xR ; -xR]) (first maximum
- * on ties); with nb = 1 every token is in bucket 0. Queries and keys are
- * sorted stably by bucket (so by position inside a bucket), and query i
- * attends to key j only when both are in the same bucket and j <= i at
- * their original positions. A query with no such key outputs zero.
+ * random rotation R (hs, nb/2) whose columns have unit norm (SCFA's):
+ * h(x) = argmax([xR ; -xR]) (first maximum on ties); with nb = 1 every
+ * token is in bucket 0. Queries and keys are sorted stably by bucket (so
+ * by position inside a bucket), and query i attends to key j when both
+ * are in the same bucket and j <= i at their original positions, and
+ * always to its own key j = i: no query is left without a key. A query
+ * whose own key hashed elsewhere takes it as one extra score beside its
+ * bucket's range (below); one with no key of its bucket at or before it
+ * attends to its own key alone, and those are counted.
  *
  * The work is done in HASH_TILE x HASH_TILE tiles of the sorted order,
  * with sgemm over runs of consecutive visited tiles (below); a tile with
@@ -37,12 +41,27 @@ void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t s
     uint64_t stream = HASH_ROTATION_STREAM_BASE ^
                       dm_hash64((uint64_t)layer, UINT64_C(0x726f74), (uint64_t)step);
     init_normal(rotation, n, seed, stream, 1.0f);
+    /* each column of each head's R (hs, half) divided by its norm, the
+     * squares summed in double in row order (the fixture does the same) */
+    int half = buckets / 2;
+    for (int h = 0; h < NH; h++)
+        for (int c = 0; c < half; c++) {
+            float *column = rotation + (size_t)h * hs * half + c;
+            double squares = 0.0;
+            for (int d = 0; d < hs; d++)
+                squares += (double)column[(size_t)d * half] * column[(size_t)d * half];
+            double norm = sqrt(squares);
+            if (norm > 0.0)
+                for (int d = 0; d < hs; d++)
+                    column[(size_t)d * half] = (float)((double)column[(size_t)d * half] / norm);
+        }
 }
 
 struct hash_args {
     float *out, *lse, *dqkv;
     int *order, *bucket;
     long *tiles;                 /* (B*NH) tiles visited per item */
+    long *alone;                 /* (B*NH) queries with their own key alone per item */
     const float *qkv, *rotation, *dout, *out_in, *lse_in;
     const int *order_in, *bucket_in;
     int B, T, C, NH, buckets;
@@ -104,7 +123,15 @@ static void hash_item(const struct hash_args *a, long item, int *bucket, int *or
  * for the output (five in the backward). A row's whole range lies inside
  * one run (its bucket's ranges in the tile are prefixes of the longest
  * one, whose tiles are all visited), so its softmax is done in one pass
- * over that run; its probabilities are exact zeros in every other run. */
+ * over that run; its probabilities are exact zeros in every other run.
+ *
+ * A query's own key is the last of its range when it hashed to the
+ * query's bucket. When it did not, it is one extra score beside the range
+ * (own[k] set, its score in own_s[k]): forward_softmax takes it into the
+ * row's maximum and sum and leaves its probability in own_p[k], and its
+ * value row is added after the runs; a row whose range is empty has the
+ * own key alone (probability 1, lse its score). The backward adds the
+ * extra pair's terms after the runs likewise. No tile counts it. */
 
 struct hash_work {
     float *qs, *kt, *ks, *vs, *vt, *dos;   /* (T, hs) sorted; kt, vt (hs, T) */
@@ -112,7 +139,10 @@ struct hash_work {
     float *s, *dp;                         /* (HASH_TILE, T) a query tile's scores */
     float *lse, *delta;                    /* (T) per sorted query */
     int *kstart;                           /* (buckets + 1) first sorted key of a bucket */
+    int *kinv;                             /* (T) sorted place of the key at a position */
     int lo[HASH_TILE], hi[HASH_TILE];      /* allowed sorted keys of a tile's rows */
+    int own[HASH_TILE];                    /* the row's own key is outside [lo, hi) */
+    float own_s[HASH_TILE], own_p[HASH_TILE];   /* its score and probability */
     unsigned char *visit;                  /* (key tiles) visited by the query tile */
 };
 
@@ -128,6 +158,7 @@ static void hash_work_alloc(struct hash_work *w, int T, int hs, int buckets)
     w->lse = w->dp + (size_t)HASH_TILE * T;
     w->delta = w->lse + T;
     w->kstart = dm_alloc((size_t)(buckets + 1) * sizeof(int));
+    w->kinv = dm_alloc((size_t)(T > 0 ? T : 1) * sizeof(int));
     w->visit = dm_alloc((size_t)(T / HASH_TILE + 1));
 }
 
@@ -135,6 +166,7 @@ static void hash_work_free(struct hash_work *w)
 {
     dm_free(w->qs);
     dm_free(w->kstart);
+    dm_free(w->kinv);
     dm_free(w->visit);
 }
 
@@ -208,6 +240,28 @@ static int tile_plan(struct hash_work *w, const int *qo, const int *qb, const in
     return visited;
 }
 
+/* For the tile's rows [r0, r0 + rows): whether each one's own key lies
+ * outside its range, and then its score (q . k scale, q the sorted row,
+ * k the key at the query's position, ld 3C from kbase). Returns the rows
+ * whose range is empty (their own key is all they attend to). */
+static int own_key_plan(struct hash_work *w, const int *qo, const int *qb, const int *kb,
+                        int r0, int rows, int hs, const float *kbase, long ld, float scale)
+{
+    int alone = 0;
+    for (int k = 0; k < rows; k++) {
+        int pos = qo[r0 + k];
+        w->own[k] = kb[pos] != qb[pos];
+        w->own_p[k] = 1.0f;
+        alone += w->hi[k] == w->lo[k];
+        if (!w->own[k]) continue;
+        const float *q = w->qs + (long)(r0 + k) * hs, *key = kbase + pos * ld;
+        float s = 0.0f;
+        for (int d = 0; d < hs; d++) s += q[d] * key[d];
+        w->own_s[k] = s * scale;
+    }
+    return alone;
+}
+
 /* The next run of visited key tiles at or after tile *t, as sorted key
  * columns [*c0, *c1); returns 0 when there is none. */
 static int next_run(const struct hash_work *w, int *t, int T, int *c0, int *c1)
@@ -231,7 +285,8 @@ static int row_in_run(const struct hash_work *w, int k, int c0, int c1)
 }
 
 /* The forward over a run's scores s (rows, ld T, columns [c0, c1)): the
- * softmax of each row over its range, zero elsewhere, and its lse. */
+ * softmax of each row over its range (and its own key when that is
+ * outside the range: own_p), zero elsewhere, and its lse. */
 static void forward_softmax(struct hash_work *w, int r0, int rows, int c0, int c1, int T)
 {
     for (int k = 0; k < rows; k++) {
@@ -242,9 +297,13 @@ static void forward_softmax(struct hash_work *w, int r0, int rows, int c0, int c
         }
         int lo = w->lo[k] - c0, hi = w->hi[k] - c0;
         float mx = max_lanes(row + lo, hi - lo);
+        if (w->own[k] && w->own_s[k] > mx) mx = w->own_s[k];
         float sum = exp_shifted_lanes(row + lo, hi - lo, mx);
+        float own = w->own[k] ? exp_lanes(w->own_s[k] - mx) : 0.0f;
+        sum += own;
         float inv = 1.0f / sum;
         for (int j = lo; j < hi; j++) row[j] *= inv;
+        w->own_p[k] = own * inv;
         memset(row, 0, (size_t)lo * sizeof(float));
         memset(row + hi, 0, (size_t)(c1 - c0 - hi) * sizeof(float));
         w->lse[r0 + k] = mx + logf(sum);
@@ -266,12 +325,14 @@ static void hash_forward_item(const struct hash_args *a, struct hash_work *w, lo
     gather_sorted_transposed(w->kt, base + C, ko, T, hs, 3L * C);
     gather_sorted(w->vs, base + 2 * C, ko, T, hs, 3L * C);
     bucket_starts(w->kstart, ko, kb, T, a->buckets);
-    long tiles = 0;
+    long tiles = 0, alone = 0;
     for (int r0 = 0; r0 < T; r0 += HASH_TILE) {
         int rows = r0 + HASH_TILE < T ? HASH_TILE : T - r0;
         tiles += tile_plan(w, qo, qb, ko, r0, r0 + rows, T);
+        alone += own_key_plan(w, qo, qb, kb, r0, rows, hs, base + C, 3L * C, scale);
         memset(o, 0, (size_t)rows * hs * sizeof(float));
-        for (int k = 0; k < rows; k++) w->lse[r0 + k] = -INFINITY;
+        for (int k = 0; k < rows; k++)   /* the own key alone, unless a run says more */
+            w->lse[r0 + k] = w->own[k] ? w->own_s[k] : -INFINITY;
         int t = 0, c0, c1;
         while (next_run(w, &t, T, &c0, &c1)) {
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, c1 - c0, hs, scale,
@@ -282,12 +343,17 @@ static void hash_forward_item(const struct hash_args *a, struct hash_work *w, lo
         }
         for (int k = 0; k < rows; k++) {
             int pos = qo[r0 + k];
+            if (w->own[k]) {
+                const float *v = base + 2 * C + pos * 3L * C;
+                for (int d = 0; d < hs; d++) o[(long)k * hs + d] += w->own_p[k] * v[d];
+            }
             memcpy(a->out + (b * T + pos) * (long)C + h * hs, o + (long)k * hs,
                    (size_t)hs * sizeof(float));
             a->lse[item * (long)T + pos] = w->lse[r0 + k];
         }
     }
     a->tiles[item] = tiles;
+    a->alone[item] = alone;
 }
 
 static void hash_forward_range(void *arg, long begin, long end)
@@ -309,17 +375,20 @@ static long sum_tiles(const long *tiles, long n)
     return total;
 }
 
-long hash_attention_forward(float *out, float *lse, int *order, int *bucket, const float *qkv,
-                            const float *rotation, int B, int T, int C, int NH, int buckets)
+long hash_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
+                            const float *qkv, const float *rotation, int B, int T, int C, int NH,
+                            int buckets)
 {
     DM_ASSERT(buckets >= 1 && (buckets == 1 || buckets % 2 == 0) && C % NH == 0);
     long items = (long)B * NH;
-    long *tiles = dm_alloc((size_t)items * sizeof(long));
+    long *tiles = dm_alloc(2 * (size_t)items * sizeof(long));
     struct hash_args a = {.out = out, .lse = lse, .order = order, .bucket = bucket,
-                          .tiles = tiles, .qkv = qkv, .rotation = buckets > 1 ? rotation : NULL,
+                          .tiles = tiles, .alone = tiles + items, .qkv = qkv,
+                          .rotation = buckets > 1 ? rotation : NULL,
                           .B = B, .T = T, .C = C, .NH = NH, .buckets = buckets};
     dm_parallel_for(items, 1, hash_forward_range, &a);
     long total = sum_tiles(tiles, items);
+    if (alone) *alone = sum_tiles(tiles + items, items);
     dm_free(tiles);
     return total;
 }
@@ -389,6 +458,31 @@ static void backward_gather(const struct hash_args *a, struct hash_work *w, long
         w->lse[i] = a->lse_in[item * (long)T + qo[i]];
     }
     memset(w->dqs, 0, 3 * (size_t)T * hs * sizeof(float));   /* dqs, dks, dvs */
+    for (int j = 0; j < T; j++) w->kinv[ko[j]] = j;
+}
+
+/* The own-key pairs of a query tile outside their rows' ranges: p =
+ * exp(s - lse), ds = scale p (dO . v - delta) into dQ, dK and dV, like
+ * backward_scores and backward_run for one pair (v, the value at the
+ * query's position, from vbase with ld 3C). */
+static void backward_own_keys(struct hash_work *w, const int *qo, int r0, int rows, int hs,
+                              const float *vbase, long ld, float scale)
+{
+    for (int k = 0; k < rows; k++) {
+        if (!w->own[k]) continue;
+        int i = r0 + k, pos = qo[i], j = w->kinv[pos];
+        const float *v = vbase + pos * ld, *dy = w->dos + (long)i * hs;
+        const float *q = w->qs + (long)i * hs, *key = w->ks + (long)j * hs;
+        float p = exp_lanes(w->own_s[k] - w->lse[i]), dp = 0.0f;
+        for (int d = 0; d < hs; d++) dp += dy[d] * v[d];
+        float ds = scale * (p * (dp - w->delta[i]));
+        float *dq = w->dqs + (long)i * hs, *dk = w->dks + (long)j * hs, *dv = w->dvs + (long)j * hs;
+        for (int d = 0; d < hs; d++) {
+            dq[d] += ds * key[d];
+            dk[d] += ds * q[d];
+            dv[d] += p * dy[d];
+        }
+    }
 }
 
 static void hash_backward_item(const struct hash_args *a, struct hash_work *w, long item)
@@ -398,14 +492,17 @@ static void hash_backward_item(const struct hash_args *a, struct hash_work *w, l
     float scale = (float)(1.0 / sqrt((double)hs));
     const int *qo = a->order_in + item * 2L * T, *ko = qo + T;
     const int *qb = a->bucket_in + item * 2L * T, *kb = qb + T;
+    const float *in = a->qkv + b * T * 3L * C + h * hs;
     backward_gather(a, w, item);
     bucket_starts(w->kstart, ko, kb, T, a->buckets);
     long tiles = 0;
     for (int r0 = 0; r0 < T; r0 += HASH_TILE) {
         int rows = r0 + HASH_TILE < T ? HASH_TILE : T - r0;
         tiles += tile_plan(w, qo, qb, ko, r0, r0 + rows, T);
+        own_key_plan(w, qo, qb, kb, r0, rows, hs, in + C, 3L * C, scale);
         int t = 0, c0, c1;
         while (next_run(w, &t, T, &c0, &c1)) backward_run(w, r0, rows, c0, c1, T, hs, scale);
+        backward_own_keys(w, qo, r0, rows, hs, in + 2 * C, 3L * C, scale);
     }
     float *base = a->dqkv + b * T * 3L * C + h * hs;
     scatter_sorted(base, w->dqs, qo, T, hs, 3L * C);
@@ -509,9 +606,13 @@ void hash_block_attention_forward(struct block *blk, struct block_acts *acts, in
     int C = blk->C, NH = blk->NH;
     rotation_draw(ha, blk, acts);
     const struct dm_backend *ops = backend_current();
+    long alone = 0;
     blk->hash_tiles += (double)ops->hash_attention_forward(acts->atty, ha->lse, ha->order,
-                                                           ha->bucket, acts->qkv, ha->rotation,
-                                                           B, T, C, NH, blk->hash_buckets);
+                                                           ha->bucket, &alone, acts->qkv,
+                                                           ha->rotation, B, T, C, NH,
+                                                           blk->hash_buckets);
+    blk->hash_own_key_only += (double)alone;
+    blk->hash_queries += (double)B * T * NH;
 }
 
 void hash_block_attention_backward(struct block *blk, struct block_acts *acts, float *dqkv,
@@ -541,10 +642,13 @@ void hash_block_attention_forward_segments(struct block *blk, struct block_acts 
     for (int b = 0; b < B; b++) {
         int s = start[b], n = start[b + 1] - start[b];
         if (n == 0) continue;
+        long alone = 0;
         blk->hash_tiles += (double)ops->hash_attention_forward(
             acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
-            ha->bucket + 2L * NH * s, acts->qkv + 3L * s * C, ha->rotation, 1, n, C, NH,
-            blk->hash_buckets);
+            ha->bucket + 2L * NH * s, &alone, acts->qkv + 3L * s * C, ha->rotation, 1, n, C,
+            NH, blk->hash_buckets);
+        blk->hash_own_key_only += (double)alone;
+        blk->hash_queries += (double)n * NH;
     }
 }
 

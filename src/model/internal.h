@@ -129,9 +129,11 @@ void prune_mask(unsigned char *mask, float *params, float *grads, float *m, floa
                 unsigned int base, unsigned long long cut);
 
 /* The mixture-of-depths block (mod.c): its state beside the slab (views of
- * the router and predictor), their initialisation (N(0, 0.02) on streams
- * (layer, BP_COUNT) and (layer, BP_COUNT + 1)), its tensors after the
- * dense ones (block_tensor_at for k >= BP_COUNT), and its activations. */
+ * the router and predictor), their initialisation (router and the
+ * predictor's two matrices N(0, 0.02) on streams (layer, BP_COUNT),
+ * (layer, BP_COUNT + 1) and (layer, BP_COUNT + 2), the predictor's biases
+ * 0), its tensors after the dense ones (block_tensor_at for k >=
+ * BP_COUNT), and its activations. */
 void block_mod_alloc(struct block *blk, const struct gpt_shape *shape);
 void block_mod_free(struct block *blk);
 /* params: where the host writes the block's parameters (block_init_weights' staging) */

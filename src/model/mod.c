@@ -1,7 +1,8 @@
 /* Mixture of depths (Raposo et al. 2024) around one transformer block: the
  * scalar router, the two ways of choosing tokens (top-k over a sequence,
- * or a causal predictor trained against the top-k choice), and the block's
- * forward and backward over the chosen tokens only.
+ * or a causal MLP predictor trained against the top-k choice,
+ * dynmo/mod_predictor.h), and the block's forward and backward over the
+ * chosen tokens only.
  *
  * The chosen tokens of all sequences are packed, each sequence's in
  * ascending position, into one dense (tokens, C) batch: the row-wise ops
@@ -16,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/backend.h"
+#include "dynmo/mod_predictor.h"
 #include "dynmo/model.h"
 #include "model/hash_segments.h"
 #include "model/internal.h"
@@ -66,26 +68,38 @@ int mod_capacity_tokens(double capacity, int T)
     return k < 1 ? 1 : (k > T ? T : k);
 }
 
-float mod_predictor_forward_backward(float *dweight, int *chosen, const float *in,
-                                     const float *weight, const int *target, int N, int C)
+/* Token by token in order; each weight's gradient summed over the tokens
+ * in order from zero (the terms of dynmo/mod_predictor.h, in loops that
+ * give each weight the same terms in the same order as
+ * mod_predictor_term), then scaled into dweight. */
+float mod_predictor_forward_backward(float *dweight, float scale, int *chosen, const float *in,
+                                     const float *weight, const int *target, int N, int C, int H)
 {
+    long P = mod_predictor_params(C, H), HC = (long)H * C;
+    float *a = dm_alloc((size_t)H * sizeof(float));
+    float *sum = dweight && target ? dm_alloc((size_t)P * sizeof(float)) : NULL;
     double loss = 0.0;
     for (int n = 0; n < N; n++) {
         const float *x = in + (long)n * C;
-        float logit = 0.0f;
-        for (int c = 0; c < C; c++) logit += weight[c] * x[c];
+        float logit = mod_predictor_logit(a, x, weight, C, H);
         if (chosen) chosen[n] = logit > 0.0f;
         if (!target) continue;
-        float y = target[n] ? 1.0f : 0.0f;
-        /* BCE with logits, the stable form torch uses */
-        float l = (logit > 0.0f ? logit : 0.0f) - logit * y + log1pf(expf(-fabsf(logit)));
-        loss += l;
-        if (dweight) {
-            float p = 1.0f / (1.0f + expf(-logit));
-            float g = (p - y) / (float)N;
-            for (int c = 0; c < C; c++) dweight[c] += g * x[c];
+        loss += mod_predictor_bce(logit, target[n]);
+        if (!sum) continue;
+        float g = mod_predictor_dlogit(logit, target[n], N);
+        for (int j = 0; j < H; j++) {
+            float dh = mod_predictor_dhidden(g, a, weight, j, C, H);
+            float *row = sum + (long)j * C;
+            for (int c = 0; c < C; c++) row[c] += dh * x[c];
+            sum[HC + j] += dh;
+            sum[HC + H + j] += g * (a[j] > 0.0f ? a[j] : 0.0f);
         }
+        sum[P - 1] += g;
     }
+    if (sum)
+        for (long e = 0; e < P; e++) dweight[e] += scale * sum[e];
+    dm_free(sum);
+    dm_free(a);
     return target ? (float)(loss / N) : 0.0f;
 }
 
@@ -106,8 +120,6 @@ void mod_acts_alloc(struct mod_acts *m, int B, int T, int C)
     m->gathered_out = ops->alloc(rows);
     m->chosen_host = backend_staging(N * sizeof(int));
     m->rows_host = backend_staging(N * sizeof(int));
-    m->weight_host = backend_staging(2 * (size_t)C * sizeof(float));
-    m->dweight = ops->alloc((size_t)C * sizeof(float));
 }
 
 void mod_acts_free(struct mod_acts *m)
@@ -122,17 +134,8 @@ void mod_acts_free(struct mod_acts *m)
     ops->free(m->gathered_out);
     backend_staging_free(m->chosen_host);
     backend_staging_free(m->rows_host);
-    backend_staging_free(m->weight_host);
-    ops->free(m->dweight);
     if (m->work) ops->free(m->work);
     memset(m, 0, sizeof *m);
-}
-
-/* bytes of device memory at p where the host may read and change them:
- * p itself on the CPU, else staging after a copy down (backend_read) */
-static void *host_copy(void *staging, const void *p, size_t bytes)
-{
-    return (void *)backend_read(staging, p, bytes);
 }
 
 /* ---- the block over the chosen tokens -------------------------------------
@@ -355,7 +358,8 @@ void mod_block_backward(struct block *blk, struct block_acts *acts, struct block
 
 /* ---- mixture of depths in the model ---------------------------------------------
  * A MoD block's slab: the dense block's tensors, then router_w (C), then,
- * with causal routing, pred_w (C). */
+ * with causal routing, the predictor: pred_w1 (H, C), pred_b1 (H),
+ * pred_w2 (H), pred_b2 (1) (dynmo/mod_predictor.h's layout). */
 
 int gpt_block_is_mod(const struct gpt_shape *shape, int index)
 {
@@ -375,7 +379,9 @@ int gpt_mod_ordinal(const struct gpt_shape *shape, int index)
 size_t mod_extra_param_count(const struct gpt_shape *shape, int index)
 {
     if (!gpt_block_is_mod(shape, index)) return 0;
-    return (size_t)shape->channels * (shape->mod.routing == MOD_ROUTING_CAUSAL ? 2 : 1);
+    size_t C = (size_t)shape->channels;
+    if (shape->mod.routing != MOD_ROUTING_CAUSAL) return C;
+    return C + (size_t)mod_predictor_params(shape->channels, shape->mod.predictor_hidden);
 }
 
 void block_mod_alloc(struct block *blk, const struct gpt_shape *shape)
@@ -384,6 +390,8 @@ void block_mod_alloc(struct block *blk, const struct gpt_shape *shape)
     size_t dense = block_param_count(blk->C);
     mod->routing = shape->mod.routing;
     mod->capacity = shape->mod.capacity;
+    mod->hidden = mod->routing == MOD_ROUTING_CAUSAL ? shape->mod.predictor_hidden : 0;
+    DM_ASSERT(mod->routing != MOD_ROUTING_CAUSAL || mod->hidden >= 1);
     mod->router_w = blk->params + dense;
     mod->router_g = blk->grads + dense;
     if (mod->routing == MOD_ROUTING_CAUSAL) {
@@ -399,28 +407,40 @@ void block_mod_free(struct block *blk)
     blk->mod = NULL;
 }
 
+/* The router and the predictor's two matrices N(0, 0.02), the
+ * predictor's biases 0: router_w on stream (layer, BP_COUNT), pred_w1 on
+ * (layer, BP_COUNT + 1), pred_w2 on (layer, BP_COUNT + 2). The logit
+ * starts near 0, so the predictor starts near half of the tokens. */
 void block_mod_init_weights(struct block *blk, float *params, uint64_t seed)
 {
-    size_t C = (size_t)blk->C;
+    size_t C = (size_t)blk->C, H = (size_t)blk->mod->hidden;
     float *router_w = params + (blk->mod->router_w - blk->params);
     init_normal(router_w, C, seed, block_tensor_stream(blk->index, BP_COUNT), 0.02f);
-    if (blk->mod->pred_w)
-        init_normal(router_w + C, C, seed, block_tensor_stream(blk->index, BP_COUNT + 1), 0.02f);
+    if (!blk->mod->pred_w) return;
+    float *w1 = router_w + C, *w2 = w1 + H * C + H;
+    init_normal(w1, H * C, seed, block_tensor_stream(blk->index, BP_COUNT + 1), 0.02f);
+    memset(w1 + H * C, 0, H * sizeof(float));
+    init_normal(w2, H, seed, block_tensor_stream(blk->index, BP_COUNT + 2), 0.02f);
+    w2[H] = 0.0f;
 }
 
 int block_mod_tensor_count(const struct block *blk)
 {
-    return blk->mod ? (blk->mod->pred_w ? 2 : 1) : 0;
+    return blk->mod ? (blk->mod->pred_w ? 5 : 1) : 0;
 }
 
-/* Router and predictor are vectors that act like a linear layer's weights:
- * they take weight decay (as the MoE router does). */
+/* The router and the predictor's matrices act like a linear layer's
+ * weights and take weight decay (as the MoE router does); the
+ * predictor's biases do not. */
 int block_mod_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size)
 {
     DM_ASSERT(blk->mod && k >= BP_COUNT && k < BP_COUNT + block_mod_tensor_count(blk));
-    *offset = block_param_count(blk->C) + (size_t)(k - BP_COUNT) * (size_t)blk->C;
-    *size = (size_t)blk->C;
-    return 1;
+    size_t C = (size_t)blk->C, H = (size_t)blk->mod->hidden;
+    const size_t sizes[5] = {C, H * C, H, H, 1};   /* router_w, pred_w1, b1, w2, b2 */
+    *offset = block_param_count(blk->C);
+    for (int i = 0; i < k - BP_COUNT; i++) *offset += sizes[i];
+    *size = sizes[k - BP_COUNT];
+    return k == BP_COUNT || k == BP_COUNT + 1 || k == BP_COUNT + 3;
 }
 
 void block_mod_acts_free(struct mod_acts *m)
@@ -460,8 +480,8 @@ void block_mod_forward(struct block *blk, struct block_acts *acts, float *out,
     if (mod->forced) {
         chosen = mod->forced;
     } else if (mod->routing == MOD_ROUTING_CAUSAL) {
-        mod->bce += ops->mod_predictor_forward_backward(NULL, m->chosen, in, mod->pred_w,
-                                                        m->target, N, C);
+        mod->bce += ops->mod_predictor_forward_backward(NULL, 0.0f, m->chosen, in, mod->pred_w,
+                                                        m->target, N, C, mod->hidden);
         mod->bce_forwards++;
         chosen = m->chosen;
     }
@@ -470,20 +490,14 @@ void block_mod_forward(struct block *blk, struct block_acts *acts, float *out,
 }
 
 /* The predictor's gradient: mean BCE over the micro-batch's tokens against
- * the top-k choice, times the loss scale (it is trained as a loss term). */
+ * the top-k choice, times the loss scale (it is trained as a loss term),
+ * added to its gradient where the slab lives. */
 static void predictor_backward(struct block_mod *mod, const struct mod_acts *m,
                                const float *in, int N, int C, float loss_scale)
 {
-    const struct dm_backend *ops = backend_current();
-    size_t bytes = (size_t)C * sizeof(float);
-    float *dw = m->dweight;   /* formed from zero */
-    ops->zero(dw, bytes);
-    ops->mod_predictor_forward_backward(dw, NULL, in, mod->pred_w, m->target, N, C);
-    float *staging = m->weight_host;   /* the sum on the host */
-    const float *dw_h = backend_read(staging, dw, bytes);
-    float *pred_g = host_copy(staging ? staging + C : NULL, mod->pred_g, bytes);
-    for (int c = 0; c < C; c++) pred_g[c] += loss_scale * dw_h[c];
-    backend_write_end(mod->pred_g, pred_g, bytes);
+    backend_current()->mod_predictor_forward_backward(mod->pred_g, loss_scale, NULL, in,
+                                                      mod->pred_w, m->target, N, C,
+                                                      mod->hidden);
 }
 
 void block_mod_backward(struct block *blk, struct block_acts *acts,

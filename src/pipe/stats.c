@@ -50,6 +50,7 @@ void engine_stats_alloc(struct engine *eng)
     st->layer_active = dm_alloc((size_t)L * sizeof(double));
     st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_tiles = dm_alloc((size_t)L * sizeof(double));
+    st->layer_own_key_only = dm_alloc((size_t)L * sizeof(double));
     st->layer_mod_tokens = dm_alloc((size_t)L * sizeof(double));
     st->layer_mod_bce = dm_alloc((size_t)L * sizeof(double));
     st->stage_update_ms = dm_alloc((size_t)S * sizeof(double));
@@ -71,9 +72,10 @@ void engine_stats_alloc(struct engine *eng)
     }
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/active/
      * update per layer, then the stage's update, then the MoE blocks' values,
-     * then the MoD predictors' BCE, the MoD blocks' tokens and hash attention's tiles
-     * per layer */
-    eng->gather_len = 5 + 6 * L + st->moe_blocks * MOE_RECORD(st->experts) + 3 * L;
+     * then hash attention's query rows and those with their own key alone,
+     * the MoD predictors' BCE, the MoD blocks' tokens and hash attention's
+     * tiles per layer */
+    eng->gather_len = 5 + 6 * L + st->moe_blocks * MOE_RECORD(st->experts) + 5 * L;
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
     eng->gather_req = MPI_REQUEST_NULL;
@@ -90,6 +92,7 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->layer_active);
     dm_free(st->layer_update_ms);
     dm_free(st->layer_tiles);
+    dm_free(st->layer_own_key_only);
     dm_free(st->layer_mod_tokens);
     dm_free(st->layer_mod_bce);
     dm_free(st->moe_tokens);
@@ -164,8 +167,11 @@ static void pack_profile(struct engine *eng, float loss_sum)
         x[3 * E + 2] = engine_expert_parallel_take_rows(eng, m->first_block + i);
     }
     for (int i = 0; i < m->num_blocks; i++) {   /* hash attention, then zeroed */
-        v[eng->gather_len - L + m->first_block + i] = m->blocks[i].hash_tiles;
-        m->blocks[i].hash_tiles = 0.0;
+        struct block *blk = &m->blocks[i];
+        v[eng->gather_len - L + m->first_block + i] = blk->hash_tiles;
+        v[eng->gather_len - 5 * L + m->first_block + i] = blk->hash_queries;
+        v[eng->gather_len - 4 * L + m->first_block + i] = blk->hash_own_key_only;
+        blk->hash_tiles = blk->hash_queries = blk->hash_own_key_only = 0.0;
         struct block_mod *mod = m->blocks[i].mod;   /* mixture of depths, then zeroed */
         if (!mod) continue;
         v[eng->gather_len - 2 * L + m->first_block + i] = mod->tokens;
@@ -187,6 +193,7 @@ static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
         st->layer_sparsity[l] = st->layer_active[l] = st->layer_update_ms[l] = 0.0;
         st->layer_tiles[l] = st->layer_mod_tokens[l] = st->layer_mod_bce[l] = 0.0;
+        st->layer_own_key_only[l] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
@@ -253,6 +260,7 @@ static void fold_profiles(struct engine *eng, double step_s)
     st->step_ms = step_s * 1e3;
     clear_stats(st, L, S, eng->layout);
     double idle = 0.0, cmax = 0.0, cmin = INFINITY, csum = 0.0;
+    double *queries = dm_alloc((size_t)L * sizeof(double));   /* hash attention's rows */
     for (int r = 0; r < g->world_size; r++) {
         const double *x = eng->gather_recv + (size_t)r * eng->gather_len;
         int s = r % S, rep = r / S;
@@ -273,10 +281,17 @@ static void fold_profiles(struct engine *eng, double step_s)
             }
         if (rep == 0) fold_moe(st, x + 5 + 6 * L, mb_count * g->replicas);
         for (int l = 0; l < L; l++) st->layer_tiles[l] += x[eng->gather_len - L + l];
+        for (int l = 0; l < L; l++) {
+            queries[l] += x[eng->gather_len - 5 * L + l];
+            st->layer_own_key_only[l] += x[eng->gather_len - 4 * L + l];
+        }
         for (int l = 0; l < L; l++) st->layer_mod_tokens[l] += x[eng->gather_len - 2 * L + l];
         for (int l = 0; l < L; l++)   /* each replica's mean over its forwards */
             st->layer_mod_bce[l] += x[eng->gather_len - 3 * L + l] / g->replicas;
     }
+    for (int l = 0; l < L; l++)   /* the rows with their own key alone, as a share */
+        st->layer_own_key_only[l] = queries[l] > 0 ? st->layer_own_key_only[l] / queries[l] : 0.0;
+    dm_free(queries);
     for (int s = 0; s < S; s++) {
         double c = st->stage_compute_ms[s];
         cmax = c > cmax ? c : cmax;

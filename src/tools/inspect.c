@@ -1,7 +1,8 @@
 /* `dynmo inspect FILE [--json]`: a summary of a run log (configuration,
  * steps, first and last loss, mean step time, with MoE blocks each one's
- * most and least loaded expert and dropped share over the run, every
- * dataset with its shape)
+ * most and least loaded expert and dropped share over the run, with MoD
+ * blocks their tokens, with hash attention the share of query rows that
+ * had only their own key, every dataset with its shape)
  * or of a checkpoint (model, step, optimizer and schedule position, world,
  * layout and its history, data cursors, the scheme's saved state, and per
  * block its stage, size, sparsity and frozen flag) for people, or the same as one JSON object for
@@ -36,6 +37,11 @@ struct summary {
     int mod_blocks, mod_every;
     long mod_rows;
     double mod_reached;                 /* tokens per step that reach a MoD block */
+    int hash_layers;                    /* columns of /hash/own_key_only, 0 without */
+    long hash_steps;                    /* its rows with values (filler NaN rows left out) */
+    double own_key_only, own_key_only_max;   /* its mean over steps and blocks, and the
+                                           largest block's mean over steps */
+    int own_key_only_layer;             /* that block */
     char *version, *created, *config, *format_version; /* dm_alloc'd; NULL if absent */
     long steps;
     double first_loss, last_loss, mean_step_ms;
@@ -68,6 +74,7 @@ static char *read_attr_or_die(const char *path, const char *name)
 
 static void load_moe(struct summary *s, const char *path);
 static void load_mod(struct summary *s, const char *path);
+static void load_hash(struct summary *s, const char *path);
 
 static void load_summary(struct summary *s, const char *path)
 {
@@ -107,6 +114,7 @@ static void load_summary(struct summary *s, const char *path)
     dm_free(values);
     load_moe(s, path);
     load_mod(s, path);
+    load_hash(s, path);
 }
 
 /* The config's value of key ("model.moe_every"), or fallback. */
@@ -181,6 +189,43 @@ static void load_mod(struct summary *s, const char *path)
         return;
     }
     s->mod_blocks = ncols;
+}
+
+/* Hash attention: /hash/own_key_only (column l: block l), its mean over
+ * the steps this log holds (NaN filler rows left out) and blocks, and the
+ * block with the largest mean. */
+static void load_hash(struct summary *s, const char *path)
+{
+    char err[1024];
+    float *share = NULL;
+    int ncols = 0;
+    long rows = runlog_read_matrix(path, RUNLOG_HASH_OWN_KEY_ONLY, &share, &ncols, err,
+                                   sizeof err);
+    if (rows <= 0 || ncols <= 0) {
+        dm_free(share);
+        return;
+    }
+    double total = 0.0;
+    for (int l = 0; l < ncols; l++) {
+        double sum = 0.0;
+        long n = 0;
+        for (long r = 0; r < rows; r++) {
+            float v = share[r * ncols + l];
+            if (isnan(v)) continue;
+            sum += v;
+            n++;
+        }
+        if (n == 0) continue;
+        s->hash_steps = n;
+        total += sum / (double)n;
+        if (s->hash_layers == 0 || sum / (double)n > s->own_key_only_max) {
+            s->own_key_only_max = sum / (double)n;
+            s->own_key_only_layer = l;
+        }
+        s->hash_layers = ncols;
+    }
+    s->own_key_only = s->hash_layers ? total / ncols : 0.0;
+    dm_free(share);
 }
 
 /* The MoD blocks' mean tokens per step over rows [first, last) (NaN rows,
@@ -259,6 +304,11 @@ static void print_text(const struct summary *s)
                100.0 * first / s->mod_reached, tenth, last, 100.0 * last / s->mod_reached,
                tenth);
     }
+    if (s->hash_layers)
+        printf("hash attention: %.3f%% of the query rows had no key of their bucket but their "
+               "own (mean over %ld steps and %d blocks; block %d the most, %.3f%%)\n",
+               100.0 * s->own_key_only, s->hash_steps, s->hash_layers, s->own_key_only_layer,
+               100.0 * s->own_key_only_max);
     printf("datasets:\n");
     for (int i = 0; i < s->dataset_count; i++) {
         const struct runlog_dataset_info *d = &s->datasets[i];
@@ -381,6 +431,14 @@ static void print_json(const struct summary *s)
         put(mod, "tokens_last_tenth", number(mod_mean(s, s->mod_rows - tenth, s->mod_rows)));
         put(o, "mod", mod);
     }
+    if (s->hash_layers) {
+        json_object *hash = checked(json_object_new_object());
+        put(hash, "own_key_only_share", number(s->own_key_only));
+        put(hash, "own_key_only_share_max", number(s->own_key_only_max));
+        put(hash, "own_key_only_max_block", integer(s->own_key_only_layer));
+        put(hash, "steps", integer(s->hash_steps));
+        put(o, "hash", hash);
+    }
     json_object *datasets = checked(json_object_new_array());
     for (int i = 0; i < s->dataset_count; i++) {
         const struct runlog_dataset_info *d = &s->datasets[i];
@@ -431,10 +489,13 @@ static void print_checkpoint_model(const struct ckpt_meta *m)
                "width %d, top-%d: %zu parameters per MoE block\n", s->moe.every,
                gpt_moe_block_count(s), s->moe.experts, s->moe.hidden, s->moe.top_k,
                gpt_block_param_count(s, s->moe.every - 1));
-    if (s->mod.every > 0)
-        printf("  mixture of depths: every %d blocks (%d MoD blocks), capacity %g, %s routing\n",
-               s->mod.every, gpt_mod_block_count(s), s->mod.capacity,
-               s->mod.routing == MOD_ROUTING_CAUSAL ? "causal" : "top-k");
+    if (s->mod.every > 0 && s->mod.routing == MOD_ROUTING_CAUSAL)
+        printf("  mixture of depths: every %d blocks (%d MoD blocks), capacity %g, causal "
+               "routing by an MLP predictor of hidden width %d\n", s->mod.every,
+               gpt_mod_block_count(s), s->mod.capacity, s->mod.predictor_hidden);
+    else if (s->mod.every > 0)
+        printf("  mixture of depths: every %d blocks (%d MoD blocks), capacity %g, top-k "
+               "routing\n", s->mod.every, gpt_mod_block_count(s), s->mod.capacity);
     if (s->hash.buckets > 0)
         printf("  attention: hash-sparse, %d buckets per head\n", s->hash.buckets);
 }

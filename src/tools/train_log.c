@@ -116,8 +116,10 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
         append_doubles(log, RUNLOG_LAYER_SPARSITY, st->layer_sparsity, L, row);
     if (!strcmp(cfg->dyn_kind, "early_exit"))
         append_doubles(log, RUNLOG_LAYER_ACTIVE, st->layer_active, L, row);
-    if (!strcmp(cfg->attention, "hash"))
+    if (!strcmp(cfg->attention, "hash")) {
         append_doubles(log, RUNLOG_HASH_TILES, st->layer_tiles, L, row);
+        append_doubles(log, RUNLOG_HASH_OWN_KEY_ONLY, st->layer_own_key_only, L, row);
+    }
     if (cfg->mod_every > 0) append_mod_row(log, cfg, st, row);
     append_doubles(log, RUNLOG_LAYER_UPDATE_MS, st->layer_update_ms, L, row);
     append_stage_row(log, RUNLOG_STAGE_BUSY_MS, st->stage_compute_ms, stages, width, row);

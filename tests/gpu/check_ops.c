@@ -19,6 +19,7 @@
 #include <string.h>
 #include "dynmo/backend.h"
 #include "dynmo/core.h"
+#include "dynmo/mod_predictor.h"
 #include "dynmo/model.h"
 #include "../../kernels/precision.cuh"
 
@@ -516,7 +517,7 @@ static void check_sparse(int N, int C, int OC)
     dm_free(row_ptr), dm_free(col_idx), dev->free(RP), dev->free(CI);
 }
 
-static void check_mod(int B, int T, int C, int k)
+static void check_mod(int B, int T, int C, int k, int H)
 {
     int N = B * T;
     float *in = host((long)N * C, 1), *w = host(C, 1), *router = host(N, 0);
@@ -540,14 +541,15 @@ static void check_mod(int B, int T, int C, int k)
     int *target = dm_alloc((size_t)N * sizeof(int));
     for (int i = 0; i < N; i++) target[i] = chosen[i];
     int *TG = up(target, N * 4);
-    float *dw = host(C, 1), *DW = up(dw, C * 4);
-    float loss = cpu->mod_predictor_forward_backward(dw, chosen, in, w, target, N, C);
-    float dloss = dev->mod_predictor_forward_backward(DW, CH, IN, Wd, TG, N, C);
+    long P = mod_predictor_params(C, H);   /* the MLP predictor of hidden width H */
+    float *pw = host(P, 0.3f), *dw = host(P, 1), *PW = up(pw, P * 4), *DW = up(dw, P * 4);
+    float loss = cpu->mod_predictor_forward_backward(dw, 0.5f, chosen, in, pw, target, N, C, H);
+    float dloss = dev->mod_predictor_forward_backward(DW, 0.5f, CH, IN, PW, TG, N, C, H);
     compare_host("mod_predictor loss", &dloss, &loss, 1);
-    compare("mod_predictor dweight", DW, dw, C);
+    compare("mod_predictor dweight", DW, dw, P);
     compare_ints("mod_predictor chosen", CH, chosen, N);
     dm_free(in), dm_free(w), dm_free(router), dm_free(chosen), dm_free(got), dm_free(target);
-    dm_free(dw), dev->free(TG), dev->free(DW);
+    dm_free(dw), dm_free(pw), dev->free(TG), dev->free(DW), dev->free(PW);
     dev->free(IN), dev->free(Wd), dev->free(R), dev->free(CH);
 }
 
@@ -593,9 +595,11 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     float *Q = up(qkv, 3 * BTC * 4), *DY = up(dy, BTC * 4), *RO = up(rot, R * 4);
     float *O = up(out, BTC * 4), *L = up(lse, bhT * 4), *DQ = up(dqkv, 3 * BTC * 4);
     int *OR = up(order, 2 * bhT * 4), *BU = up(bucket, 2 * bhT * 4);
-    long tiles = cpu->hash_attention_forward(out, lse, order, bucket, qkv, rot, B, T, C, NH,
-                                             buckets);
-    long dtiles = dev->hash_attention_forward(O, L, OR, BU, Q, RO, B, T, C, NH, buckets);
+    long alone = 0, dalone = 0;
+    long tiles = cpu->hash_attention_forward(out, lse, order, bucket, &alone, qkv, rot, B, T, C,
+                                             NH, buckets);
+    long dtiles = dev->hash_attention_forward(O, L, OR, BU, &dalone, Q, RO, B, T, C, NH,
+                                              buckets);
     compare_ints("hash buckets", BU, bucket, 2 * bhT);
     compare_ints("hash orders", OR, order, 2 * bhT);
     compare("hash_attention_forward out", O, out, BTC);
@@ -607,6 +611,11 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     failures += !ok;
     checked++;
     printf("  %-40s %9ld %s\n", "hash tiles visited", dtiles, ok ? "ok (the CPU's)" : "FAIL");
+    ok = dalone == alone;
+    failures += !ok;
+    checked++;
+    printf("  %-40s %9ld %s\n", "hash queries with their own key alone", dalone,
+           ok ? "ok (the CPU's)" : "FAIL");
     float *hs_[] = {qkv, dy, rot, out, lse, dqkv}, *ds[] = {Q, DY, RO, O, L, DQ};
     for (int i = 0; i < 6; i++) dm_free(hs_[i]), dev->free(ds[i]);
     dm_free(order), dm_free(bucket), dev->free(OR), dev->free(BU);
@@ -743,7 +752,7 @@ int main(int argc, char **argv)
     check_moe_route(200, 8, 1, 1);
     check_prune(3 * DM_PRUNE_CHUNK + 1001);
     check_sparse(200, 64, 192);
-    check_mod(4, 128, 96, 16);
+    check_mod(4, 128, 96, 16, 32);
     check_mod_combine(512, 96);
     if (strcmp(dev->name, "cpu") != 0) {   /* the CPU multiplies in fp32 only */
         check_precision(DM_PRECISION_BF16, 1e-4, 1e-4, 256, 128, 384);

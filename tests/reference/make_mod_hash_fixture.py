@@ -10,20 +10,23 @@ writes tests/reference/fixture_mod_hash.bin. Everything is computed in
 float64 and stored as float32.
 
 Hash-sparse attention, per (sequence, head), head size hs, nb buckets, a
-rotation R (hs, nb/2) per head:
+rotation R (hs, nb/2) per head whose columns have unit norm:
     bucket(x) = argmax([x R ; -x R])   (queries and keys hashed alike)
-    query i attends to key j iff bucket(q_i) == bucket(k_j) and j <= i
-    softmax over the allowed scores q.k / sqrt(hs); no allowed key: zero
+    query i attends to key j iff bucket(q_i) == bucket(k_j) and j <= i,
+    and to its own key j = i in any case
+    softmax over the allowed scores q.k / sqrt(hs)
 Stored: qkv (B,T,3C), R (NH,hs,nb/2), dout (B,T,C), out (B,T,C), dqkv.
 
 The MoD block: the GPT-2 block (ln1, qkv, causal attention, attproj,
 residual, ln2, fc, gelu tanh, fcproj, residual) in dynmo's parameter order,
 router r = x . w, the capacity x T tokens of each sequence with the
 largest r chosen, gathered in ascending position, f = block(gathered), and
-out = x + r (f - x) for a chosen token, x otherwise. The predictor:
-logit = x . u (x detached), mean BCE against the chosen mask.
-Stored: params, x (B,T,C), router_w (C), chosen (B*T int32), dout, out,
-dx, drouter_w, dparams, predictor_w (C), predictor_loss (1), dpredictor_w.
+out = x + r (f - x) for a chosen token, x otherwise. The predictor, an
+MLP of hidden width H on x detached: logit = w2 . relu(W1 x + b1) + b2,
+the mean BCE of sigmoid(logit) against the chosen mask. Stored: params,
+x (B,T,C), router_w (C), chosen (B*T int32), dout, out, dx, drouter_w,
+dparams, predictor_hidden (1 int32), predictor_w (H C + 2 H + 1: W1 (H,
+C) row-major, b1 (H), w2 (H), b2), predictor_loss (1), dpredictor_w.
 
 Format (little-endian): magic "DMMODH01", uint32 array count, then per
 array: uint32 name length, the name, uint32 kind (0 float32, 1 int32),
@@ -52,6 +55,7 @@ def hash_attention(qkv, R, B, T, C, NH, nb):
     q, k, v = qkv.split(C, dim=-1)
     out = torch.zeros(B, T, C, dtype=D)
     causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    own = torch.eye(T, dtype=torch.bool)
     margin = math.inf
     outs = []
     for b in range(B):
@@ -63,13 +67,10 @@ def hash_attention(qkv, R, B, T, C, NH, nb):
             bq, m1 = hash_buckets(qh.detach(), R[h])
             bk, m2 = hash_buckets(kh.detach(), R[h])
             margin = min(margin, m1, m2)
-            allowed = (bq[:, None] == bk[None, :]) & causal
+            allowed = ((bq[:, None] == bk[None, :]) & causal) | own
             s = (qh @ kh.T) / math.sqrt(hs)
             s = s.masked_fill(~allowed, -math.inf)
-            any_allowed = allowed.any(dim=1, keepdim=True)
-            s = torch.where(any_allowed, s, torch.zeros_like(s))
-            p = torch.softmax(s, dim=-1) * any_allowed
-            heads.append(p @ vh)
+            heads.append(torch.softmax(s, dim=-1) @ vh)
         outs.append(torch.cat(heads, dim=-1))
     out = torch.stack(outs)
     return out, margin
@@ -119,6 +120,7 @@ def main():
     for _ in range(100):
         qkv = torch.randn(B, T, 3 * C, dtype=D).requires_grad_()
         R = torch.randn(NH, hs, nb // 2, dtype=D)
+        R = R / R.norm(dim=1, keepdim=True)
         out, margin = hash_attention(qkv, R, B, T, C, NH, nb)
         if margin > 1e-3:
             break
@@ -164,14 +166,23 @@ def main():
     put("mod.dx", x.grad)
     put("mod.drouter_w", w.grad)
     put("mod.dparams", torch.cat([p.grad.reshape(-1) for p in P]))
-    u = (torch.randn(C, dtype=D) * 0.5).requires_grad_()
-    logits = x.detach().reshape(-1, C) @ u
+    H = 8
+    w1 = (torch.randn(H, C, dtype=D) * 0.5).requires_grad_()
+    b1 = (torch.randn(H, dtype=D) * 0.5).requires_grad_()
+    w2 = (torch.randn(H, dtype=D) * 0.5).requires_grad_()
+    b2 = (torch.randn(1, dtype=D) * 0.5).requires_grad_()
+    pre = x.detach().reshape(-1, C) @ w1.T + b1
+    if pre.abs().min().item() < 1e-3:
+        raise SystemExit("a hidden unit is within 1e-3 of its ReLU kink; change the seed")
+    logits = torch.relu(pre) @ w2 + b2
     loss = torch.nn.functional.binary_cross_entropy_with_logits(
         logits, chosen.reshape(-1).to(D))
     loss.backward()
-    put("mod.predictor_w", u)
+    predictor = [w1, b1, w2, b2]
+    put("mod.predictor_hidden", torch.tensor([H]), 1)
+    put("mod.predictor_w", torch.cat([p.reshape(-1) for p in predictor]))
     put("mod.predictor_loss", loss.reshape(1))
-    put("mod.dpredictor_w", u.grad)
+    put("mod.dpredictor_w", torch.cat([p.grad.reshape(-1) for p in predictor]))
 
     with open(args.out, "wb") as fh:
         fh.write(b"DMMODH01")

@@ -13,27 +13,32 @@ Two fixtures, both vocab 64, max_seq 16, 2 layers, 2 heads, 16 channels,
 batch 4 x 16, the ten steps and AdamW of make_fixture.py:
 
 fixture_mod_model.bin: block 1 is a MoD block (mod_every 2, capacity 0.25,
-causal routing). For its input x (B, T, C): the router r = x . w (w (C));
-the top-k target, per sequence the k = ceil(0.25 T) = 4 tokens with the
-largest r (ties: the lower position); the predictor logit = stopgrad(x) . u
-(u (C)); the chosen tokens are those with logit > 0; each sequence's chosen
-tokens, in ascending position, run through the ordinary block alone (causal
-attention among them), and a chosen token leaves as x + r (f(x) - x); every
-other token leaves as x. The loss trained is cross-entropy plus the mean
-binary cross-entropy of sigmoid(logit) against the target (its gradient
-reaches u only). w and u are decayed like matrices, and sit after the
-block's twelve tensors in the flat order (w, then u).
+causal routing, predictor hidden width 8). For its input x (B, T, C): the
+router r = x . w (w (C)); the top-k target, per sequence the k = ceil(0.25
+T) = 4 tokens with the largest r (ties: the lower position); the
+predictor, an MLP on stopgrad(x): logit = w2 . relu(W1 x + b1) + b2 (W1
+(8, C), b1 (8), w2 (8), b2 (1)); the chosen tokens are those with logit >
+0; each sequence's chosen tokens, in ascending position, run through the
+ordinary block alone (causal attention among them), and a chosen token
+leaves as x + r (f(x) - x); every other token leaves as x. The loss
+trained is cross-entropy plus the mean binary cross-entropy of
+sigmoid(logit) against the target (its gradient reaches the predictor
+only). w, W1 and w2 are decayed like matrices, b1 and b2 are not; they sit
+after the block's twelve tensors in the flat order (w, W1, b1, w2, b2).
 
 fixture_hash_model.bin: every block's attention is hash-sparse with 4
 buckets. Per (sequence, head), a query's or a key's bucket is the first
 argmax of [x R ; -x R] with R (hs, 2) the head's rotation; query i attends to
-key j when both have the same bucket and j <= i (a query with no such key
-outputs zero); scale 1/sqrt(hs). The rotation of layer l at step s (0-based,
-the step being run) is R[h][i][c] = normal(seed, stream, (h hs + i) 2 + c),
-stream = 0x48415348 << 32 xor hash64(l, 0x726f74, s), with dynmo's counter
-generator (docs/mod-hash.md): hash64(seed, stream, index) is SplitMix64's
-finaliser mix applied as mix(mix(mix(seed + G) xor (stream + S)) xor
-(index + I)); normal() is Box-Muller on hash64 at 2 index and 2 index + 1.
+key j when both have the same bucket and j <= i, and to its own key j = i in
+any case; scale 1/sqrt(hs). The rotation of layer l at step s (0-based, the
+step being run) is drawn as G[h][i][c] = normal(seed, stream, (h hs + i) 2 +
+c), stream = 0x48415348 << 32 xor hash64(l, 0x726f74, s), with dynmo's
+counter generator (docs/mod-hash.md): hash64(seed, stream, index) is
+SplitMix64's finaliser mix applied as mix(mix(mix(seed + G) xor (stream +
+S)) xor (index + I)); normal() is Box-Muller on hash64 at 2 index and 2
+index + 1, rounded to float32. Then each column is divided by its norm:
+R[h][i][c] = float32(G[h][i][c] / sqrt(sum over i' of G[h][i'][c]^2)), the
+squares summed in float64 in order of i'.
 
 The script redraws (the seed of tokens and weights) until every decision
 (top-k gap, |logit|, bucket gap) in the forward and the ten steps is at
@@ -41,7 +46,8 @@ least DECISION_MARGIN away from a tie, so that float rounding cannot flip
 it.
 
 Format: "DMREF003", version 3: the version-1 header's first 104 bytes, then
-int32 mod_every, mod_routing (0 top-k, 1 causal), hash_buckets, 0, float64
+int32 mod_every, mod_routing (0 top-k, 1 causal), hash_buckets,
+mod_predictor_hidden (0 without causal routing), float64
 mod_capacity, uint64 seed (the hash rotations'), then the array count and
 the arrays as in version 1: params, tokens, targets, logits, loss, grads
 (of the loss trained), lrs, train_losses (cross-entropy before each update),
@@ -69,9 +75,9 @@ HYPER = dict(lr=1e-3, min_lr_ratio=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
              weight_decay=0.1, grad_clip=1.0)
 CASES = {
     "fixture_mod_model.bin": dict(mod_every=2, mod_routing=1, mod_capacity=0.25,
-                                  hash_buckets=0, seed=1234),
+                                  mod_predictor_hidden=8, hash_buckets=0, seed=1234),
     "fixture_hash_model.bin": dict(mod_every=0, mod_routing=0, mod_capacity=0.0,
-                                   hash_buckets=4, seed=1234),
+                                   mod_predictor_hidden=0, hash_buckets=4, seed=1234),
 }
 DECISION_MARGIN = 1e-4
 MASK64 = (1 << 64) - 1
@@ -102,6 +108,15 @@ def rotation(seed, layer, step, heads, hs, buckets):
     half = buckets // 2
     stream = (0x48415348 << 32) ^ hash64(layer, 0x726f74, step)
     values = [normal(seed, stream, i) for i in range(heads * hs * half)]
+    for h in range(heads):
+        for c in range(half):
+            column = [(h * hs + i) * half + c for i in range(hs)]
+            squares = 0.0
+            for e in column:
+                squares += values[e] * values[e]
+            norm = math.sqrt(squares)
+            for e in column:
+                values[e] = values[e] / norm
     return torch.tensor(values, dtype=torch.float32).reshape(heads, hs, half)
 
 
@@ -145,7 +160,8 @@ class Attention(nn.Module):
         if self.rotation is not None:
             bq = buckets_of(q, self.rotation, self.margins)
             bk = buckets_of(k, self.rotation, self.margins)
-            allowed = allowed & (bq[..., :, None] == bk[..., None, :])
+            own = torch.eye(T, dtype=torch.bool)
+            allowed = (allowed & (bq[..., :, None] == bk[..., None, :])) | own
         probs = scores.masked_fill(~allowed, -1e30).softmax(dim=-1)
         probs = torch.where(allowed, probs, torch.zeros_like(probs))
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)
@@ -163,8 +179,12 @@ class Block(nn.Module):
         self.mod = mod
         self.margins = margins
         if mod:
+            hidden = mod["hidden"]
             self.router = nn.Parameter(torch.empty(channels))
-            self.predictor = nn.Parameter(torch.empty(channels))
+            self.pred_w1 = nn.Parameter(torch.empty(hidden, channels))
+            self.pred_b1 = nn.Parameter(torch.empty(hidden))
+            self.pred_w2 = nn.Parameter(torch.empty(hidden))
+            self.pred_b2 = nn.Parameter(torch.empty(1))
         self.last_chosen = None
         self.last_bce = None
 
@@ -183,7 +203,9 @@ class Block(nn.Module):
         self.margins.see((ranked[:, k - 1] - ranked[:, k]).min())
         target = torch.zeros(B, T)
         target.scatter_(1, order[:, :k], 1.0)
-        logit = x.detach() @ self.predictor
+        pre = x.detach() @ self.pred_w1.t() + self.pred_b1
+        self.margins.see(pre.detach().abs().min())
+        logit = F.relu(pre) @ self.pred_w2 + self.pred_b2
         self.margins.see(logit.detach().abs().min())
         chosen = logit.detach() > 0
         bce = F.binary_cross_entropy_with_logits(logit, target)
@@ -203,11 +225,12 @@ class Block(nn.Module):
         t = [self.ln1.weight, self.ln1.bias, self.attn.qkv.weight, self.attn.qkv.bias,
              self.attn.attproj.weight, self.attn.attproj.bias, self.ln2.weight, self.ln2.bias,
              self.fc.weight, self.fc.bias, self.fcproj.weight, self.fcproj.bias]
-        return t + ([self.router, self.predictor] if self.mod else [])
+        return t + ([self.router, self.pred_w1, self.pred_b1, self.pred_w2, self.pred_b2]
+                    if self.mod else [])
 
     def matrices(self):
         m = [self.attn.qkv.weight, self.attn.attproj.weight, self.fc.weight, self.fcproj.weight]
-        return m + ([self.router, self.predictor] if self.mod else [])
+        return m + ([self.router, self.pred_w1, self.pred_w2] if self.mod else [])
 
 
 class GPT(nn.Module):
@@ -219,7 +242,8 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(c["vocab"], c["channels"])
         self.wpe = nn.Embedding(c["max_seq"], c["channels"])
         every = case["mod_every"]
-        mod = dict(capacity=case["mod_capacity"]) if every else None
+        mod = dict(capacity=case["mod_capacity"], hidden=case["mod_predictor_hidden"]) \
+            if every else None
         self.blocks = nn.ModuleList(
             Block(c["channels"], c["heads"], margins,
                   mod if every and (l + 1) % every == 0 else None)
@@ -268,7 +292,10 @@ def build_fixture(case, seed):
         for block in model.blocks:
             if block.mod:
                 block.router.copy_(torch.randn(c["channels"], generator=generator))
-                block.predictor.copy_(torch.randn(c["channels"], generator=generator))
+                block.pred_w1.copy_(torch.randn(block.pred_w1.shape, generator=generator))
+                block.pred_b1.copy_(torch.randn(block.pred_b1.shape, generator=generator) * 0.1)
+                block.pred_w2.copy_(torch.randn(block.pred_w2.shape, generator=generator))
+                block.pred_b2.copy_(torch.randn(1, generator=generator) * 0.1)
     tensors = model.canonical_tensors()
     assert len(tensors) == len(list(model.parameters()))
     shape = (c["batch"], c["seq"])
@@ -320,7 +347,8 @@ def build_fixture(case, seed):
 
 def write_fixture(path, arrays, case, seed):
     header = config_header(MAGIC, VERSION, CONFIG, HYPER)
-    header += struct.pack("<4i", case["mod_every"], case["mod_routing"], case["hash_buckets"], 0)
+    header += struct.pack("<4i", case["mod_every"], case["mod_routing"], case["hash_buckets"],
+                          case["mod_predictor_hidden"])
     header += struct.pack("<dQ", case["mod_capacity"], seed)
     header += struct.pack("<I", len(arrays))
     write_records(path, header, arrays)
@@ -341,8 +369,10 @@ def main():
             seed += 1
         path = os.path.join(args.out_dir, name)
         write_fixture(path, arrays, case, seed)
+        chosen = [a for a in arrays if a[0] == "chosen"]
+        share = f", {int(chosen[0][2].sum())} of {chosen[0][2].numel()} chosen" if chosen else ""
         print(f"wrote {path} ({os.path.getsize(path)} bytes); seed {seed}, smallest decision "
-              f"margin {margin:.3g}")
+              f"margin {margin:.3g}{share}")
         print("  train losses: " + " ".join(f"{x:.6f}" for x in losses))
 
 

@@ -31,7 +31,8 @@
 #   heads-2e32.h5       /model heads = 2^32 + 2 (an int would read 2)
 #   no-batch.h5         a config text without its train.batch line
 #
-# One fixture is not made here, because this dynmo can no longer write it:
+# Two fixtures are not made here, because this dynmo can no longer write them
+# (and this script never removes them):
 #
 #   schema-v2-moe.h5    a checkpoint of schema version 2, what dynmo wrote
 #                       for a model with mixture-of-experts blocks before
@@ -47,6 +48,13 @@
 #                       2 --vocab 16 --max-seq 8 --moe-every 2 --experts 2
 #                       --top-k 2 --expert-hidden 8. It must still load,
 #                       every value as written (tests/t_checkpoint.sh).
+#
+#   mod-format1.h5      a causal mixture-of-depths checkpoint (vocab 256, 2
+#                       layers of 8 channels, block 1 a MoD block, step 2)
+#                       written by the dynmo before the MLP predictor: /mod
+#                       in format 1 (no attribute format; a linear predictor
+#                       pred_w (C) after the router), which this dynmo
+#                       refuses, naming the format (tests/t_mod.sh)
 #
 # tests/t_checkpoint.sh assembles checkpoint directories from these (a
 # latest naming a missing file, a latest naming corrupt-step20.h5 beside a
@@ -71,10 +79,9 @@ mpiexec -n 2 "$bin" --save "$work/b" --step 10 --layers 2 --channels 12 --heads 
   --vocab 16 --max-seq 8 >/dev/null
 mpiexec -n 2 "$bin" --save "$work/c" --step 20 --fill 1 "${tiny[@]}" >/dev/null
 
-generated=(good other-model corrupt-step20 flipped truncated schema-v99 no-complete
-           missing-dataset step-1e12 steps-disagree cursor-2e62 cursor-negative heads-2e32
-           no-batch)
-for f in "${generated[@]}"; do rm -f "$out/$f.h5"; done
+made=(good other-model corrupt-step20 flipped truncated schema-v99 no-complete
+      missing-dataset step-1e12 steps-disagree cursor-2e62 cursor-negative heads-2e32 no-batch)
+for f in "${made[@]}"; do rm -f "$out/$f.h5"; done
 cp "$work/a/ckpt-10.h5" "$out/good.h5"
 cp "$work/b/ckpt-10.h5" "$out/other-model.h5"
 cp "$work/c/ckpt-20.h5" "$out/corrupt-step20.h5"
