@@ -38,7 +38,9 @@ CC := gcc
 FP_CONTRACT ?= -ffp-contract=off
 # -Wno-psabi: GCC notes that 32-byte vector arguments (src/model/sparse.c's
 # static helpers) pass differently without AVX; nothing crosses an ABI.
-CFLAGS := -std=gnu11 -O3 $(ARCH) -g -Wall -Wextra -Werror -Wno-psabi -fno-fast-math $(FP_CONTRACT) \
+# -Wvla: no array on the stack is sized at run time (a size from the
+# config, such as hash.buckets, once overflowed the stack).
+CFLAGS := -std=gnu11 -O3 $(ARCH) -g -Wall -Wextra -Wvla -Werror -Wno-psabi -fno-fast-math $(FP_CONTRACT) \
           -Iinclude $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SANFLAGS)
 LDLIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhdf5_hl -lm -lpthread
 LDFLAGS := $(SANFLAGS)

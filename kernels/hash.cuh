@@ -19,33 +19,9 @@
 #define DYNMO_KERNELS_HASH_CUH
 
 #include "common.cuh"
+#include "dynmo/hash_bucket.h"
 
 #define DM_HASH_TILE 32   /* model.h's HASH_TILE */
-
-/* x . R[:, c], R (hs, half) */
-DM_HD float dm_hash_projection(const float *x, const float *R, int hs, int half, int c)
-{
-    float s = 0.0f;
-    for (int d = 0; d < hs; d++) s += x[d] * R[(long)d * half + c];
-    return s;
-}
-
-/* the first maximum of [xR ; -xR] (0 when half = 0) */
-DM_HD int dm_hash_bucket(const float *x, const float *R, int hs, int half)
-{
-    if (half == 0) return 0;
-    int best = 0;
-    float best_value = dm_hash_projection(x, R, hs, half, 0);
-    for (int c = 1; c < half; c++) {
-        float p = dm_hash_projection(x, R, hs, half, c);
-        if (p > best_value) best = c, best_value = p;
-    }
-    for (int c = 0; c < half; c++) {
-        float p = -dm_hash_projection(x, R, hs, half, c);
-        if (p > best_value) best = half + c, best_value = p;
-    }
-    return best;
-}
 
 /* one (item, query or key, position) per step */
 DM_HD void hash_bucket_thread(struct dm_thread t, int *bucket, const float *qkv,

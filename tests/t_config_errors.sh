@@ -89,6 +89,10 @@ expect_error "MoD predictor width with top-k" "mod.predictor_hidden = 16 is set 
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=1 mod.predictor_hidden=16
 expect_error "MoD predictor width not a number" "mod.predictor_hidden" \
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=1 mod.routing=causal mod.predictor_hidden=wide
+# More buckets than a sequence has tokens is refused before anything is
+# sized by it (10^9 buckets crashed in a stack array the size of the count).
+expect_error "hash buckets 10^9" "hash.buckets = 1000000000 exceeds model.max_seq = 16" \
+  "$DYNMO" train --config "$dir/ok.ini" model.max_seq=16 model.attention=hash hash.buckets=1000000000
 expect_error "hash buckets 0" "hash.buckets = 0 must be 1 or an even number" \
   "$DYNMO" train --config "$dir/ok.ini" model.attention=hash hash.buckets=0
 expect_error "hash buckets odd" "hash.buckets = 3 must be 1 or an even number" \

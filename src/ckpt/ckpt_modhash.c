@@ -184,10 +184,11 @@ int ckpt_check_model_keys(struct ckpt_header *h, struct ckpt_problems *problems)
     struct gpt_shape *s = &h->shape;
     int hash = !strcmp(h->attention, "hash");
     if ((!hash && strcmp(h->attention, "dense") != 0) || s->hash.buckets < 0 ||
-        (hash && (s->hash.buckets < 1 || (s->hash.buckets > 1 && s->hash.buckets % 2))) ||
+        (hash && (s->hash.buckets < 1 || (s->hash.buckets > 1 && s->hash.buckets % 2) ||
+                  (h->dims.max_seq > 0 && s->hash.buckets > h->dims.max_seq))) ||
         (!hash && s->hash.buckets != 0)) {
         ckpt_problem(problems, "/model: attention \"%s\" with hash_buckets %d (expected "
-                     "dense with 0, or hash with 1 or an even number)", h->attention,
+                     "dense with 0, or hash with 1 or an even number up to max_seq)", h->attention,
                      s->hash.buckets);
         return -1;
     }

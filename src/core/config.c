@@ -614,6 +614,10 @@ static void config_validate_mod_hash(const struct dm_config *cfg)
         dm_user_error("hash.buckets = %d must be 1 or an even number >= 2 (the hash is the "
                       "argmax over [xR ; -xR], R with buckets / 2 columns)",
                       cfg->hash_buckets);
+    if (hash && cfg->hash_buckets > cfg->max_seq)
+        dm_user_error("hash.buckets = %d exceeds model.max_seq = %d: a sequence has fewer "
+                      "tokens than buckets (at most max_seq buckets)", cfg->hash_buckets,
+                      cfg->max_seq);
     if (hash && !strcmp(cfg->dyn_kind, "early_exit"))
         dm_user_error("model.attention = hash does not combine with dyn.kind = early_exit "
                       "(exited tokens answer as keys outside the hash buckets)");

@@ -24,6 +24,7 @@
 #include <math.h>
 #include <string.h>
 #include "dynmo/backend.h"
+#include "dynmo/hash_bucket.h"
 #include "dynmo/model.h"
 #include "model/exp_lanes.h"
 #include "model/hash_segments.h"
@@ -67,48 +68,30 @@ struct hash_args {
     int B, T, C, NH, buckets;
 };
 
-/* bucket of x (hs): the first maximum of [xR ; -xR], R (hs, half), in
- * that index order (torch.argmax's tie rule). */
-static int hash_bucket(const float *x, const float *R, int hs, int half)
+/* order[0..T) = token positions sorted stably by bucket (counting sort
+ * over count, nb + 1 ints of the caller's) */
+static void sort_by_bucket(int *order, const int *bucket, int T, int nb, int *count)
 {
-    if (half == 0) return 0;
-    float proj[half];
-    for (int c = 0; c < half; c++) {
-        float s = 0.0f;
-        for (int d = 0; d < hs; d++) s += x[d] * R[(long)d * half + c];
-        proj[c] = s;
-    }
-    int best = 0;
-    for (int c = 1; c < half; c++)
-        if (proj[c] > proj[best]) best = c;
-    for (int c = 0; c < half; c++)
-        if (-proj[c] > (best < half ? proj[best] : -proj[best - half])) best = half + c;
-    return best;
-}
-
-/* order[0..T) = token positions sorted stably by bucket (counting sort) */
-static void sort_by_bucket(int *order, const int *bucket, int T, int nb)
-{
-    int count[nb + 1];
-    memset(count, 0, sizeof count);
+    memset(count, 0, (size_t)(nb + 1) * sizeof *count);
     for (int t = 0; t < T; t++) count[bucket[t] + 1]++;
     for (int b = 0; b < nb; b++) count[b + 1] += count[b];
     for (int t = 0; t < T; t++) order[count[bucket[t]]++] = t;
 }
 
-/* Hashes and sorts item (b, h): bucket (2, T) [query | key], order (2, T). */
-static void hash_item(const struct hash_args *a, long item, int *bucket, int *order)
+/* Hashes and sorts item (b, h): bucket (2, T) [query | key], order (2, T);
+ * count (buckets + 1) is scratch. */
+static void hash_item(const struct hash_args *a, long item, int *bucket, int *order, int *count)
 {
     int T = a->T, C = a->C, NH = a->NH, hs = C / NH, half = a->buckets / 2;
     long b = item / NH, h = item % NH;
     const float *R = a->rotation ? a->rotation + h * (long)hs * half : NULL;
     for (int t = 0; t < T; t++) {
         const float *row = a->qkv + (b * T + t) * 3L * C + h * hs;
-        bucket[t] = hash_bucket(row, R, hs, half);
-        bucket[T + t] = hash_bucket(row + C, R, hs, half);
+        bucket[t] = dm_hash_bucket(row, R, hs, half);
+        bucket[T + t] = dm_hash_bucket(row + C, R, hs, half);
     }
-    sort_by_bucket(order, bucket, T, a->buckets);
-    sort_by_bucket(order + T, bucket + T, T, a->buckets);
+    sort_by_bucket(order, bucket, T, a->buckets, count);
+    sort_by_bucket(order + T, bucket + T, T, a->buckets, count);
 }
 
 /* ---- the tiled kernel -----------------------------------------------------
@@ -318,7 +301,7 @@ static void hash_forward_item(const struct hash_args *a, struct hash_work *w, lo
     long b = item / NH, h = item % NH;
     float scale = (float)(1.0 / sqrt((double)hs));
     int *bucket = a->bucket + item * 2L * T, *order = a->order + item * 2L * T;
-    hash_item(a, item, bucket, order);
+    hash_item(a, item, bucket, order, w->kstart);   /* kstart: set again below */
     const int *qo = order, *ko = order + T, *qb = bucket, *kb = bucket + T;
     const float *base = a->qkv + b * T * 3L * C + h * hs;
     gather_sorted(w->qs, base, qo, T, hs, 3L * C);

@@ -117,7 +117,8 @@ static int predict_step(const struct step_costs *c, const struct sim_setup *setu
                         struct sim_step *out, float *busy, float *stage_update, char *err,
                         size_t errsize)
 {
-    double f[stages], b[stages], u[stages], cf[stages], cb[stages];
+    double *f = dm_alloc(5 * (size_t)stages * sizeof(double));   /* stages: user input */
+    double *b = f + stages, *u = b + stages, *cf = u + stages, *cb = cf + stages;
     double *cost_arrays[3] = {c->fwd, c->bwd, c->update};
     double *stage_arrays[3] = {f, b, u};
     const struct balance_extra *e = &c->embed, *h = &c->head;
@@ -155,6 +156,7 @@ static int predict_step(const struct step_costs *c, const struct sim_setup *setu
     out->bubble = p.bubble_ratio;
     out->imbalance = sum > 0 ? (hi - lo) / (sum / stages) : 0.0;
     out->stages = stages;
+    dm_free(f);
     return rc;
 }
 
@@ -314,12 +316,15 @@ static void decide(struct sim_result *res, struct world *w, const struct sim_set
     if (balance_controller_observe(w->ctl, obs, row))
         memcpy(res->decisions + (long)res->decision_count++ * BALANCE_DECISION_COLUMNS, row,
                sizeof row);
-    int proposal[w->stages];
+    int *proposal = dm_alloc((size_t)w->stages * sizeof(int));
     struct balance_decision d;
     char err[512];
     if (balance_controller_decide(w->ctl, obs, t, proposal, &d, err, sizeof err) != BALANCE_OK)
         dm_user_error("simulate: policy %s, step %d: %s", policy->name, t + 1, err);
-    if (!d.apply) return;
+    if (!d.apply) {
+        dm_free(proposal);
+        return;
+    }
     struct balance_move *moves = dm_alloc((size_t)(setup->blocks + 1) * sizeof *moves);
     int count = 0;
     int64_t bytes = 0;
@@ -328,6 +333,7 @@ static void decide(struct sim_result *res, struct world *w, const struct sim_set
         dm_user_error("simulate: policy %s, step %d: %s", policy->name, t + 1, err);
     dm_free(moves);
     memcpy(w->layout, proposal, (size_t)w->stages * sizeof(int));
+    dm_free(proposal);
     next->migrated_blocks = count;
     next->migrated_bytes = (double)bytes;
     next->migrate_ms = setup->migration_ms + transfer_ms(setup, (double)bytes);
@@ -343,15 +349,19 @@ static void try_repack(struct sim_result *res, struct world *w, const struct sim
                        int t)
 {
     if ((t + 1) % setup->repack_every != 0 || t + 1 >= setup->steps || w->stages == 1) return;
-    int counts[w->stages];
+    int *counts = dm_alloc((size_t)w->stages * sizeof(int));
     char err[512];
     int k = balance_controller_repack(w->ctl, obs, setup->repack_epsilon, 1, counts, err,
                                       sizeof err);
-    if (k >= w->stages) return;
+    if (k >= w->stages) {
+        dm_free(counts);
+        return;
+    }
     res->rank_ms += setup->restart_ms * w->stages * setup->replicas;
     balance_controller_destroy(w->ctl);
     w->stages = k;
     memcpy(w->layout, counts, (size_t)k * sizeof(int));
+    dm_free(counts);
     w->sharing = NULL;
     w->ctl = controller_for(setup, policy, k);
     if (!res->repack_step) res->repack_step = t + 2;   /* the first step on fewer ranks */
@@ -402,8 +412,8 @@ double sim_best_step_ms(const struct sim_setup *setup, int t, char *err, size_t 
     struct balance_profile profile = profile_of(&c, setup, setup->sharing);
     struct balance_options options = {.micro_batches = setup->micro_batches,
                                       .schedule = setup->schedule};
-    int counts[setup->stages];
-    float busy[setup->stages], update[setup->stages];
+    int *counts = dm_alloc((size_t)setup->stages * sizeof(int));
+    float *busy = dm_alloc(2 * (size_t)setup->stages * sizeof(float)), *update = busy + setup->stages;
     struct balance_result res;
     struct sim_step st = {0};
     int rc = balance_propose(BALANCE_PARTITION_TIME, &profile, setup->stages, NULL, &options,
@@ -412,5 +422,7 @@ double sim_best_step_ms(const struct sim_setup *setup, int t, char *err, size_t 
         rc = predict_step(&c, setup, counts, setup->stages, setup->sharing, &st, busy, update,
                           err, errsize);
     costs_free(&c);
+    dm_free(counts);
+    dm_free(busy);
     return rc == BALANCE_OK ? st.step_ms : NAN;
 }
