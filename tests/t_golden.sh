@@ -13,7 +13,7 @@
 # core is the record's, the bits must be identical too. Both comparisons
 # (tests/golden_compare.py) first check themselves on altered copies of the
 # records, so each runs, and can fail, everywhere. GOLDEN_RECORD=1 rewrites
-# the records instead.
+# the records instead; GOLDEN_KEEP=DIR keeps this run's records in DIR.
 set -u
 . "$(dirname "$0")/lib.sh"
 work_dir
@@ -66,6 +66,7 @@ else
   fail "re-pack wrote no next_world"
 fi
 
+[ -n "${GOLDEN_KEEP:-}" ] && cp -r "$out" "$GOLDEN_KEEP"
 if [ "${GOLDEN_RECORD:-0}" = 1 ]; then
   rm -f "$golden"/*.txt
   cp "$out"/*.txt "$golden"/
