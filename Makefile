@@ -105,6 +105,11 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libdynmo.a tests/testing.h $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d -Isrc -Itests -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
 
+# The benchmarks' C drivers (bench/*.c; bench/hash_block.sh, mod_block.sh).
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libdynmo.a $(FLAGS_STAMP)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -MF $@.d -Isrc -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
+
 # The sanitized objects come first, so the replay links them; the rest
 # of what they call comes from the normal library.
 $(BUILD)/replay/obj/%.o: src/%.c $(HEADERS) Makefile
@@ -216,7 +221,7 @@ demo: deps
 
 check: deps
 	@$(MAKE) --no-print-directory all
-	@BUILD=$(BUILD) SANITIZE=$(SANITIZE) tests/run.sh
+	@BUILD=$(BUILD) SANITIZE=$(SANITIZE) tests/run.sh '$(TESTS)'
 
 # The same bits on another x86-64 level: a build for x86-64-v2 (no FMA, no
 # AVX) must reproduce the golden records that -march=native made.

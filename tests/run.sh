@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test: each C test binary under $BUILD/tests and each shell test
-# tests/t_*.sh. Prints PASS/FAIL per test and ends with "N passed, N failed".
+# tests/t_*.sh; with a PATTERN (an extended regular expression), only the
+# tests whose names match it (`tests/run.sh 'moe|mod'`, or `make check
+# TESTS='moe|mod'`). Prints PASS/FAIL per test and ends with "N passed, N
+# failed".
 # A shell test that exits 77 is counted as skipped (it says why). Each test
 # runs under `timeout` (TEST_LIMIT seconds, default 900, then SIGKILL 10 s
 # later): a test that hangs fails, saying so, and the run goes on.
@@ -14,6 +17,8 @@ if [ -n "${SANITIZE:-}" ]; then
   export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 fi
 limit=${TEST_LIMIT:-900}
+pattern=${1:-}
+chosen() { [ -z "$pattern" ] || [[ $1 =~ $pattern ]]; }
 logdir=$(mktemp -d /tmp/dynmo-tests.XXXXXX)
 passed=0; failed=0; skipped=0; failed_names=()
 run_one() {
@@ -34,10 +39,12 @@ run_one() {
 }
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
+  chosen "$(basename "$t")" || continue
   run_one "$(basename "$t")" "$t"
 done
 for t in tests/t_*.sh; do
   [ -f "$t" ] || continue
+  chosen "$(basename "$t" .sh)" || continue
   run_one "$(basename "$t" .sh)" bash "$t"
 done
 echo "logs: $logdir"

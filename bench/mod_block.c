@@ -1,4 +1,4 @@
-/* bench_mod_block: whether a mixture-of-depths block's cost follows the
+/* bench/mod_block.c: whether a mixture-of-depths block's cost follows the
  * tokens it processes when sequences choose unevenly. Three choices over
  * a (B, T) micro-batch, timed alternately in one process (forward +
  * backward, medians over REPS): even (every sequence the same count),
@@ -7,7 +7,7 @@
  * that pads each sequence to the longest would compute), in a rotating
  * order. Before timing it
  * checks that the tokens not chosen pass through bit for bit (exit 1 if
- * not). Built by `make build/tests/bench_mod_block`; run by
+ * not). Built by `make build/bench/mod_block`; run by
  * bench/mod_block.sh. Environment: B, T, C, NH, TOKENS (in all), REPS,
  * THREADS; defaults configs/mod.ini's micro-batch (B 2, T 256, C 128,
  * 4 heads), 64 tokens, 21 repeats, 1 thread. */

@@ -1,12 +1,12 @@
-/* bench_hash_block: the cost of a hash-attention block against a dense
+/* bench/hash_block.c: the cost of a hash-attention block against a dense
  * block at the same length, forward + backward, timed alternately in one
  * process (dense, hash, dense, hash, ...) so that the machine's load
  * falls on both alike; prints the medians and their ratio, for the whole
  * block and for the attention op alone. Before timing it checks that a
  * hash block with one bucket gives the dense block's output and input
  * gradient (within 1e-5): a wrong answer fails the run (exit 1).
- * Built by `make build/tests/bench_hash_block`; run by bench/hash_block.sh.
- * Usage: bench_hash_block [T ...] with BUCKETS, C, NH, B, REPS, THREADS
+ * Built by `make build/bench/hash_block`; run by bench/hash_block.sh.
+ * Usage: hash_block [T ...] with BUCKETS, C, NH, B, REPS, THREADS
  * from the environment (defaults: configs/hash.ini's micro-batch: 8
  * buckets, C 64, 4 heads, B 2; 15 repeats; 1 thread, as one of 2 ranks
  * on 2 cores runs). */
@@ -151,7 +151,7 @@ int main(int argc, char **argv)
     static char *lengths[] = {"1024", "2048"};
     char **list = argc > 1 ? argv + 1 : lengths;
     int count = argc > 1 ? argc - 1 : 2;
-    printf("bench_hash_block: %d thread(s)\n", threads);
+    printf("hash_block: %d thread(s)\n", threads);
     for (int i = 0; i < count; i++) ok &= bench_length(atoi(list[i]), buckets, B, C, NH, reps);
     dm_threads_shutdown();
     return ok ? 0 : 1;
