@@ -90,13 +90,20 @@ grep -q 'usage: dynmo prepare' "$work/stdout" || fail "--help: no usage line"
 sum_before=$(cat "$out/train.bin" "$out/val.bin" | md5sum)
 touch "$work/stamp"; sleep 1
 expect_error "bad run over good output" "$work/missing.txt" "$out" --out "$out" "$work/good.txt" "$work/missing.txt"
-# train.bin that cannot be replaced (a non-empty directory is in the way):
-# the failure removes both temporaries.
+# train.bin that is not a token file (a directory in the way, a user's
+# file of that name) is refused before anything is written, and stays.
 blocked="$work/blocked"
 mkdir -p "$blocked/train.bin/x"
-expect_error "output blocked"        "cannot rename"        "$blocked" --out "$blocked" "$work/good.txt"
+expect_error "output blocked"        "train.bin exists and is not a token file" "$blocked" --out "$blocked" "$work/good.txt"
 left=$(find "$blocked" -name '*.tmp.*' -o -name val.bin)
-[ -z "$left" ] || fail "output blocked: left $left"
+[ -z "$left" ] && [ -d "$blocked/train.bin/x" ] || fail "output blocked: left $left"
+mine="$work/mine"; mkdir -p "$mine"; echo "my notes" > "$mine/val.bin"
+expect_error "a user's val.bin"      "val.bin exists and is not a token file" "" --out "$mine" "$work/good.txt"
+[ "$(cat "$mine/val.bin")" = "my notes" ] && [ ! -e "$mine/train.bin" ] || fail "a user's val.bin was replaced"
+# Never onto its own input: the input named train.bin in --out.
+cp "$work/good.txt" "$mine/train.bin"; rm "$mine/val.bin"
+expect_error "its own input"         "train.bin is one of the inputs" "" --out "$mine" "$mine/train.bin"
+cmp -s "$mine/train.bin" "$work/good.txt" || fail "prepare replaced its own input"
 [ "$(cat "$out/train.bin" "$out/val.bin" | md5sum)" = "$sum_before" ] || fail "good output changed"
 
 if [ $failures -gt 0 ]; then
