@@ -14,7 +14,7 @@ USE_CUDA ?= 0
 # /usr/local/cuda (NVIDIA's installer), else /usr (Debian's nvidia-cuda-toolkit)
 CUDA_HOME ?= $(if $(wildcard /usr/local/cuda/bin/nvcc),/usr/local/cuda,/usr)
 ARCH ?= -march=native
-PKGS := mpich hdf5-mpich openblas cairo json-c
+PKGS := mpich hdf5-mpich openblas cairo json-c zlib
 
 ifeq ($(SANITIZE),)
 BUILD ?= build
