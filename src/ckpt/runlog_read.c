@@ -455,9 +455,6 @@ static int check_config(const struct dm_config *c, char *problem, size_t size)
         return snprintf(problem, size, "model.experts = %d, model.top_k = %d, parallel.ep = %d "
                         "and parallel.dp = %d do not fit (top_k <= experts, ep divides experts "
                         "and dp)", c->experts, c->top_k, c->ep, c->dp), -1;
-    if (c->channels % c->heads)
-        return snprintf(problem, size, "model.heads = %d does not divide model.channels = %d",
-                        c->heads, c->channels), -1;
     return 0;
 }
 
