@@ -92,7 +92,7 @@ static herr_t list_one(hid_t group, const char *name, const H5L_info_t *link, vo
         if (d->rank > 0) H5Sget_simple_extent_dims(space, dims, NULL);
         d->dims[0] = d->rank >= 1 ? (long)dims[0] : 1;
         d->dims[1] = d->rank == 2 ? (long)dims[1] : (d->rank == 1 ? 1 : 0);
-        if (d->rank > 2 || dims[0] > (hsize_t)LONG_MAX || dims[1] > (hsize_t)INT_MAX) {
+        if (dims[0] > (hsize_t)LONG_MAX || (d->rank == 2 && dims[1] > (hsize_t)INT_MAX)) {
             d->rank = -1;   /* reported by check_listing */
             d->dims[0] = d->dims[1] = 0;
         }
@@ -110,15 +110,15 @@ static int compare_info_names(const void *a, const void *b)
 }
 
 /* The schema's datasets have their rank, a numeric type and, for the
- * events, their columns; no dataset holds more cells than a reader takes. */
+ * events, their columns. Others are listed, and read only by rank. */
 static int check_listing(const struct runlog_file *f, char *err, size_t errsize)
 {
     for (int i = 0; i < f->count; i++) {
         const struct runlog_dataset_info *d = &f->infos[i];
         int rank = schema_rank(d->name), columns = fixed_columns(d->name);
         if (d->rank < 0) {
-            dm_set_message(err, errsize, "%s: %s has more than 2 dimensions or more rows or "
-                           "columns than a run log can hold", f->path, d->name);
+            dm_set_message(err, errsize, "%s: %s has more rows or columns than a run log can "
+                           "hold", f->path, d->name);
             return -1;
         }
         if (rank && (d->rank != rank || !d->is_number)) {
@@ -130,12 +130,6 @@ static int check_listing(const struct runlog_file *f, char *err, size_t errsize)
         if (columns && d->dims[1] != columns) {
             dm_set_message(err, errsize, "%s: %s has %ld columns, a run log's has %d "
                            "(docs/runlog.md)", f->path, d->name, d->dims[1], columns);
-            return -1;
-        }
-        if (d->rank >= 1 && d->dims[1] > 0 && d->dims[0] > RUNLOG_MAX_CELLS / d->dims[1]) {
-            dm_set_message(err, errsize, "%s: %s has %ld x %ld cells, more than a reader takes "
-                           "(%ld)", f->path, d->name, d->dims[0], d->dims[1],
-                           (long)RUNLOG_MAX_CELLS);
             return -1;
         }
     }
@@ -265,6 +259,12 @@ static hid_t open_listed(const struct runlog_file *f, const char *name, int want
     if ((*info)->rank != want_rank || !(*info)->is_number) {
         dm_set_message(err, errsize, "%s: %s has rank %d, expected %d", f->path, name,
                        (*info)->rank, want_rank);
+        return -1;
+    }
+    if ((*info)->dims[1] > 0 && (*info)->dims[0] > RUNLOG_MAX_CELLS / (*info)->dims[1]) {
+        dm_set_message(err, errsize, "%s: %s has %ld x %ld cells, more than a reader takes "
+                       "(%ld)", f->path, name, (*info)->dims[0], (*info)->dims[1],
+                       (long)RUNLOG_MAX_CELLS);
         return -1;
     }
     hid_t dataset = H5Dopen2(f->file, name, H5P_DEFAULT);
@@ -443,20 +443,21 @@ long runlog_file_attr_doubles(struct runlog_file *f, const char *name, double **
 
 /* What the readers compute with, beyond each key's own range: the counts
  * that divide, index or bound the datasets' columns. */
+#define CONFIG_PROBLEM(...) do { snprintf(problem, size, __VA_ARGS__); return -1; } while (0)
 static int check_config(const struct dm_config *c, char *problem, size_t size)
 {
     if (c->pp > c->layers)
-        return snprintf(problem, size, "parallel.pp = %d exceeds model.layers = %d", c->pp,
-                        c->layers), -1;
+        CONFIG_PROBLEM("parallel.pp = %d exceeds model.layers = %d", c->pp, c->layers);
     if (c->moe_every > c->layers || c->mod_every > c->layers)
-        return snprintf(problem, size, "model.moe_every = %d or model.mod_every = %d exceeds "
-                        "model.layers = %d", c->moe_every, c->mod_every, c->layers), -1;
+        CONFIG_PROBLEM("model.moe_every = %d or model.mod_every = %d exceeds model.layers = %d",
+                       c->moe_every, c->mod_every, c->layers);
     if (c->moe_every > 0 && (c->top_k > c->experts || c->experts % c->ep || c->dp % c->ep))
-        return snprintf(problem, size, "model.experts = %d, model.top_k = %d, parallel.ep = %d "
-                        "and parallel.dp = %d do not fit (top_k <= experts, ep divides experts "
-                        "and dp)", c->experts, c->top_k, c->ep, c->dp), -1;
+        CONFIG_PROBLEM("model.experts = %d, model.top_k = %d, parallel.ep = %d and parallel.dp "
+                       "= %d do not fit (top_k <= experts, ep divides experts and dp)",
+                       c->experts, c->top_k, c->ep, c->dp);
     return 0;
 }
+#undef CONFIG_PROBLEM
 
 int runlog_file_config(struct runlog_file *f, struct dm_config *cfg, char *err, size_t errsize)
 {
