@@ -8,8 +8,10 @@
 #   in H5HG_read; simulate does not read kind, and took the damaged file)
 #   and of config (inspect, report and simulate segfaulted; trace took
 #   it), the address of /layout/history's chunk (one bit: its blocks per
-#   stage read 2 bytes off; simulate segfaulted, report refused it); the
-#   file cut short (refused before too, in HDF5's words);
+#   stage read 2 bytes off; simulate segfaulted, report refused it), a
+#   digit of the config text (parallel.ep = 9 with 8 experts: simulate
+#   divided by 8 / 9 = 0); the file cut short (refused before too, in
+#   HDF5's words);
 # - counts that lie: a /layout/history entry of 10^6, a negative one, a
 #   row that does not sum to model.layers (simulate segfaulted, or
 #   simulated made-up layouts and said nothing), a rank of 10^7 in
@@ -104,6 +106,23 @@ expect_error "simulate, the layouts read 2 bytes off" \
 expect_error "report, the layouts read 2 bytes off" \
   "report: $dir/chunk-address/runlog.h5: /layout/history row 0 \(step 1\) places [0-9]+ blocks on stage 0" \
   limit "$DYNMO" report "$dir/chunk-address/runlog.h5" --out "$dir/rep"
+# A digit of the config text (in the global heap) flipped: parallel.ep = 9
+# with 8 experts; simulate divided by 8 / 9 = 0 (SIGFPE).
+tiny_config "$dir/moe.ini" model.moe_every=2 model.expert_hidden=32
+timeout -k 10 120 "$DYNMO" train --config "$dir/moe.ini" run.out_dir="$dir/moe" > "$dir/moe.out" 2>&1 ||
+  fail "the MoE run exited $?: $(tail -n 3 "$dir/moe.out")"
+mkdir -p "$dir/ep"
+$py - "$dir/moe/runlog.h5" "$dir/ep/runlog.h5" <<'PY' || fail "cannot flip parallel.ep"
+import sys
+buf = bytearray(open(sys.argv[1], "rb").read())
+at = buf.find(b"parallel.ep = 1\n")
+assert at > 0 and buf.find(b"parallel.ep = 1\n", at + 1) < 0
+buf[at + len("parallel.ep = ")] = ord("9")
+open(sys.argv[2], "wb").write(buf)
+PY
+expect_error "simulate, parallel.ep = 9 with 8 experts" \
+  "simulate: $dir/ep/runlog.h5: its configuration \(root attribute config\): model.experts = 8, model.top_k = 2, parallel.ep = 9 and parallel.dp = 1 do not fit" \
+  limit "$DYNMO" simulate --from-run "$dir/ep" --policies static-uniform
 mkdir -p "$dir/cut"
 head -c 60000 "$dir/good/runlog.h5" > "$dir/cut/runlog.h5"
 readers_refuse "cut short" "$dir/cut" \
