@@ -937,6 +937,15 @@ static int check_group_tree(struct check *c, uint64_t address, const struct loca
              "entries)", path, (unsigned long long)address, bytes[4], node_level, entries);
         goto done;
     }
+    /* The keys are names in the heap: a lookup by name compares them. */
+    for (unsigned i = 0; i <= entries; i++) {
+        uint64_t key = le(bytes + 24 + (size_t)i * 16, 8);
+        if (key >= heap->size || !memchr(heap->data + key, '\0', (size_t)(heap->size - key))) {
+            fail(c, "group %s: key %u of its B-tree node at byte %llu is not a name of its "
+                 "heap", path, i, (unsigned long long)address);
+            goto done;
+        }
+    }
     for (unsigned i = 0; i < entries; i++) {
         uint64_t child = le(bytes + 24 + 8 + (size_t)i * 16, 8);
         if (node_level > 0 ? check_group_tree(c, child, heap, path, depth, (int)node_level - 1)
