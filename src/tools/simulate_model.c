@@ -259,12 +259,13 @@ static float *moe_loads(const struct sim_run *run, struct runlog_file *f, long r
             double total = 0, busiest = 0, rank = 0;
             for (int e = 0; e < E; e++) {
                 if (c[e] < 0 || (d && (d[e] < 0 || d[e] > c[e]))) {
+                    int pairs = c[e], lost = d ? d[e] : 0;
                     dm_free(routed);
                     dm_free(dropped);
                     dm_free(m);
                     run_error(f, "%s: at step %ld expert %d of MoE block %d routed %d and "
                               "dropped %d pairs (need 0 <= dropped <= routed)", run->path,
-                              r + 1, e, j, c[e], d ? d[e] : 0);
+                              r + 1, e, j, pairs, lost);
                 }
                 total += c[e];
                 rank += c[e] - (d ? d[e] : 0);
