@@ -195,16 +195,18 @@ void plan_read_run(struct plan_input *in, const char *dir, long step, int **layo
 
 /* group_turns: absent in logs from before parallel.turns (fluid), else one
  * value, 0 or 1. */
-static int read_run_turns(const char *path)
+static int read_run_turns(struct runlog_file *f)
 {
-    char err[768];
+    char err[1200];
     int *turns = NULL;
-    long turns_count = runlog_read_root_ints(path, RUNLOG_ATTR_GROUP_TURNS, &turns, err,
+    long turns_count = runlog_file_attr_ints(f, RUNLOG_ATTR_GROUP_TURNS, &turns, err,
                                              sizeof err);
-    if (turns_count < 0) dm_user_error("--from-run: %s", err);
-    if (turns_count > 1 || (turns_count == 1 && turns[0] != 0 && turns[0] != 1))
-        dm_user_error("--from-run: %s: the attribute %s must be one value, 0 or 1", path,
-                      RUNLOG_ATTR_GROUP_TURNS);
+    if (turns_count < 0) run_error(f, "%s", err);
+    if (turns_count > 1 || (turns_count == 1 && turns[0] != 0 && turns[0] != 1)) {
+        dm_free(turns);
+        run_error(f, "%s: the attribute %s must be one value, 0 or 1", runlog_file_path(f),
+                  RUNLOG_ATTR_GROUP_TURNS);
+    }
     int took_turns = turns_count == 1 && turns[0] == 1;
     dm_free(turns);
     return took_turns;
@@ -213,17 +215,20 @@ static int read_run_turns(const char *path)
 void plan_sharing_from_run(struct plan_sharing *ps, const char *dir, int run_stages,
                            int stages)
 {
-    char path[1200], err[768];
+    char path[1200], err[1200];
     snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
+    struct runlog_file *f = runlog_open_read(path, err, sizeof err);
+    if (!f) dm_user_error("--from-run: %s", err);
     int *group = NULL;
     double *cores = NULL;
-    long group_count = runlog_read_root_ints(path, RUNLOG_ATTR_STAGE_GROUPS, &group, err,
+    long group_count = runlog_file_attr_ints(f, RUNLOG_ATTR_STAGE_GROUPS, &group, err,
                                              sizeof err);
-    if (group_count < 0) dm_user_error("--from-run: %s", err);
-    long core_count = runlog_read_root_doubles(path, RUNLOG_ATTR_GROUP_CORES, &cores, err,
+    if (group_count < 0) run_error(f, "%s", err);
+    long core_count = runlog_file_attr_doubles(f, RUNLOG_ATTR_GROUP_CORES, &cores, err,
                                                sizeof err);
-    if (core_count < 0) dm_user_error("--from-run: %s", err);
-    int took_turns = read_run_turns(path);
+    if (core_count < 0) run_error(f, "%s", err);
+    int took_turns = read_run_turns(f);
+    runlog_close_read(f);
     if (!group_count && !core_count) return;
     if (!group_count || !core_count)
         dm_user_error("--from-run: %s has the attribute %s but not %s (both or neither)",
