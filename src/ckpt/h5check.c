@@ -21,8 +21,8 @@
  * extent must be backed by data stored in the file, so that a reader may
  * allocate its extent.
  *
- * It never calls HDF5 and never writes; it reads the file with pread (or
- * an image in memory). Internal to src/ckpt and src/tools (h5util.h). */
+ * It never calls HDF5 and never writes; it reads the file with pread.
+ * Internal to src/ckpt and src/tools (h5util.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -67,8 +67,7 @@ struct collection {
 };
 
 struct check {
-    int fd;                       /* the file, or -1 for an image */
-    const unsigned char *image;
+    int fd;                       /* the file */
     uint64_t file_size;
     uint64_t end;                 /* the end of file address the superblock gives */
     unsigned leaf_k, internal_k, chunk_k;
@@ -108,10 +107,6 @@ static int fetch(struct check *c, uint64_t at, size_t n, void *buf, const char *
     if (at > c->file_size || n > c->file_size - at)
         return fail(c, "%s at byte %llu (%zu bytes) runs past the end of the file (%llu bytes)",
                     what, (unsigned long long)at, n, (unsigned long long)c->file_size);
-    if (c->image) {
-        memcpy(buf, c->image + at, n);
-        return 0;
-    }
     for (size_t got = 0; got < n;) {
         ssize_t r = pread(c->fd, (char *)buf + got, n - got, (off_t)(at + got));
         if (r < 0 && errno == EINTR) continue;
@@ -1076,13 +1071,6 @@ static int check_source(struct check *c)
     }
     dm_free(c->collections);
     return status;
-}
-
-int dm_h5_check_metadata_image(const void *image, size_t size, char *err, size_t errsize)
-{
-    struct check c = {.fd = -1, .image = image, .file_size = size, .err = err,
-                      .errsize = errsize};
-    return check_source(&c);
 }
 
 int dm_h5_check_metadata(const char *path, char *err, size_t errsize)

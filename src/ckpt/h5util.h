@@ -86,8 +86,6 @@ int dm_h5_check_global_heaps(const void *bytes, size_t size, uint64_t file_size,
  * "<path>: damaged: <structure> at byte N: <problem>" in err. Never calls
  * HDF5. */
 int dm_h5_check_metadata(const char *path, char *err, size_t errsize);
-/* The same on a file image in memory; err without the path. */
-int dm_h5_check_metadata_image(const void *image, size_t size, char *err, size_t errsize);
 /* 1 when the file at path is an HDF5 file in the newer format (superblock
  * version 2 or 3), else 0. */
 int dm_h5_newer_format(const char *path);
