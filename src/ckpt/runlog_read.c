@@ -256,9 +256,13 @@ static hid_t open_listed(const struct runlog_file *f, const char *name, int want
         dm_set_message(err, errsize, "%s has no dataset %s", f->path, name);
         return -1;
     }
-    if ((*info)->rank != want_rank || !(*info)->is_number) {
+    if ((*info)->rank != want_rank) {
         dm_set_message(err, errsize, "%s: %s has rank %d, expected %d", f->path, name,
                        (*info)->rank, want_rank);
+        return -1;
+    }
+    if (!(*info)->is_number) {
+        dm_set_message(err, errsize, "%s: %s holds no numbers", f->path, name);
         return -1;
     }
     if ((*info)->dims[1] > 0 && (*info)->dims[0] > RUNLOG_MAX_CELLS / (*info)->dims[1]) {
