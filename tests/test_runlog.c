@@ -645,18 +645,17 @@ static void test_layouts_are_checked(void)
 }
 
 /* runlog_file_config: each key through the config's own parser, then the
- * relations readers divide by. */
+ * relation readers divide by. */
 static void test_config_is_checked(void)
 {
     char path[512], err[1024];
     path_in_dir(path, sizeof path, "config.h5");
     static const struct { const char *text; const char *want; } cases[] = {
         {"model.layers = 6\nparallel.pp = 2\n", NULL},
-        {"model.layers = 6\nparallel.pp = 7\n", "parallel.pp = 7 exceeds model.layers = 6"},
         {"model.layers = 99999\n", "model.layers = 99999 is out of range"},
         {"model.layers = 6\nmodel.moe_every = 2\nmodel.experts = 8\nparallel.ep = 9\n",
-         "parallel.ep = 9 and parallel.dp = 1 do not fit"},
-        {"model.layers = 6\nmodel.mod_every = 7\n", "model.mod_every = 7 exceeds"},
+         "parallel.ep = 9 does not divide model.experts = 8"},
+        {"model.layers = 6\ntrain.micro_batches = 0\n", "train.micro_batches = 0 is out of range"},
         {"model.layers 6\n", "line 1 of its configuration (root attribute config) is not"},
     };
     for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {

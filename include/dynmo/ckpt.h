@@ -248,9 +248,8 @@ long runlog_file_attr_doubles(struct runlog_file *f, const char *name, double **
                               char *err, size_t errsize);
 /* The run's configuration: the defaults, then each "section.key = value"
  * line of the root attribute config through config_set (each key's own
- * type and range), then the relations the readers compute with (stages,
- * MoE and MoD blocks within model.layers, parallel.ep dividing the experts
- * and parallel.dp, top_k within the experts).
+ * type and range), then the relation the readers divide by (parallel.ep
+ * divides model.experts).
  * Returns 0, 1 when the file has no config (*cfg the defaults), or -1 with
  * the line or key in err. */
 int runlog_file_config(struct runlog_file *f, struct dm_config *cfg, char *err,
