@@ -82,7 +82,8 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(channels, 3 * channels)
         self.attproj = nn.Linear(channels, channels)
 
-    def forward(self, x):
+    def heads_of(self, x):
+        """q, k, v (B, NH, T, hs) of x (B, T, C), and the scores q.k / sqrt(hs)."""
         B, T, C = x.shape
         hs = C // self.heads
         q, k, v = self.qkv(x).split(C, dim=2)
@@ -90,7 +91,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.heads, hs).transpose(1, 2)
         k = k.view(B, T, self.heads, hs).transpose(1, 2)
         v = v.view(B, T, self.heads, hs).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        return q, k, v, (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v, scores = self.heads_of(x)
         future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
         probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)

@@ -4,8 +4,9 @@ An independent PyTorch implementation of the GPT with mixture-of-depths
 blocks and of the GPT with hash-sparse attention as docs/mod-hash.md
 describes them (written from that description, not from dynmo's C code):
 one forward and backward pass and ten AdamW steps on a tiny model, written
-for tests/test_reference.c. It imports nothing of dynmo; the C test does not
-need torch.
+for tests/test_reference.c. It imports nothing of dynmo (only this
+directory's fixture_lib.py and make_fixture.py's attention); the C test does
+not need torch.
 
     /usr/bin/python3 tests/reference/make_mod_hash_model_fixture.py
 
@@ -66,6 +67,7 @@ import torch.nn.functional as F
 from fixture_lib import (DTYPE_FLOAT32, DTYPE_INT32, GPTBase, Margins, batch_arrays, draw,
                          grad_arrays, init_weights, output, output_arrays, schedule_arrays,
                          train, write_fixture)
+from make_fixture import CausalSelfAttention
 
 VERSION = 3
 CONFIG = dict(vocab=64, max_seq=16, layers=2, heads=2, channels=16,
@@ -126,24 +128,17 @@ def buckets_of(x, R, margins):
     return both.argmax(dim=-1)
 
 
-class Attention(nn.Module):
-    """Causal attention, dense or hash-sparse (rotation set before each forward)."""
+class Attention(CausalSelfAttention):
+    """Causal attention, dense or hash-sparse (rotation set before each
+    forward); the projections and heads are make_fixture.py's."""
     def __init__(self, channels, heads, margins):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(channels, 3 * channels)
-        self.attproj = nn.Linear(channels, channels)
+        super().__init__(channels, heads)
         self.rotation = None
         self.margins = margins
 
     def forward(self, x):
         B, T, C = x.shape
-        hs = C // self.heads
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q = q.view(B, T, self.heads, hs).transpose(1, 2)
-        k = k.view(B, T, self.heads, hs).transpose(1, 2)
-        v = v.view(B, T, self.heads, hs).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        q, k, v, scores = self.heads_of(x)
         allowed = ~torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
         allowed = allowed.expand(B, self.heads, T, T)
         if self.rotation is not None:
