@@ -97,7 +97,7 @@ compare dense 1 train.eval_every=5 train.eval_batches=2
 compare pp2 2 parallel.pp=2
 compare balanced 2 parallel.pp=2 balance.method=random balance.every=1 && {
   grep -q "migrated" "$dir/balanced-emu.out" || fail "the balanced run never migrated"
-  cmp -s "$dir/pp2-emu.loss" "$dir/balanced-emu.loss" \
+  cmp -s "$dir/pp2-emu.steps.loss" "$dir/balanced-emu.steps.loss" \
     && echo "ok: strict emulate, 2 ranks: static and balanced (migrating every step) bit-identical" \
     || fail "strict emulate: balanced losses differ from static"
 }
@@ -179,21 +179,21 @@ E="model.moe_every=2 model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.
 E="$E moe.z_loss=0.001 train.steps=8"
 compare moe_ep 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 $E && \
 run moe_ep1-emu 4 train.device=emulate parallel.pp=2 parallel.dp=2 parallel.ep=1 $E && {
-  cmp -s "$dir/moe_ep-emu.loss" "$dir/moe_ep1-emu.loss" \
+  cmp -s "$dir/moe_ep-emu.steps.loss" "$dir/moe_ep1-emu.steps.loss" \
     && echo "ok: strict emulate, pp=2 dp=2: ep=2 and ep=1 losses bit-identical" \
     || fail "strict emulate, pp=2 dp=2: ep=2 losses differ from ep=1"
 }
 run moe_ep_random-emu 4 train.device=emulate parallel.pp=2 parallel.dp=2 parallel.ep=2 $E \
     balance.method=random balance.every=1 && {
   grep -q "migrated" "$dir/moe_ep_random-emu.out" || fail "the balanced ep=2 run never migrated"
-  cmp -s "$dir/moe_ep-emu.loss" "$dir/moe_ep_random-emu.loss" \
+  cmp -s "$dir/moe_ep-emu.steps.loss" "$dir/moe_ep_random-emu.steps.loss" \
     && echo "ok: strict emulate, ep=2: balanced (migrating expert shards every step) and static bit-identical" \
     || fail "strict emulate, ep=2: balanced losses differ from static"
 }
 D="parallel.pp=1 parallel.dp=4 train.micro_batches=2 moe.router=sigmoid moe.bias_rate=0.01"
 compare moe_ep_groups 4 $D parallel.ep=2 $E && \
 run moe_ep_groups1-emu 4 train.device=emulate $D parallel.ep=1 $E && {
-  cmp -s "$dir/moe_ep_groups-emu.loss" "$dir/moe_ep_groups1-emu.loss" \
+  cmp -s "$dir/moe_ep_groups-emu.steps.loss" "$dir/moe_ep_groups1-emu.steps.loss" \
     && echo "ok: strict emulate, pp=1 dp=4 (two expert groups): ep=2 and ep=1 losses bit-identical" \
     || fail "strict emulate, pp=1 dp=4: ep=2 losses differ from ep=1"
 }

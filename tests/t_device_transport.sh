@@ -42,7 +42,7 @@ pair() {
     || fail "$name on one device: no line on the staging: $(grep '^transport' "$dir/$name-shared.out")"
   grep -q "^transport: activations, gradients, migrating blocks, expert rows, the replicas' sums and the tied embedding device to device" \
     "$dir/$name-own.out" || fail "$name on a device per rank: no line on the transport: $(grep '^transport' "$dir/$name-own.out")"
-  if cmp -s "$dir/$name-shared.loss" "$dir/$name-own.loss"; then
+  if cmp -s "$dir/$name-shared.steps.loss" "$dir/$name-own.steps.loss"; then
     echo "ok: $name: $ranks ranks, each on its own device (the transport) or all on one (MPI): the same losses, bit for bit"
   else
     fail "$name: the transport's losses differ from MPI's"
@@ -68,7 +68,7 @@ pair moe-ep2 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 model.moe_every=2 model
 # blocks moving every step (a random layout each step) on the transport:
 # the same bits as the static layout there
 pair moving 4 parallel.pp=2 parallel.dp=2 balance.method=random balance.every=1 && {
-  if cmp -s "$dir/pp2dp2-own.loss" "$dir/moving-own.loss"; then
+  if cmp -s "$dir/pp2dp2-own.steps.loss" "$dir/moving-own.steps.loss"; then
     echo "ok: pp=2 x dp=2 on the transport, a random layout every step: the static layout's losses, bit for bit"
   else
     fail "pp=2 x dp=2 on the transport: a random layout every step changes the losses"
