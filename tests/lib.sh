@@ -125,3 +125,26 @@ train_refused() {
   [ "$(grep -c 'error' <<<"$out")" -eq 1 ] || { fail "$name: more than one message: $out"; return; }
   echo "ok: $name: $out"
 }
+
+# The job-chain tests, with tests/mock-dynmo.sh in place of dynmo:
+# mock_ready CKPT LINK COUNT waits at most 30 s until COUNT ranks of
+# launch LINK sleep in the mock's `wait` action, ready for a signal (and
+# returns 1 if they never do); mock_launches RECORD LINE... wants the
+# mock's record of a chain's launches (CKPT/mock.record) to be these
+# lines, one per launch, in order.
+mock_ready() {
+  local ckpt=$1 link=$2 count=$3 waited=0
+  while [ "$(ls "$ckpt"/mock.ready."$link".* 2>/dev/null | wc -l)" -lt "$count" ]; do
+    [ $waited -ge 300 ] && return 1
+    sleep 0.1; waited=$((waited + 1))
+  done
+}
+mock_launches() {
+  local record=$1 k=0 line; shift
+  for line in "$@"; do
+    k=$((k + 1))
+    [ "$(sed -n "${k}p" "$record")" = "$line" ] \
+      || fail "launch $k ran '$(sed -n "${k}p" "$record")', want '$line'"
+  done
+  [ "$(wc -l <"$record")" -eq $# ] || fail "$(wc -l <"$record") launches, want $#"
+}
