@@ -11,10 +11,7 @@
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
-if [ ! -x "$DYNMO" ]; then
-  echo "skip: no dynmo binary at $DYNMO"
-  exit 77
-fi
+need_dynmo
 work=$(mktemp -d /tmp/dynmo-t-plan.XXXXXX)
 trap 'rm -rf "$work"' EXIT
 costs=tests/data/costs_pruned.csv
