@@ -21,7 +21,7 @@ work_dir
 # against A B TOL: B's losses all finite, within TOL relative of A's and
 # not all A's bits; prints the largest relative difference
 against() {
-  python3 - "$dir/$1.loss" "$dir/$2.loss" "$3" <<'PY'
+  python3 - "$dir/$1.steps.loss" "$dir/$2.steps.loss" "$3" <<'PY'
 import math, struct, sys
 a = open(sys.argv[1], 'rb').read(); b = open(sys.argv[2], 'rb').read(); tol = float(sys.argv[3])
 fa = struct.unpack('<%df' % (len(a) // 4), a); fb = struct.unpack('<%df' % (len(b) // 4), b)
@@ -54,7 +54,7 @@ fi
 run static 2 train.device=emulate train.precision=bf16 parallel.pp=2
 run random 2 train.device=emulate train.precision=bf16 parallel.pp=2 balance.method=random balance.every=1
 grep -q "migrated" "$dir/random.out" || fail "bf16, pp=2: the balanced run never migrated"
-if cmp -s "$dir/static.loss" "$dir/random.loss"; then
+if cmp -s "$dir/static.steps.loss" "$dir/random.steps.loss"; then
   echo "ok: bf16, pp=2: static and balanced (migrating every step at random) bit-identical"
 else fail "bf16, pp=2: static and random balancing differ"; fi
 
