@@ -45,7 +45,7 @@ CFLAGS := -std=gnu11 -O3 $(ARCH) -g -Wall -Wextra -Wvla -Werror -Wno-psabi -fno-
 LDLIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhdf5_hl -lm -lpthread
 LDFLAGS := $(SANFLAGS)
 
-SRC := $(wildcard src/*/*.c)
+SRC := $(wildcard src/*/*.c src/*/*/*.c)
 OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRC))
 LIBOBJ := $(filter-out $(BUILD)/obj/tools/main.o,$(OBJ))
 TEST_SRC := $(wildcard tests/test_*.c)

@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "testing.h"
 
@@ -338,12 +339,10 @@ static void configure_mod_hash(struct dm_config *cfg, const struct fixture *fx)
         snprintf(cfg->mod_routing, sizeof cfg->mod_routing, "%s",
                  fx->mod_routing ? "causal" : "topk");
         if (fx->mod_routing) cfg->mod_predictor_hidden = fx->mod_predictor_hidden;
-        cfg->mod_keys_set = 1;
     }
     if (fx->hash_buckets > 0) {
         snprintf(cfg->attention, sizeof cfg->attention, "hash");
         cfg->hash_buckets = fx->hash_buckets;
-        cfg->hash_keys_set = 1;
     }
 }
 
@@ -447,10 +446,9 @@ static int run_fixture(const char *path)
         cfg.aux_loss = fx.aux_loss;
         cfg.z_loss = fx.z_loss;
         cfg.bias_rate = fx.bias_rate;
-        cfg.moe_keys_set = 1;
     }
     if (fx.version == 3) configure_mod_hash(&cfg, &fx);
-    config_validate(&cfg);
+    dyn_config_validate(&cfg);
     struct gpt_shape shape = gpt_shape_from_config(&cfg);
 
     const int B = fx.batch, T = fx.seq, V = fx.vocab, C = fx.channels;

@@ -35,8 +35,15 @@ struct dyn_env {
     int stage, stages;
 };
 
+/* The validation pass of a config: config_validate's checks, then every
+ * scheme's rules over its keys and its refusals of other schemes, in the
+ * table's order (dyn.c), then dyn.kind against the schemes. The first
+ * problem is a user error (exit 2) naming the key. Not collective. */
+void dyn_config_validate(const struct dm_config *cfg);
+
 /* Builds the scheme dyn.kind names ("none", "freeze", "early_exit",
- * "prune"); user error for an unknown kind or bad dyn.* values. */
+ * "prune"); user error for an unknown kind (dyn_config_validate checked
+ * its values). */
 struct dyn *dyn_create(const struct dm_config *cfg, const struct dyn_env *env);
 void dyn_destroy(struct dyn *dyn);
 const char *dyn_kind_name(const struct dyn *dyn);

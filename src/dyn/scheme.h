@@ -1,6 +1,12 @@
-/* The interface between the dispatcher (dyn.c) and one dynamism scheme:
- * a scheme is a state created from the config plus the three hooks of
- * dyn.h. Schemes register in dyn.c's table; nothing else includes this. */
+/* The descriptor of one dynamic scheme: everything dynmo knows about a
+ * scheme is what its descriptor declares, and every descriptor is in the
+ * one table of dyn.c (docs/architecture.md, "Adding a dynamic scheme").
+ *
+ * A descriptor declares its config keys and their rules, its extension of
+ * the blocks (the model's hook interface, dynmo/block_ext.h), its hooks
+ * around the step, its named per-layer signals (dynmo/dyn.h) and its part
+ * of the checkpoint. Any of them may be absent. Only src/dyn includes this
+ * header; the other modules see the schemes through dynmo/dyn.h. */
 #ifndef DYNMO_DYN_SCHEME_H
 #define DYNMO_DYN_SCHEME_H
 
@@ -8,10 +14,33 @@
 #include "dynmo/dyn.h"
 #include "dynmo/world.h"
 
+struct gpt_ext_ops;
+struct gpt_ext;
+
 struct dyn_scheme {
+    const char *name;       /* its name: messages, the signals' owner */
+    /* The dyn.kind value that selects it (freezing, early exit, pruning;
+     * at most one such scheme runs), or NULL for a scheme that the model
+     * keys select (active). */
     const char *kind;
-    /* Validates cfg's dyn.* keys for this scheme (user error on a bad one)
-     * and returns the scheme's state. */
+    int (*active)(const struct dm_config *cfg);
+    /* Its keys, "section.key" or "section.*", NULL-terminated: what
+     * config_was_set asks about for it (config.c keeps their table and
+     * defaults). */
+    const char *const *keys;
+    /* Its rules over its keys and its refusals of other schemes: a user
+     * error (exit 2) naming the key, run by dyn_config_validate for every
+     * scheme in table order, active or not (a scheme refuses its keys
+     * when it is off). */
+    void (*check)(const struct dm_config *cfg);
+
+    /* Its extension of the blocks, or NULL; params fills the extension's
+     * parameters from the config (gpt_shape.ext). */
+    const struct gpt_ext_ops *ext;
+    void (*ext_params)(const struct dm_config *cfg, struct gpt_ext *ext);
+
+    /* Hooks around the step (dyn.h): create returns the scheme's state
+     * (collective over env->pipeline_comm where the scheme talks MPI). */
     void *(*create)(const struct dm_config *cfg, const struct dyn_env *env);
     void (*destroy)(void *state, struct gpt *model);
     void (*before_step)(void *state, struct gpt *model, int step);
@@ -29,9 +58,24 @@ struct dyn_scheme {
     int (*state_check)(const double *in, long n, int layers, char *err, size_t errsize);
 };
 
+/* The table (dyn.c): the built-in schemes, then those registered with
+ * dyn_register_scheme. */
+int dyn_scheme_count(void);
+const struct dyn_scheme *dyn_scheme_at(int i);
+/* Adds a scheme to the table (a test's, or a build's own), before the
+ * config is read; its name must be new. Not thread-safe: call it at
+ * start-up (a constructor). */
+void dyn_register_scheme(const struct dyn_scheme *scheme);
+/* Whether cfg runs the scheme: dyn.kind names it, or its active says so. */
+int dyn_scheme_active(const struct dyn_scheme *scheme, const struct dm_config *cfg);
+/* Whether any of keys (NULL-terminated, as in struct dyn_scheme) was set. */
+int dyn_keys_set(const struct dm_config *cfg, const char *const *keys);
+
+extern const struct dyn_scheme dyn_scheme_moe;
+extern const struct dyn_scheme dyn_scheme_mod;
+extern const struct dyn_scheme dyn_scheme_hash;
 extern const struct dyn_scheme dyn_scheme_freeze;
 extern const struct dyn_scheme dyn_scheme_early_exit;
 extern const struct dyn_scheme dyn_scheme_prune;
-
 
 #endif

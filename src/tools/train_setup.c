@@ -10,6 +10,7 @@
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/world.h"
 #include "tools/train.h"
@@ -61,7 +62,7 @@ void train_parse_args(int argc, char **argv, struct dm_config *cfg, struct train
                           is_bench ? " [--warmup N] [--steps N]" : "");
         }
     }
-    config_validate(cfg);
+    dyn_config_validate(cfg);
 }
 
 

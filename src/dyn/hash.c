@@ -1,0 +1,39 @@
+/* Hash-sparse attention (model.attention = hash, [hash]; docs/mod-hash.md)
+ * as a dynamic scheme: its descriptor, the config's rules over its keys
+ * and its refusals of other schemes. */
+#include <stdio.h>
+#include <string.h>
+#include "dyn/scheme.h"
+
+static int hash_active(const struct dm_config *cfg) { return !strcmp(cfg->attention, "hash"); }
+
+static const char *const hash_keys[] = {"hash.*", NULL};
+
+static void hash_check(const struct dm_config *cfg)
+{
+    int hash = hash_active(cfg);
+    if (!hash && strcmp(cfg->attention, "dense") != 0)
+        dm_user_error("model.attention = '%s' must be dense or hash", cfg->attention);
+    if (!hash && dyn_keys_set(cfg, hash_keys))
+        dm_user_error("hash.buckets = %d is set but model.attention = dense: set "
+                      "model.attention = hash, or remove [hash]", cfg->hash_buckets);
+    if (!hash) return;
+    if (cfg->hash_buckets < 1 || (cfg->hash_buckets > 1 && cfg->hash_buckets % 2))
+        dm_user_error("hash.buckets = %d must be 1 or an even number >= 2 (the hash is the "
+                      "argmax over [xR ; -xR], R with buckets / 2 columns)",
+                      cfg->hash_buckets);
+    if (cfg->hash_buckets > cfg->max_seq)
+        dm_user_error("hash.buckets = %d exceeds model.max_seq = %d: a sequence has fewer "
+                      "tokens than buckets (at most max_seq buckets)", cfg->hash_buckets,
+                      cfg->max_seq);
+    if (!strcmp(cfg->dyn_kind, "early_exit"))
+        dm_user_error("model.attention = hash does not combine with dyn.kind = early_exit "
+                      "(exited tokens answer as keys outside the hash buckets)");
+}
+
+const struct dyn_scheme dyn_scheme_hash = {
+    .name = "hash",
+    .active = hash_active,
+    .keys = hash_keys,
+    .check = hash_check,
+};
