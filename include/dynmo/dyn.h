@@ -71,6 +71,80 @@ long dyn_state_size(const struct dyn *dyn);
 void dyn_state_save(const struct dyn *dyn, double *out);
 int dyn_state_restore(struct dyn *dyn, const double *in, long n, char *err, size_t errsize);
 
+/* ---- signals -------------------------------------------------------------
+ * What a scheme measures per layer, step by step, declared as a named list
+ * by its descriptor: the engine gathers every active scheme's signals into
+ * the step's profile (pipe/stats.c), the run log writes each as the
+ * dataset it names, and inspect, report and simulate read them by walking
+ * the list (docs/runlog.md has the datasets). None of them names a scheme. */
+
+/* The columns of a signal's row. */
+enum dyn_signal_columns {
+    DYN_SIGNAL_LAYERS = 0,   /* one per layer of the model */
+    DYN_SIGNAL_BLOCKS = 1,   /* one per block of the scheme, in layer order */
+    DYN_SIGNAL_CELLS = 2,    /* cells (dyn_signal.cells) per block of the scheme, block-major */
+};
+
+/* How the step's value of a column combines every rank's (value, weight). */
+enum dyn_signal_combine {
+    DYN_COMBINE_SUM = 0,         /* the sum over every rank: counts over micro-batches and
+                                    replicas */
+    DYN_COMBINE_REPLICA0 = 1,    /* replica 0's: a block's state, the same on every replica
+                                    (or already summed over them) */
+    DYN_COMBINE_REPLICA_MEAN = 2,/* the mean over the replicas of each replica's value */
+    DYN_COMBINE_RATIO = 3,       /* the values' sum over the weights' sum, every rank (0
+                                    without weight) */
+    DYN_COMBINE_PER_FORWARD = 4, /* replica 0's over the step's forwards (micro-batches x
+                                    replicas) */
+    DYN_COMBINE_BUSIEST = 5,     /* over the ranks with a weight: the largest value over
+                                    their mean (0 when all are 0) */
+};
+
+struct dyn_signal {
+    const char *dataset;    /* the run log's dataset, "/mod/tokens" */
+    const char *label;      /* its name in tables and figures */
+    const char *unit;       /* what one value counts: "tokens", "share", "tiles" */
+    const char *meaning;    /* one line: what it says about the block */
+    enum dyn_signal_columns columns;
+    enum dyn_signal_combine combine;
+    int is_int;             /* an int32 dataset; float32 otherwise */
+    int filler;             /* an int dataset's value for a step not measured (floats: NaN) */
+    /* Whether a run of cfg writes it (NULL: whenever its scheme runs). */
+    int (*written)(const struct dm_config *cfg);
+    /* DYN_SIGNAL_CELLS: the cells of each block. */
+    int (*cells)(const struct gpt_shape *shape);
+    /* This rank's value of block i of model, cell by cell, and a weight
+     * (RATIO, BUSIEST); a count since the last read is zeroed. NULL: the
+     * signal is derived by readers from another dataset, not gathered. */
+    void (*read)(struct gpt *model, int i, double *value, double *weight);
+};
+
+/* The signals a run of cfg gathers and writes: every active scheme's, in
+ * the table's order, as pointers into out (at most max; returns the count). */
+int dyn_signals(const struct dm_config *cfg, const struct dyn_signal **out, int max);
+/* The declaration of run-log dataset `name`, any registered scheme's, or NULL. */
+const struct dyn_signal *dyn_signal_of_dataset(const char *name);
+/* Whether layer `layer` is one of the blocks of the scheme that declared
+ * signal (a DYN_SIGNAL_LAYERS signal: every layer), and the columns of its
+ * row for shape: layers, the scheme's blocks, or those times the cells. */
+int dyn_signal_layer(const struct dyn_signal *signal, const struct gpt_shape *shape, int layer);
+int dyn_signal_width(const struct dyn_signal *signal, const struct gpt_shape *shape);
+int dyn_signal_cells(const struct dyn_signal *signal, const struct gpt_shape *shape);
+
+/* A signal's step, combined (struct step_stats, dynmo/pipe.h). */
+struct dyn_signal_row {
+    const struct dyn_signal *signal;
+    int columns;
+    double *values;    /* (columns) */
+};
+/* Each active scheme's note on the step from its rows ("MoD 25.0% tokens"),
+ * handed to emit one by one (tokens: the step's tokens). */
+void dyn_step_notes(const struct dm_config *cfg, const struct dyn_signal_row *rows, int count,
+                    double tokens, void (*emit)(void *ctx, const char *note), void *ctx);
+
+/* The most signals all schemes of a run declare. */
+#define DYN_SIGNALS_MAX 32
+
 /* The most doubles a scheme's state may hold (dyn_create refuses a
  * configuration whose state would exceed it; a checkpoint whose state does
  * is no file dynmo wrote). */

@@ -299,6 +299,8 @@ struct block_moe {
                                     over its forwards since gpt_moe_begin_step */
     const struct moe_exchange *exchange; /* the experts phase's runner, or NULL: local
                                     (set by gpt_moe_set_exchange; not packed) */
+    double rows_taken;           /* rows this rank's experts took in the forwards since
+                                    the last read (expert parallelism's load) */
 };
 
 /* One block: a single slab holds [params | grads | adam m | adam v];

@@ -60,6 +60,79 @@ int dyn_keys_set(const struct dm_config *cfg, const char *const *keys)
     return 0;
 }
 
+/* ---- signals -------------------------------------------------------------------- */
+
+int dyn_signals(const struct dm_config *cfg, const struct dyn_signal **out, int max)
+{
+    int n = 0;
+    for (int i = 0; i < scheme_count; i++) {
+        const struct dyn_scheme *scheme = schemes[i];
+        if (!dyn_scheme_active(scheme, cfg)) continue;
+        for (int k = 0; k < scheme->signal_count; k++) {
+            const struct dyn_signal *signal = &scheme->signals[k];
+            if (!signal->read || (signal->written && !signal->written(cfg))) continue;
+            if (n == max) DM_FATAL("more than %d signals", max);
+            out[n++] = signal;
+        }
+    }
+    return n;
+}
+
+/* The scheme that declared signal. */
+static const struct dyn_scheme *scheme_of_signal(const struct dyn_signal *signal)
+{
+    for (int i = 0; i < scheme_count; i++)
+        if (signal >= schemes[i]->signals && signal < schemes[i]->signals + schemes[i]->signal_count)
+            return schemes[i];
+    DM_FATAL("signal %s belongs to no scheme", signal->dataset);
+}
+
+const struct dyn_signal *dyn_signal_of_dataset(const char *name)
+{
+    for (int i = 0; i < scheme_count; i++)
+        for (int k = 0; k < schemes[i]->signal_count; k++)
+            if (!strcmp(schemes[i]->signals[k].dataset, name)) return &schemes[i]->signals[k];
+    return NULL;
+}
+
+int dyn_signal_layer(const struct dyn_signal *signal, const struct gpt_shape *shape, int layer)
+{
+    const struct dyn_scheme *scheme = scheme_of_signal(signal);
+    if (signal->columns == DYN_SIGNAL_LAYERS || !scheme->owns) return 1;
+    return scheme->owns(shape, layer);
+}
+
+int dyn_signal_cells(const struct dyn_signal *signal, const struct gpt_shape *shape)
+{
+    return signal->columns == DYN_SIGNAL_CELLS ? signal->cells(shape) : 1;
+}
+
+int dyn_signal_width(const struct dyn_signal *signal, const struct gpt_shape *shape)
+{
+    int layers = 0;
+    for (int l = 0; l < shape->layers; l++) layers += dyn_signal_layer(signal, shape, l);
+    return layers * dyn_signal_cells(signal, shape);
+}
+
+const struct dyn_signal_row *dyn_signal_row_of(const struct dyn_signal_row *rows, int count,
+                                               const struct dyn_signal *signal)
+{
+    for (int k = 0; k < count; k++)
+        if (rows[k].signal == signal) return &rows[k];
+    return NULL;
+}
+
+void dyn_step_notes(const struct dm_config *cfg, const struct dyn_signal_row *rows, int count,
+                    double tokens, void (*emit)(void *ctx, const char *note), void *ctx)
+{
+    for (int i = 0; i < scheme_count; i++) {
+        if (!schemes[i]->step_note || !dyn_scheme_active(schemes[i], cfg)) continue;
+        char note[256] = "";
+        schemes[i]->step_note(cfg, rows, count, tokens, note, sizeof note);
+        if (note[0]) emit(ctx, note);
+    }
+}
+
 /* ---- the validation pass ------------------------------------------------------ */
 
 /* dyn.kind names none or one of the schemes with a kind. */

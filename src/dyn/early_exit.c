@@ -141,6 +141,23 @@ static void early_exit_describe(const void *state, const struct gpt *model, char
     snprintf(buf, size, "skipped %.1f%% token-blocks", 100.0 * e->skipped_share);
 }
 
+/* The share of the tokens reaching the block that it computed in the
+ * step (1 while no token has exited). */
+static void read_active(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    const struct gpt_exit *x = model->exit;
+    int layer = model->first_block + i;
+    value[0] = x && x->layer_tokens && x->layer_tokens[layer] > 0
+                   ? x->layer_computed[layer] / x->layer_tokens[layer] : 1.0;
+}
+
+static const struct dyn_signal early_exit_signals[] = {
+    {"/layers/active", "active tokens", "share",
+     "the share of the tokens reaching the block that it computed (the rest had exited)",
+     DYN_SIGNAL_LAYERS, DYN_COMBINE_REPLICA0, 0, 0, NULL, NULL, read_active},
+};
+
 static const char *const early_exit_keys[] = {"dyn.exit_from", "dyn.exit_threshold",
                                               "dyn.exit_confidence", "dyn.exit_loss_weight",
                                               "dyn.exit_warmup", NULL};
@@ -150,6 +167,8 @@ const struct dyn_scheme dyn_scheme_early_exit = {
     .kind = "early_exit",
     .keys = early_exit_keys,
     .check = early_exit_check,
+    .signals = early_exit_signals,
+    .signal_count = 1,
     .create = early_exit_create,
     .destroy = early_exit_destroy,
     .before_step = early_exit_before_step,

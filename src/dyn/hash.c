@@ -31,9 +31,43 @@ static void hash_check(const struct dm_config *cfg)
                       "(exited tokens answer as keys outside the hash buckets)");
 }
 
+/* ---- signals --------------------------------------------------------------------- */
+
+/* The tiles the block's hash attention visited since the last read,
+ * forward and backward, then zero. */
+static void read_tiles(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    struct block *blk = &model->blocks[i];
+    value[0] = blk->hash_tiles;
+    blk->hash_tiles = 0.0;
+}
+
+/* The query rows (per head) that attended to their own key alone, over
+ * those its forwards saw, then zero. */
+static void read_own_key_only(struct gpt *model, int i, double *value, double *weight)
+{
+    struct block *blk = &model->blocks[i];
+    value[0] = blk->hash_own_key_only;
+    weight[0] = blk->hash_queries;
+    blk->hash_own_key_only = blk->hash_queries = 0.0;
+}
+
+static const struct dyn_signal hash_signals[] = {
+    {"/hash/tiles", "hash tiles visited", "tiles",
+     "attention tiles the block visited, forward and backward, over micro-batches and "
+     "replicas",
+     DYN_SIGNAL_LAYERS, DYN_COMBINE_SUM, 0, 0, NULL, NULL, read_tiles},
+    {"/hash/own_key_only", "own key only", "share",
+     "the share of the query rows that had no key of their bucket but their own",
+     DYN_SIGNAL_LAYERS, DYN_COMBINE_RATIO, 0, 0, NULL, NULL, read_own_key_only},
+};
+
 const struct dyn_scheme dyn_scheme_hash = {
     .name = "hash",
     .active = hash_active,
     .keys = hash_keys,
     .check = hash_check,
+    .signals = hash_signals,
+    .signal_count = sizeof hash_signals / sizeof hash_signals[0],
 };

@@ -50,9 +50,59 @@ static void mod_check(const struct dm_config *cfg)
                       "(model.mod_every = %d) yet", cfg->dyn_kind, cfg->mod_every);
 }
 
+/* ---- signals --------------------------------------------------------------------- */
+
+static int mod_owns(const struct gpt_shape *shape, int layer) { return gpt_block_is_mod(shape, layer); }
+static int mod_causal(const struct dm_config *cfg) { return !strcmp(cfg->mod_routing, "causal"); }
+
+/* The tokens the block's forwards processed since the last read, then zero. */
+static void read_tokens(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    struct block_mod *mod = model->blocks[i].mod;
+    value[0] = mod->tokens;
+    mod->tokens = 0.0;
+}
+
+/* The predictor's mean BCE over the forwards since the last read, then zero. */
+static void read_bce(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    struct block_mod *mod = model->blocks[i].mod;
+    value[0] = mod->bce_forwards ? mod->bce / (double)mod->bce_forwards : 0.0;
+    mod->bce = 0.0;
+    mod->bce_forwards = 0;
+}
+
+static const struct dyn_signal mod_signals[] = {
+    {"/mod/tokens", "MoD tokens processed", "tokens",
+     "tokens the block computed in the step, over micro-batches and replicas",
+     DYN_SIGNAL_BLOCKS, DYN_COMBINE_SUM, 0, 0, NULL, NULL, read_tokens},
+    {"/mod/predictor_bce", "predictor BCE", "nats",
+     "the causal predictor's binary cross-entropy against the top-k choice",
+     DYN_SIGNAL_BLOCKS, DYN_COMBINE_REPLICA_MEAN, 0, 0, mod_causal, NULL, read_bce},
+};
+
+/* The MoD blocks' share of the tokens that reached them. */
+static void mod_step_note(const struct dm_config *cfg, const struct dyn_signal_row *rows,
+                          int count, double tokens, char *buf, size_t size)
+{
+    (void)cfg;
+    const struct dyn_signal_row *row = dyn_signal_row_of(rows, count, &mod_signals[0]);
+    if (!row) return;
+    double sum = 0.0;
+    for (int j = 0; j < row->columns; j++) sum += row->values[j];
+    double share = row->columns > 0 && tokens > 0 ? sum / (row->columns * tokens) : 0.0;
+    snprintf(buf, size, "MoD %.1f%% tokens", 100.0 * share);
+}
+
 const struct dyn_scheme dyn_scheme_mod = {
     .name = "mod",
     .active = mod_active,
     .keys = mod_keys,
     .check = mod_check,
+    .owns = mod_owns,
+    .signals = mod_signals,
+    .signal_count = sizeof mod_signals / sizeof mod_signals[0],
+    .step_note = mod_step_note,
 };

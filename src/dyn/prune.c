@@ -421,6 +421,19 @@ static void prune_describe(const void *state, const struct gpt *model, char *buf
              model->num_blocks);
 }
 
+/* The pruned share of the block's matrices. */
+static void read_sparsity(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    value[0] = block_matrix_sparsity(&model->blocks[i]);
+}
+
+static const struct dyn_signal prune_signals[] = {
+    {"/layers/sparsity", "sparsity", "share",
+     "the pruned share of the block's matrix weights",
+     DYN_SIGNAL_LAYERS, DYN_COMBINE_REPLICA0, 0, 0, NULL, NULL, read_sparsity},
+};
+
 static const char *const prune_config_keys[] = {"dyn.prune_start", "dyn.prune_every", "dyn.prune_steps",
                                          "dyn.sparsity_initial", "dyn.sparsity_final",
                                          "dyn.csr_sparsity", NULL};
@@ -430,6 +443,8 @@ const struct dyn_scheme dyn_scheme_prune = {
     .kind = "prune",
     .keys = prune_config_keys,
     .check = prune_check,
+    .signals = prune_signals,
+    .signal_count = 1,
     .create = prune_create,
     .destroy = prune_destroy,
     .before_step = prune_before_step,

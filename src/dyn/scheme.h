@@ -39,6 +39,16 @@ struct dyn_scheme {
     const struct gpt_ext_ops *ext;
     void (*ext_params)(const struct dm_config *cfg, struct gpt_ext *ext);
 
+    /* Whether layer `layer` of shape is one of its blocks (the columns of
+     * its per-block signals); NULL: every layer. */
+    int (*owns)(const struct gpt_shape *shape, int layer);
+    /* Its signals (dyn.h) and its note on a step from their rows (NULL:
+     * none), e.g. "MoD 25.0% tokens". */
+    const struct dyn_signal *signals;
+    int signal_count;
+    void (*step_note)(const struct dm_config *cfg, const struct dyn_signal_row *rows, int count,
+                      double tokens, char *buf, size_t size);
+
     /* Hooks around the step (dyn.h): create returns the scheme's state
      * (collective over env->pipeline_comm where the scheme talks MPI). */
     void *(*create)(const struct dm_config *cfg, const struct dyn_env *env);
@@ -68,6 +78,9 @@ const struct dyn_scheme *dyn_scheme_at(int i);
 void dyn_register_scheme(const struct dyn_scheme *scheme);
 /* Whether cfg runs the scheme: dyn.kind names it, or its active says so. */
 int dyn_scheme_active(const struct dyn_scheme *scheme, const struct dm_config *cfg);
+/* The row of signal among rows, or NULL (a scheme's step_note). */
+const struct dyn_signal_row *dyn_signal_row_of(const struct dyn_signal_row *rows, int count,
+                                               const struct dyn_signal *signal);
 /* Whether any of keys (NULL-terminated, as in struct dyn_scheme) was set. */
 int dyn_keys_set(const struct dm_config *cfg, const char *const *keys);
 

@@ -89,6 +89,7 @@ struct engine {
     struct step_stats stats;
     double *gather_send, *gather_recv;
     int gather_len;
+    int *signal_at;                 /* (stats.signal_count) each signal's place in a profile */
     MPI_Request gather_req;         /* the last step's profile gather */
     volatile int *watched_flag;
     int stop_requested;
@@ -162,10 +163,6 @@ void engine_expert_parallel_profile(struct engine *eng);
 void engine_expert_parallel_shard(struct engine *eng);
 void engine_expert_parallel_reduce(struct engine *eng);
 void engine_expert_parallel_forget(struct engine *eng);
-/* The rows this rank's experts took in layer's forwards since the last
- * call (the step's load on this expert-parallel rank), then zero; 0 with
- * parallel.ep = 1. */
-double engine_expert_parallel_take_rows(struct engine *eng, int layer);
 
 /* staging.c. staging_pool_host: purpose's host buffer of at least bytes
  * (alloc_host: pinned on CUDA; its contents scratch), grown when smaller;

@@ -66,7 +66,6 @@ struct expert_parallel {
     size_t tokens;        /* a micro-batch's tokens, B T */
     size_t grouped;       /* the most grouped rows a micro-batch's block has, k B T */
     double *wait_s;
-    double *step_rows;    /* (layers) rows this rank's experts took in the step's forwards */
     struct ep_entry *entries;
     int nentries;
     struct ep_grads *grads;
@@ -297,7 +296,7 @@ static void ep_forward(void *ctx, struct block *blk, const void *key, const int 
         en->a = tensor_alloc(en->room * H, 0);
     }
     exchange_rows(xp, offset, en, per, x, en->x, C, 0);
-    xp->step_rows[blk->index] += (double)rows;
+    blk->moe->rows_taken += (double)rows;
     float *out = grow(&xp->rows_out, &xp->rows_out_n, en->room * C);
     size_t r = 0;
     for (int s = 0; s < P; s++)
@@ -483,15 +482,6 @@ void engine_expert_parallel_forget(struct engine *eng)
     xp->ngrads = 0;
 }
 
-double engine_expert_parallel_take_rows(struct engine *eng, int layer)
-{
-    struct expert_parallel *xp = eng->expert_parallel;
-    if (!xp) return 0.0;
-    double rows = xp->step_rows[layer];
-    xp->step_rows[layer] = 0.0;
-    return rows;
-}
-
 void engine_expert_parallel_shard(struct engine *eng)
 {
     int P = eng->cfg.ep;
@@ -513,7 +503,6 @@ void engine_expert_parallel_init(struct engine *eng)
     xp->tokens = (size_t)eng->micro_B * (size_t)eng->T;
     xp->grouped = xp->tokens * (size_t)eng->shape.moe.top_k;
     xp->staging = &eng->staging;
-    xp->step_rows = dm_alloc((size_t)eng->shape.layers * sizeof(double));
     int groups = g->replicas / P;
     xp->groups = groups;
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage * groups + g->replica / P, xp->rank,
@@ -562,7 +551,6 @@ void engine_expert_parallel_free(struct engine *eng)
     tensor_free(xp->gathered);
     tensor_free(xp->total);
     dm_free(xp->send_counts);
-    dm_free(xp->step_rows);
     if (xp->comm_dev) backend_current()->comm_free(xp->comm_dev);
     if (xp->holders_dev) backend_current()->comm_free(xp->holders_dev);
     dm_free(xp->ops);
