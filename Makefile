@@ -66,7 +66,7 @@ REPLAY_CFLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Isrc \
 # library's (some of it is gcc-only: vector builtins).
 FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/memory.c \
               src/model/data.c src/tools/plan_costs.c src/ckpt/ckpt_file.c \
-              src/ckpt/ckpt_load.c src/ckpt/ckpt_modhash.c src/ckpt/ckpt_dir.c src/ckpt/h5util.c \
+              src/ckpt/ckpt_load.c src/ckpt/ckpt_dir.c src/ckpt/h5util.c \
               src/ckpt/layout_history.c src/ckpt/fletcher32.c src/ckpt/ckpt_dyn.c
 REPLAY_OBJ := $(patsubst src/%.c,$(BUILD)/replay/obj/%.o,$(FUZZ_SRC))
 REPLAY_BIN := $(patsubst %,$(BUILD)/fuzz-replay/%,$(FUZZ_TARGETS))

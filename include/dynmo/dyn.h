@@ -145,6 +145,90 @@ void dyn_step_notes(const struct dm_config *cfg, const struct dyn_signal_row *ro
 /* The most signals all schemes of a run declare. */
 #define DYN_SIGNALS_MAX 32
 
+/* ---- the schemes' parts of a checkpoint ------------------------------------
+ * A scheme that keeps something in a checkpoint declares its fragment of
+ * the schema (checkpoint_schema/<scheme>.def: its /model attributes, its
+ * groups, attributes and datasets), writes its attributes, reads them back
+ * into a shape, checks them, names its dimensions, says which rows of its
+ * datasets hold which floats of a block, and says whether a checkpoint's
+ * model may resume as the run's (its resume rule). The checkpoint module
+ * (src/ckpt) does the HDF5 and calls these; it names no scheme. */
+
+struct block;
+struct ckpt_schema;
+
+/* The checkpoint's side of a write: attributes into the skeleton. */
+struct dyn_ckpt_writer {
+    void *ctx;
+    void (*int_attr)(void *ctx, const char *object, const char *name, long long value);
+    void (*string_attr)(void *ctx, const char *object, const char *name, const char *text);
+};
+
+/* The checkpoint's side of a read: what the file has, an integer
+ * attribute (fallback when absent or unreadable), and a problem
+ * (ckpt_problem's format, "checkpoint PATH: " added). */
+struct dyn_ckpt_reader {
+    void *ctx;
+    int (*has)(void *ctx, const char *object, const char *attr);   /* attr NULL: the object */
+    long long (*int_attr)(void *ctx, const char *object, const char *name, long long fallback);
+    void (*problem)(void *ctx, const char *text);
+};
+
+/* Rows of a scheme's datasets that hold a block's floats: datasets
+ * group/params, group/adam_m, group/adam_v; rows row .. row + count - 1,
+ * each `floats` floats from offset `offset` of the block's params (of m,
+ * v alike), one after another. sharded: the rows are written by each rank
+ * that holds them, not by replica 0 alone. */
+struct dyn_ckpt_rows {
+    const char *group;
+    long row, count;
+    size_t offset, floats;
+    int sharded;
+};
+enum { DYN_CKPT_ROWS_MAX = 4, DYN_CKPT_PARTS_MAX = 8 };
+
+/* Writing. The fragments a checkpoint of shape holds, in the table's
+ * order (the model-keys lines first, then each scheme's own): the
+ * schema is base followed by them (dyn_ckpt_schema, built once per
+ * combination, lives as long as the process). */
+const struct ckpt_schema *dyn_ckpt_schema(const struct ckpt_schema *base,
+                                          const struct gpt_shape *shape);
+/* Every present scheme's attributes. */
+void dyn_ckpt_write_attrs(const struct gpt_shape *shape, const struct dyn_ckpt_writer *w);
+/* The dimensions the schemes present in shape name (mod_layers ...) and
+ * their values: returns how many (at most max). */
+int dyn_ckpt_dims(const struct gpt_shape *shape, const char **names, long *values, int max);
+/* Whether `name` is a dimension a scheme declares (its datasets' rows are
+ * written and read one row at a time). */
+int dyn_ckpt_is_dim(const char *name);
+/* The rows that hold block blk's scheme floats under shape; returns how
+ * many (at most max). */
+int dyn_ckpt_block_rows(const struct gpt_shape *shape, const struct block *blk,
+                        struct dyn_ckpt_rows *out, int max);
+/* The resume rule: 0 when a checkpoint of file's model may resume as the
+ * run's, else -1 with the first scheme's reason in err. */
+int dyn_ckpt_compare(const struct gpt_shape *file, const struct gpt_shape *run, char *err,
+                     size_t errsize);
+
+/* Reading a file's structure. dyn_ckpt_file_open: which fragments the file
+ * has (from what rd sees), after each present scheme's format check;
+ * NULL after a problem (reported). The schema to check the file against
+ * is base and the fragments; each attribute of a fragment read goes to
+ * dyn_ckpt_file_store; dyn_ckpt_file_check then checks the values and
+ * puts the schemes into shape (its dense dimensions set), 0 or -1 after
+ * reporting. */
+struct dyn_ckpt_file;
+struct dyn_ckpt_file *dyn_ckpt_file_open(const struct dyn_ckpt_reader *rd);
+const struct ckpt_schema *dyn_ckpt_file_schema(const struct dyn_ckpt_file *f,
+                                               const struct ckpt_schema *base);
+/* Whether (object, name) is one of the file's fragments' attributes. */
+int dyn_ckpt_file_owns(const struct dyn_ckpt_file *f, const char *object, const char *name);
+void dyn_ckpt_file_store(struct dyn_ckpt_file *f, const char *object, const char *name,
+                         long long value, const char *text);
+int dyn_ckpt_file_check(struct dyn_ckpt_file *f, struct gpt_shape *shape,
+                        const struct dyn_ckpt_reader *rd);
+void dyn_ckpt_file_free(struct dyn_ckpt_file *f);
+
 /* The most doubles a scheme's state may hold (dyn_create refuses a
  * configuration whose state would exceed it; a checkpoint whose state does
  * is no file dynmo wrote). */

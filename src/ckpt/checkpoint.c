@@ -167,8 +167,8 @@ static int dataset_geometry(const struct schema_dataset *d, const struct ckpt_di
     }
     hsize_t rows = target / col_chunk;
     int per_block = !strcmp(d->dims[0], "layers") || !strcmp(d->dims[0], "moe_layers") ||
-                    !strcmp(d->dims[0], "expert_rows") || !strcmp(d->dims[0], "mod_layers") ||
-                    !strcmp(d->dims[0], "dense_layers");
+                    !strcmp(d->dims[0], "expert_rows") || !strcmp(d->dims[0], "dense_layers") ||
+                    dyn_ckpt_is_dim(d->dims[0]);
     if (per_block || rows < 1) rows = 1;
     if (rows > extent[0]) rows = extent[0];
     chunk[0] = rows;
@@ -194,6 +194,21 @@ static hid_t create_dataset(hid_t file, const struct schema_dataset *d,
     DM_H5(H5Pclose(dcpl));
     DM_H5(H5Sclose(space));
     return dataset;
+}
+
+/* The schemes' attributes (dyn.h's writer), into the open file *ctx. */
+static void writer_int(void *ctx, const char *object, const char *name, long long value)
+{
+    hid_t group = DM_H5(H5Oopen(*(hid_t *)ctx, object, H5P_DEFAULT));
+    write_integer_attr(group, name, SCHEMA_TYPE_INT64, value);
+    DM_H5(H5Oclose(group));
+}
+
+static void writer_string(void *ctx, const char *object, const char *name, const char *text)
+{
+    hid_t group = DM_H5(H5Oopen(*(hid_t *)ctx, object, H5P_DEFAULT));
+    dm_h5_write_string_attr(group, name, text);
+    DM_H5(H5Oclose(group));
 }
 
 /* The root and group attributes, which rank 0 writes into the skeleton. */
@@ -226,7 +241,6 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
         write_integer_attr(group, "expert_hidden", SCHEMA_TYPE_INT64, shape->moe.hidden);
     }
     if (schema->version >= 3) ckpt_write_moe_routing(group, &shape->moe);
-    if (ckpt_shape_has_model_keys(shape)) ckpt_write_model_keys(group, shape);
     DM_H5(H5Gclose(group));
 
     long long seed, checksum;
@@ -244,7 +258,9 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
     write_integer_attr(group, "train_checksum", SCHEMA_TYPE_UINT64, checksum);
     DM_H5(H5Gclose(group));
     if (meta->dyn_state_count > 0) ckpt_dyn_write_attributes(file, meta);
-    if (gpt_mod_block_count(shape) > 0) ckpt_write_mod_attributes(file, shape);
+    struct dyn_ckpt_writer writer = {.ctx = &file, .int_attr = writer_int,
+                                     .string_attr = writer_string};
+    dyn_ckpt_write_attrs(shape, &writer);   /* the schemes' fragments */
 }
 
 /* Rank 0 creates the file's skeleton alone, with the serial skeleton
@@ -509,16 +525,25 @@ static void write_moe_block(const struct chunk_writer *w, const struct gpt *mode
     }
 }
 
-/* A MoD block (checkpoint_schema/mod.def): its router and predictor, the
- * floats after the dense tensors, as row j of /mod. */
-static void write_mod_block(const struct chunk_writer *w, const struct gpt *model,
-                            const struct block *blk)
+/* The rows of a block's scheme floats (dyn_ckpt_block_rows): the
+ * replicated ones by replica 0 of the stage (whole), the sharded ones by
+ * each rank that holds them (sharded). */
+static void write_scheme_rows(const struct chunk_writer *w, const struct gpt *model,
+                              const struct block *blk, int whole, int sharded)
 {
-    hsize_t j = (hsize_t)gpt_mod_ordinal(&model->shape, blk->index);
-    size_t dense = block_param_count(blk->C);
-    write_rows(w, "/mod/params", j, 1, blk->params + dense);
-    write_rows(w, "/mod/adam_m", j, 1, blk->m + dense);
-    write_rows(w, "/mod/adam_v", j, 1, blk->v + dense);
+    struct dyn_ckpt_rows rows[DYN_CKPT_ROWS_MAX];
+    int n = dyn_ckpt_block_rows(&model->shape, blk, rows, DYN_CKPT_ROWS_MAX);
+    const float *bases[3] = {blk->params, blk->m, blk->v};
+    const char *kinds[3] = {"params", "adam_m", "adam_v"};
+    for (int r = 0; r < n; r++) {
+        if (!(rows[r].sharded ? sharded : whole)) continue;
+        for (int k = 0; k < 3; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s/%s", rows[r].group, kinds[k]);
+            write_rows(w, name, (hsize_t)rows[r].row, (hsize_t)rows[r].count,
+                       bases[k] + rows[r].offset);
+        }
+    }
 }
 
 /* A block's rows from its host copy view: the whole block by replica 0
@@ -536,7 +561,7 @@ static void write_block(const struct chunk_writer *w, const struct gpt *model,
         write_rows(w, "/blocks/adam_m", (hsize_t)view->index, 1, view->m);
         write_rows(w, "/blocks/adam_v", (hsize_t)view->index, 1, view->v);
     }
-    if (view->mod) write_mod_block(w, model, view);
+    write_scheme_rows(w, model, view, whole, experts);
 }
 
 /* The embedding's rows (stage 0) and the head's (the last stage) from the

@@ -24,17 +24,17 @@
 
 #define SCHEMA_FILE "../../checkpoint_schema/v1.def"
 #define SCHEMA_NAME ckpt_schema_v1
-#include "ckpt/schema_tables.h"
+#include "dynmo/schema_tables.h"
 #undef SCHEMA_FILE
 #undef SCHEMA_NAME
 #define SCHEMA_FILE "../../checkpoint_schema/v2.def"
 #define SCHEMA_NAME ckpt_schema_v2
-#include "ckpt/schema_tables.h"
+#include "dynmo/schema_tables.h"
 #undef SCHEMA_FILE
 #undef SCHEMA_NAME
 #define SCHEMA_FILE "../../checkpoint_schema/v3.def"
 #define SCHEMA_NAME ckpt_schema_v3
-#include "ckpt/schema_tables.h"
+#include "dynmo/schema_tables.h"
 #undef SCHEMA_FILE
 #undef SCHEMA_NAME
 _Static_assert(ckpt_schema_v1_number == CHECKPOINT_SCHEMA_VERSION,
@@ -62,8 +62,7 @@ const struct ckpt_schema *ckpt_schema_for(const struct gpt_shape *shape)
 {
     const struct ckpt_schema *base =
         gpt_moe_block_count(shape) > 0 ? &ckpt_schema_v3 : &ckpt_schema_v1;
-    if (!ckpt_shape_has_model_keys(shape)) return base;
-    return ckpt_schema_extended(base, gpt_mod_block_count(shape) > 0);
+    return dyn_ckpt_schema(base, shape);   /* the schemes' fragments */
 }
 
 const char *schema_type_name(enum schema_type type)
@@ -123,9 +122,9 @@ long ckpt_dim(const struct ckpt_dims *dims, const char *name)
     if (!strcmp(name, "shared_params")) return dims->shared_params;
     if (!strcmp(name, "dense_layers")) return dims->dense_layers;
     if (!strcmp(name, "mlp_params")) return dims->mlp_params;
-    if (!strcmp(name, "mod_layers")) return dims->mod_layers;
-    if (!strcmp(name, "mod_params")) return dims->mod_params;
     if (!strcmp(name, "dyn_state")) return dims->dyn_state;
+    for (int i = 0; i < dims->scheme_dims; i++)
+        if (!strcmp(name, dims->scheme_dim_names[i])) return dims->scheme_dim_values[i];
     return -1;
 }
 
@@ -153,11 +152,8 @@ void ckpt_dims_of_shape(struct ckpt_dims *dims, const struct gpt_shape *shape)
         dims->dense_layers = shape->layers - M;
         dims->mlp_params = (long)block_param_count(shape->channels) - dims->shared_params;
     }
-    dims->mod_layers = dims->mod_params = -1;
-    if (gpt_mod_block_count(shape) > 0) {
-        dims->mod_layers = gpt_mod_block_count(shape);
-        dims->mod_params = (long)mod_extra_param_count(shape, shape->mod.every - 1);
-    }
+    dims->scheme_dims = dyn_ckpt_dims(shape, dims->scheme_dim_names, dims->scheme_dim_values,
+                                      DYN_CKPT_PARTS_MAX);
 }
 
 const struct schema_dataset *ckpt_schema_dataset(const struct ckpt_schema *schema,
@@ -204,6 +200,55 @@ void ckpt_header_free(struct ckpt_header *header)
 {
     dm_free(header->config_text);
     header->config_text = NULL;
+    if (header->schemes) dyn_ckpt_file_free(header->schemes);
+    header->schemes = NULL;
+}
+
+/* ---- what the schemes' parts see of a file (dyn.h's reader) ------------------- */
+
+struct reader_ctx {
+    hid_t file;
+    struct ckpt_problems *problems;
+};
+
+static int reader_has(void *ctx, const char *object, const char *attr)
+{
+    const struct reader_ctx *c = ctx;
+    if (!dm_h5_path_exists(c->file, object)) return 0;
+    if (!attr) return 1;
+    htri_t exists = H5Aexists_by_name(c->file, object, attr, H5P_DEFAULT);
+    H5Eclear2(H5E_DEFAULT);
+    return exists > 0;
+}
+
+static long long reader_int(void *ctx, const char *object, const char *name,
+                            long long fallback)
+{
+    const struct reader_ctx *c = ctx;
+    long long value = fallback;
+    if (!reader_has(ctx, object, name)) return fallback;
+    hid_t attr = H5Aopen_by_name(c->file, object, name, H5P_DEFAULT, H5P_DEFAULT);
+    if (attr < 0 || H5Aread(attr, H5T_NATIVE_LLONG, &value) < 0) value = fallback;
+    if (attr >= 0) H5Aclose(attr);
+    H5Eclear2(H5E_DEFAULT);
+    return value;
+}
+
+static void reader_problem(void *ctx, const char *text)
+{
+    const struct reader_ctx *c = ctx;
+    ckpt_problem(c->problems, "%s", text);
+}
+
+/* rd over file (-1: problems only, no file), reporting into problems. The
+ * context lives in static storage: one reader at a time, from one thread. */
+static void reader_of(struct dyn_ckpt_reader *rd, hid_t file, struct ckpt_problems *problems)
+{
+    static struct reader_ctx ctx;
+    ctx.file = file;
+    ctx.problems = problems;
+    *rd = (struct dyn_ckpt_reader){.ctx = &ctx, .has = reader_has, .int_attr = reader_int,
+                                   .problem = reader_problem};
 }
 
 /* ---- attributes ------------------------------------------------------------ */
@@ -335,10 +380,6 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
         else if (!strcmp(n, "experts")) h->shape.moe.experts = (int)value;
         else if (!strcmp(n, "top_k")) h->shape.moe.top_k = (int)value;
         else if (!strcmp(n, "expert_hidden")) h->shape.moe.hidden = (int)value;
-        else if (!strcmp(n, "hash_buckets")) h->shape.hash.buckets = (int)value;
-        else if (!strcmp(n, "mod_every")) h->shape.mod.every = (int)value;
-    } else if (!strcmp(o, "/mod")) {
-        if (!strcmp(n, "predictor_hidden")) h->shape.mod.predictor_hidden = (int)value;
     } else if (!strcmp(o, "/training")) {
         if (!strcmp(n, "step")) h->step = value;
         else if (!strcmp(n, "optimizer_steps")) h->optimizer_steps = value;
@@ -418,7 +459,6 @@ static void header_store_string(struct ckpt_header *h, const struct schema_attr 
 {
     if (!strcmp(a->object, "/model") && !strncmp(a->name, "moe_", 4))
         store_moe_routing(h, a->name, text);
-    else if (!strcmp(a->object, "/model")) ckpt_header_store_model_key(h, a->name, text);
     if (!strcmp(a->object, "/dyn") && !strcmp(a->name, "kind"))
         snprintf(h->dyn_kind, sizeof h->dyn_kind, "%s", text);
     if (strcmp(a->object, "/") != 0) return;
@@ -451,6 +491,8 @@ static int check_attr(hid_t file, const struct schema_attr *a, struct ckpt_heade
         int ok = !a->value[0] || !strcmp(text, a->value);
         if (!ok)
             ckpt_problem(problems, "%s is \"%s\", expected \"%s\"", where, text, a->value);
+        else if (h->schemes && dyn_ckpt_file_owns(h->schemes, a->object, a->name))
+            dyn_ckpt_file_store(h->schemes, a->object, a->name, 0, text);
         else
             header_store_string(h, a, text);
         dm_free(text);
@@ -471,7 +513,10 @@ static int check_attr(hid_t file, const struct schema_attr *a, struct ckpt_heade
         ckpt_problem(problems, "%s is %lld, expected %s", where, value, a->value);
         return -1;
     }
-    header_store_integer(h, a, value);
+    if (h->schemes && dyn_ckpt_file_owns(h->schemes, a->object, a->name))
+        dyn_ckpt_file_store(h->schemes, a->object, a->name, value, "");
+    else
+        header_store_integer(h, a, value);
     return 0;
 }
 
@@ -721,7 +766,11 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     h->shape.layers = (int)d->layers;
     h->shape.channels = (int)d->channels;
     h->shape.heads = (int)h->heads;
-    if (ckpt_check_model_keys(h, problems) != 0) return;
+    struct dyn_ckpt_reader rd;
+    reader_of(&rd, -1, problems);
+    if (h->schemes && dyn_ckpt_file_check(h->schemes, &h->shape, &rd) != 0) return;
+    d->scheme_dims = dyn_ckpt_dims(&h->shape, d->scheme_dim_names, d->scheme_dim_values,
+                                   DYN_CKPT_PARTS_MAX);
     if (!ckpt_version_has_moe(h->schema_version)) return;
     /* version 2 or 3: the mixture-of-experts blocks and their dimensions */
     const struct gpt_moe *m = &h->shape.moe;
@@ -736,7 +785,7 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     /* The MoE dimensions from the shape; what the file said is kept (the
      * extension's /dyn/state length too: a frozen MoE model's checkpoint) */
     long block_params = d->block_params, pp = d->pp, dp = d->dp, dyn_state = d->dyn_state;
-    ckpt_dims_of_shape(d, &h->shape);
+    ckpt_dims_of_shape(d, &h->shape);   /* the schemes' dimensions with it */
     d->block_params = block_params;
     d->pp = pp;
     d->dp = dp;
@@ -753,7 +802,6 @@ static void header_init(struct ckpt_header *header)
     dims->moe_layers = dims->experts = dims->router_params = -1;
     dims->expert_rows = dims->expert_params = -1;
     dims->shared_params = dims->dense_layers = dims->mlp_params = -1;
-    dims->mod_layers = dims->mod_params = -1;
     dims->dyn_state = -1;
     header->schema_version = header->batch = -1;
 }
@@ -831,14 +879,15 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
                      "wrote it, or start a new run)", value, CHECKPOINT_SCHEMA_VERSION,
                      CHECKPOINT_SCHEMA_VERSION_MOE, CHECKPOINT_SCHEMA_VERSION_MOE_PADDED);
     if (!schema) return -1;
-    const struct ckpt_schema *keyed = ckpt_schema_of_file(file, schema);   /* model-keys.def */
-    header->model_keys = keyed != schema;
-    schema = keyed;
+    struct dyn_ckpt_reader rd;
+    reader_of(&rd, file, problems);
+    header->schemes = dyn_ckpt_file_open(&rd);   /* after each fragment's format check */
+    if (!header->schemes) return -1;
+    schema = dyn_ckpt_file_schema(header->schemes, schema);
     header->schema = schema;
     header->schema_version = schema->version;
     if (schema->version == CHECKPOINT_SCHEMA_VERSION_MOE_PADDED)   /* no routing recorded */
         header->shape.moe.router = header->shape.moe.drop = -1;
-    if (ckpt_check_mod_format(file, problems) != 0) return -1;   /* mod.def's format */
     schema = ckpt_dyn_extend(file, header, problems);   /* /dyn, when the file has it */
 
     for (int i = 0; i < schema->group_count; i++)
@@ -991,8 +1040,7 @@ int ckpt_read_floats(hid_t file, const char *name, long row, size_t count, float
     }
     hsize_t start[2] = {(hsize_t)row, 0}, extent[2] = {1, (hsize_t)count};
     char what[48];
-    snprintf(what, sizeof what, strncmp(name, "/moe/", 5) && strncmp(name, "/mod/", 5) &&
-                                    strncmp(name, "/mlp/", 5) ? " (layer %ld)" : " (row %ld)",
+    snprintf(what, sizeof what, strncmp(name, "/blocks/", 8) ? " (row %ld)" : " (layer %ld)",
              row);
     if (read_row_chunks(file, name, (hsize_t)row, count, out) == 0) return 0;
     return read_slab(file, name, H5T_NATIVE_FLOAT, 2, start, extent, out, what, problems);
@@ -1021,7 +1069,7 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
             return -1;
         }
     if (compare_moe_routing(&file_shape->moe, &run_shape->moe, err, errsize) != 0) return -1;
-    return ckpt_compare_model_keys(file_shape, run_shape, err, errsize);
+    return dyn_ckpt_compare(file_shape, run_shape, err, errsize);
 }
 
 /* Checks a blocks-per-stage array: `stages` counts >= 1 summing to layers. */
@@ -1248,7 +1296,7 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
         int per_row = rank == 2 && (!strcmp(d->dims[0], "moe_layers") ||
                                     !strcmp(d->dims[0], "expert_rows") ||
                                     !strcmp(d->dims[0], "dense_layers") ||
-                                    !strcmp(d->dims[0], "mod_layers"));
+                                    dyn_ckpt_is_dim(d->dims[0]));
         if (per_row) rows_per = 1;
         if (per_layer) rows_per = 1;
         int failed = 0;

@@ -1,7 +1,8 @@
 /* The checkpoint file as the schema describes it (checkpoint_schema/v1.def,
  * and v3.def for a model with mixture-of-experts blocks, v2.def for one an
  * older dynmo wrote; the extension
- * dyn.def for a scheme's own state, ckpt_dyn.c):
+ * dyn.def for a scheme's own state, ckpt_dyn.c; the schemes' fragments,
+ * dyn_ckpt_* of dynmo/dyn.h):
  * the compiled-in schema tables, the structural validation of an open
  * file, and the serial readers of its metadata and rows. Shared by the
  * collective writer (checkpoint.c), the loader and the offline checker
@@ -14,39 +15,9 @@
 #include <stdarg.h>
 #include <hdf5.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
+#include "dynmo/schema.h"
 
-enum schema_type {
-    SCHEMA_TYPE_STRING,
-    SCHEMA_TYPE_INT64,
-    SCHEMA_TYPE_UINT64,
-    SCHEMA_TYPE_INT32,
-    SCHEMA_TYPE_FLOAT32,
-    SCHEMA_TYPE_FLOAT64,     /* the extension dyn.def's /dyn/state */
-};
-
-struct schema_attr {
-    const char *object;      /* "/" or a group path */
-    const char *name;
-    enum schema_type type;
-    const char *value;       /* required value as text, "" = any */
-};
-
-struct schema_dataset {
-    const char *path;
-    enum schema_type type;
-    const char *dims[2];     /* dimension names; dims[1] "" = one-dimensional */
-};
-
-/* One schema version's tables (checkpoint_schema/vN.def). */
-struct ckpt_schema {
-    int version;
-    const char *const *groups;
-    int group_count;
-    const struct schema_attr *attrs;
-    int attr_count;
-    const struct schema_dataset *datasets;
-    int dataset_count;
-};
 /* Version 1 (a dense model), version 3 (with mixture-of-experts blocks)
  * and version 2 (with MoE blocks, as an older dynmo wrote it: read only). */
 extern const struct ckpt_schema ckpt_schema_v1, ckpt_schema_v2, ckpt_schema_v3;
@@ -79,8 +50,11 @@ struct ckpt_dims {
      * dense blocks (/mlp rows, 0 with moe_every 1) and an MLP's floats;
      * -1 otherwise */
     long shared_params, dense_layers, mlp_params;
-    /* with MoD blocks (checkpoint_schema/mod.def); -1 otherwise */
-    long mod_layers, mod_params;
+    /* the dimensions the schemes' fragments name (dyn_ckpt_dims), once
+     * the model is known */
+    int scheme_dims;
+    const char *scheme_dim_names[DYN_CKPT_PARTS_MAX];
+    long scheme_dim_values[DYN_CKPT_PARTS_MAX];
     long dyn_state;          /* extension dyn.def: /dyn/state's length; -1 without /dyn */
 };
 /* The dimensions of a model's checkpoint (pp, dp and history are the
@@ -125,9 +99,7 @@ struct ckpt_header {
     char dynmo_version[32];
     char created[32];
     char *config_text;          /* dm_alloc'd */
-    char attention[16];         /* /model attention (model-keys.def), "" when absent */
-    int mod_routing_ok;         /* /model mod_routing is topk, causal or "" */
-    int model_keys;             /* the file has model-keys.def's lines (hash, MoD) */
+    struct dyn_ckpt_file *schemes;   /* what the file holds of the schemes' fragments */
     char dyn_kind[32];          /* /dyn attribute kind (extension dyn.def), or "" */
 };
 void ckpt_header_free(struct ckpt_header *header);
@@ -213,38 +185,5 @@ void ckpt_dyn_write_attributes(hid_t file, const struct ckpt_meta *meta);
  * over `bytes` bytes (fletcher32.c gives the definition); the filter
  * stores it little-endian after the chunk. */
 uint32_t ckpt_fletcher32(const void *data, size_t bytes);
-
-/* ---- hash attention and mixture of depths in the checkpoint (ckpt_modhash.c) --
- * A model with either is written in its base schema (v1, or v3 with MoE
- * blocks; v2 is read) plus checkpoint_schema/model-keys.def (the /model keys) and, with
- * MoD blocks, mod.def (/mod: their router and predictor rows): the lines of
- * ckpt_schema_extended, the base's first. A dense model's schema is the
- * base alone. */
-const struct ckpt_schema *ckpt_schema_extended(const struct ckpt_schema *base, int with_mod);
-int ckpt_shape_has_model_keys(const struct gpt_shape *shape);
-/* Rank 0 writes the keys into the skeleton's /model group. */
-void ckpt_write_model_keys(hid_t model_group, const struct gpt_shape *shape);
-/* mod.def's format (its SCHEMA_VERSION), written as /mod attribute format. */
-#define CKPT_MOD_FORMAT 2
-/* With MoD blocks, rank 0 writes /mod's attributes format and
- * predictor_hidden into the skeleton. */
-void ckpt_write_mod_attributes(hid_t file, const struct gpt_shape *shape);
-/* For the structural check, before the attributes: 0 when the file has no
- * /mod or its /mod attribute format is CKPT_MOD_FORMAT; else reports the
- * format the file has (1 when the attribute is absent: written before
- * it) and returns -1, and the check stops there. */
-int ckpt_check_mod_format(hid_t file, struct ckpt_problems *problems);
-/* The schema an open file is checked against: base, or base extended when
- * its /model has the keys. */
-const struct ckpt_schema *ckpt_schema_of_file(hid_t file, const struct ckpt_schema *base);
-/* A string key of /model into the header (attention, mod_routing, mod_capacity);
- * /mod's predictor_hidden goes into shape.mod with the integer attributes. */
-void ckpt_header_store_model_key(struct ckpt_header *h, const char *name, const char *text);
-/* Checks the keys' values and sets the MoD dimensions; 0, or -1 after reporting. */
-int ckpt_check_model_keys(struct ckpt_header *h, struct ckpt_problems *problems);
-/* 0 when the checkpoint's attention and MoD keys are the run's, else -1
- * with one message in err. */
-int ckpt_compare_model_keys(const struct gpt_shape *file_shape,
-                            const struct gpt_shape *run_shape, char *err, size_t errsize);
 
 #endif

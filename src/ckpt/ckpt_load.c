@@ -152,15 +152,27 @@ static int read_moe_block(hid_t file, const struct ckpt_meta *meta, const struct
     return 0;
 }
 
-/* A MoD block's router and predictor: row j of /mod (mod.def). */
-static int read_mod_block(hid_t file, const struct gpt *model, struct block *blk,
-                          struct ckpt_problems *problems)
+/* The rows of a block's scheme floats (dyn_ckpt_block_rows): all of them,
+ * the sharded ones being this block's own. Returns 0, or -1 after
+ * reporting. */
+static int read_scheme_rows(hid_t file, const struct gpt *model, struct block *blk,
+                            struct ckpt_problems *problems)
 {
-    long j = gpt_mod_ordinal(&model->shape, blk->index);
-    size_t dense = block_param_count(blk->C), n = blk->nparams - dense;
-    return ckpt_read_floats(file, "/mod/params", j, n, blk->params + dense, problems) ||
-           ckpt_read_floats(file, "/mod/adam_m", j, n, blk->m + dense, problems) ||
-           ckpt_read_floats(file, "/mod/adam_v", j, n, blk->v + dense, problems);
+    struct dyn_ckpt_rows rows[DYN_CKPT_ROWS_MAX];
+    int n = dyn_ckpt_block_rows(&model->shape, blk, rows, DYN_CKPT_ROWS_MAX);
+    float *bases[3] = {blk->params, blk->m, blk->v};
+    const char *kinds[3] = {"params", "adam_m", "adam_v"};
+    for (int r = 0; r < n; r++)
+        for (int k = 0; k < 3; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s/%s", rows[r].group, kinds[k]);
+            for (long i = 0; i < rows[r].count; i++)
+                if (ckpt_read_floats(file, name, rows[r].row + i, rows[r].floats,
+                                     bases[k] + rows[r].offset + (size_t)i * rows[r].floats,
+                                     problems))
+                    return -1;
+        }
+    return 0;
 }
 
 /* A block's rows into its slab (into the load's host staging on a device,
@@ -173,7 +185,7 @@ static int load_block(hid_t file, const struct ckpt_header *header,
     struct block view = block_host_view(blk, staging, 0);
     int status = read_block_rows(file, header, model, &view, problems);
     if (status == 0 && view.moe) status = read_moe_block(file, meta, model, &view, problems);
-    if (status == 0 && view.mod) status = read_mod_block(file, model, &view, problems);
+    if (status == 0) status = read_scheme_rows(file, model, &view, problems);
     if (status == 0) {
         memset(view.grads, 0, view.nparams * sizeof(float));
         block_host_view_store(blk, &view);

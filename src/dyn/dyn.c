@@ -11,12 +11,12 @@
 
 /* ---- the table ---------------------------------------------------------------- */
 
-enum { DYN_SCHEMES_MAX = 16 };
+enum { DYN_SCHEMES_MAX = DYN_SCHEMES_LIMIT };
 
 static const struct dyn_scheme *schemes[DYN_SCHEMES_MAX] = {
     &dyn_scheme_moe,
-    &dyn_scheme_mod,
     &dyn_scheme_hash,
+    &dyn_scheme_mod,
     &dyn_scheme_freeze,
     &dyn_scheme_early_exit,
     &dyn_scheme_prune,

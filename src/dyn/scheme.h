@@ -17,6 +17,41 @@
 struct gpt_ext_ops;
 struct gpt_ext;
 
+/* A scheme's part of the checkpoint (dyn.h, "the schemes' parts of a
+ * checkpoint"). Its fragment's /model attributes are "model keys" when
+ * model_keys is set: a file has every such scheme's model keys as soon as
+ * one of them is in its model (an off scheme writes its neutral values);
+ * its other lines (its own) are in a file only when it is. */
+enum { DYN_CKPT_RAW_BYTES = 256, DYN_SCHEMES_LIMIT = 16 };
+struct dyn_ckpt_part {
+    const struct ckpt_schema *schema;   /* checkpoint_schema/<scheme>.def */
+    int model_keys;
+    /* Whether the scheme is in shape's model; in a file's (from what rd
+     * sees, the model keys' presence aside; NULL: only through them). */
+    int (*in_shape)(const struct gpt_shape *shape);
+    int (*in_file)(const struct dyn_ckpt_reader *rd);
+    /* Before the attributes: a format of its own lines this dynmo does not
+     * read is a problem (reported, -1). NULL: none. */
+    int (*check_format)(const struct dyn_ckpt_reader *rd);
+    /* Its attributes (model keys, own ones when in shape). */
+    void (*write_attrs)(const struct gpt_shape *shape, const struct dyn_ckpt_writer *w);
+    /* A file's values of its attributes into raw (DYN_CKPT_RAW_BYTES,
+     * zeroed first), then checked and put into shape: 0, or -1 after
+     * reporting. */
+    void (*store)(void *raw, const char *object, const char *name, long long value,
+                  const char *text);
+    int (*check)(const void *raw, struct gpt_shape *shape, const struct dyn_ckpt_reader *rd);
+    /* Its dimensions (NULL-terminated) and their values for shape. */
+    const char *const *dims;
+    long (*dim)(const struct gpt_shape *shape, const char *name);
+    /* The rows of its datasets that hold blk's floats (dyn_ckpt_block_rows). */
+    int (*rows)(const struct gpt_shape *shape, const struct block *blk, struct dyn_ckpt_rows *out,
+                int max);
+    /* Its resume rule over the two models (either may lack it). */
+    int (*compare)(const struct gpt_shape *file, const struct gpt_shape *run, char *err,
+                   size_t errsize);
+};
+
 struct dyn_scheme {
     const char *name;       /* its name: messages, the signals' owner */
     /* The dyn.kind value that selects it (freezing, early exit, pruning;
@@ -49,6 +84,9 @@ struct dyn_scheme {
     void (*step_note)(const struct dm_config *cfg, const struct dyn_signal_row *rows, int count,
                       double tokens, char *buf, size_t size);
 
+    /* Its part of the checkpoint, or NULL. */
+    const struct dyn_ckpt_part *ckpt;
+
     /* Hooks around the step (dyn.h): create returns the scheme's state
      * (collective over env->pipeline_comm where the scheme talks MPI). */
     void *(*create)(const struct dm_config *cfg, const struct dyn_env *env);
@@ -78,6 +116,14 @@ const struct dyn_scheme *dyn_scheme_at(int i);
 void dyn_register_scheme(const struct dyn_scheme *scheme);
 /* Whether cfg runs the scheme: dyn.kind names it, or its active says so. */
 int dyn_scheme_active(const struct dyn_scheme *scheme, const struct dm_config *cfg);
+/* A problem with a checkpoint, formatted, to rd->problem. */
+__attribute__((format(printf, 2, 3)))
+void dyn_ckpt_problem(const struct dyn_ckpt_reader *rd, const char *fmt, ...);
+/* The rows a block of a scheme keeps after its dense (or shared) floats:
+ * one row of group's datasets, the ordinal-th, its floats from offset. */
+int dyn_ckpt_one_row(struct dyn_ckpt_rows *out, int max, const char *group, long ordinal,
+                     size_t offset, size_t floats);
+
 /* The row of signal among rows, or NULL (a scheme's step_note). */
 const struct dyn_signal_row *dyn_signal_row_of(const struct dyn_signal_row *rows, int count,
                                                const struct dyn_signal *signal);
