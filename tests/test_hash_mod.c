@@ -82,10 +82,10 @@ static void hash_run_free(struct hash_run *r)
 static void hash_run(struct hash_run *r, const float *qkv, const float *rotation, int nb,
                      const float *dout)
 {
-    r->tiles_fwd = hash_attention_forward(r->out, r->lse, r->order, r->bucket, &r->alone, qkv,
+    r->tiles_fwd = bucket_attention_forward(r->out, r->lse, r->order, r->bucket, &r->alone, qkv,
                                           rotation, B, T, C, NH, nb);
     if (dout)
-        r->tiles_bwd = hash_attention_backward(r->dqkv, dout, qkv, r->out, r->lse, r->order,
+        r->tiles_bwd = bucket_attention_backward(r->dqkv, dout, qkv, r->out, r->lse, r->order,
                                                r->bucket, B, T, C, NH);
 }
 
@@ -305,7 +305,7 @@ static void test_no_empty_rows(void)
         fill(qkv, nqkv, 40 + k, 1.0f);
         hash_rotation_draw(R, ENH, EHS, nb, 1337, k, 0);
         long alone = -1;
-        hash_attention_forward(out, lse, order, bucket, &alone, qkv, R, EB, ET, EC, ENH, nb);
+        bucket_attention_forward(out, lse, order, bucket, &alone, qkv, R, EB, ET, EC, ENH, nb);
         long zero = 0, infinite = 0, want_alone = 0;
         for (long r = 0; r < rows; r++) {   /* r = (b, h, t) */
             long b = r / (ENH * ET), h = r / ET % ENH, t = r % ET;
@@ -687,8 +687,8 @@ static void test_against_pytorch(void)
         float *dqkv = floats(HB * HT * 3 * HC);
         int *order = calloc(HB * HNH * 2 * HT, sizeof(int));
         int *bucket = calloc(HB * HNH * 2 * HT, sizeof(int));
-        hash_attention_forward(out, lse, order, bucket, NULL, qkv, R, HB, HT, HC, HNH, 4);
-        hash_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, HB, HT, HC, HNH);
+        bucket_attention_forward(out, lse, order, bucket, NULL, qkv, R, HB, HT, HC, HNH, 4);
+        bucket_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, HB, HT, HC, HNH);
         double d_out = max_abs_diff(out, fixture_get("hash.out", HB * HT * HC), HB * HT * HC);
         double d_grad = max_abs_diff(dqkv, fixture_get("hash.dqkv", HB * HT * 3 * HC),
                                      HB * HT * 3 * HC);

@@ -755,7 +755,7 @@ void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t s
  * NULL) = the (sequence, head, query) rows with no key of their bucket at
  * or before them, which attend to their own key alone. rotation may be
  * NULL when buckets = 1. Returns the tiles visited. */
-long hash_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
+long bucket_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
                             const float *qkv, const float *rotation,
                             int B, int T, int C, int NH, int buckets);
 /* dqkv (B,T,3C) overwritten with the gradient wrt qkv, given dout (B,T,C)
@@ -768,7 +768,7 @@ void hash_block_attention_forward(struct block *blk, struct block_acts *acts, in
 void hash_block_attention_backward(struct block *blk, struct block_acts *acts,
                                    float *dqkv, const float *datty, int B, int T);
 void hash_acts_free(struct hash_acts *ha);
-long hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
+long bucket_attention_backward(float *dqkv, const float *dout, const float *qkv,
                              const float *out, const float *lse, const int *order,
                              const int *bucket, int B, int T, int C, int NH);
 

@@ -358,7 +358,7 @@ static long sum_tiles(const long *tiles, long n)
     return total;
 }
 
-long hash_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
+long bucket_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
                             const float *qkv, const float *rotation, int B, int T, int C, int NH,
                             int buckets)
 {
@@ -513,7 +513,7 @@ static void hash_backward_range(void *arg, long begin, long end)
     hash_work_free(&w);
 }
 
-long hash_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+long bucket_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                              const float *lse, const int *order, const int *bucket, int B,
                              int T, int C, int NH)
 {
@@ -590,7 +590,7 @@ void hash_block_attention_forward(struct block *blk, struct block_acts *acts, in
     rotation_draw(ha, blk, acts);
     const struct dm_backend *ops = backend_current();
     long alone = 0;
-    blk->hash_tiles += (double)ops->hash_attention_forward(acts->atty, ha->lse, ha->order,
+    blk->hash_tiles += (double)ops->bucket_attention_forward(acts->atty, ha->lse, ha->order,
                                                            ha->bucket, &alone, acts->qkv,
                                                            ha->rotation, B, T, C, NH,
                                                            blk->hash_buckets);
@@ -604,7 +604,7 @@ void hash_block_attention_backward(struct block *blk, struct block_acts *acts, f
     struct hash_acts *ha = acts->hash;
     DM_ASSERT(ha != NULL);
     const struct dm_backend *ops = backend_current();
-    blk->hash_tiles += (double)ops->hash_attention_backward(dqkv, datty, acts->qkv, acts->atty,
+    blk->hash_tiles += (double)ops->bucket_attention_backward(dqkv, datty, acts->qkv, acts->atty,
                                                             ha->lse, ha->order, ha->bucket, B,
                                                             T, blk->C, blk->NH);
 }
@@ -626,7 +626,7 @@ void hash_block_attention_forward_segments(struct block *blk, struct block_acts 
         int s = start[b], n = start[b + 1] - start[b];
         if (n == 0) continue;
         long alone = 0;
-        blk->hash_tiles += (double)ops->hash_attention_forward(
+        blk->hash_tiles += (double)ops->bucket_attention_forward(
             acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
             ha->bucket + 2L * NH * s, &alone, acts->qkv + 3L * s * C, ha->rotation, 1, n, C,
             NH, blk->hash_buckets);
@@ -646,7 +646,7 @@ void hash_block_attention_backward_segments(struct block *blk, struct block_acts
     for (int b = 0; b < B; b++) {
         int s = start[b], n = start[b + 1] - start[b];
         if (n == 0) continue;
-        blk->hash_tiles += (double)ops->hash_attention_backward(
+        blk->hash_tiles += (double)ops->bucket_attention_backward(
             dqkv + 3L * s * C, datty + (long)s * C, acts->qkv + 3L * s * C,
             acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
             ha->bucket + 2L * NH * s, 1, n, C, NH);

@@ -105,18 +105,18 @@ void moe_acts_free(struct moe_acts *acts);
 /* The combine, its backward and the dispatch's backward over the
  * routing's row and gate (N, k) (moe.c), the CPU backend's entries of the
  * same names (include/dynmo/backend.h says what each computes). */
-void moe_combine_forward(float *out, const float *res1, const float *y, const float *gate,
+void routed_combine_forward(float *out, const float *res1, const float *y, const float *gate,
                          const int *row, int N, int k, int C);
-void moe_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
+void routed_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
                           const float *gate, const int *row, int N, int k, int C);
-void moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C);
+void routed_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C);
 /* The routing, its losses' sums and its backward (moe.c), the CPU
  * backend's entries of the same names. */
-void moe_route_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
+void route_topk_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
                        const float *logits, const float *bias, int N, int E, int k, int sigmoid);
-void moe_route_sums(double *sums, const float *scores, const float *lse, int N, int E,
+void route_topk_sums(double *sums, const float *scores, const float *lse, int N, int E,
                     int sigmoid);
-void moe_route_backward(float *dlogits, const float *dgate, const float *logits,
+void route_topk_backward(float *dlogits, const float *dgate, const float *logits,
                         const float *scores, const float *lse, const int *choice,
                         const float *gate, const int *selected, int N, int E, int k, int sigmoid,
                         double alpha, double beta);

@@ -19,7 +19,7 @@
  *              (best expert first), of gate x expert output.
  *
  * Every per-token step is a table op (backend.h: moe_route_*,
- * moe_combine_*, moe_dispatch_backward; this file's functions of those
+ * moe_combine_*, routed_dispatch_backward; this file's functions of those
  * names are the CPU's entries): only the assignment of rows (capacity,
  * grouping, the counts per expert) is the host's, from the choice.
  *
@@ -215,7 +215,7 @@ struct moe_acts {
     int *selected;          /* (E) pairs that chose each expert (before capacity) */
     int *offset;            /* (E + 1) first grouped row of each expert */
     int *pair;              /* (k N) the pair t k + j of each grouped row */
-    double *sums;           /* (E + 1) the balancing losses' sums (moe_route_sums) */
+    double *sums;           /* (E + 1) the balancing losses' sums (route_topk_sums) */
     int capacity;           /* 0: dropless */
     int rows;               /* kept pairs: grouped rows in use */
     float aux, z;           /* this forward's loss values */
@@ -229,7 +229,7 @@ struct moe_acts {
     float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
     /* What the ops read and write, in the backend's memory (on the CPU the
      * arrays above themselves). The routing and its backward are the
-     * table's (moe_route_forward, _sums, _backward); per forward on a
+     * table's (route_topk_forward, _sums, _backward); per forward on a
      * device the choice (N k ints) and the losses' sums (E + 1 doubles)
      * come down, the chosen scores too when a capacity drops by score,
      * and row, the grouped rows' tokens, the counts per expert and the
@@ -394,7 +394,7 @@ void moe_routing_of(const struct block_acts *acts, struct moe_routing *r)
 
 /* ---- phase 1: route ------------------------------------------------------------------- */
 
-/* What the routing's CPU op reads and writes (backend.h: moe_route_forward). */
+/* What the routing's CPU op reads and writes (backend.h: route_topk_forward). */
 struct route_args {
     float *scores, *lse, *choice_score, *gate;
     int *choice;
@@ -416,7 +416,7 @@ static void route_range(void *arg, long begin, long end)
     for (long t = begin; t < end; t++) route_token(arg, t);
 }
 
-void moe_route_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
+void route_topk_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
                        const float *logits, const float *bias, int N, int E, int k, int sigmoid)
 {
     struct route_args a = {.scores = scores, .lse = lse, .choice_score = choice_score,
@@ -427,7 +427,7 @@ void moe_route_forward(float *scores, float *lse, int *choice, float *choice_sco
 
 /* Token-major on the CPU; each sum still runs over the tokens in order,
  * so one thread per expert (the kernel) gives the same bits. */
-void moe_route_sums(double *sums, const float *scores, const float *lse, int N, int E,
+void route_topk_sums(double *sums, const float *scores, const float *lse, int N, int E,
                     int sigmoid)
 {
     memset(sums, 0, ((size_t)E + 1) * sizeof(double));
@@ -541,7 +541,7 @@ static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
     dm_free(keys);
 }
 
-/* The balancing losses' values from the sums (moe_route_sums): aux =
+/* The balancing losses' values from the sums (route_topk_sums): aux =
  * alpha E sum_i f_i P_i, f_i the share of the k N pairs that chose
  * expert i (before capacity), P_i the mean over tokens of its normalised
  * score (the softmax probability, or the sigmoid score over the token's
@@ -579,14 +579,14 @@ static void moe_route(struct block *blk, struct moe_acts *ma, const float *ln2, 
         ops->copy_to_device(ma->bias_dev, moe->bias, (size_t)E * sizeof(float));
         bias = ma->bias_dev;
     }
-    ops->moe_route_forward(ma->scores_dev, ma->lse_dev, ma->choice_dev, ma->choice_score_dev,
+    ops->route_topk_forward(ma->scores_dev, ma->lse_dev, ma->choice_dev, ma->choice_score_dev,
                            ma->gate_dev, ma->logits_dev, bias, N, E, k, sigmoid);
     if (ma->device) ops->copy_to_host(ma->choice, ma->choice_dev, pairs * sizeof(int));
     if (count_selected(moe, ma, N) && ma->device)
         ops->copy_to_host(ma->choice_score, ma->choice_score_dev, pairs * sizeof(float));
     assign_rows(moe, ma, N);
     if (moe->cfg.aux_loss > 0.0f || moe->cfg.z_loss > 0.0f) {
-        ops->moe_route_sums(ma->sums_dev, ma->scores_dev, ma->lse_dev, N, E, sigmoid);
+        ops->route_topk_sums(ma->sums_dev, ma->scores_dev, ma->lse_dev, N, E, sigmoid);
         if (ma->device)
             ops->copy_to_host(ma->sums, ma->sums_dev, ((size_t)E + 1) * sizeof(double));
     }
@@ -712,7 +712,7 @@ static void combine_range(void *arg, long begin, long end)
     }
 }
 
-void moe_combine_forward(float *out, const float *res1, const float *y, const float *gate,
+void routed_combine_forward(float *out, const float *res1, const float *y, const float *gate,
                          const int *row, int N, int k, int C)
 {
     struct routed_args a = {.out = out, .in = res1, .y = y, .gate = gate, .row = row, .k = k,
@@ -728,7 +728,7 @@ void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
     moe_route(blk, ma, acts->ln2, N);
     moe_dispatch(ma, acts->ln2, N);
     moe_experts_forward(blk, ma, acts);
-    backend_current()->moe_combine_forward(out, acts->res1, ma->y_dev, ma->gate_dev, ma->row_dev,
+    backend_current()->routed_combine_forward(out, acts->res1, ma->y_dev, ma->gate_dev, ma->row_dev,
                                            N, ma->k, ma->C);
     for (int e = 0; e < ma->E; e++) {
         moe->step_tokens[e] += ma->selected[e];
@@ -773,7 +773,7 @@ static void combine_back_range(void *arg, long begin, long end)
     }
 }
 
-void moe_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
+void routed_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
                           const float *gate, const int *row, int N, int k, int C)
 {
     struct routed_args a = {.out = dy, .dgate = dgate, .in = dout, .y = y, .gate = gate,
@@ -854,14 +854,14 @@ static void scatter_back_range(void *arg, long begin, long end)
     }
 }
 
-void moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C)
+void routed_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C)
 {
     struct routed_args a = {.out = d_ln2, .in = dx, .row = row, .k = k, .C = C};
     dm_parallel_for(N, 16, scatter_back_range, &a);
 }
 
 /* What the routing's backward reads and writes (backend.h:
- * moe_route_backward). */
+ * route_topk_backward). */
 struct route_back_args {
     float *dlogits;
     const float *dgate, *logits, *scores, *lse, *gate;
@@ -886,7 +886,7 @@ static void route_back_range(void *arg, long begin, long end)
     for (long t = begin; t < end; t++) route_back_token(arg, t);
 }
 
-void moe_route_backward(float *dlogits, const float *dgate, const float *logits,
+void route_topk_backward(float *dlogits, const float *dgate, const float *logits,
                         const float *scores, const float *lse, const int *choice,
                         const float *gate, const int *selected, int N, int E, int k, int sigmoid,
                         double alpha, double beta)
@@ -898,7 +898,7 @@ void moe_route_backward(float *dlogits, const float *dgate, const float *logits,
     dm_parallel_for(N, 16, route_back_range, &a);
 }
 
-/* The logits' gradient (the table's moe_route_backward, where the
+/* The logits' gradient (the table's route_topk_backward, where the
  * routing's arrays are), then the router's product. */
 static void route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
                            float *d_ln2, float *dlogits, const float *dgate, int N)
@@ -908,7 +908,7 @@ static void route_backward(struct block *blk, struct block_acts *acts, struct mo
     const struct gpt_moe *cfg = &moe->cfg;
     double alpha = (double)cfg->aux_loss * acts->loss_scale;
     double beta = (double)cfg->z_loss * acts->loss_scale;
-    ops->moe_route_backward(dlogits, dgate, ma->logits_dev, ma->scores_dev, ma->lse_dev,
+    ops->route_topk_backward(dlogits, dgate, ma->logits_dev, ma->scores_dev, ma->lse_dev,
                             ma->choice_dev, ma->gate_dev, ma->selected_dev, N, ma->E, ma->k,
                             cfg->router == MOE_ROUTER_SIGMOID, alpha, beta);
     ops->matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
@@ -936,9 +936,9 @@ void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, cons
         dgate = grow_buffer_get(&back_dgate, (size_t)N * k);
         dlogits = grow_buffer_get(&back_dlogits, (size_t)N * E);
     }
-    ops->moe_combine_backward(dy, dgate, dout, ma->y_dev, ma->gate_dev, ma->row_dev, N, k, C);
+    ops->routed_combine_backward(dy, dgate, dout, ma->y_dev, ma->gate_dev, ma->row_dev, N, k, C);
     moe_experts_backward(blk, ma, acts, dy, dh, dx);
-    ops->moe_dispatch_backward(d_ln2, dx, ma->row_dev, N, k, C);
+    ops->routed_dispatch_backward(d_ln2, dx, ma->row_dev, N, k, C);
     route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
 }
 
