@@ -163,7 +163,7 @@ all: $(BUILD)/libdynmo_emulate.so
 # it with cuda; t_gpu_device.sh checks the checker with cpu). Plain C.
 $(BUILD)/gpu/check_ops: tests/gpu/check_ops.c $(BUILD)/libdynmo.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
 all: $(BUILD)/gpu/check_ops
 
 # The host harness compiles the kernels' per-thread functions with gcc;

@@ -1164,7 +1164,7 @@ static void test_hash(int B, int T, int C, int NH, int buckets)
     long BTC = (long)B * T * C, bhT = (long)B * NH * T;
     float *qkv = filled(3 * BTC, 1.0f), *dout = filled(BTC, 1.0f);
     float *rotation = dm_alloc(((size_t)NH * hs * (buckets / 2) + 1) * sizeof(float));
-    hash_rotation_draw(rotation, NH, hs, buckets, 42, 3, 7);
+    bucket_rotation_draw(rotation, NH, hs, buckets, 42, 3, 7);
     float *out = dm_alloc(BTC * 4), *lse = dm_alloc(bhT * 4), *dqkv = dm_alloc(3 * BTC * 4);
     int *order = dm_alloc(2 * bhT * sizeof(int)), *bucket = dm_alloc(2 * bhT * sizeof(int));
     long alone = 0, galone = 0;

@@ -40,6 +40,7 @@
 #include "dynmo/core.h"
 #include "dynmo/dyn.h"
 #include "dynmo/model.h"
+#include "dyn/mod.h"
 #include "testing.h"
 
 #define FIXTURE_RELATIVE_PATH "tests/reference/fixture_tiny.bin"
@@ -359,12 +360,14 @@ static void check_mod_hash(const struct fixture *fx, const struct gpt *model,
         int differ = 0, count = 0, m = 0;
         double sum = 0.0;
         for (int i = 0; chosen && i < model->num_blocks; i++) {
-            if (!model->blocks[i].mod) continue;
+            const struct block_mod *mod = block_mod_of(&model->blocks[i]);
+            if (!mod) continue;
+            const struct mod_acts *ma = block_mod_acts((struct block_acts *)&acts->blocks[i]);
             for (int n = 0; n < N; n++) {
-                differ += acts->blocks[i].mod->chosen[n] != chosen[m * N + n];
+                differ += ma->chosen[n] != chosen[m * N + n];
                 count += chosen[m * N + n];
             }
-            sum += model->blocks[i].mod->bce;
+            sum += mod->bce;
             m++;
         }
         printf("MoD: %d of %d choices differ from torch's (%d chosen); predictor BCE dynmo "
@@ -381,7 +384,7 @@ static void check_mod_hash(const struct fixture *fx, const struct gpt *model,
         float *got = malloc((size_t)per * sizeof(float));
         int same = want != NULL;
         for (int l = 0; want && l < fx->layers; l++) {
-            hash_rotation_draw(got, NH, hs, fx->hash_buckets, fx->seed, l, 0);
+            bucket_rotation_draw(got, NH, hs, fx->hash_buckets, fx->seed, l, 0);
             same &= memcmp(got, want + l * per, (size_t)per * sizeof(float)) == 0;
         }
         printf("hash rotations of step 0: %s torch's\n", same ? "the same bits as" : "DIFFER from");
@@ -449,7 +452,7 @@ static int run_fixture(const char *path)
     }
     if (fx.version == 3) configure_mod_hash(&cfg, &fx);
     dyn_config_validate(&cfg);
-    struct gpt_shape shape = gpt_shape_from_config(&cfg);
+    struct gpt_shape shape = dyn_shape_from_config(&cfg);
 
     const int B = fx.batch, T = fx.seq, V = fx.vocab, C = fx.channels;
     const int M = gpt_moe_block_count(&shape), K = fx.top_k;

@@ -31,6 +31,8 @@
 struct gpt_ext_ops {
     const char *name;          /* the scheme's name ("mod"): messages */
     const char *block_noun;    /* what an owned block is in messages ("a mixture of depths") */
+    const char *owned_text;    /* "the model's layer N ..." when it owns it ("is one") */
+    const char *not_owned_text;/* ... and when not ("is not") */
     uint64_t pack_flag;        /* the pack header's flag of an owned block; 0: none */
     int replaces_mlp;          /* an owned block has no dense MLP (fc_w .. fcproj_b) */
     int never_pruned;          /* an owned block never carries a pruning mask */

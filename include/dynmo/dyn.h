@@ -35,6 +35,15 @@ struct dyn_env {
     int stage, stages;
 };
 
+/* The model cfg describes: gpt_shape_from_config's shape with each active
+ * scheme's extension of the blocks (in the table's order). */
+struct gpt_shape dyn_shape_from_config(const struct dm_config *cfg);
+
+/* Each scheme's line on shape's model (what inspect prints of a
+ * checkpoint), handed to emit one by one. */
+void dyn_describe_shape(const struct gpt_shape *shape,
+                        void (*emit)(void *ctx, const char *line), void *ctx);
+
 /* The validation pass of a config: config_validate's checks, then every
  * scheme's rules over its keys and its refusals of other schemes, in the
  * table's order (dyn.c), then dyn.kind against the schemes. The first

@@ -17,8 +17,7 @@
 struct block;
 struct moe_exchange;
 struct moe_acts;
-struct hash_acts;
-struct mod_acts;
+struct gpt_ext_ops;
 
 /* ---- shapes ------------------------------------------------------------ */
 
@@ -45,35 +44,26 @@ struct gpt_moe {
 };
 /* Shapes are compared with memcmp: no padding anywhere. */
 
-/* Hash-sparse attention (src/model/hash_attention.c, docs/mod-hash.md):
- * buckets 0 is dense attention; else every block hashes with rotations
- * drawn from (seed, layer, step). */
-struct gpt_hash {
-    int buckets;                 /* 0: dense; 1, or even */
-    uint32_t seed_lo, seed_hi;   /* the run's seed (train.seed) */
+/* An extension of the blocks by a dynamic scheme (src/dyn, the model's
+ * interface dynmo/block_ext.h): its ops and its parameters by value. */
+enum { GPT_EXT_MAX = 4, GPT_EXT_PARAM_BYTES = 64 };
+struct gpt_ext {
+    const struct gpt_ext_ops *ops;
+    _Alignas(8) unsigned char params[GPT_EXT_PARAM_BYTES];
 };
 
-/* Mixture of depths (src/model/mod.c, docs/mod-hash.md): block l is a MoD
- * block when every > 0 and (l + 1) % every == 0. All zero: none. */
-enum { MOD_ROUTING_TOPK = 0, MOD_ROUTING_CAUSAL = 1 };
-struct gpt_mod {
-    int every;          /* 0: none */
-    int routing;        /* MOD_ROUTING_*: top-k over the sequence, or the causal predictor */
-    double capacity;    /* fraction of a sequence's tokens the top-k choice takes, (0, 1] */
-    int predictor_hidden;   /* causal routing: the predictor MLP's hidden width (>= 1); 0
-                               with top-k routing */
-    int zero;           /* 0 (no padding: shapes are compared with memcmp) */
-};
-
+/* The model's shape: its dimensions, the mixture of experts, and the
+ * extensions of its blocks in the order they apply (ext_count of them;
+ * dyn_shape_from_config adds the schemes' that a config runs). */
 struct gpt_shape {
     int vocab, max_seq, layers, heads, channels;
     struct gpt_moe moe;
-    struct gpt_hash hash;
-    struct gpt_mod mod;
+    int ext_count;
+    struct gpt_ext ext[GPT_EXT_MAX];
 };
-_Static_assert(sizeof(struct gpt_shape) == 26 * 4, "struct gpt_shape has no padding");
-/* The shape cfg describes; moe is all zero when model.moe_every = 0, and
- * moe.hidden is 4 x channels when model.expert_hidden = 0. */
+/* The shape's dimensions and mixture of experts as cfg describes them, no
+ * extension; moe is all zero when model.moe_every = 0, and moe.hidden is
+ * 4 x channels when model.expert_hidden = 0. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
 
 /* Whether block `index` is a mixture of experts. */
@@ -321,14 +311,15 @@ struct block {
     float *g[BP_COUNT]; /* views into grads */
     struct block_sparse *sparse;   /* pruning state, or NULL */
     struct block_moe *moe;         /* mixture of experts, or NULL (a dense block) */
-    struct block_mod *mod;         /* mixture of depths, or NULL (mod.c) */
-    int hash_buckets;   /* hash-sparse attention (shape.hash): 0 dense */
-    uint64_t hash_seed;
-    double hash_tiles;  /* attention tiles visited, forward and backward, since
-                           the owner last zeroed it */
-    double hash_queries, hash_own_key_only;   /* query rows (per head) its hash
-                           attention forwards saw, and those of them that
-                           attended to their own key alone, likewise */
+    /* The extensions that own this layer (dynmo/block_ext.h), in the
+     * shape's order, each with its state beside the slab (NULL: none) and
+     * where its floats start in the slab. */
+    int ext_count;
+    struct block_ext_slot {
+        const struct gpt_ext_ops *ops;
+        void *state;
+        size_t offset;
+    } ext[GPT_EXT_MAX];
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -432,12 +423,14 @@ struct block_acts {
     float *fch_gelu;    /* (B,T,4C) */
     struct moe_acts *moe;   /* an MoE block's routing and expert activations
                                (moe.c), allocated by its first forward, or NULL */
-    struct hash_acts *hash;   /* hash attention's saved state (hash_attention.c),
-                                 allocated by its first forward, or NULL */
-    struct mod_acts *mod;     /* a MoD block's choice and gathered rows (mod.c),
-                                 allocated by its first forward, or NULL */
-    long hash_step;     /* the step whose rotations hash attention draws
-                           (gpt_forward sets it from gpt.step) */
+    /* What the extensions' hooks keep for the backward (block_ext_acts),
+     * made by their first forward, freed with these acts. */
+    struct {
+        const struct gpt_ext_ops *ops;
+        void *acts;
+    } ext[GPT_EXT_MAX];
+    long step;          /* the optimizer step being run (gpt_forward sets it from
+                           gpt.step): what an extension's draws may depend on */
     float loss_scale;   /* MoE: the scale of the balancing losses' gradient in
                            block_backward (gpt_backward sets its dloss_scale;
                            block_acts_alloc sets 1) */
@@ -509,8 +502,8 @@ struct gpt {
     struct gpt_exit *exit;
     /* Expert parallelism: the MoE blocks' experts phase, or NULL (local). */
     const struct moe_exchange *moe_exchange;
-    /* The optimizer step being run (0 until the caller sets it): hash
-     * attention's rotations depend on it. */
+    /* The optimizer step being run (0 until the caller sets it): an
+     * extension's draws may depend on it (block_acts.step). */
     long step;
 };
 
@@ -733,21 +726,21 @@ void moe_expert_forward(const struct block *blk, int e, const float *x, int n, f
 void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
                          const float *x, const float *h, const float *a, int n, float *dh,
                          float *dx);
-/* ---- hash-sparse attention (src/model/hash_attention.c; docs/mod-hash.md) --
- * Per (sequence, head), queries and keys go to nb buckets by a random
- * rotation R (hs, nb/2) with unit-norm columns: h(x) = argmax([xR ; -xR]);
- * nb = 1 puts every token in bucket 0 (ordinary causal attention). Query
- * i attends to key j when both share a bucket and j <= i, and always to
- * its own key j = i, so every query has at least one key. The work runs
- * in HASH_TILE x HASH_TILE tiles of the bucket-sorted order and skips a
- * tile without an allowed pair, forward and backward. */
-enum { HASH_TILE = 32 };
+/* ---- bucketed attention (src/model/bucket_attention.c) -----------------------
+ * Causal attention within buckets, per (sequence, head): queries and keys
+ * go to nb buckets by a rotation R (hs, nb/2) with unit-norm columns, h(x)
+ * = argmax([xR ; -xR]); nb = 1 puts every token in bucket 0 (ordinary
+ * causal attention). Query i attends to key j when both share a bucket and
+ * j <= i, and always to its own key j = i, so every query has at least one
+ * key. The work runs in tiles of the bucket-sorted order and skips a tile
+ * without an allowed pair, forward and backward (the CPU's entries of the
+ * op table of the same names). */
 
 /* rotation (NH, hs, nb/2) = N(0,1) draws that depend only on (seed, layer,
  * step), never on the layout, the rank count or timing, each column (hs
  * values) then divided by its norm. Nothing for nb = 1. */
-void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
-                        int layer, long step);
+void bucket_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed, int layer,
+                          long step);
 /* out (B,T,C) from qkv (B,T,3C) as attention_forward; saves lse (B,NH,T)
  * (log-sum-exp of each query's allowed scores), bucket (B,NH,2,T) (query
  * then key bucket by position) and order (B,NH,2,T) (positions sorted
@@ -756,36 +749,28 @@ void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t s
  * or before them, which attend to their own key alone. rotation may be
  * NULL when buckets = 1. Returns the tiles visited. */
 long bucket_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
-                            const float *qkv, const float *rotation,
-                            int B, int T, int C, int NH, int buckets);
+                              const float *qkv, const float *rotation,
+                              int B, int T, int C, int NH, int buckets);
 /* dqkv (B,T,3C) overwritten with the gradient wrt qkv, given dout (B,T,C)
- * and what the forward saved (out is its output). The hashing is piecewise
- * constant: no gradient flows through it. Returns the tiles visited (the
- * forward's). */
-/* The block's use of them (block.c): the saved state, allocated by the
- * first forward for the acts' (B, T); freed by block_acts_free. */
-void hash_block_attention_forward(struct block *blk, struct block_acts *acts, int B, int T);
-void hash_block_attention_backward(struct block *blk, struct block_acts *acts,
-                                   float *dqkv, const float *datty, int B, int T);
-void hash_acts_free(struct hash_acts *ha);
+ * and what the forward saved (out is its output). The bucketing is
+ * piecewise constant: no gradient flows through it. Returns the tiles
+ * visited (the forward's). */
 long bucket_attention_backward(float *dqkv, const float *dout, const float *qkv,
-                             const float *out, const float *lse, const int *order,
-                             const int *bucket, int B, int T, int C, int NH);
+                               const float *out, const float *lse, const int *order,
+                               const int *bucket, int B, int T, int C, int NH);
 
-/* ---- mixture of depths (src/model/mod.c; docs/mod-hash.md) ----------------
- * A MoD block computes only its chosen tokens: those of all sequences are
- * packed, each sequence's in ascending position, into one dense (tokens,
- * C) batch, run through the block's ops (attention per sequence, among its
- * own chosen tokens), and leave as x + r (f(x) - x) with the router
- * r = w . x; every other token passes through bit for bit. */
+/* ---- the ops of token routing by depth (src/model/depth_ops.c) --------------
+ * A block that computes only the tokens a router chooses (src/dyn/mod.c):
+ * the chosen rows of all sequences packed into one dense (tokens, C)
+ * batch, leaving as x + r (f(x) - x) with the router r = w . x; every
+ * other token passes through bit for bit. The CPU's entries of the op
+ * table of the same names. */
 
 /* router (N) = in (N, C) . weight (C) */
 void mod_router_forward(float *router, const float *in, const float *weight, int N, int C);
 /* chosen (B*T) = 1 for the k tokens of each sequence with the largest
  * router values (ties: the lower position), else 0. */
 void mod_select_topk(int *chosen, const float *router, int B, int T, int k);
-/* k = ceil(capacity x T), at least 1 and at most T. */
-int mod_capacity_tokens(double capacity, int T);
 /* The causal predictor, a small MLP of hidden width H on each token on its
  * own (dynmo/mod_predictor.h: logit = w2 . relu(W1 x + b1) + b2, weight
  * mod_predictor_params(C, H) floats; the caller passes the block input,
@@ -814,88 +799,6 @@ void mod_scale_chosen(float *work, const float *din, const float *router, const 
 void mod_combine_backward(float *din, float *drouter_weight, const float *gathered_in,
                           const float *gathered_out, const float *work, const float *router,
                           const float *router_weight, const int *rows, int n, int C);
-
-struct mod_acts {
-    int B, T, C;             /* the allocation's */
-    int kmax;                /* the last forward's longest sequence choice */
-    long tokens;             /* tokens the last forward processed */
-    int *count;              /* (B) chosen tokens per sequence */
-    int *pos;                /* (B, T) chosen positions, ascending, count[b] valid */
-    int *chosen;             /* (B*T) 0/1 */
-    int *target;             /* (B*T) 0/1 the top-k choice (the predictor's target) */
-    float *router;           /* (B*T) r */
-    int *rows;               /* (tokens) the block row of each packed row */
-    float *gathered_in;      /* (tokens, C) the packed chosen rows */
-    float *gathered_out;     /* (tokens, C) f(x) of the packed rows */
-    /* chosen, target, router, rows and the gathered rows are the
-     * backend's memory; count and pos the host's. On a device the choice
-     * comes down and the packed rows' list goes up through these staging
-     * buffers (NULL on the CPU, which works in place), (B*T) each. */
-    int *chosen_host;
-    int *rows_host;
-    float *work;             /* (2 B*T*C) backward work on a device (the CPU's is static) */
-};
-void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);
-void mod_acts_free(struct mod_acts *m);
-
-/* out (B,T,C) from in for the tokens chosen (B*T, 0/1) and the router
- * weight (C). acts is the block's, allocated for at least (B, T). out may
- * be in. */
-void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_acts *m,
-                       float *out, const float *in, const float *router_weight,
-                       const int *chosen, int B, int T);
-/* din (overwritten; may alias dout) and the router weight's gradient
- * (accumulated; NULL: none) from dout; block gradients accumulated as
- * block_backward. work: (B*T*C) floats. */
-void mod_block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
-                        struct mod_acts *m, float *din, float *drouter_weight,
-                        const float *dout, const float *router_weight, int B, int T,
-                        float *work);
-
-/* ---- mixture of depths in the model (src/model/mod.c) ----------------------
- * A MoD block is a dense block whose parameters go on with its router
- * router_w (C) and, with causal routing, its predictor MLP (pred_w1 (H, C),
- * pred_b1 (H), pred_w2 (H), pred_b2 (1); dynmo/mod_predictor.h): tensors
- * BP_COUNT .. BP_COUNT + 4 of block_tensor_at, in the slab after the dense
- * ones, so they migrate, reduce, update and checkpoint with it. The pack
- * header says so (BLOCK_FLAG_MOD; no dynamic state follows). */
-#define BLOCK_FLAG_MOD (UINT64_C(1) << 11)
-struct block_mod {
-    int routing;                 /* MOD_ROUTING_* */
-    double capacity;
-    int hidden;                  /* the predictor's hidden width H; 0 with top-k */
-    float *router_w, *router_g;  /* (C) views into params and grads */
-    float *pred_w, *pred_g;      /* (mod_predictor_params(C, H)) views of the predictor's
-                                    weight, or NULL with top-k routing */
-    double tokens;               /* tokens its forwards processed since the owner
-                                    last zeroed it (the run log's /mod/tokens) */
-    double bce;                  /* the predictor's BCE summed over its forwards
-                                    likewise (causal routing) */
-    long bce_forwards;           /* the forwards summed into bce */
-    const int *forced;           /* tests: the choice to use instead of routing, or NULL */
-};
-int gpt_block_is_mod(const struct gpt_shape *shape, int index);
-int gpt_mod_block_count(const struct gpt_shape *shape);
-/* The ordinal of block `index` among the MoD blocks, or -1. */
-int gpt_mod_ordinal(const struct gpt_shape *shape, int index);
-/* Floats a MoD block adds to a dense block's: C (top-k) or C +
- * mod_predictor_params(C, H) (causal); 0 for any other block. */
-size_t mod_extra_param_count(const struct gpt_shape *shape, int index);
-/* A MoD block's forward inside the model: the router, the choice (top-k,
- * or the causal predictor on the block input), then mod_block_forward.
- * out and in (B,T,C) must not alias. Counts the tokens into blk->mod. */
-void block_mod_forward(struct block *blk, struct block_acts *acts, float *out,
-                       const float *in, int B, int T);
-/* Its backward (block_backward's contract): the block over the chosen
- * tokens, the router's gradient and, with causal routing, the predictor's
- * BCE gradient against the top-k choice on the stop-gradient input, scaled
- * by acts->loss_scale (as the loss). A frozen block computes neither. */
-void block_mod_backward(struct block *blk, struct block_acts *acts,
-                        struct block_scratch *scratch, float *din, const float *dout,
-                        const float *in, int B, int T);
-/* Tests: the next forwards of blk use chosen (B*T, 0/1) as their choice
- * instead of routing (the router still scales), until called with NULL. */
-void block_mod_force_choice(struct block *blk, const int *chosen);
 
 /* ---- early exit (src/model/exit.c; policy in src/dyn/early_exit.c) -------
  * A token that exits after block l keeps its hidden state (copied forward

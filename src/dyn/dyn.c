@@ -60,6 +60,28 @@ int dyn_keys_set(const struct dm_config *cfg, const char *const *keys)
     return 0;
 }
 
+/* ---- the model's shape --------------------------------------------------------- */
+
+struct gpt_shape dyn_shape_from_config(const struct dm_config *cfg)
+{
+    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    for (int i = 0; i < scheme_count; i++)
+        if (schemes[i]->add_to_shape && dyn_scheme_active(schemes[i], cfg))
+            schemes[i]->add_to_shape(cfg, &shape);
+    return shape;
+}
+
+void dyn_describe_shape(const struct gpt_shape *shape,
+                        void (*emit)(void *ctx, const char *line), void *ctx)
+{
+    for (int i = 0; i < scheme_count; i++) {
+        if (!schemes[i]->describe_shape) continue;
+        char line[512] = "";
+        schemes[i]->describe_shape(shape, line, sizeof line);
+        if (line[0]) emit(ctx, line);
+    }
+}
+
 /* ---- signals -------------------------------------------------------------------- */
 
 int dyn_signals(const struct dm_config *cfg, const struct dyn_signal **out, int max)

@@ -11,6 +11,7 @@
 #define DYNMO_DYN_SCHEME_H
 
 #include <mpi.h>
+#include "dynmo/block_ext.h"
 #include "dynmo/dyn.h"
 #include "dynmo/world.h"
 
@@ -69,10 +70,14 @@ struct dyn_scheme {
      * when it is off). */
     void (*check)(const struct dm_config *cfg);
 
-    /* Its extension of the blocks, or NULL; params fills the extension's
-     * parameters from the config (gpt_shape.ext). */
+    /* Its extension of the blocks, or NULL, and how a config's parameters
+     * of it go into a model's shape (called when the scheme is active;
+     * dyn_shape_from_config). */
     const struct gpt_ext_ops *ext;
-    void (*ext_params)(const struct dm_config *cfg, struct gpt_ext *ext);
+    void (*add_to_shape)(const struct dm_config *cfg, struct gpt_shape *shape);
+    /* One line on what it makes of shape's model ("mixture of depths: every
+     * 2 blocks ..."), or none (buf left empty): inspect's. */
+    void (*describe_shape)(const struct gpt_shape *shape, char *buf, size_t size);
 
     /* Whether layer `layer` of shape is one of its blocks (the columns of
      * its per-block signals); NULL: every layer. */

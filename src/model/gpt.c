@@ -31,18 +31,6 @@ struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg)
         };
         s.moe = moe;
     }
-    if (!strcmp(cfg->attention, "hash")) {
-        s.hash.buckets = cfg->hash_buckets;
-        s.hash.seed_lo = (uint32_t)cfg->seed;
-        s.hash.seed_hi = (uint32_t)(cfg->seed >> 32);
-    }
-    if (cfg->mod_every > 0) {
-        s.mod.every = cfg->mod_every;
-        s.mod.routing = strcmp(cfg->mod_routing, "causal") ? MOD_ROUTING_TOPK
-                                                           : MOD_ROUTING_CAUSAL;
-        s.mod.capacity = cfg->mod_capacity;
-        if (s.mod.routing == MOD_ROUTING_CAUSAL) s.mod.predictor_hidden = cfg->mod_predictor_hidden;
-    }
     return s;
 }
 
@@ -330,13 +318,10 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
     if (model->exit) exit_begin_forward(model, acts);
     for (int i = 0; i < model->num_blocks; i++) {
         double t0 = dm_profile_now();
-        acts->blocks[i].hash_step = model->step;
+        acts->blocks[i].step = model->step;
         if (model->exit)   /* early exit: active tokens only, exit heads */
             exit_forward_block(model, acts, i, acts->residual + (i + 1) * BTC,
                                acts->residual + i * BTC);
-        else if (model->blocks[i].mod)   /* mixture of depths: the chosen tokens (mod.c) */
-            block_mod_forward(&model->blocks[i], &acts->blocks[i],
-                              acts->residual + (i + 1) * BTC, acts->residual + i * BTC, B, T);
         else
             block_forward(&model->blocks[i], &acts->blocks[i], acts->residual + (i + 1) * BTC,
                           acts->residual + i * BTC, B, T);
@@ -388,9 +373,6 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         if (model->exit)
             exit_backward_block(model, acts, scratch, i, target, grad,
                                 acts->residual + i * BTC, dloss_scale);
-        else if (model->blocks[i].mod)
-            block_mod_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
-                               acts->residual + i * BTC, B, T);
         else
             block_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
                            acts->residual + i * BTC, B, T);

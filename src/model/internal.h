@@ -4,17 +4,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "dynmo/block_ext.h"
 #include "dynmo/model.h"
-
-/* Floats that only grow to the largest request: the partial sums of the
- * ops (one buffer per kind; ops run on one thread of control at a time,
- * dm_parallel_for is not reentrant). Returns b->data, valid until the next
- * call on b. */
-struct grow_buffer {
-    float *data;
-    size_t floats;
-};
-float *grow_buffer_get(struct grow_buffer *b, size_t floats);
 
 /* Block `index` allocated with its whole slab zero (block_init without the
  * weights). */
@@ -127,19 +118,5 @@ void prune_histogram(long *counts, long *partial, const float *weights, long n,
                      unsigned int base, unsigned long long prefix, int shift);
 void prune_mask(unsigned char *mask, float *params, float *grads, float *m, float *v, long n,
                 unsigned int base, unsigned long long cut);
-
-/* The mixture-of-depths block (mod.c): its state beside the slab (views of
- * the router and predictor), their initialisation (router and the
- * predictor's two matrices N(0, 0.02) on streams (layer, BP_COUNT),
- * (layer, BP_COUNT + 1) and (layer, BP_COUNT + 2), the predictor's biases
- * 0), its tensors after the dense ones (block_tensor_at for k >=
- * BP_COUNT), and its activations. */
-void block_mod_alloc(struct block *blk, const struct gpt_shape *shape);
-void block_mod_free(struct block *blk);
-/* params: where the host writes the block's parameters (block_init_weights' staging) */
-void block_mod_init_weights(struct block *blk, float *params, uint64_t seed);
-int block_mod_tensor_count(const struct block *blk);
-int block_mod_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size);
-void block_mod_acts_free(struct mod_acts *m);
 
 #endif

@@ -94,11 +94,6 @@ size_t moe_full_param_count(int C, const struct gpt_moe *moe)
     return moe_block_param_count(C, &whole);
 }
 
-size_t gpt_block_param_count(const struct gpt_shape *shape, int index)
-{
-    if (gpt_block_is_moe(shape, index)) return moe_block_param_count(shape->channels, &shape->moe);
-    return block_param_count(shape->channels) + mod_extra_param_count(shape, index);
-}
 
 /* ---- the state beside the slab ---------------------------------------------------- */
 

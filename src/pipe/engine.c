@@ -74,7 +74,7 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     eng->cfg = *cfg;
     struct pipe_grid *g = &eng->grid;
     pipe_grid_init(g, cfg->pp, cfg->dp);
-    eng->shape = gpt_shape_from_config(cfg);
+    eng->shape = dyn_shape_from_config(cfg);
     engine_expert_parallel_shard(eng);
     eng->micro_batches = cfg->micro_batches;
     eng->micro_B = cfg->batch / (cfg->dp * cfg->micro_batches);

@@ -76,7 +76,7 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
 {
     /* DeepSpeed's equal parameters: block parameter counts, the embedding
      * on the first stage and the final norm on the last. */
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
     int L = cfg->layers;
     double *cost = dm_alloc((size_t)L * sizeof(double));
     int64_t *mem = dm_alloc((size_t)L * sizeof(int64_t));
@@ -150,7 +150,7 @@ void train_close_data(struct train_data *d)
  * for the file's own structure. */
 static uint64_t checkpoint_bytes(const struct dm_config *cfg)
 {
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
     uint64_t params = (uint64_t)gpt_param_count(&shape);
     uint64_t bytes = params * 3 * sizeof(float) + ((uint64_t)1 << 20);
     if (!strcmp(cfg->dyn_kind, "prune")) bytes += params;
@@ -193,7 +193,7 @@ void train_check_paths(const struct dm_config *cfg)
  * their own moments. */
 static double stage_bytes(const struct dm_config *cfg, const int *layout, int stages)
 {
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
     double source_sums = 0.0;
     if (cfg->ep > 1 && shape.moe.every > 0) {
         shape.moe.shard_count = shape.moe.experts / cfg->ep;

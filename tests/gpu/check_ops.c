@@ -589,7 +589,7 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     int hs = C / NH;
     long BTC = (long)B * T * C, bhT = (long)B * NH * T, R = (long)NH * hs * (buckets / 2) + 1;
     float *qkv = host(3 * BTC, 1), *dy = host(BTC, 1), *rot = host(R, 0);
-    hash_rotation_draw(rot, NH, hs, buckets, 42, 3, 7);
+    bucket_rotation_draw(rot, NH, hs, buckets, 42, 3, 7);
     float *out = host(BTC, 0), *lse = host(bhT, 0), *dqkv = host(3 * BTC, 0);
     int *order = dm_alloc(2 * bhT * sizeof(int)), *bucket = dm_alloc(2 * bhT * sizeof(int));
     float *Q = up(qkv, 3 * BTC * 4), *DY = up(dy, BTC * 4), *RO = up(rot, R * 4);
