@@ -40,6 +40,7 @@
 #include "dynmo/core.h"
 #include "dynmo/dyn.h"
 #include "dynmo/model.h"
+#include "dynmo/moe.h"
 #include "dyn/mod.h"
 #include "testing.h"
 
@@ -314,17 +315,17 @@ static double max_abs_diff(const float *a, const float *b, size_t n, size_t *whe
 }
 
 /* The MoE blocks' balancing losses of the forwards since the last
- * gpt_moe_begin_step; then begins a new step (one rank: the step's sums
- * are this rank's values, which gpt_moe_end_step takes as they are,
+ * gpt_begin_step; then begins a new step (one rank: the step's sums
+ * are this rank's values, which gpt_end_step takes as they are,
  * updating the sigmoid router's bias). */
 static void end_moe_step(struct gpt *model)
 {
-    int n = gpt_moe_step_values(model, NULL);
+    int n = gpt_step_values(model, NULL);
     double *values = malloc((size_t)(n ? n : 1) * sizeof(double));
-    gpt_moe_step_values(model, values);
-    gpt_moe_end_step(model, values);
+    gpt_step_values(model, values);
+    gpt_end_step(model, values);
     free(values);
-    gpt_moe_begin_step(model);
+    gpt_begin_step(model);
 }
 
 /* Version 3: the MoD and hash keys of the config. */
@@ -509,7 +510,7 @@ static int run_fixture(const char *path)
 
     /* One forward and backward pass against torch's. */
     gpt_zero_grads(&model);
-    gpt_moe_begin_step(&model);
+    gpt_begin_step(&model);
     float loss = gpt_forward(&model, &acts);
     size_t where;
     double logits_diff = max_abs_diff(acts.logits, ref_logits, (size_t)B * T * V, &where);
@@ -526,7 +527,7 @@ static int run_fixture(const char *path)
         /* The routing of every MoE block: the same choices, the same drops. */
         int m = 0, differ = 0, dropped = 0;
         for (int i = 0; i < model.num_blocks; i++) {
-            if (!model.blocks[i].moe) continue;
+            if (!block_moe_of(&model.blocks[i])) continue;
             struct moe_routing r;
             moe_routing_of(&acts.blocks[i], &r);
             CHECK(r.N == B * T && r.k == K);
@@ -569,7 +570,7 @@ static int run_fixture(const char *path)
 
     /* Ten steps on the same batch: the loss before each update. */
     double worst_loss_diff = 0.0;
-    gpt_moe_begin_step(&model);
+    gpt_begin_step(&model);
     for (int step = 0; step < fx.steps; step++) {
         gpt_zero_grads(&model);
         model.step = step;   /* hash attention's rotations, as dynmo train sets it */
@@ -604,7 +605,7 @@ static int run_fixture(const char *path)
         double worst_bias = 0.0;
         int m = 0;
         for (int i = 0; i < model.num_blocks; i++) {
-            const struct block_moe *bm = model.blocks[i].moe;
+            const struct block_moe *bm = block_moe_of(&model.blocks[i]);
             if (!bm) continue;
             for (int e = 0; e < fx.experts; e++)
                 worst_bias = fmax(worst_bias, fabs(bm->bias[e] - ref_bias[m * fx.experts + e]));

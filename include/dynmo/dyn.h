@@ -39,6 +39,16 @@ struct dyn_env {
  * scheme's extension of the blocks (in the table's order). */
 struct gpt_shape dyn_shape_from_config(const struct dm_config *cfg);
 
+/* The model on the ranks of data-parallel replica `replica` of a stage:
+ * dyn_shape_from_config's, with the parameters a scheme splits over the
+ * stage's replicas (parallel.ep) split for that replica's rank. */
+struct gpt_shape dyn_shape_for_rank(const struct dm_config *cfg, int replica);
+/* What the schemes keep for layer's block on its rank beyond its slab, in
+ * bytes (activations of train.micro_batches micro-batches of micro_B
+ * sequences held at once, parts' sums): train's memory estimate. */
+double dyn_block_memory(const struct dm_config *cfg, const struct gpt_shape *shape, int layer,
+                        int micro_B);
+
 /* Each scheme's line on shape's model (what inspect prints of a
  * checkpoint), handed to emit one by one. */
 void dyn_describe_shape(const struct gpt_shape *shape,
@@ -174,13 +184,24 @@ struct dyn_ckpt_writer {
 };
 
 /* The checkpoint's side of a read: what the file has, an integer
- * attribute (fallback when absent or unreadable), and a problem
- * (ckpt_problem's format, "checkpoint PATH: " added). */
+ * attribute (fallback when absent or unreadable), a problem
+ * (ckpt_problem's format, "checkpoint PATH: " added), and a whole dataset
+ * of the file's schema as float32 or int64 values (0, or -1 after
+ * reporting; NULL where no dataset may be read yet). */
 struct dyn_ckpt_reader {
     void *ctx;
     int (*has)(void *ctx, const char *object, const char *attr);   /* attr NULL: the object */
     long long (*int_attr)(void *ctx, const char *object, const char *name, long long fallback);
     void (*problem)(void *ctx, const char *text);
+    int (*dataset)(void *ctx, const char *name, int int64, void *out);
+};
+
+/* The checkpoint's side of a write of a block's non-slab state: rows row
+ * .. row + count - 1 of dataset name from values (float32 or int64 as the
+ * dataset is). */
+struct dyn_ckpt_state_writer {
+    void *ctx;
+    void (*rows)(void *ctx, const char *name, long row, long count, const void *values);
 };
 
 /* Rows of a scheme's datasets that hold a block's floats: datasets
@@ -193,8 +214,21 @@ struct dyn_ckpt_rows {
     long row, count;
     size_t offset, floats;
     int sharded;
+    size_t stored;      /* floats of a stored row when more than floats (the rest
+                           padding, read and dropped); 0: floats */
 };
 enum { DYN_CKPT_ROWS_MAX = 4, DYN_CKPT_PARTS_MAX = 8 };
+
+/* A scheme may own schema versions of its own (checkpoint_schema/vN.def:
+ * a model whose blocks hold other rows): dyn_ckpt_version is the version
+ * a checkpoint of shape is written in when a present scheme owns one (0:
+ * the base version, the checkpoint module's); dyn_ckpt_version_schema the
+ * lines of version `version` when a scheme owns it, else NULL; and
+ * dyn_ckpt_versions_text the versions the schemes own, as the message
+ * about an unknown version lists them (", 3 (with ...) and 2 (...)"). */
+int dyn_ckpt_version(const struct gpt_shape *shape);
+const struct ckpt_schema *dyn_ckpt_version_schema(long version);
+void dyn_ckpt_versions_text(char *buf, size_t size);
 
 /* Writing. The fragments a checkpoint of shape holds, in the table's
  * order (the model-keys lines first, then each scheme's own): the
@@ -210,10 +244,28 @@ int dyn_ckpt_dims(const struct gpt_shape *shape, const char **names, long *value
 /* Whether `name` is a dimension a scheme declares (its datasets' rows are
  * written and read one row at a time). */
 int dyn_ckpt_is_dim(const char *name);
-/* The rows that hold block blk's scheme floats under shape; returns how
- * many (at most max). */
-int dyn_ckpt_block_rows(const struct gpt_shape *shape, const struct block *blk,
-                        struct dyn_ckpt_rows *out, int max);
+/* The rows that hold block blk's scheme floats under shape in a file of
+ * schema version `version`; returns how many (at most max). *base: 1
+ * when the rows hold the block's own tensors too (a scheme's version),
+ * else 0 (the checkpoint's /blocks row holds them). */
+int dyn_ckpt_block_rows(const struct gpt_shape *shape, long version, const struct block *blk,
+                        struct dyn_ckpt_rows *out, int max, int *base);
+/* Whether replica dp_rank of a stage writes the sharded rows of its
+ * blocks (it holds parts no other replica of its group holds). */
+int dyn_ckpt_writes_sharded(const struct gpt_shape *shape, int dp_rank);
+/* A block's state beyond its slab into its rows (replica 0 of its stage). */
+void dyn_ckpt_write_state(const struct gpt_shape *shape, const struct block *blk,
+                          const struct dyn_ckpt_state_writer *w);
+/* Reading the schemes' states of a checked file (rd can read datasets):
+ * their values, checked by each scheme's rules (NULL after reporting, or
+ * when no present scheme keeps one: *states then NULL too); applied to a
+ * loaded block; freed. */
+struct dyn_ckpt_states;
+int dyn_ckpt_read_states(const struct gpt_shape *shape, const struct dyn_ckpt_reader *rd,
+                         struct dyn_ckpt_states **states);
+void dyn_ckpt_apply_states(const struct dyn_ckpt_states *states, const struct gpt_shape *shape,
+                           struct block *blk);
+void dyn_ckpt_states_free(struct dyn_ckpt_states *states);
 /* The resume rule: 0 when a checkpoint of file's model may resume as the
  * run's, else -1 with the first scheme's reason in err. */
 int dyn_ckpt_compare(const struct gpt_shape *file, const struct gpt_shape *run, char *err,
@@ -227,7 +279,7 @@ int dyn_ckpt_compare(const struct gpt_shape *file, const struct gpt_shape *run, 
  * puts the schemes into shape (its dense dimensions set), 0 or -1 after
  * reporting. */
 struct dyn_ckpt_file;
-struct dyn_ckpt_file *dyn_ckpt_file_open(const struct dyn_ckpt_reader *rd);
+struct dyn_ckpt_file *dyn_ckpt_file_open(const struct dyn_ckpt_reader *rd, long version);
 const struct ckpt_schema *dyn_ckpt_file_schema(const struct dyn_ckpt_file *f,
                                                const struct ckpt_schema *base);
 /* Whether (object, name) is one of the file's fragments' attributes. */

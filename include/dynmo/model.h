@@ -15,34 +15,9 @@
 #include "dynmo/core.h"
 
 struct block;
-struct moe_exchange;
-struct moe_acts;
 struct gpt_ext_ops;
 
 /* ---- shapes ------------------------------------------------------------ */
-
-/* Mixture of experts (src/model/moe.c, docs/moe.md): which blocks replace
- * their MLP by E expert MLPs and a linear router, and how tokens are
- * routed. All zero for a dense model (every == 0). */
-enum { MOE_ROUTER_SOFTMAX = 0, MOE_ROUTER_SIGMOID = 1 };
-/* Which pairs a full expert keeps (docs/moe.md, Capacity): probs the
- * highest scores; position by (token, slot), so a token's pairs together;
- * slot by (slot, token), every token's first choice before any second
- * choice (GShard). */
-enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1, MOE_DROP_SLOT = 2 };
-struct gpt_moe {
-    int every;              /* 0: none; block l is an MoE block when (l + 1) % every == 0 */
-    int experts, top_k;     /* E, k */
-    int hidden;             /* H, an expert's hidden width */
-    int router;             /* MOE_ROUTER_*: softmax, or sigmoid scores with a selection bias */
-    int drop;               /* MOE_DROP_*: which overflow a full expert drops first */
-    float capacity_factor;  /* 0: dropless; else capacity ceil(k * N * factor / E) */
-    float aux_loss, z_loss; /* alpha (Switch/GShard balancing loss), beta (router z-loss) */
-    float bias_rate;        /* gamma of the auxiliary-loss-free bias update */
-    int shard_first;        /* expert parallelism: the first expert this rank's MoE */
-    int shard_count;        /* blocks hold, and how many; 0: all E (parallel.ep = 1) */
-};
-/* Shapes are compared with memcmp: no padding anywhere. */
 
 /* An extension of the blocks by a dynamic scheme (src/dyn, the model's
  * interface dynmo/block_ext.h): its ops and its parameters by value. */
@@ -52,32 +27,29 @@ struct gpt_ext {
     _Alignas(8) unsigned char params[GPT_EXT_PARAM_BYTES];
 };
 
-/* The model's shape: its dimensions, the mixture of experts, and the
- * extensions of its blocks in the order they apply (ext_count of them;
- * dyn_shape_from_config adds the schemes' that a config runs). */
+/* The model's shape: its dimensions and the extensions of its blocks in
+ * the order they apply (ext_count of them; dyn_shape_from_config adds the
+ * schemes' that a config runs). */
 struct gpt_shape {
     int vocab, max_seq, layers, heads, channels;
-    struct gpt_moe moe;
     int ext_count;
     struct gpt_ext ext[GPT_EXT_MAX];
 };
-/* The shape's dimensions and mixture of experts as cfg describes them, no
- * extension; moe is all zero when model.moe_every = 0, and moe.hidden is
- * 4 x channels when model.expert_hidden = 0. */
+/* The shape's dimensions as cfg describes them, no extension. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
 
-/* Whether block `index` is a mixture of experts. */
-int gpt_block_is_moe(const struct gpt_shape *shape, int index);
-/* MoE blocks of the model, and the ordinal of block `index` among them
- * (0 for the first MoE block in layer order), or -1 for a dense block. */
-int gpt_moe_block_count(const struct gpt_shape *shape);
-int gpt_moe_ordinal(const struct gpt_shape *shape, int index);
-/* The ordinal of block `index` among the blocks that are not MoE blocks
- * (its /mlp row in a checkpoint), or -1 for an MoE block. */
-int gpt_moe_dense_ordinal(const struct gpt_shape *shape, int index);
+/* Whether block `index` keeps the dense MLP (no extension of it replaces
+ * it), whether any block of the model does not, and the ordinal of block
+ * `index` among the blocks that keep it (-1 when it does not: its /mlp
+ * row in a checkpoint whose blocks are split). */
+int gpt_block_has_mlp(const struct gpt_shape *shape, int index);
+int gpt_shape_replaces_mlp(const struct gpt_shape *shape);
+int gpt_mlp_ordinal(const struct gpt_shape *shape, int index);
 /* Parameters of block `index`: block_param_count(C) for a dense block,
- * moe_block_param_count for an MoE block. Blocks differ in size; ask this
- * (or blk->nparams), never assume block_param_count for every block. */
+ * the shared tensors and an extension's floats for a block whose MLP an
+ * extension replaces, plus the floats extensions add. Blocks differ in
+ * size; ask this (or blk->nparams), never assume block_param_count for
+ * every block. */
 size_t gpt_block_param_count(const struct gpt_shape *shape, int index);
 
 /* ---- ops: one function per op and direction ----------------------------
@@ -178,28 +150,16 @@ enum {
     BP_COUNT
 };
 size_t block_param_count(int C);
-/* An MoE block's parameters, in this order: the eight tensors ln1_w ..
- * ln2_b of a dense block (moe_shared_param_count: 4C^2 + 8C), the router
- * router_w (E, C), then expert 0, 1, .., E-1, each fc_w (H, C) fc_b (H)
- * fcproj_w (C, H) fcproj_b (C) (moe_expert_param_count: 2HC + H + C). */
-size_t moe_shared_param_count(int C);
-size_t moe_expert_param_count(int C, int H);
-size_t moe_block_param_count(int C, const struct gpt_moe *moe);
-/* The experts a block of this configuration holds: shard_count, or all E
- * when it is 0. An MoE block's slab holds the shared tensors, the router
- * and these experts only (shard_first ..), so moe_block_param_count
- * counts them; moe_full_param_count counts all E (the model's size). */
-int moe_owned_experts(const struct gpt_moe *moe);
-size_t moe_full_param_count(int C, const struct gpt_moe *moe);
 /* Element offset and size of tensor k (BP_*) inside a block's parameters. */
 size_t block_tensor_offset(int C, int k);
 size_t block_tensor_size(int C, int k);
 /* Whether tensor k is a matrix (receives weight decay). */
 int block_tensor_is_matrix(int k);
-/* The tensors of one block, dense or MoE, in parameter order: how many,
- * and tensor k's element offset and size; returns whether it is a matrix
- * (weight decay). A dense block's are the BP_* tensors; an MoE block's the
- * eight shared ones, the router and the held experts' four each. */
+/* The tensors of one block in parameter order: how many, and tensor k's
+ * element offset and size; returns whether it is a matrix (weight decay).
+ * A dense block's are the BP_* tensors; a block whose MLP an extension
+ * replaces has the eight before fc_w (BP_FC_W of them); each extension's
+ * tensors follow (dynmo/block_ext.h). */
 int block_tensor_count(const struct block *blk);
 int block_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size);
 /* Random stream of tensor k of layer `index`: ((index + 1) << 8) | k.
@@ -267,37 +227,11 @@ struct block_sparse {
     float *zeros;                    /* (12C^2 - kept) */
 };
 
-/* The mixture-of-experts state of an MoE block (src/model/moe.c): views
- * of its router and experts in the slab, and its dynamic state, which
- * travels in its pack (BLOCK_FLAG_MOE) and its checkpoint rows: the
- * selection bias and the last step's counts. */
-#define BLOCK_FLAG_MOE (UINT64_C(1) << 10)  /* MoE state follows v */
-struct block_moe {
-    struct gpt_moe cfg;          /* E, k, H and the routing, from the shape */
-    size_t expert_params;        /* floats of one expert */
-    float *router_w, *router_g;  /* (E, C) views into params and grads */
-    float *experts_p, *experts_g;/* (E, expert_params) views: per expert fc_w (H, C),
-                                    fc_b (H), fcproj_w (C, H), fcproj_b (C) */
-    float *bias;                 /* (E) selection bias of the sigmoid router */
-    int64_t *tokens, *dropped;   /* (E) the last finished step's token-expert pairs routed
-                                    to each expert and dropped by its capacity, summed
-                                    over the data-parallel replicas */
-    double aux, z;               /* the last finished step's balancing-loss values, summed
-                                    over its forwards and the replicas */
-    int64_t *step_tokens, *step_dropped; /* (E) this rank's since gpt_moe_begin_step */
-    double step_aux, step_z;     /* this rank's balancing-loss values (aux, z-loss) summed
-                                    over its forwards since gpt_moe_begin_step */
-    const struct moe_exchange *exchange; /* the experts phase's runner, or NULL: local
-                                    (set by gpt_moe_set_exchange; not packed) */
-    double rows_taken;           /* rows this rank's experts took in the forwards since
-                                    the last read (expert parallelism's load) */
-};
-
 /* One block: a single slab holds [params | grads | adam m | adam v];
  * dynamic state lives beside it (sparse: NULL until the block is pruned;
- * moe: NULL for a dense block) and travels in its pack. For an MoE block
- * p[k] and g[k] are set for the eight shared tensors only (k < BP_FC_W);
- * the router and experts are moe's views. */
+ * the extensions' states) and travels in its pack. For a block whose MLP
+ * an extension replaces p[k] and g[k] are set for the eight shared
+ * tensors only (k < BP_FC_W); the rest are the extension's views. */
 struct block {
     int index;          /* global layer index, 0..layers-1 */
     int C, NH;
@@ -310,7 +244,6 @@ struct block {
     float *p[BP_COUNT]; /* views into params */
     float *g[BP_COUNT]; /* views into grads */
     struct block_sparse *sparse;   /* pruning state, or NULL */
-    struct block_moe *moe;         /* mixture of experts, or NULL (a dense block) */
     /* The extensions that own this layer (dynmo/block_ext.h), in the
      * shape's order, each with its state beside the slab (NULL: none) and
      * where its floats start in the slab. */
@@ -421,8 +354,6 @@ struct block_acts {
     float *ln2_mean, *ln2_rstd;   /* (B,T) */
     float *fch;         /* (B,T,4C) */
     float *fch_gelu;    /* (B,T,4C) */
-    struct moe_acts *moe;   /* an MoE block's routing and expert activations
-                               (moe.c), allocated by its first forward, or NULL */
     /* What the extensions' hooks keep for the backward (block_ext_acts),
      * made by their first forward, freed with these acts. */
     struct {
@@ -438,9 +369,6 @@ struct block_acts {
 void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH);
 void block_acts_free(struct block_acts *acts);
 size_t block_acts_bytes(int B, int T, int C, int NH);
-/* What an MoE block's forward adds to its block_acts (moe_acts). */
-size_t moe_acts_bytes(const struct gpt_shape *shape, int B, int T);
-
 /* Scratch shared by all blocks of a rank during backward; sized for the
  * largest micro-batch. */
 struct block_scratch {
@@ -500,8 +428,12 @@ struct gpt {
     int frozen_prefix;
     /* Early exit (src/model/exit.c), or NULL: owned by the early-exit scheme. */
     struct gpt_exit *exit;
-    /* Expert parallelism: the MoE blocks' experts phase, or NULL (local). */
-    const struct moe_exchange *moe_exchange;
+    /* The caller's run-time helpers of extensions (gpt_ext_set_runtime):
+     * each extension's, handed to its blocks and to those the model adopts. */
+    struct {
+        const struct gpt_ext_ops *ops;
+        const void *runtime;
+    } ext_runtime[GPT_EXT_MAX];
     /* The optimizer step being run (0 until the caller sets it): an
      * extension's draws may depend on it (block_acts.step). */
     long step;
@@ -569,8 +501,8 @@ void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T
 void gpt_acts_free(struct gpt_acts *acts);
 /* After gpt_replace_blocks: resizes acts to the model's new block count,
  * keeping the per-block activation buffers it already has (they are all
- * the same size; an MoE block's routing and expert buffers, moe_acts, are
- * sized by its first forward and kept): a shrinking stage keeps its
+ * the same size; an extension's buffers, block_ext_acts, are sized by its
+ * first forward and kept): a shrinking stage keeps its
  * spares, a growing one reuses
  * them and allocates only beyond its largest size so far, so live
  * migration allocates (and zero-fills) almost nothing. Contents are not
@@ -632,100 +564,35 @@ void gpt_mask_pruned_grads(struct gpt *model);
  * terms in the same order reproduces a one-rank run bit for bit. */
 double gpt_grad_sumsq(const struct gpt *model);
 double block_grad_sumsq(const struct block *blk);   /* 0 when frozen, without reading */
-/* An MoE block's sum of squares is the sum, in this order, of its shared
- * tensors' and router's (returned) and each expert's in expert order
- * (experts[j] for the j-th held expert), so that the owners of an
- * expert-parallel stage's experts can each contribute their own experts'
- * terms and the sum is the same bits as one rank holding them all.
- * block_grad_sumsq of an MoE block adds its held experts so. */
-double block_moe_grad_sumsq_parts(const struct block *blk, double *experts);
+/* A block whose parameters an extension splits over ranks (parallel.ep
+ * replicas of a stage hold different parts): gpt_block_shard_units is
+ * the parts of layer index's block in the whole model (0: none),
+ * block_shard_first the first it holds, and block_replicated_floats the
+ * floats at the front of the slab that every replica holds (all of them
+ * without parts). block_grad_sumsq_parts returns the sum of squares of
+ * the replicated floats' gradients and writes the held parts' into
+ * parts, in part order; block_grad_sumsq adds them so, so that the
+ * holders of a stage's parts can each contribute their own terms and the
+ * sum is the same bits as one rank holding them all. */
+int gpt_block_shard_units(const struct gpt_shape *shape, int index);
+int block_shard_first(const struct block *blk);
+size_t block_replicated_floats(const struct block *blk);
+double block_grad_sumsq_parts(const struct block *blk, double *parts);
 /* The wte+wpe term and the lnf term of gpt_grad_sumsq. */
 double gpt_embed_grad_sumsq(const struct gpt *model);
 double gpt_head_grad_sumsq(const struct gpt *model);
 
-/* ---- mixture of experts over a model's blocks (src/model/moe.c) ----------
- * Once a step, around its micro-batches: gpt_moe_begin_step zeroes every
- * MoE block's step counts and loss values; each forward counts into them;
- * the caller sums gpt_moe_step_values over the data-parallel replicas (the
- * model never calls MPI; the pipeline engine does it after the gradient
- * reduction) and hands the sums to gpt_moe_end_step, which keeps them as
- * the blocks' last-step counts and moves each sigmoid router's bias by
- * bias_rate x sign(mean count - count_i) (DeepSeek-V3's auxiliary-loss-free
- * balancing). The same sums on every replica give the same bias everywhere. */
-#define MOE_STEP_VALUES(E) (2 * (E) + 2)
-void gpt_moe_begin_step(struct gpt *model);
-/* This rank's values of its MoE blocks, in block order, MOE_STEP_VALUES(E)
- * doubles each: routed token-expert pairs per expert (E), dropped ones (E),
- * the aux loss and the z-loss summed over the forwards. Returns the number
- * of doubles (0 without MoE blocks); values may be NULL to ask the size. */
-int gpt_moe_step_values(const struct gpt *model, double *values);
-/* Takes the values gpt_moe_step_values laid out, summed over the replicas. */
-void gpt_moe_end_step(struct gpt *model, const double *values);
-/* The balancing losses (aux + z-loss, as added to the training loss) of
- * this rank's forwards since gpt_moe_begin_step, summed over its blocks. */
-double gpt_moe_balance_loss(const struct gpt *model);
-/* One block's bias update from the step's routed pairs per expert
- * (tokens, E values summed over the replicas): b_i += bias_rate x
- * sign(mean - tokens_i). No-op unless the block routes with the sigmoid
- * router and bias_rate > 0. */
-void block_moe_update_bias(struct block *blk, const double *tokens);
+/* ---- once a step: the extensions' values over the replicas --------------
+ * gpt_begin_step before a step's first micro-batch; gpt_step_values
+ * writes this rank's blocks' step values (block order, each extension's
+ * in its order; returns how many; values NULL: the count), which the
+ * caller sums over the data-parallel replicas (the model never calls MPI)
+ * and hands to gpt_end_step. The same sums on every replica leave the
+ * same state everywhere. */
+void gpt_begin_step(struct gpt *model);
+int gpt_step_values(const struct gpt *model, double *values);
+void gpt_end_step(struct gpt *model, const double *values);
 
-/* What routing decided for the tokens of an MoE block's last forward (for
- * tests and tools): per token t and slot j < k (best first) the chosen
- * expert choice[t k + j], its gate weight gate[t k + j] (the chosen score
- * for k = 1, renormalised over the chosen experts for k >= 2; a dropped
- * pair keeps its gate but contributes nothing) and row[t k + j], the
- * pair's row among the expert inputs grouped by expert (-1: dropped by the
- * expert's capacity); offset[e] .. offset[e + 1] are expert e's rows; the
- * router's scores (N, E) (softmax probabilities or sigmoid scores, before
- * the bias), and the micro-batch's aux and z-loss values. Arrays belong to
- * acts and stay valid until its next forward. */
-struct moe_routing {
-    int N, E, k, capacity;      /* capacity 0: dropless */
-    const int *choice;
-    const float *gate;
-    const int *row;
-    const int *offset;          /* (E + 1) */
-    const float *scores;
-    float aux, z;
-};
-void moe_routing_of(const struct block_acts *acts, struct moe_routing *routing);
-
-/* Expert parallelism's seam (docs/moe.md): the experts phase of an MoE
- * block, forward and backward, run by the caller instead of locally. The
- * model never calls MPI; a caller that splits the experts over ranks
- * (src/pipe) sends each expert's rows to the rank that owns it, runs them
- * there with moe_expert_forward / moe_expert_backward and brings the rows
- * back. x, dy: (rows, C) grouped by expert, expert e's rows offset[e] ..
- * offset[e + 1] (E + 1 offsets; on the host); y, dx: the same rows, to
- * write; x, y, dx, dy are the backend's memory (device memory on a
- * device: the runner stages what MPI moves). key
- * names the micro-batch's activations of this block (the same pointer in
- * the forward and the backward of one micro-batch), so that the runner
- * can keep what the backward needs. experts_backward also owes the
- * expert gradients (accumulated, unless the block is frozen). */
-struct moe_exchange {
-    void *ctx;
-    void (*experts_forward)(void *ctx, struct block *blk, const void *key, const int *offset,
-                            const float *x, float *y);
-    void (*experts_backward)(void *ctx, struct block *blk, const void *key, const int *offset,
-                             const float *dy, float *dx);
-};
-/* Hands every MoE block of model, and every block it later adopts
- * (gpt_replace_blocks), to exchange; NULL: the experts run locally. The
- * exchange must outlive the model or be unset first. */
-void gpt_moe_set_exchange(struct gpt *model, const struct moe_exchange *exchange);
-/* Expert e of blk over n rows: h, a (n, H) its pre-activations and GELU
- * (kept for the backward), y (n, C). The same bits row for row whatever
- * the other rows. */
-void moe_expert_forward(const struct block *blk, int e, const float *x, int n, float *h, float *a,
-                        float *y);
-/* Its backward over the same n rows: dx (n, C) overwritten, dh (n, H)
- * scratch; the expert's parameter gradients (expert_params floats, laid
- * out as in the slab) accumulate into grads unless it is NULL. */
-void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
-                         const float *x, const float *h, const float *a, int n, float *dh,
-                         float *dx);
 /* ---- bucketed attention (src/model/bucket_attention.c) -----------------------
  * Causal attention within buckets, per (sequence, head): queries and keys
  * go to nb buckets by a rotation R (hs, nb/2) with unit-norm columns, h(x)

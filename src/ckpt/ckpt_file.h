@@ -1,6 +1,5 @@
 /* The checkpoint file as the schema describes it (checkpoint_schema/v1.def,
- * and v3.def for a model with mixture-of-experts blocks, v2.def for one an
- * older dynmo wrote; the extension
+ * or a scheme's own version; the extension
  * dyn.def for a scheme's own state, ckpt_dyn.c; the schemes' fragments,
  * dyn_ckpt_* of dynmo/dyn.h):
  * the compiled-in schema tables, the structural validation of an open
@@ -18,16 +17,10 @@
 #include "dynmo/dyn.h"
 #include "dynmo/schema.h"
 
-/* Version 1 (a dense model), version 3 (with mixture-of-experts blocks)
- * and version 2 (with MoE blocks, as an older dynmo wrote it: read only). */
-extern const struct ckpt_schema ckpt_schema_v1, ckpt_schema_v2, ckpt_schema_v3;
-/* Whether a schema version has MoE blocks (2 or 3). */
-int ckpt_version_has_moe(long version);
-/* Version 3's /model attributes moe_router, moe_capacity_factor and
- * moe_drop: the routing that decides what each token computes, compared
- * on resume (ckpt_compare_shape). */
-void ckpt_write_moe_routing(hid_t model_group, const struct gpt_moe *moe);
-/* The schema of that version, or NULL for one this dynmo does not read. */
+/* Version 1, the base version of every model whose schemes own none. */
+extern const struct ckpt_schema ckpt_schema_v1;
+/* The schema of that version (1, or a scheme's own), or NULL for one this
+ * dynmo does not read. */
 const struct ckpt_schema *ckpt_schema_of_version(long version);
 /* The schema a checkpoint of this model is written in. */
 const struct ckpt_schema *ckpt_schema_for(const struct gpt_shape *shape);
@@ -44,12 +37,6 @@ size_t schema_type_size(enum schema_type type);
 /* Values of the named dimensions of one file. */
 struct ckpt_dims {
     long layers, block_params, vocab, max_seq, channels, pp, dp, history;
-    /* schema version 2 or 3 (MoE blocks); -1 in a version-1 file */
-    long moe_layers, experts, router_params, expert_rows, expert_params;
-    /* schema version 3: the shared tensors' floats (a /blocks row), the
-     * dense blocks (/mlp rows, 0 with moe_every 1) and an MLP's floats;
-     * -1 otherwise */
-    long shared_params, dense_layers, mlp_params;
     /* the dimensions the schemes' fragments name (dyn_ckpt_dims), once
      * the model is known */
     int scheme_dims;
@@ -87,8 +74,8 @@ void ckpt_problem(struct ckpt_problems *problems, const char *fmt, ...);
 /* What the structural check learned about a file. */
 struct ckpt_header {
     struct ckpt_dims dims;
-    struct gpt_shape shape;     /* its ints set once the attributes are in range;
-                                   shape.moe: every, experts, top_k, hidden (v2) */
+    struct gpt_shape shape;     /* its ints set once the attributes are in range, with
+                                   the schemes the file holds (dyn_ckpt_file_check) */
     long heads;                 /* /model heads as stored (shape.heads once checked) */
     long schema_version;
     const struct ckpt_schema *schema;   /* of schema_version, once known */

@@ -56,6 +56,7 @@ static void append_lines(struct merged *m, const struct dyn_ckpt_part *part, int
 {
     struct ckpt_schema *out = &m->schema;
     const struct ckpt_schema *s = part->schema;
+    if (!s) return;
     DM_ASSERT(out->group_count + s->group_count <= MERGED_LINES &&
               out->attr_count + s->attr_count <= MERGED_LINES &&
               out->dataset_count + s->dataset_count <= MERGED_LINES);
@@ -112,6 +113,48 @@ const struct ckpt_schema *dyn_ckpt_schema(const struct ckpt_schema *base,
     return merged_schema(base, presence_of_shape(shape));
 }
 
+/* ---- the schemes' own versions ------------------------------------------------- */
+
+/* The scheme that owns schema version `version`, or -1. */
+static int owner_of_version(long version)
+{
+    for (int i = 0; i < dyn_scheme_count(); i++) {
+        const struct dyn_ckpt_part *part = part_at(i);
+        for (int k = 0; part && part->versions && part->versions[k]; k++)
+            if (part->versions[k]->version == version) return i;
+    }
+    return -1;
+}
+
+int dyn_ckpt_version(const struct gpt_shape *shape)
+{
+    struct presence p = presence_of_shape(shape);
+    for (int i = 0; i < dyn_scheme_count(); i++)
+        if ((p.own & (1u << i)) && part_at(i)->versions) return part_at(i)->versions[0]->version;
+    return 0;
+}
+
+const struct ckpt_schema *dyn_ckpt_version_schema(long version)
+{
+    int i = owner_of_version(version);
+    if (i < 0) return NULL;
+    for (int k = 0; part_at(i)->versions[k]; k++)
+        if (part_at(i)->versions[k]->version == version) return part_at(i)->versions[k];
+    return NULL;
+}
+
+void dyn_ckpt_versions_text(char *buf, size_t size)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 0; i < dyn_scheme_count(); i++) {
+        const struct dyn_ckpt_part *part = part_at(i);
+        if (part && part->versions_text)
+            used += (size_t)snprintf(buf + used, used < size ? size - used : 0, "%s",
+                                     part->versions_text);
+    }
+}
+
 /* ---- writing ------------------------------------------------------------------ */
 
 void dyn_ckpt_write_attrs(const struct gpt_shape *shape, const struct dyn_ckpt_writer *w)
@@ -150,16 +193,76 @@ int dyn_ckpt_is_dim(const char *name)
     return 0;
 }
 
-int dyn_ckpt_block_rows(const struct gpt_shape *shape, const struct block *blk,
-                        struct dyn_ckpt_rows *out, int max)
+int dyn_ckpt_block_rows(const struct gpt_shape *shape, long version, const struct block *blk,
+                        struct dyn_ckpt_rows *out, int max, int *base)
 {
     struct presence p = presence_of_shape(shape);
     int n = 0;
+    *base = owner_of_version(version) >= 0;
     for (int i = 0; i < dyn_scheme_count(); i++) {
         const struct dyn_ckpt_part *part = part_at(i);
-        if ((p.own & (1u << i)) && part->rows) n += part->rows(shape, blk, out + n, max - n);
+        if ((p.own & (1u << i)) && part->rows)
+            n += part->rows(shape, version, blk, out + n, max - n);
     }
     return n;
+}
+
+int dyn_ckpt_writes_sharded(const struct gpt_shape *shape, int dp_rank)
+{
+    struct presence p = presence_of_shape(shape);
+    for (int i = 0; i < dyn_scheme_count(); i++)
+        if ((p.own & (1u << i)) && part_at(i)->writes_sharded)
+            return part_at(i)->writes_sharded(shape, dp_rank);
+    return 0;
+}
+
+void dyn_ckpt_write_state(const struct gpt_shape *shape, const struct block *blk,
+                          const struct dyn_ckpt_state_writer *w)
+{
+    struct presence p = presence_of_shape(shape);
+    for (int i = 0; i < dyn_scheme_count(); i++)
+        if ((p.own & (1u << i)) && part_at(i)->write_state) part_at(i)->write_state(shape, blk, w);
+}
+
+/* ---- the schemes' states in a file ------------------------------------------------ */
+
+struct dyn_ckpt_states {
+    void *state[DYN_SCHEMES_LIMIT];
+};
+
+int dyn_ckpt_read_states(const struct gpt_shape *shape, const struct dyn_ckpt_reader *rd,
+                         struct dyn_ckpt_states **states)
+{
+    struct presence p = presence_of_shape(shape);
+    struct dyn_ckpt_states *all = dm_alloc(sizeof *all);
+    int any = 0;
+    *states = NULL;
+    for (int i = 0; i < dyn_scheme_count(); i++) {
+        const struct dyn_ckpt_part *part = part_at(i);
+        if (!(p.own & (1u << i)) || !part->read_state) continue;
+        if (part->read_state(shape, rd, &all->state[i]) != 0) {
+            dyn_ckpt_states_free(all);
+            return -1;
+        }
+        any |= all->state[i] != NULL;
+    }
+    if (any) *states = all;
+    else dyn_ckpt_states_free(all);
+    return 0;
+}
+
+void dyn_ckpt_apply_states(const struct dyn_ckpt_states *states, const struct gpt_shape *shape,
+                           struct block *blk)
+{
+    for (int i = 0; states && i < dyn_scheme_count(); i++)
+        if (states->state[i]) part_at(i)->apply_state(states->state[i], shape, blk);
+}
+
+void dyn_ckpt_states_free(struct dyn_ckpt_states *states)
+{
+    for (int i = 0; states && i < dyn_scheme_count(); i++)
+        if (states->state[i]) part_at(i)->free_state(states->state[i]);
+    dm_free(states);
 }
 
 int dyn_ckpt_compare(const struct gpt_shape *file, const struct gpt_shape *run, char *err,
@@ -184,7 +287,7 @@ static int file_has_model_keys(const struct dyn_ckpt_reader *rd)
 {
     for (int i = 0; i < dyn_scheme_count(); i++) {
         const struct dyn_ckpt_part *part = part_at(i);
-        if (!part || !part->model_keys) continue;
+        if (!part || !part->model_keys || !part->schema) continue;
         for (int k = 0; k < part->schema->attr_count; k++)
             if (is_model_key(part, part->schema->attrs[k].object))
                 return rd->has(rd->ctx, "/model", part->schema->attrs[k].name);
@@ -192,11 +295,13 @@ static int file_has_model_keys(const struct dyn_ckpt_reader *rd)
     return 0;
 }
 
-struct dyn_ckpt_file *dyn_ckpt_file_open(const struct dyn_ckpt_reader *rd)
+struct dyn_ckpt_file *dyn_ckpt_file_open(const struct dyn_ckpt_reader *rd, long version)
 {
     struct dyn_ckpt_file *f = dm_alloc(sizeof *f);
     DM_ASSERT(dyn_scheme_count() <= DYN_SCHEMES_LIMIT);
     f->presence.model_keys = file_has_model_keys(rd);
+    int owner = owner_of_version(version);
+    if (owner >= 0) f->presence.own |= 1u << owner;   /* the version is the scheme's */
     for (int i = 0; i < dyn_scheme_count(); i++) {
         const struct dyn_ckpt_part *part = part_at(i);
         if (!part) continue;
@@ -222,6 +327,8 @@ static int owner_of(const struct dyn_ckpt_file *f, const char *object, const cha
         const struct dyn_ckpt_part *part = part_at(i);
         if (!part) continue;
         int keys = part->model_keys && f->presence.model_keys, own = f->presence.own & (1u << i);
+        if (own && part->owns_attr && part->owns_attr(object, name)) return i;
+        if (!part->schema) continue;
         for (int k = 0; k < part->schema->attr_count; k++) {
             const struct schema_attr *a = &part->schema->attrs[k];
             if (strcmp(a->object, object) != 0 || strcmp(a->name, name) != 0) continue;

@@ -71,6 +71,25 @@ struct gpt_shape dyn_shape_from_config(const struct dm_config *cfg)
     return shape;
 }
 
+struct gpt_shape dyn_shape_for_rank(const struct dm_config *cfg, int replica)
+{
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
+    for (int i = 0; i < scheme_count; i++)
+        if (schemes[i]->shard && dyn_scheme_active(schemes[i], cfg))
+            schemes[i]->shard(cfg, &shape, replica);
+    return shape;
+}
+
+double dyn_block_memory(const struct dm_config *cfg, const struct gpt_shape *shape, int layer,
+                        int micro_B)
+{
+    double bytes = 0.0;
+    for (int i = 0; i < scheme_count; i++)
+        if (schemes[i]->block_memory && dyn_scheme_active(schemes[i], cfg))
+            bytes += schemes[i]->block_memory(cfg, shape, layer, micro_B);
+    return bytes;
+}
+
 void dyn_describe_shape(const struct gpt_shape *shape,
                         void (*emit)(void *ctx, const char *line), void *ctx)
 {

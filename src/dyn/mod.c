@@ -621,9 +621,10 @@ static long mod_dim(const struct gpt_shape *shape, const char *name)
 
 /* A MoD block's router and predictor, the floats after the dense
  * tensors: row j of /mod for the j-th MoD block. */
-static int mod_rows(const struct gpt_shape *shape, const struct block *blk,
+static int mod_rows(const struct gpt_shape *shape, long version, const struct block *blk,
                     struct dyn_ckpt_rows *out, int max)
 {
+    (void)version;
     if (!gpt_block_is_mod(shape, blk->index)) return 0;
     size_t dense = block_param_count(blk->C);
     return dyn_ckpt_one_row(out, max, "/mod", gpt_mod_ordinal(shape, blk->index), dense,

@@ -25,8 +25,17 @@ struct gpt_ext;
  * its other lines (its own) are in a file only when it is. */
 enum { DYN_CKPT_RAW_BYTES = 256, DYN_SCHEMES_LIMIT = 16 };
 struct dyn_ckpt_part {
-    const struct ckpt_schema *schema;   /* checkpoint_schema/<scheme>.def */
+    const struct ckpt_schema *schema;   /* checkpoint_schema/<scheme>.def, or NULL */
     int model_keys;
+    /* Schema versions of its own (NULL-terminated, the one it writes
+     * first; NULL: none): a file of such a version is the scheme's, every
+     * line in the version's schema, and its rows, the blocks' own, come
+     * from rows (base set). versions_text: how the message about an
+     * unknown version names them. owns_attr: which of the version's
+     * attributes are the scheme's (stored through store). */
+    const struct ckpt_schema *const *versions;
+    const char *versions_text;
+    int (*owns_attr)(const char *object, const char *name);
     /* Whether the scheme is in shape's model; in a file's (from what rd
      * sees, the model keys' presence aside; NULL: only through them). */
     int (*in_shape)(const struct gpt_shape *shape);
@@ -45,9 +54,21 @@ struct dyn_ckpt_part {
     /* Its dimensions (NULL-terminated) and their values for shape. */
     const char *const *dims;
     long (*dim)(const struct gpt_shape *shape, const char *name);
-    /* The rows of its datasets that hold blk's floats (dyn_ckpt_block_rows). */
-    int (*rows)(const struct gpt_shape *shape, const struct block *blk, struct dyn_ckpt_rows *out,
-                int max);
+    /* The rows of its datasets that hold blk's floats in a file of
+     * `version` (dyn_ckpt_block_rows); with a version of its own, every
+     * row of the block. writes_sharded: dyn_ckpt_writes_sharded's rule. */
+    int (*rows)(const struct gpt_shape *shape, long version, const struct block *blk,
+                struct dyn_ckpt_rows *out, int max);
+    int (*writes_sharded)(const struct gpt_shape *shape, int dp_rank);
+    /* Its blocks' state beyond their slabs: written per block, read whole
+     * (checked; a blob it owns, NULL: none), applied to a loaded block,
+     * freed. */
+    void (*write_state)(const struct gpt_shape *shape, const struct block *blk,
+                        const struct dyn_ckpt_state_writer *w);
+    int (*read_state)(const struct gpt_shape *shape, const struct dyn_ckpt_reader *rd,
+                      void **state);
+    void (*apply_state)(const void *state, const struct gpt_shape *shape, struct block *blk);
+    void (*free_state)(void *state);
     /* Its resume rule over the two models (either may lack it). */
     int (*compare)(const struct gpt_shape *file, const struct gpt_shape *run, char *err,
                    size_t errsize);
@@ -75,6 +96,14 @@ struct dyn_scheme {
      * dyn_shape_from_config). */
     const struct gpt_ext_ops *ext;
     void (*add_to_shape)(const struct dm_config *cfg, struct gpt_shape *shape);
+    /* Its parameters on the ranks of replica `replica` of a stage, when it
+     * splits them (expert parallelism), and what one of its blocks keeps
+     * on its rank beyond its slab, in bytes (activations of the
+     * micro-batches held at once, the parts' sums), for layer's block of
+     * micro-batches of micro_B sequences. NULL: nothing. */
+    void (*shard)(const struct dm_config *cfg, struct gpt_shape *shape, int replica);
+    double (*block_memory)(const struct dm_config *cfg, const struct gpt_shape *shape, int layer,
+                           int micro_B);
     /* One line on what it makes of shape's model ("mixture of depths: every
      * 2 blocks ..."), or none (buf left empty): inspect's. */
     void (*describe_shape)(const struct gpt_shape *shape, char *buf, size_t size);

@@ -49,10 +49,19 @@ int block_tensor_is_matrix(int k)
     return k == BP_QKV_W || k == BP_ATTPROJ_W || k == BP_FC_W || k == BP_FCPROJ_W;
 }
 
-/* The tensors of the block itself, before its extensions'. */
+/* Whether an extension replaces the block's MLP. */
+static int block_replaces_mlp(const struct block *blk)
+{
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->replaces_mlp) return 1;
+    return 0;
+}
+
+/* The tensors of the block itself, before its extensions': the dense
+ * ones, or those before the MLP when an extension replaces it. */
 static int own_tensor_count(const struct block *blk)
 {
-    return blk->moe ? BP_FC_W + 1 + 4 * moe_owned_experts(&blk->moe->cfg) : BP_COUNT;
+    return block_replaces_mlp(blk) ? BP_FC_W : BP_COUNT;
 }
 
 int block_tensor_count(const struct block *blk)
@@ -86,27 +95,9 @@ int block_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size
     int C = blk->C;
     DM_ASSERT(k >= 0 && k < block_tensor_count(blk));
     if (k >= own_tensor_count(blk)) return ext_tensor_at(blk, k - own_tensor_count(blk), offset, size);
-    if (!blk->moe || k < BP_FC_W) {
-        *offset = block_tensor_offset(C, k);
-        *size = block_tensor_size(C, k);
-        return block_tensor_is_matrix(k);
-    }
-    const struct block_moe *moe = blk->moe;
-    size_t c = (size_t)C, E = (size_t)moe->cfg.experts, H = (size_t)moe->cfg.hidden;
-    size_t base = moe_shared_param_count(C);
-    if (k == BP_FC_W) {          /* the router */
-        *offset = base;
-        *size = E * c;
-        return 1;
-    }
-    int e = (k - BP_FC_W - 1) / 4, part = (k - BP_FC_W - 1) % 4;
-    size_t at = base + E * c + (size_t)e * moe->expert_params;
-    static const int matrix[4] = {1, 0, 1, 0};   /* fc_w fc_b fcproj_w fcproj_b */
-    size_t sizes[4] = {H * c, H, c * H, c};
-    for (int i = 0; i < part; i++) at += sizes[i];
-    *offset = at;
-    *size = sizes[part];
-    return matrix[part];
+    *offset = block_tensor_offset(C, k);
+    *size = block_tensor_size(C, k);
+    return block_tensor_is_matrix(k);
 }
 
 uint64_t block_tensor_stream(int index, int k)
@@ -116,12 +107,36 @@ uint64_t block_tensor_stream(int index, int k)
 
 /* ---- slab and initialisation ---------------------------------------------- */
 
-/* The floats of a block of layer index before its extensions' (dense, or
- * an MoE block's). */
+int gpt_block_has_mlp(const struct gpt_shape *shape, int index)
+{
+    for (int i = 0; i < shape->ext_count; i++)
+        if (shape->ext[i].ops->replaces_mlp && gpt_ext_owns(&shape->ext[i], shape, index))
+            return 0;
+    return 1;
+}
+
+int gpt_shape_replaces_mlp(const struct gpt_shape *shape)
+{
+    for (int l = 0; l < shape->layers; l++)
+        if (!gpt_block_has_mlp(shape, l)) return 1;
+    return 0;
+}
+
+int gpt_mlp_ordinal(const struct gpt_shape *shape, int index)
+{
+    if (!gpt_block_has_mlp(shape, index)) return -1;
+    int n = 0;
+    for (int l = 0; l < index; l++) n += gpt_block_has_mlp(shape, l);
+    return n;
+}
+
+/* The floats of a block of layer index before its extensions': the dense
+ * tensors, or those before the MLP when an extension replaces it. */
 static size_t own_param_count(const struct gpt_shape *shape, int index)
 {
-    if (gpt_block_is_moe(shape, index)) return moe_block_param_count(shape->channels, &shape->moe);
-    return block_param_count(shape->channels);
+    int C = shape->channels;
+    return gpt_block_has_mlp(shape, index) ? block_param_count(C)
+                                           : block_tensor_offset(C, BP_FC_W);
 }
 
 size_t gpt_block_param_count(const struct gpt_shape *shape, int index)
@@ -177,13 +192,12 @@ static void block_alloc_slab(struct block *blk, int index, const struct gpt_shap
     blk->grads = blk->params + blk->nparams;
     blk->m = blk->grads + blk->nparams;
     blk->v = blk->m + blk->nparams;
-    int moe = gpt_block_is_moe(shape, index);
-    for (int k = 0; k < (moe ? BP_FC_W : BP_COUNT); k++) {
+    int tensors = gpt_block_has_mlp(shape, index) ? BP_COUNT : BP_FC_W;
+    for (int k = 0; k < tensors; k++) {
         size_t off = block_tensor_offset(C, k);
         blk->p[k] = blk->params + off;
         blk->g[k] = blk->grads + off;
     }
-    if (moe) block_moe_alloc(blk, shape);
     block_alloc_ext(blk, shape);
 }
 
@@ -234,7 +248,7 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
     float *staging = backend_staging(bytes);   /* drawn on the host, then copied up */
     float *params = backend_write_begin(staging, blk->params);
     if (staging) backend_current()->copy_to_host(params, blk->params, bytes);
-    for (int k = 0; k < (blk->moe ? BP_FC_W : BP_COUNT); k++) {
+    for (int k = 0; k < own_tensor_count(blk); k++) {
         size_t n = block_tensor_size(C, k);
         float *p = params + (blk->p[k] - blk->params);
         if (k == BP_LN1_W || k == BP_LN2_W) {
@@ -245,7 +259,6 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
         }
         /* biases stay zero (the slab is zero) */
     }
-    if (blk->moe) block_moe_init_weights(blk, shape, params, seed);
     for (int i = 0; i < blk->ext_count; i++)
         if (blk->ext[i].ops->init_weights)
             blk->ext[i].ops->init_weights(blk->ext[i].state, blk, shape,
@@ -257,7 +270,6 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
 void block_free(struct block *blk)
 {
     block_sparse_free(blk);
-    block_moe_free(blk);
     for (int i = 0; i < blk->ext_count; i++)
         if (blk->ext[i].ops->free) blk->ext[i].ops->free(blk->ext[i].state);
     if (blk->slab) backend_current()->free(blk->slab);
@@ -336,19 +348,17 @@ static size_t ext_pack_bytes(const struct block *blk)
     return n;
 }
 
-/* The dynamic state after v: the pruning state, then the MoE state (a
- * block has at most one of them), then the extensions' states. */
+/* The dynamic state after v: the pruning state, then the extensions'
+ * states in their order. */
 static size_t dynamic_bytes(const struct block *blk)
 {
-    return block_sparse_pack_bytes(blk) + block_moe_pack_bytes(blk) + ext_pack_bytes(blk);
+    return block_sparse_pack_bytes(blk) + ext_pack_bytes(blk);
 }
 
 static void pack_dynamic(const struct block *blk, unsigned char *out)
 {
     block_sparse_pack(blk, out);
     out += block_sparse_pack_bytes(blk);
-    block_moe_pack(blk, out);
-    out += block_moe_pack_bytes(blk);
     for (int i = 0; i < blk->ext_count; i++) {
         if (!blk->ext[i].ops->pack_bytes) continue;
         blk->ext[i].ops->pack(blk->ext[i].state, out);
@@ -356,20 +366,21 @@ static void pack_dynamic(const struct block *blk, unsigned char *out)
     }
 }
 
-/* The extensions' states: the last ext_pack_bytes of the dynamic state. */
+/* The extensions' states, each its pack_bytes of what follows the
+ * pruning state; the last of them gets the rest (its unpack says what is
+ * wrong with a state of another size). */
 static int unpack_ext(struct block *blk, const unsigned char *in, size_t bytes, char *err,
                       size_t errsize)
 {
-    for (int i = 0; i < blk->ext_count; i++) {
+    int last = -1;
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->pack_bytes) last = i;
+    for (int i = 0; i <= last; i++) {
         const struct gpt_ext_ops *ops = blk->ext[i].ops;
         if (!ops->pack_bytes) continue;
-        size_t n = ops->pack_bytes(blk->ext[i].state);
-        if (n > bytes || ops->unpack(blk->ext[i].state, blk, in, n, err, errsize) != 0) {
-            if (n > bytes)
-                snprintf(err, errsize, "packed block %d: its %s state is cut short", blk->index,
-                         ops->name);
-            return -1;
-        }
+        size_t n = i == last ? bytes : ops->pack_bytes(blk->ext[i].state);
+        if (n > bytes) n = bytes;
+        if (ops->unpack(blk->ext[i].state, blk, in, n, err, errsize) != 0) return -1;
         in += n;
         bytes -= n;
     }
@@ -379,10 +390,10 @@ static int unpack_ext(struct block *blk, const unsigned char *in, size_t bytes, 
 static int unpack_dynamic(struct block *blk, uint64_t flags, const unsigned char *in,
                           size_t bytes, char *err, size_t errsize)
 {
-    size_t ext = ext_pack_bytes(blk), own = bytes > ext ? bytes - ext : 0;
-    int status = flags & BLOCK_FLAG_MOE ? block_moe_unpack(blk, in, own, err, errsize)
-                                        : block_sparse_unpack(blk, flags, in, own, err, errsize);
-    return status ? status : unpack_ext(blk, in + own, bytes - own, err, errsize);
+    size_t ext = ext_pack_bytes(blk);
+    size_t own = flags & BLOCK_FLAG_MASKED ? (bytes > ext ? bytes - ext : 0) : 0;
+    if (block_sparse_unpack(blk, flags, in, own, err, errsize) != 0) return -1;
+    return unpack_ext(blk, in + own, bytes - own, err, errsize);
 }
 
 /* Every header field but the checksum, which depends on what travels. */
@@ -395,8 +406,7 @@ static void fill_header(struct pack_header *h, const struct block *blk)
     h->channels = blk->C;
     h->heads = blk->NH;
     h->nparams = blk->nparams;
-    h->flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk) |
-               (blk->moe ? BLOCK_FLAG_MOE : 0);
+    h->flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk);
     for (int i = 0; i < blk->ext_count; i++) h->flags |= blk->ext[i].ops->pack_flag;
     h->dynamic_bytes = dynamic_bytes(blk);
     h->payload_bytes = 3 * blk->nparams * sizeof(float) + h->dynamic_bytes;
@@ -474,16 +484,8 @@ static int check_header(const struct pack_header *h, const struct block *blk,
                  h->index, (unsigned long long)h->nparams, nparams);
         return -1;
     }
-    int moe = gpt_block_is_moe(shape, h->index);
-    if (((h->flags & BLOCK_FLAG_MOE) != 0) != moe ||
-        (moe && (h->flags & (BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR)))) {
-        snprintf(err, errsize, "packed block %d %s a mixture of experts, but the model's "
-                 "layer %d %s", h->index, (h->flags & BLOCK_FLAG_MOE) ? "is" : "is not",
-                 h->index, moe ? "is one (and is never pruned)" : "is dense");
-        return -1;
-    }
-    uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR |
-                           BLOCK_FLAG_MOE, with_state = BLOCK_FLAG_MASKED | BLOCK_FLAG_MOE;
+    uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR,
+             with_state = BLOCK_FLAG_MASKED;
     for (int i = 0; i < shape->ext_count; i++) {
         const struct gpt_ext *ext = &shape->ext[i];
         if (check_ext_flag(h, ext, shape, err, errsize)) return -1;
@@ -646,7 +648,6 @@ void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH)
     acts->fch = p;        p += 4 * s.btc;
     acts->fch_gelu = p;   p += 4 * s.btc;
     DM_ASSERT((size_t)(p - acts->mem) == block_acts_floats(B, T, C, NH));
-    acts->moe = NULL;
     memset(acts->ext, 0, sizeof acts->ext);
     acts->step = 0;
     acts->loss_scale = 1.0f;
@@ -654,7 +655,6 @@ void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH)
 
 void block_acts_free(struct block_acts *acts)
 {
-    moe_acts_free(acts->moe);
     for (int i = 0; i < GPT_EXT_MAX; i++)
         if (acts->ext[i].acts) acts->ext[i].ops->acts_free(acts->ext[i].acts);
     if (acts->mem) backend_current()->free(acts->mem);
@@ -841,10 +841,6 @@ static void dense_forward(struct block *blk, struct block_acts *acts, float *out
         x->ops->mlp_forward(blk, x->state, acts, out, N);
         return;
     }
-    if (blk->moe) {   /* the experts instead of the MLP (moe.c) */
-        moe_forward(blk, acts, out, N);
-        return;
-    }
     block_matmul_forward(blk, BP_FC_W, acts->fch, acts->ln2, N, C, 4 * C, NULL,
                          acts->fch_gelu);
     block_matmul_forward(blk, BP_FCPROJ_W, out, acts->fch_gelu, N, 4 * C, C, acts->res1,
@@ -873,8 +869,6 @@ static void dense_backward(struct block *blk, struct block_acts *acts, struct bl
     const struct block_ext_slot *x = HOOK(blk, mlp_backward);
     if (x) {
         x->ops->mlp_backward(blk, x->state, acts, s->d_ln, dout, N);
-    } else if (blk->moe) {   /* the experts and the router (moe.c) into d_ln */
-        moe_backward(blk, acts, s->d_ln, dout, N);
     } else {
         block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N, 4 * C,
                               C, acts->fch);
@@ -914,7 +908,7 @@ void block_forward_packed(struct block *blk, struct block_acts *acts, float *out
     const struct dm_backend *ops = backend_current();
     int C = blk->C, N = start[B];
     float *const *p = blk->p;
-    DM_ASSERT(!blk->moe && !blk->sparse && N <= acts->B * acts->T);
+    DM_ASSERT(!block_replaces_mlp(blk) && !blk->sparse && N <= acts->B * acts->T);
     ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in, p[BP_LN1_W], p[BP_LN1_B],
                            N, C);
     ops->matmul_forward(acts->qkv, acts->ln1, p[BP_QKV_W], p[BP_QKV_B], N, C, 3 * C);

@@ -74,43 +74,22 @@ void block_sparse_pack(const struct block *blk, unsigned char *out);
 int block_sparse_unpack(struct block *blk, uint64_t flags, const unsigned char *in,
                         size_t bytes, char *err, size_t errsize);
 
-/* The mixture-of-experts block (moe.c). block.c allocates and frees the
- * state beside the slab, packs it, and runs the MLP half of an MoE block's
- * forward and backward through these: moe_forward computes
- * out = res1 + MoE(ln2) (ln2 is acts->ln2, res1 acts->res1), and
- * moe_backward writes d_ln2 (overwritten) from dout, accumulating the
- * router's and experts' gradients (NULL views: a frozen block). */
-void block_moe_alloc(struct block *blk, const struct gpt_shape *shape);
-void block_moe_free(struct block *blk);
-/* params: where the host writes the block's parameters (block_init_weights' staging) */
-void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, float *params,
-                            uint64_t seed);
-size_t block_moe_pack_bytes(const struct block *blk);
-void block_moe_pack(const struct block *blk, unsigned char *out);
-int block_moe_unpack(struct block *blk, const unsigned char *in, size_t bytes, char *err,
-                     size_t errsize);
-void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N);
-void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
-                  int N);
-void moe_acts_free(struct moe_acts *acts);
-/* The combine, its backward and the dispatch's backward over the
- * routing's row and gate (N, k) (moe.c), the CPU backend's entries of the
- * same names (include/dynmo/backend.h says what each computes). */
+/* The ops of routing tokens to the top k of E scores (routing_ops.c), the
+ * CPU backend's entries of the same names (include/dynmo/backend.h says
+ * what each computes). */
 void routed_combine_forward(float *out, const float *res1, const float *y, const float *gate,
-                         const int *row, int N, int k, int C);
+                            const int *row, int N, int k, int C);
 void routed_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
-                          const float *gate, const int *row, int N, int k, int C);
+                             const float *gate, const int *row, int N, int k, int C);
 void routed_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C);
-/* The routing, its losses' sums and its backward (moe.c), the CPU
- * backend's entries of the same names. */
 void route_topk_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
-                       const float *logits, const float *bias, int N, int E, int k, int sigmoid);
+                        const float *logits, const float *bias, int N, int E, int k, int sigmoid);
 void route_topk_sums(double *sums, const float *scores, const float *lse, int N, int E,
-                    int sigmoid);
+                     int sigmoid);
 void route_topk_backward(float *dlogits, const float *dgate, const float *logits,
-                        const float *scores, const float *lse, const int *choice,
-                        const float *gate, const int *selected, int N, int E, int k, int sigmoid,
-                        double alpha, double beta);
+                         const float *scores, const float *lse, const int *choice,
+                         const float *gate, const int *selected, int N, int E, int k, int sigmoid,
+                         double alpha, double beta);
 
 /* One round's histogram of pruning keys and the masking by the cut
  * (sparse.c), the CPU backend's entries of the same names (backend.h). */

@@ -491,11 +491,6 @@ static void print_checkpoint_model(const struct ckpt_meta *m)
     printf("  model: %d layers, %d channels, %d heads, vocab %d, max_seq %d: %zu "
            "parameters (%zu per dense block)\n", s->layers, s->channels, s->heads, s->vocab,
            s->max_seq, gpt_param_count(s), block_params);
-    if (s->moe.every > 0)
-        printf("  mixture of experts: every %d blocks (%d MoE blocks), %d experts of hidden "
-               "width %d, top-%d: %zu parameters per MoE block\n", s->moe.every,
-               gpt_moe_block_count(s), s->moe.experts, s->moe.hidden, s->moe.top_k,
-               gpt_block_param_count(s, s->moe.every - 1));
     dyn_describe_shape(s, print_scheme_line, NULL);   /* the schemes' own lines */
 }
 
@@ -506,7 +501,7 @@ static void print_checkpoint_blocks(const struct ckpt_meta *m)
     double block_mb = 3.0 * (double)block_param_count(s->channels) * 4.0 / 1e6;
     int frozen = 0;
     for (int i = 0; i < s->layers; i++) frozen += m->frozen[i];
-    if (s->moe.every > 0)
+    if (gpt_shape_replaces_mlp(s))   /* blocks of other sizes */
         printf("  blocks (MB: params, Adam m and v; %d frozen):\n", frozen);
     else
         printf("  blocks (%.2f MB each: params, Adam m and v; %d frozen):\n", block_mb, frozen);

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "tools/plan.h"
 
@@ -31,29 +32,28 @@ static long config_value(const char *text, const char *key, long fallback)
     return fallback;
 }
 
-/* The model (its channels, layers and mixture-of-experts blocks, which
- * make blocks differ in size) and the micro-batches from the run's config
- * (the root attribute config). */
+/* The model (its channels, layers and the schemes' extensions, which make
+ * blocks differ in size) and the micro-batches from the run's config (the
+ * root attribute config). */
 static void read_run_config(const char *path, struct gpt_shape *shape, int *micro_batches)
 {
     char err[512];
     char *config = NULL;
     if (runlog_read_root_attr(path, "config", &config, err, sizeof err) != 0)
         dm_user_error("--from-run: %s", err);
-    memset(shape, 0, sizeof *shape);
-    shape->channels = (int)config_value(config, "model.channels", 0);
-    shape->layers = (int)config_value(config, "model.layers", 0);
-    shape->moe.every = (int)config_value(config, "model.moe_every", 0);
-    if (shape->moe.every > 0) {
-        shape->moe.experts = (int)config_value(config, "model.experts", 0);
-        shape->moe.hidden = (int)config_value(config, "model.expert_hidden", 0);
-        if (shape->moe.hidden <= 0) shape->moe.hidden = 4 * shape->channels;
-    }
+    struct dm_config cfg;   /* the keys that size the blocks, the schemes' with them */
+    config_defaults(&cfg);
+    cfg.channels = (int)config_value(config, "model.channels", 0);
+    cfg.layers = (int)config_value(config, "model.layers", 0);
+    cfg.moe_every = (int)config_value(config, "model.moe_every", 0);
+    cfg.experts = (int)config_value(config, "model.experts", 0);
+    cfg.expert_hidden = (int)config_value(config, "model.expert_hidden", 0);
     *micro_batches = (int)config_value(config, "train.micro_batches", 1);
     free(config);
-    if (shape->channels <= 0 || shape->layers <= 0 || shape->moe.every < 0 ||
-        (shape->moe.every > 0 && shape->moe.experts <= 0))
+    if (cfg.channels <= 0 || cfg.layers <= 0 || cfg.moe_every < 0 ||
+        (cfg.moe_every > 0 && cfg.experts <= 0))
         dm_user_error("--from-run: %s has no model config", path);
+    *shape = dyn_shape_from_config(&cfg);
 }
 
 /* The steps the log holds; *with_update when it has the blocks' updates

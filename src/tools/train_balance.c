@@ -30,7 +30,7 @@ struct train_balancer {
 
 struct train_balancer *train_balancer_create(const struct dm_config *cfg, int stages)
 {
-    /* Blocks differ in size when some are mixtures of experts. */
+    /* Blocks differ in size with the schemes' extensions. */
     struct gpt_shape shape = dyn_shape_from_config(cfg);
     double *sizes = dm_alloc((size_t)cfg->layers * sizeof(double));
     for (int b = 0; b < cfg->layers; b++) sizes[b] = (double)gpt_block_param_count(&shape, b);
