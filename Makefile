@@ -14,7 +14,7 @@ USE_CUDA ?= 0
 # /usr/local/cuda (NVIDIA's installer), else /usr (Debian's nvidia-cuda-toolkit)
 CUDA_HOME ?= $(if $(wildcard /usr/local/cuda/bin/nvcc),/usr/local/cuda,/usr)
 ARCH ?= -march=native
-PKGS := mpich hdf5-mpich openblas cairo json-c
+PKGS := mpich hdf5-mpich openblas cairo json-c zlib
 
 ifeq ($(SANITIZE),)
 BUILD ?= build
@@ -57,7 +57,7 @@ HEADERS := $(wildcard include/dynmo/*.h) $(wildcard src/*/*.h) $(wildcard checkp
 # exercises, run the kept crash inputs in `make check`
 # (tests/t_fuzz_regressions.sh); `make fuzz` builds them with clang's
 # libFuzzer in build/fuzz.
-FUZZ_TARGETS := config tokens costs ckpt
+FUZZ_TARGETS := config tokens costs ckpt runlog
 SANITIZE_ALL := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 REPLAY_CFLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Isrc \
                  $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SANITIZE_ALL)
@@ -67,7 +67,10 @@ REPLAY_CFLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Isrc \
 FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/memory.c \
               src/model/data.c src/tools/plan_costs.c src/ckpt/ckpt_file.c \
               src/ckpt/ckpt_load.c src/ckpt/ckpt_dir.c src/ckpt/h5util.c \
-              src/ckpt/layout_history.c src/ckpt/fletcher32.c src/ckpt/ckpt_dyn.c
+              src/ckpt/layout_history.c src/ckpt/fletcher32.c src/ckpt/ckpt_dyn.c \
+              src/ckpt/h5check.c src/ckpt/runlog_read.c src/tools/report_load.c \
+              src/tools/inspect.c src/tools/trace.c src/tools/simulate_model.c \
+              src/tools/plan_runlog.c
 REPLAY_OBJ := $(patsubst src/%.c,$(BUILD)/replay/obj/%.o,$(FUZZ_SRC))
 REPLAY_BIN := $(patsubst %,$(BUILD)/fuzz-replay/%,$(FUZZ_TARGETS))
 

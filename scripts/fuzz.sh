@@ -7,6 +7,9 @@
 #           /usr/share/common-licenses/GPL-3
 #   costs   tests/data/*.csv
 #   ckpt    tests/data/ckpt/*.h5
+#   runlog  tests/data/sim/*/runlog.h5 (recorded runs, compressed) and the
+#           run logs of two tiny runs trained here: 2 stages with traced
+#           steps and a re-balance, and mixture of experts
 # Each target's corpus grows in $FUZZ_BUILD/corpus/<target> and is kept
 # between runs; a crashing input is written to $FUZZ_BUILD/crashes/<target>/
 # and libFuzzer's log to $FUZZ_BUILD/logs/<target>.log. Leaks inside HDF5
@@ -23,11 +26,11 @@ BUILD=${BUILD:-build}
 FUZZ_BUILD=${FUZZ_BUILD:-build/fuzz}
 RUNS=${FUZZ_RUNS:-1000000}
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(config tokens costs ckpt)
+[ ${#targets[@]} -gt 0 ] || targets=(config tokens costs ckpt runlog)
 
 seeds=$FUZZ_BUILD/seeds
 rm -rf "$seeds"
-mkdir -p "$seeds"/{config,tokens,costs,ckpt} "$FUZZ_BUILD/logs"
+mkdir -p "$seeds"/{config,tokens,costs,ckpt,runlog} "$FUZZ_BUILD/logs"
 cp configs/*.ini "$seeds/config/"
 cp tests/data/*.csv "$seeds/costs/"
 cp tests/data/ckpt/*.h5 "$seeds/ckpt/"
@@ -36,6 +39,19 @@ trap 'rm -rf "$tokens_dir"' EXIT
 "$BUILD/dynmo" prepare --out "$tokens_dir" /usr/share/common-licenses/GPL-3 >/dev/null ||
   { echo "fuzz: dynmo prepare failed (build $BUILD/dynmo first)" >&2; exit 1; }
 cp "$tokens_dir"/train.bin "$tokens_dir"/val.bin "$seeds/tokens/"
+if [[ " ${targets[*]} " == *" runlog "* ]]; then
+for run in tests/data/sim/*/; do cp "$run/runlog.h5" "$seeds/runlog/$(basename "$run").h5"; done
+printf '[model]\nlayers = 6\nchannels = 32\nheads = 2\nmax_seq = 32\n[train]\nbatch = 8\nseq = 32\nmicro_batches = 4\nsteps = 6\nlr = 3e-3\nwarmup = 1\n[data]\ntrain = %s\nval = %s\n' \
+  "$tokens_dir/train.bin" "$tokens_dir/val.bin" >"$tokens_dir/tiny.ini"
+timeout -k 10 120 mpiexec -n 2 "$BUILD/dynmo" train --config "$tokens_dir/tiny.ini" parallel.pp=2 \
+  run.trace_from=2 run.trace_steps=2 balance.method=random balance.every=2 \
+  run.out_dir="$tokens_dir/traced" >/dev/null &&
+  timeout -k 10 120 "$BUILD/dynmo" train --config "$tokens_dir/tiny.ini" model.moe_every=2 \
+  model.expert_hidden=32 run.out_dir="$tokens_dir/moe" >/dev/null ||
+  { echo "fuzz: the seed runs failed (build $BUILD/dynmo first)" >&2; exit 1; }
+cp "$tokens_dir/traced/runlog.h5" "$seeds/runlog/traced.h5"
+cp "$tokens_dir/moe/runlog.h5" "$seeds/runlog/moe.h5"
+fi
 
 cpu=$(lscpu | sed -n 's/^Model name: *//p' | head -n 1)
 summary=$FUZZ_BUILD/summary.txt

@@ -8,6 +8,7 @@ set -euo pipefail
 packages=(
   build-essential pkg-config
   mpich libmpich-dev libhdf5-mpich-dev hdf5-tools
+  zlib1g-dev                        # run-log readers inflate compressed chunks to check them
   libopenblas-dev
   libcairo2-dev fonts-dejavu-core   # dynmo report draws its figures with cairo
   libjson-c-dev                     # dynmo trace and inspect --json write JSON with json-c

@@ -1,10 +1,12 @@
-# Helpers for shell tests: expect_error NAME REGEX CMD... runs CMD, wants
-# exit status 2 and stderr matching REGEX (grep -E), and exactly one line of
-# error output. finish exits 0 if nothing failed.
+# Helpers for shell tests (tests/README.md lists them): expect_error NAME
+# REGEX CMD... runs CMD and wants exit status 2 and stderr matching REGEX
+# (grep -E). finish exits 0 if nothing failed.
 failures=0
 DYNMO=${DYNMO:-build/dynmo}
 BUILD=${BUILD:-build}
 fail() { echo "FAIL: $*"; failures=$((failures+1)); }
+# need_dynmo: skip the test (exit 77, saying why) where $DYNMO is not built
+need_dynmo() { [ -x "$DYNMO" ] || { echo "skip: no dynmo binary at $DYNMO"; exit 77; }; }
 expect_error() {
   local name=$1 regex=$2; shift 2
   local out rc
@@ -69,4 +71,82 @@ tiny_config() {
       echo "${key#*.} = ${kv#*=}"
     done
   done > "$file"
+}
+
+# Runs to compare, in $dir (work_dir):
+# train NAME RANKS CONFIG [section.key=value ...]: dynmo train of CONFIG on
+# RANKS ranks under mpiexec (and under taskset -c $train_cpus when a test
+# sets it), run.out_dir=$dir/NAME, its output in $dir/NAME.out, stopped
+# after $train_limit seconds (default 180; a test sets its own). A run
+# that fails fails the test, shows its last lines, and returns 1.
+train() {
+  local name=$1 ranks=$2 config=$3; shift 3
+  timeout -k 10 "${train_limit:-180}" ${train_cpus:+taskset -c "$train_cpus"} \
+    mpiexec -n "$ranks" "$DYNMO" train --config "$config" run.out_dir="$dir/$name" "$@" \
+    > "$dir/$name.out" 2>&1
+  local rc=$?
+  if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
+}
+
+# bits RUN DATASET...: the raw little-endian bytes of each DATASET of
+# $dir/RUN/runlog.h5 in $dir/RUN.<dataset, / as .> (/steps/loss:
+# $dir/RUN.steps.loss). A dataset the log lacks fails the test and
+# returns 1. has RUN DATASET: whether the log holds DATASET.
+bits() {
+  local run=$1 d file; shift
+  for d in "$@"; do
+    file=${d#/}
+    h5dump -b LE -d "$d" -o "$dir/$run.${file//\//.}" "$dir/$run/runlog.h5" >/dev/null 2>&1 \
+      || { fail "$run: no $d"; return 1; }
+  done
+}
+has() { h5dump -H -d "$2" "$dir/$1/runlog.h5" >/dev/null 2>&1; }
+
+# same A B WHAT DATASET...: runs A and B have the same bits of every
+# DATASET (as bits kept them): one ok line, or a failure naming the first
+# that differs (and return 1).
+same() {
+  local a=$1 b=$2 what=$3 d file; shift 3
+  for d in "$@"; do
+    file=${d#/}; file=${file//\//.}
+    cmp -s "$dir/$a.$file" "$dir/$b.$file" || { fail "$what: $d differs"; return 1; }
+  done
+  echo "ok: $what: $* bit-identical"
+}
+
+# train_refused NAME REGEX RANKS CONFIG [section.key=value ...]: dynmo
+# train of CONFIG on RANKS ranks (mpiexec, 60 s at most) must exit 2 with
+# one line of output holding "error", matching REGEX (grep -E).
+train_refused() {
+  local name=$1 regex=$2 ranks=$3 config=$4; shift 4
+  local out rc
+  out=$(timeout -k 10 60 mpiexec -n "$ranks" "$DYNMO" train --config "$config" \
+        run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
+  [ $rc -eq 2 ] || { fail "$name: exit $rc, want 2: $out"; return; }
+  grep -Eq -- "$regex" <<<"$out" || { fail "$name: '$out' does not match /$regex/"; return; }
+  [ "$(grep -c 'error' <<<"$out")" -eq 1 ] || { fail "$name: more than one message: $out"; return; }
+  echo "ok: $name: $out"
+}
+
+# The job-chain tests, with tests/mock-dynmo.sh in place of dynmo:
+# mock_ready CKPT LINK COUNT waits at most 30 s until COUNT ranks of
+# launch LINK sleep in the mock's `wait` action, ready for a signal (and
+# returns 1 if they never do); mock_launches RECORD LINE... wants the
+# mock's record of a chain's launches (CKPT/mock.record) to be these
+# lines, one per launch, in order.
+mock_ready() {
+  local ckpt=$1 link=$2 count=$3 waited=0
+  while [ "$(ls "$ckpt"/mock.ready."$link".* 2>/dev/null | wc -l)" -lt "$count" ]; do
+    [ $waited -ge 300 ] && return 1
+    sleep 0.1; waited=$((waited + 1))
+  done
+}
+mock_launches() {
+  local record=$1 k=0 line; shift
+  for line in "$@"; do
+    k=$((k + 1))
+    [ "$(sed -n "${k}p" "$record")" = "$line" ] \
+      || fail "launch $k ran '$(sed -n "${k}p" "$record")', want '$line'"
+  done
+  [ "$(wc -l <"$record")" -eq $# ] || fail "$(wc -l <"$record") launches, want $#"
 }

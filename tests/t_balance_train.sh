@@ -8,15 +8,13 @@ set -u
 work_dir
 tiny_config "$dir/t.ini" model.layers=12 model.channels=64 train.steps=6 parallel.pp=4 \
   balance.initial=explicit:1,1,1,9 balance.every=2
-run() { local name=$1; shift
-  timeout -k 10 120 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
-    > "$dir/$name.out" 2>&1 || { fail "$name exited $?"; tail -n 5 "$dir/$name.out"; return 1; }
-  h5dump -b LE -d /steps/loss -o "$dir/$name.loss" "$dir/$name/runlog.h5" >/dev/null
-}
+train_limit=120
+# run NAME [overrides...]: t.ini on 4 ranks and its losses' bits
+run() { train "$1" 4 "$dir/t.ini" "${@:2}" && bits "$1" /steps/loss; }
 run static
 for method in partition-time diffusion-time partition-params; do
   run "$method" balance.method="$method" || continue
-  cmp -s "$dir/static.loss" "$dir/$method.loss" && echo "ok: $method: losses bit-identical to static" \
+  cmp -s "$dir/static.steps.loss" "$dir/$method.steps.loss" && echo "ok: $method: losses bit-identical to static" \
     || fail "$method: losses differ from the static run"
   /usr/bin/python3 - "$dir/$method/runlog.h5" "$method" <<'PY' || fail "$method: layout not corrected"
 import sys, h5py
@@ -55,8 +53,8 @@ got=$(sed -n 's/^update_ms: blocks \([0-9.]*\) .*/\1/p' <<<"$out")
 # in the run log for plan, profiles CPU time, and computes the same bits.
 timeout -k 10 120 mpiexec -bind-to user:0,0,0,0 -n 4 "$DYNMO" train --config "$dir/t.ini"   run.out_dir="$dir/shared" balance.method=partition-time > "$dir/shared.out" 2>&1   || fail "shared run exited $?"
 grep -q "^processors: stages share them (groups 0,0,0,0 with 1 cores); profiling CPU time"   "$dir/shared.out" && echo "ok: shared run names its sharing"   || fail "shared run: no processors line: $(grep -m1 processors "$dir/shared.out")"
-h5dump -b LE -d /steps/loss -o "$dir/shared.loss" "$dir/shared/runlog.h5" >/dev/null
-cmp -s "$dir/static.loss" "$dir/shared.loss" && echo "ok: shared run bit-identical to static"   || fail "shared run: losses differ from the static run"
+bits shared /steps/loss
+cmp -s "$dir/static.steps.loss" "$dir/shared.steps.loss" && echo "ok: shared run bit-identical to static"   || fail "shared run: losses differ from the static run"
 out=$("$DYNMO" plan --from-run "$dir/shared" --step 6 --method static-uniform 2>&1) \
   || fail "plan --from-run on the shared run failed: $out"
 grep -q "^processors: stages share them: groups 0,0,0,0 with 1 cores" <<<"$out"   && echo "ok: plan --from-run predicts with the run's sharing"   || fail "plan --from-run ignored the sharing: $(grep processors <<<"$out")"

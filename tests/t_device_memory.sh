@@ -97,7 +97,7 @@ compare dense 1 train.eval_every=5 train.eval_batches=2
 compare pp2 2 parallel.pp=2
 compare balanced 2 parallel.pp=2 balance.method=random balance.every=1 && {
   grep -q "migrated" "$dir/balanced-emu.out" || fail "the balanced run never migrated"
-  cmp -s "$dir/pp2-emu.loss" "$dir/balanced-emu.loss" \
+  cmp -s "$dir/pp2-emu.steps.loss" "$dir/balanced-emu.steps.loss" \
     && echo "ok: strict emulate, 2 ranks: static and balanced (migrating every step) bit-identical" \
     || fail "strict emulate: balanced losses differ from static"
 }
@@ -179,21 +179,21 @@ E="model.moe_every=2 model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.
 E="$E moe.z_loss=0.001 train.steps=8"
 compare moe_ep 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 $E && \
 run moe_ep1-emu 4 train.device=emulate parallel.pp=2 parallel.dp=2 parallel.ep=1 $E && {
-  cmp -s "$dir/moe_ep-emu.loss" "$dir/moe_ep1-emu.loss" \
+  cmp -s "$dir/moe_ep-emu.steps.loss" "$dir/moe_ep1-emu.steps.loss" \
     && echo "ok: strict emulate, pp=2 dp=2: ep=2 and ep=1 losses bit-identical" \
     || fail "strict emulate, pp=2 dp=2: ep=2 losses differ from ep=1"
 }
 run moe_ep_random-emu 4 train.device=emulate parallel.pp=2 parallel.dp=2 parallel.ep=2 $E \
     balance.method=random balance.every=1 && {
   grep -q "migrated" "$dir/moe_ep_random-emu.out" || fail "the balanced ep=2 run never migrated"
-  cmp -s "$dir/moe_ep-emu.loss" "$dir/moe_ep_random-emu.loss" \
+  cmp -s "$dir/moe_ep-emu.steps.loss" "$dir/moe_ep_random-emu.steps.loss" \
     && echo "ok: strict emulate, ep=2: balanced (migrating expert shards every step) and static bit-identical" \
     || fail "strict emulate, ep=2: balanced losses differ from static"
 }
 D="parallel.pp=1 parallel.dp=4 train.micro_batches=2 moe.router=sigmoid moe.bias_rate=0.01"
 compare moe_ep_groups 4 $D parallel.ep=2 $E && \
 run moe_ep_groups1-emu 4 train.device=emulate $D parallel.ep=1 $E && {
-  cmp -s "$dir/moe_ep_groups-emu.loss" "$dir/moe_ep_groups1-emu.loss" \
+  cmp -s "$dir/moe_ep_groups-emu.steps.loss" "$dir/moe_ep_groups1-emu.steps.loss" \
     && echo "ok: strict emulate, pp=1 dp=4 (two expert groups): ep=2 and ep=1 losses bit-identical" \
     || fail "strict emulate, pp=1 dp=4: ep=2 losses differ from ep=1"
 }
@@ -282,10 +282,15 @@ per_step() {
 # those down for every exiting block and micro-batch took about 1 MB
 # (softmax) and 260 kB (saturation) per step here; the confidences take
 # 9 kB and 3 kB with everything else (copied NAME LIMIT WAYS [key=value...]:
-# WAYS "host", "device" or both)
+# WAYS "host", "device" or both; under NAME LIMIT WAYS: the same check of
+# the $up and $down a per_step left)
 copied() {
-  local name=$1 limit=$2 ways=$3 way bytes; shift 3
+  local name=$1 limit=$2 ways=$3; shift 3
   per_step "$name" "$@"
+  under "$name" "$limit" "$ways"
+}
+under() {
+  local name=$1 limit=$2 ways=$3 way bytes
   for way in $ways; do
     bytes=$down; [ "$way" = device ] && bytes=$up
     if [ "$bytes" -ge 0 ] && [ "$bytes" -lt "$limit" ]; then
@@ -302,7 +307,7 @@ copied "early exit saturation copies down" $((2 * 64 * 32 * 4)) host dyn.kind=ea
 
 # MoD's activations stay on the device: per MoD block and micro-batch only
 # the choice (B*T ints) crosses
-per_step copies-dense; dense=$down
+per_step copies-dense; dense_up=$up dense_down=$down dense=$down
 per_step copies-mod model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal; mod=$down
 N=64   # the tiny model's micro-batch of 2 x 32 tokens
 most=$(( 3 * 4 * N * 4 ))
@@ -319,9 +324,12 @@ fi
 # MoE block and micro-batch (3 blocks x 4 micro-batches x 64 tokens x 32
 # channels). Combining on the host (y, res1, dout and dx down; out, dy
 # and d_ln2 up) took 364 kB up and 507 kB down per step here; the routing
-# takes 31 kB and 19 kB with everything else.
-copied "MoE ep=1 copies" $((3 * 4 * 64 * 32 * 4)) "device host" model.moe_every=2 \
-  model.experts=4 model.top_k=2 moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.001
+# takes 31 kB and 19 kB with everything else. (The same run serves the
+# check of the softmax router's routing below.)
+per_step copies-moe-softmax model.moe_every=2 model.experts=4 model.top_k=2 moe.router=softmax \
+  moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.001
+softmax_up=$up softmax_down=$down
+under "MoE ep=1 copies" $((3 * 4 * 64 * 32 * 4)) "device host"
 # Checkpoints on the device: a save copies each slab down once (a block's
 # sparsity comes from the copy of its rows), through one staging buffer
 # for the whole save, and a load copies them up through one. saved NAME
@@ -392,14 +400,12 @@ fi
 # step's copies; nothing crosses in the backward. Routing on the host
 # (the logits and dgate down; gates, rows, tokens and dlogits up) took
 # 31261 bytes up and 19456 down per step with capacity and both losses
-# here, and fails it; the device's routing takes 13021 and 13621.
-per_step copies-dense; dense_up=$up dense_down=$down
+# here, and fails it; the device's routing takes 13021 and 13621. (routed
+# NAME: the check of the $up and $down of a step with NAME's router,
+# against the dense step's copies-dense above.)
 N=64 C=32 K=2 E=4 blocks=$((3 * 4))
-M="model.moe_every=2 model.experts=$E model.top_k=$K"
-for router in "softmax moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.001" \
-              "sigmoid moe.bias_rate=0.01 moe.capacity_factor=1.25 moe.drop=position moe.aux_loss=0.1"; do
-  set -- $router; name=$1; shift
-  per_step "copies-moe-$name" $M moe.router=$name "$@"
+routed() {
+  local name=$1
   most_down=$(( dense_down + blocks * (2 * N * K * 4 + (E + 1) * 8) ))
   most_up=$(( dense_up + blocks * (2 * N * K + 2 * E) * 4 ))
   if [ "$down" -gt "$dense_down" ] && [ "$down" -le "$most_down" ] && [ "$up" -le "$most_up" ]; then
@@ -407,7 +413,12 @@ for router in "softmax moe.capacity_factor=1.25 moe.aux_loss=0.1 moe.z_loss=0.00
   else
     fail "MoE $name: $up bytes up per step (at most $most_up), $down down (at most $most_down, more than $dense_down): the routing crosses"
   fi
-done
+}
+up=$softmax_up down=$softmax_down
+routed softmax   # copies-moe-softmax, the MoE ep=1 run above
+per_step copies-moe-sigmoid model.moe_every=2 model.experts=$E model.top_k=$K moe.router=sigmoid \
+  moe.bias_rate=0.01 moe.capacity_factor=1.25 moe.drop=position moe.aux_loss=0.1
+routed sigmoid
 # Pruning on the device (prune_histogram, prune_mask; src/dyn/prune.c):
 # a pruning step copies down only the radix select's histograms (8 rounds
 # of 256 counts) and each block's mask (12 C^2 bytes), and up only what

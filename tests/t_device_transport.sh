@@ -29,16 +29,20 @@ work_dir
 . "$(dirname "$0")/device_lib.sh"
 
 # pair NAME RANKS [key=value...]: NAME-shared on one device, NAME-own on a
-# device per rank; their losses the same bits, each run's line on the sums
+# device per rank; their losses the same bits, each run's line on the sums.
+# Both runs count what they copy (DYNMO_EMULATE_ALLOC_COUNTS=1 prints it at
+# exit and changes nothing else), for crossed below.
 pair() {
   local name=$1 ranks=$2; shift 2
-  DYNMO_EMULATE_DEVICES=1 run "$name-shared" "$ranks" train.device=emulate train.steps=8 "$@" || return
-  DYNMO_EMULATE_DEVICES=$ranks run "$name-own" "$ranks" train.device=emulate train.steps=8 "$@" || return
+  DYNMO_EMULATE_ALLOC_COUNTS=1 DYNMO_EMULATE_DEVICES=1 \
+    run "$name-shared" "$ranks" train.device=emulate train.steps=8 "$@" || return
+  DYNMO_EMULATE_ALLOC_COUNTS=1 DYNMO_EMULATE_DEVICES=$ranks \
+    run "$name-own" "$ranks" train.device=emulate train.steps=8 "$@" || return
   grep -q '^transport: host staging and MPI' "$dir/$name-shared.out" \
     || fail "$name on one device: no line on the staging: $(grep '^transport' "$dir/$name-shared.out")"
   grep -q "^transport: activations, gradients, migrating blocks, expert rows, the replicas' sums and the tied embedding device to device" \
     "$dir/$name-own.out" || fail "$name on a device per rank: no line on the transport: $(grep '^transport' "$dir/$name-own.out")"
-  if cmp -s "$dir/$name-shared.loss" "$dir/$name-own.loss"; then
+  if cmp -s "$dir/$name-shared.steps.loss" "$dir/$name-own.steps.loss"; then
     echo "ok: $name: $ranks ranks, each on its own device (the transport) or all on one (MPI): the same losses, bit for bit"
   else
     fail "$name: the transport's losses differ from MPI's"
@@ -64,7 +68,7 @@ pair moe-ep2 4 parallel.pp=2 parallel.dp=2 parallel.ep=2 model.moe_every=2 model
 # blocks moving every step (a random layout each step) on the transport:
 # the same bits as the static layout there
 pair moving 4 parallel.pp=2 parallel.dp=2 balance.method=random balance.every=1 && {
-  if cmp -s "$dir/pp2dp2-own.loss" "$dir/moving-own.loss"; then
+  if cmp -s "$dir/pp2dp2-own.steps.loss" "$dir/moving-own.steps.loss"; then
     echo "ok: pp=2 x dp=2 on the transport, a random layout every step: the static layout's losses, bit for bit"
   else
     fail "pp=2 x dp=2 on the transport: a random layout every step changes the losses"
@@ -90,20 +94,12 @@ run dp2-cpu 2 parallel.dp=2 train.steps=8 && out=$(close dp2-cpu dp2-own) \
   && echo "ok: dp=2 on the transport vs the CPU: $out" || fail "dp=2 on the transport vs the CPU: ${out:-}"
 
 # what crosses: the bytes the model copies to the host, per rank
-# (crossed NAME RANKS [key=value...]: $staged and $own, the most any rank
-# of an 8-step run copies, on one device and on a device per rank)
+# (crossed NAME: $staged and $own, the most any rank of pair NAME's 8-step
+# runs copies, on one device and on a device per rank)
 down() { sed -n 's/^emulate: .*, \([0-9]*\) bytes copied to the host$/\1/p' "$1" | sort -n | tail -n 1; }
 crossed() {
-  local name=$1 ranks=$2 d; shift 2
-  for d in 1 $ranks; do
-    tiny_config "$dir/$name$d.ini" "run.out_dir=$dir/$name$d" train.device=emulate train.steps=8 \
-      "$@" > "$dir/$name$d.ini"
-    DYNMO_EMULATE_DEVICES=$d DYNMO_EMULATE_ALLOC_COUNTS=1 timeout -k 10 120 mpiexec -n "$ranks" \
-      "$DYNMO" train --config "$dir/$name$d.ini" > "$dir/$name$d.out" 2>&1 \
-      || fail "$name on $d devices: exit $?"
-  done
-  staged=$(down "$dir/${name}1.out") own=$(down "$dir/$name$ranks.out")
-  [ -n "$staged" ] && [ -n "$own" ] || { fail "$name: no byte counts"; staged=0 own=0; }
+  staged=$(down "$dir/$1-shared.out") own=$(down "$dir/$1-own.out")
+  [ -n "$staged" ] && [ -n "$own" ] || { fail "$1: no byte counts"; staged=0 own=0; }
 }
 # under_fifth NAME WHAT: $own under a fifth of $staged
 under_fifth() {
@@ -112,19 +108,18 @@ under_fifth() {
     || fail "$1: $own bytes to the host on the transport, $staged through MPI's staging (want under a fifth)"
 }
 # dp=2: the replicas' sums were nearly all of it
-crossed dp2 2 parallel.dp=2
+crossed dp2
 under_fifth dp2 dp=2
 # pp=2: the tied halves (vocab 256 x 32 channels a step) and the
 # activations and gradients (4 micro-batches of 2 x 32 x 32 floats each
 # way a step; each stage copied down what it sent) no longer cross
-crossed pp2 2 parallel.pp=2
+crossed pp2
 tied=$((8 * 256 * 32 * 4)) acts=$((8 * 4 * 2 * 32 * 32 * 4))
 [ "$staged" -gt 0 ] && [ $((staged - own)) -ge $((tied + acts)) ] \
   && echo "ok: 8 steps of pp=2 copy $own bytes to the host on the transport, $staged through MPI's staging (the tied halves $tied, the activations $acts)" \
   || fail "pp=2: $own bytes to the host on the transport, $staged through MPI's staging (want $((tied + acts)) fewer)"
-crossed moving 4 parallel.pp=2 parallel.dp=2 balance.method=random balance.every=1
+crossed moving
 under_fifth moving "pp=2 x dp=2 moving blocks every step"
-crossed moe-dp4 4 parallel.dp=4 parallel.ep=2 model.moe_every=2 model.experts=4 model.top_k=2 \
-  moe.capacity_factor=1.25 train.micro_batches=2
+crossed moe-dp4
 under_fifth moe-dp4 "MoE over 2 expert groups of 2 (dp=4 x ep=2)"
 finish

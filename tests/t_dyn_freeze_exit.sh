@@ -12,15 +12,12 @@ tiny_config "$dir/t.ini" model.layers=12 model.max_seq=16 train.seq=16 train.ste
 FREEZE="dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 dyn.freeze_threshold=100 dyn.freeze_per_check=1"
 EXIT_SOFT="dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=2 run.log_every=1"
 EXIT_SAT="dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.9 dyn.exit_confidence=saturation dyn.exit_loss_weight=0.5"
-run() { local name=$1; shift
-  timeout -k 10 180 mpiexec -n 4 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
-    > "$dir/$name.out" 2>&1 || { fail "$name exited $?"; tail -n 5 "$dir/$name.out"; return 1; }
-  h5dump -b LE -d /steps/loss -o "$dir/$name.loss" "$dir/$name/runlog.h5" >/dev/null
-}
+# run NAME [overrides...]: t.ini on 4 ranks and its losses' bits
+run() { train "$1" 4 "$dir/t.ini" "${@:2}" && bits "$1" /steps/loss; }
 for scheme in FREEZE EXIT_SOFT EXIT_SAT; do
   run "$scheme-static" ${!scheme} || continue
   run "$scheme-balanced" ${!scheme} balance.method=partition-time || continue
-  cmp -s "$dir/$scheme-static.loss" "$dir/$scheme-balanced.loss" \
+  cmp -s "$dir/$scheme-static.steps.loss" "$dir/$scheme-balanced.steps.loss" \
     && echo "ok: $scheme: balanced losses bit-identical to static ($(grep -c '^balance:.*migrating' "$dir/$scheme-balanced.out") migrations; $(grep '^step 12' "$dir/$scheme-balanced.out" | sed 's/.*| //'))" \
     || fail "$scheme: balanced losses differ from static"
   # whether the balancer migrates depends on measured times; freezing must

@@ -41,14 +41,14 @@ for i in 0 1 2 3 4 5; do
   strict=1
   if out=$(close "$name-cpu" "$name-emu"); then echo "ok: $name on emulate vs cpu: $out"
   else fail "$name on emulate vs cpu: $out"; fi
-  [ "$name" = dense ] && cmp -s "$dir/$name-cpu.loss" "$dir/$name-emu.loss" \
+  [ "$name" = dense ] && cmp -s "$dir/$name-cpu.steps.loss" "$dir/$name-emu.steps.loss" \
     && fail "dense: emulate gave the CPU's bits in every loss: the kernels did not run"
 done
 
 run static 2 train.device=emulate parallel.pp=2 && \
 run balanced 2 train.device=emulate parallel.pp=2 balance.method=random balance.every=1 && {
   grep -q "migrated" "$dir/balanced.out" || fail "the balanced run never migrated"
-  cmp -s "$dir/static.loss" "$dir/balanced.loss" \
+  cmp -s "$dir/static.steps.loss" "$dir/balanced.steps.loss" \
     && echo "ok: emulate, 2 ranks: static and balanced (migrating every step) bit-identical" \
     || fail "emulate: balanced losses differ from static"
 }

@@ -18,10 +18,9 @@ py=/usr/bin/python3
 # The checkpoint at step 4 is inside the first window.
 tiny_config "$dir/t.ini" model.layers=8 train.steps=14 run.log_every=1 dyn.kind=freeze \
   dyn.freeze_window=3 dyn.freeze_every=2 dyn.freeze_threshold=100
-run() { local name=$1 ranks=$2; shift 2
-  timeout -k 10 300 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/$name" "$@" \
-    > "$dir/$name.out" 2>&1 || { fail "$name exited $?: $(tail -n 3 "$dir/$name.out")"; return 1; }
-}
+train_limit=300
+# run NAME RANKS [overrides...]: t.ini on RANKS ranks
+run() { train "$1" "$2" "$dir/t.ini" "${@:3}"; }
 # step N and the frozen count its line shows, from step $2 on
 decisions() { sed -n 's|^step \([0-9]*\)/14 .*frozen \([0-9]*\)/8.*|\1 \2|p' "$1" | awk -v from="$2" '$1 >= from'; }
 

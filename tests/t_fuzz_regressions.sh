@@ -7,7 +7,8 @@
 # code it exercises. Every input must run to its end within 60 s: a crash,
 # a sanitizer report, a failed harness check or a hang fails the test.
 # The damaged checkpoints must also be refused by `dynmo check-ckpt`
-# (exit 2) with the message that names the damage.
+# (exit 2) with the message that names the damage, the damaged run logs by
+# `dynmo inspect` (or `dynmo trace`, for the trace's values).
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
@@ -51,6 +52,19 @@ for input in tests/fuzz-regressions/ckpt/gheap-free-space-size-*; do
   expect_error "check-ckpt $(basename "$input")" \
     "damaged: the global heap collection at byte 2048 .* gives its free space 0 bytes where [0-9]+ remain" \
     timeout -k 10 60 "$DYNMO" check-ckpt "$input"
+done
+# The damaged run logs: every reader refuses them, naming the damage.
+for input in tests/fuzz-regressions/runlog/*.h5; do
+  case $(basename "$input") in
+    trace-*) expect_error "trace $(basename "$input")" \
+               "trace: $input: row [0-9]+ of /trace/events .* has a step that is not one of the log's" \
+               timeout -k 10 60 "$DYNMO" trace "$input" --out "${TMPDIR:-/tmp}/dynmo-fuzz-regression.json" ;;
+    moe-*) expect_error "inspect $(basename "$input")" \
+             "inspect: $input: row [0-9]+ column [0-9]+ of /moe/tokens and /moe/dropped: -?[0-9]+ routed, -?[0-9]+ dropped" \
+             timeout -k 10 60 "$DYNMO" inspect "$input" ;;
+    *) expect_error "inspect $(basename "$input")" "inspect: $input: damaged: the root group /: " \
+         timeout -k 10 60 "$DYNMO" inspect "$input" ;;
+  esac
 done
 expect_error "check-ckpt history-sum-overflow.h5" \
   "history-sum-overflow.h5: /layout: layout history entry 0 \(2 stages\) is not a layout of 2 blocks" \

@@ -19,39 +19,27 @@ tiny_config "$dir/hash.ini" model.attention=hash hash.buckets=4 parallel.dp=2 \
   train.micro_batches=2
 tiny_config "$dir/one.ini" model.attention=hash hash.buckets=1
 tiny_config "$dir/dense.ini"
-bits() {
-  h5dump -b LE -d /steps/loss -o "$2" "$1/runlog.h5" >/dev/null || return 1
-  if h5dump -H -d /hash/tiles "$1/runlog.h5" >/dev/null 2>&1; then
-    h5dump -b LE -d /hash/tiles -o "$2.tiles" "$1/runlog.h5" >/dev/null
-    h5dump -b LE -d /hash/own_key_only -o "$2.own" "$1/runlog.h5" >/dev/null || return 1
-  fi
+# run NAME CONFIG RANKS [overrides...]: its losses' bits, and with hash
+# attention the tiles each block visited and its own-key-only shares;
+# same_hash A B WHAT compares them
+hashed=(/hash/tiles /hash/own_key_only)
+run() {
+  train "$1" "$3" "$2" "${@:4}" && bits "$1" /steps/loss &&
+    { ! has "$1" /hash/tiles || bits "$1" "${hashed[@]}"; }
 }
-run() { # run NAME CONFIG RANKS [overrides...]
-  local name=$1 config=$2 ranks=$3; shift 3
-  timeout -k 10 180 mpiexec -n "$ranks" "$DYNMO" train --config "$config" \
-    run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
-  local rc=$?
-  if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
-  bits "$dir/$name" "$dir/$name.loss" || { fail "$name: no /steps/loss"; return 1; }
-}
-same() { # same A B WHAT: losses, tiles visited and own-key-only shares per block
-  cmp -s "$dir/$1.loss" "$dir/$2.loss" && cmp -s "$dir/$1.loss.tiles" "$dir/$2.loss.tiles" \
-    && cmp -s "$dir/$1.loss.own" "$dir/$2.loss.own" \
-    && echo "ok: $3: losses, /hash/tiles and /hash/own_key_only bit-identical" \
-    || fail "$3: losses, tiles or own-key shares differ"
-}
+same_hash() { same "$1" "$2" "$3" /steps/loss "${hashed[@]}"; }
 run static "$dir/hash.ini" 4 parallel.pp=2
 run random "$dir/hash.ini" 4 parallel.pp=2 balance.method=random balance.every=1 && {
-  same static random "hash attention, random re-layout every step vs static"
+  same_hash static random "hash attention, random re-layout every step vs static"
   grep -q "migrated [0-9]* blocks" "$dir/random.out" || fail "no migration shown in the step lines"
 }
-run onestage "$dir/hash.ini" 2 parallel.pp=1 && same static onestage "1 stage x 2 replicas vs 2 x 2"
+run onestage "$dir/hash.ini" 2 parallel.pp=1 && same_hash static onestage "1 stage x 2 replicas vs 2 x 2"
 run one "$dir/one.ini" 1
 run dense "$dir/dense.ini" 1
 /usr/bin/python3 - "$dir" <<'PY' || fail "one bucket is not dense attention"
 import sys, numpy as np
 d = sys.argv[1]
-a = np.fromfile(d + "/one.loss", "<f4"); b = np.fromfile(d + "/dense.loss", "<f4")
+a = np.fromfile(d + "/one.steps.loss", "<f4"); b = np.fromfile(d + "/dense.steps.loss", "<f4")
 diff = np.abs(a - b).max()
 print(f"ok: one bucket vs dense attention: {len(a)} step losses, max |diff| {diff:.3g}")
 sys.exit(0 if len(a) == len(b) and diff <= 1e-4 else 1)
@@ -100,7 +88,7 @@ fi
 run full "$dir/hash.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/ca" ckpt.every=2
 run part "$dir/hash.ini" 2 parallel.pp=2 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 train.steps=2
 run part "$dir/hash.ini" 1 parallel.pp=1 parallel.dp=1 ckpt.dir="$dir/cb" ckpt.every=2 &&
-  same full part "checkpoint at step 2 on 2 stages, resumed on 1 rank"
+  same_hash full part "checkpoint at step 2 on 2 stages, resumed on 1 rank"
 # the checkpoint records attention and buckets (/model attention, hash_buckets)
 # and refuses a run with other ones: exit 2, one message
 refused() { # refused NAME CONFIG WHAT PATTERN [overrides...]

@@ -48,6 +48,14 @@ expect_error "a checkpoint of another model" "written for a different model: mod
   timeout -k 5 60 mpiexec -n 2 "$DYNMO" train --config "${T[@]}" parallel.pp=2 model.channels=32 \
   run.out_dir="$dir/new/run" ckpt.dir="$dir/new/ck" ckpt.resume="$dir/ck/ckpt-2.h5"
 left "a checkpoint of another model"
+# A runlog.h5 in run.out_dir is continued or replaced only when it is one.
+mkdir -p "$dir/notlog" && echo "my notes" > "$dir/notlog/runlog.h5"
+expect_error "a runlog.h5 that is no run log" "holds runlog.h5, which is not a dynmo run log \(not HDF5 or damaged\)" \
+  timeout -k 5 60 "$DYNMO" train --config "${T[@]}" run.out_dir="$dir/notlog"
+cp "$dir/ck/ckpt-2.h5" "$dir/notlog/runlog.h5"
+expect_error "a checkpoint named runlog.h5" "which is not a dynmo run log \(a dynmo checkpoint\)" \
+  timeout -k 5 60 "$DYNMO" train --config "${T[@]}" run.out_dir="$dir/notlog"
+cmp -s "$dir/ck/ckpt-2.h5" "$dir/notlog/runlog.h5" || fail "a checkpoint named runlog.h5 was replaced"
 mkdir -p "$dir/new/mine"
 expect_error "a checkpoint of another model into a directory of the user's" "written for a different model" \
   timeout -k 5 60 "$DYNMO" train --config "${T[@]}" model.channels=32 run.out_dir="$dir/new/mine/run" \

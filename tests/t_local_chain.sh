@@ -19,19 +19,11 @@ chain_pid=
 trap '[ -n "$chain_pid" ] && kill -TERM "$chain_pid" 2>/dev/null; rm -rf "$dir"' EXIT
 cd "$dir" || exit 1
 
-wait_ready() { # CKPT LINK COUNT: COUNT ranks of launch LINK wait for a signal
-    local waited=0
-    while [ "$(ls "$1"/mock.ready."$2".* 2>/dev/null | wc -l)" -lt "$3" ]; do
-        [ $waited -ge 300 ] && return 1
-        sleep 0.1; waited=$((waited + 1))
-    done
-}
-
 # ---- 1. re-pack, SIGUSR1, relaunch after 75, done ---------------------------
 printf '[ckpt]\ndir = %s/a/ckpt ; found by the chain\n' "$dir" >a.ini
 "$chain" -n 4 --dynmo "$mock" --config a.ini mock.plan=repack:2,wait,done >a.log 2>&1 &
 chain_pid=$!
-if wait_ready "$dir/a/ckpt" 2 2; then
+if mock_ready "$dir/a/ckpt" 2 2; then
     kill -USR1 "$chain_pid"
 else
     fail "launch 2 never reached the mock's wait"
@@ -42,10 +34,7 @@ record=$dir/a/ckpt/mock.record
 want1="link=1 ntasks= size=4 args=train --config a.ini mock.plan=repack:2,wait,done"
 want2="link=2 ntasks= size=2 args=train --config a.ini mock.plan=repack:2,wait,done parallel.pp=2 parallel.dp=1 balance.initial=explicit:3,3 ckpt.resume=auto"
 want3="link=3 ntasks= size=2 args=train --config a.ini mock.plan=repack:2,wait,done parallel.pp=2 parallel.dp=1 balance.initial=explicit:3,3 ckpt.resume=auto"
-[ "$(sed -n 1p "$record")" = "$want1" ] || fail "launch 1 ran '$(sed -n 1p "$record")', want '$want1'"
-[ "$(sed -n 2p "$record")" = "$want2" ] || fail "launch 2 ran '$(sed -n 2p "$record")', want '$want2'"
-[ "$(sed -n 3p "$record")" = "$want3" ] || fail "launch 3 ran '$(sed -n 3p "$record")', want '$want3'"
-[ "$(wc -l <"$record")" -eq 3 ] || fail "$(wc -l <"$record") launches, want 3"
+mock_launches "$record" "$want1" "$want2" "$want3"
 ranks=$dir/a/ckpt/mock.ranks
 [ "$(grep -c '^link=1 .*size=4' "$ranks")" -eq 4 ] || fail "launch 1 did not run 4 ranks"
 [ "$(grep -c '^link=2 .*size=2 signal=USR1' "$ranks")" -eq 2 ] \
@@ -59,7 +48,7 @@ grep -q "run: mpiexec -n 2 " a.log || fail "launch 2 was not mpiexec -n 2"
 # ---- 2. SIGTERM stops the chain ----------------------------------------------
 "$chain" -n 2 --dynmo "$mock" --ckpt-dir "$dir/b" --config a.ini mock.plan=wait,done >b.log 2>&1 &
 chain_pid=$!
-if wait_ready "$dir/b" 1 2; then
+if mock_ready "$dir/b" 1 2; then
     kill -TERM "$chain_pid"
 else
     fail "chain 2 never reached the mock's wait"

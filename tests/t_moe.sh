@@ -27,35 +27,23 @@ moe=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=64
 tiny_config "$dir/moe.ini" "${moe[@]}" moe.capacity_factor=1.25 moe.drop=probs
 tiny_config "$dir/sigmoid.ini" "${moe[@]}" moe.router=sigmoid moe.bias_rate=0.01
 tiny_config "$dir/dense.ini"
-bits() { h5dump -b LE -d "$2" -o "$3" "$1/runlog.h5" >/dev/null; }
-run() { # run NAME CONFIG RANKS [overrides...]
-  local name=$1 config=$2 ranks=$3; shift 3
-  timeout -k 10 180 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/$config.ini" \
-    run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1
-  local rc=$?
-  if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
-  for d in /steps/loss /moe/tokens /moe/dropped /moe/bias; do
-    bits "$dir/$name" "$d" "$dir/$name.${d//\//_}" 2>/dev/null || { fail "$name: no $d"; return 1; }
-  done
-}
-same() { # same A B WHAT: the loss bits, counts and biases of two runs are equal
-  local d
-  for d in /steps/loss /moe/tokens /moe/dropped /moe/bias; do
-    cmp -s "$dir/$1.${d//\//_}" "$dir/$2.${d//\//_}" || { fail "$3: $d differs"; return 1; }
-  done
-  echo "ok: $3: losses, expert counts and biases bit-identical"
-}
+# run NAME CONFIG RANKS [overrides...]: $dir/CONFIG.ini on RANKS ranks, the
+# bits of its losses, expert counts and biases; same_moe A B WHAT
+# compares them
+moe_bits=(/steps/loss /moe/tokens /moe/dropped /moe/bias)
+run() { train "$1" "$3" "$dir/$2.ini" "${@:4}" && bits "$1" "${moe_bits[@]}"; }
+same_moe() { same "$1" "$2" "$3" "${moe_bits[@]}"; }
 
 # Static and balanced, the same pp and dp; and one stage.
 run static moe 4 parallel.pp=2
 run random moe 4 parallel.pp=2 balance.method=random balance.every=1 && {
-  same static random "random re-layout every step (softmax, capacity 1.25)"
+  same_moe static random "random re-layout every step (softmax, capacity 1.25)"
   grep -q "migrated [0-9]* blocks" "$dir/random.out" || fail "no migration shown in the step lines"
 }
-run onestage moe 2 parallel.pp=1 && same static onestage "1 stage x 2 replicas vs 2 x 2"
+run onestage moe 2 parallel.pp=1 && same_moe static onestage "1 stage x 2 replicas vs 2 x 2"
 run sig-static sigmoid 4 parallel.pp=2
 run sig-random sigmoid 4 parallel.pp=2 balance.method=random balance.every=1 &&
-  same sig-static sig-random "random re-layout every step (sigmoid router, bias moving)"
+  same_moe sig-static sig-random "random re-layout every step (sigmoid router, bias moving)"
 $py - "$dir" <<'PY' || fail "the run logs' /moe datasets are wrong"
 import sys, h5py, numpy as np
 d = sys.argv[1]
@@ -75,7 +63,7 @@ PY
 
 # Checkpoints: schema version 3, resharded on load.
 run ck moe 4 parallel.pp=2 ckpt.dir="$dir/ck" ckpt.every=2 ckpt.keep=3 && {
-  same static ck "a run that checkpoints"
+  same_moe static ck "a run that checkpoints"
   out=$("$DYNMO" check-ckpt "$dir/ck/ckpt-2.h5" 2>&1) && grep -q "ok: schema version 3, step 2" <<<"$out" \
     && echo "ok: check-ckpt: ${out##*ok: }" || fail "check-ckpt of an MoE checkpoint: $out"
   $py - "$dir/ck/ckpt-2.h5" checkpoint_schema/v3.def <<'PY' && echo "ok: h5py reads every dataset v3.def lists, with its shape; the rows hold what the blocks compute with, no padding" || fail "v3 file and v3.def disagree"
@@ -223,15 +211,8 @@ timeout -k 10 300 mpiexec -n 4 "$DYNMO" train --config configs/moe.ini train.ste
   || { fail "configs/moe.ini: $(tail -n 3 "$dir/config.out")"; }
 
 # Bad MoE settings: exit 2, one message.
-bad() { # bad NAME REGEX RANKS overrides...
-  local name=$1 regex=$2 ranks=$3; shift 3
-  local out rc
-  out=$(timeout -k 10 60 mpiexec -n "$ranks" "$DYNMO" train --config "$dir/dense.ini" run.out_dir="$dir/bad" "$@" 2>&1 >/dev/null); rc=$?
-  [ $rc -eq 2 ] || { fail "$name: exit $rc, want 2: $out"; return; }
-  grep -Eq -- "$regex" <<<"$out" || { fail "$name: '$out' does not match /$regex/"; return; }
-  [ "$(grep -c 'error' <<<"$out")" -eq 1 ] || { fail "$name: more than one message: $out"; return; }
-  echo "ok: $name: $out"
-}
+# bad NAME REGEX RANKS overrides...: dense.ini so changed is refused
+bad() { train_refused "$1" "$2" "$3" "$dir/dense.ini" "${@:4}"; }
 bad "E < k" "model.top_k = 3 exceeds model.experts = 2" 1 model.moe_every=1 model.experts=2 model.top_k=3
 bad "negative capacity" "moe.capacity_factor = -0.5 is out of range \[0, 1000\]" 1 model.moe_every=1 moe.capacity_factor=-0.5
 bad "MoE keys without MoE blocks" "MoE keys are set .* but model.moe_every = 0" 1 model.experts=4

@@ -4,15 +4,10 @@
 # train.bin, val.bin or temporary file; a previous good output untouched).
 # Also checks --help and one good run. Needs $DYNMO (tests/run.sh sets it).
 set -u
-DYNMO=${DYNMO:-build/dynmo}
-if [ ! -x "$DYNMO" ]; then
-  echo "skip: no dynmo binary at $DYNMO"
-  exit 77
-fi
+. "$(dirname "$0")/lib.sh"
+need_dynmo
 work=$(mktemp -d /tmp/dynmo-t-prepare.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
 
 printf 'In the beginning God created the heaven and the earth.\nAnd the earth was without form, and void.\n' >"$work/good.txt"
 for i in $(seq 1 40); do echo "line $i of some ordinary English text." ; done >>"$work/good.txt"
@@ -21,9 +16,9 @@ printf 'a' >"$work/tiny.txt"
 mkdir "$work/a-directory"
 echo "not a directory" >"$work/plain-file"
 
-# expect_error NAME KEYWORD OUTDIR ARGS...: exit 2, one error line with
-# KEYWORD, nothing written under OUTDIR.
-expect_error() {
+# refused NAME KEYWORD OUTDIR ARGS...: prepare ARGS exits 2, one error line
+# with KEYWORD, nothing written under OUTDIR.
+refused() {
   local name=$1 keyword=$2 out=$3; shift 3
   "$DYNMO" prepare "$@" >"$work/stdout" 2>"$work/stderr"
   local rc=$?
@@ -44,32 +39,32 @@ expect_error() {
 touch "$work/stamp"
 sleep 1   # so that -newer tells new files from the stamp
 out="$work/out"
-expect_error "no arguments"          "no output directory"  "$out"
-expect_error "no --out"              "no output directory"  "$out" "$work/good.txt"
-expect_error "no input files"        "no input files"       "$out" --out "$out"
-expect_error "missing file"          "$work/missing.txt"    "$out" --out "$out" "$work/missing.txt"
-expect_error "missing second file"   "$work/missing.txt"    "$out" --out "$out" "$work/good.txt" "$work/missing.txt"
-expect_error "directory as input"    "cannot read $work/a-directory" "$out" --out "$out" "$work/a-directory"
+refused "no arguments"          "no output directory"  "$out"
+refused "no --out"              "no output directory"  "$out" "$work/good.txt"
+refused "no input files"        "no input files"       "$out" --out "$out"
+refused "missing file"          "$work/missing.txt"    "$out" --out "$out" "$work/missing.txt"
+refused "missing second file"   "$work/missing.txt"    "$out" --out "$out" "$work/good.txt" "$work/missing.txt"
+refused "directory as input"    "cannot read $work/a-directory" "$out" --out "$out" "$work/a-directory"
 if [ "$(id -u)" -ne 0 ]; then
   cp "$work/good.txt" "$work/unreadable.txt"; chmod 000 "$work/unreadable.txt"
-  expect_error "unreadable file"     "cannot open $work/unreadable.txt" "$out" --out "$out" "$work/unreadable.txt"
+  refused "unreadable file"     "cannot open $work/unreadable.txt" "$out" --out "$out" "$work/unreadable.txt"
 else
   echo "note: running as root, so a chmod 000 file is still readable; the directory case covers read errors"
 fi
-expect_error "empty file"            "empty: $work/empty.txt has no bytes" "$out" --out "$out" "$work/empty.txt"
-expect_error "all files empty"       "empty"                "$out" --out "$out" "$work/empty.txt" "$work/empty.txt"
-expect_error "too small to split"    "too small"            "$out" --out "$out" "$work/tiny.txt"
-expect_error "unknown flag"          "unknown option '--bogus'" "$out" --bogus --out "$out" "$work/good.txt"
-expect_error "unknown short flag"    "unknown option '-x'"  "$out" -x --out "$out" "$work/good.txt"
+refused "empty file"            "empty: $work/empty.txt has no bytes" "$out" --out "$out" "$work/empty.txt"
+refused "all files empty"       "empty"                "$out" --out "$out" "$work/empty.txt" "$work/empty.txt"
+refused "too small to split"    "too small"            "$out" --out "$out" "$work/tiny.txt"
+refused "unknown flag"          "unknown option '--bogus'" "$out" --bogus --out "$out" "$work/good.txt"
+refused "unknown short flag"    "unknown option '-x'"  "$out" -x --out "$out" "$work/good.txt"
 for f in 0 0.51 1 -0.1 abc nan inf 0.1x ""; do
-  expect_error "--val-fraction '$f'" "--val-fraction must be a number in (0, 0.5], got '$f'" \
+  refused "--val-fraction '$f'" "--val-fraction must be a number in (0, 0.5], got '$f'" \
     "$out" --out "$out" --val-fraction "$f" "$work/good.txt"
 done
-expect_error "--val-fraction=0.9"    "got '0.9'"            "$out" --out "$out" --val-fraction=0.9 "$work/good.txt"
-expect_error "--val-fraction no value" "--val-fraction needs a value" "$out" --out "$out" "$work/good.txt" --val-fraction
-expect_error "--out no value"        "--out needs a value"  "$out" "$work/good.txt" --out
-expect_error "--out empty"           "--out needs a directory" "$out" --out= "$work/good.txt"
-expect_error "--out under a file"    "cannot create output directory $work/plain-file/sub" \
+refused "--val-fraction=0.9"    "got '0.9'"            "$out" --out "$out" --val-fraction=0.9 "$work/good.txt"
+refused "--val-fraction no value" "--val-fraction needs a value" "$out" --out "$out" "$work/good.txt" --val-fraction
+refused "--out no value"        "--out needs a value"  "$out" "$work/good.txt" --out
+refused "--out empty"           "--out needs a directory" "$out" --out= "$work/good.txt"
+refused "--out under a file"    "cannot create output directory $work/plain-file/sub" \
   "" --out "$work/plain-file/sub" "$work/good.txt"
 [ -e "$out" ] && fail "argument errors created $out"
 
@@ -89,18 +84,22 @@ grep -q 'usage: dynmo prepare' "$work/stdout" || fail "--help: no usage line"
 # A failing run into a directory with good outputs leaves them untouched.
 sum_before=$(cat "$out/train.bin" "$out/val.bin" | md5sum)
 touch "$work/stamp"; sleep 1
-expect_error "bad run over good output" "$work/missing.txt" "$out" --out "$out" "$work/good.txt" "$work/missing.txt"
-# train.bin that cannot be replaced (a non-empty directory is in the way):
-# the failure removes both temporaries.
+refused "bad run over good output" "$work/missing.txt" "$out" --out "$out" "$work/good.txt" "$work/missing.txt"
+# train.bin that is not a token file (a directory in the way, a user's
+# file of that name) is refused before anything is written, and stays.
 blocked="$work/blocked"
 mkdir -p "$blocked/train.bin/x"
-expect_error "output blocked"        "cannot rename"        "$blocked" --out "$blocked" "$work/good.txt"
+refused "output blocked"        "train.bin exists and is not a token file" "$blocked" --out "$blocked" "$work/good.txt"
 left=$(find "$blocked" -name '*.tmp.*' -o -name val.bin)
-[ -z "$left" ] || fail "output blocked: left $left"
+[ -z "$left" ] && [ -d "$blocked/train.bin/x" ] || fail "output blocked: left $left"
+mine="$work/mine"; mkdir -p "$mine"; echo "my notes" > "$mine/val.bin"
+refused "a user's val.bin"      "val.bin exists and is not a token file" "" --out "$mine" "$work/good.txt"
+[ "$(cat "$mine/val.bin")" = "my notes" ] && [ ! -e "$mine/train.bin" ] || fail "a user's val.bin was replaced"
+# Never onto its own input: the input named train.bin in --out.
+cp "$work/good.txt" "$mine/train.bin"; rm "$mine/val.bin"
+refused "its own input"         "train.bin is one of the inputs" "" --out "$mine" "$mine/train.bin"
+cmp -s "$mine/train.bin" "$work/good.txt" || fail "prepare replaced its own input"
 [ "$(cat "$out/train.bin" "$out/val.bin" | md5sum)" = "$sum_before" ] || fail "good output changed"
 
-if [ $failures -gt 0 ]; then
-  echo "$failures failures"
-  exit 1
-fi
-echo "all prepare error cases pass"
+[ $failures -gt 0 ] || echo "all prepare error cases pass"
+finish

@@ -16,12 +16,9 @@ for n in 3 4; do
 done
 tiny_config "$dir/t.ini" model.layers=12 model.channels=64 train.steps=16 dyn.kind=prune \
   dyn.prune_start=4 dyn.prune_every=2 dyn.prune_steps=3 dyn.sparsity_final=0.9 dyn.csr_sparsity=0.85
-run() { local name=$1 n=$2; shift 2
-  timeout -k 10 120 mpiexec -n $n "$DYNMO" train --config "$dir/t.ini" parallel.pp=$n \
-    run.out_dir="$dir/$name" "$@" > "$dir/$name.out" 2>&1 \
-    || { fail "$name exited $?"; tail -n 5 "$dir/$name.out"; return 1; }
-  h5dump -b LE -d /steps/loss -o "$dir/$name.loss" "$dir/$name/runlog.h5" >/dev/null
-}
+train_limit=120
+# run NAME N [overrides...]: t.ini on N stages and its losses' bits
+run() { train "$1" "$2" "$dir/t.ini" parallel.pp="$2" "${@:3}" && bits "$1" /steps/loss; }
 run one 1
 run static 4
 run balanced 4 balance.method=partition-time balance.every=2
@@ -30,7 +27,7 @@ run params 4 balance.method=partition-params balance.every=2 balance.min_gain=0
 # certain, whatever the timings say.
 run random 4 balance.method=random balance.every=2
 for name in static balanced params random; do
-  cmp -s "$dir/one.loss" "$dir/$name.loss" && echo "ok: $name: losses bit-identical to 1 rank" \
+  cmp -s "$dir/one.steps.loss" "$dir/$name.steps.loss" && echo "ok: $name: losses bit-identical to 1 rank" \
     || fail "$name: losses differ from the 1-rank run"
 done
 grep -q "migrated [0-9]* blocks" "$dir/random.out" && echo "ok: pruned blocks migrated" \

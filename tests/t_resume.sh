@@ -11,7 +11,7 @@ work_dir
 tiny_config "$dir/t.ini" model.channels=64 train.steps=150 train.lr=1e-3 train.warmup=5
 timeout -k 10 300 mpiexec -n 1 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/full" > "$dir/full.out" 2>&1 \
   || fail "uninterrupted run failed"
-h5dump -b LE -d /steps/loss -o "$dir/full.loss" "$dir/full/runlog.h5" >/dev/null
+bits full /steps/loss
 
 ranks_of() { pgrep -P "$(pgrep -P "$1" -f hydra_pmi_proxy | head -n1)" 2>/dev/null; }
 # segment N RANKS PP SIGNAL TARGET(one|all): runs until step >= 20*N, then signals.
@@ -40,8 +40,8 @@ segment 3 1 1 TERM one
 timeout -k 10 300 mpiexec -n 3 "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/chain" parallel.pp=3 \
   ckpt.dir="$dir/ck" ckpt.resume=auto > "$dir/seg4.out" 2>&1 || fail "last segment failed"
 grep -o 'resumed from.*' "$dir/seg4.out"
-h5dump -b LE -d /steps/loss -o "$dir/chain.loss" "$dir/chain/runlog.h5" >/dev/null
-cmp -s "$dir/full.loss" "$dir/chain.loss" && echo "ok: 4 -> 2 -> 1 -> 3 ranks: losses bit-identical to the uninterrupted run" \
+bits chain /steps/loss
+cmp -s "$dir/full.steps.loss" "$dir/chain.steps.loss" && echo "ok: 4 -> 2 -> 1 -> 3 ranks: losses bit-identical to the uninterrupted run" \
   || fail "the resumed chain's losses differ from the uninterrupted run"
 ls "$dir/ck"/ckpt-*.h5 | wc -l | grep -qx 2 || fail "ckpt.keep = 2 not honoured: $(ls "$dir/ck")"
 
@@ -60,8 +60,8 @@ if [ -f "$dir/rpck/next_world" ]; then
   echo "ok: re-pack to pp=$pp layout=$layout: $(grep -o 'repack: .*' "$dir/rp1.out" | head -c 160)"
   timeout -k 10 300 mpiexec -n "$pp" "$DYNMO" train --config "$dir/t.ini" run.out_dir="$dir/rp" parallel.pp="$pp" \
     balance.initial="explicit:$layout" ckpt.dir="$dir/rpck" > "$dir/rp2.out" 2>&1 || fail "smaller world failed"
-  h5dump -b LE -d /steps/loss -o "$dir/rp.loss" "$dir/rp/runlog.h5" >/dev/null
-  cmp -s "$dir/full.loss" "$dir/rp.loss" && echo "ok: re-packed run bit-identical" || fail "re-packed run's losses differ"
+  bits rp /steps/loss
+  cmp -s "$dir/full.steps.loss" "$dir/rp.steps.loss" && echo "ok: re-packed run bit-identical" || fail "re-packed run's losses differ"
 else
   fail "no next_world written"
 fi

@@ -23,16 +23,6 @@ chmod 755 "$dir"
 trap 'slurm_stop; rm -rf "$dir"' EXIT
 cd "$dir" || exit 1
 
-# Waits at most 30 s until COUNT ranks of launch LINK sleep in the mock's
-# `wait` action, ready for a signal.
-wait_ready() {
-    local ckpt=$1 link=$2 count=$3 waited=0
-    while [ "$(ls "$ckpt"/mock.ready."$link".* 2>/dev/null | wc -l)" -lt "$count" ]; do
-        [ $waited -ge 300 ] && return 1
-        sleep 0.1; waited=$((waited + 1))
-    done
-}
-
 # The job ids a chain log says were submitted, in order.
 submitted_jobs() {
     sed -n 's/.*dynmo-chain: submitted job \([0-9]*\):.*/\1/p' "$1"
@@ -43,7 +33,7 @@ printf '[ckpt]\ndir = %s/a/ckpt ; the chain finds it here\n' "$dir" >a.ini
 job1=$(sbatch --parsable --ntasks=4 --output="$dir/a.log" "$script" --dynmo "$mock" \
        --config a.ini mock.plan=repack:2,wait,done) || fail "sbatch of the first job failed"
 job1=${job1%%;*}
-if wait_ready "$dir/a/ckpt" 2 2; then
+if mock_ready "$dir/a/ckpt" 2 2; then
     job2=$(submitted_jobs a.log | head -n 1)
     scancel --batch --signal=USR1 "$job2" || fail "scancel --batch --signal=USR1 $job2 failed"
 else
@@ -74,10 +64,7 @@ record=$dir/a/ckpt/mock.record
 want1="link=1 ntasks=4 size=4 args=train --config a.ini mock.plan=repack:2,wait,done"
 want2="link=2 ntasks=2 size=2 args=train --config a.ini mock.plan=repack:2,wait,done parallel.pp=2 parallel.dp=1 balance.initial=explicit:3,3 ckpt.resume=auto"
 want3="link=3 ntasks=2 size=2 args=train --config a.ini mock.plan=repack:2,wait,done parallel.pp=2 parallel.dp=1 balance.initial=explicit:3,3 ckpt.resume=auto"
-[ "$(sed -n 1p "$record")" = "$want1" ] || fail "launch 1 ran '$(sed -n 1p "$record")', want '$want1'"
-[ "$(sed -n 2p "$record")" = "$want2" ] || fail "launch 2 ran '$(sed -n 2p "$record")', want '$want2'"
-[ "$(sed -n 3p "$record")" = "$want3" ] || fail "launch 3 ran '$(sed -n 3p "$record")', want '$want3'"
-[ "$(wc -l <"$record")" -eq 3 ] || fail "$(wc -l <"$record") launches, want 3"
+mock_launches "$record" "$want1" "$want2" "$want3"
 ranks=$dir/a/ckpt/mock.ranks
 [ "$(grep -c '^link=1 .*size=4' "$ranks")" -eq 4 ] || fail "launch 1 did not run 4 ranks: $(grep -c '^link=1 ' "$ranks")"
 [ "$(grep -c '^link=2 .*size=2 signal=USR1' "$ranks")" -eq 2 ] \
@@ -99,7 +86,7 @@ for variant in 2a 2b; do
     job=$(sbatch --parsable --ntasks=2 --output="$dir/$variant.log" "$script" --dynmo "$mock" \
           --config "$variant.ini" mock.plan=wait,done mock.write_s=2) || fail "sbatch of chain $variant failed"
     job=${job%%;*}
-    if wait_ready "$dir/$variant/ckpt" 1 2; then
+    if mock_ready "$dir/$variant/ckpt" 1 2; then
         case $variant in
             2a) scancel --batch --signal=TERM "$job" || fail "scancel --batch --signal=TERM $job failed" ;;
             2b) scancel "$job" || fail "scancel $job failed" ;;
@@ -125,7 +112,7 @@ printf '[ckpt]\ndir = %s/c/ckpt\n' "$dir" >c.ini
 job=$(DYNMO_LAUNCHER=mpiexec sbatch --parsable --ntasks=2 --output="$dir/c.log" "$script" \
       --dynmo "$mock" --config c.ini mock.plan=repack:1,wait,exit:5) || fail "sbatch of chain 3 failed"
 job=${job%%;*}
-if wait_ready "$dir/c/ckpt" 2 1; then
+if mock_ready "$dir/c/ckpt" 2 1; then
     scancel --batch --signal=USR1 "$(submitted_jobs c.log | head -n 1)" || fail "scancel --batch --signal=USR1 failed"
 else
     fail "chain 3 never reached the mock's wait"

@@ -31,8 +31,8 @@ done
 last=$(tail -n1 <<<"$jobs")
 [ "$(slurm_job_field "$last" NumTasks)" = 2 ] || fail "the last job has $(slurm_job_field "$last" NumTasks) tasks, want 2"
 [ "$(slurm_job_field "$last" JobState)" = COMPLETED ] || fail "the last job did not complete"
-h5dump -b LE -d /steps/loss -o full.loss "$dir/full/runlog.h5" >/dev/null
-h5dump -b LE -d /steps/loss -o chain.loss "$dir/out/runlog.h5" >/dev/null
-cmp -s full.loss chain.loss && echo "ok: Slurm chain 4 -> 2 tasks: losses bit-identical to the unbroken run" \
+bits full /steps/loss
+bits out /steps/loss
+cmp -s "$dir/full.steps.loss" "$dir/out.steps.loss" && echo "ok: Slurm chain 4 -> 2 tasks: losses bit-identical to the unbroken run" \
   || fail "the chain's losses differ from the unbroken run"
 finish

@@ -38,17 +38,6 @@ static void touch(const char *dir, const char *name)
     }
 }
 
-/* The whole file at path must be `want`, byte for byte. */
-static int file_holds(const char *path, const char *want)
-{
-    char buf[1024];
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
-    return n == strlen(want) && !memcmp(buf, want, n);
-}
-
 static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
     (void)st;
@@ -180,14 +169,14 @@ static void test_prepare_and_publish(void)
     touch(dir, "ckpt-10.h5.tmp");
     CHECK_MSG(ckpt_dir_publish(dir, 1, 10, err, sizeof err) == 0, "%s", err);
     snprintf(path, sizeof path, "%s/ckpt-10.h5", dir);
-    CHECK(file_holds(path, "ckpt-10.h5.tmp"));           /* the .tmp's bytes, renamed */
+    CHECK(testing_file_holds(path, "ckpt-10.h5.tmp"));           /* the .tmp's bytes, renamed */
     snprintf(path, sizeof path, "%s/ckpt-10.h5.tmp", dir);
     CHECK(!exists(path));
     snprintf(path, sizeof path, "%s/latest", dir);
-    CHECK(file_holds(path, "ckpt-10.h5\n"));
+    CHECK(testing_file_holds(path, "ckpt-10.h5\n"));
     touch(dir, "ckpt-20.h5.tmp");
     CHECK(ckpt_dir_publish(dir, 1, 20, err, sizeof err) == 0);
-    CHECK(file_holds(path, "ckpt-20.h5\n"));
+    CHECK(testing_file_holds(path, "ckpt-20.h5\n"));
     snprintf(path, sizeof path, "%s/ckpt-10.h5", dir);
     CHECK(!exists(path));                                /* keep = 1 */
 
@@ -196,7 +185,7 @@ static void test_prepare_and_publish(void)
     CHECK(ckpt_dir_publish(dir, 1, 30, err, sizeof err) == -1);
     CHECK_MSG(strstr(err, "ckpt-30.h5.tmp") != NULL, "'%s'", err);
     snprintf(path, sizeof path, "%s/latest", dir);
-    CHECK(file_holds(path, "ckpt-20.h5\n"));
+    CHECK(testing_file_holds(path, "ckpt-20.h5\n"));
 
     /* A regular file in the way of the directory. */
     snprintf(path, sizeof path, "%s/latest/sub", dir);
@@ -213,14 +202,14 @@ static void test_next_world(void)
     CHECK_MSG(ckpt_write_next_world(dir, 3, 2, (int[]){2, 3, 3}, 40, err, sizeof err) == 0,
               "%s", err);
     snprintf(path, sizeof path, "%s/next_world", dir);
-    CHECK(file_holds(path, "# written by dynmo " DYNMO_VERSION " on re-pack: the next world "
+    CHECK(testing_file_holds(path, "# written by dynmo " DYNMO_VERSION " on re-pack: the next world "
                            "of this job chain\nranks = 6\npp = 3\ndp = 2\nlayout = 2,3,3\n"
                            "step = 40\ncheckpoint = ckpt-40.h5\n"));
     snprintf(path, sizeof path, "%s/next_world.tmp", dir);
     CHECK(!exists(path));
     CHECK(ckpt_write_next_world(dir, 1, 1, (int[]){8}, 0, err, sizeof err) == 0);
     snprintf(path, sizeof path, "%s/next_world", dir);
-    CHECK(file_holds(path, "# written by dynmo " DYNMO_VERSION " on re-pack: the next world "
+    CHECK(testing_file_holds(path, "# written by dynmo " DYNMO_VERSION " on re-pack: the next world "
                            "of this job chain\nranks = 1\npp = 1\ndp = 1\nlayout = 8\n"
                            "step = 0\ncheckpoint = ckpt-0.h5\n"));
     snprintf(path, sizeof path, "%s/latest/sub", dir);   /* latest is a file */

@@ -108,17 +108,6 @@ static int is_directory(const char *path)
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-/* The whole file at path must be `want` (its bytes, nothing more). */
-static int file_holds(const char *path, const char *want)
-{
-    char buf[256];
-    FILE *f = fopen(path, "rb");
-    if (!f) return 0;
-    size_t n = fread(buf, 1, sizeof buf, f);
-    fclose(f);
-    return n == strlen(want) && !memcmp(buf, want, n);
-}
-
 static void test_make_dirs(const char *root)
 {
     char path[600], err[1024], file[600];
@@ -158,7 +147,7 @@ static void test_write_file_atomic(const char *root)
     snprintf(path, sizeof path, "%s/small", root);
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     CHECK_MSG(dm_write_file_atomic(path, "first\n", 6, err, sizeof err) == 0, "%s", err);
-    CHECK(file_holds(path, "first\n") && !exists(tmp));
+    CHECK(testing_file_holds(path, "first\n") && !exists(tmp));
     /* A stale temporary (a writer killed earlier) is replaced, not appended to. */
     FILE *f = fopen(tmp, "w");
     CHECK(f != NULL);
@@ -167,8 +156,8 @@ static void test_write_file_atomic(const char *root)
         fclose(f);
     }
     CHECK(dm_write_file_atomic(path, "2\n", 2, err, sizeof err) == 0);
-    CHECK(file_holds(path, "2\n") && !exists(tmp));
-    CHECK(dm_write_file_atomic(path, "", 0, err, sizeof err) == 0 && file_holds(path, ""));
+    CHECK(testing_file_holds(path, "2\n") && !exists(tmp));
+    CHECK(dm_write_file_atomic(path, "", 0, err, sizeof err) == 0 && testing_file_holds(path, ""));
 
     /* Under a regular file: nothing can be created; the message names the file. */
     snprintf(path, sizeof path, "%s/plain/x", root);

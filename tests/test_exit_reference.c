@@ -31,7 +31,7 @@
  * It prints the largest difference of every comparison. It never needs
  * torch. The fixtures are found under tests/reference/ of the current
  * directory or of any directory above this executable, or in
- * $DYNMO_EXIT_FIXTURES (a directory). */
+ * $DYNMO_EXIT_FIXTURES (a directory); tests/fixture.h reads them. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -44,11 +44,9 @@
 #include "dynmo/core.h"
 #include "dynmo/dyn.h"
 #include "dynmo/model.h"
+#include "fixture.h"
 #include "testing.h"
 
-#define FIXTURE_DIR "tests/reference"
-#define HEADER_BYTES (104 + 16 + 16 + 4)
-#define MAX_ARRAYS 24
 static const char *const fixtures[] = {
     "fixture_exit_softmax.bin", "fixture_exit_saturation.bin", "fixture_freeze.bin",
 };
@@ -66,217 +64,9 @@ static const double weight_tolerance = 1e-5;       /* relative */
 static const double param_tolerance = 1e-4;        /* absolute */
 static const double moment_tolerance = 1e-4;       /* relative to the largest of the tensor */
 
-enum { DTYPE_FLOAT32 = 0, DTYPE_INT32 = 1, DTYPE_FLOAT64 = 2 };
-enum { KIND_EXIT = 0, KIND_FREEZE = 1 };
-
-struct fixture_array {
-    char name[17];
-    uint32_t dtype;
-    int count;
-    const void *data;   /* into fixture.bytes; may be unaligned */
-};
-
-struct fixture {
-    unsigned char *bytes;
-    size_t size;
-    int vocab, max_seq, layers, heads, channels, batch, seq, steps, warmup;
-    double lr, min_lr_ratio, beta1, beta2, eps, weight_decay, grad_clip;
-    int kind, exit_from, exit_confidence, exit_warmup;
-    double exit_threshold, exit_loss_weight;
-    int num_arrays;
-    struct fixture_array arrays[MAX_ARRAYS];
-};
-
-static int32_t read_i32(const unsigned char *p) { int32_t x; memcpy(&x, p, 4); return x; }
-static uint32_t read_u32(const unsigned char *p) { uint32_t x; memcpy(&x, p, 4); return x; }
-static double read_f64(const unsigned char *p) { double x; memcpy(&x, p, 8); return x; }
-
-/* Reads a DMREF004 fixture; 0, or -1 after printing why. The host is
- * assumed little-endian, as the file is. */
-static int fixture_load(struct fixture *fx, const char *path)
-{
-    memset(fx, 0, sizeof *fx);
-    FILE *f = fopen(path, "rb");
-    if (!f) { perror(path); return -1; }
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    if (size < HEADER_BYTES) {
-        fprintf(stderr, "%s: %ld bytes, too short for a fixture\n", path, size);
-        fclose(f);
-        return -1;
-    }
-    fx->size = (size_t)size;
-    fx->bytes = malloc(fx->size);
-    size_t got = fread(fx->bytes, 1, fx->size, f);
-    fclose(f);
-    if (got != fx->size) { fprintf(stderr, "%s: short read\n", path); return -1; }
-    const unsigned char *p = fx->bytes;
-    if (memcmp(p, "DMREF004", 8) != 0 || read_u32(p + 8) != 4) {
-        fprintf(stderr, "%s: not a DMREF004 fixture\n", path);
-        return -1;
-    }
-    int *ints[] = {&fx->vocab, &fx->max_seq, &fx->layers, &fx->heads, &fx->channels,
-                   &fx->batch, &fx->seq, &fx->steps, &fx->warmup};
-    for (int i = 0; i < 9; i++) *ints[i] = read_i32(p + 12 + 4 * i);
-    double *reals[] = {&fx->lr, &fx->min_lr_ratio, &fx->beta1, &fx->beta2, &fx->eps,
-                       &fx->weight_decay, &fx->grad_clip};
-    for (int i = 0; i < 7; i++) *reals[i] = read_f64(p + 48 + 8 * i);
-    int *scheme[] = {&fx->kind, &fx->exit_from, &fx->exit_confidence, &fx->exit_warmup};
-    for (int i = 0; i < 4; i++) *scheme[i] = read_i32(p + 104 + 4 * i);
-    fx->exit_threshold = read_f64(p + 120);
-    fx->exit_loss_weight = read_f64(p + 128);
-    uint32_t num_arrays = read_u32(p + 136);
-    if (num_arrays > MAX_ARRAYS) {
-        fprintf(stderr, "%s: %u arrays, at most %d expected\n", path, num_arrays, MAX_ARRAYS);
-        return -1;
-    }
-    size_t offset = HEADER_BYTES;
-    for (uint32_t i = 0; i < num_arrays; i++) {
-        struct fixture_array *a = &fx->arrays[i];
-        if (offset + 24 > fx->size) goto truncated;
-        memcpy(a->name, p + offset, 16);
-        a->name[16] = '\0';
-        a->dtype = read_u32(p + offset + 16);
-        a->count = read_i32(p + offset + 20);
-        if (a->dtype > DTYPE_FLOAT64 || a->count < 0) {
-            fprintf(stderr, "%s: array %s has dtype %u, count %d\n", path, a->name, a->dtype,
-                    a->count);
-            return -1;
-        }
-        offset += 24;
-        size_t bytes = (size_t)a->count * (a->dtype == DTYPE_FLOAT64 ? 8 : 4);
-        if (offset + bytes > fx->size) goto truncated;
-        a->data = p + offset;
-        offset += bytes;
-    }
-    fx->num_arrays = (int)num_arrays;
-    if (offset != fx->size) {
-        fprintf(stderr, "%s: %zu trailing bytes\n", path, fx->size - offset);
-        return -1;
-    }
-    return 0;
-truncated:
-    fprintf(stderr, "%s: truncated\n", path);
-    return -1;
-}
-
-/* A fresh, aligned copy of array `name` of that dtype and count; NULL (a
- * failure counted) when it is missing or another shape. */
-static void *fixture_take(const struct fixture *fx, const char *name, uint32_t dtype,
-                          long count)
-{
-    for (int i = 0; i < fx->num_arrays; i++) {
-        const struct fixture_array *a = &fx->arrays[i];
-        if (strcmp(a->name, name) != 0) continue;
-        if (a->dtype != dtype || a->count != count) {
-            fprintf(stderr, "fixture array %s: dtype %u count %d, expected dtype %u count %ld\n",
-                    name, a->dtype, a->count, dtype, count);
-            testing_failures++;
-            return NULL;
-        }
-        size_t bytes = (size_t)count * (dtype == DTYPE_FLOAT64 ? 8 : 4);
-        void *copy = malloc(bytes ? bytes : 1);
-        memcpy(copy, a->data, bytes);
-        return copy;
-    }
-    fprintf(stderr, "fixture has no array %s\n", name);
-    testing_failures++;
-    return NULL;
-}
-
-/* The canonical flat order's tensors (model.h), from the shape alone. */
-struct named_tensor {
-    char name[32];
-    size_t offset, size;
-};
-
-static int canonical_tensors(struct named_tensor *out, const struct fixture *fx)
-{
-    static const char *block_names[BP_COUNT] = {
-        "ln1_w", "ln1_b", "qkv_w", "qkv_b", "attproj_w", "attproj_b",
-        "ln2_w", "ln2_b", "fc_w", "fc_b", "fcproj_w", "fcproj_b"};
-    const size_t c = (size_t)fx->channels;
-    const size_t block_sizes[BP_COUNT] = {c, c, 3 * c * c, 3 * c, c * c, c,
-                                          c, c, 4 * c * c, 4 * c, 4 * c * c, c};
-    int n = 0;
-    size_t offset = 0;
-#define ADD(...)                                                              \
-    do {                                                                      \
-        snprintf(out[n].name, sizeof out[n].name, __VA_ARGS__);              \
-        out[n].offset = offset;                                               \
-        offset += out[n].size;                                                \
-        n++;                                                                  \
-    } while (0)
-    out[n].size = (size_t)fx->vocab * c;
-    ADD("wte");
-    out[n].size = (size_t)fx->max_seq * c;
-    ADD("wpe");
-    for (int l = 0; l < fx->layers; l++)
-        for (int k = 0; k < BP_COUNT; k++) {
-            out[n].size = block_sizes[k];
-            ADD("block%d.%s", l, block_names[k]);
-        }
-    out[n].size = c;
-    ADD("lnf_w");
-    out[n].size = c;
-    ADD("lnf_b");
-#undef ADD
-    return n;
-}
-
-/* Largest |a - b| over n floats (NaN counts as infinite); its index to *where. */
-static double max_abs_diff(const float *a, const float *b, size_t n, size_t *where)
-{
-    double largest = 0.0;
-    *where = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)a[i] - (double)b[i]);
-        if (d > largest || isnan(d)) {
-            largest = isnan(d) ? INFINITY : d;
-            *where = i;
-        }
-    }
-    return largest;
-}
-
 static double relative_diff(double got, double want)
 {
     return fabs(got - want) / fabs(want);
-}
-
-/* The config of a fixture: its model, batch and optimizer; dyn.kind and
- * the early-exit keys for an exit fixture. */
-static void fixture_config(struct dm_config *cfg, const struct fixture *fx)
-{
-    config_defaults(cfg);
-    cfg->vocab = fx->vocab;
-    cfg->max_seq = fx->max_seq;
-    cfg->layers = fx->layers;
-    cfg->heads = fx->heads;
-    cfg->channels = fx->channels;
-    cfg->batch = fx->batch;
-    cfg->seq = fx->seq;
-    cfg->micro_batches = 1;
-    cfg->steps = fx->steps;
-    cfg->warmup = fx->warmup;
-    cfg->lr = fx->lr;
-    cfg->min_lr_ratio = fx->min_lr_ratio;
-    cfg->beta1 = fx->beta1;
-    cfg->beta2 = fx->beta2;
-    cfg->eps = fx->eps;
-    cfg->weight_decay = fx->weight_decay;
-    cfg->grad_clip = fx->grad_clip;
-    if (fx->kind == KIND_EXIT) {
-        snprintf(cfg->dyn_kind, sizeof cfg->dyn_kind, "early_exit");
-        snprintf(cfg->exit_confidence, sizeof cfg->exit_confidence, "%s",
-                 fx->exit_confidence ? "saturation" : "softmax");
-        cfg->exit_from = fx->exit_from;
-        cfg->exit_threshold = fx->exit_threshold;
-        cfg->exit_loss_weight = fx->exit_loss_weight;
-        cfg->exit_warmup = fx->exit_warmup;
-    }
-    config_validate(cfg);
 }
 
 /* One optimizer step as the engine's optimizer_step does it: clipping by
@@ -714,7 +504,7 @@ done:
 static void run_fixture(const char *path)
 {
     struct fixture fx;
-    if (fixture_load(&fx, path) != 0) {
+    if (fixture_load(&fx, path, 4, 4) != 0) {
         testing_failures++;
         free(fx.bytes);
         return;
@@ -726,9 +516,8 @@ static void run_fixture(const char *path)
     fixture_config(&cfg, &fx);
     struct gpt_shape shape = gpt_shape_from_config(&cfg);
     const int B = fx.batch, T = fx.seq;
-    int max_tensors = 4 + fx.layers * BP_COUNT;
-    struct named_tensor *tensors = malloc((size_t)max_tensors * sizeof *tensors);
-    int num_tensors = canonical_tensors(tensors, &fx);
+    int num_tensors;
+    struct named_tensor *tensors = fixture_tensors(&fx, &num_tensors);
     const size_t P = tensors[num_tensors - 1].offset + tensors[num_tensors - 1].size;
     CHECK_MSG(gpt_param_count(&shape) == P, "gpt_param_count %zu, fixture layout %zu",
               gpt_param_count(&shape), P);
@@ -760,38 +549,15 @@ static void run_fixture(const char *path)
     free(fx.bytes);
 }
 
-/* The fixtures' directory: $DYNMO_EXIT_FIXTURES, tests/reference under the
- * current directory, or under a directory above the executable. */
-static int locate_fixtures(char *dir, size_t size)
-{
-    const char *override = getenv("DYNMO_EXIT_FIXTURES");
-    char probe[2200];
-    if (override && *override) {
-        snprintf(dir, size, "%s", override);
-        return 1;
-    }
-    snprintf(dir, size, "%s", FIXTURE_DIR);
-    snprintf(probe, sizeof probe, "%s/%s", dir, fixtures[0]);
-    if (access(probe, R_OK) == 0) return 1;
-    char exe[1024];
-    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (n <= 0) return 0;
-    exe[n] = '\0';
-    for (char *slash = strrchr(exe, '/'); slash; slash = strrchr(exe, '/')) {
-        *slash = '\0';
-        snprintf(dir, size, "%s/%s", exe, FIXTURE_DIR);
-        snprintf(probe, sizeof probe, "%s/%s", dir, fixtures[0]);
-        if (access(probe, R_OK) == 0) return 1;
-    }
-    snprintf(dir, size, "%s", FIXTURE_DIR);
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     MPI_Init(&argc, &argv);
+    /* $DYNMO_EXIT_FIXTURES, else tests/reference under the current
+     * directory or above the executable */
+    const char *override = getenv("DYNMO_EXIT_FIXTURES");
     char dir[2048];
-    if (!locate_fixtures(dir, sizeof dir)) {
+    if (override && *override) snprintf(dir, sizeof dir, "%s", override);
+    else if (!fixture_dir(dir, sizeof dir, fixtures[0])) {
         fprintf(stderr, "test_exit_reference: fixtures not found under %s (run from the "
                 "repository root, or set DYNMO_EXIT_FIXTURES; regenerate with "
                 "/usr/bin/python3 tests/reference/make_exit_fixture.py)\n", dir);

@@ -1,7 +1,8 @@
 /* The run log: series and rows read back bit-exact after close, a long run
  * stays cheap per step, reopening continues each dataset, a killed writer
  * leaves every flushed step, and damaged or foreign files are reported
- * (by the readers with a message, by `dynmo inspect` with exit status 2). */
+ * (by the readers with a message, by `dynmo inspect` with exit status 2);
+ * the reader's checks of the listing, the config and the layouts. */
 #include <fcntl.h>
 #include <signal.h>
 #include <stdint.h>
@@ -505,7 +506,7 @@ static void test_damaged_and_foreign_files(void)
     copy_prefix(good, cut, size / 2);
     float *values = NULL;
     CHECK(runlog_read_series(cut, "/steps/loss", &values, err, sizeof err) == -1);
-    CHECK_MSG(strstr(err, cut) && strstr(err, "truncated file: eof"), "err: %s", err);
+    CHECK_MSG(strstr(err, cut) && strstr(err, "truncated: the file has"), "err: %s", err);
     printf("truncated file: %s\n", err);
     char kind[32];
     CHECK(dm_file_kind(cut, kind, sizeof kind, err, sizeof err) == -1);
@@ -597,6 +598,126 @@ static void test_misuse_is_reported(void)
     CHECK(!file_contains(errf, "HDF5-DIAG"));
 }
 
+/* A log of `rows` layout rows of width 2 (model.layers = 6 from cfg). */
+static void write_layouts(const char *path, const struct dm_config *cfg, const int *rows,
+                          int count)
+{
+    struct runlog *log = runlog_create(path, cfg);
+    for (int r = 0; r < count; r++) runlog_append_int_row(log, "/layout/history", rows + 2 * r, 2);
+    runlog_close(log);
+}
+
+/* runlog_file_layouts: each row a layout of model.layers blocks or filler;
+ * a lie is -1 naming the row, its step, the stage and the count. */
+static void test_layouts_are_checked(void)
+{
+    char path[512], err[1024];
+    path_in_dir(path, sizeof path, "layouts.h5");
+    struct dm_config cfg;
+    config_defaults(&cfg);
+    cfg.layers = 6;
+    static const struct { int rows[6]; const char *want; } cases[] = {
+        {{3, 3, 0, 0, 2, 4}, NULL},   /* a filler row between two layouts */
+        {{3, 3, 1000000, 0, 3, 3}, "row 1 (step 2) places 1000000 blocks on stage 0"},
+        {{3, 3, 7, -1, 3, 3}, "row 1 (step 2) places 7 blocks on stage 0"},
+        {{3, 3, 8, -2, 3, 3}, "row 1 (step 2) places 8 blocks on stage 0"},
+        {{3, 3, 3, 3, 3, -1}, "row 2 (step 3) places -1 blocks on stage 1"},
+        {{3, 3, 3, 2, 3, 3}, "row 1 (step 2) places 5 blocks in all, but the model has 6"},
+        {{0, 6, 3, 3, 3, 3}, "row 0 (step 1) places 6 blocks on stage 1 after an empty stage 0"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        write_layouts(path, &cfg, cases[k].rows, 3);
+        struct runlog_file *f = runlog_open_read(path, err, sizeof err);
+        CHECK_MSG(f != NULL, "%s", err);
+        if (!f) continue;
+        struct runlog_layouts l;
+        int status = runlog_file_layouts(f, 6, &l, err, sizeof err);
+        if (!cases[k].want) {
+            CHECK_MSG(status == 0 && l.rows == 3 && l.width == 2 && l.stages[0] == 2 &&
+                      l.stages[1] == 0 && l.stages[2] == 2, "case %zu: %s", k, err);
+            runlog_layouts_free(&l);
+        } else {
+            CHECK_MSG(status == -1 && strstr(err, cases[k].want) && strstr(err, path),
+                      "case %zu: status %d, message: %s", k, status, err);
+        }
+        runlog_close_read(f);
+    }
+}
+
+/* runlog_file_config: each key through the config's own parser, then the
+ * relation readers divide by. */
+static void test_config_is_checked(void)
+{
+    char path[512], err[1024];
+    path_in_dir(path, sizeof path, "config.h5");
+    static const struct { const char *text; const char *want; } cases[] = {
+        {"model.layers = 6\nparallel.pp = 2\n", NULL},
+        {"model.layers = 99999\n", "model.layers = 99999 is out of range"},
+        {"model.layers = 6\nmodel.moe_every = 2\nmodel.experts = 8\nparallel.ep = 9\n",
+         "parallel.ep = 9 does not divide model.experts = 8"},
+        {"model.layers = 6\ntrain.micro_batches = 0\n", "train.micro_batches = 0 is out of range"},
+        {"model.layers 6\n", "line 1 of its configuration (root attribute config) is not"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        hid_t file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+        CHECK(file >= 0);
+        hid_t type = H5Tcopy(H5T_C_S1), space = H5Screate(H5S_SCALAR);
+        H5Tset_size(type, H5T_VARIABLE);
+        hid_t attr = H5Acreate2(file, "config", type, space, H5P_DEFAULT, H5P_DEFAULT);
+        H5Awrite(attr, type, &cases[k].text);
+        H5Aclose(attr);
+        H5Sclose(space);
+        H5Tclose(type);
+        H5Fclose(file);
+        struct runlog_file *f = runlog_open_read(path, err, sizeof err);
+        CHECK_MSG(f != NULL, "%s", err);
+        if (!f) continue;
+        struct dm_config cfg;
+        int status = runlog_file_config(f, &cfg, err, sizeof err);
+        if (!cases[k].want)
+            CHECK_MSG(status == 0 && cfg.layers == 6 && cfg.pp == 2, "case %zu: %s", k, err);
+        else
+            CHECK_MSG(status == -1 && strstr(err, cases[k].want), "case %zu: %d, %s", k,
+                      status, err);
+        runlog_close_read(f);
+    }
+}
+
+/* The listing: a dataset of the schema with another rank, or non-numbers,
+ * or /trace/events of other than 8 columns, refuses the file; one outside
+ * the schema is listed whatever it is. */
+static void test_listing_is_checked(void)
+{
+    char path[512], err[1024];
+    path_in_dir(path, sizeof path, "listing.h5");
+    struct dm_config cfg;
+    config_defaults(&cfg);
+    float row[3] = {1, 2, 3};
+    struct runlog *log = runlog_create(path, &cfg);
+    runlog_append_row(log, "/steps/loss", row, 3);
+    runlog_close(log);
+    CHECK(runlog_open_read(path, err, sizeof err) == NULL &&
+          strstr(err, "/steps/loss is numbers of rank 2; a run log's is numbers of rank 1"));
+    log = runlog_create(path, &cfg);
+    runlog_append_row(log, RUNLOG_TRACE_EVENTS, row, 3);
+    runlog_close(log);
+    CHECK(runlog_open_read(path, err, sizeof err) == NULL &&
+          strstr(err, "/trace/events has 3 columns, a run log's has 8"));
+    log = runlog_create(path, &cfg);
+    runlog_append_row(log, "/mine/wide", row, 3);
+    runlog_append_scalar(log, "/mine/series", 1.0f);
+    runlog_close(log);
+    struct runlog_file *f = runlog_open_read(path, err, sizeof err);
+    CHECK_MSG(f != NULL, "%s", err);
+    if (f) {
+        CHECK(runlog_file_dataset(f, "/mine/wide") && !runlog_file_dataset(f, "/mine/none"));
+        float *values = NULL;
+        CHECK(runlog_file_series(f, "/mine/wide", &values, err, sizeof err) == -1 &&
+              strstr(err, "has rank 2, expected 1") && !values);
+        runlog_close_read(f);
+    }
+}
+
 int main(void)
 {
     snprintf(dir, sizeof dir, "/tmp/dynmo-test-runlog.XXXXXX");
@@ -612,6 +733,9 @@ int main(void)
     test_reading_a_live_log();
     test_damaged_and_foreign_files();
     test_misuse_is_reported();
+    test_layouts_are_checked();
+    test_config_is_checked();
+    test_listing_is_checked();
     int failed = testing_failures;
     if (!failed) {
         char command[512];

@@ -6,6 +6,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 static int testing_failures;
 static int testing_checks;
@@ -41,6 +42,18 @@ static int testing_checks;
                   "%s = %.9g, %s = %.9g, tol %.3g", #a, testing_a, #b,        \
                   testing_b, (double)(tol));                                  \
     } while (0)
+
+/* Whether the whole file at path is `want`, byte for byte (a file of up
+ * to 1 KiB). */
+static inline int testing_file_holds(const char *path, const char *want)
+{
+    char buf[1024];
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    return n == strlen(want) && !memcmp(buf, want, n);
+}
 
 static inline int testing_report(const char *name)
 {

@@ -174,63 +174,133 @@ void runlog_flush(struct runlog *log);
 /* Flushes, closes every dataset and the file, and frees the handle. */
 void runlog_close(struct runlog *log);
 
-/* ---- reading (any process; for tests and tools) -----------------------
- * Each reader opens the file read-only without HDF5's file lock (so a live
- * run's log can be read), reads, and closes it. On failure (missing file,
- * not HDF5, truncated, no such dataset, wrong rank) they return -1 and write
- * a message naming the file and the problem into err. Returned arrays are
- * dm_alloc'd; the caller frees them with dm_free. Integer datasets are
- * converted to float by the float readers, floats to int by the int ones. */
+/* ---- reading (any process; for tools and tests) ------------------------
+ * A run log (or a simulation's file, or any file shaped like one) is read
+ * through a struct runlog_file, opened once. runlog_open_read walks the
+ * file's HDF5 metadata before HDF5 reads any of it (dm_h5_check_metadata:
+ * HDF5 1.10 crashes, loops or allocates without limit on damaged
+ * metadata, and a run log has no checksums), opens it read-only without
+ * HDF5's file lock (so a live run's log can be read: a read sees the steps
+ * flushed so far), checks its root attributes kind ("runlog" or
+ * "simulation" when present) and format_version (1 when present), and
+ * lists its datasets: those of the schema must have its rank (1 under
+ * /steps and /eval, 2 elsewhere), a numeric type and, for /trace/events
+ * and /balance/decisions, RUNLOG_EVENT_COLUMNS columns, and none may hold
+ * more than RUNLOG_MAX_CELLS cells. Every read checks the name, rank and
+ * size against that listing. On any failure (missing file, not HDF5,
+ * truncated, damaged, not a run log, no such dataset, wrong rank) a
+ * function returns -1 (NULL) and writes one message naming the file and
+ * the problem into err. Returned arrays are dm_alloc'd; the caller frees
+ * them with dm_free. Integer datasets are converted to float by the float
+ * readers, floats to int by the int ones. Not collective; no MPI. */
+#define RUNLOG_EVENT_COLUMNS 8              /* /trace/events, /balance/decisions */
+#define RUNLOG_MAX_CELLS (1L << 31)         /* cells of one dataset a reader takes */
+#define RUNLOG_MAX_ATTR 65536               /* entries of a numeric root attribute */
+#define RUNLOG_MAX_LAYERS 65536             /* model.layers' largest value */
 
-/* A 1-D dataset: *values gets the rows; returns the count. */
-long runlog_read_series(const char *path, const char *name, float **values,
-                        char *err, size_t errsize);
-
-/* A 2-D dataset, row-major (rows, *ncols); returns the number of rows. */
-long runlog_read_matrix(const char *path, const char *name, float **values,
-                        int *ncols, char *err, size_t errsize);
-long runlog_read_int_matrix(const char *path, const char *name, int **values,
-                            int *ncols, char *err, size_t errsize);
-
-/* One row of a 2-D dataset into out (ncols floats; ncols must match the
- * dataset). Row is 0-based; negative counts from the end (-1: last row).
- * Returns 0, or -1 (also when the row is out of range). This is what
- * `dynmo plan --from-run` uses to read /layers/fwd_ms at one step. */
-int runlog_read_row(const char *path, const char *name, long row,
-                    float *out, int ncols, char *err, size_t errsize);
-
-/* What runlog_list_datasets reports for each dataset. */
+/* What the listing says of each dataset. */
 struct runlog_dataset_info {
     char name[256];     /* absolute path, e.g. "/steps/loss" */
-    int is_int;         /* 1: integer, 0: floating point */
+    int is_int;         /* 1: integer, 0: floating point or other */
+    int is_number;      /* 1: integer or floating point */
     int element_bytes;  /* 4 for int32 and float32 */
     int rank;           /* 1 or 2 (others are listed with dims[1] = 0) */
     long dims[2];       /* rows, and columns for 2-D */
 };
 
+struct runlog_file;
+struct runlog_file *runlog_open_read(const char *path, char *err, size_t errsize);
+/* Closes the file and frees f. Harmless on NULL. */
+void runlog_close_read(struct runlog_file *f);
+const char *runlog_file_path(const struct runlog_file *f);
+/* The root attribute kind, "" when the file has none. */
+const char *runlog_file_kind(const struct runlog_file *f);
+/* The datasets, sorted by name (owned by f); returns the count. */
+int runlog_file_list(const struct runlog_file *f, const struct runlog_dataset_info **infos);
+/* Dataset `name` of the listing, or NULL when the file has none. */
+const struct runlog_dataset_info *runlog_file_dataset(const struct runlog_file *f,
+                                                      const char *name);
+/* Rows of the longest /steps/ series: the steps the log holds. */
+long runlog_file_steps(const struct runlog_file *f);
+
+/* A 1-D dataset: *values gets the rows; returns the count. */
+long runlog_file_series(struct runlog_file *f, const char *name, float **values, char *err,
+                        size_t errsize);
+long runlog_file_int_series(struct runlog_file *f, const char *name, int **values, char *err,
+                            size_t errsize);
+/* A 2-D dataset, row-major (rows, *ncols); returns the number of rows. */
+long runlog_file_matrix(struct runlog_file *f, const char *name, float **values, int *ncols,
+                        char *err, size_t errsize);
+long runlog_file_int_matrix(struct runlog_file *f, const char *name, int **values, int *ncols,
+                            char *err, size_t errsize);
+/* One row of a 2-D dataset into out (ncols floats; ncols must match the
+ * dataset). Row is 0-based; negative counts from the end (-1: last row).
+ * Returns 0, or -1 (also when the row is out of range). */
+int runlog_file_row(struct runlog_file *f, const char *name, long row, float *out, int ncols,
+                    char *err, size_t errsize);
+/* The root attribute `name` (e.g. "config"; an integer one such as
+ * "format_version" comes back in decimal) into a dm_alloc'd string.
+ * Returns 0, 1 when the attribute is absent (*text NULL), or -1. */
+int runlog_file_attr(struct runlog_file *f, const char *name, char **text, char *err,
+                     size_t errsize);
+/* A numeric root attribute list of at most RUNLOG_MAX_ATTR entries
+ * (stage_groups, group_cores) into a dm_alloc'd *values: integers only for
+ * the first, integers or floats converted for the second. Returns the
+ * entry count, 0 when the attribute is absent, or -1. */
+long runlog_file_attr_ints(struct runlog_file *f, const char *name, int **values, char *err,
+                           size_t errsize);
+long runlog_file_attr_doubles(struct runlog_file *f, const char *name, double **values,
+                              char *err, size_t errsize);
+/* The run's configuration: the defaults, then each "section.key = value"
+ * line of the root attribute config through config_set (each key's own
+ * type and range), then the relation the readers divide by (parallel.ep
+ * divides model.experts).
+ * Returns 0, 1 when the file has no config (*cfg the defaults), or -1 with
+ * the line or key in err. */
+int runlog_file_config(struct runlog_file *f, struct dm_config *cfg, char *err,
+                       size_t errsize);
+
+/* /layout/history, checked row by row: a filler row (all 0: a step the log
+ * does not hold) or the blocks of stages 0..S-1, each 1 to `layers`, then
+ * zeros, summing to `layers` (model.layers; with layers <= 0, the first
+ * layout's total). */
+struct runlog_layouts {
+    int *counts;        /* (rows, width) blocks per stage */
+    int *stages;        /* (rows) stages of each row; 0 for a filler row */
+    long rows;
+    int width;          /* the most stages of any segment */
+    int layers;         /* what every layout sums to */
+};
+/* Returns 0, 1 when the file has no /layout/history (*out empty), or -1
+ * with err naming the row, its step, the stage and the count. */
+int runlog_file_layouts(struct runlog_file *f, int layers, struct runlog_layouts *out,
+                        char *err, size_t errsize);
+void runlog_layouts_free(struct runlog_layouts *l);
+
+/* One-call readers by path: open, read, close (as the runlog_file_*). */
+long runlog_read_series(const char *path, const char *name, float **values,
+                        char *err, size_t errsize);
+long runlog_read_matrix(const char *path, const char *name, float **values,
+                        int *ncols, char *err, size_t errsize);
+long runlog_read_int_matrix(const char *path, const char *name, int **values,
+                            int *ncols, char *err, size_t errsize);
+int runlog_read_row(const char *path, const char *name, long row,
+                    float *out, int ncols, char *err, size_t errsize);
 /* Lists every dataset in the file, sorted by name, into a dm_alloc'd array.
  * Returns the count. */
 int runlog_list_datasets(const char *path, struct runlog_dataset_info **infos,
                          char *err, size_t errsize);
-
-/* A numeric root attribute array (stage_groups, group_cores) into a
- * dm_alloc'd *values: integers only for the first, integers or floats
- * converted for the second. Returns the entry count, 0 when the attribute
- * is absent, or -1 with a message naming the file and attribute in err. */
 long runlog_read_root_ints(const char *path, const char *name, int **values, char *err,
                            size_t errsize);
 long runlog_read_root_doubles(const char *path, const char *name, double **values,
                               char *err, size_t errsize);
-
-/* Reads the root attribute `attr` (e.g. "config"; an integer one such as
- * "format_version" comes back in decimal) into a dm_alloc'd string.
- * Returns 0, 1 when the attribute is absent (*text NULL), or -1. */
 int runlog_read_root_attr(const char *path, const char *attr, char **text,
                           char *err, size_t errsize);
 
 /* The root attribute "kind" of a dynmo HDF5 file ("runlog", "checkpoint")
- * into kind, or "" when the file is HDF5 but has no such attribute.
- * Returns 0, or -1 when the file is missing, not HDF5 or damaged. */
+ * into kind, or "" when the file is HDF5 but has no such attribute; the
+ * file is checked as dm_h5_open_readonly checks it first. Returns 0, or
+ * -1 when the file is missing, not HDF5 or damaged. */
 int dm_file_kind(const char *path, char *kind, size_t kindsize,
                  char *err, size_t errsize);
 

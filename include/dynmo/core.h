@@ -137,7 +137,8 @@ int dm_make_dirs(const char *path, char *err, size_t errsize);
  * file named to dm_startup_created_file, until dm_startup_done. A fatal
  * error before then (dm_user_error, an internal error) calls
  * dm_startup_undo, which removes those files and those of the directories
- * that are still empty, newest first: a command refused at start-up leaves
+ * that are empty, newest first (retrying for a second a directory of ours
+ * that another rank of the job is still emptying): a command refused at start-up leaves
  * nothing behind, and nothing it did not create is touched. */
 void dm_startup_created_file(const char *path);
 void dm_startup_undo(void);

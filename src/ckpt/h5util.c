@@ -269,7 +269,9 @@ hid_t dm_h5_open_readonly(const char *path, char *err, size_t errsize)
         snprintf(err, errsize, "%s: not an HDF5 file (no HDF5 signature)", path);
         return -1;
     }
-    if (file_heaps_ok(path, (uint64_t)st.st_size, err, errsize) != 0) return -1;
+    if (dm_h5_check_metadata(path, err, errsize) < 0 ||
+        file_heaps_ok(path, (uint64_t)st.st_size, err, errsize) != 0)
+        return -1;
     hid_t fapl = DM_H5(H5Pcreate(H5P_FILE_ACCESS));
     /* A live writer holds HDF5's lock; readers of a run log must not need it. */
     DM_H5(H5Pset_file_locking(fapl, 0, 1));

@@ -57,8 +57,10 @@ void dm_h5_describe_failure(char *err, size_t errsize, const char *call);
 /* Opens an existing file read-only for inspection without taking HDF5's
  * file lock, so that a run log that a live job is writing can be read.
  * Returns the file id, or -1 with a message in err naming the path and the
- * problem: missing, not HDF5, truncated, a damaged global heap in its
- * first 4 MiB (dm_h5_check_global_heaps) or otherwise unreadable. */
+ * problem: missing, not HDF5, truncated, damaged metadata in HDF5's
+ * default format (dm_h5_check_metadata, which every run log is checked
+ * by), a damaged global heap in its first 4 MiB (dm_h5_check_global_heaps,
+ * for the newer format of checkpoints) or otherwise unreadable. */
 hid_t dm_h5_open_readonly(const char *path, char *err, size_t errsize);
 
 /* The check HDF5 1.10.8 skips before it reads a string attribute: every
@@ -69,6 +71,24 @@ hid_t dm_h5_open_readonly(const char *path, char *err, size_t errsize);
  * with "damaged: ..." naming the collection's byte offset in err. */
 int dm_h5_check_global_heaps(const void *bytes, size_t size, uint64_t file_size, char *err,
                              size_t errsize);
+
+/* The metadata a reader of the file at path reaches (h5check.c), walked
+ * before HDF5 1.10 reads it: superblock, object headers and their
+ * messages, groups, the global heap objects of string attributes, each
+ * dataset's chunk index and chunks. Accepts HDF5's default file format as
+ * dynmo's run logs are written in it (superblock 0 or 1, version 1 object
+ * headers, symbol-table groups; integer, IEEE float and string data;
+ * chunked with deflate, shuffle or Fletcher32, contiguous or compact) and
+ * requires every dataset's extent to be stored, so that a reader may
+ * allocate it. Returns 0; 1 for a file in HDF5's newer format (superblock
+ * version 2 or 3, as dynmo's checkpoints are), whose metadata carries
+ * checksums HDF5 verifies and which this does not walk; or -1 with
+ * "<path>: damaged: <structure> at byte N: <problem>" in err. Never calls
+ * HDF5. */
+int dm_h5_check_metadata(const char *path, char *err, size_t errsize);
+/* 1 when the file at path is an HDF5 file in the newer format (superblock
+ * version 2 or 3), else 0. */
+int dm_h5_newer_format(const char *path);
 
 /* Writes a scalar variable-length UTF-8 string attribute (h5py reads it as
  * str). Fatal on HDF5 failure. */

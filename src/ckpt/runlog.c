@@ -6,7 +6,8 @@
  * stay open in a small cache for the life of the handle.
  *
  * It must not call MPI, and it must not decide what is logged: the trainer
- * chooses the series; this file only stores and reads them. */
+ * chooses the series; this file only stores them. The read side is
+ * runlog_read.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -157,8 +158,9 @@ struct runlog *runlog_open_append(const char *path)
         dm_user_error_local("%s is not a dynmo run log (root attribute kind is "
                             "\"%s\", expected \"%s\")", path, kind, RUNLOG_KIND);
     char *version = NULL;
-    if (runlog_read_root_attr(path, "format_version", &version, err, sizeof err) != 0)
-        dm_user_error_local("%s: no readable format_version attribute", path);
+    int status = runlog_read_root_attr(path, "format_version", &version, err, sizeof err);
+    if (status < 0) dm_user_error_local("cannot reopen the run log: %s", err);
+    if (status > 0) dm_user_error_local("%s: no format_version attribute", path);
     long format = strtol(version, NULL, 10);
     dm_free(version);
     if (format != RUNLOG_FORMAT_VERSION)
@@ -501,128 +503,7 @@ void runlog_close(struct runlog *log)
     dm_free(log);
 }
 
-/* ---- reading ------------------------------------------------------------ */
-
-/* Opens dataset `name` of an open file and checks its rank; returns the
- * dataset with its dims, or -1 with err set. */
-static hid_t open_for_read(hid_t file, const char *path, const char *name,
-                           int want_rank, hsize_t dims[2], char *err, size_t errsize)
-{
-    if (name[0] != '/' || !dm_h5_path_exists(file, name)) {
-        snprintf(err, errsize, "%s has no dataset %s", path, name);
-        return -1;
-    }
-    hid_t dataset = H5Dopen2(file, name, H5P_DEFAULT);
-    if (dataset < 0) {
-        char text[1024];
-        dm_h5_error_text(text, sizeof text);
-        snprintf(err, errsize, "%s: %s is not a readable dataset: %s", path, name, text);
-        return -1;
-    }
-    hid_t space = H5Dget_space(dataset);
-    int rank = space >= 0 ? H5Sget_simple_extent_ndims(space) : -1;
-    dims[0] = 0;
-    dims[1] = 1;
-    if (rank == want_rank) H5Sget_simple_extent_dims(space, dims, NULL);
-    if (space >= 0) H5Sclose(space);
-    if (rank != want_rank) {
-        snprintf(err, errsize, "%s: %s has rank %d, expected %d", path, name, rank,
-                 want_rank);
-        H5Dclose(dataset);
-        return -1;
-    }
-    return dataset;
-}
-
-static long read_whole(const char *path, const char *name, int want_rank,
-                       hid_t memory_type, void **values, int *ncols,
-                       char *err, size_t errsize)
-{
-    *values = NULL;
-    long result = -1;
-    hsize_t dims[2];
-    hid_t dataset = -1;
-    hid_t file = dm_h5_open_readonly(path, err, errsize);
-    if (file < 0) return -1;
-    dataset = open_for_read(file, path, name, want_rank, dims, err, errsize);
-    if (dataset < 0) goto done;
-    size_t count = (size_t)dims[0] * (size_t)dims[1];
-    *values = dm_alloc(count * 4);
-    if (count > 0)
-        DM_H5_TRY(H5Dread(dataset, memory_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, *values),
-                  err, errsize, done);
-    if (ncols) *ncols = (int)dims[1];
-    result = (long)dims[0];
-done:
-    if (result < 0 && *values) {
-        dm_free(*values);
-        *values = NULL;
-    }
-    if (dataset >= 0) H5Dclose(dataset);
-    H5Fclose(file);
-    return result;
-}
-
-long runlog_read_series(const char *path, const char *name, float **values,
-                        char *err, size_t errsize)
-{
-    return read_whole(path, name, 1, H5T_NATIVE_FLOAT, (void **)values, NULL,
-                      err, errsize);
-}
-
-long runlog_read_matrix(const char *path, const char *name, float **values,
-                        int *ncols, char *err, size_t errsize)
-{
-    return read_whole(path, name, 2, H5T_NATIVE_FLOAT, (void **)values, ncols,
-                      err, errsize);
-}
-
-long runlog_read_int_matrix(const char *path, const char *name, int **values,
-                            int *ncols, char *err, size_t errsize)
-{
-    return read_whole(path, name, 2, H5T_NATIVE_INT, (void **)values, ncols,
-                      err, errsize);
-}
-
-int runlog_read_row(const char *path, const char *name, long row,
-                    float *out, int ncols, char *err, size_t errsize)
-{
-    int status = -1;
-    hsize_t dims[2];
-    hid_t dataset = -1, file_space = -1, memory_space = -1;
-    hid_t file = dm_h5_open_readonly(path, err, errsize);
-    if (file < 0) return -1;
-    dataset = open_for_read(file, path, name, 2, dims, err, errsize);
-    if (dataset < 0) goto done;
-    long rows = (long)dims[0];
-    long index = row < 0 ? rows + row : row;
-    if (index < 0 || index >= rows) {
-        snprintf(err, errsize, "%s: row %ld of %s is out of range (it has %ld rows)",
-                 path, row, name, rows);
-        goto done;
-    }
-    if ((int)dims[1] != ncols) {
-        snprintf(err, errsize, "%s: %s has %d columns, the caller expected %d",
-                 path, name, (int)dims[1], ncols);
-        goto done;
-    }
-    file_space = DM_H5_TRY(H5Dget_space(dataset), err, errsize, done);
-    hsize_t start[2] = {(hsize_t)index, 0};
-    hsize_t count[2] = {1, (hsize_t)ncols};
-    DM_H5_TRY(H5Sselect_hyperslab(file_space, H5S_SELECT_SET, start, NULL, count, NULL),
-              err, errsize, done);
-    hsize_t row_dims[1] = {(hsize_t)ncols};
-    memory_space = DM_H5_TRY(H5Screate_simple(1, row_dims, NULL), err, errsize, done);
-    DM_H5_TRY(H5Dread(dataset, H5T_NATIVE_FLOAT, memory_space, file_space,
-                      H5P_DEFAULT, out), err, errsize, done);
-    status = 0;
-done:
-    if (memory_space >= 0) H5Sclose(memory_space);
-    if (file_space >= 0) H5Sclose(file_space);
-    if (dataset >= 0) H5Dclose(dataset);
-    H5Fclose(file);
-    return status;
-}
+/* ---- the writer's listing (runlog_resume_at) -------------------------- */
 
 static herr_t list_one(hid_t group, const char *name, const H5L_info_t *info, void *data)
 {
@@ -664,113 +545,5 @@ static herr_t list_one(hid_t group, const char *name, const H5L_info_t *info, vo
     H5Tclose(type);
     H5Sclose(space);
     H5Oclose(object);
-    return 0;
-}
-
-static int compare_info_names(const void *a, const void *b)
-{
-    return strcmp(((const struct runlog_dataset_info *)a)->name,
-                  ((const struct runlog_dataset_info *)b)->name);
-}
-
-int runlog_list_datasets(const char *path, struct runlog_dataset_info **infos,
-                         char *err, size_t errsize)
-{
-    *infos = NULL;
-    struct listing listing = {0};
-    hid_t file = dm_h5_open_readonly(path, err, errsize);
-    if (file < 0) return -1;
-    if (H5Lvisit(file, H5_INDEX_NAME, H5_ITER_INC, list_one, &listing) < 0) {
-        char text[1024];
-        dm_h5_error_text(text, sizeof text);
-        snprintf(err, errsize, "%s: cannot list datasets: %s", path, text);
-        dm_free(listing.infos);
-        H5Fclose(file);
-        return -1;
-    }
-    H5Fclose(file);
-    if (listing.count > 1)
-        qsort(listing.infos, (size_t)listing.count, sizeof *listing.infos,
-              compare_info_names);
-    *infos = listing.infos ? listing.infos : dm_alloc(sizeof **infos);
-    return listing.count;
-}
-
-/* A numeric root attribute array (integers only when `integers`),
- * converted to `type` (entries of `size` bytes): runlog_read_root_ints. */
-static long read_root_array(const char *path, const char *name, int integers,
-                            hid_t type, size_t size, void **values,
-                            char *err, size_t errsize)
-{
-    *values = NULL;
-    hid_t file = dm_h5_open_readonly(path, err, errsize);
-    if (file < 0) return -1;
-    long count = -1;
-    hid_t attr = -1, space = -1, stored = -1;
-    htri_t exists = DM_H5_TRY(H5Aexists(file, name), err, errsize, done);
-    if (!exists) {
-        count = 0;
-        goto done;
-    }
-    attr = DM_H5_TRY(H5Aopen(file, name, H5P_DEFAULT), err, errsize, done);
-    stored = DM_H5_TRY(H5Aget_type(attr), err, errsize, done);
-    H5T_class_t kind = H5Tget_class(stored);
-    if (kind != H5T_INTEGER && (integers || kind != H5T_FLOAT)) {
-        snprintf(err, errsize, "%s: attribute %s is not an array of %s", path,
-                 name, integers ? "integers" : "numbers");
-        goto done;
-    }
-    space = DM_H5_TRY(H5Aget_space(attr), err, errsize, done);
-    hssize_t points = DM_H5_TRY(H5Sget_simple_extent_npoints(space), err, errsize, done);
-    void *buffer = dm_alloc((size_t)(points > 0 ? points : 1) * size);
-    if (H5Aread(attr, type, buffer) < 0) {
-        dm_h5_describe_failure(err, errsize, "H5Aread");
-        dm_free(buffer);
-        goto done;
-    }
-    *values = buffer;
-    count = (long)points;
-done:
-    if (space >= 0) H5Sclose(space);
-    if (stored >= 0) H5Tclose(stored);
-    if (attr >= 0) H5Aclose(attr);
-    H5Fclose(file);
-    return count;
-}
-
-long runlog_read_root_ints(const char *path, const char *name, int **values, char *err,
-                           size_t errsize)
-{
-    return read_root_array(path, name, 1, H5T_NATIVE_INT, sizeof(int), (void **)values, err,
-                           errsize);
-}
-
-long runlog_read_root_doubles(const char *path, const char *name, double **values,
-                              char *err, size_t errsize)
-{
-    return read_root_array(path, name, 0, H5T_NATIVE_DOUBLE, sizeof(double), (void **)values,
-                           err, errsize);
-}
-
-int runlog_read_root_attr(const char *path, const char *attr, char **text,
-                          char *err, size_t errsize)
-{
-    *text = NULL;
-    hid_t file = dm_h5_open_readonly(path, err, errsize);
-    if (file < 0) return -1;
-    char inner[768];
-    int status = dm_h5_read_attr_text(file, attr, text, inner, sizeof inner);
-    if (status < 0) snprintf(err, errsize, "%s: %s", path, inner);
-    H5Fclose(file);
-    return status;
-}
-
-int dm_file_kind(const char *path, char *kind, size_t kindsize, char *err, size_t errsize)
-{
-    char *text = NULL;
-    int status = runlog_read_root_attr(path, "kind", &text, err, errsize);
-    if (status < 0) return -1;
-    snprintf(kind, kindsize, "%s", text ? text : "");
-    dm_free(text);
     return 0;
 }

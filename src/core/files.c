@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 #include "dynmo/core.h"
 
@@ -45,15 +46,36 @@ static void startup_record(const char *path, int is_dir)
 
 void dm_startup_created_file(const char *path) { startup_record(path, 0); }
 
+/* One pass, newest first (a file before its directory); what could not
+ * go stays listed. Returns how many stay. */
+static int startup_undo_pass(void)
+{
+    for (int i = startup.count - 1; i >= 0; i--) {
+        int gone = startup.is_dir[i] ? rmdir(startup.paths[i]) == 0 || errno == ENOENT
+                                     : (unlink(startup.paths[i]), 1);
+        if (gone) free(startup.paths[i]), startup.paths[i] = NULL;
+    }
+    int kept = 0;
+    for (int i = 0; i < startup.count; i++)
+        if (startup.paths[i]) startup.paths[kept] = startup.paths[i], startup.is_dir[kept++] = 1;
+    startup.count = kept;
+    return kept;
+}
+
+/* The ranks of a job create the same directories at once, and each
+ * records only the levels it made: rank 0's run.out_dir can hold rank 1's
+ * ckpt.dir. Every rank undoes on the same fatal path, so a directory of
+ * ours that is not empty yet is retried for a second while the others
+ * take theirs away; one that still holds something then (a user's file)
+ * stays. */
 void dm_startup_undo(void)
 {
     if (startup.done) return;
-    while (startup.count > 0) {   /* newest first: a file before its directory */
-        int i = --startup.count;
-        if (startup.is_dir[i]) rmdir(startup.paths[i]);   /* only if still empty */
-        else unlink(startup.paths[i]);
-        free(startup.paths[i]);
-    }
+    struct timespec pause = {0, 20000000L};
+    for (int tries = 0; startup_undo_pass() > 0 && tries < 50; tries++)
+        nanosleep(&pause, NULL);
+    for (int i = 0; i < startup.count; i++) free(startup.paths[i]);
+    startup.count = 0;
 }
 
 void dm_startup_done(void)

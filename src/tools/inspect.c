@@ -64,45 +64,68 @@ static void usage(FILE *out)
             "(dynmo simulate --out, docs/simulate.md) reads as a run log.\n");
 }
 
-static char *read_attr_or_die(const char *path, const char *name)
+/* A run log's summary read through the checked reader; every problem is
+ * one message naming the file (exit 2). */
+struct reading {
+    struct runlog_file *f;
+    struct dm_config cfg;     /* the defaults where the file has no config */
+    char err[1200];
+};
+
+static void fail_reading(struct reading *rd)
 {
-    char err[1024];
+    runlog_close_read(rd->f);
+    dm_user_error("inspect: %s", rd->err);
+}
+
+static char *read_attr_or_die(struct reading *rd, const char *name)
+{
     char *text = NULL;
-    if (runlog_read_root_attr(path, name, &text, err, sizeof err) < 0)
-        dm_user_error("%s", err);
+    if (runlog_file_attr(rd->f, name, &text, rd->err, sizeof rd->err) < 0) fail_reading(rd);
     return text;
 }
 
-static void load_moe(struct summary *s, const char *path);
-static void load_mod(struct summary *s, const char *path);
-static void load_hash(struct summary *s, const char *path);
+/* A series the file may lack: its rows, 0 when absent. */
+static long read_optional_series(struct reading *rd, const char *name, float **values)
+{
+    *values = NULL;
+    if (!runlog_file_dataset(rd->f, name)) return 0;
+    long n = runlog_file_series(rd->f, name, values, rd->err, sizeof rd->err);
+    if (n < 0) fail_reading(rd);
+    return n;
+}
+
+static void load_moe(struct summary *s, struct reading *rd);
+static void load_mod(struct summary *s, struct reading *rd);
+static void load_hash(struct summary *s, struct reading *rd);
 
 static void load_summary(struct summary *s, const char *path)
 {
-    char err[1024];
+    struct reading rd = {0};
     memset(s, 0, sizeof *s);
     s->path = path;
     s->first_loss = s->last_loss = s->mean_step_ms = NAN;
-    s->version = read_attr_or_die(path, "dynmo_version");
-    s->created = read_attr_or_die(path, "created");
-    s->config = read_attr_or_die(path, "config");
-    s->format_version = read_attr_or_die(path, "format_version");
-    s->dataset_count = runlog_list_datasets(path, &s->datasets, err, sizeof err);
-    if (s->dataset_count < 0) dm_user_error("%s", err);
-
-    for (int i = 0; i < s->dataset_count; i++)
-        if (!strncmp(s->datasets[i].name, "/steps/", 7) && s->datasets[i].dims[0] > s->steps)
-            s->steps = s->datasets[i].dims[0];
+    rd.f = runlog_open_read(path, rd.err, sizeof rd.err);
+    if (!rd.f) dm_user_error("inspect: %s", rd.err);
+    s->version = read_attr_or_die(&rd, "dynmo_version");
+    s->created = read_attr_or_die(&rd, "created");
+    s->config = read_attr_or_die(&rd, "config");
+    s->format_version = read_attr_or_die(&rd, "format_version");
+    if (runlog_file_config(rd.f, &rd.cfg, rd.err, sizeof rd.err) < 0) fail_reading(&rd);
+    const struct runlog_dataset_info *infos;
+    s->dataset_count = runlog_file_list(rd.f, &infos);
+    s->datasets = dm_alloc((size_t)(s->dataset_count ? s->dataset_count : 1) * sizeof *infos);
+    if (s->dataset_count) memcpy(s->datasets, infos, (size_t)s->dataset_count * sizeof *infos);
+    s->steps = runlog_file_steps(rd.f);
 
     float *values = NULL;
-    long n = runlog_read_series(path, RUNLOG_STEP_LOSS, &values, err, sizeof err);
+    long n = read_optional_series(&rd, RUNLOG_STEP_LOSS, &values);
     if (n > 0) {
         s->first_loss = values[0];
         s->last_loss = values[n - 1];
     }
     dm_free(values);
-    values = NULL;
-    n = runlog_read_series(path, RUNLOG_STEP_MS, &values, err, sizeof err);
+    n = read_optional_series(&rd, RUNLOG_STEP_MS, &values);
     if (n > 0) {
         /* The first step pays page faults and warm-up; train reports the
          * mean over the steps after it, and so does inspect. */
@@ -113,40 +136,57 @@ static void load_summary(struct summary *s, const char *path)
         s->mean_step_ms = sum / (double)s->timed_steps;
     }
     dm_free(values);
-    load_moe(s, path);
-    load_mod(s, path);
-    load_hash(s, path);
-}
-
-/* The config's value of key ("model.moe_every"), or fallback. */
-static long config_value(const char *text, const char *key, long fallback)
-{
-    size_t n = strlen(key);
-    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (!strncmp(p, key, n) && p[n] == ' ') return strtol(strchr(p, '=') + 1, NULL, 10);
-    return fallback;
+    load_moe(s, &rd);
+    load_mod(s, &rd);
+    load_hash(s, &rd);
+    runlog_close_read(rd.f);
 }
 
 /* The MoE blocks' load over the run from /moe/tokens and /moe/dropped
  * (columns j * experts + e: MoE block j in layer order, expert e; a row of
- * -1 is a step this log does not hold). */
-static void load_moe(struct summary *s, const char *path)
+ * -1 is a step this log does not hold). Their columns must be the
+ * config's MoE blocks x experts, each other row counts with 0 <= dropped
+ * <= routed. */
+static void load_moe(struct summary *s, struct reading *rd)
 {
-    char err[1024];
+    const char *path = runlog_file_path(rd->f);
+    if (!runlog_file_dataset(rd->f, RUNLOG_MOE_TOKENS)) return;
+    int every = rd->cfg.moe_every, E = rd->cfg.experts;
+    int blocks = every > 0 ? rd->cfg.layers / every : 0;
     int *tokens = NULL, *dropped = NULL, ncols = 0, dcols = 0;
-    long rows = runlog_read_int_matrix(path, RUNLOG_MOE_TOKENS, &tokens, &ncols, err, sizeof err);
-    long drows = runlog_read_int_matrix(path, RUNLOG_MOE_DROPPED, &dropped, &dcols, err,
-                                        sizeof err);
-    int every = (int)config_value(s->config, "model.moe_every", 0);
-    int E = (int)config_value(s->config, "model.experts", 0);
-    if (rows <= 0 || every <= 0 || E <= 0 || ncols % E != 0 || drows != rows || dcols != ncols) {
+    long rows = runlog_file_int_matrix(rd->f, RUNLOG_MOE_TOKENS, &tokens, &ncols, rd->err,
+                                       sizeof rd->err);
+    if (rows < 0) fail_reading(rd);
+    long drows = runlog_file_dataset(rd->f, RUNLOG_MOE_DROPPED)
+                     ? runlog_file_int_matrix(rd->f, RUNLOG_MOE_DROPPED, &dropped, &dcols,
+                                              rd->err, sizeof rd->err)
+                     : 0;
+    if (drows < 0) fail_reading(rd);
+    if (!blocks || ncols != blocks * E || drows != rows || dcols != ncols) {
+        snprintf(rd->err, sizeof rd->err, "%s: %s is [%ld, %d] and %s [%ld, %d]; model.layers, "
+                 "moe_every and experts (%d, %d, %d) give [steps, %d]", path,
+                 RUNLOG_MOE_TOKENS, rows, ncols, RUNLOG_MOE_DROPPED, drows, dcols,
+                 rd->cfg.layers, every, E, blocks * E);
         dm_free(tokens);
         dm_free(dropped);
-        return;
+        fail_reading(rd);
+    }
+    for (long i = 0; i < rows * ncols; i++) {
+        int filler = tokens[i - i % ncols] < 0;
+        if (filler ? tokens[i] != -1 || dropped[i] != -1
+                   : tokens[i] < 0 || dropped[i] < 0 || dropped[i] > tokens[i]) {
+            snprintf(rd->err, sizeof rd->err, "%s: row %ld column %ld of %s and %s: %d routed, "
+                     "%d dropped (a step's counts have 0 <= dropped <= routed; a row the log "
+                     "does not hold is -1 throughout)", path, i / ncols, i % ncols,
+                     RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED, tokens[i], dropped[i]);
+            dm_free(tokens);
+            dm_free(dropped);
+            fail_reading(rd);
+        }
     }
     s->experts = E;
-    s->top_k = (int)config_value(s->config, "model.top_k", 0);
-    s->moe_blocks = ncols / E;
+    s->top_k = rd->cfg.top_k;
+    s->moe_blocks = blocks;
     s->moe = dm_alloc((size_t)s->moe_blocks * sizeof *s->moe);
     double *per_expert = dm_alloc((size_t)E * sizeof(double));
     for (long r = 0; r < rows; r++) s->moe_steps += tokens[r * ncols] >= 0;
@@ -174,17 +214,24 @@ static void load_moe(struct summary *s, const char *path)
     dm_free(dropped);
 }
 
-/* Mixture of depths: /mod/tokens (column j: the j-th MoD block). */
-static void load_mod(struct summary *s, const char *path)
+/* Mixture of depths: /mod/tokens (column j: the j-th MoD block), as many
+ * columns as the config's MoD blocks. */
+static void load_mod(struct summary *s, struct reading *rd)
 {
-    char err[1024];
-    int ncols = 0;
-    s->mod_rows = runlog_read_matrix(path, RUNLOG_MOD_TOKENS, &s->mod_tokens, &ncols, err,
-                                     sizeof err);
-    s->mod_every = (int)config_value(s->config, "model.mod_every", 0);
-    s->mod_reached = (double)config_value(s->config, "train.batch", 0) *
-                     (double)config_value(s->config, "train.seq", 0);
-    if (s->mod_rows <= 0 || ncols <= 0 || s->mod_every <= 0 || s->mod_reached <= 0) {
+    if (!runlog_file_dataset(rd->f, RUNLOG_MOD_TOKENS)) return;
+    int every = rd->cfg.mod_every, blocks = every > 0 ? rd->cfg.layers / every : 0, ncols = 0;
+    s->mod_rows = runlog_file_matrix(rd->f, RUNLOG_MOD_TOKENS, &s->mod_tokens, &ncols, rd->err,
+                                     sizeof rd->err);
+    if (s->mod_rows < 0) fail_reading(rd);
+    if (!blocks || ncols != blocks) {
+        snprintf(rd->err, sizeof rd->err, "%s: %s has %d columns; model.layers %d and "
+                 "model.mod_every %d give %d MoD blocks", runlog_file_path(rd->f),
+                 RUNLOG_MOD_TOKENS, ncols, rd->cfg.layers, every, blocks);
+        fail_reading(rd);
+    }
+    s->mod_every = every;
+    s->mod_reached = (double)rd->cfg.batch * (double)rd->cfg.seq;
+    if (s->mod_rows <= 0) {
         dm_free(s->mod_tokens);
         s->mod_tokens = NULL;
         return;
@@ -195,14 +242,21 @@ static void load_mod(struct summary *s, const char *path)
 /* Hash attention: /hash/own_key_only (column l: block l), its mean over
  * the steps this log holds (NaN filler rows left out) and blocks, and the
  * block with the largest mean. */
-static void load_hash(struct summary *s, const char *path)
+static void load_hash(struct summary *s, struct reading *rd)
 {
-    char err[1024];
+    if (!runlog_file_dataset(rd->f, RUNLOG_HASH_OWN_KEY_ONLY)) return;
     float *share = NULL;
     int ncols = 0;
-    long rows = runlog_read_matrix(path, RUNLOG_HASH_OWN_KEY_ONLY, &share, &ncols, err,
-                                   sizeof err);
-    if (rows <= 0 || ncols <= 0) {
+    long rows = runlog_file_matrix(rd->f, RUNLOG_HASH_OWN_KEY_ONLY, &share, &ncols, rd->err,
+                                   sizeof rd->err);
+    if (rows < 0) fail_reading(rd);
+    if (rows > 0 && ncols != rd->cfg.layers) {
+        dm_free(share);
+        snprintf(rd->err, sizeof rd->err, "%s: %s has %d columns but model.layers is %d",
+                 runlog_file_path(rd->f), RUNLOG_HASH_OWN_KEY_ONLY, ncols, rd->cfg.layers);
+        fail_reading(rd);
+    }
+    if (rows == 0 || ncols <= 0) {
         dm_free(share);
         return;
     }

@@ -16,6 +16,7 @@
  * Must not: write to the log, or go on past a missing or bad dataset (a
  * user error naming it, exit 2). */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,62 +25,52 @@
 #include "dynmo/model.h"
 #include "tools/plan.h"
 
-static long config_value(const char *text, const char *key, long fallback)
+/* A problem with the run log: one message naming it, exit 2. */
+__attribute__((noreturn, format(printf, 2, 3)))
+static void run_error(struct runlog_file *f, const char *fmt, ...)
 {
-    size_t n = strlen(key);
-    for (const char *p = text; p && *p; p = strchr(p, '\n') ? strchr(p, '\n') + 1 : NULL)
-        if (!strncmp(p, key, n) && p[n] == ' ') return strtol(strchr(p, '=') + 1, NULL, 10);
-    return fallback;
+    char text[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    runlog_close_read(f);
+    dm_user_error("--from-run: %s", text);
 }
 
 /* The model (its channels, layers and the schemes' extensions, which make
- * blocks differ in size) and the micro-batches from the run's config (the
- * root attribute config). */
-static void read_run_config(const char *path, struct gpt_shape *shape, int *micro_batches)
+ * blocks differ in size) and the micro-batches from the run's config
+ * (the root attribute config, checked key by key: runlog_file_config). */
+static void read_run_config(struct runlog_file *f, struct gpt_shape *shape, int *micro_batches)
 {
-    char err[512];
-    char *config = NULL;
-    if (runlog_read_root_attr(path, "config", &config, err, sizeof err) != 0)
-        dm_user_error("--from-run: %s", err);
-    struct dm_config cfg;   /* the keys that size the blocks, the schemes' with them */
-    config_defaults(&cfg);
-    cfg.channels = (int)config_value(config, "model.channels", 0);
-    cfg.layers = (int)config_value(config, "model.layers", 0);
-    cfg.moe_every = (int)config_value(config, "model.moe_every", 0);
-    cfg.experts = (int)config_value(config, "model.experts", 0);
-    cfg.expert_hidden = (int)config_value(config, "model.expert_hidden", 0);
-    *micro_batches = (int)config_value(config, "train.micro_batches", 1);
-    free(config);
-    if (cfg.channels <= 0 || cfg.layers <= 0 || cfg.moe_every < 0 ||
-        (cfg.moe_every > 0 && cfg.experts <= 0))
-        dm_user_error("--from-run: %s has no model config", path);
+    char err[1200];
+    struct dm_config cfg;
+    int status = runlog_file_config(f, &cfg, err, sizeof err);
+    if (status < 0) run_error(f, "%s", err);
+    if (status > 0) run_error(f, "%s has no model config", runlog_file_path(f));
     *shape = dyn_shape_from_config(&cfg);
+    *micro_batches = cfg.micro_batches;
 }
 
 /* The steps the log holds; *with_update when it has the blocks' updates
  * for every one of them (a resumed log of an older dynmo starts them
  * late, and then none are used). */
-static long read_run_steps(const char *path, int *with_update)
+static long read_run_steps(struct runlog_file *f, int *with_update)
 {
-    char err[512];
-    float *rows = NULL;
-    int ncols = 0;
-    long nsteps = runlog_read_matrix(path, RUNLOG_LAYER_FWD_MS, &rows, &ncols, err, sizeof err);
-    if (nsteps < 0) dm_user_error("--from-run: %s", err);
-    free(rows);
-    rows = NULL;
-    *with_update = runlog_read_matrix(path, RUNLOG_LAYER_UPDATE_MS, &rows, &ncols, err,
-                                      sizeof err) == nsteps;
-    free(rows);
-    return nsteps;
+    const struct runlog_dataset_info *fwd = runlog_file_dataset(f, RUNLOG_LAYER_FWD_MS);
+    const struct runlog_dataset_info *update = runlog_file_dataset(f, RUNLOG_LAYER_UPDATE_MS);
+    if (!fwd || fwd->rank != 2)
+        run_error(f, "%s has no dataset %s", runlog_file_path(f), RUNLOG_LAYER_FWD_MS);
+    *with_update = update && update->rank == 2 && update->dims[0] == fwd->dims[0];
+    return fwd->dims[0];
 }
 
 /* The blocks' times, parameters, memory and updates (zeros without
  * updates) at step (1-based) into in's arrays, which it allocates. */
-static void read_run_blocks(struct plan_input *in, const char *path, long step,
+static void read_run_blocks(struct plan_input *in, struct runlog_file *f, long step,
                             const struct gpt_shape *shape, int with_update)
 {
-    char err[512];
+    char err[1200];
     int L = in->blocks;
     in->fwd_ms = dm_alloc((size_t)L * sizeof(double));
     in->bwd_ms = dm_alloc((size_t)L * sizeof(double));
@@ -89,15 +80,22 @@ static void read_run_blocks(struct plan_input *in, const char *path, long step,
     float *fwd = dm_alloc((size_t)L * sizeof(float)), *bwd = dm_alloc((size_t)L * sizeof(float));
     float *sparsity = dm_alloc((size_t)L * sizeof(float));
     float *update = dm_alloc((size_t)L * sizeof(float));
-    if (runlog_read_row(path, RUNLOG_LAYER_FWD_MS, step - 1, fwd, L, err, sizeof err) ||
-        runlog_read_row(path, RUNLOG_LAYER_BWD_MS, step - 1, bwd, L, err, sizeof err))
-        dm_user_error("--from-run: %s", err);
-    if (runlog_read_row(path, "/layers/sparsity", step - 1, sparsity, L, err, sizeof err))
-        memset(sparsity, 0, (size_t)L * sizeof(float));
+    if (runlog_file_row(f, RUNLOG_LAYER_FWD_MS, step - 1, fwd, L, err, sizeof err) ||
+        runlog_file_row(f, RUNLOG_LAYER_BWD_MS, step - 1, bwd, L, err, sizeof err))
+        run_error(f, "%s", err);
+    if (runlog_file_dataset(f, RUNLOG_LAYER_SPARSITY) &&
+        runlog_file_row(f, RUNLOG_LAYER_SPARSITY, step - 1, sparsity, L, err, sizeof err))
+        run_error(f, "%s", err);
     if (with_update &&
-        runlog_read_row(path, RUNLOG_LAYER_UPDATE_MS, step - 1, update, L, err, sizeof err))
-        dm_user_error("--from-run: %s", err);
+        runlog_file_row(f, RUNLOG_LAYER_UPDATE_MS, step - 1, update, L, err, sizeof err))
+        run_error(f, "%s", err);
     for (int l = 0; l < L; l++) {
+        if (!(fwd[l] >= 0 && bwd[l] >= 0 && update[l] >= 0) || !isfinite(fwd[l] + bwd[l]) ||
+            !isfinite(update[l]) || !(sparsity[l] >= 0 && sparsity[l] <= 1))
+            run_error(f, "%s: block %d at step %ld has forward %g, backward %g, update %g ms and "
+                      "sparsity %g (measured times are >= 0, a sparsity in [0, 1]; a step the "
+                      "log does not hold has NaN)", runlog_file_path(f), l, step, (double)fwd[l],
+                      (double)bwd[l], (double)update[l], (double)sparsity[l]);
         double size = (double)gpt_block_param_count(shape, l);
         in->fwd_ms[l] = fwd[l];
         in->bwd_ms[l] = bwd[l];
@@ -111,46 +109,44 @@ static void read_run_blocks(struct plan_input *in, const char *path, long step,
     dm_free(update);
 }
 
-/* The layout at step (its stages are the leading positive entries of the
- * history's row); *width is the history's row width. It must cover the
- * run's `layers` blocks: the end stages' extras are read through it. */
-static void read_run_layout(const char *path, long step, int layers, int **layout,
+/* The layout at step: its row of the history, a layout of the run's
+ * `layers` blocks (runlog_file_layouts); *width is the history's row
+ * width. The end stages' extras are read through it. */
+static void read_run_layout(struct runlog_file *f, long step, int layers, int **layout,
                             int *stages, int *width)
 {
-    char err[512];
-    int *history = NULL;
-    if (runlog_read_int_matrix(path, RUNLOG_LAYOUT_HISTORY, &history, width, err,
-                               sizeof err) < step)
-        dm_user_error("--from-run: %s has no layout for step %ld", path, step);
-    int S = 0;
-    long covered = 0;
-    while (S < *width && history[(step - 1) * *width + S] > 0)
-        covered += history[(step - 1) * *width + S++];
-    if (S == 0)
-        dm_user_error("--from-run: %s has no layout for step %ld", path, step);
-    if (covered != layers)
-        dm_user_error("--from-run: %s: the layout at step %ld covers %ld blocks, but "
-                      "model.layers is %d", path, step, covered, layers);
-    *stages = S;
-    *layout = dm_alloc((size_t)S * sizeof(int));
-    memcpy(*layout, history + (step - 1) * *width, (size_t)S * sizeof(int));
-    free(history);
+    char err[1200];
+    struct runlog_layouts l;
+    if (runlog_file_layouts(f, layers, &l, err, sizeof err) < 0) run_error(f, "%s", err);
+    if (step > l.rows || l.stages[step - 1] == 0) {
+        runlog_layouts_free(&l);
+        run_error(f, "%s has no layout for step %ld", runlog_file_path(f), step);
+    }
+    *width = l.width;
+    *stages = l.stages[step - 1];
+    *layout = dm_alloc((size_t)*stages * sizeof(int));
+    memcpy(*layout, l.counts + (step - 1) * l.width, (size_t)*stages * sizeof(int));
+    runlog_layouts_free(&l);
 }
 
 /* The embedding and head: the first and last stage's time beyond their
  * blocks' (balance_end_stage_extras). */
-static void read_run_ends(struct plan_input *in, const char *path, long step,
+static void read_run_ends(struct plan_input *in, struct runlog_file *f, long step,
                           const int *layout, int S, int width, int micro_batches,
                           int with_update)
 {
-    char err[512];
+    char err[1200];
     float *busy = dm_alloc((size_t)width * sizeof(float));
     float *stage_update = dm_alloc((size_t)width * sizeof(float));
-    if (runlog_read_row(path, RUNLOG_STAGE_BUSY_MS, step - 1, busy, width, err, sizeof err))
-        dm_user_error("--from-run: %s", err);
-    if (with_update && runlog_read_row(path, RUNLOG_STAGE_UPDATE_MS, step - 1, stage_update,
+    if (runlog_file_row(f, RUNLOG_STAGE_BUSY_MS, step - 1, busy, width, err, sizeof err))
+        run_error(f, "%s", err);
+    if (with_update && runlog_file_row(f, RUNLOG_STAGE_UPDATE_MS, step - 1, stage_update,
                                        width, err, sizeof err))
-        dm_user_error("--from-run: %s", err);
+        run_error(f, "%s", err);
+    for (int s = 0; s < S; s++)
+        if (!(busy[s] >= 0 && stage_update[s] >= 0) || !isfinite(busy[s] + stage_update[s]))
+            run_error(f, "%s: stage %d at step %ld has busy %g, update %g ms", runlog_file_path(f),
+                      s, step, (double)busy[s], (double)stage_update[s]);
     double ends_busy[2] = {busy[0], busy[S - 1]};
     double ends_update[2] = {stage_update[0], stage_update[S - 1]};
     balance_end_stage_extras(in->fwd_ms, in->bwd_ms, in->update_ms, layout, S, micro_batches,
@@ -162,21 +158,26 @@ static void read_run_ends(struct plan_input *in, const char *path, long step,
 void plan_read_run(struct plan_input *in, const char *dir, long step, int **layout,
                    int *stages, int *micro_batches)
 {
-    char path[1200];
+    char path[1200], err[1200];
     snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
+    struct runlog_file *f = runlog_open_read(path, err, sizeof err);
+    if (!f) dm_user_error("--from-run: %s", err);
     struct gpt_shape shape;
     int with_update;
-    read_run_config(path, &shape, micro_batches);
+    read_run_config(f, &shape, micro_batches);
     int layers = shape.layers;
-    long nsteps = read_run_steps(path, &with_update);
-    if (step < 1 || step > nsteps)
+    long nsteps = read_run_steps(f, &with_update);
+    if (step < 1 || step > nsteps) {
+        runlog_close_read(f);
         dm_user_error("--step %ld: %s has steps 1..%ld", step, path, nsteps);
+    }
     memset(in, 0, sizeof *in);
     in->blocks = layers;
-    read_run_blocks(in, path, step, &shape, with_update);
+    read_run_blocks(in, f, step, &shape, with_update);
     int width = 0;
-    read_run_layout(path, step, layers, layout, stages, &width);
-    read_run_ends(in, path, step, *layout, *stages, width, *micro_batches, with_update);
+    read_run_layout(f, step, layers, layout, stages, &width);
+    read_run_ends(in, f, step, *layout, *stages, width, *micro_batches, with_update);
+    runlog_close_read(f);
     if (with_update) in->profile.update_ms = in->update_ms;
     in->has_embed = in->has_head = 1;
     in->profile.blocks = layers;
@@ -188,16 +189,18 @@ void plan_read_run(struct plan_input *in, const char *dir, long step, int **layo
 
 /* group_turns: absent in logs from before parallel.turns (fluid), else one
  * value, 0 or 1. */
-static int read_run_turns(const char *path)
+static int read_run_turns(struct runlog_file *f)
 {
-    char err[768];
+    char err[1200];
     int *turns = NULL;
-    long turns_count = runlog_read_root_ints(path, RUNLOG_ATTR_GROUP_TURNS, &turns, err,
+    long turns_count = runlog_file_attr_ints(f, RUNLOG_ATTR_GROUP_TURNS, &turns, err,
                                              sizeof err);
-    if (turns_count < 0) dm_user_error("--from-run: %s", err);
-    if (turns_count > 1 || (turns_count == 1 && turns[0] != 0 && turns[0] != 1))
-        dm_user_error("--from-run: %s: the attribute %s must be one value, 0 or 1", path,
-                      RUNLOG_ATTR_GROUP_TURNS);
+    if (turns_count < 0) run_error(f, "%s", err);
+    if (turns_count > 1 || (turns_count == 1 && turns[0] != 0 && turns[0] != 1)) {
+        dm_free(turns);
+        run_error(f, "%s: the attribute %s must be one value, 0 or 1", runlog_file_path(f),
+                  RUNLOG_ATTR_GROUP_TURNS);
+    }
     int took_turns = turns_count == 1 && turns[0] == 1;
     dm_free(turns);
     return took_turns;
@@ -206,17 +209,20 @@ static int read_run_turns(const char *path)
 void plan_sharing_from_run(struct plan_sharing *ps, const char *dir, int run_stages,
                            int stages)
 {
-    char path[1200], err[768];
+    char path[1200], err[1200];
     snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
+    struct runlog_file *f = runlog_open_read(path, err, sizeof err);
+    if (!f) dm_user_error("--from-run: %s", err);
     int *group = NULL;
     double *cores = NULL;
-    long group_count = runlog_read_root_ints(path, RUNLOG_ATTR_STAGE_GROUPS, &group, err,
+    long group_count = runlog_file_attr_ints(f, RUNLOG_ATTR_STAGE_GROUPS, &group, err,
                                              sizeof err);
-    if (group_count < 0) dm_user_error("--from-run: %s", err);
-    long core_count = runlog_read_root_doubles(path, RUNLOG_ATTR_GROUP_CORES, &cores, err,
+    if (group_count < 0) run_error(f, "%s", err);
+    long core_count = runlog_file_attr_doubles(f, RUNLOG_ATTR_GROUP_CORES, &cores, err,
                                                sizeof err);
-    if (core_count < 0) dm_user_error("--from-run: %s", err);
-    int took_turns = read_run_turns(path);
+    if (core_count < 0) run_error(f, "%s", err);
+    int took_turns = read_run_turns(f);
+    runlog_close_read(f);
     if (!group_count && !core_count) return;
     if (!group_count || !core_count)
         dm_user_error("--from-run: %s has the attribute %s but not %s (both or neither)",

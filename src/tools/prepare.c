@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "dynmo/core.h"
 #include "dynmo/model.h"
@@ -162,6 +163,35 @@ static size_t read_inputs(struct byte_buffer *stream, const struct prepare_args 
     return cut;
 }
 
+/* Before anything is read or written: DIR/train.bin and DIR/val.bin may be
+ * new, or token files (an earlier prepare's, which are replaced), never a
+ * file of another kind and never one of the inputs. */
+static void check_outputs(const struct prepare_args *a)
+{
+    const char *names[2] = {"train.bin", "val.bin"};
+    for (int k = 0; k < 2; k++) {
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", a->out_dir, names[k]);
+        struct stat out;
+        if (stat(path, &out) != 0) continue;   /* new (or an error the write reports) */
+        for (int i = 0; i < a->num_inputs; i++) {
+            struct stat in;
+            if (stat(a->inputs[i], &in) == 0 && in.st_dev == out.st_dev &&
+                in.st_ino == out.st_ino)
+                dm_user_error("prepare: %s is one of the inputs: write to another --out",
+                              path);
+        }
+        char magic[sizeof TOKEN_FILE_MAGIC - 1];
+        FILE *f = S_ISREG(out.st_mode) ? fopen(path, "rb") : NULL;
+        int ours = f && fread(magic, 1, sizeof magic, f) == sizeof magic &&
+                   !memcmp(magic, TOKEN_FILE_MAGIC, sizeof magic);
+        if (f) fclose(f);
+        if (!ours)
+            dm_user_error("prepare: %s exists and is not a token file (a file dynmo prepare "
+                          "wrote): write to another --out, or remove it first", path);
+    }
+}
+
 /* DIR/train.bin and DIR/val.bin: both temporaries complete before either
  * rename, so an error leaves the previous outputs (if any) untouched and
  * no partial file behind. */
@@ -207,6 +237,7 @@ int cmd_prepare(int argc, char **argv)
         dm_free(a.inputs);
         return DM_EXIT_OK;
     }
+    check_outputs(&a);
     struct byte_buffer stream = {0};
     size_t cut = read_inputs(&stream, &a), n = stream.size;
     uint64_t checksums[2];

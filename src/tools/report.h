@@ -16,6 +16,7 @@
 
 #include <stddef.h>
 #include <cairo.h>
+#include "dynmo/ckpt.h"
 
 /* ---- growing byte buffers (report_html.c) ------------------------------ */
 
@@ -48,16 +49,23 @@ struct trace {
     struct trace_event *events; /* (count) in the file's order: by step */
     long count;
     int *steps;         /* (step_count) the traced steps, ascending */
+    long *first;        /* (step_count + 1) events of steps[k]: [first[k], first[k + 1]) */
+    int *ranks;         /* (step_count) ranks of the world that ran steps[k] */
     int step_count;
-    int ranks;          /* largest rank + 1 */
+    int max_ranks;      /* the most ranks of any traced step */
 };
 
-/* Reads /trace/events of a run log into t (free with trace_free). Returns 1
- * when the file has no such dataset (t left empty), 0 when it was read, or
- * -1 with a message naming the file, the row and the problem in err (a
- * column count other than 8, an op outside 0..7, a negative or non-finite
- * time, a step or rank below its range). */
-int trace_load(const char *path, struct trace *t, char *err, size_t errsize);
+/* Reads /trace/events of an open run log into t (free with trace_free),
+ * every row checked against the file's own shape: finite values, steps
+ * whole numbers from 1 to the steps the log holds, in order (the writer
+ * appends them step by step); each step's rank numbers exactly 0..R-1
+ * with R its world's ranks (/steps/ranks, else its layout's stages times
+ * parallel.dp, else the largest rank + 1); stages below the step's stage
+ * count; ops 0..7; micro-batches -1 for the step's end (ops 6 and 7), else
+ * below train.micro_batches; durations >= 0. Returns 1 when the file has
+ * no such dataset (t left empty), 0 when it was read, or -1 with a message
+ * naming the file, the row and the problem in err. */
+int trace_load(struct runlog_file *f, struct trace *t, char *err, size_t errsize);
 void trace_free(struct trace *t);
 /* Whether step is one of t's traced steps. */
 int trace_has_step(const struct trace *t, int step);
@@ -129,12 +137,20 @@ struct report_run {
 };
 
 /* 1 when path is a simulation (root attribute kind "simulation"), 0 when
- * it is a run log ("runlog"); anything else (missing, not HDF5, a
+ * it is a run log ("runlog"); anything else (missing, not HDF5, damaged, a
  * checkpoint) is a user error of `command`. */
 int report_file_kind(const char *command, const char *path);
-/* Loads the run log (or simulation file) at path; every problem is a user
- * error naming the file (exit 2). from_step: the first step of the stated
- * means (steps before it are warm-up). */
+/* Loads the run log (or simulation file) at path, every dataset checked
+ * against the file's shape and configuration (runlog_open_read,
+ * runlog_file_config, runlog_file_layouts, trace_load; the per-block
+ * datasets' columns are model.layers, the MoD blocks' model.layers /
+ * mod_every, a decision's step is one of the log's). Returns 0, or -1
+ * with one message naming the file and the problem in err (run left
+ * empty). from_step: the first step of the stated means (steps before it
+ * are warm-up). */
+int report_run_try_load(struct report_run *run, const char *path, long from_step, char *err,
+                        size_t errsize);
+/* report_run_try_load; a problem is a user error (exit 2). */
 void report_run_load(struct report_run *run, const char *path, long from_step);
 void report_run_free(struct report_run *run);
 /* A config value of the run's "config" attribute ("" when absent). */

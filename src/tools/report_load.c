@@ -1,15 +1,24 @@
 /* What `dynmo report` and `dynmo trace` read from a run log: the series,
  * the per-block matrices, the layout history, the balancer's decisions and
- * the traced instructions, through the ckpt module's public readers only
- * (runlog_list_datasets, runlog_read_*); and what the page states from
- * them: the layout changes, the means over the steps after the warm-up,
- * the steps the timeline draws.
+ * the traced instructions, through the ckpt module's checked reader
+ * (struct runlog_file: the file's HDF5 metadata walked before HDF5 reads
+ * it, every dataset's rank and size checked); and what the page states
+ * from them: the layout changes, the means over the steps after the
+ * warm-up, the steps the timeline draws.
+ *
+ * Every value used as a count, an index or a width is checked against the
+ * file's own shape and configuration before it is used: per-block columns
+ * are model.layers, the MoD blocks' model.layers / mod_every, each layout
+ * places model.layers blocks, a decision's or an evaluation's step is one
+ * of the log's, a traced row's step, rank, stage and micro-batch are ones
+ * its run had (trace_load).
  *
  * A file whose root attribute "kind" is "simulation" (what `dynmo
- * simulate` will write: a file shaped like a run log) is read the same
- * way. Every dataset may be missing (docs/runlog.md): what is absent is
- * left out of the page, never guessed. It must not write anything, and a
- * problem with the file is a user error naming it (exit 2). */
+ * simulate` writes: a file shaped like a run log) is read the same way.
+ * Every dataset may be missing (docs/runlog.md): what is absent is left
+ * out of the page, never guessed. It must not write anything, and a
+ * problem with the file is one message naming it (exit 2). */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,9 +27,8 @@
 #include "dynmo/ckpt.h"
 #include "tools/report.h"
 
-#define SIMULATION_KIND "simulation"
-#define TRACE_COLUMNS 8
-#define DECISION_COLUMNS 8
+#define TRACE_COLUMNS RUNLOG_EVENT_COLUMNS
+#define DECISION_COLUMNS RUNLOG_EVENT_COLUMNS
 
 /* ---- traced instructions ------------------------------------------------ */
 
@@ -55,16 +63,73 @@ const char *trace_kind_label(int kind)
     return kind >= 0 && kind < TRACE_KIND_COUNT ? labels[kind] : "?";
 }
 
-/* Row r of the file's events into e; -1 with err naming the problem. */
-static int trace_row(const float *row, long r, struct trace_event *e, const char *path,
-                     char *err, size_t errsize)
+/* A cell of /trace/events that must be a whole number in [lo, hi] (as a
+ * float: a larger one is not converted). */
+static int whole_in(float v, double lo, double hi)
+{
+    return v >= lo && v <= hi && v == floorf(v);
+}
+
+/* What a traced row is checked against: the run's own shape. */
+struct trace_shape {
+    long steps;             /* rows of the per-step series; 0: unknown */
+    int *ranks;             /* (ranks_rows) /steps/ranks, or NULL */
+    long ranks_rows;
+    struct runlog_layouts layouts;  /* rows 0 when absent */
+    int have_config, dp, micro_batches;
+};
+
+static void trace_shape_free(struct trace_shape *s)
+{
+    dm_free(s->ranks);
+    runlog_layouts_free(&s->layouts);
+}
+
+static int read_trace_shape(struct runlog_file *f, struct trace_shape *s, char *err,
+                            size_t errsize)
+{
+    memset(s, 0, sizeof *s);
+    s->steps = runlog_file_steps(f);
+    struct dm_config cfg;
+    int status = runlog_file_config(f, &cfg, err, errsize);
+    if (status < 0) return -1;
+    s->have_config = status == 0;
+    s->dp = cfg.dp;
+    s->micro_batches = cfg.micro_batches;
+    if (runlog_file_dataset(f, RUNLOG_STEP_RANKS)) {
+        s->ranks_rows = runlog_file_int_series(f, RUNLOG_STEP_RANKS, &s->ranks, err, errsize);
+        if (s->ranks_rows < 0) return -1;
+    }
+    return runlog_file_layouts(f, s->have_config ? cfg.layers : 0, &s->layouts, err,
+                               errsize) < 0 ? -1 : 0;
+}
+
+/* Row r of the file's events into e, each cell checked as far as the row
+ * alone tells; -1 with err naming the row and the problem. */
+static int trace_row(const float *row, long r, const struct trace_shape *shape,
+                     struct trace_event *e, const char *path, char *err, size_t errsize)
 {
     for (int c = 0; c < TRACE_COLUMNS; c++)
         if (!isfinite(row[c])) {
-            snprintf(err, errsize, "%s: row %ld of /trace/events has a non-finite value "
-                     "in column %d", path, r, c);
+            dm_set_message(err, errsize, "%s: row %ld of /trace/events has a non-finite value "
+                           "in column %d", path, r, c);
             return -1;
         }
+    double last_step = shape->steps > 0 ? (double)shape->steps : (double)INT_MAX;
+    const char *problem =
+        !whole_in(row[0], 1, last_step) ? "a step that is not one of the log's"
+        : !whole_in(row[1], 0, INT_MAX - 1) || !whole_in(row[2], 0, INT_MAX - 1)
+            ? "a rank or stage that is not a whole number >= 0"
+        : !whole_in(row[3], 0, SCHEDULE_OP_COUNT - 1) ? "an op outside 0..7"
+        : !whole_in(row[4], -1, shape->have_config ? shape->micro_batches - 1 : INT_MAX - 1)
+            ? "a micro-batch outside -1..train.micro_batches - 1"
+        : row[6] < 0 || row[7] < 0 ? "a negative duration"
+        : NULL;
+    if (problem) {
+        dm_set_message(err, errsize, "%s: row %ld of /trace/events (step %g, rank %g) has %s",
+                       path, r, (double)row[0], (double)row[1], problem);
+        return -1;
+    }
     e->step = (int)row[0];
     e->rank = (int)row[1];
     e->stage = (int)row[2];
@@ -73,69 +138,124 @@ static int trace_row(const float *row, long r, struct trace_event *e, const char
     e->start_ms = row[5];
     e->wall_ms = row[6];
     e->cpu_ms = row[7];
-    const char *problem = e->step < 1 ? "a step below 1"
-                        : e->rank < 0 || e->stage < 0 ? "a negative rank or stage"
-                        : e->op < 0 || e->op >= SCHEDULE_OP_COUNT ? "an op outside 0..7"
-                        : e->wall_ms < 0 || e->cpu_ms < 0 ? "a negative duration"
-                        : NULL;
-    if (problem) {
-        snprintf(err, errsize, "%s: row %ld of /trace/events has %s", path, r, problem);
+    int end_of_step = e->op == SCHEDULE_REDUCE_GRADS || e->op == SCHEDULE_OPTIMIZER_STEP;
+    if (end_of_step != (e->micro_batch == -1)) {
+        dm_set_message(err, errsize, "%s: row %ld of /trace/events has op %d with micro-batch "
+                       "%d (-1 is the step's end, ops 6 and 7, only)", path, r, e->op,
+                       e->micro_batch);
         return -1;
     }
     return 0;
 }
 
-static int compare_ints(const void *a, const void *b)
+/* The ranks and stages of the traced step k's rows [first, end): the
+ * ranks of its world (/steps/ranks, or its layout's stages x parallel.dp,
+ * or the largest rank + 1) each present, none beyond; stages below its
+ * stage count. seen: scratch of at least end - first bytes. */
+static int check_step_ranks(struct trace *t, int k, long first, long end,
+                            const struct trace_shape *shape, unsigned char *seen,
+                            const char *path, char *err, size_t errsize)
 {
-    int x = *(const int *)a, y = *(const int *)b;
-    return (x > y) - (x < y);
-}
-
-int trace_load(const char *path, struct trace *t, char *err, size_t errsize)
-{
-    memset(t, 0, sizeof *t);
-    struct runlog_dataset_info *infos = NULL;
-    int n = runlog_list_datasets(path, &infos, err, errsize);
-    if (n < 0) return -1;
-    int present = 0;
-    for (int i = 0; i < n; i++) present |= !strcmp(infos[i].name, RUNLOG_TRACE_EVENTS);
-    dm_free(infos);
-    if (!present) return 1;
-    float *rows = NULL;
-    int cols = 0;
-    long count = runlog_read_matrix(path, RUNLOG_TRACE_EVENTS, &rows, &cols, err, errsize);
-    if (count < 0) return -1;
-    if (count > 0 && cols != TRACE_COLUMNS) {
-        snprintf(err, errsize, "%s: /trace/events has %d columns, expected %d", path, cols,
-                 TRACE_COLUMNS);
-        dm_free(rows);
-        return -1;
-    }
-    t->events = dm_alloc((size_t)(count ? count : 1) * sizeof *t->events);
-    t->steps = dm_alloc((size_t)(count ? count : 1) * sizeof *t->steps);
-    for (long r = 0; r < count; r++) {
-        struct trace_event *e = &t->events[r];
-        if (trace_row(rows + r * TRACE_COLUMNS, r, e, path, err, errsize) < 0) {
-            dm_free(rows);
-            trace_free(t);
+    int step = t->steps[k], most = 0;
+    long row = step - 1;
+    int stages = row < shape->layouts.rows ? shape->layouts.stages[row] : 0;
+    long ranks = row < shape->ranks_rows && shape->ranks[row] > 0 ? shape->ranks[row]
+               : stages > 0 && shape->have_config ? (long)stages * shape->dp : 0;
+    const char *source = row < shape->ranks_rows && shape->ranks[row] > 0 ? "/steps/ranks"
+                       : ranks ? "its layout's stages x parallel.dp" : NULL;
+    for (long i = first; i < end; i++) {
+        if (t->events[i].rank > most) most = t->events[i].rank;
+        if (stages > 0 && t->events[i].stage >= stages) {
+            dm_set_message(err, errsize, "%s: row %ld of /trace/events has stage %d; step %d "
+                           "ran on %d stages (/layout/history)", path, i, t->events[i].stage,
+                           step, stages);
             return -1;
         }
-        if (e->rank + 1 > t->ranks) t->ranks = e->rank + 1;
-        /* rows come step by step: look further back only when the step changes */
-        if ((!t->step_count || t->steps[t->step_count - 1] != e->step) &&
-            !trace_has_step(t, e->step))
+    }
+    if (!ranks) ranks = (long)most + 1;
+    if (most >= ranks) {
+        long i = first;
+        while (t->events[i].rank < ranks) i++;
+        dm_set_message(err, errsize, "%s: row %ld of /trace/events has rank %d; step %d ran on "
+                       "%ld ranks (%s)", path, i, t->events[i].rank, step, ranks, source);
+        return -1;
+    }
+    /* Every rank of the world traces the step: at least one row each. */
+    if (ranks > end - first) {
+        dm_set_message(err, errsize, "%s: /trace/events has %ld rows of step %d, which ran on "
+                       "%ld ranks%s%s%s (each traces at least its optimizer step)", path,
+                       end - first, step, ranks, source ? " (" : "", source ? source : "",
+                       source ? ")" : "");
+        return -1;
+    }
+    memset(seen, 0, (size_t)ranks);
+    for (long i = first; i < end; i++) seen[t->events[i].rank] = 1;
+    for (long rank = 0; rank < ranks; rank++)
+        if (!seen[rank]) {
+            dm_set_message(err, errsize, "%s: /trace/events has no row of rank %ld at step %d, "
+                           "which ran on %ld ranks (each traces at least its optimizer step)",
+                           path, rank, step, ranks);
+            return -1;
+        }
+    t->ranks[k] = (int)ranks;
+    if (ranks > t->max_ranks) t->max_ranks = (int)ranks;
+    return 0;
+}
+
+int trace_load(struct runlog_file *f, struct trace *t, char *err, size_t errsize)
+{
+    memset(t, 0, sizeof *t);
+    if (!runlog_file_dataset(f, RUNLOG_TRACE_EVENTS)) return 1;
+    const char *path = runlog_file_path(f);
+    struct trace_shape shape;
+    float *rows = NULL;
+    int cols = 0, status = -1;
+    unsigned char *seen = NULL;
+    if (read_trace_shape(f, &shape, err, errsize) != 0) goto done;
+    long count = runlog_file_matrix(f, RUNLOG_TRACE_EVENTS, &rows, &cols, err, errsize);
+    if (count < 0) goto done;
+    size_t slots = (size_t)(count ? count : 1);
+    t->events = dm_alloc(slots * sizeof *t->events);
+    t->steps = dm_alloc(slots * sizeof *t->steps);
+    t->ranks = dm_alloc(slots * sizeof *t->ranks);
+    t->first = dm_alloc((slots + 1) * sizeof *t->first);
+    seen = dm_alloc(slots);
+    for (long r = 0; r < count; r++) {
+        struct trace_event *e = &t->events[r];
+        if (trace_row(rows + r * TRACE_COLUMNS, r, &shape, e, path, err, errsize) < 0)
+            goto done;
+        if (t->step_count && e->step < t->steps[t->step_count - 1]) {
+            dm_set_message(err, errsize, "%s: row %ld of /trace/events has step %d after step %d "
+                           "(rows come step by step)", path, r, e->step,
+                           t->steps[t->step_count - 1]);
+            goto done;
+        }
+        if (!t->step_count || e->step != t->steps[t->step_count - 1]) {
+            t->first[t->step_count] = r;
             t->steps[t->step_count++] = e->step;
+        }
         t->count++;
     }
+    t->first[t->step_count] = count;
+    for (int k = 0; k < t->step_count; k++)
+        if (check_step_ranks(t, k, t->first[k], t->first[k + 1], &shape, seen, path, err,
+                             errsize) != 0)
+            goto done;
+    status = 0;
+done:
     dm_free(rows);
-    qsort(t->steps, (size_t)t->step_count, sizeof *t->steps, compare_ints);
-    return 0;
+    dm_free(seen);
+    trace_shape_free(&shape);
+    if (status != 0) trace_free(t);
+    return status;
 }
 
 void trace_free(struct trace *t)
 {
     dm_free(t->events);
     dm_free(t->steps);
+    dm_free(t->ranks);
+    dm_free(t->first);
     memset(t, 0, sizeof *t);
 }
 
@@ -148,48 +268,37 @@ int trace_has_step(const struct trace *t, int step)
 
 /* ---- datasets ------------------------------------------------------------ */
 
-struct listing {
-    struct runlog_dataset_info *infos;
-    int count;
+/* One load: the file, its configuration, where a problem goes. */
+struct run_reading {
+    struct report_run *run;
+    struct runlog_file *f;
+    struct dm_config cfg;       /* the defaults where the file has no config */
+    int have_config;
+    char *err;
+    size_t errsize;
 };
 
-static const struct runlog_dataset_info *find(const struct listing *l, const char *name)
+static int read_series(struct run_reading *ld, const char *name, struct series *out)
 {
-    for (int i = 0; i < l->count; i++)
-        if (!strcmp(l->infos[i].name, name)) return &l->infos[i];
-    return NULL;
-}
-
-static void read_series(const struct report_run *run, const struct listing *l,
-                        const char *name, struct series *out)
-{
-    char err[1024];
     memset(out, 0, sizeof *out);
-    const struct runlog_dataset_info *d = find(l, name);
-    if (!d) return;
-    if (d->rank != 1)
-        dm_user_error("report: %s: %s has rank %d, a run log's is 1 (docs/runlog.md)",
-                      run->path, name, d->rank);
-    out->count = runlog_read_series(run->path, name, &out->values, err, sizeof err);
-    if (out->count < 0) dm_user_error("report: %s", err);
+    if (!runlog_file_dataset(ld->f, name)) return 0;
+    out->count = runlog_file_series(ld->f, name, &out->values, ld->err, ld->errsize);
+    return out->count < 0 ? -1 : 0;
 }
 
 /* A 2-D dataset; want_cols > 0: it must have that many columns. */
-static void read_matrix(const struct report_run *run, const struct listing *l,
-                        const char *name, int want_cols, struct matrix *out)
+static int read_matrix(struct run_reading *ld, const char *name, int want_cols, struct matrix *out)
 {
-    char err[1024];
     memset(out, 0, sizeof *out);
-    const struct runlog_dataset_info *d = find(l, name);
-    if (!d) return;
-    if (d->rank != 2)
-        dm_user_error("report: %s: %s has rank %d, a run log's is 2 (docs/runlog.md)",
-                      run->path, name, d->rank);
-    out->rows = runlog_read_matrix(run->path, name, &out->values, &out->cols, err, sizeof err);
-    if (out->rows < 0) dm_user_error("report: %s", err);
-    if (want_cols > 0 && out->rows > 0 && out->cols != want_cols)
-        dm_user_error("report: %s: %s has %d columns; the run has %d", run->path, name,
-                      out->cols, want_cols);
+    if (!runlog_file_dataset(ld->f, name)) return 0;
+    out->rows = runlog_file_matrix(ld->f, name, &out->values, &out->cols, ld->err, ld->errsize);
+    if (out->rows < 0) return -1;
+    if (want_cols > 0 && out->cols != want_cols) {
+        dm_set_message(ld->err, ld->errsize, "%s: %s has %d columns; the run has %d", ld->run->path,
+                       name, out->cols, want_cols);
+        return -1;
+    }
+    return 0;
 }
 
 void report_config_value(const struct report_run *run, const char *key, char *out,
@@ -212,13 +321,9 @@ void report_config_value(const struct report_run *run, const char *key, char *ou
     }
 }
 
-static char *read_attr(const struct report_run *run, const char *name)
+static int read_attr(struct run_reading *ld, const char *name, char **text)
 {
-    char err[1024];
-    char *text = NULL;
-    if (runlog_read_root_attr(run->path, name, &text, err, sizeof err) < 0)
-        dm_user_error("report: %s", err);
-    return text;
+    return runlog_file_attr(ld->f, name, text, ld->err, ld->errsize) < 0 ? -1 : 0;
 }
 
 /* The run's name: the directory of RUN_DIR/runlog.h5, else the file's. */
@@ -255,81 +360,86 @@ int report_file_kind(const char *command, const char *path)
 
 /* ---- what the page states ----------------------------------------------- */
 
-static long config_long(const struct report_run *run, const char *key)
+/* Whether the run's config attribute has the key at all. */
+static int config_has(const struct report_run *run, const char *key)
 {
-    char text[32];
+    char text[8];
     report_config_value(run, key, text, sizeof text);
-    return atol(text);
+    return text[0] != '\0';
 }
 
 /* /mod/tokens [steps, MoD blocks] spread over the layers as the share of
  * the step's tokens (train.batch x train.seq) each MoD block processed:
  * block l's column when it is a MoD block ((l + 1) % model.mod_every ==
  * 0), NaN (blank) for a dense one. */
-static void load_mod_share(const struct report_run *run, const struct listing *l,
-                           struct matrix *out)
+static int load_mod_share(struct run_reading *ld, struct matrix *out)
 {
+    struct report_run *run = ld->run;
     struct matrix m;
     memset(out, 0, sizeof *out);
-    read_matrix(run, l, RUNLOG_MOD_TOKENS, 0, &m);
-    long every = config_long(run, "model.mod_every");
-    double tokens = (double)config_long(run, "train.batch") * config_long(run, "train.seq");
-    if (!m.values || every < 1 || tokens <= 0 || m.cols != run->layers / every) {
-        dm_free(m.values);
-        return;
+    if (!runlog_file_dataset(ld->f, RUNLOG_MOD_TOKENS)) return 0;
+    int every = ld->cfg.mod_every;
+    if (every < 1) {
+        dm_set_message(ld->err, ld->errsize, "%s has %s but model.mod_every is 0 (no MoD "
+                       "blocks)", run->path, RUNLOG_MOD_TOKENS);
+        return -1;
     }
+    if (read_matrix(ld, RUNLOG_MOD_TOKENS, run->layers / every, &m) != 0) return -1;
+    double tokens = (double)ld->cfg.batch * ld->cfg.seq;
     out->rows = m.rows;
     out->cols = run->layers;
-    out->values = dm_alloc((size_t)m.rows * run->layers * sizeof(float));
+    out->values = dm_alloc((size_t)(m.rows ? m.rows : 1) * run->layers * sizeof(float));
     for (long r = 0; r < m.rows; r++)
         for (int layer = 0; layer < run->layers; layer++)
             out->values[r * run->layers + layer] =
                 (layer + 1) % every == 0
                     ? (float)(m.values[r * m.cols + (layer + 1) / every - 1] / tokens) : NAN;
     dm_free(m.values);
+    return 0;
 }
 
 /* /hash/tiles as the share of the tiles causal attention would visit in
  * the step: 2 (forward, backward) x batch x heads x nt (nt + 1) / 2, nt
  * the 32-token tiles of a sequence (docs/mod-hash.md). */
-static void load_hash_share(const struct report_run *run, const struct listing *l,
-                            struct matrix *out)
+static int load_hash_share(struct run_reading *ld, struct matrix *out)
 {
-    read_matrix(run, l, RUNLOG_HASH_TILES, run->layers, out);
-    long nt = (config_long(run, "train.seq") + 31) / 32;
-    double all = 2.0 * (double)config_long(run, "train.batch") *
-                 (double)config_long(run, "model.heads") * (double)(nt * (nt + 1) / 2);
-    if (!out->values || all <= 0) return;
-    for (long i = 0; i < out->rows * out->cols; i++) out->values[i] = (float)(out->values[i] / all);
+    if (read_matrix(ld, RUNLOG_HASH_TILES, ld->run->layers, out) != 0) return -1;
+    long nt = (ld->cfg.seq + 31) / 32;
+    double all = 2.0 * (double)ld->cfg.batch * (double)ld->cfg.heads * (double)(nt * (nt + 1) / 2);
+    for (long i = 0; out->values && i < out->rows * out->cols; i++)
+        out->values[i] = (float)(out->values[i] / all);
+    return 0;
 }
 
 /* The scheme's own signal beside the cost heat map: what the file has. */
-static void load_signals(struct report_run *run, const struct listing *l)
+static int load_signals(struct run_reading *ld)
 {
+    struct report_run *run = ld->run;
     struct matrix m;
-    load_hash_share(run, l, &m);
+    if (load_hash_share(ld, &m) != 0) return -1;
     if (m.values)
         run->signals[run->signal_count++] =
             (struct block_signal){"hash tiles visited (of causal)", "share", m};
-    load_mod_share(run, l, &m);
+    if (load_mod_share(ld, &m) != 0) return -1;
     if (m.values)
         run->signals[run->signal_count++] =
             (struct block_signal){"MoD tokens processed", "share", m};
-    read_matrix(run, l, RUNLOG_LAYER_ACTIVE, run->layers, &m);
+    if (read_matrix(ld, RUNLOG_LAYER_ACTIVE, run->layers, &m) != 0) return -1;
     if (m.values)
         run->signals[run->signal_count++] = (struct block_signal){"active tokens", "share", m};
-    read_matrix(run, l, RUNLOG_LAYER_SPARSITY, run->layers, &m);
+    if (read_matrix(ld, RUNLOG_LAYER_SPARSITY, run->layers, &m) != 0) return -1;
     if (m.values)
         run->signals[run->signal_count++] = (struct block_signal){"sparsity", "share", m};
     /* A frozen block does no update at the step's end: update_ms is 0. */
     if (!strcmp(run->dyn_kind, "freeze")) {
-        read_matrix(run, l, RUNLOG_LAYER_UPDATE_MS, run->layers, &m);
+        if (read_matrix(ld, RUNLOG_LAYER_UPDATE_MS, run->layers, &m) != 0) return -1;
         if (m.values) {
             for (long i = 0; i < m.rows * m.cols; i++)
                 if (isfinite(m.values[i])) m.values[i] = m.values[i] == 0.0f;
             run->signals[run->signal_count++] = (struct block_signal){"frozen", "1 = frozen", m};
         }
     }
+    return 0;
 }
 
 static int layout_row_empty(const struct report_run *run, long row)
@@ -340,33 +450,53 @@ static int layout_row_empty(const struct report_run *run, long row)
     return 1;
 }
 
-/* Checks each recorded layout (rows of zeros are filler) and lists the
- * steps at which it changed. */
-static void find_layout_changes(struct report_run *run)
+/* The recorded layouts, each a layout of the run's blocks
+ * (runlog_file_layouts; rows of zeros are filler), and the steps at which
+ * they changed. */
+static int load_layouts(struct run_reading *ld)
 {
-    const struct matrix *m = &run->layout;
+    struct report_run *run = ld->run;
+    struct runlog_layouts l;
+    int status = runlog_file_layouts(ld->f, run->layers, &l, ld->err, ld->errsize);
+    if (status < 0) return -1;
+    struct matrix *m = &run->layout;
+    m->rows = l.rows;
+    m->cols = l.width;
+    m->values = status == 0 ? dm_alloc((size_t)(l.rows ? l.rows : 1) * (size_t)l.width *
+                                       sizeof(float)) : NULL;
+    for (long i = 0; i < l.rows * l.width; i++) m->values[i] = (float)l.counts[i];
+    if (run->layers == 0) run->layers = l.layers > 0 ? l.layers : 0;
+    run->stages = l.width;
+    runlog_layouts_free(&l);
     run->changes = dm_alloc((size_t)(m->rows ? m->rows : 1) * sizeof *run->changes);
     long previous = -1;
     for (long i = 0; i < m->rows; i++) {
         if (layout_row_empty(run, i)) continue;
-        long sum = 0;
-        for (int s = 0; s < m->cols; s++) {
-            float v = m->values[i * m->cols + s];
-            if (!(v >= 0) || v != floorf(v))
-                dm_user_error("report: %s: row %ld of /layout/history has %g blocks on "
-                              "stage %d", run->path, i, (double)v, s);
-            sum += (long)v;
-        }
-        if (run->layers > 0 && sum != run->layers)
-            dm_user_error("report: %s: row %ld of /layout/history places %ld blocks; the "
-                          "run has %d", run->path, i, sum, run->layers);
-        if (run->layers == 0) run->layers = (int)sum;
         if (previous >= 0 && memcmp(m->values + previous * m->cols, m->values + i * m->cols,
                                     (size_t)m->cols * sizeof *m->values))
             run->changes[run->change_count++] =
                 (struct layout_change){(int)(i + 1), (int)previous, (int)i};
         previous = i;
     }
+    return 0;
+}
+
+/* The balancer's decisions: each row's step one of the log's. */
+static int load_decisions(struct run_reading *ld)
+{
+    struct report_run *run = ld->run;
+    if (read_matrix(ld, RUNLOG_BALANCE_DECISIONS, DECISION_COLUMNS, &run->decisions) != 0)
+        return -1;
+    for (long d = 0; d < run->decisions.rows; d++) {
+        float step = run->decisions.values[d * DECISION_COLUMNS];
+        if (!(step >= 1 && step <= (float)run->steps && step == floorf(step))) {
+            dm_set_message(ld->err, ld->errsize, "%s: row %ld of %s is a decision at step %g, "
+                           "not one of the log's steps 1..%ld", run->path, d,
+                           RUNLOG_BALANCE_DECISIONS, (double)step, run->steps);
+            return -1;
+        }
+    }
+    return 0;
 }
 
 double report_mean_step_ms(const struct report_run *run, long from, long to)
@@ -430,22 +560,18 @@ static void compute_stats(struct report_run *run, long from_step)
     st->last_val_loss = last_finite(&run->eval_loss, 0);
 }
 
-static void load_config_fields(struct report_run *run)
+static void load_config_fields(struct run_reading *ld)
 {
-    char text[64];
+    struct report_run *run = ld->run;
     report_config_value(run, "dyn.kind", run->dyn_kind, sizeof run->dyn_kind);
     report_config_value(run, "balance.method", run->method, sizeof run->method);
     report_config_value(run, "parallel.schedule", run->schedule, sizeof run->schedule);
-    report_config_value(run, "train.micro_batches", text, sizeof text);
-    run->micro_batches = atoi(text);
-    if (run->layers == 0) {
-        report_config_value(run, "model.layers", text, sizeof text);
-        run->layers = atoi(text) > 0 ? atoi(text) : 0;
-    }
+    run->micro_batches = config_has(run, "train.micro_batches") ? ld->cfg.micro_batches : 0;
 }
 
-static void load_series(struct report_run *run, const struct listing *l)
+static int load_series(struct run_reading *ld)
 {
+    struct report_run *run = ld->run;
     struct { const char *name; struct series *s; } series[] = {
         {RUNLOG_STEP_LOSS, &run->loss},         {RUNLOG_STEP_MS, &run->step_ms},
         {RUNLOG_STEP_TOKENS_PER_S, &run->tokens_per_s},
@@ -454,45 +580,88 @@ static void load_series(struct report_run *run, const struct listing *l)
         {RUNLOG_EVAL_STEP, &run->eval_step},    {RUNLOG_EVAL_LOSS, &run->eval_loss},
     };
     for (size_t i = 0; i < sizeof series / sizeof series[0]; i++) {
-        read_series(run, l, series[i].name, series[i].s);
+        if (read_series(ld, series[i].name, series[i].s) != 0) return -1;
         if (!strncmp(series[i].name, "/steps/", 7) && series[i].s->count > run->steps)
             run->steps = series[i].s->count;
     }
-    if (run->eval_step.count != run->eval_loss.count)
-        dm_user_error("report: %s: /eval/step has %ld rows but /eval/loss %ld", run->path,
-                      run->eval_step.count, run->eval_loss.count);
+    if (run->eval_step.count != run->eval_loss.count) {
+        dm_set_message(ld->err, ld->errsize, "%s: /eval/step has %ld rows but /eval/loss %ld",
+                       run->path, run->eval_step.count, run->eval_loss.count);
+        return -1;
+    }
+    for (long i = 0; i < run->eval_step.count; i++) {
+        float step = run->eval_step.values[i];
+        if (!(step >= 1 && step <= (float)run->steps && step == floorf(step))) {
+            dm_set_message(ld->err, ld->errsize, "%s: row %ld of /eval/step is step %g, not one "
+                           "of the log's steps 1..%ld", run->path, i, (double)step, run->steps);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The blocks: per-block columns are model.layers where the config says it,
+ * else the forward times' width. */
+static int load_blocks(struct run_reading *ld)
+{
+    struct report_run *run = ld->run;
+    run->layers = config_has(run, "model.layers") ? ld->cfg.layers : 0;
+    if (read_matrix(ld, RUNLOG_LAYER_FWD_MS, run->layers, &run->fwd) != 0) return -1;
+    if (!run->layers) run->layers = run->fwd.cols;
+    if (read_matrix(ld, RUNLOG_LAYER_BWD_MS, run->layers, &run->bwd) != 0) return -1;
+    if (!run->layers) run->layers = run->bwd.cols;
+    return 0;
+}
+
+static int load_run(struct run_reading *ld, long from_step)
+{
+    struct report_run *run = ld->run;
+    if (!runlog_file_kind(ld->f)[0]) {
+        dm_set_message(ld->err, ld->errsize, "%s is an HDF5 file but not a dynmo run log (its "
+                       "root group has no \"kind\" attribute)", run->path);
+        return -1;
+    }
+    run->simulated = !strcmp(runlog_file_kind(ld->f), SIMULATION_KIND);
+    if (read_attr(ld, "config", &run->config) || read_attr(ld, "dynmo_version", &run->version) ||
+        read_attr(ld, "created", &run->created))
+        return -1;
+    int status = runlog_file_config(ld->f, &ld->cfg, ld->err, ld->errsize);
+    if (status < 0) return -1;
+    ld->have_config = status == 0;
+    if (load_series(ld) != 0) return -1;
+    if (run->steps == 0) {
+        dm_set_message(ld->err, ld->errsize, "%s has no steps yet (no rows in /steps/loss or "
+                       "/steps/step_ms)", run->path);
+        return -1;
+    }
+    if (load_blocks(ld) != 0) return -1;
+    load_config_fields(ld);
+    if (load_layouts(ld) != 0 || load_decisions(ld) != 0 || load_signals(ld) != 0) return -1;
+    if (trace_load(ld->f, &run->trace, ld->err, ld->errsize) < 0) return -1;
+    compute_stats(run, from_step);
+    return 0;
+}
+
+int report_run_try_load(struct report_run *run, const char *path, long from_step, char *err,
+                        size_t errsize)
+{
+    memset(run, 0, sizeof *run);
+    run->path = path;
+    name_run(run);
+    struct run_reading ld = {.run = run, .err = err, .errsize = errsize};
+    ld.f = runlog_open_read(path, err, errsize);
+    int status = ld.f ? load_run(&ld, from_step) : -1;
+    runlog_close_read(ld.f);
+    if (status != 0) report_run_free(run);
+    return status;
 }
 
 void report_run_load(struct report_run *run, const char *path, long from_step)
 {
-    char err[1024];
-    memset(run, 0, sizeof *run);
-    run->path = path;
-    run->simulated = report_file_kind("report", path);
-    name_run(run);
-    run->config = read_attr(run, "config");
-    run->version = read_attr(run, "dynmo_version");
-    run->created = read_attr(run, "created");
-    struct listing l;
-    l.count = runlog_list_datasets(path, &l.infos, err, sizeof err);
-    if (l.count < 0) dm_user_error("report: %s", err);
-    load_series(run, &l);
-    if (run->steps == 0)
-        dm_user_error("report: %s has no steps yet (no rows in /steps/loss or "
-                      "/steps/step_ms)", path);
-    read_matrix(run, &l, RUNLOG_LAYER_FWD_MS, 0, &run->fwd);
-    run->layers = run->fwd.cols;
-    read_matrix(run, &l, RUNLOG_LAYER_BWD_MS, run->layers, &run->bwd);
-    if (!run->layers) run->layers = run->bwd.cols;
-    load_config_fields(run);
-    read_matrix(run, &l, RUNLOG_LAYOUT_HISTORY, 0, &run->layout);
-    run->stages = run->layout.cols;
-    read_matrix(run, &l, RUNLOG_BALANCE_DECISIONS, DECISION_COLUMNS, &run->decisions);
-    find_layout_changes(run);
-    load_signals(run, &l);
-    dm_free(l.infos);
-    if (trace_load(path, &run->trace, err, sizeof err) < 0) dm_user_error("report: %s", err);
-    compute_stats(run, from_step);
+    char err[1200];
+    report_file_kind("report", path);
+    if (report_run_try_load(run, path, from_step, err, sizeof err) != 0)
+        dm_user_error("report: %s", err);
 }
 
 void report_run_free(struct report_run *run)

@@ -22,7 +22,7 @@
 
 int timeline_height(const struct report_run *run)
 {
-    int ranks = run->trace.ranks > 0 ? run->trace.ranks : 1;
+    int ranks = run->trace.max_ranks > 0 ? run->trace.max_ranks : 1;
     return TOP + run->timeline_count * (PANEL_HEAD + ranks * ROW_HEIGHT + PANEL_FOOT);
 }
 
@@ -58,12 +58,24 @@ static void draw_box(cairo_t *cr, const struct chart *c, const struct trace_even
     cairo_fill(cr);
 }
 
+/* The events of a traced step: [*first, *end). */
+static void step_events(const struct trace *t, int step, long *first, long *end)
+{
+    *first = *end = 0;
+    for (int k = 0; k < t->step_count; k++)
+        if (t->steps[k] == step) {
+            *first = t->first[k];
+            *end = t->first[k + 1];
+        }
+}
+
 /* The stage a rank ran at a step (from its events), or -1. */
 static int stage_of_rank(const struct report_run *run, int step, int rank)
 {
-    for (long i = 0; i < run->trace.count; i++)
-        if (run->trace.events[i].step == step && run->trace.events[i].rank == rank)
-            return run->trace.events[i].stage;
+    long first, end;
+    step_events(&run->trace, step, &first, &end);
+    for (long i = first; i < end; i++)
+        if (run->trace.events[i].rank == rank) return run->trace.events[i].stage;
     return -1;
 }
 
@@ -112,7 +124,7 @@ void draw_timeline(cairo_t *cr, const struct figure *f)
     colors[TRACE_KIND_COUNT] = (struct rgb){0.85, 0.85, 0.92};
     draw_legend(cr, LEFT, 40, labels, colors, TRACE_KIND_COUNT + 1);
 
-    int ranks = run->trace.ranks > 0 ? run->trace.ranks : 1;
+    int ranks = run->trace.max_ranks > 0 ? run->trace.max_ranks : 1;
     double lo, hi;
     time_span(run, &lo, &hi);
     struct chart c = {LEFT, TOP + PANEL_HEAD, f->width - LEFT - RIGHT, ranks * ROW_HEIGHT,
@@ -129,9 +141,9 @@ void draw_timeline(cairo_t *cr, const struct figure *f)
             snprintf(label, sizeof label, "stage %d", stage);
             if (stage >= 0) draw_text(cr, c.left - 6, chart_y(&c, r + 0.5), label, 9, 1, -0.1, 0);
         }
-        for (long i = 0; i < run->trace.count; i++)
-            if (run->trace.events[i].step == run->timeline_steps[p])
-                draw_box(cr, &c, &run->trace.events[i]);
+        long first, end;
+        step_events(&run->trace, run->timeline_steps[p], &first, &end);
+        for (long i = first; i < end; i++) draw_box(cr, &c, &run->trace.events[i]);
         c.top += PANEL_HEAD + ranks * ROW_HEIGHT + PANEL_FOOT;
     }
 }

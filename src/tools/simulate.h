@@ -75,7 +75,8 @@ struct sim_run {
     float *fwd, *bwd, *update; /* (steps, layers) measured ms; update may be NULL */
     float *busy, *stage_update;/* (steps, width) measured per stage */
     int width;                 /* stage columns */
-    int *layout;               /* (steps, width) blocks per stage */
+    int *layout;               /* (steps, width) blocks per stage, each a layout of layers */
+    int *layout_stages;        /* (steps) stages of each layout */
     float *step_ms;            /* (steps) measured */
     float csr_sparsity;        /* dyn.csr_sparsity: where a block's matrices go to CSR */
     int first_step;            /* 1-based step of row 0 (a resumed run's log starts later) */

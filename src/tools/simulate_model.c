@@ -10,6 +10,7 @@
  * run logs through the ckpt module's readers only. */
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,54 +66,41 @@ void sim_trajectory_free(struct sim_trajectory *t)
 
 /* ---- the run log ---------------------------------------------------------- */
 
-/* The run's configuration: each "section.key = value" line of the root
- * attribute config set on top of the defaults. */
-static void read_config(struct sim_run *run)
+/* A problem with the run log: one message naming it, exit 2. */
+__attribute__((noreturn, format(printf, 2, 3)))
+static void run_error(struct runlog_file *f, const char *fmt, ...)
 {
-    char err[1024], *text = NULL;
-    if (runlog_read_root_attr(run->path, "config", &text, err, sizeof err) != 0)
-        dm_user_error("simulate: %s has no configuration (root attribute config): %s",
-                      run->path, text ? "" : err);
-    config_defaults(&run->cfg);
-    for (char *line = text, *next; line && *line; line = next) {
-        next = strchr(line, '\n');
-        if (next) *next++ = '\0';
-        char *dot = strchr(line, '.'), *eq = strstr(line, " = ");
-        if (!dot || !eq || dot > eq) continue;
-        *dot = '\0';
-        *eq = '\0';
-        if (config_set(&run->cfg, line, dot + 1, eq + 3, err, sizeof err) != 0)
-            dm_user_error("simulate: %s: its configuration: %s", run->path, err);
-    }
-    free(text);
+    char text[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    runlog_close_read(f);
+    dm_user_error("simulate: %s", text);
 }
 
-static int has_dataset(const struct runlog_dataset_info *infos, int n, const char *name)
+/* A per-block (or per-stage) matrix of the run; required ones missing are
+ * a user error, optional ones NULL. Rows beyond `rows` are ignored; fewer
+ * are an error, as are columns other than `cols`. */
+static float *read_blocks(const struct sim_run *run, struct runlog_file *f, const char *name,
+                          long rows, int cols, int required)
 {
-    for (int i = 0; i < n; i++)
-        if (!strcmp(infos[i].name, name)) return 1;
-    return 0;
-}
-
-/* A per-block matrix of the run; required ones missing are a user error,
- * optional ones NULL. Rows beyond `rows` are ignored; fewer are an error. */
-static float *read_blocks(const struct sim_run *run, const struct runlog_dataset_info *infos,
-                          int n, const char *name, long rows, int cols, int required)
-{
-    char err[1024];
-    if (!has_dataset(infos, n, name)) {
+    char err[1200];
+    if (!runlog_file_dataset(f, name)) {
         if (required)
-            dm_user_error("simulate: %s has no %s: a run log without per-block costs "
-                          "cannot drive a simulation", run->path, name);
+            run_error(f, "%s has no %s: a run log without per-block costs cannot drive a "
+                      "simulation", run->path, name);
         return NULL;
     }
     float *values = NULL;
     int ncols = 0;
-    long got = runlog_read_matrix(run->path, name, &values, &ncols, err, sizeof err);
-    if (got < 0) dm_user_error("simulate: %s", err);
-    if (got < rows || ncols != cols)
-        dm_user_error("simulate: %s: %s has %ld rows of %d, expected %ld of %d", run->path,
-                      name, got, ncols, rows, cols);
+    long got = runlog_file_matrix(f, name, &values, &ncols, err, sizeof err);
+    if (got < 0) run_error(f, "%s", err);
+    if (got < rows || ncols != cols) {
+        dm_free(values);
+        run_error(f, "%s: %s has %ld rows of %d, expected %ld of %d", run->path, name, got,
+                  ncols, rows, cols);
+    }
     return values;
 }
 
@@ -124,43 +112,70 @@ static void keep_rows(float *m, int cols, const long *keep, int count)
         memmove(m + (size_t)i * cols, m + (size_t)keep[i] * cols, (size_t)cols * sizeof *m);
 }
 
-/* The steps the run measured: finite step time and block costs and a
- * layout (a resumed run's log starts with filler rows). */
-static int measured_steps(const struct sim_run *run, const int *layout, long rows, long *keep)
+/* A measured time: finite and >= 0 (> 0 for a step). */
+static int time_ok(float ms, int positive)
+{
+    return isfinite(ms) && (positive ? ms > 0 : ms >= 0);
+}
+
+/* The steps the run measured: a layout (a resumed run's log starts with
+ * filler rows, which are left out) and a finite step time and block
+ * costs; a measured row's times must be times (>= 0, the step's > 0). */
+static int measured_steps(struct sim_run *run, struct runlog_file *f, long rows, long *keep)
 {
     int count = 0;
     for (long r = 0; r < rows; r++) {
-        int ok = isfinite(run->step_ms[r]) && layout[r * run->width] > 0;
+        int ok = run->layout_stages[r] > 0 && !isnan(run->step_ms[r]);
         for (int l = 0; ok && l < run->layers; l++)
-            ok = isfinite(run->fwd[r * run->layers + l]) && isfinite(run->bwd[r * run->layers + l]);
-        if (ok) keep[count++] = r;
+            ok = !isnan(run->fwd[r * run->layers + l]) && !isnan(run->bwd[r * run->layers + l]);
+        if (!ok) continue;
+        if (!time_ok(run->step_ms[r], 1))
+            run_error(f, "%s: %s at step %ld is %g ms", run->path, RUNLOG_STEP_MS, r + 1,
+                      (double)run->step_ms[r]);
+        for (int l = 0; l < run->layers; l++) {
+            float fwd = run->fwd[r * run->layers + l], bwd = run->bwd[r * run->layers + l];
+            float update = run->update ? run->update[r * run->layers + l] : 0.0f;
+            if (!time_ok(fwd, 0) || !time_ok(bwd, 0) || !time_ok(update, 0))
+                run_error(f, "%s: block %d at step %ld has forward %g, backward %g, update %g "
+                          "ms (measured times are >= 0)", run->path, l, r + 1, (double)fwd,
+                          (double)bwd, (double)update);
+        }
+        for (int s = 0; s < run->layout_stages[r]; s++) {
+            float busy = run->busy[r * run->width + s];
+            float update = run->stage_update ? run->stage_update[r * run->width + s] : 0.0f;
+            if (!time_ok(busy, 0) || !time_ok(update, 0))
+                run_error(f, "%s: stage %d at step %ld has busy %g, update %g ms (measured "
+                          "times are >= 0)", run->path, s, r + 1, (double)busy, (double)update);
+        }
+        keep[count++] = r;
     }
     return count;
 }
 
-/* The layout width and stage count; every measured row must cover the
- * model's blocks. */
-static void read_layouts(struct sim_run *run, long rows)
+/* The layouts, each row a layout of model.layers blocks or a filler row
+ * (runlog_file_layouts), at least as many rows as the step times. */
+static void read_layouts(struct sim_run *run, struct runlog_file *f, long rows)
 {
-    char err[1024];
-    long got = runlog_read_int_matrix(run->path, RUNLOG_LAYOUT_HISTORY, &run->layout,
-                                      &run->width, err, sizeof err);
-    if (got < 0) dm_user_error("simulate: %s", err);
-    if (got < rows)
-        dm_user_error("simulate: %s: /layout/history has %ld rows, /steps/step_ms %ld",
-                      run->path, got, rows);
+    char err[1200];
+    struct runlog_layouts l;
+    if (runlog_file_layouts(f, run->layers, &l, err, sizeof err) < 0) run_error(f, "%s", err);
+    run->layout = l.counts;
+    run->layout_stages = l.stages;
+    run->width = l.width;
+    if (l.rows < rows)
+        run_error(f, "%s: %s has %ld rows, %s %ld", run->path, RUNLOG_LAYOUT_HISTORY, l.rows,
+                  RUNLOG_STEP_MS, rows);
 }
 
 /* Each MoD block's share of the step's tokens (/mod/tokens counts them
  * over the micro-batches and replicas, against batch x seq), the other
  * blocks 1; a validation pass counts into the next step, so the share is
  * capped at 1. NULL without MoD blocks. */
-static float *mod_shares(const struct sim_run *run, const struct runlog_dataset_info *infos,
-                         int n, long rows)
+static float *mod_shares(const struct sim_run *run, struct runlog_file *f, long rows)
 {
     int L = run->layers, every = run->cfg.mod_every, blocks = every > 0 ? L / every : 0;
-    if (!blocks || !has_dataset(infos, n, RUNLOG_MOD_TOKENS)) return NULL;
-    float *tokens = read_blocks(run, infos, n, RUNLOG_MOD_TOKENS, rows, blocks, 0);
+    if (!blocks || !runlog_file_dataset(f, RUNLOG_MOD_TOKENS)) return NULL;
+    float *tokens = read_blocks(run, f, RUNLOG_MOD_TOKENS, rows, blocks, 0);
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     double per_step = (double)run->cfg.batch * run->cfg.seq;
     for (long r = 0; r < rows; r++)
@@ -176,19 +191,22 @@ static float *mod_shares(const struct sim_run *run, const struct runlog_dataset_
 /* The MoE blocks' busiest expert rank as the run measured it
  * (/moe/rank_load, parallel.ep > 1: over every expert group), spread onto
  * the layers (dense blocks 0). */
-static float *moe_rank_loads(const struct sim_run *run, const struct runlog_dataset_info *infos,
-                             int n, long rows, int blocks)
+static float *moe_rank_loads(const struct sim_run *run, struct runlog_file *f, long rows,
+                             int blocks)
 {
     int L = run->layers, every = run->cfg.moe_every;
-    float *load = read_blocks(run, infos, n, RUNLOG_MOE_RANK_LOAD, rows, blocks, 1);
+    float *load = read_blocks(run, f, RUNLOG_MOE_RANK_LOAD, rows, blocks, 1);
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
     for (long r = 0; r < rows; r++)
         for (int j = 0; j < blocks; j++) {
             float g = load[r * blocks + j];
-            if (!(g >= 0.0f && g <= SIM_MAX_MOE_LOAD))
-                dm_user_error("simulate: %s: %s[%ld][%d] is %g (must be in [0, %g])", run->path,
-                              RUNLOG_MOE_RANK_LOAD, r, j, g, SIM_MAX_MOE_LOAD);
+            if (!(g >= 0.0f && g <= SIM_MAX_MOE_LOAD)) {
+                dm_free(load);
+                dm_free(m);
+                run_error(f, "%s: %s[%ld][%d] is %g (must be in [0, %g])", run->path,
+                          RUNLOG_MOE_RANK_LOAD, r, j, g, SIM_MAX_MOE_LOAD);
+            }
             m[r * L + (long)(j + 1) * every - 1] = g > 0.0f ? g : 1.0f;
         }
     dm_free(load);
@@ -202,80 +220,112 @@ static float *moe_rank_loads(const struct sim_run *run, const struct runlog_data
  * (routed - dropped), and the state is the busiest rank's over routed /
  * ep (with ep = 1 the kept share; dropless, busiest over mean), the
  * counts summed over the expert groups. Dense blocks 0. NULL without MoE
- * blocks. */
-static float *moe_loads(const struct sim_run *run, const struct runlog_dataset_info *infos,
-                        int n, long rows)
+ * blocks. A step's counts (not a filler row of -1) have 0 <= dropped <=
+ * routed. */
+static float *moe_loads(const struct sim_run *run, struct runlog_file *f, long rows)
 {
-    char err[1024];
+    char err[1200];
     int L = run->layers, every = run->cfg.moe_every, E = run->cfg.experts;
-    int blocks = every > 0 ? L / every : 0, ep = run->cfg.ep > 0 ? run->cfg.ep : 1, cols = 0;
-    if (blocks && ep > 1 && has_dataset(infos, n, RUNLOG_MOE_RANK_LOAD))
-        return moe_rank_loads(run, infos, n, rows, blocks);
-    if (!blocks || E <= 0 || !has_dataset(infos, n, RUNLOG_MOE_TOKENS)) return NULL;
+    int blocks = every > 0 ? L / every : 0, ep = run->cfg.ep, cols = 0, dcols = 0;
+    if (blocks && ep > 1 && runlog_file_dataset(f, RUNLOG_MOE_RANK_LOAD))
+        return moe_rank_loads(run, f, rows, blocks);
+    if (!blocks || !runlog_file_dataset(f, RUNLOG_MOE_TOKENS)) return NULL;
     int *routed = NULL, *dropped = NULL;
-    long got = runlog_read_int_matrix(run->path, RUNLOG_MOE_TOKENS, &routed, &cols, err, sizeof err);
-    if (got < 0) dm_user_error("simulate: %s", err);
-    if (got < rows || cols != blocks * E)
-        dm_user_error("simulate: %s: %s has %ld rows of %d, expected %ld of %d", run->path,
-                      RUNLOG_MOE_TOKENS, got, cols, rows, blocks * E);
-    if (has_dataset(infos, n, RUNLOG_MOE_DROPPED) &&
-        (runlog_read_int_matrix(run->path, RUNLOG_MOE_DROPPED, &dropped, &cols, err, sizeof err) < rows ||
-         cols != blocks * E))
-        dm_user_error("simulate: %s: %s does not match %s", run->path, RUNLOG_MOE_DROPPED,
-                      RUNLOG_MOE_TOKENS);
+    long got = runlog_file_int_matrix(f, RUNLOG_MOE_TOKENS, &routed, &cols, err, sizeof err);
+    if (got < 0) run_error(f, "%s", err);
+    if (got < rows || cols != blocks * E) {
+        dm_free(routed);
+        run_error(f, "%s: %s has %ld rows of %d, expected %ld of %d", run->path,
+                  RUNLOG_MOE_TOKENS, got, cols, rows, blocks * E);
+    }
+    if (runlog_file_dataset(f, RUNLOG_MOE_DROPPED) &&
+        (runlog_file_int_matrix(f, RUNLOG_MOE_DROPPED, &dropped, &dcols, err, sizeof err) < rows ||
+         dcols != cols)) {
+        dm_free(routed);
+        dm_free(dropped);
+        run_error(f, "%s: %s does not match %s", run->path, RUNLOG_MOE_DROPPED,
+                  RUNLOG_MOE_TOKENS);
+    }
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
-    for (long r = 0; r < rows; r++)
+    for (long r = 0; r < rows; r++) {
+        if (routed[r * cols] < 0) {   /* a step this log does not hold */
+            for (int l = 0; l < L; l++) m[r * L + l] = NAN;
+            continue;
+        }
         for (int j = 0; j < blocks; j++) {
             const int *c = routed + r * cols + (long)j * E;
             const int *d = dropped ? dropped + r * cols + (long)j * E : NULL;
             double total = 0, busiest = 0, rank = 0;
             for (int e = 0; e < E; e++) {
+                if (c[e] < 0 || (d && (d[e] < 0 || d[e] > c[e]))) {
+                    int pairs = c[e], lost = d ? d[e] : 0;
+                    dm_free(routed);
+                    dm_free(dropped);
+                    dm_free(m);
+                    run_error(f, "%s: at step %ld expert %d of MoE block %d routed %d and "
+                              "dropped %d pairs (need 0 <= dropped <= routed)", run->path,
+                              r + 1, e, j, pairs, lost);
+                }
                 total += c[e];
                 rank += c[e] - (d ? d[e] : 0);
                 if ((e + 1) % (E / ep) == 0) { busiest = fmax(busiest, rank); rank = 0; }
             }
             m[r * L + (long)(j + 1) * every - 1] = total > 0 ? (float)(busiest * ep / total) : 1.0f;
         }
+    }
     dm_free(routed);
     dm_free(dropped);
     return m;
 }
 
 /* One state's (rows, layers) matrix as the log records it, or NULL. */
-static float *state_matrix(struct sim_run *run, const struct runlog_dataset_info *infos, int n,
-                           long rows, int k)
+static float *state_matrix(struct sim_run *run, struct runlog_file *f, long rows, int k)
 {
     static const char *const names[SIM_STATE_COUNT] = {RUNLOG_LAYER_ACTIVE,
         RUNLOG_LAYER_SPARSITY, NULL, RUNLOG_HASH_TILES, NULL, NULL};
     int L = run->layers;
-    if (names[k]) return read_blocks(run, infos, n, names[k], rows, L, 0);
-    if (k == SIM_MOD_TOKENS) return mod_shares(run, infos, n, rows);
-    if (k == SIM_MOE_LOAD) return moe_loads(run, infos, n, rows);
+    if (names[k]) return read_blocks(run, f, names[k], rows, L, 0);
+    if (k == SIM_MOD_TOKENS) return mod_shares(run, f, rows);
+    if (k == SIM_MOE_LOAD) return moe_loads(run, f, rows);
     if (strcmp(run->cfg.dyn_kind, "freeze") || !run->update) return NULL;
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     for (long i = 0; i < rows * L; i++) m[i] = run->update[i] == 0.0f;
     return m;
 }
 
+/* The range a state of a measured step must be in. */
+static int state_ok(int k, float v)
+{
+    static const float high[SIM_STATE_COUNT] = {1, 1, 1, 1e30f, 1, SIM_MAX_MOE_LOAD};
+    return v >= 0.0f && v <= high[k];
+}
+
 /* The block states the log records: /layers/active, /layers/sparsity,
  * /hash/tiles (as a share of the largest), frozen blocks (freeze runs:
  * those that did no update), MoD blocks' token shares and MoE blocks'
- * busiest expert rank. */
-static void read_states(struct sim_run *run, const struct runlog_dataset_info *infos, int n,
-                        long rows, const long *keep, int count)
+ * busiest expert rank; at a measured step each in its range. */
+static void read_states(struct sim_run *run, struct runlog_file *f, long rows, const long *keep,
+                        int count)
 {
     int L = run->layers;
     trajectory_alloc(&run->state, count, L);
     run->state.every[SIM_MOD_TOKENS] = run->cfg.mod_every;
     run->state.every[SIM_MOE_LOAD] = run->cfg.moe_every;
     for (int k = 0; k < SIM_STATE_COUNT; k++) {
-        float *m = state_matrix(run, infos, n, rows, k);
+        float *m = state_matrix(run, f, rows, k);
         if (!m) continue;
         keep_rows(m, L, keep, count);
         float most = 0;
-        for (long i = 0; k == SIM_TILES && i < (long)count * L; i++)
-            if (m[i] > most) most = m[i];
+        for (long i = 0; i < (long)count * L; i++) {
+            if (!state_ok(k, m[i])) {
+                float v = m[i];
+                dm_free(m);
+                run_error(f, "%s: block %ld at step %ld has %s %g", run->path, i % L,
+                          keep[i / L] + 1, sim_state_name(k), (double)v);
+            }
+            if (k == SIM_TILES && m[i] > most) most = m[i];
+        }
         for (long i = 0; i < (long)count * L; i++)
             run->state.value[k][i] = k == SIM_TILES ? (most > 0 ? m[i] / most : 1.0f) : m[i];
         run->state.present[k] = 1;
@@ -300,8 +350,7 @@ static void read_extras(struct sim_run *run)
             u[l] = run->update ? run->update[(long)t * L + l] : 0.0;
         }
         const int *layout = run->layout + (long)t * run->width;
-        int S = 0;
-        while (S < run->width && layout[S] > 0) S++;
+        int S = run->layout_stages[t];
         const float *busy = run->busy + (long)t * run->width;
         const float *stage_update = run->stage_update ? run->stage_update + (long)t * run->width
                                                       : NULL;
@@ -319,58 +368,63 @@ static void read_extras(struct sim_run *run)
 /* The run's groups' shares of their CPUs with the other replicas' ranks
  * (the attribute group_shares, written when those ranks took turns on the
  * same CPUs): the sharing its D replicas had, as processor sharing. */
-static void read_replica_sharing(struct sim_run *run)
+static void read_replica_sharing(struct sim_run *run, struct runlog_file *f)
 {
     const struct plan_sharing *ps = &run->plan_sharing;
-    char err[768];
-    long n = runlog_read_root_doubles(run->path, RUNLOG_ATTR_GROUP_SHARES, &run->shares, err,
-                                      sizeof err);
-    if (n < 0) dm_user_error("simulate: %s", err);
+    char err[1200];
+    long n = runlog_file_attr_doubles(f, RUNLOG_ATTR_GROUP_SHARES, &run->shares, err, sizeof err);
+    if (n < 0) run_error(f, "%s", err);
     if (n == 0 || !ps->group) return;
     if (n != ps->sharing.groups)
-        dm_user_error("simulate: %s: %s has %ld entries but the run has %d stage groups",
-                      run->path, RUNLOG_ATTR_GROUP_SHARES, n, ps->sharing.groups);
+        run_error(f, "%s: %s has %ld entries but the run has %d stage groups", run->path,
+                  RUNLOG_ATTR_GROUP_SHARES, n, ps->sharing.groups);
     run->replica_sharing = ps->sharing;
     run->replica_sharing.cores = run->shares;
     run->replica_sharing.turns = 0;
     if (balance_check_sharing(&run->replica_sharing, err, sizeof err))
-        dm_user_error("simulate: %s: %s: %s", run->path, RUNLOG_ATTR_GROUP_SHARES, err);
+        run_error(f, "%s: %s: %s", run->path, RUNLOG_ATTR_GROUP_SHARES, err);
 }
 
 void sim_run_read(struct sim_run *run, const char *dir, int stages)
 {
-    char err[1024];
+    char err[1200];
     memset(run, 0, sizeof *run);
     snprintf(run->path, sizeof run->path, "%s/" RUNLOG_FILE_NAME, dir);
-    struct runlog_dataset_info *infos = NULL;
-    int n = runlog_list_datasets(run->path, &infos, err, sizeof err);
-    if (n < 0) dm_user_error("simulate: %s", err);
-    read_config(run);
+    struct runlog_file *f = runlog_open_read(run->path, err, sizeof err);
+    if (!f) dm_user_error("simulate: %s", err);
+    int status = runlog_file_config(f, &run->cfg, err, sizeof err);
+    if (status < 0) run_error(f, "%s", err);
+    if (status > 0)
+        run_error(f, "%s has no configuration (root attribute config)", run->path);
     run->layers = run->cfg.layers;
     run->micro_batches = run->cfg.micro_batches;
     run->schedule = config_schedule(&run->cfg);
     run->csr_sparsity = (float)run->cfg.csr_sparsity;
-    if (!has_dataset(infos, n, RUNLOG_STEP_MS))
-        dm_user_error("simulate: %s has no %s", run->path, RUNLOG_STEP_MS);
-    long rows = runlog_read_series(run->path, RUNLOG_STEP_MS, &run->step_ms, err, sizeof err);
-    if (rows < 0) dm_user_error("simulate: %s", err);
-    run->fwd = read_blocks(run, infos, n, RUNLOG_LAYER_FWD_MS, rows, run->layers, 1);
-    run->bwd = read_blocks(run, infos, n, RUNLOG_LAYER_BWD_MS, rows, run->layers, 1);
-    if (!has_dataset(infos, n, RUNLOG_LAYOUT_HISTORY) || !has_dataset(infos, n, RUNLOG_STAGE_BUSY_MS))
-        dm_user_error("simulate: %s has no %s or %s (layouts and stage times)", run->path,
-                      RUNLOG_LAYOUT_HISTORY, RUNLOG_STAGE_BUSY_MS);
-    read_layouts(run, rows);
-    run->busy = read_blocks(run, infos, n, RUNLOG_STAGE_BUSY_MS, rows, run->width, 1);
-    if (has_dataset(infos, n, RUNLOG_LAYER_UPDATE_MS) && has_dataset(infos, n, RUNLOG_STAGE_UPDATE_MS)) {
-        run->update = read_blocks(run, infos, n, RUNLOG_LAYER_UPDATE_MS, rows, run->layers, 1);
-        run->stage_update = read_blocks(run, infos, n, RUNLOG_STAGE_UPDATE_MS, rows, run->width, 1);
+    if (!runlog_file_dataset(f, RUNLOG_STEP_MS))
+        run_error(f, "%s has no %s", run->path, RUNLOG_STEP_MS);
+    long rows = runlog_file_series(f, RUNLOG_STEP_MS, &run->step_ms, err, sizeof err);
+    if (rows < 0) run_error(f, "%s", err);
+    run->fwd = read_blocks(run, f, RUNLOG_LAYER_FWD_MS, rows, run->layers, 1);
+    run->bwd = read_blocks(run, f, RUNLOG_LAYER_BWD_MS, rows, run->layers, 1);
+    if (!runlog_file_dataset(f, RUNLOG_LAYOUT_HISTORY) ||
+        !runlog_file_dataset(f, RUNLOG_STAGE_BUSY_MS))
+        run_error(f, "%s has no %s or %s (layouts and stage times)", run->path,
+                  RUNLOG_LAYOUT_HISTORY, RUNLOG_STAGE_BUSY_MS);
+    read_layouts(run, f, rows);
+    run->busy = read_blocks(run, f, RUNLOG_STAGE_BUSY_MS, rows, run->width, 1);
+    if (runlog_file_dataset(f, RUNLOG_LAYER_UPDATE_MS) &&
+        runlog_file_dataset(f, RUNLOG_STAGE_UPDATE_MS)) {
+        run->update = read_blocks(run, f, RUNLOG_LAYER_UPDATE_MS, rows, run->layers, 1);
+        run->stage_update = read_blocks(run, f, RUNLOG_STAGE_UPDATE_MS, rows, run->width, 1);
     }
     long *keep = dm_alloc((size_t)(rows ? rows : 1) * sizeof(long));
-    int count = measured_steps(run, run->layout, rows, keep);
-    if (count < 3)
-        dm_user_error("simulate: %s has %d measured steps; the cost model needs at least 3",
-                      run->path, count);
-    read_states(run, infos, n, rows, keep, count);
+    int count = measured_steps(run, f, rows, keep);
+    if (count < 3) {
+        dm_free(keep);
+        run_error(f, "%s has %d measured steps; the cost model needs at least 3", run->path,
+                  count);
+    }
+    read_states(run, f, rows, keep, count);
     float *step_ms = run->step_ms;
     for (int i = 0; i < count; i++) step_ms[i] = step_ms[keep[i]];
     keep_rows(run->fwd, run->layers, keep, count);
@@ -378,17 +432,19 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
     keep_rows(run->update, run->layers, keep, count);
     keep_rows(run->busy, run->width, keep, count);
     keep_rows(run->stage_update, run->width, keep, count);
-    for (int i = 0; i < count; i++)
+    for (int i = 0; i < count; i++) {
         memmove(run->layout + (size_t)i * run->width, run->layout + (size_t)keep[i] * run->width,
                 (size_t)run->width * sizeof(int));
+        run->layout_stages[i] = run->layout_stages[keep[i]];
+    }
     run->steps = count;
     run->first_step = (int)keep[0] + 1;
-    while (run->stages < run->width && run->layout[run->stages] > 0) run->stages++;
+    run->stages = run->layout_stages[0];
     read_extras(run);
     dm_free(keep);
-    dm_free(infos);
     plan_sharing_from_run(&run->plan_sharing, dir, run->stages, stages > 0 ? stages : run->stages);
-    read_replica_sharing(run);
+    read_replica_sharing(run, f);
+    runlog_close_read(f);
 }
 
 void sim_run_free(struct sim_run *run)
@@ -402,6 +458,7 @@ void sim_run_free(struct sim_run *run)
     dm_free(run->busy);
     dm_free(run->stage_update);
     dm_free(run->layout);
+    dm_free(run->layout_stages);
     dm_free(run->step_ms);
     dm_free(run->plan_sharing.group);
     dm_free(run->plan_sharing.cores);

@@ -106,7 +106,10 @@ static json_object *metadata(const char *name, int pid, int tid, const char *key
 /* Process and track names for every rank and the kinds it ran. */
 static void add_metadata(struct trace_out *out, const struct trace *t)
 {
-    for (int r = 0; r < t->ranks; r++) {
+    unsigned char *used = dm_alloc((size_t)t->max_ranks * SCHEDULE_OP_COUNT);
+    for (long i = 0; i < t->count; i++)
+        used[(size_t)t->events[i].rank * SCHEDULE_OP_COUNT + (size_t)t->events[i].op] = 1;
+    for (int r = 0; r < t->max_ranks; r++) {
         char name[32];
         snprintf(name, sizeof name, "rank %d", r);
         push(out, metadata("process_name", r, 0, "name", json_object_new_string(name)), r,
@@ -118,10 +121,7 @@ static void add_metadata(struct trace_out *out, const struct trace *t)
                                 json_object_new_int(-1)),
              r, 0, 0);
         for (int op = 0; op < SCHEDULE_OP_COUNT; op++) {
-            int used = 0;
-            for (long i = 0; i < t->count && !used; i++)
-                used = t->events[i].rank == r && t->events[i].op == op;
-            if (!used) continue;
+            if (!used[(size_t)r * SCHEDULE_OP_COUNT + (size_t)op]) continue;
             push(out, metadata("thread_name", r, op, "name",
                                 json_object_new_string(trace_op_label(op))),
                  r, 0, 0);
@@ -130,6 +130,7 @@ static void add_metadata(struct trace_out *out, const struct trace *t)
                  0, 0);
         }
     }
+    dm_free(used);
 }
 
 static const char *kind_name(int op)
@@ -146,11 +147,10 @@ static void place_steps(const struct trace *t, const struct series *step_ms, dou
     double end_of_previous = 0;
     for (int k = 0; k < t->step_count; k++) {
         double lo = 0, hi = 0;
-        for (long i = 0; i < t->count; i++)
-            if (t->events[i].step == t->steps[k]) {
-                lo = fmin(lo, t->events[i].start_ms);
-                hi = fmax(hi, t->events[i].start_ms + t->events[i].wall_ms);
-            }
+        for (long i = t->first[k]; i < t->first[k + 1]; i++) {
+            lo = fmin(lo, t->events[i].start_ms);
+            hi = fmax(hi, t->events[i].start_ms + t->events[i].wall_ms);
+        }
         long row = t->steps[k] - 1;
         if (row < step_ms->count && isfinite(step_ms->values[row]))
             hi = fmax(hi, step_ms->values[row]);
@@ -161,62 +161,54 @@ static void place_steps(const struct trace *t, const struct series *step_ms, dou
 
 static void add_events(struct trace_out *out, const struct trace *t, const double *origin)
 {
-    for (long i = 0; i < t->count; i++) {
-        const struct trace_event *e = &t->events[i];
-        int k = 0;
-        while (t->steps[k] != e->step) k++;
-        double ts = (origin[k] + e->start_ms) * 1e3;
-        json_object *x = event(trace_op_label(e->op), "X", e->rank, e->op, ts);
-        json_object *args = checked(json_object_new_object());
-        put(x, "cat", json_object_new_string(kind_name(e->op)));
-        put(x, "dur", json_object_new_double(e->wall_ms * 1e3));
-        put(args, "step", json_object_new_int(e->step));
-        put(args, "stage", json_object_new_int(e->stage));
-        put(args, "micro_batch", json_object_new_int(e->micro_batch));
-        put(args, "wall_ms", json_object_new_double(e->wall_ms));
-        put(args, "cpu_ms", json_object_new_double(e->cpu_ms));
-        put(x, "args", args);
-        push(out, x, e->rank, ts, 2);
-    }
-    for (int k = 0; k < t->step_count; k++)
-        for (int r = 0; r < t->ranks; r++) {
-            double lo = INFINITY, hi = -INFINITY;
-            for (long i = 0; i < t->count; i++) {
-                const struct trace_event *e = &t->events[i];
-                if (e->step != t->steps[k] || e->rank != r) continue;
-                lo = fmin(lo, e->start_ms);
-                hi = fmax(hi, e->start_ms + e->wall_ms);
-            }
-            if (!isfinite(lo)) continue;
+    double *lo = dm_alloc((size_t)t->max_ranks * sizeof *lo);
+    double *hi = dm_alloc((size_t)t->max_ranks * sizeof *hi);
+    for (int k = 0; k < t->step_count; k++) {
+        for (int r = 0; r < t->ranks[k]; r++) {
+            lo[r] = INFINITY;
+            hi[r] = -INFINITY;
+        }
+        for (long i = t->first[k]; i < t->first[k + 1]; i++) {
+            const struct trace_event *e = &t->events[i];
+            double ts = (origin[k] + e->start_ms) * 1e3;
+            json_object *x = event(trace_op_label(e->op), "X", e->rank, e->op, ts);
+            json_object *args = checked(json_object_new_object());
+            put(x, "cat", json_object_new_string(kind_name(e->op)));
+            put(x, "dur", json_object_new_double(e->wall_ms * 1e3));
+            put(args, "step", json_object_new_int(e->step));
+            put(args, "stage", json_object_new_int(e->stage));
+            put(args, "micro_batch", json_object_new_int(e->micro_batch));
+            put(args, "wall_ms", json_object_new_double(e->wall_ms));
+            put(args, "cpu_ms", json_object_new_double(e->cpu_ms));
+            put(x, "args", args);
+            push(out, x, e->rank, ts, 2);
+            lo[e->rank] = fmin(lo[e->rank], e->start_ms);
+            hi[e->rank] = fmax(hi[e->rank], e->start_ms + e->wall_ms);
+        }
+        for (int r = 0; r < t->ranks[k]; r++) {
+            if (!isfinite(lo[r])) continue;
             char name[32];
             snprintf(name, sizeof name, "step %d", t->steps[k]);
-            double ts = (origin[k] + lo) * 1e3;
+            double ts = (origin[k] + lo[r]) * 1e3;
             json_object *x = event(name, "X", r, STEP_TRACK, ts);
             json_object *args = checked(json_object_new_object());
             put(x, "cat", json_object_new_string("step"));
-            put(x, "dur", json_object_new_double((hi - lo) * 1e3));
+            put(x, "dur", json_object_new_double((hi[r] - lo[r]) * 1e3));
             put(args, "step", json_object_new_int(t->steps[k]));
             put(x, "args", args);
             push(out, x, r, ts, 1);
         }
+    }
+    dm_free(lo);
+    dm_free(hi);
 }
 
-static json_object *build_trace(const char *path, const struct trace *t)
+/* The Chrome trace of t; step_ms (may be empty) places the steps. */
+static json_object *build_trace(const char *path, const struct trace *t,
+                                const struct series *step_ms)
 {
-    char err[1024];
-    struct series step_ms = {0};
-    struct runlog_dataset_info *infos = NULL;
-    int n = runlog_list_datasets(path, &infos, err, sizeof err);
-    if (n < 0) dm_user_error("trace: %s", err);
-    for (int i = 0; i < n; i++)
-        if (!strcmp(infos[i].name, RUNLOG_STEP_MS) && infos[i].rank == 1) {
-            step_ms.count = runlog_read_series(path, RUNLOG_STEP_MS, &step_ms.values, err,
-                                               sizeof err);
-            if (step_ms.count < 0) dm_user_error("trace: %s", err);
-        }
-    dm_free(infos);
     double *origin = dm_alloc((size_t)t->step_count * sizeof *origin);
-    place_steps(t, &step_ms, origin);
+    place_steps(t, step_ms, origin);
     struct trace_out out = {0};
     add_metadata(&out, t);
     add_events(&out, t, origin);
@@ -227,14 +219,13 @@ static json_object *build_trace(const char *path, const struct trace *t)
             DM_FATAL("json-c: cannot append a trace event");
     dm_free(out.events);
     dm_free(origin);
-    dm_free(step_ms.values);
     json_object *root = checked(json_object_new_object()), *other = checked(json_object_new_object());
     put(other, "writer", json_object_new_string("dynmo trace"));   /* first: TRACE_SIGNATURE */
     put(other, "runlog", json_object_new_string(path));
     put(other, "dynmo_version", json_object_new_string(DYNMO_VERSION));
     put(other, "first_step", json_object_new_int(t->steps[0]));
     put(other, "last_step", json_object_new_int(t->steps[t->step_count - 1]));
-    put(other, "ranks", json_object_new_int(t->ranks));
+    put(other, "ranks", json_object_new_int(t->max_ranks));
     put(other, "note", json_object_new_string("times inside a step are the run log's; traced "
                                               "steps follow each other 1 ms apart (the gap "
                                               "is not measured)"));
@@ -294,16 +285,25 @@ int cmd_trace(int argc, char **argv)
     }
     report_file_kind("trace", path);
     check_out(out, path);
+    char err[1200];
+    struct runlog_file *f = runlog_open_read(path, err, sizeof err);
+    if (!f) dm_user_error("trace: %s", err);
     struct trace t;
-    char err[1024];
-    int status = trace_load(path, &t, err, sizeof err);
+    int status = trace_load(f, &t, err, sizeof err);
     if (status < 0) dm_user_error("trace: %s", err);
     if (status > 0 || t.count == 0)
         dm_user_error("trace: %s has no traced steps (/trace/events is %s: train with "
                       "run.trace_from=N run.trace_steps=K)", path, status ? "missing" : "empty");
+    struct series step_ms = {0};
+    if (runlog_file_dataset(f, RUNLOG_STEP_MS)) {
+        step_ms.count = runlog_file_series(f, RUNLOG_STEP_MS, &step_ms.values, err, sizeof err);
+        if (step_ms.count < 0) dm_user_error("trace: %s", err);
+    }
+    runlog_close_read(f);
     /* microseconds to the nanosecond, without json-c's 17 digits of noise */
     json_c_set_serialization_double_format("%.12g", JSON_C_OPTION_GLOBAL);
-    json_object *root = build_trace(path, &t);
+    json_object *root = build_trace(path, &t, &step_ms);
+    dm_free(step_ms.values);
     const char *text = json_object_to_json_string_ext(root, JSON_C_TO_STRING_PLAIN |
                                                             JSON_C_TO_STRING_NOSLASHESCAPE);
     if (!text) DM_FATAL("json-c: cannot write the trace as text (out of memory?)");
@@ -315,7 +315,7 @@ int cmd_trace(int argc, char **argv)
         dm_user_error("trace: cannot write %s: %s", out, err);
     dm_free(file);
     printf("trace: %s: %ld instructions of steps %d to %d on %d ranks (open it in Perfetto or "
-           "chrome://tracing)\n", out, t.count, t.steps[0], t.steps[t.step_count - 1], t.ranks);
+           "chrome://tracing)\n", out, t.count, t.steps[0], t.steps[t.step_count - 1], t.max_ranks);
     json_object_put(root);
     trace_free(&t);
     return DM_EXIT_OK;

@@ -157,10 +157,28 @@ static uint64_t checkpoint_bytes(const struct dm_config *cfg)
     return bytes;
 }
 
-/* This rank's view of the paths the run writes; 0 or -1 with a message. */
+/* This rank's view of the paths the run writes; 0 or -1 with a message. A
+ * run log already in run.out_dir is continued or replaced, so it must be
+ * one: a file of another kind there is not the run's to touch. */
 static int check_paths(const struct dm_config *cfg, char *problem, size_t size)
 {
     char reason[300];   /* the messages cut the path, never overflow */
+    char log[1200], kind[32] = "";
+    snprintf(log, sizeof log, "%s/" RUNLOG_FILE_NAME, cfg->out_dir);
+    if (access(log, F_OK) == 0) {
+        int readable = dm_file_kind(log, kind, sizeof kind, reason, sizeof reason) == 0;
+        if (!readable || strcmp(kind, RUNLOG_KIND) != 0) {
+            char what[64];
+            snprintf(what, sizeof what, "%s", !readable ? "not HDF5 or damaged"
+                                              : kind[0] ? "a dynmo file of another kind"
+                                                        : "an HDF5 file dynmo did not write");
+            if (readable && kind[0]) snprintf(what, sizeof what, "a dynmo %.30s", kind);
+            snprintf(problem, size, "run.out_dir = %.500s holds %s, which is not a dynmo run "
+                     "log (%s): choose another run.out_dir, or move that file", cfg->out_dir,
+                     RUNLOG_FILE_NAME, what);
+            return -1;
+        }
+    }
     if (dm_make_dirs(cfg->out_dir, reason, sizeof reason) != 0) {
         snprintf(problem, size, "run.out_dir = %.600s cannot be used: %s", cfg->out_dir, reason);
         return -1;

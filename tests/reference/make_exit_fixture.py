@@ -6,16 +6,16 @@ semantics docs/dynamism.md states (not from dynmo's C code), of a tiny GPT
 trained with CALM-style token-level early exit (Schuster et al., "Confident
 Adaptive Language Modeling", NeurIPS 2022) and of one trained with blocks
 frozen (AutoFreeze / Egeria / PipeTransformer style), for
-tests/test_exit_reference.c. It imports nothing of dynmo (only the model
-pieces of make_fixture.py, this directory's dense reference); the C test does
-not need torch.
+tests/test_exit_reference.c. It imports nothing of dynmo (only this
+directory's fixture_lib.py and the dense model of make_fixture.py); the C
+test does not need torch.
 
     /usr/bin/python3 tests/reference/make_exit_fixture.py
 
 Every fixture: vocab 256, max_seq 16, 4 layers, 2 heads, 32 channels, batch
 4 x 16, weights and batch drawn as in make_fixture.py (seed 1234), eight
 AdamW steps with the learning-rate schedule, clipping and weight decay of
-make_fixture.py (lr 1e-3, warmup 3). The computation runs in float64; the
+fixture_lib.py (lr 1e-3, warmup 3). The computation runs in float64; the
 fixture stores float32.
 
 Early exit (CALM, section 3). After block l (0-based; CALM's layer i = l + 1)
@@ -99,7 +99,6 @@ final_m, final_v (P each, after the last update: AdamW's exp_avg and
 exp_avg_sq; zero for a tensor never updated).
 """
 
-import argparse
 import math
 import os
 import struct
@@ -107,15 +106,14 @@ import struct
 import torch
 import torch.nn.functional as F
 
-from make_fixture import GPT, config_header, flat, init_weights, lr_at_step, write_records
+from fixture_lib import (DTYPE_FLOAT32, DTYPE_FLOAT64, DTYPE_INT32, HYPER, Margins, adamw,
+                         batch_arrays, draw, flat, grad_arrays, output, output_arrays,
+                         schedule_arrays, set_lr, train, write_fixture)
+from make_fixture import GPT
 
-MAGIC = b"DMREF004"
 VERSION = 4
-DTYPE_FLOAT32, DTYPE_INT32, DTYPE_FLOAT64 = 0, 1, 2
 CONFIG = dict(vocab=256, max_seq=16, layers=4, heads=2, channels=32,
               batch=4, seq=16, steps=8, warmup=3)
-HYPER = dict(lr=1e-3, min_lr_ratio=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-             weight_decay=0.1, grad_clip=1.0)
 SEED = 1234
 DECISION_MARGIN = 1e-4
 KIND_EXIT, KIND_FREEZE = 0, 1
@@ -136,44 +134,12 @@ def as_float32(x):
     return struct.unpack("<f", struct.pack("<f", x))[0]
 
 
-class Margins:
-    def __init__(self):
-        self.smallest = math.inf
-
-    def see(self, gaps):
-        if gaps.numel():
-            self.smallest = min(self.smallest, float(gaps.min()))
-
-
 def build_model():
-    torch.manual_seed(SEED)
-    generator = torch.Generator().manual_seed(SEED)
-    c = CONFIG
-    model = GPT(c["vocab"], c["max_seq"], c["layers"], c["heads"], c["channels"])
-    init_weights(model, generator)
-    shape = (c["batch"], c["seq"])
-    tokens = torch.randint(0, c["vocab"], shape, generator=generator)
-    targets = torch.randint(0, c["vocab"], shape, generator=generator)
-    params = flat(model.canonical_tensors())   # float32, as stored
-    return model.double(), tokens, targets, params
-
-
-def adamw(model, tensors):
-    h = HYPER
-    decayed_ids = {id(t) for t in model.decayed()}
-    groups = [{"params": [t for t in tensors if id(t) in decayed_ids],
-               "weight_decay": h["weight_decay"]},
-              {"params": [t for t in tensors if id(t) not in decayed_ids],
-               "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=h["lr"], betas=(h["beta1"], h["beta2"]), eps=h["eps"])
-
-
-def set_lr(optimizer, step):
-    c, h = CONFIG, HYPER
-    lr = lr_at_step(step, h["lr"], h["min_lr_ratio"], c["warmup"], c["steps"])
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
+    """make_fixture.py's draw of the model and batch, the model in float64;
+    the arrays of the parameters (float32, as drawn) and the batch."""
+    model, tensors, tokens, targets = draw(SEED, CONFIG, lambda: GPT(CONFIG))
+    start = batch_arrays(tensors, tokens, targets)
+    return model.double(), tokens, targets, start
 
 
 # ---- early exit -------------------------------------------------------------------------
@@ -237,21 +203,17 @@ def exit_forward(model, tokens, targets, case, threshold, allow, margins=None):
 def build_exit(case, threshold):
     """The fixture's arrays for one threshold, with its smallest decision
     margin and the share of tokens that left in the first forward."""
-    model, tokens, targets, params = build_model()
+    model, tokens, targets, arrays = build_model()
     tensors = model.canonical_tensors()
     L = CONFIG["layers"]
     margins = Margins()
-    arrays = [("params", DTYPE_FLOAT32, params),
-              ("tokens", DTYPE_INT32, tokens.reshape(-1)),
-              ("targets", DTYPE_INT32, targets.reshape(-1))]
     logits, loss, exit_loss, exit_layer, confidence, _ = exit_forward(
         model, tokens, targets, case, threshold, True, margins)
     (loss + exit_loss).backward()
-    arrays += [("logits", DTYPE_FLOAT32, logits.detach().reshape(-1)),
-               ("loss", DTYPE_FLOAT32, loss.detach().reshape(1)),
-               ("exit_loss", DTYPE_FLOAT32, exit_loss.detach().reshape(1)),
-               ("grads", DTYPE_FLOAT32, flat([t.grad for t in tensors])),
-               ("exit_layer", DTYPE_INT32, exit_layer.reshape(-1)),
+    arrays += output_arrays(logits, loss)
+    arrays += [("exit_loss", DTYPE_FLOAT32, exit_loss.detach().reshape(1))]
+    arrays += grad_arrays(tensors)
+    arrays += [("exit_layer", DTYPE_INT32, exit_layer.reshape(-1)),
                ("confidence", DTYPE_FLOAT32, confidence.reshape(-1))]
     left = (exit_layer < L).double().mean().item()
     with torch.no_grad():   # CALM's per-layer losses, every token through every layer
@@ -262,22 +224,17 @@ def build_exit(case, threshold):
                ("exit_weights", DTYPE_FLOAT64,
                 torch.tensor(calm_weights(L, case["exit_from"]), dtype=torch.float64))]
 
-    optimizer = adamw(model, tensors)
-    lrs, losses, totals, exits = [], [], [], []
-    for step in range(CONFIG["steps"]):
-        lrs.append(set_lr(optimizer, step))
-        optimizer.zero_grad(set_to_none=False)
+    exits = []
+
+    def step_loss(step):
         _, loss, exit_loss, exit_layer, _, _ = exit_forward(
             model, tokens, targets, case, threshold, step >= case["exit_warmup"], margins)
-        (loss + exit_loss).backward()
-        torch.nn.utils.clip_grad_norm_(tensors, HYPER["grad_clip"])
-        optimizer.step()
-        losses.append(loss.item())
-        totals.append((loss + exit_loss).item())
         exits.append(exit_layer.reshape(-1))
-    arrays += [("lrs", DTYPE_FLOAT64, torch.tensor(lrs, dtype=torch.float64)),
-               ("train_losses", DTYPE_FLOAT32, torch.tensor(losses)),
-               ("train_totals", DTYPE_FLOAT32, torch.tensor(totals)),
+        return loss, loss + exit_loss
+
+    lrs, losses, totals = train(model, tensors, CONFIG, step_loss)
+    arrays += schedule_arrays(lrs, losses)
+    arrays += [("train_totals", DTYPE_FLOAT32, torch.tensor(totals)),
                ("train_exits", DTYPE_INT32, torch.cat(exits))]
     return arrays, margins.smallest, left, losses
 
@@ -335,7 +292,7 @@ def freeze_forward(model, tokens, targets, prefix):
 
 
 def build_freeze(case):
-    model, tokens, targets, params = build_model()
+    model, tokens, targets, start = build_model()
     tensors = model.canonical_tensors()
     frozen_from = case["frozen_from"]
     optimizer = adamw(model, tensors)
@@ -349,7 +306,7 @@ def build_freeze(case):
             for p in block.parameters():
                 p.requires_grad_(not is_frozen)
         model.wpe.weight.requires_grad_(prefix == 0)
-        lrs.append(set_lr(optimizer, step))
+        lrs.append(set_lr(optimizer, step, CONFIG))
         optimizer.zero_grad(set_to_none=True)   # a frozen tensor's grad stays None
         loss = freeze_forward(model, tokens, targets, prefix)
         loss.backward()
@@ -364,13 +321,9 @@ def build_freeze(case):
         return flat([optimizer.state[t][name] if t in optimizer.state else torch.zeros_like(t)
                      for t in tensors])
 
-    arrays = [("params", DTYPE_FLOAT32, params),
-              ("tokens", DTYPE_INT32, tokens.reshape(-1)),
-              ("targets", DTYPE_INT32, targets.reshape(-1)),
-              ("frozen_from", DTYPE_INT32, torch.tensor(frozen_from)),
-              ("lrs", DTYPE_FLOAT64, torch.tensor(lrs, dtype=torch.float64)),
-              ("train_losses", DTYPE_FLOAT32, torch.tensor(losses)),
-              ("last_grads", DTYPE_FLOAT32, last_grads),
+    arrays = start + [("frozen_from", DTYPE_INT32, torch.tensor(frozen_from))]
+    arrays += schedule_arrays(lrs, losses)
+    arrays += [("last_grads", DTYPE_FLOAT32, last_grads),
               ("final_params", DTYPE_FLOAT32, flat(tensors)),
               ("final_m", DTYPE_FLOAT32, moment("exp_avg")),
               ("final_v", DTYPE_FLOAT32, moment("exp_avg_sq"))]
@@ -379,32 +332,26 @@ def build_freeze(case):
 
 # ---- the file ----------------------------------------------------------------------------
 
-def write_fixture(path, arrays, case, threshold):
-    header = config_header(MAGIC, VERSION, CONFIG, HYPER)
-    header += struct.pack("<4i", case["kind"], case.get("exit_from", 0),
-                          case.get("confidence", 0), case.get("exit_warmup", 0))
-    header += struct.pack("<2d", threshold, case.get("loss_weight", 0.0))
-    header += struct.pack("<I", len(arrays))
-    write_records(path, header, arrays)
+def fields(case, threshold):
+    """Version 4's own header fields."""
+    return (struct.pack("<4i", case["kind"], case.get("exit_from", 0),
+                        case.get("confidence", 0), case.get("exit_warmup", 0)) +
+            struct.pack("<2d", threshold, case.get("loss_weight", 0.0)))
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out-dir", default=here)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    out_dir = output(__doc__)
     for name, case in CASES.items():
-        path = os.path.join(args.out_dir, name)
+        path = os.path.join(out_dir, name)
         if case["kind"] == KIND_EXIT:
             arrays, margin, left, losses, threshold, counts = choose_exit(case)
-            write_fixture(path, arrays, case, threshold)
+            write_fixture(path, VERSION, CONFIG, fields(case, threshold), arrays)
             print(f"wrote {path} ({os.path.getsize(path)} bytes): threshold {threshold:.9g}; "
                   f"in the first forward {100 * left:.0f}% of the tokens leave, after blocks "
                   f"0.. {counts.tolist()}; smallest decision margin {margin:.3g}")
         else:
             arrays, losses = build_freeze(case)
-            write_fixture(path, arrays, case, 0.0)
+            write_fixture(path, VERSION, CONFIG, fields(case, 0.0), arrays)
             print(f"wrote {path} ({os.path.getsize(path)} bytes)")
         print("  train losses: " + " ".join(f"{x:.6f}" for x in losses))
 

@@ -38,21 +38,8 @@ torch.optim.AdamW with lr_step, betas (beta1, beta2), eps, and weight decay
 only on the matrices and embeddings (wte, wpe, qkv_w, attproj_w, fc_w,
 fcproj_w); AdamW counts its step t from 1.
 
-File format (all little-endian):
-
-    offset  type          field
-    0       char[8]       magic "DMREF001"
-    8       uint32        version = 1
-    12      int32[9]      vocab, max_seq, layers, heads, channels,
-                          batch, seq, steps, warmup
-    48      float64[7]    lr, min_lr_ratio, beta1, beta2, eps,
-                          weight_decay, grad_clip
-    104     uint32        number of arrays that follow
-    108     arrays, each:
-              char[16]    name, NUL-padded ASCII
-              uint32      dtype: 0 = float32, 1 = int32, 2 = float64
-              int32       count (elements)
-              count * 4 or 8 bytes of data
+File format: the DMREF header of fixture_lib.py, version 1, with no fields
+of its own (the array count at offset 104, the arrays from 108).
 
 Arrays, in this order:
 
@@ -72,23 +59,19 @@ Arrays, in this order:
     train_losses  float32 (steps)   loss before the update of each step
 """
 
-import argparse
 import math
 import os
-import struct
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-MAGIC = b"DMREF001"
-VERSION = 1
-DTYPE_FLOAT32, DTYPE_INT32, DTYPE_FLOAT64 = 0, 1, 2
+from fixture_lib import (HERE, GPTBase, batch_arrays, draw, grad_arrays, output, output_arrays,
+                         schedule_arrays, train, write_fixture)
 
+VERSION = 1
 CONFIG = dict(vocab=256, max_seq=16, layers=2, heads=2, channels=32,
               batch=4, seq=16, steps=10, warmup=3)
-HYPER = dict(lr=1e-3, min_lr_ratio=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-             weight_decay=0.1, grad_clip=1.0)
 SEED = 1234
 
 
@@ -99,7 +82,8 @@ class CausalSelfAttention(nn.Module):
         self.qkv = nn.Linear(channels, 3 * channels)
         self.attproj = nn.Linear(channels, channels)
 
-    def forward(self, x):
+    def heads_of(self, x):
+        """q, k, v (B, NH, T, hs) of x (B, T, C), and the scores q.k / sqrt(hs)."""
         B, T, C = x.shape
         hs = C // self.heads
         q, k, v = self.qkv(x).split(C, dim=2)
@@ -107,7 +91,11 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.heads, hs).transpose(1, 2)
         k = k.view(B, T, self.heads, hs).transpose(1, 2)
         v = v.view(B, T, self.heads, hs).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        return q, k, v, (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v, scores = self.heads_of(x)
         future = torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
         probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
         y = (probs @ v).transpose(1, 2).reshape(B, T, C)
@@ -141,154 +129,39 @@ class Block(nn.Module):
                 self.fc.weight, self.fcproj.weight]
 
 
-class GPT(nn.Module):
-    def __init__(self, vocab, max_seq, layers, heads, channels):
-        super().__init__()
-        self.wte = nn.Embedding(vocab, channels)
-        self.wpe = nn.Embedding(max_seq, channels)
-        self.blocks = nn.ModuleList(Block(channels, heads) for _ in range(layers))
-        self.lnf = nn.LayerNorm(channels, eps=1e-5)
+class GPT(GPTBase):
+    """The dense GPT of config: its blocks add no loss."""
+    def __init__(self, config):
+        super().__init__(config, lambda l: Block(config["channels"], config["heads"]))
 
     def forward(self, tokens, targets):
-        B, T = tokens.shape
-        x = self.wte(tokens) + self.wpe(torch.arange(T))
+        x = self.embed(tokens)
         for block in self.blocks:
             x = block(x)
-        logits = self.lnf(x) @ self.wte.weight.t()  # head tied to wte
-        loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
-        return logits, loss
-
-    def canonical_tensors(self):
-        tensors = [self.wte.weight, self.wpe.weight]
-        for block in self.blocks:
-            tensors += block.canonical_tensors()
-        return tensors + [self.lnf.weight, self.lnf.bias]
-
-    def decayed(self):
-        """Parameters that receive weight decay: matrices and embeddings."""
-        tensors = [self.wte.weight, self.wpe.weight]
-        for block in self.blocks:
-            tensors += block.matrices()
-        return tensors
-
-
-def lr_at_step(step, lr, min_lr_ratio, warmup, steps):
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    ratio = (step - warmup) / max(1, steps - warmup)
-    min_lr = lr * min_lr_ratio
-    return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (lr - min_lr)
-
-
-def init_weights(model, generator):
-    """Perturbs what torch's module init leaves trivial (see the docstring)."""
-    with torch.no_grad():
-        for embedding in (model.wte, model.wpe):
-            embedding.weight.copy_(torch.randn(embedding.weight.shape, generator=generator) * 0.3)
-        norms = [model.lnf] + [n for b in model.blocks for n in (b.ln1, b.ln2)]
-        for norm in norms:
-            norm.weight.copy_(1.0 + 0.1 * torch.randn(norm.weight.shape, generator=generator))
-            norm.bias.copy_(0.1 * torch.randn(norm.bias.shape, generator=generator))
-
-
-def flat(tensors):
-    return torch.cat([t.detach().reshape(-1) for t in tensors])
+        return self.head(x, targets)
 
 
 def build_fixture():
-    torch.manual_seed(SEED)
-    generator = torch.Generator().manual_seed(SEED)
-    c, h = CONFIG, HYPER
-    model = GPT(c["vocab"], c["max_seq"], c["layers"], c["heads"], c["channels"])
-    init_weights(model, generator)
-    tensors = model.canonical_tensors()
-    assert len(tensors) == len(list(model.parameters()))
-
-    shape = (c["batch"], c["seq"])
-    tokens = torch.randint(0, c["vocab"], shape, generator=generator)
-    targets = torch.randint(0, c["vocab"], shape, generator=generator)
-
-    arrays = [("params", DTYPE_FLOAT32, flat(tensors))]
+    model, tensors, tokens, targets = draw(SEED, CONFIG, lambda: GPT(CONFIG))
+    arrays = batch_arrays(tensors, tokens, targets)
     logits, loss = model(tokens, targets)
     loss.backward()
-    arrays += [("tokens", DTYPE_INT32, tokens.reshape(-1)),
-               ("targets", DTYPE_INT32, targets.reshape(-1)),
-               ("logits", DTYPE_FLOAT32, logits.detach().reshape(-1)),
-               ("loss", DTYPE_FLOAT32, loss.detach().reshape(1)),
-               ("grads", DTYPE_FLOAT32, flat([t.grad for t in tensors]))]
+    arrays += output_arrays(logits, loss) + grad_arrays(tensors)
 
-    decayed_ids = {id(t) for t in model.decayed()}
-    groups = [{"params": [t for t in tensors if id(t) in decayed_ids],
-               "weight_decay": h["weight_decay"]},
-              {"params": [t for t in tensors if id(t) not in decayed_ids],
-               "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=h["lr"], betas=(h["beta1"], h["beta2"]),
-                                  eps=h["eps"])
-    lrs, losses = [], []
-    for step in range(c["steps"]):
-        lr = lr_at_step(step, h["lr"], h["min_lr_ratio"], c["warmup"], c["steps"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=False)
+    def step_loss(step):
         _, loss = model(tokens, targets)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(tensors, h["grad_clip"])
-        optimizer.step()
-        lrs.append(lr)
-        losses.append(loss.item())
-    arrays += [("lrs", DTYPE_FLOAT64, torch.tensor(lrs, dtype=torch.float64)),
-               ("train_losses", DTYPE_FLOAT32, torch.tensor(losses, dtype=torch.float32))]
-    return arrays, losses
+        return loss, loss
 
-
-def write_records(path, header, arrays):
-    """Writes header then each (name, dtype, tensor) record to path, atomically."""
-    formats = {DTYPE_FLOAT32: ("<f4", torch.float32), DTYPE_INT32: ("<i4", torch.int32),
-               DTYPE_FLOAT64: ("<f8", torch.float64)}
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
-        f.write(header)
-        for name, dtype, data in arrays:
-            numpy_format, torch_type = formats[dtype]
-            values = data.to(torch_type).contiguous().numpy().astype(numpy_format)
-            f.write(struct.pack("<16sIi", name.encode("ascii"), dtype, values.size))
-            f.write(values.tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def config_header(magic, version, config, hyper):
-    """The 104 bytes every fixture starts with: magic, version, the model
-    and run sizes, the optimizer's hyperparameters."""
-    header = magic + struct.pack("<I", version)
-    header += struct.pack("<9i", *(config[k] for k in
-                                   ("vocab", "max_seq", "layers", "heads", "channels",
-                                    "batch", "seq", "steps", "warmup")))
-    header += struct.pack("<7d", *(hyper[k] for k in
-                                   ("lr", "min_lr_ratio", "beta1", "beta2", "eps",
-                                    "weight_decay", "grad_clip")))
-    assert len(header) == 104
-    return header
-
-
-def write_fixture(path, arrays):
-    header = config_header(MAGIC, VERSION, CONFIG, HYPER)
-    header += struct.pack("<I", len(arrays))
-    assert len(header) == 108
-    write_records(path, header, arrays)
+    lrs, losses, _ = train(model, tensors, CONFIG, step_loss)
+    return arrays + schedule_arrays(lrs, losses), losses
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=os.path.join(here, "fixture_tiny.bin"))
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    out = output(__doc__, "--out", os.path.join(HERE, "fixture_tiny.bin"))
     arrays, losses = build_fixture()
-    write_fixture(args.out, arrays)
+    write_fixture(out, VERSION, CONFIG, b"", arrays)
     sizes = ", ".join(f"{name} {data.numel()}" for name, _, data in arrays)
-    print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes): {sizes}")
+    print(f"wrote {out} ({os.path.getsize(out)} bytes): {sizes}")
     print("train losses: " + " ".join(f"{x:.6f}" for x in losses))
 
 

@@ -4,13 +4,14 @@ An independent PyTorch implementation of the GPT with mixture-of-depths
 blocks and of the GPT with hash-sparse attention as docs/mod-hash.md
 describes them (written from that description, not from dynmo's C code):
 one forward and backward pass and ten AdamW steps on a tiny model, written
-for tests/test_reference.c. It imports nothing of dynmo; the C test does not
-need torch.
+for tests/test_reference.c. It imports nothing of dynmo (only this
+directory's fixture_lib.py and make_fixture.py's attention); the C test does
+not need torch.
 
     /usr/bin/python3 tests/reference/make_mod_hash_model_fixture.py
 
 Two fixtures, both vocab 64, max_seq 16, 2 layers, 2 heads, 16 channels,
-batch 4 x 16, the ten steps and AdamW of make_fixture.py:
+batch 4 x 16, the ten steps and AdamW of fixture_lib.py:
 
 fixture_mod_model.bin: block 1 is a MoD block (mod_every 2, capacity 0.25,
 causal routing, predictor hidden width 8). For its input x (B, T, C): the
@@ -55,7 +56,6 @@ and, with MoD, chosen (B*T the MoD block's choice in the first forward) and
 bce (1, its BCE); with hash, rotation (layers x NH x hs x nb/2 at step 0).
 """
 
-import argparse
 import math
 import os
 import struct
@@ -64,15 +64,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from make_fixture import config_header, flat, init_weights, lr_at_step, write_records
+from fixture_lib import (DTYPE_FLOAT32, DTYPE_INT32, GPTBase, Margins, batch_arrays, draw,
+                         grad_arrays, init_weights, output, output_arrays, schedule_arrays,
+                         train, write_fixture)
+from make_fixture import CausalSelfAttention
 
-MAGIC = b"DMREF003"
 VERSION = 3
-DTYPE_FLOAT32, DTYPE_INT32, DTYPE_FLOAT64 = 0, 1, 2
 CONFIG = dict(vocab=64, max_seq=16, layers=2, heads=2, channels=16,
               batch=4, seq=16, steps=10, warmup=3)
-HYPER = dict(lr=1e-3, min_lr_ratio=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-             weight_decay=0.1, grad_clip=1.0)
 CASES = {
     "fixture_mod_model.bin": dict(mod_every=2, mod_routing=1, mod_capacity=0.25,
                                   mod_predictor_hidden=8, hash_buckets=0, seed=1234),
@@ -120,14 +119,6 @@ def rotation(seed, layer, step, heads, hs, buckets):
     return torch.tensor(values, dtype=torch.float32).reshape(heads, hs, half)
 
 
-class Margins:
-    def __init__(self):
-        self.smallest = float("inf")
-
-    def see(self, gap):
-        self.smallest = min(self.smallest, float(gap))
-
-
 def buckets_of(x, R, margins):
     """x (B, NH, T, hs), R (NH, hs, half) -> (B, NH, T) first argmax of [xR ; -xR]."""
     proj = torch.einsum("bhti,hic->bhtc", x, R)
@@ -137,24 +128,17 @@ def buckets_of(x, R, margins):
     return both.argmax(dim=-1)
 
 
-class Attention(nn.Module):
-    """Causal attention, dense or hash-sparse (rotation set before each forward)."""
+class Attention(CausalSelfAttention):
+    """Causal attention, dense or hash-sparse (rotation set before each
+    forward); the projections and heads are make_fixture.py's."""
     def __init__(self, channels, heads, margins):
-        super().__init__()
-        self.heads = heads
-        self.qkv = nn.Linear(channels, 3 * channels)
-        self.attproj = nn.Linear(channels, channels)
+        super().__init__(channels, heads)
         self.rotation = None
         self.margins = margins
 
     def forward(self, x):
         B, T, C = x.shape
-        hs = C // self.heads
-        q, k, v = self.qkv(x).split(C, dim=2)
-        q = q.view(B, T, self.heads, hs).transpose(1, 2)
-        k = k.view(B, T, self.heads, hs).transpose(1, 2)
-        v = v.view(B, T, self.heads, hs).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hs))
+        q, k, v, scores = self.heads_of(x)
         allowed = ~torch.triu(torch.ones(T, T, dtype=torch.bool), diagonal=1)
         allowed = allowed.expand(B, self.heads, T, T)
         if self.rotation is not None:
@@ -233,22 +217,18 @@ class Block(nn.Module):
         return m + ([self.router, self.pred_w1, self.pred_w2] if self.mod else [])
 
 
-class GPT(nn.Module):
+class GPT(GPTBase):
+    """MoD blocks every mod_every (the blocks add their BCE), hash attention
+    in every block with hash_buckets (set_step draws the rotations)."""
     def __init__(self, case, seed, margins):
-        super().__init__()
         c = CONFIG
-        self.case = case
-        self.seed = seed
-        self.wte = nn.Embedding(c["vocab"], c["channels"])
-        self.wpe = nn.Embedding(c["max_seq"], c["channels"])
         every = case["mod_every"]
         mod = dict(capacity=case["mod_capacity"], hidden=case["mod_predictor_hidden"]) \
             if every else None
-        self.blocks = nn.ModuleList(
-            Block(c["channels"], c["heads"], margins,
-                  mod if every and (l + 1) % every == 0 else None)
-            for l in range(c["layers"]))
-        self.lnf = nn.LayerNorm(c["channels"], eps=1e-5)
+        super().__init__(c, lambda l: Block(c["channels"], c["heads"], margins,
+                                            mod if every and (l + 1) % every == 0 else None))
+        self.case = case
+        self.seed = seed
 
     def set_step(self, step):
         nb, c = self.case["hash_buckets"], CONFIG
@@ -257,60 +237,29 @@ class GPT(nn.Module):
                 block.attn.rotation = rotation(self.seed, l, step, c["heads"],
                                                c["channels"] // c["heads"], nb)
 
-    def forward(self, tokens, targets):
-        B, T = tokens.shape
-        x = self.wte(tokens) + self.wpe(torch.arange(T))
-        aux = 0.0
-        for block in self.blocks:
-            x, a = block(x)
-            aux = aux + a
-        logits = self.lnf(x) @ self.wte.weight.t()
-        loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
-        return logits, loss, aux
 
-    def canonical_tensors(self):
-        tensors = [self.wte.weight, self.wpe.weight]
-        for block in self.blocks:
-            tensors += block.canonical_tensors()
-        return tensors + [self.lnf.weight, self.lnf.bias]
-
-    def decayed(self):
-        tensors = [self.wte.weight, self.wpe.weight]
-        for block in self.blocks:
-            tensors += block.matrices()
-        return tensors
-
-
-def build_fixture(case, seed):
-    torch.manual_seed(seed)
-    generator = torch.Generator().manual_seed(seed)
-    c, h = CONFIG, HYPER
-    margins = Margins()
-    model = GPT(case, seed, margins)
+def init_mod(model, generator):
+    """init_weights, then the MoD blocks' router and predictor."""
     init_weights(model, generator)
     with torch.no_grad():
         for block in model.blocks:
             if block.mod:
-                block.router.copy_(torch.randn(c["channels"], generator=generator))
+                block.router.copy_(torch.randn(CONFIG["channels"], generator=generator))
                 block.pred_w1.copy_(torch.randn(block.pred_w1.shape, generator=generator))
                 block.pred_b1.copy_(torch.randn(block.pred_b1.shape, generator=generator) * 0.1)
                 block.pred_w2.copy_(torch.randn(block.pred_w2.shape, generator=generator))
                 block.pred_b2.copy_(torch.randn(1, generator=generator) * 0.1)
-    tensors = model.canonical_tensors()
-    assert len(tensors) == len(list(model.parameters()))
-    shape = (c["batch"], c["seq"])
-    tokens = torch.randint(0, c["vocab"], shape, generator=generator)
-    targets = torch.randint(0, c["vocab"], shape, generator=generator)
 
-    arrays = [("params", DTYPE_FLOAT32, flat(tensors))]
+
+def build_fixture(case, seed):
+    margins = Margins()
+    model, tensors, tokens, targets = draw(seed, CONFIG, lambda: GPT(case, seed, margins),
+                                           init_mod)
+    arrays = batch_arrays(tensors, tokens, targets)
     model.set_step(0)
     logits, loss, aux = model(tokens, targets)
     (loss + aux).backward()
-    arrays += [("tokens", DTYPE_INT32, tokens.reshape(-1)),
-               ("targets", DTYPE_INT32, targets.reshape(-1)),
-               ("logits", DTYPE_FLOAT32, logits.detach().reshape(-1)),
-               ("loss", DTYPE_FLOAT32, loss.detach().reshape(1)),
-               ("grads", DTYPE_FLOAT32, flat([t.grad for t in tensors]))]
+    arrays += output_arrays(logits, loss) + grad_arrays(tensors)
     extra = []
     mods = [b for b in model.blocks if b.mod]
     if mods:
@@ -320,46 +269,24 @@ def build_fixture(case, seed):
         extra += [("rotation", DTYPE_FLOAT32,
                    torch.cat([b.attn.rotation.reshape(-1) for b in model.blocks]))]
 
-    decayed_ids = {id(t) for t in model.decayed()}
-    groups = [{"params": [t for t in tensors if id(t) in decayed_ids],
-               "weight_decay": h["weight_decay"]},
-              {"params": [t for t in tensors if id(t) not in decayed_ids],
-               "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=h["lr"], betas=(h["beta1"], h["beta2"]),
-                                  eps=h["eps"])
-    lrs, losses = [], []
-    for step in range(c["steps"]):
-        lr = lr_at_step(step, h["lr"], h["min_lr_ratio"], c["warmup"], c["steps"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=False)
+    def step_loss(step):
         model.set_step(step)
         _, loss, aux = model(tokens, targets)
-        (loss + aux).backward()
-        torch.nn.utils.clip_grad_norm_(tensors, h["grad_clip"])
-        optimizer.step()
-        lrs.append(lr)
-        losses.append(loss.item())
-    arrays += [("lrs", DTYPE_FLOAT64, torch.tensor(lrs, dtype=torch.float64)),
-               ("train_losses", DTYPE_FLOAT32, torch.tensor(losses, dtype=torch.float32))]
-    return arrays + extra, losses, margins.smallest
+        return loss, loss + aux
+
+    lrs, losses, _ = train(model, tensors, CONFIG, step_loss)
+    return arrays + schedule_arrays(lrs, losses) + extra, losses, margins.smallest
 
 
-def write_fixture(path, arrays, case, seed):
-    header = config_header(MAGIC, VERSION, CONFIG, HYPER)
-    header += struct.pack("<4i", case["mod_every"], case["mod_routing"], case["hash_buckets"],
-                          case["mod_predictor_hidden"])
-    header += struct.pack("<dQ", case["mod_capacity"], seed)
-    header += struct.pack("<I", len(arrays))
-    write_records(path, header, arrays)
+def fields(case, seed):
+    """Version 3's own header fields."""
+    return (struct.pack("<4i", case["mod_every"], case["mod_routing"], case["hash_buckets"],
+                        case["mod_predictor_hidden"]) +
+            struct.pack("<dQ", case["mod_capacity"], seed))
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out-dir", default=here)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    out_dir = output(__doc__)
     for name, case in CASES.items():
         seed = case["seed"]
         while True:
@@ -367,8 +294,8 @@ def main():
             if margin >= DECISION_MARGIN:
                 break
             seed += 1
-        path = os.path.join(args.out_dir, name)
-        write_fixture(path, arrays, case, seed)
+        path = os.path.join(out_dir, name)
+        write_fixture(path, VERSION, CONFIG, fields(case, seed), arrays)
         chosen = [a for a in arrays if a[0] == "chosen"]
         share = f", {int(chosen[0][2].sum())} of {chosen[0][2].numel()} chosen" if chosen else ""
         print(f"wrote {path} ({os.path.getsize(path)} bytes); seed {seed}, smallest decision "

@@ -58,8 +58,8 @@ fcproj_w fcproj_b), lnf_w, lnf_b. Weight decay on wte, wpe and every
 matrix (qkv_w, attproj_w, fc_w, fcproj_w, router_w, the experts' fc_w and
 fcproj_w).
 
-File format (little-endian): make_fixture.py's version-1 header with magic
-"DMREF002" and version 2, then at offset 108
+File format: the DMREF header of fixture_lib.py, version 2, whose own
+fields at offset 104 are
 
     int32[6]      moe_every, experts, top_k, expert_hidden, router (0 softmax,
                   1 sigmoid), drop (0 probs, 1 position, 2 slot)
@@ -81,7 +81,6 @@ File format (little-endian): make_fixture.py's version-1 header with magic
     bias          float32 (M*E)    every MoE block's bias after the 10 steps
 """
 
-import argparse
 import math
 import os
 import struct
@@ -90,19 +89,16 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# The dense model's attention, the learning-rate schedule, the init and the
-# flattening are make_fixture.py's: one definition of each.
-from make_fixture import (CausalSelfAttention, config_header, flat, init_weights, lr_at_step,
-                          write_records)
+# The dense model's attention is make_fixture.py's; the format, the init,
+# the GPT around the blocks and the training loop are fixture_lib.py's.
+from fixture_lib import (DTYPE_FLOAT32, DTYPE_INT32, GPTBase, Margins, batch_arrays, draw,
+                         grad_arrays, output, output_arrays, schedule_arrays, train,
+                         write_fixture)
+from make_fixture import CausalSelfAttention
 
-MAGIC = b"DMREF002"
 VERSION = 2
-DTYPE_FLOAT32, DTYPE_INT32, DTYPE_FLOAT64 = 0, 1, 2
-
 CONFIG = dict(vocab=64, max_seq=16, layers=2, heads=2, channels=16,
               batch=4, seq=16, steps=10, warmup=3)
-HYPER = dict(lr=1e-3, min_lr_ratio=0.1, beta1=0.9, beta2=0.95, eps=1e-8,
-             weight_decay=0.1, grad_clip=1.0)
 MOE = dict(moe_every=2, experts=4, expert_hidden=24)
 CASES = {
     "fixture_moe.bin": dict(top_k=2, router=0, drop=0, capacity_factor=0.0, aux_loss=0.01,
@@ -132,15 +128,6 @@ class Expert(nn.Module):
 
     def forward(self, x):
         return self.fcproj(F.gelu(self.fc(x), approximate="tanh"))
-
-
-class Margins:
-    """The smallest gap seen between a decision's two sides."""
-    def __init__(self):
-        self.smallest = float("inf")
-
-    def see(self, gap):
-        self.smallest = min(self.smallest, float(gap))
 
 
 class MoE(nn.Module):
@@ -257,123 +244,63 @@ class Block(nn.Module):
         return m
 
 
-class GPT(nn.Module):
+class GPT(GPTBase):
+    """Every moe_every-th block an MoE block; the blocks add their balancing losses."""
     def __init__(self, case, margins):
-        super().__init__()
         c = CONFIG
-        self.wte = nn.Embedding(c["vocab"], c["channels"])
-        self.wpe = nn.Embedding(c["max_seq"], c["channels"])
-        self.blocks = nn.ModuleList(
-            Block(c["channels"], c["heads"],
-                  MoE(c["channels"], case, margins) if (l + 1) % MOE["moe_every"] == 0 else None)
-            for l in range(c["layers"]))
-        self.lnf = nn.LayerNorm(c["channels"], eps=1e-5)
-
-    def forward(self, tokens, targets):
-        B, T = tokens.shape
-        x = self.wte(tokens) + self.wpe(torch.arange(T))
-        balance = 0.0
-        for block in self.blocks:
-            x, b = block(x)
-            balance = balance + b
-        logits = self.lnf(x) @ self.wte.weight.t()
-        loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
-        return logits, loss, balance
+        super().__init__(c, lambda l: Block(
+            c["channels"], c["heads"],
+            MoE(c["channels"], case, margins) if (l + 1) % MOE["moe_every"] == 0 else None))
 
     def moe_layers(self):
         return [b.moe for b in self.blocks if b.moe is not None]
 
-    def canonical_tensors(self):
-        tensors = [self.wte.weight, self.wpe.weight]
-        for block in self.blocks:
-            tensors += block.canonical_tensors()
-        return tensors + [self.lnf.weight, self.lnf.bias]
-
-    def decayed(self):
-        tensors = [self.wte.weight, self.wpe.weight]
-        for block in self.blocks:
-            tensors += block.matrices()
-        return tensors
-
 
 def build_fixture(case):
-    torch.manual_seed(case["seed"])
-    generator = torch.Generator().manual_seed(case["seed"])
-    c, h = CONFIG, HYPER
     margins = Margins()
-    model = GPT(case, margins)
-    init_weights(model, generator)
-    tensors = model.canonical_tensors()
-    assert len(tensors) == len(list(model.parameters()))
-    shape = (c["batch"], c["seq"])
-    tokens = torch.randint(0, c["vocab"], shape, generator=generator)
-    targets = torch.randint(0, c["vocab"], shape, generator=generator)
-
-    arrays = [("params", DTYPE_FLOAT32, flat(tensors))]
+    model, tensors, tokens, targets = draw(case["seed"], CONFIG, lambda: GPT(case, margins))
+    arrays = batch_arrays(tensors, tokens, targets)
     logits, loss, balance = model(tokens, targets)
     (loss + balance).backward()
     moes = model.moe_layers()
     dropped = sum(int((~m.last_kept).sum()) for m in moes)
-    arrays += [("tokens", DTYPE_INT32, tokens.reshape(-1)),
-               ("targets", DTYPE_INT32, targets.reshape(-1)),
-               ("logits", DTYPE_FLOAT32, logits.detach().reshape(-1)),
-               ("loss", DTYPE_FLOAT32, loss.detach().reshape(1)),
-               ("balance", DTYPE_FLOAT32, torch.as_tensor(balance).detach().reshape(1)),
-               ("grads", DTYPE_FLOAT32, flat([t.grad for t in tensors])),
-               ("choice", DTYPE_INT32, torch.cat([m.last_choice.reshape(-1) for m in moes])),
+    arrays += output_arrays(logits, loss)
+    arrays += [("balance", DTYPE_FLOAT32, torch.as_tensor(balance).detach().reshape(1))]
+    arrays += grad_arrays(tensors)
+    arrays += [("choice", DTYPE_INT32, torch.cat([m.last_choice.reshape(-1) for m in moes])),
                ("kept", DTYPE_INT32, torch.cat([m.last_kept.reshape(-1) for m in moes]))]
 
-    decayed_ids = {id(t) for t in model.decayed()}
-    groups = [{"params": [t for t in tensors if id(t) in decayed_ids],
-               "weight_decay": h["weight_decay"]},
-              {"params": [t for t in tensors if id(t) not in decayed_ids],
-               "weight_decay": 0.0}]
-    optimizer = torch.optim.AdamW(groups, lr=h["lr"], betas=(h["beta1"], h["beta2"]),
-                                  eps=h["eps"])
-    lrs, losses, totals = [], [], []
-    for step in range(c["steps"]):
-        lr = lr_at_step(step, h["lr"], h["min_lr_ratio"], c["warmup"], c["steps"])
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        optimizer.zero_grad(set_to_none=False)
+    def step_loss(step):
         _, loss, balance = model(tokens, targets)
-        (loss + balance).backward()
-        torch.nn.utils.clip_grad_norm_(tensors, h["grad_clip"])
-        optimizer.step()
+        return loss, loss + balance
+
+    def update_bias():
         for m in moes:
             if case["router"] == 1 and case["bias_rate"] > 0:
                 m.update_bias()
-        lrs.append(lr)
-        losses.append(loss.item())
-        totals.append((loss + balance).item())
-    arrays += [("lrs", DTYPE_FLOAT64, torch.tensor(lrs, dtype=torch.float64)),
-               ("train_losses", DTYPE_FLOAT32, torch.tensor(losses, dtype=torch.float32)),
-               ("train_totals", DTYPE_FLOAT32, torch.tensor(totals, dtype=torch.float32)),
+
+    lrs, losses, totals = train(model, tensors, CONFIG, step_loss, update_bias)
+    arrays += schedule_arrays(lrs, losses)
+    arrays += [("train_totals", DTYPE_FLOAT32, torch.tensor(totals, dtype=torch.float32)),
                ("bias", DTYPE_FLOAT32, torch.cat([m.bias.reshape(-1) for m in moes]))]
     return arrays, losses, totals, margins.smallest, dropped
 
 
-def write_fixture(path, arrays, case):
-    header = config_header(MAGIC, VERSION, CONFIG, HYPER)
-    header += struct.pack("<6i", MOE["moe_every"], MOE["experts"], case["top_k"],
-                          MOE["expert_hidden"], case["router"], case["drop"])
-    header += struct.pack("<4d", case["capacity_factor"], case["aux_loss"], case["z_loss"],
-                          case["bias_rate"])
-    header += struct.pack("<I", len(arrays))
-    write_records(path, header, arrays)
+def fields(case):
+    """Version 2's own header fields."""
+    return (struct.pack("<6i", MOE["moe_every"], MOE["experts"], case["top_k"],
+                        MOE["expert_hidden"], case["router"], case["drop"]) +
+            struct.pack("<4d", case["capacity_factor"], case["aux_loss"], case["z_loss"],
+                        case["bias_rate"]))
 
 
 def main():
-    here = os.path.dirname(os.path.abspath(__file__))
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out-dir", default=here)
-    args = parser.parse_args()
-    torch.set_num_threads(1)
+    out_dir = output(__doc__)
     for name, case in CASES.items():
         arrays, losses, totals, margin, dropped = build_fixture(case)
         assert margin > DECISION_MARGIN, f"{name}: a routing decision is within {margin:g} of a tie"
-        path = os.path.join(args.out_dir, name)
-        write_fixture(path, arrays, case)
+        path = os.path.join(out_dir, name)
+        write_fixture(path, VERSION, CONFIG, fields(case), arrays)
         print(f"wrote {path} ({os.path.getsize(path)} bytes); smallest decision margin "
               f"{margin:.3g}; pairs dropped in the first forward {dropped}")
         print("  train losses: " + " ".join(f"{x:.6f}" for x in losses))
