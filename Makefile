@@ -45,7 +45,7 @@ CFLAGS := -std=gnu11 -O3 $(ARCH) -g -Wall -Wextra -Wvla -Werror -Wno-psabi -fno-
 LDLIBS := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lhdf5_hl -lm -lpthread
 LDFLAGS := $(SANFLAGS)
 
-SRC := $(wildcard src/*/*.c)
+SRC := $(wildcard src/*/*.c src/*/*/*.c)
 OBJ := $(patsubst src/%.c,$(BUILD)/obj/%.o,$(SRC))
 LIBOBJ := $(filter-out $(BUILD)/obj/tools/main.o,$(OBJ))
 TEST_SRC := $(wildcard tests/test_*.c)
@@ -66,7 +66,7 @@ REPLAY_CFLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Isrc \
 # library's (some of it is gcc-only: vector builtins).
 FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/memory.c \
               src/model/data.c src/tools/plan_costs.c src/ckpt/ckpt_file.c \
-              src/ckpt/ckpt_load.c src/ckpt/ckpt_modhash.c src/ckpt/ckpt_dir.c src/ckpt/h5util.c \
+              src/ckpt/ckpt_load.c src/ckpt/ckpt_dir.c src/ckpt/h5util.c \
               src/ckpt/layout_history.c src/ckpt/fletcher32.c src/ckpt/ckpt_dyn.c \
               src/ckpt/h5check.c src/ckpt/runlog_read.c src/tools/report_load.c \
               src/tools/inspect.c src/tools/trace.c src/tools/simulate_model.c \
@@ -166,7 +166,7 @@ all: $(BUILD)/libdynmo_emulate.so
 # it with cuda; t_gpu_device.sh checks the checker with cpu). Plain C.
 $(BUILD)/gpu/check_ops: tests/gpu/check_ops.c $(BUILD)/libdynmo.a $(FLAGS_STAMP)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
+	$(CC) $(CFLAGS) -Isrc -o $@ $< $(BUILD)/libdynmo.a $(LDLIBS)
 all: $(BUILD)/gpu/check_ops
 
 # The host harness compiles the kernels' per-thread functions with gcc;

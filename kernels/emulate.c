@@ -695,7 +695,7 @@ static void emulate_moe_combine_forward(float *out, const float *res1, const flo
                                         const float *gate, const int *row, int N, int k, int C)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("moe_combine_forward", out, res1, y, gate, row);
+    DEVICE_ARGS("routed_combine_forward", out, res1, y, gate, row);
     LAUNCH(grid_for((long)N * C),
            moe_combine_forward_thread(t, out, res1, y, gate, row, N, k, C));
 }
@@ -705,7 +705,7 @@ static void emulate_moe_combine_backward(float *dy, float *dgate, const float *d
                                          int N, int k, int C)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("moe_combine_backward", dy, dgate, dout, y, gate, row);
+    DEVICE_ARGS("routed_combine_backward", dy, dgate, dout, y, gate, row);
     LAUNCH(grid_for((long)N * k * C), moe_combine_dy_thread(t, dy, dout, gate, row, N, k, C));
     LAUNCH(grid_for((long)N * k), moe_combine_dgate_thread(t, dgate, dout, y, row, N, k, C));
 }
@@ -714,7 +714,7 @@ static void emulate_moe_dispatch_backward(float *d_ln2, const float *dx, const i
                                           int k, int C)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("moe_dispatch_backward", d_ln2, dx, row);
+    DEVICE_ARGS("routed_dispatch_backward", d_ln2, dx, row);
     LAUNCH(grid_for((long)N * C), moe_dispatch_backward_thread(t, d_ln2, dx, row, N, k, C));
 }
 
@@ -724,7 +724,7 @@ static void emulate_moe_route_forward(float *scores, float *lse, int *choice, fl
                                       int E, int k, int sigmoid)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("moe_route_forward", scores, lse, choice, choice_score, gate, logits, bias);
+    DEVICE_ARGS("route_topk_forward", scores, lse, choice, choice_score, gate, logits, bias);
     LAUNCH(grid_for(N), moe_route_forward_thread(t, scores, lse, choice, choice_score, gate,
                                                  logits, bias, N, E, k, sigmoid));
 }
@@ -733,7 +733,7 @@ static void emulate_moe_route_sums(double *sums, const float *scores, const floa
                                    int E, int sigmoid)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("moe_route_sums", sums, scores, lse);
+    DEVICE_ARGS("route_topk_sums", sums, scores, lse);
     LAUNCH(grid_for((long)E + 1), moe_route_sums_thread(t, sums, scores, lse, N, E, sigmoid));
 }
 
@@ -743,7 +743,7 @@ static void emulate_moe_route_backward(float *dlogits, const float *dgate, const
                                        int k, int sigmoid, double alpha, double beta)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("moe_route_backward", dlogits, dgate, logits, scores, lse, choice, gate,
+    DEVICE_ARGS("route_topk_backward", dlogits, dgate, logits, scores, lse, choice, gate,
                 selected);
     LAUNCH(grid_for(N), moe_route_backward_thread(t, dlogits, dgate, logits, scores, lse, choice,
                                                   gate, selected, N, E, k, sigmoid, alpha,
@@ -921,7 +921,7 @@ static long emulate_hash_attention_forward(float *out, float *lse, int *order, i
                                            int C, int NH, int buckets)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("hash_attention_forward", out, lse, order, bucket, qkv, rotation);
+    DEVICE_ARGS("bucket_attention_forward", out, lse, order, bucket, qkv, rotation);
     long sides = (long)B * NH * 2 * T, queries = (long)B * NH * T;
     LAUNCH(grid_for(sides), hash_bucket_thread(t, bucket, qkv, buckets > 1 ? rotation : NULL, B,
                                                T, C, NH, buckets));
@@ -935,7 +935,7 @@ static long emulate_hash_attention_backward(float *dqkv, const float *dout, cons
                                             const int *bucket, int B, int T, int C, int NH)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("hash_attention_backward", dqkv, dout, qkv, out, lse, order, bucket);
+    DEVICE_ARGS("bucket_attention_backward", dqkv, dout, qkv, out, lse, order, bucket);
     long queries = (long)B * NH * T;
     float *delta = scratch(SCRATCH_HASH_DELTA, (size_t)queries);
     LAUNCH(grid_for(queries), hash_delta_thread(t, delta, dout, out, B, T, C, NH));
@@ -1282,8 +1282,8 @@ static const struct dm_backend emulate_table = {
     .attention_backward = emulate_attention_backward,
     .attention_forward_rows = emulate_attention_forward_rows,
     .attention_backward_rows = emulate_attention_backward_rows,
-    .hash_attention_forward = emulate_hash_attention_forward,
-    .hash_attention_backward = emulate_hash_attention_backward,
+    .bucket_attention_forward = emulate_hash_attention_forward,
+    .bucket_attention_backward = emulate_hash_attention_backward,
     .gelu_forward = emulate_gelu_forward,
     .gelu_backward = emulate_gelu_backward,
     .residual_forward = emulate_residual_forward,
@@ -1293,12 +1293,12 @@ static const struct dm_backend emulate_table = {
     .crossentropy_softmax_backward = emulate_crossentropy_softmax_backward,
     .exit_softmax_confidence = emulate_exit_softmax_confidence,
     .exit_saturation_confidence = emulate_exit_saturation_confidence,
-    .moe_combine_forward = emulate_moe_combine_forward,
-    .moe_combine_backward = emulate_moe_combine_backward,
-    .moe_dispatch_backward = emulate_moe_dispatch_backward,
-    .moe_route_forward = emulate_moe_route_forward,
-    .moe_route_sums = emulate_moe_route_sums,
-    .moe_route_backward = emulate_moe_route_backward,
+    .routed_combine_forward = emulate_moe_combine_forward,
+    .routed_combine_backward = emulate_moe_combine_backward,
+    .routed_dispatch_backward = emulate_moe_dispatch_backward,
+    .route_topk_forward = emulate_moe_route_forward,
+    .route_topk_sums = emulate_moe_route_sums,
+    .route_topk_backward = emulate_moe_route_backward,
     .prune_histogram = emulate_prune_histogram,
     .prune_mask = emulate_prune_mask,
     .adamw_update = emulate_adamw_update,

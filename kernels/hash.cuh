@@ -1,5 +1,5 @@
 /* The per-thread arithmetic of the hash-sparse attention kernels
- * (hash.cu), with src/model/hash_attention.c's contract: buckets by the
+ * (hash.cu), with src/model/bucket_attention.c's contract: buckets by the
  * first maximum of [xR ; -xR] (R's unit-norm columns drawn on the host),
  * positions sorted stably by bucket, query i attends to key j when both
  * share a bucket and j <= i, and to its own key j = i wherever that
@@ -21,7 +21,7 @@
 #include "common.cuh"
 #include "dynmo/hash_bucket.h"
 
-#define DM_HASH_TILE 32   /* model.h's HASH_TILE */
+#define DM_HASH_TILE 32   /* dynmo/hash_bucket.h's HASH_TILE */
 
 /* one (item, query or key, position) per step */
 DM_HD void hash_bucket_thread(struct dm_thread t, int *bucket, const float *qkv,
@@ -50,7 +50,7 @@ DM_HD void hash_order_thread(struct dm_thread t, int *order, const int *bucket, 
 }
 
 /* Whether the tile (query rows qr0..qr1, key rows kr0..kr1 of the
- * sorted orders) holds an allowed pair, as hash_attention.c decides. */
+ * sorted orders) holds an allowed pair, as bucket_attention.c decides. */
 DM_HD int dm_hash_tile_has_pair(const int *qo, const int *qb, const int *ko, const int *kb,
                                 int qr0, int qr1, int kr0, int kr1)
 {

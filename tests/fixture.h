@@ -258,7 +258,6 @@ static inline void fixture_config(struct dm_config *cfg, const struct fixture *f
         cfg->aux_loss = fx->aux_loss;
         cfg->z_loss = fx->z_loss;
         cfg->bias_rate = fx->bias_rate;
-        cfg->moe_keys_set = 1;
     }
     if (fx->version == 3) {
         cfg->seed = fx->seed;
@@ -268,12 +267,10 @@ static inline void fixture_config(struct dm_config *cfg, const struct fixture *f
             snprintf(cfg->mod_routing, sizeof cfg->mod_routing, "%s",
                      fx->mod_routing ? "causal" : "topk");
             if (fx->mod_routing) cfg->mod_predictor_hidden = fx->mod_predictor_hidden;
-            cfg->mod_keys_set = 1;
         }
         if (fx->hash_buckets > 0) {
             snprintf(cfg->attention, sizeof cfg->attention, "hash");
             cfg->hash_buckets = fx->hash_buckets;
-            cfg->hash_keys_set = 1;
         }
     }
     if (fx->version == 4 && fx->kind == KIND_EXIT) {

@@ -392,7 +392,7 @@ else
   fail "a run resumed (load and save) allocates $hosts6 host buffers with 6 blocks, $hosts12 with 12"
 fi
 
-# MoE's routing on the device (moe_route_forward, _sums, _backward): per
+# MoE's routing on the device (route_topk_forward, _sums, _backward): per
 # MoE block and micro-batch at most the choice and the chosen scores (2 N
 # k ints and floats) and the losses' sums (E + 1 doubles) come down, and
 # at most the rows, the grouped rows' tokens (2 N k ints), the pairs per

@@ -34,6 +34,7 @@
 #include <unistd.h>
 #include <hdf5.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/moe.h"
 #include "ckpt/ckpt_file.h"
 #include "dynmo/world.h"
 #include "testing.h"
@@ -122,10 +123,11 @@ static void fill_model(struct gpt *model, int g)
         fill_tensor(blk->params, blk->nparams, g, (uint64_t)blk->index, 0, zeros);
         fill_tensor(blk->m, blk->nparams, g, (uint64_t)blk->index, 1, 0);
         fill_tensor(blk->v, blk->nparams, g, (uint64_t)blk->index, 2, 0);
-        for (int e = 0; blk->moe && e < blk->moe->cfg.experts; e++) {
-            blk->moe->bias[e] = moe_bias_value(g, blk->index, e);
-            blk->moe->tokens[e] = moe_tokens_value(g, blk->index, e);
-            blk->moe->dropped[e] = moe_dropped_value(g, blk->index, e);
+        struct block_moe *moe = block_moe_of(blk);
+        for (int e = 0; moe && e < moe->cfg.experts; e++) {
+            moe->bias[e] = moe_bias_value(g, blk->index, e);
+            moe->tokens[e] = moe_tokens_value(g, blk->index, e);
+            moe->dropped[e] = moe_dropped_value(g, blk->index, e);
         }
     }
     if (model->embed_slab) {
@@ -147,10 +149,11 @@ static size_t check_model(const struct gpt *model, int g)
         bad += count_mismatches(blk->m, blk->nparams, g, (uint64_t)blk->index, 1, 0);
         bad += count_mismatches(blk->v, blk->nparams, g, (uint64_t)blk->index, 2, 0);
         for (size_t k = 0; k < blk->nparams; k++) bad += blk->grads[k] != 0.0f;
-        for (int e = 0; blk->moe && e < blk->moe->cfg.experts; e++)
-            bad += blk->moe->bias[e] != moe_bias_value(g, blk->index, e) ||
-                   blk->moe->tokens[e] != moe_tokens_value(g, blk->index, e) ||
-                   blk->moe->dropped[e] != moe_dropped_value(g, blk->index, e);
+        const struct block_moe *moe = block_moe_of(blk);
+        for (int e = 0; moe && e < moe->cfg.experts; e++)
+            bad += moe->bias[e] != moe_bias_value(g, blk->index, e) ||
+                   moe->tokens[e] != moe_tokens_value(g, blk->index, e) ||
+                   moe->dropped[e] != moe_dropped_value(g, blk->index, e);
     }
     if (model->embed_slab) {
         bad += count_mismatches(model->wte, model->embed_nparams, g, EMBED_STREAM, 0, 0);
@@ -471,8 +474,8 @@ static void test_moe_rows(void)
 {
     for (int every = 2; every >= 1; every--) {
         struct gpt_shape shape = tiny_shape();
-        struct gpt_moe moe = {.every = every, .experts = 4, .top_k = 2, .hidden = 24};
-        shape.moe = moe;
+        struct moe_params moe = {.every = every, .experts = 4, .top_k = 2, .hidden = 24};
+        moe_shape_add(&shape, &moe);
         int layers = shape.layers, C = shape.channels, g = 40 + every;
         int moe_blocks = gpt_moe_block_count(&shape), dense = layers - moe_blocks;
         size_t shared = moe_shared_param_count(C), mlp = block_param_count(C) - shared;
@@ -516,8 +519,8 @@ static void test_moe_rows(void)
                     size_t bad = check_model(&model, g);
                     CHECK_MSG(bad == 0, "moe_every %d, world %d (%d x %d): %zu values differ",
                               every, wi, w->pp, w->dp, bad);
-                    CHECK(loaded.schema_version == CHECKPOINT_SCHEMA_VERSION_MOE &&
-                          loaded.moe_blocks == moe_blocks);
+                    CHECK(loaded.schema_version == 3 && loaded.scheme_states != NULL &&
+                          gpt_moe_block_count(&loaded.shape) == moe_blocks);
                     ckpt_meta_free(&loaded);
                 }
                 gpt_free(&model);
@@ -937,6 +940,7 @@ struct options {
     long step;
     int keep, pp, fill, repeat;
     struct gpt_shape shape;
+    struct moe_params moe;   /* --moe-every and the rest: into shape once read */
 };
 
 static void parse(int argc, char **argv, struct options *o)
@@ -963,19 +967,20 @@ static void parse(int argc, char **argv, struct options *o)
         else if (!strcmp(a, "--heads")) o->shape.heads = atoi(v);
         else if (!strcmp(a, "--vocab")) o->shape.vocab = atoi(v);
         else if (!strcmp(a, "--max-seq")) o->shape.max_seq = atoi(v);
-        else if (!strcmp(a, "--moe-every")) o->shape.moe.every = atoi(v);
-        else if (!strcmp(a, "--experts")) o->shape.moe.experts = atoi(v);
-        else if (!strcmp(a, "--top-k")) o->shape.moe.top_k = atoi(v);
-        else if (!strcmp(a, "--expert-hidden")) o->shape.moe.hidden = atoi(v);
+        else if (!strcmp(a, "--moe-every")) o->moe.every = atoi(v);
+        else if (!strcmp(a, "--experts")) o->moe.experts = atoi(v);
+        else if (!strcmp(a, "--top-k")) o->moe.top_k = atoi(v);
+        else if (!strcmp(a, "--expert-hidden")) o->moe.hidden = atoi(v);
         else dm_user_error("test_checkpoint: unknown option %s", a);
         i++;
     }
-    struct gpt_moe *m = &o->shape.moe;
+    struct moe_params *m = &o->moe;
     if (m->every > 0 && (m->every > o->shape.layers || m->experts < 1 || m->top_k < 1 ||
                          m->top_k > m->experts || m->hidden < 1))
         dm_user_error("test_checkpoint: --moe-every %d --experts %d --top-k %d "
                       "--expert-hidden %d is no mixture of experts of %d layers", m->every,
                       m->experts, m->top_k, m->hidden, o->shape.layers);
+    if (m->every > 0) moe_shape_add(&o->shape, m);
 }
 
 /* The world of a command-line mode: pp stages (default: every rank), the

@@ -47,7 +47,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
+#include "dynmo/hash_bucket.h"
 #include "dynmo/model.h"
+#include "dyn/mod.h"
 #include "testing.h"
 
 enum { B = 2, T = 80, C = 16, NH = 2, HS = C / NH };
@@ -82,10 +85,10 @@ static void hash_run_free(struct hash_run *r)
 static void hash_run(struct hash_run *r, const float *qkv, const float *rotation, int nb,
                      const float *dout)
 {
-    r->tiles_fwd = hash_attention_forward(r->out, r->lse, r->order, r->bucket, &r->alone, qkv,
+    r->tiles_fwd = bucket_attention_forward(r->out, r->lse, r->order, r->bucket, &r->alone, qkv,
                                           rotation, B, T, C, NH, nb);
     if (dout)
-        r->tiles_bwd = hash_attention_backward(r->dqkv, dout, qkv, r->out, r->lse, r->order,
+        r->tiles_bwd = bucket_attention_backward(r->dqkv, dout, qkv, r->out, r->lse, r->order,
                                                r->bucket, B, T, C, NH);
 }
 
@@ -157,7 +160,7 @@ static void test_buckets_and_tiles(void)
     size_t nqkv = (size_t)B * T * 3 * C;
     float *qkv = floats(nqkv), *rotation = floats((size_t)NH * HS * 4);
     fill(qkv, nqkv, 3, 1.0f);
-    hash_rotation_draw(rotation, NH, HS, 8, 11, 3, 5);
+    bucket_rotation_draw(rotation, NH, HS, 8, 11, 3, 5);
     struct hash_run r1, r8;
     hash_run_alloc(&r1);
     hash_run_alloc(&r8);
@@ -215,7 +218,7 @@ static void test_finite_differences(void)
     float *qkv = floats(nqkv), *w = floats(nout), *rotation = floats((size_t)NH * HS * 2);
     fill(qkv, nqkv, 4, 1.0f);
     fill(w, nout, 5, 1.0f);
-    hash_rotation_draw(rotation, NH, HS, 4, 11, 0, 0);
+    bucket_rotation_draw(rotation, NH, HS, 4, 11, 0, 0);
     struct hash_run r, p;
     hash_run_alloc(&r);
     hash_run_alloc(&p);
@@ -253,12 +256,12 @@ static void test_rotation(void)
 {
     size_t n = (size_t)NH * HS * 4;
     float *a = floats(n), *b = floats(n), *c = floats(n);
-    hash_rotation_draw(a, NH, HS, 8, 42, 2, 10);
-    hash_rotation_draw(b, NH, HS, 8, 42, 2, 10);
-    hash_rotation_draw(c, NH, HS, 8, 42, 2, 11);
+    bucket_rotation_draw(a, NH, HS, 8, 42, 2, 10);
+    bucket_rotation_draw(b, NH, HS, 8, 42, 2, 10);
+    bucket_rotation_draw(c, NH, HS, 8, 42, 2, 11);
     CHECK(memcmp(a, b, n * sizeof(float)) == 0);
     CHECK(memcmp(a, c, n * sizeof(float)) != 0);
-    hash_rotation_draw(c, NH, HS, 8, 42, 3, 10);
+    bucket_rotation_draw(c, NH, HS, 8, 42, 3, 10);
     CHECK(memcmp(a, c, n * sizeof(float)) != 0);
     free(a); free(b); free(c);
 }
@@ -270,7 +273,7 @@ static void test_rotation_columns(void)
     float R[RNH * RHS * HALF];
     double worst = 0.0;
     for (int layer = 0; layer < 3; layer++) {
-        hash_rotation_draw(R, RNH, RHS, 2 * HALF, 1337, layer, 7);
+        bucket_rotation_draw(R, RNH, RHS, 2 * HALF, 1337, layer, 7);
         for (int h = 0; h < RNH; h++)
             for (int c = 0; c < HALF; c++) {
                 double squares = 0.0;
@@ -303,9 +306,9 @@ static void test_no_empty_rows(void)
         int *order = calloc(2 * (size_t)rows, sizeof(int));
         int *bucket = calloc(2 * (size_t)rows, sizeof(int));
         fill(qkv, nqkv, 40 + k, 1.0f);
-        hash_rotation_draw(R, ENH, EHS, nb, 1337, k, 0);
+        bucket_rotation_draw(R, ENH, EHS, nb, 1337, k, 0);
         long alone = -1;
-        hash_attention_forward(out, lse, order, bucket, &alone, qkv, R, EB, ET, EC, ENH, nb);
+        bucket_attention_forward(out, lse, order, bucket, &alone, qkv, R, EB, ET, EC, ENH, nb);
         long zero = 0, infinite = 0, want_alone = 0;
         for (long r = 0; r < rows; r++) {   /* r = (b, h, t) */
             long b = r / (ENH * ET), h = r / ET % ENH, t = r % ET;
@@ -334,7 +337,7 @@ static void test_thread_count(void)
     float *qkv = floats(nqkv), *dout = floats(nout), *rotation = floats((size_t)NH * HS * 2);
     fill(qkv, nqkv, 6, 1.0f);
     fill(dout, nout, 8, 1.0f);
-    hash_rotation_draw(rotation, NH, HS, 4, 1, 1, 1);
+    bucket_rotation_draw(rotation, NH, HS, 4, 1, 1, 1);
     struct hash_run r[2];
     for (int k = 0; k < 2; k++) {
         dm_threads_shutdown();
@@ -365,8 +368,17 @@ struct mod_fixture {
 
 static void mod_fixture_init(struct mod_fixture *f, int buckets)
 {
-    struct gpt_shape shape = {.vocab = 32, .max_seq = MT, .layers = 2, .heads = NH,
-                              .channels = C, .hash = {.buckets = buckets, .seed_lo = 9}};
+    struct dm_config cfg;   /* the shape through the schemes (hash attention, seed 9) */
+    config_defaults(&cfg);
+    cfg.vocab = 32;
+    cfg.max_seq = MT;
+    cfg.layers = 2;
+    cfg.heads = NH;
+    cfg.channels = C;
+    cfg.seed = 9;
+    if (buckets) snprintf(cfg.attention, sizeof cfg.attention, "hash");
+    cfg.hash_buckets = buckets;
+    struct gpt_shape shape = dyn_shape_from_config(&cfg);
     block_init(&f->blk, 1, &shape, 5);
     fill(f->blk.params, f->blk.nparams, 20, 0.2f);
     block_acts_alloc(&f->acts, MB, MT, C, NH);
@@ -510,6 +522,16 @@ static void test_mod_block(void)
     mod_fixture_free(&f);
 }
 
+/* The tiles blk's hash attention visited since the last call: the
+ * scheme's signal /hash/tiles read from a model of that one block. */
+static double hash_tiles(struct block *blk)
+{
+    struct gpt view = {.blocks = blk, .num_blocks = 1, .first_block = blk->index};
+    double value = 0.0, weight = 0.0;
+    dyn_signal_of_dataset("/hash/tiles")->read(&view, 0, &value, &weight);
+    return value;
+}
+
 /* A MoD block with hash attention (4 buckets): its chosen tokens, packed,
  * get what the hash block gives each sequence's chosen tokens alone (the
  * same rotation: step 0 for both), and every other token passes through. */
@@ -521,9 +543,9 @@ static void test_mod_hash_block(void)
     const int pick[9] = {0, 1, 3, 4, 6, 7, 9, 10, 11};
     for (int i = 0; i < 9; i++) uneven[pick[i]] = 1;
     uneven[MT + 2] = uneven[MT + 5] = uneven[MT + 8] = 1;
-    double tiles = f.blk.hash_tiles;
+    hash_tiles(&f.blk);   /* from zero */
     mod_check_pass_through(&f, uneven, "with 4-bucket hash attention, 9 + 3 tokens");
-    CHECK(f.m.tokens == 12 && f.blk.hash_tiles > tiles);
+    CHECK(f.m.tokens == 12 && hash_tiles(&f.blk) > 0);
     mod_finite_differences(&f, uneven, "with 4-bucket hash attention");
     mod_fixture_free(&f);
 }
@@ -687,8 +709,8 @@ static void test_against_pytorch(void)
         float *dqkv = floats(HB * HT * 3 * HC);
         int *order = calloc(HB * HNH * 2 * HT, sizeof(int));
         int *bucket = calloc(HB * HNH * 2 * HT, sizeof(int));
-        hash_attention_forward(out, lse, order, bucket, NULL, qkv, R, HB, HT, HC, HNH, 4);
-        hash_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, HB, HT, HC, HNH);
+        bucket_attention_forward(out, lse, order, bucket, NULL, qkv, R, HB, HT, HC, HNH, 4);
+        bucket_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, HB, HT, HC, HNH);
         double d_out = max_abs_diff(out, fixture_get("hash.out", HB * HT * HC), HB * HT * HC);
         double d_grad = max_abs_diff(dqkv, fixture_get("hash.dqkv", HB * HT * 3 * HC),
                                      HB * HT * 3 * HC);

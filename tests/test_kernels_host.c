@@ -285,9 +285,9 @@ static void test_moe(int N, int k, int C, int drop)
     const struct dm_backend *cpu = backend_cpu();
     float *out_want = copied(blank, NC), *dy_want = copied(blank, RC);
     float *dgate_want = copied(blank, P), *dln2_want = copied(blank, NC);
-    cpu->moe_combine_forward(out_want, res1, y, gate, row, N, k, C);
-    cpu->moe_combine_backward(dy_want, dgate_want, dout, y, gate, row, N, k, C);
-    cpu->moe_dispatch_backward(dln2_want, dx, row, N, k, C);
+    cpu->routed_combine_forward(out_want, res1, y, gate, row, N, k, C);
+    cpu->routed_combine_backward(dy_want, dgate_want, dout, y, gate, row, N, k, C);
+    cpu->routed_dispatch_backward(dln2_want, dx, row, N, k, C);
     struct two_runs out = two_copies(blank, NC), dy = two_copies(blank, RC);
     struct two_runs dgate = two_copies(blank, P), dln2 = two_copies(blank, NC);
     FOR_ORDERS(r) {
@@ -296,12 +296,12 @@ static void test_moe(int N, int k, int C, int drop)
         FOR_GRID(2, 8, moe_combine_dgate_thread(t, dgate.run[r], dout, y, row, N, k, C));
         FOR_GRID(3, 16, moe_dispatch_backward_thread(t, dln2.run[r], dx, row, N, k, C));
     }
-    check_orders("moe_combine_forward", out.run[0], out.run[1], NC);
-    check_orders("moe_combine_backward dgate", dgate.run[0], dgate.run[1], P);
-    check_bits("moe_combine_forward", out.run[1], out_want, NC);
-    check_bits("moe_combine_backward dy", dy.run[0], dy_want, RC);
-    check_bits("moe_combine_backward dgate", dgate.run[1], dgate_want, P);
-    check_bits("moe_dispatch_backward", dln2.run[0], dln2_want, NC);
+    check_orders("routed_combine_forward", out.run[0], out.run[1], NC);
+    check_orders("routed_combine_backward dgate", dgate.run[0], dgate.run[1], P);
+    check_bits("routed_combine_forward", out.run[1], out_want, NC);
+    check_bits("routed_combine_backward dy", dy.run[0], dy_want, RC);
+    check_bits("routed_combine_backward dgate", dgate.run[1], dgate_want, P);
+    check_bits("routed_dispatch_backward", dln2.run[0], dln2_want, NC);
     int dropped = drop <= P ? drop - 1 : k;   /* a dropped pair; k: token 1's first */
     CHECK_MSG(memcmp(out_want + C, res1 + C, (size_t)C * sizeof(float)) == 0 &&
                   dln2_want[C] == 0.0f && dgate_want[k] == 0.0f && dgate_want[dropped] == 0.0f,
@@ -346,7 +346,7 @@ static void moe_route_case_free(struct moe_route_case *c)
 
 /* moe.cu's routing kernels, one thread per token (the sums per expert),
  * in grids of fewer threads than items, forward and reverse order,
- * against the CPU backend's moe_route_forward / _sums / _backward bit for
+ * against the CPU backend's route_topk_forward / _sums / _backward bit for
  * bit: scores, lse, choice (ties to the lower expert), chosen scores,
  * gates, the losses' sums in double, and the logits' gradient with and
  * without the aux and z-loss terms. */
@@ -357,9 +357,9 @@ static void test_moe_route(int N, int E, int k, int sigmoid)
     moe_route_case_fill(&c);
     long NE = (long)N * E, P = (long)N * k;
     const struct dm_backend *cpu = backend_cpu();
-    cpu->moe_route_forward(c.scores, c.lse, c.choice, c.choice_score, c.gate, c.logits, c.bias, N,
+    cpu->route_topk_forward(c.scores, c.lse, c.choice, c.choice_score, c.gate, c.logits, c.bias, N,
                            E, k, sigmoid);
-    cpu->moe_route_sums(c.sums, c.scores, c.lse, N, E, sigmoid);
+    cpu->route_topk_sums(c.sums, c.scores, c.lse, N, E, sigmoid);
     for (long p = 0; p < P; p++) c.selected[c.choice[p]]++;
     FOR_ORDERS(r) {
         g[r] = c;
@@ -372,31 +372,31 @@ static void test_moe_route(int N, int E, int k, int sigmoid)
         memset(g[r].sums, 0xff, sizeof g[r].sums);
         FOR_GRID(1, 2, moe_route_sums_thread(t, g[r].sums, c.scores, c.lse, N, E, sigmoid));
     }
-    check_bits("moe_route_forward scores", g[1].scores, c.scores, NE);
-    check_bits("moe_route_forward lse", g[0].lse, c.lse, N);
-    check_bits("moe_route_forward chosen scores", g[1].choice_score, c.choice_score, P);
-    check_bits("moe_route_forward gates", g[0].gate, c.gate, P);
+    check_bits("route_topk_forward scores", g[1].scores, c.scores, NE);
+    check_bits("route_topk_forward lse", g[0].lse, c.lse, N);
+    check_bits("route_topk_forward chosen scores", g[1].choice_score, c.choice_score, P);
+    check_bits("route_topk_forward gates", g[0].gate, c.gate, P);
     CHECK_MSG(k > 1 || !memcmp(c.gate, c.choice_score, (size_t)P * sizeof(float)),
-              "moe_route_forward: a top-1 gate is not its expert's score");
+              "route_topk_forward: a top-1 gate is not its expert's score");
     CHECK_MSG(!memcmp(g[0].choice, c.choice, (size_t)P * sizeof(int)) &&
                   !memcmp(g[1].choice, c.choice, (size_t)P * sizeof(int)),
-              "moe_route_forward: the choices differ from the CPU's");
+              "route_topk_forward: the choices differ from the CPU's");
     CHECK_MSG(sigmoid || (c.choice[k] == 0 && (k < 2 || c.choice[k + 1] == 1)),
-              "moe_route_forward: a tie did not go to the lower expert");   /* bias: no tie */
+              "route_topk_forward: a tie did not go to the lower expert");   /* bias: no tie */
     CHECK_MSG(!memcmp(g[0].sums, c.sums, ((size_t)E + 1) * sizeof(double)) &&
                   !memcmp(g[1].sums, c.sums, ((size_t)E + 1) * sizeof(double)),
-              "moe_route_sums: not the CPU's bits");
-    printf("  %-44s same choices, sums bit-identical\n", "moe_route_forward, moe_route_sums");
+              "route_topk_sums: not the CPU's bits");
+    printf("  %-44s same choices, sums bit-identical\n", "route_topk_forward, route_topk_sums");
     for (int losses = 0; losses < 2; losses++) {
         double alpha = losses ? 0.3 : 0.0, beta = losses ? 0.01 : 0.0;
-        cpu->moe_route_backward(c.dlogits, c.dgate, c.logits, c.scores, c.lse, c.choice, c.gate,
+        cpu->route_topk_backward(c.dlogits, c.dgate, c.logits, c.scores, c.lse, c.choice, c.gate,
                                 c.selected, N, E, k, sigmoid, alpha, beta);
         FOR_ORDERS(r) FOR_GRID(2, 8, moe_route_backward_thread(t, g[r].scores, c.dgate, c.logits,
                                                                 c.scores, c.lse, c.choice, c.gate,
                                                                 c.selected, N, E, k, sigmoid,
                                                                 alpha, beta));
-        check_orders("moe_route_backward", g[0].scores, g[1].scores, NE);
-        check_bits(losses ? "moe_route_backward (aux and z-loss)" : "moe_route_backward",
+        check_orders("route_topk_backward", g[0].scores, g[1].scores, NE);
+        check_bits(losses ? "route_topk_backward (aux and z-loss)" : "route_topk_backward",
                    g[0].scores, c.dlogits, NE);
     }
     for (int r = 0; r < 2; r++) {
@@ -1155,7 +1155,7 @@ static void check_lse(const float *got, const float *want, long n)
     long infinite = 0;
     for (long i = 0; i < n; i++) infinite += !isfinite(got[i]) || !isfinite(want[i]);
     CHECK_MSG(infinite == 0, "hash lse: %ld queries without a key", infinite);
-    check_close("hash_attention_forward lse", got, want, n, 1e-5);
+    check_close("bucket_attention_forward lse", got, want, n, 1e-5);
 }
 
 static void test_hash(int B, int T, int C, int NH, int buckets)
@@ -1164,13 +1164,13 @@ static void test_hash(int B, int T, int C, int NH, int buckets)
     long BTC = (long)B * T * C, bhT = (long)B * NH * T;
     float *qkv = filled(3 * BTC, 1.0f), *dout = filled(BTC, 1.0f);
     float *rotation = dm_alloc(((size_t)NH * hs * (buckets / 2) + 1) * sizeof(float));
-    hash_rotation_draw(rotation, NH, hs, buckets, 42, 3, 7);
+    bucket_rotation_draw(rotation, NH, hs, buckets, 42, 3, 7);
     float *out = dm_alloc(BTC * 4), *lse = dm_alloc(bhT * 4), *dqkv = dm_alloc(3 * BTC * 4);
     int *order = dm_alloc(2 * bhT * sizeof(int)), *bucket = dm_alloc(2 * bhT * sizeof(int));
     long alone = 0, galone = 0;
-    long tiles = hash_attention_forward(out, lse, order, bucket, &alone, qkv, rotation, B, T, C,
+    long tiles = bucket_attention_forward(out, lse, order, bucket, &alone, qkv, rotation, B, T, C,
                                         NH, buckets);
-    long btiles = hash_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, B, T, C, NH);
+    long btiles = bucket_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, B, T, C, NH);
     float *gout = filled(BTC, 1.0f), *glse = dm_alloc(bhT * 4), *gd = filled(3 * BTC, 1.0f);
     int *gorder = dm_alloc(2 * bhT * sizeof(int)), *gbucket = dm_alloc(2 * bhT * sizeof(int));
     long gtiles = host_hash_forward(gout, glse, gorder, gbucket, &galone, qkv, rotation, B, T, C,
@@ -1182,9 +1182,9 @@ static void test_hash(int B, int T, int C, int NH, int buckets)
     CHECK(gtiles == tiles && btiles == tiles && galone == alone);
     CHECK_MSG(!memcmp(gbucket, bucket, 2 * bhT * sizeof(int)), "hash buckets differ");
     CHECK_MSG(!memcmp(gorder, order, 2 * bhT * sizeof(int)), "hash orders differ");
-    check_close("hash_attention_forward out", gout, out, BTC, 1e-5);
+    check_close("bucket_attention_forward out", gout, out, BTC, 1e-5);
     check_lse(glse, lse, bhT);
-    check_close("hash_attention_backward dqkv", gd, dqkv, 3 * BTC, 1e-5);
+    check_close("bucket_attention_backward dqkv", gd, dqkv, 3 * BTC, 1e-5);
     float *all[] = {qkv, dout, rotation, out, lse, dqkv, gout, glse, gd};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) dm_free(all[i]);
     dm_free(order), dm_free(bucket), dm_free(gorder), dm_free(gbucket);

@@ -26,6 +26,7 @@
 #include "dynmo/core.h"
 #include "dynmo/mod_predictor.h"
 #include "dynmo/model.h"
+#include "dyn/mod.h"
 #include "testing.h"
 
 enum { B = 2, T = 16, N = B * T, C = 16, NH = 2, L = 4, V = 32, H = 8 };
@@ -34,10 +35,9 @@ enum { PRED = H * C + 2 * H + 1 };   /* the predictor's weights */
 static struct gpt_shape mod_shape(int routing, double capacity)
 {
     struct gpt_shape s = {.vocab = V, .max_seq = T, .layers = L, .heads = NH, .channels = C};
-    s.mod.every = 2;
-    s.mod.routing = routing;
-    s.mod.capacity = capacity;
-    s.mod.predictor_hidden = routing == MOD_ROUTING_CAUSAL ? H : 0;
+    struct mod_params mod = {.every = 2, .routing = routing, .capacity = capacity,
+                             .predictor_hidden = routing == MOD_ROUTING_CAUSAL ? H : 0};
+    mod_shape_add(&s, &mod);
     return s;
 }
 
@@ -66,12 +66,13 @@ static void harness_init(struct harness *h, int routing, double capacity, uint64
         struct block *blk = &h->model.blocks[i];
         for (size_t j = 0; j < blk->nparams; j++)
             blk->params[j] += 0.2f * dm_normal(seed + 1, (uint64_t)i, j);
-        if (blk->mod)
-            for (int c = 0; c < C; c++) blk->mod->router_w[c] = dm_normal(seed + 2, i, c);
-        if (blk->mod && blk->mod->pred_w)
+        struct block_mod *mod = block_mod_of(blk);
+        if (mod)
+            for (int c = 0; c < C; c++) mod->router_w[c] = dm_normal(seed + 2, i, c);
+        if (mod && mod->pred_w)
             for (int e = 0; e < PRED; e++) {
                 int bias = e >= H * C && (e < H * C + H || e == PRED - 1);
-                blk->mod->pred_w[e] = bias ? 0.0f : dm_normal(seed + 5, i, e);
+                mod->pred_w[e] = bias ? 0.0f : dm_normal(seed + 5, i, e);
             }
     }
     gpt_acts_alloc(&h->acts, &h->model, B, T);
@@ -81,7 +82,7 @@ static void harness_init(struct harness *h, int routing, double capacity, uint64
         h->acts.targets[n] = (int)(dm_hash64(seed, 4, (uint64_t)n) % V);
     }
     for (int i = 0; i < L; i++) {
-        struct block_mod *m = h->model.blocks[i].mod;
+        struct block_mod *m = block_mod_of(&h->model.blocks[i]);
         if (!m || !m->pred_w) continue;
         gpt_forward(&h->model, &h->acts);
         float logits[N], a[H];
@@ -117,7 +118,7 @@ static void test_pass_through(int routing, const char *name)
     int same = 1, moved = 0, counts_ok = 1;
     long chosen_total = 0;
     for (int i = 1; i < L; i += 2) {
-        const struct mod_acts *m = h.acts.blocks[i].mod;
+        const struct mod_acts *m = block_mod_acts(&h.acts.blocks[i]);
         const float *in = h.acts.residual + (size_t)i * N * C, *out = in + (size_t)N * C;
         for (int n = 0; n < N; n++) {
             int differs = memcmp(in + (size_t)n * C, out + (size_t)n * C, C * sizeof(float)) != 0;
@@ -194,15 +195,15 @@ static void test_finite_differences(void)
     gpt_forward(&h.model, &h.acts);   /* the predictor's choice, then fixed */
     static int forced[2][N];
     for (int j = 0; j < 2; j++) {
-        memcpy(forced[j], h.acts.blocks[2 * j + 1].mod->chosen, sizeof forced[j]);
+        memcpy(forced[j], block_mod_acts(&h.acts.blocks[2 * j + 1])->chosen, sizeof forced[j]);
         block_mod_force_choice(&h.model.blocks[2 * j + 1], forced[j]);
     }
     loss_and_grads(&h);
     struct block *mod = &h.model.blocks[1], *last = &h.model.blocks[3];
     size_t fc = block_tensor_offset(C, BP_FC_W), fcproj = block_tensor_offset(C, BP_FCPROJ_W);
-    CHECK(fd_params(&h, "router of block 1", mod->mod->router_w, mod->mod->router_g, C, 1) <
+    CHECK(fd_params(&h, "router of block 1", block_mod_of(mod)->router_w, block_mod_of(mod)->router_g, C, 1) <
           2e-2);
-    CHECK(fd_params(&h, "router of block 3", last->mod->router_w, last->mod->router_g, C, 1) <
+    CHECK(fd_params(&h, "router of block 3", block_mod_of(last)->router_w, block_mod_of(last)->router_g, C, 1) <
           2e-2);
     CHECK(fd_params(&h, "MoD block 1 fc_w", mod->params + fc, mod->grads + fc, 40, 17) < 2e-2);
     CHECK(fd_params(&h, "MoD block 3 fcproj_w", last->params + fcproj, last->grads + fcproj,
@@ -228,7 +229,7 @@ static void test_predictor_gradient(void)
     double err2 = 0.0, norm2 = 0.0;
     double worst[4] = {0};   /* W1, b1, w2, b2: the largest |fd - grad| */
     for (int i = 1; i < L; i += 2) {
-        struct block_mod *m = h.model.blocks[i].mod;
+        struct block_mod *m = block_mod_of(&h.model.blocks[i]);
         CHECK(m->hidden == H);
         for (int e = 0; e < PRED; e++) {
             float keep = m->pred_w[e];
@@ -259,7 +260,7 @@ static void test_predictor_gradient(void)
 static void test_pack(void)
 {
     struct gpt_shape s = mod_shape(MOD_ROUTING_CAUSAL, 0.5), dense = s;
-    dense.mod.every = 0;
+    dense.ext_count = 0;
     struct block blk, back = {0}, other = {0};
     block_init(&blk, 1, &s, 5);
     for (size_t j = 0; j < blk.nparams; j++) blk.m[j] = 0.1f * (float)j;
@@ -268,7 +269,7 @@ static void test_pack(void)
     block_pack(&blk, buf);
     char err[256] = "";
     CHECK(block_unpack(&back, buf, bytes, &s, err, sizeof err) == 0);
-    CHECK(back.mod && back.mod->pred_w && back.mod->hidden == H &&
+    CHECK(block_mod_of(&back) && block_mod_of(&back)->pred_w && block_mod_of(&back)->hidden == H &&
           back.nparams == blk.nparams && back.nparams == block_param_count(C) + C + PRED);
     CHECK(memcmp(back.params, blk.params, blk.nparams * sizeof(float)) == 0);
     CHECK(memcmp(back.m, blk.m, blk.nparams * sizeof(float)) == 0);
@@ -276,7 +277,7 @@ static void test_pack(void)
     printf("MoD block pack: %zu bytes round-trip; a dense model's layer 1 refuses it: %s\n",
            bytes, err);
     struct gpt_shape wider = s;
-    wider.mod.predictor_hidden = 2 * H;
+    ((struct mod_params *)wider.ext[0].params)->predictor_hidden = 2 * H;
     struct block third = {0};
     CHECK(block_unpack(&third, buf, bytes, &wider, err, sizeof err) != 0);
     printf("  a model whose predictor is %d wide refuses it: %s\n", 2 * H, err);

@@ -40,6 +40,7 @@
 #include <string.h>
 #include "dynmo/core.h"
 #include "dynmo/model.h"
+#include "dynmo/moe.h"
 #include "testing.h"
 
 enum { B = 2, T = 8, N = B * T, C = 16, NH = 2, E = 4, K = 2, H = 24 };
@@ -48,11 +49,17 @@ static struct gpt_shape moe_shape_k(int router, double capacity_factor, int drop
                                     float z, int k)
 {
     struct gpt_shape s = {.vocab = 32, .max_seq = T, .layers = 2, .heads = NH, .channels = C};
-    struct gpt_moe m = {.every = 1, .experts = E, .top_k = k, .hidden = H, .router = router,
-                        .drop = drop, .capacity_factor = (float)capacity_factor,
-                        .aux_loss = aux, .z_loss = z, .bias_rate = 0.0f};
-    s.moe = m;
+    struct moe_params m = {.every = 1, .experts = E, .top_k = k, .hidden = H, .router = router,
+                           .drop = drop, .capacity_factor = (float)capacity_factor,
+                           .aux_loss = aux, .z_loss = z, .bias_rate = 0.0f};
+    moe_shape_add(&s, &m);
     return s;
+}
+
+/* The shape's mixture of experts, to change a test's parameter. */
+static struct moe_params *moe_of(struct gpt_shape *s)
+{
+    return (struct moe_params *)moe_params_of(s);
 }
 
 static struct gpt_shape moe_shape(int router, double capacity_factor, int drop, float aux,
@@ -70,7 +77,7 @@ static void make_block(struct block *blk, const struct gpt_shape *shape, uint64_
     for (size_t i = 0; i < blk->nparams; i++)
         blk->params[i] += 0.3f * dm_normal(seed + 1, 7, i);
     for (size_t i = 0; i < (size_t)E * C; i++)
-        blk->moe->router_w[i] = dm_normal(seed + 2, 8, i);
+        block_moe_of(blk)->router_w[i] = dm_normal(seed + 2, 8, i);
 }
 
 struct harness {
@@ -297,7 +304,7 @@ static void test_aux_uniform(void)
         struct gpt_shape s = moe_shape(router, 0.0, MOE_DROP_PROBS, 0.25f, 0.0f);
         struct harness h;
         harness_init(&h, &s, 21);
-        memset(h.blk.moe->router_w, 0, (size_t)E * C * sizeof(float));
+        memset(block_moe_of(&h.blk)->router_w, 0, (size_t)E * C * sizeof(float));
         objective(&h);
         struct moe_routing r;
         moe_routing_of(&h.acts, &r);
@@ -308,7 +315,7 @@ static void test_aux_uniform(void)
         for (int t = 0; t < N; t++) lower &= r.choice[t * K] == 0 && r.choice[t * K + 1] == 1;
         CHECK_MSG(lower, "ties do not go to the lower expert index");
         /* skewed: expert 2's row of the router follows the tokens' mean */
-        for (int c = 0; c < C; c++) h.blk.moe->router_w[2 * C + c] = 3.0f;
+        for (int c = 0; c < C; c++) block_moe_of(&h.blk)->router_w[2 * C + c] = 3.0f;
         objective(&h);
         moe_routing_of(&h.acts, &r);
         printf("skewed routing (%s): aux %.6g > alpha\n", router ? "sigmoid" : "softmax", r.aux);
@@ -332,7 +339,7 @@ static void test_bias_selects_only(void)
     memcpy(gates, r.gate, sizeof gates);
     memcpy(choice, r.choice, sizeof choice);
     /* the same bias for every expert: the same choice, the same gate bits */
-    for (int e = 0; e < E; e++) h.blk.moe->bias[e] = 0.375f;
+    for (int e = 0; e < E; e++) block_moe_of(&h.blk)->bias[e] = 0.375f;
     objective(&h);
     moe_routing_of(&h.acts, &r);
     CHECK(!memcmp(choice, r.choice, sizeof choice));
@@ -340,7 +347,7 @@ static void test_bias_selects_only(void)
     CHECK(!memcmp(scores, r.scores, sizeof scores));
     /* a bias that puts expert 3 first for every token: the choice changes,
      * the gates are still the unbiased scores renormalised */
-    for (int e = 0; e < E; e++) h.blk.moe->bias[e] = e == 3 ? 10.0f : 0.0f;
+    for (int e = 0; e < E; e++) block_moe_of(&h.blk)->bias[e] = e == 3 ? 10.0f : 0.0f;
     objective(&h);
     moe_routing_of(&h.acts, &r);
     CHECK_MSG(!memcmp(scores, r.scores, sizeof scores), "the bias changed the scores");
@@ -359,18 +366,18 @@ static void test_bias_selects_only(void)
     harness_free(&h);
 
     /* the update: b_i += rate x sign(mean - count_i), the sigmoid router only */
-    s.moe.bias_rate = 0.5f;
+    moe_of(&s)->bias_rate = 0.5f;
     struct block blk;
     block_init(&blk, 0, &s, 1);
     double counts[E] = {10, 30, 20, 20};   /* mean 20 */
     block_moe_update_bias(&blk, counts);
-    CHECK(blk.moe->bias[0] == 0.5f && blk.moe->bias[1] == -0.5f && blk.moe->bias[2] == 0.0f &&
-          blk.moe->bias[3] == 0.0f);
+    CHECK(block_moe_of(&blk)->bias[0] == 0.5f && block_moe_of(&blk)->bias[1] == -0.5f && block_moe_of(&blk)->bias[2] == 0.0f &&
+          block_moe_of(&blk)->bias[3] == 0.0f);
     block_free(&blk);
-    s.moe.router = MOE_ROUTER_SOFTMAX;
+    moe_of(&s)->router = MOE_ROUTER_SOFTMAX;
     block_init(&blk, 0, &s, 1);
     block_moe_update_bias(&blk, counts);
-    CHECK(blk.moe->bias[0] == 0.0f && blk.moe->bias[1] == 0.0f);
+    CHECK(block_moe_of(&blk)->bias[0] == 0.0f && block_moe_of(&blk)->bias[1] == 0.0f);
     block_free(&blk);
 }
 
@@ -386,8 +393,8 @@ static void test_capacity(void)
         harness_init(&h, &s, 41);
         /* most tokens prefer experts 0 and 1 */
         for (int c = 0; c < C; c++) {
-            h.blk.moe->router_w[0 * C + c] += 0.5f;
-            h.blk.moe->router_w[1 * C + c] += 0.4f;
+            block_moe_of(&h.blk)->router_w[0 * C + c] += 0.5f;
+            block_moe_of(&h.blk)->router_w[1 * C + c] += 0.4f;
         }
         objective(&h);
         struct moe_routing r;
@@ -454,7 +461,7 @@ static void test_capacity_orders(void)
     for (int order = 0; order < 2; order++) {
         int drop = order ? MOE_DROP_SLOT : MOE_DROP_POSITION;
         struct gpt_shape s = moe_shape(MOE_ROUTER_SOFTMAX, 0.5, drop, 0.0f, 0.0f);
-        s.moe.experts = 2;
+        moe_of(&s)->experts = 2;
         struct block blk;
         block_init(&blk, 1, &s, 3);
         struct block_acts acts;
@@ -465,7 +472,7 @@ static void test_capacity_orders(void)
          * one wanted */
         int found = 0;
         for (uint64_t seed = 0; seed < 200 && !found; seed++) {
-            for (int i = 0; i < 2 * C; i++) blk.moe->router_w[i] = dm_normal(seed, 8, i);
+            for (int i = 0; i < 2 * C; i++) block_moe_of(&blk)->router_w[i] = dm_normal(seed, 8, i);
             block_forward(&blk, &acts, out, in, 1, 2);
             struct moe_routing r;
             moe_routing_of(&acts, &r);
@@ -516,7 +523,7 @@ static void test_pack(void)
 {
     struct gpt_shape s = moe_shape(MOE_ROUTER_SIGMOID, 1.0, MOE_DROP_PROBS, 0.01f, 0.001f);
     s.layers = 4;
-    s.moe.every = 2;   /* blocks 1 and 3 are MoE, 0 and 2 dense */
+    moe_of(&s)->every = 2;   /* blocks 1 and 3 are MoE, 0 and 2 dense */
     CHECK(!gpt_block_is_moe(&s, 0) && gpt_block_is_moe(&s, 1) && gpt_block_is_moe(&s, 3));
     CHECK(gpt_moe_block_count(&s) == 2 && gpt_moe_ordinal(&s, 3) == 1 &&
           gpt_moe_ordinal(&s, 2) == -1);
@@ -525,15 +532,15 @@ static void test_pack(void)
     CHECK(gpt_block_param_count(&s, 2) == block_param_count(C));
     struct block blk;
     block_init(&blk, 3, &s, 5);
-    CHECK(blk.moe && blk.nparams == gpt_block_param_count(&s, 3));
+    CHECK(block_moe_of(&blk) && blk.nparams == gpt_block_param_count(&s, 3));
     for (size_t i = 0; i < blk.nparams; i++) {
         blk.m[i] = dm_normal(1, 2, i);
         blk.v[i] = fabsf(dm_normal(1, 3, i));
     }
     for (int e = 0; e < E; e++) {
-        blk.moe->bias[e] = 0.125f * (float)(e - 1);
-        blk.moe->tokens[e] = 100 + e;
-        blk.moe->dropped[e] = e;
+        block_moe_of(&blk)->bias[e] = 0.125f * (float)(e - 1);
+        block_moe_of(&blk)->tokens[e] = 100 + e;
+        block_moe_of(&blk)->dropped[e] = e;
     }
     size_t bytes = block_pack_size(&blk);
     unsigned char *buf = malloc(bytes), *again = malloc(bytes);
@@ -541,18 +548,18 @@ static void test_pack(void)
     struct block copy = {0};
     char err[256];
     CHECK_MSG(block_unpack(&copy, buf, bytes, &s, err, sizeof err) == 0, "%s", err);
-    CHECK(copy.moe && copy.nparams == blk.nparams &&
+    CHECK(block_moe_of(&copy) && copy.nparams == blk.nparams &&
           !memcmp(copy.params, blk.params, blk.nparams * 4) &&
           !memcmp(copy.m, blk.m, blk.nparams * 4) && !memcmp(copy.v, blk.v, blk.nparams * 4) &&
-          !memcmp(copy.moe->bias, blk.moe->bias, E * 4) &&
-          !memcmp(copy.moe->tokens, blk.moe->tokens, E * 8) &&
-          !memcmp(copy.moe->dropped, blk.moe->dropped, E * 8));
+          !memcmp(block_moe_of(&copy)->bias, block_moe_of(&blk)->bias, E * 4) &&
+          !memcmp(block_moe_of(&copy)->tokens, block_moe_of(&blk)->tokens, E * 8) &&
+          !memcmp(block_moe_of(&copy)->dropped, block_moe_of(&blk)->dropped, E * 8));
     block_pack(&copy, again);
     CHECK_MSG(!memcmp(buf, again, bytes), "pack(unpack(pack(b))) != pack(b)");
     block_free(&copy);
     /* the same pack where the model's layer 3 is dense: refused, named */
     struct gpt_shape other = s;
-    other.moe.every = 3;   /* layer 3 is dense there, layer 2 MoE */
+    moe_of(&other)->every = 3;   /* layer 3 is dense there, layer 2 MoE */
     struct block wrong = {0};
     CHECK(block_unpack(&wrong, buf, bytes, &other, err, sizeof err) != 0);
     printf("an MoE pack where the model's layer is dense: %s\n", err);
@@ -574,8 +581,8 @@ static void test_pack(void)
     CHECK_MSG(block_unpack_meta_begin(&moved, meta, meta_bytes, &s, err, sizeof err) == 0 &&
                   block_unpack_meta_end(&moved, meta, meta_bytes, err, sizeof err) == 0,
               "%s", err);
-    CHECK(!memcmp(moved.moe->bias, blk.moe->bias, E * 4) &&
-          !memcmp(moved.moe->tokens, blk.moe->tokens, E * 8));
+    CHECK(!memcmp(block_moe_of(&moved)->bias, block_moe_of(&blk)->bias, E * 4) &&
+          !memcmp(block_moe_of(&moved)->tokens, block_moe_of(&blk)->tokens, E * 8));
     block_pack(&moved, again);
     CHECK_MSG(!memcmp(buf, again, bytes), "a migrated MoE block packs differently");
     block_free(&moved);
@@ -703,7 +710,7 @@ static void loopback_backward(void *ctx, struct block *blk, const void *key, con
 {
     struct loopback *lb = ctx;
     CHECK(key == lb->key);
-    size_t P = blk->moe->expert_params;
+    size_t P = block_moe_of(blk)->expert_params;
     lb->grads = calloc((size_t)E * P, sizeof(float));
     float *dh = malloc((size_t)(offset[E] + 1) * H * sizeof(float));
     for (int e = 0; e < E; e++) {
@@ -712,7 +719,7 @@ static void loopback_backward(void *ctx, struct block *blk, const void *key, con
                             lb->x + (size_t)r0 * C, lb->h + (size_t)r0 * H,
                             lb->a + (size_t)r0 * H, n, dh + (size_t)r0 * H, dx + (size_t)r0 * C);
     }
-    for (size_t i = 0; i < (size_t)E * P; i++) blk->moe->experts_g[i] += lb->grads[i];
+    for (size_t i = 0; i < (size_t)E * P; i++) block_moe_of(blk)->experts_g[i] += lb->grads[i];
     free(dh);
     free(lb->grads);
     lb->calls++;
@@ -731,7 +738,7 @@ static void test_exchange_seam(void)
                               .experts_backward = loopback_backward};
     struct harness h;
     harness_init(&h, &s, 51);
-    h.blk.moe->exchange = &ex;
+    block_moe_of(&h.blk)->exchange = &ex;
     memset(h.blk.grads, 0, h.blk.nparams * sizeof(float));
     block_forward(&h.blk, &h.acts, h.out, h.in, B, T);
     block_backward(&h.blk, &h.acts, &h.scratch, h.din, h.dout, h.in, B, T);
@@ -740,7 +747,7 @@ static void test_exchange_seam(void)
     printf("MoE block with its experts phase run by a loopback exchange: %s\n",
            same ? "the same bits" : "DIFFERENT");
     CHECK(same);
-    h.blk.moe->exchange = NULL;
+    block_moe_of(&h.blk)->exchange = NULL;
     harness_free(&h);
     free(lb.x);
     free(lb.h);
@@ -759,16 +766,16 @@ static void test_shard(void)
 {
     struct gpt_shape whole = moe_shape(MOE_ROUTER_SOFTMAX, 0.0, MOE_DROP_PROBS, 0.0f, 0.0f);
     struct gpt_shape half = whole, other = whole;
-    half.moe.shard_first = 2;
-    half.moe.shard_count = 2;
-    other.moe.shard_count = 2;   /* experts 0 and 1 */
+    moe_of(&half)->shard_first = 2;
+    moe_of(&half)->shard_count = 2;
+    moe_of(&other)->shard_count = 2;   /* experts 0 and 1 */
     struct block full, shard;
     block_init(&full, 1, &whole, 9);
     block_init(&shard, 1, &half, 9);
     size_t Pe = moe_expert_param_count(C, H), head = experts_offset();
-    CHECK(moe_owned_experts(&half.moe) == 2 && moe_owned_experts(&whole.moe) == E);
+    CHECK(moe_owned_experts(moe_of(&half)) == 2 && moe_owned_experts(moe_of(&whole)) == E);
     CHECK(shard.nparams == head + 2 * Pe && full.nparams == head + E * Pe);
-    CHECK(moe_full_param_count(C, &half.moe) == full.nparams);
+    CHECK(moe_full_param_count(C, moe_of(&half)) == full.nparams);
     CHECK_MSG(!memcmp(shard.params, full.params, head * 4) &&
               !memcmp(shard.params + head, full.params + head + 2 * Pe, 2 * Pe * 4),
               "a shard's weights are not the whole block's weights of its experts");
@@ -780,7 +787,7 @@ static void test_shard(void)
     for (size_t i = 0; i < full.nparams; i++) full.grads[i] = i < head + 2 * Pe ? 0.0f : 0.5f;
     for (size_t i = 0; i < head; i++) full.grads[i] = 0.5f;
     double parts[2];
-    double shared = block_moe_grad_sumsq_parts(&shard, parts);
+    double shared = block_grad_sumsq_parts(&shard, parts);
     CHECK(shared == 0.25 * (double)head && parts[0] == 0.25 * (double)Pe && parts[1] == parts[0]);
     CHECK(block_grad_sumsq(&shard) == block_grad_sumsq(&full));
     size_t bytes = block_pack_size(&shard);

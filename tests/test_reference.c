@@ -38,7 +38,10 @@
 #include <unistd.h>
 
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
+#include "dynmo/moe.h"
+#include "dyn/mod.h"
 #include "fixture.h"
 #include "testing.h"
 
@@ -53,17 +56,17 @@ static const double grad_tolerance = 1e-4;       /* absolute */
 static const double loss_tolerance = 1e-5;       /* relative */
 
 /* The MoE blocks' balancing losses of the forwards since the last
- * gpt_moe_begin_step; then begins a new step (one rank: the step's sums
- * are this rank's values, which gpt_moe_end_step takes as they are,
+ * gpt_begin_step; then begins a new step (one rank: the step's sums
+ * are this rank's values, which gpt_end_step takes as they are,
  * updating the sigmoid router's bias). */
 static void end_moe_step(struct gpt *model)
 {
-    int n = gpt_moe_step_values(model, NULL);
+    int n = gpt_step_values(model, NULL);
     double *values = malloc((size_t)(n ? n : 1) * sizeof(double));
-    gpt_moe_step_values(model, values);
-    gpt_moe_end_step(model, values);
+    gpt_step_values(model, values);
+    gpt_end_step(model, values);
     free(values);
-    gpt_moe_begin_step(model);
+    gpt_begin_step(model);
 }
 
 /* Version 3, after the first forward: the MoD blocks' choices and BCE, the
@@ -79,12 +82,14 @@ static void check_mod_hash(const struct fixture *fx, const struct gpt *model,
         int differ = 0, count = 0, m = 0;
         double sum = 0.0;
         for (int i = 0; chosen && i < model->num_blocks; i++) {
-            if (!model->blocks[i].mod) continue;
+            const struct block_mod *mod = block_mod_of(&model->blocks[i]);
+            if (!mod) continue;
+            const struct mod_acts *ma = block_mod_acts((struct block_acts *)&acts->blocks[i]);
             for (int n = 0; n < N; n++) {
-                differ += acts->blocks[i].mod->chosen[n] != chosen[m * N + n];
+                differ += ma->chosen[n] != chosen[m * N + n];
                 count += chosen[m * N + n];
             }
-            sum += model->blocks[i].mod->bce;
+            sum += mod->bce;
             m++;
         }
         printf("MoD: %d of %d choices differ from torch's (%d chosen); predictor BCE dynmo "
@@ -101,7 +106,7 @@ static void check_mod_hash(const struct fixture *fx, const struct gpt *model,
         float *got = malloc((size_t)per * sizeof(float));
         int same = want != NULL;
         for (int l = 0; want && l < fx->layers; l++) {
-            hash_rotation_draw(got, NH, hs, fx->hash_buckets, fx->seed, l, 0);
+            bucket_rotation_draw(got, NH, hs, fx->hash_buckets, fx->seed, l, 0);
             same &= memcmp(got, want + l * per, (size_t)per * sizeof(float)) == 0;
         }
         printf("hash rotations of step 0: %s torch's\n", same ? "the same bits as" : "DIFFER from");
@@ -137,7 +142,8 @@ static int run_fixture(const char *path)
 
     struct dm_config cfg;
     fixture_config(&cfg, &fx);
-    struct gpt_shape shape = gpt_shape_from_config(&cfg);
+    dyn_config_validate(&cfg);
+    struct gpt_shape shape = dyn_shape_from_config(&cfg);
 
     const int B = fx.batch, T = fx.seq, V = fx.vocab, C = fx.channels;
     const int M = gpt_moe_block_count(&shape), K = fx.top_k;
@@ -188,7 +194,7 @@ static int run_fixture(const char *path)
 
     /* One forward and backward pass against torch's. */
     gpt_zero_grads(&model);
-    gpt_moe_begin_step(&model);
+    gpt_begin_step(&model);
     float loss = gpt_forward(&model, &acts);
     size_t where;
     double logits_diff = max_abs_diff(acts.logits, ref_logits, (size_t)B * T * V, &where);
@@ -205,7 +211,7 @@ static int run_fixture(const char *path)
         /* The routing of every MoE block: the same choices, the same drops. */
         int m = 0, differ = 0, dropped = 0;
         for (int i = 0; i < model.num_blocks; i++) {
-            if (!model.blocks[i].moe) continue;
+            if (!block_moe_of(&model.blocks[i])) continue;
             struct moe_routing r;
             moe_routing_of(&acts.blocks[i], &r);
             CHECK(r.N == B * T && r.k == K);
@@ -248,7 +254,7 @@ static int run_fixture(const char *path)
 
     /* Ten steps on the same batch: the loss before each update. */
     double worst_loss_diff = 0.0;
-    gpt_moe_begin_step(&model);
+    gpt_begin_step(&model);
     for (int step = 0; step < fx.steps; step++) {
         gpt_zero_grads(&model);
         model.step = step;   /* hash attention's rotations, as dynmo train sets it */
@@ -283,7 +289,7 @@ static int run_fixture(const char *path)
         double worst_bias = 0.0;
         int m = 0;
         for (int i = 0; i < model.num_blocks; i++) {
-            const struct block_moe *bm = model.blocks[i].moe;
+            const struct block_moe *bm = block_moe_of(&model.blocks[i]);
             if (!bm) continue;
             for (int e = 0; e < fx.experts; e++)
                 worst_bias = fmax(worst_bias, fabs(bm->bias[e] - ref_bias[m * fx.experts + e]));

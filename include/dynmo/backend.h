@@ -178,15 +178,15 @@ struct dm_backend {
     void (*attention_backward_rows)(float *dq, float *dkv, float *scratch, const float *dout,
                                     const float *q, const float *kv, const float *att,
                                     const int *rows, int nactive, int B, int T, int C, int NH);
-    /* Hash-sparse attention (model.h's hash_attention_forward, _backward):
+    /* Hash-sparse attention (model.h's bucket_attention_forward, _backward):
      * lse, order and bucket as there; the rotation (drawn on the host by
      * hash_rotation_draw) in the backend's memory; every query attends to
      * its own key too, and *alone (on the host; may be NULL) counts the
      * queries that attend to it alone. Return the tiles visited. */
-    long (*hash_attention_forward)(float *out, float *lse, int *order, int *bucket, long *alone,
+    long (*bucket_attention_forward)(float *out, float *lse, int *order, int *bucket, long *alone,
                                    const float *qkv, const float *rotation, int B, int T, int C,
                                    int NH, int buckets);
-    long (*hash_attention_backward)(float *dqkv, const float *dout, const float *qkv,
+    long (*bucket_attention_backward)(float *dqkv, const float *dout, const float *qkv,
                                     const float *out, const float *lse, const int *order,
                                     const int *bucket, int B, int T, int C, int NH);
     void (*gelu_forward)(float *out, const float *inp, long N);
@@ -219,11 +219,11 @@ struct dm_backend {
      * dispatch backward: d_ln2[t] = the sum of dx[row] over t's kept
      * slots in order (overwritten). One thread per element or pair on a
      * device, the CPU's bits. */
-    void (*moe_combine_forward)(float *out, const float *res1, const float *y,
+    void (*routed_combine_forward)(float *out, const float *res1, const float *y,
                                 const float *gate, const int *row, int N, int k, int C);
-    void (*moe_combine_backward)(float *dy, float *dgate, const float *dout, const float *y,
+    void (*routed_combine_backward)(float *dy, float *dgate, const float *dout, const float *y,
                                  const float *gate, const int *row, int N, int k, int C);
-    void (*moe_dispatch_backward)(float *d_ln2, const float *dx, const int *row, int N, int k,
+    void (*routed_dispatch_backward)(float *d_ln2, const float *dx, const int *row, int N, int k,
                                   int C);
     /* MoE's routing from the router's logits (N, E), one thread per token
      * on a device (the CPU's arithmetic and order; exp and log in double):
@@ -243,12 +243,12 @@ struct dm_backend {
      * selected[e] / (k N) / N per expert in the scores; selected (E): the
      * pairs that chose each expert before capacity) and the z-loss's when
      * beta > 0 (beta 2 lse softmax / N); one thread per token. */
-    void (*moe_route_forward)(float *scores, float *lse, int *choice, float *choice_score,
+    void (*route_topk_forward)(float *scores, float *lse, int *choice, float *choice_score,
                               float *gate, const float *logits, const float *bias, int N, int E,
                               int k, int sigmoid);
-    void (*moe_route_sums)(double *sums, const float *scores, const float *lse, int N, int E,
+    void (*route_topk_sums)(double *sums, const float *scores, const float *lse, int N, int E,
                            int sigmoid);
-    void (*moe_route_backward)(float *dlogits, const float *dgate, const float *logits,
+    void (*route_topk_backward)(float *dlogits, const float *dgate, const float *logits,
                                const float *scores, const float *lse, const int *choice,
                                const float *gate, const int *selected, int N, int E, int k,
                                int sigmoid, double alpha, double beta);

@@ -23,6 +23,8 @@
 #include "dynmo/core.h"
 #include "dynmo/model.h"
 
+struct dyn_ckpt_states;   /* dynmo/dyn.h */
+
 /* The run log's file name inside a run's out_dir. */
 #define RUNLOG_FILE_NAME "runlog.h5"
 /* Root attribute "kind" of every dynmo HDF5 file. */
@@ -358,11 +360,12 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
 
 /* ---- checkpoints --------------------------------------------------------
  * The format is checkpoint_schema/README.md (prose) and
- * checkpoint_schema/v1.def, or v3.def for a model with mixture-of-experts
- * blocks (v2.def, what an older dynmo wrote for one, is still read; the
- * machine-readable lines that the writer, the loader and
- * `dynmo check-ckpt` all follow); docs/checkpoints.md shows it
- * with h5dump and h5py and explains atomicity and resume.
+ * checkpoint_schema/v1.def, or the version a scheme owns for its models
+ * (mixture of experts': v3.def, and v2.def, what an older dynmo wrote, is
+ * still read), with the lines of the schemes' fragments (the
+ * machine-readable lines that the writer, the loader and `dynmo
+ * check-ckpt` all follow; dyn_ckpt_* of dynmo/dyn.h); docs/checkpoints.md
+ * shows it with h5dump and h5py and explains atomicity and resume.
  *
  * A checkpoint directory holds complete checkpoints ckpt-<step>.h5, at most
  * one ckpt-<step>.h5.tmp being written, `latest`, a one-line text file
@@ -371,12 +374,7 @@ int layout_history_check(const struct layout_history *h, char *err, size_t errsi
  * written by src/ckpt/checkpoint.c and read by src/ckpt/ckpt_load.c; the
  * directory around them (names, keep, latest, the resume scan,
  * next_world) is src/ckpt/ckpt_dir.c's, which never calls HDF5. */
-#define CHECKPOINT_SCHEMA_VERSION 1       /* a dense model's checkpoint */
-#define CHECKPOINT_SCHEMA_VERSION_MOE 3   /* one with mixture-of-experts blocks */
-/* What dynmo wrote for an MoE model before version 3 (an MoE block's
- * shared tensors zero-padded to a dense block's /blocks row): read, never
- * written. */
-#define CHECKPOINT_SCHEMA_VERSION_MOE_PADDED 2
+#define CHECKPOINT_SCHEMA_VERSION 1   /* the base version: a model whose schemes own none */
 #define CHECKPOINT_LATEST_NAME "latest"
 
 /* Everything a checkpoint holds besides the model's tensors.
@@ -422,15 +420,12 @@ struct ckpt_meta {
                                the scheme's rules (dyn_state_check) */
     long dyn_state_count;
     /* Filled by load and ckpt_read_info only: */
-    struct gpt_shape shape; /* the model the checkpoint holds (its moe: every,
-                               experts, top_k and hidden; zero when dense) */
-    int moe_blocks, experts;/* schema version 2 or 3: the MoE blocks' state, per MoE
-                               block j (layer order) and expert e at j * experts + e:
-                               the selection bias and the last step's routed and
-                               dropped token-expert pairs (NULL when dense; each
-                               loaded MoE block gets its own already) */
-    float *moe_bias;
-    long *moe_tokens, *moe_dropped;
+    struct gpt_shape shape; /* the model the checkpoint holds, with its schemes'
+                               extensions (dyn_ckpt_file_check) */
+    struct dyn_ckpt_states *scheme_states; /* the schemes' blocks' state beyond the slabs
+                               (mixture of experts: the selection bias and the last
+                               step's counts; dyn_ckpt_read_states), or NULL; each
+                               loaded block gets its own already */
     int schema_version;
     char dynmo_version[32]; /* of the writer */
     char created[32];       /* ISO 8601 UTC */

@@ -194,6 +194,8 @@ void dm_parallel_for(long n, long grain, dm_range_fn fn, void *arg);
 /* ---- configuration ----------------------------------------------------- */
 
 enum dm_schedule { DM_SCHEDULE_1F1B = 0, DM_SCHEDULE_GPIPE = 1 };
+/* The most keys config.c's table may hold (struct dm_config.key_set). */
+#define CONFIG_MAX_KEYS 128
 
 struct dm_config {
     /* [model] */
@@ -281,20 +283,24 @@ struct dm_config {
     double aux_loss;        /* alpha of the Switch/GShard balancing loss */
     double z_loss;          /* beta of the router z-loss */
     double bias_rate;       /* gamma of the auxiliary-loss-free bias update (sigmoid router) */
-    int moe_keys_set;       /* keys of [moe] or model.experts/top_k/expert_hidden given */
     /* [mod], [hash] (docs/mod-hash.md) */
     char mod_routing[16];   /* "topk" (fixed cost) or "causal" (the predictor decides) */
     int mod_predictor_hidden; /* causal routing: the predictor MLP's hidden width */
-    int mod_keys_set;       /* a key of [mod] given */
-    int mod_predictor_hidden_set; /* mod.predictor_hidden given */
     int hash_buckets;       /* nb: 1, or even */
-    int hash_keys_set;      /* a key of [hash] given */
     /* [repack] */
     int repack_enable;
     int repack_every;   /* steps between re-pack decisions */
     double repack_epsilon; /* allowed predicted slow-down of the smaller world */
     int repack_min_ranks;
+    /* Which keys a file or an override gave (config_was_set), by their
+     * place in config.c's table. */
+    unsigned char key_set[CONFIG_MAX_KEYS];
 };
+
+/* Whether "section.key" was given by a file or an override (not left at
+ * its default); "section.*": any key of that section. An unknown key is
+ * an internal error. */
+int config_was_set(const struct dm_config *cfg, const char *key);
 
 /* The schedule named by cfg->schedule. */
 enum dm_schedule config_schedule(const struct dm_config *cfg);

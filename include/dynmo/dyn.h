@@ -35,8 +35,34 @@ struct dyn_env {
     int stage, stages;
 };
 
+/* The model cfg describes: gpt_shape_from_config's shape with each active
+ * scheme's extension of the blocks (in the table's order). */
+struct gpt_shape dyn_shape_from_config(const struct dm_config *cfg);
+
+/* The model on the ranks of data-parallel replica `replica` of a stage:
+ * dyn_shape_from_config's, with the parameters a scheme splits over the
+ * stage's replicas (parallel.ep) split for that replica's rank. */
+struct gpt_shape dyn_shape_for_rank(const struct dm_config *cfg, int replica);
+/* What the schemes keep for layer's block on its rank beyond its slab, in
+ * bytes (activations of train.micro_batches micro-batches of micro_B
+ * sequences held at once, parts' sums): train's memory estimate. */
+double dyn_block_memory(const struct dm_config *cfg, const struct gpt_shape *shape, int layer,
+                        int micro_B);
+
+/* Each scheme's line on shape's model (what inspect prints of a
+ * checkpoint), handed to emit one by one. */
+void dyn_describe_shape(const struct gpt_shape *shape,
+                        void (*emit)(void *ctx, const char *line), void *ctx);
+
+/* The validation pass of a config: config_validate's checks, then every
+ * scheme's rules over its keys and its refusals of other schemes, in the
+ * table's order (dyn.c), then dyn.kind against the schemes. The first
+ * problem is a user error (exit 2) naming the key. Not collective. */
+void dyn_config_validate(const struct dm_config *cfg);
+
 /* Builds the scheme dyn.kind names ("none", "freeze", "early_exit",
- * "prune"); user error for an unknown kind or bad dyn.* values. */
+ * "prune"); user error for an unknown kind (dyn_config_validate checked
+ * its values). */
 struct dyn *dyn_create(const struct dm_config *cfg, const struct dyn_env *env);
 void dyn_destroy(struct dyn *dyn);
 const char *dyn_kind_name(const struct dyn *dyn);
@@ -63,6 +89,206 @@ void dyn_describe(const struct dyn *dyn, const struct gpt *model, char *buf, siz
 long dyn_state_size(const struct dyn *dyn);
 void dyn_state_save(const struct dyn *dyn, double *out);
 int dyn_state_restore(struct dyn *dyn, const double *in, long n, char *err, size_t errsize);
+
+/* ---- signals -------------------------------------------------------------
+ * What a scheme measures per layer, step by step, declared as a named list
+ * by its descriptor: the engine gathers every active scheme's signals into
+ * the step's profile (pipe/stats.c), the run log writes each as the
+ * dataset it names, and inspect, report and simulate read them by walking
+ * the list (docs/runlog.md has the datasets). None of them names a scheme. */
+
+/* The columns of a signal's row. */
+enum dyn_signal_columns {
+    DYN_SIGNAL_LAYERS = 0,   /* one per layer of the model */
+    DYN_SIGNAL_BLOCKS = 1,   /* one per block of the scheme, in layer order */
+    DYN_SIGNAL_CELLS = 2,    /* cells (dyn_signal.cells) per block of the scheme, block-major */
+};
+
+/* How the step's value of a column combines every rank's (value, weight). */
+enum dyn_signal_combine {
+    DYN_COMBINE_SUM = 0,         /* the sum over every rank: counts over micro-batches and
+                                    replicas */
+    DYN_COMBINE_REPLICA0 = 1,    /* replica 0's: a block's state, the same on every replica
+                                    (or already summed over them) */
+    DYN_COMBINE_REPLICA_MEAN = 2,/* the mean over the replicas of each replica's value */
+    DYN_COMBINE_RATIO = 3,       /* the values' sum over the weights' sum, every rank (0
+                                    without weight) */
+    DYN_COMBINE_PER_FORWARD = 4, /* replica 0's over the step's forwards (micro-batches x
+                                    replicas) */
+    DYN_COMBINE_BUSIEST = 5,     /* over the ranks with a weight: the largest value over
+                                    their mean (0 when all are 0) */
+};
+
+struct dyn_signal {
+    const char *dataset;    /* the run log's dataset, "/mod/tokens" */
+    const char *label;      /* its name in tables and figures */
+    const char *unit;       /* what one value counts: "tokens", "share", "tiles" */
+    const char *meaning;    /* one line: what it says about the block */
+    enum dyn_signal_columns columns;
+    enum dyn_signal_combine combine;
+    int is_int;             /* an int32 dataset; float32 otherwise */
+    int filler;             /* an int dataset's value for a step not measured (floats: NaN) */
+    /* Whether a run of cfg writes it (NULL: whenever its scheme runs). */
+    int (*written)(const struct dm_config *cfg);
+    /* DYN_SIGNAL_CELLS: the cells of each block. */
+    int (*cells)(const struct gpt_shape *shape);
+    /* This rank's value of block i of model, cell by cell, and a weight
+     * (RATIO, BUSIEST); a count since the last read is zeroed. NULL: the
+     * signal is derived by readers from another dataset, not gathered. */
+    void (*read)(struct gpt *model, int i, double *value, double *weight);
+};
+
+/* The signals a run of cfg gathers and writes: every active scheme's, in
+ * the table's order, as pointers into out (at most max; returns the count). */
+int dyn_signals(const struct dm_config *cfg, const struct dyn_signal **out, int max);
+/* The declaration of run-log dataset `name`, any registered scheme's, or NULL. */
+const struct dyn_signal *dyn_signal_of_dataset(const char *name);
+/* Whether layer `layer` is one of the blocks of the scheme that declared
+ * signal (a DYN_SIGNAL_LAYERS signal: every layer), and the columns of its
+ * row for shape: layers, the scheme's blocks, or those times the cells. */
+int dyn_signal_layer(const struct dyn_signal *signal, const struct gpt_shape *shape, int layer);
+int dyn_signal_width(const struct dyn_signal *signal, const struct gpt_shape *shape);
+int dyn_signal_cells(const struct dyn_signal *signal, const struct gpt_shape *shape);
+
+/* A signal's step, combined (struct step_stats, dynmo/pipe.h). */
+struct dyn_signal_row {
+    const struct dyn_signal *signal;
+    int columns;
+    double *values;    /* (columns) */
+};
+/* Each active scheme's note on the step from its rows ("MoD 25.0% tokens"),
+ * handed to emit one by one (tokens: the step's tokens). */
+void dyn_step_notes(const struct dm_config *cfg, const struct dyn_signal_row *rows, int count,
+                    double tokens, void (*emit)(void *ctx, const char *note), void *ctx);
+
+/* The most signals all schemes of a run declare. */
+#define DYN_SIGNALS_MAX 32
+
+/* ---- the schemes' parts of a checkpoint ------------------------------------
+ * A scheme that keeps something in a checkpoint declares its fragment of
+ * the schema (checkpoint_schema/<scheme>.def: its /model attributes, its
+ * groups, attributes and datasets), writes its attributes, reads them back
+ * into a shape, checks them, names its dimensions, says which rows of its
+ * datasets hold which floats of a block, and says whether a checkpoint's
+ * model may resume as the run's (its resume rule). The checkpoint module
+ * (src/ckpt) does the HDF5 and calls these; it names no scheme. */
+
+struct block;
+struct ckpt_schema;
+
+/* The checkpoint's side of a write: attributes into the skeleton. */
+struct dyn_ckpt_writer {
+    void *ctx;
+    void (*int_attr)(void *ctx, const char *object, const char *name, long long value);
+    void (*string_attr)(void *ctx, const char *object, const char *name, const char *text);
+};
+
+/* The checkpoint's side of a read: what the file has, an integer
+ * attribute (fallback when absent or unreadable), a problem
+ * (ckpt_problem's format, "checkpoint PATH: " added), and a whole dataset
+ * of the file's schema as float32 or int64 values (0, or -1 after
+ * reporting; NULL where no dataset may be read yet). */
+struct dyn_ckpt_reader {
+    void *ctx;
+    int (*has)(void *ctx, const char *object, const char *attr);   /* attr NULL: the object */
+    long long (*int_attr)(void *ctx, const char *object, const char *name, long long fallback);
+    void (*problem)(void *ctx, const char *text);
+    int (*dataset)(void *ctx, const char *name, int int64, void *out);
+};
+
+/* The checkpoint's side of a write of a block's non-slab state: rows row
+ * .. row + count - 1 of dataset name from values (float32 or int64 as the
+ * dataset is). */
+struct dyn_ckpt_state_writer {
+    void *ctx;
+    void (*rows)(void *ctx, const char *name, long row, long count, const void *values);
+};
+
+/* Rows of a scheme's datasets that hold a block's floats: datasets
+ * group/params, group/adam_m, group/adam_v; rows row .. row + count - 1,
+ * each `floats` floats from offset `offset` of the block's params (of m,
+ * v alike), one after another. sharded: the rows are written by each rank
+ * that holds them, not by replica 0 alone. */
+struct dyn_ckpt_rows {
+    const char *group;
+    long row, count;
+    size_t offset, floats;
+    int sharded;
+    size_t stored;      /* floats of a stored row when more than floats (the rest
+                           padding, read and dropped); 0: floats */
+};
+enum { DYN_CKPT_ROWS_MAX = 4, DYN_CKPT_PARTS_MAX = 8 };
+
+/* A scheme may own schema versions of its own (checkpoint_schema/vN.def:
+ * a model whose blocks hold other rows): dyn_ckpt_version is the version
+ * a checkpoint of shape is written in when a present scheme owns one (0:
+ * the base version, the checkpoint module's); dyn_ckpt_version_schema the
+ * lines of version `version` when a scheme owns it, else NULL; and
+ * dyn_ckpt_versions_text the versions the schemes own, as the message
+ * about an unknown version lists them (", 3 (with ...) and 2 (...)"). */
+int dyn_ckpt_version(const struct gpt_shape *shape);
+const struct ckpt_schema *dyn_ckpt_version_schema(long version);
+void dyn_ckpt_versions_text(char *buf, size_t size);
+
+/* Writing. The fragments a checkpoint of shape holds, in the table's
+ * order (the model-keys lines first, then each scheme's own): the
+ * schema is base followed by them (dyn_ckpt_schema, built once per
+ * combination, lives as long as the process). */
+const struct ckpt_schema *dyn_ckpt_schema(const struct ckpt_schema *base,
+                                          const struct gpt_shape *shape);
+/* Every present scheme's attributes. */
+void dyn_ckpt_write_attrs(const struct gpt_shape *shape, const struct dyn_ckpt_writer *w);
+/* The dimensions the schemes present in shape name (mod_layers ...) and
+ * their values: returns how many (at most max). */
+int dyn_ckpt_dims(const struct gpt_shape *shape, const char **names, long *values, int max);
+/* Whether `name` is a dimension a scheme declares (its datasets' rows are
+ * written and read one row at a time). */
+int dyn_ckpt_is_dim(const char *name);
+/* The rows that hold block blk's scheme floats under shape in a file of
+ * schema version `version`; returns how many (at most max). *base: 1
+ * when the rows hold the block's own tensors too (a scheme's version),
+ * else 0 (the checkpoint's /blocks row holds them). */
+int dyn_ckpt_block_rows(const struct gpt_shape *shape, long version, const struct block *blk,
+                        struct dyn_ckpt_rows *out, int max, int *base);
+/* Whether replica dp_rank of a stage writes the sharded rows of its
+ * blocks (it holds parts no other replica of its group holds). */
+int dyn_ckpt_writes_sharded(const struct gpt_shape *shape, int dp_rank);
+/* A block's state beyond its slab into its rows (replica 0 of its stage). */
+void dyn_ckpt_write_state(const struct gpt_shape *shape, const struct block *blk,
+                          const struct dyn_ckpt_state_writer *w);
+/* Reading the schemes' states of a checked file (rd can read datasets):
+ * their values, checked by each scheme's rules (NULL after reporting, or
+ * when no present scheme keeps one: *states then NULL too); applied to a
+ * loaded block; freed. */
+struct dyn_ckpt_states;
+int dyn_ckpt_read_states(const struct gpt_shape *shape, const struct dyn_ckpt_reader *rd,
+                         struct dyn_ckpt_states **states);
+void dyn_ckpt_apply_states(const struct dyn_ckpt_states *states, const struct gpt_shape *shape,
+                           struct block *blk);
+void dyn_ckpt_states_free(struct dyn_ckpt_states *states);
+/* The resume rule: 0 when a checkpoint of file's model may resume as the
+ * run's, else -1 with the first scheme's reason in err. */
+int dyn_ckpt_compare(const struct gpt_shape *file, const struct gpt_shape *run, char *err,
+                     size_t errsize);
+
+/* Reading a file's structure. dyn_ckpt_file_open: which fragments the file
+ * has (from what rd sees), after each present scheme's format check;
+ * NULL after a problem (reported). The schema to check the file against
+ * is base and the fragments; each attribute of a fragment read goes to
+ * dyn_ckpt_file_store; dyn_ckpt_file_check then checks the values and
+ * puts the schemes into shape (its dense dimensions set), 0 or -1 after
+ * reporting. */
+struct dyn_ckpt_file;
+struct dyn_ckpt_file *dyn_ckpt_file_open(const struct dyn_ckpt_reader *rd, long version);
+const struct ckpt_schema *dyn_ckpt_file_schema(const struct dyn_ckpt_file *f,
+                                               const struct ckpt_schema *base);
+/* Whether (object, name) is one of the file's fragments' attributes. */
+int dyn_ckpt_file_owns(const struct dyn_ckpt_file *f, const char *object, const char *name);
+void dyn_ckpt_file_store(struct dyn_ckpt_file *f, const char *object, const char *name,
+                         long long value, const char *text);
+int dyn_ckpt_file_check(struct dyn_ckpt_file *f, struct gpt_shape *shape,
+                        const struct dyn_ckpt_reader *rd);
+void dyn_ckpt_file_free(struct dyn_ckpt_file *f);
 
 /* The most doubles a scheme's state may hold (dyn_create refuses a
  * configuration whose state would exceed it; a checkpoint whose state does

@@ -1,5 +1,5 @@
 /* Hash attention's bucket of one query or key row, written once for the
- * CPU ops (src/model/hash_attention.c) and the plugin's kernels
+ * CPU ops (src/model/bucket_attention.c) and the plugin's kernels
  * (kernels/hash.cuh, one thread per row): the same projections in the same
  * order, so the same buckets, bit for bit (dynmo/shared_fn.h). Nothing is
  * kept per column: the bucket count (hash.buckets) sizes no array. */
@@ -7,6 +7,9 @@
 #define DYNMO_HASH_BUCKET_H
 
 #include "dynmo/shared_fn.h"
+
+/* The kernels' tiles: HASH_TILE x HASH_TILE of the bucket-sorted order. */
+enum { HASH_TILE = 32 };
 
 /* x . R[:, c] for x (hs), R (hs, half) */
 DM_SHARED_FN float dm_hash_projection(const float *x, const float *R, int hs, int half, int c)

@@ -15,79 +15,41 @@
 #include "dynmo/core.h"
 
 struct block;
-struct moe_exchange;
-struct moe_acts;
-struct hash_acts;
-struct mod_acts;
+struct gpt_ext_ops;
 
 /* ---- shapes ------------------------------------------------------------ */
 
-/* Mixture of experts (src/model/moe.c, docs/moe.md): which blocks replace
- * their MLP by E expert MLPs and a linear router, and how tokens are
- * routed. All zero for a dense model (every == 0). */
-enum { MOE_ROUTER_SOFTMAX = 0, MOE_ROUTER_SIGMOID = 1 };
-/* Which pairs a full expert keeps (docs/moe.md, Capacity): probs the
- * highest scores; position by (token, slot), so a token's pairs together;
- * slot by (slot, token), every token's first choice before any second
- * choice (GShard). */
-enum { MOE_DROP_PROBS = 0, MOE_DROP_POSITION = 1, MOE_DROP_SLOT = 2 };
-struct gpt_moe {
-    int every;              /* 0: none; block l is an MoE block when (l + 1) % every == 0 */
-    int experts, top_k;     /* E, k */
-    int hidden;             /* H, an expert's hidden width */
-    int router;             /* MOE_ROUTER_*: softmax, or sigmoid scores with a selection bias */
-    int drop;               /* MOE_DROP_*: which overflow a full expert drops first */
-    float capacity_factor;  /* 0: dropless; else capacity ceil(k * N * factor / E) */
-    float aux_loss, z_loss; /* alpha (Switch/GShard balancing loss), beta (router z-loss) */
-    float bias_rate;        /* gamma of the auxiliary-loss-free bias update */
-    int shard_first;        /* expert parallelism: the first expert this rank's MoE */
-    int shard_count;        /* blocks hold, and how many; 0: all E (parallel.ep = 1) */
-};
-/* Shapes are compared with memcmp: no padding anywhere. */
-
-/* Hash-sparse attention (src/model/hash_attention.c, docs/mod-hash.md):
- * buckets 0 is dense attention; else every block hashes with rotations
- * drawn from (seed, layer, step). */
-struct gpt_hash {
-    int buckets;                 /* 0: dense; 1, or even */
-    uint32_t seed_lo, seed_hi;   /* the run's seed (train.seed) */
+/* An extension of the blocks by a dynamic scheme (src/dyn, the model's
+ * interface dynmo/block_ext.h): its ops and its parameters by value. */
+enum { GPT_EXT_MAX = 4, GPT_EXT_PARAM_BYTES = 64 };
+struct gpt_ext {
+    const struct gpt_ext_ops *ops;
+    _Alignas(8) unsigned char params[GPT_EXT_PARAM_BYTES];
 };
 
-/* Mixture of depths (src/model/mod.c, docs/mod-hash.md): block l is a MoD
- * block when every > 0 and (l + 1) % every == 0. All zero: none. */
-enum { MOD_ROUTING_TOPK = 0, MOD_ROUTING_CAUSAL = 1 };
-struct gpt_mod {
-    int every;          /* 0: none */
-    int routing;        /* MOD_ROUTING_*: top-k over the sequence, or the causal predictor */
-    double capacity;    /* fraction of a sequence's tokens the top-k choice takes, (0, 1] */
-    int predictor_hidden;   /* causal routing: the predictor MLP's hidden width (>= 1); 0
-                               with top-k routing */
-    int zero;           /* 0 (no padding: shapes are compared with memcmp) */
-};
-
+/* The model's shape: its dimensions and the extensions of its blocks in
+ * the order they apply (ext_count of them; dyn_shape_from_config adds the
+ * schemes' that a config runs). */
 struct gpt_shape {
     int vocab, max_seq, layers, heads, channels;
-    struct gpt_moe moe;
-    struct gpt_hash hash;
-    struct gpt_mod mod;
+    int ext_count;
+    struct gpt_ext ext[GPT_EXT_MAX];
 };
-_Static_assert(sizeof(struct gpt_shape) == 26 * 4, "struct gpt_shape has no padding");
-/* The shape cfg describes; moe is all zero when model.moe_every = 0, and
- * moe.hidden is 4 x channels when model.expert_hidden = 0. */
+/* The shape's dimensions as cfg describes them, no extension. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
 
-/* Whether block `index` is a mixture of experts. */
-int gpt_block_is_moe(const struct gpt_shape *shape, int index);
-/* MoE blocks of the model, and the ordinal of block `index` among them
- * (0 for the first MoE block in layer order), or -1 for a dense block. */
-int gpt_moe_block_count(const struct gpt_shape *shape);
-int gpt_moe_ordinal(const struct gpt_shape *shape, int index);
-/* The ordinal of block `index` among the blocks that are not MoE blocks
- * (its /mlp row in a checkpoint), or -1 for an MoE block. */
-int gpt_moe_dense_ordinal(const struct gpt_shape *shape, int index);
+/* Whether block `index` keeps the dense MLP (no extension of it replaces
+ * it), whether any block of the model does not, and the ordinal of block
+ * `index` among the blocks that keep it (-1 when it does not: its /mlp
+ * row in a checkpoint whose blocks are split). */
+int gpt_block_has_mlp(const struct gpt_shape *shape, int index);
+int gpt_shape_replaces_mlp(const struct gpt_shape *shape);
+int gpt_mlp_ordinal(const struct gpt_shape *shape, int index);
 /* Parameters of block `index`: block_param_count(C) for a dense block,
- * moe_block_param_count for an MoE block. Blocks differ in size; ask this
- * (or blk->nparams), never assume block_param_count for every block. */
+ * the shared tensors and an extension's floats for a block whose MLP an
+ * extension replaces, plus the floats extensions add. Blocks differ in
+ * size; ask this (or blk->nparams), never assume block_param_count for
+ * every block. */
 size_t gpt_block_param_count(const struct gpt_shape *shape, int index);
 
 /* ---- ops: one function per op and direction ----------------------------
@@ -188,28 +150,16 @@ enum {
     BP_COUNT
 };
 size_t block_param_count(int C);
-/* An MoE block's parameters, in this order: the eight tensors ln1_w ..
- * ln2_b of a dense block (moe_shared_param_count: 4C^2 + 8C), the router
- * router_w (E, C), then expert 0, 1, .., E-1, each fc_w (H, C) fc_b (H)
- * fcproj_w (C, H) fcproj_b (C) (moe_expert_param_count: 2HC + H + C). */
-size_t moe_shared_param_count(int C);
-size_t moe_expert_param_count(int C, int H);
-size_t moe_block_param_count(int C, const struct gpt_moe *moe);
-/* The experts a block of this configuration holds: shard_count, or all E
- * when it is 0. An MoE block's slab holds the shared tensors, the router
- * and these experts only (shard_first ..), so moe_block_param_count
- * counts them; moe_full_param_count counts all E (the model's size). */
-int moe_owned_experts(const struct gpt_moe *moe);
-size_t moe_full_param_count(int C, const struct gpt_moe *moe);
 /* Element offset and size of tensor k (BP_*) inside a block's parameters. */
 size_t block_tensor_offset(int C, int k);
 size_t block_tensor_size(int C, int k);
 /* Whether tensor k is a matrix (receives weight decay). */
 int block_tensor_is_matrix(int k);
-/* The tensors of one block, dense or MoE, in parameter order: how many,
- * and tensor k's element offset and size; returns whether it is a matrix
- * (weight decay). A dense block's are the BP_* tensors; an MoE block's the
- * eight shared ones, the router and the held experts' four each. */
+/* The tensors of one block in parameter order: how many, and tensor k's
+ * element offset and size; returns whether it is a matrix (weight decay).
+ * A dense block's are the BP_* tensors; a block whose MLP an extension
+ * replaces has the eight before fc_w (BP_FC_W of them); each extension's
+ * tensors follow (dynmo/block_ext.h). */
 int block_tensor_count(const struct block *blk);
 int block_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size);
 /* Random stream of tensor k of layer `index`: ((index + 1) << 8) | k.
@@ -277,35 +227,11 @@ struct block_sparse {
     float *zeros;                    /* (12C^2 - kept) */
 };
 
-/* The mixture-of-experts state of an MoE block (src/model/moe.c): views
- * of its router and experts in the slab, and its dynamic state, which
- * travels in its pack (BLOCK_FLAG_MOE) and its checkpoint rows: the
- * selection bias and the last step's counts. */
-#define BLOCK_FLAG_MOE (UINT64_C(1) << 10)  /* MoE state follows v */
-struct block_moe {
-    struct gpt_moe cfg;          /* E, k, H and the routing, from the shape */
-    size_t expert_params;        /* floats of one expert */
-    float *router_w, *router_g;  /* (E, C) views into params and grads */
-    float *experts_p, *experts_g;/* (E, expert_params) views: per expert fc_w (H, C),
-                                    fc_b (H), fcproj_w (C, H), fcproj_b (C) */
-    float *bias;                 /* (E) selection bias of the sigmoid router */
-    int64_t *tokens, *dropped;   /* (E) the last finished step's token-expert pairs routed
-                                    to each expert and dropped by its capacity, summed
-                                    over the data-parallel replicas */
-    double aux, z;               /* the last finished step's balancing-loss values, summed
-                                    over its forwards and the replicas */
-    int64_t *step_tokens, *step_dropped; /* (E) this rank's since gpt_moe_begin_step */
-    double step_aux, step_z;     /* this rank's balancing-loss values (aux, z-loss) summed
-                                    over its forwards since gpt_moe_begin_step */
-    const struct moe_exchange *exchange; /* the experts phase's runner, or NULL: local
-                                    (set by gpt_moe_set_exchange; not packed) */
-};
-
 /* One block: a single slab holds [params | grads | adam m | adam v];
  * dynamic state lives beside it (sparse: NULL until the block is pruned;
- * moe: NULL for a dense block) and travels in its pack. For an MoE block
- * p[k] and g[k] are set for the eight shared tensors only (k < BP_FC_W);
- * the router and experts are moe's views. */
+ * the extensions' states) and travels in its pack. For a block whose MLP
+ * an extension replaces p[k] and g[k] are set for the eight shared
+ * tensors only (k < BP_FC_W); the rest are the extension's views. */
 struct block {
     int index;          /* global layer index, 0..layers-1 */
     int C, NH;
@@ -318,15 +244,15 @@ struct block {
     float *p[BP_COUNT]; /* views into params */
     float *g[BP_COUNT]; /* views into grads */
     struct block_sparse *sparse;   /* pruning state, or NULL */
-    struct block_moe *moe;         /* mixture of experts, or NULL (a dense block) */
-    struct block_mod *mod;         /* mixture of depths, or NULL (mod.c) */
-    int hash_buckets;   /* hash-sparse attention (shape.hash): 0 dense */
-    uint64_t hash_seed;
-    double hash_tiles;  /* attention tiles visited, forward and backward, since
-                           the owner last zeroed it */
-    double hash_queries, hash_own_key_only;   /* query rows (per head) its hash
-                           attention forwards saw, and those of them that
-                           attended to their own key alone, likewise */
+    /* The extensions that own this layer (dynmo/block_ext.h), in the
+     * shape's order, each with its state beside the slab (NULL: none) and
+     * where its floats start in the slab. */
+    int ext_count;
+    struct block_ext_slot {
+        const struct gpt_ext_ops *ops;
+        void *state;
+        size_t offset;
+    } ext[GPT_EXT_MAX];
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -428,14 +354,14 @@ struct block_acts {
     float *ln2_mean, *ln2_rstd;   /* (B,T) */
     float *fch;         /* (B,T,4C) */
     float *fch_gelu;    /* (B,T,4C) */
-    struct moe_acts *moe;   /* an MoE block's routing and expert activations
-                               (moe.c), allocated by its first forward, or NULL */
-    struct hash_acts *hash;   /* hash attention's saved state (hash_attention.c),
-                                 allocated by its first forward, or NULL */
-    struct mod_acts *mod;     /* a MoD block's choice and gathered rows (mod.c),
-                                 allocated by its first forward, or NULL */
-    long hash_step;     /* the step whose rotations hash attention draws
-                           (gpt_forward sets it from gpt.step) */
+    /* What the extensions' hooks keep for the backward (block_ext_acts),
+     * made by their first forward, freed with these acts. */
+    struct {
+        const struct gpt_ext_ops *ops;
+        void *acts;
+    } ext[GPT_EXT_MAX];
+    long step;          /* the optimizer step being run (gpt_forward sets it from
+                           gpt.step): what an extension's draws may depend on */
     float loss_scale;   /* MoE: the scale of the balancing losses' gradient in
                            block_backward (gpt_backward sets its dloss_scale;
                            block_acts_alloc sets 1) */
@@ -443,9 +369,6 @@ struct block_acts {
 void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH);
 void block_acts_free(struct block_acts *acts);
 size_t block_acts_bytes(int B, int T, int C, int NH);
-/* What an MoE block's forward adds to its block_acts (moe_acts). */
-size_t moe_acts_bytes(const struct gpt_shape *shape, int B, int T);
-
 /* Scratch shared by all blocks of a rank during backward; sized for the
  * largest micro-batch. */
 struct block_scratch {
@@ -505,10 +428,14 @@ struct gpt {
     int frozen_prefix;
     /* Early exit (src/model/exit.c), or NULL: owned by the early-exit scheme. */
     struct gpt_exit *exit;
-    /* Expert parallelism: the MoE blocks' experts phase, or NULL (local). */
-    const struct moe_exchange *moe_exchange;
-    /* The optimizer step being run (0 until the caller sets it): hash
-     * attention's rotations depend on it. */
+    /* The caller's run-time helpers of extensions (gpt_ext_set_runtime):
+     * each extension's, handed to its blocks and to those the model adopts. */
+    struct {
+        const struct gpt_ext_ops *ops;
+        const void *runtime;
+    } ext_runtime[GPT_EXT_MAX];
+    /* The optimizer step being run (0 until the caller sets it): an
+     * extension's draws may depend on it (block_acts.step). */
     long step;
 };
 
@@ -574,8 +501,8 @@ void gpt_acts_alloc(struct gpt_acts *acts, const struct gpt *model, int B, int T
 void gpt_acts_free(struct gpt_acts *acts);
 /* After gpt_replace_blocks: resizes acts to the model's new block count,
  * keeping the per-block activation buffers it already has (they are all
- * the same size; an MoE block's routing and expert buffers, moe_acts, are
- * sized by its first forward and kept): a shrinking stage keeps its
+ * the same size; an extension's buffers, block_ext_acts, are sized by its
+ * first forward and kept): a shrinking stage keeps its
  * spares, a growing one reuses
  * them and allocates only beyond its largest size so far, so live
  * migration allocates (and zero-fills) almost nothing. Contents are not
@@ -637,115 +564,50 @@ void gpt_mask_pruned_grads(struct gpt *model);
  * terms in the same order reproduces a one-rank run bit for bit. */
 double gpt_grad_sumsq(const struct gpt *model);
 double block_grad_sumsq(const struct block *blk);   /* 0 when frozen, without reading */
-/* An MoE block's sum of squares is the sum, in this order, of its shared
- * tensors' and router's (returned) and each expert's in expert order
- * (experts[j] for the j-th held expert), so that the owners of an
- * expert-parallel stage's experts can each contribute their own experts'
- * terms and the sum is the same bits as one rank holding them all.
- * block_grad_sumsq of an MoE block adds its held experts so. */
-double block_moe_grad_sumsq_parts(const struct block *blk, double *experts);
+/* A block whose parameters an extension splits over ranks (parallel.ep
+ * replicas of a stage hold different parts): gpt_block_shard_units is
+ * the parts of layer index's block in the whole model (0: none),
+ * block_shard_first the first it holds, and block_replicated_floats the
+ * floats at the front of the slab that every replica holds (all of them
+ * without parts). block_grad_sumsq_parts returns the sum of squares of
+ * the replicated floats' gradients and writes the held parts' into
+ * parts, in part order; block_grad_sumsq adds them so, so that the
+ * holders of a stage's parts can each contribute their own terms and the
+ * sum is the same bits as one rank holding them all. */
+int gpt_block_shard_units(const struct gpt_shape *shape, int index);
+int block_shard_first(const struct block *blk);
+size_t block_replicated_floats(const struct block *blk);
+double block_grad_sumsq_parts(const struct block *blk, double *parts);
 /* The wte+wpe term and the lnf term of gpt_grad_sumsq. */
 double gpt_embed_grad_sumsq(const struct gpt *model);
 double gpt_head_grad_sumsq(const struct gpt *model);
 
-/* ---- mixture of experts over a model's blocks (src/model/moe.c) ----------
- * Once a step, around its micro-batches: gpt_moe_begin_step zeroes every
- * MoE block's step counts and loss values; each forward counts into them;
- * the caller sums gpt_moe_step_values over the data-parallel replicas (the
- * model never calls MPI; the pipeline engine does it after the gradient
- * reduction) and hands the sums to gpt_moe_end_step, which keeps them as
- * the blocks' last-step counts and moves each sigmoid router's bias by
- * bias_rate x sign(mean count - count_i) (DeepSeek-V3's auxiliary-loss-free
- * balancing). The same sums on every replica give the same bias everywhere. */
-#define MOE_STEP_VALUES(E) (2 * (E) + 2)
-void gpt_moe_begin_step(struct gpt *model);
-/* This rank's values of its MoE blocks, in block order, MOE_STEP_VALUES(E)
- * doubles each: routed token-expert pairs per expert (E), dropped ones (E),
- * the aux loss and the z-loss summed over the forwards. Returns the number
- * of doubles (0 without MoE blocks); values may be NULL to ask the size. */
-int gpt_moe_step_values(const struct gpt *model, double *values);
-/* Takes the values gpt_moe_step_values laid out, summed over the replicas. */
-void gpt_moe_end_step(struct gpt *model, const double *values);
-/* The balancing losses (aux + z-loss, as added to the training loss) of
- * this rank's forwards since gpt_moe_begin_step, summed over its blocks. */
-double gpt_moe_balance_loss(const struct gpt *model);
-/* One block's bias update from the step's routed pairs per expert
- * (tokens, E values summed over the replicas): b_i += bias_rate x
- * sign(mean - tokens_i). No-op unless the block routes with the sigmoid
- * router and bias_rate > 0. */
-void block_moe_update_bias(struct block *blk, const double *tokens);
+/* ---- once a step: the extensions' values over the replicas --------------
+ * gpt_begin_step before a step's first micro-batch; gpt_step_values
+ * writes this rank's blocks' step values (block order, each extension's
+ * in its order; returns how many; values NULL: the count), which the
+ * caller sums over the data-parallel replicas (the model never calls MPI)
+ * and hands to gpt_end_step. The same sums on every replica leave the
+ * same state everywhere. */
+void gpt_begin_step(struct gpt *model);
+int gpt_step_values(const struct gpt *model, double *values);
+void gpt_end_step(struct gpt *model, const double *values);
 
-/* What routing decided for the tokens of an MoE block's last forward (for
- * tests and tools): per token t and slot j < k (best first) the chosen
- * expert choice[t k + j], its gate weight gate[t k + j] (the chosen score
- * for k = 1, renormalised over the chosen experts for k >= 2; a dropped
- * pair keeps its gate but contributes nothing) and row[t k + j], the
- * pair's row among the expert inputs grouped by expert (-1: dropped by the
- * expert's capacity); offset[e] .. offset[e + 1] are expert e's rows; the
- * router's scores (N, E) (softmax probabilities or sigmoid scores, before
- * the bias), and the micro-batch's aux and z-loss values. Arrays belong to
- * acts and stay valid until its next forward. */
-struct moe_routing {
-    int N, E, k, capacity;      /* capacity 0: dropless */
-    const int *choice;
-    const float *gate;
-    const int *row;
-    const int *offset;          /* (E + 1) */
-    const float *scores;
-    float aux, z;
-};
-void moe_routing_of(const struct block_acts *acts, struct moe_routing *routing);
-
-/* Expert parallelism's seam (docs/moe.md): the experts phase of an MoE
- * block, forward and backward, run by the caller instead of locally. The
- * model never calls MPI; a caller that splits the experts over ranks
- * (src/pipe) sends each expert's rows to the rank that owns it, runs them
- * there with moe_expert_forward / moe_expert_backward and brings the rows
- * back. x, dy: (rows, C) grouped by expert, expert e's rows offset[e] ..
- * offset[e + 1] (E + 1 offsets; on the host); y, dx: the same rows, to
- * write; x, y, dx, dy are the backend's memory (device memory on a
- * device: the runner stages what MPI moves). key
- * names the micro-batch's activations of this block (the same pointer in
- * the forward and the backward of one micro-batch), so that the runner
- * can keep what the backward needs. experts_backward also owes the
- * expert gradients (accumulated, unless the block is frozen). */
-struct moe_exchange {
-    void *ctx;
-    void (*experts_forward)(void *ctx, struct block *blk, const void *key, const int *offset,
-                            const float *x, float *y);
-    void (*experts_backward)(void *ctx, struct block *blk, const void *key, const int *offset,
-                             const float *dy, float *dx);
-};
-/* Hands every MoE block of model, and every block it later adopts
- * (gpt_replace_blocks), to exchange; NULL: the experts run locally. The
- * exchange must outlive the model or be unset first. */
-void gpt_moe_set_exchange(struct gpt *model, const struct moe_exchange *exchange);
-/* Expert e of blk over n rows: h, a (n, H) its pre-activations and GELU
- * (kept for the backward), y (n, C). The same bits row for row whatever
- * the other rows. */
-void moe_expert_forward(const struct block *blk, int e, const float *x, int n, float *h, float *a,
-                        float *y);
-/* Its backward over the same n rows: dx (n, C) overwritten, dh (n, H)
- * scratch; the expert's parameter gradients (expert_params floats, laid
- * out as in the slab) accumulate into grads unless it is NULL. */
-void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
-                         const float *x, const float *h, const float *a, int n, float *dh,
-                         float *dx);
-/* ---- hash-sparse attention (src/model/hash_attention.c; docs/mod-hash.md) --
- * Per (sequence, head), queries and keys go to nb buckets by a random
- * rotation R (hs, nb/2) with unit-norm columns: h(x) = argmax([xR ; -xR]);
- * nb = 1 puts every token in bucket 0 (ordinary causal attention). Query
- * i attends to key j when both share a bucket and j <= i, and always to
- * its own key j = i, so every query has at least one key. The work runs
- * in HASH_TILE x HASH_TILE tiles of the bucket-sorted order and skips a
- * tile without an allowed pair, forward and backward. */
-enum { HASH_TILE = 32 };
+/* ---- bucketed attention (src/model/bucket_attention.c) -----------------------
+ * Causal attention within buckets, per (sequence, head): queries and keys
+ * go to nb buckets by a rotation R (hs, nb/2) with unit-norm columns, h(x)
+ * = argmax([xR ; -xR]); nb = 1 puts every token in bucket 0 (ordinary
+ * causal attention). Query i attends to key j when both share a bucket and
+ * j <= i, and always to its own key j = i, so every query has at least one
+ * key. The work runs in tiles of the bucket-sorted order and skips a tile
+ * without an allowed pair, forward and backward (the CPU's entries of the
+ * op table of the same names). */
 
 /* rotation (NH, hs, nb/2) = N(0,1) draws that depend only on (seed, layer,
  * step), never on the layout, the rank count or timing, each column (hs
  * values) then divided by its norm. Nothing for nb = 1. */
-void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
-                        int layer, long step);
+void bucket_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed, int layer,
+                          long step);
 /* out (B,T,C) from qkv (B,T,3C) as attention_forward; saves lse (B,NH,T)
  * (log-sum-exp of each query's allowed scores), bucket (B,NH,2,T) (query
  * then key bucket by position) and order (B,NH,2,T) (positions sorted
@@ -753,37 +615,29 @@ void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t s
  * NULL) = the (sequence, head, query) rows with no key of their bucket at
  * or before them, which attend to their own key alone. rotation may be
  * NULL when buckets = 1. Returns the tiles visited. */
-long hash_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
-                            const float *qkv, const float *rotation,
-                            int B, int T, int C, int NH, int buckets);
+long bucket_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
+                              const float *qkv, const float *rotation,
+                              int B, int T, int C, int NH, int buckets);
 /* dqkv (B,T,3C) overwritten with the gradient wrt qkv, given dout (B,T,C)
- * and what the forward saved (out is its output). The hashing is piecewise
- * constant: no gradient flows through it. Returns the tiles visited (the
- * forward's). */
-/* The block's use of them (block.c): the saved state, allocated by the
- * first forward for the acts' (B, T); freed by block_acts_free. */
-void hash_block_attention_forward(struct block *blk, struct block_acts *acts, int B, int T);
-void hash_block_attention_backward(struct block *blk, struct block_acts *acts,
-                                   float *dqkv, const float *datty, int B, int T);
-void hash_acts_free(struct hash_acts *ha);
-long hash_attention_backward(float *dqkv, const float *dout, const float *qkv,
-                             const float *out, const float *lse, const int *order,
-                             const int *bucket, int B, int T, int C, int NH);
+ * and what the forward saved (out is its output). The bucketing is
+ * piecewise constant: no gradient flows through it. Returns the tiles
+ * visited (the forward's). */
+long bucket_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                               const float *out, const float *lse, const int *order,
+                               const int *bucket, int B, int T, int C, int NH);
 
-/* ---- mixture of depths (src/model/mod.c; docs/mod-hash.md) ----------------
- * A MoD block computes only its chosen tokens: those of all sequences are
- * packed, each sequence's in ascending position, into one dense (tokens,
- * C) batch, run through the block's ops (attention per sequence, among its
- * own chosen tokens), and leave as x + r (f(x) - x) with the router
- * r = w . x; every other token passes through bit for bit. */
+/* ---- the ops of token routing by depth (src/model/depth_ops.c) --------------
+ * A block that computes only the tokens a router chooses (src/dyn/mod.c):
+ * the chosen rows of all sequences packed into one dense (tokens, C)
+ * batch, leaving as x + r (f(x) - x) with the router r = w . x; every
+ * other token passes through bit for bit. The CPU's entries of the op
+ * table of the same names. */
 
 /* router (N) = in (N, C) . weight (C) */
 void mod_router_forward(float *router, const float *in, const float *weight, int N, int C);
 /* chosen (B*T) = 1 for the k tokens of each sequence with the largest
  * router values (ties: the lower position), else 0. */
 void mod_select_topk(int *chosen, const float *router, int B, int T, int k);
-/* k = ceil(capacity x T), at least 1 and at most T. */
-int mod_capacity_tokens(double capacity, int T);
 /* The causal predictor, a small MLP of hidden width H on each token on its
  * own (dynmo/mod_predictor.h: logit = w2 . relu(W1 x + b1) + b2, weight
  * mod_predictor_params(C, H) floats; the caller passes the block input,
@@ -812,88 +666,6 @@ void mod_scale_chosen(float *work, const float *din, const float *router, const 
 void mod_combine_backward(float *din, float *drouter_weight, const float *gathered_in,
                           const float *gathered_out, const float *work, const float *router,
                           const float *router_weight, const int *rows, int n, int C);
-
-struct mod_acts {
-    int B, T, C;             /* the allocation's */
-    int kmax;                /* the last forward's longest sequence choice */
-    long tokens;             /* tokens the last forward processed */
-    int *count;              /* (B) chosen tokens per sequence */
-    int *pos;                /* (B, T) chosen positions, ascending, count[b] valid */
-    int *chosen;             /* (B*T) 0/1 */
-    int *target;             /* (B*T) 0/1 the top-k choice (the predictor's target) */
-    float *router;           /* (B*T) r */
-    int *rows;               /* (tokens) the block row of each packed row */
-    float *gathered_in;      /* (tokens, C) the packed chosen rows */
-    float *gathered_out;     /* (tokens, C) f(x) of the packed rows */
-    /* chosen, target, router, rows and the gathered rows are the
-     * backend's memory; count and pos the host's. On a device the choice
-     * comes down and the packed rows' list goes up through these staging
-     * buffers (NULL on the CPU, which works in place), (B*T) each. */
-    int *chosen_host;
-    int *rows_host;
-    float *work;             /* (2 B*T*C) backward work on a device (the CPU's is static) */
-};
-void mod_acts_alloc(struct mod_acts *m, int B, int T, int C);
-void mod_acts_free(struct mod_acts *m);
-
-/* out (B,T,C) from in for the tokens chosen (B*T, 0/1) and the router
- * weight (C). acts is the block's, allocated for at least (B, T). out may
- * be in. */
-void mod_block_forward(struct block *blk, struct block_acts *acts, struct mod_acts *m,
-                       float *out, const float *in, const float *router_weight,
-                       const int *chosen, int B, int T);
-/* din (overwritten; may alias dout) and the router weight's gradient
- * (accumulated; NULL: none) from dout; block gradients accumulated as
- * block_backward. work: (B*T*C) floats. */
-void mod_block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
-                        struct mod_acts *m, float *din, float *drouter_weight,
-                        const float *dout, const float *router_weight, int B, int T,
-                        float *work);
-
-/* ---- mixture of depths in the model (src/model/mod.c) ----------------------
- * A MoD block is a dense block whose parameters go on with its router
- * router_w (C) and, with causal routing, its predictor MLP (pred_w1 (H, C),
- * pred_b1 (H), pred_w2 (H), pred_b2 (1); dynmo/mod_predictor.h): tensors
- * BP_COUNT .. BP_COUNT + 4 of block_tensor_at, in the slab after the dense
- * ones, so they migrate, reduce, update and checkpoint with it. The pack
- * header says so (BLOCK_FLAG_MOD; no dynamic state follows). */
-#define BLOCK_FLAG_MOD (UINT64_C(1) << 11)
-struct block_mod {
-    int routing;                 /* MOD_ROUTING_* */
-    double capacity;
-    int hidden;                  /* the predictor's hidden width H; 0 with top-k */
-    float *router_w, *router_g;  /* (C) views into params and grads */
-    float *pred_w, *pred_g;      /* (mod_predictor_params(C, H)) views of the predictor's
-                                    weight, or NULL with top-k routing */
-    double tokens;               /* tokens its forwards processed since the owner
-                                    last zeroed it (the run log's /mod/tokens) */
-    double bce;                  /* the predictor's BCE summed over its forwards
-                                    likewise (causal routing) */
-    long bce_forwards;           /* the forwards summed into bce */
-    const int *forced;           /* tests: the choice to use instead of routing, or NULL */
-};
-int gpt_block_is_mod(const struct gpt_shape *shape, int index);
-int gpt_mod_block_count(const struct gpt_shape *shape);
-/* The ordinal of block `index` among the MoD blocks, or -1. */
-int gpt_mod_ordinal(const struct gpt_shape *shape, int index);
-/* Floats a MoD block adds to a dense block's: C (top-k) or C +
- * mod_predictor_params(C, H) (causal); 0 for any other block. */
-size_t mod_extra_param_count(const struct gpt_shape *shape, int index);
-/* A MoD block's forward inside the model: the router, the choice (top-k,
- * or the causal predictor on the block input), then mod_block_forward.
- * out and in (B,T,C) must not alias. Counts the tokens into blk->mod. */
-void block_mod_forward(struct block *blk, struct block_acts *acts, float *out,
-                       const float *in, int B, int T);
-/* Its backward (block_backward's contract): the block over the chosen
- * tokens, the router's gradient and, with causal routing, the predictor's
- * BCE gradient against the top-k choice on the stop-gradient input, scaled
- * by acts->loss_scale (as the loss). A frozen block computes neither. */
-void block_mod_backward(struct block *blk, struct block_acts *acts,
-                        struct block_scratch *scratch, float *din, const float *dout,
-                        const float *in, int B, int T);
-/* Tests: the next forwards of blk use chosen (B*T, 0/1) as their choice
- * instead of routing (the router still scales), until called with NULL. */
-void block_mod_force_choice(struct block *blk, const int *chosen);
 
 /* ---- early exit (src/model/exit.c; policy in src/dyn/early_exit.c) -------
  * A token that exits after block l keeps its hidden state (copied forward

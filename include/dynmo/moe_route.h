@@ -1,5 +1,5 @@
 /* MoE's routing of one token and its backward: the arithmetic the CPU op
- * (src/model/moe.c's moe_route_forward and moe_route_backward) and the
+ * (src/model/moe.c's route_topk_forward and route_topk_backward) and the
  * plugin's kernels (kernels/moe.cuh, one thread per token) share, written
  * once (dynmo/shared_fn.h). Each function walks
  * one token's experts in order with the same float and double sums from

@@ -28,6 +28,8 @@ struct pipe_grid {
 
 /* ---- the engine --------------------------------------------------------- */
 
+struct dyn_signal_row;   /* dynmo/dyn.h */
+
 struct engine;
 
 /* Checks that parallel.pp x parallel.dp is the world size (user error
@@ -57,19 +59,8 @@ struct step_stats {
     double *layer_fwd_ms;     /* (layers) per micro-batch, averaged over the step */
     double *layer_bwd_ms;     /* (layers) */
     double *layer_mem_bytes;  /* (layers) parameter slab bytes */
-    double *layer_sparsity;   /* (layers) pruned fraction of the block's matrices */
-    double *layer_active;     /* (layers) share of the tokens a block computed (early
-                                 exit; 1 otherwise) */
-    double *layer_tiles;      /* (layers) hash attention: tiles visited, forward and
-                                 backward, summed over micro-batches and replicas */
-    double *layer_own_key_only; /* (layers) hash attention: the share of the query rows
-                                 (per head) of the step's forwards, over micro-batches and
-                                 replicas, that attended to their own key alone */
-    double *layer_mod_tokens; /* (layers) mixture of depths: tokens a MoD block processed,
-                                 summed over micro-batches and replicas (0 elsewhere) */
-    double *layer_mod_bce;    /* (layers) causal MoD routing: the predictor's binary
-                                 cross-entropy against the top-k choice, mean over the
-                                 forwards of each replica, then over the replicas */
+    double *layer_sparsity;   /* (layers) pruned fraction of the block's matrices (the
+                                 balancer prices CSR blocks by it) */
     double *layer_update_ms;  /* (layers) the block's share of the step's end, once a
                                  step: gradient norm, masking, optimizer, zeroing */
     double *stage_compute_ms; /* (stages) max over replicas */
@@ -89,20 +80,10 @@ struct step_stats {
      * start: the same clock on one node), wall ms, thread CPU ms. */
     float *trace;
     int trace_rows;
-    /* Mixture of experts (model.moe_every > 0; moe_blocks 0 otherwise): per
-     * MoE block j (in layer order) and expert e, at j * experts + e, the
-     * step's token-expert pairs routed to the expert and those its capacity
-     * dropped, over all micro-batches and replicas, and the selection bias
-     * after the step; per MoE block its aux and z-loss values, the mean over
-     * the step's micro-batches and replicas. */
-    int moe_blocks, experts;
-    double *moe_tokens, *moe_dropped, *moe_bias;   /* (moe_blocks * experts) */
-    double *moe_aux, *moe_z;                         /* (moe_blocks) */
-    /* With parallel.ep > 1: per MoE block, the rows its busiest
-     * expert-parallel rank took in the step over the mean rank's, over
-     * every expert group of its stage (what the block waited for); 0
-     * with ep = 1. (moe_blocks) */
-    double *moe_rank_load;
+    /* The active schemes' signals (dynmo/dyn.h), each combined over the
+     * micro-batches and replicas as it declares: signal_count rows. */
+    int signal_count;
+    struct dyn_signal_row *signals;
     int migrated_blocks;      /* by the re-layout before this step */
     double migrated_bytes, migrate_ms;
 };

@@ -1,11 +1,12 @@
 /* The checkpoint writer: ckpt_save, all ranks at once through parallel
  * HDF5 over MPI-IO. Loading is ckpt_load.c's.
  *
- * The file layout is checkpoint_schema/v1.def, or v3.def for a model with
- * mixture-of-experts blocks (ckpt_schema_for; v2.def is only read), with the lines of the
+ * The file layout is checkpoint_schema/v1.def, or a scheme's own version
+ * (ckpt_schema_for), with the lines of the schemes' fragments and of the
  * extension dyn.def when the scheme's own state is saved (meta->dyn_state,
- * ckpt_dyn.c); this file creates exactly the groups and datasets listed there (ckpt_file.c checks them the same
- * way). The directory around the file is ckpt_dir.c's: the names, the
+ * ckpt_dyn.c); this file creates exactly the groups and datasets listed
+ * there (ckpt_file.c checks them the same way) and writes the rows the
+ * schemes name (dyn_ckpt_block_rows). The directory around the file is ckpt_dir.c's: the names, the
  * temporary, publishing (fsync, rename, fsync the directory, and only then
  * move the completion marker DIR/latest and delete old checkpoints). This
  * file writes the one temporary file it is given and never chooses a name.
@@ -166,9 +167,7 @@ static int dataset_geometry(const struct schema_dataset *d, const struct ckpt_di
         return rank;
     }
     hsize_t rows = target / col_chunk;
-    int per_block = !strcmp(d->dims[0], "layers") || !strcmp(d->dims[0], "moe_layers") ||
-                    !strcmp(d->dims[0], "expert_rows") || !strcmp(d->dims[0], "mod_layers") ||
-                    !strcmp(d->dims[0], "dense_layers");
+    int per_block = !strcmp(d->dims[0], "layers") || dyn_ckpt_is_dim(d->dims[0]);
     if (per_block || rows < 1) rows = 1;
     if (rows > extent[0]) rows = extent[0];
     chunk[0] = rows;
@@ -196,6 +195,21 @@ static hid_t create_dataset(hid_t file, const struct schema_dataset *d,
     return dataset;
 }
 
+/* The schemes' attributes (dyn.h's writer), into the open file *ctx. */
+static void writer_int(void *ctx, const char *object, const char *name, long long value)
+{
+    hid_t group = DM_H5(H5Oopen(*(hid_t *)ctx, object, H5P_DEFAULT));
+    write_integer_attr(group, name, SCHEMA_TYPE_INT64, value);
+    DM_H5(H5Oclose(group));
+}
+
+static void writer_string(void *ctx, const char *object, const char *name, const char *text)
+{
+    hid_t group = DM_H5(H5Oopen(*(hid_t *)ctx, object, H5P_DEFAULT));
+    dm_h5_write_string_attr(group, name, text);
+    DM_H5(H5Oclose(group));
+}
+
 /* The root and group attributes, which rank 0 writes into the skeleton. */
 static void write_attributes(hid_t file, const struct gpt_shape *shape,
                              const struct ckpt_meta *meta, const struct ckpt_dims *dims,
@@ -219,14 +233,6 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
     write_integer_attr(group, "heads", SCHEMA_TYPE_INT64, shape->heads);
     write_integer_attr(group, "channels", SCHEMA_TYPE_INT64, shape->channels);
     write_integer_attr(group, "block_params", SCHEMA_TYPE_INT64, dims->block_params);
-    if (ckpt_version_has_moe(schema->version)) {
-        write_integer_attr(group, "moe_every", SCHEMA_TYPE_INT64, shape->moe.every);
-        write_integer_attr(group, "experts", SCHEMA_TYPE_INT64, shape->moe.experts);
-        write_integer_attr(group, "top_k", SCHEMA_TYPE_INT64, shape->moe.top_k);
-        write_integer_attr(group, "expert_hidden", SCHEMA_TYPE_INT64, shape->moe.hidden);
-    }
-    if (schema->version >= 3) ckpt_write_moe_routing(group, &shape->moe);
-    if (ckpt_shape_has_model_keys(shape)) ckpt_write_model_keys(group, shape);
     DM_H5(H5Gclose(group));
 
     long long seed, checksum;
@@ -244,7 +250,9 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
     write_integer_attr(group, "train_checksum", SCHEMA_TYPE_UINT64, checksum);
     DM_H5(H5Gclose(group));
     if (meta->dyn_state_count > 0) ckpt_dyn_write_attributes(file, meta);
-    if (gpt_mod_block_count(shape) > 0) ckpt_write_mod_attributes(file, shape);
+    struct dyn_ckpt_writer writer = {.ctx = &file, .int_attr = writer_int,
+                                     .string_attr = writer_string};
+    dyn_ckpt_write_attrs(shape, &writer);   /* the schemes' fragments */
 }
 
 /* Rank 0 creates the file's skeleton alone, with the serial skeleton
@@ -451,92 +459,42 @@ static void write_small_datasets(const struct chunk_writer *w, const struct gpt 
     dm_free(sparsity_all);
 }
 
-/* Whether this rank writes /moe/experts rows: replica 0 of its stage, or,
- * when the experts are split over an expert group (shard_count > 0), each
- * rank of the stage's first group (replicas 0 .. ep - 1), its own. */
-static int writes_experts(const struct gpt *model, int dp_rank)
+/* The state beyond the slab a scheme writes (dyn_ckpt_write_state). */
+static void state_rows(void *ctx, const char *name, long row, long count, const void *values)
 {
-    const struct gpt_moe *moe = &model->shape.moe;
-    if (!moe->every) return 0;
-    return moe->shard_count ? dp_rank < moe->experts / moe->shard_count : dp_rank == 0;
+    write_rows(ctx, name, (hsize_t)row, (hsize_t)count, values);
 }
 
-/* A block of a model with MoE blocks (schema version 3): its shared
- * tensors (ln1_w .. ln2_b) as its /blocks row, and a dense block's MLP
- * (fc_w .. fcproj_b, the floats after them) as its /mlp row: no padding. */
-static void write_split_rows(const struct chunk_writer *w, const struct gpt *model,
-                             const struct block *blk)
+/* A block's rows (dyn_ckpt_block_rows: the schemes', and its own /blocks
+ * row unless a scheme's version holds them): the replicated ones and its
+ * state by replica 0 of the stage (whole), the sharded ones by each rank
+ * that holds them (sharded). */
+static void write_block(const struct chunk_writer *w, const struct gpt *model,
+                        const struct block *blk, int whole, int sharded)
 {
-    size_t shared = moe_shared_param_count(blk->C);
-    int dense = gpt_moe_dense_ordinal(&model->shape, blk->index);
-    const float *bases[3] = {blk->params, blk->m, blk->v};
-    const char *kinds[3] = {"params", "adam_m", "adam_v"};
-    for (int k = 0; k < 3; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
-        write_rows(w, name, (hsize_t)blk->index, 1, bases[k]);   /* its first `shared` */
-        snprintf(name, sizeof name, "/mlp/%s", kinds[k]);
-        if (dense >= 0) write_rows(w, name, (hsize_t)dense, 1, bases[k] + shared);
-    }
-}
-
-/* An MoE block's rows of /moe: with whole set, its router's row and its
- * state's rows; with experts set, the rows of the experts it holds. */
-static void write_moe_block(const struct chunk_writer *w, const struct gpt *model,
-                            const struct block *blk, int whole, int experts)
-{
-    const struct block_moe *moe = blk->moe;
-    const struct gpt_shape *shape = &model->shape;
-    int E = moe->cfg.experts, C = blk->C;
-    hsize_t j = (hsize_t)gpt_moe_ordinal(shape, blk->index);
-    hsize_t first = (hsize_t)moe->cfg.shard_first, owned = (hsize_t)moe_owned_experts(&moe->cfg);
-    size_t shared = moe_shared_param_count(C), router = (size_t)E * C;
-    const float *bases[3] = {blk->params, blk->m, blk->v};
-    const char *kinds[3] = {"params", "adam_m", "adam_v"};
-    for (int k = 0; k < 3; k++) {
-        char name[64];
-        if (whole) {
-            snprintf(name, sizeof name, "/moe/router/%s", kinds[k]);
-            write_rows(w, name, j, 1, bases[k] + shared);
-        }
-        snprintf(name, sizeof name, "/moe/experts/%s", kinds[k]);
-        if (experts) write_rows(w, name, j * (hsize_t)E + first, owned, bases[k] + shared + router);
+    struct dyn_ckpt_rows rows[DYN_CKPT_ROWS_MAX];
+    int base, n = dyn_ckpt_block_rows(&model->shape, w->schema->version, blk, rows,
+                                      DYN_CKPT_ROWS_MAX, &base);
+    if (whole && !base) {   /* version 1: the block whole */
+        write_rows(w, "/blocks/params", (hsize_t)blk->index, 1, blk->params);
+        write_rows(w, "/blocks/adam_m", (hsize_t)blk->index, 1, blk->m);
+        write_rows(w, "/blocks/adam_v", (hsize_t)blk->index, 1, blk->v);
     }
     if (whole) {
-        write_rows(w, "/moe/state/bias", j, 1, moe->bias);
-        write_rows(w, "/moe/state/tokens", j, 1, moe->tokens);
-        write_rows(w, "/moe/state/dropped", j, 1, moe->dropped);
+        struct dyn_ckpt_state_writer sw = {.ctx = (void *)w, .rows = state_rows};
+        dyn_ckpt_write_state(&model->shape, blk, &sw);
     }
-}
-
-/* A MoD block (checkpoint_schema/mod.def): its router and predictor, the
- * floats after the dense tensors, as row j of /mod. */
-static void write_mod_block(const struct chunk_writer *w, const struct gpt *model,
-                            const struct block *blk)
-{
-    hsize_t j = (hsize_t)gpt_mod_ordinal(&model->shape, blk->index);
-    size_t dense = block_param_count(blk->C);
-    write_rows(w, "/mod/params", j, 1, blk->params + dense);
-    write_rows(w, "/mod/adam_m", j, 1, blk->m + dense);
-    write_rows(w, "/mod/adam_v", j, 1, blk->v + dense);
-}
-
-/* A block's rows from its host copy view: the whole block by replica 0
- * of its stage (whole), the rows of the experts it holds by an expert
- * holder (experts). A model with MoE blocks splits every block's rows
- * (version 3); a dense model's block is one /blocks row (version 1). */
-static void write_block(const struct chunk_writer *w, const struct gpt *model,
-                        const struct block *view, int whole, int experts)
-{
-    if (ckpt_version_has_moe(w->schema->version)) {
-        if (whole) write_split_rows(w, model, view);
-        if (view->moe) write_moe_block(w, model, view, whole, experts);
-    } else if (whole) {
-        write_rows(w, "/blocks/params", (hsize_t)view->index, 1, view->params);
-        write_rows(w, "/blocks/adam_m", (hsize_t)view->index, 1, view->m);
-        write_rows(w, "/blocks/adam_v", (hsize_t)view->index, 1, view->v);
+    const float *bases[3] = {blk->params, blk->m, blk->v};
+    const char *kinds[3] = {"params", "adam_m", "adam_v"};
+    for (int r = 0; r < n; r++) {
+        if (!(rows[r].sharded ? sharded : whole)) continue;
+        for (int k = 0; k < 3; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s/%s", rows[r].group, kinds[k]);
+            write_rows(w, name, (hsize_t)rows[r].row, (hsize_t)rows[r].count,
+                       bases[k] + rows[r].offset);
+        }
     }
-    if (view->mod) write_mod_block(w, model, view);
 }
 
 /* The embedding's rows (stage 0) and the head's (the last stage) from the
@@ -569,22 +527,23 @@ static void write_embedding(const struct chunk_writer *w, const struct gpt *mode
 }
 
 /* A writer's tensors: its blocks' rows, then the embedding (stage 0) and
- * the head (last stage), all by replica 0 of the stage, but the rows of
- * experts split over an expert group, which each holder writes. On a
+ * the head (last stage), all by replica 0 of the stage, but the sharded
+ * rows of parts split over a group of replicas, which each holder writes. On a
  * device each slab that has rows to write comes down once, into the one
  * staging buffer of the save, and the block's sparsity (into
  * sparsity[layer], replica 0's blocks) is taken from that same copy. */
 static void write_tensors(const struct chunk_writer *w, const struct gpt *model, int stage,
                           int stages, int dp_rank, float *sparsity)
 {
-    int whole = dp_rank == 0, experts = writes_experts(model, dp_rank);
+    int whole = dp_rank == 0, sharded = dyn_ckpt_writes_sharded(&model->shape, dp_rank);
     float *staging = gpt_host_staging(model);   /* NULL on the CPU: the slabs themselves */
     for (int i = 0; i < model->num_blocks; i++) {
         const struct block *blk = &model->blocks[i];
-        if (!whole && !(blk->moe && experts)) continue;   /* nothing of it here */
+        if (!whole && !(sharded && gpt_block_shard_units(&model->shape, blk->index) > 0))
+            continue;   /* nothing of it here */
         struct block view = block_host_view(blk, staging, 1);
         if (whole) sparsity[blk->index] = block_sparsity(&view);
-        write_block(w, model, &view, whole, experts);
+        write_block(w, model, &view, whole, sharded);
         start_writeback(w);
     }
     if (whole && model->embed_slab)   /* not a middle stage */
@@ -645,8 +604,8 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
                           : -1;
 
     /* Replica 0 of each stage writes that stage's tensors (the holders of
-     * split experts their own experts' rows). */
-    int writer = dp_rank == 0, tensors = writer || writes_experts(model, dp_rank);
+     * a scheme's split parts their own parts' rows). */
+    int writer = dp_rank == 0, tensors = writer || dyn_ckpt_writes_sharded(shape, dp_rank);
     struct chunk_writer w = {.schema = schema, .datasets = datasets, .dims = &dims,
                              .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4),
                              .writeback_fd = tensors ? open(tmp, O_RDONLY) : -1};

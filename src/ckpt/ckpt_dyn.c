@@ -45,11 +45,11 @@ static const struct schema_dataset dyn_datasets[] = {
 
 #define COUNT(array) ((int)(sizeof array / sizeof array[0]))
 
-/* Room for a base schema's entries plus dyn.def's (v3 has 34 datasets),
- * and for every base: v1, v2, v3, each alone or with model-keys.def (and
- * mod.def). */
-#define MERGED_ENTRIES 128
-#define MERGED_SCHEMAS 12
+/* Room for a base schema's entries plus dyn.def's (v3 has 34 datasets,
+ * the schemes' fragments add theirs), and for every base: v1, v2, v3,
+ * each alone or with the schemes' fragments (dyn_ckpt_schema). */
+#define MERGED_ENTRIES 192
+#define MERGED_SCHEMAS 32
 
 /* One extended schema per base, made on first use and kept. */
 struct merged_schema {

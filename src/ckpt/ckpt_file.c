@@ -1,10 +1,9 @@
 /* The checkpoint file as data: the schema tables compiled in from
- * checkpoint_schema/v1.def (a dense model), v3.def (with mixture-of-
- * experts blocks) and v2.def (MoE blocks as an older dynmo wrote them:
- * read, never written), the structural check of an open file against
- * them (and the extension dyn.def where the file has /dyn, ckpt_dyn.c),
- * and the serial readers of metadata and rows that the loader, the
- * checker and inspect share.
+ * checkpoint_schema/v1.def, with the schemes' parts (their fragments,
+ * their own versions: dyn_ckpt_* of dynmo/dyn.h), the structural check of
+ * an open file against them (and the extension dyn.def where the file has
+ * /dyn, ckpt_dyn.c), and the serial readers of metadata and rows that the
+ * loader, the checker and inspect share.
  *
  * It never writes and never calls MPI: the collective writer lives in
  * checkpoint.c, the loader in ckpt_load.c. Every problem goes through
@@ -20,50 +19,27 @@
 #include "ckpt/ckpt_file.h"
 #include "ckpt/h5util.h"
 
-/* ---- the schemas, compiled in from checkpoint_schema/v1.def, v2.def, v3.def ---- */
+/* ---- the schema, compiled in from checkpoint_schema/v1.def ---------------------- */
 
 #define SCHEMA_FILE "../../checkpoint_schema/v1.def"
 #define SCHEMA_NAME ckpt_schema_v1
-#include "ckpt/schema_tables.h"
-#undef SCHEMA_FILE
-#undef SCHEMA_NAME
-#define SCHEMA_FILE "../../checkpoint_schema/v2.def"
-#define SCHEMA_NAME ckpt_schema_v2
-#include "ckpt/schema_tables.h"
-#undef SCHEMA_FILE
-#undef SCHEMA_NAME
-#define SCHEMA_FILE "../../checkpoint_schema/v3.def"
-#define SCHEMA_NAME ckpt_schema_v3
-#include "ckpt/schema_tables.h"
+#include "dynmo/schema_tables.h"
 #undef SCHEMA_FILE
 #undef SCHEMA_NAME
 _Static_assert(ckpt_schema_v1_number == CHECKPOINT_SCHEMA_VERSION,
                "checkpoint_schema/v1.def and CHECKPOINT_SCHEMA_VERSION disagree");
-_Static_assert(ckpt_schema_v2_number == CHECKPOINT_SCHEMA_VERSION_MOE_PADDED,
-               "checkpoint_schema/v2.def and CHECKPOINT_SCHEMA_VERSION_MOE_PADDED disagree");
-_Static_assert(ckpt_schema_v3_number == CHECKPOINT_SCHEMA_VERSION_MOE,
-               "checkpoint_schema/v3.def and CHECKPOINT_SCHEMA_VERSION_MOE disagree");
 
 const struct ckpt_schema *ckpt_schema_of_version(long version)
 {
     if (version == ckpt_schema_v1.version) return &ckpt_schema_v1;
-    if (version == ckpt_schema_v2.version) return &ckpt_schema_v2;
-    if (version == ckpt_schema_v3.version) return &ckpt_schema_v3;
-    return NULL;
-}
-
-int ckpt_version_has_moe(long version)
-{
-    return version == CHECKPOINT_SCHEMA_VERSION_MOE ||
-           version == CHECKPOINT_SCHEMA_VERSION_MOE_PADDED;
+    return dyn_ckpt_version_schema(version);   /* a scheme's own */
 }
 
 const struct ckpt_schema *ckpt_schema_for(const struct gpt_shape *shape)
 {
-    const struct ckpt_schema *base =
-        gpt_moe_block_count(shape) > 0 ? &ckpt_schema_v3 : &ckpt_schema_v1;
-    if (!ckpt_shape_has_model_keys(shape)) return base;
-    return ckpt_schema_extended(base, gpt_mod_block_count(shape) > 0);
+    int version = dyn_ckpt_version(shape);
+    const struct ckpt_schema *base = version ? dyn_ckpt_version_schema(version) : &ckpt_schema_v1;
+    return dyn_ckpt_schema(base, shape);   /* the schemes' fragments */
 }
 
 const char *schema_type_name(enum schema_type type)
@@ -115,17 +91,9 @@ long ckpt_dim(const struct ckpt_dims *dims, const char *name)
     if (!strcmp(name, "pp")) return dims->pp;
     if (!strcmp(name, "dp")) return dims->dp;
     if (!strcmp(name, "history")) return dims->history;
-    if (!strcmp(name, "moe_layers")) return dims->moe_layers;
-    if (!strcmp(name, "experts")) return dims->experts;
-    if (!strcmp(name, "router_params")) return dims->router_params;
-    if (!strcmp(name, "expert_rows")) return dims->expert_rows;
-    if (!strcmp(name, "expert_params")) return dims->expert_params;
-    if (!strcmp(name, "shared_params")) return dims->shared_params;
-    if (!strcmp(name, "dense_layers")) return dims->dense_layers;
-    if (!strcmp(name, "mlp_params")) return dims->mlp_params;
-    if (!strcmp(name, "mod_layers")) return dims->mod_layers;
-    if (!strcmp(name, "mod_params")) return dims->mod_params;
     if (!strcmp(name, "dyn_state")) return dims->dyn_state;
+    for (int i = 0; i < dims->scheme_dims; i++)
+        if (!strcmp(name, dims->scheme_dim_names[i])) return dims->scheme_dim_values[i];
     return -1;
 }
 
@@ -138,26 +106,9 @@ void ckpt_dims_of_shape(struct ckpt_dims *dims, const struct gpt_shape *shape)
     dims->max_seq = shape->max_seq;
     dims->channels = shape->channels;
     dims->pp = dims->dp = dims->history = -1;
-    dims->moe_layers = dims->experts = dims->router_params = -1;
-    dims->expert_rows = dims->expert_params = -1;
-    dims->shared_params = dims->dense_layers = dims->mlp_params = -1;
     dims->dyn_state = -1;
-    int M = gpt_moe_block_count(shape);
-    if (M > 0) {
-        dims->moe_layers = M;
-        dims->experts = shape->moe.experts;
-        dims->router_params = (long)shape->moe.experts * shape->channels;
-        dims->expert_rows = (long)M * shape->moe.experts;
-        dims->expert_params = (long)moe_expert_param_count(shape->channels, shape->moe.hidden);
-        dims->shared_params = (long)moe_shared_param_count(shape->channels);
-        dims->dense_layers = shape->layers - M;
-        dims->mlp_params = (long)block_param_count(shape->channels) - dims->shared_params;
-    }
-    dims->mod_layers = dims->mod_params = -1;
-    if (gpt_mod_block_count(shape) > 0) {
-        dims->mod_layers = gpt_mod_block_count(shape);
-        dims->mod_params = (long)mod_extra_param_count(shape, shape->mod.every - 1);
-    }
+    dims->scheme_dims = dyn_ckpt_dims(shape, dims->scheme_dim_names, dims->scheme_dim_values,
+                                      DYN_CKPT_PARTS_MAX);
 }
 
 const struct schema_dataset *ckpt_schema_dataset(const struct ckpt_schema *schema,
@@ -204,6 +155,71 @@ void ckpt_header_free(struct ckpt_header *header)
 {
     dm_free(header->config_text);
     header->config_text = NULL;
+    if (header->schemes) dyn_ckpt_file_free(header->schemes);
+    header->schemes = NULL;
+}
+
+/* ---- what the schemes' parts see of a file (dyn.h's reader) ------------------- */
+
+struct reader_ctx {
+    hid_t file;
+    const struct ckpt_header *header;   /* for whole datasets, or NULL */
+    struct ckpt_problems *problems;
+};
+
+static int read_whole(hid_t file, const struct ckpt_header *header, const char *name,
+                      hid_t memory_type, void *out, struct ckpt_problems *problems);
+
+static int reader_dataset(void *ctx, const char *name, int int64, void *out)
+{
+    const struct reader_ctx *c = ctx;
+    DM_ASSERT(c->header != NULL);
+    return read_whole(c->file, c->header, name, int64 ? H5T_NATIVE_INT64 : H5T_NATIVE_FLOAT, out,
+                      c->problems);
+}
+
+static int reader_has(void *ctx, const char *object, const char *attr)
+{
+    const struct reader_ctx *c = ctx;
+    if (!dm_h5_path_exists(c->file, object)) return 0;
+    if (!attr) return 1;
+    htri_t exists = H5Aexists_by_name(c->file, object, attr, H5P_DEFAULT);
+    H5Eclear2(H5E_DEFAULT);
+    return exists > 0;
+}
+
+static long long reader_int(void *ctx, const char *object, const char *name,
+                            long long fallback)
+{
+    const struct reader_ctx *c = ctx;
+    long long value = fallback;
+    if (!reader_has(ctx, object, name)) return fallback;
+    hid_t attr = H5Aopen_by_name(c->file, object, name, H5P_DEFAULT, H5P_DEFAULT);
+    if (attr < 0 || H5Aread(attr, H5T_NATIVE_LLONG, &value) < 0) value = fallback;
+    if (attr >= 0) H5Aclose(attr);
+    H5Eclear2(H5E_DEFAULT);
+    return value;
+}
+
+static void reader_problem(void *ctx, const char *text)
+{
+    const struct reader_ctx *c = ctx;
+    ckpt_problem(c->problems, "%s", text);
+}
+
+/* rd over file (-1: problems only, no file; header: whole datasets can be
+ * read), reporting into problems. The context lives in static storage:
+ * one reader at a time, from one thread. */
+static void reader_of(struct dyn_ckpt_reader *rd, hid_t file, const struct ckpt_header *header,
+                      struct ckpt_problems *problems)
+{
+    static struct reader_ctx ctx;
+    ctx.file = file;
+    ctx.header = header;
+    ctx.problems = problems;
+    *rd = (struct dyn_ckpt_reader){.ctx = &ctx, .has = reader_has, .int_attr = reader_int,
+                                   .problem = reader_problem,
+                                   .dataset = header ? reader_dataset : NULL};
 }
 
 /* ---- attributes ------------------------------------------------------------ */
@@ -331,14 +347,6 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
         else if (!strcmp(n, "heads")) h->heads = value;
         else if (!strcmp(n, "channels")) h->dims.channels = value;
         else if (!strcmp(n, "block_params")) h->dims.block_params = value;
-        else if (!strcmp(n, "moe_every")) h->shape.moe.every = (int)value;
-        else if (!strcmp(n, "experts")) h->shape.moe.experts = (int)value;
-        else if (!strcmp(n, "top_k")) h->shape.moe.top_k = (int)value;
-        else if (!strcmp(n, "expert_hidden")) h->shape.moe.hidden = (int)value;
-        else if (!strcmp(n, "hash_buckets")) h->shape.hash.buckets = (int)value;
-        else if (!strcmp(n, "mod_every")) h->shape.mod.every = (int)value;
-    } else if (!strcmp(o, "/mod")) {
-        if (!strcmp(n, "predictor_hidden")) h->shape.mod.predictor_hidden = (int)value;
     } else if (!strcmp(o, "/training")) {
         if (!strcmp(n, "step")) h->step = value;
         else if (!strcmp(n, "optimizer_steps")) h->optimizer_steps = value;
@@ -349,76 +357,9 @@ static void header_store_integer(struct ckpt_header *h, const struct schema_attr
     }
 }
 
-/* ---- an MoE model's routing keys (version 3) ------------------------------ */
-
-static const char *const moe_router_names[] = {"softmax", "sigmoid"};
-static const char *const moe_drop_names[] = {"probs", "position", "slot"};
-
-/* The index of text among names, or -2 when it is none of them. */
-static int name_index(const char *const *names, int count, const char *text)
-{
-    for (int i = 0; i < count; i++)
-        if (!strcmp(names[i], text)) return i;
-    return -2;
-}
-
-void ckpt_write_moe_routing(hid_t model_group, const struct gpt_moe *moe)
-{
-    char factor[40];
-    snprintf(factor, sizeof factor, "%.17g", (double)moe->capacity_factor);
-    dm_h5_write_string_attr(model_group, "moe_router", moe_router_names[moe->router]);
-    dm_h5_write_string_attr(model_group, "moe_capacity_factor", factor);
-    dm_h5_write_string_attr(model_group, "moe_drop", moe_drop_names[moe->drop]);
-}
-
-/* A routing key into the header's shape: an unknown name -2, a factor
- * that is not a number NAN (ckpt_compare_shape then refuses it). */
-static void store_moe_routing(struct ckpt_header *h, const char *name, const char *text)
-{
-    struct gpt_moe *moe = &h->shape.moe;
-    if (!strcmp(name, "moe_router")) {
-        moe->router = name_index(moe_router_names, 2, text);
-    } else if (!strcmp(name, "moe_drop")) {
-        moe->drop = name_index(moe_drop_names, 3, text);
-    } else if (!strcmp(name, "moe_capacity_factor")) {
-        char *end = NULL;
-        double v = strtod(text, &end);
-        moe->capacity_factor = text[0] && !*end && v >= 0 ? (float)v : NAN;
-    }
-}
-
-/* The run's routing against the file's: both known (a version-2 file's are
- * -1: not recorded), the same. Returns 0, or -1 with a message. */
-static int compare_moe_routing(const struct gpt_moe *file, const struct gpt_moe *run, char *err,
-                               size_t errsize)
-{
-    if (file->every == 0 || (file->router == -1 && file->drop == -1)) return 0;   /* version 2 */
-    if (file->router < 0 || file->drop < 0 || isnan(file->capacity_factor)) {
-        snprintf(err, errsize, "its /model attributes moe_router, moe_drop and "
-                 "moe_capacity_factor are not a routing this dynmo knows");
-        return -1;
-    }
-    if (file->router == run->router && file->drop == run->drop &&
-        file->capacity_factor == run->capacity_factor)
-        return 0;
-    char file_factor[32], run_factor[32];
-    dm_format_shortest(file_factor, sizeof file_factor, file->capacity_factor);
-    dm_format_shortest(run_factor, sizeof run_factor, run->capacity_factor);
-    snprintf(err, errsize, "written for a different model: its MoE routing is moe.router %s, "
-             "moe.capacity_factor %s, moe.drop %s in the checkpoint but %s, %s, %s in this run "
-             "(they decide what each token computes: use the checkpoint's, or start a new run "
-             "in another ckpt.dir)", moe_router_names[file->router], file_factor,
-             moe_drop_names[file->drop], moe_router_names[run->router], run_factor,
-             moe_drop_names[run->drop]);
-    return -1;
-}
-
 static void header_store_string(struct ckpt_header *h, const struct schema_attr *a,
                                 const char *text)
 {
-    if (!strcmp(a->object, "/model") && !strncmp(a->name, "moe_", 4))
-        store_moe_routing(h, a->name, text);
-    else if (!strcmp(a->object, "/model")) ckpt_header_store_model_key(h, a->name, text);
     if (!strcmp(a->object, "/dyn") && !strcmp(a->name, "kind"))
         snprintf(h->dyn_kind, sizeof h->dyn_kind, "%s", text);
     if (strcmp(a->object, "/") != 0) return;
@@ -451,6 +392,8 @@ static int check_attr(hid_t file, const struct schema_attr *a, struct ckpt_heade
         int ok = !a->value[0] || !strcmp(text, a->value);
         if (!ok)
             ckpt_problem(problems, "%s is \"%s\", expected \"%s\"", where, text, a->value);
+        else if (h->schemes && dyn_ckpt_file_owns(h->schemes, a->object, a->name))
+            dyn_ckpt_file_store(h->schemes, a->object, a->name, 0, text);
         else
             header_store_string(h, a, text);
         dm_free(text);
@@ -471,7 +414,10 @@ static int check_attr(hid_t file, const struct schema_attr *a, struct ckpt_heade
         ckpt_problem(problems, "%s is %lld, expected %s", where, value, a->value);
         return -1;
     }
-    header_store_integer(h, a, value);
+    if (h->schemes && dyn_ckpt_file_owns(h->schemes, a->object, a->name))
+        dyn_ckpt_file_store(h->schemes, a->object, a->name, value, "");
+    else
+        header_store_integer(h, a, value);
     return 0;
 }
 
@@ -678,12 +624,6 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
 {
     struct ckpt_dims *d = &h->dims;
     int model_ok = 0;
-    const struct gpt_moe *moe = &h->shape.moe;
-    if (h->schema_version == CHECKPOINT_SCHEMA_VERSION_MOE &&
-        (moe->router < 0 || moe->drop < 0 || isnan(moe->capacity_factor)))
-        ckpt_problem(problems, "/model attributes moe_router, moe_drop and moe_capacity_factor "
-                     "are not a routing this dynmo knows (softmax or sigmoid; probs, position "
-                     "or slot; a factor >= 0)");
     if (d->layers < 1 || d->channels < 1 || d->vocab < 1 || d->max_seq < 1 || h->heads < 1)
         ckpt_problem(problems, "/model attributes out of range (layers %ld, channels %ld, "
                      "heads %ld, vocab %ld, max_seq %ld)", d->layers, d->channels,
@@ -721,26 +661,11 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     h->shape.layers = (int)d->layers;
     h->shape.channels = (int)d->channels;
     h->shape.heads = (int)h->heads;
-    if (ckpt_check_model_keys(h, problems) != 0) return;
-    if (!ckpt_version_has_moe(h->schema_version)) return;
-    /* version 2 or 3: the mixture-of-experts blocks and their dimensions */
-    const struct gpt_moe *m = &h->shape.moe;
-    if (d->layers < 1 || d->channels < 1 || d->channels > 1 << 20 || d->layers > 1 << 20 ||
-        m->every < 1 || m->every > d->layers || m->experts < 1 || m->experts > 1 << 20 ||
-        m->top_k < 1 || m->top_k > m->experts || m->hidden < 1 || m->hidden > 1 << 24) {
-        ckpt_problem(problems, "/model: mixture-of-experts attributes out of range "
-                     "(moe_every %d, experts %d, top_k %d, expert_hidden %d for %ld layers)",
-                     m->every, m->experts, m->top_k, m->hidden, d->layers);
-        return;
-    }
-    /* The MoE dimensions from the shape; what the file said is kept (the
-     * extension's /dyn/state length too: a frozen MoE model's checkpoint) */
-    long block_params = d->block_params, pp = d->pp, dp = d->dp, dyn_state = d->dyn_state;
-    ckpt_dims_of_shape(d, &h->shape);
-    d->block_params = block_params;
-    d->pp = pp;
-    d->dp = dp;
-    d->dyn_state = dyn_state;
+    struct dyn_ckpt_reader rd;   /* the schemes check their own */
+    reader_of(&rd, -1, NULL, problems);
+    if (h->schemes && dyn_ckpt_file_check(h->schemes, &h->shape, &rd) != 0) return;
+    d->scheme_dims = dyn_ckpt_dims(&h->shape, d->scheme_dim_names, d->scheme_dim_values,
+                                   DYN_CKPT_PARTS_MAX);
 }
 
 /* Every dimension and value unknown until the file says. */
@@ -750,10 +675,6 @@ static void header_init(struct ckpt_header *header)
     struct ckpt_dims *dims = &header->dims;
     dims->layers = dims->block_params = dims->vocab = dims->max_seq = dims->channels = -1;
     dims->pp = dims->dp = dims->history = -1;
-    dims->moe_layers = dims->experts = dims->router_params = -1;
-    dims->expert_rows = dims->expert_params = -1;
-    dims->shared_params = dims->dense_layers = dims->mlp_params = -1;
-    dims->mod_layers = dims->mod_params = -1;
     dims->dyn_state = -1;
     header->schema_version = header->batch = -1;
 }
@@ -824,21 +745,21 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
     if (status == 1)
         ckpt_problem(problems, "the root attribute schema_version is missing");
     const struct ckpt_schema *schema = status == 0 ? ckpt_schema_of_version(value) : NULL;
-    if (status == 0 && !schema)
+    if (status == 0 && !schema) {
+        char versions[256];   /* the schemes' own */
+        dyn_ckpt_versions_text(versions, sizeof versions);
         ckpt_problem(problems, "schema version %lld; this dynmo reads checkpoint schema "
-                     "version %d (a dense model), %d (with mixture-of-experts blocks) and "
-                     "%d (MoE blocks as an older dynmo wrote them) only (use the dynmo that "
-                     "wrote it, or start a new run)", value, CHECKPOINT_SCHEMA_VERSION,
-                     CHECKPOINT_SCHEMA_VERSION_MOE, CHECKPOINT_SCHEMA_VERSION_MOE_PADDED);
+                     "version %d (a dense model)%s only (use the dynmo that wrote it, or start "
+                     "a new run)", value, CHECKPOINT_SCHEMA_VERSION, versions);
+    }
     if (!schema) return -1;
-    const struct ckpt_schema *keyed = ckpt_schema_of_file(file, schema);   /* model-keys.def */
-    header->model_keys = keyed != schema;
-    schema = keyed;
+    struct dyn_ckpt_reader rd;
+    reader_of(&rd, file, NULL, problems);
+    header->schemes = dyn_ckpt_file_open(&rd, value);   /* after each fragment's format check */
+    if (!header->schemes) return -1;
+    schema = dyn_ckpt_file_schema(header->schemes, schema);
     header->schema = schema;
     header->schema_version = schema->version;
-    if (schema->version == CHECKPOINT_SCHEMA_VERSION_MOE_PADDED)   /* no routing recorded */
-        header->shape.moe.router = header->shape.moe.drop = -1;
-    if (ckpt_check_mod_format(file, problems) != 0) return -1;   /* mod.def's format */
     schema = ckpt_dyn_extend(file, header, problems);   /* /dyn, when the file has it */
 
     for (int i = 0; i < schema->group_count; i++)
@@ -991,8 +912,7 @@ int ckpt_read_floats(hid_t file, const char *name, long row, size_t count, float
     }
     hsize_t start[2] = {(hsize_t)row, 0}, extent[2] = {1, (hsize_t)count};
     char what[48];
-    snprintf(what, sizeof what, strncmp(name, "/moe/", 5) && strncmp(name, "/mod/", 5) &&
-                                    strncmp(name, "/mlp/", 5) ? " (layer %ld)" : " (row %ld)",
+    snprintf(what, sizeof what, strncmp(name, "/blocks/", 8) ? " (row %ld)" : " (layer %ld)",
              row);
     if (read_row_chunks(file, name, (hsize_t)row, count, out) == 0) return 0;
     return read_slab(file, name, H5T_NATIVE_FLOAT, 2, start, extent, out, what, problems);
@@ -1007,10 +927,6 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
         {"heads", file_shape->heads, run_shape->heads},
         {"vocab", file_shape->vocab, run_shape->vocab},
         {"max_seq", file_shape->max_seq, run_shape->max_seq},
-        {"moe_every", file_shape->moe.every, run_shape->moe.every},
-        {"experts", file_shape->moe.experts, run_shape->moe.experts},
-        {"top_k", file_shape->moe.top_k, run_shape->moe.top_k},
-        {"expert_hidden", file_shape->moe.hidden, run_shape->moe.hidden},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (keys[i].file != keys[i].run) {
@@ -1020,8 +936,7 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
                      keys[i].file, keys[i].run);
             return -1;
         }
-    if (compare_moe_routing(&file_shape->moe, &run_shape->moe, err, errsize) != 0) return -1;
-    return ckpt_compare_model_keys(file_shape, run_shape, err, errsize);
+    return dyn_ckpt_compare(file_shape, run_shape, err, errsize);   /* the schemes' rules */
 }
 
 /* Checks a blocks-per-stage array: `stages` counts >= 1 summing to layers. */
@@ -1033,43 +948,6 @@ static int layout_ok(const int *counts, long stages, long layers)
         sum += counts[s];
     }
     return sum == layers;
-}
-
-/* Version 2 or 3: the MoE blocks' bias and last counts into meta, checked
- * (bias finite, 0 <= dropped <= routed). Returns 0, or -1 after reporting. */
-static int read_moe_state(hid_t file, const struct ckpt_header *header,
-                          struct ckpt_meta *meta, struct ckpt_problems *problems)
-{
-    const struct ckpt_dims *d = &header->dims;
-    meta->moe_blocks = (int)d->moe_layers;
-    meta->experts = (int)d->experts;
-    size_t cells = (size_t)d->moe_layers * (size_t)d->experts;
-    meta->moe_bias = dm_alloc(cells * sizeof(float));
-    meta->moe_tokens = dm_alloc(cells * sizeof(long));
-    meta->moe_dropped = dm_alloc(cells * sizeof(long));
-    if (read_whole(file, header, "/moe/state/bias", H5T_NATIVE_FLOAT, meta->moe_bias,
-                   problems) ||
-        read_whole(file, header, "/moe/state/tokens", H5T_NATIVE_LONG, meta->moe_tokens,
-                   problems) ||
-        read_whole(file, header, "/moe/state/dropped", H5T_NATIVE_LONG, meta->moe_dropped,
-                   problems))
-        return -1;
-    for (size_t c = 0; c < cells; c++) {
-        long j = (long)(c / (size_t)d->experts), e = (long)(c % (size_t)d->experts);
-        if (!isfinite(meta->moe_bias[c])) {
-            ckpt_problem(problems, "/moe/state/bias[%ld][%ld] is %g (must be finite)", j, e,
-                         (double)meta->moe_bias[c]);
-            return -1;
-        }
-        if (meta->moe_tokens[c] < 0 || meta->moe_dropped[c] < 0 ||
-            meta->moe_dropped[c] > meta->moe_tokens[c]) {
-            ckpt_problem(problems, "/moe/state: MoE block %ld expert %ld has %ld routed and "
-                         "%ld dropped pairs (need 0 <= dropped <= routed)", j, e,
-                         meta->moe_tokens[c], meta->moe_dropped[c]);
-            return -1;
-        }
-    }
-    return 0;
 }
 
 /* The scalars the structural check read, into a fresh (owning) meta. */
@@ -1192,9 +1070,9 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     if (read_meta_arrays(file, header, meta, problems) != 0) return -1;
     check_cursors(meta, header, problems);
     check_layouts(meta, d, problems);
-    if (ckpt_version_has_moe(header->schema_version) &&
-        read_moe_state(file, header, meta, problems) != 0)
-        return -1;
+    struct dyn_ckpt_reader rd;   /* the schemes' states beyond the slabs */
+    reader_of(&rd, file, header, problems);
+    if (dyn_ckpt_read_states(&header->shape, &rd, &meta->scheme_states) != 0) return -1;
     if (header->dims.dyn_state > 0 && ckpt_dyn_read(file, header, meta, problems) != 0)
         return -1;
     check_block_states(meta, d->layers, problems);
@@ -1243,12 +1121,9 @@ int ckpt_read_all(hid_t file, const struct ckpt_header *header,
             rows_per = READ_ALL_BUFFER_ELEMENTS;
             cols_per = 1;
         }
-        /* Per layer (MoE block, expert), so that a checksum failure names it. */
+        /* Per layer (a scheme's row), so that a checksum failure names it. */
         int per_layer = rank == 2 && !strcmp(d->dims[0], "layers");
-        int per_row = rank == 2 && (!strcmp(d->dims[0], "moe_layers") ||
-                                    !strcmp(d->dims[0], "expert_rows") ||
-                                    !strcmp(d->dims[0], "dense_layers") ||
-                                    !strcmp(d->dims[0], "mod_layers"));
+        int per_row = rank == 2 && dyn_ckpt_is_dim(d->dims[0]);   /* a scheme's rows */
         if (per_row) rows_per = 1;
         if (per_layer) rows_per = 1;
         int failed = 0;

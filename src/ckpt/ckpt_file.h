@@ -1,7 +1,7 @@
 /* The checkpoint file as the schema describes it (checkpoint_schema/v1.def,
- * and v3.def for a model with mixture-of-experts blocks, v2.def for one an
- * older dynmo wrote; the extension
- * dyn.def for a scheme's own state, ckpt_dyn.c):
+ * or a scheme's own version; the extension
+ * dyn.def for a scheme's own state, ckpt_dyn.c; the schemes' fragments,
+ * dyn_ckpt_* of dynmo/dyn.h):
  * the compiled-in schema tables, the structural validation of an open
  * file, and the serial readers of its metadata and rows. Shared by the
  * collective writer (checkpoint.c), the loader and the offline checker
@@ -14,49 +14,13 @@
 #include <stdarg.h>
 #include <hdf5.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
+#include "dynmo/schema.h"
 
-enum schema_type {
-    SCHEMA_TYPE_STRING,
-    SCHEMA_TYPE_INT64,
-    SCHEMA_TYPE_UINT64,
-    SCHEMA_TYPE_INT32,
-    SCHEMA_TYPE_FLOAT32,
-    SCHEMA_TYPE_FLOAT64,     /* the extension dyn.def's /dyn/state */
-};
-
-struct schema_attr {
-    const char *object;      /* "/" or a group path */
-    const char *name;
-    enum schema_type type;
-    const char *value;       /* required value as text, "" = any */
-};
-
-struct schema_dataset {
-    const char *path;
-    enum schema_type type;
-    const char *dims[2];     /* dimension names; dims[1] "" = one-dimensional */
-};
-
-/* One schema version's tables (checkpoint_schema/vN.def). */
-struct ckpt_schema {
-    int version;
-    const char *const *groups;
-    int group_count;
-    const struct schema_attr *attrs;
-    int attr_count;
-    const struct schema_dataset *datasets;
-    int dataset_count;
-};
-/* Version 1 (a dense model), version 3 (with mixture-of-experts blocks)
- * and version 2 (with MoE blocks, as an older dynmo wrote it: read only). */
-extern const struct ckpt_schema ckpt_schema_v1, ckpt_schema_v2, ckpt_schema_v3;
-/* Whether a schema version has MoE blocks (2 or 3). */
-int ckpt_version_has_moe(long version);
-/* Version 3's /model attributes moe_router, moe_capacity_factor and
- * moe_drop: the routing that decides what each token computes, compared
- * on resume (ckpt_compare_shape). */
-void ckpt_write_moe_routing(hid_t model_group, const struct gpt_moe *moe);
-/* The schema of that version, or NULL for one this dynmo does not read. */
+/* Version 1, the base version of every model whose schemes own none. */
+extern const struct ckpt_schema ckpt_schema_v1;
+/* The schema of that version (1, or a scheme's own), or NULL for one this
+ * dynmo does not read. */
 const struct ckpt_schema *ckpt_schema_of_version(long version);
 /* The schema a checkpoint of this model is written in. */
 const struct ckpt_schema *ckpt_schema_for(const struct gpt_shape *shape);
@@ -73,14 +37,11 @@ size_t schema_type_size(enum schema_type type);
 /* Values of the named dimensions of one file. */
 struct ckpt_dims {
     long layers, block_params, vocab, max_seq, channels, pp, dp, history;
-    /* schema version 2 or 3 (MoE blocks); -1 in a version-1 file */
-    long moe_layers, experts, router_params, expert_rows, expert_params;
-    /* schema version 3: the shared tensors' floats (a /blocks row), the
-     * dense blocks (/mlp rows, 0 with moe_every 1) and an MLP's floats;
-     * -1 otherwise */
-    long shared_params, dense_layers, mlp_params;
-    /* with MoD blocks (checkpoint_schema/mod.def); -1 otherwise */
-    long mod_layers, mod_params;
+    /* the dimensions the schemes' fragments name (dyn_ckpt_dims), once
+     * the model is known */
+    int scheme_dims;
+    const char *scheme_dim_names[DYN_CKPT_PARTS_MAX];
+    long scheme_dim_values[DYN_CKPT_PARTS_MAX];
     long dyn_state;          /* extension dyn.def: /dyn/state's length; -1 without /dyn */
 };
 /* The dimensions of a model's checkpoint (pp, dp and history are the
@@ -113,8 +74,8 @@ void ckpt_problem(struct ckpt_problems *problems, const char *fmt, ...);
 /* What the structural check learned about a file. */
 struct ckpt_header {
     struct ckpt_dims dims;
-    struct gpt_shape shape;     /* its ints set once the attributes are in range;
-                                   shape.moe: every, experts, top_k, hidden (v2) */
+    struct gpt_shape shape;     /* its ints set once the attributes are in range, with
+                                   the schemes the file holds (dyn_ckpt_file_check) */
     long heads;                 /* /model heads as stored (shape.heads once checked) */
     long schema_version;
     const struct ckpt_schema *schema;   /* of schema_version, once known */
@@ -125,9 +86,7 @@ struct ckpt_header {
     char dynmo_version[32];
     char created[32];
     char *config_text;          /* dm_alloc'd */
-    char attention[16];         /* /model attention (model-keys.def), "" when absent */
-    int mod_routing_ok;         /* /model mod_routing is topk, causal or "" */
-    int model_keys;             /* the file has model-keys.def's lines (hash, MoD) */
+    struct dyn_ckpt_file *schemes;   /* what the file holds of the schemes' fragments */
     char dyn_kind[32];          /* /dyn attribute kind (extension dyn.def), or "" */
 };
 void ckpt_header_free(struct ckpt_header *header);
@@ -213,38 +172,5 @@ void ckpt_dyn_write_attributes(hid_t file, const struct ckpt_meta *meta);
  * over `bytes` bytes (fletcher32.c gives the definition); the filter
  * stores it little-endian after the chunk. */
 uint32_t ckpt_fletcher32(const void *data, size_t bytes);
-
-/* ---- hash attention and mixture of depths in the checkpoint (ckpt_modhash.c) --
- * A model with either is written in its base schema (v1, or v3 with MoE
- * blocks; v2 is read) plus checkpoint_schema/model-keys.def (the /model keys) and, with
- * MoD blocks, mod.def (/mod: their router and predictor rows): the lines of
- * ckpt_schema_extended, the base's first. A dense model's schema is the
- * base alone. */
-const struct ckpt_schema *ckpt_schema_extended(const struct ckpt_schema *base, int with_mod);
-int ckpt_shape_has_model_keys(const struct gpt_shape *shape);
-/* Rank 0 writes the keys into the skeleton's /model group. */
-void ckpt_write_model_keys(hid_t model_group, const struct gpt_shape *shape);
-/* mod.def's format (its SCHEMA_VERSION), written as /mod attribute format. */
-#define CKPT_MOD_FORMAT 2
-/* With MoD blocks, rank 0 writes /mod's attributes format and
- * predictor_hidden into the skeleton. */
-void ckpt_write_mod_attributes(hid_t file, const struct gpt_shape *shape);
-/* For the structural check, before the attributes: 0 when the file has no
- * /mod or its /mod attribute format is CKPT_MOD_FORMAT; else reports the
- * format the file has (1 when the attribute is absent: written before
- * it) and returns -1, and the check stops there. */
-int ckpt_check_mod_format(hid_t file, struct ckpt_problems *problems);
-/* The schema an open file is checked against: base, or base extended when
- * its /model has the keys. */
-const struct ckpt_schema *ckpt_schema_of_file(hid_t file, const struct ckpt_schema *base);
-/* A string key of /model into the header (attention, mod_routing, mod_capacity);
- * /mod's predictor_hidden goes into shape.mod with the integer attributes. */
-void ckpt_header_store_model_key(struct ckpt_header *h, const char *name, const char *text);
-/* Checks the keys' values and sets the MoD dimensions; 0, or -1 after reporting. */
-int ckpt_check_model_keys(struct ckpt_header *h, struct ckpt_problems *problems);
-/* 0 when the checkpoint's attention and MoD keys are the run's, else -1
- * with one message in err. */
-int ckpt_compare_model_keys(const struct gpt_shape *file_shape,
-                            const struct gpt_shape *run_shape, char *err, size_t errsize);
 
 #endif

@@ -35,9 +35,7 @@ void ckpt_meta_free(struct ckpt_meta *meta)
     layout_history_free(&meta->history);
     dm_free(meta->frozen);
     dm_free(meta->sparsity);
-    dm_free(meta->moe_bias);
-    dm_free(meta->moe_tokens);
-    dm_free(meta->moe_dropped);
+    dyn_ckpt_states_free(meta->scheme_states);
     dm_free(meta->dyn_state);
     memset(meta, 0, sizeof *meta);
 }
@@ -80,87 +78,51 @@ static int load_embedding_slab(hid_t file, struct gpt *model, float *staging,
     return status;
 }
 
-/* The tensors every block has (ln1_w .. ln2_b) into the slab's front and,
- * for a dense block, its MLP after them. Version 3 (a model with MoE
- * blocks): the /blocks row holds the shared tensors alone, a dense block's
- * MLP is its /mlp row. Version 2: the /blocks row is a dense block whole,
- * or an MoE block's shared tensors padded with zeros to a dense block's
- * width (the padding is read and dropped). Version 1: the /blocks row is
- * the dense block. Returns 0, or -1 after reporting. */
+/* Version 1: the block whole, its /blocks row. */
+static int read_block_row(hid_t file, struct block *blk, struct ckpt_problems *problems)
+{
+    size_t n = block_param_count(blk->C);
+    return ckpt_read_floats(file, "/blocks/params", blk->index, n, blk->params, problems) ||
+           ckpt_read_floats(file, "/blocks/adam_m", blk->index, n, blk->m, problems) ||
+           ckpt_read_floats(file, "/blocks/adam_v", blk->index, n, blk->v, problems);
+}
+
+/* One stored row of floats floats (stored floats in the file, the rest
+ * padding read and dropped) into out. */
+static int read_row(hid_t file, const char *name, long row, size_t floats, size_t stored,
+                    float *out, struct ckpt_problems *problems)
+{
+    if (stored <= floats) return ckpt_read_floats(file, name, row, floats, out, problems);
+    float *padded = dm_alloc(stored * sizeof(float));
+    int status = ckpt_read_floats(file, name, row, stored, padded, problems);
+    if (status == 0) memcpy(out, padded, floats * sizeof(float));
+    dm_free(padded);
+    return status;
+}
+
+/* A block's rows (dyn_ckpt_block_rows: the schemes', the sharded ones
+ * being this block's own parts, and its /blocks row unless a scheme's
+ * version holds its tensors). Returns 0, or -1 after reporting. */
 static int read_block_rows(hid_t file, const struct ckpt_header *header,
                            const struct gpt *model, struct block *blk,
                            struct ckpt_problems *problems)
 {
-    size_t dense = block_param_count(blk->C), shared = moe_shared_param_count(blk->C);
+    struct dyn_ckpt_rows rows[DYN_CKPT_ROWS_MAX];
+    int base, n = dyn_ckpt_block_rows(&model->shape, header->schema_version, blk, rows,
+                                      DYN_CKPT_ROWS_MAX, &base);
+    if (!base && read_block_row(file, blk, problems)) return -1;
     float *bases[3] = {blk->params, blk->m, blk->v};
     const char *kinds[3] = {"params", "adam_m", "adam_v"};
-    int split = header->schema_version == CHECKPOINT_SCHEMA_VERSION_MOE;
-    float *row = blk->moe && !split ? dm_alloc(dense * sizeof(float)) : NULL;
-    int status = 0;
-    for (int k = 0; k < 3 && status == 0; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "/blocks/%s", kinds[k]);
-        if (split) {
-            status = ckpt_read_floats(file, name, blk->index, shared, bases[k], problems);
-            snprintf(name, sizeof name, "/mlp/%s", kinds[k]);
-            if (status == 0 && !blk->moe)
-                status = ckpt_read_floats(file, name,
-                                          gpt_moe_dense_ordinal(&model->shape, blk->index),
-                                          dense - shared, bases[k] + shared, problems);
-        } else if (blk->moe) {
-            status = ckpt_read_floats(file, name, blk->index, dense, row, problems);
-            if (status == 0) memcpy(bases[k], row, shared * sizeof(float));
-        } else {
-            status = ckpt_read_floats(file, name, blk->index, dense, bases[k], problems);
+    for (int r = 0; r < n; r++)
+        for (int k = 0; k < 3; k++) {
+            char name[96];
+            snprintf(name, sizeof name, "%s/%s", rows[r].group, kinds[k]);
+            for (long i = 0; i < rows[r].count; i++)
+                if (read_row(file, name, rows[r].row + i, rows[r].floats, rows[r].stored,
+                             bases[k] + rows[r].offset + (size_t)i * rows[r].floats, problems))
+                    return -1;
         }
-    }
-    dm_free(row);
-    return status ? -1 : 0;
-}
-
-/* An MoE block's rows of /moe (schema version 2 or 3): its router's row
- * and the rows of the experts it holds (all, or its expert shard), and its
- * state from meta. Returns 0, or -1 after reporting. */
-static int read_moe_block(hid_t file, const struct ckpt_meta *meta, const struct gpt *model,
-                          struct block *blk, struct ckpt_problems *problems)
-{
-    struct block_moe *moe = blk->moe;
-    int E = moe->cfg.experts, C = blk->C;
-    long j = gpt_moe_ordinal(&model->shape, blk->index);
-    size_t shared = moe_shared_param_count(C), router = (size_t)E * C;
-    float *bases[3] = {blk->params, blk->m, blk->v};
-    const char *kinds[3] = {"params", "adam_m", "adam_v"};
-    int status = 0;
-    for (int k = 0; k < 3 && status == 0; k++) {
-        char name[64];
-        snprintf(name, sizeof name, "/moe/router/%s", kinds[k]);
-        status = ckpt_read_floats(file, name, j, router, bases[k] + shared, problems);
-        snprintf(name, sizeof name, "/moe/experts/%s", kinds[k]);
-        for (int e = 0; e < moe_owned_experts(&moe->cfg) && status == 0; e++)   /* held only */
-            status = ckpt_read_floats(file, name, j * E + moe->cfg.shard_first + e,
-                                      moe->expert_params,
-                                      bases[k] + shared + router + (size_t)e * moe->expert_params,
-                                      problems);
-    }
-    if (status) return -1;
-    DM_ASSERT(meta->moe_bias && meta->experts == E && j < meta->moe_blocks);
-    for (int e = 0; e < E; e++) {
-        moe->bias[e] = meta->moe_bias[j * E + e];
-        moe->tokens[e] = meta->moe_tokens[j * E + e];
-        moe->dropped[e] = meta->moe_dropped[j * E + e];
-    }
     return 0;
-}
-
-/* A MoD block's router and predictor: row j of /mod (mod.def). */
-static int read_mod_block(hid_t file, const struct gpt *model, struct block *blk,
-                          struct ckpt_problems *problems)
-{
-    long j = gpt_mod_ordinal(&model->shape, blk->index);
-    size_t dense = block_param_count(blk->C), n = blk->nparams - dense;
-    return ckpt_read_floats(file, "/mod/params", j, n, blk->params + dense, problems) ||
-           ckpt_read_floats(file, "/mod/adam_m", j, n, blk->m + dense, problems) ||
-           ckpt_read_floats(file, "/mod/adam_v", j, n, blk->v + dense, problems);
 }
 
 /* A block's rows into its slab (into the load's host staging on a device,
@@ -172,9 +134,8 @@ static int load_block(hid_t file, const struct ckpt_header *header,
 {
     struct block view = block_host_view(blk, staging, 0);
     int status = read_block_rows(file, header, model, &view, problems);
-    if (status == 0 && view.moe) status = read_moe_block(file, meta, model, &view, problems);
-    if (status == 0 && view.mod) status = read_mod_block(file, model, &view, problems);
     if (status == 0) {
+        dyn_ckpt_apply_states(meta->scheme_states, &model->shape, blk);
         memset(view.grads, 0, view.nparams * sizeof(float));
         block_host_view_store(blk, &view);
     }

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
 #include "ckpt/h5util.h"
 
 /* Elements per chunk: small enough that the per-step flush rewrites little,
@@ -50,10 +51,11 @@ static int rows_are_steps(const char *name)
 /* What a cell holds where nothing was measured (a step before a resume in
  * a new run.out_dir, a stage past a re-pack, a dataset the resumed run does
  * not write): NaN, or for integers 0 (no blocks on that stage, no ranks),
- * -1 for the MoE counts (not counted, where 0 is a count). */
+ * or what a scheme's signal declares (-1 for counts where 0 is a count). */
 static int int_filler(const char *name)
 {
-    return !strcmp(name, RUNLOG_MOE_TOKENS) || !strcmp(name, RUNLOG_MOE_DROPPED) ? -1 : 0;
+    const struct dyn_signal *signal = dyn_signal_of_dataset(name);
+    return signal ? signal->filler : 0;
 }
 
 static unsigned long hash_name(const char *name)

@@ -125,6 +125,7 @@ static const struct config_key keys[] = {
 };
 #undef F
 #define NKEYS (sizeof keys / sizeof keys[0])
+_Static_assert(NKEYS <= CONFIG_MAX_KEYS, "struct dm_config.key_set has a flag per key");
 
 void config_defaults(struct dm_config *cfg)
 {
@@ -206,6 +207,22 @@ void config_defaults(struct dm_config *cfg)
     cfg->repack_every = 50;
     cfg->repack_epsilon = 0.05;
     cfg->repack_min_ranks = 1;
+}
+
+int config_was_set(const struct dm_config *cfg, const char *key)
+{
+    const char *dot = strchr(key, '.');
+    DM_ASSERT(dot != NULL);
+    size_t len = (size_t)(dot - key);
+    int any = !strcmp(dot + 1, "*"), known = 0;
+    for (size_t i = 0; i < NKEYS; i++) {
+        if (strlen(keys[i].section) != len || strncmp(keys[i].section, key, len) != 0) continue;
+        if (!any && strcmp(keys[i].name, dot + 1) != 0) continue;
+        known = 1;
+        if (cfg->key_set[i]) return 1;
+    }
+    if (!known) DM_FATAL("config_was_set: no key %s", key);
+    return 0;
 }
 
 enum dm_schedule config_schedule(const struct dm_config *cfg)
@@ -336,14 +353,7 @@ static int set_key(struct dm_config *cfg, const char *section, const char *name,
     }
     const struct config_key *key = &keys[k];
     char *field = (char *)cfg + key->offset;
-    if (!strcmp(section, "moe") || key->offset == offsetof(struct dm_config, experts) ||
-        key->offset == offsetof(struct dm_config, top_k) ||
-        key->offset == offsetof(struct dm_config, expert_hidden))
-        cfg->moe_keys_set = 1;
-    if (!strcmp(section, "mod")) cfg->mod_keys_set = 1;
-    if (key->offset == offsetof(struct dm_config, mod_predictor_hidden))
-        cfg->mod_predictor_hidden_set = 1;
-    if (!strcmp(section, "hash")) cfg->hash_keys_set = 1;
+    cfg->key_set[k] = 1;
     return set_value(key, field, section, name, value, err, errsize);
 }
 
@@ -536,101 +546,6 @@ void config_apply_override(struct dm_config *cfg, const char *assignment)
     free(buf);
 }
 
-/* The mixture-of-experts keys (docs/moe.md) and the expert-parallel
- * degree. */
-static void config_validate_moe(const struct dm_config *cfg)
-{
-    if (cfg->moe_every == 0) {
-        if (cfg->moe_keys_set)
-            dm_user_error("MoE keys are set ([moe] or model.experts, model.top_k, "
-                          "model.expert_hidden) but model.moe_every = 0 (no MoE blocks): set "
-                          "model.moe_every, or remove those keys");
-        if (cfg->ep != 1)
-            dm_user_error("parallel.ep = %d needs MoE blocks, but model.moe_every = 0",
-                          cfg->ep);
-        return;
-    }
-    if (cfg->moe_every > cfg->layers)
-        dm_user_error("model.moe_every = %d exceeds model.layers = %d: no block would be a "
-                      "mixture of experts", cfg->moe_every, cfg->layers);
-    if (cfg->top_k > cfg->experts)
-        dm_user_error("model.top_k = %d exceeds model.experts = %d: a token cannot choose "
-                      "more experts than there are (E >= k)", cfg->top_k, cfg->experts);
-    if (strcmp(cfg->moe_router, "softmax") != 0 && strcmp(cfg->moe_router, "sigmoid") != 0)
-        dm_user_error("moe.router = '%s' must be softmax or sigmoid", cfg->moe_router);
-    if (strcmp(cfg->moe_drop, "probs") != 0 && strcmp(cfg->moe_drop, "position") != 0 &&
-        strcmp(cfg->moe_drop, "slot") != 0)
-        dm_user_error("moe.drop = '%s' must be probs, position or slot", cfg->moe_drop);
-    char value[32];
-    dm_format_shortest(value, sizeof value, cfg->bias_rate);
-    if (cfg->bias_rate > 0 && strcmp(cfg->moe_router, "sigmoid") != 0)
-        dm_user_error("moe.bias_rate = %s needs moe.router = sigmoid (the selection bias "
-                      "belongs to the sigmoid-score router)", value);
-    if (!strcmp(cfg->dyn_kind, "prune") || !strcmp(cfg->dyn_kind, "early_exit"))
-        dm_user_error("dyn.kind = %s does not support MoE blocks yet (model.moe_every = %d)",
-                      cfg->dyn_kind, cfg->moe_every);
-    if (cfg->dp % cfg->ep != 0)
-        dm_user_error("parallel.ep = %d does not divide parallel.dp = %d", cfg->ep, cfg->dp);
-    if (cfg->experts % cfg->ep != 0)
-        dm_user_error("parallel.ep = %d does not divide model.experts = %d", cfg->ep,
-                      cfg->experts);
-}
-
-/* Mixture of depths and hash-sparse attention (docs/mod-hash.md). */
-static void config_validate_mod_hash(const struct dm_config *cfg)
-{
-    if (cfg->mod_every == 0 && cfg->mod_keys_set)
-        dm_user_error("[mod] is set (mod.routing = %s, mod.predictor_hidden = %d) but "
-                      "model.mod_every = 0 (no mixture-of-depths blocks): set "
-                      "model.mod_every, or remove [mod]", cfg->mod_routing,
-                      cfg->mod_predictor_hidden);
-    if (cfg->mod_every > 0) {
-        char value[32];
-        dm_format_shortest(value, sizeof value, cfg->mod_capacity);
-        if (!(cfg->mod_capacity > 0.0 && cfg->mod_capacity <= 1.0))
-            dm_user_error("model.mod_capacity = %s is outside (0, 1]: it is the fraction of "
-                          "a sequence's tokens a mixture-of-depths block processes", value);
-        if (cfg->mod_every > cfg->layers)
-            dm_user_error("model.mod_every = %d exceeds model.layers = %d: no block would "
-                          "be a mixture of depths", cfg->mod_every, cfg->layers);
-        if (strcmp(cfg->mod_routing, "topk") != 0 && strcmp(cfg->mod_routing, "causal") != 0)
-            dm_user_error("mod.routing = '%s' must be topk or causal", cfg->mod_routing);
-        if (cfg->mod_predictor_hidden < 1 || cfg->mod_predictor_hidden > 65536)
-            dm_user_error("mod.predictor_hidden = %d is outside 1..65536: it is the hidden "
-                          "width of the causal routing's MLP predictor",
-                          cfg->mod_predictor_hidden);
-        if (cfg->mod_predictor_hidden_set && strcmp(cfg->mod_routing, "causal") != 0)
-            dm_user_error("mod.predictor_hidden = %d is set but mod.routing = %s has no "
-                          "predictor: set mod.routing = causal, or remove "
-                          "mod.predictor_hidden", cfg->mod_predictor_hidden, cfg->mod_routing);
-    }
-    int hash = !strcmp(cfg->attention, "hash");
-    if (!hash && strcmp(cfg->attention, "dense") != 0)
-        dm_user_error("model.attention = '%s' must be dense or hash", cfg->attention);
-    if (!hash && cfg->hash_keys_set)
-        dm_user_error("hash.buckets = %d is set but model.attention = dense: set "
-                      "model.attention = hash, or remove [hash]", cfg->hash_buckets);
-    if (hash && (cfg->hash_buckets < 1 || (cfg->hash_buckets > 1 && cfg->hash_buckets % 2)))
-        dm_user_error("hash.buckets = %d must be 1 or an even number >= 2 (the hash is the "
-                      "argmax over [xR ; -xR], R with buckets / 2 columns)",
-                      cfg->hash_buckets);
-    if (hash && cfg->hash_buckets > cfg->max_seq)
-        dm_user_error("hash.buckets = %d exceeds model.max_seq = %d: a sequence has fewer "
-                      "tokens than buckets (at most max_seq buckets)", cfg->hash_buckets,
-                      cfg->max_seq);
-    if (hash && !strcmp(cfg->dyn_kind, "early_exit"))
-        dm_user_error("model.attention = hash does not combine with dyn.kind = early_exit "
-                      "(exited tokens answer as keys outside the hash buckets)");
-    if (cfg->mod_every > 0 && cfg->moe_every > 0)
-        dm_user_error("model.mod_every = %d with model.moe_every = %d: mixture of depths "
-                      "and mixture of experts do not combine yet; set one of them to 0",
-                      cfg->mod_every, cfg->moe_every);
-    if (cfg->mod_every > 0 && (!strcmp(cfg->dyn_kind, "prune") ||
-                               !strcmp(cfg->dyn_kind, "early_exit")))
-        dm_user_error("dyn.kind = %s does not combine with mixture of depths "
-                      "(model.mod_every = %d) yet", cfg->dyn_kind, cfg->mod_every);
-}
-
 /* train.precision: tensor-core operands exist on a device only. */
 static void config_validate_precision(const struct dm_config *cfg)
 {
@@ -672,8 +587,6 @@ void config_validate(const struct dm_config *cfg)
     if ((cfg->ckpt_every > 0 || cfg->repack_enable) && !cfg->ckpt_dir[0])
         dm_user_error("%s needs ckpt.dir: name a checkpoint directory",
                       cfg->repack_enable ? "repack.enable = 1" : "ckpt.every > 0");
-    config_validate_moe(cfg);
-    config_validate_mod_hash(cfg);
     if (!cfg->train_path[0]) dm_user_error("data.train is empty: name a token file");
     if (!cfg->out_dir[0]) dm_user_error("run.out_dir is empty: name an output directory");
 }

@@ -33,20 +33,24 @@ struct early_exit {
     double skipped_share;
 };
 
-static void *early_exit_create(const struct dm_config *cfg, const struct dyn_env *env)
+static void early_exit_check(const struct dm_config *cfg)
 {
-    struct early_exit *e = dm_alloc(sizeof *e);
+    if (strcmp(cfg->dyn_kind, "early_exit") != 0) return;
     if (cfg->exit_from >= cfg->layers - 1)
         dm_user_error("dyn.exit_from = %d leaves no block to skip: model.layers = %d, so "
                       "exit_from must be below %d", cfg->exit_from, cfg->layers,
                       cfg->layers - 1);
-    if (!strcmp(cfg->exit_confidence, "softmax"))
-        e->exit.confidence = GPT_EXIT_SOFTMAX;
-    else if (!strcmp(cfg->exit_confidence, "saturation"))
-        e->exit.confidence = GPT_EXIT_SATURATION;
-    else
+    if (strcmp(cfg->exit_confidence, "softmax") != 0 &&
+        strcmp(cfg->exit_confidence, "saturation") != 0)
         dm_user_error("dyn.exit_confidence = '%s' must be softmax or saturation",
                       cfg->exit_confidence);
+}
+
+static void *early_exit_create(const struct dm_config *cfg, const struct dyn_env *env)
+{
+    struct early_exit *e = dm_alloc(sizeof *e);
+    e->exit.confidence = !strcmp(cfg->exit_confidence, "saturation") ? GPT_EXIT_SATURATION
+                                                                      : GPT_EXIT_SOFTMAX;
     e->exit.from = cfg->exit_from;
     e->exit.threshold = (float)cfg->exit_threshold;
     e->exit.loss_weight = (float)cfg->exit_loss_weight;
@@ -137,8 +141,34 @@ static void early_exit_describe(const void *state, const struct gpt *model, char
     snprintf(buf, size, "skipped %.1f%% token-blocks", 100.0 * e->skipped_share);
 }
 
+/* The share of the tokens reaching the block that it computed in the
+ * step (1 while no token has exited). */
+static void read_active(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    const struct gpt_exit *x = model->exit;
+    int layer = model->first_block + i;
+    value[0] = x && x->layer_tokens && x->layer_tokens[layer] > 0
+                   ? x->layer_computed[layer] / x->layer_tokens[layer] : 1.0;
+}
+
+static const struct dyn_signal early_exit_signals[] = {
+    {"/layers/active", "active tokens", "share",
+     "the share of the tokens reaching the block that it computed (the rest had exited)",
+     DYN_SIGNAL_LAYERS, DYN_COMBINE_REPLICA0, 0, 0, NULL, NULL, read_active},
+};
+
+static const char *const early_exit_keys[] = {"dyn.exit_from", "dyn.exit_threshold",
+                                              "dyn.exit_confidence", "dyn.exit_loss_weight",
+                                              "dyn.exit_warmup", NULL};
+
 const struct dyn_scheme dyn_scheme_early_exit = {
+    .name = "early_exit",
     .kind = "early_exit",
+    .keys = early_exit_keys,
+    .check = early_exit_check,
+    .signals = early_exit_signals,
+    .signal_count = 1,
     .create = early_exit_create,
     .destroy = early_exit_destroy,
     .before_step = early_exit_before_step,

@@ -43,6 +43,19 @@ struct freeze {
     double *history;     /* (layers, 2 * window) ring of gradient norms */
 };
 
+static void freeze_check(const struct dm_config *cfg)
+{
+    if (strcmp(cfg->dyn_kind, "freeze") != 0) return;
+    if (cfg->freeze_max > cfg->layers)
+        dm_user_error("dyn.freeze_max = %d exceeds model.layers = %d", cfg->freeze_max,
+                      cfg->layers);
+    long norms = (long)cfg->layers * 2 * cfg->freeze_window;
+    if (norms + 3 > DYN_STATE_MAX)
+        dm_user_error("dyn.freeze_window = %d over %d blocks keeps %ld gradient norms, more "
+                      "than a checkpoint holds (%ld): choose a shorter window",
+                      cfg->freeze_window, cfg->layers, norms, DYN_STATE_MAX - 3);
+}
+
 static void *freeze_create(const struct dm_config *cfg, const struct dyn_env *env)
 {
     struct freeze *f = dm_alloc(sizeof *f);
@@ -52,14 +65,6 @@ static void *freeze_create(const struct dm_config *cfg, const struct dyn_env *en
     f->threshold = cfg->freeze_threshold;
     f->per_check = cfg->freeze_per_check;
     f->max_frozen = cfg->freeze_max < 0 ? cfg->layers - 1 : cfg->freeze_max;
-    if (f->max_frozen > cfg->layers)
-        dm_user_error("dyn.freeze_max = %d exceeds model.layers = %d", cfg->freeze_max,
-                      cfg->layers);
-    long norms = (long)cfg->layers * 2 * cfg->freeze_window;
-    if (norms + 3 > DYN_STATE_MAX)
-        dm_user_error("dyn.freeze_window = %d over %d blocks keeps %ld gradient norms, more "
-                      "than a checkpoint holds (%ld): choose a shorter window",
-                      cfg->freeze_window, cfg->layers, norms, DYN_STATE_MAX - 3);
     f->comm = env->pipeline_comm;
     f->history = dm_alloc((size_t)cfg->layers * 2 * (size_t)f->window * sizeof(double));
     return f;
@@ -213,8 +218,15 @@ static int freeze_state_restore(void *state, const double *in, long n, char *err
     return 0;
 }
 
+static const char *const freeze_keys[] = {"dyn.freeze_window", "dyn.freeze_threshold",
+                                          "dyn.freeze_every", "dyn.freeze_max",
+                                          "dyn.freeze_per_check", NULL};
+
 const struct dyn_scheme dyn_scheme_freeze = {
+    .name = "freeze",
     .kind = "freeze",
+    .keys = freeze_keys,
+    .check = freeze_check,
     .create = freeze_create,
     .destroy = freeze_destroy,
     .before_step = freeze_before_step,

@@ -253,8 +253,9 @@ uint64_t prune_radix_cut(MPI_Comm comm, prune_histogram_fn histogram, void *ctx,
 
 /* ---- the scheme ----------------------------------------------------------------- */
 
-static void *prune_create(const struct dm_config *cfg, const struct dyn_env *env)
+static void prune_check(const struct dm_config *cfg)
 {
+    if (strcmp(cfg->dyn_kind, "prune") != 0) return;
     char initial[32], final[32];   /* as read: 0.5 and 0.50000001 differ */
     dm_format_shortest(initial, sizeof initial, cfg->sparsity_initial);
     dm_format_shortest(final, sizeof final, cfg->sparsity_final);
@@ -268,6 +269,10 @@ static void *prune_create(const struct dm_config *cfg, const struct dyn_env *env
     char err[320];
     if (prune_check_model(cfg->layers, cfg->channels, err, sizeof err))
         dm_user_error("%s", err);
+}
+
+static void *prune_create(const struct dm_config *cfg, const struct dyn_env *env)
+{
     struct prune *pr = dm_alloc(sizeof *pr);
     pr->cfg = *cfg;
     pr->comm = env->pipeline_comm;
@@ -416,8 +421,30 @@ static void prune_describe(const void *state, const struct gpt *model, char *buf
              model->num_blocks);
 }
 
+/* The pruned share of the block's matrices. */
+static void read_sparsity(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    value[0] = block_matrix_sparsity(&model->blocks[i]);
+}
+
+static const struct dyn_signal prune_signals[] = {
+    {"/layers/sparsity", "sparsity", "share",
+     "the pruned share of the block's matrix weights",
+     DYN_SIGNAL_LAYERS, DYN_COMBINE_REPLICA0, 0, 0, NULL, NULL, read_sparsity},
+};
+
+static const char *const prune_config_keys[] = {"dyn.prune_start", "dyn.prune_every", "dyn.prune_steps",
+                                         "dyn.sparsity_initial", "dyn.sparsity_final",
+                                         "dyn.csr_sparsity", NULL};
+
 const struct dyn_scheme dyn_scheme_prune = {
+    .name = "prune",
     .kind = "prune",
+    .keys = prune_config_keys,
+    .check = prune_check,
+    .signals = prune_signals,
+    .signal_count = 1,
     .create = prune_create,
     .destroy = prune_destroy,
     .before_step = prune_before_step,

@@ -8,6 +8,7 @@
  * same bits. The pack format is documented byte by byte in
  * docs/block-slab.md; change both together. Nothing here calls MPI. */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include "dynmo/backend.h"
@@ -48,38 +49,55 @@ int block_tensor_is_matrix(int k)
     return k == BP_QKV_W || k == BP_ATTPROJ_W || k == BP_FC_W || k == BP_FCPROJ_W;
 }
 
+/* Whether an extension replaces the block's MLP. */
+static int block_replaces_mlp(const struct block *blk)
+{
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->replaces_mlp) return 1;
+    return 0;
+}
+
+/* The tensors of the block itself, before its extensions': the dense
+ * ones, or those before the MLP when an extension replaces it. */
+static int own_tensor_count(const struct block *blk)
+{
+    return block_replaces_mlp(blk) ? BP_FC_W : BP_COUNT;
+}
+
 int block_tensor_count(const struct block *blk)
 {
-    return blk->moe ? BP_FC_W + 1 + 4 * moe_owned_experts(&blk->moe->cfg)
-                    : BP_COUNT + block_mod_tensor_count(blk);
+    int n = own_tensor_count(blk);
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->tensor_count) n += blk->ext[i].ops->tensor_count(blk->ext[i].state);
+    return n;
+}
+
+/* Tensor k of the block's extensions (k counted from the first of theirs):
+ * each extension's offsets are from its floats' start in the slab. */
+static int ext_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size)
+{
+    for (int i = 0; i < blk->ext_count; i++) {
+        const struct block_ext_slot *slot = &blk->ext[i];
+        int n = slot->ops->tensor_count ? slot->ops->tensor_count(slot->state) : 0;
+        if (k >= n) {
+            k -= n;
+            continue;
+        }
+        int matrix = slot->ops->tensor_at(slot->state, k, offset, size);
+        *offset += slot->offset;
+        return matrix;
+    }
+    DM_FATAL("block %d has no extension tensor %d", blk->index, k);
 }
 
 int block_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size)
 {
     int C = blk->C;
     DM_ASSERT(k >= 0 && k < block_tensor_count(blk));
-    if (blk->mod && k >= BP_COUNT) return block_mod_tensor_at(blk, k, offset, size);
-    if (!blk->moe || k < BP_FC_W) {
-        *offset = block_tensor_offset(C, k);
-        *size = block_tensor_size(C, k);
-        return block_tensor_is_matrix(k);
-    }
-    const struct block_moe *moe = blk->moe;
-    size_t c = (size_t)C, E = (size_t)moe->cfg.experts, H = (size_t)moe->cfg.hidden;
-    size_t base = moe_shared_param_count(C);
-    if (k == BP_FC_W) {          /* the router */
-        *offset = base;
-        *size = E * c;
-        return 1;
-    }
-    int e = (k - BP_FC_W - 1) / 4, part = (k - BP_FC_W - 1) % 4;
-    size_t at = base + E * c + (size_t)e * moe->expert_params;
-    static const int matrix[4] = {1, 0, 1, 0};   /* fc_w fc_b fcproj_w fcproj_b */
-    size_t sizes[4] = {H * c, H, c * H, c};
-    for (int i = 0; i < part; i++) at += sizes[i];
-    *offset = at;
-    *size = sizes[part];
-    return matrix[part];
+    if (k >= own_tensor_count(blk)) return ext_tensor_at(blk, k - own_tensor_count(blk), offset, size);
+    *offset = block_tensor_offset(C, k);
+    *size = block_tensor_size(C, k);
+    return block_tensor_is_matrix(k);
 }
 
 uint64_t block_tensor_stream(int index, int k)
@@ -89,9 +107,70 @@ uint64_t block_tensor_stream(int index, int k)
 
 /* ---- slab and initialisation ---------------------------------------------- */
 
+int gpt_block_has_mlp(const struct gpt_shape *shape, int index)
+{
+    for (int i = 0; i < shape->ext_count; i++)
+        if (shape->ext[i].ops->replaces_mlp && gpt_ext_owns(&shape->ext[i], shape, index))
+            return 0;
+    return 1;
+}
+
+int gpt_shape_replaces_mlp(const struct gpt_shape *shape)
+{
+    for (int l = 0; l < shape->layers; l++)
+        if (!gpt_block_has_mlp(shape, l)) return 1;
+    return 0;
+}
+
+int gpt_mlp_ordinal(const struct gpt_shape *shape, int index)
+{
+    if (!gpt_block_has_mlp(shape, index)) return -1;
+    int n = 0;
+    for (int l = 0; l < index; l++) n += gpt_block_has_mlp(shape, l);
+    return n;
+}
+
+/* The floats of a block of layer index before its extensions': the dense
+ * tensors, or those before the MLP when an extension replaces it. */
+static size_t own_param_count(const struct gpt_shape *shape, int index)
+{
+    int C = shape->channels;
+    return gpt_block_has_mlp(shape, index) ? block_param_count(C)
+                                           : block_tensor_offset(C, BP_FC_W);
+}
+
+size_t gpt_block_param_count(const struct gpt_shape *shape, int index)
+{
+    size_t n = own_param_count(shape, index);
+    for (int i = 0; i < shape->ext_count; i++) {
+        const struct gpt_ext *ext = &shape->ext[i];
+        if (ext->ops->floats && gpt_ext_owns(ext, shape, index))
+            n += ext->ops->floats(ext, shape, index);
+    }
+    return n;
+}
+
+/* The extensions that own layer index, each with its floats after the
+ * block's own and its state (views into the slab). */
+static void block_alloc_ext(struct block *blk, const struct gpt_shape *shape)
+{
+    size_t at = own_param_count(shape, blk->index);
+    for (int i = 0; i < shape->ext_count; i++) {
+        const struct gpt_ext *ext = &shape->ext[i];
+        if (!gpt_ext_owns(ext, shape, blk->index)) continue;
+        struct block_ext_slot *slot = &blk->ext[blk->ext_count++];
+        slot->ops = ext->ops;
+        slot->offset = at;
+        if (ext->ops->alloc)
+            slot->state = ext->ops->alloc(ext, shape, blk, blk->params + at, blk->grads + at);
+        if (ext->ops->floats) at += ext->ops->floats(ext, shape, blk->index);
+    }
+    DM_ASSERT(at == blk->nparams);
+}
+
 /* zero = 0 leaves params and Adam moments unset (the caller fills them at
  * once); gradients are always zero. The block's size and kind (dense or
- * MoE) are the shape's for layer `index`. */
+ * MoE, its extensions) are the shape's for layer `index`. */
 static void block_alloc_slab(struct block *blk, int index, const struct gpt_shape *shape,
                              int zero)
 {
@@ -113,16 +192,13 @@ static void block_alloc_slab(struct block *blk, int index, const struct gpt_shap
     blk->grads = blk->params + blk->nparams;
     blk->m = blk->grads + blk->nparams;
     blk->v = blk->m + blk->nparams;
-    blk->hash_buckets = shape->hash.buckets;
-    blk->hash_seed = (uint64_t)shape->hash.seed_lo | ((uint64_t)shape->hash.seed_hi << 32);
-    int moe = gpt_block_is_moe(shape, index);
-    for (int k = 0; k < (moe ? BP_FC_W : BP_COUNT); k++) {
+    int tensors = gpt_block_has_mlp(shape, index) ? BP_COUNT : BP_FC_W;
+    for (int k = 0; k < tensors; k++) {
         size_t off = block_tensor_offset(C, k);
         blk->p[k] = blk->params + off;
         blk->g[k] = blk->grads + off;
     }
-    if (moe) block_moe_alloc(blk, shape);
-    if (gpt_block_is_mod(shape, index)) block_mod_alloc(blk, shape);
+    block_alloc_ext(blk, shape);
 }
 
 struct normal_fill_args {
@@ -172,7 +248,7 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
     float *staging = backend_staging(bytes);   /* drawn on the host, then copied up */
     float *params = backend_write_begin(staging, blk->params);
     if (staging) backend_current()->copy_to_host(params, blk->params, bytes);
-    for (int k = 0; k < (blk->moe ? BP_FC_W : BP_COUNT); k++) {
+    for (int k = 0; k < own_tensor_count(blk); k++) {
         size_t n = block_tensor_size(C, k);
         float *p = params + (blk->p[k] - blk->params);
         if (k == BP_LN1_W || k == BP_LN2_W) {
@@ -183,8 +259,10 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
         }
         /* biases stay zero (the slab is zero) */
     }
-    if (blk->moe) block_moe_init_weights(blk, shape, params, seed);
-    if (blk->mod) block_mod_init_weights(blk, params, seed);
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->init_weights)
+            blk->ext[i].ops->init_weights(blk->ext[i].state, blk, shape,
+                                          params + blk->ext[i].offset, seed);
     backend_write_end(blk->params, params, bytes);
     backend_staging_free(staging);
 }
@@ -192,8 +270,8 @@ void block_init_weights(struct block *blk, const struct gpt_shape *shape, uint64
 void block_free(struct block *blk)
 {
     block_sparse_free(blk);
-    block_moe_free(blk);
-    block_mod_free(blk);
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->free) blk->ext[i].ops->free(blk->ext[i].state);
     if (blk->slab) backend_current()->free(blk->slab);
     memset(blk, 0, sizeof *blk);
 }
@@ -261,24 +339,61 @@ static uint64_t payload_checksum(const unsigned char *p, size_t bytes)
     return h;
 }
 
-/* The dynamic state after v: the pruning state, then the MoE state (a
- * block has at most one of them). */
+/* The extensions' part of the dynamic state, in their order. */
+static size_t ext_pack_bytes(const struct block *blk)
+{
+    size_t n = 0;
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->pack_bytes) n += blk->ext[i].ops->pack_bytes(blk->ext[i].state);
+    return n;
+}
+
+/* The dynamic state after v: the pruning state, then the extensions'
+ * states in their order. */
 static size_t dynamic_bytes(const struct block *blk)
 {
-    return block_sparse_pack_bytes(blk) + block_moe_pack_bytes(blk);
+    return block_sparse_pack_bytes(blk) + ext_pack_bytes(blk);
 }
 
 static void pack_dynamic(const struct block *blk, unsigned char *out)
 {
     block_sparse_pack(blk, out);
-    block_moe_pack(blk, out + block_sparse_pack_bytes(blk));
+    out += block_sparse_pack_bytes(blk);
+    for (int i = 0; i < blk->ext_count; i++) {
+        if (!blk->ext[i].ops->pack_bytes) continue;
+        blk->ext[i].ops->pack(blk->ext[i].state, out);
+        out += blk->ext[i].ops->pack_bytes(blk->ext[i].state);
+    }
+}
+
+/* The extensions' states, each its pack_bytes of what follows the
+ * pruning state; the last of them gets the rest (its unpack says what is
+ * wrong with a state of another size). */
+static int unpack_ext(struct block *blk, const unsigned char *in, size_t bytes, char *err,
+                      size_t errsize)
+{
+    int last = -1;
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->pack_bytes) last = i;
+    for (int i = 0; i <= last; i++) {
+        const struct gpt_ext_ops *ops = blk->ext[i].ops;
+        if (!ops->pack_bytes) continue;
+        size_t n = i == last ? bytes : ops->pack_bytes(blk->ext[i].state);
+        if (n > bytes) n = bytes;
+        if (ops->unpack(blk->ext[i].state, blk, in, n, err, errsize) != 0) return -1;
+        in += n;
+        bytes -= n;
+    }
+    return 0;
 }
 
 static int unpack_dynamic(struct block *blk, uint64_t flags, const unsigned char *in,
                           size_t bytes, char *err, size_t errsize)
 {
-    if (flags & BLOCK_FLAG_MOE) return block_moe_unpack(blk, in, bytes, err, errsize);
-    return block_sparse_unpack(blk, flags, in, bytes, err, errsize);
+    size_t ext = ext_pack_bytes(blk);
+    size_t own = flags & BLOCK_FLAG_MASKED ? (bytes > ext ? bytes - ext : 0) : 0;
+    if (block_sparse_unpack(blk, flags, in, own, err, errsize) != 0) return -1;
+    return unpack_ext(blk, in + own, bytes - own, err, errsize);
 }
 
 /* Every header field but the checksum, which depends on what travels. */
@@ -291,8 +406,8 @@ static void fill_header(struct pack_header *h, const struct block *blk)
     h->channels = blk->C;
     h->heads = blk->NH;
     h->nparams = blk->nparams;
-    h->flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk) |
-               (blk->moe ? BLOCK_FLAG_MOE : 0) | (blk->mod ? BLOCK_FLAG_MOD : 0);
+    h->flags = (blk->frozen ? BLOCK_FLAG_FROZEN : 0) | block_sparse_flags(blk);
+    for (int i = 0; i < blk->ext_count; i++) h->flags |= blk->ext[i].ops->pack_flag;
     h->dynamic_bytes = dynamic_bytes(blk);
     h->payload_bytes = 3 * blk->nparams * sizeof(float) + h->dynamic_bytes;
 }
@@ -315,6 +430,22 @@ void block_pack(const struct block *blk, void *buf)
     fill_header(&h, blk);
     h.checksum = payload_checksum(payload, h.payload_bytes);
     memcpy(out, &h, sizeof h);
+}
+
+/* An extension's flag in a pack header says what the model's layer is. */
+static int check_ext_flag(const struct pack_header *h, const struct gpt_ext *ext,
+                          const struct gpt_shape *shape, char *err, size_t errsize)
+{
+    const struct gpt_ext_ops *ops = ext->ops;
+    if (!ops->pack_flag) return 0;
+    int owns = gpt_ext_owns(ext, shape, h->index), flagged = (h->flags & ops->pack_flag) != 0;
+    if (flagged == owns &&
+        !(owns && ops->never_pruned && (h->flags & (BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR))))
+        return 0;
+    snprintf(err, errsize, "packed block %d %s %s, but the model's layer %d %s", h->index,
+             flagged ? "is" : "is not", ops->block_noun, h->index,
+             owns ? ops->owned_text : ops->not_owned_text);
+    return -1;
 }
 
 /* The checks of a pack header that do not depend on how the payload
@@ -353,25 +484,16 @@ static int check_header(const struct pack_header *h, const struct block *blk,
                  h->index, (unsigned long long)h->nparams, nparams);
         return -1;
     }
-    int moe = gpt_block_is_moe(shape, h->index);
-    if (((h->flags & BLOCK_FLAG_MOE) != 0) != moe ||
-        (moe && (h->flags & (BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR)))) {
-        snprintf(err, errsize, "packed block %d %s a mixture of experts, but the model's "
-                 "layer %d %s", h->index, (h->flags & BLOCK_FLAG_MOE) ? "is" : "is not",
-                 h->index, moe ? "is one (and is never pruned)" : "is dense");
-        return -1;
+    uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR,
+             with_state = BLOCK_FLAG_MASKED;
+    for (int i = 0; i < shape->ext_count; i++) {
+        const struct gpt_ext *ext = &shape->ext[i];
+        if (check_ext_flag(h, ext, shape, err, errsize)) return -1;
+        known_flags |= ext->ops->pack_flag;
+        if (ext->ops->pack_bytes) with_state |= ext->ops->pack_flag;
     }
-    int mod = gpt_block_is_mod(shape, h->index);
-    if (((h->flags & BLOCK_FLAG_MOD) != 0) != mod) {
-        snprintf(err, errsize, "packed block %d %s a mixture of depths, but the model's "
-                 "layer %d %s", h->index, (h->flags & BLOCK_FLAG_MOD) ? "is" : "is not",
-                 h->index, mod ? "is one" : "is not");
-        return -1;
-    }
-    uint64_t known_flags = BLOCK_FLAG_FROZEN | BLOCK_FLAG_MASKED | BLOCK_FLAG_CSR |
-                           BLOCK_FLAG_MOE | BLOCK_FLAG_MOD;
     if ((h->flags & ~known_flags) != 0 ||
-        (!(h->flags & (BLOCK_FLAG_MASKED | BLOCK_FLAG_MOE)) && h->dynamic_bytes != 0)) {
+        (!(h->flags & with_state) && h->dynamic_bytes != 0)) {
         snprintf(err, errsize, "packed block %d has flags 0x%llx and %llu bytes of dynamic "
                  "state, which this version does not know", h->index,
                  (unsigned long long)h->flags, (unsigned long long)h->dynamic_bytes);
@@ -526,18 +648,15 @@ void block_acts_alloc(struct block_acts *acts, int B, int T, int C, int NH)
     acts->fch = p;        p += 4 * s.btc;
     acts->fch_gelu = p;   p += 4 * s.btc;
     DM_ASSERT((size_t)(p - acts->mem) == block_acts_floats(B, T, C, NH));
-    acts->moe = NULL;
-    acts->hash = NULL;
-    acts->mod = NULL;
-    acts->hash_step = 0;
+    memset(acts->ext, 0, sizeof acts->ext);
+    acts->step = 0;
     acts->loss_scale = 1.0f;
 }
 
 void block_acts_free(struct block_acts *acts)
 {
-    moe_acts_free(acts->moe);
-    hash_acts_free(acts->hash);
-    block_mod_acts_free(acts->mod);
+    for (int i = 0; i < GPT_EXT_MAX; i++)
+        if (acts->ext[i].acts) acts->ext[i].ops->acts_free(acts->ext[i].acts);
     if (acts->mem) backend_current()->free(acts->mem);
     memset(acts, 0, sizeof *acts);
 }
@@ -637,26 +756,89 @@ static void block_matmul_backward(struct block *blk, int k, float *const *g, flo
         ops->matmul_backward_overwrite(dinp, g[k], g[k + 1], dout, inp, blk->p[k], N, C, OC);
 }
 
-void block_forward(struct block *blk, struct block_acts *acts, float *out, const float *in,
-                   int B, int T)
+/* The first of the block's extensions that has a hook at `offset` of
+ * struct gpt_ext_ops (offsetof), or NULL. */
+static const struct block_ext_slot *hook_slot(const struct block *blk, size_t offset)
+{
+    for (int i = 0; i < blk->ext_count; i++) {
+        const void *const *hook = (const void *const *)((const char *)blk->ext[i].ops + offset);
+        if (*hook) return &blk->ext[i];
+    }
+    return NULL;
+}
+#define HOOK(blk, name) hook_slot(blk, offsetof(struct gpt_ext_ops, name))
+
+/* atty from qkv: an extension's attention core, or causal attention over
+ * the (B, T) batch (start NULL) or per packed sequence. */
+static void attention_core_forward(struct block *blk, struct block_acts *acts, const int *start,
+                                   int B, int T)
+{
+    const struct block_ext_slot *x = HOOK(blk, attention_forward);
+    if (x) {
+        x->ops->attention_forward(blk, x->state, acts, start, B, T);
+        return;
+    }
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, NH = blk->NH;
+    if (!start) {
+        ops->attention_forward(acts->atty, acts->att, acts->qkv, B, T, C, NH);
+        return;
+    }
+    long att = 0;   /* sequence b's (NH, n, n) after the earlier ones' */
+    for (int b = 0; b < B; b++) {
+        int n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        ops->attention_forward(acts->atty + (long)start[b] * C, acts->att + att,
+                               acts->qkv + 3L * start[b] * C, 1, n, C, NH);
+        att += (long)NH * n * n;
+    }
+}
+
+static void attention_core_backward(struct block *blk, struct block_acts *acts,
+                                    struct block_scratch *s, const int *start, int B, int T)
+{
+    const struct block_ext_slot *x = HOOK(blk, attention_backward);
+    if (x) {
+        x->ops->attention_backward(blk, x->state, acts, s->d_qkv, s->d_atty, start, B, T);
+        return;
+    }
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, NH = blk->NH;
+    if (!start) {
+        ops->attention_backward(s->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C, NH);
+        return;
+    }
+    long att = 0;
+    for (int b = 0; b < B; b++) {
+        int n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        ops->attention_backward(s->d_qkv + 3L * start[b] * C, s->d_att + att,
+                                s->d_atty + (long)start[b] * C, acts->qkv + 3L * start[b] * C,
+                                acts->att + att, 1, n, C, NH);
+        att += (long)NH * n * n;
+    }
+}
+
+/* The dense block's own forward: attention core and MLP (or the
+ * extensions' in their place). */
+static void dense_forward(struct block *blk, struct block_acts *acts, float *out,
+                          const float *in, int B, int T)
 {
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH, N = B * T;
+    int C = blk->C, N = B * T;
     DM_ASSERT(B <= acts->B && T <= acts->T);
     float *const *p = blk->p;
     block_sparse_refresh(blk);   /* CSR values follow the last optimizer step */
     ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                            p[BP_LN1_W], p[BP_LN1_B], N, C);
     block_matmul_forward(blk, BP_QKV_W, acts->qkv, acts->ln1, N, C, 3 * C, NULL, NULL);
-    if (blk->hash_buckets)
-        hash_block_attention_forward(blk, acts, B, T);
-    else
-        ops->attention_forward(acts->atty, acts->att, acts->qkv, B, T, C, NH);
+    attention_core_forward(blk, acts, NULL, B, T);
     block_matmul_forward(blk, BP_ATTPROJ_W, acts->res1, acts->atty, N, C, C, in, NULL);
     ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
                            p[BP_LN2_W], p[BP_LN2_B], N, C);
-    if (blk->moe) {   /* the experts instead of the MLP (moe.c) */
-        moe_forward(blk, acts, out, N);
+    const struct block_ext_slot *x = HOOK(blk, mlp_forward);
+    if (x) {
+        x->ops->mlp_forward(blk, x->state, acts, out, N);
         return;
     }
     block_matmul_forward(blk, BP_FC_W, acts->fch, acts->ln2, N, C, 4 * C, NULL,
@@ -665,19 +847,28 @@ void block_forward(struct block *blk, struct block_acts *acts, float *out, const
                          NULL);
 }
 
-void block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
-                    float *din, const float *dout, const float *in, int B, int T)
+void block_forward(struct block *blk, struct block_acts *acts, float *out, const float *in,
+                   int B, int T)
+{
+    const struct block_ext_slot *x = HOOK(blk, block_forward);
+    if (x) x->ops->block_forward(blk, x->state, acts, out, in, B, T);
+    else dense_forward(blk, acts, out, in, B, T);
+}
+
+static void dense_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                           float *din, const float *dout, const float *in, int B, int T)
 {
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH, N = B * T;
+    int C = blk->C, N = B * T;
     float *const *p = blk->p;
     /* A frozen block computes no weight gradients (every g[k] NULL). */
     static float *const no_grads[BP_COUNT];
     float *const *g = blk->frozen ? no_grads : blk->g;
     /* The residual stream passes dout straight through to d_res1 (joined in
      * the ln2 backward). dout is not read after that, so din may alias it. */
-    if (blk->moe) {   /* the experts and the router (moe.c) into d_ln */
-        moe_backward(blk, acts, s->d_ln, dout, N);
+    const struct block_ext_slot *x = HOOK(blk, mlp_backward);
+    if (x) {
+        x->ops->mlp_backward(blk, x->state, acts, s->d_ln, dout, N);
     } else {
         block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N, 4 * C,
                               C, acts->fch);
@@ -689,13 +880,137 @@ void block_backward(struct block *blk, struct block_acts *acts, struct block_scr
                                      N, C);
     block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
                           NULL);
-    if (blk->hash_buckets)
-        hash_block_attention_backward(blk, acts, s->d_qkv, s->d_atty, B, T);
-    else
-        ops->attention_backward(s->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C, NH);
+    attention_core_backward(blk, acts, s, NULL, B, T);
     block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
     ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
                                      p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+void block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                    float *din, const float *dout, const float *in, int B, int T)
+{
+    const struct block_ext_slot *x = HOOK(blk, block_backward);
+    if (x) x->ops->block_backward(blk, x->state, acts, s, din, dout, in, B, T);
+    else dense_backward(blk, acts, s, din, dout, in, B, T);
+}
+
+/* ---- packed sequences (block_ext.h) ---------------------------------------------
+ * The row-wise ops (layernorms, the four matrix products with bias,
+ * residual and GELU) run once over all packed rows, as block_forward does
+ * over B x T rows; the attention core runs per sequence over its own rows
+ * (causal among them in ascending order is causal at their original
+ * positions). For a block without a pruning mask or another MLP, so these
+ * dense ops are exactly the block's. */
+
+void block_forward_packed(struct block *blk, struct block_acts *acts, float *out,
+                          const float *in, const int *start, int B)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = start[B];
+    float *const *p = blk->p;
+    DM_ASSERT(!block_replaces_mlp(blk) && !blk->sparse && N <= acts->B * acts->T);
+    ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in, p[BP_LN1_W], p[BP_LN1_B],
+                           N, C);
+    ops->matmul_forward(acts->qkv, acts->ln1, p[BP_QKV_W], p[BP_QKV_B], N, C, 3 * C);
+    attention_core_forward(blk, acts, start, B, 0);
+    ops->matmul_forward_residual(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], in, N, C,
+                                 C);
+    ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1, p[BP_LN2_W],
+                           p[BP_LN2_B], N, C);
+    ops->matmul_forward_gelu(acts->fch, acts->fch_gelu, acts->ln2, p[BP_FC_W], p[BP_FC_B], N, C,
+                             4 * C);
+    ops->matmul_forward_residual(out, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], acts->res1, N,
+                                 4 * C, C);
+}
+
+void block_backward_packed(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                           float *din, const float *dout, const float *in, const int *start,
+                           int B)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = start[B];
+    float *const *p = blk->p;
+    static float *const no_grads[BP_COUNT];
+    float *const *g = blk->frozen ? no_grads : blk->g;
+    ops->matmul_backward_gelu(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout, acts->fch_gelu,
+                              p[BP_FCPROJ_W], acts->fch, N, 4 * C, C);
+    ops->matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2, p[BP_FC_W],
+                                   N, C, 4 * C);
+    ops->layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln, acts->res1,
+                                     p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
+    ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
+                                   acts->atty, p[BP_ATTPROJ_W], N, C, C);
+    attention_core_backward(blk, acts, s, start, B, 0);
+    ops->matmul_backward_overwrite(s->d_ln, g[BP_QKV_W], g[BP_QKV_B], s->d_qkv, acts->ln1,
+                                   p[BP_QKV_W], N, C, 3 * C);
+    ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+/* ---- the extensions' places (block_ext.h) ----------------------------------------- */
+
+const struct gpt_ext *gpt_shape_ext(const struct gpt_shape *shape, const struct gpt_ext_ops *ops)
+{
+    for (int i = 0; i < shape->ext_count; i++)
+        if (shape->ext[i].ops == ops) return &shape->ext[i];
+    return NULL;
+}
+
+struct gpt_ext *gpt_shape_add_ext(struct gpt_shape *shape, const struct gpt_ext_ops *ops,
+                                  const void *params, size_t params_bytes)
+{
+    DM_ASSERT(shape->ext_count < GPT_EXT_MAX && params_bytes <= GPT_EXT_PARAM_BYTES &&
+              !gpt_shape_ext(shape, ops));
+    struct gpt_ext *ext = &shape->ext[shape->ext_count++];
+    memset(ext, 0, sizeof *ext);
+    ext->ops = ops;
+    memcpy(ext->params, params, params_bytes);
+    return ext;
+}
+
+int gpt_ext_owns(const struct gpt_ext *ext, const struct gpt_shape *shape, int index)
+{
+    return ext->ops->owns(ext, shape, index);
+}
+
+int gpt_ext_block_count(const struct gpt_ext *ext, const struct gpt_shape *shape)
+{
+    int n = 0;
+    for (int l = 0; l < shape->layers; l++) n += gpt_ext_owns(ext, shape, l);
+    return n;
+}
+
+int gpt_ext_ordinal(const struct gpt_ext *ext, const struct gpt_shape *shape, int index)
+{
+    if (!gpt_ext_owns(ext, shape, index)) return -1;
+    int n = 0;
+    for (int l = 0; l < index; l++) n += gpt_ext_owns(ext, shape, l);
+    return n;
+}
+
+void *block_ext_state(const struct block *blk, const struct gpt_ext_ops *ops)
+{
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops == ops) return blk->ext[i].state;
+    return NULL;
+}
+
+void **block_ext_acts(struct block_acts *acts, const struct gpt_ext_ops *ops)
+{
+    for (int i = 0; i < GPT_EXT_MAX; i++) {
+        if (acts->ext[i].ops == ops) return &acts->ext[i].acts;
+        if (!acts->ext[i].ops) {
+            acts->ext[i].ops = ops;
+            return &acts->ext[i].acts;
+        }
+    }
+    DM_FATAL("more than %d extensions keep activations", GPT_EXT_MAX);
+}
+
+void block_init_normal(float *out, size_t n, uint64_t seed, uint64_t stream, uint64_t first,
+                       float std)
+{
+    init_normal_at(out, n, seed, stream, first, std);
 }
 
 static void zero_range(void *arg, long begin, long end)

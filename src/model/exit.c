@@ -216,7 +216,7 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
     float *const *p = blk->p;
-    DM_ASSERT(!blk->moe);   /* config_validate: no early exit with MoE blocks */
+    DM_ASSERT(blk->ext_count == 0);   /* dyn_config_validate: no early exit with extensions */
     ops->copy_on_device(out, in, (size_t)N * C * sizeof(float));   /* exited: copied forward */
     if (Na == 0) return;
     float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;

@@ -17,32 +17,6 @@ struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg)
     struct gpt_shape s = {.vocab = cfg->vocab, .max_seq = cfg->max_seq,
                           .layers = cfg->layers, .heads = cfg->heads,
                           .channels = cfg->channels};
-    if (cfg->moe_every > 0) {
-        struct gpt_moe moe = {
-            .every = cfg->moe_every, .experts = cfg->experts, .top_k = cfg->top_k,
-            .hidden = cfg->expert_hidden > 0 ? cfg->expert_hidden : 4 * cfg->channels,
-            .router = strcmp(cfg->moe_router, "sigmoid") ? MOE_ROUTER_SOFTMAX
-                                                         : MOE_ROUTER_SIGMOID,
-            .drop = !strcmp(cfg->moe_drop, "position") ? MOE_DROP_POSITION
-                    : !strcmp(cfg->moe_drop, "slot")   ? MOE_DROP_SLOT
-                                                        : MOE_DROP_PROBS,
-            .capacity_factor = (float)cfg->capacity_factor, .aux_loss = (float)cfg->aux_loss,
-            .z_loss = (float)cfg->z_loss, .bias_rate = (float)cfg->bias_rate,
-        };
-        s.moe = moe;
-    }
-    if (!strcmp(cfg->attention, "hash")) {
-        s.hash.buckets = cfg->hash_buckets;
-        s.hash.seed_lo = (uint32_t)cfg->seed;
-        s.hash.seed_hi = (uint32_t)(cfg->seed >> 32);
-    }
-    if (cfg->mod_every > 0) {
-        s.mod.every = cfg->mod_every;
-        s.mod.routing = strcmp(cfg->mod_routing, "causal") ? MOD_ROUTING_TOPK
-                                                           : MOD_ROUTING_CAUSAL;
-        s.mod.capacity = cfg->mod_capacity;
-        if (s.mod.routing == MOD_ROUTING_CAUSAL) s.mod.predictor_hidden = cfg->mod_predictor_hidden;
-    }
     return s;
 }
 
@@ -176,7 +150,9 @@ void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int 
     model->block_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->block_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->block_update_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
-    gpt_moe_set_exchange(model, model->moe_exchange);
+    for (int k = 0; k < GPT_EXT_MAX; k++)   /* the adopted blocks get the helpers too */
+        if (model->ext_runtime[k].ops)
+            gpt_ext_set_runtime(model, model->ext_runtime[k].ops, model->ext_runtime[k].runtime);
 }
 
 /* ---- canonical flat order ---------------------------------------------------- */
@@ -330,13 +306,10 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
     if (model->exit) exit_begin_forward(model, acts);
     for (int i = 0; i < model->num_blocks; i++) {
         double t0 = dm_profile_now();
-        acts->blocks[i].hash_step = model->step;
+        acts->blocks[i].step = model->step;
         if (model->exit)   /* early exit: active tokens only, exit heads */
             exit_forward_block(model, acts, i, acts->residual + (i + 1) * BTC,
                                acts->residual + i * BTC);
-        else if (model->blocks[i].mod)   /* mixture of depths: the chosen tokens (mod.c) */
-            block_mod_forward(&model->blocks[i], &acts->blocks[i],
-                              acts->residual + (i + 1) * BTC, acts->residual + i * BTC, B, T);
         else
             block_forward(&model->blocks[i], &acts->blocks[i], acts->residual + (i + 1) * BTC,
                           acts->residual + i * BTC, B, T);
@@ -388,9 +361,6 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         if (model->exit)
             exit_backward_block(model, acts, scratch, i, target, grad,
                                 acts->residual + i * BTC, dloss_scale);
-        else if (model->blocks[i].mod)
-            block_mod_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
-                               acts->residual + i * BTC, B, T);
         else
             block_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
                            acts->residual + i * BTC, B, T);
@@ -492,29 +462,54 @@ double sum_squares(const float *x, long n)
     return s;
 }
 
-double block_moe_grad_sumsq_parts(const struct block *blk, double *experts)
+/* The block's extension that splits its parameters over ranks, or NULL. */
+static const struct block_ext_slot *shard_slot(const struct block *blk)
 {
-    const struct dm_backend *ops = backend_current();
-    const struct block_moe *moe = blk->moe;
-    int owned = moe_owned_experts(&moe->cfg);
-    for (int j = 0; j < owned; j++)
-        experts[j] = blk->frozen ? 0.0
-                                 : ops->sum_squares(moe->experts_g + (size_t)j * moe->expert_params,
-                                                    (long)moe->expert_params);
-    if (blk->frozen) return 0.0;
-    return ops->sum_squares(blk->grads, (long)(moe_shared_param_count(blk->C) +
-                                               (size_t)moe->cfg.experts * (size_t)blk->C));
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->grad_sumsq_parts) return &blk->ext[i];
+    return NULL;
+}
+
+int gpt_block_shard_units(const struct gpt_shape *shape, int index)
+{
+    int n = 0;
+    for (int i = 0; i < shape->ext_count; i++) {
+        const struct gpt_ext *ext = &shape->ext[i];
+        if (ext->ops->shard_units && gpt_ext_owns(ext, shape, index))
+            n += ext->ops->shard_units(ext, shape, index);
+    }
+    return n;
+}
+
+int block_shard_first(const struct block *blk)
+{
+    const struct block_ext_slot *x = shard_slot(blk);
+    return x ? x->ops->shard_first(x->state) : 0;
+}
+
+size_t block_replicated_floats(const struct block *blk)
+{
+    const struct block_ext_slot *x = shard_slot(blk);
+    return x ? x->ops->replicated_floats(blk, x->state) : blk->nparams;
+}
+
+double block_grad_sumsq_parts(const struct block *blk, double *parts)
+{
+    const struct block_ext_slot *x = shard_slot(blk);
+    if (x) return x->ops->grad_sumsq_parts(blk, x->state, parts);
+    return block_grad_sumsq(blk);
 }
 
 double block_grad_sumsq(const struct block *blk)
 {
     if (blk->frozen) return 0.0;
-    if (!blk->moe) return backend_current()->sum_squares(blk->grads, (long)blk->nparams);
-    int owned = moe_owned_experts(&blk->moe->cfg);
-    double *experts = dm_alloc((size_t)owned * sizeof(double));
-    double s = block_moe_grad_sumsq_parts(blk, experts);
-    for (int j = 0; j < owned; j++) s += experts[j];   /* in expert order */
-    dm_free(experts);
+    const struct block_ext_slot *x = shard_slot(blk);
+    if (!x) return backend_current()->sum_squares(blk->grads, (long)blk->nparams);
+    int parts = x->ops->held_parts(x->state);
+    double *held = dm_alloc((size_t)(parts ? parts : 1) * sizeof(double));
+    double s = x->ops->grad_sumsq_parts(blk, x->state, held);
+    for (int j = 0; j < parts; j++) s += held[j];   /* in part order */
+    dm_free(held);
     return s;
 }
 
@@ -540,4 +535,58 @@ double gpt_grad_sumsq(const struct gpt *model)
     double s = gpt_embed_grad_sumsq(model);
     for (int i = 0; i < model->num_blocks; i++) s += block_grad_sumsq(&model->blocks[i]);
     return s + gpt_head_grad_sumsq(model);
+}
+
+/* ---- the extensions' places in a model (block_ext.h) -------------------------------- */
+
+void gpt_ext_set_runtime(struct gpt *model, const struct gpt_ext_ops *ops, const void *runtime)
+{
+    int k = 0;
+    while (k < GPT_EXT_MAX && model->ext_runtime[k].ops && model->ext_runtime[k].ops != ops) k++;
+    DM_ASSERT(k < GPT_EXT_MAX);
+    model->ext_runtime[k].ops = ops;
+    model->ext_runtime[k].runtime = runtime;
+    for (int i = 0; i < model->num_blocks; i++) {
+        struct block *blk = &model->blocks[i];
+        for (int j = 0; j < blk->ext_count; j++)
+            if (blk->ext[j].ops == ops && ops->set_runtime)
+                ops->set_runtime(blk->ext[j].state, runtime);
+    }
+}
+
+/* ---- once a step ---------------------------------------------------------------------- */
+
+void gpt_begin_step(struct gpt *model)
+{
+    for (int i = 0; i < model->num_blocks; i++) {
+        struct block *blk = &model->blocks[i];
+        for (int j = 0; j < blk->ext_count; j++)
+            if (blk->ext[j].ops->begin_step) blk->ext[j].ops->begin_step(blk->ext[j].state);
+    }
+}
+
+int gpt_step_values(const struct gpt *model, double *values)
+{
+    int n = 0;
+    for (int i = 0; i < model->num_blocks; i++) {
+        const struct block *blk = &model->blocks[i];
+        for (int j = 0; j < blk->ext_count; j++)
+            if (blk->ext[j].ops->step_values)
+                n += blk->ext[j].ops->step_values(blk->ext[j].state, values ? values + n : NULL);
+    }
+    return n;
+}
+
+void gpt_end_step(struct gpt *model, const double *values)
+{
+    int n = 0;
+    for (int i = 0; i < model->num_blocks; i++) {
+        struct block *blk = &model->blocks[i];
+        for (int j = 0; j < blk->ext_count; j++) {
+            const struct gpt_ext_ops *ops = blk->ext[j].ops;
+            if (!ops->step_values) continue;
+            ops->end_step(blk, blk->ext[j].state, values + n);
+            n += ops->step_values(blk->ext[j].state, NULL);
+        }
+    }
 }

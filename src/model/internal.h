@@ -4,17 +4,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "dynmo/block_ext.h"
 #include "dynmo/model.h"
-
-/* Floats that only grow to the largest request: the partial sums of the
- * ops (one buffer per kind; ops run on one thread of control at a time,
- * dm_parallel_for is not reentrant). Returns b->data, valid until the next
- * call on b. */
-struct grow_buffer {
-    float *data;
-    size_t floats;
-};
-float *grow_buffer_get(struct grow_buffer *b, size_t floats);
 
 /* Block `index` allocated with its whole slab zero (block_init without the
  * weights). */
@@ -83,43 +74,22 @@ void block_sparse_pack(const struct block *blk, unsigned char *out);
 int block_sparse_unpack(struct block *blk, uint64_t flags, const unsigned char *in,
                         size_t bytes, char *err, size_t errsize);
 
-/* The mixture-of-experts block (moe.c). block.c allocates and frees the
- * state beside the slab, packs it, and runs the MLP half of an MoE block's
- * forward and backward through these: moe_forward computes
- * out = res1 + MoE(ln2) (ln2 is acts->ln2, res1 acts->res1), and
- * moe_backward writes d_ln2 (overwritten) from dout, accumulating the
- * router's and experts' gradients (NULL views: a frozen block). */
-void block_moe_alloc(struct block *blk, const struct gpt_shape *shape);
-void block_moe_free(struct block *blk);
-/* params: where the host writes the block's parameters (block_init_weights' staging) */
-void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, float *params,
-                            uint64_t seed);
-size_t block_moe_pack_bytes(const struct block *blk);
-void block_moe_pack(const struct block *blk, unsigned char *out);
-int block_moe_unpack(struct block *blk, const unsigned char *in, size_t bytes, char *err,
-                     size_t errsize);
-void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N);
-void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
-                  int N);
-void moe_acts_free(struct moe_acts *acts);
-/* The combine, its backward and the dispatch's backward over the
- * routing's row and gate (N, k) (moe.c), the CPU backend's entries of the
- * same names (include/dynmo/backend.h says what each computes). */
-void moe_combine_forward(float *out, const float *res1, const float *y, const float *gate,
-                         const int *row, int N, int k, int C);
-void moe_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
-                          const float *gate, const int *row, int N, int k, int C);
-void moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C);
-/* The routing, its losses' sums and its backward (moe.c), the CPU
- * backend's entries of the same names. */
-void moe_route_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
-                       const float *logits, const float *bias, int N, int E, int k, int sigmoid);
-void moe_route_sums(double *sums, const float *scores, const float *lse, int N, int E,
-                    int sigmoid);
-void moe_route_backward(float *dlogits, const float *dgate, const float *logits,
-                        const float *scores, const float *lse, const int *choice,
-                        const float *gate, const int *selected, int N, int E, int k, int sigmoid,
-                        double alpha, double beta);
+/* The ops of routing tokens to the top k of E scores (routing_ops.c), the
+ * CPU backend's entries of the same names (include/dynmo/backend.h says
+ * what each computes). */
+void routed_combine_forward(float *out, const float *res1, const float *y, const float *gate,
+                            const int *row, int N, int k, int C);
+void routed_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
+                             const float *gate, const int *row, int N, int k, int C);
+void routed_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C);
+void route_topk_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
+                        const float *logits, const float *bias, int N, int E, int k, int sigmoid);
+void route_topk_sums(double *sums, const float *scores, const float *lse, int N, int E,
+                     int sigmoid);
+void route_topk_backward(float *dlogits, const float *dgate, const float *logits,
+                         const float *scores, const float *lse, const int *choice,
+                         const float *gate, const int *selected, int N, int E, int k, int sigmoid,
+                         double alpha, double beta);
 
 /* One round's histogram of pruning keys and the masking by the cut
  * (sparse.c), the CPU backend's entries of the same names (backend.h). */
@@ -127,19 +97,5 @@ void prune_histogram(long *counts, long *partial, const float *weights, long n,
                      unsigned int base, unsigned long long prefix, int shift);
 void prune_mask(unsigned char *mask, float *params, float *grads, float *m, float *v, long n,
                 unsigned int base, unsigned long long cut);
-
-/* The mixture-of-depths block (mod.c): its state beside the slab (views of
- * the router and predictor), their initialisation (router and the
- * predictor's two matrices N(0, 0.02) on streams (layer, BP_COUNT),
- * (layer, BP_COUNT + 1) and (layer, BP_COUNT + 2), the predictor's biases
- * 0), its tensors after the dense ones (block_tensor_at for k >=
- * BP_COUNT), and its activations. */
-void block_mod_alloc(struct block *blk, const struct gpt_shape *shape);
-void block_mod_free(struct block *blk);
-/* params: where the host writes the block's parameters (block_init_weights' staging) */
-void block_mod_init_weights(struct block *blk, float *params, uint64_t seed);
-int block_mod_tensor_count(const struct block *blk);
-int block_mod_tensor_at(const struct block *blk, int k, size_t *offset, size_t *size);
-void block_mod_acts_free(struct mod_acts *m);
 
 #endif

@@ -1,15 +1,16 @@
 /* The devices' own transport (engine_internal.h): NCCL on CUDA, the
  * emulated device's shared memory, where every rank of the job has a
  * device of its own. It carries the activations and gradients between
- * stages, the migrating blocks' slabs, expert parallelism's rows, the
- * replicas' gradient sums and the tied embedding's halves, device to
- * device. Where ranks share a device (or on the CPU) all of these stay
- * on MPI through host staging. Each group (a replica's stages, a stage's
- * replicas, an expert group, an expert's holders) is a transport
+ * stages, the migrating blocks' slabs, the engine parts' exchanges (the
+ * parallel.ep part's rows), the replicas' gradient sums and the tied
+ * embedding's halves, device to device. Where ranks share a device (or on
+ * the CPU) all of these stay on MPI through host staging. Each group (a
+ * replica's stages, a stage's replicas, an engine part's groups) is a transport
  * communicator made from its MPI communicator: the group's unique id
  * travels by a polled broadcast over it, the only MPI the transport sees.
  * Must not: be used by some ranks of a group and not others (the choice
  * is collective and the same on every rank). */
+#include <stdio.h>
 #include <string.h>
 #include "pipe/engine_internal.h"
 
@@ -47,9 +48,14 @@ void engine_device_comm_init(struct engine *eng)
     eng->has_pending = 0;
     if (dm_rank() != 0 || !ops->comm_init) return;
     const char *how = strcmp(ops->name, "cuda") ? "the emulated device's shared memory" : "NCCL";
+    char parts[256] = "";   /* what the engine's parts exchange, in their words */
+    for (int i = 0; engine_parts[i]; i++)
+        if (engine_parts[i]->carries)
+            snprintf(parts + strlen(parts), sizeof parts - strlen(parts), "%s, ",
+                     engine_parts[i]->carries);
     if (eng->transport)
-        dm_log("transport: activations, gradients, migrating blocks, expert rows, the "
-               "replicas' sums and the tied embedding device to device (%s)\n", how);
+        dm_log("transport: activations, gradients, migrating blocks, %sthe replicas' sums and "
+               "the tied embedding device to device (%s)\n", parts, how);
     else
         dm_log("transport: host staging and MPI (ranks of a node share a device)\n");
 }

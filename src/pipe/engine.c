@@ -15,6 +15,9 @@
 #include <string.h>
 #include "pipe/engine_internal.h"
 
+/* The engine's parts (engine_internal.h), in the order they run. */
+const struct engine_part *const engine_parts[] = {&engine_part_ep, NULL};
+
 static void slots_alloc(struct engine *eng)
 {
     size_t btc = (size_t)eng->micro_B * eng->T * eng->shape.channels;
@@ -74,8 +77,7 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     eng->cfg = *cfg;
     struct pipe_grid *g = &eng->grid;
     pipe_grid_init(g, cfg->pp, cfg->dp);
-    eng->shape = gpt_shape_from_config(cfg);
-    engine_expert_parallel_shard(eng);
+    eng->shape = dyn_shape_for_rank(cfg, g->replica);   /* this rank's parts of the blocks */
     eng->micro_batches = cfg->micro_batches;
     eng->micro_B = cfg->batch / (cfg->dp * cfg->micro_batches);
     eng->T = cfg->seq;
@@ -106,7 +108,7 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     struct dyn_env env = {.pipeline_comm = eng->pipeline_comm, .stage = g->stage,
                           .stages = g->stages};
     eng->dyn = dyn_create(cfg, &env);
-    engine_expert_parallel_init(eng);
+    engine_parts_run(eng, init);
     engine_stats_alloc(eng);
     return eng;
 }
@@ -119,7 +121,7 @@ void engine_init_weights(struct engine *eng)
 void engine_destroy(struct engine *eng)
 {
     engine_stats_free(eng);
-    engine_expert_parallel_free(eng);
+    engine_parts_run(eng, free);
     staging_pool_free(&eng->staging);
     engine_device_comm_free(eng);
     slots_free(eng);
@@ -382,11 +384,11 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
     double t0 = dm_now();
     eng->step_t0 = t0;
     dyn_before_step(eng->dyn, m, step);
-    gpt_moe_begin_step(m);   /* a validation pass in between counted nothing */
+    gpt_begin_step(m);   /* a validation pass in between counted nothing */
     double grad_norm = 0.0, lr = 0.0;
     float loss_sum = run_schedule(eng, loader, step, &grad_norm, &lr);
     double step_s = dm_now() - t0;
-    engine_expert_parallel_profile(eng);
+    engine_parts_run(eng, profile);
     engine_gather_stats(eng, loss_sum, step_s);
     struct step_stats *st = &eng->stats;
     st->trace_rows = 0;

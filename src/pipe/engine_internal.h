@@ -1,7 +1,7 @@
 /* The engine's state and the pieces its files share (engine.c: building
  * and the step; reduce.c: the step's gradient sums; stats.c: the profile
- * and the trace; migrate.c: moving blocks; expert.c: expert
- * parallelism). Private to src/pipe. */
+ * and the trace; migrate.c: moving blocks; the engine's parts, which a
+ * scheme's parallelism adds: engine_part_ep's). Private to src/pipe. */
 #ifndef DYNMO_PIPE_ENGINE_INTERNAL_H
 #define DYNMO_PIPE_ENGINE_INTERNAL_H
 
@@ -43,8 +43,8 @@ struct slot {
 enum staging_purpose {
     STAGING_TIED,          /* the tied embedding's halves (reduce.c) */
     STAGING_REPLICA_SUM,   /* a piece of a replica sum (reduce.c) */
-    STAGING_EXPERT_SEND,   /* expert parallelism: what a rank sends (expert.c) */
-    STAGING_EXPERT_RECV,   /* ... and what it receives */
+    STAGING_PART_SEND,     /* an engine part's exchange: what a rank sends */
+    STAGING_PART_RECV,     /* ... and what it receives */
     STAGING_MIGRATE_SEND,  /* migration: the slabs of the blocks a rank sends (migrate.c) */
     STAGING_MIGRATE_RECV,  /* ... and of those it receives */
     STAGING_PURPOSES
@@ -89,11 +89,12 @@ struct engine {
     struct step_stats stats;
     double *gather_send, *gather_recv;
     int gather_len;
+    int *signal_at;                 /* (stats.signal_count) each signal's place in a profile */
     MPI_Request gather_req;         /* the last step's profile gather */
     volatile int *watched_flag;
     int stop_requested;
     int pending_migrated;
-    struct expert_parallel *expert_parallel;   /* expert.c, or NULL (parallel.ep = 1) */
+    struct ep_state *ep;            /* the parallel.ep part's (engine_part_ep), or NULL */
     struct staging_pool staging;    /* the step's host staging of device tensors (staging.c) */
     /* The devices' own transport (device_comm.c): set (the same on every
      * rank) when every rank has a device of its own; then replica_comm
@@ -139,33 +140,37 @@ static inline void first_block_of(const int *layout, int stage, int *first, int 
 
 /* reduce.c. The step's end before the optimizer: masks pruned gradients,
  * forms the tied embedding gradient, sums gradients over the replicas in
- * replica order (the experts of an expert-parallel stage by their
- * holders, expert.c), sums the MoE blocks' expert counts over the replicas and
- * hands them to the model (gpt_moe_end_step: the bias update), and returns the global gradient norm (all ranks; it also
- * carries every rank's watched flag into eng->stop_requested). Collective;
- * its waits count in eng->wait_s. */
+ * replica order (the parts of a block that an engine part splits over
+ * ranks by their holders), sums the blocks' step values over the replicas
+ * and hands them to the model (gpt_end_step), and returns the global
+ * gradient norm (all ranks; it also carries every rank's watched flag
+ * into eng->stop_requested). Collective; its waits count in eng->wait_s. */
 double engine_reduce_grads(struct engine *eng);
 
-/* expert.c. Expert parallelism: init (collective; a no-op unless
- * parallel.ep > 1 and the model has MoE blocks) hands the model's MoE
- * blocks an exchange over the stage's expert group; free undoes it;
- * profile (collective over the group) makes each block's forward and
- * backward seconds their maxima over the group. */
-void engine_expert_parallel_init(struct engine *eng);
-void engine_expert_parallel_free(struct engine *eng);
-void engine_expert_parallel_profile(struct engine *eng);
-/* shard (before the model is built) sets eng->shape's expert shard: the
- * E / P experts this rank's MoE blocks hold; reduce (collective over the
- * replicas that hold the same experts) sums the owned experts' gradients
- * of every MoE block over the stage's replicas in replica order into the
- * slab; forget (after a migration) lets go of everything kept per block. */
-void engine_expert_parallel_shard(struct engine *eng);
-void engine_expert_parallel_reduce(struct engine *eng);
-void engine_expert_parallel_forget(struct engine *eng);
-/* The rows this rank's experts took in layer's forwards since the last
- * call (the step's load on this expert-parallel rank), then zero; 0 with
- * parallel.ep = 1. */
-double engine_expert_parallel_take_rows(struct engine *eng, int layer);
+/* A part of the engine that a scheme's parallelism adds (engine_part_ep,
+ * over parallel.ep replicas of a stage); every hook may be NULL; carries
+ * names what it exchanges, for the transport's line (NULL: nothing). init
+ * (collective, after the model is built) and free; profile (collective,
+ * after the step's schedule: the blocks' times as the part sees them);
+ * reduce (collective, inside engine_reduce_grads: the step's gradient
+ * sums of the parts it splits); forget (after a migration: what it kept
+ * per block). engine_parts lists them (engine.c), NULL-terminated;
+ * engine_parts_run calls a hook of each in order. */
+struct engine_part {
+    const char *carries;
+    void (*init)(struct engine *eng);
+    void (*free)(struct engine *eng);
+    void (*profile)(struct engine *eng);
+    void (*reduce)(struct engine *eng);
+    void (*forget)(struct engine *eng);
+};
+extern const struct engine_part engine_part_ep;
+extern const struct engine_part *const engine_parts[];
+#define engine_parts_run(eng, hook)                                     \
+    do {                                                                \
+        for (int part_ = 0; engine_parts[part_]; part_++)               \
+            if (engine_parts[part_]->hook) engine_parts[part_]->hook(eng); \
+    } while (0)
 
 /* staging.c. staging_pool_host: purpose's host buffer of at least bytes
  * (alloc_host: pinned on CUDA; its contents scratch), grown when smaller;

@@ -3,7 +3,8 @@
  * group (replicas q P .. q P + P - 1 of the stage). Expert e belongs to
  * group rank e / (E / P), and only that rank holds it: its parameters,
  * gradients and Adam moments (the block's slab holds the shared tensors,
- * the router and the owned experts; engine_expert_parallel_shard). The
+ * the router and the owned experts; the scheme splits its shape for the
+ * rank, moe_shape_shard through dyn_shape_for_rank). The
  * model hands over each micro-batch's rows grouped by expert
  * (moe_exchange); this file sends every owner its experts' rows
  * (MPI_Ialltoallv), runs the owned experts over each source's rows
@@ -12,7 +13,7 @@
  * the expert gradients of each source's rows apart, accumulated over the
  * micro-batches as the source would have (moe.c's local phase), and at the
  * step's end sums them over every replica that holds the expert, in
- * replica order (engine_expert_parallel_reduce): the same bits as
+ * replica order (its reduce hook): the same bits as
  * parallel.ep = 1. Every wait polls (world_wait).
  *
  * On a device whose memory the host cannot read (backend_current()'s
@@ -31,6 +32,7 @@
 #include <limits.h>
 #include <math.h>
 #include <string.h>
+#include "dynmo/moe.h"
 #include "pipe/engine_internal.h"
 
 /* What the owner keeps of one micro-batch's block between its forward and
@@ -54,7 +56,7 @@ struct ep_grads {
                              (the backend's memory) */
 };
 
-struct expert_parallel {
+struct ep_state {
     struct moe_exchange exchange;
     struct engine *eng;
     MPI_Comm comm;        /* the stage's expert group, by group rank */
@@ -66,7 +68,6 @@ struct expert_parallel {
     size_t tokens;        /* a micro-batch's tokens, B T */
     size_t grouped;       /* the most grouped rows a micro-batch's block has, k B T */
     double *wait_s;
-    double *step_rows;    /* (layers) rows this rank's experts took in the step's forwards */
     struct ep_entry *entries;
     int nentries;
     struct ep_grads *grads;
@@ -135,9 +136,9 @@ static int mpi_count(size_t n, const char *what)
     return (int)n;
 }
 
-static float *grads_for(struct expert_parallel *xp, const struct block *blk)
+static float *grads_for(struct ep_state *xp, const struct block *blk)
 {
-    size_t n = (size_t)(xp->P - 1) * moe_owned_experts(&blk->moe->cfg) * blk->moe->expert_params;
+    size_t n = (size_t)(xp->P - 1) * moe_owned_experts(&block_moe_of(blk)->cfg) * block_moe_of(blk)->expert_params;
     for (int i = 0; i < xp->ngrads; i++)
         if (xp->grads[i].layer == blk->index) return xp->grads[i].sum;
     struct ep_grads *grown = dm_alloc((size_t)(xp->ngrads + 1) * sizeof *grown);
@@ -149,7 +150,7 @@ static float *grads_for(struct expert_parallel *xp, const struct block *blk)
     return xp->grads[xp->ngrads++].sum;
 }
 
-static struct ep_entry *entry_for(struct expert_parallel *xp, const void *key, int layer,
+static struct ep_entry *entry_for(struct ep_state *xp, const void *key, int layer,
                                   int create)
 {
     for (int i = 0; i < xp->nentries; i++)
@@ -169,7 +170,7 @@ static struct ep_entry *entry_for(struct expert_parallel *xp, const void *key, i
  * grouped rows by owner (send_counts, send_displs) and the owned experts'
  * rows by source (recv_counts, recv_displs). Returns the floats of the
  * latter; the former's are offset[E] width. */
-static size_t exchange_counts(struct expert_parallel *xp, const int *offset,
+static size_t exchange_counts(struct ep_state *xp, const int *offset,
                               const struct ep_entry *en, int per, int width)
 {
     size_t at = 0;
@@ -189,7 +190,7 @@ static size_t exchange_counts(struct expert_parallel *xp, const int *offset,
  * group, counts[p] floats of send from displs[p], and from it rcounts[p]
  * into recv at rdispls[p], all at once; this rank's own part copied on
  * the device. */
-static void exchange_on_devices(struct expert_parallel *xp, const float *send, const int *counts,
+static void exchange_on_devices(struct ep_state *xp, const float *send, const int *counts,
                                 const int *displs, float *recv, const int *rcounts,
                                 const int *rdispls)
 {
@@ -211,7 +212,7 @@ static void exchange_on_devices(struct expert_parallel *xp, const float *send, c
  * then expert); with back set, the reverse: counts per source come from
  * en and rows return to their sources' grouped order. send and recv are
  * the backend's: on a device, staged through the pool. */
-static void exchange_rows(struct expert_parallel *xp, const int *offset, const struct ep_entry *en,
+static void exchange_rows(struct ep_state *xp, const int *offset, const struct ep_entry *en,
                           int per, const float *send, float *recv, int width, int back)
 {
     int *mine = xp->send_counts, *mine_d = xp->send_displs;
@@ -231,10 +232,10 @@ static void exchange_rows(struct expert_parallel *xp, const int *offset, const s
     size_t stage = most * (size_t)width * sizeof(float);
     if (stage < sent) stage = sent;
     if (stage < received) stage = received;
-    const float *send_h = backend_read(staging_pool_host(xp->staging, STAGING_EXPERT_SEND, stage),
+    const float *send_h = backend_read(staging_pool_host(xp->staging, STAGING_PART_SEND, stage),
                                        send, sent);
     float *recv_h = backend_write_begin(
-        staging_pool_host(xp->staging, STAGING_EXPERT_RECV, stage), recv);
+        staging_pool_host(xp->staging, STAGING_PART_RECV, stage), recv);
     MPI_Request req;
     if (!back)
         WORLD_MPI(MPI_Ialltoallv(send_h, mine, mine_d, MPI_FLOAT, recv_h, theirs, theirs_d,
@@ -253,9 +254,9 @@ static void exchange_rows(struct expert_parallel *xp, const int *offset, const s
  * steps allocate nothing (device allocation is slow); dropless (the most
  * is P times the mean) and on the CPU, what arrived, grown when a step
  * brings more. */
-static size_t rows_room(const struct expert_parallel *xp, const struct block *blk, size_t rows)
+static size_t rows_room(const struct ep_state *xp, const struct block *blk, size_t rows)
 {
-    const struct gpt_moe *cfg = &blk->moe->cfg;
+    const struct moe_params *cfg = &block_moe_of(blk)->cfg;
     int P = xp->P, per = cfg->experts / P, k = cfg->top_k;
     double factor = (double)cfg->capacity_factor;
     if (!(factor > 0.0) || backend_current()->host_access) return rows + 1;
@@ -276,9 +277,9 @@ static int total_rows(const struct ep_entry *en, int P, int per)
 static void ep_forward(void *ctx, struct block *blk, const void *key, const int *offset,
                        const float *x, float *y)
 {
-    struct expert_parallel *xp = ctx;
-    int P = xp->P, E = blk->moe->cfg.experts, per = E / P, C = blk->C,
-        H = blk->moe->cfg.hidden;
+    struct ep_state *xp = ctx;
+    int P = xp->P, E = block_moe_of(blk)->cfg.experts, per = E / P, C = blk->C,
+        H = block_moe_of(blk)->cfg.hidden;
     struct ep_entry *en = entry_for(xp, key, blk->index, 1);
     if (!en->counts) en->counts = dm_alloc((size_t)E * sizeof(int));
     for (int e = 0; e < E; e++) xp->expert_counts[e] = offset[e + 1] - offset[e];
@@ -297,7 +298,7 @@ static void ep_forward(void *ctx, struct block *blk, const void *key, const int 
         en->a = tensor_alloc(en->room * H, 0);
     }
     exchange_rows(xp, offset, en, per, x, en->x, C, 0);
-    xp->step_rows[blk->index] += (double)rows;
+    block_moe_of(blk)->rows_taken += (double)rows;
     float *out = grow(&xp->rows_out, &xp->rows_out_n, en->room * C);
     size_t r = 0;
     for (int s = 0; s < P; s++)
@@ -313,8 +314,8 @@ static void ep_forward(void *ctx, struct block *blk, const void *key, const int 
 static void ep_backward(void *ctx, struct block *blk, const void *key, const int *offset,
                         const float *dy, float *dx)
 {
-    struct expert_parallel *xp = ctx;
-    struct block_moe *moe = blk->moe;
+    struct ep_state *xp = ctx;
+    struct block_moe *moe = block_moe_of(blk);
     int P = xp->P, E = moe->cfg.experts, per = E / P, C = blk->C, H = moe->cfg.hidden;
     size_t Pe = moe->expert_params;
     struct ep_entry *en = entry_for(xp, key, blk->index, 0);
@@ -352,7 +353,7 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
 /* gather_holders over the devices' transport: to every other group q
  * this rank's own and others, from it q's into their places; this
  * group's copied on the device. */
-static void gather_holders_on_devices(struct expert_parallel *xp, float *gathered,
+static void gather_holders_on_devices(struct ep_state *xp, float *gathered,
                                       const float *own, const float *others, size_t one)
 {
     const struct dm_backend *ops = backend_current();
@@ -374,7 +375,7 @@ static void gather_holders_on_devices(struct expert_parallel *xp, float *gathere
 /* The holders' slabs' gradients (own, one floats each) and sums (others,
  * (P - 1) one each) gathered by group into one buffer of the backend's:
  * every group's own, then every group's others. */
-static float *gather_holders(struct expert_parallel *xp, const float *own, const float *others,
+static float *gather_holders(struct ep_state *xp, const float *own, const float *others,
                              size_t one)
 {
     int P = xp->P, groups = xp->groups;
@@ -385,10 +386,10 @@ static float *gather_holders(struct expert_parallel *xp, const float *own, const
         gather_holders_on_devices(xp, gathered, own, others, one);
         return gathered;
     }
-    float *send = staging_pool_host(xp->staging, STAGING_EXPERT_SEND, own_bytes + others_bytes);
+    float *send = staging_pool_host(xp->staging, STAGING_PART_SEND, own_bytes + others_bytes);
     const float *own_h = backend_read(send, own, own_bytes);
     const float *others_h = backend_read(send ? send + one : NULL, others, others_bytes);
-    float *recv = backend_write_begin(staging_pool_host(xp->staging, STAGING_EXPERT_RECV,
+    float *recv = backend_write_begin(staging_pool_host(xp->staging, STAGING_PART_RECV,
                                                         all_bytes), gathered);
     MPI_Request req[2];
     int n_own = mpi_count(one, "an expert shard's gradients");
@@ -406,7 +407,7 @@ static float *gather_holders(struct expert_parallel *xp, const float *own, const
  * order; out may be one of the sources. On the host element i of every
  * source is read before it is written; on a device the sum forms in
  * scratch (the table's residual_forward, the same bits) and is copied. */
-static void sum_sources(struct expert_parallel *xp, float *out, const float **from, int D,
+static void sum_sources(struct ep_state *xp, float *out, const float **from, int D,
                         size_t one)
 {
     const struct dm_backend *ops = backend_current();
@@ -429,9 +430,9 @@ static void sum_sources(struct expert_parallel *xp, float *out, const float **fr
  * these experts (one per expert group, all of the same group rank: each
  * one's own source in its slab, the others in its sums), gathered by
  * group. The same bits as ep = 1's replica sum of the whole slab. */
-static void reduce_block(struct expert_parallel *xp, struct block *blk)
+static void reduce_block(struct ep_state *xp, struct block *blk)
 {
-    struct block_moe *moe = blk->moe;
+    struct block_moe *moe = block_moe_of(blk);
     int P = xp->P, groups = xp->groups, D = P * groups;
     size_t one = (size_t)moe_owned_experts(&moe->cfg) * moe->expert_params;
     float *sum = grads_for(xp, blk), *own = moe->experts_g, *others = sum;
@@ -450,13 +451,13 @@ static void reduce_block(struct expert_parallel *xp, struct block *blk)
     tensor_zero(sum, (size_t)(P - 1) * one);
 }
 
-void engine_expert_parallel_reduce(struct engine *eng)
+static void ep_reduce(struct engine *eng)
 {
-    struct expert_parallel *xp = eng->expert_parallel;
+    struct ep_state *xp = eng->ep;
     struct gpt *m = &eng->model;
     if (!xp) return;
     for (int i = 0; i < m->num_blocks; i++)
-        if (m->blocks[i].moe && !m->blocks[i].frozen) reduce_block(xp, &m->blocks[i]);
+        if (block_moe_of(&m->blocks[i]) && !m->blocks[i].frozen) reduce_block(xp, &m->blocks[i]);
 }
 
 /* What the exchange kept for blocks (activations between a forward and
@@ -464,9 +465,9 @@ void engine_expert_parallel_reduce(struct engine *eng)
  * go when the stage's blocks change: after a migration none of it is
  * needed, and the entries of blocks that left would never be found
  * again. */
-void engine_expert_parallel_forget(struct engine *eng)
+static void ep_forget(struct engine *eng)
 {
-    struct expert_parallel *xp = eng->expert_parallel;
+    struct ep_state *xp = eng->ep;
     if (!xp) return;
     for (int i = 0; i < xp->nentries; i++) {
         dm_free(xp->entries[i].counts);
@@ -483,37 +484,21 @@ void engine_expert_parallel_forget(struct engine *eng)
     xp->ngrads = 0;
 }
 
-double engine_expert_parallel_take_rows(struct engine *eng, int layer)
-{
-    struct expert_parallel *xp = eng->expert_parallel;
-    if (!xp) return 0.0;
-    double rows = xp->step_rows[layer];
-    xp->step_rows[layer] = 0.0;
-    return rows;
-}
-
-void engine_expert_parallel_shard(struct engine *eng)
-{
-    int P = eng->cfg.ep;
-    struct gpt_moe *moe = &eng->shape.moe;
-    if (P <= 1 || !moe->every) return;
-    moe->shard_count = moe->experts / P;
-    moe->shard_first = (eng->grid.replica % P) * moe->shard_count;
-}
-
-void engine_expert_parallel_init(struct engine *eng)
+/* Hands the model's MoE blocks an exchange over the stage's expert group
+ * (collective; nothing unless parallel.ep > 1 and the model has them). */
+static void ep_init(struct engine *eng)
 {
     const struct pipe_grid *g = &eng->grid;
+    const struct moe_params *moe = moe_params_of(&eng->shape);
     int P = eng->cfg.ep;
-    if (P <= 1 || !eng->shape.moe.every) return;
-    struct expert_parallel *xp = dm_alloc(sizeof *xp);
+    if (P <= 1 || !moe) return;
+    struct ep_state *xp = dm_alloc(sizeof *xp);
     xp->P = P;
     xp->rank = g->replica % P;
     xp->wait_s = &eng->wait_s;
     xp->tokens = (size_t)eng->micro_B * (size_t)eng->T;
-    xp->grouped = xp->tokens * (size_t)eng->shape.moe.top_k;
+    xp->grouped = xp->tokens * (size_t)moe->top_k;
     xp->staging = &eng->staging;
-    xp->step_rows = dm_alloc((size_t)eng->shape.layers * sizeof(double));
     int groups = g->replicas / P;
     xp->groups = groups;
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage * groups + g->replica / P, xp->rank,
@@ -525,7 +510,7 @@ void engine_expert_parallel_init(struct engine *eng)
     xp->comm_dev = engine_transport_over(eng, xp->comm);
     xp->holders_dev = engine_transport_over(eng, xp->holders);
     xp->ops = dm_alloc((size_t)(4 * (P > groups ? P : groups) + 2) * sizeof *xp->ops);
-    xp->send_counts = dm_alloc((size_t)(4 * P + eng->shape.moe.experts) * sizeof(int));
+    xp->send_counts = dm_alloc((size_t)(4 * P + moe->experts) * sizeof(int));
     xp->send_displs = xp->send_counts + P;
     xp->recv_counts = xp->send_counts + 2 * P;
     xp->recv_displs = xp->send_counts + 3 * P;
@@ -533,10 +518,9 @@ void engine_expert_parallel_init(struct engine *eng)
     xp->exchange.ctx = xp;
     xp->exchange.experts_forward = ep_forward;
     xp->exchange.experts_backward = ep_backward;
-    eng->expert_parallel = xp;
-    gpt_moe_set_exchange(&eng->model, &xp->exchange);
+    eng->ep = xp;
+    gpt_ext_set_runtime(&eng->model, &moe_ext_ops, &xp->exchange);
     if (g->rank == 0) {
-        const struct gpt_moe *moe = &eng->shape.moe;
         int C = eng->shape.channels;
         double mib = 16.0 / 1048576.0;   /* params, grads, m, v */
         dm_log("expert parallelism: %d experts per MoE block over %d ranks of each stage's "
@@ -549,12 +533,12 @@ void engine_expert_parallel_init(struct engine *eng)
     }
 }
 
-void engine_expert_parallel_free(struct engine *eng)
+static void ep_free(struct engine *eng)
 {
-    struct expert_parallel *xp = eng->expert_parallel;
+    struct ep_state *xp = eng->ep;
     if (!xp) return;
-    gpt_moe_set_exchange(&eng->model, NULL);
-    engine_expert_parallel_forget(eng);
+    gpt_ext_set_runtime(&eng->model, &moe_ext_ops, NULL);
+    ep_forget(eng);
     tensor_free(xp->rows_out);
     tensor_free(xp->dh);
     tensor_free(xp->dx_out);
@@ -562,23 +546,22 @@ void engine_expert_parallel_free(struct engine *eng)
     tensor_free(xp->gathered);
     tensor_free(xp->total);
     dm_free(xp->send_counts);
-    dm_free(xp->step_rows);
     if (xp->comm_dev) backend_current()->comm_free(xp->comm_dev);
     if (xp->holders_dev) backend_current()->comm_free(xp->holders_dev);
     dm_free(xp->ops);
     WORLD_MPI(MPI_Comm_free(&xp->comm));
     WORLD_MPI(MPI_Comm_free(&xp->holders));
     dm_free(xp);
-    eng->expert_parallel = NULL;
+    eng->ep = NULL;
 }
 
 /* A block's time on an expert-parallel stage is its busiest rank's: the
  * forward and backward seconds of this rank's blocks become their maxima
  * over the expert group (polled), and the rank's compute grows by what
  * that adds. */
-void engine_expert_parallel_profile(struct engine *eng)
+static void ep_profile(struct engine *eng)
 {
-    struct expert_parallel *xp = eng->expert_parallel;
+    struct ep_state *xp = eng->ep;
     struct gpt *m = &eng->model;
     if (!xp || m->num_blocks == 0) return;
     int n = m->num_blocks;
@@ -598,3 +581,12 @@ void engine_expert_parallel_profile(struct engine *eng)
     dm_free(mine);
     dm_free(most);
 }
+
+const struct engine_part engine_part_ep = {
+    .carries = "expert rows",
+    .init = ep_init,
+    .free = ep_free,
+    .profile = ep_profile,
+    .reduce = ep_reduce,
+    .forget = ep_forget,
+};

@@ -346,7 +346,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     for (int i = 0; i < posted.count; i++)
         if (posted.types[i] != MPI_DATATYPE_NULL) WORLD_MPI(MPI_Type_free(&posted.types[i]));
     adopt_blocks(eng, counts, arrived);
-    engine_expert_parallel_forget(eng);
+    engine_parts_run(eng, forget);
     for (int b = 0; b < L; b++)
         if (metas[b]) dm_free(metas[b]);
     memcpy(eng->layout, counts, (size_t)S * sizeof(int));

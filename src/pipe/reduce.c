@@ -97,15 +97,6 @@ static void replica_sum(struct engine *eng, float *x, long n, float *gathered, f
     }
 }
 
-/* The floats of blk that every replica of the stage holds: all of them,
- * but for an MoE block whose experts are split over an expert group
- * (expert.c sums those), its shared tensors and router. */
-static long replicated_floats(const struct block *blk)
-{
-    const struct block_moe *moe = blk->moe;
-    if (!moe || moe->cfg.shard_count == 0) return (long)blk->nparams;
-    return (long)(moe_shared_param_count(blk->C) + (size_t)moe->cfg.experts * (size_t)blk->C);
-}
 
 static void reduce_replicas(struct engine *eng)
 {
@@ -126,36 +117,48 @@ static void reduce_replicas(struct engine *eng)
     for (int i = 0; i < m->num_blocks; i++) {
         /* frozen on every replica alike, with zero gradients (struct block) */
         if (m->blocks[i].frozen) continue;
-        replica_sum(eng, m->blocks[i].grads, replicated_floats(&m->blocks[i]), gathered, staging);
+        /* the floats every replica holds (an engine part sums the split parts) */
+        replica_sum(eng, m->blocks[i].grads, (long)block_replicated_floats(&m->blocks[i]),
+                    gathered, staging);
         gpt_charge_update(m, i, &clock);
     }
-    engine_expert_parallel_reduce(eng);   /* the owned experts, by their holders */
+    engine_parts_run(eng, reduce);   /* the split parts, by their holders */
     /* The tied wte halves were combined already (exchange_tied_grads). */
     if (m->embed_slab) replica_sum(eng, m->dwte, (long)m->embed_nparams, gathered, staging);
     if (gathered) dm_free(gathered);
 }
 
-/* This rank's terms of the gradient norm. units (L + 3 + M E): the
+/* Where each layer's split parts sit among the gradient norm's units:
+ * at[l] (L + 1 entries, at[L] all of them), after the L + 3 units. */
+static int *shard_places(const struct engine *eng)
+{
+    int L = eng->shape.layers;
+    int *at = dm_alloc((size_t)(L + 1) * sizeof(int));
+    for (int l = 0; l < L; l++) at[l + 1] = at[l] + gpt_block_shard_units(&eng->shape, l);
+    return at;
+}
+
+/* This rank's terms of the gradient norm. units (L + 3 + parts): the
  * embedding, block 0..L-1, the head, the watched flag, then one slot per
- * MoE block j and expert e (L + 3 + j E + e). Each term has exactly one
+ * split part of a block (L + 3 + at[l] + part). Each term has exactly one
  * contributor: replica 0 of a stage its units, the rank of the stage's
- * first expert group (replica < ep) that holds an expert its slot. */
-static void grad_norm_terms(struct engine *eng, double *units)
+ * first group of parallel.ep replicas (replica < ep) that holds a part
+ * its slot. */
+static void grad_norm_terms(struct engine *eng, double *units, const int *at)
 {
     struct gpt *m = &eng->model;
-    int L = eng->shape.layers, E = eng->shape.moe.experts, ep = eng->cfg.ep > 1 ? eng->cfg.ep : 1;
+    int L = eng->shape.layers, ep = eng->cfg.ep > 1 ? eng->cfg.ep : 1;
     int first = eng->grid.replica == 0, holder = eng->grid.replica < ep;
     if (first) units[0] = gpt_embed_grad_sumsq(m);
     double clock = dm_profile_now();
     for (int i = 0; i < m->num_blocks; i++) {
         const struct block *blk = &m->blocks[i];
         int layer = m->first_block + i;
-        if (!blk->moe) {
+        if (at[layer + 1] == at[layer]) {
             if (first) units[1 + layer] = block_grad_sumsq(blk);
         } else if (first || holder) {
-            int j = gpt_moe_ordinal(&eng->shape, layer);
-            double *slot = units + L + 3 + (size_t)j * E + blk->moe->cfg.shard_first;
-            double shared = block_moe_grad_sumsq_parts(blk, slot);
+            double *slot = units + L + 3 + at[layer] + block_shard_first(blk);
+            double shared = block_grad_sumsq_parts(blk, slot);
             if (first) units[1 + layer] = shared;
         }
         if (!blk->frozen && (first || holder)) gpt_charge_update(m, i, &clock);
@@ -164,19 +167,19 @@ static void grad_norm_terms(struct engine *eng, double *units)
 }
 
 /* The global gradient norm: each unit (embedding, block 0..L-1, head) is
- * summed by its owner in a fixed order, an MoE block's experts by their
+ * summed by its owner in a fixed order, a block's split parts by their
  * holders; the units are combined by a sum where each has exactly one
- * non-zero contributor, an MoE block's expert terms added to its unit in
- * expert order (block_moe_grad_sumsq_parts), and the units added in unit
- * order on every rank: the same bits as one rank computing everything. */
+ * non-zero contributor, a block's part terms added to its unit in part
+ * order (block_grad_sumsq_parts), and the units added in unit order on
+ * every rank: the same bits as one rank computing everything. */
 static double global_grad_norm(struct engine *eng)
 {
-    int L = eng->shape.layers, E = eng->shape.moe.experts;
-    int cells = gpt_moe_block_count(&eng->shape) * E, n = L + 3 + cells;
+    int L = eng->shape.layers, *at = shard_places(eng);
+    int n = L + 3 + at[L];
     double *units = dm_alloc((size_t)n * sizeof(double));
     double *total = dm_alloc((size_t)n * sizeof(double));
     units[L + 2] = (eng->watched_flag && *eng->watched_flag) ? 1.0 : 0.0;
-    grad_norm_terms(eng, units);
+    grad_norm_terms(eng, units, at);
     if (eng->grid.world_size > 1) {
         MPI_Request req;
         WORLD_MPI(MPI_Iallreduce(units, total, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
@@ -184,33 +187,31 @@ static double global_grad_norm(struct engine *eng)
     } else {
         memcpy(total, units, (size_t)n * sizeof(double));
     }
-    for (int l = 0; l < L; l++) {
-        int j = gpt_moe_ordinal(&eng->shape, l);
-        for (int e = 0; j >= 0 && e < E; e++) total[1 + l] += total[L + 3 + j * E + e];
-    }
+    for (int l = 0; l < L; l++)
+        for (int u = at[l]; u < at[l + 1]; u++) total[1 + l] += total[L + 3 + u];
     eng->stop_requested = total[L + 2] > 0.0;
     dyn_after_reduce(eng->dyn, &eng->model, eng->current_step, total + 1);
     double sum = 0.0;
     for (int u = 0; u < L + 2; u++) sum += total[u];
     dm_free(units);
     dm_free(total);
+    dm_free(at);
     return sqrt(sum);
 }
 
-/* The MoE blocks' step: their per-expert counts (and balancing-loss
- * values) summed over the replicas of this stage, which hold the same
- * blocks, handed to the model: the blocks keep them as the last step's
- * counts and the sigmoid router's bias moves by them, the same on every
- * replica. Counts are integers in doubles, so the sum is exact in any
- * order. */
-static void reduce_moe_counts(struct engine *eng)
+/* The blocks' step values (gpt_step_values: an extension's counts)
+ * summed over the replicas of this
+ * stage, which hold the same blocks, handed to the model (gpt_end_step),
+ * the same on every replica. Counts are integers in doubles, so the sum
+ * is exact in any order. */
+static void reduce_step_values(struct engine *eng)
 {
     struct gpt *m = &eng->model;
-    int n = gpt_moe_step_values(m, NULL);
+    int n = gpt_step_values(m, NULL);
     if (n == 0) return;
     double *mine = dm_alloc((size_t)n * sizeof(double));
     double *total = dm_alloc((size_t)n * sizeof(double));
-    gpt_moe_step_values(m, mine);
+    gpt_step_values(m, mine);
     if (eng->grid.replicas > 1) {
         MPI_Request req;
         WORLD_MPI(MPI_Iallreduce(mine, total, n, MPI_DOUBLE, MPI_SUM, eng->stage_comm, &req));
@@ -218,7 +219,7 @@ static void reduce_moe_counts(struct engine *eng)
     } else {
         memcpy(total, mine, (size_t)n * sizeof(double));
     }
-    gpt_moe_end_step(m, total);
+    gpt_end_step(m, total);
     dm_free(mine);
     dm_free(total);
 }
@@ -228,6 +229,6 @@ double engine_reduce_grads(struct engine *eng)
     gpt_mask_pruned_grads(&eng->model);
     exchange_tied_grads(eng);
     reduce_replicas(eng);
-    reduce_moe_counts(eng);
+    reduce_step_values(eng);
     return global_grad_norm(eng);
 }

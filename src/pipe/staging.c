@@ -1,6 +1,6 @@
 /* The engine's staging pool (engine_internal.h): the host buffers that MPI
  * reads and writes for the step's device tensors (the tied embedding's
- * exchange, the replica sums, expert parallelism's rows and gradients),
+ * exchange, the replica sums, the engine parts' rows and gradients),
  * and the device buffers they are copied up into, one of each per
  * purpose, grown (at least doubled) when a step needs more and kept until
  * engine_destroy, so that a step allocates nothing after the first

@@ -8,6 +8,7 @@
 #include <string.h>
 #include "dynmo/balance.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "dynmo/world.h"
@@ -49,7 +50,7 @@ static int bench_migration(struct engine *eng, const struct dm_config *cfg, int 
         seconds += dm_now() - t0;
     }
     /* The moving blocks 1 .. L-2 (their sizes differ with MoE blocks). */
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
     size_t moved_bytes = 0;
     for (int b = 1; b < L - 1; b++) {
         struct block probe;

@@ -1,8 +1,7 @@
 /* `dynmo check-ckpt FILE... [--quick]`: the offline checker of our own
  * checkpoint files (Redis's redis-check-rdb). It validates each file against
- * the compiled-in schema of its version (checkpoint_schema/v1.def; v3.def
- * for a model with mixture-of-experts blocks, v2.def for one an older
- * dynmo wrote): groups, attributes and
+ * the compiled-in schema of its version (checkpoint_schema/v1.def, or a
+ * scheme's own version, with the schemes' fragments): groups, attributes and
  * their values, datasets with type, shape, chunking and checksum filter,
  * the completion attribute, the consistency of layout, history, cursors
  * and per-block state, and, unless --quick, every chunk's Fletcher32
@@ -13,21 +12,22 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
 #include "dynmo/tools.h"
 
 static void usage(FILE *out)
 {
+    char versions[256];   /* the schemes' own */
+    dyn_ckpt_versions_text(versions, sizeof versions);
     fprintf(out,
             "usage: dynmo check-ckpt FILE... [--quick]\n"
             "Validates dynmo checkpoints (ckpt-<step>.h5) against checkpoint schema version "
-            "%d\n(%d with mixture-of-experts blocks; %d for one an older dynmo wrote): "
-            "groups,\nattributes, datasets (type, shape, chunking, Fletcher32 filter), the "
-            "completion\nattribute, layout, history, cursors and per-block state, and every "
-            "chunk's\nchecksum (by reading the whole file).\n"
+            "%d\n(a dense model)%s: groups,\nattributes, datasets (type, shape, chunking, "
+            "Fletcher32 filter), the completion\nattribute, layout, history, cursors and "
+            "per-block state, and every chunk's\nchecksum (by reading the whole file).\n"
             "  --quick   skip reading the data (structure and metadata only)\n"
             "Prints each problem; exit status 0 when every file is valid, 2 otherwise.\n",
-            CHECKPOINT_SCHEMA_VERSION, CHECKPOINT_SCHEMA_VERSION_MOE,
-            CHECKPOINT_SCHEMA_VERSION_MOE_PADDED);
+            CHECKPOINT_SCHEMA_VERSION, versions);
 }
 
 /* Prints each problem and keeps the first one of the run for the summary. */

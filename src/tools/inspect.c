@@ -17,6 +17,7 @@
 #include <string.h>
 #include <json.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
 #include "dynmo/tools.h"
 
 /* One MoE block's load over the logged steps (/moe/tokens, /moe/dropped). */
@@ -528,6 +529,12 @@ static void print_counts(FILE *out, const int *counts, int n)
     fputc(']', out);
 }
 
+static void print_scheme_line(void *ctx, const char *line)
+{
+    (void)ctx;
+    printf("  %s\n", line);
+}
+
 /* Who wrote the checkpoint, and its model: the shape and its dynamic blocks. */
 static void print_checkpoint_model(const struct ckpt_meta *m)
 {
@@ -538,20 +545,7 @@ static void print_checkpoint_model(const struct ckpt_meta *m)
     printf("  model: %d layers, %d channels, %d heads, vocab %d, max_seq %d: %zu "
            "parameters (%zu per dense block)\n", s->layers, s->channels, s->heads, s->vocab,
            s->max_seq, gpt_param_count(s), block_params);
-    if (s->moe.every > 0)
-        printf("  mixture of experts: every %d blocks (%d MoE blocks), %d experts of hidden "
-               "width %d, top-%d: %zu parameters per MoE block\n", s->moe.every,
-               gpt_moe_block_count(s), s->moe.experts, s->moe.hidden, s->moe.top_k,
-               gpt_block_param_count(s, s->moe.every - 1));
-    if (s->mod.every > 0 && s->mod.routing == MOD_ROUTING_CAUSAL)
-        printf("  mixture of depths: every %d blocks (%d MoD blocks), capacity %g, causal "
-               "routing by an MLP predictor of hidden width %d\n", s->mod.every,
-               gpt_mod_block_count(s), s->mod.capacity, s->mod.predictor_hidden);
-    else if (s->mod.every > 0)
-        printf("  mixture of depths: every %d blocks (%d MoD blocks), capacity %g, top-k "
-               "routing\n", s->mod.every, gpt_mod_block_count(s), s->mod.capacity);
-    if (s->hash.buckets > 0)
-        printf("  attention: hash-sparse, %d buckets per head\n", s->hash.buckets);
+    dyn_describe_shape(s, print_scheme_line, NULL);   /* the schemes' own lines */
 }
 
 /* The checkpoint's blocks, one line each, and its configuration. */
@@ -561,7 +555,7 @@ static void print_checkpoint_blocks(const struct ckpt_meta *m)
     double block_mb = 3.0 * (double)block_param_count(s->channels) * 4.0 / 1e6;
     int frozen = 0;
     for (int i = 0; i < s->layers; i++) frozen += m->frozen[i];
-    if (s->moe.every > 0)
+    if (gpt_shape_replaces_mlp(s))   /* blocks of other sizes */
         printf("  blocks (MB: params, Adam m and v; %d frozen):\n", frozen);
     else
         printf("  blocks (%.2f MB each: params, Adam m and v; %d frozen):\n", block_mb, frozen);

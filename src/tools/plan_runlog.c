@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "tools/plan.h"
 
@@ -37,8 +38,8 @@ static void run_error(struct runlog_file *f, const char *fmt, ...)
     dm_user_error("--from-run: %s", text);
 }
 
-/* The model (its channels, layers and mixture-of-experts blocks, which
- * make blocks differ in size) and the micro-batches from the run's config
+/* The model (its channels, layers and the schemes' extensions, which make
+ * blocks differ in size) and the micro-batches from the run's config
  * (the root attribute config, checked key by key: runlog_file_config). */
 static void read_run_config(struct runlog_file *f, struct gpt_shape *shape, int *micro_batches)
 {
@@ -47,14 +48,7 @@ static void read_run_config(struct runlog_file *f, struct gpt_shape *shape, int 
     int status = runlog_file_config(f, &cfg, err, sizeof err);
     if (status < 0) run_error(f, "%s", err);
     if (status > 0) run_error(f, "%s has no model config", runlog_file_path(f));
-    memset(shape, 0, sizeof *shape);
-    shape->channels = cfg.channels;
-    shape->layers = cfg.layers;
-    shape->moe.every = cfg.moe_every;
-    if (shape->moe.every > 0) {
-        shape->moe.experts = cfg.experts;
-        shape->moe.hidden = cfg.expert_hidden > 0 ? cfg.expert_hidden : 4 * cfg.channels;
-    }
+    *shape = dyn_shape_from_config(&cfg);
     *micro_batches = cfg.micro_batches;
 }
 

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/tools.h"
 #include "tools/args.h"
@@ -282,7 +283,7 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     s->tokens_per_step = (double)s->cfg.batch * rc->seq;
     s->activation_bytes = 4.0 * per_micro_batch * rc->seq * rc->channels;
     s->cfg.layers = traj->blocks;
-    struct gpt_shape shape = gpt_shape_from_config(&s->cfg);
+    struct gpt_shape shape = dyn_shape_from_config(&s->cfg);
     s->block_params = dm_alloc((size_t)s->blocks * sizeof(double));
     for (int u = 0; u < s->blocks; u++) {
         double block = (double)gpt_block_param_count(&shape, s->split ? u / 2 : u);

@@ -16,6 +16,7 @@
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "dynmo/tools.h"
@@ -108,7 +109,7 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
     tr->log_width = S;
     if (dm_rank() == 0)
         tr->log = train_open_runlog(tr->log_path, cfg, tr->start_step, S, &tr->log_width);
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
     char text[256];
     layout_format(text, sizeof text, engine_layout(tr->eng), S);
     dm_log("dynmo %s: %d layers x %d channels, %d heads, %.2fM parameters; batch %d x %d "

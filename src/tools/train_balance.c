@@ -11,6 +11,7 @@
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "dynmo/world.h"
@@ -29,8 +30,8 @@ struct train_balancer {
 
 struct train_balancer *train_balancer_create(const struct dm_config *cfg, int stages)
 {
-    /* Blocks differ in size when some are mixtures of experts. */
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    /* Blocks differ in size with the schemes' extensions. */
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
     double *sizes = dm_alloc((size_t)cfg->layers * sizeof(double));
     for (int b = 0; b < cfg->layers; b++) sizes[b] = (double)gpt_block_param_count(&shape, b);
     struct balance_controller_config c = {

@@ -8,6 +8,7 @@
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "tools/train.h"
@@ -47,34 +48,6 @@ static void append_doubles(struct runlog *log, const char *name, const double *v
     runlog_append_row(log, name, row, n);
 }
 
-/* Mixture of depths: the tokens each MoD block processed (its layers are
- * the columns l with (l + 1) % model.mod_every == 0), and with causal
- * routing each predictor's BCE; a step-line note of their share of the
- * tokens that reached those blocks. */
-static void append_mod_row(struct runlog *log, const struct dm_config *cfg,
-                           const struct step_stats *st, float *row)
-{
-    int M = 0;
-    for (int l = cfg->mod_every - 1; l < cfg->layers; l += cfg->mod_every)
-        row[M++] = (float)st->layer_mod_tokens[l];
-    runlog_append_row(log, RUNLOG_MOD_TOKENS, row, M);
-    if (strcmp(cfg->mod_routing, "causal")) return;
-    M = 0;
-    for (int l = cfg->mod_every - 1; l < cfg->layers; l += cfg->mod_every)
-        row[M++] = (float)st->layer_mod_bce[l];
-    runlog_append_row(log, RUNLOG_MOD_BCE, row, M);
-}
-
-static double mod_token_share(const struct dm_config *cfg, const struct step_stats *st,
-                              double tokens_per_step)
-{
-    double sum = 0.0;
-    int M = 0;
-    for (int l = cfg->mod_every - 1; l < cfg->layers; l += cfg->mod_every, M++)
-        sum += st->layer_mod_tokens[l];
-    return M > 0 && tokens_per_step > 0 ? sum / (M * tokens_per_step) : 0.0;
-}
-
 /* A per-stage row keeps the first world's width: NaN past a re-pack. */
 static void append_stage_row(struct runlog *log, const char *name, const double *values,
                              int stages, int width, float *row)
@@ -83,25 +56,23 @@ static void append_stage_row(struct runlog *log, const char *name, const double 
     runlog_append_row(log, name, row, width);
 }
 
-/* The MoE blocks' rows of the step: per expert the routed and dropped
- * pairs and the bias, per block the balancing losses and (ep > 1) the
- * busiest expert rank's load. */
-static void append_moe_rows(struct runlog *log, const struct dm_config *cfg,
-                            const struct step_stats *st)
+/* Each signal's row (float32, or int32 where it declares so). */
+static void append_signal_rows(struct runlog *log, const struct step_stats *st)
 {
-    int cells = st->moe_blocks * st->experts;
-    int *counts = dm_alloc((size_t)cells * sizeof(int));
-    float *row = dm_alloc((size_t)cells * sizeof(float));
-    for (int c = 0; c < cells; c++) counts[c] = (int)st->moe_tokens[c];
-    runlog_append_int_row(log, RUNLOG_MOE_TOKENS, counts, cells);
-    for (int c = 0; c < cells; c++) counts[c] = (int)st->moe_dropped[c];
-    runlog_append_int_row(log, RUNLOG_MOE_DROPPED, counts, cells);
-    append_doubles(log, RUNLOG_MOE_BIAS, st->moe_bias, cells, row);
-    append_doubles(log, RUNLOG_MOE_AUX, st->moe_aux, st->moe_blocks, row);
-    append_doubles(log, RUNLOG_MOE_Z, st->moe_z, st->moe_blocks, row);
-    if (cfg->ep > 1) append_doubles(log, RUNLOG_MOE_RANK_LOAD, st->moe_rank_load, st->moe_blocks, row);
-    dm_free(counts);
-    dm_free(row);
+    for (int k = 0; k < st->signal_count; k++) {
+        const struct dyn_signal_row *r = &st->signals[k];
+        int n = r->columns;
+        if (r->signal->is_int) {
+            int *row = dm_alloc((size_t)(n ? n : 1) * sizeof(int));
+            for (int c = 0; c < n; c++) row[c] = (int)r->values[c];
+            runlog_append_int_row(log, r->signal->dataset, row, n);
+            dm_free(row);
+        } else {
+            float *row = dm_alloc((size_t)(n ? n : 1) * sizeof(float));
+            append_doubles(log, r->signal->dataset, r->values, n, row);
+            dm_free(row);
+        }
+    }
 }
 
 /* The per-block, per-stage and trace rows of the step. */
@@ -112,15 +83,7 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
     float *row = dm_alloc((size_t)(L > width ? L : width) * sizeof(float));
     append_doubles(log, RUNLOG_LAYER_FWD_MS, st->layer_fwd_ms, L, row);
     append_doubles(log, RUNLOG_LAYER_BWD_MS, st->layer_bwd_ms, L, row);
-    if (!strcmp(cfg->dyn_kind, "prune"))
-        append_doubles(log, RUNLOG_LAYER_SPARSITY, st->layer_sparsity, L, row);
-    if (!strcmp(cfg->dyn_kind, "early_exit"))
-        append_doubles(log, RUNLOG_LAYER_ACTIVE, st->layer_active, L, row);
-    if (!strcmp(cfg->attention, "hash")) {
-        append_doubles(log, RUNLOG_HASH_TILES, st->layer_tiles, L, row);
-        append_doubles(log, RUNLOG_HASH_OWN_KEY_ONLY, st->layer_own_key_only, L, row);
-    }
-    if (cfg->mod_every > 0) append_mod_row(log, cfg, st, row);
+    append_signal_rows(log, st);
     append_doubles(log, RUNLOG_LAYER_UPDATE_MS, st->layer_update_ms, L, row);
     append_stage_row(log, RUNLOG_STAGE_BUSY_MS, st->stage_compute_ms, stages, width, row);
     append_stage_row(log, RUNLOG_STAGE_IDLE_MS, st->stage_wait_ms, stages, width, row);
@@ -128,12 +91,17 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
     int *irow = dm_alloc((size_t)width * sizeof(int));
     for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
-    if (st->moe_blocks) append_moe_rows(log, cfg, st);
     for (int r = 0; r < st->trace_rows; r++)
         runlog_append_row(log, RUNLOG_TRACE_EVENTS, st->trace + (size_t)r * STEP_TRACE_COLUMNS,
                           STEP_TRACE_COLUMNS);
     dm_free(row);
     dm_free(irow);
+}
+
+static void print_note(void *ctx, const char *note)
+{
+    (void)ctx;
+    dm_log(" | %s", note);
 }
 
 void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
@@ -152,26 +120,7 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
     if (stages > 1)
         dm_log(" | bubble %.1f%% | imbalance %.2f", 100.0 * st->bubble_ratio, st->imbalance);
     if (st->dyn_text[0]) dm_log(" | %s", st->dyn_text);
-    if (cfg->mod_every > 0)
-        dm_log(" | MoD %.1f%% tokens", 100.0 * mod_token_share(cfg, st, tokens_per_step));
-    if (st->moe_blocks) {
-        /* the busiest expert of any MoE block against its block's mean, and
-         * the share of the step's pairs that capacity dropped */
-        double routed = 0.0, dropped = 0.0, worst = 0.0;
-        for (int j = 0; j < st->moe_blocks; j++) {
-            double sum = 0.0, most = 0.0;
-            for (int e = 0; e < st->experts; e++) {
-                double c = st->moe_tokens[j * st->experts + e];
-                sum += c;
-                most = c > most ? c : most;
-                dropped += st->moe_dropped[j * st->experts + e];
-            }
-            routed += sum;
-            if (sum > 0) worst = fmax(worst, most * st->experts / sum);
-        }
-        dm_log(" | experts: busiest %.2fx mean, dropped %.1f%%", worst,
-               routed > 0 ? 100.0 * dropped / routed : 0.0);
-    }
+    dyn_step_notes(cfg, st->signals, st->signal_count, tokens_per_step, print_note, NULL);
     if (st->migrated_blocks > 0) {
         char layout[256];
         layout_format(layout, sizeof layout, st->layout, stages);

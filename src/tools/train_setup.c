@@ -10,6 +10,7 @@
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/world.h"
 #include "tools/train.h"
@@ -61,7 +62,7 @@ void train_parse_args(int argc, char **argv, struct dm_config *cfg, struct train
                           is_bench ? " [--warmup N] [--steps N]" : "");
         }
     }
-    config_validate(cfg);
+    dyn_config_validate(cfg);
 }
 
 
@@ -75,7 +76,7 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
 {
     /* DeepSpeed's equal parameters: block parameter counts, the embedding
      * on the first stage and the final norm on the last. */
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
     int L = cfg->layers;
     double *cost = dm_alloc((size_t)L * sizeof(double));
     int64_t *mem = dm_alloc((size_t)L * sizeof(int64_t));
@@ -149,7 +150,7 @@ void train_close_data(struct train_data *d)
  * for the file's own structure. */
 static uint64_t checkpoint_bytes(const struct dm_config *cfg)
 {
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
     uint64_t params = (uint64_t)gpt_param_count(&shape);
     uint64_t bytes = params * 3 * sizeof(float) + ((uint64_t)1 << 20);
     if (!strcmp(cfg->dyn_kind, "prune")) bytes += params;
@@ -202,24 +203,17 @@ void train_check_paths(const struct dm_config *cfg)
 
 /* What the busiest stage of `layout` keeps resident on one rank, about:
  * each block's parameters, gradients and both Adam moments (blocks differ
- * in size with MoE blocks; with parallel.ep > 1 an MoE block holds E / ep
- * experts, and the other sources' gradient sums of its owned experts,
- * E - E / ep experts' worth), the activations of the micro-batches it holds at once
- * (all of them, as GPipe does: an upper bound for 1F1B; an MoE block's
- * routing and expert activations too), and the embedding and head with
- * their own moments. */
+ * in size with the schemes' extensions; with parallel.ep > 1 a block whose
+ * parts a scheme splits holds its rank's), the activations of the
+ * micro-batches it holds at once (all of them, as GPipe does: an upper
+ * bound for 1F1B), what the schemes keep beside a block on its rank
+ * (dyn_block_memory: their activations, the parts' sums), and the
+ * embedding and head with their own moments. */
 static double stage_bytes(const struct dm_config *cfg, const int *layout, int stages)
 {
-    struct gpt_shape shape = gpt_shape_from_config(cfg);
-    double source_sums = 0.0;
-    if (cfg->ep > 1 && shape.moe.every > 0) {
-        shape.moe.shard_count = shape.moe.experts / cfg->ep;
-        source_sums = 4.0 * (shape.moe.experts - shape.moe.shard_count) *
-                      (double)moe_expert_param_count(shape.channels, shape.moe.hidden);
-    }
+    struct gpt_shape shape = dyn_shape_for_rank(cfg, 0);
     int micro_B = cfg->batch / (cfg->dp * cfg->micro_batches);
     double acts = (double)block_acts_bytes(micro_B, cfg->seq, cfg->channels, cfg->heads);
-    double moe_acts = (double)moe_acts_bytes(&shape, micro_B, cfg->seq);
     double ends = 16.0 * (double)(shape.vocab + shape.max_seq) * shape.channels +
                   3.0 * 4.0 * (double)micro_B * cfg->seq * shape.vocab * cfg->micro_batches;
     double busiest = 0.0;
@@ -227,9 +221,8 @@ static double stage_bytes(const struct dm_config *cfg, const int *layout, int st
         double bytes = 0.0;
         for (int b = first; b < first + layout[s]; b++)
             bytes += 16.0 * (double)gpt_block_param_count(&shape, b) +
-                     (gpt_block_is_moe(&shape, b) ? source_sums : 0.0) +
-                     (double)cfg->micro_batches *
-                         (acts + (gpt_block_is_moe(&shape, b) ? moe_acts : 0.0));
+                     dyn_block_memory(cfg, &shape, b, micro_B) +
+                     (double)cfg->micro_batches * acts;
         busiest = bytes > busiest ? bytes : busiest;
     }
     return busiest + ends;

@@ -350,16 +350,16 @@ static void check_moe(int N, int k, int C)
     float *RES1 = up(res1, NC * 4), *Y = up(y, RC * 4), *GATE = up(gate, P * 4L);
     float *DOUT = up(dout, NC * 4), *DX = up(dx, RC * 4), *OUT = up(out, NC * 4);
     float *DY = up(dy, RC * 4), *DGATE = up(dgate, P * 4L), *DLN2 = up(dln2, NC * 4);
-    cpu->moe_combine_forward(out, res1, y, gate, row, N, k, C);
-    dev->moe_combine_forward(OUT, RES1, Y, GATE, ROW, N, k, C);
-    compare("moe_combine_forward", OUT, out, NC);
-    cpu->moe_combine_backward(dy, dgate, dout, y, gate, row, N, k, C);
-    dev->moe_combine_backward(DY, DGATE, DOUT, Y, GATE, ROW, N, k, C);
-    compare("moe_combine_backward dy", DY, dy, RC);
-    compare("moe_combine_backward dgate", DGATE, dgate, P);
-    cpu->moe_dispatch_backward(dln2, dx, row, N, k, C);
-    dev->moe_dispatch_backward(DLN2, DX, ROW, N, k, C);
-    compare("moe_dispatch_backward", DLN2, dln2, NC);
+    cpu->routed_combine_forward(out, res1, y, gate, row, N, k, C);
+    dev->routed_combine_forward(OUT, RES1, Y, GATE, ROW, N, k, C);
+    compare("routed_combine_forward", OUT, out, NC);
+    cpu->routed_combine_backward(dy, dgate, dout, y, gate, row, N, k, C);
+    dev->routed_combine_backward(DY, DGATE, DOUT, Y, GATE, ROW, N, k, C);
+    compare("routed_combine_backward dy", DY, dy, RC);
+    compare("routed_combine_backward dgate", DGATE, dgate, P);
+    cpu->routed_dispatch_backward(dln2, dx, row, N, k, C);
+    dev->routed_dispatch_backward(DLN2, DX, ROW, N, k, C);
+    compare("routed_dispatch_backward", DLN2, dln2, NC);
     float *hs[] = {res1, y, gate, dout, dx, out, dy, dgate, dln2};
     float *ds[] = {RES1, Y, GATE, DOUT, DX, OUT, DY, DGATE, DLN2};
     for (int i = 0; i < 9; i++) dm_free(hs[i]), dev->free(ds[i]);
@@ -396,9 +396,9 @@ static void check_moe_route(int N, int E, int k, int sigmoid)
     float *LOGITS = up(logits, NE * 4), *BIAS = up(bias, E * 4L), *SCORES = up(scores, NE * 4);
     float *LSE = up(lse, N * 4L), *CSCORE = up(cscore, NK * 4), *GATE = up(gate, NK * 4);
     int *CHOICE = up(choice, NK * 4);
-    cpu->moe_route_forward(scores, lse, choice, cscore, gate, logits, bias, N, E, k, sigmoid);
-    dev->moe_route_forward(SCORES, LSE, CHOICE, CSCORE, GATE, LOGITS, BIAS, N, E, k, sigmoid);
-    const char *what = sigmoid ? "moe_route_forward (sigmoid)" : "moe_route_forward (softmax)";
+    cpu->route_topk_forward(scores, lse, choice, cscore, gate, logits, bias, N, E, k, sigmoid);
+    dev->route_topk_forward(SCORES, LSE, CHOICE, CSCORE, GATE, LOGITS, BIAS, N, E, k, sigmoid);
+    const char *what = sigmoid ? "route_topk_forward (sigmoid)" : "route_topk_forward (softmax)";
     char name[64];
     snprintf(name, sizeof name, "%s scores", what);
     compare(name, SCORES, scores, NE);
@@ -406,7 +406,7 @@ static void check_moe_route(int N, int E, int k, int sigmoid)
     compare(name, GATE, gate, NK);
     snprintf(name, sizeof name, "%s choice", what);
     compare_ints(name, CHOICE, choice, NK);
-    compare("moe_route_forward lse", LSE, lse, N);
+    compare("route_topk_forward lse", LSE, lse, N);
     /* the CPU's forward on the device for the ops after it */
     dev->copy_to_device(SCORES, scores, (size_t)NE * 4);
     dev->copy_to_device(LSE, lse, (size_t)N * 4);
@@ -414,18 +414,18 @@ static void check_moe_route(int N, int E, int k, int sigmoid)
     dev->copy_to_device(GATE, gate, (size_t)NK * 4);
     double *sums = dm_alloc((size_t)(E + 1) * sizeof(double));
     double *SUMS = dev->alloc((size_t)(E + 1) * sizeof(double));
-    cpu->moe_route_sums(sums, scores, lse, N, E, sigmoid);
-    dev->moe_route_sums(SUMS, SCORES, LSE, N, E, sigmoid);
-    compare_doubles("moe_route_sums", SUMS, sums, E + 1);
+    cpu->route_topk_sums(sums, scores, lse, N, E, sigmoid);
+    dev->route_topk_sums(SUMS, SCORES, LSE, N, E, sigmoid);
+    compare_doubles("route_topk_sums", SUMS, sums, E + 1);
     for (int e = 0; e < E; e++) selected[e] = 0;
     for (long p = 0; p < NK; p++) selected[choice[p]]++;
     int *SELECTED = up(selected, E * 4L);
     float *DGATE = up(dgate, NK * 4), *dlogits = host(NE, 0), *DLOGITS = up(dlogits, NE * 4);
-    cpu->moe_route_backward(dlogits, dgate, logits, scores, lse, choice, gate, selected, N, E, k,
+    cpu->route_topk_backward(dlogits, dgate, logits, scores, lse, choice, gate, selected, N, E, k,
                             sigmoid, 0.01, 0.001);
-    dev->moe_route_backward(DLOGITS, DGATE, LOGITS, SCORES, LSE, CHOICE, GATE, SELECTED, N, E, k,
+    dev->route_topk_backward(DLOGITS, DGATE, LOGITS, SCORES, LSE, CHOICE, GATE, SELECTED, N, E, k,
                             sigmoid, 0.01, 0.001);
-    compare(sigmoid ? "moe_route_backward (sigmoid)" : "moe_route_backward (softmax)", DLOGITS,
+    compare(sigmoid ? "route_topk_backward (sigmoid)" : "route_topk_backward (softmax)", DLOGITS,
             dlogits, NE);
     float *hs[] = {logits, bias, dgate, scores, lse, cscore, gate, dlogits};
     float *ds[] = {LOGITS, BIAS, DGATE, SCORES, LSE, CSCORE, GATE, DLOGITS};
@@ -589,24 +589,24 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     int hs = C / NH;
     long BTC = (long)B * T * C, bhT = (long)B * NH * T, R = (long)NH * hs * (buckets / 2) + 1;
     float *qkv = host(3 * BTC, 1), *dy = host(BTC, 1), *rot = host(R, 0);
-    hash_rotation_draw(rot, NH, hs, buckets, 42, 3, 7);
+    bucket_rotation_draw(rot, NH, hs, buckets, 42, 3, 7);
     float *out = host(BTC, 0), *lse = host(bhT, 0), *dqkv = host(3 * BTC, 0);
     int *order = dm_alloc(2 * bhT * sizeof(int)), *bucket = dm_alloc(2 * bhT * sizeof(int));
     float *Q = up(qkv, 3 * BTC * 4), *DY = up(dy, BTC * 4), *RO = up(rot, R * 4);
     float *O = up(out, BTC * 4), *L = up(lse, bhT * 4), *DQ = up(dqkv, 3 * BTC * 4);
     int *OR = up(order, 2 * bhT * 4), *BU = up(bucket, 2 * bhT * 4);
     long alone = 0, dalone = 0;
-    long tiles = cpu->hash_attention_forward(out, lse, order, bucket, &alone, qkv, rot, B, T, C,
+    long tiles = cpu->bucket_attention_forward(out, lse, order, bucket, &alone, qkv, rot, B, T, C,
                                              NH, buckets);
-    long dtiles = dev->hash_attention_forward(O, L, OR, BU, &dalone, Q, RO, B, T, C, NH,
+    long dtiles = dev->bucket_attention_forward(O, L, OR, BU, &dalone, Q, RO, B, T, C, NH,
                                               buckets);
     compare_ints("hash buckets", BU, bucket, 2 * bhT);
     compare_ints("hash orders", OR, order, 2 * bhT);
-    compare("hash_attention_forward out", O, out, BTC);
-    compare("hash_attention_forward lse", L, lse, bhT);
-    cpu->hash_attention_backward(dqkv, dy, qkv, out, lse, order, bucket, B, T, C, NH);
-    long btiles = dev->hash_attention_backward(DQ, DY, Q, O, L, OR, BU, B, T, C, NH);
-    compare("hash_attention_backward dqkv", DQ, dqkv, 3 * BTC);
+    compare("bucket_attention_forward out", O, out, BTC);
+    compare("bucket_attention_forward lse", L, lse, bhT);
+    cpu->bucket_attention_backward(dqkv, dy, qkv, out, lse, order, bucket, B, T, C, NH);
+    long btiles = dev->bucket_attention_backward(DQ, DY, Q, O, L, OR, BU, B, T, C, NH);
+    compare("bucket_attention_backward dqkv", DQ, dqkv, 3 * BTC);
     int ok = dtiles == tiles && btiles == tiles;
     failures += !ok;
     checked++;

@@ -1,5 +1,7 @@
-/* Hash-sparse causal attention (Pagliardini et al. 2023), the op forward
- * and backward, and the random rotations it hashes with.
+/* Causal attention within buckets, the op forward and backward (the CPU's
+ * entries bucket_attention_* of the op table) and the random rotations it
+ * buckets by: the kernel of hash-sparse attention (Pagliardini et al.
+ * 2023; the scheme and its use in a block are src/dyn/hash.c).
  *
  * Per (sequence, head), queries and keys are hashed into nb buckets by a
  * random rotation R (hs, nb/2) whose columns have unit norm (SCFA's):
@@ -27,19 +29,18 @@
 #include "dynmo/hash_bucket.h"
 #include "dynmo/model.h"
 #include "model/exp_lanes.h"
-#include "model/hash_segments.h"
 #include "model/internal.h"
 
 /* A stream far above every block tensor's ((index + 1) << 8 | k). */
-#define HASH_ROTATION_STREAM_BASE (UINT64_C(0x48415348) << 32)
+#define ROTATION_STREAM_BASE (UINT64_C(0x48415348) << 32)
 
-void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
+void bucket_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
                         int layer, long step)
 {
     DM_ASSERT(buckets >= 1 && (buckets == 1 || buckets % 2 == 0));
     size_t n = (size_t)NH * hs * (size_t)(buckets / 2);
     if (n == 0) return;
-    uint64_t stream = HASH_ROTATION_STREAM_BASE ^
+    uint64_t stream = ROTATION_STREAM_BASE ^
                       dm_hash64((uint64_t)layer, UINT64_C(0x726f74), (uint64_t)step);
     init_normal(rotation, n, seed, stream, 1.0f);
     /* each column of each head's R (hs, half) divided by its norm, the
@@ -57,6 +58,7 @@ void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t s
                     column[(size_t)d * half] = (float)((double)column[(size_t)d * half] / norm);
         }
 }
+
 
 struct hash_args {
     float *out, *lse, *dqkv;
@@ -358,7 +360,7 @@ static long sum_tiles(const long *tiles, long n)
     return total;
 }
 
-long hash_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
+long bucket_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
                             const float *qkv, const float *rotation, int B, int T, int C, int NH,
                             int buckets)
 {
@@ -513,7 +515,7 @@ static void hash_backward_range(void *arg, long begin, long end)
     hash_work_free(&w);
 }
 
-long hash_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+long bucket_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                              const float *lse, const int *order, const int *bucket, int B,
                              int T, int C, int NH)
 {
@@ -526,129 +528,4 @@ long hash_attention_backward(float *dqkv, const float *dout, const float *qkv, c
     long total = sum_tiles(tiles, items);
     dm_free(tiles);
     return total;
-}
-
-/* ---- inside a block ------------------------------------------------------ */
-
-struct hash_acts {
-    int B, T;
-    float *lse;         /* (B,NH,T) */
-    int *order;         /* (B,NH,2,T) */
-    int *bucket;        /* (B,NH,2,T) */
-    float *rotation;    /* (NH, hs, nb/2) */
-    /* lse, order, bucket and rotation are the backend's memory; the
-     * rotation is drawn on the host, in this staging on a device (NULL on
-     * the CPU, which draws in place), and copied up once per forward */
-    float *rotation_host;
-    size_t rotation_bytes;
-};
-
-void hash_acts_free(struct hash_acts *ha)
-{
-    if (!ha) return;
-    const struct dm_backend *ops = backend_current();
-    ops->free(ha->lse);
-    ops->free(ha->order);
-    ops->free(ha->bucket);
-    ops->free(ha->rotation);
-    backend_staging_free(ha->rotation_host);
-    dm_free(ha);
-}
-
-static struct hash_acts *hash_acts_get(const struct block *blk, struct block_acts *acts)
-{
-    if (acts->hash) return acts->hash;
-    const struct dm_backend *ops = backend_current();
-    int B = acts->B, T = acts->T, NH = blk->NH, hs = blk->C / blk->NH;
-    struct hash_acts *ha = dm_alloc(sizeof *ha);
-    ha->B = B;
-    ha->T = T;
-    ha->lse = ops->alloc((size_t)B * NH * T * sizeof(float));
-    ha->order = ops->alloc((size_t)B * NH * 2 * T * sizeof(int));
-    ha->bucket = ops->alloc((size_t)B * NH * 2 * T * sizeof(int));
-    ha->rotation_bytes = ((size_t)NH * hs * (size_t)(blk->hash_buckets / 2) + 1) * sizeof(float);
-    ha->rotation = ops->alloc(ha->rotation_bytes);
-    ha->rotation_host = backend_staging(ha->rotation_bytes);
-    acts->hash = ha;
-    return ha;
-}
-
-/* This step's rotation of the block, drawn on the host and copied up. */
-static void rotation_draw(struct hash_acts *ha, const struct block *blk,
-                          const struct block_acts *acts)
-{
-    float *rotation = backend_write_begin(ha->rotation_host, ha->rotation);
-    hash_rotation_draw(rotation, blk->NH, blk->C / blk->NH, blk->hash_buckets, blk->hash_seed,
-                       blk->index, acts->hash_step);
-    backend_write_end(ha->rotation, rotation, ha->rotation_bytes);
-}
-
-void hash_block_attention_forward(struct block *blk, struct block_acts *acts, int B, int T)
-{
-    struct hash_acts *ha = hash_acts_get(blk, acts);
-    int C = blk->C, NH = blk->NH;
-    rotation_draw(ha, blk, acts);
-    const struct dm_backend *ops = backend_current();
-    long alone = 0;
-    blk->hash_tiles += (double)ops->hash_attention_forward(acts->atty, ha->lse, ha->order,
-                                                           ha->bucket, &alone, acts->qkv,
-                                                           ha->rotation, B, T, C, NH,
-                                                           blk->hash_buckets);
-    blk->hash_own_key_only += (double)alone;
-    blk->hash_queries += (double)B * T * NH;
-}
-
-void hash_block_attention_backward(struct block *blk, struct block_acts *acts, float *dqkv,
-                                   const float *datty, int B, int T)
-{
-    struct hash_acts *ha = acts->hash;
-    DM_ASSERT(ha != NULL);
-    const struct dm_backend *ops = backend_current();
-    blk->hash_tiles += (double)ops->hash_attention_backward(dqkv, datty, acts->qkv, acts->atty,
-                                                            ha->lse, ha->order, ha->bucket, B,
-                                                            T, blk->C, blk->NH);
-}
-
-/* ---- packed sequences (src/model/hash_segments.h) -------------------------
- * Sequence b's saved state sits where its rows do: lse at NH start[b],
- * order and bucket at 2 NH start[b] (each (1, NH, [2,] n) as for B = 1);
- * the rows in all are at most the acts' B x T, so the arrays fit. */
-
-void hash_block_attention_forward_segments(struct block *blk, struct block_acts *acts,
-                                           const int *start, int B)
-{
-    struct hash_acts *ha = hash_acts_get(blk, acts);
-    const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH;
-    DM_ASSERT(start[B] <= acts->B * acts->T);
-    rotation_draw(ha, blk, acts);
-    for (int b = 0; b < B; b++) {
-        int s = start[b], n = start[b + 1] - start[b];
-        if (n == 0) continue;
-        long alone = 0;
-        blk->hash_tiles += (double)ops->hash_attention_forward(
-            acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
-            ha->bucket + 2L * NH * s, &alone, acts->qkv + 3L * s * C, ha->rotation, 1, n, C,
-            NH, blk->hash_buckets);
-        blk->hash_own_key_only += (double)alone;
-        blk->hash_queries += (double)n * NH;
-    }
-}
-
-void hash_block_attention_backward_segments(struct block *blk, struct block_acts *acts,
-                                            float *dqkv, const float *datty, const int *start,
-                                            int B)
-{
-    struct hash_acts *ha = acts->hash;
-    const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH;
-    DM_ASSERT(ha != NULL);
-    for (int b = 0; b < B; b++) {
-        int s = start[b], n = start[b + 1] - start[b];
-        if (n == 0) continue;
-        blk->hash_tiles += (double)ops->hash_attention_backward(
-            dqkv + 3L * s * C, datty + (long)s * C, acts->qkv + 3L * s * C,
-            acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
-            ha->bucket + 2L * NH * s, 1, n, C, NH);
-    }
 }

@@ -1,8 +1,10 @@
-/* One checkpoint schema's tables, compiled in from its .def file
- * (checkpoint_schema/): ckpt_file.c includes this once per version, with
- * SCHEMA_FILE naming the .def file (a string, relative to src/ckpt) and
- * SCHEMA_NAME the struct ckpt_schema to define. No include guard on
- * purpose; internal to ckpt_file.c. */
+/* One checkpoint schema's tables (dynmo/schema.h), compiled in from its
+ * .def file (checkpoint_schema/): a file includes this once per .def,
+ * with SCHEMA_FILE naming the .def file (a string, relative to the
+ * including file: "../../checkpoint_schema/v1.def" from src/ckpt or
+ * src/dyn) and SCHEMA_NAME the struct ckpt_schema to define (static when
+ * SCHEMA_STATIC is defined). No include guard on purpose: ckpt_file.c
+ * includes it per version, a scheme for its fragment. */
 #define SCHEMA_CAT2(a, b) a##b
 #define SCHEMA_CAT(a, b) SCHEMA_CAT2(a, b)
 
@@ -39,6 +41,9 @@ static const struct schema_dataset SCHEMA_CAT(SCHEMA_NAME, _datasets)[] = {
 #include SCHEMA_FILE
 };
 
+#ifdef SCHEMA_STATIC
+static
+#endif
 const struct ckpt_schema SCHEMA_NAME = {
     .version = SCHEMA_CAT(SCHEMA_NAME, _number),
     .groups = SCHEMA_CAT(SCHEMA_NAME, _groups),

@@ -1,7 +1,9 @@
-/* The mixture-of-experts block (docs/moe.md): a transformer block whose
- * MLP is replaced by E expert MLPs and a linear router. Its attention half
- * is block.c's; this file is the other half, forward and backward, in four
- * phases that each read only the previous one's output:
+/* The mixture-of-experts block (docs/moe.md), mixture of experts'
+ * extension of the blocks (dynmo/block_ext.h, dynmo/moe.h): a transformer
+ * block whose MLP is replaced by E expert MLPs and a linear router. Its
+ * attention half is the model's; this file is the other half, its MLP
+ * hook forward and backward, in four phases that each read only the
+ * previous one's output:
  *
  *   route      router logits (N, E) = ln2 @ router_w^T; scores (softmax
  *              probabilities, or sigmoid scores); each token's top-k experts
@@ -19,53 +21,76 @@
  *              (best expert first), of gate x expert output.
  *
  * Every per-token step is a table op (backend.h: moe_route_*,
- * moe_combine_*, moe_dispatch_backward; this file's functions of those
+ * moe_combine_*, routed_dispatch_backward; this file's functions of those
  * names are the CPU's entries): only the assignment of rows (capacity,
  * grouping, the counts per expert) is the host's, from the choice.
  *
  * With expert parallelism the experts phase is the caller's (struct
- * moe_exchange, src/pipe/expert.c): it sends each expert's rows to its
- * owner and brings the outputs back; route, dispatch and combine stay
- * here. A block then holds only its rank's expert shard
- * (shape.moe.shard_first, shard_count): its slab has the shared tensors,
- * the router and those experts, addressed by their global index.
+ * moe_exchange, src/pipe/expert.c, handed to the model as the extension's
+ * run-time helper): it sends each expert's rows to its owner and brings
+ * the outputs back; route, dispatch and combine stay here. A block then
+ * holds only its rank's expert shard (moe_params.shard_first, shard_count):
+ * its slab has the shared tensors, the router and those experts,
+ * addressed by their global index.
  *
  * Every result is a pure function of the numbers: the top-k and capacity
  * decisions break ties by index, the grouped GEMMs are the ops' thread-
  * count-free matmuls over a fixed row order, and every sum runs in a fixed
  * order, so any layout and any thread count give the same bits. Nothing
  * here calls MPI: the per-expert counts that the bias update sums over the
- * data-parallel replicas come in through gpt_moe_end_step. */
+ * data-parallel replicas come in through the extension's end_step. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/backend.h"
+#include "dynmo/moe.h"
 #include "dynmo/model.h"
-#include "dynmo/moe_route.h"
-#include "model/internal.h"
 
-/* ---- shapes ------------------------------------------------------------------ */
+/* ---- its parameters and its blocks ------------------------------------------------ */
+
+const struct moe_params *moe_params_of(const struct gpt_shape *shape)
+{
+    const struct gpt_ext *ext = gpt_shape_ext(shape, &moe_ext_ops);
+    return ext ? (const struct moe_params *)ext->params : NULL;
+}
+
+void moe_shape_add(struct gpt_shape *shape, const struct moe_params *params)
+{
+    DM_ASSERT(params->every > 0);
+    gpt_shape_add_ext(shape, &moe_ext_ops, params, sizeof *params);
+}
+
+void moe_shape_shard(struct gpt_shape *shape, int P, int rank)
+{
+    struct gpt_ext *ext = (struct gpt_ext *)gpt_shape_ext(shape, &moe_ext_ops);
+    if (P <= 1 || !ext) return;
+    struct moe_params *p = (struct moe_params *)ext->params;
+    p->shard_count = p->experts / P;
+    p->shard_first = (rank % P) * p->shard_count;
+}
+
+static int moe_owns(const struct gpt_ext *ext, const struct gpt_shape *shape, int index)
+{
+    (void)shape;
+    return (index + 1) % ((const struct moe_params *)ext->params)->every == 0;
+}
 
 int gpt_block_is_moe(const struct gpt_shape *shape, int index)
 {
-    return shape->moe.every > 0 && (index + 1) % shape->moe.every == 0;
+    const struct gpt_ext *ext = gpt_shape_ext(shape, &moe_ext_ops);
+    return ext && moe_owns(ext, shape, index);
 }
 
 int gpt_moe_block_count(const struct gpt_shape *shape)
 {
-    return shape->moe.every > 0 ? shape->layers / shape->moe.every : 0;
+    const struct moe_params *p = moe_params_of(shape);
+    return p ? shape->layers / p->every : 0;
 }
 
 int gpt_moe_ordinal(const struct gpt_shape *shape, int index)
 {
-    return gpt_block_is_moe(shape, index) ? (index + 1) / shape->moe.every - 1 : -1;
-}
-
-int gpt_moe_dense_ordinal(const struct gpt_shape *shape, int index)
-{
-    if (gpt_block_is_moe(shape, index)) return -1;
-    return shape->moe.every > 0 ? index - (index + 1) / shape->moe.every : index;
+    return gpt_block_is_moe(shape, index) ? (index + 1) / moe_params_of(shape)->every - 1 : -1;
 }
 
 size_t moe_shared_param_count(int C) { return block_tensor_offset(C, BP_FC_W); }
@@ -75,42 +100,51 @@ size_t moe_expert_param_count(int C, int H)
     return 2 * (size_t)H * (size_t)C + (size_t)H + (size_t)C;
 }
 
-int moe_owned_experts(const struct gpt_moe *moe)
+int moe_owned_experts(const struct moe_params *moe)
 {
     return moe->shard_count > 0 ? moe->shard_count : moe->experts;
 }
 
-size_t moe_block_param_count(int C, const struct gpt_moe *moe)
+/* The floats after the shared tensors: the router and the held experts. */
+static size_t moe_ext_floats(int C, const struct moe_params *moe)
 {
-    size_t E = (size_t)moe->experts, owned = (size_t)moe_owned_experts(moe);
-    return moe_shared_param_count(C) + E * (size_t)C +
-           owned * moe_expert_param_count(C, moe->hidden);
+    return (size_t)moe->experts * (size_t)C +
+           (size_t)moe_owned_experts(moe) * moe_expert_param_count(C, moe->hidden);
 }
 
-size_t moe_full_param_count(int C, const struct gpt_moe *moe)
+size_t moe_block_param_count(int C, const struct moe_params *moe)
 {
-    struct gpt_moe whole = *moe;
+    return moe_shared_param_count(C) + moe_ext_floats(C, moe);
+}
+
+size_t moe_full_param_count(int C, const struct moe_params *moe)
+{
+    struct moe_params whole = *moe;
     whole.shard_first = whole.shard_count = 0;
     return moe_block_param_count(C, &whole);
 }
 
-size_t gpt_block_param_count(const struct gpt_shape *shape, int index)
+static size_t moe_floats(const struct gpt_ext *ext, const struct gpt_shape *shape, int index)
 {
-    if (gpt_block_is_moe(shape, index)) return moe_block_param_count(shape->channels, &shape->moe);
-    return block_param_count(shape->channels) + mod_extra_param_count(shape, index);
+    (void)index;
+    return moe_ext_floats(shape->channels, (const struct moe_params *)ext->params);
 }
 
 /* ---- the state beside the slab ---------------------------------------------------- */
 
-void block_moe_alloc(struct block *blk, const struct gpt_shape *shape)
+/* params, grads: the extension's floats in the slab, after the shared
+ * tensors: the router, then the held experts. */
+static void *moe_alloc(const struct gpt_ext *ext, const struct gpt_shape *shape,
+                       struct block *blk, float *params, float *grads)
 {
-    int C = blk->C, E = shape->moe.experts;
+    (void)shape;
+    const struct moe_params *p = (const struct moe_params *)ext->params;
+    int C = blk->C, E = p->experts;
     struct block_moe *moe = dm_alloc(sizeof *moe);
-    moe->cfg = shape->moe;
-    moe->expert_params = moe_expert_param_count(C, shape->moe.hidden);
-    size_t shared = moe_shared_param_count(C);
-    moe->router_w = blk->params + shared;
-    moe->router_g = blk->grads + shared;
+    moe->cfg = *p;
+    moe->expert_params = moe_expert_param_count(C, p->hidden);
+    moe->router_w = params;
+    moe->router_g = grads;
     moe->experts_p = moe->router_w + (size_t)E * C;
     moe->experts_g = moe->router_g + (size_t)E * C;
     moe->bias = dm_alloc((size_t)E * sizeof(float));
@@ -118,39 +152,45 @@ void block_moe_alloc(struct block *blk, const struct gpt_shape *shape)
     moe->dropped = moe->tokens + E;
     moe->step_tokens = moe->tokens + 2 * E;
     moe->step_dropped = moe->tokens + 3 * E;
-    blk->moe = moe;
+    return moe;
 }
 
-void block_moe_free(struct block *blk)
+static void moe_free(void *state)
 {
-    if (!blk->moe) return;
-    dm_free(blk->moe->bias);
-    dm_free(blk->moe->tokens);
-    dm_free(blk->moe);
-    blk->moe = NULL;
+    struct block_moe *moe = state;
+    dm_free(moe->bias);
+    dm_free(moe->tokens);
+    dm_free(moe);
+}
+
+struct block_moe *block_moe_of(const struct block *blk)
+{
+    return block_ext_state(blk, &moe_ext_ops);
 }
 
 /* The router N(0, 0.02) on stream (layer, BP_COUNT); expert e's fc_w and
  * fcproj_w continue the dense MLP's streams (layer, BP_FC_W) and (layer,
  * BP_FCPROJ_W) at element e x H x C, so that every expert's initial
  * weights depend on (seed, layer, expert) alone, wherever it is built. */
-void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, float *params,
-                            uint64_t seed)
+static void moe_init_weights(void *state, const struct block *blk, const struct gpt_shape *shape,
+                             float *params, uint64_t seed)
 {
-    struct block_moe *moe = blk->moe;
+    struct block_moe *moe = state;
     int C = blk->C, E = moe->cfg.experts, H = moe->cfg.hidden, index = blk->index;
     float residual_std = (float)(0.02 / sqrt(2.0 * shape->layers));
-    float *router_w = params + (moe->router_w - blk->params);
-    float *experts_p = params + (moe->experts_p - blk->params);
-    init_normal(router_w, (size_t)E * C, seed, block_tensor_stream(index, BP_COUNT), 0.02f);
+    float *router_w = params;
+    float *experts_p = params + (moe->experts_p - moe->router_w);
+    block_init_normal(router_w, (size_t)E * C, seed, block_tensor_stream(index, BP_COUNT), 0,
+                      0.02f);
     size_t HC = (size_t)H * C;
     for (int j = 0; j < moe_owned_experts(&moe->cfg); j++) {
         int e = moe->cfg.shard_first + j;   /* held experts only, by their global index */
         float *w1 = experts_p + (size_t)j * moe->expert_params;
         float *w2 = w1 + HC + H;
-        init_normal_at(w1, HC, seed, block_tensor_stream(index, BP_FC_W), (size_t)e * HC, 0.02f);
-        init_normal_at(w2, HC, seed, block_tensor_stream(index, BP_FCPROJ_W), (size_t)e * HC,
-                       residual_std);
+        block_init_normal(w1, HC, seed, block_tensor_stream(index, BP_FC_W), (size_t)e * HC,
+                          0.02f);
+        block_init_normal(w2, HC, seed, block_tensor_stream(index, BP_FCPROJ_W), (size_t)e * HC,
+                          residual_std);
     }
 }
 
@@ -158,17 +198,15 @@ void block_moe_init_weights(struct block *blk, const struct gpt_shape *shape, fl
 
 static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 
-size_t block_moe_pack_bytes(const struct block *blk)
+static size_t moe_pack_bytes(const void *state)
 {
-    if (!blk->moe) return 0;
-    size_t E = (size_t)blk->moe->cfg.experts;
+    size_t E = (size_t)((const struct block_moe *)state)->cfg.experts;
     return 8 + pad8(4 * E) + 16 * E;
 }
 
-void block_moe_pack(const struct block *blk, unsigned char *out)
+static void moe_pack(const void *state, unsigned char *out)
 {
-    const struct block_moe *moe = blk->moe;
-    if (!moe) return;
+    const struct block_moe *moe = state;
     size_t E = (size_t)moe->cfg.experts;
     int32_t head[2] = {moe->cfg.experts, moe->cfg.shard_first};
     memcpy(out, head, 8);
@@ -179,12 +217,11 @@ void block_moe_pack(const struct block *blk, unsigned char *out)
     memcpy(out + 8 * E, moe->dropped, 8 * E);
 }
 
-int block_moe_unpack(struct block *blk, const unsigned char *in, size_t bytes, char *err,
-                     size_t errsize)
+static int moe_unpack(void *state, const struct block *blk, const unsigned char *in,
+                      size_t bytes, char *err, size_t errsize)
 {
-    struct block_moe *moe = blk->moe;
-    DM_ASSERT(moe != NULL);
-    size_t E = (size_t)moe->cfg.experts, expected = block_moe_pack_bytes(blk);
+    struct block_moe *moe = state;
+    size_t E = (size_t)moe->cfg.experts, expected = moe_pack_bytes(moe);
     int32_t head[2] = {0, 0};
     if (bytes >= 8) memcpy(head, in, 8);
     if (bytes != expected || head[0] != moe->cfg.experts || head[1] != moe->cfg.shard_first) {
@@ -215,7 +252,7 @@ struct moe_acts {
     int *selected;          /* (E) pairs that chose each expert (before capacity) */
     int *offset;            /* (E + 1) first grouped row of each expert */
     int *pair;              /* (k N) the pair t k + j of each grouped row */
-    double *sums;           /* (E + 1) the balancing losses' sums (moe_route_sums) */
+    double *sums;           /* (E + 1) the balancing losses' sums (route_topk_sums) */
     int capacity;           /* 0: dropless */
     int rows;               /* kept pairs: grouped rows in use */
     float aux, z;           /* this forward's loss values */
@@ -229,7 +266,7 @@ struct moe_acts {
     float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
     /* What the ops read and write, in the backend's memory (on the CPU the
      * arrays above themselves). The routing and its backward are the
-     * table's (moe_route_forward, _sums, _backward); per forward on a
+     * table's (route_topk_forward, _sums, _backward); per forward on a
      * device the choice (N k ints) and the losses' sums (E + 1 doubles)
      * come down, the chosen scores too when a capacity drops by score,
      * and row, the grouped rows' tokens, the counts per expert and the
@@ -260,8 +297,8 @@ static size_t moe_acts_ints(int N, int E, int k)
 
 size_t moe_acts_bytes(const struct gpt_shape *shape, int B, int T)
 {
-    const struct gpt_moe *m = &shape->moe;
-    if (!m->every) return 0;
+    const struct moe_params *m = moe_params_of(shape);
+    if (!m) return 0;
     int N = B * T;
     return sizeof(struct moe_acts) + moe_acts_floats(N, m->experts, m->top_k, m->hidden,
                                                      shape->channels,
@@ -271,9 +308,9 @@ size_t moe_acts_bytes(const struct gpt_shape *shape, int B, int T)
            ((size_t)m->experts + 1) * sizeof(double);
 }
 
-void moe_acts_free(struct moe_acts *ma)
+static void moe_acts_free(void *acts)
 {
-    if (!ma) return;
+    struct moe_acts *ma = acts;
     if (ma->device) {
         backend_current()->free(ma->device);
         backend_current()->free(ma->token_dev);
@@ -337,10 +374,11 @@ static void moe_acts_device(struct moe_acts *ma, size_t expert_params)
 static struct moe_acts *moe_acts_get(struct block_acts *acts, const struct block_moe *moe, int N,
                                      int C)
 {
-    struct moe_acts *ma = acts->moe;
+    struct moe_acts **slot = (struct moe_acts **)block_ext_acts(acts, &moe_ext_ops);
+    struct moe_acts *ma = *slot;
     int E = moe->cfg.experts, k = moe->cfg.top_k, H = moe->cfg.hidden;
     if (ma && ma->N >= N && ma->E == E && ma->k == k && ma->H == H && ma->C == C) return ma;
-    moe_acts_free(ma);
+    if (ma) moe_acts_free(ma);
     ma = dm_alloc(sizeof *ma);
     ma->N = N;
     ma->E = E;
@@ -369,14 +407,14 @@ static struct moe_acts *moe_acts_get(struct block_acts *acts, const struct block
     ma->pair = i;
     ma->sums = dm_alloc(((size_t)E + 1) * sizeof(double));
     moe_acts_device(ma, moe->expert_params);
-    acts->moe = ma;
+    *slot = ma;
     return ma;
 }
 
 /* On a device the scores and gates are the backend's: NULL here. */
-void moe_routing_of(const struct block_acts *acts, struct moe_routing *r)
+void moe_routing_of(struct block_acts *acts, struct moe_routing *r)
 {
-    const struct moe_acts *ma = acts->moe;
+    const struct moe_acts *ma = *block_ext_acts(acts, &moe_ext_ops);
     DM_ASSERT(ma != NULL);
     memset(r, 0, sizeof *r);
     r->N = ma->n;
@@ -393,55 +431,6 @@ void moe_routing_of(const struct block_acts *acts, struct moe_routing *r)
 }
 
 /* ---- phase 1: route ------------------------------------------------------------------- */
-
-/* What the routing's CPU op reads and writes (backend.h: moe_route_forward). */
-struct route_args {
-    float *scores, *lse, *choice_score, *gate;
-    int *choice;
-    const float *logits, *bias;
-    int N, E, k, sigmoid;
-};
-
-/* Token t: its scores, log-sum-exp, top-k choice (and the chosen
- * experts' scores) and gates (dynmo/moe_route.h, the kernels' too). */
-static void route_token(const struct route_args *a, long t)
-{
-    int E = a->E, k = a->k;
-    moe_route_token(a->scores + t * E, a->lse + t, a->choice + t * k, a->choice_score + t * k,
-                    a->gate + t * k, a->logits + t * E, a->bias, E, k, a->sigmoid);
-}
-
-static void route_range(void *arg, long begin, long end)
-{
-    for (long t = begin; t < end; t++) route_token(arg, t);
-}
-
-void moe_route_forward(float *scores, float *lse, int *choice, float *choice_score, float *gate,
-                       const float *logits, const float *bias, int N, int E, int k, int sigmoid)
-{
-    struct route_args a = {.scores = scores, .lse = lse, .choice_score = choice_score,
-                           .gate = gate, .choice = choice, .logits = logits, .bias = bias,
-                           .N = N, .E = E, .k = k, .sigmoid = sigmoid};
-    dm_parallel_for(N, 16, route_range, &a);
-}
-
-/* Token-major on the CPU; each sum still runs over the tokens in order,
- * so one thread per expert (the kernel) gives the same bits. */
-void moe_route_sums(double *sums, const float *scores, const float *lse, int N, int E,
-                    int sigmoid)
-{
-    memset(sums, 0, ((size_t)E + 1) * sizeof(double));
-    for (int t = 0; t < N; t++) {
-        const float *s = scores + (size_t)t * E;
-        double norm = 1.0;
-        if (sigmoid) {
-            norm = 0.0;
-            for (int e = 0; e < E; e++) norm += s[e];
-        }
-        for (int e = 0; e < E; e++) sums[e] += s[e] / norm;
-        sums[E] += (double)lse[t] * lse[t];
-    }
-}
 
 /* Each expert's pairs before capacity, and the capacity; returns whether
  * the assignment reads the chosen scores (an expert over its capacity
@@ -541,7 +530,7 @@ static void assign_rows(const struct block_moe *moe, struct moe_acts *ma, int N)
     dm_free(keys);
 }
 
-/* The balancing losses' values from the sums (moe_route_sums): aux =
+/* The balancing losses' values from the sums (route_topk_sums): aux =
  * alpha E sum_i f_i P_i, f_i the share of the k N pairs that chose
  * expert i (before capacity), P_i the mean over tokens of its normalised
  * score (the softmax probability, or the sigmoid score over the token's
@@ -567,10 +556,10 @@ static void balance_losses(const struct block_moe *moe, struct moe_acts *ma, int
  * choice comes down (and the chosen scores when an expert drops by
  * score, the losses' E + 1 sums when there are losses), for the host's
  * assignment of rows. */
-static void moe_route(struct block *blk, struct moe_acts *ma, const float *ln2, int N)
+static void moe_route(struct block *blk, struct block_moe *moe, struct moe_acts *ma,
+                      const float *ln2, int N)
 {
     const struct dm_backend *ops = backend_current();
-    struct block_moe *moe = blk->moe;
     int E = ma->E, k = ma->k, sigmoid = moe->cfg.router == MOE_ROUTER_SIGMOID;
     size_t pairs = (size_t)N * k;
     ops->matmul_forward(ma->logits_dev, ln2, moe->router_w, NULL, N, blk->C, E);
@@ -579,14 +568,14 @@ static void moe_route(struct block *blk, struct moe_acts *ma, const float *ln2, 
         ops->copy_to_device(ma->bias_dev, moe->bias, (size_t)E * sizeof(float));
         bias = ma->bias_dev;
     }
-    ops->moe_route_forward(ma->scores_dev, ma->lse_dev, ma->choice_dev, ma->choice_score_dev,
+    ops->route_topk_forward(ma->scores_dev, ma->lse_dev, ma->choice_dev, ma->choice_score_dev,
                            ma->gate_dev, ma->logits_dev, bias, N, E, k, sigmoid);
     if (ma->device) ops->copy_to_host(ma->choice, ma->choice_dev, pairs * sizeof(int));
     if (count_selected(moe, ma, N) && ma->device)
         ops->copy_to_host(ma->choice_score, ma->choice_score_dev, pairs * sizeof(float));
     assign_rows(moe, ma, N);
     if (moe->cfg.aux_loss > 0.0f || moe->cfg.z_loss > 0.0f) {
-        ops->moe_route_sums(ma->sums_dev, ma->scores_dev, ma->lse_dev, N, E, sigmoid);
+        ops->route_topk_sums(ma->sums_dev, ma->scores_dev, ma->lse_dev, N, E, sigmoid);
         if (ma->device)
             ops->copy_to_host(ma->sums, ma->sums_dev, ((size_t)E + 1) * sizeof(double));
     }
@@ -651,7 +640,7 @@ void moe_expert_forward(const struct block *blk, int e, const float *x, int n, f
                         float *y)
 {
     const struct dm_backend *ops = backend_current();
-    const struct block_moe *moe = blk->moe;
+    const struct block_moe *moe = block_moe_of(blk);
     int C = blk->C, H = moe->cfg.hidden;
     if (n == 0) return;
     const float *w1, *b1, *w2, *b2;
@@ -660,9 +649,9 @@ void moe_expert_forward(const struct block *blk, int e, const float *x, int n, f
     ops->matmul_forward(y, a, w2, b2, n, H, C);
 }
 
-static void moe_experts_forward(struct block *blk, struct moe_acts *ma, const void *key)
+static void moe_experts_forward(struct block *blk, const struct block_moe *moe,
+                                struct moe_acts *ma, const void *key)
 {
-    const struct block_moe *moe = blk->moe;
     if (moe->exchange) {
         moe->exchange->experts_forward(moe->exchange->ctx, blk, key, ma->offset, ma->x_dev,
                                        ma->y_dev);
@@ -676,59 +665,24 @@ static void moe_experts_forward(struct block *blk, struct moe_acts *ma, const vo
     }
 }
 
-void gpt_moe_set_exchange(struct gpt *model, const struct moe_exchange *exchange)
+static void moe_set_runtime(void *state, const void *runtime)
 {
-    model->moe_exchange = exchange;
-    for (int i = 0; i < model->num_blocks; i++)
-        if (model->blocks[i].moe) model->blocks[i].moe->exchange = exchange;
+    ((struct block_moe *)state)->exchange = runtime;
 }
 
 /* ---- phase 4: combine ----------------------------------------------------------------- */
 
-/* What the combine, its backward and the dispatch's backward read: the
- * routing's row and gate (N, k) and the grouped rows. */
-struct routed_args {
-    float *out, *dgate;
-    const float *in, *y, *gate;
-    const int *row;
-    int k, C;
-};
-
-/* out[t] = res1[t] (in), then + gate x y[row] over t's kept slots. */
-static void combine_range(void *arg, long begin, long end)
+/* The MLP hook: out = res1 + MoE(ln2) (acts->ln2, acts->res1). */
+static void moe_forward(struct block *blk, void *state, struct block_acts *acts, float *out,
+                        int N)
 {
-    const struct routed_args *a = arg;
-    int C = a->C, k = a->k;
-    for (long t = begin; t < end; t++) {
-        float *o = a->out + t * C;
-        memcpy(o, a->in + t * C, (size_t)C * sizeof(float));
-        for (int j = 0; j < k; j++) {
-            int r = a->row[t * k + j];
-            if (r < 0) continue;   /* dropped: contributes nothing */
-            float g = a->gate[t * k + j];
-            const float *y = a->y + (size_t)r * C;
-            for (int c = 0; c < C; c++) o[c] += g * y[c];
-        }
-    }
-}
-
-void moe_combine_forward(float *out, const float *res1, const float *y, const float *gate,
-                         const int *row, int N, int k, int C)
-{
-    struct routed_args a = {.out = out, .in = res1, .y = y, .gate = gate, .row = row, .k = k,
-                            .C = C};
-    dm_parallel_for(N, 16, combine_range, &a);
-}
-
-void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
-{
-    struct block_moe *moe = blk->moe;
+    struct block_moe *moe = state;
     struct moe_acts *ma = moe_acts_get(acts, moe, N, blk->C);
     ma->n = N;
-    moe_route(blk, ma, acts->ln2, N);
+    moe_route(blk, moe, ma, acts->ln2, N);
     moe_dispatch(ma, acts->ln2, N);
-    moe_experts_forward(blk, ma, acts);
-    backend_current()->moe_combine_forward(out, acts->res1, ma->y_dev, ma->gate_dev, ma->row_dev,
+    moe_experts_forward(blk, moe, ma, acts);
+    backend_current()->routed_combine_forward(out, acts->res1, ma->y_dev, ma->gate_dev, ma->row_dev,
                                            N, ma->k, ma->C);
     for (int e = 0; e < ma->E; e++) {
         moe->step_tokens[e] += ma->selected[e];
@@ -744,49 +698,12 @@ void moe_forward(struct block *blk, struct block_acts *acts, float *out, int N)
  * thread of control at a time): grow-only. */
 static struct grow_buffer back_dy, back_dh, back_dx, back_dgate, back_dlogits, back_dgrads;
 
-/* Per kept pair (t, j) of row r: dy[r] (out) = gate x dout[t] (in);
- * dgate = dout[t] . y[r] (in double, in channel order); a dropped pair's
- * dgate is 0. */
-static void combine_back_range(void *arg, long begin, long end)
-{
-    const struct routed_args *a = arg;
-    int C = a->C, k = a->k;
-    for (long t = begin; t < end; t++) {
-        const float *d = a->in + t * C;
-        for (int j = 0; j < k; j++) {
-            long p = t * k + j;
-            int r = a->row[p];
-            if (r < 0) {
-                a->dgate[p] = 0.0f;
-                continue;
-            }
-            float g = a->gate[p];
-            const float *y = a->y + (size_t)r * C;
-            float *dy = a->out + (size_t)r * C;
-            double dot = 0.0;
-            for (int c = 0; c < C; c++) {
-                dy[c] = g * d[c];
-                dot += (double)d[c] * y[c];
-            }
-            a->dgate[p] = (float)dot;
-        }
-    }
-}
-
-void moe_combine_backward(float *dy, float *dgate, const float *dout, const float *y,
-                          const float *gate, const int *row, int N, int k, int C)
-{
-    struct routed_args a = {.out = dy, .dgate = dgate, .in = dout, .y = y, .gate = gate,
-                            .row = row, .k = k, .C = C};
-    dm_parallel_for(N, 16, combine_back_range, &a);
-}
-
 void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
                          const float *x, const float *h, const float *a, int n, float *dh,
                          float *dx)
 {
     const struct dm_backend *ops = backend_current();
-    const struct block_moe *moe = blk->moe;
+    const struct block_moe *moe = block_moe_of(blk);
     int C = blk->C, H = moe->cfg.hidden;
     if (n == 0) return;
     const float *w1, *b1, *w2, *b2;
@@ -802,10 +719,9 @@ void moe_expert_backward(const struct block *blk, int e, float *grads, const flo
     ops->matmul_backward_overwrite(dx, gw1, gb1, dh, x, w1, n, C, H);
 }
 
-static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const void *key,
-                                 const float *dy, float *dh, float *dx)
+static void moe_experts_backward(struct block *blk, struct block_moe *moe, struct moe_acts *ma,
+                                 const void *key, const float *dy, float *dh, float *dx)
 {
-    struct block_moe *moe = blk->moe;
     if (moe->exchange) {
         moe->exchange->experts_backward(moe->exchange->ctx, blk, key, ma->offset, dy, dx);
         return;
@@ -837,78 +753,17 @@ static void moe_experts_backward(struct block *blk, struct moe_acts *ma, const v
         for (size_t i = 0; i < (size_t)ma->E * P; i++) moe->experts_g[i] += grads[i];
 }
 
-/* d_ln2[t] (out) = sum of dx (in) over t's kept pairs, in slot order. */
-static void scatter_back_range(void *arg, long begin, long end)
-{
-    const struct routed_args *a = arg;
-    int C = a->C, k = a->k;
-    for (long t = begin; t < end; t++) {
-        float *d = a->out + t * C;
-        memset(d, 0, (size_t)C * sizeof(float));
-        for (int j = 0; j < k; j++) {
-            int r = a->row[t * k + j];
-            if (r < 0) continue;
-            const float *x = a->in + (size_t)r * C;
-            for (int c = 0; c < C; c++) d[c] += x[c];
-        }
-    }
-}
-
-void moe_dispatch_backward(float *d_ln2, const float *dx, const int *row, int N, int k, int C)
-{
-    struct routed_args a = {.out = d_ln2, .in = dx, .row = row, .k = k, .C = C};
-    dm_parallel_for(N, 16, scatter_back_range, &a);
-}
-
-/* What the routing's backward reads and writes (backend.h:
- * moe_route_backward). */
-struct route_back_args {
-    float *dlogits;
-    const float *dgate, *logits, *scores, *lse, *gate;
-    const int *choice, *selected;
-    double alpha, beta;     /* the aux and z-loss scales */
-    int N, E, k, sigmoid;
-};
-
-/* Token t's logits' gradient: through the gates, the aux loss (through P
- * only: f counts choices and has no gradient) and the z-loss
- * (dynmo/moe_route.h, the kernels' too). */
-static void route_back_token(const struct route_back_args *a, long t)
-{
-    int E = a->E, k = a->k;
-    moe_route_back_token(a->dlogits + t * E, a->dgate + t * k, a->logits + t * E,
-                         a->scores + t * E, a->lse[t], a->choice + t * k, a->gate + t * k,
-                         a->selected, a->N, E, k, a->sigmoid, a->alpha, a->beta);
-}
-
-static void route_back_range(void *arg, long begin, long end)
-{
-    for (long t = begin; t < end; t++) route_back_token(arg, t);
-}
-
-void moe_route_backward(float *dlogits, const float *dgate, const float *logits,
-                        const float *scores, const float *lse, const int *choice,
-                        const float *gate, const int *selected, int N, int E, int k, int sigmoid,
-                        double alpha, double beta)
-{
-    struct route_back_args a = {.dlogits = dlogits, .dgate = dgate, .logits = logits,
-                                .scores = scores, .lse = lse, .gate = gate, .choice = choice,
-                                .selected = selected, .alpha = alpha, .beta = beta, .N = N,
-                                .E = E, .k = k, .sigmoid = sigmoid};
-    dm_parallel_for(N, 16, route_back_range, &a);
-}
-
-/* The logits' gradient (the table's moe_route_backward, where the
+/* The logits' gradient (the table's route_topk_backward, where the
  * routing's arrays are), then the router's product. */
-static void route_backward(struct block *blk, struct block_acts *acts, struct moe_acts *ma,
-                           float *d_ln2, float *dlogits, const float *dgate, int N)
+static void route_backward(struct block *blk, struct block_moe *moe, struct block_acts *acts,
+                           struct moe_acts *ma, float *d_ln2, float *dlogits, const float *dgate,
+                           int N)
 {
     const struct dm_backend *ops = backend_current();
-    struct block_moe *moe = blk->moe;
-    const struct gpt_moe *cfg = &moe->cfg;
+    const struct moe_params *cfg = &moe->cfg;
     double alpha = (double)cfg->aux_loss * acts->loss_scale;
     double beta = (double)cfg->z_loss * acts->loss_scale;
-    ops->moe_route_backward(dlogits, dgate, ma->logits_dev, ma->scores_dev, ma->lse_dev,
+    ops->route_topk_backward(dlogits, dgate, ma->logits_dev, ma->scores_dev, ma->lse_dev,
                             ma->choice_dev, ma->gate_dev, ma->selected_dev, N, ma->E, ma->k,
                             cfg->router == MOE_ROUTER_SIGMOID, alpha, beta);
     ops->matmul_backward(d_ln2, blk->frozen ? NULL : moe->router_g, NULL, dlogits, acts->ln2,
@@ -919,11 +774,12 @@ static void route_backward(struct block *blk, struct block_acts *acts, struct mo
  * every one on the table: the combine's and the dispatch's over the
  * routing's row and gate, the route's over its arrays; on a device
  * nothing crosses. */
-void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, const float *dout,
-                  int N)
+static void moe_backward(struct block *blk, void *state, struct block_acts *acts, float *d_ln2,
+                         const float *dout, int N)
 {
     const struct dm_backend *ops = backend_current();
-    struct moe_acts *ma = acts->moe;
+    struct block_moe *moe = state;
+    struct moe_acts *ma = *block_ext_acts(acts, &moe_ext_ops);
     DM_ASSERT(ma != NULL && ma->n == N);
     int C = blk->C, H = ma->H, E = ma->E, k = ma->k;
     float *dy = ma->dy_dev, *dh = ma->dh_dev, *dx = ma->dx_dev, *dgate = ma->dgate_dev;
@@ -936,70 +792,65 @@ void moe_backward(struct block *blk, struct block_acts *acts, float *d_ln2, cons
         dgate = grow_buffer_get(&back_dgate, (size_t)N * k);
         dlogits = grow_buffer_get(&back_dlogits, (size_t)N * E);
     }
-    ops->moe_combine_backward(dy, dgate, dout, ma->y_dev, ma->gate_dev, ma->row_dev, N, k, C);
-    moe_experts_backward(blk, ma, acts, dy, dh, dx);
-    ops->moe_dispatch_backward(d_ln2, dx, ma->row_dev, N, k, C);
-    route_backward(blk, acts, ma, d_ln2, dlogits, dgate, N);
+    ops->routed_combine_backward(dy, dgate, dout, ma->y_dev, ma->gate_dev, ma->row_dev, N, k, C);
+    moe_experts_backward(blk, moe, ma, acts, dy, dh, dx);
+    ops->routed_dispatch_backward(d_ln2, dx, ma->row_dev, N, k, C);
+    route_backward(blk, moe, acts, ma, d_ln2, dlogits, dgate, N);
 }
 
-/* ---- a model's MoE blocks, once a step ----------------------------------------------- */
+/* ---- once a step (the extension's step hooks) -------------------------------------------
+ * Once a step, around its micro-batches: begin_step zeroes the block's
+ * step counts and loss values; each forward counts into them; the caller
+ * sums the step values over the data-parallel replicas (the model never
+ * calls MPI; the pipeline engine does it after the gradient reduction)
+ * and hands the sums to end_step, which keeps them as the block's
+ * last-step counts and moves a sigmoid router's bias by bias_rate x
+ * sign(mean count - count_i) (DeepSeek-V3's auxiliary-loss-free
+ * balancing). The same sums on every replica give the same bias
+ * everywhere. A block's values: routed token-expert pairs per expert (E),
+ * dropped ones (E), the aux loss and the z-loss summed over the forwards. */
+#define MOE_STEP_VALUES(E) (2 * (E) + 2)
 
-void gpt_moe_begin_step(struct gpt *model)
+static void moe_begin_step(void *state)
 {
-    for (int i = 0; i < model->num_blocks; i++) {
-        struct block_moe *moe = model->blocks[i].moe;
-        if (!moe) continue;
-        memset(moe->step_tokens, 0, 2 * (size_t)moe->cfg.experts * sizeof(int64_t));
-        moe->step_aux = moe->step_z = 0.0;
-    }
+    struct block_moe *moe = state;
+    memset(moe->step_tokens, 0, 2 * (size_t)moe->cfg.experts * sizeof(int64_t));
+    moe->step_aux = moe->step_z = 0.0;
 }
 
-int gpt_moe_step_values(const struct gpt *model, double *values)
+static int moe_step_values(const void *state, double *v)
 {
-    int n = 0;
-    for (int i = 0; i < model->num_blocks; i++) {
-        const struct block_moe *moe = model->blocks[i].moe;
-        if (!moe) continue;
-        int E = moe->cfg.experts;
-        if (values) {
-            double *v = values + n;
-            for (int e = 0; e < E; e++) {
-                v[e] = (double)moe->step_tokens[e];
-                v[E + e] = (double)moe->step_dropped[e];
-            }
-            v[2 * E] = moe->step_aux;
-            v[2 * E + 1] = moe->step_z;
-        }
-        n += MOE_STEP_VALUES(E);
-    }
-    return n;
-}
-
-void gpt_moe_end_step(struct gpt *model, const double *values)
-{
-    int n = 0;
-    for (int i = 0; i < model->num_blocks; i++) {
-        struct block *blk = &model->blocks[i];
-        struct block_moe *moe = blk->moe;
-        if (!moe) continue;
-        int E = moe->cfg.experts;
-        const double *v = values + n;
+    const struct block_moe *moe = state;
+    int E = moe->cfg.experts;
+    if (v) {
         for (int e = 0; e < E; e++) {
-            moe->tokens[e] = (int64_t)v[e];
-            moe->dropped[e] = (int64_t)v[E + e];
+            v[e] = (double)moe->step_tokens[e];
+            v[E + e] = (double)moe->step_dropped[e];
         }
-        moe->aux = v[2 * E];
-        moe->z = v[2 * E + 1];
-        block_moe_update_bias(blk, v);
-        n += MOE_STEP_VALUES(E);
+        v[2 * E] = moe->step_aux;
+        v[2 * E + 1] = moe->step_z;
     }
+    return MOE_STEP_VALUES(E);
+}
+
+static void moe_end_step(struct block *blk, void *state, const double *v)
+{
+    struct block_moe *moe = state;
+    int E = moe->cfg.experts;
+    for (int e = 0; e < E; e++) {
+        moe->tokens[e] = (int64_t)v[e];
+        moe->dropped[e] = (int64_t)v[E + e];
+    }
+    moe->aux = v[2 * E];
+    moe->z = v[2 * E + 1];
+    block_moe_update_bias(blk, v);
 }
 
 double gpt_moe_balance_loss(const struct gpt *model)
 {
     double sum = 0.0;
     for (int i = 0; i < model->num_blocks; i++) {
-        const struct block_moe *moe = model->blocks[i].moe;
+        const struct block_moe *moe = block_moe_of(&model->blocks[i]);
         if (moe) sum += moe->step_aux + moe->step_z;
     }
     return sum;
@@ -1007,7 +858,7 @@ double gpt_moe_balance_loss(const struct gpt *model)
 
 void block_moe_update_bias(struct block *blk, const double *tokens)
 {
-    struct block_moe *moe = blk->moe;
+    struct block_moe *moe = block_moe_of(blk);
     if (!moe || moe->cfg.router != MOE_ROUTER_SIGMOID || !(moe->cfg.bias_rate > 0.0f)) return;
     int E = moe->cfg.experts;
     double mean = 0.0;
@@ -1019,3 +870,111 @@ void block_moe_update_bias(struct block *blk, const double *tokens)
         moe->bias[e] += moe->cfg.bias_rate * sign;
     }
 }
+
+/* ---- parameters split over ranks (expert parallelism) --------------------------------- */
+
+/* Every replica of a stage holds the shared tensors and the router; the
+ * experts, when split over an expert group, only their holders. */
+static size_t moe_replicated_floats(const struct block *blk, const void *state)
+{
+    const struct block_moe *moe = state;
+    if (moe->cfg.shard_count == 0) return blk->nparams;
+    return moe_shared_param_count(blk->C) + (size_t)moe->cfg.experts * (size_t)blk->C;
+}
+
+static int moe_shard_units(const struct gpt_ext *ext, const struct gpt_shape *shape, int index)
+{
+    (void)shape;
+    (void)index;
+    return ((const struct moe_params *)ext->params)->experts;
+}
+
+static int moe_shard_first(const void *state)
+{
+    return ((const struct block_moe *)state)->cfg.shard_first;
+}
+
+static int moe_held_parts(const void *state)
+{
+    return moe_owned_experts(&((const struct block_moe *)state)->cfg);
+}
+
+/* The shared tensors' and router's sum of squares (returned) and each held
+ * expert's in expert order (parts[j] for the j-th held expert), so that
+ * the owners of an expert-parallel stage's experts can each contribute
+ * their own experts' terms and the sum is the same bits as one rank
+ * holding them all. */
+static double moe_grad_sumsq_parts(const struct block *blk, const void *state, double *parts)
+{
+    const struct dm_backend *ops = backend_current();
+    const struct block_moe *moe = state;
+    int owned = moe_owned_experts(&moe->cfg);
+    for (int j = 0; j < owned; j++)
+        parts[j] = blk->frozen ? 0.0
+                               : ops->sum_squares(moe->experts_g + (size_t)j * moe->expert_params,
+                                                  (long)moe->expert_params);
+    if (blk->frozen) return 0.0;
+    return ops->sum_squares(blk->grads, (long)(moe_shared_param_count(blk->C) +
+                                               (size_t)moe->cfg.experts * (size_t)blk->C));
+}
+
+/* ---- its tensors ----------------------------------------------------------------------- */
+
+static int moe_tensor_count(const void *state)
+{
+    return 1 + 4 * moe_owned_experts(&((const struct block_moe *)state)->cfg);
+}
+
+/* The router (a matrix), then per held expert fc_w fc_b fcproj_w fcproj_b;
+ * offsets from the extension's floats (after the shared tensors). */
+static int moe_tensor_at(const void *state, int k, size_t *offset, size_t *size)
+{
+    const struct block_moe *moe = state;
+    size_t E = (size_t)moe->cfg.experts, H = (size_t)moe->cfg.hidden;
+    size_t c = (size_t)(moe->experts_p - moe->router_w) / E;   /* C */
+    if (k == 0) {
+        *offset = 0;
+        *size = E * c;
+        return 1;
+    }
+    int e = (k - 1) / 4, part = (k - 1) % 4;
+    size_t at = E * c + (size_t)e * moe->expert_params;
+    static const int matrix[4] = {1, 0, 1, 0};   /* fc_w fc_b fcproj_w fcproj_b */
+    size_t sizes[4] = {H * c, H, c * H, c};
+    for (int i = 0; i < part; i++) at += sizes[i];
+    *offset = at;
+    *size = sizes[part];
+    return matrix[part];
+}
+
+const struct gpt_ext_ops moe_ext_ops = {
+    .name = "moe",
+    .block_noun = "a mixture of experts",
+    .owned_text = "is one (and is never pruned)",
+    .not_owned_text = "is dense",
+    .pack_flag = MOE_PACK_FLAG,
+    .replaces_mlp = 1,
+    .never_pruned = 1,
+    .owns = moe_owns,
+    .floats = moe_floats,
+    .alloc = moe_alloc,
+    .free = moe_free,
+    .init_weights = moe_init_weights,
+    .tensor_count = moe_tensor_count,
+    .tensor_at = moe_tensor_at,
+    .pack_bytes = moe_pack_bytes,
+    .pack = moe_pack,
+    .unpack = moe_unpack,
+    .mlp_forward = moe_forward,
+    .mlp_backward = moe_backward,
+    .acts_free = moe_acts_free,
+    .begin_step = moe_begin_step,
+    .step_values = moe_step_values,
+    .end_step = moe_end_step,
+    .replicated_floats = moe_replicated_floats,
+    .shard_units = moe_shard_units,
+    .shard_first = moe_shard_first,
+    .held_parts = moe_held_parts,
+    .grad_sumsq_parts = moe_grad_sumsq_parts,
+    .set_runtime = moe_set_runtime,
+};

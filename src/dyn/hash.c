@@ -1,0 +1,382 @@
+/* Hash-sparse attention (Pagliardini et al. 2023; model.attention = hash,
+ * [hash]; docs/mod-hash.md), the whole scheme: its config rules and
+ * refusals, its extension of the blocks (every block's attention core is
+ * the op table's bucket_attention_* with a rotation drawn from (seed,
+ * layer, step), over the batch or over a MoD block's packed sequences),
+ * its signals (tiles visited, query rows with their own key only) and its
+ * part of the checkpoint. The kernel itself is src/model/
+ * bucket_attention.c (and the plugin's). Nothing here calls MPI or reads
+ * a layout. */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include "dynmo/backend.h"
+#include "dynmo/schema.h"
+#include "dyn/scheme.h"
+
+#define SCHEMA_FILE "../../checkpoint_schema/hash.def"
+#define SCHEMA_NAME hash_schema
+#define SCHEMA_STATIC
+#include "dynmo/schema_tables.h"
+#undef SCHEMA_FILE
+#undef SCHEMA_NAME
+#undef SCHEMA_STATIC
+
+static int hash_active(const struct dm_config *cfg) { return !strcmp(cfg->attention, "hash"); }
+
+static const char *const hash_keys[] = {"hash.*", NULL};
+
+static void hash_check(const struct dm_config *cfg)
+{
+    int hash = hash_active(cfg);
+    if (!hash && strcmp(cfg->attention, "dense") != 0)
+        dm_user_error("model.attention = '%s' must be dense or hash", cfg->attention);
+    if (!hash && dyn_keys_set(cfg, hash_keys))
+        dm_user_error("hash.buckets = %d is set but model.attention = dense: set "
+                      "model.attention = hash, or remove [hash]", cfg->hash_buckets);
+    if (!hash) return;
+    if (cfg->hash_buckets < 1 || (cfg->hash_buckets > 1 && cfg->hash_buckets % 2))
+        dm_user_error("hash.buckets = %d must be 1 or an even number >= 2 (the hash is the "
+                      "argmax over [xR ; -xR], R with buckets / 2 columns)",
+                      cfg->hash_buckets);
+    if (cfg->hash_buckets > cfg->max_seq)
+        dm_user_error("hash.buckets = %d exceeds model.max_seq = %d: a sequence has fewer "
+                      "tokens than buckets (at most max_seq buckets)", cfg->hash_buckets,
+                      cfg->max_seq);
+    if (!strcmp(cfg->dyn_kind, "early_exit"))
+        dm_user_error("model.attention = hash does not combine with dyn.kind = early_exit "
+                      "(exited tokens answer as keys outside the hash buckets)");
+}
+
+/* ---- the block extension: every block's attention core ------------------------------ */
+
+/* Its parameters in a shape (gpt_shape.ext). */
+struct hash_params {
+    int buckets;                 /* 1, or even */
+    uint32_t seed_lo, seed_hi;   /* the run's seed (train.seed) */
+};
+static const struct gpt_ext_ops hash_ext_ops;
+
+/* What a block's hash attention counted since the last read: tiles
+ * visited (forward and backward), query rows (per head) its forwards saw,
+ * and those of them that attended to their own key alone. */
+struct block_hash {
+    int buckets;
+    uint64_t seed;
+    double tiles, queries, own_key_only;
+};
+
+static const struct hash_params *hash_params_of(const struct gpt_shape *shape)
+{
+    const struct gpt_ext *ext = gpt_shape_ext(shape, &hash_ext_ops);
+    return ext ? (const struct hash_params *)ext->params : NULL;
+}
+
+static void hash_shape_add(struct gpt_shape *shape, int buckets, uint64_t seed)
+{
+    struct hash_params p = {.buckets = buckets, .seed_lo = (uint32_t)seed,
+                            .seed_hi = (uint32_t)(seed >> 32)};
+    gpt_shape_add_ext(shape, &hash_ext_ops, &p, sizeof p);
+}
+
+static int hash_owns(const struct gpt_ext *ext, const struct gpt_shape *shape, int index)
+{
+    (void)ext;
+    (void)shape;
+    (void)index;
+    return 1;   /* every block attends by buckets */
+}
+
+static void *hash_alloc(const struct gpt_ext *ext, const struct gpt_shape *shape,
+                        struct block *blk, float *params, float *grads)
+{
+    (void)shape;
+    (void)blk;
+    (void)params;
+    (void)grads;
+    const struct hash_params *p = (const struct hash_params *)ext->params;
+    struct block_hash *h = dm_alloc(sizeof *h);
+    h->buckets = p->buckets;
+    h->seed = (uint64_t)p->seed_lo | ((uint64_t)p->seed_hi << 32);
+    return h;
+}
+
+static void hash_free(void *state) { dm_free(state); }
+
+static struct block_hash *block_hash_of(const struct block *blk)
+{
+    return block_ext_state(blk, &hash_ext_ops);
+}
+
+/* What the forward saves for the backward. */
+struct hash_acts {
+    int B, T;
+    float *lse;         /* (B,NH,T) */
+    int *order;         /* (B,NH,2,T) */
+    int *bucket;        /* (B,NH,2,T) */
+    float *rotation;    /* (NH, hs, nb/2) */
+    /* lse, order, bucket and rotation are the backend's memory; the
+     * rotation is drawn on the host, in this staging on a device (NULL on
+     * the CPU, which draws in place), and copied up once per forward */
+    float *rotation_host;
+    size_t rotation_bytes;
+};
+
+static void hash_acts_free(void *acts)
+{
+    struct hash_acts *ha = acts;
+    const struct dm_backend *ops = backend_current();
+    ops->free(ha->lse);
+    ops->free(ha->order);
+    ops->free(ha->bucket);
+    ops->free(ha->rotation);
+    backend_staging_free(ha->rotation_host);
+    dm_free(ha);
+}
+
+/* The block's saved state, allocated by the first forward for the acts'
+ * (B, T); freed with the acts. */
+static struct hash_acts *hash_acts_get(const struct block *blk, const struct block_hash *h,
+                                       struct block_acts *acts)
+{
+    struct hash_acts **slot = (struct hash_acts **)block_ext_acts(acts, &hash_ext_ops);
+    if (*slot) return *slot;
+    const struct dm_backend *ops = backend_current();
+    int B = acts->B, T = acts->T, NH = blk->NH, hs = blk->C / blk->NH;
+    struct hash_acts *ha = dm_alloc(sizeof *ha);
+    ha->B = B;
+    ha->T = T;
+    ha->lse = ops->alloc((size_t)B * NH * T * sizeof(float));
+    ha->order = ops->alloc((size_t)B * NH * 2 * T * sizeof(int));
+    ha->bucket = ops->alloc((size_t)B * NH * 2 * T * sizeof(int));
+    ha->rotation_bytes = ((size_t)NH * hs * (size_t)(h->buckets / 2) + 1) * sizeof(float);
+    ha->rotation = ops->alloc(ha->rotation_bytes);
+    ha->rotation_host = backend_staging(ha->rotation_bytes);
+    *slot = ha;
+    return ha;
+}
+
+/* This step's rotation of the block, drawn on the host and copied up. */
+static void rotation_draw(struct hash_acts *ha, const struct block *blk,
+                          const struct block_hash *h, const struct block_acts *acts)
+{
+    float *rotation = backend_write_begin(ha->rotation_host, ha->rotation);
+    bucket_rotation_draw(rotation, blk->NH, blk->C / blk->NH, h->buckets, h->seed, blk->index,
+                       acts->step);
+    backend_write_end(ha->rotation, rotation, ha->rotation_bytes);
+}
+
+/* Over the (B, T) batch. */
+static void batch_forward(struct block *blk, struct block_hash *h, struct block_acts *acts,
+                          int B, int T)
+{
+    struct hash_acts *ha = hash_acts_get(blk, h, acts);
+    int C = blk->C, NH = blk->NH;
+    rotation_draw(ha, blk, h, acts);
+    const struct dm_backend *ops = backend_current();
+    long alone = 0;
+    h->tiles += (double)ops->bucket_attention_forward(acts->atty, ha->lse, ha->order, ha->bucket,
+                                                      &alone, acts->qkv, ha->rotation, B, T, C,
+                                                      NH, h->buckets);
+    h->own_key_only += (double)alone;
+    h->queries += (double)B * T * NH;
+}
+
+/* Packed sequences (block_forward_packed): sequence b's saved state sits
+ * where its rows do: lse at NH start[b], order and bucket at 2 NH
+ * start[b] (each (1, NH, [2,] n) as for B = 1); the rows in all are at
+ * most the acts' B x T, so the arrays fit. Each sequence is hashed and
+ * attended on its own with the block's rotation of this step. */
+static void packed_forward(struct block *blk, struct block_hash *h, struct block_acts *acts,
+                           const int *start, int B)
+{
+    struct hash_acts *ha = hash_acts_get(blk, h, acts);
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, NH = blk->NH;
+    DM_ASSERT(start[B] <= acts->B * acts->T);
+    rotation_draw(ha, blk, h, acts);
+    for (int b = 0; b < B; b++) {
+        int s = start[b], n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        long alone = 0;
+        h->tiles += (double)ops->bucket_attention_forward(
+            acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
+            ha->bucket + 2L * NH * s, &alone, acts->qkv + 3L * s * C, ha->rotation, 1, n, C,
+            NH, h->buckets);
+        h->own_key_only += (double)alone;
+        h->queries += (double)n * NH;
+    }
+}
+
+static void hash_attention_hook(struct block *blk, void *state, struct block_acts *acts,
+                                const int *start, int B, int T)
+{
+    if (start) packed_forward(blk, state, acts, start, B);
+    else batch_forward(blk, state, acts, B, T);
+}
+
+/* dqkv overwritten from datty, over the batch or the packed sequences. */
+static void hash_attention_back_hook(struct block *blk, void *state, struct block_acts *acts,
+                                     float *dqkv, const float *datty, const int *start, int B,
+                                     int T)
+{
+    struct block_hash *h = state;
+    struct hash_acts *ha = *block_ext_acts(acts, &hash_ext_ops);
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, NH = blk->NH;
+    DM_ASSERT(ha != NULL);
+    if (!start) {
+        h->tiles += (double)ops->bucket_attention_backward(dqkv, datty, acts->qkv, acts->atty,
+                                                           ha->lse, ha->order, ha->bucket, B,
+                                                           T, C, NH);
+        return;
+    }
+    for (int b = 0; b < B; b++) {
+        int s = start[b], n = start[b + 1] - start[b];
+        if (n == 0) continue;
+        h->tiles += (double)ops->bucket_attention_backward(
+            dqkv + 3L * s * C, datty + (long)s * C, acts->qkv + 3L * s * C,
+            acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
+            ha->bucket + 2L * NH * s, 1, n, C, NH);
+    }
+}
+
+static const struct gpt_ext_ops hash_ext_ops = {
+    .name = "hash",
+    .block_noun = "a block with hash attention",
+    .owned_text = "has it",
+    .not_owned_text = "does not",
+    .owns = hash_owns,
+    .alloc = hash_alloc,
+    .free = hash_free,
+    .attention_forward = hash_attention_hook,
+    .attention_backward = hash_attention_back_hook,
+    .acts_free = hash_acts_free,
+};
+
+static void hash_describe_shape(const struct gpt_shape *shape, char *buf, size_t size)
+{
+    const struct hash_params *p = hash_params_of(shape);
+    if (p) snprintf(buf, size, "attention: hash-sparse, %d buckets per head", p->buckets);
+}
+
+static void hash_add_to_shape(const struct dm_config *cfg, struct gpt_shape *shape)
+{
+    hash_shape_add(shape, cfg->hash_buckets, cfg->seed);
+}
+
+/* ---- signals --------------------------------------------------------------------- */
+
+/* The tiles the block's hash attention visited since the last read,
+ * forward and backward, then zero. */
+static void read_tiles(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    struct block_hash *h = block_hash_of(&model->blocks[i]);
+    value[0] = h->tiles;
+    h->tiles = 0.0;
+}
+
+/* The query rows (per head) that attended to their own key alone, over
+ * those its forwards saw, then zero. */
+static void read_own_key_only(struct gpt *model, int i, double *value, double *weight)
+{
+    struct block_hash *h = block_hash_of(&model->blocks[i]);
+    value[0] = h->own_key_only;
+    weight[0] = h->queries;
+    h->own_key_only = h->queries = 0.0;
+}
+
+static const struct dyn_signal hash_signals[] = {
+    {"/hash/tiles", "hash tiles visited", "tiles",
+     "attention tiles the block visited, forward and backward, over micro-batches and "
+     "replicas",
+     DYN_SIGNAL_LAYERS, DYN_COMBINE_SUM, 0, 0, NULL, NULL, read_tiles},
+    {"/hash/own_key_only", "own key only", "share",
+     "the share of the query rows that had no key of their bucket but their own",
+     DYN_SIGNAL_LAYERS, DYN_COMBINE_RATIO, 0, 0, NULL, NULL, read_own_key_only},
+};
+
+/* ---- the checkpoint (checkpoint_schema/hash.def) ---------------------------------- */
+
+static int hash_in_shape(const struct gpt_shape *shape) { return hash_params_of(shape) != NULL; }
+
+/* The shape's buckets, 0 with dense attention. */
+static int buckets_of(const struct gpt_shape *shape)
+{
+    return hash_params_of(shape) ? hash_params_of(shape)->buckets : 0;
+}
+
+static void hash_write_attrs(const struct gpt_shape *shape, const struct dyn_ckpt_writer *w)
+{
+    w->string_attr(w->ctx, "/model", "attention", buckets_of(shape) > 0 ? "hash" : "dense");
+    w->int_attr(w->ctx, "/model", "hash_buckets", buckets_of(shape));
+}
+
+/* What a file says. */
+struct hash_file {
+    char attention[16];
+    long long buckets;
+};
+
+static void hash_store(void *raw, const char *object, const char *name, long long value,
+                       const char *text)
+{
+    (void)object;
+    struct hash_file *f = raw;
+    if (!strcmp(name, "attention")) snprintf(f->attention, sizeof f->attention, "%s", text);
+    else if (!strcmp(name, "hash_buckets")) f->buckets = value;
+}
+
+static int hash_file_check(const void *raw, struct gpt_shape *shape,
+                           const struct dyn_ckpt_reader *rd)
+{
+    const struct hash_file *f = raw;
+    int hash = !strcmp(f->attention, "hash"), buckets = (int)f->buckets;
+    if ((!hash && strcmp(f->attention, "dense") != 0) || buckets < 0 ||
+        (hash && (buckets < 1 || (buckets > 1 && buckets % 2) ||
+                  (shape->max_seq > 0 && buckets > shape->max_seq))) ||
+        (!hash && buckets != 0)) {
+        dyn_ckpt_problem(rd, "/model: attention \"%s\" with hash_buckets %d (expected dense "
+                         "with 0, or hash with 1 or an even number up to max_seq)",
+                         f->attention, buckets);
+        return -1;
+    }
+    if (hash) hash_shape_add(shape, buckets, 0);   /* the seed is the run's, not the model's */
+    return 0;
+}
+
+static int hash_compare(const struct gpt_shape *file, const struct gpt_shape *run, char *err,
+                        size_t errsize)
+{
+    int f = buckets_of(file), r = buckets_of(run);
+    if (f == r) return 0;
+    snprintf(err, errsize, "written for a different model: attention is %s with %d hash "
+             "buckets in the checkpoint but %s with %d in this run (model.attention, "
+             "hash.buckets; use the checkpoint's model config, or start a new run in another "
+             "ckpt.dir)", f ? "hash" : "dense", f, r ? "hash" : "dense", r);
+    return -1;
+}
+
+static const struct dyn_ckpt_part hash_ckpt = {
+    .schema = &hash_schema,
+    .model_keys = 1,
+    .in_shape = hash_in_shape,
+    .write_attrs = hash_write_attrs,
+    .store = hash_store,
+    .check = hash_file_check,
+    .compare = hash_compare,
+};
+
+const struct dyn_scheme dyn_scheme_hash = {
+    .ckpt = &hash_ckpt,
+    .ext = &hash_ext_ops,
+    .add_to_shape = hash_add_to_shape,
+    .describe_shape = hash_describe_shape,
+    .name = "hash",
+    .active = hash_active,
+    .keys = hash_keys,
+    .check = hash_check,
+    .signals = hash_signals,
+    .signal_count = sizeof hash_signals / sizeof hash_signals[0],
+};
