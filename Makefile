@@ -65,12 +65,12 @@ REPLAY_CFLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Isrc \
 # make fuzz, libFuzzer's coverage); the rest they call is the normal
 # library's (some of it is gcc-only: vector builtins).
 FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/memory.c \
-              src/model/data.c src/tools/plan_costs.c src/ckpt/ckpt_file.c \
+              src/model/data.c src/tools/plan/plan_costs.c src/ckpt/ckpt_file.c \
               src/ckpt/ckpt_load.c src/ckpt/ckpt_dir.c src/ckpt/h5util.c \
               src/ckpt/layout_history.c src/ckpt/fletcher32.c src/ckpt/ckpt_dyn.c \
-              src/ckpt/h5check.c src/ckpt/runlog_read.c src/tools/report_load.c \
-              src/tools/inspect.c src/tools/trace.c src/tools/simulate_model.c \
-              src/tools/plan_runlog.c
+              src/ckpt/h5check.c src/ckpt/runlog_read.c src/tools/report/report_load.c \
+              src/tools/inspect.c src/tools/report/trace.c src/tools/simulate/simulate_model.c \
+              src/tools/plan/plan_runlog.c
 REPLAY_OBJ := $(patsubst src/%.c,$(BUILD)/replay/obj/%.o,$(FUZZ_SRC))
 REPLAY_BIN := $(patsubst %,$(BUILD)/fuzz-replay/%,$(FUZZ_TARGETS))
 

@@ -32,9 +32,9 @@
 #include <unistd.h>
 #include "dynmo/ckpt.h"
 #include "dynmo/tools.h"
-#include "tools/plan.h"
-#include "tools/report.h"
-#include "tools/simulate.h"
+#include "tools/plan/plan.h"
+#include "tools/report/report.h"
+#include "tools/simulate/simulate.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

@@ -15,7 +15,7 @@ printf '#include "dyn/scheme.h"\n#include "model/internal.h"\n' > "$planted/src/
 printf '#include "dynmo/tools.h"\n' > "$planted/include/dynmo/world.h"
 mkdir -p "$planted/kernels" "$planted/fuzz"
 printf '#include "common.cuh"\n#include "dynmo/backend.h"\n#include <mpi.h>\n#include "dynmo/ckpt.h"\n#include "model/internal.h"\n' > "$planted/kernels/k.cu"
-printf '#include "dynmo/ckpt.h"\n#include "tools/plan.h"\n#include "ckpt/h5util.h"\n' > "$planted/fuzz/f.c"
+printf '#include "dynmo/ckpt.h"\n#include "tools/plan/plan.h"\n#include "ckpt/h5util.h"\n' > "$planted/fuzz/f.c"
 out=$($py tests/include_direction.py "$planted")
 rc=$?
 [ $rc -eq 1 ] || fail "planted violations: exit $rc, want 1"

@@ -12,7 +12,7 @@
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "dynmo/world.h"
-#include "tools/train.h"
+#include "tools/train/train.h"
 
 /* ---- bench -------------------------------------------------------------- */
 

@@ -11,7 +11,7 @@
 #include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
-#include "tools/train.h"
+#include "tools/train/train.h"
 
 
 static void format_eta(char *buf, size_t size, double seconds)

@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "dynmo/model.h"
-#include "tools/simulate.h"
+#include "tools/simulate/simulate.h"
 
 /* The blocks' costs and what the balancer reads at one step. */
 struct step_costs {

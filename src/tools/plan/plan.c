@@ -17,7 +17,7 @@
 #include <string.h>
 #include "dynmo/balance.h"
 #include "dynmo/tools.h"
-#include "tools/plan.h"
+#include "tools/plan/plan.h"
 
 /* "processors: ..." under the input lines. */
 static void print_sharing(const struct plan_sharing *ps, int stages)

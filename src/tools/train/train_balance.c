@@ -15,7 +15,7 @@
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
 #include "dynmo/world.h"
-#include "tools/train.h"
+#include "tools/train/train.h"
 
 struct train_balancer {
     struct balance_controller *ctl;

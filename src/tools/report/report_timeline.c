@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include "tools/report.h"
+#include "tools/report/report.h"
 
 #define ROW_HEIGHT 26
 #define PANEL_HEAD 30

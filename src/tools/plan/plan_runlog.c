@@ -23,7 +23,7 @@
 #include "dynmo/ckpt.h"
 #include "dynmo/dyn.h"
 #include "dynmo/model.h"
-#include "tools/plan.h"
+#include "tools/plan/plan.h"
 
 /* A problem with the run log: one message naming it, exit 2. */
 __attribute__((noreturn, format(printf, 2, 3)))

@@ -17,7 +17,7 @@
 #include <unistd.h>
 #include "dynmo/ckpt.h"
 #include "tools/out_dir.h"
-#include "tools/simulate.h"
+#include "tools/simulate/simulate.h"
 
 #define PATH_BYTES (OUT_DIR_PATH_BYTES + 256)   /* a file in out_dir.tmp */
 

@@ -20,7 +20,7 @@
 #include "dynmo/core.h"
 #include "dynmo/tools.h"
 #include "tools/out_dir.h"
-#include "tools/report.h"
+#include "tools/report/report.h"
 
 #define PATH_BYTES 4096
 

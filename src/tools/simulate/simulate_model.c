@@ -5,6 +5,13 @@
  * squares over every step and block), and the trajectory of the states,
  * from the run mapped by relative depth and time or from a scenario file.
  *
+ * The fit stays here, beside balance/predict.c rather than in it: the
+ * predictor prices a layout from the costs a running job measured at its
+ * current states (pure, online, no files), while this fits cost as a
+ * function of state over a whole run log to extrapolate to other shapes
+ * and trajectories; it reads run logs, which the balance module, below
+ * ckpt, must not.
+ *
  * Must not: write anything, or go on past a missing dataset the model
  * needs or a bad scenario (a user error naming the file, exit 2). It reads
  * run logs through the ckpt module's readers only. */
@@ -15,8 +22,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/ckpt.h"
-#include "tools/plan.h"
-#include "tools/simulate.h"
+#include "tools/plan/plan.h"
+#include "tools/simulate/simulate.h"
 
 static const char *const state_names[SIM_STATE_COUNT] = {"active", "sparsity", "frozen",
                                                          "tiles", "mod_tokens", "moe_load"};

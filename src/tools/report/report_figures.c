@@ -10,7 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "dynmo/core.h"
-#include "tools/report.h"
+#include "tools/report/report.h"
 
 #define FIGURE_WIDTH 960
 #define MARGIN_LEFT 72

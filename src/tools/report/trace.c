@@ -20,7 +20,7 @@
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/tools.h"
-#include "tools/report.h"
+#include "tools/report/report.h"
 
 #define STEP_GAP_MS 1.0
 #define STEP_TRACK SCHEDULE_OP_COUNT   /* the tid of the steps' track */

@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/balance.h"
-#include "tools/plan.h"
+#include "tools/plan/plan.h"
 
 struct synthetic {
     const char *name;

@@ -13,7 +13,7 @@
 #include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/world.h"
-#include "tools/train.h"
+#include "tools/train/train.h"
 
 
 void train_parse_args(int argc, char **argv, struct dm_config *cfg, struct train_args *args,

@@ -10,7 +10,7 @@
 #include <string.h>
 #include "dynmo/core.h"
 #include "tools/args.h"
-#include "tools/plan.h"
+#include "tools/plan/plan.h"
 
 static void usage(FILE *out)
 {

@@ -14,7 +14,7 @@
 #include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/pipe.h"
-#include "tools/train.h"
+#include "tools/train/train.h"
 
 int train_may_resume(const struct dm_config *cfg)
 {

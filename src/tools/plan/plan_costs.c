@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/core.h"
-#include "tools/plan.h"
+#include "tools/plan/plan.h"
 
 /* update_ms (once a step, balance.h) may be left out; the others may not. */
 enum { COL_LAYER, COL_FWD, COL_BWD, COL_PARAMS, COL_MEM, COL_REQUIRED,

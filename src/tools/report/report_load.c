@@ -25,7 +25,7 @@
 #include <string.h>
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
-#include "tools/report.h"
+#include "tools/report/report.h"
 
 #define TRACE_COLUMNS RUNLOG_EVENT_COLUMNS
 #define DECISION_COLUMNS RUNLOG_EVENT_COLUMNS

@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include "dynmo/balance.h"
 #include "dynmo/core.h"
-#include "tools/plan.h"
+#include "tools/plan/plan.h"
 
 /* ---- the dynamic state of the blocks over training ---------------------- */
 

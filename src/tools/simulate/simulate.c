@@ -25,7 +25,7 @@
 #include "dynmo/model.h"
 #include "dynmo/tools.h"
 #include "tools/args.h"
-#include "tools/simulate.h"
+#include "tools/simulate/simulate.h"
 
 #define SUMMARY_BYTES 16384
 

@@ -21,7 +21,7 @@
 #include "dynmo/pipe.h"
 #include "dynmo/tools.h"
 #include "dynmo/world.h"
-#include "tools/train.h"
+#include "tools/train/train.h"
 
 /* SIGUSR1, SIGTERM, SIGINT: stop at the next step boundary, with a
  * checkpoint (exit 75: resubmit unchanged) when there is a ckpt.dir, and

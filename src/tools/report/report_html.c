@@ -14,7 +14,7 @@
 #include <string.h>
 #include <time.h>
 #include "dynmo/core.h"
-#include "tools/report.h"
+#include "tools/report/report.h"
 
 void bytes_append(struct bytes *b, const void *data, size_t size)
 {

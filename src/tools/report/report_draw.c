@@ -13,7 +13,7 @@
 #include <string.h>
 #include <cairo-svg.h>
 #include "dynmo/core.h"
-#include "tools/report.h"
+#include "tools/report/report.h"
 
 #define MAX_LINE_POINTS 1000
 #define MAX_HEATMAP_COLUMNS 400
