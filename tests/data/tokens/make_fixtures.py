@@ -20,7 +20,7 @@ as the documents concatenated. Deterministic: a rerun gives the same bytes.
 
 Run with a Python that has numpy, torch and megatron-core:
 
-    python3 -m venv --system-site-packages /work/venv-fixtures   # Debian's torch, numpy
+    /usr/bin/python3 -m venv --system-site-packages /work/venv-fixtures   # Debian's torch, numpy
     /work/venv-fixtures/bin/pip install --no-deps megatron-core packaging
     /work/venv-fixtures/bin/python tests/data/tokens/make_fixtures.py --out-dir DIR
 
