@@ -916,6 +916,9 @@ int main(void)
     test_shuffle_determinism();
     test_dp_shares();
     test_cursor_restore();
+    /* the directories prepare made stay: a forked child's fatal exit would
+     * otherwise try to undo them (and wait a second for them to empty) */
+    dm_startup_done();
     test_bad_files();
     char reference[1100];
     CHECK_MSG(fixture_dir(reference, sizeof reference, "fixture_tiny.bin"),
