@@ -151,21 +151,35 @@ void token_input_decode(int *out, const struct token_input *in, uint64_t first, 
     }
 }
 
+/* What check_token_values hashes into in->hash: FNV-1a 64 over the token
+ * ids, one 32-bit word each; or over the bytes of uint16 tokens as stored
+ * (a dynmo file's header checksum). */
+enum token_hash { HASH_IDS, HASH_UINT16_BYTES };
+
 /* Every token of in (already mapped) must be >= 0 and below in->bound; a
  * message starts with subject (which names the file) and gives the byte
- * offset in that file, the tokens starting at data_offset. With hash_it,
- * in->hash becomes FNV-1a 64 over the tokens, one 32-bit word each. */
+ * offset in that file, the tokens starting at data_offset. */
 static int check_token_values(struct token_input *in, const char *subject,
-                              uint64_t data_offset, const char *bound_name, int hash_it,
-                              char *err, size_t errsize)
+                              uint64_t data_offset, const char *bound_name,
+                              enum token_hash hash_kind, char *err, size_t errsize)
 {
     enum { CHUNK = 4096 };
     int64_t wide[CHUNK];
     uint64_t hash = FNV_OFFSET;
-    if (in->map && in->count > 0)
-        madvise(in->map, in->map_bytes, MADV_SEQUENTIAL);   /* advice only: read once */
+    /* Read once, front to back; the pages read are let go every 64 MiB,
+     * so that checking a corpus larger than memory keeps none of it
+     * resident (the loader maps back in only the windows it draws). */
+    const size_t release_every = (size_t)64 << 20, page = (size_t)sysconf(_SC_PAGESIZE);
+    size_t released = 0;
+    if (in->map && in->count > 0) madvise(in->map, in->map_bytes, MADV_SEQUENTIAL);
     for (uint64_t done = 0; done < in->count; done += CHUNK) {
         size_t m = in->count - done < CHUNK ? (size_t)(in->count - done) : CHUNK;
+        size_t read_to = (size_t)(data_offset + (done + m) * (uint64_t)in->item_bytes);
+        if (in->map && read_to - released >= release_every) {
+            size_t to = read_to / page * page;
+            madvise((char *)in->map + released, to - released, MADV_DONTNEED);
+            released = to;
+        }
         decode_wide(wide, in->tokens + done * (uint64_t)in->item_bytes, in->dtype, m);
         for (size_t i = 0; i < m; i++) {
             if (wide[i] < 0 || wide[i] >= (int64_t)in->bound) {
@@ -175,11 +189,19 @@ static int check_token_values(struct token_input *in, const char *subject,
                      wide[i] < 0 ? "negative; ids run from 0 to" : "not below", bound_name,
                      in->bound);
             }
-            if (hash_it) hash = (hash ^ (uint64_t)(uint32_t)wide[i]) * FNV_PRIME;
+            if (hash_kind == HASH_IDS) {
+                hash = (hash ^ (uint64_t)(uint32_t)wide[i]) * FNV_PRIME;
+            } else {
+                hash = (hash ^ ((uint64_t)wide[i] & 0xff)) * FNV_PRIME;
+                hash = (hash ^ ((uint64_t)wide[i] >> 8)) * FNV_PRIME;
+            }
         }
     }
-    if (in->map && in->count > 0) madvise(in->map, in->map_bytes, MADV_NORMAL);
-    if (hash_it) in->hash = hash;
+    if (in->map && in->count > 0) {
+        madvise((char *)in->map + released, in->map_bytes - released, MADV_DONTNEED);
+        madvise(in->map, in->map_bytes, MADV_NORMAL);
+    }
+    in->hash = hash;
     return 0;
 fail:
     return -1;
@@ -224,13 +246,6 @@ void token_input_close(struct token_input *in)
 
 /* ---- dynmo's own files (DYNMOTOK) ------------------------------------------------- */
 
-static uint64_t bytes_checksum(const unsigned char *p, uint64_t n)
-{
-    uint64_t h = FNV_OFFSET;
-    for (uint64_t i = 0; i < n; i++) h = (h ^ p[i]) * FNV_PRIME;
-    return h;
-}
-
 static int dynmo_open(struct token_input *in, uint32_t model_vocab, char *err, size_t errsize)
 {
     const char *path = in->name;
@@ -267,15 +282,13 @@ static int dynmo_open(struct token_input *in, uint32_t model_vocab, char *err, s
     in->bound = vocab;
     char subject[1200];
     snprintf(subject, sizeof subject, "token file %s is corrupt", path);
-    if (check_token_values(in, subject, TOKEN_FILE_HEADER_BYTES, "its vocab", 0, err,
-                           errsize) != 0)
+    if (check_token_values(in, subject, TOKEN_FILE_HEADER_BYTES, "its vocab",
+                           HASH_UINT16_BYTES, err, errsize) != 0)
         goto fail;
-    uint64_t actual = bytes_checksum(in->tokens, count * 2);
-    if (actual != checksum)
+    if (in->hash != checksum)
         FAIL("token file %s is corrupt: checksum %016llx, header says %016llx (byte 32; re-run "
-             "`dynmo prepare`)", path, (unsigned long long)actual,
+             "`dynmo prepare`)", path, (unsigned long long)in->hash,
              (unsigned long long)checksum);
-    in->hash = checksum;
     return 0;
 fail:
     return -1;
@@ -315,7 +328,8 @@ static int llmc_open(struct token_input *in, uint32_t model_vocab, char *err, si
     in->bound = model_vocab;
     char subject[1200];
     snprintf(subject, sizeof subject, "llm.c token shard %s", path);
-    return check_token_values(in, subject, LLMC_HEADER_BYTES, "model.vocab", 1, err, errsize);
+    return check_token_values(in, subject, LLMC_HEADER_BYTES, "model.vocab", HASH_IDS, err,
+                              errsize);
 fail:
     return -1;
 }
@@ -434,6 +448,8 @@ static int megatron_open(struct token_input *in, uint32_t model_vocab, char *err
         megatron_check_index(in, idx, &data_bytes, err, errsize) != 0 ||
         map_file(bin, &in->map, &in->map_bytes, err, errsize) != 0)
         return -1;
+    /* read once; with data.eot the loader maps back the few pages it searches */
+    madvise(in->index_map, in->index_map_bytes, MADV_DONTNEED);
     if (in->map_bytes != data_bytes)
         FAIL("Megatron data %s is %zu bytes, but its index %s says %llu (%llu sequences of "
              "%s tokens)", bin, in->map_bytes, idx, (unsigned long long)data_bytes,
@@ -445,7 +461,7 @@ static int megatron_open(struct token_input *in, uint32_t model_vocab, char *err
     if (in->count == 0) FAIL("Megatron dataset %s holds no tokens", in->name);
     char subject[1200];
     snprintf(subject, sizeof subject, "Megatron data %s", bin);
-    return check_token_values(in, subject, 0, "model.vocab", 1, err, errsize);
+    return check_token_values(in, subject, 0, "model.vocab", HASH_IDS, err, errsize);
 fail:
     return -1;
 }
