@@ -65,7 +65,7 @@ REPLAY_CFLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Isrc \
 # make fuzz, libFuzzer's coverage); the rest they call is the normal
 # library's (some of it is gcc-only: vector builtins).
 FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/memory.c \
-              src/model/data.c src/tools/plan/plan_costs.c src/ckpt/ckpt_file.c \
+              src/model/data.c src/model/token_formats.c src/tools/plan/plan_costs.c src/ckpt/ckpt_file.c \
               src/ckpt/ckpt_load.c src/ckpt/ckpt_dir.c src/ckpt/h5util.c \
               src/ckpt/layout_history.c src/ckpt/fletcher32.c src/ckpt/ckpt_dyn.c \
               src/ckpt/h5check.c src/ckpt/runlog_read.c src/tools/report/report_load.c \

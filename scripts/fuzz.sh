@@ -4,7 +4,8 @@
 # executions, one target after the other, seeded from real files:
 #   config  configs/*.ini
 #   tokens  train.bin and val.bin of `dynmo prepare` on
-#           /usr/share/common-licenses/GPL-3
+#           /usr/share/common-licenses/GPL-3, and the llm.c shards of
+#           tests/data/tokens
 #   costs   tests/data/*.csv
 #   ckpt    tests/data/ckpt/*.h5
 #   runlog  tests/data/sim/*/runlog.h5 (recorded runs, compressed) and the
@@ -38,7 +39,7 @@ tokens_dir=$(mktemp -d /tmp/dynmo-fuzz-seed.XXXXXX)
 trap 'rm -rf "$tokens_dir"' EXIT
 "$BUILD/dynmo" prepare --out "$tokens_dir" /usr/share/common-licenses/GPL-3 >/dev/null ||
   { echo "fuzz: dynmo prepare failed (build $BUILD/dynmo first)" >&2; exit 1; }
-cp "$tokens_dir"/train.bin "$tokens_dir"/val.bin "$seeds/tokens/"
+cp "$tokens_dir"/train.bin "$tokens_dir"/val.bin tests/data/tokens/*_llmc.bin "$seeds/tokens/"
 if [[ " ${targets[*]} " == *" runlog "* ]]; then
 for run in tests/data/sim/*/; do cp "$run/runlog.h5" "$seeds/runlog/$(basename "$run").h5"; done
 printf '[model]\nlayers = 6\nchannels = 32\nheads = 2\nmax_seq = 32\n[train]\nbatch = 8\nseq = 32\nmicro_batches = 4\nsteps = 6\nlr = 3e-3\nwarmup = 1\n[data]\ntrain = %s\nval = %s\n' \

@@ -231,6 +231,7 @@ struct dm_config {
     /* [data] */
     char train_path[1024];
     char val_path[1024];
+    int eot;            /* end-of-text token between documents; -1: none */
     /* [run] */
     char out_dir[1024];
     int log_every;      /* steps between progress lines */

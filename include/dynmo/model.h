@@ -745,7 +745,7 @@ void adamw_update(float *params, const float *grads, float *m, float *v,
                   float weight_decay, float grad_scale, int t);
 
 /* ---- data ---------------------------------------------------------------
- * Token files (docs/data.md): a 64-byte little-endian header
+ * dynmo's token files (docs/data.md): a 64-byte little-endian header
  *   offset  0  magic "DYNMOTOK" (8 bytes)
  *   offset  8  uint32 version = 1
  *   offset 12  uint32 vocab (256: byte level)
@@ -760,34 +760,50 @@ void adamw_update(float *params, const float *grads, float *m, float *v,
 #define TOKEN_FILE_VERSION 1
 #define TOKEN_FILE_HEADER_BYTES 64
 
+struct token_input;   /* one file or Megatron dataset of a stream (src/model) */
+
+/* The token stream of data.train or data.val: one or more inputs, each
+ * detected by its content (a dynmo token file, an llm.c token shard, a
+ * Megatron indexed dataset named by its prefix), named by a path, a
+ * comma-separated list or a pattern (*, ?, [...]), read in order as one
+ * stream, with eot between documents when eot >= 0 (docs/data.md). Every
+ * input stays memory-mapped; nothing is copied. */
 struct token_file {
-    char path[1024];
-    uint32_t vocab;
-    uint64_t count;
+    char path[1024];          /* as given */
+    uint32_t vocab;           /* every token of the stream is below this */
+    uint64_t count;           /* tokens in the stream, end-of-text tokens included */
     uint64_t checksum;        /* identifies the data (run logs, checkpoints) */
-    const uint16_t *tokens;   /* (count), read-only view into map */
-    void *map;
-    size_t map_bytes;
+    int eot;                  /* the token between documents; -1: none */
+    int input_count;
+    struct token_input *inputs;   /* (input_count) */
 };
 
-/* Opens, maps and validates a token file. Any problem (missing,
- * unreadable, wrong magic, wrong version, vocab larger than model_vocab,
- * size that does not match the count, a token >= vocab, checksum
- * mismatch, fewer than min_tokens tokens) ends with dm_user_error_local
- * naming the path and the problem: status 2 for the whole job, even when
- * only this rank sees it. Reads every token once (the checks). Not
- * collective. tf owns the mapping until token_file_close. */
-void token_file_open(struct token_file *tf, const char *path,
-                     uint32_t model_vocab, uint64_t min_tokens);
+/* Opens, maps and validates every input of path. Any problem (a missing
+ * or unreadable file, a pattern that matches nothing, an empty list
+ * element, a header that is not what it claims, a size that does not match
+ * the header or a Megatron data file that does not match its index, a
+ * token type that cannot be a token id, a token >= its bound, a checksum
+ * mismatch, fewer than min_tokens tokens in all, eot not below
+ * model_vocab) ends with dm_user_error_local naming the file and what is
+ * wrong (and where): status 2 for the whole job, even when only this rank
+ * sees it. Reads every token once (the checks). Not collective. tf owns
+ * the mappings until token_file_close. */
+void token_file_open(struct token_file *tf, const char *path, uint32_t model_vocab, int eot,
+                     uint64_t min_tokens);
 /* The same checks without ending the job: 0, or -1 with the message in
  * err (and tf empty). `dynmo train` uses it so that all ranks agree on one
  * message. */
-int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_vocab,
+int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_vocab, int eot,
                         uint64_t min_tokens, char *err, size_t errsize);
+/* A stream over tokens[0..count) of the caller's memory, which must
+ * outlive it; every token below vocab (unchecked). Close with
+ * token_file_close. */
+void token_file_from_memory(struct token_file *tf, const char *name, const uint32_t *tokens,
+                            uint64_t count, uint32_t vocab);
 void token_file_close(struct token_file *tf);
 
-/* FNV-1a 64 over the little-endian bytes of tokens (the header checksum). */
-uint64_t token_checksum(const uint16_t *tokens, uint64_t count);
+/* out[0..n) = stream tokens [first, first + n), which must exist. */
+void token_file_read(const struct token_file *tf, uint64_t first, size_t n, int *out);
 
 /* Writes bytes[0..n) as a byte-level token file (vocab 256, one token a
  * byte) at path: created exclusively (O_EXCL), written, fsynced, closed;
@@ -802,7 +818,7 @@ int token_file_write_bytes(const char *path, const unsigned char *bytes, size_t 
  * [w*T, w*T+T]); each epoch visits them in a permutation drawn from
  * (seed, epoch) with dm_hash64. A global sample index s names one window:
  * epoch s / windows, position s % windows in that epoch's permutation, so
- * a sample is a pure function of (file, T, seed, s). The cursor is just
+ * a sample is a pure function of (stream, T, seed, s). The cursor is just
  * the number of samples consumed, so saving and restoring it is one
  * integer, and data-parallel rank r of D takes a contiguous share of
  * every global batch by index (loader_dp_share). */

@@ -537,9 +537,10 @@ static void check_dataset(hid_t file, const struct schema_dataset *d,
     H5Dclose(dataset);
 }
 
-/* Larger than any config allows (model.* and parallel.dp are at most
- * 65536, docs/config.md) and small enough for an int: a /model or world
- * attribute above it is no checkpoint dynmo wrote. */
+/* As large as any config allows (model.vocab is at most 2^20, the other
+ * model.* keys and parallel.dp at most 65536, docs/config.md) and small
+ * enough for an int: a /model or world attribute above it is no
+ * checkpoint dynmo wrote. */
 #define ATTRIBUTE_MAX (1L << 20)
 
 /* train.batch of the config text (config_print's "train.batch = N" line),
@@ -631,7 +632,7 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     else if (d->layers > ATTRIBUTE_MAX || d->channels > ATTRIBUTE_MAX ||
              d->vocab > ATTRIBUTE_MAX || d->max_seq > ATTRIBUTE_MAX || h->heads > ATTRIBUTE_MAX)
         ckpt_problem(problems, "/model attributes implausibly large (layers %ld, channels %ld, "
-                     "heads %ld, vocab %ld, max_seq %ld; a config allows at most 65536)",
+                     "heads %ld, vocab %ld, max_seq %ld; a config allows at most 2^20)",
                      d->layers, d->channels, h->heads, d->vocab, d->max_seq);
     else if (d->channels % h->heads != 0)
         ckpt_problem(problems, "/model: heads %ld do not divide channels %ld", h->heads,

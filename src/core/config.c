@@ -25,7 +25,7 @@ struct config_key {
 
 #define F(field) offsetof(struct dm_config, field)
 static const struct config_key keys[] = {
-    {"model", "vocab", KEY_INT, F(vocab), 2, 65536, "tokens in the vocabulary"},
+    {"model", "vocab", KEY_INT, F(vocab), 2, 1 << 20, "tokens in the vocabulary"},
     {"model", "max_seq", KEY_INT, F(max_seq), 1, 1 << 16, "positions"},
     {"model", "layers", KEY_INT, F(layers), 1, 4096, "transformer blocks"},
     {"model", "heads", KEY_INT, F(heads), 1, 1024, "attention heads"},
@@ -60,8 +60,11 @@ static const struct config_key keys[] = {
     {"train", "device", KEY_STRING, F(device), 0, 16, "cpu or cuda"},
     {"train", "precision", KEY_STRING, F(precision), 0, 16,
      "operands of a device's matrix products: fp32, tf32 or bf16"},
-    {"data", "train", KEY_STRING, F(train_path), 0, 1024, "training token file"},
+    {"data", "train", KEY_STRING, F(train_path), 0, 1024,
+     "training tokens: a file, a Megatron prefix, a list or a pattern"},
     {"data", "val", KEY_STRING, F(val_path), 0, 1024, "validation token file"},
+    {"data", "eot", KEY_INT, F(eot), -1, (1 << 20) - 1,
+     "end-of-text token between documents (-1: none), below model.vocab"},
     {"run", "out_dir", KEY_STRING, F(out_dir), 0, 1024, "output directory"},
     {"run", "log_every", KEY_INT, F(log_every), 1, 1e9, "steps between progress lines"},
     {"run", "trace_from", KEY_INT, F(trace_from), 0, 1e9,
@@ -165,6 +168,7 @@ void config_defaults(struct dm_config *cfg)
     snprintf(cfg->precision, sizeof cfg->precision, "fp32");
     snprintf(cfg->train_path, sizeof cfg->train_path, "data/kjv/train.bin");
     snprintf(cfg->val_path, sizeof cfg->val_path, "data/kjv/val.bin");
+    cfg->eot = -1;
     snprintf(cfg->out_dir, sizeof cfg->out_dir, "runs/latest");
     cfg->log_every = 1;
     cfg->trace_steps = 1;
@@ -588,6 +592,9 @@ void config_validate(const struct dm_config *cfg)
         dm_user_error("%s needs ckpt.dir: name a checkpoint directory",
                       cfg->repack_enable ? "repack.enable = 1" : "ckpt.every > 0");
     if (!cfg->train_path[0]) dm_user_error("data.train is empty: name a token file");
+    if (cfg->eot >= cfg->vocab)
+        dm_user_error("data.eot = %d is not below model.vocab = %d: the end-of-text token "
+                      "must be a token of the model", cfg->eot, cfg->vocab);
     if (!cfg->out_dir[0]) dm_user_error("run.out_dir is empty: name an output directory");
 }
 

@@ -1,28 +1,30 @@
-/* The token dataset: writing byte-level token files (for `dynmo prepare`,
- * src/tools/prepare.c), opening and validating them, and the deterministic loader
- * that cuts a token file into windows and serves them in a per-epoch
- * permutation by global sample index.
+/* The token dataset: the stream of tokens dynmo trains on, made of one or
+ * more inputs (dynmo's own files, llm.c shards, Megatron datasets: their
+ * readers are token_formats.c) named by a path, a comma-separated list or a
+ * pattern, joined in order with an optional end-of-text token between
+ * documents; writing byte-level token files (for `dynmo prepare`,
+ * src/tools/prepare.c); and the deterministic loader that cuts the stream
+ * into windows and serves them in a per-epoch permutation by global sample
+ * index.
  *
- * A sample must be a pure function of (file, T, seed, sample index): that
+ * A sample must be a pure function of (stream, T, seed, sample index): that
  * is what lets a restart, a re-pack onto fewer ranks or a different
  * data-parallel width see exactly the same data stream. So nothing here
  * keeps hidden state that changes what a sample is (the cached permutation
- * is only a cache), and nothing here calls MPI. The format and the
+ * is only a cache), and nothing here calls MPI. The formats and the
  * sampling rules are in docs/data.md. */
 #include <errno.h>
-#include <stdarg.h>
 #include <fcntl.h>
+#include <glob.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "dynmo/model.h"
-
-_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-               "token files are mapped as little-endian uint16");
+#include "token_input.h"
 
 #define TOKEN_BYTES 2
 #define BYTE_VOCAB 256
@@ -43,20 +45,6 @@ static void put_u64(unsigned char *p, uint64_t v)
     for (int i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
 }
 
-static uint32_t get_u32(const unsigned char *p)
-{
-    uint32_t v = 0;
-    for (int i = 0; i < 4; i++) v |= (uint32_t)p[i] << (8 * i);
-    return v;
-}
-
-static uint64_t get_u64(const unsigned char *p)
-{
-    uint64_t v = 0;
-    for (int i = 0; i < 8; i++) v |= (uint64_t)p[i] << (8 * i);
-    return v;
-}
-
 static void header_encode(unsigned char header[TOKEN_FILE_HEADER_BYTES],
                           uint32_t vocab, uint64_t count, uint64_t checksum)
 {
@@ -69,22 +57,11 @@ static void header_encode(unsigned char header[TOKEN_FILE_HEADER_BYTES],
     put_u64(header + 32, checksum);
 }
 
-uint64_t token_checksum(const uint16_t *tokens, uint64_t count)
-{
-    uint64_t h = FNV_OFFSET;
-    for (uint64_t i = 0; i < count; i++) {
-        h = (h ^ (tokens[i] & 0xffu)) * FNV_PRIME;
-        h = (h ^ (uint64_t)(tokens[i] >> 8)) * FNV_PRIME;
-    }
-    return h;
-}
+/* ---- the token stream: inputs named by a path, a list or a pattern -------------- */
 
-/* ---- token files -------------------------------------------------------- */
-
-/* Writes the message of a failed check into err (token_file_try_open). */
-static void token_file_say(char *err, size_t errsize, const char *fmt, ...)
+static void say(char *err, size_t errsize, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void token_file_say(char *err, size_t errsize, const char *fmt, ...)
+static void say(char *err, size_t errsize, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
@@ -93,157 +70,243 @@ static void token_file_say(char *err, size_t errsize, const char *fmt, ...)
 }
 
 /* A failed check: its message into err, then the common way out. */
-#define TOKEN_FAIL(...)                            \
-    do {                                           \
-        token_file_say(err, errsize, __VA_ARGS__); \
-        goto fail;                                 \
+#define FAIL(...)                        \
+    do {                                 \
+        say(err, errsize, __VA_ARGS__);  \
+        goto fail;                       \
     } while (0)
 
-/* What a token file's header says, checked against the file's size and
- * the model: 0, or -1 with the message in err. */
-struct token_header {
-    uint32_t vocab;
-    uint64_t count, checksum;
+/* The names of a stream's inputs, in order: owned strings. */
+struct name_list {
+    char **names;
+    size_t count, capacity;
 };
 
-static int check_header(struct token_header *h, const unsigned char *header, size_t size,
-                        const char *path, uint32_t model_vocab, uint64_t min_tokens,
-                        char *err, size_t errsize)
+static void name_list_add(struct name_list *l, const char *name, size_t len)
 {
-    if (memcmp(header, TOKEN_FILE_MAGIC, 8) != 0)
-        TOKEN_FAIL("%s is not a dynmo token file (bad magic; make one with `dynmo prepare`)",
-                   path);
-    uint32_t version = get_u32(header + 8);
-    if (version != TOKEN_FILE_VERSION)
-        TOKEN_FAIL("token file %s has version %u; this dynmo reads version %d (re-run "
-                   "`dynmo prepare`)", path, version, TOKEN_FILE_VERSION);
-    h->vocab = get_u32(header + 12);
-    uint32_t token_bytes = get_u32(header + 16);
-    h->count = get_u64(header + 24);
-    h->checksum = get_u64(header + 32);
-    if (token_bytes != TOKEN_BYTES)
-        TOKEN_FAIL("token file %s has %u-byte tokens; this dynmo reads %d-byte tokens", path,
-                   token_bytes, TOKEN_BYTES);
-    if (h->vocab == 0)
-        TOKEN_FAIL("token file %s has vocab 0 in its header: no token can be valid (a corrupt "
-                   "header; re-run `dynmo prepare`)", path);
-    if (h->vocab > model_vocab)
-        TOKEN_FAIL("token file %s has vocab %u, larger than the model's vocab %u (set "
-                   "model.vocab)", path, h->vocab, model_vocab);
-    uint64_t payload = size - TOKEN_FILE_HEADER_BYTES;
-    if (h->count > UINT64_MAX / TOKEN_BYTES || payload != h->count * TOKEN_BYTES)
-        TOKEN_FAIL("token file %s is truncated or corrupt: the header says %llu tokens but "
-                   "the file holds %llu bytes of tokens", path, (unsigned long long)h->count,
-                   (unsigned long long)payload);
-    if (h->count < min_tokens)
-        TOKEN_FAIL("token file %s has %llu tokens, fewer than the %llu needed (one sequence "
-                   "plus its target)", path, (unsigned long long)h->count,
-                   (unsigned long long)min_tokens);
-    return 0;
-fail:
-    return -1;
+    if (l->count == l->capacity) {
+        l->capacity = l->capacity ? 2 * l->capacity : 8;
+        l->names = realloc(l->names, l->capacity * sizeof *l->names);
+        if (!l->names) DM_FATAL("out of memory listing token files");
+    }
+    char *copy = malloc(len + 1);
+    if (!copy) DM_FATAL("out of memory listing token files");
+    memcpy(copy, name, len);
+    copy[len] = '\0';
+    l->names[l->count++] = copy;
 }
 
-/* One pass checks every token: a token >= vocab would index past the
- * embedding, and the checksum catches a file changed after prepare. */
-static int check_tokens(const uint16_t *tokens, const struct token_header *h, const char *path,
-                        char *err, size_t errsize)
+static void name_list_free(struct name_list *l)
 {
-    for (uint64_t i = 0; i < h->count; i++)
-        if (tokens[i] >= h->vocab)
-            TOKEN_FAIL("token file %s is corrupt: token %u at position %llu is not below "
-                       "its vocab %u", path, tokens[i], (unsigned long long)i, h->vocab);
-    uint64_t actual = token_checksum(tokens, h->count);
-    if (actual != h->checksum)
-        TOKEN_FAIL("token file %s is corrupt: checksum %016llx, header says %016llx (re-run "
-                   "`dynmo prepare`)", path, (unsigned long long)actual,
-                   (unsigned long long)h->checksum);
-    return 0;
-fail:
-    return -1;
+    for (size_t i = 0; i < l->count; i++) free(l->names[i]);
+    free(l->names);
+    memset(l, 0, sizeof *l);
 }
 
-/* Opens path without blocking (a regular file only) and reads its header;
- * the descriptor and the file's size come back. */
-static int open_and_read_header(const char *path, unsigned char *header, int *fd_out,
-                                size_t *size_out, char *err, size_t errsize)
+static int compare_names(const void *a, const void *b)
 {
-    const char *kind;
-    int fd = dm_open_regular(path, &kind);
-    *fd_out = fd;
-    if (fd < 0 && kind)
-        TOKEN_FAIL("token file %s is %s, not a regular file (name a file made by `dynmo "
-                   "prepare`)", path, kind);
-    if (fd < 0)
-        TOKEN_FAIL("cannot open token file %s: %s (make one with `dynmo prepare`)", path,
-                   dm_errno_text());
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* One element of the list: a name that exists (or names a Megatron
+ * prefix) as itself; else, holding *, ? or [, a pattern whose matches are
+ * added in byte order (not the locale's). */
+static int expand_element(struct name_list *l, const char *element, char *err, size_t errsize)
+{
     struct stat st;
-    if (fstat(fd, &st) != 0)
-        TOKEN_FAIL("cannot stat token file %s: %s", path, dm_errno_text());
-    size_t size = *size_out = (size_t)st.st_size;
-    ssize_t got = size >= TOKEN_FILE_HEADER_BYTES
-                      ? pread(fd, header, TOKEN_FILE_HEADER_BYTES, 0) : 0;
-    if (got < 0) TOKEN_FAIL("cannot read token file %s: %s", path, dm_errno_text());
-    if (size < TOKEN_FILE_HEADER_BYTES || got != (ssize_t)TOKEN_FILE_HEADER_BYTES)
-        TOKEN_FAIL("token file %s is truncated: %zu bytes, shorter than the %d-byte header",
-                   path, size, TOKEN_FILE_HEADER_BYTES);
+    char idx[1100];
+    snprintf(idx, sizeof idx, "%s.idx", element);
+    if (!strpbrk(element, "*?[") || stat(element, &st) == 0 || stat(idx, &st) == 0) {
+        name_list_add(l, element, strlen(element));
+        return 0;
+    }
+    glob_t g;
+    int rc = glob(element, GLOB_NOSORT, NULL, &g);
+    if (rc == GLOB_NOMATCH) FAIL("token file pattern %s matches no file", element);
+    if (rc != 0) {
+        globfree(&g);
+        FAIL("cannot expand token file pattern %s (%s)", element,
+             rc == GLOB_NOSPACE ? "out of memory" : "a directory could not be read");
+    }
+    qsort(g.gl_pathv, g.gl_pathc, sizeof *g.gl_pathv, compare_names);
+    for (size_t i = 0; i < g.gl_pathc; i++) name_list_add(l, g.gl_pathv[i], strlen(g.gl_pathv[i]));
+    globfree(&g);
     return 0;
 fail:
     return -1;
 }
 
-int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_vocab,
+/* The comma-separated elements of path, each expanded. */
+static int list_inputs(struct name_list *l, const char *path, char *err, size_t errsize)
+{
+    if (!path[0]) FAIL("no token file named: the path is empty");
+    int element = 1;
+    for (const char *p = path;; element++) {
+        size_t len = strcspn(p, ",");
+        if (len == 0)
+            FAIL("token file list '%s' has an empty element (element %d): name a file "
+                 "between every two commas", path, element);
+        char one[1024];
+        snprintf(one, sizeof one, "%.*s", (int)len, p);
+        if (expand_element(l, one, err, errsize) != 0) goto fail;
+        if (p[len] == '\0') break;
+        p += len + 1;
+    }
+    return 0;
+fail:
+    return -1;
+}
+
+/* The stream's identity: a single dynmo file keeps its header's checksum
+ * (what runs and checkpoints recorded before lists existed); anything else
+ * is FNV-1a 64 over each input's hash, the end-of-text token and the count. */
+static uint64_t stream_checksum(const struct token_file *tf)
+{
+    if (tf->input_count == 1 && tf->inputs[0].format == TOKEN_FORMAT_DYNMO)
+        return tf->inputs[0].hash;
+    uint64_t h = FNV_OFFSET;
+    unsigned char word[8];
+    for (int i = 0; i <= tf->input_count + 1; i++) {
+        uint64_t v = i < tf->input_count ? tf->inputs[i].hash
+                   : i == tf->input_count ? (uint64_t)(int64_t)tf->eot : tf->count;
+        put_u64(word, v);
+        for (int b = 0; b < 8; b++) h = (h ^ word[b]) * FNV_PRIME;
+    }
+    return h;
+}
+
+int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_vocab, int eot,
                         uint64_t min_tokens, char *err, size_t errsize)
 {
     memset(tf, 0, sizeof *tf);
-    int fd = -1;
-    void *map = MAP_FAILED;
-    size_t size = 0;
+    struct name_list names = {0};
     if (strlen(path) >= sizeof tf->path)
-        TOKEN_FAIL("token file path is longer than %zu bytes: %.80s...", sizeof tf->path - 1,
-                   path);
+        FAIL("token file path is longer than %zu bytes: %.80s...", sizeof tf->path - 1, path);
     strcpy(tf->path, path);
-    unsigned char header[TOKEN_FILE_HEADER_BYTES];
-    struct token_header h;
-    if (open_and_read_header(path, header, &fd, &size, err, errsize) != 0 ||
-        check_header(&h, header, size, path, model_vocab, min_tokens, err, errsize) != 0)
-        goto fail;
-    map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (map == MAP_FAILED) TOKEN_FAIL("cannot map token file %s: %s", path, dm_errno_text());
-    close(fd);
-    fd = -1;
-    const uint16_t *tokens =
-        (const uint16_t *)((const char *)map + TOKEN_FILE_HEADER_BYTES);
-    if (check_tokens(tokens, &h, path, err, errsize) != 0) goto fail;
-    tf->vocab = h.vocab;
-    tf->count = h.count;
-    tf->checksum = h.checksum;
-    tf->tokens = tokens;
-    tf->map = map;
-    tf->map_bytes = size;
+    if (eot >= 0 && (uint32_t)eot >= model_vocab)
+        FAIL("data.eot = %d is not a token of the model's vocab %u", eot, model_vocab);
+    tf->eot = eot < 0 ? -1 : eot;
+    if (list_inputs(&names, path, err, errsize) != 0) goto fail;
+    tf->inputs = dm_alloc(names.count * sizeof *tf->inputs);
+    uint64_t position = 0;
+    for (size_t i = 0; i < names.count; i++) {
+        struct token_input *in = &tf->inputs[i];
+        if (token_input_open(in, names.names[i], model_vocab, err, errsize) != 0) goto fail;
+        tf->input_count++;
+        in->first = position;
+        in->span = in->count + (tf->eot >= 0 ? in->documents - 1 + (i > 0) : 0);
+        position += in->span;
+        if (in->bound > tf->vocab) tf->vocab = in->bound;
+    }
+    tf->count = position;
+    if (tf->eot >= 0 && (uint32_t)tf->eot + 1 > tf->vocab) tf->vocab = (uint32_t)tf->eot + 1;
+    if (tf->count < min_tokens)
+        FAIL("token file %s has %llu tokens, fewer than the %llu needed (one sequence plus its "
+             "target)", path, (unsigned long long)tf->count, (unsigned long long)min_tokens);
+    tf->checksum = stream_checksum(tf);
+    name_list_free(&names);
     return 0;
-
 fail:
-    if (map != MAP_FAILED) munmap(map, size);
-    if (fd >= 0) close(fd);
-    memset(tf, 0, sizeof *tf);
+    name_list_free(&names);
+    token_file_close(tf);
     return -1;
 }
 
-#undef TOKEN_FAIL
+#undef FAIL
 
-void token_file_open(struct token_file *tf, const char *path,
-                     uint32_t model_vocab, uint64_t min_tokens)
+void token_file_open(struct token_file *tf, const char *path, uint32_t model_vocab, int eot,
+                     uint64_t min_tokens)
 {
     char err[1024];
-    if (token_file_try_open(tf, path, model_vocab, min_tokens, err, sizeof err) != 0)
+    if (token_file_try_open(tf, path, model_vocab, eot, min_tokens, err, sizeof err) != 0)
         dm_user_error_local("%s", err);
+}
+
+void token_file_from_memory(struct token_file *tf, const char *name, const uint32_t *tokens,
+                            uint64_t count, uint32_t vocab)
+{
+    memset(tf, 0, sizeof *tf);
+    snprintf(tf->path, sizeof tf->path, "%s", name);
+    tf->inputs = dm_alloc(sizeof *tf->inputs);
+    tf->input_count = 1;
+    struct token_input *in = &tf->inputs[0];
+    snprintf(in->name, sizeof in->name, "%s", name);
+    in->format = TOKEN_FORMAT_MEMORY;
+    in->dtype = TOKEN_U32;
+    in->item_bytes = 4;
+    in->tokens = (const unsigned char *)tokens;
+    in->count = in->span = count;
+    in->bound = vocab;
+    in->documents = 1;
+    tf->vocab = vocab;
+    tf->count = count;
+    tf->eot = -1;
 }
 
 void token_file_close(struct token_file *tf)
 {
-    if (tf->map) DM_CHECK_SYS(munmap(tf->map, tf->map_bytes));
+    for (int i = 0; i < tf->input_count; i++) token_input_close(&tf->inputs[i]);
+    dm_free(tf->inputs);
     memset(tf, 0, sizeof *tf);
+}
+
+/* Where stream position p reads from: one end-of-text token (*run 1,
+ * *source NULL), or *run tokens of *source from its token *k on. */
+static void locate(const struct token_file *tf, uint64_t p, const struct token_input **source,
+                   uint64_t *k, uint64_t *run)
+{
+    int lo = 0, hi = tf->input_count - 1;   /* the last input starting at or before p */
+    while (lo < hi) {
+        int mid = lo + (hi - lo + 1) / 2;
+        if (tf->inputs[mid].first <= p) lo = mid;
+        else hi = mid - 1;
+    }
+    const struct token_input *in = &tf->inputs[lo];
+    uint64_t q = p - in->first;
+    *source = NULL;
+    *run = 1;
+    if (tf->eot >= 0 && lo > 0) {
+        if (q == 0) return;   /* the end-of-text token before this input */
+        q--;
+    }
+    if (tf->eot < 0 || in->documents == 1) {
+        *source = in;
+        *k = q;
+        *run = in->count - q;
+        return;
+    }
+    /* document d's first token sits at q = start(d) + d (d end-of-text
+     * tokens before it): the last d with start(d) + d <= q */
+    uint64_t dlo = 0, dhi = in->documents - 1;
+    while (dlo < dhi) {
+        uint64_t mid = dlo + (dhi - dlo + 1) / 2;
+        if (token_input_document_start(in, mid) + mid <= q) dlo = mid;
+        else dhi = mid - 1;
+    }
+    uint64_t end = token_input_document_start(in, dlo + 1);
+    *k = q - dlo;
+    if (*k == end) {
+        DM_ASSERT(dlo + 1 < in->documents);
+        return;   /* the end-of-text token after document dlo */
+    }
+    *source = in;
+    *run = end - *k;
+}
+
+void token_file_read(const struct token_file *tf, uint64_t first, size_t n, int *out)
+{
+    DM_ASSERT(first <= tf->count && n <= tf->count - first);
+    while (n > 0) {
+        const struct token_input *in;
+        uint64_t k, run;
+        locate(tf, first, &in, &k, &run);
+        size_t m = run < n ? (size_t)run : n;
+        if (in) token_input_decode(out, in, k, m);
+        else out[0] = tf->eot;
+        out += m;
+        first += m;
+        n -= m;
+    }
 }
 
 /* ---- writing a token file ----------------------------------------------- */
@@ -329,12 +392,9 @@ void loader_fill(struct loader *ld, long first_sample, int count,
             epoch_permutation(ld->perm, ld->windows, ld->seed, epoch);
             ld->cached_epoch = epoch;
         }
-        long window = ld->perm[sample % ld->windows];
-        const uint16_t *src = ld->tf->tokens + (size_t)window * (size_t)T;
-        if (inputs)
-            for (int t = 0; t < T; t++) inputs[(size_t)k * T + t] = src[t];
-        if (targets)
-            for (int t = 0; t < T; t++) targets[(size_t)k * T + t] = src[t + 1];
+        uint64_t start = (uint64_t)ld->perm[sample % ld->windows] * (uint64_t)T;
+        if (inputs) token_file_read(ld->tf, start, (size_t)T, inputs + (size_t)k * T);
+        if (targets) token_file_read(ld->tf, start + 1, (size_t)T, targets + (size_t)k * T);
     }
 }
 

@@ -162,17 +162,14 @@ static int report(const struct dm_config *cfg, const struct train_args *args, in
 }
 
 /* One fixed batch of random tokens from the seed, served through an
- * in-memory token file so the engine loads it like any data. */
-static uint16_t *random_batch(struct token_file *tf, const struct dm_config *cfg)
+ * in-memory token stream so the engine loads it like any data. */
+static uint32_t *random_batch(struct token_file *tf, const struct dm_config *cfg)
 {
-    memset(tf, 0, sizeof *tf);
-    snprintf(tf->path, sizeof tf->path, "(random tokens)");
-    tf->vocab = (uint32_t)cfg->vocab;
-    tf->count = (uint64_t)cfg->batch * cfg->seq + 1;
-    uint16_t *tokens = dm_alloc(tf->count * sizeof(uint16_t));
-    for (uint64_t i = 0; i < tf->count; i++)
-        tokens[i] = (uint16_t)(dm_hash64(cfg->seed, 1, i) % (uint64_t)cfg->vocab);
-    tf->tokens = tokens;
+    uint64_t count = (uint64_t)cfg->batch * cfg->seq + 1;
+    uint32_t *tokens = dm_alloc(count * sizeof(uint32_t));
+    for (uint64_t i = 0; i < count; i++)
+        tokens[i] = (uint32_t)(dm_hash64(cfg->seed, 1, i) % (uint64_t)cfg->vocab);
+    token_file_from_memory(tf, "(random tokens)", tokens, count, (uint32_t)cfg->vocab);
     return tokens;
 }
 
@@ -194,7 +191,7 @@ int cmd_bench(int argc, char **argv)
     int threads = train_threads_for_rank(&cfg);
     dm_threads_init(threads);
     struct token_file tf;
-    uint16_t *tokens = random_batch(&tf, &cfg);
+    uint32_t *tokens = random_batch(&tf, &cfg);
     struct loader ld;
     loader_init(&ld, &tf, cfg.seq, cfg.seed);
     struct pipe_grid grid;
@@ -224,6 +221,7 @@ int cmd_bench(int argc, char **argv)
     }
     engine_destroy(eng);
     loader_free(&ld);
+    token_file_close(&tf);
     dm_free(tokens);
     dm_threads_shutdown();
     world_finalize(status);

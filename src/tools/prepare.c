@@ -243,6 +243,7 @@ int cmd_prepare(int argc, char **argv)
     uint64_t checksums[2];
     char final_paths[2][1200];
     write_outputs(a.out_dir, &stream, cut, checksums, final_paths);
+    dm_startup_done();   /* the directories made are the output's from here on */
     dm_log("prepare: %d file%s, %zu bytes -> %zu byte-level tokens (vocab %d)\n",
            a.num_inputs, a.num_inputs == 1 ? "" : "s", n - (size_t)(a.num_inputs - 1), n,
            BYTE_VOCAB);

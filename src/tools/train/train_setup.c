@@ -124,9 +124,10 @@ void train_open_data(struct train_data *d, const struct dm_config *cfg)
     d->have_val = cfg->eval_every > 0;
     char problem[WORLD_MESSAGE_BYTES] = "";
     int bad = token_file_try_open(&d->train_file, cfg->train_path, (uint32_t)cfg->vocab,
-                                  (uint64_t)cfg->seq + 1, problem, sizeof problem) != 0;
+                                  cfg->eot, (uint64_t)cfg->seq + 1, problem,
+                                  sizeof problem) != 0;
     if (!bad && d->have_val)
-        bad = token_file_try_open(&d->val_file, cfg->val_path, (uint32_t)cfg->vocab,
+        bad = token_file_try_open(&d->val_file, cfg->val_path, (uint32_t)cfg->vocab, cfg->eot,
                                   (uint64_t)cfg->seq + 1, problem, sizeof problem) != 0;
     char agreed[WORLD_MESSAGE_BYTES];
     if (world_agree(bad, problem, MPI_COMM_WORLD, agreed, sizeof agreed))
