@@ -320,7 +320,7 @@ static void test_rows_are_steps(void)
     for (int step = 2; step < 5; step++) {
         runlog_append_scalar(log, "/steps/loss", (float)step);
         runlog_append_row(log, "/stages/busy_ms", two, 2);
-        if (step == 3) runlog_append_int_row(log, RUNLOG_MOE_TOKENS, counts, 2);
+        if (step == 3) runlog_append_int_row(log, "/moe/tokens", counts, 2);
         runlog_end_step(log);
     }
     runlog_append_scalar(log, "/eval/loss", 0.5f);
@@ -352,8 +352,8 @@ static void test_rows_are_steps(void)
     }
     dm_free(values);
     int *ints = NULL;
-    n = runlog_read_int_matrix(path, RUNLOG_MOE_TOKENS, &ints, &ncols, err, sizeof err);
-    CHECK_MSG(n == 6 && ncols == 2, "%s: %ld x %d", RUNLOG_MOE_TOKENS, n, ncols);
+    n = runlog_read_int_matrix(path, "/moe/tokens", &ints, &ncols, err, sizeof err);
+    CHECK_MSG(n == 6 && ncols == 2, "%s: %ld x %d", "/moe/tokens", n, ncols);
     if (n == 6 && ncols == 2)
         CHECK(ints[0] == -1 && ints[2 * 2] == -1 && ints[3 * 2] == 7 && ints[3 * 2 + 1] == 8 &&
               ints[5 * 2] == -1);   /* written at step 4 only: -1 everywhere else */

@@ -33,7 +33,10 @@ struct dyn_ckpt_states;   /* dynmo/dyn.h */
 /* Root attribute "format_version" of a run log. */
 #define RUNLOG_FORMAT_VERSION 1
 
-/* The run log schema (docs/runlog.md). One row per optimizer step: */
+/* The run log schema (docs/runlog.md). The dynamic schemes' datasets
+ * (per layer, per block of a scheme, per cell) are their declared signals
+ * (dynmo/dyn.h), named by the scheme that declares them. One row per
+ * optimizer step: */
 #define RUNLOG_STEP_LOSS "/steps/loss"            /* float32 [steps] */
 #define RUNLOG_STEP_LR "/steps/lr"                /* float32 [steps] */
 #define RUNLOG_STEP_GRAD_NORM "/steps/grad_norm"  /* float32 [steps] */
@@ -44,18 +47,6 @@ struct dyn_ckpt_states;   /* dynmo/dyn.h */
 /* Per block and step (columns: the model's transformer blocks): */
 #define RUNLOG_LAYER_FWD_MS "/layers/fwd_ms"      /* float32 [steps, layers] */
 #define RUNLOG_LAYER_BWD_MS "/layers/bwd_ms"      /* float32 [steps, layers] */
-#define RUNLOG_LAYER_SPARSITY "/layers/sparsity"  /* float32 [steps, layers], dyn.kind=prune */
-#define RUNLOG_LAYER_ACTIVE "/layers/active"      /* float32 [steps, layers], dyn.kind=early_exit:
-                                                     share of the tokens each block computed */
-#define RUNLOG_HASH_TILES "/hash/tiles"           /* float32 [steps, layers], model.attention=
-                                                     hash: attention tiles each block visited */
-#define RUNLOG_HASH_OWN_KEY_ONLY "/hash/own_key_only" /* float32 [steps, layers], model.attention=
-                                                     hash: share of query rows that had no key
-                                                     of their bucket but their own */
-#define RUNLOG_MOD_TOKENS "/mod/tokens"           /* float32 [steps, mod blocks], model.mod_every
-                                                     > 0: tokens each MoD block processed */
-#define RUNLOG_MOD_BCE "/mod/predictor_bce"       /* float32 [steps, mod blocks], causal
-                                                     routing: each predictor's mean BCE */
 #define RUNLOG_LAYER_UPDATE_MS "/layers/update_ms" /* float32 [steps, layers]: the block's share
                                                      of the step's end, once a step */
 #define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: blocks per stage */
@@ -73,19 +64,6 @@ struct dyn_ckpt_states;   /* dynmo/dyn.h */
  * layout, predicted ms/step of the proposal, measured ms of the decision
  * step, applied (0/1), blocks moved, measured ms of the next step, bytes. */
 #define RUNLOG_BALANCE_DECISIONS "/balance/decisions" /* float32 [decisions, 8] */
-/* Only with MoE blocks (model.moe_every > 0), one row per step; columns
- * j * experts + e: MoE block j (in layer order), expert e (docs/runlog.md): */
-#define RUNLOG_MOE_TOKENS "/moe/tokens"           /* int32 [steps, moe_blocks * experts]:
-                                                     token-expert pairs routed */
-#define RUNLOG_MOE_DROPPED "/moe/dropped"         /* int32 [steps, moe_blocks * experts]:
-                                                     of those, dropped by capacity */
-#define RUNLOG_MOE_BIAS "/moe/bias"               /* float32 [steps, moe_blocks * experts]:
-                                                     the selection bias after the step */
-#define RUNLOG_MOE_AUX "/moe/aux_loss"            /* float32 [steps, moe_blocks] */
-#define RUNLOG_MOE_Z "/moe/z_loss"                /* float32 [steps, moe_blocks] */
-#define RUNLOG_MOE_RANK_LOAD "/moe/rank_load"     /* float32 [steps, moe_blocks], only with
-                                                     parallel.ep > 1: the busiest expert rank's
-                                                     rows over the mean rank's */
 /* One row per validation pass: */
 #define RUNLOG_EVAL_STEP "/eval/step"             /* int32 [evals] */
 #define RUNLOG_EVAL_LOSS "/eval/loss"             /* float32 [evals] */
@@ -149,7 +127,7 @@ void runlog_append_int_row(struct runlog *log, const char *name,
 /* Row i of every dataset but the events' (under /eval, /trace/events,
  * /balance/decisions) is step i + 1. runlog_resume_at makes every such
  * dataset in the file hold `start` rows (cut back, or filled with NaN, 0 or
- * -1 for the MoE counts: a step this log did not see); one created later
+ * a scheme's count's declared filler: a step this log did not see); one created later
  * starts with filler rows up to the current step. runlog_end_step closes a
  * step: a per-step dataset that got no row gets filler. A row narrower
  * than its dataset (fewer stages after a re-pack) gets filler cells, a
@@ -253,8 +231,8 @@ long runlog_file_attr_doubles(struct runlog_file *f, const char *name, double **
                               char *err, size_t errsize);
 /* The run's configuration: the defaults, then each "section.key = value"
  * line of the root attribute config through config_set (each key's own
- * type and range), then the relation the readers divide by (parallel.ep
- * divides model.experts).
+ * type and range), then the schemes' relations the readers divide by
+ * (dyn_check_log_config).
  * Returns 0, 1 when the file has no config (*cfg the defaults), or -1 with
  * the line or key in err. */
 int runlog_file_config(struct runlog_file *f, struct dm_config *cfg, char *err,

@@ -1,7 +1,14 @@
-/* dynmo dyn: the dynamism schemes (layer freezing, early exit, gradual
- * global magnitude pruning; later sparse attention, mixture of depths;
- * mixture of experts is the model's own, model.moe_every) behind one small interface of hooks that the
- * pipeline engine calls on every rank:
+/* dynmo dyn: the dynamic schemes (mixture of experts, hash-sparse
+ * attention, mixture of depths, layer freezing, early exit, gradual global
+ * magnitude pruning), each one descriptor in the one table of src/dyn/dyn.c
+ * (src/dyn/scheme.h; a build or a test may add its own with
+ * dyn_register_scheme). What the other modules see of them is this
+ * header: the model's shape with the schemes' extensions of the blocks,
+ * the config's validation, the schemes' named per-layer signals and how
+ * the readers of run logs summarise and draw them, the schemes' parts of a
+ * checkpoint, and the hooks around the step of the scheme dyn.kind names
+ * (freeze, early_exit, prune), which the pipeline engine calls on every
+ * rank:
  *
  *   dyn_before_step   at a step boundary, before any micro-batch: a scheme
  *                     may change the model (prune weights, freeze blocks);
@@ -13,8 +20,11 @@
  *                     numbers on every rank): decisions made here are
  *                     deterministic and identical everywhere.
  *
- * A scheme never looks at the layout or the balancer: those only see the
- * profiled times that its changes produce. Every decision depends only on
+ * The schemes that model keys select (mixture of experts, hash attention,
+ * mixture of depths) change the blocks themselves through their
+ * extension (dynmo/block_ext.h) and have no step hooks. A scheme never
+ * looks at the layout or the balancer: those only see the profiled times
+ * that its changes produce. Every decision depends only on
  * the config, the seed, the step and the model's numbers, never on timing,
  * so static and balanced runs compute the same bits. */
 #ifndef DYNMO_DYN_H
@@ -94,8 +104,16 @@ int dyn_state_restore(struct dyn *dyn, const double *in, long n, char *err, size
  * What a scheme measures per layer, step by step, declared as a named list
  * by its descriptor: the engine gathers every active scheme's signals into
  * the step's profile (pipe/stats.c), the run log writes each as the
- * dataset it names, and inspect, report and simulate read them by walking
- * the list (docs/runlog.md has the datasets). None of them names a scheme. */
+ * dataset it names, and inspect and report read them by walking the list
+ * (docs/runlog.md has the datasets). None of them names a scheme; simulate's
+ * cost model still reads its states by dataset name (simulate_model.c). */
+
+/* What inspect prints of a signal's dataset. */
+enum dyn_signal_summary {
+    DYN_SUMMARY_NONE = 0,   /* nothing beyond the listing of datasets */
+    DYN_SUMMARY_MEAN = 1,   /* its mean over the steps and columns (NaN rows left out) and
+                               the column with the largest mean over the steps */
+};
 
 /* The columns of a signal's row. */
 enum dyn_signal_columns {
@@ -136,11 +154,29 @@ struct dyn_signal {
      * (RATIO, BUSIEST); a count since the last read is zeroed. NULL: the
      * signal is derived by readers from another dataset, not gathered. */
     void (*read)(struct gpt *model, int i, double *value, double *weight);
+    /* How inspect summarises the dataset in a run log when its scheme
+     * has no summarise_log of its own (DYN_SUMMARY_NONE: only listed). */
+    enum dyn_signal_summary summary;
+    /* report's heat map of it beside the cost map (label NULL: none): the
+     * label and unit of the figure, whether a log of cfg has it (NULL:
+     * whenever the dataset is there), and one step's row of the dataset
+     * `source` (NULL: its own) as one value per layer of shape, a block
+     * the scheme does not own left as it is (NaN, blank). NULL
+     * to_layers: the row is one value per layer already. */
+    const char *figure_label, *figure_unit, *source;
+    int (*figure_of)(const struct dm_config *cfg);
+    void (*to_layers)(const struct dm_config *cfg, const struct gpt_shape *shape,
+                      const float *row, float *layers);
 };
 
 /* The signals a run of cfg gathers and writes: every active scheme's, in
  * the table's order, as pointers into out (at most max; returns the count). */
 int dyn_signals(const struct dm_config *cfg, const struct dyn_signal **out, int max);
+/* Every registered scheme's signals, in the table's order, active or not,
+ * gathered or derived (the readers': what a log may hold); as dyn_signals. */
+int dyn_signals_all(const struct dyn_signal **out, int max);
+/* Whether a run of cfg runs the scheme that declared signal. */
+int dyn_signal_active(const struct dyn_signal *signal, const struct dm_config *cfg);
 /* The declaration of run-log dataset `name`, any registered scheme's, or NULL. */
 const struct dyn_signal *dyn_signal_of_dataset(const char *name);
 /* Whether layer `layer` is one of the blocks of the scheme that declared
@@ -160,6 +196,53 @@ struct dyn_signal_row {
  * handed to emit one by one (tokens: the step's tokens). */
 void dyn_step_notes(const struct dm_config *cfg, const struct dyn_signal_row *rows, int count,
                     double tokens, void (*emit)(void *ctx, const char *note), void *ctx);
+
+/* ---- a run log's signals, read back (inspect, report) -------------------
+ * The readers of run logs (src/tools) hand the schemes a reader of the
+ * file and a writer of a summary; each scheme summarises its own datasets
+ * (its summarise_log, or the generic summary its signals declare), so
+ * inspect names no scheme. */
+
+/* The run log: its stored config (the defaults where it has none), and
+ * its datasets. floats / ints return a whole dataset's rows (1-D: cols
+ * 1); a dataset that cannot be read is reported by the reader itself
+ * (they do not return). fail reports a problem with the file's contents
+ * (text names the file) and does not return. */
+struct dyn_log_reader {
+    void *ctx;
+    const struct dm_config *cfg;
+    const char *path;
+    int (*has)(void *ctx, const char *dataset);
+    long (*floats)(void *ctx, const char *dataset, float **values, int *cols);
+    long (*ints)(void *ctx, const char *dataset, int **values, int *cols);
+    void (*fail)(void *ctx, const char *text);
+};
+
+/* A summary: text lines (the text output) and the same as nested JSON
+ * objects and lists (the JSON output); the writer keeps both and prints
+ * one. open: an object under key in the open object, or (key NULL) the
+ * next of the open list; close ends the last opened. A non-finite number
+ * is JSON's null. */
+struct dyn_summary_writer {
+    void *ctx;
+    void (*line)(void *ctx, const char *text);
+    void (*open)(void *ctx, const char *key);
+    void (*open_list)(void *ctx, const char *key);
+    void (*close)(void *ctx);
+    void (*number)(void *ctx, const char *key, double value);
+    void (*integer)(void *ctx, const char *key, long long value);
+};
+
+/* Every registered scheme's summary of the log, in the table's order:
+ * its summarise_log, else the generic summary of each of its signals that
+ * declares one (DYN_SUMMARY_MEAN) and whose dataset the log has. A scheme
+ * without datasets in the log writes nothing. */
+void dyn_summarise_log(const struct dyn_log_reader *rd, const struct dyn_summary_writer *w);
+
+/* What the readers of a stored config compute with beyond each key's own
+ * range (a scheme's relations they divide or index by: parallel.ep
+ * divides model.experts): 0, or -1 with the problem in problem. */
+int dyn_check_log_config(const struct dm_config *cfg, char *problem, size_t size);
 
 /* The most signals all schemes of a run declare. */
 #define DYN_SIGNALS_MAX 32

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
 #include "ckpt/h5util.h"
 
 struct runlog_file {
@@ -40,17 +41,15 @@ static int schema_rank(const char *name)
         RUNLOG_STEP_BUBBLE, RUNLOG_STEP_IMBALANCE, RUNLOG_EVAL_STEP, RUNLOG_EVAL_LOSS,
         "/steps/migrate_ms"};
     static const char *const matrices[] = {
-        RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS, RUNLOG_LAYER_SPARSITY, RUNLOG_LAYER_ACTIVE,
-        RUNLOG_HASH_TILES, RUNLOG_MOD_TOKENS, RUNLOG_MOD_BCE, RUNLOG_LAYER_UPDATE_MS,
+        RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS, RUNLOG_LAYER_UPDATE_MS,
         RUNLOG_LAYOUT_HISTORY, RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS,
         RUNLOG_STAGE_UPDATE_MS, RUNLOG_TRACE_EVENTS, RUNLOG_BALANCE_DECISIONS,
-        RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED, RUNLOG_MOE_BIAS, RUNLOG_MOE_AUX, RUNLOG_MOE_Z,
-        RUNLOG_MOE_RANK_LOAD, "/layers/frozen", "/layers/tiles_share"};
+        "/layers/frozen", "/layers/tiles_share"};
     for (size_t i = 0; i < sizeof series / sizeof *series; i++)
         if (!strcmp(name, series[i])) return 1;
     for (size_t i = 0; i < sizeof matrices / sizeof *matrices; i++)
         if (!strcmp(name, matrices[i])) return 2;
-    return 0;
+    return dyn_signal_of_dataset(name) ? 2 : 0;   /* a scheme's signal: [steps, columns] */
 }
 
 static int fixed_columns(const char *name)
@@ -445,18 +444,13 @@ long runlog_file_attr_doubles(struct runlog_file *f, const char *name, double **
 
 /* ---- the configuration ----------------------------------------------------- */
 
-/* What the readers compute with, beyond each key's own range: simulate
- * prices MoE blocks in groups of experts / parallel.ep. (Relations the
- * readers never divide or index by are not checked: a simulation's
- * config, written for its own shape, need not satisfy training's.) */
+/* What the readers compute with, beyond each key's own range: the
+ * schemes' relations (dyn_check_log_config; relations the readers never
+ * divide or index by are not checked: a simulation's config, written for
+ * its own shape, need not satisfy training's). */
 static int check_config(const struct dm_config *c, char *problem, size_t size)
 {
-    if (c->moe_every > 0 && c->experts % c->ep != 0) {
-        snprintf(problem, size, "parallel.ep = %d does not divide model.experts = %d", c->ep,
-                 c->experts);
-        return -1;
-    }
-    return 0;
+    return dyn_check_log_config(c, problem, size);
 }
 
 int runlog_file_config(struct runlog_file *f, struct dm_config *cfg, char *err, size_t errsize)

@@ -119,6 +119,17 @@ int dyn_signals(const struct dm_config *cfg, const struct dyn_signal **out, int 
     return n;
 }
 
+int dyn_signals_all(const struct dyn_signal **out, int max)
+{
+    int n = 0;
+    for (int i = 0; i < scheme_count; i++)
+        for (int k = 0; k < schemes[i]->signal_count; k++) {
+            if (n == max) DM_FATAL("more than %d signals", max);
+            out[n++] = &schemes[i]->signals[k];
+        }
+    return n;
+}
+
 /* The scheme that declared signal. */
 static const struct dyn_scheme *scheme_of_signal(const struct dyn_signal *signal)
 {
@@ -126,6 +137,11 @@ static const struct dyn_scheme *scheme_of_signal(const struct dyn_signal *signal
         if (signal >= schemes[i]->signals && signal < schemes[i]->signals + schemes[i]->signal_count)
             return schemes[i];
     DM_FATAL("signal %s belongs to no scheme", signal->dataset);
+}
+
+int dyn_signal_active(const struct dyn_signal *signal, const struct dm_config *cfg)
+{
+    return dyn_scheme_active(scheme_of_signal(signal), cfg);
 }
 
 const struct dyn_signal *dyn_signal_of_dataset(const char *name)

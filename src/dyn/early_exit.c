@@ -153,9 +153,15 @@ static void read_active(struct gpt *model, int i, double *value, double *weight)
 }
 
 static const struct dyn_signal early_exit_signals[] = {
-    {"/layers/active", "active tokens", "share",
-     "the share of the tokens reaching the block that it computed (the rest had exited)",
-     DYN_SIGNAL_LAYERS, DYN_COMBINE_REPLICA0, 0, 0, NULL, NULL, read_active},
+    {.dataset = "/layers/active",
+     .label = "active tokens",
+     .unit = "share",
+     .meaning = "the share of the tokens reaching the block that it computed (the rest had exited)",
+     .columns = DYN_SIGNAL_LAYERS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .read = read_active,
+     .figure_label = "active tokens",
+     .figure_unit = "share"},
 };
 
 static const char *const early_exit_keys[] = {"dyn.exit_from", "dyn.exit_threshold",

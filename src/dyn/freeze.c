@@ -222,6 +222,36 @@ static const char *const freeze_keys[] = {"dyn.freeze_window", "dyn.freeze_thres
                                           "dyn.freeze_every", "dyn.freeze_max",
                                           "dyn.freeze_per_check", NULL};
 
+/* A frozen block does no update at the step's end: its update_ms is 0. */
+static int frozen_figure_of(const struct dm_config *cfg)
+{
+    return !strcmp(cfg->dyn_kind, "freeze");
+}
+
+static void frozen_of_update(const struct dm_config *cfg, const struct gpt_shape *shape,
+                             const float *row, float *layers)
+{
+    (void)cfg;
+    for (int l = 0; l < shape->layers; l++)
+        layers[l] = isfinite(row[l]) ? row[l] == 0.0f : row[l];
+}
+
+/* Not gathered (read NULL): readers derive it from /layers/update_ms, and
+ * a simulation writes it (docs/simulate.md). */
+static const struct dyn_signal freeze_signals[] = {
+    {.dataset = "/layers/frozen",
+     .label = "frozen",
+     .unit = "1 = frozen",
+     .meaning = "1 when the block was frozen (did no update at the step's end)",
+     .columns = DYN_SIGNAL_LAYERS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .figure_label = "frozen",
+     .figure_unit = "1 = frozen",
+     .source = "/layers/update_ms",
+     .figure_of = frozen_figure_of,
+     .to_layers = frozen_of_update},
+};
+
 const struct dyn_scheme dyn_scheme_freeze = {
     .name = "freeze",
     .kind = "freeze",
@@ -236,4 +266,6 @@ const struct dyn_scheme dyn_scheme_freeze = {
     .state_save = freeze_state_save,
     .state_restore = freeze_state_restore,
     .state_check = freeze_state_check,
+    .signals = freeze_signals,
+    .signal_count = sizeof freeze_signals / sizeof freeze_signals[0],
 };

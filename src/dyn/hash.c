@@ -287,14 +287,36 @@ static void read_own_key_only(struct gpt *model, int i, double *value, double *w
     h->own_key_only = h->queries = 0.0;
 }
 
+/* A step's tiles as the share of those causal attention would visit: 2
+ * (forward, backward) x batch x heads x nt (nt + 1) / 2, nt the 32-token
+ * tiles of a sequence (docs/mod-hash.md). */
+static void tiles_share(const struct dm_config *cfg, const struct gpt_shape *shape,
+                        const float *row, float *layers)
+{
+    long nt = (cfg->seq + 31) / 32;
+    double all = 2.0 * (double)cfg->batch * (double)cfg->heads * (double)(nt * (nt + 1) / 2);
+    for (int l = 0; l < shape->layers; l++) layers[l] = (float)(row[l] / all);
+}
+
 static const struct dyn_signal hash_signals[] = {
-    {"/hash/tiles", "hash tiles visited", "tiles",
-     "attention tiles the block visited, forward and backward, over micro-batches and "
-     "replicas",
-     DYN_SIGNAL_LAYERS, DYN_COMBINE_SUM, 0, 0, NULL, NULL, read_tiles},
-    {"/hash/own_key_only", "own key only", "share",
-     "the share of the query rows that had no key of their bucket but their own",
-     DYN_SIGNAL_LAYERS, DYN_COMBINE_RATIO, 0, 0, NULL, NULL, read_own_key_only},
+    {.dataset = "/hash/tiles",
+     .label = "hash tiles visited",
+     .unit = "tiles",
+     .meaning = "attention tiles the block visited, forward and backward, over micro-batches and "
+                "replicas",
+     .columns = DYN_SIGNAL_LAYERS,
+     .combine = DYN_COMBINE_SUM,
+     .read = read_tiles,
+     .figure_label = "hash tiles visited (of causal)",
+     .figure_unit = "share",
+     .to_layers = tiles_share},
+    {.dataset = "/hash/own_key_only",
+     .label = "own key only",
+     .unit = "share",
+     .meaning = "the share of the query rows that had no key of their bucket but their own",
+     .columns = DYN_SIGNAL_LAYERS,
+     .combine = DYN_COMBINE_RATIO,
+     .read = read_own_key_only},
 };
 
 /* ---- the checkpoint (checkpoint_schema/hash.def) ---------------------------------- */
@@ -368,6 +390,71 @@ static const struct dyn_ckpt_part hash_ckpt = {
     .compare = hash_compare,
 };
 
+/* ---- in a run log (inspect) ------------------------------------------------------ */
+
+/* /hash/own_key_only (column l: block l): its mean over the steps the log
+ * holds (NaN filler rows left out) and the blocks, and the block with the
+ * largest mean. */
+struct own_key_only {
+    int layers;            /* columns with values (0: none) */
+    long steps;            /* rows with values */
+    double mean, largest;
+    int largest_layer;
+};
+
+static void own_key_only_means(struct own_key_only *o, const float *share, long rows, int ncols)
+{
+    double total = 0.0;
+    memset(o, 0, sizeof *o);
+    for (int l = 0; l < ncols; l++) {
+        double sum = 0.0;
+        long n = 0;
+        for (long r = 0; r < rows; r++) {
+            float v = share[r * ncols + l];
+            if (isnan(v)) continue;
+            sum += v;
+            n++;
+        }
+        if (n == 0) continue;
+        o->steps = n;
+        total += sum / (double)n;
+        if (o->layers == 0 || sum / (double)n > o->largest) {
+            o->largest = sum / (double)n;
+            o->largest_layer = l;
+        }
+        o->layers = ncols;
+    }
+    o->mean = o->layers ? total / ncols : 0.0;
+}
+
+static void hash_summarise_log(const struct dyn_log_reader *rd, const struct dyn_summary_writer *w)
+{
+    if (!rd->has(rd->ctx, "/hash/own_key_only")) return;
+    float *share = NULL;
+    int ncols = 0;
+    long rows = rd->floats(rd->ctx, "/hash/own_key_only", &share, &ncols);
+    char line[512];
+    if (rows > 0 && ncols != rd->cfg->layers) {
+        snprintf(line, sizeof line, "%s: /hash/own_key_only has %d columns but model.layers "
+                 "is %d", rd->path, ncols, rd->cfg->layers);
+        rd->fail(rd->ctx, line);
+    }
+    struct own_key_only o;
+    own_key_only_means(&o, share, rows > 0 && ncols > 0 ? rows : 0, ncols);
+    dm_free(share);
+    if (!o.layers) return;
+    snprintf(line, sizeof line, "hash attention: %.3f%% of the query rows had no key of their "
+             "bucket but their own (mean over %ld steps and %d blocks; block %d the most, "
+             "%.3f%%)", 100.0 * o.mean, o.steps, o.layers, o.largest_layer, 100.0 * o.largest);
+    w->line(w->ctx, line);
+    w->open(w->ctx, "hash");
+    w->number(w->ctx, "own_key_only_share", o.mean);
+    w->number(w->ctx, "own_key_only_share_max", o.largest);
+    w->integer(w->ctx, "own_key_only_max_block", o.largest_layer);
+    w->integer(w->ctx, "steps", o.steps);
+    w->close(w->ctx);
+}
+
 const struct dyn_scheme dyn_scheme_hash = {
     .ckpt = &hash_ckpt,
     .ext = &hash_ext_ops,
@@ -379,4 +466,5 @@ const struct dyn_scheme dyn_scheme_hash = {
     .check = hash_check,
     .signals = hash_signals,
     .signal_count = sizeof hash_signals / sizeof hash_signals[0],
+    .summarise_log = hash_summarise_log,
 };

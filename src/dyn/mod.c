@@ -497,13 +497,35 @@ static void read_bce(struct gpt *model, int i, double *value, double *weight)
     mod->bce_forwards = 0;
 }
 
+/* A step's tokens of each MoD block as the share of the step's tokens
+ * (train.batch x train.seq), at the block's layer. */
+static void tokens_share(const struct dm_config *cfg, const struct gpt_shape *shape,
+                         const float *row, float *layers)
+{
+    double tokens = (double)cfg->batch * cfg->seq;
+    for (int l = 0, j = 0; l < shape->layers; l++)
+        if (gpt_block_is_mod(shape, l)) layers[l] = (float)(row[j++] / tokens);
+}
+
 static const struct dyn_signal mod_signals[] = {
-    {"/mod/tokens", "MoD tokens processed", "tokens",
-     "tokens the block computed in the step, over micro-batches and replicas",
-     DYN_SIGNAL_BLOCKS, DYN_COMBINE_SUM, 0, 0, NULL, NULL, read_tokens},
-    {"/mod/predictor_bce", "predictor BCE", "nats",
-     "the causal predictor's binary cross-entropy against the top-k choice",
-     DYN_SIGNAL_BLOCKS, DYN_COMBINE_REPLICA_MEAN, 0, 0, mod_causal, NULL, read_bce},
+    {.dataset = "/mod/tokens",
+     .label = "MoD tokens processed",
+     .unit = "tokens",
+     .meaning = "tokens the block computed in the step, over micro-batches and replicas",
+     .columns = DYN_SIGNAL_BLOCKS,
+     .combine = DYN_COMBINE_SUM,
+     .read = read_tokens,
+     .figure_label = "MoD tokens processed",
+     .figure_unit = "share",
+     .to_layers = tokens_share},
+    {.dataset = "/mod/predictor_bce",
+     .label = "predictor BCE",
+     .unit = "nats",
+     .meaning = "the causal predictor's binary cross-entropy against the top-k choice",
+     .columns = DYN_SIGNAL_BLOCKS,
+     .combine = DYN_COMBINE_REPLICA_MEAN,
+     .written = mod_causal,
+     .read = read_bce},
 };
 
 /* The MoD blocks' share of the tokens that reached them. */
@@ -667,6 +689,60 @@ static const struct dyn_ckpt_part mod_ckpt = {
     .compare = mod_compare,
 };
 
+/* ---- in a run log (inspect) ------------------------------------------------------ */
+
+/* The MoD blocks' mean tokens per step over rows [first, last) of
+ * /mod/tokens (NaN rows, steps the log does not hold, left out). */
+static double mod_mean_tokens(const float *tokens, int blocks, long first, long last)
+{
+    double sum = 0.0;
+    long n = 0;
+    for (long r = first; r < last; r++)
+        for (int j = 0; j < blocks; j++) {
+            float v = tokens[r * blocks + j];
+            if (isnan(v)) continue;
+            sum += v;
+            n++;
+        }
+    return n ? sum / (double)n : NAN;
+}
+
+/* /mod/tokens (column j: the j-th MoD block, as many columns as the
+ * config's MoD blocks): the tokens processed per block over the first
+ * and the last tenth of the steps, against the tokens that reach one. */
+static void mod_summarise_log(const struct dyn_log_reader *rd, const struct dyn_summary_writer *w)
+{
+    if (!rd->has(rd->ctx, "/mod/tokens")) return;
+    struct gpt_shape shape = dyn_shape_from_config(rd->cfg);
+    int blocks = gpt_mod_block_count(&shape), ncols = 0;
+    float *tokens = NULL;
+    long rows = rd->floats(rd->ctx, "/mod/tokens", &tokens, &ncols);
+    char line[512];
+    if (!blocks || ncols != blocks) {
+        snprintf(line, sizeof line, "%s: /mod/tokens has %d columns; model.layers %d and "
+                 "model.mod_every %d give %d MoD blocks", rd->path, ncols, rd->cfg->layers,
+                 rd->cfg->mod_every, blocks);
+        rd->fail(rd->ctx, line);
+    }
+    double reached = (double)rd->cfg->batch * (double)rd->cfg->seq;
+    long tenth = rows / 10 > 0 ? rows / 10 : 1;
+    double first = rows > 0 ? mod_mean_tokens(tokens, ncols, 0, tenth) : NAN;
+    double last = rows > 0 ? mod_mean_tokens(tokens, ncols, rows - tenth, rows) : NAN;
+    dm_free(tokens);
+    if (rows <= 0) return;
+    snprintf(line, sizeof line, "mixture of depths: %d MoD blocks (every %d), tokens processed "
+             "per block and step of %.0f: %.0f (%.1f%%) over the first %ld steps, %.0f (%.1f%%) "
+             "over the last %ld", ncols, rd->cfg->mod_every, reached, first,
+             100.0 * first / reached, tenth, last, 100.0 * last / reached, tenth);
+    w->line(w->ctx, line);
+    w->open(w->ctx, "mod");
+    w->integer(w->ctx, "blocks", ncols);
+    w->number(w->ctx, "tokens_reaching_per_step", reached);
+    w->number(w->ctx, "tokens_first_tenth", first);
+    w->number(w->ctx, "tokens_last_tenth", last);
+    w->close(w->ctx);
+}
+
 const struct dyn_scheme dyn_scheme_mod = {
     .ckpt = &mod_ckpt,
     .ext = &mod_ext_ops,
@@ -680,4 +756,5 @@ const struct dyn_scheme dyn_scheme_mod = {
     .signals = mod_signals,
     .signal_count = sizeof mod_signals / sizeof mod_signals[0],
     .step_note = mod_step_note,
+    .summarise_log = mod_summarise_log,
 };

@@ -429,9 +429,15 @@ static void read_sparsity(struct gpt *model, int i, double *value, double *weigh
 }
 
 static const struct dyn_signal prune_signals[] = {
-    {"/layers/sparsity", "sparsity", "share",
-     "the pruned share of the block's matrix weights",
-     DYN_SIGNAL_LAYERS, DYN_COMBINE_REPLICA0, 0, 0, NULL, NULL, read_sparsity},
+    {.dataset = "/layers/sparsity",
+     .label = "sparsity",
+     .unit = "share",
+     .meaning = "the pruned share of the block's matrix weights",
+     .columns = DYN_SIGNAL_LAYERS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .read = read_sparsity,
+     .figure_label = "sparsity",
+     .figure_unit = "share"},
 };
 
 static const char *const prune_config_keys[] = {"dyn.prune_start", "dyn.prune_every", "dyn.prune_steps",

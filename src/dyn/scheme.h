@@ -117,6 +117,12 @@ struct dyn_scheme {
     int signal_count;
     void (*step_note)(const struct dm_config *cfg, const struct dyn_signal_row *rows, int count,
                       double tokens, char *buf, size_t size);
+    /* Its summary of a run log's datasets for inspect (NULL: the generic
+     * summary of the signals that declare one), and its rules over a
+     * stored config that the readers of logs compute with (NULL: none):
+     * 0, or -1 with the problem (dyn_check_log_config). */
+    void (*summarise_log)(const struct dyn_log_reader *rd, const struct dyn_summary_writer *w);
+    int (*check_log_config)(const struct dm_config *cfg, char *problem, size_t size);
 
     /* Its part of the checkpoint, or NULL. */
     const struct dyn_ckpt_part *ckpt;

@@ -49,7 +49,7 @@ static int bench_migration(struct engine *eng, const struct dm_config *cfg, int 
         engine_relayout(eng, back);
         seconds += dm_now() - t0;
     }
-    /* The moving blocks 1 .. L-2 (their sizes differ with MoE blocks). */
+    /* The moving blocks 1 .. L-2 (a scheme's blocks may differ in size). */
     struct gpt_shape shape = dyn_shape_from_config(cfg);
     size_t moved_bytes = 0;
     for (int b = 1; b < L - 1; b++) {

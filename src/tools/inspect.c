@@ -1,8 +1,7 @@
 /* `dynmo inspect FILE [--json]`: a summary of a run log (configuration,
- * steps, first and last loss, mean step time, with MoE blocks each one's
- * most and least loaded expert and dropped share over the run, with MoD
- * blocks their tokens, with hash attention the share of query rows that
- * had only their own key, every dataset with its shape)
+ * steps, first and last loss, mean step time, each dynamic scheme's
+ * summary of its datasets (dyn_summarise_log: the schemes write it, inspect
+ * names none), every dataset with its shape)
  * or of a checkpoint (model, step, optimizer and schedule position, world,
  * layout and its history, data cursors, the scheme's saved state, and per
  * block its stage, size, sparsity and frozen flag) for people, or the same as one JSON object for
@@ -20,29 +19,14 @@
 #include "dynmo/dyn.h"
 #include "dynmo/tools.h"
 
-/* One MoE block's load over the logged steps (/moe/tokens, /moe/dropped). */
-struct moe_load {
-    int layer;                          /* global block index */
-    double tokens, dropped;             /* routed and dropped token-expert pairs */
-    int most, least;                    /* experts with the most and the fewest */
-    double most_share, least_share;     /* their share of the block's routed pairs */
-};
-
 struct summary {
     const char *path;
     int simulated;                      /* kind "simulation" (dynmo simulate) */
-    struct moe_load *moe;               /* (moe_blocks), or NULL without /moe/tokens */
-    int moe_blocks, experts, top_k;
-    long moe_steps;                     /* steps with counts (filler rows left out) */
-    float *mod_tokens;                  /* (mod_rows, mod_blocks) /mod/tokens, or NULL */
-    int mod_blocks, mod_every;
-    long mod_rows;
-    double mod_reached;                 /* tokens per step that reach a MoD block */
-    int hash_layers;                    /* columns of /hash/own_key_only, 0 without */
-    long hash_steps;                    /* its rows with values (filler NaN rows left out) */
-    double own_key_only, own_key_only_max;   /* its mean over steps and blocks, and the
-                                           largest block's mean over steps */
-    int own_key_only_layer;             /* that block */
+    /* The schemes' summaries (dyn_summarise_log): text lines and the same
+     * as JSON under "schemes" */
+    char **lines;
+    int line_count, line_capacity;
+    json_object *schemes;
     char *version, *created, *config, *format_version; /* dm_alloc'd; NULL if absent */
     long steps;
     double first_loss, last_loss, mean_step_ms;
@@ -56,8 +40,8 @@ static void usage(FILE *out)
     fprintf(out,
             "usage: dynmo inspect FILE [--json]\n"
             "Summarises a run log (<run.out_dir>/" RUNLOG_FILE_NAME "): configuration, "
-            "steps,\nfirst and last loss, mean step time, the most and least loaded "
-            "expert of each\nMoE block, and every dataset with its shape;\nor a checkpoint (<ckpt.dir>/ckpt-<step>.h5): model, step, world, "
+            "steps,\nfirst and last loss, mean step time, each dynamic scheme's summary of "
+            "its\ndatasets, and every dataset with its shape;\nor a checkpoint (<ckpt.dir>/ckpt-<step>.h5): model, step, world, "
             "layout and\nhistory, data cursors, and per block its stage, size, sparsity "
             "and frozen flag.\n  --json   print the same as one JSON object\n"
             "A run log may belong to a run that is still writing it; a simulation\n"
@@ -95,9 +79,7 @@ static long read_optional_series(struct reading *rd, const char *name, float **v
     return n;
 }
 
-static void load_moe(struct summary *s, struct reading *rd);
-static void load_mod(struct summary *s, struct reading *rd);
-static void load_hash(struct summary *s, struct reading *rd);
+static void load_schemes(struct summary *s, struct reading *rd);
 
 static void load_summary(struct summary *s, const char *path)
 {
@@ -136,173 +118,126 @@ static void load_summary(struct summary *s, const char *path)
         s->mean_step_ms = sum / (double)s->timed_steps;
     }
     dm_free(values);
-    load_moe(s, &rd);
-    load_mod(s, &rd);
-    load_hash(s, &rd);
+    load_schemes(s, &rd);
     runlog_close_read(rd.f);
 }
 
-/* The MoE blocks' load over the run from /moe/tokens and /moe/dropped
- * (columns j * experts + e: MoE block j in layer order, expert e; a row of
- * -1 is a step this log does not hold). Their columns must be the
- * config's MoE blocks x experts, each other row counts with 0 <= dropped
- * <= routed. */
-static void load_moe(struct summary *s, struct reading *rd)
+/* ---- the schemes' summaries ------------------------------------------------- */
+
+static json_object *checked(json_object *o);
+static void put(json_object *object, const char *key, json_object *value);
+static json_object *number(double value);
+static json_object *integer(long long value);
+
+static int reader_has(void *ctx, const char *dataset)
 {
-    const char *path = runlog_file_path(rd->f);
-    if (!runlog_file_dataset(rd->f, RUNLOG_MOE_TOKENS)) return;
-    int every = rd->cfg.moe_every, E = rd->cfg.experts;
-    int blocks = every > 0 ? rd->cfg.layers / every : 0;
-    int *tokens = NULL, *dropped = NULL, ncols = 0, dcols = 0;
-    long rows = runlog_file_int_matrix(rd->f, RUNLOG_MOE_TOKENS, &tokens, &ncols, rd->err,
-                                       sizeof rd->err);
+    return runlog_file_dataset(((struct reading *)ctx)->f, dataset) != NULL;
+}
+
+static long reader_floats(void *ctx, const char *dataset, float **values, int *cols)
+{
+    struct reading *rd = ctx;
+    long rows = runlog_file_matrix(rd->f, dataset, values, cols, rd->err, sizeof rd->err);
     if (rows < 0) fail_reading(rd);
-    long drows = runlog_file_dataset(rd->f, RUNLOG_MOE_DROPPED)
-                     ? runlog_file_int_matrix(rd->f, RUNLOG_MOE_DROPPED, &dropped, &dcols,
-                                              rd->err, sizeof rd->err)
-                     : 0;
-    if (drows < 0) fail_reading(rd);
-    if (!blocks || ncols != blocks * E || drows != rows || dcols != ncols) {
-        snprintf(rd->err, sizeof rd->err, "%s: %s is [%ld, %d] and %s [%ld, %d]; model.layers, "
-                 "moe_every and experts (%d, %d, %d) give [steps, %d]", path,
-                 RUNLOG_MOE_TOKENS, rows, ncols, RUNLOG_MOE_DROPPED, drows, dcols,
-                 rd->cfg.layers, every, E, blocks * E);
-        dm_free(tokens);
-        dm_free(dropped);
-        fail_reading(rd);
-    }
-    for (long i = 0; i < rows * ncols; i++) {
-        int filler = tokens[i - i % ncols] < 0;
-        if (filler ? tokens[i] != -1 || dropped[i] != -1
-                   : tokens[i] < 0 || dropped[i] < 0 || dropped[i] > tokens[i]) {
-            snprintf(rd->err, sizeof rd->err, "%s: row %ld column %ld of %s and %s: %d routed, "
-                     "%d dropped (a step's counts have 0 <= dropped <= routed; a row the log "
-                     "does not hold is -1 throughout)", path, i / ncols, i % ncols,
-                     RUNLOG_MOE_TOKENS, RUNLOG_MOE_DROPPED, tokens[i], dropped[i]);
-            dm_free(tokens);
-            dm_free(dropped);
-            fail_reading(rd);
-        }
-    }
-    s->experts = E;
-    s->top_k = rd->cfg.top_k;
-    s->moe_blocks = blocks;
-    s->moe = dm_alloc((size_t)s->moe_blocks * sizeof *s->moe);
-    double *per_expert = dm_alloc((size_t)E * sizeof(double));
-    for (long r = 0; r < rows; r++) s->moe_steps += tokens[r * ncols] >= 0;
-    for (int j = 0; j < s->moe_blocks; j++) {
-        struct moe_load *m = &s->moe[j];
-        m->layer = (j + 1) * every - 1;
-        for (int e = 0; e < E; e++) per_expert[e] = 0.0;
-        for (long r = 0; r < rows; r++) {
-            if (tokens[r * ncols] < 0) continue;   /* filler */
-            for (int e = 0; e < E; e++) {
-                per_expert[e] += tokens[r * ncols + j * E + e];
-                m->dropped += dropped[r * ncols + j * E + e];
-            }
-        }
-        for (int e = 0; e < E; e++) {
-            m->tokens += per_expert[e];
-            if (per_expert[e] > per_expert[m->most]) m->most = e;
-            if (per_expert[e] < per_expert[m->least]) m->least = e;
-        }
-        m->most_share = m->tokens > 0 ? per_expert[m->most] / m->tokens : 0.0;
-        m->least_share = m->tokens > 0 ? per_expert[m->least] / m->tokens : 0.0;
-    }
-    dm_free(per_expert);
-    dm_free(tokens);
-    dm_free(dropped);
+    return rows;
 }
 
-/* Mixture of depths: /mod/tokens (column j: the j-th MoD block), as many
- * columns as the config's MoD blocks. */
-static void load_mod(struct summary *s, struct reading *rd)
+static long reader_ints(void *ctx, const char *dataset, int **values, int *cols)
 {
-    if (!runlog_file_dataset(rd->f, RUNLOG_MOD_TOKENS)) return;
-    int every = rd->cfg.mod_every, blocks = every > 0 ? rd->cfg.layers / every : 0, ncols = 0;
-    s->mod_rows = runlog_file_matrix(rd->f, RUNLOG_MOD_TOKENS, &s->mod_tokens, &ncols, rd->err,
-                                     sizeof rd->err);
-    if (s->mod_rows < 0) fail_reading(rd);
-    if (!blocks || ncols != blocks) {
-        snprintf(rd->err, sizeof rd->err, "%s: %s has %d columns; model.layers %d and "
-                 "model.mod_every %d give %d MoD blocks", runlog_file_path(rd->f),
-                 RUNLOG_MOD_TOKENS, ncols, rd->cfg.layers, every, blocks);
-        fail_reading(rd);
-    }
-    s->mod_every = every;
-    s->mod_reached = (double)rd->cfg.batch * (double)rd->cfg.seq;
-    if (s->mod_rows <= 0) {
-        dm_free(s->mod_tokens);
-        s->mod_tokens = NULL;
-        return;
-    }
-    s->mod_blocks = ncols;
-}
-
-/* Hash attention: /hash/own_key_only (column l: block l), its mean over
- * the steps this log holds (NaN filler rows left out) and blocks, and the
- * block with the largest mean. */
-static void load_hash(struct summary *s, struct reading *rd)
-{
-    if (!runlog_file_dataset(rd->f, RUNLOG_HASH_OWN_KEY_ONLY)) return;
-    float *share = NULL;
-    int ncols = 0;
-    long rows = runlog_file_matrix(rd->f, RUNLOG_HASH_OWN_KEY_ONLY, &share, &ncols, rd->err,
-                                   sizeof rd->err);
+    struct reading *rd = ctx;
+    long rows = runlog_file_int_matrix(rd->f, dataset, values, cols, rd->err, sizeof rd->err);
     if (rows < 0) fail_reading(rd);
-    if (rows > 0 && ncols != rd->cfg.layers) {
-        dm_free(share);
-        snprintf(rd->err, sizeof rd->err, "%s: %s has %d columns but model.layers is %d",
-                 runlog_file_path(rd->f), RUNLOG_HASH_OWN_KEY_ONLY, ncols, rd->cfg.layers);
-        fail_reading(rd);
-    }
-    if (rows == 0 || ncols <= 0) {
-        dm_free(share);
-        return;
-    }
-    double total = 0.0;
-    for (int l = 0; l < ncols; l++) {
-        double sum = 0.0;
-        long n = 0;
-        for (long r = 0; r < rows; r++) {
-            float v = share[r * ncols + l];
-            if (isnan(v)) continue;
-            sum += v;
-            n++;
-        }
-        if (n == 0) continue;
-        s->hash_steps = n;
-        total += sum / (double)n;
-        if (s->hash_layers == 0 || sum / (double)n > s->own_key_only_max) {
-            s->own_key_only_max = sum / (double)n;
-            s->own_key_only_layer = l;
-        }
-        s->hash_layers = ncols;
-    }
-    s->own_key_only = s->hash_layers ? total / ncols : 0.0;
-    dm_free(share);
+    return rows;
 }
 
-/* The MoD blocks' mean tokens per step over rows [first, last) (NaN rows,
- * steps this log does not hold, left out). */
-static double mod_mean(const struct summary *s, long first, long last)
+static void reader_fail(void *ctx, const char *text)
 {
-    double sum = 0.0;
-    long n = 0;
-    for (long r = first; r < last; r++)
-        for (int j = 0; j < s->mod_blocks; j++) {
-            float v = s->mod_tokens[r * s->mod_blocks + j];
-            if (isnan(v)) continue;
-            sum += v;
-            n++;
-        }
-    return n ? sum / (double)n : NAN;
+    struct reading *rd = ctx;
+    snprintf(rd->err, sizeof rd->err, "%s", text);
+    fail_reading(rd);
 }
 
+/* The writer keeps the lines and builds the JSON objects on a stack. */
+enum { SUMMARY_DEPTH = 8 };
+struct summary_writer {
+    struct summary *s;
+    json_object *stack[SUMMARY_DEPTH];
+    int depth;
+};
+
+static void writer_line(void *ctx, const char *text)
+{
+    struct summary *s = ((struct summary_writer *)ctx)->s;
+    if (s->line_count == s->line_capacity) {
+        s->line_capacity = s->line_capacity ? 2 * s->line_capacity : 8;
+        char **lines = dm_alloc((size_t)s->line_capacity * sizeof *lines);
+        for (int i = 0; i < s->line_count; i++) lines[i] = s->lines[i];
+        dm_free(s->lines);
+        s->lines = lines;
+    }
+    size_t n = strlen(text) + 1;
+    s->lines[s->line_count] = dm_alloc(n);
+    memcpy(s->lines[s->line_count++], text, n);
+}
+
+/* value under key in the open object, or the next of the open list */
+static void writer_add(struct summary_writer *w, const char *key, json_object *value)
+{
+    if (key) put(w->stack[w->depth - 1], key, value);
+    else json_object_array_add(w->stack[w->depth - 1], value);
+}
+
+static void writer_push(struct summary_writer *w, const char *key, json_object *value)
+{
+    if (w->depth == SUMMARY_DEPTH) DM_FATAL("a scheme's summary nests deeper than %d", SUMMARY_DEPTH);
+    writer_add(w, key, value);
+    w->stack[w->depth++] = value;
+}
+
+static void writer_open(void *ctx, const char *key)
+{
+    writer_push(ctx, key, checked(json_object_new_object()));
+}
+
+static void writer_open_list(void *ctx, const char *key)
+{
+    writer_push(ctx, key, checked(json_object_new_array()));
+}
+
+static void writer_close(void *ctx)
+{
+    struct summary_writer *w = ctx;
+    DM_ASSERT(w->depth > 1);
+    w->depth--;
+}
+
+static void writer_number(void *ctx, const char *key, double value)
+{
+    writer_add(ctx, key, number(value));
+}
+
+static void writer_integer(void *ctx, const char *key, long long value)
+{
+    writer_add(ctx, key, integer(value));
+}
+
+/* Every scheme's summary of the datasets it declares. */
+static void load_schemes(struct summary *s, struct reading *rd)
+{
+    const struct dyn_log_reader reader = {rd, &rd->cfg, runlog_file_path(rd->f), reader_has,
+                                          reader_floats, reader_ints, reader_fail};
+    struct summary_writer sw = {.s = s, .depth = 1};
+    const struct dyn_summary_writer writer = {&sw, writer_line, writer_open, writer_open_list,
+                                              writer_close, writer_number, writer_integer};
+    s->schemes = sw.stack[0] = checked(json_object_new_object());
+    dyn_summarise_log(&reader, &writer);
+    DM_ASSERT(sw.depth == 1);
+}
 static void free_summary(struct summary *s)
 {
-    dm_free(s->mod_tokens);
-    dm_free(s->moe);
+    for (int i = 0; i < s->line_count; i++) dm_free(s->lines[i]);
+    dm_free(s->lines);
+    if (s->schemes) json_object_put(s->schemes);
     dm_free(s->version);
     dm_free(s->created);
     dm_free(s->config);
@@ -338,32 +273,7 @@ static void print_text(const struct summary *s)
         printf("  mean step: %.2f ms over %ld step%s%s\n", s->mean_step_ms,
                s->timed_steps, s->timed_steps == 1 ? "" : "s",
                s->steps > s->timed_steps ? " (the first step is left out)" : "");
-    if (s->moe) {
-        printf("mixture of experts: %d MoE blocks of %d experts, top-%d, over %ld steps "
-               "(token-expert pairs routed; shares of the block's pairs):\n", s->moe_blocks,
-               s->experts, s->top_k, s->moe_steps);
-        printf("  block   pairs routed   most loaded      least loaded     dropped\n");
-        for (int j = 0; j < s->moe_blocks; j++) {
-            const struct moe_load *m = &s->moe[j];
-            printf("  %5d  %13.0f   expert %-3d %5.1f%%  expert %-3d %5.1f%%  %6.2f%%\n",
-                   m->layer, m->tokens, m->most, 100.0 * m->most_share, m->least,
-                   100.0 * m->least_share, m->tokens > 0 ? 100.0 * m->dropped / m->tokens : 0.0);
-        }
-    }
-    if (s->mod_tokens) {
-        long tenth = s->mod_rows / 10 > 0 ? s->mod_rows / 10 : 1;
-        double first = mod_mean(s, 0, tenth), last = mod_mean(s, s->mod_rows - tenth, s->mod_rows);
-        printf("mixture of depths: %d MoD blocks (every %d), tokens processed per block and "
-               "step of %.0f: %.0f (%.1f%%) over the first %ld steps, %.0f (%.1f%%) over the "
-               "last %ld\n", s->mod_blocks, s->mod_every, s->mod_reached, first,
-               100.0 * first / s->mod_reached, tenth, last, 100.0 * last / s->mod_reached,
-               tenth);
-    }
-    if (s->hash_layers)
-        printf("hash attention: %.3f%% of the query rows had no key of their bucket but their "
-               "own (mean over %ld steps and %d blocks; block %d the most, %.3f%%)\n",
-               100.0 * s->own_key_only, s->hash_steps, s->hash_layers, s->own_key_only_layer,
-               100.0 * s->own_key_only_max);
+    for (int i = 0; i < s->line_count; i++) printf("%s\n", s->lines[i]);
     printf("datasets:\n");
     for (int i = 0; i < s->dataset_count; i++) {
         const struct runlog_dataset_info *d = &s->datasets[i];
@@ -429,35 +339,6 @@ static void print_and_free(json_object *o)
     json_object_put(o);
 }
 
-/* The MoE blocks' load as JSON: per block the pairs routed and dropped,
- * and the most and least loaded expert with their shares. */
-static json_object *moe_json(const struct summary *s)
-{
-    json_object *moe = checked(json_object_new_object());
-    put(moe, "experts", integer(s->experts));
-    put(moe, "top_k", integer(s->top_k));
-    put(moe, "steps", integer(s->moe_steps));
-    json_object *blocks = checked(json_object_new_array());
-    for (int j = 0; j < s->moe_blocks; j++) {
-        const struct moe_load *m = &s->moe[j];
-        json_object *b = checked(json_object_new_object());
-        put(b, "layer", integer(m->layer));
-        put(b, "routed", number(m->tokens));
-        put(b, "dropped", number(m->dropped));
-        json_object *most = checked(json_object_new_object());
-        put(most, "expert", integer(m->most));
-        put(most, "share", number(m->most_share));
-        put(b, "most_loaded", most);
-        json_object *least = checked(json_object_new_object());
-        put(least, "expert", integer(m->least));
-        put(least, "share", number(m->least_share));
-        put(b, "least_loaded", least);
-        json_object_array_add(blocks, b);
-    }
-    put(moe, "blocks", blocks);
-    return moe;
-}
-
 static void print_json(const struct summary *s)
 {
     json_object *o = checked(json_object_new_object());
@@ -476,24 +357,8 @@ static void print_json(const struct summary *s)
     put(o, "loss_last", number(s->last_loss));
     put(o, "mean_step_ms", number(s->mean_step_ms));
     put(o, "mean_step_ms_steps", integer(s->timed_steps));
-    if (s->moe) put(o, "moe", moe_json(s));
-    if (s->mod_tokens) {
-        long tenth = s->mod_rows / 10 > 0 ? s->mod_rows / 10 : 1;
-        json_object *mod = checked(json_object_new_object());
-        put(mod, "blocks", integer(s->mod_blocks));
-        put(mod, "tokens_reaching_per_step", number(s->mod_reached));
-        put(mod, "tokens_first_tenth", number(mod_mean(s, 0, tenth)));
-        put(mod, "tokens_last_tenth", number(mod_mean(s, s->mod_rows - tenth, s->mod_rows)));
-        put(o, "mod", mod);
-    }
-    if (s->hash_layers) {
-        json_object *hash = checked(json_object_new_object());
-        put(hash, "own_key_only_share", number(s->own_key_only));
-        put(hash, "own_key_only_share_max", number(s->own_key_only_max));
-        put(hash, "own_key_only_max_block", integer(s->own_key_only_layer));
-        put(hash, "steps", integer(s->hash_steps));
-        put(o, "hash", hash);
-    }
+    /* each scheme's object, named by the scheme, where the file holds its datasets */
+    json_object_object_foreach(s->schemes, key, value) put(o, key, json_object_get(value));
     json_object *datasets = checked(json_object_new_array());
     for (int i = 0; i < s->dataset_count; i++) {
         const struct runlog_dataset_info *d = &s->datasets[i];

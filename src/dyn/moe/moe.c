@@ -11,6 +11,7 @@
 #include "dynmo/moe.h"
 #include "dynmo/schema.h"
 #include "dyn/scheme.h"
+#include "dyn/moe/log.h"
 
 /* Its checkpoints are schema versions of their own: 3, which it writes,
  * and 2, what an older dynmo wrote (read only; checkpoint_schema/v3.def,
@@ -131,24 +132,56 @@ static void read_rank_rows(struct gpt *model, int i, double *value, double *weig
 }
 
 static const struct dyn_signal moe_signals[] = {
-    {"/moe/tokens", "expert load", "token-expert pairs",
-     "pairs routed to each expert in the step, over micro-batches and replicas",
-     DYN_SIGNAL_CELLS, DYN_COMBINE_REPLICA0, 1, -1, NULL, moe_cells, read_tokens},
-    {"/moe/dropped", "pairs dropped", "token-expert pairs",
-     "of those, the pairs each expert's capacity dropped",
-     DYN_SIGNAL_CELLS, DYN_COMBINE_REPLICA0, 1, -1, NULL, moe_cells, read_dropped},
-    {"/moe/bias", "selection bias", "score",
-     "each expert's selection bias after the step (sigmoid router)",
-     DYN_SIGNAL_CELLS, DYN_COMBINE_REPLICA0, 0, 0, NULL, moe_cells, read_bias},
-    {"/moe/aux_loss", "balancing loss", "loss",
-     "the block's Switch/GShard balancing loss, mean over the step's forwards",
-     DYN_SIGNAL_BLOCKS, DYN_COMBINE_PER_FORWARD, 0, 0, NULL, NULL, read_aux},
-    {"/moe/z_loss", "router z-loss", "loss",
-     "the block's router z-loss, mean over the step's forwards",
-     DYN_SIGNAL_BLOCKS, DYN_COMBINE_PER_FORWARD, 0, 0, NULL, NULL, read_z},
-    {"/moe/rank_load", "busiest expert rank", "x mean",
-     "the rows the block's busiest expert-parallel rank took over the mean rank's",
-     DYN_SIGNAL_BLOCKS, DYN_COMBINE_BUSIEST, 0, 0, moe_split, NULL, read_rank_rows},
+    {.dataset = "/moe/tokens",
+     .label = "expert load",
+     .unit = "token-expert pairs",
+     .meaning = "pairs routed to each expert in the step, over micro-batches and replicas",
+     .columns = DYN_SIGNAL_CELLS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .is_int = 1,
+     .filler = -1,
+     .cells = moe_cells,
+     .read = read_tokens},
+    {.dataset = "/moe/dropped",
+     .label = "pairs dropped",
+     .unit = "token-expert pairs",
+     .meaning = "of those, the pairs each expert's capacity dropped",
+     .columns = DYN_SIGNAL_CELLS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .is_int = 1,
+     .filler = -1,
+     .cells = moe_cells,
+     .read = read_dropped},
+    {.dataset = "/moe/bias",
+     .label = "selection bias",
+     .unit = "score",
+     .meaning = "each expert's selection bias after the step (sigmoid router)",
+     .columns = DYN_SIGNAL_CELLS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .cells = moe_cells,
+     .read = read_bias},
+    {.dataset = "/moe/aux_loss",
+     .label = "balancing loss",
+     .unit = "loss",
+     .meaning = "the block's Switch/GShard balancing loss, mean over the step's forwards",
+     .columns = DYN_SIGNAL_BLOCKS,
+     .combine = DYN_COMBINE_PER_FORWARD,
+     .read = read_aux},
+    {.dataset = "/moe/z_loss",
+     .label = "router z-loss",
+     .unit = "loss",
+     .meaning = "the block's router z-loss, mean over the step's forwards",
+     .columns = DYN_SIGNAL_BLOCKS,
+     .combine = DYN_COMBINE_PER_FORWARD,
+     .read = read_z},
+    {.dataset = "/moe/rank_load",
+     .label = "busiest expert rank",
+     .unit = "x mean",
+     .meaning = "the rows the block's busiest expert-parallel rank took over the mean rank's",
+     .columns = DYN_SIGNAL_BLOCKS,
+     .combine = DYN_COMBINE_BUSIEST,
+     .written = moe_split,
+     .read = read_rank_rows},
 };
 
 /* The busiest expert of any MoE block against its block's mean, and the
@@ -546,6 +579,18 @@ static void moe_describe_shape(const struct gpt_shape *shape, char *buf, size_t 
              gpt_block_param_count(shape, p->every - 1));
 }
 
+/* What the readers of a stored config divide by (simulate prices MoE
+ * blocks in groups of experts / parallel.ep). */
+static int moe_check_log_config(const struct dm_config *cfg, char *problem, size_t size)
+{
+    if (cfg->moe_every > 0 && cfg->experts % cfg->ep != 0) {
+        snprintf(problem, size, "parallel.ep = %d does not divide model.experts = %d", cfg->ep,
+                 cfg->experts);
+        return -1;
+    }
+    return 0;
+}
+
 const struct dyn_scheme dyn_scheme_moe = {
     .ckpt = &moe_ckpt,
     .ext = &moe_ext_ops,
@@ -561,4 +606,6 @@ const struct dyn_scheme dyn_scheme_moe = {
     .signals = moe_signals,
     .signal_count = sizeof moe_signals / sizeof moe_signals[0],
     .step_note = moe_step_note,
+    .summarise_log = moe_summarise_log,
+    .check_log_config = moe_check_log_config,
 };

@@ -3,8 +3,8 @@
  * read from DIR/runlog.h5 (docs/balance.md).
  *
  * The profile: /layers/fwd_ms and /layers/bwd_ms (per micro-batch),
- * parameters per block from the model config (model.channels, and the
- * mixture-of-experts keys, whose blocks are larger; nonzero ones when the log has
+ * parameters per block from the model the config describes (a scheme's
+ * blocks may be larger; nonzero ones when the log has
  * /layers/sparsity), slab bytes of a dense block, and the embedding and
  * head as the first and last stage's compute per micro-batch beyond their
  * blocks (/stages/busy_ms), a third forward, two thirds backward. Where
@@ -83,8 +83,8 @@ static void read_run_blocks(struct plan_input *in, struct runlog_file *f, long s
     if (runlog_file_row(f, RUNLOG_LAYER_FWD_MS, step - 1, fwd, L, err, sizeof err) ||
         runlog_file_row(f, RUNLOG_LAYER_BWD_MS, step - 1, bwd, L, err, sizeof err))
         run_error(f, "%s", err);
-    if (runlog_file_dataset(f, RUNLOG_LAYER_SPARSITY) &&
-        runlog_file_row(f, RUNLOG_LAYER_SPARSITY, step - 1, sparsity, L, err, sizeof err))
+    if (runlog_file_dataset(f, "/layers/sparsity") &&
+        runlog_file_row(f, "/layers/sparsity", step - 1, sparsity, L, err, sizeof err))
         run_error(f, "%s", err);
     if (with_update &&
         runlog_file_row(f, RUNLOG_LAYER_UPDATE_MS, step - 1, update, L, err, sizeof err))

@@ -105,9 +105,9 @@ struct run_stats {
     double first_loss, last_loss, last_val_loss;
 };
 
-/* One scheme signal per block and step beside the cost heat map: what
- * exists of /layers/active, /layers/sparsity, and frozen (from
- * /layers/update_ms under dyn.kind = freeze). */
+/* One scheme signal per block and step beside the cost heat map: each
+ * declared figure (dyn_signal.figure_label) whose dataset the log has, in
+ * the schemes' table order. */
 struct block_signal {
     const char *label;  /* "active tokens", ... */
     const char *unit;
@@ -143,8 +143,8 @@ int report_file_kind(const char *command, const char *path);
 /* Loads the run log (or simulation file) at path, every dataset checked
  * against the file's shape and configuration (runlog_open_read,
  * runlog_file_config, runlog_file_layouts, trace_load; the per-block
- * datasets' columns are model.layers, the MoD blocks' model.layers /
- * mod_every, a decision's step is one of the log's). Returns 0, or -1
+ * datasets' columns are model.layers, or a scheme's signal's width, a
+ * decision's step is one of the log's). Returns 0, or -1
  * with one message naming the file and the problem in err (run left
  * empty). from_step: the first step of the stated means (steps before it
  * are warm-up). */

@@ -8,7 +8,7 @@
  *
  * Every value used as a count, an index or a width is checked against the
  * file's own shape and configuration before it is used: per-block columns
- * are model.layers, the MoD blocks' model.layers / mod_every, each layout
+ * are model.layers, or a scheme's signal's width (dyn_signal_width), each layout
  * places model.layers blocks, a decision's or an evaluation's step is one
  * of the log's, a traced row's step, rank, stage and micro-batch are ones
  * its run had (trace_load).
@@ -25,6 +25,7 @@
 #include <string.h>
 #include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
 #include "tools/report/report.h"
 
 #define TRACE_COLUMNS RUNLOG_EVENT_COLUMNS
@@ -368,76 +369,63 @@ static int config_has(const struct report_run *run, const char *key)
     return text[0] != '\0';
 }
 
-/* /mod/tokens [steps, MoD blocks] spread over the layers as the share of
- * the step's tokens (train.batch x train.seq) each MoD block processed:
- * block l's column when it is a MoD block ((l + 1) % model.mod_every ==
- * 0), NaN (blank) for a dense one. */
-static int load_mod_share(struct run_reading *ld, struct matrix *out)
+/* A scheme's signal as one value per layer and step (the signal's
+ * to_layers over each row of its dataset, or of the dataset it is derived
+ * from; a block the scheme does not own blank, NaN); values NULL when the
+ * log has none. */
+static int load_signal(struct run_reading *ld, const struct dyn_signal *signal,
+                       const struct gpt_shape *shape, struct matrix *out)
 {
     struct report_run *run = ld->run;
-    struct matrix m;
+    const char *name = signal->source ? signal->source : signal->dataset;
+    int width = signal->source ? run->layers : dyn_signal_width(signal, shape);
     memset(out, 0, sizeof *out);
-    if (!runlog_file_dataset(ld->f, RUNLOG_MOD_TOKENS)) return 0;
-    int every = ld->cfg.mod_every;
-    if (every < 1) {
-        dm_set_message(ld->err, ld->errsize, "%s has %s but model.mod_every is 0 (no MoD "
-                       "blocks)", run->path, RUNLOG_MOD_TOKENS);
+    if (!runlog_file_dataset(ld->f, name)) return 0;
+    if (signal->columns != DYN_SIGNAL_LAYERS && !dyn_signal_active(signal, &ld->cfg)) {
+        dm_set_message(ld->err, ld->errsize, "%s has %s but its config does not run the "
+                       "scheme that writes it (no blocks of it)", run->path, name);
         return -1;
     }
-    if (read_matrix(ld, RUNLOG_MOD_TOKENS, run->layers / every, &m) != 0) return -1;
-    double tokens = (double)ld->cfg.batch * ld->cfg.seq;
+    struct matrix m;
+    if (read_matrix(ld, name, width, &m) != 0) return -1;
+    if (!signal->to_layers) {
+        *out = m;
+        return 0;
+    }
     out->rows = m.rows;
     out->cols = run->layers;
     out->values = dm_alloc((size_t)(m.rows ? m.rows : 1) * run->layers * sizeof(float));
+    for (long i = 0; i < m.rows * run->layers; i++) out->values[i] = NAN;
     for (long r = 0; r < m.rows; r++)
-        for (int layer = 0; layer < run->layers; layer++)
-            out->values[r * run->layers + layer] =
-                (layer + 1) % every == 0
-                    ? (float)(m.values[r * m.cols + (layer + 1) / every - 1] / tokens) : NAN;
+        signal->to_layers(&ld->cfg, shape, m.values + r * m.cols, out->values + r * run->layers);
     dm_free(m.values);
     return 0;
 }
 
-/* /hash/tiles as the share of the tiles causal attention would visit in
- * the step: 2 (forward, backward) x batch x heads x nt (nt + 1) / 2, nt
- * the 32-token tiles of a sequence (docs/mod-hash.md). */
-static int load_hash_share(struct run_reading *ld, struct matrix *out)
-{
-    if (read_matrix(ld, RUNLOG_HASH_TILES, ld->run->layers, out) != 0) return -1;
-    long nt = (ld->cfg.seq + 31) / 32;
-    double all = 2.0 * (double)ld->cfg.batch * (double)ld->cfg.heads * (double)(nt * (nt + 1) / 2);
-    for (long i = 0; out->values && i < out->rows * out->cols; i++)
-        out->values[i] = (float)(out->values[i] / all);
-    return 0;
-}
-
-/* The scheme's own signal beside the cost heat map: what the file has. */
+/* The schemes' signals beside the cost heat map: each declared figure
+ * the file has, in the schemes' table order. */
 static int load_signals(struct run_reading *ld)
 {
     struct report_run *run = ld->run;
-    struct matrix m;
-    if (load_hash_share(ld, &m) != 0) return -1;
-    if (m.values)
-        run->signals[run->signal_count++] =
-            (struct block_signal){"hash tiles visited (of causal)", "share", m};
-    if (load_mod_share(ld, &m) != 0) return -1;
-    if (m.values)
-        run->signals[run->signal_count++] =
-            (struct block_signal){"MoD tokens processed", "share", m};
-    if (read_matrix(ld, RUNLOG_LAYER_ACTIVE, run->layers, &m) != 0) return -1;
-    if (m.values)
-        run->signals[run->signal_count++] = (struct block_signal){"active tokens", "share", m};
-    if (read_matrix(ld, RUNLOG_LAYER_SPARSITY, run->layers, &m) != 0) return -1;
-    if (m.values)
-        run->signals[run->signal_count++] = (struct block_signal){"sparsity", "share", m};
-    /* A frozen block does no update at the step's end: update_ms is 0. */
-    if (!strcmp(run->dyn_kind, "freeze")) {
-        if (read_matrix(ld, RUNLOG_LAYER_UPDATE_MS, run->layers, &m) != 0) return -1;
-        if (m.values) {
-            for (long i = 0; i < m.rows * m.cols; i++)
-                if (isfinite(m.values[i])) m.values[i] = m.values[i] == 0.0f;
-            run->signals[run->signal_count++] = (struct block_signal){"frozen", "1 = frozen", m};
+    const struct dyn_signal *signals[DYN_SIGNALS_MAX];
+    int count = dyn_signals_all(signals, DYN_SIGNALS_MAX);
+    /* the blocks the datasets have: the config's, or where it has no
+     * model.layers, what the per-block datasets say */
+    struct gpt_shape shape = dyn_shape_from_config(&ld->cfg);
+    shape.layers = run->layers;
+    for (int k = 0; k < count; k++) {
+        const struct dyn_signal *signal = signals[k];
+        if (!signal->figure_label || (signal->figure_of && !signal->figure_of(&ld->cfg)))
+            continue;
+        struct matrix m;
+        if (load_signal(ld, signal, &shape, &m) != 0) return -1;
+        if (!m.values) continue;
+        if (run->signal_count == REPORT_MAX_SIGNALS) {
+            dm_free(m.values);
+            continue;
         }
+        run->signals[run->signal_count++] =
+            (struct block_signal){signal->figure_label, signal->figure_unit, m};
     }
     return 0;
 }

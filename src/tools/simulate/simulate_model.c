@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/ckpt.h"
+#include "dynmo/dyn.h"
 #include "tools/plan/plan.h"
 #include "tools/simulate/simulate.h"
 
@@ -174,23 +175,39 @@ static void read_layouts(struct sim_run *run, struct runlog_file *f, long rows)
                   RUNLOG_STEP_MS, rows);
 }
 
+/* The layer of each of the blocks that carry signal's columns in run's
+ * model (the scheme's own rule, dyn_signal_layer), into layer (at most
+ * max); returns how many. */
+static int carrier_layers(const struct sim_run *run, const char *dataset, int *layer, int max)
+{
+    const struct dyn_signal *signal = dyn_signal_of_dataset(dataset);
+    struct gpt_shape shape = dyn_shape_from_config(&run->cfg);
+    int n = 0;
+    for (int l = 0; signal && l < run->layers && n < max; l++)
+        if (dyn_signal_layer(signal, &shape, l)) layer[n++] = l;
+    return n;
+}
+
 /* Each MoD block's share of the step's tokens (/mod/tokens counts them
  * over the micro-batches and replicas, against batch x seq), the other
  * blocks 1; a validation pass counts into the next step, so the share is
  * capped at 1. NULL without MoD blocks. */
 static float *mod_shares(const struct sim_run *run, struct runlog_file *f, long rows)
 {
-    int L = run->layers, every = run->cfg.mod_every, blocks = every > 0 ? L / every : 0;
-    if (!blocks || !runlog_file_dataset(f, RUNLOG_MOD_TOKENS)) return NULL;
-    float *tokens = read_blocks(run, f, RUNLOG_MOD_TOKENS, rows, blocks, 0);
+    int L = run->layers, *layer = dm_alloc((size_t)L * sizeof(int));
+    int blocks = carrier_layers(run, "/mod/tokens", layer, L);
+    if (!blocks || !runlog_file_dataset(f, "/mod/tokens")) {
+        dm_free(layer);
+        return NULL;
+    }
+    float *tokens = read_blocks(run, f, "/mod/tokens", rows, blocks, 0);
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     double per_step = (double)run->cfg.batch * run->cfg.seq;
+    for (long i = 0; i < rows * L; i++) m[i] = 1.0f;
     for (long r = 0; r < rows; r++)
-        for (int l = 0; l < L; l++) {
-            float share = 1.0f;
-            if ((l + 1) % every == 0) share = (float)fmin(1.0, tokens[r * blocks + l / every] / per_step);
-            m[r * L + l] = share;
-        }
+        for (int j = 0; j < blocks; j++)
+            m[r * L + layer[j]] = (float)fmin(1.0, tokens[r * blocks + j] / per_step);
+    dm_free(layer);
     dm_free(tokens);
     return m;
 }
@@ -199,10 +216,10 @@ static float *mod_shares(const struct sim_run *run, struct runlog_file *f, long 
  * (/moe/rank_load, parallel.ep > 1: over every expert group), spread onto
  * the layers (dense blocks 0). */
 static float *moe_rank_loads(const struct sim_run *run, struct runlog_file *f, long rows,
-                             int blocks)
+                             const int *layer, int blocks)
 {
-    int L = run->layers, every = run->cfg.moe_every;
-    float *load = read_blocks(run, f, RUNLOG_MOE_RANK_LOAD, rows, blocks, 1);
+    int L = run->layers;
+    float *load = read_blocks(run, f, "/moe/rank_load", rows, blocks, 1);
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
     for (long r = 0; r < rows; r++)
@@ -212,9 +229,9 @@ static float *moe_rank_loads(const struct sim_run *run, struct runlog_file *f, l
                 dm_free(load);
                 dm_free(m);
                 run_error(f, "%s: %s[%ld][%d] is %g (must be in [0, %g])", run->path,
-                          RUNLOG_MOE_RANK_LOAD, r, j, g, SIM_MAX_MOE_LOAD);
+                          "/moe/rank_load", r, j, g, SIM_MAX_MOE_LOAD);
             }
-            m[r * L + (long)(j + 1) * every - 1] = g > 0.0f ? g : 1.0f;
+            m[r * L + layer[j]] = g > 0.0f ? g : 1.0f;
         }
     dm_free(load);
     return m;
@@ -229,29 +246,44 @@ static float *moe_rank_loads(const struct sim_run *run, struct runlog_file *f, l
  * counts summed over the expert groups. Dense blocks 0. NULL without MoE
  * blocks. A step's counts (not a filler row of -1) have 0 <= dropped <=
  * routed. */
+static float *moe_counted_loads(const struct sim_run *run, struct runlog_file *f, long rows,
+                                const int *layer, int blocks);
+
 static float *moe_loads(const struct sim_run *run, struct runlog_file *f, long rows)
 {
+    int L = run->layers, ep = run->cfg.ep;
+    int *layer = dm_alloc((size_t)L * sizeof(int));
+    int blocks = carrier_layers(run, "/moe/tokens", layer, L);
+    float *m = NULL;
+    if (blocks && ep > 1 && runlog_file_dataset(f, "/moe/rank_load"))
+        m = moe_rank_loads(run, f, rows, layer, blocks);
+    else if (blocks && runlog_file_dataset(f, "/moe/tokens"))
+        m = moe_counted_loads(run, f, rows, layer, blocks);
+    dm_free(layer);
+    return m;
+}
+
+/* moe_loads from the counts: blocks MoE blocks at layer[]. */
+static float *moe_counted_loads(const struct sim_run *run, struct runlog_file *f, long rows,
+                                const int *layer, int blocks)
+{
     char err[1200];
-    int L = run->layers, every = run->cfg.moe_every, E = run->cfg.experts;
-    int blocks = every > 0 ? L / every : 0, ep = run->cfg.ep, cols = 0, dcols = 0;
-    if (blocks && ep > 1 && runlog_file_dataset(f, RUNLOG_MOE_RANK_LOAD))
-        return moe_rank_loads(run, f, rows, blocks);
-    if (!blocks || !runlog_file_dataset(f, RUNLOG_MOE_TOKENS)) return NULL;
+    int L = run->layers, E = run->cfg.experts, ep = run->cfg.ep, cols = 0, dcols = 0;
     int *routed = NULL, *dropped = NULL;
-    long got = runlog_file_int_matrix(f, RUNLOG_MOE_TOKENS, &routed, &cols, err, sizeof err);
+    long got = runlog_file_int_matrix(f, "/moe/tokens", &routed, &cols, err, sizeof err);
     if (got < 0) run_error(f, "%s", err);
     if (got < rows || cols != blocks * E) {
         dm_free(routed);
         run_error(f, "%s: %s has %ld rows of %d, expected %ld of %d", run->path,
-                  RUNLOG_MOE_TOKENS, got, cols, rows, blocks * E);
+                  "/moe/tokens", got, cols, rows, blocks * E);
     }
-    if (runlog_file_dataset(f, RUNLOG_MOE_DROPPED) &&
-        (runlog_file_int_matrix(f, RUNLOG_MOE_DROPPED, &dropped, &dcols, err, sizeof err) < rows ||
+    if (runlog_file_dataset(f, "/moe/dropped") &&
+        (runlog_file_int_matrix(f, "/moe/dropped", &dropped, &dcols, err, sizeof err) < rows ||
          dcols != cols)) {
         dm_free(routed);
         dm_free(dropped);
-        run_error(f, "%s: %s does not match %s", run->path, RUNLOG_MOE_DROPPED,
-                  RUNLOG_MOE_TOKENS);
+        run_error(f, "%s: %s does not match %s", run->path, "/moe/dropped",
+                  "/moe/tokens");
     }
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
@@ -278,7 +310,7 @@ static float *moe_loads(const struct sim_run *run, struct runlog_file *f, long r
                 rank += c[e] - (d ? d[e] : 0);
                 if ((e + 1) % (E / ep) == 0) { busiest = fmax(busiest, rank); rank = 0; }
             }
-            m[r * L + (long)(j + 1) * every - 1] = total > 0 ? (float)(busiest * ep / total) : 1.0f;
+            m[r * L + layer[j]] = total > 0 ? (float)(busiest * ep / total) : 1.0f;
         }
     }
     dm_free(routed);
@@ -289,8 +321,8 @@ static float *moe_loads(const struct sim_run *run, struct runlog_file *f, long r
 /* One state's (rows, layers) matrix as the log records it, or NULL. */
 static float *state_matrix(struct sim_run *run, struct runlog_file *f, long rows, int k)
 {
-    static const char *const names[SIM_STATE_COUNT] = {RUNLOG_LAYER_ACTIVE,
-        RUNLOG_LAYER_SPARSITY, NULL, RUNLOG_HASH_TILES, NULL, NULL};
+    static const char *const names[SIM_STATE_COUNT] = {"/layers/active",
+        "/layers/sparsity", NULL, "/hash/tiles", NULL, NULL};
     int L = run->layers;
     if (names[k]) return read_blocks(run, f, names[k], rows, L, 0);
     if (k == SIM_MOD_TOKENS) return mod_shares(run, f, rows);

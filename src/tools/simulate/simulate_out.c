@@ -38,7 +38,7 @@ static void write_step(struct runlog *log, const struct sim_setup *setup,
     runlog_append_row(log, RUNLOG_LAYER_BWD_MS, res->bwd + t * n, (int)n);
     runlog_append_row(log, RUNLOG_LAYER_UPDATE_MS, res->update + t * n, (int)n);
     static const char *const state_sets[SIM_STATE_COUNT] = {
-        RUNLOG_LAYER_ACTIVE, RUNLOG_LAYER_SPARSITY, "/layers/frozen", "/layers/tiles_share",
+        "/layers/active", "/layers/sparsity", "/layers/frozen", "/layers/tiles_share",
         "/layers/mod_tokens_share", "/layers/moe_load"};
     const struct sim_trajectory *tr = setup->traj;
     float *row = dm_alloc((size_t)n * sizeof(float));

@@ -80,7 +80,7 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
     int L = cfg->layers;
     double *cost = dm_alloc((size_t)L * sizeof(double));
     int64_t *mem = dm_alloc((size_t)L * sizeof(int64_t));
-    for (int b = 0; b < L; b++) {   /* blocks differ in size with MoE blocks */
+    for (int b = 0; b < L; b++) {   /* blocks differ in size (a scheme may replace the MLP) */
         cost[b] = (double)gpt_block_param_count(&shape, b);
         mem[b] = (int64_t)(4 * gpt_block_param_count(&shape, b) * sizeof(float));
     }
