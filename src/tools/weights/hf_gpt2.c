@@ -127,7 +127,10 @@ int hf_gpt2_read_config(const char *dir, struct gpt_shape *shape, char *err, siz
     json_object *root = json_object_from_fd(fd);
     close(fd);
     if (!root) {
-        dm_set_message(err, errsize, "%s is not JSON (%s)", file, json_util_get_last_err());
+        char why[256];
+        snprintf(why, sizeof why, "%s", json_util_get_last_err());
+        why[strcspn(why, "\n")] = '\0';
+        dm_set_message(err, errsize, "%s is not JSON (%s)", file, why);
         return -1;
     }
     int rc = check_config(root, file, shape, err, errsize);

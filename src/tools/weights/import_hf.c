@@ -46,11 +46,15 @@ static void check_tensors(const struct safetensors_file *f, const struct hf_gpt2
         if (!e) dm_user_error("import-hf: %s has no tensor %s (nor " HF_GPT2_PREFIX "%s): not "
                               "a GPT-2 of this config.json", f->path, t[i].name, t[i].name);
         int rank = t[i].cols ? 2 : 1;
-        if (e->rank != rank || e->shape[0] != t[i].rows || (rank == 2 && e->shape[1] != t[i].cols))
-            dm_user_error("import-hf: %s: tensor %s has shape %s, but config.json makes it "
-                          "(%ld%s%.0ld)", f->path, e->name, e->rank == 1 ? "of rank 1" :
-                          e->rank == 2 ? "of rank 2 and other sizes" : "of another rank",
-                          t[i].rows, t[i].cols ? ", " : "", t[i].cols);
+        if (e->rank != rank || e->shape[0] != t[i].rows || (rank == 2 && e->shape[1] != t[i].cols)) {
+            char shape[256] = "(";
+            for (int d = 0; d < e->rank; d++)
+                snprintf(shape + strlen(shape), sizeof shape - strlen(shape), "%s%lld",
+                         d ? ", " : "", (long long)e->shape[d]);
+            dm_user_error("import-hf: %s: tensor %s has shape %s), but config.json makes it "
+                          "(%ld%s%.0ld)", f->path, e->name, shape, t[i].rows,
+                          t[i].cols ? ", " : "", t[i].cols);
+        }
         if (e->dtype == SAFETENSORS_OTHER)
             dm_user_error("import-hf: %s: tensor %s is %s; dynmo reads F32, F16 and BF16",
                           f->path, e->name, e->dtype_name);
