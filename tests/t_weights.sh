@@ -4,7 +4,8 @@
 # random GPT-2 saved by transformers; eval of it within 1e-4 (relative)
 # of transformers' loss on the same windows; export-hf gives back the
 # tensors transformers wrote bit for bit, under the same names, shapes and
-# dtypes, and a re-import exports the same bytes; training resumed from
+# dtypes, and a re-import exports the same bytes; F16 and BF16 files are
+# converted to float32 exactly; training resumed from
 # the imported checkpoint gives finite losses, the same bits on 1 rank and
 # under pp = 2, and a config of another model is refused. Every bad input
 # exits 2 with one message and leaves nothing behind.
@@ -60,6 +61,61 @@ cmp -s "$dir/export/model.safetensors" "$dir/export2/model.safetensors" \
   && echo "ok: import(export(import)) exports the same bytes" || fail "a re-import differs"
 "$DYNMO" export-hf "$dir/again.h5" --out "$dir/export" >/dev/null \
   || fail "export-hf does not replace its own earlier export"
+
+# ---- F16 and BF16 files: converted exactly ----
+# The fixture's tensors rounded to half (Python's struct 'e', to nearest
+# even) and cut to bfloat16: each export must hold exactly the float32
+# values of those 16-bit ones.
+/usr/bin/python3 - "$hf/gpt2-tiny" "$dir" <<'EOF'
+import json, os, shutil, struct, sys
+src, out = sys.argv[1], sys.argv[2]
+data = open(os.path.join(src, "model.safetensors"), "rb").read()
+n = struct.unpack("<Q", data[:8])[0]
+header, body = json.loads(data[8:8 + n]), data[8 + n:]
+for kind in ("F16", "BF16"):
+    os.makedirs(os.path.join(out, kind), exist_ok=True)
+    shutil.copy(os.path.join(src, "config.json"), os.path.join(out, kind))
+    new, chunks, offset = {"__metadata__": header["__metadata__"]}, [], 0
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        raw = body[t["data_offsets"][0]:t["data_offsets"][1]]
+        floats = struct.unpack("<%df" % (len(raw) // 4), raw)
+        if kind == "F16":
+            half = struct.pack("<%de" % len(floats), *floats)
+        else:
+            half = b"".join(raw[i + 2:i + 4] for i in range(0, len(raw), 4))
+        chunks.append(half)
+        new[name] = {"dtype": kind, "shape": t["shape"], "data_offsets": [offset, offset + len(half)]}
+        offset += len(half)
+    text = json.dumps(new).encode()
+    text += b" " * (-len(text) % 8)
+    with open(os.path.join(out, kind, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(chunks))
+EOF
+for kind in F16 BF16; do
+  "$DYNMO" import-hf "$dir/$kind" --out "$dir/$kind.h5" >/dev/null || { fail "import-hf of $kind exited $?"; continue; }
+  "$DYNMO" export-hf "$dir/$kind.h5" --out "$dir/$kind-export" >/dev/null || { fail "export-hf of $kind exited $?"; continue; }
+  /usr/bin/python3 - "$dir/$kind/model.safetensors" "$dir/$kind-export/model.safetensors" "$kind" <<'EOF' \
+    || fail "$kind: not converted exactly"
+import json, struct, sys
+def read(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n]); header.pop("__metadata__")
+    return header, data[8 + n:]
+(h16, d16), (h32, d32), kind = read(sys.argv[1]), read(sys.argv[2]), sys.argv[3]
+for name, t in h16.items():
+    raw = d16[slice(*t["data_offsets"])]
+    if kind == "F16":
+        want = struct.pack("<%df" % (len(raw) // 2), *struct.unpack("<%de" % (len(raw) // 2), raw))
+    else:
+        want = b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2))
+    if d32[slice(*h32[name]["data_offsets"])] != want:
+        sys.exit("%s: %s differs" % (kind, name))
+print("ok: %s: %d tensors converted to float32 exactly" % (kind, len(h16)))
+EOF
+done
 
 # ---- training from the imported checkpoint ----
 tiny_config "$dir/tiny.ini" model.layers=2 model.channels=32 model.heads=4 model.vocab=96 \
