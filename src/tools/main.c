@@ -21,6 +21,9 @@ static const struct subcommand subcommands[] = {
     {"simulate", cmd_simulate, "simulate whole runs at any scale from a run's measured costs"},
     {"trace", cmd_trace, "export traced steps as Chrome trace events (Perfetto)"},
     {"check-ckpt", cmd_check_ckpt, "validate checkpoint files against the schema"},
+    {"import-hf", cmd_import_hf, "a Hugging Face GPT-2 directory as a dynmo checkpoint"},
+    {"export-hf", cmd_export_hf, "a dense checkpoint as a Hugging Face GPT-2 directory"},
+    {"eval", cmd_eval, "a checkpoint's mean next-token loss over a token stream"},
 };
 #define NSUB (sizeof subcommands / sizeof subcommands[0])
 
