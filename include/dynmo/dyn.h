@@ -105,8 +105,9 @@ int dyn_state_restore(struct dyn *dyn, const double *in, long n, char *err, size
  * by its descriptor: the engine gathers every active scheme's signals into
  * the step's profile (pipe/stats.c), the run log writes each as the
  * dataset it names, and inspect and report read them by walking the list
- * (docs/runlog.md has the datasets). None of them names a scheme; simulate's
- * cost model still reads its states by dataset name (simulate_model.c). */
+ * (docs/runlog.md has the datasets), and simulate's cost model reads the
+ * states that signals declare a cost role for. None of them names a
+ * scheme. */
 
 /* What inspect prints of a signal's dataset. */
 enum dyn_signal_summary {
@@ -114,6 +115,34 @@ enum dyn_signal_summary {
     DYN_SUMMARY_MEAN = 1,   /* its mean over the steps and columns (NaN rows left out) and
                                the column with the largest mean over the steps */
 };
+
+/* What a signal's value means for its block's cost: the state that
+ * `dynmo simulate`'s cost model fits the block's times to
+ * (docs/simulate.md). Each role has its features in the fit; a scenario
+ * file's columns and a simulation's state datasets are the declaring
+ * signals' names (dyn_signal.cost_name, cost_dataset). */
+enum dyn_cost_role {
+    DYN_COST_NONE = 0,       /* not a state of the cost */
+    DYN_COST_TOKEN_SHARE,    /* share of the tokens reaching the block that it computes (the
+                                rest left the model), in [0, 1]: features a, a^2 */
+    DYN_COST_SPARSITY,       /* pruned share of its matrices, in [0, 1]: CSR past
+                                dyn.csr_sparsity, and its density there */
+    DYN_COST_FROZEN,         /* 1: no weight gradient and no update (a prefix of blocks):
+                                the fit's second class */
+    DYN_COST_TILE_SHARE,     /* attention tiles visited, as a share of the most any block of
+                                the run visited: feature t */
+    DYN_COST_ROUTED_SHARE,   /* share of the micro-batch's tokens routed through the block,
+                                in [0, 1]: features d, d^2 */
+    DYN_COST_BUSIEST_RANK,   /* its busiest expert rank's load over the mean rank's, in [0,
+                                DYN_COST_BUSIEST_MAX] (0: a block without experts):
+                                feature g, and the expert exchange's rows */
+    DYN_COST_ROLES,
+};
+/* The largest busiest-rank load: at most ep times the mean, and ep is at
+ * most the experts. */
+#define DYN_COST_BUSIEST_MAX 1024.0
+
+struct dyn_log_reader;
 
 /* The columns of a signal's row. */
 enum dyn_signal_columns {
@@ -167,6 +196,20 @@ struct dyn_signal {
     int (*figure_of)(const struct dm_config *cfg);
     void (*to_layers)(const struct dm_config *cfg, const struct gpt_shape *shape,
                       const float *row, float *layers);
+    /* Its part in simulate's cost model (DYN_COST_NONE: none): the role,
+     * the state's name (a scenario's column, "active"), the dataset a
+     * simulation writes the state to (one value per layer), and the
+     * value of a block that the scheme leaves as it is (a layer it does
+     * not own, a run without the scheme). cost_of_log: the state of every
+     * layer of shape at each of the first `rows` steps of the log rd reads,
+     * (rows, layers) floats the caller dm_frees, a layer the scheme does
+     * not own neutral; NULL when the log has none. NULL cost_of_log: the
+     * signal's own dataset, its columns spread onto the scheme's blocks. */
+    enum dyn_cost_role cost;
+    const char *cost_name, *cost_dataset;
+    float neutral;
+    float *(*cost_of_log)(const struct dyn_log_reader *rd, const struct gpt_shape *shape,
+                          long rows);
 };
 
 /* The signals a run of cfg gathers and writes: every active scheme's, in
@@ -175,6 +218,9 @@ int dyn_signals(const struct dm_config *cfg, const struct dyn_signal **out, int 
 /* Every registered scheme's signals, in the table's order, active or not,
  * gathered or derived (the readers': what a log may hold); as dyn_signals. */
 int dyn_signals_all(const struct dyn_signal **out, int max);
+/* The first registered signal (dyn_signals_all's order) of cost role
+ * `role`, or NULL. */
+const struct dyn_signal *dyn_signal_of_cost(enum dyn_cost_role role);
 /* Whether a run of cfg runs the scheme that declared signal. */
 int dyn_signal_active(const struct dyn_signal *signal, const struct dm_config *cfg);
 /* The declaration of run-log dataset `name`, any registered scheme's, or NULL. */

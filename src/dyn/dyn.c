@@ -130,6 +130,14 @@ int dyn_signals_all(const struct dyn_signal **out, int max)
     return n;
 }
 
+const struct dyn_signal *dyn_signal_of_cost(enum dyn_cost_role role)
+{
+    for (int i = 0; i < scheme_count; i++)
+        for (int k = 0; k < schemes[i]->signal_count; k++)
+            if (schemes[i]->signals[k].cost == role) return &schemes[i]->signals[k];
+    return NULL;
+}
+
 /* The scheme that declared signal. */
 static const struct dyn_scheme *scheme_of_signal(const struct dyn_signal *signal)
 {

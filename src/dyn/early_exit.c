@@ -161,7 +161,11 @@ static const struct dyn_signal early_exit_signals[] = {
      .combine = DYN_COMBINE_REPLICA0,
      .read = read_active,
      .figure_label = "active tokens",
-     .figure_unit = "share"},
+     .figure_unit = "share",
+     .cost = DYN_COST_TOKEN_SHARE,
+     .cost_name = "active",
+     .cost_dataset = "/layers/active",
+     .neutral = 1.0f},
 };
 
 static const char *const early_exit_keys[] = {"dyn.exit_from", "dyn.exit_threshold",

@@ -236,6 +236,30 @@ static void frozen_of_update(const struct dm_config *cfg, const struct gpt_shape
         layers[l] = isfinite(row[l]) ? row[l] == 0.0f : row[l];
 }
 
+/* The cost model's frozen blocks in a log of a freeze run: those that did
+ * no update (a log with the blocks' and the stages' update times). */
+static float *frozen_of_log(const struct dyn_log_reader *rd, const struct gpt_shape *shape,
+                            long rows)
+{
+    if (!dyn_scheme_active(&dyn_scheme_freeze, rd->cfg) ||
+        !rd->has(rd->ctx, "/layers/update_ms") || !rd->has(rd->ctx, "/stages/update_ms"))
+        return NULL;
+    float *update = NULL;
+    int cols = 0, L = shape->layers;
+    long got = rd->floats(rd->ctx, "/layers/update_ms", &update, &cols);
+    if (got < rows || cols != L) {
+        char text[1400];
+        snprintf(text, sizeof text, "%s: %s has %ld rows of %d, expected %ld of %d", rd->path,
+                 "/layers/update_ms", got, cols, rows, L);
+        dm_free(update);
+        rd->fail(rd->ctx, text);
+    }
+    float *m = dm_alloc((size_t)rows * L * sizeof(float));
+    for (long i = 0; i < rows * L; i++) m[i] = update[i] == 0.0f;
+    dm_free(update);
+    return m;
+}
+
 /* Not gathered (read NULL): readers derive it from /layers/update_ms, and
  * a simulation writes it (docs/simulate.md). */
 static const struct dyn_signal freeze_signals[] = {
@@ -249,7 +273,12 @@ static const struct dyn_signal freeze_signals[] = {
      .figure_unit = "1 = frozen",
      .source = "/layers/update_ms",
      .figure_of = frozen_figure_of,
-     .to_layers = frozen_of_update},
+     .to_layers = frozen_of_update,
+     .cost = DYN_COST_FROZEN,
+     .cost_name = "frozen",
+     .cost_dataset = "/layers/frozen",
+     .neutral = 0.0f,
+     .cost_of_log = frozen_of_log},
 };
 
 const struct dyn_scheme dyn_scheme_freeze = {

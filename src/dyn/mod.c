@@ -507,6 +507,37 @@ static void tokens_share(const struct dm_config *cfg, const struct gpt_shape *sh
         if (gpt_block_is_mod(shape, l)) layers[l] = (float)(row[j++] / tokens);
 }
 
+/* The cost model's state of each MoD block: its share of the step's
+ * tokens (/mod/tokens counts them over the micro-batches and replicas,
+ * against batch x seq; a validation pass counts into the next step, so
+ * the share is capped at 1), the other blocks 1. */
+static float *tokens_of_log(const struct dyn_log_reader *rd, const struct gpt_shape *shape,
+                            long rows)
+{
+    int L = shape->layers, blocks = 0;
+    for (int l = 0; l < L; l++) blocks += gpt_block_is_mod(shape, l);
+    if (!blocks || !rd->has(rd->ctx, "/mod/tokens")) return NULL;
+    float *tokens = NULL;
+    int cols = 0;
+    long got = rd->floats(rd->ctx, "/mod/tokens", &tokens, &cols);
+    if (got < rows || cols != blocks) {
+        char text[1400];
+        snprintf(text, sizeof text, "%s: %s has %ld rows of %d, expected %ld of %d", rd->path,
+                 "/mod/tokens", got, cols, rows, blocks);
+        dm_free(tokens);
+        rd->fail(rd->ctx, text);
+    }
+    float *m = dm_alloc((size_t)rows * L * sizeof(float));
+    double per_step = (double)rd->cfg->batch * rd->cfg->seq;
+    for (long i = 0; i < rows * L; i++) m[i] = 1.0f;
+    for (long r = 0; r < rows; r++)
+        for (int l = 0, j = 0; l < L; l++)
+            if (gpt_block_is_mod(shape, l))
+                m[r * L + l] = (float)fmin(1.0, tokens[r * blocks + j++] / per_step);
+    dm_free(tokens);
+    return m;
+}
+
 static const struct dyn_signal mod_signals[] = {
     {.dataset = "/mod/tokens",
      .label = "MoD tokens processed",
@@ -517,7 +548,12 @@ static const struct dyn_signal mod_signals[] = {
      .read = read_tokens,
      .figure_label = "MoD tokens processed",
      .figure_unit = "share",
-     .to_layers = tokens_share},
+     .to_layers = tokens_share,
+     .cost = DYN_COST_ROUTED_SHARE,
+     .cost_name = "mod_tokens",
+     .cost_dataset = "/layers/mod_tokens_share",
+     .neutral = 1.0f,
+     .cost_of_log = tokens_of_log},
     {.dataset = "/mod/predictor_bce",
      .label = "predictor BCE",
      .unit = "nats",

@@ -437,7 +437,11 @@ static const struct dyn_signal prune_signals[] = {
      .combine = DYN_COMBINE_REPLICA0,
      .read = read_sparsity,
      .figure_label = "sparsity",
-     .figure_unit = "share"},
+     .figure_unit = "share",
+     .cost = DYN_COST_SPARSITY,
+     .cost_name = "sparsity",
+     .cost_dataset = "/layers/sparsity",
+     .neutral = 0.0f},
 };
 
 static const char *const prune_config_keys[] = {"dyn.prune_start", "dyn.prune_every", "dyn.prune_steps",

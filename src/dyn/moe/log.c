@@ -1,9 +1,12 @@
 /* Mixture of experts in a run log, for inspect (the scheme's
- * summarise_log): each MoE block's most and least loaded expert and its
+ * summarise_log) and for simulate's cost model (the busiest expert rank of
+ * each MoE block, moe_load_of_log): each MoE block's most and least loaded expert and its
  * dropped share over the logged steps, from /moe/tokens and /moe/dropped
  * (columns j * experts + e: MoE block j in layer order, expert e; a row
  * of -1 is a step the log does not hold). Reads through the caller's
  * reader only. */
+#include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include "dynmo/moe.h"
 #include "dyn/moe/log.h"
@@ -132,4 +135,120 @@ void moe_summarise_log(const struct dyn_log_reader *rd, const struct dyn_summary
     write_loads(rd, w, tokens, dropped, rows, ncols, &shape);
     dm_free(tokens);
     dm_free(dropped);
+}
+
+/* ---- the state of the cost model ------------------------------------------------ */
+
+/* A problem with the log's contents (rd->fail does not return). */
+__attribute__((noreturn, format(printf, 2, 3)))
+static void log_problem(const struct dyn_log_reader *rd, const char *fmt, ...)
+{
+    char text[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    rd->fail(rd->ctx, text);
+    DM_FATAL("the log reader's fail returned");
+}
+
+/* The busiest rank as the run measured it (/moe/rank_load, parallel.ep >
+ * 1: over every expert group), spread onto the layers (dense blocks 0). */
+static float *measured_rank_loads(const struct dyn_log_reader *rd, long rows, int L,
+                                  const int *layer, int blocks)
+{
+    float *load = NULL;
+    int cols = 0;
+    long got = rd->floats(rd->ctx, "/moe/rank_load", &load, &cols);
+    if (got < rows || cols != blocks) {
+        dm_free(load);
+        log_problem(rd, "%s: %s has %ld rows of %d, expected %ld of %d", rd->path,
+                    "/moe/rank_load", got, cols, rows, blocks);
+    }
+    float *m = dm_alloc((size_t)rows * L * sizeof(float));
+    for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
+    for (long r = 0; r < rows; r++)
+        for (int j = 0; j < blocks; j++) {
+            float g = load[r * blocks + j];
+            if (!(g >= 0.0f && g <= DYN_COST_BUSIEST_MAX)) {
+                dm_free(load);
+                dm_free(m);
+                log_problem(rd, "%s: %s[%ld][%d] is %g (must be in [0, %g])", rd->path,
+                            "/moe/rank_load", r, j, g, DYN_COST_BUSIEST_MAX);
+            }
+            m[r * L + layer[j]] = g > 0.0f ? g : 1.0f;
+        }
+    dm_free(load);
+    return m;
+}
+
+/* Older logs and ep = 1 are priced from the counts: expert e is on rank
+ * e / (E / ep) of its group (docs/moe.md), a rank's load is the pairs its
+ * experts kept (routed - dropped), and the state is the busiest rank's
+ * over routed / ep (with ep = 1 the kept share; dropless, busiest over
+ * mean), the counts summed over the expert groups. A step's counts (not a
+ * filler row of -1) have 0 <= dropped <= routed. */
+static float *counted_rank_loads(const struct dyn_log_reader *rd, long rows, int L,
+                                 const int *layer, int blocks)
+{
+    int E = rd->cfg->experts, ep = rd->cfg->ep, cols = 0, dcols = 0;
+    int *routed = NULL, *dropped = NULL;
+    long got = rd->ints(rd->ctx, "/moe/tokens", &routed, &cols);
+    if (got < rows || cols != blocks * E) {
+        dm_free(routed);
+        log_problem(rd, "%s: %s has %ld rows of %d, expected %ld of %d", rd->path,
+                    "/moe/tokens", got, cols, rows, blocks * E);
+    }
+    if (rd->has(rd->ctx, "/moe/dropped") &&
+        (rd->ints(rd->ctx, "/moe/dropped", &dropped, &dcols) < rows || dcols != cols)) {
+        dm_free(routed);
+        dm_free(dropped);
+        log_problem(rd, "%s: %s does not match %s", rd->path, "/moe/dropped", "/moe/tokens");
+    }
+    float *m = dm_alloc((size_t)rows * L * sizeof(float));
+    for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
+    for (long r = 0; r < rows; r++) {
+        if (routed[r * cols] < 0) {   /* a step this log does not hold */
+            for (int l = 0; l < L; l++) m[r * L + l] = NAN;
+            continue;
+        }
+        for (int j = 0; j < blocks; j++) {
+            const int *c = routed + r * cols + (long)j * E;
+            const int *d = dropped ? dropped + r * cols + (long)j * E : NULL;
+            double total = 0, busiest = 0, rank = 0;
+            for (int e = 0; e < E; e++) {
+                if (c[e] < 0 || (d && (d[e] < 0 || d[e] > c[e]))) {
+                    int pairs = c[e], lost = d ? d[e] : 0;
+                    dm_free(routed);
+                    dm_free(dropped);
+                    dm_free(m);
+                    log_problem(rd, "%s: at step %ld expert %d of MoE block %d routed %d and "
+                                "dropped %d pairs (need 0 <= dropped <= routed)", rd->path,
+                                r + 1, e, j, pairs, lost);
+                }
+                total += c[e];
+                rank += c[e] - (d ? d[e] : 0);
+                if ((e + 1) % (E / ep) == 0) { busiest = fmax(busiest, rank); rank = 0; }
+            }
+            m[r * L + layer[j]] = total > 0 ? (float)(busiest * ep / total) : 1.0f;
+        }
+    }
+    dm_free(routed);
+    dm_free(dropped);
+    return m;
+}
+
+float *moe_load_of_log(const struct dyn_log_reader *rd, const struct gpt_shape *shape, long rows)
+{
+    int L = shape->layers, blocks = 0;
+    int *layer = dm_alloc((size_t)(L > 0 ? L : 1) * sizeof(int));
+    for (int l = 0; l < L; l++)
+        if (gpt_block_is_moe(shape, l)) layer[blocks++] = l;
+    float *m = NULL;
+    if (blocks && rd->cfg->ep > 1 && rd->has(rd->ctx, "/moe/rank_load"))
+        m = measured_rank_loads(rd, rows, L, layer, blocks);
+    else if (blocks && rd->has(rd->ctx, "/moe/tokens"))
+        m = counted_rank_loads(rd, rows, L, layer, blocks);
+    dm_free(layer);
+    return m;
 }

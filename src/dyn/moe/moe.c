@@ -181,7 +181,12 @@ static const struct dyn_signal moe_signals[] = {
      .columns = DYN_SIGNAL_BLOCKS,
      .combine = DYN_COMBINE_BUSIEST,
      .written = moe_split,
-     .read = read_rank_rows},
+     .read = read_rank_rows,
+     .cost = DYN_COST_BUSIEST_RANK,
+     .cost_name = "moe_load",
+     .cost_dataset = "/layers/moe_load",
+     .neutral = 0.0f,
+     .cost_of_log = moe_load_of_log},
 };
 
 /* The busiest expert of any MoE block against its block's mean, and the

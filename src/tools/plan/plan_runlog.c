@@ -4,8 +4,8 @@
  *
  * The profile: /layers/fwd_ms and /layers/bwd_ms (per micro-batch),
  * parameters per block from the model the config describes (a scheme's
- * blocks may be larger; nonzero ones when the log has
- * /layers/sparsity), slab bytes of a dense block, and the embedding and
+ * blocks may be larger; nonzero ones when the log has the per-layer
+ * signal a scheme declares as sparsity, /layers/sparsity), slab bytes of a dense block, and the embedding and
  * head as the first and last stage's compute per micro-batch beyond their
  * blocks (/stages/busy_ms), a third forward, two thirds backward. Where
  * the log has /layers/update_ms and /stages/update_ms for every step, the
@@ -83,8 +83,11 @@ static void read_run_blocks(struct plan_input *in, struct runlog_file *f, long s
     if (runlog_file_row(f, RUNLOG_LAYER_FWD_MS, step - 1, fwd, L, err, sizeof err) ||
         runlog_file_row(f, RUNLOG_LAYER_BWD_MS, step - 1, bwd, L, err, sizeof err))
         run_error(f, "%s", err);
-    if (runlog_file_dataset(f, "/layers/sparsity") &&
-        runlog_file_row(f, "/layers/sparsity", step - 1, sparsity, L, err, sizeof err))
+    /* The pruned share of each block's matrices: the per-layer signal a
+     * scheme declares as sparsity (dyn.h's cost roles). */
+    const struct dyn_signal *pruned = dyn_signal_of_cost(DYN_COST_SPARSITY);
+    if (pruned && pruned->columns == DYN_SIGNAL_LAYERS && runlog_file_dataset(f, pruned->dataset) &&
+        runlog_file_row(f, pruned->dataset, step - 1, sparsity, L, err, sizeof err))
         run_error(f, "%s", err);
     if (with_update &&
         runlog_file_row(f, RUNLOG_LAYER_UPDATE_MS, step - 1, update, L, err, sizeof err))

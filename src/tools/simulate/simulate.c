@@ -50,6 +50,10 @@ struct simulate_args {
 
 static void usage(FILE *out)
 {
+    char states[512] = "";   /* the schemes' declared states */
+    for (int k = 0; k < sim_state_count(); k++)
+        snprintf(states + strlen(states), sizeof states - strlen(states), "%s%s", k ? "," : "",
+                 sim_state_name(k));
     fprintf(out,
         "usage: dynmo simulate --from-run RUN_DIR [options]\n"
         "Simulates whole training runs from a run's measured costs, with every\n"
@@ -58,8 +62,8 @@ static void usage(FILE *out)
         "  --from-run RUN_DIR    the run log whose costs are fitted (and whose\n"
         "                        trajectory drives the simulation)\n"
         "  --scenario FILE.csv   the trajectory from a file instead: header\n"
-        "                        step,block and any of active,sparsity,frozen,tiles,\n"
-        "                        mod_tokens,moe_load\n"
+        "                        step,block and any of the states\n"
+        "                        (%s)\n"
         "  --blocks N            transformer blocks (default: the run's; the run's\n"
         "                        trajectory is mapped by relative depth)\n"
         "  --stages S            pipeline stages (default: the run's)\n"
@@ -90,7 +94,7 @@ static void usage(FILE *out)
         "                        the model's FLOPs at its sequence length)\n"
         "  --validate            compare with the run's measured step times\n"
         "  --out DIR             write DIR/<policy>.h5 (kind \"simulation\") and\n"
-        "                        DIR/summary.txt\n");
+        "                        DIR/summary.txt\n", states);
 }
 
 static long parse_long(const char *arg, const char *text, long min, long max)
@@ -208,7 +212,7 @@ static void make_trajectory(struct sim_trajectory *traj, const struct simulate_a
     if (!a->scenario) {
         int blocks = a->blocks ? a->blocks : run->layers, steps = a->steps ? a->steps : run->steps;
         sim_check_size(steps, (long)blocks * (a->split ? 2 : 1));
-        sim_trajectory_map(traj, &run->state, blocks, steps);
+        sim_trajectory_map(traj, &run->state, &run->cfg, blocks, steps);
         return;
     }
     sim_scenario_read(traj, a->scenario, a->steps);
@@ -216,8 +220,9 @@ static void make_trajectory(struct sim_trajectory *traj, const struct simulate_a
     if (a->blocks && a->blocks != traj->blocks)
         dm_user_error("simulate: --blocks %d, but the scenario %s lists %d blocks", a->blocks,
                       a->scenario, traj->blocks);
-    for (int k = 0; k < SIM_STATE_COUNT; k++) {
-        if (!traj->present[k] || k == SIM_FROZEN || model->uses[k]) continue;
+    for (int k = 0; k < sim_state_count(); k++) {
+        if (!traj->present[k] || sim_state_role(k) == DYN_COST_FROZEN || model->uses[k])
+            continue;
         for (long i = 0; i < (long)traj->steps * traj->blocks; i++)
             if (traj->value[k][i] != sim_state_neutral(k))
                 dm_user_error("simulate: the scenario %s sets %s, but %s has no %s that varies "
@@ -298,27 +303,43 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     s->replay_width = run->width;
 }
 
-/* The fitted model of a training block at its extremes: forward and
- * backward ms per micro-batch, update ms, with every token and dense (an
- * MoE block evenly loaded), and at 10% of the tokens (early exit, MoD),
- * 90% sparsity, a quarter of the tiles and the busiest expert rank at
- * 1.5x the mean. */
+/* A state of a training block at the extremes describe_model states, by
+ * its role: full (every token, dense, every tile, experts evenly loaded
+ * when the fit saw them) or low (10% of the tokens, 90% sparsity, a
+ * quarter of the tiles, the busiest expert rank at 1.5x the mean). */
+static float extreme_state(const struct sim_model *model, int k, int low)
+{
+    switch (sim_state_role(k)) {
+    case DYN_COST_TOKEN_SHARE: case DYN_COST_ROUTED_SHARE: return low ? 0.1f : 1.0f;
+    case DYN_COST_SPARSITY: return low ? 0.9f : 0.0f;
+    case DYN_COST_TILE_SHARE: return low ? 0.25f : 1.0f;
+    case DYN_COST_BUSIEST_RANK: return low ? 1.5f : model->uses[k] ? 1.0f : 0.0f;
+    default: return 0.0f;
+    }
+}
+
+/* The fitted model of a training block at its extremes (extreme_state):
+ * forward and backward ms per micro-batch, update ms. */
 static size_t describe_model(char *text, size_t size, const struct sim_model *model, float csr)
 {
-    float full[SIM_STATE_COUNT] = {1, 0, 0, 1, 1, model->uses[SIM_MOE_LOAD] ? 1 : 0};
-    float low[SIM_STATE_COUNT] = {0.1f, 0.9f, 0, 0.25f, 0.1f, 1.5f};
+    float full[SIM_STATES_MAX], low[SIM_STATES_MAX];
+    int varied = 0, busiest = 0;
+    for (int k = 0; k < sim_state_count(); k++) {
+        full[k] = extreme_state(model, k, 0);
+        low[k] = extreme_state(model, k, 1);
+        varied |= sim_state_role(k) != DYN_COST_FROZEN && model->uses[k];
+        busiest |= sim_state_role(k) == DYN_COST_BUSIEST_RANK && model->uses[k];
+    }
     double f, b, u, lf, lb, lu;
     sim_model_block(model, full, csr, &f, &b, &u);
     sim_model_block(model, low, csr, &lf, &lb, &lu);
-    int varied = 0;
-    for (int k = 0; k < SIM_STATE_COUNT; k++) varied |= k != SIM_FROZEN && model->uses[k];
     int n = snprintf(text, size, "model: a full block %.3f + %.3f ms a micro-batch, %.3f ms "
                      "update; embedding %.3f + %.3f, head %.3f + %.3f", f, b, u,
                      model->embed.fwd_ms, model->embed.bwd_ms, model->head.fwd_ms,
                      model->head.bwd_ms);
     if (varied && n >= 0 && (size_t)n < size)
         n += snprintf(text + n, size - (size_t)n, "; at 10%% of the tokens, 90%% sparsity, a "
-                      "quarter of the tiles%s: %.3f + %.3f", model->uses[SIM_MOE_LOAD] ?
+                      "quarter of the tiles%s: %.3f + %.3f", busiest ?
                       ", the busiest expert rank 1.5x the mean" : "", lf, lb);
     if (n >= 0 && (size_t)n < size) n += snprintf(text + n, size - (size_t)n, "\n");
     return n < 0 ? 0 : (size_t)n < size ? (size_t)n : size - 1;
@@ -331,8 +352,8 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
                      const struct sim_model *model)
 {
     size_t used = 0;
-    char states[64] = "";
-    for (int k = 0; k < SIM_STATE_COUNT; k++)
+    char states[512] = "";
+    for (int k = 0; k < sim_state_count(); k++)
         if (model->uses[k])
             snprintf(states + strlen(states), sizeof states - strlen(states), "%s%s",
                      states[0] ? ", " : "", sim_state_name(k));
@@ -356,7 +377,8 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
                                  "and the MLP of each block (attention %.0f%% of its time)\n",
                                  100 * s->attention_share);
     char exchange[160] = "";
-    if (s->ep > 1 && model->uses[SIM_MOE_LOAD])
+    int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
+    if (s->ep > 1 && busiest >= 0 && model->uses[busiest])
         snprintf(exchange, sizeof exchange, "; experts over %d ranks: %d + %d exchange rounds "
                  "a micro-batch, %.3f ms + %.0f KB each", s->ep, SIM_EXCHANGE_FWD,
                  SIM_EXCHANGE_BWD, s->exchange_ms, s->exchange_bytes / 1e3);
@@ -550,7 +572,7 @@ static void validate(const struct sim_setup *fitted, const struct sim_run *run)
 static double without_dynamism(const struct sim_setup *setup)
 {
     int any = 0;
-    for (int k = 0; k < SIM_STATE_COUNT; k++) any |= setup->traj->present[k];
+    for (int k = 0; k < sim_state_count(); k++) any |= setup->traj->present[k];
     if (!any) return NAN;
     struct sim_trajectory neutral;
     sim_trajectory_neutral(&neutral, setup->traj);

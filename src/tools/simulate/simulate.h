@@ -16,38 +16,31 @@
 #include <stdint.h>
 #include "dynmo/balance.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "tools/plan/plan.h"
 
 /* ---- the dynamic state of the blocks over training ---------------------- */
 
-/* What a block's cost depends on, at one step. */
-enum sim_state {
-    SIM_ACTIVE = 0,   /* share of the tokens it computes (early exit; 1 otherwise) */
-    SIM_SPARSITY,     /* pruned share of its matrices (pruning; 0 otherwise) */
-    SIM_FROZEN,       /* 1 when frozen (freezing, prefix-only; 0 otherwise) */
-    SIM_TILES,        /* attention tiles visited, as a share of the run's most (hash) */
-    SIM_MOD_TOKENS,   /* share of the micro-batch's tokens a MoD block processes (1 otherwise) */
-    SIM_MOE_LOAD,     /* an MoE block's busiest expert rank: its kept pairs over the mean
-                       * rank's share of the block's routed pairs (0: no experts) */
-    SIM_STATE_COUNT,
-};
-
+/* What a block's cost depends on, at one step: the states, each a signal
+ * of a registered scheme that declares a cost role (dyn_signal.cost), in
+ * the order of the roles (then of the table), so the fit's features keep
+ * one order. State k's name, neutral value and role are its signal's. */
+#define SIM_STATES_MAX 16
+int sim_state_count(void);
+const struct dyn_signal *sim_state_signal(int state);
 const char *sim_state_name(int state);
-/* The value a block has when the state does not vary: active 1, sparsity
- * 0, frozen 0, tiles 1, MoD tokens 1, MoE load 0 (no experts). */
 float sim_state_neutral(int state);
+enum dyn_cost_role sim_state_role(int state);
+/* The first state of role, or -1. */
+int sim_state_of_role(enum dyn_cost_role role);
 
 /* The state of every block at every step: value[state][step * blocks + block].
  * present[state] says which the source has (the others hold their neutral
- * values, sim_state_neutral). every[state] > 1: only blocks l with
- * (l + 1) % every == 0 carry the state (MoD and MoE blocks of a run with
- * model.mod_every or moe_every), the others hold their neutral value, and
- * a mapping onto another depth keeps that pattern. */
+ * values, sim_state_neutral). */
 struct sim_trajectory {
     int steps, blocks;
-    float *value[SIM_STATE_COUNT];
-    int present[SIM_STATE_COUNT];
-    int every[SIM_STATE_COUNT];
+    float *value[SIM_STATES_MAX];
+    int present[SIM_STATES_MAX];
 };
 
 void sim_trajectory_free(struct sim_trajectory *t);
@@ -55,14 +48,12 @@ void sim_trajectory_free(struct sim_trajectory *t);
  * simulation holds: about 100 bytes each over the trajectory and seven
  * policies' results. */
 #define SIM_MAX_CELLS 10000000L
-/* A scenario's largest moe_load: the busiest of ep ranks holds at most ep
- * times the mean, and ep is at most the experts. */
-#define SIM_MAX_MOE_LOAD 1024.0
 /* A user error when steps x units exceeds SIM_MAX_CELLS. */
 void sim_check_size(long steps, long units);
 /* The model without its dynamism: src's blocks at every step in their
  * neutral state (all tokens, dense, none frozen, every tile), except that
- * an MoE block (load > 0) keeps its experts, evenly loaded (load 1). */
+ * a block with experts (busiest-rank load > 0) keeps them, evenly loaded
+ * (load 1). */
 void sim_trajectory_neutral(struct sim_trajectory *t, const struct sim_trajectory *src);
 
 /* ---- what the run log gives --------------------------------------------- */
@@ -101,7 +92,8 @@ void sim_run_free(struct sim_run *run);
 
 /* ---- the cost model ----------------------------------------------------- */
 
-#define SIM_FEATURES 9
+/* The fit's features: 1, then each state's (its role's, dyn.h). */
+#define SIM_FEATURES_MAX (1 + 2 * SIM_STATES_MAX)
 enum { SIM_FWD = 0, SIM_BWD, SIM_UPDATE, SIM_DIRECTIONS };
 
 /* Per direction (forward and backward per micro-batch, update once a
@@ -110,9 +102,10 @@ enum { SIM_FWD = 0, SIM_BWD, SIM_UPDATE, SIM_DIRECTIONS };
  * first step. The embedding's and head's extras are the medians of
  * balance_end_stage_extras over the same steps. */
 struct sim_model {
-    double beta[SIM_DIRECTIONS][2][SIM_FEATURES];
+    double beta[SIM_DIRECTIONS][2][SIM_FEATURES_MAX];
+    int features;              /* how many */
     int fitted[2];             /* samples of each class > 0 */
-    int uses[SIM_STATE_COUNT]; /* the fit saw this state vary */
+    int uses[SIM_STATES_MAX];  /* the fit saw this state vary */
     struct balance_extra embed, head;
     double fit_error;          /* median |fit - measured| / measured, block fwd + bwd */
     long samples;
@@ -122,19 +115,22 @@ struct sim_model {
  * frozen blocks forward as training ones and do no backward or update). */
 void sim_model_fit(struct sim_model *model, const struct sim_run *run);
 
-/* A block's forward, backward and update ms in state (SIM_STATE_COUNT
+/* A block's forward, backward and update ms in state (sim_state_count()
  * values), csr the run's dyn.csr_sparsity. */
 void sim_model_block(const struct sim_model *model, const float *state, float csr,
                      double *fwd, double *bwd, double *update);
 
-/* The run's trajectory mapped onto `blocks` blocks by relative depth (block
- * j of n takes the state at depth (j + 0.5) / n of the run, interpolated;
- * frozen blocks stay a prefix) and onto `steps` steps by relative time. */
+/* The run's trajectory mapped onto `blocks` blocks by relative depth and
+ * onto `steps` steps by relative time: of the blocks that carry a state
+ * (its scheme's, dyn_signal_layer, in the model of cfg, the run's, and in
+ * that model at `blocks` blocks), carrier j of n takes the state at depth
+ * (j + 0.5) / n of the run's carriers, interpolated; the other blocks its
+ * neutral value; frozen blocks stay a prefix. */
 void sim_trajectory_map(struct sim_trajectory *out, const struct sim_trajectory *src,
-                        int blocks, int steps);
+                        const struct dm_config *cfg, int blocks, int steps);
 
 /* Reads a scenario (docs/simulate.md): a CSV with header step,block and
- * one or more of active, sparsity, frozen, tiles, mod_tokens, moe_load; every listed step lists
+ * one or more of the states' names; every listed step lists
  * every block once; a step's states hold until the next listed step. The
  * trajectory covers `steps` steps (0: through the last listed step). Bad
  * input is a user error naming the file and line. */

@@ -26,18 +26,58 @@
 #include "tools/plan/plan.h"
 #include "tools/simulate/simulate.h"
 
-static const char *const state_names[SIM_STATE_COUNT] = {"active", "sparsity", "frozen",
-                                                         "tiles", "mod_tokens", "moe_load"};
-static const float state_neutral[SIM_STATE_COUNT] = {1.0f, 0.0f, 0.0f, 1.0f, 1.0f, 0.0f};
+/* The states: every registered signal with a cost role, ordered by role
+ * and then by the table (a stable insertion sort), built once. */
+static const struct dyn_signal *states[SIM_STATES_MAX];
+static int state_count = -1;
+
+static void states_init(void)
+{
+    if (state_count >= 0) return;
+    const struct dyn_signal *all[DYN_SIGNALS_MAX * 4];
+    int n = dyn_signals_all(all, DYN_SIGNALS_MAX * 4), count = 0;
+    for (int i = 0; i < n; i++) {
+        if (all[i]->cost == DYN_COST_NONE) continue;
+        if (count == SIM_STATES_MAX) DM_FATAL("more than %d signals with a cost role", count);
+        int k = count++;
+        for (; k > 0 && states[k - 1]->cost > all[i]->cost; k--) states[k] = states[k - 1];
+        states[k] = all[i];
+    }
+    state_count = count;
+}
+
+int sim_state_count(void)
+{
+    states_init();
+    return state_count;
+}
+
+const struct dyn_signal *sim_state_signal(int state)
+{
+    states_init();
+    return states[state];
+}
 
 const char *sim_state_name(int state)
 {
-    return state >= 0 && state < SIM_STATE_COUNT ? state_names[state] : "?";
+    return state >= 0 && state < sim_state_count() ? states[state]->cost_name : "?";
 }
 
 float sim_state_neutral(int state)
 {
-    return state_neutral[state];
+    return sim_state_signal(state)->neutral;
+}
+
+enum dyn_cost_role sim_state_role(int state)
+{
+    return sim_state_signal(state)->cost;
+}
+
+int sim_state_of_role(enum dyn_cost_role role)
+{
+    for (int k = 0; k < sim_state_count(); k++)
+        if (states[k]->cost == role) return k;
+    return -1;
 }
 
 static void trajectory_alloc(struct sim_trajectory *t, int steps, int blocks)
@@ -46,9 +86,9 @@ static void trajectory_alloc(struct sim_trajectory *t, int steps, int blocks)
     t->steps = steps;
     t->blocks = blocks;
     size_t n = (size_t)steps * (size_t)blocks;
-    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+    for (int k = 0; k < sim_state_count(); k++) {
         t->value[k] = dm_alloc(n * sizeof(float));
-        for (size_t i = 0; i < n; i++) t->value[k][i] = state_neutral[k];
+        for (size_t i = 0; i < n; i++) t->value[k][i] = sim_state_neutral(k);
     }
 }
 
@@ -62,13 +102,16 @@ void sim_check_size(long steps, long units)
 void sim_trajectory_neutral(struct sim_trajectory *t, const struct sim_trajectory *src)
 {
     trajectory_alloc(t, src->steps, src->blocks);
-    for (long i = 0; i < (long)src->steps * src->blocks; i++)
-        t->value[SIM_MOE_LOAD][i] = src->value[SIM_MOE_LOAD][i] > 0 ? 1.0f : 0.0f;
+    for (int k = 0; k < sim_state_count(); k++) {
+        if (sim_state_role(k) != DYN_COST_BUSIEST_RANK) continue;
+        for (long i = 0; i < (long)src->steps * src->blocks; i++)
+            t->value[k][i] = src->value[k][i] > 0 ? 1.0f : 0.0f;
+    }
 }
 
 void sim_trajectory_free(struct sim_trajectory *t)
 {
-    for (int k = 0; k < SIM_STATE_COUNT; k++) dm_free(t->value[k]);
+    for (int k = 0; k < SIM_STATES_MAX; k++) dm_free(t->value[k]);
     memset(t, 0, sizeof *t);
 }
 
@@ -175,183 +218,96 @@ static void read_layouts(struct sim_run *run, struct runlog_file *f, long rows)
                   RUNLOG_STEP_MS, rows);
 }
 
-/* The layer of each of the blocks that carry signal's columns in run's
- * model (the scheme's own rule, dyn_signal_layer), into layer (at most
- * max); returns how many. */
-static int carrier_layers(const struct sim_run *run, const char *dataset, int *layer, int max)
+/* The run log as the schemes read it (struct dyn_log_reader): a dataset
+ * that cannot be read, or a problem a scheme finds, is the run's error. */
+struct log_reading {
+    struct sim_run *run;
+    struct runlog_file *f;
+};
+
+static int reader_has(void *ctx, const char *dataset)
 {
-    const struct dyn_signal *signal = dyn_signal_of_dataset(dataset);
-    struct gpt_shape shape = dyn_shape_from_config(&run->cfg);
-    int n = 0;
-    for (int l = 0; signal && l < run->layers && n < max; l++)
-        if (dyn_signal_layer(signal, &shape, l)) layer[n++] = l;
-    return n;
+    return runlog_file_dataset(((struct log_reading *)ctx)->f, dataset) != NULL;
 }
 
-/* Each MoD block's share of the step's tokens (/mod/tokens counts them
- * over the micro-batches and replicas, against batch x seq), the other
- * blocks 1; a validation pass counts into the next step, so the share is
- * capped at 1. NULL without MoD blocks. */
-static float *mod_shares(const struct sim_run *run, struct runlog_file *f, long rows)
+static long reader_floats(void *ctx, const char *dataset, float **values, int *cols)
 {
-    int L = run->layers, *layer = dm_alloc((size_t)L * sizeof(int));
-    int blocks = carrier_layers(run, "/mod/tokens", layer, L);
-    if (!blocks || !runlog_file_dataset(f, "/mod/tokens")) {
-        dm_free(layer);
-        return NULL;
-    }
-    float *tokens = read_blocks(run, f, "/mod/tokens", rows, blocks, 0);
-    float *m = dm_alloc((size_t)rows * L * sizeof(float));
-    double per_step = (double)run->cfg.batch * run->cfg.seq;
-    for (long i = 0; i < rows * L; i++) m[i] = 1.0f;
-    for (long r = 0; r < rows; r++)
-        for (int j = 0; j < blocks; j++)
-            m[r * L + layer[j]] = (float)fmin(1.0, tokens[r * blocks + j] / per_step);
-    dm_free(layer);
-    dm_free(tokens);
-    return m;
+    struct log_reading *rd = ctx;
+    char err[1200];
+    long rows = runlog_file_matrix(rd->f, dataset, values, cols, err, sizeof err);
+    if (rows < 0) run_error(rd->f, "%s", err);
+    return rows;
 }
 
-/* The MoE blocks' busiest expert rank as the run measured it
- * (/moe/rank_load, parallel.ep > 1: over every expert group), spread onto
- * the layers (dense blocks 0). */
-static float *moe_rank_loads(const struct sim_run *run, struct runlog_file *f, long rows,
-                             const int *layer, int blocks)
+static long reader_ints(void *ctx, const char *dataset, int **values, int *cols)
+{
+    struct log_reading *rd = ctx;
+    char err[1200];
+    long rows = runlog_file_int_matrix(rd->f, dataset, values, cols, err, sizeof err);
+    if (rows < 0) run_error(rd->f, "%s", err);
+    return rows;
+}
+
+__attribute__((noreturn))
+static void reader_fail(void *ctx, const char *text)
+{
+    run_error(((struct log_reading *)ctx)->f, "%s", text);
+}
+
+/* A state's signal as its dataset holds it: one value per layer, or one
+ * per block of its scheme spread onto those (the others neutral); NULL
+ * when the log has none. */
+static float *signal_matrix(struct sim_run *run, struct runlog_file *f, long rows,
+                            const struct dyn_signal *signal, const struct gpt_shape *shape)
 {
     int L = run->layers;
-    float *load = read_blocks(run, f, "/moe/rank_load", rows, blocks, 1);
+    if (signal->columns == DYN_SIGNAL_LAYERS)
+        return read_blocks(run, f, signal->dataset, rows, L, 0);
+    int width = dyn_signal_width(signal, shape);
+    if (!width || signal->columns != DYN_SIGNAL_BLOCKS) return NULL;
+    float *own = read_blocks(run, f, signal->dataset, rows, width, 0);
+    if (!own) return NULL;
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
-    for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
     for (long r = 0; r < rows; r++)
-        for (int j = 0; j < blocks; j++) {
-            float g = load[r * blocks + j];
-            if (!(g >= 0.0f && g <= SIM_MAX_MOE_LOAD)) {
-                dm_free(load);
-                dm_free(m);
-                run_error(f, "%s: %s[%ld][%d] is %g (must be in [0, %g])", run->path,
-                          "/moe/rank_load", r, j, g, SIM_MAX_MOE_LOAD);
-            }
-            m[r * L + layer[j]] = g > 0.0f ? g : 1.0f;
-        }
-    dm_free(load);
+        for (int l = 0, j = 0; l < L; l++)
+            m[r * L + l] = dyn_signal_layer(signal, shape, l) ? own[r * width + j++]
+                                                              : signal->neutral;
+    dm_free(own);
     return m;
 }
 
-/* An MoE block's busiest expert rank over the step. A run with its
- * experts split over ranks records it (/moe/rank_load, moe_rank_loads);
- * older logs are priced from the counts: expert e is on rank e / (E / ep)
- * of its group (docs/moe.md), a rank's load is the pairs its experts kept
- * (routed - dropped), and the state is the busiest rank's over routed /
- * ep (with ep = 1 the kept share; dropless, busiest over mean), the
- * counts summed over the expert groups. Dense blocks 0. NULL without MoE
- * blocks. A step's counts (not a filler row of -1) have 0 <= dropped <=
- * routed. */
-static float *moe_counted_loads(const struct sim_run *run, struct runlog_file *f, long rows,
-                                const int *layer, int blocks);
-
-static float *moe_loads(const struct sim_run *run, struct runlog_file *f, long rows)
-{
-    int L = run->layers, ep = run->cfg.ep;
-    int *layer = dm_alloc((size_t)L * sizeof(int));
-    int blocks = carrier_layers(run, "/moe/tokens", layer, L);
-    float *m = NULL;
-    if (blocks && ep > 1 && runlog_file_dataset(f, "/moe/rank_load"))
-        m = moe_rank_loads(run, f, rows, layer, blocks);
-    else if (blocks && runlog_file_dataset(f, "/moe/tokens"))
-        m = moe_counted_loads(run, f, rows, layer, blocks);
-    dm_free(layer);
-    return m;
-}
-
-/* moe_loads from the counts: blocks MoE blocks at layer[]. */
-static float *moe_counted_loads(const struct sim_run *run, struct runlog_file *f, long rows,
-                                const int *layer, int blocks)
-{
-    char err[1200];
-    int L = run->layers, E = run->cfg.experts, ep = run->cfg.ep, cols = 0, dcols = 0;
-    int *routed = NULL, *dropped = NULL;
-    long got = runlog_file_int_matrix(f, "/moe/tokens", &routed, &cols, err, sizeof err);
-    if (got < 0) run_error(f, "%s", err);
-    if (got < rows || cols != blocks * E) {
-        dm_free(routed);
-        run_error(f, "%s: %s has %ld rows of %d, expected %ld of %d", run->path,
-                  "/moe/tokens", got, cols, rows, blocks * E);
-    }
-    if (runlog_file_dataset(f, "/moe/dropped") &&
-        (runlog_file_int_matrix(f, "/moe/dropped", &dropped, &dcols, err, sizeof err) < rows ||
-         dcols != cols)) {
-        dm_free(routed);
-        dm_free(dropped);
-        run_error(f, "%s: %s does not match %s", run->path, "/moe/dropped",
-                  "/moe/tokens");
-    }
-    float *m = dm_alloc((size_t)rows * L * sizeof(float));
-    for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
-    for (long r = 0; r < rows; r++) {
-        if (routed[r * cols] < 0) {   /* a step this log does not hold */
-            for (int l = 0; l < L; l++) m[r * L + l] = NAN;
-            continue;
-        }
-        for (int j = 0; j < blocks; j++) {
-            const int *c = routed + r * cols + (long)j * E;
-            const int *d = dropped ? dropped + r * cols + (long)j * E : NULL;
-            double total = 0, busiest = 0, rank = 0;
-            for (int e = 0; e < E; e++) {
-                if (c[e] < 0 || (d && (d[e] < 0 || d[e] > c[e]))) {
-                    int pairs = c[e], lost = d ? d[e] : 0;
-                    dm_free(routed);
-                    dm_free(dropped);
-                    dm_free(m);
-                    run_error(f, "%s: at step %ld expert %d of MoE block %d routed %d and "
-                              "dropped %d pairs (need 0 <= dropped <= routed)", run->path,
-                              r + 1, e, j, pairs, lost);
-                }
-                total += c[e];
-                rank += c[e] - (d ? d[e] : 0);
-                if ((e + 1) % (E / ep) == 0) { busiest = fmax(busiest, rank); rank = 0; }
-            }
-            m[r * L + layer[j]] = total > 0 ? (float)(busiest * ep / total) : 1.0f;
-        }
-    }
-    dm_free(routed);
-    dm_free(dropped);
-    return m;
-}
-
-/* One state's (rows, layers) matrix as the log records it, or NULL. */
+/* One state's (rows, layers) matrix as the log records it (its signal's
+ * cost_of_log, or its dataset), or NULL. */
 static float *state_matrix(struct sim_run *run, struct runlog_file *f, long rows, int k)
 {
-    static const char *const names[SIM_STATE_COUNT] = {"/layers/active",
-        "/layers/sparsity", NULL, "/hash/tiles", NULL, NULL};
-    int L = run->layers;
-    if (names[k]) return read_blocks(run, f, names[k], rows, L, 0);
-    if (k == SIM_MOD_TOKENS) return mod_shares(run, f, rows);
-    if (k == SIM_MOE_LOAD) return moe_loads(run, f, rows);
-    if (strcmp(run->cfg.dyn_kind, "freeze") || !run->update) return NULL;
-    float *m = dm_alloc((size_t)rows * L * sizeof(float));
-    for (long i = 0; i < rows * L; i++) m[i] = run->update[i] == 0.0f;
-    return m;
+    const struct dyn_signal *signal = sim_state_signal(k);
+    struct gpt_shape shape = dyn_shape_from_config(&run->cfg);
+    if (!signal->cost_of_log) return signal_matrix(run, f, rows, signal, &shape);
+    struct log_reading reading = {run, f};
+    const struct dyn_log_reader rd = {&reading, &run->cfg, run->path, reader_has, reader_floats,
+                                      reader_ints, reader_fail};
+    return signal->cost_of_log(&rd, &shape, rows);
 }
 
 /* The range a state of a measured step must be in. */
 static int state_ok(int k, float v)
 {
-    static const float high[SIM_STATE_COUNT] = {1, 1, 1, 1e30f, 1, SIM_MAX_MOE_LOAD};
-    return v >= 0.0f && v <= high[k];
+    enum dyn_cost_role role = sim_state_role(k);
+    float high = role == DYN_COST_TILE_SHARE ? 1e30f   /* a count, made a share below */
+               : role == DYN_COST_BUSIEST_RANK ? (float)DYN_COST_BUSIEST_MAX : 1.0f;
+    return v >= 0.0f && v <= high;
 }
 
-/* The block states the log records: /layers/active, /layers/sparsity,
- * /hash/tiles (as a share of the largest), frozen blocks (freeze runs:
- * those that did no update), MoD blocks' token shares and MoE blocks'
- * busiest expert rank; at a measured step each in its range. */
+/* The block states the log records (each state's signal: its dataset or
+ * its cost_of_log), a share of tiles as a share of the largest; at a
+ * measured step each in its role's range. */
 static void read_states(struct sim_run *run, struct runlog_file *f, long rows, const long *keep,
                         int count)
 {
     int L = run->layers;
     trajectory_alloc(&run->state, count, L);
-    run->state.every[SIM_MOD_TOKENS] = run->cfg.mod_every;
-    run->state.every[SIM_MOE_LOAD] = run->cfg.moe_every;
-    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+    for (int k = 0; k < sim_state_count(); k++) {
+        int tiles = sim_state_role(k) == DYN_COST_TILE_SHARE;
         float *m = state_matrix(run, f, rows, k);
         if (!m) continue;
         keep_rows(m, L, keep, count);
@@ -363,10 +319,10 @@ static void read_states(struct sim_run *run, struct runlog_file *f, long rows, c
                 run_error(f, "%s: block %ld at step %ld has %s %g", run->path, i % L,
                           keep[i / L] + 1, sim_state_name(k), (double)v);
             }
-            if (k == SIM_TILES && m[i] > most) most = m[i];
+            if (tiles && m[i] > most) most = m[i];
         }
         for (long i = 0; i < (long)count * L; i++)
-            run->state.value[k][i] = k == SIM_TILES ? (most > 0 ? m[i] / most : 1.0f) : m[i];
+            run->state.value[k][i] = tiles ? (most > 0 ? m[i] / most : 1.0f) : m[i];
         run->state.present[k] = 1;
         dm_free(m);
     }
@@ -507,31 +463,59 @@ void sim_run_free(struct sim_run *run)
 
 /* ---- the cost model ------------------------------------------------------- */
 
-/* The features of a block in `state` (SIM_STATE_COUNT values), those the
- * fit does not use zero: 1, active, active^2, in CSR, in CSR x density,
- * tiles, MoD tokens, MoD tokens^2, MoE load. */
-static void features(double *phi, const float *state, float csr, const int *uses)
+/* How many features the fit has: 1, then each state's by its role. */
+static int feature_count(void)
 {
-    double a = state[SIM_ACTIVE], s = state[SIM_SPARSITY];
-    double in_csr = uses[SIM_SPARSITY] && s >= csr ? 1.0 : 0.0;
-    phi[0] = 1.0;
-    phi[1] = uses[SIM_ACTIVE] ? a : 0.0;
-    phi[2] = uses[SIM_ACTIVE] ? a * a : 0.0;
-    phi[3] = in_csr;
-    phi[4] = in_csr * (1.0 - s);
-    phi[5] = uses[SIM_TILES] ? state[SIM_TILES] : 0.0;
-    double m = uses[SIM_MOD_TOKENS] ? state[SIM_MOD_TOKENS] : 0.0;
-    phi[6] = m;
-    phi[7] = m * m;
-    phi[8] = uses[SIM_MOE_LOAD] ? state[SIM_MOE_LOAD] : 0.0;
+    int n = 1;
+    for (int k = 0; k < sim_state_count(); k++)
+        switch (sim_state_role(k)) {
+        case DYN_COST_TOKEN_SHARE: case DYN_COST_ROUTED_SHARE: case DYN_COST_SPARSITY: n += 2;
+            break;
+        case DYN_COST_TILE_SHARE: case DYN_COST_BUSIEST_RANK: n += 1; break;
+        default: break;
+        }
+    return n;
 }
 
-/* Solves (A + ridge) x = b for a symmetric SIM_FEATURES x SIM_FEATURES A by
- * Gaussian elimination with partial pivoting; the small ridge makes
- * features that never vary (all-zero columns) come out 0. */
-static void solve(double A[SIM_FEATURES][SIM_FEATURES], double *b, double *x)
+/* The class of a block in state: 1 when frozen (no weight gradient). */
+static int frozen_class(const float *state)
 {
-    enum { P = SIM_FEATURES };
+    int k = sim_state_of_role(DYN_COST_FROZEN);
+    return k >= 0 && state[k] != 0;
+}
+
+/* The features of a block in `state` (sim_state_count() values), those
+ * of a state the fit does not use zero: 1, then per state by its role: a
+ * share of tokens x and x^2, sparsity s as in CSR and in CSR x density
+ * (s reaches csr), a share of tiles, a busiest-rank load. */
+static void features(double *phi, const float *state, float csr, const int *uses)
+{
+    int p = 0;
+    phi[p++] = 1.0;
+    for (int k = 0; k < sim_state_count(); k++) {
+        double x = uses[k] ? state[k] : 0.0;
+        switch (sim_state_role(k)) {
+        case DYN_COST_TOKEN_SHARE: case DYN_COST_ROUTED_SHARE:
+            phi[p++] = x;
+            phi[p++] = x * x;
+            break;
+        case DYN_COST_SPARSITY: {
+            double in_csr = uses[k] && state[k] >= csr ? 1.0 : 0.0;
+            phi[p++] = in_csr;
+            phi[p++] = in_csr * (1.0 - state[k]);
+            break;
+        }
+        case DYN_COST_TILE_SHARE: case DYN_COST_BUSIEST_RANK: phi[p++] = x; break;
+        default: break;
+        }
+    }
+}
+
+/* Solves (A + ridge) x = b for a symmetric P x P A (the leading block of
+ * A) by Gaussian elimination with partial pivoting; the small ridge makes
+ * features that never vary (all-zero columns) come out 0. */
+static void solve(double A[SIM_FEATURES_MAX][SIM_FEATURES_MAX], double *b, double *x, int P)
+{
     double trace = 0;
     for (int i = 0; i < P; i++) trace += A[i][i];
     for (int i = 0; i < P; i++) A[i][i] += 1e-9 * trace / P + 1e-300;
@@ -562,10 +546,10 @@ static float measured(const struct sim_run *run, int direction, long i)
          : run->update ? run->update[i] : 0.0f;
 }
 
-static double predict(const double *beta, const double *phi)
+static double predict(const double *beta, const double *phi, int P)
 {
     double t = 0;
-    for (int k = 0; k < SIM_FEATURES; k++) t += beta[k] * phi[k];
+    for (int k = 0; k < P; k++) t += beta[k] * phi[k];
     return t > 0 ? t : 0;
 }
 
@@ -575,23 +559,24 @@ static double predict(const double *beta, const double *phi)
 static long fit_one(struct sim_model *model, const struct sim_run *run, int direction, int cls,
                     double limit)
 {
-    double A[SIM_FEATURES][SIM_FEATURES] = {{0}}, b[SIM_FEATURES] = {0}, phi[SIM_FEATURES];
-    double *beta = model->beta[direction][cls];
+    double A[SIM_FEATURES_MAX][SIM_FEATURES_MAX] = {{0}}, b[SIM_FEATURES_MAX] = {0};
+    double phi[SIM_FEATURES_MAX], *beta = model->beta[direction][cls];
     long count = 0, L = run->layers;
-    float state[SIM_STATE_COUNT];
+    int P = model->features;
+    float state[SIM_STATES_MAX];
     for (long i = L; i < (long)run->steps * L; i++) {
-        for (int k = 0; k < SIM_STATE_COUNT; k++) state[k] = run->state.value[k][i];
-        if ((state[SIM_FROZEN] != 0) != cls) continue;
+        for (int k = 0; k < sim_state_count(); k++) state[k] = run->state.value[k][i];
+        if (frozen_class(state) != cls) continue;
         features(phi, state, run->csr_sparsity, model->uses);
         double y = measured(run, direction, i);
-        if (!isfinite(y) || (limit > 0 && fabs(predict(beta, phi) - y) > limit)) continue;
-        for (int p = 0; p < SIM_FEATURES; p++) {
+        if (!isfinite(y) || (limit > 0 && fabs(predict(beta, phi, P) - y) > limit)) continue;
+        for (int p = 0; p < P; p++) {
             b[p] += phi[p] * y;
-            for (int q = 0; q < SIM_FEATURES; q++) A[p][q] += phi[p] * phi[q];
+            for (int q = 0; q < P; q++) A[p][q] += phi[p] * phi[q];
         }
         count++;
     }
-    if (count) solve(A, b, beta);
+    if (count) solve(A, b, beta, P);
     return count;
 }
 
@@ -601,13 +586,14 @@ static double residual_limit(const struct sim_model *model, const struct sim_run
                              int direction, int cls, double *scratch)
 {
     long n = 0, L = run->layers;
-    double phi[SIM_FEATURES];
-    float state[SIM_STATE_COUNT];
+    double phi[SIM_FEATURES_MAX];
+    float state[SIM_STATES_MAX];
     for (long i = L; i < (long)run->steps * L; i++) {
-        for (int k = 0; k < SIM_STATE_COUNT; k++) state[k] = run->state.value[k][i];
-        if ((state[SIM_FROZEN] != 0) != cls || !isfinite(measured(run, direction, i))) continue;
+        for (int k = 0; k < sim_state_count(); k++) state[k] = run->state.value[k][i];
+        if (frozen_class(state) != cls || !isfinite(measured(run, direction, i))) continue;
         features(phi, state, run->csr_sparsity, model->uses);
-        scratch[n++] = fabs(predict(model->beta[direction][cls], phi) - measured(run, direction, i));
+        scratch[n++] = fabs(predict(model->beta[direction][cls], phi, model->features) -
+                            measured(run, direction, i));
     }
     return 4.0 * dm_median(scratch, n) + 1e-6;
 }
@@ -635,10 +621,10 @@ static void fit_extras(struct sim_model *model, const struct sim_run *run)
 static double fit_error(const struct sim_model *model, const struct sim_run *run, double *scratch)
 {
     long n = 0, L = run->layers;
-    float state[SIM_STATE_COUNT];
+    float state[SIM_STATES_MAX];
     for (long i = L; i < (long)run->steps * L; i++) {
         double y = run->fwd[i] + run->bwd[i], f, b, u;
-        for (int k = 0; k < SIM_STATE_COUNT; k++) state[k] = run->state.value[k][i];
+        for (int k = 0; k < sim_state_count(); k++) state[k] = run->state.value[k][i];
         sim_model_block(model, state, run->csr_sparsity, &f, &b, &u);
         if (y > 0) scratch[n++] = fabs(f + b - y) / y;
     }
@@ -648,14 +634,16 @@ static double fit_error(const struct sim_model *model, const struct sim_run *run
 void sim_model_fit(struct sim_model *model, const struct sim_run *run)
 {
     memset(model, 0, sizeof *model);
+    model->features = feature_count();
     long total = (long)run->steps * run->layers;
-    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+    for (int k = 0; k < sim_state_count(); k++) {
+        int frozen = sim_state_role(k) == DYN_COST_FROZEN;
         float lo = INFINITY, hi = -INFINITY;
-        for (long i = run->layers; k != SIM_FROZEN && i < total; i++) {
+        for (long i = run->layers; !frozen && i < total; i++) {
             lo = fminf(lo, run->state.value[k][i]);
             hi = fmaxf(hi, run->state.value[k][i]);
         }
-        model->uses[k] = run->state.present[k] && (k == SIM_FROZEN || hi > lo);
+        model->uses[k] = run->state.present[k] && (frozen || hi > lo);
     }
     double *scratch = dm_alloc((size_t)total * sizeof(double));
     for (int d = 0; d < SIM_DIRECTIONS; d++)
@@ -669,7 +657,7 @@ void sim_model_fit(struct sim_model *model, const struct sim_run *run)
      * do no backward or update; training blocks as frozen ones forward. */
     int missing = !model->fitted[1] ? 1 : !model->fitted[0] ? 0 : -1;
     if (missing >= 0)
-        for (int p = 0; p < SIM_FEATURES; p++) {
+        for (int p = 0; p < model->features; p++) {
             model->beta[SIM_FWD][missing][p] = model->beta[SIM_FWD][1 - missing][p];
             model->beta[SIM_BWD][missing][p] = missing ? 0.0 : model->beta[SIM_BWD][1][p];
             model->beta[SIM_UPDATE][missing][p] = missing ? 0.0 : model->beta[SIM_UPDATE][1][p];
@@ -682,52 +670,68 @@ void sim_model_fit(struct sim_model *model, const struct sim_run *run)
 void sim_model_block(const struct sim_model *model, const float *state, float csr,
                      double *fwd, double *bwd, double *update)
 {
-    double phi[SIM_FEATURES];
-    int cls = state[SIM_FROZEN] != 0;
+    double phi[SIM_FEATURES_MAX];
+    int cls = frozen_class(state), P = model->features;
     features(phi, state, csr, model->uses);
-    *fwd = predict(model->beta[SIM_FWD][cls], phi);
-    *bwd = predict(model->beta[SIM_BWD][cls], phi);
-    *update = predict(model->beta[SIM_UPDATE][cls], phi);
+    *fwd = predict(model->beta[SIM_FWD][cls], phi, P);
+    *bwd = predict(model->beta[SIM_BWD][cls], phi, P);
+    *update = predict(model->beta[SIM_UPDATE][cls], phi, P);
 }
 
 /* ---- trajectories --------------------------------------------------------- */
 
-/* The state of block j of `blocks` at its relative depth in one step's
- * row of the source (L blocks), interpolated between the two nearest
- * blocks that carry it (every `every`-th, or all); a block that does not
- * carry it gets `neutral`. */
-static double at_depth(const float *row, int L, int every, int j, int blocks, float neutral)
+/* The layers of shape that carry signal (its scheme's blocks, or every
+ * layer of a per-layer signal) into layer; returns how many. */
+static int carriers_of(const struct dyn_signal *signal, const struct gpt_shape *shape, int *layer)
 {
-    int p = every > 1 ? every : 1, carriers = L / p, target = blocks / p;
-    if ((j + 1) % p || !carriers || !target) return neutral;
-    double x = (((j + 1) / p - 1 + 0.5) / target) * carriers - 0.5;
-    int lo = x <= 0 ? 0 : (int)floor(x), hi = lo + 1 < carriers ? lo + 1 : carriers - 1;
-    if (lo > carriers - 1) lo = carriers - 1;
+    int n = 0;
+    for (int l = 0; l < shape->layers; l++)
+        if (dyn_signal_layer(signal, shape, l)) layer[n++] = l;
+    return n;
+}
+
+/* The state of carrier `ordinal` of `target` at its relative depth in one
+ * step's row of the source, interpolated between the two nearest of its
+ * `count` carriers (at layers layer[]). */
+static double at_depth(const float *row, const int *layer, int count, int ordinal, int target)
+{
+    double x = ((ordinal + 0.5) / target) * count - 0.5;
+    int lo = x <= 0 ? 0 : (int)floor(x), hi = lo + 1 < count ? lo + 1 : count - 1;
+    if (lo > count - 1) lo = count - 1;
     double w = x <= 0 ? 0.0 : x - lo;
-    return (1 - w) * row[(lo + 1) * p - 1] + w * row[(hi + 1) * p - 1];
+    return (1 - w) * row[layer[lo]] + w * row[layer[hi]];
 }
 
 void sim_trajectory_map(struct sim_trajectory *out, const struct sim_trajectory *src,
-                        int blocks, int steps)
+                        const struct dm_config *cfg, int blocks, int steps)
 {
     trajectory_alloc(out, steps, blocks);
     int L = src->blocks;
-    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+    struct dm_config deeper = *cfg;
+    deeper.layers = blocks;
+    struct gpt_shape from = dyn_shape_from_config(cfg), to = dyn_shape_from_config(&deeper);
+    int *source = dm_alloc((size_t)(L > 0 ? L : 1) * sizeof(int));
+    int *ordinal = dm_alloc((size_t)blocks * sizeof(int));
+    for (int k = 0; k < sim_state_count(); k++) {
         out->present[k] = src->present[k];
-        out->every[k] = src->every[k];
-    }
-    for (int t = 0; t < steps; t++) {
-        long from = (long)((double)t * src->steps / steps) * L;
-        for (int j = 0; j < blocks; j++) {
-            for (int k = 0; k < SIM_STATE_COUNT; k++) {
-                double value = at_depth(src->value[k] + from, L, src->every[k], j, blocks,
-                                        state_neutral[k]);
-                if (k == SIM_FROZEN)   /* frozen blocks stay a prefix */
+        const struct dyn_signal *signal = sim_state_signal(k);
+        int count = carriers_of(signal, &from, source), target = 0;
+        for (int j = 0; j < blocks; j++)
+            ordinal[j] = dyn_signal_layer(signal, &to, j) ? target++ : -1;
+        for (int t = 0; t < steps; t++) {
+            long from_row = (long)((double)t * src->steps / steps) * L;
+            for (int j = 0; j < blocks; j++) {
+                double value = ordinal[j] < 0 || !count ? sim_state_neutral(k)
+                             : at_depth(src->value[k] + from_row, source, count, ordinal[j],
+                                        target);
+                if (sim_state_role(k) == DYN_COST_FROZEN)   /* frozen blocks stay a prefix */
                     value = value >= 0.5 && (j == 0 || out->value[k][(long)t * blocks + j - 1]);
                 out->value[k][(long)t * blocks + j] = (float)value;
             }
         }
     }
+    dm_free(source);
+    dm_free(ordinal);
 }
 
 /* The columns of a scenario's header: -2 step, -1 block, else a state. */
@@ -735,15 +739,19 @@ static int scenario_header(const char *path, char *line, int *column, int *count
 {
     *count = 0;
     int have_step = 0, have_block = 0, states = 0;
+    char names[512] = "";
+    for (int k = 0; k < sim_state_count(); k++)
+        snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s", k ? ", " : "",
+                 sim_state_name(k));
     for (char *field = strtok(line, ",\r\n"); field; field = strtok(NULL, ",\r\n")) {
         while (*field == ' ') field++;
         int c = !strcmp(field, "step") ? -2 : !strcmp(field, "block") ? -1 : -3;
-        for (int k = 0; c == -3 && k < SIM_STATE_COUNT; k++)
-            if (!strcmp(field, state_names[k])) c = k;
+        for (int k = 0; c == -3 && k < sim_state_count(); k++)
+            if (!strcmp(field, sim_state_name(k))) c = k;
         if (c == -3)
-            dm_user_error("simulate: %s:1: unknown column '%s' (step, block, active, "
-                          "sparsity, frozen, tiles, mod_tokens, moe_load)", path, field);
-        if (*count >= 2 + SIM_STATE_COUNT)
+            dm_user_error("simulate: %s:1: unknown column '%s' (step, block, %s)", path, field,
+                          names);
+        if (*count >= 2 + sim_state_count())
             dm_user_error("simulate: %s:1: too many columns", path);
         have_step |= c == -2;
         have_block |= c == -1;
@@ -752,15 +760,25 @@ static int scenario_header(const char *path, char *line, int *column, int *count
     }
     if (!have_step || !have_block || !states)
         dm_user_error("simulate: %s:1: the header must name step, block and at least one of "
-                      "active, sparsity, frozen, tiles, mod_tokens, moe_load", path);
+                      "%s", path, names);
     return 0;
 }
 
 struct scenario_row {
     long step;
     int block;
-    float value[SIM_STATE_COUNT];
+    float value[SIM_STATES_MAX];
 };
+
+/* The largest value a scenario may give state k, by its role. */
+static double scenario_high(int k)
+{
+    switch (sim_state_role(k)) {
+    case DYN_COST_SPARSITY: return 0.999999;   /* a block keeps a weight */
+    case DYN_COST_BUSIEST_RANK: return DYN_COST_BUSIEST_MAX;
+    default: return 1;
+    }
+}
 
 static double scenario_number(const char *path, long line, const char *field, const char *name,
                               double lo, double hi)
@@ -783,8 +801,7 @@ static long scenario_rows(const char *path, struct scenario_row **rows, int *pre
     char *line = NULL;
     size_t cap = 0;
     long count = 0, capacity = 0, number = 0;
-    int column[2 + SIM_STATE_COUNT], columns = 0;
-    static const double hi[SIM_STATE_COUNT] = {1, 0.999999, 1, 1, 1, SIM_MAX_MOE_LOAD};
+    int column[2 + SIM_STATES_MAX], columns = 0;
     while (getline(&line, &cap, f) > 0) {
         number++;
         if (line[0] == '#' || line[strspn(line, " \r\n")] == '\0') continue;
@@ -799,16 +816,16 @@ static long scenario_rows(const char *path, struct scenario_row **rows, int *pre
             if (!*rows) DM_FATAL("out of memory reading the scenario %s", path);
         }
         struct scenario_row *r = &(*rows)[count++];
-        for (int k = 0; k < SIM_STATE_COUNT; k++) r->value[k] = state_neutral[k];
+        for (int k = 0; k < sim_state_count(); k++) r->value[k] = sim_state_neutral(k);
         int c = 0;
         for (char *field = strtok(line, ",\n"); field; field = strtok(NULL, ",\n"), c++) {
             if (c >= columns) dm_user_error("simulate: %s:%ld: more fields than the header's %d",
                                             path, number, columns);
             const char *name = column[c] == -2 ? "step" : column[c] == -1 ? "block"
-                             : state_names[column[c]];
+                             : sim_state_name(column[c]);
             double v = scenario_number(path, number, field, name, column[c] == -2 ? 1 : 0,
                                        column[c] == -2 ? 1e9 : column[c] == -1 ? 1e6
-                                                                               : hi[column[c]]);
+                                                     : scenario_high(column[c]));
             if (column[c] < 0 && v != floor(v))
                 dm_user_error("simulate: %s:%ld: %s '%s' is not a whole number", path, number,
                               name, field);
@@ -856,7 +873,7 @@ static void scenario_check(const char *path, const struct scenario_row *rows, lo
 void sim_scenario_read(struct sim_trajectory *out, const char *path, int steps)
 {
     struct scenario_row *rows = NULL;
-    int present[SIM_STATE_COUNT] = {0};
+    int present[SIM_STATES_MAX] = {0};
     long count = scenario_rows(path, &rows, present);
     if (count == 0) dm_user_error("simulate: the scenario %s has no rows", path);
     int blocks = 0;
@@ -869,6 +886,7 @@ void sim_scenario_read(struct sim_trajectory *out, const char *path, int steps)
     sim_check_size(steps, blocks);
     trajectory_alloc(out, steps, blocks);
     memcpy(out->present, present, sizeof present);
+    int frozen_state = sim_state_of_role(DYN_COST_FROZEN);
     long current = 0, next = 0;   /* first rows of the step in force and of the next listed */
     while (next < count && rows[next].step == rows[0].step) next++;
     for (int t = 0; t < steps; t++) {
@@ -877,11 +895,12 @@ void sim_scenario_read(struct sim_trajectory *out, const char *path, int steps)
             while (next < count && rows[next].step == rows[current].step) next++;
         }
         for (long r = current; r < next; r++)
-            for (int k = 0; k < SIM_STATE_COUNT; k++)
+            for (int k = 0; k < sim_state_count(); k++)
                 out->value[k][(long)t * blocks + rows[r].block] = rows[r].value[k];
-        for (int b = 1; b < blocks; b++)
-            if (out->value[SIM_FROZEN][(long)t * blocks + b] != 0 &&
-                out->value[SIM_FROZEN][(long)t * blocks + b - 1] == 0)
+        const float *frozen = frozen_state >= 0 ? out->value[frozen_state] + (long)t * blocks
+                                                : NULL;
+        for (int b = 1; frozen && b < blocks; b++)
+            if (frozen[b] != 0 && frozen[b - 1] == 0)
                 dm_user_error("simulate: %s: at step %d block %d is frozen but block %d is "
                               "not (frozen blocks are a prefix)", path, t + 1, b, b - 1);
     }

@@ -37,16 +37,13 @@ static void write_step(struct runlog *log, const struct sim_setup *setup,
     runlog_append_row(log, RUNLOG_LAYER_FWD_MS, res->fwd + t * n, (int)n);
     runlog_append_row(log, RUNLOG_LAYER_BWD_MS, res->bwd + t * n, (int)n);
     runlog_append_row(log, RUNLOG_LAYER_UPDATE_MS, res->update + t * n, (int)n);
-    static const char *const state_sets[SIM_STATE_COUNT] = {
-        "/layers/active", "/layers/sparsity", "/layers/frozen", "/layers/tiles_share",
-        "/layers/mod_tokens_share", "/layers/moe_load"};
     const struct sim_trajectory *tr = setup->traj;
     float *row = dm_alloc((size_t)n * sizeof(float));
-    for (int k = 0; k < SIM_STATE_COUNT; k++) {
+    for (int k = 0; k < sim_state_count(); k++) {   /* each under its signal's name */
         if (!tr->present[k]) continue;
         for (long u = 0; u < n; u++)   /* a unit has its block's state */
             row[u] = tr->value[k][t * tr->blocks + (setup->split ? u / 2 : u)];
-        runlog_append_row(log, state_sets[k], row, (int)n);
+        runlog_append_row(log, sim_state_signal(k)->cost_dataset, row, (int)n);
     }
     dm_free(row);
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, res->layout + t * S, (int)S);

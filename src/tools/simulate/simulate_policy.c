@@ -62,14 +62,16 @@ static double exchange_round_ms(const struct sim_setup *setup, double load, int 
 static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, int t)
 {
     const struct sim_trajectory *tr = setup->traj;
-    float state[SIM_STATE_COUNT];
+    float state[SIM_STATES_MAX];
+    int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
+    int sparsity = sim_state_of_role(DYN_COST_SPARSITY);
     double matrices = (double)block_matrix_weights(setup->cfg.channels);
     for (int u = 0; u < setup->blocks; u++) {
         int b = setup->split ? u / 2 : u;
         double share = !setup->split ? 1.0 : u % 2 ? 1.0 - setup->attention_share
                                                    : setup->attention_share;
         double matrix_share = !setup->split ? 1.0 : u % 2 ? 2.0 / 3.0 : 1.0 / 3.0;
-        for (int k = 0; k < SIM_STATE_COUNT; k++)
+        for (int k = 0; k < sim_state_count(); k++)
             state[k] = tr->value[k][(long)t * tr->blocks + b];
         sim_model_block(setup->model, state, setup->csr_sparsity, &c->fwd[u], &c->bwd[u],
                         &c->update[u]);
@@ -82,11 +84,11 @@ static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, i
         }
         c->fwd[u] *= share;
         c->bwd[u] *= share;
-        c->exchange[u] = exchange_round_ms(setup, state[SIM_MOE_LOAD], u);
+        c->exchange[u] = exchange_round_ms(setup, busiest >= 0 ? state[busiest] : 0.0f, u);
         c->update[u] *= matrix_share;
         /* The controller takes a unit's nonzeros as its parameters less
          * sparsity x a block's matrices: a unit holds its share of them. */
-        c->sparsity[u] = state[SIM_SPARSITY] * matrix_share;
+        c->sparsity[u] = (sparsity >= 0 ? state[sparsity] : 0.0f) * matrix_share;
         c->params[u] = setup->block_params[u] - c->sparsity[u] * matrices;
         c->mem_bytes[u] = (int64_t)(16.0 * setup->block_params[u]);
         c->mem[u] = (double)c->mem_bytes[u];
