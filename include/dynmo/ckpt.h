@@ -190,6 +190,10 @@ struct runlog_file;
 struct runlog_file *runlog_open_read(const char *path, char *err, size_t errsize);
 /* Closes the file and frees f. Harmless on NULL. */
 void runlog_close_read(struct runlog_file *f);
+/* A command's fatal problem with the run log f: closes it and ends with
+ * exit 2 and one message, "PREFIX: " and the formatted text. */
+__attribute__((noreturn, format(printf, 3, 4)))
+void runlog_file_fail(struct runlog_file *f, const char *prefix, const char *fmt, ...);
 const char *runlog_file_path(const struct runlog_file *f);
 /* The root attribute kind, "" when the file has none. */
 const char *runlog_file_kind(const struct runlog_file *f);

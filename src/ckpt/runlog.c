@@ -15,6 +15,7 @@
 #include "dynmo/ckpt.h"
 #include "dynmo/dyn.h"
 #include "ckpt/h5util.h"
+#include "ckpt/runlog_list.h"
 
 /* Elements per chunk: small enough that the per-step flush rewrites little,
  * large enough that a long run's chunk index stays small. */
@@ -440,18 +441,12 @@ void runlog_truncate(struct runlog *log, const char *name, long rows)
     else DM_H5(H5Dclose(dataset));
 }
 
-static herr_t list_one(hid_t group, const char *name, const H5L_info_t *info, void *data);
-struct listing {
-    struct runlog_dataset_info *infos;
-    int count, capacity;
-};
-
 void runlog_resume_at(struct runlog *log, long start)
 {
     DM_ASSERT(log != NULL && start >= 0);
     dm_h5_set_file_context(log->path);
-    struct listing listing = {0};
-    if (H5Lvisit(log->file, H5_INDEX_NAME, H5_ITER_INC, list_one, &listing) < 0) {
+    struct runlog_listing listing = {0};
+    if (H5Lvisit(log->file, H5_INDEX_NAME, H5_ITER_INC, runlog_list_one, &listing) < 0) {
         char text[1024];
         dm_h5_error_text(text, sizeof text);
         dm_user_error_local("run log %s: cannot list its datasets to resume: %s", log->path,
@@ -503,47 +498,3 @@ void runlog_close(struct runlog *log)
     dm_free(log);
 }
 
-/* ---- the writer's listing (runlog_resume_at) -------------------------- */
-
-static herr_t list_one(hid_t group, const char *name, const H5L_info_t *info, void *data)
-{
-    struct listing *listing = data;
-    if (info->type != H5L_TYPE_HARD) return 0;
-    hid_t object = H5Oopen(group, name, H5P_DEFAULT);
-    if (object < 0) return -1;
-    if (H5Iget_type(object) != H5I_DATASET) {
-        H5Oclose(object);
-        return 0;
-    }
-    if (listing->count == listing->capacity) {
-        int capacity = listing->capacity ? 2 * listing->capacity : 16;
-        struct runlog_dataset_info *grown = dm_alloc((size_t)capacity * sizeof *grown);
-        if (listing->count)
-            memcpy(grown, listing->infos, (size_t)listing->count * sizeof *grown);
-        dm_free(listing->infos);
-        listing->infos = grown;
-        listing->capacity = capacity;
-    }
-    struct runlog_dataset_info *d = &listing->infos[listing->count++];
-    memset(d, 0, sizeof *d);
-    snprintf(d->name, sizeof d->name, "/%s", name);
-    hid_t type = H5Dget_type(object);
-    hid_t space = H5Dget_space(object);
-    if (type < 0 || space < 0) {
-        if (type >= 0) H5Tclose(type);
-        if (space >= 0) H5Sclose(space);
-        H5Oclose(object);
-        return -1;
-    }
-    d->is_int = H5Tget_class(type) == H5T_INTEGER;
-    d->element_bytes = (int)H5Tget_size(type);
-    d->rank = H5Sget_simple_extent_ndims(space);
-    hsize_t dims[H5S_MAX_RANK] = {0};
-    if (d->rank > 0) H5Sget_simple_extent_dims(space, dims, NULL);
-    d->dims[0] = d->rank >= 1 ? (long)dims[0] : 1;
-    d->dims[1] = d->rank == 2 ? (long)dims[1] : (d->rank == 1 ? 1 : 0);
-    H5Tclose(type);
-    H5Sclose(space);
-    H5Oclose(object);
-    return 0;
-}

@@ -14,19 +14,21 @@
  * problem is -1 with one message naming the file and the problem, never a
  * crash. It never writes. The writer is runlog.c. */
 #include <limits.h>
+#include <stdarg.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/ckpt.h"
 #include "dynmo/dyn.h"
 #include "ckpt/h5util.h"
+#include "ckpt/runlog_list.h"
 
 struct runlog_file {
     char path[1024];
     hid_t file;
     char kind[32];                      /* root attribute kind, "" when absent */
-    struct runlog_dataset_info *infos;  /* (count) sorted by name */
-    int count, capacity;
+    struct runlog_listing list;         /* sorted by name */
 };
 
 /* ---- the listing --------------------------------------------------------- */
@@ -58,9 +60,9 @@ static int fixed_columns(const char *name)
                ? RUNLOG_EVENT_COLUMNS : 0;
 }
 
-static herr_t list_one(hid_t group, const char *name, const H5L_info_t *link, void *data)
+herr_t runlog_list_one(hid_t group, const char *name, const H5L_info_t *link, void *data)
 {
-    struct runlog_file *f = data;
+    struct runlog_listing *f = data;
     if (link->type != H5L_TYPE_HARD) return 0;
     hid_t object = H5Oopen(group, name, H5P_DEFAULT);
     if (object < 0) return -1;
@@ -112,8 +114,8 @@ static int compare_info_names(const void *a, const void *b)
  * events, their columns. Others are listed, and read only by rank. */
 static int check_listing(const struct runlog_file *f, char *err, size_t errsize)
 {
-    for (int i = 0; i < f->count; i++) {
-        const struct runlog_dataset_info *d = &f->infos[i];
+    for (int i = 0; i < f->list.count; i++) {
+        const struct runlog_dataset_info *d = &f->list.infos[i];
         int rank = schema_rank(d->name), columns = fixed_columns(d->name);
         if (d->rank < 0) {
             dm_set_message(err, errsize, "%s: %s has more rows or columns than a run log can "
@@ -194,14 +196,15 @@ struct runlog_file *runlog_open_read(const char *path, char *err, size_t errsize
         runlog_close_read(f);
         return NULL;
     }
-    if (H5Lvisit(f->file, H5_INDEX_NAME, H5_ITER_INC, list_one, f) < 0) {
+    if (H5Lvisit(f->file, H5_INDEX_NAME, H5_ITER_INC, runlog_list_one, &f->list) < 0) {
         char text[1024];
         dm_h5_error_text(text, sizeof text);
         dm_set_message(err, errsize, "%s: cannot list its datasets: %s", path, text);
         runlog_close_read(f);
         return NULL;
     }
-    if (f->count > 1) qsort(f->infos, (size_t)f->count, sizeof *f->infos, compare_info_names);
+    if (f->list.count > 1)
+        qsort(f->list.infos, (size_t)f->list.count, sizeof *f->list.infos, compare_info_names);
     if (check_listing(f, err, errsize) != 0) {
         runlog_close_read(f);
         return NULL;
@@ -213,8 +216,19 @@ void runlog_close_read(struct runlog_file *f)
 {
     if (!f) return;
     if (f->file >= 0) H5Fclose(f->file);
-    dm_free(f->infos);
+    dm_free(f->list.infos);
     dm_free(f);
+}
+
+void runlog_file_fail(struct runlog_file *f, const char *prefix, const char *fmt, ...)
+{
+    char text[1400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    runlog_close_read(f);
+    dm_user_error("%s: %s", prefix, text);
 }
 
 const char *runlog_file_path(const struct runlog_file *f) { return f->path; }
@@ -222,8 +236,8 @@ const char *runlog_file_kind(const struct runlog_file *f) { return f->kind; }
 
 int runlog_file_list(const struct runlog_file *f, const struct runlog_dataset_info **infos)
 {
-    *infos = f->infos;
-    return f->count;
+    *infos = f->list.infos;
+    return f->list.count;
 }
 
 const struct runlog_dataset_info *runlog_file_dataset(const struct runlog_file *f,
@@ -231,16 +245,17 @@ const struct runlog_dataset_info *runlog_file_dataset(const struct runlog_file *
 {
     struct runlog_dataset_info key;
     snprintf(key.name, sizeof key.name, "%s", name);
-    return f->count ? bsearch(&key, f->infos, (size_t)f->count, sizeof *f->infos,
-                              compare_info_names) : NULL;
+    if (!f->list.count) return NULL;
+    return bsearch(&key, f->list.infos, (size_t)f->list.count, sizeof *f->list.infos,
+                   compare_info_names);
 }
 
 long runlog_file_steps(const struct runlog_file *f)
 {
     long steps = 0;
-    for (int i = 0; i < f->count; i++)
-        if (!strncmp(f->infos[i].name, "/steps/", 7) && f->infos[i].dims[0] > steps)
-            steps = f->infos[i].dims[0];
+    for (int i = 0; i < f->list.count; i++)
+        if (!strncmp(f->list.infos[i].name, "/steps/", 7) && f->list.infos[i].dims[0] > steps)
+            steps = f->list.infos[i].dims[0];
     return steps;
 }
 
@@ -612,9 +627,9 @@ int runlog_list_datasets(const char *path, struct runlog_dataset_info **infos, c
     *infos = NULL;
     struct runlog_file *f = runlog_open_read(path, err, errsize);
     if (!f) return -1;
-    int count = f->count;
+    int count = f->list.count;
     *infos = dm_alloc((size_t)(count ? count : 1) * sizeof **infos);
-    if (count) memcpy(*infos, f->infos, (size_t)count * sizeof **infos);
+    if (count) memcpy(*infos, f->list.infos, (size_t)count * sizeof **infos);
     runlog_close_read(f);
     return count;
 }

@@ -16,7 +16,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,23 +57,6 @@ static void header_encode(unsigned char header[TOKEN_FILE_HEADER_BYTES],
 }
 
 /* ---- the token stream: inputs named by a path, a list or a pattern -------------- */
-
-static void say(char *err, size_t errsize, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void say(char *err, size_t errsize, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errsize, fmt, ap);
-    va_end(ap);
-}
-
-/* A failed check: its message into err, then the common way out. */
-#define FAIL(...)                        \
-    do {                                 \
-        say(err, errsize, __VA_ARGS__);  \
-        goto fail;                       \
-    } while (0)
 
 /* The names of a stream's inputs, in order: owned strings. */
 struct name_list {
@@ -122,10 +104,10 @@ static int expand_element(struct name_list *l, const char *element, char *err, s
     }
     glob_t g;
     int rc = glob(element, GLOB_NOSORT, NULL, &g);
-    if (rc == GLOB_NOMATCH) FAIL("token file pattern %s matches no file", element);
+    if (rc == GLOB_NOMATCH) TOKEN_FAIL("token file pattern %s matches no file", element);
     if (rc != 0) {
         globfree(&g);
-        FAIL("cannot expand token file pattern %s (%s)", element,
+        TOKEN_FAIL("cannot expand token file pattern %s (%s)", element,
              rc == GLOB_NOSPACE ? "out of memory" : "a directory could not be read");
     }
     qsort(g.gl_pathv, g.gl_pathc, sizeof *g.gl_pathv, compare_names);
@@ -139,12 +121,12 @@ fail:
 /* The comma-separated elements of path, each expanded. */
 static int list_inputs(struct name_list *l, const char *path, char *err, size_t errsize)
 {
-    if (!path[0]) FAIL("no token file named: the path is empty");
+    if (!path[0]) TOKEN_FAIL("no token file named: the path is empty");
     int element = 1;
     for (const char *p = path;; element++) {
         size_t len = strcspn(p, ",");
         if (len == 0)
-            FAIL("token file list '%s' has an empty element (element %d): name a file "
+            TOKEN_FAIL("token file list '%s' has an empty element (element %d): name a file "
                  "between every two commas", path, element);
         char one[1024];
         snprintf(one, sizeof one, "%.*s", (int)len, p);
@@ -181,10 +163,10 @@ int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_
     memset(tf, 0, sizeof *tf);
     struct name_list names = {0};
     if (strlen(path) >= sizeof tf->path)
-        FAIL("token file path is longer than %zu bytes: %.80s...", sizeof tf->path - 1, path);
+        TOKEN_FAIL("token file path is longer than %zu bytes: %.80s...", sizeof tf->path - 1, path);
     strcpy(tf->path, path);
     if (eot >= 0 && (uint32_t)eot >= model_vocab)
-        FAIL("data.eot = %d is not a token of the model's vocab %u", eot, model_vocab);
+        TOKEN_FAIL("data.eot = %d is not a token of the model's vocab %u", eot, model_vocab);
     tf->eot = eot < 0 ? -1 : eot;
     if (list_inputs(&names, path, err, errsize) != 0) goto fail;
     tf->inputs = dm_alloc(names.count * sizeof *tf->inputs);
@@ -201,7 +183,7 @@ int token_file_try_open(struct token_file *tf, const char *path, uint32_t model_
     tf->count = position;
     if (tf->eot >= 0 && (uint32_t)tf->eot + 1 > tf->vocab) tf->vocab = (uint32_t)tf->eot + 1;
     if (tf->count < min_tokens)
-        FAIL("token file %s has %llu tokens, fewer than the %llu needed (one sequence plus its "
+        TOKEN_FAIL("token file %s has %llu tokens, fewer than the %llu needed (one sequence plus its "
              "target)", path, (unsigned long long)tf->count, (unsigned long long)min_tokens);
     tf->checksum = stream_checksum(tf);
     name_list_free(&names);

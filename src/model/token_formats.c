@@ -9,7 +9,6 @@
  * how), and it reads no token it has not checked. The formats are in
  * docs/data.md. */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,23 +60,6 @@ static int ends_with(const char *s, const char *suffix)
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
-
-static void say(char *err, size_t errsize, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void say(char *err, size_t errsize, const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errsize, fmt, ap);
-    va_end(ap);
-}
-
-/* A failed check: its message into err, then the common way out. */
-#define FAIL(...)                        \
-    do {                                 \
-        say(err, errsize, __VA_ARGS__);  \
-        goto fail;                       \
-    } while (0)
 
 /* ---- token types ---------------------------------------------------------------- */
 
@@ -184,7 +166,7 @@ static int check_token_values(struct token_input *in, const char *subject,
         for (size_t i = 0; i < m; i++) {
             if (wide[i] < 0 || wide[i] >= (int64_t)in->bound) {
                 unsigned long long at = data_offset + (done + i) * (uint64_t)in->item_bytes;
-                FAIL("%s: token %lld at byte %llu (position %llu) is %s %s %u", subject,
+                TOKEN_FAIL("%s: token %lld at byte %llu (position %llu) is %s %s %u", subject,
                      (long long)wide[i], at, (unsigned long long)(done + i),
                      wide[i] < 0 ? "negative; ids run from 0 to" : "not below", bound_name,
                      in->bound);
@@ -218,15 +200,15 @@ static int map_file(const char *path, void **map, size_t *bytes, char *err, size
     const char *kind;
     int fd = dm_open_regular(path, &kind);
     if (fd < 0 && kind)
-        FAIL("token file %s is %s, not a regular file (name a token file, or a Megatron "
+        TOKEN_FAIL("token file %s is %s, not a regular file (name a token file, or a Megatron "
              "dataset's prefix: docs/data.md)", path, kind);
-    if (fd < 0) FAIL("cannot open token file %s: %s", path, dm_errno_text());
+    if (fd < 0) TOKEN_FAIL("cannot open token file %s: %s", path, dm_errno_text());
     struct stat st;
-    if (fstat(fd, &st) != 0) FAIL("cannot stat token file %s: %s", path, dm_errno_text());
+    if (fstat(fd, &st) != 0) TOKEN_FAIL("cannot stat token file %s: %s", path, dm_errno_text());
     *bytes = (size_t)st.st_size;
     if (*bytes > 0) {
         void *m = mmap(NULL, *bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-        if (m == MAP_FAILED) FAIL("cannot map token file %s: %s", path, dm_errno_text());
+        if (m == MAP_FAILED) TOKEN_FAIL("cannot map token file %s: %s", path, dm_errno_text());
         *map = m;
     }
     close(fd);
@@ -252,26 +234,26 @@ static int dynmo_open(struct token_input *in, uint32_t model_vocab, char *err, s
     const unsigned char *header = in->map;
     size_t size = in->map_bytes;
     if (size < TOKEN_FILE_HEADER_BYTES)
-        FAIL("token file %s is truncated: %zu bytes, shorter than the %d-byte header", path,
+        TOKEN_FAIL("token file %s is truncated: %zu bytes, shorter than the %d-byte header", path,
              size, TOKEN_FILE_HEADER_BYTES);
     uint32_t version = get_u32(header + 8);
     if (version != TOKEN_FILE_VERSION)
-        FAIL("token file %s has version %u (byte 8); this dynmo reads version %d (re-run "
+        TOKEN_FAIL("token file %s has version %u (byte 8); this dynmo reads version %d (re-run "
              "`dynmo prepare`)", path, version, TOKEN_FILE_VERSION);
     uint32_t vocab = get_u32(header + 12), token_bytes = get_u32(header + 16);
     uint64_t count = get_u64(header + 24), checksum = get_u64(header + 32);
     if (token_bytes != 2)
-        FAIL("token file %s has %u-byte tokens (byte 16); this dynmo reads 2-byte tokens",
+        TOKEN_FAIL("token file %s has %u-byte tokens (byte 16); this dynmo reads 2-byte tokens",
              path, token_bytes);
     if (vocab == 0)
-        FAIL("token file %s has vocab 0 in its header (byte 12): no token can be valid (a "
+        TOKEN_FAIL("token file %s has vocab 0 in its header (byte 12): no token can be valid (a "
              "corrupt header; re-run `dynmo prepare`)", path);
     if (vocab > model_vocab)
-        FAIL("token file %s has vocab %u (byte 12), larger than the model's vocab %u (set "
+        TOKEN_FAIL("token file %s has vocab %u (byte 12), larger than the model's vocab %u (set "
              "model.vocab)", path, vocab, model_vocab);
     uint64_t payload = size - TOKEN_FILE_HEADER_BYTES;
     if (count > UINT64_MAX / 2 || payload != count * 2)
-        FAIL("token file %s is truncated or corrupt: the header says %llu tokens (byte 24) "
+        TOKEN_FAIL("token file %s is truncated or corrupt: the header says %llu tokens (byte 24) "
              "but the file holds %llu bytes of tokens", path, (unsigned long long)count,
              (unsigned long long)payload);
     in->format = TOKEN_FORMAT_DYNMO;
@@ -286,7 +268,7 @@ static int dynmo_open(struct token_input *in, uint32_t model_vocab, char *err, s
                            HASH_UINT16_BYTES, err, errsize) != 0)
         goto fail;
     if (in->hash != checksum)
-        FAIL("token file %s is corrupt: checksum %016llx, header says %016llx (byte 32; re-run "
+        TOKEN_FAIL("token file %s is corrupt: checksum %016llx, header says %016llx (byte 32; re-run "
              "`dynmo prepare`)", path, (unsigned long long)in->hash,
              (unsigned long long)checksum);
     return 0;
@@ -305,24 +287,24 @@ static int llmc_open(struct token_input *in, uint32_t model_vocab, char *err, si
     int wide = magic == LLMC_MAGIC_UINT32;
     int32_t want_version = wide ? 7 : 1;
     if (size < LLMC_HEADER_BYTES)
-        FAIL("llm.c token shard %s is truncated: %zu bytes, shorter than the %d-byte header",
+        TOKEN_FAIL("llm.c token shard %s is truncated: %zu bytes, shorter than the %d-byte header",
              path, size, LLMC_HEADER_BYTES);
     int32_t version = (int32_t)get_u32(header + 4), count = (int32_t)get_u32(header + 8);
     if (version != want_version)
-        FAIL("llm.c token shard %s has version %d (byte 4); magic %u goes with version %d "
+        TOKEN_FAIL("llm.c token shard %s has version %d (byte 4); magic %u goes with version %d "
              "(%s tokens)", path, version, magic, want_version, wide ? "uint32" : "uint16");
     in->format = TOKEN_FORMAT_LLMC;
     in->dtype = wide ? TOKEN_U32 : TOKEN_U16;
     in->item_bytes = dtype_bytes(in->dtype);
     if (count < 0)
-        FAIL("llm.c token shard %s has a negative token count %d (byte 8)", path, count);
+        TOKEN_FAIL("llm.c token shard %s has a negative token count %d (byte 8)", path, count);
     uint64_t payload = size - LLMC_HEADER_BYTES;
     if (payload != (uint64_t)count * (uint64_t)in->item_bytes)
-        FAIL("llm.c token shard %s is truncated or corrupt: the header says %d tokens (byte 8), "
+        TOKEN_FAIL("llm.c token shard %s is truncated or corrupt: the header says %d tokens (byte 8), "
              "%llu bytes of %s tokens, but the file holds %llu bytes after the %d-byte header",
              path, count, (unsigned long long)count * (unsigned long long)in->item_bytes,
              dtype_name(in->dtype), (unsigned long long)payload, LLMC_HEADER_BYTES);
-    if (count == 0) FAIL("llm.c token shard %s holds no tokens (byte 8 says 0)", path);
+    if (count == 0) TOKEN_FAIL("llm.c token shard %s holds no tokens (byte 8 says 0)", path);
     in->tokens = header + LLMC_HEADER_BYTES;
     in->count = (uint64_t)count;
     in->bound = model_vocab;
@@ -367,17 +349,17 @@ static int megatron_check_index(struct token_input *in, const char *idx, uint64_
     const unsigned char *p = in->index_map;
     size_t size = in->index_map_bytes;
     if (size < MEGATRON_HEADER_BYTES)
-        FAIL("Megatron index %s is truncated: %zu bytes, shorter than the %d-byte header", idx,
+        TOKEN_FAIL("Megatron index %s is truncated: %zu bytes, shorter than the %d-byte header", idx,
              size, MEGATRON_HEADER_BYTES);
     if (memcmp(p, MEGATRON_MAGIC, MEGATRON_MAGIC_BYTES) != 0)
-        FAIL("Megatron index %s has a bad magic (bytes 0-8 are not \"MMIDIDX\\0\\0\")", idx);
+        TOKEN_FAIL("Megatron index %s has a bad magic (bytes 0-8 are not \"MMIDIDX\\0\\0\")", idx);
     uint64_t version = get_u64(p + 9);
     if (version != 1)
-        FAIL("Megatron index %s has version %llu (byte 9); this dynmo reads version 1", idx,
+        TOKEN_FAIL("Megatron index %s has version %llu (byte 9); this dynmo reads version 1", idx,
              (unsigned long long)version);
     uint8_t code = p[17];
     if (megatron_dtype(code, &in->dtype) != 0)
-        FAIL("Megatron index %s has dtype code %u (byte 17), which dynmo cannot hold as token "
+        TOKEN_FAIL("Megatron index %s has dtype code %u (byte 17), which dynmo cannot hold as token "
              "ids: it reads the integer codes 1 (uint8), 2 (int8), 3 (int16), 4 (int32), "
              "5 (int64) and 8 (uint16)%s", idx, code,
              code == 6 || code == 7 ? "; 6 and 7 are floating point" : "");
@@ -385,18 +367,18 @@ static int megatron_check_index(struct token_input *in, const char *idx, uint64_
     uint64_t sequences = get_u64(p + 18), entries = get_u64(p + 26);
     uint64_t room = size - MEGATRON_HEADER_BYTES;
     if (sequences > room / 12 || entries > room / 8 || 12 * sequences + 8 * entries > room)
-        FAIL("Megatron index %s is truncated: its header says %llu sequences (byte 18) and "
+        TOKEN_FAIL("Megatron index %s is truncated: its header says %llu sequences (byte 18) and "
              "%llu document index entries (byte 26), more than its %zu bytes hold", idx,
              (unsigned long long)sequences, (unsigned long long)entries, size);
     uint64_t expected = MEGATRON_HEADER_BYTES + 12 * sequences + 8 * entries;
     if (size != expected)
-        FAIL("Megatron index %s is %zu bytes, but its header's counts (%llu sequences, %llu "
+        TOKEN_FAIL("Megatron index %s is %zu bytes, but its header's counts (%llu sequences, %llu "
              "document index entries) make %llu%s", idx, size, (unsigned long long)sequences,
              (unsigned long long)entries, (unsigned long long)expected,
              size == expected + sequences ? " (the extra byte per sequence is a multimodal "
              "dataset's modes: dynmo reads token datasets only)" : "");
     if (entries < 2)
-        FAIL("Megatron index %s has no documents (its document index, byte 26, has %llu "
+        TOKEN_FAIL("Megatron index %s has no documents (its document index, byte 26, has %llu "
              "entries)", idx, (unsigned long long)entries);
     const unsigned char *lengths = p + MEGATRON_HEADER_BYTES;
     in->pointers = lengths + 4 * sequences;
@@ -408,11 +390,11 @@ static int megatron_check_index(struct token_input *in, const char *idx, uint64_
         int32_t length = (int32_t)get_u32(lengths + 4 * s);
         uint64_t pointer = get_u64(in->pointers + 8 * s);
         if (length < 0)
-            FAIL("Megatron index %s: sequence %llu has length %d (byte %llu)", idx,
+            TOKEN_FAIL("Megatron index %s: sequence %llu has length %d (byte %llu)", idx,
                  (unsigned long long)s, length,
                  (unsigned long long)(MEGATRON_HEADER_BYTES + 4 * s));
         if (pointer != at)
-            FAIL("Megatron index %s: sequence %llu starts at byte %llu of the data (pointer at "
+            TOKEN_FAIL("Megatron index %s: sequence %llu starts at byte %llu of the data (pointer at "
                  "byte %llu), but the sequences before it end at byte %llu", idx,
                  (unsigned long long)s, (unsigned long long)pointer,
                  (unsigned long long)(in->pointers - p + 8 * s), (unsigned long long)at);
@@ -424,7 +406,7 @@ static int megatron_check_index(struct token_input *in, const char *idx, uint64_
         unsigned long long byte = (unsigned long long)(in->document_index - p + 8 * d);
         if ((d == 0 && first != 0) || first < previous || first > sequences ||
             (d == entries - 1 && first != sequences))
-            FAIL("Megatron index %s: document index entry %llu (byte %llu) is %llu; entries "
+            TOKEN_FAIL("Megatron index %s: document index entry %llu (byte %llu) is %llu; entries "
                  "run from 0 up to the sequence count %llu, never decreasing", idx,
                  (unsigned long long)d, byte, (unsigned long long)first,
                  (unsigned long long)sequences);
@@ -451,14 +433,14 @@ static int megatron_open(struct token_input *in, uint32_t model_vocab, char *err
     /* read once; with data.eot the loader maps back the few pages it searches */
     madvise(in->index_map, in->index_map_bytes, MADV_DONTNEED);
     if (in->map_bytes != data_bytes)
-        FAIL("Megatron data %s is %zu bytes, but its index %s says %llu (%llu sequences of "
+        TOKEN_FAIL("Megatron data %s is %zu bytes, but its index %s says %llu (%llu sequences of "
              "%s tokens)", bin, in->map_bytes, idx, (unsigned long long)data_bytes,
              (unsigned long long)in->sequences, dtype_name(in->dtype));
     in->format = TOKEN_FORMAT_MEGATRON;
     in->tokens = in->map;
     in->count = data_bytes / (uint64_t)in->item_bytes;
     in->bound = model_vocab;
-    if (in->count == 0) FAIL("Megatron dataset %s holds no tokens", in->name);
+    if (in->count == 0) TOKEN_FAIL("Megatron dataset %s holds no tokens", in->name);
     char subject[1200];
     snprintf(subject, sizeof subject, "Megatron data %s", bin);
     return check_token_values(in, subject, 0, "model.vocab", HASH_IDS, err, errsize);
@@ -473,7 +455,7 @@ int token_input_open(struct token_input *in, const char *name, uint32_t model_vo
 {
     memset(in, 0, sizeof *in);
     if (strlen(name) + 4 >= sizeof in->name)
-        FAIL("token file path is longer than %zu bytes: %.80s...", sizeof in->name - 5, name);
+        TOKEN_FAIL("token file path is longer than %zu bytes: %.80s...", sizeof in->name - 5, name);
     strcpy(in->name, name);
     in->documents = 1;
     struct stat st;
@@ -485,7 +467,7 @@ int token_input_open(struct token_input *in, const char *name, uint32_t model_vo
             return 0;
         }
         errno = ENOENT;
-        FAIL("cannot open token file %s: %s (and there is no %s, so it is no Megatron "
+        TOKEN_FAIL("cannot open token file %s: %s (and there is no %s, so it is no Megatron "
              "dataset's prefix either)", name, dm_errno_text(), idx);
     }
     if (map_file(name, &in->map, &in->map_bytes, err, errsize) != 0) goto fail;
@@ -497,7 +479,7 @@ int token_input_open(struct token_input *in, const char *name, uint32_t model_vo
     }
     if (size >= MEGATRON_MAGIC_BYTES && memcmp(head, MEGATRON_MAGIC, MEGATRON_MAGIC_BYTES) == 0) {
         if (!ends_with(name, ".idx"))
-            FAIL("token file %s is a Megatron index (magic MMIDIDX) not named PREFIX.idx: "
+            TOKEN_FAIL("token file %s is a Megatron index (magic MMIDIDX) not named PREFIX.idx: "
                  "rename it so, beside its PREFIX.bin, and name the prefix", name);
         DM_CHECK_SYS(munmap(in->map, in->map_bytes));
         in->map = NULL;
@@ -512,7 +494,7 @@ int token_input_open(struct token_input *in, const char *name, uint32_t model_vo
         return 0;
     }
     if (magic == LLMC_MAGIC_EVAL)
-        FAIL("token file %s is an llm.c evaluation file (magic %u), not a token shard", name,
+        TOKEN_FAIL("token file %s is an llm.c evaluation file (magic %u), not a token shard", name,
              magic);
     char hint[1200] = "";
     if (ends_with(name, ".bin")) {
@@ -522,7 +504,7 @@ int token_input_open(struct token_input *in, const char *name, uint32_t model_vo
             snprintf(hint, sizeof hint, "; it is the data of the Megatron dataset beside %s: "
                      "name the prefix %.*s", idx, (int)(strlen(name) - 4), name);
     }
-    FAIL("%s is not a token file dynmo reads (bad magic: not DYNMOTOK, nor an llm.c shard's "
+    TOKEN_FAIL("%s is not a token file dynmo reads (bad magic: not DYNMOTOK, nor an llm.c shard's "
          "%d or %d, nor a Megatron index's MMIDIDX%s; docs/data.md)", name, LLMC_MAGIC_UINT16,
          LLMC_MAGIC_UINT32, hint);
 fail:

@@ -6,6 +6,15 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "dynmo/core.h"
+
+/* A failed check of a token input (data.c, token_formats.c): its message
+ * into the caller's err, then its common way out, a label fail. */
+#define TOKEN_FAIL(...)                            \
+    do {                                           \
+        dm_set_message(err, errsize, __VA_ARGS__); \
+        goto fail;                                 \
+    } while (0)
 
 enum token_format { TOKEN_FORMAT_DYNMO, TOKEN_FORMAT_LLMC, TOKEN_FORMAT_MEGATRON,
                     TOKEN_FORMAT_MEMORY };

@@ -16,7 +16,6 @@
  * Must not: write to the log, or go on past a missing or bad dataset (a
  * user error naming it, exit 2). */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,17 +25,7 @@
 #include "tools/plan/plan.h"
 
 /* A problem with the run log: one message naming it, exit 2. */
-__attribute__((noreturn, format(printf, 2, 3)))
-static void run_error(struct runlog_file *f, const char *fmt, ...)
-{
-    char text[1400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    runlog_close_read(f);
-    dm_user_error("--from-run: %s", text);
-}
+#define run_error(f, ...) runlog_file_fail((f), "--from-run", __VA_ARGS__)
 
 /* The model (its channels, layers and the schemes' extensions, which make
  * blocks differ in size) and the micro-batches from the run's config

@@ -17,7 +17,6 @@
  * run logs through the ckpt module's readers only. */
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -118,17 +117,7 @@ void sim_trajectory_free(struct sim_trajectory *t)
 /* ---- the run log ---------------------------------------------------------- */
 
 /* A problem with the run log: one message naming it, exit 2. */
-__attribute__((noreturn, format(printf, 2, 3)))
-static void run_error(struct runlog_file *f, const char *fmt, ...)
-{
-    char text[1400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    runlog_close_read(f);
-    dm_user_error("simulate: %s", text);
-}
+#define run_error(f, ...) runlog_file_fail((f), "simulate", __VA_ARGS__)
 
 /* A per-block (or per-stage) matrix of the run; required ones missing are
  * a user error, optional ones NULL. Rows beyond `rows` are ignored; fewer
