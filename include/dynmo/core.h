@@ -303,6 +303,11 @@ struct dm_config {
  * an internal error. */
 int config_was_set(const struct dm_config *cfg, const char *key);
 
+/* The value of "section.key" as config_print writes it, into out; "" and
+ * 0 when a file or an override did not give it (an older run log's config
+ * without that key), else 1. An unknown key is an internal error. */
+int config_value_text(const struct dm_config *cfg, const char *key, char *out, size_t size);
+
 /* The schedule named by cfg->schedule. */
 enum dm_schedule config_schedule(const struct dm_config *cfg);
 

@@ -598,20 +598,37 @@ void config_validate(const struct dm_config *cfg)
     if (!cfg->out_dir[0]) dm_user_error("run.out_dir is empty: name an output directory");
 }
 
+/* Key i's value in cfg as config_print writes it. */
+static void format_value(const struct dm_config *cfg, size_t i, char *value, size_t size)
+{
+    const char *field = (const char *)cfg + keys[i].offset;
+    switch (keys[i].type) {
+    case KEY_INT: snprintf(value, size, "%d", *(const int *)field); break;
+    case KEY_U64: snprintf(value, size, "%" PRIu64, *(const uint64_t *)field); break;
+    case KEY_DOUBLE: snprintf(value, size, "%.17g", *(const double *)field); break;
+    case KEY_STRING: snprintf(value, size, "%s", field); break;
+    }
+}
+
 void config_print(const struct dm_config *cfg, char *buf, size_t size)
 {
     size_t used = 0;
     buf[0] = 0;
     for (size_t i = 0; i < NKEYS; i++) {
-        const char *field = (const char *)cfg + keys[i].offset;
         char value[1100];
-        switch (keys[i].type) {
-        case KEY_INT: snprintf(value, sizeof value, "%d", *(const int *)field); break;
-        case KEY_U64: snprintf(value, sizeof value, "%" PRIu64, *(const uint64_t *)field); break;
-        case KEY_DOUBLE: snprintf(value, sizeof value, "%.17g", *(const double *)field); break;
-        case KEY_STRING: snprintf(value, sizeof value, "%s", field); break;
-        }
+        format_value(cfg, i, value, sizeof value);
         used += (size_t)snprintf(buf + used, used < size ? size - used : 0, "%s.%s = %s\n",
                                  keys[i].section, keys[i].name, value);
     }
+}
+
+int config_value_text(const struct dm_config *cfg, const char *key, char *out, size_t size)
+{
+    out[0] = '\0';
+    if (!config_was_set(cfg, key)) return 0;
+    const char *dot = strchr(key, '.');
+    char section[64];
+    snprintf(section, sizeof section, "%.*s", (int)(dot - key), key);
+    format_value(cfg, (size_t)key_index(section, dot + 1), out, size);
+    return 1;
 }

@@ -120,6 +120,8 @@ struct report_run {
     char name[128];     /* the run directory's name, or the file's */
     int simulated;      /* kind "simulation": dynmo simulate's output */
     char *config, *version, *created; /* root attributes; NULL if absent */
+    struct dm_config cfg; /* the config attribute parsed (runlog_file_config) */
+    int have_config;      /* the log has one */
     char dyn_kind[32], method[32], schedule[32];
     int layers, stages, micro_batches; /* from the datasets' widths and config */
     long steps;         /* rows of the longest /steps/ series */
@@ -153,7 +155,8 @@ int report_run_try_load(struct report_run *run, const char *path, long from_step
 /* report_run_try_load; a problem is a user error (exit 2). */
 void report_run_load(struct report_run *run, const char *path, long from_step);
 void report_run_free(struct report_run *run);
-/* A config value of the run's "config" attribute ("" when absent). */
+/* A config value of the run's "config" attribute, as written ("" when
+ * absent): config_value_text on the parsed config. */
 void report_config_value(const struct report_run *run, const char *key, char *out,
                          size_t size);
 /* Mean step time of steps [from, to] (1-based; NaN rows left out), or NAN. */

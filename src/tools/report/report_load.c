@@ -305,21 +305,8 @@ static int read_matrix(struct run_reading *ld, const char *name, int want_cols, 
 void report_config_value(const struct report_run *run, const char *key, char *out,
                          size_t size)
 {
-    out[0] = '\0';
-    size_t key_len = strlen(key);
-    for (const char *line = run->config; line && *line;) {
-        const char *end = strchr(line, '\n');
-        size_t len = end ? (size_t)(end - line) : strlen(line);
-        if (len > key_len + 3 && !strncmp(line, key, key_len) &&
-            !strncmp(line + key_len, " = ", 3)) {
-            size_t value_len = len - key_len - 3;
-            if (value_len >= size) value_len = size - 1;
-            memcpy(out, line + key_len + 3, value_len);
-            out[value_len] = '\0';
-            return;
-        }
-        line += len + (end ? 1 : 0);
-    }
+    if (run->have_config) config_value_text(&run->cfg, key, out, size);
+    else out[0] = '\0';
 }
 
 static int read_attr(struct run_reading *ld, const char *name, char **text)
@@ -364,9 +351,7 @@ int report_file_kind(const char *command, const char *path)
 /* Whether the run's config attribute has the key at all. */
 static int config_has(const struct report_run *run, const char *key)
 {
-    char text[8];
-    report_config_value(run, key, text, sizeof text);
-    return text[0] != '\0';
+    return run->have_config && config_was_set(&run->cfg, key);
 }
 
 /* A scheme's signal as one value per layer and step (the signal's
@@ -616,6 +601,8 @@ static int load_run(struct run_reading *ld, long from_step)
     int status = runlog_file_config(ld->f, &ld->cfg, ld->err, ld->errsize);
     if (status < 0) return -1;
     ld->have_config = status == 0;
+    run->cfg = ld->cfg;
+    run->have_config = ld->have_config;
     if (load_series(ld) != 0) return -1;
     if (run->steps == 0) {
         dm_set_message(ld->err, ld->errsize, "%s has no steps yet (no rows in /steps/loss or "
