@@ -30,6 +30,15 @@ while read -r _ T _ windows _ tokens _ want; do
   awk -v a="$loss" -v b="$want" 'BEGIN { d = (a - b) / b; if (d < 0) d = -d;
         printf "  seq '"$T"': dynmo %s, transformers %s, relative difference %.1e\n", a, b, d;
         exit !(d <= 1e-4) }' || fail "eval --seq $T: loss $loss, transformers' $want"
+  # on 2 and 3 ranks (shares of the windows, 3 uneven): the same loss line
+  for ranks in 2 3; do
+    more=$(timeout -k 10 120 mpiexec -n $ranks "$DYNMO" eval --checkpoint "$dir/tiny.h5" \
+      --data "$hf/tokens.bin" --seq "$T" < /dev/null) || { fail "eval on $ranks ranks exited $?"; continue; }
+    [ "$(grep '^loss:' <<<"$more")" = "$(grep '^loss:' <<<"$got")" ] \
+      && grep -q "^tokens: $tokens predicted in $windows windows.*, $ranks ranks x" <<<"$more" \
+      && echo "ok: eval --seq $T on $ranks ranks: $(grep '^loss:' <<<"$more"), as on one" \
+      || fail "eval --seq $T on $ranks ranks: $more; one rank: $got"
+  done
 done < "$hf/losses.txt"
 
 # ---- export: transformers' tensors back, bit for bit ----
