@@ -88,6 +88,19 @@ train() {
   if [ $rc -ne 0 ]; then fail "$name exited $rc"; tail -n 5 "$dir/$name.out"; return 1; fi
 }
 
+# finite RUN N: RUN's run log holds N losses in /steps/loss, each a finite
+# number (printed); fails the test otherwise.
+finite() {
+  bits "$1" /steps/loss || return
+  /usr/bin/python3 - "$dir/$1.steps.loss" "$2" <<'EOF' && echo "ok: $1: $2 finite losses" || fail "$1: not $2 finite losses"
+import math, struct, sys
+data = open(sys.argv[1], "rb").read()
+losses = struct.unpack("<%df" % (len(data) // 4), data)
+print("  losses:", " ".join("%.4f" % x for x in losses))
+sys.exit(0 if len(losses) == int(sys.argv[2]) and all(math.isfinite(x) for x in losses) else 1)
+EOF
+}
+
 # bits RUN DATASET...: the raw little-endian bytes of each DATASET of
 # $dir/RUN/runlog.h5 in $dir/RUN.<dataset, / as .> (/steps/loss:
 # $dir/RUN.steps.loss). A dataset the log lacks fails the test and
