@@ -178,7 +178,7 @@ mkdir -p "$dir/mine" && echo notes > "$dir/mine/notes.txt"
 expect_error "export-hf: a user's directory" 'notes.txt' \
   "$DYNMO" export-hf "$dir/tiny.h5" --out "$dir/mine"
 [ "$(ls "$dir/mine")" = notes.txt ] || fail "export-hf touched $dir/mine"
-expect_error "export-hf: MoE" 'cannot be a GPT-2: its blocks are not all dense' \
+expect_error "export-hf: MoE" 'cannot be a GPT-2: its blocks are not all dense GPT-2 blocks \(mixture of experts: every 2 blocks' \
   "$DYNMO" export-hf "$PWD/tests/data/ckpt/schema-v2-moe.h5" --out "$dir/moe"
 cp "$dir/tiny.h5" "$dir/cut.h5" && truncate -s 200000 "$dir/cut.h5"
 expect_error "export-hf: truncated checkpoint" 'cut.h5: .*truncated' \

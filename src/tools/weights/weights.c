@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
+#include "dynmo/dyn.h"
 #include "tools/weights/weights.h"
 
 static char pending_dir[4400];
@@ -87,11 +88,28 @@ void weights_load_checkpoint(const char *path, struct gpt *model, struct ckpt_me
     ckpt_meta_free(&loaded);
 }
 
+/* The schemes' lines on a model, joined with "; " (dyn_describe_shape). */
+struct joined {
+    char *buf;
+    size_t size, used;
+};
+
+static void join_line(void *ctx, const char *line)
+{
+    struct joined *j = ctx;
+    if (j->used >= j->size) return;
+    int n = snprintf(j->buf + j->used, j->size - j->used, "%s%s", j->used ? "; " : "", line);
+    if (n > 0) j->used += (size_t)n;
+}
+
 const char *weights_not_dense(const struct ckpt_meta *meta, char *buf, size_t size)
 {
     if (meta->shape.ext_count > 0) {
-        snprintf(buf, size, "its blocks are not all dense GPT-2 blocks (the config it was "
-                 "written with has mixture of experts, mixture of depths or hash attention)");
+        char schemes[400] = "";
+        struct joined j = {schemes, sizeof schemes, 0};
+        dyn_describe_shape(&meta->shape, join_line, &j);
+        snprintf(buf, size, "its blocks are not all dense GPT-2 blocks (%s)",
+                 schemes[0] ? schemes : "a scheme extends them");
         return buf;
     }
     for (int l = 0; l < meta->shape.layers; l++)
