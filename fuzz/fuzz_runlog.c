@@ -28,6 +28,7 @@
  * file, nothing allocated is left behind (LeakSanitizer), no HDF5 object
  * is left open. */
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <poll.h>
 #include <setjmp.h>
@@ -228,16 +229,17 @@ static void child_plan(void)
     plan_sharing_from_run(&sharing, dir, stages, stages);
 }
 
-static long resident_bytes(pid_t pid)
+/* The resident bytes of a process, from its /proc/PID/statm (open as
+ * statm; read again at each call); 0 when it cannot be read. */
+static long resident_bytes(int statm)
 {
-    char name[64];
-    snprintf(name, sizeof name, "/proc/%d/statm", (int)pid);
-    FILE *f = fopen(name, "r");
-    long pages = 0, resident = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-        fclose(f);
-    }
+    char text[256];
+    ssize_t n = statm >= 0 ? pread(statm, text, sizeof text - 1, 0) : -1;
+    if (n <= 0) return 0;
+    text[n] = 0;
+    char *end;
+    strtol(text, &end, 10);
+    long resident = strtol(end, NULL, 10);
     return resident * sysconf(_SC_PAGESIZE);
 }
 
@@ -291,11 +293,15 @@ static struct child_result run_child(int requests, int replies)
         return r;
     }
     if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* ends with the fork server */
         close(requests);
         close(replies);
         run_readers();
     }
     int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    char name[64];
+    snprintf(name, sizeof name, "/proc/%d/statm", (int)pid);
+    int statm = open(name, O_RDONLY);
     struct timespec pause = {0, 2000000L}, start, now;
     clock_gettime(CLOCK_MONOTONIC, &start);
     for (;;) {
@@ -307,7 +313,7 @@ static struct child_result run_child(int requests, int replies)
         }
         clock_gettime(CLOCK_MONOTONIC, &now);
         r.end = now.tv_sec - start.tv_sec > CHILD_SECONDS ? CHILD_TOO_LONG
-              : resident_bytes(pid) > CHILD_RSS_BYTES ? CHILD_TOO_LARGE
+              : resident_bytes(statm) > CHILD_RSS_BYTES ? CHILD_TOO_LARGE
               : CHILD_ENDED;
         if (r.end != CHILD_ENDED) {
             kill(pid, SIGKILL);
@@ -322,6 +328,7 @@ static struct child_result run_child(int requests, int replies)
         }
     }
     if (pidfd >= 0) close(pidfd);
+    if (statm >= 0) close(statm);
     return r;
 }
 
