@@ -257,8 +257,9 @@ static const struct {
 } readers[] = {{"inspect --json", child_inspect}, {"trace", child_trace},
                {"simulate's reader", child_simulate}, {"plan --from-run's reader", child_plan}};
 
-/* How a child ended: its wait status, and why it was killed (NULL when
- * it ended by itself). */
+/* How a child ended: its wait status (-1: the fork server could not fork
+ * or wait), and whether it was killed for a limit (CHILD_ENDED when it
+ * ended by itself). */
 enum child_end { CHILD_ENDED, CHILD_TOO_LONG, CHILD_TOO_LARGE };
 struct child_result {
     int status;
