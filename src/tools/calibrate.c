@@ -331,11 +331,20 @@ static void measure_memory(struct hardware *hw, const struct dm_backend *be, int
     double ops[3] = {rate[0], rate[1], rate[2]};
     hw->bandwidth_gbs = dm_median(ops, 3);
     hw->peak_bandwidth_gbs = fmax(fmax(rate[0], rate[1]), fmax(rate[2], rate[3]));
+    /* The overhead: a 16-float op's time, or a small layernorm's beyond its
+     * bytes when that is more (an op the thread pool spreads over its
+     * threads pays their start and join, the tiny one runs inline). */
     o.kind = OP_RESIDUAL;
     o.m = 1;
     o.n = 16;
-    hw->op_overhead_us = time_op(&o, batch_s) * 1e6;
-    dm_log("calibrate: a 16-float op: %.2f us (the per-op overhead)\n", hw->op_overhead_us);
+    double tiny = time_op(&o, batch_s);
+    o.kind = OP_LAYERNORM;
+    o.m = 64;
+    o.n = 64;
+    double small = time_op(&o, batch_s) - 2 * 4.0 * 64 * 64 / (hw->bandwidth_gbs * 1e9);
+    hw->op_overhead_us = fmax(tiny, small) * 1e6;
+    dm_log("calibrate: a 16-float op %.2f us, a 64 x 64 layernorm beyond its bytes %.2f us: "
+           "%.2f us per op\n", tiny * 1e6, small * 1e6, hw->op_overhead_us);
     float *buffers[] = {o.x, o.y, o.s, o.z, o.v, o.w};
     for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
 }
