@@ -40,6 +40,17 @@ quiet() {
 load() { echo "$1: load $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)" >> "$out/loads.txt"; }
 step_of() { sed -n 's/^predicted step: \([0-9.]*\) ms.*/\1/p'; }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
+# error WHAT MEASURED PREDICTED FILE: one line into FILE
+error() {
+  awk -v s="$1" -v m="$2" -v p="$3" \
+    'BEGIN { printf "%s: measured %.2f ms/step, predicted %.2f, error %.1f%%\n", s, m, p, 100 * (p - m) / m }' \
+    | tee -a "$4"
+}
+# median_error FILE NAME: the median |error| of FILE's lines, appended
+median_error() {
+  echo "$2: median |error| $(sed -n 's/.*error \(-\{0,1\}[0-9.]*\)%/\1/p' "$1" | tr -d - | median)%" \
+    | tee -a "$1"
+}
 
 # 1. calibration
 quiet; load calibrate
@@ -60,12 +71,9 @@ for i in "${!shapes[@]}"; do
              | sed -n 's/^bench: median \([0-9.]*\) ms\/step.*/\1/p')
   predicted=$("$DYNMO" simulate --hardware "$out/cpu.ini" --config configs/ref.ini "${kv[@]}" \
               train.eval_every=0 --stages 1 --steps 1 --policies static-uniform | step_of)
-  awk -v m="$measured" -v p="$predicted" -v s="${shapes[i]}" \
-    'BEGIN { printf "shape %s: measured %.2f ms, predicted %.2f ms, error %.1f%%\n", s, m, p, 100 * (p - m) / m }' \
-    | tee -a "$out/shapes.txt"
+  error "shape ${shapes[i]}" "$measured" "$predicted" "$out/shapes.txt"
 done
-echo "shapes: median |error| $(sed -n 's/.*error \(-\{0,1\}[0-9.]*\)%/\1/p' "$out/shapes.txt" \
-     | tr -d - | median)%" | tee -a "$out/shapes.txt"
+median_error "$out/shapes.txt" shapes
 
 # 3. a 2-rank run of each scheme, predicted from its config alone
 : > "$out/schemes.txt"
@@ -83,9 +91,6 @@ for scheme in $SCHEMES; do
              | sed -n 's/^validation: measured costs, replay .* mean [0-9.]* ms simulated, \([0-9.]*\) measured.*/\1/p')
   predicted=$("$DYNMO" simulate --hardware "$out/cpu-1thread.ini" --config configs/$scheme.ini \
               "${args[@]}" --policies static-uniform | step_of)
-  awk -v m="$measured" -v p="$predicted" -v s="$scheme" \
-    'BEGIN { printf "%s on 2 ranks: measured %.2f ms/step, predicted %.2f, error %.1f%%\n", s, m, p, 100 * (p - m) / m }' \
-    | tee -a "$out/schemes.txt"
+  error "$scheme on 2 ranks" "$measured" "$predicted" "$out/schemes.txt"
 done
-echo "schemes: median |error| $(sed -n 's/.*error \(-\{0,1\}[0-9.]*\)%/\1/p' "$out/schemes.txt" \
-     | tr -d - | median)%" | tee -a "$out/schemes.txt"
+median_error "$out/schemes.txt" schemes

@@ -29,6 +29,11 @@ struct hw_key {
 #define HW_DOUBLE(sec, k, field, lo, hi, what) \
     {sec, k, offsetof(struct hardware, field), 0, lo, hi, what}
 
+/* A link's two keys, where_latency_us and where_bandwidth_gbs. */
+#define HW_LINE(sec, field, where, what) \
+    HW_DOUBLE(sec, where "_latency_us", field.latency_us, 0, 1e7, "microseconds of " what), \
+    HW_DOUBLE(sec, where "_bandwidth_gbs", field.bandwidth_gbs, 1e-4, 1e5, "GB/s of " what)
+
 static const struct hw_key keys[] = {
     HW_DOUBLE("device", "memory_gb", memory_gb, 1e-3, 1e5, "GB of device memory"),
     HW_DOUBLE("device", "peak_bandwidth_gbs", peak_bandwidth_gbs, 0.1, 1e5,
@@ -47,22 +52,10 @@ static const struct hw_key keys[] = {
               "TFLOP/s achieved by CSR products on their nonzeros"),
     {"link", "ranks_per_node", offsetof(struct hardware, ranks_per_node), 1, 1, 1e4,
      "ranks (devices) that share a node's links"},
-    HW_DOUBLE("link", "intra_latency_us", p2p_intra.latency_us, 0, 1e7,
-              "microseconds of a message within a node"),
-    HW_DOUBLE("link", "intra_bandwidth_gbs", p2p_intra.bandwidth_gbs, 1e-4, 1e5,
-              "GB/s of a message within a node"),
-    HW_DOUBLE("link", "inter_latency_us", p2p_inter.latency_us, 0, 1e7,
-              "microseconds of a message between nodes"),
-    HW_DOUBLE("link", "inter_bandwidth_gbs", p2p_inter.bandwidth_gbs, 1e-4, 1e5,
-              "GB/s of a message between nodes"),
-    HW_DOUBLE("collective", "intra_latency_us", collective_intra.latency_us, 0, 1e7,
-              "microseconds of an all-reduce within a node"),
-    HW_DOUBLE("collective", "intra_bandwidth_gbs", collective_intra.bandwidth_gbs, 1e-4, 1e5,
-              "GB/s (bus bandwidth) of an all-reduce within a node"),
-    HW_DOUBLE("collective", "inter_latency_us", collective_inter.latency_us, 0, 1e7,
-              "microseconds of an all-reduce between nodes"),
-    HW_DOUBLE("collective", "inter_bandwidth_gbs", collective_inter.bandwidth_gbs, 1e-4, 1e5,
-              "GB/s (bus bandwidth) of an all-reduce between nodes"),
+    HW_LINE("link", p2p_intra, "intra", "a message within a node"),
+    HW_LINE("link", p2p_inter, "inter", "a message between nodes"),
+    HW_LINE("collective", collective_intra, "intra", "an all-reduce within a node (bus)"),
+    HW_LINE("collective", collective_inter, "inter", "an all-reduce between nodes (bus)"),
 };
 #define KEY_COUNT (int)(sizeof keys / sizeof keys[0])
 static const char *const sections[] = {"device", "gemm", "attention", "link", "collective"};

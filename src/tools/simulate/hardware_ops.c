@@ -243,12 +243,17 @@ void hw_block_update(struct hw_pass *p, const struct hw_model *m,
     add_memory(p, m, "adamw", ADAMW_FLOPS_PER_PARAM * params, ADAMW_BYTES_PER_PARAM * params);
 }
 
-void hw_embed_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update,
-                     const struct hw_model *m)
+static void passes_clear(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update)
 {
     memset(fwd, 0, sizeof *fwd);
     memset(bwd, 0, sizeof *bwd);
     memset(update, 0, sizeof *update);
+}
+
+void hw_embed_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update,
+                     const struct hw_model *m)
+{
+    passes_clear(fwd, bwd, update);
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, C = c->channels, N = (double)m->sequences * c->seq;
     add_memory(fwd, m, "embedding", N * C, 3 * e * N * C);
@@ -260,9 +265,7 @@ void hw_embed_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *u
 void hw_head_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update,
                     const struct hw_model *m)
 {
-    memset(fwd, 0, sizeof *fwd);
-    memset(bwd, 0, sizeof *bwd);
-    memset(update, 0, sizeof *update);
+    passes_clear(fwd, bwd, update);
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, C = c->channels, V = c->vocab;
     double N = (double)m->sequences * c->seq;
