@@ -27,6 +27,15 @@ if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/cpu.ini" --quick > "$dir/calibrat
 else
   fail "calibrate --quick: $(tail -5 "$dir/calibrate.out")"
 fi
+# the device path (device buffers, copies, synchronize) on the emulated device
+if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/emulate.ini" --quick train.device=emulate \
+     > "$dir/emulate.out" 2>&1 \
+   && "$DYNMO" simulate --hardware "$dir/emulate.ini" --config configs/ref.ini --stages 1 \
+        --policies static-uniform | grep -q "^predicted step"; then
+  echo "ok: calibrate on the emulated device writes a file simulate reads"
+else
+  fail "calibrate train.device=emulate: $(tail -3 "$dir/emulate.out")"
+fi
 expect_error "calibrate on one rank" "mpiexec -n 2" "$DYNMO" calibrate --out "$dir/one.ini" --quick
 expect_error "calibrate without --out" "--out HW.ini is required" \
   mpiexec -n 2 "$DYNMO" calibrate --quick

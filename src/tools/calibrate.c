@@ -456,8 +456,10 @@ int cmd_calibrate(int argc, char **argv)
                  "every figure measured on this machine with dynmo's own ops on rank 0\n"
                  "(train.device = %s, %d threads) and between ranks 0 and 1 (one node:\n"
                  "the lines between nodes repeat those within); peak_tflops and\n"
-                 "peak_bandwidth_gbs are the best measured, memory_gb the host's memory.",
-                 cfg.device, threads);
+                 "peak_bandwidth_gbs are the best measured, memory_gb the host's memory%s.",
+                 cfg.device, threads,
+                 strcmp(cfg.device, "cpu") ? "\n(set it to the device's: the op table does not "
+                 "report it)" : "");
         if (hardware_write(&hw, a.out, comment, err, sizeof err) != 0) {
             fprintf(stderr, "dynmo: error: calibrate: %s\n", err);
             status = DM_EXIT_USAGE;
