@@ -210,7 +210,7 @@ static void test_flops(void)
     /* the four products: 2 N (3C^2 + C^2 + 4C^2 + 4C^2); causal attention:
      * scores and values over the T (T + 1) / 2 pairs, 2 x 2 C FLOPs each */
     double gemm = 2 * N * 12 * C * C, attention = B * T * (T + 1) / 2 * 4 * C;
-    struct hw_block_state dense = {.tokens = 1, .tiles = 1};
+    struct hw_block_state dense = {.active = 1, .tokens = 1, .tiles = 1};
     struct hw_pass f, b, u;
     hw_block_forward(&f, &m, &dense);
     hw_block_backward(&b, &m, &dense);
@@ -222,12 +222,27 @@ static void test_flops(void)
     /* AdamW streams 36 bytes per parameter of 12 C^2 + 13 C */
     CHECK_NEAR(u.bytes, 36 * (12 * C * C + 13 * C), 0);
 
-    /* half the tokens (packed): half the rows, n = 2 per sequence */
+    /* MoD, half the tokens routed (packed): half the rows, n = 2 per sequence */
     struct hw_block_state half = dense;
     half.tokens = 0.5;
     hw_block_forward(&f, &m, &half);
     CHECK_NEAR(class_flops(&f, HW_GEMM), gemm / 2, 0);
     CHECK_NEAR(class_flops(&f, HW_ATTENTION), B * 2 * 3 / 2.0 * 4 * C, 0);
+
+    /* early exit, half the tokens active: ln1 and K, V over every row, Q
+     * and the rest over half; the query rows against their keys: half of
+     * causal's pairs */
+    struct hw_block_state exits = dense;
+    exits.active = 0.5;
+    hw_block_forward(&f, &m, &exits);
+    hw_block_backward(&b, &m, &exits);
+    CHECK_NEAR(class_flops(&f, HW_GEMM), 2 * N * 2 * C * C + 2 * (N / 2) * 10 * C * C, 0);
+    CHECK_NEAR(class_flops(&b, HW_GEMM), 2 * (2 * N * 2 * C * C + 2 * (N / 2) * 10 * C * C), 0);
+    CHECK_NEAR(class_flops(&f, HW_ATTENTION), attention / 2, 0);
+    CHECK_NEAR(class_flops(&b, HW_ATTENTION), attention, 0);
+    exits.active = 0;   /* every token gone: the input copied forward, nothing computed */
+    hw_block_forward(&f, &m, &exits);
+    CHECK(f.flops == 0 && f.count == 1 && f.bytes == 2 * 4 * N * C);
 
     /* frozen: forward as dense, no backward, no update */
     struct hw_block_state frozen = dense;
@@ -299,7 +314,7 @@ static void test_scaling(void)
     for (int p = 0; p < fast.gemm_points; p++) fast.gemm[p].tflops *= 2;
     struct hw_model m = tiny(&hw), mf = tiny(&fast);
     m.sequences = mf.sequences = 64;
-    struct hw_block_state dense = {.tokens = 1, .tiles = 1};
+    struct hw_block_state dense = {.active = 1, .tokens = 1, .tiles = 1};
     struct hw_pass a, b;
     hw_block_forward(&a, &m, &dense);
     hw_block_forward(&b, &mf, &dense);

@@ -106,15 +106,18 @@ struct hw_pass {
 };
 
 /* What a block computes at a state, by role (the values simulate's states
- * hold, docs/simulate.md): the share of the tokens it computes (early
- * exit's a, MoD's d: rows and, as packed sequences, the attention's
- * square), the sparsity of its matrices (CSR products past
+ * hold, docs/simulate.md): early exit's share a of the tokens still
+ * active (block_forward_rows: ln1 and the K, V products over every token,
+ * Q, attention's query rows, the projection and the MLP over the active
+ * rows), MoD's share d of the tokens routed through it (packed sequences:
+ * every op over dN rows, the attention's square shrinking as d^2), the
+ * sparsity of its matrices (CSR products past
  * dyn.csr_sparsity), frozen (forward only: a frozen prefix computes no
  * backward and no update), the share of the hash attention's expected
  * tiles, and the busiest expert rank's load (0: the dense MLP; g: that
  * rank's g x rows x top-k rows through its experts). */
 struct hw_block_state {
-    double tokens, sparsity, tiles, expert_load;
+    double active, tokens, sparsity, tiles, expert_load;
     int frozen, exit_head;       /* exit_head: an early-exit head follows the block */
 };
 

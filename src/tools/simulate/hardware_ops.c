@@ -151,6 +151,80 @@ static double expert_hidden(const struct dm_config *c)
     return c->expert_hidden > 0 ? c->expert_hidden : 4.0 * c->channels;
 }
 
+/* Early exit's block with tokens gone (exit.c's block_forward_rows): the
+ * input copied forward, ln1 and K, V over all N rows, Q, the attention's
+ * query rows (each against the keys up to its position: a of causal's
+ * pairs), the projection, ln2 and the MLP over the Na active rows,
+ * gathered and scattered back. */
+static void rows_forward(struct hw_pass *p, const struct hw_model *m,
+                         const struct hw_block_state *s)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels, NH = c->heads, B = m->sequences;
+    double T = c->seq, N = B * T, Na = round(s->active * N);
+    add_memory(p, m, "copy", 0, 2 * e * N * C);
+    if (Na < 1) return;
+    add_memory(p, m, "ln1", 8 * N * C, 2 * e * N * C);
+    product_forward(p, m, s, "kv", N, C, 2 * C, 0, 0);
+    add_memory(p, m, "gather", 0, 2 * e * Na * C);
+    product_forward(p, m, s, "q", Na, C, C, 0, 0);
+    add_op(p, m, "attention rows", HW_ATTENTION, s->active * causal_flops(B, T, C),
+           m->hw->attention_tflops, e * (2 * Na * C + 2 * N * C) + 2 * 4.0 * NH * Na * T);
+    product_forward(p, m, s, "proj", Na, C, C, 0, 0);
+    add_memory(p, m, "residual", Na * C, 5 * e * Na * C);   /* the input's rows gathered, added */
+    add_memory(p, m, "ln2", 8 * Na * C, 2 * e * Na * C);
+    product_forward(p, m, s, "fc", Na, C, 4 * C, 0, 1);
+    product_forward(p, m, s, "fcproj", Na, 4 * C, C, 1, 0);
+    add_memory(p, m, "scatter", 0, 2 * e * Na * C);
+}
+
+/* Its backward (block_backward_rows): the MLP, ln2 and the projection over
+ * the active rows, the attention's query rows, K and V's gradients over
+ * every row, Q's over the active ones, ln1 over every row. */
+static void rows_backward(struct hw_pass *p, const struct hw_model *m,
+                          const struct hw_block_state *s)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels, NH = c->heads, B = m->sequences;
+    double T = c->seq, N = B * T, Na = round(s->active * N);
+    if (Na < 1) {
+        add_memory(p, m, "copy", 0, 2 * e * N * C);
+        return;
+    }
+    add_memory(p, m, "gather", 0, 2 * e * Na * C);
+    product_backward(p, m, s, "fcproj dinp", "fcproj dweight", Na, 4 * C, C, 1);
+    product_backward(p, m, s, "fc dinp", "fc dweight", Na, C, 4 * C, 0);
+    add_memory(p, m, "ln2 backward", 10 * Na * C, 4 * e * Na * C);
+    product_backward(p, m, s, "proj dinp", "proj dweight", Na, C, C, 0);
+    add_op(p, m, "attention rows backward", HW_ATTENTION, 2 * s->active * causal_flops(B, T, C),
+           m->hw->attention_tflops, e * (4 * Na * C + 4 * N * C) + 3 * 4.0 * NH * Na * T);
+    product_backward(p, m, s, "kv dinp", "kv dweight", N, C, 2 * C, 0);
+    product_backward(p, m, s, "q dinp", "q dweight", Na, C, C, 0);
+    add_memory(p, m, "scatter", 0, 6 * e * N * C);   /* dQ rows, the residual's copy and rows */
+    add_memory(p, m, "ln1 backward", 10 * N * C, 4 * e * N * C);
+}
+
+/* The early-exit head after the block: layernorm and logits over the active rows. */
+static void exit_head_forward(struct hw_pass *p, const struct hw_model *m, double rows)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels;
+    add_memory(p, m, "exit ln", 8 * rows * C, 2 * e * rows * C);
+    add_gemms(p, m, "exit logits", 1, rows, c->vocab, C, 0);
+    add_memory(p, m, "exit softmax", 5 * rows * c->vocab, 2 * 4.0 * rows * c->vocab);
+}
+
+static void exit_head_backward(struct hw_pass *p, const struct hw_model *m, double rows)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels;
+    if (!(c->exit_loss_weight > 0)) return;
+    add_memory(p, m, "exit softmax backward", 2 * rows * c->vocab, 2 * 4.0 * rows * c->vocab);
+    add_gemms(p, m, "exit logits dinp", 1, rows, C, c->vocab, 0);
+    add_gemms(p, m, "exit logits dweight", 1, c->vocab, C, rows, 0);
+    add_memory(p, m, "exit ln backward", 10 * rows * C, 4 * e * rows * C);
+}
+
 void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
                       const struct hw_block_state *s)
 {
@@ -158,6 +232,11 @@ void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, C = c->channels, N, n;
     block_rows(m, s, &N, &n);
+    if (s->active < 1) {
+        rows_forward(p, m, s);
+        if (s->exit_head) exit_head_forward(p, m, round(s->active * m->sequences * c->seq));
+        return;
+    }
     if (s->tokens < 1)   /* the chosen or still active rows gathered, the outputs scattered */
         add_memory(p, m, "gather", 0, 2 * e * N * C);
     add_memory(p, m, "ln1", 8 * N * C, 2 * e * N * C);
@@ -177,11 +256,7 @@ void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
         product_forward(p, m, s, "fc", N, C, 4 * C, 0, 1);
         product_forward(p, m, s, "fcproj", N, 4 * C, C, 1, 0);
     }
-    if (s->exit_head) {   /* the exit head's layernorm and logits over the active rows */
-        add_memory(p, m, "exit ln", 8 * N * C, 2 * e * N * C);
-        add_gemms(p, m, "exit logits", 1, N, c->vocab, C, 0);
-        add_memory(p, m, "exit softmax", 5 * N * c->vocab, 2 * 4.0 * N * c->vocab);
-    }
+    if (s->exit_head) exit_head_forward(p, m, N);
 }
 
 void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
@@ -192,12 +267,12 @@ void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, C = c->channels, N, n;
     block_rows(m, s, &N, &n);
-    if (s->exit_head && c->exit_loss_weight > 0) {
-        add_memory(p, m, "exit softmax backward", 2 * N * c->vocab, 2 * 4.0 * N * c->vocab);
-        add_gemms(p, m, "exit logits dinp", 1, N, C, c->vocab, 0);
-        add_gemms(p, m, "exit logits dweight", 1, c->vocab, C, N, 0);
-        add_memory(p, m, "exit ln backward", 10 * N * C, 4 * e * N * C);
+    if (s->active < 1) {
+        if (s->exit_head) exit_head_backward(p, m, round(s->active * m->sequences * c->seq));
+        rows_backward(p, m, s);
+        return;
     }
+    if (s->exit_head) exit_head_backward(p, m, N);
     if (s->expert_load > 0) {
         double E = c->experts, H = expert_hidden(c), per_rank = E / (c->ep > 0 ? c->ep : 1);
         double rows = s->expert_load * N * c->top_k, r = rows / per_rank;

@@ -75,11 +75,12 @@ static struct hw_block_state block_state(const struct sim_hardware *h, int block
                                          const float *state)
 {
     const struct dm_config *c = &h->model.cfg;
-    struct hw_block_state s = {.tokens = 1, .tiles = 1};
+    struct hw_block_state s = {.active = 1, .tokens = 1, .tiles = 1};
     for (int k = 0; k < sim_state_count(); k++) {
         double v = state[k];
         switch (sim_state_role(k)) {
-        case DYN_COST_TOKEN_SHARE: case DYN_COST_ROUTED_SHARE: s.tokens *= v; break;
+        case DYN_COST_TOKEN_SHARE: s.active = v; break;
+        case DYN_COST_ROUTED_SHARE: s.tokens = v; break;
         case DYN_COST_SPARSITY: s.sparsity = v; break;
         case DYN_COST_FROZEN: s.frozen = v != 0; break;
         case DYN_COST_TILE_SHARE: s.tiles = v; break;
@@ -211,7 +212,7 @@ void sim_hardware_setup(const struct sim_hardware *h, struct sim_setup *setup,
 size_t sim_hardware_describe(const struct sim_hardware *h, char *text, size_t size)
 {
     const struct dm_config *c = &h->model.cfg;
-    struct hw_block_state dense = {.tokens = 1, .tiles = 1};
+    struct hw_block_state dense = {.active = 1, .tokens = 1, .tiles = 1};
     struct hw_pass f, b;
     hw_block_forward(&f, &h->model, &dense);
     hw_block_backward(&b, &h->model, &dense);
