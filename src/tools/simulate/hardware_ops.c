@@ -237,8 +237,11 @@ void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
         if (s->exit_head) exit_head_forward(p, m, round(s->active * m->sequences * c->seq));
         return;
     }
-    if (s->tokens < 1)   /* the chosen or still active rows gathered, the outputs scattered */
+    if (s->tokens < 1) {   /* MoD: the router over every token, the chosen rows gathered */
+        double all = (double)m->sequences * c->seq;
+        add_memory(p, m, "router", 2 * all * C, e * all * C);
         add_memory(p, m, "gather", 0, 2 * e * N * C);
+    }
     add_memory(p, m, "ln1", 8 * N * C, 2 * e * N * C);
     product_forward(p, m, s, "qkv", N, C, 3 * C, 0, 0);
     price_attention_forward(p, m, s, n);
