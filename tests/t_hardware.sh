@@ -79,6 +79,16 @@ grep -q "the run's states, mapped by relative depth" <<<"$out" && grep -q "^repa
   && echo "ok: --from-run with --hardware" \
   || fail "--from-run with --hardware: $out"
 
+# a state whose scheme the config does not run is neutral: the MoE run's
+# expert loads leave the dense reference model's step as it is
+alone=$("$DYNMO" simulate --hardware hardware/h100-sxm.ini --config configs/ref.ini --stages 1 \
+        --policies static-uniform | step_of)
+driven=$("$DYNMO" simulate --hardware hardware/h100-sxm.ini --config configs/ref.ini --stages 1 \
+         --policies static-uniform --from-run tests/data/sim/moe-4-static | step_of)
+[ -n "$alone" ] && [ "$alone" = "$driven" ] \
+  && echo "ok: an MoE run's states leave a dense config at $alone ms" \
+  || fail "an MoE run's states changed a dense config: $alone ms alone, $driven ms driven"
+
 # bad input
 sed '/^memory_gb/d' hardware/h100-sxm.ini > "$dir/missing.ini"
 expect_error "a missing figure" "\\[device\\] memory_gb is missing" \

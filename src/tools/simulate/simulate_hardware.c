@@ -19,6 +19,8 @@
 struct sim_hardware {
     struct hardware hw;
     struct hw_model model;
+    struct gpt_shape shape;              /* the config's, its schemes' blocks */
+    int runs_state[SIM_STATES_MAX];      /* the config runs the state's scheme */
     char config_path[1024];
     int from_run;
     char run_path[1200];
@@ -70,13 +72,18 @@ static void config_trajectory(struct sim_trajectory *t, const struct dm_config *
     }
 }
 
-/* What a block computes at state (sim_state_count() values), by role. */
+/* What a block computes at state (sim_state_count() values), by role: a
+ * state counts where the config runs its scheme, on the scheme's blocks
+ * (a run's MoE loads drive the config's MoE blocks, never its dense ones). */
 static struct hw_block_state block_state(const struct sim_hardware *h, int block,
                                          const float *state)
 {
     const struct dm_config *c = &h->model.cfg;
     struct hw_block_state s = {.active = 1, .tokens = 1, .tiles = 1};
     for (int k = 0; k < sim_state_count(); k++) {
+        if (!h->runs_state[k] ||
+            (block >= 0 && !dyn_signal_layer(sim_state_signal(k), &h->shape, block)))
+            continue;
         double v = state[k];
         switch (sim_state_role(k)) {
         case DYN_COST_TOKEN_SHARE: s.active = v; break;
@@ -144,9 +151,13 @@ struct sim_hardware *sim_hardware_prepare(struct sim_run *run, struct sim_model 
     run->micro_batches = cfg.micro_batches;
     run->schedule = config_schedule(&cfg);
     run->csr_sparsity = (float)cfg.csr_sparsity;
+    h->shape = dyn_shape_from_config(&cfg);
     memset(model, 0, sizeof *model);
     model->hardware = h;
-    for (int k = 0; k < sim_state_count(); k++) model->uses[k] = traj->present[k];
+    for (int k = 0; k < sim_state_count(); k++) {
+        h->runs_state[k] = dyn_signal_active(sim_state_signal(k), &cfg);
+        model->uses[k] = traj->present[k] && h->runs_state[k];
+    }
     struct hw_pass f, b, u;
     hw_embed_passes(&f, &b, &u, &h->model);
     model->embed = (struct balance_extra){.fwd_ms = f.ms, .bwd_ms = b.ms, .update_ms = u.ms};
