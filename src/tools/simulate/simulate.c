@@ -301,7 +301,7 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     if (s->stages > s->blocks)
         dm_user_error("simulate: --stages %d is more than the %d %s (a stage holds at least "
                       "one)", s->stages, s->blocks, s->split ? "units" : "blocks");
-    s->replicas = a->replicas ? a->replicas : a->validate ? run->cfg.dp : 1;
+    s->replicas = a->replicas ? a->replicas : a->validate || a->hardware ? run->cfg.dp : 1;
     s->micro_batches = a->micro_batches ? a->micro_batches
                      : s->stages == run->stages ? run->micro_batches : 4 * s->stages;
     s->schedule = a->schedule >= 0 ? (enum dm_schedule)a->schedule : run->schedule;
