@@ -113,7 +113,7 @@ static double causal_flops(double B, double n, double C)
 }
 
 static void price_attention_forward(struct hw_pass *p, const struct hw_model *m,
-                              const struct hw_block_state *s, double n)
+                                    const struct hw_block_state *s, double n)
 {
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
@@ -130,7 +130,7 @@ static void price_attention_forward(struct hw_pass *p, const struct hw_model *m,
 }
 
 static void price_attention_backward(struct hw_pass *p, const struct hw_model *m,
-                               const struct hw_block_state *s, double n)
+                                     const struct hw_block_state *s, double n)
 {
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
