@@ -235,7 +235,8 @@ int hardware_parse_text(struct hardware *hw, const char *text, size_t len, const
         line[length] = 0;
         if (strlen(line) != length) FAIL(&r, "a NUL byte in the line (a hardware file is text)");
         start += length + 1;
-        if (read_line(&r, line) != 0) return -1;
+        char *at = r.line == 1 && !strncmp(line, "\xef\xbb\xbf", 3) ? line + 3 : line;   /* BOM */
+        if (read_line(&r, at) != 0) return -1;
     }
     return check_whole(&r);
 }
