@@ -610,6 +610,35 @@ static void format_value(const struct dm_config *cfg, size_t i, char *value, siz
     }
 }
 
+int config_parse_printed(struct dm_config *cfg, const char *text, const char *name, char *err,
+                         size_t errsize)
+{
+    char *copy = dm_alloc(strlen(text) + 1), problem[768];
+    strcpy(copy, text);
+    int number = 0, status = 0;
+    for (char *line = copy, *next; line && *line && status == 0; line = next) {
+        number++;
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (line[strspn(line, " \t\r")] == '\0') continue;
+        char *dot = strchr(line, '.'), *eq = strstr(line, " = ");
+        if (!dot || !eq || dot > eq) {
+            dm_set_message(err, errsize, "line %d of %s is not \"section.key = value\"",
+                           number, name);
+            status = -1;
+            break;
+        }
+        *dot = '\0';
+        *eq = '\0';
+        if (config_set(cfg, line, dot + 1, eq + 3, problem, sizeof problem) != 0) {
+            dm_set_message(err, errsize, "%s: %s", name, problem);
+            status = -1;
+        }
+    }
+    dm_free(copy);
+    return status;
+}
+
 void config_print(const struct dm_config *cfg, char *buf, size_t size)
 {
     size_t used = 0;
