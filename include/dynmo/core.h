@@ -200,6 +200,7 @@ enum dm_schedule { DM_SCHEDULE_1F1B = 0, DM_SCHEDULE_GPIPE = 1 };
 struct dm_config {
     /* [model] */
     int vocab;          /* tokens in the vocabulary (256: byte level) */
+    int vocab_pad;      /* the embedding's rows padded to a multiple of this (1: none) */
     int max_seq;        /* positions in the learned position embedding */
     int layers;         /* transformer blocks */
     int heads;          /* attention heads; must divide channels */

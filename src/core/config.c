@@ -26,6 +26,8 @@ struct config_key {
 #define F(field) offsetof(struct dm_config, field)
 static const struct config_key keys[] = {
     {"model", "vocab", KEY_INT, F(vocab), 2, 1 << 20, "tokens in the vocabulary"},
+    {"model", "vocab_pad", KEY_INT, F(vocab_pad), 1, 65536,
+     "the embedding's rows padded to a multiple of this (1: none)"},
     {"model", "max_seq", KEY_INT, F(max_seq), 1, 1 << 16, "positions"},
     {"model", "layers", KEY_INT, F(layers), 1, 4096, "transformer blocks"},
     {"model", "heads", KEY_INT, F(heads), 1, 1024, "attention heads"},
@@ -134,6 +136,7 @@ void config_defaults(struct dm_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->vocab = 256;
+    cfg->vocab_pad = 1;
     cfg->max_seq = 256;
     cfg->layers = 8;
     cfg->heads = 4;
@@ -564,6 +567,11 @@ static void config_validate_precision(const struct dm_config *cfg)
 
 void config_validate(const struct dm_config *cfg)
 {
+    long padded = ((long)cfg->vocab + cfg->vocab_pad - 1) / cfg->vocab_pad * cfg->vocab_pad;
+    if (padded > 1L << 20)
+        dm_user_error("model.vocab = %d padded to a multiple of model.vocab_pad = %d is %ld "
+                      "rows, more than 2^20: choose a smaller model.vocab_pad", cfg->vocab,
+                      cfg->vocab_pad, padded);
     if (cfg->channels % cfg->heads != 0)
         dm_user_error("model.heads = %d does not divide model.channels = %d", cfg->heads,
                       cfg->channels);

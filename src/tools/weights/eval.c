@@ -79,7 +79,7 @@ static void eval_config(struct dm_config *cfg, const struct ckpt_meta *meta, con
         memset(cfg->key_set, 0, sizeof cfg->key_set);
     } else {
         const struct gpt_shape *s = &meta->shape;
-        cfg->vocab = s->vocab;
+        cfg->vocab = gpt_vocab_used(s);
         cfg->max_seq = s->max_seq;
         cfg->layers = s->layers;
         cfg->heads = s->heads;
@@ -111,7 +111,7 @@ static int eval_batch(const struct ckpt_meta *meta, long T, long windows)
         config_parse_printed(&trained, meta->config_text, "", err, sizeof err) == 0 &&
         trained.capacity_factor > 0)
         return trained.batch / (trained.dp * trained.micro_batches);
-    long per_window = 8L * T * meta->shape.vocab;
+    long per_window = 8L * T * gpt_vocab_used(&meta->shape);
     long B = EVAL_BATCH_BYTES / per_window;
     if (B < 1) B = 1;
     if (B > 16) B = 16;
@@ -200,14 +200,14 @@ int cmd_eval(int argc, char **argv)
     if (T > meta.shape.max_seq)
         dm_user_error("eval: --seq %ld is beyond the model's %d positions (model.max_seq)", T,
                       meta.shape.max_seq);
-    if (eot >= meta.shape.vocab)
-        dm_user_error("eval: --eot %ld is not below the model's vocab %d", eot, meta.shape.vocab);
+    int vocab = gpt_vocab_used(&meta.shape);
+    if (eot >= vocab) dm_user_error("eval: --eot %ld is not below the model's vocab %d", eot, vocab);
 
     world_init(&argc, &argv);
     int P = dm_world_size(), rank = dm_rank();
     int S = eval_stages(pp, &meta, P), D = P / S;
     struct token_file tf;
-    token_file_open(&tf, data, (uint32_t)meta.shape.vocab, (int)eot, (uint64_t)T + 1);
+    token_file_open(&tf, data, (uint32_t)vocab, (int)eot, (uint64_t)T + 1);
     int threads = world_cpus_for_rank();
     dm_threads_init(threads);
     long windows = (long)((tf.count - 1) / (uint64_t)T);
