@@ -7,8 +7,12 @@
 # dtypes, and a re-import exports the same bytes; F16 and BF16 files are
 # converted to float32 exactly; training resumed from
 # the imported checkpoint gives finite losses, the same bits on 1 rank and
-# under pp = 2, and a config of another model is refused. Every bad input
-# exits 2 with one message and leaves nothing behind.
+# under pp = 2, and a config of another model is refused. eval through the
+# pipeline: trained dense, MoE, MoD and hash-attention checkpoints give
+# the validation loss their runs logged, and the same window losses on 1
+# rank, on 2 and 3 stages, on 2 stages x 2 replicas and under another
+# layout. Every bad input exits 2 with one message and leaves nothing
+# behind.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_dynmo
