@@ -13,8 +13,6 @@ set -u
 . "$(dirname "$0")/lib.sh"
 need_dynmo
 work_dir
-hf=$PWD/tests/data/hf
-[ -f "$hf/losses.txt" ] || hf=$(cd "$(dirname "$0")" && pwd)/data/hf
 
 # ---- training: the same bits with and without padding ----
 # vocab 257 (the bytes and one more): 320 rows when padded to 64

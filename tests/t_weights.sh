@@ -17,8 +17,6 @@ set -u
 . "$(dirname "$0")/lib.sh"
 need_dynmo
 work_dir
-hf=$PWD/tests/data/hf
-[ -f "$hf/losses.txt" ] || hf=$(cd "$(dirname "$0")" && pwd)/data/hf
 
 # ---- import, and eval against transformers' losses ----
 out=$("$DYNMO" import-hf "$hf/gpt2-tiny" --out "$dir/tiny.h5") || fail "import-hf exited $?"

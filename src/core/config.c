@@ -26,8 +26,6 @@ struct config_key {
 #define F(field) offsetof(struct dm_config, field)
 static const struct config_key keys[] = {
     {"model", "vocab", KEY_INT, F(vocab), 2, 1 << 20, "tokens in the vocabulary"},
-    {"model", "vocab_pad", KEY_INT, F(vocab_pad), 1, 65536,
-     "the embedding's rows padded to a multiple of this (1: none)"},
     {"model", "max_seq", KEY_INT, F(max_seq), 1, 1 << 16, "positions"},
     {"model", "layers", KEY_INT, F(layers), 1, 4096, "transformer blocks"},
     {"model", "heads", KEY_INT, F(heads), 1, 1024, "attention heads"},
@@ -43,6 +41,8 @@ static const struct config_key keys[] = {
     {"model", "mod_capacity", KEY_DOUBLE, F(mod_capacity), -1e9, 1e9,
      "fraction of a sequence's tokens a MoD block processes, in (0, 1]"},
     {"model", "attention", KEY_STRING, F(attention), 0, 16, "dense or hash"},
+    {"model", "vocab_pad", KEY_INT, F(vocab_pad), 1, 65536,
+     "the embedding's rows padded to a multiple of this (1: none)"},
     {"train", "batch", KEY_INT, F(batch), 1, 1 << 20, "sequences per step"},
     {"train", "seq", KEY_INT, F(seq), 1, 1 << 16, "tokens per sequence"},
     {"train", "micro_batches", KEY_INT, F(micro_batches), 1, 1 << 20, "micro-batches per step"},

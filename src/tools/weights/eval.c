@@ -66,7 +66,7 @@ static void fill_windows(void *ctx, long first, int count, int *tokens, int *tar
  * eval needs it: S stages x D replicas of every expert (parallel.ep = 1),
  * one micro-batch of B windows of T tokens per replica, on the CPU. */
 static void eval_config(struct dm_config *cfg, const struct ckpt_meta *meta, const char *ckpt,
-                        int S, int D, int T, int B, const char *layout)
+                        const char *data, int S, int D, int T, int B, const char *layout)
 {
     char err[1200], name[1100];
     config_defaults(cfg);
@@ -93,6 +93,12 @@ static void eval_config(struct dm_config *cfg, const struct ckpt_meta *meta, con
     cfg->batch = B * D;
     cfg->trace_from = 0;
     snprintf(cfg->device, sizeof cfg->device, "cpu");
+    snprintf(cfg->precision, sizeof cfg->precision, "fp32");   /* the CPU's products */
+    /* what only training reads, so that its checks hold whatever was stored */
+    snprintf(cfg->train_path, sizeof cfg->train_path, "%s", data);
+    if (!cfg->out_dir[0]) snprintf(cfg->out_dir, sizeof cfg->out_dir, ".");
+    cfg->ckpt_every = 0;
+    cfg->repack_enable = 0;
     snprintf(cfg->initial, sizeof cfg->initial, "%s", layout ? layout : "params");
     config_validate(cfg);
     dyn_config_validate(cfg);
@@ -216,7 +222,7 @@ int cmd_eval(int argc, char **argv)
                       "give a larger --seq", data, windows, T);
     int B = eval_batch(&meta, T, windows);
     struct dm_config cfg;
-    eval_config(&cfg, &meta, ckpt, S, D, (int)T, B, layout_spec);
+    eval_config(&cfg, &meta, ckpt, data, S, D, (int)T, B, layout_spec);
     int *layout = dm_alloc((size_t)S * sizeof(int));
     train_initial_layout(layout, &cfg, S);
     struct engine *eng = engine_create(&cfg, layout, 1);
