@@ -207,6 +207,9 @@ eval_windows default-pp "$dir/ck-dense/ckpt-4.h5" 2 \
   || fail "eval on 2 ranks of a pp = 2 checkpoint: not its 2 stages"
 expect_error "eval: --pp not dividing the ranks" '--pp 2 does not divide the 3 ranks' \
   mpiexec -n 3 "$DYNMO" eval --checkpoint "$dir/ck-dense/ckpt-4.h5" --data "$dir/val32.bin" --pp 2
+expect_error "eval: --window-losses in no directory" 'cannot create .*/none/w.txt.tmp' \
+  mpiexec -n 2 "$DYNMO" eval --checkpoint "$dir/ck-dense/ckpt-4.h5" --data "$dir/val32.bin" \
+  --window-losses "$dir/none/w.txt"
 expect_error "eval: --pp beyond the blocks" '--pp 7 exceeds the model.s 6 blocks' \
   "$DYNMO" eval --checkpoint "$dir/ck-dense/ckpt-4.h5" --data "$dir/val32.bin" --pp 7
 

@@ -10,7 +10,8 @@
  * of depths, hash attention), computed by training's own forward. Rank 0
  * adds the windows' sums in window order, so the loss has the same bits
  * on any number of ranks and under any layout. Each rank uses every core
- * it may. It must not change the checkpoint or write any file. */
+ * it may. It must not change the checkpoint or write any file but the
+ * one --window-losses names. */
 #include <limits.h>
 #include <mpi.h>
 #include <stdio.h>
