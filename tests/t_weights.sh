@@ -11,8 +11,8 @@
 # pipeline: trained dense, MoE, MoD and hash-attention checkpoints give
 # the validation loss their runs logged, and the same window losses on 1
 # rank, on 2 and 3 stages, on 2 stages x 2 replicas and under another
-# layout. Every bad input exits 2 with one message and leaves nothing
-# behind.
+# layout (the schemes' models on 2 stages, and 2 x 2). Every bad input
+# exits 2 with one message and leaves nothing behind.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_dynmo
@@ -187,7 +187,7 @@ print("  %s: eval %.9f, the run's validation %.9f, relative difference %.1e"
 sys.exit(not (len(windows) == 32 and d <= 1e-6))
 EOF
   for grid in "2 --pp 2" "3 --pp 3" "4 --pp 2" "2 --pp 2 --layout explicit:5,1"; do
-    [ $kind = dense ] || [ "$grid" = "2 --pp 2" ] || continue
+    [ $kind = dense ] || [ "$grid" = "2 --pp 2" ] || [ "$grid" = "4 --pp 2" ] || continue
     name="$kind-${grid// /}"
     # shellcheck disable=SC2086
     eval_windows "$name" "$ckpt4" $grid || continue
