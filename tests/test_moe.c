@@ -623,7 +623,7 @@ static void test_slab_holds_what_it_computes(void)
     size_t unused = 0;
     for (size_t i = 0; i < blk->nparams; i++) unused += blk->grads[i] == 0.0f;
     /* the header, the MoE state (docs/block-slab.md: 8 + 4 E bytes padded
-     * to 8, + 16 E), then params, m, v */
+     * to 8, + 16 E, + the placement's 4 E padded to 8), then params, m, v */
     size_t moved = block_meta_size(blk) + 3 * blk->nparams * sizeof(float);
     printf("an MoE block of C %d, E %d, H %d: %zu parameters (shared %zu, router %d, experts "
            "%zu; a dense block has %zu), %zu without a gradient after one step; a migration "
@@ -631,7 +631,7 @@ static void test_slab_holds_what_it_computes(void)
            block_param_count(C), unused, moved, block_pack_size(blk));
     CHECK_MSG(unused == 0, "%zu of the block's parameters got no gradient", unused);
     CHECK(moved == block_pack_size(blk) &&
-          moved == 64 + (8 + 16 + 16 * E) + 12 * (shared + (size_t)E * C + experts));
+          moved == 64 + (8 + 16 + 16 * E + 16) + 12 * (shared + (size_t)E * C + experts));
     harness_free(&h);
 }
 

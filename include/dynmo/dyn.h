@@ -346,7 +346,7 @@ struct dyn_ckpt_rows {
     size_t stored;      /* floats of a stored row when more than floats (the rest
                            padding, read and dropped); 0: floats */
 };
-enum { DYN_CKPT_ROWS_MAX = 4, DYN_CKPT_PARTS_MAX = 8 };
+enum { DYN_CKPT_ROWS_MAX = 4 + 256, DYN_CKPT_PARTS_MAX = 8 };
 
 /* A scheme may own schema versions of its own (checkpoint_schema/vN.def:
  * a model whose blocks hold other rows): dyn_ckpt_version is the version

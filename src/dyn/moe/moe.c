@@ -45,6 +45,30 @@ static void moe_check_off(const struct dm_config *cfg)
         dm_user_error("parallel.ep = %d needs MoE blocks, but model.moe_every = 0", cfg->ep);
 }
 
+/* moe.placement and moe.replicas_max: moving experts needs expert
+ * parallelism; copies of experts are not done yet (an expert-parallel
+ * rank would hold up to E / ep + replicas_max experts). */
+static void moe_check_placement(const struct dm_config *cfg)
+{
+    const char *p = cfg->moe_placement;
+    if (strcmp(p, "static") != 0 && strcmp(p, "balanced") != 0 && strcmp(p, "random") != 0)
+        dm_user_error("moe.placement = '%s' must be static, balanced or random", p);
+    if (strcmp(p, "static") != 0 && cfg->ep <= 1)
+        dm_user_error("moe.placement = %s moves experts between expert-parallel ranks, but "
+                      "parallel.ep = %d: set parallel.ep > 1 or moe.placement = static", p,
+                      cfg->ep);
+    if (strcmp(p, "static") != 0 && strcmp(cfg->device, "cpu") != 0)
+        dm_user_error("moe.placement = %s runs on train.device = cpu only for now, not %s", p,
+                      cfg->device);
+    int room = cfg->experts - cfg->experts / (cfg->ep > 0 ? cfg->ep : 1);
+    if (cfg->replicas_max < 0 || cfg->replicas_max > room)
+        dm_user_error("moe.replicas_max = %d must be 0 .. %d (the experts a rank of parallel.ep "
+                      "= %d does not hold)", cfg->replicas_max, room, cfg->ep);
+    if (cfg->replicas_max > 0)
+        dm_user_error("moe.replicas_max = %d: replicating experts is not done yet; set it to 0 "
+                      "(moe.placement = balanced relocates experts)", cfg->replicas_max);
+}
+
 /* The keys (docs/moe.md), the schemes it refuses and the expert-parallel
  * degree. */
 static void moe_check(const struct dm_config *cfg)
@@ -77,6 +101,7 @@ static void moe_check(const struct dm_config *cfg)
     if (cfg->experts % cfg->ep != 0)
         dm_user_error("parallel.ep = %d does not divide model.experts = %d", cfg->ep,
                       cfg->experts);
+    moe_check_placement(cfg);
 }
 
 /* ---- signals --------------------------------------------------------------------- */
@@ -129,6 +154,21 @@ static void read_rank_rows(struct gpt *model, int i, double *value, double *weig
     value[0] = moe->rows_taken;
     weight[0] = 1.0;
     moe->rows_taken = 0.0;
+}
+
+/* The expert-parallel rank that holds each expert (moe.placement moves
+ * them; the same on every replica of the stage). */
+static void read_placement(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    const struct block_moe *moe = block_moe_of(&model->blocks[i]);
+    int E = moe->cfg.experts, per = moe_owned_experts(&moe->cfg);
+    for (int at = 0; at < E; at++) value[moe->order[at]] = at / per;
+}
+
+static int moe_moves_experts(const struct dm_config *cfg)
+{
+    return cfg->ep > 1 && strcmp(cfg->moe_placement, "static") != 0;
 }
 
 static const struct dyn_signal moe_signals[] = {
@@ -187,6 +227,17 @@ static const struct dyn_signal moe_signals[] = {
      .cost_dataset = "/layers/moe_load",
      .neutral = 0.0f,
      .cost_of_log = moe_load_of_log},
+    {.dataset = "/moe/placement",
+     .label = "expert placement",
+     .unit = "rank",
+     .meaning = "the expert-parallel rank (of its group) that held each expert in the step",
+     .columns = DYN_SIGNAL_CELLS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .is_int = 1,
+     .filler = -1,
+     .written = moe_moves_experts,
+     .cells = moe_cells,
+     .read = read_placement},
 };
 
 /* The busiest expert of any MoE block against its block's mean, and the
@@ -373,11 +424,21 @@ static int moe_rows(const struct gpt_shape *shape, long version, const struct bl
     size_t router = (size_t)E * (size_t)blk->C;
     n = add_row(out, n, max, (struct dyn_ckpt_rows){.group = "/moe/router", .row = j, .count = 1,
                                                     .offset = shared, .floats = router});
-    return add_row(out, n, max,
-                   (struct dyn_ckpt_rows){.group = "/moe/experts", .row = j * E + m->cfg.shard_first,
-                                          .count = moe_owned_experts(&m->cfg),
-                                          .offset = shared + router, .floats = m->expert_params,
-                                          .sharded = 1});
+    /* the held experts as runs of consecutive experts in consecutive
+     * slots (one run unless moe.placement moved experts) */
+    int owned = moe_owned_experts(&m->cfg);
+    for (int first = 0, k = 1; k <= owned; k++) {
+        if (k < owned && moe_held_expert(m, k) == moe_held_expert(m, k - 1) + 1) continue;
+        n = add_row(out, n, max,
+                    (struct dyn_ckpt_rows){.group = "/moe/experts",
+                                           .row = j * E + moe_held_expert(m, first),
+                                           .count = k - first,
+                                           .offset = shared + router +
+                                                     (size_t)first * m->expert_params,
+                                           .floats = m->expert_params, .sharded = 1});
+        first = k;
+    }
+    return n;
 }
 
 static int moe_writes_sharded(const struct gpt_shape *shape, int dp_rank)

@@ -1,0 +1,130 @@
+#!/usr/bin/env bash
+# Expert placement (moe.placement, docs/moe.md): experts moved between
+# the ranks of an expert-parallel group change where they run, never what
+# is computed, where
+#   - a random placement every step (moe.placement=random, the test aid)
+#     gives the loss, gradient-norm, expert-count and bias bits of ep=1:
+#     2 stages x 2 replicas with ep=2 (also with a random block layout
+#     every step, blocks migrating with their placement), 1 stage x 4
+#     replicas with ep=4 (one group) and ep=2 (two groups);
+#   - moe.placement=balanced with pp=1 on skewed routing (no balancing
+#     loss, no bias) moves experts at its decisions, with the ep=1 bits;
+#     /moe/placement records the rank of each expert per step, and
+#     /moe/rank_load is the busiest rank's rows under that placement;
+#   - a checkpoint written under a moved placement is the same bits as
+#     one of ep=1 and resumes under ep=1 and under the static placement
+#     with the uninterrupted run's losses;
+#   - bad settings exit 2 with one message.
+set -u
+. "$(dirname "$0")/lib.sh"
+work_dir
+moe=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=64
+     parallel.dp=2 train.micro_batches=2)
+tiny_config "$dir/moe.ini" "${moe[@]}" moe.capacity_factor=1.25 moe.drop=probs train.steps=8
+tiny_config "$dir/sigmoid.ini" "${moe[@]}" moe.router=sigmoid moe.bias_rate=0.01 train.steps=6
+tiny_config "$dir/skewed.ini" "${moe[@]}" moe.router=sigmoid moe.aux_loss=0 moe.z_loss=0 train.steps=8
+tiny_config "$dir/dense.ini"
+train_limit=300
+moe_bits=(/steps/loss /steps/grad_norm /moe/tokens /moe/dropped /moe/bias)
+run() { train "$1" "$3" "$dir/$2.ini" "${@:4}" && bits "$1" "${moe_bits[@]}"; }
+same_moe() { same "$1" "$2" "$3" "${moe_bits[@]}"; }
+
+# moved RUN: the run log's /moe/placement holds a placement other than
+# the static one at some step.
+moved() {
+  /usr/bin/python3 - "$dir/$1/runlog.h5" "$2" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r"); ep = int(sys.argv[2])
+p = f["/moe/placement"][:]
+E = 4
+static = np.tile(np.arange(E) // (E // ep), p.shape[1] // E)
+assert (p >= 0).all() and (p < ep).all(), p
+for t in range(p.shape[0]):
+    for b in range(p.shape[1] // E):
+        assert (np.bincount(p[t, b * E:(b + 1) * E], minlength=ep) == E // ep).all(), (t, b, p[t])
+sys.exit(0 if (p != static).any() else 1)
+PY
+}
+
+run ep1 moe 4 parallel.pp=2 parallel.ep=1
+run ep2-random moe 4 parallel.pp=2 parallel.ep=2 moe.placement=random && {
+  same_moe ep1 ep2-random "ep=2, a random expert placement every step vs ep=1"
+  moved ep2-random 2 || fail "ep=2 random: /moe/placement never left the static placement"
+}
+run ep2-random-relayout moe 4 parallel.pp=2 parallel.ep=2 moe.placement=random \
+  balance.method=random balance.every=1 &&
+  same_moe ep1 ep2-random-relayout "ep=2, random placement and random block layout every step vs ep=1"
+
+run dp4-ep1 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=1
+run dp4-ep4 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=4 moe.placement=random &&
+  same_moe dp4-ep1 dp4-ep4 "1 stage x 4 replicas, ep=4, random placement every step vs ep=1"
+run dp4-ep2 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=2 moe.placement=random &&
+  same_moe dp4-ep1 dp4-ep2 "1 stage x 4 replicas, two groups of ep=2, random placement vs ep=1"
+
+# Balanced on skewed routing (sigmoid scores, no bias, no balancing loss),
+# one stage, a decision every 2 steps.
+run skew-ep1 skewed 2 parallel.pp=1 parallel.ep=1
+run skew-balanced skewed 2 parallel.pp=1 parallel.ep=2 moe.placement=balanced balance.every=2 && {
+  same_moe skew-ep1 skew-balanced "pp=1, ep=2, moe.placement=balanced vs ep=1"
+  grep -q "^placement: step [0-9]*: block [0-9]*: busiest expert rank .*: moving" "$dir/skew-balanced.out" &&
+    moved skew-balanced 2 && echo "ok: balanced placement moved experts on skewed routing" ||
+    fail "balanced placement never moved an expert: $(grep -m2 '^placement' "$dir/skew-balanced.out")"
+  /usr/bin/python3 - "$dir/skew-balanced/runlog.h5" <<'PY' && echo "ok: /moe/rank_load is the busiest rank's rows under the recorded placement" || fail "/moe/rank_load does not follow the placement"
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+t = f["/moe/tokens"][:].astype(float) - f["/moe/dropped"][:]
+p, got = f["/moe/placement"][:], f["/moe/rank_load"][:]
+steps, cols = t.shape
+want = np.zeros(got.shape)
+for s in range(steps):
+    for b in range(cols // 4):
+        rows = np.zeros(2)
+        for e in range(4):
+            rows[p[s, b * 4 + e]] += t[s, b * 4 + e]
+        want[s, b] = rows.max() * 2 / rows.sum()
+assert np.allclose(got, want, rtol=1e-6), (got, want)
+PY
+}
+
+# A checkpoint under a moved placement: the ep=1 checkpoint's bits, and
+# resumed under ep=1 and the static placement with the same losses.
+run ck moe 4 parallel.pp=2 parallel.ep=2 moe.placement=random train.steps=6 \
+  ckpt.dir="$dir/ck" ckpt.every=3 ckpt.keep=3
+run ck1 moe 4 parallel.pp=2 parallel.ep=1 train.steps=6 ckpt.dir="$dir/ck1" ckpt.every=3 ckpt.keep=3
+"$DYNMO" check-ckpt "$dir/ck/ckpt-3.h5" > "$dir/check.out" 2>&1 ||
+  fail "check-ckpt refuses the checkpoint of a moved placement: $(tail -n 2 "$dir/check.out")"
+/usr/bin/python3 - "$dir" <<'PY' && echo "ok: ckpt-3 under a random placement and of ep=1: every dataset bit-identical" || fail "the checkpoints of a moved placement and of ep=1 differ"
+import sys, h5py
+d = sys.argv[1]
+a, b = h5py.File(d + "/ck/ckpt-3.h5", "r"), h5py.File(d + "/ck1/ckpt-3.h5", "r")
+names = []
+a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+assert any(n.startswith("moe/experts/") for n in names), names
+for n in names:
+    assert a[n][()].tobytes() == b[n][()].tobytes(), n
+PY
+for resume in "ep1 4 parallel.ep=1" "static 4 parallel.ep=2" "balanced 4 parallel.ep=2 moe.placement=balanced"; do
+  set -- $resume
+  name=resume-$1 ranks=$2; shift 2
+  run "$name" moe "$ranks" parallel.pp=2 "$@" train.steps=6 ckpt.dir="$dir/$name-ck" \
+    ckpt.resume="$dir/ck/ckpt-3.h5" &&
+    /usr/bin/python3 - "$dir" "$name" <<'PY' && echo "ok: ckpt-3 of a random placement resumed as $name: steps 4-6 bit-identical" || fail "$name changed the losses"
+import sys, h5py
+d, name = sys.argv[1:]
+a = h5py.File(d + "/ck/runlog.h5", "r")["/steps/loss"][:]
+b = h5py.File(d + "/" + name + "/runlog.h5", "r")["/steps/loss"][:]
+assert (a[-3:] == b[-3:]).all(), (a, b)
+PY
+done
+
+bad() { train_refused "$1" "$2" "$3" "$4.ini" "${@:5}"; }
+bad "balanced with ep=1" "moe.placement = balanced moves experts between expert-parallel ranks, but parallel.ep = 1" \
+  2 "$dir/moe" moe.placement=balanced
+bad "balanced without MoE" "MoE keys are set" 1 "$dir/dense" moe.placement=balanced
+bad "unknown placement" "moe.placement = 'even' must be static, balanced or random" 2 "$dir/moe" \
+  parallel.ep=2 moe.placement=even
+bad "negative replicas" "moe.replicas_max = -1 must be 0 .. 2" 2 "$dir/moe" parallel.ep=2 moe.replicas_max=-1
+bad "too many replicas" "moe.replicas_max = 3 must be 0 .. 2" 2 "$dir/moe" parallel.ep=2 moe.replicas_max=3
+bad "replication not done" "moe.replicas_max = 1: replicating experts is not done yet" 2 "$dir/moe" \
+  parallel.ep=2 moe.replicas_max=1
+finish
