@@ -93,15 +93,19 @@ run ck moe 4 parallel.pp=2 parallel.ep=2 moe.placement=random train.steps=6 \
 run ck1 moe 4 parallel.pp=2 parallel.ep=1 train.steps=6 ckpt.dir="$dir/ck1" ckpt.every=3 ckpt.keep=3
 "$DYNMO" check-ckpt "$dir/ck/ckpt-3.h5" > "$dir/check.out" 2>&1 ||
   fail "check-ckpt refuses the checkpoint of a moved placement: $(tail -n 2 "$dir/check.out")"
-/usr/bin/python3 - "$dir" <<'PY' && echo "ok: ckpt-3 under a random placement and of ep=1: every dataset bit-identical" || fail "the checkpoints of a moved placement and of ep=1 differ"
+/usr/bin/python3 - "$dir" <<'PY' && echo "ok: ckpt-3 under a random placement and of ep=1: every dataset of ep=1 bit-identical, and the placement kept" || fail "the checkpoints of a moved placement and of ep=1 differ"
 import sys, h5py
 d = sys.argv[1]
 a, b = h5py.File(d + "/ck/ckpt-3.h5", "r"), h5py.File(d + "/ck1/ckpt-3.h5", "r")
 names = []
-a.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+b.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
 assert any(n.startswith("moe/experts/") for n in names), names
 for n in names:
     assert a[n][()].tobytes() == b[n][()].tobytes(), n
+# and the placement of that step, which ep=1 does not keep
+p = a["moe/state/placement"][()]
+assert "moe/state/placement" not in b and p.shape == (3, 4), p.shape
+assert sorted(p.ravel()) == sorted(list(range(4)) * 3), p
 PY
 for resume in "ep1 4 parallel.ep=1" "static 4 parallel.ep=2" "balanced 4 parallel.ep=2 moe.placement=balanced"; do
   set -- $resume
@@ -116,6 +120,15 @@ b = h5py.File(d + "/" + name + "/runlog.h5", "r")["/steps/loss"][:]
 assert (a[-3:] == b[-3:]).all(), (a, b)
 PY
 done
+# Resumed with moe.placement=balanced, step 4 runs under the kept
+# placement: the one the uninterrupted run had at step 4.
+/usr/bin/python3 - "$dir" <<'PY' && echo "ok: resumed with moe.placement=balanced, step 4 runs under the checkpoint's placement" || fail "the balanced resume did not take the kept placement"
+import sys, h5py
+d = sys.argv[1]
+a = h5py.File(d + "/ck/runlog.h5", "r")["/moe/placement"][:]
+b = h5py.File(d + "/resume-balanced/runlog.h5", "r")["/moe/placement"][:]
+assert (a[-3] == b[-3]).all() and (a[-3] != a[0] * 0 + [0, 0, 1, 1] * 3).any(), (a, b)
+PY
 
 bad() { train_refused "$1" "$2" "$3" "$4.ini" "${@:5}"; }
 bad "balanced with ep=1" "moe.placement = balanced moves experts between expert-parallel ranks, but parallel.ep = 1" \

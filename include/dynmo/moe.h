@@ -38,6 +38,8 @@ struct moe_params {
     float bias_rate;        /* gamma of the auxiliary-loss-free bias update */
     int shard_first;        /* expert parallelism: the first expert this rank's MoE */
     int shard_count;        /* blocks hold, and how many; 0: all E (parallel.ep = 1) */
+    int placed;             /* the run moves experts (moe.placement is not static): its
+                               checkpoints keep the placement (/moe/state/placement) */
 };
 extern const struct gpt_ext_ops moe_ext_ops;
 /* The shape's mixture of experts, or NULL (none). */
