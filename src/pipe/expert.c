@@ -45,6 +45,10 @@
 #include "dynmo/moe.h"
 #include "pipe/engine_internal.h"
 
+/* The expert moves whose (bytes, ms) price the next ones (the oldest
+ * overwritten). */
+#define EXPERT_MOVES_KEPT 8
+
 /* What the owner keeps of one micro-batch's block between its forward and
  * its backward, found again by the model's key (x, h, a in the backend's
  * memory; counts on the host). */
@@ -95,7 +99,7 @@ struct ep_state {
     int placement;        /* PLACEMENT_* */
     double *loads;
     int load_steps;
-    double moved_bytes[8], moved_ms[8];
+    double moved_bytes[EXPERT_MOVES_KEPT], moved_ms[EXPERT_MOVES_KEPT];
     int moves_kept;
 };
 
@@ -783,7 +787,7 @@ static void choose_placement(struct ep_state *xp, const struct engine *eng, int 
         .ms_per_load = busiest > 0 ? ms / busiest : 0.0, .every = eng->cfg.every,
         .bytes_per_expert = 3.0 * sizeof(float) * (double)moe->expert_params,
         .moved_bytes = xp->moved_bytes, .moved_ms = xp->moved_ms,
-        .moves_kept = xp->moves_kept < 8 ? xp->moves_kept : 8,
+        .moves_kept = xp->moves_kept < EXPERT_MOVES_KEPT ? xp->moves_kept : EXPERT_MOVES_KEPT,
     };
     struct balance_placement_decision d;
     balance_placement_decide(&in, next, &d);
@@ -832,7 +836,7 @@ void engine_expert_placement(struct engine *eng, int step)
     }
     if (moved) {
         ep_forget(eng);
-        int slot = xp->moves_kept++ % 8;
+        int slot = xp->moves_kept++ % EXPERT_MOVES_KEPT;
         xp->moved_bytes[slot] = (double)sent * sizeof(float);
         xp->moved_ms[slot] = 1000.0 * (dm_now() - t0);
     }
