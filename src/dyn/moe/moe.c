@@ -35,16 +35,6 @@ static int moe_active(const struct dm_config *cfg) { return cfg->moe_every > 0; 
 static const char *const moe_keys[] = {"moe.*", "model.experts", "model.top_k",
                                        "model.expert_hidden", NULL};
 
-static void moe_check_off(const struct dm_config *cfg)
-{
-    if (dyn_keys_set(cfg, moe_keys))
-        dm_user_error("MoE keys are set ([moe] or model.experts, model.top_k, "
-                      "model.expert_hidden) but model.moe_every = 0 (no MoE blocks): set "
-                      "model.moe_every, or remove those keys");
-    if (cfg->ep != 1)
-        dm_user_error("parallel.ep = %d needs MoE blocks, but model.moe_every = 0", cfg->ep);
-}
-
 /* moe.placement and moe.replicas_max: moving experts needs expert
  * parallelism; copies of experts are not done yet (an expert-parallel
  * rank would hold up to E / ep + replicas_max experts). */
@@ -71,6 +61,16 @@ static void moe_check_placement(const struct dm_config *cfg)
     if (cfg->replicas_max > 0)
         dm_user_error("moe.replicas_max = %d: replicating experts is not done yet; set it to 0 "
                       "(moe.placement = balanced relocates experts)", cfg->replicas_max);
+}
+
+static void moe_check_off(const struct dm_config *cfg)
+{
+    if (dyn_keys_set(cfg, moe_keys))
+        dm_user_error("MoE keys are set ([moe] or model.experts, model.top_k, "
+                      "model.expert_hidden) but model.moe_every = 0 (no MoE blocks): set "
+                      "model.moe_every, or remove those keys");
+    if (cfg->ep != 1)
+        dm_user_error("parallel.ep = %d needs MoE blocks, but model.moe_every = 0", cfg->ep);
 }
 
 /* The keys (docs/moe.md), the schemes it refuses and the expert-parallel
@@ -117,6 +117,21 @@ static int moe_scheme_owns(const struct gpt_shape *shape, int layer)
 static int moe_cells(const struct gpt_shape *shape) { return moe_params_of(shape)->experts; }
 static int moe_split(const struct dm_config *cfg) { return cfg->ep > 1; }
 
+/* The expert-parallel rank that holds each expert (moe.placement moves
+ * them; the same on every replica of the stage). */
+static void read_placement(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    const struct block_moe *moe = block_moe_of(&model->blocks[i]);
+    int E = moe->cfg.experts, per = moe_owned_experts(&moe->cfg);
+    for (int at = 0; at < E; at++) value[moe->order[at]] = at / per;
+}
+
+static int moe_moves_experts(const struct dm_config *cfg)
+{
+    return cfg->ep > 1 && strcmp(cfg->moe_placement, "static") != 0;
+}
+
 /* The block's last step (gpt_moe_end_step: summed over the replicas). */
 static void read_tokens(struct gpt *model, int i, double *value, double *weight)
 {
@@ -158,21 +173,6 @@ static void read_rank_rows(struct gpt *model, int i, double *value, double *weig
     value[0] = moe->rows_taken;
     weight[0] = 1.0;
     moe->rows_taken = 0.0;
-}
-
-/* The expert-parallel rank that holds each expert (moe.placement moves
- * them; the same on every replica of the stage). */
-static void read_placement(struct gpt *model, int i, double *value, double *weight)
-{
-    (void)weight;
-    const struct block_moe *moe = block_moe_of(&model->blocks[i]);
-    int E = moe->cfg.experts, per = moe_owned_experts(&moe->cfg);
-    for (int at = 0; at < E; at++) value[moe->order[at]] = at / per;
-}
-
-static int moe_moves_experts(const struct dm_config *cfg)
-{
-    return cfg->ep > 1 && strcmp(cfg->moe_placement, "static") != 0;
 }
 
 static const struct dyn_signal moe_signals[] = {
@@ -218,6 +218,17 @@ static const struct dyn_signal moe_signals[] = {
      .columns = DYN_SIGNAL_BLOCKS,
      .combine = DYN_COMBINE_PER_FORWARD,
      .read = read_z},
+    {.dataset = "/moe/placement",
+     .label = "expert placement",
+     .unit = "rank",
+     .meaning = "the expert-parallel rank (of its group) that held each expert in the step",
+     .columns = DYN_SIGNAL_CELLS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .is_int = 1,
+     .filler = -1,
+     .written = moe_moves_experts,
+     .cells = moe_cells,
+     .read = read_placement},
     {.dataset = "/moe/rank_load",
      .label = "busiest expert rank",
      .unit = "x mean",
@@ -231,17 +242,6 @@ static const struct dyn_signal moe_signals[] = {
      .cost_dataset = "/layers/moe_load",
      .neutral = 0.0f,
      .cost_of_log = moe_load_of_log},
-    {.dataset = "/moe/placement",
-     .label = "expert placement",
-     .unit = "rank",
-     .meaning = "the expert-parallel rank (of its group) that held each expert in the step",
-     .columns = DYN_SIGNAL_CELLS,
-     .combine = DYN_COMBINE_REPLICA0,
-     .is_int = 1,
-     .filler = -1,
-     .written = moe_moves_experts,
-     .cells = moe_cells,
-     .read = read_placement},
 };
 
 /* The busiest expert of any MoE block against its block's mean, and the
