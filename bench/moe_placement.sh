@@ -10,8 +10,9 @@
 # step-time ratio; checks that balanced ends with the losses of static
 # (placement never changes what is computed) and fails otherwise.
 # Usage: bench/moe_placement.sh [STEPS] [SETTLE] [EVERY]
-# (defaults 120, 20, 10); RANKS= "2 4" by default; BIND= as in
-# dyn_schemes.sh; OUT= the runs' folder (runs/bench-placement).
+# (defaults 120, 20, 10); RANKS= "2 4" by default; BIND= and EXTRA= (more
+# overrides for every run) as in dyn_schemes.sh; OUT= the runs' folder
+# (runs/bench-placement).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DYNMO=${DYNMO:-build/dynmo}
@@ -29,7 +30,8 @@ for ranks in ${RANKS:-2 4}; do
       name=$ranks-$routing-$placement
       mpiexec ${BIND:+-bind-to "$BIND"} -n "$ranks" "$DYNMO" train --config configs/moe.ini \
         "${grid[@]}" train.steps="$STEPS" run.out_dir="$out/$name" run.log_every=10 \
-        balance.every="$EVERY" moe.placement=$placement "${extra[@]}" > "$out/$name.out" 2>&1
+        balance.every="$EVERY" moe.placement=$placement "${extra[@]}" ${EXTRA:-} > "$out/$name.out" 2>&1 ||
+        { echo "$name failed: $(tail -n 3 "$out/$name.out")"; exit 1; }
     done
     /usr/bin/python3 - "$out" "$ranks-$routing" "$SETTLE" <<'PY' || status=1
 import sys, h5py, numpy as np
