@@ -15,6 +15,7 @@
  * current placement improved by swaps is kept when it is as good.
  *
  * Pure functions over arrays: no MPI, no model, no I/O. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "dynmo/balance.h"
@@ -232,7 +233,7 @@ static void nearest_from(struct nearest *s, int k, int moves)
     double load = s->loads[e];
     for (int i = 0; i < s->P; i++) {
         int r = i == 0 ? s->was[e] : i <= s->was[e] ? i - 1 : i;   /* its own rank first */
-        if (s->fill[r] == s->per || s->sum[r] + load > s->bound) continue;
+        if (s->fill[r] == s->per || s->sum[r] + load > s->bound) continue;   /* bound: slack */
         s->sum[r] += load;
         s->fill[r]++;
         s->rank_of[e] = r;
@@ -280,13 +281,24 @@ void balance_placement_plan(const double *loads, int E, int ranks, const int *cu
         memset(sum, 0, (size_t)P * sizeof(double));
         memset(fill, 0, (size_t)P * sizeof(int));
         search_from(&s, 0, 0.0);
+        if (s.best < bound)
+            for (int k = 0; k < E; k++) part_of[sorted[k]] = best[k];
+        /* the optimum reached with the fewest moves; the sums run in
+         * another order than the search's, so the bound has a relative
+         * slack of 1e-12 (loads are averages, not whole counts) */
         struct nearest n = {.loads = loads, .sorted = sorted, .was = was, .E = E, .P = P,
-                            .per = per, .bound = s.best, .sum = sum, .fill = fill,
-                            .rank_of = part, .best_rank = rank_of, .best_moves = E + 1};
+                            .per = per, .bound = s.best + 1e-12 * fabs(s.best), .sum = sum,
+                            .fill = fill, .rank_of = part, .best_rank = rank_of,
+                            .best_moves = E + 1};
         memset(sum, 0, (size_t)P * sizeof(double));
         memset(fill, 0, (size_t)P * sizeof(int));
         nearest_from(&n, 0, 0);
-        DM_ASSERT(n.best_moves <= E);
+        if (n.best_moves > E) {   /* not reached within the slack: the partition itself */
+            int *rank_of_part = dm_alloc((size_t)P * sizeof(int));
+            ranks_for_parts(part_of, current, E, P, rank_of_part);
+            for (int e = 0; e < E; e++) rank_of[e] = rank_of_part[part_of[e]];
+            dm_free(rank_of_part);
+        }
         order_of_ranks(rank_of, E, P, order);
         dm_free(part);
         dm_free(best);
@@ -309,9 +321,10 @@ void balance_placement_plan(const double *loads, int E, int ranks, const int *cu
             memcpy(order, near, (size_t)E * sizeof(int));
         dm_free(near);
     }
-    /* no better than where the experts are: stay */
-    if (!(balance_placement_busiest(loads, order, E, P) <
-          balance_placement_busiest(loads, current, E, P)))
+    /* no better than where the experts are (beyond the sums' rounding):
+     * stay */
+    double now = balance_placement_busiest(loads, current, E, P);
+    if (!(balance_placement_busiest(loads, order, E, P) < now - 1e-9 * fabs(now)))
         memcpy(order, current, (size_t)E * sizeof(int));
     dm_free(sorted);
     dm_free(part_of);
