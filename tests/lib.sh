@@ -131,6 +131,51 @@ same() {
   echo "ok: $what: $* bit-identical"
 }
 
+# moe_configs STEPS: the mixture-of-experts tests' configs in $dir, the
+# tiny GPT with MoE blocks 1, 3, 5 of 4 experts (top-2, hidden 64) on 2
+# replicas of 2 micro-batches: moe.ini (softmax, capacity 1.25 dropping by
+# score, STEPS steps), sigmoid.ini (the sigmoid router and its bias, 6
+# steps) and dense.ini; then run NAME CONFIG RANKS [overrides...] trains
+# $dir/CONFIG.ini on RANKS ranks and keeps the bits of its losses,
+# gradient norms, expert counts and biases (moe_bits), and same_moe A B
+# WHAT compares them.
+moe_configs() {
+  moe=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=64
+       parallel.dp=2 train.micro_batches=2)
+  tiny_config "$dir/moe.ini" "${moe[@]}" moe.capacity_factor=1.25 moe.drop=probs train.steps="$1"
+  tiny_config "$dir/sigmoid.ini" "${moe[@]}" moe.router=sigmoid moe.bias_rate=0.01 train.steps=6
+  tiny_config "$dir/dense.ini"
+  moe_bits=(/steps/loss /steps/grad_norm /moe/tokens /moe/dropped /moe/bias)
+  run() { train "$1" "$3" "$dir/$2.ini" "${@:4}" && bits "$1" "${moe_bits[@]}"; }
+  same_moe() { same "$1" "$2" "$3" "${moe_bits[@]}"; }
+}
+
+# same_ckpt A B WHAT: every dataset of checkpoint file B is in checkpoint
+# file A with the same bytes (A may hold more): one ok line, or a failure.
+same_ckpt() {
+  /usr/bin/python3 - "$1" "$2" <<'PY' && echo "ok: $3: every dataset of $(basename "$2") bit-identical" || fail "$3: the checkpoints differ"
+import sys, h5py
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+names = []
+b.visititems(lambda n, o: names.append(n) if isinstance(o, h5py.Dataset) else None)
+assert names, sys.argv[2]
+for n in names:
+    assert a[n][()].tobytes() == b[n][()].tobytes(), n
+PY
+}
+
+# same_tail A B N WHAT: the last N losses of runs A and B (their run logs'
+# /steps/loss) are the same bits: one ok line, or a failure.
+same_tail() {
+  /usr/bin/python3 - "$dir/$1/runlog.h5" "$dir/$2/runlog.h5" "$3" <<'PY' && echo "ok: $4: the last $3 losses bit-identical" || fail "$4: the losses differ"
+import sys, h5py
+a = h5py.File(sys.argv[1], "r")["/steps/loss"][:]
+b = h5py.File(sys.argv[2], "r")["/steps/loss"][:]
+n = int(sys.argv[3])
+assert len(a) >= n and len(b) >= n and (a[-n:] == b[-n:]).all(), (a, b)
+PY
+}
+
 # train_refused NAME REGEX RANKS CONFIG [section.key=value ...]: dynmo
 # train of CONFIG on RANKS ranks (mpiexec, 60 s at most) must exit 2 with
 # one line of output holding "error", matching REGEX (grep -E).

@@ -18,7 +18,8 @@
  *     block with its residual exactly; position and slot drop different
  *     pairs where a token's second choice competes with another token's
  *     first;
- *   - the pack of an MoE block round-trips (weights, moments, bias, counts),
+ *   - the pack of an MoE block round-trips (weights, moments, bias, counts,
+ *     placement),
  *     live-migration messages too, and a pack of the wrong kind is refused;
  *   - an MoE block's slab is exactly its shared tensors, router and
  *     experts (no dense MLP), every parameter gets a gradient, and a
@@ -541,6 +542,7 @@ static void test_pack(void)
         block_moe_of(&blk)->bias[e] = 0.125f * (float)(e - 1);
         block_moe_of(&blk)->tokens[e] = 100 + e;
         block_moe_of(&blk)->dropped[e] = e;
+        block_moe_of(&blk)->order[e] = E - 1 - e;   /* a moved placement travels too */
     }
     size_t bytes = block_pack_size(&blk);
     unsigned char *buf = malloc(bytes), *again = malloc(bytes);
@@ -553,7 +555,8 @@ static void test_pack(void)
           !memcmp(copy.m, blk.m, blk.nparams * 4) && !memcmp(copy.v, blk.v, blk.nparams * 4) &&
           !memcmp(block_moe_of(&copy)->bias, block_moe_of(&blk)->bias, E * 4) &&
           !memcmp(block_moe_of(&copy)->tokens, block_moe_of(&blk)->tokens, E * 8) &&
-          !memcmp(block_moe_of(&copy)->dropped, block_moe_of(&blk)->dropped, E * 8));
+          !memcmp(block_moe_of(&copy)->dropped, block_moe_of(&blk)->dropped, E * 8) &&
+          !memcmp(block_moe_of(&copy)->order, block_moe_of(&blk)->order, E * sizeof(int)));
     block_pack(&copy, again);
     CHECK_MSG(!memcmp(buf, again, bytes), "pack(unpack(pack(b))) != pack(b)");
     block_free(&copy);
@@ -567,7 +570,7 @@ static void test_pack(void)
     /* a flipped byte in the bias is caught by the checksum */
     unsigned char *bad = malloc(bytes);
     memcpy(bad, buf, bytes);
-    bad[bytes - 16 * E - 9] ^= 1;
+    bad[bytes - 4 * E - 16 * E - 9] ^= 1;   /* before the counts and the placement (E = 4) */
     CHECK(block_unpack(&wrong, bad, bytes, &s, err, sizeof err) != 0);
     free(bad);
     /* migration: header and state as one message, the slab straight */
@@ -582,7 +585,8 @@ static void test_pack(void)
                   block_unpack_meta_end(&moved, meta, meta_bytes, err, sizeof err) == 0,
               "%s", err);
     CHECK(!memcmp(block_moe_of(&moved)->bias, block_moe_of(&blk)->bias, E * 4) &&
-          !memcmp(block_moe_of(&moved)->tokens, block_moe_of(&blk)->tokens, E * 8));
+          !memcmp(block_moe_of(&moved)->tokens, block_moe_of(&blk)->tokens, E * 8) &&
+          !memcmp(block_moe_of(&moved)->order, block_moe_of(&blk)->order, E * sizeof(int)));
     block_pack(&moved, again);
     CHECK_MSG(!memcmp(buf, again, bytes), "a migrated MoE block packs differently");
     block_free(&moved);
@@ -623,7 +627,7 @@ static void test_slab_holds_what_it_computes(void)
     size_t unused = 0;
     for (size_t i = 0; i < blk->nparams; i++) unused += blk->grads[i] == 0.0f;
     /* the header, the MoE state (docs/block-slab.md: 8 + 4 E bytes padded
-     * to 8, + 16 E), then params, m, v */
+     * to 8, + 16 E, + the placement's 4 E padded to 8), then params, m, v */
     size_t moved = block_meta_size(blk) + 3 * blk->nparams * sizeof(float);
     printf("an MoE block of C %d, E %d, H %d: %zu parameters (shared %zu, router %d, experts "
            "%zu; a dense block has %zu), %zu without a gradient after one step; a migration "
@@ -631,7 +635,7 @@ static void test_slab_holds_what_it_computes(void)
            block_param_count(C), unused, moved, block_pack_size(blk));
     CHECK_MSG(unused == 0, "%zu of the block's parameters got no gradient", unused);
     CHECK(moved == block_pack_size(blk) &&
-          moved == 64 + (8 + 16 + 16 * E) + 12 * (shared + (size_t)E * C + experts));
+          moved == 64 + (8 + 16 + 16 * E + 16) + 12 * (shared + (size_t)E * C + experts));
     harness_free(&h);
 }
 

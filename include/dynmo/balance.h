@@ -648,4 +648,53 @@ int balance_controller_repack(struct balance_controller *ctl,
                               const struct balance_observation *obs, double epsilon,
                               int min_stages, int *counts, char *err, size_t errsize);
 
+/* ---- expert placement (placement.c, moe.placement = balanced) -----------
+ * A placement of one MoE block's E experts over the P ranks of an expert-
+ * parallel group is an order: position i holds expert order[i] and belongs
+ * to rank i / (E / P); each rank's E / P experts are in ascending order.
+ * Loads are per expert (token-expert pairs, any unit); a rank's load is
+ * the sum of its experts'. */
+
+/* The busiest rank's load under order. */
+double balance_placement_busiest(const double *loads, const int *order, int E, int ranks);
+/* Experts whose rank differs between two placements. */
+int balance_placement_moves(const int *from, const int *to, int E, int ranks);
+/* The placement of expert-parallel ranks without balancing: rank r holds
+ * experts r E / P .. (r + 1) E / P - 1. */
+void balance_placement_identity(int *order, int E);
+/* The placement (into order, E entries) that minimises the busiest rank's
+ * load: exact for E <= 12, else longest load first then improving swaps;
+ * its parts go to the ranks that already hold most of their experts
+ * (current), and current itself when nothing is better. E % ranks == 0. */
+void balance_placement_plan(const double *loads, int E, int ranks, const int *current, int *order);
+
+struct balance_placement_input {
+    const double *loads;        /* (experts) the load per step of each expert */
+    const int *current;         /* (experts) where the experts are */
+    int experts, ranks;
+    double ms_per_load;         /* the busiest rank's milliseconds per unit of load */
+    int every;                  /* steps until the next decision */
+    double bytes_per_expert;    /* what one expert's move carries (weights, Adam moments) */
+    /* the expert moves so far (bytes, ms each), the migration cost's fit
+     * (balance_migration_cost_ms): none gives a cost of 0 */
+    const double *moved_bytes, *moved_ms;
+    int moves_kept;
+};
+struct balance_placement_decision {
+    double now_load, next_load; /* the busiest rank's load per step, now and planned */
+    int moves;                  /* experts that change rank */
+    double bytes;               /* what the moves carry */
+    double saving_ms;           /* (now - next) ms_per_load every */
+    double migrate_ms;          /* the predicted cost of the moves */
+    int apply;                  /* the moves pay: saving > cost, and something moves */
+};
+/* The plan for in and whether to take it: next (experts entries) is the
+ * plan when d->apply is 1, else in->current. */
+void balance_placement_decide(const struct balance_placement_input *in, int *next,
+                              struct balance_placement_decision *d);
+/* A random placement drawn from (seed, step, block), each rank's experts
+ * ascending: moe.placement = random, a test aid. */
+void balance_placement_random(int *order, int E, int ranks, uint64_t seed, uint64_t step,
+                              int block);
+
 #endif

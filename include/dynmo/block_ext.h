@@ -100,14 +100,14 @@ struct gpt_ext_ops {
     /* Parameters split over ranks (NULL: every replica holds them all):
      * replicated_floats is how many of the block's first floats every
      * replica holds; shard_units the parts the rest is split into (all of
-     * the block's, in the whole model), shard_first the first part this
-     * block holds and held_parts how many; grad_sumsq_parts returns the sum of squares of the
-     * replicated floats' gradients and writes the held parts' into parts,
-     * in part order. */
+     * the block's, in the whole model), held_parts how many this block
+     * holds and held_part which part its j-th is; grad_sumsq_parts returns
+     * the sum of squares of the replicated floats' gradients and writes the
+     * held parts' into parts, parts[j] the j-th held part's. */
     size_t (*replicated_floats)(const struct block *blk, const void *state);
     int (*shard_units)(const struct gpt_ext *ext, const struct gpt_shape *shape, int index);
-    int (*shard_first)(const void *state);
     int (*held_parts)(const void *state);
+    int (*held_part)(const void *state, int j);
     double (*grad_sumsq_parts)(const struct block *blk, const void *state, double *parts);
     /* The caller's run-time helper (gpt_ext_set_runtime), or NULL. */
     void (*set_runtime)(void *state, const void *runtime);

@@ -285,6 +285,10 @@ struct dm_config {
     double aux_loss;        /* alpha of the Switch/GShard balancing loss */
     double z_loss;          /* beta of the router z-loss */
     double bias_rate;       /* gamma of the auxiliary-loss-free bias update (sigmoid router) */
+    char moe_placement[16]; /* which expert-parallel rank holds which expert: "static"
+                               (rank r: r E / ep ..), "balanced" (moved to even the ranks'
+                               loads at each balancing decision) or "random" (a test aid) */
+    int replicas_max;       /* extra copies of hot experts per MoE block (0: none) */
     /* [mod], [hash] (docs/mod-hash.md) */
     char mod_routing[16];   /* "topk" (fixed cost) or "causal" (the predictor decides) */
     int mod_predictor_hidden; /* causal routing: the predictor MLP's hidden width */

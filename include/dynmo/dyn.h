@@ -350,7 +350,10 @@ struct dyn_ckpt_rows {
     size_t stored;      /* floats of a stored row when more than floats (the rest
                            padding, read and dropped); 0: floats */
 };
-enum { DYN_CKPT_ROWS_MAX = 4, DYN_CKPT_PARTS_MAX = 8 };
+/* A block's rows: a few, plus an MoE block's held experts in runs of
+ * consecutive experts (one run each where moe.placement moved them: at
+ * most 256 held experts). The schemes' dimensions: at most 12. */
+enum { DYN_CKPT_ROWS_MAX = 4 + 256, DYN_CKPT_PARTS_MAX = 12 };
 
 /* A scheme may own schema versions of its own (checkpoint_schema/vN.def:
  * a model whose blocks hold other rows): dyn_ckpt_version is the version

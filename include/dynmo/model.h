@@ -577,15 +577,17 @@ double block_grad_sumsq(const struct block *blk);   /* 0 when frozen, without re
 /* A block whose parameters an extension splits over ranks (parallel.ep
  * replicas of a stage hold different parts): gpt_block_shard_units is
  * the parts of layer index's block in the whole model (0: none),
- * block_shard_first the first it holds, and block_replicated_floats the
- * floats at the front of the slab that every replica holds (all of them
- * without parts). block_grad_sumsq_parts returns the sum of squares of
- * the replicated floats' gradients and writes the held parts' into
- * parts, in part order; block_grad_sumsq adds them so, so that the
- * holders of a stage's parts can each contribute their own terms and the
- * sum is the same bits as one rank holding them all. */
+ * block_held_parts how many this rank's block holds and block_held_part
+ * which part its j-th is, and block_replicated_floats the floats at the
+ * front of the slab that every replica holds (all of them without
+ * parts). block_grad_sumsq_parts returns the sum of squares of the
+ * replicated floats' gradients and writes the held parts' into parts,
+ * parts[j] the j-th held part's; the holders of a stage's parts each
+ * contribute their own terms, which the caller adds in part order, so
+ * that the sum is the same bits as one rank holding them all. */
 int gpt_block_shard_units(const struct gpt_shape *shape, int index);
-int block_shard_first(const struct block *blk);
+int block_held_parts(const struct block *blk);
+int block_held_part(const struct block *blk, int j);
 size_t block_replicated_floats(const struct block *blk);
 double block_grad_sumsq_parts(const struct block *blk, double *parts);
 /* The wte+wpe term and the lnf term of gpt_grad_sumsq. */

@@ -38,6 +38,8 @@ struct moe_params {
     float bias_rate;        /* gamma of the auxiliary-loss-free bias update */
     int shard_first;        /* expert parallelism: the first expert this rank's MoE */
     int shard_count;        /* blocks hold, and how many; 0: all E (parallel.ep = 1) */
+    int placed;             /* the run moves experts (moe.placement is not static): its
+                               checkpoints keep the placement (/moe/state/placement) */
 };
 extern const struct gpt_ext_ops moe_ext_ops;
 /* The shape's mixture of experts, or NULL (none). */
@@ -102,12 +104,18 @@ struct block_moe {
     int64_t *step_tokens, *step_dropped; /* (E) this rank's since the step began */
     double step_aux, step_z;     /* this rank's balancing-loss values (aux, z-loss) summed
                                     over its forwards since the step began */
+    int *order;                  /* (E) the placement over the expert-parallel group:
+                                    position i holds expert order[i], rank i / (E / ep);
+                                    this rank's slot j holds order[shard_first + j]
+                                    (the identity unless moe.placement moved experts) */
     const struct moe_exchange *exchange; /* the experts phase's runner, or NULL: local */
     double rows_taken;           /* rows this rank's experts took in the forwards since
                                     the last read (expert parallelism's load) */
 };
 /* The block's MoE state, or NULL (a dense block). */
 struct block_moe *block_moe_of(const struct block *blk);
+/* The expert held in slot j (0 .. owned - 1) of the block's slab. */
+int moe_held_expert(const struct block_moe *moe, int j);
 
 /* Expert e of blk over n rows: h, a (n, H) its pre-activations and GELU
  * (kept for the backward), y (n, C). The same bits row for row whatever

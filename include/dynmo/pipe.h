@@ -124,6 +124,15 @@ void engine_forward_samples(struct engine *eng, long samples, engine_fill_fn fil
  * migration in the next step's stats. */
 void engine_relayout(struct engine *eng, const int *counts);
 
+/* Collective, after every step: expert placement (moe.placement,
+ * docs/moe.md). Adds the step's routed pairs per expert to each MoE
+ * block's loads; at a decision (every balance.every steps; every step
+ * with moe.placement = random) stage replica 0 chooses each block's
+ * placement and the ranks of each expert group move the experts that
+ * change rank. No-op with moe.placement = static or without expert
+ * parallelism. */
+void engine_expert_placement(struct engine *eng, int step);
+
 /* The value of *flag (e.g. set by a signal handler) is folded into every
  * step's global reduction, so all ranks learn at the same step boundary
  * that some rank asked to stop: step_stats.stop_requested. */

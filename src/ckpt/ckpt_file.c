@@ -651,8 +651,10 @@ static void check_file_name(const struct ckpt_header *h, struct ckpt_problems *p
                      "file)", base, named, h->step);
 }
 
-/* Sanity of the model, world and training attributes, once they are known. */
-static void check_header_values(struct ckpt_header *h, struct ckpt_problems *problems)
+/* Sanity of the model, world and training attributes, once they are known
+ * (the schemes may ask file whether it holds an object). */
+static void check_header_values(hid_t file, struct ckpt_header *h,
+                                struct ckpt_problems *problems)
 {
     struct ckpt_dims *d = &h->dims;
     int model_ok = 0;
@@ -696,7 +698,7 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     h->shape.channels = (int)d->channels;
     h->shape.heads = (int)h->heads;
     struct dyn_ckpt_reader rd;   /* the schemes check their own */
-    reader_of(&rd, -1, NULL, problems);
+    reader_of(&rd, file, NULL, problems);
     if (h->schemes && dyn_ckpt_file_check(h->schemes, &h->shape, &rd) != 0) return;
     d->scheme_dims = dyn_ckpt_dims(&h->shape, d->scheme_dim_names, d->scheme_dim_values,
                                    DYN_CKPT_PARTS_MAX);
@@ -804,7 +806,7 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
         if (!dm_h5_path_exists(file, a->object)) continue;   /* reported with its group */
         check_attr(file, a, header, problems);
     }
-    check_header_values(header, problems);
+    check_header_values(file, header, problems);
 
     read_history_dim(file, dims, problems);
     for (int i = 0; i < schema->dataset_count; i++)

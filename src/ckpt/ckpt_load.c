@@ -132,10 +132,12 @@ static int load_block(hid_t file, const struct ckpt_header *header,
                       const struct ckpt_meta *meta, const struct gpt *model, struct block *blk,
                       float *staging, struct ckpt_problems *problems)
 {
+    /* the schemes' states first: which rows a block reads may depend on
+     * them (an MoE block's kept placement names the experts it holds) */
+    dyn_ckpt_apply_states(meta->scheme_states, &model->shape, blk);
     struct block view = block_host_view(blk, staging, 0);
     int status = read_block_rows(file, header, model, &view, problems);
     if (status == 0) {
-        dyn_ckpt_apply_states(meta->scheme_states, &model->shape, blk);
         memset(view.grads, 0, view.nparams * sizeof(float));
         block_host_view_store(blk, &view);
     }

@@ -117,6 +117,10 @@ static const struct config_key keys[] = {
     {"moe", "z_loss", KEY_DOUBLE, F(z_loss), 0, 1000, "beta of the router z-loss"},
     {"moe", "bias_rate", KEY_DOUBLE, F(bias_rate), 0, 1000,
      "gamma of the auxiliary-loss-free bias update (sigmoid router)"},
+    {"moe", "placement", KEY_STRING, F(moe_placement), 0, 16,
+     "static, balanced or random (a test aid): which expert-parallel rank holds which expert"},
+    {"moe", "replicas_max", KEY_INT, F(replicas_max), -1e9, 1e9,
+     "extra copies of hot experts per MoE block (0: none; replication is not done yet)"},
     {"mod", "routing", KEY_STRING, F(mod_routing), 0, 16,
      "topk (capacity x T per sequence) or causal (a trained predictor decides)"},
     {"mod", "predictor_hidden", KEY_INT, F(mod_predictor_hidden), -1e9, 1e9,
@@ -208,6 +212,7 @@ void config_defaults(struct dm_config *cfg)
     snprintf(cfg->moe_router, sizeof cfg->moe_router, "softmax");
     cfg->capacity_factor = 0.0;
     snprintf(cfg->moe_drop, sizeof cfg->moe_drop, "probs");
+    snprintf(cfg->moe_placement, sizeof cfg->moe_placement, "static");
     cfg->aux_loss = 0.01;
     cfg->z_loss = 0.001;
     cfg->bias_rate = 0.0;

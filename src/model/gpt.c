@@ -486,10 +486,17 @@ int gpt_block_shard_units(const struct gpt_shape *shape, int index)
     return n;
 }
 
-int block_shard_first(const struct block *blk)
+int block_held_parts(const struct block *blk)
 {
     const struct block_ext_slot *x = shard_slot(blk);
-    return x ? x->ops->shard_first(x->state) : 0;
+    return x ? x->ops->held_parts(x->state) : 0;
+}
+
+int block_held_part(const struct block *blk, int j)
+{
+    const struct block_ext_slot *x = shard_slot(blk);
+    DM_ASSERT(x && j >= 0 && j < x->ops->held_parts(x->state));
+    return x->ops->held_part(x->state, j);
 }
 
 size_t block_replicated_floats(const struct block *blk)
@@ -513,7 +520,7 @@ double block_grad_sumsq(const struct block *blk)
     int parts = x->ops->held_parts(x->state);
     double *held = dm_alloc((size_t)(parts ? parts : 1) * sizeof(double));
     double s = x->ops->grad_sumsq_parts(blk, x->state, held);
-    for (int j = 0; j < parts; j++) s += held[j];   /* in part order */
+    for (int j = 0; j < parts; j++) s += held[j];   /* in slot order: part order when all */
     dm_free(held);
     return s;
 }

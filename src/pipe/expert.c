@@ -1,7 +1,9 @@
 /* Expert parallelism (parallel.ep = P > 1, docs/moe.md): the experts phase
  * of this stage's MoE blocks, run over the P ranks of the stage's expert
  * group (replicas q P .. q P + P - 1 of the stage). Expert e belongs to
- * group rank e / (E / P), and only that rank holds it: its parameters,
+ * group rank e / (E / P) (with moe.placement, the rank the block's order
+ * names: position i of the order is rank i / (E / P)'s), and only that
+ * rank holds it: its parameters,
  * gradients and Adam moments (the block's slab holds the shared tensors,
  * the router and the owned experts; the scheme splits its shape for the
  * rank, moe_shape_shard through dyn_shape_for_rank). The
@@ -27,13 +29,25 @@
  * before a send, up after a receive). The counts are host ints, on MPI.
  * On the CPU nothing is staged and MPI is handed the tensors themselves.
  *
- * Must not: decide which experts a rank owns beyond e / (E / P), or sum
- * anything in an order that depends on timing. */
+ * With moe.placement = balanced (or random, a test aid) the experts move
+ * between the ranks of a group at the balancing decisions
+ * (engine_expert_placement): stage replica 0 asks src/balance for the
+ * placement of each of its MoE blocks from the loads the steps since the
+ * last decision routed, and the stage's ranks exchange the experts that
+ * change rank (weights and Adam moments). The rows then go to the rank
+ * the order names; each expert still sees each source's rows apart, so
+ * the bits do not change.
+ *
+ * Must not: sum anything in an order that depends on timing. */
 #include <limits.h>
 #include <math.h>
 #include <string.h>
 #include "dynmo/moe.h"
 #include "pipe/engine_internal.h"
+
+/* The expert moves whose (bytes, ms) price the next ones (the oldest
+ * overwritten). */
+#define EXPERT_MOVES_KEPT 8
 
 /* What the owner keeps of one micro-batch's block between its forward and
  * its backward, found again by the model's key (x, h, a in the backend's
@@ -77,7 +91,19 @@ struct ep_state {
     float *rows_out, *dh, *dx_out, *grads_out, *gathered, *total;
     size_t rows_out_n, dh_n, dx_out_n, grads_out_n, gathered_n, total_n;
     int *send_counts, *send_displs, *recv_counts, *recv_displs, *expert_counts;
+    int *position_offset; /* (E + 1) the grouped rows' offsets by position of the order */
+    float *by_position, *by_position_back;   /* rows regrouped by position (placement) */
+    size_t by_position_n, by_position_back_n;
+    /* moe.placement: the loads routed since the last decision (layer L's
+     * experts at L E), the steps they cover, the expert moves so far */
+    int placement;        /* PLACEMENT_* */
+    double *loads;
+    int load_steps;
+    double moved_bytes[EXPERT_MOVES_KEPT], moved_ms[EXPERT_MOVES_KEPT];
+    int moves_kept;
 };
+
+enum { PLACEMENT_STATIC, PLACEMENT_BALANCED, PLACEMENT_RANDOM };
 
 /* The exchange's tensors: host memory from dm_alloc on a backend the host
  * reads (the CPU: uninitialised unless zero is set, as before), else the
@@ -274,15 +300,72 @@ static int total_rows(const struct ep_entry *en, int P, int per)
     return n;
 }
 
+/* Whether blk's experts sit where parallel.ep alone puts them. */
+static int order_is_identity(const struct block_moe *moe)
+{
+    for (int e = 0; e < moe->cfg.experts; e++)
+        if (moe->order[e] != e) return 0;
+    return 1;
+}
+
+/* The grouped rows' offsets by position of the order (position i: expert
+ * order[i]), into xp->position_offset; the rows themselves, width floats
+ * each, copied into that grouping unless the order is the identity
+ * (then offset and rows as they are). Returns the rows to send. */
+static const float *rows_by_position(struct ep_state *xp, const struct block_moe *moe,
+                                     const int *offset, const float *rows, int width,
+                                     const int **position_offset)
+{
+    int E = moe->cfg.experts, *at = xp->position_offset;
+    if (order_is_identity(moe)) {
+        *position_offset = offset;
+        return rows;
+    }
+    at[0] = 0;
+    for (int i = 0; i < E; i++) at[i + 1] = at[i] + offset[moe->order[i] + 1] - offset[moe->order[i]];
+    *position_offset = at;
+    float *out = grow(&xp->by_position, &xp->by_position_n, (size_t)at[E] * width + 1);
+    for (int i = 0; i < E; i++) {
+        int e = moe->order[i];
+        memcpy(out + (size_t)at[i] * width, rows + (size_t)offset[e] * width,
+               (size_t)(offset[e + 1] - offset[e]) * width * sizeof(float));
+    }
+    return out;
+}
+
+/* Where the rows coming back land: by position in scratch when the order
+ * is not the identity (rows_by_expert then puts them into out), else out. */
+static float *landing_by_position(struct ep_state *xp, const struct block_moe *moe,
+                                  const int *offset, float *out, int width)
+{
+    if (order_is_identity(moe)) return out;
+    return grow(&xp->by_position_back, &xp->by_position_back_n,
+                (size_t)offset[moe->cfg.experts] * width + 1);
+}
+
+static void rows_by_expert(const struct ep_state *xp, const struct block_moe *moe,
+                           const int *offset, const float *landed, float *out, int width)
+{
+    if (landed == out) return;
+    const int *at = xp->position_offset;
+    for (int i = 0; i < moe->cfg.experts; i++) {
+        int e = moe->order[i];
+        memcpy(out + (size_t)offset[e] * width, landed + (size_t)at[i] * width,
+               (size_t)(offset[e + 1] - offset[e]) * width * sizeof(float));
+    }
+}
+
 static void ep_forward(void *ctx, struct block *blk, const void *key, const int *offset,
                        const float *x, float *y)
 {
     struct ep_state *xp = ctx;
-    int P = xp->P, E = block_moe_of(blk)->cfg.experts, per = E / P, C = blk->C,
-        H = block_moe_of(blk)->cfg.hidden;
+    const struct block_moe *moe = block_moe_of(blk);
+    int P = xp->P, E = moe->cfg.experts, per = E / P, C = blk->C, H = moe->cfg.hidden;
     struct ep_entry *en = entry_for(xp, key, blk->index, 1);
     if (!en->counts) en->counts = dm_alloc((size_t)E * sizeof(int));
-    for (int e = 0; e < E; e++) xp->expert_counts[e] = offset[e + 1] - offset[e];
+    const int *at;
+    const float *send = rows_by_position(xp, moe, offset, x, C, &at);
+    for (int i = 0; i < E; i++) xp->expert_counts[i] = at[i + 1] - at[i];
     MPI_Request req;
     WORLD_MPI(MPI_Ialltoall(xp->expert_counts, per, MPI_INT, en->counts, per, MPI_INT, xp->comm,
                             &req));
@@ -297,18 +380,20 @@ static void ep_forward(void *ctx, struct block *blk, const void *key, const int 
         en->h = tensor_alloc(en->room * H, 0);
         en->a = tensor_alloc(en->room * H, 0);
     }
-    exchange_rows(xp, offset, en, per, x, en->x, C, 0);
+    exchange_rows(xp, at, en, per, send, en->x, C, 0);
     block_moe_of(blk)->rows_taken += (double)rows;
     float *out = grow(&xp->rows_out, &xp->rows_out_n, en->room * C);
     size_t r = 0;
     for (int s = 0; s < P; s++)
         for (int j = 0; j < per; j++) {
             int n = en->counts[s * per + j];
-            moe_expert_forward(blk, xp->rank * per + j, en->x + r * C, n, en->h + r * H,
+            moe_expert_forward(blk, moe_held_expert(moe, j), en->x + r * C, n, en->h + r * H,
                                en->a + r * H, out + r * C);
             r += (size_t)n;
         }
-    exchange_rows(xp, offset, en, per, out, y, C, 1);
+    float *landed = landing_by_position(xp, moe, offset, y, C);
+    exchange_rows(xp, at, en, per, out, landed, C, 1);
+    rows_by_expert(xp, moe, offset, landed, y, C);
 }
 
 static void ep_backward(void *ctx, struct block *blk, const void *key, const int *offset,
@@ -319,8 +404,10 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     int P = xp->P, E = moe->cfg.experts, per = E / P, C = blk->C, H = moe->cfg.hidden;
     size_t Pe = moe->expert_params;
     struct ep_entry *en = entry_for(xp, key, blk->index, 0);
+    const int *at;
+    const float *send = rows_by_position(xp, moe, offset, dy, C, &at);
     float *dy_in = grow(&xp->rows_out, &xp->rows_out_n, en->room * C);
-    exchange_rows(xp, offset, en, per, dy, dy_in, C, 0);
+    exchange_rows(xp, at, en, per, send, dy_in, C, 0);
     float *dh = grow(&xp->dh, &xp->dh_n, en->room * H);
     float *dx_out = grow(&xp->dx_out, &xp->dx_out_n, en->room * C);
     float *grads = NULL;
@@ -332,13 +419,15 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     for (int s = 0; s < P; s++)
         for (int j = 0; j < per; j++) {
             int n = en->counts[s * per + j];
-            moe_expert_backward(blk, xp->rank * per + j,
+            moe_expert_backward(blk, moe_held_expert(moe, j),
                                 grads ? grads + ((size_t)s * per + j) * Pe : NULL, dy_in + r * C,
                                 en->x + r * C, en->h + r * H, en->a + r * H, n, dh + r * H,
                                 dx_out + r * C);
             r += (size_t)n;
         }
-    exchange_rows(xp, offset, en, per, dx_out, dx, C, 1);
+    float *landed = landing_by_position(xp, moe, offset, dx, C);
+    exchange_rows(xp, at, en, per, dx_out, landed, C, 1);
+    rows_by_expert(xp, moe, offset, landed, dx, C);
     if (!grads) return;
     /* Each source's gradients of this micro-batch, formed from zero, are
      * added to that source's sum as the source adds its own with ep = 1. */
@@ -515,6 +604,12 @@ static void ep_init(struct engine *eng)
     xp->recv_counts = xp->send_counts + 2 * P;
     xp->recv_displs = xp->send_counts + 3 * P;
     xp->expert_counts = xp->send_counts + 4 * P;
+    xp->position_offset = dm_alloc((size_t)(moe->experts + 1) * sizeof(int));
+    const char *placement = eng->cfg.moe_placement;
+    xp->placement = !strcmp(placement, "balanced") ? PLACEMENT_BALANCED
+                    : !strcmp(placement, "random") ? PLACEMENT_RANDOM
+                                                   : PLACEMENT_STATIC;
+    xp->loads = dm_alloc((size_t)eng->shape.layers * moe->experts * sizeof(double));
     xp->exchange.ctx = xp;
     xp->exchange.experts_forward = ep_forward;
     xp->exchange.experts_backward = ep_backward;
@@ -546,6 +641,10 @@ static void ep_free(struct engine *eng)
     tensor_free(xp->gathered);
     tensor_free(xp->total);
     dm_free(xp->send_counts);
+    dm_free(xp->position_offset);
+    dm_free(xp->loads);
+    tensor_free(xp->by_position);
+    tensor_free(xp->by_position_back);
     if (xp->comm_dev) backend_current()->comm_free(xp->comm_dev);
     if (xp->holders_dev) backend_current()->comm_free(xp->holders_dev);
     dm_free(xp->ops);
@@ -580,6 +679,170 @@ static void ep_profile(struct engine *eng)
     for (int i = 0; i < 2 * n; i++) eng->compute_s += most[i] - mine[i];
     dm_free(mine);
     dm_free(most);
+}
+
+
+/* ---- moe.placement: experts moved between the ranks of a group ------------------------ */
+
+/* Moves blk's experts within this rank's expert group from its order to
+ * next: each expert that changes rank goes from its holder to its new one
+ * with its weights and Adam moments (the gradients are zero between
+ * steps), by one all-to-all over the group; each rank's slots are then its
+ * experts of next, ascending. Every rank of the group calls it with the
+ * same next. Returns the floats this rank sent. */
+static size_t relocate_block(struct ep_state *xp, struct block *blk, const int *next)
+{
+    struct block_moe *moe = block_moe_of(blk);
+    int P = xp->P, E = moe->cfg.experts, per = E / P, me = xp->rank;
+    size_t Pe = moe->expert_params, one = 3 * Pe;   /* params, m, v */
+    size_t at = (size_t)(moe->experts_p - blk->params);
+    float *tensor[3] = {blk->params + at, blk->m + at, blk->v + at};
+    int *was = dm_alloc((size_t)E * sizeof(int)), *now = dm_alloc((size_t)E * sizeof(int));
+    int *old_slot = dm_alloc((size_t)E * sizeof(int)), *place = dm_alloc((size_t)E * sizeof(int));
+    for (int i = 0; i < E; i++) {
+        was[moe->order[i]] = i / per;
+        now[next[i]] = i / per;
+        old_slot[moe->order[i]] = i % per;
+    }
+    /* counts in floats, experts ascending within each peer */
+    size_t sent = 0, received = 0;
+    for (int p = 0; p < P; p++) {
+        size_t out = 0, in = 0;
+        for (int e = 0; e < E; e++) {
+            if (p == me) continue;
+            if (was[e] == me && now[e] == p) out++;
+            if (was[e] == p && now[e] == me) {
+                place[e] = (int)(received / one + in);
+                in++;
+            }
+        }
+        xp->send_counts[p] = mpi_count(out * one, "an expert move");
+        xp->send_displs[p] = mpi_count(sent, "an expert move");
+        xp->recv_counts[p] = mpi_count(in * one, "an expert move");
+        xp->recv_displs[p] = mpi_count(received, "an expert move");
+        sent += out * one;
+        received += in * one;
+    }
+    float *send = dm_alloc_uninit((sent + 1) * sizeof(float));
+    float *recv = dm_alloc_uninit((received + 1) * sizeof(float));
+    size_t k = 0;
+    for (int p = 0; p < P; p++)
+        for (int e = 0; e < E; e++)
+            if (p != me && was[e] == me && now[e] == p)
+                for (int t = 0; t < 3; t++, k += Pe)
+                    memcpy(send + k, tensor[t] + (size_t)old_slot[e] * Pe, Pe * sizeof(float));
+    MPI_Request req;
+    WORLD_MPI(MPI_Ialltoallv(send, xp->send_counts, xp->send_displs, MPI_FLOAT, recv,
+                             xp->recv_counts, xp->recv_displs, MPI_FLOAT, xp->comm, &req));
+    *xp->wait_s += world_wait(&req);
+    /* the new slots, from the old ones kept aside and what arrived */
+    size_t region = (size_t)per * Pe;
+    float *kept = dm_alloc_uninit(3 * region * sizeof(float) + 1);
+    for (int t = 0; t < 3; t++) memcpy(kept + t * region, tensor[t], region * sizeof(float));
+    for (int j = 0; j < per; j++) {
+        int e = next[me * per + j];
+        for (int t = 0; t < 3; t++) {
+            const float *from = was[e] == me ? kept + t * region + (size_t)old_slot[e] * Pe
+                                             : recv + (size_t)place[e] * one + (size_t)t * Pe;
+            memcpy(tensor[t] + (size_t)j * Pe, from, Pe * sizeof(float));
+        }
+    }
+    memset(moe->experts_g, 0, region * sizeof(float));
+    memcpy(moe->order, next, (size_t)E * sizeof(int));
+    dm_free(kept);
+    dm_free(send);
+    dm_free(recv);
+    dm_free(was);
+    dm_free(now);
+    dm_free(old_slot);
+    dm_free(place);
+    return sent;
+}
+
+/* Stage replica 0's choice for blk (local index i) into next: a random
+ * order (moe.placement = random), or the planner's over the loads routed
+ * since the last decision, priced like a block move (its weights and two
+ * moments; the fit of the expert moves so far). */
+static void choose_placement(struct ep_state *xp, const struct engine *eng, int i, int step,
+                             int *next)
+{
+    const struct gpt *m = &eng->model;
+    const struct block *blk = &m->blocks[i];
+    const struct block_moe *moe = block_moe_of(blk);
+    int E = moe->cfg.experts, P = xp->P, layer = blk->index;
+    if (xp->placement == PLACEMENT_RANDOM) {
+        balance_placement_random(next, E, P, eng->cfg.seed, (uint64_t)step, layer);
+        return;
+    }
+    double *loads = dm_alloc((size_t)E * sizeof(double)), *last = dm_alloc((size_t)E * sizeof(double));
+    for (int e = 0; e < E; e++) {
+        loads[e] = xp->loads[(size_t)layer * E + e] / xp->load_steps;
+        last[e] = (double)moe->tokens[e];
+    }
+    /* the busiest rank's last step: its block's time over its load */
+    double busiest = balance_placement_busiest(last, moe->order, E, P);
+    double ms = 1000.0 * (m->block_fwd_s[i] + m->block_bwd_s[i]);
+    struct balance_placement_input in = {
+        .loads = loads, .current = moe->order, .experts = E, .ranks = P,
+        .ms_per_load = busiest > 0 ? ms / busiest : 0.0, .every = eng->cfg.every,
+        .bytes_per_expert = 3.0 * sizeof(float) * (double)moe->expert_params,
+        .moved_bytes = xp->moved_bytes, .moved_ms = xp->moved_ms,
+        .moves_kept = xp->moves_kept < EXPERT_MOVES_KEPT ? xp->moves_kept : EXPERT_MOVES_KEPT,
+    };
+    struct balance_placement_decision d;
+    balance_placement_decide(&in, next, &d);
+    if (d.moves > 0 && eng->grid.rank == 0)
+        dm_log("placement: step %d: block %d: busiest expert rank %.0f -> %.0f pairs a step, "
+               "saving %.1f ms over %d steps vs moving %d experts ~%.1f ms: %s\n", step + 1,
+               layer, d.now_load, d.next_load, d.saving_ms, in.every, d.moves, d.migrate_ms,
+               d.apply ? "moving" : "skipped");
+    dm_free(loads);
+    dm_free(last);
+}
+
+void engine_expert_placement(struct engine *eng, int step)
+{
+    struct ep_state *xp = eng->ep;
+    struct gpt *m = &eng->model;
+    if (!xp || xp->placement == PLACEMENT_STATIC) return;
+    const struct moe_params *p = moe_params_of(&eng->shape);
+    int E = p->experts, n = 0;
+    for (int i = 0; i < m->num_blocks; i++) {
+        const struct block_moe *moe = block_moe_of(&m->blocks[i]);
+        if (!moe) continue;
+        for (int e = 0; e < E; e++) xp->loads[(size_t)m->blocks[i].index * E + e] += (double)moe->tokens[e];
+        n++;
+    }
+    xp->load_steps++;
+    int decide = xp->placement == PLACEMENT_RANDOM || (step + 1) % eng->cfg.every == 0;
+    if (!decide || n == 0) return;
+    int *orders = dm_alloc((size_t)n * E * sizeof(int));
+    if (eng->grid.replica == 0)
+        for (int i = 0, b = 0; i < m->num_blocks; i++)
+            if (block_moe_of(&m->blocks[i])) choose_placement(xp, eng, i, step, orders + (size_t)b++ * E);
+    MPI_Request req;
+    WORLD_MPI(MPI_Ibcast(orders, n * E, MPI_INT, 0, eng->stage_comm, &req));
+    eng->wait_s += world_wait(&req);
+    double t0 = dm_now();
+    size_t sent = 0;
+    int moved = 0;
+    for (int i = 0, b = 0; i < m->num_blocks; i++) {
+        struct block_moe *moe = block_moe_of(&m->blocks[i]);
+        if (!moe) continue;
+        const int *next = orders + (size_t)b++ * E;
+        if (!memcmp(next, moe->order, (size_t)E * sizeof(int))) continue;
+        sent += relocate_block(xp, &m->blocks[i], next);
+        moved = 1;
+    }
+    if (moved) {
+        ep_forget(eng);
+        int slot = xp->moves_kept++ % EXPERT_MOVES_KEPT;
+        xp->moved_bytes[slot] = (double)sent * sizeof(float);
+        xp->moved_ms[slot] = 1000.0 * (dm_now() - t0);
+    }
+    memset(xp->loads, 0, (size_t)eng->shape.layers * E * sizeof(double));
+    xp->load_steps = 0;
+    dm_free(orders);
 }
 
 const struct engine_part engine_part_ep = {

@@ -157,8 +157,12 @@ static void grad_norm_terms(struct engine *eng, double *units, const int *at)
         if (at[layer + 1] == at[layer]) {
             if (first) units[1 + layer] = block_grad_sumsq(blk);
         } else if (first || holder) {
-            double *slot = units + L + 3 + at[layer] + block_shard_first(blk);
-            double shared = block_grad_sumsq_parts(blk, slot);
+            int held = block_held_parts(blk);
+            double *parts = dm_alloc((size_t)(held > 0 ? held : 1) * sizeof(double));
+            double shared = block_grad_sumsq_parts(blk, parts);
+            for (int j = 0; j < held; j++)
+                units[L + 3 + at[layer] + block_held_part(blk, j)] = parts[j];
+            dm_free(parts);
             if (first) units[1 + layer] = shared;
         }
         if (!blk->frozen && (first || holder)) gpt_charge_update(m, i, &clock);

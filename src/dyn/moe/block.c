@@ -148,6 +148,8 @@ static void *moe_alloc(const struct gpt_ext *ext, const struct gpt_shape *shape,
     moe->experts_p = moe->router_w + (size_t)E * C;
     moe->experts_g = moe->router_g + (size_t)E * C;
     moe->bias = dm_alloc((size_t)E * sizeof(float));
+    moe->order = dm_alloc((size_t)E * sizeof(int));
+    for (int e = 0; e < E; e++) moe->order[e] = e;
     moe->tokens = dm_alloc(4 * (size_t)E * sizeof(int64_t));
     moe->dropped = moe->tokens + E;
     moe->step_tokens = moe->tokens + 2 * E;
@@ -159,6 +161,7 @@ static void moe_free(void *state)
 {
     struct block_moe *moe = state;
     dm_free(moe->bias);
+    dm_free(moe->order);
     dm_free(moe->tokens);
     dm_free(moe);
 }
@@ -166,6 +169,11 @@ static void moe_free(void *state)
 struct block_moe *block_moe_of(const struct block *blk)
 {
     return block_ext_state(blk, &moe_ext_ops);
+}
+
+int moe_held_expert(const struct block_moe *moe, int j)
+{
+    return moe->order[moe->cfg.shard_first + j];
 }
 
 /* The router N(0, 0.02) on stream (layer, BP_COUNT); expert e's fc_w and
@@ -184,7 +192,7 @@ static void moe_init_weights(void *state, const struct block *blk, const struct 
                       0.02f);
     size_t HC = (size_t)H * C;
     for (int j = 0; j < moe_owned_experts(&moe->cfg); j++) {
-        int e = moe->cfg.shard_first + j;   /* held experts only, by their global index */
+        int e = moe_held_expert(moe, j);   /* held experts only, by their global index */
         float *w1 = experts_p + (size_t)j * moe->expert_params;
         float *w2 = w1 + HC + H;
         block_init_normal(w1, HC, seed, block_tensor_stream(index, BP_FC_W), (size_t)e * HC,
@@ -201,7 +209,7 @@ static size_t pad8(size_t n) { return (n + 7) & ~(size_t)7; }
 static size_t moe_pack_bytes(const void *state)
 {
     size_t E = (size_t)((const struct block_moe *)state)->cfg.experts;
-    return 8 + pad8(4 * E) + 16 * E;
+    return 8 + pad8(4 * E) + 16 * E + pad8(4 * E);
 }
 
 static void moe_pack(const void *state, unsigned char *out)
@@ -215,6 +223,12 @@ static void moe_pack(const void *state, unsigned char *out)
     out += 8 + pad8(4 * E);
     memcpy(out, moe->tokens, 8 * E);
     memcpy(out + 8 * E, moe->dropped, 8 * E);
+    out += 16 * E;
+    memset(out, 0, pad8(4 * E));
+    for (size_t e = 0; e < E; e++) {
+        int32_t at = moe->order[e];
+        memcpy(out + 4 * e, &at, 4);
+    }
 }
 
 static int moe_unpack(void *state, const struct block *blk, const unsigned char *in,
@@ -234,6 +248,23 @@ static int moe_unpack(void *state, const struct block *blk, const unsigned char 
     in += 8 + pad8(4 * E);
     memcpy(moe->tokens, in, 8 * E);
     memcpy(moe->dropped, in + 8 * E, 8 * E);
+    in += 16 * E;
+    int *order = dm_alloc(E * sizeof(int)), *seen = dm_alloc(E * sizeof(int)), bad = 0;
+    for (size_t e = 0; e < E; e++) {
+        int32_t at;
+        memcpy(&at, in + 4 * e, 4);
+        order[e] = at;
+        bad |= at < 0 || (size_t)at >= E || seen[at]++;
+    }
+    dm_free(seen);
+    if (bad) {
+        dm_free(order);
+        snprintf(err, errsize, "packed block %d: its expert placement is no order of its %zu "
+                 "experts", blk->index, E);
+        return -1;
+    }
+    memcpy(moe->order, order, E * sizeof(int));
+    dm_free(order);
     memset(moe->step_tokens, 0, 16 * E);
     moe->step_aux = moe->step_z = 0.0;
     return 0;
@@ -627,8 +658,9 @@ static void expert_tensors(const struct block_moe *moe, const float *base, int e
                            const float **w1, const float **b1, const float **w2,
                            const float **b2)
 {
-    int H = moe->cfg.hidden, j = e - moe->cfg.shard_first;
-    DM_ASSERT(j >= 0 && j < moe_owned_experts(&moe->cfg));   /* a held expert */
+    int H = moe->cfg.hidden, owned = moe_owned_experts(&moe->cfg), j = 0;
+    while (j < owned && moe_held_expert(moe, j) != e) j++;
+    DM_ASSERT(j < owned);   /* a held expert */
     const float *p = base + (size_t)j * moe->expert_params;
     *w1 = p;
     *b1 = p + (size_t)H * C;
@@ -889,9 +921,9 @@ static int moe_shard_units(const struct gpt_ext *ext, const struct gpt_shape *sh
     return ((const struct moe_params *)ext->params)->experts;
 }
 
-static int moe_shard_first(const void *state)
+static int moe_held_part(const void *state, int j)
 {
-    return ((const struct block_moe *)state)->cfg.shard_first;
+    return moe_held_expert(state, j);
 }
 
 static int moe_held_parts(const void *state)
@@ -900,7 +932,7 @@ static int moe_held_parts(const void *state)
 }
 
 /* The shared tensors' and router's sum of squares (returned) and each held
- * expert's in expert order (parts[j] for the j-th held expert), so that
+ * expert's in slot order (parts[j] for the j-th held expert), so that
  * the owners of an expert-parallel stage's experts can each contribute
  * their own experts' terms and the sum is the same bits as one rank
  * holding them all. */
@@ -973,7 +1005,7 @@ const struct gpt_ext_ops moe_ext_ops = {
     .end_step = moe_end_step,
     .replicated_floats = moe_replicated_floats,
     .shard_units = moe_shard_units,
-    .shard_first = moe_shard_first,
+    .held_part = moe_held_part,
     .held_parts = moe_held_parts,
     .grad_sumsq_parts = moe_grad_sumsq_parts,
     .set_runtime = moe_set_runtime,

@@ -35,6 +35,34 @@ static int moe_active(const struct dm_config *cfg) { return cfg->moe_every > 0; 
 static const char *const moe_keys[] = {"moe.*", "model.experts", "model.top_k",
                                        "model.expert_hidden", NULL};
 
+/* moe.placement and moe.replicas_max: moving experts needs expert
+ * parallelism; copies of experts are not done yet (an expert-parallel
+ * rank would hold up to E / ep + replicas_max experts). */
+static void moe_check_placement(const struct dm_config *cfg)
+{
+    const char *p = cfg->moe_placement;
+    if (strcmp(p, "static") != 0 && strcmp(p, "balanced") != 0 && strcmp(p, "random") != 0)
+        dm_user_error("moe.placement = '%s' must be static, balanced or random", p);
+    if (strcmp(p, "static") != 0 && cfg->ep <= 1)
+        dm_user_error("moe.placement = %s moves experts between expert-parallel ranks, but "
+                      "parallel.ep = %d: set parallel.ep > 1 or moe.placement = static", p,
+                      cfg->ep);
+    if (strcmp(p, "static") != 0 && cfg->experts / (cfg->ep > 0 ? cfg->ep : 1) > 256)
+        dm_user_error("moe.placement = %s holds at most 256 experts per expert-parallel rank, "
+                      "but model.experts = %d over parallel.ep = %d is %d", p, cfg->experts,
+                      cfg->ep, cfg->experts / cfg->ep);
+    if (strcmp(p, "static") != 0 && strcmp(cfg->device, "cpu") != 0)
+        dm_user_error("moe.placement = %s runs on train.device = cpu only for now, not %s", p,
+                      cfg->device);
+    int room = cfg->experts - cfg->experts / (cfg->ep > 0 ? cfg->ep : 1);
+    if (cfg->replicas_max < 0 || cfg->replicas_max > room)
+        dm_user_error("moe.replicas_max = %d must be 0 .. %d (the experts a rank of parallel.ep "
+                      "= %d does not hold)", cfg->replicas_max, room, cfg->ep);
+    if (cfg->replicas_max > 0)
+        dm_user_error("moe.replicas_max = %d: replicating experts is not done yet; set it to 0 "
+                      "(moe.placement = balanced relocates experts)", cfg->replicas_max);
+}
+
 static void moe_check_off(const struct dm_config *cfg)
 {
     if (dyn_keys_set(cfg, moe_keys))
@@ -77,6 +105,7 @@ static void moe_check(const struct dm_config *cfg)
     if (cfg->experts % cfg->ep != 0)
         dm_user_error("parallel.ep = %d does not divide model.experts = %d", cfg->ep,
                       cfg->experts);
+    moe_check_placement(cfg);
 }
 
 /* ---- signals --------------------------------------------------------------------- */
@@ -87,6 +116,21 @@ static int moe_scheme_owns(const struct gpt_shape *shape, int layer)
 }
 static int moe_cells(const struct gpt_shape *shape) { return moe_params_of(shape)->experts; }
 static int moe_split(const struct dm_config *cfg) { return cfg->ep > 1; }
+
+/* The expert-parallel rank that holds each expert (moe.placement moves
+ * them; the same on every replica of the stage). */
+static void read_placement(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    const struct block_moe *moe = block_moe_of(&model->blocks[i]);
+    int E = moe->cfg.experts, per = moe_owned_experts(&moe->cfg);
+    for (int at = 0; at < E; at++) value[moe->order[at]] = at / per;
+}
+
+static int moe_moves_experts(const struct dm_config *cfg)
+{
+    return cfg->ep > 1 && strcmp(cfg->moe_placement, "static") != 0;
+}
 
 /* The block's last step (gpt_moe_end_step: summed over the replicas). */
 static void read_tokens(struct gpt *model, int i, double *value, double *weight)
@@ -174,6 +218,17 @@ static const struct dyn_signal moe_signals[] = {
      .columns = DYN_SIGNAL_BLOCKS,
      .combine = DYN_COMBINE_PER_FORWARD,
      .read = read_z},
+    {.dataset = "/moe/placement",
+     .label = "expert placement",
+     .unit = "rank",
+     .meaning = "the expert-parallel rank (of its group) that held each expert in the step",
+     .columns = DYN_SIGNAL_CELLS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .is_int = 1,
+     .filler = -1,
+     .written = moe_moves_experts,
+     .cells = moe_cells,
+     .read = read_placement},
     {.dataset = "/moe/rank_load",
      .label = "busiest expert rank",
      .unit = "x mean",
@@ -299,7 +354,8 @@ static int moe_file_check(const void *raw, struct gpt_shape *shape,
     struct moe_params p = {.every = (int)f->every, .experts = (int)f->experts,
                            .top_k = (int)f->top_k, .hidden = (int)f->hidden,
                            .router = f->routed ? f->router : -1,
-                           .drop = f->routed ? f->drop : -1, .capacity_factor = f->factor};
+                           .drop = f->routed ? f->drop : -1, .capacity_factor = f->factor,
+                           .placed = rd->has(rd->ctx, "/moe/state/placement", NULL)};
     int bad = f->routed && (f->router < 0 || f->drop < 0 || isnan(f->factor));
     if (bad)
         dyn_ckpt_problem(rd, "/model attributes moe_router, moe_drop and moe_capacity_factor "
@@ -319,12 +375,13 @@ static int moe_file_check(const void *raw, struct gpt_shape *shape,
 }
 
 /* Its dimensions: its blocks' rows (moe_layers, expert_rows: row j E + e
- * is expert e of MoE block j), their widths, and version 3's split of
- * every block's rows (shared_params in /blocks, a dense block's MLP in
- * /mlp). */
+ * is expert e of MoE block j), their widths, version 3's split of every
+ * block's rows (shared_params in /blocks, a dense block's MLP in /mlp),
+ * and the rows of the placement (placed_layers: moe_layers when the run
+ * moves experts, else 0 and the dataset is not written). */
 static const char *const moe_dims[] = {"moe_layers", "experts", "router_params", "expert_rows",
                                        "expert_params", "shared_params", "dense_layers",
-                                       "mlp_params", NULL};
+                                       "mlp_params", "placed_layers", NULL};
 
 static long moe_dim(const struct gpt_shape *shape, const char *name)
 {
@@ -333,7 +390,8 @@ static long moe_dim(const struct gpt_shape *shape, const char *name)
     long shared = (long)moe_shared_param_count(shape->channels);
     const long values[] = {M, E, E * C, M * E,
                            (long)moe_expert_param_count(shape->channels, p->hidden), shared,
-                           shape->layers - M, (long)block_param_count(shape->channels) - shared};
+                           shape->layers - M, (long)block_param_count(shape->channels) - shared,
+                           p->placed ? M : 0};
     for (int i = 0; moe_dims[i]; i++)
         if (!strcmp(name, moe_dims[i])) return values[i];
     return -1;
@@ -373,11 +431,21 @@ static int moe_rows(const struct gpt_shape *shape, long version, const struct bl
     size_t router = (size_t)E * (size_t)blk->C;
     n = add_row(out, n, max, (struct dyn_ckpt_rows){.group = "/moe/router", .row = j, .count = 1,
                                                     .offset = shared, .floats = router});
-    return add_row(out, n, max,
-                   (struct dyn_ckpt_rows){.group = "/moe/experts", .row = j * E + m->cfg.shard_first,
-                                          .count = moe_owned_experts(&m->cfg),
-                                          .offset = shared + router, .floats = m->expert_params,
-                                          .sharded = 1});
+    /* the held experts as runs of consecutive experts in consecutive
+     * slots (one run unless moe.placement moved experts) */
+    int owned = moe_owned_experts(&m->cfg);
+    for (int first = 0, k = 1; k <= owned; k++) {
+        if (k < owned && moe_held_expert(m, k) == moe_held_expert(m, k - 1) + 1) continue;
+        n = add_row(out, n, max,
+                    (struct dyn_ckpt_rows){.group = "/moe/experts",
+                                           .row = j * E + moe_held_expert(m, first),
+                                           .count = k - first,
+                                           .offset = shared + router +
+                                                     (size_t)first * m->expert_params,
+                                           .floats = m->expert_params, .sharded = 1});
+        first = k;
+    }
+    return n;
 }
 
 static int moe_writes_sharded(const struct gpt_shape *shape, int dp_rank)
@@ -396,6 +464,12 @@ static void moe_write_state(const struct gpt_shape *shape, const struct block *b
     w->rows(w->ctx, "/moe/state/bias", j, 1, m->bias);
     w->rows(w->ctx, "/moe/state/tokens", j, 1, m->tokens);
     w->rows(w->ctx, "/moe/state/dropped", j, 1, m->dropped);
+    if (m->cfg.placed) {
+        int64_t *order = dm_alloc((size_t)m->cfg.experts * sizeof(int64_t));
+        for (int i = 0; i < m->cfg.experts; i++) order[i] = m->order[i];
+        w->rows(w->ctx, "/moe/state/placement", j, 1, order);
+        dm_free(order);
+    }
 }
 
 /* Every MoE block's state, per MoE block j and expert e at j E + e. */
@@ -403,6 +477,7 @@ struct moe_states {
     int blocks, experts;
     float *bias;
     int64_t *tokens, *dropped;
+    int64_t *placement;   /* NULL: the file keeps none (the static placement) */
 };
 
 static void moe_free_state(void *state)
@@ -411,12 +486,27 @@ static void moe_free_state(void *state)
     dm_free(st->bias);
     dm_free(st->tokens);
     dm_free(st->dropped);
+    dm_free(st->placement);
     dm_free(st);
 }
 
-/* Checked: a bias finite, 0 <= dropped <= routed. */
+/* Checked: a bias finite, 0 <= dropped <= routed, each placement an
+ * order of the experts. */
 static int check_states(const struct moe_states *st, const struct dyn_ckpt_reader *rd)
 {
+    for (long j = 0; st->placement && j < st->blocks; j++) {
+        int64_t *row = st->placement + j * st->experts;
+        for (long i = 0; i < st->experts; i++) {
+            int seen = 0;
+            for (long k = 0; k < st->experts; k++) seen += row[k] == i;
+            if (seen != 1) {
+                dyn_ckpt_problem(rd, "/moe/state/placement[%ld] holds expert %ld %d times "
+                                 "(an order of the %d experts holds each once)", j, i, seen,
+                                 st->experts);
+                return -1;
+            }
+        }
+    }
     for (long c = 0; c < (long)st->blocks * st->experts; c++) {
         long j = c / st->experts, e = c % st->experts;
         if (!isfinite(st->bias[c])) {
@@ -446,7 +536,11 @@ static int moe_read_state(const struct gpt_shape *shape, const struct dyn_ckpt_r
     st->dropped = dm_alloc(cells * sizeof(int64_t));
     if (rd->dataset(rd->ctx, "/moe/state/bias", 0, st->bias) ||
         rd->dataset(rd->ctx, "/moe/state/tokens", 1, st->tokens) ||
-        rd->dataset(rd->ctx, "/moe/state/dropped", 1, st->dropped) || check_states(st, rd)) {
+        rd->dataset(rd->ctx, "/moe/state/dropped", 1, st->dropped) ||
+        (moe_params_of(shape)->placed &&
+         rd->dataset(rd->ctx, "/moe/state/placement", 1,
+                     st->placement = dm_alloc(cells * sizeof(int64_t)))) ||
+        check_states(st, rd)) {
         moe_free_state(st);
         return -1;
     }
@@ -466,6 +560,11 @@ static void moe_apply_state(const void *state, const struct gpt_shape *shape, st
         m->tokens[e] = st->tokens[j * E + e];
         m->dropped[e] = st->dropped[j * E + e];
     }
+    /* the kept placement, when this run moves experts too (each rank
+     * then reads the experts of its positions); otherwise where
+     * parallel.ep puts them */
+    if (st->placement && m->cfg.placed && m->cfg.shard_count > 0)
+        for (long i = 0; i < E; i++) m->order[i] = (int)st->placement[j * E + i];
 }
 
 /* The run's routing against the file's: both known (a version-2 file's
@@ -549,6 +648,7 @@ static void moe_add_to_shape(const struct dm_config *cfg, struct gpt_shape *shap
                                                     : MOE_DROP_PROBS,
         .capacity_factor = (float)cfg->capacity_factor, .aux_loss = (float)cfg->aux_loss,
         .z_loss = (float)cfg->z_loss, .bias_rate = (float)cfg->bias_rate,
+        .placed = strcmp(cfg->moe_placement, "static") != 0,
     };
     moe_shape_add(shape, &p);
 }
