@@ -51,6 +51,16 @@ int gpt_mlp_ordinal(const struct gpt_shape *shape, int index);
  * size; ask this (or blk->nparams), never assume block_param_count for
  * every block. */
 size_t gpt_block_param_count(const struct gpt_shape *shape, int index);
+/* Units of placement (balance.units = sublayer): a block's two halves,
+ * its attention (ln1_w .. attproj_b: what runs from the block's input to
+ * the residual stream after attention) and its MLP (ln2_w onwards, with
+ * the extensions' floats), each a unit of its own; BLOCK_HALVES is the
+ * whole block. gpt_unit_param_count: the parameters of one half of block
+ * `index` (or of the whole block); block_half_matrix_weights: its
+ * prunable matrix weights, 4C^2 of the attention, 8C^2 of the MLP. */
+enum { BLOCK_HALF_ATTENTION = 1, BLOCK_HALF_MLP = 2, BLOCK_HALVES = 3 };
+size_t gpt_unit_param_count(const struct gpt_shape *shape, int index, int half);
+size_t block_half_matrix_weights(int C, int half);
 
 /* ---- ops: one function per op and direction ----------------------------
  * Outputs first, then inputs, then sizes. Backward functions ACCUMULATE

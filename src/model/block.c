@@ -150,6 +150,20 @@ size_t gpt_block_param_count(const struct gpt_shape *shape, int index)
     return n;
 }
 
+size_t gpt_unit_param_count(const struct gpt_shape *shape, int index, int half)
+{
+    size_t attention = block_tensor_offset(shape->channels, BP_LN2_W);
+    if (half == BLOCK_HALF_ATTENTION) return attention;
+    if (half == BLOCK_HALF_MLP) return gpt_block_param_count(shape, index) - attention;
+    return gpt_block_param_count(shape, index);
+}
+
+size_t block_half_matrix_weights(int C, int half)
+{
+    size_t c2 = (size_t)C * (size_t)C;
+    return half == BLOCK_HALF_ATTENTION ? 4 * c2 : half == BLOCK_HALF_MLP ? 8 * c2 : 12 * c2;
+}
+
 /* The extensions that own layer index, each with its floats after the
  * block's own and its state (views into the slab). */
 static void block_alloc_ext(struct block *blk, const struct gpt_shape *shape)

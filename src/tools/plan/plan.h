@@ -94,6 +94,8 @@ struct plan_args {
     double gamma;
     double epsilon;
     int target_stages;                /* repack-first-fit */
+    int units;                        /* enum balance_units of the --costs rows */
+    int units_given;                  /* --units */
 };
 
 /* Parses plan's command line into *a; sets *bench for --bench (then the

@@ -30,22 +30,22 @@ struct train_balancer {
 
 struct train_balancer *train_balancer_create(const struct dm_config *cfg, int stages)
 {
-    /* Blocks differ in size with the schemes' extensions. */
-    struct gpt_shape shape = dyn_shape_from_config(cfg);
-    double *sizes = dm_alloc((size_t)cfg->layers * sizeof(double));
-    for (int b = 0; b < cfg->layers; b++) sizes[b] = (double)gpt_block_param_count(&shape, b);
+    /* Units differ in size with the schemes' extensions and as halves. */
+    double *matrix = NULL, *sizes = train_unit_params(cfg, &matrix);
     struct balance_controller_config c = {
-        .method = cfg->method, .cost = cfg->cost, .stages = stages, .blocks = cfg->layers,
+        .method = cfg->method, .cost = cfg->cost, .stages = stages,
+        .blocks = train_unit_count(cfg),
         .every = cfg->every, .micro_batches = cfg->micro_batches,
         .schedule = config_schedule(cfg), .seed = cfg->seed, .min_gain = cfg->min_gain,
         .min_improvement = cfg->min_improvement,
         .block_params = (double)block_param_count(cfg->channels),
         .block_matrix_weights = (double)block_matrix_weights(cfg->channels),
-        .block_param_counts = sizes,
+        .block_param_counts = sizes, .unit_matrix_weights = matrix,
     };
     char err[768];
     struct balance_controller *ctl = balance_controller_create(&c, err, sizeof err);
     dm_free(sizes);
+    dm_free(matrix);
     if (!ctl) dm_user_error("%s", err);
     struct train_balancer *tb = dm_alloc(sizeof *tb);
     tb->ctl = ctl;

@@ -72,25 +72,48 @@ int train_threads_for_rank(const struct dm_config *cfg)
     return world_cpus_for_rank();   /* what the rank may use, not what the node has */
 }
 
+enum balance_units train_units(const struct dm_config *cfg)
+{
+    return balance_units_parse(cfg->units) == BALANCE_UNITS_SUBLAYER ? BALANCE_UNITS_SUBLAYER
+                                                                      : BALANCE_UNITS_BLOCK;
+}
+
+int train_unit_count(const struct dm_config *cfg)
+{
+    return cfg->layers * balance_units_per_block(train_units(cfg));
+}
+
+double *train_unit_params(const struct dm_config *cfg, double **matrix)
+{
+    /* blocks differ in size (a scheme may replace the MLP) */
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
+    int per_block = balance_units_per_block(train_units(cfg)), n = train_unit_count(cfg);
+    double *params = dm_alloc((size_t)n * sizeof(double));
+    if (matrix) *matrix = dm_alloc((size_t)n * sizeof(double));
+    for (int u = 0; u < n; u++) {
+        int half = per_block == 1 ? BLOCK_HALVES : u % 2 ? BLOCK_HALF_MLP : BLOCK_HALF_ATTENTION;
+        params[u] = (double)gpt_unit_param_count(&shape, u / per_block, half);
+        if (matrix) (*matrix)[u] = (double)block_half_matrix_weights(cfg->channels, half);
+    }
+    return params;
+}
+
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
 {
-    /* DeepSpeed's equal parameters: block parameter counts, the embedding
+    /* DeepSpeed's equal parameters: unit parameter counts, the embedding
      * on the first stage and the final norm on the last. */
-    struct gpt_shape shape = dyn_shape_from_config(cfg);
-    int L = cfg->layers;
-    double *cost = dm_alloc((size_t)L * sizeof(double));
-    int64_t *mem = dm_alloc((size_t)L * sizeof(int64_t));
-    for (int b = 0; b < L; b++) {   /* blocks differ in size (a scheme may replace the MLP) */
-        cost[b] = (double)gpt_block_param_count(&shape, b);
-        mem[b] = (int64_t)(4 * gpt_block_param_count(&shape, b) * sizeof(float));
-    }
+    int n = train_unit_count(cfg);
+    double *cost = train_unit_params(cfg, NULL);
+    int64_t *mem = dm_alloc((size_t)n * sizeof(int64_t));
+    for (int u = 0; u < n; u++) mem[u] = (int64_t)(4 * sizeof(float)) * (int64_t)cost[u];
     struct balance_costs params = {
-        .blocks = L, .cost = cost, .mem_bytes = mem,
-        .first_cost = (double)(shape.vocab + shape.max_seq) * shape.channels,
-        .last_cost = 2.0 * shape.channels,
+        .blocks = n, .cost = cost, .mem_bytes = mem,
+        .first_cost = (double)(cfg->vocab + cfg->max_seq) * cfg->channels,
+        .last_cost = 2.0 * cfg->channels,
     };
     char err[512];
-    int rc = balance_layout_from_spec(cfg->initial, stages, L, &params, counts, err, sizeof err);
+    int rc = balance_layout_from_spec(cfg->initial, stages, cfg->layers, train_units(cfg),
+                                      &params, counts, err, sizeof err);
     dm_free(cost);
     dm_free(mem);
     if (rc != BALANCE_OK) dm_user_error("%s", err);
