@@ -263,6 +263,11 @@ struct block {
         void *state;
         size_t offset;
     } ext[GPT_EXT_MAX];
+    int halves;         /* balance.units = sublayer: BLOCK_HALF_ATTENTION or
+                           BLOCK_HALF_MLP when only that half of the block is this
+                           stage's (it computes, updates and sums only that half;
+                           the other half's parameters are another stage's);
+                           0 or BLOCK_HALVES: the whole block */
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -398,6 +403,26 @@ void block_forward(struct block *blk, struct block_acts *acts,
 void block_backward(struct block *blk, struct block_acts *acts,
                     struct block_scratch *scratch, float *din,
                     const float *dout, const float *in, int B, int T);
+
+/* One half of a block (balance.units = sublayer; struct block.halves).
+ * With blk->halves set to one half, block_forward computes that half only:
+ * the attention half maps the block input to the residual stream after
+ * attention (res1), the MLP half maps res1 to the block output; and
+ * block_backward the matching gradients (the attention half takes d_res1
+ * as dout). The two halves run one after the other give the whole block's
+ * outputs, input gradient and parameter gradients bit for bit. Dense
+ * blocks only (no extension, no pruning mask: an internal error).
+ * block_is_half: whether blk holds one half only. block_tensor_half:
+ * the half tensor k (block_tensor_at's order) belongs to.
+ * block_half_range: the floats of a half in the slab's params (and grads,
+ * m, v at the same offsets), BLOCK_HALVES the whole. block_half_grad_sumsq:
+ * the sum of squares of a half's gradients (0 for a frozen block), each
+ * half summed on its own so that a block's halves on two stages add up to
+ * the same bits as on one. */
+int block_is_half(const struct block *blk);
+int block_tensor_half(const struct block *blk, int k);
+void block_half_range(const struct block *blk, int half, size_t *offset, size_t *count);
+double block_half_grad_sumsq(const struct block *blk, int half);
 
 /* ---- the model on one rank ---------------------------------------------
  * Embedding parameters: wte (V,C), wpe (max_seq,C).

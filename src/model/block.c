@@ -861,9 +861,98 @@ static void dense_forward(struct block *blk, struct block_acts *acts, float *out
                          NULL);
 }
 
+/* ---- one half of a block (balance.units = sublayer) ------------------------------
+ * The same ops as dense_forward and dense_backward, split at the residual
+ * stream after attention: the attention half's output and the MLP half's
+ * input are res1, and the gradient between them is d_res1, so the two
+ * halves give the whole block's bits. A dense block only (no extension,
+ * no pruning mask): what sublayer units run so far. */
+
+int block_is_half(const struct block *blk)
+{
+    return blk->halves == BLOCK_HALF_ATTENTION || blk->halves == BLOCK_HALF_MLP;
+}
+
+int block_tensor_half(const struct block *blk, int k)
+{
+    return k < BP_LN2_W && k < own_tensor_count(blk) ? BLOCK_HALF_ATTENTION : BLOCK_HALF_MLP;
+}
+
+void block_half_range(const struct block *blk, int half, size_t *offset, size_t *count)
+{
+    size_t attention = block_tensor_offset(blk->C, BP_LN2_W);
+    *offset = half == BLOCK_HALF_MLP ? attention : 0;
+    *count = half == BLOCK_HALF_ATTENTION ? attention
+             : half == BLOCK_HALF_MLP    ? blk->nparams - attention
+                                         : blk->nparams;
+}
+
+double block_half_grad_sumsq(const struct block *blk, int half)
+{
+    if (blk->frozen) return 0.0;
+    size_t offset, count;
+    block_half_range(blk, half, &offset, &count);
+    return backend_current()->sum_squares(blk->grads + offset, (long)count);
+}
+
+static void half_forward(struct block *blk, struct block_acts *acts, float *out,
+                         const float *in, int B, int T)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p;
+    DM_ASSERT(B <= acts->B && T <= acts->T && !blk->sparse && blk->ext_count == 0);
+    if (blk->halves == BLOCK_HALF_ATTENTION) {
+        ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
+                               p[BP_LN1_W], p[BP_LN1_B], N, C);
+        block_matmul_forward(blk, BP_QKV_W, acts->qkv, acts->ln1, N, C, 3 * C, NULL, NULL);
+        attention_core_forward(blk, acts, NULL, B, T);
+        block_matmul_forward(blk, BP_ATTPROJ_W, out, acts->atty, N, C, C, in, NULL);
+        return;
+    }
+    ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, in, p[BP_LN2_W],
+                           p[BP_LN2_B], N, C);
+    block_matmul_forward(blk, BP_FC_W, acts->fch, acts->ln2, N, C, 4 * C, NULL, acts->fch_gelu);
+    block_matmul_forward(blk, BP_FCPROJ_W, out, acts->fch_gelu, N, 4 * C, C, in, NULL);
+}
+
+/* din may alias dout, as in block_backward: the MLP half reads dout
+ * before it writes d_res1 to din; the attention half copies dout to
+ * d_res1 first. */
+static void half_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                          float *din, const float *dout, const float *in, int B, int T)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p;
+    static float *const no_grads[BP_COUNT];
+    float *const *g = blk->frozen ? no_grads : blk->g;
+    size_t bytes = (size_t)N * C * sizeof(float);
+    if (blk->halves == BLOCK_HALF_MLP) {
+        block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N, 4 * C, C,
+                              acts->fch);
+        block_matmul_backward(blk, BP_FC_W, g, s->d_ln, s->d_fch, acts->ln2, N, C, 4 * C, NULL);
+        ops->layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln, in,
+                                         p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
+        if (din) ops->copy_on_device(din, s->d_res1, bytes);
+        return;
+    }
+    ops->copy_on_device(s->d_res1, dout, bytes);
+    block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
+                          NULL);
+    attention_core_backward(blk, acts, s, NULL, B, T);
+    block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
+    ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
 void block_forward(struct block *blk, struct block_acts *acts, float *out, const float *in,
                    int B, int T)
 {
+    if (block_is_half(blk)) {
+        half_forward(blk, acts, out, in, B, T);
+        return;
+    }
     const struct block_ext_slot *x = HOOK(blk, block_forward);
     if (x) x->ops->block_forward(blk, x->state, acts, out, in, B, T);
     else dense_forward(blk, acts, out, in, B, T);
@@ -903,6 +992,10 @@ static void dense_backward(struct block *blk, struct block_acts *acts, struct bl
 void block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
                     float *din, const float *dout, const float *in, int B, int T)
 {
+    if (block_is_half(blk)) {
+        half_backward(blk, acts, s, din, dout, in, B, T);
+        return;
+    }
     const struct block_ext_slot *x = HOOK(blk, block_backward);
     if (x) x->ops->block_backward(blk, x->state, acts, s, din, dout, in, B, T);
     else dense_backward(blk, acts, s, din, dout, in, B, T);

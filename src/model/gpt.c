@@ -503,6 +503,7 @@ double block_grad_sumsq_parts(const struct block *blk, double *parts)
 double block_grad_sumsq(const struct block *blk)
 {
     if (blk->frozen) return 0.0;
+    if (block_is_half(blk)) return block_half_grad_sumsq(blk, blk->halves);
     const struct block_ext_slot *x = shard_slot(blk);
     if (!x) return backend_current()->sum_squares(blk->grads, (long)blk->nparams);
     int parts = x->ops->held_parts(x->state);
