@@ -1,13 +1,25 @@
 #!/usr/bin/env bash
 # balance.units = sublayer (docs/balance.md): a block's attention and its
-# MLP as separate units of placement. Layouts count units: bad layouts and
-# stage counts exit 2 with one message naming the units.
+# MLP as separate units of placement. A 5-layer model laid out 3,4,3 units
+# on 3 stages (boundaries inside blocks 1 and 3) and 5,5 on 2 (inside
+# block 2) gives the losses and gradient norms of one rank bit for bit;
+# layouts count units: bad layouts and stage counts exit 2 with one
+# message naming the units, and what cannot split yet is refused.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
 need_dynmo
 work_dir
-tiny_config "$dir/tiny.ini" model.layers=5
+tiny_config "$dir/tiny.ini" model.layers=5 train.steps=6
+
+units=(balance.units=sublayer)
+train one 1 "$dir/tiny.ini" "${units[@]}" && bits one steps/loss steps/grad_norm
+train three 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 &&
+  bits three steps/loss steps/grad_norm && same one three "3,4,3 units on 3 stages" steps/loss steps/grad_norm
+grep -q "layout 3,4,3" "$dir/three.out" || fail "3 stages: the log line does not show layout 3,4,3"
+train two 2 "$dir/tiny.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:5,5 &&
+  bits two steps/loss steps/grad_norm && same one two "5,5 units on 2 stages" steps/loss steps/grad_norm
+train whole 1 "$dir/tiny.ini" && bits whole steps/loss && same one whole "units against whole blocks on one rank" steps/loss
 
 bad() { train_refused "$1" "$2" "$3" "$dir/tiny.ini" "${@:4}"; }
 bad "units name" "balance.units = 'layer' must be block or sublayer" 1 balance.units=layer
@@ -18,4 +30,8 @@ bad "explicit counts blocks under units=block" "covers 10 blocks but model.layer
   parallel.pp=3 balance.initial=explicit:3,4,3
 bad "more stages than units" "parallel.pp = 11 exceeds the 10 units of model.layers = 5" 11 \
   parallel.pp=11 balance.units=sublayer
+bad "sublayer with a scheme" "balance.units = sublayer cannot run with dyn.kind yet" 2 \
+  parallel.pp=2 balance.units=sublayer dyn.kind=freeze
+bad "sublayer with migration" "cannot run with balance.method other than none yet" 2 \
+  parallel.pp=2 balance.units=sublayer balance.method=random balance.every=2
 finish

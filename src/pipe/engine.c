@@ -84,14 +84,21 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     eng->layout = dm_alloc((size_t)g->stages * sizeof(int));
     memcpy(eng->layout, layout, (size_t)g->stages * sizeof(int));
 
-    int first, count;
-    first_block_of(eng->layout, g->stage, &first, &count);
+    /* Units (balance.units): with sublayer the stage's first block may be
+     * its MLP half only and its last its attention half only. */
+    eng->sublayer = !strcmp(cfg->units, "sublayer");
+    int per = eng->sublayer ? 2 : 1, first_unit, units;
+    first_block_of(eng->layout, g->stage, &first_unit, &units);
+    int first = first_unit / per, count = (first_unit + units + per - 1) / per - first;
     if (defer_weights)
         gpt_build_deferred(&eng->model, &eng->shape, first, count, g->stage == 0,
                            g->stage == g->stages - 1);
     else
         gpt_build(&eng->model, &eng->shape, first, count, g->stage == 0,
                   g->stage == g->stages - 1, cfg->seed);
+    if (per == 2 && first_unit % 2) eng->model.blocks[0].halves = BLOCK_HALF_MLP;
+    if (per == 2 && (first_unit + units) % 2)
+        eng->model.blocks[count - 1].halves = BLOCK_HALF_ATTENTION;
     block_scratch_alloc(&eng->scratch, eng->micro_B, eng->T, eng->shape.channels,
                         eng->shape.heads);
     eng->instrs = dm_alloc(SCHEDULE_MAX_INSTRS(eng->micro_batches) * sizeof(struct schedule_instr));

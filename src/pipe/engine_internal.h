@@ -63,7 +63,8 @@ struct engine {
     struct pipe_grid grid;
     struct gpt_shape shape;
     int micro_B, T, micro_batches;  /* per replica */
-    int *layout;                    /* (S) */
+    int *layout;                    /* (S) units per stage (balance.units) */
+    int sublayer;                   /* balance.units = sublayer: a unit is half a block */
     struct gpt model;
     struct block_scratch scratch;
     int nslots;

@@ -98,6 +98,22 @@ double *train_unit_params(const struct dm_config *cfg, double **matrix)
     return params;
 }
 
+void train_check_units(const struct dm_config *cfg)
+{
+    if (train_units(cfg) != BALANCE_UNITS_SUBLAYER) return;
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
+    const char *what = NULL;
+    if (strcmp(cfg->dyn_kind, "none") != 0) what = "dyn.kind";
+    else if (shape.ext_count > 0) what = "an extension of the blocks (MoE, MoD, hash attention)";
+    else if (strcmp(cfg->method, "none") != 0) what = "balance.method other than none";
+    else if (cfg->ckpt_dir[0]) what = "ckpt.dir (checkpoints)";
+    else if (cfg->repack_enable) what = "repack.enable";
+    if (what)
+        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs a dense model "
+                      "at a fixed layout without checkpoints (docs/balance.md, \"Units of "
+                      "placement\"); set balance.units = block", what);
+}
+
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
 {
     /* DeepSpeed's equal parameters: unit parameter counts, the embedding
@@ -241,12 +257,16 @@ static double stage_bytes(const struct dm_config *cfg, const int *layout, int st
     double ends = 16.0 * (double)(shape.vocab + shape.max_seq) * shape.channels +
                   3.0 * 4.0 * (double)micro_B * cfg->seq * shape.vocab * cfg->micro_batches;
     double busiest = 0.0;
+    int per = balance_units_per_block(train_units(cfg));
     for (int s = 0, first = 0; s < stages; first += layout[s++]) {
         double bytes = 0.0;
-        for (int b = first; b < first + layout[s]; b++)
-            bytes += 16.0 * (double)gpt_block_param_count(&shape, b) +
-                     dyn_block_memory(cfg, &shape, b, micro_B) +
-                     (double)cfg->micro_batches * acts;
+        for (int u = first; u < first + layout[s]; u++) {   /* a unit: a block or a half */
+            int b = u / per, half = per == 1 ? BLOCK_HALVES : u % 2 ? BLOCK_HALF_MLP
+                                                                  : BLOCK_HALF_ATTENTION;
+            bytes += 16.0 * (double)gpt_unit_param_count(&shape, b, half) +
+                     (dyn_block_memory(cfg, &shape, b, micro_B) +
+                      (double)cfg->micro_batches * acts) / per;
+        }
         busiest = bytes > busiest ? bytes : busiest;
     }
     return busiest + ends;
