@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 . tests/lib.sh
 need_dynmo
 work_dir
-tiny_config "$dir/tiny.ini" model.layers=5 train.steps=6
+tiny_config "$dir/tiny.ini" model.layers=5 train.steps=6 train.grad_clip=0.05
 
 units=(balance.units=sublayer)
 train one 1 "$dir/tiny.ini" "${units[@]}" && bits one steps/loss steps/grad_norm
