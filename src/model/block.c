@@ -861,6 +861,14 @@ static void dense_forward(struct block *blk, struct block_acts *acts, float *out
                          NULL);
 }
 
+/* Where a backward puts weight gradients: a frozen block computes none
+ * (every g[k] NULL). */
+static float *const *weight_grads(const struct block *blk)
+{
+    static float *const no_grads[BP_COUNT];
+    return blk->frozen ? no_grads : blk->g;
+}
+
 /* ---- one half of a block (balance.units = sublayer) ------------------------------
  * The same ops as dense_forward and dense_backward, split at the residual
  * stream after attention: the attention half's output and the MLP half's
@@ -924,9 +932,7 @@ static void half_backward(struct block *blk, struct block_acts *acts, struct blo
 {
     const struct dm_backend *ops = backend_current();
     int C = blk->C, N = B * T;
-    float *const *p = blk->p;
-    static float *const no_grads[BP_COUNT];
-    float *const *g = blk->frozen ? no_grads : blk->g;
+    float *const *p = blk->p, *const *g = weight_grads(blk);
     size_t bytes = (size_t)N * C * sizeof(float);
     if (blk->halves == BLOCK_HALF_MLP) {
         block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N, 4 * C, C,
@@ -963,10 +969,7 @@ static void dense_backward(struct block *blk, struct block_acts *acts, struct bl
 {
     const struct dm_backend *ops = backend_current();
     int C = blk->C, N = B * T;
-    float *const *p = blk->p;
-    /* A frozen block computes no weight gradients (every g[k] NULL). */
-    static float *const no_grads[BP_COUNT];
-    float *const *g = blk->frozen ? no_grads : blk->g;
+    float *const *p = blk->p, *const *g = weight_grads(blk);
     /* The residual stream passes dout straight through to d_res1 (joined in
      * the ln2 backward). dout is not read after that, so din may alias it. */
     const struct block_ext_slot *x = HOOK(blk, mlp_backward);
