@@ -2,9 +2,10 @@
 # balance.units = sublayer (docs/balance.md): a block's attention and its
 # MLP as separate units of placement. A 5-layer model laid out 3,4,3 units
 # on 3 stages (boundaries inside blocks 1 and 3) and 5,5 on 2 (inside
-# block 2) gives the losses and gradient norms of one rank bit for bit;
-# layouts count units: bad layouts and stage counts exit 2 with one
-# message naming the units, and what cannot split yet is refused.
+# block 2) gives the losses and gradient norms of one rank bit for bit,
+# and so do the balancers moving units between stages; layouts count
+# units: bad layouts and stage counts exit 2 with one message naming the
+# units, and what cannot split yet is refused.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -21,6 +22,26 @@ train two 2 "$dir/tiny.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit
   bits two steps/loss steps/grad_norm && same one two "5,5 units on 2 stages" steps/loss steps/grad_norm
 train whole 1 "$dir/tiny.ini" && bits whole steps/loss && same one whole "units against whole blocks on one rank" steps/loss
 
+# Migration of units: random layouts every 2 steps from 3,4,3 on 3
+# stages, every step on 4 (halves leave whole blocks, join their other
+# half, or arrive from two stages at a third), and the time balancers
+# on the per-unit profile; each against one rank.
+migrated() { grep -qE "migrated [0-9]+ units" "$dir/$1.out" || fail "$1: no units migrated"; }
+train random3 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+  balance.method=random balance.every=2 train.steps=8 && migrated random3 &&
+  train one8 1 "$dir/tiny.ini" "${units[@]}" train.steps=8 && bits one8 steps/loss steps/grad_norm &&
+  bits random3 steps/loss steps/grad_norm &&
+  same one8 random3 "random every 2 steps from 3,4,3 units" steps/loss steps/grad_norm
+train random4 4 "$dir/tiny.ini" "${units[@]}" parallel.pp=4 balance.method=random balance.every=1 &&
+  migrated random4 && bits random4 steps/loss steps/grad_norm &&
+  same one random4 "random every step on 4 stages" steps/loss steps/grad_norm
+for method in diffusion partition; do
+  train "$method" 2 "$dir/tiny.ini" "${units[@]}" parallel.pp=2 balance.method=$method \
+    balance.every=2 balance.min_improvement=0 balance.min_gain=0 &&
+    bits "$method" steps/loss steps/grad_norm &&
+    same one "$method" "$method on unit costs" steps/loss steps/grad_norm
+done
+
 bad() { train_refused "$1" "$2" "$3" "$dir/tiny.ini" "${@:4}"; }
 bad "units name" "balance.units = 'layer' must be block or sublayer" 1 balance.units=layer
 bad "explicit not the unit count" \
@@ -32,6 +53,6 @@ bad "more stages than units" "parallel.pp = 11 exceeds the 10 units of model.lay
   parallel.pp=11 balance.units=sublayer
 bad "sublayer with a scheme" "balance.units = sublayer cannot run with dyn.kind yet" 2 \
   parallel.pp=2 balance.units=sublayer dyn.kind=freeze
-bad "sublayer with migration" "cannot run with balance.method other than none yet" 2 \
-  parallel.pp=2 balance.units=sublayer balance.method=random balance.every=2
+bad "sublayer with checkpoints" "balance.units = sublayer cannot run with ckpt.dir" 2 \
+  parallel.pp=2 balance.units=sublayer ckpt.dir="$dir/ckpt"
 finish

@@ -267,7 +267,9 @@ struct block {
                            BLOCK_HALF_MLP when only that half of the block is this
                            stage's (it computes, updates and sums only that half;
                            the other half's parameters are another stage's);
-                           0 or BLOCK_HALVES: the whole block */
+                           BLOCK_HALVES: the whole block of a sublayer run, run
+                           as its two halves so that each is timed
+                           (gpt_forward); 0: the whole block */
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -455,6 +457,11 @@ struct gpt {
      * zeroing), since the caller last zeroed them (the pipeline engine
      * does, every step). */
     double *block_fwd_s, *block_bwd_s, *block_update_s;   /* (num_blocks) */
+    /* balance.units = sublayer: of block_fwd_s and block_bwd_s, what the
+     * block's attention half took (a block held whole, halves
+     * BLOCK_HALVES, runs as its two halves, each timed; an attention half
+     * alone: all of it; an MLP half alone: none). */
+    double *attention_fwd_s, *attention_bwd_s;             /* (num_blocks) */
     /* Layer freezing: blocks [0, frozen_prefix) (global indices), and the
      * embedding when frozen_prefix > 0, are frozen with everything before
      * them: their backward is skipped entirely. A frozen block outside the

@@ -926,7 +926,8 @@ static void half_forward(struct block *blk, struct block_acts *acts, float *out,
 
 /* din may alias dout, as in block_backward: the MLP half reads dout
  * before it writes d_res1 to din; the attention half copies dout to
- * d_res1 first. */
+ * d_res1 first (nothing to copy when dout is the scratch's d_res1, where
+ * an MLP half with no din left it: a whole block run as its halves). */
 static void half_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
                           float *din, const float *dout, const float *in, int B, int T)
 {
@@ -943,7 +944,7 @@ static void half_backward(struct block *blk, struct block_acts *acts, struct blo
         if (din) ops->copy_on_device(din, s->d_res1, bytes);
         return;
     }
-    ops->copy_on_device(s->d_res1, dout, bytes);
+    if (dout != s->d_res1) ops->copy_on_device(s->d_res1, dout, bytes);
     block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
                           NULL);
     attention_core_backward(blk, acts, s, NULL, B, T);

@@ -139,6 +139,12 @@ static inline void first_block_of(const int *layout, int stage, int *first, int 
     *count = layout[stage];
 }
 
+/* With balance.units = sublayer, sets each block's halves for this
+ * stage's unit range (eng->layout): an MLP half alone first when the range
+ * starts inside a block, an attention half alone last when it ends inside
+ * one, every other block BLOCK_HALVES. Nothing with whole-block units. */
+void engine_mark_halves(struct engine *eng);
+
 /* reduce.c. The step's end before the optimizer: masks pruned gradients,
  * forms the tied embedding gradient, sums gradients over the replicas in
  * replica order (the parts of a block that an engine part splits over

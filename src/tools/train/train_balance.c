@@ -70,9 +70,9 @@ void train_balancer_destroy(struct train_balancer *tb)
 static void observation_of(struct balance_observation *obs, const struct step_stats *st)
 {
     struct balance_observation o = {
-        .fwd_ms = st->layer_fwd_ms, .bwd_ms = st->layer_bwd_ms,
-        .update_ms = st->layer_update_ms, .mem_bytes = st->layer_mem_bytes,
-        .sparsity = st->layer_sparsity, .stage_compute_ms = st->stage_compute_ms,
+        .fwd_ms = st->unit_fwd_ms, .bwd_ms = st->unit_bwd_ms,
+        .update_ms = st->unit_update_ms, .mem_bytes = st->unit_mem_bytes,
+        .sparsity = st->unit_sparsity, .stage_compute_ms = st->stage_compute_ms,
         .stage_update_ms = st->stage_update_ms, .layout = st->layout, .step_ms = st->step_ms,
         .migrated_blocks = st->migrated_blocks, .migrated_bytes = st->migrated_bytes,
         .migrate_ms = st->migrate_ms,

@@ -124,8 +124,9 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
     if (st->migrated_blocks > 0) {
         char layout[256];
         layout_format(layout, sizeof layout, st->layout, stages);
-        dm_log(" | migrated %d blocks, %.1f MB, %.0f ms -> %s", st->migrated_blocks,
-               st->migrated_bytes / 1e6, st->migrate_ms, layout);
+        dm_log(" | migrated %d %s, %.1f MB, %.0f ms -> %s", st->migrated_blocks,
+               strcmp(cfg->units, "sublayer") ? "blocks" : "units", st->migrated_bytes / 1e6,
+               st->migrate_ms, layout);
     }
 }
 

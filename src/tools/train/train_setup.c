@@ -105,13 +105,12 @@ void train_check_units(const struct dm_config *cfg)
     const char *what = NULL;
     if (strcmp(cfg->dyn_kind, "none") != 0) what = "dyn.kind";
     else if (shape.ext_count > 0) what = "an extension of the blocks (MoE, MoD, hash attention)";
-    else if (strcmp(cfg->method, "none") != 0) what = "balance.method other than none";
     else if (cfg->ckpt_dir[0]) what = "ckpt.dir (checkpoints)";
     else if (cfg->repack_enable) what = "repack.enable";
     if (what)
         dm_user_error("balance.units = sublayer cannot run with %s yet: it runs a dense model "
-                      "at a fixed layout without checkpoints (docs/balance.md, \"Units of "
-                      "placement\"); set balance.units = block", what);
+                      "without checkpoints (docs/balance.md, \"Units of placement\"); set "
+                      "balance.units = block", what);
 }
 
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
