@@ -28,7 +28,8 @@ train whole 1 "$dir/tiny.ini" && bits whole steps/loss && same one whole "units 
 # on the per-unit profile; each against one rank.
 migrated() { grep -qE "migrated [0-9]+ units" "$dir/$1.out" || fail "$1: no units migrated"; }
 train random3 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
-  balance.method=random balance.every=2 train.steps=8 && migrated random3 &&
+  balance.method=random balance.every=2 train.steps=8 run.trace_from=3 run.trace_steps=2 &&
+  migrated random3 &&
   train one8 1 "$dir/tiny.ini" "${units[@]}" train.steps=8 && bits one8 steps/loss steps/grad_norm &&
   bits random3 steps/loss steps/grad_norm &&
   same one8 random3 "random every 2 steps from 3,4,3 units" steps/loss steps/grad_norm
@@ -41,6 +42,19 @@ for method in diffusion partition; do
     bits "$method" steps/loss steps/grad_norm &&
     same one "$method" "$method on unit costs" steps/loss steps/grad_norm
 done
+
+# The readers of a sublayer run's log: its layouts count units.
+log=$dir/random3/runlog.h5
+"$DYNMO" report "$log" --out "$dir/report" > "$dir/report.out" 2>&1 &&
+  [ -s "$dir/report/layout-1.svg" ] || fail "report of a sublayer run: $(cat "$dir/report.out")"
+"$DYNMO" trace "$log" --out "$dir/trace.json" > "$dir/trace.out" 2>&1 &&
+  grep -q "instructions of steps 3 to 4 on 3 ranks" "$dir/trace.out" ||
+  fail "trace of a sublayer run: $(cat "$dir/trace.out")"
+"$DYNMO" inspect "$log" | grep -q "balance.units = sublayer" || fail "inspect: no balance.units"
+expect_error "plan --from-run of a sublayer run" "is a run of balance.units = sublayer" \
+  "$DYNMO" plan --from-run "$dir/random3" --step 4
+expect_error "simulate of a sublayer run" "is a run of balance.units = sublayer" \
+  "$DYNMO" simulate --from-run "$dir/random3" --stages 3 --out "$dir/sim"
 
 bad() { train_refused "$1" "$2" "$3" "$dir/tiny.ini" "${@:4}"; }
 bad "units name" "balance.units = 'layer' must be block or sublayer" 1 balance.units=layer

@@ -37,6 +37,10 @@ static void read_run_config(struct runlog_file *f, struct gpt_shape *shape, int 
     int status = runlog_file_config(f, &cfg, err, sizeof err);
     if (status < 0) run_error(f, "%s", err);
     if (status > 0) run_error(f, "%s has no model config", runlog_file_path(f));
+    if (balance_units_parse(cfg.units) == BALANCE_UNITS_SUBLAYER)
+        run_error(f, "%s is a run of balance.units = sublayer, whose layouts count half "
+                  "blocks; --from-run reads runs of whole blocks (lay out its units with "
+                  "--costs FILE --units sublayer)", runlog_file_path(f));
     *shape = dyn_shape_from_config(&cfg);
     *micro_batches = cfg.micro_batches;
 }
