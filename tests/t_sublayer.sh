@@ -43,6 +43,40 @@ for method in diffusion partition; do
     same one "$method" "$method on unit costs" steps/loss steps/grad_norm
 done
 
+# Freezing (per block: a frozen block's two halves freeze together) on
+# 2 and 3 stages with boundaries inside blocks, and while units migrate;
+# threshold 100 freezes a block at every check (4 of 5 by step 12).
+tiny_config "$dir/freeze.ini" model.layers=5 train.steps=12 train.grad_clip=0.05 \
+  dyn.kind=freeze dyn.freeze_window=2 dyn.freeze_every=2 dyn.freeze_threshold=100
+train freeze1 1 "$dir/freeze.ini" "${units[@]}" && bits freeze1 steps/loss steps/grad_norm &&
+  grep -q "frozen 4/5" "$dir/freeze1.out" || fail "freeze1: no 4 of 5 blocks frozen"
+train freeze2 2 "$dir/freeze.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:3,7 &&
+  bits freeze2 steps/loss steps/grad_norm &&
+  same freeze1 freeze2 "freezing, 3,7 units on 2 stages" steps/loss steps/grad_norm
+train freeze3 3 "$dir/freeze.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+  balance.method=random balance.every=1 && migrated freeze3 &&
+  bits freeze3 steps/loss steps/grad_norm &&
+  same freeze1 freeze3 "freezing, 3,4,3 units on 3 stages, random every step" steps/loss steps/grad_norm
+
+# On the emulated device (docs/gpu.md), units migrating every step on 3
+# stages through the host staging, and device to device over the
+# devices' transport (a device per rank), against one rank's bits.
+if [ -f "$(dirname "$DYNMO")/libdynmo_emulate.so" ]; then
+  . tests/device_lib.sh
+  strict=1
+  emulated=(train.device=emulate model.layers=5 train.steps=8 "${units[@]}")
+  moving=(parallel.pp=3 balance.initial=explicit:3,4,3 balance.method=random balance.every=1)
+  run emu1 1 "${emulated[@]}" &&
+    for devices in 1 3; do
+      DYNMO_EMULATE_DEVICES=$devices run "emu3_$devices" 3 "${emulated[@]}" "${moving[@]}" &&
+        migrated "emu3_$devices" && same emu1 "emu3_$devices" \
+          "emulated device ($devices for 3 ranks), units migrating every step" steps/loss
+    done
+  grep -q "transport: .*device to device" "$dir/emu3_3.out" || fail "emu3_3: no device transport"
+else
+  echo "skip: the emulated device (no $(dirname "$DYNMO")/libdynmo_emulate.so)"
+fi
+
 # The readers of a sublayer run's log: its layouts count units.
 log=$dir/random3/runlog.h5
 "$DYNMO" report "$log" --out "$dir/report" > "$dir/report.out" 2>&1 &&
@@ -65,8 +99,8 @@ bad "explicit counts blocks under units=block" "covers 10 blocks but model.layer
   parallel.pp=3 balance.initial=explicit:3,4,3
 bad "more stages than units" "parallel.pp = 11 exceeds the 10 units of model.layers = 5" 11 \
   parallel.pp=11 balance.units=sublayer
-bad "sublayer with a scheme" "balance.units = sublayer cannot run with dyn.kind yet" 2 \
-  parallel.pp=2 balance.units=sublayer dyn.kind=freeze
+bad "sublayer with a scheme" "balance.units = sublayer cannot run with dyn.kind other than freeze yet" \
+  2 parallel.pp=2 balance.units=sublayer dyn.kind=prune
 bad "sublayer with checkpoints" "balance.units = sublayer cannot run with ckpt.dir" 2 \
   parallel.pp=2 balance.units=sublayer ckpt.dir="$dir/ckpt"
 finish

@@ -103,14 +103,16 @@ void train_check_units(const struct dm_config *cfg)
     if (train_units(cfg) != BALANCE_UNITS_SUBLAYER) return;
     struct gpt_shape shape = dyn_shape_from_config(cfg);
     const char *what = NULL;
-    if (strcmp(cfg->dyn_kind, "none") != 0) what = "dyn.kind";
+    /* freezing is per block: a frozen block's two halves freeze together */
+    if (strcmp(cfg->dyn_kind, "none") != 0 && strcmp(cfg->dyn_kind, "freeze") != 0)
+        what = "dyn.kind other than freeze";
     else if (shape.ext_count > 0) what = "an extension of the blocks (MoE, MoD, hash attention)";
     else if (cfg->ckpt_dir[0]) what = "ckpt.dir (checkpoints)";
     else if (cfg->repack_enable) what = "repack.enable";
     if (what)
-        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs a dense model "
-                      "without checkpoints (docs/balance.md, \"Units of placement\"); set "
-                      "balance.units = block", what);
+        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs a dense model, "
+                      "frozen or not, without checkpoints (docs/balance.md, \"Units of "
+                      "placement\"); set balance.units = block", what);
 }
 
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
