@@ -869,6 +869,24 @@ static float *const *weight_grads(const struct block *blk)
     return blk->frozen ? no_grads : blk->g;
 }
 
+/* The attention part's backward, from the gradient of the residual
+ * stream after attention (the scratch's d_res1) to din: the whole
+ * block's and its attention half's. */
+static void attention_part_backward(struct block *blk, struct block_acts *acts,
+                                    struct block_scratch *s, float *din, const float *in,
+                                    int B, int T)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p, *const *g = weight_grads(blk);
+    block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
+                          NULL);
+    attention_core_backward(blk, acts, s, NULL, B, T);
+    block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
+    ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
 /* ---- one half of a block (balance.units = sublayer) ------------------------------
  * The same ops as dense_forward and dense_backward, split at the residual
  * stream after attention: the attention half's output and the MLP half's
@@ -945,12 +963,7 @@ static void half_backward(struct block *blk, struct block_acts *acts, struct blo
         return;
     }
     if (dout != s->d_res1) ops->copy_on_device(s->d_res1, dout, bytes);
-    block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
-                          NULL);
-    attention_core_backward(blk, acts, s, NULL, B, T);
-    block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
-    ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
-                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+    attention_part_backward(blk, acts, s, din, in, B, T);
 }
 
 void block_forward(struct block *blk, struct block_acts *acts, float *out, const float *in,
@@ -985,12 +998,7 @@ static void dense_backward(struct block *blk, struct block_acts *acts, struct bl
     ops->layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
                                      acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
                                      N, C);
-    block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
-                          NULL);
-    attention_core_backward(blk, acts, s, NULL, B, T);
-    block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
-    ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
-                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+    attention_part_backward(blk, acts, s, din, in, B, T);
 }
 
 void block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
