@@ -79,6 +79,20 @@ fi
 
 # The readers of a sublayer run's log: its layouts count units.
 log=$dir/random3/runlog.h5
+# each unit timed apart, the blocks' columns their sums; a block run has none
+/usr/bin/python3 - "$log" <<'PY' && echo "ok: /units/*: 10 units timed apart, /layers/* their sums" ||
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'r')
+for kind in ('fwd_ms', 'bwd_ms'):
+    units, layers = f['/units/' + kind][:], f['/layers/' + kind][:]
+    assert units.shape == (8, 10) and layers.shape == (8, 5), (units.shape, layers.shape)
+    assert (units > 0).all(), f'{kind}: a unit with no time: {units}'
+    sums = units[:, 0::2].astype(float) + units[:, 1::2]
+    assert np.allclose(sums, layers, rtol=1e-5, atol=0), (kind, sums, layers)
+assert f['/units/update_ms'].shape == (8, 10)
+PY
+  fail "/units/* of a sublayer run"
+has whole units/fwd_ms && fail "a run of whole blocks writes /units/fwd_ms"
 "$DYNMO" report "$log" --out "$dir/report" > "$dir/report.out" 2>&1 &&
   [ -s "$dir/report/layout-1.svg" ] || fail "report of a sublayer run: $(cat "$dir/report.out")"
 "$DYNMO" trace "$log" --out "$dir/trace.json" > "$dir/trace.out" 2>&1 &&
