@@ -195,7 +195,7 @@ static void load_input(struct plan_input *in, struct plan_args *a,
         return;
     }
     int *run_layout = NULL, run_stages = 0, run_mb = 0;
-    plan_read_run(in, a->run_dir, a->run_step, &run_layout, &run_stages, &run_mb);
+    plan_read_run(in, a->run_dir, a->run_step, &run_layout, &run_stages, &run_mb, &a->units);
     if (!a->stages) a->stages = run_stages;
     if (!sharing_given) plan_sharing_from_run(sharing, a->run_dir, run_stages, a->stages);
     if (!a->micro_batches) a->micro_batches = run_mb;
