@@ -58,6 +58,20 @@ train freeze3 3 "$dir/freeze.ini" "${units[@]}" parallel.pp=3 balance.initial=ex
   bits freeze3 steps/loss steps/grad_norm &&
   same freeze1 freeze3 "freezing, 3,4,3 units on 3 stages, random every step" steps/loss steps/grad_norm
 
+# Hash attention stays inside the attention unit (docs/mod-hash.md): on
+# 2 and 3 stages with boundaries inside blocks, units migrating on 3, the
+# losses, gradient norms and the blocks' tiles and own-key-only shares
+# of one rank.
+hashed=(steps/loss steps/grad_norm hash/tiles hash/own_key_only)
+tiny_config "$dir/hash.ini" model.layers=5 train.steps=6 train.grad_clip=0.05 \
+  model.attention=hash hash.buckets=4
+train hash1 1 "$dir/hash.ini" "${units[@]}" && bits hash1 "${hashed[@]}"
+train hash2 2 "$dir/hash.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:5,5 &&
+  bits hash2 "${hashed[@]}" && same hash1 hash2 "hash attention, 5,5 units on 2 stages" "${hashed[@]}"
+train hash3 3 "$dir/hash.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+  balance.method=random balance.every=1 && migrated hash3 && bits hash3 "${hashed[@]}" &&
+  same hash1 hash3 "hash attention, 3,4,3 units on 3 stages, random every step" "${hashed[@]}"
+
 # On the emulated device (docs/gpu.md), units migrating every step on 3
 # stages through the host staging, and device to device over the
 # devices' transport (a device per rank), against one rank's bits.
@@ -115,6 +129,8 @@ bad "explicit counts blocks under units=block" "covers 10 blocks but model.layer
   parallel.pp=3 balance.initial=explicit:3,4,3
 bad "more stages than units" "parallel.pp = 11 exceeds the 10 units of model.layers = 5" 11 \
   parallel.pp=11 balance.units=sublayer
+bad "sublayer with MoE blocks" "balance.units = sublayer cannot run with a mixture of experts yet" \
+  2 parallel.pp=2 balance.units=sublayer model.moe_every=2
 bad "sublayer with a scheme" "balance.units = sublayer cannot run with dyn.kind other than freeze yet" \
   2 parallel.pp=2 balance.units=sublayer dyn.kind=prune
 bad "sublayer with checkpoints" "balance.units = sublayer cannot run with ckpt.dir" 2 \

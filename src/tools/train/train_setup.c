@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "dynmo/backend.h"
 #include "dynmo/balance.h"
+#include "dynmo/block_ext.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
 #include "dynmo/dyn.h"
@@ -106,13 +107,18 @@ void train_check_units(const struct dm_config *cfg)
     /* freezing is per block: a frozen block's two halves freeze together */
     if (strcmp(cfg->dyn_kind, "none") != 0 && strcmp(cfg->dyn_kind, "freeze") != 0)
         what = "dyn.kind other than freeze";
-    else if (shape.ext_count > 0) what = "an extension of the blocks (MoE, MoD, hash attention)";
-    else if (cfg->ckpt_dir[0]) what = "ckpt.dir (checkpoints)";
-    else if (cfg->repack_enable) what = "repack.enable";
+    else if (cfg->ckpt_dir[0])
+        what = "ckpt.dir (checkpoints)";
+    else if (cfg->repack_enable)
+        what = "repack.enable";
+    /* an extension splits when it stays inside the attention (hash attention) */
+    for (int i = 0; !what && i < shape.ext_count; i++)
+        if (!gpt_ext_fits_units(shape.ext[i].ops)) what = shape.ext[i].ops->block_noun;
     if (what)
-        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs a dense model, "
-                      "frozen or not, without checkpoints (docs/balance.md, \"Units of "
-                      "placement\"); set balance.units = block", what);
+        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs dense and "
+                      "hash-attention blocks, frozen or not, without checkpoints "
+                      "(docs/balance.md, \"Units of placement\"); set balance.units = block",
+                      what);
 }
 
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
