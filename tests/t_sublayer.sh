@@ -36,6 +36,10 @@ train random3 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 balance.initial=expl
 train random4 4 "$dir/tiny.ini" "${units[@]}" parallel.pp=4 balance.method=random balance.every=1 &&
   migrated random4 && bits random4 steps/loss steps/grad_norm &&
   same one random4 "random every step on 4 stages" steps/loss steps/grad_norm
+# the same with each unit's floats in pieces of 4 KiB (as a unit over 1 GiB goes)
+DYNMO_TEST_MIGRATE_PIECE_BYTES=4096 train pieces 4 "$dir/tiny.ini" "${units[@]}" parallel.pp=4 \
+  balance.method=random balance.every=1 && migrated pieces && bits pieces steps/loss &&
+  same random4 pieces "units sent in 4 KiB pieces" steps/loss
 for method in diffusion partition; do
   train "$method" 2 "$dir/tiny.ini" "${units[@]}" parallel.pp=2 balance.method=$method \
     balance.every=2 balance.min_improvement=0 balance.min_gain=0 &&
