@@ -76,6 +76,26 @@ train hash3 3 "$dir/hash.ini" "${units[@]}" parallel.pp=3 balance.initial=explic
   balance.method=random balance.every=1 && migrated hash3 && bits hash3 "${hashed[@]}" &&
   same hash1 hash3 "hash attention, 3,4,3 units on 3 stages, random every step" "${hashed[@]}"
 
+# A checkpoint of whole blocks resumed with sublayer units (ckpt.resume =
+# FILE; the history's layouts in units): on 2 stages and on 3 while units
+# migrate, steps 4-6 give the uninterrupted block run's losses.
+train blocks 2 "$dir/tiny.ini" parallel.pp=2 ckpt.dir="$dir/ck" ckpt.every=3
+for stages in 2 3; do
+  initial=explicit:5,5; [ $stages = 3 ] && initial=explicit:3,4,3
+  train "resumed$stages" $stages "$dir/tiny.ini" "${units[@]}" parallel.pp=$stages \
+    balance.initial=$initial balance.method=random balance.every=1 \
+    ckpt.resume="$dir/ck/ckpt-3.h5" || continue
+  grep -q "resumed from .*ckpt-3.h5 at step 3" "$dir/resumed$stages.out" ||
+    fail "resumed$stages: no resume line"
+  /usr/bin/python3 - "$dir/blocks/runlog.h5" "$dir/resumed$stages/runlog.h5" <<'PY' &&
+import sys, h5py
+a, b = (h5py.File(p, 'r')['/steps/loss'][:].view('<u4') for p in sys.argv[1:])
+assert len(a) == 6 and len(b) == 6 and list(a[3:]) == list(b[3:]), (a, b)
+PY
+    echo "ok: a checkpoint of whole blocks resumed with units on $stages stages: steps 4-6 bit-identical" ||
+    fail "resumed$stages: steps 4-6 differ from the block run"
+done
+
 # On the emulated device (docs/gpu.md), units migrating every step on 3
 # stages through the host staging, and device to device over the
 # devices' transport (a device per rank), against one rank's bits.

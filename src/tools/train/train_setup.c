@@ -107,8 +107,8 @@ void train_check_units(const struct dm_config *cfg)
     /* freezing is per block: a frozen block's two halves freeze together */
     if (strcmp(cfg->dyn_kind, "none") != 0 && strcmp(cfg->dyn_kind, "freeze") != 0)
         what = "dyn.kind other than freeze";
-    else if (cfg->ckpt_dir[0])
-        what = "ckpt.dir (checkpoints)";
+    else if (cfg->ckpt_dir[0])   /* reading one (ckpt.resume = FILE) is fine */
+        what = "ckpt.dir (writing checkpoints)";
     else if (cfg->repack_enable)
         what = "repack.enable";
     /* an extension splits when it stays inside the attention (hash attention) */
@@ -116,7 +116,7 @@ void train_check_units(const struct dm_config *cfg)
         if (!gpt_ext_fits_units(shape.ext[i].ops)) what = shape.ext[i].ops->block_noun;
     if (what)
         dm_user_error("balance.units = sublayer cannot run with %s yet: it runs dense and "
-                      "hash-attention blocks, frozen or not, without checkpoints "
+                      "hash-attention blocks, frozen or not, and writes no checkpoints "
                       "(docs/balance.md, \"Units of placement\"); set balance.units = block",
                       what);
 }
