@@ -221,8 +221,8 @@ static void child_simulate(void)
 static void child_plan(void)
 {
     struct plan_input in;
-    int *layout = NULL, stages = 0, micro_batches = 0;
-    plan_read_run(&in, dir, 1, &layout, &stages, &micro_batches);
+    int *layout = NULL, stages = 0, micro_batches = 0, units = 0;
+    plan_read_run(&in, dir, 1, &layout, &stages, &micro_batches, &units);
     struct plan_sharing sharing;
     memset(&sharing, 0, sizeof sharing);
     plan_sharing_from_run(&sharing, dir, stages, stages);

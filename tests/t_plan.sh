@@ -132,6 +132,19 @@ expect_error "cap too small" "need at least 5 stages of 200000 bytes" \
   "$DYNMO" plan --costs $costs --stages 4 --mem-cap 200000
 expect_error "current count" "--current: 2 stages, but --stages is 4" \
   "$DYNMO" plan --costs $costs --stages 4 --current 6,6
+# Sublayer units (--units sublayer): 3,6,3,6,3,6,3,6 ms on 3 stages. Whole
+# blocks (9 ms each) cannot do better than 18; units reach 15 with
+# [3,6,3] [6,3,6] [3,6], a boundary inside block 1 (after 3 units).
+"$DYNMO" plan --costs tests/data/costs_sublayer.csv --units sublayer --stages 3 \
+  --method partition-time >"$work/out" 2>&1 || fail "units sublayer: exit $?"
+expect_lines "units sublayer" "costs: tests/data/costs_sublayer.csv (8 sublayer units of 4 blocks)" \
+  "layout: 3,3,2" "max_stage_ms: 15.000" "split_blocks: 1" "units_moved: 0"
+grep -v '^3\.' tests/data/costs_sublayer.csv >"$work/odd.csv"
+printf '3.attention,1,2,4000,64000\n' >>"$work/odd.csv"
+expect_error "units odd" "--units sublayer: .*odd.csv has 7 unit rows" \
+  "$DYNMO" plan --costs "$work/odd.csv" --units sublayer --stages 2
+expect_error "units name" "--units: 'layer' is not block or sublayer" \
+  "$DYNMO" plan --costs $costs --units layer --stages 2
 expect_error "current sum" "--current: the layout covers 11 blocks" \
   "$DYNMO" plan --costs $costs --stages 2 --current 5,6
 expect_error "current zero" "--current: '6,0,6'" "$DYNMO" plan --costs $costs --stages 3 --current 6,0,6

@@ -12,12 +12,16 @@
  * it frees before returning (except schedule_build, whose lists the caller
  * frees with schedule_free). Arrays passed in stay owned by the caller.
  *
- * Vocabulary. A block is a transformer block, the unit of placement. A
- * layout over S stages is an array `counts` of S block counts, every one
- * >= 1, summing to the number of blocks: stage s owns the contiguous blocks
- * [start_s, start_s + counts[s]) with start_0 = 0. The embedding always sits
- * on stage 0 and the head (with the loss) on stage S - 1; both count in that
- * stage's cost and memory.
+ * Vocabulary. A unit of placement is a transformer block (balance.units =
+ * block) or half of one (balance.units = sublayer: block j is unit 2j, its
+ * attention, and unit 2j + 1, its MLP). Every function below that speaks
+ * of "blocks" takes units: its arrays hold one entry per unit and its
+ * counts count units; only the functions of "units of placement" know
+ * which kind they are. A layout over S stages is an array `counts` of S
+ * unit counts, every one >= 1, summing to the number of units: stage s
+ * owns the contiguous units [start_s, start_s + counts[s]) with start_0 =
+ * 0. The embedding always sits on stage 0 and the head (with the loss) on
+ * stage S - 1; both count in that stage's cost and memory.
  *
  * Stage cost, defined once and used everywhere (balancers, predictor, tests,
  * `dynmo plan`): let P[0] = 0 and P[k+1] = P[k] + cost[k] in double, left
@@ -150,6 +154,33 @@ int balance_check_costs(const struct balance_costs *costs, int stages,
 int balance_check_layout(const int *counts, int stages, int blocks,
                          char *err, size_t errsize);
 
+/* ---- units of placement ------------------------------------------------ */
+
+enum balance_units {
+    BALANCE_UNITS_BLOCK = 0,    /* a unit is a block */
+    BALANCE_UNITS_SUBLAYER = 1, /* block j is units 2j (attention) and 2j + 1 (MLP) */
+};
+
+/* "block", "sublayer"; NULL for a value out of range. */
+const char *balance_units_name(enum balance_units units);
+/* The units named `name`, or -1. */
+int balance_units_parse(const char *name);
+/* Units per block: 1 or 2. */
+int balance_units_per_block(enum balance_units units);
+
+/* The same stage boundaries in other units, over `blocks` blocks: `from`
+ * (stages entries, a valid layout of from_units) into `to` (stages
+ * entries). Block to sublayer doubles every count. Sublayer to block keeps
+ * a boundary between two blocks where it is; a boundary inside block j
+ * (after its attention) moves before block j (the block goes whole to the
+ * stage that held its MLP), or after it when that would leave the stage
+ * before with no block; when neither keeps every stage a block the layout
+ * cannot map: BALANCE_BAD_INPUT with a message naming the layout. Units to
+ * the same units copies. */
+int balance_layout_convert(const int *from, enum balance_units from_units, int stages,
+                           int blocks, enum balance_units to_units, int *to, char *err,
+                           size_t errsize);
+
 /* ---- evaluating a layout ------------------------------------------------ */
 
 /* The cost of stage `stage` of `stages` owning blocks [begin, end), by the
@@ -187,16 +218,17 @@ struct balance_result {
     int stages;                 /* repack: stages of the returned layout */
 };
 
-/* The layout balance.initial names, for S stages over `blocks` blocks:
- * "uniform" (balance_static_uniform), "params" (DeepSpeed's equal
- * parameters: the exact min-max partition of params, the per-block
+/* The layout balance.initial names, for S stages over the units of
+ * `blocks` blocks (model.layers) in `units`: "uniform"
+ * (balance_static_uniform over the units), "params" (DeepSpeed's equal
+ * parameters: the exact min-max partition of params, the per-unit
  * parameter counts with the embedding's and head's, which only this spec
- * reads) or "explicit:n1,n2,...,nS". Writes counts (stages entries).
- * Returns BALANCE_OK, or BALANCE_BAD_INPUT with a message naming the key
- * (an explicit list of the wrong length or sum, a stage with no block or
- * a count that is no integer in range, more stages than blocks, an
+ * reads) or "explicit:n1,n2,...,nS" (unit counts). Writes counts (stages
+ * entries). Returns BALANCE_OK, or BALANCE_BAD_INPUT with a message naming
+ * the key (an explicit list of the wrong length or sum, a stage with no
+ * unit or a count that is no integer in range, more stages than units, an
  * unknown spec). */
-int balance_layout_from_spec(const char *spec, int stages, int blocks,
+int balance_layout_from_spec(const char *spec, int stages, int blocks, enum balance_units units,
                              const struct balance_costs *params, int *counts, char *err,
                              size_t errsize);
 
@@ -565,6 +597,10 @@ struct balance_controller_config {
     double min_gain, min_improvement;
     double block_params;        /* parameters of one dense block */
     double block_matrix_weights;/* of which in the prunable matrices */
+    const double *unit_matrix_weights; /* (blocks) each unit's prunable matrix weights
+                                   when units differ (balance.units = sublayer: an
+                                   attention unit holds 4C^2, an MLP unit 8C^2), or
+                                   NULL: all block_matrix_weights. Copied. */
     const double *block_param_counts; /* (blocks) each block's parameters when blocks
                                    differ (mixture-of-experts blocks), or NULL: all
                                    block_params. Copied. */

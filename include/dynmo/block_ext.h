@@ -113,6 +113,12 @@ struct gpt_ext_ops {
     void (*set_runtime)(void *state, const void *runtime);
 };
 
+/* Whether blocks with this extension split into the two units of
+ * balance.units = sublayer: it computes inside the attention only (its
+ * attention hooks) and adds no floats, pack state, step values, shards
+ * or forward of its own (hash attention does; MoE and MoD do not). */
+int gpt_ext_fits_units(const struct gpt_ext_ops *ops);
+
 /* The extension of shape with these ops, or NULL. */
 const struct gpt_ext *gpt_shape_ext(const struct gpt_shape *shape, const struct gpt_ext_ops *ops);
 /* Adds an extension (its ops, parameters copied, params_bytes <=

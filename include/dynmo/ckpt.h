@@ -49,7 +49,13 @@ struct dyn_ckpt_states;   /* dynmo/dyn.h */
 #define RUNLOG_LAYER_BWD_MS "/layers/bwd_ms"      /* float32 [steps, layers] */
 #define RUNLOG_LAYER_UPDATE_MS "/layers/update_ms" /* float32 [steps, layers]: the block's share
                                                      of the step's end, once a step */
-#define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: blocks per stage */
+/* Only with balance.units = sublayer: per unit (block j's attention 2j,
+ * its MLP 2j + 1), what the balancer takes (step_stats.unit_*): */
+#define RUNLOG_UNIT_FWD_MS "/units/fwd_ms"        /* float32 [steps, 2 layers] */
+#define RUNLOG_UNIT_BWD_MS "/units/bwd_ms"        /* float32 [steps, 2 layers] */
+#define RUNLOG_UNIT_UPDATE_MS "/units/update_ms"  /* float32 [steps, 2 layers] */
+#define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: units per stage
+                                                    (blocks, or halves with sublayer) */
 #define RUNLOG_STEP_BUBBLE "/steps/bubble_ratio"  /* float32 [steps] */
 #define RUNLOG_STEP_IMBALANCE "/steps/imbalance"  /* float32 [steps] */
 /* Per stage and step (columns: pipeline stages of the run's first world): */

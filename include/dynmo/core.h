@@ -248,6 +248,8 @@ struct dm_config {
     char method[32];    /* balancer run every balance.every steps ("none": static) */
     int every;          /* steps between balancing decisions */
     char cost[32];      /* "time" (profiled EMA) or "params" */
+    char units[16];     /* units of placement: "block", or "sublayer" (a block's attention
+                           and its MLP apart) */
     double min_gain;    /* skip a re-layout whose predicted saving (ms over the next
                            interval) is below min_gain x the measured migration cost */
     double min_improvement; /* ... or whose predicted step time is not at least this

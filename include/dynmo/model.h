@@ -61,6 +61,16 @@ int gpt_mlp_ordinal(const struct gpt_shape *shape, int index);
  * size; ask this (or blk->nparams), never assume block_param_count for
  * every block. */
 size_t gpt_block_param_count(const struct gpt_shape *shape, int index);
+/* Units of placement (balance.units = sublayer): a block's two halves,
+ * its attention (ln1_w .. attproj_b: what runs from the block's input to
+ * the residual stream after attention) and its MLP (ln2_w onwards, with
+ * the extensions' floats), each a unit of its own; BLOCK_HALVES is the
+ * whole block. gpt_unit_param_count: the parameters of one half of block
+ * `index` (or of the whole block); block_half_matrix_weights: its
+ * prunable matrix weights, 4C^2 of the attention, 8C^2 of the MLP. */
+enum { BLOCK_HALF_ATTENTION = 1, BLOCK_HALF_MLP = 2, BLOCK_HALVES = 3 };
+size_t gpt_unit_param_count(const struct gpt_shape *shape, int index, int half);
+size_t block_half_matrix_weights(int C, int half);
 
 /* ---- ops: one function per op and direction ----------------------------
  * Outputs first, then inputs, then sizes. Backward functions ACCUMULATE
@@ -263,6 +273,13 @@ struct block {
         void *state;
         size_t offset;
     } ext[GPT_EXT_MAX];
+    int halves;         /* balance.units = sublayer: BLOCK_HALF_ATTENTION or
+                           BLOCK_HALF_MLP when only that half of the block is this
+                           stage's (it computes, updates and sums only that half;
+                           the other half's parameters are another stage's);
+                           BLOCK_HALVES: the whole block of a sublayer run, run
+                           as its two halves so that each is timed
+                           (gpt_forward); 0: the whole block */
     int frozen;         /* layer freezing (pack flag BLOCK_FLAG_FROZEN): no
                            weight gradients and no optimizer update; its
                            gradients stay zero (whoever sets the flag on a
@@ -399,6 +416,26 @@ void block_backward(struct block *blk, struct block_acts *acts,
                     struct block_scratch *scratch, float *din,
                     const float *dout, const float *in, int B, int T);
 
+/* One half of a block (balance.units = sublayer; struct block.halves).
+ * With blk->halves set to one half, block_forward computes that half only:
+ * the attention half maps the block input to the residual stream after
+ * attention (res1), the MLP half maps res1 to the block output; and
+ * block_backward the matching gradients (the attention half takes d_res1
+ * as dout). The two halves run one after the other give the whole block's
+ * outputs, input gradient and parameter gradients bit for bit. Dense
+ * blocks only (no extension, no pruning mask: an internal error).
+ * block_is_half: whether blk holds one half only. block_tensor_half:
+ * the half tensor k (block_tensor_at's order) belongs to.
+ * block_half_range: the floats of a half in the slab's params (and grads,
+ * m, v at the same offsets), BLOCK_HALVES the whole. block_half_grad_sumsq:
+ * the sum of squares of a half's gradients (0 for a frozen block), each
+ * half summed on its own so that a block's halves on two stages add up to
+ * the same bits as on one. */
+int block_is_half(const struct block *blk);
+int block_tensor_half(const struct block *blk, int k);
+void block_half_range(const struct block *blk, int half, size_t *offset, size_t *count);
+double block_half_grad_sumsq(const struct block *blk, int half);
+
 /* ---- the model on one rank ---------------------------------------------
  * Embedding parameters: wte (V,C), wpe (max_seq,C).
  * Head parameters: lnf_w (C), lnf_b (C); the LM head is wte (tied).
@@ -430,6 +467,11 @@ struct gpt {
      * zeroing), since the caller last zeroed them (the pipeline engine
      * does, every step). */
     double *block_fwd_s, *block_bwd_s, *block_update_s;   /* (num_blocks) */
+    /* balance.units = sublayer: of block_fwd_s and block_bwd_s, what the
+     * block's attention half took (a block held whole, halves
+     * BLOCK_HALVES, runs as its two halves, each timed; an attention half
+     * alone: all of it; an MLP half alone: none). */
+    double *attention_fwd_s, *attention_bwd_s;             /* (num_blocks) */
     /* Layer freezing: blocks [0, frozen_prefix) (global indices), and the
      * embedding when frozen_prefix > 0, are frozen with everything before
      * them: their backward is skipped entirely. A frozen block outside the

@@ -63,6 +63,14 @@ struct step_stats {
                                  balancer prices CSR blocks by it) */
     double *layer_update_ms;  /* (layers) the block's share of the step's end, once a
                                  step: gradient norm, masking, optimizer, zeroing */
+    /* The same five figures per unit of placement (balance.units): with
+     * whole-block units the layer figures again; with sublayer units
+     * (2 layers) each half of every block apart, unit 2l its attention and
+     * 2l + 1 its MLP (forward and backward measured apart, the slab's bytes
+     * and the update time shared by the halves' parameters), which the
+     * layer figures sum. What the balancer takes. */
+    int units;
+    double *unit_fwd_ms, *unit_bwd_ms, *unit_mem_bytes, *unit_sparsity, *unit_update_ms;
     double *stage_compute_ms; /* (stages) max over replicas */
     double *stage_wait_ms;    /* (stages) time waiting on neighbours, max over replicas */
     double *stage_peak_mb;    /* (stages) peak resident MiB, max over replicas */

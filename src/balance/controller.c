@@ -31,8 +31,9 @@ struct balance_controller {
     enum dm_schedule schedule;
     uint64_t seed;
     double min_gain, min_improvement;
-    double block_params, block_matrix_weights;
-    double *block_sizes;        /* (blocks) each block's parameters */
+    double block_params;
+    double *block_sizes;        /* (blocks) each unit's parameters */
+    double *matrix_weights;     /* (blocks) each unit's prunable matrix weights */
     double *params;             /* (blocks) parameters that still compute */
     double *fwd_ema, *bwd_ema;  /* (blocks) ms per micro-batch */
     double *update_ema;         /* (blocks) ms once a step */
@@ -95,7 +96,6 @@ struct balance_controller *balance_controller_create(const struct balance_contro
     ctl->min_gain = c->min_gain;
     ctl->min_improvement = c->min_improvement;
     ctl->block_params = c->block_params;
-    ctl->block_matrix_weights = c->block_matrix_weights;
     size_t n = (size_t)c->blocks;
     ctl->params = dm_alloc(n * sizeof(double));
     ctl->fwd_ema = dm_alloc(n * sizeof(double));
@@ -106,6 +106,10 @@ struct balance_controller *balance_controller_create(const struct balance_contro
     for (size_t b = 0; b < n; b++)
         ctl->block_sizes[b] = c->block_param_counts ? c->block_param_counts[b] : c->block_params;
     for (size_t b = 0; b < n; b++) ctl->params[b] = ctl->block_sizes[b];
+    ctl->matrix_weights = dm_alloc(n * sizeof(double));
+    for (size_t b = 0; b < n; b++)
+        ctl->matrix_weights[b] =
+            c->unit_matrix_weights ? c->unit_matrix_weights[b] : c->block_matrix_weights;
     ctl->sharing.stages = c->stages;
     return ctl;
 }
@@ -115,6 +119,7 @@ void balance_controller_destroy(struct balance_controller *ctl)
     if (!ctl) return;
     dm_free(ctl->params);
     dm_free(ctl->block_sizes);
+    dm_free(ctl->matrix_weights);
     dm_free(ctl->fwd_ema);
     dm_free(ctl->bwd_ema);
     dm_free(ctl->update_ema);
@@ -178,7 +183,7 @@ static void fold(struct balance_controller *ctl, const struct balance_observatio
         ctl->update_ema[b] = ema(ctl->update_ema[b], obs->update_ms[b], ctl->have_ema);
         ctl->mem_bytes[b] = (int64_t)obs->mem_bytes[b];
         /* Parameters that still compute: a pruned block's nonzeros. */
-        ctl->params[b] = ctl->block_sizes[b] - obs->sparsity[b] * ctl->block_matrix_weights;
+        ctl->params[b] = ctl->block_sizes[b] - obs->sparsity[b] * ctl->matrix_weights[b];
     }
     ctl->have_ema = 1;
     if (obs->migrated_blocks > 0 && obs->migrated_bytes > 0) {

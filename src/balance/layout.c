@@ -476,13 +476,89 @@ void layout_format(char *buf, size_t size, const int *counts, int stages)
                                  s ? "," : "", counts[s]);
 }
 
-/* "explicit:n1,n2,...": every count an integer in [1, blocks], as many
- * as stages, summing to blocks. */
-static int explicit_layout(const char *spec, int stages, int blocks, int *counts, char *err,
+/* ---- units of placement ---------------------------------------------------- */
+
+static const char *const units_names[] = {"block", "sublayer"};
+
+const char *balance_units_name(enum balance_units units)
+{
+    return (int)units >= 0 && (int)units < 2 ? units_names[units] : NULL;
+}
+
+int balance_units_parse(const char *name)
+{
+    for (int u = 0; u < 2; u++)
+        if (!strcmp(name, units_names[u])) return u;
+    return -1;
+}
+
+int balance_units_per_block(enum balance_units units)
+{
+    return units == BALANCE_UNITS_SUBLAYER ? 2 : 1;
+}
+
+/* Sublayer boundaries to block boundaries: boundary s (the first unit of
+ * stage s + 1) at an even unit stays, at an odd one (inside block j) it
+ * goes before j, or after j when the stage before would have no block.
+ * Taking the smallest allowed boundary each time leaves the most room to
+ * the stages after, so when this fails no choice maps. */
+static int sublayer_to_blocks(const int *from, int stages, int blocks, int *to, char *err,
+                              size_t errsize)
+{
+    int unit = 0, previous = 0;
+    for (int s = 0; s + 1 < stages; s++) {
+        unit += from[s];
+        int boundary = unit / 2;
+        if (boundary <= previous && unit % 2) boundary = unit / 2 + 1;
+        if (boundary <= previous || boundary > blocks - (stages - 1 - s)) {
+            char text[256];
+            layout_format(text, sizeof text, from, stages);
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "the sublayer layout %s cannot map to whole blocks: stage %d "
+                                "would hold no block of the %d", text,
+                                boundary <= previous ? s : s + 1, blocks);
+        }
+        to[s] = boundary - previous;
+        previous = boundary;
+    }
+    to[stages - 1] = blocks - previous;   /* >= 1: the last boundary left it room */
+    return BALANCE_OK;
+}
+
+int balance_layout_convert(const int *from, enum balance_units from_units, int stages,
+                           int blocks, enum balance_units to_units, int *to, char *err,
                            size_t errsize)
 {
+    char why[256];
+    int from_count = blocks * balance_units_per_block(from_units);
+    if (balance_check_layout(from, stages, from_count, why, sizeof why) != BALANCE_OK)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize, "a layout of %d %s units: %s",
+                            from_count, balance_units_name(from_units), why);
+    if (from_units == to_units) {
+        memcpy(to, from, (size_t)stages * sizeof(int));
+        return BALANCE_OK;
+    }
+    if (to_units == BALANCE_UNITS_SUBLAYER) {
+        for (int s = 0; s < stages; s++) to[s] = 2 * from[s];
+        return BALANCE_OK;
+    }
+    return sublayer_to_blocks(from, stages, blocks, to, err, errsize);
+}
+
+/* "explicit:n1,n2,...": every count an integer in [1, units], as many
+ * as stages, summing to the units (per_block of each of `blocks`). */
+static int explicit_layout(const char *spec, int stages, int blocks, int per_block,
+                           int *counts, char *err, size_t errsize)
+{
     const char *p = spec + strlen("explicit:");
-    int n = 0;
+    const char *unit = per_block == 1 ? "blocks" : "units";
+    int units = blocks * per_block, n = 0;
+    char limit[96];
+    if (per_block == 1)
+        snprintf(limit, sizeof limit, "model.layers = %d", blocks);
+    else
+        snprintf(limit, sizeof limit, "the %d units of model.layers = %d with balance.units = "
+                 "sublayer", units, blocks);
     long sum = 0;
     while (*p) {
         char *end;
@@ -494,12 +570,12 @@ static int explicit_layout(const char *spec, int stages, int blocks, int *counts
                                 "integers", spec);
         if (v < 1)
             return balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                                "balance.initial = '%s': stage %d has %ld blocks; every "
-                                "stage needs at least one", spec, n, v);
-        if (errno == ERANGE || v > blocks)
+                                "balance.initial = '%s': stage %d has %ld %s; every "
+                                "stage needs at least one", spec, n, v, unit);
+        if (errno == ERANGE || v > units)
             return balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                                "balance.initial = '%s': stage %d has %.*s blocks, more than "
-                                "model.layers = %d", spec, n, (int)(end - p), p, blocks);
+                                "balance.initial = '%s': stage %d has %.*s %s, more than "
+                                "%s", spec, n, (int)(end - p), p, unit, limit);
         if (n < stages) counts[n] = (int)v;
         n++;
         sum += v;
@@ -509,24 +585,31 @@ static int explicit_layout(const char *spec, int stages, int blocks, int *counts
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                             "balance.initial = '%s' lists %d stages but parallel.pp = %d", spec,
                             n, stages);
-    if (sum != blocks)
+    if (sum != units)
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                            "balance.initial = '%s' covers %ld blocks but model.layers = %d",
-                            spec, sum, blocks);
+                            "balance.initial = '%s' covers %ld %s but %s", spec, sum, unit,
+                            limit);
     return BALANCE_OK;
 }
 
-int balance_layout_from_spec(const char *spec, int stages, int blocks,
+int balance_layout_from_spec(const char *spec, int stages, int blocks, enum balance_units units,
                              const struct balance_costs *params, int *counts, char *err,
                              size_t errsize)
 {
     char why[256];
-    if (stages > blocks)
+    int per_block = balance_units_per_block(units), count = blocks * per_block;
+    if (stages > count) {
+        if (per_block == 1)
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "parallel.pp = %d exceeds model.layers = %d: every stage needs "
+                                "a block", stages, blocks);
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                            "parallel.pp = %d exceeds model.layers = %d: every stage needs a "
-                            "block", stages, blocks);
+                            "parallel.pp = %d exceeds the %d units of model.layers = %d with "
+                            "balance.units = sublayer: every stage needs a unit", stages, count,
+                            blocks);
+    }
     if (!strcmp(spec, "uniform")) {
-        if (balance_static_uniform(blocks, stages, counts, why, sizeof why) != BALANCE_OK)
+        if (balance_static_uniform(count, stages, counts, why, sizeof why) != BALANCE_OK)
             return balance_fail(BALANCE_BAD_INPUT, err, errsize, "balance.initial = uniform: %s",
                                 why);
         return BALANCE_OK;
@@ -540,7 +623,7 @@ int balance_layout_from_spec(const char *spec, int stages, int blocks,
         return BALANCE_OK;
     }
     if (!strncmp(spec, "explicit:", strlen("explicit:")))
-        return explicit_layout(spec, stages, blocks, counts, err, errsize);
+        return explicit_layout(spec, stages, blocks, per_block, counts, err, errsize);
     return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                         "balance.initial = '%s' must be uniform, params or explicit:n1,n2,...",
                         spec);

@@ -83,6 +83,8 @@ static const struct config_key keys[] = {
     {"balance", "method", KEY_STRING, F(method), 0, 32, "balancer (none: static)"},
     {"balance", "every", KEY_INT, F(every), 1, 1e9, "steps between balancing decisions"},
     {"balance", "cost", KEY_STRING, F(cost), 0, 32, "time or params"},
+    {"balance", "units", KEY_STRING, F(units), 0, 16,
+     "units of placement: block, or sublayer (a block's attention and its MLP apart)"},
     {"balance", "min_gain", KEY_DOUBLE, F(min_gain), 0, 1e9, "required saving / migration cost"},
     {"balance", "min_improvement", KEY_DOUBLE, F(min_improvement), 0, 0.99,
      "required predicted speed-up of a re-layout (fraction)"},
@@ -188,6 +190,7 @@ void config_defaults(struct dm_config *cfg)
     snprintf(cfg->method, sizeof cfg->method, "none");
     cfg->every = 10;
     snprintf(cfg->cost, sizeof cfg->cost, "time");
+    snprintf(cfg->units, sizeof cfg->units, "block");
     cfg->min_gain = 1.0;
     cfg->min_improvement = 0.02;
     snprintf(cfg->resume, sizeof cfg->resume, "auto");
@@ -595,9 +598,16 @@ void config_validate(const struct dm_config *cfg)
     config_validate_precision(cfg);
     if (strcmp(cfg->cost, "time") != 0 && strcmp(cfg->cost, "params") != 0)
         dm_user_error("balance.cost = '%s' must be time or params", cfg->cost);
-    if (cfg->pp > cfg->layers)
+    if (strcmp(cfg->units, "block") != 0 && strcmp(cfg->units, "sublayer") != 0)
+        dm_user_error("balance.units = '%s' must be block or sublayer", cfg->units);
+    int sublayer = !strcmp(cfg->units, "sublayer");
+    if (!sublayer && cfg->pp > cfg->layers)
         dm_user_error("parallel.pp = %d exceeds model.layers = %d: every stage needs a block",
                       cfg->pp, cfg->layers);
+    if (sublayer && cfg->pp > 2 * cfg->layers)
+        dm_user_error("parallel.pp = %d exceeds the %d units of model.layers = %d with "
+                      "balance.units = sublayer: every stage needs a unit", cfg->pp,
+                      2 * cfg->layers, cfg->layers);
     if (cfg->batch % (cfg->dp * cfg->micro_batches) != 0)
         dm_user_error("parallel.dp x train.micro_batches = %d x %d does not divide "
                       "train.batch = %d", cfg->dp, cfg->micro_batches, cfg->batch);

@@ -100,8 +100,9 @@ static void freeze_before_step(void *state, struct gpt *model, int step)
     if (!f->started) {
         /* After a resume the flags are in the blocks: count them over the
          * pipeline (freezing is prefix-only, so the count is the prefix). */
-        int mine = 0, total = 0;
-        for (int i = 0; i < model->num_blocks; i++) mine += model->blocks[i].frozen != 0;
+        int mine = 0, total = 0;   /* a block split over two stages counts once */
+        for (int i = 0; i < model->num_blocks; i++)
+            mine += model->blocks[i].frozen && model->blocks[i].halves != BLOCK_HALF_MLP;
         MPI_Request req;
         WORLD_MPI(MPI_Iallreduce(&mine, &total, 1, MPI_INT, MPI_SUM, f->comm, &req));
         world_wait(&req);

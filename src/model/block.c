@@ -150,6 +150,20 @@ size_t gpt_block_param_count(const struct gpt_shape *shape, int index)
     return n;
 }
 
+size_t gpt_unit_param_count(const struct gpt_shape *shape, int index, int half)
+{
+    size_t attention = block_tensor_offset(shape->channels, BP_LN2_W);
+    if (half == BLOCK_HALF_ATTENTION) return attention;
+    if (half == BLOCK_HALF_MLP) return gpt_block_param_count(shape, index) - attention;
+    return gpt_block_param_count(shape, index);
+}
+
+size_t block_half_matrix_weights(int C, int half)
+{
+    size_t c2 = (size_t)C * (size_t)C;
+    return half == BLOCK_HALF_ATTENTION ? 4 * c2 : half == BLOCK_HALF_MLP ? 8 * c2 : 12 * c2;
+}
+
 /* The extensions that own layer index, each with its floats after the
  * block's own and its state (views into the slab). */
 static void block_alloc_ext(struct block *blk, const struct gpt_shape *shape)
@@ -847,9 +861,135 @@ static void dense_forward(struct block *blk, struct block_acts *acts, float *out
                          NULL);
 }
 
+/* Where a backward puts weight gradients: a frozen block computes none
+ * (every g[k] NULL). */
+static float *const *weight_grads(const struct block *blk)
+{
+    static float *const no_grads[BP_COUNT];
+    return blk->frozen ? no_grads : blk->g;
+}
+
+/* The attention part's backward, from the gradient of the residual
+ * stream after attention (the scratch's d_res1) to din: the whole
+ * block's and its attention half's. */
+static void attention_part_backward(struct block *blk, struct block_acts *acts,
+                                    struct block_scratch *s, float *din, const float *in,
+                                    int B, int T)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p, *const *g = weight_grads(blk);
+    block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
+                          NULL);
+    attention_core_backward(blk, acts, s, NULL, B, T);
+    block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
+    ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+/* ---- one half of a block (balance.units = sublayer) ------------------------------
+ * The same ops as dense_forward and dense_backward, split at the residual
+ * stream after attention: the attention half's output and the MLP half's
+ * input are res1, and the gradient between them is d_res1, so the two
+ * halves give the whole block's bits. A dense block (no pruning mask) or
+ * one whose extensions stay inside its attention (gpt_ext_fits_units):
+ * what sublayer units run so far. */
+
+int gpt_ext_fits_units(const struct gpt_ext_ops *ops)
+{
+    return !ops->floats && !ops->pack_bytes && !ops->replaces_mlp && !ops->block_forward &&
+           !ops->block_backward && !ops->mlp_forward && !ops->mlp_backward &&
+           !ops->step_values && !ops->shard_units;
+}
+
+/* A block its halves can compute: no pruning mask, and extensions that
+ * stay inside the attention. */
+static int fits_units(const struct block *blk)
+{
+    for (int i = 0; i < blk->ext_count; i++)
+        if (!gpt_ext_fits_units(blk->ext[i].ops)) return 0;
+    return !blk->sparse;
+}
+
+int block_is_half(const struct block *blk)
+{
+    return blk->halves == BLOCK_HALF_ATTENTION || blk->halves == BLOCK_HALF_MLP;
+}
+
+int block_tensor_half(const struct block *blk, int k)
+{
+    return k < BP_LN2_W && k < own_tensor_count(blk) ? BLOCK_HALF_ATTENTION : BLOCK_HALF_MLP;
+}
+
+void block_half_range(const struct block *blk, int half, size_t *offset, size_t *count)
+{
+    size_t attention = block_tensor_offset(blk->C, BP_LN2_W);
+    *offset = half == BLOCK_HALF_MLP ? attention : 0;
+    *count = half == BLOCK_HALF_ATTENTION ? attention
+             : half == BLOCK_HALF_MLP    ? blk->nparams - attention
+                                         : blk->nparams;
+}
+
+double block_half_grad_sumsq(const struct block *blk, int half)
+{
+    if (blk->frozen) return 0.0;
+    size_t offset, count;
+    block_half_range(blk, half, &offset, &count);
+    return backend_current()->sum_squares(blk->grads + offset, (long)count);
+}
+
+static void half_forward(struct block *blk, struct block_acts *acts, float *out,
+                         const float *in, int B, int T)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p;
+    DM_ASSERT(B <= acts->B && T <= acts->T && fits_units(blk));
+    if (blk->halves == BLOCK_HALF_ATTENTION) {
+        ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
+                               p[BP_LN1_W], p[BP_LN1_B], N, C);
+        block_matmul_forward(blk, BP_QKV_W, acts->qkv, acts->ln1, N, C, 3 * C, NULL, NULL);
+        attention_core_forward(blk, acts, NULL, B, T);
+        block_matmul_forward(blk, BP_ATTPROJ_W, out, acts->atty, N, C, C, in, NULL);
+        return;
+    }
+    ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, in, p[BP_LN2_W],
+                           p[BP_LN2_B], N, C);
+    block_matmul_forward(blk, BP_FC_W, acts->fch, acts->ln2, N, C, 4 * C, NULL, acts->fch_gelu);
+    block_matmul_forward(blk, BP_FCPROJ_W, out, acts->fch_gelu, N, 4 * C, C, in, NULL);
+}
+
+/* din may alias dout, as in block_backward: the MLP half reads dout
+ * before it writes d_res1 to din; the attention half copies dout to
+ * d_res1 first (nothing to copy when dout is the scratch's d_res1, where
+ * an MLP half with no din left it: a whole block run as its halves). */
+static void half_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                          float *din, const float *dout, const float *in, int B, int T)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p, *const *g = weight_grads(blk);
+    size_t bytes = (size_t)N * C * sizeof(float);
+    if (blk->halves == BLOCK_HALF_MLP) {
+        block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N, 4 * C, C,
+                              acts->fch);
+        block_matmul_backward(blk, BP_FC_W, g, s->d_ln, s->d_fch, acts->ln2, N, C, 4 * C, NULL);
+        ops->layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln, in,
+                                         p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
+        if (din) ops->copy_on_device(din, s->d_res1, bytes);
+        return;
+    }
+    if (dout != s->d_res1) ops->copy_on_device(s->d_res1, dout, bytes);
+    attention_part_backward(blk, acts, s, din, in, B, T);
+}
+
 void block_forward(struct block *blk, struct block_acts *acts, float *out, const float *in,
                    int B, int T)
 {
+    if (block_is_half(blk)) {
+        half_forward(blk, acts, out, in, B, T);
+        return;
+    }
     const struct block_ext_slot *x = HOOK(blk, block_forward);
     if (x) x->ops->block_forward(blk, x->state, acts, out, in, B, T);
     else dense_forward(blk, acts, out, in, B, T);
@@ -860,10 +1000,7 @@ static void dense_backward(struct block *blk, struct block_acts *acts, struct bl
 {
     const struct dm_backend *ops = backend_current();
     int C = blk->C, N = B * T;
-    float *const *p = blk->p;
-    /* A frozen block computes no weight gradients (every g[k] NULL). */
-    static float *const no_grads[BP_COUNT];
-    float *const *g = blk->frozen ? no_grads : blk->g;
+    float *const *p = blk->p, *const *g = weight_grads(blk);
     /* The residual stream passes dout straight through to d_res1 (joined in
      * the ln2 backward). dout is not read after that, so din may alias it. */
     const struct block_ext_slot *x = HOOK(blk, mlp_backward);
@@ -878,17 +1015,16 @@ static void dense_backward(struct block *blk, struct block_acts *acts, struct bl
     ops->layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
                                      acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
                                      N, C);
-    block_matmul_backward(blk, BP_ATTPROJ_W, g, s->d_atty, s->d_res1, acts->atty, N, C, C,
-                          NULL);
-    attention_core_backward(blk, acts, s, NULL, B, T);
-    block_matmul_backward(blk, BP_QKV_W, g, s->d_ln, s->d_qkv, acts->ln1, N, C, 3 * C, NULL);
-    ops->layernorm_backward_residual(din, s->d_res1, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
-                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+    attention_part_backward(blk, acts, s, din, in, B, T);
 }
 
 void block_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
                     float *din, const float *dout, const float *in, int B, int T)
 {
+    if (block_is_half(blk)) {
+        half_backward(blk, acts, s, din, dout, in, B, T);
+        return;
+    }
     const struct block_ext_slot *x = HOOK(blk, block_backward);
     if (x) x->ops->block_backward(blk, x->state, acts, s, din, dout, in, B, T);
     else dense_backward(blk, acts, s, din, dout, in, B, T);

@@ -87,6 +87,8 @@ void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int fi
     model->block_fwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     model->block_bwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     model->block_update_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
+    model->attention_fwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
+    model->attention_bwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     if (!has_embed && !has_head) return;
 
     /* [wte wpe lnf_w lnf_b] x {params, grads, m, v}, dwte_head */
@@ -117,6 +119,8 @@ void gpt_free(struct gpt *model)
     dm_free(model->block_fwd_s);
     dm_free(model->block_bwd_s);
     dm_free(model->block_update_s);
+    dm_free(model->attention_fwd_s);
+    dm_free(model->attention_bwd_s);
     memset(model, 0, sizeof *model);
 }
 
@@ -149,12 +153,16 @@ void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int 
     dm_free(model->block_fwd_s);
     dm_free(model->block_bwd_s);
     dm_free(model->block_update_s);
+    dm_free(model->attention_fwd_s);
+    dm_free(model->attention_bwd_s);
     model->blocks = blocks;
     model->first_block = first;
     model->num_blocks = count;
     model->block_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->block_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->block_update_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
+    model->attention_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
+    model->attention_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     for (int k = 0; k < GPT_EXT_MAX; k++)   /* the adopted blocks get the helpers too */
         if (model->ext_runtime[k].ops)
             gpt_ext_set_runtime(model, model->ext_runtime[k].ops, model->ext_runtime[k].runtime);
@@ -299,6 +307,50 @@ void gpt_acts_inputs_ready(struct gpt_acts *acts)
 
 /* ---- forward and backward -------------------------------------------------------- */
 
+/* Block i of a sublayer run (balance.units = sublayer): a block held
+ * whole (halves BLOCK_HALVES) runs as its attention half into res1, then
+ * its MLP half from res1 (the whole block's bits, block.h), so that each
+ * half's time is measured; the attention half's time also goes to
+ * attention_fwd_s[i]. */
+static void forward_units(struct gpt *model, struct block_acts *a, int i, float *out,
+                          const float *in, int B, int T)
+{
+    struct block *blk = &model->blocks[i];
+    double t0 = dm_profile_now();
+    if (blk->halves != BLOCK_HALVES) {
+        block_forward(blk, a, out, in, B, T);
+        if (blk->halves == BLOCK_HALF_ATTENTION) model->attention_fwd_s[i] += dm_profile_now() - t0;
+        return;
+    }
+    blk->halves = BLOCK_HALF_ATTENTION;
+    block_forward(blk, a, a->res1, in, B, T);
+    model->attention_fwd_s[i] += dm_profile_now() - t0;
+    blk->halves = BLOCK_HALF_MLP;
+    block_forward(blk, a, out, a->res1, B, T);
+    blk->halves = BLOCK_HALVES;
+}
+
+/* The backward of forward_units: the MLP half leaves the gradient of res1
+ * in the scratch's d_res1, where the attention half takes it. */
+static void backward_units(struct gpt *model, struct block_acts *a, struct block_scratch *s,
+                           int i, float *din, const float *dout, const float *in, int B, int T)
+{
+    struct block *blk = &model->blocks[i];
+    if (blk->halves != BLOCK_HALVES) {
+        double t0 = dm_profile_now();
+        block_backward(blk, a, s, din, dout, in, B, T);
+        if (blk->halves == BLOCK_HALF_ATTENTION) model->attention_bwd_s[i] += dm_profile_now() - t0;
+        return;
+    }
+    blk->halves = BLOCK_HALF_MLP;
+    block_backward(blk, a, s, NULL, dout, a->res1, B, T);
+    double t0 = dm_profile_now();
+    blk->halves = BLOCK_HALF_ATTENTION;
+    block_backward(blk, a, s, din, s->d_res1, in, B, T);
+    model->attention_bwd_s[i] += dm_profile_now() - t0;
+    blk->halves = BLOCK_HALVES;
+}
+
 float gpt_forward(struct gpt *model, struct gpt_acts *acts)
 {
     const struct dm_backend *ops = backend_current();
@@ -315,6 +367,9 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
         if (model->exit)   /* early exit: active tokens only, exit heads */
             exit_forward_block(model, acts, i, acts->residual + (i + 1) * BTC,
                                acts->residual + i * BTC);
+        else if (model->blocks[i].halves)   /* balance.units = sublayer */
+            forward_units(model, &acts->blocks[i], i, acts->residual + (i + 1) * BTC,
+                          acts->residual + i * BTC, B, T);
         else
             block_forward(&model->blocks[i], &acts->blocks[i], acts->residual + (i + 1) * BTC,
                           acts->residual + i * BTC, B, T);
@@ -366,6 +421,9 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         if (model->exit)
             exit_backward_block(model, acts, scratch, i, target, grad,
                                 acts->residual + i * BTC, dloss_scale);
+        else if (model->blocks[i].halves)   /* balance.units = sublayer */
+            backward_units(model, &acts->blocks[i], scratch, i, target, grad,
+                           acts->residual + i * BTC, B, T);
         else
             block_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
                            acts->residual + i * BTC, B, T);
@@ -515,6 +573,7 @@ double block_grad_sumsq_parts(const struct block *blk, double *parts)
 double block_grad_sumsq(const struct block *blk)
 {
     if (blk->frozen) return 0.0;
+    if (block_is_half(blk)) return block_half_grad_sumsq(blk, blk->halves);
     const struct block_ext_slot *x = shard_slot(blk);
     if (!x) return backend_current()->sum_squares(blk->grads, (long)blk->nparams);
     int parts = x->ops->held_parts(x->state);

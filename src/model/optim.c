@@ -83,6 +83,8 @@ void gpt_adamw_update(struct gpt *model, double lr, double beta1, double beta2, 
         if (blk->frozen) continue;   /* layer freezing: no update at all */
         for (int k = 0; k < block_tensor_count(blk); k++) {
             size_t off, size;
+            /* a half block's other half is another stage's to update */
+            if (block_is_half(blk) && block_tensor_half(blk, k) != blk->halves) continue;
             double wd = block_tensor_at(blk, k, &off, &size) ? weight_decay : 0.0;
             ops->adamw_update(blk->params + off, blk->grads + off, blk->m + off, blk->v + off,
                               (long)size, (float)lr, (float)beta1, (float)beta2, (float)eps,

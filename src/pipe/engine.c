@@ -71,6 +71,17 @@ void pipe_grid_init(struct pipe_grid *g, int stages, int replicas)
     g->replica = g->rank / stages;
 }
 
+void engine_mark_halves(struct engine *eng)
+{
+    if (!eng->sublayer) return;
+    struct gpt *m = &eng->model;
+    int first_unit, units;
+    first_block_of(eng->layout, eng->grid.stage, &first_unit, &units);
+    for (int i = 0; i < m->num_blocks; i++) m->blocks[i].halves = BLOCK_HALVES;
+    if (first_unit % 2) m->blocks[0].halves = BLOCK_HALF_MLP;
+    if ((first_unit + units) % 2) m->blocks[m->num_blocks - 1].halves = BLOCK_HALF_ATTENTION;
+}
+
 struct engine *engine_create(const struct dm_config *cfg, const int *layout, int defer_weights)
 {
     struct engine *eng = dm_alloc(sizeof *eng);
@@ -84,14 +95,19 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     eng->layout = dm_alloc((size_t)g->stages * sizeof(int));
     memcpy(eng->layout, layout, (size_t)g->stages * sizeof(int));
 
-    int first, count;
-    first_block_of(eng->layout, g->stage, &first, &count);
+    /* Units (balance.units): with sublayer the stage's first block may be
+     * its MLP half only and its last its attention half only. */
+    eng->sublayer = !strcmp(cfg->units, "sublayer");
+    int per = eng->sublayer ? 2 : 1, first_unit, units;
+    first_block_of(eng->layout, g->stage, &first_unit, &units);
+    int first = first_unit / per, count = (first_unit + units + per - 1) / per - first;
     if (defer_weights)
         gpt_build_deferred(&eng->model, &eng->shape, first, count, g->stage == 0,
                            g->stage == g->stages - 1);
     else
         gpt_build(&eng->model, &eng->shape, first, count, g->stage == 0,
                   g->stage == g->stages - 1, cfg->seed);
+    engine_mark_halves(eng);
     block_scratch_alloc(&eng->scratch, eng->micro_B, eng->T, eng->shape.channels,
                         eng->shape.heads);
     eng->instrs = dm_alloc(SCHEDULE_MAX_INSTRS(eng->micro_batches) * sizeof(struct schedule_instr));
@@ -374,7 +390,8 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
 {
     struct gpt *m = &eng->model;
     for (int i = 0; i < m->num_blocks; i++)
-        m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = 0.0;
+        m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] =
+            m->attention_fwd_s[i] = m->attention_bwd_s[i] = 0.0;
     eng->compute_s = eng->wait_s = eng->update_s = 0.0;
     eng->current_step = step;
     const struct dm_config *cfg = &eng->cfg;
@@ -428,7 +445,7 @@ float engine_eval(struct engine *eng, struct loader *val)
             }
         }
     }
-    for (int i = 0; i < m->num_blocks; i++) m->block_fwd_s[i] = 0.0;
+    for (int i = 0; i < m->num_blocks; i++) m->block_fwd_s[i] = m->attention_fwd_s[i] = 0.0;
     /* Sum over the last stages of all replicas onto rank 0. */
     double mine = (g->stage == g->stages - 1) ? (double)sum : 0.0, total = 0.0;
     MPI_Request req;

@@ -63,7 +63,8 @@ struct engine {
     struct pipe_grid grid;
     struct gpt_shape shape;
     int micro_B, T, micro_batches;  /* per replica */
-    int *layout;                    /* (S) */
+    int *layout;                    /* (S) units per stage (balance.units) */
+    int sublayer;                   /* balance.units = sublayer: a unit is half a block */
     struct gpt model;
     struct block_scratch scratch;
     int nslots;
@@ -137,6 +138,12 @@ static inline void first_block_of(const int *layout, int stage, int *first, int 
     *first = f;
     *count = layout[stage];
 }
+
+/* With balance.units = sublayer, sets each block's halves for this
+ * stage's unit range (eng->layout): an MLP half alone first when the range
+ * starts inside a block, an attention half alone last when it ends inside
+ * one, every other block BLOCK_HALVES. Nothing with whole-block units. */
+void engine_mark_halves(struct engine *eng);
 
 /* reduce.c. The step's end before the optimizer: masks pruned gradients,
  * forms the tied embedding gradient, sums gradients over the replicas in

@@ -1,12 +1,16 @@
-/* Live migration (engine_relayout, pipe.h): the blocks that change stage
- * travel with their weights, Adam moments and dynamic state, each as one
- * MPI message (over the devices' transport the slab goes device to
- * device, and MPI carries the header and dynamic state), and every rank
- * rebuilds its block array and activation slots for the new ranges. A
- * block whose slab is larger than one message should carry (MPI counts
- * are ints: 2 GiB, a dense block of C 3,870 with its moments) sends its
- * header alone and then its slab in pieces of at most PIECE_BYTES, in
- * order on one tag.
+/* Live migration (engine_relayout, pipe.h): the units of placement that
+ * change stage (blocks, or with balance.units = sublayer a block's
+ * attention or MLP half) travel with their weights, Adam moments and
+ * their block's dynamic state, each as one MPI message (over the devices'
+ * transport the floats go device to device, and MPI carries the header
+ * and dynamic state), and every rank rebuilds its block array and
+ * activation slots for the new ranges. A half that reaches the stage
+ * holding its block's other half joins that block (the block is whole
+ * there again); a stage that sends one half of a block it holds whole
+ * keeps the other. A unit whose floats are larger than one message
+ * should carry (MPI counts are ints: 2 GiB, a dense block of C 3,870 with
+ * its moments) sends its header alone and then its floats in pieces of at
+ * most PIECE_BYTES, in order on one tag.
  * Which blocks move is balance_migration_plan's answer; what a block's
  * message holds is the model's (block_pack_meta and its slab). Must not:
  * choose a layout (the caller hands it one). */
@@ -60,151 +64,202 @@ static void posted_add(struct posted *p, MPI_Request req, MPI_Datatype type)
     p->types[p->count++] = type;
 }
 
-/* Whether block blk's slab goes in pieces after its header (both sides
- * decide alike: the slab's size is the model's). */
-static int in_pieces(const struct block *blk)
+/* What a migration moves: a unit of placement, block `block` whole
+ * (balance.units = block) or one half of it (sublayer: unit 2b its
+ * attention, 2b + 1 its MLP), and where its floats sit in the block's slab
+ * (block_half_range: the same offset into params, m and v). */
+struct unit_ref {
+    int unit, block, half;
+};
+
+static struct unit_ref unit_ref(const struct engine *eng, int unit)
 {
-    return 3 * blk->nparams * sizeof(float) > piece_bytes();
+    if (!eng->sublayer) return (struct unit_ref){unit, unit, BLOCK_HALVES};
+    return (struct unit_ref){unit, unit / 2, unit % 2 ? BLOCK_HALF_MLP : BLOCK_HALF_ATTENTION};
 }
 
-/* Posts the pieces of a large block's slab (params; then m and v, which
- * are adjacent; or its staging's 3 nparams floats) to or from `peer`. */
-static void post_pieces(struct posted *p, const struct block *blk, float *staging, int peer,
-                        int recv)
+/* The unit's floats in its block: params, m and v each at offset. */
+static size_t unit_floats(const struct block *blk, int half, size_t *offset)
 {
-    size_t n = blk->nparams * sizeof(float);
-    char *regions[2] = {staging ? (char *)staging : (char *)blk->params,
-                        staging ? (char *)(staging + blk->nparams) : (char *)blk->m};
-    size_t sizes[2] = {n, 2 * n};
-    for (int r = 0; r < 2; r++)
-        for (size_t at = 0; at < sizes[r]; at += piece_bytes()) {
-            size_t bytes = sizes[r] - at < piece_bytes() ? sizes[r] - at : piece_bytes();
+    size_t count;
+    block_half_range(blk, half, offset, &count);
+    return count;
+}
+
+/* Whether the unit's floats go in pieces after its header (both sides
+ * decide alike: the slab's size is the model's). */
+static int in_pieces(const struct block *blk, int half)
+{
+    size_t offset;
+    return 3 * unit_floats(blk, half, &offset) * sizeof(float) > piece_bytes();
+}
+
+/* Posts the pieces of a large unit's floats (params, m, v of its range;
+ * or its staging's 3 x its floats) to or from `peer`. */
+static void post_pieces(struct posted *p, const struct block *blk, struct unit_ref u,
+                        float *staging, int peer, int recv)
+{
+    size_t offset, count = unit_floats(blk, u.half, &offset), n = count * sizeof(float);
+    char *regions[3] = {staging ? (char *)staging : (char *)(blk->params + offset),
+                        staging ? (char *)(staging + count) : (char *)(blk->m + offset),
+                        staging ? (char *)(staging + 2 * count) : (char *)(blk->v + offset)};
+    for (int r = 0; r < 3; r++)
+        for (size_t at = 0; at < n; at += piece_bytes()) {
+            size_t bytes = n - at < piece_bytes() ? n - at : piece_bytes();
             MPI_Request req;
             if (recv)
                 WORLD_MPI(MPI_Irecv(regions[r] + at, (int)bytes, MPI_BYTE, peer,
-                                    TAG_BLOCK_PIECE + blk->index, MPI_COMM_WORLD, &req));
+                                    TAG_BLOCK_PIECE + u.unit, MPI_COMM_WORLD, &req));
             else
                 WORLD_MPI(MPI_Isend(regions[r] + at, (int)bytes, MPI_BYTE, peer,
-                                    TAG_BLOCK_PIECE + blk->index, MPI_COMM_WORLD, &req));
+                                    TAG_BLOCK_PIECE + u.unit, MPI_COMM_WORLD, &req));
             posted_add(p, req, MPI_DATATYPE_NULL);
         }
 }
 
-/* The datatype of one migrating block's message: its header and dynamic
- * state (meta, meta_bytes), its parameters and its Adam moments (m and v
- * are adjacent in the slab), addressed absolutely (MPI_BOTTOM). The
- * floats are the slab's own when the host reads the backend's memory,
- * else the block's host staging (params, then m and v). Without blk, the
- * header alone (the slab goes device to device, exchange_slabs). */
-static void block_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
-                               const struct block *blk, float *staging)
+/* The datatype of one migrating unit's message: its block's header and
+ * dynamic state (meta, meta_bytes), then the unit's parameters and Adam
+ * moments (its ranges of params, m and v), addressed absolutely
+ * (MPI_BOTTOM). The floats are the slab's own when the host reads the
+ * backend's memory, else the unit's host staging (params, then m, then
+ * v). Without blk, the header alone (the floats go device to device,
+ * exchange_slabs, or in pieces, post_pieces). */
+static void unit_message_type(MPI_Datatype *type, void *meta, int meta_bytes,
+                              const struct block *blk, struct unit_ref u, float *staging)
 {
-    if (!blk || in_pieces(blk)) {   /* the slab goes apart: exchange_slabs, post_pieces */
+    if (!blk || in_pieces(blk, u.half)) {
         MPI_Aint where;
         WORLD_MPI(MPI_Get_address(meta, &where));
         WORLD_MPI(MPI_Type_create_hindexed(1, &meta_bytes, &where, MPI_BYTE, type));
         WORLD_MPI(MPI_Type_commit(type));
         return;
     }
-    if ((size_t)meta_bytes + 3 * blk->nparams * sizeof(float) > INT_MAX)
-        DM_FATAL("migrating block %d: a header of %d bytes and a slab of %zu in one message",
-                 blk->index, meta_bytes, 3 * blk->nparams * sizeof(float));
-    int lengths[3] = {meta_bytes, (int)(blk->nparams * sizeof(float)),
-                      (int)(2 * blk->nparams * sizeof(float))};
-    MPI_Aint where[3];
+    size_t offset, count = unit_floats(blk, u.half, &offset);
+    if ((size_t)meta_bytes + 3 * count * sizeof(float) > INT_MAX)
+        DM_FATAL("migrating unit %d: a header of %d bytes and %zu floats in one message",
+                 u.unit, meta_bytes, 3 * count);
+    int bytes = (int)(count * sizeof(float));
+    int lengths[4] = {meta_bytes, bytes, bytes, bytes};
+    MPI_Aint where[4];
     WORLD_MPI(MPI_Get_address(meta, &where[0]));
-    WORLD_MPI(MPI_Get_address(staging ? staging : blk->params, &where[1]));
-    WORLD_MPI(MPI_Get_address(staging ? staging + blk->nparams : blk->m, &where[2]));
-    WORLD_MPI(MPI_Type_create_hindexed(3, lengths, where, MPI_BYTE, type));
+    WORLD_MPI(MPI_Get_address(staging ? staging : blk->params + offset, &where[1]));
+    WORLD_MPI(MPI_Get_address(staging ? staging + count : blk->m + offset, &where[2]));
+    WORLD_MPI(MPI_Get_address(staging ? staging + 2 * count : blk->v + offset, &where[3]));
+    WORLD_MPI(MPI_Type_create_hindexed(4, lengths, where, MPI_BYTE, type));
     WORLD_MPI(MPI_Type_commit(type));
 }
 
-/* The migrating blocks' slabs go through host staging for MPI where the
- * host cannot read them (a device): params, then m and v, 3 nparams
- * floats a block, carved in plan order from one buffer of the engine's
+/* The migrating units' floats go through host staging for MPI where the
+ * host cannot read them (a device): params, then m, then v, 3 x the
+ * unit's floats, carved in plan order from one buffer of the engine's
  * pool per direction, so that migrating allocates nothing after the
  * largest migration so far (pinned allocation is slow on a GPU). NULL on
  * the CPU, where MPI reads the slabs themselves. */
-static size_t staged_floats(const struct block *blk)
+static size_t staged_floats(const struct block *blk, int half)
 {
-    return 3 * blk->nparams;
+    size_t offset;
+    return 3 * unit_floats(blk, half, &offset);
 }
 
-/* A block's parameters and moments into its staging (a device). */
-static void stage_down(const struct block *blk, float *staging)
+/* A unit's parameters and moments into its staging (a device). */
+static void stage_down(const struct block *blk, int half, float *staging)
 {
-    size_t bytes = blk->nparams * sizeof(float);
-    backend_current()->copy_to_host(staging, blk->params, bytes);
-    backend_current()->copy_to_host(staging + blk->nparams, blk->m, 2 * bytes);
+    size_t offset, count = unit_floats(blk, half, &offset), bytes = count * sizeof(float);
+    backend_current()->copy_to_host(staging, blk->params + offset, bytes);
+    backend_current()->copy_to_host(staging + count, blk->m + offset, bytes);
+    backend_current()->copy_to_host(staging + 2 * count, blk->v + offset, bytes);
 }
 
-static void stage_up(struct block *blk, const float *staging)
+static void stage_up(struct block *blk, int half, const float *staging)
 {
-    size_t bytes = blk->nparams * sizeof(float);
-    backend_current()->copy_to_device(blk->params, staging, bytes);
-    backend_current()->copy_to_device(blk->m, staging + blk->nparams, 2 * bytes);
+    size_t offset, count = unit_floats(blk, half, &offset), bytes = count * sizeof(float);
+    backend_current()->copy_to_device(blk->params + offset, staging, bytes);
+    backend_current()->copy_to_device(blk->m + offset, staging + count, bytes);
+    backend_current()->copy_to_device(blk->v + offset, staging + 2 * count, bytes);
 }
 
-/* The blocks this rank sends: each as one message gathered from its
- * header and dynamic state, its parameters and its moments, straight from
- * the slab with no packing copy (from its staging on a device). */
+/* This rank's block `block` before the migration, or NULL. */
+static struct block *held_block(struct engine *eng, int block)
+{
+    struct gpt *m = &eng->model;
+    int i = block - m->first_block;
+    return i >= 0 && i < m->num_blocks ? &m->blocks[i] : NULL;
+}
+
+/* The units this rank sends: each as one message gathered from its
+ * block's header and dynamic state, its parameters and its moments,
+ * straight from the slab with no packing copy (from its staging on a
+ * device). */
 static void post_sends(struct engine *eng, const struct balance_move *moves, int nmoves,
                        struct posted *p, void **metas, float **stagings)
 {
     const struct pipe_grid *g = &eng->grid;
-    struct gpt *m = &eng->model;
     size_t floats = 0;
     for (int k = 0; k < nmoves; k++)
-        if (moves[k].src_stage == g->stage)
-            floats += staged_floats(&m->blocks[moves[k].block - m->first_block]);
+        if (moves[k].src_stage == g->stage) {
+            struct unit_ref u = unit_ref(eng, moves[k].block);
+            floats += staged_floats(held_block(eng, u.block), u.half);
+        }
     float *staging = eng->pipe_comm ? NULL
                                     : staging_pool_host(&eng->staging, STAGING_MIGRATE_SEND,
                                                         floats * sizeof(float));
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
         if (mv->src_stage != g->stage) continue;
-        struct block *blk = &m->blocks[mv->block - m->first_block];
+        struct unit_ref u = unit_ref(eng, mv->block);
+        struct block *blk = held_block(eng, u.block);
         int meta_bytes = (int)block_meta_size(blk), peer = rank_of(g, mv->dst_stage, g->replica);
-        metas[mv->block] = dm_alloc((size_t)meta_bytes);
-        block_pack_meta(blk, metas[mv->block]);
-        stagings[mv->block] = staging;
-        if (staging) stage_down(blk, staging);
+        metas[u.unit] = dm_alloc((size_t)meta_bytes);
+        block_pack_meta(blk, metas[u.unit]);
+        stagings[u.unit] = staging;
+        if (staging) stage_down(blk, u.half, staging);
         MPI_Datatype type;
         MPI_Request req;
-        block_message_type(&type, metas[mv->block], meta_bytes, eng->pipe_comm ? NULL : blk,
-                           staging);
-        WORLD_MPI(MPI_Isend(MPI_BOTTOM, 1, type, peer, TAG_BLOCK + mv->block, MPI_COMM_WORLD,
+        unit_message_type(&type, metas[u.unit], meta_bytes, eng->pipe_comm ? NULL : blk, u,
+                          staging);
+        WORLD_MPI(MPI_Isend(MPI_BOTTOM, 1, type, peer, TAG_BLOCK + u.unit, MPI_COMM_WORLD,
                             &req));
         posted_add(p, req, type);
-        if (!eng->pipe_comm && in_pieces(blk)) post_pieces(p, blk, staging, peer, 0);
-        if (staging) staging += staged_floats(blk);
+        if (!eng->pipe_comm && in_pieces(blk, u.half)) post_pieces(p, blk, u, staging, peer, 0);
+        if (staging) staging += staged_floats(blk, u.half);
     }
 }
 
-/* Block b's message from stage src: its size by a probe (the dynamic
- * state varies), the block's slab allocated (the model's size for its
- * parameters and moments) and its header's buffer. */
-static void probe_arrival(struct engine *eng, int b, int src, struct block *arrived, void **metas,
-                          int *meta_bytes)
+/* Where unit u arrives: into this rank's own block when it holds the
+ * block (it receives the half it lacks), else into the block's arrival
+ * (arrived[block]), whose slab the first of its units allocates. */
+static struct block *arrival_block(struct engine *eng, struct unit_ref u, struct block *arrived)
+{
+    struct block *held = held_block(eng, u.block);
+    if (held) return held;
+    if (!arrived[u.block].slab) block_prepare_receive(&arrived[u.block], u.block, &eng->shape);
+    return &arrived[u.block];
+}
+
+/* Unit u's message from stage src: its size by a probe (the dynamic
+ * state varies), its block's slab made ready (arrival_block) and its
+ * header's buffer. */
+static void probe_arrival(struct engine *eng, struct unit_ref u, int src, struct block *arrived,
+                          void **metas, int *meta_bytes)
 {
     int found = 0, count = 0;
     MPI_Status status;
     double t0 = dm_now();
     while (!found) {
-        WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + b, MPI_COMM_WORLD, &found, &status));
+        WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + u.unit, MPI_COMM_WORLD, &found, &status));
         if (!found) world_wait_round(t0);
     }
     WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
-    block_prepare_receive(&arrived[b], b, &eng->shape);
-    size_t slab_bytes = eng->pipe_comm || in_pieces(&arrived[b])
-                            ? 0 : staged_floats(&arrived[b]) * sizeof(float);
+    struct block *blk = arrival_block(eng, u, arrived);
+    size_t slab_bytes = eng->pipe_comm || in_pieces(blk, u.half)
+                            ? 0 : staged_floats(blk, u.half) * sizeof(float);
     if ((size_t)count < slab_bytes + 64)
-        DM_FATAL("migrating block %d: a message of %d bytes is too short", b, count);
-    meta_bytes[b] = count - (int)slab_bytes;
-    metas[b] = dm_alloc((size_t)meta_bytes[b]);
+        DM_FATAL("migrating unit %d: a message of %d bytes is too short", u.unit, count);
+    meta_bytes[u.unit] = count - (int)slab_bytes;
+    metas[u.unit] = dm_alloc((size_t)meta_bytes[u.unit]);
 }
 
-/* The blocks this rank receives, straight into their slabs (into their
+/* The units this rank receives, straight into their slabs (into their
  * staging on a device): every arrival probed and prepared first, so that
  * the staging is sized once. */
 static void post_receives(struct engine *eng, const struct balance_move *moves, int nmoves,
@@ -215,9 +270,10 @@ static void post_receives(struct engine *eng, const struct balance_move *moves, 
     size_t floats = 0;
     for (int k = 0; k < nmoves; k++) {
         if (moves[k].dst_stage != g->stage) continue;
-        probe_arrival(eng, moves[k].block, rank_of(g, moves[k].src_stage, g->replica), arrived,
-                      metas, meta_bytes);
-        floats += staged_floats(&arrived[moves[k].block]);
+        struct unit_ref u = unit_ref(eng, moves[k].block);
+        probe_arrival(eng, u, rank_of(g, moves[k].src_stage, g->replica), arrived, metas,
+                      meta_bytes);
+        floats += staged_floats(arrival_block(eng, u, arrived), u.half);
     }
     float *staging = eng->pipe_comm ? NULL
                                     : staging_pool_host(&eng->staging, STAGING_MIGRATE_RECV,
@@ -225,50 +281,58 @@ static void post_receives(struct engine *eng, const struct balance_move *moves, 
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
         if (mv->dst_stage != g->stage) continue;
-        int b = mv->block, peer = rank_of(g, mv->src_stage, g->replica);
-        stagings[b] = staging;
+        struct unit_ref u = unit_ref(eng, mv->block);
+        struct block *blk = arrival_block(eng, u, arrived);
+        int peer = rank_of(g, mv->src_stage, g->replica);
+        stagings[u.unit] = staging;
         MPI_Datatype type;
         MPI_Request req;
-        block_message_type(&type, metas[b], meta_bytes[b], eng->pipe_comm ? NULL : &arrived[b],
-                           staging);
-        WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, type, peer, TAG_BLOCK + b, MPI_COMM_WORLD, &req));
+        unit_message_type(&type, metas[u.unit], meta_bytes[u.unit], eng->pipe_comm ? NULL : blk,
+                          u, staging);
+        WORLD_MPI(MPI_Irecv(MPI_BOTTOM, 1, type, peer, TAG_BLOCK + u.unit, MPI_COMM_WORLD,
+                            &req));
         posted_add(p, req, type);
-        if (!eng->pipe_comm && in_pieces(&arrived[b])) post_pieces(p, &arrived[b], staging, peer, 1);
-        if (staging) staging += staged_floats(&arrived[b]);
+        if (!eng->pipe_comm && in_pieces(blk, u.half)) post_pieces(p, blk, u, staging, peer, 1);
+        if (staging) staging += staged_floats(blk, u.half);
     }
 }
 
-/* Over the devices' transport (eng->pipe_comm), the moving blocks' slabs
- * go device to device, all in one exchange: each block's parameters, then
- * its moments (m and v are adjacent), in plan order on both sides, into
- * the arrivals' slabs (block_prepare_receive's). */
+/* Over the devices' transport (eng->pipe_comm), the moving units' floats
+ * go device to device, all in one exchange: each unit's parameters, then
+ * its m, then its v, in plan order on both sides, into the arrivals'
+ * slabs (arrival_block). */
 static void exchange_slabs(struct engine *eng, const struct balance_move *moves, int nmoves,
                            struct block *arrived)
 {
     const struct pipe_grid *g = &eng->grid;
-    struct gpt *m = &eng->model;
-    struct dm_comm_op *ops = dm_alloc((size_t)(2 * nmoves + 1) * sizeof *ops);
+    struct dm_comm_op *ops = dm_alloc((size_t)(3 * nmoves + 1) * sizeof *ops);
     int n = 0;
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
         int recv = mv->dst_stage == g->stage;
         if (!recv && mv->src_stage != g->stage) continue;
-        struct block *blk = recv ? &arrived[mv->block] : &m->blocks[mv->block - m->first_block];
+        struct unit_ref u = unit_ref(eng, mv->block);
+        struct block *blk = recv ? arrival_block(eng, u, arrived) : held_block(eng, u.block);
         int peer = recv ? mv->src_stage : mv->dst_stage;
-        ops[n++] = (struct dm_comm_op){blk->params, blk->nparams, peer, recv};
-        ops[n++] = (struct dm_comm_op){blk->m, 2 * blk->nparams, peer, recv};
+        size_t offset, count = unit_floats(blk, u.half, &offset);
+        ops[n++] = (struct dm_comm_op){blk->params + offset, count, peer, recv};
+        ops[n++] = (struct dm_comm_op){blk->m + offset, count, peer, recv};
+        ops[n++] = (struct dm_comm_op){blk->v + offset, count, peer, recv};
     }
     engine_transport_exchange(eng, eng->pipe_comm, ops, n);
     dm_free(ops);
 }
 
-/* The new block array of this rank: the blocks that stay, then the
- * arrivals in place; the old array's leavers are freed. */
+/* The new block array of this rank: the blocks it keeps (whole or a
+ * half, with any half it received), then the arrivals in place; the old
+ * array's blocks it no longer holds any half of are freed. */
 static void adopt_blocks(struct engine *eng, const int *counts, struct block *arrived)
 {
     struct gpt *m = &eng->model;
-    int new_first, new_count;
-    first_block_of(counts, eng->grid.stage, &new_first, &new_count);
+    int per = eng->sublayer ? 2 : 1, first_unit, units;
+    first_block_of(counts, eng->grid.stage, &first_unit, &units);
+    int new_first = first_unit / per;
+    int new_count = (first_unit + units + per - 1) / per - new_first;
     for (int i = 0; i < eng->nslots; i++) {
         world_wait(&eng->slots[i].send_act);
         world_wait(&eng->slots[i].send_exit);
@@ -276,11 +340,12 @@ static void adopt_blocks(struct engine *eng, const int *counts, struct block *ar
     }
     struct block *blocks = dm_alloc((size_t)(new_count ? new_count : 1) * sizeof(struct block));
     for (int b = new_first; b < new_first + new_count; b++) {
-        struct block *dst = &blocks[b - new_first];
-        if (b >= m->first_block && b < m->first_block + m->num_blocks) {
-            *dst = m->blocks[b - m->first_block];
-            m->blocks[b - m->first_block].slab = NULL;   /* ownership moved */
+        struct block *dst = &blocks[b - new_first], *held = held_block(eng, b);
+        if (held) {
+            *dst = *held;
+            held->slab = NULL;   /* ownership moved */
         } else {
+            DM_ASSERT(arrived[b].slab);
             *dst = arrived[b];
         }
     }
@@ -290,54 +355,66 @@ static void adopt_blocks(struct engine *eng, const int *counts, struct block *ar
     for (int i = 0; i < eng->nslots; i++) gpt_acts_resize(&eng->slots[i].acts, &eng->model);
 }
 
-/* The arrived blocks (all messages complete): their slabs up from the
- * host staging (a device; the pool's, kept), their headers and dynamic
- * state unpacked. */
+/* The arrived units (all messages complete; meta_bytes set for those
+ * this rank received): their floats up from the host staging (a device;
+ * the pool's, kept); then a block that arrived (no half of it was here)
+ * takes the header and dynamic state of its first unit, while a half
+ * that joins this rank's own block leaves its header. */
 static void unpack_arrivals(struct engine *eng, struct block *arrived, void **metas,
                             const int *meta_bytes, float **stagings)
 {
     char err[256];
-    for (int b = 0; b < eng->shape.layers; b++) {
-        if (arrived[b].slab && stagings[b]) stage_up(&arrived[b], stagings[b]);
-        if (!arrived[b].slab) continue;
-        if (block_unpack_meta_begin(&arrived[b], metas[b], (size_t)meta_bytes[b], &eng->shape,
+    int per = eng->sublayer ? 2 : 1, U = eng->shape.layers * per;
+    for (int unit = 0; unit < U; unit++) {
+        if (!meta_bytes[unit] || !stagings[unit]) continue;
+        struct unit_ref u = unit_ref(eng, unit);
+        struct block *held = held_block(eng, u.block);
+        stage_up(held ? held : &arrived[u.block], u.half, stagings[unit]);
+    }
+    for (int unit = 0; unit < U; unit++) {
+        struct unit_ref u = unit_ref(eng, unit);
+        if (!meta_bytes[unit] || held_block(eng, u.block)) continue;
+        if (per == 2 && u.half == BLOCK_HALF_MLP && meta_bytes[unit - 1])
+            continue;   /* the block's attention brought its header */
+        struct block *blk = &arrived[u.block];
+        if (block_unpack_meta_begin(blk, metas[unit], (size_t)meta_bytes[unit], &eng->shape,
                                     err, sizeof err) ||
-            block_unpack_meta_end(&arrived[b], metas[b], (size_t)meta_bytes[b], err, sizeof err))
-            DM_FATAL("migrating block %d: %s", b, err);
+            block_unpack_meta_end(blk, metas[unit], (size_t)meta_bytes[unit], err, sizeof err))
+            DM_FATAL("migrating unit %d: %s", unit, err);
     }
 }
 
 void engine_relayout(struct engine *eng, const int *root_counts)
 {
     const struct pipe_grid *g = &eng->grid;
-    int S = g->stages, L = eng->shape.layers;
+    int S = g->stages, U = eng->stats.units, L = eng->shape.layers;
     double t0 = dm_now();
     int *counts = dm_alloc((size_t)S * sizeof(int));
     if (g->rank == 0) memcpy(counts, root_counts, (size_t)S * sizeof(int));
     world_bcast_ints(counts, S);
     char err[256];
-    if (balance_check_layout(counts, S, L, err, sizeof err) != BALANCE_OK)
+    if (balance_check_layout(counts, S, U, err, sizeof err) != BALANCE_OK)
         DM_FATAL("engine_relayout: %s", err);
     if (!memcmp(counts, eng->layout, (size_t)S * sizeof(int))) {
         dm_free(counts);
         return;
     }
-    /* The bytes of a block are its slab as the last step measured it
+    /* The bytes of a unit are its slab's as the last step measured them
      * (rank 0's profile; the other ranks report nothing). */
-    int64_t *mem = dm_alloc((size_t)L * sizeof(int64_t));
-    for (int b = 0; b < L; b++) mem[b] = (int64_t)eng->stats.layer_mem_bytes[b];
-    struct balance_move *moves = dm_alloc((size_t)(L + 1) * sizeof *moves);
+    int64_t *mem = dm_alloc((size_t)U * sizeof(int64_t));
+    for (int u = 0; u < U; u++) mem[u] = (int64_t)eng->stats.unit_mem_bytes[u];
+    struct balance_move *moves = dm_alloc((size_t)(U + 1) * sizeof *moves);
     int nmoves = 0;
     int64_t bytes = 0;
-    if (balance_migration_plan(mem, L, 0, eng->layout, S, counts, S, moves, &nmoves, &bytes, err,
+    if (balance_migration_plan(mem, U, 0, eng->layout, S, counts, S, moves, &nmoves, &bytes, err,
                                sizeof err) != BALANCE_OK)
         DM_FATAL("migration plan: %s", err);
 
     struct posted posted = {0};
-    void **metas = dm_alloc((size_t)(L + 1) * sizeof(void *));
-    int *meta_bytes = dm_alloc((size_t)(L + 1) * sizeof(int));
+    void **metas = dm_alloc((size_t)(U + 1) * sizeof(void *));
+    int *meta_bytes = dm_alloc((size_t)(U + 1) * sizeof(int));
     struct block *arrived = dm_alloc((size_t)(L + 1) * sizeof(struct block));
-    float **stagings = dm_alloc((size_t)(L + 1) * sizeof(float *));
+    float **stagings = dm_alloc((size_t)(U + 1) * sizeof(float *));
     post_sends(eng, moves, nmoves, &posted, metas, stagings);
     post_receives(eng, moves, nmoves, &posted, metas, meta_bytes, arrived, stagings);
     world_wait_all(posted.count, posted.reqs);
@@ -346,10 +423,11 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     for (int i = 0; i < posted.count; i++)
         if (posted.types[i] != MPI_DATATYPE_NULL) WORLD_MPI(MPI_Type_free(&posted.types[i]));
     adopt_blocks(eng, counts, arrived);
-    engine_parts_run(eng, forget);
-    for (int b = 0; b < L; b++)
-        if (metas[b]) dm_free(metas[b]);
     memcpy(eng->layout, counts, (size_t)S * sizeof(int));
+    engine_mark_halves(eng);
+    engine_parts_run(eng, forget);
+    for (int u = 0; u < U; u++)
+        if (metas[u]) dm_free(metas[u]);
 
     /* Every rank reports the plan's totals; the time is this rank's. */
     eng->pending_migrated = nmoves;

@@ -155,7 +155,13 @@ static void grad_norm_terms(struct engine *eng, double *units, const int *at)
         const struct block *blk = &m->blocks[i];
         int layer = m->first_block + i;
         if (at[layer + 1] == at[layer]) {
-            if (first) units[1 + layer] = block_grad_sumsq(blk);
+            /* Sublayer units: each half summed on its own and the two
+             * added, so a block split over two stages (each sending its
+             * half's sum, the other terms zero) gives the same bits. */
+            if (first && eng->sublayer && !block_is_half(blk))
+                units[1 + layer] = block_half_grad_sumsq(blk, BLOCK_HALF_ATTENTION) +
+                                   block_half_grad_sumsq(blk, BLOCK_HALF_MLP);
+            else if (first) units[1 + layer] = block_grad_sumsq(blk);
         } else if (first || holder) {
             int held = block_held_parts(blk);
             double *parts = dm_alloc((size_t)(held > 0 ? held : 1) * sizeof(double));

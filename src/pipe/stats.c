@@ -23,7 +23,8 @@ double engine_thread_cpu_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* The per-layer fields of a rank's profile, in this order at 4 + k L. */
+/* The per-unit fields of a rank's profile, in this order at 4 + k U (U
+ * units: the layers, or twice as many with balance.units = sublayer). */
 enum { PROFILE_FWD, PROFILE_BWD, PROFILE_MEM, PROFILE_SPARSITY, PROFILE_UPDATE, PROFILE_FIELDS };
 
 /* The signals the run writes (dyn_signals) and, per signal, where its
@@ -34,7 +35,7 @@ static void signals_alloc(struct engine *eng)
     const struct dyn_signal *list[DYN_SIGNALS_MAX];
     struct step_stats *st = &eng->stats;
     int L = eng->shape.layers, n = dyn_signals(&eng->cfg, list, DYN_SIGNALS_MAX);
-    int at = 5 + PROFILE_FIELDS * L;
+    int at = 5 + PROFILE_FIELDS * st->units;
     st->signal_count = n;
     st->signals = dm_alloc((size_t)(n ? n : 1) * sizeof *st->signals);
     eng->signal_at = dm_alloc((size_t)(n ? n : 1) * sizeof(int));
@@ -69,13 +70,19 @@ void engine_stats_alloc(struct engine *eng)
     st->layer_mem_bytes = dm_alloc((size_t)L * sizeof(double));
     st->layer_sparsity = dm_alloc((size_t)L * sizeof(double));
     st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
+    int U = st->units = L * (eng->sublayer ? 2 : 1);
+    st->unit_fwd_ms = dm_alloc((size_t)U * sizeof(double));
+    st->unit_bwd_ms = dm_alloc((size_t)U * sizeof(double));
+    st->unit_mem_bytes = dm_alloc((size_t)U * sizeof(double));
+    st->unit_sparsity = dm_alloc((size_t)U * sizeof(double));
+    st->unit_update_ms = dm_alloc((size_t)U * sizeof(double));
     st->stage_update_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_peak_mb = dm_alloc((size_t)S * sizeof(double));
     st->layout = dm_alloc((size_t)S * sizeof(int));
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/
-     * update per layer, then the stage's update, then the signals */
+     * update per unit, then the stage's update, then the signals */
     signals_alloc(eng);
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
@@ -91,6 +98,11 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->layer_mem_bytes);
     dm_free(st->layer_sparsity);
     dm_free(st->layer_update_ms);
+    dm_free(st->unit_fwd_ms);
+    dm_free(st->unit_bwd_ms);
+    dm_free(st->unit_mem_bytes);
+    dm_free(st->unit_sparsity);
+    dm_free(st->unit_update_ms);
     for (int k = 0; k < st->signal_count; k++) dm_free(st->signals[k].values);
     dm_free(st->signals);
     dm_free(eng->signal_at);
@@ -143,14 +155,51 @@ static void pack_signals(struct engine *eng, double *v)
     }
 }
 
+/* Block i's figures at unit u of the profile v (U units). */
+static void pack_unit(double *v, int U, int u, double fwd, double bwd, double mem,
+                      double sparsity, double update)
+{
+    v[4 + PROFILE_FWD * U + u] = fwd;
+    v[4 + PROFILE_BWD * U + u] = bwd;
+    v[4 + PROFILE_MEM * U + u] = mem;
+    v[4 + PROFILE_SPARSITY * U + u] = sparsity;
+    v[4 + PROFILE_UPDATE * U + u] = update;
+}
+
+/* With sublayer units, the halves of block i this rank holds: forward
+ * and backward as measured apart (gpt_forward), the slab's bytes by each
+ * half's floats (the header and dynamic state with the attention), the
+ * update time by each half's share of the parameters held. */
+static void pack_halves(const struct engine *eng, double *v, int U, int i)
+{
+    const struct gpt *m = &eng->model;
+    const struct block *blk = &m->blocks[i];
+    int layer = m->first_block + i;
+    size_t offset, attention;
+    block_half_range(blk, BLOCK_HALF_ATTENTION, &offset, &attention);
+    double sparsity = block_matrix_sparsity(blk), pack = (double)block_pack_size(blk);
+    double attention_bytes = pack - 3.0 * sizeof(float) * (double)(blk->nparams - attention);
+    double share = blk->halves == BLOCK_HALF_ATTENTION ? 1.0
+                   : blk->halves == BLOCK_HALF_MLP     ? 0.0
+                                                       : (double)attention / (double)blk->nparams;
+    if (blk->halves != BLOCK_HALF_MLP)
+        pack_unit(v, U, 2 * layer, m->attention_fwd_s[i], m->attention_bwd_s[i],
+                  attention_bytes, sparsity, m->block_update_s[i] * share);
+    if (blk->halves != BLOCK_HALF_ATTENTION)
+        pack_unit(v, U, 2 * layer + 1, m->block_fwd_s[i] - m->attention_fwd_s[i],
+                  m->block_bwd_s[i] - m->attention_bwd_s[i], pack - attention_bytes, sparsity,
+                  m->block_update_s[i] * (1.0 - share));
+}
+
 /* This rank's profile of the step into eng->gather_send: loss sum,
- * compute, wait, peak memory, then per block (at its layer's column)
- * forward, backward, slab bytes, sparsity and update time, then the
- * stage's update time, then the signals. */
+ * compute, wait, peak memory, then per unit (at its column: a block's
+ * layer, or its halves' with sublayer units) forward, backward, slab
+ * bytes, sparsity and update time, then the stage's update time, then the
+ * signals. */
 static void pack_profile(struct engine *eng, float loss_sum)
 {
     struct gpt *m = &eng->model;
-    int L = eng->shape.layers;
+    int U = eng->stats.units;
     double *v = eng->gather_send;
     memset(v, 0, (size_t)eng->gather_len * sizeof(double));
     v[0] = loss_sum;
@@ -158,24 +207,25 @@ static void pack_profile(struct engine *eng, float loss_sum)
     v[2] = eng->wait_s;
     v[3] = (double)dm_peak_rss_bytes();
     for (int i = 0; i < m->num_blocks; i++) {
-        int layer = m->first_block + i;
-        v[4 + PROFILE_FWD * L + layer] = m->block_fwd_s[i];
-        v[4 + PROFILE_BWD * L + layer] = m->block_bwd_s[i];
-        v[4 + PROFILE_MEM * L + layer] = (double)block_pack_size(&m->blocks[i]);
-        v[4 + PROFILE_SPARSITY * L + layer] = block_matrix_sparsity(&m->blocks[i]);
-        v[4 + PROFILE_UPDATE * L + layer] = m->block_update_s[i];
+        if (eng->sublayer) {
+            pack_halves(eng, v, U, i);
+            continue;
+        }
+        pack_unit(v, U, m->first_block + i, m->block_fwd_s[i], m->block_bwd_s[i],
+                  (double)block_pack_size(&m->blocks[i]), block_matrix_sparsity(&m->blocks[i]),
+                  m->block_update_s[i]);
     }
-    v[4 + PROFILE_FIELDS * L] = eng->update_s;
+    v[4 + PROFILE_FIELDS * U] = eng->update_s;
     pack_signals(eng, v);
 }
 
-static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
+static void clear_stats(struct step_stats *st, int S, const int *layout)
 {
     for (int k = 0; k < st->signal_count; k++)
         for (int c = 0; c < st->signals[k].columns; c++) st->signals[k].values[c] = 0.0;
-    for (int l = 0; l < L; l++) {
-        st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
-        st->layer_sparsity[l] = st->layer_update_ms[l] = 0.0;
+    for (int u = 0; u < st->units; u++) {
+        st->unit_fwd_ms[u] = st->unit_bwd_ms[u] = st->unit_mem_bytes[u] = 0.0;
+        st->unit_sparsity[u] = st->unit_update_ms[u] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
@@ -233,6 +283,28 @@ static void fold_signals(struct engine *eng)
     }
 }
 
+/* Rank 0: the layer figures from the units': a block's two halves
+ * summed (sparsity: the halves' matrix weights' mean), or the same with
+ * whole-block units. */
+static void layers_of_units(struct step_stats *st, int L)
+{
+    int per = st->units / L;
+    for (int l = 0; l < L; l++) {
+        const int u = per * l;
+        st->layer_fwd_ms[l] = st->unit_fwd_ms[u];
+        st->layer_bwd_ms[l] = st->unit_bwd_ms[u];
+        st->layer_mem_bytes[l] = st->unit_mem_bytes[u];
+        st->layer_sparsity[l] = st->unit_sparsity[u];
+        st->layer_update_ms[l] = st->unit_update_ms[u];
+        if (per == 1) continue;
+        st->layer_fwd_ms[l] += st->unit_fwd_ms[u + 1];
+        st->layer_bwd_ms[l] += st->unit_bwd_ms[u + 1];
+        st->layer_mem_bytes[l] += st->unit_mem_bytes[u + 1];
+        st->layer_sparsity[l] = (st->unit_sparsity[u] + 2.0 * st->unit_sparsity[u + 1]) / 3.0;
+        st->layer_update_ms[l] += st->unit_update_ms[u + 1];
+    }
+}
+
 /* Rank 0: folds every rank's profile into eng->stats: stage figures are
  * the maximum over replicas, block figures replica 0's, the bubble the
  * idle share of all ranks, the imbalance Eq. 2 over the stages, the
@@ -248,12 +320,13 @@ static void fold_profiles(struct engine *eng, double step_s)
         loss_total += (float)eng->gather_recv[(size_t)rank_of(g, S - 1, r) * eng->gather_len];
     st->loss = loss_total / (float)(eng->micro_batches * g->replicas);
     st->step_ms = step_s * 1e3;
-    clear_stats(st, L, S, eng->layout);
+    int U = st->units;
+    clear_stats(st, S, eng->layout);
     double idle = 0.0, cmax = 0.0, cmin = INFINITY, csum = 0.0;
     for (int r = 0; r < g->world_size; r++) {
         const double *x = eng->gather_recv + (size_t)r * eng->gather_len;
         int s = r % S, rep = r / S;
-        const double *update = x + 4 + PROFILE_FIELDS * L;
+        const double *update = x + 4 + PROFILE_FIELDS * U;
         if (x[1] * 1e3 > st->stage_compute_ms[s]) st->stage_compute_ms[s] = x[1] * 1e3;
         if (x[2] * 1e3 > st->stage_wait_ms[s]) st->stage_wait_ms[s] = x[2] * 1e3;
         if (x[3] / 1048576.0 > st->stage_peak_mb[s]) st->stage_peak_mb[s] = x[3] / 1048576.0;
@@ -261,14 +334,15 @@ static void fold_profiles(struct engine *eng, double step_s)
         double busy = x[1] > step_s ? step_s : x[1];
         idle += step_s - busy;
         if (rep == 0)
-            for (int l = 0; l < L; l++) {
-                st->layer_fwd_ms[l] += x[4 + PROFILE_FWD * L + l] * 1e3 / mb_count;
-                st->layer_bwd_ms[l] += x[4 + PROFILE_BWD * L + l] * 1e3 / mb_count;
-                st->layer_mem_bytes[l] += x[4 + PROFILE_MEM * L + l];
-                st->layer_sparsity[l] += x[4 + PROFILE_SPARSITY * L + l];
-                st->layer_update_ms[l] += x[4 + PROFILE_UPDATE * L + l] * 1e3;
+            for (int u = 0; u < U; u++) {
+                st->unit_fwd_ms[u] += x[4 + PROFILE_FWD * U + u] * 1e3 / mb_count;
+                st->unit_bwd_ms[u] += x[4 + PROFILE_BWD * U + u] * 1e3 / mb_count;
+                st->unit_mem_bytes[u] += x[4 + PROFILE_MEM * U + u];
+                st->unit_sparsity[u] += x[4 + PROFILE_SPARSITY * U + u];
+                st->unit_update_ms[u] += x[4 + PROFILE_UPDATE * U + u] * 1e3;
             }
     }
+    layers_of_units(st, L);
     for (int s = 0; s < S; s++) {
         double c = st->stage_compute_ms[s];
         cmax = c > cmax ? c : cmax;

@@ -45,6 +45,21 @@ static void print_layout(const char *label, const int *counts, int stages)
     printf("\n");
 }
 
+/* With sublayer units: the blocks whose attention and MLP sit on two
+ * stages (a boundary after an odd number of units). */
+static void print_split_blocks(const int *counts, int stages)
+{
+    printf("split_blocks:");
+    int unit = 0, any = 0;
+    for (int s = 0; s + 1 < stages; s++) {
+        unit += counts[s];
+        if (unit % 2 == 0) continue;
+        printf("%s%d", any ? "," : " ", unit / 2);
+        any = 1;
+    }
+    printf("%s\n", any ? "" : " none");
+}
+
 /* ---- running and printing the methods ------------------------------------- */
 
 /* Method's layout of the input into counts, on *stages stages (the
@@ -131,7 +146,9 @@ static void print_report(const struct plan_input *in, const struct plan_args *a,
            a->mem_cap > 0 && r->max_mem > a->mem_cap ? " (over --mem-cap)" : "");
     printf("step_ms: %.3f\n", r->prediction.step_ms);
     printf("bubble_ratio: %.4f\n", r->prediction.bubble_ratio);
-    printf("blocks_moved: %d\n", r->moved_blocks);
+    if (a->units == BALANCE_UNITS_SUBLAYER) print_split_blocks(counts, stages);
+    printf("%s_moved: %d\n", a->units == BALANCE_UNITS_SUBLAYER ? "units" : "blocks",
+           r->moved_blocks);
     printf("bytes_moved: %lld\n", (long long)r->moved_bytes);
     if (method == BALANCE_DIFFUSION_PARAMS || method == BALANCE_DIFFUSION_TIME)
         printf("rounds: %d\n", res->rounds);
@@ -178,7 +195,7 @@ static void load_input(struct plan_input *in, struct plan_args *a,
         return;
     }
     int *run_layout = NULL, run_stages = 0, run_mb = 0;
-    plan_read_run(in, a->run_dir, a->run_step, &run_layout, &run_stages, &run_mb);
+    plan_read_run(in, a->run_dir, a->run_step, &run_layout, &run_stages, &run_mb, &a->units);
     if (!a->stages) a->stages = run_stages;
     if (!sharing_given) plan_sharing_from_run(sharing, a->run_dir, run_stages, a->stages);
     if (!a->micro_batches) a->micro_batches = run_mb;
@@ -221,8 +238,9 @@ static int *reference_layout(const struct plan_input *in, const struct plan_args
         long sum = 0;
         for (int s = 0; s < S; s++) sum += a->current[s];
         if (sum != n)
-            dm_user_error("--current: the layout covers %ld blocks but %s has %d",
-                          sum, a->costs_path, n);
+            dm_user_error("--current: the layout covers %ld %s but %s has %d", sum,
+                          a->units == BALANCE_UNITS_SUBLAYER ? "units" : "blocks",
+                          a->costs_path, n);
         memcpy(reference, a->current, (size_t)S * sizeof(int));
     } else {
         balance_static_uniform(n, S, reference, NULL, 0);
@@ -248,8 +266,12 @@ static void print_input(const struct plan_input *in, const struct plan_args *a,
                         const struct plan_sharing *sharing, const int *reference)
 {
     int n = in->blocks, S = a->stages;
-    printf("costs: %s (%d blocks%s%s)\n", a->costs_path, n,
-           in->has_embed ? ", embed" : "", in->has_head ? ", head" : "");
+    if (a->units == BALANCE_UNITS_SUBLAYER)
+        printf("costs: %s (%d sublayer units of %d blocks%s%s)\n", a->costs_path, n, n / 2,
+               in->has_embed ? ", embed" : "", in->has_head ? ", head" : "");
+    else
+        printf("costs: %s (%d blocks%s%s)\n", a->costs_path, n,
+               in->has_embed ? ", embed" : "", in->has_head ? ", head" : "");
     if (in->profile.update_ms) {   /* the step's end, once a step */
         double blocks = 0;
         for (int i = 0; i < n; i++) blocks += in->profile.update_ms[i];
@@ -278,9 +300,14 @@ int cmd_plan(int argc, char **argv)
     int sharing_given = a.cores > 0 || a.stage_groups_text;
     char source[1300];
     load_input(&in, &a, &sharing, sharing_given, source, sizeof source);
+    const char *unit = a.units == BALANCE_UNITS_SUBLAYER ? "units" : "blocks";
+    if (a.units == BALANCE_UNITS_SUBLAYER && in.blocks % 2)
+        dm_user_error("--units sublayer: %s has %d unit rows, but a block is two units "
+                      "(its attention, then its MLP): an even count", a.costs_path,
+                      in.blocks);
     if (in.blocks < a.stages)
-        dm_user_error("--stages: %d stages but %s has only %d blocks; every stage "
-                      "needs at least one", a.stages, a.costs_path, in.blocks);
+        dm_user_error("--stages: %d stages but %s has only %d %s; every stage "
+                      "needs at least one", a.stages, a.costs_path, in.blocks, unit);
     set_up_sharing(&in, &a, &sharing, sharing_given);
     int *reference = reference_layout(&in, &a);
     check_fits(&in, &a);

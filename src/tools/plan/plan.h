@@ -41,10 +41,12 @@ void plan_input_free(struct plan_input *in);
 
 /* One step's costs from DIR/runlog.h5 (step is 1-based; docs/balance.md):
  * fills *in (free with plan_input_free), the run's layout at that step
- * (dm_alloc'd, *stages entries) and its micro-batches. A missing or bad
- * log is a user error (exit 2) naming it. */
+ * (dm_alloc'd, *stages entries), its micro-batches and its units
+ * (enum balance_units: with sublayer, in holds a row per unit from
+ * /units/ and the layout counts units). A missing or bad log is a user
+ * error (exit 2) naming it. */
 void plan_read_run(struct plan_input *in, const char *dir, long step,
-                   int **layout, int *stages, int *micro_batches);
+                   int **layout, int *stages, int *micro_batches, int *units);
 
 /* ---- processors: which stages share them ----------------------------------- */
 
@@ -94,6 +96,8 @@ struct plan_args {
     double gamma;
     double epsilon;
     int target_stages;                /* repack-first-fit */
+    int units;                        /* enum balance_units of the --costs rows */
+    int units_given;                  /* --units */
 };
 
 /* Parses plan's command line into *a; sets *bench for --bench (then the

@@ -48,6 +48,10 @@ static void usage(FILE *out)
         "                        (one instruction per core at a time, first come\n"
         "                        first served, as dynmo train's ranks with\n"
         "                        parallel.turns = 1; whole core counts)\n"
+        "  --units block|sublayer  what a row of --costs is: a block (the default),\n"
+        "                        or a unit of balance.units = sublayer (two rows per\n"
+        "                        block: its attention, then its MLP); layouts count\n"
+        "                        the rows\n"
         "  --bench               time the balancers on random inputs (docs/PERFORMANCE.md)\n"
         "  --from-run DIR --step N   costs from DIR/runlog.h5 at step N (1-based):\n"
         "                        per-block fwd/bwd ms, parameters (nonzero after\n"
@@ -229,6 +233,10 @@ static int parse_option(struct plan_args *a, const char *arg, const char *value,
         if (!strcmp(value, "fluid")) a->sharing_model = 0;
         else if (!strcmp(value, "turns")) a->sharing_model = 1;
         else dm_user_error("--sharing: '%s' is not fluid or turns", value);
+    } else if (!strcmp(arg, "--units")) {
+        a->units = balance_units_parse(value);
+        if (a->units < 0) dm_user_error("--units: '%s' is not block or sublayer", value);
+        a->units_given = 1;
     } else if (!strcmp(arg, "--from-run")) {
         a->run_dir = value;
     } else if (!strcmp(arg, "--step")) {
@@ -253,6 +261,9 @@ static void check_args(struct plan_args *a, const char *current_text)
     if (!a->costs_path && !a->run_dir)
         dm_user_error("plan: --costs FILE.csv (or --from-run DIR --step N) is required");
     if (!a->stages && !a->run_dir) dm_user_error("plan: --stages S is required");
+    if (a->units_given && a->run_dir)
+        dm_user_error("--units describes the rows of --costs; --from-run reads the run "
+                      "log's own units");
     if (a->cores > 0 && (a->stage_groups_text || a->group_cores_text))
         dm_user_error("--cores: give --cores (one group of all stages) or "
                       "--stage-groups with --group-cores, not both");

@@ -30,7 +30,8 @@
 /* The model (its channels, layers and the schemes' extensions, which make
  * blocks differ in size) and the micro-batches from the run's config
  * (the root attribute config, checked key by key: runlog_file_config). */
-static void read_run_config(struct runlog_file *f, struct gpt_shape *shape, int *micro_batches)
+static void read_run_config(struct runlog_file *f, struct gpt_shape *shape, int *micro_batches,
+                            int *units)
 {
     char err[1200];
     struct dm_config cfg;
@@ -39,28 +40,38 @@ static void read_run_config(struct runlog_file *f, struct gpt_shape *shape, int 
     if (status > 0) run_error(f, "%s has no model config", runlog_file_path(f));
     *shape = dyn_shape_from_config(&cfg);
     *micro_batches = cfg.micro_batches;
+    *units = balance_units_parse(cfg.units) == BALANCE_UNITS_SUBLAYER ? BALANCE_UNITS_SUBLAYER
+                                                                      : BALANCE_UNITS_BLOCK;
 }
 
 /* The steps the log holds; *with_update when it has the blocks' updates
  * for every one of them (a resumed log of an older dynmo starts them
  * late, and then none are used). */
-static long read_run_steps(struct runlog_file *f, int *with_update)
+static long read_run_steps(struct runlog_file *f, int *with_update, int units)
 {
-    const struct runlog_dataset_info *fwd = runlog_file_dataset(f, RUNLOG_LAYER_FWD_MS);
-    const struct runlog_dataset_info *update = runlog_file_dataset(f, RUNLOG_LAYER_UPDATE_MS);
+    int sublayer = units == BALANCE_UNITS_SUBLAYER;
+    const char *fwd_name = sublayer ? RUNLOG_UNIT_FWD_MS : RUNLOG_LAYER_FWD_MS;
+    const struct runlog_dataset_info *fwd = runlog_file_dataset(f, fwd_name);
+    const struct runlog_dataset_info *update =
+        runlog_file_dataset(f, sublayer ? RUNLOG_UNIT_UPDATE_MS : RUNLOG_LAYER_UPDATE_MS);
     if (!fwd || fwd->rank != 2)
-        run_error(f, "%s has no dataset %s", runlog_file_path(f), RUNLOG_LAYER_FWD_MS);
+        run_error(f, "%s has no dataset %s", runlog_file_path(f), fwd_name);
     *with_update = update && update->rank == 2 && update->dims[0] == fwd->dims[0];
     return fwd->dims[0];
 }
 
-/* The blocks' times, parameters, memory and updates (zeros without
- * updates) at step (1-based) into in's arrays, which it allocates. */
+/* The units' times, parameters, memory and updates (zeros without
+ * updates) at step (1-based) into in's arrays, which it allocates: the
+ * blocks' (/layers/), or with sublayer units each half's (/units/; block
+ * j's attention 2j, its MLP 2j + 1, a block's sparsity for both). */
 static void read_run_blocks(struct plan_input *in, struct runlog_file *f, long step,
-                            const struct gpt_shape *shape, int with_update)
+                            const struct gpt_shape *shape, int with_update, int units)
 {
     char err[1200];
-    int L = in->blocks;
+    int L = in->blocks, per = balance_units_per_block(units);
+    const char *fwd_name = per == 2 ? RUNLOG_UNIT_FWD_MS : RUNLOG_LAYER_FWD_MS;
+    const char *bwd_name = per == 2 ? RUNLOG_UNIT_BWD_MS : RUNLOG_LAYER_BWD_MS;
+    const char *update_name = per == 2 ? RUNLOG_UNIT_UPDATE_MS : RUNLOG_LAYER_UPDATE_MS;
     in->fwd_ms = dm_alloc((size_t)L * sizeof(double));
     in->bwd_ms = dm_alloc((size_t)L * sizeof(double));
     in->params = dm_alloc((size_t)L * sizeof(double));
@@ -69,26 +80,28 @@ static void read_run_blocks(struct plan_input *in, struct runlog_file *f, long s
     float *fwd = dm_alloc((size_t)L * sizeof(float)), *bwd = dm_alloc((size_t)L * sizeof(float));
     float *sparsity = dm_alloc((size_t)L * sizeof(float));
     float *update = dm_alloc((size_t)L * sizeof(float));
-    if (runlog_file_row(f, RUNLOG_LAYER_FWD_MS, step - 1, fwd, L, err, sizeof err) ||
-        runlog_file_row(f, RUNLOG_LAYER_BWD_MS, step - 1, bwd, L, err, sizeof err))
+    if (runlog_file_row(f, fwd_name, step - 1, fwd, L, err, sizeof err) ||
+        runlog_file_row(f, bwd_name, step - 1, bwd, L, err, sizeof err))
         run_error(f, "%s", err);
     /* The pruned share of each block's matrices: the per-layer signal a
      * scheme declares as sparsity (dyn.h's cost roles). */
     const struct dyn_signal *pruned = dyn_signal_of_cost(DYN_COST_SPARSITY);
     if (pruned && pruned->columns == DYN_SIGNAL_LAYERS && runlog_file_dataset(f, pruned->dataset) &&
-        runlog_file_row(f, pruned->dataset, step - 1, sparsity, L, err, sizeof err))
+        runlog_file_row(f, pruned->dataset, step - 1, sparsity, L / per, err, sizeof err))
         run_error(f, "%s", err);
-    if (with_update &&
-        runlog_file_row(f, RUNLOG_LAYER_UPDATE_MS, step - 1, update, L, err, sizeof err))
+    for (int u = L - 1; per == 2 && u >= 0; u--) sparsity[u] = sparsity[u / 2];
+    if (with_update && runlog_file_row(f, update_name, step - 1, update, L, err, sizeof err))
         run_error(f, "%s", err);
     for (int l = 0; l < L; l++) {
         if (!(fwd[l] >= 0 && bwd[l] >= 0 && update[l] >= 0) || !isfinite(fwd[l] + bwd[l]) ||
             !isfinite(update[l]) || !(sparsity[l] >= 0 && sparsity[l] <= 1))
-            run_error(f, "%s: block %d at step %ld has forward %g, backward %g, update %g ms and "
+            run_error(f, "%s: %s %d at step %ld has forward %g, backward %g, update %g ms and "
                       "sparsity %g (measured times are >= 0, a sparsity in [0, 1]; a step the "
-                      "log does not hold has NaN)", runlog_file_path(f), l, step, (double)fwd[l],
-                      (double)bwd[l], (double)update[l], (double)sparsity[l]);
-        double size = (double)gpt_block_param_count(shape, l);
+                      "log does not hold has NaN)", runlog_file_path(f),
+                      per == 2 ? "unit" : "block", l, step, (double)fwd[l], (double)bwd[l],
+                      (double)update[l], (double)sparsity[l]);
+        int half = per == 1 ? BLOCK_HALVES : l % 2 ? BLOCK_HALF_MLP : BLOCK_HALF_ATTENTION;
+        double size = (double)gpt_unit_param_count(shape, l / per, half);
         in->fwd_ms[l] = fwd[l];
         in->bwd_ms[l] = bwd[l];
         in->params[l] = floor(size * (1.0 - sparsity[l]) + 0.5);
@@ -102,7 +115,7 @@ static void read_run_blocks(struct plan_input *in, struct runlog_file *f, long s
 }
 
 /* The layout at step: its row of the history, a layout of the run's
- * `layers` blocks (runlog_file_layouts); *width is the history's row
+ * `layers` units (runlog_file_layouts); *width is the history's row
  * width. The end stages' extras are read through it. */
 static void read_run_layout(struct runlog_file *f, long step, int layers, int **layout,
                             int *stages, int *width)
@@ -148,7 +161,7 @@ static void read_run_ends(struct plan_input *in, struct runlog_file *f, long ste
 }
 
 void plan_read_run(struct plan_input *in, const char *dir, long step, int **layout,
-                   int *stages, int *micro_batches)
+                   int *stages, int *micro_batches, int *units)
 {
     char path[1200], err[1200];
     snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
@@ -156,16 +169,16 @@ void plan_read_run(struct plan_input *in, const char *dir, long step, int **layo
     if (!f) dm_user_error("--from-run: %s", err);
     struct gpt_shape shape;
     int with_update;
-    read_run_config(f, &shape, micro_batches);
-    int layers = shape.layers;
-    long nsteps = read_run_steps(f, &with_update);
+    read_run_config(f, &shape, micro_batches, units);
+    int layers = shape.layers * balance_units_per_block(*units);   /* the units */
+    long nsteps = read_run_steps(f, &with_update, *units);
     if (step < 1 || step > nsteps) {
         runlog_close_read(f);
         dm_user_error("--step %ld: %s has steps 1..%ld", step, path, nsteps);
     }
     memset(in, 0, sizeof *in);
     in->blocks = layers;
-    read_run_blocks(in, f, step, &shape, with_update);
+    read_run_blocks(in, f, step, &shape, with_update, *units);
     int width = 0;
     read_run_layout(f, step, layers, layout, stages, &width);
     read_run_ends(in, f, step, *layout, *stages, width, *micro_batches, with_update);

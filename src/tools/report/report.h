@@ -124,6 +124,8 @@ struct report_run {
     int have_config;      /* the log has one */
     char dyn_kind[32], method[32], schedule[32];
     int layers, stages, micro_batches; /* from the datasets' widths and config */
+    int units_per_block; /* balance.units: 1 (block), or 2 (sublayer: the layouts
+                            count a block's attention and MLP apart) */
     long steps;         /* rows of the longest /steps/ series */
     struct series loss, step_ms, tokens_per_s, bubble, imbalance, peak_mb;
     struct series eval_step, eval_loss;

@@ -144,13 +144,15 @@ static int rows_equal(const struct report_run *run, long a, long b)
     return !memcmp(layout_row(run, a), layout_row(run, b), (size_t)run->layout.cols * 4);
 }
 
-/* Bands of equal layout rows [i, end): one rectangle per stage. */
+/* Bands of equal layout rows [i, end): one rectangle per stage, in
+ * blocks (with sublayer units a boundary inside a block sits at its
+ * middle). */
 static void layout_band(cairo_t *cr, const struct chart *c, const struct report_run *run,
                         long i, long end)
 {
     double start = 0;
     for (int s = 0; s < run->layout.cols; s++) {
-        double count = layout_row(run, i)[s];
+        double count = layout_row(run, i)[s] / run->units_per_block;
         if (!(count > 0)) continue;
         struct rgb color = palette_color(s);
         cairo_set_source_rgb(cr, color.r, color.g, color.b);
@@ -159,7 +161,8 @@ static void layout_band(cairo_t *cr, const struct chart *c, const struct report_
         cairo_rectangle(cr, x0, y0, x1 - x0, y1 - y0 - 1);
         cairo_fill(cr);
         char label[48];
-        snprintf(label, sizeof label, "stage %d: %g", s, count);
+        snprintf(label, sizeof label, "stage %d: %g%s", s, (double)layout_row(run, i)[s],
+                 run->units_per_block > 1 ? " units" : "");
         if (y1 - y0 > 14 && x1 - x0 > 80) {
             cairo_set_source_rgb(cr, 1, 1, 1);
             draw_text(cr, x0 + 5, (y0 + y1) / 2, label, 11, 0, 0.5, 0);
@@ -172,8 +175,9 @@ static void draw_layout(cairo_t *cr, const struct figure *f)
 {
     const struct report_run *run = figure_run(f);
     char title[256];
-    snprintf(title, sizeof title, "%s: blocks owned by each stage, step by step "
-             "(dashed: a layout change, with its step)", run->name);
+    snprintf(title, sizeof title, "%s: %s owned by each stage, step by step "
+             "(dashed: a layout change, with its step)", run->name,
+             run->units_per_block > 1 ? "blocks and half blocks (sublayer units)" : "blocks");
     draw_title(cr, f->width, title);
     struct chart c = full_panel(f->height, (double)longest_run(f->report), -0.5,
                                 run->layers - 0.5);

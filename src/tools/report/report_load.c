@@ -9,7 +9,8 @@
  * Every value used as a count, an index or a width is checked against the
  * file's own shape and configuration before it is used: per-block columns
  * are model.layers, or a scheme's signal's width (dyn_signal_width), each layout
- * places model.layers blocks, a decision's or an evaluation's step is one
+ * places model.layers units (blocks; halves too with balance.units =
+ * sublayer), a decision's or an evaluation's step is one
  * of the log's, a traced row's step, rank, stage and micro-batch are ones
  * its run had (trace_load).
  *
@@ -95,14 +96,16 @@ static int read_trace_shape(struct runlog_file *f, struct trace_shape *s, char *
     int status = runlog_file_config(f, &cfg, err, errsize);
     if (status < 0) return -1;
     s->have_config = status == 0;
+    /* a layout counts units: blocks, or halves with balance.units = sublayer */
+    int units = cfg.layers * balance_units_per_block(balance_units_parse(cfg.units));
     s->dp = cfg.dp;
     s->micro_batches = cfg.micro_batches;
     if (runlog_file_dataset(f, RUNLOG_STEP_RANKS)) {
         s->ranks_rows = runlog_file_int_series(f, RUNLOG_STEP_RANKS, &s->ranks, err, errsize);
         if (s->ranks_rows < 0) return -1;
     }
-    return runlog_file_layouts(f, s->have_config ? cfg.layers : 0, &s->layouts, err,
-                               errsize) < 0 ? -1 : 0;
+    return runlog_file_layouts(f, s->have_config ? units : 0, &s->layouts, err, errsize) < 0
+               ? -1 : 0;
 }
 
 /* Row r of the file's events into e, each cell checked as far as the row
@@ -430,7 +433,8 @@ static int load_layouts(struct run_reading *ld)
 {
     struct report_run *run = ld->run;
     struct runlog_layouts l;
-    int status = runlog_file_layouts(ld->f, run->layers, &l, ld->err, ld->errsize);
+    int per = run->units_per_block;
+    int status = runlog_file_layouts(ld->f, run->layers * per, &l, ld->err, ld->errsize);
     if (status < 0) return -1;
     struct matrix *m = &run->layout;
     m->rows = l.rows;
@@ -438,7 +442,7 @@ static int load_layouts(struct run_reading *ld)
     m->values = status == 0 ? dm_alloc((size_t)(l.rows ? l.rows : 1) * (size_t)l.width *
                                        sizeof(float)) : NULL;
     for (long i = 0; i < l.rows * l.width; i++) m->values[i] = (float)l.counts[i];
-    if (run->layers == 0) run->layers = l.layers > 0 ? l.layers : 0;
+    if (run->layers == 0) run->layers = l.layers > 0 ? l.layers / per : 0;
     run->stages = l.width;
     runlog_layouts_free(&l);
     run->changes = dm_alloc((size_t)(m->rows ? m->rows : 1) * sizeof *run->changes);
@@ -579,6 +583,7 @@ static int load_blocks(struct run_reading *ld)
 {
     struct report_run *run = ld->run;
     run->layers = config_has(run, "model.layers") ? ld->cfg.layers : 0;
+    run->units_per_block = balance_units_per_block(balance_units_parse(ld->cfg.units));
     if (read_matrix(ld, RUNLOG_LAYER_FWD_MS, run->layers, &run->fwd) != 0) return -1;
     if (!run->layers) run->layers = run->fwd.cols;
     if (read_matrix(ld, RUNLOG_LAYER_BWD_MS, run->layers, &run->bwd) != 0) return -1;

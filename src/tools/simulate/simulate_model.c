@@ -380,6 +380,10 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
     if (status < 0) run_error(f, "%s", err);
     if (status > 0)
         run_error(f, "%s has no configuration (root attribute config)", run->path);
+    if (balance_units_parse(run->cfg.units) == BALANCE_UNITS_SUBLAYER)
+        run_error(f, "%s is a run of balance.units = sublayer, whose layouts count half "
+                  "blocks; simulate fits runs of whole blocks (--split-blocks simulates "
+                  "sublayer units)", run->path);
     run->layers = run->cfg.layers;
     run->micro_batches = run->cfg.micro_batches;
     run->schedule = config_schedule(&run->cfg);

@@ -212,7 +212,9 @@ static void world_start(struct world *w, const struct sim_setup *setup,
         };
         int64_t *mem = dm_alloc((size_t)setup->blocks * sizeof(int64_t));
         params.mem_bytes = mem;
-        if (balance_layout_from_spec("params", setup->stages, setup->blocks, &params, w->layout,
+        enum balance_units units = setup->split ? BALANCE_UNITS_SUBLAYER : BALANCE_UNITS_BLOCK;
+        int blocks = setup->blocks / balance_units_per_block(units);
+        if (balance_layout_from_spec("params", setup->stages, blocks, units, &params, w->layout,
                                      err, sizeof err) != BALANCE_OK)
             dm_user_error("simulate: static-params: %s", err);
         dm_free(mem);

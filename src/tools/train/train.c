@@ -92,9 +92,10 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
     int S = tr->stages = grid.stages;
     int *layout = dm_alloc((size_t)S * sizeof(int));
     train_initial_layout(layout, cfg, S);
+    train_check_units(cfg);
     train_check_memory(cfg, layout, S);
     tr->eng = engine_create(cfg, layout, train_may_resume(cfg));
-    layout_history_init(&tr->history, cfg->layers);
+    layout_history_init(&tr->history, train_unit_count(cfg));
     layout_history_push(&tr->history, 0, layout, S);
     dm_free(layout);
     tr->balancer = train_balancer_create(cfg, S);

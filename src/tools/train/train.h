@@ -30,8 +30,22 @@ int train_threads_for_rank(const struct dm_config *cfg);
  * on every device (docs/gpu.md). */
 void train_open_backend(const struct dm_config *cfg);
 /* The layout balance.initial names (balance_layout_from_spec with the
- * blocks' parameter counts); user error naming the key. */
+ * units' parameter counts), in units; user error naming the key. */
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages);
+/* What balance.units = sublayer runs so far: a dense model (no scheme
+ * but freezing, no extension of the blocks but those that stay inside
+ * the attention: hash attention), balanced by any balance.method,
+ * resumed from a checkpoint (ckpt.resume = FILE) but writing none
+ * (ckpt.dir) and not re-packing. Anything else is a user error naming
+ * what cannot split yet. */
+void train_check_units(const struct dm_config *cfg);
+/* balance.units of cfg, and the units of its model.layers blocks. */
+enum balance_units train_units(const struct dm_config *cfg);
+int train_unit_count(const struct dm_config *cfg);
+/* Each unit's parameters (dm_alloc'd, train_unit_count entries; the
+ * caller frees) and, when matrix is not NULL, its prunable matrix
+ * weights (likewise). */
+double *train_unit_params(const struct dm_config *cfg, double **matrix);
 
 /* Collective, before the first step: every path the run will write is
  * usable on every rank (run.out_dir created and writable; ckpt.dir

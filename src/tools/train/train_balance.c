@@ -30,22 +30,22 @@ struct train_balancer {
 
 struct train_balancer *train_balancer_create(const struct dm_config *cfg, int stages)
 {
-    /* Blocks differ in size with the schemes' extensions. */
-    struct gpt_shape shape = dyn_shape_from_config(cfg);
-    double *sizes = dm_alloc((size_t)cfg->layers * sizeof(double));
-    for (int b = 0; b < cfg->layers; b++) sizes[b] = (double)gpt_block_param_count(&shape, b);
+    /* Units differ in size with the schemes' extensions and as halves. */
+    double *matrix = NULL, *sizes = train_unit_params(cfg, &matrix);
     struct balance_controller_config c = {
-        .method = cfg->method, .cost = cfg->cost, .stages = stages, .blocks = cfg->layers,
+        .method = cfg->method, .cost = cfg->cost, .stages = stages,
+        .blocks = train_unit_count(cfg),
         .every = cfg->every, .micro_batches = cfg->micro_batches,
         .schedule = config_schedule(cfg), .seed = cfg->seed, .min_gain = cfg->min_gain,
         .min_improvement = cfg->min_improvement,
         .block_params = (double)block_param_count(cfg->channels),
         .block_matrix_weights = (double)block_matrix_weights(cfg->channels),
-        .block_param_counts = sizes,
+        .block_param_counts = sizes, .unit_matrix_weights = matrix,
     };
     char err[768];
     struct balance_controller *ctl = balance_controller_create(&c, err, sizeof err);
     dm_free(sizes);
+    dm_free(matrix);
     if (!ctl) dm_user_error("%s", err);
     struct train_balancer *tb = dm_alloc(sizeof *tb);
     tb->ctl = ctl;
@@ -70,9 +70,9 @@ void train_balancer_destroy(struct train_balancer *tb)
 static void observation_of(struct balance_observation *obs, const struct step_stats *st)
 {
     struct balance_observation o = {
-        .fwd_ms = st->layer_fwd_ms, .bwd_ms = st->layer_bwd_ms,
-        .update_ms = st->layer_update_ms, .mem_bytes = st->layer_mem_bytes,
-        .sparsity = st->layer_sparsity, .stage_compute_ms = st->stage_compute_ms,
+        .fwd_ms = st->unit_fwd_ms, .bwd_ms = st->unit_bwd_ms,
+        .update_ms = st->unit_update_ms, .mem_bytes = st->unit_mem_bytes,
+        .sparsity = st->unit_sparsity, .stage_compute_ms = st->stage_compute_ms,
         .stage_update_ms = st->stage_update_ms, .layout = st->layout, .step_ms = st->step_ms,
         .migrated_blocks = st->migrated_blocks, .migrated_bytes = st->migrated_bytes,
         .migrate_ms = st->migrate_ms,

@@ -131,14 +131,23 @@ long train_resume(struct engine *eng, const struct dm_config *cfg, uint64_t trai
     if (meta.step > cfg->steps)
         dm_user_error("checkpoint %s is at step %ld, beyond train.steps = %d", path, meta.step,
                       cfg->steps);
-    /* The history carries over when it has this world's stage count. */
+    /* The history carries over when it has this world's stage count, in
+     * this run's units (a checkpoint holds whole-block layouts: with
+     * balance.units = sublayer each count doubles). */
     int S = engine_grid(eng)->stages;
     layout_history_free(history);
-    layout_history_init(history, cfg->layers);
-    for (int k = 0; k < meta.history.count; k++)
-        if (meta.history.stages[k] == S)
-            layout_history_push(history, meta.history.step[k],
-                                layout_history_entry(&meta.history, k), S);
+    layout_history_init(history, train_unit_count(cfg));
+    int *entry = dm_alloc((size_t)S * sizeof(int));
+    for (int k = 0; k < meta.history.count; k++) {
+        if (meta.history.stages[k] != S) continue;
+        char err[512];
+        if (balance_layout_convert(layout_history_entry(&meta.history, k), BALANCE_UNITS_BLOCK,
+                                   S, cfg->layers, train_units(cfg), entry, err,
+                                   sizeof err) != BALANCE_OK)
+            dm_user_error("checkpoint %s: layout history entry %d: %s", path, k, err);
+        layout_history_push(history, meta.history.step[k], entry, S);
+    }
+    dm_free(entry);
     layout_history_push(history, meta.step, engine_layout(eng), S);
     restore_dyn_state(eng, &meta, path);
     long step = meta.step;

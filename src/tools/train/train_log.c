@@ -79,12 +79,17 @@ static void append_signal_rows(struct runlog *log, const struct step_stats *st)
 static void append_rows(struct runlog *log, const struct dm_config *cfg,
                         const struct step_stats *st, int stages, int width)
 {
-    int L = cfg->layers;
-    float *row = dm_alloc((size_t)(L > width ? L : width) * sizeof(float));
+    int L = cfg->layers, U = st->units, most = U > width ? U : width;
+    float *row = dm_alloc((size_t)most * sizeof(float));
     append_doubles(log, RUNLOG_LAYER_FWD_MS, st->layer_fwd_ms, L, row);
     append_doubles(log, RUNLOG_LAYER_BWD_MS, st->layer_bwd_ms, L, row);
     append_signal_rows(log, st);
     append_doubles(log, RUNLOG_LAYER_UPDATE_MS, st->layer_update_ms, L, row);
+    if (U != L) {   /* balance.units = sublayer: the units apart */
+        append_doubles(log, RUNLOG_UNIT_FWD_MS, st->unit_fwd_ms, U, row);
+        append_doubles(log, RUNLOG_UNIT_BWD_MS, st->unit_bwd_ms, U, row);
+        append_doubles(log, RUNLOG_UNIT_UPDATE_MS, st->unit_update_ms, U, row);
+    }
     append_stage_row(log, RUNLOG_STAGE_BUSY_MS, st->stage_compute_ms, stages, width, row);
     append_stage_row(log, RUNLOG_STAGE_IDLE_MS, st->stage_wait_ms, stages, width, row);
     append_stage_row(log, RUNLOG_STAGE_UPDATE_MS, st->stage_update_ms, stages, width, row);
@@ -124,8 +129,9 @@ void train_log_step(struct runlog *log, const struct dm_config *cfg, int step,
     if (st->migrated_blocks > 0) {
         char layout[256];
         layout_format(layout, sizeof layout, st->layout, stages);
-        dm_log(" | migrated %d blocks, %.1f MB, %.0f ms -> %s", st->migrated_blocks,
-               st->migrated_bytes / 1e6, st->migrate_ms, layout);
+        dm_log(" | migrated %d %s, %.1f MB, %.0f ms -> %s", st->migrated_blocks,
+               strcmp(cfg->units, "sublayer") ? "blocks" : "units", st->migrated_bytes / 1e6,
+               st->migrate_ms, layout);
     }
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include "dynmo/backend.h"
 #include "dynmo/balance.h"
+#include "dynmo/block_ext.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
 #include "dynmo/dyn.h"
@@ -72,25 +73,70 @@ int train_threads_for_rank(const struct dm_config *cfg)
     return world_cpus_for_rank();   /* what the rank may use, not what the node has */
 }
 
+enum balance_units train_units(const struct dm_config *cfg)
+{
+    return balance_units_parse(cfg->units) == BALANCE_UNITS_SUBLAYER ? BALANCE_UNITS_SUBLAYER
+                                                                      : BALANCE_UNITS_BLOCK;
+}
+
+int train_unit_count(const struct dm_config *cfg)
+{
+    return cfg->layers * balance_units_per_block(train_units(cfg));
+}
+
+double *train_unit_params(const struct dm_config *cfg, double **matrix)
+{
+    /* blocks differ in size (a scheme may replace the MLP) */
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
+    int per_block = balance_units_per_block(train_units(cfg)), n = train_unit_count(cfg);
+    double *params = dm_alloc((size_t)n * sizeof(double));
+    if (matrix) *matrix = dm_alloc((size_t)n * sizeof(double));
+    for (int u = 0; u < n; u++) {
+        int half = per_block == 1 ? BLOCK_HALVES : u % 2 ? BLOCK_HALF_MLP : BLOCK_HALF_ATTENTION;
+        params[u] = (double)gpt_unit_param_count(&shape, u / per_block, half);
+        if (matrix) (*matrix)[u] = (double)block_half_matrix_weights(cfg->channels, half);
+    }
+    return params;
+}
+
+void train_check_units(const struct dm_config *cfg)
+{
+    if (train_units(cfg) != BALANCE_UNITS_SUBLAYER) return;
+    struct gpt_shape shape = dyn_shape_from_config(cfg);
+    const char *what = NULL;
+    /* freezing is per block: a frozen block's two halves freeze together */
+    if (strcmp(cfg->dyn_kind, "none") != 0 && strcmp(cfg->dyn_kind, "freeze") != 0)
+        what = "dyn.kind other than freeze";
+    else if (cfg->ckpt_dir[0])   /* reading one (ckpt.resume = FILE) is fine */
+        what = "ckpt.dir (writing checkpoints)";
+    else if (cfg->repack_enable)
+        what = "repack.enable";
+    /* an extension splits when it stays inside the attention (hash attention) */
+    for (int i = 0; !what && i < shape.ext_count; i++)
+        if (!gpt_ext_fits_units(shape.ext[i].ops)) what = shape.ext[i].ops->block_noun;
+    if (what)
+        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs dense and "
+                      "hash-attention blocks, frozen or not, and writes no checkpoints "
+                      "(docs/balance.md, \"Units of placement\"); set balance.units = block",
+                      what);
+}
+
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
 {
-    /* DeepSpeed's equal parameters: block parameter counts, the embedding
+    /* DeepSpeed's equal parameters: unit parameter counts, the embedding
      * on the first stage and the final norm on the last. */
-    struct gpt_shape shape = dyn_shape_from_config(cfg);
-    int L = cfg->layers;
-    double *cost = dm_alloc((size_t)L * sizeof(double));
-    int64_t *mem = dm_alloc((size_t)L * sizeof(int64_t));
-    for (int b = 0; b < L; b++) {   /* blocks differ in size (a scheme may replace the MLP) */
-        cost[b] = (double)gpt_block_param_count(&shape, b);
-        mem[b] = (int64_t)(4 * gpt_block_param_count(&shape, b) * sizeof(float));
-    }
+    int n = train_unit_count(cfg);
+    double *cost = train_unit_params(cfg, NULL);
+    int64_t *mem = dm_alloc((size_t)n * sizeof(int64_t));
+    for (int u = 0; u < n; u++) mem[u] = (int64_t)(4 * sizeof(float)) * (int64_t)cost[u];
     struct balance_costs params = {
-        .blocks = L, .cost = cost, .mem_bytes = mem,
-        .first_cost = (double)(shape.vocab + shape.max_seq) * shape.channels,
-        .last_cost = 2.0 * shape.channels,
+        .blocks = n, .cost = cost, .mem_bytes = mem,
+        .first_cost = (double)(cfg->vocab + cfg->max_seq) * cfg->channels,
+        .last_cost = 2.0 * cfg->channels,
     };
     char err[512];
-    int rc = balance_layout_from_spec(cfg->initial, stages, L, &params, counts, err, sizeof err);
+    int rc = balance_layout_from_spec(cfg->initial, stages, cfg->layers, train_units(cfg),
+                                      &params, counts, err, sizeof err);
     dm_free(cost);
     dm_free(mem);
     if (rc != BALANCE_OK) dm_user_error("%s", err);
@@ -218,12 +264,16 @@ static double stage_bytes(const struct dm_config *cfg, const int *layout, int st
     double ends = 16.0 * (double)(shape.vocab + shape.max_seq) * shape.channels +
                   3.0 * 4.0 * (double)micro_B * cfg->seq * shape.vocab * cfg->micro_batches;
     double busiest = 0.0;
+    int per = balance_units_per_block(train_units(cfg));
     for (int s = 0, first = 0; s < stages; first += layout[s++]) {
         double bytes = 0.0;
-        for (int b = first; b < first + layout[s]; b++)
-            bytes += 16.0 * (double)gpt_block_param_count(&shape, b) +
-                     dyn_block_memory(cfg, &shape, b, micro_B) +
-                     (double)cfg->micro_batches * acts;
+        for (int u = first; u < first + layout[s]; u++) {   /* a unit: a block or a half */
+            int b = u / per, half = per == 1 ? BLOCK_HALVES : u % 2 ? BLOCK_HALF_MLP
+                                                                  : BLOCK_HALF_ATTENTION;
+            bytes += 16.0 * (double)gpt_unit_param_count(&shape, b, half) +
+                     (dyn_block_memory(cfg, &shape, b, micro_B) +
+                      (double)cfg->micro_batches * acts) / per;
+        }
         busiest = bytes > busiest ? bytes : busiest;
     }
     return busiest + ends;

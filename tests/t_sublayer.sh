@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# balance.units = sublayer (docs/balance.md): a block's attention and its
+# MLP as separate units of placement. A 5-layer model laid out 3,4,3 units
+# on 3 stages (boundaries inside blocks 1 and 3) and 5,5 on 2 (inside
+# block 2) gives the losses and gradient norms of one rank bit for bit,
+# and so do the balancers moving units between stages; layouts count
+# units: bad layouts and stage counts exit 2 with one message naming the
+# units, and what cannot split yet is refused.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib.sh
+need_dynmo
+work_dir
+tiny_config "$dir/tiny.ini" model.layers=5 train.steps=6 train.grad_clip=0.05
+
+units=(balance.units=sublayer)
+train one 1 "$dir/tiny.ini" "${units[@]}" && bits one steps/loss steps/grad_norm
+train three 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 &&
+  bits three steps/loss steps/grad_norm && same one three "3,4,3 units on 3 stages" steps/loss steps/grad_norm
+grep -q "layout 3,4,3" "$dir/three.out" || fail "3 stages: the log line does not show layout 3,4,3"
+train two 2 "$dir/tiny.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:5,5 &&
+  bits two steps/loss steps/grad_norm && same one two "5,5 units on 2 stages" steps/loss steps/grad_norm
+train whole 1 "$dir/tiny.ini" && bits whole steps/loss && same one whole "units against whole blocks on one rank" steps/loss
+
+# Migration of units: random layouts every 2 steps from 3,4,3 on 3
+# stages, every step on 4 (halves leave whole blocks, join their other
+# half, or arrive from two stages at a third), and the time balancers
+# on the per-unit profile; each against one rank.
+migrated() { grep -qE "migrated [0-9]+ units" "$dir/$1.out" || fail "$1: no units migrated"; }
+train random3 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+  balance.method=random balance.every=2 train.steps=8 run.trace_from=3 run.trace_steps=2 &&
+  migrated random3 &&
+  train one8 1 "$dir/tiny.ini" "${units[@]}" train.steps=8 && bits one8 steps/loss steps/grad_norm &&
+  bits random3 steps/loss steps/grad_norm &&
+  same one8 random3 "random every 2 steps from 3,4,3 units" steps/loss steps/grad_norm
+train random4 4 "$dir/tiny.ini" "${units[@]}" parallel.pp=4 balance.method=random balance.every=1 &&
+  migrated random4 && bits random4 steps/loss steps/grad_norm &&
+  same one random4 "random every step on 4 stages" steps/loss steps/grad_norm
+# the same with each unit's floats in pieces of 4 KiB (as a unit over 1 GiB goes)
+DYNMO_TEST_MIGRATE_PIECE_BYTES=4096 train pieces 4 "$dir/tiny.ini" "${units[@]}" parallel.pp=4 \
+  balance.method=random balance.every=1 && migrated pieces && bits pieces steps/loss &&
+  same random4 pieces "units sent in 4 KiB pieces" steps/loss
+for method in diffusion partition; do
+  train "$method" 2 "$dir/tiny.ini" "${units[@]}" parallel.pp=2 balance.method=$method \
+    balance.every=2 balance.min_improvement=0 balance.min_gain=0 &&
+    bits "$method" steps/loss steps/grad_norm &&
+    same one "$method" "$method on unit costs" steps/loss steps/grad_norm
+done
+
+# Freezing (per block: a frozen block's two halves freeze together) on
+# 2 and 3 stages with boundaries inside blocks, and while units migrate;
+# threshold 100 freezes a block at every check (4 of 5 by step 12).
+tiny_config "$dir/freeze.ini" model.layers=5 train.steps=12 train.grad_clip=0.05 \
+  dyn.kind=freeze dyn.freeze_window=2 dyn.freeze_every=2 dyn.freeze_threshold=100
+train freeze1 1 "$dir/freeze.ini" "${units[@]}" && bits freeze1 steps/loss steps/grad_norm &&
+  grep -q "frozen 4/5" "$dir/freeze1.out" || fail "freeze1: no 4 of 5 blocks frozen"
+train freeze2 2 "$dir/freeze.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:3,7 &&
+  bits freeze2 steps/loss steps/grad_norm &&
+  same freeze1 freeze2 "freezing, 3,7 units on 2 stages" steps/loss steps/grad_norm
+train freeze3 3 "$dir/freeze.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+  balance.method=random balance.every=1 && migrated freeze3 &&
+  bits freeze3 steps/loss steps/grad_norm &&
+  same freeze1 freeze3 "freezing, 3,4,3 units on 3 stages, random every step" steps/loss steps/grad_norm
+
+# Hash attention stays inside the attention unit (docs/mod-hash.md): on
+# 2 and 3 stages with boundaries inside blocks, units migrating on 3, the
+# losses, gradient norms and the blocks' tiles and own-key-only shares
+# of one rank.
+hashed=(steps/loss steps/grad_norm hash/tiles hash/own_key_only)
+tiny_config "$dir/hash.ini" model.layers=5 train.steps=6 train.grad_clip=0.05 \
+  model.attention=hash hash.buckets=4
+train hash1 1 "$dir/hash.ini" "${units[@]}" && bits hash1 "${hashed[@]}"
+train hash2 2 "$dir/hash.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:5,5 &&
+  bits hash2 "${hashed[@]}" && same hash1 hash2 "hash attention, 5,5 units on 2 stages" "${hashed[@]}"
+train hash3 3 "$dir/hash.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+  balance.method=random balance.every=1 && migrated hash3 && bits hash3 "${hashed[@]}" &&
+  same hash1 hash3 "hash attention, 3,4,3 units on 3 stages, random every step" "${hashed[@]}"
+
+# A checkpoint of whole blocks resumed with sublayer units (ckpt.resume =
+# FILE; the history's layouts in units): on 2 stages and on 3 while units
+# migrate, steps 4-6 give the uninterrupted block run's losses.
+train blocks 2 "$dir/tiny.ini" parallel.pp=2 ckpt.dir="$dir/ck" ckpt.every=3
+for stages in 2 3; do
+  initial=explicit:5,5; [ $stages = 3 ] && initial=explicit:3,4,3
+  train "resumed$stages" $stages "$dir/tiny.ini" "${units[@]}" parallel.pp=$stages \
+    balance.initial=$initial balance.method=random balance.every=1 \
+    ckpt.resume="$dir/ck/ckpt-3.h5" || continue
+  grep -q "resumed from .*ckpt-3.h5 at step 3" "$dir/resumed$stages.out" ||
+    fail "resumed$stages: no resume line"
+  /usr/bin/python3 - "$dir/blocks/runlog.h5" "$dir/resumed$stages/runlog.h5" <<'PY' &&
+import sys, h5py
+a, b = (h5py.File(p, 'r')['/steps/loss'][:].view('<u4') for p in sys.argv[1:])
+assert len(a) == 6 and len(b) == 6 and list(a[3:]) == list(b[3:]), (a, b)
+PY
+    echo "ok: a checkpoint of whole blocks resumed with units on $stages stages: steps 4-6 bit-identical" ||
+    fail "resumed$stages: steps 4-6 differ from the block run"
+done
+
+# On the emulated device (docs/gpu.md), units migrating every step on 3
+# stages through the host staging, and device to device over the
+# devices' transport (a device per rank), against one rank's bits.
+if [ -f "$(dirname "$DYNMO")/libdynmo_emulate.so" ]; then
+  . tests/device_lib.sh
+  strict=1
+  emulated=(train.device=emulate model.layers=5 train.steps=8 "${units[@]}")
+  moving=(parallel.pp=3 balance.initial=explicit:3,4,3 balance.method=random balance.every=1)
+  run emu1 1 "${emulated[@]}" &&
+    for devices in 1 3; do
+      DYNMO_EMULATE_DEVICES=$devices run "emu3_$devices" 3 "${emulated[@]}" "${moving[@]}" &&
+        migrated "emu3_$devices" && same emu1 "emu3_$devices" \
+          "emulated device ($devices for 3 ranks), units migrating every step" steps/loss
+    done
+  grep -q "transport: .*device to device" "$dir/emu3_3.out" || fail "emu3_3: no device transport"
+else
+  echo "skip: the emulated device (no $(dirname "$DYNMO")/libdynmo_emulate.so)"
+fi
+
+# The readers of a sublayer run's log: its layouts count units.
+log=$dir/random3/runlog.h5
+# each unit timed apart, the blocks' columns their sums; a block run has none
+/usr/bin/python3 - "$log" <<'PY' && echo "ok: /units/*: 10 units timed apart, /layers/* their sums" ||
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'r')
+for kind in ('fwd_ms', 'bwd_ms'):
+    units, layers = f['/units/' + kind][:], f['/layers/' + kind][:]
+    assert units.shape == (8, 10) and layers.shape == (8, 5), (units.shape, layers.shape)
+    assert (units > 0).all(), f'{kind}: a unit with no time: {units}'
+    sums = units[:, 0::2].astype(float) + units[:, 1::2]
+    assert np.allclose(sums, layers, rtol=1e-5, atol=0), (kind, sums, layers)
+assert f['/units/update_ms'].shape == (8, 10)
+PY
+  fail "/units/* of a sublayer run"
+has whole units/fwd_ms && fail "a run of whole blocks writes /units/fwd_ms"
+"$DYNMO" report "$log" --out "$dir/report" > "$dir/report.out" 2>&1 &&
+  [ -s "$dir/report/layout-1.svg" ] || fail "report of a sublayer run: $(cat "$dir/report.out")"
+"$DYNMO" trace "$log" --out "$dir/trace.json" > "$dir/trace.out" 2>&1 &&
+  grep -q "instructions of steps 3 to 4 on 3 ranks" "$dir/trace.out" ||
+  fail "trace of a sublayer run: $(cat "$dir/trace.out")"
+"$DYNMO" inspect "$log" | grep -q "balance.units = sublayer" || fail "inspect: no balance.units"
+"$DYNMO" plan --from-run "$dir/random3" --step 4 > "$dir/plan.out" 2>&1 &&
+  grep -q "(10 sublayer units of 5 blocks, embed, head)" "$dir/plan.out" &&
+  grep -q "^split_blocks: " "$dir/plan.out" && grep -q "^units_moved: " "$dir/plan.out" ||
+  fail "plan --from-run of a sublayer run: $(head -3 "$dir/plan.out")"
+expect_error "simulate of a sublayer run" "is a run of balance.units = sublayer" \
+  "$DYNMO" simulate --from-run "$dir/random3" --stages 3 --out "$dir/sim"
+
+bad() { train_refused "$1" "$2" "$3" "$dir/tiny.ini" "${@:4}"; }
+bad "units name" "balance.units = 'layer' must be block or sublayer" 1 balance.units=layer
+bad "explicit not the unit count" \
+  "covers 11 units but the 10 units of model.layers = 5 with balance.units = sublayer" 3 \
+  parallel.pp=3 balance.units=sublayer balance.initial=explicit:3,4,4
+bad "explicit counts blocks under units=block" "covers 10 blocks but model.layers = 5" 3 \
+  parallel.pp=3 balance.initial=explicit:3,4,3
+bad "more stages than units" "parallel.pp = 11 exceeds the 10 units of model.layers = 5" 11 \
+  parallel.pp=11 balance.units=sublayer
+bad "sublayer with MoE blocks" "balance.units = sublayer cannot run with a mixture of experts yet" \
+  2 parallel.pp=2 balance.units=sublayer model.moe_every=2
+bad "sublayer with a scheme" "balance.units = sublayer cannot run with dyn.kind other than freeze yet" \
+  2 parallel.pp=2 balance.units=sublayer dyn.kind=prune
+bad "sublayer with checkpoints" "balance.units = sublayer cannot run with ckpt.dir" 2 \
+  parallel.pp=2 balance.units=sublayer ckpt.dir="$dir/ckpt"
+finish
