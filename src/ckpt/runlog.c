@@ -59,7 +59,7 @@ static int int_filler(const char *name)
     return signal ? signal->filler : 0;
 }
 
-static unsigned long hash_name(const char *name)
+static unsigned long fnv1a_of_name(const char *name)
 {
     unsigned long h = 1469598103934665603UL;
     for (; *name; name++) h = (h ^ (unsigned char)*name) * 1099511628211UL;
@@ -304,7 +304,7 @@ static void fill_to(struct runlog_dataset *d, hsize_t rows)
 static struct runlog_dataset *get_dataset(struct runlog *log, const char *name,
                                           int is_int, int rank, int ncols)
 {
-    unsigned long hash = hash_name(name);
+    unsigned long hash = fnv1a_of_name(name);
     struct runlog_dataset *d = find_dataset(log, name, hash);
     if (d) {
         if (d->is_int != is_int || d->rank != rank || (rank == 1 && ncols != 1))
@@ -406,7 +406,7 @@ void runlog_append_int_row(struct runlog *log, const char *name,
 
 long runlog_rows(struct runlog *log, const char *name)
 {
-    struct runlog_dataset *d = find_dataset(log, name, hash_name(name));
+    struct runlog_dataset *d = find_dataset(log, name, fnv1a_of_name(name));
     if (d) return (long)d->rows;
     if (!dm_h5_path_exists(log->file, name)) return -1;
     hid_t dataset = DM_H5(H5Dopen2(log->file, name, H5P_DEFAULT));
@@ -429,7 +429,7 @@ void runlog_truncate(struct runlog *log, const char *name, long rows)
     if (rows < 0 || rows > current)
         DM_FATAL("run log %s: cannot truncate %s of %ld rows to %ld rows",
                  log->path, name, current, rows);
-    struct runlog_dataset *d = find_dataset(log, name, hash_name(name));
+    struct runlog_dataset *d = find_dataset(log, name, fnv1a_of_name(name));
     hid_t dataset = d ? d->dataset : DM_H5(H5Dopen2(log->file, name, H5P_DEFAULT));
     hid_t space = DM_H5(H5Dget_space(dataset));
     hsize_t dims[2] = {0, 0};

@@ -229,12 +229,12 @@ static uint64_t select_rank(MPI_Comm comm, prune_histogram_fn histogram, void *c
         MPI_Request req;
         WORLD_MPI(MPI_Iallreduce(counts, sums, DM_PRUNE_BUCKETS, MPI_LONG, MPI_SUM, comm, &req));
         world_wait(&req);
-        int bucket = 0;
-        while (rank >= sums[bucket]) {
-            rank -= sums[bucket++];
-            DM_ASSERT(bucket < DM_PRUNE_BUCKETS);
+        int digit = 0;   /* the next 8 bits of the key */
+        while (rank >= sums[digit]) {
+            rank -= sums[digit++];
+            DM_ASSERT(digit < DM_PRUNE_BUCKETS);
         }
-        prefix |= (uint64_t)bucket << shift;
+        prefix |= (uint64_t)digit << shift;
     }
     return prefix;
 }
