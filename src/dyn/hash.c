@@ -44,10 +44,12 @@ static void hash_check(const struct dm_config *cfg)
         dm_user_error("hash.buckets = %d exceeds model.max_seq = %d: a sequence has fewer "
                       "tokens than buckets (at most max_seq buckets)", cfg->hash_buckets,
                       cfg->max_seq);
-    if (!strcmp(cfg->dyn_kind, "early_exit"))
-        dm_user_error("model.attention = hash does not combine with dyn.kind = early_exit "
-                      "(exited tokens answer as keys outside the hash buckets)");
 }
+
+/* The schemes it does not combine with (dyn_config_validate refuses them). */
+static const struct dyn_refusal hash_refuses[] = {
+    {"early_exit", "exited tokens answer as keys outside the hash buckets"},
+};
 
 /* ---- the block extension: every block's attention core ------------------------------ */
 
@@ -497,6 +499,11 @@ const struct dyn_scheme dyn_scheme_hash = {
     .active = hash_active,
     .keys = hash_keys,
     .check = hash_check,
+    .title = "hash-sparse attention",
+    .switch_key = "model.attention",
+    .switch_off = "dense",
+    .refuses = hash_refuses,
+    .refusal_count = sizeof hash_refuses / sizeof hash_refuses[0],
     .signals = hash_signals,
     .signal_count = sizeof hash_signals / sizeof hash_signals[0],
     .summarise_log = hash_summarise_log,

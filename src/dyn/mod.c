@@ -62,7 +62,7 @@ static void mod_check_on(const struct dm_config *cfg)
                       "mod.predictor_hidden", cfg->mod_predictor_hidden, cfg->mod_routing);
 }
 
-/* Its keys, then the schemes it does not combine with. */
+/* Its keys. */
 static void mod_check(const struct dm_config *cfg)
 {
     if (cfg->mod_every == 0 && dyn_keys_set(cfg, mod_keys))
@@ -72,14 +72,13 @@ static void mod_check(const struct dm_config *cfg)
                       cfg->mod_predictor_hidden);
     if (cfg->mod_every == 0) return;
     mod_check_on(cfg);
-    if (cfg->moe_every > 0)
-        dm_user_error("model.mod_every = %d with model.moe_every = %d: mixture of depths "
-                      "and mixture of experts do not combine yet; set one of them to 0",
-                      cfg->mod_every, cfg->moe_every);
-    if (!strcmp(cfg->dyn_kind, "prune") || !strcmp(cfg->dyn_kind, "early_exit"))
-        dm_user_error("dyn.kind = %s does not combine with mixture of depths "
-                      "(model.mod_every = %d) yet", cfg->dyn_kind, cfg->mod_every);
 }
+
+/* The schemes it does not combine with (dyn_config_validate refuses them). */
+static const struct dyn_refusal mod_refuses[] = {
+    {"prune", NULL},
+    {"early_exit", NULL},
+};
 
 int mod_capacity_tokens(double capacity, int T)
 {
@@ -788,6 +787,11 @@ const struct dyn_scheme dyn_scheme_mod = {
     .active = mod_active,
     .keys = mod_keys,
     .check = mod_check,
+    .title = "mixture of depths",
+    .switch_key = "model.mod_every",
+    .switch_off = "0",
+    .refuses = mod_refuses,
+    .refusal_count = sizeof mod_refuses / sizeof mod_refuses[0],
     .owns = mod_scheme_owns,
     .signals = mod_signals,
     .signal_count = sizeof mod_signals / sizeof mod_signals[0],

@@ -453,6 +453,7 @@ const struct dyn_scheme dyn_scheme_prune = {
     .kind = "prune",
     .keys = prune_config_keys,
     .check = prune_check,
+    .title = "pruning",
     .signals = prune_signals,
     .signal_count = 1,
     .create = prune_create,

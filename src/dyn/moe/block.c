@@ -261,7 +261,7 @@ struct moe_acts {
     float *logits;          /* (N, E) router logits */
     float *scores;          /* (N, E) softmax probabilities or sigmoid scores */
     float *lse;             /* (N) log-sum-exp of the logits (z-loss) */
-    float *gate;            /* (N, k) gate weights (moe_route_token) */
+    float *gate;            /* (N, k) gate weights (topk_route_token) */
     float *x, *y;           /* (k N, C) expert inputs and outputs, grouped */
     float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
     /* What the ops read and write, in the backend's memory (on the CPU the

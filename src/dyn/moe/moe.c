@@ -45,8 +45,14 @@ static void moe_check_off(const struct dm_config *cfg)
         dm_user_error("parallel.ep = %d needs MoE blocks, but model.moe_every = 0", cfg->ep);
 }
 
-/* The keys (docs/moe.md), the schemes it refuses and the expert-parallel
- * degree. */
+/* The keys (docs/moe.md) and the expert-parallel degree. */
+/* The schemes it does not combine with (dyn_config_validate refuses them). */
+static const struct dyn_refusal moe_refuses[] = {
+    {"mod", NULL},
+    {"prune", NULL},
+    {"early_exit", NULL},
+};
+
 static void moe_check(const struct dm_config *cfg)
 {
     if (cfg->moe_every == 0) {
@@ -69,9 +75,6 @@ static void moe_check(const struct dm_config *cfg)
     if (cfg->bias_rate > 0 && strcmp(cfg->moe_router, "sigmoid") != 0)
         dm_user_error("moe.bias_rate = %s needs moe.router = sigmoid (the selection bias "
                       "belongs to the sigmoid-score router)", value);
-    if (!strcmp(cfg->dyn_kind, "prune") || !strcmp(cfg->dyn_kind, "early_exit"))
-        dm_user_error("dyn.kind = %s does not support MoE blocks yet (model.moe_every = %d)",
-                      cfg->dyn_kind, cfg->moe_every);
     if (cfg->dp % cfg->ep != 0)
         dm_user_error("parallel.ep = %d does not divide parallel.dp = %d", cfg->ep, cfg->dp);
     if (cfg->experts % cfg->ep != 0)
@@ -607,6 +610,11 @@ const struct dyn_scheme dyn_scheme_moe = {
     .active = moe_active,
     .keys = moe_keys,
     .check = moe_check,
+    .title = "mixture of experts",
+    .switch_key = "model.moe_every",
+    .switch_off = "0",
+    .refuses = moe_refuses,
+    .refusal_count = sizeof moe_refuses / sizeof moe_refuses[0],
     .owns = moe_scheme_owns,
     .signals = moe_signals,
     .signal_count = sizeof moe_signals / sizeof moe_signals[0],
