@@ -272,10 +272,6 @@ int runlog_read_row(const char *path, const char *name, long row,
  * Returns the count. */
 int runlog_list_datasets(const char *path, struct runlog_dataset_info **infos,
                          char *err, size_t errsize);
-long runlog_read_root_ints(const char *path, const char *name, int **values, char *err,
-                           size_t errsize);
-long runlog_read_root_doubles(const char *path, const char *name, double **values,
-                              char *err, size_t errsize);
 int runlog_read_root_attr(const char *path, const char *attr, char **text,
                           char *err, size_t errsize);
 

@@ -38,7 +38,8 @@ struct runlog {
     char path[1024];
     hid_t file;
     struct runlog_dataset *datasets;  /* (count), grown by doubling */
-    int count, capacity;
+    int count;
+    long capacity;
     long steps;   /* rows every per-step dataset holds (runlog_end_step) */
 };
 
@@ -190,14 +191,7 @@ static struct runlog_dataset *find_dataset(struct runlog *log, const char *name,
 
 static struct runlog_dataset *add_slot(struct runlog *log)
 {
-    if (log->count == log->capacity) {
-        int capacity = 2 * log->capacity;
-        struct runlog_dataset *grown = dm_alloc((size_t)capacity * sizeof *grown);
-        memcpy(grown, log->datasets, (size_t)log->count * sizeof *grown);
-        dm_free(log->datasets);
-        log->datasets = grown;
-        log->capacity = capacity;
-    }
+    log->datasets = dm_grow(log->datasets, sizeof *log->datasets, log->count, &log->capacity, 16);
     struct runlog_dataset *d = &log->datasets[log->count++];
     memset(d, 0, sizeof *d);
     return d;

@@ -25,7 +25,8 @@ struct summary {
     /* The schemes' summaries (dyn_summarise_log): text lines and the same
      * as JSON under "schemes" */
     char **lines;
-    int line_count, line_capacity;
+    int line_count;
+    long line_capacity;
     json_object *schemes;
     char *version, *created, *config, *format_version; /* dm_alloc'd; NULL if absent */
     long steps;
@@ -168,13 +169,7 @@ struct summary_writer {
 static void writer_line(void *ctx, const char *text)
 {
     struct summary *s = ((struct summary_writer *)ctx)->s;
-    if (s->line_count == s->line_capacity) {
-        s->line_capacity = s->line_capacity ? 2 * s->line_capacity : 8;
-        char **lines = dm_alloc((size_t)s->line_capacity * sizeof *lines);
-        for (int i = 0; i < s->line_count; i++) lines[i] = s->lines[i];
-        dm_free(s->lines);
-        s->lines = lines;
-    }
+    s->lines = dm_grow(s->lines, sizeof *s->lines, s->line_count, &s->line_capacity, 8);
     size_t n = strlen(text) + 1;
     s->lines[s->line_count] = dm_alloc(n);
     memcpy(s->lines[s->line_count++], text, n);
