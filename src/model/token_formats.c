@@ -34,6 +34,8 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define MEGATRON_MAGIC_BYTES 9
 #define MEGATRON_HEADER_BYTES 34        /* magic, u64 version, u8 dtype, u64 x 2 counts */
 
+static uint16_t get_u16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
 static uint32_t get_u32(const unsigned char *p)
 {
     uint32_t v;
@@ -92,25 +94,13 @@ static void decode_wide(int64_t *out, const unsigned char *src, enum token_dtype
         for (size_t i = 0; i < n; i++) out[i] = (int8_t)src[i];
         break;
     case TOKEN_I16:
-        for (size_t i = 0; i < n; i++) {
-            int16_t v;
-            memcpy(&v, src + 2 * i, 2);
-            out[i] = v;
-        }
+        for (size_t i = 0; i < n; i++) out[i] = (int16_t)get_u16(src + 2 * i);
         break;
     case TOKEN_U16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t v;
-            memcpy(&v, src + 2 * i, 2);
-            out[i] = v;
-        }
+        for (size_t i = 0; i < n; i++) out[i] = get_u16(src + 2 * i);
         break;
     case TOKEN_I32:
-        for (size_t i = 0; i < n; i++) {
-            int32_t v;
-            memcpy(&v, src + 4 * i, 4);
-            out[i] = v;
-        }
+        for (size_t i = 0; i < n; i++) out[i] = (int32_t)get_u32(src + 4 * i);
         break;
     case TOKEN_U32:
         for (size_t i = 0; i < n; i++) out[i] = get_u32(src + 4 * i);

@@ -254,6 +254,19 @@ static void print_shape(FILE *out, const struct runlog_dataset_info *d)
     else fprintf(out, "(rank %d)", d->rank);
 }
 
+/* A stored config, each line indented under "config:". */
+static void print_config(const char *config)
+{
+    printf("config:\n");
+    const char *line = config ? config : "";
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        int len = end ? (int)(end - line) : (int)strlen(line);
+        printf("  %.*s\n", len, line);
+        line += len + (end ? 1 : 0);
+    }
+}
+
 static void print_text(const struct summary *s)
 {
     printf("%s %s\n", s->simulated ? "simulation" : "run log", s->path);
@@ -276,14 +289,7 @@ static void print_text(const struct summary *s)
         print_shape(stdout, d);
         printf("\n");
     }
-    printf("config:\n");
-    const char *line = s->config ? s->config : "";
-    while (*line) {
-        const char *end = strchr(line, '\n');
-        int len = end ? (int)(end - line) : (int)strlen(line);
-        printf("  %.*s\n", len, line);
-        line += len + (end ? 1 : 0);
-    }
+    print_config(s->config);
 }
 
 /* ---- JSON (json-c) ---------------------------------------------------------- */
@@ -424,14 +430,7 @@ static void print_checkpoint_blocks(const struct ckpt_meta *m)
         printf("    %5d %5d %9.2f %8.4f %6s\n", i, stage_of(m->layout, m->pp, i),
                3.0 * (double)gpt_block_param_count(s, i) * 4.0 / 1e6,
                (double)m->sparsity[i], m->frozen[i] ? "yes" : "no");
-    printf("config:\n");
-    const char *line = m->config_text ? m->config_text : "";
-    while (*line) {
-        const char *end = strchr(line, '\n');
-        int len = end ? (int)(end - line) : (int)strlen(line);
-        printf("  %.*s\n", len, line);
-        line += len + (end ? 1 : 0);
-    }
+    print_config(m->config_text);
 }
 
 static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)
