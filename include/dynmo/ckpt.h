@@ -299,7 +299,7 @@ struct layout_history {
     int *stages;        /* (count) pipeline stages of entry k */
     int *layout;        /* (count, layers) blocks per stage of entry k, zero
                            past stages[k] */
-    int capacity;       /* entries the arrays have room for */
+    long capacity;      /* entries the arrays have room for */
 };
 
 /* An empty history of rows `layers` wide (no allocation). */
