@@ -740,6 +740,28 @@ static unsigned char *node_bytes(struct check *c, uint64_t address, size_t n, co
     return bytes;
 }
 
+/* A version-1 B-tree node of `type` (0: a group's, 1: a chunk index) and
+ * of at most 2k entries, as node_bytes reads it, whose level is `level`
+ * (-1: any up to MAX_TREE_LEVELS): its bytes, *entries and *level; NULL
+ * after reporting. */
+static unsigned char *tree_node(struct check *c, uint64_t address, size_t n, unsigned type,
+                                unsigned k, int level, const char *kind, const char *where,
+                                const char *what, unsigned *entries, unsigned *node_level)
+{
+    unsigned char *bytes = node_bytes(c, address, n, kind, where, what);
+    if (!bytes) return NULL;
+    *entries = (unsigned)le(bytes + 6, 2);
+    *node_level = bytes[5];
+    if (memcmp(bytes, "TREE", 4) != 0 || bytes[4] != type || *entries > 2 * k ||
+        (level >= 0 && (int)*node_level != level) || *node_level > MAX_TREE_LEVELS) {
+        fail(c, "%s%s: its %s at byte %llu is not one (type %u, level %u, %u entries)", kind,
+             where, what, (unsigned long long)address, bytes[4], *node_level, *entries);
+        dm_free(bytes);
+        return NULL;
+    }
+    return bytes;
+}
+
 /* The chunk index (a version 1 B-tree of type 1) of a chunked dataset:
  * every chunk inside the file and, through its filters, exactly a chunk's
  * bytes. *chunks counts them. */
@@ -748,16 +770,11 @@ static int check_chunk_tree(struct check *c, const struct header_info *h, uint64
 {
     size_t key = 8 + 8 * (size_t)h->chunk_rank;
     size_t node = 24 + (size_t)2 * c->chunk_k * 8 + (size_t)(2 * c->chunk_k + 1) * key;
-    unsigned char *bytes = node_bytes(c, address, node, "", h->where, "chunk index node");
+    unsigned entries, node_level;
+    unsigned char *bytes = tree_node(c, address, node, 1, c->chunk_k, level, "", h->where,
+                                     "chunk index node", &entries, &node_level);
     if (!bytes) return -1;
     int status = -1;
-    unsigned entries = (unsigned)le(bytes + 6, 2), node_level = bytes[5];
-    if (memcmp(bytes, "TREE", 4) != 0 || bytes[4] != 1 || entries > 2 * c->chunk_k ||
-        (level >= 0 && (int)node_level != level) || node_level > MAX_TREE_LEVELS) {
-        fail(c, "%s: the chunk index node at byte %llu is not one (type %u, level %u, %u "
-             "entries)", h->where, (unsigned long long)address, bytes[4], node_level, entries);
-        goto done;
-    }
     for (unsigned i = 0; i < entries; i++) {
         const unsigned char *k = bytes + 24 + (size_t)i * (key + 8);
         uint64_t child = le(k + key, 8), stored = le(k, 4);
@@ -930,16 +947,11 @@ static int check_group_tree(struct check *c, uint64_t address, const struct loca
                             const char *path, int depth, int level)
 {
     size_t node = 24 + (size_t)2 * c->internal_k * 8 + (size_t)(2 * c->internal_k + 1) * 8;
-    unsigned char *bytes = node_bytes(c, address, node, "group ", path, "B-tree node");
+    unsigned entries, node_level;
+    unsigned char *bytes = tree_node(c, address, node, 0, c->internal_k, level, "group ", path,
+                                     "B-tree node", &entries, &node_level);
     if (!bytes) return -1;
     int status = -1;
-    unsigned entries = (unsigned)le(bytes + 6, 2), node_level = bytes[5];
-    if (memcmp(bytes, "TREE", 4) != 0 || bytes[4] != 0 || entries > 2 * c->internal_k ||
-        (level >= 0 && (int)node_level != level) || node_level > MAX_TREE_LEVELS) {
-        fail(c, "group %s: its B-tree node at byte %llu is not one (type %u, level %u, %u "
-             "entries)", path, (unsigned long long)address, bytes[4], node_level, entries);
-        goto done;
-    }
     /* The keys are names in the heap: a lookup by name compares them. */
     for (unsigned i = 0; i <= entries; i++) {
         uint64_t key = le(bytes + 24 + (size_t)i * 16, 8);
