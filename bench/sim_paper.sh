@@ -11,6 +11,12 @@
 # saving (static-uniform with it over without) and both together,
 # re-packing's ranks and rank-hours, and the sub-block what-if against the
 # same whole-block static layout: its layout bound and its best balancer.
+# With HARDWARE=FILE (hardware/h100-sxm.ini) the blocks are priced op by op
+# on that hardware file instead of the run's fitted costs (docs/simulate.md,
+# "The hardware model"): each scheme's config at the paper's shape (hidden
+# size 1024, 32 heads, sequence length 2048, GPT-2's vocabulary, micro-batches
+# of 2 sequences), the run's trajectory of states driving it, the links
+# the file's. STEPS (default 1000) sets the simulated steps.
 # Usage: bench/sim_paper.sh [DIR]   (default runs/simval2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,9 +34,17 @@ for scheme in ${SCHEMES:-freeze early_exit prune}; do
       # MoE: the 4-rank run, whose experts are split over 2 ranks (on 2
       # ranks ep = 1 and a block's load never varies)
       [ $scheme = moe ] && [ -e "$dir/moe-4-static" ] && run=$dir/moe-4-static
-      "$DYNMO" simulate --from-run "$run" --blocks "$L" --stages "$S" \
-        --replicas "$D" --micro-batches $((4 * S)) --steps 1000 --latency-ms 0.02 \
-        --bandwidth-gbs 25 "${extra[@]}" > "/tmp/sim_paper_$unit.out"
+      if [ -n "${HARDWARE:-}" ]; then
+        shape=(model.layers="$L" model.channels=1024 model.heads=32 train.seq=2048
+               model.max_seq=2048 model.vocab=50304 train.micro_batches=$((4 * S))
+               train.batch=$((2 * 4 * S * D)) parallel.pp="$S" parallel.dp="$D")
+        "$DYNMO" simulate --hardware "$HARDWARE" --config "configs/$scheme.ini" "${shape[@]}" \
+          --from-run "$run" --steps "${STEPS:-1000}" "${extra[@]}" > "/tmp/sim_paper_$unit.out"
+      else
+        "$DYNMO" simulate --from-run "$run" --blocks "$L" --stages "$S" \
+          --replicas "$D" --micro-batches $((4 * S)) --steps "${STEPS:-1000}" --latency-ms 0.02 \
+          --bandwidth-gbs 25 "${extra[@]}" > "/tmp/sim_paper_$unit.out"
+      fi
       eval "secs_$unit=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')"
     done
     b=/tmp/sim_paper_block.out; p=/tmp/sim_paper_split.out

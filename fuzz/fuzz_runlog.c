@@ -13,24 +13,37 @@
  *    plan_read_run. Each must return or end with status 2 (the child's
  *    exit hooks jump to the next reader then): never a signal, a sanitizer
  *    report or an internal error (status 1), and the child must end within
- *    60 s and 2 GiB resident (its stderr is shown when it fails). One fork
- *    for the four: a fork of this process costs tens of milliseconds.
+ *    60 s and 2 GiB resident (its stderr is shown when it fails).
+ *
+ * The children come from a fork server: a process forked once, in
+ * LLVMFuzzerInitialize, before libFuzzer has read its corpus, with the
+ * HDF5 library started. Per input that opens as a run log, this process
+ * asks it over a pipe for a child; it forks one, watches its time and
+ * resident memory, and answers how it ended. A fork of this process
+ * itself (hundreds of MB resident once the corpus is loaded) cost more
+ * than the four readers: copying its page tables, then copy-on-write
+ * faults in both processes.
  *
  * It checks the readers' contract besides: a failure's message names the
  * file, nothing allocated is left behind (LeakSanitizer), no HDF5 object
  * is left open. */
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
+#include <poll.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include "dynmo/ckpt.h"
+#include "ckpt/h5util.h"
 #include "dynmo/tools.h"
 #include "tools/plan/plan.h"
 #include "tools/report/report.h"
@@ -49,6 +62,9 @@ __attribute__((noreturn)) static void broken(const char *what)
     fprintf(stderr, "fuzz_runlog: %s\n", what);
     abort();
 }
+
+static void start_server(void);
+static void stop_server(void);
 
 static void remove_temporary(void)
 {
@@ -69,7 +85,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
     snprintf(trace_out, sizeof trace_out, "%s/trace.json", dir);
     snprintf(child_err, sizeof child_err, "%s/child.err", dir);
+    start_server();
     atexit(remove_temporary);
+    atexit(stop_server);
     return 0;
 }
 
@@ -120,13 +138,14 @@ static void read_dataset(struct runlog_file *f, const struct runlog_dataset_info
     }
 }
 
-static void read_in_process(void)
+/* Returns whether the file opened as a run log. */
+static int read_in_process(void)
 {
     char err[1400];
     struct runlog_file *f = runlog_open_read(path, err, sizeof err);
     if (!f) {
         check_failure(err);
-        return;
+        return 0;
     }
     const struct runlog_dataset_info *infos;
     int count = runlog_file_list(f, &infos);
@@ -164,6 +183,7 @@ static void read_in_process(void)
     struct report_run run;
     if (report_run_try_load(&run, path, 2, err, sizeof err) == 0) report_run_free(&run);
     else check_failure(err);
+    return 1;
 }
 
 /* ---- in a child ------------------------------------------------------------------ */
@@ -209,16 +229,17 @@ static void child_plan(void)
     plan_sharing_from_run(&sharing, dir, stages, stages);
 }
 
-static long resident_bytes(pid_t pid)
+/* The resident bytes of a process, from its /proc/PID/statm (open as
+ * statm; read again at each call); 0 when it cannot be read. */
+static long resident_bytes(int statm)
 {
-    char name[64];
-    snprintf(name, sizeof name, "/proc/%d/statm", (int)pid);
-    FILE *f = fopen(name, "r");
-    long pages = 0, resident = 0;
-    if (f) {
-        if (fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
-        fclose(f);
-    }
+    char text[256];
+    ssize_t n = statm >= 0 ? pread(statm, text, sizeof text - 1, 0) : -1;
+    if (n <= 0) return 0;
+    text[n] = 0;
+    char *end;
+    strtol(text, &end, 10);
+    long resident = strtol(end, NULL, 10);
     return resident * sysconf(_SC_PAGESIZE);
 }
 
@@ -236,51 +257,161 @@ static const struct {
 } readers[] = {{"inspect --json", child_inspect}, {"trace", child_trace},
                {"simulate's reader", child_simulate}, {"plan --from-run's reader", child_plan}};
 
-/* Runs the readers in a child and checks how it ended. */
-static void run_child(void)
+/* How a child ended: its wait status (-1: the fork server could not fork
+ * or wait), and whether it was killed for a limit (CHILD_ENDED when it
+ * ended by itself). */
+enum child_end { CHILD_ENDED, CHILD_TOO_LONG, CHILD_TOO_LARGE };
+struct child_result {
+    int status;
+    int end;   /* enum child_end */
+};
+
+/* The child: runs the readers on the file and exits 0. */
+__attribute__((noreturn)) static void run_readers(void)
 {
+    FILE *out = freopen("/dev/null", "w", stdout), *err = freopen(child_err, "w", stderr);
+    if (!out || !err) _exit(97);
+    dm_set_finalize_hook(reader_refused);
+    dm_set_abort_hook(reader_died);
+    for (size_t k = 0; k < sizeof readers / sizeof *readers; k++) {
+        fprintf(stderr, "fuzz_runlog: %s\n", readers[k].name);
+        fflush(stderr);
+        if (sigsetjmp(next_reader, 1) == 0) readers[k].read();
+    }
+    fflush(stdout);
+    _exit(0);
+}
+
+/* Forks a child that runs the readers and waits for it, killing it past
+ * CHILD_SECONDS or CHILD_RSS_BYTES resident. It waits on a pidfd, so
+ * that it wakes as the child ends, and looks at the limits every 5 ms. */
+static struct child_result run_child(int requests, int replies)
+{
+    struct child_result r = {0, CHILD_ENDED};
+    pid_t pid = fork();
+    if (pid < 0) {
+        r.status = -1;
+        return r;
+    }
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);   /* ends with the fork server */
+        close(requests);
+        close(replies);
+        run_readers();
+    }
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    char name[64];
+    snprintf(name, sizeof name, "/proc/%d/statm", (int)pid);
+    int statm = open(name, O_RDONLY);
+    struct timespec pause = {0, 2000000L}, start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (;;) {
+        pid_t done = waitpid(pid, &r.status, WNOHANG);
+        if (done == pid) break;
+        if (done < 0 && errno != EINTR) {
+            r.status = -1;
+            break;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        r.end = now.tv_sec - start.tv_sec > CHILD_SECONDS ? CHILD_TOO_LONG
+              : resident_bytes(statm) > CHILD_RSS_BYTES ? CHILD_TOO_LARGE
+              : CHILD_ENDED;
+        if (r.end != CHILD_ENDED) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &r.status, 0);
+            break;
+        }
+        if (pidfd >= 0) {
+            struct pollfd ended = {pidfd, POLLIN, 0};
+            poll(&ended, 1, 5);
+        } else {
+            nanosleep(&pause, NULL);
+        }
+    }
+    if (pidfd >= 0) close(pidfd);
+    if (statm >= 0) close(statm);
+    return r;
+}
+
+/* The fork server's end of the pipes: one request byte per child, one
+ * child_result per answer, until this process closes its end. */
+static int server_requests = -1, server_replies = -1;
+static pid_t server_pid;
+
+__attribute__((noreturn)) static void serve(int requests, int replies)
+{
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    dm_h5_init();
+    for (;;) {
+        char byte;
+        ssize_t n = read(requests, &byte, 1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n != 1) _exit(0);
+        struct child_result r = run_child(requests, replies);
+        if (write(replies, &r, sizeof r) != (ssize_t)sizeof r) _exit(0);
+    }
+}
+
+static void start_server(void)
+{
+    int to_server[2], from_server[2];
+    if (pipe(to_server) != 0 || pipe(from_server) != 0)
+        broken("cannot create the fork server's pipes");
     fflush(stdout);
     fflush(stderr);
     pid_t pid = fork();
-    if (pid < 0) broken("fork failed");
+    if (pid < 0) broken("cannot fork the fork server");
     if (pid == 0) {
-        FILE *out = freopen("/dev/null", "w", stdout), *err = freopen(child_err, "w", stderr);
-        if (!out || !err) _exit(97);
-        dm_set_finalize_hook(reader_refused);
-        dm_set_abort_hook(reader_died);
-        for (size_t k = 0; k < sizeof readers / sizeof *readers; k++) {
-            fprintf(stderr, "fuzz_runlog: %s\n", readers[k].name);
-            fflush(stderr);
-            if (sigsetjmp(next_reader, 1) == 0) readers[k].read();
-        }
-        fflush(stdout);
-        _exit(0);
+        close(to_server[1]);
+        close(from_server[0]);
+        serve(to_server[0], from_server[1]);
     }
-    struct timespec pause = {0, 2000000L}, start, now;
-    clock_gettime(CLOCK_MONOTONIC, &start);
-    int status = 0;
-    for (;;) {
-        pid_t done = waitpid(pid, &status, WNOHANG);
-        if (done == pid) break;
-        if (done < 0 && errno != EINTR) broken("waitpid failed");
-        clock_gettime(CLOCK_MONOTONIC, &now);
-        const char *why = now.tv_sec - start.tv_sec > CHILD_SECONDS ? "ran past 60 s"
-                        : resident_bytes(pid) > CHILD_RSS_BYTES ? "grew past 2 GiB resident"
-                        : NULL;
-        if (why) {
-            kill(pid, SIGKILL);
-            waitpid(pid, &status, 0);
-            show_child_stderr();
-            fprintf(stderr, "fuzz_runlog: the readers' child %s\n", why);
-            abort();
-        }
-        nanosleep(&pause, NULL);
+    close(to_server[0]);
+    close(from_server[1]);
+    server_requests = to_server[1];
+    server_replies = from_server[0];
+    server_pid = pid;
+}
+
+/* At exit: the fork server ends when its request pipe closes. */
+static void stop_server(void)
+{
+    close(server_requests);
+    close(server_replies);
+    int status;
+    while (waitpid(server_pid, &status, 0) < 0 && errno == EINTR) {
     }
-    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return;
+}
+
+/* Has the fork server run the readers on the file, and checks how the
+ * child ended. */
+static void check_child(void)
+{
+    struct child_result r;
+    char byte = 'r';
+    ssize_t n;
+    do n = write(server_requests, &byte, 1);
+    while (n < 0 && errno == EINTR);
+    if (n != 1) broken("the fork server is gone");
+    size_t got = 0;
+    while (got < sizeof r) {
+        n = read(server_replies, (char *)&r + got, sizeof r - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) broken("the fork server is gone");
+        got += (size_t)n;
+    }
+    if (r.status == -1) broken("the fork server cannot fork or wait");
+    if (r.end != CHILD_ENDED) {
+        show_child_stderr();
+        fprintf(stderr, "fuzz_runlog: the readers' child %s\n",
+                r.end == CHILD_TOO_LONG ? "ran past 60 s" : "grew past 2 GiB resident");
+        abort();
+    }
+    if (WIFEXITED(r.status) && WEXITSTATUS(r.status) == 0) return;
     show_child_stderr();
     fprintf(stderr, "fuzz_runlog: the readers' child (the last reader it names above) ended "
-            "with %s %d\n", WIFSIGNALED(status) ? "signal" : "status",
-            WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+            "with %s %d\n", WIFSIGNALED(r.status) ? "signal" : "status",
+            WIFSIGNALED(r.status) ? WTERMSIG(r.status) : WEXITSTATUS(r.status));
     abort();
 }
 
@@ -288,17 +419,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (!dir[0]) LLVMFuzzerInitialize(NULL, NULL);
     write_input(data, size);
-    read_in_process();
+    int opened = read_in_process();
     ssize_t open_objects = H5Fget_obj_count(H5F_OBJ_ALL, H5F_OBJ_ALL);
     if (open_objects != 0) {
         fprintf(stderr, "fuzz_runlog: %zd HDF5 objects left open after the readers\n",
                 open_objects);
         abort();
     }
-    char err[1400];
-    struct runlog_file *f = runlog_open_read(path, err, sizeof err);
-    if (!f) return 0;   /* every command stops at the same open, in this process above */
-    runlog_close_read(f);
-    run_child();
+    /* Every command stops at the same open, runlog_open_read of the same
+     * bytes, which failed in this process above. */
+    if (!opened) return 0;
+    check_child();
     return 0;
 }

@@ -221,6 +221,10 @@ int dyn_signals_all(const struct dyn_signal **out, int max);
 /* The first registered signal (dyn_signals_all's order) of cost role
  * `role`, or NULL. */
 const struct dyn_signal *dyn_signal_of_cost(enum dyn_cost_role role);
+/* The sparsity gradual pruning holds at 0-based step `step` of a run of
+ * cfg, from its schedule alone (0 before the first pruning step): the
+ * state `dynmo simulate --hardware` prices a pruned block at. */
+double prune_sparsity_in_force(const struct dm_config *cfg, int step);
 /* Whether a run of cfg runs the scheme that declared signal. */
 int dyn_signal_active(const struct dyn_signal *signal, const struct dm_config *cfg);
 /* The declaration of run-log dataset `name`, any registered scheme's, or NULL. */

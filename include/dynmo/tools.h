@@ -19,6 +19,8 @@ int cmd_report(int argc, char **argv);
 int cmd_trace(int argc, char **argv);
 /* `dynmo simulate --from-run RUN_DIR [options]` (docs/simulate.md). */
 int cmd_simulate(int argc, char **argv);
+/* `dynmo calibrate` (src/tools/calibrate.c): a hardware file of this machine. */
+int cmd_calibrate(int argc, char **argv);
 /* `dynmo import-hf DIR --out CKPT.h5`, `dynmo export-hf CKPT.h5 --out DIR`
  * and `dynmo eval --checkpoint CKPT.h5 --data PATH` (docs/weights.md). */
 int cmd_import_hf(int argc, char **argv);

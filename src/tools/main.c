@@ -19,6 +19,7 @@ static const struct subcommand subcommands[] = {
     {"inspect", cmd_inspect, "summarise a run log (or checkpoint)"},
     {"report", cmd_report, "draw run logs as one HTML page of figures and tables"},
     {"simulate", cmd_simulate, "simulate whole runs at any scale from a run's measured costs"},
+    {"calibrate", cmd_calibrate, "measure this machine's ops and links into a hardware file"},
     {"trace", cmd_trace, "export traced steps as Chrome trace events (Perfetto)"},
     {"check-ckpt", cmd_check_ckpt, "validate checkpoint files against the schema"},
     {"import-hf", cmd_import_hf, "a Hugging Face GPT-2 directory as a dynmo checkpoint"},

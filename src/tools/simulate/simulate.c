@@ -36,6 +36,11 @@ struct simulate_args {
     double latency_ms, bandwidth_gbs, migration_ms, restart_s, epsilon, attention_share;
     double exchange_ms;           /* < 0: by the sharing (make_setup) */
     int validate, split;
+    /* --hardware HW.ini --config F [section.key=value ...]: the config's
+     * model priced on the hardware (simulate_hardware.c) */
+    const char *hardware, *config;
+    char **overrides;
+    int override_count, latency_given, bandwidth_given;
 };
 
 /* One expert all-to-all round's fixed cost between ranks that take turns
@@ -56,6 +61,8 @@ static void usage(FILE *out)
                  sim_state_name(k));
     fprintf(out,
         "usage: dynmo simulate --from-run RUN_DIR [options]\n"
+        "       dynmo simulate --hardware HW.ini --config F [section.key=value ...]\n"
+        "                      [--from-run RUN_DIR] [options]\n"
         "Simulates whole training runs from a run's measured costs, with every\n"
         "balancing policy, through the trainer's own balancers and predictor\n"
         "(docs/simulate.md).\n"
@@ -92,6 +99,10 @@ static void usage(FILE *out)
         "                        are separate units of placement\n"
         "  --attention-share A   attention's share of a block's time (default: from\n"
         "                        the model's FLOPs at its sequence length)\n"
+        "  --hardware HW.ini     price the config's model op by op on a hardware file\n"
+        "                        (hardware/*.ini, `dynmo calibrate`) instead of a\n"
+        "                        run's costs; with --from-run, that run's states\n"
+        "  --config F            the model and run to price (with --hardware)\n"
         "  --validate            compare with the run's measured step times\n"
         "  --out DIR             write DIR/<policy>.h5 (kind \"simulation\") and\n"
         "                        DIR/summary.txt\n", states);
@@ -127,8 +138,15 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
         }
         if (!strcmp(o, "--validate")) { a->validate = 1; continue; }
         if (!strcmp(o, "--split-blocks")) { a->split = 1; continue; }
+        if (o[0] != '-' && strchr(o, '=')) {   /* a config override */
+            if (!a->overrides) a->overrides = dm_alloc((size_t)argc * sizeof(char *));
+            a->overrides[a->override_count++] = argv[i];
+            continue;
+        }
         const char *v = value_of(argc, argv, &i);
         if (!strcmp(o, "--from-run")) a->run_dir = v;
+        else if (!strcmp(o, "--hardware")) a->hardware = v;
+        else if (!strcmp(o, "--config")) a->config = v;
         else if (!strcmp(o, "--scenario")) a->scenario = v;
         else if (!strcmp(o, "--out")) a->out = v;
         else if (!strcmp(o, "--policies")) a->policies = v;
@@ -139,8 +157,13 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
         else if (!strcmp(o, "--steps")) a->steps = (int)parse_long(o, v, 1, 100000000);
         else if (!strcmp(o, "--every")) a->every = (int)parse_long(o, v, 1, 1000000000);
         else if (!strcmp(o, "--repack-every")) a->repack_every = (int)parse_long(o, v, 1, 1000000000);
-        else if (!strcmp(o, "--latency-ms")) a->latency_ms = parse_double(o, v, 0);
-        else if (!strcmp(o, "--bandwidth-gbs")) a->bandwidth_gbs = parse_double(o, v, 1e-9);
+        else if (!strcmp(o, "--latency-ms")) {
+            a->latency_ms = parse_double(o, v, 0);
+            a->latency_given = 1;
+        } else if (!strcmp(o, "--bandwidth-gbs")) {
+            a->bandwidth_gbs = parse_double(o, v, 1e-9);
+            a->bandwidth_given = 1;
+        }
         else if (!strcmp(o, "--migration-ms")) a->migration_ms = parse_double(o, v, 0);
         else if (!strcmp(o, "--exchange-ms")) a->exchange_ms = parse_double(o, v, 0);
         else if (!strcmp(o, "--restart-s")) a->restart_s = parse_double(o, v, 0);
@@ -159,7 +182,21 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
             dm_user_error("simulate: unknown option '%s'", o);
         }
     }
-    if (!a->run_dir) {
+    if (a->hardware && a->validate)
+        dm_user_error("simulate: --hardware with --validate: the validation compares a run's "
+                      "own costs with its step times; leave out one of them");
+    if (a->hardware && !a->config)
+        dm_user_error("simulate: --hardware needs --config F, the model to price");
+    if (!a->hardware && (a->config || a->override_count))
+        dm_user_error("simulate: --config and section.key=value overrides go with --hardware "
+                      "HW.ini (without it the model is the run's)");
+    if (a->hardware && a->scenario)
+        dm_user_error("simulate: --hardware takes its states from the config or --from-run, "
+                      "not --scenario");
+    if (a->hardware && a->blocks)
+        dm_user_error("simulate: --hardware: the depth is the config's model.layers (give "
+                      "model.layers=N), not --blocks");
+    if (!a->run_dir && !a->hardware) {
         usage(stderr);
         dm_user_error("simulate: --from-run RUN_DIR is required (the costs come from a run)");
     }
@@ -264,7 +301,7 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
     if (s->stages > s->blocks)
         dm_user_error("simulate: --stages %d is more than the %d %s (a stage holds at least "
                       "one)", s->stages, s->blocks, s->split ? "units" : "blocks");
-    s->replicas = a->replicas ? a->replicas : a->validate ? run->cfg.dp : 1;
+    s->replicas = a->replicas ? a->replicas : a->validate || a->hardware ? run->cfg.dp : 1;
     s->micro_batches = a->micro_batches ? a->micro_batches
                      : s->stages == run->stages ? run->micro_batches : 4 * s->stages;
     s->schedule = a->schedule >= 0 ? (enum dm_schedule)a->schedule : run->schedule;
@@ -365,7 +402,9 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
         s->schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b", s->steps, s->every,
         s->sharing == &run->replica_sharing ? " (ranks share processors as in the run, its "
         "replicas included)" : s->sharing ? " (stages share processors as in the run)" : "");
-    used += (size_t)snprintf(text + used, size - used,
+    if (model->hardware)
+        used += sim_hardware_describe(model->hardware, text + used, size - used);
+    else used += (size_t)snprintf(text + used, size - used,
         "trajectory: %s%s%s\ncosts: fitted to %ld block-steps of %s (%d blocks, %d measured "
         "steps), median error %.1f%% per block; states: %s\n",
         a->scenario ? "the scenario " : "the run's", a->scenario ? a->scenario : "",
@@ -594,9 +633,19 @@ int cmd_simulate(int argc, char **argv)
 {
     struct simulate_args a;
     parse_args(&a, argc, argv);
-    if (a.out) sim_check_output(a.out, a.run_dir);   /* a bad --out fails before the work */
+    const char *input = a.run_dir ? a.run_dir : a.config;   /* what --out must not hold */
+    if (a.out) sim_check_output(a.out, input);   /* a bad --out fails before the work */
     struct sim_run run;
-    sim_run_read(&run, a.run_dir, a.stages);
+    struct sim_model model;
+    struct sim_trajectory traj;
+    struct sim_hardware *hardware = NULL;
+    if (a.hardware) {
+        struct sim_hardware_input in = {a.hardware, a.config, a.run_dir, a.overrides,
+                                        a.override_count, a.steps};
+        hardware = sim_hardware_prepare(&run, &model, &traj, &in);
+    } else {
+        sim_run_read(&run, a.run_dir, a.stages);
+    }
     if (a.validate && (a.scenario || (a.blocks && a.blocks != run.layers) ||
                        (a.stages && a.stages != run.stages) || a.steps ||
                        (a.replicas && a.replicas != run.cfg.dp) ||
@@ -605,12 +654,15 @@ int cmd_simulate(int argc, char **argv)
                       "--blocks, --stages, --replicas, --micro-batches, --schedule and --steps");
     struct sim_policy policies[POLICY_COUNT];
     int count = choose_policies(a.policies, policies);
-    struct sim_model model;
-    sim_model_fit(&model, &run);
-    struct sim_trajectory traj;
-    make_trajectory(&traj, &a, &run, &model);
+    if (!hardware) {
+        sim_model_fit(&model, &run);
+        make_trajectory(&traj, &a, &run, &model);
+    }
     struct sim_setup setup;
     make_setup(&setup, &a, &run, &model, &traj);
+    if (hardware)
+        sim_hardware_setup(hardware, &setup, a.latency_given, a.bandwidth_given,
+                           a.exchange_ms >= 0);
     double start = dm_now();
     char *text = dm_alloc(SUMMARY_BYTES);
     describe(text, SUMMARY_BYTES, &a, &setup, &run, &model);
@@ -618,14 +670,19 @@ int cmd_simulate(int argc, char **argv)
     for (int i = 0; i < count; i++) sim_policy_run(&results[i], &setup, &policies[i]);
     summarise(text, SUMMARY_BYTES, &setup, policies, results, count, without_dynamism(&setup));
     fputs(text, stdout);
+    if (hardware)
+        printf("predicted step: %.3f ms (%s, the mean over %d steps)\n",
+               results[0].step_sum_ms / setup.steps, policies[0].name, setup.steps);
     printf("simulated %d policies x %d steps in %.2f s\n", count, setup.steps, dm_now() - start);
     if (a.validate) validate(&setup, &run);
-    if (a.out) sim_write_output(a.out, a.run_dir, &setup, policies, results, count, text);
+    if (a.out) sim_write_output(a.out, input, &setup, policies, results, count, text);
     for (int i = 0; i < count; i++) sim_result_free(&results[i]);
     dm_free(results);
     dm_free(text);
     dm_free(setup.block_params);
     sim_trajectory_free(&traj);
     sim_run_free(&run);
+    if (hardware) sim_hardware_free(hardware);
+    dm_free(a.overrides);
     return DM_EXIT_OK;
 }

@@ -18,6 +18,7 @@
 #include "dynmo/core.h"
 #include "dynmo/dyn.h"
 #include "tools/plan/plan.h"
+#include "tools/simulate/hardware.h"
 
 /* ---- the dynamic state of the blocks over training ---------------------- */
 
@@ -109,6 +110,9 @@ struct sim_model {
     struct balance_extra embed, head;
     double fit_error;          /* median |fit - measured| / measured, block fwd + bwd */
     long samples;
+    /* Non-NULL (--hardware): no fit; each block is priced op by op on a
+     * hardware file (simulate_hardware.c), embed and head likewise. */
+    const struct sim_hardware *hardware;
 };
 
 /* Fits the model to run. Never fails (a class without samples falls back:
@@ -119,6 +123,11 @@ void sim_model_fit(struct sim_model *model, const struct sim_run *run);
  * values), csr the run's dyn.csr_sparsity. */
 void sim_model_block(const struct sim_model *model, const float *state, float csr,
                      double *fwd, double *bwd, double *update);
+
+/* Block `block`'s costs (sim_model_block; -1: a block of no scheme's own),
+ * priced on the hardware when the model has one. */
+void sim_model_block_at(const struct sim_model *model, int block, const float *state,
+                        float csr, double *fwd, double *bwd, double *update);
 
 /* The run's trajectory mapped onto `blocks` blocks by relative depth and
  * onto `steps` steps by relative time: of the blocks that carry a state
@@ -169,6 +178,9 @@ struct sim_setup {
     int ep;
     double exchange_ms, exchange_bytes;
     double migration_ms;               /* a migration's fixed cost beyond its bytes */
+    /* Non-NULL: the replicas' gradient sum is an all-reduce on this line
+     * (latency, bus bandwidth) instead of 2 (D-1)/D of the transfer line. */
+    const struct hw_link *gradient_link;
     double activation_bytes;           /* one micro-batch's activations, one way */
     double tokens_per_step;
     double *block_params;              /* (blocks) dense parameters */
@@ -233,5 +245,43 @@ void sim_check_output(const char *dir, const char *run_dir);
 void sim_write_output(const char *dir, const char *run_dir, const struct sim_setup *setup,
                       const struct sim_policy *policies, const struct sim_result *results,
                       int count, const char *summary);
+
+/* ---- from a hardware file (simulate_hardware.c) ------------------------- */
+
+/* `dynmo simulate --hardware HW.ini --config F [key=value ...]`: the
+ * config's model priced op by op on the hardware (hardware.h). */
+struct sim_hardware;
+struct sim_hardware_input {
+    const char *hardware, *config, *run_dir;
+    char *const *overrides;
+    int override_count;
+    int steps;                 /* 0: the config's train.steps, or the run's steps */
+};
+
+/* Loads the hardware file and the config (overrides applied, the config's
+ * and the schemes' checks) and fills what a run log would give: run holds
+ * the config's shape (cfg, layers, stages, micro-batches, schedule) and
+ * no measured costs; model prices blocks on the hardware; traj is the
+ * states of `steps` steps, the run's at run_dir mapped onto the config's
+ * depth, else the config's own (every token computed, the pruning
+ * schedule, MoD blocks at model.mod_capacity, experts evenly loaded).
+ * Returns the pricing, freed by sim_hardware_free. User errors exit 2. */
+struct sim_hardware *sim_hardware_prepare(struct sim_run *run, struct sim_model *model,
+                                          struct sim_trajectory *traj,
+                                          const struct sim_hardware_input *in);
+/* Block `block`'s forward and backward ms per micro-batch and update ms
+ * at state (sim_state_count() values; block -1: a block of no scheme's). */
+void sim_hardware_block(const struct sim_hardware *h, int block, const float *state,
+                        double *fwd, double *bwd, double *update);
+/* Fits setup to the hardware: the transfer line (unless given), the
+ * expert exchange's fixed cost (unless given) and the replicas' gradient
+ * all-reduce from its links (within a node while stages x replicas fit
+ * one); then a user error naming the numbers when the busiest stage of the
+ * uniform layout does not fit the hardware's memory. */
+void sim_hardware_setup(const struct sim_hardware *h, struct sim_setup *setup,
+                        int latency_given, int bandwidth_given, int exchange_given);
+/* The summary's trajectory and costs lines. */
+size_t sim_hardware_describe(const struct sim_hardware *h, char *text, size_t size);
+void sim_hardware_free(struct sim_hardware *h);
 
 #endif

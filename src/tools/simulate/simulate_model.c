@@ -659,12 +659,23 @@ void sim_model_fit(struct sim_model *model, const struct sim_run *run)
 void sim_model_block(const struct sim_model *model, const float *state, float csr,
                      double *fwd, double *bwd, double *update)
 {
+    if (model->hardware) {
+        sim_hardware_block(model->hardware, -1, state, fwd, bwd, update);
+        return;
+    }
     double phi[SIM_FEATURES_MAX];
     int cls = frozen_class(state), P = model->features;
     features(phi, state, csr, model->uses);
     *fwd = predict(model->beta[SIM_FWD][cls], phi, P);
     *bwd = predict(model->beta[SIM_BWD][cls], phi, P);
     *update = predict(model->beta[SIM_UPDATE][cls], phi, P);
+}
+
+void sim_model_block_at(const struct sim_model *model, int block, const float *state,
+                        float csr, double *fwd, double *bwd, double *update)
+{
+    if (model->hardware) sim_hardware_block(model->hardware, block, state, fwd, bwd, update);
+    else sim_model_block(model, state, csr, fwd, bwd, update);
 }
 
 /* ---- trajectories --------------------------------------------------------- */

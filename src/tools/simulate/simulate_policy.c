@@ -73,8 +73,8 @@ static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, i
         double matrix_share = !setup->split ? 1.0 : u % 2 ? 2.0 / 3.0 : 1.0 / 3.0;
         for (int k = 0; k < sim_state_count(); k++)
             state[k] = tr->value[k][(long)t * tr->blocks + b];
-        sim_model_block(setup->model, state, setup->csr_sparsity, &c->fwd[u], &c->bwd[u],
-                        &c->update[u]);
+        sim_model_block_at(setup->model, b, state, setup->csr_sparsity, &c->fwd[u],
+                           &c->bwd[u], &c->update[u]);
         if (setup->measured) {   /* the run's own costs of the step (its shape) */
             const struct sim_run *run = setup->measured;
             long i = (long)t * run->layers + u;
@@ -142,7 +142,12 @@ static int predict_step(const struct step_costs *c, const struct sim_setup *setu
             f[s] += SIM_EXCHANGE_FWD * c->exchange[j];
             b[s] += SIM_EXCHANGE_BWD * c->exchange[j];
         }
-        if (D > 1) u[s] += 2 * (D - 1) / D * transfer_ms(setup, grad_bytes);
+        if (D > 1 && setup->gradient_link)   /* an all-reduce line at its bus bandwidth */
+            u[s] += grad_bytes > 0 ? setup->gradient_link->latency_us / 1e3 +
+                        2 * (D - 1) / D * grad_bytes / (setup->gradient_link->bandwidth_gbs * 1e6)
+                                   : 0.0;
+        else if (D > 1)
+            u[s] += 2 * (D - 1) / D * transfer_ms(setup, grad_bytes);
         busy[s] = (float)(setup->micro_batches * (f[s] + b[s]) + u[s]);
         stage_update[s] = (float)u[s];
         lo = fmin(lo, busy[s]);

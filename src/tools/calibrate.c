@@ -1,0 +1,477 @@
+/* `dynmo calibrate --out HW.ini`: measures this machine with dynmo's own
+ * ops, through the op table of the configured device (train.device), and
+ * writes a hardware file that `dynmo simulate --hardware` reads
+ * (docs/simulate.md, "The hardware model"): GEMMs over a range of shapes
+ * (the [gemm] points), causal attention, hash attention and the CSR
+ * product forward and backward, the layernorm, GELU and residual ops (the
+ * achieved bandwidth), a tiny op (the per-op overhead), and between ranks
+ * 0 and 1 the point-to-point line (a small and a large message) and the
+ * all-reduce line. Every figure is the median of five timed batches of
+ * repetitions, so a neighbour's burst moves it less.
+ *
+ * Must not: price anything (hardware.c, hardware_ops.c) or write the file
+ * anywhere but --out (through a temporary name). */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "dynmo/backend.h"
+#include "dynmo/core.h"
+#include "dynmo/model.h"
+#include "dynmo/tools.h"
+#include "dynmo/world.h"
+#include "tools/simulate/hardware.h"
+#include "tools/train/train.h"
+
+struct calibrate_args {
+    const char *out, *config;
+    char **overrides;
+    int override_count, quick, threads;
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+        "usage: mpiexec -n 2 dynmo calibrate --out HW.ini [--config F] [section.key=value ...]\n"
+        "       [--threads N] [--quick]\n"
+        "Measures this machine with dynmo's own ops (GEMMs of many shapes, attention,\n"
+        "hash attention, CSR products, layernorm, GELU, residual, a tiny op) on rank 0\n"
+        "and the point-to-point and all-reduce lines between ranks 0 and 1, and writes\n"
+        "a hardware file for `dynmo simulate --hardware` (docs/simulate.md).\n"
+        "  --out HW.ini   the file to write (replaced whole)\n"
+        "  --config F     train.device and train.threads from F (default: the CPU)\n"
+        "  --threads N    compute threads of rank 0 (default: the CPUs one rank alone\n"
+        "                 would use, as `dynmo bench` on one rank)\n"
+        "  --quick        fewer and smaller shapes, shorter timings (a smoke test)\n");
+}
+
+static void parse_args(struct calibrate_args *a, int argc, char **argv)
+{
+    memset(a, 0, sizeof *a);
+    for (int i = 1; i < argc; i++) {
+        const char *o = argv[i];
+        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
+            usage(stdout);
+            exit(DM_EXIT_OK);
+        }
+        if (!strcmp(o, "--quick")) { a->quick = 1; continue; }
+        if (o[0] != '-' && strchr(o, '=')) {
+            if (!a->overrides) a->overrides = dm_alloc((size_t)argc * sizeof(char *));
+            a->overrides[a->override_count++] = argv[i];
+            continue;
+        }
+        if (i + 1 >= argc) dm_user_error("calibrate: %s needs a value", o);
+        const char *v = argv[++i];
+        if (!strcmp(o, "--out")) a->out = v;
+        else if (!strcmp(o, "--config")) a->config = v;
+        else if (!strcmp(o, "--threads")) {
+            char *end;
+            long n = strtol(v, &end, 10);
+            if (*end || n < 1 || n > 1024)
+                dm_user_error("calibrate: --threads '%s' is not a count in [1, 1024]", v);
+            a->threads = (int)n;
+        } else {
+            usage(stderr);
+            dm_user_error("calibrate: unknown option '%s'", o);
+        }
+    }
+    if (!a->out) {
+        usage(stderr);
+        dm_user_error("calibrate: --out HW.ini is required (the hardware file to write)");
+    }
+}
+
+/* ---- timing ---------------------------------------------------------------- */
+
+/* One measured op: what `run` does with the buffers. */
+struct op {
+    const struct dm_backend *be;
+    int kind;                    /* enum below */
+    int m, n, k;                 /* GEMM m x n x k; elementwise: m rows x n */
+    int B, T, C, NH, buckets;
+    float *x, *y, *z, *w, *v, *s;/* device buffers, large enough */
+    int *i1, *i2;
+    long tiles;
+};
+
+enum { OP_GEMM, OP_ATTENTION, OP_HASH, OP_SPARSE, OP_LAYERNORM, OP_GELU, OP_RESIDUAL,
+       OP_COPY };
+
+static void run_op(struct op *o)
+{
+    const struct dm_backend *be = o->be;
+    switch (o->kind) {
+    case OP_GEMM:       /* out (m, n) = inp (m, k) W^T, W (n, k) */
+        be->matmul_forward(o->z, o->x, o->y, NULL, o->m, o->k, o->n);
+        break;
+    case OP_ATTENTION:
+        be->attention_forward(o->z, o->s, o->x, o->B, o->T, o->C, o->NH);
+        be->attention_backward(o->w, o->v, o->y, o->x, o->s, o->B, o->T, o->C, o->NH);
+        break;
+    case OP_HASH:
+        o->tiles = be->bucket_attention_forward(o->z, o->v, o->i1, o->i2, NULL, o->x, o->s,
+                                                o->B, o->T, o->C, o->NH, o->buckets);
+        be->bucket_attention_backward(o->w, o->y, o->x, o->z, o->v, o->i1, o->i2, o->B, o->T,
+                                      o->C, o->NH);
+        break;
+    case OP_SPARSE:     /* (m, k) x CSR (n, k) forward and backward */
+        be->sparse_matmul_forward(o->z, o->x, o->i1, o->i2, o->y, NULL, o->m, o->k, o->n);
+        be->sparse_matmul_backward(o->w, o->v, NULL, o->z, o->x, o->i1, o->i2, o->y,
+                                   (int)o->tiles, o->m, o->k, o->n);
+        break;
+    case OP_LAYERNORM:
+        be->layernorm_forward(o->z, o->v, o->w, o->x, o->y, o->s, o->m, o->n);
+        break;
+    case OP_GELU: be->gelu_forward(o->z, o->x, (long)o->m * o->n); break;
+    case OP_RESIDUAL: be->residual_forward(o->z, o->x, o->y, (long)o->m * o->n); break;
+    case OP_COPY: be->copy_on_device(o->z, o->x, (size_t)o->m * o->n * sizeof(float)); break;
+    }
+}
+
+/* Seconds of one op: the median over five batches of repetitions, each
+ * batch at least `batch_s` long, after one untimed run. */
+static double time_op(struct op *o, double batch_s)
+{
+    run_op(o);
+    o->be->synchronize();
+    double t0 = dm_now();
+    run_op(o);
+    o->be->synchronize();
+    double one = fmax(dm_now() - t0, 1e-7);
+    long reps = (long)ceil(batch_s / one);
+    if (reps < 1) reps = 1;
+    if (reps > 100000) reps = 100000;
+    double samples[5];
+    for (int b = 0; b < 5; b++) {
+        t0 = dm_now();
+        for (long r = 0; r < reps; r++) run_op(o);
+        o->be->synchronize();
+        samples[b] = (dm_now() - t0) / reps;
+    }
+    return dm_median(samples, 5);
+}
+
+/* A device buffer of n floats, uniform in [-1, 1) from the seed's stream. */
+static float *device_floats(const struct dm_backend *be, size_t n, uint64_t stream)
+{
+    float *host = dm_alloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) host[i] = 2 * dm_uniform(7, stream, i) - 1;
+    float *d = be->alloc(n * sizeof(float));
+    be->copy_to_device(d, host, n * sizeof(float));
+    dm_free(host);
+    return d;
+}
+
+static int *device_ints(const struct dm_backend *be, const int *host, size_t n)
+{
+    int *d = be->alloc((n ? n : 1) * sizeof(int));
+    if (n) be->copy_to_device(d, host, n * sizeof(int));
+    return d;
+}
+
+/* ---- what is measured -------------------------------------------------------- */
+
+/* GEMM shapes m n k: squares, the products of blocks of 64 to 512
+ * channels over 1024 to 8192 rows, and weight-gradient shapes (long k). */
+static const int gemm_shapes[][3] = {
+    {128, 128, 128}, {256, 256, 256}, {512, 512, 512}, {1024, 1024, 1024},
+    {1024, 192, 64}, {1024, 64, 64}, {1024, 256, 64}, {1024, 64, 256},
+    {4096, 384, 128}, {4096, 128, 128}, {4096, 512, 128}, {4096, 128, 512},
+    {8192, 768, 256}, {8192, 256, 1024}, {8192, 1024, 256},
+    {128, 128, 4096}, {512, 128, 4096}, {256, 256, 8192},
+};
+static const int quick_shapes[][3] = {
+    {64, 64, 64}, {256, 256, 256}, {1024, 96, 32}, {96, 32, 1024},
+};
+
+static void measure_gemms(struct hardware *hw, const struct dm_backend *be, int quick,
+                          double batch_s)
+{
+    int count = quick ? (int)(sizeof quick_shapes / sizeof quick_shapes[0])
+                      : (int)(sizeof gemm_shapes / sizeof gemm_shapes[0]);
+    const int (*shapes)[3] = quick ? quick_shapes : gemm_shapes;
+    for (int i = 0; i < count; i++) {
+        int m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
+        struct op o = {.be = be, .kind = OP_GEMM, .m = m, .n = n, .k = k};
+        o.x = device_floats(be, (size_t)m * k, 1);
+        o.y = device_floats(be, (size_t)n * k, 2);
+        o.z = be->alloc((size_t)m * n * sizeof(float));
+        double s = time_op(&o, batch_s);
+        double tflops = 2.0 * m * n * k / (s - hw->op_overhead_us * 1e-6 > s / 2
+                                           ? s - hw->op_overhead_us * 1e-6 : s / 2) / 1e12;
+        hw->gemm[hw->gemm_points++] = (struct hw_gemm_point){m, n, k, tflops};
+        if (tflops > hw->gemm_peak_tflops) hw->gemm_peak_tflops = tflops;
+        dm_log("calibrate: gemm %5d x %5d x %5d: %8.3f ms, %.4f TFLOP/s\n", m, n, k, s * 1e3,
+               tflops);
+        be->free(o.x);
+        be->free(o.y);
+        be->free(o.z);
+    }
+}
+
+/* Causal attention's FLOPs over B sequences of T (hardware_ops.c's count). */
+static double causal_flops(int B, int T, int C)
+{
+    return 2.0 * B * T * ((double)T + 1) * C;
+}
+
+/* Attention forward and backward at each shape: 3 x its forward FLOPs over
+ * the two's time, the mean over the shapes. */
+static double measure_attention(const struct dm_backend *be, int hash, int quick,
+                                double batch_s)
+{
+    static const int shapes[][4] = {{4, 128, 128, 4}, {2, 256, 128, 4}, {1, 512, 256, 8}};
+    int count = quick ? 1 : 3;
+    double sum = 0;
+    for (int i = 0; i < count; i++) {
+        int B = shapes[i][0], T = shapes[i][1], C = shapes[i][2], NH = shapes[i][3];
+        int hs = C / NH, buckets = 4;
+        struct op o = {.be = be, .kind = hash ? OP_HASH : OP_ATTENTION, .B = B, .T = T, .C = C,
+                       .NH = NH, .buckets = buckets};
+        size_t BT = (size_t)B * T, square = (size_t)B * NH * T * T;
+        o.x = device_floats(be, BT * 3 * C, 3);
+        o.y = device_floats(be, BT * C, 4);
+        o.z = be->alloc(BT * C * sizeof(float));
+        o.w = be->alloc(BT * 3 * C * sizeof(float));
+        if (hash) {
+            float *rotation = dm_alloc((size_t)NH * hs * buckets / 2 * sizeof(float));
+            bucket_rotation_draw(rotation, NH, hs, buckets, 11, 0, 0);
+            o.s = be->alloc((size_t)NH * hs * buckets / 2 * sizeof(float));
+            be->copy_to_device(o.s, rotation, (size_t)NH * hs * buckets / 2 * sizeof(float));
+            dm_free(rotation);
+            o.v = be->alloc((size_t)B * NH * T * sizeof(float));
+            o.i1 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
+            o.i2 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
+        } else {
+            o.s = be->alloc(square * sizeof(float));
+            o.v = be->alloc(square * sizeof(float));
+        }
+        double s = time_op(&o, batch_s);
+        long nt = (T + 31) / 32;
+        double share = hash ? (double)o.tiles / ((double)B * NH * nt * (nt + 1) / 2) : 1.0;
+        if (share > 1) share = 1;
+        double tflops = 3 * share * causal_flops(B, T, C) / s / 1e12;
+        dm_log("calibrate: %s attention B %d T %d C %d: %.3f ms forward + backward, %.4f "
+               "TFLOP/s%s\n", hash ? "hash" : "causal", B, T, C, s * 1e3, tflops,
+               hash ? " (of the tiles visited)" : "");
+        sum += tflops;
+        float *buffers[] = {o.x, o.y, o.z, o.w, o.s, o.v};
+        for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+        if (hash) {
+            be->free(o.i1);
+            be->free(o.i2);
+        }
+    }
+    return sum / count;
+}
+
+/* The CSR product of 90% sparse weights, forward and backward: 6 x rows x
+ * nonzeros over the time. */
+static double measure_sparse(const struct dm_backend *be, int quick, double batch_s)
+{
+    int m = quick ? 256 : 2048, k = 128, n = 512;
+    int *row_ptr = dm_alloc(((size_t)n + 1) * sizeof(int));
+    int *col = dm_alloc((size_t)n * k * sizeof(int));
+    int nnz = 0;
+    for (int r = 0; r < n; r++) {
+        row_ptr[r] = nnz;
+        for (int c = 0; c < k; c++)
+            if (dm_hash64(5, (uint64_t)r, (uint64_t)c) % 10 == 0) col[nnz++] = c;
+    }
+    row_ptr[n] = nnz;
+    struct op o = {.be = be, .kind = OP_SPARSE, .m = m, .n = n, .k = k, .tiles = nnz};
+    o.i1 = device_ints(be, row_ptr, (size_t)n + 1);
+    o.i2 = device_ints(be, col, (size_t)nnz);
+    o.x = device_floats(be, (size_t)m * k, 5);
+    o.y = device_floats(be, (size_t)(nnz ? nnz : 1), 6);
+    o.z = device_floats(be, (size_t)m * n, 7);
+    o.w = be->alloc((size_t)m * k * sizeof(float));
+    o.v = be->alloc((size_t)n * k * sizeof(float));   /* the dense weight gradient */
+    double s = time_op(&o, batch_s);
+    double tflops = 6.0 * m * nnz / s / 1e12;
+    dm_log("calibrate: CSR product %d x %d x %d at 90%% sparsity: %.3f ms forward + backward, "
+           "%.4f TFLOP/s on the nonzeros\n", m, n, k, s * 1e3, tflops);
+    float *buffers[] = {o.x, o.y, o.z, o.w, o.v};
+    for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+    be->free(o.i1);
+    be->free(o.i2);
+    dm_free(row_ptr);
+    dm_free(col);
+    return tflops;
+}
+
+/* The elementwise and normalisation ops' bandwidth (the median of
+ * layernorm, GELU and residual; hardware_ops.c's bytes), a copy's (the
+ * peak), and a tiny op's time (the overhead). */
+static void measure_memory(struct hardware *hw, const struct dm_backend *be, int quick,
+                           double batch_s)
+{
+    /* 4 MB an array: the size of a block's activations and AdamW state at the
+     * configs' widths, beyond the core's caches but not a whole-memory stream */
+    int rows = quick ? 1024 : 4096, C = 256;
+    size_t n = (size_t)rows * C;
+    struct op o = {.be = be, .m = rows, .n = C};
+    o.x = device_floats(be, n, 8);
+    o.y = device_floats(be, n, 9);
+    o.s = device_floats(be, (size_t)C, 10);
+    o.z = be->alloc(n * sizeof(float));
+    o.v = be->alloc((size_t)rows * sizeof(float));
+    o.w = be->alloc((size_t)rows * sizeof(float));
+    const int kinds[4] = {OP_LAYERNORM, OP_GELU, OP_RESIDUAL, OP_COPY};
+    const char *names[4] = {"layernorm", "gelu", "residual", "copy"};
+    const double bytes_per[4] = {2 * 4.0, 2 * 4.0, 3 * 4.0, 2 * 4.0};   /* per element */
+    double rate[4];
+    for (int i = 0; i < 4; i++) {
+        o.kind = kinds[i];
+        double s = time_op(&o, batch_s);
+        rate[i] = bytes_per[i] * n / s / 1e9;
+        dm_log("calibrate: %-9s %d x %d: %.3f ms, %.2f GB/s\n", names[i], rows, C, s * 1e3,
+               rate[i]);
+    }
+    double ops[3] = {rate[0], rate[1], rate[2]};
+    hw->bandwidth_gbs = dm_median(ops, 3);
+    hw->peak_bandwidth_gbs = fmax(fmax(rate[0], rate[1]), fmax(rate[2], rate[3]));
+    /* The overhead: a 16-float op's time, or a small layernorm's beyond its
+     * bytes when that is more (an op the thread pool spreads over its
+     * threads pays their start and join, the tiny one runs inline). */
+    o.kind = OP_RESIDUAL;
+    o.m = 1;
+    o.n = 16;
+    double tiny = time_op(&o, batch_s);
+    o.kind = OP_LAYERNORM;
+    o.m = 64;
+    o.n = 64;
+    double small = time_op(&o, batch_s) - 2 * 4.0 * 64 * 64 / (hw->bandwidth_gbs * 1e9);
+    hw->op_overhead_us = fmax(tiny, small) * 1e6;
+    dm_log("calibrate: a 16-float op %.2f us, a 64 x 64 layernorm beyond its bytes %.2f us: "
+           "%.2f us per op\n", tiny * 1e6, small * 1e6, hw->op_overhead_us);
+    float *buffers[] = {o.x, o.y, o.s, o.z, o.v, o.w};
+    for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+}
+
+/* ---- the links (ranks 0 and 1) ------------------------------------------------ */
+
+/* Seconds of an all-reduce of `count` floats over the world, polled: the
+ * median of five batches. */
+static double allreduce_seconds(int count, int reps)
+{
+    float *in = dm_alloc((size_t)count * sizeof(float));
+    float *out = dm_alloc((size_t)count * sizeof(float));
+    double samples[5];
+    for (int b = -1; b < 5; b++) {   /* b = -1 warms up */
+        double t0 = dm_now();
+        for (int r = 0; r < reps; r++) {
+            MPI_Request req;
+            WORLD_MPI(MPI_Iallreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD, &req));
+            world_wait(&req);
+        }
+        if (b >= 0) samples[b] = (dm_now() - t0) / reps;
+    }
+    dm_free(in);
+    dm_free(out);
+    double mine = dm_median(samples, 5), seconds = 0;
+    MPI_Request req;
+    WORLD_MPI(MPI_Iallreduce(&mine, &seconds, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD, &req));
+    world_wait(&req);
+    return seconds;
+}
+
+/* The point-to-point line from a small and a large message (each a send
+ * and a one-int acknowledgement, world_transfer_rate), and the all-reduce
+ * line from a small and a large all-reduce at their bus bandwidth
+ * (2 (n-1)/n of the bytes). */
+static void measure_links(struct hardware *hw, int quick)
+{
+    size_t small = 8, large = quick ? (1u << 20) : (16u << 20);
+    int reps = quick ? 20 : 100;
+    double t_small = small / world_transfer_rate(small, reps * 10);
+    double t_large = large / world_transfer_rate(large, reps / 5 > 2 ? reps / 5 : 2);
+    /* a large message barely slower than a small one (a loaded machine's
+     * noise): its bytes over its whole time */
+    double beta_s = t_large > 2 * t_small ? t_large - t_small : t_large;
+    struct hw_link p2p = {t_small / 2 * 1e6, (double)large / beta_s / 1e9};
+    int count_small = 2, count_large = (int)(large / sizeof(float));
+    double a_small = allreduce_seconds(count_small, reps * 10);
+    double a_large = allreduce_seconds(count_large, reps / 5 > 2 ? reps / 5 : 2);
+    double n = dm_world_size(), bus = 2 * (n - 1) / n;
+    double allreduce_s = a_large > 2 * a_small ? a_large - a_small : a_large;
+    struct hw_link collective = {a_small * 1e6, bus * count_large * 4.0 / allreduce_s / 1e9};
+    if (dm_rank() == 0)
+        dm_log("calibrate: point-to-point %.2f us + bytes / %.2f GB/s; all-reduce %.2f us + "
+               "bytes / %.2f GB/s (bus)\n", p2p.latency_us, p2p.bandwidth_gbs,
+               collective.latency_us, collective.bandwidth_gbs);
+    /* One node: the lines between nodes are the same measurement. */
+    hw->p2p_intra = hw->p2p_inter = p2p;
+    hw->collective_intra = hw->collective_inter = collective;
+    hw->ranks_per_node = world_local_size();
+}
+
+/* ---- the command ---------------------------------------------------------------- */
+
+int cmd_calibrate(int argc, char **argv)
+{
+    struct calibrate_args a;
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            usage(stdout);
+            return DM_EXIT_OK;
+        }
+    world_init(&argc, &argv);
+    parse_args(&a, argc, argv);
+    if (dm_world_size() != 2)
+        dm_user_error("calibrate: measures the links between two ranks: run it under "
+                      "mpiexec -n 2 (this job has %d)", dm_world_size());
+    struct dm_config cfg;
+    config_defaults(&cfg);
+    if (a.config) config_load_file(&cfg, a.config);
+    for (int i = 0; i < a.override_count; i++) config_apply_override(&cfg, a.overrides[i]);
+    struct hardware hw;
+    memset(&hw, 0, sizeof hw);
+    train_open_backend(&cfg);   /* collective: every rank agrees the device opened */
+    measure_links(&hw, a.quick);
+    int status = DM_EXIT_OK;
+    if (dm_rank() == 0) {
+        int threads = a.threads ? a.threads : cfg.threads ? cfg.threads
+                    : world_cpus_for_rank() * world_local_size();
+        dm_threads_init(threads);
+        const struct dm_backend *be = backend_current();
+        double batch_s = a.quick ? 0.002 : 0.04;
+        measure_memory(&hw, be, a.quick, batch_s);
+        measure_gemms(&hw, be, a.quick, batch_s);
+        hw.attention_tflops = measure_attention(be, 0, a.quick, batch_s);
+        hw.hash_tflops = measure_attention(be, 1, a.quick, batch_s);
+        hw.sparse_tflops = measure_sparse(be, a.quick, batch_s);
+        double peak = hw.gemm_peak_tflops;
+        if (hw.attention_tflops > peak) hw.gemm_peak_tflops = hw.attention_tflops;
+        if (hw.hash_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.hash_tflops;
+        if (hw.sparse_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.sparse_tflops;
+        long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+        hw.memory_gb = pages > 0 && page > 0 ? (double)pages * page / 1e9 : 1;
+        hw.bytes_per_element = 4;
+        snprintf(hw.name, sizeof hw.name, "%s calibrated by dynmo %s (%d threads%s)",
+                 cfg.device, DYNMO_VERSION, threads, a.quick ? ", quick" : "");
+        char comment[1024], err[1024];
+        snprintf(comment, sizeof comment,
+                 "Written by `dynmo calibrate` (docs/simulate.md, \"The hardware model\"):\n"
+                 "every figure measured on this machine with dynmo's own ops on rank 0\n"
+                 "(train.device = %s, %d threads) and between ranks 0 and 1 (one node:\n"
+                 "the lines between nodes repeat those within); peak_tflops and\n"
+                 "peak_bandwidth_gbs are the best measured, memory_gb the host's memory%s.",
+                 cfg.device, threads,
+                 strcmp(cfg.device, "cpu") ? "\n(set it to the device's: the op table does not "
+                 "report it)" : "");
+        if (hardware_write(&hw, a.out, comment, err, sizeof err) != 0) {
+            fprintf(stderr, "dynmo: error: calibrate: %s\n", err);
+            status = DM_EXIT_USAGE;
+        } else {
+            dm_log("calibrate: wrote %s\n", a.out);
+        }
+        dm_threads_shutdown();
+    }
+    status = world_max_int(status);   /* rank 1 waits here while rank 0 measures */
+    dm_free(a.overrides);
+    world_finalize(status);
+    return status;
+}

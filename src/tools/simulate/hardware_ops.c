@@ -1,0 +1,374 @@
+/* The op-level model of `dynmo simulate --hardware` (docs/simulate.md,
+ * "The hardware model"): the ops a transformer block, the embedding and
+ * the head run per micro-batch, as src/model runs them (dense_forward and
+ * dense_backward of block.c, the fused residual and GELU products, the
+ * CSR products of a pruned block, the packed rows of early exit and
+ * mixture of depths, hash attention's tiles, an MoE block's router and
+ * experts, AdamW once a step), with each op's FLOPs and bytes, priced on a
+ * hardware file by hardware_op_ms.
+ *
+ * Must not: read files, measure, or decide anything about layouts. */
+#include <math.h>
+#include <string.h>
+#include "dynmo/dyn.h"
+#include "dynmo/model.h"
+#include "tools/simulate/hardware.h"
+
+/* AdamW's bytes per parameter in fp32: read the weight, its gradient and
+ * two moments, write the weight and the moments, zero the gradient, and
+ * read the gradient once more for the global norm. */
+#define ADAMW_BYTES_PER_PARAM 36.0
+#define ADAMW_FLOPS_PER_PARAM 15.0
+/* A CSR nonzero: its value and its column index. */
+#define CSR_BYTES_PER_NONZERO 8.0
+
+static void add_op(struct hw_pass *p, const struct hw_model *m, const char *name,
+                   enum hw_op_class cls, double flops, double tflops, double bytes)
+{
+    DM_ASSERT(p->count < HW_OPS_MAX);
+    double ms = hardware_op_ms(m->hw, flops, tflops, bytes);
+    p->op[p->count++] = (struct hw_op){name, cls, flops, bytes, ms};
+    p->ms += ms;
+    p->flops += flops;
+    p->bytes += bytes;
+}
+
+/* `count` equal GEMMs m x n x k as one entry (an MoE rank's experts),
+ * extra_bytes more read or written with each (a fused bias, residual or
+ * GELU). */
+static void add_gemms(struct hw_pass *p, const struct hw_model *m, const char *name, double count,
+                      double rows, double n, double k, double extra_bytes)
+{
+    if (!(rows >= 1) || count <= 0) return;
+    const struct hardware *hw = m->hw;
+    double e = hw->bytes_per_element;
+    double flops = 2 * rows * n * k, bytes = e * (rows * k + k * n + rows * n) + extra_bytes;
+    double ms = hardware_op_ms(hw, flops, hardware_gemm_tflops(hw, rows, n, k), bytes);
+    DM_ASSERT(p->count < HW_OPS_MAX);
+    p->op[p->count++] = (struct hw_op){name, HW_GEMM, count * flops, count * bytes, count * ms};
+    p->ms += count * ms;
+    p->flops += count * flops;
+    p->bytes += count * bytes;
+}
+
+/* A memory-bound op over `bytes` (layernorms, GELU, residuals, gathers). */
+static void add_memory(struct hw_pass *p, const struct hw_model *m, const char *name,
+                       double flops, double bytes)
+{
+    if (bytes <= 0) return;
+    add_op(p, m, name, HW_MEMORY, flops, 0, bytes);
+}
+
+/* One of the block's four products (rows x in -> rows x out) forward:
+ * dense (bias, residual or GELU fused) or, past dyn.csr_sparsity, the CSR
+ * product on the nonzeros and the residual or GELU as their own ops. */
+static void product_forward(struct hw_pass *p, const struct hw_model *m,
+                            const struct hw_block_state *s, const char *name, double rows,
+                            double in, double out, int residual, int gelu)
+{
+    double e = m->hw->bytes_per_element;
+    if (s->sparsity >= m->cfg.csr_sparsity && s->sparsity > 0) {
+        double nnz = (1 - s->sparsity) * in * out;
+        add_op(p, m, name, HW_GEMM, 2 * rows * nnz, m->hw->sparse_tflops,
+               CSR_BYTES_PER_NONZERO * nnz + e * rows * (in + out));
+        if (residual) add_memory(p, m, "residual", rows * out, 3 * e * rows * out);
+        if (gelu) add_memory(p, m, "gelu", 8 * rows * out, 2 * e * rows * out);
+        return;
+    }
+    add_gemms(p, m, name, 1, rows, out, in, e * rows * out * (residual + gelu));
+}
+
+/* Its backward: the input gradient and the weight gradient (and the
+ * bias's, a pass over the output gradient), GELU's derivative fused. */
+static void product_backward(struct hw_pass *p, const struct hw_model *m,
+                             const struct hw_block_state *s, const char *name_input,
+                             const char *name_weight, double rows, double in, double out,
+                             int gelu)
+{
+    double e = m->hw->bytes_per_element;
+    if (s->sparsity >= m->cfg.csr_sparsity && s->sparsity > 0) {
+        double nnz = (1 - s->sparsity) * in * out;
+        add_op(p, m, name_input, HW_GEMM, 4 * rows * nnz, m->hw->sparse_tflops,
+               2 * CSR_BYTES_PER_NONZERO * nnz + 2 * e * rows * (in + out));
+        if (gelu) add_memory(p, m, "gelu backward", 8 * rows * in, 3 * e * rows * in);
+        return;
+    }
+    add_gemms(p, m, name_input, 1, rows, in, out, gelu ? 2 * e * rows * in : 0);
+    add_gemms(p, m, name_weight, 1, out, in, rows, e * rows * out);
+}
+
+/* Rows the block computes per micro-batch and tokens per packed sequence. */
+static void block_rows(const struct hw_model *m, const struct hw_block_state *s, double *rows,
+                       double *per_sequence)
+{
+    *per_sequence = fmax(1.0, round(s->tokens * m->cfg.seq));
+    *rows = *per_sequence * m->sequences;
+}
+
+/* Causal attention's FLOPs over n tokens of each of B sequences: the score
+ * and value products over the n (n + 1) / 2 pairs of each head. */
+static double causal_flops(double B, double n, double C)
+{
+    return 2.0 * B * n * (n + 1) * C;
+}
+
+static void price_attention_forward(struct hw_pass *p, const struct hw_model *m,
+                                    const struct hw_block_state *s, double n)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
+    double io = e * B * n * 4 * C;   /* q, k, v in, the output out */
+    if (!strcmp(c->attention, "hash")) {
+        double share = s->tiles * hw_hash_tile_share((int)n, c->hash_buckets);
+        add_op(p, m, "hash attention", HW_ATTENTION, share * causal_flops(B, n, C),
+               m->hw->hash_tflops, 2 * io);
+        return;
+    }
+    /* the scores' softmax (B, NH, n, n) written once and read by the value product */
+    add_op(p, m, "attention", HW_ATTENTION, causal_flops(B, n, C), m->hw->attention_tflops,
+           io + 2 * 4.0 * B * NH * n * n);
+}
+
+static void price_attention_backward(struct hw_pass *p, const struct hw_model *m,
+                                     const struct hw_block_state *s, double n)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
+    double io = e * B * n * 8 * C;   /* q, k, v, output gradient in; their gradients out */
+    if (!strcmp(c->attention, "hash")) {
+        double share = s->tiles * hw_hash_tile_share((int)n, c->hash_buckets);
+        add_op(p, m, "hash attention backward", HW_ATTENTION, 2 * share * causal_flops(B, n, C),
+               m->hw->hash_tflops, 2 * io);
+        return;
+    }
+    add_op(p, m, "attention backward", HW_ATTENTION, 2 * causal_flops(B, n, C),
+           m->hw->attention_tflops, io + 3 * 4.0 * B * NH * n * n);
+}
+
+/* The hidden width of an expert. */
+static double expert_hidden(const struct dm_config *c)
+{
+    return c->expert_hidden > 0 ? c->expert_hidden : 4.0 * c->channels;
+}
+
+/* Early exit's block with tokens gone (exit.c's block_forward_rows): the
+ * input copied forward, ln1 and K, V over all N rows, Q, the attention's
+ * query rows (each against the keys up to its position: a of causal's
+ * pairs), the projection, ln2 and the MLP over the Na active rows,
+ * gathered and scattered back. */
+static void rows_forward(struct hw_pass *p, const struct hw_model *m,
+                         const struct hw_block_state *s)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels, NH = c->heads, B = m->sequences;
+    double T = c->seq, N = B * T, Na = round(s->active * N);
+    add_memory(p, m, "copy", 0, 2 * e * N * C);
+    if (Na < 1) return;
+    add_memory(p, m, "ln1", 8 * N * C, 2 * e * N * C);
+    product_forward(p, m, s, "kv", N, C, 2 * C, 0, 0);
+    add_memory(p, m, "gather", 0, 2 * e * Na * C);
+    product_forward(p, m, s, "q", Na, C, C, 0, 0);
+    add_op(p, m, "attention rows", HW_ATTENTION, s->active * causal_flops(B, T, C),
+           m->hw->attention_tflops, e * (2 * Na * C + 2 * N * C) + 2 * 4.0 * NH * Na * T);
+    product_forward(p, m, s, "proj", Na, C, C, 0, 0);
+    add_memory(p, m, "residual", Na * C, 5 * e * Na * C);   /* the input's rows gathered, added */
+    add_memory(p, m, "ln2", 8 * Na * C, 2 * e * Na * C);
+    product_forward(p, m, s, "fc", Na, C, 4 * C, 0, 1);
+    product_forward(p, m, s, "fcproj", Na, 4 * C, C, 1, 0);
+    add_memory(p, m, "scatter", 0, 2 * e * Na * C);
+}
+
+/* Its backward (block_backward_rows): the MLP, ln2 and the projection over
+ * the active rows, the attention's query rows, K and V's gradients over
+ * every row, Q's over the active ones, ln1 over every row. */
+static void rows_backward(struct hw_pass *p, const struct hw_model *m,
+                          const struct hw_block_state *s)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels, NH = c->heads, B = m->sequences;
+    double T = c->seq, N = B * T, Na = round(s->active * N);
+    if (Na < 1) {
+        add_memory(p, m, "copy", 0, 2 * e * N * C);
+        return;
+    }
+    add_memory(p, m, "gather", 0, 2 * e * Na * C);
+    product_backward(p, m, s, "fcproj dinp", "fcproj dweight", Na, 4 * C, C, 1);
+    product_backward(p, m, s, "fc dinp", "fc dweight", Na, C, 4 * C, 0);
+    add_memory(p, m, "ln2 backward", 10 * Na * C, 4 * e * Na * C);
+    product_backward(p, m, s, "proj dinp", "proj dweight", Na, C, C, 0);
+    add_op(p, m, "attention rows backward", HW_ATTENTION, 2 * s->active * causal_flops(B, T, C),
+           m->hw->attention_tflops, e * (4 * Na * C + 4 * N * C) + 3 * 4.0 * NH * Na * T);
+    product_backward(p, m, s, "kv dinp", "kv dweight", N, C, 2 * C, 0);
+    product_backward(p, m, s, "q dinp", "q dweight", Na, C, C, 0);
+    add_memory(p, m, "scatter", 0, 6 * e * N * C);   /* dQ rows, the residual's copy and rows */
+    add_memory(p, m, "ln1 backward", 10 * N * C, 4 * e * N * C);
+}
+
+/* The early-exit head after the block: layernorm and logits over the active rows. */
+static void exit_head_forward(struct hw_pass *p, const struct hw_model *m, double rows)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels;
+    add_memory(p, m, "exit ln", 8 * rows * C, 2 * e * rows * C);
+    add_gemms(p, m, "exit logits", 1, rows, c->vocab, C, 0);
+    add_memory(p, m, "exit softmax", 5 * rows * c->vocab, 2 * 4.0 * rows * c->vocab);
+}
+
+static void exit_head_backward(struct hw_pass *p, const struct hw_model *m, double rows)
+{
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels;
+    if (!(c->exit_loss_weight > 0)) return;
+    add_memory(p, m, "exit softmax backward", 2 * rows * c->vocab, 2 * 4.0 * rows * c->vocab);
+    add_gemms(p, m, "exit logits dinp", 1, rows, C, c->vocab, 0);
+    add_gemms(p, m, "exit logits dweight", 1, c->vocab, C, rows, 0);
+    add_memory(p, m, "exit ln backward", 10 * rows * C, 4 * e * rows * C);
+}
+
+void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
+                      const struct hw_block_state *s)
+{
+    memset(p, 0, sizeof *p);
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels, N, n;
+    block_rows(m, s, &N, &n);
+    if (s->active < 1) {
+        rows_forward(p, m, s);
+        if (s->exit_head) exit_head_forward(p, m, round(s->active * m->sequences * c->seq));
+        return;
+    }
+    if (s->tokens < 1) {   /* MoD: the router over every token, the chosen rows gathered */
+        double all = (double)m->sequences * c->seq;
+        add_memory(p, m, "router", 2 * all * C, e * all * C);
+        add_memory(p, m, "gather", 0, 2 * e * N * C);
+    }
+    add_memory(p, m, "ln1", 8 * N * C, 2 * e * N * C);
+    product_forward(p, m, s, "qkv", N, C, 3 * C, 0, 0);
+    price_attention_forward(p, m, s, n);
+    product_forward(p, m, s, "proj", N, C, C, 1, 0);
+    add_memory(p, m, "ln2", 8 * N * C, 2 * e * N * C);
+    if (s->expert_load > 0) {
+        double E = c->experts, H = expert_hidden(c), per_rank = E / (c->ep > 0 ? c->ep : 1);
+        double rows = s->expert_load * N * c->top_k;   /* the busiest rank's */
+        add_gemms(p, m, "router", 1, N, E, C, 0);
+        add_memory(p, m, "dispatch", 0, 2 * e * rows * C);
+        add_gemms(p, m, "experts fc", per_rank, rows / per_rank, H, C, e * rows / per_rank * H);
+        add_gemms(p, m, "experts proj", per_rank, rows / per_rank, C, H, 0);
+        add_memory(p, m, "combine", 2 * N * C, e * (rows + 2 * N) * C);
+    } else {
+        product_forward(p, m, s, "fc", N, C, 4 * C, 0, 1);
+        product_forward(p, m, s, "fcproj", N, 4 * C, C, 1, 0);
+    }
+    if (s->exit_head) exit_head_forward(p, m, N);
+}
+
+void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
+                       const struct hw_block_state *s)
+{
+    memset(p, 0, sizeof *p);
+    if (s->frozen) return;   /* a frozen prefix: nothing before it needs a gradient */
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels, N, n;
+    block_rows(m, s, &N, &n);
+    if (s->active < 1) {
+        if (s->exit_head) exit_head_backward(p, m, round(s->active * m->sequences * c->seq));
+        rows_backward(p, m, s);
+        return;
+    }
+    if (s->exit_head) exit_head_backward(p, m, N);
+    if (s->expert_load > 0) {
+        double E = c->experts, H = expert_hidden(c), per_rank = E / (c->ep > 0 ? c->ep : 1);
+        double rows = s->expert_load * N * c->top_k, r = rows / per_rank;
+        add_memory(p, m, "combine backward", 2 * N * C, e * (rows + 2 * N) * C);
+        add_gemms(p, m, "experts proj dinp", per_rank, r, H, C, 2 * e * r * H);
+        add_gemms(p, m, "experts proj dweight", per_rank, C, H, r, 0);
+        add_gemms(p, m, "experts fc dinp", per_rank, r, C, H, 0);
+        add_gemms(p, m, "experts fc dweight", per_rank, H, C, r, 0);
+        add_memory(p, m, "dispatch backward", 0, 2 * e * rows * C);
+        add_gemms(p, m, "router dinp", 1, N, C, E, 0);
+        add_gemms(p, m, "router dweight", 1, E, C, N, 0);
+    } else {
+        product_backward(p, m, s, "fcproj dinp", "fcproj dweight", N, 4 * C, C, 1);
+        product_backward(p, m, s, "fc dinp", "fc dweight", N, C, 4 * C, 0);
+    }
+    add_memory(p, m, "ln2 backward", 10 * N * C, 4 * e * N * C);
+    product_backward(p, m, s, "proj dinp", "proj dweight", N, C, C, 0);
+    price_attention_backward(p, m, s, n);
+    product_backward(p, m, s, "qkv dinp", "qkv dweight", N, C, 3 * C, 0);
+    add_memory(p, m, "ln1 backward", 10 * N * C, 4 * e * N * C);
+    if (s->tokens < 1) add_memory(p, m, "scatter", 0, 2 * e * N * C);
+}
+
+/* The parameters of a block in state: a dense block's, or with experts
+ * the shared tensors, the router and every expert. */
+static double block_params(const struct hw_model *m, const struct hw_block_state *s)
+{
+    const struct dm_config *c = &m->cfg;
+    double C = c->channels, dense = (double)block_param_count(c->channels);
+    if (!(s->expert_load > 0)) return dense;
+    double H = expert_hidden(c), E = c->experts;
+    double mlp = 8 * C * C + 5 * C;   /* the dense MLP's fc and fcproj with biases */
+    double experts = E / (c->ep > 0 ? c->ep : 1) * (2 * C * H + H + C);
+    return dense - mlp + C * E + experts;
+}
+
+void hw_block_update(struct hw_pass *p, const struct hw_model *m,
+                     const struct hw_block_state *s)
+{
+    memset(p, 0, sizeof *p);
+    if (s->frozen) return;
+    double params = block_params(m, s);
+    add_memory(p, m, "adamw", ADAMW_FLOPS_PER_PARAM * params, ADAMW_BYTES_PER_PARAM * params);
+}
+
+static void passes_clear(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update)
+{
+    memset(fwd, 0, sizeof *fwd);
+    memset(bwd, 0, sizeof *bwd);
+    memset(update, 0, sizeof *update);
+}
+
+void hw_embed_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update,
+                     const struct hw_model *m)
+{
+    passes_clear(fwd, bwd, update);
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels, N = (double)m->sequences * c->seq;
+    add_memory(fwd, m, "embedding", N * C, 3 * e * N * C);
+    add_memory(bwd, m, "embedding backward", 2 * N * C, 4 * e * N * C);
+    double params = ((double)c->vocab + c->max_seq) * C;
+    add_memory(update, m, "adamw", ADAMW_FLOPS_PER_PARAM * params, ADAMW_BYTES_PER_PARAM * params);
+}
+
+void hw_head_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update,
+                    const struct hw_model *m)
+{
+    passes_clear(fwd, bwd, update);
+    const struct dm_config *c = &m->cfg;
+    double e = m->hw->bytes_per_element, C = c->channels, V = c->vocab;
+    double N = (double)m->sequences * c->seq;
+    add_memory(fwd, m, "lnf", 8 * N * C, 2 * e * N * C);
+    add_gemms(fwd, m, "logits", 1, N, V, C, 0);
+    add_memory(fwd, m, "softmax loss", 5 * N * V, 2 * 4.0 * N * V);
+    add_memory(bwd, m, "softmax loss backward", 2 * N * V, 2 * 4.0 * N * V);
+    add_gemms(bwd, m, "logits dinp", 1, N, C, V, 0);
+    add_gemms(bwd, m, "logits dweight", 1, V, C, N, 0);
+    add_memory(bwd, m, "lnf backward", 10 * N * C, 4 * e * N * C);
+    add_memory(update, m, "adamw", ADAMW_FLOPS_PER_PARAM * 2 * C, ADAMW_BYTES_PER_PARAM * 2 * C);
+}
+
+double hw_hash_tile_share(int seq, int buckets)
+{
+    double nt = ceil(seq / 32.0);
+    if (buckets <= 1 || nt <= 0) return 1.0;
+    double per_bucket = ceil(ceil((double)seq / buckets) / 32.0);
+    double share = buckets * per_bucket * (per_bucket + 1) / (nt * (nt + 1));
+    return share < 1 ? share : 1.0;
+}
+
+double hw_stage_bytes(const struct hw_model *m, double params, int blocks, int in_flight)
+{
+    const struct dm_config *c = &m->cfg;
+    double acts = (double)block_acts_bytes(m->sequences, c->seq, c->channels, c->heads);
+    return 16.0 * params + (double)in_flight * blocks * acts;
+}
