@@ -210,6 +210,10 @@ struct dyn_signal {
     float neutral;
     float *(*cost_of_log)(const struct dyn_log_reader *rd, const struct gpt_shape *shape,
                           long rows);
+    /* The state of one of its blocks at 0-based step `step` of a run of
+     * cfg, from the config alone (what `dynmo simulate --hardware` prices
+     * when it has no run); NULL: neutral. */
+    float (*cost_of_config)(const struct dm_config *cfg, int step);
 };
 
 /* The signals a run of cfg gathers and writes: every active scheme's, in

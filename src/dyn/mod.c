@@ -537,6 +537,13 @@ static float *tokens_of_log(const struct dyn_log_reader *rd, const struct gpt_sh
     return m;
 }
 
+/* A MoD block routes its capacity's share of the tokens. */
+static float tokens_of_config(const struct dm_config *cfg, int step)
+{
+    (void)step;
+    return (float)cfg->mod_capacity;
+}
+
 static const struct dyn_signal mod_signals[] = {
     {.dataset = "/mod/tokens",
      .label = "MoD tokens processed",
@@ -552,7 +559,8 @@ static const struct dyn_signal mod_signals[] = {
      .cost_name = "mod_tokens",
      .cost_dataset = "/layers/mod_tokens_share",
      .neutral = 1.0f,
-     .cost_of_log = tokens_of_log},
+     .cost_of_log = tokens_of_log,
+     .cost_of_config = tokens_of_config},
     {.dataset = "/mod/predictor_bce",
      .label = "predictor BCE",
      .unit = "nats",

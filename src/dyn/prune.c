@@ -428,6 +428,12 @@ static void read_sparsity(struct gpt *model, int i, double *value, double *weigh
     value[0] = block_matrix_sparsity(&model->blocks[i]);
 }
 
+/* A block's sparsity from the schedule alone. */
+static float sparsity_of_config(const struct dm_config *cfg, int step)
+{
+    return (float)prune_sparsity_in_force(cfg, step);
+}
+
 static const struct dyn_signal prune_signals[] = {
     {.dataset = "/layers/sparsity",
      .label = "sparsity",
@@ -441,7 +447,8 @@ static const struct dyn_signal prune_signals[] = {
      .cost = DYN_COST_SPARSITY,
      .cost_name = "sparsity",
      .cost_dataset = "/layers/sparsity",
-     .neutral = 0.0f},
+     .neutral = 0.0f,
+     .cost_of_config = sparsity_of_config},
 };
 
 static const char *const prune_config_keys[] = {"dyn.prune_start", "dyn.prune_every", "dyn.prune_steps",

@@ -444,11 +444,12 @@ int cmd_calibrate(int argc, char **argv)
         measure_memory(&hw, be, a.quick, batch_s);
         measure_gemms(&hw, be, a.quick, batch_s);
         hw.attention_tflops = measure_attention(be, 0, a.quick, batch_s);
-        hw.hash_tflops = measure_attention(be, 1, a.quick, batch_s);
+        hw.group_attention_tflops = measure_attention(be, 1, a.quick, batch_s);
         hw.sparse_tflops = measure_sparse(be, a.quick, batch_s);
         double peak = hw.gemm_peak_tflops;
         if (hw.attention_tflops > peak) hw.gemm_peak_tflops = hw.attention_tflops;
-        if (hw.hash_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.hash_tflops;
+        if (hw.group_attention_tflops > hw.gemm_peak_tflops)
+            hw.gemm_peak_tflops = hw.group_attention_tflops;
         if (hw.sparse_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.sparse_tflops;
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
         hw.memory_gb = pages > 0 && page > 0 ? (double)pages * page / 1e9 : 1;

@@ -119,9 +119,9 @@ static void price_attention_forward(struct hw_pass *p, const struct hw_model *m,
     double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
     double io = e * B * n * 4 * C;   /* q, k, v in, the output out */
     if (!strcmp(c->attention, "hash")) {
-        double share = s->tiles * hw_hash_tile_share((int)n, c->hash_buckets);
+        double share = s->tiles * hw_group_tile_share((int)n, c->hash_buckets);
         add_op(p, m, "hash attention", HW_ATTENTION, share * causal_flops(B, n, C),
-               m->hw->hash_tflops, 2 * io);
+               m->hw->group_attention_tflops, 2 * io);
         return;
     }
     /* the scores' softmax (B, NH, n, n) written once and read by the value product */
@@ -136,9 +136,9 @@ static void price_attention_backward(struct hw_pass *p, const struct hw_model *m
     double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
     double io = e * B * n * 8 * C;   /* q, k, v, output gradient in; their gradients out */
     if (!strcmp(c->attention, "hash")) {
-        double share = s->tiles * hw_hash_tile_share((int)n, c->hash_buckets);
+        double share = s->tiles * hw_group_tile_share((int)n, c->hash_buckets);
         add_op(p, m, "hash attention backward", HW_ATTENTION, 2 * share * causal_flops(B, n, C),
-               m->hw->hash_tflops, 2 * io);
+               m->hw->group_attention_tflops, 2 * io);
         return;
     }
     add_op(p, m, "attention backward", HW_ATTENTION, 2 * causal_flops(B, n, C),
@@ -247,9 +247,9 @@ void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
     price_attention_forward(p, m, s, n);
     product_forward(p, m, s, "proj", N, C, C, 1, 0);
     add_memory(p, m, "ln2", 8 * N * C, 2 * e * N * C);
-    if (s->expert_load > 0) {
+    if (s->busiest_load > 0) {
         double E = c->experts, H = expert_hidden(c), per_rank = E / (c->ep > 0 ? c->ep : 1);
-        double rows = s->expert_load * N * c->top_k;   /* the busiest rank's */
+        double rows = s->busiest_load * N * c->top_k;   /* the busiest rank's */
         add_gemms(p, m, "router", 1, N, E, C, 0);
         add_memory(p, m, "dispatch", 0, 2 * e * rows * C);
         add_gemms(p, m, "experts fc", per_rank, rows / per_rank, H, C, e * rows / per_rank * H);
@@ -276,9 +276,9 @@ void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
         return;
     }
     if (s->exit_head) exit_head_backward(p, m, N);
-    if (s->expert_load > 0) {
+    if (s->busiest_load > 0) {
         double E = c->experts, H = expert_hidden(c), per_rank = E / (c->ep > 0 ? c->ep : 1);
-        double rows = s->expert_load * N * c->top_k, r = rows / per_rank;
+        double rows = s->busiest_load * N * c->top_k, r = rows / per_rank;
         add_memory(p, m, "combine backward", 2 * N * C, e * (rows + 2 * N) * C);
         add_gemms(p, m, "experts proj dinp", per_rank, r, H, C, 2 * e * r * H);
         add_gemms(p, m, "experts proj dweight", per_rank, C, H, r, 0);
@@ -305,7 +305,7 @@ static double block_params(const struct hw_model *m, const struct hw_block_state
 {
     const struct dm_config *c = &m->cfg;
     double C = c->channels, dense = (double)block_param_count(c->channels);
-    if (!(s->expert_load > 0)) return dense;
+    if (!(s->busiest_load > 0)) return dense;
     double H = expert_hidden(c), E = c->experts;
     double mlp = 8 * C * C + 5 * C;   /* the dense MLP's fc and fcproj with biases */
     double experts = E / (c->ep > 0 ? c->ep : 1) * (2 * C * H + H + C);
@@ -357,12 +357,12 @@ void hw_head_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *up
     add_memory(update, m, "adamw", ADAMW_FLOPS_PER_PARAM * 2 * C, ADAMW_BYTES_PER_PARAM * 2 * C);
 }
 
-double hw_hash_tile_share(int seq, int buckets)
+double hw_group_tile_share(int seq, int groups)
 {
     double nt = ceil(seq / 32.0);
-    if (buckets <= 1 || nt <= 0) return 1.0;
-    double per_bucket = ceil(ceil((double)seq / buckets) / 32.0);
-    double share = buckets * per_bucket * (per_bucket + 1) / (nt * (nt + 1));
+    if (groups <= 1 || nt <= 0) return 1.0;
+    double per_group = ceil(ceil((double)seq / groups) / 32.0);
+    double share = groups * per_group * (per_group + 1) / (nt * (nt + 1));
     return share < 1 ? share : 1.0;
 }
 
