@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "dynmo/core.h"
+#include "dynmo/model.h"
 #include "testing.h"
 #include "tools/simulate/hardware.h"
 
@@ -282,10 +283,11 @@ static void test_flops(void)
     struct hw_block_state tiles = dense;
     tiles.tiles = 0.5;
     hw_block_forward(&f, &m, &tiles);
-    CHECK_NEAR(class_flops(&f, HW_ATTENTION), 0.5 * attention * hw_group_tile_share(4, 2), 1e-12);
-    CHECK_NEAR(hw_group_tile_share(64, 2), 2.0 / 3.0, 1e-12);   /* 2 of 3 tiles of nt = 2 */
-    CHECK_NEAR(hw_group_tile_share(64, 1), 1, 0);
-    CHECK_NEAR(hw_group_tile_share(2048, 8), 8.0 * 8 * 9 / (64.0 * 65), 1e-12);
+    CHECK_NEAR(class_flops(&f, HW_ATTENTION), 0.5 * attention * group_attention_even_share(4, 2),
+               1e-12);
+    CHECK_NEAR(group_attention_even_share(64, 2), 2.0 / 3.0, 1e-12);   /* 2 of 3 tiles of nt = 2 */
+    CHECK_NEAR(group_attention_even_share(64, 1), 1, 0);
+    CHECK_NEAR(group_attention_even_share(2048, 8), 8.0 * 8 * 9 / (64.0 * 65), 1e-12);
 
     /* an early-exit head: V C per active token forward */
     snprintf(m.cfg.attention, sizeof m.cfg.attention, "dense");

@@ -214,6 +214,10 @@ struct dyn_signal {
      * cfg, from the config alone (what `dynmo simulate --hardware` prices
      * when it has no run); NULL: neutral. */
     float (*cost_of_config)(const struct dm_config *cfg, int step);
+    /* What a state of 1 stands for in the op its role prices over
+     * sequences of `tokens` tokens (the tile-share role: the share of
+     * causal attention's tiles its attention visits); NULL: 1. */
+    double (*cost_scale)(const struct dm_config *cfg, int tokens);
 };
 
 /* The signals a run of cfg gathers and writes: every active scheme's, in

@@ -618,6 +618,11 @@ long group_attention_forward(float *out, float *lse, int *order, int *group, lon
  * and what the forward saved (out is its output). The grouping is
  * piecewise constant: no gradient flows through it. Returns the tiles
  * visited (the forward's). */
+/* The share of causal attention's GROUP_TILE x GROUP_TILE tiles over
+ * `tokens` tokens that the op visits when its `groups` groups are even:
+ * groups x nt_g (nt_g + 1) / 2 of nt (nt + 1) / 2, nt_g the tiles of a
+ * group's tokens / groups (1 for one group). */
+double group_attention_even_share(int tokens, int groups);
 long group_attention_backward(float *dqkv, const float *dout, const float *qkv,
                               const float *out, const float *lse, const int *order,
                               const int *group, int B, int T, int C, int NH);

@@ -329,6 +329,13 @@ static void tiles_share(const struct dm_config *cfg, const struct gpt_shape *sha
     for (int l = 0; l < shape->layers; l++) layers[l] = (float)(row[l] / all);
 }
 
+/* Hash attention's tiles when its buckets are even (simulate --hardware's
+ * scale of the tile share). */
+static double tiles_of_even_groups(const struct dm_config *cfg, int tokens)
+{
+    return group_attention_even_share(tokens, cfg->hash_buckets);
+}
+
 static const struct dyn_signal hash_signals[] = {
     {.dataset = "/hash/tiles",
      .label = "hash tiles visited",
@@ -344,7 +351,8 @@ static const struct dyn_signal hash_signals[] = {
      .cost = DYN_COST_TILE_SHARE,
      .cost_name = "tiles",
      .cost_dataset = "/layers/tiles_share",
-     .neutral = 1.0f},
+     .neutral = 1.0f,
+     .cost_scale = tiles_of_even_groups},
     {.dataset = "/hash/own_key_only",
      .label = "own key only",
      .unit = "share",

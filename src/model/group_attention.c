@@ -500,3 +500,12 @@ long group_attention_backward(float *dqkv, const float *dout, const float *qkv, 
     dm_free(tiles);
     return total;
 }
+
+double group_attention_even_share(int tokens, int groups)
+{
+    double nt = ceil(tokens / (double)GROUP_TILE);
+    if (groups <= 1 || nt <= 0) return 1.0;
+    double per_group = ceil(ceil((double)tokens / groups) / GROUP_TILE);
+    double share = groups * per_group * (per_group + 1) / (nt * (nt + 1));
+    return share < 1 ? share : 1.0;
+}

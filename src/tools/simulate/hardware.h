@@ -144,12 +144,6 @@ void hw_embed_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *u
 void hw_head_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update,
                     const struct hw_model *m);
 
-/* The share of causal attention's 32 x 32 tiles that attention within nb
- * groups (hash attention's buckets) visits when its groups are even: nb x
- * nt_g (nt_g + 1) / 2 of nt (nt + 1) / 2, nt_g the tiles of a group's T /
- * nb tokens. */
-double hw_group_tile_share(int seq, int groups);
-
 /* Bytes one stage holds: params x 16 (weights, gradients, two moments)
  * and in_flight micro-batches of its blocks' activations (the model's
  * block_acts_bytes). */

@@ -112,14 +112,24 @@ static double causal_flops(double B, double n, double C)
     return 2.0 * B * n * (n + 1) * C;
 }
 
+/* The signal of the tile-share role when the config runs its scheme (the
+ * block's attention visits only its share of causal attention's tiles),
+ * else NULL. */
+static const struct dyn_signal *tile_signal(const struct hw_model *m)
+{
+    const struct dyn_signal *t = dyn_signal_of_cost(DYN_COST_TILE_SHARE);
+    return t && t->cost_scale && dyn_signal_active(t, &m->cfg) ? t : NULL;
+}
+
 static void price_attention_forward(struct hw_pass *p, const struct hw_model *m,
                                     const struct hw_block_state *s, double n)
 {
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
     double io = e * B * n * 4 * C;   /* q, k, v in, the output out */
-    if (!strcmp(c->attention, "hash")) {
-        double share = s->tiles * hw_group_tile_share((int)n, c->hash_buckets);
+    const struct dyn_signal *tiles = tile_signal(m);
+    if (tiles) {
+        double share = s->tiles * tiles->cost_scale(c, (int)n);
         add_op(p, m, "hash attention", HW_ATTENTION, share * causal_flops(B, n, C),
                m->hw->group_attention_tflops, 2 * io);
         return;
@@ -135,8 +145,9 @@ static void price_attention_backward(struct hw_pass *p, const struct hw_model *m
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
     double io = e * B * n * 8 * C;   /* q, k, v, output gradient in; their gradients out */
-    if (!strcmp(c->attention, "hash")) {
-        double share = s->tiles * hw_group_tile_share((int)n, c->hash_buckets);
+    const struct dyn_signal *tiles = tile_signal(m);
+    if (tiles) {
+        double share = s->tiles * tiles->cost_scale(c, (int)n);
         add_op(p, m, "hash attention backward", HW_ATTENTION, 2 * share * causal_flops(B, n, C),
                m->hw->group_attention_tflops, 2 * io);
         return;
@@ -355,15 +366,6 @@ void hw_head_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *up
     add_gemms(bwd, m, "logits dweight", 1, V, C, N, 0);
     add_memory(bwd, m, "lnf backward", 10 * N * C, 4 * e * N * C);
     add_memory(update, m, "adamw", ADAMW_FLOPS_PER_PARAM * 2 * C, ADAMW_BYTES_PER_PARAM * 2 * C);
-}
-
-double hw_group_tile_share(int seq, int groups)
-{
-    double nt = ceil(seq / 32.0);
-    if (groups <= 1 || nt <= 0) return 1.0;
-    double per_group = ceil(ceil((double)seq / groups) / 32.0);
-    double share = groups * per_group * (per_group + 1) / (nt * (nt + 1));
-    return share < 1 ? share : 1.0;
 }
 
 double hw_stage_bytes(const struct hw_model *m, double params, int blocks, int in_flight)
