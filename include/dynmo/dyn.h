@@ -144,6 +144,13 @@ enum dyn_cost_role {
 
 struct dyn_log_reader;
 
+/* A routed MLP: each token through `choices` of `units` MLPs of hidden
+ * width `hidden`, `units_per_rank` of them on one rank (what `dynmo
+ * simulate --hardware` prices for the busiest-rank role). */
+struct dyn_routed_mlp {
+    double units, hidden, choices, units_per_rank;
+};
+
 /* The columns of a signal's row. */
 enum dyn_signal_columns {
     DYN_SIGNAL_LAYERS = 0,   /* one per layer of the model */
@@ -218,6 +225,9 @@ struct dyn_signal {
      * sequences of `tokens` tokens (the tile-share role: the share of
      * causal attention's tiles its attention visits); NULL: 1. */
     double (*cost_scale)(const struct dm_config *cfg, int tokens);
+    /* The busiest-rank role: the routed MLP its scheme's blocks run in
+     * place of the dense one (struct dyn_routed_mlp), from the config. */
+    void (*cost_routed_mlp)(const struct dm_config *cfg, struct dyn_routed_mlp *out);
 };
 
 /* The signals a run of cfg gathers and writes: every active scheme's, in

@@ -143,6 +143,16 @@ static float load_of_config(const struct dm_config *cfg, int step)
     return 1.0f;
 }
 
+/* Its blocks' MLP: each token through top_k of the experts, a rank
+ * holding experts / ep of them. */
+static void routed_mlp_of_config(const struct dm_config *cfg, struct dyn_routed_mlp *out)
+{
+    out->units = cfg->experts;
+    out->hidden = cfg->expert_hidden > 0 ? cfg->expert_hidden : 4.0 * cfg->channels;
+    out->choices = cfg->top_k;
+    out->units_per_rank = out->units / (cfg->ep > 0 ? cfg->ep : 1);
+}
+
 static const struct dyn_signal moe_signals[] = {
     {.dataset = "/moe/tokens",
      .label = "expert load",
@@ -199,7 +209,8 @@ static const struct dyn_signal moe_signals[] = {
      .cost_dataset = "/layers/moe_load",
      .neutral = 0.0f,
      .cost_of_log = moe_load_of_log,
-     .cost_of_config = load_of_config},
+     .cost_of_config = load_of_config,
+     .cost_routed_mlp = routed_mlp_of_config},
 };
 
 /* The busiest expert of any MoE block against its block's mean, and the
