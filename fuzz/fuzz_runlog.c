@@ -43,7 +43,6 @@
 #include <time.h>
 #include <unistd.h>
 #include "dynmo/ckpt.h"
-#include "ckpt/h5util.h"
 #include "dynmo/tools.h"
 #include "tools/plan/plan.h"
 #include "tools/report/report.h"

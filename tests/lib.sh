@@ -39,6 +39,10 @@ work_dir() {
   "$DYNMO" prepare --out "$dir/data" /usr/share/common-licenses/GPL-3 >/dev/null || fail "prepare"
 }
 
+# hf: the Hugging Face fixtures (tests/data/hf: the tiny GPT-2,
+# tokens.bin, losses.txt), wherever the test runs from.
+hf=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/data/hf
+
 # tiny_config FILE [section.key=value ...]: the small GPT the pipeline
 # tests train (6 blocks of 32 channels, batch 8 x 32 in 4 micro-batches, 4
 # steps) on $dir/data. An override replaces the key's line or adds the key

@@ -7,14 +7,16 @@
 # dtypes, and a re-import exports the same bytes; F16 and BF16 files are
 # converted to float32 exactly; training resumed from
 # the imported checkpoint gives finite losses, the same bits on 1 rank and
-# under pp = 2, and a config of another model is refused. Every bad input
+# under pp = 2, and a config of another model is refused. eval through the
+# pipeline: trained dense, MoE, MoD and hash-attention checkpoints give
+# the validation loss their runs logged, and the same window losses on 1
+# rank, on 2 and 3 stages, on 2 stages x 2 replicas and under another
+# layout (the schemes' models on 2 stages, and 2 x 2). Every bad input
 # exits 2 with one message and leaves nothing behind.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_dynmo
 work_dir
-hf=$PWD/tests/data/hf
-[ -f "$hf/losses.txt" ] || hf=$(cd "$(dirname "$0")" && pwd)/data/hf
 
 # ---- import, and eval against transformers' losses ----
 out=$("$DYNMO" import-hf "$hf/gpt2-tiny" --out "$dir/tiny.h5") || fail "import-hf exited $?"
@@ -136,6 +138,80 @@ train resumed2 2 "$dir/tiny.ini" parallel.pp=2 "ckpt.dir=$dir/ckpt2" && finite r
 same resumed1 resumed2 "imported GPT-2 trained on 1 rank and on pp = 2" /steps/loss
 train_refused other-model "written for a different model: model.channels is 32 in the checkpoint" \
   1 "$dir/tiny.ini" model.channels=16 model.heads=2 "ckpt.dir=$dir/ckpt3"
+
+# ---- eval under pipeline layouts, and of MoE, MoD and hash-attention models ----
+# A validation file of exactly 32 windows of 32 + 1 tokens (an llm.c
+# shard), and runs whose validation pass (4 batches of 8, one window a
+# micro-batch) reads each of them once: eval of the final checkpoint must
+# give the validation loss the run logged (the same forward, summed in
+# another order: within 1e-6 relative), and each window's loss the same
+# bits on 1 rank, on 2 and 3 ranks as stages, on 2 stages x 2 replicas
+# and under another layout.
+/usr/bin/python3 - "$dir/val32.bin" <<'EOF'
+import struct, sys
+raw = open("/usr/share/common-licenses/GPL-3", "rb").read()[5000:5000 + 32 * 32 + 1]
+header = [0] * 256
+header[0], header[1], header[2] = 20240520, 1, len(raw)
+open(sys.argv[1], "wb").write(struct.pack("<256i", *header) + struct.pack("<%dH" % len(raw), *raw))
+EOF
+eval_windows() {   # eval_windows NAME CKPT RANKS [ARGS...]: $dir/NAME.windows, its output in $dir/NAME.eval
+  timeout -k 10 120 mpiexec -n "$3" "$DYNMO" eval --checkpoint "$2" --data "$dir/val32.bin" \
+    --window-losses "$dir/$1.windows" "${@:4}" > "$dir/$1.eval" < /dev/null \
+    || { fail "eval $1 exited $?: $(cat "$dir/$1.eval")"; return 1; }
+}
+validation=(train.micro_batches=8 train.eval_every=4 train.eval_batches=4 "data.val=$dir/val32.bin")
+for kind in dense moe mod hash; do
+  case $kind in
+    dense) extra=() ;;
+    moe) extra=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=64
+                moe.capacity_factor=1.25 moe.drop=probs) ;;
+    mod) extra=(model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal
+                mod.predictor_hidden=16) ;;
+    hash) extra=(model.attention=hash hash.buckets=4) ;;
+  esac
+  tiny_config "$dir/$kind.ini" "${validation[@]}" "${extra[@]}"
+  train "val-$kind" 2 "$dir/$kind.ini" parallel.pp=2 "ckpt.dir=$dir/ck-$kind" || continue
+  bits "val-$kind" /eval/loss || continue
+  ckpt4=$dir/ck-$kind/ckpt-4.h5
+  eval_windows "$kind-1" "$ckpt4" 1 || continue
+  /usr/bin/python3 - "$dir/val-$kind.eval.loss" "$dir/$kind-1.windows" "$kind" <<'EOF' \
+    || fail "$kind: eval differs from the validation loss the run logged"
+import struct, sys
+data = open(sys.argv[1], "rb").read()
+logged = struct.unpack("<%df" % (len(data) // 4), data)[-1]
+windows = [float(x) for x in open(sys.argv[2])]
+mine = sum(windows) / len(windows)
+d = abs(mine - logged) / logged
+print("  %s: eval %.9f, the run's validation %.9f, relative difference %.1e"
+      % (sys.argv[3], mine, logged, d))
+sys.exit(not (len(windows) == 32 and d <= 1e-6))
+EOF
+  for grid in "2 --pp 2" "3 --pp 3" "4 --pp 2" "2 --pp 2 --layout explicit:5,1"; do
+    [ $kind = dense ] || [ "$grid" = "2 --pp 2" ] || [ "$grid" = "4 --pp 2" ] || continue
+    name="$kind-${grid// /}"
+    # shellcheck disable=SC2086
+    eval_windows "$name" "$ckpt4" $grid || continue
+    cmp -s "$dir/$kind-1.windows" "$dir/$name.windows" \
+      && [ "$(grep '^loss:' "$dir/$name.eval")" = "$(grep '^loss:' "$dir/$kind-1.eval")" ] \
+      && echo "ok: eval $kind on $grid: $(grep '^pipeline:' "$dir/$name.eval"): the same bits" \
+      || fail "eval $kind on $grid: other window losses than on one rank"
+  done
+done
+grep -q "^pipeline: 2 stages (blocks 3,3) x 2 replicas" "$dir/dense-4--pp2.eval" \
+  || fail "eval on 4 ranks with --pp 2 is not 2 stages x 2 replicas"
+grep -q "^pipeline: 2 stages (blocks 5,1)" "$dir/dense-2--pp2--layoutexplicit:5,1.eval" \
+  || fail "eval --layout explicit:5,1 is not that layout"
+# the checkpoint's parallel.pp (2) is the default when it divides the ranks
+eval_windows default-pp "$dir/ck-dense/ckpt-4.h5" 2 \
+  && grep -q "^pipeline: 2 stages (blocks 3,3) x 1 replica," "$dir/default-pp.eval" \
+  || fail "eval on 2 ranks of a pp = 2 checkpoint: not its 2 stages"
+expect_error "eval: --pp not dividing the ranks" '--pp 2 does not divide the 3 ranks' \
+  mpiexec -n 3 "$DYNMO" eval --checkpoint "$dir/ck-dense/ckpt-4.h5" --data "$dir/val32.bin" --pp 2
+expect_error "eval: --window-losses in no directory" 'cannot create .*/none/w.txt.tmp' \
+  mpiexec -n 2 "$DYNMO" eval --checkpoint "$dir/ck-dense/ckpt-4.h5" --data "$dir/val32.bin" \
+  --window-losses "$dir/none/w.txt"
+expect_error "eval: --pp beyond the blocks" '--pp 7 exceeds the model.s 6 blocks' \
+  "$DYNMO" eval --checkpoint "$dir/ck-dense/ckpt-4.h5" --data "$dir/val32.bin" --pp 7
 
 # ---- bad input: exit 2, one message, nothing left behind ----
 bad_model() {   # bad_model NAME: a copy of the fixture to spoil

@@ -176,6 +176,12 @@ void runlog_close(struct runlog *log);
 #define RUNLOG_MAX_ATTR 65536               /* entries of a numeric root attribute */
 #define RUNLOG_MAX_LAYERS 65536             /* model.layers' largest value */
 
+/* Starts the HDF5 library with its automatic error printing off.
+ * Idempotent; every reader and writer here calls it first, and a program
+ * that forks readers (the run-log fuzz harness's fork server) calls it
+ * before it forks. */
+void dm_h5_init(void);
+
 /* What the listing says of each dataset. */
 struct runlog_dataset_info {
     char name[256];     /* absolute path, e.g. "/steps/loss" */

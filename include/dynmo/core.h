@@ -206,6 +206,7 @@ enum dm_schedule { DM_SCHEDULE_1F1B = 0, DM_SCHEDULE_GPIPE = 1 };
 struct dm_config {
     /* [model] */
     int vocab;          /* tokens in the vocabulary (256: byte level) */
+    int vocab_pad;      /* the embedding's rows padded to a multiple of this (1: none) */
     int max_seq;        /* positions in the learned position embedding */
     int layers;         /* transformer blocks */
     int heads;          /* attention heads; must divide channels */
@@ -352,6 +353,14 @@ void config_validate(const struct dm_config *cfg);
 
 /* Writes every key as "section.key = value" lines (for logs and the run log). */
 void config_print(const struct dm_config *cfg, char *buf, size_t bufsize);
+
+/* The reverse of config_print: sets each "section.key = value" line of
+ * text (NUL-terminated, not changed) into cfg with config_set, on top of
+ * what is there. Returns 0, or -1 in err with "line N of NAME is not
+ * ..." or "NAME: " and config_set's message (name: what the text is,
+ * "its configuration"); never exits. */
+int config_parse_printed(struct dm_config *cfg, const char *text, const char *name, char *err,
+                         size_t errsize);
 
 /* ---- random numbers ----------------------------------------------------
  * Counter-based so that any rank can draw the same numbers for the same

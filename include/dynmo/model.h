@@ -31,11 +31,21 @@ struct gpt_ext {
  * the order they apply (ext_count of them; dyn_shape_from_config adds the
  * schemes' that a config runs). */
 struct gpt_shape {
-    int vocab, max_seq, layers, heads, channels;
+    int vocab, max_seq, layers, heads, channels;   /* vocab: the embedding's rows */
+    int vocab_used;     /* the tokens the model reads and predicts (model.vocab), 0: all
+                           vocab rows. The rows beyond them (model.vocab_pad) are zero and
+                           unused: no logit of theirs is computed (gpt_vocab_used) */
     int ext_count;
     struct gpt_ext ext[GPT_EXT_MAX];
 };
-/* The shape's dimensions as cfg describes them, no extension. */
+/* The tokens of a shape's vocabulary (vocab_used, or vocab when 0); the
+ * rows beyond them pad the embedding (model.vocab_pad). */
+static inline int gpt_vocab_used(const struct gpt_shape *s)
+{
+    return s->vocab_used > 0 ? s->vocab_used : s->vocab;
+}
+/* The shape's dimensions as cfg describes them, no extension: vocab is
+ * model.vocab rounded up to a multiple of model.vocab_pad. */
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg);
 
 /* Whether block `index` keeps the dense MLP (no extension of it replaces

@@ -96,6 +96,26 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
  * same samples every time); valid on rank 0. */
 float engine_eval(struct engine *eng, struct loader *val);
 
+/* Fills the token ids and the targets ((count, T) each, row-major) of
+ * samples [first, first + count) of a forward-only pass. */
+typedef void (*engine_fill_fn)(void *ctx, long first, int count, int *tokens, int *targets);
+
+/* Collective over all ranks: a forward-only pass of the model, as laid
+ * out over the stages, over `samples` samples. They are cut into batches
+ * of the engine's micro-batch (train.batch / (parallel.dp x
+ * train.micro_batches) samples; the last batch takes the rest), replica r
+ * takes the contiguous run of batches [n r / D, n (r + 1) / D), and each
+ * batch runs through its replica's stages; fill is called on the first
+ * and last stage for each batch they run. On rank 0 sums (samples
+ * entries; NULL elsewhere) receives each sample's loss sum: its T
+ * per-token cross-entropies added in position order in double. Each
+ * sample's sum is the same bits for every layout and replica count: a
+ * batch is computed by the same blocks in the same company. The model's
+ * weights and state are not changed (gpt_forward's step is the model's
+ * `step`). */
+void engine_forward_samples(struct engine *eng, long samples, engine_fill_fn fill, void *ctx,
+                            double *sums);
+
 /* Collective, at a step boundary: switches to the layout `counts` as
  * given on rank 0 (it is broadcast first; other ranks' counts are
  * ignored and may be NULL). Each

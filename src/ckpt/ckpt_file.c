@@ -543,38 +543,69 @@ static void check_dataset(hid_t file, const struct schema_dataset *d,
  * checkpoint dynmo wrote. */
 #define ATTRIBUTE_MAX (1L << 20)
 
-/* train.batch of the config text (config_print's "train.batch = N" line),
- * checked as the config checks it; -1 after reporting a problem. */
-static long config_text_batch(const char *config, struct ckpt_problems *problems)
+/* Sets one key of cfg from its line in the config text (config_print's
+ * "section.key = value"): 1 when set, 0 when the text has no such line,
+ * -1 after reporting a bad value. */
+static int config_text_key(const char *config, const char *section, const char *key,
+                           struct dm_config *cfg, struct ckpt_problems *problems)
 {
-    static const char key[] = "train.batch = ";
+    char prefix[96];
+    size_t n = (size_t)snprintf(prefix, sizeof prefix, "%s.%s = ", section, key);
     const char *line = config;
-    while (strncmp(line, key, sizeof key - 1) != 0) {
+    while (strncmp(line, prefix, n) != 0) {
         line = strchr(line, '\n');
-        if (!line) break;
+        if (!line) return 0;
         line++;
     }
-    if (line) {
-        const char *value = line + sizeof key - 1;
-        char text[64], err[256];
-        size_t n = strcspn(value, "\n");
-        if (n >= sizeof text) {
-            ckpt_problem(problems, "the root attribute config: train.batch's value is %zu "
-                         "characters long, not a batch size", n);
-            return -1;
-        }
-        snprintf(text, sizeof text, "%.*s", (int)n, value);
-        struct dm_config cfg;
-        config_defaults(&cfg);
-        if (config_set(&cfg, "train", "batch", text, err, sizeof err) != 0) {
-            ckpt_problem(problems, "the root attribute config: %s", err);
-            return -1;
-        }
-        return cfg.batch;
+    const char *value = line + n;
+    char text[64], err[256];
+    size_t len = strcspn(value, "\n");
+    if (len >= sizeof text) {
+        ckpt_problem(problems, "the root attribute config: %s.%s's value is %zu characters "
+                     "long, not a number", section, key, len);
+        return -1;
     }
+    snprintf(text, sizeof text, "%.*s", (int)len, value);
+    if (config_set(cfg, section, key, text, err, sizeof err) != 0) {
+        ckpt_problem(problems, "the root attribute config: %s", err);
+        return -1;
+    }
+    return 1;
+}
+
+/* train.batch of the config text, checked as the config checks it; -1
+ * after reporting a problem. */
+static long config_text_batch(const char *config, struct ckpt_problems *problems)
+{
+    struct dm_config cfg;
+    config_defaults(&cfg);
+    int found = config_text_key(config, "train", "batch", &cfg, problems);
+    if (found > 0) return cfg.batch;
+    if (found < 0) return -1;
     ckpt_problem(problems, "the root attribute config has no line \"train.batch = N\" (dynmo "
                  "writes every key), so the data cursors cannot be checked");
     return -1;
+}
+
+/* The tokens of a model whose config text pads its vocabulary
+ * (model.vocab_pad > 1): its model.vocab, checked to pad to `rows` (the
+ * /model vocab attribute, the embedding's rows); 0 for a file without
+ * padding (no such key, or 1), or after reporting a problem. */
+static int config_text_vocab_used(const char *config, long rows, struct ckpt_problems *problems)
+{
+    struct dm_config cfg;
+    config_defaults(&cfg);
+    if (config_text_key(config, "model", "vocab_pad", &cfg, problems) <= 0 ||
+        cfg.vocab_pad == 1 || config_text_key(config, "model", "vocab", &cfg, problems) <= 0)
+        return 0;
+    long padded = ((long)cfg.vocab + cfg.vocab_pad - 1) / cfg.vocab_pad * cfg.vocab_pad;
+    if (padded != rows) {
+        ckpt_problem(problems, "/model: vocab is %ld rows, but the root attribute config's "
+                     "model.vocab = %d padded to a multiple of model.vocab_pad = %d is %ld",
+                     rows, cfg.vocab, cfg.vocab_pad, padded);
+        return 0;
+    }
+    return cfg.vocab;
 }
 
 /* The /training positions as dynmo writes them: each in [0, INT_MAX]
@@ -658,6 +689,8 @@ static void check_header_values(struct ckpt_header *h, struct ckpt_problems *pro
     d->dp = h->world_dp >= 1 && h->world_dp <= ATTRIBUTE_MAX ? h->world_dp : -1;
     if (!model_ok) return;
     h->shape.vocab = (int)d->vocab;
+    if (h->config_text) h->shape.vocab_used = config_text_vocab_used(h->config_text, d->vocab,
+                                                                     problems);
     h->shape.max_seq = (int)d->max_seq;
     h->shape.layers = (int)d->layers;
     h->shape.channels = (int)d->channels;
@@ -926,7 +959,7 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
         {"layers", file_shape->layers, run_shape->layers},
         {"channels", file_shape->channels, run_shape->channels},
         {"heads", file_shape->heads, run_shape->heads},
-        {"vocab", file_shape->vocab, run_shape->vocab},
+        {"vocab", gpt_vocab_used(file_shape), gpt_vocab_used(run_shape)},
         {"max_seq", file_shape->max_seq, run_shape->max_seq},
     };
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
@@ -937,6 +970,13 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
                      keys[i].file, keys[i].run);
             return -1;
         }
+    if (file_shape->vocab != run_shape->vocab) {
+        snprintf(err, errsize, "written for a different model: its embedding has %d rows (model.vocab "
+                 "%d padded by model.vocab_pad) but %d in this run (use the checkpoint's "
+                 "model.vocab_pad)", file_shape->vocab, gpt_vocab_used(file_shape),
+                 run_shape->vocab);
+        return -1;
+    }
     return dyn_ckpt_compare(file_shape, run_shape, err, errsize);   /* the schemes' rules */
 }
 

@@ -10,10 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <hdf5.h>
-
-/* Turns off HDF5's automatic error printing. Idempotent; call before the
- * first HDF5 call of any entry point. */
-void dm_h5_init(void);
+#include "dynmo/ckpt.h" /* dm_h5_init */
 
 /* Writes a one-line description of the current HDF5 error stack into buf
  * (the API call, its message and the innermost cause), then clears the

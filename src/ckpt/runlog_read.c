@@ -468,28 +468,9 @@ int runlog_file_config(struct runlog_file *f, struct dm_config *cfg, char *err, 
     int status = read_text_attr(f, "config", &text, err, errsize);
     if (status != 0) return status;
     char problem[768];
-    int number = 0;
-    status = 0;
-    for (char *line = text, *next; line && *line && status == 0; line = next) {
-        number++;
-        next = strchr(line, '\n');
-        if (next) *next++ = '\0';
-        if (line[strspn(line, " \t\r")] == '\0') continue;
-        char *dot = strchr(line, '.'), *eq = strstr(line, " = ");
-        if (!dot || !eq || dot > eq) {
-            dm_set_message(err, errsize, "%s: line %d of its configuration (root attribute "
-                           "config) is not \"section.key = value\"", f->path, number);
-            status = -1;
-            break;
-        }
-        *dot = '\0';
-        *eq = '\0';
-        if (config_set(cfg, line, dot + 1, eq + 3, problem, sizeof problem) != 0) {
-            dm_set_message(err, errsize, "%s: its configuration (root attribute config): %s",
-                           f->path, problem);
-            status = -1;
-        }
-    }
+    status = config_parse_printed(cfg, text, "its configuration (root attribute config)",
+                                  problem, sizeof problem);
+    if (status != 0) dm_set_message(err, errsize, "%s: %s", f->path, problem);
     dm_free(text);
     if (status == 0 && check_config(cfg, problem, sizeof problem) != 0) {
         dm_set_message(err, errsize, "%s: its configuration (root attribute config): %s",

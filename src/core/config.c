@@ -41,6 +41,8 @@ static const struct config_key keys[] = {
     {"model", "mod_capacity", KEY_DOUBLE, F(mod_capacity), -1e9, 1e9,
      "fraction of a sequence's tokens a MoD block processes, in (0, 1]"},
     {"model", "attention", KEY_STRING, F(attention), 0, 16, "dense or hash"},
+    {"model", "vocab_pad", KEY_INT, F(vocab_pad), 1, 65536,
+     "the embedding's rows padded to a multiple of this (1: none)"},
     {"train", "batch", KEY_INT, F(batch), 1, 1 << 20, "sequences per step"},
     {"train", "seq", KEY_INT, F(seq), 1, 1 << 16, "tokens per sequence"},
     {"train", "micro_batches", KEY_INT, F(micro_batches), 1, 1 << 20, "micro-batches per step"},
@@ -134,6 +136,7 @@ void config_defaults(struct dm_config *cfg)
 {
     memset(cfg, 0, sizeof *cfg);
     cfg->vocab = 256;
+    cfg->vocab_pad = 1;
     cfg->max_seq = 256;
     cfg->layers = 8;
     cfg->heads = 4;
@@ -564,6 +567,11 @@ static void config_validate_precision(const struct dm_config *cfg)
 
 void config_validate(const struct dm_config *cfg)
 {
+    long padded = ((long)cfg->vocab + cfg->vocab_pad - 1) / cfg->vocab_pad * cfg->vocab_pad;
+    if (padded > 1L << 20)
+        dm_user_error("model.vocab = %d padded to a multiple of model.vocab_pad = %d is %ld "
+                      "rows, more than 2^20: choose a smaller model.vocab_pad", cfg->vocab,
+                      cfg->vocab_pad, padded);
     if (cfg->channels % cfg->heads != 0)
         dm_user_error("model.heads = %d does not divide model.channels = %d", cfg->heads,
                       cfg->channels);
@@ -608,6 +616,35 @@ static void format_value(const struct dm_config *cfg, size_t i, char *value, siz
     case KEY_DOUBLE: snprintf(value, size, "%.17g", *(const double *)field); break;
     case KEY_STRING: snprintf(value, size, "%s", field); break;
     }
+}
+
+int config_parse_printed(struct dm_config *cfg, const char *text, const char *name, char *err,
+                         size_t errsize)
+{
+    char *copy = dm_alloc(strlen(text) + 1), problem[768];
+    strcpy(copy, text);
+    int number = 0, status = 0;
+    for (char *line = copy, *next; line && *line && status == 0; line = next) {
+        number++;
+        next = strchr(line, '\n');
+        if (next) *next++ = '\0';
+        if (line[strspn(line, " \t\r")] == '\0') continue;
+        char *dot = strchr(line, '.'), *eq = strstr(line, " = ");
+        if (!dot || !eq || dot > eq) {
+            dm_set_message(err, errsize, "line %d of %s is not \"section.key = value\"",
+                           number, name);
+            status = -1;
+            break;
+        }
+        *dot = '\0';
+        *eq = '\0';
+        if (config_set(cfg, line, dot + 1, eq + 3, problem, sizeof problem) != 0) {
+            dm_set_message(err, errsize, "%s: %s", name, problem);
+            status = -1;
+        }
+    }
+    dm_free(copy);
+    return status;
 }
 
 void config_print(const struct dm_config *cfg, char *buf, size_t size)

@@ -133,7 +133,7 @@ static struct exit_acts *exit_acts_get(const struct gpt *model, struct gpt_acts 
         ea = dm_alloc(sizeof *ea);
         ea->N = acts->B * acts->T;
         ea->C = model->shape.channels;
-        ea->V = model->shape.vocab;
+        ea->V = gpt_vocab_used(&model->shape);
         size_t N = (size_t)ea->N;
         ea->exit_layer = dm_alloc(N * sizeof(int));
         for (size_t n = 0; n < N; n++) ea->exit_layer[n] = model->shape.layers;

@@ -14,7 +14,9 @@
 
 struct gpt_shape gpt_shape_from_config(const struct dm_config *cfg)
 {
-    struct gpt_shape s = {.vocab = cfg->vocab, .max_seq = cfg->max_seq,
+    int pad = cfg->vocab_pad > 1 ? cfg->vocab_pad : 1;
+    struct gpt_shape s = {.vocab = (cfg->vocab + pad - 1) / pad * pad,
+                          .vocab_used = cfg->vocab, .max_seq = cfg->max_seq,
                           .layers = cfg->layers, .heads = cfg->heads,
                           .channels = cfg->channels};
     return s;
@@ -49,7 +51,10 @@ static void init_embed_weights(struct gpt *model, uint64_t seed)
     float *staging = backend_staging(n * sizeof(float));
     float *params = backend_write_begin(staging, model->wte);   /* [wte wpe lnf_w lnf_b] */
     float *wpe = params + (model->wpe - model->wte), *lnf_w = params + (model->lnf_w - model->wte);
+    /* drawn by index: the used rows are those of the unpadded model */
     init_normal(params, (size_t)shape->vocab * C, seed, GPT_STREAM_WTE, 0.02f);
+    size_t used = (size_t)gpt_vocab_used(shape) * C;
+    memset(params + used, 0, ((size_t)shape->vocab * C - used) * sizeof(float));
     init_normal(wpe, (size_t)shape->max_seq * C, seed, GPT_STREAM_WPE, 0.02f);
     for (size_t i = 0; i < C; i++) lnf_w[i] = 1.0f;
     backend_write_end(model->wte, params, n * sizeof(float));
@@ -211,7 +216,7 @@ void gpt_grads_to_flat(const struct gpt *model, float *flat)
 static void head_acts_alloc(struct gpt_acts *acts, const struct gpt *model, size_t BT)
 {
     const struct dm_backend *ops = backend_current();
-    size_t BTC = BT * (size_t)model->shape.channels, BTV = BT * (size_t)model->shape.vocab;
+    size_t BTC = BT * (size_t)model->shape.channels, BTV = BT * (size_t)gpt_vocab_used(&model->shape);
     acts->tokens = ops->alloc(BT * sizeof(int));
     acts->targets = ops->alloc(BT * sizeof(int));
     acts->tokens_host = backend_staging(BT * sizeof(int));
@@ -298,7 +303,7 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
 {
     const struct dm_backend *ops = backend_current();
     const struct gpt_shape *s = &model->shape;
-    int B = acts->B, T = acts->T, C = s->channels, V = s->vocab, N = B * T;
+    int B = acts->B, T = acts->T, C = s->channels, V = gpt_vocab_used(s), N = B * T;
     DM_ASSERT(acts->num_blocks == model->num_blocks && T <= s->max_seq);
     size_t BTC = (size_t)N * C;
     if (model->has_embed)
@@ -332,7 +337,7 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
 {
     const struct dm_backend *ops = backend_current();
     const struct gpt_shape *s = &model->shape;
-    int B = acts->B, T = acts->T, C = s->channels, V = s->vocab, N = B * T;
+    int B = acts->B, T = acts->T, C = s->channels, V = gpt_vocab_used(s), N = B * T;
     size_t BTC = (size_t)N * C;
     int nb = model->num_blocks;
     float *d = scratch->d_resid;

@@ -408,9 +408,12 @@ static void print_checkpoint_model(const struct ckpt_meta *m)
     size_t block_params = block_param_count(s->channels);
     printf("  written by dynmo %s, created %s, schema version %d\n", m->dynmo_version,
            m->created, m->schema_version);
-    printf("  model: %d layers, %d channels, %d heads, vocab %d, max_seq %d: %zu "
-           "parameters (%zu per dense block)\n", s->layers, s->channels, s->heads, s->vocab,
-           s->max_seq, gpt_param_count(s), block_params);
+    char rows[64] = "";
+    if (gpt_vocab_used(s) != s->vocab)
+        snprintf(rows, sizeof rows, " (%d embedding rows: model.vocab_pad)", s->vocab);
+    printf("  model: %d layers, %d channels, %d heads, vocab %d%s, max_seq %d: %zu "
+           "parameters (%zu per dense block)\n", s->layers, s->channels, s->heads,
+           gpt_vocab_used(s), rows, s->max_seq, gpt_param_count(s), block_params);
     dyn_describe_shape(s, print_scheme_line, NULL);   /* the schemes' own lines */
 }
 
@@ -483,7 +486,7 @@ static void print_checkpoint_json(const char *path, const struct ckpt_meta *m)
     json_object *model = checked(json_object_new_object());
     const struct { const char *key; long long value; } sizes[] = {
         {"layers", s->layers}, {"channels", s->channels}, {"heads", s->heads},
-        {"vocab", s->vocab}, {"max_seq", s->max_seq},
+        {"vocab", gpt_vocab_used(s)}, {"vocab_rows", s->vocab}, {"max_seq", s->max_seq},
         {"parameters", (long long)gpt_param_count(s)}, {"block_params", (long long)block_params}};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         put(model, sizes[i].key, integer(sizes[i].value));

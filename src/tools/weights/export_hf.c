@@ -73,10 +73,13 @@ int cmd_export_hf(int argc, char **argv)
     if (dm_write_file_atomic(path, config, strlen(config), err, sizeof err))
         dm_user_error("export-hf: %s", err);
     out_dir_commit(&o);
+    size_t padding = (size_t)(model.shape.vocab - gpt_vocab_used(&model.shape)) *
+                     (size_t)model.shape.channels;   /* model.vocab_pad's rows: not exported */
     printf("exported %s (step %ld): GPT-2 of %d layers x %d channels, %d heads, vocab %d, "
            "%d positions (%zu parameters)\nwrote %s/config.json and %s/model.safetensors\n",
            ckpt, meta.step, model.shape.layers, model.shape.channels, model.shape.heads,
-           model.shape.vocab, model.shape.max_seq, gpt_param_count(&model.shape), dir, dir);
+           gpt_vocab_used(&model.shape), model.shape.max_seq,
+           gpt_param_count(&model.shape) - padding, dir, dir);
     dm_free(config);
     for (int i = 0; i < count; i++) dm_free(data[i]);
     dm_free(data);

@@ -146,7 +146,7 @@ char *hf_gpt2_config_text(const struct gpt_shape *shape)
     json_object_object_add(root, "architectures", arch);
     json_object_object_add(root, "model_type", json_object_new_string("gpt2"));
     json_object_object_add(root, "activation_function", json_object_new_string("gelu_new"));
-    json_object_object_add(root, "vocab_size", json_object_new_int(shape->vocab));
+    json_object_object_add(root, "vocab_size", json_object_new_int(gpt_vocab_used(shape)));
     json_object_object_add(root, "n_positions", json_object_new_int(shape->max_seq));
     json_object_object_add(root, "n_embd", json_object_new_int(shape->channels));
     json_object_object_add(root, "n_layer", json_object_new_int(shape->layers));
@@ -195,7 +195,8 @@ int hf_gpt2_tensors(const struct gpt_shape *shape, struct hf_gpt2_tensor **out)
     int n = 4 + BP_COUNT * shape->layers;
     struct hf_gpt2_tensor *t = dm_alloc((size_t)n * sizeof *t);
     int k = 0;
-    t[k++] = (struct hf_gpt2_tensor){"wte.weight", -1, HF_PART_WTE, shape->vocab, C, 0};
+    /* the used rows only: padding (model.vocab_pad) is dynmo's */
+    t[k++] = (struct hf_gpt2_tensor){"wte.weight", -1, HF_PART_WTE, gpt_vocab_used(shape), C, 0};
     t[k++] = (struct hf_gpt2_tensor){"wpe.weight", -1, HF_PART_WPE, shape->max_seq, C, 0};
     for (int l = 0; l < shape->layers; l++)
         for (int b = 0; b < BP_COUNT; b++) {

@@ -15,7 +15,7 @@
 #include "tools/weights/safetensors.h"
 #include "tools/weights/weights.h"
 
-#define IMPORT_USAGE "usage: dynmo import-hf DIR --out CKPT.h5 [--seed N]\n"
+#define IMPORT_USAGE "usage: dynmo import-hf DIR --out CKPT.h5 [--seed N] [--vocab-pad M]\n"
 
 /* Tensors transformers keeps in some files that are no parameters: the
  * causal mask and its fill value of each attention layer. */
@@ -76,11 +76,12 @@ static void check_head(const struct safetensors_file *f, const struct gpt *model
 {
     const struct safetensors_entry *head = safetensors_find(f, "lm_head.weight");
     if (!head) return;
-    size_t n = (size_t)model->shape.vocab * (size_t)model->shape.channels;
-    if (head->rank != 2 || head->shape[0] != model->shape.vocab ||
-        head->shape[1] != model->shape.channels || head->dtype == SAFETENSORS_OTHER)
+    int V = gpt_vocab_used(&model->shape);
+    size_t n = (size_t)V * (size_t)model->shape.channels;
+    if (head->rank != 2 || head->shape[0] != V || head->shape[1] != model->shape.channels ||
+        head->dtype == SAFETENSORS_OTHER)
         dm_user_error("import-hf: %s: lm_head.weight is not shaped as wte (%d, %d) in F32, "
-                      "F16 or BF16", f->path, model->shape.vocab, model->shape.channels);
+                      "F16 or BF16", f->path, V, model->shape.channels);
     float *w = dm_alloc(n * sizeof(float));
     safetensors_to_float(f, head, w);
     int same = !memcmp(w, model->wte, n * sizeof(float));
@@ -94,12 +95,15 @@ int cmd_import_hf(int argc, char **argv)
 {
     const char *dir = NULL, *out = NULL;
     uint64_t seed = 1337;
+    int vocab_pad = 1;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             printf(IMPORT_USAGE "Imports a Hugging Face GPT-2 (config.json and model.safetensors "
                    "in DIR) as a dynmo checkpoint at step 0\nwith a fresh optimizer; it prints "
                    "the config keys to train from it with ckpt.resume=CKPT.h5.\n--seed N: the "
-                   "train.seed the checkpoint records (default 1337; a resume must use it).\n");
+                   "train.seed the checkpoint records (default 1337; a resume must use it).\n--vocab-pad M: "
+                   "the embedding's rows padded to a multiple of M (model.vocab_pad; zero rows,\n"
+                   "never predicted).\n");
             return DM_EXIT_OK;
         } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
@@ -109,6 +113,13 @@ int cmd_import_hf(int argc, char **argv)
             seed = strtoull(v, &end, 10);
             if (!*v || *end || *v == '-') dm_user_error("import-hf: --seed '%s' is not a "
                                                         "non-negative integer", v);
+        } else if (!strcmp(argv[i], "--vocab-pad") && i + 1 < argc) {
+            char *end;
+            const char *v = argv[++i];
+            long x = strtol(v, &end, 10);
+            if (!*v || *end || x < 1 || x > 65536)
+                dm_user_error("import-hf: --vocab-pad '%s' is not an integer from 1 to 65536", v);
+            vocab_pad = (int)x;
         } else if (argv[i][0] == '-' || dir) {
             dm_user_error("import-hf: unexpected argument '%s'\n" IMPORT_USAGE, argv[i]);
         } else {
@@ -121,6 +132,14 @@ int cmd_import_hf(int argc, char **argv)
     char err[4600];
     struct gpt_shape shape;
     if (hf_gpt2_read_config(dir, &shape, err, sizeof err)) dm_user_error("import-hf: %s", err);
+    int vocab = shape.vocab;
+    long rows = ((long)vocab + vocab_pad - 1) / vocab_pad * vocab_pad;
+    if (rows > 1L << 20)
+        dm_user_error("import-hf: vocab_size %d padded to a multiple of --vocab-pad %d is %ld "
+                      "rows, more than 2^20: choose a smaller --vocab-pad", vocab, vocab_pad,
+                      rows);
+    shape.vocab = (int)rows;   /* the used rows from the file, the rest zero */
+    shape.vocab_used = vocab;
     char path[4200];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     struct safetensors_file f;
@@ -139,6 +158,8 @@ int cmd_import_hf(int argc, char **argv)
     for (int i = 0; i < count; i++)
         if (hf_gpt2_elements(&tensors[i]) > largest) largest = hf_gpt2_elements(&tensors[i]);
     float *buffer = dm_alloc(largest * sizeof(float));
+    memset(model.wte + (size_t)vocab * shape.channels, 0,
+           (size_t)(rows - vocab) * shape.channels * sizeof(float));
     for (int i = 0; i < count; i++) {
         safetensors_to_float(&f, find(&f, tensors[i].name), buffer);
         hf_gpt2_copy(hf_gpt2_dynmo_floats(&model, &tensors[i]), buffer, &tensors[i], 0);
@@ -149,7 +170,8 @@ int cmd_import_hf(int argc, char **argv)
 
     struct dm_config cfg;
     config_defaults(&cfg);
-    cfg.vocab = shape.vocab;
+    cfg.vocab = vocab;
+    cfg.vocab_pad = vocab_pad;
     cfg.max_seq = shape.max_seq;
     cfg.layers = shape.layers;
     cfg.heads = shape.heads;
@@ -173,9 +195,10 @@ int cmd_import_hf(int argc, char **argv)
     printf("imported %s: GPT-2 of %d layers x %d channels, %d heads, vocab %d, %d positions "
            "(%zu parameters)\nwrote %s (step 0, fresh optimizer state)\n"
            "train from it with ckpt.resume=%s and these keys:\n"
-           "[model]\nvocab = %d\nmax_seq = %d\nlayers = %d\nheads = %d\nchannels = %d\n"
-           "[train]\nseed = %llu\n", dir, shape.layers, shape.channels, shape.heads,
-           shape.vocab, shape.max_seq, gpt_param_count(&shape), out, out, shape.vocab,
+           "[model]\nvocab = %d\n", dir, shape.layers, shape.channels, shape.heads, vocab,
+           shape.max_seq, gpt_param_count(&shape), out, out, vocab);
+    if (vocab_pad > 1) printf("vocab_pad = %d\n", vocab_pad);
+    printf("max_seq = %d\nlayers = %d\nheads = %d\nchannels = %d\n[train]\nseed = %llu\n",
            shape.max_seq, shape.layers, shape.heads, shape.channels, (unsigned long long)seed);
     gpt_free(&model);
     dm_free(tensors);

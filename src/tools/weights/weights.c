@@ -102,16 +102,8 @@ static void join_line(void *ctx, const char *line)
     if (n > 0) j->used += (size_t)n;
 }
 
-const char *weights_not_dense(const struct ckpt_meta *meta, char *buf, size_t size)
+const char *weights_not_evaluable(const struct ckpt_meta *meta, char *buf, size_t size)
 {
-    if (meta->shape.ext_count > 0) {
-        char schemes[400] = "";
-        struct joined j = {schemes, sizeof schemes, 0};
-        dyn_describe_shape(&meta->shape, join_line, &j);
-        snprintf(buf, size, "its blocks are not all dense GPT-2 blocks (%s)",
-                 schemes[0] ? schemes : "a scheme extends them");
-        return buf;
-    }
     for (int l = 0; l < meta->shape.layers; l++)
         if (meta->sparsity && meta->sparsity[l] > 0) {
             snprintf(buf, size, "it is pruned (layer %d: %.3g of its weights are zero; "
@@ -129,4 +121,17 @@ const char *weights_not_dense(const struct ckpt_meta *meta, char *buf, size_t si
         return buf;
     }
     return NULL;
+}
+
+const char *weights_not_dense(const struct ckpt_meta *meta, char *buf, size_t size)
+{
+    if (meta->shape.ext_count > 0) {
+        char schemes[400] = "";
+        struct joined j = {schemes, sizeof schemes, 0};
+        dyn_describe_shape(&meta->shape, join_line, &j);
+        snprintf(buf, size, "its blocks are not all dense GPT-2 blocks (%s)",
+                 schemes[0] ? schemes : "a scheme extends them");
+        return buf;
+    }
+    return weights_not_evaluable(meta, buf, size);
 }

@@ -29,9 +29,13 @@ void weights_save_checkpoint(const char *tool, const char *out, const struct gpt
  * problem. Collective over MPI_COMM_WORLD of size 1. */
 void weights_load_checkpoint(const char *path, struct gpt *model, struct ckpt_meta *meta);
 
-/* Why a checkpoint's model cannot be used as a dense GPT-2 by `tool`, or
- * NULL: its blocks carry a scheme (mixture of experts or of depths, hash
- * attention), some are pruned, or it was trained with early exit. */
+/* Why a checkpoint's model cannot be used as a dense GPT-2, or NULL: its
+ * blocks carry a scheme (mixture of experts or of depths, hash
+ * attention), or weights_not_evaluable's reasons. */
 const char *weights_not_dense(const struct ckpt_meta *meta, char *buf, size_t size);
+
+/* Why eval does not compute a checkpoint's model, or NULL: some blocks
+ * are pruned, or it was trained with early exit. The text goes in buf. */
+const char *weights_not_evaluable(const struct ckpt_meta *meta, char *buf, size_t size);
 
 #endif
