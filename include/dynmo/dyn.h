@@ -69,6 +69,10 @@ void dyn_describe_shape(const struct gpt_shape *shape,
  * table's order (dyn.c), then dyn.kind against the schemes. The first
  * problem is a user error (exit 2) naming the key. Not collective. */
 void dyn_config_validate(const struct dm_config *cfg);
+/* Whether cfg runs a scheme whose blocks' results depend on which tokens
+ * share a micro-batch (tokens compete for room): an evaluation must then
+ * run training's micro-batch. */
+int dyn_batch_coupled(const struct dm_config *cfg);
 
 /* Builds the scheme dyn.kind names ("none", "freeze", "early_exit",
  * "prune"); user error for an unknown kind (dyn_config_validate checked

@@ -255,6 +255,15 @@ static void check_refusals(const struct dyn_scheme *scheme, const struct dm_conf
     }
 }
 
+int dyn_batch_coupled(const struct dm_config *cfg)
+{
+    for (int i = 0; i < scheme_count; i++)
+        if (schemes[i]->couples_batch && dyn_scheme_active(schemes[i], cfg) &&
+            schemes[i]->couples_batch(cfg))
+            return 1;
+    return 0;
+}
+
 void dyn_config_validate(const struct dm_config *cfg)
 {
     config_validate(cfg);

@@ -97,6 +97,9 @@ struct dyn_scheme {
      * scheme in table order, active or not (a scheme refuses its keys
      * when it is off). */
     void (*check)(const struct dm_config *cfg);
+    /* Whether its blocks under cfg couple the tokens of a micro-batch
+     * (dyn_batch_coupled); NULL: they do not. */
+    int (*couples_batch)(const struct dm_config *cfg);
     /* The schemes it does not combine with: dyn_config_validate refuses
      * (exit 2) a config that runs it and one of them, right after its
      * check, naming both schemes' keys (switch_key below). */

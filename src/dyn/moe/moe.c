@@ -46,6 +46,9 @@ static void moe_check_off(const struct dm_config *cfg)
 }
 
 /* The keys (docs/moe.md) and the expert-parallel degree. */
+/* With a capacity, the experts' room is shared by a micro-batch's tokens. */
+static int moe_couples_batch(const struct dm_config *cfg) { return cfg->capacity_factor > 0; }
+
 /* The schemes it does not combine with (dyn_config_validate refuses them). */
 static const struct dyn_refusal moe_refuses[] = {
     {"mod", NULL},
@@ -631,6 +634,7 @@ const struct dyn_scheme dyn_scheme_moe = {
     .active = moe_active,
     .keys = moe_keys,
     .check = moe_check,
+    .couples_batch = moe_couples_batch,
     .title = "mixture of experts",
     .switch_key = "model.moe_every",
     .switch_off = "0",
