@@ -239,9 +239,8 @@ static void scheme_switch(const struct dyn_scheme *scheme, const struct dm_confi
 /* The combinations scheme refuses, when cfg runs it and another. */
 static void check_refusals(const struct dyn_scheme *scheme, const struct dm_config *cfg)
 {
-    if (scheme->refusal_count == 0 || !dyn_scheme_active(scheme, cfg)) return;
-    for (int r = 0; r < scheme->refusal_count; r++) {
-        const struct dyn_refusal *refusal = &scheme->refuses[r];
+    if (!scheme->refuses || !dyn_scheme_active(scheme, cfg)) return;
+    for (const struct dyn_refusal *refusal = scheme->refuses; refusal->scheme; refusal++) {
         const struct dyn_scheme *other = scheme_named(refusal->scheme);
         if (!other || !dyn_scheme_active(other, cfg)) continue;
         char on[128], off[128], other_on[128], other_off[128];

@@ -49,6 +49,7 @@ static void hash_check(const struct dm_config *cfg)
 /* The schemes it does not combine with (dyn_config_validate refuses them). */
 static const struct dyn_refusal hash_refuses[] = {
     {"early_exit", "exited tokens answer as keys outside the hash buckets"},
+    {NULL, NULL},
 };
 
 /* ---- the block extension: every block's attention core ------------------------------ */
@@ -511,7 +512,6 @@ const struct dyn_scheme dyn_scheme_hash = {
     .switch_key = "model.attention",
     .switch_off = "dense",
     .refuses = hash_refuses,
-    .refusal_count = sizeof hash_refuses / sizeof hash_refuses[0],
     .signals = hash_signals,
     .signal_count = sizeof hash_signals / sizeof hash_signals[0],
     .summarise_log = hash_summarise_log,

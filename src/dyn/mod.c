@@ -78,6 +78,7 @@ static void mod_check(const struct dm_config *cfg)
 static const struct dyn_refusal mod_refuses[] = {
     {"prune", NULL},
     {"early_exit", NULL},
+    {NULL, NULL},
 };
 
 int mod_capacity_tokens(double capacity, int T)
@@ -799,7 +800,6 @@ const struct dyn_scheme dyn_scheme_mod = {
     .switch_key = "model.mod_every",
     .switch_off = "0",
     .refuses = mod_refuses,
-    .refusal_count = sizeof mod_refuses / sizeof mod_refuses[0],
     .owns = mod_scheme_owns,
     .signals = mod_signals,
     .signal_count = sizeof mod_signals / sizeof mod_signals[0],

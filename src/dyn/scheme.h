@@ -100,11 +100,11 @@ struct dyn_scheme {
     /* Whether its blocks under cfg couple the tokens of a micro-batch
      * (dyn_batch_coupled); NULL: they do not. */
     int (*couples_batch)(const struct dm_config *cfg);
-    /* The schemes it does not combine with: dyn_config_validate refuses
-     * (exit 2) a config that runs it and one of them, right after its
-     * check, naming both schemes' keys (switch_key below). */
+    /* The schemes it does not combine with (ended by an entry without a
+     * scheme): dyn_config_validate refuses (exit 2) a config that runs it
+     * and one of them, right after its check, naming both schemes' keys
+     * (switch_key below). */
     const struct dyn_refusal *refuses;
-    int refusal_count;
     /* What it is called and how a user turns it off, for that message:
      * its key and the key's value that runs none of it ("model.mod_every",
      * "0"; a dyn.kind scheme: NULL, NULL, for dyn.kind and none). NULL

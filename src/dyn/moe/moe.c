@@ -54,6 +54,7 @@ static const struct dyn_refusal moe_refuses[] = {
     {"mod", NULL},
     {"prune", NULL},
     {"early_exit", NULL},
+    {NULL, NULL},
 };
 
 static void moe_check(const struct dm_config *cfg)
@@ -639,7 +640,6 @@ const struct dyn_scheme dyn_scheme_moe = {
     .switch_key = "model.moe_every",
     .switch_off = "0",
     .refuses = moe_refuses,
-    .refusal_count = sizeof moe_refuses / sizeof moe_refuses[0],
     .owns = moe_scheme_owns,
     .signals = moe_signals,
     .signal_count = sizeof moe_signals / sizeof moe_signals[0],
