@@ -145,7 +145,7 @@ CUDA_LDLIBS := -L$(CUDA_HOME)/lib64 -L$(NCCL_HOME)/lib -L$(NCCL_HOME)/lib64 \
                -lcublas -lnccl -lcudart
 CU_SRC := $(wildcard kernels/*.cu)
 CU_OBJ := $(patsubst kernels/%.cu,$(BUILD)/cuda/%.o,$(CU_SRC))
-CU_HEADERS := $(wildcard kernels/*.cuh kernels/*.h) include/dynmo/backend.h include/dynmo/moe_route.h include/dynmo/exit_confidence.h include/dynmo/mod_predictor.h include/dynmo/shared_fn.h
+CU_HEADERS := $(wildcard kernels/*.cuh kernels/*.h) include/dynmo/backend.h include/dynmo/topk_route.h include/dynmo/rotation_group.h include/dynmo/exit_confidence.h include/dynmo/mod_predictor.h include/dynmo/shared_fn.h
 
 $(BUILD)/cuda/%.o: kernels/%.cu $(CU_HEADERS) Makefile
 	@mkdir -p $(dir $@)

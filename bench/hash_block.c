@@ -125,7 +125,7 @@ static int bench_length(int T, int buckets, int B, int C, int NH, int reps)
         t[2 * reps + r] = attention_step(&dense, 0, B, T);
         t[3 * reps + r] = attention_step(&hash, 1, B, T);
     }
-    long nt = (T + HASH_TILE - 1) / HASH_TILE;
+    long nt = (T + GROUP_TILE - 1) / GROUP_TILE;
     double causal = (double)B * NH * nt * (nt + 1) / 2;   /* one direction */
     double tiles = hash.blk.hash_tiles / (4.0 * reps) / causal;
     double bd = dm_median(t, reps), bh = dm_median(t + reps, reps);

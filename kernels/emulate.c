@@ -921,7 +921,7 @@ static long emulate_hash_attention_forward(float *out, float *lse, int *order, i
                                            int C, int NH, int buckets)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("bucket_attention_forward", out, lse, order, bucket, qkv, rotation);
+    DEVICE_ARGS("group_attention_forward", out, lse, order, bucket, qkv, rotation);
     long sides = (long)B * NH * 2 * T, queries = (long)B * NH * T;
     LAUNCH(grid_for(sides), hash_bucket_thread(t, bucket, qkv, buckets > 1 ? rotation : NULL, B,
                                                T, C, NH, buckets));
@@ -935,7 +935,7 @@ static long emulate_hash_attention_backward(float *dqkv, const float *dout, cons
                                             const int *bucket, int B, int T, int C, int NH)
 {
     DEVICE_SCOPE;
-    DEVICE_ARGS("bucket_attention_backward", dqkv, dout, qkv, out, lse, order, bucket);
+    DEVICE_ARGS("group_attention_backward", dqkv, dout, qkv, out, lse, order, bucket);
     long queries = (long)B * NH * T;
     float *delta = scratch(SCRATCH_HASH_DELTA, (size_t)queries);
     LAUNCH(grid_for(queries), hash_delta_thread(t, delta, dout, out, B, T, C, NH));
@@ -1282,8 +1282,8 @@ static const struct dm_backend emulate_table = {
     .attention_backward = emulate_attention_backward,
     .attention_forward_rows = emulate_attention_forward_rows,
     .attention_backward_rows = emulate_attention_backward_rows,
-    .bucket_attention_forward = emulate_hash_attention_forward,
-    .bucket_attention_backward = emulate_hash_attention_backward,
+    .group_attention_forward = emulate_hash_attention_forward,
+    .group_attention_backward = emulate_hash_attention_backward,
     .gelu_forward = emulate_gelu_forward,
     .gelu_backward = emulate_gelu_backward,
     .residual_forward = emulate_residual_forward,

@@ -1,9 +1,9 @@
 /* The per-thread arithmetic of the hash-sparse attention kernels
- * (hash.cu), with src/model/bucket_attention.c's contract: buckets by the
+ * (hash.cu), with src/model/group_attention.c's contract: buckets by the
  * first maximum of [xR ; -xR] (R's unit-norm columns drawn on the host),
  * positions sorted stably by bucket, query i attends to key j when both
  * share a bucket and j <= i, and to its own key j = i wherever that
- * hashed; the tiles of HASH_TILE x HASH_TILE of the sorted orders that
+ * hashed; the tiles of GROUP_TILE x GROUP_TILE of the sorted orders that
  * hold an allowed pair of one bucket are counted, and the queries whose
  * bucket holds no key at or before them (their own key is all they
  * attend to).
@@ -19,9 +19,9 @@
 #define DYNMO_KERNELS_HASH_CUH
 
 #include "common.cuh"
-#include "dynmo/hash_bucket.h"
+#include "dynmo/rotation_group.h"
 
-#define DM_HASH_TILE 32   /* dynmo/hash_bucket.h's HASH_TILE */
+#define DM_HASH_TILE 32   /* dynmo/rotation_group.h's GROUP_TILE */
 
 /* one (item, query or key, position) per step */
 DM_HD void hash_bucket_thread(struct dm_thread t, int *bucket, const float *qkv,
@@ -32,7 +32,7 @@ DM_HD void hash_bucket_thread(struct dm_thread t, int *bucket, const float *qkv,
         long item = e / (2L * T), b = item / NH, h = item % NH;
         int which = (int)(e / T % 2), pos = (int)(e % T);
         const float *x = qkv + (b * T + pos) * 3L * C + which * C + h * hs;
-        bucket[e] = dm_hash_bucket(x, half ? rotation + h * (long)hs * half : 0, hs, half);
+        bucket[e] = dm_rotation_group(x, half ? rotation + h * (long)hs * half : 0, hs, half);
     }
 }
 
@@ -50,7 +50,7 @@ DM_HD void hash_order_thread(struct dm_thread t, int *order, const int *bucket, 
 }
 
 /* Whether the tile (query rows qr0..qr1, key rows kr0..kr1 of the
- * sorted orders) holds an allowed pair, as bucket_attention.c decides. */
+ * sorted orders) holds an allowed pair, as group_attention.c decides. */
 DM_HD int dm_hash_tile_has_pair(const int *qo, const int *qb, const int *ko, const int *kb,
                                 int qr0, int qr1, int kr0, int kr1)
 {

@@ -15,7 +15,7 @@
 #define DYNMO_KERNELS_MOE_CUH
 
 #include "common.cuh"
-#include "dynmo/moe_route.h"
+#include "dynmo/topk_route.h"
 
 /* one element (token, c) per step: out = res1, then + gate x y[row] over
  * the token's kept slots in order */
@@ -84,15 +84,15 @@ DM_HD void moe_dispatch_backward_thread(struct dm_thread t, float *d_ln2, const 
 
 /* ---- the routing: one thread per token (per expert for the sums) ---------- */
 
-/* one token per step: its routing from its logits (dynmo/moe_route.h) */
+/* one token per step: its routing from its logits (dynmo/topk_route.h) */
 DM_HD void moe_route_forward_thread(struct dm_thread t, float *scores, float *lse, int *choice,
                                     float *choice_score, float *gate, const float *logits,
                                     const float *bias, int N, int E, int k, int sigmoid)
 {
     for (long token = dm_thread_first(t); token < N; token += dm_thread_stride(t))
-        moe_route_token(scores + token * E, lse + token, choice + token * k,
-                        choice_score + token * k, gate + token * k, logits + token * E, bias, E,
-                        k, sigmoid);
+        topk_route_token(scores + token * E, lse + token, choice + token * k,
+                         choice_score + token * k, gate + token * k, logits + token * E, bias, E,
+                         k, sigmoid);
 }
 
 /* one output per step: sums[e] (e < E) = the sum over tokens in order of
@@ -122,16 +122,16 @@ DM_HD void moe_route_sums_thread(struct dm_thread t, double *sums, const float *
 }
 
 /* one token per step: its logits' gradient from its gates', the aux
- * loss's (alpha > 0) and the z-loss's (beta > 0) (dynmo/moe_route.h) */
+ * loss's (alpha > 0) and the z-loss's (beta > 0) (dynmo/topk_route.h) */
 DM_HD void moe_route_backward_thread(struct dm_thread t, float *dlogits, const float *dgate,
                                      const float *logits, const float *scores, const float *lse,
                                      const int *choice, const float *gate, const int *selected,
                                      int N, int E, int k, int sigmoid, double alpha, double beta)
 {
     for (long token = dm_thread_first(t); token < N; token += dm_thread_stride(t))
-        moe_route_back_token(dlogits + token * E, dgate + token * k, logits + token * E,
-                             scores + token * E, lse[token], choice + token * k,
-                             gate + token * k, selected, N, E, k, sigmoid, alpha, beta);
+        topk_route_back_token(dlogits + token * E, dgate + token * k, logits + token * E,
+                              scores + token * E, lse[token], choice + token * k,
+                              gate + token * k, selected, N, E, k, sigmoid, alpha, beta);
 }
 
 #endif

@@ -124,8 +124,8 @@ static void fill_ops(struct dm_backend *t)
     t->attention_backward = cuda_attention_backward;
     t->attention_forward_rows = cuda_attention_forward_rows;
     t->attention_backward_rows = cuda_attention_backward_rows;
-    t->bucket_attention_forward = cuda_hash_attention_forward;
-    t->bucket_attention_backward = cuda_hash_attention_backward;
+    t->group_attention_forward = cuda_hash_attention_forward;
+    t->group_attention_backward = cuda_hash_attention_backward;
     t->gelu_forward = cuda_gelu_forward;
     t->gelu_backward = cuda_gelu_backward;
     t->residual_forward = cuda_residual_forward;

@@ -27,7 +27,7 @@ NO_MPI = {"model", "balance", "kernels"}
 # private headers it may include.
 OUTSIDE = {"kernels": (2, set()), "fuzz": (7, {"tools"})}
 # Public headers named otherwise than their module: include/dynmo/X.h -> module.
-PUBLIC_OF = {"backend": "model", "hash_bucket": "model", "moe_route": "model", "exit_confidence": "model",
+PUBLIC_OF = {"backend": "model", "rotation_group": "model", "topk_route": "model", "exit_confidence": "model",
              "mod_predictor": "model", "shared_fn": "model", "block_ext": "model",
              "schema": "dyn", "schema_tables": "dyn", "moe": "dyn"}
 root = sys.argv[1] if len(sys.argv) > 1 else "."

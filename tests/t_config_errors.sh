@@ -115,13 +115,13 @@ expect_error "MoD capacity negative" "model.mod_capacity = -0.25 is outside \(0,
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.mod_capacity=-0.25
 expect_error "hash buckets negative" "hash.buckets = -2 must be 1 or an even number" \
   "$DYNMO" train --config "$dir/ok.ini" model.attention=hash hash.buckets=-2
-expect_error "MoD with MoE" "mixture of depths and mixture of experts do not combine yet" \
+expect_error "MoD with MoE" "model.moe_every = 2 with model.mod_every = 2: mixture of experts and mixture of depths do not combine yet; set model.moe_every = 0 or model.mod_every = 0" \
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 model.moe_every=2
-expect_error "MoD with pruning" "dyn.kind = prune does not combine with mixture of depths" \
+expect_error "MoD with pruning" "model.mod_every = 2 with dyn.kind = prune: mixture of depths and pruning do not combine yet" \
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 dyn.kind=prune
-expect_error "MoD with early exit" "dyn.kind = early_exit does not combine with mixture of depths" \
+expect_error "MoD with early exit" "model.mod_every = 2 with dyn.kind = early_exit: mixture of depths and early exit do not combine yet" \
   "$DYNMO" train --config "$dir/ok.ini" model.mod_every=2 dyn.kind=early_exit
-expect_error "hash with early exit" "model.attention = hash does not combine with dyn.kind = early_exit" \
+expect_error "hash with early exit" "model.attention = hash with dyn.kind = early_exit: hash-sparse attention and early exit do not combine yet" \
   "$DYNMO" train --config "$dir/ok.ini" model.attention=hash dyn.kind=early_exit
 expect_error "bad override form" "must look like section.key=value" \
   "$DYNMO" train --config "$dir/ok.ini" layers=3

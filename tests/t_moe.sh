@@ -225,5 +225,5 @@ bad "bias with softmax" "moe.bias_rate = 0.1 needs moe.router = sigmoid" 1 model
 bad "unknown router" "moe.router = 'topk' must be softmax or sigmoid" 1 model.moe_every=1 moe.router=topk
 bad "unknown drop" "moe.drop = 'random' must be probs, position or slot" 1 model.moe_every=1 moe.drop=random
 bad "moe_every > layers" "model.moe_every = 7 exceeds model.layers = 6" 1 model.moe_every=7
-bad "MoE with pruning" "dyn.kind = prune does not support MoE blocks yet" 1 model.moe_every=2 dyn.kind=prune
+bad "MoE with pruning" "model.moe_every = 2 with dyn.kind = prune: mixture of experts and pruning do not combine yet" 1 model.moe_every=2 dyn.kind=prune
 finish

@@ -115,7 +115,7 @@ out=$work/moe-recorded.out
 if "$DYNMO" simulate --from-run $data/moe-4-static --validate --policies static-uniform >"$out" 2>&1; then
   grep -q "2 stages x 2 replicas.*its replicas included" "$out" ||
     fail "recorded MoE run: not simulated as 2 replicas sharing the CPUs ($(head -1 "$out"))"
-  grep -q "experts over 2 ranks: 3 + 2 exchange rounds a micro-batch, 0.280 ms" "$out" ||
+  grep -q "all-to-all over parallel.ep = 2 ranks: 3 + 2 exchange rounds a micro-batch, 0.280 ms" "$out" ||
     fail "recorded MoE run: no exchange rounds at this machine's 0.28 ms ($(grep transfer: "$out"))"
   within "$out" "recorded MoE run, experts over 2 ranks" 10
   "$DYNMO" simulate --from-run $data/moe-4-static --validate --policies static-uniform \

@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "dynmo/core.h"
+#include "dynmo/model.h"
 #include "testing.h"
 #include "tools/simulate/hardware.h"
 
@@ -267,11 +268,11 @@ static void test_flops(void)
     /* experts evenly loaded (g = 1): router 2 N C E, each of the N k pairs
      * through an expert of 4C: 2 x 2 C (4C) FLOPs */
     struct hw_block_state moe = dense;
-    moe.expert_load = 1;
+    moe.busiest_load = 1;
     hw_block_forward(&f, &m, &moe);
     double moe_mlp = 2 * N * C * 4 + N * 2 * 2 * 2 * C * 4 * C;
     CHECK_NEAR(class_flops(&f, HW_GEMM), 2 * N * 4 * C * C + moe_mlp, 1e-9 * gemm);
-    moe.expert_load = 1.5;   /* the busiest rank: half again its rows */
+    moe.busiest_load = 1.5;   /* the busiest rank: half again its rows */
     hw_block_forward(&f, &m, &moe);
     CHECK_NEAR(class_flops(&f, HW_GEMM),
                2 * N * 4 * C * C + 2 * N * C * 4 + 1.5 * N * 2 * 2 * 2 * C * 4 * C, 1e-9 * gemm);
@@ -282,10 +283,11 @@ static void test_flops(void)
     struct hw_block_state tiles = dense;
     tiles.tiles = 0.5;
     hw_block_forward(&f, &m, &tiles);
-    CHECK_NEAR(class_flops(&f, HW_ATTENTION), 0.5 * attention * hw_hash_tile_share(4, 2), 1e-12);
-    CHECK_NEAR(hw_hash_tile_share(64, 2), 2.0 / 3.0, 1e-12);   /* 2 of 3 tiles of nt = 2 */
-    CHECK_NEAR(hw_hash_tile_share(64, 1), 1, 0);
-    CHECK_NEAR(hw_hash_tile_share(2048, 8), 8.0 * 8 * 9 / (64.0 * 65), 1e-12);
+    CHECK_NEAR(class_flops(&f, HW_ATTENTION), 0.5 * attention * group_attention_even_share(4, 2),
+               1e-12);
+    CHECK_NEAR(group_attention_even_share(64, 2), 2.0 / 3.0, 1e-12);   /* 2 of 3 tiles of nt = 2 */
+    CHECK_NEAR(group_attention_even_share(64, 1), 1, 0);
+    CHECK_NEAR(group_attention_even_share(2048, 8), 8.0 * 8 * 9 / (64.0 * 65), 1e-12);
 
     /* an early-exit head: V C per active token forward */
     snprintf(m.cfg.attention, sizeof m.cfg.attention, "dense");

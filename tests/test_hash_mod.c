@@ -48,8 +48,9 @@
 #include <string.h>
 #include "dynmo/core.h"
 #include "dynmo/dyn.h"
-#include "dynmo/hash_bucket.h"
+#include "dynmo/rotation_group.h"
 #include "dynmo/model.h"
+#include "dyn/hash.h"
 #include "dyn/mod.h"
 #include "testing.h"
 
@@ -85,11 +86,11 @@ static void hash_run_free(struct hash_run *r)
 static void hash_run(struct hash_run *r, const float *qkv, const float *rotation, int nb,
                      const float *dout)
 {
-    r->tiles_fwd = bucket_attention_forward(r->out, r->lse, r->order, r->bucket, &r->alone, qkv,
-                                          rotation, B, T, C, NH, nb);
+    r->tiles_fwd = group_attention_forward(r->out, r->lse, r->order, r->bucket, &r->alone, qkv,
+                                           rotation, B, T, C, NH, nb);
     if (dout)
-        r->tiles_bwd = bucket_attention_backward(r->dqkv, dout, qkv, r->out, r->lse, r->order,
-                                               r->bucket, B, T, C, NH);
+        r->tiles_bwd = group_attention_backward(r->dqkv, dout, qkv, r->out, r->lse, r->order,
+                                                r->bucket, B, T, C, NH);
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n)
@@ -120,7 +121,7 @@ static void test_one_bucket_is_dense(void)
            dout_max, dgrad_max);
     CHECK(dout_max <= 1e-5);
     CHECK(dgrad_max <= 1e-5);
-    long tiles_per_item = 0, nt = (T + HASH_TILE - 1) / HASH_TILE;
+    long tiles_per_item = 0, nt = (T + GROUP_TILE - 1) / GROUP_TILE;
     for (long i = 0; i < nt; i++) tiles_per_item += i + 1;
     CHECK_MSG(r.tiles_fwd == B * NH * tiles_per_item && r.tiles_bwd == r.tiles_fwd,
               "tiles %ld / %ld, causal %ld", r.tiles_fwd, r.tiles_bwd, B * NH * tiles_per_item);
@@ -160,7 +161,7 @@ static void test_buckets_and_tiles(void)
     size_t nqkv = (size_t)B * T * 3 * C;
     float *qkv = floats(nqkv), *rotation = floats((size_t)NH * HS * 4);
     fill(qkv, nqkv, 3, 1.0f);
-    bucket_rotation_draw(rotation, NH, HS, 8, 11, 3, 5);
+    hash_rotation_draw(rotation, NH, HS, 8, 11, 3, 5);
     struct hash_run r1, r8;
     hash_run_alloc(&r1);
     hash_run_alloc(&r8);
@@ -218,7 +219,7 @@ static void test_finite_differences(void)
     float *qkv = floats(nqkv), *w = floats(nout), *rotation = floats((size_t)NH * HS * 2);
     fill(qkv, nqkv, 4, 1.0f);
     fill(w, nout, 5, 1.0f);
-    bucket_rotation_draw(rotation, NH, HS, 4, 11, 0, 0);
+    hash_rotation_draw(rotation, NH, HS, 4, 11, 0, 0);
     struct hash_run r, p;
     hash_run_alloc(&r);
     hash_run_alloc(&p);
@@ -256,12 +257,12 @@ static void test_rotation(void)
 {
     size_t n = (size_t)NH * HS * 4;
     float *a = floats(n), *b = floats(n), *c = floats(n);
-    bucket_rotation_draw(a, NH, HS, 8, 42, 2, 10);
-    bucket_rotation_draw(b, NH, HS, 8, 42, 2, 10);
-    bucket_rotation_draw(c, NH, HS, 8, 42, 2, 11);
+    hash_rotation_draw(a, NH, HS, 8, 42, 2, 10);
+    hash_rotation_draw(b, NH, HS, 8, 42, 2, 10);
+    hash_rotation_draw(c, NH, HS, 8, 42, 2, 11);
     CHECK(memcmp(a, b, n * sizeof(float)) == 0);
     CHECK(memcmp(a, c, n * sizeof(float)) != 0);
-    bucket_rotation_draw(c, NH, HS, 8, 42, 3, 10);
+    hash_rotation_draw(c, NH, HS, 8, 42, 3, 10);
     CHECK(memcmp(a, c, n * sizeof(float)) != 0);
     free(a); free(b); free(c);
 }
@@ -273,7 +274,7 @@ static void test_rotation_columns(void)
     float R[RNH * RHS * HALF];
     double worst = 0.0;
     for (int layer = 0; layer < 3; layer++) {
-        bucket_rotation_draw(R, RNH, RHS, 2 * HALF, 1337, layer, 7);
+        hash_rotation_draw(R, RNH, RHS, 2 * HALF, 1337, layer, 7);
         for (int h = 0; h < RNH; h++)
             for (int c = 0; c < HALF; c++) {
                 double squares = 0.0;
@@ -306,9 +307,9 @@ static void test_no_empty_rows(void)
         int *order = calloc(2 * (size_t)rows, sizeof(int));
         int *bucket = calloc(2 * (size_t)rows, sizeof(int));
         fill(qkv, nqkv, 40 + k, 1.0f);
-        bucket_rotation_draw(R, ENH, EHS, nb, 1337, k, 0);
+        hash_rotation_draw(R, ENH, EHS, nb, 1337, k, 0);
         long alone = -1;
-        bucket_attention_forward(out, lse, order, bucket, &alone, qkv, R, EB, ET, EC, ENH, nb);
+        group_attention_forward(out, lse, order, bucket, &alone, qkv, R, EB, ET, EC, ENH, nb);
         long zero = 0, infinite = 0, want_alone = 0;
         for (long r = 0; r < rows; r++) {   /* r = (b, h, t) */
             long b = r / (ENH * ET), h = r / ET % ENH, t = r % ET;
@@ -337,7 +338,7 @@ static void test_thread_count(void)
     float *qkv = floats(nqkv), *dout = floats(nout), *rotation = floats((size_t)NH * HS * 2);
     fill(qkv, nqkv, 6, 1.0f);
     fill(dout, nout, 8, 1.0f);
-    bucket_rotation_draw(rotation, NH, HS, 4, 1, 1, 1);
+    hash_rotation_draw(rotation, NH, HS, 4, 1, 1, 1);
     struct hash_run r[2];
     for (int k = 0; k < 2; k++) {
         dm_threads_shutdown();
@@ -709,8 +710,8 @@ static void test_against_pytorch(void)
         float *dqkv = floats(HB * HT * 3 * HC);
         int *order = calloc(HB * HNH * 2 * HT, sizeof(int));
         int *bucket = calloc(HB * HNH * 2 * HT, sizeof(int));
-        bucket_attention_forward(out, lse, order, bucket, NULL, qkv, R, HB, HT, HC, HNH, 4);
-        bucket_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, HB, HT, HC, HNH);
+        group_attention_forward(out, lse, order, bucket, NULL, qkv, R, HB, HT, HC, HNH, 4);
+        group_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, HB, HT, HC, HNH);
         double d_out = max_abs_diff(out, fixture_get("hash.out", HB * HT * HC), HB * HT * HC);
         double d_grad = max_abs_diff(dqkv, fixture_get("hash.dqkv", HB * HT * 3 * HC),
                                      HB * HT * 3 * HC);

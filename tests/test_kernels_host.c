@@ -18,6 +18,7 @@
 #include "dynmo/backend.h"
 #include "dynmo/core.h"
 #include "dynmo/model.h"
+#include "dyn/hash.h"
 #include "model/internal.h"
 #include "testing.h"
 #include "../kernels/adamw.cuh"
@@ -1155,7 +1156,7 @@ static void check_lse(const float *got, const float *want, long n)
     long infinite = 0;
     for (long i = 0; i < n; i++) infinite += !isfinite(got[i]) || !isfinite(want[i]);
     CHECK_MSG(infinite == 0, "hash lse: %ld queries without a key", infinite);
-    check_close("bucket_attention_forward lse", got, want, n, 1e-5);
+    check_close("group_attention_forward lse", got, want, n, 1e-5);
 }
 
 static void test_hash(int B, int T, int C, int NH, int buckets)
@@ -1164,13 +1165,13 @@ static void test_hash(int B, int T, int C, int NH, int buckets)
     long BTC = (long)B * T * C, bhT = (long)B * NH * T;
     float *qkv = filled(3 * BTC, 1.0f), *dout = filled(BTC, 1.0f);
     float *rotation = dm_alloc(((size_t)NH * hs * (buckets / 2) + 1) * sizeof(float));
-    bucket_rotation_draw(rotation, NH, hs, buckets, 42, 3, 7);
+    hash_rotation_draw(rotation, NH, hs, buckets, 42, 3, 7);
     float *out = dm_alloc(BTC * 4), *lse = dm_alloc(bhT * 4), *dqkv = dm_alloc(3 * BTC * 4);
     int *order = dm_alloc(2 * bhT * sizeof(int)), *bucket = dm_alloc(2 * bhT * sizeof(int));
     long alone = 0, galone = 0;
-    long tiles = bucket_attention_forward(out, lse, order, bucket, &alone, qkv, rotation, B, T, C,
-                                        NH, buckets);
-    long btiles = bucket_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, B, T, C, NH);
+    long tiles = group_attention_forward(out, lse, order, bucket, &alone, qkv, rotation, B, T, C,
+                                         NH, buckets);
+    long btiles = group_attention_backward(dqkv, dout, qkv, out, lse, order, bucket, B, T, C, NH);
     float *gout = filled(BTC, 1.0f), *glse = dm_alloc(bhT * 4), *gd = filled(3 * BTC, 1.0f);
     int *gorder = dm_alloc(2 * bhT * sizeof(int)), *gbucket = dm_alloc(2 * bhT * sizeof(int));
     long gtiles = host_hash_forward(gout, glse, gorder, gbucket, &galone, qkv, rotation, B, T, C,
@@ -1182,9 +1183,9 @@ static void test_hash(int B, int T, int C, int NH, int buckets)
     CHECK(gtiles == tiles && btiles == tiles && galone == alone);
     CHECK_MSG(!memcmp(gbucket, bucket, 2 * bhT * sizeof(int)), "hash buckets differ");
     CHECK_MSG(!memcmp(gorder, order, 2 * bhT * sizeof(int)), "hash orders differ");
-    check_close("bucket_attention_forward out", gout, out, BTC, 1e-5);
+    check_close("group_attention_forward out", gout, out, BTC, 1e-5);
     check_lse(glse, lse, bhT);
-    check_close("bucket_attention_backward dqkv", gd, dqkv, 3 * BTC, 1e-5);
+    check_close("group_attention_backward dqkv", gd, dqkv, 3 * BTC, 1e-5);
     float *all[] = {qkv, dout, rotation, out, lse, dqkv, gout, glse, gd};
     for (size_t i = 0; i < sizeof all / sizeof *all; i++) dm_free(all[i]);
     dm_free(order), dm_free(bucket), dm_free(gorder), dm_free(gbucket);
@@ -1384,7 +1385,7 @@ int main(void)
     test_attention(2, 32, 64, 4);
     test_attention_rows(3, 40, 48, 4);
     test_attention_rows(2, 33, 24, 2);
-    test_hash(2, 100, 32, 2, 8);    /* T not a multiple of HASH_TILE */
+    test_hash(2, 100, 32, 2, 8);    /* T not a multiple of GROUP_TILE */
     test_hash(1, 64, 24, 3, 2);
     test_hash(2, 40, 16, 2, 1);     /* one bucket: causal attention */
     test_hash(1, 70, 32, 4, 32);    /* many buckets: own keys alone */

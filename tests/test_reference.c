@@ -41,6 +41,7 @@
 #include "dynmo/dyn.h"
 #include "dynmo/model.h"
 #include "dynmo/moe.h"
+#include "dyn/hash.h"
 #include "dyn/mod.h"
 #include "fixture.h"
 #include "testing.h"
@@ -106,7 +107,7 @@ static void check_mod_hash(const struct fixture *fx, const struct gpt *model,
         float *got = malloc((size_t)per * sizeof(float));
         int same = want != NULL;
         for (int l = 0; want && l < fx->layers; l++) {
-            bucket_rotation_draw(got, NH, hs, fx->hash_buckets, fx->seed, l, 0);
+            hash_rotation_draw(got, NH, hs, fx->hash_buckets, fx->seed, l, 0);
             same &= memcmp(got, want + l * per, (size_t)per * sizeof(float)) == 0;
         }
         printf("hash rotations of step 0: %s torch's\n", same ? "the same bits as" : "DIFFER from");

@@ -178,17 +178,18 @@ struct dm_backend {
     void (*attention_backward_rows)(float *dq, float *dkv, float *scratch, const float *dout,
                                     const float *q, const float *kv, const float *att,
                                     const int *rows, int nactive, int B, int T, int C, int NH);
-    /* Hash-sparse attention (model.h's bucket_attention_forward, _backward):
-     * lse, order and bucket as there; the rotation (drawn on the host by
-     * hash_rotation_draw) in the backend's memory; every query attends to
-     * its own key too, and *alone (on the host; may be NULL) counts the
-     * queries that attend to it alone. Return the tiles visited. */
-    long (*bucket_attention_forward)(float *out, float *lse, int *order, int *bucket, long *alone,
-                                   const float *qkv, const float *rotation, int B, int T, int C,
-                                   int NH, int buckets);
-    long (*bucket_attention_backward)(float *dqkv, const float *dout, const float *qkv,
-                                    const float *out, const float *lse, const int *order,
-                                    const int *bucket, int B, int T, int C, int NH);
+    /* Attention within groups of sorted tokens (model.h's
+     * group_attention_forward, _backward; hash-sparse attention's kernel):
+     * lse, order and group as there; the rotation (drawn on the host) in
+     * the backend's memory; every query attends to its own key too, and
+     * *alone (on the host; may be NULL) counts the queries that attend to
+     * it alone. Return the tiles visited. */
+    long (*group_attention_forward)(float *out, float *lse, int *order, int *group, long *alone,
+                                    const float *qkv, const float *rotation, int B, int T, int C,
+                                    int NH, int groups);
+    long (*group_attention_backward)(float *dqkv, const float *dout, const float *qkv,
+                                     const float *out, const float *lse, const int *order,
+                                     const int *group, int B, int T, int C, int NH);
     void (*gelu_forward)(float *out, const float *inp, long N);
     void (*gelu_backward)(float *dinp, const float *inp, const float *dout, long N);
     void (*residual_forward)(float *out, const float *a, const float *b, long N);

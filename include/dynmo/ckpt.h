@@ -284,10 +284,6 @@ int runlog_read_row(const char *path, const char *name, long row,
  * Returns the count. */
 int runlog_list_datasets(const char *path, struct runlog_dataset_info **infos,
                          char *err, size_t errsize);
-long runlog_read_root_ints(const char *path, const char *name, int **values, char *err,
-                           size_t errsize);
-long runlog_read_root_doubles(const char *path, const char *name, double **values,
-                              char *err, size_t errsize);
 int runlog_read_root_attr(const char *path, const char *attr, char **text,
                           char *err, size_t errsize);
 
@@ -315,7 +311,7 @@ struct layout_history {
     int *stages;        /* (count) pipeline stages of entry k */
     int *layout;        /* (count, layers) blocks per stage of entry k, zero
                            past stages[k] */
-    int capacity;       /* entries the arrays have room for */
+    long capacity;      /* entries the arrays have room for */
 };
 
 /* An empty history of rows `layers` wide (no allocation). */

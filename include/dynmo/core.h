@@ -113,6 +113,12 @@ void *dm_alloc(size_t bytes);
  * read (a migrating block's slab); free with dm_free. */
 void *dm_alloc_uninit(size_t bytes);
 void dm_free(void *p);
+/* Room for one more item in an array that grows by doubling: items (a
+ * dm_alloc'd array, or NULL, of count items of size bytes) while count <
+ * *capacity; else a new array of twice the capacity (initial when it was
+ * 0) holding the count items, zero past them, and items freed.
+ * Returns the array to use. */
+void *dm_grow(void *items, size_t size, long count, long *capacity, long initial);
 
 /* ---- files -------------------------------------------------------------
  * Durable writes for files that other programs and later jobs read. Not

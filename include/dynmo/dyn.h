@@ -69,6 +69,10 @@ void dyn_describe_shape(const struct gpt_shape *shape,
  * table's order (dyn.c), then dyn.kind against the schemes. The first
  * problem is a user error (exit 2) naming the key. Not collective. */
 void dyn_config_validate(const struct dm_config *cfg);
+/* Whether cfg runs a scheme whose blocks' results depend on which tokens
+ * share a micro-batch (tokens compete for room): an evaluation must then
+ * run training's micro-batch. */
+int dyn_batch_coupled(const struct dm_config *cfg);
 
 /* Builds the scheme dyn.kind names ("none", "freeze", "early_exit",
  * "prune"); user error for an unknown kind (dyn_config_validate checked
@@ -144,6 +148,13 @@ enum dyn_cost_role {
 
 struct dyn_log_reader;
 
+/* A routed MLP: each token through `choices` of `units` MLPs of hidden
+ * width `hidden`, `units_per_rank` of them on one rank (what `dynmo
+ * simulate --hardware` prices for the busiest-rank role). */
+struct dyn_routed_mlp {
+    double units, hidden, choices, units_per_rank;
+};
+
 /* The columns of a signal's row. */
 enum dyn_signal_columns {
     DYN_SIGNAL_LAYERS = 0,   /* one per layer of the model */
@@ -210,6 +221,17 @@ struct dyn_signal {
     float neutral;
     float *(*cost_of_log)(const struct dyn_log_reader *rd, const struct gpt_shape *shape,
                           long rows);
+    /* The state of one of its blocks at 0-based step `step` of a run of
+     * cfg, from the config alone (what `dynmo simulate --hardware` prices
+     * when it has no run); NULL: neutral. */
+    float (*cost_of_config)(const struct dm_config *cfg, int step);
+    /* What a state of 1 stands for in the op its role prices over
+     * sequences of `tokens` tokens (the tile-share role: the share of
+     * causal attention's tiles its attention visits); NULL: 1. */
+    double (*cost_scale)(const struct dm_config *cfg, int tokens);
+    /* The busiest-rank role: the routed MLP its scheme's blocks run in
+     * place of the dense one (struct dyn_routed_mlp), from the config. */
+    void (*cost_routed_mlp)(const struct dm_config *cfg, struct dyn_routed_mlp *out);
 };
 
 /* The signals a run of cfg gathers and writes: every active scheme's, in

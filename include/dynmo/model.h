@@ -647,38 +647,39 @@ void gpt_begin_step(struct gpt *model);
 int gpt_step_values(const struct gpt *model, double *values);
 void gpt_end_step(struct gpt *model, const double *values);
 
-/* ---- bucketed attention (src/model/bucket_attention.c) -----------------------
- * Causal attention within buckets, per (sequence, head): queries and keys
- * go to nb buckets by a rotation R (hs, nb/2) with unit-norm columns, h(x)
- * = argmax([xR ; -xR]); nb = 1 puts every token in bucket 0 (ordinary
- * causal attention). Query i attends to key j when both share a bucket and
- * j <= i, and always to its own key j = i, so every query has at least one
- * key. The work runs in tiles of the bucket-sorted order and skips a tile
- * without an allowed pair, forward and backward (the CPU's entries of the
- * op table of the same names). */
+/* ---- attention within groups (src/model/group_attention.c) ----------------
+ * Causal attention within groups of tokens, per (sequence, head): queries
+ * and keys go to nb groups by a rotation R (hs, nb/2) with unit-norm
+ * columns, g(x) = argmax([xR ; -xR]); nb = 1 puts every token in group 0
+ * (ordinary causal attention). Query i attends to key j when both share a
+ * group and j <= i, and always to its own key j = i, so every query has at
+ * least one key. The work runs in tiles of the group-sorted order and
+ * skips a tile without an allowed pair, forward and backward (the CPU's
+ * entries of the op table of the same names). Hash-sparse attention
+ * (src/dyn/hash.c) is its user. */
 
-/* rotation (NH, hs, nb/2) = N(0,1) draws that depend only on (seed, layer,
- * step), never on the layout, the rank count or timing, each column (hs
- * values) then divided by its norm. Nothing for nb = 1. */
-void bucket_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed, int layer,
-                          long step);
 /* out (B,T,C) from qkv (B,T,3C) as attention_forward; saves lse (B,NH,T)
- * (log-sum-exp of each query's allowed scores), bucket (B,NH,2,T) (query
- * then key bucket by position) and order (B,NH,2,T) (positions sorted
- * stably by query, then key, bucket) for the backward. *alone (may be
- * NULL) = the (sequence, head, query) rows with no key of their bucket at
+ * (log-sum-exp of each query's allowed scores), group (B,NH,2,T) (query
+ * then key group by position) and order (B,NH,2,T) (positions sorted
+ * stably by query, then key, group) for the backward. *alone (may be
+ * NULL) = the (sequence, head, query) rows with no key of their group at
  * or before them, which attend to their own key alone. rotation may be
- * NULL when buckets = 1. Returns the tiles visited. */
-long bucket_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
-                              const float *qkv, const float *rotation,
-                              int B, int T, int C, int NH, int buckets);
+ * NULL when groups = 1. Returns the tiles visited. */
+long group_attention_forward(float *out, float *lse, int *order, int *group, long *alone,
+                             const float *qkv, const float *rotation,
+                             int B, int T, int C, int NH, int groups);
 /* dqkv (B,T,3C) overwritten with the gradient wrt qkv, given dout (B,T,C)
- * and what the forward saved (out is its output). The bucketing is
+ * and what the forward saved (out is its output). The grouping is
  * piecewise constant: no gradient flows through it. Returns the tiles
  * visited (the forward's). */
-long bucket_attention_backward(float *dqkv, const float *dout, const float *qkv,
-                               const float *out, const float *lse, const int *order,
-                               const int *bucket, int B, int T, int C, int NH);
+/* The share of causal attention's GROUP_TILE x GROUP_TILE tiles over
+ * `tokens` tokens that the op visits when its `groups` groups are even:
+ * groups x nt_g (nt_g + 1) / 2 of nt (nt + 1) / 2, nt_g the tiles of a
+ * group's tokens / groups (1 for one group). */
+double group_attention_even_share(int tokens, int groups);
+long group_attention_backward(float *dqkv, const float *dout, const float *qkv,
+                              const float *out, const float *lse, const int *order,
+                              const int *group, int B, int T, int C, int NH);
 
 /* ---- the ops of token routing by depth (src/model/depth_ops.c) --------------
  * A block that computes only the tokens a router chooses (src/dyn/mod.c):

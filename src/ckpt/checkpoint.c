@@ -53,7 +53,7 @@
 /* ---- polled collectives ---------------------------------------------------- */
 
 /* FNV-1a over bytes, for the cross-rank consistency check of meta. */
-static uint64_t hash_bytes(uint64_t h, const void *data, size_t n)
+static uint64_t fnv1a_bytes(uint64_t h, const void *data, size_t n)
 {
     const unsigned char *p = data;
     for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ULL;
@@ -70,22 +70,22 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
     long scalars[] = {meta->step, meta->optimizer_steps, meta->lr_schedule_step,
                       meta->pp, meta->dp, meta->history.count, meta->history.layers, keep,
                       layers};
-    h = hash_bytes(h, scalars, sizeof scalars);
-    h = hash_bytes(h, &meta->seed, sizeof meta->seed);
-    h = hash_bytes(h, &meta->train_checksum, sizeof meta->train_checksum);
-    h = hash_bytes(h, dir, strlen(dir));
-    if (meta->config_text) h = hash_bytes(h, meta->config_text, strlen(meta->config_text));
-    h = hash_bytes(h, meta->dyn_kind, strlen(meta->dyn_kind));
-    h = hash_bytes(h, &meta->dyn_state_count, sizeof meta->dyn_state_count);
+    h = fnv1a_bytes(h, scalars, sizeof scalars);
+    h = fnv1a_bytes(h, &meta->seed, sizeof meta->seed);
+    h = fnv1a_bytes(h, &meta->train_checksum, sizeof meta->train_checksum);
+    h = fnv1a_bytes(h, dir, strlen(dir));
+    if (meta->config_text) h = fnv1a_bytes(h, meta->config_text, strlen(meta->config_text));
+    h = fnv1a_bytes(h, meta->dyn_kind, strlen(meta->dyn_kind));
+    h = fnv1a_bytes(h, &meta->dyn_state_count, sizeof meta->dyn_state_count);
     if (meta->dyn_state_count > 0)
-        h = hash_bytes(h, meta->dyn_state, (size_t)meta->dyn_state_count * sizeof(double));
-    h = hash_bytes(h, meta->data_cursor, (size_t)meta->dp * sizeof(long));
-    h = hash_bytes(h, meta->layout, (size_t)meta->pp * sizeof(int));
+        h = fnv1a_bytes(h, meta->dyn_state, (size_t)meta->dyn_state_count * sizeof(double));
+    h = fnv1a_bytes(h, meta->data_cursor, (size_t)meta->dp * sizeof(long));
+    h = fnv1a_bytes(h, meta->layout, (size_t)meta->pp * sizeof(int));
     if (meta->history.count > 0) {
         size_t n = (size_t)meta->history.count;
-        h = hash_bytes(h, meta->history.step, n * sizeof(long));
-        h = hash_bytes(h, meta->history.stages, n * sizeof(int));
-        h = hash_bytes(h, meta->history.layout, n * (size_t)layers * sizeof(int));
+        h = fnv1a_bytes(h, meta->history.step, n * sizeof(long));
+        h = fnv1a_bytes(h, meta->history.stages, n * sizeof(int));
+        h = fnv1a_bytes(h, meta->history.layout, n * (size_t)layers * sizeof(int));
     }
     /* min(h) == max(h) iff min(h) == ~min(~h). */
     unsigned long long mine[2] = {h, ~h}, lowest[2];

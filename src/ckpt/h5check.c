@@ -720,28 +720,61 @@ static int chunk_output_bytes(struct check *c, const struct header_info *h, uint
     return 0;
 }
 
+/* The node of n bytes at address, visited once and inside the file, in a
+ * dm_alloc'd buffer; NULL after reporting, the message naming it as
+ * "<kind><where>: its <what>". */
+static unsigned char *node_bytes(struct check *c, uint64_t address, size_t n, const char *kind,
+                                 const char *where, const char *what)
+{
+    if (visit(c, address, where) != 0) return NULL;
+    if (!inside(c, address, n)) {
+        fail(c, "%s%s: its %s at byte %llu (%zu bytes) runs past the end of the file", kind,
+             where, what, (unsigned long long)address, n);
+        return NULL;
+    }
+    unsigned char *bytes = dm_alloc(n);
+    if (fetch(c, address, n, bytes, where) != 0) {
+        dm_free(bytes);
+        return NULL;
+    }
+    return bytes;
+}
+
+/* A version-1 B-tree node of `type` (0: a group's, 1: a chunk index) and
+ * of at most 2k entries, as node_bytes reads it, whose level is `level`
+ * (-1: any up to MAX_TREE_LEVELS): its bytes, *entries and *level; NULL
+ * after reporting. */
+static unsigned char *tree_node(struct check *c, uint64_t address, size_t n, unsigned type,
+                                unsigned k, int level, const char *kind, const char *where,
+                                const char *what, unsigned *entries, unsigned *node_level)
+{
+    unsigned char *bytes = node_bytes(c, address, n, kind, where, what);
+    if (!bytes) return NULL;
+    *entries = (unsigned)le(bytes + 6, 2);
+    *node_level = bytes[5];
+    if (memcmp(bytes, "TREE", 4) != 0 || bytes[4] != type || *entries > 2 * k ||
+        (level >= 0 && (int)*node_level != level) || *node_level > MAX_TREE_LEVELS) {
+        fail(c, "%s%s: its %s at byte %llu is not one (type %u, level %u, %u entries)", kind,
+             where, what, (unsigned long long)address, bytes[4], *node_level, *entries);
+        dm_free(bytes);
+        return NULL;
+    }
+    return bytes;
+}
+
 /* The chunk index (a version 1 B-tree of type 1) of a chunked dataset:
  * every chunk inside the file and, through its filters, exactly a chunk's
  * bytes. *chunks counts them. */
 static int check_chunk_tree(struct check *c, const struct header_info *h, uint64_t address,
                             int level, uint64_t *chunks)
 {
-    if (visit(c, address, h->where) != 0) return -1;
     size_t key = 8 + 8 * (size_t)h->chunk_rank;
     size_t node = 24 + (size_t)2 * c->chunk_k * 8 + (size_t)(2 * c->chunk_k + 1) * key;
-    if (!inside(c, address, node))
-        return fail(c, "%s: a chunk index node at byte %llu of %zu bytes runs past the end "
-                    "of the file", h->where, (unsigned long long)address, node);
-    unsigned char *bytes = dm_alloc(node);
+    unsigned entries, node_level;
+    unsigned char *bytes = tree_node(c, address, node, 1, c->chunk_k, level, "", h->where,
+                                     "chunk index node", &entries, &node_level);
+    if (!bytes) return -1;
     int status = -1;
-    if (fetch(c, address, node, bytes, h->where) != 0) goto done;
-    unsigned entries = (unsigned)le(bytes + 6, 2), node_level = bytes[5];
-    if (memcmp(bytes, "TREE", 4) != 0 || bytes[4] != 1 || entries > 2 * c->chunk_k ||
-        (level >= 0 && (int)node_level != level) || node_level > MAX_TREE_LEVELS) {
-        fail(c, "%s: the chunk index node at byte %llu is not one (type %u, level %u, %u "
-             "entries)", h->where, (unsigned long long)address, bytes[4], node_level, entries);
-        goto done;
-    }
     for (unsigned i = 0; i < entries; i++) {
         const unsigned char *k = bytes + 24 + (size_t)i * (key + 8);
         uint64_t child = le(k + key, 8), stored = le(k, 4);
@@ -873,13 +906,9 @@ static int check_symbol_node(struct check *c, uint64_t address, const struct loc
                              const char *path, int depth)
 {
     size_t node = 8 + (size_t)2 * c->leaf_k * 40;
-    if (visit(c, address, path) != 0) return -1;
-    if (!inside(c, address, node))
-        return fail(c, "group %s: its symbol node at byte %llu runs past the end of the file",
-                    path, (unsigned long long)address);
-    unsigned char *bytes = dm_alloc(node);
+    unsigned char *bytes = node_bytes(c, address, node, "group ", path, "symbol node");
+    if (!bytes) return -1;
     int status = -1;
-    if (fetch(c, address, node, bytes, path) != 0) goto done;
     unsigned count = (unsigned)le(bytes + 6, 2);
     if (memcmp(bytes, "SNOD", 4) != 0 || bytes[4] != 1 || count > 2 * c->leaf_k) {
         fail(c, "group %s: its symbol node at byte %llu is not one (%u entries)", path,
@@ -918,20 +947,11 @@ static int check_group_tree(struct check *c, uint64_t address, const struct loca
                             const char *path, int depth, int level)
 {
     size_t node = 24 + (size_t)2 * c->internal_k * 8 + (size_t)(2 * c->internal_k + 1) * 8;
-    if (visit(c, address, path) != 0) return -1;
-    if (!inside(c, address, node))
-        return fail(c, "group %s: its B-tree node at byte %llu runs past the end of the file",
-                    path, (unsigned long long)address);
-    unsigned char *bytes = dm_alloc(node);
+    unsigned entries, node_level;
+    unsigned char *bytes = tree_node(c, address, node, 0, c->internal_k, level, "group ", path,
+                                     "B-tree node", &entries, &node_level);
+    if (!bytes) return -1;
     int status = -1;
-    if (fetch(c, address, node, bytes, path) != 0) goto done;
-    unsigned entries = (unsigned)le(bytes + 6, 2), node_level = bytes[5];
-    if (memcmp(bytes, "TREE", 4) != 0 || bytes[4] != 0 || entries > 2 * c->internal_k ||
-        (level >= 0 && (int)node_level != level) || node_level > MAX_TREE_LEVELS) {
-        fail(c, "group %s: its B-tree node at byte %llu is not one (type %u, level %u, %u "
-             "entries)", path, (unsigned long long)address, bytes[4], node_level, entries);
-        goto done;
-    }
     /* The keys are names in the heap: a lookup by name compares them. */
     for (unsigned i = 0; i <= entries; i++) {
         uint64_t key = le(bytes + 24 + (size_t)i * 16, 8);

@@ -27,35 +27,16 @@ void layout_history_free(struct layout_history *h)
     memset(h, 0, sizeof *h);
 }
 
-/* Room for `capacity` entries, keeping the ones there. */
-static void reserve(struct layout_history *h, int capacity)
-{
-    if (capacity <= h->capacity) return;
-    size_t n = (size_t)capacity, width = (size_t)h->layers;
-    long *step = dm_alloc(n * sizeof(long));
-    int *stages = dm_alloc(n * sizeof(int));
-    int *layout = dm_alloc(n * width * sizeof(int));
-    if (h->count) {
-        memcpy(step, h->step, (size_t)h->count * sizeof(long));
-        memcpy(stages, h->stages, (size_t)h->count * sizeof(int));
-        memcpy(layout, h->layout, (size_t)h->count * width * sizeof(int));
-    }
-    dm_free(h->step);
-    dm_free(h->stages);
-    dm_free(h->layout);
-    h->step = step;
-    h->stages = stages;
-    h->layout = layout;
-    h->capacity = capacity;
-}
-
 void layout_history_alloc(struct layout_history *h, int layers, int count)
 {
     DM_ASSERT(count >= 0);
     layout_history_free(h);
     layout_history_init(h, layers);
-    reserve(h, count);
-    h->count = count;
+    if (count == 0) return;
+    h->step = dm_alloc((size_t)count * sizeof(long));
+    h->stages = dm_alloc((size_t)count * sizeof(int));
+    h->layout = dm_alloc((size_t)count * (size_t)layers * sizeof(int));
+    h->capacity = h->count = count;
 }
 
 int layout_history_push(struct layout_history *h, long step, const int *layout, int stages)
@@ -74,7 +55,11 @@ int layout_history_push(struct layout_history *h, long step, const int *layout, 
             !memcmp(layout_history_entry(h, last), layout, (size_t)stages * sizeof(int)))
             return 0;
     }
-    if (h->count == h->capacity) reserve(h, h->capacity ? 2 * h->capacity : 16);
+    long capacity = h->capacity;   /* the three arrays grow together */
+    h->step = dm_grow(h->step, sizeof(long), h->count, &capacity, 16);
+    capacity = h->capacity;
+    h->stages = dm_grow(h->stages, sizeof(int), h->count, &capacity, 16);
+    h->layout = dm_grow(h->layout, (size_t)h->layers * sizeof(int), h->count, &h->capacity, 16);
     int *row = h->layout + (size_t)h->count * (size_t)h->layers;
     memset(row, 0, (size_t)h->layers * sizeof(int));
     memcpy(row, layout, (size_t)stages * sizeof(int));

@@ -38,7 +38,8 @@ struct runlog {
     char path[1024];
     hid_t file;
     struct runlog_dataset *datasets;  /* (count), grown by doubling */
-    int count, capacity;
+    int count;
+    long capacity;
     long steps;   /* rows every per-step dataset holds (runlog_end_step) */
 };
 
@@ -59,7 +60,7 @@ static int int_filler(const char *name)
     return signal ? signal->filler : 0;
 }
 
-static unsigned long hash_name(const char *name)
+static unsigned long fnv1a_of_name(const char *name)
 {
     unsigned long h = 1469598103934665603UL;
     for (; *name; name++) h = (h ^ (unsigned char)*name) * 1099511628211UL;
@@ -190,14 +191,7 @@ static struct runlog_dataset *find_dataset(struct runlog *log, const char *name,
 
 static struct runlog_dataset *add_slot(struct runlog *log)
 {
-    if (log->count == log->capacity) {
-        int capacity = 2 * log->capacity;
-        struct runlog_dataset *grown = dm_alloc((size_t)capacity * sizeof *grown);
-        memcpy(grown, log->datasets, (size_t)log->count * sizeof *grown);
-        dm_free(log->datasets);
-        log->datasets = grown;
-        log->capacity = capacity;
-    }
+    log->datasets = dm_grow(log->datasets, sizeof *log->datasets, log->count, &log->capacity, 16);
     struct runlog_dataset *d = &log->datasets[log->count++];
     memset(d, 0, sizeof *d);
     return d;
@@ -304,7 +298,7 @@ static void fill_to(struct runlog_dataset *d, hsize_t rows)
 static struct runlog_dataset *get_dataset(struct runlog *log, const char *name,
                                           int is_int, int rank, int ncols)
 {
-    unsigned long hash = hash_name(name);
+    unsigned long hash = fnv1a_of_name(name);
     struct runlog_dataset *d = find_dataset(log, name, hash);
     if (d) {
         if (d->is_int != is_int || d->rank != rank || (rank == 1 && ncols != 1))
@@ -406,7 +400,7 @@ void runlog_append_int_row(struct runlog *log, const char *name,
 
 long runlog_rows(struct runlog *log, const char *name)
 {
-    struct runlog_dataset *d = find_dataset(log, name, hash_name(name));
+    struct runlog_dataset *d = find_dataset(log, name, fnv1a_of_name(name));
     if (d) return (long)d->rows;
     if (!dm_h5_path_exists(log->file, name)) return -1;
     hid_t dataset = DM_H5(H5Dopen2(log->file, name, H5P_DEFAULT));
@@ -429,7 +423,7 @@ void runlog_truncate(struct runlog *log, const char *name, long rows)
     if (rows < 0 || rows > current)
         DM_FATAL("run log %s: cannot truncate %s of %ld rows to %ld rows",
                  log->path, name, current, rows);
-    struct runlog_dataset *d = find_dataset(log, name, hash_name(name));
+    struct runlog_dataset *d = find_dataset(log, name, fnv1a_of_name(name));
     hid_t dataset = d ? d->dataset : DM_H5(H5Dopen2(log->file, name, H5P_DEFAULT));
     hid_t space = DM_H5(H5Dget_space(dataset));
     hsize_t dims[2] = {0, 0};

@@ -10,7 +10,8 @@
 
 struct runlog_listing {
     struct runlog_dataset_info *infos;  /* (count) in visit order; dm_free them */
-    int count, capacity;
+    int count;
+    long capacity;
 };
 
 /* H5Lvisit's callback, data a struct runlog_listing: a dataset's entry

@@ -70,14 +70,7 @@ herr_t runlog_list_one(hid_t group, const char *name, const H5L_info_t *link, vo
         H5Oclose(object);
         return 0;
     }
-    if (f->count == f->capacity) {
-        int capacity = f->capacity ? 2 * f->capacity : 16;
-        struct runlog_dataset_info *grown = dm_alloc((size_t)capacity * sizeof *grown);
-        if (f->count) memcpy(grown, f->infos, (size_t)f->count * sizeof *grown);
-        dm_free(f->infos);
-        f->infos = grown;
-        f->capacity = capacity;
-    }
+    f->infos = dm_grow(f->infos, sizeof *f->infos, f->count, &f->capacity, 16);
     struct runlog_dataset_info *d = &f->infos[f->count++];
     memset(d, 0, sizeof *d);
     snprintf(d->name, sizeof d->name, "/%s", name);
@@ -613,26 +606,6 @@ int runlog_list_datasets(const char *path, struct runlog_dataset_info **infos, c
     if (count) memcpy(*infos, f->list.infos, (size_t)count * sizeof **infos);
     runlog_close_read(f);
     return count;
-}
-
-long runlog_read_root_ints(const char *path, const char *name, int **values, char *err,
-                           size_t errsize)
-{
-    *values = NULL;
-    struct runlog_file *f = runlog_open_read(path, err, errsize);
-    long n = f ? runlog_file_attr_ints(f, name, values, err, errsize) : -1;
-    runlog_close_read(f);
-    return n;
-}
-
-long runlog_read_root_doubles(const char *path, const char *name, double **values, char *err,
-                              size_t errsize)
-{
-    *values = NULL;
-    struct runlog_file *f = runlog_open_read(path, err, errsize);
-    long n = f ? runlog_file_attr_doubles(f, name, values, err, errsize) : -1;
-    runlog_close_read(f);
-    return n;
 }
 
 int runlog_read_root_attr(const char *path, const char *attr, char **text, char *err,

@@ -78,3 +78,15 @@ void *dm_alloc_uninit(size_t bytes)
 }
 
 void dm_free(void *p) { free(p); }
+
+void *dm_grow(void *items, size_t size, long count, long *capacity, long initial)
+{
+    DM_ASSERT(count >= 0 && count <= *capacity && initial > 0);
+    if (count < *capacity) return items;
+    long grown_capacity = *capacity ? 2 * *capacity : initial;
+    void *grown = dm_alloc((size_t)grown_capacity * size);
+    if (count) memcpy(grown, items, (size_t)count * size);
+    dm_free(items);
+    *capacity = grown_capacity;
+    return grown;
+}

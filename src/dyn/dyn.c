@@ -13,6 +13,10 @@
 
 enum { DYN_SCHEMES_MAX = DYN_SCHEMES_LIMIT };
 
+/* The built-in schemes, each defined in its own file of src/dyn. */
+extern const struct dyn_scheme dyn_scheme_moe, dyn_scheme_hash, dyn_scheme_mod, dyn_scheme_freeze,
+    dyn_scheme_early_exit, dyn_scheme_prune;
+
 static const struct dyn_scheme *schemes[DYN_SCHEMES_MAX] = {
     &dyn_scheme_moe,
     &dyn_scheme_hash,
@@ -213,11 +217,59 @@ static void check_kind(const struct dm_config *cfg)
     dm_user_error("dyn.kind = '%s' is not a scheme (valid: %s)", cfg->dyn_kind, valid);
 }
 
+static const struct dyn_scheme *scheme_named(const char *name)
+{
+    for (int i = 0; i < scheme_count; i++)
+        if (!strcmp(schemes[i]->name, name)) return schemes[i];
+    return NULL;
+}
+
+/* "model.mod_every = 2" and "model.mod_every = 0" for scheme in cfg. */
+static void scheme_switch(const struct dyn_scheme *scheme, const struct dm_config *cfg,
+                          char *on, char *off, size_t size)
+{
+    const char *key = scheme->switch_key ? scheme->switch_key : "dyn.kind";
+    char value[64];
+    if (!config_value_text(cfg, key, value, sizeof value))
+        snprintf(value, sizeof value, "its default");
+    snprintf(on, size, "%s = %s", key, value);
+    snprintf(off, size, "%s = %s", key, scheme->switch_off ? scheme->switch_off : "none");
+}
+
+/* The combinations scheme refuses, when cfg runs it and another. */
+static void check_refusals(const struct dyn_scheme *scheme, const struct dm_config *cfg)
+{
+    if (!scheme->refuses || !dyn_scheme_active(scheme, cfg)) return;
+    for (const struct dyn_refusal *refusal = scheme->refuses; refusal->scheme; refusal++) {
+        const struct dyn_scheme *other = scheme_named(refusal->scheme);
+        if (!other || !dyn_scheme_active(other, cfg)) continue;
+        char on[128], off[128], other_on[128], other_off[128];
+        scheme_switch(scheme, cfg, on, off, sizeof on);
+        scheme_switch(other, cfg, other_on, other_off, sizeof other_on);
+        dm_user_error("%s with %s: %s and %s do not combine yet%s%s%s; set %s or %s", on,
+                      other_on, scheme->title ? scheme->title : scheme->name,
+                      other->title ? other->title : other->name, refusal->why ? " (" : "",
+                      refusal->why ? refusal->why : "", refusal->why ? ")" : "", off,
+                      other_off);
+    }
+}
+
+int dyn_batch_coupled(const struct dm_config *cfg)
+{
+    for (int i = 0; i < scheme_count; i++)
+        if (schemes[i]->couples_batch && dyn_scheme_active(schemes[i], cfg) &&
+            schemes[i]->couples_batch(cfg))
+            return 1;
+    return 0;
+}
+
 void dyn_config_validate(const struct dm_config *cfg)
 {
     config_validate(cfg);
-    for (int i = 0; i < scheme_count; i++)
+    for (int i = 0; i < scheme_count; i++) {
         if (schemes[i]->check) schemes[i]->check(cfg);
+        check_refusals(schemes[i], cfg);
+    }
     check_kind(cfg);
 }
 

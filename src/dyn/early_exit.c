@@ -177,6 +177,7 @@ const struct dyn_scheme dyn_scheme_early_exit = {
     .kind = "early_exit",
     .keys = early_exit_keys,
     .check = early_exit_check,
+    .title = "early exit",
     .signals = early_exit_signals,
     .signal_count = 1,
     .create = early_exit_create,

@@ -33,6 +33,8 @@
 #include "dynmo/backend.h"
 #include "dyn/scheme.h"
 
+extern const struct dyn_scheme dyn_scheme_freeze;   /* below; frozen_of_log asks about it */
+
 struct freeze {
     int layers, window, every, max_frozen, per_check;
     double threshold;
@@ -287,6 +289,7 @@ const struct dyn_scheme dyn_scheme_freeze = {
     .kind = "freeze",
     .keys = freeze_keys,
     .check = freeze_check,
+    .title = "freezing",
     .create = freeze_create,
     .destroy = freeze_destroy,
     .before_step = freeze_before_step,

@@ -1,17 +1,18 @@
 /* Hash-sparse attention (Pagliardini et al. 2023; model.attention = hash,
  * [hash]; docs/mod-hash.md), the whole scheme: its config rules and
  * refusals, its extension of the blocks (every block's attention core is
- * the op table's bucket_attention_* with a rotation drawn from (seed,
+ * the op table's group_attention_* with a rotation drawn from (seed,
  * layer, step), over the batch or over a MoD block's packed sequences),
  * its signals (tiles visited, query rows with their own key only) and its
  * part of the checkpoint. The kernel itself is src/model/
- * bucket_attention.c (and the plugin's). Nothing here calls MPI or reads
+ * group_attention.c (and the plugin's). Nothing here calls MPI or reads
  * a layout. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "dynmo/backend.h"
 #include "dynmo/schema.h"
+#include "dyn/hash.h"
 #include "dyn/scheme.h"
 
 #define SCHEMA_FILE "../../checkpoint_schema/hash.def"
@@ -43,10 +44,13 @@ static void hash_check(const struct dm_config *cfg)
         dm_user_error("hash.buckets = %d exceeds model.max_seq = %d: a sequence has fewer "
                       "tokens than buckets (at most max_seq buckets)", cfg->hash_buckets,
                       cfg->max_seq);
-    if (!strcmp(cfg->dyn_kind, "early_exit"))
-        dm_user_error("model.attention = hash does not combine with dyn.kind = early_exit "
-                      "(exited tokens answer as keys outside the hash buckets)");
 }
+
+/* The schemes it does not combine with (dyn_config_validate refuses them). */
+static const struct dyn_refusal hash_refuses[] = {
+    {"early_exit", "exited tokens answer as keys outside the hash buckets"},
+    {NULL, NULL},
+};
 
 /* ---- the block extension: every block's attention core ------------------------------ */
 
@@ -156,12 +160,40 @@ static struct hash_acts *hash_acts_get(const struct block *blk, const struct blo
     return ha;
 }
 
+/* A stream far above every block tensor's ((index + 1) << 8 | k). */
+#define ROTATION_STREAM_BASE (UINT64_C(0x48415348) << 32)
+
+void hash_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
+                        int layer, long step)
+{
+    DM_ASSERT(buckets >= 1 && (buckets == 1 || buckets % 2 == 0));
+    size_t n = (size_t)NH * hs * (size_t)(buckets / 2);
+    if (n == 0) return;
+    uint64_t stream = ROTATION_STREAM_BASE ^
+                      dm_hash64((uint64_t)layer, UINT64_C(0x726f74), (uint64_t)step);
+    block_init_normal(rotation, n, seed, stream, 0, 1.0f);
+    /* each column of each head's R (hs, half) divided by its norm, the
+     * squares summed in double in row order (the fixture does the same) */
+    int half = buckets / 2;
+    for (int h = 0; h < NH; h++)
+        for (int c = 0; c < half; c++) {
+            float *column = rotation + (size_t)h * hs * half + c;
+            double squares = 0.0;
+            for (int d = 0; d < hs; d++)
+                squares += (double)column[(size_t)d * half] * column[(size_t)d * half];
+            double norm = sqrt(squares);
+            if (norm > 0.0)
+                for (int d = 0; d < hs; d++)
+                    column[(size_t)d * half] = (float)((double)column[(size_t)d * half] / norm);
+        }
+}
+
 /* This step's rotation of the block, drawn on the host and copied up. */
 static void rotation_draw(struct hash_acts *ha, const struct block *blk,
                           const struct block_hash *h, const struct block_acts *acts)
 {
     float *rotation = backend_write_begin(ha->rotation_host, ha->rotation);
-    bucket_rotation_draw(rotation, blk->NH, blk->C / blk->NH, h->buckets, h->seed, blk->index,
+    hash_rotation_draw(rotation, blk->NH, blk->C / blk->NH, h->buckets, h->seed, blk->index,
                        acts->step);
     backend_write_end(ha->rotation, rotation, ha->rotation_bytes);
 }
@@ -175,9 +207,9 @@ static void batch_forward(struct block *blk, struct block_hash *h, struct block_
     rotation_draw(ha, blk, h, acts);
     const struct dm_backend *ops = backend_current();
     long alone = 0;
-    h->tiles += (double)ops->bucket_attention_forward(acts->atty, ha->lse, ha->order, ha->bucket,
-                                                      &alone, acts->qkv, ha->rotation, B, T, C,
-                                                      NH, h->buckets);
+    h->tiles += (double)ops->group_attention_forward(acts->atty, ha->lse, ha->order, ha->bucket,
+                                                     &alone, acts->qkv, ha->rotation, B, T, C,
+                                                     NH, h->buckets);
     h->own_key_only += (double)alone;
     h->queries += (double)B * T * NH;
 }
@@ -199,7 +231,7 @@ static void packed_forward(struct block *blk, struct block_hash *h, struct block
         int s = start[b], n = start[b + 1] - start[b];
         if (n == 0) continue;
         long alone = 0;
-        h->tiles += (double)ops->bucket_attention_forward(
+        h->tiles += (double)ops->group_attention_forward(
             acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
             ha->bucket + 2L * NH * s, &alone, acts->qkv + 3L * s * C, ha->rotation, 1, n, C,
             NH, h->buckets);
@@ -226,15 +258,15 @@ static void hash_attention_back_hook(struct block *blk, void *state, struct bloc
     int C = blk->C, NH = blk->NH;
     DM_ASSERT(ha != NULL);
     if (!start) {
-        h->tiles += (double)ops->bucket_attention_backward(dqkv, datty, acts->qkv, acts->atty,
-                                                           ha->lse, ha->order, ha->bucket, B,
-                                                           T, C, NH);
+        h->tiles += (double)ops->group_attention_backward(dqkv, datty, acts->qkv, acts->atty,
+                                                          ha->lse, ha->order, ha->bucket, B,
+                                                          T, C, NH);
         return;
     }
     for (int b = 0; b < B; b++) {
         int s = start[b], n = start[b + 1] - start[b];
         if (n == 0) continue;
-        h->tiles += (double)ops->bucket_attention_backward(
+        h->tiles += (double)ops->group_attention_backward(
             dqkv + 3L * s * C, datty + (long)s * C, acts->qkv + 3L * s * C,
             acts->atty + (long)s * C, ha->lse + (long)NH * s, ha->order + 2L * NH * s,
             ha->bucket + 2L * NH * s, 1, n, C, NH);
@@ -298,6 +330,13 @@ static void tiles_share(const struct dm_config *cfg, const struct gpt_shape *sha
     for (int l = 0; l < shape->layers; l++) layers[l] = (float)(row[l] / all);
 }
 
+/* Hash attention's tiles when its buckets are even (simulate --hardware's
+ * scale of the tile share). */
+static double tiles_of_even_groups(const struct dm_config *cfg, int tokens)
+{
+    return group_attention_even_share(tokens, cfg->hash_buckets);
+}
+
 static const struct dyn_signal hash_signals[] = {
     {.dataset = "/hash/tiles",
      .label = "hash tiles visited",
@@ -313,7 +352,8 @@ static const struct dyn_signal hash_signals[] = {
      .cost = DYN_COST_TILE_SHARE,
      .cost_name = "tiles",
      .cost_dataset = "/layers/tiles_share",
-     .neutral = 1.0f},
+     .neutral = 1.0f,
+     .cost_scale = tiles_of_even_groups},
     {.dataset = "/hash/own_key_only",
      .label = "own key only",
      .unit = "share",
@@ -468,6 +508,10 @@ const struct dyn_scheme dyn_scheme_hash = {
     .active = hash_active,
     .keys = hash_keys,
     .check = hash_check,
+    .title = "hash-sparse attention",
+    .switch_key = "model.attention",
+    .switch_off = "dense",
+    .refuses = hash_refuses,
     .signals = hash_signals,
     .signal_count = sizeof hash_signals / sizeof hash_signals[0],
     .summarise_log = hash_summarise_log,

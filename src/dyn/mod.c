@@ -62,7 +62,7 @@ static void mod_check_on(const struct dm_config *cfg)
                       "mod.predictor_hidden", cfg->mod_predictor_hidden, cfg->mod_routing);
 }
 
-/* Its keys, then the schemes it does not combine with. */
+/* Its keys. */
 static void mod_check(const struct dm_config *cfg)
 {
     if (cfg->mod_every == 0 && dyn_keys_set(cfg, mod_keys))
@@ -72,14 +72,14 @@ static void mod_check(const struct dm_config *cfg)
                       cfg->mod_predictor_hidden);
     if (cfg->mod_every == 0) return;
     mod_check_on(cfg);
-    if (cfg->moe_every > 0)
-        dm_user_error("model.mod_every = %d with model.moe_every = %d: mixture of depths "
-                      "and mixture of experts do not combine yet; set one of them to 0",
-                      cfg->mod_every, cfg->moe_every);
-    if (!strcmp(cfg->dyn_kind, "prune") || !strcmp(cfg->dyn_kind, "early_exit"))
-        dm_user_error("dyn.kind = %s does not combine with mixture of depths "
-                      "(model.mod_every = %d) yet", cfg->dyn_kind, cfg->mod_every);
 }
+
+/* The schemes it does not combine with (dyn_config_validate refuses them). */
+static const struct dyn_refusal mod_refuses[] = {
+    {"prune", NULL},
+    {"early_exit", NULL},
+    {NULL, NULL},
+};
 
 int mod_capacity_tokens(double capacity, int T)
 {
@@ -538,6 +538,13 @@ static float *tokens_of_log(const struct dyn_log_reader *rd, const struct gpt_sh
     return m;
 }
 
+/* A MoD block routes its capacity's share of the tokens. */
+static float tokens_of_config(const struct dm_config *cfg, int step)
+{
+    (void)step;
+    return (float)cfg->mod_capacity;
+}
+
 static const struct dyn_signal mod_signals[] = {
     {.dataset = "/mod/tokens",
      .label = "MoD tokens processed",
@@ -553,7 +560,8 @@ static const struct dyn_signal mod_signals[] = {
      .cost_name = "mod_tokens",
      .cost_dataset = "/layers/mod_tokens_share",
      .neutral = 1.0f,
-     .cost_of_log = tokens_of_log},
+     .cost_of_log = tokens_of_log,
+     .cost_of_config = tokens_of_config},
     {.dataset = "/mod/predictor_bce",
      .label = "predictor BCE",
      .unit = "nats",
@@ -788,6 +796,10 @@ const struct dyn_scheme dyn_scheme_mod = {
     .active = mod_active,
     .keys = mod_keys,
     .check = mod_check,
+    .title = "mixture of depths",
+    .switch_key = "model.mod_every",
+    .switch_off = "0",
+    .refuses = mod_refuses,
     .owns = mod_scheme_owns,
     .signals = mod_signals,
     .signal_count = sizeof mod_signals / sizeof mod_signals[0],

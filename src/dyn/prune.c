@@ -229,12 +229,12 @@ static uint64_t select_rank(MPI_Comm comm, prune_histogram_fn histogram, void *c
         MPI_Request req;
         WORLD_MPI(MPI_Iallreduce(counts, sums, DM_PRUNE_BUCKETS, MPI_LONG, MPI_SUM, comm, &req));
         world_wait(&req);
-        int bucket = 0;
-        while (rank >= sums[bucket]) {
-            rank -= sums[bucket++];
-            DM_ASSERT(bucket < DM_PRUNE_BUCKETS);
+        int digit = 0;   /* the next 8 bits of the key */
+        while (rank >= sums[digit]) {
+            rank -= sums[digit++];
+            DM_ASSERT(digit < DM_PRUNE_BUCKETS);
         }
-        prefix |= (uint64_t)bucket << shift;
+        prefix |= (uint64_t)digit << shift;
     }
     return prefix;
 }
@@ -428,6 +428,12 @@ static void read_sparsity(struct gpt *model, int i, double *value, double *weigh
     value[0] = block_matrix_sparsity(&model->blocks[i]);
 }
 
+/* A block's sparsity from the schedule alone. */
+static float sparsity_of_config(const struct dm_config *cfg, int step)
+{
+    return (float)prune_sparsity_in_force(cfg, step);
+}
+
 static const struct dyn_signal prune_signals[] = {
     {.dataset = "/layers/sparsity",
      .label = "sparsity",
@@ -441,7 +447,8 @@ static const struct dyn_signal prune_signals[] = {
      .cost = DYN_COST_SPARSITY,
      .cost_name = "sparsity",
      .cost_dataset = "/layers/sparsity",
-     .neutral = 0.0f},
+     .neutral = 0.0f,
+     .cost_of_config = sparsity_of_config},
 };
 
 static const char *const prune_config_keys[] = {"dyn.prune_start", "dyn.prune_every", "dyn.prune_steps",
@@ -453,6 +460,7 @@ const struct dyn_scheme dyn_scheme_prune = {
     .kind = "prune",
     .keys = prune_config_keys,
     .check = prune_check,
+    .title = "pruning",
     .signals = prune_signals,
     .signal_count = 1,
     .create = prune_create,

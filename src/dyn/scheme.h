@@ -74,6 +74,13 @@ struct dyn_ckpt_part {
                    size_t errsize);
 };
 
+/* A combination a scheme refuses: the other scheme (its name) and why,
+ * or NULL. */
+struct dyn_refusal {
+    const char *scheme;
+    const char *why;
+};
+
 struct dyn_scheme {
     const char *name;       /* its name: messages, the signals' owner */
     /* The dyn.kind value that selects it (freezing, early exit, pruning;
@@ -90,6 +97,21 @@ struct dyn_scheme {
      * scheme in table order, active or not (a scheme refuses its keys
      * when it is off). */
     void (*check)(const struct dm_config *cfg);
+    /* Whether its blocks under cfg couple the tokens of a micro-batch
+     * (dyn_batch_coupled); NULL: they do not. */
+    int (*couples_batch)(const struct dm_config *cfg);
+    /* The schemes it does not combine with (ended by an entry without a
+     * scheme): dyn_config_validate refuses (exit 2) a config that runs it
+     * and one of them, right after its check, naming both schemes' keys
+     * (switch_key below). */
+    const struct dyn_refusal *refuses;
+    /* What it is called and how a user turns it off, for that message:
+     * its key and the key's value that runs none of it ("model.mod_every",
+     * "0"; a dyn.kind scheme: NULL, NULL, for dyn.kind and none). NULL
+     * title: its name. */
+    const char *title;
+    const char *switch_key;
+    const char *switch_off;
 
     /* Its extension of the blocks, or NULL, and how a config's parameters
      * of it go into a model's shape (called when the scheme is active;
@@ -169,12 +191,5 @@ const struct dyn_signal_row *dyn_signal_row_of(const struct dyn_signal_row *rows
                                                const struct dyn_signal *signal);
 /* Whether any of keys (NULL-terminated, as in struct dyn_scheme) was set. */
 int dyn_keys_set(const struct dm_config *cfg, const char *const *keys);
-
-extern const struct dyn_scheme dyn_scheme_moe;
-extern const struct dyn_scheme dyn_scheme_mod;
-extern const struct dyn_scheme dyn_scheme_hash;
-extern const struct dyn_scheme dyn_scheme_freeze;
-extern const struct dyn_scheme dyn_scheme_early_exit;
-extern const struct dyn_scheme dyn_scheme_prune;
 
 #endif

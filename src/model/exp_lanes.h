@@ -1,6 +1,6 @@
 /* A vectorizable exponential and the row reductions built on it, for the
  * softmax-like kernels of src/model (ops.c's attention, cross-entropy and
- * sigmoid, bucket_attention.c): a few ulp, no
+ * sigmoid, group_attention.c): a few ulp, no
  * libm call, so gcc vectorizes loops over it without -ffast-math; the
  * sums go into LANES fixed partial sums added in a fixed order, so no
  * result depends on the vector width or the thread count. Private to

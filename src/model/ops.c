@@ -35,7 +35,7 @@
 /* Independent partial sums; the lanes are added in a fixed order at the
  * end, so the result does not depend on the vector width either. The
  * exponential and the max / exp-and-sum reductions are exp_lanes.h's,
- * shared with bucket_attention.c. */
+ * shared with group_attention.c. */
 #define LANES EXP_LANES
 
 /* 1 / (1 + exp(-z)): accurate to a few ulp for both signs (no

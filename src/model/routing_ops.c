@@ -1,7 +1,7 @@
 /* The ops of routing tokens to the top k of E scores, the CPU's entries
  * of the op table of the same names (dynmo/backend.h says what each
  * computes): the routing of each token (its scores, top-k choice and
- * gates; dynmo/moe_route.h, the kernels' too), the sums of the balancing
+ * gates; dynmo/topk_route.h, the kernels' too), the sums of the balancing
  * losses, the combination of the routed rows' outputs and its backward,
  * the dispatch's backward, the routing's backward. The scheme that uses
  * them, mixture of experts, is src/dyn/moe/. Each token or row is one work
@@ -11,7 +11,7 @@
 #include <string.h>
 #include "dynmo/backend.h"
 #include "dynmo/model.h"
-#include "dynmo/moe_route.h"
+#include "dynmo/topk_route.h"
 #include "model/internal.h"
 
 /* What the routing's CPU op reads and writes (backend.h: route_topk_forward). */
@@ -23,12 +23,12 @@ struct route_args {
 };
 
 /* Token t: its scores, log-sum-exp, top-k choice (and the chosen
- * experts' scores) and gates (dynmo/moe_route.h, the kernels' too). */
+ * experts' scores) and gates (dynmo/topk_route.h, the kernels' too). */
 static void route_token(const struct route_args *a, long t)
 {
     int E = a->E, k = a->k;
-    moe_route_token(a->scores + t * E, a->lse + t, a->choice + t * k, a->choice_score + t * k,
-                    a->gate + t * k, a->logits + t * E, a->bias, E, k, a->sigmoid);
+    topk_route_token(a->scores + t * E, a->lse + t, a->choice + t * k, a->choice_score + t * k,
+                     a->gate + t * k, a->logits + t * E, a->bias, E, k, a->sigmoid);
 }
 
 static void route_range(void *arg, long begin, long end)
@@ -170,13 +170,13 @@ struct route_back_args {
 
 /* Token t's logits' gradient: through the gates, the aux loss (through P
  * only: f counts choices and has no gradient) and the z-loss
- * (dynmo/moe_route.h, the kernels' too). */
+ * (dynmo/topk_route.h, the kernels' too). */
 static void route_back_token(const struct route_back_args *a, long t)
 {
     int E = a->E, k = a->k;
-    moe_route_back_token(a->dlogits + t * E, a->dgate + t * k, a->logits + t * E,
-                         a->scores + t * E, a->lse[t], a->choice + t * k, a->gate + t * k,
-                         a->selected, a->N, E, k, a->sigmoid, a->alpha, a->beta);
+    topk_route_back_token(a->dlogits + t * E, a->dgate + t * k, a->logits + t * E,
+                          a->scores + t * E, a->lse[t], a->choice + t * k, a->gate + t * k,
+                          a->selected, a->N, E, k, a->sigmoid, a->alpha, a->beta);
 }
 
 static void route_back_range(void *arg, long begin, long end)

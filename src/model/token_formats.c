@@ -34,6 +34,8 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define MEGATRON_MAGIC_BYTES 9
 #define MEGATRON_HEADER_BYTES 34        /* magic, u64 version, u8 dtype, u64 x 2 counts */
 
+static uint16_t get_u16(const unsigned char *p) { return (uint16_t)(p[0] | p[1] << 8); }
+
 static uint32_t get_u32(const unsigned char *p)
 {
     uint32_t v;
@@ -92,25 +94,13 @@ static void decode_wide(int64_t *out, const unsigned char *src, enum token_dtype
         for (size_t i = 0; i < n; i++) out[i] = (int8_t)src[i];
         break;
     case TOKEN_I16:
-        for (size_t i = 0; i < n; i++) {
-            int16_t v;
-            memcpy(&v, src + 2 * i, 2);
-            out[i] = v;
-        }
+        for (size_t i = 0; i < n; i++) out[i] = (int16_t)get_u16(src + 2 * i);
         break;
     case TOKEN_U16:
-        for (size_t i = 0; i < n; i++) {
-            uint16_t v;
-            memcpy(&v, src + 2 * i, 2);
-            out[i] = v;
-        }
+        for (size_t i = 0; i < n; i++) out[i] = get_u16(src + 2 * i);
         break;
     case TOKEN_I32:
-        for (size_t i = 0; i < n; i++) {
-            int32_t v;
-            memcpy(&v, src + 4 * i, 4);
-            out[i] = v;
-        }
+        for (size_t i = 0; i < n; i++) out[i] = (int32_t)get_u32(src + 4 * i);
         break;
     case TOKEN_U32:
         for (size_t i = 0; i < n; i++) out[i] = get_u32(src + 4 * i);
@@ -136,14 +126,14 @@ void token_input_decode(int *out, const struct token_input *in, uint64_t first, 
 /* What check_token_values hashes into in->hash: FNV-1a 64 over the token
  * ids, one 32-bit word each; or over the bytes of uint16 tokens as stored
  * (a dynmo file's header checksum). */
-enum token_hash { HASH_IDS, HASH_UINT16_BYTES };
+enum token_checksum { CHECKSUM_OF_IDS, CHECKSUM_OF_UINT16_BYTES };
 
 /* Every token of in (already mapped) must be >= 0 and below in->bound; a
  * message starts with subject (which names the file) and gives the byte
  * offset in that file, the tokens starting at data_offset. */
 static int check_token_values(struct token_input *in, const char *subject,
                               uint64_t data_offset, const char *bound_name,
-                              enum token_hash hash_kind, char *err, size_t errsize)
+                              enum token_checksum checksum_kind, char *err, size_t errsize)
 {
     enum { CHUNK = 4096 };
     int64_t wide[CHUNK];
@@ -171,7 +161,7 @@ static int check_token_values(struct token_input *in, const char *subject,
                      wide[i] < 0 ? "negative; ids run from 0 to" : "not below", bound_name,
                      in->bound);
             }
-            if (hash_kind == HASH_IDS) {
+            if (checksum_kind == CHECKSUM_OF_IDS) {
                 hash = (hash ^ (uint64_t)(uint32_t)wide[i]) * FNV_PRIME;
             } else {
                 hash = (hash ^ ((uint64_t)wide[i] & 0xff)) * FNV_PRIME;
@@ -265,7 +255,7 @@ static int dynmo_open(struct token_input *in, uint32_t model_vocab, char *err, s
     char subject[1200];
     snprintf(subject, sizeof subject, "token file %s is corrupt", path);
     if (check_token_values(in, subject, TOKEN_FILE_HEADER_BYTES, "its vocab",
-                           HASH_UINT16_BYTES, err, errsize) != 0)
+                           CHECKSUM_OF_UINT16_BYTES, err, errsize) != 0)
         goto fail;
     if (in->hash != checksum)
         TOKEN_FAIL("token file %s is corrupt: checksum %016llx, header says %016llx (byte 32; re-run "
@@ -310,7 +300,7 @@ static int llmc_open(struct token_input *in, uint32_t model_vocab, char *err, si
     in->bound = model_vocab;
     char subject[1200];
     snprintf(subject, sizeof subject, "llm.c token shard %s", path);
-    return check_token_values(in, subject, LLMC_HEADER_BYTES, "model.vocab", HASH_IDS, err,
+    return check_token_values(in, subject, LLMC_HEADER_BYTES, "model.vocab", CHECKSUM_OF_IDS, err,
                               errsize);
 fail:
     return -1;
@@ -443,7 +433,7 @@ static int megatron_open(struct token_input *in, uint32_t model_vocab, char *err
     if (in->count == 0) TOKEN_FAIL("Megatron dataset %s holds no tokens", in->name);
     char subject[1200];
     snprintf(subject, sizeof subject, "Megatron data %s", bin);
-    return check_token_values(in, subject, 0, "model.vocab", HASH_IDS, err, errsize);
+    return check_token_values(in, subject, 0, "model.vocab", CHECKSUM_OF_IDS, err, errsize);
 fail:
     return -1;
 }

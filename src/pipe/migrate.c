@@ -41,25 +41,15 @@ static size_t piece_bytes(void)
 struct posted {
     MPI_Request *reqs;
     MPI_Datatype *types;   /* MPI_DATATYPE_NULL for a piece (plain bytes) */
-    int count, capacity;
+    int count;
+    long capacity;
 };
 
 static void posted_add(struct posted *p, MPI_Request req, MPI_Datatype type)
 {
-    if (p->count == p->capacity) {
-        int capacity = p->capacity ? 2 * p->capacity : 16;
-        MPI_Request *reqs = dm_alloc((size_t)capacity * sizeof *reqs);
-        MPI_Datatype *types = dm_alloc((size_t)capacity * sizeof *types);
-        if (p->count) {
-            memcpy(reqs, p->reqs, (size_t)p->count * sizeof *reqs);
-            memcpy(types, p->types, (size_t)p->count * sizeof *types);
-        }
-        dm_free(p->reqs);
-        dm_free(p->types);
-        p->reqs = reqs;
-        p->types = types;
-        p->capacity = capacity;
-    }
+    long capacity = p->capacity;   /* the two arrays grow together */
+    p->reqs = dm_grow(p->reqs, sizeof *p->reqs, p->count, &capacity, 16);
+    p->types = dm_grow(p->types, sizeof *p->types, p->count, &p->capacity, 16);
     p->reqs[p->count] = req;
     p->types[p->count++] = type;
 }

@@ -90,13 +90,13 @@ struct op {
     const struct dm_backend *be;
     int kind;                    /* enum below */
     int m, n, k;                 /* GEMM m x n x k; elementwise: m rows x n */
-    int B, T, C, NH, buckets;
+    int B, T, C, NH, groups;
     float *x, *y, *z, *w, *v, *s;/* device buffers, large enough */
     int *i1, *i2;
     long tiles;
 };
 
-enum { OP_GEMM, OP_ATTENTION, OP_HASH, OP_SPARSE, OP_LAYERNORM, OP_GELU, OP_RESIDUAL,
+enum { OP_GEMM, OP_ATTENTION, OP_GROUPED, OP_SPARSE, OP_LAYERNORM, OP_GELU, OP_RESIDUAL,
        OP_COPY };
 
 static void run_op(struct op *o)
@@ -110,10 +110,10 @@ static void run_op(struct op *o)
         be->attention_forward(o->z, o->s, o->x, o->B, o->T, o->C, o->NH);
         be->attention_backward(o->w, o->v, o->y, o->x, o->s, o->B, o->T, o->C, o->NH);
         break;
-    case OP_HASH:
-        o->tiles = be->bucket_attention_forward(o->z, o->v, o->i1, o->i2, NULL, o->x, o->s,
-                                                o->B, o->T, o->C, o->NH, o->buckets);
-        be->bucket_attention_backward(o->w, o->y, o->x, o->z, o->v, o->i1, o->i2, o->B, o->T,
+    case OP_GROUPED:
+        o->tiles = be->group_attention_forward(o->z, o->v, o->i1, o->i2, NULL, o->x, o->s,
+                                                o->B, o->T, o->C, o->NH, o->groups);
+        be->group_attention_backward(o->w, o->y, o->x, o->z, o->v, o->i1, o->i2, o->B, o->T,
                                       o->C, o->NH);
         break;
     case OP_SPARSE:     /* (m, k) x CSR (n, k) forward and backward */
@@ -227,19 +227,22 @@ static double measure_attention(const struct dm_backend *be, int hash, int quick
     double sum = 0;
     for (int i = 0; i < count; i++) {
         int B = shapes[i][0], T = shapes[i][1], C = shapes[i][2], NH = shapes[i][3];
-        int hs = C / NH, buckets = 4;
-        struct op o = {.be = be, .kind = hash ? OP_HASH : OP_ATTENTION, .B = B, .T = T, .C = C,
-                       .NH = NH, .buckets = buckets};
+        int hs = C / NH, groups = 4;
+        struct op o = {.be = be, .kind = hash ? OP_GROUPED : OP_ATTENTION, .B = B, .T = T, .C = C,
+                       .NH = NH, .groups = groups};
         size_t BT = (size_t)B * T, square = (size_t)B * NH * T * T;
         o.x = device_floats(be, BT * 3 * C, 3);
         o.y = device_floats(be, BT * C, 4);
         o.z = be->alloc(BT * C * sizeof(float));
         o.w = be->alloc(BT * 3 * C * sizeof(float));
         if (hash) {
-            float *rotation = dm_alloc((size_t)NH * hs * buckets / 2 * sizeof(float));
-            bucket_rotation_draw(rotation, NH, hs, buckets, 11, 0, 0);
-            o.s = be->alloc((size_t)NH * hs * buckets / 2 * sizeof(float));
-            be->copy_to_device(o.s, rotation, (size_t)NH * hs * buckets / 2 * sizeof(float));
+            /* a rotation of N(0,1) draws: the groups are as even as hash
+             * attention's, whose columns are also normalised */
+            size_t n = (size_t)NH * hs * groups / 2;
+            float *rotation = dm_alloc(n * sizeof(float));
+            for (size_t i = 0; i < n; i++) rotation[i] = dm_normal(11, 0, i);
+            o.s = be->alloc(n * sizeof(float));
+            be->copy_to_device(o.s, rotation, n * sizeof(float));
             dm_free(rotation);
             o.v = be->alloc((size_t)B * NH * T * sizeof(float));
             o.i1 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
@@ -441,11 +444,12 @@ int cmd_calibrate(int argc, char **argv)
         measure_memory(&hw, be, a.quick, batch_s);
         measure_gemms(&hw, be, a.quick, batch_s);
         hw.attention_tflops = measure_attention(be, 0, a.quick, batch_s);
-        hw.hash_tflops = measure_attention(be, 1, a.quick, batch_s);
+        hw.group_attention_tflops = measure_attention(be, 1, a.quick, batch_s);
         hw.sparse_tflops = measure_sparse(be, a.quick, batch_s);
         double peak = hw.gemm_peak_tflops;
         if (hw.attention_tflops > peak) hw.gemm_peak_tflops = hw.attention_tflops;
-        if (hw.hash_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.hash_tflops;
+        if (hw.group_attention_tflops > hw.gemm_peak_tflops)
+            hw.gemm_peak_tflops = hw.group_attention_tflops;
         if (hw.sparse_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.sparse_tflops;
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
         hw.memory_gb = pages > 0 && page > 0 ? (double)pages * page / 1e9 : 1;

@@ -25,7 +25,8 @@ struct summary {
     /* The schemes' summaries (dyn_summarise_log): text lines and the same
      * as JSON under "schemes" */
     char **lines;
-    int line_count, line_capacity;
+    int line_count;
+    long line_capacity;
     json_object *schemes;
     char *version, *created, *config, *format_version; /* dm_alloc'd; NULL if absent */
     long steps;
@@ -168,13 +169,7 @@ struct summary_writer {
 static void writer_line(void *ctx, const char *text)
 {
     struct summary *s = ((struct summary_writer *)ctx)->s;
-    if (s->line_count == s->line_capacity) {
-        s->line_capacity = s->line_capacity ? 2 * s->line_capacity : 8;
-        char **lines = dm_alloc((size_t)s->line_capacity * sizeof *lines);
-        for (int i = 0; i < s->line_count; i++) lines[i] = s->lines[i];
-        dm_free(s->lines);
-        s->lines = lines;
-    }
+    s->lines = dm_grow(s->lines, sizeof *s->lines, s->line_count, &s->line_capacity, 8);
     size_t n = strlen(text) + 1;
     s->lines[s->line_count] = dm_alloc(n);
     memcpy(s->lines[s->line_count++], text, n);
@@ -259,6 +254,19 @@ static void print_shape(FILE *out, const struct runlog_dataset_info *d)
     else fprintf(out, "(rank %d)", d->rank);
 }
 
+/* A stored config, each line indented under "config:". */
+static void print_config(const char *config)
+{
+    printf("config:\n");
+    const char *line = config ? config : "";
+    while (*line) {
+        const char *end = strchr(line, '\n');
+        int len = end ? (int)(end - line) : (int)strlen(line);
+        printf("  %.*s\n", len, line);
+        line += len + (end ? 1 : 0);
+    }
+}
+
 static void print_text(const struct summary *s)
 {
     printf("%s %s\n", s->simulated ? "simulation" : "run log", s->path);
@@ -281,14 +289,7 @@ static void print_text(const struct summary *s)
         print_shape(stdout, d);
         printf("\n");
     }
-    printf("config:\n");
-    const char *line = s->config ? s->config : "";
-    while (*line) {
-        const char *end = strchr(line, '\n');
-        int len = end ? (int)(end - line) : (int)strlen(line);
-        printf("  %.*s\n", len, line);
-        line += len + (end ? 1 : 0);
-    }
+    print_config(s->config);
 }
 
 /* ---- JSON (json-c) ---------------------------------------------------------- */
@@ -432,14 +433,7 @@ static void print_checkpoint_blocks(const struct ckpt_meta *m)
         printf("    %5d %5d %9.2f %8.4f %6s\n", i, stage_of(m->layout, m->pp, i),
                3.0 * (double)gpt_block_param_count(s, i) * 4.0 / 1e6,
                (double)m->sparsity[i], m->frozen[i] ? "yes" : "no");
-    printf("config:\n");
-    const char *line = m->config_text ? m->config_text : "";
-    while (*line) {
-        const char *end = strchr(line, '\n');
-        int len = end ? (int)(end - line) : (int)strlen(line);
-        printf("  %.*s\n", len, line);
-        line += len + (end ? 1 : 0);
-    }
+    print_config(m->config_text);
 }
 
 static void print_checkpoint_text(const char *path, const struct ckpt_meta *m)

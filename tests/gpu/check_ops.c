@@ -21,6 +21,7 @@
 #include "dynmo/core.h"
 #include "dynmo/mod_predictor.h"
 #include "dynmo/model.h"
+#include "dyn/hash.h"
 #include "../../kernels/precision.cuh"
 
 static const struct dm_backend *dev, *cpu;
@@ -589,24 +590,24 @@ static void check_hash(int B, int T, int C, int NH, int buckets)
     int hs = C / NH;
     long BTC = (long)B * T * C, bhT = (long)B * NH * T, R = (long)NH * hs * (buckets / 2) + 1;
     float *qkv = host(3 * BTC, 1), *dy = host(BTC, 1), *rot = host(R, 0);
-    bucket_rotation_draw(rot, NH, hs, buckets, 42, 3, 7);
+    hash_rotation_draw(rot, NH, hs, buckets, 42, 3, 7);
     float *out = host(BTC, 0), *lse = host(bhT, 0), *dqkv = host(3 * BTC, 0);
     int *order = dm_alloc(2 * bhT * sizeof(int)), *bucket = dm_alloc(2 * bhT * sizeof(int));
     float *Q = up(qkv, 3 * BTC * 4), *DY = up(dy, BTC * 4), *RO = up(rot, R * 4);
     float *O = up(out, BTC * 4), *L = up(lse, bhT * 4), *DQ = up(dqkv, 3 * BTC * 4);
     int *OR = up(order, 2 * bhT * 4), *BU = up(bucket, 2 * bhT * 4);
     long alone = 0, dalone = 0;
-    long tiles = cpu->bucket_attention_forward(out, lse, order, bucket, &alone, qkv, rot, B, T, C,
-                                             NH, buckets);
-    long dtiles = dev->bucket_attention_forward(O, L, OR, BU, &dalone, Q, RO, B, T, C, NH,
-                                              buckets);
+    long tiles = cpu->group_attention_forward(out, lse, order, bucket, &alone, qkv, rot, B, T, C,
+                                              NH, buckets);
+    long dtiles = dev->group_attention_forward(O, L, OR, BU, &dalone, Q, RO, B, T, C, NH,
+                                               buckets);
     compare_ints("hash buckets", BU, bucket, 2 * bhT);
     compare_ints("hash orders", OR, order, 2 * bhT);
-    compare("bucket_attention_forward out", O, out, BTC);
-    compare("bucket_attention_forward lse", L, lse, bhT);
-    cpu->bucket_attention_backward(dqkv, dy, qkv, out, lse, order, bucket, B, T, C, NH);
-    long btiles = dev->bucket_attention_backward(DQ, DY, Q, O, L, OR, BU, B, T, C, NH);
-    compare("bucket_attention_backward dqkv", DQ, dqkv, 3 * BTC);
+    compare("group_attention_forward out", O, out, BTC);
+    compare("group_attention_forward lse", L, lse, bhT);
+    cpu->group_attention_backward(dqkv, dy, qkv, out, lse, order, bucket, B, T, C, NH);
+    long btiles = dev->group_attention_backward(DQ, DY, Q, O, L, OR, BU, B, T, C, NH);
+    compare("group_attention_backward dqkv", DQ, dqkv, 3 * BTC);
     int ok = dtiles == tiles && btiles == tiles;
     failures += !ok;
     checked++;

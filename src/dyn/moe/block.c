@@ -292,7 +292,7 @@ struct moe_acts {
     float *logits;          /* (N, E) router logits */
     float *scores;          /* (N, E) softmax probabilities or sigmoid scores */
     float *lse;             /* (N) log-sum-exp of the logits (z-loss) */
-    float *gate;            /* (N, k) gate weights (moe_route_token) */
+    float *gate;            /* (N, k) gate weights (topk_route_token) */
     float *x, *y;           /* (k N, C) expert inputs and outputs, grouped */
     float *h, *a;           /* (k N, H) expert pre-activations and their GELU */
     /* What the ops read and write, in the backend's memory (on the CPU the
@@ -653,32 +653,40 @@ static void moe_dispatch(struct moe_acts *ma, const float *ln2, int N)
 
 /* ---- phase 3: the experts ------------------------------------------------------------- */
 
-/* Expert e's tensors in the slab (params, or grads when g is set). */
-static void expert_tensors(const struct block_moe *moe, const float *base, int e, int C,
-                           const float **w1, const float **b1, const float **w2,
-                           const float **b2)
+/* One expert's tensors (its parameters, or their gradients) from p:
+ * w1 (H, C), b1 (H), w2 (C, H), b2 (C). */
+struct expert_tensors {
+    float *w1, *b1, *w2, *b2;
+};
+
+static struct expert_tensors expert_tensors_at(float *p, int C, int H)
 {
-    int H = moe->cfg.hidden, owned = moe_owned_experts(&moe->cfg), j = 0;
+    struct expert_tensors t = {.w1 = p, .b1 = p + (size_t)H * C};
+    t.w2 = t.b1 + H;
+    t.b2 = t.w2 + (size_t)C * H;
+    return t;
+}
+
+/* Expert e's parameters in the slab (a held expert). */
+static struct expert_tensors expert_params(const struct block *blk, const struct block_moe *moe,
+                                           int e)
+{
+    int owned = moe_owned_experts(&moe->cfg), j = 0;
     while (j < owned && moe_held_expert(moe, j) != e) j++;
     DM_ASSERT(j < owned);   /* a held expert */
-    const float *p = base + (size_t)j * moe->expert_params;
-    *w1 = p;
-    *b1 = p + (size_t)H * C;
-    *w2 = *b1 + H;
-    *b2 = *w2 + (size_t)C * H;
+    return expert_tensors_at(moe->experts_p + (size_t)j * moe->expert_params, blk->C,
+                             moe->cfg.hidden);
 }
 
 void moe_expert_forward(const struct block *blk, int e, const float *x, int n, float *h, float *a,
                         float *y)
 {
-    const struct dm_backend *ops = backend_current();
     const struct block_moe *moe = block_moe_of(blk);
-    int C = blk->C, H = moe->cfg.hidden;
     if (n == 0) return;
-    const float *w1, *b1, *w2, *b2;
-    expert_tensors(moe, moe->experts_p, e, C, &w1, &b1, &w2, &b2);
-    ops->matmul_forward_gelu(h, a, x, w1, b1, n, C, H);
-    ops->matmul_forward(y, a, w2, b2, n, H, C);
+    struct expert_tensors p = expert_params(blk, moe, e);
+    const struct dm_backend *ops = backend_current();
+    ops->matmul_forward_gelu(h, a, x, p.w1, p.b1, n, blk->C, moe->cfg.hidden);
+    ops->matmul_forward(y, a, p.w2, p.b2, n, moe->cfg.hidden, blk->C);
 }
 
 static void moe_experts_forward(struct block *blk, const struct block_moe *moe,
@@ -734,21 +742,14 @@ void moe_expert_backward(const struct block *blk, int e, float *grads, const flo
                          const float *x, const float *h, const float *a, int n, float *dh,
                          float *dx)
 {
-    const struct dm_backend *ops = backend_current();
     const struct block_moe *moe = block_moe_of(blk);
     int C = blk->C, H = moe->cfg.hidden;
     if (n == 0) return;
-    const float *w1, *b1, *w2, *b2;
-    expert_tensors(moe, moe->experts_p, e, C, &w1, &b1, &w2, &b2);
-    float *gw1 = NULL, *gb1 = NULL, *gw2 = NULL, *gb2 = NULL;
-    if (grads) {
-        gw1 = grads;
-        gb1 = gw1 + (size_t)H * C;
-        gw2 = gb1 + H;
-        gb2 = gw2 + (size_t)C * H;
-    }
-    ops->matmul_backward_gelu(dh, gw2, gb2, dy, a, w2, h, n, H, C);
-    ops->matmul_backward_overwrite(dx, gw1, gb1, dh, x, w1, n, C, H);
+    struct expert_tensors p = expert_params(blk, moe, e);
+    struct expert_tensors g = grads ? expert_tensors_at(grads, C, H) : (struct expert_tensors){0};
+    const struct dm_backend *ops = backend_current();
+    ops->matmul_backward_gelu(dh, g.w2, g.b2, dy, a, p.w2, h, n, H, C);
+    ops->matmul_backward_overwrite(dx, g.w1, g.b1, dh, x, p.w1, n, C, H);
 }
 
 static void moe_experts_backward(struct block *blk, struct block_moe *moe, struct moe_acts *ma,

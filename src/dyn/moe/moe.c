@@ -73,8 +73,18 @@ static void moe_check_off(const struct dm_config *cfg)
         dm_user_error("parallel.ep = %d needs MoE blocks, but model.moe_every = 0", cfg->ep);
 }
 
-/* The keys (docs/moe.md), the schemes it refuses and the expert-parallel
- * degree. */
+/* The keys (docs/moe.md) and the expert-parallel degree. */
+/* With a capacity, the experts' room is shared by a micro-batch's tokens. */
+static int moe_couples_batch(const struct dm_config *cfg) { return cfg->capacity_factor > 0; }
+
+/* The schemes it does not combine with (dyn_config_validate refuses them). */
+static const struct dyn_refusal moe_refuses[] = {
+    {"mod", NULL},
+    {"prune", NULL},
+    {"early_exit", NULL},
+    {NULL, NULL},
+};
+
 static void moe_check(const struct dm_config *cfg)
 {
     if (cfg->moe_every == 0) {
@@ -97,9 +107,6 @@ static void moe_check(const struct dm_config *cfg)
     if (cfg->bias_rate > 0 && strcmp(cfg->moe_router, "sigmoid") != 0)
         dm_user_error("moe.bias_rate = %s needs moe.router = sigmoid (the selection bias "
                       "belongs to the sigmoid-score router)", value);
-    if (!strcmp(cfg->dyn_kind, "prune") || !strcmp(cfg->dyn_kind, "early_exit"))
-        dm_user_error("dyn.kind = %s does not support MoE blocks yet (model.moe_every = %d)",
-                      cfg->dyn_kind, cfg->moe_every);
     if (cfg->dp % cfg->ep != 0)
         dm_user_error("parallel.ep = %d does not divide parallel.dp = %d", cfg->ep, cfg->dp);
     if (cfg->experts % cfg->ep != 0)
@@ -175,6 +182,25 @@ static void read_rank_rows(struct gpt *model, int i, double *value, double *weig
     moe->rows_taken = 0.0;
 }
 
+/* Without a run, the experts are evenly loaded: the busiest rank takes
+ * the mean. */
+static float load_of_config(const struct dm_config *cfg, int step)
+{
+    (void)cfg;
+    (void)step;
+    return 1.0f;
+}
+
+/* Its blocks' MLP: each token through top_k of the experts, a rank
+ * holding experts / ep of them. */
+static void routed_mlp_of_config(const struct dm_config *cfg, struct dyn_routed_mlp *out)
+{
+    out->units = cfg->experts;
+    out->hidden = cfg->expert_hidden > 0 ? cfg->expert_hidden : 4.0 * cfg->channels;
+    out->choices = cfg->top_k;
+    out->units_per_rank = out->units / (cfg->ep > 0 ? cfg->ep : 1);
+}
+
 static const struct dyn_signal moe_signals[] = {
     {.dataset = "/moe/tokens",
      .label = "expert load",
@@ -241,7 +267,9 @@ static const struct dyn_signal moe_signals[] = {
      .cost_name = "moe_load",
      .cost_dataset = "/layers/moe_load",
      .neutral = 0.0f,
-     .cost_of_log = moe_load_of_log},
+     .cost_of_log = moe_load_of_log,
+     .cost_of_config = load_of_config,
+     .cost_routed_mlp = routed_mlp_of_config},
 };
 
 /* The busiest expert of any MoE block against its block's mean, and the
@@ -707,6 +735,11 @@ const struct dyn_scheme dyn_scheme_moe = {
     .active = moe_active,
     .keys = moe_keys,
     .check = moe_check,
+    .couples_batch = moe_couples_batch,
+    .title = "mixture of experts",
+    .switch_key = "model.moe_every",
+    .switch_off = "0",
+    .refuses = moe_refuses,
     .owns = moe_scheme_owns,
     .signals = moe_signals,
     .signal_count = sizeof moe_signals / sizeof moe_signals[0],

@@ -246,7 +246,8 @@ struct report {
     int run_count;
     long from_step;
     struct figure *figures;
-    int figure_count, figure_capacity;
+    int figure_count;
+    long figure_capacity;
 };
 
 /* Adds every figure the runs support (loss; throughput and bubble; and per

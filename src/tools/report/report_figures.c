@@ -264,15 +264,8 @@ static void draw_costs(cairo_t *cr, const struct figure *f)
 struct figure *report_add_figure(struct report *rep, const char *name, int run, int width,
                                  int height, figure_draw_fn draw)
 {
-    if (rep->figure_count == rep->figure_capacity) {
-        int capacity = rep->figure_capacity ? 2 * rep->figure_capacity : 8;
-        struct figure *grown = dm_alloc((size_t)capacity * sizeof *grown);
-        if (rep->figure_count)
-            memcpy(grown, rep->figures, (size_t)rep->figure_count * sizeof *grown);
-        dm_free(rep->figures);
-        rep->figures = grown;
-        rep->figure_capacity = capacity;
-    }
+    rep->figures = dm_grow(rep->figures, sizeof *rep->figures, rep->figure_count,
+                           &rep->figure_capacity, 8);
     struct figure *f = &rep->figures[rep->figure_count++];
     memset(f, 0, sizeof *f);
     snprintf(f->name, sizeof f->name, "%s", name);
@@ -359,5 +352,6 @@ void report_free_figures(struct report *rep)
     }
     dm_free(rep->figures);
     rep->figures = NULL;
-    rep->figure_count = rep->figure_capacity = 0;
+    rep->figure_count = 0;
+    rep->figure_capacity = 0;
 }

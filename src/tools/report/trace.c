@@ -49,14 +49,7 @@ static void usage(FILE *out)
 
 static void push(struct trace_out *t, json_object *event, int rank, double ts, int order)
 {
-    if (t->count == t->capacity) {
-        long capacity = t->capacity ? 2 * t->capacity : 1024;
-        struct placed *grown = dm_alloc((size_t)capacity * sizeof *grown);
-        if (t->count) memcpy(grown, t->events, (size_t)t->count * sizeof *grown);
-        dm_free(t->events);
-        t->events = grown;
-        t->capacity = capacity;
-    }
+    t->events = dm_grow(t->events, sizeof *t->events, t->count, &t->capacity, 1024);
     t->events[t->count++] = (struct placed){event, rank, ts, order};
 }
 

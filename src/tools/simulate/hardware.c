@@ -46,7 +46,7 @@ static const struct hw_key keys[] = {
     HW_DOUBLE("gemm", "peak_tflops", gemm_peak_tflops, 1e-4, 1e5, "dense TFLOP/s at the peak"),
     HW_DOUBLE("attention", "tflops", attention_tflops, 1e-7, 1e5,
               "TFLOP/s achieved by causal attention"),
-    HW_DOUBLE("attention", "hash_tflops", hash_tflops, 1e-7, 1e5,
+    HW_DOUBLE("attention", "hash_tflops", group_attention_tflops, 1e-7, 1e5,
               "TFLOP/s achieved by hash attention's tiles"),
     HW_DOUBLE("attention", "sparse_tflops", sparse_tflops, 1e-7, 1e5,
               "TFLOP/s achieved by CSR products on their nonzeros"),
@@ -210,7 +210,7 @@ static int check_whole(struct reader *r)
                        "(achieved cannot exceed peak)", hw->gemm[p].m, hw->gemm[p].n,
                        hw->gemm[p].k, hw->gemm[p].tflops, hw->gemm_peak_tflops);
     const char *rates[3] = {"tflops", "hash_tflops", "sparse_tflops"};
-    double values[3] = {hw->attention_tflops, hw->hash_tflops, hw->sparse_tflops};
+    double values[3] = {hw->attention_tflops, hw->group_attention_tflops, hw->sparse_tflops};
     for (int i = 0; i < 3; i++)
         if (values[i] > hw->gemm_peak_tflops)
             WHOLE_FAIL("[attention] %s = %g is above [gemm] peak_tflops = %g (achieved cannot "

@@ -47,7 +47,7 @@ struct hardware {
     /* [attention] achieved rates of the score and value products (dense
      * causal), of bucket-sorted hash attention, and of the CSR products of
      * a pruned block (on its nonzeros) */
-    double attention_tflops, hash_tflops, sparse_tflops;
+    double attention_tflops, group_attention_tflops, sparse_tflops;
     /* [link] point-to-point and [collective] all-reduce lines, within a node
      * and between nodes; gpus_per_node ranks share a node */
     int ranks_per_node;
@@ -117,7 +117,7 @@ struct hw_pass {
  * tiles, and the busiest expert rank's load (0: the dense MLP; g: that
  * rank's g x rows x top-k rows through its experts). */
 struct hw_block_state {
-    double active, tokens, sparsity, tiles, expert_load;
+    double active, tokens, sparsity, tiles, busiest_load;
     int frozen, exit_head;       /* exit_head: an early-exit head follows the block */
 };
 
@@ -143,11 +143,6 @@ void hw_embed_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *u
                      const struct hw_model *m);
 void hw_head_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update,
                     const struct hw_model *m);
-
-/* The share of causal attention's 32 x 32 tiles that hash attention of nb
- * buckets visits when its buckets are even: nb x nt_b (nt_b + 1) / 2 of
- * nt (nt + 1) / 2, nt_b the tiles of a bucket's T / nb tokens. */
-double hw_hash_tile_share(int seq, int buckets);
 
 /* Bytes one stage holds: params x 16 (weights, gradients, two moments)
  * and in_flight micro-batches of its blocks' activations (the model's

@@ -112,16 +112,26 @@ static double causal_flops(double B, double n, double C)
     return 2.0 * B * n * (n + 1) * C;
 }
 
+/* The signal of the tile-share role when the config runs its scheme (the
+ * block's attention visits only its share of causal attention's tiles),
+ * else NULL. */
+static const struct dyn_signal *tile_signal(const struct hw_model *m)
+{
+    const struct dyn_signal *t = dyn_signal_of_cost(DYN_COST_TILE_SHARE);
+    return t && t->cost_scale && dyn_signal_active(t, &m->cfg) ? t : NULL;
+}
+
 static void price_attention_forward(struct hw_pass *p, const struct hw_model *m,
                                     const struct hw_block_state *s, double n)
 {
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
     double io = e * B * n * 4 * C;   /* q, k, v in, the output out */
-    if (!strcmp(c->attention, "hash")) {
-        double share = s->tiles * hw_hash_tile_share((int)n, c->hash_buckets);
+    const struct dyn_signal *tiles = tile_signal(m);
+    if (tiles) {
+        double share = s->tiles * tiles->cost_scale(c, (int)n);
         add_op(p, m, "hash attention", HW_ATTENTION, share * causal_flops(B, n, C),
-               m->hw->hash_tflops, 2 * io);
+               m->hw->group_attention_tflops, 2 * io);
         return;
     }
     /* the scores' softmax (B, NH, n, n) written once and read by the value product */
@@ -135,20 +145,26 @@ static void price_attention_backward(struct hw_pass *p, const struct hw_model *m
     const struct dm_config *c = &m->cfg;
     double e = m->hw->bytes_per_element, B = m->sequences, C = c->channels, NH = c->heads;
     double io = e * B * n * 8 * C;   /* q, k, v, output gradient in; their gradients out */
-    if (!strcmp(c->attention, "hash")) {
-        double share = s->tiles * hw_hash_tile_share((int)n, c->hash_buckets);
+    const struct dyn_signal *tiles = tile_signal(m);
+    if (tiles) {
+        double share = s->tiles * tiles->cost_scale(c, (int)n);
         add_op(p, m, "hash attention backward", HW_ATTENTION, 2 * share * causal_flops(B, n, C),
-               m->hw->hash_tflops, 2 * io);
+               m->hw->group_attention_tflops, 2 * io);
         return;
     }
     add_op(p, m, "attention backward", HW_ATTENTION, 2 * causal_flops(B, n, C),
            m->hw->attention_tflops, io + 3 * 4.0 * B * NH * n * n);
 }
 
-/* The hidden width of an expert. */
-static double expert_hidden(const struct dm_config *c)
+/* The routed MLP of the busiest-rank role's scheme, as its signal
+ * declares it from the config. */
+static struct dyn_routed_mlp routed_mlp(const struct hw_model *m)
 {
-    return c->expert_hidden > 0 ? c->expert_hidden : 4.0 * c->channels;
+    const struct dyn_signal *load = dyn_signal_of_cost(DYN_COST_BUSIEST_RANK);
+    DM_ASSERT(load && load->cost_routed_mlp);
+    struct dyn_routed_mlp r;
+    load->cost_routed_mlp(&m->cfg, &r);
+    return r;
 }
 
 /* Early exit's block with tokens gone (exit.c's block_forward_rows): the
@@ -247,13 +263,14 @@ void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
     price_attention_forward(p, m, s, n);
     product_forward(p, m, s, "proj", N, C, C, 1, 0);
     add_memory(p, m, "ln2", 8 * N * C, 2 * e * N * C);
-    if (s->expert_load > 0) {
-        double E = c->experts, H = expert_hidden(c), per_rank = E / (c->ep > 0 ? c->ep : 1);
-        double rows = s->expert_load * N * c->top_k;   /* the busiest rank's */
+    if (s->busiest_load > 0) {
+        struct dyn_routed_mlp r = routed_mlp(m);
+        double E = r.units, H = r.hidden, per_rank = r.units_per_rank;
+        double rows = s->busiest_load * N * r.choices;   /* the busiest rank's */
         add_gemms(p, m, "router", 1, N, E, C, 0);
         add_memory(p, m, "dispatch", 0, 2 * e * rows * C);
-        add_gemms(p, m, "experts fc", per_rank, rows / per_rank, H, C, e * rows / per_rank * H);
-        add_gemms(p, m, "experts proj", per_rank, rows / per_rank, C, H, 0);
+        add_gemms(p, m, "routed fc", per_rank, rows / per_rank, H, C, e * rows / per_rank * H);
+        add_gemms(p, m, "routed proj", per_rank, rows / per_rank, C, H, 0);
         add_memory(p, m, "combine", 2 * N * C, e * (rows + 2 * N) * C);
     } else {
         product_forward(p, m, s, "fc", N, C, 4 * C, 0, 1);
@@ -276,14 +293,15 @@ void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
         return;
     }
     if (s->exit_head) exit_head_backward(p, m, N);
-    if (s->expert_load > 0) {
-        double E = c->experts, H = expert_hidden(c), per_rank = E / (c->ep > 0 ? c->ep : 1);
-        double rows = s->expert_load * N * c->top_k, r = rows / per_rank;
+    if (s->busiest_load > 0) {
+        struct dyn_routed_mlp mlp = routed_mlp(m);
+        double E = mlp.units, H = mlp.hidden, per_rank = mlp.units_per_rank;
+        double rows = s->busiest_load * N * mlp.choices, r = rows / per_rank;
         add_memory(p, m, "combine backward", 2 * N * C, e * (rows + 2 * N) * C);
-        add_gemms(p, m, "experts proj dinp", per_rank, r, H, C, 2 * e * r * H);
-        add_gemms(p, m, "experts proj dweight", per_rank, C, H, r, 0);
-        add_gemms(p, m, "experts fc dinp", per_rank, r, C, H, 0);
-        add_gemms(p, m, "experts fc dweight", per_rank, H, C, r, 0);
+        add_gemms(p, m, "routed proj dinp", per_rank, r, H, C, 2 * e * r * H);
+        add_gemms(p, m, "routed proj dweight", per_rank, C, H, r, 0);
+        add_gemms(p, m, "routed fc dinp", per_rank, r, C, H, 0);
+        add_gemms(p, m, "routed fc dweight", per_rank, H, C, r, 0);
         add_memory(p, m, "dispatch backward", 0, 2 * e * rows * C);
         add_gemms(p, m, "router dinp", 1, N, C, E, 0);
         add_gemms(p, m, "router dweight", 1, E, C, N, 0);
@@ -299,17 +317,18 @@ void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
     if (s->tokens < 1) add_memory(p, m, "scatter", 0, 2 * e * N * C);
 }
 
-/* The parameters of a block in state: a dense block's, or with experts
- * the shared tensors, the router and every expert. */
+/* The parameters of a block in state: a dense block's, or with a routed
+ * MLP the shared tensors, the router and the rank's units. */
 static double block_params(const struct hw_model *m, const struct hw_block_state *s)
 {
     const struct dm_config *c = &m->cfg;
     double C = c->channels, dense = (double)block_param_count(c->channels);
-    if (!(s->expert_load > 0)) return dense;
-    double H = expert_hidden(c), E = c->experts;
+    if (!(s->busiest_load > 0)) return dense;
+    struct dyn_routed_mlp r = routed_mlp(m);
+    double H = r.hidden, E = r.units;
     double mlp = 8 * C * C + 5 * C;   /* the dense MLP's fc and fcproj with biases */
-    double experts = E / (c->ep > 0 ? c->ep : 1) * (2 * C * H + H + C);
-    return dense - mlp + C * E + experts;
+    double units = r.units_per_rank * (2 * C * H + H + C);
+    return dense - mlp + C * E + units;
 }
 
 void hw_block_update(struct hw_pass *p, const struct hw_model *m,
@@ -355,15 +374,6 @@ void hw_head_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *up
     add_gemms(bwd, m, "logits dweight", 1, V, C, N, 0);
     add_memory(bwd, m, "lnf backward", 10 * N * C, 4 * e * N * C);
     add_memory(update, m, "adamw", ADAMW_FLOPS_PER_PARAM * 2 * C, ADAMW_BYTES_PER_PARAM * 2 * C);
-}
-
-double hw_hash_tile_share(int seq, int buckets)
-{
-    double nt = ceil(seq / 32.0);
-    if (buckets <= 1 || nt <= 0) return 1.0;
-    double per_bucket = ceil(ceil((double)seq / buckets) / 32.0);
-    double share = buckets * per_bucket * (per_bucket + 1) / (nt * (nt + 1));
-    return share < 1 ? share : 1.0;
 }
 
 double hw_stage_bytes(const struct hw_model *m, double params, int blocks, int in_flight)

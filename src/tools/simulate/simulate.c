@@ -87,8 +87,8 @@ static void usage(FILE *out)
         "  --latency-ms L        transfer line: L + bytes / bandwidth (default 0.01)\n"
         "  --bandwidth-gbs B     (default 6, this machine's MPI send)\n"
         "  --migration-ms M      fixed cost of a migration beyond its bytes (default 12)\n"
-        "  --exchange-ms X       fixed cost of an expert all-to-all round with the\n"
-        "                        run's parallel.ep > 1 (default: L; for the run's own\n"
+        "  --exchange-ms X       fixed cost of an all-to-all round over the run's\n"
+        "                        parallel.ep > 1 ranks (default: L; for the run's own\n"
         "                        shape when its ranks took turns on shared CPUs, this\n"
         "                        machine's 0.28)\n"
         "  --restart-s R         a re-pack's checkpoint and restart (default 1.5)\n"
@@ -360,12 +360,12 @@ static float extreme_state(const struct sim_model *model, int k, int low)
 static size_t describe_model(char *text, size_t size, const struct sim_model *model, float csr)
 {
     float full[SIM_STATES_MAX], low[SIM_STATES_MAX];
-    int varied = 0, busiest = 0;
+    int varied = 0, busiest = -1;   /* the state of the busiest-rank role, when fitted */
     for (int k = 0; k < sim_state_count(); k++) {
         full[k] = extreme_state(model, k, 0);
         low[k] = extreme_state(model, k, 1);
         varied |= sim_state_role(k) != DYN_COST_FROZEN && model->uses[k];
-        busiest |= sim_state_role(k) == DYN_COST_BUSIEST_RANK && model->uses[k];
+        if (sim_state_role(k) == DYN_COST_BUSIEST_RANK && model->uses[k]) busiest = k;
     }
     double f, b, u, lf, lb, lu;
     sim_model_block(model, full, csr, &f, &b, &u);
@@ -376,8 +376,9 @@ static size_t describe_model(char *text, size_t size, const struct sim_model *mo
                      model->head.bwd_ms);
     if (varied && n >= 0 && (size_t)n < size)
         n += snprintf(text + n, size - (size_t)n, "; at 10%% of the tokens, 90%% sparsity, a "
-                      "quarter of the tiles%s: %.3f + %.3f", busiest ?
-                      ", the busiest expert rank 1.5x the mean" : "", lf, lb);
+                      "quarter of the tiles%s%s%s: %.3f + %.3f", busiest >= 0 ? ", the " : "",
+                      busiest >= 0 ? sim_state_signal(busiest)->label : "",
+                      busiest >= 0 ? " 1.5x the mean" : "", lf, lb);
     if (n >= 0 && (size_t)n < size) n += snprintf(text + n, size - (size_t)n, "\n");
     return n < 0 ? 0 : (size_t)n < size ? (size_t)n : size - 1;
 }
@@ -418,9 +419,9 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
     char exchange[160] = "";
     int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
     if (s->ep > 1 && busiest >= 0 && model->uses[busiest])
-        snprintf(exchange, sizeof exchange, "; experts over %d ranks: %d + %d exchange rounds "
-                 "a micro-batch, %.3f ms + %.0f KB each", s->ep, SIM_EXCHANGE_FWD,
-                 SIM_EXCHANGE_BWD, s->exchange_ms, s->exchange_bytes / 1e3);
+        snprintf(exchange, sizeof exchange, "; all-to-all over parallel.ep = %d ranks: %d + %d "
+                 "exchange rounds a micro-batch, %.3f ms + %.0f KB each", s->ep,
+                 SIM_EXCHANGE_FWD, SIM_EXCHANGE_BWD, s->exchange_ms, s->exchange_bytes / 1e3);
     snprintf(text + used, size - used,
         "transfer: %.3f ms + bytes / %.3g GB/s; a migration %.1f ms more; a re-pack restart "
         "%.1f s%s\n", s->latency_ms, s->bytes_per_ms / 1e6, s->migration_ms, s->restart_ms / 1e3,

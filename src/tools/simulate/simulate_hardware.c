@@ -39,10 +39,11 @@ static void load_config(struct dm_config *cfg, const struct sim_hardware_input *
     dyn_config_validate(cfg);
 }
 
-/* The states a run of cfg has from its config alone: every token computed
+/* The states a run of cfg has from its config alone, as each signal
+ * declares them (cost_of_config; neutral without): every token computed
  * (no exit, no freezing foreseen), the pruning schedule's sparsity in
- * force at each step, MoD blocks at model.mod_capacity, every hash tile
- * the even buckets give, each MoE block's experts evenly loaded. */
+ * force at each step, the routed share at its capacity, every tile the
+ * even groups give, even loads. */
 static void config_trajectory(struct sim_trajectory *t, const struct dm_config *cfg, int steps)
 {
     memset(t, 0, sizeof *t);
@@ -54,21 +55,13 @@ static void config_trajectory(struct sim_trajectory *t, const struct dm_config *
         t->value[k] = dm_alloc(n * sizeof(float));
         const struct dyn_signal *signal = sim_state_signal(k);
         t->present[k] = dyn_signal_active(signal, cfg);
-        for (int step = 0; step < steps; step++) {
-            double sparsity = sim_state_role(k) == DYN_COST_SPARSITY && t->present[k]
-                            ? prune_sparsity_in_force(cfg, step) : 0.0;
+        for (int step = 0; step < steps; step++)
             for (int j = 0; j < cfg->layers; j++) {
-                float v = sim_state_neutral(k);
                 int carrier = t->present[k] && dyn_signal_layer(signal, &shape, j);
-                switch (sim_state_role(k)) {
-                case DYN_COST_SPARSITY: v = (float)sparsity; break;
-                case DYN_COST_ROUTED_SHARE: if (carrier) v = (float)cfg->mod_capacity; break;
-                case DYN_COST_BUSIEST_RANK: if (carrier) v = 1.0f; break;
-                default: break;
-                }
-                t->value[k][(size_t)step * cfg->layers + j] = v;
+                t->value[k][(size_t)step * cfg->layers + j] =
+                    carrier && signal->cost_of_config ? signal->cost_of_config(cfg, step)
+                                                      : sim_state_neutral(k);
             }
-        }
     }
 }
 
@@ -91,7 +84,7 @@ static struct hw_block_state block_state(const struct sim_hardware *h, int block
         case DYN_COST_SPARSITY: s.sparsity = v; break;
         case DYN_COST_FROZEN: s.frozen = v != 0; break;
         case DYN_COST_TILE_SHARE: s.tiles = v; break;
-        case DYN_COST_BUSIEST_RANK: s.expert_load = v; break;
+        case DYN_COST_BUSIEST_RANK: s.busiest_load = v; break;
         default: break;
         }
     }
@@ -235,7 +228,8 @@ size_t sim_hardware_describe(const struct sim_hardware *h, char *text, size_t si
         "%d x %d tokens a micro-batch; a dense block %.2f + %.2f GFLOP a micro-batch, %.0f%% of "
         "its time in GEMMs, %.0f%% attention, %.0f%% memory-bound ops\n",
         h->from_run ? "the run's states, mapped by relative depth: " : "the config's states "
-        "(every token, the pruning schedule, MoD capacity, even experts)",
+        "(as each scheme declares them: every token, the pruning schedule, the routed "
+        "capacity, even loads)",
         h->from_run ? h->run_path : "", h->hw.name, h->hw.path, h->config_path, c->layers,
         c->channels, c->heads, h->model.sequences, c->seq, f.flops / 1e9, b.flops / 1e9,
         100 * cls[HW_GEMM] / (f.ms + b.ms), 100 * cls[HW_ATTENTION] / (f.ms + b.ms),

@@ -22,7 +22,6 @@
 #include "dynmo/ckpt.h"
 #include "dynmo/core.h"
 #include "dynmo/dyn.h"
-#include "dynmo/moe.h"
 #include "dynmo/pipe.h"
 #include "dynmo/tools.h"
 #include "dynmo/world.h"
@@ -114,9 +113,9 @@ static int eval_batch(const struct ckpt_meta *meta, long T, long windows)
     struct dm_config trained;
     char err[1200];
     config_defaults(&trained);
-    if (meta->config_text && gpt_moe_block_count(&meta->shape) > 0 &&
+    if (meta->config_text &&
         config_parse_printed(&trained, meta->config_text, "", err, sizeof err) == 0 &&
-        trained.capacity_factor > 0)
+        dyn_batch_coupled(&trained))
         return trained.batch / (trained.dp * trained.micro_batches);
     long per_window = 8L * T * gpt_vocab_used(&meta->shape);
     long B = EVAL_BATCH_BYTES / per_window;

@@ -1,13 +1,14 @@
-/* MoE's routing of one token and its backward: the arithmetic the CPU op
- * (src/model/moe.c's route_topk_forward and route_topk_backward) and the
- * plugin's kernels (kernels/moe.cuh, one thread per token) share, written
- * once (dynmo/shared_fn.h). Each function walks
- * one token's experts in order with the same float and double sums from
- * the same start, libm's exp and log in double, so the bits are the same
- * wherever exp and log are glibc's (the CPU, the emulated device; CUDA's
- * double exp and log are within an ulp). */
-#ifndef DYNMO_MOE_ROUTE_H
-#define DYNMO_MOE_ROUTE_H
+/* The routing of one token to the top k of E scores and its backward:
+ * the arithmetic the CPU ops (src/model/routing_ops.c's route_topk_forward
+ * and route_topk_backward) and the plugin's kernels (kernels/moe.cuh, one
+ * thread per token) share, written once (dynmo/shared_fn.h); mixture of
+ * experts (src/dyn/moe/) is its user. Each function walks one token's
+ * choices in order with the same float and double sums from the same
+ * start, libm's exp and log in double, so the bits are the same wherever
+ * exp and log are glibc's (the CPU, the emulated device; CUDA's double exp
+ * and log are within an ulp). */
+#ifndef DYNMO_TOPK_ROUTE_H
+#define DYNMO_TOPK_ROUTE_H
 
 #include <math.h>
 #include "dynmo/shared_fn.h"
@@ -21,9 +22,9 @@
  * router would get no gradient from the loss); for k >= 2 the chosen
  * scores renormalised over the chosen (GShard, Mixtral; 1/k when they sum
  * to 0). */
-DM_SHARED_FN void moe_route_token(float *s, float *lse, int *chosen, float *choice_score,
-                                 float *gate, const float *z, const float *bias, int E, int k,
-                                 int sigmoid)
+DM_SHARED_FN void topk_route_token(float *s, float *lse, int *chosen, float *choice_score,
+                                   float *gate, const float *z, const float *bias, int E, int k,
+                                   int sigmoid)
 {
     double top = z[0];
     for (int e = 1; e < E; e++) top = z[e] > top ? z[e] : top;
@@ -62,8 +63,8 @@ DM_SHARED_FN void moe_route_token(float *s, float *lse, int *chosen, float *choi
 /* The scores' gradient ds (E, into dz) of one token through its gates:
  * for k = 1 g = s_chosen, so ds_chosen = dg; for k >= 2 g_j = s_j /
  * sum_S s, so ds_i = (dg_i - sum_j dg_j g_j) / sum_S s. */
-DM_SHARED_FN void moe_route_dgates(float *dz, const float *s, const int *chosen, const float *gate,
-                                  const float *dg, int E, int k)
+DM_SHARED_FN void topk_route_dgates(float *dz, const float *s, const int *chosen, const float *gate,
+                                    const float *dg, int E, int k)
 {
     for (int e = 0; e < E; e++) dz[e] = 0.0f;
     if (k == 1) {
@@ -81,8 +82,8 @@ DM_SHARED_FN void moe_route_dgates(float *dz, const float *s, const int *chosen,
 
 /* + the aux loss's gradient in the scores: d/d P_i of alpha E sum f_i P_i
  * is alpha E f_i, over N tokens (f counts choices: no gradient). */
-DM_SHARED_FN void moe_route_daux(float *dz, const float *s, const int *selected, int N, int E,
-                                int k, int sigmoid, double alpha)
+DM_SHARED_FN void topk_route_daux(float *dz, const float *s, const int *selected, int N, int E,
+                                  int k, int sigmoid, double alpha)
 {
     double sum = 0.0, weighted = 0.0;
     if (sigmoid)
@@ -103,8 +104,8 @@ DM_SHARED_FN void moe_route_daux(float *dz, const float *s, const int *selected,
 /* The scores' gradient to the logits' (the sigmoid's or the softmax's
  * Jacobian), + the z-loss's: d(beta mean lse^2)/dz = beta 2 lse
  * softmax(z) / N. */
-DM_SHARED_FN void moe_route_dlogits(float *dz, const float *s, const float *z, float lse, int N,
-                                   int E, int sigmoid, double beta)
+DM_SHARED_FN void topk_route_dlogits(float *dz, const float *s, const float *z, float lse, int N,
+                                     int E, int sigmoid, double beta)
 {
     if (sigmoid) {
         for (int e = 0; e < E; e++) dz[e] = dz[e] * (s[e] * (1.0f - s[e]));
@@ -120,14 +121,14 @@ DM_SHARED_FN void moe_route_dlogits(float *dz, const float *s, const float *z, f
 
 /* One token's logits' gradient dz (E) from its gates' dg (k), the aux
  * loss's (alpha > 0) and the z-loss's (beta > 0). */
-DM_SHARED_FN void moe_route_back_token(float *dz, const float *dg, const float *z, const float *s,
-                                      float lse, const int *chosen, const float *gate,
-                                      const int *selected, int N, int E, int k, int sigmoid,
-                                      double alpha, double beta)
+DM_SHARED_FN void topk_route_back_token(float *dz, const float *dg, const float *z, const float *s,
+                                        float lse, const int *chosen, const float *gate,
+                                        const int *selected, int N, int E, int k, int sigmoid,
+                                        double alpha, double beta)
 {
-    moe_route_dgates(dz, s, chosen, gate, dg, E, k);
-    if (alpha > 0.0) moe_route_daux(dz, s, selected, N, E, k, sigmoid, alpha);
-    moe_route_dlogits(dz, s, z, lse, N, E, sigmoid, beta);
+    topk_route_dgates(dz, s, chosen, gate, dg, E, k);
+    if (alpha > 0.0) topk_route_daux(dz, s, selected, N, E, k, sigmoid, alpha);
+    topk_route_dlogits(dz, s, z, lse, N, E, sigmoid, beta);
 }
 
 #endif

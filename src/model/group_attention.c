@@ -1,20 +1,20 @@
-/* Causal attention within buckets, the op forward and backward (the CPU's
- * entries bucket_attention_* of the op table) and the random rotations it
- * buckets by: the kernel of hash-sparse attention (Pagliardini et al.
- * 2023; the scheme and its use in a block are src/dyn/hash.c).
+/* Causal attention within groups of sorted tokens, the op forward and
+ * backward (the CPU's entries group_attention_* of the op table): the
+ * kernel of hash-sparse attention (Pagliardini et al. 2023; the scheme,
+ * its rotations and its use in a block are src/dyn/hash.c).
  *
- * Per (sequence, head), queries and keys are hashed into nb buckets by a
- * random rotation R (hs, nb/2) whose columns have unit norm (SCFA's):
- * h(x) = argmax([xR ; -xR]) (first maximum on ties); with nb = 1 every
- * token is in bucket 0. Queries and keys are sorted stably by bucket (so
- * by position inside a bucket), and query i attends to key j when both
- * are in the same bucket and j <= i at their original positions, and
- * always to its own key j = i: no query is left without a key. A query
- * whose own key hashed elsewhere takes it as one extra score beside its
- * bucket's range (below); one with no key of its bucket at or before it
- * attends to its own key alone, and those are counted.
+ * Per (sequence, head), queries and keys go to nb groups by a rotation R
+ * (hs, nb/2) whose columns have unit norm (SCFA's): g(x) = argmax([xR ;
+ * -xR]) (first maximum on ties); with nb = 1 every token is in group 0.
+ * Queries and keys are sorted stably by group (so by position inside a
+ * group), and query i attends to key j when both are in the same group
+ * and j <= i at their original positions, and always to its own key j =
+ * i: no query is left without a key. A query whose own key went to
+ * another group takes it as one extra score beside its group's range
+ * (below); one with no key of its group at or before it attends to its
+ * own key alone, and those are counted.
  *
- * The work is done in HASH_TILE x HASH_TILE tiles of the sorted order,
+ * The work is done in GROUP_TILE x GROUP_TILE tiles of the sorted order,
  * with sgemm over runs of consecutive visited tiles (below); a tile with
  * no allowed pair is skipped in forward and backward, and the tiles
  * visited are counted (the block's cost follows them). The backward
@@ -26,128 +26,99 @@
 #include <math.h>
 #include <string.h>
 #include "dynmo/backend.h"
-#include "dynmo/hash_bucket.h"
+#include "dynmo/rotation_group.h"
 #include "dynmo/model.h"
 #include "model/exp_lanes.h"
 #include "model/internal.h"
 
-/* A stream far above every block tensor's ((index + 1) << 8 | k). */
-#define ROTATION_STREAM_BASE (UINT64_C(0x48415348) << 32)
-
-void bucket_rotation_draw(float *rotation, int NH, int hs, int buckets, uint64_t seed,
-                        int layer, long step)
-{
-    DM_ASSERT(buckets >= 1 && (buckets == 1 || buckets % 2 == 0));
-    size_t n = (size_t)NH * hs * (size_t)(buckets / 2);
-    if (n == 0) return;
-    uint64_t stream = ROTATION_STREAM_BASE ^
-                      dm_hash64((uint64_t)layer, UINT64_C(0x726f74), (uint64_t)step);
-    init_normal(rotation, n, seed, stream, 1.0f);
-    /* each column of each head's R (hs, half) divided by its norm, the
-     * squares summed in double in row order (the fixture does the same) */
-    int half = buckets / 2;
-    for (int h = 0; h < NH; h++)
-        for (int c = 0; c < half; c++) {
-            float *column = rotation + (size_t)h * hs * half + c;
-            double squares = 0.0;
-            for (int d = 0; d < hs; d++)
-                squares += (double)column[(size_t)d * half] * column[(size_t)d * half];
-            double norm = sqrt(squares);
-            if (norm > 0.0)
-                for (int d = 0; d < hs; d++)
-                    column[(size_t)d * half] = (float)((double)column[(size_t)d * half] / norm);
-        }
-}
-
-
-struct hash_args {
+struct group_args {
     float *out, *lse, *dqkv;
-    int *order, *bucket;
+    int *order, *group;
     long *tiles;                 /* (B*NH) tiles visited per item */
     long *alone;                 /* (B*NH) queries with their own key alone per item */
     const float *qkv, *rotation, *dout, *out_in, *lse_in;
-    const int *order_in, *bucket_in;
-    int B, T, C, NH, buckets;
+    const int *order_in, *group_in;
+    int B, T, C, NH, groups;
 };
 
-/* order[0..T) = token positions sorted stably by bucket (counting sort
+/* order[0..T) = token positions sorted stably by group (counting sort
  * over count, nb + 1 ints of the caller's) */
-static void sort_by_bucket(int *order, const int *bucket, int T, int nb, int *count)
+static void sort_by_group(int *order, const int *group, int T, int nb, int *count)
 {
     memset(count, 0, (size_t)(nb + 1) * sizeof *count);
-    for (int t = 0; t < T; t++) count[bucket[t] + 1]++;
+    for (int t = 0; t < T; t++) count[group[t] + 1]++;
     for (int b = 0; b < nb; b++) count[b + 1] += count[b];
-    for (int t = 0; t < T; t++) order[count[bucket[t]]++] = t;
+    for (int t = 0; t < T; t++) order[count[group[t]]++] = t;
 }
 
-/* Hashes and sorts item (b, h): bucket (2, T) [query | key], order (2, T);
- * count (buckets + 1) is scratch. */
-static void hash_item(const struct hash_args *a, long item, int *bucket, int *order, int *count)
+/* Groups and sorts item (b, h): group (2, T) [query | key], order (2, T);
+ * count (groups + 1) is scratch. */
+static void group_item(const struct group_args *a, long item, int *group, int *order, int *count)
 {
-    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, half = a->buckets / 2;
+    int T = a->T, C = a->C, NH = a->NH, hs = C / NH, half = a->groups / 2;
     long b = item / NH, h = item % NH;
     const float *R = a->rotation ? a->rotation + h * (long)hs * half : NULL;
     for (int t = 0; t < T; t++) {
         const float *row = a->qkv + (b * T + t) * 3L * C + h * hs;
-        bucket[t] = dm_hash_bucket(row, R, hs, half);
-        bucket[T + t] = dm_hash_bucket(row + C, R, hs, half);
+        group[t] = dm_rotation_group(row, R, hs, half);
+        group[T + t] = dm_rotation_group(row + C, R, hs, half);
     }
-    sort_by_bucket(order, bucket, T, a->buckets, count);
-    sort_by_bucket(order + T, bucket + T, T, a->buckets, count);
+    sort_by_group(order, group, T, a->groups, count);
+    sort_by_group(order + T, group + T, T, a->groups, count);
 }
 
 /* ---- the tiled kernel -----------------------------------------------------
- * Per item, the head's Q, K, V (and dO) are copied in bucket-sorted order
+ * Per item, the head's Q, K, V (and dO) are copied in group-sorted order
  * into contiguous buffers (K and V also transposed), so that every product
- * is a plain sgemm on contiguous operands. Keys sorted by bucket, then by
+ * is a plain sgemm on contiguous operands. Keys sorted by group, then by
  * position, make the keys query i may see one contiguous range of the
- * sorted keys: [kstart[b], kstart[b] + (keys of bucket b at positions <=
+ * sorted keys: [kstart[b], kstart[b] + (keys of group b at positions <=
  * i)). A query tile visits the key tiles that meet the range of any of its
  * rows (exactly the tiles holding an allowed pair); consecutive visited
  * tiles form a run, and each run costs one sgemm for the scores and one
  * for the output (five in the backward). A row's whole range lies inside
- * one run (its bucket's ranges in the tile are prefixes of the longest
+ * one run (its group's ranges in the tile are prefixes of the longest
  * one, whose tiles are all visited), so its softmax is done in one pass
  * over that run; its probabilities are exact zeros in every other run.
  *
- * A query's own key is the last of its range when it hashed to the
- * query's bucket. When it did not, it is one extra score beside the range
+ * A query's own key is the last of its range when it went to the
+ * query's group. When it did not, it is one extra score beside the range
  * (own[k] set, its score in own_s[k]): forward_softmax takes it into the
  * row's maximum and sum and leaves its probability in own_p[k], and its
  * value row is added after the runs; a row whose range is empty has the
  * own key alone (probability 1, lse its score). The backward adds the
  * extra pair's terms after the runs likewise. No tile counts it. */
 
-struct hash_work {
+struct group_work {
     float *qs, *kt, *ks, *vs, *vt, *dos;   /* (T, hs) sorted; kt, vt (hs, T) */
     float *dqs, *dks, *dvs;                /* (T, hs) sorted gradients */
-    float *s, *dp;                         /* (HASH_TILE, T) a query tile's scores */
+    float *s, *dp;                         /* (GROUP_TILE, T) a query tile's scores */
     float *lse, *delta;                    /* (T) per sorted query */
-    int *kstart;                           /* (buckets + 1) first sorted key of a bucket */
+    int *kstart;                           /* (groups + 1) first sorted key of a group */
     int *kinv;                             /* (T) sorted place of the key at a position */
-    int lo[HASH_TILE], hi[HASH_TILE];      /* allowed sorted keys of a tile's rows */
-    int own[HASH_TILE];                    /* the row's own key is outside [lo, hi) */
-    float own_s[HASH_TILE], own_p[HASH_TILE];   /* its score and probability */
+    int lo[GROUP_TILE], hi[GROUP_TILE];    /* allowed sorted keys of a tile's rows */
+    int own[GROUP_TILE];                   /* the row's own key is outside [lo, hi) */
+    float own_s[GROUP_TILE], own_p[GROUP_TILE];  /* its score and probability */
     unsigned char *visit;                  /* (key tiles) visited by the query tile */
 };
 
-static void hash_work_alloc(struct hash_work *w, int T, int hs, int buckets)
+static void group_work_alloc(struct group_work *w, int T, int hs, int groups)
 {
     size_t th = (size_t)T * hs;
-    w->qs = dm_alloc((9 * th + 2 * (size_t)HASH_TILE * T + 2 * (size_t)T) * sizeof(float));
+    w->qs = dm_alloc((9 * th + 2 * (size_t)GROUP_TILE * T + 2 * (size_t)T) * sizeof(float));
     w->kt = w->qs + th;   w->ks = w->kt + th;   w->vs = w->ks + th;
     w->vt = w->vs + th;   w->dos = w->vt + th;  w->dqs = w->dos + th;
     w->dks = w->dqs + th; w->dvs = w->dks + th;
     w->s = w->dvs + th;
-    w->dp = w->s + (size_t)HASH_TILE * T;
-    w->lse = w->dp + (size_t)HASH_TILE * T;
+    w->dp = w->s + (size_t)GROUP_TILE * T;
+    w->lse = w->dp + (size_t)GROUP_TILE * T;
     w->delta = w->lse + T;
-    w->kstart = dm_alloc((size_t)(buckets + 1) * sizeof(int));
+    w->kstart = dm_alloc((size_t)(groups + 1) * sizeof(int));
     w->kinv = dm_alloc((size_t)(T > 0 ? T : 1) * sizeof(int));
-    w->visit = dm_alloc((size_t)(T / HASH_TILE + 1));
+    w->visit = dm_alloc((size_t)(T / GROUP_TILE + 1));
 }
 
-static void hash_work_free(struct hash_work *w)
+static void group_work_free(struct group_work *w)
 {
     dm_free(w->qs);
     dm_free(w->kstart);
@@ -181,8 +152,8 @@ static void scatter_sorted(float *restrict dst, const float *restrict src, const
         memcpy(dst + order[i] * ld, src + (long)i * hs, (size_t)hs * sizeof(float));
 }
 
-/* kstart[b] = the first sorted key of bucket b; kstart[nb] = T */
-static void bucket_starts(int *kstart, const int *ko, const int *kb, int T, int nb)
+/* kstart[b] = the first sorted key of group b; kstart[nb] = T */
+static void group_starts(int *kstart, const int *ko, const int *kb, int T, int nb)
 {
     int j = 0;
     for (int b = 0; b <= nb; b++) {
@@ -205,19 +176,19 @@ static int keys_upto(const int *ko, int from, int to, int pos)
 
 /* For query rows [r0, r1): each row's allowed sorted keys [lo, hi), and
  * the key tiles they meet marked in visit. Returns the tiles visited. */
-static int tile_plan(struct hash_work *w, const int *qo, const int *qb, const int *ko, int r0,
+static int tile_plan(struct group_work *w, const int *qo, const int *qb, const int *ko, int r0,
                      int r1, int T)
 {
-    int ntiles = (T + HASH_TILE - 1) / HASH_TILE, visited = 0;
+    int ntiles = (T + GROUP_TILE - 1) / GROUP_TILE, visited = 0;
     memset(w->visit, 0, (size_t)ntiles);
     for (int i = r0; i < r1; i++) {
         int b = qb[qo[i]];
         w->lo[i - r0] = w->kstart[b];
         w->hi[i - r0] = keys_upto(ko, w->kstart[b], w->kstart[b + 1], qo[i]);
-        /* a bucket's last row in the tile has its longest range */
+        /* a group's last row in the tile has its longest range */
         int last = i + 1 == r1 || qb[qo[i + 1]] != b;
         if (!last || w->hi[i - r0] == w->lo[i - r0]) continue;
-        for (int t = w->lo[i - r0] / HASH_TILE; t <= (w->hi[i - r0] - 1) / HASH_TILE; t++) {
+        for (int t = w->lo[i - r0] / GROUP_TILE; t <= (w->hi[i - r0] - 1) / GROUP_TILE; t++) {
             visited += !w->visit[t];
             w->visit[t] = 1;
         }
@@ -229,7 +200,7 @@ static int tile_plan(struct hash_work *w, const int *qo, const int *qb, const in
  * outside its range, and then its score (q . k scale, q the sorted row,
  * k the key at the query's position, ld 3C from kbase). Returns the rows
  * whose range is empty (their own key is all they attend to). */
-static int own_key_plan(struct hash_work *w, const int *qo, const int *qb, const int *kb,
+static int own_key_plan(struct group_work *w, const int *qo, const int *qb, const int *kb,
                         int r0, int rows, int hs, const float *kbase, long ld, float scale)
 {
     int alone = 0;
@@ -249,20 +220,20 @@ static int own_key_plan(struct hash_work *w, const int *qo, const int *qb, const
 
 /* The next run of visited key tiles at or after tile *t, as sorted key
  * columns [*c0, *c1); returns 0 when there is none. */
-static int next_run(const struct hash_work *w, int *t, int T, int *c0, int *c1)
+static int next_run(const struct group_work *w, int *t, int T, int *c0, int *c1)
 {
-    int ntiles = (T + HASH_TILE - 1) / HASH_TILE;
+    int ntiles = (T + GROUP_TILE - 1) / GROUP_TILE;
     while (*t < ntiles && !w->visit[*t]) (*t)++;
     if (*t == ntiles) return 0;
-    *c0 = *t * HASH_TILE;
+    *c0 = *t * GROUP_TILE;
     while (*t < ntiles && w->visit[*t]) (*t)++;
-    *c1 = *t * HASH_TILE < T ? *t * HASH_TILE : T;
+    *c1 = *t * GROUP_TILE < T ? *t * GROUP_TILE : T;
     return 1;
 }
 
 /* Whether row k's allowed range lies in the run [c0, c1) (else it is
  * empty or in another run). */
-static int row_in_run(const struct hash_work *w, int k, int c0, int c1)
+static int row_in_run(const struct group_work *w, int k, int c0, int c1)
 {
     if (w->hi[k] == w->lo[k] || w->hi[k] <= c0 || w->lo[k] >= c1) return 0;
     DM_ASSERT(w->lo[k] >= c0 && w->hi[k] <= c1);
@@ -272,7 +243,7 @@ static int row_in_run(const struct hash_work *w, int k, int c0, int c1)
 /* The forward over a run's scores s (rows, ld T, columns [c0, c1)): the
  * softmax of each row over its range (and its own key when that is
  * outside the range: own_p), zero elsewhere, and its lse. */
-static void forward_softmax(struct hash_work *w, int r0, int rows, int c0, int c1, int T)
+static void forward_softmax(struct group_work *w, int r0, int rows, int c0, int c1, int T)
 {
     for (int k = 0; k < rows; k++) {
         float *row = w->s + (long)k * T;
@@ -296,23 +267,23 @@ static void forward_softmax(struct hash_work *w, int r0, int rows, int c0, int c
 }
 
 /* One item's forward: out rows and lse by position. */
-static void hash_forward_item(const struct hash_args *a, struct hash_work *w, long item,
-                              float *o /* (HASH_TILE, hs) */)
+static void group_forward_item(const struct group_args *a, struct group_work *w, long item,
+                              float *o /* (GROUP_TILE, hs) */)
 {
     int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
     long b = item / NH, h = item % NH;
     float scale = (float)(1.0 / sqrt((double)hs));
-    int *bucket = a->bucket + item * 2L * T, *order = a->order + item * 2L * T;
-    hash_item(a, item, bucket, order, w->kstart);   /* kstart: set again below */
-    const int *qo = order, *ko = order + T, *qb = bucket, *kb = bucket + T;
+    int *group = a->group + item * 2L * T, *order = a->order + item * 2L * T;
+    group_item(a, item, group, order, w->kstart);   /* kstart: set again below */
+    const int *qo = order, *ko = order + T, *qb = group, *kb = group + T;
     const float *base = a->qkv + b * T * 3L * C + h * hs;
     gather_sorted(w->qs, base, qo, T, hs, 3L * C);
     gather_sorted_transposed(w->kt, base + C, ko, T, hs, 3L * C);
     gather_sorted(w->vs, base + 2 * C, ko, T, hs, 3L * C);
-    bucket_starts(w->kstart, ko, kb, T, a->buckets);
+    group_starts(w->kstart, ko, kb, T, a->groups);
     long tiles = 0, alone = 0;
-    for (int r0 = 0; r0 < T; r0 += HASH_TILE) {
-        int rows = r0 + HASH_TILE < T ? HASH_TILE : T - r0;
+    for (int r0 = 0; r0 < T; r0 += GROUP_TILE) {
+        int rows = r0 + GROUP_TILE < T ? GROUP_TILE : T - r0;
         tiles += tile_plan(w, qo, qb, ko, r0, r0 + rows, T);
         alone += own_key_plan(w, qo, qb, kb, r0, rows, hs, base + C, 3L * C, scale);
         memset(o, 0, (size_t)rows * hs * sizeof(float));
@@ -341,16 +312,16 @@ static void hash_forward_item(const struct hash_args *a, struct hash_work *w, lo
     a->alone[item] = alone;
 }
 
-static void hash_forward_range(void *arg, long begin, long end)
+static void group_forward_range(void *arg, long begin, long end)
 {
-    const struct hash_args *a = arg;
+    const struct group_args *a = arg;
     int hs = a->C / a->NH;
-    struct hash_work w;
-    hash_work_alloc(&w, a->T, hs, a->buckets);
-    float *o = dm_alloc((size_t)HASH_TILE * hs * sizeof(float));
-    for (long item = begin; item < end; item++) hash_forward_item(a, &w, item, o);
+    struct group_work w;
+    group_work_alloc(&w, a->T, hs, a->groups);
+    float *o = dm_alloc((size_t)GROUP_TILE * hs * sizeof(float));
+    for (long item = begin; item < end; item++) group_forward_item(a, &w, item, o);
     dm_free(o);
-    hash_work_free(&w);
+    group_work_free(&w);
 }
 
 static long sum_tiles(const long *tiles, long n)
@@ -360,18 +331,18 @@ static long sum_tiles(const long *tiles, long n)
     return total;
 }
 
-long bucket_attention_forward(float *out, float *lse, int *order, int *bucket, long *alone,
-                            const float *qkv, const float *rotation, int B, int T, int C, int NH,
-                            int buckets)
+long group_attention_forward(float *out, float *lse, int *order, int *group, long *alone,
+                             const float *qkv, const float *rotation, int B, int T, int C, int NH,
+                             int groups)
 {
-    DM_ASSERT(buckets >= 1 && (buckets == 1 || buckets % 2 == 0) && C % NH == 0);
+    DM_ASSERT(groups >= 1 && (groups == 1 || groups % 2 == 0) && C % NH == 0);
     long items = (long)B * NH;
     long *tiles = dm_alloc(2 * (size_t)items * sizeof(long));
-    struct hash_args a = {.out = out, .lse = lse, .order = order, .bucket = bucket,
+    struct group_args a = {.out = out, .lse = lse, .order = order, .group = group,
                           .tiles = tiles, .alone = tiles + items, .qkv = qkv,
-                          .rotation = buckets > 1 ? rotation : NULL,
-                          .B = B, .T = T, .C = C, .NH = NH, .buckets = buckets};
-    dm_parallel_for(items, 1, hash_forward_range, &a);
+                          .rotation = groups > 1 ? rotation : NULL,
+                          .B = B, .T = T, .C = C, .NH = NH, .groups = groups};
+    dm_parallel_for(items, 1, group_forward_range, &a);
     long total = sum_tiles(tiles, items);
     if (alone) *alone = sum_tiles(tiles + items, items);
     dm_free(tiles);
@@ -381,7 +352,7 @@ long bucket_attention_forward(float *out, float *lse, int *order, int *bucket, l
 /* The backward's probabilities and score gradients over a run, in place:
  * s (scores) becomes P = exp(s - lse) on each row's range, dp (dO V^T)
  * becomes dS = scale P (dP - delta); both exact zeros elsewhere. */
-static void backward_scores(struct hash_work *w, int r0, int rows, int c0, int c1, int T,
+static void backward_scores(struct group_work *w, int r0, int rows, int c0, int c1, int T,
                             float scale)
 {
     for (int k = 0; k < rows; k++) {
@@ -404,7 +375,7 @@ static void backward_scores(struct hash_work *w, int r0, int rows, int c0, int c
 }
 
 /* One run of a query tile's backward: dQ, dK, dV of the sorted rows. */
-static void backward_run(struct hash_work *w, int r0, int rows, int c0, int c1, int T, int hs,
+static void backward_run(struct group_work *w, int r0, int rows, int c0, int c1, int T, int hs,
                          float scale)
 {
     int n = c1 - c0;
@@ -423,7 +394,7 @@ static void backward_run(struct hash_work *w, int r0, int rows, int c0, int c1, 
 
 /* The sorted copies the backward of item (b, h) reads, and lse, delta =
  * dO . O per sorted query; the sorted gradients zeroed. */
-static void backward_gather(const struct hash_args *a, struct hash_work *w, long item)
+static void backward_gather(const struct group_args *a, struct group_work *w, long item)
 {
     int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
     long b = item / NH, h = item % NH;
@@ -450,7 +421,7 @@ static void backward_gather(const struct hash_args *a, struct hash_work *w, long
  * exp(s - lse), ds = scale p (dO . v - delta) into dQ, dK and dV, like
  * backward_scores and backward_run for one pair (v, the value at the
  * query's position, from vbase with ld 3C). */
-static void backward_own_keys(struct hash_work *w, const int *qo, int r0, int rows, int hs,
+static void backward_own_keys(struct group_work *w, const int *qo, int r0, int rows, int hs,
                               const float *vbase, long ld, float scale)
 {
     for (int k = 0; k < rows; k++) {
@@ -470,19 +441,19 @@ static void backward_own_keys(struct hash_work *w, const int *qo, int r0, int ro
     }
 }
 
-static void hash_backward_item(const struct hash_args *a, struct hash_work *w, long item)
+static void group_backward_item(const struct group_args *a, struct group_work *w, long item)
 {
     int T = a->T, C = a->C, NH = a->NH, hs = C / NH;
     long b = item / NH, h = item % NH;
     float scale = (float)(1.0 / sqrt((double)hs));
     const int *qo = a->order_in + item * 2L * T, *ko = qo + T;
-    const int *qb = a->bucket_in + item * 2L * T, *kb = qb + T;
+    const int *qb = a->group_in + item * 2L * T, *kb = qb + T;
     const float *in = a->qkv + b * T * 3L * C + h * hs;
     backward_gather(a, w, item);
-    bucket_starts(w->kstart, ko, kb, T, a->buckets);
+    group_starts(w->kstart, ko, kb, T, a->groups);
     long tiles = 0;
-    for (int r0 = 0; r0 < T; r0 += HASH_TILE) {
-        int rows = r0 + HASH_TILE < T ? HASH_TILE : T - r0;
+    for (int r0 = 0; r0 < T; r0 += GROUP_TILE) {
+        int rows = r0 + GROUP_TILE < T ? GROUP_TILE : T - r0;
         tiles += tile_plan(w, qo, qb, ko, r0, r0 + rows, T);
         own_key_plan(w, qo, qb, kb, r0, rows, hs, in + C, 3L * C, scale);
         int t = 0, c0, c1;
@@ -496,36 +467,45 @@ static void hash_backward_item(const struct hash_args *a, struct hash_work *w, l
     a->tiles[item] = tiles;
 }
 
-static void hash_backward_range(void *arg, long begin, long end)
+static void group_backward_range(void *arg, long begin, long end)
 {
-    const struct hash_args *a = arg;
-    int T = a->T, buckets = 1;
-    /* the bucket count is not an argument: the largest bucket used + 1
+    const struct group_args *a = arg;
+    int T = a->T, groups = 1;
+    /* the group count is not an argument: the largest group used + 1
      * (sorted, so the last query's or key's) */
     for (long item = begin; item < end && T > 0; item++) {
-        const int *qo = a->order_in + item * 2L * T, *qb = a->bucket_in + item * 2L * T;
+        const int *qo = a->order_in + item * 2L * T, *qb = a->group_in + item * 2L * T;
         int last = qb[qo[T - 1]] > qb[T + qo[2 * T - 1]] ? qb[qo[T - 1]] : qb[T + qo[2 * T - 1]];
-        if (last + 1 > buckets) buckets = last + 1;
+        if (last + 1 > groups) groups = last + 1;
     }
-    struct hash_work w;
-    hash_work_alloc(&w, T, a->C / a->NH, buckets);
-    struct hash_args local = *a;
-    local.buckets = buckets;
-    for (long item = begin; item < end; item++) hash_backward_item(&local, &w, item);
-    hash_work_free(&w);
+    struct group_work w;
+    group_work_alloc(&w, T, a->C / a->NH, groups);
+    struct group_args local = *a;
+    local.groups = groups;
+    for (long item = begin; item < end; item++) group_backward_item(&local, &w, item);
+    group_work_free(&w);
 }
 
-long bucket_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                             const float *lse, const int *order, const int *bucket, int B,
-                             int T, int C, int NH)
+long group_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                              const float *lse, const int *order, const int *group, int B,
+                              int T, int C, int NH)
 {
     long items = (long)B * NH;
     long *tiles = dm_alloc((size_t)items * sizeof(long));
-    struct hash_args a = {.dqkv = dqkv, .tiles = tiles, .qkv = qkv, .dout = dout,
-                          .out_in = out, .lse_in = lse, .order_in = order, .bucket_in = bucket,
+    struct group_args a = {.dqkv = dqkv, .tiles = tiles, .qkv = qkv, .dout = dout,
+                          .out_in = out, .lse_in = lse, .order_in = order, .group_in = group,
                           .B = B, .T = T, .C = C, .NH = NH};
-    dm_parallel_for(items, 1, hash_backward_range, &a);
+    dm_parallel_for(items, 1, group_backward_range, &a);
     long total = sum_tiles(tiles, items);
     dm_free(tiles);
     return total;
+}
+
+double group_attention_even_share(int tokens, int groups)
+{
+    double nt = ceil(tokens / (double)GROUP_TILE);
+    if (groups <= 1 || nt <= 0) return 1.0;
+    double per_group = ceil(ceil((double)tokens / groups) / GROUP_TILE);
+    double share = groups * per_group * (per_group + 1) / (nt * (nt + 1));
+    return share < 1 ? share : 1.0;
 }
