@@ -146,9 +146,9 @@ static void check_decide(void)
     double loads[4] = {90, 80, 10, 20};
     int current[4] = {0, 1, 2, 3}, next[4];
     double bytes[2] = {1e6, 2e6}, ms[2] = {10, 20};   /* 10 ms per MB */
-    struct balance_placement_input in = {.loads = loads, .current = current, .experts = 4,
+    struct balance_placement_input in = {.loads = loads, .current = current, .items = 4,
                                          .ranks = 2, .ms_per_load = 0.01, .every = 10,
-                                         .bytes_per_expert = 1e6, .moved_bytes = bytes,
+                                         .bytes_per_item = 1e6, .moved_bytes = bytes,
                                          .moved_ms = ms, .moves_kept = 2};
     struct balance_placement_decision d;
     balance_placement_decide(&in, next, &d);

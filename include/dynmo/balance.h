@@ -685,7 +685,8 @@ int balance_controller_repack(struct balance_controller *ctl,
                               int min_stages, int *counts, char *err, size_t errsize);
 
 /* ---- expert placement (placement.c, moe.placement = balanced) -----------
- * A placement of one MoE block's E experts over the P ranks of an expert-
+ * The problem is generic (E items with loads over P groups of E / P
+ * items each), so the names here are; the items are MoE experts. A placement of one MoE block's E experts over the P ranks of an expert-
  * parallel group is an order: position i holds expert order[i] and belongs
  * to rank i / (E / P); each rank's E / P experts are in ascending order.
  * Loads are per expert (token-expert pairs, any unit); a rank's load is
@@ -705,12 +706,12 @@ void balance_placement_identity(int *order, int E);
 void balance_placement_plan(const double *loads, int E, int ranks, const int *current, int *order);
 
 struct balance_placement_input {
-    const double *loads;        /* (experts) the load per step of each expert */
-    const int *current;         /* (experts) where the experts are */
-    int experts, ranks;
+    const double *loads;        /* (items) the load per step of each expert */
+    const int *current;         /* (items) where the experts are */
+    int items, ranks;           /* experts of the block, ranks of the group */
     double ms_per_load;         /* the busiest rank's milliseconds per unit of load */
     int every;                  /* steps until the next decision */
-    double bytes_per_expert;    /* what one expert's move carries (weights, Adam moments) */
+    double bytes_per_item;      /* what one expert's move carries (weights, Adam moments) */
     /* the expert moves so far (bytes, ms each), the migration cost's fit
      * (balance_migration_cost_ms): none gives a cost of 0 */
     const double *moved_bytes, *moved_ms;

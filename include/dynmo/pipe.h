@@ -132,14 +132,12 @@ void engine_forward_samples(struct engine *eng, long samples, engine_fill_fn fil
  * migration in the next step's stats. */
 void engine_relayout(struct engine *eng, const int *counts);
 
-/* Collective, after every step: expert placement (moe.placement,
- * docs/moe.md). Adds the step's routed pairs per expert to each MoE
- * block's loads; at a decision (every balance.every steps; every step
- * with moe.placement = random) stage replica 0 chooses each block's
- * placement and the ranks of each expert group move the experts that
- * change rank. No-op with moe.placement = static or without expert
- * parallelism. */
-void engine_expert_placement(struct engine *eng, int step);
+/* Collective, after every step: each engine part's decisions inside a
+ * stage (engine_internal.h, struct engine_part's decide), such as expert
+ * placement (moe.placement, docs/moe.md): the part adds the step's loads
+ * and, at a decision, moves what it places between the ranks of its
+ * group. No-op for a part with nothing to decide. */
+void engine_after_step(struct engine *eng, int step);
 
 /* The value of *flag (e.g. set by a signal handler) is folded into every
  * step's global reduction, so all ranks learn at the same step boundary

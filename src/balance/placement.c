@@ -337,13 +337,13 @@ void balance_placement_plan(const double *loads, int E, int ranks, const int *cu
 void balance_placement_decide(const struct balance_placement_input *in, int *next,
                               struct balance_placement_decision *d)
 {
-    int E = in->experts, P = in->ranks;
+    int E = in->items, P = in->ranks;
     memset(d, 0, sizeof *d);
     balance_placement_plan(in->loads, E, P, in->current, next);
     d->now_load = balance_placement_busiest(in->loads, in->current, E, P);
     d->next_load = balance_placement_busiest(in->loads, next, E, P);
     d->moves = balance_placement_moves(in->current, next, E, P);
-    d->bytes = (double)d->moves * in->bytes_per_expert;
+    d->bytes = (double)d->moves * in->bytes_per_item;
     d->saving_ms = (d->now_load - d->next_load) * in->ms_per_load * in->every;
     d->migrate_ms = balance_migration_cost_ms(in->moved_bytes, in->moved_ms, in->moves_kept,
                                               d->bytes);

@@ -18,6 +18,8 @@
 /* The engine's parts (engine_internal.h), in the order they run. */
 const struct engine_part *const engine_parts[] = {&engine_part_ep, NULL};
 
+void engine_after_step(struct engine *eng, int step) { engine_parts_run(eng, decide, step); }
+
 static void slots_alloc(struct engine *eng)
 {
     size_t btc = (size_t)eng->micro_B * eng->T * eng->shape.channels;

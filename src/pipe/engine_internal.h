@@ -161,8 +161,11 @@ double engine_reduce_grads(struct engine *eng);
  * after the step's schedule: the blocks' times as the part sees them);
  * reduce (collective, inside engine_reduce_grads: the step's gradient
  * sums of the parts it splits); forget (after a migration: what it kept
- * per block). engine_parts lists them (engine.c), NULL-terminated;
- * engine_parts_run calls a hook of each in order. */
+ * per block); decide (collective, after every step through
+ * engine_after_step: what the part places inside the stage, such as
+ * expert placement). engine_parts lists them (engine.c), NULL-terminated;
+ * engine_parts_run calls a hook of each in order, with the hook's
+ * arguments after eng. */
 struct engine_part {
     const char *carries;
     void (*init)(struct engine *eng);
@@ -170,13 +173,14 @@ struct engine_part {
     void (*profile)(struct engine *eng);
     void (*reduce)(struct engine *eng);
     void (*forget)(struct engine *eng);
+    void (*decide)(struct engine *eng, int step);   /* engine_after_step */
 };
 extern const struct engine_part engine_part_ep;
 extern const struct engine_part *const engine_parts[];
-#define engine_parts_run(eng, hook)                                     \
-    do {                                                                \
-        for (int part_ = 0; engine_parts[part_]; part_++)               \
-            if (engine_parts[part_]->hook) engine_parts[part_]->hook(eng); \
+#define engine_parts_run(eng, hook, ...)                                       \
+    do {                                                                       \
+        for (int part_ = 0; engine_parts[part_]; part_++)                      \
+            if (engine_parts[part_]->hook) engine_parts[part_]->hook(eng, ##__VA_ARGS__); \
     } while (0)
 
 /* staging.c. staging_pool_host: purpose's host buffer of at least bytes

@@ -31,7 +31,7 @@
  *
  * With moe.placement = balanced (or random, a test aid) the experts move
  * between the ranks of a group at the balancing decisions
- * (engine_expert_placement): stage replica 0 asks src/balance for the
+ * (ep_decide_placement, the part's decide): stage replica 0 asks src/balance for the
  * placement of each of its MoE blocks from the loads the steps since the
  * last decision routed, and the stage's ranks exchange the experts that
  * change rank (weights and Adam moments). The rows then go to the rank
@@ -783,9 +783,9 @@ static void choose_placement(struct ep_state *xp, const struct engine *eng, int 
     double busiest = balance_placement_busiest(last, moe->order, E, P);
     double ms = 1000.0 * (m->block_fwd_s[i] + m->block_bwd_s[i]);
     struct balance_placement_input in = {
-        .loads = loads, .current = moe->order, .experts = E, .ranks = P,
+        .loads = loads, .current = moe->order, .items = E, .ranks = P,
         .ms_per_load = busiest > 0 ? ms / busiest : 0.0, .every = eng->cfg.every,
-        .bytes_per_expert = 3.0 * sizeof(float) * (double)moe->expert_params,
+        .bytes_per_item = 3.0 * sizeof(float) * (double)moe->expert_params,
         .moved_bytes = xp->moved_bytes, .moved_ms = xp->moved_ms,
         .moves_kept = xp->moves_kept < EXPERT_MOVES_KEPT ? xp->moves_kept : EXPERT_MOVES_KEPT,
     };
@@ -800,7 +800,8 @@ static void choose_placement(struct ep_state *xp, const struct engine *eng, int 
     dm_free(last);
 }
 
-void engine_expert_placement(struct engine *eng, int step)
+/* The part's decide (engine_after_step): expert placement. */
+static void ep_decide_placement(struct engine *eng, int step)
 {
     struct ep_state *xp = eng->ep;
     struct gpt *m = &eng->model;
@@ -852,4 +853,5 @@ const struct engine_part engine_part_ep = {
     .profile = ep_profile,
     .reduce = ep_reduce,
     .forget = ep_forget,
+    .decide = ep_decide_placement,
 };

@@ -255,7 +255,7 @@ static int train_loop(struct trainer *tr)
                 dm_user_error_local("step %d: the loss is not finite; lower train.lr (now %g) "
                                     "or check the data", step + 1, cfg->lr);
         }
-        engine_expert_placement(tr->eng, step);
+        engine_after_step(tr->eng, step);
         train_balancer_after_step(tr->balancer, tr->eng, tr->log, st, step);
         layout_history_push(&tr->history, step + 1, engine_layout(tr->eng), tr->stages);
         int status = end_of_step(tr, st, step);
