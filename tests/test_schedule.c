@@ -310,18 +310,20 @@ static void test_predicted_times(void)
 static void test_deadlock_is_detected(void)
 {
     struct schedule_instr stage0[] = {
-        {SCHEDULE_FWD, 0}, {SCHEDULE_RECV_GRAD, 0}, {SCHEDULE_SEND_ACT, 0}, {SCHEDULE_BWD, 0},
-        {SCHEDULE_REDUCE_GRADS, -1}, {SCHEDULE_OPTIMIZER_STEP, -1},
+        {SCHEDULE_FWD, 0, 0}, {SCHEDULE_RECV_GRAD, 0, 0}, {SCHEDULE_SEND_ACT, 0, 0},
+        {SCHEDULE_BWD, 0, 0},
+        {SCHEDULE_REDUCE_GRADS, -1, 0}, {SCHEDULE_OPTIMIZER_STEP, -1, 0},
     };
     struct schedule_instr stage1[] = {
-        {SCHEDULE_RECV_ACT, 0}, {SCHEDULE_FWD, 0}, {SCHEDULE_BWD, 0}, {SCHEDULE_SEND_GRAD, 0},
-        {SCHEDULE_REDUCE_GRADS, -1}, {SCHEDULE_OPTIMIZER_STEP, -1},
+        {SCHEDULE_RECV_ACT, 0, 0}, {SCHEDULE_FWD, 0, 0}, {SCHEDULE_BWD, 0, 0},
+        {SCHEDULE_SEND_GRAD, 0, 0},
+        {SCHEDULE_REDUCE_GRADS, -1, 0}, {SCHEDULE_OPTIMIZER_STEP, -1, 0},
     };
     struct schedule_instr instr[12];
     memcpy(instr, stage0, sizeof stage0);
     memcpy(instr + 6, stage1, sizeof stage1);
     int offset[3] = {0, 6, 12};
-    struct schedule sched = {DM_SCHEDULE_1F1B, 2, 1, offset, instr};
+    struct schedule sched = {DM_SCHEDULE_1F1B, 2, 1, offset, instr, 1};
     int peak[MAX_S];
     CHECK(fifo_execute(&sched, peak) == 1);
     CHECK(strcmp(schedule_op_name(SCHEDULE_RECV_GRAD), "RECV_GRAD") == 0);

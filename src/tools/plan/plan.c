@@ -63,6 +63,10 @@ static int propose_layout(const struct plan_input *in, const struct plan_args *a
             .micro_batches = a->micro_batches, .schedule = a->schedule};
         rc = balance_propose(method, &in->profile, S, a->current, &options, counts,
                              res, err, errsize);
+    } else if (a->virtual_stages) {
+        rc = BALANCE_BAD_INPUT;
+        snprintf(err, errsize, "%s re-packs whole stages; not with the interleaved "
+                 "schedule's chunks", plan_method_name(method));
     } else if (method == PLAN_REPACK) {
         rc = balance_repack(&in->profile, reference, S, a->mem_cap, a->micro_batches,
                             a->schedule, a->epsilon, counts, res, err, errsize);
@@ -256,8 +260,13 @@ static void print_input(const struct plan_input *in, const struct plan_args *a,
         printf("update_ms: blocks %.3f  embed %.3f  head %.3f (once a step)\n", blocks,
                in->profile.embed.update_ms, in->profile.head.update_ms);
     }
-    printf("stages: %d  micro_batches: %d  schedule: %s  mem_cap: ", S,
-           a->micro_batches, a->schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
+    if (a->virtual_stages)
+        printf("stages: %d x %d chunks  micro_batches: %d  schedule: %s  mem_cap: ",
+               S / a->virtual_stages, a->virtual_stages, a->micro_batches,
+               schedule_name(a->schedule));
+    else
+        printf("stages: %d  micro_batches: %d  schedule: %s  mem_cap: ", S,
+               a->micro_batches, schedule_name(a->schedule));
     if (a->mem_cap > 0) printf("%lld\n", (long long)a->mem_cap);
     else printf("none\n");
     print_sharing(sharing, S);
@@ -278,9 +287,14 @@ int cmd_plan(int argc, char **argv)
     int sharing_given = a.cores > 0 || a.stage_groups_text;
     char source[1300];
     load_input(&in, &a, &sharing, sharing_given, source, sizeof source);
+    if (in.blocks < a.stages && a.virtual_stages)
+        dm_user_error("--virtual: %d stages x %d chunks but %s has only %d blocks; every "
+                      "chunk needs at least one", a.stages / a.virtual_stages,
+                      a.virtual_stages, a.costs_path, in.blocks);
     if (in.blocks < a.stages)
         dm_user_error("--stages: %d stages but %s has only %d blocks; every stage "
                       "needs at least one", a.stages, a.costs_path, in.blocks);
+    in.profile.virtual_stages = a.virtual_stages;
     set_up_sharing(&in, &a, &sharing, sharing_given);
     int *reference = reference_layout(&in, &a);
     check_fits(&in, &a);

@@ -86,6 +86,9 @@ struct plan_args {
     int64_t mem_cap;
     int micro_batches;
     enum dm_schedule schedule;
+    int virtual_stages;               /* --virtual: interleaved's chunks per stage
+                                         (0 = not given); then `stages` counts
+                                         chunks, stages x virtual */
     int *current;                     /* (stages) or NULL, dm_alloc'd */
     double cores;                     /* --cores, 0 = not given */
     const char *stage_groups_text;    /* --stage-groups */
