@@ -378,6 +378,9 @@ void schedule_free(struct schedule *sched);
  * backward op (WGRAD under zb, else BWD): min(S-s, m) for 1F1B, m for
  * GPipe, min(S, m) for zb. */
 int schedule_peak_activations(const struct schedule *sched, int stage);
+/* The same for one stage's list of n instructions of schedule `kind`: the
+ * activation slots the stage needs. */
+int schedule_list_peak(const struct schedule_instr *list, int n, enum dm_schedule kind);
 
 /* Whether the schedule splits each backward into BWD and WGRAD (zb). */
 int schedule_splits_backward(enum dm_schedule kind);

@@ -577,6 +577,19 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts);
 void gpt_backward(struct gpt *model, struct gpt_acts *acts,
                   struct block_scratch *scratch, float dloss_scale,
                   const float *dout, float *din);
+/* The same in the zero-bubble schedule's two parts: gpt_backward_input
+ * is gpt_backward with each block's weight gradients left for later
+ * (block_backward_input, into wgrads[i], num_blocks of them allocated for
+ * (B, T, C)); the head's and the embedding's run whole in it, as does
+ * everything under early exit. gpt_backward_weight, before acts or wgrads
+ * are reused, accumulates the blocks' weight gradients (block_bwd_s counts
+ * both parts). In micro-batch order, the two parts give gpt_backward's
+ * bits. */
+void gpt_backward_input(struct gpt *model, struct gpt_acts *acts,
+                        struct block_scratch *scratch, float dloss_scale,
+                        const float *dout, float *din, struct block_wgrad *wgrads);
+void gpt_backward_weight(struct gpt *model, struct gpt_acts *acts,
+                         const struct block_wgrad *wgrads);
 
 /* Completes the tied wte gradient after the last micro-batch's backward
  * and before gpt_grad_sumsq / gpt_adamw_update (which fail on a pending

@@ -131,15 +131,20 @@ void schedule_free(struct schedule *sched)
     memset(sched, 0, sizeof *sched);
 }
 
+int schedule_list_peak(const struct schedule_instr *list, int n, enum dm_schedule kind)
+{
+    enum schedule_op release = schedule_splits_backward(kind) ? SCHEDULE_WGRAD : SCHEDULE_BWD;
+    int alive = 0, peak = 0;
+    for (int i = 0; i < n; i++) {
+        if (list[i].op == SCHEDULE_FWD && ++alive > peak) peak = alive;
+        if (list[i].op == release) alive--;
+    }
+    return peak;
+}
+
 int schedule_peak_activations(const struct schedule *sched, int stage)
 {
     DM_ASSERT(stage >= 0 && stage < sched->stages);
-    enum schedule_op release = schedule_splits_backward(sched->kind) ? SCHEDULE_WGRAD
-                                                                     : SCHEDULE_BWD;
-    int alive = 0, peak = 0;
-    for (int i = sched->offset[stage]; i < sched->offset[stage + 1]; i++) {
-        if (sched->instr[i].op == SCHEDULE_FWD && ++alive > peak) peak = alive;
-        if (sched->instr[i].op == release) alive--;
-    }
-    return peak;
+    return schedule_list_peak(sched->instr + sched->offset[stage],
+                              sched->offset[stage + 1] - sched->offset[stage], sched->kind);
 }

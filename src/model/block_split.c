@@ -16,7 +16,7 @@ void block_wgrad_alloc(struct block_wgrad *w, int B, int T, int C)
 {
     size_t n = (size_t)B * T * C;
     memset(w, 0, sizeof *w);
-    w->mem = dm_alloc(11 * n * sizeof(float));
+    w->mem = backend_current()->alloc(11 * n * sizeof(float));
     w->dout = w->mem;
     w->d_fch = w->dout + n;
     w->d_ln2 = w->d_fch + 4 * n;
@@ -27,7 +27,7 @@ void block_wgrad_alloc(struct block_wgrad *w, int B, int T, int C)
 
 void block_wgrad_free(struct block_wgrad *w)
 {
-    dm_free(w->mem);
+    backend_current()->free(w->mem);
     memset(w, 0, sizeof *w);
 }
 
@@ -56,7 +56,7 @@ void block_backward_input(struct block *blk, struct block_acts *acts,
     int C = blk->C, N = B * T;
     float *const *p = blk->p;
     /* din may alias dout: the weight part reads its own copy */
-    if (!blk->frozen) memcpy(w->dout, dout, (size_t)N * C * sizeof(float));
+    if (!blk->frozen) ops->copy_on_device(w->dout, dout, (size_t)N * C * sizeof(float));
     ops->matmul_backward_gelu(w->d_fch, NULL, NULL, dout, acts->fch_gelu, p[BP_FCPROJ_W],
                               acts->fch, N, 4 * C, C);
     ops->matmul_backward_overwrite(w->d_ln2, NULL, NULL, w->d_fch, acts->ln2, p[BP_FC_W], N,

@@ -330,6 +330,14 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
 void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch *scratch,
                   float dloss_scale, const float *dout, float *din)
 {
+    gpt_backward_input(model, acts, scratch, dloss_scale, dout, din, NULL);
+}
+
+/* wgrads NULL: gpt_backward. */
+void gpt_backward_input(struct gpt *model, struct gpt_acts *acts, struct block_scratch *scratch,
+                        float dloss_scale, const float *dout, float *din,
+                        struct block_wgrad *wgrads)
+{
     const struct dm_backend *ops = backend_current();
     const struct gpt_shape *s = &model->shape;
     int B = acts->B, T = acts->T, C = s->channels, V = s->vocab, N = B * T;
@@ -358,9 +366,13 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         float *target = (i == 0 && !model->has_embed) ? din : d;
         double t0 = dm_profile_now();
         acts->blocks[i].loss_scale = dloss_scale;   /* the MoE balancing losses' share */
+        if (wgrads) wgrads[i].fused = 1;
         if (model->exit)
             exit_backward_block(model, acts, scratch, i, target, grad,
                                 acts->residual + i * BTC, dloss_scale);
+        else if (wgrads)
+            block_backward_input(&model->blocks[i], &acts->blocks[i], scratch, &wgrads[i],
+                                 target, grad, acts->residual + i * BTC, B, T);
         else
             block_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
                            acts->residual + i * BTC, B, T);
@@ -371,6 +383,19 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         ops->encoder_backward(model->dwte, model->dwpe, grad, acts->tokens, B, T, C);
     else if (nb == 0 && din && din != grad)
         ops->copy_on_device(din, grad, BTC * sizeof(float));
+}
+
+void gpt_backward_weight(struct gpt *model, struct gpt_acts *acts,
+                         const struct block_wgrad *wgrads)
+{
+    size_t BTC = (size_t)acts->B * acts->T * model->shape.channels;
+    for (int i = model->num_blocks - 1; i >= 0; i--) {
+        if (model->first_block + i < model->frozen_prefix) break;   /* as gpt_backward_input */
+        double t0 = dm_profile_now();
+        block_backward_weight(&model->blocks[i], &acts->blocks[i], &wgrads[i],
+                              acts->residual + i * BTC, acts->B, acts->T);
+        model->block_bwd_s[i] += dm_profile_now() - t0;
+    }
 }
 
 void gpt_tie_wte_grads(struct gpt *model, const float *other)

@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The zero-bubble schedule (parallel.schedule = zb, ZB-H1) in dynmo train:
+# each block's backward split into its input part (BWD) and its weight part
+# (WGRAD, deferred into the slots the instruction list gives). The loss
+# trajectory is bit-identical to the one-rank run on 2 and 4 stages, on an
+# uneven layout, with random re-layouts every 2 steps (live migration
+# between a BWD and its WGRAD never happens: migration is at step
+# boundaries) and with layers freezing; a traced step holds one WGRAD (op 8)
+# per micro-batch on every stage. Bad values exit 2 with one message.
+set -u
+. "$(dirname "$0")/lib.sh"
+need_dynmo
+work_dir
+tiny_config "$dir/tiny.ini" train.steps=6
+train_cpus=$(two_cpus) train_limit=120
+run() { train "$1" "$2" "$dir/tiny.ini" "${@:3}" && bits "$1" /steps/loss; }
+run base 1
+run zb1 1 parallel.schedule=zb && same base zb1 "zb on one rank" /steps/loss
+run zb2 2 parallel.pp=2 parallel.schedule=zb && same base zb2 "zb on 2 stages" /steps/loss
+run zb4 4 parallel.pp=4 parallel.schedule=zb && same base zb4 "zb on 4 stages" /steps/loss
+run zbx 3 parallel.pp=3 parallel.schedule=zb balance.initial=explicit:1,4,1 &&
+  same base zbx "zb on 3 uneven stages" /steps/loss
+run zbr 4 parallel.pp=4 parallel.schedule=zb balance.method=random balance.every=2 && {
+  same base zbr "zb with random re-layouts every 2 steps" /steps/loss
+  grep -q "migrated [0-9]* blocks" "$dir/zbr.out" || fail "zb: no migration shown in the step lines"
+}
+# Freezing: a frozen block has no weight part; the same bits as 1F1B's.
+freeze=(dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 dyn.freeze_threshold=10)
+run fbase 1 "${freeze[@]}"
+run fzb 4 parallel.pp=4 parallel.schedule=zb "${freeze[@]}" &&
+  same fbase fzb "zb with layers freezing" /steps/loss
+run trace 2 parallel.pp=2 parallel.schedule=zb run.trace_from=2 run.trace_steps=1 && {
+  same base trace "a traced zb run" /steps/loss
+  /usr/bin/python3 - "$dir/trace/runlog.h5" <<'PY' || fail "zb: /trace/events has not one WGRAD per micro-batch"
+import sys, h5py
+e = h5py.File(sys.argv[1], 'r')['/trace/events'][:]
+for rank in (0, 1):
+    ops = list(e[e[:, 1] == rank][:, 3].astype(int))
+    assert ops.count(1) == 4 and ops.count(4) == 4 and ops.count(8) == 4, ops
+    assert ops.index(8) > ops.index(4), ops   # a weight part after its input part
+print("ok: a traced zb step: 4 FWD, 4 BWD, 4 WGRAD per stage")
+PY
+}
+train_refused interleaved "parallel.schedule = interleaved: dynmo plan predicts it" 2 "$dir/tiny.ini" \
+  parallel.pp=2 parallel.schedule=interleaved
+train_refused unknown "parallel.schedule = 'zb2' must be 1f1b, gpipe or zb" 1 "$dir/tiny.ini" \
+  parallel.schedule=zb2
+finish
