@@ -27,8 +27,10 @@ run zbr 4 parallel.pp=4 parallel.schedule=zb balance.method=random balance.every
 # Freezing: a frozen block has no weight part; the same bits as 1F1B's.
 freeze=(dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 dyn.freeze_threshold=10)
 run fbase 1 "${freeze[@]}"
-run fzb 4 parallel.pp=4 parallel.schedule=zb "${freeze[@]}" &&
+run fzb 4 parallel.pp=4 parallel.schedule=zb "${freeze[@]}" && {
   same fbase fzb "zb with layers freezing" /steps/loss
+  grep -Eq "frozen [1-9][0-9]*/6" "$dir/fzb.out" || fail "zb with freezing: no block froze"
+}
 run trace 2 parallel.pp=2 parallel.schedule=zb run.trace_from=2 run.trace_steps=1 && {
   same base trace "a traced zb run" /steps/loss
   /usr/bin/python3 - "$dir/trace/runlog.h5" <<'PY' || fail "zb: /trace/events has not one WGRAD per micro-batch"
