@@ -1,8 +1,9 @@
 /* dynmo balance: the paper's load balancers (DynMo sections 3.3-3.4) as pure
  * functions over arrays: static baselines, the exact memory-capped min-max
  * partition, the decentralised diffusion balancer, re-packing onto fewer
- * stages, the pipeline schedules (GPipe, 1F1B) as per-stage instruction
- * lists, the step-time predictor that is the one simulator of those lists,
+ * stages, the pipeline schedules (GPipe, 1F1B, ZB-H1, interleaved 1F1B) as
+ * per-stage instruction lists, the step-time predictor that is the one
+ * simulator of those lists,
  * and the diff of two layouts into a migration plan.
  *
  * Nothing here calls MPI, touches the model or does I/O: arrays in, a layout
