@@ -6,7 +6,8 @@
 # uneven layout, with random re-layouts every 2 steps (live migration
 # between a BWD and its WGRAD never happens: migration is at step
 # boundaries) and with layers freezing; a traced step holds one WGRAD (op 8)
-# per micro-batch on every stage. Bad values exit 2 with one message.
+# per micro-batch on every stage; the run log keeps the weight parts' time
+# apart (/layers/wgrad_ms). Bad values exit 2 with one message.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_dynmo
@@ -18,12 +19,26 @@ run base 1
 run zb1 1 parallel.schedule=zb && same base zb1 "zb on one rank" /steps/loss
 run zb2 2 parallel.pp=2 parallel.schedule=zb && same base zb2 "zb on 2 stages" /steps/loss
 run zb4 4 parallel.pp=4 parallel.schedule=zb && same base zb4 "zb on 4 stages" /steps/loss
+# The profile records the weight parts apart: /layers/wgrad_ms, a share of
+# /layers/bwd_ms; a 1f1b run has no such dataset.
+/usr/bin/python3 - "$dir/zb2/runlog.h5" "$dir/base/runlog.h5" <<'PY' || fail "zb: /layers/wgrad_ms is wrong"
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'r')
+w, b = f['/layers/wgrad_ms'][:], f['/layers/bwd_ms'][:]
+assert w.shape == b.shape and np.all(w > 0) and np.all(w < b), (w, b)
+assert '/layers/wgrad_ms' not in h5py.File(sys.argv[2], 'r')
+print(f"ok: /layers/wgrad_ms: the weight parts take {np.median(w / b):.2f} of the backward (median)")
+PY
 run zbx 3 parallel.pp=3 parallel.schedule=zb balance.initial=explicit:1,4,1 &&
   same base zbx "zb on 3 uneven stages" /steps/loss
 run zbr 4 parallel.pp=4 parallel.schedule=zb balance.method=random balance.every=2 && {
   same base zbr "zb with random re-layouts every 2 steps" /steps/loss
   grep -q "migrated [0-9]* blocks" "$dir/zbr.out" || fail "zb: no migration shown in the step lines"
 }
+# The balancing controller deciding every 2 steps on the measured weight
+# parts (balance.method=partition): the same bits whatever it decides.
+run zbp 4 parallel.pp=4 parallel.schedule=zb balance.method=partition balance.every=2 &&
+  same base zbp "zb balanced by the controller" /steps/loss
 # Freezing: a frozen block has no weight part; the same bits as 1F1B's.
 freeze=(dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=2 dyn.freeze_threshold=10)
 run fbase 1 "${freeze[@]}"

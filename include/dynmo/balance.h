@@ -652,6 +652,8 @@ struct balance_controller_config {
 /* One measured step as the controller reads it; arrays stay the caller's. */
 struct balance_observation {
     const double *fwd_ms, *bwd_ms;      /* (blocks) per micro-batch */
+    const double *wgrad_ms;             /* (blocks) zb: the weight parts' share of bwd_ms,
+                                           or NULL (the predictor takes half) */
     const double *update_ms;            /* (blocks) once a step */
     const double *mem_bytes;            /* (blocks) slab bytes */
     const double *sparsity;             /* (blocks) pruned share of the matrices */

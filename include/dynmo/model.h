@@ -466,6 +466,7 @@ struct gpt {
      * zeroing), since the caller last zeroed them (the pipeline engine
      * does, every step). */
     double *block_fwd_s, *block_bwd_s, *block_update_s;   /* (num_blocks) */
+    double *block_wgrad_s;   /* (num_blocks) zb: the weight parts' share of block_bwd_s */
     /* Layer freezing: blocks [0, frozen_prefix) (global indices), and the
      * embedding when frozen_prefix > 0, are frozen with everything before
      * them: their backward is skipped entirely. A frozen block outside the
@@ -583,7 +584,7 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts,
  * (B, T, C)); the head's and the embedding's run whole in it, as does
  * everything under early exit. gpt_backward_weight, before acts or wgrads
  * are reused, accumulates the blocks' weight gradients (block_bwd_s counts
- * both parts). In micro-batch order, the two parts give gpt_backward's
+ * both parts, block_wgrad_s this one). In micro-batch order, the two parts give gpt_backward's
  * bits. */
 void gpt_backward_input(struct gpt *model, struct gpt_acts *acts,
                         struct block_scratch *scratch, float dloss_scale,

@@ -58,6 +58,7 @@ struct step_stats {
     double step_ms;
     double *layer_fwd_ms;     /* (layers) per micro-batch, averaged over the step */
     double *layer_bwd_ms;     /* (layers) */
+    double *layer_wgrad_ms;   /* (layers) zb: the weight parts' share of layer_bwd_ms */
     double *layer_mem_bytes;  /* (layers) parameter slab bytes */
     double *layer_sparsity;   /* (layers) pruned fraction of the block's matrices (the
                                  balancer prices CSR blocks by it) */

@@ -642,6 +642,8 @@ int balance_predict(const struct balance_profile *profile, int stages,
     layout_stage_times(&fwd, &bwd, with_update ? &upd : NULL, split ? &wgd : NULL, stages,
                        counts, times);
     int ranks = stages / v;
+    for (int s = 0; split && s < stages; s++)   /* sums of parts may round above the whole */
+        if (times[3 * stages + s] > times[stages + s]) times[3 * stages + s] = times[stages + s];
     double *update = with_update ? times + 2 * stages : NULL;
     if (update)   /* a rank's update: its chunks', in chunk order */
         for (int s = 0; s < ranks; s++)

@@ -82,6 +82,7 @@ void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int fi
     model->block_fwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     model->block_bwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     model->block_update_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
+    model->block_wgrad_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     if (!has_embed && !has_head) return;
 
     /* [wte wpe lnf_w lnf_b] x {params, grads, m, v}, dwte_head */
@@ -112,6 +113,7 @@ void gpt_free(struct gpt *model)
     dm_free(model->block_fwd_s);
     dm_free(model->block_bwd_s);
     dm_free(model->block_update_s);
+    dm_free(model->block_wgrad_s);
     memset(model, 0, sizeof *model);
 }
 
@@ -144,12 +146,14 @@ void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int 
     dm_free(model->block_fwd_s);
     dm_free(model->block_bwd_s);
     dm_free(model->block_update_s);
+    dm_free(model->block_wgrad_s);
     model->blocks = blocks;
     model->first_block = first;
     model->num_blocks = count;
     model->block_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->block_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->block_update_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
+    model->block_wgrad_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     for (int k = 0; k < GPT_EXT_MAX; k++)   /* the adopted blocks get the helpers too */
         if (model->ext_runtime[k].ops)
             gpt_ext_set_runtime(model, model->ext_runtime[k].ops, model->ext_runtime[k].runtime);
@@ -394,7 +398,9 @@ void gpt_backward_weight(struct gpt *model, struct gpt_acts *acts,
         double t0 = dm_profile_now();
         block_backward_weight(&model->blocks[i], &acts->blocks[i], &wgrads[i],
                               acts->residual + i * BTC, acts->B, acts->T);
-        model->block_bwd_s[i] += dm_profile_now() - t0;
+        double spent = dm_profile_now() - t0;
+        model->block_bwd_s[i] += spent;
+        model->block_wgrad_s[i] += spent;
     }
 }
 

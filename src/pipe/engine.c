@@ -419,7 +419,7 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
 {
     struct gpt *m = &eng->model;
     for (int i = 0; i < m->num_blocks; i++)
-        m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = 0.0;
+        m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = m->block_wgrad_s[i] = 0.0;
     eng->compute_s = eng->wait_s = eng->update_s = 0.0;
     eng->current_step = step;
     const struct dm_config *cfg = &eng->cfg;

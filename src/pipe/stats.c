@@ -24,7 +24,8 @@ double engine_thread_cpu_seconds(void)
 }
 
 /* The per-layer fields of a rank's profile, in this order at 4 + k L. */
-enum { PROFILE_FWD, PROFILE_BWD, PROFILE_MEM, PROFILE_SPARSITY, PROFILE_UPDATE, PROFILE_FIELDS };
+enum { PROFILE_FWD, PROFILE_BWD, PROFILE_MEM, PROFILE_SPARSITY, PROFILE_UPDATE, PROFILE_WGRAD,
+       PROFILE_FIELDS };
 
 /* The signals the run writes (dyn_signals) and, per signal, where its
  * (value, weight) pairs sit in a rank's profile: layer by layer, cell by
@@ -66,6 +67,7 @@ void engine_stats_alloc(struct engine *eng)
     }
     st->layer_fwd_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_bwd_ms = dm_alloc((size_t)L * sizeof(double));
+    st->layer_wgrad_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_mem_bytes = dm_alloc((size_t)L * sizeof(double));
     st->layer_sparsity = dm_alloc((size_t)L * sizeof(double));
     st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
@@ -88,6 +90,7 @@ void engine_stats_free(struct engine *eng)
     struct step_stats *st = &eng->stats;
     dm_free(st->layer_fwd_ms);
     dm_free(st->layer_bwd_ms);
+    dm_free(st->layer_wgrad_ms);
     dm_free(st->layer_mem_bytes);
     dm_free(st->layer_sparsity);
     dm_free(st->layer_update_ms);
@@ -164,6 +167,7 @@ static void pack_profile(struct engine *eng, float loss_sum)
         v[4 + PROFILE_MEM * L + layer] = (double)block_pack_size(&m->blocks[i]);
         v[4 + PROFILE_SPARSITY * L + layer] = block_matrix_sparsity(&m->blocks[i]);
         v[4 + PROFILE_UPDATE * L + layer] = m->block_update_s[i];
+        v[4 + PROFILE_WGRAD * L + layer] = m->block_wgrad_s[i];
     }
     v[4 + PROFILE_FIELDS * L] = eng->update_s;
     pack_signals(eng, v);
@@ -175,7 +179,7 @@ static void clear_stats(struct step_stats *st, int L, int S, const int *layout)
         for (int c = 0; c < st->signals[k].columns; c++) st->signals[k].values[c] = 0.0;
     for (int l = 0; l < L; l++) {
         st->layer_fwd_ms[l] = st->layer_bwd_ms[l] = st->layer_mem_bytes[l] = 0.0;
-        st->layer_sparsity[l] = st->layer_update_ms[l] = 0.0;
+        st->layer_sparsity[l] = st->layer_update_ms[l] = st->layer_wgrad_ms[l] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
@@ -264,6 +268,7 @@ static void fold_profiles(struct engine *eng, double step_s)
             for (int l = 0; l < L; l++) {
                 st->layer_fwd_ms[l] += x[4 + PROFILE_FWD * L + l] * 1e3 / mb_count;
                 st->layer_bwd_ms[l] += x[4 + PROFILE_BWD * L + l] * 1e3 / mb_count;
+                st->layer_wgrad_ms[l] += x[4 + PROFILE_WGRAD * L + l] * 1e3 / mb_count;
                 st->layer_mem_bytes[l] += x[4 + PROFILE_MEM * L + l];
                 st->layer_sparsity[l] += x[4 + PROFILE_SPARSITY * L + l];
                 st->layer_update_ms[l] += x[4 + PROFILE_UPDATE * L + l] * 1e3;

@@ -71,6 +71,7 @@ static void observation_of(struct balance_observation *obs, const struct step_st
 {
     struct balance_observation o = {
         .fwd_ms = st->layer_fwd_ms, .bwd_ms = st->layer_bwd_ms,
+        .wgrad_ms = st->layer_wgrad_ms,   /* zeros but under zb, which alone reads it */
         .update_ms = st->layer_update_ms, .mem_bytes = st->layer_mem_bytes,
         .sparsity = st->layer_sparsity, .stage_compute_ms = st->stage_compute_ms,
         .stage_update_ms = st->stage_update_ms, .layout = st->layout, .step_ms = st->step_ms,
