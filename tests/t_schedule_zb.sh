@@ -5,7 +5,8 @@
 # trajectory is bit-identical to the one-rank run on 2 and 4 stages, on an
 # uneven layout, with random re-layouts every 2 steps (live migration
 # between a BWD and its WGRAD never happens: migration is at step
-# boundaries) and with layers freezing; a traced step holds one WGRAD (op 8)
+# boundaries), with layers freezing and across checkpoints resumed under
+# another schedule; a traced step holds one WGRAD (op 8)
 # per micro-batch on every stage; the run log keeps the weight parts' time
 # apart (/layers/wgrad_ms). Bad values exit 2 with one message.
 set -u
@@ -46,6 +47,23 @@ run fzb 4 parallel.pp=4 parallel.schedule=zb "${freeze[@]}" && {
   same fbase fzb "zb with layers freezing" /steps/loss
   grep -Eq "frozen [1-9][0-9]*/6" "$dir/fzb.out" || fail "zb with freezing: no block froze"
 }
+# Checkpoints resume across schedules (they hold layers, not a schedule):
+# 6 steps under one schedule with checkpoints at 3 and 6; ckpt-6 removed,
+# the rerun under the other resumes at 3 and redoes 4-6. The run log's
+# /layers/wgrad_ms then covers the zb steps only; report reads it.
+for pair in "zb 1f1b" "1f1b zb"; do
+  set -- $pair
+  name="resume-$1-$2"
+  train "$name" 2 "$dir/tiny.ini" parallel.pp=2 parallel.schedule="$1" \
+    ckpt.dir="$dir/$name.ck" ckpt.every=3 || continue
+  rm -f "$dir/$name.ck/ckpt-6.h5"
+  train "$name" 2 "$dir/tiny.ini" parallel.pp=2 parallel.schedule="$2" \
+    ckpt.dir="$dir/$name.ck" ckpt.every=3 || continue
+  grep -q "resumed from .*step 3" "$dir/$name.out" || fail "$name: did not resume at step 3"
+  bits "$name" /steps/loss && same base "$name" "$1 resumed under $2" /steps/loss
+  "$DYNMO" report "$dir/$name/runlog.h5" --out "$dir/$name.report" >"$dir/$name.report.out" 2>&1 ||
+    fail "$name: dynmo report failed: $(tail -n 2 "$dir/$name.report.out")"
+done
 run trace 2 parallel.pp=2 parallel.schedule=zb run.trace_from=2 run.trace_steps=1 && {
   same base trace "a traced zb run" /steps/loss
   /usr/bin/python3 - "$dir/trace/runlog.h5" <<'PY' || fail "zb: /trace/events has not one WGRAD per micro-batch"
