@@ -5,7 +5,8 @@
 # trajectory is bit-identical to the one-rank run on 2 and 4 stages, on an
 # uneven layout, with random re-layouts every 2 steps (live migration
 # between a BWD and its WGRAD never happens: migration is at step
-# boundaries), with layers freezing and across checkpoints resumed under
+# boundaries), with layers freezing, early exit, mixture of depths, hash
+# attention and pruning (CSR), and across checkpoints resumed under
 # another schedule; a traced step holds one WGRAD (op 8)
 # per micro-batch on every stage; the run log keeps the weight parts' time
 # apart (/layers/wgrad_ms). Bad values exit 2 with one message.
@@ -63,6 +64,17 @@ for pair in "zb 1f1b" "1f1b zb"; do
   bits "$name" /steps/loss && same base "$name" "$1 resumed under $2" /steps/loss
   "$DYNMO" report "$dir/$name/runlog.h5" --out "$dir/$name.report" >"$dir/$name.report.out" 2>&1 ||
     fail "$name: dynmo report failed: $(tail -n 2 "$dir/$name.report.out")"
+done
+# Schemes whose blocks' backward runs whole in BWD (early exit, mixture of
+# depths, hash attention, pruning with CSR products): the same bits too.
+for scheme in "early dyn.kind=early_exit" "mod model.mod_every=2 model.mod_capacity=0.25" \
+              "hash model.attention=hash hash.buckets=4" \
+              "prune dyn.kind=prune dyn.prune_start=1 dyn.prune_every=1 dyn.csr_sparsity=0"; do
+  set -- $scheme
+  kind=$1; shift
+  run "s-$kind" 1 "$@" &&
+  run "zb-$kind" 2 parallel.pp=2 parallel.schedule=zb "$@" &&
+    same "s-$kind" "zb-$kind" "zb with $kind" /steps/loss
 done
 run trace 2 parallel.pp=2 parallel.schedule=zb run.trace_from=2 run.trace_steps=1 && {
   same base trace "a traced zb run" /steps/loss
