@@ -76,6 +76,11 @@ for scheme in "early dyn.kind=early_exit" "mod model.mod_every=2 model.mod_capac
   run "zb-$kind" 2 parallel.pp=2 parallel.schedule=zb "$@" &&
     same "s-$kind" "zb-$kind" "zb with $kind" /steps/loss
 done
+# On the emulated device (the CUDA plugin's kernels on the CPU): the block's
+# weight-gradient inputs live in device memory; the one-rank bits again.
+run emu1 1 train.device=emulate &&
+  run emu2 2 parallel.pp=2 parallel.schedule=zb train.device=emulate &&
+  same emu1 emu2 "zb on the emulated device" /steps/loss
 run trace 2 parallel.pp=2 parallel.schedule=zb run.trace_from=2 run.trace_steps=1 && {
   same base trace "a traced zb run" /steps/loss
   /usr/bin/python3 - "$dir/trace/runlog.h5" <<'PY' || fail "zb: /trace/events has not one WGRAD per micro-batch"
