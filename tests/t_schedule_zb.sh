@@ -6,7 +6,8 @@
 # uneven layout, with random re-layouts every 2 steps (live migration
 # between a BWD and its WGRAD never happens: migration is at step
 # boundaries), with layers freezing, early exit, mixture of depths, hash
-# attention and pruning (CSR), and across checkpoints resumed under
+# attention, pruning (CSR) and mixture of experts (against 1f1b on the same
+# grid), on the emulated device, and across checkpoints resumed under
 # another schedule; a traced step holds one WGRAD (op 8)
 # per micro-batch on every stage; the run log keeps the weight parts' time
 # apart (/layers/wgrad_ms). Bad values exit 2 with one message.
@@ -76,6 +77,13 @@ for scheme in "early dyn.kind=early_exit" "mod model.mod_every=2 model.mod_capac
   run "zb-$kind" 2 parallel.pp=2 parallel.schedule=zb "$@" &&
     same "s-$kind" "zb-$kind" "zb with $kind" /steps/loss
 done
+# Mixture of experts with expert parallelism (pp = 2, dp = 2, ep = 2; its
+# blocks' backward, with the expert exchange, runs whole in BWD): zb gives
+# 1f1b's bits on the same grid.
+moe=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=64
+     parallel.pp=2 parallel.dp=2 parallel.ep=2 train.micro_batches=2)
+run moe1f1b 4 "${moe[@]}" && run moezb 4 "${moe[@]}" parallel.schedule=zb &&
+  same moe1f1b moezb "zb with mixture of experts (ep = 2)" /steps/loss
 # On the emulated device (the CUDA plugin's kernels on the CPU): the block's
 # weight-gradient inputs live in device memory; the one-rank bits again.
 run emu1 1 train.device=emulate &&
