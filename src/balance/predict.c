@@ -112,7 +112,8 @@ static int check_stage_times(const double *f, const double *b, const double *w,
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                             "interleaved: %d micro-batches is not a multiple of the %d "
                             "stages", m, S);
-    if ((double)S * v * 3 * m > (double)PREDICT_MAX_INSTRUCTIONS)
+    if ((double)S * v * (schedule_splits_backward(schedule) ? 3 : 2) * m >
+        (double)PREDICT_MAX_INSTRUCTIONS)
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                             "%d stages x %d micro-batches is too large to "
                             "simulate", S, m);
