@@ -122,6 +122,39 @@ expect_error "stages 0" "^dynmo: error: --stages: '0'" "$DYNMO" plan --costs $co
 expect_error "stages text" "^dynmo: error: --stages: 'four'" "$DYNMO" plan --costs $costs --stages four
 expect_error "too many stages" "--stages: 13 stages but .* has only 12 blocks" \
   "$DYNMO" plan --costs $costs --stages 13
+# The zero-bubble and interleaved schedules: 16 equal blocks (1 ms forward,
+# 2 ms backward) on 4 stages, 8 micro-batches. 1F1B: (8 + 3) x 12 = 132 ms.
+# ZB-H1 with F = B = W = 4 ms: (3 x 8 + 3) x 4 = 108 ms. Interleaved with
+# 2 chunks of 2 blocks per stage: 8 x 12 + 3 x 12 / 2 = 114 ms.
+printf 'layer,fwd_ms,bwd_ms,params,mem_bytes\n' >"$work/sixteen.csv"
+for i in $(seq 0 15); do echo "$i,1,2,1,1" >>"$work/sixteen.csv"; done
+step_of() {  # SCHEDULE [options]: the static-uniform layout's step_ms
+  local schedule=$1; shift
+  "$DYNMO" plan --costs "$work/sixteen.csv" --stages 4 --micro-batches 8 --method static-uniform \
+    --schedule "$schedule" "$@" >"$work/out" 2>&1 || { fail "$schedule: exit $?"; return; }
+  sed -n 's/^step_ms: //p' "$work/out"
+}
+one=$(step_of 1f1b); zb=$(step_of zb); inter=$(step_of interleaved --virtual 2)
+expect_lines "interleaved prints its chunks" "layout: 2,2,2,2,2,2,2,2" \
+  "stages: 4 x 2 chunks  micro_batches: 8  schedule: interleaved  mem_cap: none"
+echo "step_ms: 1f1b $one, zb $zb, interleaved $inter"
+[ "$one" = "132.000" ] || fail "1f1b on 16 equal blocks: $one ms, want 132"
+awk -v a="$zb" -v b="$inter" -v c="$one" 'BEGIN { exit !(a + 0 < c + 0 && b + 0 < c + 0) }' &&
+  echo "ok: zb and interleaved predicted faster than 1f1b" ||
+  fail "zb ($zb) and interleaved ($inter) must be faster than 1f1b ($one)"
+[ "$zb" = "108.000" ] && [ "$inter" = "114.000" ] || fail "zb $zb (want 108), interleaved $inter (want 114)"
+# Every method runs on the chunks; the re-packers say they cannot.
+"$DYNMO" plan --costs $costs --stages 2 --micro-batches 4 --schedule interleaved >"$work/out" 2>&1 ||
+  fail "interleaved, all methods: exit $?"
+n=$(grep -c '^step_ms: ' "$work/out")
+[ "$n" -eq 6 ] && grep -q "^error: repack re-packs whole stages" "$work/out" &&
+  echo "ok: interleaved: 6 methods, repack refused" || fail "interleaved, all methods: $(cat "$work/out")"
+expect_error "virtual without interleaved" "--virtual: only --schedule interleaved" \
+  "$DYNMO" plan --costs "$work/sixteen.csv" --stages 4 --schedule zb --virtual 2
+expect_error "interleaved micro-batches" "--micro-batches: interleaved needs a multiple of the 4 stages \(got 6\)" \
+  "$DYNMO" plan --costs "$work/sixteen.csv" --stages 4 --schedule interleaved --micro-batches 6
+expect_error "too many chunks" "--virtual: 4 stages x 5 chunks but .* has only 16 blocks" \
+  "$DYNMO" plan --costs "$work/sixteen.csv" --stages 4 --schedule interleaved --virtual 5 --micro-batches 8
 expect_error "unknown method" "--method: unknown method 'fastest'" \
   "$DYNMO" plan --costs $costs --stages 2 --method fastest
 expect_error "bad mem-cap" "--mem-cap: '-5'" "$DYNMO" plan --costs $costs --stages 2 --mem-cap -5
@@ -139,6 +172,19 @@ expect_error "current count" "--current: 2 stages, but --stages is 4" \
   --method partition-time >"$work/out" 2>&1 || fail "units sublayer: exit $?"
 expect_lines "units sublayer" "costs: tests/data/costs_sublayer.csv (8 sublayer units of 4 blocks)" \
   "layout: 3,3,2" "max_stage_ms: 15.000" "split_blocks: 1" "units_moved: 0"
+# Under zb a unit has no weight part (dynmo train runs a half's backward
+# whole): with --units sublayer zb predicts 1f1b's step; the same rows
+# read as blocks (half of each backward a weight part) predict zb faster.
+sub_step() {
+  "$DYNMO" plan --costs tests/data/costs_sublayer.csv --stages 3 --method partition-time "$@" \
+    >"$work/out" 2>&1 || fail "$*: exit $?"
+  sed -n 's/^step_ms: //p' "$work/out"
+}
+s1=$(sub_step --units sublayer --schedule 1f1b); sz=$(sub_step --units sublayer --schedule zb)
+b1=$(sub_step --schedule 1f1b); bz=$(sub_step --schedule zb)
+[ -n "$s1" ] && [ "$s1" = "$sz" ] && awk -v a="$bz" -v b="$b1" 'BEGIN { exit !(a + 0 < b + 0) }' &&
+  echo "ok: units sublayer under zb: 1f1b's $s1 ms (rows as blocks: zb $bz < 1f1b $b1)" ||
+  fail "units sublayer under zb: $sz ms, want 1f1b's $s1; rows as blocks zb $bz, 1f1b $b1"
 grep -v '^3\.' tests/data/costs_sublayer.csv >"$work/odd.csv"
 printf '3.attention,1,2,4000,64000\n' >>"$work/odd.csv"
 expect_error "units odd" "--units sublayer: .*odd.csv has 7 unit rows" \
@@ -148,7 +194,8 @@ expect_error "units name" "--units: 'layer' is not block or sublayer" \
 expect_error "current sum" "--current: the layout covers 11 blocks" \
   "$DYNMO" plan --costs $costs --stages 2 --current 5,6
 expect_error "current zero" "--current: '6,0,6'" "$DYNMO" plan --costs $costs --stages 3 --current 6,0,6
-expect_error "schedule" "--schedule: 'zb'" "$DYNMO" plan --costs $costs --stages 2 --schedule zb
+expect_error "schedule" "--schedule: 'zero-bubble'" \
+  "$DYNMO" plan --costs $costs --stages 2 --schedule zero-bubble
 expect_error "micro-batches" "--micro-batches: '0'" "$DYNMO" plan --costs $costs --stages 2 --micro-batches 0
 expect_error "unknown option" "unknown option '--fast'" "$DYNMO" plan --costs $costs --stages 2 --fast 1
 expect_error "missing value" "--stages: needs a value" "$DYNMO" plan --costs $costs --stages

@@ -368,6 +368,19 @@ expect_error "an unknown policy" "'fastest' is not a policy" \
 for k in 1 2 3 4 5 6 7 8 9; do [ -e "$work/bad$k" ] && fail "bad input $k left $work/bad$k"; done
 [ "$(cat "$work/taken/notes.txt")" = keep ] && [ "$(ls "$work/taken")" = notes.txt ] ||
   fail "the refused --out was changed"
+# --schedule zb: the controller and the predictor run ZB-H1's lists (weight
+# gradients half of each backward); the same layout predicts a shorter step
+# than under 1F1B.
+step_under() {
+  "$DYNMO" simulate --from-run $data/freeze-2-static --policies static-uniform "$@" |
+    awk '$1 == "static-uniform" { print $2 }'
+}
+one=$(step_under); zb=$(step_under --schedule zb)
+"$DYNMO" simulate --from-run $data/freeze-2-static --policies static-uniform --schedule zb |
+  grep -q "m = 4, zb," || fail "--schedule zb: the header does not name zb"
+awk -v a="$zb" -v b="$one" 'BEGIN { exit !(a > 0 && a < b) }' &&
+  echo "ok: --schedule zb: static-uniform $zb ms/step, 1f1b $one" ||
+  fail "--schedule zb: static-uniform ${zb:-?} ms/step, not below 1f1b's ${one:-?}"
 leftovers=$(ls -a "$work" | grep -c '\.tmp-')
 [ "$leftovers" -eq 0 ] && echo "ok: nothing half-written left behind" ||
   fail "$leftovers temporary directories left in $work"

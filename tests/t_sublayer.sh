@@ -3,7 +3,8 @@
 # MLP as separate units of placement. A 5-layer model laid out 3,4,3 units
 # on 3 stages (boundaries inside blocks 1 and 3) and 5,5 on 2 (inside
 # block 2) gives the losses and gradient norms of one rank bit for bit,
-# and so do the balancers moving units between stages; layouts count
+# and so do the balancers moving units between stages and the zero-bubble
+# schedule (parallel.schedule = zb); layouts count
 # units: bad layouts and stage counts exit 2 with one message naming the
 # units, and what cannot split yet is refused.
 set -u
@@ -21,6 +22,24 @@ grep -q "layout 3,4,3" "$dir/three.out" || fail "3 stages: the log line does not
 train two 2 "$dir/tiny.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:5,5 &&
   bits two steps/loss steps/grad_norm && same one two "5,5 units on 2 stages" steps/loss steps/grad_norm
 train whole 1 "$dir/tiny.ini" && bits whole steps/loss && same one whole "units against whole blocks on one rank" steps/loss
+
+# The zero-bubble schedule (parallel.schedule = zb): halves have no
+# weight part, their backward runs whole in BWD (the WGRAD slots do
+# nothing for them, /layers/wgrad_ms stays 0); 3,4,3 units on 3 stages,
+# and units migrating every step on 4, each against one rank.
+train zb3 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 parallel.schedule=zb \
+  balance.initial=explicit:3,4,3 && bits zb3 steps/loss steps/grad_norm &&
+  same one zb3 "zb, 3,4,3 units on 3 stages" steps/loss steps/grad_norm
+/usr/bin/python3 - "$dir/zb3/runlog.h5" <<'PY' || fail "zb with sublayer units: /layers/wgrad_ms is not all 0"
+import sys, h5py, numpy as np
+w = h5py.File(sys.argv[1], 'r')['/layers/wgrad_ms'][:]
+assert w.shape == (6, 5) and np.all(w == 0), w
+print("ok: zb with sublayer units: /layers/wgrad_ms all 0")
+PY
+train zbr4 4 "$dir/tiny.ini" "${units[@]}" parallel.pp=4 parallel.schedule=zb \
+  balance.method=random balance.every=1 && bits zbr4 steps/loss steps/grad_norm &&
+  same one zbr4 "zb, random every step on 4 stages" steps/loss steps/grad_norm
+grep -qE "migrated [0-9]+ units" "$dir/zbr4.out" || fail "zbr4: no units migrated"
 
 # Migration of units: random layouts every 2 steps from 3,4,3 on 3
 # stages, every step on 4 (halves leave whole blocks, join their other

@@ -1,8 +1,9 @@
 /* dynmo balance: the paper's load balancers (DynMo sections 3.3-3.4) as pure
  * functions over arrays: static baselines, the exact memory-capped min-max
  * partition, the decentralised diffusion balancer, re-packing onto fewer
- * stages, the pipeline schedules (GPipe, 1F1B) as per-stage instruction
- * lists, the step-time predictor that is the one simulator of those lists,
+ * stages, the pipeline schedules (GPipe, 1F1B, ZB-H1, interleaved 1F1B) as
+ * per-stage instruction lists, the step-time predictor that is the one
+ * simulator of those lists,
  * and the diff of two layouts into a migration plan.
  *
  * Nothing here calls MPI, touches the model or does I/O: arrays in, a layout
@@ -110,6 +111,14 @@ struct balance_profile {
      * a frozen block). The predictor runs a stage's updates before its
      * first instruction (balance_predict_shared). */
     const double *update_ms;
+    /* (n) zb only, NULL = half of each bwd_ms: the weight-gradient part of
+     * bwd_ms (the embedding's and head's: half of theirs). */
+    const double *wgrad_ms;
+    /* Interleaved: chunks per stage v (0 or 1: none). A layout of this
+     * profile then has S v entries, the model's chunks in pipeline order:
+     * chunk c of stage s is entry c S + s; the embedding is on entry 0, the
+     * head on the last. */
+    int virtual_stages;
 };
 
 enum balance_cost_kind {
@@ -313,16 +322,22 @@ enum schedule_op {
     SCHEDULE_SEND_GRAD,      /* send the gradient of mb's input to stage s-1 */
     SCHEDULE_REDUCE_GRADS,   /* data-parallel gradient reduction (no mb) */
     SCHEDULE_OPTIMIZER_STEP, /* optimizer step of this stage's layers (no mb) */
+    SCHEDULE_WGRAD,          /* zb: weight gradient of mb (the BWD before it was
+                                the input gradient only); accumulates parameter
+                                gradients */
     SCHEDULE_OP_COUNT
 };
 
 struct schedule_instr {
     enum schedule_op op;
     int micro_batch;         /* 0..m-1; -1 for REDUCE_GRADS and OPTIMIZER_STEP */
+    int chunk;               /* interleaved: the rank's model chunk 0..v-1, which is
+                                virtual stage chunk x stages + stage; else 0 */
 };
 
-/* Instructions one stage needs at most for m micro-batches. */
-#define SCHEDULE_MAX_INSTRS(micro_batches) (6 * (micro_batches) + 2)
+/* Instructions one stage needs at most for m micro-batches (for m x v
+ * with interleaved's v chunks). */
+#define SCHEDULE_MAX_INSTRS(micro_batches) (7 * (micro_batches) + 2)
 
 /* Writes stage `stage`'s instruction list (of `stages` stages, 0-based) for
  * `micro_batches` micro-batches into out, which holds at least
@@ -337,10 +352,40 @@ struct schedule_instr {
  * The first stage has no RECV_ACT and no SEND_GRAD; the last stage has no
  * SEND_ACT and no RECV_GRAD (its FWD ends in the loss and its BWD starts
  * from it). Every list ends with REDUCE_GRADS, OPTIMIZER_STEP.
+ * ZB-H1 (zb; Qi et al., "Zero Bubble Pipeline Parallelism", ICLR 2024):
+ * each backward split into BWD, the input gradient that the previous stage
+ * waits for, and WGRAD, the weight gradient that nobody waits for. Stage s
+ * runs 1F1B's forwards and BWDs in 1F1B's order, and a WGRAD follows each
+ * BWD except that the first s WGRADs are held back, each running one BWD
+ * later, and the held ones end the list: the weight gradients fill the
+ * slots 1F1B leaves idle while every stage holds at most min(S, m)
+ * micro-batches (1F1B's peak, stage 0's), each from its FWD until its
+ * WGRAD. With equal F, B, W times the step is (3m + S - 1) F against
+ * 1F1B's 3(m + S - 1) F: a bubble of (S - 1)/(3m) of the compute against
+ * (S - 1)/m. WGRADs too run in ascending micro-batch order.
+ * Interleaved needs schedule_stage_chunks; with one chunk it is 1F1B.
  * Bad sizes (stages < 1, micro_batches < 1, stage out of range, an unknown
  * kind) are internal errors. */
 int schedule_stage(struct schedule_instr *out, enum dm_schedule kind, int stage,
                    int stages, int micro_batches);
+
+/* The same with `virtual` chunks per stage (out holds
+ * SCHEDULE_MAX_INSTRS(micro_batches x virtual)). Interleaved 1F1B
+ * (Megatron-LM's virtual stages): stage s holds chunks c = 0..v-1, chunk c
+ * being virtual stage c S + s of the V = S v that the model is laid out on;
+ * the last stage's chunk c sends to the first stage's chunk c + 1. The
+ * stage's m v forwards run in groups of S micro-batches, chunk by chunk
+ * (the k-th forward is micro-batch (k / (S v)) S + k mod S of chunk
+ * (k / S) mod v; the backwards the same with the chunks in reverse), with
+ * a warm-up of 2 (S - s - 1) + (v - 1) S forwards (all m v when m = S),
+ * then one forward and one backward alternately, then the remaining
+ * backwards. Needs micro_batches a multiple of stages when virtual > 1
+ * (an internal error otherwise: the configuration refuses it). Each chunk
+ * runs its forwards and backwards in ascending micro-batch order. With
+ * equal chunks the step is m (f + b) + (S - 1)(f + b) / v, f and b a
+ * stage's (all its chunks') times. Other kinds need virtual = 1. */
+int schedule_stage_chunks(struct schedule_instr *out, enum dm_schedule kind, int stage,
+                          int stages, int virtual, int micro_batches);
 
 /* The lists of all stages in one allocation (for tools and tests; a rank
  * needs only its own, from schedule_stage). */
@@ -349,17 +394,32 @@ struct schedule {
     int stages, micro_batches;
     int *offset;                   /* (stages + 1): stage s is instr[offset[s] .. offset[s+1]) */
     struct schedule_instr *instr;  /* (offset[stages]) */
+    int virtual;                   /* chunks per stage (1 but for interleaved) */
 };
 
 /* Fills sched with every stage's list. The arrays belong to sched until
  * schedule_free, which frees them and zeroes sched. */
 void schedule_build(struct schedule *sched, enum dm_schedule kind, int stages,
                     int micro_batches);
+/* The same with `virtual` chunks per stage (schedule_stage_chunks). */
+void schedule_build_chunks(struct schedule *sched, enum dm_schedule kind, int stages,
+                           int virtual, int micro_batches);
 void schedule_free(struct schedule *sched);
 
-/* Most micro-batches whose activations stage `stage` holds at once (from
- * its FWD until its BWD): min(S-s, m) for 1F1B, m for GPipe. */
+/* Most micro-batches (micro-batch and chunk pairs, interleaved) whose
+ * activations stage `stage` holds at once, from its FWD until its last
+ * backward op (WGRAD under zb, else BWD): min(S-s, m) for 1F1B, m for
+ * GPipe, min(S, m) for zb. */
 int schedule_peak_activations(const struct schedule *sched, int stage);
+/* The same for one stage's list of n instructions of schedule `kind`: the
+ * activation slots the stage needs. */
+int schedule_list_peak(const struct schedule_instr *list, int n, enum dm_schedule kind);
+
+/* Whether the schedule splits each backward into BWD and WGRAD (zb). */
+int schedule_splits_backward(enum dm_schedule kind);
+
+/* "1f1b", "gpipe", "zb", "interleaved"; "?" for a value out of range. */
+const char *schedule_name(enum dm_schedule kind);
 
 /* "FWD", "RECV_ACT", ... for logs and tools; "?" for a value out of range. */
 const char *schedule_op_name(enum schedule_op op);
@@ -441,10 +501,29 @@ int balance_predict_shared(const double *stage_fwd_ms,
                            struct balance_prediction *out,
                            char *err, size_t errsize);
 
+/* The same with v = `virtual` chunks per stage (interleaved; any other
+ * schedule needs v = 1) and, for zb, the weight gradients apart: fwd_ms,
+ * bwd_ms and wgrad_ms have S v entries, virtual stage c S + s being chunk c
+ * of stage s; bwd_ms is the whole backward and wgrad_ms (zb only; NULL =
+ * half of it) the part of it that is WGRAD, so that zb's BWD costs bwd_ms
+ * - wgrad_ms. stage_update_ms has S entries (a stage's, all its chunks').
+ * Interleaved with v > 1 needs micro_batches a multiple of S, and wgrad_ms
+ * at most bwd_ms (BALANCE_BAD_INPUT). bubble_ratio and bottleneck_stage
+ * count a stage's chunks together. With v = 1 and no wgrad_ms this is
+ * balance_predict_shared. */
+int balance_predict_chunks(const double *fwd_ms, const double *bwd_ms,
+                           const double *wgrad_ms, const double *stage_update_ms,
+                           int stages, int virtual, int micro_batches,
+                           enum dm_schedule schedule, const struct balance_sharing *sharing,
+                           struct balance_prediction *out, char *err, size_t errsize);
+
 /* The same for a layout of profile: stage times are the stage costs (top of
  * this file) of fwd_ms, bwd_ms and update_ms separately, extras included;
  * the stages share processors as profile->sharing says
- * (balance_predict_shared). */
+ * (balance_predict_shared). With profile->virtual_stages = v > 1 `stages`
+ * counts chunks (S v, counts with as many entries) and the prediction is
+ * balance_predict_chunks' on S stages; zb splits each stage's backward with
+ * profile->wgrad_ms. */
 int balance_predict(const struct balance_profile *profile, int stages,
                     const int *counts, int micro_batches,
                     enum dm_schedule schedule, struct balance_prediction *out,
@@ -609,6 +688,8 @@ struct balance_controller_config {
 /* One measured step as the controller reads it; arrays stay the caller's. */
 struct balance_observation {
     const double *fwd_ms, *bwd_ms;      /* (blocks) per micro-batch */
+    const double *wgrad_ms;             /* (blocks) zb: the weight parts' share of bwd_ms,
+                                           or NULL (the predictor takes half) */
     const double *update_ms;            /* (blocks) once a step */
     const double *mem_bytes;            /* (blocks) slab bytes */
     const double *sparsity;             /* (blocks) pruned share of the matrices */

@@ -47,6 +47,8 @@ struct dyn_ckpt_states;   /* dynmo/dyn.h */
 /* Per block and step (columns: the model's transformer blocks): */
 #define RUNLOG_LAYER_FWD_MS "/layers/fwd_ms"      /* float32 [steps, layers] */
 #define RUNLOG_LAYER_BWD_MS "/layers/bwd_ms"      /* float32 [steps, layers] */
+#define RUNLOG_LAYER_WGRAD_MS "/layers/wgrad_ms"  /* float32 [steps, layers]: zb only, the
+                                                     weight parts' share of bwd_ms */
 #define RUNLOG_LAYER_UPDATE_MS "/layers/update_ms" /* float32 [steps, layers]: the block's share
                                                      of the step's end, once a step */
 /* Only with balance.units = sublayer: per unit (block j's attention 2j,

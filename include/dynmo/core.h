@@ -199,7 +199,15 @@ void dm_parallel_for(long n, long grain, dm_range_fn fn, void *arg);
 
 /* ---- configuration ----------------------------------------------------- */
 
-enum dm_schedule { DM_SCHEDULE_1F1B = 0, DM_SCHEDULE_GPIPE = 1 };
+/* The pipeline schedules (dynmo/balance.h, docs/pipeline.md): 1F1B, GPipe,
+ * zero-bubble ZB-H1 (backward split into input and weight gradients) and
+ * interleaved 1F1B (virtual stages). */
+enum dm_schedule {
+    DM_SCHEDULE_1F1B = 0,
+    DM_SCHEDULE_GPIPE = 1,
+    DM_SCHEDULE_ZB = 2,
+    DM_SCHEDULE_INTERLEAVED = 3,
+};
 /* The most keys config.c's table may hold (struct dm_config.key_set). */
 #define CONFIG_MAX_KEYS 128
 

@@ -125,6 +125,24 @@ void layernorm_backward(float *dinp, float *dweight, float *dbias,
                         const float *weight, const float *mean, const float *rstd,
                         int N, int C);
 
+/* Each backward above as its two halves for the zero-bubble schedule
+ * (ops_split.c): the input gradient (B, which the previous stage waits
+ * for) and the weight gradient (W, which may wait). Each half computes
+ * exactly what the whole backward computes for its outputs, bit for bit,
+ * so B then W is the whole backward. matmul: dinp = dout @ weight
+ * (overwritten); dweight += dout^T @ inp, dbias += sum_n dout (dbias may be
+ * NULL). layernorm: dinp += the input gradient; dweight, dbias +=. */
+void matmul_backward_input(float *dinp, const float *dout, const float *weight,
+                           int N, int C, int OC);
+void matmul_backward_weight(float *dweight, float *dbias, const float *dout,
+                            const float *inp, int N, int C, int OC);
+void layernorm_backward_input(float *dinp, const float *dout, const float *inp,
+                              const float *weight, const float *mean, const float *rstd,
+                              int N, int C);
+void layernorm_backward_weight(float *dweight, float *dbias, const float *dout,
+                               const float *inp, const float *mean, const float *rstd,
+                               int N, int C);
+
 /* Causal multi-head self-attention core (no projections):
  * qkv (B,T,3C) laid out [q | k | v] per token, heads split along C.
  * att (B,NH,T,T) keeps the softmax probabilities for backward. */
@@ -436,6 +454,34 @@ int block_tensor_half(const struct block *blk, int k);
 void block_half_range(const struct block *blk, int half, size_t *offset, size_t *count);
 double block_half_grad_sumsq(const struct block *blk, int half);
 
+/* The block's backward in two parts for the zero-bubble schedule
+ * (block_split.c): block_backward_input computes din (as block_backward)
+ * and keeps in *w the output gradients that the weight gradients need;
+ * block_backward_weight, any time later but before acts, in or w are
+ * reused, accumulates the weight gradients from them and from the
+ * activations. Run in micro-batch order, the two give block_backward's
+ * din and gradients bit for bit. A frozen block has no weight part; a
+ * block whose backward an extension or CSR products replace computes it
+ * whole in the input part (w->fused). One struct block_wgrad per
+ * micro-batch between its two parts, allocated for (B, T, C). */
+struct block_wgrad {
+    int fused;          /* the input part did everything */
+    float *mem;         /* owns everything below */
+    float *dout;        /* (B,T,C) the block's output gradient */
+    float *d_fch;       /* (B,T,4C) of the MLP's hidden layer */
+    float *d_ln2;       /* (B,T,C) of ln2's output */
+    float *d_res1;      /* (B,T,C) of the residual after attention */
+    float *d_qkv;       /* (B,T,3C) */
+    float *d_ln1;       /* (B,T,C) of ln1's output */
+};
+void block_wgrad_alloc(struct block_wgrad *w, int B, int T, int C);
+void block_wgrad_free(struct block_wgrad *w);
+void block_backward_input(struct block *blk, struct block_acts *acts,
+                          struct block_scratch *scratch, struct block_wgrad *w, float *din,
+                          const float *dout, const float *in, int B, int T);
+void block_backward_weight(struct block *blk, const struct block_acts *acts,
+                           const struct block_wgrad *w, const float *in, int B, int T);
+
 /* ---- the model on one rank ---------------------------------------------
  * Embedding parameters: wte (V,C), wpe (max_seq,C).
  * Head parameters: lnf_w (C), lnf_b (C); the LM head is wte (tied).
@@ -472,6 +518,7 @@ struct gpt {
      * BLOCK_HALVES, runs as its two halves, each timed; an attention half
      * alone: all of it; an MLP half alone: none). */
     double *attention_fwd_s, *attention_bwd_s;             /* (num_blocks) */
+    double *block_wgrad_s;   /* (num_blocks) zb: the weight parts' share of block_bwd_s */
     /* Layer freezing: blocks [0, frozen_prefix) (global indices), and the
      * embedding when frozen_prefix > 0, are frozen with everything before
      * them: their backward is skipped entirely. A frozen block outside the
@@ -583,6 +630,20 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts);
 void gpt_backward(struct gpt *model, struct gpt_acts *acts,
                   struct block_scratch *scratch, float dloss_scale,
                   const float *dout, float *din);
+/* The same in the zero-bubble schedule's two parts: gpt_backward_input
+ * is gpt_backward with each block's weight gradients left for later
+ * (block_backward_input, into wgrads[i], num_blocks of them allocated for
+ * (B, T, C)); the head's and the embedding's run whole in it, as does
+ * everything under early exit and every block held as halves (balance.units
+ * = sublayer: wgrads[i].fused). gpt_backward_weight, before acts or wgrads
+ * are reused, accumulates the blocks' weight gradients (block_bwd_s counts
+ * both parts, block_wgrad_s this one: 0 for a block without a weight
+ * part). In micro-batch order, the two parts give gpt_backward's bits. */
+void gpt_backward_input(struct gpt *model, struct gpt_acts *acts,
+                        struct block_scratch *scratch, float dloss_scale,
+                        const float *dout, float *din, struct block_wgrad *wgrads);
+void gpt_backward_weight(struct gpt *model, struct gpt_acts *acts,
+                         const struct block_wgrad *wgrads);
 
 /* Completes the tied wte gradient after the last micro-batch's backward
  * and before gpt_grad_sumsq / gpt_adamw_update (which fail on a pending

@@ -58,19 +58,21 @@ struct step_stats {
     double step_ms;
     double *layer_fwd_ms;     /* (layers) per micro-batch, averaged over the step */
     double *layer_bwd_ms;     /* (layers) */
+    double *layer_wgrad_ms;   /* (layers) zb: the weight parts' share of layer_bwd_ms */
     double *layer_mem_bytes;  /* (layers) parameter slab bytes */
     double *layer_sparsity;   /* (layers) pruned fraction of the block's matrices (the
                                  balancer prices CSR blocks by it) */
     double *layer_update_ms;  /* (layers) the block's share of the step's end, once a
                                  step: gradient norm, masking, optimizer, zeroing */
-    /* The same five figures per unit of placement (balance.units): with
+    /* The same six figures per unit of placement (balance.units): with
      * whole-block units the layer figures again; with sublayer units
      * (2 layers) each half of every block apart, unit 2l its attention and
      * 2l + 1 its MLP (forward and backward measured apart, the slab's bytes
-     * and the update time shared by the halves' parameters), which the
-     * layer figures sum. What the balancer takes. */
+     * and the update time shared by the halves' parameters, no weight part:
+     * wgrad 0), which the layer figures sum. What the balancer takes. */
     int units;
     double *unit_fwd_ms, *unit_bwd_ms, *unit_mem_bytes, *unit_sparsity, *unit_update_ms;
+    double *unit_wgrad_ms;
     double *stage_compute_ms; /* (stages) max over replicas */
     double *stage_wait_ms;    /* (stages) time waiting on neighbours, max over replicas */
     double *stage_peak_mb;    /* (stages) peak resident MiB, max over replicas */

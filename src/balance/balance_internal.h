@@ -91,6 +91,23 @@ void problem_describe(const struct balance_problem *p, const int *counts,
                       const int *reference, int reference_stages,
                       struct balance_result *res);
 
+/* ---- schedules (schedule.c, schedule_zb.c, schedule_interleaved.c) ---- */
+
+/* Append one micro-batch's receive-forward-send (or receive-backward-send)
+ * of `chunk` at out[n], without the transfers that the first or last
+ * (virtual) stage lacks; return the new count. */
+int schedule_emit_forward(struct schedule_instr *out, int n, int mb, int chunk, int first,
+                          int last);
+int schedule_emit_backward(struct schedule_instr *out, int n, int mb, int chunk, int first,
+                           int last);
+
+/* Stage `stage`'s computing and transfer instructions (no REDUCE_GRADS or
+ * OPTIMIZER_STEP) of ZB-H1 and of interleaved 1F1B with virtual > 1
+ * (balance.h, schedule_stage and schedule_stage_chunks); return the count. */
+int schedule_zb_stage(struct schedule_instr *out, int stage, int stages, int micro_batches);
+int schedule_interleaved_stage(struct schedule_instr *out, int stage, int stages, int virtual,
+                               int micro_batches);
+
 /* ---- local search on the predicted step time (search.c) ---- */
 
 /* balance_predict's step time for a layout and profile already checked

@@ -36,6 +36,8 @@ struct balance_controller {
     double *matrix_weights;     /* (blocks) each unit's prunable matrix weights */
     double *params;             /* (blocks) parameters that still compute */
     double *fwd_ema, *bwd_ema;  /* (blocks) ms per micro-batch */
+    double *wgrad_ema;          /* (blocks) zb: the weight parts' share of bwd_ema */
+    int have_wgrad;             /* the observations measured weight parts */
     double *update_ema;         /* (blocks) ms once a step */
     struct balance_extra embed_ema, head_ema;   /* time fields only */
     int64_t *mem_bytes;         /* (blocks) */
@@ -100,6 +102,7 @@ struct balance_controller *balance_controller_create(const struct balance_contro
     ctl->params = dm_alloc(n * sizeof(double));
     ctl->fwd_ema = dm_alloc(n * sizeof(double));
     ctl->bwd_ema = dm_alloc(n * sizeof(double));
+    ctl->wgrad_ema = dm_alloc(n * sizeof(double));
     ctl->update_ema = dm_alloc(n * sizeof(double));
     ctl->mem_bytes = dm_alloc(n * sizeof(int64_t));
     ctl->block_sizes = dm_alloc(n * sizeof(double));
@@ -122,6 +125,7 @@ void balance_controller_destroy(struct balance_controller *ctl)
     dm_free(ctl->matrix_weights);
     dm_free(ctl->fwd_ema);
     dm_free(ctl->bwd_ema);
+    dm_free(ctl->wgrad_ema);
     dm_free(ctl->update_ema);
     dm_free(ctl->mem_bytes);
     dm_free(ctl);
@@ -180,12 +184,15 @@ static void fold(struct balance_controller *ctl, const struct balance_observatio
     for (int b = 0; b < n; b++) {
         ctl->fwd_ema[b] = ema(ctl->fwd_ema[b], obs->fwd_ms[b], ctl->have_ema);
         ctl->bwd_ema[b] = ema(ctl->bwd_ema[b], obs->bwd_ms[b], ctl->have_ema);
+        if (obs->wgrad_ms)
+            ctl->wgrad_ema[b] = ema(ctl->wgrad_ema[b], obs->wgrad_ms[b], ctl->have_ema);
         ctl->update_ema[b] = ema(ctl->update_ema[b], obs->update_ms[b], ctl->have_ema);
         ctl->mem_bytes[b] = (int64_t)obs->mem_bytes[b];
         /* Parameters that still compute: a pruned block's nonzeros. */
         ctl->params[b] = ctl->block_sizes[b] - obs->sparsity[b] * ctl->matrix_weights[b];
     }
     ctl->have_ema = 1;
+    ctl->have_wgrad |= obs->wgrad_ms != NULL;
     if (obs->migrated_blocks > 0 && obs->migrated_bytes > 0) {
         int slot = ctl->migrations++ % MIGRATIONS_KEPT;
         ctl->migrated_bytes[slot] = obs->migrated_bytes;
@@ -216,6 +223,7 @@ static void current_profile(const struct balance_controller *ctl, struct balance
         .embed = ctl->embed_ema, .head = ctl->head_ema,
         .sharing = ctl->sharing.groups ? &ctl->sharing : NULL,
         .update_ms = ctl->update_ema,
+        .wgrad_ms = ctl->have_wgrad ? ctl->wgrad_ema : NULL,
     };
     *profile = p;
 }

@@ -1,43 +1,98 @@
 /* The step-time predictor, the one simulator of the schedules: simulates the
- * instruction lists of schedule_stage (GPipe or 1F1B; its forwards and
- * backwards, in order) with zero communication time, from per-stage forward
- * and backward times and updates at the step's end, with a processor per
- * stage or with stages sharing processors. The balancers and `dynmo plan`
- * use it to compare layouts and to decide re-packing; the engine can feed
- * it measured stage times. Must not: model communication or memory (that
- * is the engine's to measure), keep an order of its own beside
- * schedule_stage's, or depend on anything but its arguments. */
+ * instruction lists of schedule_stage_chunks (GPipe, 1F1B, ZB-H1,
+ * interleaved 1F1B; their forwards, backwards and weight gradients, in
+ * order) with zero communication time, from per-(virtual-)stage forward,
+ * backward and weight-gradient times and updates at the step's end, with a
+ * processor per stage or with stages sharing processors. The balancers and
+ * `dynmo plan` use it to compare layouts and to decide re-packing; the
+ * engine can feed it measured stage times. Must not: model communication
+ * or memory (that is the engine's to measure), keep an order of its own
+ * beside schedule_stage_chunks', or depend on anything but its arguments. */
 #include <math.h>
 #include <string.h>
 #include "balance_internal.h"
 
-/* Instructions per stage are coded 0..m-1 for forward k and m..2m-1 for
- * backward k; the simulation is Kahn's topological order over the
- * dependency graph, each instruction starting when its predecessor on the
- * stage and its cross-stage input have finished. A stage's codes are the
- * FWD and BWD instructions of its schedule_stage list, in order; the
- * transfers take no time and the step's end is the simulations' own
- * update. scratch holds SCHEDULE_MAX_INSTRS(m) instructions. */
-static void stage_codes(int *codes, struct schedule_instr *scratch, int stage,
-                        int stages, int m, enum dm_schedule schedule)
+/* The lists as the simulations read them. A stage's computing
+ * instructions are coded kind x (v m) + chunk x m + micro-batch, kind 0 a
+ * forward, 1 a backward (BWD), 2 a weight gradient (WGRAD, zb only); for
+ * GPipe and 1F1B that is k for forward k and m + k for backward k. Each
+ * instruction starts when its predecessor on the stage and its cross-stage
+ * input have finished: forward k of virtual stage u after forward k of
+ * u - 1, backward k after backward k of u + 1 (virtual stage u = chunk x S
+ * + stage; the last stage's chunk c feeds the first stage's chunk c + 1);
+ * a weight gradient needs only its own stage's backward, before it in the
+ * list. Transfers take no time. Times are per virtual stage: f, b (the
+ * backward: BWD under zb, else the whole backward) and w (zb's WGRAD). */
+struct sim_lists {
+    int S, v, m, kinds;     /* kinds: 3 with weight gradients, else 2 */
+    long L;                 /* kinds v m instructions per stage */
+    int *list;              /* (S, L) codes in list order */
+    const double *f, *b, *w;   /* (S v) */
+};
+
+/* Fills sl->list from schedule_stage_chunks. */
+static void lists_build(struct sim_lists *sl, enum dm_schedule schedule)
 {
-    int n = schedule_stage(scratch, schedule, stage, stages, m);
-    int pos = 0;
-    for (int i = 0; i < n; i++) {
-        if (scratch[i].op == SCHEDULE_FWD) codes[pos++] = scratch[i].micro_batch;
-        else if (scratch[i].op == SCHEDULE_BWD) codes[pos++] = m + scratch[i].micro_batch;
+    int vm = sl->v * sl->m;
+    sl->kinds = schedule_splits_backward(schedule) ? 3 : 2;
+    sl->L = (long)sl->kinds * vm;
+    sl->list = dm_alloc((size_t)sl->S * (size_t)sl->L * sizeof(int));
+    struct schedule_instr *scratch = dm_alloc(SCHEDULE_MAX_INSTRS((size_t)vm) *
+                                              sizeof *scratch);
+    for (int s = 0; s < sl->S; s++) {
+        int n = schedule_stage_chunks(scratch, schedule, s, sl->S, sl->v, sl->m);
+        long pos = 0;
+        for (int i = 0; i < n; i++) {
+            int kind = scratch[i].op == SCHEDULE_FWD ? 0 : scratch[i].op == SCHEDULE_BWD ? 1
+                     : scratch[i].op == SCHEDULE_WGRAD ? 2 : -1;
+            if (kind < 0) continue;
+            sl->list[s * sl->L + pos++] = kind * vm + scratch[i].chunk * sl->m +
+                                          scratch[i].micro_batch;
+        }
+        DM_ASSERT(pos == sl->L);
     }
-    DM_ASSERT(pos == 2 * m);
+    dm_free(scratch);
+}
+
+static int code_kind(const struct sim_lists *sl, int code)
+{
+    return code / (sl->v * sl->m);
+}
+
+/* The virtual stage of stage s's instruction `code`. */
+static int code_vstage(const struct sim_lists *sl, int s, int code)
+{
+    return (code % (sl->v * sl->m)) / sl->m * sl->S + s;
+}
+
+static double code_cost(const struct sim_lists *sl, int s, int code)
+{
+    int u = code_vstage(sl, s, code), kind = code_kind(sl, code);
+    return kind == 0 ? sl->f[u] : kind == 1 ? sl->b[u] : sl->w[u];
+}
+
+/* The instruction on virtual stage u that feeds (direction -1) or is fed by
+ * (+1) stage s's `code`: its stage in *stage, its code returned; -1 when
+ * there is none (a weight gradient, or the pipeline's end). */
+static int code_neighbour(const struct sim_lists *sl, int s, int code, int direction,
+                          int *stage)
+{
+    int kind = code_kind(sl, code);
+    if (kind == 2) return -1;
+    int step = kind == 0 ? direction : -direction;   /* backwards flow the other way */
+    int u = code_vstage(sl, s, code) + step;
+    if (u < 0 || u >= sl->S * sl->v) return -1;
+    *stage = u % sl->S;
+    return kind * sl->v * sl->m + (u / sl->S) * sl->m + code % sl->m;
 }
 
 #define PREDICT_MAX_INSTRUCTIONS ((long)1 << 26)
 
-/* The checks both simulations start with. */
-static int check_stage_times(const double *stage_fwd_ms,
-                             const double *stage_bwd_ms,
-                             const double *stage_update_ms, int S, int m,
-                             enum dm_schedule schedule, char *err,
-                             size_t errsize)
+/* The checks every simulation starts with: f, b, w (w NULL or zb's weight
+ * gradients, at most b) per virtual stage, updates per stage. */
+static int check_stage_times(const double *f, const double *b, const double *w,
+                             const double *stage_update_ms, int S, int v, int m,
+                             enum dm_schedule schedule, char *err, size_t errsize)
 {
     if (S < 1)
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
@@ -45,40 +100,54 @@ static int check_stage_times(const double *stage_fwd_ms,
     if (m < 1)
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                             "micro-batches must be at least 1 (got %d)", m);
-    if (schedule != DM_SCHEDULE_1F1B && schedule != DM_SCHEDULE_GPIPE)
+    if (schedule != DM_SCHEDULE_1F1B && schedule != DM_SCHEDULE_GPIPE &&
+        schedule != DM_SCHEDULE_ZB && schedule != DM_SCHEDULE_INTERLEAVED)
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                             "unknown schedule %d", (int)schedule);
-    if ((long)S * 2 * m > PREDICT_MAX_INSTRUCTIONS)
+    if (v < 1 || (v > 1 && schedule != DM_SCHEDULE_INTERLEAVED))
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "%d chunks per stage: only the interleaved schedule has "
+                            "more than one", v);
+    if (v > 1 && m % S != 0)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "interleaved: %d micro-batches is not a multiple of the %d "
+                            "stages", m, S);
+    if ((double)S * v * (schedule_splits_backward(schedule) ? 3 : 2) * m >
+        (double)PREDICT_MAX_INSTRUCTIONS)
         return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                             "%d stages x %d micro-batches is too large to "
                             "simulate", S, m);
-    for (int s = 0; s < S; s++) {
-        if (!isfinite(stage_fwd_ms[s]) || stage_fwd_ms[s] < 0 ||
-            !isfinite(stage_bwd_ms[s]) || stage_bwd_ms[s] < 0)
+    for (int u = 0; u < S * v; u++) {
+        const char *what = v > 1 ? "virtual stage" : "stage";
+        if (!isfinite(f[u]) || f[u] < 0 || !isfinite(b[u]) || b[u] < 0)
             return balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                                "stage %d: time (%g fwd, %g bwd) is negative "
-                                "or not a number", s, stage_fwd_ms[s],
-                                stage_bwd_ms[s]);
-        if (stage_update_ms &&
-            (!isfinite(stage_update_ms[s]) || stage_update_ms[s] < 0))
+                                "%s %d: time (%g fwd, %g bwd) is negative "
+                                "or not a number", what, u, f[u], b[u]);
+        if (w && (!isfinite(w[u]) || w[u] < 0 || w[u] > b[u]))
+            return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                                "%s %d: weight-gradient time %g is negative, not a "
+                                "number or more than the backward's %g", what, u, w[u],
+                                b[u]);
+    }
+    for (int s = 0; stage_update_ms && s < S; s++)
+        if (!isfinite(stage_update_ms[s]) || stage_update_ms[s] < 0)
             return balance_fail(BALANCE_BAD_INPUT, err, errsize,
                                 "stage %d: update time %g is negative or not "
                                 "a number", s, stage_update_ms[s]);
-    }
     return BALANCE_OK;
 }
 
 /* Fills out from the simulated step time: the bubble ratio and the
- * bottleneck (balance.h). */
-static void describe_step(struct balance_prediction *out, double step,
-                          const double *stage_fwd_ms,
-                          const double *stage_bwd_ms,
-                          const double *stage_update_ms, int S, int m)
+ * bottleneck (balance.h); f and b per virtual stage, b the whole backward. */
+static void describe_step(struct balance_prediction *out, double step, const double *f,
+                          const double *b, const double *stage_update_ms, int S, int v,
+                          int m)
 {
     double busy = 0.0, widest = -1.0;
     int bottleneck = 0;
     for (int s = 0; s < S; s++) {
-        double per_micro_batch = stage_fwd_ms[s] + stage_bwd_ms[s];
+        double per_micro_batch = f[s] + b[s];
+        for (int c = 1; c < v; c++) per_micro_batch += f[c * S + s] + b[c * S + s];
         busy += m * per_micro_batch;
         if (stage_update_ms) busy += stage_update_ms[s];
         if (per_micro_batch > widest) {
@@ -95,25 +164,19 @@ static void describe_step(struct balance_prediction *out, double step,
 /* The step time with a processor per stage (inputs checked): Kahn's
  * order over the lists, stage s's first instruction starting no earlier
  * than its update. */
-static double dedicated_step(const double *stage_fwd_ms,
-                             const double *stage_bwd_ms,
-                             const double *stage_update_ms, int S, int m,
-                             enum dm_schedule schedule)
+static double dedicated_step(const struct sim_lists *sl, const double *stage_update_ms)
 {
-    long L = 2L * m, total = (long)S * L;
-    int *list = dm_alloc((size_t)total * sizeof(int));      /* (S, 2m) codes */
-    int *position = dm_alloc((size_t)total * sizeof(int));  /* (S, 2m) by code */
+    int S = sl->S;
+    long L = sl->L, total = (long)S * L;
+    int *position = dm_alloc((size_t)total * sizeof(int));  /* (S, L) by code */
     int *pending = dm_alloc((size_t)total * sizeof(int));   /* unmet inputs */
     long *ready = dm_alloc((size_t)total * sizeof(long));   /* stack of ids */
     double *earliest = dm_alloc((size_t)total * sizeof(double));
-    struct schedule_instr *scratch = dm_alloc(SCHEDULE_MAX_INSTRS((size_t)m) *
-                                              sizeof *scratch);
     for (int s = 0; s < S; s++) {
-        stage_codes(list + s * L, scratch, s, S, m, schedule);
         for (long pos = 0; pos < L; pos++) {
-            int code = list[s * L + pos];
+            int code = sl->list[s * L + pos], other;
             position[s * L + code] = (int)pos;
-            int cross = code < m ? s > 0 : s < S - 1;
+            int cross = code_neighbour(sl, s, code, -1, &other) >= 0;
             pending[s * L + pos] = (pos > 0) + cross;
         }
     }
@@ -127,17 +190,16 @@ static double dedicated_step(const double *stage_fwd_ms,
         long id = ready[--top];
         int s = (int)(id / L);
         long pos = id % L;
-        int code = list[id];
-        double finish = earliest[id] + (code < m ? stage_fwd_ms[s] : stage_bwd_ms[s]);
+        int code = sl->list[id];
+        double finish = earliest[id] + code_cost(sl, s, code);
         if (finish > step) step = finish;
         done++;
         long successors[2];
-        int count = 0;
+        int count = 0, next_stage;
         if (pos + 1 < L) successors[count++] = id + 1;
-        if (code < m && s + 1 < S)
-            successors[count++] = (s + 1) * L + position[(s + 1) * L + code];
-        if (code >= m && s > 0)
-            successors[count++] = (s - 1) * L + position[(s - 1) * L + code];
+        int next_code = code_neighbour(sl, s, code, +1, &next_stage);
+        if (next_code >= 0)
+            successors[count++] = next_stage * L + position[next_stage * L + next_code];
         for (int i = 0; i < count; i++) {
             long next = successors[i];
             if (finish > earliest[next]) earliest[next] = finish;
@@ -145,12 +207,10 @@ static double dedicated_step(const double *stage_fwd_ms,
         }
     }
     DM_ASSERT(done == total);
-    dm_free(scratch);
     dm_free(earliest);
     dm_free(ready);
     dm_free(pending);
     dm_free(position);
-    dm_free(list);
     return step;
 }
 
@@ -160,14 +220,8 @@ int balance_predict_stages(const double *stage_fwd_ms,
                            struct balance_prediction *out,
                            char *err, size_t errsize)
 {
-    int rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, NULL, stages,
-                               micro_batches, schedule, err, errsize);
-    if (rc) return rc;
-    double step = dedicated_step(stage_fwd_ms, stage_bwd_ms, NULL, stages,
-                                 micro_batches, schedule);
-    describe_step(out, step, stage_fwd_ms, stage_bwd_ms, NULL, stages,
-                  micro_batches);
-    return BALANCE_OK;
+    return balance_predict_chunks(stage_fwd_ms, stage_bwd_ms, NULL, NULL, stages, 1,
+                                  micro_batches, schedule, NULL, out, err, errsize);
 }
 
 int balance_check_sharing(const struct balance_sharing *sharing, char *err,
@@ -217,12 +271,13 @@ int balance_sharing_oversubscribed(const struct balance_sharing *sharing, int st
 /* The state of both shared simulations (fluid and turns): each stage's
  * position in its list and the work of the instruction there. */
 struct fluid {
-    int S, m;
-    long L;                 /* 2m instructions per stage */
-    const double *fwd, *bwd, *update;  /* update may be NULL */
+    const struct sim_lists *sl;
+    int S;
+    long L;                 /* instructions per stage */
+    const double *update;   /* (S) may be NULL */
     const struct balance_sharing *sharing;
-    int *list;              /* (S, 2m) codes, stage_codes' */
-    char *done;             /* (S, 2m) by code */
+    const int *list;        /* (S, L) codes, sl's */
+    char *done;             /* (S, L) by code */
     long *position;         /* (S) index of the current instruction; L = finished,
                                -1 = the update before the list */
     double *remaining;      /* (S) work left of it, ms at rate 1 */
@@ -241,12 +296,10 @@ struct fluid {
 static void fluid_load(struct fluid *f, int s)
 {
     if (f->position[s] >= f->L) return;
-    if (f->position[s] < 0) {
+    if (f->position[s] < 0)
         f->size[s] = f->update[s];
-    } else {
-        int code = f->list[s * f->L + f->position[s]];
-        f->size[s] = code < f->m ? f->fwd[s] : f->bwd[s];
-    }
+    else
+        f->size[s] = code_cost(f->sl, s, f->list[s * f->L + f->position[s]]);
     f->remaining[s] = f->size[s];
 }
 
@@ -257,9 +310,8 @@ static int fluid_input_ready(const struct fluid *f, int s)
 {
     if (f->position[s] >= f->L) return 0;
     if (f->position[s] < 0) return 1;
-    int code = f->list[s * f->L + f->position[s]];
-    if (code < f->m) return s == 0 || f->done[(s - 1) * f->L + code];
-    return s == f->S - 1 || f->done[(s + 1) * f->L + code];
+    int other, code = code_neighbour(f->sl, s, f->list[s * f->L + f->position[s]], -1, &other);
+    return code < 0 || f->done[other * f->L + code];
 }
 
 /* Marks stage s's instruction done and loads its next one. */
@@ -272,15 +324,13 @@ static void sim_finish(struct fluid *f, int s)
 
 /* Sets up either simulation at the start of the step; returns the number
  * of instructions to run (updates included). */
-static long sim_init(struct fluid *f, const double *stage_fwd_ms, const double *stage_bwd_ms,
-                     const double *stage_update_ms, int S, int m,
-                     enum dm_schedule schedule, const struct balance_sharing *sharing)
+static long sim_init(struct fluid *f, const struct sim_lists *sl,
+                     const double *stage_update_ms, const struct balance_sharing *sharing)
 {
-    *f = (struct fluid){.S = S, .m = m, .L = 2L * m, .fwd = stage_fwd_ms,
-                        .bwd = stage_bwd_ms, .update = stage_update_ms,
-                        .sharing = sharing};
+    int S = sl->S;
+    *f = (struct fluid){.sl = sl, .S = S, .L = sl->L, .update = stage_update_ms,
+                        .sharing = sharing, .list = sl->list};
     long total = (long)S * f->L;
-    f->list = dm_alloc((size_t)total * sizeof(int));
     f->done = dm_alloc((size_t)total);
     f->position = dm_alloc((size_t)S * sizeof(long));
     f->remaining = dm_alloc((size_t)S * sizeof(double));
@@ -291,17 +341,13 @@ static long sim_init(struct fluid *f, const double *stage_fwd_ms, const double *
     f->queue = dm_alloc((size_t)S * sizeof(int));
     f->end = dm_alloc((size_t)S * sizeof(double));
     long left = total;
-    struct schedule_instr *scratch = dm_alloc(SCHEDULE_MAX_INSTRS((size_t)m) *
-                                              sizeof *scratch);
     for (int s = 0; s < S; s++) {
-        stage_codes(f->list + s * f->L, scratch, s, S, m, schedule);
         if (stage_update_ms && stage_update_ms[s] > 0) {
             f->position[s] = -1;
             left++;
         }
         fluid_load(f, s);
     }
-    dm_free(scratch);
     return left;
 }
 
@@ -316,7 +362,6 @@ static void sim_free(struct fluid *f)
     dm_free(f->remaining);
     dm_free(f->position);
     dm_free(f->done);
-    dm_free(f->list);
 }
 
 /* One event: the computing stages share their groups' cores until the
@@ -421,14 +466,11 @@ static double turns_run(struct fluid *f, long left)
 }
 
 /* The step time under processor sharing (inputs checked): fluid, or turns. */
-static double shared_step(const double *stage_fwd_ms, const double *stage_bwd_ms,
-                          const double *stage_update_ms, int S, int m,
-                          enum dm_schedule schedule,
+static double shared_step(const struct sim_lists *sl, const double *stage_update_ms,
                           const struct balance_sharing *sharing)
 {
     struct fluid f;
-    long left = sim_init(&f, stage_fwd_ms, stage_bwd_ms, stage_update_ms, S, m, schedule,
-                         sharing);
+    long left = sim_init(&f, sl, stage_update_ms, sharing);
     double now = 0.0;
     if (sharing->turns) {
         now = turns_run(&f, left);
@@ -443,6 +485,42 @@ static double shared_step(const double *stage_fwd_ms, const double *stage_bwd_ms
     return now;
 }
 
+int balance_predict_chunks(const double *fwd_ms, const double *bwd_ms,
+                           const double *wgrad_ms, const double *stage_update_ms,
+                           int stages, int virtual, int micro_batches,
+                           enum dm_schedule schedule, const struct balance_sharing *sharing,
+                           struct balance_prediction *out, char *err, size_t errsize)
+{
+    int rc = sharing ? balance_check_sharing(sharing, err, errsize) : BALANCE_OK;
+    if (rc) return rc;
+    int split = schedule_splits_backward(schedule);
+    rc = check_stage_times(fwd_ms, bwd_ms, split ? wgrad_ms : NULL, stage_update_ms, stages,
+                           virtual, micro_batches, schedule, err, errsize);
+    if (rc) return rc;
+    int V = stages * virtual;
+    double *split_times = NULL;    /* zb: (2, V) the BWD and WGRAD parts */
+    struct sim_lists sl = {.S = stages, .v = virtual, .m = micro_batches, .f = fwd_ms,
+                           .b = bwd_ms};
+    if (split) {
+        split_times = dm_alloc(2 * (size_t)V * sizeof(double));
+        for (int u = 0; u < V; u++) {
+            double w = wgrad_ms ? wgrad_ms[u] : 0.5 * bwd_ms[u];
+            split_times[u] = bwd_ms[u] - w;
+            split_times[V + u] = w;
+        }
+        sl.b = split_times;
+        sl.w = split_times + V;
+    }
+    lists_build(&sl, schedule);
+    double step = balance_sharing_oversubscribed(sharing, stages)
+        ? shared_step(&sl, stage_update_ms, sharing)
+        : dedicated_step(&sl, stage_update_ms);
+    describe_step(out, step, fwd_ms, bwd_ms, stage_update_ms, stages, virtual, micro_batches);
+    dm_free(sl.list);
+    dm_free(split_times);
+    return BALANCE_OK;
+}
+
 int balance_predict_shared(const double *stage_fwd_ms,
                            const double *stage_bwd_ms,
                            const double *stage_update_ms, int stages,
@@ -451,19 +529,8 @@ int balance_predict_shared(const double *stage_fwd_ms,
                            struct balance_prediction *out,
                            char *err, size_t errsize)
 {
-    int rc = sharing ? balance_check_sharing(sharing, err, errsize) : BALANCE_OK;
-    if (rc) return rc;
-    rc = check_stage_times(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
-                           micro_batches, schedule, err, errsize);
-    if (rc) return rc;
-    double step = balance_sharing_oversubscribed(sharing, stages)
-        ? shared_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
-                      micro_batches, schedule, sharing)
-        : dedicated_step(stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
-                         micro_batches, schedule);
-    describe_step(out, step, stage_fwd_ms, stage_bwd_ms, stage_update_ms, stages,
-                  micro_batches);
-    return BALANCE_OK;
+    return balance_predict_chunks(stage_fwd_ms, stage_bwd_ms, NULL, stage_update_ms, stages,
+                                  1, micro_batches, schedule, sharing, out, err, errsize);
 }
 
 static int check_block_times(const struct balance_profile *profile, char *err,
@@ -479,12 +546,15 @@ static int check_block_times(const struct balance_profile *profile, char *err,
     return BALANCE_OK;
 }
 
-/* The profile's forward, backward and update times as three cost lists
- * over its blocks (upd->cost NULL when the blocks have no update);
- * returns whether anything has an update. */
+/* The profile's forward, backward, update and (zb) weight-gradient times
+ * as cost lists over its blocks (upd->cost NULL when the blocks have no
+ * update; the weight gradients: profile->wgrad_ms, else half of each
+ * backward, into wgrad (blocks) when it is not NULL); returns whether
+ * anything has an update. */
 static int profile_time_lists(const struct balance_profile *profile,
                               struct balance_costs *fwd, struct balance_costs *bwd,
-                              struct balance_costs *upd)
+                              struct balance_costs *upd, struct balance_costs *wgd,
+                              double *wgrad)
 {
     *fwd = (struct balance_costs){
         .blocks = profile->blocks, .cost = profile->fwd_ms,
@@ -498,29 +568,42 @@ static int profile_time_lists(const struct balance_profile *profile,
     upd->cost = profile->update_ms;
     upd->first_cost = profile->embed.update_ms;
     upd->last_cost = profile->head.update_ms;
+    if (wgrad) {
+        for (int i = 0; i < profile->blocks; i++)
+            wgrad[i] = profile->wgrad_ms ? profile->wgrad_ms[i] : 0.5 * profile->bwd_ms[i];
+        *wgd = *bwd;
+        wgd->cost = wgrad;
+        wgd->first_cost = 0.5 * profile->embed.bwd_ms;
+        wgd->last_cost = 0.5 * profile->head.bwd_ms;
+    }
     return profile->update_ms || profile->embed.update_ms != 0 ||
            profile->head.update_ms != 0;
 }
 
-/* Each stage's forward, backward and (upd not NULL) update time of the
- * layout counts, into times: (3, stages). */
+/* Each (virtual) stage's forward, backward, update (upd not NULL) and
+ * weight-gradient (wgd not NULL) time of the layout counts, into times:
+ * (4, stages). */
 static void layout_stage_times(const struct balance_costs *fwd,
                                const struct balance_costs *bwd,
-                               const struct balance_costs *upd, int stages,
+                               const struct balance_costs *upd,
+                               const struct balance_costs *wgd, int stages,
                                const int *counts, double *times)
 {
-    struct balance_problem pf, pb, pu;
+    struct balance_problem pf, pb, pu, pw;
     problem_init(&pf, fwd, stages, 0);
     problem_init(&pb, bwd, stages, 0);
     if (upd) problem_init(&pu, upd, stages, 0);
+    if (wgd) problem_init(&pw, wgd, stages, 0);
     int begin = 0;
     for (int s = 0; s < stages; s++) {
         int end = begin + counts[s];
         times[s] = problem_stage_cost(&pf, s, begin, end);
         times[stages + s] = problem_stage_cost(&pb, s, begin, end);
         if (upd) times[2 * stages + s] = problem_stage_cost(&pu, s, begin, end);
+        if (wgd) times[3 * stages + s] = problem_stage_cost(&pw, s, begin, end);
         begin = end;
     }
+    if (wgd) problem_free(&pw);
     if (upd) problem_free(&pu);
     problem_free(&pb);
     problem_free(&pf);
@@ -531,11 +614,18 @@ int balance_predict(const struct balance_profile *profile, int stages,
                     enum dm_schedule schedule, struct balance_prediction *out,
                     char *err, size_t errsize)
 {
+    int v = profile->virtual_stages > 1 ? profile->virtual_stages : 1;
+    if (stages % v != 0)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "a layout of %d chunks is no whole number of stages of %d "
+                            "chunks", stages, v);
     int rc = balance_check_layout(counts, stages, profile->blocks, err, errsize);
     if (rc == BALANCE_OK) rc = check_block_times(profile, err, errsize);
     if (rc) return rc;
-    struct balance_costs fwd, bwd, upd;
-    int with_update = profile_time_lists(profile, &fwd, &bwd, &upd);
+    int split = schedule_splits_backward(schedule);
+    struct balance_costs fwd, bwd, upd, wgd;
+    double *wgrad = split ? dm_alloc((size_t)profile->blocks * sizeof(double)) : NULL;
+    int with_update = profile_time_lists(profile, &fwd, &bwd, &upd, &wgd, wgrad);
     double *zeros = NULL;   /* the blocks' updates when only the extras have one */
     if (with_update && !upd.cost)
         upd.cost = zeros = dm_alloc((size_t)profile->blocks * sizeof(double));
@@ -543,17 +633,27 @@ int balance_predict(const struct balance_profile *profile, int stages,
     if (rc == BALANCE_OK) rc = balance_check_costs(&bwd, stages, 0, err, errsize);
     if (rc == BALANCE_OK && with_update)
         rc = balance_check_costs(&upd, stages, 0, err, errsize);
+    if (rc == BALANCE_OK && split) rc = balance_check_costs(&wgd, stages, 0, err, errsize);
     if (rc) {
         dm_free(zeros);
+        dm_free(wgrad);
         return rc;
     }
-    double *times = dm_alloc(3 * (size_t)stages * sizeof(double));
-    layout_stage_times(&fwd, &bwd, with_update ? &upd : NULL, stages, counts, times);
-    rc = balance_predict_shared(times, times + stages,
-                                with_update ? times + 2 * stages : NULL, stages,
-                                micro_batches, schedule, profile->sharing, out,
-                                err, errsize);
+    double *times = dm_alloc(4 * (size_t)stages * sizeof(double));
+    layout_stage_times(&fwd, &bwd, with_update ? &upd : NULL, split ? &wgd : NULL, stages,
+                       counts, times);
+    int ranks = stages / v;
+    for (int s = 0; split && s < stages; s++)   /* sums of parts may round above the whole */
+        if (times[3 * stages + s] > times[stages + s]) times[3 * stages + s] = times[stages + s];
+    double *update = with_update ? times + 2 * stages : NULL;
+    if (update)   /* a rank's update: its chunks', in chunk order */
+        for (int s = 0; s < ranks; s++)
+            for (int c = 1; c < v; c++) update[s] += update[c * ranks + s];
+    rc = balance_predict_chunks(times, times + stages, split ? times + 3 * stages : NULL,
+                                update, ranks, v, micro_batches, schedule,
+                                profile->sharing, out, err, errsize);
     dm_free(times);
     dm_free(zeros);
+    dm_free(wgrad);
     return rc;
 }

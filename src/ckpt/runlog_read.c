@@ -43,7 +43,7 @@ static int schema_rank(const char *name)
         RUNLOG_STEP_BUBBLE, RUNLOG_STEP_IMBALANCE, RUNLOG_EVAL_STEP, RUNLOG_EVAL_LOSS,
         "/steps/migrate_ms"};
     static const char *const matrices[] = {
-        RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS, RUNLOG_LAYER_UPDATE_MS,
+        RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS, RUNLOG_LAYER_UPDATE_MS, RUNLOG_LAYER_WGRAD_MS,
         RUNLOG_LAYOUT_HISTORY, RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS,
         RUNLOG_STAGE_UPDATE_MS, RUNLOG_TRACE_EVENTS, RUNLOG_BALANCE_DECISIONS,
         "/layers/frozen", "/layers/tiles_share"};

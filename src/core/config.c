@@ -76,7 +76,8 @@ static const struct config_key keys[] = {
     {"parallel", "dp", KEY_INT, F(dp), 1, 4096, "data-parallel replicas"},
     {"parallel", "turns", KEY_INT, F(turns), 0, 1,
      "1: ranks that outnumber their CPUs compute one at a time per CPU"},
-    {"parallel", "schedule", KEY_STRING, F(schedule), 0, 32, "1f1b or gpipe"},
+    {"parallel", "schedule", KEY_STRING, F(schedule), 0, 32,
+     "1f1b, gpipe or zb (ZB-H1: weight gradients deferred)"},
     {"parallel", "ep", KEY_INT, F(ep), 1, 4096,
      "expert-parallel degree (divides parallel.dp and model.experts)"},
     {"balance", "initial", KEY_STRING, F(initial), 0, 1024, "uniform, params or explicit:n1,n2,..."},
@@ -242,7 +243,9 @@ int config_was_set(const struct dm_config *cfg, const char *key)
 
 enum dm_schedule config_schedule(const struct dm_config *cfg)
 {
-    return strcmp(cfg->schedule, "gpipe") == 0 ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
+    if (strcmp(cfg->schedule, "gpipe") == 0) return DM_SCHEDULE_GPIPE;
+    if (strcmp(cfg->schedule, "zb") == 0) return DM_SCHEDULE_ZB;
+    return DM_SCHEDULE_1F1B;
 }
 
 static void list_section_keys(const char *section, char *buf, size_t size)
@@ -590,8 +593,12 @@ void config_validate(const struct dm_config *cfg)
                       cfg->micro_batches, cfg->batch);
     if (cfg->warmup > cfg->steps && cfg->steps > 0)
         dm_user_error("train.warmup = %d exceeds train.steps = %d", cfg->warmup, cfg->steps);
-    if (strcmp(cfg->schedule, "1f1b") != 0 && strcmp(cfg->schedule, "gpipe") != 0)
-        dm_user_error("parallel.schedule = '%s' must be 1f1b or gpipe", cfg->schedule);
+    if (!strcmp(cfg->schedule, "interleaved"))
+        dm_user_error("parallel.schedule = interleaved: dynmo plan predicts it (--schedule "
+                      "interleaved --virtual v), dynmo train runs 1f1b, gpipe or zb");
+    if (strcmp(cfg->schedule, "1f1b") != 0 && strcmp(cfg->schedule, "gpipe") != 0 &&
+        strcmp(cfg->schedule, "zb") != 0)
+        dm_user_error("parallel.schedule = '%s' must be 1f1b, gpipe or zb", cfg->schedule);
     if (strcmp(cfg->device, "cpu") != 0 && strcmp(cfg->device, "cuda") != 0 &&
         strcmp(cfg->device, "emulate") != 0)
         dm_user_error("train.device = '%s' must be cpu, cuda or emulate", cfg->device);

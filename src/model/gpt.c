@@ -89,6 +89,7 @@ void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int fi
     model->block_update_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     model->attention_fwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     model->attention_bwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
+    model->block_wgrad_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
     if (!has_embed && !has_head) return;
 
     /* [wte wpe lnf_w lnf_b] x {params, grads, m, v}, dwte_head */
@@ -121,6 +122,7 @@ void gpt_free(struct gpt *model)
     dm_free(model->block_update_s);
     dm_free(model->attention_fwd_s);
     dm_free(model->attention_bwd_s);
+    dm_free(model->block_wgrad_s);
     memset(model, 0, sizeof *model);
 }
 
@@ -155,6 +157,7 @@ void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int 
     dm_free(model->block_update_s);
     dm_free(model->attention_fwd_s);
     dm_free(model->attention_bwd_s);
+    dm_free(model->block_wgrad_s);
     model->blocks = blocks;
     model->first_block = first;
     model->num_blocks = count;
@@ -163,6 +166,7 @@ void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int 
     model->block_update_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->attention_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     model->attention_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
+    model->block_wgrad_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
     for (int k = 0; k < GPT_EXT_MAX; k++)   /* the adopted blocks get the helpers too */
         if (model->ext_runtime[k].ops)
             gpt_ext_set_runtime(model, model->ext_runtime[k].ops, model->ext_runtime[k].runtime);
@@ -390,6 +394,14 @@ float gpt_forward(struct gpt *model, struct gpt_acts *acts)
 void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch *scratch,
                   float dloss_scale, const float *dout, float *din)
 {
+    gpt_backward_input(model, acts, scratch, dloss_scale, dout, din, NULL);
+}
+
+/* wgrads NULL: gpt_backward. */
+void gpt_backward_input(struct gpt *model, struct gpt_acts *acts, struct block_scratch *scratch,
+                        float dloss_scale, const float *dout, float *din,
+                        struct block_wgrad *wgrads)
+{
     const struct dm_backend *ops = backend_current();
     const struct gpt_shape *s = &model->shape;
     int B = acts->B, T = acts->T, C = s->channels, V = gpt_vocab_used(s), N = B * T;
@@ -418,12 +430,16 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         float *target = (i == 0 && !model->has_embed) ? din : d;
         double t0 = dm_profile_now();
         acts->blocks[i].loss_scale = dloss_scale;   /* the MoE balancing losses' share */
+        if (wgrads) wgrads[i].fused = 1;
         if (model->exit)
             exit_backward_block(model, acts, scratch, i, target, grad,
                                 acts->residual + i * BTC, dloss_scale);
         else if (model->blocks[i].halves)   /* balance.units = sublayer */
             backward_units(model, &acts->blocks[i], scratch, i, target, grad,
                            acts->residual + i * BTC, B, T);
+        else if (wgrads)   /* parallel.schedule = zb */
+            block_backward_input(&model->blocks[i], &acts->blocks[i], scratch, &wgrads[i],
+                                 target, grad, acts->residual + i * BTC, B, T);
         else
             block_backward(&model->blocks[i], &acts->blocks[i], scratch, target, grad,
                            acts->residual + i * BTC, B, T);
@@ -434,6 +450,22 @@ void gpt_backward(struct gpt *model, struct gpt_acts *acts, struct block_scratch
         ops->encoder_backward(model->dwte, model->dwpe, grad, acts->tokens, B, T, C);
     else if (nb == 0 && din && din != grad)
         ops->copy_on_device(din, grad, BTC * sizeof(float));
+}
+
+void gpt_backward_weight(struct gpt *model, struct gpt_acts *acts,
+                         const struct block_wgrad *wgrads)
+{
+    size_t BTC = (size_t)acts->B * acts->T * model->shape.channels;
+    for (int i = model->num_blocks - 1; i >= 0; i--) {
+        if (model->first_block + i < model->frozen_prefix) break;   /* as gpt_backward_input */
+        if (wgrads[i].fused) continue;   /* no weight part: block_wgrad_s stays 0 */
+        double t0 = dm_profile_now();
+        block_backward_weight(&model->blocks[i], &acts->blocks[i], &wgrads[i],
+                              acts->residual + i * BTC, acts->B, acts->T);
+        double spent = dm_profile_now() - t0;
+        model->block_bwd_s[i] += spent;
+        model->block_wgrad_s[i] += spent;
+    }
 }
 
 void gpt_tie_wte_grads(struct gpt *model, const float *other)

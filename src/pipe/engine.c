@@ -54,6 +54,8 @@ static void slots_free(struct engine *eng)
         backend_staging_free(sl->act_host);
         backend_staging_free(sl->grad_host);
         backend_staging_free(sl->recv_host);
+        for (int b = 0; b < sl->wgrad_capacity; b++) block_wgrad_free(&sl->wgrads[b]);
+        dm_free(sl->wgrads);
     }
     dm_free(eng->slots);
     eng->slots = NULL;
@@ -115,10 +117,7 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     eng->instrs = dm_alloc(SCHEDULE_MAX_INSTRS(eng->micro_batches) * sizeof(struct schedule_instr));
     eng->ninstrs = schedule_stage(eng->instrs, config_schedule(cfg), g->stage, g->stages,
                                   eng->micro_batches);
-    eng->nslots = config_schedule(cfg) == DM_SCHEDULE_GPIPE
-                      ? eng->micro_batches
-                      : (g->stages - g->stage < eng->micro_batches ? g->stages - g->stage
-                                                                   : eng->micro_batches);
+    eng->nslots = schedule_list_peak(eng->instrs, eng->ninstrs, config_schedule(cfg));
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage, g->replica, &eng->stage_comm));
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->replica, g->stage, &eng->pipeline_comm));
     engine_device_comm_init(eng);
@@ -213,6 +212,47 @@ static void run_backward(struct engine *eng, int mb)
     gpt_backward(m, &sl->acts, &eng->scratch, scale, m->has_head ? NULL : sl->dout,
                  m->has_embed ? NULL : sl->din);
     eng->compute_s += dm_profile_now() - t0;
+}
+
+/* zb's BWD: the input gradient, each block's weight-gradient inputs kept
+ * in the slot until the micro-batch's WGRAD (run_wgrad). Halves
+ * (balance.units = sublayer) have no weight part: the whole backward,
+ * nothing kept. */
+static void run_backward_input(struct engine *eng, int mb)
+{
+    struct slot *sl = slot_for(eng, mb);
+    struct gpt *m = &eng->model;
+    DM_ASSERT(sl->busy_mb == mb);
+    eng->wait_s += world_wait(&sl->send_grad);   /* din is about to change */
+    if (!eng->sublayer && sl->wgrad_capacity < m->num_blocks) {
+        struct block_wgrad *grown = dm_alloc((size_t)m->num_blocks * sizeof *grown);
+        memcpy(grown, sl->wgrads, (size_t)sl->wgrad_capacity * sizeof *grown);
+        for (int b = sl->wgrad_capacity; b < m->num_blocks; b++)
+            block_wgrad_alloc(&grown[b], eng->micro_B, eng->T, eng->shape.channels);
+        dm_free(sl->wgrads);
+        sl->wgrads = grown;
+        sl->wgrad_capacity = m->num_blocks;
+    }
+    float scale = 1.0f / (float)(eng->micro_batches * eng->grid.replicas);
+    int work = m->has_head || m->first_block + m->num_blocks > m->frozen_prefix;
+    if (work) world_compute_begin();
+    double t0 = dm_profile_now();
+    gpt_backward_input(m, &sl->acts, &eng->scratch, scale, m->has_head ? NULL : sl->dout,
+                       m->has_embed ? NULL : sl->din, eng->sublayer ? NULL : sl->wgrads);
+    eng->compute_s += dm_profile_now() - t0;
+}
+
+/* zb's WGRAD: the blocks' weight gradients of mb; frees its slot. */
+static void run_wgrad(struct engine *eng, int mb)
+{
+    struct slot *sl = slot_for(eng, mb);
+    struct gpt *m = &eng->model;
+    DM_ASSERT(sl->busy_mb == mb);
+    if (m->first_block + m->num_blocks > m->frozen_prefix) world_compute_begin();
+    double t0 = dm_profile_now();
+    if (!eng->sublayer) gpt_backward_weight(m, &sl->acts, sl->wgrads);
+    eng->compute_s += dm_profile_now() - t0;
+    sl->busy_mb = -1;
 }
 
 /* Receives mb's input activations (and, with early exit, its tokens' exit
@@ -356,8 +396,15 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             receive_gradient(eng, sl, mb);
             break;
         case SCHEDULE_BWD:
-            run_backward(eng, mb);
-            sl->busy_mb = -1;
+            if (schedule_splits_backward(config_schedule(&eng->cfg))) {
+                run_backward_input(eng, mb);   /* the slot lives until WGRAD */
+            } else {
+                run_backward(eng, mb);
+                sl->busy_mb = -1;
+            }
+            break;
+        case SCHEDULE_WGRAD:
+            run_wgrad(eng, mb);
             break;
         case SCHEDULE_SEND_GRAD:
             if (eng->pipe_comm)
@@ -392,7 +439,7 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
 {
     struct gpt *m = &eng->model;
     for (int i = 0; i < m->num_blocks; i++)
-        m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] =
+        m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = m->block_wgrad_s[i] =
             m->attention_fwd_s[i] = m->attention_bwd_s[i] = 0.0;
     eng->compute_s = eng->wait_s = eng->update_s = 0.0;
     eng->current_step = step;

@@ -36,6 +36,10 @@ struct slot {
     MPI_Request send_act, send_grad;
     MPI_Request send_exit;   /* early exit: exit layers sent with the activation */
     int busy_mb;          /* micro-batch whose activations live here, or -1 */
+    /* zb: each block's output gradients from BWD until WGRAD (grown to the
+     * stage's block count by the BWD that needs them) */
+    struct block_wgrad *wgrads;
+    int wgrad_capacity;
 };
 
 /* The purposes of the engine's staging pool (staging.c): one host buffer

@@ -25,7 +25,8 @@ double engine_thread_cpu_seconds(void)
 
 /* The per-unit fields of a rank's profile, in this order at 4 + k U (U
  * units: the layers, or twice as many with balance.units = sublayer). */
-enum { PROFILE_FWD, PROFILE_BWD, PROFILE_MEM, PROFILE_SPARSITY, PROFILE_UPDATE, PROFILE_FIELDS };
+enum { PROFILE_FWD, PROFILE_BWD, PROFILE_MEM, PROFILE_SPARSITY, PROFILE_UPDATE, PROFILE_WGRAD,
+       PROFILE_FIELDS };
 
 /* The signals the run writes (dyn_signals) and, per signal, where its
  * (value, weight) pairs sit in a rank's profile: layer by layer, cell by
@@ -67,6 +68,7 @@ void engine_stats_alloc(struct engine *eng)
     }
     st->layer_fwd_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_bwd_ms = dm_alloc((size_t)L * sizeof(double));
+    st->layer_wgrad_ms = dm_alloc((size_t)L * sizeof(double));
     st->layer_mem_bytes = dm_alloc((size_t)L * sizeof(double));
     st->layer_sparsity = dm_alloc((size_t)L * sizeof(double));
     st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
@@ -76,13 +78,14 @@ void engine_stats_alloc(struct engine *eng)
     st->unit_mem_bytes = dm_alloc((size_t)U * sizeof(double));
     st->unit_sparsity = dm_alloc((size_t)U * sizeof(double));
     st->unit_update_ms = dm_alloc((size_t)U * sizeof(double));
+    st->unit_wgrad_ms = dm_alloc((size_t)U * sizeof(double));
     st->stage_update_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_peak_mb = dm_alloc((size_t)S * sizeof(double));
     st->layout = dm_alloc((size_t)S * sizeof(int));
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/
-     * update per unit, then the stage's update, then the signals */
+     * update/wgrad per unit, then the stage's update, then the signals */
     signals_alloc(eng);
     eng->gather_send = dm_alloc((size_t)eng->gather_len * sizeof(double));
     eng->gather_recv = dm_alloc((size_t)eng->gather_len * g->world_size * sizeof(double));
@@ -95,6 +98,7 @@ void engine_stats_free(struct engine *eng)
     struct step_stats *st = &eng->stats;
     dm_free(st->layer_fwd_ms);
     dm_free(st->layer_bwd_ms);
+    dm_free(st->layer_wgrad_ms);
     dm_free(st->layer_mem_bytes);
     dm_free(st->layer_sparsity);
     dm_free(st->layer_update_ms);
@@ -103,6 +107,7 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->unit_mem_bytes);
     dm_free(st->unit_sparsity);
     dm_free(st->unit_update_ms);
+    dm_free(st->unit_wgrad_ms);
     for (int k = 0; k < st->signal_count; k++) dm_free(st->signals[k].values);
     dm_free(st->signals);
     dm_free(eng->signal_at);
@@ -157,19 +162,21 @@ static void pack_signals(struct engine *eng, double *v)
 
 /* Block i's figures at unit u of the profile v (U units). */
 static void pack_unit(double *v, int U, int u, double fwd, double bwd, double mem,
-                      double sparsity, double update)
+                      double sparsity, double update, double wgrad)
 {
     v[4 + PROFILE_FWD * U + u] = fwd;
     v[4 + PROFILE_BWD * U + u] = bwd;
     v[4 + PROFILE_MEM * U + u] = mem;
     v[4 + PROFILE_SPARSITY * U + u] = sparsity;
     v[4 + PROFILE_UPDATE * U + u] = update;
+    v[4 + PROFILE_WGRAD * U + u] = wgrad;
 }
 
 /* With sublayer units, the halves of block i this rank holds: forward
  * and backward as measured apart (gpt_forward), the slab's bytes by each
  * half's floats (the header and dynamic state with the attention), the
- * update time by each half's share of the parameters held. */
+ * update time by each half's share of the parameters held; no weight
+ * part (halves run their backward whole under zb too, gpt_backward_input). */
 static void pack_halves(const struct engine *eng, double *v, int U, int i)
 {
     const struct gpt *m = &eng->model;
@@ -184,18 +191,18 @@ static void pack_halves(const struct engine *eng, double *v, int U, int i)
                                                        : (double)attention / (double)blk->nparams;
     if (blk->halves != BLOCK_HALF_MLP)
         pack_unit(v, U, 2 * layer, m->attention_fwd_s[i], m->attention_bwd_s[i],
-                  attention_bytes, sparsity, m->block_update_s[i] * share);
+                  attention_bytes, sparsity, m->block_update_s[i] * share, 0.0);
     if (blk->halves != BLOCK_HALF_ATTENTION)
         pack_unit(v, U, 2 * layer + 1, m->block_fwd_s[i] - m->attention_fwd_s[i],
                   m->block_bwd_s[i] - m->attention_bwd_s[i], pack - attention_bytes, sparsity,
-                  m->block_update_s[i] * (1.0 - share));
+                  m->block_update_s[i] * (1.0 - share), 0.0);
 }
 
 /* This rank's profile of the step into eng->gather_send: loss sum,
  * compute, wait, peak memory, then per unit (at its column: a block's
  * layer, or its halves' with sublayer units) forward, backward, slab
- * bytes, sparsity and update time, then the stage's update time, then the
- * signals. */
+ * bytes, sparsity, update time and the weight parts' time (zb), then the
+ * stage's update time, then the signals. */
 static void pack_profile(struct engine *eng, float loss_sum)
 {
     struct gpt *m = &eng->model;
@@ -213,7 +220,7 @@ static void pack_profile(struct engine *eng, float loss_sum)
         }
         pack_unit(v, U, m->first_block + i, m->block_fwd_s[i], m->block_bwd_s[i],
                   (double)block_pack_size(&m->blocks[i]), block_matrix_sparsity(&m->blocks[i]),
-                  m->block_update_s[i]);
+                  m->block_update_s[i], m->block_wgrad_s[i]);
     }
     v[4 + PROFILE_FIELDS * U] = eng->update_s;
     pack_signals(eng, v);
@@ -225,7 +232,7 @@ static void clear_stats(struct step_stats *st, int S, const int *layout)
         for (int c = 0; c < st->signals[k].columns; c++) st->signals[k].values[c] = 0.0;
     for (int u = 0; u < st->units; u++) {
         st->unit_fwd_ms[u] = st->unit_bwd_ms[u] = st->unit_mem_bytes[u] = 0.0;
-        st->unit_sparsity[u] = st->unit_update_ms[u] = 0.0;
+        st->unit_sparsity[u] = st->unit_update_ms[u] = st->unit_wgrad_ms[u] = 0.0;
     }
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
@@ -296,12 +303,14 @@ static void layers_of_units(struct step_stats *st, int L)
         st->layer_mem_bytes[l] = st->unit_mem_bytes[u];
         st->layer_sparsity[l] = st->unit_sparsity[u];
         st->layer_update_ms[l] = st->unit_update_ms[u];
+        st->layer_wgrad_ms[l] = st->unit_wgrad_ms[u];
         if (per == 1) continue;
         st->layer_fwd_ms[l] += st->unit_fwd_ms[u + 1];
         st->layer_bwd_ms[l] += st->unit_bwd_ms[u + 1];
         st->layer_mem_bytes[l] += st->unit_mem_bytes[u + 1];
         st->layer_sparsity[l] = (st->unit_sparsity[u] + 2.0 * st->unit_sparsity[u + 1]) / 3.0;
         st->layer_update_ms[l] += st->unit_update_ms[u + 1];
+        st->layer_wgrad_ms[l] += st->unit_wgrad_ms[u + 1];
     }
 }
 
@@ -337,6 +346,7 @@ static void fold_profiles(struct engine *eng, double step_s)
             for (int u = 0; u < U; u++) {
                 st->unit_fwd_ms[u] += x[4 + PROFILE_FWD * U + u] * 1e3 / mb_count;
                 st->unit_bwd_ms[u] += x[4 + PROFILE_BWD * U + u] * 1e3 / mb_count;
+                st->unit_wgrad_ms[u] += x[4 + PROFILE_WGRAD * U + u] * 1e3 / mb_count;
                 st->unit_mem_bytes[u] += x[4 + PROFILE_MEM * U + u];
                 st->unit_sparsity[u] += x[4 + PROFILE_SPARSITY * U + u];
                 st->unit_update_ms[u] += x[4 + PROFILE_UPDATE * U + u] * 1e3;

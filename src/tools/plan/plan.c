@@ -78,6 +78,10 @@ static int propose_layout(const struct plan_input *in, const struct plan_args *a
             .micro_batches = a->micro_batches, .schedule = a->schedule};
         rc = balance_propose(method, &in->profile, S, a->current, &options, counts,
                              res, err, errsize);
+    } else if (a->virtual_stages) {
+        rc = BALANCE_BAD_INPUT;
+        snprintf(err, errsize, "%s re-packs whole stages; not with the interleaved "
+                 "schedule's chunks", plan_method_name(method));
     } else if (method == PLAN_REPACK) {
         rc = balance_repack(&in->profile, reference, S, a->mem_cap, a->micro_batches,
                             a->schedule, a->epsilon, counts, res, err, errsize);
@@ -278,8 +282,13 @@ static void print_input(const struct plan_input *in, const struct plan_args *a,
         printf("update_ms: blocks %.3f  embed %.3f  head %.3f (once a step)\n", blocks,
                in->profile.embed.update_ms, in->profile.head.update_ms);
     }
-    printf("stages: %d  micro_batches: %d  schedule: %s  mem_cap: ", S,
-           a->micro_batches, a->schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b");
+    if (a->virtual_stages)
+        printf("stages: %d x %d chunks  micro_batches: %d  schedule: %s  mem_cap: ",
+               S / a->virtual_stages, a->virtual_stages, a->micro_batches,
+               schedule_name(a->schedule));
+    else
+        printf("stages: %d  micro_batches: %d  schedule: %s  mem_cap: ", S,
+               a->micro_batches, schedule_name(a->schedule));
     if (a->mem_cap > 0) printf("%lld\n", (long long)a->mem_cap);
     else printf("none\n");
     print_sharing(sharing, S);
@@ -305,9 +314,19 @@ int cmd_plan(int argc, char **argv)
         dm_user_error("--units sublayer: %s has %d unit rows, but a block is two units "
                       "(its attention, then its MLP): an even count", a.costs_path,
                       in.blocks);
+    if (in.blocks < a.stages && a.virtual_stages)
+        dm_user_error("--virtual: %d stages x %d chunks but %s has only %d %s; every "
+                      "chunk needs at least one", a.stages / a.virtual_stages,
+                      a.virtual_stages, a.costs_path, in.blocks, unit);
     if (in.blocks < a.stages)
         dm_user_error("--stages: %d stages but %s has only %d %s; every stage "
                       "needs at least one", a.stages, a.costs_path, in.blocks, unit);
+    in.profile.virtual_stages = a.virtual_stages;
+    if (a.units == BALANCE_UNITS_SUBLAYER && a.schedule == DM_SCHEDULE_ZB) {
+        /* a half has no weight part: dynmo train runs its backward whole */
+        in.wgrad_ms = dm_alloc((size_t)in.blocks * sizeof(double));
+        in.profile.wgrad_ms = in.wgrad_ms;
+    }
     set_up_sharing(&in, &a, &sharing, sharing_given);
     int *reference = reference_layout(&in, &a);
     check_fits(&in, &a);

@@ -16,6 +16,7 @@ struct plan_input {
     int blocks;
     double *fwd_ms, *bwd_ms, *params; /* (blocks) */
     double *update_ms;                /* (blocks) or NULL */
+    double *wgrad_ms;                 /* (blocks) or NULL: zb's weight parts */
     int64_t *mem_bytes;               /* (blocks) */
     int has_embed, has_head;
     struct balance_profile profile;   /* points into the arrays above */
@@ -88,6 +89,9 @@ struct plan_args {
     int64_t mem_cap;
     int micro_batches;
     enum dm_schedule schedule;
+    int virtual_stages;               /* --virtual: interleaved's chunks per stage
+                                         (0 = not given); then `stages` counts
+                                         chunks, stages x virtual */
     int *current;                     /* (stages) or NULL, dm_alloc'd */
     double cores;                     /* --cores, 0 = not given */
     const char *stage_groups_text;    /* --stage-groups */

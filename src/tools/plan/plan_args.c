@@ -29,7 +29,12 @@ static void usage(FILE *out)
         "  --mem-cap BYTES       memory per stage (suffix KiB, MiB, GiB allowed;\n"
         "                        0 = no cap, the default)\n"
         "  --micro-batches m     micro-batches per step (default 4 x stages)\n"
-        "  --schedule 1f1b|gpipe schedule the predictor simulates (default 1f1b)\n"
+        "  --schedule 1f1b|gpipe|zb|interleaved\n"
+        "                        schedule the predictor simulates (default 1f1b;\n"
+        "                        zb: ZB-H1, weight gradients half of each backward)\n"
+        "  --virtual v           interleaved: chunks per stage (default 2); the\n"
+        "                        layouts then have S x v entries, chunk c of stage s\n"
+        "                        being entry c S + s; micro-batches a multiple of S\n"
         "  --current n1,...,nS   the layout now (default static-uniform): the\n"
         "                        start of diffusion and repack, the reference for\n"
         "                        bytes_moved\n"
@@ -212,7 +217,11 @@ static int parse_option(struct plan_args *a, const char *arg, const char *value,
     } else if (!strcmp(arg, "--schedule")) {
         if (!strcmp(value, "1f1b")) a->schedule = DM_SCHEDULE_1F1B;
         else if (!strcmp(value, "gpipe")) a->schedule = DM_SCHEDULE_GPIPE;
-        else dm_user_error("--schedule: '%s' is not 1f1b or gpipe", value);
+        else if (!strcmp(value, "zb")) a->schedule = DM_SCHEDULE_ZB;
+        else if (!strcmp(value, "interleaved")) a->schedule = DM_SCHEDULE_INTERLEAVED;
+        else dm_user_error("--schedule: '%s' is not 1f1b, gpipe, zb or interleaved", value);
+    } else if (!strcmp(arg, "--virtual")) {
+        a->virtual_stages = (int)parse_long(arg, value, 1, 1 << 10);
     } else if (!strcmp(arg, "--current")) {
         *current_text = value;
     } else if (!strcmp(arg, "--gamma")) {
@@ -247,6 +256,30 @@ static int parse_option(struct plan_args *a, const char *arg, const char *value,
     return 1;
 }
 
+/* Interleaved: --virtual (default 2) chunks per stage, the layouts over
+ * the chunks (a->stages becomes stages x virtual); refused where the
+ * schedule cannot run. */
+static void check_virtual(struct plan_args *a)
+{
+    if (a->schedule != DM_SCHEDULE_INTERLEAVED) {
+        if (a->virtual_stages)
+            dm_user_error("--virtual: only --schedule interleaved has chunks per stage "
+                          "(the schedule is %s)", schedule_name(a->schedule));
+        return;
+    }
+    if (!a->virtual_stages) a->virtual_stages = 2;
+    if (a->run_dir)
+        dm_user_error("--schedule interleaved: give --costs, not --from-run (a run's "
+                      "layout is over stages, not chunks)");
+    if (a->cores > 0 || a->stage_groups_text)
+        dm_user_error("--schedule interleaved: processor sharing (--cores, --stage-groups) "
+                      "is not modelled for chunks; leave it out");
+    if (a->micro_batches % a->stages != 0)
+        dm_user_error("--micro-batches: interleaved needs a multiple of the %d stages "
+                      "(got %d)", a->stages, a->micro_batches);
+    a->stages *= a->virtual_stages;
+}
+
 /* What the options say together: the defaults that depend on others, and
  * the combinations that make no sense. */
 static void check_args(struct plan_args *a, const char *current_text)
@@ -272,6 +305,7 @@ static void check_args(struct plan_args *a, const char *current_text)
                       a->stage_groups_text ? "--stage-groups" : "--group-cores",
                       a->stage_groups_text ? "--group-cores" : "--stage-groups");
     if (!a->micro_batches && !a->run_dir) a->micro_batches = 4 * a->stages;
+    check_virtual(a);
     if (current_text) {
         if (a->run_dir && !a->stages)
             dm_user_error("--current with --from-run needs --stages");

@@ -308,6 +308,7 @@ void plan_input_free(struct plan_input *in)
     free(in->fwd_ms);
     free(in->bwd_ms);
     free(in->update_ms);
+    free(in->wgrad_ms);
     free(in->params);
     free(in->mem_bytes);
 }

@@ -61,7 +61,7 @@ struct trace {
  * appends them step by step); each step's rank numbers exactly 0..R-1
  * with R its world's ranks (/steps/ranks, else its layout's stages times
  * parallel.dp, else the largest rank + 1); stages below the step's stage
- * count; ops 0..7; micro-batches -1 for the step's end (ops 6 and 7), else
+ * count; ops 0..8; micro-batches -1 for the step's end (ops 6 and 7), else
  * below train.micro_batches; durations >= 0. Returns 1 when the file has
  * no such dataset (t left empty), 0 when it was read, or -1 with a message
  * naming the file, the row and the problem in err. */

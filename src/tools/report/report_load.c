@@ -39,6 +39,7 @@ static const char *const op_labels[SCHEDULE_OP_COUNT] = {
     [SCHEDULE_SEND_ACT] = "send activation",    [SCHEDULE_RECV_GRAD] = "receive gradient",
     [SCHEDULE_BWD] = "backward",                [SCHEDULE_SEND_GRAD] = "send gradient",
     [SCHEDULE_REDUCE_GRADS] = "gradient sums",  [SCHEDULE_OPTIMIZER_STEP] = "optimizer",
+    [SCHEDULE_WGRAD] = "weight gradient",
 };
 
 const char *trace_op_label(int op)
@@ -50,7 +51,7 @@ int trace_op_kind(int op)
 {
     switch (op) {
     case SCHEDULE_FWD: return TRACE_KIND_FORWARD;
-    case SCHEDULE_BWD: return TRACE_KIND_BACKWARD;
+    case SCHEDULE_BWD: case SCHEDULE_WGRAD: return TRACE_KIND_BACKWARD;
     case SCHEDULE_SEND_ACT: case SCHEDULE_SEND_GRAD: return TRACE_KIND_SEND;
     case SCHEDULE_REDUCE_GRADS: case SCHEDULE_OPTIMIZER_STEP: return TRACE_KIND_UPDATE;
     default: return TRACE_KIND_WAIT;     /* a receive's wall time is its wait */
@@ -124,7 +125,7 @@ static int trace_row(const float *row, long r, const struct trace_shape *shape,
         !whole_in(row[0], 1, last_step) ? "a step that is not one of the log's"
         : !whole_in(row[1], 0, INT_MAX - 1) || !whole_in(row[2], 0, INT_MAX - 1)
             ? "a rank or stage that is not a whole number >= 0"
-        : !whole_in(row[3], 0, SCHEDULE_OP_COUNT - 1) ? "an op outside 0..7"
+        : !whole_in(row[3], 0, SCHEDULE_OP_COUNT - 1) ? "an op outside 0..8"
         : !whole_in(row[4], -1, shape->have_config ? shape->micro_batches - 1 : INT_MAX - 1)
             ? "a micro-batch outside -1..train.micro_batches - 1"
         : row[6] < 0 || row[7] < 0 ? "a negative duration"

@@ -78,7 +78,7 @@ static void usage(FILE *out)
         "                        the run's)\n"
         "  --micro-batches m     per step and replica (default: the run's at its\n"
         "                        stage count, else 4 x stages)\n"
-        "  --schedule 1f1b|gpipe (default: the run's)\n"
+        "  --schedule 1f1b|gpipe|zb (default: the run's)\n"
         "  --steps T             steps (default: the trajectory's; mapped by time)\n"
         "  --every K             steps between balancing decisions (default: the run's)\n"
         "  --policies P,...      static-uniform, static-params, partition-time,\n"
@@ -174,9 +174,10 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
                 dm_user_error("simulate: --attention-share: '%s' is not a share in [0, 1]", v);
         }
         else if (!strcmp(o, "--schedule")) {
-            if (strcmp(v, "1f1b") && strcmp(v, "gpipe"))
-                dm_user_error("simulate: --schedule: '%s' is not 1f1b or gpipe", v);
-            a->schedule = !strcmp(v, "gpipe") ? DM_SCHEDULE_GPIPE : DM_SCHEDULE_1F1B;
+            if (strcmp(v, "1f1b") && strcmp(v, "gpipe") && strcmp(v, "zb"))
+                dm_user_error("simulate: --schedule: '%s' is not 1f1b, gpipe or zb", v);
+            a->schedule = !strcmp(v, "gpipe") ? DM_SCHEDULE_GPIPE
+                        : !strcmp(v, "zb") ? DM_SCHEDULE_ZB : DM_SCHEDULE_1F1B;
         } else {
             usage(stderr);
             dm_user_error("simulate: unknown option '%s'", o);
@@ -399,7 +400,7 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
         "simulate: %d blocks, %d stages x %d replica%s, m = %d, %s, %d steps, decisions every "
         "%d steps%s\n", s->traj->blocks, s->stages, s->replicas, s->replicas == 1 ? "" : "s",
         s->micro_batches,
-        s->schedule == DM_SCHEDULE_GPIPE ? "gpipe" : "1f1b", s->steps, s->every,
+        schedule_name(s->schedule), s->steps, s->every,
         s->sharing == &run->replica_sharing ? " (ranks share processors as in the run, its "
         "replicas included)" : s->sharing ? " (stages share processors as in the run)" : "");
     if (model->hardware)

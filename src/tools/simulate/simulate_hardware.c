@@ -179,8 +179,10 @@ static void check_memory(const struct sim_hardware *h, const struct sim_setup *s
         for (int j = begin; j < begin + count; j++) params += setup->block_params[j];
         begin += count;
         if (s == 0) params += ((double)c->vocab + c->max_seq) * c->channels;
+        /* 1F1B: S - s micro-batches alive, ZB-H1: S on every stage */
+        int alive = setup->schedule == DM_SCHEDULE_ZB ? S : S - s;
         int in_flight = setup->schedule == DM_SCHEDULE_GPIPE ? setup->micro_batches
-                      : S - s < setup->micro_batches ? S - s : setup->micro_batches;
+                      : alive < setup->micro_batches ? alive : setup->micro_batches;
         double bytes = hw_stage_bytes(&h->model, params, (count + units_per_block - 1) /
                                       units_per_block, in_flight) + (s == S - 1 ? logits : 0);
         if (bytes > worst) {

@@ -71,6 +71,7 @@ static void observation_of(struct balance_observation *obs, const struct step_st
 {
     struct balance_observation o = {
         .fwd_ms = st->unit_fwd_ms, .bwd_ms = st->unit_bwd_ms,
+        .wgrad_ms = st->unit_wgrad_ms,   /* zeros but under zb, which alone reads it */
         .update_ms = st->unit_update_ms, .mem_bytes = st->unit_mem_bytes,
         .sparsity = st->unit_sparsity, .stage_compute_ms = st->stage_compute_ms,
         .stage_update_ms = st->stage_update_ms, .layout = st->layout, .step_ms = st->step_ms,

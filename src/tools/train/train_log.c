@@ -83,6 +83,8 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
     float *row = dm_alloc((size_t)most * sizeof(float));
     append_doubles(log, RUNLOG_LAYER_FWD_MS, st->layer_fwd_ms, L, row);
     append_doubles(log, RUNLOG_LAYER_BWD_MS, st->layer_bwd_ms, L, row);
+    if (schedule_splits_backward(config_schedule(cfg)))
+        append_doubles(log, RUNLOG_LAYER_WGRAD_MS, st->layer_wgrad_ms, L, row);
     append_signal_rows(log, st);
     append_doubles(log, RUNLOG_LAYER_UPDATE_MS, st->layer_update_ms, L, row);
     if (U != L) {   /* balance.units = sublayer: the units apart */

@@ -1,0 +1,95 @@
+/* The transformer block's backward in two parts, for the zero-bubble
+ * schedule: the input part (B) computes the gradient the previous block or
+ * stage waits for and keeps the output gradients of the block's weighted
+ * ops; the weight part (W) accumulates the weight gradients from them.
+ * Each op is called as block.c's dense backward calls it, once for its
+ * input gradient and once for its weight gradients, so the two parts add
+ * up to block_backward bit for bit (test_block_split). Must not: change
+ * an op's arguments or order from block.c's dense backward, or run the
+ * weight part of a frozen block. */
+#include <string.h>
+#include "dynmo/backend.h"
+#include "dynmo/block_ext.h"
+#include "dynmo/model.h"
+
+void block_wgrad_alloc(struct block_wgrad *w, int B, int T, int C)
+{
+    size_t n = (size_t)B * T * C;
+    memset(w, 0, sizeof *w);
+    w->mem = backend_current()->alloc(11 * n * sizeof(float));
+    w->dout = w->mem;
+    w->d_fch = w->dout + n;
+    w->d_ln2 = w->d_fch + 4 * n;
+    w->d_res1 = w->d_ln2 + n;
+    w->d_qkv = w->d_res1 + n;
+    w->d_ln1 = w->d_qkv + 3 * n;
+}
+
+void block_wgrad_free(struct block_wgrad *w)
+{
+    backend_current()->free(w->mem);
+    memset(w, 0, sizeof *w);
+}
+
+/* Whether an extension's hook or CSR products replace part of the dense
+ * backward: then the backward runs whole in the input part. */
+static int backward_replaced(const struct block *blk)
+{
+    if (blk->sparse && blk->sparse->use_csr) return 1;
+    for (int i = 0; i < blk->ext_count; i++) {
+        const struct gpt_ext_ops *ops = blk->ext[i].ops;
+        if (ops->block_backward || ops->mlp_backward || ops->attention_backward) return 1;
+    }
+    return 0;
+}
+
+void block_backward_input(struct block *blk, struct block_acts *acts,
+                          struct block_scratch *s, struct block_wgrad *w, float *din,
+                          const float *dout, const float *in, int B, int T)
+{
+    w->fused = backward_replaced(blk);
+    if (w->fused) {
+        block_backward(blk, acts, s, din, dout, in, B, T);
+        return;
+    }
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p;
+    /* din may alias dout: the weight part reads its own copy */
+    if (!blk->frozen) ops->copy_on_device(w->dout, dout, (size_t)N * C * sizeof(float));
+    ops->matmul_backward_gelu(w->d_fch, NULL, NULL, dout, acts->fch_gelu, p[BP_FCPROJ_W],
+                              acts->fch, N, 4 * C, C);
+    ops->matmul_backward_overwrite(w->d_ln2, NULL, NULL, w->d_fch, acts->ln2, p[BP_FC_W], N,
+                                   C, 4 * C);
+    ops->layernorm_backward_residual(w->d_res1, dout, NULL, NULL, w->d_ln2, acts->res1,
+                                     p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
+    ops->matmul_backward_overwrite(s->d_atty, NULL, NULL, w->d_res1, acts->atty,
+                                   p[BP_ATTPROJ_W], N, C, C);
+    ops->attention_backward(w->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C,
+                            blk->NH);
+    ops->matmul_backward_overwrite(w->d_ln1, NULL, NULL, w->d_qkv, acts->ln1, p[BP_QKV_W], N,
+                                   C, 3 * C);
+    ops->layernorm_backward_residual(din, w->d_res1, NULL, NULL, w->d_ln1, in, p[BP_LN1_W],
+                                     acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+void block_backward_weight(struct block *blk, const struct block_acts *acts,
+                           const struct block_wgrad *w, const float *in, int B, int T)
+{
+    if (w->fused || blk->frozen) return;
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *g = blk->g;
+    ops->matmul_backward(NULL, g[BP_FCPROJ_W], g[BP_FCPROJ_B], w->dout, acts->fch_gelu, NULL,
+                         N, 4 * C, C);
+    ops->matmul_backward(NULL, g[BP_FC_W], g[BP_FC_B], w->d_fch, acts->ln2, NULL, N, C,
+                         4 * C);
+    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN2_W], g[BP_LN2_B], w->d_ln2,
+                                     acts->res1, NULL, acts->ln2_mean, acts->ln2_rstd, N, C);
+    ops->matmul_backward(NULL, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], w->d_res1, acts->atty, NULL,
+                         N, C, C);
+    ops->matmul_backward(NULL, g[BP_QKV_W], g[BP_QKV_B], w->d_qkv, acts->ln1, NULL, N, C,
+                         3 * C);
+    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN1_W], g[BP_LN1_B], w->d_ln1, in, NULL,
+                                     acts->ln1_mean, acts->ln1_rstd, N, C);
+}
