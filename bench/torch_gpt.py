@@ -113,10 +113,9 @@ def lr_at_step(step, args):
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (args.lr - min_lr)
 
 
-def parse_args():
-    p = argparse.ArgumentParser(description="PyTorch peer of dynmo's training step")
-    p.add_argument("--steps", type=int, default=10, help="timed steps (after warm-up)")
-    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first")
+def add_model_arguments(p, lr=3e-4, warmup=2, seed=1234):
+    """The model, batch and optimizer flags (also bench/torch_pipe.py's);
+    the shape defaults are configs/ref.ini's."""
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--max-seq", type=int, default=256)
     p.add_argument("--layers", type=int, default=8)
@@ -124,14 +123,21 @@ def parse_args():
     p.add_argument("--channels", type=int, default=256)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--lr", type=float, default=lr)
     p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=2, help="learning-rate warm-up steps")
+    p.add_argument("--warmup", type=int, default=warmup, help="learning-rate warm-up steps")
     p.add_argument("--weight-decay", type=float, default=0.1)
     p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=seed)
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description="PyTorch peer of dynmo's training step")
+    p.add_argument("--steps", type=int, default=10, help="timed steps (after warm-up)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first")
+    add_model_arguments(p)
     p.add_argument("--threads", type=int, default=0,
                    help="torch.set_num_threads(N); 0 keeps torch's default")
-    p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     precision = p.add_mutually_exclusive_group()
     precision.add_argument("--tf32", action="store_true",

@@ -50,7 +50,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-from torch_gpt import GPT, lr_at_step
+from torch_gpt import GPT, add_model_arguments, lr_at_step
 
 try:
     import torch.distributed.pipelining as pipelining
@@ -285,19 +285,7 @@ def parse_args():
     p.add_argument("--steps", type=int, default=10, help="timed steps (after warm-up)")
     p.add_argument("--warmup-steps", type=int, default=3, help="untimed steps first")
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads per rank")
-    p.add_argument("--vocab", type=int, default=256)
-    p.add_argument("--max-seq", type=int, default=256)
-    p.add_argument("--layers", type=int, default=8)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--channels", type=int, default=256)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--lr", type=float, default=6e-4)
-    p.add_argument("--min-lr-ratio", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=5, help="learning-rate warm-up steps")
-    p.add_argument("--weight-decay", type=float, default=0.1)
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--seed", type=int, default=1337)
+    add_model_arguments(p, lr=6e-4, warmup=5, seed=1337)   # configs/ref.ini's
     args = p.parse_args()
     have = available_schedules()
     if not have:
