@@ -511,7 +511,8 @@ struct gpt {
     /* The profile: seconds each block spent in forward and backward, and in
      * its share of the step's end (gradient norm, masking, optimizer update,
      * zeroing), since the caller last zeroed them (the pipeline engine
-     * does, every step). */
+     * does, every step). The six arrays of seconds are one allocation
+     * that block_fwd_s starts. */
     double *block_fwd_s, *block_bwd_s, *block_update_s;   /* (num_blocks) */
     /* balance.units = sublayer: of block_fwd_s and block_bwd_s, what the
      * block's attention half took (a block held whole, halves

@@ -70,6 +70,22 @@ void gpt_init_weights(struct gpt *model, uint64_t seed)
     init_embed_weights(model, seed);
 }
 
+/* The blocks' seconds of the last step, the six arrays of struct gpt
+ * (block_fwd_s ... block_wgrad_s) of count doubles each (at least 1): one
+ * allocation, block_fwd_s its start (dm_free it to free them all). */
+enum { BLOCK_TIMINGS = 6 };
+static void block_timings_alloc(struct gpt *model, int count)
+{
+    size_t n = (size_t)(count ? count : 1);
+    double *seconds = dm_alloc(BLOCK_TIMINGS * n * sizeof(double));
+    model->block_fwd_s = seconds;
+    model->block_bwd_s = seconds + n;
+    model->block_update_s = seconds + 2 * n;
+    model->attention_fwd_s = seconds + 3 * n;
+    model->attention_bwd_s = seconds + 4 * n;
+    model->block_wgrad_s = seconds + 5 * n;
+}
+
 void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int first_block,
                         int num_blocks, int has_embed, int has_head)
 {
@@ -84,12 +100,7 @@ void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int fi
     model->blocks = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(struct block));
     for (int i = 0; i < num_blocks; i++)
         block_alloc_zero(&model->blocks[i], first_block + i, shape);
-    model->block_fwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
-    model->block_bwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
-    model->block_update_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
-    model->attention_fwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
-    model->attention_bwd_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
-    model->block_wgrad_s = dm_alloc((size_t)(num_blocks ? num_blocks : 1) * sizeof(double));
+    block_timings_alloc(model, num_blocks);
     if (!has_embed && !has_head) return;
 
     /* [wte wpe lnf_w lnf_b] x {params, grads, m, v}, dwte_head */
@@ -117,12 +128,7 @@ void gpt_free(struct gpt *model)
     for (int i = 0; i < model->num_blocks; i++) block_free(&model->blocks[i]);
     dm_free(model->blocks);
     if (model->embed_slab) backend_current()->free(model->embed_slab);
-    dm_free(model->block_fwd_s);
-    dm_free(model->block_bwd_s);
-    dm_free(model->block_update_s);
-    dm_free(model->attention_fwd_s);
-    dm_free(model->attention_bwd_s);
-    dm_free(model->block_wgrad_s);
+    dm_free(model->block_fwd_s);   /* and the other timings (block_timings_alloc) */
     memset(model, 0, sizeof *model);
 }
 
@@ -152,21 +158,11 @@ void gpt_replace_blocks(struct gpt *model, struct block *blocks, int first, int 
 {
     DM_ASSERT(first >= 0 && count >= 0 && first + count <= model->shape.layers);
     dm_free(model->blocks);
-    dm_free(model->block_fwd_s);
-    dm_free(model->block_bwd_s);
-    dm_free(model->block_update_s);
-    dm_free(model->attention_fwd_s);
-    dm_free(model->attention_bwd_s);
-    dm_free(model->block_wgrad_s);
+    dm_free(model->block_fwd_s);   /* and the other timings (block_timings_alloc) */
     model->blocks = blocks;
     model->first_block = first;
     model->num_blocks = count;
-    model->block_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
-    model->block_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
-    model->block_update_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
-    model->attention_fwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
-    model->attention_bwd_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
-    model->block_wgrad_s = dm_alloc((size_t)(count ? count : 1) * sizeof(double));
+    block_timings_alloc(model, count);
     for (int k = 0; k < GPT_EXT_MAX; k++)   /* the adopted blocks get the helpers too */
         if (model->ext_runtime[k].ops)
             gpt_ext_set_runtime(model, model->ext_runtime[k].ops, model->ext_runtime[k].runtime);
