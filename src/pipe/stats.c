@@ -28,6 +28,24 @@ double engine_thread_cpu_seconds(void)
 enum { PROFILE_FWD, PROFILE_BWD, PROFILE_MEM, PROFILE_SPARSITY, PROFILE_UPDATE, PROFILE_WGRAD,
        PROFILE_FIELDS };
 
+/* The six figures of struct step_stats per layer and per unit, in the
+ * profile's order: where engine_stats_alloc puts them and
+ * engine_stats_free finds them. */
+struct profile_figures {
+    double **layer[PROFILE_FIELDS], **unit[PROFILE_FIELDS];
+};
+
+static struct profile_figures profile_figures(struct step_stats *st)
+{
+    return (struct profile_figures){
+        .layer = {[PROFILE_FWD] = &st->layer_fwd_ms,       [PROFILE_BWD] = &st->layer_bwd_ms,
+                  [PROFILE_MEM] = &st->layer_mem_bytes,    [PROFILE_SPARSITY] = &st->layer_sparsity,
+                  [PROFILE_UPDATE] = &st->layer_update_ms, [PROFILE_WGRAD] = &st->layer_wgrad_ms},
+        .unit = {[PROFILE_FWD] = &st->unit_fwd_ms,       [PROFILE_BWD] = &st->unit_bwd_ms,
+                 [PROFILE_MEM] = &st->unit_mem_bytes,    [PROFILE_SPARSITY] = &st->unit_sparsity,
+                 [PROFILE_UPDATE] = &st->unit_update_ms, [PROFILE_WGRAD] = &st->unit_wgrad_ms}};
+}
+
 /* The signals the run writes (dyn_signals) and, per signal, where its
  * (value, weight) pairs sit in a rank's profile: layer by layer, cell by
  * cell, after the fixed part. */
@@ -66,19 +84,12 @@ void engine_stats_alloc(struct engine *eng)
                                  STEP_TRACE_COLUMNS * sizeof(float));
         }
     }
-    st->layer_fwd_ms = dm_alloc((size_t)L * sizeof(double));
-    st->layer_bwd_ms = dm_alloc((size_t)L * sizeof(double));
-    st->layer_wgrad_ms = dm_alloc((size_t)L * sizeof(double));
-    st->layer_mem_bytes = dm_alloc((size_t)L * sizeof(double));
-    st->layer_sparsity = dm_alloc((size_t)L * sizeof(double));
-    st->layer_update_ms = dm_alloc((size_t)L * sizeof(double));
-    int U = st->units = L * (eng->sublayer ? 2 : 1);
-    st->unit_fwd_ms = dm_alloc((size_t)U * sizeof(double));
-    st->unit_bwd_ms = dm_alloc((size_t)U * sizeof(double));
-    st->unit_mem_bytes = dm_alloc((size_t)U * sizeof(double));
-    st->unit_sparsity = dm_alloc((size_t)U * sizeof(double));
-    st->unit_update_ms = dm_alloc((size_t)U * sizeof(double));
-    st->unit_wgrad_ms = dm_alloc((size_t)U * sizeof(double));
+    st->units = L * (eng->sublayer ? 2 : 1);
+    struct profile_figures figures = profile_figures(st);
+    for (int k = 0; k < PROFILE_FIELDS; k++) {
+        *figures.layer[k] = dm_alloc((size_t)L * sizeof(double));
+        *figures.unit[k] = dm_alloc((size_t)st->units * sizeof(double));
+    }
     st->stage_update_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_compute_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
@@ -96,18 +107,11 @@ void engine_stats_free(struct engine *eng)
 {
     world_wait(&eng->gather_req);
     struct step_stats *st = &eng->stats;
-    dm_free(st->layer_fwd_ms);
-    dm_free(st->layer_bwd_ms);
-    dm_free(st->layer_wgrad_ms);
-    dm_free(st->layer_mem_bytes);
-    dm_free(st->layer_sparsity);
-    dm_free(st->layer_update_ms);
-    dm_free(st->unit_fwd_ms);
-    dm_free(st->unit_bwd_ms);
-    dm_free(st->unit_mem_bytes);
-    dm_free(st->unit_sparsity);
-    dm_free(st->unit_update_ms);
-    dm_free(st->unit_wgrad_ms);
+    struct profile_figures figures = profile_figures(st);
+    for (int k = 0; k < PROFILE_FIELDS; k++) {
+        dm_free(*figures.layer[k]);
+        dm_free(*figures.unit[k]);
+    }
     for (int k = 0; k < st->signal_count; k++) dm_free(st->signals[k].values);
     dm_free(st->signals);
     dm_free(eng->signal_at);
