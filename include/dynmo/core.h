@@ -113,6 +113,12 @@ void *dm_alloc(size_t bytes);
  * read (a migrating block's slab); free with dm_free. */
 void *dm_alloc_uninit(size_t bytes);
 void dm_free(void *p);
+/* A family of arrays carved out of one allocation (STYLE.md): *arrays[k],
+ * k < count, points at its own n zeroed doubles (floats), each 64-byte
+ * aligned. The first is the allocation's start: dm_free(*arrays[0])
+ * frees them all. */
+void dm_carve_doubles(double **const arrays[], int count, size_t n);
+void dm_carve_floats(float **const arrays[], int count, size_t n);
 /* Room for one more item in an array that grows by doubling: items (a
  * dm_alloc'd array, or NULL, of count items of size bytes) while count <
  * *capacity; else a new array of twice the capacity (initial when it was

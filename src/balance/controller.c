@@ -99,17 +99,14 @@ struct balance_controller *balance_controller_create(const struct balance_contro
     ctl->min_improvement = c->min_improvement;
     ctl->block_params = c->block_params;
     size_t n = (size_t)c->blocks;
-    ctl->params = dm_alloc(n * sizeof(double));
-    ctl->fwd_ema = dm_alloc(n * sizeof(double));
-    ctl->bwd_ema = dm_alloc(n * sizeof(double));
-    ctl->wgrad_ema = dm_alloc(n * sizeof(double));
-    ctl->update_ema = dm_alloc(n * sizeof(double));
+    double **const per_block[] = {&ctl->params,    &ctl->block_sizes, &ctl->matrix_weights,
+                                  &ctl->fwd_ema,   &ctl->bwd_ema,     &ctl->wgrad_ema,
+                                  &ctl->update_ema};
+    dm_carve_doubles(per_block, sizeof per_block / sizeof per_block[0], n);
     ctl->mem_bytes = dm_alloc(n * sizeof(int64_t));
-    ctl->block_sizes = dm_alloc(n * sizeof(double));
     for (size_t b = 0; b < n; b++)
         ctl->block_sizes[b] = c->block_param_counts ? c->block_param_counts[b] : c->block_params;
     for (size_t b = 0; b < n; b++) ctl->params[b] = ctl->block_sizes[b];
-    ctl->matrix_weights = dm_alloc(n * sizeof(double));
     for (size_t b = 0; b < n; b++)
         ctl->matrix_weights[b] =
             c->unit_matrix_weights ? c->unit_matrix_weights[b] : c->block_matrix_weights;
@@ -120,13 +117,7 @@ struct balance_controller *balance_controller_create(const struct balance_contro
 void balance_controller_destroy(struct balance_controller *ctl)
 {
     if (!ctl) return;
-    dm_free(ctl->params);
-    dm_free(ctl->block_sizes);
-    dm_free(ctl->matrix_weights);
-    dm_free(ctl->fwd_ema);
-    dm_free(ctl->bwd_ema);
-    dm_free(ctl->wgrad_ema);
-    dm_free(ctl->update_ema);
+    dm_free(ctl->params);   /* and the other per-block doubles, carved from it */
     dm_free(ctl->mem_bytes);
     dm_free(ctl);
 }

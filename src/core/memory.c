@@ -79,6 +79,23 @@ void *dm_alloc_uninit(size_t bytes)
 
 void dm_free(void *p) { free(p); }
 
+/* One carved array's room: whole 64-byte lines, so that the next starts aligned. */
+static size_t carved_stride(size_t bytes) { return (bytes + 63) & ~(size_t)63; }
+
+void dm_carve_doubles(double **const arrays[], int count, size_t n)
+{
+    size_t stride = carved_stride(n * sizeof(double));
+    char *base = dm_alloc((size_t)count * stride);
+    for (int k = 0; k < count; k++) *arrays[k] = (double *)(base + (size_t)k * stride);
+}
+
+void dm_carve_floats(float **const arrays[], int count, size_t n)
+{
+    size_t stride = carved_stride(n * sizeof(float));
+    char *base = dm_alloc((size_t)count * stride);
+    for (int k = 0; k < count; k++) *arrays[k] = (float *)(base + (size_t)k * stride);
+}
+
 void *dm_grow(void *items, size_t size, long count, long *capacity, long initial)
 {
     DM_ASSERT(count >= 0 && count <= *capacity && initial > 0);

@@ -71,19 +71,14 @@ void gpt_init_weights(struct gpt *model, uint64_t seed)
 }
 
 /* The blocks' seconds of the last step, the six arrays of struct gpt
- * (block_fwd_s ... block_wgrad_s) of count doubles each (at least 1): one
- * allocation, block_fwd_s its start (dm_free it to free them all). */
-enum { BLOCK_TIMINGS = 6 };
+ * (block_fwd_s ... block_wgrad_s) of count doubles each (at least 1),
+ * carved from one allocation that block_fwd_s starts. */
 static void block_timings_alloc(struct gpt *model, int count)
 {
-    size_t n = (size_t)(count ? count : 1);
-    double *seconds = dm_alloc(BLOCK_TIMINGS * n * sizeof(double));
-    model->block_fwd_s = seconds;
-    model->block_bwd_s = seconds + n;
-    model->block_update_s = seconds + 2 * n;
-    model->attention_fwd_s = seconds + 3 * n;
-    model->attention_bwd_s = seconds + 4 * n;
-    model->block_wgrad_s = seconds + 5 * n;
+    double **const timings[] = {&model->block_fwd_s,     &model->block_bwd_s,
+                                &model->block_update_s,  &model->attention_fwd_s,
+                                &model->attention_bwd_s, &model->block_wgrad_s};
+    dm_carve_doubles(timings, sizeof timings / sizeof timings[0], (size_t)(count ? count : 1));
 }
 
 void gpt_build_deferred(struct gpt *model, const struct gpt_shape *shape, int first_block,

@@ -25,18 +25,15 @@ struct step_costs {
 
 static void costs_alloc(struct step_costs *c, int n)
 {
-    double **arrays[] = {&c->fwd, &c->bwd, &c->update, &c->params, &c->sparsity, &c->mem,
-                         &c->exchange};
-    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++)
-        *arrays[i] = dm_alloc((size_t)n * sizeof(double));
+    double **const arrays[] = {&c->fwd, &c->bwd, &c->update, &c->params, &c->sparsity, &c->mem,
+                               &c->exchange};
+    dm_carve_doubles(arrays, sizeof arrays / sizeof arrays[0], (size_t)n);
     c->mem_bytes = dm_alloc((size_t)n * sizeof(int64_t));
 }
 
 static void costs_free(struct step_costs *c)
 {
-    double *arrays[] = {c->fwd, c->bwd, c->update, c->params, c->sparsity, c->mem,
-                        c->exchange};
-    for (size_t i = 0; i < sizeof arrays / sizeof arrays[0]; i++) dm_free(arrays[i]);
+    dm_free(c->fwd);   /* and the other doubles carved from it (costs_alloc) */
     dm_free(c->mem_bytes);
 }
 
@@ -245,12 +242,10 @@ static void result_alloc(struct sim_result *res, const struct sim_setup *setup)
     memset(res, 0, sizeof *res);
     res->steps = dm_alloc(T * sizeof *res->steps);
     res->layout = dm_alloc(T * S * sizeof(int));
-    res->fwd = dm_alloc(T * n * sizeof(float));
-    res->bwd = dm_alloc(T * n * sizeof(float));
-    res->update = dm_alloc(T * n * sizeof(float));
-    res->busy = dm_alloc(T * S * sizeof(float));
-    res->idle = dm_alloc(T * S * sizeof(float));
-    res->stage_update = dm_alloc(T * S * sizeof(float));
+    float **const per_block[] = {&res->fwd, &res->bwd, &res->update};
+    float **const per_stage[] = {&res->busy, &res->idle, &res->stage_update};
+    dm_carve_floats(per_block, sizeof per_block / sizeof per_block[0], T * n);
+    dm_carve_floats(per_stage, sizeof per_stage / sizeof per_stage[0], T * S);
     res->decisions = dm_alloc((T / (size_t)setup->every + 2) * BALANCE_DECISION_COLUMNS *
                               sizeof(float));
 }
@@ -259,12 +254,8 @@ void sim_result_free(struct sim_result *res)
 {
     dm_free(res->steps);
     dm_free(res->layout);
-    dm_free(res->fwd);
-    dm_free(res->bwd);
-    dm_free(res->update);
-    dm_free(res->busy);
-    dm_free(res->idle);
-    dm_free(res->stage_update);
+    dm_free(res->fwd);    /* and bwd, update (result_alloc) */
+    dm_free(res->busy);   /* and idle, stage_update */
     dm_free(res->decisions);
     memset(res, 0, sizeof *res);
 }

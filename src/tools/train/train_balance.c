@@ -52,8 +52,8 @@ struct train_balancer *train_balancer_create(const struct dm_config *cfg, int st
     tb->stages = stages;
     tb->next = dm_alloc((size_t)(stages + 1) * sizeof(int));
     tb->group = dm_alloc((size_t)stages * sizeof(int));
-    tb->cores = dm_alloc((size_t)stages * sizeof(double));
-    tb->shares = dm_alloc((size_t)stages * sizeof(double));
+    double **const per_stage[] = {&tb->cores, &tb->shares};
+    dm_carve_doubles(per_stage, sizeof per_stage / sizeof per_stage[0], (size_t)stages);
     return tb;
 }
 
@@ -62,8 +62,7 @@ void train_balancer_destroy(struct train_balancer *tb)
     balance_controller_destroy(tb->ctl);
     dm_free(tb->next);
     dm_free(tb->group);
-    dm_free(tb->cores);
-    dm_free(tb->shares);
+    dm_free(tb->cores);   /* and shares, carved from it */
     dm_free(tb);
 }
 
