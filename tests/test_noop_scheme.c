@@ -59,8 +59,7 @@ static const struct dyn_signal noop_signals[] = {
 static const struct dyn_scheme noop_scheme = {
     .name = "noop",
     .active = noop_active,
-    .signals = noop_signals,
-    .signal_count = 1,
+    DYN_SIGNALS(noop_signals),
 };
 
 __attribute__((constructor)) static void register_noop(void)

@@ -299,6 +299,5 @@ const struct dyn_scheme dyn_scheme_freeze = {
     .state_save = freeze_state_save,
     .state_restore = freeze_state_restore,
     .state_check = freeze_state_check,
-    .signals = freeze_signals,
-    .signal_count = sizeof freeze_signals / sizeof freeze_signals[0],
+    DYN_SIGNALS(freeze_signals),
 };

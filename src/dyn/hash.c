@@ -512,7 +512,6 @@ const struct dyn_scheme dyn_scheme_hash = {
     .switch_key = "model.attention",
     .switch_off = "dense",
     .refuses = hash_refuses,
-    .signals = hash_signals,
-    .signal_count = sizeof hash_signals / sizeof hash_signals[0],
+    DYN_SIGNALS(hash_signals),
     .summarise_log = hash_summarise_log,
 };

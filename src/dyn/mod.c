@@ -801,8 +801,7 @@ const struct dyn_scheme dyn_scheme_mod = {
     .switch_off = "0",
     .refuses = mod_refuses,
     .owns = mod_scheme_owns,
-    .signals = mod_signals,
-    .signal_count = sizeof mod_signals / sizeof mod_signals[0],
+    DYN_SIGNALS(mod_signals),
     .step_note = mod_step_note,
     .summarise_log = mod_summarise_log,
 };

@@ -81,6 +81,11 @@ struct dyn_refusal {
     const char *why;
 };
 
+/* A descriptor's signals: a static array of struct dyn_signal and its
+ * length, counted by the compiler. */
+#define DYN_SIGNALS(array) \
+    .signals = (array), .signal_count = (int)(sizeof(array) / sizeof((array)[0]))
+
 struct dyn_scheme {
     const char *name;       /* its name: messages, the signals' owner */
     /* The dyn.kind value that selects it (freezing, early exit, pruning;
@@ -136,7 +141,7 @@ struct dyn_scheme {
     /* Its signals (dyn.h) and its note on a step from their rows (NULL:
      * none), e.g. "MoD 25.0% tokens". */
     const struct dyn_signal *signals;
-    int signal_count;
+    int signal_count;           /* DYN_SIGNALS(array) sets both */
     void (*step_note)(const struct dm_config *cfg, const struct dyn_signal_row *rows, int count,
                       double tokens, char *buf, size_t size);
     /* Its summary of a run log's datasets for inspect (NULL: the generic
