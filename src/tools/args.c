@@ -1,7 +1,8 @@
-/* The subcommands' number arguments (tools/args.h). */
+/* The subcommands' number arguments and help option (tools/args.h). */
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include "dynmo/core.h"
 #include "tools/args.h"
 
@@ -24,4 +25,11 @@ double tool_parse_double(const char *prefix, const char *arg, const char *text, 
     if (end == text || *end || errno || !isfinite(v) || v < min)
         dm_user_error("%s%s: '%s' is not a number >= %g", prefix, arg, text, min);
     return v;
+}
+
+void tool_help(const char *arg, void (*usage)(FILE *out))
+{
+    if (strcmp(arg, "--help") && strcmp(arg, "-h")) return;
+    usage(stdout);
+    exit(DM_EXIT_OK);
 }

@@ -23,6 +23,7 @@
 #include "dynmo/model.h"
 #include "dynmo/tools.h"
 #include "dynmo/world.h"
+#include "tools/args.h"
 #include "tools/simulate/hardware.h"
 #include "tools/train/train.h"
 
@@ -53,10 +54,7 @@ static void parse_args(struct calibrate_args *a, int argc, char **argv)
     memset(a, 0, sizeof *a);
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            usage(stdout);
-            exit(DM_EXIT_OK);
-        }
+        tool_help(o, usage);
         if (!strcmp(o, "--quick")) { a->quick = 1; continue; }
         if (o[0] != '-' && strchr(o, '=')) {
             if (!a->overrides) a->overrides = dm_alloc((size_t)argc * sizeof(char *));
@@ -435,11 +433,7 @@ static int max_status_sleeping(int status)
 int cmd_calibrate(int argc, char **argv)
 {
     struct calibrate_args a;
-    for (int i = 1; i < argc; i++)
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return DM_EXIT_OK;
-        }
+    for (int i = 1; i < argc; i++) tool_help(argv[i], usage);   /* before MPI starts */
     world_init(&argc, &argv);
     parse_args(&a, argc, argv);
     if (dm_world_size() != 2)

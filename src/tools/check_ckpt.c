@@ -14,6 +14,7 @@
 #include "dynmo/ckpt.h"
 #include "dynmo/dyn.h"
 #include "dynmo/tools.h"
+#include "tools/args.h"
 
 static void usage(FILE *out)
 {
@@ -72,10 +73,8 @@ int cmd_check_ckpt(int argc, char **argv)
 {
     int read_data = 1, files = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            usage(stdout);
-            return DM_EXIT_OK;
-        } else if (!strcmp(argv[i], "--quick")) {
+        tool_help(argv[i], usage);
+        if (!strcmp(argv[i], "--quick")) {
             read_data = 0;
         } else if (argv[i][0] == '-' && argv[i][1]) {
             usage(stderr);

@@ -325,10 +325,7 @@ void plan_parse_args(struct plan_args *a, int argc, char **argv, int *bench)
     const char *current_text = NULL;
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            usage(stdout);
-            exit(DM_EXIT_OK);
-        }
+        tool_help(arg, usage);
         if (!strcmp(arg, "--bench")) {
             *bench = 1;
             continue;

@@ -19,6 +19,7 @@
 #include <unistd.h>
 #include "dynmo/core.h"
 #include "dynmo/tools.h"
+#include "tools/args.h"
 #include "tools/out_dir.h"
 #include "tools/report/report.h"
 
@@ -86,10 +87,8 @@ static void parse_args(struct report_args *a, int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *arg = argv[i];
         int has_value = i + 1 < argc;
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
-            usage(stdout);
-            exit(DM_EXIT_OK);
-        } else if (!strcmp(arg, "--out") || !strcmp(arg, "--from") ||
+        tool_help(arg, usage);
+        if (!strcmp(arg, "--out") || !strcmp(arg, "--from") ||
                    !strcmp(arg, "--timeline")) {
             if (!has_value) dm_user_error("report: %s needs a value", arg);
             const char *value = argv[++i];

@@ -132,10 +132,7 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
                                 .attention_share = -1, .exchange_ms = -1};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
-        if (!strcmp(o, "--help") || !strcmp(o, "-h")) {
-            usage(stdout);
-            exit(DM_EXIT_OK);
-        }
+        tool_help(o, usage);
         if (!strcmp(o, "--validate")) { a->validate = 1; continue; }
         if (!strcmp(o, "--split-blocks")) { a->split = 1; continue; }
         if (o[0] != '-' && strchr(o, '=')) {   /* a config override */
