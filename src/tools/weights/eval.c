@@ -25,6 +25,7 @@
 #include "dynmo/pipe.h"
 #include "dynmo/tools.h"
 #include "dynmo/world.h"
+#include "tools/args.h"
 #include "tools/train/train.h"
 #include "tools/weights/weights.h"
 
@@ -161,23 +162,27 @@ static int eval_stages(long pp_arg, const struct ckpt_meta *meta, int P)
     return S;
 }
 
+/* What --help prints. */
+static void usage(FILE *out)
+{
+    fprintf(out, EVAL_USAGE "The mean next-token cross-entropy of the checkpoint's model over "
+                 "the tokens of PATH\n(any form data.train takes) cut into windows of T + 1 "
+                 "tokens, T apart, from token 0\n(T: model.max_seq unless given; --eot N: "
+                 "the token between documents, as data.eot).\nPrints `loss: X` and the "
+                 "tokens predicted. On P ranks (mpiexec -n P) the model is split over\n"
+                 "--pp S stages (default: the checkpoint's parallel.pp when it divides P, "
+                 "else 1; --layout SPEC as\nbalance.initial, default params) and P / S "
+                 "replicas take shares of the windows; the same bits\nunder any P and "
+                 "layout. --window-losses FILE: each window's mean loss, one a line.\n");
+}
+
 int cmd_eval(int argc, char **argv)
 {
     const char *ckpt = NULL, *data = NULL, *layout_spec = NULL, *window_losses = NULL;
     long T = 0, eot = -1, pp = 0;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf(EVAL_USAGE "The mean next-token cross-entropy of the checkpoint's model over "
-                   "the tokens of PATH\n(any form data.train takes) cut into windows of T + 1 "
-                   "tokens, T apart, from token 0\n(T: model.max_seq unless given; --eot N: "
-                   "the token between documents, as data.eot).\nPrints `loss: X` and the "
-                   "tokens predicted. On P ranks (mpiexec -n P) the model is split over\n"
-                   "--pp S stages (default: the checkpoint's parallel.pp when it divides P, "
-                   "else 1; --layout SPEC as\nbalance.initial, default params) and P / S "
-                   "replicas take shares of the windows; the same bits\nunder any P and "
-                   "layout. --window-losses FILE: each window's mean loss, one a line.\n");
-            return DM_EXIT_OK;
-        } else if (!strcmp(argv[i], "--checkpoint") && i + 1 < argc) {
+        tool_help(argv[i], usage);
+        if (!strcmp(argv[i], "--checkpoint") && i + 1 < argc) {
             ckpt = argv[++i];
         } else if (!strcmp(argv[i], "--data") && i + 1 < argc) {
             data = argv[++i];

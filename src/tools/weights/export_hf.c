@@ -10,6 +10,7 @@
 #include "dynmo/core.h"
 #include "dynmo/tools.h"
 #include "dynmo/world.h"
+#include "tools/args.h"
 #include "tools/out_dir.h"
 #include "tools/weights/hf_gpt2.h"
 #include "tools/weights/safetensors.h"
@@ -17,17 +18,21 @@
 
 #define EXPORT_USAGE "usage: dynmo export-hf CKPT.h5 --out DIR\n"
 
+/* What --help prints. */
+static void usage(FILE *out)
+{
+    fprintf(out, EXPORT_USAGE "Writes a dense checkpoint as a Hugging Face GPT-2 directory "
+                 "(config.json, model.safetensors)\nthat transformers' "
+                 "GPT2LMHeadModel.from_pretrained loads. DIR is created, or replaced\nwhen "
+                 "it holds an earlier export and nothing else.\n");
+}
+
 int cmd_export_hf(int argc, char **argv)
 {
     const char *ckpt = NULL, *dir = NULL;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf(EXPORT_USAGE "Writes a dense checkpoint as a Hugging Face GPT-2 directory "
-                   "(config.json, model.safetensors)\nthat transformers' "
-                   "GPT2LMHeadModel.from_pretrained loads. DIR is created, or replaced\nwhen "
-                   "it holds an earlier export and nothing else.\n");
-            return DM_EXIT_OK;
-        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+        tool_help(argv[i], usage);
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             dir = argv[++i];
         } else if (argv[i][0] == '-' || ckpt) {
             dm_user_error("export-hf: unexpected argument '%s'\n" EXPORT_USAGE, argv[i]);

@@ -11,6 +11,7 @@
 #include "dynmo/core.h"
 #include "dynmo/tools.h"
 #include "dynmo/world.h"
+#include "tools/args.h"
 #include "tools/weights/hf_gpt2.h"
 #include "tools/weights/safetensors.h"
 #include "tools/weights/weights.h"
@@ -91,21 +92,25 @@ static void check_head(const struct safetensors_file *f, const struct gpt *model
                       "which dynmo's GPT (head tied to wte) cannot represent", f->path);
 }
 
+/* What --help prints. */
+static void usage(FILE *out)
+{
+    fprintf(out, IMPORT_USAGE "Imports a Hugging Face GPT-2 (config.json and model.safetensors "
+                 "in DIR) as a dynmo checkpoint at step 0\nwith a fresh optimizer; it prints "
+                 "the config keys to train from it with ckpt.resume=CKPT.h5.\n--seed N: the "
+                 "train.seed the checkpoint records (default 1337; a resume must use it).\n--vocab-pad M: "
+                 "the embedding's rows padded to a multiple of M (model.vocab_pad; zero rows,\n"
+                 "never predicted).\n");
+}
+
 int cmd_import_hf(int argc, char **argv)
 {
     const char *dir = NULL, *out = NULL;
     uint64_t seed = 1337;
     int vocab_pad = 1;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-            printf(IMPORT_USAGE "Imports a Hugging Face GPT-2 (config.json and model.safetensors "
-                   "in DIR) as a dynmo checkpoint at step 0\nwith a fresh optimizer; it prints "
-                   "the config keys to train from it with ckpt.resume=CKPT.h5.\n--seed N: the "
-                   "train.seed the checkpoint records (default 1337; a resume must use it).\n--vocab-pad M: "
-                   "the embedding's rows padded to a multiple of M (model.vocab_pad; zero rows,\n"
-                   "never predicted).\n");
-            return DM_EXIT_OK;
-        } else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+        tool_help(argv[i], usage);
+        if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             out = argv[++i];
         } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
             char *end;
