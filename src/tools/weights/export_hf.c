@@ -34,10 +34,8 @@ int cmd_export_hf(int argc, char **argv)
         tool_help(argv[i], usage);
         if (!strcmp(argv[i], "--out") && i + 1 < argc) {
             dir = argv[++i];
-        } else if (argv[i][0] == '-' || ckpt) {
-            dm_user_error("export-hf: unexpected argument '%s'\n" EXPORT_USAGE, argv[i]);
         } else {
-            ckpt = argv[i];
+            weights_positional("export-hf", EXPORT_USAGE, argv[i], &ckpt);
         }
     }
     if (!ckpt || !dir) dm_user_error("export-hf: %s\n" EXPORT_USAGE,

@@ -125,10 +125,8 @@ int cmd_import_hf(int argc, char **argv)
             if (!*v || *end || x < 1 || x > 65536)
                 dm_user_error("import-hf: --vocab-pad '%s' is not an integer from 1 to 65536", v);
             vocab_pad = (int)x;
-        } else if (argv[i][0] == '-' || dir) {
-            dm_user_error("import-hf: unexpected argument '%s'\n" IMPORT_USAGE, argv[i]);
         } else {
-            dir = argv[i];
+            weights_positional("import-hf", IMPORT_USAGE, argv[i], &dir);
         }
     }
     if (!dir || !out) dm_user_error("import-hf: %s\n" IMPORT_USAGE,

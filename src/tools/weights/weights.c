@@ -38,6 +38,13 @@ static void parent_of(const char *path, char *parent, size_t size)
     else snprintf(parent, size, "%.*s", (int)(slash - path), path);
 }
 
+void weights_positional(const char *tool, const char *usage, const char *arg,
+                        const char **slot)
+{
+    if (arg[0] == '-' || *slot) dm_user_error("%s: unexpected argument '%s'\n%s", tool, arg, usage);
+    *slot = arg;
+}
+
 void weights_check_new_file(const char *tool, const char *out)
 {
     size_t n = strlen(out);

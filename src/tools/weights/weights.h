@@ -6,6 +6,12 @@
 
 #include "dynmo/ckpt.h"
 
+/* An argument of import-hf or export-hf that is no option of theirs: their
+ * one positional argument, into *slot; a user error (naming `tool`, then
+ * its usage) when it looks like an option or *slot is taken already. */
+void weights_positional(const char *tool, const char *usage, const char *arg,
+                        const char **slot);
+
 /* Checks that `out` can become a new file: it does not exist (a user's
  * file is never replaced), its directory exists and is one, and it does
  * not end in .tmp (dynmo's name for an incomplete checkpoint). dm_user_error
