@@ -83,32 +83,26 @@ static const char *dtype_name(enum token_dtype t)
     return names[t];
 }
 
+/* The token of type t at p as int64. */
+static int64_t token_at(const unsigned char *p, enum token_dtype t)
+{
+    switch (t) {
+    case TOKEN_U8: return p[0];
+    case TOKEN_I8: return (int8_t)p[0];
+    case TOKEN_I16: return (int16_t)get_u16(p);
+    case TOKEN_U16: return get_u16(p);
+    case TOKEN_I32: return (int32_t)get_u32(p);
+    case TOKEN_U32: return get_u32(p);
+    case TOKEN_I64: return get_i64(p);
+    }
+    return 0;
+}
+
 /* out[0..n) = the n tokens at src as int64, whatever their type. */
 static void decode_wide(int64_t *out, const unsigned char *src, enum token_dtype t, size_t n)
 {
-    switch (t) {
-    case TOKEN_U8:
-        for (size_t i = 0; i < n; i++) out[i] = src[i];
-        break;
-    case TOKEN_I8:
-        for (size_t i = 0; i < n; i++) out[i] = (int8_t)src[i];
-        break;
-    case TOKEN_I16:
-        for (size_t i = 0; i < n; i++) out[i] = (int16_t)get_u16(src + 2 * i);
-        break;
-    case TOKEN_U16:
-        for (size_t i = 0; i < n; i++) out[i] = get_u16(src + 2 * i);
-        break;
-    case TOKEN_I32:
-        for (size_t i = 0; i < n; i++) out[i] = (int32_t)get_u32(src + 4 * i);
-        break;
-    case TOKEN_U32:
-        for (size_t i = 0; i < n; i++) out[i] = get_u32(src + 4 * i);
-        break;
-    case TOKEN_I64:
-        for (size_t i = 0; i < n; i++) out[i] = get_i64(src + 8 * i);
-        break;
-    }
+    size_t bytes = (size_t)dtype_bytes(t);
+    for (size_t i = 0; i < n; i++) out[i] = token_at(src + i * bytes, t);
 }
 
 void token_input_decode(int *out, const struct token_input *in, uint64_t first, size_t n)
