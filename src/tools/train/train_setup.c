@@ -107,8 +107,6 @@ void train_check_units(const struct dm_config *cfg)
     /* freezing is per block: a frozen block's two halves freeze together */
     if (strcmp(cfg->dyn_kind, "none") != 0 && strcmp(cfg->dyn_kind, "freeze") != 0)
         what = "dyn.kind other than freeze";
-    else if (cfg->ckpt_dir[0])   /* reading one (ckpt.resume = FILE) is fine */
-        what = "ckpt.dir (writing checkpoints)";
     else if (cfg->repack_enable)
         what = "repack.enable";
     /* an extension splits when it stays inside the attention (hash attention) */
@@ -116,9 +114,15 @@ void train_check_units(const struct dm_config *cfg)
         if (!gpt_ext_fits_units(shape.ext[i].ops)) what = shape.ext[i].ops->block_noun;
     if (what)
         dm_user_error("balance.units = sublayer cannot run with %s yet: it runs dense and "
-                      "hash-attention blocks, frozen or not, and writes no checkpoints "
+                      "hash-attention blocks, frozen or not, and does not re-pack "
                       "(docs/balance.md, \"Units of placement\"); set balance.units = block",
                       what);
+    /* a checkpoint records its layouts in whole blocks too */
+    if (cfg->ckpt_dir[0] && cfg->pp > cfg->layers)
+        dm_user_error("balance.units = sublayer with ckpt.dir needs parallel.pp <= model.layers "
+                      "(parallel.pp = %d, model.layers = %d): a checkpoint records its layout "
+                      "in whole blocks too, a block per stage; use fewer stages, or no ckpt.dir",
+                      cfg->pp, cfg->layers);
 }
 
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
