@@ -6,7 +6,9 @@
 # and so do the balancers moving units between stages and the zero-bubble
 # schedule (parallel.schedule = zb); layouts count
 # units: bad layouts and stage counts exit 2 with one message naming the
-# units, and what cannot split yet is refused.
+# units, and what cannot split yet is refused. A sublayer run's
+# checkpoints hold its unit layout and resume bit for bit with units or
+# whole blocks on other stage counts.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -47,7 +49,8 @@ grep -qE "migrated [0-9]+ units" "$dir/zbr4.out" || fail "zbr4: no units migrate
 # on the per-unit profile; each against one rank.
 migrated() { grep -qE "migrated [0-9]+ units" "$dir/$1.out" || fail "$1: no units migrated"; }
 train random3 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
-  balance.method=random balance.every=2 train.steps=8 run.trace_from=3 run.trace_steps=2 &&
+  balance.method=random balance.every=2 train.steps=8 run.trace_from=3 run.trace_steps=2 \
+  ckpt.dir="$dir/units_ck" ckpt.every=3 ckpt.keep=5 &&
   migrated random3 &&
   train one8 1 "$dir/tiny.ini" "${units[@]}" train.steps=8 && bits one8 steps/loss steps/grad_norm &&
   bits random3 steps/loss steps/grad_norm &&
@@ -66,6 +69,51 @@ for method in diffusion partition; do
     same one "$method" "$method on unit costs" steps/loss steps/grad_norm
 done
 
+# Checkpoints of a sublayer run (checkpoint_schema/units.def): random3
+# wrote them at steps 3 and 6 (blocks split over two stages, each written
+# whole by the stage of its attention). check-ckpt accepts them, and each
+# resumes bit-identical to the uninterrupted run: with units on 2 stages
+# (balancing on) and on 3 (the history in units carried over), with whole
+# blocks on 2 and on 3 (the history mapped to whole blocks).
+for step in 3 6; do
+  "$DYNMO" check-ckpt "$dir/units_ck/ckpt-$step.h5" > "$dir/check$step.out" 2>&1 ||
+    fail "check-ckpt of a sublayer checkpoint: $(cat "$dir/check$step.out")"
+done
+/usr/bin/python3 - "$dir/units_ck/ckpt-6.h5" <<'PY' && echo "ok: ckpt-6 holds the unit layouts and the nearest whole blocks" ||
+import sys, h5py
+f = h5py.File(sys.argv[1], 'r')
+assert f['/units'].attrs['kind'] in (b'sublayer', 'sublayer')
+units, blocks = f['/units/history_per_stage'][:], f['/layout/history_blocks_per_stage'][:]
+assert units.shape[1] == 10 and blocks.shape[1] == 5 and len(units) == len(blocks) >= 1, units
+assert list(units[0][:3]) == [3, 4, 3] and list(blocks[0][:3]) == [1, 2, 2], (units, blocks)
+assert list(f['/units/per_stage'][:]) == list(units[-1][:3])
+PY
+  fail "ckpt-6: /units and /layout"
+resumed() {   # NAME STAGES STEP [overrides]: a resume of ckpt-STEP against random3
+  local name=$1 stages=$2 step=$3; shift 3
+  train "$name" "$stages" "$dir/tiny.ini" parallel.pp="$stages" train.steps=8 \
+    ckpt.resume="$dir/units_ck/ckpt-$step.h5" "$@" &&
+    grep -q "resumed from .*ckpt-$step.h5 at step $step" "$dir/$name.out" &&
+    same_tail random3 "$name" $((8 - step)) "a sublayer checkpoint at step $step resumed: $name"
+}
+resumed units2 2 3 "${units[@]}" balance.method=random balance.every=1
+resumed units3 3 6 "${units[@]}" balance.initial=explicit:1,1,8
+resumed blocks2 2 3
+resumed blocks3 3 6
+# damaged: a unit layout the history does not end with
+cp "$dir/units_ck/ckpt-6.h5" "$dir/damaged.h5"
+/usr/bin/python3 -c "import h5py, sys; h5py.File(sys.argv[1], 'r+')['/units/per_stage'][:] = [4, 3, 3]" \
+  "$dir/damaged.h5"
+expect_error "check-ckpt of a damaged unit layout" \
+  "the unit layout history does not end with the current unit layout" \
+  "$DYNMO" check-ckpt "$dir/damaged.h5"
+# a history in units that cannot map to whole blocks on the same stages
+train halves 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:1,1,8 \
+  train.steps=2 ckpt.dir="$dir/halves_ck" ckpt.every=2 &&
+  train_refused "a unit history that cannot map" \
+    "layout history entry 0 \(from step 0\): the sublayer layout 1,1,8 cannot map to whole blocks.*resume it with balance.units = sublayer" \
+    3 "$dir/tiny.ini" parallel.pp=3 ckpt.resume="$dir/halves_ck/ckpt-2.h5"
+
 # Freezing (per block: a frozen block's two halves freeze together) on
 # 2 and 3 stages with boundaries inside blocks, and while units migrate;
 # threshold 100 freezes a block at every check (4 of 5 by step 12).
@@ -77,9 +125,13 @@ train freeze2 2 "$dir/freeze.ini" "${units[@]}" parallel.pp=2 balance.initial=ex
   bits freeze2 steps/loss steps/grad_norm &&
   same freeze1 freeze2 "freezing, 3,7 units on 2 stages" steps/loss steps/grad_norm
 train freeze3 3 "$dir/freeze.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
-  balance.method=random balance.every=1 && migrated freeze3 &&
+  balance.method=random balance.every=1 ckpt.dir="$dir/freeze_ck" ckpt.every=6 && migrated freeze3 &&
   bits freeze3 steps/loss steps/grad_norm &&
   same freeze1 freeze3 "freezing, 3,4,3 units on 3 stages, random every step" steps/loss steps/grad_norm
+# its checkpoint at step 6 (frozen blocks and the window) resumed on 2 stages
+train freeze_resumed 2 "$dir/freeze.ini" "${units[@]}" parallel.pp=2 \
+  balance.initial=explicit:3,7 ckpt.resume="$dir/freeze_ck/ckpt-6.h5" &&
+  same_tail freeze3 freeze_resumed 6 "freezing, a sublayer checkpoint resumed on 2 stages"
 
 # Hash attention stays inside the attention unit (docs/mod-hash.md): on
 # 2 and 3 stages with boundaries inside blocks, units migrating on 3, the
@@ -176,6 +228,7 @@ bad "sublayer with MoE blocks" "balance.units = sublayer cannot run with a mixtu
   2 parallel.pp=2 balance.units=sublayer model.moe_every=2
 bad "sublayer with a scheme" "balance.units = sublayer cannot run with dyn.kind other than freeze yet" \
   2 parallel.pp=2 balance.units=sublayer dyn.kind=prune
-bad "sublayer with checkpoints" "balance.units = sublayer cannot run with ckpt.dir" 2 \
-  parallel.pp=2 balance.units=sublayer ckpt.dir="$dir/ckpt"
+bad "sublayer checkpoints on more stages than blocks" \
+  "balance.units = sublayer with ckpt.dir needs parallel.pp <= model.layers" 3 \
+  model.layers=2 parallel.pp=3 balance.units=sublayer ckpt.dir="$dir/ckpt"
 finish

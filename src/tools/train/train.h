@@ -35,9 +35,10 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages);
 /* What balance.units = sublayer runs so far: a dense model (no scheme
  * but freezing, no extension of the blocks but those that stay inside
  * the attention: hash attention), balanced by any balance.method,
- * resumed from a checkpoint (ckpt.resume = FILE) but writing none
- * (ckpt.dir) and not re-packing. Anything else is a user error naming
- * what cannot split yet. */
+ * writing and resuming checkpoints (with ckpt.dir, parallel.pp <=
+ * model.layers: the file's /layout needs a block per stage), not
+ * re-packing. Anything else is a user error naming what cannot split
+ * yet. */
 void train_check_units(const struct dm_config *cfg);
 /* balance.units of cfg, and the units of its model.layers blocks. */
 enum balance_units train_units(const struct dm_config *cfg);
