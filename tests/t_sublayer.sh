@@ -114,6 +114,27 @@ train halves 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 balance.initial=expli
     "layout history entry 0 \(from step 0\): the sublayer layout 1,1,8 cannot map to whole blocks.*resume it with balance.units = sublayer" \
     3 "$dir/tiny.ini" parallel.pp=3 ckpt.resume="$dir/halves_ck/ckpt-2.h5"
 
+# Re-packing with units (repack.enable): from 4 stages to the 3 that
+# repack.min_ranks allows, exit 3 with the next world's layout in units
+# (from the measured unit costs: a boundary may fall inside a block),
+# which the next link resumes with
+# (balance.initial = explicit:<layout>, ckpt.resume = auto) bit for bit.
+timeout -k 10 180 mpiexec -n 4 "$DYNMO" train --config "$dir/tiny.ini" "${units[@]}" \
+  parallel.pp=4 train.steps=8 repack.enable=1 repack.every=4 repack.epsilon=5 \
+  repack.min_ranks=3 ckpt.dir="$dir/repack_ck" run.out_dir="$dir/repacked" \
+  > "$dir/repack.out" 2>&1
+rc=$?
+next_pp=$(sed -n 's/^pp = //p' "$dir/repack_ck/next_world" 2>/dev/null)
+next_layout=$(sed -n 's/^layout = //p' "$dir/repack_ck/next_world" 2>/dev/null)
+if [ $rc -eq 3 ] && [ "$next_pp" = 3 ] && [ -n "$next_layout" ]; then
+  echo "ok: re-pack with units: exit 3, next world pp 3, layout $next_layout units"
+  train repacked 3 "$dir/tiny.ini" "${units[@]}" parallel.pp=3 train.steps=8 \
+    balance.initial="explicit:$next_layout" ckpt.dir="$dir/repack_ck" ckpt.resume=auto &&
+    same_tail one8 repacked 4 "re-packed from 4 stages to 3 with units at step 4"
+else
+  fail "re-pack with units: exit $rc, next world pp '$next_pp' layout '$next_layout': $(tail -3 "$dir/repack.out")"
+fi
+
 # Freezing (per block: a frozen block's two halves freeze together) on
 # 2 and 3 stages with boundaries inside blocks, and while units migrate;
 # threshold 100 freezes a block at every check (4 of 5 by step 12).

@@ -36,7 +36,7 @@ void train_initial_layout(int *counts, const struct dm_config *cfg, int stages);
  * but freezing, no extension of the blocks but those that stay inside
  * the attention: hash attention), balanced by any balance.method,
  * writing and resuming checkpoints (with ckpt.dir, parallel.pp <=
- * model.layers: the file's /layout needs a block per stage), not
+ * model.layers: the file's /layout needs a block per stage) and
  * re-packing. Anything else is a user error naming what cannot split
  * yet. */
 void train_check_units(const struct dm_config *cfg);
