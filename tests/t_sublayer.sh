@@ -154,6 +154,32 @@ train freeze_resumed 2 "$dir/freeze.ini" "${units[@]}" parallel.pp=2 \
   balance.initial=explicit:3,7 ckpt.resume="$dir/freeze_ck/ckpt-6.h5" &&
   same_tail freeze3 freeze_resumed 6 "freezing, a sublayer checkpoint resumed on 2 stages"
 
+# Early exit (softmax confidence): a block's active rows come from
+# exit_layer, which travels with the stream after attention; its exit
+# head, decision and counts are its MLP's. Tokens exit at steps 3-4
+# (/layers/active < 1 on blocks 2-4, some split). On one rank against
+# whole blocks, on 2 stages (5,5: inside block 2) and on 3 while units
+# migrate every step, the losses, gradient norms and /layers/active of
+# one rank.
+exited=(steps/loss steps/grad_norm layers/active)
+tiny_config "$dir/exit.ini" model.layers=5 train.steps=8 train.grad_clip=0.05 \
+  dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=2 \
+  dyn.exit_loss_weight=0.5
+train exit1 1 "$dir/exit.ini" "${units[@]}" && bits exit1 "${exited[@]}"
+/usr/bin/python3 - "$dir/exit1/runlog.h5" <<'PY' || fail "early exit with units: no token exited"
+import sys, h5py
+a = h5py.File(sys.argv[1], 'r')['/layers/active'][:]
+assert (a[:, 2:] < 1).any(), a
+print("ok: early exit with units: tokens exited (least active share %.3f)" % a.min())
+PY
+train exit_whole 1 "$dir/exit.ini" && bits exit_whole "${exited[@]}" &&
+  same exit1 exit_whole "early exit, units against whole blocks on one rank" "${exited[@]}"
+train exit2 2 "$dir/exit.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:5,5 &&
+  bits exit2 "${exited[@]}" && same exit1 exit2 "early exit, 5,5 units on 2 stages" "${exited[@]}"
+train exit3 3 "$dir/exit.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+  balance.method=random balance.every=1 && migrated exit3 && bits exit3 "${exited[@]}" &&
+  same exit1 exit3 "early exit, 3,4,3 units on 3 stages, random every step" "${exited[@]}"
+
 # Hash attention stays inside the attention unit (docs/mod-hash.md): on
 # 2 and 3 stages with boundaries inside blocks, units migrating on 3, the
 # losses, gradient norms and the blocks' tiles and own-key-only shares
@@ -247,8 +273,12 @@ bad "more stages than units" "parallel.pp = 11 exceeds the 10 units of model.lay
   parallel.pp=11 balance.units=sublayer
 bad "sublayer with MoE blocks" "balance.units = sublayer cannot run with a mixture of experts yet" \
   2 parallel.pp=2 balance.units=sublayer model.moe_every=2
-bad "sublayer with a scheme" "balance.units = sublayer cannot run with dyn.kind other than freeze yet" \
+bad "sublayer with a scheme" \
+  "balance.units = sublayer cannot run with dyn.kind other than freeze and early_exit yet" \
   2 parallel.pp=2 balance.units=sublayer dyn.kind=prune
+bad "sublayer with early exit by saturation" \
+  "balance.units = sublayer cannot run with dyn.exit_confidence = saturation yet" \
+  2 parallel.pp=2 balance.units=sublayer dyn.kind=early_exit dyn.exit_confidence=saturation
 bad "sublayer checkpoints on more stages than blocks" \
   "balance.units = sublayer with ckpt.dir needs parallel.pp <= model.layers" 3 \
   model.layers=2 parallel.pp=3 balance.units=sublayer ckpt.dir="$dir/ckpt"

@@ -285,6 +285,196 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
                                      p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
+/* ---- one half of a block with exited tokens (balance.units = sublayer) ----------
+ * block_forward_rows and block_backward_rows split at the residual stream
+ * after attention, as block.c splits the dense block: the attention half
+ * maps the block input to that stream (exited tokens copied, active ones
+ * their res1 rows), the MLP half maps it to the block output, taking its
+ * active rows back as acts->res1; and backward the gradient of that
+ * stream (exited tokens the block's output gradient, active ones d_res1).
+ * The same ops on the same rows: the whole block's bits. Which tokens are
+ * active both halves read from exit_layer, which travels with the stream. */
+
+static void attention_half_forward_rows(struct block *blk, struct block_acts *acts, float *out,
+                                   const float *in, int B, int T, const int *rows, int Na,
+                                   float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, NH = blk->NH, N = B * T;
+    float *const *p = blk->p;
+    ops->copy_on_device(out, in, (size_t)N * C * sizeof(float));
+    if (Na == 0) return;
+    float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
+    ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
+                           p[BP_LN1_W], p[BP_LN1_B], N, C);
+    ops->matmul_forward(kv, acts->ln1, p[BP_QKV_W] + (size_t)C * C, p[BP_QKV_B] + C, N, C, 2 * C);
+    ops->rows_gather(work, acts->ln1, rows, Na, C);
+    ops->matmul_forward(q, work, p[BP_QKV_W], p[BP_QKV_B], Na, C, C);
+    ops->attention_forward_rows(acts->atty, acts->att, q, kv, rows, Na, B, T, C, NH);
+    ops->matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], Na, C, C);
+    ops->rows_gather(work, in, rows, Na, C);
+    ops->residual_forward(acts->res1, acts->res1, work, (long)Na * C);
+    ops->rows_scatter(out, acts->res1, rows, Na, C, 0);
+}
+
+static void mlp_half_forward_rows(struct block *blk, struct block_acts *acts, float *out,
+                             const float *in, int B, int T, const int *rows, int Na, float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p;
+    ops->copy_on_device(out, in, (size_t)N * C * sizeof(float));
+    if (Na == 0) return;
+    ops->rows_gather(acts->res1, in, rows, Na, C);
+    ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
+                           p[BP_LN2_W], p[BP_LN2_B], Na, C);
+    ops->matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], Na, C, 4 * C);
+    ops->gelu_forward(acts->fch_gelu, acts->fch, (long)Na * 4 * C);
+    ops->matmul_forward(work, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], Na, 4 * C, C);
+    ops->residual_forward(work, work, acts->res1, (long)Na * C);
+    ops->rows_scatter(out, work, rows, Na, C, 0);
+}
+
+/* din may alias dout: dout's rows are gathered before din is written. */
+static void mlp_half_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                              float *din, const float *dout, int B, int T, const int *rows,
+                              int Na, float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    static float *const no_grads[BP_COUNT];
+    float *const *p = blk->p;
+    float *const *g = blk->frozen ? no_grads : blk->g;
+    if (Na > 0) {
+        float *dout_c = work;
+        ops->rows_gather(dout_c, dout, rows, Na, C);
+        ops->matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c,
+                                       acts->fch_gelu, p[BP_FCPROJ_W], Na, 4 * C, C);
+        ops->gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
+        ops->matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
+                                       p[BP_FC_W], Na, C, 4 * C);
+        ops->layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
+                                         acts->res1, p[BP_LN2_W], acts->ln2_mean,
+                                         acts->ln2_rstd, Na, C);
+    }
+    if (!din) return;
+    if (din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
+    if (Na > 0) ops->rows_scatter(din, s->d_res1, rows, Na, C, 0);
+}
+
+/* din may alias dout: dout is copied into work (the residual gradient)
+ * before din is written. */
+static void attention_half_backward_rows(struct block *blk, struct block_acts *acts,
+                                    struct block_scratch *s, float *din, const float *dout,
+                                    const float *in, int B, int T, const int *rows, int Na,
+                                    float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, NH = blk->NH, N = B * T;
+    static float *const no_grads[BP_COUNT];
+    float *const *p = blk->p;
+    float *const *g = blk->frozen ? no_grads : blk->g;
+    if (Na == 0) {
+        if (din && din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
+        return;
+    }
+    ops->rows_gather(s->d_res1, dout, rows, Na, C);
+    ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
+                                   acts->atty, p[BP_ATTPROJ_W], Na, C, C);
+    const float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
+    float *dkv = s->d_qkv, *dq = s->d_qkv + (size_t)N * 2 * C;
+    ops->attention_backward_rows(dq, dkv, s->d_att, s->d_atty, q, kv, acts->att, rows, Na, B, T, C,
+                                 NH);
+    float *gw = g[BP_QKV_W], *gb = g[BP_QKV_B];
+    ops->matmul_backward_overwrite(s->d_ln, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL, dkv,
+                                   acts->ln1, p[BP_QKV_W] + (size_t)C * C, N, C, 2 * C);
+    float *ln1_c = s->d_fch, *dln1_c = s->d_fch + (size_t)Na * C;
+    ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
+    ops->matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
+    ops->rows_scatter(s->d_ln, dln1_c, rows, Na, C, 1);
+    /* dout is the residual gradient already: the block output's for
+     * exited tokens, d_res1 for active ones */
+    float *dres = work;
+    ops->copy_on_device(dres, dout, (size_t)N * C * sizeof(float));
+    ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+/* One half (blk->halves) of block i: every token active, the dense half
+ * (block_forward); else the rows' half. */
+static void half_forward(struct block *blk, struct block_acts *a, float *out, const float *in,
+                         int B, int T, const int *rows, int Na, float *work)
+{
+    if (Na == B * T) block_forward(blk, a, out, in, B, T);
+    else if (blk->halves == BLOCK_HALF_ATTENTION)
+        attention_half_forward_rows(blk, a, out, in, B, T, rows, Na, work);
+    else
+        mlp_half_forward_rows(blk, a, out, in, B, T, rows, Na, work);
+}
+
+static void half_backward(struct block *blk, struct block_acts *a, struct block_scratch *s,
+                          float *din, const float *dout, const float *in, int B, int T,
+                          const int *rows, int Na, float *work)
+{
+    if (Na == B * T) block_backward(blk, a, s, din, dout, in, B, T);
+    else if (blk->halves == BLOCK_HALF_ATTENTION)
+        attention_half_backward_rows(blk, a, s, din, dout, in, B, T, rows, Na, work);
+    else
+        mlp_half_backward_rows(blk, a, s, din, dout, B, T, rows, Na, work);
+}
+
+/* Block i of a sublayer run: a half as it is, or a block held whole as
+ * its attention half then its MLP half, each timed (gpt.c's
+ * forward_units). Between them the stream after attention: a->res1 with
+ * every token active (as gpt.c), else the exit scratch work2 (res1 holds
+ * the active rows). */
+static void units_forward(struct gpt *model, struct gpt_acts *acts, struct exit_acts *ea, int i,
+                          float *out, const float *in, const int *rows, int Na)
+{
+    struct block *blk = &model->blocks[i];
+    struct block_acts *a = &acts->blocks[i];
+    int B = acts->B, T = acts->T;
+    double t0 = dm_profile_now();
+    if (blk->halves != BLOCK_HALVES) {
+        half_forward(blk, a, out, in, B, T, rows, Na, ea->work);
+        if (blk->halves == BLOCK_HALF_ATTENTION) model->attention_fwd_s[i] += dm_profile_now() - t0;
+        return;
+    }
+    float *stream = Na == B * T ? a->res1 : ea->work2;
+    blk->halves = BLOCK_HALF_ATTENTION;
+    half_forward(blk, a, stream, in, B, T, rows, Na, ea->work);
+    model->attention_fwd_s[i] += dm_profile_now() - t0;
+    blk->halves = BLOCK_HALF_MLP;
+    half_forward(blk, a, out, stream, B, T, rows, Na, ea->work);
+    blk->halves = BLOCK_HALVES;
+}
+
+/* The backward of units_forward: the stream's gradient between the
+ * halves in the scratch's d_res1 with every token active (as gpt.c),
+ * else in work2 (free once the exit head's gradient is added). */
+static void units_backward(struct gpt *model, struct gpt_acts *acts, struct exit_acts *ea,
+                           struct block_scratch *s, int i, float *din, const float *dout,
+                           const float *in, const int *rows, int Na)
+{
+    struct block *blk = &model->blocks[i];
+    struct block_acts *a = &acts->blocks[i];
+    int B = acts->B, T = acts->T, all = Na == B * T;
+    if (blk->halves != BLOCK_HALVES) {
+        double t0 = dm_profile_now();
+        half_backward(blk, a, s, din, dout, in, B, T, rows, Na, ea->work);
+        if (blk->halves == BLOCK_HALF_ATTENTION) model->attention_bwd_s[i] += dm_profile_now() - t0;
+        return;
+    }
+    blk->halves = BLOCK_HALF_MLP;
+    half_backward(blk, a, s, all ? NULL : ea->work2, dout, all ? a->res1 : NULL, B, T, rows, Na,
+                  ea->work);
+    double t0 = dm_profile_now();
+    blk->halves = BLOCK_HALF_ATTENTION;
+    half_backward(blk, a, s, din, all ? s->d_res1 : ea->work2, in, B, T, rows, Na, ea->work);
+    model->attention_bwd_s[i] += dm_profile_now() - t0;
+    blk->halves = BLOCK_HALVES;
+}
+
 /* ---- the model's hooks ------------------------------------------------------------ */
 
 void exit_begin_forward(struct gpt *model, struct gpt_acts *acts)
@@ -367,10 +557,16 @@ void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *
         if (ea->exit_layer[n] >= layer) st->rows[st->nactive++] = n;
     int Na = st->nactive;
     backend_write_end(st->rows_device, st->rows, (size_t)Na * sizeof(int));
-    if (Na == N)
+    if (blk->halves)   /* balance.units = sublayer */
+        units_forward(model, acts, ea, i, out, in, st->rows_device, Na);
+    else if (Na == N)
         block_forward(blk, &acts->blocks[i], out, in, B, T);
     else
         block_forward_rows(blk, &acts->blocks[i], out, in, B, T, st->rows_device, Na, ea->work);
+    /* A block's counts, exit head and decision are its end's: the stage
+     * of its MLP when another holds its attention. */
+    st->head = 0;
+    if (blk->halves == BLOCK_HALF_ATTENTION) return;
     x->token_blocks += N;
     x->token_blocks_skipped += N - Na;
     if (x->layer_tokens) {
@@ -411,7 +607,9 @@ void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_
         grad = sum;
     }
     struct block *blk = &model->blocks[i];
-    if (Na == N)
+    if (blk->halves)   /* balance.units = sublayer */
+        units_backward(model, acts, ea, s, i, din, grad, in, st->rows_device, Na);
+    else if (Na == N)
         block_backward(blk, &acts->blocks[i], s, din, grad, in, B, T);
     else
         block_backward_rows(blk, &acts->blocks[i], s, din, grad, in, B, T, st->rows_device, Na,

@@ -33,7 +33,7 @@ void train_open_backend(const struct dm_config *cfg);
  * units' parameter counts), in units; user error naming the key. */
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages);
 /* What balance.units = sublayer runs so far: a dense model (no scheme
- * but freezing, no extension of the blocks but those that stay inside
+ * but freezing and early exit by the softmax confidence, no extension of the blocks but those that stay inside
  * the attention: hash attention), balanced by any balance.method,
  * writing and resuming checkpoints (with ckpt.dir, parallel.pp <=
  * model.layers: the file's /layout needs a block per stage) and
