@@ -209,16 +209,21 @@ void exit_saturation_confidence(float *conf, const float *in, const float *out,
  * ((N,2C), rows as the tokens) followed by Q of the active ones ((Na,C),
  * compact), and the backward's d_qkv the same layout for dK|dV and dQ. The
  * weight W_qkv (3C,C) is Q's C rows then K's and V's, so the two parts are
- * plain matmuls on the first C and the last 2C rows of it. */
-void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, const float *in,
-                        int B, int T, const int *rows, int nactive, float *work)
+ * plain matmuls on the first C and the last 2C rows of it.
+ *
+ * The block in two parts split at the residual stream after attention,
+ * which a stage boundary may cut (balance.units = sublayer): the
+ * attention part leaves the active rows of that stream in acts->res1
+ * (Na,C), the MLP part maps them to the block output's active rows in
+ * work; backward, the MLP part leaves their gradient in s->d_res1 (Na,C),
+ * from which the attention part computes s->d_ln (N,C). The whole block
+ * and its halves run the same parts: the same bits. */
+static void attention_rows_forward(struct block *blk, struct block_acts *acts, const float *in,
+                                   int B, int T, const int *rows, int Na, float *work)
 {
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
+    int C = blk->C, NH = blk->NH, N = B * T;
     float *const *p = blk->p;
-    DM_ASSERT(blk->ext_count == 0);   /* dyn_config_validate: no early exit with extensions */
-    ops->copy_on_device(out, in, (size_t)N * C * sizeof(float));   /* exited: copied forward */
-    if (Na == 0) return;
     float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
     ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                            p[BP_LN1_W], p[BP_LN1_B], N, C);
@@ -229,30 +234,34 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     ops->matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], Na, C, C);
     ops->rows_gather(work, in, rows, Na, C);
     ops->residual_forward(acts->res1, acts->res1, work, (long)Na * C);
+}
+
+static void mlp_rows_forward(struct block *blk, struct block_acts *acts, int Na, float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C;
+    float *const *p = blk->p;
     ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
                            p[BP_LN2_W], p[BP_LN2_B], Na, C);
     ops->matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], Na, C, 4 * C);
     ops->gelu_forward(acts->fch_gelu, acts->fch, (long)Na * 4 * C);
     ops->matmul_forward(work, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], Na, 4 * C, C);
     ops->residual_forward(work, work, acts->res1, (long)Na * C);
-    ops->rows_scatter(out, work, rows, Na, C, 0);
 }
 
-void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
-                         float *din, const float *dout, const float *in, int B, int T,
-                         const int *rows, int nactive, float *work)
+static float *const *rows_grads(const struct block *blk)
+{
+    static float *const no_grads[BP_COUNT];
+    return blk->frozen ? no_grads : blk->g;
+}
+
+/* dout_c: the output gradient's active rows (Na,C). */
+static void mlp_rows_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                              const float *dout_c, int Na)
 {
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
-    static float *const no_grads[BP_COUNT];
-    float *const *p = blk->p;
-    float *const *g = blk->frozen ? no_grads : blk->g;
-    if (Na == 0) {
-        if (din && din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
-        return;
-    }
-    float *dout_c = work;                      /* (Na,C), then the full residual gradient */
-    ops->rows_gather(dout_c, dout, rows, Na, C);
+    int C = blk->C;
+    float *const *p = blk->p, *const *g = rows_grads(blk);
     ops->matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c, acts->fch_gelu,
                                    p[BP_FCPROJ_W], Na, 4 * C, C);
     ops->gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
@@ -261,6 +270,18 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
     ops->layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
                                      acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
                                      Na, C);
+}
+
+/* From s->d_res1 to s->d_ln; then din from dres (N,C: the residual
+ * gradient, the block output's for exited tokens, d_res1 for active
+ * ones). */
+static void attention_rows_backward(struct block *blk, struct block_acts *acts,
+                                    struct block_scratch *s, float *din, const float *dres,
+                                    const float *in, int B, int T, const int *rows, int Na)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, NH = blk->NH, N = B * T;
+    float *const *p = blk->p, *const *g = rows_grads(blk);
     ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
                                    acts->atty, p[BP_ATTPROJ_W], Na, C, C);
     const float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
@@ -277,127 +298,107 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
     ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
     ops->matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
     ops->rows_scatter(s->d_ln, dln1_c, rows, Na, C, 1);
-    /* Residual gradient: dout for exited tokens, d_res1 for active ones. */
-    float *dres = work;
-    ops->copy_on_device(dres, dout, (size_t)N * C * sizeof(float));
-    ops->rows_scatter(dres, s->d_res1, rows, Na, C, 0);
     ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
                                      p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
-/* ---- one half of a block with exited tokens (balance.units = sublayer) ----------
- * block_forward_rows and block_backward_rows split at the residual stream
- * after attention, as block.c splits the dense block: the attention half
- * maps the block input to that stream (exited tokens copied, active ones
- * their res1 rows), the MLP half maps it to the block output, taking its
- * active rows back as acts->res1; and backward the gradient of that
- * stream (exited tokens the block's output gradient, active ones d_res1).
- * The same ops on the same rows: the whole block's bits. Which tokens are
- * active both halves read from exit_layer, which travels with the stream. */
-
-static void attention_half_forward_rows(struct block *blk, struct block_acts *acts, float *out,
-                                   const float *in, int B, int T, const int *rows, int Na,
-                                   float *work)
+void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, const float *in,
+                        int B, int T, const int *rows, int nactive, float *work)
 {
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH, N = B * T;
-    float *const *p = blk->p;
-    ops->copy_on_device(out, in, (size_t)N * C * sizeof(float));
-    if (Na == 0) return;
-    float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
-    ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
-                           p[BP_LN1_W], p[BP_LN1_B], N, C);
-    ops->matmul_forward(kv, acts->ln1, p[BP_QKV_W] + (size_t)C * C, p[BP_QKV_B] + C, N, C, 2 * C);
-    ops->rows_gather(work, acts->ln1, rows, Na, C);
-    ops->matmul_forward(q, work, p[BP_QKV_W], p[BP_QKV_B], Na, C, C);
-    ops->attention_forward_rows(acts->atty, acts->att, q, kv, rows, Na, B, T, C, NH);
-    ops->matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], Na, C, C);
-    ops->rows_gather(work, in, rows, Na, C);
-    ops->residual_forward(acts->res1, acts->res1, work, (long)Na * C);
-    ops->rows_scatter(out, acts->res1, rows, Na, C, 0);
+    DM_ASSERT(blk->ext_count == 0);   /* dyn_config_validate: no early exit with extensions */
+    ops->copy_on_device(out, in, (size_t)B * T * blk->C * sizeof(float));   /* exited: copied */
+    if (nactive == 0) return;
+    attention_rows_forward(blk, acts, in, B, T, rows, nactive, work);
+    mlp_rows_forward(blk, acts, nactive, work);
+    ops->rows_scatter(out, work, rows, nactive, blk->C, 0);
 }
 
-static void mlp_half_forward_rows(struct block *blk, struct block_acts *acts, float *out,
-                             const float *in, int B, int T, const int *rows, int Na, float *work)
+void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                         float *din, const float *dout, const float *in, int B, int T,
+                         const int *rows, int nactive, float *work)
 {
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, N = B * T;
-    float *const *p = blk->p;
-    ops->copy_on_device(out, in, (size_t)N * C * sizeof(float));
-    if (Na == 0) return;
-    ops->rows_gather(acts->res1, in, rows, Na, C);
-    ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
-                           p[BP_LN2_W], p[BP_LN2_B], Na, C);
-    ops->matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], Na, C, 4 * C);
-    ops->gelu_forward(acts->fch_gelu, acts->fch, (long)Na * 4 * C);
-    ops->matmul_forward(work, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], Na, 4 * C, C);
-    ops->residual_forward(work, work, acts->res1, (long)Na * C);
-    ops->rows_scatter(out, work, rows, Na, C, 0);
-}
-
-/* din may alias dout: dout's rows are gathered before din is written. */
-static void mlp_half_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
-                              float *din, const float *dout, int B, int T, const int *rows,
-                              int Na, float *work)
-{
-    const struct dm_backend *ops = backend_current();
-    int C = blk->C, N = B * T;
-    static float *const no_grads[BP_COUNT];
-    float *const *p = blk->p;
-    float *const *g = blk->frozen ? no_grads : blk->g;
-    if (Na > 0) {
-        float *dout_c = work;
-        ops->rows_gather(dout_c, dout, rows, Na, C);
-        ops->matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c,
-                                       acts->fch_gelu, p[BP_FCPROJ_W], Na, 4 * C, C);
-        ops->gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
-        ops->matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
-                                       p[BP_FC_W], Na, C, 4 * C);
-        ops->layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
-                                         acts->res1, p[BP_LN2_W], acts->ln2_mean,
-                                         acts->ln2_rstd, Na, C);
-    }
-    if (!din) return;
-    if (din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
-    if (Na > 0) ops->rows_scatter(din, s->d_res1, rows, Na, C, 0);
-}
-
-/* din may alias dout: dout is copied into work (the residual gradient)
- * before din is written. */
-static void attention_half_backward_rows(struct block *blk, struct block_acts *acts,
-                                    struct block_scratch *s, float *din, const float *dout,
-                                    const float *in, int B, int T, const int *rows, int Na,
-                                    float *work)
-{
-    const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH, N = B * T;
-    static float *const no_grads[BP_COUNT];
-    float *const *p = blk->p;
-    float *const *g = blk->frozen ? no_grads : blk->g;
+    int C = blk->C, N = B * T, Na = nactive;
     if (Na == 0) {
         if (din && din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
         return;
     }
-    ops->rows_gather(s->d_res1, dout, rows, Na, C);
-    ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
-                                   acts->atty, p[BP_ATTPROJ_W], Na, C, C);
-    const float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
-    float *dkv = s->d_qkv, *dq = s->d_qkv + (size_t)N * 2 * C;
-    ops->attention_backward_rows(dq, dkv, s->d_att, s->d_atty, q, kv, acts->att, rows, Na, B, T, C,
-                                 NH);
-    float *gw = g[BP_QKV_W], *gb = g[BP_QKV_B];
-    ops->matmul_backward_overwrite(s->d_ln, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL, dkv,
-                                   acts->ln1, p[BP_QKV_W] + (size_t)C * C, N, C, 2 * C);
-    float *ln1_c = s->d_fch, *dln1_c = s->d_fch + (size_t)Na * C;
-    ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
-    ops->matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
-    ops->rows_scatter(s->d_ln, dln1_c, rows, Na, C, 1);
-    /* dout is the residual gradient already: the block output's for
-     * exited tokens, d_res1 for active ones */
+    float *dout_c = work;                      /* (Na,C), then the full residual gradient */
+    ops->rows_gather(dout_c, dout, rows, Na, C);
+    mlp_rows_backward(blk, acts, s, dout_c, Na);
+    /* Residual gradient: dout for exited tokens, d_res1 for active ones
+     * (written after the attention part has read d_res1: it reads no
+     * work). */
     float *dres = work;
     ops->copy_on_device(dres, dout, (size_t)N * C * sizeof(float));
-    ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
-                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+    ops->rows_scatter(dres, s->d_res1, rows, Na, C, 0);
+    attention_rows_backward(blk, acts, s, din, dres, in, B, T, rows, Na);
+}
+
+/* ---- one half of a block with exited tokens (balance.units = sublayer) ----------
+ * The attention half maps the block input to the residual stream after
+ * attention (exited tokens copied, active ones their res1 rows), the MLP
+ * half that stream to the block output, taking its active rows back as
+ * acts->res1; backward, the gradient of that stream (the block output's
+ * for exited tokens, d_res1 for active ones). Which tokens are active
+ * both halves read from exit_layer, which travels with the stream. */
+
+static void attention_half_forward_rows(struct block *blk, struct block_acts *acts, float *out,
+                                        const float *in, int B, int T, const int *rows, int Na,
+                                        float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    ops->copy_on_device(out, in, (size_t)B * T * blk->C * sizeof(float));
+    if (Na == 0) return;
+    attention_rows_forward(blk, acts, in, B, T, rows, Na, work);
+    ops->rows_scatter(out, acts->res1, rows, Na, blk->C, 0);
+}
+
+static void mlp_half_forward_rows(struct block *blk, struct block_acts *acts, float *out,
+                                  const float *in, int B, int T, const int *rows, int Na,
+                                  float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    ops->copy_on_device(out, in, (size_t)B * T * blk->C * sizeof(float));
+    if (Na == 0) return;
+    ops->rows_gather(acts->res1, in, rows, Na, blk->C);
+    mlp_rows_forward(blk, acts, Na, work);
+    ops->rows_scatter(out, work, rows, Na, blk->C, 0);
+}
+
+/* din may alias dout: dout's rows are gathered before din is written. */
+static void mlp_half_backward_rows(struct block *blk, struct block_acts *acts,
+                                   struct block_scratch *s, float *din, const float *dout, int B,
+                                   int T, const int *rows, int Na, float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C;
+    if (Na > 0) {
+        ops->rows_gather(work, dout, rows, Na, C);
+        mlp_rows_backward(blk, acts, s, work, Na);
+    }
+    if (!din) return;
+    if (din != dout) ops->copy_on_device(din, dout, (size_t)B * T * C * sizeof(float));
+    if (Na > 0) ops->rows_scatter(din, s->d_res1, rows, Na, C, 0);
+}
+
+/* dout is the residual gradient already; din may alias it (it is copied
+ * into work first). */
+static void attention_half_backward_rows(struct block *blk, struct block_acts *acts,
+                                         struct block_scratch *s, float *din, const float *dout,
+                                         const float *in, int B, int T, const int *rows, int Na,
+                                         float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    size_t bytes = (size_t)B * T * blk->C * sizeof(float);
+    if (Na == 0) {
+        if (din && din != dout) ops->copy_on_device(din, dout, bytes);
+        return;
+    }
+    ops->rows_gather(s->d_res1, dout, rows, Na, blk->C);
+    ops->copy_on_device(work, dout, bytes);
+    attention_rows_backward(blk, acts, s, din, work, in, B, T, rows, Na);
 }
 
 /* One half (blk->halves) of block i: every token active, the dense half
