@@ -229,6 +229,16 @@ if [ -f "$(dirname "$DYNMO")/libdynmo_emulate.so" ]; then
           "emulated device ($devices for 3 ranks), units migrating every step" steps/loss
     done
   grep -q "transport: .*device to device" "$dir/emu3_3.out" || fail "emu3_3: no device transport"
+  # a checkpoint of 3,4,3 units on devices (the split blocks' MLP halves
+  # gathered device to host to device), resumed on one rank's device
+  for devices in 1 3; do
+    DYNMO_EMULATE_DEVICES=$devices run "emu_ck$devices" 3 "${emulated[@]}" parallel.pp=3 \
+      balance.initial=explicit:3,4,3 ckpt.dir="$dir/emu_ck$devices" ckpt.every=4 &&
+      run "emu_resumed$devices" 1 "${emulated[@]}" \
+        ckpt.resume="$dir/emu_ck$devices/ckpt-4.h5" &&
+      same_tail "emu_ck$devices" "emu_resumed$devices" 4 \
+        "emulated device ($devices for 3 ranks): a sublayer checkpoint resumed on one rank"
+  done
 else
   echo "skip: the emulated device (no $(dirname "$DYNMO")/libdynmo_emulate.so)"
 fi
