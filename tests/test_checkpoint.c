@@ -25,6 +25,7 @@
  * shared tensors only, the dense blocks' MLP in /mlp (absent when every
  * block is an MoE block), no padding. */
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <sched.h>
 #include <stdint.h>
@@ -740,6 +741,64 @@ static void test_dyn_state(void)
     dm_free(state);
 }
 
+/* The extension units.def: a sublayer run's save (units 3,4,3,4 of the 7
+ * blocks on 4 stages: blocks 1 and 3 split, each stage holding the blocks
+ * its units touch, halves marked). The stage of a split block's MLP does
+ * not write it (its copy is poisoned here), the stage of its attention
+ * writes it whole; the file holds the unit layout, the nearest whole
+ * blocks in /layout, passes the checker, and loads whole on 4 stages. */
+static void test_units_layout(void)
+{
+    if (world_size != 4) return;
+    char dir[1024], path[1100], err[1024];
+    snprintf(dir, sizeof dir, "%s/units", getenv("CKPT_TEST_DIR"));
+    struct gpt_shape shape = tiny_shape();
+    int units[4] = {3, 4, 3, 4}, first_unit = 0;
+    for (int s = 0; s < world_rank; s++) first_unit += units[s];
+    int end = first_unit + units[world_rank], first = first_unit / 2;
+    struct gpt model;
+    gpt_build(&model, &shape, first, (end + 1) / 2 - first, world_rank == 0, world_rank == 3,
+              1234);
+    fill_model(&model, 0);
+    for (int i = 0; i < model.num_blocks; i++) model.blocks[i].halves = BLOCK_HALVES;
+    if (first_unit % 2) {
+        model.blocks[0].halves = BLOCK_HALF_MLP;
+        for (size_t k = 0; k < model.blocks[0].nparams; k++) model.blocks[0].params[k] = NAN;
+    }
+    if (end % 2) model.blocks[model.num_blocks - 1].halves = BLOCK_HALF_ATTENTION;
+    struct world w = {4, 4, 1, {1, 2, 2, 2}};
+    struct ckpt_meta meta;
+    int frozen[16];
+    long cursors[8];
+    char config[256];
+    meta_for(&meta, 0, 40, &w, NULL, shape.layers, frozen, cursors, config);
+    meta.unit_layout = units;
+    int rc = ckpt_save(dir, 0, &model, &meta, world_rank, 0, MPI_COMM_WORLD, path, sizeof path,
+                       err, sizeof err);
+    CHECK_MSG(rc == 0, "save: %s", err);
+    gpt_free(&model);
+    if (world_rank == 0) {
+        struct ckpt_meta info;
+        CHECK_MSG(ckpt_read_info(path, &info, err, sizeof err) == 0, "%s", err);
+        CHECK(info.unit_layout && !memcmp(info.unit_layout, units, sizeof units));
+        CHECK(!memcmp(info.layout, w.layout, 4 * sizeof(int)));
+        CHECK(info.unit_history.count == 1 && info.unit_history.layers == 14 &&
+              !memcmp(layout_history_entry(&info.unit_history, 0), units, sizeof units));
+        for (int i = 0; i < shape.layers; i++) CHECK(info.frozen[i] == (i % 3 == 0));
+        ckpt_meta_free(&info);
+        CHECK(ckpt_check_file(path, 1, NULL, NULL) == 0);
+    }
+    struct world whole = {4, 4, 1, {2, 2, 2, 1}};
+    build_for(&model, &shape, &whole, world_rank);
+    CHECK_MSG(ckpt_load_try(path, &model, &meta, MPI_COMM_WORLD, err, sizeof err) == 0, "%s",
+              err);
+    CHECK_MSG(check_model(&model, 0) == 0, "rank %d: a sublayer save loads other values",
+              world_rank);
+    ckpt_meta_free(&meta);
+    gpt_free(&model);
+    barrier(MPI_COMM_WORLD);
+}
+
 static void test_faults(void)
 {
     struct gpt_shape shape = tiny_shape();
@@ -1182,6 +1241,7 @@ int main(int argc, char **argv)
         test_moe_rows();
         test_faults();
         test_dyn_state();
+        test_units_layout();
         int failures = sum_int(testing_failures, MPI_COMM_WORLD);
         if (world_rank == 0) {
             char command[600];

@@ -100,6 +100,15 @@ static void convert_visit(const int *units, int S, void *ctx)
     int rc = balance_layout_convert(units, BALANCE_UNITS_SUBLAYER, S, c->blocks,
                                     BALANCE_UNITS_BLOCK, blocks_layout, err, sizeof err);
     c->checked++;
+    /* the nearest whole blocks: the conversion where it maps, else a
+     * layout of the blocks all the same (none for more stages than blocks) */
+    int nearest[MAX_STAGES];
+    int near_rc = balance_layout_nearest_blocks(units, S, c->blocks, nearest, NULL, 0);
+    CHECK(near_rc == (S <= c->blocks ? BALANCE_OK : BALANCE_BAD_INPUT));
+    if (near_rc == BALANCE_OK) {
+        CHECK(balance_check_layout(nearest, S, c->blocks, NULL, 0) == BALANCE_OK);
+        if (rc == BALANCE_OK) CHECK(memcmp(nearest, blocks_layout, (size_t)S * sizeof(int)) == 0);
+    }
     if (!bs.found) {
         CHECK_MSG(rc == BALANCE_BAD_INPUT && strstr(err, "cannot map"),
                   "%d blocks, %d stages: mapped a layout no block layout matches", c->blocks, S);
@@ -167,6 +176,13 @@ static void test_convert(void)
     CHECK(balance_layout_convert(bad, BALANCE_UNITS_SUBLAYER, 2, 4, BALANCE_UNITS_BLOCK,
                                  blocks, err, sizeof err) == BALANCE_BAD_INPUT);
     CHECK_MSG(strstr(err, "8 sublayer units"), "%s", err);
+    /* a stage of one half: the nearest whole blocks move the boundary on */
+    int halves[3] = {1, 1, 8};
+    CHECK(balance_layout_nearest_blocks(halves, 3, 5, blocks, err, sizeof err) == BALANCE_OK);
+    CHECK(blocks[0] == 1 && blocks[1] == 1 && blocks[2] == 3);
+    CHECK(balance_layout_nearest_blocks(tight, 3, 2, blocks, err, sizeof err) ==
+          BALANCE_BAD_INPUT);
+    CHECK_MSG(strstr(err, "3 stages cannot each hold one of 2 whole blocks"), "%s", err);
 }
 
 /* ---- balance.initial --------------------------------------------------------- */

@@ -189,6 +189,16 @@ int balance_units_per_block(enum balance_units units);
 int balance_layout_convert(const int *from, enum balance_units from_units, int stages,
                            int blocks, enum balance_units to_units, int *to, char *err,
                            size_t errsize);
+/* A whole-block layout for any sublayer layout `from` (stages entries,
+ * 2 x blocks units) into `to`: the layout balance_layout_convert maps to
+ * where it maps; where it cannot (a stage that holds less than a whole
+ * block), each boundary moves only as far as leaves every stage a block.
+ * It describes a sublayer layout in whole blocks (a checkpoint's
+ * /layout/blocks_per_stage); it is not where the units ran. Fails
+ * (BALANCE_BAD_INPUT, naming the counts) only when stages > blocks or
+ * `from` is no layout of the units. */
+int balance_layout_nearest_blocks(const int *from, int stages, int blocks, int *to, char *err,
+                                  size_t errsize);
 
 /* ---- evaluating a layout ------------------------------------------------ */
 

@@ -396,6 +396,21 @@ struct ckpt_meta {
                                empty, or a struct copy of the caller's own:
                                save only reads it); its layers must be the
                                model's. Load: ends with the current layout */
+    int *unit_layout;       /* (pp) a run of balance.units = sublayer: units per
+                               stage (block j's attention 2j, its MLP 2j + 1), the
+                               current layout, saved as /units (checkpoint_schema/
+                               units.def); NULL: whole blocks. Save: then layout
+                               and history are ignored and written as the nearest
+                               whole blocks to these (balance_layout_nearest_blocks,
+                               which needs pp <= layers), and a block whose halves
+                               two stages hold is written by its attention's holder,
+                               whose slab must hold the MLP's floats too
+                               (engine_gather_split_blocks). Load: NULL when the
+                               file has no /units */
+    struct layout_history unit_history; /* with unit_layout: the history in units
+                               (rows 2 x layers wide), as history (save: may be
+                               empty, borrowed). Load: the same steps and stages
+                               as history, ending with unit_layout */
     int *frozen;            /* (layers) 1 = block frozen. Save: OR'ed with each
                                block's own frozen flag; may be NULL. Load: the
                                file's flags (each loaded block's flag is set) */

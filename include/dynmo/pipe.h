@@ -134,6 +134,16 @@ void engine_forward_samples(struct engine *eng, long samples, engine_fill_fn fil
  * migration in the next step's stats. */
 void engine_relayout(struct engine *eng, const int *counts);
 
+/* Collective over each replica's stages, with balance.units = sublayer
+ * (nothing otherwise): where a stage boundary falls inside block j, the
+ * stage holding j's MLP sends that half's parameters and Adam moments to
+ * the stage holding j's attention, which copies them into its own slab of
+ * j (the MLP half's place there, otherwise unused): the attention's holder
+ * then has the whole block, as a checkpoint writes it (ckpt_meta's
+ * unit_layout). Nothing the step computes changes; the copy is stale
+ * after the next step. */
+void engine_gather_split_blocks(struct engine *eng);
+
 /* Collective, after every step: each engine part's decisions inside a
  * stage (engine_internal.h, struct engine_part's decide), such as expert
  * placement (moe.placement, docs/moe.md): the part adds the step's loads

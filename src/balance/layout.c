@@ -545,6 +545,32 @@ int balance_layout_convert(const int *from, enum balance_units from_units, int s
     return sublayer_to_blocks(from, stages, blocks, to, err, errsize);
 }
 
+int balance_layout_nearest_blocks(const int *from, int stages, int blocks, int *to, char *err,
+                                  size_t errsize)
+{
+    char why[256];
+    if (balance_check_layout(from, stages, 2 * blocks, why, sizeof why) != BALANCE_OK)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize, "a layout of %d sublayer units: %s",
+                            2 * blocks, why);
+    if (stages > blocks)
+        return balance_fail(BALANCE_BAD_INPUT, err, errsize,
+                            "%d stages cannot each hold one of %d whole blocks", stages, blocks);
+    /* sublayer_to_blocks' boundary (the block's start, or its end when
+     * that empties the stage before), then held between the boundary
+     * before and the room the stages after need. */
+    int unit = 0, previous = 0;
+    for (int s = 0; s + 1 < stages; s++) {
+        unit += from[s];
+        int boundary = unit / 2;
+        if (boundary <= previous) boundary = previous + 1;
+        if (boundary > blocks - (stages - 1 - s)) boundary = blocks - (stages - 1 - s);
+        to[s] = boundary - previous;
+        previous = boundary;
+    }
+    to[stages - 1] = blocks - previous;
+    return BALANCE_OK;
+}
+
 /* "explicit:n1,n2,...": every count an integer in [1, units], as many
  * as stages, summing to the units (per_block of each of `blocks`). */
 static int explicit_layout(const char *spec, int stages, int blocks, int per_block,

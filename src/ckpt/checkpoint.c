@@ -36,6 +36,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "dynmo/backend.h"
+#include "dynmo/balance.h"
 #include "dynmo/ckpt.h"
 #include "dynmo/world.h"
 #include "ckpt/ckpt_dir.h"
@@ -81,6 +82,12 @@ static void check_same_everywhere(const char *dir, int keep, const struct ckpt_m
         h = fnv1a_bytes(h, meta->dyn_state, (size_t)meta->dyn_state_count * sizeof(double));
     h = fnv1a_bytes(h, meta->data_cursor, (size_t)meta->dp * sizeof(long));
     h = fnv1a_bytes(h, meta->layout, (size_t)meta->pp * sizeof(int));
+    if (meta->unit_layout) {   /* a sublayer run's: layout and history derive from these */
+        h = fnv1a_bytes(h, meta->unit_layout, (size_t)meta->pp * sizeof(int));
+        h = fnv1a_bytes(h, meta->unit_history.layout, (size_t)meta->unit_history.count *
+                                                          (size_t)meta->unit_history.layers *
+                                                          sizeof(int));
+    }
     if (meta->history.count > 0) {
         size_t n = (size_t)meta->history.count;
         h = fnv1a_bytes(h, meta->history.step, n * sizeof(long));
@@ -250,6 +257,7 @@ static void write_attributes(hid_t file, const struct gpt_shape *shape,
     write_integer_attr(group, "train_checksum", SCHEMA_TYPE_UINT64, checksum);
     DM_H5(H5Gclose(group));
     if (meta->dyn_state_count > 0) ckpt_dyn_write_attributes(file, meta);
+    if (meta->unit_layout) ckpt_units_write_attributes(file);
     struct dyn_ckpt_writer writer = {.ctx = &file, .int_attr = writer_int,
                                      .string_attr = writer_string};
     dyn_ckpt_write_attrs(shape, &writer);   /* the schemes' fragments */
@@ -433,6 +441,7 @@ static void write_small_datasets(const struct chunk_writer *w, const struct gpt 
     int *frozen_all = dm_alloc((size_t)layers * sizeof(int));
     float *sparsity_all = dm_alloc((size_t)layers * sizeof(float));
     for (int i = 0; writer && i < model->num_blocks; i++) {
+        if (model->blocks[i].halves == BLOCK_HALF_MLP) continue;   /* its attention's holder */
         int layer = model->first_block + i;
         frozen[layer] = model->blocks[i].frozen || (meta->frozen && meta->frozen[layer]);
     }
@@ -453,6 +462,11 @@ static void write_small_datasets(const struct chunk_writer *w, const struct gpt 
         write_rows(w, "/blocks/state/sparsity", 0, (hsize_t)layers, sparsity_all);
         if (meta->dyn_state_count > 0)
             write_rows(w, "/dyn/state", 0, (hsize_t)meta->dyn_state_count, meta->dyn_state);
+        if (meta->unit_layout) {
+            DM_ASSERT(meta->unit_history.count == history->count);
+            write_rows(w, "/units/per_stage", 0, (hsize_t)meta->pp, meta->unit_layout);
+            write_rows(w, "/units/history_per_stage", 0, n, meta->unit_history.layout);
+        }
     }
     dm_free(frozen);
     dm_free(frozen_all);
@@ -541,6 +555,8 @@ static void write_tensors(const struct chunk_writer *w, const struct gpt *model,
         const struct block *blk = &model->blocks[i];
         if (!whole && !(sharded && gpt_block_shard_units(&model->shape, blk->index) > 0))
             continue;   /* nothing of it here */
+        if (blk->halves == BLOCK_HALF_MLP)
+            continue;   /* the holder of its attention writes the whole block */
         struct block view = block_host_view(blk, staging, 1);
         if (whole) sparsity[blk->index] = block_sparsity(&view);
         write_block(w, model, &view, whole, sharded);
@@ -565,6 +581,10 @@ static const struct ckpt_schema *save_schema(struct ckpt_dims *dims,
     if (meta->dyn_state_count > 0) {   /* the scheme's own state: dyn.def's /dyn */
         schema = ckpt_schema_with_dyn(schema);
         dims->dyn_state = meta->dyn_state_count;
+    }
+    if (meta->unit_layout) {   /* a sublayer run's units: units.def's /units */
+        schema = ckpt_schema_with_units(schema);
+        dims->units_per_block = 2;
     }
     return schema;
 }
@@ -637,16 +657,23 @@ static void check_save_arguments(const struct gpt *model, const struct ckpt_meta
     DM_ASSERT(meta->pp >= 1 && meta->dp >= 1 && meta->pp * meta->dp == size);
     DM_ASSERT(stage >= 0 && stage < meta->pp && dp_rank >= 0 && dp_rank < meta->dp);
     DM_ASSERT(meta->step >= 0 && meta->data_cursor && meta->layout);
-    DM_ASSERT(layout_sum(meta->layout, meta->pp) == shape->layers);
-    for (int s = 0; s < meta->pp; s++) DM_ASSERT(meta->layout[s] >= 1);
-    DM_ASSERT(model->first_block == layout_sum(meta->layout, stage) &&
-              model->num_blocks == meta->layout[stage]);
+    /* a sublayer run's stage holds units [first, first + count): the
+     * blocks they touch, its first and last may be halves */
+    const int *layout = meta->unit_layout ? meta->unit_layout : meta->layout;
+    int per_block = meta->unit_layout ? 2 : 1, units = per_block * shape->layers;
+    DM_ASSERT(!meta->unit_layout || meta->pp <= shape->layers);
+    DM_ASSERT(layout && layout_sum(layout, meta->pp) == units);
+    for (int s = 0; s < meta->pp; s++) DM_ASSERT(layout[s] >= 1);
+    int first = layout_sum(layout, stage), end = first + layout[stage];
+    DM_ASSERT(model->first_block == first / per_block &&
+              model->num_blocks == (end + per_block - 1) / per_block - first / per_block);
     DM_ASSERT(model->has_embed == (stage == 0) && model->has_head == (stage == meta->pp - 1));
-    const struct layout_history *history = &meta->history;
+    const struct layout_history *history = meta->unit_layout ? &meta->unit_history
+                                                             : &meta->history;
     DM_ASSERT(history->count >= 0);
     if (history->count > 0) {
         char problem[256];
-        DM_ASSERT(history->layers == shape->layers);
+        DM_ASSERT(history->layers == units);
         if (layout_history_check(history, problem, sizeof problem) != 0)
             DM_FATAL("ckpt_save: %s", problem);
         DM_ASSERT(history->step[history->count - 1] <= meta->step);
@@ -661,6 +688,38 @@ static void check_save_arguments(const struct gpt *model, const struct ckpt_meta
     }
 }
 
+/* A sublayer run's meta (unit_layout set) with its layouts as whole
+ * blocks too: *whole is meta with layout and history the nearest whole
+ * blocks to its units (balance_layout_nearest_blocks, entry for entry),
+ * and unit_history *units, the caller's ending with the current unit
+ * layout. The caller frees whole->layout, whole->history and *units. */
+static const struct ckpt_meta *whole_block_view(const struct ckpt_meta *meta, int layers,
+                                                struct ckpt_meta *whole,
+                                                struct layout_history *units)
+{
+    char err[256];
+    *whole = *meta;
+    layout_history_copy(units, &meta->unit_history);
+    units->layers = 2 * layers;   /* an empty caller's history may be zeroed */
+    layout_history_push(units, meta->step, meta->unit_layout, meta->pp);
+    whole->unit_history = *units;
+    whole->layout = dm_alloc((size_t)meta->pp * sizeof(int));
+    memset(&whole->history, 0, sizeof whole->history);
+    layout_history_alloc(&whole->history, layers, units->count);
+    for (int k = 0; k < units->count; k++) {
+        whole->history.step[k] = units->step[k];
+        whole->history.stages[k] = units->stages[k];
+        if (balance_layout_nearest_blocks(layout_history_entry(units, k), units->stages[k],
+                                          layers, whole->history.layout + (size_t)k * layers,
+                                          err, sizeof err) != BALANCE_OK)
+            DM_FATAL("ckpt_save: unit layout history entry %d as whole blocks: %s", k, err);
+    }
+    if (balance_layout_nearest_blocks(meta->unit_layout, meta->pp, layers, whole->layout, err,
+                                      sizeof err) != BALANCE_OK)
+        DM_FATAL("ckpt_save: the unit layout as whole blocks: %s", err);
+    return whole;
+}
+
 int ckpt_save(const char *dir, int keep, const struct gpt *model,
               const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm,
               char *path_out, size_t path_out_size, char *err, size_t errsize)
@@ -671,21 +730,30 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
     WORLD_MPI(MPI_Comm_size(comm, &size));
     check_save_arguments(model, meta, stage, dp_rank, size);
     check_grid(stage, dp_rank, meta->pp, meta->dp, comm);
+    struct ckpt_meta whole;   /* a sublayer run's layouts as whole blocks too */
+    struct layout_history units = {0};
+    if (meta->unit_layout) meta = whole_block_view(meta, model->shape.layers, &whole, &units);
     check_same_everywhere(dir, keep, meta, model->shape.layers, comm);
 
     /* The directory is ckpt_dir.c's: rank 0 prepares it, every rank
      * writes the temporary, rank 0 publishes it. */
     char message[MESSAGE_BYTES] = "";
     int failed = rank == 0 && ckpt_dir_prepare(dir, meta->step, message, sizeof message) != 0;
-    if (world_agree(failed, message, comm, err, errsize)) return -1;
-
-    char tmp[4096];
-    ckpt_tmp_path(tmp, sizeof tmp, dir, meta->step);
-    write_file(tmp, model, meta, stage, dp_rank, comm);
-
-    failed = rank == 0 &&
-             ckpt_dir_publish(dir, keep, meta->step, message, sizeof message) != 0;
-    if (world_agree(failed, message, comm, err, errsize)) return -1;
-    if (path_out && path_out_size) ckpt_path(path_out, path_out_size, dir, meta->step);
-    return 0;
+    int status = -1;
+    if (!world_agree(failed, message, comm, err, errsize)) {
+        char tmp[4096];
+        ckpt_tmp_path(tmp, sizeof tmp, dir, meta->step);
+        write_file(tmp, model, meta, stage, dp_rank, comm);
+        failed = rank == 0 &&
+                 ckpt_dir_publish(dir, keep, meta->step, message, sizeof message) != 0;
+        status = world_agree(failed, message, comm, err, errsize) ? -1 : 0;
+    }
+    if (status == 0 && path_out && path_out_size)
+        ckpt_path(path_out, path_out_size, dir, meta->step);
+    if (meta == &whole) {
+        dm_free(whole.layout);
+        layout_history_free(&whole.history);
+        layout_history_free(&units);
+    }
+    return status;
 }

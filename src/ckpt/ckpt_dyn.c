@@ -45,15 +45,25 @@ static const struct schema_dataset dyn_datasets[] = {
 
 #define COUNT(array) ((int)(sizeof array / sizeof array[0]))
 
-/* Room for a base schema's entries plus dyn.def's (v3 has 34 datasets,
- * the schemes' fragments add theirs), and for every base: v1, v2, v3,
- * each alone or with the schemes' fragments (dyn_ckpt_schema). */
-#define MERGED_ENTRIES 192
-#define MERGED_SCHEMAS 32
+static const struct ckpt_schema dyn_part = {
+    .groups = dyn_groups,
+    .group_count = COUNT(dyn_groups),
+    .attrs = dyn_attrs,
+    .attr_count = COUNT(dyn_attrs),
+    .datasets = dyn_datasets,
+    .dataset_count = COUNT(dyn_datasets),
+};
 
-/* One extended schema per base, made on first use and kept. */
+/* Room for a base schema's entries plus an extension's (v3 has 34
+ * datasets, the schemes' fragments add theirs), and for every base: v1,
+ * v2, v3, each alone or with the schemes' fragments (dyn_ckpt_schema),
+ * with dyn.def, units.def or both. */
+#define MERGED_ENTRIES 192
+#define MERGED_SCHEMAS 64
+
+/* One extended schema per base and extension, made on first use and kept. */
 struct merged_schema {
-    const struct ckpt_schema *base;
+    const struct ckpt_schema *base, *part;
     const char *groups[MERGED_ENTRIES];
     struct schema_attr attrs[MERGED_ENTRIES];
     struct schema_dataset datasets[MERGED_ENTRIES];
@@ -62,32 +72,43 @@ struct merged_schema {
 static struct merged_schema merged[MERGED_SCHEMAS];
 static int merged_count;
 
-const struct ckpt_schema *ckpt_schema_with_dyn(const struct ckpt_schema *base)
+const struct ckpt_schema *ckpt_schema_append(const struct ckpt_schema *base,
+                                             const struct ckpt_schema *part)
 {
     for (int i = 0; i < merged_count; i++)
-        if (merged[i].base == base || &merged[i].schema == base) return &merged[i].schema;
+        if (merged[i].part == part && (merged[i].base == base || &merged[i].schema == base))
+            return &merged[i].schema;
     DM_ASSERT(merged_count < MERGED_SCHEMAS);
-    DM_ASSERT(base->group_count + COUNT(dyn_groups) <= MERGED_ENTRIES &&
-              base->attr_count + COUNT(dyn_attrs) <= MERGED_ENTRIES &&
-              base->dataset_count + COUNT(dyn_datasets) <= MERGED_ENTRIES);
+    DM_ASSERT(base->group_count + part->group_count <= MERGED_ENTRIES &&
+              base->attr_count + part->attr_count <= MERGED_ENTRIES &&
+              base->dataset_count + part->dataset_count <= MERGED_ENTRIES);
     struct merged_schema *m = &merged[merged_count++];
     m->base = base;
+    m->part = part;
     memcpy(m->groups, base->groups, (size_t)base->group_count * sizeof m->groups[0]);
-    memcpy(m->groups + base->group_count, dyn_groups, sizeof dyn_groups);
+    memcpy(m->groups + base->group_count, part->groups,
+           (size_t)part->group_count * sizeof m->groups[0]);
     memcpy(m->attrs, base->attrs, (size_t)base->attr_count * sizeof m->attrs[0]);
-    memcpy(m->attrs + base->attr_count, dyn_attrs, sizeof dyn_attrs);
+    memcpy(m->attrs + base->attr_count, part->attrs,
+           (size_t)part->attr_count * sizeof m->attrs[0]);
     memcpy(m->datasets, base->datasets, (size_t)base->dataset_count * sizeof m->datasets[0]);
-    memcpy(m->datasets + base->dataset_count, dyn_datasets, sizeof dyn_datasets);
+    memcpy(m->datasets + base->dataset_count, part->datasets,
+           (size_t)part->dataset_count * sizeof m->datasets[0]);
     m->schema = (struct ckpt_schema){
         .version = base->version,
         .groups = m->groups,
-        .group_count = base->group_count + COUNT(dyn_groups),
+        .group_count = base->group_count + part->group_count,
         .attrs = m->attrs,
-        .attr_count = base->attr_count + COUNT(dyn_attrs),
+        .attr_count = base->attr_count + part->attr_count,
         .datasets = m->datasets,
-        .dataset_count = base->dataset_count + COUNT(dyn_datasets),
+        .dataset_count = base->dataset_count + part->dataset_count,
     };
     return &m->schema;
+}
+
+const struct ckpt_schema *ckpt_schema_with_dyn(const struct ckpt_schema *base)
+{
+    return ckpt_schema_append(base, &dyn_part);
 }
 
 /* ---- reading ----------------------------------------------------------------- */

@@ -92,6 +92,9 @@ long ckpt_dim(const struct ckpt_dims *dims, const char *name)
     if (!strcmp(name, "dp")) return dims->dp;
     if (!strcmp(name, "history")) return dims->history;
     if (!strcmp(name, "dyn_state")) return dims->dyn_state;
+    if (!strcmp(name, "units"))
+        return dims->units_per_block > 0 && dims->layers >= 0
+                   ? dims->units_per_block * dims->layers : -1;
     for (int i = 0; i < dims->scheme_dims; i++)
         if (!strcmp(name, dims->scheme_dim_names[i])) return dims->scheme_dim_values[i];
     return -1;
@@ -797,6 +800,7 @@ int ckpt_check_structure(hid_t file, struct ckpt_problems *problems,
     header->schema = schema;
     header->schema_version = schema->version;
     schema = ckpt_dyn_extend(file, header, problems);   /* /dyn, when the file has it */
+    schema = ckpt_units_extend(file, header);            /* /units, likewise */
 
     for (int i = 0; i < schema->group_count; i++)
         if (!dm_h5_path_exists(file, schema->groups[i]))
@@ -1113,6 +1117,9 @@ int ckpt_read_meta_from(hid_t file, const struct ckpt_header *header,
     if (read_meta_arrays(file, header, meta, problems) != 0) return -1;
     check_cursors(meta, header, problems);
     check_layouts(meta, d, problems);
+    if (d->units_per_block && problems->count == before &&
+        ckpt_units_read(file, header, meta, problems) != 0)
+        return -1;
     struct dyn_ckpt_reader rd;   /* the schemes' states beyond the slabs */
     reader_of(&rd, file, header, problems);
     if (dyn_ckpt_read_states(&header->shape, &rd, &meta->scheme_states) != 0) return -1;

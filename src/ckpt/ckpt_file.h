@@ -43,6 +43,8 @@ struct ckpt_dims {
     const char *scheme_dim_names[DYN_CKPT_PARTS_MAX];
     long scheme_dim_values[DYN_CKPT_PARTS_MAX];
     long dyn_state;          /* extension dyn.def: /dyn/state's length; -1 without /dyn */
+    long units_per_block;    /* extension units.def: 2 with /units (dimension units =
+                                2 x layers), 0 without */
 };
 /* The dimensions of a model's checkpoint (pp, dp and history are the
  * caller's). */
@@ -147,6 +149,15 @@ int ckpt_compare_shape(const struct gpt_shape *file_shape,
 int ckpt_read_dataset(hid_t file, const struct ckpt_header *header, const char *name,
                       hid_t memory_type, void *out, struct ckpt_problems *problems);
 
+/* ---- the extensions: lines appended to a version's schema ------------- */
+
+/* base with part's groups, attributes and datasets appended (its version
+ * is base's): the schema of a file that holds an extension (dyn.def,
+ * units.def). base may be extended already; the result lives as long as
+ * the process and is the same pointer for the same two. ckpt_dyn.c. */
+const struct ckpt_schema *ckpt_schema_append(const struct ckpt_schema *base,
+                                             const struct ckpt_schema *part);
+
 /* ---- the extension dyn.def (ckpt_dyn.c): a scheme's own state --------- */
 
 /* base with the lines of checkpoint_schema/dyn.def appended (the group
@@ -167,6 +178,27 @@ int ckpt_dyn_read(hid_t file, const struct ckpt_header *header, struct ckpt_meta
                   struct ckpt_problems *problems);
 /* The writer's part: /dyn's attribute kind, into the skeleton. */
 void ckpt_dyn_write_attributes(hid_t file, const struct ckpt_meta *meta);
+
+/* ---- the extension units.def (ckpt_units.c): a sublayer run's units ---- */
+
+/* base with checkpoint_schema/units.def appended (the group /units, its
+ * attribute kind = "sublayer", /units/per_stage and
+ * /units/history_per_stage): the schema of a sublayer run's file. */
+const struct ckpt_schema *ckpt_schema_with_units(const struct ckpt_schema *base);
+/* For the structural check: when the file has /units, extends
+ * header->schema with units.def and sets header->dims.units_per_block.
+ * Returns the schema to check against. */
+const struct ckpt_schema *ckpt_units_extend(hid_t file, struct ckpt_header *header);
+/* Reads /units of a file that has it into meta->unit_layout and
+ * meta->unit_history (after the /layout arrays: the history's steps and
+ * stages are /layout's) and checks them: layouts of the units, the
+ * history ending with the current one, and /layout's entries the nearest
+ * whole blocks to them (balance_layout_nearest_blocks). Returns 0, or -1
+ * after reporting. */
+int ckpt_units_read(hid_t file, const struct ckpt_header *header, struct ckpt_meta *meta,
+                    struct ckpt_problems *problems);
+/* The writer's part: /units' attribute kind, into the skeleton. */
+void ckpt_units_write_attributes(hid_t file);
 
 /* Fletcher-32 exactly as HDF5's H5Z_FILTER_FLETCHER32 filter computes it
  * over `bytes` bytes (fletcher32.c gives the definition); the filter

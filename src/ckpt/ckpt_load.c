@@ -25,7 +25,8 @@
 void ckpt_meta_free(struct ckpt_meta *meta)
 {
     if (!meta->allocated) {
-        DM_ASSERT(!meta->data_cursor && !meta->layout && !meta->sparsity && !meta->dyn_state);
+        DM_ASSERT(!meta->data_cursor && !meta->layout && !meta->sparsity && !meta->dyn_state &&
+                  !meta->unit_layout);
         memset(meta, 0, sizeof *meta);
         return;
     }
@@ -33,6 +34,8 @@ void ckpt_meta_free(struct ckpt_meta *meta)
     dm_free(meta->data_cursor);
     dm_free(meta->layout);
     layout_history_free(&meta->history);
+    dm_free(meta->unit_layout);
+    layout_history_free(&meta->unit_history);
     dm_free(meta->frozen);
     dm_free(meta->sparsity);
     dyn_ckpt_states_free(meta->scheme_states);

@@ -142,12 +142,18 @@ static void early_exit_describe(const void *state, const struct gpt *model, char
 }
 
 /* The share of the tokens reaching the block that it computed in the
- * step (1 while no token has exited). */
+ * step (1 while no token has exited); ranks' values add up, so the
+ * stage of a block's attention half alone gives 0: the stage of its MLP
+ * (the block's end, where its tokens are counted) gives the share. */
 static void read_active(struct gpt *model, int i, double *value, double *weight)
 {
     (void)weight;
     const struct gpt_exit *x = model->exit;
     int layer = model->first_block + i;
+    if (model->blocks[i].halves == BLOCK_HALF_ATTENTION) {
+        value[0] = 0.0;
+        return;
+    }
     value[0] = x && x->layer_tokens && x->layer_tokens[layer] > 0
                    ? x->layer_computed[layer] / x->layer_tokens[layer] : 1.0;
 }

@@ -209,16 +209,21 @@ void exit_saturation_confidence(float *conf, const float *in, const float *out,
  * ((N,2C), rows as the tokens) followed by Q of the active ones ((Na,C),
  * compact), and the backward's d_qkv the same layout for dK|dV and dQ. The
  * weight W_qkv (3C,C) is Q's C rows then K's and V's, so the two parts are
- * plain matmuls on the first C and the last 2C rows of it. */
-void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, const float *in,
-                        int B, int T, const int *rows, int nactive, float *work)
+ * plain matmuls on the first C and the last 2C rows of it.
+ *
+ * The block in two parts split at the residual stream after attention,
+ * which a stage boundary may cut (balance.units = sublayer): the
+ * attention part leaves the active rows of that stream in acts->res1
+ * (Na,C), the MLP part maps them to the block output's active rows in
+ * work; backward, the MLP part leaves their gradient in s->d_res1 (Na,C),
+ * from which the attention part computes s->d_ln (N,C). The whole block
+ * and its halves run the same parts: the same bits. */
+static void attention_rows_forward(struct block *blk, struct block_acts *acts, const float *in,
+                                   int B, int T, const int *rows, int Na, float *work)
 {
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
+    int C = blk->C, NH = blk->NH, N = B * T;
     float *const *p = blk->p;
-    DM_ASSERT(blk->ext_count == 0);   /* dyn_config_validate: no early exit with extensions */
-    ops->copy_on_device(out, in, (size_t)N * C * sizeof(float));   /* exited: copied forward */
-    if (Na == 0) return;
     float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
     ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                            p[BP_LN1_W], p[BP_LN1_B], N, C);
@@ -229,30 +234,34 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     ops->matmul_forward(acts->res1, acts->atty, p[BP_ATTPROJ_W], p[BP_ATTPROJ_B], Na, C, C);
     ops->rows_gather(work, in, rows, Na, C);
     ops->residual_forward(acts->res1, acts->res1, work, (long)Na * C);
+}
+
+static void mlp_rows_forward(struct block *blk, struct block_acts *acts, int Na, float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C;
+    float *const *p = blk->p;
     ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, acts->res1,
                            p[BP_LN2_W], p[BP_LN2_B], Na, C);
     ops->matmul_forward(acts->fch, acts->ln2, p[BP_FC_W], p[BP_FC_B], Na, C, 4 * C);
     ops->gelu_forward(acts->fch_gelu, acts->fch, (long)Na * 4 * C);
     ops->matmul_forward(work, acts->fch_gelu, p[BP_FCPROJ_W], p[BP_FCPROJ_B], Na, 4 * C, C);
     ops->residual_forward(work, work, acts->res1, (long)Na * C);
-    ops->rows_scatter(out, work, rows, Na, C, 0);
 }
 
-void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
-                         float *din, const float *dout, const float *in, int B, int T,
-                         const int *rows, int nactive, float *work)
+static float *const *rows_grads(const struct block *blk)
+{
+    static float *const no_grads[BP_COUNT];
+    return blk->frozen ? no_grads : blk->g;
+}
+
+/* dout_c: the output gradient's active rows (Na,C). */
+static void mlp_rows_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                              const float *dout_c, int Na)
 {
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
-    static float *const no_grads[BP_COUNT];
-    float *const *p = blk->p;
-    float *const *g = blk->frozen ? no_grads : blk->g;
-    if (Na == 0) {
-        if (din && din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
-        return;
-    }
-    float *dout_c = work;                      /* (Na,C), then the full residual gradient */
-    ops->rows_gather(dout_c, dout, rows, Na, C);
+    int C = blk->C;
+    float *const *p = blk->p, *const *g = rows_grads(blk);
     ops->matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c, acts->fch_gelu,
                                    p[BP_FCPROJ_W], Na, 4 * C, C);
     ops->gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
@@ -261,6 +270,18 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
     ops->layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
                                      acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
                                      Na, C);
+}
+
+/* From s->d_res1 to s->d_ln; then din from dres (N,C: the residual
+ * gradient, the block output's for exited tokens, d_res1 for active
+ * ones). */
+static void attention_rows_backward(struct block *blk, struct block_acts *acts,
+                                    struct block_scratch *s, float *din, const float *dres,
+                                    const float *in, int B, int T, const int *rows, int Na)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, NH = blk->NH, N = B * T;
+    float *const *p = blk->p, *const *g = rows_grads(blk);
     ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
                                    acts->atty, p[BP_ATTPROJ_W], Na, C, C);
     const float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
@@ -277,12 +298,182 @@ void block_backward_rows(struct block *blk, struct block_acts *acts, struct bloc
     ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
     ops->matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
     ops->rows_scatter(s->d_ln, dln1_c, rows, Na, C, 1);
-    /* Residual gradient: dout for exited tokens, d_res1 for active ones. */
+    ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, const float *in,
+                        int B, int T, const int *rows, int nactive, float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    DM_ASSERT(blk->ext_count == 0);   /* dyn_config_validate: no early exit with extensions */
+    ops->copy_on_device(out, in, (size_t)B * T * blk->C * sizeof(float));   /* exited: copied */
+    if (nactive == 0) return;
+    attention_rows_forward(blk, acts, in, B, T, rows, nactive, work);
+    mlp_rows_forward(blk, acts, nactive, work);
+    ops->rows_scatter(out, work, rows, nactive, blk->C, 0);
+}
+
+void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                         float *din, const float *dout, const float *in, int B, int T,
+                         const int *rows, int nactive, float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T, Na = nactive;
+    if (Na == 0) {
+        if (din && din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
+        return;
+    }
+    float *dout_c = work;                      /* (Na,C), then the full residual gradient */
+    ops->rows_gather(dout_c, dout, rows, Na, C);
+    mlp_rows_backward(blk, acts, s, dout_c, Na);
+    /* Residual gradient: dout for exited tokens, d_res1 for active ones
+     * (written after the attention part has read d_res1: it reads no
+     * work). */
     float *dres = work;
     ops->copy_on_device(dres, dout, (size_t)N * C * sizeof(float));
     ops->rows_scatter(dres, s->d_res1, rows, Na, C, 0);
-    ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
-                                     p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+    attention_rows_backward(blk, acts, s, din, dres, in, B, T, rows, Na);
+}
+
+/* ---- one half of a block with exited tokens (balance.units = sublayer) ----------
+ * The attention half maps the block input to the residual stream after
+ * attention (exited tokens copied, active ones their res1 rows), the MLP
+ * half that stream to the block output, taking its active rows back as
+ * acts->res1; backward, the gradient of that stream (the block output's
+ * for exited tokens, d_res1 for active ones). Which tokens are active
+ * both halves read from exit_layer, which travels with the stream. */
+
+static void attention_half_forward_rows(struct block *blk, struct block_acts *acts, float *out,
+                                        const float *in, int B, int T, const int *rows, int Na,
+                                        float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    ops->copy_on_device(out, in, (size_t)B * T * blk->C * sizeof(float));
+    if (Na == 0) return;
+    attention_rows_forward(blk, acts, in, B, T, rows, Na, work);
+    ops->rows_scatter(out, acts->res1, rows, Na, blk->C, 0);
+}
+
+static void mlp_half_forward_rows(struct block *blk, struct block_acts *acts, float *out,
+                                  const float *in, int B, int T, const int *rows, int Na,
+                                  float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    ops->copy_on_device(out, in, (size_t)B * T * blk->C * sizeof(float));
+    if (Na == 0) return;
+    ops->rows_gather(acts->res1, in, rows, Na, blk->C);
+    mlp_rows_forward(blk, acts, Na, work);
+    ops->rows_scatter(out, work, rows, Na, blk->C, 0);
+}
+
+/* din may alias dout: dout's rows are gathered before din is written. */
+static void mlp_half_backward_rows(struct block *blk, struct block_acts *acts,
+                                   struct block_scratch *s, float *din, const float *dout, int B,
+                                   int T, const int *rows, int Na, float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C;
+    if (Na > 0) {
+        ops->rows_gather(work, dout, rows, Na, C);
+        mlp_rows_backward(blk, acts, s, work, Na);
+    }
+    if (!din) return;
+    if (din != dout) ops->copy_on_device(din, dout, (size_t)B * T * C * sizeof(float));
+    if (Na > 0) ops->rows_scatter(din, s->d_res1, rows, Na, C, 0);
+}
+
+/* dout is the residual gradient already; din may alias it (it is copied
+ * into work first). */
+static void attention_half_backward_rows(struct block *blk, struct block_acts *acts,
+                                         struct block_scratch *s, float *din, const float *dout,
+                                         const float *in, int B, int T, const int *rows, int Na,
+                                         float *work)
+{
+    const struct dm_backend *ops = backend_current();
+    size_t bytes = (size_t)B * T * blk->C * sizeof(float);
+    if (Na == 0) {
+        if (din && din != dout) ops->copy_on_device(din, dout, bytes);
+        return;
+    }
+    ops->rows_gather(s->d_res1, dout, rows, Na, blk->C);
+    ops->copy_on_device(work, dout, bytes);
+    attention_rows_backward(blk, acts, s, din, work, in, B, T, rows, Na);
+}
+
+/* One half (blk->halves) of block i: every token active, the dense half
+ * (block_forward); else the rows' half. */
+static void half_forward(struct block *blk, struct block_acts *a, float *out, const float *in,
+                         int B, int T, const int *rows, int Na, float *work)
+{
+    if (Na == B * T) block_forward(blk, a, out, in, B, T);
+    else if (blk->halves == BLOCK_HALF_ATTENTION)
+        attention_half_forward_rows(blk, a, out, in, B, T, rows, Na, work);
+    else
+        mlp_half_forward_rows(blk, a, out, in, B, T, rows, Na, work);
+}
+
+static void half_backward(struct block *blk, struct block_acts *a, struct block_scratch *s,
+                          float *din, const float *dout, const float *in, int B, int T,
+                          const int *rows, int Na, float *work)
+{
+    if (Na == B * T) block_backward(blk, a, s, din, dout, in, B, T);
+    else if (blk->halves == BLOCK_HALF_ATTENTION)
+        attention_half_backward_rows(blk, a, s, din, dout, in, B, T, rows, Na, work);
+    else
+        mlp_half_backward_rows(blk, a, s, din, dout, B, T, rows, Na, work);
+}
+
+/* Block i of a sublayer run: a half as it is, or a block held whole as
+ * its attention half then its MLP half, each timed (gpt.c's
+ * forward_units). Between them the stream after attention: a->res1 with
+ * every token active (as gpt.c), else the exit scratch work2 (res1 holds
+ * the active rows). */
+static void units_forward(struct gpt *model, struct gpt_acts *acts, struct exit_acts *ea, int i,
+                          float *out, const float *in, const int *rows, int Na)
+{
+    struct block *blk = &model->blocks[i];
+    struct block_acts *a = &acts->blocks[i];
+    int B = acts->B, T = acts->T;
+    double t0 = dm_profile_now();
+    if (blk->halves != BLOCK_HALVES) {
+        half_forward(blk, a, out, in, B, T, rows, Na, ea->work);
+        if (blk->halves == BLOCK_HALF_ATTENTION) model->attention_fwd_s[i] += dm_profile_now() - t0;
+        return;
+    }
+    float *stream = Na == B * T ? a->res1 : ea->work2;
+    blk->halves = BLOCK_HALF_ATTENTION;
+    half_forward(blk, a, stream, in, B, T, rows, Na, ea->work);
+    model->attention_fwd_s[i] += dm_profile_now() - t0;
+    blk->halves = BLOCK_HALF_MLP;
+    half_forward(blk, a, out, stream, B, T, rows, Na, ea->work);
+    blk->halves = BLOCK_HALVES;
+}
+
+/* The backward of units_forward: the stream's gradient between the
+ * halves in the scratch's d_res1 with every token active (as gpt.c),
+ * else in work2 (free once the exit head's gradient is added). */
+static void units_backward(struct gpt *model, struct gpt_acts *acts, struct exit_acts *ea,
+                           struct block_scratch *s, int i, float *din, const float *dout,
+                           const float *in, const int *rows, int Na)
+{
+    struct block *blk = &model->blocks[i];
+    struct block_acts *a = &acts->blocks[i];
+    int B = acts->B, T = acts->T, all = Na == B * T;
+    if (blk->halves != BLOCK_HALVES) {
+        double t0 = dm_profile_now();
+        half_backward(blk, a, s, din, dout, in, B, T, rows, Na, ea->work);
+        if (blk->halves == BLOCK_HALF_ATTENTION) model->attention_bwd_s[i] += dm_profile_now() - t0;
+        return;
+    }
+    blk->halves = BLOCK_HALF_MLP;
+    half_backward(blk, a, s, all ? NULL : ea->work2, dout, all ? a->res1 : NULL, B, T, rows, Na,
+                  ea->work);
+    double t0 = dm_profile_now();
+    blk->halves = BLOCK_HALF_ATTENTION;
+    half_backward(blk, a, s, din, all ? s->d_res1 : ea->work2, in, B, T, rows, Na, ea->work);
+    model->attention_bwd_s[i] += dm_profile_now() - t0;
+    blk->halves = BLOCK_HALVES;
 }
 
 /* ---- the model's hooks ------------------------------------------------------------ */
@@ -367,10 +558,16 @@ void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *
         if (ea->exit_layer[n] >= layer) st->rows[st->nactive++] = n;
     int Na = st->nactive;
     backend_write_end(st->rows_device, st->rows, (size_t)Na * sizeof(int));
-    if (Na == N)
+    if (blk->halves)   /* balance.units = sublayer */
+        units_forward(model, acts, ea, i, out, in, st->rows_device, Na);
+    else if (Na == N)
         block_forward(blk, &acts->blocks[i], out, in, B, T);
     else
         block_forward_rows(blk, &acts->blocks[i], out, in, B, T, st->rows_device, Na, ea->work);
+    /* A block's counts, exit head and decision are its end's: the stage
+     * of its MLP when another holds its attention. */
+    st->head = 0;
+    if (blk->halves == BLOCK_HALF_ATTENTION) return;
     x->token_blocks += N;
     x->token_blocks_skipped += N - Na;
     if (x->layer_tokens) {
@@ -411,7 +608,9 @@ void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_
         grad = sum;
     }
     struct block *blk = &model->blocks[i];
-    if (Na == N)
+    if (blk->halves)   /* balance.units = sublayer */
+        units_backward(model, acts, ea, s, i, din, grad, in, st->rows_device, Na);
+    else if (Na == N)
         block_backward(blk, &acts->blocks[i], s, din, grad, in, B, T);
     else
         block_backward_rows(blk, &acts->blocks[i], s, din, grad, in, B, T, st->rows_device, Na,

@@ -433,3 +433,34 @@ void engine_relayout(struct engine *eng, const int *root_counts)
     dm_free(mem);
     dm_free(counts);
 }
+
+void engine_gather_split_blocks(struct engine *eng)
+{
+    if (!eng->sublayer) return;
+    struct gpt *m = &eng->model;
+    const struct pipe_grid *g = &eng->grid;
+    struct block *first = &m->blocks[0], *last = &m->blocks[m->num_blocks - 1];
+    int send = first->halves == BLOCK_HALF_MLP, receive = last->halves == BLOCK_HALF_ATTENTION;
+    if (!send && !receive) return;
+    /* Over MPI in the pieces of a large unit's migration, from and into
+     * the slabs (through host staging where the host cannot read them). */
+    struct posted posted = {0};
+    float *sent = NULL, *received = NULL;
+    if (send) {
+        struct unit_ref u = {2 * first->index + 1, first->index, BLOCK_HALF_MLP};
+        sent = staging_pool_host(&eng->staging, STAGING_MIGRATE_SEND,
+                                 staged_floats(first, u.half) * sizeof(float));
+        if (sent) stage_down(first, u.half, sent);
+        post_pieces(&posted, first, u, sent, rank_of(g, g->stage - 1, g->replica), 0);
+    }
+    if (receive) {
+        struct unit_ref u = {2 * last->index + 1, last->index, BLOCK_HALF_MLP};
+        received = staging_pool_host(&eng->staging, STAGING_MIGRATE_RECV,
+                                     staged_floats(last, u.half) * sizeof(float));
+        post_pieces(&posted, last, u, received, rank_of(g, g->stage + 1, g->replica), 1);
+    }
+    world_wait_all(posted.count, posted.reqs);
+    if (received) stage_up(last, BLOCK_HALF_MLP, received);
+    dm_free(posted.reqs);
+    dm_free(posted.types);
+}

@@ -33,11 +33,12 @@ void train_open_backend(const struct dm_config *cfg);
  * units' parameter counts), in units; user error naming the key. */
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages);
 /* What balance.units = sublayer runs so far: a dense model (no scheme
- * but freezing, no extension of the blocks but those that stay inside
+ * but freezing and early exit by the softmax confidence, no extension of the blocks but those that stay inside
  * the attention: hash attention), balanced by any balance.method,
- * resumed from a checkpoint (ckpt.resume = FILE) but writing none
- * (ckpt.dir) and not re-packing. Anything else is a user error naming
- * what cannot split yet. */
+ * writing and resuming checkpoints (with ckpt.dir, parallel.pp <=
+ * model.layers: the file's /layout needs a block per stage) and
+ * re-packing. Anything else is a user error naming what cannot split
+ * yet. */
 void train_check_units(const struct dm_config *cfg);
 /* balance.units of cfg, and the units of its model.layers blocks. */
 enum balance_units train_units(const struct dm_config *cfg);

@@ -47,6 +47,13 @@ void train_save(struct engine *eng, const struct dm_config *cfg, uint64_t train_
         .layout = (int *)engine_layout(eng),
         .history = *history,   /* borrowed: save only reads it */
     };
+    if (train_units(cfg) == BALANCE_UNITS_SUBLAYER) {
+        /* the layout and history in units; a block split over two stages
+         * is written whole by its attention's holder */
+        meta.unit_layout = meta.layout;
+        meta.unit_history = *history;
+        engine_gather_split_blocks(eng);
+    }
     int *frozen = dm_alloc((size_t)L * sizeof(int));   /* own blocks' entries only */
     for (int i = 0; i < model->num_blocks; i++)
         frozen[model->first_block + i] = model->blocks[i].frozen != 0;
@@ -132,20 +139,27 @@ long train_resume(struct engine *eng, const struct dm_config *cfg, uint64_t trai
         dm_user_error("checkpoint %s is at step %ld, beyond train.steps = %d", path, meta.step,
                       cfg->steps);
     /* The history carries over when it has this world's stage count, in
-     * this run's units (a checkpoint holds whole-block layouts: with
-     * balance.units = sublayer each count doubles). */
+     * this run's units: a checkpoint of whole blocks doubles each count
+     * for sublayer units; a sublayer run's (its history in units, /units)
+     * keeps them, or maps to whole blocks where every entry maps. */
     int S = engine_grid(eng)->stages;
     layout_history_free(history);
     layout_history_init(history, train_unit_count(cfg));
     int *entry = dm_alloc((size_t)S * sizeof(int));
-    for (int k = 0; k < meta.history.count; k++) {
-        if (meta.history.stages[k] != S) continue;
+    const struct layout_history *stored = meta.unit_layout ? &meta.unit_history : &meta.history;
+    enum balance_units stored_units = meta.unit_layout ? BALANCE_UNITS_SUBLAYER
+                                                       : BALANCE_UNITS_BLOCK;
+    for (int k = 0; k < stored->count; k++) {
+        if (stored->stages[k] != S) continue;
         char err[512];
-        if (balance_layout_convert(layout_history_entry(&meta.history, k), BALANCE_UNITS_BLOCK,
-                                   S, cfg->layers, train_units(cfg), entry, err,
+        if (balance_layout_convert(layout_history_entry(stored, k), stored_units, S,
+                                   cfg->layers, train_units(cfg), entry, err,
                                    sizeof err) != BALANCE_OK)
-            dm_user_error("checkpoint %s: layout history entry %d: %s", path, k, err);
-        layout_history_push(history, meta.history.step[k], entry, S);
+            dm_user_error("checkpoint %s: layout history entry %d (from step %ld): %s; resume "
+                          "it with balance.units = sublayer, or on another parallel.pp (only "
+                          "a history of this stage count carries over)", path, k,
+                          stored->step[k], err);
+        layout_history_push(history, stored->step[k], entry, S);
     }
     dm_free(entry);
     layout_history_push(history, meta.step, engine_layout(eng), S);
