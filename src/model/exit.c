@@ -238,51 +238,94 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     ops->rows_scatter(out, work, rows, Na, C, 0);
 }
 
-void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
-                         float *din, const float *dout, const float *in, int B, int T,
-                         const int *rows, int nactive, float *work)
+/* block_backward_rows's work, accumulating the weight gradients into g
+ * on the way (no_grads: none). With w (the zero-bubble schedule's input
+ * part) the output gradients the weight part needs land in w's buffers
+ * instead of the scratch: the same ops on the same values. */
+static float *const no_grads[BP_COUNT];
+
+static void rows_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                          float *din, const float *dout, const float *in, int B, int T,
+                          const int *rows, int Na, float *work, float *const *g,
+                          struct block_wgrad *w)
 {
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, NH = blk->NH, N = B * T, Na = nactive;
-    static float *const no_grads[BP_COUNT];
+    int C = blk->C, NH = blk->NH, N = B * T;
     float *const *p = blk->p;
-    float *const *g = blk->frozen ? no_grads : blk->g;
-    if (Na == 0) {
-        if (din && din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
-        return;
-    }
-    float *dout_c = work;                      /* (Na,C), then the full residual gradient */
+    float *dout_c = w ? w->dout : work;        /* (Na,C); work then the full residual gradient */
+    float *d_fch = w ? w->d_fch : s->d_fch, *d_ln2 = w ? w->d_ln2 : s->d_ln;
+    float *d_res1 = w ? w->d_res1 : s->d_res1, *d_qkv = w ? w->d_qkv : s->d_qkv;
+    float *d_ln1 = w ? w->d_ln1 : s->d_ln;
     ops->rows_gather(dout_c, dout, rows, Na, C);
-    ops->matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c, acts->fch_gelu,
+    ops->matmul_backward_overwrite(d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c, acts->fch_gelu,
                                    p[BP_FCPROJ_W], Na, 4 * C, C);
-    ops->gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
-    ops->matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
-                                   p[BP_FC_W], Na, C, 4 * C);
-    ops->layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
-                                     acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
-                                     Na, C);
-    ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
+    ops->gelu_backward(d_fch, acts->fch, d_fch, (long)Na * 4 * C);
+    ops->matmul_backward_overwrite(d_ln2, g[BP_FC_W], g[BP_FC_B], d_fch, acts->ln2, p[BP_FC_W],
+                                   Na, C, 4 * C);
+    ops->layernorm_backward_residual(d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], d_ln2, acts->res1,
+                                     p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, Na, C);
+    ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], d_res1,
                                    acts->atty, p[BP_ATTPROJ_W], Na, C, C);
     const float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
-    float *dkv = s->d_qkv, *dq = s->d_qkv + (size_t)N * 2 * C;
+    float *dkv = d_qkv, *dq = d_qkv + (size_t)N * 2 * C;
     ops->attention_backward_rows(dq, dkv, s->d_att, s->d_atty, q, kv, acts->att, rows, Na, B, T, C,
                                  NH);
-    /* K and V from every token, Q from the active ones; the MLP's d_fch
+    /* K and V from every token, Q from the active ones; the scratch's d_fch
      * (N,4C) is free by now and holds the gathered ln1 rows and their
      * gradient. */
     float *gw = g[BP_QKV_W], *gb = g[BP_QKV_B];
-    ops->matmul_backward_overwrite(s->d_ln, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL, dkv,
+    ops->matmul_backward_overwrite(d_ln1, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL, dkv,
                                    acts->ln1, p[BP_QKV_W] + (size_t)C * C, N, C, 2 * C);
     float *ln1_c = s->d_fch, *dln1_c = s->d_fch + (size_t)Na * C;
     ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
     ops->matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
-    ops->rows_scatter(s->d_ln, dln1_c, rows, Na, C, 1);
+    ops->rows_scatter(d_ln1, dln1_c, rows, Na, C, 1);
     /* Residual gradient: dout for exited tokens, d_res1 for active ones. */
     float *dres = work;
     ops->copy_on_device(dres, dout, (size_t)N * C * sizeof(float));
-    ops->rows_scatter(dres, s->d_res1, rows, Na, C, 0);
-    ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+    ops->rows_scatter(dres, d_res1, rows, Na, C, 0);
+    ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], d_ln1, in,
                                      p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                         float *din, const float *dout, const float *in, int B, int T,
+                         const int *rows, int nactive, float *work)
+{
+    if (nactive == 0) {
+        if (din && din != dout)
+            backend_current()->copy_on_device(din, dout, (size_t)B * T * blk->C * sizeof(float));
+        return;
+    }
+    rows_backward(blk, acts, s, din, dout, in, B, T, rows, nactive, work,
+                  blk->frozen ? no_grads : blk->g, NULL);
+}
+
+/* The weight part of rows_backward with w: each weighted op once more
+ * for its weight gradients, from what the input part kept (the gathered
+ * ln1 rows gathered again into w->dout, free by then). */
+static void rows_backward_weight(struct block *blk, const struct block_acts *acts,
+                                 const struct block_wgrad *w, const float *in, int B, int T,
+                                 const int *rows, int Na)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *g = blk->g;
+    ops->matmul_backward(NULL, g[BP_FCPROJ_W], g[BP_FCPROJ_B], w->dout, acts->fch_gelu, NULL, Na,
+                         4 * C, C);
+    ops->matmul_backward(NULL, g[BP_FC_W], g[BP_FC_B], w->d_fch, acts->ln2, NULL, Na, C, 4 * C);
+    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN2_W], g[BP_LN2_B], w->d_ln2, acts->res1,
+                                     NULL, acts->ln2_mean, acts->ln2_rstd, Na, C);
+    ops->matmul_backward(NULL, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], w->d_res1, acts->atty, NULL, Na,
+                         C, C);
+    const float *dkv = w->d_qkv, *dq = w->d_qkv + (size_t)N * 2 * C;
+    ops->matmul_backward(NULL, g[BP_QKV_W] + (size_t)C * C, g[BP_QKV_B] + C, dkv, acts->ln1, NULL,
+                         N, C, 2 * C);
+    float *ln1_c = w->dout;
+    ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
+    ops->matmul_backward(NULL, g[BP_QKV_W], g[BP_QKV_B], dq, ln1_c, NULL, Na, C, C);
+    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN1_W], g[BP_LN1_B], w->d_ln1, in, NULL,
+                                     acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
 /* ---- the model's hooks ------------------------------------------------------------ */
@@ -385,7 +428,7 @@ void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *
 
 void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_scratch *s,
                          int i, float *din, const float *dout, const float *in,
-                         float dloss_scale)
+                         float dloss_scale, struct block_wgrad *w)
 {
     const struct dm_backend *ops = backend_current();
     const struct gpt_exit *x = model->exit;
@@ -411,9 +454,30 @@ void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_
         grad = sum;
     }
     struct block *blk = &model->blocks[i];
-    if (Na == N)
+    if (w) w->fused = 1;
+    if (Na == N && w)
+        block_backward_input(blk, &acts->blocks[i], s, w, din, grad, in, B, T);
+    else if (Na == N)
         block_backward(blk, &acts->blocks[i], s, din, grad, in, B, T);
-    else
+    else if (w && Na > 0 && !blk->frozen) {   /* the weight part deferred */
+        w->fused = 0;
+        rows_backward(blk, &acts->blocks[i], s, din, grad, in, B, T, st->rows_device, Na,
+                      ea->work, no_grads, w);
+    } else
         block_backward_rows(blk, &acts->blocks[i], s, din, grad, in, B, T, st->rows_device, Na,
                             ea->work);
+}
+
+void exit_backward_weight(struct gpt *model, struct gpt_acts *acts, int i,
+                          const struct block_wgrad *w, const float *in)
+{
+    struct exit_acts *ea = exit_acts_get(model, acts);
+    const struct exit_block_state *st = &ea->blocks[i];
+    struct block *blk = &model->blocks[i];
+    if (w->fused || blk->frozen) return;
+    if (st->nactive == acts->B * acts->T)
+        block_backward_weight(blk, &acts->blocks[i], w, in, acts->B, acts->T);
+    else
+        rows_backward_weight(blk, &acts->blocks[i], w, in, acts->B, acts->T, st->rows_device,
+                             st->nactive);
 }
