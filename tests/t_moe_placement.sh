@@ -7,6 +7,9 @@
 #     2 stages x 2 replicas with ep=2 (also with a random block layout
 #     every step, blocks migrating with their placement), 1 stage x 4
 #     replicas with ep=4 (one group) and ep=2 (two groups);
+#   - copies of experts (moe.replicas_max), random ones every step on
+#     ep=2 (2 stages) and ep=4, and the planner's under balanced, give
+#     the ep=1 bits; /moe/copies counts them;
 #   - moe.placement=balanced with pp=1 on skewed routing (no balancing
 #     loss, no bias) moves experts at its decisions, with the ep=1 bits;
 #     /moe/placement records the rank of each expert per step, and
@@ -54,6 +57,24 @@ run dp4-ep4 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=4 moe.placement=ra
 run dp4-ep2 sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=2 moe.placement=random &&
   same_moe dp4-ep1 dp4-ep2 "1 stage x 4 replicas, two groups of ep=2, random placement vs ep=1"
 
+# Copies of experts (moe.replicas_max): random copies every step, each
+# serving random sources of its expert's group, with the ep=1 bits; the
+# run log's /moe/copies counts them.
+copied() {
+  /usr/bin/python3 - "$dir/$1/runlog.h5" <<'PY'
+import sys, h5py
+c = h5py.File(sys.argv[1], "r")["/moe/copies"][:]
+sys.exit(0 if (c > 0).any() and (c >= 0).all() else 1)
+PY
+}
+run ep2-copies moe 4 parallel.pp=2 parallel.ep=2 moe.placement=random moe.replicas_max=2 && {
+  same_moe ep1 ep2-copies "ep=2, random placement and 2 random expert copies every step vs ep=1"
+  copied ep2-copies || fail "ep=2 with copies: /moe/copies never counted a copy"
+}
+run dp4-ep4-copies sigmoid 4 parallel.pp=1 parallel.dp=4 parallel.ep=4 moe.placement=random \
+  moe.replicas_max=3 &&
+  same_moe dp4-ep1 dp4-ep4-copies "1 stage x 4 replicas, ep=4, 3 random expert copies every step vs ep=1"
+
 # Balanced on skewed routing (sigmoid scores, no bias, no balancing loss),
 # one stage, a decision every 2 steps.
 run skew-ep1 skewed 2 parallel.pp=1 parallel.ep=1
@@ -78,6 +99,14 @@ for s in range(steps):
 assert np.allclose(got, want, rtol=1e-6), (got, want)
 PY
 }
+run skew-copies skewed 2 parallel.pp=1 parallel.ep=2 moe.placement=balanced balance.every=2 \
+  moe.replicas_max=2 && {
+  same_moe skew-ep1 skew-copies "pp=1, ep=2, moe.placement=balanced with moe.replicas_max=2 vs ep=1"
+  grep -q "^placement: step [0-9]*: block [0-9]*: [0-9] expert copies, busiest expert rank" \
+    "$dir/skew-copies.out" && copied skew-copies &&
+    echo "ok: balanced placement copied hot experts on skewed routing" ||
+    fail "balanced placement never copied an expert: $(grep -m2 '^placement' "$dir/skew-copies.out")"
+}
 
 # A checkpoint under a moved placement: the ep=1 checkpoint's bits, and
 # resumed under ep=1 and the static placement with the same losses.
@@ -94,7 +123,8 @@ p = a["moe/state/placement"][()]
 assert "moe/state/placement" not in b and p.shape == (3, 4), p.shape
 assert sorted(p.ravel()) == sorted(list(range(4)) * 3), p
 PY
-for resume in "ep1 parallel.ep=1" "static parallel.ep=2" "balanced parallel.ep=2 moe.placement=balanced"; do
+for resume in "ep1 parallel.ep=1" "static parallel.ep=2" "balanced parallel.ep=2 moe.placement=balanced" \
+  "copies parallel.ep=2 moe.placement=random moe.replicas_max=2"; do
   set -- $resume
   name=resume-$1; shift
   run "$name" moe 4 parallel.pp=2 "$@" train.steps=6 ckpt.dir="$dir/$name-ck" \
@@ -118,6 +148,6 @@ bad "unknown placement" "moe.placement = 'even' must be static, balanced or rand
   parallel.ep=2 moe.placement=even
 bad "negative replicas" "moe.replicas_max = -1 must be 0 .. 2" 2 "$dir/moe" parallel.ep=2 moe.replicas_max=-1
 bad "too many replicas" "moe.replicas_max = 3 must be 0 .. 2" 2 "$dir/moe" parallel.ep=2 moe.replicas_max=3
-bad "replication not done" "moe.replicas_max = 1: replicating experts is not done yet" 2 "$dir/moe" \
-  parallel.ep=2 moe.replicas_max=1
+bad "copies without placement" "moe.replicas_max = 1 copies hot experts at the placement decisions, but moe.placement = static" \
+  2 "$dir/moe" parallel.ep=2 moe.replicas_max=1
 finish

@@ -335,7 +335,7 @@ static void bench(int threads)
     for (int r = 0; r < 30; r++) {
         double t0 = dm_now();
         exit_forward_block(&m, &acts, 1, out, in);
-        exit_backward_block(&m, &acts, &s, 1, din, dout, in, 1.0f);
+        exit_backward_block(&m, &acts, &s, 1, din, dout, in, 1.0f, NULL);
         best = fmin(best, dm_now() - t0);
     }
     printf("with its exit head, every token active: %.3f ms (%.2f of the block alone)\n",

@@ -703,8 +703,8 @@ static void loopback_forward(void *ctx, struct block *blk, const void *key, cons
     memcpy(lb->x, x, (size_t)rows * C * sizeof(float));
     for (int e = 0; e < E; e++) {
         int r0 = offset[e], n = offset[e + 1] - r0;
-        moe_expert_forward(blk, e, lb->x + (size_t)r0 * C, n, lb->h + (size_t)r0 * H,
-                           lb->a + (size_t)r0 * H, y + (size_t)r0 * C);
+        moe_expert_forward(blk, moe_expert_weights(blk, e), lb->x + (size_t)r0 * C, n,
+                           lb->h + (size_t)r0 * H, lb->a + (size_t)r0 * H, y + (size_t)r0 * C);
     }
     lb->calls++;
 }
@@ -719,8 +719,8 @@ static void loopback_backward(void *ctx, struct block *blk, const void *key, con
     float *dh = malloc((size_t)(offset[E] + 1) * H * sizeof(float));
     for (int e = 0; e < E; e++) {
         int r0 = offset[e], n = offset[e + 1] - r0;
-        moe_expert_backward(blk, e, lb->grads + (size_t)e * P, dy + (size_t)r0 * C,
-                            lb->x + (size_t)r0 * C, lb->h + (size_t)r0 * H,
+        moe_expert_backward(blk, moe_expert_weights(blk, e), lb->grads + (size_t)e * P,
+                            dy + (size_t)r0 * C, lb->x + (size_t)r0 * C, lb->h + (size_t)r0 * H,
                             lb->a + (size_t)r0 * H, n, dh + (size_t)r0 * H, dx + (size_t)r0 * C);
     }
     for (size_t i = 0; i < (size_t)E * P; i++) block_moe_of(blk)->experts_g[i] += lb->grads[i];

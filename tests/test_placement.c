@@ -2,7 +2,11 @@
  * against every permutation of the experts (brute force) for E <= 8, the
  * heuristic on larger E against a lower bound, the relabelling that moves
  * few experts, and the rule that a move is taken only when its saving
- * beats its cost. */
+ * beats its cost; expert copies (src/balance/replicate.c): the first
+ * planned copy against every single copy (brute force), more copies never
+ * raising the busiest load, every plan's and random draw's copies within
+ * the rules (a holder other than the owner, sources other than the owner,
+ * each source of an expert served once). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -167,11 +171,101 @@ static void check_decide(void)
     CHECK(!d.apply && d.moves == 0);
 }
 
+
+/* Copies obey the rules: an item and holder in range, the holder not the
+ * item's rank, sources within the group, never the owner, never twice for
+ * one item, never none; one copy per (item, holder). */
+static int copies_valid(const struct balance_copy *copies, int n, const int *order, int E, int P)
+{
+    uint64_t taken[16] = {0};
+    for (int c = 0; c < n; c++) {
+        const struct balance_copy *k = &copies[c];
+        if (k->item < 0 || k->item >= E || k->holder < 0 || k->holder >= P) return 0;
+        int owner = 0;
+        while (order[owner] != k->item) owner++;
+        owner /= E / P;
+        if (k->holder == owner || !k->sources || (k->sources >> P) || (k->sources >> owner & 1))
+            return 0;
+        if (taken[k->item] & k->sources) return 0;
+        taken[k->item] |= k->sources;
+        for (int b = 0; b < c; b++)
+            if (copies[b].item == k->item && copies[b].holder == k->holder) return 0;
+    }
+    return 1;
+}
+
+/* The least busiest load one copy can give: every item, holder and set of
+ * sources. */
+static double best_single_copy(const double *loads, const int *order, int E, int P)
+{
+    double best = balance_copies_busiest(loads, order, E, P, NULL, 0);
+    for (int i = 0; i < E; i++)
+        for (int h = 0; h < P; h++) {
+            int owner = i / (E / P);
+            if (h == owner) continue;
+            for (uint64_t mask = 1; mask < (UINT64_C(1) << P); mask++) {
+                if (mask >> owner & 1) continue;
+                struct balance_copy one = {order[i], h, mask};
+                double b = balance_copies_busiest(loads, order, E, P, &one, 1);
+                if (b < best) best = b;
+            }
+        }
+    return best;
+}
+
+static void check_copies(void)
+{
+    uint64_t seed = 11;
+    int worse = 0, invalid = 0;
+    for (int trial = 0; trial < 300; trial++) {
+        int P = 2 + trial % 3, E = P * (1 + trial % 4);
+        double loads[16];
+        int order[16];
+        draw_loads(loads, E, &seed);
+        balance_placement_plan(loads, E, P, (int[16]){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,
+                                                      13, 14, 15}, order);
+        struct balance_copy one[1], many[8];
+        int n1 = balance_copies_plan(loads, order, E, P, 1, one);
+        double got1 = balance_copies_busiest(loads, order, E, P, one, n1);
+        double want1 = best_single_copy(loads, order, E, P);
+        worse += got1 > want1 + 1e-9 * want1;
+        int n = balance_copies_plan(loads, order, E, P, 8, many);
+        double got = balance_copies_busiest(loads, order, E, P, many, n);
+        worse += got > got1 + 1e-9 * got1;
+        invalid += !copies_valid(one, n1, order, E, P) || !copies_valid(many, n, order, E, P);
+        n = balance_copies_random(order, E, P, 8, 5, (uint64_t)trial, 3, many);
+        invalid += n < 0 || n > 8 || !copies_valid(many, n, order, E, P);
+    }
+    CHECK(worse == 0);
+    CHECK(invalid == 0);
+    /* one hot expert on 2 ranks: a copy on the other rank takes the other
+     * rank's own rows, half the load: 100 + 10 | 10 -> 60 | 60 */
+    double hot[4] = {100, 10, 5, 5};
+    int identity[4] = {0, 1, 2, 3};
+    struct balance_copy c[2];
+    int n = balance_copies_plan(hot, identity, 4, 2, 2, c);
+    CHECK(n == 1 && c[0].item == 0 && c[0].holder == 1 && c[0].sources == 2);
+    CHECK(balance_copies_busiest(hot, identity, 4, 2, c, n) == 60.0);
+    /* the rule: kept when the step's saving beats carrying the copies */
+    struct balance_placement_input in = {.loads = hot, .current = identity, .items = 4,
+                                         .ranks = 2, .ms_per_load = 0.01, .every = 4};
+    struct balance_copies_decision d;
+    balance_copies_decide(&in, identity, 2, 4000.0, c, &d);
+    CHECK(d.apply && d.copies == 1 && d.now_load == 110.0 && d.next_load == 60.0);
+    double bytes[1] = {8000.0}, ms[1] = {1.0};   /* 1 ms per 8000 bytes: 1 ms a step > 0.5 */
+    in.moved_bytes = bytes;
+    in.moved_ms = ms;
+    in.moves_kept = 1;
+    balance_copies_decide(&in, identity, 2, 4000.0, c, &d);
+    CHECK(!d.apply && d.copies == 0 && d.cost_ms > d.saving_ms);
+}
+
 int main(void)
 {
     check_brute_force();
     check_large();
     check_moves();
     check_decide();
+    check_copies();
     return testing_report("test_placement");
 }

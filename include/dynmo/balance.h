@@ -820,6 +820,44 @@ struct balance_placement_decision {
  * plan when d->apply is 1, else in->current. */
 void balance_placement_decide(const struct balance_placement_input *in, int *next,
                               struct balance_placement_decision *d);
+/* ---- expert replication (replicate.c, moe.replicas_max) -----------------
+ * A copy of expert `item` on rank `holder` of the group: the rows that the
+ * group's ranks in `sources` (a bit each) route to the expert go to the
+ * copy instead of the expert's rank (never the owner's own rows). Loads
+ * as above; each source counts for 1 / ranks of an expert's load. */
+#define BALANCE_COPY_RANKS_MAX 64
+struct balance_copy {
+    int item, holder;
+    uint64_t sources;
+};
+/* Each rank's load (ranks entries) under order and n copies. */
+void balance_copies_loads(const double *loads, const int *order, int E, int ranks,
+                          const struct balance_copy *copies, int n, double *rank_load);
+double balance_copies_busiest(const double *loads, const int *order, int E, int ranks,
+                              const struct balance_copy *copies, int n);
+/* Up to copies_max copies (into copies) that lower the busiest rank's load
+ * under order, one at a time, each the one that lowers it most; returns
+ * how many. */
+int balance_copies_plan(const double *loads, const int *order, int E, int ranks, int copies_max,
+                        struct balance_copy *copies);
+struct balance_copies_decision {
+    double now_load, next_load; /* the busiest rank's load a step without and with the copies */
+    int copies;                 /* copies to hold (0 when they do not pay) */
+    double bytes;               /* what they carry each step: weights out, gradients back */
+    double saving_ms, cost_ms;  /* a step's: (now - next) ms_per_load, and the bytes' cost */
+    int apply;
+};
+/* The copies for in (its loads, ranks, ms_per_load and the moves' fit)
+ * on top of order, kept when the step's saving exceeds the step's cost of
+ * carrying them (bytes_per_source: one expert's weights). */
+void balance_copies_decide(const struct balance_placement_input *in, const int *order,
+                           int copies_max, double bytes_per_source,
+                           struct balance_copy *copies, struct balance_copies_decision *d);
+/* Random copies drawn from (seed, step, block) (moe.placement = random, a
+ * test aid): returns how many (at most copies_max). */
+int balance_copies_random(const int *order, int E, int ranks, int copies_max, uint64_t seed,
+                          uint64_t step, int block, struct balance_copy *copies);
+
 /* A random placement drawn from (seed, step, block), each rank's experts
  * ascending: moe.placement = random, a test aid. */
 void balance_placement_random(int *order, int E, int ranks, uint64_t seed, uint64_t step,

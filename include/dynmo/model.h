@@ -831,9 +831,15 @@ void block_backward_rows(struct block *blk, struct block_acts *acts,
 void exit_begin_forward(struct gpt *model, struct gpt_acts *acts);
 void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *out,
                         const float *in);
+/* w NULL: the whole backward; else the zero-bubble schedule's input part
+ * (block_backward_input's contract), whose weight part
+ * exit_backward_weight runs later. */
 void exit_backward_block(struct gpt *model, struct gpt_acts *acts,
                          struct block_scratch *scratch, int i, float *din,
-                         const float *dout, const float *in, float dloss_scale);
+                         const float *dout, const float *in, float dloss_scale,
+                         struct block_wgrad *w);
+void exit_backward_weight(struct gpt *model, struct gpt_acts *acts, int i,
+                          const struct block_wgrad *w, const float *in);
 void exit_acts_free(struct gpt_acts *acts);
 
 /* ---- optimizer ----------------------------------------------------------- */

@@ -109,6 +109,8 @@ struct block_moe {
                                     this rank's slot j holds order[shard_first + j]
                                     (the identity unless moe.placement moved experts) */
     const struct moe_exchange *exchange; /* the experts phase's runner, or NULL: local */
+    int *copies;                 /* (E) copies of each expert its group holds beside the
+                                    expert's own (moe.replicas_max; 0 without) */
     double rows_taken;           /* rows this rank's experts took in the forwards since
                                     the last read (expert parallelism's load) */
 };
@@ -117,15 +119,17 @@ struct block_moe *block_moe_of(const struct block *blk);
 /* The expert held in slot j (0 .. owned - 1) of the block's slab. */
 int moe_held_expert(const struct block_moe *moe, int j);
 
-/* Expert e of blk over n rows: h, a (n, H) its pre-activations and GELU
- * (kept for the backward), y (n, C). The same bits row for row whatever
- * the other rows. */
-void moe_expert_forward(const struct block *blk, int e, const float *x, int n, float *h, float *a,
-                        float *y);
+/* Held expert e's parameters in blk's slab (expert_params floats). */
+const float *moe_expert_weights(const struct block *blk, int e);
+/* An expert of blk with parameters w (its slab's, or a copy of them) over
+ * n rows: h, a (n, H) its pre-activations and GELU (kept for the
+ * backward), y (n, C). The same bits row for row whatever the other rows. */
+void moe_expert_forward(const struct block *blk, const float *w, const float *x, int n, float *h,
+                        float *a, float *y);
 /* Its backward over the same n rows: dx (n, C) overwritten, dh (n, H)
  * scratch; the expert's parameter gradients (expert_params floats, laid
  * out as in the slab) accumulate into grads unless it is NULL. */
-void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
+void moe_expert_backward(const struct block *blk, const float *w, float *grads, const float *dy,
                          const float *x, const float *h, const float *a, int n, float *dh,
                          float *dx);
 

@@ -31,16 +31,36 @@ void block_wgrad_free(struct block_wgrad *w)
     memset(w, 0, sizeof *w);
 }
 
-/* Whether an extension's hook or CSR products replace part of the dense
- * backward: then the backward runs whole in the input part. */
+/* Whether an extension's hook or CSR products replace a weighted part of
+ * the dense backward: then the backward runs whole in the input part. An
+ * attention core of its own (hash attention) has no weights: it runs in
+ * the input part in the dense core's place, and the weight part stays
+ * deferred. */
 static int backward_replaced(const struct block *blk)
 {
     if (blk->sparse && blk->sparse->use_csr) return 1;
     for (int i = 0; i < blk->ext_count; i++) {
         const struct gpt_ext_ops *ops = blk->ext[i].ops;
-        if (ops->block_backward || ops->mlp_backward || ops->attention_backward) return 1;
+        if (ops->block_backward || ops->mlp_backward) return 1;
     }
     return 0;
+}
+
+/* The attention core's input gradient: dqkv from datty, through an
+ * extension's core when one replaces it (block.c's attention_core_backward
+ * over the whole batch). */
+static void core_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                          float *dqkv, int B, int T)
+{
+    for (int i = 0; i < blk->ext_count; i++) {
+        const struct gpt_ext_ops *ops = blk->ext[i].ops;
+        if (ops->attention_backward) {
+            ops->attention_backward(blk, blk->ext[i].state, acts, dqkv, s->d_atty, NULL, B, T);
+            return;
+        }
+    }
+    backend_current()->attention_backward(dqkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T,
+                                          blk->C, blk->NH);
 }
 
 void block_backward_input(struct block *blk, struct block_acts *acts,
@@ -65,8 +85,7 @@ void block_backward_input(struct block *blk, struct block_acts *acts,
                                      p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
     ops->matmul_backward_overwrite(s->d_atty, NULL, NULL, w->d_res1, acts->atty,
                                    p[BP_ATTPROJ_W], N, C, C);
-    ops->attention_backward(w->d_qkv, s->d_att, s->d_atty, acts->qkv, acts->att, B, T, C,
-                            blk->NH);
+    core_backward(blk, acts, s, w->d_qkv, B, T);
     ops->matmul_backward_overwrite(w->d_ln1, NULL, NULL, w->d_qkv, acts->ln1, p[BP_QKV_W], N,
                                    C, 3 * C);
     ops->layernorm_backward_residual(din, w->d_res1, NULL, NULL, w->d_ln1, in, p[BP_LN1_W],

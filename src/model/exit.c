@@ -249,56 +249,73 @@ static void mlp_rows_forward(struct block *blk, struct block_acts *acts, int Na,
     ops->residual_forward(work, work, acts->res1, (long)Na * C);
 }
 
+static float *const no_grads[BP_COUNT];
+
 static float *const *rows_grads(const struct block *blk)
 {
-    static float *const no_grads[BP_COUNT];
     return blk->frozen ? no_grads : blk->g;
 }
 
-/* dout_c: the output gradient's active rows (Na,C). */
-static void mlp_rows_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
-                              const float *dout_c, int Na)
+/* Where the rows' backward keeps the output gradients of its weighted
+ * ops: the scratch, or with w (the zero-bubble schedule's input part)
+ * w's buffers, which the weight part reads later. The same ops on the
+ * same values either way. */
+struct rows_at {
+    float *d_fch, *d_ln2, *d_res1, *d_qkv, *d_ln1;
+};
+
+static struct rows_at rows_at(struct block_scratch *s, struct block_wgrad *w)
+{
+    if (w) return (struct rows_at){w->d_fch, w->d_ln2, w->d_res1, w->d_qkv, w->d_ln1};
+    return (struct rows_at){s->d_fch, s->d_ln, s->d_res1, s->d_qkv, s->d_ln};
+}
+
+/* dout_c: the output gradient's active rows (Na,C); the weight gradients
+ * into g (no_grads: none). */
+static void mlp_rows_backward(struct block *blk, struct block_acts *acts, struct rows_at at,
+                              const float *dout_c, int Na, float *const *g)
 {
     const struct dm_backend *ops = backend_current();
     int C = blk->C;
-    float *const *p = blk->p, *const *g = rows_grads(blk);
-    ops->matmul_backward_overwrite(s->d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c, acts->fch_gelu,
-                                   p[BP_FCPROJ_W], Na, 4 * C, C);
-    ops->gelu_backward(s->d_fch, acts->fch, s->d_fch, (long)Na * 4 * C);
-    ops->matmul_backward_overwrite(s->d_ln, g[BP_FC_W], g[BP_FC_B], s->d_fch, acts->ln2,
+    float *const *p = blk->p;
+    ops->matmul_backward_overwrite(at.d_fch, g[BP_FCPROJ_W], g[BP_FCPROJ_B], dout_c,
+                                   acts->fch_gelu, p[BP_FCPROJ_W], Na, 4 * C, C);
+    ops->gelu_backward(at.d_fch, acts->fch, at.d_fch, (long)Na * 4 * C);
+    ops->matmul_backward_overwrite(at.d_ln2, g[BP_FC_W], g[BP_FC_B], at.d_fch, acts->ln2,
                                    p[BP_FC_W], Na, C, 4 * C);
-    ops->layernorm_backward_residual(s->d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], s->d_ln,
+    ops->layernorm_backward_residual(at.d_res1, dout_c, g[BP_LN2_W], g[BP_LN2_B], at.d_ln2,
                                      acts->res1, p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd,
                                      Na, C);
 }
 
-/* From s->d_res1 to s->d_ln; then din from dres (N,C: the residual
+/* From at.d_res1 to at.d_ln1; then din from dres (N,C: the residual
  * gradient, the block output's for exited tokens, d_res1 for active
  * ones). */
 static void attention_rows_backward(struct block *blk, struct block_acts *acts,
-                                    struct block_scratch *s, float *din, const float *dres,
-                                    const float *in, int B, int T, const int *rows, int Na)
+                                    struct block_scratch *s, struct rows_at at, float *din,
+                                    const float *dres, const float *in, int B, int T,
+                                    const int *rows, int Na, float *const *g)
 {
     const struct dm_backend *ops = backend_current();
     int C = blk->C, NH = blk->NH, N = B * T;
-    float *const *p = blk->p, *const *g = rows_grads(blk);
-    ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], s->d_res1,
+    float *const *p = blk->p;
+    ops->matmul_backward_overwrite(s->d_atty, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], at.d_res1,
                                    acts->atty, p[BP_ATTPROJ_W], Na, C, C);
     const float *kv = acts->qkv, *q = acts->qkv + (size_t)N * 2 * C;
-    float *dkv = s->d_qkv, *dq = s->d_qkv + (size_t)N * 2 * C;
+    float *dkv = at.d_qkv, *dq = at.d_qkv + (size_t)N * 2 * C;
     ops->attention_backward_rows(dq, dkv, s->d_att, s->d_atty, q, kv, acts->att, rows, Na, B, T, C,
                                  NH);
-    /* K and V from every token, Q from the active ones; the MLP's d_fch
-     * (N,4C) is free by now and holds the gathered ln1 rows and their
-     * gradient. */
+    /* K and V from every token, Q from the active ones; the scratch's
+     * d_fch (N,4C) is free by now and holds the gathered ln1 rows and
+     * their gradient. */
     float *gw = g[BP_QKV_W], *gb = g[BP_QKV_B];
-    ops->matmul_backward_overwrite(s->d_ln, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL, dkv,
-                                   acts->ln1, p[BP_QKV_W] + (size_t)C * C, N, C, 2 * C);
+    ops->matmul_backward_overwrite(at.d_ln1, gw ? gw + (size_t)C * C : NULL, gb ? gb + C : NULL,
+                                   dkv, acts->ln1, p[BP_QKV_W] + (size_t)C * C, N, C, 2 * C);
     float *ln1_c = s->d_fch, *dln1_c = s->d_fch + (size_t)Na * C;
     ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
     ops->matmul_backward_overwrite(dln1_c, gw, gb, dq, ln1_c, p[BP_QKV_W], Na, C, C);
-    ops->rows_scatter(s->d_ln, dln1_c, rows, Na, C, 1);
-    ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], s->d_ln, in,
+    ops->rows_scatter(at.d_ln1, dln1_c, rows, Na, C, 1);
+    ops->layernorm_backward_residual(din, dres, g[BP_LN1_W], g[BP_LN1_B], at.d_ln1, in,
                                      p[BP_LN1_W], acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
@@ -314,26 +331,66 @@ void block_forward_rows(struct block *blk, struct block_acts *acts, float *out, 
     ops->rows_scatter(out, work, rows, nactive, blk->C, 0);
 }
 
+/* block_backward_rows, or with w its input part (the weight gradients
+ * left to rows_backward_weight; the output gradient's rows kept in
+ * w->dout). */
+static void rows_backward(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                          float *din, const float *dout, const float *in, int B, int T,
+                          const int *rows, int Na, float *work, struct block_wgrad *w)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    struct rows_at at = rows_at(s, w);
+    float *const *g = w ? no_grads : rows_grads(blk);
+    float *dout_c = w ? w->dout : work;        /* (Na,C); work then the full residual gradient */
+    ops->rows_gather(dout_c, dout, rows, Na, C);
+    mlp_rows_backward(blk, acts, at, dout_c, Na, g);
+    /* Residual gradient: dout for exited tokens, d_res1 for active ones
+     * (written after the MLP part has read dout_c: the attention part
+     * reads no work but dres). */
+    float *dres = work;
+    ops->copy_on_device(dres, dout, (size_t)N * C * sizeof(float));
+    ops->rows_scatter(dres, at.d_res1, rows, Na, C, 0);
+    attention_rows_backward(blk, acts, s, at, din, dres, in, B, T, rows, Na, g);
+}
+
 void block_backward_rows(struct block *blk, struct block_acts *acts, struct block_scratch *s,
                          float *din, const float *dout, const float *in, int B, int T,
                          const int *rows, int nactive, float *work)
 {
-    const struct dm_backend *ops = backend_current();
-    int C = blk->C, N = B * T, Na = nactive;
-    if (Na == 0) {
-        if (din && din != dout) ops->copy_on_device(din, dout, (size_t)N * C * sizeof(float));
+    if (nactive == 0) {
+        if (din && din != dout)
+            backend_current()->copy_on_device(din, dout, (size_t)B * T * blk->C * sizeof(float));
         return;
     }
-    float *dout_c = work;                      /* (Na,C), then the full residual gradient */
-    ops->rows_gather(dout_c, dout, rows, Na, C);
-    mlp_rows_backward(blk, acts, s, dout_c, Na);
-    /* Residual gradient: dout for exited tokens, d_res1 for active ones
-     * (written after the attention part has read d_res1: it reads no
-     * work). */
-    float *dres = work;
-    ops->copy_on_device(dres, dout, (size_t)N * C * sizeof(float));
-    ops->rows_scatter(dres, s->d_res1, rows, Na, C, 0);
-    attention_rows_backward(blk, acts, s, din, dres, in, B, T, rows, Na);
+    rows_backward(blk, acts, s, din, dout, in, B, T, rows, nactive, work, NULL);
+}
+
+/* The weight part of rows_backward with w: each weighted op once more for
+ * its weight gradients, from what the input part kept (the ln1 rows
+ * gathered again into w->dout, free by then). */
+static void rows_backward_weight(struct block *blk, const struct block_acts *acts,
+                                 const struct block_wgrad *w, const float *in, int B, int T,
+                                 const int *rows, int Na)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *g = blk->g;
+    ops->matmul_backward(NULL, g[BP_FCPROJ_W], g[BP_FCPROJ_B], w->dout, acts->fch_gelu, NULL, Na,
+                         4 * C, C);
+    ops->matmul_backward(NULL, g[BP_FC_W], g[BP_FC_B], w->d_fch, acts->ln2, NULL, Na, C, 4 * C);
+    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN2_W], g[BP_LN2_B], w->d_ln2, acts->res1,
+                                     NULL, acts->ln2_mean, acts->ln2_rstd, Na, C);
+    ops->matmul_backward(NULL, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], w->d_res1, acts->atty, NULL, Na,
+                         C, C);
+    const float *dkv = w->d_qkv, *dq = w->d_qkv + (size_t)N * 2 * C;
+    ops->matmul_backward(NULL, g[BP_QKV_W] + (size_t)C * C, g[BP_QKV_B] + C, dkv, acts->ln1, NULL,
+                         N, C, 2 * C);
+    float *ln1_c = w->dout;
+    ops->rows_gather(ln1_c, acts->ln1, rows, Na, C);
+    ops->matmul_backward(NULL, g[BP_QKV_W], g[BP_QKV_B], dq, ln1_c, NULL, Na, C, C);
+    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN1_W], g[BP_LN1_B], w->d_ln1, in, NULL,
+                                     acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
 /* ---- one half of a block with exited tokens (balance.units = sublayer) ----------
@@ -376,7 +433,7 @@ static void mlp_half_backward_rows(struct block *blk, struct block_acts *acts,
     int C = blk->C;
     if (Na > 0) {
         ops->rows_gather(work, dout, rows, Na, C);
-        mlp_rows_backward(blk, acts, s, work, Na);
+        mlp_rows_backward(blk, acts, rows_at(s, NULL), work, Na, rows_grads(blk));
     }
     if (!din) return;
     if (din != dout) ops->copy_on_device(din, dout, (size_t)B * T * C * sizeof(float));
@@ -398,7 +455,8 @@ static void attention_half_backward_rows(struct block *blk, struct block_acts *a
     }
     ops->rows_gather(s->d_res1, dout, rows, Na, blk->C);
     ops->copy_on_device(work, dout, bytes);
-    attention_rows_backward(blk, acts, s, din, work, in, B, T, rows, Na);
+    attention_rows_backward(blk, acts, s, rows_at(s, NULL), din, work, in, B, T, rows, Na,
+                            rows_grads(blk));
 }
 
 /* One half (blk->halves) of block i: every token active, the dense half
@@ -582,7 +640,7 @@ void exit_forward_block(struct gpt *model, struct gpt_acts *acts, int i, float *
 
 void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_scratch *s,
                          int i, float *din, const float *dout, const float *in,
-                         float dloss_scale)
+                         float dloss_scale, struct block_wgrad *w)
 {
     const struct dm_backend *ops = backend_current();
     const struct gpt_exit *x = model->exit;
@@ -608,11 +666,32 @@ void exit_backward_block(struct gpt *model, struct gpt_acts *acts, struct block_
         grad = sum;
     }
     struct block *blk = &model->blocks[i];
+    if (w) w->fused = 1;
     if (blk->halves)   /* balance.units = sublayer */
         units_backward(model, acts, ea, s, i, din, grad, in, st->rows_device, Na);
+    else if (Na == N && w)
+        block_backward_input(blk, &acts->blocks[i], s, w, din, grad, in, B, T);
     else if (Na == N)
         block_backward(blk, &acts->blocks[i], s, din, grad, in, B, T);
-    else
+    else if (w && Na > 0 && !blk->frozen) {   /* the weight part deferred */
+        w->fused = 0;
+        rows_backward(blk, &acts->blocks[i], s, din, grad, in, B, T, st->rows_device, Na,
+                      ea->work, w);
+    } else
         block_backward_rows(blk, &acts->blocks[i], s, din, grad, in, B, T, st->rows_device, Na,
                             ea->work);
+}
+
+void exit_backward_weight(struct gpt *model, struct gpt_acts *acts, int i,
+                          const struct block_wgrad *w, const float *in)
+{
+    struct exit_acts *ea = exit_acts_get(model, acts);
+    const struct exit_block_state *st = &ea->blocks[i];
+    struct block *blk = &model->blocks[i];
+    if (w->fused || blk->frozen) return;
+    if (st->nactive == acts->B * acts->T)
+        block_backward_weight(blk, &acts->blocks[i], w, in, acts->B, acts->T);
+    else
+        rows_backward_weight(blk, &acts->blocks[i], w, in, acts->B, acts->T, st->rows_device,
+                             st->nactive);
 }

@@ -424,7 +424,7 @@ void gpt_backward_input(struct gpt *model, struct gpt_acts *acts, struct block_s
         if (wgrads) wgrads[i].fused = 1;
         if (model->exit)
             exit_backward_block(model, acts, scratch, i, target, grad,
-                                acts->residual + i * BTC, dloss_scale);
+                                acts->residual + i * BTC, dloss_scale, wgrads ? &wgrads[i] : NULL);
         else if (model->blocks[i].halves)   /* balance.units = sublayer */
             backward_units(model, &acts->blocks[i], scratch, i, target, grad,
                            acts->residual + i * BTC, B, T);
@@ -451,8 +451,11 @@ void gpt_backward_weight(struct gpt *model, struct gpt_acts *acts,
         if (model->first_block + i < model->frozen_prefix) break;   /* as gpt_backward_input */
         if (wgrads[i].fused) continue;   /* no weight part: block_wgrad_s stays 0 */
         double t0 = dm_profile_now();
-        block_backward_weight(&model->blocks[i], &acts->blocks[i], &wgrads[i],
-                              acts->residual + i * BTC, acts->B, acts->T);
+        if (model->exit)
+            exit_backward_weight(model, acts, i, &wgrads[i], acts->residual + i * BTC);
+        else
+            block_backward_weight(&model->blocks[i], &acts->blocks[i], &wgrads[i],
+                                  acts->residual + i * BTC, acts->B, acts->T);
         double spent = dm_profile_now() - t0;
         model->block_bwd_s[i] += spent;
         model->block_wgrad_s[i] += spent;

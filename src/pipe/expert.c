@@ -38,6 +38,17 @@
  * the order names; each expert still sees each source's rows apart, so
  * the bits do not change.
  *
+ * With moe.replicas_max = R > 0 the decision also places up to R copies of
+ * hot experts on other ranks of the group (src/balance/replicate.c): a
+ * copy serves the rows of some sources in place of the expert's rank.
+ * Every rank of the group has E/P + R slots, its owned experts then the
+ * copies it holds, and a source sends each expert's rows to the one slot
+ * that serves it. A copy's holder keeps each source's gradients apart as
+ * the owner would and sends them to the owner before the replica sum,
+ * where they take the place that source's rows would have filled; the
+ * owner alone keeps the Adam moments and sends the updated weights to the
+ * copies before the next forward. The same bits, again.
+ *
  * Must not: sum anything in an order that depends on timing. */
 #include <limits.h>
 #include <math.h>
@@ -70,6 +81,18 @@ struct ep_grads {
                              (the backend's memory) */
 };
 
+/* One MoE block's copies of experts in this rank's group (moe.replicas_max):
+ * the same table on every rank of the group. */
+struct ep_copies {
+    int layer;
+    int n;                       /* copies in use, copy[0 .. n) */
+    struct balance_copy *copy;   /* (replicas_max) */
+    float *weights;              /* (replicas_max, expert_params) this rank's copies', in
+                                    copy order */
+    float *grads;                /* (replicas_max, P, expert_params) their sums per source */
+    int fresh;                   /* weights are their owners' as of the last update */
+};
+
 struct ep_state {
     struct moe_exchange exchange;
     struct engine *eng;
@@ -97,6 +120,12 @@ struct ep_state {
     /* moe.placement: the loads routed since the last decision (layer L's
      * experts at L E), the steps they cover, the expert moves so far */
     int placement;        /* PLACEMENT_* */
+    int copies_max;       /* moe.replicas_max */
+    int stride;           /* slots of a group rank: its E/P experts, then copies_max */
+    int *pos_expert;      /* (P stride) the expert whose rows this rank sends to each
+                             slot of the group, -1 none */
+    struct ep_copies *copies;
+    long ncopies, copies_room;
     double *loads;
     int load_steps;
     double moved_bytes[EXPERT_MOVES_KEPT], moved_ms[EXPERT_MOVES_KEPT];
@@ -190,6 +219,75 @@ static struct ep_entry *entry_for(struct ep_state *xp, const void *key, int laye
     en->key = key;
     en->layer = layer;
     return en;
+}
+
+/* blk's copies (created empty), or with create 0 NULL when it has none. */
+static struct ep_copies *copies_for(struct ep_state *xp, const struct block *blk, int create)
+{
+    for (long i = 0; i < xp->ncopies; i++)
+        if (xp->copies[i].layer == blk->index) return &xp->copies[i];
+    if (!create) return NULL;
+    xp->copies = dm_grow(xp->copies, sizeof *xp->copies, xp->ncopies, &xp->copies_room, 4);
+    struct ep_copies *cp = &xp->copies[xp->ncopies++];
+    size_t Pe = block_moe_of(blk)->expert_params, R = (size_t)xp->copies_max;
+    cp->layer = blk->index;
+    cp->copy = dm_alloc(R * sizeof *cp->copy);
+    cp->weights = tensor_alloc(R * Pe, 1);
+    cp->grads = tensor_alloc(R * (size_t)xp->P * Pe, 1);
+    return cp;
+}
+
+static void copies_free(struct ep_state *xp)
+{
+    for (long i = 0; i < xp->ncopies; i++) {
+        dm_free(xp->copies[i].copy);
+        tensor_free(xp->copies[i].weights);
+        tensor_free(xp->copies[i].grads);
+    }
+    dm_free(xp->copies);
+    xp->copies = NULL;
+    xp->ncopies = xp->copies_room = 0;
+}
+
+/* The position of expert e in moe's order (its rank: / (E / P)). */
+static int position_of(const struct block_moe *moe, int e)
+{
+    int i = 0;
+    while (moe->order[i] != e) i++;
+    return i;
+}
+
+/* Copy c's slot among the copies its holder holds: per + the copies
+ * before it with the same holder. */
+static int copy_slot(const struct ep_copies *cp, int c, int per)
+{
+    int k = 0;
+    for (int b = 0; b < c; b++) k += cp->copy[b].holder == cp->copy[c].holder;
+    return per + k;
+}
+
+/* Where this rank's rows of each expert go, by slot of the group (rank p's
+ * slot j at p stride + j) into xp->pos_expert: the expert's own slot, or
+ * the slot of the copy that serves this rank. Returns whether that is the
+ * order's positions as they are (no copies, stride E/P, identity order). */
+static int destinations(struct ep_state *xp, const struct block_moe *moe,
+                        const struct ep_copies *cp)
+{
+    int E = moe->cfg.experts, P = xp->P, per = E / P, S = xp->stride, plain = S == per;
+    for (int i = 0; i < P * S; i++) xp->pos_expert[i] = -1;
+    for (int i = 0; i < E; i++) {
+        xp->pos_expert[(i / per) * S + i % per] = moe->order[i];
+        plain &= moe->order[i] == i;
+    }
+    for (int c = 0; cp && c < cp->n; c++) {
+        const struct balance_copy *k = &cp->copy[c];
+        if (!(k->sources >> xp->rank & 1)) continue;
+        int i = position_of(moe, k->item);
+        xp->pos_expert[(i / per) * S + i % per] = -1;
+        xp->pos_expert[k->holder * S + copy_slot(cp, c, per)] = k->item;
+        plain = 0;
+    }
+    return plain;
 }
 
 /* The all-to-all's counts and displacements, in floats: this rank's
@@ -300,59 +398,152 @@ static int total_rows(const struct ep_entry *en, int P, int per)
     return n;
 }
 
-/* Whether blk's experts sit where parallel.ep alone puts them. */
-static int order_is_identity(const struct block_moe *moe)
-{
-    for (int e = 0; e < moe->cfg.experts; e++)
-        if (moe->order[e] != e) return 0;
-    return 1;
-}
-
-/* The grouped rows' offsets by position of the order (position i: expert
- * order[i]), into xp->position_offset; the rows themselves, width floats
- * each, copied into that grouping unless the order is the identity
- * (then offset and rows as they are). Returns the rows to send. */
+/* The grouped rows' offsets by slot of the group (xp->pos_expert's
+ * experts; an empty slot has none) into xp->position_offset; the rows
+ * themselves, width floats each, copied into that grouping unless it is
+ * the grouping by expert (then offset and rows as they are). Returns the
+ * rows to send. */
 static const float *rows_by_position(struct ep_state *xp, const struct block_moe *moe,
-                                     const int *offset, const float *rows, int width,
-                                     const int **position_offset)
+                                     const struct ep_copies *cp, const int *offset,
+                                     const float *rows, int width, const int **position_offset)
 {
-    int E = moe->cfg.experts, *at = xp->position_offset;
-    if (order_is_identity(moe)) {
+    int slots = xp->P * xp->stride, *at = xp->position_offset;
+    if (destinations(xp, moe, cp)) {
         *position_offset = offset;
         return rows;
     }
     at[0] = 0;
-    for (int i = 0; i < E; i++) at[i + 1] = at[i] + offset[moe->order[i] + 1] - offset[moe->order[i]];
+    for (int i = 0; i < slots; i++) {
+        int e = xp->pos_expert[i];
+        at[i + 1] = at[i] + (e < 0 ? 0 : offset[e + 1] - offset[e]);
+    }
     *position_offset = at;
-    float *out = grow(&xp->by_position, &xp->by_position_n, (size_t)at[E] * width + 1);
-    for (int i = 0; i < E; i++) {
-        int e = moe->order[i];
-        memcpy(out + (size_t)at[i] * width, rows + (size_t)offset[e] * width,
-               (size_t)(offset[e + 1] - offset[e]) * width * sizeof(float));
+    float *out = grow(&xp->by_position, &xp->by_position_n, (size_t)at[slots] * width + 1);
+    for (int i = 0; i < slots; i++) {
+        int e = xp->pos_expert[i];
+        if (e >= 0)
+            memcpy(out + (size_t)at[i] * width, rows + (size_t)offset[e] * width,
+                   (size_t)(offset[e + 1] - offset[e]) * width * sizeof(float));
     }
     return out;
 }
 
-/* Where the rows coming back land: by position in scratch when the order
- * is not the identity (rows_by_expert then puts them into out), else out. */
+/* Where the rows coming back land: by slot in scratch when rows_by_position
+ * regrouped them (at is not offset; rows_by_expert then puts them into
+ * out), else out. */
 static float *landing_by_position(struct ep_state *xp, const struct block_moe *moe,
-                                  const int *offset, float *out, int width)
+                                  const int *offset, const int *at, float *out, int width)
 {
-    if (order_is_identity(moe)) return out;
+    if (at == offset) return out;
     return grow(&xp->by_position_back, &xp->by_position_back_n,
                 (size_t)offset[moe->cfg.experts] * width + 1);
 }
 
-static void rows_by_expert(const struct ep_state *xp, const struct block_moe *moe,
-                           const int *offset, const float *landed, float *out, int width)
+static void rows_by_expert(const struct ep_state *xp, const int *offset, const float *landed,
+                           float *out, int width)
 {
     if (landed == out) return;
     const int *at = xp->position_offset;
-    for (int i = 0; i < moe->cfg.experts; i++) {
-        int e = moe->order[i];
-        memcpy(out + (size_t)offset[e] * width, landed + (size_t)at[i] * width,
-               (size_t)(offset[e + 1] - offset[e]) * width * sizeof(float));
+    for (int i = 0; i < xp->P * xp->stride; i++) {
+        int e = xp->pos_expert[i];
+        if (e >= 0)
+            memcpy(out + (size_t)offset[e] * width, landed + (size_t)at[i] * width,
+                   (size_t)(offset[e + 1] - offset[e]) * width * sizeof(float));
     }
+}
+
+/* The parameters slot j of this rank serves with: an owned expert's in
+ * the slab, or a copy's. */
+static const float *slot_weights(const struct ep_state *xp, const struct block *blk,
+                                 const struct ep_copies *cp, int j)
+{
+    const struct block_moe *moe = block_moe_of(blk);
+    int per = moe->cfg.experts / xp->P;
+    if (j < per) return moe->experts_p + (size_t)j * moe->expert_params;
+    DM_ASSERT(cp && cp->fresh);
+    return cp->weights + (size_t)(j - per) * moe->expert_params;
+}
+
+enum { WALK_SEND, WALK_RECEIVE };
+
+/* The items of the copies' exchange between this rank and peer p in one
+ * direction (dir: what this rank sends p, or receives from it), in copy
+ * order, then source order: their floats; with buf, each item also copied
+ * into buf (sending) or out of it into its place (receiving). Out (back
+ * 0): each copy's weights, from its owner's slab to its holder's copy;
+ * back: each source's gradient sums, from the holder to the owner's sums,
+ * in the place that source's rows would have filled there. */
+static size_t copies_walk(struct ep_state *xp, struct block *blk, const struct ep_copies *cp,
+                          int back, int p, int dir, float *buf)
+{
+    struct block_moe *moe = block_moe_of(blk);
+    int P = xp->P, per = moe->cfg.experts / P, me = xp->rank;
+    size_t Pe = moe->expert_params, n = 0;
+    float *sum = back && dir == WALK_RECEIVE ? grads_for(xp, blk) : NULL;
+    for (int c = 0; c < cp->n; c++) {
+        const struct balance_copy *k = &cp->copy[c];
+        int at = position_of(moe, k->item), owner = at / per;
+        int from = back ? k->holder : owner, to = back ? owner : k->holder;
+        if (dir == WALK_SEND ? from != me || to != p : from != p || to != me) continue;
+        int slot = copy_slot(cp, c, per) - per;
+        for (int s = 0; s < P; s++) {
+            if (back ? !(k->sources >> s & 1) : s > 0) continue;
+            if (buf && dir == WALK_SEND)
+                memcpy(buf + n,
+                       back ? cp->grads + ((size_t)slot * P + s) * Pe
+                            : moe->experts_p + (size_t)(at % per) * Pe,
+                       Pe * sizeof(float));
+            else if (buf)
+                memcpy(back ? sum + ((size_t)(s - (s > me)) * per + at % per) * Pe
+                            : cp->weights + (size_t)slot * Pe,
+                       buf + n, Pe * sizeof(float));
+            n += Pe;
+        }
+    }
+    return n;
+}
+
+/* copies_walk's items of every peer, by one all-to-all over the group. */
+static void copies_exchange(struct ep_state *xp, struct block *blk, struct ep_copies *cp,
+                            int back)
+{
+    int P = xp->P;
+    size_t sent = 0, received = 0;
+    for (int p = 0; p < P; p++) {
+        size_t out = copies_walk(xp, blk, cp, back, p, WALK_SEND, NULL);
+        size_t in = copies_walk(xp, blk, cp, back, p, WALK_RECEIVE, NULL);
+        xp->send_counts[p] = mpi_count(out, "the copies' exchange");
+        xp->send_displs[p] = mpi_count(sent, "the copies' exchange");
+        xp->recv_counts[p] = mpi_count(in, "the copies' exchange");
+        xp->recv_displs[p] = mpi_count(received, "the copies' exchange");
+        sent += out;
+        received += in;
+    }
+    float *send = dm_alloc_uninit((sent + 1) * sizeof(float));
+    float *recv = dm_alloc_uninit((received + 1) * sizeof(float));
+    for (int p = 0; p < P; p++)
+        copies_walk(xp, blk, cp, back, p, WALK_SEND, send + xp->send_displs[p]);
+    MPI_Request req;
+    WORLD_MPI(MPI_Ialltoallv(send, xp->send_counts, xp->send_displs, MPI_FLOAT, recv,
+                             xp->recv_counts, xp->recv_displs, MPI_FLOAT, xp->comm, &req));
+    *xp->wait_s += world_wait(&req);
+    for (int p = 0; p < P; p++)
+        copies_walk(xp, blk, cp, back, p, WALK_RECEIVE, recv + xp->recv_displs[p]);
+    dm_free(send);
+    dm_free(recv);
+}
+
+/* blk's copies, their weights made the owners' first (collective over the
+ * group: every rank reaches a block's forward together), or NULL. */
+static struct ep_copies *fresh_copies(struct ep_state *xp, struct block *blk)
+{
+    struct ep_copies *cp = copies_for(xp, blk, 0);
+    if (!cp || cp->n == 0) return NULL;
+    if (!cp->fresh) {
+        copies_exchange(xp, blk, cp, 0);
+        cp->fresh = 1;
+    }
+    return cp;
 }
 
 static void ep_forward(void *ctx, struct block *blk, const void *key, const int *offset,
@@ -360,17 +551,18 @@ static void ep_forward(void *ctx, struct block *blk, const void *key, const int 
 {
     struct ep_state *xp = ctx;
     const struct block_moe *moe = block_moe_of(blk);
-    int P = xp->P, E = moe->cfg.experts, per = E / P, C = blk->C, H = moe->cfg.hidden;
+    int P = xp->P, S = xp->stride, C = blk->C, H = moe->cfg.hidden;
+    struct ep_copies *cp = fresh_copies(xp, blk);
     struct ep_entry *en = entry_for(xp, key, blk->index, 1);
-    if (!en->counts) en->counts = dm_alloc((size_t)E * sizeof(int));
+    if (!en->counts) en->counts = dm_alloc((size_t)P * S * sizeof(int));
     const int *at;
-    const float *send = rows_by_position(xp, moe, offset, x, C, &at);
-    for (int i = 0; i < E; i++) xp->expert_counts[i] = at[i + 1] - at[i];
+    const float *send = rows_by_position(xp, moe, cp, offset, x, C, &at);
+    for (int i = 0; i < P * S; i++) xp->expert_counts[i] = at[i + 1] - at[i];
     MPI_Request req;
-    WORLD_MPI(MPI_Ialltoall(xp->expert_counts, per, MPI_INT, en->counts, per, MPI_INT, xp->comm,
+    WORLD_MPI(MPI_Ialltoall(xp->expert_counts, S, MPI_INT, en->counts, S, MPI_INT, xp->comm,
                             &req));
     *xp->wait_s += world_wait(&req);
-    size_t rows = (size_t)total_rows(en, P, per);
+    size_t rows = (size_t)total_rows(en, P, S);
     if (rows + 1 > en->room) {
         tensor_free(en->x);
         tensor_free(en->h);
@@ -380,20 +572,41 @@ static void ep_forward(void *ctx, struct block *blk, const void *key, const int 
         en->h = tensor_alloc(en->room * H, 0);
         en->a = tensor_alloc(en->room * H, 0);
     }
-    exchange_rows(xp, at, en, per, send, en->x, C, 0);
+    exchange_rows(xp, at, en, S, send, en->x, C, 0);
     block_moe_of(blk)->rows_taken += (double)rows;
     float *out = grow(&xp->rows_out, &xp->rows_out_n, en->room * C);
     size_t r = 0;
     for (int s = 0; s < P; s++)
-        for (int j = 0; j < per; j++) {
-            int n = en->counts[s * per + j];
-            moe_expert_forward(blk, moe_held_expert(moe, j), en->x + r * C, n, en->h + r * H,
-                               en->a + r * H, out + r * C);
+        for (int j = 0; j < S; j++) {
+            int n = en->counts[s * S + j];
+            if (n > 0)
+                moe_expert_forward(blk, slot_weights(xp, blk, cp, j), en->x + r * C, n,
+                                   en->h + r * H, en->a + r * H, out + r * C);
             r += (size_t)n;
         }
-    float *landed = landing_by_position(xp, moe, offset, y, C);
-    exchange_rows(xp, at, en, per, out, landed, C, 1);
-    rows_by_expert(xp, moe, offset, landed, y, C);
+    float *landed = landing_by_position(xp, moe, offset, at, y, C);
+    exchange_rows(xp, at, en, S, out, landed, C, 1);
+    rows_by_expert(xp, offset, landed, y, C);
+}
+
+/* Each source's gradients of this micro-batch (grads: by source, then
+ * slot), formed from zero, added to that source's sum as the source adds
+ * its own with ep = 1: an owned expert's into the slab (this rank's own
+ * source) or the other sources' sums, a copy's into the copy's sums. */
+static void add_source_grads(struct ep_state *xp, struct block *blk, struct ep_copies *cp,
+                             const float *grads)
+{
+    struct block_moe *moe = block_moe_of(blk);
+    int P = xp->P, S = xp->stride, per = moe->cfg.experts / P;
+    size_t Pe = moe->expert_params, one = (size_t)per * Pe;
+    float *sum = grads_for(xp, blk);
+    for (int s = 0; s < P; s++) {
+        float *to = s == xp->rank ? moe->experts_g : sum + (size_t)(s - (s > xp->rank)) * one;
+        tensor_add(to, grads + (size_t)s * S * Pe, one);
+        for (int j = per; cp && j < S; j++)
+            tensor_add(cp->grads + ((size_t)(j - per) * P + s) * Pe,
+                       grads + ((size_t)s * S + j) * Pe, Pe);
+    }
 }
 
 static void ep_backward(void *ctx, struct block *blk, const void *key, const int *offset,
@@ -401,42 +614,37 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
 {
     struct ep_state *xp = ctx;
     struct block_moe *moe = block_moe_of(blk);
-    int P = xp->P, E = moe->cfg.experts, per = E / P, C = blk->C, H = moe->cfg.hidden;
+    int P = xp->P, S = xp->stride, C = blk->C, H = moe->cfg.hidden;
     size_t Pe = moe->expert_params;
+    struct ep_copies *cp = copies_for(xp, blk, 0);
+    if (cp && cp->n == 0) cp = NULL;
     struct ep_entry *en = entry_for(xp, key, blk->index, 0);
     const int *at;
-    const float *send = rows_by_position(xp, moe, offset, dy, C, &at);
+    const float *send = rows_by_position(xp, moe, cp, offset, dy, C, &at);
     float *dy_in = grow(&xp->rows_out, &xp->rows_out_n, en->room * C);
-    exchange_rows(xp, at, en, per, send, dy_in, C, 0);
+    exchange_rows(xp, at, en, S, send, dy_in, C, 0);
     float *dh = grow(&xp->dh, &xp->dh_n, en->room * H);
     float *dx_out = grow(&xp->dx_out, &xp->dx_out_n, en->room * C);
     float *grads = NULL;
     if (!blk->frozen) {
-        grads = grow(&xp->grads_out, &xp->grads_out_n, (size_t)P * per * Pe);
-        tensor_zero(grads, (size_t)P * per * Pe);
+        grads = grow(&xp->grads_out, &xp->grads_out_n, (size_t)P * S * Pe);
+        tensor_zero(grads, (size_t)P * S * Pe);
     }
     size_t r = 0;
     for (int s = 0; s < P; s++)
-        for (int j = 0; j < per; j++) {
-            int n = en->counts[s * per + j];
-            moe_expert_backward(blk, moe_held_expert(moe, j),
-                                grads ? grads + ((size_t)s * per + j) * Pe : NULL, dy_in + r * C,
-                                en->x + r * C, en->h + r * H, en->a + r * H, n, dh + r * H,
-                                dx_out + r * C);
+        for (int j = 0; j < S; j++) {
+            int n = en->counts[s * S + j];
+            if (n > 0)
+                moe_expert_backward(blk, slot_weights(xp, blk, cp, j),
+                                    grads ? grads + ((size_t)s * S + j) * Pe : NULL,
+                                    dy_in + r * C, en->x + r * C, en->h + r * H, en->a + r * H,
+                                    n, dh + r * H, dx_out + r * C);
             r += (size_t)n;
         }
-    float *landed = landing_by_position(xp, moe, offset, dx, C);
-    exchange_rows(xp, at, en, per, dx_out, landed, C, 1);
-    rows_by_expert(xp, moe, offset, landed, dx, C);
-    if (!grads) return;
-    /* Each source's gradients of this micro-batch, formed from zero, are
-     * added to that source's sum as the source adds its own with ep = 1. */
-    float *sum = grads_for(xp, blk);
-    size_t one = (size_t)per * Pe;
-    for (int s = 0; s < P; s++) {
-        float *to = s == xp->rank ? moe->experts_g : sum + (size_t)(s - (s > xp->rank)) * one;
-        tensor_add(to, grads + (size_t)s * one, one);
-    }
+    float *landed = landing_by_position(xp, moe, offset, at, dx, C);
+    exchange_rows(xp, at, en, S, dx_out, landed, C, 1);
+    rows_by_expert(xp, offset, landed, dx, C);
+    if (grads) add_source_grads(xp, blk, cp, grads);
 }
 
 /* gather_holders over the devices' transport: to every other group q
@@ -545,8 +753,17 @@ static void ep_reduce(struct engine *eng)
     struct ep_state *xp = eng->ep;
     struct gpt *m = &eng->model;
     if (!xp) return;
-    for (int i = 0; i < m->num_blocks; i++)
-        if (block_moe_of(&m->blocks[i]) && !m->blocks[i].frozen) reduce_block(xp, &m->blocks[i]);
+    for (int i = 0; i < m->num_blocks; i++) {
+        struct block *blk = &m->blocks[i];
+        if (!block_moe_of(blk) || blk->frozen) continue;
+        struct ep_copies *cp = copies_for(xp, blk, 0);
+        if (cp && cp->n > 0) {   /* the copies' sources' sums to the owners */
+            copies_exchange(xp, blk, cp, 1);
+            tensor_zero(cp->grads, (size_t)xp->copies_max * xp->P * block_moe_of(blk)->expert_params);
+            cp->fresh = 0;   /* the update changes the owners' weights */
+        }
+        reduce_block(xp, blk);
+    }
 }
 
 /* What the exchange kept for blocks (activations between a forward and
@@ -571,6 +788,11 @@ static void ep_forget(struct engine *eng)
     dm_free(xp->grads);
     xp->grads = NULL;
     xp->ngrads = 0;
+    copies_free(xp);
+    for (int i = 0; i < eng->model.num_blocks; i++) {
+        struct block_moe *moe = block_moe_of(&eng->model.blocks[i]);
+        if (moe) memset(moe->copies, 0, (size_t)moe->cfg.experts * sizeof(int));
+    }
 }
 
 /* Hands the model's MoE blocks an exchange over the stage's expert group
@@ -599,12 +821,16 @@ static void ep_init(struct engine *eng)
     xp->comm_dev = engine_transport_over(eng, xp->comm);
     xp->holders_dev = engine_transport_over(eng, xp->holders);
     xp->ops = dm_alloc((size_t)(4 * (P > groups ? P : groups) + 2) * sizeof *xp->ops);
-    xp->send_counts = dm_alloc((size_t)(4 * P + moe->experts) * sizeof(int));
+    xp->copies_max = eng->cfg.replicas_max;
+    xp->stride = moe->experts / P + xp->copies_max;
+    size_t slots = (size_t)P * xp->stride;
+    xp->send_counts = dm_alloc((4 * (size_t)P + slots) * sizeof(int));
     xp->send_displs = xp->send_counts + P;
     xp->recv_counts = xp->send_counts + 2 * P;
     xp->recv_displs = xp->send_counts + 3 * P;
     xp->expert_counts = xp->send_counts + 4 * P;
-    xp->position_offset = dm_alloc((size_t)(moe->experts + 1) * sizeof(int));
+    xp->position_offset = dm_alloc((slots + 1) * sizeof(int));
+    xp->pos_expert = dm_alloc(slots * sizeof(int));
     const char *placement = eng->cfg.moe_placement;
     xp->placement = !strcmp(placement, "balanced") ? PLACEMENT_BALANCED
                     : !strcmp(placement, "random") ? PLACEMENT_RANDOM
@@ -642,6 +868,7 @@ static void ep_free(struct engine *eng)
     tensor_free(xp->total);
     dm_free(xp->send_counts);
     dm_free(xp->position_offset);
+    dm_free(xp->pos_expert);
     dm_free(xp->loads);
     tensor_free(xp->by_position);
     tensor_free(xp->by_position_back);
@@ -759,21 +986,49 @@ static size_t relocate_block(struct ep_state *xp, struct block *blk, const int *
     return sent;
 }
 
-/* Stage replica 0's choice for blk (local index i) into next: a random
- * order (moe.placement = random), or the planner's over the loads routed
- * since the last decision, priced like a block move (its weights and two
- * moments; the fit of the expert moves so far). */
+/* One block's choice as stage replica 0 makes it and the stage's ranks
+ * take it: its next order, then its copies (a count, then item, holder
+ * and sources each), int64 throughout. */
+static size_t choice_size(const struct ep_state *xp, int E)
+{
+    return (size_t)E + 1 + 3 * (size_t)xp->copies_max;
+}
+
+/* The copies on top of next (moe.replicas_max): random ones (moe.placement
+ * = random), or the planner's over the same loads, kept when their
+ * saving a step exceeds what carrying them costs a step. */
+static int choose_copies(struct ep_state *xp, const struct block *blk,
+                         const struct balance_placement_input *in, const int *next, int step,
+                         struct balance_copy *copies)
+{
+    const struct block_moe *moe = block_moe_of(blk);
+    if (xp->copies_max == 0) return 0;
+    if (xp->placement == PLACEMENT_RANDOM)
+        return balance_copies_random(next, in->items, xp->P, xp->copies_max, xp->eng->cfg.seed,
+                                     (uint64_t)step, blk->index, copies);
+    struct balance_copies_decision d;
+    balance_copies_decide(in, next, xp->copies_max,
+                          sizeof(float) * (double)moe->expert_params, copies, &d);
+    if (d.copies > 0 && xp->eng->grid.rank == 0)
+        dm_log("placement: step %d: block %d: %d expert copies, busiest expert rank %.0f -> "
+               "%.0f pairs a step, saving %.2f ms a step vs carrying them ~%.2f ms\n",
+               step + 1, blk->index, d.copies, d.now_load, d.next_load, d.saving_ms, d.cost_ms);
+    return d.copies;
+}
+
+/* Stage replica 0's choice for blk (local index i) into choice (choice_size
+ * entries): a random order (moe.placement = random), or the planner's over
+ * the loads routed since the last decision, priced like a block move (its
+ * weights and two moments; the fit of the expert moves so far); then its
+ * copies. */
 static void choose_placement(struct ep_state *xp, const struct engine *eng, int i, int step,
-                             int *next)
+                             int64_t *choice)
 {
     const struct gpt *m = &eng->model;
     const struct block *blk = &m->blocks[i];
     const struct block_moe *moe = block_moe_of(blk);
     int E = moe->cfg.experts, P = xp->P, layer = blk->index;
-    if (xp->placement == PLACEMENT_RANDOM) {
-        balance_placement_random(next, E, P, eng->cfg.seed, (uint64_t)step, layer);
-        return;
-    }
+    int *next = dm_alloc((size_t)E * sizeof(int));
     double *loads = dm_alloc((size_t)E * sizeof(double)), *last = dm_alloc((size_t)E * sizeof(double));
     for (int e = 0; e < E; e++) {
         loads[e] = xp->loads[(size_t)layer * E + e] / xp->load_steps;
@@ -789,15 +1044,48 @@ static void choose_placement(struct ep_state *xp, const struct engine *eng, int 
         .moved_bytes = xp->moved_bytes, .moved_ms = xp->moved_ms,
         .moves_kept = xp->moves_kept < EXPERT_MOVES_KEPT ? xp->moves_kept : EXPERT_MOVES_KEPT,
     };
-    struct balance_placement_decision d;
-    balance_placement_decide(&in, next, &d);
-    if (d.moves > 0 && eng->grid.rank == 0)
-        dm_log("placement: step %d: block %d: busiest expert rank %.0f -> %.0f pairs a step, "
-               "saving %.1f ms over %d steps vs moving %d experts ~%.1f ms: %s\n", step + 1,
-               layer, d.now_load, d.next_load, d.saving_ms, in.every, d.moves, d.migrate_ms,
-               d.apply ? "moving" : "skipped");
+    if (xp->placement == PLACEMENT_RANDOM) {
+        balance_placement_random(next, E, P, eng->cfg.seed, (uint64_t)step, layer);
+    } else {
+        struct balance_placement_decision d;
+        balance_placement_decide(&in, next, &d);
+        if (d.moves > 0 && eng->grid.rank == 0)
+            dm_log("placement: step %d: block %d: busiest expert rank %.0f -> %.0f pairs a step, "
+                   "saving %.1f ms over %d steps vs moving %d experts ~%.1f ms: %s\n", step + 1,
+                   layer, d.now_load, d.next_load, d.saving_ms, in.every, d.moves, d.migrate_ms,
+                   d.apply ? "moving" : "skipped");
+    }
+    struct balance_copy *copies = dm_alloc(((size_t)xp->copies_max + 1) * sizeof *copies);
+    int n = choose_copies(xp, blk, &in, next, step, copies);
+    for (int e = 0; e < E; e++) choice[e] = next[e];
+    choice[E] = n;
+    for (int c = 0; c < n; c++) {
+        choice[E + 1 + 3 * c] = copies[c].item;
+        choice[E + 2 + 3 * c] = copies[c].holder;
+        choice[E + 3 + 3 * c] = (int64_t)copies[c].sources;
+    }
+    dm_free(copies);
+    dm_free(next);
     dm_free(loads);
     dm_free(last);
+}
+
+/* blk's copies from its choice (after its relocation: the owners are the
+ * new order's), stale until the next forward brings their weights. */
+static void take_copies(struct ep_state *xp, struct block *blk, const int64_t *choice)
+{
+    struct block_moe *moe = block_moe_of(blk);
+    int E = moe->cfg.experts, n = (int)choice[E];
+    memset(moe->copies, 0, (size_t)E * sizeof(int));
+    struct ep_copies *cp = copies_for(xp, blk, n > 0);
+    if (!cp) return;
+    cp->n = n;
+    cp->fresh = 0;
+    for (int c = 0; c < n; c++) {
+        cp->copy[c] = (struct balance_copy){(int)choice[E + 1 + 3 * c], (int)choice[E + 2 + 3 * c],
+                                            (uint64_t)choice[E + 3 + 3 * c]};
+        moe->copies[cp->copy[c].item]++;
+    }
 }
 
 /* The part's decide (engine_after_step): expert placement. */
@@ -817,20 +1105,23 @@ static void ep_decide_placement(struct engine *eng, int step)
     xp->load_steps++;
     int decide = xp->placement == PLACEMENT_RANDOM || (step + 1) % eng->cfg.every == 0;
     if (!decide || n == 0) return;
-    int *orders = dm_alloc((size_t)n * E * sizeof(int));
+    size_t one = choice_size(xp, E);
+    int64_t *choices = dm_alloc((size_t)n * one * sizeof(int64_t));
     if (eng->grid.replica == 0)
         for (int i = 0, b = 0; i < m->num_blocks; i++)
-            if (block_moe_of(&m->blocks[i])) choose_placement(xp, eng, i, step, orders + (size_t)b++ * E);
+            if (block_moe_of(&m->blocks[i]))
+                choose_placement(xp, eng, i, step, choices + (size_t)b++ * one);
     MPI_Request req;
-    WORLD_MPI(MPI_Ibcast(orders, n * E, MPI_INT, 0, eng->stage_comm, &req));
+    WORLD_MPI(MPI_Ibcast(choices, n * (int)one, MPI_INT64_T, 0, eng->stage_comm, &req));
     eng->wait_s += world_wait(&req);
     double t0 = dm_now();
     size_t sent = 0;
-    int moved = 0;
+    int moved = 0, *next = dm_alloc((size_t)E * sizeof(int));
     for (int i = 0, b = 0; i < m->num_blocks; i++) {
         struct block_moe *moe = block_moe_of(&m->blocks[i]);
         if (!moe) continue;
-        const int *next = orders + (size_t)b++ * E;
+        for (int e = 0; e < E; e++) next[e] = (int)choices[(size_t)b * one + e];
+        b++;
         if (!memcmp(next, moe->order, (size_t)E * sizeof(int))) continue;
         sent += relocate_block(xp, &m->blocks[i], next);
         moved = 1;
@@ -841,9 +1132,13 @@ static void ep_decide_placement(struct engine *eng, int step)
         xp->moved_bytes[slot] = (double)sent * sizeof(float);
         xp->moved_ms[slot] = 1000.0 * (dm_now() - t0);
     }
+    for (int i = 0, b = 0; i < m->num_blocks; i++)
+        if (block_moe_of(&m->blocks[i]))
+            take_copies(xp, &m->blocks[i], choices + (size_t)b++ * one);
     memset(xp->loads, 0, (size_t)eng->shape.layers * E * sizeof(double));
     xp->load_steps = 0;
-    dm_free(orders);
+    dm_free(next);
+    dm_free(choices);
 }
 
 const struct engine_part engine_part_ep = {

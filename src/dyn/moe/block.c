@@ -150,6 +150,7 @@ static void *moe_alloc(const struct gpt_ext *ext, const struct gpt_shape *shape,
     moe->bias = dm_alloc((size_t)E * sizeof(float));
     moe->order = dm_alloc((size_t)E * sizeof(int));
     for (int e = 0; e < E; e++) moe->order[e] = e;
+    moe->copies = dm_alloc((size_t)E * sizeof(int));   /* zero */
     moe->tokens = dm_alloc(4 * (size_t)E * sizeof(int64_t));
     moe->dropped = moe->tokens + E;
     moe->step_tokens = moe->tokens + 2 * E;
@@ -162,6 +163,7 @@ static void moe_free(void *state)
     struct block_moe *moe = state;
     dm_free(moe->bias);
     dm_free(moe->order);
+    dm_free(moe->copies);
     dm_free(moe->tokens);
     dm_free(moe);
 }
@@ -667,23 +669,21 @@ static struct expert_tensors expert_tensors_at(float *p, int C, int H)
     return t;
 }
 
-/* Expert e's parameters in the slab (a held expert). */
-static struct expert_tensors expert_params(const struct block *blk, const struct block_moe *moe,
-                                           int e)
+const float *moe_expert_weights(const struct block *blk, int e)
 {
+    const struct block_moe *moe = block_moe_of(blk);
     int owned = moe_owned_experts(&moe->cfg), j = 0;
     while (j < owned && moe_held_expert(moe, j) != e) j++;
     DM_ASSERT(j < owned);   /* a held expert */
-    return expert_tensors_at(moe->experts_p + (size_t)j * moe->expert_params, blk->C,
-                             moe->cfg.hidden);
+    return moe->experts_p + (size_t)j * moe->expert_params;
 }
 
-void moe_expert_forward(const struct block *blk, int e, const float *x, int n, float *h, float *a,
-                        float *y)
+void moe_expert_forward(const struct block *blk, const float *w, const float *x, int n, float *h,
+                        float *a, float *y)
 {
     const struct block_moe *moe = block_moe_of(blk);
     if (n == 0) return;
-    struct expert_tensors p = expert_params(blk, moe, e);
+    struct expert_tensors p = expert_tensors_at((float *)w, blk->C, moe->cfg.hidden);
     const struct dm_backend *ops = backend_current();
     ops->matmul_forward_gelu(h, a, x, p.w1, p.b1, n, blk->C, moe->cfg.hidden);
     ops->matmul_forward(y, a, p.w2, p.b2, n, moe->cfg.hidden, blk->C);
@@ -700,8 +700,9 @@ static void moe_experts_forward(struct block *blk, const struct block_moe *moe,
     int C = blk->C, H = ma->H;
     for (int e = 0; e < ma->E; e++) {
         int r0 = ma->offset[e], n = ma->offset[e + 1] - r0;
-        moe_expert_forward(blk, e, ma->x_dev + (size_t)r0 * C, n, ma->h_dev + (size_t)r0 * H,
-                           ma->a_dev + (size_t)r0 * H, ma->y_dev + (size_t)r0 * C);
+        moe_expert_forward(blk, moe_expert_weights(blk, e), ma->x_dev + (size_t)r0 * C, n,
+                           ma->h_dev + (size_t)r0 * H, ma->a_dev + (size_t)r0 * H,
+                           ma->y_dev + (size_t)r0 * C);
     }
 }
 
@@ -738,14 +739,14 @@ static void moe_forward(struct block *blk, void *state, struct block_acts *acts,
  * thread of control at a time): grow-only. */
 static struct grow_buffer back_dy, back_dh, back_dx, back_dgate, back_dlogits, back_dgrads;
 
-void moe_expert_backward(const struct block *blk, int e, float *grads, const float *dy,
+void moe_expert_backward(const struct block *blk, const float *w, float *grads, const float *dy,
                          const float *x, const float *h, const float *a, int n, float *dh,
                          float *dx)
 {
     const struct block_moe *moe = block_moe_of(blk);
     int C = blk->C, H = moe->cfg.hidden;
     if (n == 0) return;
-    struct expert_tensors p = expert_params(blk, moe, e);
+    struct expert_tensors p = expert_tensors_at((float *)w, C, H);
     struct expert_tensors g = grads ? expert_tensors_at(grads, C, H) : (struct expert_tensors){0};
     const struct dm_backend *ops = backend_current();
     ops->matmul_backward_gelu(dh, g.w2, g.b2, dy, a, p.w2, h, n, H, C);
@@ -775,10 +776,10 @@ static void moe_experts_backward(struct block *blk, struct block_moe *moe, struc
     }
     for (int e = 0; e < ma->E; e++) {
         int r0 = ma->offset[e], n = ma->offset[e + 1] - r0;
-        moe_expert_backward(blk, e, grads ? grads + (size_t)e * P : NULL, dy + (size_t)r0 * C,
-                            ma->x_dev + (size_t)r0 * C, ma->h_dev + (size_t)r0 * H,
-                            ma->a_dev + (size_t)r0 * H, n, dh + (size_t)r0 * H,
-                            dx + (size_t)r0 * C);
+        moe_expert_backward(blk, moe_expert_weights(blk, e), grads ? grads + (size_t)e * P : NULL,
+                            dy + (size_t)r0 * C, ma->x_dev + (size_t)r0 * C,
+                            ma->h_dev + (size_t)r0 * H, ma->a_dev + (size_t)r0 * H, n,
+                            dh + (size_t)r0 * H, dx + (size_t)r0 * C);
     }
     if (grads && ma->device)   /* the same sums, element by element */
         ops->residual_forward(moe->experts_g, moe->experts_g, grads, (long)ma->E * (long)P);

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <stdlib.h>
+#include "dynmo/balance.h"
 #include "dynmo/moe.h"
 #include "dynmo/schema.h"
 #include "dyn/scheme.h"
@@ -35,9 +36,10 @@ static int moe_active(const struct dm_config *cfg) { return cfg->moe_every > 0; 
 static const char *const moe_keys[] = {"moe.*", "model.experts", "model.top_k",
                                        "model.expert_hidden", NULL};
 
-/* moe.placement and moe.replicas_max: moving experts needs expert
- * parallelism; copies of experts are not done yet (an expert-parallel
- * rank would hold up to E / ep + replicas_max experts). */
+/* moe.placement and moe.replicas_max: moving and copying experts needs
+ * expert parallelism, and copies come at the placement decisions (a rank
+ * holds its E / ep experts and up to replicas_max copies; whether that
+ * fits in memory, train_check_memory says through moe_block_memory). */
 static void moe_check_placement(const struct dm_config *cfg)
 {
     const char *p = cfg->moe_placement;
@@ -58,9 +60,14 @@ static void moe_check_placement(const struct dm_config *cfg)
     if (cfg->replicas_max < 0 || cfg->replicas_max > room)
         dm_user_error("moe.replicas_max = %d must be 0 .. %d (the experts a rank of parallel.ep "
                       "= %d does not hold)", cfg->replicas_max, room, cfg->ep);
-    if (cfg->replicas_max > 0)
-        dm_user_error("moe.replicas_max = %d: replicating experts is not done yet; set it to 0 "
-                      "(moe.placement = balanced relocates experts)", cfg->replicas_max);
+    if (cfg->replicas_max > 0 && strcmp(p, "static") == 0)
+        dm_user_error("moe.replicas_max = %d copies hot experts at the placement decisions, but "
+                      "moe.placement = static makes none: set moe.placement = balanced",
+                      cfg->replicas_max);
+    if (cfg->replicas_max > 0 && cfg->ep > BALANCE_COPY_RANKS_MAX)
+        dm_user_error("moe.replicas_max = %d: copies of experts work in expert-parallel groups of "
+                      "at most %d ranks, not parallel.ep = %d", cfg->replicas_max,
+                      BALANCE_COPY_RANKS_MAX, cfg->ep);
 }
 
 static void moe_check_off(const struct dm_config *cfg)
@@ -137,6 +144,20 @@ static void read_placement(struct gpt *model, int i, double *value, double *weig
 static int moe_moves_experts(const struct dm_config *cfg)
 {
     return cfg->ep > 1 && strcmp(cfg->moe_placement, "static") != 0;
+}
+
+/* The copies of each expert its group held in the step (moe.replicas_max;
+ * the same on every replica of the stage). */
+static void read_copies(struct gpt *model, int i, double *value, double *weight)
+{
+    (void)weight;
+    const struct block_moe *moe = block_moe_of(&model->blocks[i]);
+    for (int e = 0; e < moe->cfg.experts; e++) value[e] = moe->copies[e];
+}
+
+static int moe_copies_experts(const struct dm_config *cfg)
+{
+    return moe_moves_experts(cfg) && cfg->replicas_max > 0;
 }
 
 /* The block's last step (gpt_moe_end_step: summed over the replicas). */
@@ -255,6 +276,18 @@ static const struct dyn_signal moe_signals[] = {
      .written = moe_moves_experts,
      .cells = moe_cells,
      .read = read_placement},
+    {.dataset = "/moe/copies",
+     .label = "expert copies",
+     .unit = "copies",
+     .meaning = "the copies of each expert on other ranks of its group in the step "
+                "(moe.replicas_max)",
+     .columns = DYN_SIGNAL_CELLS,
+     .combine = DYN_COMBINE_REPLICA0,
+     .is_int = 1,
+     .filler = -1,
+     .written = moe_copies_experts,
+     .cells = moe_cells,
+     .read = read_copies},
     {.dataset = "/moe/rank_load",
      .label = "busiest expert rank",
      .unit = "x mean",
@@ -689,16 +722,17 @@ static void moe_shard(const struct dm_config *cfg, struct gpt_shape *shape, int 
 
 /* What an MoE block keeps beyond its slab on its rank: with parallel.ep >
  * 1 the other sources' gradient sums of its held experts (E - E / ep
- * experts' worth, params, grads, m and v), and the routing and expert
+ * experts' worth), with moe.replicas_max the copies a rank may hold (each
+ * its weights and a gradient sum per source), and the routing and expert
  * activations of the micro-batches it holds at once. */
 static double moe_block_memory(const struct dm_config *cfg, const struct gpt_shape *shape,
                                int layer, int micro_B)
 {
     const struct moe_params *p = moe_params_of(shape);
     if (!gpt_block_is_moe(shape, layer)) return 0.0;
-    double sums = cfg->ep > 1 ? 4.0 * (p->experts - moe_owned_experts(p)) *
-                                    (double)moe_expert_param_count(shape->channels, p->hidden)
-                              : 0.0;
+    double expert = 4.0 * (double)moe_expert_param_count(shape->channels, p->hidden);
+    double sums = cfg->ep > 1 ? (p->experts - moe_owned_experts(p)) * expert : 0.0;
+    sums += (double)cfg->replicas_max * (1.0 + cfg->ep) * expert;
     return sums + (double)cfg->micro_batches * (double)moe_acts_bytes(shape, micro_B, cfg->seq);
 }
 
