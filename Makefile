@@ -67,7 +67,7 @@ REPLAY_CFLAGS := -std=gnu11 -O1 -g -Wall -Wextra -Werror -Iinclude -Isrc \
 FUZZ_SRC := src/core/config.c src/core/error.c src/core/input_file.c src/core/memory.c \
               src/model/data.c src/model/token_formats.c src/tools/plan/plan_costs.c src/ckpt/ckpt_file.c \
               src/ckpt/ckpt_load.c src/ckpt/ckpt_dir.c src/ckpt/h5util.c \
-              src/ckpt/layout_history.c src/ckpt/fletcher32.c src/ckpt/ckpt_dyn.c \
+              src/ckpt/layout_history.c src/ckpt/fletcher32.c src/ckpt/ckpt_dyn.c src/ckpt/ckpt_units.c \
               src/ckpt/h5check.c src/ckpt/runlog_read.c src/tools/report/report_load.c \
               src/tools/inspect.c src/tools/report/trace.c src/tools/simulate/simulate_model.c \
               src/tools/plan/plan_runlog.c

@@ -7,7 +7,8 @@
 #           /usr/share/common-licenses/GPL-3, and the llm.c shards of
 #           tests/data/tokens
 #   costs   tests/data/*.csv
-#   ckpt    tests/data/ckpt/*.h5
+#   ckpt    tests/data/ckpt/*.h5 and a checkpoint of sublayer units (its
+#           /units group) trained here on 3 stages
 #   runlog  tests/data/sim/*/runlog.h5 (recorded runs, compressed) and the
 #           run logs of two tiny runs trained here: 2 stages with traced
 #           steps and a re-balance, and mixture of experts
@@ -40,10 +41,18 @@ trap 'rm -rf "$tokens_dir"' EXIT
 "$BUILD/dynmo" prepare --out "$tokens_dir" /usr/share/common-licenses/GPL-3 >/dev/null ||
   { echo "fuzz: dynmo prepare failed (build $BUILD/dynmo first)" >&2; exit 1; }
 cp "$tokens_dir"/train.bin "$tokens_dir"/val.bin tests/data/tokens/*_llmc.bin "$seeds/tokens/"
-if [[ " ${targets[*]} " == *" runlog "* ]]; then
-for run in tests/data/sim/*/; do cp "$run/runlog.h5" "$seeds/runlog/$(basename "$run").h5"; done
 printf '[model]\nlayers = 6\nchannels = 32\nheads = 2\nmax_seq = 32\n[train]\nbatch = 8\nseq = 32\nmicro_batches = 4\nsteps = 6\nlr = 3e-3\nwarmup = 1\n[data]\ntrain = %s\nval = %s\n' \
   "$tokens_dir/train.bin" "$tokens_dir/val.bin" >"$tokens_dir/tiny.ini"
+if [[ " ${targets[*]} " == *" ckpt "* ]]; then
+# a checkpoint of sublayer units (its /units group), 3 stages split inside blocks
+timeout -k 10 120 mpiexec -n 3 "$BUILD/dynmo" train --config "$tokens_dir/tiny.ini" parallel.pp=3 \
+  balance.units=sublayer balance.initial=explicit:3,4,5 train.steps=2 ckpt.every=2 \
+  ckpt.dir="$tokens_dir/units-ck" run.out_dir="$tokens_dir/units" >/dev/null ||
+  { echo "fuzz: the sublayer seed run failed (build $BUILD/dynmo first)" >&2; exit 1; }
+cp "$tokens_dir/units-ck/ckpt-2.h5" "$seeds/ckpt/units.h5"
+fi
+if [[ " ${targets[*]} " == *" runlog "* ]]; then
+for run in tests/data/sim/*/; do cp "$run/runlog.h5" "$seeds/runlog/$(basename "$run").h5"; done
 timeout -k 10 120 mpiexec -n 2 "$BUILD/dynmo" train --config "$tokens_dir/tiny.ini" parallel.pp=2 \
   run.trace_from=2 run.trace_steps=2 balance.method=random balance.every=2 \
   run.out_dir="$tokens_dir/traced" >/dev/null &&
