@@ -222,27 +222,20 @@ static void routed_mlp_of_config(const struct dm_config *cfg, struct dyn_routed_
     out->units_per_rank = out->units / (cfg->ep > 0 ? cfg->ep : 1);
 }
 
+/* A count per expert of each MoE block (int32 cells, -1 for a step not
+ * measured, stage replica 0's: the same on every replica), written by
+ * runs where `written` says so (NULL: every MoE run). */
+#define MOE_EXPERT_COUNTS(name, what, counts, means, when, reader)                       \
+    {.dataset = name, .label = what, .unit = counts, .meaning = means,                    \
+     .columns = DYN_SIGNAL_CELLS, .combine = DYN_COMBINE_REPLICA0, .is_int = 1,            \
+     .filler = -1, .written = when, .cells = moe_cells, .read = reader}
+
 static const struct dyn_signal moe_signals[] = {
-    {.dataset = "/moe/tokens",
-     .label = "expert load",
-     .unit = "token-expert pairs",
-     .meaning = "pairs routed to each expert in the step, over micro-batches and replicas",
-     .columns = DYN_SIGNAL_CELLS,
-     .combine = DYN_COMBINE_REPLICA0,
-     .is_int = 1,
-     .filler = -1,
-     .cells = moe_cells,
-     .read = read_tokens},
-    {.dataset = "/moe/dropped",
-     .label = "pairs dropped",
-     .unit = "token-expert pairs",
-     .meaning = "of those, the pairs each expert's capacity dropped",
-     .columns = DYN_SIGNAL_CELLS,
-     .combine = DYN_COMBINE_REPLICA0,
-     .is_int = 1,
-     .filler = -1,
-     .cells = moe_cells,
-     .read = read_dropped},
+    MOE_EXPERT_COUNTS("/moe/tokens", "expert load", "token-expert pairs",
+                      "pairs routed to each expert in the step, over micro-batches and replicas",
+                      NULL, read_tokens),
+    MOE_EXPERT_COUNTS("/moe/dropped", "pairs dropped", "token-expert pairs",
+                      "of those, the pairs each expert's capacity dropped", NULL, read_dropped),
     {.dataset = "/moe/bias",
      .label = "selection bias",
      .unit = "score",
@@ -265,29 +258,12 @@ static const struct dyn_signal moe_signals[] = {
      .columns = DYN_SIGNAL_BLOCKS,
      .combine = DYN_COMBINE_PER_FORWARD,
      .read = read_z},
-    {.dataset = "/moe/placement",
-     .label = "expert placement",
-     .unit = "rank",
-     .meaning = "the expert-parallel rank (of its group) that held each expert in the step",
-     .columns = DYN_SIGNAL_CELLS,
-     .combine = DYN_COMBINE_REPLICA0,
-     .is_int = 1,
-     .filler = -1,
-     .written = moe_moves_experts,
-     .cells = moe_cells,
-     .read = read_placement},
-    {.dataset = "/moe/copies",
-     .label = "expert copies",
-     .unit = "copies",
-     .meaning = "the copies of each expert on other ranks of its group in the step "
-                "(moe.replicas_max)",
-     .columns = DYN_SIGNAL_CELLS,
-     .combine = DYN_COMBINE_REPLICA0,
-     .is_int = 1,
-     .filler = -1,
-     .written = moe_copies_experts,
-     .cells = moe_cells,
-     .read = read_copies},
+    MOE_EXPERT_COUNTS("/moe/placement", "expert placement", "rank",
+                      "the expert-parallel rank (of its group) that held each expert in the step",
+                      moe_moves_experts, read_placement),
+    MOE_EXPERT_COUNTS("/moe/copies", "expert copies", "copies",
+                      "the copies of each expert on other ranks of its group in the step "
+                      "(moe.replicas_max)", moe_copies_experts, read_copies),
     {.dataset = "/moe/rank_load",
      .label = "busiest expert rank",
      .unit = "x mean",
