@@ -133,7 +133,7 @@ bad "S*D != world" "parallel.pp x parallel.dp = 2 x 1 = 2 but the job has 3 rank
 bad "more stages than blocks" "parallel.pp = 8 exceeds model.layers = 6" 8 parallel.pp=8
 bad "explicit does not cover" "covers 5 blocks but model.layers = 6" 2 parallel.pp=2 balance.initial=explicit:2,3
 bad "explicit wrong length" "lists 3 stages but parallel.pp = 2" 2 parallel.pp=2 balance.initial=explicit:2,2,2
-bad "bad schedule" "parallel.schedule = 'zero-bubble' must be 1f1b, gpipe or zb" 2 parallel.pp=2 parallel.schedule=zero-bubble
+bad "bad schedule" "parallel.schedule = 'zero-bubble' must be 1f1b, gpipe, zb or interleaved" 2 parallel.pp=2 parallel.schedule=zero-bubble
 # SIGKILL one rank mid-run: mpiexec must return within seconds, leaving nothing.
 mpiexec -n 4 "$DYNMO" train --config "$dir/tiny.ini" run.out_dir="$dir/kill" parallel.pp=4 \
   train.steps=100000 > "$dir/kill.out" 2>&1 &

@@ -113,8 +113,8 @@ for rank in (0, 1):
 print("ok: a traced zb step: 4 FWD, 4 BWD, 4 WGRAD per stage")
 PY
 }
-train_refused interleaved "parallel.schedule = interleaved: dynmo plan predicts it" 2 "$dir/tiny.ini" \
-  parallel.pp=2 parallel.schedule=interleaved
-train_refused unknown "parallel.schedule = 'zb2' must be 1f1b, gpipe or zb" 1 "$dir/tiny.ini" \
-  parallel.schedule=zb2
+train_refused zb-virtual "parallel.virtual = 2 needs parallel.schedule = interleaved" 2 \
+  "$dir/tiny.ini" parallel.pp=2 parallel.schedule=zb parallel.virtual=2
+train_refused unknown "parallel.schedule = 'zb2' must be 1f1b, gpipe, zb or interleaved" 1 \
+  "$dir/tiny.ini" parallel.schedule=zb2
 finish

@@ -262,7 +262,8 @@ struct dm_config {
     int pp, dp;         /* pipeline stages S, data-parallel replicas D */
     int ep;             /* expert-parallel degree (divides dp and model.experts) */
     int turns;          /* 1: ranks that outnumber their CPUs take turns computing */
-    char schedule[32];  /* "1f1b" or "gpipe" */
+    char schedule[32];  /* "1f1b", "gpipe", "zb" or "interleaved" */
+    int virtual_stages; /* interleaved: model chunks per rank v (1 otherwise) */
     /* [balance] */
     char initial[1024]; /* "uniform", "params" or "explicit:n1,n2,..." */
     char method[32];    /* balancer run every balance.every steps ("none": static) */

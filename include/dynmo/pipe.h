@@ -38,8 +38,9 @@ void pipe_grid_init(struct pipe_grid *g, int stages, int replicas);
 
 /* Collective: builds the grid from parallel.pp and parallel.dp
  * (pipe_grid_init), this rank's blocks of `layout` (stages entries, the
- * same on every rank; balance_layout_from_spec), activation slots and the
- * stage's instruction list. defer_weights = 1 leaves the blocks' weights
+ * same on every rank; balance_layout_from_spec; under interleaved stages
+ * x parallel.virtual entries, the chunks', virtual stage c S + s being
+ * chunk c of stage s), activation slots and the stage's instruction list. defer_weights = 1 leaves the blocks' weights
  * unset for a checkpoint load into engine_model or engine_init_weights (a
  * restart does not compute weights it then overwrites); 0 initialises
  * them from train.seed. */
@@ -157,7 +158,12 @@ void engine_after_step(struct engine *eng, int step);
 void engine_watch_flag(struct engine *eng, volatile int *flag);
 
 const struct pipe_grid *engine_grid(const struct engine *eng);
+/* The units each stage holds (S counts); under interleaved a stage's v
+ * chunks together. */
 const int *engine_layout(const struct engine *eng);
+/* The units of each chunk, virtual stage c S + s at c S + s (S v counts,
+ * v = parallel.virtual; engine_layout's when v = 1). */
+const int *engine_chunk_layout(const struct engine *eng);
 /* This rank's part of the model (its blocks, and the embedding or head on
  * the end stages): what checkpoints save and load. Owned by the engine. */
 struct gpt *engine_model(struct engine *eng);

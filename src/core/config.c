@@ -77,7 +77,9 @@ static const struct config_key keys[] = {
     {"parallel", "turns", KEY_INT, F(turns), 0, 1,
      "1: ranks that outnumber their CPUs compute one at a time per CPU"},
     {"parallel", "schedule", KEY_STRING, F(schedule), 0, 32,
-     "1f1b, gpipe or zb (ZB-H1: weight gradients deferred)"},
+     "1f1b, gpipe, zb (ZB-H1: weight gradients deferred) or interleaved (virtual stages)"},
+    {"parallel", "virtual", KEY_INT, F(virtual_stages), 1, 64,
+     "interleaved: model chunks per rank (Megatron's virtual stages)"},
     {"parallel", "ep", KEY_INT, F(ep), 1, 4096,
      "expert-parallel degree (divides parallel.dp and model.experts)"},
     {"balance", "initial", KEY_STRING, F(initial), 0, 1024, "uniform, params or explicit:n1,n2,..."},
@@ -186,6 +188,7 @@ void config_defaults(struct dm_config *cfg)
     cfg->dp = 1;
     cfg->turns = 1;
     cfg->ep = 1;
+    cfg->virtual_stages = 1;
     snprintf(cfg->schedule, sizeof cfg->schedule, "1f1b");
     snprintf(cfg->initial, sizeof cfg->initial, "uniform");
     snprintf(cfg->method, sizeof cfg->method, "none");
@@ -245,6 +248,7 @@ enum dm_schedule config_schedule(const struct dm_config *cfg)
 {
     if (strcmp(cfg->schedule, "gpipe") == 0) return DM_SCHEDULE_GPIPE;
     if (strcmp(cfg->schedule, "zb") == 0) return DM_SCHEDULE_ZB;
+    if (strcmp(cfg->schedule, "interleaved") == 0) return DM_SCHEDULE_INTERLEAVED;
     return DM_SCHEDULE_1F1B;
 }
 
@@ -576,6 +580,56 @@ static void config_validate_precision(const struct dm_config *cfg)
                       "train.precision = fp32", cfg->precision);
 }
 
+/* What an interleaved run needs (docs/pipeline.md): v >= 2 chunks per
+ * rank on two or more stages, micro-batches a multiple of the stages
+ * (Megatron's rule: the micro-batches go through the chunks in groups of
+ * S), a chunk of equal size per rank unless the layout is explicit, and
+ * none of what the interleaved engine does not run yet. */
+static void config_validate_interleaved(const struct dm_config *cfg)
+{
+    int v = cfg->virtual_stages, S = cfg->pp;
+    if (strcmp(cfg->schedule, "interleaved") != 0) {
+        if (v != 1)
+            dm_user_error("parallel.virtual = %d needs parallel.schedule = interleaved "
+                          "(parallel.schedule = %s runs one chunk per rank)", v, cfg->schedule);
+        return;
+    }
+    if (v < 2)
+        dm_user_error("parallel.schedule = interleaved needs parallel.virtual >= 2 (model "
+                      "chunks per rank); parallel.virtual = 1 is 1f1b");
+    if (S < 2)
+        dm_user_error("parallel.schedule = interleaved needs parallel.pp >= 2: one stage has "
+                      "no pipeline to interleave");
+    if (cfg->micro_batches % S != 0)
+        dm_user_error("train.micro_batches = %d is not a multiple of parallel.pp = %d: "
+                      "interleaved runs the micro-batches through the chunks in groups of "
+                      "the stage count", cfg->micro_batches, S);
+    if (S * v > cfg->layers)
+        dm_user_error("parallel.pp x parallel.virtual = %d x %d exceeds model.layers = %d: "
+                      "every chunk needs a block", S, v, cfg->layers);
+    if (strncmp(cfg->initial, "explicit", 8) != 0 && cfg->layers % (S * v) != 0)
+        dm_user_error("parallel.virtual = %d does not divide the blocks of a rank (model.layers "
+                      "= %d over parallel.pp = %d): give each rank a multiple of %d blocks, "
+                      "or balance.initial = explicit:n1,...,n%d (pp x virtual chunk sizes)",
+                      v, cfg->layers, S, v, S * v);
+    const char *refused =
+        strcmp(cfg->units, "block") != 0       ? "balance.units = sublayer"
+        : strcmp(cfg->dyn_kind, "none") != 0   ? "dyn.kind"
+        : cfg->moe_every > 0                   ? "model.moe_every (mixture of experts)"
+        : cfg->mod_every > 0                   ? "model.mod_every (mixture of depths)"
+        : strcmp(cfg->attention, "dense") != 0 ? "model.attention = hash"
+        : strcmp(cfg->device, "cpu") != 0      ? "train.device other than cpu"
+        : strcmp(cfg->method, "none") != 0     ? "balance.method other than none"
+        : cfg->ckpt_dir[0]                     ? "checkpoints (ckpt.dir)"
+        : strcmp(cfg->resume, "auto") != 0 && strcmp(cfg->resume, "none") != 0
+                                               ? "a checkpoint to resume from (ckpt.resume)"
+        : cfg->repack_enable                   ? "repack.enable"
+                                               : NULL;
+    if (refused)
+        dm_user_error("parallel.schedule = interleaved does not run with %s yet: use "
+                      "parallel.schedule = 1f1b, gpipe or zb for it", refused);
+}
+
 void config_validate(const struct dm_config *cfg)
 {
     long padded = ((long)cfg->vocab + cfg->vocab_pad - 1) / cfg->vocab_pad * cfg->vocab_pad;
@@ -593,12 +647,11 @@ void config_validate(const struct dm_config *cfg)
                       cfg->micro_batches, cfg->batch);
     if (cfg->warmup > cfg->steps && cfg->steps > 0)
         dm_user_error("train.warmup = %d exceeds train.steps = %d", cfg->warmup, cfg->steps);
-    if (!strcmp(cfg->schedule, "interleaved"))
-        dm_user_error("parallel.schedule = interleaved: dynmo plan predicts it (--schedule "
-                      "interleaved --virtual v), dynmo train runs 1f1b, gpipe or zb");
     if (strcmp(cfg->schedule, "1f1b") != 0 && strcmp(cfg->schedule, "gpipe") != 0 &&
-        strcmp(cfg->schedule, "zb") != 0)
-        dm_user_error("parallel.schedule = '%s' must be 1f1b, gpipe or zb", cfg->schedule);
+        strcmp(cfg->schedule, "zb") != 0 && strcmp(cfg->schedule, "interleaved") != 0)
+        dm_user_error("parallel.schedule = '%s' must be 1f1b, gpipe, zb or interleaved",
+                      cfg->schedule);
+    config_validate_interleaved(cfg);
     if (strcmp(cfg->device, "cpu") != 0 && strcmp(cfg->device, "cuda") != 0 &&
         strcmp(cfg->device, "emulate") != 0)
         dm_user_error("train.device = '%s' must be cpu, cuda or emulate", cfg->device);

@@ -86,6 +86,54 @@ void engine_mark_halves(struct engine *eng)
     if ((first_unit + units) % 2) m->blocks[m->num_blocks - 1].halves = BLOCK_HALF_ATTENTION;
 }
 
+void engine_use_chunk(struct engine *eng, int c)
+{
+    if (!eng->chunks || c == eng->chunk) return;
+    eng->chunks[eng->chunk] = (struct engine_chunk){eng->model, eng->slots};
+    eng->model = eng->chunks[c].model;
+    eng->slots = eng->chunks[c].slots;
+    eng->chunk = c;
+}
+
+void engine_stage_units(const struct engine *eng, int *counts)
+{
+    int S = eng->grid.stages;
+    for (int s = 0; s < S; s++) {
+        counts[s] = 0;
+        for (int c = 0; c < eng->virtual; c++) counts[s] += eng->layout[c * S + s];
+    }
+}
+
+/* Builds chunk c's model (the engine's current one): the blocks of
+ * virtual stage c S + stage under eng->layout, with the embedding on
+ * virtual stage 0 and the head on the last. */
+static void build_chunk_model(struct engine *eng, int c, int defer_weights)
+{
+    const struct pipe_grid *g = &eng->grid;
+    int vstage = c * g->stages + g->stage, last = g->stages * eng->virtual - 1;
+    int per = eng->sublayer ? 2 : 1, first_unit, units;
+    first_block_of(eng->layout, vstage, &first_unit, &units);
+    int first = first_unit / per, count = (first_unit + units + per - 1) / per - first;
+    if (defer_weights)
+        gpt_build_deferred(&eng->model, &eng->shape, first, count, vstage == 0, vstage == last);
+    else
+        gpt_build(&eng->model, &eng->shape, first, count, vstage == 0, vstage == last,
+                  eng->cfg.seed);
+}
+
+/* The stage's instruction list (v chunks under interleaved) and the
+ * activation slots a chunk needs at most: the list's peak. */
+static void build_instructions(struct engine *eng)
+{
+    const struct pipe_grid *g = &eng->grid;
+    enum dm_schedule kind = config_schedule(&eng->cfg);
+    int total = eng->micro_batches * eng->virtual;
+    eng->instrs = dm_alloc(SCHEDULE_MAX_INSTRS(total) * sizeof(struct schedule_instr));
+    eng->ninstrs = schedule_stage_chunks(eng->instrs, kind, g->stage, g->stages, eng->virtual,
+                                         eng->micro_batches);
+    eng->nslots = schedule_list_peak(eng->instrs, eng->ninstrs, kind);
+}
+
 struct engine *engine_create(const struct dm_config *cfg, const int *layout, int defer_weights)
 {
     struct engine *eng = dm_alloc(sizeof *eng);
@@ -96,32 +144,34 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     eng->micro_batches = cfg->micro_batches;
     eng->micro_B = cfg->batch / (cfg->dp * cfg->micro_batches);
     eng->T = cfg->seq;
-    eng->layout = dm_alloc((size_t)g->stages * sizeof(int));
-    memcpy(eng->layout, layout, (size_t)g->stages * sizeof(int));
+    eng->virtual = config_schedule(cfg) == DM_SCHEDULE_INTERLEAVED ? cfg->virtual_stages : 1;
+    if (eng->virtual > 1) eng->chunks = dm_alloc((size_t)eng->virtual * sizeof *eng->chunks);
+    size_t layout_bytes = (size_t)g->stages * eng->virtual * sizeof(int);
+    eng->layout = dm_alloc(layout_bytes);
+    memcpy(eng->layout, layout, layout_bytes);
+    eng->stage_units = dm_alloc((size_t)g->stages * sizeof(int));
+    engine_stage_units(eng, eng->stage_units);
 
     /* Units (balance.units): with sublayer the stage's first block may be
      * its MLP half only and its last its attention half only. */
     eng->sublayer = !strcmp(cfg->units, "sublayer");
-    int per = eng->sublayer ? 2 : 1, first_unit, units;
-    first_block_of(eng->layout, g->stage, &first_unit, &units);
-    int first = first_unit / per, count = (first_unit + units + per - 1) / per - first;
-    if (defer_weights)
-        gpt_build_deferred(&eng->model, &eng->shape, first, count, g->stage == 0,
-                           g->stage == g->stages - 1);
-    else
-        gpt_build(&eng->model, &eng->shape, first, count, g->stage == 0,
-                  g->stage == g->stages - 1, cfg->seed);
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        build_chunk_model(eng, c, defer_weights);
+    }
+    engine_use_chunk(eng, 0);
     engine_mark_halves(eng);
     block_scratch_alloc(&eng->scratch, eng->micro_B, eng->T, eng->shape.channels,
                         eng->shape.heads);
-    eng->instrs = dm_alloc(SCHEDULE_MAX_INSTRS(eng->micro_batches) * sizeof(struct schedule_instr));
-    eng->ninstrs = schedule_stage(eng->instrs, config_schedule(cfg), g->stage, g->stages,
-                                  eng->micro_batches);
-    eng->nslots = schedule_list_peak(eng->instrs, eng->ninstrs, config_schedule(cfg));
+    build_instructions(eng);
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->stage, g->replica, &eng->stage_comm));
     WORLD_MPI(MPI_Comm_split(MPI_COMM_WORLD, g->replica, g->stage, &eng->pipeline_comm));
     engine_device_comm_init(eng);
-    slots_alloc(eng);
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        slots_alloc(eng);
+    }
+    engine_use_chunk(eng, 0);
     struct dyn_env env = {.pipeline_comm = eng->pipeline_comm, .stage = g->stage,
                           .stages = g->stages};
     eng->dyn = dyn_create(cfg, &env);
@@ -132,7 +182,11 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
 
 void engine_init_weights(struct engine *eng)
 {
-    gpt_init_weights(&eng->model, eng->cfg.seed);
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        gpt_init_weights(&eng->model, eng->cfg.seed);
+    }
+    engine_use_chunk(eng, 0);
 }
 
 void engine_destroy(struct engine *eng)
@@ -141,19 +195,28 @@ void engine_destroy(struct engine *eng)
     engine_parts_run(eng, free);
     staging_pool_free(&eng->staging);
     engine_device_comm_free(eng);
-    slots_free(eng);
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        slots_free(eng);
+        gpt_free(&eng->model);
+    }
+    dm_free(eng->chunks);
     block_scratch_free(&eng->scratch);
-    gpt_free(&eng->model);
     dyn_destroy(eng->dyn);
     WORLD_MPI(MPI_Comm_free(&eng->stage_comm));
     WORLD_MPI(MPI_Comm_free(&eng->pipeline_comm));
     dm_free(eng->instrs);
     dm_free(eng->layout);
+    dm_free(eng->stage_units);
     dm_free(eng);
 }
 
 const struct pipe_grid *engine_grid(const struct engine *eng) { return &eng->grid; }
-const int *engine_layout(const struct engine *eng) { return eng->layout; }
+const int *engine_layout(const struct engine *eng)
+{
+    return eng->chunks ? eng->stage_units : eng->layout;
+}
+const int *engine_chunk_layout(const struct engine *eng) { return eng->layout; }
 struct gpt *engine_model(struct engine *eng) { return &eng->model; }
 struct dyn *engine_dyn(struct engine *eng) { return eng->dyn; }
 void engine_watch_flag(struct engine *eng, volatile int *flag) { eng->watched_flag = flag; }
@@ -163,6 +226,25 @@ void engine_watch_flag(struct engine *eng, volatile int *flag) { eng->watched_fl
 static struct slot *slot_for(struct engine *eng, int mb)
 {
     return &eng->slots[mb % eng->nslots];
+}
+
+/* The stage `direction` (-1: previous, +1: next) of this one along the
+ * virtual stages: under interleaved the last stage's next is stage 0
+ * (its next chunk) and stage 0's previous the last stage. */
+static int neighbour_rank(const struct engine *eng, int direction)
+{
+    const struct pipe_grid *g = &eng->grid;
+    return rank_of(g, (g->stage + direction + g->stages) % g->stages, g->replica);
+}
+
+/* The tag of mb's message between the current chunk and its neighbour
+ * `direction`: base + the chunk of the lower of the two virtual stages
+ * x m + mb, so that the v hops between two ranks never share a tag (with
+ * one chunk, base + mb). */
+static int hop_tag(const struct engine *eng, int base, int mb, int direction)
+{
+    int chunk = eng->chunk - (direction < 0 && eng->grid.stage == 0);
+    return base + chunk * eng->micro_batches + mb;
 }
 
 /* Global sample index of micro-batch mb of this replica in step `step`. */
@@ -260,7 +342,7 @@ static void run_wgrad(struct engine *eng, int mb)
 static void receive_activations(struct engine *eng, struct slot *sl, int mb)
 {
     const struct pipe_grid *g = &eng->grid;
-    int prev = rank_of(g, g->stage - 1, g->replica);
+    int prev = neighbour_rank(eng, -1);
     MPI_Request req;
     eng->wait_s += world_wait(&sl->send_act);
     eng->wait_s += world_wait(&sl->send_exit);
@@ -268,14 +350,15 @@ static void receive_activations(struct engine *eng, struct slot *sl, int mb)
         engine_transport_receive(eng, sl->acts.residual, act_count(eng), g->stage - 1);
     } else {
         float *into = backend_write_begin(sl->recv_host, sl->acts.residual);
-        WORLD_MPI(MPI_Irecv(into, (int)act_count(eng), MPI_FLOAT, prev, TAG_ACT + mb,
-                            MPI_COMM_WORLD, &req));
+        WORLD_MPI(MPI_Irecv(into, (int)act_count(eng), MPI_FLOAT, prev,
+                            hop_tag(eng, TAG_ACT, mb, -1), MPI_COMM_WORLD, &req));
         eng->wait_s += world_wait(&req);
         backend_write_end(sl->acts.residual, into, (size_t)act_count(eng) * sizeof(float));
     }
     if (eng->model.exit) {
         WORLD_MPI(MPI_Irecv(gpt_exit_layers(&eng->model, &sl->acts), eng->micro_B * eng->T,
-                            MPI_INT, prev, TAG_EXIT + mb, MPI_COMM_WORLD, &req));
+                            MPI_INT, prev, hop_tag(eng, TAG_EXIT, mb, -1), MPI_COMM_WORLD,
+                            &req));
         eng->wait_s += world_wait(&req);
     }
 }
@@ -284,14 +367,15 @@ static void receive_activations(struct engine *eng, struct slot *sl, int mb)
 static void receive_gradient(struct engine *eng, struct slot *sl, int mb)
 {
     const struct pipe_grid *g = &eng->grid;
-    int next = rank_of(g, g->stage + 1, g->replica), n = (int)act_count(eng);
+    int next = neighbour_rank(eng, 1), n = (int)act_count(eng);
     if (eng->pipe_comm) {
         engine_transport_receive(eng, sl->dout, act_count(eng), g->stage + 1);
         return;
     }
     float *into = backend_write_begin(sl->recv_host, sl->dout);
     MPI_Request req;
-    WORLD_MPI(MPI_Irecv(into, n, MPI_FLOAT, next, TAG_GRAD + mb, MPI_COMM_WORLD, &req));
+    WORLD_MPI(MPI_Irecv(into, n, MPI_FLOAT, next, hop_tag(eng, TAG_GRAD, mb, 1), MPI_COMM_WORLD,
+                        &req));
     eng->wait_s += world_wait(&req);
     backend_write_end(sl->dout, into, (size_t)n * sizeof(float));
 }
@@ -302,19 +386,47 @@ static void receive_gradient(struct engine *eng, struct slot *sl, int mb)
 static void send_activations(struct engine *eng, struct slot *sl, int mb, int pair)
 {
     const struct pipe_grid *g = &eng->grid;
-    int next = rank_of(g, g->stage + 1, g->replica);
+    int next = neighbour_rank(eng, 1);
     if (eng->pipe_comm) {
         engine_transport_send(eng, slot_output(eng, sl), act_count(eng), g->stage + 1, pair);
     } else {
         if (sl->act_host) eng->wait_s += world_wait(&sl->send_act);   /* the staging is free */
         const float *from = backend_read(sl->act_host, slot_output(eng, sl),
                                          (size_t)act_count(eng) * sizeof(float));
-        WORLD_MPI(MPI_Isend(from, (int)act_count(eng), MPI_FLOAT, next, TAG_ACT + mb,
-                            MPI_COMM_WORLD, &sl->send_act));
+        WORLD_MPI(MPI_Isend(from, (int)act_count(eng), MPI_FLOAT, next,
+                            hop_tag(eng, TAG_ACT, mb, 1), MPI_COMM_WORLD, &sl->send_act));
     }
     if (eng->model.exit)
         WORLD_MPI(MPI_Isend(gpt_exit_layers(&eng->model, &sl->acts), eng->micro_B * eng->T,
-                            MPI_INT, next, TAG_EXIT + mb, MPI_COMM_WORLD, &sl->send_exit));
+                            MPI_INT, next, hop_tag(eng, TAG_EXIT, mb, 1), MPI_COMM_WORLD,
+                            &sl->send_exit));
+}
+
+/* Posts mb's input gradient (din) to the previous stage. */
+static void send_gradient(struct engine *eng, struct slot *sl, int mb, int pair)
+{
+    size_t n = act_count(eng);
+    if (eng->pipe_comm) {
+        engine_transport_send(eng, sl->din, n, eng->grid.stage - 1, pair);
+        return;
+    }
+    WORLD_MPI(MPI_Isend(backend_read(sl->grad_host, sl->din, n * sizeof(float)), (int)n,
+                        MPI_FLOAT, neighbour_rank(eng, -1), hop_tag(eng, TAG_GRAD, mb, -1),
+                        MPI_COMM_WORLD, &sl->send_grad));
+}
+
+/* The step's last sends of every chunk, waited for. */
+static void wait_sends(struct engine *eng)
+{
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        for (int i = 0; i < eng->nslots; i++) {
+            eng->wait_s += world_wait(&eng->slots[i].send_act);
+            eng->wait_s += world_wait(&eng->slots[i].send_exit);
+            eng->wait_s += world_wait(&eng->slots[i].send_grad);
+        }
+    }
+    engine_use_chunk(eng, 0);
 }
 
 /* REDUCE_GRADS: the step's gradient sums and norm; its compute (not its
@@ -343,9 +455,13 @@ static double optimizer_step(struct engine *eng, int step, double grad_norm)
         scale = (float)(cfg->grad_clip / (grad_norm + 1e-6));   /* as torch clip_grad_norm_ */
     double lr = lr_at_step(cfg, step);
     world_compute_begin();
-    gpt_adamw_update(&eng->model, lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay,
-                     scale, step + 1);
-    gpt_zero_grads(&eng->model);
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        gpt_adamw_update(&eng->model, lr, cfg->beta1, cfg->beta2, cfg->eps, cfg->weight_decay,
+                         scale, step + 1);
+        gpt_zero_grads(&eng->model);
+    }
+    engine_use_chunk(eng, 0);
     double spent = dm_profile_now() - t0;
     eng->compute_s += spent;
     eng->update_s += spent;
@@ -371,13 +487,11 @@ static int pairs_with_next(const struct engine *eng, int k)
 static float run_schedule(struct engine *eng, struct loader *loader, int step, double *grad_norm,
                           double *lr)
 {
-    const struct pipe_grid *g = &eng->grid;
-    int prev = rank_of(g, g->stage - 1, g->replica);
-    int n = (int)act_count(eng);
     float loss_sum = 0.0f;
     for (int k = 0; k < eng->ninstrs; k++) {
         const struct schedule_instr *in = &eng->instrs[k];
         int mb = in->micro_batch;
+        if (mb >= 0) engine_use_chunk(eng, in->chunk);
         struct slot *sl = mb >= 0 ? slot_for(eng, mb) : NULL;
         double trace_wall = eng->tracing ? dm_now() : 0.0;
         double trace_cpu = eng->tracing ? engine_thread_cpu_seconds() : 0.0;
@@ -407,13 +521,7 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
             run_wgrad(eng, mb);
             break;
         case SCHEDULE_SEND_GRAD:
-            if (eng->pipe_comm)
-                engine_transport_send(eng, sl->din, (size_t)n, g->stage - 1,
-                                      pairs_with_next(eng, k));
-            else
-                WORLD_MPI(MPI_Isend(backend_read(sl->grad_host, sl->din, (size_t)n * sizeof(float)),
-                                    n, MPI_FLOAT, prev, TAG_GRAD + mb, MPI_COMM_WORLD,
-                                    &sl->send_grad));
+            send_gradient(eng, sl, mb, pairs_with_next(eng, k));
             break;
         case SCHEDULE_REDUCE_GRADS:
             *grad_norm = reduce_grads(eng);
@@ -427,20 +535,29 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
         if (eng->tracing) engine_trace_record(eng, in, trace_wall, trace_cpu);
     }
     world_release_turn();
-    for (int i = 0; i < eng->nslots; i++) {
-        eng->wait_s += world_wait(&eng->slots[i].send_act);
-        eng->wait_s += world_wait(&eng->slots[i].send_exit);
-        eng->wait_s += world_wait(&eng->slots[i].send_grad);
-    }
+    wait_sends(eng);
     return loss_sum;
+}
+
+/* Each chunk's step begins: its blocks' times zeroed, the scheme's and
+ * the model's step begun. */
+static void begin_chunks(struct engine *eng, int step)
+{
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        struct gpt *m = &eng->model;
+        for (int i = 0; i < m->num_blocks; i++)
+            m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = m->block_wgrad_s[i] =
+                m->attention_fwd_s[i] = m->attention_bwd_s[i] = 0.0;
+        dyn_before_step(eng->dyn, m, step);
+        gpt_begin_step(m);   /* a validation pass in between counted nothing */
+    }
+    engine_use_chunk(eng, 0);
 }
 
 const struct step_stats *engine_step(struct engine *eng, struct loader *loader, int step)
 {
     struct gpt *m = &eng->model;
-    for (int i = 0; i < m->num_blocks; i++)
-        m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = m->block_wgrad_s[i] =
-            m->attention_fwd_s[i] = m->attention_bwd_s[i] = 0.0;
     eng->compute_s = eng->wait_s = eng->update_s = 0.0;
     eng->current_step = step;
     const struct dm_config *cfg = &eng->cfg;
@@ -449,8 +566,7 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
     eng->trace_count = 0;
     double t0 = dm_now();
     eng->step_t0 = t0;
-    dyn_before_step(eng->dyn, m, step);
-    gpt_begin_step(m);   /* a validation pass in between counted nothing */
+    begin_chunks(eng, step);
     double grad_norm = 0.0, lr = 0.0;
     float loss_sum = run_schedule(eng, loader, step, &grad_norm, &lr);
     double step_s = dm_now() - t0;
@@ -471,30 +587,42 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
     return st;
 }
 
+/* One validation micro-batch through chunk c: received from the previous
+ * virtual stage, computed, sent on to the next; returns its loss where
+ * the chunk holds the head, else 0. */
+static float eval_chunk(struct engine *eng, struct loader *val, long first, int mb, int c)
+{
+    engine_use_chunk(eng, c);
+    int S = eng->grid.stages, vstage = c * S + eng->grid.stage;
+    struct slot *sl = &eng->slots[0];
+    if (vstage > 0) receive_activations(eng, sl, mb);
+    fill_inputs(eng, val, first, &sl->acts);
+    float loss = gpt_forward(&eng->model, &sl->acts);
+    if (vstage < S * eng->virtual - 1) {
+        send_activations(eng, sl, mb, 0);
+        world_wait(&sl->send_act);   /* the slot is used again at once */
+        world_wait(&sl->send_exit);
+    }
+    for (int i = 0; i < eng->model.num_blocks; i++)   /* the profile counts training only */
+        eng->model.block_fwd_s[i] = eng->model.attention_fwd_s[i] = 0.0;
+    return eng->model.has_head ? loss : 0.0f;
+}
+
 /* Forward only over the validation samples; the last stages' loss sums are
  * combined on rank 0. */
 float engine_eval(struct engine *eng, struct loader *val)
 {
     const struct pipe_grid *g = &eng->grid;
-    struct slot *sl = &eng->slots[0];
-    struct gpt *m = &eng->model;
     float sum = 0.0f;
     int count = 0;
     for (int b = 0; b < eng->cfg.eval_batches; b++) {
         for (int mb = 0; mb < eng->micro_batches; mb++) {
-            if (g->stage > 0) receive_activations(eng, sl, mb);
-            fill_inputs(eng, val, first_sample(eng, b, mb), &sl->acts);
-            float loss = gpt_forward(m, &sl->acts);
-            if (m->has_head) sum += loss;
+            for (int c = 0; c < eng->virtual; c++)
+                sum += eval_chunk(eng, val, first_sample(eng, b, mb), mb, c);
             count++;
-            if (g->stage < g->stages - 1) {
-                send_activations(eng, sl, mb, 0);
-                world_wait(&sl->send_act);   /* the slot is used again at once */
-                world_wait(&sl->send_exit);
-            }
         }
     }
-    for (int i = 0; i < m->num_blocks; i++) m->block_fwd_s[i] = m->attention_fwd_s[i] = 0.0;
+    engine_use_chunk(eng, 0);
     /* Sum over the last stages of all replicas onto rank 0. */
     double mine = (g->stage == g->stages - 1) ? (double)sum : 0.0, total = 0.0;
     MPI_Request req;

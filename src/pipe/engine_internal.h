@@ -62,12 +62,25 @@ struct staging_pool {
 /* Fields of a traced instruction: op, micro-batch, start, wall, cpu. */
 #define TRACE_FIELDS 5
 
+/* Interleaved 1F1B (parallel.virtual = v > 1): a rank's chunk c is
+ * virtual stage c S + stage, its own model (contiguous blocks) and
+ * activation slots. The chunk an instruction addresses is the one in
+ * eng->model and eng->slots (engine_use_chunk); the others rest here. */
+struct engine_chunk {
+    struct gpt model;
+    struct slot *slots;
+};
+
 struct engine {
     struct dm_config cfg;
     struct pipe_grid grid;
     struct gpt_shape shape;
     int micro_B, T, micro_batches;  /* per replica */
-    int *layout;                    /* (S) units per stage (balance.units) */
+    int *layout;                    /* (S v) units per virtual stage (balance.units) */
+    int virtual;                    /* chunks per rank v (parallel.virtual; 1 but interleaved) */
+    int chunk;                      /* the chunk in model and slots */
+    struct engine_chunk *chunks;    /* (v) the resting chunks; NULL when v = 1 */
+    int *stage_units;               /* (S) each stage's units, its chunks together */
     int sublayer;                   /* balance.units = sublayer: a unit is half a block */
     struct gpt model;
     struct block_scratch scratch;
@@ -133,6 +146,14 @@ static inline float *slot_output(struct engine *eng, struct slot *sl)
 {
     return sl->acts.residual + (size_t)eng->model.num_blocks * act_count(eng);
 }
+
+/* Makes chunk c the one in eng->model and eng->slots, putting the
+ * current one back among eng->chunks (nothing when v = 1). engine.c. */
+void engine_use_chunk(struct engine *eng, int c);
+
+/* The units each stage holds, its chunks together (S counts; the
+ * layout itself when v = 1). engine.c. */
+void engine_stage_units(const struct engine *eng, int *counts);
 
 /* First block and block count of `stage` under `layout`. */
 static inline void first_block_of(const int *layout, int stage, int *first, int *count)

@@ -37,6 +37,7 @@ static void exchange_tied_grads(struct engine *eng)
         return;
     }
     if (g->stage != 0 && g->stage != g->stages - 1) return;
+    engine_use_chunk(eng, g->stage == 0 ? 0 : eng->virtual - 1);   /* the embedding's, the head's */
     if (eng->pipe_comm) {
         exchange_tied_on_devices(eng);
         return;
@@ -149,7 +150,7 @@ static void grad_norm_terms(struct engine *eng, double *units, const int *at)
     struct gpt *m = &eng->model;
     int L = eng->shape.layers, ep = eng->cfg.ep > 1 ? eng->cfg.ep : 1;
     int first = eng->grid.replica == 0, holder = eng->grid.replica < ep;
-    if (first) units[0] = gpt_embed_grad_sumsq(m);
+    if (first && m->has_embed) units[0] = gpt_embed_grad_sumsq(m);
     double clock = dm_profile_now();
     for (int i = 0; i < m->num_blocks; i++) {
         const struct block *blk = &m->blocks[i];
@@ -173,7 +174,7 @@ static void grad_norm_terms(struct engine *eng, double *units, const int *at)
         }
         if (!blk->frozen && (first || holder)) gpt_charge_update(m, i, &clock);
     }
-    if (first) units[L + 1] = gpt_head_grad_sumsq(m);
+    if (first && m->has_head) units[L + 1] = gpt_head_grad_sumsq(m);
 }
 
 /* The global gradient norm: each unit (embedding, block 0..L-1, head) is
@@ -189,7 +190,11 @@ static double global_grad_norm(struct engine *eng)
     double *units = dm_alloc((size_t)n * sizeof(double));
     double *total = dm_alloc((size_t)n * sizeof(double));
     units[L + 2] = (eng->watched_flag && *eng->watched_flag) ? 1.0 : 0.0;
-    grad_norm_terms(eng, units, at);
+    for (int c = 0; c < eng->virtual; c++) {   /* each unit in one chunk */
+        engine_use_chunk(eng, c);
+        grad_norm_terms(eng, units, at);
+    }
+    engine_use_chunk(eng, 0);
     if (eng->grid.world_size > 1) {
         MPI_Request req;
         WORLD_MPI(MPI_Iallreduce(units, total, n, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &req));
@@ -236,9 +241,16 @@ static void reduce_step_values(struct engine *eng)
 
 double engine_reduce_grads(struct engine *eng)
 {
-    gpt_mask_pruned_grads(&eng->model);
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        gpt_mask_pruned_grads(&eng->model);
+    }
     exchange_tied_grads(eng);
-    reduce_replicas(eng);
-    reduce_step_values(eng);
+    for (int c = 0; c < eng->virtual; c++) {   /* every replica in the same chunk order */
+        engine_use_chunk(eng, c);
+        reduce_replicas(eng);
+        reduce_step_values(eng);
+    }
+    engine_use_chunk(eng, 0);
     return global_grad_norm(eng);
 }

@@ -13,7 +13,7 @@
  * TRACE_FIELDS per instruction, room for the longest list. */
 static size_t trace_block(const struct engine *eng)
 {
-    return 2 + (size_t)TRACE_FIELDS * SCHEDULE_MAX_INSTRS(eng->micro_batches);
+    return 2 + (size_t)TRACE_FIELDS * SCHEDULE_MAX_INSTRS(eng->micro_batches * eng->virtual);
 }
 
 double engine_thread_cpu_seconds(void)
@@ -80,7 +80,7 @@ void engine_stats_alloc(struct engine *eng)
         if (g->rank == 0) {
             eng->trace_all = dm_alloc(block * (size_t)g->world_size * sizeof(double));
             st->trace = dm_alloc((size_t)g->world_size *
-                                 SCHEDULE_MAX_INSTRS(eng->micro_batches) *
+                                 SCHEDULE_MAX_INSTRS(eng->micro_batches * eng->virtual) *
                                  STEP_TRACE_COLUMNS * sizeof(float));
         }
     }
@@ -202,21 +202,11 @@ static void pack_halves(const struct engine *eng, double *v, int U, int i)
                   m->block_update_s[i] * (1.0 - share), 0.0);
 }
 
-/* This rank's profile of the step into eng->gather_send: loss sum,
- * compute, wait, peak memory, then per unit (at its column: a block's
- * layer, or its halves' with sublayer units) forward, backward, slab
- * bytes, sparsity, update time and the weight parts' time (zb), then the
- * stage's update time, then the signals. */
-static void pack_profile(struct engine *eng, float loss_sum)
+/* The current chunk's units and signals into the profile v. */
+static void pack_chunk(struct engine *eng, double *v)
 {
     struct gpt *m = &eng->model;
     int U = eng->stats.units;
-    double *v = eng->gather_send;
-    memset(v, 0, (size_t)eng->gather_len * sizeof(double));
-    v[0] = loss_sum;
-    v[1] = eng->compute_s;
-    v[2] = eng->wait_s;
-    v[3] = (double)dm_peak_rss_bytes();
     for (int i = 0; i < m->num_blocks; i++) {
         if (eng->sublayer) {
             pack_halves(eng, v, U, i);
@@ -226,11 +216,31 @@ static void pack_profile(struct engine *eng, float loss_sum)
                   (double)block_pack_size(&m->blocks[i]), block_matrix_sparsity(&m->blocks[i]),
                   m->block_update_s[i], m->block_wgrad_s[i]);
     }
-    v[4 + PROFILE_FIELDS * U] = eng->update_s;
     pack_signals(eng, v);
 }
 
-static void clear_stats(struct step_stats *st, int S, const int *layout)
+/* This rank's profile of the step into eng->gather_send: loss sum,
+ * compute, wait, peak memory, then per unit (at its column: a block's
+ * layer, or its halves' with sublayer units) forward, backward, slab
+ * bytes, sparsity, update time and the weight parts' time (zb), then the
+ * stage's update time, then the signals; the units of every chunk. */
+static void pack_profile(struct engine *eng, float loss_sum)
+{
+    double *v = eng->gather_send;
+    memset(v, 0, (size_t)eng->gather_len * sizeof(double));
+    v[0] = loss_sum;
+    v[1] = eng->compute_s;
+    v[2] = eng->wait_s;
+    v[3] = (double)dm_peak_rss_bytes();
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        pack_chunk(eng, v);
+    }
+    engine_use_chunk(eng, 0);
+    v[4 + PROFILE_FIELDS * eng->stats.units] = eng->update_s;
+}
+
+static void clear_stats(struct step_stats *st, int S)
 {
     for (int k = 0; k < st->signal_count; k++)
         for (int c = 0; c < st->signals[k].columns; c++) st->signals[k].values[c] = 0.0;
@@ -241,7 +251,6 @@ static void clear_stats(struct step_stats *st, int S, const int *layout)
     for (int s = 0; s < S; s++) {
         st->stage_compute_ms[s] = st->stage_wait_ms[s] = st->stage_peak_mb[s] = 0.0;
         st->stage_update_ms[s] = 0.0;
-        st->layout[s] = layout[s];
     }
 }
 
@@ -334,7 +343,8 @@ static void fold_profiles(struct engine *eng, double step_s)
     st->loss = loss_total / (float)(eng->micro_batches * g->replicas);
     st->step_ms = step_s * 1e3;
     int U = st->units;
-    clear_stats(st, S, eng->layout);
+    clear_stats(st, S);
+    engine_stage_units(eng, st->layout);
     double idle = 0.0, cmax = 0.0, cmin = INFINITY, csum = 0.0;
     for (int r = 0; r < g->world_size; r++) {
         const double *x = eng->gather_recv + (size_t)r * eng->gather_len;

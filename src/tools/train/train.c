@@ -90,14 +90,18 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
     struct pipe_grid grid;
     pipe_grid_init(&grid, cfg->pp, cfg->dp);   /* its error comes before the layout's */
     int S = tr->stages = grid.stages;
-    int *layout = dm_alloc((size_t)S * sizeof(int));
-    train_initial_layout(layout, cfg, S);
+    int V = S * cfg->virtual_stages;   /* interleaved: v chunks a stage, else V = S */
+    int *layout = dm_alloc((size_t)V * sizeof(int));
+    train_initial_layout(layout, cfg, V);
     train_check_units(cfg);
-    train_check_memory(cfg, layout, S);
+    int *per_stage = dm_alloc((size_t)S * sizeof(int));   /* a stage's chunks together */
+    for (int c = 0; c < V; c++) per_stage[c % S] += layout[c];
+    train_check_memory(cfg, per_stage, S);
     tr->eng = engine_create(cfg, layout, train_may_resume(cfg));
     layout_history_init(&tr->history, train_unit_count(cfg));
-    layout_history_push(&tr->history, 0, layout, S);
+    layout_history_push(&tr->history, 0, per_stage, S);
     dm_free(layout);
+    dm_free(per_stage);
     tr->balancer = train_balancer_create(cfg, S);
     engine_watch_flag(tr->eng, &stop_signal);
     tr->t_built = dm_now();
@@ -112,7 +116,7 @@ static void train_setup(struct trainer *tr, int argc, char **argv)
         tr->log = train_open_runlog(tr->log_path, cfg, tr->start_step, S, &tr->log_width);
     struct gpt_shape shape = dyn_shape_from_config(cfg);
     char text[256];
-    layout_format(text, sizeof text, engine_layout(tr->eng), S);
+    layout_format(text, sizeof text, engine_chunk_layout(tr->eng), V);
     dm_log("dynmo %s: %d layers x %d channels, %d heads, %.2fM parameters; batch %d x %d "
            "tokens in %d micro-batches; %d ranks (pp %d x dp %d, %s, layout %s); %d threads "
            "per rank\n",

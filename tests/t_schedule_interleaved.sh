@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Interleaved 1F1B (parallel.schedule = interleaved, parallel.virtual = v)
+# in dynmo train: each rank holds v chunks of the model, chunk c of stage
+# s being virtual stage c S + s, and runs balance's instruction list for
+# them. The losses and gradient norms are bit-identical to the one-rank
+# run on 2 and 4 stages with 2 chunks, on 2 stages with 4 chunks, on an
+# uneven explicit layout of the chunks, with two replicas, and traced; the
+# validation losses too. Bad values exit 2 with one message.
+set -u
+. "$(dirname "$0")/lib.sh"
+need_dynmo
+work_dir
+tiny_config "$dir/tiny.ini" model.layers=8 train.steps=6 train.eval_every=3
+train_cpus=$(two_cpus) train_limit=120
+sets=(steps/loss steps/grad_norm)
+run() { train "$1" "$2" "$dir/tiny.ini" "${@:3}" && bits "$1" "${sets[@]}"; }
+il=(parallel.schedule=interleaved)
+run base 1
+has base /eval/loss && sets+=(eval/loss) && bits base eval/loss
+run il2 2 parallel.pp=2 "${il[@]}" parallel.virtual=2 &&
+  same base il2 "interleaved, 2 stages x 2 chunks" "${sets[@]}"
+run il4 4 parallel.pp=4 "${il[@]}" parallel.virtual=2 &&
+  same base il4 "interleaved, 4 stages x 2 chunks" "${sets[@]}"
+run il24 2 parallel.pp=2 "${il[@]}" parallel.virtual=4 &&
+  same base il24 "interleaved, 2 stages x 4 chunks" "${sets[@]}"
+run ilx 2 parallel.pp=2 "${il[@]}" parallel.virtual=2 balance.initial=explicit:1,3,3,1 &&
+  same base ilx "interleaved on chunks of 1,3,3,1 blocks" "${sets[@]}"
+# Two replicas: against 1f1b on the same grid (each replica's micro-batch
+# is half the one rank's, so its sums differ from one rank's).
+run dp1f1b 4 parallel.pp=2 parallel.dp=2 &&
+  run ildp 4 parallel.pp=2 parallel.dp=2 "${il[@]}" parallel.virtual=2 &&
+  same dp1f1b ildp "interleaved with 2 replicas (against 1f1b on the same grid)" "${sets[@]}"
+grep -q "interleaved, layout 2,2,2,2" "$dir/il2.out" ||
+  fail "interleaved: the start line does not show the 4 chunks' layout"
+# A traced step: every stage runs each micro-batch's forward and backward
+# once per chunk (4 micro-batches x 2 chunks).
+run trace 2 parallel.pp=2 "${il[@]}" parallel.virtual=2 run.trace_from=2 run.trace_steps=1 && {
+  same base trace "a traced interleaved run" "${sets[@]}"
+  /usr/bin/python3 - "$dir/trace/runlog.h5" <<'PY' || fail "interleaved: the traced step is wrong"
+import sys, h5py
+e = h5py.File(sys.argv[1], 'r')['/trace/events'][:]
+for rank in (0, 1):
+    ops = list(e[e[:, 1] == rank][:, 3].astype(int))
+    assert ops.count(1) == 8 and ops.count(4) == 8, ops
+print("ok: a traced interleaved step: 8 FWD, 8 BWD per stage")
+PY
+}
+# The run log keeps a stage's blocks (its chunks together) as its layout.
+/usr/bin/python3 - "$dir/ilx/runlog.h5" <<'PY' || fail "interleaved: /layout/history is not the stages' blocks"
+import sys, h5py
+rows = h5py.File(sys.argv[1], 'r')['/layout/history'][:]
+assert all(list(r) == [4, 4] for r in rows), rows
+print("ok: /layout/history holds each stage's 4 blocks (chunks 1 + 3 and 3 + 1)")
+PY
+ref() { train_refused "$1" "$2" "$3" "$dir/tiny.ini" "${@:4}"; }
+ref no-virtual "parallel.schedule = interleaved needs parallel.virtual >= 2" 2 \
+  parallel.pp=2 "${il[@]}"
+ref virtual-1f1b "parallel.virtual = 2 needs parallel.schedule = interleaved" 2 \
+  parallel.pp=2 parallel.virtual=2
+ref one-stage "interleaved needs parallel.pp >= 2" 1 "${il[@]}" parallel.virtual=2
+ref micro-batches "train.micro_batches = 2 is not a multiple of parallel.pp = 4" 4 \
+  parallel.pp=4 "${il[@]}" parallel.virtual=2 train.micro_batches=2
+ref not-dividing "parallel.virtual = 3 does not divide the blocks of a rank" 2 \
+  parallel.pp=2 "${il[@]}" parallel.virtual=3
+ref too-many "parallel.pp x parallel.virtual = 2 x 8 exceeds model.layers = 8" 2 \
+  parallel.pp=2 "${il[@]}" parallel.virtual=8
+ref explicit-count "explicit" 2 parallel.pp=2 "${il[@]}" parallel.virtual=2 \
+  balance.initial=explicit:4,4
+ref freeze "interleaved does not run with dyn.kind yet" 2 parallel.pp=2 "${il[@]}" \
+  parallel.virtual=2 dyn.kind=freeze
+ref moe "interleaved does not run with model.moe_every" 2 parallel.pp=2 "${il[@]}" \
+  parallel.virtual=2 model.moe_every=2 model.experts=2 model.top_k=1
+ref balance "interleaved does not run with balance.method other than none yet" 2 \
+  parallel.pp=2 "${il[@]}" parallel.virtual=2 balance.method=random
+ref ckpt "interleaved does not run with checkpoints \(ckpt.dir\) yet" 2 parallel.pp=2 \
+  "${il[@]}" parallel.virtual=2 ckpt.dir="$dir/ck"
+finish
