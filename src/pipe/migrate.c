@@ -168,7 +168,25 @@ static void stage_up(struct block *blk, int half, const float *staging)
     backend_current()->copy_to_device(blk->v + offset, staging + 2 * count, bytes);
 }
 
-/* This rank's block `block` before the migration, or NULL. */
+/* Whether virtual stage `vstage` (a stage when v = 1) is one of this
+ * rank's chunks; if so it becomes the current chunk, whose blocks
+ * held_block and arrival_block look at. */
+static int take_chunk(struct engine *eng, int vstage)
+{
+    int S = eng->grid.stages;
+    if (vstage % S != eng->grid.stage) return 0;
+    engine_use_chunk(eng, vstage / S);
+    return 1;
+}
+
+/* The rank of virtual stage `vstage` in this replica. */
+static int rank_of_vstage(const struct engine *eng, int vstage)
+{
+    return rank_of(&eng->grid, vstage % eng->grid.stages, eng->grid.replica);
+}
+
+/* This rank's block `block` before the migration (in the current
+ * chunk), or NULL. */
 static struct block *held_block(struct engine *eng, int block)
 {
     struct gpt *m = &eng->model;
@@ -183,10 +201,9 @@ static struct block *held_block(struct engine *eng, int block)
 static void post_sends(struct engine *eng, const struct balance_move *moves, int nmoves,
                        struct posted *p, void **metas, float **stagings)
 {
-    const struct pipe_grid *g = &eng->grid;
     size_t floats = 0;
     for (int k = 0; k < nmoves; k++)
-        if (moves[k].src_stage == g->stage) {
+        if (take_chunk(eng, moves[k].src_stage)) {
             struct unit_ref u = unit_ref(eng, moves[k].block);
             floats += staged_floats(held_block(eng, u.block), u.half);
         }
@@ -195,10 +212,10 @@ static void post_sends(struct engine *eng, const struct balance_move *moves, int
                                                         floats * sizeof(float));
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
-        if (mv->src_stage != g->stage) continue;
+        if (!take_chunk(eng, mv->src_stage)) continue;
         struct unit_ref u = unit_ref(eng, mv->block);
         struct block *blk = held_block(eng, u.block);
-        int meta_bytes = (int)block_meta_size(blk), peer = rank_of(g, mv->dst_stage, g->replica);
+        int meta_bytes = (int)block_meta_size(blk), peer = rank_of_vstage(eng, mv->dst_stage);
         metas[u.unit] = dm_alloc((size_t)meta_bytes);
         block_pack_meta(blk, metas[u.unit]);
         stagings[u.unit] = staging;
@@ -256,12 +273,11 @@ static void post_receives(struct engine *eng, const struct balance_move *moves, 
                           struct posted *p, void **metas, int *meta_bytes,
                           struct block *arrived, float **stagings)
 {
-    const struct pipe_grid *g = &eng->grid;
     size_t floats = 0;
     for (int k = 0; k < nmoves; k++) {
-        if (moves[k].dst_stage != g->stage) continue;
+        if (!take_chunk(eng, moves[k].dst_stage)) continue;
         struct unit_ref u = unit_ref(eng, moves[k].block);
-        probe_arrival(eng, u, rank_of(g, moves[k].src_stage, g->replica), arrived, metas,
+        probe_arrival(eng, u, rank_of_vstage(eng, moves[k].src_stage), arrived, metas,
                       meta_bytes);
         floats += staged_floats(arrival_block(eng, u, arrived), u.half);
     }
@@ -270,10 +286,10 @@ static void post_receives(struct engine *eng, const struct balance_move *moves, 
                                                         floats * sizeof(float));
     for (int k = 0; k < nmoves; k++) {
         const struct balance_move *mv = &moves[k];
-        if (mv->dst_stage != g->stage) continue;
+        if (!take_chunk(eng, mv->dst_stage)) continue;
         struct unit_ref u = unit_ref(eng, mv->block);
         struct block *blk = arrival_block(eng, u, arrived);
-        int peer = rank_of(g, mv->src_stage, g->replica);
+        int peer = rank_of_vstage(eng, mv->src_stage);
         stagings[u.unit] = staging;
         MPI_Datatype type;
         MPI_Request req;
@@ -313,14 +329,14 @@ static void exchange_slabs(struct engine *eng, const struct balance_move *moves,
     dm_free(ops);
 }
 
-/* The new block array of this rank: the blocks it keeps (whole or a
- * half, with any half it received), then the arrivals in place; the old
- * array's blocks it no longer holds any half of are freed. */
-static void adopt_blocks(struct engine *eng, const int *counts, struct block *arrived)
+/* The new block array of the current chunk: the blocks it keeps (whole
+ * or a half, with any half it received), then the arrivals in place; the
+ * old array's blocks it no longer holds any half of are freed. */
+static void adopt_chunk_blocks(struct engine *eng, const int *counts, struct block *arrived)
 {
     struct gpt *m = &eng->model;
     int per = eng->sublayer ? 2 : 1, first_unit, units;
-    first_block_of(counts, eng->grid.stage, &first_unit, &units);
+    first_block_of(counts, eng->chunk * eng->grid.stages + eng->grid.stage, &first_unit, &units);
     int new_first = first_unit / per;
     int new_count = (first_unit + units + per - 1) / per - new_first;
     for (int i = 0; i < eng->nslots; i++) {
@@ -345,6 +361,16 @@ static void adopt_blocks(struct engine *eng, const int *counts, struct block *ar
     for (int i = 0; i < eng->nslots; i++) gpt_acts_resize(&eng->slots[i].acts, &eng->model);
 }
 
+/* Every chunk's new block array (adopt_chunk_blocks). */
+static void adopt_blocks(struct engine *eng, const int *counts, struct block *arrived)
+{
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        adopt_chunk_blocks(eng, counts, arrived);
+    }
+    engine_use_chunk(eng, 0);
+}
+
 /* The arrived units (all messages complete; meta_bytes set for those
  * this rank received): their floats up from the host staging (a device;
  * the pool's, kept); then a block that arrived (no half of it was here)
@@ -363,7 +389,9 @@ static void unpack_arrivals(struct engine *eng, struct block *arrived, void **me
     }
     for (int unit = 0; unit < U; unit++) {
         struct unit_ref u = unit_ref(eng, unit);
-        if (!meta_bytes[unit] || held_block(eng, u.block)) continue;
+        /* a whole block never arrives where it is held (under interleaved
+         * the current chunk need not be the one it arrives in) */
+        if (!meta_bytes[unit] || (per == 2 && held_block(eng, u.block))) continue;
         if (per == 2 && u.half == BLOCK_HALF_MLP && meta_bytes[unit - 1])
             continue;   /* the block's attention brought its header */
         struct block *blk = &arrived[u.block];
@@ -377,9 +405,9 @@ static void unpack_arrivals(struct engine *eng, struct block *arrived, void **me
 void engine_relayout(struct engine *eng, const int *root_counts)
 {
     const struct pipe_grid *g = &eng->grid;
-    int S = g->stages, U = eng->stats.units, L = eng->shape.layers;
+    int S = g->stages * eng->virtual, U = eng->stats.units, L = eng->shape.layers;
     double t0 = dm_now();
-    int *counts = dm_alloc((size_t)S * sizeof(int));
+    int *counts = dm_alloc((size_t)S * sizeof(int));   /* S: the virtual stages */
     if (g->rank == 0) memcpy(counts, root_counts, (size_t)S * sizeof(int));
     world_bcast_ints(counts, S);
     char err[256];
@@ -414,6 +442,7 @@ void engine_relayout(struct engine *eng, const int *root_counts)
         if (posted.types[i] != MPI_DATATYPE_NULL) WORLD_MPI(MPI_Type_free(&posted.types[i]));
     adopt_blocks(eng, counts, arrived);
     memcpy(eng->layout, counts, (size_t)S * sizeof(int));
+    engine_stage_units(eng, eng->stage_units);
     engine_mark_halves(eng);
     engine_parts_run(eng, forget);
     for (int u = 0; u < U; u++)

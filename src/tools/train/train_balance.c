@@ -20,7 +20,13 @@
 struct train_balancer {
     struct balance_controller *ctl;
     int stages;
-    int *next;                      /* (stages) the layout to run next */
+    /* Under interleaved the controller balances the V = S v virtual
+     * stages (the chunks); V = S otherwise. */
+    int vstages;
+    int micro_batches;
+    int *next;                      /* (vstages) the layout to run next */
+    int *vgroup;                    /* (vstages) sharing group of each chunk: its stage's */
+    double *vcompute, *vupdate;     /* (vstages) the chunks' observed figures (observe_chunks) */
     int *group;                     /* (stages) sharing group of each stage */
     double *cores;                  /* (stages) processors of each group */
     double *shares;                 /* (stages) each group's share of its CPUs, other
@@ -32,8 +38,9 @@ struct train_balancer *train_balancer_create(const struct dm_config *cfg, int st
 {
     /* Units differ in size with the schemes' extensions and as halves. */
     double *matrix = NULL, *sizes = train_unit_params(cfg, &matrix);
+    int vstages = stages * cfg->virtual_stages;
     struct balance_controller_config c = {
-        .method = cfg->method, .cost = cfg->cost, .stages = stages,
+        .method = cfg->method, .cost = cfg->cost, .stages = vstages,
         .blocks = train_unit_count(cfg),
         .every = cfg->every, .micro_batches = cfg->micro_batches,
         .schedule = config_schedule(cfg), .seed = cfg->seed, .min_gain = cfg->min_gain,
@@ -50,7 +57,12 @@ struct train_balancer *train_balancer_create(const struct dm_config *cfg, int st
     struct train_balancer *tb = dm_alloc(sizeof *tb);
     tb->ctl = ctl;
     tb->stages = stages;
-    tb->next = dm_alloc((size_t)(stages + 1) * sizeof(int));
+    tb->vstages = vstages;
+    tb->micro_batches = cfg->micro_batches;
+    tb->next = dm_alloc((size_t)(vstages + 1) * sizeof(int));
+    tb->vgroup = dm_alloc((size_t)vstages * sizeof(int));
+    tb->vcompute = dm_alloc((size_t)vstages * sizeof(double));
+    tb->vupdate = dm_alloc((size_t)vstages * sizeof(double));
     tb->group = dm_alloc((size_t)stages * sizeof(int));
     double **const per_stage[] = {&tb->cores, &tb->shares};
     dm_carve_doubles(per_stage, sizeof per_stage / sizeof per_stage[0], (size_t)stages);
@@ -61,6 +73,9 @@ void train_balancer_destroy(struct train_balancer *tb)
 {
     balance_controller_destroy(tb->ctl);
     dm_free(tb->next);
+    dm_free(tb->vgroup);
+    dm_free(tb->vcompute);
+    dm_free(tb->vupdate);
     dm_free(tb->group);
     dm_free(tb->cores);   /* and shares, carved from it */
     dm_free(tb);
@@ -80,13 +95,43 @@ static void observation_of(struct balance_observation *obs, const struct step_st
     *obs = o;
 }
 
+/* Rank 0, under interleaved: the observation over the virtual stages.
+ * The layout is the chunks'; the controller takes the embedding's and
+ * the head's extra time from the first and last virtual stage's compute
+ * and update time beyond their blocks, so those are their stage's less
+ * its other chunks' blocks (the middle ones it does not read). */
+static void observe_chunks(struct train_balancer *tb, struct balance_observation *obs,
+                           const struct engine *eng)
+{
+    int micro_batches = tb->micro_batches;
+    int S = tb->stages, V = tb->vstages;
+    const int *chunks = engine_chunk_layout(eng);
+    for (int vs = 0; vs < V; vs++) {
+        int s = vs % S, first = 0;
+        double blocks = 0.0, updates = 0.0;
+        for (int other = 0; other < V; other++) {
+            if (other % S == s && other != vs)
+                for (int u = first; u < first + chunks[other]; u++) {
+                    blocks += obs->fwd_ms[u] + obs->bwd_ms[u];
+                    updates += obs->update_ms[u];
+                }
+            first += chunks[other];
+        }
+        tb->vcompute[vs] = obs->stage_compute_ms[s] - micro_batches * blocks - updates;
+        tb->vupdate[vs] = obs->stage_update_ms[s] - updates;
+    }
+    obs->layout = chunks;
+    obs->stage_compute_ms = tb->vcompute;
+    obs->stage_update_ms = tb->vupdate;
+}
+
 /* Rank 0: the decision of step `step`, with its log line; the layout to
  * run next into tb->next. */
 static void decide(struct train_balancer *tb, const struct balance_observation *obs, int step)
 {
     struct balance_decision d;
     char err[512];
-    int S = tb->stages;
+    int S = tb->vstages;
     int *proposal = tb->next;
     if (balance_controller_decide(tb->ctl, obs, step, proposal, &d, err, sizeof err) !=
         BALANCE_OK)
@@ -162,7 +207,9 @@ void train_balancer_share_processors(struct train_balancer *tb, const struct dm_
      * alike; the predictor takes them as processor sharing at each group's
      * share (as dynmo simulate does, within 5% of the measured steps), so
      * that its predicted steps and savings are on the measured scale. */
-    struct balance_sharing sharing = {.stages = S, .groups = groups, .group = tb->group,
+    for (int vs = 0; vs < tb->vstages; vs++) tb->vgroup[vs] = tb->group[vs % S];
+    struct balance_sharing sharing = {.stages = tb->vstages, .groups = groups,
+                                      .group = tb->vgroup,
                                       .cores = replicas ? tb->shares : tb->cores,
                                       .turns = replicas ? 0 : turns};
     tb->sharing = sharing;
@@ -182,6 +229,7 @@ void train_balancer_after_step(struct train_balancer *tb, struct engine *eng,
     struct balance_observation obs;
     if (dm_rank() == 0) {
         observation_of(&obs, st);
+        if (tb->vstages > tb->stages) observe_chunks(tb, &obs, eng);
         float row[BALANCE_DECISION_COLUMNS];
         if (balance_controller_observe(tb->ctl, &obs, row))
             runlog_append_row(log, RUNLOG_BALANCE_DECISIONS, row, BALANCE_DECISION_COLUMNS);
