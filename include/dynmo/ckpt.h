@@ -482,6 +482,16 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
               const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm,
               char *path_out, size_t path_out_size, char *err, size_t errsize);
 
+/* ckpt_save of a stage that holds its blocks in `chunks` models (models[0
+ * .. chunks-1], interleaved 1F1B's chunks: each a contiguous range, the
+ * embedding in chunk 0 of stage 0, the head in the last chunk of the last
+ * stage); meta->layout counts a stage's blocks over all its chunks. The
+ * file is the same as a save of those blocks by one model a stage would
+ * write. ckpt_save is this with one chunk. Collective over comm. */
+int ckpt_save_chunks(const char *dir, int keep, const struct gpt *models, int chunks,
+                     const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm,
+                     char *path_out, size_t path_out_size, char *err, size_t errsize);
+
 /* Loads checkpoint `path` into a model built for ANY world: each rank reads
  * the rows of the blocks it holds (model->first_block ..), and the
  * embedding and head tensors (params, m, v) if it holds the embedding or

@@ -167,6 +167,13 @@ const int *engine_chunk_layout(const struct engine *eng);
 /* This rank's part of the model (its blocks, and the embedding or head on
  * the end stages): what checkpoints save and load. Owned by the engine. */
 struct gpt *engine_model(struct engine *eng);
+/* Under interleaved (parallel.virtual = v chunks a rank): chunk c's
+ * model, valid until the next call into the engine (a step, a relayout
+ * or another chunk's model); engine_model is chunk 0's between steps.
+ * engine_chunk_models: the v chunks' models side by side (copies of the
+ * structs, their tensors the engine's) for a checkpoint to read. */
+struct gpt *engine_chunk_model(struct engine *eng, int c);
+void engine_chunk_models(struct engine *eng, struct gpt *models);
 
 /* The dynamism scheme the engine runs (its state for checkpoints). */
 struct dyn;

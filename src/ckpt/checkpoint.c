@@ -430,21 +430,23 @@ static hid_t open_parallel(const char *tmp, MPI_Comm comm)
  * write_tensors took from the host copies it wrote, and zero elsewhere.
  * Each layer has one writer, so the sum of the contributions is that
  * writer's value exactly. */
-static void write_small_datasets(const struct chunk_writer *w, const struct gpt *model,
-                                 const struct ckpt_meta *meta,
+static void write_small_datasets(const struct chunk_writer *w, const struct gpt *models,
+                                 int chunks, const struct ckpt_meta *meta,
                                  const struct layout_history *history, int writer,
                                  const float *sparsity, MPI_Comm comm)
 {
-    int rank, layers = model->shape.layers;
+    int rank, layers = models[0].shape.layers;
     WORLD_MPI(MPI_Comm_rank(comm, &rank));
     int *frozen = dm_alloc((size_t)layers * sizeof(int));
     int *frozen_all = dm_alloc((size_t)layers * sizeof(int));
     float *sparsity_all = dm_alloc((size_t)layers * sizeof(float));
-    for (int i = 0; writer && i < model->num_blocks; i++) {
-        if (model->blocks[i].halves == BLOCK_HALF_MLP) continue;   /* its attention's holder */
-        int layer = model->first_block + i;
-        frozen[layer] = model->blocks[i].frozen || (meta->frozen && meta->frozen[layer]);
-    }
+    for (int c = 0; writer && c < chunks; c++)
+        for (int i = 0; i < models[c].num_blocks; i++) {
+            const struct gpt *model = &models[c];
+            if (model->blocks[i].halves == BLOCK_HALF_MLP) continue;   /* its attention's holder */
+            int layer = model->first_block + i;
+            frozen[layer] = model->blocks[i].frozen || (meta->frozen && meta->frozen[layer]);
+        }
     MPI_Request requests[2];
     WORLD_MPI(MPI_Ireduce(frozen, frozen_all, layers, MPI_INT, MPI_SUM, 0, comm, &requests[0]));
     WORLD_MPI(MPI_Ireduce(sparsity, sparsity_all, layers, MPI_FLOAT, MPI_SUM, 0, comm,
@@ -590,13 +592,13 @@ static const struct ckpt_schema *save_schema(struct ckpt_dims *dims,
 }
 
 /* The collective HDF5 part of save: creates tmp and writes everything. */
-static void write_file(const char *tmp, const struct gpt *model, const struct ckpt_meta *meta,
-                       int stage, int dp_rank, MPI_Comm comm)
+static void write_file(const char *tmp, const struct gpt *models, int chunks,
+                       const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm)
 {
     int rank;
     WORLD_MPI(MPI_Comm_rank(comm, &rank));
     dm_h5_set_file_context(tmp);
-    const struct gpt_shape *shape = &model->shape;
+    const struct gpt_shape *shape = &models[0].shape;
 
     /* The history written always ends with the current layout. */
     struct layout_history history = {0};
@@ -630,8 +632,9 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
                              .chunk_buffer = dm_alloc(CHUNK_TARGET_BYTES + 4),
                              .writeback_fd = tensors ? open(tmp, O_RDONLY) : -1};
     float *sparsity = dm_alloc((size_t)shape->layers * sizeof(float));   /* zero */
-    if (tensors) write_tensors(&w, model, stage, meta->pp, dp_rank, sparsity);
-    write_small_datasets(&w, model, meta, &history, writer, sparsity, comm);
+    for (int c = 0; tensors && c < chunks; c++)
+        write_tensors(&w, &models[c], stage, meta->pp, dp_rank, sparsity);
+    write_small_datasets(&w, models, chunks, meta, &history, writer, sparsity, comm);
     if (w.writeback_fd >= 0) close(w.writeback_fd);
     dm_free(sparsity);
     dm_free(w.chunk_buffer);
@@ -650,10 +653,10 @@ static void write_file(const char *tmp, const struct gpt *model, const struct ck
 
 /* What the loader will check must hold already: a bad layout, history or
  * flag in a save is the caller's bug, not a user error. */
-static void check_save_arguments(const struct gpt *model, const struct ckpt_meta *meta,
-                                 int stage, int dp_rank, int size)
+static void check_save_arguments(const struct gpt *models, int chunks,
+                                 const struct ckpt_meta *meta, int stage, int dp_rank, int size)
 {
-    const struct gpt_shape *shape = &model->shape;
+    const struct gpt_shape *shape = &models[0].shape;
     DM_ASSERT(meta->pp >= 1 && meta->dp >= 1 && meta->pp * meta->dp == size);
     DM_ASSERT(stage >= 0 && stage < meta->pp && dp_rank >= 0 && dp_rank < meta->dp);
     DM_ASSERT(meta->step >= 0 && meta->data_cursor && meta->layout);
@@ -665,9 +668,17 @@ static void check_save_arguments(const struct gpt *model, const struct ckpt_meta
     DM_ASSERT(layout && layout_sum(layout, meta->pp) == units);
     for (int s = 0; s < meta->pp; s++) DM_ASSERT(layout[s] >= 1);
     int first = layout_sum(layout, stage), end = first + layout[stage];
-    DM_ASSERT(model->first_block == first / per_block &&
-              model->num_blocks == (end + per_block - 1) / per_block - first / per_block);
-    DM_ASSERT(model->has_embed == (stage == 0) && model->has_head == (stage == meta->pp - 1));
+    if (chunks == 1) {
+        DM_ASSERT(models[0].first_block == first / per_block &&
+                  models[0].num_blocks == (end + per_block - 1) / per_block - first / per_block);
+    } else {   /* interleaved: whole blocks, the stage's chunks together */
+        int held = 0;
+        for (int c = 0; c < chunks; c++) held += models[c].num_blocks;
+        DM_ASSERT(!meta->unit_layout && held == layout[stage]);
+    }
+    for (int c = 0; c < chunks; c++)
+        DM_ASSERT(models[c].has_embed == (stage == 0 && c == 0) &&
+                  models[c].has_head == (stage == meta->pp - 1 && c == chunks - 1));
     const struct layout_history *history = meta->unit_layout ? &meta->unit_history
                                                              : &meta->history;
     DM_ASSERT(history->count >= 0);
@@ -681,11 +692,12 @@ static void check_save_arguments(const struct gpt *model, const struct ckpt_meta
     for (int d = 0; d < meta->dp; d++) DM_ASSERT(meta->data_cursor[d] >= 0);
     DM_ASSERT(meta->dyn_state_count >= 0 &&
               (meta->dyn_state_count == 0 || (meta->dyn_state && meta->dyn_kind[0])));
-    for (int i = 0; i < model->num_blocks; i++) {
-        int flag = meta->frozen ? meta->frozen[model->first_block + i] : 0;
-        DM_ASSERT((flag == 0 || flag == 1) &&
-                  (model->blocks[i].frozen == 0 || model->blocks[i].frozen == 1));
-    }
+    for (int c = 0; c < chunks; c++)
+        for (int i = 0; i < models[c].num_blocks; i++) {
+            int flag = meta->frozen ? meta->frozen[models[c].first_block + i] : 0;
+            DM_ASSERT((flag == 0 || flag == 1) &&
+                      (models[c].blocks[i].frozen == 0 || models[c].blocks[i].frozen == 1));
+        }
 }
 
 /* A sublayer run's meta (unit_layout set) with its layouts as whole
@@ -724,16 +736,26 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
               const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm,
               char *path_out, size_t path_out_size, char *err, size_t errsize)
 {
+    return ckpt_save_chunks(dir, keep, model, 1, meta, stage, dp_rank, comm, path_out,
+                            path_out_size, err, errsize);
+}
+
+int ckpt_save_chunks(const char *dir, int keep, const struct gpt *models, int chunks,
+                     const struct ckpt_meta *meta, int stage, int dp_rank, MPI_Comm comm,
+                     char *path_out, size_t path_out_size, char *err, size_t errsize)
+{
     dm_h5_init();
     int rank, size;
     WORLD_MPI(MPI_Comm_rank(comm, &rank));
     WORLD_MPI(MPI_Comm_size(comm, &size));
-    check_save_arguments(model, meta, stage, dp_rank, size);
+    DM_ASSERT(chunks >= 1);
+    check_save_arguments(models, chunks, meta, stage, dp_rank, size);
     check_grid(stage, dp_rank, meta->pp, meta->dp, comm);
     struct ckpt_meta whole;   /* a sublayer run's layouts as whole blocks too */
     struct layout_history units = {0};
-    if (meta->unit_layout) meta = whole_block_view(meta, model->shape.layers, &whole, &units);
-    check_same_everywhere(dir, keep, meta, model->shape.layers, comm);
+    int layers = models[0].shape.layers;
+    if (meta->unit_layout) meta = whole_block_view(meta, layers, &whole, &units);
+    check_same_everywhere(dir, keep, meta, layers, comm);
 
     /* The directory is ckpt_dir.c's: rank 0 prepares it, every rank
      * writes the temporary, rank 0 publishes it. */
@@ -743,7 +765,7 @@ int ckpt_save(const char *dir, int keep, const struct gpt *model,
     if (!world_agree(failed, message, comm, err, errsize)) {
         char tmp[4096];
         ckpt_tmp_path(tmp, sizeof tmp, dir, meta->step);
-        write_file(tmp, model, meta, stage, dp_rank, comm);
+        write_file(tmp, models, chunks, meta, stage, dp_rank, comm);
         failed = rank == 0 &&
                  ckpt_dir_publish(dir, keep, meta->step, message, sizeof message) != 0;
         status = world_agree(failed, message, comm, err, errsize) ? -1 : 0;

@@ -619,9 +619,6 @@ static void config_validate_interleaved(const struct dm_config *cfg)
         : cfg->mod_every > 0                   ? "model.mod_every (mixture of depths)"
         : strcmp(cfg->attention, "dense") != 0 ? "model.attention = hash"
         : strcmp(cfg->device, "cpu") != 0      ? "train.device other than cpu"
-        : cfg->ckpt_dir[0]                     ? "checkpoints (ckpt.dir)"
-        : strcmp(cfg->resume, "auto") != 0 && strcmp(cfg->resume, "none") != 0
-                                               ? "a checkpoint to resume from (ckpt.resume)"
         : cfg->repack_enable                   ? "repack.enable"
                                                : NULL;
     if (refused)

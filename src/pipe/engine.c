@@ -217,6 +217,19 @@ const int *engine_layout(const struct engine *eng)
     return eng->chunks ? eng->stage_units : eng->layout;
 }
 const int *engine_chunk_layout(const struct engine *eng) { return eng->layout; }
+
+struct gpt *engine_chunk_model(struct engine *eng, int c)
+{
+    DM_ASSERT(c >= 0 && c < eng->virtual);
+    engine_use_chunk(eng, c);
+    return &eng->model;
+}
+
+void engine_chunk_models(struct engine *eng, struct gpt *models)
+{
+    for (int c = 0; c < eng->virtual; c++) models[c] = *engine_chunk_model(eng, c);
+    engine_use_chunk(eng, 0);
+}
 struct gpt *engine_model(struct engine *eng) { return &eng->model; }
 struct dyn *engine_dyn(struct engine *eng) { return eng->dyn; }
 void engine_watch_flag(struct engine *eng, volatile int *flag) { eng->watched_flag = flag; }

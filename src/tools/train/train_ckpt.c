@@ -27,7 +27,9 @@ void train_save(struct engine *eng, const struct dm_config *cfg, uint64_t train_
                 size_t path_out_size)
 {
     const struct pipe_grid *g = engine_grid(eng);
-    struct gpt *model = engine_model(eng);
+    int chunks = cfg->virtual_stages;   /* interleaved: a model per chunk */
+    struct gpt *models = dm_alloc((size_t)chunks * sizeof *models);
+    engine_chunk_models(eng, models);
     int S = g->stages, D = g->replicas, L = cfg->layers;
     char config_text[16384];
     config_print(cfg, config_text, sizeof config_text);
@@ -55,8 +57,9 @@ void train_save(struct engine *eng, const struct dm_config *cfg, uint64_t train_
         engine_gather_split_blocks(eng);
     }
     int *frozen = dm_alloc((size_t)L * sizeof(int));   /* own blocks' entries only */
-    for (int i = 0; i < model->num_blocks; i++)
-        frozen[model->first_block + i] = model->blocks[i].frozen != 0;
+    for (int c = 0; c < chunks; c++)
+        for (int i = 0; i < models[c].num_blocks; i++)
+            frozen[models[c].first_block + i] = models[c].blocks[i].frozen != 0;
     meta.frozen = frozen;
     /* The scheme's own state (freezing's window), the same on every rank. */
     struct dyn *dyn = engine_dyn(eng);
@@ -67,9 +70,10 @@ void train_save(struct engine *eng, const struct dm_config *cfg, uint64_t train_
         dyn_state_save(dyn, meta.dyn_state);
     }
     char err[1024];
-    if (ckpt_save(cfg->ckpt_dir, cfg->keep, model, &meta, g->stage, g->replica, MPI_COMM_WORLD,
-                  path_out, path_out_size, err, sizeof err) != 0)
+    if (ckpt_save_chunks(cfg->ckpt_dir, cfg->keep, models, chunks, &meta, g->stage, g->replica,
+                         MPI_COMM_WORLD, path_out, path_out_size, err, sizeof err) != 0)
         dm_user_error("%s", err);
+    dm_free(models);
     dm_free(cursor);
     dm_free(frozen);
     dm_free(meta.dyn_state);
@@ -101,17 +105,35 @@ static void restore_dyn_state(struct engine *eng, const struct ckpt_meta *meta,
                meta->dyn_kind, path, reason);
 }
 
-/* Loads the checkpoint cfg names, if any, into meta and the model;
- * returns 1 when one was loaded. */
+/* Under interleaved, chunks 1.. of the model from the checkpoint chunk 0
+ * was loaded from (each load reads its own blocks, any layout). */
+static void load_other_chunks(struct engine *eng, const struct dm_config *cfg,
+                              const char *path)
+{
+    for (int c = 1; c < cfg->virtual_stages; c++) {
+        struct ckpt_meta again;
+        memset(&again, 0, sizeof again);
+        ckpt_load(path, engine_chunk_model(eng, c), &again, MPI_COMM_WORLD);
+        ckpt_meta_free(&again);
+    }
+    engine_chunk_model(eng, 0);
+}
+
+/* Loads the checkpoint cfg names, if any, into meta and the model (every
+ * chunk); returns 1 when one was loaded. */
 static int load_named_checkpoint(struct engine *eng, const struct dm_config *cfg,
                                  struct ckpt_meta *meta, char *path, size_t path_size)
 {
     if (!train_may_resume(cfg)) return 0;
-    if (!strcmp(cfg->resume, "auto"))
-        return ckpt_resume_auto(cfg->ckpt_dir, engine_model(eng), meta, MPI_COMM_WORLD, path,
-                                path_size);
-    snprintf(path, path_size, "%s", cfg->resume);
-    ckpt_load(path, engine_model(eng), meta, MPI_COMM_WORLD);
+    struct gpt *first = engine_chunk_model(eng, 0);
+    if (!strcmp(cfg->resume, "auto")) {
+        if (!ckpt_resume_auto(cfg->ckpt_dir, first, meta, MPI_COMM_WORLD, path, path_size))
+            return 0;
+    } else {
+        snprintf(path, path_size, "%s", cfg->resume);
+        ckpt_load(path, first, meta, MPI_COMM_WORLD);
+    }
+    load_other_chunks(eng, cfg, path);
     return 1;
 }
 
