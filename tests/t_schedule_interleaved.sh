@@ -4,8 +4,13 @@
 # s being virtual stage c S + s, and runs balance's instruction list for
 # them. The losses and gradient norms are bit-identical to the one-rank
 # run on 2 and 4 stages with 2 chunks, on 2 stages with 4 chunks, on an
-# uneven explicit layout of the chunks, with two replicas, and traced; the
-# validation losses too. Bad values exit 2 with one message.
+# uneven explicit layout of the chunks, with two replicas, traced, with
+# random re-layouts of the 8 chunks of 4 stages every 2 steps (blocks
+# migrate between chunks) and with the balancing controller deciding on
+# the chunks; the validation losses too. Checkpoints resume across
+# schedules (interleaved -> 1f1b -> interleaved) and an interleaved run's
+# checkpoint holds the same data as 1f1b's. Bad values exit 2 with one
+# message.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_dynmo
@@ -45,6 +50,40 @@ for rank in (0, 1):
 print("ok: a traced interleaved step: 8 FWD, 8 BWD per stage")
 PY
 }
+# Re-layouts: 12 blocks in 8 chunks of 4 stages, random every 2 steps,
+# and the controller (balance.method=partition over the 8 virtual stages).
+tiny_config "$dir/twelve.ini" model.layers=12 train.steps=6 train.eval_every=3
+twelve() { train "$1" "$2" "$dir/twelve.ini" "${@:3}" && bits "$1" "${sets[@]}"; }
+chunks8=(parallel.pp=4 "${il[@]}" parallel.virtual=2 balance.initial=explicit:2,1,1,2,2,1,1,2)
+twelve base12 1
+twelve ilr 4 "${chunks8[@]}" balance.method=random balance.every=2 && {
+  same base12 ilr "interleaved with random re-layouts of 8 chunks every 2 steps" "${sets[@]}"
+  grep -q "migrated [0-9]* blocks" "$dir/ilr.out" || fail "interleaved: no migration shown"
+}
+twelve ilp 4 "${chunks8[@]}" balance.method=partition balance.every=2 &&
+  same base12 ilp "interleaved balanced by the controller" "${sets[@]}"
+twelve ild 2 parallel.pp=2 "${il[@]}" parallel.virtual=2 balance.method=diffusion \
+  balance.every=2 && same base12 ild "interleaved balanced by diffusion" "${sets[@]}"
+# Checkpoints resume across schedules: 6 steps under one with checkpoints
+# at 3 and 6; ckpt-6 removed, the rerun under the other resumes at 3.
+v2=("${il[@]}" parallel.virtual=2)
+for pair in "interleaved 1f1b" "1f1b interleaved" "interleaved interleaved"; do
+  set -- $pair
+  name="resume-$1-$2"
+  first=(parallel.schedule=1f1b); [ "$1" = interleaved ] && first=("${v2[@]}")
+  second=(parallel.schedule=1f1b); [ "$2" = interleaved ] && second=("${v2[@]}")
+  train "$name" 2 "$dir/tiny.ini" parallel.pp=2 "${first[@]}" ckpt.dir="$dir/$name.ck" \
+    ckpt.every=3 || continue
+  rm -f "$dir/$name.ck/ckpt-6.h5"
+  train "$name" 2 "$dir/tiny.ini" parallel.pp=2 "${second[@]}" ckpt.dir="$dir/$name.ck" \
+    ckpt.every=3 || continue
+  grep -q "resumed from .*step 3" "$dir/$name.out" || fail "$name: did not resume at step 3"
+  bits "$name" steps/loss && same base "$name" "$1 resumed under $2" steps/loss
+done
+"$DYNMO" check-ckpt "$dir/resume-interleaved-1f1b.ck/ckpt-3.h5" >"$dir/check.out" 2>&1 ||
+  fail "check-ckpt refuses an interleaved run's checkpoint: $(tail -n 2 "$dir/check.out")"
+same_ckpt "$dir/resume-1f1b-interleaved.ck/ckpt-3.h5" "$dir/resume-interleaved-1f1b.ck/ckpt-3.h5" \
+  "an interleaved checkpoint against 1f1b's"
 # The run log keeps a stage's blocks (its chunks together) as its layout.
 /usr/bin/python3 - "$dir/ilx/runlog.h5" <<'PY' || fail "interleaved: /layout/history is not the stages' blocks"
 import sys, h5py
@@ -70,8 +109,6 @@ ref freeze "interleaved does not run with dyn.kind yet" 2 parallel.pp=2 "${il[@]
   parallel.virtual=2 dyn.kind=freeze
 ref moe "interleaved does not run with model.moe_every" 2 parallel.pp=2 "${il[@]}" \
   parallel.virtual=2 model.moe_every=2 model.experts=2 model.top_k=1
-ref balance "interleaved does not run with balance.method other than none yet" 2 \
-  parallel.pp=2 "${il[@]}" parallel.virtual=2 balance.method=random
-ref ckpt "interleaved does not run with checkpoints \(ckpt.dir\) yet" 2 parallel.pp=2 \
-  "${il[@]}" parallel.virtual=2 ckpt.dir="$dir/ck"
+ref repack "interleaved does not run with repack.enable yet" 2 parallel.pp=2 "${il[@]}" \
+  parallel.virtual=2 repack.enable=1 ckpt.dir="$dir/ck"
 finish
