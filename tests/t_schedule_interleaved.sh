@@ -84,6 +84,17 @@ done
   fail "check-ckpt refuses an interleaved run's checkpoint: $(tail -n 2 "$dir/check.out")"
 same_ckpt "$dir/resume-1f1b-interleaved.ck/ckpt-3.h5" "$dir/resume-interleaved-1f1b.ck/ckpt-3.h5" \
   "an interleaved checkpoint against 1f1b's"
+# dynmo eval reads an interleaved run's checkpoint as any other (a
+# forward pass over its stages): the loss of the 1f1b run's.
+for name in resume-interleaved-1f1b resume-1f1b-interleaved; do
+  "$DYNMO" eval --checkpoint "$dir/$name.ck/ckpt-3.h5" --data "$dir/data/val.bin" \
+    >"$dir/$name.eval" 2>&1 || fail "eval of $name's checkpoint: $(tail -n 2 "$dir/$name.eval")"
+done
+cmp -s <(grep -o 'loss [0-9.]*' "$dir/resume-interleaved-1f1b.eval") \
+       <(grep -o 'loss [0-9.]*' "$dir/resume-1f1b-interleaved.eval") &&
+  grep -q 'loss [0-9]' "$dir/resume-1f1b-interleaved.eval" &&
+  echo "ok: dynmo eval of an interleaved checkpoint: $(grep -o 'loss [0-9.]*' "$dir/resume-1f1b-interleaved.eval" | head -1), 1f1b's" ||
+  fail "eval: an interleaved checkpoint's loss is not 1f1b's"
 # The run log keeps a stage's blocks (its chunks together) as its layout.
 /usr/bin/python3 - "$dir/ilx/runlog.h5" <<'PY' || fail "interleaved: /layout/history is not the stages' blocks"
 import sys, h5py
@@ -103,7 +114,7 @@ ref not-dividing "parallel.virtual = 3 does not divide the blocks of a rank" 2 \
   parallel.pp=2 "${il[@]}" parallel.virtual=3
 ref too-many "parallel.pp x parallel.virtual = 2 x 8 exceeds model.layers = 8" 2 \
   parallel.pp=2 "${il[@]}" parallel.virtual=8
-ref explicit-count "explicit" 2 parallel.pp=2 "${il[@]}" parallel.virtual=2 \
+ref explicit-count "lists 2 counts but interleaved lays out parallel.pp x parallel.virtual = 2 x 2 = 4 chunks" 2 parallel.pp=2 "${il[@]}" parallel.virtual=2 \
   balance.initial=explicit:4,4
 ref freeze "interleaved does not run with dyn.kind yet" 2 parallel.pp=2 "${il[@]}" \
   parallel.virtual=2 dyn.kind=freeze

@@ -682,6 +682,10 @@ struct balance_controller_config {
     const char *cost;           /* balance.cost (params, time): for partition and diffusion */
     int stages, blocks, every, micro_batches;
     enum dm_schedule schedule;
+    int virtual_stages;         /* interleaved: chunks per stage v (0 or 1: none); stages
+                                   then counts the S v chunks, the layouts have as many
+                                   entries, and the predictions are interleaved's on S
+                                   stages (balance_predict) */
     uint64_t seed;              /* random draws its layouts from (seed, step) */
     double min_gain, min_improvement;
     double block_params;        /* parameters of one dense block */

@@ -29,6 +29,7 @@ struct balance_controller {
     int method;                 /* enum balance_method, or POLICY_* */
     int stages, blocks, every, micro_batches;
     enum dm_schedule schedule;
+    int virtual_stages;         /* chunks per stage (1: none); stages counts chunks */
     uint64_t seed;
     double min_gain, min_improvement;
     double block_params;
@@ -81,10 +82,12 @@ struct balance_controller *balance_controller_create(const struct balance_contro
 {
     if (balance_controller_valid_method(c->method, c->cost, err, errsize) != BALANCE_OK)
         return NULL;
-    if (c->stages < 1 || c->blocks < c->stages || c->every < 1 || c->micro_batches < 1) {
+    int v = c->virtual_stages > 1 ? c->virtual_stages : 1;
+    if (c->stages < 1 || c->blocks < c->stages || c->every < 1 || c->micro_batches < 1 ||
+        c->stages % v != 0) {
         balance_fail(BALANCE_BAD_INPUT, err, errsize,
-                     "controller: %d stages, %d blocks, every %d, %d micro-batches", c->stages,
-                     c->blocks, c->every, c->micro_batches);
+                     "controller: %d stages (%d chunks each), %d blocks, every %d, %d "
+                     "micro-batches", c->stages, v, c->blocks, c->every, c->micro_batches);
         return NULL;
     }
     struct balance_controller *ctl = dm_alloc(sizeof *ctl);
@@ -94,6 +97,7 @@ struct balance_controller *balance_controller_create(const struct balance_contro
     ctl->every = c->every;
     ctl->micro_batches = c->micro_batches;
     ctl->schedule = c->schedule;
+    ctl->virtual_stages = v;
     ctl->seed = c->seed;
     ctl->min_gain = c->min_gain;
     ctl->min_improvement = c->min_improvement;
@@ -215,6 +219,7 @@ static void current_profile(const struct balance_controller *ctl, struct balance
         .sharing = ctl->sharing.groups ? &ctl->sharing : NULL,
         .update_ms = ctl->update_ema,
         .wgrad_ms = ctl->have_wgrad ? ctl->wgrad_ema : NULL,
+        .virtual_stages = ctl->virtual_stages,
     };
     *profile = p;
 }

@@ -25,7 +25,6 @@ struct train_balancer {
     int vstages;
     int micro_batches;
     int *next;                      /* (vstages) the layout to run next */
-    int *vgroup;                    /* (vstages) sharing group of each chunk: its stage's */
     double *vcompute, *vupdate;     /* (vstages) the chunks' observed figures (observe_chunks) */
     int *group;                     /* (stages) sharing group of each stage */
     double *cores;                  /* (stages) processors of each group */
@@ -43,7 +42,8 @@ struct train_balancer *train_balancer_create(const struct dm_config *cfg, int st
         .method = cfg->method, .cost = cfg->cost, .stages = vstages,
         .blocks = train_unit_count(cfg),
         .every = cfg->every, .micro_batches = cfg->micro_batches,
-        .schedule = config_schedule(cfg), .seed = cfg->seed, .min_gain = cfg->min_gain,
+        .schedule = config_schedule(cfg), .virtual_stages = cfg->virtual_stages,
+        .seed = cfg->seed, .min_gain = cfg->min_gain,
         .min_improvement = cfg->min_improvement,
         .block_params = (double)block_param_count(cfg->channels),
         .block_matrix_weights = (double)block_matrix_weights(cfg->channels),
@@ -60,7 +60,6 @@ struct train_balancer *train_balancer_create(const struct dm_config *cfg, int st
     tb->vstages = vstages;
     tb->micro_batches = cfg->micro_batches;
     tb->next = dm_alloc((size_t)(vstages + 1) * sizeof(int));
-    tb->vgroup = dm_alloc((size_t)vstages * sizeof(int));
     tb->vcompute = dm_alloc((size_t)vstages * sizeof(double));
     tb->vupdate = dm_alloc((size_t)vstages * sizeof(double));
     tb->group = dm_alloc((size_t)stages * sizeof(int));
@@ -73,7 +72,6 @@ void train_balancer_destroy(struct train_balancer *tb)
 {
     balance_controller_destroy(tb->ctl);
     dm_free(tb->next);
-    dm_free(tb->vgroup);
     dm_free(tb->vcompute);
     dm_free(tb->vupdate);
     dm_free(tb->group);
@@ -207,9 +205,7 @@ void train_balancer_share_processors(struct train_balancer *tb, const struct dm_
      * alike; the predictor takes them as processor sharing at each group's
      * share (as dynmo simulate does, within 5% of the measured steps), so
      * that its predicted steps and savings are on the measured scale. */
-    for (int vs = 0; vs < tb->vstages; vs++) tb->vgroup[vs] = tb->group[vs % S];
-    struct balance_sharing sharing = {.stages = tb->vstages, .groups = groups,
-                                      .group = tb->vgroup,
+    struct balance_sharing sharing = {.stages = S, .groups = groups, .group = tb->group,
                                       .cores = replicas ? tb->shares : tb->cores,
                                       .turns = replicas ? 0 : turns};
     tb->sharing = sharing;

@@ -129,8 +129,23 @@ void train_check_units(const struct dm_config *cfg)
                       cfg->pp, cfg->layers);
 }
 
+/* Under interleaved an explicit layout counts chunks, not stages: one
+ * message that says so when the count is off. */
+static void check_explicit_chunks(const struct dm_config *cfg, int chunks)
+{
+    if (cfg->virtual_stages < 2 || strncmp(cfg->initial, "explicit:", 9) != 0) return;
+    int listed = 1;
+    for (const char *c = cfg->initial + 9; *c; c++) listed += *c == ',';
+    if (listed != chunks)
+        dm_user_error("balance.initial = '%s' lists %d counts but interleaved lays out "
+                      "parallel.pp x parallel.virtual = %d x %d = %d chunks (chunk c of "
+                      "stage s at position c x pp + s)", cfg->initial, listed, cfg->pp,
+                      cfg->virtual_stages, chunks);
+}
+
 void train_initial_layout(int *counts, const struct dm_config *cfg, int stages)
 {
+    check_explicit_chunks(cfg, stages);
     /* DeepSpeed's equal parameters: unit parameter counts, the embedding
      * on the first stage and the final norm on the last. */
     int n = train_unit_count(cfg);

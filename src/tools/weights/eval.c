@@ -93,6 +93,8 @@ static void eval_config(struct dm_config *cfg, const struct ckpt_meta *meta, con
     cfg->micro_batches = 1;
     cfg->batch = B * D;
     cfg->trace_from = 0;
+    snprintf(cfg->schedule, sizeof cfg->schedule, "1f1b");   /* a forward pass: any schedule's */
+    cfg->virtual_stages = 1;
     snprintf(cfg->device, sizeof cfg->device, "cpu");
     snprintf(cfg->precision, sizeof cfg->precision, "fp32");   /* the CPU's products */
     /* what only training reads, so that its checks hold whatever was stored */
