@@ -90,10 +90,10 @@ for name in resume-interleaved-1f1b resume-1f1b-interleaved; do
   "$DYNMO" eval --checkpoint "$dir/$name.ck/ckpt-3.h5" --data "$dir/data/val.bin" \
     >"$dir/$name.eval" 2>&1 || fail "eval of $name's checkpoint: $(tail -n 2 "$dir/$name.eval")"
 done
-cmp -s <(grep -o 'loss [0-9.]*' "$dir/resume-interleaved-1f1b.eval") \
-       <(grep -o 'loss [0-9.]*' "$dir/resume-1f1b-interleaved.eval") &&
-  grep -q 'loss [0-9]' "$dir/resume-1f1b-interleaved.eval" &&
-  echo "ok: dynmo eval of an interleaved checkpoint: $(grep -o 'loss [0-9.]*' "$dir/resume-1f1b-interleaved.eval" | head -1), 1f1b's" ||
+cmp -s <(grep '^loss: ' "$dir/resume-interleaved-1f1b.eval") \
+       <(grep '^loss: ' "$dir/resume-1f1b-interleaved.eval") &&
+  grep -q '^loss: [0-9]' "$dir/resume-1f1b-interleaved.eval" &&
+  echo "ok: dynmo eval of an interleaved checkpoint: $(grep '^loss: ' "$dir/resume-1f1b-interleaved.eval" | head -1), 1f1b's" ||
   fail "eval: an interleaved checkpoint's loss is not 1f1b's"
 # The run log keeps a stage's blocks (its chunks together) as its layout.
 /usr/bin/python3 - "$dir/ilx/runlog.h5" <<'PY' || fail "interleaved: /layout/history is not the stages' blocks"
