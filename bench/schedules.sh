@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The pipeline schedules side by side (issue 32): dynmo bench on the
-# reference model under each of 1f1b, gpipe and zb, on RANKS ranks (default
-# "2 4", one stage a rank; 4 ranks share this machine's 2 cores), M
-# micro-batches (default 8). Prints per run the median step, the bubble and
+# reference model under each of 1f1b, gpipe, zb and interleaved (V chunks a
+# rank, default 2), on RANKS ranks (default "2 4", one stage a rank; 4
+# ranks share this machine's 2 cores), M micro-batches (default 8). Prints per run the median step, the bubble and
 # the schedule's bound from the measured stage compute (the predictor), and
 # fails when a run's loss does not fall (dynmo bench's own check). Then
 # torch.distributed.pipelining's schedules on the same model, ranks and
@@ -19,10 +19,11 @@ out=${OUT:-runs/bench-schedules}; mkdir -p "$out"
 results=$out/results.txt; : > "$results"
 echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs"
 for ranks in ${RANKS:-2 4}; do
-  for schedule in ${SCHEDULES:-1f1b gpipe zb}; do
+  for schedule in ${SCHEDULES:-1f1b gpipe zb interleaved}; do
     name=$schedule-$ranks
+    chunks=; [ "$schedule" = interleaved ] && chunks=parallel.virtual=${V:-2}
     mpiexec ${BIND:+-bind-to "$BIND"} -n "$ranks" "$DYNMO" bench --config configs/ref.ini \
-      parallel.pp="$ranks" parallel.schedule="$schedule" train.micro_batches="${M:-8}" \
+      parallel.pp="$ranks" parallel.schedule="$schedule" $chunks train.micro_batches="${M:-8}" \
       --steps "$STEPS" ${EXTRA:-} > "$out/$name.out" 2>&1
     median=$(grep -oP 'bench: median \K[0-9.]+' "$out/$name.out")
     bubble=$(grep -oP 'bench: bubble \K[0-9.]+' "$out/$name.out")

@@ -34,8 +34,9 @@ static double step_flops(const struct dm_config *cfg)
  * second of block migration with plain MPI messages of the same size. */
 static int bench_migration(struct engine *eng, const struct dm_config *cfg, int reps)
 {
-    if (cfg->pp != 2 || dm_world_size() != 2)
-        dm_user_error("bench --migration needs 2 ranks and parallel.pp=2 (mpiexec -n 2)");
+    if (cfg->pp != 2 || dm_world_size() != 2 || cfg->virtual_stages != 1)
+        dm_user_error("bench --migration needs 2 ranks, parallel.pp=2 (mpiexec -n 2) and one "
+                      "chunk a stage (not parallel.schedule = interleaved)");
     int L = cfg->layers;
     int there[2] = {1, L - 1}, back[2] = {L - 1, 1};
     double seconds = 0, bytes = 0;
@@ -105,34 +106,41 @@ static void run_steps(struct engine *eng, struct loader *ld, const struct dm_con
 }
 
 /* The schedule's bound: each stage's measured compute per micro-batch
- * (split into forward and backward in its blocks' proportion), simulated
- * with zero communication and no waiting. */
+ * (split into forward and backward, and under interleaved over its chunks,
+ * in its blocks' proportion), simulated with zero communication and no
+ * waiting. layout: the chunks' (S v counts; the stages' when v = 1). */
 static void print_bound(const struct dm_config *cfg, const int *layout,
                         const struct bench_result *r, double median)
 {
-    int S = cfg->pp;
-    double *stage_fwd = dm_alloc((size_t)S * sizeof(double));
-    double *stage_bwd = dm_alloc((size_t)S * sizeof(double));
-    for (int k = 0, b = 0; k < S; k++) {
+    int S = cfg->pp, v = cfg->virtual_stages, V = S * v;
+    double *stage_fwd = dm_alloc((size_t)V * sizeof(double));
+    double *stage_bwd = dm_alloc((size_t)V * sizeof(double));
+    double *stage_all = dm_alloc((size_t)S * sizeof(double));   /* a stage's blocks' ms */
+    for (int k = 0, b = 0; k < V; k++)
+        for (int j = 0; j < layout[k]; j++, b++)
+            stage_all[k % S] += r->layer_fwd[b] + r->layer_bwd[b];
+    for (int k = 0, b = 0; k < V; k++) {
         double f = 0, w = 0;
         for (int j = 0; j < layout[k]; j++, b++) {
             f += r->layer_fwd[b];
             w += r->layer_fwd[b] + r->layer_bwd[b];
         }
-        double per_mb = r->stage_ms[k] / cfg->micro_batches;
+        double share = stage_all[k % S] > 0 ? w / stage_all[k % S] : 1.0 / v;
+        double per_mb = r->stage_ms[k % S] / cfg->micro_batches * share;
         stage_fwd[k] = w > 0 ? per_mb * f / w : per_mb / 3;
         stage_bwd[k] = per_mb - stage_fwd[k];
     }
     struct balance_prediction pred;
     char err[256];
-    if (balance_predict_stages(stage_fwd, stage_bwd, S, cfg->micro_batches,
-                               config_schedule(cfg), &pred, err, sizeof err) == 0)
+    if (balance_predict_chunks(stage_fwd, stage_bwd, NULL, NULL, S, v, cfg->micro_batches,
+                               config_schedule(cfg), NULL, &pred, err, sizeof err) == 0)
         dm_log("bench: %s bound from the measured stage compute: %.1f ms/step "
                "(bubble %.1f%%); measured median is %.1f%% above it\n",
                cfg->schedule, pred.step_ms, 100 * pred.bubble_ratio,
                100 * (median / pred.step_ms - 1));
     dm_free(stage_fwd);
     dm_free(stage_bwd);
+    dm_free(stage_all);
 }
 
 /* Rank 0: the report; returns whether the loss fell. */
@@ -196,9 +204,10 @@ int cmd_bench(int argc, char **argv)
     loader_init(&ld, &tf, cfg.seq, cfg.seed);
     struct pipe_grid grid;
     pipe_grid_init(&grid, cfg.pp, cfg.dp);   /* its error comes before the layout's */
-    int *layout = dm_alloc((size_t)cfg.pp * sizeof(int));
-    train_initial_layout(layout, &cfg, cfg.pp);
-    train_check_memory(&cfg, layout, cfg.pp);
+    int chunks = cfg.pp * cfg.virtual_stages;   /* interleaved: the chunks' layout */
+    int *layout = dm_alloc((size_t)chunks * sizeof(int));
+    train_initial_layout(layout, &cfg, chunks);
+    if (chunks == cfg.pp) train_check_memory(&cfg, layout, cfg.pp);
     struct engine *eng = engine_create(&cfg, layout, 0);
     dm_free(layout);
     int status;
@@ -212,7 +221,7 @@ int cmd_bench(int argc, char **argv)
             .layer_bwd = dm_alloc((size_t)cfg.layers * sizeof(double)),
         };
         run_steps(eng, &ld, &cfg, &args, &r);
-        int ok = dm_rank() != 0 || report(&cfg, &args, threads, engine_layout(eng), &r);
+        int ok = dm_rank() != 0 || report(&cfg, &args, threads, engine_chunk_layout(eng), &r);
         status = ok ? DM_EXIT_OK : DM_EXIT_INTERNAL;
         dm_free(r.ms);
         dm_free(r.stage_ms);
