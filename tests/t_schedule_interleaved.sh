@@ -60,8 +60,14 @@ twelve ilr 4 "${chunks8[@]}" balance.method=random balance.every=2 && {
   same base12 ilr "interleaved with random re-layouts of 8 chunks every 2 steps" "${sets[@]}"
   grep -q "migrated [0-9]* blocks" "$dir/ilr.out" || fail "interleaved: no migration shown"
 }
-twelve ilp 4 "${chunks8[@]}" balance.method=partition balance.every=2 &&
+# The controller starts from 5 blocks in the last chunk: it proposes
+# layouts of the 8 chunks, predicted as interleaved, and migrates.
+twelve ilp 4 parallel.pp=4 "${il[@]}" parallel.virtual=2 balance.initial=explicit:1,1,1,1,1,1,1,5 \
+  balance.method=partition balance.every=2 balance.min_gain=0 && {
   same base12 ilp "interleaved balanced by the controller" "${sets[@]}"
+  grep -Eq "balance: step 2: partition-time proposes ([0-9]+,){7}[0-9]+ .* over 1,1,1,1,1,1,1,5 .*: migrating" \
+    "$dir/ilp.out" || fail "interleaved: the controller did not move the 8 chunks' blocks at step 2"
+}
 twelve ild 2 parallel.pp=2 "${il[@]}" parallel.virtual=2 balance.method=diffusion \
   balance.every=2 && same base12 ild "interleaved balanced by diffusion" "${sets[@]}"
 # Checkpoints resume across schedules: 6 steps under one with checkpoints

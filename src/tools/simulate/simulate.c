@@ -304,8 +304,8 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
                      : s->stages == run->stages ? run->micro_batches : 4 * s->stages;
     s->schedule = a->schedule >= 0 ? (enum dm_schedule)a->schedule : run->schedule;
     if (s->schedule == DM_SCHEDULE_INTERLEAVED) {   /* its layouts are the stages' */
-        dm_log("simulate: the run's interleaved schedule is simulated as 1f1b over its %d "
-               "stages (simulate does not lay out chunks)\n", run->stages);
+        dm_log("simulate: parallel.schedule = interleaved is simulated as 1f1b over the "
+               "%d stages (simulate does not lay out chunks)\n", run->stages);
         s->schedule = DM_SCHEDULE_1F1B;
     }
     s->every = a->every ? a->every : run->cfg.every;
