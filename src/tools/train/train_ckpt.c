@@ -27,9 +27,6 @@ void train_save(struct engine *eng, const struct dm_config *cfg, uint64_t train_
                 size_t path_out_size)
 {
     const struct pipe_grid *g = engine_grid(eng);
-    int chunks = cfg->virtual_stages;   /* interleaved: a model per chunk */
-    struct gpt *models = dm_alloc((size_t)chunks * sizeof *models);
-    engine_chunk_models(eng, models);
     int S = g->stages, D = g->replicas, L = cfg->layers;
     char config_text[16384];
     config_print(cfg, config_text, sizeof config_text);
@@ -56,6 +53,9 @@ void train_save(struct engine *eng, const struct dm_config *cfg, uint64_t train_
         meta.unit_history = *history;
         engine_gather_split_blocks(eng);
     }
+    int chunks = cfg->virtual_stages;   /* interleaved: a model per chunk */
+    struct gpt *models = dm_alloc((size_t)chunks * sizeof *models);
+    engine_chunk_models(eng, models);   /* after the gather: the blocks saved */
     int *frozen = dm_alloc((size_t)L * sizeof(int));   /* own blocks' entries only */
     for (int c = 0; c < chunks; c++)
         for (int i = 0; i < models[c].num_blocks; i++)
