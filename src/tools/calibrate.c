@@ -1,10 +1,13 @@
 /* `dynmo calibrate --out HW.ini`: measures this machine with dynmo's own
  * ops, through the op table of the configured device (train.device), and
  * writes a hardware file that `dynmo simulate --hardware` reads
- * (docs/simulate.md, "The hardware model"): GEMMs over a range of shapes
- * (the [gemm] points), causal attention, hash attention and the CSR
- * product forward and backward, the layernorm, GELU and residual ops (the
- * achieved bandwidth), a tiny op (the per-op overhead), and between ranks
+ * (docs/simulate.md, "The hardware model"): the block's products over a
+ * grid of shapes, forward and backward, as the model calls them (the
+ * [gemm] points and backward points), causal attention by direction over a
+ * grid of lengths and head sizes (the [attention] points), hash attention
+ * and the CSR product forward and backward, the layernorm, GELU, residual
+ * and AdamW ops (the achieved bandwidths), a tiny op (the per-op
+ * overhead), and between ranks
  * 0 and 1 the point-to-point line (a small and a large message) and the
  * all-reduce line. Every figure is the median of five timed batches of
  * repetitions, so a neighbour's burst moves it less.
@@ -97,18 +100,23 @@ struct op {
     long tiles;
 };
 
-enum { OP_GEMM, OP_ATTENTION, OP_GROUPED, OP_SPARSE, OP_LAYERNORM, OP_GELU, OP_RESIDUAL,
-       OP_COPY };
+enum { OP_GEMM, OP_GEMM_BACKWARD, OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD,
+       OP_GROUPED, OP_SPARSE, OP_LAYERNORM, OP_GELU, OP_RESIDUAL, OP_COPY, OP_ADAMW };
 
 static void run_op(struct op *o)
 {
     const struct dm_backend *be = o->be;
     switch (o->kind) {
-    case OP_GEMM:       /* out (m, n) = inp (m, k) W^T, W (n, k) */
-        be->matmul_forward(o->z, o->x, o->y, NULL, o->m, o->k, o->n);
+    case OP_GEMM:       /* out z (m, n) = inp x (m, k) W^T + bias, W y (n, k), bias s (n) */
+        be->matmul_forward(o->z, o->x, o->y, o->s, o->m, o->k, o->n);
         break;
-    case OP_ATTENTION:
+    case OP_GEMM_BACKWARD:   /* from dout z: dinp w (m, k), dweight v (n, k), dbias s (n) */
+        be->matmul_backward_overwrite(o->w, o->v, o->s, o->z, o->x, o->y, o->m, o->k, o->n);
+        break;
+    case OP_ATTENTION_FORWARD:
         be->attention_forward(o->z, o->s, o->x, o->B, o->T, o->C, o->NH);
+        break;
+    case OP_ATTENTION_BACKWARD:
         be->attention_backward(o->w, o->v, o->y, o->x, o->s, o->B, o->T, o->C, o->NH);
         break;
     case OP_GROUPED:
@@ -128,6 +136,11 @@ static void run_op(struct op *o)
     case OP_GELU: be->gelu_forward(o->z, o->x, (long)o->m * o->n); break;
     case OP_RESIDUAL: be->residual_forward(o->z, o->x, o->y, (long)o->m * o->n); break;
     case OP_COPY: be->copy_on_device(o->z, o->x, (size_t)o->m * o->n * sizeof(float)); break;
+    case OP_ADAMW:      /* params z, gradients x, moments w and v; a learning rate that
+                           keeps the weights where they are */
+        be->adamw_update(o->z, o->x, o->w, o->v, (long)o->m * o->n, 1e-9f, 0.9f, 0.95f, 1e-8f,
+                         0.1f, 1.0f, 1);
+        break;
     }
 }
 
@@ -174,42 +187,68 @@ static int *device_ints(const struct dm_backend *be, const int *host, size_t n)
 
 /* ---- what is measured -------------------------------------------------------- */
 
-/* GEMM shapes m n k: squares, the products of blocks of 64 to 512
- * channels over 1024 to 8192 rows, and weight-gradient shapes (long k). */
-static const int gemm_shapes[][3] = {
-    {128, 128, 128}, {256, 256, 256}, {512, 512, 512}, {1024, 1024, 1024},
-    {1024, 192, 64}, {1024, 64, 64}, {1024, 256, 64}, {1024, 64, 256},
-    {4096, 384, 128}, {4096, 128, 128}, {4096, 512, 128}, {4096, 128, 512},
-    {8192, 768, 256}, {8192, 256, 1024}, {8192, 1024, 256},
-    {128, 128, 4096}, {512, 128, 4096}, {256, 256, 8192},
-};
+/* The GEMM grid: the rows of a micro-batch, m, from 64 to 4096, times a
+ * block's four product shapes at a width C (n x k: C x C, 4C x C and
+ * C x 4C; qkv's 3C x C lies between), C 64 and 256 at every m and 1024
+ * at the larger m. A regular grid in log2 so that interpolation between
+ * its points, not a shape of any particular config, prices a model. */
+static const int grid_rows[] = {64, 256, 1024, 4096};
+static const int grid_widths[] = {64, 256, 1024};
 static const int quick_shapes[][3] = {
     {64, 64, 64}, {256, 256, 256}, {1024, 96, 32}, {96, 32, 1024},
 };
 
+/* Seconds of op o beyond the op overhead (at least half of them). */
+static double beyond_overhead(const struct hardware *hw, double s)
+{
+    double o = hw->op_overhead_us * 1e-6;
+    return s - o > s / 2 ? s - o : s / 2;
+}
+
+/* One product m x n x k forward (with its bias, as every product of the
+ * block has) and backward (input, weight and bias gradients). */
+static void measure_gemm(struct hardware *hw, const struct dm_backend *be, int m, int n, int k,
+                         double batch_s)
+{
+    struct op o = {.be = be, .kind = OP_GEMM, .m = m, .n = n, .k = k};
+    o.x = device_floats(be, (size_t)m * k, 1);
+    o.y = device_floats(be, (size_t)n * k, 2);
+    o.s = device_floats(be, (size_t)n, 3);
+    o.z = be->alloc((size_t)m * n * sizeof(float));
+    o.w = be->alloc((size_t)m * k * sizeof(float));
+    o.v = be->alloc((size_t)n * k * sizeof(float));
+    double forward = time_op(&o, batch_s);
+    o.kind = OP_GEMM_BACKWARD;
+    double backward = time_op(&o, batch_s);
+    double flops = 2.0 * m * n * k;
+    double tf = flops / beyond_overhead(hw, forward) / 1e12;
+    double tb = 2 * flops / beyond_overhead(hw, backward) / 1e12;
+    hw->gemm[hw->gemm_points++] = (struct hw_gemm_point){m, n, k, tf};
+    hw->backward[hw->backward_points++] = (struct hw_gemm_point){m, n, k, tb};
+    hw->gemm_peak_tflops = fmax(hw->gemm_peak_tflops, fmax(tf, tb));
+    dm_log("calibrate: gemm %5d x %5d x %5d: forward %8.3f ms, %.4f TFLOP/s; backward %8.3f "
+           "ms, %.4f TFLOP/s\n", m, n, k, forward * 1e3, tf, backward * 1e3, tb);
+    float *buffers[] = {o.x, o.y, o.s, o.z, o.w, o.v};
+    for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+}
+
 static void measure_gemms(struct hardware *hw, const struct dm_backend *be, int quick,
                           double batch_s)
 {
-    int count = quick ? (int)(sizeof quick_shapes / sizeof quick_shapes[0])
-                      : (int)(sizeof gemm_shapes / sizeof gemm_shapes[0]);
-    const int (*shapes)[3] = quick ? quick_shapes : gemm_shapes;
-    for (int i = 0; i < count; i++) {
-        int m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
-        struct op o = {.be = be, .kind = OP_GEMM, .m = m, .n = n, .k = k};
-        o.x = device_floats(be, (size_t)m * k, 1);
-        o.y = device_floats(be, (size_t)n * k, 2);
-        o.z = be->alloc((size_t)m * n * sizeof(float));
-        double s = time_op(&o, batch_s);
-        double tflops = 2.0 * m * n * k / (s - hw->op_overhead_us * 1e-6 > s / 2
-                                           ? s - hw->op_overhead_us * 1e-6 : s / 2) / 1e12;
-        hw->gemm[hw->gemm_points++] = (struct hw_gemm_point){m, n, k, tflops};
-        if (tflops > hw->gemm_peak_tflops) hw->gemm_peak_tflops = tflops;
-        dm_log("calibrate: gemm %5d x %5d x %5d: %8.3f ms, %.4f TFLOP/s\n", m, n, k, s * 1e3,
-               tflops);
-        be->free(o.x);
-        be->free(o.y);
-        be->free(o.z);
+    if (quick) {
+        for (size_t i = 0; i < sizeof quick_shapes / sizeof quick_shapes[0]; i++)
+            measure_gemm(hw, be, quick_shapes[i][0], quick_shapes[i][1], quick_shapes[i][2],
+                         batch_s);
+        return;
     }
+    for (size_t r = 0; r < sizeof grid_rows / sizeof grid_rows[0]; r++)
+        for (size_t w = 0; w < sizeof grid_widths / sizeof grid_widths[0]; w++) {
+            int m = grid_rows[r], C = grid_widths[w];
+            if (C > m) continue;   /* a width above the rows: no block runs that */
+            measure_gemm(hw, be, m, C, C, batch_s);
+            measure_gemm(hw, be, m, 4 * C, C, batch_s);
+            measure_gemm(hw, be, m, C, 4 * C, batch_s);
+        }
 }
 
 /* Causal attention's FLOPs over B sequences of T (hardware_ops.c's count). */
@@ -218,10 +257,59 @@ static double causal_flops(int B, int T, int C)
     return 2.0 * B * T * ((double)T + 1) * C;
 }
 
-/* Attention forward and backward at each shape: 3 x its forward FLOPs over
- * the two's time, the mean over the shapes. */
-static double measure_attention(const struct dm_backend *be, int hash, int quick,
-                                double batch_s)
+/* Causal attention of B x NH heads of hs channels over T tokens: its
+ * forward and its backward timed apart, an [attention] point. */
+static void measure_attention_point(struct hardware *hw, const struct dm_backend *be, int B,
+                                    int T, int hs, double batch_s)
+{
+    int NH = 4, C = NH * hs;
+    struct op o = {.be = be, .kind = OP_ATTENTION_FORWARD, .B = B, .T = T, .C = C, .NH = NH};
+    size_t BT = (size_t)B * T, square = (size_t)B * NH * T * T;
+    o.x = device_floats(be, BT * 3 * C, 3);
+    o.y = device_floats(be, BT * C, 4);
+    o.z = be->alloc(BT * C * sizeof(float));
+    o.w = be->alloc(BT * 3 * C * sizeof(float));
+    o.s = be->alloc(square * sizeof(float));
+    o.v = be->alloc(square * sizeof(float));
+    double forward = time_op(&o, batch_s);
+    o.kind = OP_ATTENTION_BACKWARD;   /* on the probabilities the forward left in s */
+    double backward = time_op(&o, batch_s);
+    double flops = causal_flops(B, T, C);
+    struct hw_attention_point p = {T, hs, flops / beyond_overhead(hw, forward) / 1e12,
+                                   2 * flops / beyond_overhead(hw, backward) / 1e12};
+    hw->attention[hw->attention_points++] = p;
+    dm_log("calibrate: causal attention B %d T %4d %d heads of %3d: forward %.3f ms, %.4f "
+           "TFLOP/s; backward %.3f ms, %.4f TFLOP/s\n", B, T, NH, hs, forward * 1e3,
+           p.forward_tflops, backward * 1e3, p.backward_tflops);
+    float *buffers[] = {o.x, o.y, o.z, o.w, o.s, o.v};
+    for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+}
+
+/* The [attention] points over a grid of lengths and head sizes (regular
+ * in log2, as the GEMM grid), and tflops: forward and backward together,
+ * 3 x the forward FLOPs over the two's time, the mean over the points. */
+static void measure_attention_points(struct hardware *hw, const struct dm_backend *be,
+                                     int quick, double batch_s)
+{
+    static const int lengths[] = {32, 96, 256, 768, 2048}, sizes[] = {16, 48, 128};
+    int nl = quick ? 2 : (int)(sizeof lengths / sizeof lengths[0]);
+    int ns = quick ? 1 : (int)(sizeof sizes / sizeof sizes[0]);
+    double sum = 0;
+    for (int l = 0; l < nl; l++)
+        for (int h = 0; h < ns; h++) {
+            measure_attention_point(hw, be, lengths[l] >= 2048 ? 1 : 2, lengths[l], sizes[h],
+                                    batch_s);
+            const struct hw_attention_point *p = &hw->attention[hw->attention_points - 1];
+            sum += 3 / (1 / p->forward_tflops + 2 / p->backward_tflops);
+        }
+    hw->attention_tflops = sum / hw->attention_points;
+    dm_log("calibrate: causal attention %.4f TFLOP/s forward and backward together (the mean "
+           "over %d points)\n", hw->attention_tflops, hw->attention_points);
+}
+
+/* Hash attention forward and backward at each shape: 3 x the forward FLOPs
+ * of the tiles it visits over the two's time, the mean over the shapes. */
+static double measure_hash_attention(const struct dm_backend *be, int quick, double batch_s)
 {
     static const int shapes[][4] = {{4, 128, 128, 4}, {2, 256, 128, 4}, {1, 512, 256, 8}};
     int count = quick ? 1 : 3;
@@ -229,44 +317,36 @@ static double measure_attention(const struct dm_backend *be, int hash, int quick
     for (int i = 0; i < count; i++) {
         int B = shapes[i][0], T = shapes[i][1], C = shapes[i][2], NH = shapes[i][3];
         int hs = C / NH, groups = 4;
-        struct op o = {.be = be, .kind = hash ? OP_GROUPED : OP_ATTENTION, .B = B, .T = T, .C = C,
-                       .NH = NH, .groups = groups};
-        size_t BT = (size_t)B * T, square = (size_t)B * NH * T * T;
+        struct op o = {.be = be, .kind = OP_GROUPED, .B = B, .T = T, .C = C, .NH = NH,
+                       .groups = groups};
+        size_t BT = (size_t)B * T;
         o.x = device_floats(be, BT * 3 * C, 3);
         o.y = device_floats(be, BT * C, 4);
         o.z = be->alloc(BT * C * sizeof(float));
         o.w = be->alloc(BT * 3 * C * sizeof(float));
-        if (hash) {
-            /* a rotation of N(0,1) draws: the groups are as even as hash
-             * attention's, whose columns are also normalised */
-            size_t n = (size_t)NH * hs * groups / 2;
-            float *rotation = dm_alloc(n * sizeof(float));
-            for (size_t i = 0; i < n; i++) rotation[i] = dm_normal(11, 0, i);
-            o.s = be->alloc(n * sizeof(float));
-            be->copy_to_device(o.s, rotation, n * sizeof(float));
-            dm_free(rotation);
-            o.v = be->alloc((size_t)B * NH * T * sizeof(float));
-            o.i1 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
-            o.i2 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
-        } else {
-            o.s = be->alloc(square * sizeof(float));
-            o.v = be->alloc(square * sizeof(float));
-        }
+        /* a rotation of N(0,1) draws: the groups are as even as hash
+         * attention's, whose columns are also normalised */
+        size_t n = (size_t)NH * hs * groups / 2;
+        float *rotation = dm_alloc(n * sizeof(float));
+        for (size_t i = 0; i < n; i++) rotation[i] = dm_normal(11, 0, i);
+        o.s = be->alloc(n * sizeof(float));
+        be->copy_to_device(o.s, rotation, n * sizeof(float));
+        dm_free(rotation);
+        o.v = be->alloc((size_t)B * NH * T * sizeof(float));
+        o.i1 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
+        o.i2 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
         double s = time_op(&o, batch_s);
         long nt = (T + 31) / 32;
-        double share = hash ? (double)o.tiles / ((double)B * NH * nt * (nt + 1) / 2) : 1.0;
+        double share = (double)o.tiles / ((double)B * NH * nt * (nt + 1) / 2);
         if (share > 1) share = 1;
         double tflops = 3 * share * causal_flops(B, T, C) / s / 1e12;
-        dm_log("calibrate: %s attention B %d T %d C %d: %.3f ms forward + backward, %.4f "
-               "TFLOP/s%s\n", hash ? "hash" : "causal", B, T, C, s * 1e3, tflops,
-               hash ? " (of the tiles visited)" : "");
+        dm_log("calibrate: hash attention B %d T %d C %d: %.3f ms forward + backward, %.4f "
+               "TFLOP/s (of the tiles visited)\n", B, T, C, s * 1e3, tflops);
         sum += tflops;
         float *buffers[] = {o.x, o.y, o.z, o.w, o.s, o.v};
         for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
-        if (hash) {
-            be->free(o.i1);
-            be->free(o.i2);
-        }
+        be->free(o.i1);
+        be->free(o.i2);
     }
     return sum / count;
 }
@@ -307,8 +387,9 @@ static double measure_sparse(const struct dm_backend *be, int quick, double batc
 }
 
 /* The elementwise and normalisation ops' bandwidth (the median of
- * layernorm, GELU and residual; hardware_ops.c's bytes), a copy's (the
- * peak), and a tiny op's time (the overhead). */
+ * layernorm, GELU and residual; hardware_ops.c's bytes), GELU's, the
+ * layernorm's and AdamW's own, a copy's (the peak), and a tiny op's time
+ * (the overhead). */
 static void measure_memory(struct hardware *hw, const struct dm_backend *be, int quick,
                            double batch_s)
 {
@@ -321,8 +402,8 @@ static void measure_memory(struct hardware *hw, const struct dm_backend *be, int
     o.y = device_floats(be, n, 9);
     o.s = device_floats(be, (size_t)C, 10);
     o.z = be->alloc(n * sizeof(float));
-    o.v = be->alloc((size_t)rows * sizeof(float));
-    o.w = be->alloc((size_t)rows * sizeof(float));
+    o.v = be->alloc(n * sizeof(float));   /* a layernorm's mean and rstd; AdamW's moments */
+    o.w = be->alloc(n * sizeof(float));
     const int kinds[4] = {OP_LAYERNORM, OP_GELU, OP_RESIDUAL, OP_COPY};
     const char *names[4] = {"layernorm", "gelu", "residual", "copy"};
     const double bytes_per[4] = {2 * 4.0, 2 * 4.0, 3 * 4.0, 2 * 4.0};   /* per element */
@@ -336,7 +417,16 @@ static void measure_memory(struct hardware *hw, const struct dm_backend *be, int
     }
     double ops[3] = {rate[0], rate[1], rate[2]};
     hw->bandwidth_gbs = dm_median(ops, 3);
-    hw->peak_bandwidth_gbs = fmax(fmax(rate[0], rate[1]), fmax(rate[2], rate[3]));
+    hw->layernorm_gbs = rate[0];
+    hw->gelu_gbs = rate[1];
+    /* AdamW over as many parameters as the arrays hold: 28 bytes each */
+    o.kind = OP_ADAMW;
+    double adamw = time_op(&o, batch_s);
+    hw->adamw_gbs = 28.0 * n / adamw / 1e9;
+    dm_log("calibrate: adamw     %zu parameters: %.3f ms, %.2f GB/s\n", n, adamw * 1e3,
+           hw->adamw_gbs);
+    hw->peak_bandwidth_gbs = fmax(fmax(fmax(rate[0], rate[1]), fmax(rate[2], rate[3])),
+                                  hw->adamw_gbs);
     /* The overhead: a 16-float op's time, or a small layernorm's beyond its
      * bytes when that is more (an op the thread pool spreads over its
      * threads pays their start and join, the tiny one runs inline). */
@@ -462,11 +552,13 @@ int cmd_calibrate(int argc, char **argv)
         double batch_s = a.quick ? 0.002 : 0.04;
         measure_memory(&hw, be, a.quick, batch_s);
         measure_gemms(&hw, be, a.quick, batch_s);
-        hw.attention_tflops = measure_attention(be, 0, a.quick, batch_s);
-        hw.group_attention_tflops = measure_attention(be, 1, a.quick, batch_s);
+        measure_attention_points(&hw, be, a.quick, batch_s);
+        hw.group_attention_tflops = measure_hash_attention(be, a.quick, batch_s);
         hw.sparse_tflops = measure_sparse(be, a.quick, batch_s);
-        double peak = hw.gemm_peak_tflops;
-        if (hw.attention_tflops > peak) hw.gemm_peak_tflops = hw.attention_tflops;
+        for (int p = 0; p < hw.attention_points; p++)
+            hw.gemm_peak_tflops = fmax(hw.gemm_peak_tflops, fmax(hw.attention[p].forward_tflops,
+                                                                 hw.attention[p].backward_tflops));
+        if (hw.attention_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.attention_tflops;
         if (hw.group_attention_tflops > hw.gemm_peak_tflops)
             hw.gemm_peak_tflops = hw.group_attention_tflops;
         if (hw.sparse_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.sparse_tflops;
