@@ -13,7 +13,11 @@
  * its input and its weight gradient, to show what each part costs.
  * On a loaded machine only the ratios between lines are worth reading.
  * Built by `make build/bench/hw_ops`.
- * Usage: hw_ops HW.ini B T C NH [threads] [rounds] */
+ * Last, a stage: `depth` more blocks, each with its own weights and
+ * activations, forward one after the other and backward in reverse, as a
+ * pipeline stage runs them: its time a block against the one block
+ * repeated shows what operands that are no longer in cache cost.
+ * Usage: hw_ops HW.ini B T C NH [threads] [rounds] [depth] */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -89,6 +93,7 @@ int main(int argc, char **argv)
     int B = atoi(argv[2]), T = atoi(argv[3]), C = atoi(argv[4]), NH = atoi(argv[5]);
     int threads = argc > 6 ? atoi(argv[6]) : 1;
     rounds = argc > 7 ? atoi(argv[7]) : 30;
+    int depth = argc > 8 ? atoi(argv[8]) : 8;
     struct hardware hw;
     hardware_load(&hw, argv[1]);
     dm_threads_init(threads);
@@ -121,6 +126,14 @@ int main(int argc, char **argv)
     }
     const struct dm_backend *be = backend_current();
     float *const *p = blk.p, *const *g = blk.g;
+    struct block *stage = dm_alloc((size_t)depth * sizeof *stage);
+    struct block_acts *stage_acts = dm_alloc((size_t)depth * sizeof *stage_acts);
+    float *stage_x = dm_alloc((size_t)(depth + 1) * n * sizeof(float));
+    memcpy(stage_x, in, n * sizeof(float));
+    for (int j = 0; j < depth; j++) {
+        block_init(&stage[j], j, &shape, 1337 + (uint64_t)j);
+        block_acts_alloc(&stage_acts[j], B, T, C, NH);
+    }
     for (int r = -1; r < rounds; r++) {
         round_at = r < 0 ? 0 : r;   /* round -1 warms up into sample 0 */
         start();
@@ -164,6 +177,14 @@ int main(int argc, char **argv)
         start();
         block_forward(&blk, &a, out, in, B, T);
         mark("block forward");
+        for (int j = 0; j < depth; j++)
+            block_forward(&stage[j], &stage_acts[j], stage_x + (size_t)(j + 1) * n,
+                          stage_x + (size_t)j * n, B, T);
+        mark("stage forward");
+        for (int j = depth - 1; j >= 0; j--)
+            block_backward(&stage[j], &stage_acts[j], &s, din, j == depth - 1 ? dout : din,
+                           stage_x + (size_t)j * n, B, T);
+        mark("stage backward");
         block_backward(&blk, &a, &s, din, dout, in, B, T);
         mark("block backward");
         for (int k = 0; k < BP_COUNT; k++) {
@@ -212,6 +233,11 @@ int main(int argc, char **argv)
     }
     row("sum of the ops", bsum, bwd.ms);
     row("block_backward", measured_ms("block backward"), bwd.ms);
+    if (depth > 0) {
+        printf("a stage of %d blocks, a block:\n", depth);
+        row("forward", measured_ms("stage forward") / depth, fwd.ms);
+        row("backward", measured_ms("stage backward") / depth, bwd.ms);
+    }
     printf("update:\n");
     row("adamw (12 tensors)", measured_ms("adamw (12 tensors)"), predicted_ms(&upd, "adamw"));
     row("adamw (one call)", measured_ms("adamw (one call)"), predicted_ms(&upd, "adamw"));

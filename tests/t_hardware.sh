@@ -19,9 +19,9 @@ step_of() {   # the ms of the 'predicted step:' line of stdin
 # calibrate writes a file simulate reads
 if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/cpu.ini" --quick > "$dir/calibrate.out" 2>&1; then
   echo "ok: calibrate --quick wrote $(grep -c '^point' "$dir/cpu.ini") GEMM and attention points"
-  # the measured extras: each product's backward, attention by direction,
+  # the measured extras: each product's backward, attention and hash attention by direction,
   # GELU's, the layernorm's and AdamW's bandwidths
-  for key in backward_point gelu_gbs layernorm_gbs adamw_gbs; do
+  for key in backward_point hash_point gelu_gbs layernorm_gbs adamw_gbs; do
     grep -q "^$key = " "$dir/cpu.ini" || fail "calibrate wrote no $key"
   done
   sed -n '/^\[attention\]/,/^\[/p' "$dir/cpu.ini" | grep -Eq '^point = [0-9]+ [0-9]+ [0-9.e+-]+ [0-9.e+-]+$' \

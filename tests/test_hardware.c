@@ -75,8 +75,8 @@ static void edited(char *out, size_t size, const char *find, const char *with)
 }
 
 /* good with the figures `dynmo calibrate` measures besides: GELU's, the
- * layernorm's and AdamW's bandwidths, two backward GEMM points and two
- * attention points. */
+ * layernorm's and AdamW's bandwidths, two backward GEMM points, two
+ * attention points and a hash point. */
 static void measured(char *out, size_t size)
 {
     char a[4096], b[4096];
@@ -86,7 +86,8 @@ static void measured(char *out, size_t size)
                 "point = 1024 1024 1024 1\nbackward_point = 64 64 64 0.125\n"
                 "backward_point = 1024 1024 1024 0.5");
     edited_from(out, size, b, "sparse_tflops",
-                "sparse_tflops = 0.125\npoint = 64 16 0.1 0.2\npoint = 1024 64 0.4 0.3");
+                "sparse_tflops = 0.125\npoint = 64 16 0.1 0.2\npoint = 1024 64 0.4 0.3\n"
+                "hash_point = 256 16 0.01 0.02");
 }
 
 static void test_good(void)
@@ -118,6 +119,8 @@ static void test_measured(void)
     CHECK_MSG(parse(&hw, text, err, sizeof err) == 0, "%s", err);
     CHECK(hw.gelu_gbs == 20 && hw.layernorm_gbs == 40 && hw.adamw_gbs == 25);
     CHECK(hw.gemm_points == 2 && hw.backward_points == 2 && hw.attention_points == 2);
+    CHECK(hw.hash_points == 1);
+    CHECK_NEAR(hw.hash[0].backward_tflops, 0.02, 0);
     CHECK_NEAR(hw.backward[1].tflops, 0.5, 0);
     CHECK_NEAR(hw.attention[0].T, 64, 0);
     CHECK_NEAR(hw.attention[0].head_size, 16, 0);
@@ -136,6 +139,8 @@ static void test_measured(void)
         {"point = 64 16", "point = 64 0 0.1 0.2", "head_size must be a whole number"},
         {"point = 64 16", "point = 64 16 0.1 9", "[attention] point 64 16 at 0.1 and 9"},
         {"point = 64 16", "point = 64 16 0 0.2", "out of range"},
+        {"hash_point", "hash_point = 256 16 3 0.02", "[attention] hash_point 256 16 at 3"},
+        {"hash_point", "hash_point = 256 16 0.01", "hash_point = 256 16 0.01 is not"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char bad[4096];
@@ -159,6 +164,8 @@ static void test_measured(void)
     parse(&plain, good, err, sizeof err);
     CHECK(hardware_gemm_backward_tflops(&plain, 64, 64, 64) == 0);
     CHECK(hardware_attention_tflops(&plain, 64, 16, 1) == 0.5);
+    CHECK(hardware_hash_tflops(&plain, 64, 16, 0) == 0.25);   /* hash_tflops */
+    CHECK_NEAR(hardware_hash_tflops(&hw, 64, 64, 1), 0.02, 0);   /* one point: its rate */
 }
 
 /* Each case: a line changed (or removed) and what the message must hold. */
@@ -472,6 +479,20 @@ static void test_measured_prices(void)
         CHECK_NEAR(attb->ms, attb->flops / (hardware_attention_tflops(&hw, 4, 4, 1) * 1e9),
                    1e-12);
     }
+    /* hash attention: its tiles' FLOPs at the hash points' rate by direction */
+    struct hw_model mh = m;
+    snprintf(mh.cfg.attention, sizeof mh.cfg.attention, "hash");
+    mh.cfg.hash_buckets = 2;
+    struct hw_pass hf, hb;
+    hw_block_forward(&hf, &mh, &dense);
+    hw_block_backward(&hb, &mh, &dense);
+    const struct hw_op *ha = find_op(&hf, "hash attention");
+    const struct hw_op *hab = find_op(&hb, "hash attention backward");
+    CHECK(ha && hab);
+    if (ha && hab) {
+        CHECK_NEAR(ha->ms, ha->flops / (0.01 * 1e9), 1e-12);
+        CHECK_NEAR(hab->ms, hab->flops / (0.02 * 1e9), 1e-12);
+    }
     /* GELU's epilogue: its bytes at gelu_gbs on top of the fc GEMM */
     struct hardware fast_gelu = hw;
     fast_gelu.gelu_gbs *= 2;
@@ -529,7 +550,7 @@ static void test_write_back(void)
     if (f) fclose(f);
     unlink(path);
     CHECK_MSG(hardware_parse_text(&back, text, n, path, err, sizeof err) == 0, "%s", err);
-    CHECK(back.backward_points == 2 && back.attention_points == 2);
+    CHECK(back.backward_points == 2 && back.attention_points == 2 && back.hash_points == 1);
     CHECK(back.gelu_gbs == 20 && back.layernorm_gbs == 40 && back.adamw_gbs == 25);
     CHECK_NEAR(back.backward[0].tflops, 0.125, 0);
     CHECK_NEAR(back.attention[1].backward_tflops, 0.3, 0);

@@ -5,7 +5,7 @@
  * grid of shapes, forward and backward, as the model calls them (the
  * [gemm] points and backward points), causal attention by direction over a
  * grid of lengths and head sizes (the [attention] points), hash attention
- * and the CSR product forward and backward, the layernorm, GELU, residual
+ * likewise (the hash points), the CSR product forward and backward, the layernorm, GELU, residual
  * and AdamW ops (the achieved bandwidths), a tiny op (the per-op
  * overhead), and between ranks
  * 0 and 1 the point-to-point line (a small and a large message) and the
@@ -101,7 +101,7 @@ struct op {
 };
 
 enum { OP_GEMM, OP_GEMM_BACKWARD, OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD,
-       OP_GROUPED, OP_SPARSE, OP_LAYERNORM, OP_GELU, OP_RESIDUAL, OP_COPY, OP_ADAMW };
+       OP_GROUPED_FORWARD, OP_GROUPED_BACKWARD, OP_SPARSE, OP_LAYERNORM, OP_GELU, OP_RESIDUAL, OP_COPY, OP_ADAMW };
 
 static void run_op(struct op *o)
 {
@@ -119,9 +119,11 @@ static void run_op(struct op *o)
     case OP_ATTENTION_BACKWARD:
         be->attention_backward(o->w, o->v, o->y, o->x, o->s, o->B, o->T, o->C, o->NH);
         break;
-    case OP_GROUPED:
+    case OP_GROUPED_FORWARD:
         o->tiles = be->group_attention_forward(o->z, o->v, o->i1, o->i2, NULL, o->x, o->s,
                                                 o->B, o->T, o->C, o->NH, o->groups);
+        break;
+    case OP_GROUPED_BACKWARD:   /* on the groups and order the forward left */
         be->group_attention_backward(o->w, o->y, o->x, o->z, o->v, o->i1, o->i2, o->B, o->T,
                                       o->C, o->NH);
         break;
@@ -307,48 +309,67 @@ static void measure_attention_points(struct hardware *hw, const struct dm_backen
            "over %d points)\n", hw->attention_tflops, hw->attention_points);
 }
 
-/* Hash attention forward and backward at each shape: 3 x the forward FLOPs
- * of the tiles it visits over the two's time, the mean over the shapes. */
-static double measure_hash_attention(const struct dm_backend *be, int quick, double batch_s)
+/* Hash attention of B x 4 heads of hs channels over T tokens in 8 groups
+ * (hash.buckets' default): its forward and its backward timed apart, each
+ * over the FLOPs of the tiles it visits (a share of causal attention's),
+ * a hash point. */
+static void measure_hash_point(struct hardware *hw, const struct dm_backend *be, int B, int T,
+                               int hs, double batch_s)
 {
-    static const int shapes[][4] = {{4, 128, 128, 4}, {2, 256, 128, 4}, {1, 512, 256, 8}};
-    int count = quick ? 1 : 3;
+    int NH = 4, C = NH * hs, groups = 8;
+    struct op o = {.be = be, .kind = OP_GROUPED_FORWARD, .B = B, .T = T, .C = C, .NH = NH,
+                   .groups = groups};
+    size_t BT = (size_t)B * T;
+    o.x = device_floats(be, BT * 3 * C, 3);
+    o.y = device_floats(be, BT * C, 4);
+    o.z = be->alloc(BT * C * sizeof(float));
+    o.w = be->alloc(BT * 3 * C * sizeof(float));
+    /* a rotation of N(0,1) draws: the groups are as even as hash
+     * attention's, whose columns are also normalised */
+    size_t n = (size_t)NH * hs * groups / 2;
+    float *rotation = dm_alloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) rotation[i] = dm_normal(11, 0, i);
+    o.s = be->alloc(n * sizeof(float));
+    be->copy_to_device(o.s, rotation, n * sizeof(float));
+    dm_free(rotation);
+    o.v = be->alloc(BT * NH * sizeof(float));
+    o.i1 = be->alloc(BT * NH * 2 * sizeof(int));
+    o.i2 = be->alloc(BT * NH * 2 * sizeof(int));
+    double forward = time_op(&o, batch_s);
+    o.kind = OP_GROUPED_BACKWARD;
+    double backward = time_op(&o, batch_s);
+    long nt = (T + 31) / 32;
+    double share = fmin(1.0, (double)o.tiles / ((double)B * NH * nt * (nt + 1) / 2));
+    double flops = share * causal_flops(B, T, C);
+    struct hw_attention_point p = {T, hs, flops / beyond_overhead(hw, forward) / 1e12,
+                                   2 * flops / beyond_overhead(hw, backward) / 1e12};
+    hw->hash[hw->hash_points++] = p;
+    dm_log("calibrate: hash attention B %d T %4d %d heads of %3d, %.3f of the tiles: forward "
+           "%.3f ms, %.4f TFLOP/s; backward %.3f ms, %.4f TFLOP/s\n", B, T, NH, hs, share,
+           forward * 1e3, p.forward_tflops, backward * 1e3, p.backward_tflops);
+    float *buffers[] = {o.x, o.y, o.z, o.w, o.s, o.v};
+    for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+    be->free(o.i1);
+    be->free(o.i2);
+}
+
+/* The hash points over T of 96, 384 and 1536 and head sizes of 16 and 48,
+ * and hash_tflops: forward and backward together over the mean of the
+ * points. */
+static void measure_hash_points(struct hardware *hw, const struct dm_backend *be, int quick,
+                                double batch_s)
+{
+    static const int lengths[] = {96, 384, 1536}, sizes[] = {16, 48};
+    int nl = quick ? 1 : (int)(sizeof lengths / sizeof lengths[0]);
+    int ns = quick ? 1 : (int)(sizeof sizes / sizeof sizes[0]);
     double sum = 0;
-    for (int i = 0; i < count; i++) {
-        int B = shapes[i][0], T = shapes[i][1], C = shapes[i][2], NH = shapes[i][3];
-        int hs = C / NH, groups = 4;
-        struct op o = {.be = be, .kind = OP_GROUPED, .B = B, .T = T, .C = C, .NH = NH,
-                       .groups = groups};
-        size_t BT = (size_t)B * T;
-        o.x = device_floats(be, BT * 3 * C, 3);
-        o.y = device_floats(be, BT * C, 4);
-        o.z = be->alloc(BT * C * sizeof(float));
-        o.w = be->alloc(BT * 3 * C * sizeof(float));
-        /* a rotation of N(0,1) draws: the groups are as even as hash
-         * attention's, whose columns are also normalised */
-        size_t n = (size_t)NH * hs * groups / 2;
-        float *rotation = dm_alloc(n * sizeof(float));
-        for (size_t i = 0; i < n; i++) rotation[i] = dm_normal(11, 0, i);
-        o.s = be->alloc(n * sizeof(float));
-        be->copy_to_device(o.s, rotation, n * sizeof(float));
-        dm_free(rotation);
-        o.v = be->alloc((size_t)B * NH * T * sizeof(float));
-        o.i1 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
-        o.i2 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
-        double s = time_op(&o, batch_s);
-        long nt = (T + 31) / 32;
-        double share = (double)o.tiles / ((double)B * NH * nt * (nt + 1) / 2);
-        if (share > 1) share = 1;
-        double tflops = 3 * share * causal_flops(B, T, C) / s / 1e12;
-        dm_log("calibrate: hash attention B %d T %d C %d: %.3f ms forward + backward, %.4f "
-               "TFLOP/s (of the tiles visited)\n", B, T, C, s * 1e3, tflops);
-        sum += tflops;
-        float *buffers[] = {o.x, o.y, o.z, o.w, o.s, o.v};
-        for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
-        be->free(o.i1);
-        be->free(o.i2);
-    }
-    return sum / count;
+    for (int l = 0; l < nl; l++)
+        for (int h = 0; h < ns; h++) {
+            measure_hash_point(hw, be, 2, lengths[l], sizes[h], batch_s);
+            const struct hw_attention_point *p = &hw->hash[hw->hash_points - 1];
+            sum += 3 / (1 / p->forward_tflops + 2 / p->backward_tflops);
+        }
+    hw->group_attention_tflops = sum / hw->hash_points;
 }
 
 /* The CSR product of 90% sparse weights, forward and backward: 6 x rows x
@@ -553,11 +574,14 @@ int cmd_calibrate(int argc, char **argv)
         measure_memory(&hw, be, a.quick, batch_s);
         measure_gemms(&hw, be, a.quick, batch_s);
         measure_attention_points(&hw, be, a.quick, batch_s);
-        hw.group_attention_tflops = measure_hash_attention(be, a.quick, batch_s);
+        measure_hash_points(&hw, be, a.quick, batch_s);
         hw.sparse_tflops = measure_sparse(be, a.quick, batch_s);
         for (int p = 0; p < hw.attention_points; p++)
             hw.gemm_peak_tflops = fmax(hw.gemm_peak_tflops, fmax(hw.attention[p].forward_tflops,
                                                                  hw.attention[p].backward_tflops));
+        for (int p = 0; p < hw.hash_points; p++)
+            hw.gemm_peak_tflops = fmax(hw.gemm_peak_tflops, fmax(hw.hash[p].forward_tflops,
+                                                                 hw.hash[p].backward_tflops));
         if (hw.attention_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.attention_tflops;
         if (hw.group_attention_tflops > hw.gemm_peak_tflops)
             hw.gemm_peak_tflops = hw.group_attention_tflops;

@@ -153,22 +153,25 @@ static int read_point(struct reader *r, const char *key, const char *value)
     return 0;
 }
 
-/* [attention] point = T head_size forward_tflops backward_tflops */
-static int read_attention_point(struct reader *r, const char *value)
+/* [attention] point (or hash_point) = T head_size forward_tflops backward_tflops */
+static int read_attention_point(struct reader *r, const char *key, const char *value)
 {
     struct hardware *hw = r->hw;
-    if (hw->attention_points == HW_ATTENTION_POINTS_MAX)
-        FAIL(r, "[attention] lists more than %d points", HW_ATTENTION_POINTS_MAX);
+    int hash = !strcmp(key, "hash_point");
+    int *count = hash ? &hw->hash_points : &hw->attention_points;
+    if (*count == HW_ATTENTION_POINTS_MAX)
+        FAIL(r, "[attention] lists more than %d %ss", HW_ATTENTION_POINTS_MAX, key);
     double v[4];
-    if (read_four(r, "point", value, "T head_size forward_tflops backward_tflops", v) != 0)
+    if (read_four(r, key, value, "T head_size forward_tflops backward_tflops", v) != 0)
         return -1;
     for (int i = 0; i < 2; i++)
         if (v[i] < 1 || v[i] > 1e7 || v[i] != floor(v[i]))
-            FAIL(r, "[attention] point = %s: %s must be a whole number in [1, 10000000]", value,
+            FAIL(r, "[attention] %s = %s: %s must be a whole number in [1, 10000000]", key, value,
                  i == 0 ? "T" : "head_size");
-    if (check_rate(r, "point", value, v[2]) != 0 || check_rate(r, "point", value, v[3]) != 0)
+    if (check_rate(r, key, value, v[2]) != 0 || check_rate(r, key, value, v[3]) != 0)
         return -1;
-    hw->attention[hw->attention_points++] = (struct hw_attention_point){v[0], v[1], v[2], v[3]};
+    (hash ? hw->hash : hw->attention)[(*count)++] =
+        (struct hw_attention_point){v[0], v[1], v[2], v[3]};
     return 0;
 }
 
@@ -186,8 +189,8 @@ static int read_key(struct reader *r, const char *key, const char *value)
     }
     if (!strcmp(section, "gemm") && (!strcmp(key, "point") || !strcmp(key, "backward_point")))
         return read_point(r, key, value);
-    if (!strcmp(section, "attention") && !strcmp(key, "point"))
-        return read_attention_point(r, value);
+    if (!strcmp(section, "attention") && (!strcmp(key, "point") || !strcmp(key, "hash_point")))
+        return read_attention_point(r, key, value);
     for (int i = 0; i < KEY_COUNT; i++) {
         const struct hw_key *k = &keys[i];
         if (strcmp(k->section, section) || strcmp(k->key, key)) continue;
@@ -271,13 +274,15 @@ static int check_whole(struct reader *r)
                            points[p].m, points[p].n, points[p].k, points[p].tflops,
                            hw->gemm_peak_tflops);
     }
-    for (int p = 0; p < hw->attention_points; p++) {
-        const struct hw_attention_point *a = &hw->attention[p];
-        if (fmax(a->forward_tflops, a->backward_tflops) > hw->gemm_peak_tflops)
-            WHOLE_FAIL("[attention] point %.0f %.0f at %g and %g TFLOP/s is above [gemm] "
-                       "peak_tflops = %g (achieved cannot exceed peak)", a->T, a->head_size,
-                       a->forward_tflops, a->backward_tflops, hw->gemm_peak_tflops);
-    }
+    for (int hash = 0; hash < 2; hash++)
+        for (int p = 0; p < (hash ? hw->hash_points : hw->attention_points); p++) {
+            const struct hw_attention_point *a = hash ? &hw->hash[p] : &hw->attention[p];
+            if (fmax(a->forward_tflops, a->backward_tflops) > hw->gemm_peak_tflops)
+                WHOLE_FAIL("[attention] %s %.0f %.0f at %g and %g TFLOP/s is above [gemm] "
+                           "peak_tflops = %g (achieved cannot exceed peak)",
+                           hash ? "hash_point" : "point", a->T, a->head_size, a->forward_tflops,
+                           a->backward_tflops, hw->gemm_peak_tflops);
+        }
     const char *rates[3] = {"tflops", "hash_tflops", "sparse_tflops"};
     double values[3] = {hw->attention_tflops, hw->group_attention_tflops, hw->sparse_tflops};
     for (int i = 0; i < 3; i++)
@@ -390,6 +395,13 @@ int hardware_write(const struct hardware *hw, const char *path, const char *comm
                 fprintf(f, "point = %.0f %.0f %.6g %.6g\n", hw->attention[p].T,
                         hw->attention[p].head_size, hw->attention[p].forward_tflops,
                         hw->attention[p].backward_tflops);
+            if (hw->hash_points)
+                fprintf(f, "# hash_point = T head_size forward_tflops backward_tflops of hash "
+                        "attention's visited tiles\n");
+            for (int p = 0; p < hw->hash_points; p++)
+                fprintf(f, "hash_point = %.0f %.0f %.6g %.6g\n", hw->hash[p].T,
+                        hw->hash[p].head_size, hw->hash[p].forward_tflops,
+                        hw->hash[p].backward_tflops);
         }
     }
     int failed = fflush(f) != 0 || fsync(fileno(f)) != 0;
@@ -432,13 +444,14 @@ double hardware_gemm_backward_tflops(const struct hardware *hw, double m, double
     return interpolate_gemm(hw->backward, hw->backward_points, m, n, k);
 }
 
-double hardware_attention_tflops(const struct hardware *hw, double T, double head_size,
-                                 int backward)
+/* A direction's rate at T and head_size among count attention points by
+ * inverse squared distance in log2 T and log2 head_size. */
+static double interpolate_attention(const struct hw_attention_point *points, int count,
+                                    double T, double head_size, int backward)
 {
-    if (!hw->attention_points) return hw->attention_tflops;
     double weight_sum = 0, rate_sum = 0;
-    for (int p = 0; p < hw->attention_points; p++) {
-        const struct hw_attention_point *a = &hw->attention[p];
+    for (int p = 0; p < count; p++) {
+        const struct hw_attention_point *a = &points[p];
         double rate = backward ? a->backward_tflops : a->forward_tflops;
         double dt = log2(T / a->T), dh = log2(head_size / a->head_size);
         double d2 = dt * dt + dh * dh;
@@ -447,6 +460,19 @@ double hardware_attention_tflops(const struct hardware *hw, double T, double hea
         rate_sum += rate / d2;
     }
     return rate_sum / weight_sum;
+}
+
+double hardware_attention_tflops(const struct hardware *hw, double T, double head_size,
+                                 int backward)
+{
+    if (!hw->attention_points) return hw->attention_tflops;
+    return interpolate_attention(hw->attention, hw->attention_points, T, head_size, backward);
+}
+
+double hardware_hash_tflops(const struct hardware *hw, double T, double head_size, int backward)
+{
+    if (!hw->hash_points) return hw->group_attention_tflops;
+    return interpolate_attention(hw->hash, hw->hash_points, T, head_size, backward);
 }
 
 double hardware_op_ms(const struct hardware *hw, double flops, double tflops, double bytes)

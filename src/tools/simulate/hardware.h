@@ -70,6 +70,11 @@ struct hardware {
     double attention_tflops, group_attention_tflops, sparse_tflops;
     int attention_points;
     struct hw_attention_point attention[HW_ATTENTION_POINTS_MAX];
+    /* hash_point (optional): hash attention by direction at a length and
+     * head size, rates of the FLOPs of the tiles it visits (priced instead
+     * of hash_tflops where a file has them) */
+    int hash_points;
+    struct hw_attention_point hash[HW_ATTENTION_POINTS_MAX];
     /* [link] point-to-point and [collective] all-reduce lines, within a node
      * and between nodes; gpus_per_node ranks share a node */
     int ranks_per_node;
@@ -106,6 +111,9 @@ double hardware_gemm_backward_tflops(const struct hardware *hw, double m, double
  * file has none. */
 double hardware_attention_tflops(const struct hardware *hw, double T, double head_size,
                                  int backward);
+/* The same for hash attention's visited tiles from the hash points, or
+ * hash_tflops where the file has none. */
+double hardware_hash_tflops(const struct hardware *hw, double T, double head_size, int backward);
 /* Milliseconds of one op: the overhead plus the larger of its FLOPs at
  * the rate and its bytes at the achieved bandwidth (a roofline). */
 double hardware_op_ms(const struct hardware *hw, double flops, double tflops, double bytes);

@@ -203,7 +203,7 @@ static void price_attention_forward(struct hw_pass *p, const struct hw_model *m,
     if (tiles) {
         double share = s->tiles * tiles->cost_scale(c, (int)n);
         add_op(p, m, "hash attention", HW_ATTENTION, share * causal_flops(B, n, C),
-               m->hw->group_attention_tflops, 2 * io);
+               hardware_hash_tflops(m->hw, n, C / NH, 0), 2 * io);
         return;
     }
     /* the scores' softmax (B, NH, n, n) written once and read by the value product */
@@ -221,7 +221,7 @@ static void price_attention_backward(struct hw_pass *p, const struct hw_model *m
     if (tiles) {
         double share = s->tiles * tiles->cost_scale(c, (int)n);
         add_op(p, m, "hash attention backward", HW_ATTENTION, 2 * share * causal_flops(B, n, C),
-               m->hw->group_attention_tflops, 2 * io);
+               hardware_hash_tflops(m->hw, n, C / NH, 1), 2 * io);
         return;
     }
     add_op(p, m, "attention backward", HW_ATTENTION, 2 * causal_flops(B, n, C),
