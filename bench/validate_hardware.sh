@@ -11,7 +11,10 @@
 #  3. a 2-rank run (2 stages, static uniform) of each scheme of SCHEMES,
 #     trained for STEPS steps, and its mean step predicted from the config
 #     alone (`dynmo simulate --hardware --config`, no run log): each error
-#     and the median.
+#     and the median;
+#  4. where build/bench/hw_ops is built (`make build/bench/hw_ops`), each
+#     shape's block op by op, measured beside its price on the calibrated
+#     file (OUT/ops-N.txt), to show which op an error comes from.
 # The figures are only worth recording on a quiet machine: before each
 # measurement it waits (up to WAIT seconds, default 300) for the 1-minute
 # load average to fall below LOAD (default 1.5), and it writes the load
@@ -94,3 +97,17 @@ for scheme in $SCHEMES; do
   error "$scheme on 2 ranks" "$measured" "$predicted" "$out/schemes.txt"
 done
 median_error "$out/schemes.txt" schemes
+
+# 4. the shapes' blocks op by op (one micro-batch: B sequences of T tokens)
+HW_OPS=${HW_OPS:-build/bench/hw_ops}
+if [ -x "$HW_OPS" ]; then
+  # B T C NH and the layers of each shape above; the threads `dynmo bench` uses
+  ops_shapes=("4 128 96 3 6" "4 64 160 5 10" "4 192 320 8 4")
+  for i in "${!ops_shapes[@]}"; do
+    read -r B T C NH layers <<<"${ops_shapes[i]}"
+    quiet; load "ops $i"
+    "$HW_OPS" "$out/cpu.ini" "$B" "$T" "$C" "$NH" "$(nproc)" "$([ "$QUICK" = 1 ] && echo 3 || echo 30)" \
+      "$layers" > "$out/ops-$i.txt"
+    echo "ops $i: $(grep 'block_forward' "$out/ops-$i.txt")"
+  done
+fi

@@ -89,6 +89,12 @@ static void parse_args(struct calibrate_args *a, int argc, char **argv)
 
 /* ---- timing ---------------------------------------------------------------- */
 
+/* A GEMM's parameter sets: as many as make PARAMETER_BYTES together (a
+ * stage's blocks' weights are beyond the core's cache by the time a
+ * micro-batch comes back to one), at most PARAMETER_COPIES_MAX. */
+#define PARAMETER_COPIES_MAX 16
+#define PARAMETER_BYTES (16.0 * 1024 * 1024)
+
 /* One measured op: what `run` does with the buffers. */
 struct op {
     const struct dm_backend *be;
@@ -98,6 +104,11 @@ struct op {
     float *x, *y, *z, *w, *v, *s;/* device buffers, large enough */
     int *i1, *i2;
     long tiles;
+    /* a GEMM's weight, bias and their gradients, in `copies` sets used in
+     * turn (parameters[at]), so that each call finds them out of cache as
+     * a block of a deep stage does */
+    float *parameters[PARAMETER_COPIES_MAX];
+    int copies, at;
 };
 
 enum { OP_GEMM, OP_GEMM_BACKWARD, OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD,
@@ -107,12 +118,19 @@ static void run_op(struct op *o)
 {
     const struct dm_backend *be = o->be;
     switch (o->kind) {
-    case OP_GEMM:       /* out z (m, n) = inp x (m, k) W^T + bias, W y (n, k), bias s (n) */
-        be->matmul_forward(o->z, o->x, o->y, o->s, o->m, o->k, o->n);
+    case OP_GEMM:       /* out z (m, n) = inp x (m, k) W^T + bias (W (n, k), bias (n)) */
+    case OP_GEMM_BACKWARD: {   /* from dout z: dinp w (m, k), dweight (n, k), dbias (n) */
+        size_t nk = (size_t)o->n * o->k;
+        float *weight = o->parameters[o->at], *bias = weight + nk;
+        float *dweight = bias + o->n, *dbias = dweight + nk;
+        o->at = (o->at + 1) % o->copies;
+        if (o->kind == OP_GEMM)
+            be->matmul_forward(o->z, o->x, weight, bias, o->m, o->k, o->n);
+        else
+            be->matmul_backward_overwrite(o->w, dweight, dbias, o->z, o->x, weight, o->m, o->k,
+                                          o->n);
         break;
-    case OP_GEMM_BACKWARD:   /* from dout z: dinp w (m, k), dweight v (n, k), dbias s (n) */
-        be->matmul_backward_overwrite(o->w, o->v, o->s, o->z, o->x, o->y, o->m, o->k, o->n);
-        break;
+    }
     case OP_ATTENTION_FORWARD:
         be->attention_forward(o->z, o->s, o->x, o->B, o->T, o->C, o->NH);
         break;
@@ -208,17 +226,19 @@ static double beyond_overhead(const struct hardware *hw, double s)
 }
 
 /* One product m x n x k forward (with its bias, as every product of the
- * block has) and backward (input, weight and bias gradients). */
+ * block has) and backward (input, weight and bias gradients), its
+ * parameters out of cache as in a deep stage (PARAMETER_BYTES); its
+ * activations stay where the op before left them. */
 static void measure_gemm(struct hardware *hw, const struct dm_backend *be, int m, int n, int k,
                          double batch_s)
 {
     struct op o = {.be = be, .kind = OP_GEMM, .m = m, .n = n, .k = k};
     o.x = device_floats(be, (size_t)m * k, 1);
-    o.y = device_floats(be, (size_t)n * k, 2);
-    o.s = device_floats(be, (size_t)n, 3);
-    o.z = be->alloc((size_t)m * n * sizeof(float));
+    o.z = device_floats(be, (size_t)m * n, 2);
     o.w = be->alloc((size_t)m * k * sizeof(float));
-    o.v = be->alloc((size_t)n * k * sizeof(float));
+    size_t set = 2 * ((size_t)n * k + n);   /* weight, bias, their gradients */
+    o.copies = (int)fmin(PARAMETER_COPIES_MAX, fmax(1, ceil(PARAMETER_BYTES / (4.0 * set))));
+    for (int c = 0; c < o.copies; c++) o.parameters[c] = device_floats(be, set, 3 + (uint64_t)c);
     double forward = time_op(&o, batch_s);
     o.kind = OP_GEMM_BACKWARD;
     double backward = time_op(&o, batch_s);
@@ -230,8 +250,9 @@ static void measure_gemm(struct hardware *hw, const struct dm_backend *be, int m
     hw->gemm_peak_tflops = fmax(hw->gemm_peak_tflops, fmax(tf, tb));
     dm_log("calibrate: gemm %5d x %5d x %5d: forward %8.3f ms, %.4f TFLOP/s; backward %8.3f "
            "ms, %.4f TFLOP/s\n", m, n, k, forward * 1e3, tf, backward * 1e3, tb);
-    float *buffers[] = {o.x, o.y, o.s, o.z, o.w, o.v};
+    float *buffers[] = {o.x, o.z, o.w};
     for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+    for (int c = 0; c < o.copies; c++) be->free(o.parameters[c]);
 }
 
 static void measure_gemms(struct hardware *hw, const struct dm_backend *be, int quick,
