@@ -513,6 +513,15 @@ static void test_measured_prices(void)
     struct hw_pass u2;
     hw_block_update(&u2, &m, &dense);
     CHECK_NEAR(u2.ms - u.ms, 0.01 * (12 + 2), 1e-12);   /* 12 tensors, the norm, the zeroing */
+    /* an MoE block: the 8 shared tensors, the router and 4 for each of
+     * the rank's 4 experts */
+    struct hw_block_state moe = dense;
+    moe.busiest_load = 1;
+    struct hw_pass with, without;
+    hw_block_update(&with, &m, &moe);
+    hw.op_overhead_us = 0;
+    hw_block_update(&without, &m, &moe);
+    CHECK_NEAR(with.ms - without.ms, 0.01 * (8 + 1 + 4 * 4 + 2), 1e-12);
 }
 
 static void test_write_back(void)

@@ -207,12 +207,13 @@ static int *device_ints(const struct dm_backend *be, const int *host, size_t n)
 
 /* ---- what is measured -------------------------------------------------------- */
 
-/* The GEMM grid: the rows of a micro-batch, m, from 64 to 4096, times a
- * block's four product shapes at a width C (n x k: C x C, 4C x C and
- * C x 4C; qkv's 3C x C lies between), C 64 and 256 at every m and 1024
- * at the larger m. A regular grid in log2 so that interpolation between
- * its points, not a shape of any particular config, prices a model. */
-static const int grid_rows[] = {64, 256, 1024, 4096};
+/* The GEMM grid: the rows of a micro-batch (or of an expert's share of
+ * one), m, from 16 to 4096, times a block's product shapes at a width C
+ * (n x k: C x C, 4C x C and C x 4C; qkv's 3C x C lies between), C 64 at
+ * every m, 256 and 1024 where m is at least C. A regular grid in log2 so
+ * that interpolation between its points, not a shape of any particular
+ * config, prices a model. */
+static const int grid_rows[] = {16, 64, 256, 1024, 4096};
 static const int grid_widths[] = {64, 256, 1024};
 static const int quick_shapes[][3] = {
     {64, 64, 64}, {256, 256, 256}, {1024, 96, 32}, {96, 32, 1024},
@@ -267,7 +268,7 @@ static void measure_gemms(struct hardware *hw, const struct dm_backend *be, int 
     for (size_t r = 0; r < sizeof grid_rows / sizeof grid_rows[0]; r++)
         for (size_t w = 0; w < sizeof grid_widths / sizeof grid_widths[0]; w++) {
             int m = grid_rows[r], C = grid_widths[w];
-            if (C > m) continue;   /* a width above the rows: no block runs that */
+            if (C > m && C > grid_widths[0]) continue;   /* wide products of few rows */
             measure_gemm(hw, be, m, C, C, batch_s);
             measure_gemm(hw, be, m, 4 * C, C, batch_s);
             measure_gemm(hw, be, m, C, 4 * C, batch_s);

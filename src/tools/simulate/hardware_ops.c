@@ -387,16 +387,21 @@ void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
 }
 
 /* The parameters of a block in state: a dense block's, or with a routed
- * MLP the shared tensors, the router and the rank's units. */
-static double block_params(const struct hw_model *m, const struct hw_block_state *s)
+ * MLP the shared tensors, the router and the rank's units; and the
+ * tensors they are in (a dense block's 12, or the 8 shared ones, the
+ * router and 4 a unit). */
+static double block_params(const struct hw_model *m, const struct hw_block_state *s,
+                           int *tensors)
 {
     const struct dm_config *c = &m->cfg;
     double C = c->channels, dense = (double)block_param_count(c->channels);
+    *tensors = BP_COUNT;
     if (!(s->busiest_load > 0)) return dense;
     struct dyn_routed_mlp r = routed_mlp(m);
     double H = r.hidden, E = r.units;
     double mlp = 8 * C * C + 5 * C;   /* the dense MLP's fc and fcproj with biases */
     double units = r.units_per_rank * (2 * C * H + H + C);
+    *tensors = BP_FC_W + 1 + 4 * (int)r.units_per_rank;
     return dense - mlp + C * E + units;
 }
 
@@ -418,7 +423,9 @@ void hw_block_update(struct hw_pass *p, const struct hw_model *m,
 {
     memset(p, 0, sizeof *p);
     if (s->frozen) return;
-    add_update(p, m, block_params(m, s), BP_COUNT);
+    int tensors;
+    double params = block_params(m, s, &tensors);
+    add_update(p, m, params, tensors);
 }
 
 static void passes_clear(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *update)
