@@ -90,6 +90,26 @@ static void measured(char *out, size_t size)
                 "hash_point = 256 16 0.01 0.02");
 }
 
+/* A bad line: `find`'s line of the base replaced by `with` (NULL:
+ * removed), and what the message must hold. */
+struct bad_case {
+    const char *find, *with, *want;
+};
+
+/* Each case must be refused with its message, naming the file. */
+static void expect_refused(const char *base, const struct bad_case *cases, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        char text[4096], err[512];
+        edited_from(text, sizeof text, base, cases[i].find, cases[i].with);
+        struct hardware hw;
+        int rc = parse(&hw, text, err, sizeof err);
+        CHECK_MSG(rc == -1 && strstr(err, cases[i].want) && strstr(err, "test.ini"),
+                  "case %zu (%s -> %s): rc %d, message '%s', want '%s'", i, cases[i].find,
+                  cases[i].with ? cases[i].with : "(removed)", rc, err, cases[i].want);
+    }
+}
+
 static void test_good(void)
 {
     struct hardware hw;
@@ -126,9 +146,7 @@ static void test_measured(void)
     CHECK_NEAR(hw.attention[0].head_size, 16, 0);
     CHECK_NEAR(hw.attention[1].forward_tflops, 0.4, 0);
     CHECK_NEAR(hw.attention[1].backward_tflops, 0.3, 0);
-    static const struct {
-        const char *find, *with, *want;
-    } cases[] = {
+    static const struct bad_case cases[] = {
         {"gelu_gbs", "gelu_gbs = 200", "gelu_gbs = 200 is above peak_bandwidth_gbs"},
         {"adamw_gbs", "adamw_gbs = 0", "adamw_gbs = 0 is out of range"},
         {"layernorm_gbs", "layernorm_gbs = fast", "layernorm_gbs = 'fast' is not a number"},
@@ -142,14 +160,7 @@ static void test_measured(void)
         {"hash_point", "hash_point = 256 16 3 0.02", "[attention] hash_point 256 16 at 3"},
         {"hash_point", "hash_point = 256 16 0.01", "hash_point = 256 16 0.01 is not"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char bad[4096];
-        edited_from(bad, sizeof bad, text, cases[i].find, cases[i].with);
-        int rc = parse(&hw, bad, err, sizeof err);
-        CHECK_MSG(rc == -1 && strstr(err, cases[i].want) && strstr(err, "test.ini"),
-                  "case %zu (%s -> %s): rc %d, message '%s', want '%s'", i, cases[i].find,
-                  cases[i].with, rc, err, cases[i].want);
-    }
+    expect_refused(text, cases, sizeof cases / sizeof cases[0]);
     /* interpolation: a point's own rate, halfway in log2 their mean; the
      * backward table is not the forward one; no points: 0 and tflops */
     parse(&hw, text, err, sizeof err);
@@ -171,9 +182,7 @@ static void test_measured(void)
 /* Each case: a line changed (or removed) and what the message must hold. */
 static void test_bad(void)
 {
-    static const struct {
-        const char *find, *with, *want;
-    } cases[] = {
+    static const struct bad_case cases[] = {
         {"memory_gb", NULL, "[device] memory_gb is missing"},
         {"name =", NULL, "[device] name is missing"},
         {"peak_tflops", NULL, "[gemm] peak_tflops is missing"},
@@ -206,15 +215,7 @@ static void test_bad(void)
         {"# a test machine", "memory_gb = 1", "'memory_gb' before any [section]"},
         {"op_overhead_us", "op_overhead_us 10", "expected 'key = value'"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char text[4096], err[512];
-        edited(text, sizeof text, cases[i].find, cases[i].with);
-        struct hardware hw;
-        int rc = parse(&hw, text, err, sizeof err);
-        CHECK_MSG(rc == -1 && strstr(err, cases[i].want) && strstr(err, "test.ini"),
-                  "case %zu (%s -> %s): rc %d, message '%s', want '%s'", i, cases[i].find,
-                  cases[i].with ? cases[i].with : "(removed)", rc, err, cases[i].want);
-    }
+    expect_refused(good, cases, sizeof cases / sizeof cases[0]);
 }
 
 static void test_shipped(void)

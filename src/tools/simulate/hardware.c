@@ -133,6 +133,18 @@ static int check_rate(struct reader *r, const char *key, const char *value, doub
     return 0;
 }
 
+/* The first n numbers of a point, v[i] called names[i], each whole in
+ * [1, 1e7]. */
+static int check_sizes(struct reader *r, const char *key, const char *value, const double *v,
+                       int n, const char *const names[])
+{
+    for (int i = 0; i < n; i++)
+        if (v[i] < 1 || v[i] > 1e7 || v[i] != floor(v[i]))
+            FAIL(r, "[%s] %s = %s: %s must be a whole number in [1, 10000000]",
+                 sections[r->section], key, value, names[i]);
+    return 0;
+}
+
 /* [gemm] point (or backward_point) = m n k tflops */
 static int read_point(struct reader *r, const char *key, const char *value)
 {
@@ -142,12 +154,10 @@ static int read_point(struct reader *r, const char *key, const char *value)
     if (*count == HW_GEMM_POINTS_MAX)
         FAIL(r, "[gemm] lists more than %d %ss", HW_GEMM_POINTS_MAX, key);
     double v[4];
-    if (read_four(r, key, value, "m n k tflops", v) != 0) return -1;
-    for (int i = 0; i < 3; i++)
-        if (v[i] < 1 || v[i] > 1e7 || v[i] != floor(v[i]))
-            FAIL(r, "[gemm] %s = %s: %c must be a whole number in [1, 10000000]", key, value,
-                 "mnk"[i]);
-    if (check_rate(r, key, value, v[3]) != 0) return -1;
+    static const char *const names[] = {"m", "n", "k"};
+    if (read_four(r, key, value, "m n k tflops", v) != 0 ||
+        check_sizes(r, key, value, v, 3, names) != 0 || check_rate(r, key, value, v[3]) != 0)
+        return -1;
     (backward ? hw->backward : hw->gemm)[(*count)++] =
         (struct hw_gemm_point){v[0], v[1], v[2], v[3]};
     return 0;
@@ -162,13 +172,10 @@ static int read_attention_point(struct reader *r, const char *key, const char *v
     if (*count == HW_ATTENTION_POINTS_MAX)
         FAIL(r, "[attention] lists more than %d %ss", HW_ATTENTION_POINTS_MAX, key);
     double v[4];
-    if (read_four(r, key, value, "T head_size forward_tflops backward_tflops", v) != 0)
-        return -1;
-    for (int i = 0; i < 2; i++)
-        if (v[i] < 1 || v[i] > 1e7 || v[i] != floor(v[i]))
-            FAIL(r, "[attention] %s = %s: %s must be a whole number in [1, 10000000]", key, value,
-                 i == 0 ? "T" : "head_size");
-    if (check_rate(r, key, value, v[2]) != 0 || check_rate(r, key, value, v[3]) != 0)
+    static const char *const names[] = {"T", "head_size"};
+    if (read_four(r, key, value, "T head_size forward_tflops backward_tflops", v) != 0 ||
+        check_sizes(r, key, value, v, 2, names) != 0 || check_rate(r, key, value, v[2]) != 0 ||
+        check_rate(r, key, value, v[3]) != 0)
         return -1;
     (hash ? hw->hash : hw->attention)[(*count)++] =
         (struct hw_attention_point){v[0], v[1], v[2], v[3]};
