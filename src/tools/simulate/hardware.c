@@ -423,8 +423,10 @@ int hardware_write(const struct hardware *hw, const char *path, const char *comm
 
 /* ---- pricing --------------------------------------------------------------- */
 
-/* The rate of m x n x k among count points by inverse squared distance in
- * log2 of each dimension. */
+/* The rate of m x n x k among count points weighted by the inverse fourth
+ * power of their distance in log2 of each dimension: local enough that the
+ * many far points of a calibrated grid do not pull a small shape towards
+ * the large shapes' rates. */
 static double interpolate_gemm(const struct hw_gemm_point *points, int count, double m,
                                double n, double k)
 {
@@ -434,8 +436,8 @@ static double interpolate_gemm(const struct hw_gemm_point *points, int count, do
         double dm = log2(m / g->m), dn = log2(n / g->n), dk = log2(k / g->k);
         double d2 = dm * dm + dn * dn + dk * dk;
         if (d2 < 1e-12) return g->tflops;
-        weight_sum += 1 / d2;
-        rate_sum += g->tflops / d2;
+        weight_sum += 1 / (d2 * d2);
+        rate_sum += g->tflops / (d2 * d2);
     }
     return rate_sum / weight_sum;
 }
@@ -452,7 +454,7 @@ double hardware_gemm_backward_tflops(const struct hardware *hw, double m, double
 }
 
 /* A direction's rate at T and head_size among count attention points by
- * inverse squared distance in log2 T and log2 head_size. */
+ * inverse fourth power of the distance in log2 T and log2 head_size. */
 static double interpolate_attention(const struct hw_attention_point *points, int count,
                                     double T, double head_size, int backward)
 {
@@ -463,8 +465,8 @@ static double interpolate_attention(const struct hw_attention_point *points, int
         double dt = log2(T / a->T), dh = log2(head_size / a->head_size);
         double d2 = dt * dt + dh * dh;
         if (d2 < 1e-12) return rate;
-        weight_sum += 1 / d2;
-        rate_sum += rate / d2;
+        weight_sum += 1 / (d2 * d2);
+        rate_sum += rate / (d2 * d2);
     }
     return rate_sum / weight_sum;
 }

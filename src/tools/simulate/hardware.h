@@ -99,16 +99,16 @@ int hardware_write(const struct hardware *hw, const char *path, const char *comm
 /* ---- pricing one op ------------------------------------------------------- */
 
 /* The achieved GEMM rate (TFLOP/s) of shape m x n x k: the [gemm] points
- * interpolated by inverse squared distance in log2(m), log2(n), log2(k)
- * (a point of the same shape gives its own rate). */
+ * interpolated by the inverse fourth power of the distance in log2(m),
+ * log2(n), log2(k) (a point of the same shape gives its own rate). */
 double hardware_gemm_tflops(const struct hardware *hw, double m, double n, double k);
 /* The rate of a product's backward (4 m n k FLOPs) from the
  * backward_points interpolated the same way, or 0 where the file has none. */
 double hardware_gemm_backward_tflops(const struct hardware *hw, double m, double n, double k);
 /* Causal attention's rate at length T and head size hs in one direction
  * (backward != 0: the backward's) from the [attention] points interpolated
- * by inverse squared distance in log2(T), log2(hs), or tflops where the
- * file has none. */
+ * by the inverse fourth power of the distance in log2(T), log2(hs), or
+ * tflops where the file has none. */
 double hardware_attention_tflops(const struct hardware *hw, double T, double head_size,
                                  int backward);
 /* The same for hash attention's visited tiles from the hash points, or
