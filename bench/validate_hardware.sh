@@ -2,8 +2,9 @@
 # The hardware model's validation on this machine (docs/simulate.md, "The
 # hardware model"; issue 34):
 #  1. `dynmo calibrate` twice: with the threads one rank alone uses (for
-#     `dynmo bench` on one rank) and with one thread (for the 2-rank runs
-#     on 2 cores, where each rank computes with one);
+#     `dynmo bench` on one rank) and with one thread beside a busy peer
+#     (for the 2-rank runs on 2 cores, where each rank computes with one
+#     while the other computes too);
 #  2. three model shapes the calibration never ran (other layers, channels,
 #     heads and sequence lengths than any calibrated op), each timed by
 #     `dynmo bench` on one rank and predicted by `dynmo simulate --hardware
@@ -59,7 +60,7 @@ median_error() {
 quiet; load calibrate
 mpiexec -n 2 "$DYNMO" calibrate --out "$out/cpu.ini" "${quick[@]}" > "$out/calibrate.out" 2>&1
 quiet; load calibrate-1-thread
-mpiexec -n 2 "$DYNMO" calibrate --out "$out/cpu-1thread.ini" --threads 1 "${quick[@]}" \
+mpiexec -n 2 "$DYNMO" calibrate --out "$out/cpu-1thread.ini" --threads 1 --busy-peer "${quick[@]}" \
   > "$out/calibrate-1thread.out" 2>&1
 
 # 2. three shapes the calibration never ran, on one rank

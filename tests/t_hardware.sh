@@ -34,6 +34,16 @@ if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/cpu.ini" --quick > "$dir/calibrat
 else
   fail "calibrate --quick: $(tail -5 "$dir/calibrate.out")"
 fi
+# rank 1 measuring beside rank 0 (one thread each, as two ranks on two cores)
+if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/peer.ini" --quick --threads 1 --busy-peer \
+     > "$dir/peer.out" 2>&1 \
+   && grep -q '^name = .*1 threads, beside a busy peer' "$dir/peer.ini" \
+   && "$DYNMO" simulate --hardware "$dir/peer.ini" --config configs/ref.ini --stages 1 \
+        --policies static-uniform | grep -q "^predicted step"; then
+  echo "ok: calibrate --busy-peer writes a file simulate reads"
+else
+  fail "calibrate --busy-peer: $(tail -3 "$dir/peer.out")"
+fi
 # the device path (device buffers, copies, synchronize) on the emulated device
 if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/emulate.ini" --quick train.device=emulate \
      > "$dir/emulate.out" 2>&1 \

@@ -5,11 +5,13 @@
  * grid of shapes, forward and backward, as the model calls them (the
  * [gemm] points and backward points), causal attention by direction over a
  * grid of lengths and head sizes (the [attention] points), hash attention
- * likewise (the hash points), the CSR product forward and backward, the layernorm, GELU, residual
- * and AdamW ops (the achieved bandwidths), a tiny op (the per-op
- * overhead), and between ranks
- * 0 and 1 the point-to-point line (a small and a large message) and the
- * all-reduce line. Every figure is the median of five timed batches of
+ * likewise (the hash points), the CSR product forward and backward, the
+ * layernorm, GELU, residual and AdamW ops (the achieved bandwidths), a
+ * tiny op (the per-op overhead), and between ranks 0 and 1 the
+ * point-to-point line (a small and a large message) and the all-reduce
+ * line. With --busy-peer rank 1 runs the same measurements at the same
+ * time (what a core achieves while its neighbour computes, as in a run of
+ * one rank a core). Every figure is the median of five timed batches of
  * repetitions, so a neighbour's burst moves it less.
  *
  * Must not: price anything (hardware.c, hardware_ops.c) or write the file
@@ -32,14 +34,14 @@
 struct calibrate_args {
     const char *out, *config;
     char **overrides;
-    int override_count, quick, threads;
+    int override_count, quick, threads, busy_peer;
 };
 
 static void usage(FILE *f)
 {
     fprintf(f,
         "usage: mpiexec -n 2 dynmo calibrate --out HW.ini [--config F] [section.key=value ...]\n"
-        "       [--threads N] [--quick]\n"
+        "       [--threads N] [--busy-peer] [--quick]\n"
         "Measures this machine with dynmo's own ops (GEMMs of many shapes, attention,\n"
         "hash attention, CSR products, layernorm, GELU, residual, a tiny op) on rank 0\n"
         "and the point-to-point and all-reduce lines between ranks 0 and 1, and writes\n"
@@ -48,6 +50,9 @@ static void usage(FILE *f)
         "  --config F     train.device and train.threads from F (default: the CPU)\n"
         "  --threads N    compute threads of rank 0 (default: the CPUs one rank alone\n"
         "                 would use, as `dynmo bench` on one rank)\n"
+        "  --busy-peer    rank 1 runs the same measurements at the same time on its own\n"
+        "                 core (ranks computing side by side: --threads 1 for a 2-rank\n"
+        "                 run on 2 cores); otherwise rank 1 sleeps while rank 0 measures\n"
         "  --quick        fewer and smaller shapes, shorter timings (a smoke test)\n");
 }
 
@@ -61,6 +66,7 @@ static void parse_args(struct calibrate_args *a, int argc, char **argv)
             exit(DM_EXIT_OK);
         }
         if (!strcmp(o, "--quick")) { a->quick = 1; continue; }
+        if (!strcmp(o, "--busy-peer")) { a->busy_peer = 1; continue; }
         if (o[0] != '-' && strchr(o, '=')) {
             if (!a->overrides) a->overrides = dm_alloc((size_t)argc * sizeof(char *));
             a->overrides[a->override_count++] = argv[i];
@@ -587,9 +593,11 @@ int cmd_calibrate(int argc, char **argv)
     train_open_backend(&cfg);   /* collective: every rank agrees the device opened */
     measure_links(&hw, a.quick);
     int status = DM_EXIT_OK;
-    if (dm_rank() == 0) {
-        int threads = a.threads ? a.threads : cfg.threads ? cfg.threads
-                    : world_cpus_for_rank() * world_local_size();
+    int threads = a.threads ? a.threads : cfg.threads ? cfg.threads
+                : world_cpus_for_rank() * world_local_size();
+    if (dm_rank() == 0 || a.busy_peer) {
+        /* rank 1 with --busy-peer: the same measurements into a copy
+         * nobody reads, so that rank 0's run beside a computing core */
         dm_threads_init(threads);
         const struct dm_backend *be = backend_current();
         double batch_s = a.quick ? 0.002 : 0.04;
@@ -598,6 +606,8 @@ int cmd_calibrate(int argc, char **argv)
         measure_attention_points(&hw, be, a.quick, batch_s);
         measure_hash_points(&hw, be, a.quick, batch_s);
         hw.sparse_tflops = measure_sparse(be, a.quick, batch_s);
+    }
+    if (dm_rank() == 0) {
         for (int p = 0; p < hw.attention_points; p++)
             hw.gemm_peak_tflops = fmax(hw.gemm_peak_tflops, fmax(hw.attention[p].forward_tflops,
                                                                  hw.attention[p].backward_tflops));
@@ -611,8 +621,9 @@ int cmd_calibrate(int argc, char **argv)
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
         hw.memory_gb = pages > 0 && page > 0 ? (double)pages * page / 1e9 : 1;
         hw.bytes_per_element = 4;
-        snprintf(hw.name, sizeof hw.name, "%s calibrated by dynmo %s (%d threads%s)",
-                 cfg.device, DYNMO_VERSION, threads, a.quick ? ", quick" : "");
+        snprintf(hw.name, sizeof hw.name, "%s calibrated by dynmo %s (%d threads%s%s)",
+                 cfg.device, DYNMO_VERSION, threads, a.busy_peer ? ", beside a busy peer" : "",
+                 a.quick ? ", quick" : "");
         char comment[1024], err[1024];
         snprintf(comment, sizeof comment,
                  "Written by `dynmo calibrate` (docs/simulate.md, \"The hardware model\"):\n"
@@ -629,9 +640,10 @@ int cmd_calibrate(int argc, char **argv)
         } else {
             dm_log("calibrate: wrote %s\n", a.out);
         }
-        dm_threads_shutdown();
     }
-    status = max_status_sleeping(status);   /* rank 1 sleeps here while rank 0 measures */
+    if (dm_rank() == 0 || a.busy_peer) dm_threads_shutdown();
+    /* rank 1 sleeps here while rank 0 measures (or writes, with --busy-peer) */
+    status = max_status_sleeping(status);
     dm_free(a.overrides);
     world_finalize(status);
     return status;
