@@ -97,8 +97,7 @@ static void parse_args(struct calibrate_args *a, int argc, char **argv)
 
 /* A GEMM's parameter sets: as many as make PARAMETER_BYTES together (a
  * stage's blocks' weights are beyond the core's cache by the time a
- * micro-batch comes back to one), at most PARAMETER_COPIES_MAX. */
-#define PARAMETER_COPIES_MAX 16
+ * micro-batch comes back to one). */
 #define PARAMETER_BYTES (16.0 * 1024 * 1024)
 
 /* One measured op: what `run` does with the buffers. */
@@ -110,10 +109,11 @@ struct op {
     float *x, *y, *z, *w, *v, *s;/* device buffers, large enough */
     int *i1, *i2;
     long tiles;
-    /* a GEMM's weight, bias and their gradients, in `copies` sets used in
-     * turn (parameters[at]), so that each call finds them out of cache as
-     * a block of a deep stage does */
-    float *parameters[PARAMETER_COPIES_MAX];
+    /* a GEMM's weight, bias and their gradients, `copies` sets of `set`
+     * floats one after the other, used in turn (the at-th), so that each
+     * call finds them out of cache as a block of a deep stage does */
+    float *parameters;
+    size_t set;
     int copies, at;
 };
 
@@ -127,7 +127,7 @@ static void run_op(struct op *o)
     case OP_GEMM:       /* out z (m, n) = inp x (m, k) W^T + bias (W (n, k), bias (n)) */
     case OP_GEMM_BACKWARD: {   /* from dout z: dinp w (m, k), dweight (n, k), dbias (n) */
         size_t nk = (size_t)o->n * o->k;
-        float *weight = o->parameters[o->at], *bias = weight + nk;
+        float *weight = o->parameters + (size_t)o->at * o->set, *bias = weight + nk;
         float *dweight = bias + o->n, *dbias = dweight + nk;
         o->at = (o->at + 1) % o->copies;
         if (o->kind == OP_GEMM)
@@ -243,9 +243,9 @@ static void measure_gemm(struct hardware *hw, const struct dm_backend *be, int m
     o.x = device_floats(be, (size_t)m * k, 1);
     o.z = device_floats(be, (size_t)m * n, 2);
     o.w = be->alloc((size_t)m * k * sizeof(float));
-    size_t set = 2 * ((size_t)n * k + n);   /* weight, bias, their gradients */
-    o.copies = (int)fmin(PARAMETER_COPIES_MAX, fmax(1, ceil(PARAMETER_BYTES / (4.0 * set))));
-    for (int c = 0; c < o.copies; c++) o.parameters[c] = device_floats(be, set, 3 + (uint64_t)c);
+    o.set = 2 * ((size_t)n * k + n);   /* weight, bias, their gradients */
+    o.copies = (int)fmax(1, ceil(PARAMETER_BYTES / (4.0 * o.set)));
+    o.parameters = device_floats(be, (size_t)o.copies * o.set, 3);
     double forward = time_op(&o, batch_s);
     o.kind = OP_GEMM_BACKWARD;
     double backward = time_op(&o, batch_s);
@@ -257,9 +257,8 @@ static void measure_gemm(struct hardware *hw, const struct dm_backend *be, int m
     hw->gemm_peak_tflops = fmax(hw->gemm_peak_tflops, fmax(tf, tb));
     dm_log("calibrate: gemm %5d x %5d x %5d: forward %8.3f ms, %.4f TFLOP/s; backward %8.3f "
            "ms, %.4f TFLOP/s\n", m, n, k, forward * 1e3, tf, backward * 1e3, tb);
-    float *buffers[] = {o.x, o.z, o.w};
+    float *buffers[] = {o.x, o.z, o.w, o.parameters};
     for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
-    for (int c = 0; c < o.copies; c++) be->free(o.parameters[c]);
 }
 
 static void measure_gemms(struct hardware *hw, const struct dm_backend *be, int quick,
