@@ -229,7 +229,8 @@ int main(int argc, char **argv)
         snprintf(name, sizeof name, "%s backward", backward[i]);
         double m = measured_ms(name);
         bsum += m;
-        row(name, m, predicted_ms(&bwd, backward[i]));   /* "fc backward" or "fc dinp" + "fc dweight" */
+        /* "fc backward", or "fc dinp" and "fc dweight" on a file without backward points */
+        row(name, m, predicted_ms(&bwd, backward[i]));
     }
     row("sum of the ops", bsum, bwd.ms);
     row("block_backward", measured_ms("block backward"), bwd.ms);

@@ -42,6 +42,7 @@ static void add_op(struct hw_pass *p, const struct hw_model *m, const char *name
 struct epilogue {
     double residual_bytes, gelu_bytes;
 };
+static const struct epilogue no_epilogue = {0, 0};
 
 static double epilogue_ms(const struct hardware *hw, struct epilogue x)
 {
@@ -93,7 +94,7 @@ static void add_gemms_backward(struct hw_pass *p, const struct hw_model *m,
     double rate = hardware_gemm_backward_tflops(hw, rows, out, in);
     if (!(rate > 0)) {
         add_gemms(p, m, names[0], count, rows, in, out, x);
-        add_gemms(p, m, names[1], count, out, in, rows, (struct epilogue){0, 0});
+        add_gemms(p, m, names[1], count, out, in, rows, no_epilogue);
         return;
     }
     double e = hw->bytes_per_element;
@@ -257,7 +258,8 @@ static void rows_forward(struct hw_pass *p, const struct hw_model *m,
     add_memory(p, m, "gather", 0, 2 * e * Na * C);
     product_forward(p, m, s, "q", Na, C, C, 0, 0);
     add_op(p, m, "attention rows", HW_ATTENTION, s->active * causal_flops(B, T, C),
-           hardware_attention_tflops(m->hw, T, C / NH, 0), e * (2 * Na * C + 2 * N * C) + 2 * 4.0 * NH * Na * T);
+           hardware_attention_tflops(m->hw, T, C / NH, 0),
+           e * (2 * Na * C + 2 * N * C) + 2 * 4.0 * NH * Na * T);
     product_forward(p, m, s, "proj", Na, C, C, 0, 0);
     add_memory(p, m, "residual", Na * C, 5 * e * Na * C);   /* the input's rows gathered, added */
     add_layernorm(p, m, "ln2", Na, C);
@@ -285,7 +287,8 @@ static void rows_backward(struct hw_pass *p, const struct hw_model *m,
     add_memory(p, m, "ln2 backward", 10 * Na * C, 4 * e * Na * C);
     product_backward(p, m, s, BACKWARD_NAMES("proj"), Na, C, C, 0);
     add_op(p, m, "attention rows backward", HW_ATTENTION, 2 * s->active * causal_flops(B, T, C),
-           hardware_attention_tflops(m->hw, T, C / NH, 1), e * (4 * Na * C + 4 * N * C) + 3 * 4.0 * NH * Na * T);
+           hardware_attention_tflops(m->hw, T, C / NH, 1),
+           e * (4 * Na * C + 4 * N * C) + 3 * 4.0 * NH * Na * T);
     product_backward(p, m, s, BACKWARD_NAMES("kv"), N, C, 2 * C, 0);
     product_backward(p, m, s, BACKWARD_NAMES("q"), Na, C, C, 0);
     add_memory(p, m, "scatter", 0, 6 * e * N * C);   /* dQ rows, the residual's copy and rows */
@@ -297,7 +300,7 @@ static void exit_head_forward(struct hw_pass *p, const struct hw_model *m, doubl
 {
     const struct dm_config *c = &m->cfg;
     add_layernorm(p, m, "exit ln", rows, c->channels);
-    add_gemms(p, m, "exit logits", 1, rows, c->vocab, c->channels, (struct epilogue){0, 0});
+    add_gemms(p, m, "exit logits", 1, rows, c->vocab, c->channels, no_epilogue);
     add_memory(p, m, "exit softmax", 5 * rows * c->vocab, 2 * 4.0 * rows * c->vocab);
 }
 
@@ -307,7 +310,7 @@ static void exit_head_backward(struct hw_pass *p, const struct hw_model *m, doub
     double e = m->hw->bytes_per_element, C = c->channels;
     if (!(c->exit_loss_weight > 0)) return;
     add_memory(p, m, "exit softmax backward", 2 * rows * c->vocab, 2 * 4.0 * rows * c->vocab);
-    add_gemms_backward(p, m, BACKWARD_NAMES("exit logits"), 1, rows, C, c->vocab, (struct epilogue){0, 0});
+    add_gemms_backward(p, m, BACKWARD_NAMES("exit logits"), 1, rows, C, c->vocab, no_epilogue);
     add_memory(p, m, "exit ln backward", 10 * rows * C, 4 * e * rows * C);
 }
 
@@ -337,11 +340,11 @@ void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
         struct dyn_routed_mlp r = routed_mlp(m);
         double E = r.units, H = r.hidden, per_rank = r.units_per_rank;
         double rows = s->busiest_load * N * r.choices;   /* the busiest rank's */
-        add_gemms(p, m, "router", 1, N, E, C, (struct epilogue){0, 0});
+        add_gemms(p, m, "router", 1, N, E, C, no_epilogue);
         add_memory(p, m, "dispatch", 0, 2 * e * rows * C);
         add_gemms(p, m, "routed fc", per_rank, rows / per_rank, H, C,
                   (struct epilogue){0, 2 * e * rows / per_rank * H});
-        add_gemms(p, m, "routed proj", per_rank, rows / per_rank, C, H, (struct epilogue){0, 0});
+        add_gemms(p, m, "routed proj", per_rank, rows / per_rank, C, H, no_epilogue);
         add_memory(p, m, "combine", 2 * N * C, e * (rows + 2 * N) * C);
     } else {
         product_forward(p, m, s, "fc", N, C, 4 * C, 0, 1);
@@ -371,9 +374,9 @@ void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
         add_memory(p, m, "combine backward", 2 * N * C, e * (rows + 2 * N) * C);
         add_gemms_backward(p, m, BACKWARD_NAMES("routed proj"), per_rank, r, H, C,
                            (struct epilogue){0, 3 * e * r * H});
-        add_gemms_backward(p, m, BACKWARD_NAMES("routed fc"), per_rank, r, C, H, (struct epilogue){0, 0});
+        add_gemms_backward(p, m, BACKWARD_NAMES("routed fc"), per_rank, r, C, H, no_epilogue);
         add_memory(p, m, "dispatch backward", 0, 2 * e * rows * C);
-        add_gemms_backward(p, m, BACKWARD_NAMES("router"), 1, N, C, E, (struct epilogue){0, 0});
+        add_gemms_backward(p, m, BACKWARD_NAMES("router"), 1, N, C, E, no_epilogue);
     } else {
         product_backward(p, m, s, BACKWARD_NAMES("fcproj"), N, 4 * C, C, 1);
         product_backward(p, m, s, BACKWARD_NAMES("fc"), N, C, 4 * C, 0);
@@ -455,10 +458,10 @@ void hw_head_passes(struct hw_pass *fwd, struct hw_pass *bwd, struct hw_pass *up
     double e = m->hw->bytes_per_element, C = c->channels, V = c->vocab;
     double N = (double)m->sequences * c->seq;
     add_layernorm(fwd, m, "lnf", N, C);
-    add_gemms(fwd, m, "logits", 1, N, V, C, (struct epilogue){0, 0});
+    add_gemms(fwd, m, "logits", 1, N, V, C, no_epilogue);
     add_memory(fwd, m, "softmax loss", 5 * N * V, 2 * 4.0 * N * V);
     add_memory(bwd, m, "softmax loss backward", 2 * N * V, 2 * 4.0 * N * V);
-    add_gemms_backward(bwd, m, BACKWARD_NAMES("logits"), 1, N, C, V, (struct epilogue){0, 0});
+    add_gemms_backward(bwd, m, BACKWARD_NAMES("logits"), 1, N, C, V, no_epilogue);
     add_memory(bwd, m, "lnf backward", 10 * N * C, 4 * e * N * C);
     add_update(update, m, 2 * C, 1);
 }
