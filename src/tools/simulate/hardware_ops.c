@@ -326,9 +326,15 @@ void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
         if (s->exit_head) exit_head_forward(p, m, round(s->active * m->sequences * c->seq));
         return;
     }
-    if (s->tokens < 1) {   /* MoD: the router over every token, the chosen rows gathered */
-        double all = (double)m->sequences * c->seq;
+    double all = (double)m->sequences * c->seq;
+    if (s->tokens < 1) {
+        /* MoD (mod.c): the router over every token (the hook's, for the
+         * top-k, and mod_block_forward's), the top-k, the input copied to
+         * the output, the chosen rows gathered */
         add_memory(p, m, "router", 2 * all * C, e * all * C);
+        add_memory(p, m, "top-k", all, 4.0 * all);
+        add_memory(p, m, "router (block)", 2 * all * C, e * all * C);
+        add_memory(p, m, "copy", 0, 2 * e * all * C);
         add_memory(p, m, "gather", 0, 2 * e * N * C);
     }
     add_layernorm(p, m, "ln1", N, C);
@@ -350,6 +356,8 @@ void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
         product_forward(p, m, s, "fc", N, C, 4 * C, 0, 1);
         product_forward(p, m, s, "fcproj", N, 4 * C, C, 1, 0);
     }
+    /* MoD: the block's rows scaled by the router and added into theirs */
+    if (s->tokens < 1) add_memory(p, m, "combine", 2 * N * C, 3 * e * N * C);
     if (s->exit_head) exit_head_forward(p, m, N);
 }
 
@@ -367,6 +375,10 @@ void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
         return;
     }
     if (s->exit_head) exit_head_backward(p, m, N);
+    if (s->tokens < 1) {   /* MoD: the gradient copied through, the chosen rows' scaled */
+        add_memory(p, m, "copy", 0, 2 * e * m->sequences * c->seq * C);
+        add_memory(p, m, "scale chosen", N * C, 2 * e * N * C);
+    }
     if (s->busiest_load > 0) {
         struct dyn_routed_mlp mlp = routed_mlp(m);
         double E = mlp.units, H = mlp.hidden, per_rank = mlp.units_per_rank;
@@ -386,7 +398,8 @@ void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
     price_attention_backward(p, m, s, n);
     product_backward(p, m, s, BACKWARD_NAMES("qkv"), N, C, 3 * C, 0);
     add_memory(p, m, "ln1 backward", 10 * N * C, 4 * e * N * C);
-    if (s->tokens < 1) add_memory(p, m, "scatter", 0, 2 * e * N * C);
+    /* MoD: the rows' input gradient added into theirs, the router's */
+    if (s->tokens < 1) add_memory(p, m, "combine backward", 3 * N * C, 4 * e * N * C);
 }
 
 /* The parameters of a block in state: a dense block's, or with a routed
