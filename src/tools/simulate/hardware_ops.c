@@ -347,6 +347,8 @@ void hw_block_forward(struct hw_pass *p, const struct hw_model *m,
         double E = r.units, H = r.hidden, per_rank = r.units_per_rank;
         double rows = s->busiest_load * N * r.choices;   /* the busiest rank's */
         add_gemms(p, m, "router", 1, N, E, C, no_epilogue);
+        /* the scores, the top k and the load sums over the N x E logits (fp32) */
+        add_memory(p, m, "top-k", 5 * N * E, 3 * 4.0 * N * E);
         add_memory(p, m, "dispatch", 0, 2 * e * rows * C);
         add_gemms(p, m, "routed fc", per_rank, rows / per_rank, H, C,
                   (struct epilogue){0, 2 * e * rows / per_rank * H});
@@ -388,6 +390,7 @@ void hw_block_backward(struct hw_pass *p, const struct hw_model *m,
                            (struct epilogue){0, 3 * e * r * H});
         add_gemms_backward(p, m, BACKWARD_NAMES("routed fc"), per_rank, r, C, H, no_epilogue);
         add_memory(p, m, "dispatch backward", 0, 2 * e * rows * C);
+        add_memory(p, m, "top-k backward", 3 * N * E, 3 * 4.0 * N * E);
         add_gemms_backward(p, m, BACKWARD_NAMES("router"), 1, N, C, E, no_epilogue);
     } else {
         product_backward(p, m, s, BACKWARD_NAMES("fcproj"), N, 4 * C, C, 1);
