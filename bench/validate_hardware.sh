@@ -2,8 +2,9 @@
 # The hardware model's validation on this machine (docs/simulate.md, "The
 # hardware model"; issue 34):
 #  1. `dynmo calibrate` twice: with the threads one rank alone uses (for
-#     `dynmo bench` on one rank) and with one thread (for the 2-rank runs
-#     on 2 cores, where each rank computes with one);
+#     `dynmo bench` on one rank) and with one thread beside a busy peer
+#     (for the 2-rank runs on 2 cores, where each rank computes with one
+#     while the other computes too);
 #  2. three model shapes the calibration never ran (other layers, channels,
 #     heads and sequence lengths than any calibrated op), each timed by
 #     `dynmo bench` on one rank and predicted by `dynmo simulate --hardware
@@ -11,7 +12,10 @@
 #  3. a 2-rank run (2 stages, static uniform) of each scheme of SCHEMES,
 #     trained for STEPS steps, and its mean step predicted from the config
 #     alone (`dynmo simulate --hardware --config`, no run log): each error
-#     and the median.
+#     and the median;
+#  4. where build/bench/hw_ops is built (`make build/bench/hw_ops`), each
+#     shape's block op by op, measured beside its price on the calibrated
+#     file (OUT/ops-N.txt), to show which op an error comes from.
 # The figures are only worth recording on a quiet machine: before each
 # measurement it waits (up to WAIT seconds, default 300) for the 1-minute
 # load average to fall below LOAD (default 1.5), and it writes the load
@@ -56,7 +60,7 @@ median_error() {
 quiet; load calibrate
 mpiexec -n 2 "$DYNMO" calibrate --out "$out/cpu.ini" "${quick[@]}" > "$out/calibrate.out" 2>&1
 quiet; load calibrate-1-thread
-mpiexec -n 2 "$DYNMO" calibrate --out "$out/cpu-1thread.ini" --threads 1 "${quick[@]}" \
+mpiexec -n 2 "$DYNMO" calibrate --out "$out/cpu-1thread.ini" --threads 1 --busy-peer "${quick[@]}" \
   > "$out/calibrate-1thread.out" 2>&1
 
 # 2. three shapes the calibration never ran, on one rank
@@ -94,3 +98,17 @@ for scheme in $SCHEMES; do
   error "$scheme on 2 ranks" "$measured" "$predicted" "$out/schemes.txt"
 done
 median_error "$out/schemes.txt" schemes
+
+# 4. the shapes' blocks op by op (one micro-batch: B sequences of T tokens)
+HW_OPS=${HW_OPS:-build/bench/hw_ops}
+if [ -x "$HW_OPS" ]; then
+  # B T C NH and the layers of each shape above; the threads `dynmo bench` uses
+  ops_shapes=("4 128 96 3 6" "4 64 160 5 10" "4 192 320 8 4")
+  for i in "${!ops_shapes[@]}"; do
+    read -r B T C NH layers <<<"${ops_shapes[i]}"
+    quiet; load "ops $i"
+    "$HW_OPS" "$out/cpu.ini" "$B" "$T" "$C" "$NH" "$(nproc)" "$([ "$QUICK" = 1 ] && echo 3 || echo 30)" \
+      "$layers" > "$out/ops-$i.txt"
+    echo "ops $i: $(grep 'block_forward' "$out/ops-$i.txt")"
+  done
+fi

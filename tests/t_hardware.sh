@@ -18,7 +18,14 @@ step_of() {   # the ms of the 'predicted step:' line of stdin
 
 # calibrate writes a file simulate reads
 if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/cpu.ini" --quick > "$dir/calibrate.out" 2>&1; then
-  echo "ok: calibrate --quick wrote $(grep -c '^point' "$dir/cpu.ini") GEMM points"
+  echo "ok: calibrate --quick wrote $(grep -c '^point' "$dir/cpu.ini") GEMM and attention points"
+  # the measured extras: each product's backward, attention and hash attention by direction,
+  # GELU's, the layernorm's and AdamW's bandwidths
+  for key in backward_point hash_point gelu_gbs layernorm_gbs adamw_gbs; do
+    grep -q "^$key = " "$dir/cpu.ini" || fail "calibrate wrote no $key"
+  done
+  sed -n '/^\[attention\]/,/^\[/p' "$dir/cpu.ini" | grep -Eq '^point = [0-9]+ [0-9]+ [0-9.e+-]+ [0-9.e+-]+$' \
+    || fail "calibrate wrote no [attention] point (T head_size forward backward)"
   out=$("$DYNMO" simulate --hardware "$dir/cpu.ini" --config configs/ref.ini --stages 1 \
         --policies static-uniform 2>&1) || fail "simulate on the calibrated file: $out"
   ms=$(step_of <<<"$out")
@@ -26,6 +33,16 @@ if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/cpu.ini" --quick > "$dir/calibrat
     || fail "no positive 'predicted step' on the calibrated file: $out"
 else
   fail "calibrate --quick: $(tail -5 "$dir/calibrate.out")"
+fi
+# rank 1 measuring beside rank 0 (one thread each, as two ranks on two cores)
+if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/peer.ini" --quick --threads 1 --busy-peer \
+     > "$dir/peer.out" 2>&1 \
+   && grep -q '^name = .*1 threads, beside a busy peer' "$dir/peer.ini" \
+   && "$DYNMO" simulate --hardware "$dir/peer.ini" --config configs/ref.ini --stages 1 \
+        --policies static-uniform | grep -q "^predicted step"; then
+  echo "ok: calibrate --busy-peer writes a file simulate reads"
+else
+  fail "calibrate --busy-peer: $(tail -3 "$dir/peer.out")"
 fi
 # the device path (device buffers, copies, synchronize) on the emulated device
 if mpiexec -n 2 "$DYNMO" calibrate --out "$dir/emulate.ini" --quick train.device=emulate \

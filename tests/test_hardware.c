@@ -5,8 +5,11 @@
  * op model's FLOPs against counts by hand for a tiny shape, each scheme's
  * effect on them, and that the prices scale as a roofline must (twice the
  * GEMM rate halves a GEMM-bound op's time, twice the bandwidth a
- * memory-bound op's); and that a written file reads back the same. No
- * timing is measured. */
+ * memory-bound op's); the measured figures `dynmo calibrate` adds (GELU's,
+ * the layernorm's and AdamW's bandwidths, the backward GEMM points, the
+ * attention points by direction): parsed, checked, defaulted where a file
+ * lacks them, interpolated and priced (an epilogue adds to its GEMM); and
+ * that a written file reads back the same. No timing is measured. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,17 +55,59 @@ static int parse(struct hardware *hw, const char *text, char *err, size_t size)
     return hardware_parse_text(hw, text, strlen(text), "test.ini", err, size);
 }
 
-/* good with the line holding `find` replaced by `with` (NULL: removed). */
-static void edited(char *out, size_t size, const char *find, const char *with)
+/* base with the line holding `find` replaced by `with` (NULL: removed). */
+static void edited_from(char *out, size_t size, const char *base, const char *find,
+                        const char *with)
 {
-    const char *at = strstr(good, find);
+    const char *at = strstr(base, find);
     if (!at) {
-        snprintf(out, size, "%s", good);
+        snprintf(out, size, "%s", base);
         return;
     }
     const char *line_end = strchr(at, '\n');
-    snprintf(out, size, "%.*s%s%s%s", (int)(at - good), good, with ? with : "",
+    snprintf(out, size, "%.*s%s%s%s", (int)(at - base), base, with ? with : "",
              with ? "\n" : "", line_end + 1);
+}
+
+static void edited(char *out, size_t size, const char *find, const char *with)
+{
+    edited_from(out, size, good, find, with);
+}
+
+/* good with the figures `dynmo calibrate` measures besides: GELU's, the
+ * layernorm's and AdamW's bandwidths, two backward GEMM points, two
+ * attention points and a hash point. */
+static void measured(char *out, size_t size)
+{
+    char a[4096], b[4096];
+    edited(a, sizeof a, "bytes_per_element",
+           "bytes_per_element = 4\ngelu_gbs = 20\nlayernorm_gbs = 40\nadamw_gbs = 25");
+    edited_from(b, sizeof b, a, "point = 1024 1024 1024 1",
+                "point = 1024 1024 1024 1\nbackward_point = 64 64 64 0.125\n"
+                "backward_point = 1024 1024 1024 0.5");
+    edited_from(out, size, b, "sparse_tflops",
+                "sparse_tflops = 0.125\npoint = 64 16 0.1 0.2\npoint = 1024 64 0.4 0.3\n"
+                "hash_point = 256 16 0.01 0.02");
+}
+
+/* A bad line: `find`'s line of the base replaced by `with` (NULL:
+ * removed), and what the message must hold. */
+struct bad_case {
+    const char *find, *with, *want;
+};
+
+/* Each case must be refused with its message, naming the file. */
+static void expect_refused(const char *base, const struct bad_case *cases, size_t count)
+{
+    for (size_t i = 0; i < count; i++) {
+        char text[4096], err[512];
+        edited_from(text, sizeof text, base, cases[i].find, cases[i].with);
+        struct hardware hw;
+        int rc = parse(&hw, text, err, sizeof err);
+        CHECK_MSG(rc == -1 && strstr(err, cases[i].want) && strstr(err, "test.ini"),
+                  "case %zu (%s -> %s): rc %d, message '%s', want '%s'", i, cases[i].find,
+                  cases[i].with ? cases[i].with : "(removed)", rc, err, cases[i].want);
+    }
 }
 
 static void test_good(void)
@@ -80,14 +125,64 @@ static void test_good(void)
     CHECK(hw.ranks_per_node == 2);
     CHECK_NEAR(hw.p2p_inter.latency_us, 20, 0);
     CHECK_NEAR(hw.collective_inter.bandwidth_gbs, 0.5, 0);
+    /* a file without the measured extras: bandwidth_gbs for GELU, the
+     * layernorm and AdamW, no backward or attention points */
+    CHECK(hw.gelu_gbs == 50 && hw.layernorm_gbs == 50 && hw.adamw_gbs == 50);
+    CHECK(hw.backward_points == 0 && hw.attention_points == 0);
+}
+
+static void test_measured(void)
+{
+    struct hardware hw;
+    char text[4096], err[512];
+    measured(text, sizeof text);
+    CHECK_MSG(parse(&hw, text, err, sizeof err) == 0, "%s", err);
+    CHECK(hw.gelu_gbs == 20 && hw.layernorm_gbs == 40 && hw.adamw_gbs == 25);
+    CHECK(hw.gemm_points == 2 && hw.backward_points == 2 && hw.attention_points == 2);
+    CHECK(hw.hash_points == 1);
+    CHECK_NEAR(hw.hash[0].backward_tflops, 0.02, 0);
+    CHECK_NEAR(hw.backward[1].tflops, 0.5, 0);
+    CHECK_NEAR(hw.attention[0].T, 64, 0);
+    CHECK_NEAR(hw.attention[0].head_size, 16, 0);
+    CHECK_NEAR(hw.attention[1].forward_tflops, 0.4, 0);
+    CHECK_NEAR(hw.attention[1].backward_tflops, 0.3, 0);
+    static const struct bad_case cases[] = {
+        {"gelu_gbs", "gelu_gbs = 200", "gelu_gbs = 200 is above peak_bandwidth_gbs"},
+        {"adamw_gbs", "adamw_gbs = 0", "adamw_gbs = 0 is out of range"},
+        {"layernorm_gbs", "layernorm_gbs = fast", "layernorm_gbs = 'fast' is not a number"},
+        {"backward_point = 64", "backward_point = 64 64 64 5", "backward_point 64 64 64 at 5"},
+        {"backward_point = 64", "backward_point = 64 64 0.1", "'m n k tflops'"},
+        {"point = 64 16", "point = 64 16 0.1", "'T head_size forward_tflops backward_tflops'"},
+        {"point = 64 16", "point = 64.5 16 0.1 0.2", "T must be a whole number"},
+        {"point = 64 16", "point = 64 0 0.1 0.2", "head_size must be a whole number"},
+        {"point = 64 16", "point = 64 16 0.1 9", "[attention] point 64 16 at 0.1 and 9"},
+        {"point = 64 16", "point = 64 16 0 0.2", "out of range"},
+        {"hash_point", "hash_point = 256 16 3 0.02", "[attention] hash_point 256 16 at 3"},
+        {"hash_point", "hash_point = 256 16 0.01", "hash_point = 256 16 0.01 is not"},
+    };
+    expect_refused(text, cases, sizeof cases / sizeof cases[0]);
+    /* interpolation: a point's own rate, halfway in log2 their mean; the
+     * backward table is not the forward one; no points: 0 and tflops */
+    parse(&hw, text, err, sizeof err);
+    CHECK_NEAR(hardware_gemm_backward_tflops(&hw, 64, 64, 64), 0.125, 0);
+    CHECK_NEAR(hardware_gemm_backward_tflops(&hw, 256, 256, 256), 0.3125, 1e-12);
+    CHECK_NEAR(hardware_gemm_tflops(&hw, 256, 256, 256), 0.625, 1e-12);
+    CHECK_NEAR(hardware_attention_tflops(&hw, 64, 16, 0), 0.1, 0);
+    CHECK_NEAR(hardware_attention_tflops(&hw, 64, 16, 1), 0.2, 0);
+    CHECK_NEAR(hardware_attention_tflops(&hw, 256, 32, 0), 0.25, 1e-12);
+    CHECK_NEAR(hardware_attention_tflops(&hw, 256, 32, 1), 0.25, 1e-12);
+    struct hardware plain;
+    parse(&plain, good, err, sizeof err);
+    CHECK(hardware_gemm_backward_tflops(&plain, 64, 64, 64) == 0);
+    CHECK(hardware_attention_tflops(&plain, 64, 16, 1) == 0.5);
+    CHECK(hardware_hash_tflops(&plain, 64, 16, 0) == 0.25);   /* hash_tflops */
+    CHECK_NEAR(hardware_hash_tflops(&hw, 64, 64, 1), 0.02, 0);   /* one point: its rate */
 }
 
 /* Each case: a line changed (or removed) and what the message must hold. */
 static void test_bad(void)
 {
-    static const struct {
-        const char *find, *with, *want;
-    } cases[] = {
+    static const struct bad_case cases[] = {
         {"memory_gb", NULL, "[device] memory_gb is missing"},
         {"name =", NULL, "[device] name is missing"},
         {"peak_tflops", NULL, "[gemm] peak_tflops is missing"},
@@ -120,15 +215,7 @@ static void test_bad(void)
         {"# a test machine", "memory_gb = 1", "'memory_gb' before any [section]"},
         {"op_overhead_us", "op_overhead_us 10", "expected 'key = value'"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char text[4096], err[512];
-        edited(text, sizeof text, cases[i].find, cases[i].with);
-        struct hardware hw;
-        int rc = parse(&hw, text, err, sizeof err);
-        CHECK_MSG(rc == -1 && strstr(err, cases[i].want) && strstr(err, "test.ini"),
-                  "case %zu (%s -> %s): rc %d, message '%s', want '%s'", i, cases[i].find,
-                  cases[i].with ? cases[i].with : "(removed)", rc, err, cases[i].want);
-    }
+    expect_refused(good, cases, sizeof cases / sizeof cases[0]);
 }
 
 static void test_shipped(void)
@@ -320,12 +407,19 @@ static void test_scaling(void)
     struct hw_pass a, b;
     hw_block_forward(&a, &m, &dense);
     hw_block_forward(&b, &mf, &dense);
-    CHECK_NEAR(class_ms(&b, HW_GEMM), class_ms(&a, HW_GEMM) / 2, 1e-12 * class_ms(&a, HW_GEMM));
+    /* the GEMMs' compute halves; their epilogues (proj's and fcproj's
+     * residual, fc's GELU) stream as before */
+    double N = 64 * 4, C = 8, e = 4;
+    double epilogues = 2 * 2 * e * N * C / (hw.bandwidth_gbs * 1e6) +
+                       2 * e * N * 4 * C / (hw.gelu_gbs * 1e6);
+    CHECK_NEAR(class_ms(&b, HW_GEMM) - epilogues, (class_ms(&a, HW_GEMM) - epilogues) / 2,
+               1e-12 * class_ms(&a, HW_GEMM));
     CHECK_NEAR(class_ms(&b, HW_ATTENTION), class_ms(&a, HW_ATTENTION), 0);
     CHECK_NEAR(class_ms(&b, HW_MEMORY), class_ms(&a, HW_MEMORY), 0);
     /* twice the bandwidth halves the memory-bound ops (AdamW) */
     struct hardware wide = hw;
     wide.bandwidth_gbs *= 2;
+    wide.adamw_gbs *= 2;
     struct hw_model mw = tiny(&wide);
     hw_block_update(&a, &m, &dense);
     hw_block_update(&b, &mw, &dense);
@@ -345,6 +439,90 @@ static void test_scaling(void)
     double one = hw_stage_bytes(&m, 1000, 2, 1), three = hw_stage_bytes(&m, 1000, 2, 3);
     CHECK_NEAR(hw_stage_bytes(&m, 1000, 2, 0), 16000, 0);
     CHECK_NEAR(three - 16000, 3 * (one - 16000), 1e-6);
+}
+
+static const struct hw_op *find_op(const struct hw_pass *p, const char *name)
+{
+    for (int i = 0; i < p->count; i++)
+        if (!strcmp(p->op[i].name, name)) return &p->op[i];
+    return NULL;
+}
+
+/* The measured figures priced: each product's backward one op at the
+ * backward points, attention by direction at its points, GELU's epilogue
+ * added to its GEMM at gelu_gbs, the layernorm at layernorm_gbs, AdamW at
+ * adamw_gbs with the overhead once per tensor. */
+static void test_measured_prices(void)
+{
+    struct hardware hw;
+    char text[4096], err[512];
+    measured(text, sizeof text);
+    parse(&hw, text, err, sizeof err);
+    hw.op_overhead_us = 0;
+    hw.peak_bandwidth_gbs = hw.bandwidth_gbs = 1e5;   /* the GEMMs compute-bound */
+    struct hw_model m = tiny(&hw);
+    m.sequences = 64;
+    double C = 8, N = 64 * 4, e = 4;
+    struct hw_block_state dense = {.active = 1, .tokens = 1, .tiles = 1};
+    struct hw_pass f, b, u;
+    hw_block_forward(&f, &m, &dense);
+    hw_block_backward(&b, &m, &dense);
+    CHECK_NEAR(class_flops(&b, HW_GEMM), 2 * class_flops(&f, HW_GEMM), 0);
+    const struct hw_op *fc = find_op(&b, "fc backward"), *qkv = find_op(&b, "qkv backward");
+    CHECK(fc && qkv && !find_op(&b, "fc dinp") && !find_op(&b, "qkv dweight"));
+    if (qkv)
+        CHECK_NEAR(qkv->ms, 4 * N * C * 3 * C / (hardware_gemm_backward_tflops(&hw, N, 3 * C, C)
+                                                 * 1e9), 1e-12);
+    const struct hw_op *att = find_op(&f, "attention"), *attb = find_op(&b, "attention backward");
+    CHECK(att && attb);
+    if (att && attb) {
+        CHECK_NEAR(att->ms, att->flops / (hardware_attention_tflops(&hw, 4, 4, 0) * 1e9), 1e-12);
+        CHECK_NEAR(attb->ms, attb->flops / (hardware_attention_tflops(&hw, 4, 4, 1) * 1e9),
+                   1e-12);
+    }
+    /* hash attention: its tiles' FLOPs at the hash points' rate by direction */
+    struct hw_model mh = m;
+    snprintf(mh.cfg.attention, sizeof mh.cfg.attention, "hash");
+    mh.cfg.hash_buckets = 2;
+    struct hw_pass hf, hb;
+    hw_block_forward(&hf, &mh, &dense);
+    hw_block_backward(&hb, &mh, &dense);
+    const struct hw_op *ha = find_op(&hf, "hash attention");
+    const struct hw_op *hab = find_op(&hb, "hash attention backward");
+    CHECK(ha && hab);
+    if (ha && hab) {
+        CHECK_NEAR(ha->ms, ha->flops / (0.01 * 1e9), 1e-12);
+        CHECK_NEAR(hab->ms, hab->flops / (0.02 * 1e9), 1e-12);
+    }
+    /* GELU's epilogue: its bytes at gelu_gbs on top of the fc GEMM */
+    struct hardware fast_gelu = hw;
+    fast_gelu.gelu_gbs *= 2;
+    struct hw_model mg = m;
+    mg.hw = &fast_gelu;
+    struct hw_pass g;
+    hw_block_forward(&g, &mg, &dense);
+    double gelu_ms = 2 * e * N * 4 * C / (hw.gelu_gbs * 1e6);
+    CHECK_NEAR(find_op(&f, "fc")->ms - find_op(&g, "fc")->ms, gelu_ms / 2, 1e-12);
+    CHECK_NEAR(find_op(&f, "ln1")->ms, 2 * e * N * C / (hw.layernorm_gbs * 1e6), 1e-12);
+    /* AdamW: 28 bytes a parameter at adamw_gbs, the gradient's norm and
+     * zeroing 4 each at bandwidth_gbs, and one overhead per tensor */
+    double params = 12 * C * C + 13 * C;
+    hw_block_update(&u, &m, &dense);
+    CHECK_NEAR(u.ms, 28 * params / (hw.adamw_gbs * 1e6) + 8 * params / (hw.bandwidth_gbs * 1e6),
+               1e-12);
+    hw.op_overhead_us = 10;
+    struct hw_pass u2;
+    hw_block_update(&u2, &m, &dense);
+    CHECK_NEAR(u2.ms - u.ms, 0.01 * (12 + 2), 1e-12);   /* 12 tensors, the norm, the zeroing */
+    /* an MoE block: the 8 shared tensors, the router and 4 for each of
+     * the rank's 4 experts */
+    struct hw_block_state moe = dense;
+    moe.busiest_load = 1;
+    struct hw_pass with, without;
+    hw_block_update(&with, &m, &moe);
+    hw.op_overhead_us = 0;
+    hw_block_update(&without, &m, &moe);
+    CHECK_NEAR(with.ms - without.ms, 0.01 * (8 + 1 + 4 * 4 + 2), 1e-12);
 }
 
 static void test_write_back(void)
@@ -368,6 +546,24 @@ static void test_write_back(void)
     CHECK_NEAR(back.gemm[0].tflops, hw.gemm[0].tflops, 0);
     CHECK_NEAR(back.collective_inter.bandwidth_gbs, hw.collective_inter.bandwidth_gbs, 0);
     CHECK_NEAR(back.op_overhead_us, hw.op_overhead_us, 0);
+
+    /* the measured extras too */
+    char text2[4096];
+    measured(text2, sizeof text2);
+    parse(&hw, text2, err, sizeof err);
+    fd = mkstemp(strcpy(path, "/tmp/dynmo-test-hardware-XXXXXX"));
+    CHECK(fd >= 0);
+    close(fd);
+    CHECK_MSG(hardware_write(&hw, path, "measured", err, sizeof err) == 0, "%s", err);
+    f = fopen(path, "r");
+    n = f ? fread(text, 1, sizeof text, f) : 0;
+    if (f) fclose(f);
+    unlink(path);
+    CHECK_MSG(hardware_parse_text(&back, text, n, path, err, sizeof err) == 0, "%s", err);
+    CHECK(back.backward_points == 2 && back.attention_points == 2 && back.hash_points == 1);
+    CHECK(back.gelu_gbs == 20 && back.layernorm_gbs == 40 && back.adamw_gbs == 25);
+    CHECK_NEAR(back.backward[0].tflops, 0.125, 0);
+    CHECK_NEAR(back.attention[1].backward_tflops, 0.3, 0);
 }
 
 int main(void)
@@ -375,9 +571,11 @@ int main(void)
     test_good();
     test_bad();
     test_shipped();
+    test_measured();
     test_gemm_table();
     test_flops();
     test_scaling();
+    test_measured_prices();
     test_write_back();
     return testing_report("test_hardware");
 }

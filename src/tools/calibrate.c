@@ -1,12 +1,17 @@
 /* `dynmo calibrate --out HW.ini`: measures this machine with dynmo's own
  * ops, through the op table of the configured device (train.device), and
  * writes a hardware file that `dynmo simulate --hardware` reads
- * (docs/simulate.md, "The hardware model"): GEMMs over a range of shapes
- * (the [gemm] points), causal attention, hash attention and the CSR
- * product forward and backward, the layernorm, GELU and residual ops (the
- * achieved bandwidth), a tiny op (the per-op overhead), and between ranks
- * 0 and 1 the point-to-point line (a small and a large message) and the
- * all-reduce line. Every figure is the median of five timed batches of
+ * (docs/simulate.md, "The hardware model"): the block's products over a
+ * grid of shapes, forward and backward, as the model calls them (the
+ * [gemm] points and backward points), causal attention by direction over a
+ * grid of lengths and head sizes (the [attention] points), hash attention
+ * likewise (the hash points), the CSR product forward and backward, the
+ * layernorm, GELU, residual and AdamW ops (the achieved bandwidths), a
+ * tiny op (the per-op overhead), and between ranks 0 and 1 the
+ * point-to-point line (a small and a large message) and the all-reduce
+ * line. With --busy-peer rank 1 runs the same measurements at the same
+ * time (what a core achieves while its neighbour computes, as in a run of
+ * one rank a core). Every figure is the median of five timed batches of
  * repetitions, so a neighbour's burst moves it less.
  *
  * Must not: price anything (hardware.c, hardware_ops.c) or write the file
@@ -30,14 +35,14 @@
 struct calibrate_args {
     const char *out, *config;
     char **overrides;
-    int override_count, quick, threads;
+    int override_count, quick, threads, busy_peer;
 };
 
 static void usage(FILE *f)
 {
     fprintf(f,
         "usage: mpiexec -n 2 dynmo calibrate --out HW.ini [--config F] [section.key=value ...]\n"
-        "       [--threads N] [--quick]\n"
+        "       [--threads N] [--busy-peer] [--quick]\n"
         "Measures this machine with dynmo's own ops (GEMMs of many shapes, attention,\n"
         "hash attention, CSR products, layernorm, GELU, residual, a tiny op) on rank 0\n"
         "and the point-to-point and all-reduce lines between ranks 0 and 1, and writes\n"
@@ -46,6 +51,9 @@ static void usage(FILE *f)
         "  --config F     train.device and train.threads from F (default: the CPU)\n"
         "  --threads N    compute threads of rank 0 (default: the CPUs one rank alone\n"
         "                 would use, as `dynmo bench` on one rank)\n"
+        "  --busy-peer    rank 1 runs the same measurements at the same time on its own\n"
+        "                 core (ranks computing side by side: --threads 1 for a 2-rank\n"
+        "                 run on 2 cores); otherwise rank 1 sleeps while rank 0 measures\n"
         "  --quick        fewer and smaller shapes, shorter timings (a smoke test)\n");
 }
 
@@ -56,6 +64,7 @@ static void parse_args(struct calibrate_args *a, int argc, char **argv)
         const char *o = argv[i];
         tool_help(o, usage);
         if (!strcmp(o, "--quick")) { a->quick = 1; continue; }
+        if (!strcmp(o, "--busy-peer")) { a->busy_peer = 1; continue; }
         if (o[0] != '-' && strchr(o, '=')) {
             if (!a->overrides) a->overrides = dm_alloc((size_t)argc * sizeof(char *));
             a->overrides[a->override_count++] = argv[i];
@@ -84,6 +93,11 @@ static void parse_args(struct calibrate_args *a, int argc, char **argv)
 
 /* ---- timing ---------------------------------------------------------------- */
 
+/* A GEMM's parameter sets: as many as make PARAMETER_BYTES together (a
+ * stage's blocks' weights are beyond the core's cache by the time a
+ * micro-batch comes back to one). */
+#define PARAMETER_BYTES (16.0 * 1024 * 1024)
+
 /* One measured op: what `run` does with the buffers. */
 struct op {
     const struct dm_backend *be;
@@ -93,25 +107,46 @@ struct op {
     float *x, *y, *z, *w, *v, *s;/* device buffers, large enough */
     int *i1, *i2;
     long tiles;
+    /* a GEMM's weight, bias and their gradients, `copies` sets of `set`
+     * floats one after the other, used in turn (the at-th), so that each
+     * call finds them out of cache as a block of a deep stage does */
+    float *parameters;
+    size_t set;
+    int copies, at;
 };
 
-enum { OP_GEMM, OP_ATTENTION, OP_GROUPED, OP_SPARSE, OP_LAYERNORM, OP_GELU, OP_RESIDUAL,
-       OP_COPY };
+enum { OP_GEMM, OP_GEMM_BACKWARD, OP_ATTENTION_FORWARD, OP_ATTENTION_BACKWARD,
+       OP_GROUPED_FORWARD, OP_GROUPED_BACKWARD, OP_SPARSE, OP_LAYERNORM, OP_GELU, OP_RESIDUAL,
+       OP_COPY, OP_ADAMW };
 
 static void run_op(struct op *o)
 {
     const struct dm_backend *be = o->be;
     switch (o->kind) {
-    case OP_GEMM:       /* out (m, n) = inp (m, k) W^T, W (n, k) */
-        be->matmul_forward(o->z, o->x, o->y, NULL, o->m, o->k, o->n);
+    case OP_GEMM:       /* out z (m, n) = inp x (m, k) W^T + bias (W (n, k), bias (n)) */
+    case OP_GEMM_BACKWARD: {   /* from dout z: dinp w (m, k), dweight (n, k), dbias (n) */
+        size_t nk = (size_t)o->n * o->k;
+        float *weight = o->parameters + (size_t)o->at * o->set, *bias = weight + nk;
+        float *dweight = bias + o->n, *dbias = dweight + nk;
+        o->at = (o->at + 1) % o->copies;
+        if (o->kind == OP_GEMM)
+            be->matmul_forward(o->z, o->x, weight, bias, o->m, o->k, o->n);
+        else
+            be->matmul_backward_overwrite(o->w, dweight, dbias, o->z, o->x, weight, o->m, o->k,
+                                          o->n);
         break;
-    case OP_ATTENTION:
+    }
+    case OP_ATTENTION_FORWARD:
         be->attention_forward(o->z, o->s, o->x, o->B, o->T, o->C, o->NH);
+        break;
+    case OP_ATTENTION_BACKWARD:
         be->attention_backward(o->w, o->v, o->y, o->x, o->s, o->B, o->T, o->C, o->NH);
         break;
-    case OP_GROUPED:
+    case OP_GROUPED_FORWARD:
         o->tiles = be->group_attention_forward(o->z, o->v, o->i1, o->i2, NULL, o->x, o->s,
                                                 o->B, o->T, o->C, o->NH, o->groups);
+        break;
+    case OP_GROUPED_BACKWARD:   /* on the groups and order the forward left */
         be->group_attention_backward(o->w, o->y, o->x, o->z, o->v, o->i1, o->i2, o->B, o->T,
                                       o->C, o->NH);
         break;
@@ -126,6 +161,11 @@ static void run_op(struct op *o)
     case OP_GELU: be->gelu_forward(o->z, o->x, (long)o->m * o->n); break;
     case OP_RESIDUAL: be->residual_forward(o->z, o->x, o->y, (long)o->m * o->n); break;
     case OP_COPY: be->copy_on_device(o->z, o->x, (size_t)o->m * o->n * sizeof(float)); break;
+    case OP_ADAMW:      /* params z, gradients x, moments w and v; a learning rate that
+                           keeps the weights where they are */
+        be->adamw_update(o->z, o->x, o->w, o->v, (long)o->m * o->n, 1e-9f, 0.9f, 0.95f, 1e-8f,
+                         0.1f, 1.0f, 1);
+        break;
     }
 }
 
@@ -172,42 +212,71 @@ static int *device_ints(const struct dm_backend *be, const int *host, size_t n)
 
 /* ---- what is measured -------------------------------------------------------- */
 
-/* GEMM shapes m n k: squares, the products of blocks of 64 to 512
- * channels over 1024 to 8192 rows, and weight-gradient shapes (long k). */
-static const int gemm_shapes[][3] = {
-    {128, 128, 128}, {256, 256, 256}, {512, 512, 512}, {1024, 1024, 1024},
-    {1024, 192, 64}, {1024, 64, 64}, {1024, 256, 64}, {1024, 64, 256},
-    {4096, 384, 128}, {4096, 128, 128}, {4096, 512, 128}, {4096, 128, 512},
-    {8192, 768, 256}, {8192, 256, 1024}, {8192, 1024, 256},
-    {128, 128, 4096}, {512, 128, 4096}, {256, 256, 8192},
-};
+/* The GEMM grid: the rows of a micro-batch (or of an expert's share of
+ * one), m, from 16 to 4096, times a block's product shapes at a width C
+ * (n x k: C x C, 4C x C and C x 4C; qkv's 3C x C lies between), C 64 at
+ * every m, 256 and 1024 where m is at least C. A regular grid in log2 so
+ * that interpolation between its points, not a shape of any particular
+ * config, prices a model. */
+static const int grid_rows[] = {16, 64, 256, 1024, 4096};
+static const int grid_widths[] = {64, 256, 1024};
 static const int quick_shapes[][3] = {
     {64, 64, 64}, {256, 256, 256}, {1024, 96, 32}, {96, 32, 1024},
 };
 
+/* Seconds of op o beyond the op overhead (at least half of them). */
+static double beyond_overhead(const struct hardware *hw, double s)
+{
+    double o = hw->op_overhead_us * 1e-6;
+    return s - o > s / 2 ? s - o : s / 2;
+}
+
+/* One product m x n x k forward (with its bias, as every product of the
+ * block has) and backward (input, weight and bias gradients), its
+ * parameters out of cache as in a deep stage (PARAMETER_BYTES); its
+ * activations stay where the op before left them. */
+static void measure_gemm(struct hardware *hw, const struct dm_backend *be, int m, int n, int k,
+                         double batch_s)
+{
+    struct op o = {.be = be, .kind = OP_GEMM, .m = m, .n = n, .k = k};
+    o.x = device_floats(be, (size_t)m * k, 1);
+    o.z = device_floats(be, (size_t)m * n, 2);
+    o.w = be->alloc((size_t)m * k * sizeof(float));
+    o.set = 2 * ((size_t)n * k + n);   /* weight, bias, their gradients */
+    o.copies = (int)fmax(1, ceil(PARAMETER_BYTES / (4.0 * o.set)));
+    o.parameters = device_floats(be, (size_t)o.copies * o.set, 3);
+    double forward = time_op(&o, batch_s);
+    o.kind = OP_GEMM_BACKWARD;
+    double backward = time_op(&o, batch_s);
+    double flops = 2.0 * m * n * k;
+    double tf = flops / beyond_overhead(hw, forward) / 1e12;
+    double tb = 2 * flops / beyond_overhead(hw, backward) / 1e12;
+    hw->gemm[hw->gemm_points++] = (struct hw_gemm_point){m, n, k, tf};
+    hw->backward[hw->backward_points++] = (struct hw_gemm_point){m, n, k, tb};
+    hw->gemm_peak_tflops = fmax(hw->gemm_peak_tflops, fmax(tf, tb));
+    dm_log("calibrate: gemm %5d x %5d x %5d: forward %8.3f ms, %.4f TFLOP/s; backward %8.3f "
+           "ms, %.4f TFLOP/s\n", m, n, k, forward * 1e3, tf, backward * 1e3, tb);
+    float *buffers[] = {o.x, o.z, o.w, o.parameters};
+    for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+}
+
 static void measure_gemms(struct hardware *hw, const struct dm_backend *be, int quick,
                           double batch_s)
 {
-    int count = quick ? (int)(sizeof quick_shapes / sizeof quick_shapes[0])
-                      : (int)(sizeof gemm_shapes / sizeof gemm_shapes[0]);
-    const int (*shapes)[3] = quick ? quick_shapes : gemm_shapes;
-    for (int i = 0; i < count; i++) {
-        int m = shapes[i][0], n = shapes[i][1], k = shapes[i][2];
-        struct op o = {.be = be, .kind = OP_GEMM, .m = m, .n = n, .k = k};
-        o.x = device_floats(be, (size_t)m * k, 1);
-        o.y = device_floats(be, (size_t)n * k, 2);
-        o.z = be->alloc((size_t)m * n * sizeof(float));
-        double s = time_op(&o, batch_s);
-        double tflops = 2.0 * m * n * k / (s - hw->op_overhead_us * 1e-6 > s / 2
-                                           ? s - hw->op_overhead_us * 1e-6 : s / 2) / 1e12;
-        hw->gemm[hw->gemm_points++] = (struct hw_gemm_point){m, n, k, tflops};
-        if (tflops > hw->gemm_peak_tflops) hw->gemm_peak_tflops = tflops;
-        dm_log("calibrate: gemm %5d x %5d x %5d: %8.3f ms, %.4f TFLOP/s\n", m, n, k, s * 1e3,
-               tflops);
-        be->free(o.x);
-        be->free(o.y);
-        be->free(o.z);
+    if (quick) {
+        for (size_t i = 0; i < sizeof quick_shapes / sizeof quick_shapes[0]; i++)
+            measure_gemm(hw, be, quick_shapes[i][0], quick_shapes[i][1], quick_shapes[i][2],
+                         batch_s);
+        return;
     }
+    for (size_t r = 0; r < sizeof grid_rows / sizeof grid_rows[0]; r++)
+        for (size_t w = 0; w < sizeof grid_widths / sizeof grid_widths[0]; w++) {
+            int m = grid_rows[r], C = grid_widths[w];
+            if (C > m && C > grid_widths[0]) continue;   /* wide products of few rows */
+            measure_gemm(hw, be, m, C, C, batch_s);
+            measure_gemm(hw, be, m, 4 * C, C, batch_s);
+            measure_gemm(hw, be, m, C, 4 * C, batch_s);
+        }
 }
 
 /* Causal attention's FLOPs over B sequences of T (hardware_ops.c's count). */
@@ -216,57 +285,117 @@ static double causal_flops(int B, int T, int C)
     return 2.0 * B * T * ((double)T + 1) * C;
 }
 
-/* Attention forward and backward at each shape: 3 x its forward FLOPs over
- * the two's time, the mean over the shapes. */
-static double measure_attention(const struct dm_backend *be, int hash, int quick,
+/* Causal attention of B x NH heads of hs channels over T tokens: its
+ * forward and its backward timed apart, an [attention] point. */
+static void measure_attention_point(struct hardware *hw, const struct dm_backend *be, int B,
+                                    int T, int hs, double batch_s)
+{
+    int NH = 4, C = NH * hs;
+    struct op o = {.be = be, .kind = OP_ATTENTION_FORWARD, .B = B, .T = T, .C = C, .NH = NH};
+    size_t BT = (size_t)B * T, square = (size_t)B * NH * T * T;
+    o.x = device_floats(be, BT * 3 * C, 3);
+    o.y = device_floats(be, BT * C, 4);
+    o.z = be->alloc(BT * C * sizeof(float));
+    o.w = be->alloc(BT * 3 * C * sizeof(float));
+    o.s = be->alloc(square * sizeof(float));
+    o.v = be->alloc(square * sizeof(float));
+    double forward = time_op(&o, batch_s);
+    o.kind = OP_ATTENTION_BACKWARD;   /* on the probabilities the forward left in s */
+    double backward = time_op(&o, batch_s);
+    double flops = causal_flops(B, T, C);
+    struct hw_attention_point p = {T, hs, flops / beyond_overhead(hw, forward) / 1e12,
+                                   2 * flops / beyond_overhead(hw, backward) / 1e12};
+    hw->attention[hw->attention_points++] = p;
+    dm_log("calibrate: causal attention B %d T %4d %d heads of %3d: forward %.3f ms, %.4f "
+           "TFLOP/s; backward %.3f ms, %.4f TFLOP/s\n", B, T, NH, hs, forward * 1e3,
+           p.forward_tflops, backward * 1e3, p.backward_tflops);
+    float *buffers[] = {o.x, o.y, o.z, o.w, o.s, o.v};
+    for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+}
+
+/* The [attention] points over a grid of lengths and head sizes (regular
+ * in log2, as the GEMM grid), and tflops: forward and backward together,
+ * 3 x the forward FLOPs over the two's time, the mean over the points. */
+static void measure_attention_points(struct hardware *hw, const struct dm_backend *be,
+                                     int quick, double batch_s)
+{
+    static const int lengths[] = {32, 96, 256, 768, 2048}, sizes[] = {16, 48, 128};
+    int nl = quick ? 2 : (int)(sizeof lengths / sizeof lengths[0]);
+    int ns = quick ? 1 : (int)(sizeof sizes / sizeof sizes[0]);
+    double sum = 0;
+    for (int l = 0; l < nl; l++)
+        for (int h = 0; h < ns; h++) {
+            measure_attention_point(hw, be, lengths[l] >= 2048 ? 1 : 2, lengths[l], sizes[h],
+                                    batch_s);
+            const struct hw_attention_point *p = &hw->attention[hw->attention_points - 1];
+            sum += 3 / (1 / p->forward_tflops + 2 / p->backward_tflops);
+        }
+    hw->attention_tflops = sum / hw->attention_points;
+    dm_log("calibrate: causal attention %.4f TFLOP/s forward and backward together (the mean "
+           "over %d points)\n", hw->attention_tflops, hw->attention_points);
+}
+
+/* Hash attention of B x 4 heads of hs channels over T tokens in 8 groups
+ * (hash.buckets' default): its forward and its backward timed apart, each
+ * over the FLOPs of the tiles it visits (a share of causal attention's),
+ * a hash point. */
+static void measure_hash_point(struct hardware *hw, const struct dm_backend *be, int B, int T,
+                               int hs, double batch_s)
+{
+    int NH = 4, C = NH * hs, groups = 8;
+    struct op o = {.be = be, .kind = OP_GROUPED_FORWARD, .B = B, .T = T, .C = C, .NH = NH,
+                   .groups = groups};
+    size_t BT = (size_t)B * T;
+    o.x = device_floats(be, BT * 3 * C, 3);
+    o.y = device_floats(be, BT * C, 4);
+    o.z = be->alloc(BT * C * sizeof(float));
+    o.w = be->alloc(BT * 3 * C * sizeof(float));
+    /* a rotation of N(0,1) draws: the groups are as even as hash
+     * attention's, whose columns are also normalised */
+    size_t n = (size_t)NH * hs * groups / 2;
+    float *rotation = dm_alloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++) rotation[i] = dm_normal(11, 0, i);
+    o.s = be->alloc(n * sizeof(float));
+    be->copy_to_device(o.s, rotation, n * sizeof(float));
+    dm_free(rotation);
+    o.v = be->alloc(BT * NH * sizeof(float));
+    o.i1 = be->alloc(BT * NH * 2 * sizeof(int));
+    o.i2 = be->alloc(BT * NH * 2 * sizeof(int));
+    double forward = time_op(&o, batch_s);
+    o.kind = OP_GROUPED_BACKWARD;
+    double backward = time_op(&o, batch_s);
+    long nt = (T + 31) / 32;
+    double share = fmin(1.0, (double)o.tiles / ((double)B * NH * nt * (nt + 1) / 2));
+    double flops = share * causal_flops(B, T, C);
+    struct hw_attention_point p = {T, hs, flops / beyond_overhead(hw, forward) / 1e12,
+                                   2 * flops / beyond_overhead(hw, backward) / 1e12};
+    hw->hash[hw->hash_points++] = p;
+    dm_log("calibrate: hash attention B %d T %4d %d heads of %3d, %.3f of the tiles: forward "
+           "%.3f ms, %.4f TFLOP/s; backward %.3f ms, %.4f TFLOP/s\n", B, T, NH, hs, share,
+           forward * 1e3, p.forward_tflops, backward * 1e3, p.backward_tflops);
+    float *buffers[] = {o.x, o.y, o.z, o.w, o.s, o.v};
+    for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
+    be->free(o.i1);
+    be->free(o.i2);
+}
+
+/* The hash points over T of 96, 384 and 1536 and head sizes of 16 and 48,
+ * and hash_tflops: forward and backward together over the mean of the
+ * points. */
+static void measure_hash_points(struct hardware *hw, const struct dm_backend *be, int quick,
                                 double batch_s)
 {
-    static const int shapes[][4] = {{4, 128, 128, 4}, {2, 256, 128, 4}, {1, 512, 256, 8}};
-    int count = quick ? 1 : 3;
+    static const int lengths[] = {96, 384, 1536}, sizes[] = {16, 48};
+    int nl = quick ? 1 : (int)(sizeof lengths / sizeof lengths[0]);
+    int ns = quick ? 1 : (int)(sizeof sizes / sizeof sizes[0]);
     double sum = 0;
-    for (int i = 0; i < count; i++) {
-        int B = shapes[i][0], T = shapes[i][1], C = shapes[i][2], NH = shapes[i][3];
-        int hs = C / NH, groups = 4;
-        struct op o = {.be = be, .kind = hash ? OP_GROUPED : OP_ATTENTION, .B = B, .T = T, .C = C,
-                       .NH = NH, .groups = groups};
-        size_t BT = (size_t)B * T, square = (size_t)B * NH * T * T;
-        o.x = device_floats(be, BT * 3 * C, 3);
-        o.y = device_floats(be, BT * C, 4);
-        o.z = be->alloc(BT * C * sizeof(float));
-        o.w = be->alloc(BT * 3 * C * sizeof(float));
-        if (hash) {
-            /* a rotation of N(0,1) draws: the groups are as even as hash
-             * attention's, whose columns are also normalised */
-            size_t n = (size_t)NH * hs * groups / 2;
-            float *rotation = dm_alloc(n * sizeof(float));
-            for (size_t i = 0; i < n; i++) rotation[i] = dm_normal(11, 0, i);
-            o.s = be->alloc(n * sizeof(float));
-            be->copy_to_device(o.s, rotation, n * sizeof(float));
-            dm_free(rotation);
-            o.v = be->alloc((size_t)B * NH * T * sizeof(float));
-            o.i1 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
-            o.i2 = be->alloc((size_t)B * NH * 2 * T * sizeof(int));
-        } else {
-            o.s = be->alloc(square * sizeof(float));
-            o.v = be->alloc(square * sizeof(float));
+    for (int l = 0; l < nl; l++)
+        for (int h = 0; h < ns; h++) {
+            measure_hash_point(hw, be, 2, lengths[l], sizes[h], batch_s);
+            const struct hw_attention_point *p = &hw->hash[hw->hash_points - 1];
+            sum += 3 / (1 / p->forward_tflops + 2 / p->backward_tflops);
         }
-        double s = time_op(&o, batch_s);
-        long nt = (T + 31) / 32;
-        double share = hash ? (double)o.tiles / ((double)B * NH * nt * (nt + 1) / 2) : 1.0;
-        if (share > 1) share = 1;
-        double tflops = 3 * share * causal_flops(B, T, C) / s / 1e12;
-        dm_log("calibrate: %s attention B %d T %d C %d: %.3f ms forward + backward, %.4f "
-               "TFLOP/s%s\n", hash ? "hash" : "causal", B, T, C, s * 1e3, tflops,
-               hash ? " (of the tiles visited)" : "");
-        sum += tflops;
-        float *buffers[] = {o.x, o.y, o.z, o.w, o.s, o.v};
-        for (size_t b = 0; b < sizeof buffers / sizeof buffers[0]; b++) be->free(buffers[b]);
-        if (hash) {
-            be->free(o.i1);
-            be->free(o.i2);
-        }
-    }
-    return sum / count;
+    hw->group_attention_tflops = sum / hw->hash_points;
 }
 
 /* The CSR product of 90% sparse weights, forward and backward: 6 x rows x
@@ -305,8 +434,9 @@ static double measure_sparse(const struct dm_backend *be, int quick, double batc
 }
 
 /* The elementwise and normalisation ops' bandwidth (the median of
- * layernorm, GELU and residual; hardware_ops.c's bytes), a copy's (the
- * peak), and a tiny op's time (the overhead). */
+ * layernorm, GELU and residual; hardware_ops.c's bytes), GELU's, the
+ * layernorm's and AdamW's own, a copy's (the peak), and a tiny op's time
+ * (the overhead). */
 static void measure_memory(struct hardware *hw, const struct dm_backend *be, int quick,
                            double batch_s)
 {
@@ -319,8 +449,8 @@ static void measure_memory(struct hardware *hw, const struct dm_backend *be, int
     o.y = device_floats(be, n, 9);
     o.s = device_floats(be, (size_t)C, 10);
     o.z = be->alloc(n * sizeof(float));
-    o.v = be->alloc((size_t)rows * sizeof(float));
-    o.w = be->alloc((size_t)rows * sizeof(float));
+    o.v = be->alloc(n * sizeof(float));   /* a layernorm's mean and rstd; AdamW's moments */
+    o.w = be->alloc(n * sizeof(float));
     const int kinds[4] = {OP_LAYERNORM, OP_GELU, OP_RESIDUAL, OP_COPY};
     const char *names[4] = {"layernorm", "gelu", "residual", "copy"};
     const double bytes_per[4] = {2 * 4.0, 2 * 4.0, 3 * 4.0, 2 * 4.0};   /* per element */
@@ -334,7 +464,16 @@ static void measure_memory(struct hardware *hw, const struct dm_backend *be, int
     }
     double ops[3] = {rate[0], rate[1], rate[2]};
     hw->bandwidth_gbs = dm_median(ops, 3);
-    hw->peak_bandwidth_gbs = fmax(fmax(rate[0], rate[1]), fmax(rate[2], rate[3]));
+    hw->layernorm_gbs = rate[0];
+    hw->gelu_gbs = rate[1];
+    /* AdamW over as many parameters as the arrays hold: 28 bytes each */
+    o.kind = OP_ADAMW;
+    double adamw = time_op(&o, batch_s);
+    hw->adamw_gbs = 28.0 * n / adamw / 1e9;
+    dm_log("calibrate: adamw     %zu parameters: %.3f ms, %.2f GB/s\n", n, adamw * 1e3,
+           hw->adamw_gbs);
+    hw->peak_bandwidth_gbs = fmax(fmax(fmax(rate[0], rate[1]), fmax(rate[2], rate[3])),
+                                  hw->adamw_gbs);
     /* The overhead: a 16-float op's time, or a small layernorm's beyond its
      * bytes when that is more (an op the thread pool spreads over its
      * threads pays their start and join, the tiny one runs inline). */
@@ -448,27 +587,37 @@ int cmd_calibrate(int argc, char **argv)
     train_open_backend(&cfg);   /* collective: every rank agrees the device opened */
     measure_links(&hw, a.quick);
     int status = DM_EXIT_OK;
-    if (dm_rank() == 0) {
-        int threads = a.threads ? a.threads : cfg.threads ? cfg.threads
-                    : world_cpus_for_rank() * world_local_size();
+    int threads = a.threads ? a.threads : cfg.threads ? cfg.threads
+                : world_cpus_for_rank() * world_local_size();
+    if (dm_rank() == 0 || a.busy_peer) {
+        /* rank 1 with --busy-peer: the same measurements into a copy
+         * nobody reads, so that rank 0's run beside a computing core */
         dm_threads_init(threads);
         const struct dm_backend *be = backend_current();
         double batch_s = a.quick ? 0.002 : 0.04;
         measure_memory(&hw, be, a.quick, batch_s);
         measure_gemms(&hw, be, a.quick, batch_s);
-        hw.attention_tflops = measure_attention(be, 0, a.quick, batch_s);
-        hw.group_attention_tflops = measure_attention(be, 1, a.quick, batch_s);
+        measure_attention_points(&hw, be, a.quick, batch_s);
+        measure_hash_points(&hw, be, a.quick, batch_s);
         hw.sparse_tflops = measure_sparse(be, a.quick, batch_s);
-        double peak = hw.gemm_peak_tflops;
-        if (hw.attention_tflops > peak) hw.gemm_peak_tflops = hw.attention_tflops;
+    }
+    if (dm_rank() == 0) {
+        for (int p = 0; p < hw.attention_points; p++)
+            hw.gemm_peak_tflops = fmax(hw.gemm_peak_tflops, fmax(hw.attention[p].forward_tflops,
+                                                                 hw.attention[p].backward_tflops));
+        for (int p = 0; p < hw.hash_points; p++)
+            hw.gemm_peak_tflops = fmax(hw.gemm_peak_tflops, fmax(hw.hash[p].forward_tflops,
+                                                                 hw.hash[p].backward_tflops));
+        if (hw.attention_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.attention_tflops;
         if (hw.group_attention_tflops > hw.gemm_peak_tflops)
             hw.gemm_peak_tflops = hw.group_attention_tflops;
         if (hw.sparse_tflops > hw.gemm_peak_tflops) hw.gemm_peak_tflops = hw.sparse_tflops;
         long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
         hw.memory_gb = pages > 0 && page > 0 ? (double)pages * page / 1e9 : 1;
         hw.bytes_per_element = 4;
-        snprintf(hw.name, sizeof hw.name, "%s calibrated by dynmo %s (%d threads%s)",
-                 cfg.device, DYNMO_VERSION, threads, a.quick ? ", quick" : "");
+        snprintf(hw.name, sizeof hw.name, "%s calibrated by dynmo %s (%d threads%s%s)",
+                 cfg.device, DYNMO_VERSION, threads, a.busy_peer ? ", beside a busy peer" : "",
+                 a.quick ? ", quick" : "");
         char comment[1024], err[1024];
         snprintf(comment, sizeof comment,
                  "Written by `dynmo calibrate` (docs/simulate.md, \"The hardware model\"):\n"
@@ -485,9 +634,10 @@ int cmd_calibrate(int argc, char **argv)
         } else {
             dm_log("calibrate: wrote %s\n", a.out);
         }
-        dm_threads_shutdown();
     }
-    status = max_status_sleeping(status);   /* rank 1 sleeps here while rank 0 measures */
+    if (dm_rank() == 0 || a.busy_peer) dm_threads_shutdown();
+    /* rank 1 sleeps here while rank 0 measures (or writes, with --busy-peer) */
+    status = max_status_sleeping(status);
     dm_free(a.overrides);
     world_finalize(status);
     return status;

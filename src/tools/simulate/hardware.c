@@ -24,10 +24,13 @@ struct hw_key {
     int is_int;
     double min, max;
     const char *meaning;
+    int optional;                /* absent: bandwidth_gbs (check_whole) */
 };
 
 #define HW_DOUBLE(sec, k, field, lo, hi, what) \
-    {sec, k, offsetof(struct hardware, field), 0, lo, hi, what}
+    {sec, k, offsetof(struct hardware, field), 0, lo, hi, what, 0}
+#define HW_OPTIONAL_GBS(k, field, what) \
+    {"device", k, offsetof(struct hardware, field), 0, 0.01, 1e5, what, 1}
 
 /* A link's two keys, where_latency_us and where_bandwidth_gbs. */
 #define HW_LINE(sec, field, where, what) \
@@ -42,7 +45,10 @@ static const struct hw_key keys[] = {
               "GB/s achieved by elementwise and normalisation ops"),
     HW_DOUBLE("device", "op_overhead_us", op_overhead_us, 0, 1e5, "microseconds per op"),
     {"device", "bytes_per_element", offsetof(struct hardware, bytes_per_element), 1, 2, 4,
-     "bytes of an activation or weight in the ops: 2 or 4"},
+     "bytes of an activation or weight in the ops: 2 or 4", 0},
+    HW_OPTIONAL_GBS("gelu_gbs", gelu_gbs, "GB/s achieved by GELU forward and backward"),
+    HW_OPTIONAL_GBS("layernorm_gbs", layernorm_gbs, "GB/s achieved by the layernorm forward"),
+    HW_OPTIONAL_GBS("adamw_gbs", adamw_gbs, "GB/s achieved by AdamW (28 bytes a parameter)"),
     HW_DOUBLE("gemm", "peak_tflops", gemm_peak_tflops, 1e-4, 1e5, "dense TFLOP/s at the peak"),
     HW_DOUBLE("attention", "tflops", attention_tflops, 1e-7, 1e5,
               "TFLOP/s achieved by causal attention"),
@@ -51,7 +57,7 @@ static const struct hw_key keys[] = {
     HW_DOUBLE("attention", "sparse_tflops", sparse_tflops, 1e-7, 1e5,
               "TFLOP/s achieved by CSR products on their nonzeros"),
     {"link", "ranks_per_node", offsetof(struct hardware, ranks_per_node), 1, 1, 1e4,
-     "ranks (devices) that share a node's links"},
+     "ranks (devices) that share a node's links", 0},
     HW_LINE("link", p2p_intra, "intra", "a message within a node"),
     HW_LINE("link", p2p_inter, "inter", "a message between nodes"),
     HW_LINE("collective", collective_intra, "intra", "an all-reduce within a node (bus)"),
@@ -100,29 +106,79 @@ struct reader {
         return -1; \
     } while (0)
 
-/* [gemm] point = m n k tflops */
-static int read_point(struct reader *r, const char *value)
+/* The four numbers of a point's value into v; `form` names them for the
+ * message. */
+static int read_four(struct reader *r, const char *key, const char *value, const char *form,
+                     double v[4])
 {
-    struct hardware *hw = r->hw;
-    if (hw->gemm_points == HW_GEMM_POINTS_MAX)
-        FAIL(r, "[gemm] lists more than %d points", HW_GEMM_POINTS_MAX);
-    double v[4];
+    const char *section = sections[r->section];
     char copy[256], *save = NULL;
     snprintf(copy, sizeof copy, "%s", value);
     int n = 0;
     for (char *f = strtok_r(copy, " \t", &save); f; f = strtok_r(NULL, " \t", &save)) {
         if (n == 4 || parse_number(f, &v[n]) != 0)
-            FAIL(r, "[gemm] point = %s is not 'm n k tflops' (four numbers)", value);
+            FAIL(r, "[%s] %s = %s is not '%s' (four numbers)", section, key, value, form);
         n++;
     }
-    if (n != 4) FAIL(r, "[gemm] point = %s is not 'm n k tflops' (four numbers)", value);
-    for (int i = 0; i < 3; i++)
+    if (n != 4) FAIL(r, "[%s] %s = %s is not '%s' (four numbers)", section, key, value, form);
+    return 0;
+}
+
+/* A rate of a point, v in [1e-7, 1e5] TFLOP/s. */
+static int check_rate(struct reader *r, const char *key, const char *value, double v)
+{
+    if (!(v >= 1e-7 && v <= 1e5))
+        FAIL(r, "[%s] %s = %s: %g TFLOP/s is out of range [1e-07, 100000]",
+             sections[r->section], key, value, v);
+    return 0;
+}
+
+/* The first n numbers of a point, v[i] called names[i], each whole in
+ * [1, 1e7]. */
+static int check_sizes(struct reader *r, const char *key, const char *value, const double *v,
+                       int n, const char *const names[])
+{
+    for (int i = 0; i < n; i++)
         if (v[i] < 1 || v[i] > 1e7 || v[i] != floor(v[i]))
-            FAIL(r, "[gemm] point = %s: %c must be a whole number in [1, 10000000]", value,
-                 "mnk"[i]);
-    if (!(v[3] >= 1e-7 && v[3] <= 1e5))
-        FAIL(r, "[gemm] point = %s: %g TFLOP/s is out of range [1e-07, 100000]", value, v[3]);
-    hw->gemm[hw->gemm_points++] = (struct hw_gemm_point){v[0], v[1], v[2], v[3]};
+            FAIL(r, "[%s] %s = %s: %s must be a whole number in [1, 10000000]",
+                 sections[r->section], key, value, names[i]);
+    return 0;
+}
+
+/* [gemm] point (or backward_point) = m n k tflops */
+static int read_point(struct reader *r, const char *key, const char *value)
+{
+    struct hardware *hw = r->hw;
+    int backward = !strcmp(key, "backward_point");
+    int *count = backward ? &hw->backward_points : &hw->gemm_points;
+    if (*count == HW_GEMM_POINTS_MAX)
+        FAIL(r, "[gemm] lists more than %d %ss", HW_GEMM_POINTS_MAX, key);
+    double v[4];
+    static const char *const names[] = {"m", "n", "k"};
+    if (read_four(r, key, value, "m n k tflops", v) != 0 ||
+        check_sizes(r, key, value, v, 3, names) != 0 || check_rate(r, key, value, v[3]) != 0)
+        return -1;
+    (backward ? hw->backward : hw->gemm)[(*count)++] =
+        (struct hw_gemm_point){v[0], v[1], v[2], v[3]};
+    return 0;
+}
+
+/* [attention] point (or hash_point) = T head_size forward_tflops backward_tflops */
+static int read_attention_point(struct reader *r, const char *key, const char *value)
+{
+    struct hardware *hw = r->hw;
+    int hash = !strcmp(key, "hash_point");
+    int *count = hash ? &hw->hash_points : &hw->attention_points;
+    if (*count == HW_ATTENTION_POINTS_MAX)
+        FAIL(r, "[attention] lists more than %d %ss", HW_ATTENTION_POINTS_MAX, key);
+    double v[4];
+    static const char *const names[] = {"T", "head_size"};
+    if (read_four(r, key, value, "T head_size forward_tflops backward_tflops", v) != 0 ||
+        check_sizes(r, key, value, v, 2, names) != 0 || check_rate(r, key, value, v[2]) != 0 ||
+        check_rate(r, key, value, v[3]) != 0)
+        return -1;
+    (hash ? hw->hash : hw->attention)[(*count)++] =
+        (struct hw_attention_point){v[0], v[1], v[2], v[3]};
     return 0;
 }
 
@@ -138,7 +194,10 @@ static int read_key(struct reader *r, const char *key, const char *value)
         r->seen_name = 1;
         return 0;
     }
-    if (!strcmp(section, "gemm") && !strcmp(key, "point")) return read_point(r, value);
+    if (!strcmp(section, "gemm") && (!strcmp(key, "point") || !strcmp(key, "backward_point")))
+        return read_point(r, key, value);
+    if (!strcmp(section, "attention") && (!strcmp(key, "point") || !strcmp(key, "hash_point")))
+        return read_attention_point(r, key, value);
     for (int i = 0; i < KEY_COUNT; i++) {
         const struct hw_key *k = &keys[i];
         if (strcmp(k->section, section) || strcmp(k->key, key)) continue;
@@ -196,19 +255,41 @@ static int check_whole(struct reader *r)
         return -1; \
     } while (0)
     if (!r->seen_name) WHOLE_FAIL("[device] name is missing (the hardware's name)");
-    for (int i = 0; i < KEY_COUNT; i++)
-        if (!r->seen[i])
+    for (int i = 0; i < KEY_COUNT; i++) {
+        if (r->seen[i]) continue;
+        if (!keys[i].optional)
             WHOLE_FAIL("[%s] %s is missing (%s)", keys[i].section, keys[i].key, keys[i].meaning);
+        *(double *)((char *)hw + keys[i].offset) = hw->bandwidth_gbs;
+    }
     if (hw->gemm_points == 0)
         WHOLE_FAIL("[gemm] point is missing (at least one 'point = m n k tflops')");
-    if (hw->bandwidth_gbs > hw->peak_bandwidth_gbs)
-        WHOLE_FAIL("[device] bandwidth_gbs = %g is above peak_bandwidth_gbs = %g (achieved "
-                   "cannot exceed peak)", hw->bandwidth_gbs, hw->peak_bandwidth_gbs);
-    for (int p = 0; p < hw->gemm_points; p++)
-        if (hw->gemm[p].tflops > hw->gemm_peak_tflops)
-            WHOLE_FAIL("[gemm] point %.0f %.0f %.0f at %g TFLOP/s is above peak_tflops = %g "
-                       "(achieved cannot exceed peak)", hw->gemm[p].m, hw->gemm[p].n,
-                       hw->gemm[p].k, hw->gemm[p].tflops, hw->gemm_peak_tflops);
+    for (int i = 0; i < KEY_COUNT; i++) {
+        if (!keys[i].optional && keys[i].offset != offsetof(struct hardware, bandwidth_gbs))
+            continue;
+        double achieved = *(double *)((char *)hw + keys[i].offset);
+        if (achieved > hw->peak_bandwidth_gbs)
+            WHOLE_FAIL("[device] %s = %g is above peak_bandwidth_gbs = %g (achieved "
+                       "cannot exceed peak)", keys[i].key, achieved, hw->peak_bandwidth_gbs);
+    }
+    for (int backward = 0; backward < 2; backward++) {
+        int count = backward ? hw->backward_points : hw->gemm_points;
+        const struct hw_gemm_point *points = backward ? hw->backward : hw->gemm;
+        for (int p = 0; p < count; p++)
+            if (points[p].tflops > hw->gemm_peak_tflops)
+                WHOLE_FAIL("[gemm] %s %.0f %.0f %.0f at %g TFLOP/s is above peak_tflops = %g "
+                           "(achieved cannot exceed peak)", backward ? "backward_point" : "point",
+                           points[p].m, points[p].n, points[p].k, points[p].tflops,
+                           hw->gemm_peak_tflops);
+    }
+    for (int hash = 0; hash < 2; hash++)
+        for (int p = 0; p < (hash ? hw->hash_points : hw->attention_points); p++) {
+            const struct hw_attention_point *a = hash ? &hw->hash[p] : &hw->attention[p];
+            if (fmax(a->forward_tflops, a->backward_tflops) > hw->gemm_peak_tflops)
+                WHOLE_FAIL("[attention] %s %.0f %.0f at %g and %g TFLOP/s is above [gemm] "
+                           "peak_tflops = %g (achieved cannot exceed peak)",
+                           hash ? "hash_point" : "point", a->T, a->head_size, a->forward_tflops,
+                           a->backward_tflops, hw->gemm_peak_tflops);
+        }
     const char *rates[3] = {"tflops", "hash_tflops", "sparse_tflops"};
     double values[3] = {hw->attention_tflops, hw->group_attention_tflops, hw->sparse_tflops};
     for (int i = 0; i < 3; i++)
@@ -302,10 +383,32 @@ int hardware_write(const struct hardware *hw, const char *path, const char *comm
         if (k->is_int) fprintf(f, "%s = %d    # %s\n", k->key, *(const int *)at, k->meaning);
         else fprintf(f, "%s = %.6g    # %s\n", k->key, *(const double *)at, k->meaning);
         if (!strcmp(k->section, "gemm") && !strcmp(k->key, "peak_tflops")) {
-            fprintf(f, "# point = m n k achieved TFLOP/s\n");
+            fprintf(f, "# point = m n k achieved TFLOP/s of out = inp W^T + bias\n");
             for (int p = 0; p < hw->gemm_points; p++)
                 fprintf(f, "point = %.0f %.0f %.0f %.6g\n", hw->gemm[p].m, hw->gemm[p].n,
                         hw->gemm[p].k, hw->gemm[p].tflops);
+            if (hw->backward_points)
+                fprintf(f, "# backward_point = m n k achieved TFLOP/s of its backward (input, "
+                        "weight and bias gradients: 4 m n k FLOPs)\n");
+            for (int p = 0; p < hw->backward_points; p++)
+                fprintf(f, "backward_point = %.0f %.0f %.0f %.6g\n", hw->backward[p].m,
+                        hw->backward[p].n, hw->backward[p].k, hw->backward[p].tflops);
+        }
+        if (!strcmp(k->section, "attention") && !strcmp(k->key, "sparse_tflops")) {
+            if (hw->attention_points)
+                fprintf(f, "# point = T head_size forward_tflops backward_tflops of causal "
+                        "attention\n");
+            for (int p = 0; p < hw->attention_points; p++)
+                fprintf(f, "point = %.0f %.0f %.6g %.6g\n", hw->attention[p].T,
+                        hw->attention[p].head_size, hw->attention[p].forward_tflops,
+                        hw->attention[p].backward_tflops);
+            if (hw->hash_points)
+                fprintf(f, "# hash_point = T head_size forward_tflops backward_tflops of hash "
+                        "attention's visited tiles\n");
+            for (int p = 0; p < hw->hash_points; p++)
+                fprintf(f, "hash_point = %.0f %.0f %.6g %.6g\n", hw->hash[p].T,
+                        hw->hash[p].head_size, hw->hash[p].forward_tflops,
+                        hw->hash[p].backward_tflops);
         }
     }
     int failed = fflush(f) != 0 || fsync(fileno(f)) != 0;
@@ -320,18 +423,65 @@ int hardware_write(const struct hardware *hw, const char *path, const char *comm
 
 /* ---- pricing --------------------------------------------------------------- */
 
-double hardware_gemm_tflops(const struct hardware *hw, double m, double n, double k)
+/* The rate of m x n x k among count points weighted by the inverse fourth
+ * power of their distance in log2 of each dimension: local enough that the
+ * many far points of a calibrated grid do not pull a small shape towards
+ * the large shapes' rates. */
+static double interpolate_gemm(const struct hw_gemm_point *points, int count, double m,
+                               double n, double k)
 {
     double weight_sum = 0, rate_sum = 0;
-    for (int p = 0; p < hw->gemm_points; p++) {
-        const struct hw_gemm_point *g = &hw->gemm[p];
+    for (int p = 0; p < count; p++) {
+        const struct hw_gemm_point *g = &points[p];
         double dm = log2(m / g->m), dn = log2(n / g->n), dk = log2(k / g->k);
         double d2 = dm * dm + dn * dn + dk * dk;
         if (d2 < 1e-12) return g->tflops;
-        weight_sum += 1 / d2;
-        rate_sum += g->tflops / d2;
+        weight_sum += 1 / (d2 * d2);
+        rate_sum += g->tflops / (d2 * d2);
     }
     return rate_sum / weight_sum;
+}
+
+double hardware_gemm_tflops(const struct hardware *hw, double m, double n, double k)
+{
+    return interpolate_gemm(hw->gemm, hw->gemm_points, m, n, k);
+}
+
+double hardware_gemm_backward_tflops(const struct hardware *hw, double m, double n, double k)
+{
+    if (!hw->backward_points) return 0;
+    return interpolate_gemm(hw->backward, hw->backward_points, m, n, k);
+}
+
+/* A direction's rate at T and head_size among count attention points by
+ * inverse fourth power of the distance in log2 T and log2 head_size. */
+static double interpolate_attention(const struct hw_attention_point *points, int count,
+                                    double T, double head_size, int backward)
+{
+    double weight_sum = 0, rate_sum = 0;
+    for (int p = 0; p < count; p++) {
+        const struct hw_attention_point *a = &points[p];
+        double rate = backward ? a->backward_tflops : a->forward_tflops;
+        double dt = log2(T / a->T), dh = log2(head_size / a->head_size);
+        double d2 = dt * dt + dh * dh;
+        if (d2 < 1e-12) return rate;
+        weight_sum += 1 / (d2 * d2);
+        rate_sum += rate / (d2 * d2);
+    }
+    return rate_sum / weight_sum;
+}
+
+double hardware_attention_tflops(const struct hardware *hw, double T, double head_size,
+                                 int backward)
+{
+    if (!hw->attention_points) return hw->attention_tflops;
+    return interpolate_attention(hw->attention, hw->attention_points, T, head_size, backward);
+}
+
+double hardware_hash_tflops(const struct hardware *hw, double T, double head_size, int backward)
+{
+    if (!hw->hash_points) return hw->group_attention_tflops;
+    return interpolate_attention(hw->hash, hw->hash_points, T, head_size, backward);
 }
 
 double hardware_op_ms(const struct hardware *hw, double flops, double tflops, double bytes)

@@ -16,13 +16,22 @@
 
 /* ---- the hardware file ----------------------------------------------------- */
 
-/* The most [gemm] points a file may list. */
+/* The most [gemm] points (of each direction) and [attention] points a
+ * file may list. */
 #define HW_GEMM_POINTS_MAX 64
+#define HW_ATTENTION_POINTS_MAX 32
 
 /* One measured or assumed GEMM: out (m, n) = a (m, k) x b (k, n) at an
  * achieved rate. */
 struct hw_gemm_point {
     double m, n, k, tflops;
+};
+
+/* Causal attention measured at sequence length T and head size hs: its
+ * forward's and its backward's achieved rates (of causal_flops and twice
+ * that, hardware_ops.c). */
+struct hw_attention_point {
+    double T, head_size, forward_tflops, backward_tflops;
 };
 
 /* A link's alpha-beta line: a message of b bytes takes latency + b /
@@ -40,14 +49,32 @@ struct hardware {
     double bandwidth_gbs;        /* achieved by elementwise and normalisation ops */
     double op_overhead_us;       /* fixed cost of every op (launch, thread fork) */
     int bytes_per_element;       /* activations and weights in the ops: 4 (fp32), 2 (bf16) */
-    /* [gemm] */
+    /* optional: what GELU, the layernorm forward and AdamW achieve on
+     * their bytes where that is not bandwidth_gbs (a CPU computes GELU's
+     * tanh and AdamW's square root slower than it streams); a file
+     * without them has bandwidth_gbs here */
+    double gelu_gbs, layernorm_gbs, adamw_gbs;
+    /* [gemm] point: a product forward (out = inp W^T + bias); backward_point
+     * (optional): its backward as the model runs it, the input gradient
+     * and the weight and bias gradients together (4 m n k FLOPs); a file
+     * without them prices the backward as two forward products */
     double gemm_peak_tflops;
-    int gemm_points;
-    struct hw_gemm_point gemm[HW_GEMM_POINTS_MAX];
+    int gemm_points, backward_points;
+    struct hw_gemm_point gemm[HW_GEMM_POINTS_MAX], backward[HW_GEMM_POINTS_MAX];
     /* [attention] achieved rates of the score and value products (dense
-     * causal), of bucket-sorted hash attention, and of the CSR products of
-     * a pruned block (on its nonzeros) */
+     * causal, forward and backward together), of bucket-sorted hash
+     * attention, and of the CSR products of a pruned block (on their
+     * nonzeros); point (optional): causal attention by direction at a
+     * length and head size, which a file that has them prices instead of
+     * tflops */
     double attention_tflops, group_attention_tflops, sparse_tflops;
+    int attention_points;
+    struct hw_attention_point attention[HW_ATTENTION_POINTS_MAX];
+    /* hash_point (optional): hash attention by direction at a length and
+     * head size, rates of the FLOPs of the tiles it visits (priced instead
+     * of hash_tflops where a file has them) */
+    int hash_points;
+    struct hw_attention_point hash[HW_ATTENTION_POINTS_MAX];
     /* [link] point-to-point and [collective] all-reduce lines, within a node
      * and between nodes; gpus_per_node ranks share a node */
     int ranks_per_node;
@@ -72,9 +99,21 @@ int hardware_write(const struct hardware *hw, const char *path, const char *comm
 /* ---- pricing one op ------------------------------------------------------- */
 
 /* The achieved GEMM rate (TFLOP/s) of shape m x n x k: the [gemm] points
- * interpolated by inverse squared distance in log2(m), log2(n), log2(k)
- * (a point of the same shape gives its own rate). */
+ * interpolated by the inverse fourth power of the distance in log2(m),
+ * log2(n), log2(k) (a point of the same shape gives its own rate). */
 double hardware_gemm_tflops(const struct hardware *hw, double m, double n, double k);
+/* The rate of a product's backward (4 m n k FLOPs) from the
+ * backward_points interpolated the same way, or 0 where the file has none. */
+double hardware_gemm_backward_tflops(const struct hardware *hw, double m, double n, double k);
+/* Causal attention's rate at length T and head size hs in one direction
+ * (backward != 0: the backward's) from the [attention] points interpolated
+ * by the inverse fourth power of the distance in log2(T), log2(hs), or
+ * tflops where the file has none. */
+double hardware_attention_tflops(const struct hardware *hw, double T, double head_size,
+                                 int backward);
+/* The same for hash attention's visited tiles from the hash points, or
+ * hash_tflops where the file has none. */
+double hardware_hash_tflops(const struct hardware *hw, double T, double head_size, int backward);
 /* Milliseconds of one op: the overhead plus the larger of its FLOPs at
  * the rate and its bytes at the achieved bandwidth (a roofline). */
 double hardware_op_ms(const struct hardware *hw, double flops, double tflops, double bytes);
