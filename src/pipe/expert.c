@@ -533,12 +533,20 @@ static void copies_exchange(struct ep_state *xp, struct block *blk, struct ep_co
     dm_free(recv);
 }
 
-/* blk's copies, their weights made the owners' first (collective over the
- * group: every rank reaches a block's forward together), or NULL. */
-static struct ep_copies *fresh_copies(struct ep_state *xp, struct block *blk)
+/* blk's copies in use, or NULL. */
+static struct ep_copies *copies_in_use(struct ep_state *xp, const struct block *blk)
 {
     struct ep_copies *cp = copies_for(xp, blk, 0);
-    if (!cp || cp->n == 0) return NULL;
+    return cp && cp->n > 0 ? cp : NULL;
+}
+
+/* blk's copies in use, their weights made the owners' first (collective
+ * over the group: every rank reaches a block's forward together), or
+ * NULL. */
+static struct ep_copies *fresh_copies(struct ep_state *xp, struct block *blk)
+{
+    struct ep_copies *cp = copies_in_use(xp, blk);
+    if (!cp) return NULL;
     if (!cp->fresh) {
         copies_exchange(xp, blk, cp, 0);
         cp->fresh = 1;
@@ -616,8 +624,7 @@ static void ep_backward(void *ctx, struct block *blk, const void *key, const int
     struct block_moe *moe = block_moe_of(blk);
     int P = xp->P, S = xp->stride, C = blk->C, H = moe->cfg.hidden;
     size_t Pe = moe->expert_params;
-    struct ep_copies *cp = copies_for(xp, blk, 0);
-    if (cp && cp->n == 0) cp = NULL;
+    struct ep_copies *cp = copies_in_use(xp, blk);
     struct ep_entry *en = entry_for(xp, key, blk->index, 0);
     const int *at;
     const float *send = rows_by_position(xp, moe, cp, offset, dy, C, &at);
@@ -756,10 +763,11 @@ static void ep_reduce(struct engine *eng)
     for (int i = 0; i < m->num_blocks; i++) {
         struct block *blk = &m->blocks[i];
         if (!block_moe_of(blk) || blk->frozen) continue;
-        struct ep_copies *cp = copies_for(xp, blk, 0);
-        if (cp && cp->n > 0) {   /* the copies' sources' sums to the owners */
+        struct ep_copies *cp = copies_in_use(xp, blk);
+        if (cp) {   /* the copies' sources' sums to the owners */
             copies_exchange(xp, blk, cp, 1);
-            tensor_zero(cp->grads, (size_t)xp->copies_max * xp->P * block_moe_of(blk)->expert_params);
+            size_t Pe = block_moe_of(blk)->expert_params;
+            tensor_zero(cp->grads, (size_t)xp->copies_max * xp->P * Pe);
             cp->fresh = 0;   /* the update changes the owners' weights */
         }
         reduce_block(xp, blk);
