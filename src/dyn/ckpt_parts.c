@@ -370,12 +370,10 @@ void dyn_ckpt_file_free(struct dyn_ckpt_file *f)
 
 void dyn_ckpt_problem(const struct dyn_ckpt_reader *rd, const char *fmt, ...)
 {
-    char text[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
+    dyn_send_problem(rd->problem, rd->ctx, fmt, ap);
     va_end(ap);
-    rd->problem(rd->ctx, text);
 }
 
 int dyn_ckpt_one_row(struct dyn_ckpt_rows *out, int max, const char *group, long ordinal,

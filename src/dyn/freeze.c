@@ -247,16 +247,8 @@ static float *frozen_of_log(const struct dyn_log_reader *rd, const struct gpt_sh
     if (!dyn_scheme_active(&dyn_scheme_freeze, rd->cfg) ||
         !rd->has(rd->ctx, "/layers/update_ms") || !rd->has(rd->ctx, "/stages/update_ms"))
         return NULL;
-    float *update = NULL;
-    int cols = 0, L = shape->layers;
-    long got = rd->floats(rd->ctx, "/layers/update_ms", &update, &cols);
-    if (got < rows || cols != L) {
-        char text[1400];
-        snprintf(text, sizeof text, "%s: %s has %ld rows of %d, expected %ld of %d", rd->path,
-                 "/layers/update_ms", got, cols, rows, L);
-        dm_free(update);
-        rd->fail(rd->ctx, text);
-    }
+    int L = shape->layers;
+    float *update = dyn_log_floats(rd, "/layers/update_ms", rows, L);
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     for (long i = 0; i < rows * L; i++) m[i] = update[i] == 0.0f;
     dm_free(update);

@@ -5,10 +5,55 @@
  * rules over a stored config that the readers compute with. It reads
  * through the caller's reader only. Must not: name a scheme. */
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include "dynmo/dyn.h"
 #include "dyn/scheme.h"
+
+void dyn_send_problem(void (*send)(void *ctx, const char *text), void *ctx, const char *fmt,
+                      va_list ap)
+{
+    char text[1400];
+    vsnprintf(text, sizeof text, fmt, ap);
+    send(ctx, text);
+}
+
+void dyn_log_problem(const struct dyn_log_reader *rd, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    dyn_send_problem(rd->fail, rd->ctx, fmt, ap);
+    va_end(ap);
+    DM_FATAL("the log reader's fail returned");
+}
+
+/* dyn_log_floats and dyn_log_ints: a float or an int dataset. */
+static void *log_matrix(const struct dyn_log_reader *rd, const char *dataset, long rows,
+                        int cols, int is_int)
+{
+    float *floats = NULL;
+    int *ints = NULL, got_cols = 0;
+    long got = is_int ? rd->ints(rd->ctx, dataset, &ints, &got_cols)
+                      : rd->floats(rd->ctx, dataset, &floats, &got_cols);
+    void *values = is_int ? (void *)ints : (void *)floats;
+    if (got < rows || got_cols != cols) {
+        dm_free(values);
+        dyn_log_problem(rd, "%s: %s has %ld rows of %d, expected %ld of %d", rd->path, dataset,
+                        got, got_cols, rows, cols);
+    }
+    return values;
+}
+
+float *dyn_log_floats(const struct dyn_log_reader *rd, const char *dataset, long rows, int cols)
+{
+    return log_matrix(rd, dataset, rows, cols, 0);
+}
+
+int *dyn_log_ints(const struct dyn_log_reader *rd, const char *dataset, long rows, int cols)
+{
+    return log_matrix(rd, dataset, rows, cols, 1);
+}
 
 /* What the generic summary found in one dataset. */
 struct column_means {

@@ -517,16 +517,7 @@ static float *tokens_of_log(const struct dyn_log_reader *rd, const struct gpt_sh
     int L = shape->layers, blocks = 0;
     for (int l = 0; l < L; l++) blocks += gpt_block_is_mod(shape, l);
     if (!blocks || !rd->has(rd->ctx, "/mod/tokens")) return NULL;
-    float *tokens = NULL;
-    int cols = 0;
-    long got = rd->floats(rd->ctx, "/mod/tokens", &tokens, &cols);
-    if (got < rows || cols != blocks) {
-        char text[1400];
-        snprintf(text, sizeof text, "%s: %s has %ld rows of %d, expected %ld of %d", rd->path,
-                 "/mod/tokens", got, cols, rows, blocks);
-        dm_free(tokens);
-        rd->fail(rd->ctx, text);
-    }
+    float *tokens = dyn_log_floats(rd, "/mod/tokens", rows, blocks);
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     double per_step = (double)rd->cfg->batch * rd->cfg->seq;
     for (long i = 0; i < rows * L; i++) m[i] = 1.0f;

@@ -11,6 +11,7 @@
 #define DYNMO_DYN_SCHEME_H
 
 #include <mpi.h>
+#include <stdarg.h>
 #include "dynmo/block_ext.h"
 #include "dynmo/dyn.h"
 #include "dynmo/world.h"
@@ -183,9 +184,22 @@ const struct dyn_scheme *dyn_scheme_at(int i);
 void dyn_register_scheme(const struct dyn_scheme *scheme);
 /* Whether cfg runs the scheme: dyn.kind names it, or its active says so. */
 int dyn_scheme_active(const struct dyn_scheme *scheme, const struct dm_config *cfg);
+/* A reader's problem, formatted (vsnprintf), to its callback: the one
+ * text buffer of dyn_ckpt_problem and dyn_log_problem. */
+void dyn_send_problem(void (*send)(void *ctx, const char *text), void *ctx, const char *fmt,
+                      va_list ap);
 /* A problem with a checkpoint, formatted, to rd->problem. */
 __attribute__((format(printf, 2, 3)))
 void dyn_ckpt_problem(const struct dyn_ckpt_reader *rd, const char *fmt, ...);
+/* A problem with a run log's contents, formatted, to rd->fail (which does
+ * not return). */
+__attribute__((noreturn, format(printf, 2, 3)))
+void dyn_log_problem(const struct dyn_log_reader *rd, const char *fmt, ...);
+/* The first `rows` rows of a run log's float (int) dataset, which must
+ * have at least that many rows of `cols` columns (else dyn_log_problem);
+ * the caller dm_frees them. */
+float *dyn_log_floats(const struct dyn_log_reader *rd, const char *dataset, long rows, int cols);
+int *dyn_log_ints(const struct dyn_log_reader *rd, const char *dataset, long rows, int cols);
 /* The rows a block of a scheme keeps after its dense (or shared) floats:
  * one row of group's datasets, the ordinal-th, its floats from offset. */
 int dyn_ckpt_one_row(struct dyn_ckpt_rows *out, int max, const char *group, long ordinal,

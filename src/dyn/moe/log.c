@@ -6,7 +6,6 @@
  * of -1 is a step the log does not hold). Reads through the caller's
  * reader only. */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include "dynmo/moe.h"
 #include "dyn/moe/log.h"
@@ -139,32 +138,12 @@ void moe_summarise_log(const struct dyn_log_reader *rd, const struct dyn_summary
 
 /* ---- the state of the cost model ------------------------------------------------ */
 
-/* A problem with the log's contents (rd->fail does not return). */
-__attribute__((noreturn, format(printf, 2, 3)))
-static void log_problem(const struct dyn_log_reader *rd, const char *fmt, ...)
-{
-    char text[1400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(text, sizeof text, fmt, ap);
-    va_end(ap);
-    rd->fail(rd->ctx, text);
-    DM_FATAL("the log reader's fail returned");
-}
-
 /* The busiest rank as the run measured it (/moe/rank_load, parallel.ep >
  * 1: over every expert group), spread onto the layers (dense blocks 0). */
 static float *measured_rank_loads(const struct dyn_log_reader *rd, long rows, int L,
                                   const int *layer, int blocks)
 {
-    float *load = NULL;
-    int cols = 0;
-    long got = rd->floats(rd->ctx, "/moe/rank_load", &load, &cols);
-    if (got < rows || cols != blocks) {
-        dm_free(load);
-        log_problem(rd, "%s: %s has %ld rows of %d, expected %ld of %d", rd->path,
-                    "/moe/rank_load", got, cols, rows, blocks);
-    }
+    float *load = dyn_log_floats(rd, "/moe/rank_load", rows, blocks);
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
     for (long r = 0; r < rows; r++)
@@ -173,7 +152,7 @@ static float *measured_rank_loads(const struct dyn_log_reader *rd, long rows, in
             if (!(g >= 0.0f && g <= DYN_COST_BUSIEST_MAX)) {
                 dm_free(load);
                 dm_free(m);
-                log_problem(rd, "%s: %s[%ld][%d] is %g (must be in [0, %g])", rd->path,
+                dyn_log_problem(rd, "%s: %s[%ld][%d] is %g (must be in [0, %g])", rd->path,
                             "/moe/rank_load", r, j, g, DYN_COST_BUSIEST_MAX);
             }
             m[r * L + layer[j]] = g > 0.0f ? g : 1.0f;
@@ -191,19 +170,13 @@ static float *measured_rank_loads(const struct dyn_log_reader *rd, long rows, in
 static float *counted_rank_loads(const struct dyn_log_reader *rd, long rows, int L,
                                  const int *layer, int blocks)
 {
-    int E = rd->cfg->experts, ep = rd->cfg->ep, cols = 0, dcols = 0;
-    int *routed = NULL, *dropped = NULL;
-    long got = rd->ints(rd->ctx, "/moe/tokens", &routed, &cols);
-    if (got < rows || cols != blocks * E) {
-        dm_free(routed);
-        log_problem(rd, "%s: %s has %ld rows of %d, expected %ld of %d", rd->path,
-                    "/moe/tokens", got, cols, rows, blocks * E);
-    }
+    int E = rd->cfg->experts, ep = rd->cfg->ep, cols = blocks * E, dcols = 0;
+    int *routed = dyn_log_ints(rd, "/moe/tokens", rows, cols), *dropped = NULL;
     if (rd->has(rd->ctx, "/moe/dropped") &&
         (rd->ints(rd->ctx, "/moe/dropped", &dropped, &dcols) < rows || dcols != cols)) {
         dm_free(routed);
         dm_free(dropped);
-        log_problem(rd, "%s: %s does not match %s", rd->path, "/moe/dropped", "/moe/tokens");
+        dyn_log_problem(rd, "%s: %s does not match %s", rd->path, "/moe/dropped", "/moe/tokens");
     }
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
     for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
@@ -222,7 +195,7 @@ static float *counted_rank_loads(const struct dyn_log_reader *rd, long rows, int
                     dm_free(routed);
                     dm_free(dropped);
                     dm_free(m);
-                    log_problem(rd, "%s: at step %ld expert %d of MoE block %d routed %d and "
+                    dyn_log_problem(rd, "%s: at step %ld expert %d of MoE block %d routed %d and "
                                 "dropped %d pairs (need 0 <= dropped <= routed)", rd->path,
                                 r + 1, e, j, pairs, lost);
                 }
