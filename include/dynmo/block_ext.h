@@ -121,6 +121,8 @@ int gpt_ext_fits_units(const struct gpt_ext_ops *ops);
 
 /* The extension of shape with these ops, or NULL. */
 const struct gpt_ext *gpt_shape_ext(const struct gpt_shape *shape, const struct gpt_ext_ops *ops);
+/* Its parameters (what gpt_shape_add_ext copied), or NULL. */
+const void *gpt_shape_ext_params(const struct gpt_shape *shape, const struct gpt_ext_ops *ops);
 /* Adds an extension (its ops, parameters copied, params_bytes <=
  * GPT_EXT_PARAM_BYTES) to shape, after those it has. */
 struct gpt_ext *gpt_shape_add_ext(struct gpt_shape *shape, const struct gpt_ext_ops *ops,
@@ -128,7 +130,8 @@ struct gpt_ext *gpt_shape_add_ext(struct gpt_shape *shape, const struct gpt_ext_
 /* Whether layer index is a block of ext. */
 int gpt_ext_owns(const struct gpt_ext *ext, const struct gpt_shape *shape, int index);
 /* The blocks of ext in the model, and the ordinal of layer `index` among
- * them in layer order (-1: not one). */
+ * them in layer order (-1: not one). These three take a NULL ext (a model
+ * without the extension, gpt_shape_ext's NULL): no blocks. */
 int gpt_ext_block_count(const struct gpt_ext *ext, const struct gpt_shape *shape);
 int gpt_ext_ordinal(const struct gpt_ext *ext, const struct gpt_shape *shape, int index);
 

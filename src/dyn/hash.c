@@ -72,8 +72,7 @@ struct block_hash {
 
 static const struct hash_params *hash_params_of(const struct gpt_shape *shape)
 {
-    const struct gpt_ext *ext = gpt_shape_ext(shape, &hash_ext_ops);
-    return ext ? (const struct hash_params *)ext->params : NULL;
+    return gpt_shape_ext_params(shape, &hash_ext_ops);
 }
 
 static void hash_shape_add(struct gpt_shape *shape, int buckets, uint64_t seed)

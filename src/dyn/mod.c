@@ -213,8 +213,7 @@ void mod_block_backward(struct block *blk, struct block_acts *acts, struct block
 
 const struct mod_params *mod_params_of(const struct gpt_shape *shape)
 {
-    const struct gpt_ext *ext = gpt_shape_ext(shape, &mod_ext_ops);
-    return ext ? (const struct mod_params *)ext->params : NULL;
+    return gpt_shape_ext_params(shape, &mod_ext_ops);
 }
 
 void mod_shape_add(struct gpt_shape *shape, const struct mod_params *params)
@@ -232,19 +231,12 @@ static int mod_owns(const struct gpt_ext *ext, const struct gpt_shape *shape, in
 
 int gpt_block_is_mod(const struct gpt_shape *shape, int index)
 {
-    const struct gpt_ext *ext = gpt_shape_ext(shape, &mod_ext_ops);
-    return ext && mod_owns(ext, shape, index);
+    return gpt_ext_owns(gpt_shape_ext(shape, &mod_ext_ops), shape, index);
 }
 
 int gpt_mod_block_count(const struct gpt_shape *shape)
 {
-    const struct mod_params *p = mod_params_of(shape);
-    return p ? shape->layers / p->every : 0;
-}
-
-int gpt_mod_ordinal(const struct gpt_shape *shape, int index)
-{
-    return gpt_block_is_mod(shape, index) ? (index + 1) / mod_params_of(shape)->every - 1 : -1;
+    return gpt_ext_block_count(gpt_shape_ext(shape, &mod_ext_ops), shape);
 }
 
 static size_t mod_floats(const struct gpt_ext *ext, const struct gpt_shape *shape, int index)
@@ -684,7 +676,7 @@ static int mod_rows(const struct gpt_shape *shape, long version, const struct bl
     (void)version;
     if (!gpt_block_is_mod(shape, blk->index)) return 0;
     size_t dense = block_param_count(blk->C);
-    return dyn_ckpt_one_row(out, max, "/mod", gpt_mod_ordinal(shape, blk->index), dense,
+    return dyn_ckpt_one_row(out, max, "/mod", gpt_ext_ordinal(gpt_shape_ext(shape, &mod_ext_ops), shape, blk->index), dense,
                             blk->nparams - dense);
 }
 

@@ -38,8 +38,6 @@ void mod_shape_add(struct gpt_shape *shape, const struct mod_params *params);
 
 int gpt_block_is_mod(const struct gpt_shape *shape, int index);
 int gpt_mod_block_count(const struct gpt_shape *shape);
-/* The ordinal of block `index` among the MoD blocks, or -1. */
-int gpt_mod_ordinal(const struct gpt_shape *shape, int index);
 /* Floats a MoD block adds to a dense block's: C (top-k) or C +
  * mod_predictor_params(C, H) (causal); 0 for any other block. */
 size_t mod_extra_param_count(const struct gpt_shape *shape, int index);

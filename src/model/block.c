@@ -1092,6 +1092,12 @@ const struct gpt_ext *gpt_shape_ext(const struct gpt_shape *shape, const struct 
     return NULL;
 }
 
+const void *gpt_shape_ext_params(const struct gpt_shape *shape, const struct gpt_ext_ops *ops)
+{
+    const struct gpt_ext *ext = gpt_shape_ext(shape, ops);
+    return ext ? ext->params : NULL;
+}
+
 struct gpt_ext *gpt_shape_add_ext(struct gpt_shape *shape, const struct gpt_ext_ops *ops,
                                   const void *params, size_t params_bytes)
 {
@@ -1106,7 +1112,7 @@ struct gpt_ext *gpt_shape_add_ext(struct gpt_shape *shape, const struct gpt_ext_
 
 int gpt_ext_owns(const struct gpt_ext *ext, const struct gpt_shape *shape, int index)
 {
-    return ext->ops->owns(ext, shape, index);
+    return ext && ext->ops->owns(ext, shape, index);
 }
 
 int gpt_ext_block_count(const struct gpt_ext *ext, const struct gpt_shape *shape)

@@ -51,8 +51,7 @@
 
 const struct moe_params *moe_params_of(const struct gpt_shape *shape)
 {
-    const struct gpt_ext *ext = gpt_shape_ext(shape, &moe_ext_ops);
-    return ext ? (const struct moe_params *)ext->params : NULL;
+    return gpt_shape_ext_params(shape, &moe_ext_ops);
 }
 
 void moe_shape_add(struct gpt_shape *shape, const struct moe_params *params)
@@ -78,19 +77,17 @@ static int moe_owns(const struct gpt_ext *ext, const struct gpt_shape *shape, in
 
 int gpt_block_is_moe(const struct gpt_shape *shape, int index)
 {
-    const struct gpt_ext *ext = gpt_shape_ext(shape, &moe_ext_ops);
-    return ext && moe_owns(ext, shape, index);
+    return gpt_ext_owns(gpt_shape_ext(shape, &moe_ext_ops), shape, index);
 }
 
 int gpt_moe_block_count(const struct gpt_shape *shape)
 {
-    const struct moe_params *p = moe_params_of(shape);
-    return p ? shape->layers / p->every : 0;
+    return gpt_ext_block_count(gpt_shape_ext(shape, &moe_ext_ops), shape);
 }
 
 int gpt_moe_ordinal(const struct gpt_shape *shape, int index)
 {
-    return gpt_block_is_moe(shape, index) ? (index + 1) / moe_params_of(shape)->every - 1 : -1;
+    return gpt_ext_ordinal(gpt_shape_ext(shape, &moe_ext_ops), shape, index);
 }
 
 size_t moe_shared_param_count(int C) { return block_tensor_offset(C, BP_FC_W); }
