@@ -2,8 +2,11 @@
  * each registered scheme's own (its summarise_log), or the generic
  * summary its signals declare (DYN_SUMMARY_MEAN: the mean over the steps
  * and columns, and the column with the largest mean), and the schemes'
- * rules over a stored config that the readers compute with. It reads
- * through the caller's reader only. Must not: name a scheme. */
+ * rules over a stored config that the readers compute with; and what
+ * every scheme's reading of a log shares: a dataset of the expected size
+ * (dyn_log_floats, dyn_log_ints) and a problem's message (dyn_log_problem,
+ * dyn_send_problem, which dyn_ckpt_problem uses too). It reads through the
+ * caller's reader only. Must not: name a scheme. */
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
