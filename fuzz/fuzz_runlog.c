@@ -221,11 +221,11 @@ static void child_simulate(void)
 static void child_plan(void)
 {
     struct plan_input in;
-    int *layout = NULL, stages = 0, micro_batches = 0, units = 0;
-    plan_read_run(&in, dir, 1, &layout, &stages, &micro_batches, &units);
+    struct plan_run run;
+    plan_read_run(&in, dir, 1, &run);
     struct plan_sharing sharing;
     memset(&sharing, 0, sizeof sharing);
-    plan_sharing_from_run(&sharing, dir, stages, stages);
+    plan_sharing_from_run(&sharing, dir, run.stages, run.stages);
 }
 
 /* The resident bytes of a process, from its /proc/PID/statm (open as

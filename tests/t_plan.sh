@@ -376,6 +376,70 @@ if /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
   "$DYNMO" plan --from-run "$work/plain" --step 1 --method static-uniform >"$work/out" 2>&1 ||
     fail "from-run plain: exit $?"
   expect_lines "--from-run without sharing attributes" "processors: one per stage" "step_ms: 66.000"
+  # Interleaved: 8 blocks of 1..8 ms forward (twice that backward) on 2
+  # stages of 2 chunks, 1,3,2,2 blocks (stage 0: blocks 0, 4, 5; stage 1:
+  # 1-3, 6, 7), the embedding 1.5 ms and the head 3 ms a micro-batch, m =
+  # 4. --from-run plans the chunks under the run's schedule from
+  # /layout/chunks, and takes the ends' time from each stage less its
+  # chunks' blocks: under --schedule 1f1b it predicts what a 1f1b run of
+  # 4,4 blocks with the same costs logs.
+  block_run() { # DIR CONFIG HISTORY BUSY PYTHON
+    mkdir -p "$1"
+    /usr/bin/python3 - "$1/runlog.h5" "$2" "$3" "$4" "$5" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'w')
+f.attrs['config'] = "model.channels = 8\nmodel.layers = 8\ntrain.micro_batches = 4\n" + sys.argv[2].replace("\\n", "\n")
+fwd = np.arange(1, 9, dtype=np.float32)[None, :]
+f['/layers/fwd_ms'], f['/layers/bwd_ms'] = fwd, 2 * fwd
+f['/layout/history'] = np.array([eval(sys.argv[3])], np.int32)
+f['/stages/busy_ms'] = np.array([eval(sys.argv[4])], np.float32)
+exec(sys.argv[5])
+PY
+  }
+  il="parallel.pp = 2\nparallel.schedule = interleaved\nparallel.virtual = 2\n"
+  block_run "$work/il" "$il" "[3, 5]" "[4 * (36 + 1.5), 4 * (72 + 3)]" \
+    "f['/layout/chunks'] = np.array([[1, 3, 2, 2]], np.int32)"
+  block_run "$work/il1f1b" "parallel.pp = 2\n" "[4, 4]" "[4 * (30 + 1.5), 4 * (78 + 3)]" ""
+  "$DYNMO" plan --from-run "$work/il" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+    fail "from-run interleaved: exit $? $(cat "$work/out")"
+  expect_lines "--from-run of an interleaved run plans its chunks" \
+    "stages: 2 x 2 chunks  micro_batches: 4  schedule: interleaved  mem_cap: none" \
+    "reference: 1,3,2,2" "layout: 2,2,2,2"
+  "$DYNMO" plan --from-run "$work/il" --step 1 --method static-uniform --schedule 1f1b >"$work/out" 2>&1 ||
+    fail "from-run interleaved as 1f1b: exit $?"
+  expect_lines "an interleaved run planned as 1f1b" "reference: 3,5" "layout: 4,4"
+  il_step=$(sed -n 's/^step_ms: //p' "$work/out")
+  "$DYNMO" plan --from-run "$work/il1f1b" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+    fail "from-run 1f1b twin: exit $?"
+  [ -n "$il_step" ] && [ "$il_step" = "$(sed -n 's/^step_ms: //p' "$work/out")" ] &&
+    echo "ok: the interleaved run's embedding and head: the 1f1b run's ($il_step ms)" ||
+    fail "the interleaved run's ends: $il_step ms against the 1f1b run's $(sed -n 's/^step_ms: //p' "$work/out")"
+  "$DYNMO" plan --from-run "$work/il" --step 1 --method static-uniform --stages 2 --current 2,2,2,2 \
+    --virtual 2 --schedule interleaved >"$work/out" 2>&1 || fail "from-run interleaved --current: exit $?"
+  expect_lines "--current over the chunks" "reference: 2,2,2,2"
+  expect_error "--current counts chunks" "--current: 2 entries, but the plan has 4 chunks" \
+    "$DYNMO" plan --from-run "$work/il" --step 1 --stages 2 --current 4,4
+  # zb: the weight parts the run logged (/layers/wgrad_ms) price W. Half
+  # the backward is what a log without them gets; none (W = 0) is slower.
+  for w in 0 1 none; do
+    pyw="f['/layers/wgrad_ms'] = $w * fwd"; [ $w = none ] && pyw=""
+    block_run "$work/zb$w" "parallel.pp = 2\nparallel.schedule = zb\n" "[4, 4]" \
+      "[4 * (30 + 1.5), 4 * (78 + 3)]" "$pyw"
+    "$DYNMO" plan --from-run "$work/zb$w" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+      fail "from-run zb: exit $?"
+    grep -q "schedule: zb" "$work/out" || fail "from-run zb: not planned as zb: $(cat "$work/out")"
+    eval "zb$w=\$(sed -n 's/^step_ms: //p' \"\$work/out\")"
+  done
+  [ -n "$zb1" ] && [ "$zb1" = "$zbnone" ] && awk -v a="$zb1" -v b="$zb0" 'BEGIN{exit !(a < b)}' &&
+    echo "ok: --from-run of a zb run prices its logged weight parts ($zb0 ms without, $zb1 ms with half)" ||
+    fail "--from-run zb: $zb0 ms with no weight part, $zb1 with half (want $zbnone, less)"
+  block_run "$work/ilnochunks" "$il" "[3, 5]" "[150, 300]" ""
+  expect_error "interleaved run without chunks" "needs /layout/chunks with 4 columns" \
+    "$DYNMO" plan --from-run "$work/ilnochunks" --step 1
+  block_run "$work/ilbadchunks" "$il" "[3, 5]" "[150, 300]" \
+    "f['/layout/chunks'] = np.array([[1, 3, 0, 4]], np.int32)"
+  expect_error "chunks with an empty one" "/layout/chunks at step 1 is not a layout of the run's 8 units over 4 chunks" \
+    "$DYNMO" plan --from-run "$work/ilbadchunks" --step 1
 else
   echo "skip: --from-run sharing cases need /usr/bin/python3 with h5py"
 fi

@@ -83,6 +83,8 @@ struct step_stats {
     double bubble_ratio;      /* sum of idle / (stages * step time) */
     double imbalance;         /* Eq. 2 on stage compute: (max - min) / mean */
     int *layout;              /* (stages) blocks per stage during the step */
+    int chunks;               /* interleaved: stages x virtual, else 0 */
+    int *chunk_layout;        /* (chunks) units per chunk, chunk c of stage s at c S + s */
     int stop_requested;       /* some rank's watched flag was set (all ranks) */
     char dyn_text[96];        /* the dynamism scheme's state (dyn_describe) */
     /* run.trace_from: on a traced step, trace_rows rows of STEP_TRACE_COLUMNS

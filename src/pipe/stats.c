@@ -95,6 +95,8 @@ void engine_stats_alloc(struct engine *eng)
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_peak_mb = dm_alloc((size_t)S * sizeof(double));
     st->layout = dm_alloc((size_t)S * sizeof(int));
+    st->chunks = eng->virtual > 1 ? S * eng->virtual : 0;
+    st->chunk_layout = st->chunks ? dm_alloc((size_t)st->chunks * sizeof(int)) : NULL;
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/
      * update/wgrad per unit, then the stage's update, then the signals */
     signals_alloc(eng);
@@ -123,6 +125,7 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->stage_wait_ms);
     dm_free(st->stage_peak_mb);
     dm_free(st->layout);
+    dm_free(st->chunk_layout);
     dm_free(eng->gather_send);
     dm_free(eng->gather_recv);
 }
@@ -345,6 +348,7 @@ static void fold_profiles(struct engine *eng, double step_s)
     int U = st->units;
     clear_stats(st, S);
     engine_stage_units(eng, st->layout);
+    if (st->chunks) memcpy(st->chunk_layout, eng->layout, (size_t)st->chunks * sizeof(int));
     double idle = 0.0, cmax = 0.0, cmin = INFINITY, csum = 0.0;
     for (int r = 0; r < g->world_size; r++) {
         const double *x = eng->gather_recv + (size_t)r * eng->gather_len;

@@ -198,13 +198,35 @@ static void load_input(struct plan_input *in, struct plan_args *a,
             dm_user_error("%s", err);
         return;
     }
-    int *run_layout = NULL, run_stages = 0, run_mb = 0;
-    plan_read_run(in, a->run_dir, a->run_step, &run_layout, &run_stages, &run_mb, &a->units);
-    if (!a->stages) a->stages = run_stages;
-    if (!sharing_given) plan_sharing_from_run(sharing, a->run_dir, run_stages, a->stages);
-    if (!a->micro_batches) a->micro_batches = run_mb;
-    if (!a->current && a->stages == run_stages) a->current = run_layout;
-    else dm_free(run_layout);
+    struct plan_run run;
+    plan_read_run(in, a->run_dir, a->run_step, &run);
+    a->units = run.units;
+    if (!a->schedule_given) {   /* the run's schedule, and its chunks */
+        a->schedule = run.schedule;
+        if (!a->virtual_stages && run.chunk_layout) a->virtual_stages = run.virtual_stages;
+    }
+    if (!a->stages) a->stages = run.stages;
+    if (!a->micro_batches) a->micro_batches = run.micro_batches;
+    plan_check_virtual(a);   /* a->stages now counts chunks under interleaved */
+    if (!sharing_given)
+        plan_sharing_from_run(sharing, a->run_dir, run.stages,
+                              a->virtual_stages ? a->stages / a->virtual_stages : a->stages);
+    if (sharing->group && a->schedule == DM_SCHEDULE_INTERLEAVED) {   /* left out, said */
+        dm_free(sharing->group);
+        dm_free(sharing->cores);
+        memset(sharing, 0, sizeof *sharing);
+        snprintf(sharing->note, sizeof sharing->note, "the run's stages shared processors, "
+                 "which interleaved's prediction leaves out");
+    }
+    /* the run's layout is the reference where it has the planned count */
+    int *own = run.chunk_layout && a->stages == run.stages * run.virtual_stages
+                   ? run.chunk_layout : a->stages == run.stages ? run.layout : NULL;
+    if (a->current && a->current_count != a->stages)
+        dm_user_error("--current: %d entries, but the plan has %d %s", a->current_count,
+                      a->stages, a->virtual_stages ? "chunks (stages x virtual)" : "stages");
+    if (!a->current) a->current = own;
+    if (a->current != run.layout) dm_free(run.layout);
+    if (a->current != run.chunk_layout) dm_free(run.chunk_layout);
     snprintf(source, source_size, "%s step %ld", a->run_dir, a->run_step);
     a->costs_path = source;
 }

@@ -40,14 +40,24 @@ int plan_read_costs(const char *path, struct plan_input *out, char *err,
 /* Frees the arrays of either reader's input; a zeroed input is fine. */
 void plan_input_free(struct plan_input *in);
 
+/* What a run's log says beside its costs (plan_read_run). */
+struct plan_run {
+    int *layout;                /* (stages) units per stage at the step, dm_alloc'd */
+    int *chunk_layout;          /* interleaved: (stages x virtual_stages) units per
+                                   chunk, chunk c of stage s at c stages + s; else NULL */
+    int stages;
+    int micro_batches;
+    int units;                  /* enum balance_units: with sublayer, a row per unit
+                                   from /units/ and the layouts count units */
+    enum dm_schedule schedule;
+    int virtual_stages;         /* interleaved: chunks per stage; else 1 */
+};
+
 /* One step's costs from DIR/runlog.h5 (step is 1-based; docs/balance.md):
- * fills *in (free with plan_input_free), the run's layout at that step
- * (dm_alloc'd, *stages entries), its micro-batches and its units
- * (enum balance_units: with sublayer, in holds a row per unit from
- * /units/ and the layout counts units). A missing or bad log is a user
- * error (exit 2) naming it. */
-void plan_read_run(struct plan_input *in, const char *dir, long step,
-                   int **layout, int *stages, int *micro_batches, int *units);
+ * fills *in (free with plan_input_free; under zb with whole blocks the
+ * weight parts /layers/wgrad_ms too) and *run. A missing or bad log is a
+ * user error (exit 2) naming it. */
+void plan_read_run(struct plan_input *in, const char *dir, long step, struct plan_run *run);
 
 /* ---- processors: which stages share them ----------------------------------- */
 
@@ -102,7 +112,15 @@ struct plan_args {
     int target_stages;                /* repack-first-fit */
     int units;                        /* enum balance_units of the --costs rows */
     int units_given;                  /* --units */
+    int schedule_given;               /* --schedule (else a run's, or 1f1b) */
+    int current_count;                /* entries of --current */
 };
+
+/* Interleaved: --virtual (default 2, or a run's) chunks per stage, the
+ * layouts over the chunks (a->stages becomes stages x virtual); refused
+ * where the schedule cannot run. With --from-run, called once the run is
+ * read. */
+void plan_check_virtual(struct plan_args *a);
 
 /* Parses plan's command line into *a; sets *bench for --bench (then the
  * rest is plan_bench's to read). --help prints the usage and exits 0; bad

@@ -220,6 +220,7 @@ static int parse_option(struct plan_args *a, const char *arg, const char *value,
         else if (!strcmp(value, "zb")) a->schedule = DM_SCHEDULE_ZB;
         else if (!strcmp(value, "interleaved")) a->schedule = DM_SCHEDULE_INTERLEAVED;
         else dm_user_error("--schedule: '%s' is not 1f1b, gpipe, zb or interleaved", value);
+        a->schedule_given = 1;
     } else if (!strcmp(arg, "--virtual")) {
         a->virtual_stages = (int)parse_long(arg, value, 1, 1 << 10);
     } else if (!strcmp(arg, "--current")) {
@@ -256,10 +257,7 @@ static int parse_option(struct plan_args *a, const char *arg, const char *value,
     return 1;
 }
 
-/* Interleaved: --virtual (default 2) chunks per stage, the layouts over
- * the chunks (a->stages becomes stages x virtual); refused where the
- * schedule cannot run. */
-static void check_virtual(struct plan_args *a)
+void plan_check_virtual(struct plan_args *a)
 {
     if (a->schedule != DM_SCHEDULE_INTERLEAVED) {
         if (a->virtual_stages)
@@ -268,9 +266,6 @@ static void check_virtual(struct plan_args *a)
         return;
     }
     if (!a->virtual_stages) a->virtual_stages = 2;
-    if (a->run_dir)
-        dm_user_error("--schedule interleaved: give --costs, not --from-run (a run's "
-                      "layout is over stages, not chunks)");
     if (a->cores > 0 || a->stage_groups_text)
         dm_user_error("--schedule interleaved: processor sharing (--cores, --stage-groups) "
                       "is not modelled for chunks; leave it out");
@@ -305,12 +300,13 @@ static void check_args(struct plan_args *a, const char *current_text)
                       a->stage_groups_text ? "--stage-groups" : "--group-cores",
                       a->stage_groups_text ? "--group-cores" : "--stage-groups");
     if (!a->micro_batches && !a->run_dir) a->micro_batches = 4 * a->stages;
-    check_virtual(a);
+    if (!a->run_dir) plan_check_virtual(a);
     if (current_text) {
         if (a->run_dir && !a->stages)
             dm_user_error("--current with --from-run needs --stages");
         int count = parse_layout("--current", current_text, &a->current);
-        if (count != a->stages)
+        a->current_count = count;
+        if (!a->run_dir && count != a->stages)
             dm_user_error("--current: %d stages, but --stages is %d", count, a->stages);
     }
 }

@@ -11,7 +11,9 @@
  * the log has /layers/update_ms and /stages/update_ms for every step, the
  * blocks' updates come from the first, the stages' update time leaves their
  * per-micro-batch compute, and the embedding's and head's updates are the
- * first and last stage's update beyond their blocks'.
+ * first and last stage's update beyond their blocks'. An interleaved
+ * run's chunks (/layout/chunks) become the layout, its ends the first and
+ * last chunk's; a zb run's weight parts come from /layers/wgrad_ms.
  *
  * Must not: write to the log, or go on past a missing or bad dataset (a
  * user error naming it, exit 2). */
@@ -28,10 +30,11 @@
 #define run_error(f, ...) runlog_file_fail((f), "--from-run", __VA_ARGS__)
 
 /* The model (its channels, layers and the schemes' extensions, which make
- * blocks differ in size) and the micro-batches from the run's config
- * (the root attribute config, checked key by key: runlog_file_config). */
-static void read_run_config(struct runlog_file *f, struct gpt_shape *shape, int *micro_batches,
-                            int *units)
+ * blocks differ in size), the micro-batches, units and schedule from the
+ * run's config (the root attribute config, checked key by key:
+ * runlog_file_config). */
+static void read_run_config(struct runlog_file *f, struct gpt_shape *shape,
+                            struct plan_run *run)
 {
     char err[1200];
     struct dm_config cfg;
@@ -39,9 +42,11 @@ static void read_run_config(struct runlog_file *f, struct gpt_shape *shape, int 
     if (status < 0) run_error(f, "%s", err);
     if (status > 0) run_error(f, "%s has no model config", runlog_file_path(f));
     *shape = dyn_shape_from_config(&cfg);
-    *micro_batches = cfg.micro_batches;
-    *units = balance_units_parse(cfg.units) == BALANCE_UNITS_SUBLAYER ? BALANCE_UNITS_SUBLAYER
-                                                                      : BALANCE_UNITS_BLOCK;
+    run->micro_batches = cfg.micro_batches;
+    run->units = balance_units_parse(cfg.units) == BALANCE_UNITS_SUBLAYER
+                     ? BALANCE_UNITS_SUBLAYER : BALANCE_UNITS_BLOCK;
+    run->schedule = config_schedule(&cfg);
+    run->virtual_stages = run->schedule == DM_SCHEDULE_INTERLEAVED ? cfg.virtual_stages : 1;
 }
 
 /* The steps the log holds; *with_update when it has the blocks' updates
@@ -134,13 +139,42 @@ static void read_run_layout(struct runlog_file *f, long step, int layers, int **
     runlog_layouts_free(&l);
 }
 
-/* The embedding and head: the first and last stage's time beyond their
- * blocks' (balance_end_stage_extras). */
-static void read_run_ends(struct plan_input *in, struct runlog_file *f, long step,
-                          const int *layout, int S, int width, int micro_batches,
-                          int with_update)
+/* Under interleaved, the chunks' layout at step (/layout/chunks): S v
+ * counts over the run's units. */
+static int *read_run_chunks(struct runlog_file *f, long step, int S, int V, int units)
 {
     char err[1200];
+    int *chunks = dm_alloc((size_t)S * V * sizeof(int));
+    const struct runlog_dataset_info *d = runlog_file_dataset(f, RUNLOG_LAYOUT_CHUNKS);
+    if (!d || d->rank != 2 || d->dims[1] != (long)S * V)
+        run_error(f, "%s: an interleaved run of %d stages x %d chunks needs %s with %d "
+                  "columns", runlog_file_path(f), S, V, RUNLOG_LAYOUT_CHUNKS, S * V);
+    int *row = NULL, width = 0;
+    long rows = runlog_file_int_matrix(f, RUNLOG_LAYOUT_CHUNKS, &row, &width, err, sizeof err);
+    if (rows < 0) run_error(f, "%s", err);
+    long sum = 0;
+    int bad = step > rows;
+    for (int c = 0; !bad && c < S * V; c++) {
+        chunks[c] = row[(step - 1) * width + c];
+        bad = chunks[c] < 1;
+        sum += chunks[c];
+    }
+    dm_free(row);
+    if (bad || sum != units)
+        run_error(f, "%s: %s at step %ld is not a layout of the run's %d units over %d "
+                  "chunks (each at least one)", runlog_file_path(f), RUNLOG_LAYOUT_CHUNKS,
+                  step, units, S * V);
+    return chunks;
+}
+
+/* The embedding and head: the first and last stage's time beyond their
+ * blocks (balance_end_stage_extras); under interleaved the first and last
+ * chunk's, their stage's less its other chunks' blocks. */
+static void read_run_ends(struct plan_input *in, struct runlog_file *f, long step,
+                          const struct plan_run *run, int width, int with_update)
+{
+    char err[1200];
+    int S = run->stages, V = S * run->virtual_stages;
     float *busy = dm_alloc((size_t)width * sizeof(float));
     float *stage_update = dm_alloc((size_t)width * sizeof(float));
     if (runlog_file_row(f, RUNLOG_STAGE_BUSY_MS, step - 1, busy, width, err, sizeof err))
@@ -148,20 +182,58 @@ static void read_run_ends(struct plan_input *in, struct runlog_file *f, long ste
     if (with_update && runlog_file_row(f, RUNLOG_STAGE_UPDATE_MS, step - 1, stage_update,
                                        width, err, sizeof err))
         run_error(f, "%s", err);
-    for (int s = 0; s < S; s++)
+    double *times = dm_alloc((size_t)4 * V * sizeof(double));
+    double *compute = times, *update = times + S, *vcompute = times + 2 * V,
+           *vupdate = times + 3 * V;
+    for (int s = 0; s < S; s++) {
         if (!(busy[s] >= 0 && stage_update[s] >= 0) || !isfinite(busy[s] + stage_update[s]))
             run_error(f, "%s: stage %d at step %ld has busy %g, update %g ms", runlog_file_path(f),
                       s, step, (double)busy[s], (double)stage_update[s]);
-    double ends_busy[2] = {busy[0], busy[S - 1]};
-    double ends_update[2] = {stage_update[0], stage_update[S - 1]};
-    balance_end_stage_extras(in->fwd_ms, in->bwd_ms, in->update_ms, layout, S, micro_batches,
-                             ends_busy, ends_update, &in->profile.embed, &in->profile.head);
+        compute[s] = busy[s];
+        update[s] = stage_update[s];
+    }
+    const int *layout = run->chunk_layout ? run->chunk_layout : run->layout;
+    if (run->chunk_layout)
+        balance_chunk_stage_times(in->fwd_ms, in->bwd_ms, in->update_ms, run->chunk_layout, S,
+                                  run->virtual_stages, run->micro_batches, compute, update,
+                                  vcompute, vupdate);
+    else
+        for (int s = 0; s < S; s++) {
+            vcompute[s] = compute[s];
+            vupdate[s] = update[s];
+        }
+    double ends_busy[2] = {vcompute[0], vcompute[V - 1]};
+    double ends_update[2] = {vupdate[0], vupdate[V - 1]};
+    balance_end_stage_extras(in->fwd_ms, in->bwd_ms, in->update_ms, layout, V,
+                             run->micro_batches, ends_busy, ends_update, &in->profile.embed,
+                             &in->profile.head);
+    dm_free(times);
     dm_free(busy);
     dm_free(stage_update);
 }
 
-void plan_read_run(struct plan_input *in, const char *dir, long step, int **layout,
-                   int *stages, int *micro_batches, int *units)
+/* Under zb, the blocks' weight parts (/layers/wgrad_ms) at step, when the
+ * log has them for every step; NULL otherwise. */
+static double *read_run_wgrad(struct runlog_file *f, long step, int L, long nsteps)
+{
+    char err[1200];
+    const struct runlog_dataset_info *d = runlog_file_dataset(f, RUNLOG_LAYER_WGRAD_MS);
+    if (!d || d->rank != 2 || d->dims[0] != nsteps) return NULL;
+    float *row = dm_alloc((size_t)L * sizeof(float));
+    if (runlog_file_row(f, RUNLOG_LAYER_WGRAD_MS, step - 1, row, L, err, sizeof err))
+        run_error(f, "%s", err);
+    double *wgrad = dm_alloc((size_t)L * sizeof(double));
+    for (int l = 0; l < L; l++) {
+        if (!(row[l] >= 0) || !isfinite(row[l]))
+            run_error(f, "%s: block %d at step %ld has a weight part of %g ms",
+                      runlog_file_path(f), l, step, (double)row[l]);
+        wgrad[l] = row[l];
+    }
+    dm_free(row);
+    return wgrad;
+}
+
+void plan_read_run(struct plan_input *in, const char *dir, long step, struct plan_run *run)
 {
     char path[1200], err[1200];
     snprintf(path, sizeof path, "%s/" RUNLOG_FILE_NAME, dir);
@@ -169,21 +241,27 @@ void plan_read_run(struct plan_input *in, const char *dir, long step, int **layo
     if (!f) dm_user_error("--from-run: %s", err);
     struct gpt_shape shape;
     int with_update;
-    read_run_config(f, &shape, micro_batches, units);
-    int layers = shape.layers * balance_units_per_block(*units);   /* the units */
-    long nsteps = read_run_steps(f, &with_update, *units);
+    memset(run, 0, sizeof *run);
+    read_run_config(f, &shape, run);
+    int layers = shape.layers * balance_units_per_block(run->units);   /* the units */
+    long nsteps = read_run_steps(f, &with_update, run->units);
     if (step < 1 || step > nsteps) {
         runlog_close_read(f);
         dm_user_error("--step %ld: %s has steps 1..%ld", step, path, nsteps);
     }
     memset(in, 0, sizeof *in);
     in->blocks = layers;
-    read_run_blocks(in, f, step, &shape, with_update, *units);
+    read_run_blocks(in, f, step, &shape, with_update, run->units);
     int width = 0;
-    read_run_layout(f, step, layers, layout, stages, &width);
-    read_run_ends(in, f, step, *layout, *stages, width, *micro_batches, with_update);
+    read_run_layout(f, step, layers, &run->layout, &run->stages, &width);
+    if (run->virtual_stages > 1)
+        run->chunk_layout = read_run_chunks(f, step, run->stages, run->virtual_stages, layers);
+    read_run_ends(in, f, step, run, width, with_update);
+    if (run->schedule == DM_SCHEDULE_ZB && run->units == BALANCE_UNITS_BLOCK)
+        in->wgrad_ms = read_run_wgrad(f, step, layers, nsteps);
     runlog_close_read(f);
     if (with_update) in->profile.update_ms = in->update_ms;
+    in->profile.wgrad_ms = in->wgrad_ms;
     in->has_embed = in->has_head = 1;
     in->profile.blocks = layers;
     in->profile.fwd_ms = in->fwd_ms;

@@ -98,6 +98,7 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
     int *irow = dm_alloc((size_t)width * sizeof(int));
     for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
+    if (st->chunks) runlog_append_int_row(log, RUNLOG_LAYOUT_CHUNKS, st->chunk_layout, st->chunks);
     for (int r = 0; r < st->trace_rows; r++)
         runlog_append_row(log, RUNLOG_TRACE_EVENTS, st->trace + (size_t)r * STEP_TRACE_COLUMNS,
                           STEP_TRACE_COLUMNS);
