@@ -172,9 +172,9 @@ expect_error "current count" "--current: 2 stages, but --stages is 4" \
   --method partition-time >"$work/out" 2>&1 || fail "units sublayer: exit $?"
 expect_lines "units sublayer" "costs: tests/data/costs_sublayer.csv (8 sublayer units of 4 blocks)" \
   "layout: 3,3,2" "max_stage_ms: 15.000" "split_blocks: 1" "units_moved: 0"
-# Under zb a unit has no weight part (dynmo train runs a half's backward
-# whole): with --units sublayer zb predicts 1f1b's step; the same rows
-# read as blocks (half of each backward a weight part) predict zb faster.
+# Under zb a unit has its weight part as a block does (half of each
+# backward without a wgrad_ms column): zb predicts faster than 1f1b on
+# units as on the same rows read as blocks.
 sub_step() {
   "$DYNMO" plan --costs tests/data/costs_sublayer.csv --stages 3 --method partition-time "$@" \
     >"$work/out" 2>&1 || fail "$*: exit $?"
@@ -182,9 +182,10 @@ sub_step() {
 }
 s1=$(sub_step --units sublayer --schedule 1f1b); sz=$(sub_step --units sublayer --schedule zb)
 b1=$(sub_step --schedule 1f1b); bz=$(sub_step --schedule zb)
-[ -n "$s1" ] && [ "$s1" = "$sz" ] && awk -v a="$bz" -v b="$b1" 'BEGIN { exit !(a + 0 < b + 0) }' &&
-  echo "ok: units sublayer under zb: 1f1b's $s1 ms (rows as blocks: zb $bz < 1f1b $b1)" ||
-  fail "units sublayer under zb: $sz ms, want 1f1b's $s1; rows as blocks zb $bz, 1f1b $b1"
+[ -n "$s1" ] && awk -v a="$sz" -v b="$s1" 'BEGIN { exit !(a + 0 < b + 0) }' &&
+  awk -v a="$bz" -v b="$b1" 'BEGIN { exit !(a + 0 < b + 0) }' &&
+  echo "ok: units sublayer under zb: $sz ms < 1f1b's $s1 (rows as blocks: zb $bz < 1f1b $b1)" ||
+  fail "units sublayer under zb: $sz ms, want less than 1f1b's $s1; rows as blocks zb $bz, 1f1b $b1"
 grep -v '^3\.' tests/data/costs_sublayer.csv >"$work/odd.csv"
 printf '3.attention,1,2,4000,64000\n' >>"$work/odd.csv"
 expect_error "units odd" "--units sublayer: .*odd.csv has 7 unit rows" \

@@ -69,8 +69,9 @@ struct step_stats {
      * whole-block units the layer figures again; with sublayer units
      * (2 layers) each half of every block apart, unit 2l its attention and
      * 2l + 1 its MLP (forward and backward measured apart, the slab's bytes
-     * and the update time shared by the halves' parameters, no weight part:
-     * wgrad 0), which the layer figures sum. What the balancer takes. */
+     * and the update time shared by the halves' parameters, under zb each
+     * half's weight part), which the layer figures sum. What the balancer
+     * takes. */
     int units;
     double *unit_fwd_ms, *unit_bwd_ms, *unit_mem_bytes, *unit_sparsity, *unit_update_ms;
     double *unit_wgrad_ms;

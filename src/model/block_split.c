@@ -63,17 +63,14 @@ static void core_backward(struct block *blk, struct block_acts *acts, struct blo
                                           blk->C, blk->NH);
 }
 
-void block_backward_input(struct block *blk, struct block_acts *acts,
-                          struct block_scratch *s, struct block_wgrad *w, float *din,
-                          const float *dout, const float *in, int B, int T)
+/* The MLP part's input gradient: from the block's output gradient dout
+ * to the gradient of the residual stream after attention, d_res1, with
+ * res1 that stream (the whole block's acts->res1, an MLP half's input). */
+static void mlp_input(struct block *blk, struct block_acts *acts, struct block_wgrad *w,
+                      float *d_res1, const float *dout, const float *res1, int N)
 {
-    w->fused = backward_replaced(blk);
-    if (w->fused) {
-        block_backward(blk, acts, s, din, dout, in, B, T);
-        return;
-    }
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, N = B * T;
+    int C = blk->C;
     float *const *p = blk->p;
     /* din may alias dout: the weight part reads its own copy */
     if (!blk->frozen) ops->copy_on_device(w->dout, dout, (size_t)N * C * sizeof(float));
@@ -81,8 +78,18 @@ void block_backward_input(struct block *blk, struct block_acts *acts,
                               acts->fch, N, 4 * C, C);
     ops->matmul_backward_overwrite(w->d_ln2, NULL, NULL, w->d_fch, acts->ln2, p[BP_FC_W], N,
                                    C, 4 * C);
-    ops->layernorm_backward_residual(w->d_res1, dout, NULL, NULL, w->d_ln2, acts->res1,
-                                     p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
+    ops->layernorm_backward_residual(d_res1, dout, NULL, NULL, w->d_ln2, res1, p[BP_LN2_W],
+                                     acts->ln2_mean, acts->ln2_rstd, N, C);
+}
+
+/* The attention part's input gradient: from w->d_res1 to din. */
+static void attention_input(struct block *blk, struct block_acts *acts,
+                            struct block_scratch *s, struct block_wgrad *w, float *din,
+                            const float *in, int B, int T)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p;
     ops->matmul_backward_overwrite(s->d_atty, NULL, NULL, w->d_res1, acts->atty,
                                    p[BP_ATTPROJ_W], N, C, C);
     core_backward(blk, acts, s, w->d_qkv, B, T);
@@ -92,23 +99,81 @@ void block_backward_input(struct block *blk, struct block_acts *acts,
                                      acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
-void block_backward_weight(struct block *blk, const struct block_acts *acts,
-                           const struct block_wgrad *w, const float *in, int B, int T)
+/* A half (balance.units = sublayer, blk->halves one half) as block.c's
+ * half_backward: the MLP half leaves d_res1 in the scratch's d_res1 and
+ * copies it to din when there is one; the attention half takes dout as
+ * d_res1 (which may be the scratch's, where an MLP half left it). */
+static void half_input(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                       struct block_wgrad *w, float *din, const float *dout, const float *in,
+                       int B, int T)
 {
-    if (w->fused || blk->frozen) return;
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, N = B * T;
+    size_t bytes = (size_t)B * T * blk->C * sizeof(float);
+    if (blk->halves == BLOCK_HALF_MLP) {
+        mlp_input(blk, acts, w, s->d_res1, dout, in, B * T);
+        if (din) ops->copy_on_device(din, s->d_res1, bytes);
+        return;
+    }
+    ops->copy_on_device(w->d_res1, dout, bytes);
+    attention_input(blk, acts, s, w, din, in, B, T);
+}
+
+void block_backward_input(struct block *blk, struct block_acts *acts,
+                          struct block_scratch *s, struct block_wgrad *w, float *din,
+                          const float *dout, const float *in, int B, int T)
+{
+    w->fused = backward_replaced(blk);
+    if (w->fused) {
+        block_backward(blk, acts, s, din, dout, in, B, T);
+        return;
+    }
+    if (block_is_half(blk)) {
+        half_input(blk, acts, s, w, din, dout, in, B, T);
+        return;
+    }
+    mlp_input(blk, acts, w, w->d_res1, dout, acts->res1, B * T);
+    attention_input(blk, acts, s, w, din, in, B, T);
+}
+
+/* The weight parts: the MLP's (res1 the stream after attention) and the
+ * attention's. */
+static void mlp_weight(struct block *blk, const struct block_acts *acts,
+                       const struct block_wgrad *w, const float *res1, int N)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C;
     float *const *g = blk->g;
     ops->matmul_backward(NULL, g[BP_FCPROJ_W], g[BP_FCPROJ_B], w->dout, acts->fch_gelu, NULL,
                          N, 4 * C, C);
     ops->matmul_backward(NULL, g[BP_FC_W], g[BP_FC_B], w->d_fch, acts->ln2, NULL, N, C,
                          4 * C);
-    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN2_W], g[BP_LN2_B], w->d_ln2,
-                                     acts->res1, NULL, acts->ln2_mean, acts->ln2_rstd, N, C);
+    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN2_W], g[BP_LN2_B], w->d_ln2, res1,
+                                     NULL, acts->ln2_mean, acts->ln2_rstd, N, C);
+}
+
+static void attention_weight(struct block *blk, const struct block_acts *acts,
+                             const struct block_wgrad *w, const float *in, int N)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C;
+    float *const *g = blk->g;
     ops->matmul_backward(NULL, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], w->d_res1, acts->atty, NULL,
                          N, C, C);
     ops->matmul_backward(NULL, g[BP_QKV_W], g[BP_QKV_B], w->d_qkv, acts->ln1, NULL, N, C,
                          3 * C);
     ops->layernorm_backward_residual(NULL, NULL, g[BP_LN1_W], g[BP_LN1_B], w->d_ln1, in, NULL,
                                      acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+void block_backward_weight(struct block *blk, const struct block_acts *acts,
+                           const struct block_wgrad *w, const float *in, int B, int T)
+{
+    if (w->fused || blk->frozen) return;
+    int N = B * T;
+    if (blk->halves == BLOCK_HALF_MLP) {   /* in: the stream after attention */
+        mlp_weight(blk, acts, w, in, N);
+        return;
+    }
+    if (blk->halves != BLOCK_HALF_ATTENTION) mlp_weight(blk, acts, w, acts->res1, N);
+    attention_weight(blk, acts, w, in, N);
 }

@@ -182,8 +182,8 @@ static void pack_unit(double *v, int U, int u, double fwd, double bwd, double me
 /* With sublayer units, the halves of block i this rank holds: forward
  * and backward as measured apart (gpt_forward), the slab's bytes by each
  * half's floats (the header and dynamic state with the attention), the
- * update time by each half's share of the parameters held; no weight
- * part (halves run their backward whole under zb too, gpt_backward_input). */
+ * update time by each half's share of the parameters held, and under zb
+ * each half's weight part (gpt_backward_weight). */
 static void pack_halves(const struct engine *eng, double *v, int U, int i)
 {
     const struct gpt *m = &eng->model;
@@ -198,11 +198,13 @@ static void pack_halves(const struct engine *eng, double *v, int U, int i)
                                                        : (double)attention / (double)blk->nparams;
     if (blk->halves != BLOCK_HALF_MLP)
         pack_unit(v, U, 2 * layer, m->attention_fwd_s[i], m->attention_bwd_s[i],
-                  attention_bytes, sparsity, m->block_update_s[i] * share, 0.0);
+                  attention_bytes, sparsity, m->block_update_s[i] * share,
+                  m->attention_wgrad_s[i]);
     if (blk->halves != BLOCK_HALF_ATTENTION)
         pack_unit(v, U, 2 * layer + 1, m->block_fwd_s[i] - m->attention_fwd_s[i],
                   m->block_bwd_s[i] - m->attention_bwd_s[i], pack - attention_bytes, sparsity,
-                  m->block_update_s[i] * (1.0 - share), 0.0);
+                  m->block_update_s[i] * (1.0 - share),
+                  m->block_wgrad_s[i] - m->attention_wgrad_s[i]);
 }
 
 /* The current chunk's units and signals into the profile v. */

@@ -344,11 +344,6 @@ int cmd_plan(int argc, char **argv)
         dm_user_error("--stages: %d stages but %s has only %d %s; every stage "
                       "needs at least one", a.stages, a.costs_path, in.blocks, unit);
     in.profile.virtual_stages = a.virtual_stages;
-    if (a.units == BALANCE_UNITS_SUBLAYER && a.schedule == DM_SCHEDULE_ZB) {
-        /* a half has no weight part: dynmo train runs its backward whole */
-        in.wgrad_ms = dm_alloc((size_t)in.blocks * sizeof(double));
-        in.profile.wgrad_ms = in.wgrad_ms;
-    }
     set_up_sharing(&in, &a, &sharing, sharing_given);
     int *reference = reference_layout(&in, &a);
     check_fits(&in, &a);

@@ -212,21 +212,24 @@ static void read_run_ends(struct plan_input *in, struct runlog_file *f, long ste
     dm_free(stage_update);
 }
 
-/* Under zb, the blocks' weight parts (/layers/wgrad_ms) at step, when the
- * log has them for every step; NULL otherwise. */
-static double *read_run_wgrad(struct runlog_file *f, long step, int L, long nsteps)
+/* Under zb, the units' weight parts (/layers/wgrad_ms, or /units/wgrad_ms
+ * with sublayer units) at step, when the log has them for every step;
+ * NULL otherwise. */
+static double *read_run_wgrad(struct runlog_file *f, long step, int L, long nsteps, int units)
 {
     char err[1200];
-    const struct runlog_dataset_info *d = runlog_file_dataset(f, RUNLOG_LAYER_WGRAD_MS);
+    const char *name = units == BALANCE_UNITS_SUBLAYER ? RUNLOG_UNIT_WGRAD_MS
+                                                       : RUNLOG_LAYER_WGRAD_MS;
+    const struct runlog_dataset_info *d = runlog_file_dataset(f, name);
     if (!d || d->rank != 2 || d->dims[0] != nsteps) return NULL;
     float *row = dm_alloc((size_t)L * sizeof(float));
-    if (runlog_file_row(f, RUNLOG_LAYER_WGRAD_MS, step - 1, row, L, err, sizeof err))
-        run_error(f, "%s", err);
+    if (runlog_file_row(f, name, step - 1, row, L, err, sizeof err)) run_error(f, "%s", err);
     double *wgrad = dm_alloc((size_t)L * sizeof(double));
     for (int l = 0; l < L; l++) {
         if (!(row[l] >= 0) || !isfinite(row[l]))
-            run_error(f, "%s: block %d at step %ld has a weight part of %g ms",
-                      runlog_file_path(f), l, step, (double)row[l]);
+            run_error(f, "%s: %s %d at step %ld has a weight part of %g ms",
+                      runlog_file_path(f), units == BALANCE_UNITS_SUBLAYER ? "unit" : "block",
+                      l, step, (double)row[l]);
         wgrad[l] = row[l];
     }
     dm_free(row);
@@ -257,8 +260,8 @@ void plan_read_run(struct plan_input *in, const char *dir, long step, struct pla
     if (run->virtual_stages > 1)
         run->chunk_layout = read_run_chunks(f, step, run->stages, run->virtual_stages, layers);
     read_run_ends(in, f, step, run, width, with_update);
-    if (run->schedule == DM_SCHEDULE_ZB && run->units == BALANCE_UNITS_BLOCK)
-        in->wgrad_ms = read_run_wgrad(f, step, layers, nsteps);
+    if (run->schedule == DM_SCHEDULE_ZB)
+        in->wgrad_ms = read_run_wgrad(f, step, layers, nsteps, run->units);
     runlog_close_read(f);
     if (with_update) in->profile.update_ms = in->update_ms;
     in->profile.wgrad_ms = in->wgrad_ms;

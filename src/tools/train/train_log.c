@@ -91,6 +91,8 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
         append_doubles(log, RUNLOG_UNIT_FWD_MS, st->unit_fwd_ms, U, row);
         append_doubles(log, RUNLOG_UNIT_BWD_MS, st->unit_bwd_ms, U, row);
         append_doubles(log, RUNLOG_UNIT_UPDATE_MS, st->unit_update_ms, U, row);
+        if (schedule_splits_backward(config_schedule(cfg)))
+            append_doubles(log, RUNLOG_UNIT_WGRAD_MS, st->unit_wgrad_ms, U, row);
     }
     append_stage_row(log, RUNLOG_STAGE_BUSY_MS, st->stage_compute_ms, stages, width, row);
     append_stage_row(log, RUNLOG_STAGE_IDLE_MS, st->stage_wait_ms, stages, width, row);
