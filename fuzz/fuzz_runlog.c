@@ -222,7 +222,8 @@ static void child_plan(void)
 {
     struct plan_input in;
     struct plan_run run;
-    plan_read_run(&in, dir, 1, &run);
+    struct plan_steps first = {1, 1};
+    plan_read_run(&in, dir, &first, 0, &run);
     struct plan_sharing sharing;
     memset(&sharing, 0, sizeof sharing);
     plan_sharing_from_run(&sharing, dir, run.stages, run.stages);

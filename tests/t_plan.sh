@@ -434,6 +434,56 @@ PY
   [ -n "$zb1" ] && [ "$zb1" = "$zbnone" ] && awk -v a="$zb1" -v b="$zb0" 'BEGIN{exit !(a < b)}' &&
     echo "ok: --from-run of a zb run prices its logged weight parts ($zb0 ms without, $zb1 ms with half)" ||
     fail "--from-run zb: $zb0 ms with no weight part, $zb1 with half (want $zbnone, less)"
+  # --step A-B: the mean of the steps' costs. Two steps of 1..8 and 3..10
+  # ms forward plan as one step of 2..9; the bound line divides the best
+  # static layout's step by partition-time's.
+  block_run "$work/two" "parallel.pp = 2\n" "[4, 4]" "[4 * (30 + 1.5), 4 * (78 + 3)]" \
+    "del f['/layers/fwd_ms'], f['/layers/bwd_ms'], f['/layout/history'], f['/stages/busy_ms']
+fwd = np.array([np.arange(1, 9), np.arange(3, 11)], np.float32)
+f['/layers/fwd_ms'], f['/layers/bwd_ms'] = fwd, 2 * fwd
+f['/layout/history'] = np.array([[4, 4], [4, 4]], np.int32)
+f['/stages/busy_ms'] = np.array([[4 * (30 + 1.5), 4 * (78 + 3)], [4 * (54 + 1.5), 4 * (102 + 3)]], np.float32)"
+  block_run "$work/mean" "parallel.pp = 2\n" "[4, 4]" "[4 * (42 + 1.5), 4 * (90 + 3)]" \
+    "del f['/layers/fwd_ms'], f['/layers/bwd_ms']
+f['/layers/fwd_ms'], f['/layers/bwd_ms'] = fwd + 1, 2 * (fwd + 1)"
+  plan_steps() { "$DYNMO" plan --from-run "$@" --method static-uniform,partition-time >"$work/out" 2>&1 ||
+    fail "plan --from-run $*: exit $?"; grep -E '^(step_ms|bound|layout):' "$work/out"; }
+  two=$(plan_steps "$work/two" --step 1-2); mean=$(plan_steps "$work/mean" --step 1)
+  plan_steps "$work/two" --step 1-2 >/dev/null
+  grep -q "^costs: .*two steps 1-2 (their mean)" "$work/out" && [ -n "$two" ] && [ "$two" = "$mean" ] &&
+    echo "ok: --step 1-2 plans the steps' mean costs ($(echo "$two" | grep '^bound'))" ||
+    fail "--step 1-2: $two, against the mean's $mean"
+  echo "$two" | grep -Eq '^bound: [0-9.]+x \(best static static-uniform [0-9.]+ ms / partition-time [0-9.]+ ms\)$' ||
+    fail "no bound line: $two"
+  block_run "$work/relaid" "parallel.pp = 2\n" "[4, 4]" "[150, 300]" \
+    "del f['/layout/history'], f['/layers/fwd_ms'], f['/layers/bwd_ms'], f['/stages/busy_ms']
+f['/layout/history'] = np.array([[4, 4], [3, 5]], np.int32)
+f['/layers/fwd_ms'] = np.ones((2, 8), np.float32); f['/layers/bwd_ms'] = np.ones((2, 8), np.float32)
+f['/stages/busy_ms'] = np.full((2, 2), 100, np.float32)"
+  expect_error "a range over a re-layout" "/layout/history differs at steps 1 and 2 \(a re-layout inside steps 1-2\)" \
+    "$DYNMO" plan --from-run "$work/relaid" --step 1-2
+  expect_error "steps past the log" "--step 1-3: .* has steps 1..2" "$DYNMO" plan --from-run "$work/relaid" --step 1-3
+  expect_error "a backward range" "--step: '2-1' is not a step N or a range A-B" \
+    "$DYNMO" plan --from-run "$work/relaid" --step 2-1
+  expect_error "--step without a run" "--step: only --from-run reads steps" \
+    "$DYNMO" plan --costs "$costs" --stages 2 --step 1
+  # --units block plans a sublayer run in whole blocks (/layers/, its unit
+  # layout halved): what the same costs logged by a block run give.
+  block_run "$work/units" "parallel.pp = 2\nbalance.units = sublayer\n" "[8, 8]" \
+    "[4 * (30 + 1.5), 4 * (78 + 3)]" \
+    "f['/units/fwd_ms'] = np.repeat(fwd, 2, axis=1) / 2; f['/units/bwd_ms'] = np.repeat(fwd, 2, axis=1)"
+  "$DYNMO" plan --from-run "$work/units" --step 1 --units block --method static-uniform >"$work/out" 2>&1 ||
+    fail "--units block on a sublayer run: exit $? $(cat "$work/out")"
+  expect_lines "--units block on a sublayer run" "reference: 4,4" "step_ms: $il_step"
+  "$DYNMO" plan --from-run "$work/units" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+    fail "a sublayer run in its units: exit $?"
+  expect_lines "a sublayer run in its units" "reference: 8,8" "step_ms: $il_step"
+  block_run "$work/unitsplit" "parallel.pp = 2\nbalance.units = sublayer\n" "[7, 9]" \
+    "[150, 300]" "f['/units/fwd_ms'] = np.repeat(fwd, 2, axis=1) / 2; f['/units/bwd_ms'] = np.repeat(fwd, 2, axis=1)"
+  expect_error "--units block on a split block" "splits a block \(entry 0 holds 7 units\)" \
+    "$DYNMO" plan --from-run "$work/unitsplit" --step 1 --units block
+  expect_error "--units sublayer with --from-run" "--units sublayer: --from-run reads the run log's own units" \
+    "$DYNMO" plan --from-run "$work/units" --step 1 --units sublayer
   block_run "$work/ilnochunks" "$il" "[3, 5]" "[150, 300]" ""
   expect_error "interleaved run without chunks" "needs /layout/chunks with 4 columns" \
     "$DYNMO" plan --from-run "$work/ilnochunks" --step 1

@@ -159,10 +159,12 @@ static void print_report(const struct plan_input *in, const struct plan_args *a,
     printf("\n");
 }
 
-/* Prints one method's block; returns 0, or the balance status on failure
- * (after printing the error line, which err, errsize bytes, then holds). */
+/* Prints one method's block and sets *step_ms to its predicted step;
+ * returns 0, or the balance status on failure (after printing the error
+ * line, which err, errsize bytes, then holds). */
 static int run_method(const struct plan_input *in, const struct plan_args *a,
-                      int method, const int *reference, char *err, size_t errsize)
+                      int method, const int *reference, double *step_ms, char *err,
+                      size_t errsize)
 {
     int *counts = dm_alloc((size_t)a->stages * sizeof(int));
     struct balance_result res;
@@ -177,6 +179,7 @@ static int run_method(const struct plan_input *in, const struct plan_args *a,
         struct layout_report report;
         measure_layout(in, a, reference, counts, stages, &report);
         print_report(in, a, method, counts, stages, &res, &report);
+        *step_ms = report.prediction.step_ms;
     }
     dm_free(counts);
     return rc;
@@ -199,7 +202,7 @@ static void load_input(struct plan_input *in, struct plan_args *a,
         return;
     }
     struct plan_run run;
-    plan_read_run(in, a->run_dir, a->run_step, &run);
+    plan_read_run(in, a->run_dir, &a->run_steps, a->units_given, &run);
     a->units = run.units;
     if (!a->schedule_given) {   /* the run's schedule, and its chunks */
         a->schedule = run.schedule;
@@ -227,7 +230,11 @@ static void load_input(struct plan_input *in, struct plan_args *a,
     if (!a->current) a->current = own;
     if (a->current != run.layout) dm_free(run.layout);
     if (a->current != run.chunk_layout) dm_free(run.chunk_layout);
-    snprintf(source, source_size, "%s step %ld", a->run_dir, a->run_step);
+    if (a->run_steps.first == a->run_steps.last)
+        snprintf(source, source_size, "%s step %ld", a->run_dir, a->run_steps.last);
+    else
+        snprintf(source, source_size, "%s steps %ld-%ld (their mean)", a->run_dir,
+                 a->run_steps.first, a->run_steps.last);
     a->costs_path = source;
 }
 
@@ -318,6 +325,21 @@ static void print_input(const struct plan_input *in, const struct plan_args *a,
     printf("\n");
 }
 
+/* The layout bound, when a static method and partition-time ran: the
+ * best static layout's predicted step over the optimal partition's, what
+ * a perfect balancer could buy (0: the method did not run or failed). */
+static void print_bound(const double *step_ms)
+{
+    int best = step_ms[BALANCE_STATIC_UNIFORM] > 0 ? BALANCE_STATIC_UNIFORM : -1;
+    if (step_ms[BALANCE_STATIC_PARAMS] > 0 &&
+        (best < 0 || step_ms[BALANCE_STATIC_PARAMS] < step_ms[best]))
+        best = BALANCE_STATIC_PARAMS;
+    double optimal = step_ms[BALANCE_PARTITION_TIME];
+    if (best < 0 || !(optimal > 0)) return;
+    printf("bound: %.3fx (best static %s %.3f ms / partition-time %.3f ms)\n",
+           step_ms[best] / optimal, plan_method_name(best), step_ms[best], optimal);
+}
+
 int cmd_plan(int argc, char **argv)
 {
     struct plan_args a;
@@ -351,15 +373,18 @@ int cmd_plan(int argc, char **argv)
 
     int failures = 0, last_failure = 0, ran = 0;
     char err[512], last_err[512] = "";
+    double step_ms[PLAN_METHOD_COUNT];
     for (int m = 0; m < PLAN_METHOD_COUNT; m++) {
+        step_ms[m] = 0.0;
         if (!a.selected[m]) continue;
         ran++;
-        if (run_method(&in, &a, m, reference, err, sizeof err)) {
+        if (run_method(&in, &a, m, reference, &step_ms[m], err, sizeof err)) {
             failures++;
             last_failure = m;
             memcpy(last_err, err, sizeof last_err);
         }
     }
+    print_bound(step_ms);
     fflush(stdout);
     dm_free(reference);
     dm_free(a.current);

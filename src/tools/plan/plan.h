@@ -40,6 +40,11 @@ int plan_read_costs(const char *path, struct plan_input *out, char *err,
 /* Frees the arrays of either reader's input; a zeroed input is fine. */
 void plan_input_free(struct plan_input *in);
 
+/* --step N or A-B: the steps (1-based) whose mean costs a plan takes. */
+struct plan_steps {
+    long first, last;
+};
+
 /* What a run's log says beside its costs (plan_read_run). */
 struct plan_run {
     int *layout;                /* (stages) units per stage at the step, dm_alloc'd */
@@ -53,11 +58,13 @@ struct plan_run {
     int virtual_stages;         /* interleaved: chunks per stage; else 1 */
 };
 
-/* One step's costs from DIR/runlog.h5 (step is 1-based; docs/balance.md):
- * fills *in (free with plan_input_free; under zb with whole blocks the
- * weight parts /layers/wgrad_ms too) and *run. A missing or bad log is a
- * user error (exit 2) naming it. */
-void plan_read_run(struct plan_input *in, const char *dir, long step, struct plan_run *run);
+/* The costs of DIR/runlog.h5 over steps (their mean; docs/balance.md):
+ * fills *in (free with plan_input_free; under zb the weight parts too)
+ * and *run; as_blocks reads a sublayer run's blocks (/layers/, its layouts
+ * halved). A missing or bad log, a layout that changes inside the range
+ * or one that splits a block as_blocks is a user error (exit 2) naming it. */
+void plan_read_run(struct plan_input *in, const char *dir, const struct plan_steps *steps,
+                   int as_blocks, struct plan_run *run);
 
 /* ---- processors: which stages share them ----------------------------------- */
 
@@ -92,7 +99,7 @@ const char *plan_method_name(int method);
 struct plan_args {
     const char *costs_path;
     const char *run_dir;              /* --from-run */
-    long run_step;                    /* --step, 1-based */
+    struct plan_steps run_steps;      /* --step N or A-B, 1-based (0: not given) */
     int stages;
     int selected[PLAN_METHOD_COUNT];
     int explicit_methods;

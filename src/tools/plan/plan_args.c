@@ -58,14 +58,16 @@ static void usage(FILE *out)
         "                        block: its attention, then its MLP); layouts count\n"
         "                        the rows\n"
         "  --bench               time the balancers on random inputs (docs/PERFORMANCE.md)\n"
-        "  --from-run DIR --step N   costs from DIR/runlog.h5 at step N (1-based):\n"
+        "  --from-run DIR --step N   costs from DIR/runlog.h5 at step N (1-based),\n"
+        "                        or their mean over steps A-B (one layout):\n"
         "                        per-block fwd/bwd ms, parameters (nonzero after\n"
         "                        pruning), embed/head from the end stages' extra\n"
         "                        compute; the run's stages, layout and\n"
         "                        micro-batches are the defaults, and so is the\n"
         "                        processor sharing it recorded (root attributes\n"
         "                        stage_groups, group_cores and group_turns) at its\n"
-        "                        stage count\n");
+        "                        stage count, and its units (--units block plans\n"
+        "                        a sublayer run in whole blocks)\n");
 }
 
 /* ---- argument parsing ---------------------------------------------------- */
@@ -199,6 +201,23 @@ static void parse_methods(struct plan_args *a, const char *value)
 
 /* ---- the options ------------------------------------------------------------- */
 
+/* --step N, or A-B (1 <= A <= B): the steps whose mean costs a plan takes. */
+static void parse_steps(const char *value, struct plan_steps *steps)
+{
+    char *end;
+    long first = strtol(value, &end, 10), last = first;
+    if (end != value && *end == '-') {
+        const char *second = end + 1;
+        last = strtol(second, &end, 10);
+        if (end == second) first = 0;
+    }
+    if (end == value || *end || first < 1 || last < first || last > 1L << 40)
+        dm_user_error("--step: '%s' is not a step N or a range A-B of steps (1 <= A <= B)",
+                      value);
+    steps->first = first;
+    steps->last = last;
+}
+
 /* The option arg with its value; 0 when plan has no such option. --current
  * is kept as text until the stage count is known. */
 static int parse_option(struct plan_args *a, const char *arg, const char *value,
@@ -250,7 +269,7 @@ static int parse_option(struct plan_args *a, const char *arg, const char *value,
     } else if (!strcmp(arg, "--from-run")) {
         a->run_dir = value;
     } else if (!strcmp(arg, "--step")) {
-        a->run_step = parse_long(arg, value, 1, 1L << 40);
+        parse_steps(value, &a->run_steps);
     } else if (strcmp(arg, "--repeats") && strcmp(arg, "--seed")) {
         return 0;   /* --repeats and --seed are plan_bench's; parsed there */
     }
@@ -285,13 +304,15 @@ static void check_args(struct plan_args *a, const char *current_text)
         for (int m = 0; m < PLAN_METHOD_COUNT; m++) a->selected[m] = 1;
     if (a->run_dir && a->costs_path)
         dm_user_error("plan: give --costs or --from-run, not both");
-    if (a->run_dir && !a->run_step) dm_user_error("--from-run needs --step N");
+    if (a->run_dir && !a->run_steps.last) dm_user_error("--from-run needs --step N (or A-B)");
+    if (a->run_steps.last && !a->run_dir)
+        dm_user_error("--step: only --from-run reads steps (of a run log)");
     if (!a->costs_path && !a->run_dir)
         dm_user_error("plan: --costs FILE.csv (or --from-run DIR --step N) is required");
     if (!a->stages && !a->run_dir) dm_user_error("plan: --stages S is required");
-    if (a->units_given && a->run_dir)
-        dm_user_error("--units describes the rows of --costs; --from-run reads the run "
-                      "log's own units");
+    if (a->units_given && a->run_dir && a->units != BALANCE_UNITS_BLOCK)
+        dm_user_error("--units sublayer: --from-run reads the run log's own units (--units "
+                      "block plans a sublayer run in whole blocks)");
     if (a->cores > 0 && (a->stage_groups_text || a->group_cores_text))
         dm_user_error("--cores: give --cores (one group of all stages) or "
                       "--stage-groups with --group-cores, not both");
