@@ -273,7 +273,8 @@ static void setup_sharing(struct sim_setup *s, const struct simulate_args *a,
                           const struct sim_run *run, int per_micro_batch)
 {
     const struct dm_config *rc = &run->cfg;
-    if (s->stages == run->stages && !s->split && s->replicas == rc->dp && run->shares)
+    if (s->stages == run->stages && (!s->split || run->units_per_block == 2) &&
+        s->replicas == rc->dp && run->shares)
         s->sharing = &run->replica_sharing;
     else if (s->stages == run->stages && s->replicas == 1 && run->plan_sharing.group)
         s->sharing = &run->plan_sharing.sharing;
@@ -393,14 +394,15 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
                      const struct sim_model *model)
 {
     size_t used = 0;
-    char states[512] = "";
+    char states[512] = "", units[48] = "";
+    if (s->split) snprintf(units, sizeof units, " (%d units)", s->blocks);
     for (int k = 0; k < sim_state_count(); k++)
         if (model->uses[k])
             snprintf(states + strlen(states), sizeof states - strlen(states), "%s%s",
                      states[0] ? ", " : "", sim_state_name(k));
     used += (size_t)snprintf(text + used, size - used,
-        "simulate: %d blocks, %d stages x %d replica%s, m = %d, %s, %d steps, decisions every "
-        "%d steps%s\n", s->traj->blocks, s->stages, s->replicas, s->replicas == 1 ? "" : "s",
+        "simulate: %d blocks%s, %d stages x %d replica%s, m = %d, %s, %d steps, decisions "
+        "every %d steps%s\n", s->traj->blocks, units, s->stages, s->replicas, s->replicas == 1 ? "" : "s",
         s->micro_batches,
         schedule_name(s->schedule), s->steps, s->every,
         s->sharing == &run->replica_sharing ? " (ranks share processors as in the run, its "
@@ -415,10 +417,22 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
         model->samples, run->path, run->layers, run->steps, 100 * model->fit_error,
         states[0] ? states : "none (constant costs)");
     used += describe_model(text + used, size - used, model, s->csr_sparsity);
-    if (s->split)
+    if (s->split && model->unit_fitted && !model->hardware) {
+        float full[SIM_STATES_MAX];
+        for (int k = 0; k < sim_state_count(); k++) full[k] = extreme_state(model, k, 0);
+        double af, ab, au, mf, mb, mu;
+        sim_model_unit(model, 0, full, s->csr_sparsity, &af, &ab, &au);
+        sim_model_unit(model, 1, full, s->csr_sparsity, &mf, &mb, &mu);
+        used += (size_t)snprintf(text + used, size - used, "units of placement: the attention "
+            "and the MLP of each block, as the run measured them (balance.units = sublayer): "
+            "attention %.3f + %.3f ms, MLP %.3f + %.3f ms a micro-batch (attention %.0f%% of "
+            "the forward; its FLOPs share %.0f%%)\n", af, ab, mf, mb,
+            af + mf > 0 ? 100 * af / (af + mf) : 0.0, 100 * s->attention_share);
+    } else if (s->split) {
         used += (size_t)snprintf(text + used, size - used, "units of placement: the attention "
                                  "and the MLP of each block (attention %.0f%% of its time)\n",
                                  100 * s->attention_share);
+    }
     char exchange[160] = "";
     int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
     if (s->ep > 1 && busiest >= 0 && model->uses[busiest])
@@ -657,6 +671,16 @@ int cmd_simulate(int argc, char **argv)
                       "--blocks, --stages, --replicas, --micro-batches, --schedule and --steps");
     struct sim_policy policies[POLICY_COUNT];
     int count = choose_policies(a.policies, policies);
+    if (run.units_per_block == 2) {   /* balance.units = sublayer: its measured units */
+        if (a.attention_share >= 0)
+            dm_user_error("simulate: --attention-share: %s is a run of balance.units = "
+                          "sublayer, whose units' costs are measured (the share splits runs "
+                          "of whole blocks)", run.path);
+        a.split = 1;
+    } else if (a.validate && a.split) {
+        dm_user_error("simulate: --validate with --split-blocks: %s laid out whole blocks "
+                      "(its layouts cannot replay units)", run.path);
+    }
     if (!hardware) {
         sim_model_fit(&model, &run);
         make_trajectory(&traj, &a, &run, &model);

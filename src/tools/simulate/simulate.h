@@ -74,6 +74,11 @@ struct sim_run {
     int first_step;            /* 1-based step of row 0 (a resumed run's log starts later) */
     struct balance_extra *embed, *head; /* (steps) the end stages' extras, time fields */
     struct sim_trajectory state;
+    /* 2 under balance.units = sublayer (its layouts count units, a block's
+     * attention 2j and its MLP 2j + 1), else 1; with 2, unit_fwd, unit_bwd
+     * and unit_update are (steps, 2 layers) measured ms (/units/). */
+    int units_per_block;
+    float *unit_fwd, *unit_bwd, *unit_update;
     struct plan_sharing plan_sharing; /* the stage sharing it recorded, at its stage count */
     /* With shares (non-NULL): its replicas' ranks took turns on the same
      * CPUs; the sharing of all its replicas, each group's share of its
@@ -113,6 +118,11 @@ struct sim_model {
     /* Non-NULL (--hardware): no fit; each block is priced op by op on a
      * hardware file (simulate_hardware.c), embed and head likewise. */
     const struct sim_hardware *hardware;
+    /* A run of balance.units = sublayer (unit_fitted 1): its attentions'
+     * (unit_beta[0]) and MLPs' (unit_beta[1]) measured costs fitted apart,
+     * as beta, with the same features. */
+    double unit_beta[2][SIM_DIRECTIONS][2][SIM_FEATURES_MAX];
+    int unit_fitted;
 };
 
 /* Fits the model to run. Never fails (a class without samples falls back:
@@ -123,6 +133,12 @@ void sim_model_fit(struct sim_model *model, const struct sim_run *run);
  * values), csr the run's dyn.csr_sparsity. */
 void sim_model_block(const struct sim_model *model, const float *state, float csr,
                      double *fwd, double *bwd, double *update);
+
+/* A unit's forward, backward and update ms from a sublayer run's units
+ * fitted apart (model->unit_fitted): half 0 a block's attention, 1 its
+ * MLP, in the block's state. */
+void sim_model_unit(const struct sim_model *model, int half, const float *state, float csr,
+                    double *fwd, double *bwd, double *update);
 
 /* Block `block`'s costs (sim_model_block; -1: a block of no scheme's own),
  * priced on the hardware when the model has one. */
