@@ -36,6 +36,11 @@ struct simulate_args {
     double latency_ms, bandwidth_gbs, migration_ms, restart_s, epsilon, attention_share;
     double exchange_ms;           /* < 0: by the sharing (make_setup) */
     int validate, split;
+    /* the expert placement what-if: --ep (0: the run's), --placement
+     * (NULL: none), --replicas-max (-1: none) */
+    int ep, replicas_max;
+    const char *placement;
+    double load_run, load_placed; /* the mean busiest-rank load, the run's and placed */
     /* --hardware HW.ini --config F [section.key=value ...]: the config's
      * model priced on the hardware (simulate_hardware.c) */
     const char *hardware, *config;
@@ -129,7 +134,8 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
 {
     *a = (struct simulate_args){.schedule = -1, .latency_ms = 0.01, .bandwidth_gbs = 6.0,
                                 .migration_ms = 12.0, .restart_s = 1.5, .epsilon = -1,
-                                .attention_share = -1, .exchange_ms = -1};
+                                .attention_share = -1, .exchange_ms = -1,
+                                .replicas_max = -1};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         tool_help(o, usage);
@@ -153,6 +159,13 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
         else if (!strcmp(o, "--micro-batches")) a->micro_batches = (int)parse_long(o, v, 1, 1 << 20);
         else if (!strcmp(o, "--steps")) a->steps = (int)parse_long(o, v, 1, 100000000);
         else if (!strcmp(o, "--every")) a->every = (int)parse_long(o, v, 1, 1000000000);
+        else if (!strcmp(o, "--ep")) a->ep = (int)parse_long(o, v, 1, 4096);
+        else if (!strcmp(o, "--replicas-max")) a->replicas_max = (int)parse_long(o, v, 0, 4096);
+        else if (!strcmp(o, "--placement")) {
+            if (strcmp(v, "static") && strcmp(v, "balanced"))
+                dm_user_error("simulate: --placement: '%s' is not static or balanced", v);
+            a->placement = v;
+        }
         else if (!strcmp(o, "--repack-every")) a->repack_every = (int)parse_long(o, v, 1, 1000000000);
         else if (!strcmp(o, "--latency-ms")) {
             a->latency_ms = parse_double(o, v, 0);
@@ -191,6 +204,10 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
     if (a->hardware && a->scenario)
         dm_user_error("simulate: --hardware takes its states from the config or --from-run, "
                       "not --scenario");
+    if (a->hardware && (a->ep || a->placement || a->replicas_max >= 0))
+        dm_user_error("simulate: --hardware places experts as its config says: give "
+                      "parallel.ep, moe.placement and moe.replicas_max instead of --ep, "
+                      "--placement and --replicas-max");
     if (a->hardware && a->blocks)
         dm_user_error("simulate: --hardware: the depth is the config's model.layers (give "
                       "model.layers=N), not --blocks");
@@ -433,6 +450,11 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
                                  "and the MLP of each block (attention %.0f%% of its time)\n",
                                  100 * s->attention_share);
     }
+    if (a->load_placed > 0)
+        used += (size_t)snprintf(text + used, size - used, "experts: placement %s, up to %d copies "
+            "a block, over ep = %d ranks: the busiest expert rank at %.3fx the mean (mean over "
+            "the MoE blocks and steps; the run's own %.3fx)\n", run->cfg.moe_placement,
+            run->cfg.replicas_max, run->cfg.ep, a->load_placed, a->load_run);
     char exchange[160] = "";
     int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
     if (s->ep > 1 && busiest >= 0 && model->uses[busiest])
@@ -644,6 +666,65 @@ static double without_dynamism(const struct sim_setup *setup)
     return total;
 }
 
+/* The mean over the MoE blocks and steps of the run's busiest expert rank
+ * over the mean rank (the state of role DYN_COST_BUSIEST_RANK), or 0. */
+static double mean_rank_load(const struct sim_run *run)
+{
+    int k = sim_state_of_role(DYN_COST_BUSIEST_RANK);
+    double sum = 0;
+    long n = 0;
+    for (long i = 0; k >= 0 && i < (long)run->steps * run->layers; i++)
+        if (run->state.value[k][i] > 0) {
+            sum += run->state.value[k][i];
+            n++;
+        }
+    return n ? sum / n : 0.0;
+}
+
+/* --ep, --placement, --replicas-max: the run's per-expert counts placed on
+ * the simulated expert-parallel ranks by the placement planner
+ * (sim_run_place_experts); run->cfg takes the what-if's ep, placement and
+ * copies (the exchange rounds and the output's config follow it). The
+ * rules of moe.placement and moe.replicas_max (docs/moe.md) are the
+ * what-if's: a user error otherwise. */
+static void place_experts(struct simulate_args *a, struct sim_run *run)
+{
+    struct dm_config *rc = &run->cfg;
+    int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
+    if (rc->moe_every <= 0 || busiest < 0 || !run->state.present[busiest])
+        dm_user_error("simulate: --ep, --placement and --replicas-max place experts, but %s "
+                      "has no MoE blocks with per-expert counts", run->path);
+    if (a->validate)
+        dm_user_error("simulate: --validate simulates the run itself: leave out --ep, "
+                      "--placement and --replicas-max");
+    int E = rc->experts, ep = a->ep ? a->ep : rc->ep;
+    const char *placement = a->placement ? a->placement : rc->moe_placement;
+    int copies = a->replicas_max >= 0 ? a->replicas_max
+               : !strcmp(placement, rc->moe_placement) ? rc->replicas_max : 0;
+    if (E % ep)
+        dm_user_error("simulate: --ep %d does not divide the run's %d experts", ep, E);
+    if (!strcmp(placement, "balanced") && ep == 1)
+        dm_user_error("simulate: --placement balanced moves experts between the ranks of an "
+                      "expert group, but ep = 1 holds them all on one: give --ep > 1");
+    if (copies > 0 && strcmp(placement, "balanced"))
+        dm_user_error("simulate: --replicas-max %d copies hot experts at the placement "
+                      "decisions, but the placement is %s: give --placement balanced", copies,
+                      placement);
+    if (copies > E - E / ep)
+        dm_user_error("simulate: --replicas-max %d is more than the %d experts a rank does not "
+                      "hold (0 .. E - E / ep = %d)", copies, E - E / ep, E - E / ep);
+    if (a->ep && (a->replicas ? a->replicas : 1) % ep)
+        dm_user_error("simulate: --ep %d needs the replicas (--replicas %d) a multiple of it "
+                      "(an expert group's ranks are replicas of a stage)", ep,
+                      a->replicas ? a->replicas : 1);
+    a->load_run = mean_rank_load(run);
+    sim_run_place_experts(run, ep, placement, copies);
+    a->load_placed = mean_rank_load(run);
+    rc->ep = ep;
+    snprintf(rc->moe_placement, sizeof rc->moe_placement, "%s", placement);
+    rc->replicas_max = copies;
+}
+
 /* ---- the command ------------------------------------------------------- */
 
 int cmd_simulate(int argc, char **argv)
@@ -683,6 +764,7 @@ int cmd_simulate(int argc, char **argv)
     }
     if (!hardware) {
         sim_model_fit(&model, &run);
+        if (a.ep || a.placement || a.replicas_max >= 0) place_experts(&a, &run);
         make_trajectory(&traj, &a, &run, &model);
     }
     struct sim_setup setup;

@@ -72,6 +72,7 @@ struct sim_run {
     float *step_ms;            /* (steps) measured */
     float csr_sparsity;        /* dyn.csr_sparsity: where a block's matrices go to CSR */
     int first_step;            /* 1-based step of row 0 (a resumed run's log starts later) */
+    long rows, *kept;          /* the log's rows, and (steps) the row of each measured step */
     struct balance_extra *embed, *head; /* (steps) the end stages' extras, time fields */
     struct sim_trajectory state;
     /* 2 under balance.units = sublayer (its layouts count units, a block's
@@ -95,6 +96,16 @@ struct sim_run {
  * user error (exit 2) naming it. */
 void sim_run_read(struct sim_run *run, const char *dir, int stages);
 void sim_run_free(struct sim_run *run);
+/* The expert placement what-if: the busiest expert rank's load of every
+ * MoE block and measured step (the state of role DYN_COST_BUSIEST_RANK,
+ * replaced in run->state) priced from the run's per-expert counts
+ * (/moe/tokens, /moe/dropped) on ep ranks under placement ("static" or
+ * "balanced") with replicas_max copies, by the MoE scheme's reader
+ * (moe_load_of_log) and so by the placement planner the trainer's
+ * controller runs (balance_placement_plan, balance_copies_plan). A log
+ * without the counts is a user error. Call after the fit (which takes the
+ * run's own loads). */
+void sim_run_place_experts(struct sim_run *run, int ep, const char *placement, int replicas_max);
 
 /* ---- the cost model ----------------------------------------------------- */
 

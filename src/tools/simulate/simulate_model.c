@@ -223,11 +223,14 @@ static void read_layouts(struct sim_run *run, struct runlog_file *f, long rows)
 struct log_reading {
     struct sim_run *run;
     struct runlog_file *f;
+    const char *hidden;    /* a dataset the schemes are not shown, or NULL */
 };
 
 static int reader_has(void *ctx, const char *dataset)
 {
-    return runlog_file_dataset(((struct log_reading *)ctx)->f, dataset) != NULL;
+    struct log_reading *rd = ctx;
+    if (rd->hidden && !strcmp(dataset, rd->hidden)) return 0;
+    return runlog_file_dataset(rd->f, dataset) != NULL;
 }
 
 static long reader_floats(void *ctx, const char *dataset, float **values, int *cols)
@@ -277,14 +280,18 @@ static float *signal_matrix(struct sim_run *run, struct runlog_file *f, long row
 }
 
 /* One state's (rows, layers) matrix as the log records it (its signal's
- * cost_of_log, or its dataset), or NULL. */
-static float *state_matrix(struct sim_run *run, struct runlog_file *f, long rows, int k)
+ * cost_of_log under cfg, or its dataset), or NULL. With hide, the
+ * scheme's cost_of_log is not shown the signal's own dataset (what the run
+ * measured under its own config) and prices the state from what else the
+ * log holds under cfg. */
+static float *state_matrix(struct sim_run *run, struct runlog_file *f, long rows, int k,
+                           const struct dm_config *cfg, int hide)
 {
     const struct dyn_signal *signal = sim_state_signal(k);
     struct gpt_shape shape = dyn_shape_from_config(&run->cfg);
     if (!signal->cost_of_log) return signal_matrix(run, f, rows, signal, &shape);
-    struct log_reading reading = {run, f};
-    const struct dyn_log_reader rd = {&reading, &run->cfg, run->path, reader_has, reader_floats,
+    struct log_reading reading = {run, f, hide ? signal->dataset : NULL};
+    const struct dyn_log_reader rd = {&reading, cfg, run->path, reader_has, reader_floats,
                                       reader_ints, reader_fail};
     return signal->cost_of_log(&rd, &shape, rows);
 }
@@ -308,7 +315,7 @@ static void read_states(struct sim_run *run, struct runlog_file *f, long rows, c
     trajectory_alloc(&run->state, count, L);
     for (int k = 0; k < sim_state_count(); k++) {
         int tiles = sim_state_role(k) == DYN_COST_TILE_SHARE;
-        float *m = state_matrix(run, f, rows, k);
+        float *m = state_matrix(run, f, rows, k, &run->cfg, 0);
         if (!m) continue;
         keep_rows(m, L, keep, count);
         float most = 0;
@@ -450,17 +457,50 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
         run->layout_stages[i] = run->layout_stages[keep[i]];
     }
     run->steps = count;
+    run->rows = rows;
+    run->kept = keep;
     run->first_step = (int)keep[0] + 1;
     run->stages = run->layout_stages[0];
     read_extras(run);
-    dm_free(keep);
     plan_sharing_from_run(&run->plan_sharing, dir, run->stages, stages > 0 ? stages : run->stages);
     read_replica_sharing(run, f);
     runlog_close_read(f);
 }
 
+void sim_run_place_experts(struct sim_run *run, int ep, const char *placement, int replicas_max)
+{
+    char err[1200];
+    struct runlog_file *f = runlog_open_read(run->path, err, sizeof err);
+    if (!f) dm_user_error("simulate: %s", err);
+    struct dm_config cfg = run->cfg;
+    cfg.ep = ep;
+    snprintf(cfg.moe_placement, sizeof cfg.moe_placement, "%s", placement);
+    cfg.replicas_max = replicas_max;
+    int L = run->layers, count = run->steps;
+    for (int k = 0; k < sim_state_count(); k++) {
+        if (sim_state_role(k) != DYN_COST_BUSIEST_RANK || !run->state.present[k]) continue;
+        float *m = state_matrix(run, f, run->rows, k, &cfg, 1);
+        if (!m)
+            run_error(f, "%s has no per-expert counts (/moe/tokens) to place on %d ranks",
+                      run->path, ep);
+        keep_rows(m, L, run->kept, count);
+        for (long i = 0; i < (long)count * L; i++) {
+            if (!state_ok(k, m[i])) {
+                float v = m[i];
+                dm_free(m);
+                run_error(f, "%s: block %ld at step %ld has %s %g under the placement",
+                          run->path, i % L, run->kept[i / L] + 1, sim_state_name(k), (double)v);
+            }
+            run->state.value[k][i] = m[i];
+        }
+        dm_free(m);
+    }
+    runlog_close_read(f);
+}
+
 void sim_run_free(struct sim_run *run)
 {
+    dm_free(run->kept);
     dm_free(run->shares);
     dm_free(run->embed);
     dm_free(run->head);
