@@ -698,9 +698,10 @@ static void place_experts(struct simulate_args *a, struct sim_run *run)
         dm_user_error("simulate: --validate simulates the run itself: leave out --ep, "
                       "--placement and --replicas-max");
     int E = rc->experts, ep = a->ep ? a->ep : rc->ep;
-    const char *placement = a->placement ? a->placement : rc->moe_placement;
+    int run_balanced = !strcmp(rc->moe_placement, "balanced");   /* else static (or random) */
+    const char *placement = a->placement ? a->placement : run_balanced ? "balanced" : "static";
     int copies = a->replicas_max >= 0 ? a->replicas_max
-               : !strcmp(placement, rc->moe_placement) ? rc->replicas_max : 0;
+               : run_balanced && !strcmp(placement, "balanced") ? rc->replicas_max : 0;
     if (E % ep)
         dm_user_error("simulate: --ep %d does not divide the run's %d experts", ep, E);
     if (!strcmp(placement, "balanced") && ep == 1)

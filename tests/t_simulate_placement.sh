@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# `dynmo simulate --placement balanced [--replicas-max R] [--ep N]`
+# (docs/simulate.md, "Expert placement"): the recorded MoE run of
+# tests/data/sim (configs/moe.ini, 8 experts, top-2, its routing skewed:
+# the busiest of 2 expert ranks 1.04-1.96x the mean) has its per-expert
+# counts placed by the trainer's placement planner on the simulated
+# expert-parallel ranks:
+# - on 2 and on 4 ranks, the predicted step with placement balanced is
+#   shorter than with static, and with copies no longer than without;
+# - each MoE block's busiest-rank load at each step (the output's
+#   /layers/moe_load) is the least busiest rank over every placement of
+#   that step's counts, found here by brute force, and the static one the
+#   rank sums of experts e / (E / ep);
+# - bad input (an ep that does not divide the experts, balanced with
+#   ep = 1, copies without balanced or beyond E - E / ep, a run without
+#   MoE blocks, --validate with a placement, an unknown placement, an ep
+#   the replicas do not fill) exits 2 with one message.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib.sh
+need_dynmo
+if ! /usr/bin/python3 -c "import h5py" 2>/dev/null; then
+  echo "skip: no python3-h5py"
+  exit 77
+fi
+work_dir
+data=${SIM_DATA:-tests/data/sim}
+run=$data/moe-4-static
+
+# step_of ARGS...: the static-uniform ms/step of the run simulated with ARGS.
+step_of() {
+  "$DYNMO" simulate --from-run $run --policies static-uniform "$@" 2>&1 |
+    awk '$1 == "static-uniform" { print $2 }'
+}
+for ep in 2 4; do
+  shape=(--ep $ep --replicas $ep)
+  static=$(step_of "${shape[@]}" --placement static)
+  balanced=$(step_of "${shape[@]}" --placement balanced)
+  copies=$(step_of "${shape[@]}" --placement balanced --replicas-max 2)
+  echo "ep = $ep: static $static, balanced $balanced, balanced + 2 copies $copies ms/step"
+  awk -v s="$static" -v b="$balanced" -v c="$copies" \
+    'BEGIN { exit !(s > 0 && b > 0 && c > 0 && b < s && c <= b) }' &&
+    echo "ok: ep = $ep: balanced is cheaper than static, copies no dearer" ||
+    fail "ep = $ep: static ${static:-?}, balanced ${balanced:-?}, copies ${copies:-?} ms/step"
+done
+
+# The loads the simulation priced, against brute force on the counts.
+for placement in static balanced; do
+  "$DYNMO" simulate --from-run $run --policies static-uniform --ep 4 --replicas 4 \
+    --placement $placement --out "$dir/$placement" >"$dir/$placement.out" 2>&1 ||
+    { fail "--placement $placement --out: exit $? ($(tail -1 "$dir/$placement.out"))"; continue; }
+  grep "^experts:" "$dir/$placement.out"
+  /usr/bin/python3 - $run/runlog.h5 "$dir/$placement/static-uniform.h5" $placement <<'PY' ||
+import h5py, numpy, sys
+log, sim, placement = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r"), sys.argv[3]
+E, ep = 8, 4
+per = E // ep
+kept = log["/moe/tokens"][...].astype(numpy.float64) - log["/moe/dropped"][...]
+loads = sim["/layers/moe_load"][...]
+assert loads.shape == (kept.shape[0], kept.shape[1] // E), (loads.shape, kept.shape)
+
+def least_busiest(x):
+    """The least busiest-rank load over every split of x into groups of per."""
+    best = [float("inf")]
+    def place(rest, most):
+        if most >= best[0]:
+            return
+        if not rest:
+            best[0] = most
+            return
+        first, others = rest[0], rest[1:]
+        import itertools
+        for mates in itertools.combinations(range(len(others)), per - 1):
+            group = [first] + [others[i] for i in mates]
+            left = [others[i] for i in range(len(others)) if i not in mates]
+            place(left, max(most, sum(x[g] for g in group)))
+    place(list(range(len(x))), 0.0)
+    return best[0]
+
+worst = 0.0
+for t in range(kept.shape[0]):
+    for j in range(loads.shape[1]):
+        x = kept[t, j * E:(j + 1) * E]
+        total = log["/moe/tokens"][t, j * E:(j + 1) * E].sum()
+        if placement == "static":
+            busiest = max(x[r * per:(r + 1) * per].sum() for r in range(ep))
+        else:
+            busiest = least_busiest(list(x))
+        want = busiest * ep / total if total > 0 else 1.0
+        worst = max(worst, abs(loads[t, j] - want) / want)
+print("ok: %s: every block's busiest-rank load is the %s one (largest relative difference %.2g)"
+      % (placement, "placement planner's optimal" if placement == "balanced" else "static", worst))
+sys.exit(0 if worst < 1e-5 else 1)
+PY
+  fail "--placement $placement: the priced loads are not the placement's"
+done
+
+# ---- bad input ------------------------------------------------------------
+expect_error "an ep that does not divide the experts" "--ep 3 does not divide the run's 8 experts" \
+  "$DYNMO" simulate --from-run $run --ep 3 --replicas 3
+expect_error "balanced with ep = 1" "ep = 1 holds them all on one" \
+  "$DYNMO" simulate --from-run $run --ep 1 --placement balanced
+expect_error "copies without balanced" "--replicas-max 2 copies hot experts .* the placement is static" \
+  "$DYNMO" simulate --from-run $run --placement static --replicas-max 2
+expect_error "copies beyond E - E / ep" "--replicas-max 5 is more than the 4 experts" \
+  "$DYNMO" simulate --from-run $run --placement balanced --replicas-max 5
+expect_error "a run without MoE blocks" "has no MoE blocks" \
+  "$DYNMO" simulate --from-run $data/freeze-2-static --placement balanced
+expect_error "--validate with a placement" "--validate simulates the run itself: leave out --ep" \
+  "$DYNMO" simulate --from-run $run --validate --placement balanced
+expect_error "an unknown placement" "--placement: 'hot' is not static or balanced" \
+  "$DYNMO" simulate --from-run $run --placement hot
+expect_error "an ep the replicas do not fill" "--ep 4 needs the replicas \(--replicas 2\) a multiple" \
+  "$DYNMO" simulate --from-run $run --ep 4 --replicas 2
+finish
