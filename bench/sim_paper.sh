@@ -17,6 +17,21 @@
 # size 1024, 32 heads, sequence length 2048, GPT-2's vocabulary, micro-batches
 # of 2 sequences), the run's trajectory of states driving it, the links
 # the file's. STEPS (default 1000) sets the simulated steps.
+#
+# Then the MoE rows with expert placement (docs/simulate.md, "Expert
+# placement"), on the paper's MoE grid of 128 GPUs (16 stages x 8
+# replicas, 4 micro-batches per stage, the experts over ep = 8 of the
+# replicas): each run's per-expert counts placed static, balanced (the
+# placement planner) and balanced with COPIES (default 2) expert copies a
+# block, each with the static layouts and the balancers. Two shapes, each
+# from its recorded run when DIR has it: Mixtral-8x7B-like (32 blocks, 8
+# experts, top-2; DIR/moe-4-static, configs/moe.ini) and LLaMA-MoE-3.5B-like
+# (32 blocks, 16 experts, top-4; DIR/moe16-4-static, SCHEMES=moe16
+# bench/sim_record.sh). Per shape and placement: the busiest expert rank
+# over the mean (mean over blocks and steps), the best static layout's and
+# the best balancer's ms/step, and each against the static placement's
+# best static layout (the paper's baseline). MOE=0 leaves them out;
+# SCHEMES= (empty) prints the MoE rows alone.
 # Usage: bench/sim_paper.sh [DIR]   (default runs/simval2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +40,7 @@ dir=${1:-runs/simval2}
 S=${STAGES:-24}; D=${REPLICAS:-30}
 echo "| scheme | blocks | best balancer | over best static | layout bound | dynamism alone | dynamism + balancer | re-pack | sub-block: bound | sub-block: best balancer | seconds |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
-for scheme in ${SCHEMES:-freeze early_exit prune}; do
+for scheme in ${SCHEMES-freeze early_exit prune}; do
   for L in ${DEPTHS:-32 48}; do
     for unit in block split; do
       extra=(); [ $unit = split ] && extra=(--split-blocks)
@@ -64,5 +79,37 @@ for scheme in ${SCHEMES:-freeze early_exit prune}; do
     sub_bound=$(awk -v a="$static_ms" -v b="$split_layout_ms" 'BEGIN { printf "%.3fx", a / b }')
     sub_best=$(awk -v a="$static_total" -v b="$split_total" 'BEGIN { printf "%.3fx", a / b }')
     echo "| $scheme | $L | $best | $speedup | $bound | $alone | $both | $repack | $sub_bound | $sub_best ($split_best) | $secs_block + $secs_split |"
+  done
+done
+
+[ "${MOE:-1}" = 0 ] && exit 0
+# ---- MoE with expert placement: 16 stages x 8 replicas, ep = 8 ------------
+MS=${MOE_STAGES:-16}; MD=${MOE_REPLICAS:-8}; EP=${MOE_EP:-8}; COPIES=${COPIES:-2}
+echo
+echo "| shape | run | placement | busiest rank / mean | best static ms/step | best balancer ms/step | static layout over static placement | best balancer over static placement | seconds |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for shape in mixtral llama-moe; do
+  name=moe-4-static; [ $shape = llama-moe ] && name=moe16-4-static
+  run=$dir/$name
+  if [ ! -e "$run/runlog.h5" ]; then
+    echo "| $shape | (no $run: record it with SCHEMES=${name%%-*} RANKS=4 bench/sim_record.sh) | | | | | | | |"
+    continue
+  fi
+  base=
+  for placement in static balanced copies; do
+    what=(--placement "$placement"); [ $placement = copies ] && what=(--placement balanced --replicas-max "$COPIES")
+    start=$(date +%s.%N)
+    out=/tmp/sim_paper_moe_$placement.out
+    "$DYNMO" simulate --from-run "$run" --blocks 32 --stages "$MS" --replicas "$MD" --ep "$EP" \
+      --micro-batches $((4 * MS)) --steps "${STEPS:-1000}" --latency-ms 0.02 --bandwidth-gbs 25 \
+      --policies static-uniform,static-params,partition-time,diffusion-time "${what[@]}" > "$out"
+    secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    load=$(grep -oP 'busiest expert rank at \K[0-9.]+x' "$out")
+    static_ms=$(awk '$1 ~ /^static-/ { if (best == "" || $2 < best) best = $2 } END { print best }' "$out")
+    balancer_ms=$(awk '$1 ~ /-time$/ { if (best == "" || $2 < best) best = $2 } END { print best }' "$out")
+    [ -z "$base" ] && base=$static_ms
+    over() { awk -v a="$base" -v b="$1" 'BEGIN { printf "%.3fx", a / b }'; }
+    label=$placement; [ $placement = copies ] && label="balanced + $COPIES copies"
+    echo "| $shape | ${run##*/} | $label | $load | $static_ms | $balancer_ms | $(over "$static_ms") | $(over "$balancer_ms") | $secs |"
   done
 done

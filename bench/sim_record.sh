@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Issue 18's validation runs: each scheme of SCHEMES (default freeze,
-# early_exit, prune; also mod and moe) on RANKS ranks (default "2 4"),
+# early_exit, prune; also mod, moe and moe16, configs/moe.ini with 16
+# experts and top-4) on RANKS ranks (default "2 4"),
 # static uniform and balanced (partition-time every K steps), STEPS steps
 # (default 120), each run's log kept for `dynmo simulate`
 # (bench/sim_validate.sh compares them). Every scheme runs as
@@ -33,9 +34,12 @@ fi
 for ranks in ${RANKS:-2 4}; do
   for scheme in ${SCHEMES:-freeze early_exit prune}; do
     grid=(parallel.pp="$ranks" parallel.dp=1)   # one stage a rank (configs/hash.ini has dp=2)
-    if [ $scheme = moe ]; then   # 2 ranks: 2 stages, experts unsplit; 4: the config's 2 x 2, ep=2
+    config=$scheme
+    if [ $scheme = moe ] || [ $scheme = moe16 ]; then   # 2 ranks: 2 stages, experts unsplit; 4: the config's 2 x 2, ep=2
       grid=(parallel.pp=2 parallel.dp=1 parallel.ep=1)
       [ "$ranks" = 4 ] && grid=()
+      # moe16: the LLaMA-MoE-3.5B-like routing, 16 experts and top-4 (bench/sim_paper.sh)
+      [ $scheme = moe16 ] && config=moe && grid+=(model.experts=16 model.top_k=4)
     fi
     for way in static balanced; do
       args=(balance.method=none balance.initial=uniform)
@@ -47,7 +51,7 @@ for ranks in ${RANKS:-2 4}; do
       grep -q "^  run log: " "$out/$name.out" 2>/dev/null && continue   # recorded already
       quiet
       before="$(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)"
-      ${NICE:+nice -n "$NICE"} mpiexec -n "$ranks" "$DYNMO" train --config configs/$scheme.ini "${grid[@]}" \
+      ${NICE:+nice -n "$NICE"} mpiexec -n "$ranks" "$DYNMO" train --config configs/$config.ini "${grid[@]}" \
         run.out_dir="$out/$name" run.log_every=1 "${args[@]}" "${extra[@]}" > "$out/$name.out" 2>&1
       echo "$name: load $before, after $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)" >> "$out/loads.txt"
     done
