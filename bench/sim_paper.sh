@@ -10,7 +10,10 @@
 # speedup over the best static layout, the layout bound, the dynamism's own
 # saving (static-uniform with it over without) and both together,
 # re-packing's ranks and rank-hours, and the sub-block what-if against the
-# same whole-block static layout: its layout bound and its best balancer.
+# same whole-block static layout: its layout bound and its best balancer,
+# the units priced by a FLOPs share of each block ("FLOPs") or, where DIR
+# holds the run's sublayer twin (SCHEME-2-static-sublayer, UNITS=sublayer
+# bench/sim_record.sh), by its measured units (the twin named).
 # With HARDWARE=FILE (hardware/h100-sxm.ini) the blocks are priced op by op
 # on that hardware file instead of the run's fitted costs (docs/simulate.md,
 # "The hardware model"): each scheme's config at the paper's shape (hidden
@@ -49,6 +52,11 @@ for scheme in ${SCHEMES-freeze early_exit prune}; do
       # MoE: the 4-rank run, whose experts are split over 2 ranks (on 2
       # ranks ep = 1 and a block's load never varies)
       [ $scheme = moe ] && [ -e "$dir/moe-4-static" ] && run=$dir/moe-4-static
+      # the sub-block columns from the run's sublayer twin when recorded
+      # (UNITS=sublayer bench/sim_record.sh): its units' measured costs
+      # instead of a FLOPs share
+      [ $unit = split ] && [ -e "$run-sublayer" ] && [ -z "${HARDWARE:-}" ] && run=$run-sublayer
+      eval "run_$unit=\${run##*/}"
       if [ -n "${HARDWARE:-}" ]; then
         shape=(model.layers="$L" model.channels=1024 model.heads=32 train.seq=2048
                model.max_seq=2048 model.vocab=50304 train.micro_batches=$((4 * S))
@@ -78,7 +86,8 @@ for scheme in ${SCHEMES-freeze early_exit prune}; do
     split_total=$(awk -v n="$split_best" '$1 == n { print $2 }' $p)
     sub_bound=$(awk -v a="$static_ms" -v b="$split_layout_ms" 'BEGIN { printf "%.3fx", a / b }')
     sub_best=$(awk -v a="$static_total" -v b="$split_total" 'BEGIN { printf "%.3fx", a / b }')
-    echo "| $scheme | $L | $best | $speedup | $bound | $alone | $both | $repack | $sub_bound | $sub_best ($split_best) | $secs_block + $secs_split |"
+    units=FLOPs; [ "$run_split" != "$run_block" ] && units=$run_split
+    echo "| $scheme | $L | $best | $speedup | $bound | $alone | $both | $repack | $sub_bound ($units) | $sub_best ($split_best) | $secs_block + $secs_split |"
   done
 done
 

@@ -13,7 +13,8 @@
 # shared, and every run's load before and after goes to OUT/loads.txt.
 # NICE (e.g. -20, as root) runs them at that niceness when other jobs
 # cannot be stopped. Runs already recorded in OUT (their output ends with the run log's line)
-# are kept.
+# are kept. UNITS=sublayer records each run with balance.units = sublayer
+# instead, named SCHEME-RANKS-WAY-sublayer.
 # Usage: bench/sim_record.sh [OUT]   (default runs/simval)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,6 +49,9 @@ for ranks in ${RANKS:-2 4}; do
       [ $scheme = prune ] && extra=(train.steps=$((DENSE + 60)) "${prune_args[@]}"
                                     ckpt.resume="$out/prune-dense/ckpt-$DENSE.h5")
       name=$scheme-$ranks-$way
+      # UNITS=sublayer: the runs with a block's attention and MLP as units
+      # (their per-unit costs drive bench/sim_paper.sh's sub-block columns)
+      [ "${UNITS:-block}" = sublayer ] && name=$name-sublayer && args+=(balance.units=sublayer)
       grep -q "^  run log: " "$out/$name.out" 2>/dev/null && continue   # recorded already
       quiet
       before="$(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%T)"
