@@ -14,15 +14,12 @@
 # - bad input (an ep that does not divide the experts, balanced with
 #   ep = 1, copies without balanced or beyond E - E / ep, a run without
 #   MoE blocks, --validate with a placement, an unknown placement, an ep
-#   the replicas do not fill) exits 2 with one message.
+#   the replicas do not fill): each exits 2 with one message.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
+need_h5py
 need_dynmo
-if ! /usr/bin/python3 -c "import h5py" 2>/dev/null; then
-  echo "skip: no python3-h5py"
-  exit 77
-fi
 work_dir
 data=${SIM_DATA:-tests/data/sim}
 run=$data/moe-4-static

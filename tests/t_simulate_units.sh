@@ -16,10 +16,7 @@ set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
 need_dynmo
-if ! /usr/bin/python3 -c "import h5py" 2>/dev/null; then
-  echo "skip: no python3-h5py"
-  exit 77
-fi
+need_h5py
 work_dir
 tiny_config "$dir/tiny.ini" train.steps=10
 train sub 2 "$dir/tiny.ini" balance.units=sublayer parallel.pp=2 || finish
