@@ -9,6 +9,8 @@
 #   gives attention 75% of the forward and unit costs equal to the logged
 #   ones, where the FLOPs share of the same shape is another figure; the
 #   same run of whole blocks with --split-blocks keeps the FLOPs share;
+#   `dynmo report` reads the simulation's output (its config counts each
+#   unit as a block);
 # - bad input (a sublayer log without /units/bwd_ms, --attention-share on
 #   a sublayer run, --validate --split-blocks on a run of whole blocks)
 #   exits 2 with one message.
@@ -78,6 +80,9 @@ for d in ("fwd_ms", "bwd_ms"):
 print("ok: the simulated units' costs are the logged ones, not a FLOPs share")
 PY
   fail "the simulated unit costs are not the logged ones"
+  "$DYNMO" report "$dir/three-out/static-uniform.h5" --out "$dir/report" >"$dir/report.out" 2>&1 &&
+    echo "ok: dynmo report reads the simulation of the sublayer run" ||
+    fail "dynmo report of the sublayer run's simulation: $(tail -1 "$dir/report.out")"
 else fail "simulate of the rewritten sublayer run: exit status $? ($(tail -1 "$out"))"; fi
 
 # A run of whole blocks keeps the FLOPs share under --split-blocks.

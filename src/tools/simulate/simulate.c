@@ -360,6 +360,9 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
         s->block_params[u] = !s->split ? block : u % 2 ? block * 2 / 3 : block / 3;
     }
     s->cfg.layers = s->blocks;
+    /* with units, the output's config counts each unit as a block (its
+     * layouts, /layers/ columns and the readers' checks agree) */
+    if (s->split) snprintf(s->cfg.units, sizeof s->cfg.units, "block");
     double C = rc->channels, T = rc->seq;   /* attention's FLOPs over the block's */
     s->attention_share = a->attention_share >= 0 ? a->attention_share
                        : (8 * C * C * T + 2 * T * T * C) / (24 * C * C * T + 2 * T * T * C);
