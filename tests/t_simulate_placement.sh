@@ -10,7 +10,8 @@
 # - each MoE block's busiest-rank load at each step (the output's
 #   /layers/moe_load) is the least busiest rank over every placement of
 #   that step's counts, found here by brute force, and the static one the
-#   rank sums of experts e / (E / ep);
+#   rank sums of experts e / (E / ep); with 2 copies no block-step's
+#   load is above its load without them, and the mean is lower;
 # - bad input (an ep that does not divide the experts, balanced with
 #   ep = 1, copies without balanced or beyond E - E / ep, a run without
 #   MoE blocks, --validate with a placement, an unknown placement, an ep
@@ -91,6 +92,22 @@ sys.exit(0 if worst < 1e-5 else 1)
 PY
   fail "--placement $placement: the priced loads are not the placement's"
 done
+
+# With copies, no block's busiest rank at any step is above its load without.
+"$DYNMO" simulate --from-run $run --policies static-uniform --ep 4 --replicas 4 \
+  --placement balanced --replicas-max 2 --out "$dir/copies" >"$dir/copies.out" 2>&1 ||
+  fail "--replicas-max 2 --out: exit $? ($(tail -1 "$dir/copies.out"))"
+/usr/bin/python3 - "$dir/balanced/static-uniform.h5" "$dir/copies/static-uniform.h5" <<'PY' ||
+import h5py, sys
+without = h5py.File(sys.argv[1], "r")["/layers/moe_load"][...]
+copies = h5py.File(sys.argv[2], "r")["/layers/moe_load"][...]
+assert without.shape == copies.shape
+worse = (copies > without + 1e-6).sum()
+print("ok: with 2 copies: mean busiest rank %.4fx the mean, %.4fx without; %d block-steps higher"
+      % (copies.mean(), without.mean(), worse))
+sys.exit(0 if worse == 0 and copies.mean() < without.mean() else 1)
+PY
+  fail "copies raised a block's busiest rank, or lowered none"
 
 # ---- bad input ------------------------------------------------------------
 expect_error "an ep that does not divide the experts" "--ep 3 does not divide the run's 8 experts" \

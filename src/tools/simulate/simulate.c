@@ -460,11 +460,16 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
                                  "and the MLP of each block (attention %.0f%% of its time)\n",
                                  100 * s->attention_share);
     }
-    if (a->load_placed > 0)
-        used += (size_t)snprintf(text + used, size - used, "experts: placement %s, up to %d copies "
-            "a block, over ep = %d ranks: the busiest expert rank at %.3fx the mean (mean over "
-            "the MoE blocks and steps; the run's own %.3fx)\n", run->cfg.moe_placement,
-            run->cfg.replicas_max, run->cfg.ep, a->load_placed, a->load_run);
+    if (a->load_placed > 0) {
+        char copies[64] = "";
+        if (run->cfg.replicas_max > 0)
+            snprintf(copies, sizeof copies, " with up to %d copies a block",
+                     run->cfg.replicas_max);
+        used += (size_t)snprintf(text + used, size - used, "experts: placement %s%s over ep = "
+            "%d ranks: the busiest expert rank at %.3fx the mean (mean over the MoE blocks and "
+            "steps; the run's own %.3fx)\n", run->cfg.moe_placement, copies, run->cfg.ep,
+            a->load_placed, a->load_run);
+    }
     char exchange[160] = "";
     int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
     if (s->ep > 1 && busiest >= 0 && model->uses[busiest])
