@@ -14,7 +14,8 @@
 #   load is above its load without them, and the mean is lower;
 # - bad input (an ep that does not divide the experts, balanced with
 #   ep = 1, copies without balanced or beyond E - E / ep, a run without
-#   MoE blocks, --validate with a placement, an unknown placement, an ep
+#   MoE blocks, a run whose busiest rank never varied (ep = 1),
+#   --validate with a placement, an unknown placement, an ep
 #   the replicas do not fill): each exits 2 with one message.
 set -u
 cd "$(dirname "$0")/.."
@@ -120,6 +121,16 @@ expect_error "copies beyond E - E / ep" "--replicas-max 5 is more than the 4 exp
   "$DYNMO" simulate --from-run $run --placement balanced --replicas-max 5
 expect_error "a run without MoE blocks" "has no MoE blocks" \
   "$DYNMO" simulate --from-run $data/freeze-2-static --placement balanced
+# A run with its experts on one rank: its busiest rank never varied.
+cp -r $run "$dir/one"
+/usr/bin/python3 - "$dir/one/runlog.h5" <<'PY'
+import h5py, sys
+with h5py.File(sys.argv[1], "a") as f:
+    del f["/moe/rank_load"]
+    f.attrs["config"] = f.attrs["config"].replace("parallel.ep = 2", "parallel.ep = 1")
+PY
+expect_error "a run whose busiest rank never varied" "never varied in .* so the fit has no cost" \
+  "$DYNMO" simulate --from-run "$dir/one" --ep 2 --replicas 2 --placement balanced
 expect_error "--validate with a placement" "--validate simulates the run itself: leave out --ep" \
   "$DYNMO" simulate --from-run $run --validate --placement balanced
 expect_error "an unknown placement" "--placement: 'hot' is not static or balanced" \

@@ -702,13 +702,19 @@ static double mean_rank_load(const struct sim_run *run)
  * copies (the exchange rounds and the output's config follow it). The
  * rules of moe.placement and moe.replicas_max (docs/moe.md) are the
  * what-if's: a user error otherwise. */
-static void place_experts(struct simulate_args *a, struct sim_run *run)
+static void place_experts(struct simulate_args *a, struct sim_run *run,
+                          const struct sim_model *model)
 {
     struct dm_config *rc = &run->cfg;
     int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
     if (rc->moe_every <= 0 || busiest < 0 || !run->state.present[busiest])
         dm_user_error("simulate: --ep, --placement and --replicas-max place experts, but %s "
                       "has no MoE blocks with per-expert counts", run->path);
+    if (!model->uses[busiest])
+        dm_user_error("simulate: --ep, --placement and --replicas-max change the busiest "
+                      "expert rank's load, but it never varied in %s (parallel.ep = %d), so "
+                      "the fit has no cost for it: give a run with its experts over ep > 1 "
+                      "ranks", run->path, rc->ep);
     if (a->validate)
         dm_user_error("simulate: --validate simulates the run itself: leave out --ep, "
                       "--placement and --replicas-max");
@@ -780,7 +786,7 @@ int cmd_simulate(int argc, char **argv)
     }
     if (!hardware) {
         sim_model_fit(&model, &run);
-        if (a.ep || a.placement || a.replicas_max >= 0) place_experts(&a, &run);
+        if (a.ep || a.placement || a.replicas_max >= 0) place_experts(&a, &run, &model);
         make_trajectory(&traj, &a, &run, &model);
     }
     struct sim_setup setup;
