@@ -11,7 +11,8 @@
 #   same run of whole blocks with --split-blocks keeps the FLOPs share;
 #   `dynmo report` reads the simulation's output (its config counts each
 #   unit as a block);
-# - bad input (a sublayer log without /units/bwd_ms, --attention-share on
+# - bad input (a sublayer log without /units/bwd_ms or with a negative
+#   unit time, --attention-share on
 #   a sublayer run, --validate --split-blocks on a run of whole blocks)
 #   exits 2 with one message.
 set -u
@@ -105,6 +106,13 @@ import h5py, sys
 with h5py.File(sys.argv[1], 'a') as f: del f['/units/bwd_ms']" "$dir/nounits/runlog.h5"
 expect_error "a sublayer log without its units' costs" "sublayer without /units/bwd_ms" \
   "$DYNMO" simulate --from-run "$dir/nounits"
+cp -r "$dir/sub" "$dir/negative"
+/usr/bin/python3 -c "
+import h5py, sys
+with h5py.File(sys.argv[1], 'a') as f:
+    d = f['/units/fwd_ms']; v = d[...]; v[3, 5] = -1; d[...] = v" "$dir/negative/runlog.h5"
+expect_error "a negative unit time" "unit 5 at step 4 has forward -1" \
+  "$DYNMO" simulate --from-run "$dir/negative"
 expect_error "--attention-share on a sublayer run" "--attention-share: .* units' costs are measured" \
   "$DYNMO" simulate --from-run "$dir/sub" --split-blocks --attention-share 0.5
 expect_error "--validate --split-blocks on whole blocks" "--validate with --split-blocks" \
