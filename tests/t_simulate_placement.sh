@@ -10,12 +10,13 @@
 # - each MoE block's busiest-rank load at each step (the output's
 #   /layers/moe_load) is the least busiest rank over every placement of
 #   that step's counts, found here by brute force, and the static one the
-#   rank sums of experts e / (E / ep); with 2 copies no block-step's
+#   rank sums of experts e / (E / ep); on a hardware file the config's
+#   moe.placement = balanced prices a shorter step than static; with 2 copies no block-step's
 #   load is above its load without them, and the mean is lower;
 # - bad input (an ep that does not divide the experts, balanced with
 #   ep = 1, copies without balanced or beyond E - E / ep, a run without
 #   MoE blocks, a run whose busiest rank never varied (ep = 1),
-#   --validate with a placement, an unknown placement, an ep
+#   --validate with a placement, --placement with --hardware, an unknown placement, an ep
 #   the replicas do not fill): each exits 2 with one message.
 set -u
 cd "$(dirname "$0")/.."
@@ -42,6 +43,18 @@ for ep in 2 4; do
     echo "ok: ep = $ep: balanced is cheaper than static, copies no dearer" ||
     fail "ep = $ep: static ${static:-?}, balanced ${balanced:-?}, copies ${copies:-?} ms/step"
 done
+
+# On a hardware file the config's parallel.ep and moe.placement place the
+# run's counts the same way.
+hw() {
+  "$DYNMO" simulate --hardware hardware/h100-sxm.ini --config configs/moe.ini --from-run $run \
+    parallel.dp=4 parallel.ep=4 train.batch=16 "$@" --policies static-uniform 2>&1 |
+    grep -oP 'predicted step: \K[0-9.]+'
+}
+static=$(hw moe.placement=static); balanced=$(hw moe.placement=balanced)
+awk -v s="$static" -v b="$balanced" 'BEGIN { exit !(s > 0 && b > 0 && b < s) }' &&
+  echo "ok: --hardware, ep = 4: balanced $balanced ms, static $static ms" ||
+  fail "--hardware, ep = 4: balanced ${balanced:-?} ms, static ${static:-?} ms"
 
 # The loads the simulation priced, against brute force on the counts.
 for placement in static balanced; do
@@ -131,6 +144,8 @@ with h5py.File(sys.argv[1], "a") as f:
 PY
 expect_error "a run whose busiest rank never varied" "never varied in .* so the fit has no cost" \
   "$DYNMO" simulate --from-run "$dir/one" --ep 2 --replicas 2 --placement balanced
+expect_error "--placement with --hardware" "--hardware places experts as its config says" \
+  "$DYNMO" simulate --hardware hardware/h100-sxm.ini --config configs/moe.ini --placement balanced
 expect_error "--validate with a placement" "--validate simulates the run itself: leave out --ep" \
   "$DYNMO" simulate --from-run $run --validate --placement balanced
 expect_error "an unknown placement" "--placement: 'hot' is not static or balanced" \
