@@ -10,14 +10,16 @@
 # - each MoE block's busiest-rank load at each step (the output's
 #   /layers/moe_load) is the least busiest rank over every placement of
 #   that step's counts, found here by brute force, and the static one the
-#   rank sums of experts e / (E / ep); on a hardware file the config's
-#   moe.placement = balanced prices a shorter step than static; with 2 copies no block-step's
-#   load is above its load without them, and the mean is lower;
+#   rank sums of experts e / (E / ep); with 2 copies no block-step's load
+#   is above its load without them, and the mean is lower;
+# - on a hardware file the config's moe.placement = balanced prices a
+#   shorter step than static;
 # - bad input (an ep that does not divide the experts, balanced with
 #   ep = 1, copies without balanced or beyond E - E / ep, a run without
 #   MoE blocks, a run whose busiest rank never varied (ep = 1),
-#   --validate with a placement, --placement with --hardware, an unknown placement, an ep
-#   the replicas do not fill): each exits 2 with one message.
+#   --validate with a placement, --placement with --hardware, an unknown
+#   placement, an ep the replicas do not fill): each exits 2 with one
+#   message.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
