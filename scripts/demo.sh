@@ -4,9 +4,15 @@
 # exit (dyn.kind=early_exit) twice: with live balancing (partition-time
 # every 10 steps: blocks migrate as tokens exit) and under the static
 # uniform layout, and prints the two throughputs (whole run, and the mean
-# step time after step SETTLED=40, once the exits have settled). The
-# losses of the two runs are bit-identical (balancing never changes the
-# math); the demo checks that too. Both runs trace two steps (run.trace_from)
+# step time after step SETTLED=40, once the exits have settled), and beside
+# them the layout bound of the static run's own costs after SETTLED
+# (`dynmo plan --from-run` through bench/bound.py: what a perfect balancer
+# could buy over the best static layout, with whole blocks and with
+# sublayer units; the static run keeps the halves' costs apart for it,
+# balance.units = sublayer on a layout of whole blocks). UNITS=sublayer
+# balances the other run by attention and MLP halves instead of whole
+# blocks. The losses of the two runs are bit-identical (balancing never
+# changes the math); the demo checks that too. Both runs trace two steps (run.trace_from)
 # and the demo ends by drawing the runs with `dynmo report`
 # (docs/report.md) and printing the path of its index.html. About a minute
 # on 2 cores (33 s once the corpus is prepared and the build is done).
@@ -29,8 +35,9 @@ run() { local name=$1; shift
     | grep -E '^(step|balance:)' || true
 }
 mkdir -p runs
-run balanced balance.method=partition-time balance.every=10 "$@"
-run static balance.method=none "$@"
+UNITS=${UNITS:-block}
+run balanced balance.method=partition-time balance.every=10 balance.units="$UNITS" "$@"
+run static balance.method=none balance.units=sublayer "$@"
 tput() { sed -n 's/.*throughput: \([0-9.]*\) tokens\/s.*/\1/p' "runs/demo-$1.out"; }
 b=$(tput balanced); s=$(tput static)
 echo
@@ -50,6 +57,17 @@ bms, sms = mean_ms(sys.argv[2]), mean_ms(sys.argv[3])
 print(f"demo: after step {first} (exits settled): live balancing {bms:.1f} ms/step, "
       f"static {sms:.1f} ms/step; speedup {sms / bms:.2f}x")
 PY
+fi
+# What any balancer could buy here: the static run's costs after SETTLED,
+# laid out by the optimal partition (whole blocks, then sublayer units).
+if [ "$STEPS" -gt "$SETTLED" ]; then
+  m=$(sed -n 's/^micro_batches = //p' configs/early_exit.ini)
+  /usr/bin/python3 bench/bound.py runs/demo-static/runlog.h5 "$SETTLED" "$STEPS" "$RANKS" "$m" \
+      "$DYNMO" > runs/demo-bound.out 2>&1 &&
+    echo "demo: the layout bound after step $SETTLED (the static run's costs, optimally laid" \
+         "out): whole blocks $(sed -n 's/^bound static-uniform: .* = //p' runs/demo-bound.out)," \
+         "sublayer units $(sed -n 's/^bound sublayer: .* = //p' runs/demo-bound.out)" ||
+    echo "demo: no layout bound: $(tail -n 1 runs/demo-bound.out)"
 fi
 if command -v h5dump >/dev/null; then
   h5dump -b LE -d /steps/loss -o runs/demo-balanced.loss runs/demo-balanced/runlog.h5 >/dev/null

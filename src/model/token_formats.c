@@ -480,13 +480,15 @@ int token_input_open(struct token_input *in, const char *name, uint32_t model_vo
     if (magic == LLMC_MAGIC_EVAL)
         TOKEN_FAIL("token file %s is an llm.c evaluation file (magic %u), not a token shard", name,
              magic);
-    char hint[1200] = "";
+    char hint[2 * sizeof in->name + 128] = "";
     if (ends_with(name, ".bin")) {
-        char idx[sizeof in->name];
-        snprintf(idx, sizeof idx, "%.*s.idx", (int)(strlen(name) - 4), name);
+        char prefix[sizeof in->name], idx[sizeof in->name + 4];
+        snprintf(prefix, sizeof prefix, "%s", name);
+        prefix[strlen(prefix) - 4] = '\0';   /* the name less .bin */
+        snprintf(idx, sizeof idx, "%s.idx", prefix);
         if (stat(idx, &st) == 0)
             snprintf(hint, sizeof hint, "; it is the data of the Megatron dataset beside %s: "
-                     "name the prefix %.*s", idx, (int)(strlen(name) - 4), name);
+                     "name the prefix %s", idx, prefix);
     }
     TOKEN_FAIL("%s is not a token file dynmo reads (bad magic: not DYNMOTOK, nor an llm.c shard's "
          "%d or %d, nor a Megatron index's MMIDIDX%s; docs/data.md)", name, LLMC_MAGIC_UINT16,
