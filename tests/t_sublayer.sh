@@ -283,9 +283,6 @@ bad "more stages than units" "parallel.pp = 11 exceeds the 10 units of model.lay
   parallel.pp=11 balance.units=sublayer
 bad "sublayer with MoE blocks" "balance.units = sublayer cannot run with a mixture of experts yet" \
   2 parallel.pp=2 balance.units=sublayer model.moe_every=2
-bad "sublayer with a scheme" \
-  "balance.units = sublayer cannot run with dyn.kind other than freeze and early_exit yet" \
-  2 parallel.pp=2 balance.units=sublayer dyn.kind=prune
 bad "sublayer with early exit by saturation" \
   "balance.units = sublayer cannot run with dyn.exit_confidence = saturation yet" \
   2 parallel.pp=2 balance.units=sublayer dyn.kind=early_exit dyn.exit_confidence=saturation

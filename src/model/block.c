@@ -891,9 +891,8 @@ static void attention_part_backward(struct block *blk, struct block_acts *acts,
  * The same ops as dense_forward and dense_backward, split at the residual
  * stream after attention: the attention half's output and the MLP half's
  * input are res1, and the gradient between them is d_res1, so the two
- * halves give the whole block's bits. A dense block (no pruning mask) or
- * one whose extensions stay inside its attention (gpt_ext_fits_units):
- * what sublayer units run so far. */
+ * halves give the whole block's bits. A dense or pruned block, or one
+ * whose extensions stay inside its attention (gpt_ext_fits_units). */
 
 int gpt_ext_fits_units(const struct gpt_ext_ops *ops)
 {
@@ -902,13 +901,13 @@ int gpt_ext_fits_units(const struct gpt_ext_ops *ops)
            !ops->step_values && !ops->shard_units;
 }
 
-/* A block its halves can compute: no pruning mask, and extensions that
- * stay inside the attention. */
+/* A block its halves can compute: extensions that stay inside the
+ * attention (a pruned half multiplies in CSR as the whole block does). */
 static int fits_units(const struct block *blk)
 {
     for (int i = 0; i < blk->ext_count; i++)
         if (!gpt_ext_fits_units(blk->ext[i].ops)) return 0;
-    return !blk->sparse;
+    return 1;
 }
 
 int block_is_half(const struct block *blk)
@@ -945,6 +944,7 @@ static void half_forward(struct block *blk, struct block_acts *acts, float *out,
     int C = blk->C, N = B * T;
     float *const *p = blk->p;
     DM_ASSERT(B <= acts->B && T <= acts->T && fits_units(blk));
+    block_sparse_refresh(blk);   /* this half's CSR values follow the last step */
     if (blk->halves == BLOCK_HALF_ATTENTION) {
         ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                                p[BP_LN1_W], p[BP_LN1_B], N, C);

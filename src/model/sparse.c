@@ -420,6 +420,27 @@ static void build_csr(struct block *blk)
     sp->use_csr = 1;
 }
 
+int block_matrix_half(int m)
+{
+    DM_ASSERT(m >= 0 && m < BLOCK_MATRICES);
+    return m < 2 ? BLOCK_HALF_ATTENTION : BLOCK_HALF_MLP;
+}
+
+int block_owns_matrix(const struct block *blk, int m)
+{
+    return !block_is_half(blk) || block_matrix_half(m) == blk->halves;
+}
+
+void block_half_mask_range(int C, int half, size_t *offset, size_t *count)
+{
+    DM_ASSERT(half == BLOCK_HALF_ATTENTION || half == BLOCK_HALF_MLP);
+    size_t attention = mask_offset(C, 2);
+    *offset = half == BLOCK_HALF_MLP ? attention : 0;
+    *count = half == BLOCK_HALF_MLP ? block_matrix_weights(C) - attention : attention;
+}
+
+/* A half's CSR values (block_is_half) are its own matrices': the other
+ * half's weights are another stage's. */
 void block_sparse_refresh(struct block *blk)
 {
     struct block_sparse *sp = blk->sparse;
@@ -427,13 +448,14 @@ void block_sparse_refresh(struct block *blk)
     if (sp->on_device) {   /* values[j] = W[value_at[j]]: a gather of single floats */
         for (int m = 0; m < BLOCK_MATRICES; m++) {
             const struct csr_matrix *d = &sp->csr_device[m];
-            if (d->nnz > 0)
+            if (d->nnz > 0 && block_owns_matrix(blk, m))
                 backend_current()->rows_gather(d->values, blk->p[block_matrix_tensor(m)],
                                                sp->value_at[m], d->nnz, 1);
         }
         return;
     }
     for (int m = 0; m < BLOCK_MATRICES; m++) {
+        if (!block_owns_matrix(blk, m)) continue;
         const struct csr_matrix *csr = &sp->csr[m];
         const float *w = blk->p[block_matrix_tensor(m)];
         for (int r = 0; r < csr->rows; r++)
@@ -572,6 +594,20 @@ void block_prune_cut(struct block *blk, uint64_t cut, unsigned char *mask_device
                         cut);
     }
     ops->copy_to_host(sp->mask, mask_device, total);
+    long kept = 0;
+    for (size_t i = 0; i < total; i++) kept += sp->mask[i];
+    sp->kept = kept;
+    sparse_rebuild(blk, csr_sparsity);
+}
+
+void block_prune_join_mask(struct block *blk, int half, const unsigned char *part,
+                           double csr_sparsity)
+{
+    struct block_sparse *sp = blk->sparse;
+    DM_ASSERT(sp);
+    size_t offset, count, total = block_matrix_weights(blk->C);
+    block_half_mask_range(blk->C, half, &offset, &count);
+    memcpy(sp->mask + offset, part, count);
     long kept = 0;
     for (size_t i = 0; i < total; i++) kept += sp->mask[i];
     sp->kept = kept;

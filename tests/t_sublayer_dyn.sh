@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# balance.units = sublayer (docs/balance.md, "Units of placement") with
+# the schemes whose state reaches into both halves of a block: pruning
+# (each stage masks its halves' matrices, the global cut stays that of
+# whole blocks, a block split over two stages holds its whole mask on
+# both). On 2 stages (5,5 units: a boundary inside block 2) and on 3
+# (3,4,3: inside blocks 1 and 3) while units migrate (balance.method =
+# random), the losses, gradient norms and the scheme's signals of one
+# rank bit for bit; a checkpoint of such a run resumes bit for bit.
+set -u
+cd "$(dirname "$0")/.."
+. tests/lib.sh
+need_dynmo
+work_dir
+
+units=(balance.units=sublayer)
+migrated() { grep -qE "migrated [0-9]+ units" "$dir/$1.out" || fail "$1: no units migrated"; }
+
+# Pruning to 80% at steps 2 and 4, in CSR from 50%: one rank with units
+# against whole blocks, then 5,5 units on 2 stages re-laid out every 2
+# steps and 3,4,3 on 3 every step, against one rank; its checkpoint at
+# step 6 (blocks pruned, in CSR) resumed on 2 stages.
+pruned=(steps/loss steps/grad_norm layers/sparsity)
+tiny_config "$dir/prune.ini" model.layers=5 train.steps=8 train.grad_clip=0.05 \
+  dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=2 \
+  dyn.sparsity_final=0.8 dyn.csr_sparsity=0.5
+train prune1 1 "$dir/prune.ini" "${units[@]}" && bits prune1 "${pruned[@]}"
+/usr/bin/python3 - "$dir/prune1/runlog.h5" <<'PY' || fail "pruning with units: not pruned to 80%"
+import sys, h5py
+s = h5py.File(sys.argv[1], 'r')['/layers/sparsity'][:]
+assert abs(s[-1].mean() - 0.8) < 0.01 and (s[0] == 0).all(), s
+print("ok: pruning with units: sparsity %.3f at the end" % s[-1].mean())
+PY
+grep -q "5/5 blocks in CSR" "$dir/prune1.out" || fail "prune1: the blocks are not in CSR"
+train prune_whole 1 "$dir/prune.ini" && bits prune_whole "${pruned[@]}" &&
+  same prune1 prune_whole "pruning, units against whole blocks on one rank" "${pruned[@]}"
+train prune2 2 "$dir/prune.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:5,5 \
+  balance.method=random balance.every=2 && migrated prune2 && bits prune2 "${pruned[@]}" &&
+  same prune1 prune2 "pruning, 5,5 units on 2 stages, random every 2 steps" "${pruned[@]}"
+train prune3 3 "$dir/prune.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+  balance.method=random balance.every=1 ckpt.dir="$dir/prune_ck" ckpt.every=6 &&
+  migrated prune3 && bits prune3 "${pruned[@]}" &&
+  same prune1 prune3 "pruning, 3,4,3 units on 3 stages, random every step" "${pruned[@]}"
+train prune_static3 3 "$dir/prune.ini" "${units[@]}" parallel.pp=3 \
+  balance.initial=explicit:3,4,3 && bits prune_static3 "${pruned[@]}" &&
+  same prune1 prune_static3 "pruning, 3,4,3 units on 3 stages" "${pruned[@]}"
+train prune_resumed 2 "$dir/prune.ini" "${units[@]}" parallel.pp=2 \
+  balance.initial=explicit:3,7 ckpt.resume="$dir/prune_ck/ckpt-6.h5" &&
+  same_tail prune3 prune_resumed 2 "pruning, a sublayer checkpoint at step 6 resumed on 2 stages"
+
+finish
