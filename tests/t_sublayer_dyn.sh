@@ -48,4 +48,22 @@ train prune_resumed 2 "$dir/prune.ini" "${units[@]}" parallel.pp=2 \
   balance.initial=explicit:3,7 ckpt.resume="$dir/prune_ck/ckpt-6.h5" &&
   same_tail prune3 prune_resumed 2 "pruning, a sublayer checkpoint at step 6 resumed on 2 stages"
 
+# On the emulated device (docs/gpu.md: the cut by histograms where the
+# weights live, the masks made there), units migrating every step on 3
+# stages, against one rank's device.
+if [ -f "$(dirname "$DYNMO")/libdynmo_emulate.so" ]; then
+  . tests/device_lib.sh
+  strict=1
+  emulated=(train.device=emulate model.layers=5 train.steps=8 "${units[@]}" dyn.kind=prune
+            dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=2 dyn.sparsity_final=0.8
+            dyn.csr_sparsity=0.5)
+  run emu_prune1 1 "${emulated[@]}" &&
+    DYNMO_EMULATE_DEVICES=3 run emu_prune3 3 "${emulated[@]}" parallel.pp=3 \
+      balance.initial=explicit:3,4,3 balance.method=random balance.every=1 &&
+    migrated emu_prune3 && same emu_prune1 emu_prune3 \
+      "pruning on the emulated device, 3,4,3 units migrating every step" steps/loss
+else
+  echo "skip: the emulated device (no $(dirname "$DYNMO")/libdynmo_emulate.so)"
+fi
+
 finish
