@@ -44,6 +44,14 @@ train prune3 3 "$dir/prune.ini" "${units[@]}" parallel.pp=3 balance.initial=expl
 train prune_static3 3 "$dir/prune.ini" "${units[@]}" parallel.pp=3 \
   balance.initial=explicit:3,4,3 && bits prune_static3 "${pruned[@]}" &&
   same prune1 prune_static3 "pruning, 3,4,3 units on 3 stages" "${pruned[@]}"
+# every step on 4 stages (a stage may hold one half alone), and under the
+# zero-bubble schedule (a pruned half's backward runs whole in BWD)
+train prune4 4 "$dir/prune.ini" "${units[@]}" parallel.pp=4 balance.method=random \
+  balance.every=1 && migrated prune4 && bits prune4 "${pruned[@]}" &&
+  same prune1 prune4 "pruning, random every step on 4 stages" "${pruned[@]}"
+train prune_zb 3 "$dir/prune.ini" "${units[@]}" parallel.pp=3 parallel.schedule=zb \
+  balance.initial=explicit:3,4,3 && bits prune_zb "${pruned[@]}" &&
+  same prune1 prune_zb "pruning, zb, 3,4,3 units on 3 stages" "${pruned[@]}"
 train prune_resumed 2 "$dir/prune.ini" "${units[@]}" parallel.pp=2 \
   balance.initial=explicit:3,7 ckpt.resume="$dir/prune_ck/ckpt-6.h5" &&
   same_tail prune3 prune_resumed 2 "pruning, a sublayer checkpoint at step 6 resumed on 2 stages"

@@ -251,6 +251,7 @@ size_t block_matrix_weights(int C);      /* 12 C^2 */
 struct block_sparse {
     unsigned char *mask;     /* (12C^2) 1 kept, 0 pruned, matrix-weight order */
     long kept;               /* ones in mask */
+    long kept_attention;     /* of them, the attention half's (qkv_w, attproj_w) */
     int use_csr;             /* matrices multiplied in CSR (csr[] valid) */
     struct csr_matrix csr[BLOCK_MATRICES];  /* values refreshed by block_forward */
     /* On a device whose memory the host cannot read (on_device; all NULL
@@ -359,6 +360,9 @@ double block_matrix_sparsity(const struct block *blk);
  * block's mask, as a block held whole does: the kept count, the CSR
  * decision at csr_sparsity and the pack follow); blk must be pruned. */
 int block_matrix_half(int m);
+/* The pruned share of a half's matrix weights (BLOCK_HALVES: the
+ * block's, as block_matrix_sparsity): a unit's sparsity in the profile. */
+double block_half_sparsity(const struct block *blk, int half);
 int block_owns_matrix(const struct block *blk, int m);
 void block_half_mask_range(int C, int half, size_t *offset, size_t *count);
 void block_prune_join_mask(struct block *blk, int half, const unsigned char *part,

@@ -557,6 +557,10 @@ static struct block_sparse *sparse_state(struct block *blk)
 static void sparse_rebuild(struct block *blk, double csr_sparsity)
 {
     struct block_sparse *sp = blk->sparse;
+    size_t offset, count;
+    block_half_mask_range(blk->C, BLOCK_HALF_ATTENTION, &offset, &count);
+    sp->kept_attention = 0;
+    for (size_t i = offset; i < offset + count; i++) sp->kept_attention += sp->mask[i];
     for (int m = 0; m < BLOCK_MATRICES; m++) csr_free(&sp->csr[m]);
     sp->use_csr = 0;
     if (block_matrix_sparsity(blk) >= csr_sparsity) build_csr(blk);
@@ -653,6 +657,17 @@ double block_matrix_sparsity(const struct block *blk)
     if (!blk->sparse) return 0.0;
     double total = (double)block_matrix_weights(blk->C);
     return (total - (double)blk->sparse->kept) / total;
+}
+
+double block_half_sparsity(const struct block *blk, int half)
+{
+    if (!blk->sparse || (half != BLOCK_HALF_ATTENTION && half != BLOCK_HALF_MLP))
+        return block_matrix_sparsity(blk);
+    size_t offset, count;
+    block_half_mask_range(blk->C, half, &offset, &count);
+    long kept = half == BLOCK_HALF_ATTENTION ? blk->sparse->kept_attention
+                                             : blk->sparse->kept - blk->sparse->kept_attention;
+    return ((double)count - (double)kept) / (double)count;
 }
 
 /* ---- pack format of the dynamic state (docs/block-slab.md) -------------------- */

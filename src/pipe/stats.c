@@ -188,18 +188,20 @@ static void pack_halves(const struct engine *eng, double *v, int U, int i)
     int layer = m->first_block + i;
     size_t offset, attention;
     block_half_range(blk, BLOCK_HALF_ATTENTION, &offset, &attention);
-    double sparsity = block_matrix_sparsity(blk), pack = (double)block_pack_size(blk);
+    double pack = (double)block_pack_size(blk);
     double attention_bytes = pack - 3.0 * sizeof(float) * (double)(blk->nparams - attention);
     double share = blk->halves == BLOCK_HALF_ATTENTION ? 1.0
                    : blk->halves == BLOCK_HALF_MLP     ? 0.0
                                                        : (double)attention / (double)blk->nparams;
     if (blk->halves != BLOCK_HALF_MLP)
         pack_unit(v, U, 2 * layer, m->attention_fwd_s[i], m->attention_bwd_s[i],
-                  attention_bytes, sparsity, m->block_update_s[i] * share, 0.0);
+                  attention_bytes, block_half_sparsity(blk, BLOCK_HALF_ATTENTION),
+                  m->block_update_s[i] * share, 0.0);
     if (blk->halves != BLOCK_HALF_ATTENTION)
         pack_unit(v, U, 2 * layer + 1, m->block_fwd_s[i] - m->attention_fwd_s[i],
-                  m->block_bwd_s[i] - m->attention_bwd_s[i], pack - attention_bytes, sparsity,
-                  m->block_update_s[i] * (1.0 - share), 0.0);
+                  m->block_bwd_s[i] - m->attention_bwd_s[i], pack - attention_bytes,
+                  block_half_sparsity(blk, BLOCK_HALF_MLP), m->block_update_s[i] * (1.0 - share),
+                  0.0);
 }
 
 /* The current chunk's units and signals into the profile v. */
