@@ -281,8 +281,8 @@ bad "explicit counts blocks under units=block" "covers 10 blocks but model.layer
   parallel.pp=3 balance.initial=explicit:3,4,3
 bad "more stages than units" "parallel.pp = 11 exceeds the 10 units of model.layers = 5" 11 \
   parallel.pp=11 balance.units=sublayer
-bad "sublayer with MoE blocks" "balance.units = sublayer cannot run with a mixture of experts yet" \
-  2 parallel.pp=2 balance.units=sublayer model.moe_every=2
+bad "sublayer with MoD blocks" "balance.units = sublayer cannot run with a mixture of depths yet" \
+  2 parallel.pp=2 balance.units=sublayer model.mod_every=2
 bad "sublayer with early exit by saturation" \
   "balance.units = sublayer cannot run with dyn.exit_confidence = saturation yet" \
   2 parallel.pp=2 balance.units=sublayer dyn.kind=early_exit dyn.exit_confidence=saturation

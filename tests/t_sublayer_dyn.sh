@@ -56,6 +56,48 @@ train prune_resumed 2 "$dir/prune.ini" "${units[@]}" parallel.pp=2 \
   balance.initial=explicit:3,7 ckpt.resume="$dir/prune_ck/ckpt-6.h5" &&
   same_tail prune3 prune_resumed 2 "pruning, a sublayer checkpoint at step 6 resumed on 2 stages"
 
+# Mixture of experts: the router, the experts and the MoE state (the
+# sigmoid router's bias, the counts) are the MLP unit's. MoE blocks 1 and
+# 3 of 4 experts (top-2, the sigmoid router and its bias): 3,7 units on 2
+# stages (block 1 split) re-laid out every 2 steps, 3,4,3 on 3 (blocks 1
+# and 3 split) every step, against one rank: losses, gradient norms,
+# expert counts and biases.
+moed=(steps/loss steps/grad_norm moe/tokens moe/dropped moe/bias)
+tiny_config "$dir/moe.ini" model.layers=5 train.steps=8 train.grad_clip=0.05 \
+  model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=64 \
+  moe.router=sigmoid moe.bias_rate=0.01 moe.capacity_factor=1.25 moe.drop=probs
+train moe1 1 "$dir/moe.ini" "${units[@]}" && bits moe1 "${moed[@]}"
+train moe2 2 "$dir/moe.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:3,7 \
+  balance.method=random balance.every=2 && migrated moe2 && bits moe2 "${moed[@]}" &&
+  same moe1 moe2 "MoE, 3,7 units on 2 stages, random every 2 steps" "${moed[@]}"
+train moe_static3 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 \
+  balance.initial=explicit:3,4,3 && bits moe_static3 "${moed[@]}" &&
+  same moe1 moe_static3 "MoE, 3,4,3 units on 3 stages" "${moed[@]}"
+train moe3 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+  balance.method=random balance.every=1 && migrated moe3 && bits moe3 "${moed[@]}" &&
+  same moe1 moe3 "MoE, 3,4,3 units on 3 stages, random every step" "${moed[@]}"
+train moe4 4 "$dir/moe.ini" "${units[@]}" parallel.pp=4 balance.method=random \
+  balance.every=1 && migrated moe4 && bits moe4 "${moed[@]}" &&
+  same moe1 moe4 "MoE, random every step on 4 stages" "${moed[@]}"
+train moe_zb 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 parallel.schedule=zb \
+  balance.initial=explicit:3,4,3 && bits moe_zb "${moed[@]}" &&
+  same moe1 moe_zb "MoE, zb, 3,4,3 units on 3 stages" "${moed[@]}"
+# 2 replicas (the counts summed over them) of 2 stages whose units
+# migrate every step, against 2 replicas of one stage
+train moe_dp 2 "$dir/moe.ini" "${units[@]}" parallel.dp=2 && bits moe_dp "${moed[@]}" &&
+  train moe_dp4 4 "$dir/moe.ini" "${units[@]}" parallel.dp=2 parallel.pp=2 \
+    balance.method=random balance.every=1 && migrated moe_dp4 && bits moe_dp4 "${moed[@]}" &&
+  same moe_dp moe_dp4 "MoE, 2 replicas of 2 stages, random every step" "${moed[@]}"
+
+# what does not split yet: expert parallelism, checkpoints
+refused() { train_refused "$1" "$2" "$3" "$dir/moe.ini" "${units[@]}" "${@:4}"; }
+refused "sublayer MoE with expert parallelism" \
+  "balance.units = sublayer with mixture-of-experts blocks needs parallel.ep = 1" 4 \
+  parallel.pp=2 parallel.dp=2 parallel.ep=2
+refused "sublayer MoE with checkpoints" \
+  "balance.units = sublayer with mixture-of-experts blocks cannot write or resume checkpoints" \
+  2 parallel.pp=2 ckpt.dir="$dir/moe_ck"
+
 # On the emulated device (docs/gpu.md: the cut by histograms where the
 # weights live, the masks made there), units migrating every step on 3
 # stages, against one rank's device.

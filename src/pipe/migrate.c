@@ -373,9 +373,13 @@ static void adopt_blocks(struct engine *eng, const int *counts, struct block *ar
 
 /* The arrived units (all messages complete; meta_bytes set for those
  * this rank received): their floats up from the host staging (a device;
- * the pool's, kept); then a block that arrived (no half of it was here)
- * takes the header and dynamic state of its first unit, while a half
- * that joins this rank's own block leaves its header. */
+ * the pool's, kept); then the headers and dynamic state. A whole block
+ * takes its own. Under sublayer units a block's state is its MLP half's
+ * where the two differ (an extension wholly in the MLP, such as MoE,
+ * keeps its state where the MLP runs; a pruning mask and the frozen flag
+ * are the same on both): a block that arrived takes its MLP's header if
+ * that came, else its attention's; an MLP half that joins this rank's
+ * own block brings the block its header, an attention half leaves its. */
 static void unpack_arrivals(struct engine *eng, struct block *arrived, void **metas,
                             const int *meta_bytes, float **stagings)
 {
@@ -391,10 +395,11 @@ static void unpack_arrivals(struct engine *eng, struct block *arrived, void **me
         struct unit_ref u = unit_ref(eng, unit);
         /* a whole block never arrives where it is held (under interleaved
          * the current chunk need not be the one it arrives in) */
-        if (!meta_bytes[unit] || (per == 2 && held_block(eng, u.block))) continue;
-        if (per == 2 && u.half == BLOCK_HALF_MLP && meta_bytes[unit - 1])
-            continue;   /* the block's attention brought its header */
-        struct block *blk = &arrived[u.block];
+        if (!meta_bytes[unit]) continue;
+        struct block *held = per == 2 ? held_block(eng, u.block) : NULL;
+        if (per == 2 && u.half == BLOCK_HALF_ATTENTION && (held || meta_bytes[unit + 1]))
+            continue;   /* the block's MLP (here, or arriving) gives its header */
+        struct block *blk = held ? held : &arrived[u.block];
         if (block_unpack_meta_begin(blk, metas[unit], (size_t)meta_bytes[unit], &eng->shape,
                                     err, sizeof err) ||
             block_unpack_meta_end(blk, metas[unit], (size_t)meta_bytes[unit], err, sizeof err))

@@ -152,6 +152,8 @@ static void pack_signals(struct engine *eng, double *v)
         for (int i = 0; i < m->num_blocks; i++) {
             int layer = m->first_block + i;
             if (!dyn_signal_layer(signal, &eng->shape, layer)) continue;
+            if (m->blocks[i].halves == BLOCK_HALF_ATTENTION && dyn_signal_in_mlp_unit(signal))
+                continue;   /* the stage of the block's MLP gives them */
             for (int c = 0; c < cells; c++) value[c] = weight[c] = 0.0;
             signal->read(m, i, value, weight);
             double *x = v + eng->signal_at[k] + 2 * (size_t)layer * cells;

@@ -111,14 +111,31 @@ void train_check_units(const struct dm_config *cfg)
      * the stage of a split block's MLP does not hold */
     if (!strcmp(cfg->dyn_kind, "early_exit") && strcmp(cfg->exit_confidence, "softmax"))
         what = "dyn.exit_confidence = saturation";
-    /* an extension splits when it stays inside the attention (hash attention) */
-    for (int i = 0; !what && i < shape.ext_count; i++)
-        if (!gpt_ext_fits_units(shape.ext[i].ops)) what = shape.ext[i].ops->block_noun;
+    /* an extension splits when it stays inside the attention (hash
+     * attention) or inside the MLP (MoE) */
+    int in_mlp = 0;
+    for (int i = 0; !what && i < shape.ext_count; i++) {
+        const struct gpt_ext_ops *ops = shape.ext[i].ops;
+        if (gpt_ext_fits_mlp_unit(ops)) in_mlp = 1;
+        else if (!gpt_ext_fits_units(ops)) what = ops->block_noun;
+    }
     if (what)
-        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs dense and "
-                      "hash-attention blocks, frozen, pruned or neither, and early exit by "
-                      "the softmax confidence (docs/balance.md, \"Units of placement\"); set "
-                      "balance.units = block", what);
+        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs dense, "
+                      "hash-attention and mixture-of-experts blocks, frozen, pruned or "
+                      "neither, and early exit by the softmax confidence (docs/balance.md, "
+                      "\"Units of placement\"); set balance.units = block", what);
+    /* the expert group's exchange and a split block's gather do not yet
+     * follow an MLP unit's state */
+    if (in_mlp && cfg->ep > 1)
+        dm_user_error("balance.units = sublayer with mixture-of-experts blocks needs "
+                      "parallel.ep = 1 (parallel.ep = %d): expert parallelism does not split "
+                      "blocks yet; set parallel.ep = 1, or balance.units = block", cfg->ep);
+    int resumes_file = strcmp(cfg->resume, "none") != 0 && strcmp(cfg->resume, "auto") != 0;
+    if (in_mlp && (cfg->ckpt_dir[0] || resumes_file))
+        dm_user_error("balance.units = sublayer with mixture-of-experts blocks cannot write or "
+                      "resume checkpoints yet (a block split over two stages is saved where "
+                      "its attention is, its MoE state is where its MLP is): remove ckpt.dir "
+                      "and ckpt.resume, or set balance.units = block");
     /* a checkpoint records its layouts in whole blocks too */
     if (cfg->ckpt_dir[0] && cfg->pp > cfg->layers)
         dm_user_error("balance.units = sublayer with ckpt.dir needs parallel.pp <= model.layers "
