@@ -74,7 +74,7 @@ train moe_static3 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 \
   balance.initial=explicit:3,4,3 && bits moe_static3 "${moed[@]}" &&
   same moe1 moe_static3 "MoE, 3,4,3 units on 3 stages" "${moed[@]}"
 train moe3 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
-  balance.method=random balance.every=1 && migrated moe3 && bits moe3 "${moed[@]}" &&
+  balance.method=random balance.every=1 ckpt.dir="$dir/moe_ck" ckpt.every=4 && migrated moe3 && bits moe3 "${moed[@]}" &&
   same moe1 moe3 "MoE, 3,4,3 units on 3 stages, random every step" "${moed[@]}"
 train moe4 4 "$dir/moe.ini" "${units[@]}" parallel.pp=4 balance.method=random \
   balance.every=1 && migrated moe4 && bits moe4 "${moed[@]}" &&
@@ -89,14 +89,23 @@ train moe_dp 2 "$dir/moe.ini" "${units[@]}" parallel.dp=2 && bits moe_dp "${moed
     balance.method=random balance.every=1 && migrated moe_dp4 && bits moe_dp4 "${moed[@]}" &&
   same moe_dp moe_dp4 "MoE, 2 replicas of 2 stages, random every step" "${moed[@]}"
 
-# what does not split yet: expert parallelism, checkpoints
-refused() { train_refused "$1" "$2" "$3" "$dir/moe.ini" "${units[@]}" "${@:4}"; }
-refused "sublayer MoE with expert parallelism" \
+# moe3's checkpoint at step 4 (MoE blocks 1 and 3 split, each written
+# whole by its attention's stage with its MLP's floats and MoE state):
+# check-ckpt accepts it, and it resumes on 2 stages (units migrating
+# every 2 steps) and on one rank with the uninterrupted run's losses
+"$DYNMO" check-ckpt "$dir/moe_ck/ckpt-4.h5" > "$dir/moe_check.out" 2>&1 ||
+  fail "check-ckpt of a sublayer MoE checkpoint: $(cat "$dir/moe_check.out")"
+train moe_resumed2 2 "$dir/moe.ini" "${units[@]}" parallel.pp=2 balance.method=random \
+  balance.every=2 ckpt.resume="$dir/moe_ck/ckpt-4.h5" &&
+  same_tail moe3 moe_resumed2 4 "MoE, a sublayer checkpoint at step 4 resumed on 2 stages"
+train moe_resumed1 1 "$dir/moe.ini" "${units[@]}" ckpt.resume="$dir/moe_ck/ckpt-4.h5" &&
+  bits moe_resumed1 moe/bias &&
+  same_tail moe3 moe_resumed1 4 "MoE, a sublayer checkpoint at step 4 resumed on one rank"
+
+# what does not split yet: expert parallelism
+train_refused "sublayer MoE with expert parallelism" \
   "balance.units = sublayer with mixture-of-experts blocks needs parallel.ep = 1" 4 \
-  parallel.pp=2 parallel.dp=2 parallel.ep=2
-refused "sublayer MoE with checkpoints" \
-  "balance.units = sublayer with mixture-of-experts blocks cannot write or resume checkpoints" \
-  2 parallel.pp=2 ckpt.dir="$dir/moe_ck"
+  "$dir/moe.ini" "${units[@]}" parallel.pp=2 parallel.dp=2 parallel.ep=2
 
 # On the emulated device (docs/gpu.md: the cut by histograms where the
 # weights live, the masks made there), units migrating every step on 3

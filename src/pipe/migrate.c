@@ -480,21 +480,59 @@ void engine_gather_split_blocks(struct engine *eng)
      * the slabs (through host staging where the host cannot read them). */
     struct posted posted = {0};
     float *sent = NULL, *received = NULL;
+    void *meta = NULL;
+    int meta_bytes = 0;
+    /* the MLP's header too: the block's state is its MLP's (unpack_arrivals) */
     if (send) {
         struct unit_ref u = {2 * first->index + 1, first->index, BLOCK_HALF_MLP};
+        int peer = rank_of(g, g->stage - 1, g->replica);
         sent = staging_pool_host(&eng->staging, STAGING_MIGRATE_SEND,
                                  staged_floats(first, u.half) * sizeof(float));
         if (sent) stage_down(first, u.half, sent);
-        post_pieces(&posted, first, u, sent, rank_of(g, g->stage - 1, g->replica), 0);
+        post_pieces(&posted, first, u, sent, peer, 0);
+        size_t bytes = block_meta_size(first);
+        DM_ASSERT(bytes <= INT_MAX);
+        meta_bytes = (int)bytes;
+        meta = dm_alloc(bytes);
+        block_pack_meta(first, meta);
+        MPI_Request req;
+        WORLD_MPI(MPI_Isend(meta, meta_bytes, MPI_BYTE, peer, TAG_BLOCK + u.unit, MPI_COMM_WORLD,
+                            &req));
+        posted_add(&posted, req, MPI_DATATYPE_NULL);
     }
+    void *header = NULL;
+    int header_bytes = 0;
     if (receive) {
         struct unit_ref u = {2 * last->index + 1, last->index, BLOCK_HALF_MLP};
+        int peer = rank_of(g, g->stage + 1, g->replica);
         received = staging_pool_host(&eng->staging, STAGING_MIGRATE_RECV,
                                      staged_floats(last, u.half) * sizeof(float));
-        post_pieces(&posted, last, u, received, rank_of(g, g->stage + 1, g->replica), 1);
+        post_pieces(&posted, last, u, received, peer, 1);
+        int found = 0;
+        MPI_Status status;
+        double t0 = dm_now();
+        while (!found) {
+            WORLD_MPI(MPI_Iprobe(peer, TAG_BLOCK + u.unit, MPI_COMM_WORLD, &found, &status));
+            if (!found) world_wait_round(t0);
+        }
+        WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &header_bytes));
+        header = dm_alloc((size_t)header_bytes);
+        MPI_Request req;
+        WORLD_MPI(MPI_Irecv(header, header_bytes, MPI_BYTE, peer, TAG_BLOCK + u.unit,
+                            MPI_COMM_WORLD, &req));
+        posted_add(&posted, req, MPI_DATATYPE_NULL);
     }
     world_wait_all(posted.count, posted.reqs);
     if (received) stage_up(last, BLOCK_HALF_MLP, received);
+    if (header) {
+        char err[256];
+        if (block_unpack_meta_begin(last, header, (size_t)header_bytes, &eng->shape, err,
+                                    sizeof err) ||
+            block_unpack_meta_end(last, header, (size_t)header_bytes, err, sizeof err))
+            DM_FATAL("gathering block %d: %s", last->index, err);
+    }
+    dm_free(meta);
+    dm_free(header);
     dm_free(posted.reqs);
     dm_free(posted.types);
 }

@@ -124,18 +124,11 @@ void train_check_units(const struct dm_config *cfg)
                       "hash-attention and mixture-of-experts blocks, frozen, pruned or "
                       "neither, and early exit by the softmax confidence (docs/balance.md, "
                       "\"Units of placement\"); set balance.units = block", what);
-    /* the expert group's exchange and a split block's gather do not yet
-     * follow an MLP unit's state */
+    /* the expert group's exchange does not yet follow an MLP unit */
     if (in_mlp && cfg->ep > 1)
         dm_user_error("balance.units = sublayer with mixture-of-experts blocks needs "
                       "parallel.ep = 1 (parallel.ep = %d): expert parallelism does not split "
                       "blocks yet; set parallel.ep = 1, or balance.units = block", cfg->ep);
-    int resumes_file = strcmp(cfg->resume, "none") != 0 && strcmp(cfg->resume, "auto") != 0;
-    if (in_mlp && (cfg->ckpt_dir[0] || resumes_file))
-        dm_user_error("balance.units = sublayer with mixture-of-experts blocks cannot write or "
-                      "resume checkpoints yet (a block split over two stages is saved where "
-                      "its attention is, its MoE state is where its MLP is): remove ckpt.dir "
-                      "and ckpt.resume, or set balance.units = block");
     /* a checkpoint records its layouts in whole blocks too */
     if (cfg->ckpt_dir[0] && cfg->pp > cfg->layers)
         dm_user_error("balance.units = sublayer with ckpt.dir needs parallel.pp <= model.layers "
