@@ -71,10 +71,10 @@ train moe2 2 "$dir/moe.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit
   balance.method=random balance.every=2 && migrated moe2 && bits moe2 "${moed[@]}" &&
   same moe1 moe2 "MoE, 3,7 units on 2 stages, random every 2 steps" "${moed[@]}"
 train moe_static3 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 \
-  balance.initial=explicit:3,4,3 && bits moe_static3 "${moed[@]}" &&
+  balance.initial=explicit:3,4,3 ckpt.dir="$dir/moe_ck" ckpt.every=4 && bits moe_static3 "${moed[@]}" &&
   same moe1 moe_static3 "MoE, 3,4,3 units on 3 stages" "${moed[@]}"
 train moe3 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
-  balance.method=random balance.every=1 ckpt.dir="$dir/moe_ck" ckpt.every=4 && migrated moe3 && bits moe3 "${moed[@]}" &&
+  balance.method=random balance.every=1 && migrated moe3 && bits moe3 "${moed[@]}" &&
   same moe1 moe3 "MoE, 3,4,3 units on 3 stages, random every step" "${moed[@]}"
 train moe4 4 "$dir/moe.ini" "${units[@]}" parallel.pp=4 balance.method=random \
   balance.every=1 && migrated moe4 && bits moe4 "${moed[@]}" &&
@@ -89,18 +89,29 @@ train moe_dp 2 "$dir/moe.ini" "${units[@]}" parallel.dp=2 && bits moe_dp "${moed
     balance.method=random balance.every=1 && migrated moe_dp4 && bits moe_dp4 "${moed[@]}" &&
   same moe_dp moe_dp4 "MoE, 2 replicas of 2 stages, random every step" "${moed[@]}"
 
-# moe3's checkpoint at step 4 (MoE blocks 1 and 3 split, each written
-# whole by its attention's stage with its MLP's floats and MoE state):
+# moe_static3's checkpoint at step 4 (MoE blocks 1 and 3 split, each
+# written whole by its attention's stage with its MLP's floats and MoE
+# state):
 # check-ckpt accepts it, and it resumes on 2 stages (units migrating
-# every 2 steps) and on one rank with the uninterrupted run's losses
+# every 2 steps) and on one rank with the uninterrupted run's losses and
+# biases
 "$DYNMO" check-ckpt "$dir/moe_ck/ckpt-4.h5" > "$dir/moe_check.out" 2>&1 ||
   fail "check-ckpt of a sublayer MoE checkpoint: $(cat "$dir/moe_check.out")"
+same_bias_tail() {   # A B WHAT: the last 4 steps' /moe/bias of A and B
+  /usr/bin/python3 - "$dir/$1/runlog.h5" "$dir/$2/runlog.h5" <<'PY' &&
+import sys, h5py
+a, b = (h5py.File(p, 'r')['/moe/bias'][:] for p in sys.argv[1:])
+assert len(a) == 8 and len(b) == 8 and (a[4:] == b[4:]).all() and (a[4:] != 0).any(), (a, b)
+PY
+    echo "ok: $3: /moe/bias of steps 5-8 bit-identical" || fail "$3: /moe/bias differs"
+}
 train moe_resumed2 2 "$dir/moe.ini" "${units[@]}" parallel.pp=2 balance.method=random \
   balance.every=2 ckpt.resume="$dir/moe_ck/ckpt-4.h5" &&
-  same_tail moe3 moe_resumed2 4 "MoE, a sublayer checkpoint at step 4 resumed on 2 stages"
+  same_tail moe_static3 moe_resumed2 4 "MoE, a sublayer checkpoint at step 4 resumed on 2 stages" &&
+  same_bias_tail moe_static3 moe_resumed2 "MoE, a sublayer checkpoint resumed on 2 stages"
 train moe_resumed1 1 "$dir/moe.ini" "${units[@]}" ckpt.resume="$dir/moe_ck/ckpt-4.h5" &&
-  bits moe_resumed1 moe/bias &&
-  same_tail moe3 moe_resumed1 4 "MoE, a sublayer checkpoint at step 4 resumed on one rank"
+  same_tail moe_static3 moe_resumed1 4 "MoE, a sublayer checkpoint at step 4 resumed on one rank" &&
+  same_bias_tail moe_static3 moe_resumed1 "MoE, a sublayer checkpoint resumed on one rank"
 
 # what does not split yet: expert parallelism
 train_refused "sublayer MoE with expert parallelism" \
