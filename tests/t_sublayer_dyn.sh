@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # balance.units = sublayer (docs/balance.md, "Units of placement") with
-# the schemes whose state reaches into both halves of a block: pruning
-# (each stage masks its halves' matrices, the global cut stays that of
-# whole blocks, a block split over two stages holds its whole mask on
-# both). On 2 stages (5,5 units: a boundary inside block 2) and on 3
-# (3,4,3: inside blocks 1 and 3) while units migrate (balance.method =
-# random), the losses, gradient norms and the scheme's signals of one
-# rank bit for bit; a checkpoint of such a run resumes bit for bit.
+# the schemes whose state reaches into both halves of a block or lives in
+# one: pruning (each stage masks its halves' matrices, the global cut
+# stays that of whole blocks, a block split over two stages holds its
+# whole mask on both) and mixture of experts (router, experts and MoE
+# state in the MLP unit). On 2 stages (a boundary inside a block), on 3
+# (3,4,3 units: inside blocks 1 and 3) static, under zb and while units
+# migrate (balance.method = random every step or every 2), and on 4
+# migrating every step, the losses, gradient norms and the scheme's
+# signals of one rank bit for bit; their checkpoints resume bit for bit.
 set -u
 cd "$(dirname "$0")/.."
 . tests/lib.sh
@@ -16,10 +18,32 @@ work_dir
 units=(balance.units=sublayer)
 migrated() { grep -qE "migrated [0-9]+ units" "$dir/$1.out" || fail "$1: no units migrated"; }
 
+# layouts NAME WHAT DATASET...: $dir/NAME.ini with units 3,4,3 on 3
+# stages (NAME_static3, with the options in static_extra), the same
+# re-laid out at random every step (NAME3, random_extra), random every
+# step on 4 stages (NAME4) and zb with 3,4,3 on 3 (NAME_zb), each
+# against NAME1's bits of DATASET...
+layouts() {
+  local name=$1 what=$2; shift 2
+  local ini=$dir/$name.ini moving=(balance.method=random balance.every=1)
+  train "${name}_static3" 3 "$ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+    "${static_extra[@]}" && bits "${name}_static3" "$@" &&
+    same "${name}1" "${name}_static3" "$what, 3,4,3 units on 3 stages" "$@"
+  train "${name}3" 3 "$ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
+    "${moving[@]}" "${random_extra[@]}" && migrated "${name}3" && bits "${name}3" "$@" &&
+    same "${name}1" "${name}3" "$what, 3,4,3 units on 3 stages, random every step" "$@"
+  # a stage may hold one half alone
+  train "${name}4" 4 "$ini" "${units[@]}" parallel.pp=4 "${moving[@]}" && migrated "${name}4" &&
+    bits "${name}4" "$@" && same "${name}1" "${name}4" "$what, random every step on 4 stages" "$@"
+  train "${name}_zb" 3 "$ini" "${units[@]}" parallel.pp=3 parallel.schedule=zb \
+    balance.initial=explicit:3,4,3 && bits "${name}_zb" "$@" &&
+    same "${name}1" "${name}_zb" "$what, zb, 3,4,3 units on 3 stages" "$@"
+}
+
 # Pruning to 80% at steps 2 and 4, in CSR from 50%: one rank with units
 # against whole blocks, then 5,5 units on 2 stages re-laid out every 2
-# steps and 3,4,3 on 3 every step, against one rank; its checkpoint at
-# step 6 (blocks pruned, in CSR) resumed on 2 stages.
+# steps and the layouts, against one rank; the checkpoint at step 6 of
+# 3,4,3 units migrating (blocks pruned, in CSR) resumed on 2 stages.
 pruned=(steps/loss steps/grad_norm layers/sparsity)
 tiny_config "$dir/prune.ini" model.layers=5 train.steps=8 train.grad_clip=0.05 \
   dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=2 \
@@ -37,21 +61,8 @@ train prune_whole 1 "$dir/prune.ini" && bits prune_whole "${pruned[@]}" &&
 train prune2 2 "$dir/prune.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:5,5 \
   balance.method=random balance.every=2 && migrated prune2 && bits prune2 "${pruned[@]}" &&
   same prune1 prune2 "pruning, 5,5 units on 2 stages, random every 2 steps" "${pruned[@]}"
-train prune3 3 "$dir/prune.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
-  balance.method=random balance.every=1 ckpt.dir="$dir/prune_ck" ckpt.every=6 &&
-  migrated prune3 && bits prune3 "${pruned[@]}" &&
-  same prune1 prune3 "pruning, 3,4,3 units on 3 stages, random every step" "${pruned[@]}"
-train prune_static3 3 "$dir/prune.ini" "${units[@]}" parallel.pp=3 \
-  balance.initial=explicit:3,4,3 && bits prune_static3 "${pruned[@]}" &&
-  same prune1 prune_static3 "pruning, 3,4,3 units on 3 stages" "${pruned[@]}"
-# every step on 4 stages (a stage may hold one half alone), and under the
-# zero-bubble schedule (a pruned half's backward runs whole in BWD)
-train prune4 4 "$dir/prune.ini" "${units[@]}" parallel.pp=4 balance.method=random \
-  balance.every=1 && migrated prune4 && bits prune4 "${pruned[@]}" &&
-  same prune1 prune4 "pruning, random every step on 4 stages" "${pruned[@]}"
-train prune_zb 3 "$dir/prune.ini" "${units[@]}" parallel.pp=3 parallel.schedule=zb \
-  balance.initial=explicit:3,4,3 && bits prune_zb "${pruned[@]}" &&
-  same prune1 prune_zb "pruning, zb, 3,4,3 units on 3 stages" "${pruned[@]}"
+static_extra=() random_extra=(ckpt.dir="$dir/prune_ck" ckpt.every=6)
+layouts prune pruning "${pruned[@]}"
 train prune_resumed 2 "$dir/prune.ini" "${units[@]}" parallel.pp=2 \
   balance.initial=explicit:3,7 ckpt.resume="$dir/prune_ck/ckpt-6.h5" &&
   same_tail prune3 prune_resumed 2 "pruning, a sublayer checkpoint at step 6 resumed on 2 stages"
@@ -59,9 +70,8 @@ train prune_resumed 2 "$dir/prune.ini" "${units[@]}" parallel.pp=2 \
 # Mixture of experts: the router, the experts and the MoE state (the
 # sigmoid router's bias, the counts) are the MLP unit's. MoE blocks 1 and
 # 3 of 4 experts (top-2, the sigmoid router and its bias): 3,7 units on 2
-# stages (block 1 split) re-laid out every 2 steps, 3,4,3 on 3 (blocks 1
-# and 3 split) every step, against one rank: losses, gradient norms,
-# expert counts and biases.
+# stages (block 1 split) re-laid out every 2 steps and the layouts,
+# against one rank: losses, gradient norms, expert counts and biases.
 moed=(steps/loss steps/grad_norm moe/tokens moe/dropped moe/bias)
 tiny_config "$dir/moe.ini" model.layers=5 train.steps=8 train.grad_clip=0.05 \
   model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=64 \
@@ -70,18 +80,8 @@ train moe1 1 "$dir/moe.ini" "${units[@]}" && bits moe1 "${moed[@]}"
 train moe2 2 "$dir/moe.ini" "${units[@]}" parallel.pp=2 balance.initial=explicit:3,7 \
   balance.method=random balance.every=2 && migrated moe2 && bits moe2 "${moed[@]}" &&
   same moe1 moe2 "MoE, 3,7 units on 2 stages, random every 2 steps" "${moed[@]}"
-train moe_static3 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 \
-  balance.initial=explicit:3,4,3 ckpt.dir="$dir/moe_ck" ckpt.every=4 && bits moe_static3 "${moed[@]}" &&
-  same moe1 moe_static3 "MoE, 3,4,3 units on 3 stages" "${moed[@]}"
-train moe3 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 balance.initial=explicit:3,4,3 \
-  balance.method=random balance.every=1 && migrated moe3 && bits moe3 "${moed[@]}" &&
-  same moe1 moe3 "MoE, 3,4,3 units on 3 stages, random every step" "${moed[@]}"
-train moe4 4 "$dir/moe.ini" "${units[@]}" parallel.pp=4 balance.method=random \
-  balance.every=1 && migrated moe4 && bits moe4 "${moed[@]}" &&
-  same moe1 moe4 "MoE, random every step on 4 stages" "${moed[@]}"
-train moe_zb 3 "$dir/moe.ini" "${units[@]}" parallel.pp=3 parallel.schedule=zb \
-  balance.initial=explicit:3,4,3 && bits moe_zb "${moed[@]}" &&
-  same moe1 moe_zb "MoE, zb, 3,4,3 units on 3 stages" "${moed[@]}"
+static_extra=(ckpt.dir="$dir/moe_ck" ckpt.every=4) random_extra=()
+layouts moe MoE "${moed[@]}"
 # 2 replicas (the counts summed over them) of 2 stages whose units
 # migrate every step, against 2 replicas of one stage
 train moe_dp 2 "$dir/moe.ini" "${units[@]}" parallel.dp=2 && bits moe_dp "${moed[@]}" &&

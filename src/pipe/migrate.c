@@ -243,20 +243,27 @@ static struct block *arrival_block(struct engine *eng, struct unit_ref u, struct
     return &arrived[u.block];
 }
 
-/* Unit u's message from stage src: its size by a probe (the dynamic
- * state varies), its block's slab made ready (arrival_block) and its
- * header's buffer. */
-static void probe_arrival(struct engine *eng, struct unit_ref u, int src, struct block *arrived,
-                          void **metas, int *meta_bytes)
+/* The bytes of unit `unit`'s header message from rank src, by a polled
+ * probe (the dynamic state varies). */
+static int probe_header(int src, int unit)
 {
     int found = 0, count = 0;
     MPI_Status status;
     double t0 = dm_now();
     while (!found) {
-        WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + u.unit, MPI_COMM_WORLD, &found, &status));
+        WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + unit, MPI_COMM_WORLD, &found, &status));
         if (!found) world_wait_round(t0);
     }
     WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+    return count;
+}
+
+/* Unit u's message from stage src: its size (probe_header), its block's
+ * slab made ready (arrival_block) and its header's buffer. */
+static void probe_arrival(struct engine *eng, struct unit_ref u, int src, struct block *arrived,
+                          void **metas, int *meta_bytes)
+{
+    int count = probe_header(src, u.unit);
     struct block *blk = arrival_block(eng, u, arrived);
     size_t slab_bytes = eng->pipe_comm || in_pieces(blk, u.half)
                             ? 0 : staged_floats(blk, u.half) * sizeof(float);
@@ -508,14 +515,7 @@ void engine_gather_split_blocks(struct engine *eng)
         received = staging_pool_host(&eng->staging, STAGING_MIGRATE_RECV,
                                      staged_floats(last, u.half) * sizeof(float));
         post_pieces(&posted, last, u, received, peer, 1);
-        int found = 0;
-        MPI_Status status;
-        double t0 = dm_now();
-        while (!found) {
-            WORLD_MPI(MPI_Iprobe(peer, TAG_BLOCK + u.unit, MPI_COMM_WORLD, &found, &status));
-            if (!found) world_wait_round(t0);
-        }
-        WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &header_bytes));
+        header_bytes = probe_header(peer, u.unit);
         header = dm_alloc((size_t)header_bytes);
         MPI_Request req;
         WORLD_MPI(MPI_Irecv(header, header_bytes, MPI_BYTE, peer, TAG_BLOCK + u.unit,
