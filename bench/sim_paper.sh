@@ -10,13 +10,31 @@
 # speedup over the best static layout, the layout bound, the dynamism's own
 # saving (static-uniform with it over without) and both together,
 # re-packing's ranks and rank-hours, and the sub-block what-if against the
-# same whole-block static layout: its layout bound and its best balancer.
+# same whole-block static layout: its layout bound and its best balancer,
+# the units priced by a FLOPs share of each block ("FLOPs") or, where DIR
+# holds the run's sublayer twin (SCHEME-2-static-sublayer, UNITS=sublayer
+# bench/sim_record.sh), by its measured units (the twin named).
 # With HARDWARE=FILE (hardware/h100-sxm.ini) the blocks are priced op by op
 # on that hardware file instead of the run's fitted costs (docs/simulate.md,
 # "The hardware model"): each scheme's config at the paper's shape (hidden
 # size 1024, 32 heads, sequence length 2048, GPT-2's vocabulary, micro-batches
 # of 2 sequences), the run's trajectory of states driving it, the links
 # the file's. STEPS (default 1000) sets the simulated steps.
+#
+# Then the MoE rows with expert placement (docs/simulate.md, "Expert
+# placement"), on the paper's MoE grid of 128 GPUs (16 stages x 8
+# replicas, 4 micro-batches per stage, the experts over ep = 8 of the
+# replicas): each run's per-expert counts placed static, balanced (the
+# placement planner) and balanced with COPIES (default 2) expert copies a
+# block, each with the static layouts and the balancers. Two shapes, each
+# from its recorded run when DIR has it: Mixtral-8x7B-like (32 blocks, 8
+# experts, top-2; DIR/moe-4-static, configs/moe.ini) and LLaMA-MoE-3.5B-like
+# (32 blocks, 16 experts, top-4; DIR/moe16-4-static, SCHEMES=moe16
+# bench/sim_record.sh). Per shape and placement: the busiest expert rank
+# over the mean (mean over blocks and steps), the best static layout's and
+# the best balancer's ms/step, and each against the static placement's
+# best static layout (the paper's baseline). MOE=0 leaves them out;
+# SCHEMES= (empty) prints the MoE rows alone.
 # Usage: bench/sim_paper.sh [DIR]   (default runs/simval2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +43,7 @@ dir=${1:-runs/simval2}
 S=${STAGES:-24}; D=${REPLICAS:-30}
 echo "| scheme | blocks | best balancer | over best static | layout bound | dynamism alone | dynamism + balancer | re-pack | sub-block: bound | sub-block: best balancer | seconds |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|"
-for scheme in ${SCHEMES:-freeze early_exit prune}; do
+for scheme in ${SCHEMES-freeze early_exit prune}; do
   for L in ${DEPTHS:-32 48}; do
     for unit in block split; do
       extra=(); [ $unit = split ] && extra=(--split-blocks)
@@ -34,6 +52,11 @@ for scheme in ${SCHEMES:-freeze early_exit prune}; do
       # MoE: the 4-rank run, whose experts are split over 2 ranks (on 2
       # ranks ep = 1 and a block's load never varies)
       [ $scheme = moe ] && [ -e "$dir/moe-4-static" ] && run=$dir/moe-4-static
+      # the sub-block columns from the run's sublayer twin when recorded
+      # (UNITS=sublayer bench/sim_record.sh): its units' measured costs
+      # instead of a FLOPs share
+      [ $unit = split ] && [ -e "$run-sublayer" ] && [ -z "${HARDWARE:-}" ] && run=$run-sublayer
+      eval "run_$unit=\${run##*/}"
       if [ -n "${HARDWARE:-}" ]; then
         shape=(model.layers="$L" model.channels=1024 model.heads=32 train.seq=2048
                model.max_seq=2048 model.vocab=50304 train.micro_batches=$((4 * S))
@@ -63,6 +86,39 @@ for scheme in ${SCHEMES:-freeze early_exit prune}; do
     split_total=$(awk -v n="$split_best" '$1 == n { print $2 }' $p)
     sub_bound=$(awk -v a="$static_ms" -v b="$split_layout_ms" 'BEGIN { printf "%.3fx", a / b }')
     sub_best=$(awk -v a="$static_total" -v b="$split_total" 'BEGIN { printf "%.3fx", a / b }')
-    echo "| $scheme | $L | $best | $speedup | $bound | $alone | $both | $repack | $sub_bound | $sub_best ($split_best) | $secs_block + $secs_split |"
+    units=FLOPs; [ "$run_split" != "$run_block" ] && units=$run_split
+    echo "| $scheme | $L | $best | $speedup | $bound | $alone | $both | $repack | $sub_bound ($units) | $sub_best ($split_best) | $secs_block + $secs_split |"
+  done
+done
+
+[ "${MOE:-1}" = 0 ] && exit 0
+# ---- MoE with expert placement: 16 stages x 8 replicas, ep = 8 ------------
+MS=${MOE_STAGES:-16}; MD=${MOE_REPLICAS:-8}; EP=${MOE_EP:-8}; COPIES=${COPIES:-2}
+echo
+echo "| shape | run | placement | busiest rank / mean | best static ms/step | best balancer ms/step | static layout over static placement | best balancer over static placement | seconds |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for shape in mixtral llama-moe; do
+  name=moe-4-static; [ $shape = llama-moe ] && name=moe16-4-static
+  run=$dir/$name
+  if [ ! -e "$run/runlog.h5" ]; then
+    echo "| $shape | (no $run: record it with SCHEMES=${name%%-*} RANKS=4 bench/sim_record.sh) | | | | | | | |"
+    continue
+  fi
+  base=
+  for placement in static balanced copies; do
+    what=(--placement "$placement"); [ $placement = copies ] && what=(--placement balanced --replicas-max "$COPIES")
+    start=$(date +%s.%N)
+    out=/tmp/sim_paper_moe_$placement.out
+    "$DYNMO" simulate --from-run "$run" --blocks 32 --stages "$MS" --replicas "$MD" --ep "$EP" \
+      --micro-batches $((4 * MS)) --steps "${STEPS:-1000}" --latency-ms 0.02 --bandwidth-gbs 25 \
+      --policies static-uniform,static-params,partition-time,diffusion-time "${what[@]}" > "$out"
+    secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+    load=$(grep -oP 'busiest expert rank at \K[0-9.]+x' "$out")
+    static_ms=$(awk '$1 ~ /^static-/ { if (best == "" || $2 < best) best = $2 } END { print best }' "$out")
+    balancer_ms=$(awk '$1 ~ /-time$/ { if (best == "" || $2 < best) best = $2 } END { print best }' "$out")
+    [ -z "$base" ] && base=$static_ms
+    over() { awk -v a="$base" -v b="$1" 'BEGIN { printf "%.3fx", a / b }'; }
+    label=$placement; [ $placement = copies ] && label="balanced + $COPIES copies"
+    echo "| $shape | ${run##*/} | $label | $load | $static_ms | $balancer_ms | $(over "$static_ms") | $(over "$balancer_ms") | $secs |"
   done
 done

@@ -221,11 +221,12 @@ static void child_simulate(void)
 static void child_plan(void)
 {
     struct plan_input in;
-    int *layout = NULL, stages = 0, micro_batches = 0, units = 0;
-    plan_read_run(&in, dir, 1, &layout, &stages, &micro_batches, &units);
+    struct plan_run run;
+    struct plan_steps first = {1, 1};
+    plan_read_run(&in, dir, &first, 0, &run);
     struct plan_sharing sharing;
     memset(&sharing, 0, sizeof sharing);
-    plan_sharing_from_run(&sharing, dir, stages, stages);
+    plan_sharing_from_run(&sharing, dir, run.stages, run.stages);
 }
 
 /* The resident bytes of a process, from its /proc/PID/statm (open as

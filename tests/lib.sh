@@ -7,6 +7,7 @@ BUILD=${BUILD:-build}
 fail() { echo "FAIL: $*"; failures=$((failures+1)); }
 # need_dynmo: skip the test (exit 77, saying why) where $DYNMO is not built
 need_dynmo() { [ -x "$DYNMO" ] || { echo "skip: no dynmo binary at $DYNMO"; exit 77; }; }
+need_h5py() { /usr/bin/python3 -c "import h5py" 2>/dev/null || { echo "skip: no python3-h5py"; exit 77; }; }
 expect_error() {
   local name=$1 regex=$2; shift 2
   local out rc

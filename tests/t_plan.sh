@@ -172,9 +172,9 @@ expect_error "current count" "--current: 2 stages, but --stages is 4" \
   --method partition-time >"$work/out" 2>&1 || fail "units sublayer: exit $?"
 expect_lines "units sublayer" "costs: tests/data/costs_sublayer.csv (8 sublayer units of 4 blocks)" \
   "layout: 3,3,2" "max_stage_ms: 15.000" "split_blocks: 1" "units_moved: 0"
-# Under zb a unit has no weight part (dynmo train runs a half's backward
-# whole): with --units sublayer zb predicts 1f1b's step; the same rows
-# read as blocks (half of each backward a weight part) predict zb faster.
+# Under zb a unit has its weight part as a block does (half of each
+# backward without a wgrad_ms column): zb predicts faster than 1f1b on
+# units as on the same rows read as blocks.
 sub_step() {
   "$DYNMO" plan --costs tests/data/costs_sublayer.csv --stages 3 --method partition-time "$@" \
     >"$work/out" 2>&1 || fail "$*: exit $?"
@@ -182,9 +182,10 @@ sub_step() {
 }
 s1=$(sub_step --units sublayer --schedule 1f1b); sz=$(sub_step --units sublayer --schedule zb)
 b1=$(sub_step --schedule 1f1b); bz=$(sub_step --schedule zb)
-[ -n "$s1" ] && [ "$s1" = "$sz" ] && awk -v a="$bz" -v b="$b1" 'BEGIN { exit !(a + 0 < b + 0) }' &&
-  echo "ok: units sublayer under zb: 1f1b's $s1 ms (rows as blocks: zb $bz < 1f1b $b1)" ||
-  fail "units sublayer under zb: $sz ms, want 1f1b's $s1; rows as blocks zb $bz, 1f1b $b1"
+[ -n "$s1" ] && awk -v a="$sz" -v b="$s1" 'BEGIN { exit !(a + 0 < b + 0) }' &&
+  awk -v a="$bz" -v b="$b1" 'BEGIN { exit !(a + 0 < b + 0) }' &&
+  echo "ok: units sublayer under zb: $sz ms < 1f1b's $s1 (rows as blocks: zb $bz < 1f1b $b1)" ||
+  fail "units sublayer under zb: $sz ms, want less than 1f1b's $s1; rows as blocks zb $bz, 1f1b $b1"
 grep -v '^3\.' tests/data/costs_sublayer.csv >"$work/odd.csv"
 printf '3.attention,1,2,4000,64000\n' >>"$work/odd.csv"
 expect_error "units odd" "--units sublayer: .*odd.csv has 7 unit rows" \
@@ -376,6 +377,120 @@ if /usr/bin/python3 -c 'import h5py' 2>/dev/null; then
   "$DYNMO" plan --from-run "$work/plain" --step 1 --method static-uniform >"$work/out" 2>&1 ||
     fail "from-run plain: exit $?"
   expect_lines "--from-run without sharing attributes" "processors: one per stage" "step_ms: 66.000"
+  # Interleaved: 8 blocks of 1..8 ms forward (twice that backward) on 2
+  # stages of 2 chunks, 1,3,2,2 blocks (stage 0: blocks 0, 4, 5; stage 1:
+  # 1-3, 6, 7), the embedding 1.5 ms and the head 3 ms a micro-batch, m =
+  # 4. --from-run plans the chunks under the run's schedule from
+  # /layout/chunks, and takes the ends' time from each stage less its
+  # chunks' blocks: under --schedule 1f1b it predicts what a 1f1b run of
+  # 4,4 blocks with the same costs logs.
+  block_run() { # DIR CONFIG HISTORY BUSY PYTHON
+    mkdir -p "$1"
+    /usr/bin/python3 - "$1/runlog.h5" "$2" "$3" "$4" "$5" <<'PY'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], 'w')
+f.attrs['config'] = "model.channels = 8\nmodel.layers = 8\ntrain.micro_batches = 4\n" + sys.argv[2].replace("\\n", "\n")
+fwd = np.arange(1, 9, dtype=np.float32)[None, :]
+f['/layers/fwd_ms'], f['/layers/bwd_ms'] = fwd, 2 * fwd
+f['/layout/history'] = np.array([eval(sys.argv[3])], np.int32)
+f['/stages/busy_ms'] = np.array([eval(sys.argv[4])], np.float32)
+exec(sys.argv[5])
+PY
+  }
+  il="parallel.pp = 2\nparallel.schedule = interleaved\nparallel.virtual = 2\n"
+  block_run "$work/il" "$il" "[3, 5]" "[4 * (36 + 1.5), 4 * (72 + 3)]" \
+    "f['/layout/chunks'] = np.array([[1, 3, 2, 2]], np.int32)"
+  block_run "$work/il1f1b" "parallel.pp = 2\n" "[4, 4]" "[4 * (30 + 1.5), 4 * (78 + 3)]" ""
+  "$DYNMO" plan --from-run "$work/il" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+    fail "from-run interleaved: exit $? $(cat "$work/out")"
+  expect_lines "--from-run of an interleaved run plans its chunks" \
+    "stages: 2 x 2 chunks  micro_batches: 4  schedule: interleaved  mem_cap: none" \
+    "reference: 1,3,2,2" "layout: 2,2,2,2"
+  "$DYNMO" plan --from-run "$work/il" --step 1 --method static-uniform --schedule 1f1b >"$work/out" 2>&1 ||
+    fail "from-run interleaved as 1f1b: exit $?"
+  expect_lines "an interleaved run planned as 1f1b" "reference: 3,5" "layout: 4,4"
+  il_step=$(sed -n 's/^step_ms: //p' "$work/out")
+  "$DYNMO" plan --from-run "$work/il1f1b" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+    fail "from-run 1f1b twin: exit $?"
+  [ -n "$il_step" ] && [ "$il_step" = "$(sed -n 's/^step_ms: //p' "$work/out")" ] &&
+    echo "ok: the interleaved run's embedding and head: the 1f1b run's ($il_step ms)" ||
+    fail "the interleaved run's ends: $il_step ms against the 1f1b run's $(sed -n 's/^step_ms: //p' "$work/out")"
+  "$DYNMO" plan --from-run "$work/il" --step 1 --method static-uniform --stages 2 --current 2,2,2,2 \
+    --virtual 2 --schedule interleaved >"$work/out" 2>&1 || fail "from-run interleaved --current: exit $?"
+  expect_lines "--current over the chunks" "reference: 2,2,2,2"
+  expect_error "--current counts chunks" "--current: 2 entries, but the plan has 4 chunks" \
+    "$DYNMO" plan --from-run "$work/il" --step 1 --stages 2 --current 4,4
+  # zb: the weight parts the run logged (/layers/wgrad_ms) price W. Half
+  # the backward is what a log without them gets; none (W = 0) is slower.
+  for w in 0 1 none; do
+    pyw="f['/layers/wgrad_ms'] = $w * fwd"; [ $w = none ] && pyw=""
+    block_run "$work/zb$w" "parallel.pp = 2\nparallel.schedule = zb\n" "[4, 4]" \
+      "[4 * (30 + 1.5), 4 * (78 + 3)]" "$pyw"
+    "$DYNMO" plan --from-run "$work/zb$w" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+      fail "from-run zb: exit $?"
+    grep -q "schedule: zb" "$work/out" || fail "from-run zb: not planned as zb: $(cat "$work/out")"
+    eval "zb$w=\$(sed -n 's/^step_ms: //p' \"\$work/out\")"
+  done
+  [ -n "$zb1" ] && [ "$zb1" = "$zbnone" ] && awk -v a="$zb1" -v b="$zb0" 'BEGIN{exit !(a < b)}' &&
+    echo "ok: --from-run of a zb run prices its logged weight parts ($zb0 ms without, $zb1 ms with half)" ||
+    fail "--from-run zb: $zb0 ms with no weight part, $zb1 with half (want $zbnone, less)"
+  # --step A-B: the mean of the steps' costs. Two steps of 1..8 and 3..10
+  # ms forward plan as one step of 2..9; the bound line divides the best
+  # static layout's step by partition-time's.
+  block_run "$work/two" "parallel.pp = 2\n" "[4, 4]" "[4 * (30 + 1.5), 4 * (78 + 3)]" \
+    "del f['/layers/fwd_ms'], f['/layers/bwd_ms'], f['/layout/history'], f['/stages/busy_ms']
+fwd = np.array([np.arange(1, 9), np.arange(3, 11)], np.float32)
+f['/layers/fwd_ms'], f['/layers/bwd_ms'] = fwd, 2 * fwd
+f['/layout/history'] = np.array([[4, 4], [4, 4]], np.int32)
+f['/stages/busy_ms'] = np.array([[4 * (30 + 1.5), 4 * (78 + 3)], [4 * (54 + 1.5), 4 * (102 + 3)]], np.float32)"
+  block_run "$work/mean" "parallel.pp = 2\n" "[4, 4]" "[4 * (42 + 1.5), 4 * (90 + 3)]" \
+    "del f['/layers/fwd_ms'], f['/layers/bwd_ms']
+f['/layers/fwd_ms'], f['/layers/bwd_ms'] = fwd + 1, 2 * (fwd + 1)"
+  plan_steps() { "$DYNMO" plan --from-run "$@" --method static-uniform,partition-time >"$work/out" 2>&1 ||
+    fail "plan --from-run $*: exit $?"; grep -E '^(step_ms|bound|layout):' "$work/out"; }
+  two=$(plan_steps "$work/two" --step 1-2); mean=$(plan_steps "$work/mean" --step 1)
+  plan_steps "$work/two" --step 1-2 >/dev/null
+  grep -q "^costs: .*two steps 1-2 (their mean)" "$work/out" && [ -n "$two" ] && [ "$two" = "$mean" ] &&
+    echo "ok: --step 1-2 plans the steps' mean costs ($(echo "$two" | grep '^bound'))" ||
+    fail "--step 1-2: $two, against the mean's $mean"
+  echo "$two" | grep -Eq '^bound: [0-9.]+x \(best static static-uniform [0-9.]+ ms / partition-time [0-9.]+ ms\)$' ||
+    fail "no bound line: $two"
+  block_run "$work/relaid" "parallel.pp = 2\n" "[4, 4]" "[150, 300]" \
+    "del f['/layout/history'], f['/layers/fwd_ms'], f['/layers/bwd_ms'], f['/stages/busy_ms']
+f['/layout/history'] = np.array([[4, 4], [3, 5]], np.int32)
+f['/layers/fwd_ms'] = np.ones((2, 8), np.float32); f['/layers/bwd_ms'] = np.ones((2, 8), np.float32)
+f['/stages/busy_ms'] = np.full((2, 2), 100, np.float32)"
+  expect_error "a range over a re-layout" "/layout/history differs at steps 1 and 2 \(a re-layout inside steps 1-2\)" \
+    "$DYNMO" plan --from-run "$work/relaid" --step 1-2
+  expect_error "steps past the log" "--step 1-3: .* has steps 1..2" "$DYNMO" plan --from-run "$work/relaid" --step 1-3
+  expect_error "a backward range" "--step: '2-1' is not a step N or a range A-B" \
+    "$DYNMO" plan --from-run "$work/relaid" --step 2-1
+  expect_error "--step without a run" "--step: only --from-run reads steps" \
+    "$DYNMO" plan --costs "$costs" --stages 2 --step 1
+  # --units block plans a sublayer run in whole blocks (/layers/, its unit
+  # layout halved): what the same costs logged by a block run give.
+  block_run "$work/units" "parallel.pp = 2\nbalance.units = sublayer\n" "[8, 8]" \
+    "[4 * (30 + 1.5), 4 * (78 + 3)]" \
+    "f['/units/fwd_ms'] = np.repeat(fwd, 2, axis=1) / 2; f['/units/bwd_ms'] = np.repeat(fwd, 2, axis=1)"
+  "$DYNMO" plan --from-run "$work/units" --step 1 --units block --method static-uniform >"$work/out" 2>&1 ||
+    fail "--units block on a sublayer run: exit $? $(cat "$work/out")"
+  expect_lines "--units block on a sublayer run" "reference: 4,4" "step_ms: $il_step"
+  "$DYNMO" plan --from-run "$work/units" --step 1 --method static-uniform >"$work/out" 2>&1 ||
+    fail "a sublayer run in its units: exit $?"
+  expect_lines "a sublayer run in its units" "reference: 8,8" "step_ms: $il_step"
+  block_run "$work/unitsplit" "parallel.pp = 2\nbalance.units = sublayer\n" "[7, 9]" \
+    "[150, 300]" "f['/units/fwd_ms'] = np.repeat(fwd, 2, axis=1) / 2; f['/units/bwd_ms'] = np.repeat(fwd, 2, axis=1)"
+  expect_error "--units block on a split block" "splits a block \(entry 0 holds 7 units\)" \
+    "$DYNMO" plan --from-run "$work/unitsplit" --step 1 --units block
+  expect_error "--units sublayer with --from-run" "--units sublayer: --from-run reads the run log's own units" \
+    "$DYNMO" plan --from-run "$work/units" --step 1 --units sublayer
+  block_run "$work/ilnochunks" "$il" "[3, 5]" "[150, 300]" ""
+  expect_error "interleaved run without chunks" "needs /layout/chunks with 4 columns" \
+    "$DYNMO" plan --from-run "$work/ilnochunks" --step 1
+  block_run "$work/ilbadchunks" "$il" "[3, 5]" "[150, 300]" \
+    "f['/layout/chunks'] = np.array([[1, 3, 0, 4]], np.int32)"
+  expect_error "chunks with an empty one" "/layout/chunks at step 1 is not a layout of the run's 8 units over 4 chunks" \
+    "$DYNMO" plan --from-run "$work/ilbadchunks" --step 1
 else
   echo "skip: --from-run sharing cases need /usr/bin/python3 with h5py"
 fi

@@ -106,8 +106,22 @@ cmp -s <(grep '^loss: ' "$dir/resume-interleaved-1f1b.eval") \
 import sys, h5py
 rows = h5py.File(sys.argv[1], 'r')['/layout/history'][:]
 assert all(list(r) == [4, 4] for r in rows), rows
-print("ok: /layout/history holds each stage's 4 blocks (chunks 1 + 3 and 3 + 1)")
+chunks = h5py.File(sys.argv[1], 'r')['/layout/chunks'][:]
+assert all(list(r) == [1, 3, 3, 1] for r in chunks), chunks
+print("ok: /layout/history holds each stage's 4 blocks (chunks 1 + 3 and 3 + 1), "
+      "/layout/chunks the chunks' 1,3,3,1")
 PY
+# dynmo plan --from-run plans the chunks of the randomly re-laid-out run
+# from the layout of its step 6.
+if [ -f "$dir/ilr/runlog.h5" ]; then
+  want=$(/usr/bin/python3 -c 'import sys, h5py
+print(",".join(str(c) for c in h5py.File(sys.argv[1], "r")["/layout/chunks"][5]))' "$dir/ilr/runlog.h5")
+  "$DYNMO" plan --from-run "$dir/ilr" --step 6 --method partition-time >"$dir/plan.out" 2>&1 &&
+    grep -qx "reference: $want" "$dir/plan.out" &&
+    grep -q "stages: 4 x 2 chunks  micro_batches: 4  schedule: interleaved" "$dir/plan.out" &&
+    echo "ok: dynmo plan --from-run plans the run's 8 chunks from step 6's $want" ||
+    fail "plan --from-run of an interleaved run: $(head -n 6 "$dir/plan.out")"
+fi
 ref() { train_refused "$1" "$2" "$3" "$dir/tiny.ini" "${@:4}"; }
 ref no-virtual "parallel.schedule = interleaved needs parallel.virtual >= 2" 2 \
   parallel.pp=2 "${il[@]}"

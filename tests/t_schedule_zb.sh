@@ -66,9 +66,10 @@ for pair in "zb 1f1b" "1f1b zb"; do
   "$DYNMO" report "$dir/$name/runlog.h5" --out "$dir/$name.report" >"$dir/$name.report.out" 2>&1 ||
     fail "$name: dynmo report failed: $(tail -n 2 "$dir/$name.report.out")"
 done
-# Schemes whose blocks' backward runs whole in BWD (mixture of depths,
-# pruning with CSR products), hash attention (its own attention core in
-# BWD) and early exit (the active rows' weight part): the same bits too.
+# Schemes whose blocks' backward runs whole in BWD (mixture of depths),
+# pruning with CSR products (their weight outputs deferred), hash
+# attention (its own attention core in BWD) and early exit (the active
+# rows' weight part): the same bits too.
 for scheme in "early dyn.kind=early_exit" \
               "exits dyn.kind=early_exit dyn.exit_threshold=0.0005 dyn.exit_warmup=1" \
               "mod model.mod_every=2 model.mod_capacity=0.25" \
@@ -80,9 +81,10 @@ for scheme in "early dyn.kind=early_exit" \
   run "zb-$kind" 2 parallel.pp=2 parallel.schedule=zb "$@" &&
     same "s-$kind" "zb-$kind" "zb with $kind" /steps/loss
 done
-# Hash attention and early exit keep a weight part: WGRAD time on every
-# block (exits: with tokens leaving from block 1 on, the active rows').
-for kind in hash early exits; do
+# Hash attention, early exit and CSR products keep a weight part: WGRAD
+# time on every block (exits: with tokens leaving from block 1 on, the
+# active rows').
+for kind in hash early exits prune; do
   /usr/bin/python3 - "$dir/zb-$kind/runlog.h5" <<'PY' && echo "ok: zb with $kind: every block has a deferred weight part" || fail "zb with $kind: a block without a weight part"
 import sys, h5py
 w = h5py.File(sys.argv[1], "r")["/layers/wgrad_ms"][:]

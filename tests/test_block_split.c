@@ -4,7 +4,8 @@
  * the whole backward bit for bit; the block's input and weight parts, run
  * in ZB-H1's order over two micro-batches (F0 F1 B0 B1 W0 W1), against
  * block_backward in 1F1B's (F0 B0 F1 B1): the same din and the same
- * gradients, bit for bit; a frozen block's weight part adds nothing. */
+ * gradients, bit for bit, for a whole block and for each half of one
+ * (balance.units = sublayer); a frozen block's weight part adds nothing. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,8 +155,10 @@ static void run_block(struct block *blk, int split, float *const *in, float *con
     block_scratch_free(&s);
 }
 
-static void test_block(int frozen)
+static void test_block(int frozen, int halves)
 {
+    static const char *const names[] = {"block", "attention half", "MLP half"};
+    const char *what = names[halves];
     struct gpt_shape shape = {.vocab = 32, .max_seq = 16, .layers = 2, .heads = 4,
                               .channels = 32};
     long n = (long)BB * TT * shape.channels;
@@ -172,19 +175,20 @@ static void test_block(int frozen)
     block_init(&whole, 1, &shape, 5);
     block_init(&split, 1, &shape, 5);
     whole.frozen = split.frozen = frozen;
+    whole.halves = split.halves = halves;
     run_block(&whole, 0, in, dout, din_whole);
     run_block(&split, 1, in, dout, din_split);
     for (int mb = 0; mb < MB; mb++)
         CHECK_MSG(memcmp(din_whole[mb], din_split[mb], (size_t)n * sizeof(float)) == 0,
-                  "%sblock: micro-batch %d's input gradient differs", frozen ? "frozen " : "",
-                  mb);
+                  "%s%s: micro-batch %d's input gradient differs", frozen ? "frozen " : "",
+                  what, mb);
     size_t grads = whole.nparams * sizeof(float);
     CHECK_MSG(memcmp(whole.grads, split.grads, grads) == 0,
-              "%sblock: the weight gradients differ", frozen ? "frozen " : "");
+              "%s%s: the weight gradients differ", frozen ? "frozen " : "", what);
     double norm = dot(split.grads, split.grads, (long)split.nparams);
     CHECK(frozen ? norm == 0 : norm > 0);
-    printf("%sblock: 2 micro-batches, F F B B W W = F B F B bit for bit (gradient norm^2 %.3g)\n",
-           frozen ? "frozen " : "", norm);
+    printf("%s%s: 2 micro-batches, F F B B W W = F B F B bit for bit (gradient norm^2 %.3g)\n",
+           frozen ? "frozen " : "", what, norm);
     block_free(&whole);
     block_free(&split);
     for (int mb = 0; mb < MB; mb++) {
@@ -198,7 +202,9 @@ static void test_block(int frozen)
 int main(void)
 {
     test_ops();
-    test_block(0);
-    test_block(1);
+    for (int halves = 0; halves <= BLOCK_HALF_MLP; halves++) {
+        test_block(0, halves);
+        test_block(1, halves);
+    }
     return testing_report("test_block_split");
 }

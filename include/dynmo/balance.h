@@ -141,6 +141,20 @@ void balance_end_stage_extras(const double *fwd_ms, const double *bwd_ms,
                               struct balance_extra *embed,
                               struct balance_extra *head);
 
+/* Under interleaved (virtual_stages chunks per stage, chunk c of stage s
+ * being virtual stage c stages + s, chunks[] units per virtual stage):
+ * each virtual stage's compute and step-end ms as the end-stage extras
+ * read them, its stage's less its other chunks' units (per micro-batch
+ * fwd + bwd times micro_batches, and their updates). Exact for the first
+ * and last virtual stage, which hold the embedding and the head; the
+ * middle ones also carry their stage's share of the ends. */
+void balance_chunk_stage_times(const double *fwd_ms, const double *bwd_ms,
+                               const double *update_ms, const int *chunks, int stages,
+                               int virtual_stages, int micro_batches,
+                               const double *stage_compute_ms,
+                               const double *stage_update_ms, double *vcompute,
+                               double *vupdate);
+
 /* Fills costs from profile: cost[i] = fwd_ms[i] + bwd_ms[i] (one rounding)
  * or params[i], extras likewise. `cost` is a caller-owned array of
  * profile->blocks doubles that costs->cost points into afterwards; the

@@ -56,8 +56,12 @@ struct dyn_ckpt_states;   /* dynmo/dyn.h */
 #define RUNLOG_UNIT_FWD_MS "/units/fwd_ms"        /* float32 [steps, 2 layers] */
 #define RUNLOG_UNIT_BWD_MS "/units/bwd_ms"        /* float32 [steps, 2 layers] */
 #define RUNLOG_UNIT_UPDATE_MS "/units/update_ms"  /* float32 [steps, 2 layers] */
+#define RUNLOG_UNIT_WGRAD_MS "/units/wgrad_ms"    /* float32 [steps, 2 layers]: zb only */
 #define RUNLOG_LAYOUT_HISTORY "/layout/history"  /* int32 [steps, stages]: units per stage
                                                     (blocks, or halves with sublayer) */
+#define RUNLOG_LAYOUT_CHUNKS "/layout/chunks"    /* int32 [steps, stages x virtual]: interleaved
+                                                    only, units per chunk, chunk c of stage s
+                                                    at c stages + s */
 #define RUNLOG_STEP_BUBBLE "/steps/bubble_ratio"  /* float32 [steps] */
 #define RUNLOG_STEP_IMBALANCE "/steps/imbalance"  /* float32 [steps] */
 /* Per stage and step (columns: pipeline stages of the run's first world): */

@@ -540,6 +540,8 @@ struct gpt {
      * alone: all of it; an MLP half alone: none). */
     double *attention_fwd_s, *attention_bwd_s;             /* (num_blocks) */
     double *block_wgrad_s;   /* (num_blocks) zb: the weight parts' share of block_bwd_s */
+    double *attention_wgrad_s;   /* (num_blocks) zb with halves: the attention half's
+                                    share of block_wgrad_s (and of attention_bwd_s) */
     /* Layer freezing: blocks [0, frozen_prefix) (global indices), and the
      * embedding when frozen_prefix > 0, are frozen with everything before
      * them: their backward is skipped entirely. A frozen block outside the

@@ -69,8 +69,9 @@ struct step_stats {
      * whole-block units the layer figures again; with sublayer units
      * (2 layers) each half of every block apart, unit 2l its attention and
      * 2l + 1 its MLP (forward and backward measured apart, the slab's bytes
-     * and the update time shared by the halves' parameters, no weight part:
-     * wgrad 0), which the layer figures sum. What the balancer takes. */
+     * and the update time shared by the halves' parameters, under zb each
+     * half's weight part), which the layer figures sum. What the balancer
+     * takes. */
     int units;
     double *unit_fwd_ms, *unit_bwd_ms, *unit_mem_bytes, *unit_sparsity, *unit_update_ms;
     double *unit_wgrad_ms;
@@ -83,6 +84,8 @@ struct step_stats {
     double bubble_ratio;      /* sum of idle / (stages * step time) */
     double imbalance;         /* Eq. 2 on stage compute: (max - min) / mean */
     int *layout;              /* (stages) blocks per stage during the step */
+    int chunks;               /* interleaved: stages x virtual, else 0 */
+    int *chunk_layout;        /* (chunks) units per chunk, chunk c of stage s at c S + s */
     int stop_requested;       /* some rank's watched flag was set (all ranks) */
     char dyn_text[96];        /* the dynamism scheme's state (dyn_describe) */
     /* run.trace_from: on a traced step, trace_rows rows of STEP_TRACE_COLUMNS

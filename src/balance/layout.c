@@ -87,6 +87,30 @@ void balance_end_stage_extras(const double *fwd_ms, const double *bwd_ms,
     }
 }
 
+void balance_chunk_stage_times(const double *fwd_ms, const double *bwd_ms,
+                               const double *update_ms, const int *chunks, int stages,
+                               int virtual_stages, int micro_batches,
+                               const double *stage_compute_ms,
+                               const double *stage_update_ms, double *vcompute,
+                               double *vupdate)
+{
+    int V = stages * virtual_stages;
+    for (int vs = 0; vs < V; vs++) {
+        int s = vs % stages, first = 0;
+        double blocks = 0.0, updates = 0.0;
+        for (int other = 0; other < V; other++) {
+            if (other % stages == s && other != vs)
+                for (int u = first; u < first + chunks[other]; u++) {
+                    blocks += fwd_ms[u] + bwd_ms[u];
+                    updates += update_ms[u];
+                }
+            first += chunks[other];
+        }
+        vcompute[vs] = stage_compute_ms[s] - micro_batches * blocks - updates;
+        vupdate[vs] = stage_update_ms[s] - updates;
+    }
+}
+
 void balance_costs_from_profile(struct balance_costs *costs,
                                 const struct balance_profile *profile,
                                 enum balance_cost_kind kind, double *cost)

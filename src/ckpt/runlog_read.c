@@ -44,7 +44,8 @@ static int schema_rank(const char *name)
         "/steps/migrate_ms"};
     static const char *const matrices[] = {
         RUNLOG_LAYER_FWD_MS, RUNLOG_LAYER_BWD_MS, RUNLOG_LAYER_UPDATE_MS, RUNLOG_LAYER_WGRAD_MS,
-        RUNLOG_LAYOUT_HISTORY, RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS,
+        RUNLOG_UNIT_FWD_MS, RUNLOG_UNIT_BWD_MS, RUNLOG_UNIT_UPDATE_MS, RUNLOG_UNIT_WGRAD_MS,
+        RUNLOG_LAYOUT_HISTORY, RUNLOG_LAYOUT_CHUNKS, RUNLOG_STAGE_BUSY_MS, RUNLOG_STAGE_IDLE_MS,
         RUNLOG_STAGE_UPDATE_MS, RUNLOG_TRACE_EVENTS, RUNLOG_BALANCE_DECISIONS,
         "/layers/frozen", "/layers/tiles_share"};
     for (size_t i = 0; i < sizeof series / sizeof *series; i++)

@@ -293,13 +293,14 @@ static void list_sections(char *buf, size_t size)
 
 void dm_format_shortest(char *buf, size_t size, double x)
 {
-    char candidate[32];
-    snprintf(buf, size, "%.17g", x);
+    char best[32], candidate[32];
+    snprintf(best, sizeof best, "%.17g", x);
     for (int digits = 1; digits < 17; digits++) {
         snprintf(candidate, sizeof candidate, "%.*g", digits, x);
-        if (strtod(candidate, NULL) == x && strlen(candidate) < strlen(buf))
-            snprintf(buf, size, "%s", candidate);
+        if (strtod(candidate, NULL) == x && strlen(candidate) < strlen(best))
+            memcpy(best, candidate, sizeof best);
     }
+    snprintf(buf, size, "%s", best);
 }
 
 #define KEY_ERROR(...) do { snprintf(err, errsize, __VA_ARGS__); return -1; } while (0)

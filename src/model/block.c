@@ -728,6 +728,11 @@ static int matrix_slot(int k)
     DM_FATAL("tensor %d is not a block matrix", k);
 }
 
+const struct csr_matrix *block_csr_of(const struct block *blk, int k)
+{
+    return blk->sparse && blk->sparse->use_csr ? block_sparse_csr(blk, matrix_slot(k)) : NULL;
+}
+
 /* out = inp @ W^T + b, plus residual if given; gelu_out = gelu(out) if
  * given. Dense products fuse the residual and GELU into the matmul's
  * row chunks (one pass over the output less). */
@@ -735,8 +740,8 @@ static void block_matmul_forward(const struct block *blk, int k, float *out, con
                                  int N, int C, int OC, const float *residual, float *gelu_out)
 {
     const struct dm_backend *ops = backend_current();
-    if (blk->sparse && blk->sparse->use_csr) {
-        const struct csr_matrix *w = block_sparse_csr(blk, matrix_slot(k));
+    const struct csr_matrix *w = block_csr_of(blk, k);
+    if (w) {
         ops->sparse_matmul_forward(out, inp, w->row_ptr, w->col_idx, w->values, blk->p[k + 1],
                                    N, C, OC);
         if (residual) ops->residual_forward(out, out, residual, (long)N * OC);
@@ -757,8 +762,8 @@ static void block_matmul_backward(struct block *blk, int k, float *const *g, flo
                                   const float *gelu_inp)
 {
     const struct dm_backend *ops = backend_current();
-    if (blk->sparse && blk->sparse->use_csr) {
-        const struct csr_matrix *w = block_sparse_csr(blk, matrix_slot(k));
+    const struct csr_matrix *w = block_csr_of(blk, k);
+    if (w) {
         ops->sparse_matmul_backward(dinp, g[k], g[k + 1], dout, inp, w->row_ptr, w->col_idx,
                                     w->values, w->nnz, N, C, OC);
         if (gelu_inp) ops->gelu_backward(dinp, gelu_inp, dinp, (long)N * C);

@@ -4,13 +4,16 @@
  * ops; the weight part (W) accumulates the weight gradients from them.
  * Each op is called as block.c's dense backward calls it, once for its
  * input gradient and once for its weight gradients, so the two parts add
- * up to block_backward bit for bit (test_block_split). Must not: change
+ * up to block_backward bit for bit (test_block_split); a pruned block's
+ * CSR products split the same way (their input and weight outputs are
+ * computed apart). Must not: change
  * an op's arguments or order from block.c's dense backward, or run the
  * weight part of a frozen block. */
 #include <string.h>
 #include "dynmo/backend.h"
 #include "dynmo/block_ext.h"
 #include "dynmo/model.h"
+#include "model/internal.h"
 
 void block_wgrad_alloc(struct block_wgrad *w, int B, int T, int C)
 {
@@ -31,14 +34,12 @@ void block_wgrad_free(struct block_wgrad *w)
     memset(w, 0, sizeof *w);
 }
 
-/* Whether an extension's hook or CSR products replace a weighted part of
- * the dense backward: then the backward runs whole in the input part. An
- * attention core of its own (hash attention) has no weights: it runs in
- * the input part in the dense core's place, and the weight part stays
- * deferred. */
+/* Whether an extension's hook replaces a weighted part of the dense
+ * backward: then the backward runs whole in the input part. An attention
+ * core of its own (hash attention) has no weights: it runs in the input
+ * part in the dense core's place, and the weight part stays deferred. */
 static int backward_replaced(const struct block *blk)
 {
-    if (blk->sparse && blk->sparse->use_csr) return 1;
     for (int i = 0; i < blk->ext_count; i++) {
         const struct gpt_ext_ops *ops = blk->ext[i].ops;
         if (ops->block_backward || ops->mlp_backward) return 1;
@@ -63,6 +64,89 @@ static void core_backward(struct block *blk, struct block_acts *acts, struct blo
                                           blk->C, blk->NH);
 }
 
+/* The input gradient of product k (dinp from dout; through GELU's
+ * derivative at gelu_inp when given), dense or in CSR. */
+static void input_product(const struct block *blk, int k, float *dinp, const float *dout,
+                          const float *inp, int N, int C, int OC, const float *gelu_inp)
+{
+    const struct dm_backend *ops = backend_current();
+    const struct csr_matrix *w = block_csr_of(blk, k);
+    if (w) {
+        ops->sparse_matmul_backward(dinp, NULL, NULL, dout, inp, w->row_ptr, w->col_idx,
+                                    w->values, w->nnz, N, C, OC);
+        if (gelu_inp) ops->gelu_backward(dinp, gelu_inp, dinp, (long)N * C);
+    } else if (gelu_inp) {
+        ops->matmul_backward_gelu(dinp, NULL, NULL, dout, inp, blk->p[k], gelu_inp, N, C, OC);
+    } else {
+        ops->matmul_backward_overwrite(dinp, NULL, NULL, dout, inp, blk->p[k], N, C, OC);
+    }
+}
+
+/* The weight and bias gradients of product k, dense or in CSR. */
+static void weight_product(const struct block *blk, int k, const float *dout, const float *inp,
+                           int N, int C, int OC)
+{
+    const struct dm_backend *ops = backend_current();
+    const struct csr_matrix *w = block_csr_of(blk, k);
+    float *const *g = blk->g;
+    if (w)
+        ops->sparse_matmul_backward(NULL, g[k], g[k + 1], dout, inp, w->row_ptr, w->col_idx,
+                                    w->values, w->nnz, N, C, OC);
+    else
+        ops->matmul_backward(NULL, g[k], g[k + 1], dout, inp, NULL, N, C, OC);
+}
+
+/* The MLP part's input gradient: from the block's output gradient dout
+ * to the gradient of the residual stream after attention, d_res1, with
+ * res1 that stream (the whole block's acts->res1, an MLP half's input). */
+static void mlp_input(struct block *blk, struct block_acts *acts, struct block_wgrad *w,
+                      float *d_res1, const float *dout, const float *res1, int N)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C;
+    float *const *p = blk->p;
+    /* din may alias dout: the weight part reads its own copy */
+    if (!blk->frozen) ops->copy_on_device(w->dout, dout, (size_t)N * C * sizeof(float));
+    input_product(blk, BP_FCPROJ_W, w->d_fch, dout, acts->fch_gelu, N, 4 * C, C, acts->fch);
+    input_product(blk, BP_FC_W, w->d_ln2, w->d_fch, acts->ln2, N, C, 4 * C, NULL);
+    ops->layernorm_backward_residual(d_res1, dout, NULL, NULL, w->d_ln2, res1, p[BP_LN2_W],
+                                     acts->ln2_mean, acts->ln2_rstd, N, C);
+}
+
+/* The attention part's input gradient: from w->d_res1 to din. */
+static void attention_input(struct block *blk, struct block_acts *acts,
+                            struct block_scratch *s, struct block_wgrad *w, float *din,
+                            const float *in, int B, int T)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C, N = B * T;
+    float *const *p = blk->p;
+    input_product(blk, BP_ATTPROJ_W, s->d_atty, w->d_res1, acts->atty, N, C, C, NULL);
+    core_backward(blk, acts, s, w->d_qkv, B, T);
+    input_product(blk, BP_QKV_W, w->d_ln1, w->d_qkv, acts->ln1, N, C, 3 * C, NULL);
+    ops->layernorm_backward_residual(din, w->d_res1, NULL, NULL, w->d_ln1, in, p[BP_LN1_W],
+                                     acts->ln1_mean, acts->ln1_rstd, N, C);
+}
+
+/* A half (balance.units = sublayer, blk->halves one half) as block.c's
+ * half_backward: the MLP half leaves d_res1 in the scratch's d_res1 and
+ * copies it to din when there is one; the attention half takes dout as
+ * d_res1 (which may be the scratch's, where an MLP half left it). */
+static void half_input(struct block *blk, struct block_acts *acts, struct block_scratch *s,
+                       struct block_wgrad *w, float *din, const float *dout, const float *in,
+                       int B, int T)
+{
+    const struct dm_backend *ops = backend_current();
+    size_t bytes = (size_t)B * T * blk->C * sizeof(float);
+    if (blk->halves == BLOCK_HALF_MLP) {
+        mlp_input(blk, acts, w, s->d_res1, dout, in, B * T);
+        if (din) ops->copy_on_device(din, s->d_res1, bytes);
+        return;
+    }
+    ops->copy_on_device(w->d_res1, dout, bytes);
+    attention_input(blk, acts, s, w, din, in, B, T);
+}
+
 void block_backward_input(struct block *blk, struct block_acts *acts,
                           struct block_scratch *s, struct block_wgrad *w, float *din,
                           const float *dout, const float *in, int B, int T)
@@ -72,23 +156,37 @@ void block_backward_input(struct block *blk, struct block_acts *acts,
         block_backward(blk, acts, s, din, dout, in, B, T);
         return;
     }
+    if (block_is_half(blk)) {
+        half_input(blk, acts, s, w, din, dout, in, B, T);
+        return;
+    }
+    mlp_input(blk, acts, w, w->d_res1, dout, acts->res1, B * T);
+    attention_input(blk, acts, s, w, din, in, B, T);
+}
+
+/* The weight parts: the MLP's (res1 the stream after attention) and the
+ * attention's. */
+static void mlp_weight(struct block *blk, const struct block_acts *acts,
+                       const struct block_wgrad *w, const float *res1, int N)
+{
     const struct dm_backend *ops = backend_current();
-    int C = blk->C, N = B * T;
-    float *const *p = blk->p;
-    /* din may alias dout: the weight part reads its own copy */
-    if (!blk->frozen) ops->copy_on_device(w->dout, dout, (size_t)N * C * sizeof(float));
-    ops->matmul_backward_gelu(w->d_fch, NULL, NULL, dout, acts->fch_gelu, p[BP_FCPROJ_W],
-                              acts->fch, N, 4 * C, C);
-    ops->matmul_backward_overwrite(w->d_ln2, NULL, NULL, w->d_fch, acts->ln2, p[BP_FC_W], N,
-                                   C, 4 * C);
-    ops->layernorm_backward_residual(w->d_res1, dout, NULL, NULL, w->d_ln2, acts->res1,
-                                     p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
-    ops->matmul_backward_overwrite(s->d_atty, NULL, NULL, w->d_res1, acts->atty,
-                                   p[BP_ATTPROJ_W], N, C, C);
-    core_backward(blk, acts, s, w->d_qkv, B, T);
-    ops->matmul_backward_overwrite(w->d_ln1, NULL, NULL, w->d_qkv, acts->ln1, p[BP_QKV_W], N,
-                                   C, 3 * C);
-    ops->layernorm_backward_residual(din, w->d_res1, NULL, NULL, w->d_ln1, in, p[BP_LN1_W],
+    int C = blk->C;
+    float *const *g = blk->g;
+    weight_product(blk, BP_FCPROJ_W, w->dout, acts->fch_gelu, N, 4 * C, C);
+    weight_product(blk, BP_FC_W, w->d_fch, acts->ln2, N, C, 4 * C);
+    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN2_W], g[BP_LN2_B], w->d_ln2, res1,
+                                     NULL, acts->ln2_mean, acts->ln2_rstd, N, C);
+}
+
+static void attention_weight(struct block *blk, const struct block_acts *acts,
+                             const struct block_wgrad *w, const float *in, int N)
+{
+    const struct dm_backend *ops = backend_current();
+    int C = blk->C;
+    float *const *g = blk->g;
+    weight_product(blk, BP_ATTPROJ_W, w->d_res1, acts->atty, N, C, C);
+    weight_product(blk, BP_QKV_W, w->d_qkv, acts->ln1, N, C, 3 * C);
+    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN1_W], g[BP_LN1_B], w->d_ln1, in, NULL,
                                      acts->ln1_mean, acts->ln1_rstd, N, C);
 }
 
@@ -96,19 +194,11 @@ void block_backward_weight(struct block *blk, const struct block_acts *acts,
                            const struct block_wgrad *w, const float *in, int B, int T)
 {
     if (w->fused || blk->frozen) return;
-    const struct dm_backend *ops = backend_current();
-    int C = blk->C, N = B * T;
-    float *const *g = blk->g;
-    ops->matmul_backward(NULL, g[BP_FCPROJ_W], g[BP_FCPROJ_B], w->dout, acts->fch_gelu, NULL,
-                         N, 4 * C, C);
-    ops->matmul_backward(NULL, g[BP_FC_W], g[BP_FC_B], w->d_fch, acts->ln2, NULL, N, C,
-                         4 * C);
-    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN2_W], g[BP_LN2_B], w->d_ln2,
-                                     acts->res1, NULL, acts->ln2_mean, acts->ln2_rstd, N, C);
-    ops->matmul_backward(NULL, g[BP_ATTPROJ_W], g[BP_ATTPROJ_B], w->d_res1, acts->atty, NULL,
-                         N, C, C);
-    ops->matmul_backward(NULL, g[BP_QKV_W], g[BP_QKV_B], w->d_qkv, acts->ln1, NULL, N, C,
-                         3 * C);
-    ops->layernorm_backward_residual(NULL, NULL, g[BP_LN1_W], g[BP_LN1_B], w->d_ln1, in, NULL,
-                                     acts->ln1_mean, acts->ln1_rstd, N, C);
+    int N = B * T;
+    if (blk->halves == BLOCK_HALF_MLP) {   /* in: the stream after attention */
+        mlp_weight(blk, acts, w, in, N);
+        return;
+    }
+    if (blk->halves != BLOCK_HALF_ATTENTION) mlp_weight(blk, acts, w, acts->res1, N);
+    attention_weight(blk, acts, w, in, N);
 }

@@ -70,14 +70,15 @@ void gpt_init_weights(struct gpt *model, uint64_t seed)
     init_embed_weights(model, seed);
 }
 
-/* The blocks' seconds of the last step, the six arrays of struct gpt
- * (block_fwd_s ... block_wgrad_s) of count doubles each (at least 1),
+/* The blocks' seconds of the last step, the seven arrays of struct gpt
+ * (block_fwd_s ... attention_wgrad_s) of count doubles each (at least 1),
  * carved from one allocation that block_fwd_s starts. */
 static void block_timings_alloc(struct gpt *model, int count)
 {
-    double **const timings[] = {&model->block_fwd_s,     &model->block_bwd_s,
-                                &model->block_update_s,  &model->attention_fwd_s,
-                                &model->attention_bwd_s, &model->block_wgrad_s};
+    double **const timings[] = {&model->block_fwd_s,       &model->block_bwd_s,
+                                &model->block_update_s,    &model->attention_fwd_s,
+                                &model->attention_bwd_s,   &model->block_wgrad_s,
+                                &model->attention_wgrad_s};
     dm_carve_doubles(timings, sizeof timings / sizeof timings[0], (size_t)(count ? count : 1));
 }
 
@@ -327,23 +328,56 @@ static void forward_units(struct gpt *model, struct block_acts *a, int i, float 
 
 /* The backward of forward_units: the MLP half leaves the gradient of res1
  * in the scratch's d_res1, where the attention half takes it. */
+/* One half's backward; under zb (w) its input part, the weight part
+ * deferred to gpt_backward_weight. */
+static void unit_backward(struct block *blk, struct block_acts *a, struct block_scratch *s,
+                          struct block_wgrad *w, float *din, const float *dout, const float *in,
+                          int B, int T)
+{
+    if (w) block_backward_input(blk, a, s, w, din, dout, in, B, T);
+    else block_backward(blk, a, s, din, dout, in, B, T);
+}
+
 static void backward_units(struct gpt *model, struct block_acts *a, struct block_scratch *s,
-                           int i, float *din, const float *dout, const float *in, int B, int T)
+                           struct block_wgrad *w, int i, float *din, const float *dout,
+                           const float *in, int B, int T)
 {
     struct block *blk = &model->blocks[i];
     if (blk->halves != BLOCK_HALVES) {
         double t0 = dm_profile_now();
-        block_backward(blk, a, s, din, dout, in, B, T);
+        unit_backward(blk, a, s, w, din, dout, in, B, T);
         if (blk->halves == BLOCK_HALF_ATTENTION) model->attention_bwd_s[i] += dm_profile_now() - t0;
         return;
     }
     blk->halves = BLOCK_HALF_MLP;
-    block_backward(blk, a, s, NULL, dout, a->res1, B, T);
+    unit_backward(blk, a, s, w, NULL, dout, a->res1, B, T);
     double t0 = dm_profile_now();
     blk->halves = BLOCK_HALF_ATTENTION;
-    block_backward(blk, a, s, din, s->d_res1, in, B, T);
+    unit_backward(blk, a, s, w, din, s->d_res1, in, B, T);
     model->attention_bwd_s[i] += dm_profile_now() - t0;
     blk->halves = BLOCK_HALVES;
+}
+
+/* zb's weight part of a block held as halves, the attention half's time
+ * apart (as backward_units). */
+static void weight_units(struct gpt *model, const struct block_acts *a,
+                         const struct block_wgrad *w, int i, const float *in, int B, int T)
+{
+    struct block *blk = &model->blocks[i];
+    int both = blk->halves == BLOCK_HALVES;
+    if (both || blk->halves == BLOCK_HALF_MLP) {
+        blk->halves = BLOCK_HALF_MLP;
+        block_backward_weight(blk, a, w, both ? a->res1 : in, B, T);
+    }
+    if (both || blk->halves == BLOCK_HALF_ATTENTION) {
+        double t0 = dm_profile_now();
+        blk->halves = BLOCK_HALF_ATTENTION;
+        block_backward_weight(blk, a, w, in, B, T);
+        double spent = dm_profile_now() - t0;
+        model->attention_bwd_s[i] += spent;
+        model->attention_wgrad_s[i] += spent;
+    }
+    if (both) blk->halves = BLOCK_HALVES;
 }
 
 float gpt_forward(struct gpt *model, struct gpt_acts *acts)
@@ -426,8 +460,8 @@ void gpt_backward_input(struct gpt *model, struct gpt_acts *acts, struct block_s
             exit_backward_block(model, acts, scratch, i, target, grad,
                                 acts->residual + i * BTC, dloss_scale, wgrads ? &wgrads[i] : NULL);
         else if (model->blocks[i].halves)   /* balance.units = sublayer */
-            backward_units(model, &acts->blocks[i], scratch, i, target, grad,
-                           acts->residual + i * BTC, B, T);
+            backward_units(model, &acts->blocks[i], scratch, wgrads ? &wgrads[i] : NULL, i,
+                           target, grad, acts->residual + i * BTC, B, T);
         else if (wgrads)   /* parallel.schedule = zb */
             block_backward_input(&model->blocks[i], &acts->blocks[i], scratch, &wgrads[i],
                                  target, grad, acts->residual + i * BTC, B, T);
@@ -453,6 +487,9 @@ void gpt_backward_weight(struct gpt *model, struct gpt_acts *acts,
         double t0 = dm_profile_now();
         if (model->exit)
             exit_backward_weight(model, acts, i, &wgrads[i], acts->residual + i * BTC);
+        else if (model->blocks[i].halves)   /* balance.units = sublayer */
+            weight_units(model, &acts->blocks[i], &wgrads[i], i, acts->residual + i * BTC,
+                         acts->B, acts->T);
         else
             block_backward_weight(&model->blocks[i], &acts->blocks[i], &wgrads[i],
                                   acts->residual + i * BTC, acts->B, acts->T);

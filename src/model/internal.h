@@ -68,6 +68,9 @@ void block_sparse_refresh(struct block *blk);
 /* CSR matrix m of a pruned block as the ops take it: the device's arrays
  * on a device, csr[m] on the CPU. */
 const struct csr_matrix *block_sparse_csr(const struct block *blk, int m);
+/* The CSR of block tensor k (BP_QKV_W, BP_ATTPROJ_W, BP_FC_W or
+ * BP_FCPROJ_W) when the block multiplies in CSR, else NULL (dense). */
+const struct csr_matrix *block_csr_of(const struct block *blk, int k);
 uint64_t block_sparse_flags(const struct block *blk);
 size_t block_sparse_pack_bytes(const struct block *blk);
 void block_sparse_pack(const struct block *blk, unsigned char *out);

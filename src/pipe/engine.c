@@ -309,17 +309,16 @@ static void run_backward(struct engine *eng, int mb)
     eng->compute_s += dm_profile_now() - t0;
 }
 
-/* zb's BWD: the input gradient, each block's weight-gradient inputs kept
- * in the slot until the micro-batch's WGRAD (run_wgrad). Halves
- * (balance.units = sublayer) have no weight part: the whole backward,
- * nothing kept. */
+/* zb's BWD: the input gradient, each block's (or half's, with
+ * balance.units = sublayer) weight-gradient inputs kept in the slot until
+ * the micro-batch's WGRAD (run_wgrad). */
 static void run_backward_input(struct engine *eng, int mb)
 {
     struct slot *sl = slot_for(eng, mb);
     struct gpt *m = &eng->model;
     DM_ASSERT(sl->busy_mb == mb);
     eng->wait_s += world_wait(&sl->send_grad);   /* din is about to change */
-    if (!eng->sublayer && sl->wgrad_capacity < m->num_blocks) {
+    if (sl->wgrad_capacity < m->num_blocks) {
         struct block_wgrad *grown = dm_alloc((size_t)m->num_blocks * sizeof *grown);
         memcpy(grown, sl->wgrads, (size_t)sl->wgrad_capacity * sizeof *grown);
         for (int b = sl->wgrad_capacity; b < m->num_blocks; b++)
@@ -333,7 +332,7 @@ static void run_backward_input(struct engine *eng, int mb)
     if (work) world_compute_begin();
     double t0 = dm_profile_now();
     gpt_backward_input(m, &sl->acts, &eng->scratch, scale, m->has_head ? NULL : sl->dout,
-                       m->has_embed ? NULL : sl->din, eng->sublayer ? NULL : sl->wgrads);
+                       m->has_embed ? NULL : sl->din, sl->wgrads);
     eng->compute_s += dm_profile_now() - t0;
 }
 
@@ -345,7 +344,7 @@ static void run_wgrad(struct engine *eng, int mb)
     DM_ASSERT(sl->busy_mb == mb);
     if (m->first_block + m->num_blocks > m->frozen_prefix) world_compute_begin();
     double t0 = dm_profile_now();
-    if (!eng->sublayer) gpt_backward_weight(m, &sl->acts, sl->wgrads);
+    gpt_backward_weight(m, &sl->acts, sl->wgrads);
     eng->compute_s += dm_profile_now() - t0;
     sl->busy_mb = -1;
 }
@@ -561,7 +560,7 @@ static void begin_chunks(struct engine *eng, int step)
         struct gpt *m = &eng->model;
         for (int i = 0; i < m->num_blocks; i++)
             m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = m->block_wgrad_s[i] =
-                m->attention_fwd_s[i] = m->attention_bwd_s[i] = 0.0;
+                m->attention_fwd_s[i] = m->attention_bwd_s[i] = m->attention_wgrad_s[i] = 0.0;
         dyn_before_step(eng->dyn, m, step);
         gpt_begin_step(m);   /* a validation pass in between counted nothing */
     }

@@ -95,6 +95,8 @@ void engine_stats_alloc(struct engine *eng)
     st->stage_wait_ms = dm_alloc((size_t)S * sizeof(double));
     st->stage_peak_mb = dm_alloc((size_t)S * sizeof(double));
     st->layout = dm_alloc((size_t)S * sizeof(int));
+    st->chunks = eng->virtual > 1 ? S * eng->virtual : 0;
+    st->chunk_layout = st->chunks ? dm_alloc((size_t)st->chunks * sizeof(int)) : NULL;
     /* per rank: loss sum, compute, wait, peak, then fwd/bwd/mem/sparsity/
      * update/wgrad per unit, then the stage's update, then the signals */
     signals_alloc(eng);
@@ -123,6 +125,7 @@ void engine_stats_free(struct engine *eng)
     dm_free(st->stage_wait_ms);
     dm_free(st->stage_peak_mb);
     dm_free(st->layout);
+    dm_free(st->chunk_layout);
     dm_free(eng->gather_send);
     dm_free(eng->gather_recv);
 }
@@ -181,8 +184,8 @@ static void pack_unit(double *v, int U, int u, double fwd, double bwd, double me
 /* With sublayer units, the halves of block i this rank holds: forward
  * and backward as measured apart (gpt_forward), the slab's bytes by each
  * half's floats (the header and dynamic state with the attention), the
- * update time by each half's share of the parameters held; no weight
- * part (halves run their backward whole under zb too, gpt_backward_input). */
+ * update time by each half's share of the parameters held, and under zb
+ * each half's weight part (gpt_backward_weight). */
 static void pack_halves(const struct engine *eng, double *v, int U, int i)
 {
     const struct gpt *m = &eng->model;
@@ -198,12 +201,12 @@ static void pack_halves(const struct engine *eng, double *v, int U, int i)
     if (blk->halves != BLOCK_HALF_MLP)
         pack_unit(v, U, 2 * layer, m->attention_fwd_s[i], m->attention_bwd_s[i],
                   attention_bytes, block_half_sparsity(blk, BLOCK_HALF_ATTENTION),
-                  m->block_update_s[i] * share, 0.0);
+                  m->block_update_s[i] * share, m->attention_wgrad_s[i]);
     if (blk->halves != BLOCK_HALF_ATTENTION)
         pack_unit(v, U, 2 * layer + 1, m->block_fwd_s[i] - m->attention_fwd_s[i],
                   m->block_bwd_s[i] - m->attention_bwd_s[i], pack - attention_bytes,
                   block_half_sparsity(blk, BLOCK_HALF_MLP), m->block_update_s[i] * (1.0 - share),
-                  0.0);
+                  m->block_wgrad_s[i] - m->attention_wgrad_s[i]);
 }
 
 /* The current chunk's units and signals into the profile v. */
@@ -349,6 +352,7 @@ static void fold_profiles(struct engine *eng, double step_s)
     int U = st->units;
     clear_stats(st, S);
     engine_stage_units(eng, st->layout);
+    if (st->chunks) memcpy(st->chunk_layout, eng->layout, (size_t)st->chunks * sizeof(int));
     double idle = 0.0, cmax = 0.0, cmin = INFINITY, csum = 0.0;
     for (int r = 0; r < g->world_size; r++) {
         const double *x = eng->gather_recv + (size_t)r * eng->gather_len;

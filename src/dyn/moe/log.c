@@ -7,6 +7,8 @@
  * reader only. */
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
+#include "dynmo/balance.h"
 #include "dynmo/moe.h"
 #include "dyn/moe/log.h"
 #include "dyn/scheme.h"
@@ -161,12 +163,35 @@ static float *measured_rank_loads(const struct dyn_log_reader *rd, long rows, in
     return m;
 }
 
-/* Older logs and ep = 1 are priced from the counts: expert e is on rank
- * e / (E / ep) of its group (docs/moe.md), a rank's load is the pairs its
- * experts kept (routed - dropped), and the state is the busiest rank's
- * over routed / ep (with ep = 1 the kept share; dropless, busiest over
- * mean), the counts summed over the expert groups. A step's counts (not a
- * filler row of -1) have 0 <= dropped <= routed. */
+/* The busiest rank's kept pairs of one block's step (kept: E experts' pairs)
+ * over ep ranks under the placement cfg names: static, expert e on rank
+ * e / (E / ep); balanced, the placement planner's order for these counts
+ * (balance_placement_plan), and with moe.replicas_max = R its copies on
+ * top (balance_copies_plan), as the controller decides them. order and
+ * copies: scratch of E and R entries. */
+static double busiest_rank(const double *kept, int E, int ep, const struct dm_config *cfg,
+                           int *order, struct balance_copy *copies)
+{
+    balance_placement_identity(order, E);
+    if (ep > 1 && strcmp(cfg->moe_placement, "balanced") == 0) {
+        int *current = order + E;
+        balance_placement_identity(current, E);
+        balance_placement_plan(kept, E, ep, current, order);
+        int n = cfg->replicas_max > 0
+              ? balance_copies_plan(kept, order, E, ep, cfg->replicas_max, copies) : 0;
+        return balance_copies_busiest(kept, order, E, ep, copies, n);
+    }
+    return balance_placement_busiest(kept, order, E, ep);
+}
+
+/* Older logs and ep = 1 are priced from the counts: a rank's load is the
+ * pairs its experts kept (routed - dropped), summed over the expert
+ * groups, its experts those of the placement (busiest_rank: static,
+ * expert e on rank e / (E / ep) of its group, docs/moe.md; or the
+ * planner's for moe.placement = balanced, with its copies), and the state
+ * is the busiest rank's over routed / ep (with ep = 1 the kept share;
+ * dropless, busiest over mean). A step's counts (not a filler row of -1)
+ * have 0 <= dropped <= routed. */
 static float *counted_rank_loads(const struct dyn_log_reader *rd, long rows, int L,
                                  const int *layer, int blocks)
 {
@@ -179,6 +204,10 @@ static float *counted_rank_loads(const struct dyn_log_reader *rd, long rows, int
         dyn_log_problem(rd, "%s: %s does not match %s", rd->path, "/moe/dropped", "/moe/tokens");
     }
     float *m = dm_alloc((size_t)rows * L * sizeof(float));
+    double *kept = dm_alloc((size_t)E * sizeof(double));
+    int *order = dm_alloc((size_t)2 * E * sizeof(int));
+    int copies_max = rd->cfg->replicas_max > 0 ? rd->cfg->replicas_max : 1;
+    struct balance_copy *copies = dm_alloc((size_t)copies_max * sizeof *copies);
     for (long i = 0; i < rows * L; i++) m[i] = 0.0f;
     for (long r = 0; r < rows; r++) {
         if (routed[r * cols] < 0) {   /* a step this log does not hold */
@@ -188,26 +217,32 @@ static float *counted_rank_loads(const struct dyn_log_reader *rd, long rows, int
         for (int j = 0; j < blocks; j++) {
             const int *c = routed + r * cols + (long)j * E;
             const int *d = dropped ? dropped + r * cols + (long)j * E : NULL;
-            double total = 0, busiest = 0, rank = 0;
+            double total = 0;
             for (int e = 0; e < E; e++) {
                 if (c[e] < 0 || (d && (d[e] < 0 || d[e] > c[e]))) {
                     int pairs = c[e], lost = d ? d[e] : 0;
                     dm_free(routed);
                     dm_free(dropped);
                     dm_free(m);
+                    dm_free(kept);
+                    dm_free(order);
+                    dm_free(copies);
                     dyn_log_problem(rd, "%s: at step %ld expert %d of MoE block %d routed %d and "
                                 "dropped %d pairs (need 0 <= dropped <= routed)", rd->path,
                                 r + 1, e, j, pairs, lost);
                 }
                 total += c[e];
-                rank += c[e] - (d ? d[e] : 0);
-                if ((e + 1) % (E / ep) == 0) { busiest = fmax(busiest, rank); rank = 0; }
+                kept[e] = c[e] - (d ? d[e] : 0);
             }
+            double busiest = busiest_rank(kept, E, ep, rd->cfg, order, copies);
             m[r * L + layer[j]] = total > 0 ? (float)(busiest * ep / total) : 1.0f;
         }
     }
     dm_free(routed);
     dm_free(dropped);
+    dm_free(kept);
+    dm_free(order);
+    dm_free(copies);
     return m;
 }
 

@@ -159,10 +159,12 @@ static void print_report(const struct plan_input *in, const struct plan_args *a,
     printf("\n");
 }
 
-/* Prints one method's block; returns 0, or the balance status on failure
- * (after printing the error line, which err, errsize bytes, then holds). */
+/* Prints one method's block and sets *step_ms to its predicted step;
+ * returns 0, or the balance status on failure (after printing the error
+ * line, which err, errsize bytes, then holds). */
 static int run_method(const struct plan_input *in, const struct plan_args *a,
-                      int method, const int *reference, char *err, size_t errsize)
+                      int method, const int *reference, double *step_ms, char *err,
+                      size_t errsize)
 {
     int *counts = dm_alloc((size_t)a->stages * sizeof(int));
     struct balance_result res;
@@ -177,6 +179,7 @@ static int run_method(const struct plan_input *in, const struct plan_args *a,
         struct layout_report report;
         measure_layout(in, a, reference, counts, stages, &report);
         print_report(in, a, method, counts, stages, &res, &report);
+        *step_ms = report.prediction.step_ms;
     }
     dm_free(counts);
     return rc;
@@ -198,14 +201,40 @@ static void load_input(struct plan_input *in, struct plan_args *a,
             dm_user_error("%s", err);
         return;
     }
-    int *run_layout = NULL, run_stages = 0, run_mb = 0;
-    plan_read_run(in, a->run_dir, a->run_step, &run_layout, &run_stages, &run_mb, &a->units);
-    if (!a->stages) a->stages = run_stages;
-    if (!sharing_given) plan_sharing_from_run(sharing, a->run_dir, run_stages, a->stages);
-    if (!a->micro_batches) a->micro_batches = run_mb;
-    if (!a->current && a->stages == run_stages) a->current = run_layout;
-    else dm_free(run_layout);
-    snprintf(source, source_size, "%s step %ld", a->run_dir, a->run_step);
+    struct plan_run run;
+    plan_read_run(in, a->run_dir, &a->run_steps, a->units_given, &run);
+    a->units = run.units;
+    if (!a->schedule_given) {   /* the run's schedule, and its chunks */
+        a->schedule = run.schedule;
+        if (!a->virtual_stages && run.chunk_layout) a->virtual_stages = run.virtual_stages;
+    }
+    if (!a->stages) a->stages = run.stages;
+    if (!a->micro_batches) a->micro_batches = run.micro_batches;
+    plan_check_virtual(a);   /* a->stages now counts chunks under interleaved */
+    if (!sharing_given)
+        plan_sharing_from_run(sharing, a->run_dir, run.stages,
+                              a->virtual_stages ? a->stages / a->virtual_stages : a->stages);
+    if (sharing->group && a->schedule == DM_SCHEDULE_INTERLEAVED) {   /* left out, said */
+        dm_free(sharing->group);
+        dm_free(sharing->cores);
+        memset(sharing, 0, sizeof *sharing);
+        snprintf(sharing->note, sizeof sharing->note, "the run's stages shared processors, "
+                 "which interleaved's prediction leaves out");
+    }
+    /* the run's layout is the reference where it has the planned count */
+    int *own = run.chunk_layout && a->stages == run.stages * run.virtual_stages
+                   ? run.chunk_layout : a->stages == run.stages ? run.layout : NULL;
+    if (a->current && a->current_count != a->stages)
+        dm_user_error("--current: %d entries, but the plan has %d %s", a->current_count,
+                      a->stages, a->virtual_stages ? "chunks (stages x virtual)" : "stages");
+    if (!a->current) a->current = own;
+    if (a->current != run.layout) dm_free(run.layout);
+    if (a->current != run.chunk_layout) dm_free(run.chunk_layout);
+    if (a->run_steps.first == a->run_steps.last)
+        snprintf(source, source_size, "%s step %ld", a->run_dir, a->run_steps.last);
+    else
+        snprintf(source, source_size, "%s steps %ld-%ld (their mean)", a->run_dir,
+                 a->run_steps.first, a->run_steps.last);
     a->costs_path = source;
 }
 
@@ -296,6 +325,21 @@ static void print_input(const struct plan_input *in, const struct plan_args *a,
     printf("\n");
 }
 
+/* The layout bound, when a static method and partition-time ran: the
+ * best static layout's predicted step over the optimal partition's, what
+ * a perfect balancer could buy (0: the method did not run or failed). */
+static void print_bound(const double *step_ms)
+{
+    int best = step_ms[BALANCE_STATIC_UNIFORM] > 0 ? BALANCE_STATIC_UNIFORM : -1;
+    if (step_ms[BALANCE_STATIC_PARAMS] > 0 &&
+        (best < 0 || step_ms[BALANCE_STATIC_PARAMS] < step_ms[best]))
+        best = BALANCE_STATIC_PARAMS;
+    double optimal = step_ms[BALANCE_PARTITION_TIME];
+    if (best < 0 || !(optimal > 0)) return;
+    printf("bound: %.3fx (best static %s %.3f ms / partition-time %.3f ms)\n",
+           step_ms[best] / optimal, plan_method_name(best), step_ms[best], optimal);
+}
+
 int cmd_plan(int argc, char **argv)
 {
     struct plan_args a;
@@ -322,11 +366,6 @@ int cmd_plan(int argc, char **argv)
         dm_user_error("--stages: %d stages but %s has only %d %s; every stage "
                       "needs at least one", a.stages, a.costs_path, in.blocks, unit);
     in.profile.virtual_stages = a.virtual_stages;
-    if (a.units == BALANCE_UNITS_SUBLAYER && a.schedule == DM_SCHEDULE_ZB) {
-        /* a half has no weight part: dynmo train runs its backward whole */
-        in.wgrad_ms = dm_alloc((size_t)in.blocks * sizeof(double));
-        in.profile.wgrad_ms = in.wgrad_ms;
-    }
     set_up_sharing(&in, &a, &sharing, sharing_given);
     int *reference = reference_layout(&in, &a);
     check_fits(&in, &a);
@@ -334,15 +373,18 @@ int cmd_plan(int argc, char **argv)
 
     int failures = 0, last_failure = 0, ran = 0;
     char err[512], last_err[512] = "";
+    double step_ms[PLAN_METHOD_COUNT];
     for (int m = 0; m < PLAN_METHOD_COUNT; m++) {
+        step_ms[m] = 0.0;
         if (!a.selected[m]) continue;
         ran++;
-        if (run_method(&in, &a, m, reference, err, sizeof err)) {
+        if (run_method(&in, &a, m, reference, &step_ms[m], err, sizeof err)) {
             failures++;
             last_failure = m;
             memcpy(last_err, err, sizeof last_err);
         }
     }
+    print_bound(step_ms);
     fflush(stdout);
     dm_free(reference);
     dm_free(a.current);

@@ -40,14 +40,31 @@ int plan_read_costs(const char *path, struct plan_input *out, char *err,
 /* Frees the arrays of either reader's input; a zeroed input is fine. */
 void plan_input_free(struct plan_input *in);
 
-/* One step's costs from DIR/runlog.h5 (step is 1-based; docs/balance.md):
- * fills *in (free with plan_input_free), the run's layout at that step
- * (dm_alloc'd, *stages entries), its micro-batches and its units
- * (enum balance_units: with sublayer, in holds a row per unit from
- * /units/ and the layout counts units). A missing or bad log is a user
- * error (exit 2) naming it. */
-void plan_read_run(struct plan_input *in, const char *dir, long step,
-                   int **layout, int *stages, int *micro_batches, int *units);
+/* --step N or A-B: the steps (1-based) whose mean costs a plan takes. */
+struct plan_steps {
+    long first, last;
+};
+
+/* What a run's log says beside its costs (plan_read_run). */
+struct plan_run {
+    int *layout;                /* (stages) units per stage at the step, dm_alloc'd */
+    int *chunk_layout;          /* interleaved: (stages x virtual_stages) units per
+                                   chunk, chunk c of stage s at c stages + s; else NULL */
+    int stages;
+    int micro_batches;
+    int units;                  /* enum balance_units: with sublayer, a row per unit
+                                   from /units/ and the layouts count units */
+    enum dm_schedule schedule;
+    int virtual_stages;         /* interleaved: chunks per stage; else 1 */
+};
+
+/* The costs of DIR/runlog.h5 over steps (their mean; docs/balance.md):
+ * fills *in (free with plan_input_free; under zb the weight parts too)
+ * and *run; as_blocks reads a sublayer run's blocks (/layers/, its layouts
+ * halved). A missing or bad log, a layout that changes inside the range
+ * or one that splits a block as_blocks is a user error (exit 2) naming it. */
+void plan_read_run(struct plan_input *in, const char *dir, const struct plan_steps *steps,
+                   int as_blocks, struct plan_run *run);
 
 /* ---- processors: which stages share them ----------------------------------- */
 
@@ -82,7 +99,7 @@ const char *plan_method_name(int method);
 struct plan_args {
     const char *costs_path;
     const char *run_dir;              /* --from-run */
-    long run_step;                    /* --step, 1-based */
+    struct plan_steps run_steps;      /* --step N or A-B, 1-based (0: not given) */
     int stages;
     int selected[PLAN_METHOD_COUNT];
     int explicit_methods;
@@ -102,7 +119,15 @@ struct plan_args {
     int target_stages;                /* repack-first-fit */
     int units;                        /* enum balance_units of the --costs rows */
     int units_given;                  /* --units */
+    int schedule_given;               /* --schedule (else a run's, or 1f1b) */
+    int current_count;                /* entries of --current */
 };
+
+/* Interleaved: --virtual (default 2, or a run's) chunks per stage, the
+ * layouts over the chunks (a->stages becomes stages x virtual); refused
+ * where the schedule cannot run. With --from-run, called once the run is
+ * read. */
+void plan_check_virtual(struct plan_args *a);
 
 /* Parses plan's command line into *a; sets *bench for --bench (then the
  * rest is plan_bench's to read). --help prints the usage and exits 0; bad

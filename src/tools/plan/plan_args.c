@@ -58,14 +58,16 @@ static void usage(FILE *out)
         "                        block: its attention, then its MLP); layouts count\n"
         "                        the rows\n"
         "  --bench               time the balancers on random inputs (docs/PERFORMANCE.md)\n"
-        "  --from-run DIR --step N   costs from DIR/runlog.h5 at step N (1-based):\n"
+        "  --from-run DIR --step N   costs from DIR/runlog.h5 at step N (1-based),\n"
+        "                        or their mean over steps A-B (one layout):\n"
         "                        per-block fwd/bwd ms, parameters (nonzero after\n"
         "                        pruning), embed/head from the end stages' extra\n"
         "                        compute; the run's stages, layout and\n"
         "                        micro-batches are the defaults, and so is the\n"
         "                        processor sharing it recorded (root attributes\n"
         "                        stage_groups, group_cores and group_turns) at its\n"
-        "                        stage count\n");
+        "                        stage count, and its units (--units block plans\n"
+        "                        a sublayer run in whole blocks)\n");
 }
 
 /* ---- argument parsing ---------------------------------------------------- */
@@ -199,6 +201,23 @@ static void parse_methods(struct plan_args *a, const char *value)
 
 /* ---- the options ------------------------------------------------------------- */
 
+/* --step N, or A-B (1 <= A <= B): the steps whose mean costs a plan takes. */
+static void parse_steps(const char *value, struct plan_steps *steps)
+{
+    char *end;
+    long first = strtol(value, &end, 10), last = first;
+    if (end != value && *end == '-') {
+        const char *second = end + 1;
+        last = strtol(second, &end, 10);
+        if (end == second) first = 0;
+    }
+    if (end == value || *end || first < 1 || last < first || last > 1L << 40)
+        dm_user_error("--step: '%s' is not a step N or a range A-B of steps (1 <= A <= B)",
+                      value);
+    steps->first = first;
+    steps->last = last;
+}
+
 /* The option arg with its value; 0 when plan has no such option. --current
  * is kept as text until the stage count is known. */
 static int parse_option(struct plan_args *a, const char *arg, const char *value,
@@ -220,6 +239,7 @@ static int parse_option(struct plan_args *a, const char *arg, const char *value,
         else if (!strcmp(value, "zb")) a->schedule = DM_SCHEDULE_ZB;
         else if (!strcmp(value, "interleaved")) a->schedule = DM_SCHEDULE_INTERLEAVED;
         else dm_user_error("--schedule: '%s' is not 1f1b, gpipe, zb or interleaved", value);
+        a->schedule_given = 1;
     } else if (!strcmp(arg, "--virtual")) {
         a->virtual_stages = (int)parse_long(arg, value, 1, 1 << 10);
     } else if (!strcmp(arg, "--current")) {
@@ -249,17 +269,14 @@ static int parse_option(struct plan_args *a, const char *arg, const char *value,
     } else if (!strcmp(arg, "--from-run")) {
         a->run_dir = value;
     } else if (!strcmp(arg, "--step")) {
-        a->run_step = parse_long(arg, value, 1, 1L << 40);
+        parse_steps(value, &a->run_steps);
     } else if (strcmp(arg, "--repeats") && strcmp(arg, "--seed")) {
         return 0;   /* --repeats and --seed are plan_bench's; parsed there */
     }
     return 1;
 }
 
-/* Interleaved: --virtual (default 2) chunks per stage, the layouts over
- * the chunks (a->stages becomes stages x virtual); refused where the
- * schedule cannot run. */
-static void check_virtual(struct plan_args *a)
+void plan_check_virtual(struct plan_args *a)
 {
     if (a->schedule != DM_SCHEDULE_INTERLEAVED) {
         if (a->virtual_stages)
@@ -268,9 +285,6 @@ static void check_virtual(struct plan_args *a)
         return;
     }
     if (!a->virtual_stages) a->virtual_stages = 2;
-    if (a->run_dir)
-        dm_user_error("--schedule interleaved: give --costs, not --from-run (a run's "
-                      "layout is over stages, not chunks)");
     if (a->cores > 0 || a->stage_groups_text)
         dm_user_error("--schedule interleaved: processor sharing (--cores, --stage-groups) "
                       "is not modelled for chunks; leave it out");
@@ -290,13 +304,15 @@ static void check_args(struct plan_args *a, const char *current_text)
         for (int m = 0; m < PLAN_METHOD_COUNT; m++) a->selected[m] = 1;
     if (a->run_dir && a->costs_path)
         dm_user_error("plan: give --costs or --from-run, not both");
-    if (a->run_dir && !a->run_step) dm_user_error("--from-run needs --step N");
+    if (a->run_dir && !a->run_steps.last) dm_user_error("--from-run needs --step N (or A-B)");
+    if (a->run_steps.last && !a->run_dir)
+        dm_user_error("--step: only --from-run reads steps (of a run log)");
     if (!a->costs_path && !a->run_dir)
         dm_user_error("plan: --costs FILE.csv (or --from-run DIR --step N) is required");
     if (!a->stages && !a->run_dir) dm_user_error("plan: --stages S is required");
-    if (a->units_given && a->run_dir)
-        dm_user_error("--units describes the rows of --costs; --from-run reads the run "
-                      "log's own units");
+    if (a->units_given && a->run_dir && a->units != BALANCE_UNITS_BLOCK)
+        dm_user_error("--units sublayer: --from-run reads the run log's own units (--units "
+                      "block plans a sublayer run in whole blocks)");
     if (a->cores > 0 && (a->stage_groups_text || a->group_cores_text))
         dm_user_error("--cores: give --cores (one group of all stages) or "
                       "--stage-groups with --group-cores, not both");
@@ -305,12 +321,13 @@ static void check_args(struct plan_args *a, const char *current_text)
                       a->stage_groups_text ? "--stage-groups" : "--group-cores",
                       a->stage_groups_text ? "--group-cores" : "--stage-groups");
     if (!a->micro_batches && !a->run_dir) a->micro_batches = 4 * a->stages;
-    check_virtual(a);
+    if (!a->run_dir) plan_check_virtual(a);
     if (current_text) {
         if (a->run_dir && !a->stages)
             dm_user_error("--current with --from-run needs --stages");
         int count = parse_layout("--current", current_text, &a->current);
-        if (count != a->stages)
+        a->current_count = count;
+        if (!a->run_dir && count != a->stages)
             dm_user_error("--current: %d stages, but --stages is %d", count, a->stages);
     }
 }

@@ -36,6 +36,11 @@ struct simulate_args {
     double latency_ms, bandwidth_gbs, migration_ms, restart_s, epsilon, attention_share;
     double exchange_ms;           /* < 0: by the sharing (make_setup) */
     int validate, split;
+    /* the expert placement what-if: --ep (0: the run's), --placement
+     * (NULL: none), --replicas-max (-1: none) */
+    int ep, replicas_max;
+    const char *placement;
+    double load_run, load_placed; /* the mean busiest-rank load, the run's and placed */
     /* --hardware HW.ini --config F [section.key=value ...]: the config's
      * model priced on the hardware (simulate_hardware.c) */
     const char *hardware, *config;
@@ -96,9 +101,16 @@ static void usage(FILE *out)
         "                        repack.every)\n"
         "  --epsilon E           re-pack may slow the step by 1 + E (default: the run's)\n"
         "  --split-blocks        the sub-block what-if: attention and MLP of each block\n"
-        "                        are separate units of placement\n"
+        "                        are separate units of placement (a run of\n"
+        "                        balance.units = sublayer always is, priced by its\n"
+        "                        measured units)\n"
         "  --attention-share A   attention's share of a block's time (default: from\n"
         "                        the model's FLOPs at its sequence length)\n"
+        "  --ep N                expert-parallel ranks the run's per-expert counts\n"
+        "                        are placed on (default: the run's parallel.ep)\n"
+        "  --placement P         static or balanced (the trainer's placement planner;\n"
+        "                        default: the run's)\n"
+        "  --replicas-max R      with balanced, up to R copies of hot experts a block\n"
         "  --hardware HW.ini     price the config's model op by op on a hardware file\n"
         "                        (hardware/*.ini, `dynmo calibrate`) instead of a\n"
         "                        run's costs; with --from-run, that run's states\n"
@@ -129,7 +141,8 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
 {
     *a = (struct simulate_args){.schedule = -1, .latency_ms = 0.01, .bandwidth_gbs = 6.0,
                                 .migration_ms = 12.0, .restart_s = 1.5, .epsilon = -1,
-                                .attention_share = -1, .exchange_ms = -1};
+                                .attention_share = -1, .exchange_ms = -1,
+                                .replicas_max = -1};
     for (int i = 1; i < argc; i++) {
         const char *o = argv[i];
         tool_help(o, usage);
@@ -153,6 +166,13 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
         else if (!strcmp(o, "--micro-batches")) a->micro_batches = (int)parse_long(o, v, 1, 1 << 20);
         else if (!strcmp(o, "--steps")) a->steps = (int)parse_long(o, v, 1, 100000000);
         else if (!strcmp(o, "--every")) a->every = (int)parse_long(o, v, 1, 1000000000);
+        else if (!strcmp(o, "--ep")) a->ep = (int)parse_long(o, v, 1, 4096);
+        else if (!strcmp(o, "--replicas-max")) a->replicas_max = (int)parse_long(o, v, 0, 4096);
+        else if (!strcmp(o, "--placement")) {
+            if (strcmp(v, "static") && strcmp(v, "balanced"))
+                dm_user_error("simulate: --placement: '%s' is not static or balanced", v);
+            a->placement = v;
+        }
         else if (!strcmp(o, "--repack-every")) a->repack_every = (int)parse_long(o, v, 1, 1000000000);
         else if (!strcmp(o, "--latency-ms")) {
             a->latency_ms = parse_double(o, v, 0);
@@ -191,6 +211,10 @@ static void parse_args(struct simulate_args *a, int argc, char **argv)
     if (a->hardware && a->scenario)
         dm_user_error("simulate: --hardware takes its states from the config or --from-run, "
                       "not --scenario");
+    if (a->hardware && (a->ep || a->placement || a->replicas_max >= 0))
+        dm_user_error("simulate: --hardware places experts as its config says: give "
+                      "parallel.ep, moe.placement and moe.replicas_max instead of --ep, "
+                      "--placement and --replicas-max");
     if (a->hardware && a->blocks)
         dm_user_error("simulate: --hardware: the depth is the config's model.layers (give "
                       "model.layers=N), not --blocks");
@@ -273,7 +297,8 @@ static void setup_sharing(struct sim_setup *s, const struct simulate_args *a,
                           const struct sim_run *run, int per_micro_batch)
 {
     const struct dm_config *rc = &run->cfg;
-    if (s->stages == run->stages && !s->split && s->replicas == rc->dp && run->shares)
+    if (s->stages == run->stages && (!s->split || run->units_per_block == 2) &&
+        s->replicas == rc->dp && run->shares)
         s->sharing = &run->replica_sharing;
     else if (s->stages == run->stages && s->replicas == 1 && run->plan_sharing.group)
         s->sharing = &run->plan_sharing.sharing;
@@ -335,6 +360,9 @@ static void make_setup(struct sim_setup *s, const struct simulate_args *a, const
         s->block_params[u] = !s->split ? block : u % 2 ? block * 2 / 3 : block / 3;
     }
     s->cfg.layers = s->blocks;
+    /* with units, the output's config counts each unit as a block (its
+     * layouts, /layers/ columns and the readers' checks agree) */
+    if (s->split) snprintf(s->cfg.units, sizeof s->cfg.units, "block");
     double C = rc->channels, T = rc->seq;   /* attention's FLOPs over the block's */
     s->attention_share = a->attention_share >= 0 ? a->attention_share
                        : (8 * C * C * T + 2 * T * T * C) / (24 * C * C * T + 2 * T * T * C);
@@ -393,14 +421,15 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
                      const struct sim_model *model)
 {
     size_t used = 0;
-    char states[512] = "";
+    char states[512] = "", units[48] = "";
+    if (s->split) snprintf(units, sizeof units, " (%d units)", s->blocks);
     for (int k = 0; k < sim_state_count(); k++)
         if (model->uses[k])
             snprintf(states + strlen(states), sizeof states - strlen(states), "%s%s",
                      states[0] ? ", " : "", sim_state_name(k));
     used += (size_t)snprintf(text + used, size - used,
-        "simulate: %d blocks, %d stages x %d replica%s, m = %d, %s, %d steps, decisions every "
-        "%d steps%s\n", s->traj->blocks, s->stages, s->replicas, s->replicas == 1 ? "" : "s",
+        "simulate: %d blocks%s, %d stages x %d replica%s, m = %d, %s, %d steps, decisions "
+        "every %d steps%s\n", s->traj->blocks, units, s->stages, s->replicas, s->replicas == 1 ? "" : "s",
         s->micro_batches,
         schedule_name(s->schedule), s->steps, s->every,
         s->sharing == &run->replica_sharing ? " (ranks share processors as in the run, its "
@@ -415,10 +444,32 @@ static void describe(char *text, size_t size, const struct simulate_args *a,
         model->samples, run->path, run->layers, run->steps, 100 * model->fit_error,
         states[0] ? states : "none (constant costs)");
     used += describe_model(text + used, size - used, model, s->csr_sparsity);
-    if (s->split)
+    if (s->split && model->unit_fitted && !model->hardware) {
+        float full[SIM_STATES_MAX];
+        for (int k = 0; k < sim_state_count(); k++) full[k] = extreme_state(model, k, 0);
+        double af, ab, au, mf, mb, mu;
+        sim_model_unit(model, 0, full, s->csr_sparsity, &af, &ab, &au);
+        sim_model_unit(model, 1, full, s->csr_sparsity, &mf, &mb, &mu);
+        used += (size_t)snprintf(text + used, size - used, "units of placement: the attention "
+            "and the MLP of each block, as the run measured them (balance.units = sublayer): "
+            "attention %.3f + %.3f ms, MLP %.3f + %.3f ms a micro-batch (attention %.0f%% of "
+            "the forward; its FLOPs share %.0f%%)\n", af, ab, mf, mb,
+            af + mf > 0 ? 100 * af / (af + mf) : 0.0, 100 * s->attention_share);
+    } else if (s->split) {
         used += (size_t)snprintf(text + used, size - used, "units of placement: the attention "
                                  "and the MLP of each block (attention %.0f%% of its time)\n",
                                  100 * s->attention_share);
+    }
+    if (a->load_placed > 0) {
+        char copies[64] = "";
+        if (run->cfg.replicas_max > 0)
+            snprintf(copies, sizeof copies, " with up to %d copies a block",
+                     run->cfg.replicas_max);
+        used += (size_t)snprintf(text + used, size - used, "experts: placement %s%s over ep = "
+            "%d ranks: the busiest expert rank at %.3fx the mean (mean over the MoE blocks and "
+            "steps; the run's own %.3fx)\n", run->cfg.moe_placement, copies, run->cfg.ep,
+            a->load_placed, a->load_run);
+    }
     char exchange[160] = "";
     int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
     if (s->ep > 1 && busiest >= 0 && model->uses[busiest])
@@ -630,6 +681,72 @@ static double without_dynamism(const struct sim_setup *setup)
     return total;
 }
 
+/* The mean over the MoE blocks and steps of the run's busiest expert rank
+ * over the mean rank (the state of role DYN_COST_BUSIEST_RANK), or 0. */
+static double mean_rank_load(const struct sim_run *run)
+{
+    int k = sim_state_of_role(DYN_COST_BUSIEST_RANK);
+    double sum = 0;
+    long n = 0;
+    for (long i = 0; k >= 0 && i < (long)run->steps * run->layers; i++)
+        if (run->state.value[k][i] > 0) {
+            sum += run->state.value[k][i];
+            n++;
+        }
+    return n ? sum / n : 0.0;
+}
+
+/* --ep, --placement, --replicas-max: the run's per-expert counts placed on
+ * the simulated expert-parallel ranks by the placement planner
+ * (sim_run_place_experts); run->cfg takes the what-if's ep, placement and
+ * copies (the exchange rounds and the output's config follow it). The
+ * rules of moe.placement and moe.replicas_max (docs/moe.md) are the
+ * what-if's: a user error otherwise. */
+static void place_experts(struct simulate_args *a, struct sim_run *run,
+                          const struct sim_model *model)
+{
+    struct dm_config *rc = &run->cfg;
+    int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
+    if (rc->moe_every <= 0 || busiest < 0 || !run->state.present[busiest])
+        dm_user_error("simulate: --ep, --placement and --replicas-max place experts, but %s "
+                      "has no MoE blocks with per-expert counts", run->path);
+    if (!model->uses[busiest])
+        dm_user_error("simulate: --ep, --placement and --replicas-max change the busiest "
+                      "expert rank's load, but it never varied in %s (parallel.ep = %d), so "
+                      "the fit has no cost for it: give a run with its experts over ep > 1 "
+                      "ranks", run->path, rc->ep);
+    if (a->validate)
+        dm_user_error("simulate: --validate simulates the run itself: leave out --ep, "
+                      "--placement and --replicas-max");
+    int E = rc->experts, ep = a->ep ? a->ep : rc->ep;
+    int run_balanced = !strcmp(rc->moe_placement, "balanced");   /* else static (or random) */
+    const char *placement = a->placement ? a->placement : run_balanced ? "balanced" : "static";
+    int copies = a->replicas_max >= 0 ? a->replicas_max
+               : run_balanced && !strcmp(placement, "balanced") ? rc->replicas_max : 0;
+    if (E % ep)
+        dm_user_error("simulate: --ep %d does not divide the run's %d experts", ep, E);
+    if (!strcmp(placement, "balanced") && ep == 1)
+        dm_user_error("simulate: --placement balanced moves experts between the ranks of an "
+                      "expert group, but ep = 1 holds them all on one: give --ep > 1");
+    if (copies > 0 && strcmp(placement, "balanced"))
+        dm_user_error("simulate: --replicas-max %d copies hot experts at the placement "
+                      "decisions, but the placement is %s: give --placement balanced", copies,
+                      placement);
+    if (copies > E - E / ep)
+        dm_user_error("simulate: --replicas-max %d is more than the %d experts a rank does not "
+                      "hold (0 .. E - E / ep = %d)", copies, E - E / ep, E - E / ep);
+    if (a->ep && (a->replicas ? a->replicas : 1) % ep)
+        dm_user_error("simulate: --ep %d needs the replicas (--replicas %d) a multiple of it "
+                      "(an expert group's ranks are replicas of a stage)", ep,
+                      a->replicas ? a->replicas : 1);
+    a->load_run = mean_rank_load(run);
+    sim_run_place_experts(run, ep, placement, copies);
+    a->load_placed = mean_rank_load(run);
+    rc->ep = ep;
+    snprintf(rc->moe_placement, sizeof rc->moe_placement, "%s", placement);
+    rc->replicas_max = copies;
+}
+
 /* ---- the command ------------------------------------------------------- */
 
 int cmd_simulate(int argc, char **argv)
@@ -657,8 +774,19 @@ int cmd_simulate(int argc, char **argv)
                       "--blocks, --stages, --replicas, --micro-batches, --schedule and --steps");
     struct sim_policy policies[POLICY_COUNT];
     int count = choose_policies(a.policies, policies);
+    if (run.units_per_block == 2) {   /* balance.units = sublayer: its measured units */
+        if (a.attention_share >= 0)
+            dm_user_error("simulate: --attention-share: %s is a run of balance.units = "
+                          "sublayer, whose units' costs are measured (the share splits runs "
+                          "of whole blocks)", run.path);
+        a.split = 1;
+    } else if (a.validate && a.split) {
+        dm_user_error("simulate: --validate with --split-blocks: %s laid out whole blocks "
+                      "(its layouts cannot replay units)", run.path);
+    }
     if (!hardware) {
         sim_model_fit(&model, &run);
+        if (a.ep || a.placement || a.replicas_max >= 0) place_experts(&a, &run, &model);
         make_trajectory(&traj, &a, &run, &model);
     }
     struct sim_setup setup;

@@ -72,8 +72,14 @@ struct sim_run {
     float *step_ms;            /* (steps) measured */
     float csr_sparsity;        /* dyn.csr_sparsity: where a block's matrices go to CSR */
     int first_step;            /* 1-based step of row 0 (a resumed run's log starts later) */
+    long rows, *kept;          /* the log's rows, and (steps) the row of each measured step */
     struct balance_extra *embed, *head; /* (steps) the end stages' extras, time fields */
     struct sim_trajectory state;
+    /* 2 under balance.units = sublayer (its layouts count units, a block's
+     * attention 2j and its MLP 2j + 1), else 1; with 2, unit_fwd, unit_bwd
+     * and unit_update are (steps, 2 layers) measured ms (/units/). */
+    int units_per_block;
+    float *unit_fwd, *unit_bwd, *unit_update;
     struct plan_sharing plan_sharing; /* the stage sharing it recorded, at its stage count */
     /* With shares (non-NULL): its replicas' ranks took turns on the same
      * CPUs; the sharing of all its replicas, each group's share of its
@@ -90,6 +96,16 @@ struct sim_run {
  * user error (exit 2) naming it. */
 void sim_run_read(struct sim_run *run, const char *dir, int stages);
 void sim_run_free(struct sim_run *run);
+/* The expert placement what-if: the busiest expert rank's load of every
+ * MoE block and measured step (the state of role DYN_COST_BUSIEST_RANK,
+ * replaced in run->state) priced from the run's per-expert counts
+ * (/moe/tokens, /moe/dropped) on ep ranks under placement ("static" or
+ * "balanced") with replicas_max copies, by the MoE scheme's reader
+ * (moe_load_of_log) and so by the placement planner the trainer's
+ * controller runs (balance_placement_plan, balance_copies_plan). A log
+ * without the counts is a user error. Call after the fit (which takes the
+ * run's own loads). */
+void sim_run_place_experts(struct sim_run *run, int ep, const char *placement, int replicas_max);
 
 /* ---- the cost model ----------------------------------------------------- */
 
@@ -113,6 +129,11 @@ struct sim_model {
     /* Non-NULL (--hardware): no fit; each block is priced op by op on a
      * hardware file (simulate_hardware.c), embed and head likewise. */
     const struct sim_hardware *hardware;
+    /* A run of balance.units = sublayer (unit_fitted 1): its attentions'
+     * (unit_beta[0]) and MLPs' (unit_beta[1]) measured costs fitted apart,
+     * as beta, with the same features. */
+    double unit_beta[2][SIM_DIRECTIONS][2][SIM_FEATURES_MAX];
+    int unit_fitted;
 };
 
 /* Fits the model to run. Never fails (a class without samples falls back:
@@ -123,6 +144,12 @@ void sim_model_fit(struct sim_model *model, const struct sim_run *run);
  * values), csr the run's dyn.csr_sparsity. */
 void sim_model_block(const struct sim_model *model, const float *state, float csr,
                      double *fwd, double *bwd, double *update);
+
+/* A unit's forward, backward and update ms from a sublayer run's units
+ * fitted apart (model->unit_fitted): half 0 a block's attention, 1 its
+ * MLP, in the block's state. */
+void sim_model_unit(const struct sim_model *model, int half, const float *state, float csr,
+                    double *fwd, double *bwd, double *update);
 
 /* Block `block`'s costs (sim_model_block; -1: a block of no scheme's own),
  * priced on the hardware when the model has one. */

@@ -122,6 +122,13 @@ struct sim_hardware *sim_hardware_prepare(struct sim_run *run, struct sim_model 
         /* The run gives its trajectory of states only: its costs, layouts
          * and processor sharing belong to its own machine. */
         sim_run_read(run, in->run_dir, 0);
+        run->units_per_block = 1;   /* the config's units, priced on the hardware */
+        /* the run's expert counts placed as the config places its experts */
+        const struct dm_config *rc = &run->cfg;
+        if (cfg.moe_every > 0 && rc->moe_every > 0 && rc->experts == cfg.experts &&
+            (rc->ep != cfg.ep || strcmp(rc->moe_placement, cfg.moe_placement) ||
+             rc->replicas_max != cfg.replicas_max))
+            sim_run_place_experts(run, cfg.ep, cfg.moe_placement, cfg.replicas_max);
         steps = in->steps ? in->steps : run->steps;
         sim_check_size(steps, cfg.layers);
         sim_trajectory_map(traj, &run->state, &run->cfg, cfg.layers, steps);

@@ -180,6 +180,15 @@ static int measured_steps(struct sim_run *run, struct runlog_file *f, long rows,
                           "ms (measured times are >= 0)", run->path, l, r + 1, (double)fwd,
                           (double)bwd, (double)update);
         }
+        for (int u = 0; run->unit_fwd && u < 2 * run->layers; u++) {
+            long i = r * 2 * run->layers + u;
+            if (!time_ok(run->unit_fwd[i], 0) || !time_ok(run->unit_bwd[i], 0) ||
+                !time_ok(run->unit_update[i], 0))
+                run_error(f, "%s: unit %d at step %ld has forward %g, backward %g, update %g "
+                          "ms (measured times are >= 0)", run->path, u, r + 1,
+                          (double)run->unit_fwd[i], (double)run->unit_bwd[i],
+                          (double)run->unit_update[i]);
+        }
         for (int s = 0; s < run->layout_stages[r]; s++) {
             float busy = run->busy[r * run->width + s];
             float update = run->stage_update ? run->stage_update[r * run->width + s] : 0.0f;
@@ -192,13 +201,15 @@ static int measured_steps(struct sim_run *run, struct runlog_file *f, long rows,
     return count;
 }
 
-/* The layouts, each row a layout of model.layers blocks or a filler row
+/* The layouts, each row a layout of model.layers blocks (of twice as many
+ * units under balance.units = sublayer) or a filler row
  * (runlog_file_layouts), at least as many rows as the step times. */
 static void read_layouts(struct sim_run *run, struct runlog_file *f, long rows)
 {
     char err[1200];
     struct runlog_layouts l;
-    if (runlog_file_layouts(f, run->layers, &l, err, sizeof err) < 0) run_error(f, "%s", err);
+    if (runlog_file_layouts(f, run->layers * run->units_per_block, &l, err, sizeof err) < 0)
+        run_error(f, "%s", err);
     run->layout = l.counts;
     run->layout_stages = l.stages;
     run->width = l.width;
@@ -212,11 +223,14 @@ static void read_layouts(struct sim_run *run, struct runlog_file *f, long rows)
 struct log_reading {
     struct sim_run *run;
     struct runlog_file *f;
+    const char *hidden;    /* a dataset the schemes are not shown, or NULL */
 };
 
 static int reader_has(void *ctx, const char *dataset)
 {
-    return runlog_file_dataset(((struct log_reading *)ctx)->f, dataset) != NULL;
+    struct log_reading *rd = ctx;
+    if (rd->hidden && !strcmp(dataset, rd->hidden)) return 0;
+    return runlog_file_dataset(rd->f, dataset) != NULL;
 }
 
 static long reader_floats(void *ctx, const char *dataset, float **values, int *cols)
@@ -266,14 +280,18 @@ static float *signal_matrix(struct sim_run *run, struct runlog_file *f, long row
 }
 
 /* One state's (rows, layers) matrix as the log records it (its signal's
- * cost_of_log, or its dataset), or NULL. */
-static float *state_matrix(struct sim_run *run, struct runlog_file *f, long rows, int k)
+ * cost_of_log under cfg, or its dataset), or NULL. With hide, the
+ * scheme's cost_of_log is not shown the signal's own dataset (what the run
+ * measured under its own config) and prices the state from what else the
+ * log holds under cfg. */
+static float *state_matrix(struct sim_run *run, struct runlog_file *f, long rows, int k,
+                           const struct dm_config *cfg, int hide)
 {
     const struct dyn_signal *signal = sim_state_signal(k);
     struct gpt_shape shape = dyn_shape_from_config(&run->cfg);
     if (!signal->cost_of_log) return signal_matrix(run, f, rows, signal, &shape);
-    struct log_reading reading = {run, f};
-    const struct dyn_log_reader rd = {&reading, &run->cfg, run->path, reader_has, reader_floats,
+    struct log_reading reading = {run, f, hide ? signal->dataset : NULL};
+    const struct dyn_log_reader rd = {&reading, cfg, run->path, reader_has, reader_floats,
                                       reader_ints, reader_fail};
     return signal->cost_of_log(&rd, &shape, rows);
 }
@@ -297,7 +315,7 @@ static void read_states(struct sim_run *run, struct runlog_file *f, long rows, c
     trajectory_alloc(&run->state, count, L);
     for (int k = 0; k < sim_state_count(); k++) {
         int tiles = sim_state_role(k) == DYN_COST_TILE_SHARE;
-        float *m = state_matrix(run, f, rows, k);
+        float *m = state_matrix(run, f, rows, k, &run->cfg, 0);
         if (!m) continue;
         keep_rows(m, L, keep, count);
         float most = 0;
@@ -318,20 +336,23 @@ static void read_states(struct sim_run *run, struct runlog_file *f, long rows, c
 }
 
 /* Each step's embedding and head: what the first and last stage computed
- * beyond their blocks (balance_end_stage_extras, as the controller takes
- * them). */
+ * beyond their units (balance_end_stage_extras, as the controller takes
+ * them; a sublayer run's layouts count units, priced by its unit costs). */
 static void read_extras(struct sim_run *run)
 {
-    int L = run->layers, T = run->steps;
-    double *f = dm_alloc((size_t)L * sizeof(double)), *b = dm_alloc((size_t)L * sizeof(double));
-    double *u = dm_alloc((size_t)L * sizeof(double));
+    int U = run->layers * run->units_per_block, T = run->steps;
+    const float *fwd = run->unit_fwd ? run->unit_fwd : run->fwd;
+    const float *bwd = run->unit_fwd ? run->unit_bwd : run->bwd;
+    const float *update = run->unit_fwd ? run->unit_update : run->update;
+    double *f = dm_alloc((size_t)U * sizeof(double)), *b = dm_alloc((size_t)U * sizeof(double));
+    double *u = dm_alloc((size_t)U * sizeof(double));
     run->embed = dm_alloc((size_t)T * sizeof *run->embed);
     run->head = dm_alloc((size_t)T * sizeof *run->head);
     for (int t = 0; t < T; t++) {
-        for (int l = 0; l < L; l++) {
-            f[l] = run->fwd[(long)t * L + l];
-            b[l] = run->bwd[(long)t * L + l];
-            u[l] = run->update ? run->update[(long)t * L + l] : 0.0;
+        for (int l = 0; l < U; l++) {
+            f[l] = fwd[(long)t * U + l];
+            b[l] = bwd[(long)t * U + l];
+            u[l] = update ? update[(long)t * U + l] : 0.0;
         }
         const int *layout = run->layout + (long)t * run->width;
         int S = run->layout_stages[t];
@@ -341,7 +362,7 @@ static void read_extras(struct sim_run *run)
         double ends_busy[2] = {busy[0], busy[S - 1]};
         double ends_update[2] = {stage_update ? stage_update[0] : 0.0,
                                  stage_update ? stage_update[S - 1] : 0.0};
-        balance_end_stage_extras(f, b, run->update ? u : NULL, layout, S, run->micro_batches,
+        balance_end_stage_extras(f, b, update ? u : NULL, layout, S, run->micro_batches,
                                  ends_busy, ends_update, &run->embed[t], &run->head[t]);
     }
     dm_free(f);
@@ -380,10 +401,7 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
     if (status < 0) run_error(f, "%s", err);
     if (status > 0)
         run_error(f, "%s has no configuration (root attribute config)", run->path);
-    if (balance_units_parse(run->cfg.units) == BALANCE_UNITS_SUBLAYER)
-        run_error(f, "%s is a run of balance.units = sublayer, whose layouts count half "
-                  "blocks; simulate fits runs of whole blocks (--split-blocks simulates "
-                  "sublayer units)", run->path);
+    run->units_per_block = balance_units_per_block(balance_units_parse(run->cfg.units));
     run->layers = run->cfg.layers;
     run->micro_batches = run->cfg.micro_batches;
     run->schedule = config_schedule(&run->cfg);
@@ -398,6 +416,16 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
         !runlog_file_dataset(f, RUNLOG_STAGE_BUSY_MS))
         run_error(f, "%s has no %s or %s (layouts and stage times)", run->path,
                   RUNLOG_LAYOUT_HISTORY, RUNLOG_STAGE_BUSY_MS);
+    if (run->units_per_block == 2) {   /* balance.units = sublayer: the units measured apart */
+        const char *names[3] = {RUNLOG_UNIT_FWD_MS, RUNLOG_UNIT_BWD_MS, RUNLOG_UNIT_UPDATE_MS};
+        float **into[3] = {&run->unit_fwd, &run->unit_bwd, &run->unit_update};
+        for (int k = 0; k < 3; k++) {
+            if (!runlog_file_dataset(f, names[k]))
+                run_error(f, "%s is a run of balance.units = sublayer without %s (its units' "
+                          "measured costs)", run->path, names[k]);
+            *into[k] = read_blocks(run, f, names[k], rows, 2 * run->layers, 1);
+        }
+    }
     read_layouts(run, f, rows);
     run->busy = read_blocks(run, f, RUNLOG_STAGE_BUSY_MS, rows, run->width, 1);
     if (runlog_file_dataset(f, RUNLOG_LAYER_UPDATE_MS) &&
@@ -418,6 +446,9 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
     keep_rows(run->fwd, run->layers, keep, count);
     keep_rows(run->bwd, run->layers, keep, count);
     keep_rows(run->update, run->layers, keep, count);
+    keep_rows(run->unit_fwd, 2 * run->layers, keep, count);
+    keep_rows(run->unit_bwd, 2 * run->layers, keep, count);
+    keep_rows(run->unit_update, 2 * run->layers, keep, count);
     keep_rows(run->busy, run->width, keep, count);
     keep_rows(run->stage_update, run->width, keep, count);
     for (int i = 0; i < count; i++) {
@@ -426,23 +457,59 @@ void sim_run_read(struct sim_run *run, const char *dir, int stages)
         run->layout_stages[i] = run->layout_stages[keep[i]];
     }
     run->steps = count;
+    run->rows = rows;
+    run->kept = keep;
     run->first_step = (int)keep[0] + 1;
     run->stages = run->layout_stages[0];
     read_extras(run);
-    dm_free(keep);
     plan_sharing_from_run(&run->plan_sharing, dir, run->stages, stages > 0 ? stages : run->stages);
     read_replica_sharing(run, f);
     runlog_close_read(f);
 }
 
+void sim_run_place_experts(struct sim_run *run, int ep, const char *placement, int replicas_max)
+{
+    char err[1200];
+    struct runlog_file *f = runlog_open_read(run->path, err, sizeof err);
+    if (!f) dm_user_error("simulate: %s", err);
+    struct dm_config cfg = run->cfg;
+    cfg.ep = ep;
+    snprintf(cfg.moe_placement, sizeof cfg.moe_placement, "%s", placement);
+    cfg.replicas_max = replicas_max;
+    int L = run->layers, count = run->steps;
+    for (int k = 0; k < sim_state_count(); k++) {
+        if (sim_state_role(k) != DYN_COST_BUSIEST_RANK || !run->state.present[k]) continue;
+        float *m = state_matrix(run, f, run->rows, k, &cfg, 1);
+        if (!m)
+            run_error(f, "%s has no per-expert counts (/moe/tokens) to place on %d ranks",
+                      run->path, ep);
+        keep_rows(m, L, run->kept, count);
+        for (long i = 0; i < (long)count * L; i++) {
+            if (!state_ok(k, m[i])) {
+                float v = m[i];
+                dm_free(m);
+                run_error(f, "%s: block %ld at step %ld has %s %g under the placement",
+                          run->path, i % L, run->kept[i / L] + 1, sim_state_name(k), (double)v);
+            }
+            run->state.value[k][i] = m[i];
+        }
+        dm_free(m);
+    }
+    runlog_close_read(f);
+}
+
 void sim_run_free(struct sim_run *run)
 {
+    dm_free(run->kept);
     dm_free(run->shares);
     dm_free(run->embed);
     dm_free(run->head);
     dm_free(run->fwd);
     dm_free(run->bwd);
     dm_free(run->update);
+    dm_free(run->unit_fwd);
+    dm_free(run->unit_bwd);
+    dm_free(run->unit_update);
     dm_free(run->busy);
     dm_free(run->stage_update);
     dm_free(run->layout);
@@ -624,6 +691,52 @@ static double fit_error(const struct sim_model *model, const struct sim_run *run
     return dm_median(scratch, n);
 }
 
+/* Each direction's and class's coefficients (fit_one twice, the second
+ * without the outliers of the first); a class the run never had: frozen
+ * blocks forward as training ones and do no backward or update; training
+ * blocks as frozen ones forward. */
+static void fit_classes(struct sim_model *model, const struct sim_run *run, double *scratch)
+{
+    for (int d = 0; d < SIM_DIRECTIONS; d++)
+        for (int c = 0; c < 2; c++) {
+            long n = fit_one(model, run, d, c, 0.0);
+            if (n > 0) n = fit_one(model, run, d, c, residual_limit(model, run, d, c, scratch));
+            if (d == SIM_FWD) model->fitted[c] = n > 0;
+            model->samples += d == SIM_FWD ? n : 0;
+        }
+    int missing = !model->fitted[1] ? 1 : !model->fitted[0] ? 0 : -1;
+    if (missing >= 0)
+        for (int p = 0; p < model->features; p++) {
+            model->beta[SIM_FWD][missing][p] = model->beta[SIM_FWD][1 - missing][p];
+            model->beta[SIM_BWD][missing][p] = missing ? 0.0 : model->beta[SIM_BWD][1][p];
+            model->beta[SIM_UPDATE][missing][p] = missing ? 0.0 : model->beta[SIM_UPDATE][1][p];
+        }
+}
+
+/* A sublayer run's units: the attentions' (h = 0) and the MLPs' (h = 1)
+ * measured costs fitted apart to their blocks' states, with the block
+ * fit's features, into model->unit_beta[h]. */
+static void fit_units(struct sim_model *model, const struct sim_run *run, double *scratch)
+{
+    long n = (long)run->steps * run->layers;
+    float *half = dm_alloc((size_t)3 * (size_t)n * sizeof(float));
+    const float *from[3] = {run->unit_fwd, run->unit_bwd, run->unit_update};
+    for (int h = 0; h < 2; h++) {
+        for (int k = 0; k < 3; k++)
+            for (long i = 0; i < n; i++) half[k * n + i] = from[k][2 * i + h];
+        struct sim_run view = *run;
+        view.fwd = half;
+        view.bwd = half + n;
+        view.update = half + 2 * n;
+        struct sim_model part = *model;
+        memset(part.beta, 0, sizeof part.beta);
+        fit_classes(&part, &view, scratch);
+        memcpy(model->unit_beta[h], part.beta, sizeof part.beta);
+    }
+    model->unit_fitted = 1;
+    dm_free(half);
+}
+
 void sim_model_fit(struct sim_model *model, const struct sim_run *run)
 {
     memset(model, 0, sizeof *model);
@@ -639,24 +752,10 @@ void sim_model_fit(struct sim_model *model, const struct sim_run *run)
         model->uses[k] = run->state.present[k] && (frozen || hi > lo);
     }
     double *scratch = dm_alloc((size_t)total * sizeof(double));
-    for (int d = 0; d < SIM_DIRECTIONS; d++)
-        for (int c = 0; c < 2; c++) {
-            long n = fit_one(model, run, d, c, 0.0);
-            if (n > 0) n = fit_one(model, run, d, c, residual_limit(model, run, d, c, scratch));
-            if (d == SIM_FWD) model->fitted[c] = n > 0;
-            model->samples += d == SIM_FWD ? n : 0;
-        }
-    /* A class the run never had: frozen blocks forward as training ones and
-     * do no backward or update; training blocks as frozen ones forward. */
-    int missing = !model->fitted[1] ? 1 : !model->fitted[0] ? 0 : -1;
-    if (missing >= 0)
-        for (int p = 0; p < model->features; p++) {
-            model->beta[SIM_FWD][missing][p] = model->beta[SIM_FWD][1 - missing][p];
-            model->beta[SIM_BWD][missing][p] = missing ? 0.0 : model->beta[SIM_BWD][1][p];
-            model->beta[SIM_UPDATE][missing][p] = missing ? 0.0 : model->beta[SIM_UPDATE][1][p];
-        }
+    fit_classes(model, run, scratch);
     fit_extras(model, run);
     model->fit_error = fit_error(model, run, scratch);
+    if (run->unit_fwd) fit_units(model, run, scratch);
     dm_free(scratch);
 }
 
@@ -673,6 +772,17 @@ void sim_model_block(const struct sim_model *model, const float *state, float cs
     *fwd = predict(model->beta[SIM_FWD][cls], phi, P);
     *bwd = predict(model->beta[SIM_BWD][cls], phi, P);
     *update = predict(model->beta[SIM_UPDATE][cls], phi, P);
+}
+
+void sim_model_unit(const struct sim_model *model, int half, const float *state, float csr,
+                    double *fwd, double *bwd, double *update)
+{
+    double phi[SIM_FEATURES_MAX];
+    int cls = frozen_class(state), P = model->features;
+    features(phi, state, csr, model->uses);
+    *fwd = predict(model->unit_beta[half][SIM_FWD][cls], phi, P);
+    *bwd = predict(model->unit_beta[half][SIM_BWD][cls], phi, P);
+    *update = predict(model->unit_beta[half][SIM_UPDATE][cls], phi, P);
 }
 
 void sim_model_block_at(const struct sim_model *model, int block, const float *state,

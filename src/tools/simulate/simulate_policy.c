@@ -63,26 +63,36 @@ static void step_costs_at(struct step_costs *c, const struct sim_setup *setup, i
     int busiest = sim_state_of_role(DYN_COST_BUSIEST_RANK);
     int sparsity = sim_state_of_role(DYN_COST_SPARSITY);
     double matrices = (double)block_matrix_weights(setup->cfg.channels);
+    /* a sublayer run's units are priced by their own fits (measured apart) */
+    int measured_units = setup->split && setup->model->unit_fitted && !setup->model->hardware;
     for (int u = 0; u < setup->blocks; u++) {
         int b = setup->split ? u / 2 : u;
         double share = !setup->split ? 1.0 : u % 2 ? 1.0 - setup->attention_share
                                                    : setup->attention_share;
         double matrix_share = !setup->split ? 1.0 : u % 2 ? 2.0 / 3.0 : 1.0 / 3.0;
+        double time_share = measured_units ? 1.0 : share;
+        double update_share = measured_units ? 1.0 : matrix_share;
         for (int k = 0; k < sim_state_count(); k++)
             state[k] = tr->value[k][(long)t * tr->blocks + b];
-        sim_model_block_at(setup->model, b, state, setup->csr_sparsity, &c->fwd[u],
+        if (measured_units)
+            sim_model_unit(setup->model, u % 2, state, setup->csr_sparsity, &c->fwd[u],
                            &c->bwd[u], &c->update[u]);
+        else
+            sim_model_block_at(setup->model, b, state, setup->csr_sparsity, &c->fwd[u],
+                               &c->bwd[u], &c->update[u]);
         if (setup->measured) {   /* the run's own costs of the step (its shape) */
             const struct sim_run *run = setup->measured;
-            long i = (long)t * run->layers + u;
-            c->fwd[u] = run->fwd[i];
-            c->bwd[u] = run->bwd[i];
-            c->update[u] = run->update ? run->update[i] : 0.0;
+            int units = run->unit_fwd ? 2 * run->layers : run->layers;
+            long i = (long)t * units + u;
+            c->fwd[u] = run->unit_fwd ? run->unit_fwd[i] : run->fwd[i];
+            c->bwd[u] = run->unit_fwd ? run->unit_bwd[i] : run->bwd[i];
+            c->update[u] = run->unit_fwd ? run->unit_update[i] : run->update ? run->update[i]
+                                                                            : 0.0;
         }
-        c->fwd[u] *= share;
-        c->bwd[u] *= share;
+        c->fwd[u] *= time_share;
+        c->bwd[u] *= time_share;
         c->exchange[u] = exchange_round_ms(setup, busiest >= 0 ? state[busiest] : 0.0f, u);
-        c->update[u] *= matrix_share;
+        c->update[u] *= update_share;
         /* The controller takes a unit's nonzeros as its parameters less
          * sparsity x a block's matrices: a unit holds its share of them. */
         c->sparsity[u] = (sparsity >= 0 ? state[sparsity] : 0.0f) * matrix_share;

@@ -101,23 +101,11 @@ static void observation_of(struct balance_observation *obs, const struct step_st
 static void observe_chunks(struct train_balancer *tb, struct balance_observation *obs,
                            const struct engine *eng)
 {
-    int micro_batches = tb->micro_batches;
-    int S = tb->stages, V = tb->vstages;
     const int *chunks = engine_chunk_layout(eng);
-    for (int vs = 0; vs < V; vs++) {
-        int s = vs % S, first = 0;
-        double blocks = 0.0, updates = 0.0;
-        for (int other = 0; other < V; other++) {
-            if (other % S == s && other != vs)
-                for (int u = first; u < first + chunks[other]; u++) {
-                    blocks += obs->fwd_ms[u] + obs->bwd_ms[u];
-                    updates += obs->update_ms[u];
-                }
-            first += chunks[other];
-        }
-        tb->vcompute[vs] = obs->stage_compute_ms[s] - micro_batches * blocks - updates;
-        tb->vupdate[vs] = obs->stage_update_ms[s] - updates;
-    }
+    balance_chunk_stage_times(obs->fwd_ms, obs->bwd_ms, obs->update_ms, chunks, tb->stages,
+                              tb->vstages / tb->stages, tb->micro_batches,
+                              obs->stage_compute_ms, obs->stage_update_ms, tb->vcompute,
+                              tb->vupdate);
     obs->layout = chunks;
     obs->stage_compute_ms = tb->vcompute;
     obs->stage_update_ms = tb->vupdate;

@@ -91,6 +91,8 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
         append_doubles(log, RUNLOG_UNIT_FWD_MS, st->unit_fwd_ms, U, row);
         append_doubles(log, RUNLOG_UNIT_BWD_MS, st->unit_bwd_ms, U, row);
         append_doubles(log, RUNLOG_UNIT_UPDATE_MS, st->unit_update_ms, U, row);
+        if (schedule_splits_backward(config_schedule(cfg)))
+            append_doubles(log, RUNLOG_UNIT_WGRAD_MS, st->unit_wgrad_ms, U, row);
     }
     append_stage_row(log, RUNLOG_STAGE_BUSY_MS, st->stage_compute_ms, stages, width, row);
     append_stage_row(log, RUNLOG_STAGE_IDLE_MS, st->stage_wait_ms, stages, width, row);
@@ -98,6 +100,7 @@ static void append_rows(struct runlog *log, const struct dm_config *cfg,
     int *irow = dm_alloc((size_t)width * sizeof(int));
     for (int s = 0; s < width; s++) irow[s] = s < stages ? st->layout[s] : 0;
     runlog_append_int_row(log, RUNLOG_LAYOUT_HISTORY, irow, width);
+    if (st->chunks) runlog_append_int_row(log, RUNLOG_LAYOUT_CHUNKS, st->chunk_layout, st->chunks);
     for (int r = 0; r < st->trace_rows; r++)
         runlog_append_row(log, RUNLOG_TRACE_EVENTS, st->trace + (size_t)r * STEP_TRACE_COLUMNS,
                           STEP_TRACE_COLUMNS);
