@@ -274,8 +274,6 @@ has whole units/fwd_ms && fail "a run of whole blocks writes /units/fwd_ms"
   grep -q "(10 sublayer units of 5 blocks, embed, head)" "$dir/plan.out" &&
   grep -q "^split_blocks: " "$dir/plan.out" && grep -q "^units_moved: " "$dir/plan.out" ||
   fail "plan --from-run of a sublayer run: $(head -3 "$dir/plan.out")"
-expect_error "simulate of a sublayer run" "is a run of balance.units = sublayer" \
-  "$DYNMO" simulate --from-run "$dir/random3" --stages 3 --out "$dir/sim"
 
 bad() { train_refused "$1" "$2" "$3" "$dir/tiny.ini" "${@:4}"; }
 bad "units name" "balance.units = 'layer' must be block or sublayer" 1 balance.units=layer
