@@ -274,8 +274,6 @@ has whole units/fwd_ms && fail "a run of whole blocks writes /units/fwd_ms"
   grep -q "(10 sublayer units of 5 blocks, embed, head)" "$dir/plan.out" &&
   grep -q "^split_blocks: " "$dir/plan.out" && grep -q "^units_moved: " "$dir/plan.out" ||
   fail "plan --from-run of a sublayer run: $(head -3 "$dir/plan.out")"
-expect_error "simulate of a sublayer run" "is a run of balance.units = sublayer" \
-  "$DYNMO" simulate --from-run "$dir/random3" --stages 3 --out "$dir/sim"
 
 bad() { train_refused "$1" "$2" "$3" "$dir/tiny.ini" "${@:4}"; }
 bad "units name" "balance.units = 'layer' must be block or sublayer" 1 balance.units=layer
@@ -286,11 +284,8 @@ bad "explicit counts blocks under units=block" "covers 10 blocks but model.layer
   parallel.pp=3 balance.initial=explicit:3,4,3
 bad "more stages than units" "parallel.pp = 11 exceeds the 10 units of model.layers = 5" 11 \
   parallel.pp=11 balance.units=sublayer
-bad "sublayer with MoE blocks" "balance.units = sublayer cannot run with a mixture of experts yet" \
-  2 parallel.pp=2 balance.units=sublayer model.moe_every=2
-bad "sublayer with a scheme" \
-  "balance.units = sublayer cannot run with dyn.kind other than freeze and early_exit yet" \
-  2 parallel.pp=2 balance.units=sublayer dyn.kind=prune
+bad "sublayer with MoD blocks" "balance.units = sublayer cannot run with a mixture of depths yet" \
+  2 parallel.pp=2 balance.units=sublayer model.mod_every=2
 bad "sublayer with early exit by saturation" \
   "balance.units = sublayer cannot run with dyn.exit_confidence = saturation yet" \
   2 parallel.pp=2 balance.units=sublayer dyn.kind=early_exit dyn.exit_confidence=saturation

@@ -118,6 +118,11 @@ struct gpt_ext_ops {
  * attention hooks) and adds no floats, pack state, step values, shards
  * or forward of its own (hash attention does; MoE and MoD do not). */
 int gpt_ext_fits_units(const struct gpt_ext_ops *ops);
+/* Whether blocks with this extension split with the extension wholly in
+ * the MLP unit: it replaces the MLP (its floats end the slab, in the MLP
+ * unit's range; its state is kept where the MLP runs) and has no forward,
+ * backward or attention of its own (MoE does). */
+int gpt_ext_fits_mlp_unit(const struct gpt_ext_ops *ops);
 
 /* The extension of shape with these ops, or NULL. */
 const struct gpt_ext *gpt_shape_ext(const struct gpt_shape *shape, const struct gpt_ext_ops *ops);

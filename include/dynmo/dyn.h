@@ -256,6 +256,10 @@ const struct dyn_signal *dyn_signal_of_dataset(const char *name);
  * row for shape: layers, the scheme's blocks, or those times the cells. */
 int dyn_signal_layer(const struct dyn_signal *signal, const struct gpt_shape *shape, int layer);
 int dyn_signal_width(const struct dyn_signal *signal, const struct gpt_shape *shape);
+/* Whether the scheme that declared signal lives wholly in a block's MLP
+ * unit (gpt_ext_fits_mlp_unit: MoE): with balance.units = sublayer the
+ * stage of a split block's attention has none of its values. */
+int dyn_signal_in_mlp_unit(const struct dyn_signal *signal);
 int dyn_signal_cells(const struct dyn_signal *signal, const struct gpt_shape *shape);
 
 /* A signal's step, combined (struct step_stats, dynmo/pipe.h). */

@@ -251,6 +251,7 @@ size_t block_matrix_weights(int C);      /* 12 C^2 */
 struct block_sparse {
     unsigned char *mask;     /* (12C^2) 1 kept, 0 pruned, matrix-weight order */
     long kept;               /* ones in mask */
+    long kept_attention;     /* of them, the attention half's (qkv_w, attproj_w) */
     int use_csr;             /* matrices multiplied in CSR (csr[] valid) */
     struct csr_matrix csr[BLOCK_MATRICES];  /* values refreshed by block_forward */
     /* On a device whose memory the host cannot read (on_device; all NULL
@@ -349,6 +350,23 @@ void block_prune_cut(struct block *blk, uint64_t cut, unsigned char *mask_device
 uint64_t block_prune_key(float weight, uint32_t global_index);
 /* Fraction of the matrix weights that are pruned (0 without a mask). */
 double block_matrix_sparsity(const struct block *blk);
+/* Units of placement (balance.units = sublayer): matrix slot m belongs to
+ * the attention half (qkv_w, attproj_w) or the MLP half (fc_w, fcproj_w);
+ * block_owns_matrix: whether blk computes slot m (every slot of a block
+ * held whole). block_half_mask_range: where a half's matrices sit in the
+ * mask (matrix-weight order: the attention's 4 C^2, then the MLP's 8 C^2).
+ * block_prune_join_mask: the other half's part of the mask, as the stage
+ * of that half pruned it, copied into blk's (which then holds the whole
+ * block's mask, as a block held whole does: the kept count, the CSR
+ * decision at csr_sparsity and the pack follow); blk must be pruned. */
+int block_matrix_half(int m);
+/* The pruned share of a half's matrix weights (BLOCK_HALVES: the
+ * block's, as block_matrix_sparsity): a unit's sparsity in the profile. */
+double block_half_sparsity(const struct block *blk, int half);
+int block_owns_matrix(const struct block *blk, int m);
+void block_half_mask_range(int C, int half, size_t *offset, size_t *count);
+void block_prune_join_mask(struct block *blk, int half, const unsigned char *part,
+                           double csr_sparsity);
 
 /* Serialisation of one block for migration and checkpoints (docs/block-slab.md):
  * a 64-byte header (magic "DMBLOCK1", layer index, C, NH, nparams, flags,
@@ -441,7 +459,9 @@ void block_backward(struct block *blk, struct block_acts *acts,
  * block_backward the matching gradients (the attention half takes d_res1
  * as dout). The two halves run one after the other give the whole block's
  * outputs, input gradient and parameter gradients bit for bit. Dense
- * blocks only (no extension, no pruning mask: an internal error).
+ * or pruned blocks (a pruned half multiplies its own matrices in CSR
+ * when the whole block does) and extensions that stay inside the
+ * attention (gpt_ext_fits_units; others: an internal error).
  * block_is_half: whether blk holds one half only. block_tensor_half:
  * the half tensor k (block_tensor_at's order) belongs to.
  * block_half_range: the floats of a half in the slab's params (and grads,

@@ -140,11 +140,12 @@ void engine_relayout(struct engine *eng, const int *counts);
 
 /* Collective over each replica's stages, with balance.units = sublayer
  * (nothing otherwise): where a stage boundary falls inside block j, the
- * stage holding j's MLP sends that half's parameters and Adam moments to
- * the stage holding j's attention, which copies them into its own slab of
- * j (the MLP half's place there, otherwise unused): the attention's holder
- * then has the whole block, as a checkpoint writes it (ckpt_meta's
- * unit_layout). Nothing the step computes changes; the copy is stale
+ * stage holding j's MLP sends that half's parameters and Adam moments,
+ * and its header (the block's dynamic state, such as MoE's, is its MLP's),
+ * to the stage holding j's attention, which copies them into its own slab
+ * of j (the MLP half's place there, otherwise unused) and takes the state:
+ * the attention's holder then has the whole block, as a checkpoint writes
+ * it (ckpt_meta's unit_layout). Nothing the step computes changes; the copy is stale
  * after the next step. */
 void engine_gather_split_blocks(struct engine *eng);
 

@@ -171,6 +171,12 @@ int dyn_signal_layer(const struct dyn_signal *signal, const struct gpt_shape *sh
     return scheme->owns(shape, layer);
 }
 
+int dyn_signal_in_mlp_unit(const struct dyn_signal *signal)
+{
+    const struct dyn_scheme *scheme = scheme_of_signal(signal);
+    return scheme->ext && gpt_ext_fits_mlp_unit(scheme->ext);
+}
+
 int dyn_signal_cells(const struct dyn_signal *signal, const struct gpt_shape *shape)
 {
     return signal->columns == DYN_SIGNAL_CELLS ? signal->cells(shape) : 1;

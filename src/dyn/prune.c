@@ -22,7 +22,11 @@
  * with pruned weights exactly zero; after a resume past t0 the masks are
  * rebuilt from those zeros at the first step (a kept weight that is
  * exactly 0.0f in fp32 at that moment would be taken for pruned; we have
- * never seen one). This file must not look at the layout or at timings. */
+ * never seen one). With balance.units = sublayer a stage prunes the
+ * matrices of the halves it computes, and the two stages of a block split
+ * between them trade their parts of its mask (trade_split_masks), so the
+ * cut and the masks are those of whole blocks. This file must not look at
+ * the layout or at timings. */
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -285,22 +289,97 @@ static void prune_destroy(void *state, struct gpt *model)
     dm_free(state);
 }
 
-/* The keys of this rank's blocks' matrix weights (n = blocks x per_block),
- * each block's weights read on the host (a copy down on a device). */
+/* The matrix weights this rank computes: every matrix of a block held
+ * whole, a half's own (balance.units = sublayer; block_owns_matrix), so
+ * that a block split over two stages counts once in the selection. */
+static long owned_weights(const struct gpt *model)
+{
+    long n = 0;
+    for (int b = 0; b < model->num_blocks; b++)
+        for (int m = 0; m < BLOCK_MATRICES; m++)
+            if (block_owns_matrix(&model->blocks[b], m))
+                n += (long)block_tensor_size(model->shape.channels, block_matrix_tensor(m));
+    return n;
+}
+
+/* The keys of the matrix weights this rank computes (owned_weights of
+ * them, block by block), each block's weights read on the host (a copy
+ * down on a device). */
 static void prune_keys(uint64_t *keys, const struct gpt *model, size_t per_block)
 {
+    long n = 0;
     for (int b = 0; b < model->num_blocks; b++) {
         const struct block *blk = &model->blocks[b];
         float *staging = backend_staging(blk->slab_floats * sizeof(float));
         struct block view = block_host_view(blk, staging, 1);
-        uint64_t *k = keys + (size_t)b * per_block;
         uint32_t base = (uint32_t)((size_t)blk->index * per_block), i = 0;
         for (int m = 0; m < BLOCK_MATRICES; m++) {
             int t = block_matrix_tensor(m);
             size_t count = block_tensor_size(blk->C, t);
-            for (size_t e = 0; e < count; e++, i++) k[i] = prune_key(view.p[t][e], base + i);
+            if (block_owns_matrix(blk, m))
+                for (size_t e = 0; e < count; e++)
+                    keys[n++] = prune_key(view.p[t][e], base + i + (uint32_t)e);
+            i += (uint32_t)count;
         }
         backend_staging_free(staging);
+    }
+}
+
+/* The mask of a block's matrix weights: key > cut where this rank
+ * computes the matrix, 0 where another stage does (its part comes by
+ * trade_split_masks). */
+static void mask_of_cut(unsigned char *mask, const struct block *blk, uint64_t cut)
+{
+    float *staging = backend_staging(blk->slab_floats * sizeof(float));
+    struct block view = block_host_view(blk, staging, 1);
+    uint32_t base = (uint32_t)((size_t)blk->index * block_matrix_weights(blk->C)), i = 0;
+    for (int m = 0; m < BLOCK_MATRICES; m++) {
+        int t = block_matrix_tensor(m);
+        size_t count = block_tensor_size(blk->C, t);
+        int own = block_owns_matrix(blk, m);
+        for (size_t e = 0; e < count; e++, i++)
+            mask[i] = own && prune_key(view.p[t][e], base + i) > cut;
+    }
+    backend_staging_free(staging);
+}
+
+/* balance.units = sublayer: a block whose attention is this stage's last
+ * unit has its MLP on the next stage, one whose MLP is this stage's
+ * first has its attention on the previous (the pipeline's ranks are its
+ * stages in order). Each side prunes its own half's matrices; the two
+ * trade their parts of the mask, so that both hold the whole block's, as
+ * a block held whole does: the same kept count and CSR decision, and a
+ * migrating half carries the whole mask. Collective between neighbours. */
+static void trade_split_masks(struct prune *pr, struct gpt *model)
+{
+    if (!model->num_blocks) return;
+    int rank;
+    WORLD_MPI(MPI_Comm_rank(pr->comm, &rank));
+    struct block *ends[2] = {&model->blocks[0], &model->blocks[model->num_blocks - 1]};
+    MPI_Request reqs[4];
+    unsigned char *received[2] = {NULL, NULL};
+    int n = 0;
+    for (int e = 0; e < 2; e++) {
+        struct block *blk = ends[e];
+        int mine = e ? BLOCK_HALF_ATTENTION : BLOCK_HALF_MLP;
+        if (blk->halves != mine || !blk->sparse) continue;
+        int other = e ? BLOCK_HALF_MLP : BLOCK_HALF_ATTENTION, peer = e ? rank + 1 : rank - 1;
+        size_t offset, count, other_offset, other_count;
+        block_half_mask_range(blk->C, mine, &offset, &count);
+        block_half_mask_range(blk->C, other, &other_offset, &other_count);
+        received[e] = dm_alloc(other_count);
+        DM_ASSERT(count <= INT_MAX && other_count <= INT_MAX);
+        WORLD_MPI(MPI_Isend(blk->sparse->mask + offset, (int)count, MPI_UNSIGNED_CHAR, peer,
+                            blk->index, pr->comm, &reqs[n++]));
+        WORLD_MPI(MPI_Irecv(received[e], (int)other_count, MPI_UNSIGNED_CHAR, peer, blk->index,
+                            pr->comm, &reqs[n++]));
+    }
+    world_wait_all(n, reqs);
+    for (int e = 0; e < 2; e++) {
+        if (!received[e]) continue;
+        block_prune_join_mask(ends[e], e ? BLOCK_HALF_MLP : BLOCK_HALF_ATTENTION, received[e],
+                              pr->cfg.csr_sparsity);
+        dm_free(received[e]);
     }
 }
 
@@ -322,7 +401,9 @@ static void device_histogram(long *counts, void *ctx, uint64_t prefix, int shift
         for (int m = 0; m < BLOCK_MATRICES; m++) {
             int t = block_matrix_tensor(m);
             long count = (long)block_tensor_size(blk->C, t);
-            ops->prune_histogram(dh->counts, dh->partial, blk->p[t], count, base, prefix, shift);
+            if (block_owns_matrix(blk, m))
+                ops->prune_histogram(dh->counts, dh->partial, blk->p[t], count, base, prefix,
+                                     shift);
             base += (uint32_t)count;
         }
     }
@@ -356,21 +437,18 @@ static void prune_on_device(struct prune *pr, struct gpt *model, long keep, long
 static void prune_on_host(struct prune *pr, struct gpt *model, long keep, long total)
 {
     size_t per_block = block_matrix_weights(model->shape.channels);
-    long n = (long)model->num_blocks * (long)per_block;
+    long n = owned_weights(model);
     uint64_t *keys = dm_alloc((size_t)(n ? n : 1) * sizeof(uint64_t));
     prune_keys(keys, model, per_block);
     uint64_t cut = prune_global_cut(pr->comm, keys, n, keep, total);
-    /* keys were reordered by the selection: compute them again, weight by
-     * weight (into the same array, block by block: the mask is keys > cut) */
-    prune_keys(keys, model, per_block);
+    dm_free(keys);
+    /* the selection reordered the keys: the mask reads the weights again */
     unsigned char *mask = dm_alloc(per_block);
     for (int b = 0; b < model->num_blocks; b++) {
-        const uint64_t *k = keys + (size_t)b * per_block;
-        for (size_t i = 0; i < per_block; i++) mask[i] = k[i] > cut;
+        mask_of_cut(mask, &model->blocks[b], cut);
         block_prune(&model->blocks[b], mask, pr->cfg.csr_sparsity);
     }
     dm_free(mask);
-    dm_free(keys);
 }
 
 static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
@@ -381,6 +459,7 @@ static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
         prune_on_host(pr, model, keep, total);
     else
         prune_on_device(pr, model, keep, total);
+    trade_split_masks(pr, model);
     pr->sparsity = sparsity;
 }
 
@@ -392,10 +471,12 @@ static void prune_before_step(void *state, struct gpt *model, int step)
         pr->sparsity = prune_sparsity_in_force(&pr->cfg, step - 1);
         /* A resume past the first pruning step: blocks come from the
          * checkpoint without masks; their pruned weights are the zeros. */
-        if (pr->sparsity > 0.0)
+        if (pr->sparsity > 0.0) {
             for (int b = 0; b < model->num_blocks; b++)
                 if (!model->blocks[b].sparse)
                     block_prune(&model->blocks[b], NULL, pr->cfg.csr_sparsity);
+            trade_split_masks(pr, model);
+        }
     }
     double target = prune_schedule_at(&pr->cfg, step);
     if (target <= 0.0) return;   /* not a pruning step, or nothing to prune yet */
@@ -421,11 +502,13 @@ static void prune_describe(const void *state, const struct gpt *model, char *buf
              model->num_blocks);
 }
 
-/* The pruned share of the block's matrices. */
+/* The pruned share of the block's matrices: a block split over two
+ * stages (both hold its whole mask) counts where its MLP is. */
 static void read_sparsity(struct gpt *model, int i, double *value, double *weight)
 {
     (void)weight;
-    value[0] = block_matrix_sparsity(&model->blocks[i]);
+    const struct block *blk = &model->blocks[i];
+    value[0] = blk->halves == BLOCK_HALF_ATTENTION ? 0.0 : block_matrix_sparsity(blk);
 }
 
 /* A block's sparsity from the schedule alone. */

@@ -896,9 +896,8 @@ static void attention_part_backward(struct block *blk, struct block_acts *acts,
  * The same ops as dense_forward and dense_backward, split at the residual
  * stream after attention: the attention half's output and the MLP half's
  * input are res1, and the gradient between them is d_res1, so the two
- * halves give the whole block's bits. A dense block (no pruning mask) or
- * one whose extensions stay inside its attention (gpt_ext_fits_units):
- * what sublayer units run so far. */
+ * halves give the whole block's bits. A dense or pruned block, or one
+ * whose extensions stay inside its attention (gpt_ext_fits_units). */
 
 int gpt_ext_fits_units(const struct gpt_ext_ops *ops)
 {
@@ -907,13 +906,21 @@ int gpt_ext_fits_units(const struct gpt_ext_ops *ops)
            !ops->step_values && !ops->shard_units;
 }
 
-/* A block its halves can compute: no pruning mask, and extensions that
- * stay inside the attention. */
+int gpt_ext_fits_mlp_unit(const struct gpt_ext_ops *ops)
+{
+    return ops->replaces_mlp && ops->mlp_forward && ops->mlp_backward && !ops->block_forward &&
+           !ops->block_backward && !ops->attention_forward && !ops->attention_backward;
+}
+
+/* A block its halves can compute: extensions that stay inside the
+ * attention or inside the MLP (a pruned half multiplies in CSR as the
+ * whole block does). */
 static int fits_units(const struct block *blk)
 {
     for (int i = 0; i < blk->ext_count; i++)
-        if (!gpt_ext_fits_units(blk->ext[i].ops)) return 0;
-    return !blk->sparse;
+        if (!gpt_ext_fits_units(blk->ext[i].ops) && !gpt_ext_fits_mlp_unit(blk->ext[i].ops))
+            return 0;
+    return 1;
 }
 
 int block_is_half(const struct block *blk)
@@ -950,6 +957,7 @@ static void half_forward(struct block *blk, struct block_acts *acts, float *out,
     int C = blk->C, N = B * T;
     float *const *p = blk->p;
     DM_ASSERT(B <= acts->B && T <= acts->T && fits_units(blk));
+    block_sparse_refresh(blk);   /* this half's CSR values follow the last step */
     if (blk->halves == BLOCK_HALF_ATTENTION) {
         ops->layernorm_forward(acts->ln1, acts->ln1_mean, acts->ln1_rstd, in,
                                p[BP_LN1_W], p[BP_LN1_B], N, C);
@@ -960,6 +968,12 @@ static void half_forward(struct block *blk, struct block_acts *acts, float *out,
     }
     ops->layernorm_forward(acts->ln2, acts->ln2_mean, acts->ln2_rstd, in, p[BP_LN2_W],
                            p[BP_LN2_B], N, C);
+    const struct block_ext_slot *x = HOOK(blk, mlp_forward);
+    if (x) {   /* the hook's residual is acts->res1 */
+        if (in != acts->res1) ops->copy_on_device(acts->res1, in, (size_t)N * C * sizeof(float));
+        x->ops->mlp_forward(blk, x->state, acts, out, N);
+        return;
+    }
     block_matmul_forward(blk, BP_FC_W, acts->fch, acts->ln2, N, C, 4 * C, NULL, acts->fch_gelu);
     block_matmul_forward(blk, BP_FCPROJ_W, out, acts->fch_gelu, N, 4 * C, C, in, NULL);
 }
@@ -976,9 +990,15 @@ static void half_backward(struct block *blk, struct block_acts *acts, struct blo
     float *const *p = blk->p, *const *g = weight_grads(blk);
     size_t bytes = (size_t)N * C * sizeof(float);
     if (blk->halves == BLOCK_HALF_MLP) {
-        block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N, 4 * C, C,
-                              acts->fch);
-        block_matmul_backward(blk, BP_FC_W, g, s->d_ln, s->d_fch, acts->ln2, N, C, 4 * C, NULL);
+        const struct block_ext_slot *x = HOOK(blk, mlp_backward);
+        if (x) {
+            x->ops->mlp_backward(blk, x->state, acts, s->d_ln, dout, N);
+        } else {
+            block_matmul_backward(blk, BP_FCPROJ_W, g, s->d_fch, dout, acts->fch_gelu, N,
+                                  4 * C, C, acts->fch);
+            block_matmul_backward(blk, BP_FC_W, g, s->d_ln, s->d_fch, acts->ln2, N, C, 4 * C,
+                                  NULL);
+        }
         ops->layernorm_backward_residual(s->d_res1, dout, g[BP_LN2_W], g[BP_LN2_B], s->d_ln, in,
                                          p[BP_LN2_W], acts->ln2_mean, acts->ln2_rstd, N, C);
         if (din) ops->copy_on_device(din, s->d_res1, bytes);

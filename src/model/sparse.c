@@ -420,6 +420,27 @@ static void build_csr(struct block *blk)
     sp->use_csr = 1;
 }
 
+int block_matrix_half(int m)
+{
+    DM_ASSERT(m >= 0 && m < BLOCK_MATRICES);
+    return m < 2 ? BLOCK_HALF_ATTENTION : BLOCK_HALF_MLP;
+}
+
+int block_owns_matrix(const struct block *blk, int m)
+{
+    return !block_is_half(blk) || block_matrix_half(m) == blk->halves;
+}
+
+void block_half_mask_range(int C, int half, size_t *offset, size_t *count)
+{
+    DM_ASSERT(half == BLOCK_HALF_ATTENTION || half == BLOCK_HALF_MLP);
+    size_t attention = mask_offset(C, 2);
+    *offset = half == BLOCK_HALF_MLP ? attention : 0;
+    *count = half == BLOCK_HALF_MLP ? block_matrix_weights(C) - attention : attention;
+}
+
+/* A half's CSR values (block_is_half) are its own matrices': the other
+ * half's weights are another stage's. */
 void block_sparse_refresh(struct block *blk)
 {
     struct block_sparse *sp = blk->sparse;
@@ -427,13 +448,14 @@ void block_sparse_refresh(struct block *blk)
     if (sp->on_device) {   /* values[j] = W[value_at[j]]: a gather of single floats */
         for (int m = 0; m < BLOCK_MATRICES; m++) {
             const struct csr_matrix *d = &sp->csr_device[m];
-            if (d->nnz > 0)
+            if (d->nnz > 0 && block_owns_matrix(blk, m))
                 backend_current()->rows_gather(d->values, blk->p[block_matrix_tensor(m)],
                                                sp->value_at[m], d->nnz, 1);
         }
         return;
     }
     for (int m = 0; m < BLOCK_MATRICES; m++) {
+        if (!block_owns_matrix(blk, m)) continue;
         const struct csr_matrix *csr = &sp->csr[m];
         const float *w = blk->p[block_matrix_tensor(m)];
         for (int r = 0; r < csr->rows; r++)
@@ -535,6 +557,10 @@ static struct block_sparse *sparse_state(struct block *blk)
 static void sparse_rebuild(struct block *blk, double csr_sparsity)
 {
     struct block_sparse *sp = blk->sparse;
+    size_t offset, count;
+    block_half_mask_range(blk->C, BLOCK_HALF_ATTENTION, &offset, &count);
+    sp->kept_attention = 0;
+    for (size_t i = offset; i < offset + count; i++) sp->kept_attention += sp->mask[i];
     for (int m = 0; m < BLOCK_MATRICES; m++) csr_free(&sp->csr[m]);
     sp->use_csr = 0;
     if (block_matrix_sparsity(blk) >= csr_sparsity) build_csr(blk);
@@ -572,6 +598,20 @@ void block_prune_cut(struct block *blk, uint64_t cut, unsigned char *mask_device
                         cut);
     }
     ops->copy_to_host(sp->mask, mask_device, total);
+    long kept = 0;
+    for (size_t i = 0; i < total; i++) kept += sp->mask[i];
+    sp->kept = kept;
+    sparse_rebuild(blk, csr_sparsity);
+}
+
+void block_prune_join_mask(struct block *blk, int half, const unsigned char *part,
+                           double csr_sparsity)
+{
+    struct block_sparse *sp = blk->sparse;
+    DM_ASSERT(sp);
+    size_t offset, count, total = block_matrix_weights(blk->C);
+    block_half_mask_range(blk->C, half, &offset, &count);
+    memcpy(sp->mask + offset, part, count);
     long kept = 0;
     for (size_t i = 0; i < total; i++) kept += sp->mask[i];
     sp->kept = kept;
@@ -617,6 +657,17 @@ double block_matrix_sparsity(const struct block *blk)
     if (!blk->sparse) return 0.0;
     double total = (double)block_matrix_weights(blk->C);
     return (total - (double)blk->sparse->kept) / total;
+}
+
+double block_half_sparsity(const struct block *blk, int half)
+{
+    if (!blk->sparse || (half != BLOCK_HALF_ATTENTION && half != BLOCK_HALF_MLP))
+        return block_matrix_sparsity(blk);
+    size_t offset, count;
+    block_half_mask_range(blk->C, half, &offset, &count);
+    long kept = half == BLOCK_HALF_ATTENTION ? blk->sparse->kept_attention
+                                             : blk->sparse->kept - blk->sparse->kept_attention;
+    return ((double)count - (double)kept) / (double)count;
 }
 
 /* ---- pack format of the dynamic state (docs/block-slab.md) -------------------- */

@@ -243,20 +243,27 @@ static struct block *arrival_block(struct engine *eng, struct unit_ref u, struct
     return &arrived[u.block];
 }
 
-/* Unit u's message from stage src: its size by a probe (the dynamic
- * state varies), its block's slab made ready (arrival_block) and its
- * header's buffer. */
-static void probe_arrival(struct engine *eng, struct unit_ref u, int src, struct block *arrived,
-                          void **metas, int *meta_bytes)
+/* The bytes of unit `unit`'s header message from rank src, by a polled
+ * probe (the dynamic state varies). */
+static int probe_header(int src, int unit)
 {
     int found = 0, count = 0;
     MPI_Status status;
     double t0 = dm_now();
     while (!found) {
-        WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + u.unit, MPI_COMM_WORLD, &found, &status));
+        WORLD_MPI(MPI_Iprobe(src, TAG_BLOCK + unit, MPI_COMM_WORLD, &found, &status));
         if (!found) world_wait_round(t0);
     }
     WORLD_MPI(MPI_Get_count(&status, MPI_BYTE, &count));
+    return count;
+}
+
+/* Unit u's message from stage src: its size (probe_header), its block's
+ * slab made ready (arrival_block) and its header's buffer. */
+static void probe_arrival(struct engine *eng, struct unit_ref u, int src, struct block *arrived,
+                          void **metas, int *meta_bytes)
+{
+    int count = probe_header(src, u.unit);
     struct block *blk = arrival_block(eng, u, arrived);
     size_t slab_bytes = eng->pipe_comm || in_pieces(blk, u.half)
                             ? 0 : staged_floats(blk, u.half) * sizeof(float);
@@ -373,9 +380,13 @@ static void adopt_blocks(struct engine *eng, const int *counts, struct block *ar
 
 /* The arrived units (all messages complete; meta_bytes set for those
  * this rank received): their floats up from the host staging (a device;
- * the pool's, kept); then a block that arrived (no half of it was here)
- * takes the header and dynamic state of its first unit, while a half
- * that joins this rank's own block leaves its header. */
+ * the pool's, kept); then the headers and dynamic state. A whole block
+ * takes its own. Under sublayer units a block's state is its MLP half's
+ * where the two differ (an extension wholly in the MLP, such as MoE,
+ * keeps its state where the MLP runs; a pruning mask and the frozen flag
+ * are the same on both): a block that arrived takes its MLP's header if
+ * that came, else its attention's; an MLP half that joins this rank's
+ * own block brings the block its header, an attention half leaves its. */
 static void unpack_arrivals(struct engine *eng, struct block *arrived, void **metas,
                             const int *meta_bytes, float **stagings)
 {
@@ -391,10 +402,11 @@ static void unpack_arrivals(struct engine *eng, struct block *arrived, void **me
         struct unit_ref u = unit_ref(eng, unit);
         /* a whole block never arrives where it is held (under interleaved
          * the current chunk need not be the one it arrives in) */
-        if (!meta_bytes[unit] || (per == 2 && held_block(eng, u.block))) continue;
-        if (per == 2 && u.half == BLOCK_HALF_MLP && meta_bytes[unit - 1])
-            continue;   /* the block's attention brought its header */
-        struct block *blk = &arrived[u.block];
+        if (!meta_bytes[unit]) continue;
+        struct block *held = per == 2 ? held_block(eng, u.block) : NULL;
+        if (per == 2 && u.half == BLOCK_HALF_ATTENTION && (held || meta_bytes[unit + 1]))
+            continue;   /* the block's MLP (here, or arriving) gives its header */
+        struct block *blk = held ? held : &arrived[u.block];
         if (block_unpack_meta_begin(blk, metas[unit], (size_t)meta_bytes[unit], &eng->shape,
                                     err, sizeof err) ||
             block_unpack_meta_end(blk, metas[unit], (size_t)meta_bytes[unit], err, sizeof err))
@@ -475,21 +487,52 @@ void engine_gather_split_blocks(struct engine *eng)
      * the slabs (through host staging where the host cannot read them). */
     struct posted posted = {0};
     float *sent = NULL, *received = NULL;
+    void *meta = NULL;
+    int meta_bytes = 0;
+    /* the MLP's header too: the block's state is its MLP's (unpack_arrivals) */
     if (send) {
         struct unit_ref u = {2 * first->index + 1, first->index, BLOCK_HALF_MLP};
+        int peer = rank_of(g, g->stage - 1, g->replica);
         sent = staging_pool_host(&eng->staging, STAGING_MIGRATE_SEND,
                                  staged_floats(first, u.half) * sizeof(float));
         if (sent) stage_down(first, u.half, sent);
-        post_pieces(&posted, first, u, sent, rank_of(g, g->stage - 1, g->replica), 0);
+        post_pieces(&posted, first, u, sent, peer, 0);
+        size_t bytes = block_meta_size(first);
+        DM_ASSERT(bytes <= INT_MAX);
+        meta_bytes = (int)bytes;
+        meta = dm_alloc(bytes);
+        block_pack_meta(first, meta);
+        MPI_Request req;
+        WORLD_MPI(MPI_Isend(meta, meta_bytes, MPI_BYTE, peer, TAG_BLOCK + u.unit, MPI_COMM_WORLD,
+                            &req));
+        posted_add(&posted, req, MPI_DATATYPE_NULL);
     }
+    void *header = NULL;
+    int header_bytes = 0;
     if (receive) {
         struct unit_ref u = {2 * last->index + 1, last->index, BLOCK_HALF_MLP};
+        int peer = rank_of(g, g->stage + 1, g->replica);
         received = staging_pool_host(&eng->staging, STAGING_MIGRATE_RECV,
                                      staged_floats(last, u.half) * sizeof(float));
-        post_pieces(&posted, last, u, received, rank_of(g, g->stage + 1, g->replica), 1);
+        post_pieces(&posted, last, u, received, peer, 1);
+        header_bytes = probe_header(peer, u.unit);
+        header = dm_alloc((size_t)header_bytes);
+        MPI_Request req;
+        WORLD_MPI(MPI_Irecv(header, header_bytes, MPI_BYTE, peer, TAG_BLOCK + u.unit,
+                            MPI_COMM_WORLD, &req));
+        posted_add(&posted, req, MPI_DATATYPE_NULL);
     }
     world_wait_all(posted.count, posted.reqs);
     if (received) stage_up(last, BLOCK_HALF_MLP, received);
+    if (header) {
+        char err[256];
+        if (block_unpack_meta_begin(last, header, (size_t)header_bytes, &eng->shape, err,
+                                    sizeof err) ||
+            block_unpack_meta_end(last, header, (size_t)header_bytes, err, sizeof err))
+            DM_FATAL("gathering block %d: %s", last->index, err);
+    }
+    dm_free(meta);
+    dm_free(header);
     dm_free(posted.reqs);
     dm_free(posted.types);
 }

@@ -155,6 +155,8 @@ static void pack_signals(struct engine *eng, double *v)
         for (int i = 0; i < m->num_blocks; i++) {
             int layer = m->first_block + i;
             if (!dyn_signal_layer(signal, &eng->shape, layer)) continue;
+            if (m->blocks[i].halves == BLOCK_HALF_ATTENTION && dyn_signal_in_mlp_unit(signal))
+                continue;   /* the stage of the block's MLP gives them */
             for (int c = 0; c < cells; c++) value[c] = weight[c] = 0.0;
             signal->read(m, i, value, weight);
             double *x = v + eng->signal_at[k] + 2 * (size_t)layer * cells;
@@ -191,19 +193,19 @@ static void pack_halves(const struct engine *eng, double *v, int U, int i)
     int layer = m->first_block + i;
     size_t offset, attention;
     block_half_range(blk, BLOCK_HALF_ATTENTION, &offset, &attention);
-    double sparsity = block_matrix_sparsity(blk), pack = (double)block_pack_size(blk);
+    double pack = (double)block_pack_size(blk);
     double attention_bytes = pack - 3.0 * sizeof(float) * (double)(blk->nparams - attention);
     double share = blk->halves == BLOCK_HALF_ATTENTION ? 1.0
                    : blk->halves == BLOCK_HALF_MLP     ? 0.0
                                                        : (double)attention / (double)blk->nparams;
     if (blk->halves != BLOCK_HALF_MLP)
         pack_unit(v, U, 2 * layer, m->attention_fwd_s[i], m->attention_bwd_s[i],
-                  attention_bytes, sparsity, m->block_update_s[i] * share,
-                  m->attention_wgrad_s[i]);
+                  attention_bytes, block_half_sparsity(blk, BLOCK_HALF_ATTENTION),
+                  m->block_update_s[i] * share, m->attention_wgrad_s[i]);
     if (blk->halves != BLOCK_HALF_ATTENTION)
         pack_unit(v, U, 2 * layer + 1, m->block_fwd_s[i] - m->attention_fwd_s[i],
-                  m->block_bwd_s[i] - m->attention_bwd_s[i], pack - attention_bytes, sparsity,
-                  m->block_update_s[i] * (1.0 - share),
+                  m->block_bwd_s[i] - m->attention_bwd_s[i], pack - attention_bytes,
+                  block_half_sparsity(blk, BLOCK_HALF_MLP), m->block_update_s[i] * (1.0 - share),
                   m->block_wgrad_s[i] - m->attention_wgrad_s[i]);
 }
 

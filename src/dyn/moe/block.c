@@ -934,19 +934,30 @@ static int moe_held_parts(const void *state)
  * expert's in slot order (parts[j] for the j-th held expert), so that
  * the owners of an expert-parallel stage's experts can each contribute
  * their own experts' terms and the sum is the same bits as one rank
- * holding them all. */
+ * holding them all. With balance.units = sublayer (blk->halves set) the
+ * attention half's floats and the MLP half's shared ones (ln2, the
+ * router) are summed apart and added, each half's where it is (an
+ * attention half's experts count 0), so that a block split over two
+ * stages gives the bits of one held whole. */
 static double moe_grad_sumsq_parts(const struct block *blk, const void *state, double *parts)
 {
     const struct dm_backend *ops = backend_current();
     const struct block_moe *moe = state;
-    int owned = moe_owned_experts(&moe->cfg);
+    int owned = moe_owned_experts(&moe->cfg), mlp = blk->halves != BLOCK_HALF_ATTENTION;
     for (int j = 0; j < owned; j++)
-        parts[j] = blk->frozen ? 0.0
-                               : ops->sum_squares(moe->experts_g + (size_t)j * moe->expert_params,
-                                                  (long)moe->expert_params);
+        parts[j] = blk->frozen || !mlp
+                       ? 0.0
+                       : ops->sum_squares(moe->experts_g + (size_t)j * moe->expert_params,
+                                          (long)moe->expert_params);
     if (blk->frozen) return 0.0;
-    return ops->sum_squares(blk->grads, (long)(moe_shared_param_count(blk->C) +
-                                               (size_t)moe->cfg.experts * (size_t)blk->C));
+    size_t shared = moe_shared_param_count(blk->C) + (size_t)moe->cfg.experts * (size_t)blk->C;
+    if (!blk->halves) return ops->sum_squares(blk->grads, (long)shared);
+    size_t offset, attention;
+    block_half_range(blk, BLOCK_HALF_ATTENTION, &offset, &attention);
+    double sum = 0.0;
+    if (blk->halves != BLOCK_HALF_MLP) sum += ops->sum_squares(blk->grads, (long)attention);
+    if (mlp) sum += ops->sum_squares(blk->grads + attention, (long)(shared - attention));
+    return sum;
 }
 
 /* ---- its tensors ----------------------------------------------------------------------- */

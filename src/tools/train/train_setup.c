@@ -104,23 +104,31 @@ void train_check_units(const struct dm_config *cfg)
     if (train_units(cfg) != BALANCE_UNITS_SUBLAYER) return;
     struct gpt_shape shape = dyn_shape_from_config(cfg);
     const char *what = NULL;
-    /* freezing is per block: a frozen block's two halves freeze together;
-     * early exit's active rows travel with the stream after attention */
-    if (strcmp(cfg->dyn_kind, "none") != 0 && strcmp(cfg->dyn_kind, "freeze") != 0 &&
-        strcmp(cfg->dyn_kind, "early_exit") != 0)
-        what = "dyn.kind other than freeze and early_exit";
-    /* saturation compares a block's output with its input, which the
-     * stage of a split block's MLP does not hold */
-    else if (!strcmp(cfg->dyn_kind, "early_exit") && strcmp(cfg->exit_confidence, "softmax"))
+    /* every dyn.kind splits: freezing is per block (a frozen block's two
+     * halves freeze together), early exit's active rows travel with the
+     * stream after attention, pruning masks each half's matrices where the
+     * half is; saturation compares a block's output with its input, which
+     * the stage of a split block's MLP does not hold */
+    if (!strcmp(cfg->dyn_kind, "early_exit") && strcmp(cfg->exit_confidence, "softmax"))
         what = "dyn.exit_confidence = saturation";
-    /* an extension splits when it stays inside the attention (hash attention) */
-    for (int i = 0; !what && i < shape.ext_count; i++)
-        if (!gpt_ext_fits_units(shape.ext[i].ops)) what = shape.ext[i].ops->block_noun;
+    /* an extension splits when it stays inside the attention (hash
+     * attention) or inside the MLP (MoE) */
+    int in_mlp = 0;
+    for (int i = 0; !what && i < shape.ext_count; i++) {
+        const struct gpt_ext_ops *ops = shape.ext[i].ops;
+        if (gpt_ext_fits_mlp_unit(ops)) in_mlp = 1;
+        else if (!gpt_ext_fits_units(ops)) what = ops->block_noun;
+    }
     if (what)
-        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs dense and "
-                      "hash-attention blocks, frozen or not, and early exit by the softmax "
-                      "confidence (docs/balance.md, \"Units of placement\"); set "
-                      "balance.units = block", what);
+        dm_user_error("balance.units = sublayer cannot run with %s yet: it runs dense, "
+                      "hash-attention and mixture-of-experts blocks, frozen, pruned or "
+                      "neither, and early exit by the softmax confidence (docs/balance.md, "
+                      "\"Units of placement\"); set balance.units = block", what);
+    /* the expert group's exchange does not yet follow an MLP unit */
+    if (in_mlp && cfg->ep > 1)
+        dm_user_error("balance.units = sublayer with mixture-of-experts blocks needs "
+                      "parallel.ep = 1 (parallel.ep = %d): expert parallelism does not split "
+                      "blocks yet; set parallel.ep = 1, or balance.units = block", cfg->ep);
     /* a checkpoint records its layouts in whole blocks too */
     if (cfg->ckpt_dir[0] && cfg->pp > cfg->layers)
         dm_user_error("balance.units = sublayer with ckpt.dir needs parallel.pp <= model.layers "
