@@ -618,7 +618,6 @@ static void config_validate_interleaved(const struct dm_config *cfg)
         : strcmp(cfg->dyn_kind, "none") != 0   ? "dyn.kind"
         : cfg->moe_every > 0                   ? "model.moe_every (mixture of experts)"
         : cfg->mod_every > 0                   ? "model.mod_every (mixture of depths)"
-        : strcmp(cfg->attention, "dense") != 0 ? "model.attention = hash"
         : strcmp(cfg->device, "cpu") != 0      ? "train.device other than cpu"
         : cfg->repack_enable                   ? "repack.enable"
                                                : NULL;

@@ -551,13 +551,15 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
     return loss_sum;
 }
 
-/* Each chunk's step begins: its blocks' times zeroed, the scheme's and
- * the model's step begun. */
+/* Each chunk's step begins: its blocks' times zeroed, the step's number
+ * set (hash attention's rotations), the scheme's and the model's step
+ * begun. */
 static void begin_chunks(struct engine *eng, int step)
 {
     for (int c = 0; c < eng->virtual; c++) {
         engine_use_chunk(eng, c);
         struct gpt *m = &eng->model;
+        m->step = step;
         for (int i = 0; i < m->num_blocks; i++)
             m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = m->block_wgrad_s[i] =
                 m->attention_fwd_s[i] = m->attention_bwd_s[i] = m->attention_wgrad_s[i] = 0.0;
