@@ -28,21 +28,24 @@ scheme() {
       { grep -q "migrated [0-9]* blocks" "$dir/$name-$S.out" || fail "$name on $S stages: no migration"; }
   done
 }
+# resumed NAME: NAME's run on 2 stages x 2 chunks with checkpoints at
+# steps 3 and 6, ckpt-6 removed, run again: it resumes at step 3 and its
+# losses are one rank's.
+resumed() {
+  local name=$1 run=$1-resume
+  local args=(parallel.pp=2 "${il[@]}" ckpt.dir="$dir/$run.ck" ckpt.every=3)
+  train "$run" 2 "$dir/$name.ini" "${args[@]}" && rm -f "$dir/$run.ck/ckpt-6.h5" &&
+    train "$run" 2 "$dir/$name.ini" "${args[@]}" || return
+  grep -q "resumed from .*step 3" "$dir/$run.out" || fail "$name: did not resume at step 3"
+  bits "$run" "${sets[@]}" && same "$name-1" "$run" "$name, interleaved, resumed at step 3" "${sets[@]}"
+}
 scheme hash model.attention=hash hash.buckets=2
 # Freezing: two blocks a check from step 2 on (a window of 1 step), 10
 # of the 12 by the end, the frozen prefix crossing chunks and stages.
 scheme freeze dyn.kind=freeze dyn.freeze_window=1 dyn.freeze_every=1 dyn.freeze_threshold=100 \
   dyn.freeze_per_check=2
 grep -q "frozen 10/12" "$dir/freeze-4.out" || fail "freeze: not 10 blocks frozen at the end"
-# Resumed on 2 stages from step 3 (ckpt-6 removed): the frozen prefix
-# counted over every chunk's blocks, the run one rank's.
-train freeze-resume 2 "$dir/freeze.ini" parallel.pp=2 "${il[@]}" ckpt.dir="$dir/freeze.ck" \
-  ckpt.every=3 && rm -f "$dir/freeze.ck/ckpt-6.h5" &&
-  train freeze-resume 2 "$dir/freeze.ini" parallel.pp=2 "${il[@]}" ckpt.dir="$dir/freeze.ck" \
-    ckpt.every=3 && {
-  grep -q "resumed from .*step 3" "$dir/freeze-resume.out" || fail "freeze: did not resume at step 3"
-  bits freeze-resume "${sets[@]}" && same freeze-1 freeze-resume "freeze, interleaved, resumed" "${sets[@]}"
-}
+resumed freeze   # the frozen prefix counted over every chunk's blocks
 # Pruning: the global cut over every chunk of every stage at steps 2 and 4.
 scheme prune dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=1 \
   dyn.sparsity_final=0.8 dyn.csr_sparsity=0.7
@@ -50,4 +53,9 @@ scheme prune dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=
 scheme exit dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=2 \
   dyn.exit_loss_weight=0.5
 grep -Eq 'skipped ([1-9]|0\.[1-9])' "$dir/exit-4.out" || fail "early exit: no token exited"
+# Mixture of depths: every second block, a quarter of the tokens, chosen
+# by the causal predictor (trained against top-k) and by top-k itself.
+scheme mod model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal
+resumed mod      # the routers and predictors with their blocks
+scheme mod-topk model.mod_every=2 model.mod_capacity=0.25 mod.routing=topk
 finish

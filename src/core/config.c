@@ -616,7 +616,6 @@ static void config_validate_interleaved(const struct dm_config *cfg)
     const char *refused =
         strcmp(cfg->units, "block") != 0       ? "balance.units = sublayer"
         : cfg->moe_every > 0                   ? "model.moe_every (mixture of experts)"
-        : cfg->mod_every > 0                   ? "model.mod_every (mixture of depths)"
         : strcmp(cfg->device, "cpu") != 0      ? "train.device other than cpu"
         : cfg->repack_enable                   ? "repack.enable"
                                                : NULL;
