@@ -58,4 +58,14 @@ grep -Eq 'skipped ([1-9]|0\.[1-9])' "$dir/exit-4.out" || fail "early exit: no to
 scheme mod model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal
 resumed mod      # the routers and predictors with their blocks
 scheme mod-topk model.mod_every=2 model.mod_capacity=0.25 mod.routing=topk
+# Mixture of experts: 4 experts, top-2, every second block.
+moe=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=32)
+scheme moe "${moe[@]}"
+resumed moe      # the routers' state with their blocks
+# Two replicas of 2 stages, every replica holding every expert
+# (parallel.ep = 1): 1f1b's bits on the same grid.
+train moe-grid 4 "$dir/moe.ini" parallel.pp=2 parallel.dp=2 && bits moe-grid "${sets[@]}" &&
+  train moe-dp 4 "$dir/moe.ini" parallel.pp=2 parallel.dp=2 "${il[@]}" &&
+  bits moe-dp "${sets[@]}" &&
+  same moe-grid moe-dp "moe, interleaved on 2 stages x 2 chunks x 2 replicas" "${sets[@]}"
 finish
