@@ -62,10 +62,21 @@ scheme mod-topk model.mod_every=2 model.mod_capacity=0.25 mod.routing=topk
 moe=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=32)
 scheme moe "${moe[@]}"
 resumed moe      # the routers' state with their blocks
-# Two replicas of 2 stages, every replica holding every expert
-# (parallel.ep = 1): 1f1b's bits on the same grid.
-train moe-grid 4 "$dir/moe.ini" parallel.pp=2 parallel.dp=2 && bits moe-grid "${sets[@]}" &&
-  train moe-dp 4 "$dir/moe.ini" parallel.pp=2 parallel.dp=2 "${il[@]}" &&
-  bits moe-dp "${sets[@]}" &&
-  same moe-grid moe-dp "moe, interleaved on 2 stages x 2 chunks x 2 replicas" "${sets[@]}"
+# Two replicas of 2 stages: every replica holding every expert
+# (parallel.ep = 1), and the experts split over the two (parallel.ep =
+# 2), placed at random with a copy each decision, resumed from step 3 of
+# such a run: 1f1b's bits on the same grid.
+grid=(parallel.pp=2 parallel.dp=2)
+ep2=(parallel.ep=2 moe.placement=random moe.replicas_max=1 ckpt.dir="$dir/moe-ep2.ck" ckpt.every=3)
+train moe-grid 4 "$dir/moe.ini" "${grid[@]}" && bits moe-grid "${sets[@]}" && {
+  train moe-dp 4 "$dir/moe.ini" "${grid[@]}" "${il[@]}" && bits moe-dp "${sets[@]}" &&
+    same moe-grid moe-dp "moe, interleaved on 2 stages x 2 chunks x 2 replicas" "${sets[@]}"
+  train moe-ep2 4 "$dir/moe.ini" "${grid[@]}" "${il[@]}" "${ep2[@]}" && bits moe-ep2 "${sets[@]}" &&
+    same moe-grid moe-ep2 "moe, interleaved, the experts over 2 replicas, placed at random" \
+      "${sets[@]}" && rm -f "$dir/moe-ep2.ck/ckpt-6.h5" &&
+    train moe-ep2 4 "$dir/moe.ini" "${grid[@]}" "${il[@]}" "${ep2[@]}" && bits moe-ep2 "${sets[@]}" &&
+    same moe-grid moe-ep2 "moe, interleaved, the experts over 2 replicas, resumed at step 3" \
+      "${sets[@]}"
+  grep -q "resumed from .*step 3" "$dir/moe-ep2.out" || fail "moe, parallel.ep = 2: did not resume"
+}
 finish

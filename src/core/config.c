@@ -613,11 +613,6 @@ static void config_validate_interleaved(const struct dm_config *cfg)
                       "= %d over parallel.pp = %d): give each rank a multiple of %d blocks, "
                       "or balance.initial = explicit:n1,...,n%d (pp x virtual chunk sizes)",
                       v, cfg->layers, S, v, S * v);
-    if (cfg->ep > 1)
-        dm_user_error("parallel.schedule = interleaved does not run with parallel.ep = %d yet: "
-                      "the experts of a rank's chunks are not split over its replicas; use "
-                      "parallel.ep = 1 (every replica holds all experts), or parallel.schedule "
-                      "= 1f1b, gpipe or zb", cfg->ep);
     const char *refused =
         strcmp(cfg->units, "block") != 0       ? "balance.units = sublayer"
         : strcmp(cfg->device, "cpu") != 0      ? "train.device other than cpu"
