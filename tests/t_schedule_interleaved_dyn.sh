@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # The dynamic schemes under interleaved 1F1B (parallel.schedule =
-# interleaved, parallel.virtual = 2): for each scheme, the losses and
-# gradient norms of 2 and 4 stages of 2 chunks each, the blocks re-laid
-# out at random over the chunks every 2 steps (they migrate between
-# chunks with their scheme's state), are the one-rank run's bit for bit.
-# What interleaved does not run yet exits 2 with one message.
+# interleaved, parallel.virtual = 2): for each scheme (hash attention,
+# freezing, pruning, early exit, mixture of depths, mixture of experts),
+# the losses and gradient norms of 2 and 4 stages of 2 chunks each, the
+# blocks re-laid out at random over the chunks every 2 steps (they
+# migrate between chunks with their scheme's state), are the one-rank
+# run's bit for bit, and so are those of a run resumed from a checkpoint
+# (the stateful schemes). Mixture of experts on 2 replicas, with every
+# expert on each or split over them (parallel.ep = 2, placed at random,
+# copied), gives 1f1b's bits on the same grid. The refusals are in
+# t_schedule_interleaved.sh.
 set -u
 . "$(dirname "$0")/lib.sh"
 need_dynmo
@@ -49,15 +54,16 @@ resumed freeze   # the frozen prefix counted over every chunk's blocks
 # Pruning: the global cut over every chunk of every stage at steps 2 and 4.
 scheme prune dyn.kind=prune dyn.prune_start=2 dyn.prune_every=2 dyn.prune_steps=1 \
   dyn.sparsity_final=0.8 dyn.csr_sparsity=0.7
+resumed prune    # the masks rebuilt from the zeros of every chunk's blocks
 # Early exit: exits allowed from step 2, the exit heads' losses weighted.
 scheme exit dyn.kind=early_exit dyn.exit_from=1 dyn.exit_threshold=0.0005 dyn.exit_warmup=2 \
   dyn.exit_loss_weight=0.5
 grep -Eq 'skipped ([1-9]|0\.[1-9])' "$dir/exit-4.out" || fail "early exit: no token exited"
+resumed exit
 # Mixture of depths: every second block, a quarter of the tokens, chosen
-# by the causal predictor (trained against top-k) and by top-k itself.
+# by the causal predictor (trained against top-k).
 scheme mod model.mod_every=2 model.mod_capacity=0.25 mod.routing=causal
 resumed mod      # the routers and predictors with their blocks
-scheme mod-topk model.mod_every=2 model.mod_capacity=0.25 mod.routing=topk
 # Mixture of experts: 4 experts, top-2, every second block.
 moe=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=32)
 scheme moe "${moe[@]}"
