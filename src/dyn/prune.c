@@ -370,8 +370,11 @@ static void prune_on_host(struct prune *pr, struct gpt *const *models, int count
     for (int c = 0; c < count; c++) blocks += models[c]->num_blocks;
     long n = blocks * (long)per_block;
     uint64_t *keys = dm_alloc((size_t)(n ? n : 1) * sizeof(uint64_t));
-    for (int c = 0, at = 0; c < count; at += models[c++]->num_blocks)
+    long at = 0;   /* blocks before chunk c's */
+    for (int c = 0; c < count; c++) {
         prune_keys(keys + (size_t)at * per_block, models[c], per_block);
+        at += models[c]->num_blocks;
+    }
     uint64_t cut = prune_global_cut(pr->comm, keys, n, keep, total);
     /* keys were reordered by the selection: compute them again, weight by
      * weight (block by block: the mask is keys > cut) */

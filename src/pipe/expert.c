@@ -808,6 +808,17 @@ static void ep_forget(struct engine *eng)
     engine_use_chunk(eng, current);
 }
 
+/* Hands the MoE blocks of every chunk's model `runtime` (the exchange, or
+ * NULL: none); chunk 0 is the current one after. */
+static void chunks_set_exchange(struct engine *eng, const void *runtime)
+{
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        gpt_ext_set_runtime(&eng->model, &moe_ext_ops, runtime);
+    }
+    engine_use_chunk(eng, 0);
+}
+
 /* Hands the model's MoE blocks an exchange over the stage's expert group
  * (collective; nothing unless parallel.ep > 1 and the model has them). */
 static void ep_init(struct engine *eng)
@@ -853,11 +864,7 @@ static void ep_init(struct engine *eng)
     xp->exchange.experts_forward = ep_forward;
     xp->exchange.experts_backward = ep_backward;
     eng->ep = xp;
-    for (int c = 0; c < eng->virtual; c++) {   /* every chunk's blocks exchange */
-        engine_use_chunk(eng, c);
-        gpt_ext_set_runtime(&eng->model, &moe_ext_ops, &xp->exchange);
-    }
-    engine_use_chunk(eng, 0);
+    chunks_set_exchange(eng, &xp->exchange);
     if (g->rank == 0) {
         int C = eng->shape.channels;
         double mib = 16.0 / 1048576.0;   /* params, grads, m, v */
@@ -875,11 +882,7 @@ static void ep_free(struct engine *eng)
 {
     struct ep_state *xp = eng->ep;
     if (!xp) return;
-    for (int c = 0; c < eng->virtual; c++) {
-        engine_use_chunk(eng, c);
-        gpt_ext_set_runtime(&eng->model, &moe_ext_ops, NULL);
-    }
-    engine_use_chunk(eng, 0);
+    chunks_set_exchange(eng, NULL);
     ep_forget(eng);
     tensor_free(xp->rows_out);
     tensor_free(xp->dh);
