@@ -136,10 +136,8 @@ ref too-many "parallel.pp x parallel.virtual = 2 x 8 exceeds model.layers = 8" 2
   parallel.pp=2 "${il[@]}" parallel.virtual=8
 ref explicit-count "lists 2 counts but interleaved lays out parallel.pp x parallel.virtual = 2 x 2 = 4 chunks" 2 parallel.pp=2 "${il[@]}" parallel.virtual=2 \
   balance.initial=explicit:4,4
-ref freeze "interleaved does not run with dyn.kind yet" 2 parallel.pp=2 "${il[@]}" \
-  parallel.virtual=2 dyn.kind=freeze
-ref moe "interleaved does not run with model.moe_every" 2 parallel.pp=2 "${il[@]}" \
-  parallel.virtual=2 model.moe_every=2 model.experts=2 model.top_k=1
+ref sublayer "interleaved does not run with balance.units = sublayer yet" 2 parallel.pp=2 \
+  "${il[@]}" parallel.virtual=2 balance.units=sublayer
 ref repack "interleaved does not run with repack.enable yet" 2 parallel.pp=2 "${il[@]}" \
   parallel.virtual=2 repack.enable=1 ckpt.dir="$dir/ck"
 finish

@@ -180,7 +180,7 @@ static void run_exit(const struct fixture *fx, const struct dm_config *cfg, stru
     struct dyn *dyn = dyn_create(cfg, &env);
 
     /* One forward and backward of the initial model, exits allowed. */
-    dyn_before_step(dyn, model, fx->exit_warmup);
+    dyn_before_step(dyn, &model, 1, fx->exit_warmup);
     gpt_zero_grads(model);
     float loss = gpt_forward(model, acts);
     double exit_loss = model->exit->exit_loss_sum;
@@ -259,7 +259,7 @@ static void run_exit(const struct fixture *fx, const struct dm_config *cfg, stru
     double worst_loss = 0.0;
     int worst_exits = 0;
     for (int step = 0; step < fx->steps; step++) {
-        dyn_before_step(dyn, model, step);
+        dyn_before_step(dyn, &model, 1, step);
         gpt_zero_grads(model);
         float step_loss = gpt_forward(model, acts);
         double total = step_loss + model->exit->exit_loss_sum;

@@ -81,17 +81,25 @@ struct dyn *dyn_create(const struct dm_config *cfg, const struct dyn_env *env);
 void dyn_destroy(struct dyn *dyn);
 const char *dyn_kind_name(const struct dyn *dyn);
 
-/* Collective over pipeline_comm: before step `step` (0-based) runs. */
-void dyn_before_step(struct dyn *dyn, struct gpt *model, int step);
+/* The hooks take the rank's models together: models[0..count) are its
+ * chunks in chunk order (parallel.schedule = interleaved: v of them, the
+ * blocks of virtual stages stage, S + stage, ...; otherwise one), each at
+ * a place of its own for the call. */
+
+/* Collective over pipeline_comm (once, whatever count): before step
+ * `step` (0-based) runs. */
+void dyn_before_step(struct dyn *dyn, struct gpt *const *models, int count, int step);
 
 /* Not collective: after the gradient reduction of step `step`, with
  * block_sumsq[l] the global sum of squared gradients of block l
  * (layers entries, identical on every rank). */
-void dyn_after_reduce(struct dyn *dyn, struct gpt *model, int step, const double *block_sumsq);
+void dyn_after_reduce(struct dyn *dyn, struct gpt *const *models, int count, int step,
+                      const double *block_sumsq);
 
 /* One line for the step's progress output ("frozen 3/32", "sparsity
  * 52.0%", "exited 41%"), or an empty string. */
-void dyn_describe(const struct dyn *dyn, const struct gpt *model, char *buf, size_t size);
+void dyn_describe(const struct dyn *dyn, struct gpt *const *models, int count, char *buf,
+                  size_t size);
 
 /* The scheme's own state across steps (freezing's gradient-norm window),
  * the same on every rank, for checkpoints: dyn_state_size doubles (0 when

@@ -615,10 +615,6 @@ static void config_validate_interleaved(const struct dm_config *cfg)
                       v, cfg->layers, S, v, S * v);
     const char *refused =
         strcmp(cfg->units, "block") != 0       ? "balance.units = sublayer"
-        : strcmp(cfg->dyn_kind, "none") != 0   ? "dyn.kind"
-        : cfg->moe_every > 0                   ? "model.moe_every (mixture of experts)"
-        : cfg->mod_every > 0                   ? "model.mod_every (mixture of depths)"
-        : strcmp(cfg->attention, "dense") != 0 ? "model.attention = hash"
         : strcmp(cfg->device, "cpu") != 0      ? "train.device other than cpu"
         : cfg->repack_enable                   ? "repack.enable"
                                                : NULL;

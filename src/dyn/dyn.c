@@ -286,7 +286,7 @@ struct dyn {
     struct dyn_env env;
     const struct dyn_scheme *scheme;   /* NULL for "none" */
     void *state;
-    struct gpt *model;                 /* the last model a hook saw */
+    struct gpt *model;                 /* the first model the last hook saw */
 };
 
 struct dyn *dyn_create(const struct dm_config *cfg, const struct dyn_env *env)
@@ -308,22 +308,26 @@ void dyn_destroy(struct dyn *dyn)
 }
 const char *dyn_kind_name(const struct dyn *dyn) { return dyn->kind; }
 
-void dyn_before_step(struct dyn *dyn, struct gpt *model, int step)
+void dyn_before_step(struct dyn *dyn, struct gpt *const *models, int count, int step)
 {
-    dyn->model = model;
-    if (dyn->scheme) dyn->scheme->before_step(dyn->state, model, step);
+    DM_ASSERT(count >= 1);
+    dyn->model = models[0];
+    if (dyn->scheme) dyn->scheme->before_step(dyn->state, models, count, step);
 }
 
-void dyn_after_reduce(struct dyn *dyn, struct gpt *model, int step, const double *block_sumsq)
+void dyn_after_reduce(struct dyn *dyn, struct gpt *const *models, int count, int step,
+                      const double *block_sumsq)
 {
-    dyn->model = model;
-    if (dyn->scheme) dyn->scheme->after_reduce(dyn->state, model, step, block_sumsq);
+    DM_ASSERT(count >= 1);
+    dyn->model = models[0];
+    if (dyn->scheme) dyn->scheme->after_reduce(dyn->state, models, count, step, block_sumsq);
 }
 
-void dyn_describe(const struct dyn *dyn, const struct gpt *model, char *buf, size_t size)
+void dyn_describe(const struct dyn *dyn, struct gpt *const *models, int count, char *buf,
+                  size_t size)
 {
     if (size) buf[0] = 0;
-    if (dyn->scheme) dyn->scheme->describe(dyn->state, model, buf, size);
+    if (dyn->scheme) dyn->scheme->describe(dyn->state, models, count, buf, size);
 }
 
 long dyn_state_size(const struct dyn *dyn)

@@ -80,13 +80,22 @@ static void early_exit_destroy(void *state, struct gpt *model)
     dm_free(e);
 }
 
-static void early_exit_before_step(void *state, struct gpt *model, int step)
+/* The model of models[0..count) that holds the head, or NULL. */
+static struct gpt *head_model(struct gpt *const *models, int count)
+{
+    for (int c = 0; c < count; c++)
+        if (models[c]->has_head) return models[c];
+    return NULL;
+}
+
+static void early_exit_before_step(void *state, struct gpt *const *models, int count, int step)
 {
     struct early_exit *e = state;
     struct gpt_exit *x = &e->exit;
-    model->exit = x;
+    for (int c = 0; c < count; c++) models[c]->exit = x;   /* the chunks share the counts */
     x->allow = step >= e->warmup;
-    const struct gpt_shape *s = &model->shape;
+    struct gpt *model = head_model(models, count);
+    const struct gpt_shape *s = &models[0]->shape;
     size_t VC = (size_t)s->vocab * s->channels, C = (size_t)s->channels;
     MPI_Request req;
     if (e->env.stages > 1) {
@@ -124,19 +133,21 @@ static void early_exit_before_step(void *state, struct gpt *model, int step)
     x->lnf_b = e->head + VC + C;
 }
 
-static void early_exit_after_reduce(void *state, struct gpt *model, int step,
+static void early_exit_after_reduce(void *state, struct gpt *const *models, int count, int step,
                                     const double *block_sumsq)
 {
     (void)state;
-    (void)model;
+    (void)models;
+    (void)count;
     (void)step;
     (void)block_sumsq;
 }
 
-static void early_exit_describe(const void *state, const struct gpt *model, char *buf,
-                                size_t size)
+static void early_exit_describe(const void *state, struct gpt *const *models, int count,
+                                char *buf, size_t size)
 {
-    (void)model;
+    (void)models;
+    (void)count;
     const struct early_exit *e = state;
     snprintf(buf, size, "skipped %.1f%% token-blocks", 100.0 * e->skipped_share);
 }

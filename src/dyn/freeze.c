@@ -80,22 +80,26 @@ static void freeze_destroy(void *state, struct gpt *model)
     dm_free(f);
 }
 
-/* Marks this rank's blocks and the model with the current prefix. A block
- * that freezes now has this step's gradients, which no one zeroes after
- * (frozen blocks' gradients stay zero: struct block), so they go now. */
-static void apply_prefix(const struct freeze *f, struct gpt *model)
+/* Marks this rank's blocks and models (its chunks) with the current
+ * prefix. A block that freezes now has this step's gradients, which no one
+ * zeroes after (frozen blocks' gradients stay zero: struct block), so they
+ * go now. */
+static void apply_prefix(const struct freeze *f, struct gpt *const *models, int count)
 {
-    model->frozen_prefix = f->prefix;
-    for (int i = 0; i < model->num_blocks; i++) {
-        struct block *blk = &model->blocks[i];
-        int frozen = model->first_block + i < f->prefix;
-        if (frozen && !blk->frozen)
-            backend_current()->zero(blk->grads, blk->nparams * sizeof(float));
-        blk->frozen = frozen;
+    for (int c = 0; c < count; c++) {
+        struct gpt *model = models[c];
+        model->frozen_prefix = f->prefix;
+        for (int i = 0; i < model->num_blocks; i++) {
+            struct block *blk = &model->blocks[i];
+            int frozen = model->first_block + i < f->prefix;
+            if (frozen && !blk->frozen)
+                backend_current()->zero(blk->grads, blk->nparams * sizeof(float));
+            blk->frozen = frozen;
+        }
     }
 }
 
-static void freeze_before_step(void *state, struct gpt *model, int step)
+static void freeze_before_step(void *state, struct gpt *const *models, int count, int step)
 {
     (void)step;
     struct freeze *f = state;
@@ -103,15 +107,17 @@ static void freeze_before_step(void *state, struct gpt *model, int step)
         /* After a resume the flags are in the blocks: count them over the
          * pipeline (freezing is prefix-only, so the count is the prefix). */
         int mine = 0, total = 0;   /* a block split over two stages counts once */
-        for (int i = 0; i < model->num_blocks; i++)
-            mine += model->blocks[i].frozen && model->blocks[i].halves != BLOCK_HALF_MLP;
+        for (int c = 0; c < count; c++)
+            for (int i = 0; i < models[c]->num_blocks; i++)
+                mine += models[c]->blocks[i].frozen &&
+                        models[c]->blocks[i].halves != BLOCK_HALF_MLP;
         MPI_Request req;
         WORLD_MPI(MPI_Iallreduce(&mine, &total, 1, MPI_INT, MPI_SUM, f->comm, &req));
         world_wait(&req);
         if (total > f->prefix) f->prefix = total;
         f->started = 1;
     }
-    apply_prefix(f, model);
+    apply_prefix(f, models, count);
 }
 
 static double window_mean(const struct freeze *f, int layer, long newest_back)
@@ -126,7 +132,7 @@ static double window_mean(const struct freeze *f, int layer, long newest_back)
     return sum / f->window;
 }
 
-static void freeze_after_reduce(void *state, struct gpt *model, int step,
+static void freeze_after_reduce(void *state, struct gpt *const *models, int count, int step,
                                 const double *block_sumsq)
 {
     struct freeze *f = state;
@@ -143,12 +149,14 @@ static void freeze_after_reduce(void *state, struct gpt *model, int step,
     }
     /* At once: this step's optimizer update already skips the new frozen
      * blocks, and a checkpoint written after this step holds their flags. */
-    apply_prefix(f, model);
+    apply_prefix(f, models, count);
 }
 
-static void freeze_describe(const void *state, const struct gpt *model, char *buf, size_t size)
+static void freeze_describe(const void *state, struct gpt *const *models, int count, char *buf,
+                            size_t size)
 {
-    (void)model;
+    (void)models;
+    (void)count;
     const struct freeze *f = state;
     snprintf(buf, size, "frozen %d/%d", f->prefix, f->layers);
 }

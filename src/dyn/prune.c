@@ -384,9 +384,10 @@ static void trade_split_masks(struct prune *pr, struct gpt *model)
 }
 
 /* This rank's histogram for prune_radix_cut: the table's prune_histogram
- * over every matrix of every block, where the weights live. */
+ * over every matrix of every block of its models, where the weights live. */
 struct device_histogram {
-    const struct gpt *model;
+    struct gpt *const *models;
+    int count;
     long *counts, *partial;   /* device: (DM_PRUNE_BUCKETS), (chunks, DM_PRUNE_BUCKETS) */
 };
 
@@ -395,16 +396,19 @@ static void device_histogram(long *counts, void *ctx, uint64_t prefix, int shift
     const struct device_histogram *dh = ctx;
     const struct dm_backend *ops = backend_current();
     ops->zero(dh->counts, DM_PRUNE_BUCKETS * sizeof(long));
-    for (int b = 0; b < dh->model->num_blocks; b++) {
-        const struct block *blk = &dh->model->blocks[b];
-        uint32_t base = (uint32_t)((size_t)blk->index * block_matrix_weights(blk->C));
-        for (int m = 0; m < BLOCK_MATRICES; m++) {
-            int t = block_matrix_tensor(m);
-            long count = (long)block_tensor_size(blk->C, t);
-            if (block_owns_matrix(blk, m))
-                ops->prune_histogram(dh->counts, dh->partial, blk->p[t], count, base, prefix,
-                                     shift);
-            base += (uint32_t)count;
+    for (int c = 0; c < dh->count; c++) {
+        const struct gpt *model = dh->models[c];
+        for (int b = 0; b < model->num_blocks; b++) {
+            const struct block *blk = &model->blocks[b];
+            uint32_t base = (uint32_t)((size_t)blk->index * block_matrix_weights(blk->C));
+            for (int m = 0; m < BLOCK_MATRICES; m++) {
+                int t = block_matrix_tensor(m);
+                long count = (long)block_tensor_size(blk->C, t);
+                if (block_owns_matrix(blk, m))
+                    ops->prune_histogram(dh->counts, dh->partial, blk->p[t], count, base,
+                                         prefix, shift);
+                base += (uint32_t)count;
+            }
         }
     }
     ops->copy_to_host(counts, dh->counts, DM_PRUNE_BUCKETS * sizeof(long));
@@ -413,14 +417,16 @@ static void device_histogram(long *counts, void *ctx, uint64_t prefix, int shift
 /* On a device: the cut by the radix select over histograms made where the
  * weights live, and each block masked there (only histograms and masks
  * come down). The same cut as prune_global_cut's, bit for bit. */
-static void prune_on_device(struct prune *pr, struct gpt *model, long keep, long total)
+static void prune_on_device(struct prune *pr, struct gpt *const *models, int count, long keep,
+                            long total)
 {
     const struct dm_backend *ops = backend_current();
-    int C = model->shape.channels;
+    int C = models[0]->shape.channels;
     long largest = (long)block_tensor_size(C, BP_FC_W);   /* the largest matrix */
     long chunks = (largest + DM_PRUNE_CHUNK - 1) / DM_PRUNE_CHUNK;
     struct device_histogram dh = {
-        .model = model,
+        .models = models,
+        .count = count,
         .counts = ops->alloc(DM_PRUNE_BUCKETS * sizeof(long)),
         .partial = ops->alloc((size_t)(chunks ? chunks : 1) * DM_PRUNE_BUCKETS * sizeof(long)),
     };
@@ -428,42 +434,52 @@ static void prune_on_device(struct prune *pr, struct gpt *model, long keep, long
     ops->free(dh.counts);
     ops->free(dh.partial);
     unsigned char *mask = ops->alloc(block_matrix_weights(C));
-    for (int b = 0; b < model->num_blocks; b++)
-        block_prune_cut(&model->blocks[b], cut, mask, pr->cfg.csr_sparsity);
+    for (int c = 0; c < count; c++)
+        for (int b = 0; b < models[c]->num_blocks; b++)
+            block_prune_cut(&models[c]->blocks[b], cut, mask, pr->cfg.csr_sparsity);
     ops->free(mask);
 }
 
-/* On the CPU: the keys, prune_global_cut, the mask keys > cut. */
-static void prune_on_host(struct prune *pr, struct gpt *model, long keep, long total)
+/* On the CPU: the keys of every block of the rank's models (its chunks,
+ * one after the other), prune_global_cut, the mask keys > cut. */
+static void prune_on_host(struct prune *pr, struct gpt *const *models, int count, long keep,
+                          long total)
 {
-    size_t per_block = block_matrix_weights(model->shape.channels);
-    long n = owned_weights(model);
+    size_t per_block = block_matrix_weights(models[0]->shape.channels);
+    long n = 0;
+    for (int c = 0; c < count; c++) n += owned_weights(models[c]);
     uint64_t *keys = dm_alloc((size_t)(n ? n : 1) * sizeof(uint64_t));
-    prune_keys(keys, model, per_block);
+    long at = 0;   /* the keys of the chunks before c */
+    for (int c = 0; c < count; c++) {
+        prune_keys(keys + at, models[c], per_block);
+        at += owned_weights(models[c]);
+    }
     uint64_t cut = prune_global_cut(pr->comm, keys, n, keep, total);
     dm_free(keys);
     /* the selection reordered the keys: the mask reads the weights again */
     unsigned char *mask = dm_alloc(per_block);
-    for (int b = 0; b < model->num_blocks; b++) {
-        mask_of_cut(mask, &model->blocks[b], cut);
-        block_prune(&model->blocks[b], mask, pr->cfg.csr_sparsity);
-    }
+    for (int c = 0; c < count; c++)
+        for (int b = 0; b < models[c]->num_blocks; b++) {
+            mask_of_cut(mask, &models[c]->blocks[b], cut);
+            block_prune(&models[c]->blocks[b], mask, pr->cfg.csr_sparsity);
+        }
     dm_free(mask);
 }
 
-static void prune_to(struct prune *pr, struct gpt *model, double sparsity)
+static void prune_to(struct prune *pr, struct gpt *const *models, int count, double sparsity)
 {
-    long total = prune_model_weights(model->shape.layers, model->shape.channels);
+    const struct gpt_shape *shape = &models[0]->shape;
+    long total = prune_model_weights(shape->layers, shape->channels);
     long keep = prune_keep_count(total, sparsity);
     if (backend_current()->host_access)
-        prune_on_host(pr, model, keep, total);
+        prune_on_host(pr, models, count, keep, total);
     else
-        prune_on_device(pr, model, keep, total);
-    trade_split_masks(pr, model);
+        prune_on_device(pr, models, count, keep, total);
+    for (int c = 0; c < count; c++) trade_split_masks(pr, models[c]);
     pr->sparsity = sparsity;
 }
 
-static void prune_before_step(void *state, struct gpt *model, int step)
+static void prune_before_step(void *state, struct gpt *const *models, int count, int step)
 {
     struct prune *pr = state;
     if (!pr->started) {
@@ -471,35 +487,41 @@ static void prune_before_step(void *state, struct gpt *model, int step)
         pr->sparsity = prune_sparsity_in_force(&pr->cfg, step - 1);
         /* A resume past the first pruning step: blocks come from the
          * checkpoint without masks; their pruned weights are the zeros. */
-        if (pr->sparsity > 0.0) {
-            for (int b = 0; b < model->num_blocks; b++)
-                if (!model->blocks[b].sparse)
-                    block_prune(&model->blocks[b], NULL, pr->cfg.csr_sparsity);
-            trade_split_masks(pr, model);
-        }
+        if (pr->sparsity > 0.0)
+            for (int c = 0; c < count; c++) {
+                for (int b = 0; b < models[c]->num_blocks; b++)
+                    if (!models[c]->blocks[b].sparse)
+                        block_prune(&models[c]->blocks[b], NULL, pr->cfg.csr_sparsity);
+                trade_split_masks(pr, models[c]);
+            }
     }
     double target = prune_schedule_at(&pr->cfg, step);
     if (target <= 0.0) return;   /* not a pruning step, or nothing to prune yet */
-    prune_to(pr, model, target);
+    prune_to(pr, models, count, target);
 }
 
-static void prune_after_reduce(void *state, struct gpt *model, int step,
+static void prune_after_reduce(void *state, struct gpt *const *models, int count, int step,
                                const double *block_sumsq)
 {
     (void)state;
-    (void)model;
+    (void)models;
+    (void)count;
     (void)step;
     (void)block_sumsq;
 }
 
-static void prune_describe(const void *state, const struct gpt *model, char *buf, size_t size)
+static void prune_describe(const void *state, struct gpt *const *models, int count, char *buf,
+                           size_t size)
 {
     const struct prune *pr = state;
-    int csr = 0;
-    for (int b = 0; b < model->num_blocks; b++)
-        csr += model->blocks[b].sparse && model->blocks[b].sparse->use_csr;
+    int csr = 0, blocks = 0;
+    for (int c = 0; c < count; c++) {
+        blocks += models[c]->num_blocks;
+        for (int b = 0; b < models[c]->num_blocks; b++)
+            csr += models[c]->blocks[b].sparse && models[c]->blocks[b].sparse->use_csr;
+    }
     snprintf(buf, size, "sparsity %.1f%% (here: %d/%d blocks in CSR)", 100.0 * pr->sparsity, csr,
-             model->num_blocks);
+             blocks);
 }
 
 /* The pruned share of the block's matrices: a block split over two

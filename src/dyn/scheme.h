@@ -156,12 +156,16 @@ struct dyn_scheme {
     const struct dyn_ckpt_part *ckpt;
 
     /* Hooks around the step (dyn.h): create returns the scheme's state
-     * (collective over env->pipeline_comm where the scheme talks MPI). */
+     * (collective over env->pipeline_comm where the scheme talks MPI);
+     * the others take the rank's models[0..count), its chunks under
+     * interleaved (dyn_before_step), and act on all of them in one call. */
     void *(*create)(const struct dm_config *cfg, const struct dyn_env *env);
     void (*destroy)(void *state, struct gpt *model);
-    void (*before_step)(void *state, struct gpt *model, int step);
-    void (*after_reduce)(void *state, struct gpt *model, int step, const double *block_sumsq);
-    void (*describe)(const void *state, const struct gpt *model, char *buf, size_t size);
+    void (*before_step)(void *state, struct gpt *const *models, int count, int step);
+    void (*after_reduce)(void *state, struct gpt *const *models, int count, int step,
+                         const double *block_sumsq);
+    void (*describe)(const void *state, struct gpt *const *models, int count, char *buf,
+                     size_t size);
     /* Optional (NULL: the scheme keeps no state across steps beyond the
      * slabs): the scheme's own state as doubles, for checkpoints.
      * state_size is the count; save writes that many; restore gets what a

@@ -95,6 +95,24 @@ void engine_use_chunk(struct engine *eng, int c)
     eng->chunk = c;
 }
 
+struct gpt *const *engine_chunks_apart(struct engine *eng, int *count)
+{
+    *count = eng->virtual;
+    if (!eng->chunks) {
+        eng->chunk_models[0] = &eng->model;
+        return eng->chunk_models;
+    }
+    engine_use_chunk(eng, 0);
+    eng->chunks[0] = (struct engine_chunk){eng->model, eng->slots};
+    for (int c = 0; c < eng->virtual; c++) eng->chunk_models[c] = &eng->chunks[c].model;
+    return eng->chunk_models;
+}
+
+void engine_chunks_rejoin(struct engine *eng)
+{
+    if (eng->chunks) eng->model = eng->chunks[0].model;
+}
+
 void engine_stage_units(const struct engine *eng, int *counts)
 {
     int S = eng->grid.stages;
@@ -146,6 +164,7 @@ struct engine *engine_create(const struct dm_config *cfg, const int *layout, int
     eng->T = cfg->seq;
     eng->virtual = config_schedule(cfg) == DM_SCHEDULE_INTERLEAVED ? cfg->virtual_stages : 1;
     if (eng->virtual > 1) eng->chunks = dm_alloc((size_t)eng->virtual * sizeof *eng->chunks);
+    eng->chunk_models = dm_alloc((size_t)eng->virtual * sizeof *eng->chunk_models);
     size_t layout_bytes = (size_t)g->stages * eng->virtual * sizeof(int);
     eng->layout = dm_alloc(layout_bytes);
     memcpy(eng->layout, layout, layout_bytes);
@@ -201,6 +220,7 @@ void engine_destroy(struct engine *eng)
         gpt_free(&eng->model);
     }
     dm_free(eng->chunks);
+    dm_free(eng->chunk_models);
     block_scratch_free(&eng->scratch);
     dyn_destroy(eng->dyn);
     WORLD_MPI(MPI_Comm_free(&eng->stage_comm));
@@ -551,25 +571,28 @@ static float run_schedule(struct engine *eng, struct loader *loader, int step, d
     return loss_sum;
 }
 
-/* Each chunk's step begins: its blocks' times zeroed, the scheme's and
- * the model's step begun. */
+/* Each chunk's step begins: its blocks' times zeroed, the step's number
+ * set (hash attention's rotations), the scheme's and the model's step
+ * begun. */
 static void begin_chunks(struct engine *eng, int step)
 {
-    for (int c = 0; c < eng->virtual; c++) {
-        engine_use_chunk(eng, c);
-        struct gpt *m = &eng->model;
+    int count;
+    struct gpt *const *models = engine_chunks_apart(eng, &count);
+    for (int c = 0; c < count; c++) {
+        struct gpt *m = models[c];
+        m->step = step;
         for (int i = 0; i < m->num_blocks; i++)
             m->block_fwd_s[i] = m->block_bwd_s[i] = m->block_update_s[i] = m->block_wgrad_s[i] =
                 m->attention_fwd_s[i] = m->attention_bwd_s[i] = m->attention_wgrad_s[i] = 0.0;
-        dyn_before_step(eng->dyn, m, step);
-        gpt_begin_step(m);   /* a validation pass in between counted nothing */
     }
-    engine_use_chunk(eng, 0);
+    dyn_before_step(eng->dyn, models, count, step);
+    for (int c = 0; c < count; c++)
+        gpt_begin_step(models[c]);   /* a validation pass in between counted nothing */
+    engine_chunks_rejoin(eng);
 }
 
 const struct step_stats *engine_step(struct engine *eng, struct loader *loader, int step)
 {
-    struct gpt *m = &eng->model;
     eng->compute_s = eng->wait_s = eng->update_s = 0.0;
     eng->current_step = step;
     const struct dm_config *cfg = &eng->cfg;
@@ -590,7 +613,12 @@ const struct step_stats *engine_step(struct engine *eng, struct loader *loader, 
     st->grad_norm = grad_norm;
     st->lr = lr;
     st->stop_requested = eng->stop_requested;
-    if (eng->grid.rank == 0) dyn_describe(eng->dyn, m, st->dyn_text, sizeof st->dyn_text);
+    if (eng->grid.rank == 0) {
+        int count;
+        struct gpt *const *models = engine_chunks_apart(eng, &count);
+        dyn_describe(eng->dyn, models, count, st->dyn_text, sizeof st->dyn_text);
+        engine_chunks_rejoin(eng);
+    }
     st->migrated_blocks = eng->pending_migrated;
     st->migrated_bytes = eng->pending_migrated_bytes;
     st->migrate_ms = eng->pending_migrate_ms;

@@ -80,6 +80,7 @@ struct engine {
     int virtual;                    /* chunks per rank v (parallel.virtual; 1 but interleaved) */
     int chunk;                      /* the chunk in model and slots */
     struct engine_chunk *chunks;    /* (v) the resting chunks; NULL when v = 1 */
+    struct gpt **chunk_models;      /* (v) engine_chunks_apart's pointers */
     int *stage_units;               /* (S) each stage's units, its chunks together */
     int sublayer;                   /* balance.units = sublayer: a unit is half a block */
     struct gpt model;
@@ -150,6 +151,14 @@ static inline float *slot_output(struct engine *eng, struct slot *sl)
 /* Makes chunk c the one in eng->model and eng->slots, putting the
  * current one back among eng->chunks (nothing when v = 1). engine.c. */
 void engine_use_chunk(struct engine *eng, int c);
+
+/* The chunks' models at places of their own, for a hook that takes them
+ * together (dyn.h): returns pointers to them (*count = v of them, chunk
+ * 0's among eng->chunks; with one chunk, eng->model). engine_chunks_rejoin
+ * makes chunk 0 the current one again, with what the hook did to it.
+ * engine.c. */
+struct gpt *const *engine_chunks_apart(struct engine *eng, int *count);
+void engine_chunks_rejoin(struct engine *eng);
 
 /* The units each stage holds, its chunks together (S counts; the
  * layout itself when v = 1). engine.c. */

@@ -797,10 +797,26 @@ static void ep_forget(struct engine *eng)
     xp->grads = NULL;
     xp->ngrads = 0;
     copies_free(xp);
-    for (int i = 0; i < eng->model.num_blocks; i++) {
-        struct block_moe *moe = block_moe_of(&eng->model.blocks[i]);
-        if (moe) memset(moe->copies, 0, (size_t)moe->cfg.experts * sizeof(int));
+    int current = eng->chunk;
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        for (int i = 0; i < eng->model.num_blocks; i++) {
+            struct block_moe *moe = block_moe_of(&eng->model.blocks[i]);
+            if (moe) memset(moe->copies, 0, (size_t)moe->cfg.experts * sizeof(int));
+        }
     }
+    engine_use_chunk(eng, current);
+}
+
+/* Hands the MoE blocks of every chunk's model `runtime` (the exchange, or
+ * NULL: none); chunk 0 is the current one after. */
+static void chunks_set_exchange(struct engine *eng, const void *runtime)
+{
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        gpt_ext_set_runtime(&eng->model, &moe_ext_ops, runtime);
+    }
+    engine_use_chunk(eng, 0);
 }
 
 /* Hands the model's MoE blocks an exchange over the stage's expert group
@@ -848,7 +864,7 @@ static void ep_init(struct engine *eng)
     xp->exchange.experts_forward = ep_forward;
     xp->exchange.experts_backward = ep_backward;
     eng->ep = xp;
-    gpt_ext_set_runtime(&eng->model, &moe_ext_ops, &xp->exchange);
+    chunks_set_exchange(eng, &xp->exchange);
     if (g->rank == 0) {
         int C = eng->shape.channels;
         double mib = 16.0 / 1048576.0;   /* params, grads, m, v */
@@ -866,7 +882,7 @@ static void ep_free(struct engine *eng)
 {
     struct ep_state *xp = eng->ep;
     if (!xp) return;
-    gpt_ext_set_runtime(&eng->model, &moe_ext_ops, NULL);
+    chunks_set_exchange(eng, NULL);
     ep_forget(eng);
     tensor_free(xp->rows_out);
     tensor_free(xp->dh);
@@ -890,14 +906,13 @@ static void ep_free(struct engine *eng)
 }
 
 /* A block's time on an expert-parallel stage is its busiest rank's: the
- * forward and backward seconds of this rank's blocks become their maxima
- * over the expert group (polled), and the rank's compute grows by what
- * that adds. */
-static void ep_profile(struct engine *eng)
+ * forward and backward seconds of the current chunk's blocks become their
+ * maxima over the expert group (polled), and the rank's compute grows by
+ * what that adds. */
+static void profile_chunk(struct engine *eng, struct ep_state *xp)
 {
-    struct ep_state *xp = eng->ep;
     struct gpt *m = &eng->model;
-    if (!xp || m->num_blocks == 0) return;
+    if (m->num_blocks == 0) return;
     int n = m->num_blocks;
     double *mine = dm_alloc(2 * (size_t)n * sizeof(double));
     double *most = dm_alloc(2 * (size_t)n * sizeof(double));
@@ -914,6 +929,18 @@ static void ep_profile(struct engine *eng)
     for (int i = 0; i < 2 * n; i++) eng->compute_s += most[i] - mine[i];
     dm_free(mine);
     dm_free(most);
+}
+
+static void ep_profile(struct engine *eng)
+{
+    struct ep_state *xp = eng->ep;
+    if (!xp) return;
+    int current = eng->chunk;
+    for (int c = 0; c < eng->virtual; c++) {   /* the group's ranks hold the same chunks */
+        engine_use_chunk(eng, c);
+        profile_chunk(eng, xp);
+    }
+    engine_use_chunk(eng, current);
 }
 
 
@@ -1096,43 +1123,59 @@ static void take_copies(struct ep_state *xp, struct block *blk, const int64_t *c
     }
 }
 
-/* The part's decide (engine_after_step): expert placement. */
+/* The part's decide (engine_after_step): expert placement of the MoE
+ * blocks of every chunk (interleaved: v of them), in chunk and block
+ * order; the current chunk is kept. */
 static void ep_decide_placement(struct engine *eng, int step)
 {
     struct ep_state *xp = eng->ep;
-    struct gpt *m = &eng->model;
     if (!xp || xp->placement == PLACEMENT_STATIC) return;
     const struct moe_params *p = moe_params_of(&eng->shape);
-    int E = p->experts, n = 0;
-    for (int i = 0; i < m->num_blocks; i++) {
-        const struct block_moe *moe = block_moe_of(&m->blocks[i]);
-        if (!moe) continue;
-        for (int e = 0; e < E; e++) xp->loads[(size_t)m->blocks[i].index * E + e] += (double)moe->tokens[e];
-        n++;
+    int E = p->experts, n = 0, current = eng->chunk;
+    for (int c = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        struct gpt *m = &eng->model;
+        for (int i = 0; i < m->num_blocks; i++) {
+            const struct block_moe *moe = block_moe_of(&m->blocks[i]);
+            if (!moe) continue;
+            for (int e = 0; e < E; e++)
+                xp->loads[(size_t)m->blocks[i].index * E + e] += (double)moe->tokens[e];
+            n++;
+        }
     }
     xp->load_steps++;
     int decide = xp->placement == PLACEMENT_RANDOM || (step + 1) % eng->cfg.every == 0;
-    if (!decide || n == 0) return;
+    if (!decide || n == 0) {
+        engine_use_chunk(eng, current);
+        return;
+    }
     size_t one = choice_size(xp, E);
     int64_t *choices = dm_alloc((size_t)n * one * sizeof(int64_t));
     if (eng->grid.replica == 0)
-        for (int i = 0, b = 0; i < m->num_blocks; i++)
-            if (block_moe_of(&m->blocks[i]))
-                choose_placement(xp, eng, i, step, choices + (size_t)b++ * one);
+        for (int c = 0, b = 0; c < eng->virtual; c++) {
+            engine_use_chunk(eng, c);
+            for (int i = 0; i < eng->model.num_blocks; i++)
+                if (block_moe_of(&eng->model.blocks[i]))
+                    choose_placement(xp, eng, i, step, choices + (size_t)b++ * one);
+        }
     MPI_Request req;
     WORLD_MPI(MPI_Ibcast(choices, n * (int)one, MPI_INT64_T, 0, eng->stage_comm, &req));
     eng->wait_s += world_wait(&req);
     double t0 = dm_now();
     size_t sent = 0;
     int moved = 0, *next = dm_alloc((size_t)E * sizeof(int));
-    for (int i = 0, b = 0; i < m->num_blocks; i++) {
-        struct block_moe *moe = block_moe_of(&m->blocks[i]);
-        if (!moe) continue;
-        for (int e = 0; e < E; e++) next[e] = (int)choices[(size_t)b * one + e];
-        b++;
-        if (!memcmp(next, moe->order, (size_t)E * sizeof(int))) continue;
-        sent += relocate_block(xp, &m->blocks[i], next);
-        moved = 1;
+    for (int c = 0, b = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        struct gpt *m = &eng->model;
+        for (int i = 0; i < m->num_blocks; i++) {
+            struct block_moe *moe = block_moe_of(&m->blocks[i]);
+            if (!moe) continue;
+            for (int e = 0; e < E; e++) next[e] = (int)choices[(size_t)b * one + e];
+            b++;
+            if (!memcmp(next, moe->order, (size_t)E * sizeof(int))) continue;
+            sent += relocate_block(xp, &m->blocks[i], next);
+            moved = 1;
+        }
     }
     if (moved) {
         ep_forget(eng);
@@ -1140,9 +1183,13 @@ static void ep_decide_placement(struct engine *eng, int step)
         xp->moved_bytes[slot] = (double)sent * sizeof(float);
         xp->moved_ms[slot] = 1000.0 * (dm_now() - t0);
     }
-    for (int i = 0, b = 0; i < m->num_blocks; i++)
-        if (block_moe_of(&m->blocks[i]))
-            take_copies(xp, &m->blocks[i], choices + (size_t)b++ * one);
+    for (int c = 0, b = 0; c < eng->virtual; c++) {
+        engine_use_chunk(eng, c);
+        for (int i = 0; i < eng->model.num_blocks; i++)
+            if (block_moe_of(&eng->model.blocks[i]))
+                take_copies(xp, &eng->model.blocks[i], choices + (size_t)b++ * one);
+    }
+    engine_use_chunk(eng, current);
     memset(xp->loads, 0, (size_t)eng->shape.layers * E * sizeof(double));
     xp->load_steps = 0;
     dm_free(next);

@@ -205,7 +205,10 @@ static double global_grad_norm(struct engine *eng)
     for (int l = 0; l < L; l++)
         for (int u = at[l]; u < at[l + 1]; u++) total[1 + l] += total[L + 3 + u];
     eng->stop_requested = total[L + 2] > 0.0;
-    dyn_after_reduce(eng->dyn, &eng->model, eng->current_step, total + 1);
+    int count;
+    struct gpt *const *models = engine_chunks_apart(eng, &count);
+    dyn_after_reduce(eng->dyn, models, count, eng->current_step, total + 1);
+    engine_chunks_rejoin(eng);
     double sum = 0.0;
     for (int u = 0; u < L + 2; u++) sum += total[u];
     dm_free(units);

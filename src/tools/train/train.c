@@ -242,7 +242,6 @@ static int train_loop(struct trainer *tr)
     const struct dm_config *cfg = &tr->cfg;
     tr->run_start = dm_now();
     for (int step = (int)tr->start_step; step < cfg->steps; step++) {
-        engine_model(tr->eng)->step = step;   /* hash attention's rotations */
         const struct step_stats *st = engine_step(tr->eng, &tr->data.train, step);
         tr->steps_done = step + 1;
         if (step == tr->start_step && tr->start_step > 0)
