@@ -42,6 +42,13 @@ for s in range(4):
 print(f"ok: /layers/update_ms: 0 for the {k} frozen blocks, >0 for the rest; stages hold their blocks'")
 PY
 grep -q 'skipped [1-9]' "$dir/EXIT_SOFT-balanced.out" || fail "early exit: no token exited"
+# Validation reads the LM head of the step's update on every stage (the
+# last stage's copy shared before the pass, dyn_before_eval): the 4-stage
+# runs' validation losses are one rank's bits.
+train EXIT_SOFT-one 1 "$dir/t.ini" $EXIT_SOFT parallel.pp=1 balance.initial=uniform train.eval_every=4 &&
+  train EXIT_SOFT-eval 4 "$dir/t.ini" $EXIT_SOFT train.eval_every=4 &&
+  bits EXIT_SOFT-one eval/loss && bits EXIT_SOFT-eval eval/loss &&
+  same EXIT_SOFT-one EXIT_SOFT-eval "early exit's validation losses on 4 stages against one rank" eval/loss
 # the run log's per-block active share: 1 before exit_from (block 1), never
 # rising with depth, and below 1 somewhere once tokens exit
 /usr/bin/python3 - "$dir/EXIT_SOFT-balanced/runlog.h5" <<'PY' || fail "/layers/active is wrong"

@@ -18,7 +18,9 @@
  *   dyn_after_reduce  after the step's gradient reduction, with every
  *                     block's global gradient sum of squares (the same
  *                     numbers on every rank): decisions made here are
- *                     deterministic and identical everywhere.
+ *                     deterministic and identical everywhere;
+ *   dyn_before_eval   before a validation pass, after the step's update
+ *                     (early exit shares the updated LM head).
  *
  * The schemes that model keys select (mixture of experts, hash attention,
  * mixture of depths) change the blocks themselves through their
@@ -89,6 +91,7 @@ const char *dyn_kind_name(const struct dyn *dyn);
 /* Collective over pipeline_comm (once, whatever count): before step
  * `step` (0-based) runs. */
 void dyn_before_step(struct dyn *dyn, struct gpt *const *models, int count, int step);
+void dyn_before_eval(struct dyn *dyn, struct gpt *const *models, int count);
 
 /* Not collective: after the gradient reduction of step `step`, with
  * block_sumsq[l] the global sum of squared gradients of block l

@@ -315,6 +315,14 @@ void dyn_before_step(struct dyn *dyn, struct gpt *const *models, int count, int 
     if (dyn->scheme) dyn->scheme->before_step(dyn->state, models, count, step);
 }
 
+void dyn_before_eval(struct dyn *dyn, struct gpt *const *models, int count)
+{
+    DM_ASSERT(count >= 1);
+    dyn->model = models[0];
+    if (dyn->scheme && dyn->scheme->before_eval)
+        dyn->scheme->before_eval(dyn->state, models, count);
+}
+
 void dyn_after_reduce(struct dyn *dyn, struct gpt *const *models, int count, int step,
                       const double *block_sumsq)
 {

@@ -88,28 +88,17 @@ static struct gpt *head_model(struct gpt *const *models, int count)
     return NULL;
 }
 
-static void early_exit_before_step(void *state, struct gpt *const *models, int count, int step)
+/* The LM head every exit reads: the model's own with one stage; on a
+ * pipeline a copy of the last stage's, broadcast (the weights of the last
+ * update). */
+static void share_head(struct early_exit *e, struct gpt *const *models, int count)
 {
-    struct early_exit *e = state;
+    if (!e->need_head) return;
     struct gpt_exit *x = &e->exit;
-    for (int c = 0; c < count; c++) models[c]->exit = x;   /* the chunks share the counts */
-    x->allow = step >= e->warmup;
     struct gpt *model = head_model(models, count);
     const struct gpt_shape *s = &models[0]->shape;
     size_t VC = (size_t)s->vocab * s->channels, C = (size_t)s->channels;
     MPI_Request req;
-    if (e->env.stages > 1) {
-        double mine[2] = {x->token_blocks, x->token_blocks_skipped}, total[2];
-        WORLD_MPI(MPI_Iallreduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, e->env.pipeline_comm, &req));
-        world_wait(&req);
-        e->skipped_share = total[0] > 0 ? total[1] / total[0] : 0.0;
-    } else {
-        e->skipped_share = x->token_blocks > 0 ? x->token_blocks_skipped / x->token_blocks : 0.0;
-    }
-    x->token_blocks = x->token_blocks_skipped = x->exit_loss_sum = 0.0;
-    memset(x->layer_tokens, 0, (size_t)e->layers * sizeof(double));
-    memset(x->layer_computed, 0, (size_t)e->layers * sizeof(double));
-    if (!e->need_head) return;
     if (e->env.stages == 1) {
         x->wte = model->wte;
         x->lnf_w = model->lnf_w;
@@ -131,6 +120,32 @@ static void early_exit_before_step(void *state, struct gpt *const *models, int c
     x->wte = e->head;
     x->lnf_w = e->head + VC;
     x->lnf_b = e->head + VC + C;
+}
+
+static void early_exit_before_step(void *state, struct gpt *const *models, int count, int step)
+{
+    struct early_exit *e = state;
+    struct gpt_exit *x = &e->exit;
+    for (int c = 0; c < count; c++) models[c]->exit = x;   /* the chunks share the counts */
+    x->allow = step >= e->warmup;
+    if (e->env.stages > 1) {
+        double mine[2] = {x->token_blocks, x->token_blocks_skipped}, total[2];
+        MPI_Request req;
+        WORLD_MPI(MPI_Iallreduce(mine, total, 2, MPI_DOUBLE, MPI_SUM, e->env.pipeline_comm, &req));
+        world_wait(&req);
+        e->skipped_share = total[0] > 0 ? total[1] / total[0] : 0.0;
+    } else {
+        e->skipped_share = x->token_blocks > 0 ? x->token_blocks_skipped / x->token_blocks : 0.0;
+    }
+    x->token_blocks = x->token_blocks_skipped = x->exit_loss_sum = 0.0;
+    memset(x->layer_tokens, 0, (size_t)e->layers * sizeof(double));
+    memset(x->layer_computed, 0, (size_t)e->layers * sizeof(double));
+    share_head(e, models, count);
+}
+
+static void early_exit_before_eval(void *state, struct gpt *const *models, int count)
+{
+    share_head(state, models, count);
 }
 
 static void early_exit_after_reduce(void *state, struct gpt *const *models, int count, int step,
@@ -200,5 +215,6 @@ const struct dyn_scheme dyn_scheme_early_exit = {
     .destroy = early_exit_destroy,
     .before_step = early_exit_before_step,
     .after_reduce = early_exit_after_reduce,
+    .before_eval = early_exit_before_eval,
     .describe = early_exit_describe,
 };

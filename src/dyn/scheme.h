@@ -166,6 +166,9 @@ struct dyn_scheme {
                          const double *block_sumsq);
     void (*describe)(const void *state, struct gpt *const *models, int count, char *buf,
                      size_t size);
+    /* Optional: before a validation pass, between steps (after the
+     * update), collective as before_step. */
+    void (*before_eval)(void *state, struct gpt *const *models, int count);
     /* Optional (NULL: the scheme keeps no state across steps beyond the
      * slabs): the scheme's own state as doubles, for checkpoints.
      * state_size is the count; save writes that many; restore gets what a

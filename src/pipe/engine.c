@@ -653,6 +653,10 @@ static float eval_chunk(struct engine *eng, struct loader *val, long first, int 
 float engine_eval(struct engine *eng, struct loader *val)
 {
     const struct pipe_grid *g = &eng->grid;
+    int chunks;
+    struct gpt *const *models = engine_chunks_apart(eng, &chunks);
+    dyn_before_eval(eng->dyn, models, chunks);   /* the weights after the step's update */
+    engine_chunks_rejoin(eng);
     float sum = 0.0f;
     int count = 0;
     for (int b = 0; b < eng->cfg.eval_batches; b++) {
