@@ -91,13 +91,20 @@ w = h5py.File(sys.argv[1], "r")["/layers/wgrad_ms"][:]
 assert (w[-1] > 0).all(), w[-1]
 PY
 done
-# Mixture of experts with expert parallelism (pp = 2, dp = 2, ep = 2; its
-# blocks' backward, with the expert exchange, runs whole in BWD): zb gives
-# 1f1b's bits on the same grid.
+# Mixture of experts with expert parallelism (pp = 2, dp = 2, ep = 2; a
+# MoE block's MLP backward, with the expert exchange, runs whole in BWD,
+# its attention's weight part deferred): zb gives 1f1b's bits on the same
+# grid, and every block, MoE or dense, has a weight part in WGRAD.
 moe=(model.moe_every=2 model.experts=4 model.top_k=2 model.expert_hidden=64
      parallel.pp=2 parallel.dp=2 parallel.ep=2 train.micro_batches=2)
-run moe1f1b 4 "${moe[@]}" && run moezb 4 "${moe[@]}" parallel.schedule=zb &&
+run moe1f1b 4 "${moe[@]}" && run moezb 4 "${moe[@]}" parallel.schedule=zb && {
   same moe1f1b moezb "zb with mixture of experts (ep = 2)" /steps/loss
+  /usr/bin/python3 - "$dir/moezb/runlog.h5" <<'PY' && echo "ok: zb with mixture of experts: every block has a deferred weight part" || fail "zb with mixture of experts: a block without a weight part"
+import sys, h5py
+w = h5py.File(sys.argv[1], "r")["/layers/wgrad_ms"][:]
+assert (w[-1] > 0).all(), w[-1]
+PY
+}
 # On the emulated device (the CUDA plugin's kernels on the CPU): the block's
 # weight-gradient inputs live in device memory; the one-rank bits again.
 run emu1 1 train.device=emulate &&

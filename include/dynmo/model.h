@@ -486,6 +486,8 @@ double block_half_grad_sumsq(const struct block *blk, int half);
  * micro-batch between its two parts, allocated for (B, T, C). */
 struct block_wgrad {
     int fused;          /* the input part did everything */
+    int mlp_fused;      /* the input part did the MLP's weights too (an extension's
+                           MLP, mixture of experts): the weight part is attention's */
     float *mem;         /* owns everything below */
     float *dout;        /* (B,T,C) the block's output gradient */
     float *d_fch;       /* (B,T,4C) of the MLP's hidden layer */

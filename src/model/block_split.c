@@ -34,17 +34,42 @@ void block_wgrad_free(struct block_wgrad *w)
     memset(w, 0, sizeof *w);
 }
 
-/* Whether an extension's hook replaces a weighted part of the dense
- * backward: then the backward runs whole in the input part. An attention
- * core of its own (hash attention) has no weights: it runs in the input
- * part in the dense core's place, and the weight part stays deferred. */
+/* Whether an extension's hook replaces the block's backward (mixture of
+ * depths), or the MLP's of a half: then the backward runs whole in the
+ * input part. An attention core of its own (hash attention) has no
+ * weights: it runs in the input part in the dense core's place, and the
+ * weight part stays deferred. */
 static int backward_replaced(const struct block *blk)
 {
     for (int i = 0; i < blk->ext_count; i++) {
         const struct gpt_ext_ops *ops = blk->ext[i].ops;
-        if (ops->block_backward || ops->mlp_backward) return 1;
+        if (ops->block_backward || (ops->mlp_backward && block_is_half(blk))) return 1;
     }
     return 0;
+}
+
+/* The extension whose MLP replaces the dense one (mixture of experts), or
+ * NULL. */
+static const struct block_ext_slot *mlp_extension(const struct block *blk)
+{
+    for (int i = 0; i < blk->ext_count; i++)
+        if (blk->ext[i].ops->mlp_backward) return &blk->ext[i];
+    return NULL;
+}
+
+/* An extension's MLP backward, whole (its weights' gradients and its
+ * exchange included), then ln2's with its weights, as block.c's dense
+ * backward runs them: d_res1 from dout. */
+static void extension_mlp_input(struct block *blk, const struct block_ext_slot *x,
+                                struct block_acts *acts, struct block_scratch *s,
+                                struct block_wgrad *w, const float *dout, int N)
+{
+    int C = blk->C;
+    float *lnw = blk->frozen ? NULL : blk->g[BP_LN2_W], *lnb = blk->frozen ? NULL : blk->g[BP_LN2_B];
+    x->ops->mlp_backward(blk, x->state, acts, s->d_ln, dout, N);
+    backend_current()->layernorm_backward_residual(w->d_res1, dout, lnw, lnb, s->d_ln,
+                                                   acts->res1, blk->p[BP_LN2_W],
+                                                   acts->ln2_mean, acts->ln2_rstd, N, C);
 }
 
 /* The attention core's input gradient: dqkv from datty, through an
@@ -152,6 +177,7 @@ void block_backward_input(struct block *blk, struct block_acts *acts,
                           const float *dout, const float *in, int B, int T)
 {
     w->fused = backward_replaced(blk);
+    w->mlp_fused = 0;
     if (w->fused) {
         block_backward(blk, acts, s, din, dout, in, B, T);
         return;
@@ -160,7 +186,10 @@ void block_backward_input(struct block *blk, struct block_acts *acts,
         half_input(blk, acts, s, w, din, dout, in, B, T);
         return;
     }
-    mlp_input(blk, acts, w, w->d_res1, dout, acts->res1, B * T);
+    const struct block_ext_slot *x = mlp_extension(blk);
+    w->mlp_fused = x != NULL;
+    if (x) extension_mlp_input(blk, x, acts, s, w, dout, B * T);
+    else mlp_input(blk, acts, w, w->d_res1, dout, acts->res1, B * T);
     attention_input(blk, acts, s, w, din, in, B, T);
 }
 
@@ -199,6 +228,7 @@ void block_backward_weight(struct block *blk, const struct block_acts *acts,
         mlp_weight(blk, acts, w, in, N);
         return;
     }
-    if (blk->halves != BLOCK_HALF_ATTENTION) mlp_weight(blk, acts, w, acts->res1, N);
+    if (blk->halves != BLOCK_HALF_ATTENTION && !w->mlp_fused)
+        mlp_weight(blk, acts, w, acts->res1, N);
     attention_weight(blk, acts, w, in, N);
 }
