@@ -36,13 +36,14 @@ for ranks in 2 3; do
   secs=$((SECONDS - start))
   last=$((ranks - 1))
   # mpiexec's own verdict on a job whose every rank left MPI_Finalize by
-  # its bound: 0, or on 3 ranks under load (docs/STATUS.md) 1 though each
-  # rank exited 0 (about 1 run in 10), or 9 when the launcher, seeing the
+  # its bound: 0, or under load (docs/STATUS.md) 1 though each rank exited
+  # 0 (about 1 run in 10 on 3 ranks; seen once on 2, in a fresh clone's
+  # make check), or 9 when the launcher, seeing the
   # first ranks go, SIGKILLed the last one an instant before its own bound
   # fired. 1 counts only when every rank says it exited with the run's
   # status 0; 9 only when all ranks but one say so (the killed one cannot).
   exited=$(grep -c "^\[rank [0-9]*\] MPI_Finalize did not return within 3 s; exiting 0" "$dir/fin$ranks.err")
-  [ $rc -eq 0 ] || { [ $rc -eq 1 ] && [ $ranks -gt 2 ] && [ "$exited" -eq $ranks ]; } \
+  [ $rc -eq 0 ] || { [ $rc -eq 1 ] && [ "$exited" -eq $ranks ]; } \
     || { [ $rc -eq 9 ] && [ $ranks -gt 2 ] && [ "$exited" -ge $((ranks - 1)) ]; } \
     || fail "$ranks ranks, a rank that never finalizes: exit $rc, want 0: $(tail -n 3 "$dir/fin$ranks.err")"
   [ $secs -lt 30 ] || fail "$ranks ranks, a rank that never finalizes: $secs s"
